@@ -1,0 +1,33 @@
+#include "diag/Diagnostics.h"
+
+namespace meshc {
+
+static const DiagInfo kDiagInfos[] = {
+#define DIAG(Name, Sev, Format) {#Name, Severity::Sev, Format},
+#include "diag/ParseDiagnostics.def"
+#include "diag/SemaDiagnostics.def"
+#undef DIAG
+};
+
+const DiagInfo& diagInfo(Diag kind) { return kDiagInfos[static_cast<size_t>(kind)]; }
+
+llvm::ArrayRef<DiagInfo> allDiagInfos() { return kDiagInfos; }
+
+void DiagEngine::emit(llvm::SMLoc loc, const DiagInfo& info, const std::string& message) {
+  llvm::SourceMgr::DiagKind kind = llvm::SourceMgr::DK_Error;
+  switch (info.severity) {
+  case Severity::Error:
+    kind = llvm::SourceMgr::DK_Error;
+    ++errors_;
+    break;
+  case Severity::Warning:
+    kind = llvm::SourceMgr::DK_Warning;
+    break;
+  case Severity::Note:
+    kind = llvm::SourceMgr::DK_Note;
+    break;
+  }
+  sources_.PrintMessage(out_, loc, kind, message);
+}
+
+} // namespace meshc

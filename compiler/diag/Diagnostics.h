@@ -1,0 +1,59 @@
+// Diagnostics: every user-facing error is declared once in ParseDiagnostics.def or
+// SemaDiagnostics.def and reported through DiagEngine, which prints
+// `file:line:col: error: message` with the source line and a caret (llvm::SourceMgr).
+#pragma once
+
+#include <fmt/format.h>
+#include <llvm/Support/SMLoc.h>
+#include <llvm/Support/SourceMgr.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <string>
+
+namespace meshc {
+
+/// One enumerator per diagnostic kind, declared in the registry files.
+enum class Diag {
+#define DIAG(Name, Severity, Format) Name,
+#include "diag/ParseDiagnostics.def"
+#include "diag/SemaDiagnostics.def"
+#undef DIAG
+};
+
+enum class Severity { Error, Warning, Note };
+
+struct DiagInfo {
+  const char* name;   // the enumerator's spelling, used by tests
+  Severity severity;
+  const char* format; // fmt format string
+};
+
+/// The registry entry of a diagnostic kind.
+const DiagInfo& diagInfo(Diag kind);
+/// All kinds, in declaration order (tests iterate this to check every kind is exercised).
+llvm::ArrayRef<DiagInfo> allDiagInfos();
+
+/// Reports diagnostics against the buffers of one SourceMgr. Never aborts.
+class DiagEngine {
+public:
+  explicit DiagEngine(llvm::SourceMgr& sources, llvm::raw_ostream& out = llvm::errs())
+      : sources_(sources), out_(out) {}
+
+  template <typename... Args> void report(llvm::SMLoc loc, Diag kind, Args&&... args) {
+    const DiagInfo& info = diagInfo(kind);
+    emit(loc, info, fmt::vformat(info.format, fmt::make_format_args(args...)));
+  }
+
+  unsigned errorCount() const { return errors_; }
+  bool hadError() const { return errors_ != 0; }
+  llvm::SourceMgr& sources() { return sources_; }
+
+private:
+  void emit(llvm::SMLoc loc, const DiagInfo& info, const std::string& message);
+
+  llvm::SourceMgr& sources_;
+  llvm::raw_ostream& out_;
+  unsigned errors_ = 0;
+};
+
+} // namespace meshc

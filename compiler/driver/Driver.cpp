@@ -1,0 +1,147 @@
+#include "driver/Driver.h"
+
+#include "diag/Diagnostics.h"
+#include "frontend/ASTPrinter.h"
+#include "frontend/SourceLoader.h"
+#include "interp/Interpreter.h"
+#include "ir/IRPrinter.h"
+#include "sema/Sema.h"
+
+#include <llvm/Support/CommandLine.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/ToolOutputFile.h>
+#include <llvm/Support/WithColor.h>
+
+#include <chrono>
+#include <cmath>
+
+namespace meshc {
+
+namespace {
+
+enum class Emit { AST, IR, Run };
+
+llvm::cl::OptionCategory meshcCategory("meshc options");
+
+llvm::cl::opt<std::string> inputPath(llvm::cl::Positional, llvm::cl::desc("<input.mesh>"),
+                                     llvm::cl::Required, llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> outputPath("o", llvm::cl::desc("Write the output to <path> (default: stdout)"),
+                                      llvm::cl::value_desc("path"), llvm::cl::init("-"),
+                                      llvm::cl::cat(meshcCategory));
+llvm::cl::opt<Emit> emitStage(
+    "emit", llvm::cl::desc("The stage to print"), llvm::cl::init(Emit::IR),
+    llvm::cl::values(clEnumValN(Emit::AST, "ast", "the syntax tree of the main file"),
+                     clEnumValN(Emit::IR, "ir", "the named-dim IR (default)"),
+                     clEnumValN(Emit::Run, "run",
+                                "run every program and train block (forward) in the reference "
+                                "interpreter and summarize the outputs")),
+    llvm::cl::cat(meshcCategory));
+llvm::cl::opt<uint64_t> seed("seed", llvm::cl::desc("Seed of inputs, parameters and dropout (--emit=run)"),
+                             llvm::cl::init(0), llvm::cl::cat(meshcCategory));
+llvm::cl::list<std::string> onlyFunctions(
+    "function", llvm::cl::desc("Run only the named program or train block (--emit=run; repeatable)"),
+    llvm::cl::value_desc("name"), llvm::cl::cat(meshcCategory));
+
+/// One line per output: shape, mean, standard deviation, range and the first values. The
+/// statistics are in double so the summary is stable across runs.
+void summarizeTensor(const std::string& name, const interp::Tensor& t, llvm::raw_ostream& os) {
+  double sum = 0, sumSq = 0, lo = INFINITY, hi = -INFINITY;
+  for (double v : t.data) {
+    sum += v;
+    sumSq += v * v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  double n = std::max<double>(1, static_cast<double>(t.data.size()));
+  double mean = sum / n;
+  double stddev = std::sqrt(std::max(0.0, sumSq / n - mean * mean));
+  std::vector<std::string> head;
+  for (size_t i = 0; i < std::min<size_t>(4, t.data.size()); ++i)
+    head.push_back(fmt::format("{:.6g}", t.data[i]));
+  std::string type;
+  llvm::raw_string_ostream typeOs(type);
+  ir::printType(t.type, typeOs);
+  os << fmt::format("  {} : {}  mean {:.6g}  std {:.6g}  min {:.6g}  max {:.6g}  first [{}]\n",
+                    name, typeOs.str(), mean, stddev, lo, hi, fmt::join(head, ", "));
+}
+
+bool wanted(const ir::Function& fn) {
+  if (onlyFunctions.empty())
+    return true;
+  return std::find(onlyFunctions.begin(), onlyFunctions.end(), fn.name) != onlyFunctions.end();
+}
+
+/// Interprets every selected function on synthesized inputs; returns false on a runtime error.
+bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
+  for (const ir::Function& fn : module.functions) {
+    if (!wanted(fn))
+      continue;
+    interp::Options opts;
+    opts.seed = seed;
+    interp::TensorMap inputs;
+    for (const ir::InputInfo& input : fn.inputs)
+      inputs[input.name] = interp::synthesizeInput(input, seed);
+    auto start = std::chrono::steady_clock::now();
+    llvm::Expected<interp::TensorMap> outputs = interp::run(fn, inputs, opts);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                    .count();
+    if (!outputs) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << fn.name << ": " << llvm::toString(outputs.takeError()) << "\n";
+      return false;
+    }
+    int64_t paramCount = 0;
+    for (const ir::ParamInfo& p : fn.params)
+      paramCount += p.type.numElements();
+    os << fmt::format("{} {}: {} ops, {} params ({} values), interpreted in {:.1f} ms\n",
+                      fn.kind == ir::Function::Kind::Train ? "train" : "program", fn.name,
+                      fn.ops.size(), fn.params.size(), paramCount, ms);
+    for (const ir::OutputInfo& out : fn.outputs)
+      summarizeTensor(out.name, outputs->at(out.name), os);
+  }
+  return true;
+}
+
+} // namespace
+
+int runMeshc(int argc, char** argv) {
+  llvm::cl::HideUnrelatedOptions(meshcCategory);
+  llvm::cl::ParseCommandLineOptions(argc, argv,
+                                    "meshc: a compiler for named-dim tensor programs on meshes\n");
+
+  llvm::SourceMgr sources;
+  DiagEngine diag(sources);
+
+  // The pipeline, in order.
+  std::optional<SourceSet> files = loadSources(inputPath, diag);
+  if (!files)
+    return kExitInputError;
+
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  if (emitStage == Emit::AST) {
+    printAST(files->mainFile(), sources, os);
+  } else {
+    std::optional<ir::Module> module = analyze(*files, diag);
+    if (!module)
+      return kExitInputError;
+    if (emitStage == Emit::IR)
+      ir::printModule(*module, os);
+    else if (!runModule(*module, os))
+      return kExitInputError;
+  }
+
+  // Written only once everything succeeded, so a failed run leaves no partial output file.
+  std::error_code ec;
+  llvm::ToolOutputFile out(outputPath, ec, llvm::sys::fs::OF_Text);
+  if (ec) {
+    llvm::WithColor::error(llvm::errs(), "meshc")
+        << "cannot open '" << outputPath << "': " << ec.message() << "\n";
+    return kExitInternalError;
+  }
+  out.os() << os.str();
+  out.keep();
+  return kExitOk;
+}
+
+} // namespace meshc

@@ -1,0 +1,13 @@
+// The meshc driver: the single place that lists the pipeline in order
+// (load sources -> parse -> sema/lower to IR -> interpret) and prints the stage asked for.
+#pragma once
+
+namespace meshc {
+
+/// Exit codes: 0 success, 1 errors in the input, 2 internal error (e.g. cannot write output).
+enum ExitCode { kExitOk = 0, kExitInputError = 1, kExitInternalError = 2 };
+
+/// Runs meshc with command-line arguments; returns the process exit code.
+int runMeshc(int argc, char** argv);
+
+} // namespace meshc

@@ -1,0 +1,168 @@
+// The named-dim IR: a typed SSA graph of tensor ops whose dims have names. It is the single
+// input to every later phase (interpreter, autodiff, planner, codegen). `def` blocks are
+// inlined by sema, so a Function is flat; each inlined call site owns its parameters, which
+// are named by their call path (e.g. `block[2]/attn/w_q`).
+#pragma once
+
+#include <llvm/Support/SMLoc.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace meshc::ir {
+
+enum class DType { F32, BF16, F16, I32 };
+const char* dtypeName(DType dtype);
+bool isFloat(DType dtype);
+
+/// A named dim with its (global, program-wide) size.
+struct Dim {
+  std::string name;
+  int64_t size = 0;
+  bool operator==(const Dim&) const = default;
+};
+
+/// A tensor type: dtype plus an ordered list of named dims (the order is the storage order;
+/// the dims are a set by name). No dims: a scalar.
+struct TensorType {
+  DType dtype = DType::F32;
+  std::vector<Dim> dims;
+  int64_t numElements() const;
+  /// Index of the dim called `name`, or -1.
+  int findDim(const std::string& name) const;
+  bool hasDim(const std::string& name) const { return findDim(name) >= 0; }
+  bool operator==(const TensorType&) const = default;
+};
+
+enum class OpKind {
+#define OP(Name, Spelling, Description) Name,
+#include "ir/OpKinds.def"
+#undef OP
+};
+const char* opSpelling(OpKind kind);
+const char* opDescription(OpKind kind);
+
+/// Attribute values: numbers, integers, strings and lists of dim names.
+using AttrValue = std::variant<double, int64_t, std::string, std::vector<std::string>>;
+
+/// Location of an op in the .mesh source: both the SMLoc (for diagnostics) and its printable
+/// form (file base name, line, column) so that the IR stands alone.
+struct Location {
+  llvm::SMLoc loc;
+  std::string file;
+  unsigned line = 0, col = 0;
+};
+
+using ValueId = uint32_t;
+
+struct Op {
+  OpKind kind;
+  std::vector<ValueId> operands;
+  ValueId result = 0;
+  /// Attributes, in the order they print. See OpKinds.def for which op reads which.
+  std::vector<std::pair<std::string, AttrValue>> attrs;
+  Location loc;
+
+  const AttrValue* attr(const std::string& name) const;
+  double number(const std::string& name, double fallback = 0) const;
+  int64_t integer(const std::string& name, int64_t fallback = 0) const;
+  std::string string(const std::string& name) const;
+  std::vector<std::string> dims(const std::string& name) const;
+  void setAttr(const std::string& name, AttrValue value);
+};
+
+struct Value {
+  TensorType type;
+  std::string name; // the let/input name it was bound to, for readable dumps ("" if none)
+  uint32_t definingOp = 0;
+};
+
+/// How a Param is initialized. The kind names the RNG distribution or constant; the numbers are
+/// its keyword arguments (stddev, mean, min, max, value).
+struct Initializer {
+  std::string kind; // zeros | ones | constant | normal | truncated_normal | uniform | orthogonal
+  std::vector<std::pair<std::string, double>> args;
+  double arg(const std::string& name, double fallback) const;
+};
+
+struct ParamInfo {
+  std::string path; // call path: `ffn/w_in`, `block[3]/attn/w_q`
+  TensorType type;
+  Initializer init;
+  bool trainable = true; // `const` declarations are not
+  Location loc;
+  ValueId value = 0; // the Param op's result
+};
+
+struct InputInfo {
+  std::string name;
+  TensorType type;
+  /// For i32 inputs used as indices by gather/one_hot: the smallest indexed dim size, which the
+  /// interpreter's input synthesizer uses as the exclusive upper bound. 0 if not an index.
+  int64_t indexBound = 0;
+  Location loc;
+  ValueId value = 0;
+};
+
+struct OutputInfo {
+  std::string name;
+  ValueId value = 0;
+  Location loc;
+};
+
+/// `minimize loss with optimizer(...)` of a train block; lowered by the training phase.
+struct TrainInfo {
+  ValueId loss = 0;
+  std::string optimizer; // sgd | adamw | adafactor
+  std::vector<std::pair<std::string, AttrValue>> options;
+  Location loc;
+};
+
+struct Function {
+  enum class Kind { Program, Train };
+  Kind kind = Kind::Program;
+  std::string name;
+  Location loc;
+  std::vector<Value> values;
+  std::vector<Op> ops; // topological order
+  std::vector<InputInfo> inputs;
+  std::vector<ParamInfo> params;
+  std::vector<OutputInfo> outputs; // for train: a single output named "loss"
+  std::optional<TrainInfo> train;
+
+  const Value& value(ValueId id) const { return values[id]; }
+  const TensorType& typeOf(ValueId id) const { return values[id].type; }
+  const Op& definingOp(ValueId id) const { return ops[values[id].definingOp]; }
+  /// Appends an op producing a fresh value of `type`; returns the new value.
+  ValueId addOp(Op op, TensorType type, std::string name = {});
+};
+
+struct MeshAxis {
+  std::string name;
+  int64_t size = 1;
+};
+
+/// A dim's placement: an ordered list of mesh axes (empty: replicated), or chosen by the planner.
+struct DimLayout {
+  std::string dim;
+  std::vector<std::string> axes;
+  bool isAuto = false;
+  Location loc;
+};
+
+struct Module {
+  std::string meshName; // "" when the program declares no mesh (one device)
+  std::vector<MeshAxis> mesh;
+  std::map<std::string, int64_t> dims; // every declared dim and its size
+  std::vector<DimLayout> layout;       // pinned or auto entries, in source order
+  bool autoLayout = false;             // the bare `auto`: unpinned dims are searched
+  std::vector<Function> functions;
+
+  const Function* findFunction(const std::string& name) const;
+};
+
+} // namespace meshc::ir

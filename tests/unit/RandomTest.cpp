@@ -1,0 +1,132 @@
+// The layout-invariant RNG: Philox4x32-10 known answers, distribution statistics, stream keys.
+#include "meshrt/Random.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+using namespace meshrt;
+
+namespace {
+
+void checkPhilox(Philox4x32 counter, uint32_t key0, uint32_t key1, Philox4x32 expected) {
+  Philox4x32 got = philox4x32(counter, key0, key1);
+  for (int i = 0; i < 4; ++i) {
+    INFO("word " << i);
+    CHECK(got.v[i] == expected.v[i]);
+  }
+}
+
+struct Moments {
+  double mean = 0, variance = 0;
+};
+
+template <typename Sample> Moments moments(int count, Sample sample) {
+  double sum = 0, sumSquares = 0;
+  for (int i = 0; i < count; ++i) {
+    double x = sample(uint64_t(i));
+    sum += x;
+    sumSquares += x * x;
+  }
+  Moments result;
+  result.mean = sum / count;
+  result.variance = sumSquares / count - result.mean * result.mean;
+  return result;
+}
+
+} // namespace
+
+TEST_CASE("philox4x32-10 matches the Random123 known answers", "[random]") {
+  checkPhilox({{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}});
+  checkPhilox({{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, 0xffffffff, 0xffffffff,
+              {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}});
+  checkPhilox({{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0,
+              {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}});
+}
+
+TEST_CASE("randomBits lays the index and draw into the counter", "[random]") {
+  uint64_t key = 0x0123456789abcdefull;
+  uint64_t index = 0x0000000500000007ull;
+  Philox4x32 direct = philox4x32({{7, 5, 3, 0}}, 0x89abcdef, 0x01234567);
+  Philox4x32 viaIndex = randomBits(key, index, 3);
+  for (int i = 0; i < 4; ++i)
+    CHECK(direct.v[i] == viaIndex.v[i]);
+}
+
+TEST_CASE("stream keys are deterministic and distinct", "[random]") {
+  static_assert(fnv1a64("") == 0xCBF29CE484222325ull);
+  static_assert(fnv1a64("a") == 0xAF63DC4C8601EC8Cull); // FNV-1a reference value
+  static_assert(streamKey(1, "input/x") == streamKey(1, "input/x"));
+  CHECK(streamKey(0, "input/x") != streamKey(1, "input/x"));
+  CHECK(streamKey(0, "input/x") != streamKey(0, "input/y"));
+  CHECK(streamKey(0, "param/w") != streamKey(0, "input/w"));
+  std::set<uint64_t> keys;
+  for (uint64_t seed = 0; seed < 100; ++seed)
+    keys.insert(streamKey(seed, "dropout#0"));
+  CHECK(keys.size() == 100);
+}
+
+TEST_CASE("uniform01 lies strictly inside (0, 1) and is exact in float", "[random]") {
+  CHECK(bitsToUnit(0) > 0.0);
+  CHECK(bitsToUnit(0xffffffffu) < 1.0);
+  CHECK(bitsToUnit(0) == std::ldexp(1.0, -24));
+  CHECK(bitsToUnit(0xffffffffu) == 1.0 - std::ldexp(1.0, -24));
+  uint64_t key = streamKey(7, "u");
+  for (uint64_t i = 0; i < 1000; ++i) {
+    double u = uniform01(key, i);
+    REQUIRE(u > 0.0);
+    REQUIRE(u < 1.0);
+    REQUIRE(double(float(u)) == u);
+  }
+  Moments m = moments(100000, [&](uint64_t i) { return uniform01(key, i); });
+  CHECK(m.mean == Approx(0.5).margin(0.005));
+  CHECK(m.variance == Approx(1.0 / 12).margin(0.002));
+}
+
+TEST_CASE("normal samples have mean 0 and variance 1", "[random]") {
+  uint64_t key = streamKey(42, "input/x");
+  Moments m = moments(100000, [&](uint64_t i) { return normal(key, i); });
+  CHECK(m.mean == Approx(0.0).margin(0.01));
+  CHECK(m.variance == Approx(1.0).margin(0.02));
+  // The tails are present but not absurd.
+  int beyondTwo = 0;
+  for (uint64_t i = 0; i < 100000; ++i)
+    beyondTwo += std::fabs(normal(key, i)) > 2.0;
+  CHECK(beyondTwo == Approx(4550).margin(400)); // P(|z| > 2) = 4.55%
+}
+
+TEST_CASE("different streams, draws and indices are uncorrelated", "[random]") {
+  uint64_t keyA = streamKey(0, "a"), keyB = streamKey(0, "b"), keyA1 = streamKey(1, "a");
+  auto correlation = [](auto first, auto second) {
+    double sum = 0;
+    const int count = 100000;
+    for (int i = 0; i < count; ++i)
+      sum += first(uint64_t(i)) * second(uint64_t(i));
+    return sum / count;
+  };
+  CHECK(correlation([&](uint64_t i) { return normal(keyA, i); },
+                    [&](uint64_t i) { return normal(keyB, i); }) == Approx(0).margin(0.015));
+  CHECK(correlation([&](uint64_t i) { return normal(keyA, i); },
+                    [&](uint64_t i) { return normal(keyA1, i); }) == Approx(0).margin(0.015));
+  CHECK(correlation([&](uint64_t i) { return normal(keyA, i); },
+                    [&](uint64_t i) { return normal(keyA, i, 1); }) == Approx(0).margin(0.015));
+  CHECK(correlation([&](uint64_t i) { return normal(keyA, i); },
+                    [&](uint64_t i) { return normal(keyA, i + 1); }) == Approx(0).margin(0.015));
+  CHECK(normal(keyA, 5) == normal(keyA, 5));
+}
+
+TEST_CASE("uniformIndex covers [0, bound) evenly", "[random]") {
+  uint64_t key = streamKey(3, "input/ids");
+  std::vector<int> counts(10, 0);
+  for (uint64_t i = 0; i < 100000; ++i) {
+    uint32_t value = uniformIndex(key, i, 10);
+    REQUIRE(value < 10);
+    ++counts[value];
+  }
+  for (int count : counts)
+    CHECK(count == Approx(10000).margin(500));
+  for (uint64_t i = 0; i < 100; ++i)
+    CHECK(uniformIndex(key, i, 1) == 0);
+}
