@@ -1,1 +1,97 @@
-// placeholder: being written
+// The named-dim IR's data structures and its printed form.
+#include "ir/IR.h"
+#include "ir/IRPrinter.h"
+
+#include <catch2/catch.hpp>
+
+using namespace meshc::ir;
+
+namespace {
+
+TensorType f32(std::vector<Dim> dims) { return TensorType{DType::F32, std::move(dims)}; }
+
+const Dim batch{"batch", 4}, dModel{"d_model", 8}, dFf{"d_ff", 16};
+
+} // namespace
+
+TEST_CASE("TensorType counts elements and finds dims by name", "[ir]") {
+  TensorType t = f32({batch, dModel});
+  CHECK(t.numElements() == 32);
+  CHECK(t.findDim("d_model") == 1);
+  CHECK(t.findDim("d_ff") == -1);
+  CHECK(t.hasDim("batch"));
+  CHECK(TensorType{DType::I32, {}}.numElements() == 1);
+  CHECK(t != f32({dModel, batch})); // order is part of the storage type
+}
+
+TEST_CASE("Op attributes convert between numbers and keep their order", "[ir]") {
+  Op op{OpKind::LayerNorm, {}, 0, {}, {}};
+  op.setAttr("dims", std::vector<std::string>{"d_model"});
+  op.setAttr("eps", 1e-5);
+  op.setAttr("start", int64_t{3});
+  CHECK(op.number("eps") == 1e-5);
+  CHECK(op.integer("start") == 3);
+  CHECK(op.number("start") == 3.0);
+  CHECK(op.number("missing", 7.0) == 7.0);
+  CHECK(op.dims("dims") == std::vector<std::string>{"d_model"});
+  op.setAttr("eps", 1e-6); // overwrites in place
+  CHECK(op.attrs.size() == 3);
+  CHECK(op.attrs[1].first == "eps");
+  CHECK(op.number("eps") == 1e-6);
+  op.setAttr("dim", std::string("seq"));
+  CHECK(op.string("dim") == "seq");
+  CHECK(op.dims("dim") == std::vector<std::string>{"seq"}); // a single dim reads as a list
+}
+
+TEST_CASE("Every op kind has a spelling and a description", "[ir]") {
+  CHECK(std::string(opSpelling(OpKind::Einsum)) == "einsum");
+  CHECK(std::string(opSpelling(OpKind::LogSoftmax)) == "log_softmax");
+  for (int k = 0; k <= static_cast<int>(OpKind::Dropout); ++k) {
+    CHECK(std::string(opSpelling(static_cast<OpKind>(k))).size() > 0);
+    CHECK(std::string(opDescription(static_cast<OpKind>(k))).size() > 0);
+  }
+}
+
+TEST_CASE("A hand-built function prints in the --emit=ir form", "[ir]") {
+  Module module;
+  module.meshName = "grid";
+  module.mesh = {{"data", 2}, {"model", 2}};
+  module.dims = {{"batch", 4}, {"d_model", 8}, {"d_ff", 16}};
+  module.layout = {DimLayout{"batch", {"data"}, false, {}}, DimLayout{"d_ff", {}, true, {}}};
+  Function& fn = module.functions.emplace_back();
+  fn.name = "mlp";
+  Location loc{{}, "mlp.mesh", 3, 5};
+  Op input{OpKind::Input, {}, 0, {{"name", std::string("x")}, {"index", int64_t{0}}}, loc};
+  ValueId x = fn.addOp(input, f32({batch, dModel}), "x");
+  fn.inputs.push_back(InputInfo{"x", f32({batch, dModel}), 0, loc, x});
+  ParamInfo w{"ffn/w_in", f32({dModel, dFf}), Initializer{"normal", {{"mean", 0}, {"stddev", 0.02}}},
+              true, loc, 0};
+  w.value = fn.addOp(Op{OpKind::Param, {}, 0, {{"path", std::string("ffn/w_in")}}, loc},
+                     w.type);
+  fn.params.push_back(w);
+  ValueId h = fn.addOp(Op{OpKind::Einsum, {x, w.value}, 0, {}, loc}, f32({batch, dFf}), "h");
+  ValueId r = fn.addOp(Op{OpKind::Relu, {h}, 0, {}, loc}, f32({batch, dFf}));
+  fn.outputs.push_back(OutputInfo{"y", r, loc});
+  CHECK(fn.definingOp(h).kind == OpKind::Einsum);
+  CHECK(fn.typeOf(r).dims.back().name == "d_ff");
+
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  printModule(module, os);
+  const char* expected = R"(mesh grid[data = 2, model = 2]
+dim batch = 4
+dim d_ff = 16
+dim d_model = 8
+layout batch: [data], d_ff: auto
+
+program mlp(x: f32[batch, d_model]) -> (y: f32[batch, d_ff]) {
+  param ffn/w_in: f32[d_model, d_ff] = normal(mean = 0, stddev = 0.02)  // mlp.mesh:3:5
+  %0 = input {name = "x", index = 0} : f32[batch, d_model]              // x mlp.mesh:3:5
+  %1 = param {path = "ffn/w_in"} : f32[d_model, d_ff]                   // mlp.mesh:3:5
+  %2 = einsum %0, %1 : f32[batch, d_ff]                                 // h mlp.mesh:3:5
+  %3 = relu %2 : f32[batch, d_ff]                                       // mlp.mesh:3:5
+  return y = %3
+}
+)";
+  CHECK(os.str() == expected);
+}
