@@ -45,6 +45,11 @@ def golden(meshc, case):
         diff = difflib.unified_diff(expected.splitlines(), proc.stdout.splitlines(),
                                     "expected", "actual", lineterm="")
         sys.exit("FAIL: IR differs\n" + "\n".join(diff))
+    # The printed IR parses back to itself.
+    reparsed = subprocess.run([meshc, expected_path, "--emit=ir"], capture_output=True, text=True,
+                              timeout=60)
+    if reparsed.returncode != 0 or reparsed.stdout != expected:
+        sys.exit(f"FAIL: the IR does not parse back to itself\n{reparsed.stderr}")
     print("ok")
 
 

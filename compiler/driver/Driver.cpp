@@ -4,11 +4,13 @@
 #include "frontend/ASTPrinter.h"
 #include "frontend/SourceLoader.h"
 #include "interp/Interpreter.h"
+#include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
 #include "sema/Sema.h"
 
 #include <llvm/Support/CommandLine.h>
 #include <llvm/Support/FileSystem.h>
+#include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/ToolOutputFile.h>
 #include <llvm/Support/WithColor.h>
 
@@ -23,7 +25,7 @@ enum class Emit { AST, IR, Run };
 
 llvm::cl::OptionCategory meshcCategory("meshc options");
 
-llvm::cl::opt<std::string> inputPath(llvm::cl::Positional, llvm::cl::desc("<input.mesh>"),
+llvm::cl::opt<std::string> inputPath(llvm::cl::Positional, llvm::cl::desc("<input.mesh | input.ir>"),
                                      llvm::cl::Required, llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> outputPath("o", llvm::cl::desc("Write the output to <path> (default: stdout)"),
                                       llvm::cl::value_desc("path"), llvm::cl::init("-"),
@@ -102,6 +104,32 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
   return true;
 }
 
+/// The front half of the pipeline: load and parse the sources, check them and lower them to IR,
+/// or read IR text directly (`.ir` files, as printed by --emit=ir). Prints --emit=ast itself.
+std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
+  if (llvm::StringRef(inputPath).endswith(".ir")) {
+    auto buffer = llvm::MemoryBuffer::getFile(inputPath);
+    if (!buffer) {
+      diag.report(llvm::SMLoc(), Diag::ErrCannotOpen, inputPath, buffer.getError().message());
+      return std::nullopt;
+    }
+    llvm::Expected<ir::Module> module = ir::parseModule((*buffer)->getBuffer(), inputPath);
+    if (!module) {
+      llvm::WithColor::error(llvm::errs()) << llvm::toString(module.takeError()) << "\n";
+      return std::nullopt;
+    }
+    return std::move(*module);
+  }
+  std::optional<SourceSet> files = loadSources(inputPath, diag);
+  if (!files)
+    return std::nullopt;
+  if (emitStage == Emit::AST) {
+    printAST(files->mainFile(), diag.sources(), os);
+    return ir::Module();
+  }
+  return analyze(*files, diag);
+}
+
 } // namespace
 
 int runMeshc(int argc, char** argv) {
@@ -112,24 +140,16 @@ int runMeshc(int argc, char** argv) {
   llvm::SourceMgr sources;
   DiagEngine diag(sources);
 
-  // The pipeline, in order.
-  std::optional<SourceSet> files = loadSources(inputPath, diag);
-  if (!files)
-    return kExitInputError;
-
+  // The pipeline, in order: sources -> AST -> IR -> the stage asked for.
   std::string text;
   llvm::raw_string_ostream os(text);
-  if (emitStage == Emit::AST) {
-    printAST(files->mainFile(), sources, os);
-  } else {
-    std::optional<ir::Module> module = analyze(*files, diag);
-    if (!module)
-      return kExitInputError;
-    if (emitStage == Emit::IR)
-      ir::printModule(*module, os);
-    else if (!runModule(*module, os))
-      return kExitInputError;
-  }
+  std::optional<ir::Module> module = loadModule(diag, os);
+  if (!module)
+    return kExitInputError;
+  if (emitStage == Emit::IR)
+    ir::printModule(*module, os);
+  else if (emitStage == Emit::Run && !runModule(*module, os))
+    return kExitInputError;
 
   // Written only once everything succeeded, so a failed run leaves no partial output file.
   std::error_code ec;

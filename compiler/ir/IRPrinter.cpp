@@ -13,9 +13,18 @@ std::string typeString(const TensorType& type) {
   return out + "]";
 }
 
+/// Doubles always print with a '.', an exponent or as inf/nan, so that the IR parser can tell
+/// them from integers.
+std::string numberString(double d) {
+  std::string s = fmt::format("{}", d);
+  if (s.find_first_of(".eEna") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
 std::string attrValueString(const AttrValue& value) {
   if (const double* d = std::get_if<double>(&value))
-    return fmt::format("{}", *d);
+    return numberString(*d);
   if (const int64_t* i = std::get_if<int64_t>(&value))
     return fmt::format("{}", *i);
   if (const std::string* s = std::get_if<std::string>(&value))
@@ -40,7 +49,8 @@ std::string locString(const Location& loc) {
 void printFunction(const Function& fn, llvm::raw_ostream& os) {
   std::vector<std::string> inputs;
   for (const InputInfo& in : fn.inputs)
-    inputs.push_back(fmt::format("{}: {}", in.name, typeString(in.type)));
+    inputs.push_back(fmt::format("{}: {}{}", in.name, typeString(in.type),
+                                 in.indexBound ? fmt::format(" < {}", in.indexBound) : ""));
   os << fmt::format("{} {}({})", fn.kind == Function::Kind::Train ? "train" : "program", fn.name,
                     fmt::join(inputs, ", "));
   if (fn.kind == Function::Kind::Program) {
@@ -53,7 +63,7 @@ void printFunction(const Function& fn, llvm::raw_ostream& os) {
   for (const ParamInfo& p : fn.params) {
     std::vector<std::string> args;
     for (const auto& [key, value] : p.init.args)
-      args.push_back(fmt::format("{} = {}", key, value));
+      args.push_back(fmt::format("{} = {}", key, numberString(value)));
     os << fmt::format("  {} {}: {} = {}({})  // {}\n", p.trainable ? "param" : "const", p.path,
                       typeString(p.type), p.init.kind, fmt::join(args, ", "), locString(p.loc));
   }
@@ -67,7 +77,7 @@ void printFunction(const Function& fn, llvm::raw_ostream& os) {
                                    attrsString(op.attrs), typeString(result.type));
     std::string comment = result.name.empty() ? locString(op.loc)
                                               : result.name + " " + locString(op.loc);
-    os << fmt::format("{:<72}// {}\n", line, comment);
+    os << fmt::format("{:<71} // {}\n", line, comment);
   }
   if (fn.train)
     os << fmt::format("  minimize %{} with {}{}  // {}\n", fn.train->loss, fn.train->optimizer,

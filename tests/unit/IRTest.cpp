@@ -1,5 +1,6 @@
 // The named-dim IR's data structures and its printed form.
 #include "ir/IR.h"
+#include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
 
 #include <catch2/catch.hpp>
@@ -85,7 +86,7 @@ dim d_model = 8
 layout batch: [data], d_ff: auto
 
 program mlp(x: f32[batch, d_model]) -> (y: f32[batch, d_ff]) {
-  param ffn/w_in: f32[d_model, d_ff] = normal(mean = 0, stddev = 0.02)  // mlp.mesh:3:5
+  param ffn/w_in: f32[d_model, d_ff] = normal(mean = 0.0, stddev = 0.02)  // mlp.mesh:3:5
   %0 = input {name = "x", index = 0} : f32[batch, d_model]              // x mlp.mesh:3:5
   %1 = param {path = "ffn/w_in"} : f32[d_model, d_ff]                   // mlp.mesh:3:5
   %2 = einsum %0, %1 : f32[batch, d_ff]                                 // h mlp.mesh:3:5
@@ -94,4 +95,63 @@ program mlp(x: f32[batch, d_model]) -> (y: f32[batch, d_ff]) {
 }
 )";
   CHECK(os.str() == expected);
+}
+
+TEST_CASE("Printed IR parses back to the same text", "[ir][parser]") {
+  const char* text = R"(mesh grid[data = 2, model = 2]
+dim batch = 4
+dim d_ff = 16
+dim d_model = 8
+dim vocab = 10
+layout batch: [data], d_ff: [model, data], d_model: [], vocab: auto, auto
+
+program mlp(x: f32[batch, d_model], ids: i32[batch] < 10) -> (y: f32[batch, d_ff]) {
+  param block[1]/ffn#1/w_in: f32[d_model, d_ff] = normal(mean = 0.0, stddev = 0.02)  // mlp.mesh:3:5
+  const w: f32[d_ff] = orthogonal(scale = 1.0)  // mlp.mesh:4:5
+  %0 = input {name = "x", index = 0} : f32[batch, d_model]              // x mlp.mesh:3:5
+  %1 = input {name = "ids", index = 1} : i32[batch]                     // ids mlp.mesh:3:5
+  %2 = param {path = "block[1]/ffn#1/w_in"} : f32[d_model, d_ff]        // mlp.mesh:3:5
+  %3 = einsum %0, %2 : f32[batch, d_ff]                                 // h mlp.mesh:3:5
+  %4 = layer_norm %3 {dims = [d_ff], eps = 1e-05} : f32[batch, d_ff]    // mlp.mesh:6:7
+  %5 = slice %4 {from = "d_ff", to = "d_ff", start = 0} : f32[batch, d_ff] // mlp.mesh:6:7
+  %6 = literal {value = -inf} : f32[]                                   // mlp.mesh:6:7
+  return y = %5
+}
+
+train t(x: f32[batch]) {
+  %0 = input {name = "x", index = 0} : f32[batch]                       // x t.mesh:1:1
+  %1 = sum %0 {dims = [batch]} : f32[]                                  // t.mesh:1:2
+  minimize %1 with adamw {lr = 0.001, schedule = "cosine"}  // t.mesh:2:3
+  return loss = %1
+}
+)";
+  llvm::Expected<Module> module = parseModule(text, "test.ir");
+  REQUIRE(static_cast<bool>(module));
+  std::string printed;
+  llvm::raw_string_ostream os(printed);
+  printModule(*module, os);
+  CHECK(os.str() == text);
+  const Function& fn = module->functions[0];
+  CHECK(fn.inputs[1].indexBound == 10);
+  CHECK(fn.params[0].value == 2);
+  CHECK(fn.ops[4].number("eps") == 1e-5);
+  CHECK(fn.ops[5].integer("start") == 0);
+  CHECK(std::holds_alternative<double>(*fn.ops[4].attr("eps")));
+  CHECK(module->functions[1].train->optimizer == "adamw");
+}
+
+TEST_CASE("Malformed IR is an error with its line and column", "[ir][parser]") {
+  auto message = [](const char* text) {
+    llvm::Expected<Module> module = parseModule(text, "bad.ir");
+    REQUIRE(!module);
+    return llvm::toString(module.takeError());
+  };
+  CHECK(message("dim a = x\n") == "bad.ir:1:9: expected an integer, found 'x'");
+  CHECK(message("dim a = 2\nprogram p(x: f32[b]) -> () {\n}\n") ==
+        "bad.ir:2:20: undeclared dim 'b'");
+  CHECK(message("dim a = 2\nprogram p() -> (y: f32[a]) {\n  %0 = frob : f32[a]\n}\n") ==
+        "bad.ir:3:8: unknown op 'frob'");
+  CHECK(message("dim a = 2\nprogram p() {\n  %0 = neg %3 : f32[a]\n}\n") ==
+        "bad.ir:3:12: use of undefined value %3");
+  CHECK(message("banana\n") == "bad.ir:1:1: expected mesh, dim, layout, program or train");
 }
