@@ -27,6 +27,11 @@ void DiagEngine::emit(llvm::SMLoc loc, const DiagInfo& info, const std::string& 
     kind = llvm::SourceMgr::DK_Note;
     break;
   }
+  if (!loc.isValid()) {
+    // No source position (e.g. a file that cannot be opened): "meshc: error: ...".
+    llvm::SMDiagnostic("", kind, message).print("meshc", out_);
+    return;
+  }
   sources_.PrintMessage(out_, loc, kind, message);
 }
 

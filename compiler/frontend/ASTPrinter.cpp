@@ -12,17 +12,28 @@ using llvm::cast;
 
 const char* binaryOpName(BinaryOp op) {
   switch (op) {
-  case BinaryOp::Add: return "+";
-  case BinaryOp::Sub: return "-";
-  case BinaryOp::Mul: return "*";
-  case BinaryOp::Div: return "/";
-  case BinaryOp::Pow: return "**";
-  case BinaryOp::Lt: return "<";
-  case BinaryOp::Le: return "<=";
-  case BinaryOp::Gt: return ">";
-  case BinaryOp::Ge: return ">=";
-  case BinaryOp::Eq: return "==";
-  case BinaryOp::Ne: return "!=";
+  case BinaryOp::Add:
+    return "+";
+  case BinaryOp::Sub:
+    return "-";
+  case BinaryOp::Mul:
+    return "*";
+  case BinaryOp::Div:
+    return "/";
+  case BinaryOp::Pow:
+    return "**";
+  case BinaryOp::Lt:
+    return "<";
+  case BinaryOp::Le:
+    return "<=";
+  case BinaryOp::Gt:
+    return ">";
+  case BinaryOp::Ge:
+    return ">=";
+  case BinaryOp::Eq:
+    return "==";
+  case BinaryOp::Ne:
+    return "!=";
   }
   return "?";
 }
@@ -40,8 +51,7 @@ public:
 
 private:
   std::string at(Loc loc) const {
-    if (!loc.isValid())
-      return "?:?";
+    if (!loc.isValid()) return "?:?";
     auto [line, col] = sources_.getLineAndColumn(loc);
     return fmt::format("{}:{}", line, col);
   }
@@ -57,8 +67,7 @@ private:
   }
   static std::string typeText(const TypeSpec& type) {
     std::string text = dtypeName(type.dtype);
-    if (type.hasShape)
-      text += "[" + names(type.dims) + "]";
+    if (type.hasShape) text += "[" + names(type.dims) + "]";
     return text;
   }
 
@@ -85,8 +94,8 @@ private:
       const auto& mesh = cast<MeshDecl>(decl);
       line(indent, "MeshDecl", decl.loc) << " " << mesh.name.name << "\n";
       for (const MeshDecl::Axis& axis : mesh.axes)
-        line(indent + 1, "Axis", axis.name.loc) << " " << axis.name.name << " = " << axis.size
-                                                << "\n";
+        line(indent + 1, "Axis", axis.name.loc)
+            << " " << axis.name.name << " = " << axis.size << "\n";
       return;
     }
     case Decl::Kind::Dim: {
@@ -104,8 +113,7 @@ private:
         else
           os_ << "[" << names(entry.axes) << "]\n";
       }
-      if (layout.autoRest)
-        line(indent + 1, "Auto", layout.autoLoc) << "\n";
+      if (layout.autoRest) line(indent + 1, "Auto", layout.autoLoc) << "\n";
       return;
     }
     case Decl::Kind::Def: {
@@ -139,8 +147,7 @@ private:
     case Stmt::Kind::Let: {
       const auto& let = cast<LetStmt>(stmt);
       line(indent, "LetStmt", stmt.loc) << " " << let.name.name;
-      if (let.type)
-        os_ << ": " << typeText(*let.type);
+      if (let.type) os_ << ": " << typeText(*let.type);
       os_ << "\n";
       printExpr(*let.value, indent + 1);
       return;

@@ -4,55 +4,102 @@
 #include <llvm/ADT/StringSwitch.h>
 #include <llvm/Support/ConvertUTF.h>
 
+#include <cmath>
+
 namespace meshc {
 
 const char* tokName(Tok kind) {
   switch (kind) {
-  case Tok::Eof: return "end of file";
-  case Tok::Ident: return "identifier";
-  case Tok::Number: return "number";
-  case Tok::String: return "string";
-  case Tok::KwImport: return "'import'";
-  case Tok::KwMesh: return "'mesh'";
-  case Tok::KwDim: return "'dim'";
-  case Tok::KwLayout: return "'layout'";
-  case Tok::KwAuto: return "'auto'";
-  case Tok::KwDef: return "'def'";
-  case Tok::KwProgram: return "'program'";
-  case Tok::KwTrain: return "'train'";
-  case Tok::KwParam: return "'param'";
-  case Tok::KwConst: return "'const'";
-  case Tok::KwLet: return "'let'";
-  case Tok::KwReturn: return "'return'";
-  case Tok::KwRepeat: return "'repeat'";
-  case Tok::KwMinimize: return "'minimize'";
-  case Tok::KwWith: return "'with'";
-  case Tok::KwF32: return "'f32'";
-  case Tok::KwBF16: return "'bf16'";
-  case Tok::KwF16: return "'f16'";
-  case Tok::KwI32: return "'i32'";
-  case Tok::LParen: return "'('";
-  case Tok::RParen: return "')'";
-  case Tok::LBracket: return "'['";
-  case Tok::RBracket: return "']'";
-  case Tok::LBrace: return "'{'";
-  case Tok::RBrace: return "'}'";
-  case Tok::Comma: return "','";
-  case Tok::Colon: return "':'";
-  case Tok::Semicolon: return "';'";
-  case Tok::Assign: return "'='";
-  case Tok::Arrow: return "'->'";
-  case Tok::Plus: return "'+'";
-  case Tok::Minus: return "'-'";
-  case Tok::Star: return "'*'";
-  case Tok::Slash: return "'/'";
-  case Tok::StarStar: return "'**'";
-  case Tok::Lt: return "'<'";
-  case Tok::Le: return "'<='";
-  case Tok::Gt: return "'>'";
-  case Tok::Ge: return "'>='";
-  case Tok::EqEq: return "'=='";
-  case Tok::NotEq: return "'!='";
+  case Tok::Eof:
+    return "end of file";
+  case Tok::Ident:
+    return "identifier";
+  case Tok::Number:
+    return "number";
+  case Tok::String:
+    return "string";
+  case Tok::KwImport:
+    return "'import'";
+  case Tok::KwMesh:
+    return "'mesh'";
+  case Tok::KwDim:
+    return "'dim'";
+  case Tok::KwLayout:
+    return "'layout'";
+  case Tok::KwAuto:
+    return "'auto'";
+  case Tok::KwDef:
+    return "'def'";
+  case Tok::KwProgram:
+    return "'program'";
+  case Tok::KwTrain:
+    return "'train'";
+  case Tok::KwParam:
+    return "'param'";
+  case Tok::KwConst:
+    return "'const'";
+  case Tok::KwLet:
+    return "'let'";
+  case Tok::KwReturn:
+    return "'return'";
+  case Tok::KwRepeat:
+    return "'repeat'";
+  case Tok::KwMinimize:
+    return "'minimize'";
+  case Tok::KwWith:
+    return "'with'";
+  case Tok::KwF32:
+    return "'f32'";
+  case Tok::KwBF16:
+    return "'bf16'";
+  case Tok::KwF16:
+    return "'f16'";
+  case Tok::KwI32:
+    return "'i32'";
+  case Tok::LParen:
+    return "'('";
+  case Tok::RParen:
+    return "')'";
+  case Tok::LBracket:
+    return "'['";
+  case Tok::RBracket:
+    return "']'";
+  case Tok::LBrace:
+    return "'{'";
+  case Tok::RBrace:
+    return "'}'";
+  case Tok::Comma:
+    return "','";
+  case Tok::Colon:
+    return "':'";
+  case Tok::Semicolon:
+    return "';'";
+  case Tok::Assign:
+    return "'='";
+  case Tok::Arrow:
+    return "'->'";
+  case Tok::Plus:
+    return "'+'";
+  case Tok::Minus:
+    return "'-'";
+  case Tok::Star:
+    return "'*'";
+  case Tok::Slash:
+    return "'/'";
+  case Tok::StarStar:
+    return "'**'";
+  case Tok::Lt:
+    return "'<'";
+  case Tok::Le:
+    return "'<='";
+  case Tok::Gt:
+    return "'>'";
+  case Tok::Ge:
+    return "'>='";
+  case Tok::EqEq:
+    return "'=='";
+  case Tok::NotEq:
+    return "'!='";
   }
   return "token";
 }
@@ -63,8 +110,12 @@ Lexer::Lexer(unsigned bufferId, DiagEngine& diag) : diag_(diag) {
   end_ = buffer->getBufferEnd();
 }
 
-static bool isIdentStart(char c) { return llvm::isAlpha(c) || c == '_'; }
-static bool isIdentChar(char c) { return llvm::isAlnum(c) || c == '_'; }
+static bool isIdentStart(char c) {
+  return llvm::isAlpha(c) || c == '_';
+}
+static bool isIdentChar(char c) {
+  return llvm::isAlnum(c) || c == '_';
+}
 
 static Tok keywordOrIdent(llvm::StringRef text) {
   return llvm::StringSwitch<Tok>(text)
@@ -95,8 +146,7 @@ static Tok keywordOrIdent(llvm::StringRef text) {
 static std::string displayChar(const char* p, const char* end, unsigned& length) {
   auto byte = static_cast<unsigned char>(*p);
   length = 1;
-  if (byte >= 0x20 && byte < 0x7f)
-    return std::string(1, *p);
+  if (byte >= 0x20 && byte < 0x7f) return std::string(1, *p);
   if (byte >= 0x80) {
     unsigned n = llvm::getNumBytesForUTF8(byte);
     auto* src = reinterpret_cast<const llvm::UTF8*>(p);
@@ -111,8 +161,7 @@ static std::string displayChar(const char* p, const char* end, unsigned& length)
 Token Lexer::next() {
   for (;;) {
     skipSpaceAndComments();
-    if (std::optional<Token> tok = lexToken())
-      return *tok;
+    if (std::optional<Token> tok = lexToken()) return *tok;
   }
 }
 
@@ -152,8 +201,7 @@ std::optional<Token> Lexer::lexToken() {
     tok.text = llvm::StringRef(start, length);
     return tok;
   };
-  if (cur_ >= end_)
-    return finish(Tok::Eof, 0);
+  if (cur_ >= end_) return finish(Tok::Eof, 0);
 
   char c = *cur_;
   char c1 = cur_ + 1 < end_ ? cur_[1] : '\0';
@@ -166,34 +214,48 @@ std::optional<Token> Lexer::lexToken() {
     return finish(keywordOrIdent(llvm::StringRef(start, length)), length);
   }
 
-  if (llvm::isDigit(c))
-    return lexNumber();
+  if (llvm::isDigit(c)) return lexNumber();
 
-  if (c == '"')
-    return lexString();
+  if (c == '"') return lexString();
 
   switch (c) {
-  case '(': return finish(Tok::LParen, 1);
-  case ')': return finish(Tok::RParen, 1);
-  case '[': return finish(Tok::LBracket, 1);
-  case ']': return finish(Tok::RBracket, 1);
-  case '{': return finish(Tok::LBrace, 1);
-  case '}': return finish(Tok::RBrace, 1);
-  case ',': return finish(Tok::Comma, 1);
-  case ':': return finish(Tok::Colon, 1);
-  case ';': return finish(Tok::Semicolon, 1);
-  case '+': return finish(Tok::Plus, 1);
-  case '/': return finish(Tok::Slash, 1);
-  case '-': return c1 == '>' ? finish(Tok::Arrow, 2) : finish(Tok::Minus, 1);
-  case '*': return c1 == '*' ? finish(Tok::StarStar, 2) : finish(Tok::Star, 1);
-  case '<': return c1 == '=' ? finish(Tok::Le, 2) : finish(Tok::Lt, 1);
-  case '>': return c1 == '=' ? finish(Tok::Ge, 2) : finish(Tok::Gt, 1);
-  case '=': return c1 == '=' ? finish(Tok::EqEq, 2) : finish(Tok::Assign, 1);
+  case '(':
+    return finish(Tok::LParen, 1);
+  case ')':
+    return finish(Tok::RParen, 1);
+  case '[':
+    return finish(Tok::LBracket, 1);
+  case ']':
+    return finish(Tok::RBracket, 1);
+  case '{':
+    return finish(Tok::LBrace, 1);
+  case '}':
+    return finish(Tok::RBrace, 1);
+  case ',':
+    return finish(Tok::Comma, 1);
+  case ':':
+    return finish(Tok::Colon, 1);
+  case ';':
+    return finish(Tok::Semicolon, 1);
+  case '+':
+    return finish(Tok::Plus, 1);
+  case '/':
+    return finish(Tok::Slash, 1);
+  case '-':
+    return c1 == '>' ? finish(Tok::Arrow, 2) : finish(Tok::Minus, 1);
+  case '*':
+    return c1 == '*' ? finish(Tok::StarStar, 2) : finish(Tok::Star, 1);
+  case '<':
+    return c1 == '=' ? finish(Tok::Le, 2) : finish(Tok::Lt, 1);
+  case '>':
+    return c1 == '=' ? finish(Tok::Ge, 2) : finish(Tok::Gt, 1);
+  case '=':
+    return c1 == '=' ? finish(Tok::EqEq, 2) : finish(Tok::Assign, 1);
   case '!':
-    if (c1 == '=')
-      return finish(Tok::NotEq, 2);
+    if (c1 == '=') return finish(Tok::NotEq, 2);
     break;
-  default: break;
+  default:
+    break;
   }
 
   unsigned length = 1;
@@ -220,8 +282,7 @@ Token Lexer::lexNumber() {
   }
   if (p < end_ && (*p == 'e' || *p == 'E')) {
     const char* q = p + 1;
-    if (q < end_ && (*q == '+' || *q == '-'))
-      ++q;
+    if (q < end_ && (*q == '+' || *q == '-')) ++q;
     if (q < end_ && llvm::isDigit(*q)) {
       isInteger = false;
       p = q;
@@ -247,7 +308,8 @@ Token Lexer::lexNumber() {
       malformed = tok.text.getAsInteger(10, value);
       tok.number = static_cast<double>(value);
     } else {
-      malformed = tok.text.getAsDouble(tok.number);
+      // getAsDouble accepts an overflow to infinity as merely inexact.
+      malformed = tok.text.getAsDouble(tok.number) || !std::isfinite(tok.number);
     }
   }
   if (malformed) {
@@ -281,13 +343,16 @@ Token Lexer::lexString() {
       unsigned length = 1;
       std::string shown = p + 1 < end_ ? displayChar(p + 1, end_, length) : std::string();
       diag_.report(llvm::SMLoc::getFromPointer(p), Diag::ErrBadEscape, shown);
+      tok.malformed = true;
       p += 1 + (p + 1 < end_ && p[1] != '\n' ? length : 0);
       continue;
     }
     tok.string += *p++;
   }
-  if (!closed)
+  if (!closed) {
     diag_.report(tok.loc, Diag::ErrUnterminatedString);
+    tok.malformed = true;
+  }
   tok.text = llvm::StringRef(start, p - start);
   cur_ = p;
   return tok;

@@ -17,11 +17,48 @@ enum class Tok {
   Number,
   String,
   // keywords
-  KwImport, KwMesh, KwDim, KwLayout, KwAuto, KwDef, KwProgram, KwTrain, KwParam, KwConst, KwLet,
-  KwReturn, KwRepeat, KwMinimize, KwWith, KwF32, KwBF16, KwF16, KwI32,
+  KwImport,
+  KwMesh,
+  KwDim,
+  KwLayout,
+  KwAuto,
+  KwDef,
+  KwProgram,
+  KwTrain,
+  KwParam,
+  KwConst,
+  KwLet,
+  KwReturn,
+  KwRepeat,
+  KwMinimize,
+  KwWith,
+  KwF32,
+  KwBF16,
+  KwF16,
+  KwI32,
   // punctuation
-  LParen, RParen, LBracket, RBracket, LBrace, RBrace, Comma, Colon, Semicolon, Assign, Arrow,
-  Plus, Minus, Star, Slash, StarStar, Lt, Le, Gt, Ge, EqEq, NotEq,
+  LParen,
+  RParen,
+  LBracket,
+  RBracket,
+  LBrace,
+  RBrace,
+  Comma,
+  Colon,
+  Semicolon,
+  Assign,
+  Arrow,
+  Plus,
+  Minus,
+  Star,
+  Slash,
+  StarStar,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  EqEq,
+  NotEq,
 };
 
 /// A human-readable name of a token kind for diagnostics ("identifier", "'('", ...).
@@ -33,7 +70,7 @@ struct Token {
   llvm::SMLoc loc;
   double number = 0;      // Number
   bool isInteger = false; // Number without '.', exponent
-  bool malformed = false; // Number the lexer already reported as malformed (value 0)
+  bool malformed = false; // a Number or String the lexer reported (bad number: value 0)
   std::string string;     // String, unescaped
 };
 

@@ -43,15 +43,13 @@ private:
     return t;
   }
   bool consumeIf(Tok kind) {
-    if (!is(kind))
-      return false;
+    if (!is(kind)) return false;
     consume();
     return true;
   }
   /// Consumes a token of `kind` or reports "expected <what> but found <token>".
   bool expect(Tok kind, const char* what = nullptr) {
-    if (consumeIf(kind))
-      return true;
+    if (consumeIf(kind)) return true;
     return error(what ? what : tokName(kind));
   }
   /// Reports that the current token is not `what`. Always returns false.
@@ -61,10 +59,14 @@ private:
   }
   static std::string describe(const Token& t) {
     switch (t.kind) {
-    case Tok::Ident: return fmt::format("identifier '{}'", t.text);
-    case Tok::Number: return fmt::format("number '{}'", t.text);
-    case Tok::String: return "string " + t.text.str();
-    default: return tokName(t.kind);
+    case Tok::Ident:
+      return fmt::format("identifier '{}'", t.text);
+    case Tok::Number:
+      return fmt::format("number '{}'", t.text);
+    case Tok::String:
+      return "string " + t.text.str();
+    default:
+      return tokName(t.kind);
     }
   }
   /// Whether the current token is the first on its line.
@@ -80,8 +82,10 @@ private:
     case Tok::KwLayout:
     case Tok::KwDef:
     case Tok::KwProgram:
-    case Tok::KwTrain: return true;
-    default: return false;
+    case Tok::KwTrain:
+      return true;
+    default:
+      return false;
     }
   }
   static bool isDType(Tok kind) {
@@ -90,8 +94,7 @@ private:
   /// Left-associative operator chains deepen the AST without recursing here: the chain's
   /// length counts toward the nesting limit too.
   bool chainTooDeep(unsigned length) {
-    if (exprDepth_ + length <= kMaxNesting)
-      return false;
+    if (exprDepth_ + length <= kMaxNesting) return false;
     diag_.report(tok().loc, Diag::ErrNestingTooDeep, kMaxNesting);
     return true;
   }
@@ -153,8 +156,7 @@ private:
   struct NestingGuard {
     NestingGuard(Parser& parser, unsigned& depth, Diag kind) : depth(depth) {
       ok = ++depth <= kMaxNesting;
-      if (!ok)
-        parser.diag_.report(parser.tok().loc, kind, kMaxNesting);
+      if (!ok) parser.diag_.report(parser.tok().loc, kind, kMaxNesting);
     }
     ~NestingGuard() { --depth; }
     unsigned& depth;
@@ -186,8 +188,7 @@ void Parser::skipBraces() {
 
 /// After a bad declaration: skip to the next top-level keyword.
 void Parser::syncDecl(size_t startConsumed) {
-  if (consumed_ == startConsumed && !is(Tok::Eof))
-    consume();
+  if (consumed_ == startConsumed && !is(Tok::Eof)) consume();
   while (!is(Tok::Eof) && !isTopLevelKeyword(tok().kind))
     consume();
 }
@@ -212,17 +213,20 @@ void Parser::syncStmt(size_t startConsumed) {
     case Tok::KwConst:
     case Tok::KwReturn:
     case Tok::KwRepeat:
-    case Tok::KwMinimize: return;
-    case Tok::Semicolon: consume(); return;
-    case Tok::LBrace: skipBraces(); break;
+    case Tok::KwMinimize:
+      return;
+    case Tok::Semicolon:
+      consume();
+      return;
+    case Tok::LBrace:
+      skipBraces();
+      break;
     case Tok::Ident:
-      if (atLineStart() && peek(1).kind == Tok::Assign)
-        return;
+      if (atLineStart() && peek(1).kind == Tok::Assign) return;
       consume();
       break;
     default:
-      if (isTopLevelKeyword(tok().kind))
-        return;
+      if (isTopLevelKeyword(tok().kind)) return;
       consume();
       break;
     }
@@ -247,13 +251,20 @@ std::unique_ptr<File> Parser::parseFile() {
 /// decl ::= importDecl | meshDecl | dimDecl | layoutDecl | defDecl | programDecl | trainDecl
 DeclPtr Parser::parseDecl() {
   switch (tok().kind) {
-  case Tok::KwImport: return parseImportDecl();
-  case Tok::KwMesh: return parseMeshDecl();
-  case Tok::KwDim: return parseDimDecl();
-  case Tok::KwLayout: return parseLayoutDecl();
-  case Tok::KwDef: return parseDefDecl();
-  case Tok::KwProgram: return parseProgramDecl();
-  case Tok::KwTrain: return parseTrainDecl();
+  case Tok::KwImport:
+    return parseImportDecl();
+  case Tok::KwMesh:
+    return parseMeshDecl();
+  case Tok::KwDim:
+    return parseDimDecl();
+  case Tok::KwLayout:
+    return parseLayoutDecl();
+  case Tok::KwDef:
+    return parseDefDecl();
+  case Tok::KwProgram:
+    return parseProgramDecl();
+  case Tok::KwTrain:
+    return parseTrainDecl();
   default:
     error("a declaration (import, mesh, dim, layout, def, program or train)");
     return nullptr;
@@ -268,6 +279,8 @@ DeclPtr Parser::parseImportDecl() {
     return nullptr;
   }
   Token path = consume();
+  if (path.malformed) // reported by the lexer; do not try to open a mangled path
+    return nullptr;
   decl->path = path.string;
   decl->pathLoc = path.loc;
   return decl;
@@ -277,15 +290,12 @@ DeclPtr Parser::parseImportDecl() {
 DeclPtr Parser::parseMeshDecl() {
   auto decl = std::make_unique<MeshDecl>(consume().loc);
   std::optional<Ident> name = parseIdent("a mesh name");
-  if (!name || !expect(Tok::LBracket))
-    return nullptr;
+  if (!name || !expect(Tok::LBracket)) return nullptr;
   decl->name = std::move(*name);
   do {
-    if (!parseAxis(*decl))
-      return nullptr;
+    if (!parseAxis(*decl)) return nullptr;
   } while (consumeIf(Tok::Comma));
-  if (!expect(Tok::RBracket, "',' or ']'"))
-    return nullptr;
+  if (!expect(Tok::RBracket, "',' or ']'")) return nullptr;
   return decl;
 }
 
@@ -293,11 +303,9 @@ DeclPtr Parser::parseMeshDecl() {
 bool Parser::parseAxis(MeshDecl& mesh) {
   MeshDecl::Axis axis;
   std::optional<Ident> name = parseIdent("an axis name");
-  if (!name || !expect(Tok::Assign))
-    return false;
+  if (!name || !expect(Tok::Assign)) return false;
   axis.name = std::move(*name);
-  if (!parseSize("axis", axis.name, axis.size, axis.sizeLoc))
-    return false;
+  if (!parseSize("axis", axis.name, axis.size, axis.sizeLoc)) return false;
   mesh.axes.push_back(std::move(axis));
   return true;
 }
@@ -306,11 +314,9 @@ bool Parser::parseAxis(MeshDecl& mesh) {
 DeclPtr Parser::parseDimDecl() {
   auto decl = std::make_unique<DimDecl>(consume().loc);
   std::optional<Ident> name = parseIdent("a dim name");
-  if (!name || !expect(Tok::Assign))
-    return nullptr;
+  if (!name || !expect(Tok::Assign)) return nullptr;
   decl->name = std::move(*name);
-  if (!parseSize("dim", decl->name, decl->size, decl->sizeLoc))
-    return nullptr;
+  if (!parseSize("dim", decl->name, decl->size, decl->sizeLoc)) return nullptr;
   return decl;
 }
 
@@ -325,8 +331,7 @@ bool Parser::parseSize(const char* what, const Ident& name, int64_t& size, Loc& 
                    llvm::StringRef(begin, number.text.end() - begin));
     return false;
   }
-  if (!is(Tok::Number))
-    return error("an integer size");
+  if (!is(Tok::Number)) return error("an integer size");
   Token number = consume();
   if (number.malformed) // already reported by the lexer
     return false;
@@ -341,8 +346,7 @@ bool Parser::parseSize(const char* what, const Ident& name, int64_t& size, Loc& 
 DeclPtr Parser::parseLayoutDecl() {
   auto decl = std::make_unique<LayoutDecl>(consume().loc);
   do {
-    if (!parseLayoutItem(*decl))
-      return nullptr;
+    if (!parseLayoutItem(*decl)) return nullptr;
   } while (consumeIf(Tok::Comma));
   return decl;
 }
@@ -354,12 +358,10 @@ bool Parser::parseLayoutItem(LayoutDecl& layout) {
     layout.autoRest = true;
     return true;
   }
-  if (!is(Tok::Ident))
-    return error("a layout item ('dim: axes' or 'auto')");
+  if (!is(Tok::Ident)) return error("a layout item ('dim: axes' or 'auto')");
   LayoutDecl::Entry entry;
   entry.dim = identFrom(consume());
-  if (!expect(Tok::Colon) || !parseAxes(entry))
-    return false;
+  if (!expect(Tok::Colon) || !parseAxes(entry)) return false;
   layout.entries.push_back(std::move(entry));
   return true;
 }
@@ -374,15 +376,12 @@ bool Parser::parseAxes(LayoutDecl::Entry& entry) {
     entry.isAuto = true;
     return true;
   }
-  if (!is(Tok::LBracket))
-    return error("a mesh axis, '[' or 'auto'");
+  if (!is(Tok::LBracket)) return error("a mesh axis, '[' or 'auto'");
   consume();
-  if (consumeIf(Tok::RBracket))
-    return true;
+  if (consumeIf(Tok::RBracket)) return true;
   do {
     std::optional<Ident> axis = parseIdent("a mesh axis");
-    if (!axis)
-      return false;
+    if (!axis) return false;
     entry.axes.push_back(std::move(*axis));
   } while (consumeIf(Tok::Comma));
   return expect(Tok::RBracket, "',' or ']'");
@@ -396,11 +395,9 @@ DeclPtr Parser::parseDefDecl() {
     return nullptr;
   decl->name = std::move(*name);
   std::optional<TypeSpec> result = parseTensorType();
-  if (!result)
-    return nullptr;
+  if (!result) return nullptr;
   decl->result = std::move(*result);
-  if (!parseBlock(decl->body))
-    return nullptr;
+  if (!parseBlock(decl->body)) return nullptr;
   return decl;
 }
 
@@ -429,14 +426,11 @@ DeclPtr Parser::parseTrainDecl() {
 /// The parenthesized signature lists of defDecl, programDecl and trainDecl:
 ///   '(' [ typedName { ',' typedName } ] ')'   (the brackets optional only when `allowEmpty`)
 bool Parser::parseTypedNames(std::vector<TypedName>& names, bool allowEmpty) {
-  if (!expect(Tok::LParen))
-    return false;
-  if (allowEmpty && consumeIf(Tok::RParen))
-    return true;
+  if (!expect(Tok::LParen)) return false;
+  if (allowEmpty && consumeIf(Tok::RParen)) return true;
   do {
     std::optional<TypedName> name = parseTypedName();
-    if (!name)
-      return false;
+    if (!name) return false;
     names.push_back(std::move(*name));
   } while (consumeIf(Tok::Comma));
   return expect(Tok::RParen, "',' or ')'");
@@ -445,11 +439,9 @@ bool Parser::parseTypedNames(std::vector<TypedName>& names, bool allowEmpty) {
 /// typedName ::= IDENT ':' tensorType
 std::optional<TypedName> Parser::parseTypedName() {
   std::optional<Ident> name = parseIdent("a name");
-  if (!name || !expect(Tok::Colon))
-    return std::nullopt;
+  if (!name || !expect(Tok::Colon)) return std::nullopt;
   std::optional<TypeSpec> type = parseTensorType();
-  if (!type)
-    return std::nullopt;
+  if (!type) return std::nullopt;
   return TypedName{std::move(*name), std::move(*type)};
 }
 
@@ -458,29 +450,24 @@ std::optional<TypeSpec> Parser::parseTensorType() {
   TypeSpec type;
   type.loc = tok().loc;
   std::optional<DType> dtype = parseDType();
-  if (!dtype)
-    return std::nullopt;
+  if (!dtype) return std::nullopt;
   type.dtype = *dtype;
   type.hasShape = true;
   if (!is(Tok::LBracket)) {
     error("'[' after the dtype");
     return std::nullopt;
   }
-  if (!parseDimList(type.dims))
-    return std::nullopt;
+  if (!parseDimList(type.dims)) return std::nullopt;
   return type;
 }
 
 /// The dim list of tensorType and of a type in expressions: '[' [ IDENT { ',' IDENT } ] ']'
 bool Parser::parseDimList(std::vector<Ident>& dims) {
-  if (!expect(Tok::LBracket))
-    return false;
-  if (consumeIf(Tok::RBracket))
-    return true;
+  if (!expect(Tok::LBracket)) return false;
+  if (consumeIf(Tok::RBracket)) return true;
   do {
     std::optional<Ident> dim = parseIdent("a dim name");
-    if (!dim)
-      return false;
+    if (!dim) return false;
     dims.push_back(std::move(*dim));
   } while (consumeIf(Tok::Comma));
   return expect(Tok::RBracket, "',' or ']'");
@@ -489,11 +476,21 @@ bool Parser::parseDimList(std::vector<Ident>& dims) {
 /// dtype ::= 'f32' | 'bf16' | 'f16' | 'i32'
 std::optional<DType> Parser::parseDType() {
   switch (tok().kind) {
-  case Tok::KwF32: consume(); return DType::F32;
-  case Tok::KwBF16: consume(); return DType::BF16;
-  case Tok::KwF16: consume(); return DType::F16;
-  case Tok::KwI32: consume(); return DType::I32;
-  default: error("a dtype (f32, bf16, f16 or i32)"); return std::nullopt;
+  case Tok::KwF32:
+    consume();
+    return DType::F32;
+  case Tok::KwBF16:
+    consume();
+    return DType::BF16;
+  case Tok::KwF16:
+    consume();
+    return DType::F16;
+  case Tok::KwI32:
+    consume();
+    return DType::I32;
+  default:
+    error("a dtype (f32, bf16, f16 or i32)");
+    return std::nullopt;
   }
 }
 
@@ -504,8 +501,7 @@ std::optional<DType> Parser::parseDType() {
 /// block itself is malformed (no '{', no '}' or nested too deeply).
 bool Parser::parseBlock(std::vector<StmtPtr>& body) {
   NestingGuard guard(*this, blockDepth_, Diag::ErrBlocksTooDeep);
-  if (!guard.ok || !expect(Tok::LBrace))
-    return false;
+  if (!guard.ok || !expect(Tok::LBrace)) return false;
   bool recovering = false;
   while (!is(Tok::RBrace)) {
     if (is(Tok::Eof) || isTopLevelKeyword(tok().kind)) {
@@ -529,13 +525,19 @@ bool Parser::parseBlock(std::vector<StmtPtr>& body) {
 /// stmt ::= letStmt | assignStmt | paramStmt | returnStmt | repeatStmt | minimizeStmt
 StmtPtr Parser::parseStmt() {
   switch (tok().kind) {
-  case Tok::KwLet: return parseLetStmt();
+  case Tok::KwLet:
+    return parseLetStmt();
   case Tok::KwParam:
-  case Tok::KwConst: return parseParamStmt();
-  case Tok::KwReturn: return parseReturnStmt();
-  case Tok::KwRepeat: return parseRepeatStmt();
-  case Tok::KwMinimize: return parseMinimizeStmt();
-  case Tok::Ident: return parseAssignStmt();
+  case Tok::KwConst:
+    return parseParamStmt();
+  case Tok::KwReturn:
+    return parseReturnStmt();
+  case Tok::KwRepeat:
+    return parseRepeatStmt();
+  case Tok::KwMinimize:
+    return parseMinimizeStmt();
+  case Tok::Ident:
+    return parseAssignStmt();
   default:
     error("a statement (let, param, const, return, repeat, minimize or 'name = ...')");
     return nullptr;
@@ -546,19 +548,15 @@ StmtPtr Parser::parseStmt() {
 StmtPtr Parser::parseLetStmt() {
   auto stmt = std::make_unique<LetStmt>(consume().loc);
   std::optional<Ident> name = parseIdent("a name");
-  if (!name)
-    return nullptr;
+  if (!name) return nullptr;
   stmt->name = std::move(*name);
   if (consumeIf(Tok::Colon)) {
     stmt->type = parseTensorType();
-    if (!stmt->type)
-      return nullptr;
+    if (!stmt->type) return nullptr;
   }
-  if (!expect(Tok::Assign, stmt->type ? "'='" : "':' or '='"))
-    return nullptr;
+  if (!expect(Tok::Assign, stmt->type ? "'='" : "':' or '='")) return nullptr;
   stmt->value = parseExpr();
-  if (!stmt->value)
-    return nullptr;
+  if (!stmt->value) return nullptr;
   return stmt;
 }
 
@@ -566,11 +564,9 @@ StmtPtr Parser::parseLetStmt() {
 StmtPtr Parser::parseAssignStmt() {
   auto stmt = std::make_unique<AssignStmt>(tok().loc);
   stmt->name = identFrom(consume());
-  if (!expect(Tok::Assign))
-    return nullptr;
+  if (!expect(Tok::Assign)) return nullptr;
   stmt->value = parseExpr();
-  if (!stmt->value)
-    return nullptr;
+  if (!stmt->value) return nullptr;
   return stmt;
 }
 
@@ -580,20 +576,17 @@ StmtPtr Parser::parseParamStmt() {
   auto stmt = std::make_unique<ParamStmt>(
       keyword.kind == Tok::KwParam ? Stmt::Kind::Param : Stmt::Kind::Const, keyword.loc);
   std::optional<Ident> name = parseIdent("a name");
-  if (!name || !expect(Tok::Colon))
-    return nullptr;
+  if (!name || !expect(Tok::Colon)) return nullptr;
   stmt->name = std::move(*name);
   std::optional<TypeSpec> type = parseTensorType();
-  if (!type || !expect(Tok::Assign))
-    return nullptr;
+  if (!type || !expect(Tok::Assign)) return nullptr;
   stmt->type = std::move(*type);
   if (!is(Tok::Ident) || peek(1).kind != Tok::LParen) {
     error("an initializer call such as 'normal(stddev = 0.02)'");
     return nullptr;
   }
   stmt->init = parseCall();
-  if (!stmt->init)
-    return nullptr;
+  if (!stmt->init) return nullptr;
   return stmt;
 }
 
@@ -601,8 +594,7 @@ StmtPtr Parser::parseParamStmt() {
 StmtPtr Parser::parseReturnStmt() {
   auto stmt = std::make_unique<ReturnStmt>(consume().loc);
   stmt->value = parseExpr();
-  if (!stmt->value)
-    return nullptr;
+  if (!stmt->value) return nullptr;
   return stmt;
 }
 
@@ -616,12 +608,10 @@ StmtPtr Parser::parseRepeatStmt() {
     Token count = consume();
     stmt->count = std::make_unique<NameExpr>(count.loc, count.text.str());
   } else {
-    if (!tok().malformed)
-      error("a repeat count (an integer or a dim name)");
+    if (!tok().malformed) error("a repeat count (an integer or a dim name)");
     return nullptr;
   }
-  if (!parseBlock(stmt->body))
-    return nullptr;
+  if (!parseBlock(stmt->body)) return nullptr;
   return stmt;
 }
 
@@ -629,15 +619,13 @@ StmtPtr Parser::parseRepeatStmt() {
 StmtPtr Parser::parseMinimizeStmt() {
   auto stmt = std::make_unique<MinimizeStmt>(consume().loc);
   stmt->loss = parseExpr();
-  if (!stmt->loss || !expect(Tok::KwWith))
-    return nullptr;
+  if (!stmt->loss || !expect(Tok::KwWith)) return nullptr;
   if (!is(Tok::Ident) || peek(1).kind != Tok::LParen) {
     error("an optimizer call such as 'adamw(lr = 0.001)'");
     return nullptr;
   }
   stmt->optimizer = parseCall();
-  if (!stmt->optimizer)
-    return nullptr;
+  if (!stmt->optimizer) return nullptr;
   return stmt;
 }
 
@@ -646,20 +634,26 @@ StmtPtr Parser::parseMinimizeStmt() {
 /// expr ::= compare
 ExprPtr Parser::parseExpr() {
   NestingGuard guard(*this, exprDepth_, Diag::ErrNestingTooDeep);
-  if (!guard.ok)
-    return nullptr;
+  if (!guard.ok) return nullptr;
   return parseCompare();
 }
 
 static std::optional<BinaryOp> compareOp(Tok kind) {
   switch (kind) {
-  case Tok::Lt: return BinaryOp::Lt;
-  case Tok::Le: return BinaryOp::Le;
-  case Tok::Gt: return BinaryOp::Gt;
-  case Tok::Ge: return BinaryOp::Ge;
-  case Tok::EqEq: return BinaryOp::Eq;
-  case Tok::NotEq: return BinaryOp::Ne;
-  default: return std::nullopt;
+  case Tok::Lt:
+    return BinaryOp::Lt;
+  case Tok::Le:
+    return BinaryOp::Le;
+  case Tok::Gt:
+    return BinaryOp::Gt;
+  case Tok::Ge:
+    return BinaryOp::Ge;
+  case Tok::EqEq:
+    return BinaryOp::Eq;
+  case Tok::NotEq:
+    return BinaryOp::Ne;
+  default:
+    return std::nullopt;
   }
 }
 
@@ -673,15 +667,12 @@ static ExprPtr makeBinary(BinaryOp op, Loc opLoc, ExprPtr lhs, ExprPtr rhs) {
 /// compare ::= additive [ ( '<' | '<=' | '>' | '>=' | '==' | '!=' ) additive ]
 ExprPtr Parser::parseCompare() {
   ExprPtr lhs = parseAdditive();
-  if (!lhs)
-    return nullptr;
+  if (!lhs) return nullptr;
   std::optional<BinaryOp> op = compareOp(tok().kind);
-  if (!op)
-    return lhs;
+  if (!op) return lhs;
   Loc opLoc = consume().loc;
   ExprPtr rhs = parseAdditive();
-  if (!rhs)
-    return nullptr;
+  if (!rhs) return nullptr;
   return makeBinary(*op, opLoc, std::move(lhs), std::move(rhs));
 }
 
@@ -689,12 +680,10 @@ ExprPtr Parser::parseCompare() {
 ExprPtr Parser::parseAdditive() {
   ExprPtr lhs = parseTerm();
   for (unsigned length = 1; lhs && (is(Tok::Plus) || is(Tok::Minus)); ++length) {
-    if (chainTooDeep(length))
-      return nullptr;
+    if (chainTooDeep(length)) return nullptr;
     Token op = consume();
     ExprPtr rhs = parseTerm();
-    if (!rhs)
-      return nullptr;
+    if (!rhs) return nullptr;
     lhs = makeBinary(op.kind == Tok::Plus ? BinaryOp::Add : BinaryOp::Sub, op.loc, std::move(lhs),
                      std::move(rhs));
   }
@@ -705,12 +694,10 @@ ExprPtr Parser::parseAdditive() {
 ExprPtr Parser::parseTerm() {
   ExprPtr lhs = parseUnary();
   for (unsigned length = 1; lhs && (is(Tok::Star) || is(Tok::Slash)); ++length) {
-    if (chainTooDeep(length))
-      return nullptr;
+    if (chainTooDeep(length)) return nullptr;
     Token op = consume();
     ExprPtr rhs = parseUnary();
-    if (!rhs)
-      return nullptr;
+    if (!rhs) return nullptr;
     lhs = makeBinary(op.kind == Tok::Star ? BinaryOp::Mul : BinaryOp::Div, op.loc, std::move(lhs),
                      std::move(rhs));
   }
@@ -720,26 +707,21 @@ ExprPtr Parser::parseTerm() {
 /// unary ::= '-' unary | power
 ExprPtr Parser::parseUnary() {
   NestingGuard guard(*this, exprDepth_, Diag::ErrNestingTooDeep);
-  if (!guard.ok)
-    return nullptr;
-  if (!is(Tok::Minus))
-    return parsePower();
+  if (!guard.ok) return nullptr;
+  if (!is(Tok::Minus)) return parsePower();
   Loc loc = consume().loc;
   ExprPtr operand = parseUnary();
-  if (!operand)
-    return nullptr;
+  if (!operand) return nullptr;
   return std::make_unique<UnaryExpr>(loc, UnaryOp::Neg, std::move(operand));
 }
 
 /// power ::= primary [ '**' unary ]
 ExprPtr Parser::parsePower() {
   ExprPtr base = parsePrimary();
-  if (!base || !is(Tok::StarStar))
-    return base;
+  if (!base || !is(Tok::StarStar)) return base;
   Loc opLoc = consume().loc;
   ExprPtr exponent = parseUnary();
-  if (!exponent)
-    return nullptr;
+  if (!exponent) return nullptr;
   return makeBinary(BinaryOp::Pow, opLoc, std::move(base), std::move(exponent));
 }
 
@@ -753,29 +735,26 @@ ExprPtr Parser::parsePrimary() {
       return nullptr;
     return std::make_unique<NumberExpr>(number.loc, number.number, number.isInteger);
   }
-  case Tok::Ident:
-    if (peek(1).kind == Tok::LParen)
-      return parseCall();
-    return std::make_unique<NameExpr>(tok().loc, consume().text.str());
+  case Tok::Ident: {
+    if (peek(1).kind == Tok::LParen) return parseCall();
+    Token name = consume();
+    return std::make_unique<NameExpr>(name.loc, name.text.str());
+  }
   case Tok::LParen: {
     consume();
     ExprPtr inner = parseExpr();
-    if (!inner || !expect(Tok::RParen))
-      return nullptr;
+    if (!inner || !expect(Tok::RParen)) return nullptr;
     return inner;
   }
   case Tok::LBracket: {
     auto list = std::make_unique<ListExpr>(consume().loc);
-    if (consumeIf(Tok::RBracket))
-      return list;
+    if (consumeIf(Tok::RBracket)) return list;
     do {
       ExprPtr element = parseExpr();
-      if (!element)
-        return nullptr;
+      if (!element) return nullptr;
       list->elements.push_back(std::move(element));
     } while (consumeIf(Tok::Comma));
-    if (!expect(Tok::RBracket, "',' or ']'"))
-      return nullptr;
+    if (!expect(Tok::RBracket, "',' or ']'")) return nullptr;
     return list;
   }
   default:
@@ -785,8 +764,7 @@ ExprPtr Parser::parsePrimary() {
       type.dtype = *parseDType();
       if (is(Tok::LBracket)) {
         type.hasShape = true;
-        if (!parseDimList(type.dims))
-          return nullptr;
+        if (!parseDimList(type.dims)) return nullptr;
       }
       Loc loc = type.loc;
       return std::make_unique<TypeExpr>(loc, std::move(type));
@@ -800,12 +778,9 @@ ExprPtr Parser::parsePrimary() {
 std::unique_ptr<CallExpr> Parser::parseCall() {
   auto call = std::make_unique<CallExpr>(tok().loc, identFrom(tok()));
   consume();
-  if (!expect(Tok::LParen))
-    return nullptr;
-  if (consumeIf(Tok::RParen))
-    return call;
-  if (!parseCallArgs(*call) || !expect(Tok::RParen, "',' or ')'"))
-    return nullptr;
+  if (!expect(Tok::LParen)) return nullptr;
+  if (consumeIf(Tok::RParen)) return call;
+  if (!parseCallArgs(*call) || !expect(Tok::RParen, "',' or ')'")) return nullptr;
   return call;
 }
 
@@ -823,31 +798,24 @@ bool Parser::parseCallArgs(CallExpr& call) {
         break;
       }
       ExprPtr arg = parseExpr();
-      if (!arg)
-        return false;
+      if (!arg) return false;
       call.args.push_back(std::move(arg));
     } while (consumeIf(Tok::Comma));
     if (is(Tok::Arrow)) {
-      if (!parseArrowDims(call))
-        return false;
-      if (!consumeIf(Tok::Comma))
-        return true;
+      if (!parseArrowDims(call)) return false;
+      if (!consumeIf(Tok::Comma)) return true;
       inKwArgs = true;
     }
   }
-  if (!inKwArgs)
-    return true;
+  if (!inKwArgs) return true;
   do {
-    if (!parseKwArg(call))
-      return false;
+    if (!parseKwArg(call)) return false;
   } while (consumeIf(Tok::Comma));
   if (is(Tok::Arrow) && !call.hasArrow) {
-    if (!parseArrowDims(call))
-      return false;
+    if (!parseArrowDims(call)) return false;
     if (consumeIf(Tok::Comma)) {
       do {
-        if (!parseKwArg(call))
-          return false;
+        if (!parseKwArg(call)) return false;
       } while (consumeIf(Tok::Comma));
     }
   }
@@ -860,25 +828,21 @@ bool Parser::parseArrowDims(CallExpr& call) {
   call.arrowLoc = consume().loc;
   for (;;) {
     std::optional<Ident> dim = parseIdent("an output dim name");
-    if (!dim)
-      return false;
+    if (!dim) return false;
     call.arrowDims.push_back(std::move(*dim));
-    if (!is(Tok::Comma) || (peek(1).kind == Tok::Ident && peek(2).kind == Tok::Assign))
-      return true;
+    if (!is(Tok::Comma) || (peek(1).kind == Tok::Ident && peek(2).kind == Tok::Assign)) return true;
     consume();
   }
 }
 
 /// One keyword argument of kwArgs: IDENT '=' expr
 bool Parser::parseKwArg(CallExpr& call) {
-  if (!atKeywordArg())
-    return error("a keyword argument 'name = value'");
+  if (!atKeywordArg()) return error("a keyword argument 'name = value'");
   KeywordArg arg;
   arg.name = identFrom(consume());
   consume(); // '='
   arg.value = parseExpr();
-  if (!arg.value)
-    return false;
+  if (!arg.value) return false;
   call.kwargs.push_back(std::move(arg));
   return true;
 }

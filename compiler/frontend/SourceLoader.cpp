@@ -49,11 +49,9 @@ private:
 void SourceLoader::load(const std::string& path, std::unique_ptr<llvm::MemoryBuffer> buffer,
                         const ast::ImportDecl* import) {
   std::string real = realPath(path);
-  if (done_.contains(real))
-    return;
+  if (done_.contains(real)) return;
   for (size_t i = 0; i < stack_.size(); ++i) {
-    if (stack_[i].realPath != real)
-      continue;
+    if (stack_[i].realPath != real) continue;
     std::string chain;
     for (size_t j = i; j < stack_.size(); ++j)
       chain += llvm::sys::path::filename(stack_[j].path).str() + " -> ";
@@ -83,8 +81,7 @@ void SourceLoader::load(const std::string& path, std::unique_ptr<llvm::MemoryBuf
   llvm::StringRef dir = llvm::sys::path::parent_path(path);
   for (const ast::DeclPtr& decl : file->decls) {
     const auto* importDecl = llvm::dyn_cast<ast::ImportDecl>(decl.get());
-    if (!importDecl)
-      continue;
+    if (!importDecl) continue;
     llvm::SmallString<256> importPath;
     if (llvm::sys::path::is_absolute(importDecl->path)) {
       importPath = importDecl->path;
@@ -106,8 +103,7 @@ void SourceLoader::load(const std::string& path, std::unique_ptr<llvm::MemoryBuf
 std::optional<SourceSet> loadSources(const std::string& mainPath, DiagEngine& diag) {
   SourceLoader loader(diag);
   loader.load(mainPath, nullptr, nullptr);
-  if (diag.hadError())
-    return std::nullopt;
+  if (diag.hadError()) return std::nullopt;
   return loader.takeResult();
 }
 
@@ -115,8 +111,7 @@ std::optional<SourceSet> loadSourcesFromBuffer(llvm::StringRef text, llvm::Strin
                                                DiagEngine& diag) {
   SourceLoader loader(diag);
   loader.load(name.str(), llvm::MemoryBuffer::getMemBufferCopy(text, name), nullptr);
-  if (diag.hadError())
-    return std::nullopt;
+  if (diag.hadError()) return std::nullopt;
   return loader.takeResult();
 }
 
