@@ -41,7 +41,14 @@ public:
 
   template <typename... Args> void report(llvm::SMLoc loc, Diag kind, Args&&... args) {
     const DiagInfo& info = diagInfo(kind);
-    emit(loc, info, fmt::vformat(info.format, fmt::make_format_args(args...)));
+    std::string message;
+    try {
+      message = fmt::vformat(info.format, fmt::make_format_args(args...));
+    } catch (const fmt::format_error&) {
+      // A registry entry used with the wrong arguments: a meshc bug, reported, not a crash.
+      message = fmt::format("internal error: diagnostic {} reported with wrong arguments", info.name);
+    }
+    emit(loc, info, message);
   }
 
   unsigned errorCount() const { return errors_; }

@@ -80,6 +80,7 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
       continue;
     interp::Options opts;
     opts.seed = seed;
+    opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
     interp::TensorMap inputs;
     for (const ir::InputInfo& input : fn.inputs)
       inputs[input.name] = interp::synthesizeInput(input, seed);

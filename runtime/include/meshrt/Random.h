@@ -8,6 +8,11 @@
 //   uniform01(key, index, draw) = ((out[0] >> 9) + 0.5) * 2^-23, in (0, 1), exact in float
 //   normal(key, index, draw)    = sqrt(-2 ln u0) * cos(2 pi u1), u0/u1 from out[0]/out[1]
 //   uniformIndex(key, index, bound) = (uint64(out[0]) * bound) >> 32, in [0, bound)
+// `index` is the element's row-major index over its tensor type's dims at global sizes.
+// Streams: inputs "input/<name>"; params "param/<path>"; random ops their `stream` attribute;
+// dropout "<stream>#<step>" (keep iff uniform01 >= rate). Draw numbers: truncated_normal redraws
+// with draw 1, 2, ... until |z| <= 2; orthogonal takes its Gaussian matrix from draw 0 and its
+// chi norms from draw 1 (same index).
 #pragma once
 
 #include <cmath>
@@ -69,8 +74,8 @@ constexpr uint64_t streamKey(uint64_t seed, std::string_view name) {
 
 /// The four 32-bit outputs for element `index` of a stream; `draw` numbers redraws.
 MESHRT_HD inline Philox4x32 randomBits(uint64_t key, uint64_t index, uint32_t draw = 0) {
-  return philox4x32(Philox4x32{{uint32_t(index), uint32_t(index >> 32), draw, 0u}},
-                    uint32_t(key), uint32_t(key >> 32));
+  return philox4x32(Philox4x32{{uint32_t(index), uint32_t(index >> 32), draw, 0u}}, uint32_t(key),
+                    uint32_t(key >> 32));
 }
 
 /// Maps 32 random bits to (0, 1): 23 bits plus a half step, exactly representable in float.
