@@ -23,7 +23,11 @@ for path in glob.glob(os.path.join(root, "tests/errors/**/*.mesh"), recursive=Tr
             if m:
                 expected.append(m.group(1).strip())
 # Kinds that no .mesh file can trigger, with the ctest that covers them instead.
-COVERED_ELSEWHERE = {"ErrCannotOpen": "cli.missing_input"}
+COVERED_ELSEWHERE = {
+    "ErrCannotOpen": "cli.missing_input",
+    "ErrUnknownDimOption": "cli.unknown_dim_option",
+    "ErrDuplicateAxisOption": "cli.duplicate_axis_option",
+}
 uncovered = []
 for name, severity, fmt in kinds:
     if severity != "Error" or name in COVERED_ELSEWHERE:

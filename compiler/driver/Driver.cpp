@@ -25,24 +25,84 @@ enum class Emit { AST, IR, Run };
 
 llvm::cl::OptionCategory meshcCategory("meshc options");
 
-llvm::cl::opt<std::string> inputPath(llvm::cl::Positional, llvm::cl::desc("<input.mesh | input.ir>"),
-                                     llvm::cl::Required, llvm::cl::cat(meshcCategory));
-llvm::cl::opt<std::string> outputPath("o", llvm::cl::desc("Write the output to <path> (default: stdout)"),
-                                      llvm::cl::value_desc("path"), llvm::cl::init("-"),
-                                      llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> inputPath(llvm::cl::Positional,
+                                     llvm::cl::desc("<input.mesh | input.ir>"), llvm::cl::Required,
+                                     llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string>
+    outputPath("o", llvm::cl::desc("Write the output to <path> (default: stdout)"),
+               llvm::cl::value_desc("path"), llvm::cl::init("-"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<Emit> emitStage(
     "emit", llvm::cl::desc("The stage to print"), llvm::cl::init(Emit::IR),
-    llvm::cl::values(clEnumValN(Emit::AST, "ast", "the syntax tree of the main file"),
-                     clEnumValN(Emit::IR, "ir", "the named-dim IR (default)"),
-                     clEnumValN(Emit::Run, "run",
-                                "run every program and train block (forward) in the reference "
-                                "interpreter and summarize the outputs")),
+    llvm::cl::values(
+        clEnumValN(Emit::AST, "ast", "the syntax tree of the main file"),
+        clEnumValN(Emit::IR, "ir", "the named-dim IR (default)"),
+        clEnumValN(Emit::Run, "run",
+                   "run every program and train block (forward) in the reference "
+                   "interpreter and summarize the outputs")),
     llvm::cl::cat(meshcCategory));
-llvm::cl::opt<uint64_t> seed("seed", llvm::cl::desc("Seed of inputs, parameters and dropout (--emit=run)"),
+llvm::cl::opt<uint64_t> seed("seed",
+                             llvm::cl::desc("Seed of inputs, parameters and dropout (--emit=run)"),
                              llvm::cl::init(0), llvm::cl::cat(meshcCategory));
 llvm::cl::list<std::string> onlyFunctions(
-    "function", llvm::cl::desc("Run only the named program or train block (--emit=run; repeatable)"),
+    "function",
+    llvm::cl::desc("Run only the named program or train block (--emit=run; repeatable)"),
     llvm::cl::value_desc("name"), llvm::cl::cat(meshcCategory));
+
+llvm::cl::opt<std::string>
+    meshOverride("mesh", llvm::cl::desc("Replace the program's mesh, e.g. \"data=2,model=4\""),
+                 llvm::cl::value_desc("axis=size,..."), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> layoutOverride(
+    "layout",
+    llvm::cl::desc("Replace the program's layout, in the layout statement's syntax with "
+                   "';' or ',' between items, e.g. \"batch:data;heads:[data,model];auto\""),
+    llvm::cl::value_desc("items"), llvm::cl::cat(meshcCategory));
+llvm::cl::list<std::string> dimOverrides(
+    "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
+    llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
+
+/// A command-line value that does not parse; reported as `meshc: error: ...`.
+bool optionError(const std::string& message) {
+  llvm::WithColor::error(llvm::errs(), "meshc") << message << "\n";
+  return false;
+}
+
+/// "name=size": one entry of --mesh or --dim.
+bool parseNameSize(llvm::StringRef item, const char* option, std::string& name, int64_t& size) {
+  auto [left, right] = item.split('=');
+  left = left.trim();
+  right = right.trim();
+  bool identifier = !left.empty() && (llvm::isAlpha(left[0]) || left[0] == '_') &&
+                    llvm::all_of(left, [](char c) { return llvm::isAlnum(c) || c == '_'; });
+  if (!identifier || right.getAsInteger(10, size) || size <= 0)
+    return optionError(
+        fmt::format("{} '{}' is not of the form name=size (a positive size)", option, item.str()));
+  name = left.str();
+  return true;
+}
+
+/// The command-line overrides of the program's dims, mesh and layout, for sema to apply.
+bool semaOptions(SemaOptions& options) {
+  for (const std::string& item : dimOverrides) {
+    std::string name;
+    int64_t size = 0;
+    if (!parseNameSize(item, "--dim", name, size)) return false;
+    options.dimSizes[name] = size;
+  }
+  if (meshOverride.getNumOccurrences()) {
+    std::vector<ir::MeshAxis> axes;
+    llvm::SmallVector<llvm::StringRef, 4> items;
+    llvm::StringRef(meshOverride).split(items, ',', -1, /*KeepEmpty=*/false);
+    for (llvm::StringRef item : items) {
+      ir::MeshAxis axis;
+      if (!parseNameSize(item, "--mesh", axis.name, axis.size)) return false;
+      axes.push_back(axis);
+    }
+    if (axes.empty()) return optionError("--mesh needs at least one axis, e.g. \"data=2,model=4\"");
+    options.mesh = std::move(axes);
+  }
+  if (layoutOverride.getNumOccurrences()) options.layout = layoutOverride;
+  return true;
+}
 
 /// One line per output: shape, mean, standard deviation, range and the first values. The
 /// statistics are in double so the summary is stable across runs.
@@ -68,16 +128,14 @@ void summarizeTensor(const std::string& name, const interp::Tensor& t, llvm::raw
 }
 
 bool wanted(const ir::Function& fn) {
-  if (onlyFunctions.empty())
-    return true;
+  if (onlyFunctions.empty()) return true;
   return std::find(onlyFunctions.begin(), onlyFunctions.end(), fn.name) != onlyFunctions.end();
 }
 
 /// Interprets every selected function on synthesized inputs; returns false on a runtime error.
 bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
   for (const ir::Function& fn : module.functions) {
-    if (!wanted(fn))
-      continue;
+    if (!wanted(fn)) continue;
     interp::Options opts;
     opts.seed = seed;
     opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
@@ -86,8 +144,8 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
       inputs[input.name] = interp::synthesizeInput(input, seed);
     auto start = std::chrono::steady_clock::now();
     llvm::Expected<interp::TensorMap> outputs = interp::run(fn, inputs, opts);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                    .count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (!outputs) {
       llvm::WithColor::error(llvm::errs(), "meshc")
           << fn.name << ": " << llvm::toString(outputs.takeError()) << "\n";
@@ -122,13 +180,14 @@ std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
     return std::move(*module);
   }
   std::optional<SourceSet> files = loadSources(inputPath, diag);
-  if (!files)
-    return std::nullopt;
+  if (!files) return std::nullopt;
   if (emitStage == Emit::AST) {
     printAST(files->mainFile(), diag.sources(), os);
     return ir::Module();
   }
-  return analyze(*files, diag);
+  SemaOptions options;
+  if (!semaOptions(options)) return std::nullopt;
+  return analyze(*files, diag, options);
 }
 
 } // namespace
@@ -145,8 +204,7 @@ int runMeshc(int argc, char** argv) {
   std::string text;
   llvm::raw_string_ostream os(text);
   std::optional<ir::Module> module = loadModule(diag, os);
-  if (!module)
-    return kExitInputError;
+  if (!module) return kExitInputError;
   if (emitStage == Emit::IR)
     ir::printModule(*module, os);
   else if (emitStage == Emit::Run && !runModule(*module, os))

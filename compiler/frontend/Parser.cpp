@@ -154,7 +154,7 @@ private:
   /// Counts a nesting level for as long as it lives; `ok` is false past kMaxNesting (reported
   /// once per statement or declaration).
   struct NestingGuard {
-    NestingGuard(Parser& parser, unsigned& depth, Diag kind) : depth(depth) {
+    NestingGuard(Parser& parser, unsigned& counter, Diag kind) : depth(counter) {
       ok = ++depth <= kMaxNesting;
       if (!ok) parser.diag_.report(parser.tok().loc, kind, kMaxNesting);
     }

@@ -109,9 +109,9 @@ double Initializer::arg(const std::string& name, double fallback) const {
   return fallback;
 }
 
-ValueId Function::addOp(Op op, TensorType type, std::string name) {
+ValueId Function::addOp(Op op, TensorType type, std::string valueName) {
   ValueId id = static_cast<ValueId>(values.size());
-  values.push_back(Value{std::move(type), std::move(name), static_cast<uint32_t>(ops.size())});
+  values.push_back(Value{std::move(type), std::move(valueName), static_cast<uint32_t>(ops.size())});
   op.result = id;
   ops.push_back(std::move(op));
   return id;

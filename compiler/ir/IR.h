@@ -138,7 +138,7 @@ struct Function {
   const TensorType& typeOf(ValueId id) const { return values[id].type; }
   const Op& definingOp(ValueId id) const { return ops[values[id].definingOp]; }
   /// Appends an op producing a fresh value of `type`; returns the new value.
-  ValueId addOp(Op op, TensorType type, std::string name = {});
+  ValueId addOp(Op op, TensorType type, std::string valueName = {});
 };
 
 struct MeshAxis {

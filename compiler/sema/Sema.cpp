@@ -1,1 +1,1081 @@
-// placeholder: being written
+// Semantic analysis: global names, layouts, and the lowering of statements and expressions.
+// Defs are inlined at every call site; repeats are unrolled; builtins live in Builtins.cpp.
+#include "sema/Sema.h"
+#include "sema/Lowering.h"
+
+#include <llvm/Support/Casting.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/Path.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace meshc {
+namespace sema {
+
+using llvm::dyn_cast;
+using llvm::SMLoc;
+
+std::string joinNames(const std::vector<std::string>& names, const char* separator) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i ? separator : "") + names[i];
+  return out;
+}
+
+std::string typeString(const ir::TensorType& type) {
+  std::vector<std::string> names;
+  for (const ir::Dim& d : type.dims)
+    names.push_back(d.name);
+  return fmt::format("{}[{}]", ir::dtypeName(type.dtype), joinNames(names));
+}
+
+static ir::DType convertDType(ast::DType dtype) {
+  switch (dtype) {
+  case ast::DType::F32:
+    return ir::DType::F32;
+  case ast::DType::BF16:
+    return ir::DType::BF16;
+  case ast::DType::F16:
+    return ir::DType::F16;
+  case ast::DType::I32:
+    return ir::DType::I32;
+  }
+  return ir::DType::F32;
+}
+
+/// Same dtype and the same set of dims (in any order).
+static bool sameDimSet(const ir::TensorType& a, const ir::TensorType& b) {
+  if (a.dtype != b.dtype || a.dims.size() != b.dims.size()) return false;
+  return std::all_of(a.dims.begin(), a.dims.end(),
+                     [&](const ir::Dim& d) { return b.hasDim(d.name); });
+}
+
+// ------------------------------------------------------------------------- basics
+
+ir::Location FunctionLowerer::location(SMLoc loc) const {
+  ir::Location out;
+  out.loc = loc;
+  if (!loc.isValid()) return out;
+  unsigned buffer = sources_.FindBufferContainingLoc(loc);
+  if (buffer == 0) return out;
+  out.file =
+      llvm::sys::path::filename(sources_.getMemoryBuffer(buffer)->getBufferIdentifier()).str();
+  auto [line, col] = sources_.getLineAndColumn(loc, buffer);
+  out.line = line;
+  out.col = col;
+  return out;
+}
+
+std::optional<int64_t> FunctionLowerer::elementCount(const ir::TensorType& type) const {
+  int64_t count = 1;
+  for (const ir::Dim& d : type.dims)
+    if (__builtin_mul_overflow(count, d.size, &count) || count > kMaxElements) return std::nullopt;
+  return count;
+}
+
+std::optional<ir::TensorType> FunctionLowerer::convertType(const ast::TypeSpec& spec) {
+  ir::TensorType type;
+  type.dtype = convertDType(spec.dtype);
+  bool ok = true;
+  for (const ast::Ident& d : spec.dims) {
+    auto it = globals_.dims.find(d.name);
+    if (it == globals_.dims.end()) {
+      error(d.loc, Diag::ErrUnknownDim, d.name);
+      ok = false;
+      continue;
+    }
+    if (type.hasDim(d.name)) {
+      error(d.loc, Diag::ErrDimListedTwice, d.name, "a type");
+      ok = false;
+      continue;
+    }
+    type.dims.push_back({d.name, it->second.size});
+  }
+  if (!ok) return std::nullopt;
+  if (!elementCount(type)) {
+    error(spec.loc, Diag::ErrTooManyElements, typeString(type));
+    return std::nullopt;
+  }
+  return type;
+}
+
+bool FunctionLowerer::tick() {
+  if (tooLarge_) return false;
+  if (++work_ > kMaxWork || ++totalWork_ > kMaxTotalWork) {
+    tooLarge_ = true;
+    // Once the budget of the whole compilation is spent, the function that spent it was
+    // reported; the others stop silently.
+    if (totalWork_ <= kMaxTotalWork + 1) error(fn_.loc.loc, Diag::ErrTooLarge, fn_.name, kMaxWork);
+    return false;
+  }
+  return true;
+}
+
+Operand FunctionLowerer::addOp(ir::OpKind kind, std::vector<ir::ValueId> operands,
+                               ir::TensorType type, SMLoc loc,
+                               std::vector<std::pair<std::string, ir::AttrValue>> attrs,
+                               std::string name) {
+  if (!tick()) return Operand::poison();
+  if (!elementCount(type)) {
+    error(loc, Diag::ErrTooManyElements, typeString(type));
+    return Operand::poison();
+  }
+  ir::Op op;
+  op.kind = kind;
+  op.operands = std::move(operands);
+  op.attrs = std::move(attrs);
+  op.loc = location(loc);
+  return Operand::tensor(fn_.addOp(std::move(op), std::move(type), std::move(name)), loc);
+}
+
+std::optional<ir::ValueId> FunctionLowerer::materializeLiteral(const Operand& literal,
+                                                               ir::DType dtype) {
+  if (dtype == ir::DType::I32 && !literal.isInteger) {
+    error(literal.loc, Diag::ErrIntLiteral, fmt::format("{}", literal.number));
+    return std::nullopt;
+  }
+  ir::TensorType type{dtype, {}};
+  Operand result = addOp(ir::OpKind::Literal, {}, type, literal.loc, {{"value", literal.number}});
+  if (result.isPoison()) return std::nullopt;
+  return result.id;
+}
+
+template <typename F>
+Operand FunctionLowerer::coerce(const Operand& value, const ir::TensorType& want, SMLoc loc,
+                                F mismatch) {
+  if (value.isPoison()) return value;
+  if (value.kind == Operand::Kind::Literal) {
+    if (!want.dims.empty()) {
+      mismatch(std::string("f32[]"));
+      return Operand::poison();
+    }
+    if (want.dtype == ir::DType::I32 && !value.isInteger) {
+      error(value.loc, Diag::ErrIntLiteral, fmt::format("{}", value.number));
+      return Operand::poison();
+    }
+    Operand result = addOp(ir::OpKind::Literal, {}, want, value.loc, {{"value", value.number}});
+    return result;
+  }
+  const ir::TensorType& got = typeOf(value);
+  if (got == want) return value;
+  if (!sameDimSet(got, want)) {
+    mismatch(typeString(got));
+    return Operand::poison();
+  }
+  return addOp(ir::OpKind::Transpose, {value.id}, want, loc);
+}
+
+std::string FunctionLowerer::childPath(const std::string& segment) const {
+  const std::string& parent = frames_.back().path;
+  return parent.empty() ? segment : parent + "/" + segment;
+}
+
+// ------------------------------------------------------------------------- functions
+
+void FunctionLowerer::beginFunction(const std::string& name, SMLoc loc) {
+  fn_ = ir::Function();
+  fn_.name = name;
+  fn_.loc = location(loc);
+  frames_.assign(1, CallFrame());
+  inlineStack_.clear();
+  work_ = 0;
+  tooLarge_ = false;
+  depth_ = 0;
+  exprDepth_ = 0;
+}
+
+bool FunctionLowerer::declare(Scope& scope, const ast::Ident& name, Binding binding) {
+  if (Binding* previous = scope.find(name.name)) {
+    if (error(name.loc, Diag::ErrRedefinition, "value", name.name))
+      error(previous->loc, Diag::NotePreviousDefinition, name.name);
+    return false;
+  }
+  binding.loc = name.loc;
+  scope.names.emplace(name.name, std::move(binding));
+  return true;
+}
+
+void FunctionLowerer::bindInputs(const std::vector<ast::TypedName>& inputs, Scope& scope) {
+  for (const ast::TypedName& input : inputs) {
+    Binding binding;
+    binding.kind = Binding::Kind::Input;
+    std::optional<ir::TensorType> type = convertType(input.type);
+    if (type) {
+      int64_t index = static_cast<int64_t>(fn_.inputs.size());
+      binding.value = addOp(ir::OpKind::Input, {}, *type, input.name.loc,
+                            {{"name", input.name.name}, {"index", index}}, input.name.name);
+      binding.type = type;
+      if (!binding.value.isPoison()) {
+        ir::InputInfo info;
+        info.name = input.name.name;
+        info.type = *type;
+        info.loc = location(input.name.loc);
+        info.value = binding.value.id;
+        fn_.inputs.push_back(std::move(info));
+      }
+    }
+    declare(scope, input.name, std::move(binding));
+  }
+}
+
+std::optional<ir::Function> FunctionLowerer::lowerProgram(const ast::ProgramDecl& program) {
+  beginFunction(program.name.name, program.name.loc);
+  fn_.kind = ir::Function::Kind::Program;
+  Scope scope;
+  bindInputs(program.inputs, scope);
+  for (const ast::TypedName& output : program.outputs) {
+    Binding binding;
+    binding.kind = Binding::Kind::Output;
+    binding.isSet = false;
+    binding.type = convertType(output.type);
+    declare(scope, output.name, std::move(binding));
+  }
+  lowerBlock(program.body, scope, BlockKind::Program, program.name.loc, program.name.name);
+  for (const ast::TypedName& output : program.outputs) {
+    auto it = scope.names.find(output.name.name);
+    if (it == scope.names.end() || it->second.kind != Binding::Kind::Output ||
+        it->second.loc.getPointer() != output.name.loc.getPointer())
+      continue; // a duplicate name, already reported
+    const Binding& binding = it->second;
+    if (!binding.isSet) {
+      if (!tooLarge_) error(output.name.loc, Diag::ErrUnsetOutput, output.name.name);
+      continue;
+    }
+    if (binding.value.isPoison()) continue;
+    fn_.outputs.push_back({output.name.name, binding.value.id, location(output.name.loc)});
+  }
+  return std::move(fn_);
+}
+
+std::optional<ir::Function> FunctionLowerer::lowerTrain(const ast::TrainDecl& train) {
+  beginFunction(train.name.name, train.name.loc);
+  fn_.kind = ir::Function::Kind::Train;
+  Scope scope;
+  bindInputs(train.inputs, scope);
+  lowerBlock(train.body, scope, BlockKind::Train, train.name.loc, train.name.name);
+  return std::move(fn_);
+}
+
+void FunctionLowerer::checkDef(const ast::DefDecl& def) {
+  beginFunction(def.name.name, def.name.loc);
+  Scope scope;
+  bindInputs(def.args, scope);
+  for (auto& [name, binding] : scope.names)
+    binding.kind = Binding::Kind::Let; // args may be rebound like lets
+  frames_.back().def = &def;
+  inlineStack_.push_back(&def);
+  lowerBlock(def.body, scope, BlockKind::Def, def.name.loc, def.name.name);
+  std::optional<ir::TensorType> result = convertType(def.result);
+  if (result && frames_.back().returned) {
+    const Operand& returned = *frames_.back().returned;
+    coerce(returned, *result, returned.loc, [&](const std::string& got) {
+      error(returned.loc, Diag::ErrReturnType, def.name.name, typeString(*result), got);
+    });
+  }
+}
+
+// ------------------------------------------------------------------------- statements
+
+void FunctionLowerer::lowerBlock(const std::vector<ast::StmtPtr>& body, Scope& scope,
+                                 BlockKind kind, SMLoc ownerLoc, const std::string& ownerName) {
+  for (size_t i = 0; i < body.size(); ++i) {
+    if (tooLarge_) return;
+    const ast::Stmt& stmt = *body[i];
+    bool last = i + 1 == body.size();
+    if (stmt.kind == ast::Stmt::Kind::Return) {
+      if (kind != BlockKind::Def)
+        error(stmt.loc, Diag::ErrReturnOutsideDef);
+      else if (!last)
+        error(body[i + 1]->loc, Diag::ErrStmtAfter, "return");
+    } else if (stmt.kind == ast::Stmt::Kind::Minimize) {
+      if (kind != BlockKind::Train)
+        error(stmt.loc, Diag::ErrMinimizeOutsideTrain);
+      else if (!last)
+        error(body[i + 1]->loc, Diag::ErrStmtAfter, "minimize");
+    }
+    lowerStmt(stmt, scope, kind);
+  }
+  if (tooLarge_) return;
+  // A misplaced return/minimize was reported above; only a missing one is reported here.
+  ast::Stmt::Kind needed =
+      kind == BlockKind::Def ? ast::Stmt::Kind::Return : ast::Stmt::Kind::Minimize;
+  bool endsWith = std::any_of(body.begin(), body.end(),
+                              [&](const ast::StmtPtr& s) { return s->kind == needed; });
+  if (kind == BlockKind::Def && !endsWith) error(ownerLoc, Diag::ErrMissingReturn, ownerName);
+  if (kind == BlockKind::Train && !endsWith) error(ownerLoc, Diag::ErrMissingMinimize, ownerName);
+}
+
+void FunctionLowerer::lowerStmt(const ast::Stmt& stmt, Scope& scope, BlockKind kind) {
+  if (!tick()) return;
+  switch (stmt.kind) {
+  case ast::Stmt::Kind::Let:
+    lowerLet(static_cast<const ast::LetStmt&>(stmt), scope);
+    break;
+  case ast::Stmt::Kind::Assign:
+    lowerAssign(static_cast<const ast::AssignStmt&>(stmt), scope);
+    break;
+  case ast::Stmt::Kind::Param:
+  case ast::Stmt::Kind::Const:
+    lowerParam(static_cast<const ast::ParamStmt&>(stmt), scope);
+    break;
+  case ast::Stmt::Kind::Repeat:
+    lowerRepeat(static_cast<const ast::RepeatStmt&>(stmt), scope);
+    break;
+  case ast::Stmt::Kind::Return: {
+    auto& ret = static_cast<const ast::ReturnStmt&>(stmt);
+    Operand value = ret.value ? lowerExpr(*ret.value, scope) : Operand::poison();
+    if (kind == BlockKind::Def && !frames_.back().returned) frames_.back().returned = value;
+    break;
+  }
+  case ast::Stmt::Kind::Minimize:
+    lowerMinimize(static_cast<const ast::MinimizeStmt&>(stmt), scope);
+    break;
+  }
+}
+
+void FunctionLowerer::lowerLet(const ast::LetStmt& let, Scope& scope) {
+  Operand value = let.value ? lowerExpr(*let.value, scope) : Operand::poison();
+  SMLoc valueLoc = let.value ? let.value->loc : let.loc;
+  Binding binding;
+  binding.kind = Binding::Kind::Let;
+  if (let.type) {
+    std::optional<ir::TensorType> declared = convertType(*let.type);
+    binding.type = declared;
+    if (declared)
+      value = coerce(value, *declared, valueLoc, [&](const std::string& got) {
+        error(valueLoc, Diag::ErrTypeMismatch, typeString(*declared), got);
+      });
+    else
+      value = Operand::poison();
+  } else if (value.kind == Operand::Kind::Literal) {
+    value = coerce(value, ir::TensorType{ir::DType::F32, {}}, valueLoc, [](const std::string&) {});
+  }
+  if (!value.isPoison()) {
+    binding.type = typeOf(value);
+    if (fn_.values[value.id].name.empty()) fn_.values[value.id].name = let.name.name;
+  }
+  binding.value = value;
+  declare(scope, let.name, std::move(binding));
+}
+
+void FunctionLowerer::lowerAssign(const ast::AssignStmt& assign, Scope& scope) {
+  Operand value = assign.value ? lowerExpr(*assign.value, scope) : Operand::poison();
+  SMLoc valueLoc = assign.value ? assign.value->loc : assign.loc;
+  Binding* binding = scope.find(assign.name.name);
+  if (!binding) {
+    error(assign.name.loc, Diag::ErrAssignUndeclared, assign.name.name);
+    return;
+  }
+  switch (binding->kind) {
+  case Binding::Kind::Input:
+    error(assign.name.loc, Diag::ErrAssignReadOnly, "input", assign.name.name);
+    return;
+  case Binding::Kind::Param:
+    error(assign.name.loc, Diag::ErrAssignReadOnly, "param", assign.name.name);
+    return;
+  case Binding::Kind::Const:
+    error(assign.name.loc, Diag::ErrAssignReadOnly, "const", assign.name.name);
+    return;
+  case Binding::Kind::Let:
+  case Binding::Kind::Output:
+    break;
+  }
+  bool isOutput = binding->kind == Binding::Kind::Output;
+  binding->isSet = true;
+  if (!binding->type) {
+    // The declared type had errors, or the let's first value was poison.
+    if (!isOutput && !value.isPoison()) {
+      if (value.kind == Operand::Kind::Literal)
+        value =
+            coerce(value, ir::TensorType{ir::DType::F32, {}}, valueLoc, [](const std::string&) {});
+      if (!value.isPoison() && !isOutput) binding->type = typeOf(value);
+    }
+    binding->value = isOutput ? Operand::poison() : value;
+    return;
+  }
+  const ir::TensorType want = *binding->type;
+  value = coerce(value, want, valueLoc, [&](const std::string& got) {
+    if (isOutput)
+      error(valueLoc, Diag::ErrOutputType, assign.name.name, typeString(want), got);
+    else
+      error(valueLoc, Diag::ErrRebindType, assign.name.name, typeString(want), got);
+  });
+  if (!value.isPoison() && fn_.values[value.id].name.empty())
+    fn_.values[value.id].name = assign.name.name;
+  binding->value = value;
+}
+
+void FunctionLowerer::lowerParam(const ast::ParamStmt& param, Scope& scope) {
+  Binding binding;
+  binding.kind = param.trainable() ? Binding::Kind::Param : Binding::Kind::Const;
+  std::optional<ir::TensorType> type = convertType(param.type);
+  std::optional<ir::Initializer> init;
+  if (type && param.init) init = lowerInitializer(*param.init, *type);
+  if (type && init) {
+    std::string path = childPath(param.name.name + frames_.back().repeatSuffix);
+    binding.type = type;
+    binding.value =
+        addOp(ir::OpKind::Param, {}, *type, param.name.loc, {{"path", path}}, param.name.name);
+    if (!binding.value.isPoison()) {
+      ir::ParamInfo info;
+      info.path = path;
+      info.type = *type;
+      info.init = std::move(*init);
+      info.trainable = param.trainable();
+      info.loc = location(param.name.loc);
+      info.value = binding.value.id;
+      fn_.params.push_back(std::move(info));
+    }
+  }
+  declare(scope, param.name, std::move(binding));
+}
+
+void FunctionLowerer::lowerRepeat(const ast::RepeatStmt& repeat, Scope& scope) {
+  int64_t count = 0;
+  const ast::Expr* countExpr = repeat.count.get();
+  if (auto* number = countExpr ? dyn_cast<ast::NumberExpr>(countExpr) : nullptr) {
+    if (number->isInteger && number->value >= 1 && number->value <= 1e15)
+      count = static_cast<int64_t>(number->value);
+  } else if (auto* name = countExpr ? dyn_cast<ast::NameExpr>(countExpr) : nullptr) {
+    auto it = globals_.dims.find(name->name);
+    if (it == globals_.dims.end()) {
+      error(name->loc, Diag::ErrUnknownDim, name->name);
+      return;
+    }
+    count = it->second.size;
+  }
+  if (count < 1) {
+    error(countExpr ? countExpr->loc : repeat.loc, Diag::ErrRepeatCount);
+    return;
+  }
+  if (depth_ >= kMaxDepth) {
+    if (!reportedDepth_)
+      error(repeat.loc, Diag::ErrNestingTooDeepSema, "def calls and repeats", kMaxDepth);
+    reportedDepth_ = true;
+    return;
+  }
+  ++depth_;
+  CallFrame& frame = frames_.back();
+  std::string outerSuffix = frame.repeatSuffix;
+  for (int64_t i = 0; i < count && !tooLarge_; ++i) {
+    frames_.back().repeatSuffix = outerSuffix + fmt::format("[{}]", i);
+    Scope inner;
+    inner.parent = &scope;
+    lowerBlock(repeat.body, inner, BlockKind::Repeat, repeat.loc, "repeat");
+    tick();
+  }
+  frames_.back().repeatSuffix = outerSuffix;
+  --depth_;
+}
+
+void FunctionLowerer::lowerMinimize(const ast::MinimizeStmt& minimize, Scope& scope) {
+  Operand loss = minimize.loss ? lowerExpr(*minimize.loss, scope) : Operand::poison();
+  if (loss.kind == Operand::Kind::Literal)
+    loss = coerce(loss, ir::TensorType{ir::DType::F32, {}}, loss.loc, [](const std::string&) {});
+  std::optional<std::pair<std::string, std::vector<std::pair<std::string, ir::AttrValue>>>>
+      optimizer;
+  if (minimize.optimizer) optimizer = lowerOptimizer(*minimize.optimizer);
+  if (fn_.kind != ir::Function::Kind::Train || fn_.train || frames_.size() != 1) return;
+  if (loss.isPoison()) return;
+  const ir::TensorType& type = typeOf(loss);
+  if (type.dtype != ir::DType::F32 || !type.dims.empty()) {
+    error(minimize.loss->loc, Diag::ErrLossType, typeString(type));
+    return;
+  }
+  if (!optimizer) return;
+  ir::TrainInfo info;
+  info.loss = loss.id;
+  info.optimizer = optimizer->first;
+  info.options = std::move(optimizer->second);
+  info.loc = location(minimize.loc);
+  fn_.train = std::move(info);
+  fn_.outputs.push_back({"loss", loss.id, location(minimize.loc)});
+}
+
+// ------------------------------------------------------------------------- defs
+
+Operand FunctionLowerer::inlineDef(const ast::DefDecl& def, const ast::CallExpr& call,
+                                   Scope& scope) {
+  // Lower the arguments in the caller's scope first.
+  std::vector<Operand> args;
+  for (const ast::ExprPtr& arg : call.args)
+    args.push_back(lowerExpr(*arg, scope));
+  if (call.hasArrow) {
+    error(call.arrowLoc, Diag::ErrUnexpectedArrow, def.name.name);
+    return Operand::poison();
+  }
+  if (!call.kwargs.empty()) {
+    error(call.kwargs.front().name.loc, Diag::ErrUnknownKeyword, call.kwargs.front().name.name,
+          def.name.name);
+    return Operand::poison();
+  }
+  if (args.size() != def.args.size()) {
+    error(call.callee.loc, Diag::ErrArity, def.name.name, def.args.size(), args.size());
+    return Operand::poison();
+  }
+  auto onStack = std::find(inlineStack_.begin(), inlineStack_.end(), &def);
+  if (onStack != inlineStack_.end()) {
+    std::vector<std::string> chain;
+    for (auto it = onStack; it != inlineStack_.end(); ++it)
+      chain.push_back((*it)->name.name);
+    chain.push_back(def.name.name);
+    // Report each cycle once, whichever def it was entered from.
+    std::vector<std::string> members(chain.begin(), chain.end() - 1);
+    std::sort(members.begin(), members.end());
+    if (!reportedCycles_.insert(joinNames(members)).second) return Operand::poison();
+    error(call.callee.loc, Diag::ErrRecursiveDef, def.name.name, joinNames(chain, " -> "));
+    return Operand::poison();
+  }
+  if (depth_ >= kMaxDepth) {
+    if (!reportedDepth_)
+      error(call.callee.loc, Diag::ErrNestingTooDeepSema, "def calls and repeats", kMaxDepth);
+    reportedDepth_ = true;
+    return Operand::poison();
+  }
+  if (tooLarge_) return Operand::poison();
+
+  // Arguments take the declared types (transposed if needed).
+  Scope defScope;
+  bool ok = true;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ast::TypedName& formal = def.args[i];
+    Binding binding;
+    binding.kind = Binding::Kind::Let;
+    std::optional<ir::TensorType> type = convertType(formal.type);
+    binding.type = type;
+    if (type) {
+      SMLoc argLoc = call.args[i]->loc;
+      binding.value = coerce(args[i], *type, argLoc, [&](const std::string& got) {
+        error(argLoc, Diag::ErrArgType, formal.name.name, def.name.name, typeString(*type), got);
+      });
+    }
+    if (binding.value.isPoison()) ok = false;
+    declare(defScope, formal.name, std::move(binding));
+  }
+  std::optional<ir::TensorType> resultType = convertType(def.result);
+  if (!ok || !resultType) return Operand::poison();
+
+  CallFrame& caller = frames_.back();
+  int& calls = caller.defCalls[def.name.name + caller.repeatSuffix];
+  std::string segment = def.name.name;
+  if (calls > 0) segment += fmt::format("#{}", calls);
+  segment += caller.repeatSuffix;
+  ++calls;
+  inlinedDefs_.insert(&def);
+  CallFrame frame;
+  frame.path = childPath(segment);
+  frame.def = &def;
+  frames_.push_back(std::move(frame));
+  inlineStack_.push_back(&def);
+  ++depth_;
+  lowerBlock(def.body, defScope, BlockKind::Def, def.name.loc, def.name.name);
+  --depth_;
+  inlineStack_.pop_back();
+  std::optional<Operand> returned = std::move(frames_.back().returned);
+  frames_.pop_back();
+  if (!returned || returned->isPoison()) return Operand::poison();
+  SMLoc returnLoc = returned->loc;
+  Operand result = coerce(*returned, *resultType, returnLoc, [&](const std::string& got) {
+    error(returnLoc, Diag::ErrReturnType, def.name.name, typeString(*resultType), got);
+  });
+  if (!result.isPoison()) result.loc = call.callee.loc;
+  return result;
+}
+
+// ------------------------------------------------------------------------- expressions
+
+Operand FunctionLowerer::lowerName(const ast::NameExpr& name, Scope& scope) {
+  if (Binding* binding = scope.find(name.name)) {
+    if (!binding->isSet) {
+      error(name.loc, Diag::ErrOutputReadBeforeSet, name.name);
+      return Operand::poison();
+    }
+    Operand value = binding->value;
+    value.loc = name.loc;
+    return value;
+  }
+  if (globals_.dims.count(name.name)) {
+    error(name.loc, Diag::ErrNotAValue, fmt::format("dim '{}'", name.name));
+    return Operand::poison();
+  }
+  if (globals_.defs.count(name.name)) {
+    error(name.loc, Diag::ErrNotAValue, fmt::format("def '{}'", name.name));
+    return Operand::poison();
+  }
+  error(name.loc, Diag::ErrUnknownName, name.name);
+  return Operand::poison();
+}
+
+Operand FunctionLowerer::lowerBinary(ir::OpKind kind, const char* spelling, Operand lhs,
+                                     Operand rhs, SMLoc loc) {
+  if (lhs.isPoison() || rhs.isPoison()) return Operand::poison();
+  bool lhsLiteral = lhs.kind == Operand::Kind::Literal;
+  bool rhsLiteral = rhs.kind == Operand::Kind::Literal;
+  std::optional<ir::ValueId> a = lhs.id, b = rhs.id;
+  if (lhsLiteral && rhsLiteral) {
+    a = materializeLiteral(lhs, ir::DType::F32);
+    b = materializeLiteral(rhs, ir::DType::F32);
+  } else if (lhsLiteral) {
+    a = materializeLiteral(lhs, fn_.typeOf(rhs.id).dtype);
+  } else if (rhsLiteral) {
+    b = materializeLiteral(rhs, fn_.typeOf(lhs.id).dtype);
+  }
+  if (!a || !b) return Operand::poison();
+  return binaryValues(kind, spelling, *a, *b, loc);
+}
+
+Operand FunctionLowerer::binaryValues(ir::OpKind kind, const char* spelling, ir::ValueId a,
+                                      ir::ValueId b, SMLoc loc) {
+  const ir::TensorType& ta = fn_.typeOf(a);
+  const ir::TensorType& tb = fn_.typeOf(b);
+  if (ta.dtype != tb.dtype) {
+    error(loc, Diag::ErrDTypeMismatch, spelling, typeString(ta), typeString(tb));
+    return Operand::poison();
+  }
+  ir::TensorType result = ta;
+  for (const ir::Dim& d : tb.dims)
+    if (!result.hasDim(d.name)) result.dims.push_back(d);
+  switch (kind) {
+  case ir::OpKind::Lt:
+  case ir::OpKind::Le:
+  case ir::OpKind::Gt:
+  case ir::OpKind::Ge:
+  case ir::OpKind::Eq:
+  case ir::OpKind::Ne:
+    result.dtype = ir::DType::I32;
+    break;
+  default:
+    break;
+  }
+  return addOp(kind, {a, b}, std::move(result), loc);
+}
+
+Operand FunctionLowerer::lowerExpr(const ast::Expr& expr, Scope& scope) {
+  if (tooLarge_) return Operand::poison();
+  // Each inlined def may nest expressions as deeply as the parser allows; bound the sum.
+  if (exprDepth_ >= kMaxExprDepth) {
+    if (!reportedDepth_)
+      error(expr.loc, Diag::ErrNestingTooDeepSema, "expressions of inlined defs", kMaxExprDepth);
+    reportedDepth_ = true;
+    return Operand::poison();
+  }
+  ++exprDepth_;
+  Operand result = lowerExprInner(expr, scope);
+  --exprDepth_;
+  return result;
+}
+
+Operand FunctionLowerer::lowerExprInner(const ast::Expr& expr, Scope& scope) {
+  switch (expr.kind) {
+  case ast::Expr::Kind::Number: {
+    auto& number = static_cast<const ast::NumberExpr&>(expr);
+    Operand literal;
+    literal.kind = Operand::Kind::Literal;
+    literal.number = number.value;
+    literal.isInteger = number.isInteger;
+    literal.loc = number.loc;
+    return literal;
+  }
+  case ast::Expr::Kind::Name:
+    return lowerName(static_cast<const ast::NameExpr&>(expr), scope);
+  case ast::Expr::Kind::Unary: {
+    auto& unary = static_cast<const ast::UnaryExpr&>(expr);
+    Operand operand = unary.operand ? lowerExpr(*unary.operand, scope) : Operand::poison();
+    if (operand.kind == Operand::Kind::Literal) {
+      operand.number = -operand.number;
+      operand.loc = unary.loc;
+      return operand;
+    }
+    if (operand.isPoison()) return operand;
+    return addOp(ir::OpKind::Neg, {operand.id}, typeOf(operand), unary.loc);
+  }
+  case ast::Expr::Kind::Binary: {
+    auto& binary = static_cast<const ast::BinaryExpr&>(expr);
+    Operand lhs = binary.lhs ? lowerExpr(*binary.lhs, scope) : Operand::poison();
+    Operand rhs = binary.rhs ? lowerExpr(*binary.rhs, scope) : Operand::poison();
+    SMLoc loc = binary.opLoc.isValid() ? binary.opLoc : binary.loc;
+    static const std::pair<ir::OpKind, const char*> kOps[] = {
+        {ir::OpKind::Add, "+"}, {ir::OpKind::Sub, "-"},  {ir::OpKind::Mul, "*"},
+        {ir::OpKind::Div, "/"}, {ir::OpKind::Pow, "**"}, {ir::OpKind::Lt, "<"},
+        {ir::OpKind::Le, "<="}, {ir::OpKind::Gt, ">"},   {ir::OpKind::Ge, ">="},
+        {ir::OpKind::Eq, "=="}, {ir::OpKind::Ne, "!="}};
+    auto [kind, spelling] = kOps[static_cast<int>(binary.op)];
+    return lowerBinary(kind, spelling, lhs, rhs, loc);
+  }
+  case ast::Expr::Kind::Call: {
+    auto& call = static_cast<const ast::CallExpr&>(expr);
+    auto def = globals_.defs.find(call.callee.name);
+    if (def != globals_.defs.end()) return inlineDef(*def->second, call, scope);
+    return lowerBuiltin(call, scope);
+  }
+  case ast::Expr::Kind::List:
+    error(expr.loc, Diag::ErrNotAValue, "a list");
+    return Operand::poison();
+  case ast::Expr::Kind::Type:
+    error(expr.loc, Diag::ErrNotAValue, "a type");
+    return Operand::poison();
+  }
+  return Operand::poison();
+}
+
+} // namespace sema
+
+// ------------------------------------------------------------------------- module
+
+namespace {
+
+using namespace sema;
+
+/// Collects the global names, checks the layout, lowers every program and train block, and
+/// checks that no tensor maps two of its dims to one mesh axis.
+class ModuleLowerer {
+public:
+  ModuleLowerer(const SourceSet& sources, DiagEngine& diag, const SemaOptions& options)
+      : sources_(sources), options_(options), reporter_(diag), sm_(diag.sources()) {}
+
+  std::optional<ir::Module> run();
+
+private:
+  void collect(const ast::Decl& decl);
+  bool declareCallable(const ast::Ident& name, const char* kind);
+  void applyOptions();
+  std::unique_ptr<ast::LayoutDecl> parseLayoutOption(const std::string& text);
+  void checkLayout();
+  void checkAxisSharing(const ir::Function& fn);
+
+  const SourceSet& sources_;
+  const SemaOptions& options_;
+  std::unique_ptr<ast::LayoutDecl> layoutOption_;
+  Reporter reporter_;
+  llvm::SourceMgr& sm_;
+  Globals globals_;
+  std::map<std::string, llvm::SMLoc> callables_;
+  std::vector<const ast::LayoutDecl*> layouts_;
+  std::vector<const ast::Decl*> functions_;
+  std::set<std::pair<std::string, std::string>> reportedPairs_;
+  ir::Module module_;
+};
+
+bool ModuleLowerer::declareCallable(const ast::Ident& name, const char* kind) {
+  auto [it, inserted] = callables_.emplace(name.name, name.loc);
+  if (!inserted) {
+    if (reporter_.report(name.loc, Diag::ErrRedefinition, kind, name.name))
+      reporter_.report(it->second, Diag::NotePreviousDefinition, name.name);
+  }
+  return inserted;
+}
+
+void ModuleLowerer::collect(const ast::Decl& decl) {
+  switch (decl.kind) {
+  case ast::Decl::Kind::Import:
+    break;
+  case ast::Decl::Kind::Mesh: {
+    auto& mesh = static_cast<const ast::MeshDecl&>(decl);
+    if (globals_.mesh) {
+      if (reporter_.report(mesh.name.loc, Diag::ErrSecondMesh, mesh.name.name))
+        reporter_.report(globals_.mesh->name.loc, Diag::NoteFirstMesh, globals_.mesh->name.name);
+      break;
+    }
+    globals_.mesh = &mesh;
+    globals_.hasMesh = true;
+    globals_.meshName = mesh.name.name;
+    globals_.meshLoc = mesh.name.loc;
+    module_.meshName = mesh.name.name;
+    std::map<std::string, llvm::SMLoc> seen;
+    int64_t devices = 1;
+    for (const ast::MeshDecl::Axis& axis : mesh.axes) {
+      if (auto [it, inserted] = seen.emplace(axis.name.name, axis.name.loc); !inserted) {
+        if (reporter_.report(axis.name.loc, Diag::ErrRedefinition, "mesh axis", axis.name.name))
+          reporter_.report(it->second, Diag::NotePreviousDefinition, axis.name.name);
+        continue;
+      }
+      int64_t size = std::max<int64_t>(axis.size, 1); // the parser reported sizes < 1
+      if (__builtin_mul_overflow(devices, size, &devices) || devices > (int64_t(1) << 31)) {
+        reporter_.report(mesh.name.loc, Diag::ErrMeshTooLarge, mesh.name.name);
+        devices = 1;
+      }
+      globals_.axes[axis.name.name] = size;
+      module_.mesh.push_back({axis.name.name, size});
+    }
+    break;
+  }
+  case ast::Decl::Kind::Dim: {
+    auto& dim = static_cast<const ast::DimDecl&>(decl);
+    auto it = globals_.dims.find(dim.name.name);
+    if (it != globals_.dims.end()) {
+      if (reporter_.report(dim.name.loc, Diag::ErrRedefinition, "dim", dim.name.name))
+        reporter_.report(it->second.loc, Diag::NotePreviousDefinition, dim.name.name);
+      break;
+    }
+    int64_t size = std::max<int64_t>(dim.size, 1); // the parser reported sizes < 1
+    if (auto given = options_.dimSizes.find(dim.name.name); given != options_.dimSizes.end())
+      size = std::max<int64_t>(given->second, 1);
+    globals_.dims[dim.name.name] = {size, dim.name.loc};
+    module_.dims[dim.name.name] = size;
+    break;
+  }
+  case ast::Decl::Kind::Layout:
+    if (!options_.layout) layouts_.push_back(static_cast<const ast::LayoutDecl*>(&decl));
+    break;
+  case ast::Decl::Kind::Def: {
+    auto& def = static_cast<const ast::DefDecl&>(decl);
+    if (declareCallable(def.name, "def")) globals_.defs[def.name.name] = &def;
+    break;
+  }
+  case ast::Decl::Kind::Program: {
+    auto& program = static_cast<const ast::ProgramDecl&>(decl);
+    if (declareCallable(program.name, "program")) functions_.push_back(&decl);
+    break;
+  }
+  case ast::Decl::Kind::Train: {
+    auto& train = static_cast<const ast::TrainDecl&>(decl);
+    if (declareCallable(train.name, "train")) functions_.push_back(&decl);
+    break;
+  }
+  }
+}
+
+void ModuleLowerer::applyOptions() {
+  for (const auto& [name, size] : options_.dimSizes)
+    if (!globals_.dims.count(name))
+      reporter_.report(llvm::SMLoc(), Diag::ErrUnknownDimOption, name);
+  if (options_.mesh) {
+    globals_.hasMesh = true;
+    if (globals_.meshName.empty()) globals_.meshName = "mesh";
+    module_.meshName = globals_.meshName;
+    module_.mesh.clear();
+    globals_.axes.clear();
+    int64_t devices = 1;
+    for (const ir::MeshAxis& axis : *options_.mesh) {
+      if (globals_.axes.count(axis.name)) {
+        reporter_.report(llvm::SMLoc(), Diag::ErrDuplicateAxisOption, axis.name);
+        continue;
+      }
+      int64_t size = std::max<int64_t>(axis.size, 1);
+      if (__builtin_mul_overflow(devices, size, &devices) || devices > (int64_t(1) << 31)) {
+        reporter_.report(llvm::SMLoc(), Diag::ErrMeshTooLarge, globals_.meshName);
+        devices = 1;
+      }
+      globals_.axes[axis.name] = size;
+      module_.mesh.push_back({axis.name, size});
+    }
+  }
+  if (options_.layout) {
+    layoutOption_ = parseLayoutOption(*options_.layout);
+    if (layoutOption_) layouts_.push_back(layoutOption_.get());
+  }
+}
+
+/// The --layout text: layout items separated by ',' or ';'. It becomes a buffer of the
+/// SourceMgr so that its errors show the text and a caret like any other.
+std::unique_ptr<ast::LayoutDecl> ModuleLowerer::parseLayoutOption(const std::string& text) {
+  unsigned id =
+      sm_.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(text, "--layout"), llvm::SMLoc());
+  const char* cur = sm_.getMemoryBuffer(id)->getBufferStart();
+  const char* end = sm_.getMemoryBuffer(id)->getBufferEnd();
+  struct Token {
+    std::string text; // "" at the end
+    llvm::SMLoc loc;
+  };
+  auto identStart = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; };
+  auto identChar = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  auto next = [&]() {
+    while (cur != end && std::isspace(static_cast<unsigned char>(*cur)))
+      ++cur;
+    Token token{"", llvm::SMLoc::getFromPointer(cur)};
+    if (cur == end) return token;
+    const char* start = cur++;
+    if (identStart(*start))
+      while (cur != end && identChar(*cur))
+        ++cur;
+    token.text.assign(start, cur);
+    return token;
+  };
+  auto isIdent = [&](const Token& t) { return !t.text.empty() && identStart(t.text[0]); };
+  auto fail = [&](const Token& t, const char* expected) {
+    reporter_.report(t.loc, Diag::ErrExpected, expected,
+                     t.text.empty() ? std::string("end of input") : fmt::format("'{}'", t.text));
+    return std::unique_ptr<ast::LayoutDecl>();
+  };
+  auto decl = std::make_unique<ast::LayoutDecl>(llvm::SMLoc::getFromPointer(cur));
+  Token token = next();
+  while (!token.text.empty()) {
+    if (token.text == "," || token.text == ";") {
+      token = next();
+      continue;
+    }
+    if (!isIdent(token)) return fail(token, "a dim name or 'auto'");
+    Token name = token;
+    token = next();
+    if (name.text == "auto" && token.text != ":") {
+      decl->autoRest = true;
+      decl->autoLoc = name.loc;
+      continue;
+    }
+    if (token.text != ":") return fail(token, "':'");
+    ast::LayoutDecl::Entry entry;
+    entry.dim = {name.text, name.loc};
+    token = next();
+    if (token.text == "[") {
+      token = next();
+      while (token.text != "]") {
+        if (!isIdent(token)) return fail(token, "a mesh axis name");
+        entry.axes.push_back({token.text, token.loc});
+        token = next();
+        if (token.text == ",")
+          token = next();
+        else if (token.text != "]")
+          return fail(token, "',' or ']'");
+      }
+    } else if (token.text == "auto") {
+      entry.isAuto = true;
+    } else if (isIdent(token)) {
+      entry.axes.push_back({token.text, token.loc});
+    } else {
+      return fail(token, "a mesh axis, '[' or 'auto'");
+    }
+    decl->entries.push_back(std::move(entry));
+    token = next();
+    if (!token.text.empty() && token.text != "," && token.text != ";")
+      return fail(token, "',' or ';'");
+  }
+  return decl;
+}
+
+void ModuleLowerer::checkLayout() {
+  for (const ast::LayoutDecl* layout : layouts_) {
+    if (layout->autoRest) module_.autoLayout = true;
+    for (const ast::LayoutDecl::Entry& entry : layout->entries) {
+      auto dim = globals_.dims.find(entry.dim.name);
+      if (dim == globals_.dims.end()) {
+        reporter_.report(entry.dim.loc, Diag::ErrUnknownDim, entry.dim.name);
+        continue;
+      }
+      if (auto previous = globals_.layout.find(entry.dim.name); previous != globals_.layout.end()) {
+        if (reporter_.report(entry.dim.loc, Diag::ErrLayoutDimTwice, entry.dim.name))
+          reporter_.report(previous->second.loc, Diag::NotePreviousLayout, entry.dim.name);
+        continue;
+      }
+      LayoutInfo info;
+      info.isAuto = entry.isAuto;
+      info.loc = entry.dim.loc;
+      bool ok = true;
+      if (!entry.axes.empty() && !globals_.hasMesh) {
+        reporter_.report(entry.dim.loc, Diag::ErrLayoutNoMesh, entry.dim.name);
+        ok = false;
+      }
+      int64_t product = 1;
+      for (const ast::Ident& axis : entry.axes) {
+        if (!ok) break;
+        auto known = globals_.axes.find(axis.name);
+        if (known == globals_.axes.end()) {
+          reporter_.report(axis.loc, Diag::ErrUnknownAxis, axis.name);
+          ok = false;
+          continue;
+        }
+        if (std::find(info.axes.begin(), info.axes.end(), axis.name) != info.axes.end()) {
+          reporter_.report(axis.loc, Diag::ErrAxisTwiceForDim, axis.name, entry.dim.name);
+          ok = false;
+          continue;
+        }
+        info.axes.push_back(axis.name);
+        if (__builtin_mul_overflow(product, known->second, &product)) {
+          reporter_.report(globals_.meshLoc, Diag::ErrMeshTooLarge, globals_.meshName);
+          ok = false;
+        }
+      }
+      if (!ok) continue;
+      int64_t size = dim->second.size;
+      if (size % product != 0) {
+        std::string axes = joinNames(info.axes, " x ");
+        if (info.axes.size() > 1) axes += fmt::format(" = {}", product);
+        reporter_.report(entry.dim.loc, Diag::ErrNotDivisible, entry.dim.name, size, product, axes);
+        continue;
+      }
+      ir::DimLayout out;
+      out.dim = entry.dim.name;
+      out.axes = info.axes;
+      out.isAuto = info.isAuto;
+      ir::Location location;
+      location.loc = entry.dim.loc;
+      if (unsigned buffer = sm_.FindBufferContainingLoc(entry.dim.loc)) {
+        location.file =
+            llvm::sys::path::filename(sm_.getMemoryBuffer(buffer)->getBufferIdentifier()).str();
+        std::tie(location.line, location.col) = sm_.getLineAndColumn(entry.dim.loc, buffer);
+      }
+      out.loc = location;
+      module_.layout.push_back(std::move(out));
+      globals_.layout.emplace(entry.dim.name, std::move(info));
+    }
+  }
+}
+
+void ModuleLowerer::checkAxisSharing(const ir::Function& fn) {
+  for (const ir::Value& value : fn.values) {
+    const ir::TensorType& type = value.type;
+    for (size_t i = 0; i < type.dims.size(); ++i) {
+      auto a = globals_.layout.find(type.dims[i].name);
+      if (a == globals_.layout.end() || a->second.isAuto) continue;
+      for (size_t j = i + 1; j < type.dims.size(); ++j) {
+        auto b = globals_.layout.find(type.dims[j].name);
+        if (b == globals_.layout.end() || b->second.isAuto) continue;
+        for (const std::string& axis : a->second.axes) {
+          if (std::find(b->second.axes.begin(), b->second.axes.end(), axis) == b->second.axes.end())
+            continue;
+          std::pair<std::string, std::string> key{std::min(a->first, b->first),
+                                                  std::max(a->first, b->first)};
+          if (!reportedPairs_.insert(key).second) break;
+          const ir::Op& op = fn.ops[value.definingOp];
+          if (reporter_.report(op.loc.loc, Diag::ErrAxisSharedByTensor, typeString(type),
+                               type.dims[i].name, type.dims[j].name, axis)) {
+            reporter_.report(a->second.loc, Diag::NoteLayoutEntry, a->first, axis);
+            reporter_.report(b->second.loc, Diag::NoteLayoutEntry, b->first, axis);
+          }
+          break;
+        }
+      }
+    }
+  }
+}
+
+std::optional<ir::Module> ModuleLowerer::run() {
+  for (const auto& file : sources_.files)
+    for (const ast::DeclPtr& decl : file->decls)
+      if (decl) collect(*decl);
+  applyOptions();
+  checkLayout();
+
+  FunctionLowerer lowerer(globals_, reporter_, sm_);
+  for (const ast::Decl* decl : functions_) {
+    std::optional<ir::Function> fn;
+    if (decl->kind == ast::Decl::Kind::Program)
+      fn = lowerer.lowerProgram(static_cast<const ast::ProgramDecl&>(*decl));
+    else
+      fn = lowerer.lowerTrain(static_cast<const ast::TrainDecl&>(*decl));
+    if (fn) {
+      checkAxisSharing(*fn);
+      module_.functions.push_back(std::move(*fn));
+    }
+  }
+  // Defs that no program or train block inlined are checked on their own (their arguments as
+  // inputs), so that their errors are found too.
+  for (const auto& file : sources_.files)
+    for (const ast::DeclPtr& decl : file->decls)
+      if (decl && decl->kind == ast::Decl::Kind::Def)
+        if (auto* def = static_cast<const ast::DefDecl*>(decl.get());
+            globals_.defs.count(def->name.name) && globals_.defs[def->name.name] == def &&
+            !lowerer.wasInlined(*def))
+          lowerer.checkDef(*def);
+  if (reporter_.engine().hadError()) return std::nullopt;
+  return std::move(module_);
+}
+
+} // namespace
+
+std::optional<ir::Module> analyze(const SourceSet& sources, DiagEngine& diag,
+                                  const SemaOptions& options) {
+  return ModuleLowerer(sources, diag, options).run();
+}
+
+} // namespace meshc

@@ -6,12 +6,28 @@
 #include "frontend/SourceLoader.h"
 #include "ir/IR.h"
 
+#include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace meshc {
 
+/// Command-line overrides (meshc --dim, --mesh, --layout) applied to the sources' declarations.
+struct SemaOptions {
+  /// New sizes of declared dims; naming an undeclared dim is an error.
+  std::map<std::string, int64_t> dimSizes;
+  /// Replaces the mesh's axes (the mesh keeps its declared name, or is called "mesh").
+  std::optional<std::vector<ir::MeshAxis>> mesh;
+  /// Replaces every layout declaration: the items of a layout statement separated by ',' or
+  /// ';', e.g. "batch: data; heads: [data, model]; auto". Its errors point into this text.
+  std::optional<std::string> layout;
+};
+
 /// Checks every file of `sources` and lowers every program and train block of them to IR.
 /// Reports as many errors as it can find; returns nullopt if there was any.
-std::optional<ir::Module> analyze(const SourceSet& sources, DiagEngine& diag);
+std::optional<ir::Module> analyze(const SourceSet& sources, DiagEngine& diag,
+                                  const SemaOptions& options = {});
 
 } // namespace meshc

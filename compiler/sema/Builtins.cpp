@@ -1,0 +1,1022 @@
+// Checking and lowering of builtin calls, param initializers and optimizers. Each builtin
+// checks its arity, its '->' list, its keyword arguments and its dims, then emits one op.
+#include "sema/Lowering.h"
+
+#include <llvm/ADT/StringSwitch.h>
+#include <llvm/Support/Casting.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace meshc::sema {
+
+using llvm::dyn_cast;
+using llvm::SMLoc;
+
+namespace {
+
+/// A number literal, possibly negated: keyword arguments take these.
+struct Literal {
+  double value = 0;
+  bool isInteger = false;
+};
+
+std::optional<Literal> literalOf(const ast::Expr& expr) {
+  if (auto* number = dyn_cast<ast::NumberExpr>(&expr))
+    return Literal{number->value, number->isInteger};
+  if (auto* unary = dyn_cast<ast::UnaryExpr>(&expr))
+    if (unary->operand)
+      if (auto inner = literalOf(*unary->operand)) return Literal{-inner->value, inner->isInteger};
+  return std::nullopt;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::string arityText(size_t min, size_t max) {
+  if (min == max) return fmt::format("{}", min);
+  if (max == std::numeric_limits<size_t>::max()) return fmt::format("at least {}", min);
+  return fmt::format("{} to {}", min, max);
+}
+
+constexpr size_t kMany = std::numeric_limits<size_t>::max();
+
+} // namespace
+
+// ------------------------------------------------------------------------- argument helpers
+
+bool FunctionLowerer::checkPositional(const ast::CallExpr& call, size_t min, size_t max) {
+  size_t count = call.args.size();
+  if (count >= min && count <= max) return true;
+  error(call.callee.loc, Diag::ErrArity, call.callee.name, arityText(min, max), count);
+  return false;
+}
+
+bool FunctionLowerer::checkArrow(const ast::CallExpr& call, bool required) {
+  if (required && !call.hasArrow) {
+    error(call.callee.loc, Diag::ErrMissingArrow, call.callee.name);
+    return false;
+  }
+  if (!required && call.hasArrow) {
+    error(call.arrowLoc, Diag::ErrUnexpectedArrow, call.callee.name);
+    return false;
+  }
+  return true;
+}
+
+std::optional<FunctionLowerer::KwMap>
+FunctionLowerer::keywords(const ast::CallExpr& call, std::initializer_list<const char*> allowed) {
+  KwMap out;
+  bool ok = true;
+  for (const ast::KeywordArg& kw : call.kwargs) {
+    bool known = std::any_of(allowed.begin(), allowed.end(),
+                             [&](const char* name) { return kw.name.name == name; });
+    if (!known) {
+      error(kw.name.loc, Diag::ErrUnknownKeyword, kw.name.name, call.callee.name);
+      ok = false;
+    } else if (!out.emplace(kw.name.name, &kw).second) {
+      error(kw.name.loc, Diag::ErrDuplicateKeyword, kw.name.name);
+      ok = false;
+    }
+  }
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+std::optional<double> FunctionLowerer::numberArg(const KwMap& kw, const std::string& name,
+                                                 double fallback, bool integer,
+                                                 const std::string& callee) {
+  auto it = kw.find(name);
+  if (it == kw.end()) return fallback;
+  const ast::KeywordArg& arg = *it->second;
+  std::optional<Literal> literal = arg.value ? literalOf(*arg.value) : std::nullopt;
+  if (!literal || (integer && (!literal->isInteger || std::fabs(literal->value) > 1e15)) ||
+      !std::isfinite(literal->value)) {
+    error(arg.value ? arg.value->loc : arg.name.loc, Diag::ErrExpectedLiteral, name, callee,
+          integer ? "an integer" : "a number");
+    return std::nullopt;
+  }
+  return literal->value;
+}
+
+std::optional<std::string> FunctionLowerer::declaredDim(const ast::Ident& ident) {
+  if (!globals_.dims.count(ident.name)) {
+    error(ident.loc, Diag::ErrUnknownDim, ident.name);
+    return std::nullopt;
+  }
+  return ident.name;
+}
+
+std::optional<std::string> FunctionLowerer::dimArg(const ast::Expr& expr, const std::string& callee,
+                                                   size_t index) {
+  auto* name = dyn_cast<ast::NameExpr>(&expr);
+  if (!name) {
+    error(expr.loc, Diag::ErrExpectedDimArg, index + 1, callee);
+    return std::nullopt;
+  }
+  return declaredDim(ast::Ident{name->name, name->loc});
+}
+
+std::optional<std::vector<std::string>> FunctionLowerer::arrowDims(const ast::CallExpr& call) {
+  std::vector<std::string> out;
+  bool ok = true;
+  for (const ast::Ident& ident : call.arrowDims) {
+    std::optional<std::string> dim = declaredDim(ident);
+    if (!dim) {
+      ok = false;
+      continue;
+    }
+    if (contains(out, *dim)) {
+      error(ident.loc, Diag::ErrDimListedTwice, *dim,
+            fmt::format("the output of '{}'", call.callee.name));
+      ok = false;
+      continue;
+    }
+    out.push_back(*dim);
+  }
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+std::optional<ir::ValueId> FunctionLowerer::tensorArg(const ast::Expr& expr, Scope& scope) {
+  Operand value = lowerExpr(expr, scope);
+  if (value.kind == Operand::Kind::Literal) return materializeLiteral(value, ir::DType::F32);
+  if (value.isPoison()) return std::nullopt;
+  return value.id;
+}
+
+bool FunctionLowerer::checkFloat(const std::string& callee, ir::ValueId value, SMLoc loc) {
+  const ir::TensorType& type = fn_.typeOf(value);
+  if (ir::isFloat(type.dtype)) return true;
+  error(loc, Diag::ErrFloatOnly, callee, typeString(type));
+  return false;
+}
+
+bool FunctionLowerer::checkHasDim(const ir::TensorType& type, const std::string& name, SMLoc loc) {
+  if (type.hasDim(name)) return true;
+  error(loc, Diag::ErrNotDimOf, name, typeString(type));
+  return false;
+}
+
+ir::Dim FunctionLowerer::dim(const std::string& name) const {
+  auto it = globals_.dims.find(name);
+  return {name, it == globals_.dims.end() ? 1 : it->second.size};
+}
+
+std::string FunctionLowerer::randomStream(const std::string& opName) {
+  CallFrame& frame = frames_.back();
+  int& count = frame.randomCount[frame.repeatSuffix];
+  return fmt::format("{}#{}", childPath(opName + frame.repeatSuffix), count++);
+}
+
+void FunctionLowerer::noteIndexUse(ir::ValueId ids, int64_t bound) {
+  ir::ValueId value = ids;
+  for (int steps = 0; steps < 64 && value < fn_.values.size(); ++steps) {
+    const ir::Op& op = fn_.definingOp(value);
+    switch (op.kind) {
+    case ir::OpKind::Input: {
+      int64_t index = op.integer("index", -1);
+      if (index < 0 || static_cast<size_t>(index) >= fn_.inputs.size()) return;
+      int64_t& current = fn_.inputs[index].indexBound;
+      current = current == 0 ? bound : std::min(current, bound);
+      return;
+    }
+    case ir::OpKind::Rename:
+    case ir::OpKind::Reshape:
+    case ir::OpKind::Transpose:
+    case ir::OpKind::Slice:
+      if (op.operands.empty()) return;
+      value = op.operands[0];
+      break;
+    default:
+      return;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------- dispatch
+
+Operand FunctionLowerer::lowerBuiltin(const ast::CallExpr& call, Scope& scope) {
+  using K = ir::OpKind;
+  const std::string& name = call.callee.name;
+  struct Unary {
+    const char* name;
+    K kind;
+  };
+  static const Unary kUnary[] = {{"exp", K::Exp},     {"log", K::Log},         {"sqrt", K::Sqrt},
+                                 {"rsqrt", K::Rsqrt}, {"square", K::Square},   {"abs", K::Abs},
+                                 {"tanh", K::Tanh},   {"sigmoid", K::Sigmoid}, {"relu", K::Relu},
+                                 {"gelu", K::Gelu},   {"sin", K::Sin},         {"cos", K::Cos}};
+  for (const Unary& unary : kUnary)
+    if (name == unary.name) return lowerUnary(unary.kind, true, call, scope);
+  if (name == "stop_gradient") return lowerUnary(K::StopGradient, false, call, scope);
+  if (name == "maximum" || name == "minimum" || name == "pow") {
+    K kind = name == "maximum" ? K::Maximum : name == "minimum" ? K::Minimum : K::Pow;
+    std::vector<Operand> args;
+    for (const ast::ExprPtr& arg : call.args)
+      args.push_back(lowerExpr(*arg, scope));
+    if (!checkPositional(call, 2, 2) || !checkArrow(call, false) || !keywords(call, {}))
+      return Operand::poison();
+    return lowerBinary(kind, name.c_str(), args[0], args[1], call.callee.loc);
+  }
+  if (name == "einsum") return lowerEinsum(call, scope);
+  if (name == "where") return lowerWhere(call, scope);
+  if (name == "sum") return lowerReduce(K::ReduceSum, false, call, scope);
+  if (name == "mean") return lowerReduce(K::ReduceMean, true, call, scope);
+  if (name == "max") return lowerReduce(K::ReduceMax, false, call, scope);
+  if (name == "min") return lowerReduce(K::ReduceMin, false, call, scope);
+  if (name == "logsumexp") return lowerReduce(K::LogSumExp, true, call, scope);
+  if (name == "softmax") return lowerAlongDim(K::Softmax, call, scope);
+  if (name == "log_softmax") return lowerAlongDim(K::LogSoftmax, call, scope);
+  if (name == "layer_norm") return lowerLayerNorm(call, scope);
+  if (name == "cumsum") return lowerCumsum(call, scope);
+  if (name == "rename") return lowerRename(call, scope);
+  if (name == "reshape") return lowerReshape(call, scope);
+  if (name == "transpose") return lowerTranspose(call, scope);
+  if (name == "slice") return lowerSlice(call, scope);
+  if (name == "concat") return lowerConcat(call, scope);
+  if (name == "pad") return lowerPad(call, scope);
+  if (name == "shift") return lowerShift(call, scope);
+  if (name == "one_hot") return lowerOneHot(call, scope);
+  if (name == "gather") return lowerGather(call, scope);
+  if (name == "iota") return lowerIota(call, scope);
+  if (name == "normal") return lowerRandom(K::RandomNormal, call, scope);
+  if (name == "uniform") return lowerRandom(K::RandomUniform, call, scope);
+  if (name == "dropout") return lowerDropout(call, scope);
+  if (name == "cast") return lowerCast(call, scope);
+  error(call.callee.loc, Diag::ErrUnknownFunction, name);
+  return Operand::poison();
+}
+
+// ------------------------------------------------------------------------- builtins
+
+Operand FunctionLowerer::lowerUnary(ir::OpKind kind, bool floatOnly, const ast::CallExpr& call,
+                                    Scope& scope) {
+  if (!checkPositional(call, 1, 1) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  if (!x || (floatOnly && !checkFloat(call.callee.name, *x, call.callee.loc)))
+    return Operand::poison();
+  return addOp(kind, {*x}, fn_.typeOf(*x), call.callee.loc);
+}
+
+Operand FunctionLowerer::lowerEinsum(const ast::CallExpr& call, Scope& scope) {
+  std::vector<std::optional<ir::ValueId>> inputs;
+  for (const ast::ExprPtr& arg : call.args)
+    inputs.push_back(tensorArg(*arg, scope));
+  if (!checkPositional(call, 1, kMany) || !checkArrow(call, true) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<std::vector<std::string>> out = arrowDims(call);
+  std::vector<ir::ValueId> ids;
+  for (const auto& input : inputs) {
+    if (!input) return Operand::poison();
+    ids.push_back(*input);
+  }
+  if (!checkFloat("einsum", ids[0], call.args[0]->loc)) return Operand::poison();
+  for (size_t i = 1; i < ids.size(); ++i) {
+    if (fn_.typeOf(ids[i]).dtype != fn_.typeOf(ids[0]).dtype) {
+      error(call.args[i]->loc, Diag::ErrDTypeMismatch, "einsum", typeString(fn_.typeOf(ids[0])),
+            typeString(fn_.typeOf(ids[i])));
+      return Operand::poison();
+    }
+  }
+  if (!out) return Operand::poison();
+  ir::TensorType result{fn_.typeOf(ids[0]).dtype, {}};
+  bool ok = true;
+  for (size_t i = 0; i < out->size(); ++i) {
+    const std::string& name = (*out)[i];
+    bool found = std::any_of(ids.begin(), ids.end(),
+                             [&](ir::ValueId id) { return fn_.typeOf(id).hasDim(name); });
+    if (!found) {
+      error(call.arrowDims[i].loc, Diag::ErrEinsumOutputDim, name);
+      ok = false;
+    }
+    result.dims.push_back(dim(name));
+  }
+  if (!ok) return Operand::poison();
+  return addOp(ir::OpKind::Einsum, std::move(ids), std::move(result), call.callee.loc);
+}
+
+Operand FunctionLowerer::lowerWhere(const ast::CallExpr& call, Scope& scope) {
+  std::vector<Operand> args;
+  for (const ast::ExprPtr& arg : call.args)
+    args.push_back(lowerExpr(*arg, scope));
+  if (!checkPositional(call, 3, 3) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  for (const Operand& arg : args)
+    if (arg.isPoison()) return Operand::poison();
+  std::optional<ir::ValueId> cond = args[0].id;
+  if (args[0].kind == Operand::Kind::Literal) cond = materializeLiteral(args[0], ir::DType::I32);
+  bool aLiteral = args[1].kind == Operand::Kind::Literal;
+  bool bLiteral = args[2].kind == Operand::Kind::Literal;
+  std::optional<ir::ValueId> a = args[1].id, b = args[2].id;
+  if (aLiteral && bLiteral) {
+    a = materializeLiteral(args[1], ir::DType::F32);
+    b = materializeLiteral(args[2], ir::DType::F32);
+  } else if (aLiteral) {
+    a = materializeLiteral(args[1], fn_.typeOf(*b).dtype);
+  } else if (bLiteral) {
+    b = materializeLiteral(args[2], fn_.typeOf(*a).dtype);
+  }
+  if (!cond || !a || !b) return Operand::poison();
+  const ir::TensorType& tc = fn_.typeOf(*cond);
+  const ir::TensorType& ta = fn_.typeOf(*a);
+  const ir::TensorType& tb = fn_.typeOf(*b);
+  if (tc.dtype != ir::DType::I32) {
+    error(call.args[0]->loc, Diag::ErrWhereCondition, typeString(tc));
+    return Operand::poison();
+  }
+  if (ta.dtype != tb.dtype) {
+    error(call.callee.loc, Diag::ErrDTypeMismatch, "where", typeString(ta), typeString(tb));
+    return Operand::poison();
+  }
+  ir::TensorType result = ta;
+  for (const ir::TensorType* t : {&tb, &tc})
+    for (const ir::Dim& d : t->dims)
+      if (!result.hasDim(d.name)) result.dims.push_back(d);
+  return addOp(ir::OpKind::Where, {*cond, *a, *b}, std::move(result), call.callee.loc);
+}
+
+Operand FunctionLowerer::lowerReduce(ir::OpKind kind, bool floatOnly, const ast::CallExpr& call,
+                                     Scope& scope) {
+  if (!checkPositional(call, 1, kMany) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  if (!x || (floatOnly && !checkFloat(call.callee.name, *x, call.callee.loc)))
+    return Operand::poison();
+  const ir::TensorType& type = fn_.typeOf(*x);
+  std::vector<std::string> dims;
+  bool ok = true;
+  for (size_t i = 1; i < call.args.size(); ++i) {
+    std::optional<std::string> d = dimArg(*call.args[i], call.callee.name, i);
+    if (!d || !checkHasDim(type, *d, call.args[i]->loc)) {
+      ok = false;
+      continue;
+    }
+    if (contains(dims, *d)) {
+      error(call.args[i]->loc, Diag::ErrDimListedTwice, *d, fmt::format("'{}'", call.callee.name));
+      ok = false;
+      continue;
+    }
+    dims.push_back(*d);
+  }
+  if (!ok) return Operand::poison();
+  if (call.args.size() == 1)
+    for (const ir::Dim& d : type.dims)
+      dims.push_back(d.name);
+  ir::TensorType result{type.dtype, {}};
+  for (const ir::Dim& d : type.dims)
+    if (!contains(dims, d.name)) result.dims.push_back(d);
+  return addOp(kind, {*x}, std::move(result), call.callee.loc, {{"dims", dims}});
+}
+
+Operand FunctionLowerer::lowerAlongDim(ir::OpKind kind, const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::string> d = dimArg(*call.args[1], call.callee.name, 1);
+  if (!x || !d || !checkFloat(call.callee.name, *x, call.callee.loc) ||
+      !checkHasDim(fn_.typeOf(*x), *d, call.args[1]->loc))
+    return Operand::poison();
+  return addOp(kind, {*x}, fn_.typeOf(*x), call.callee.loc, {{"dim", *d}});
+}
+
+Operand FunctionLowerer::lowerLayerNorm(const ast::CallExpr& call, Scope& scope) {
+  std::optional<KwMap> kw = keywords(call, {"eps"});
+  if (!checkPositional(call, 2, kMany) || !checkArrow(call, false) || !kw) return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  if (!x || !checkFloat("layer_norm", *x, call.callee.loc)) return Operand::poison();
+  std::vector<std::string> dims;
+  bool ok = true;
+  for (size_t i = 1; i < call.args.size(); ++i) {
+    std::optional<std::string> d = dimArg(*call.args[i], "layer_norm", i);
+    if (!d || !checkHasDim(fn_.typeOf(*x), *d, call.args[i]->loc)) {
+      ok = false;
+    } else if (contains(dims, *d)) {
+      error(call.args[i]->loc, Diag::ErrDimListedTwice, *d, "'layer_norm'");
+      ok = false;
+    } else {
+      dims.push_back(*d);
+    }
+  }
+  std::optional<double> eps = numberArg(*kw, "eps", 1e-5, false, "layer_norm");
+  if (eps && *eps <= 0) {
+    error(kw->at("eps")->value->loc, Diag::ErrArgRange, "'eps'", "layer_norm", "> 0", *eps);
+    return Operand::poison();
+  }
+  if (!ok || !eps) return Operand::poison();
+  return addOp(ir::OpKind::LayerNorm, {*x}, fn_.typeOf(*x), call.callee.loc,
+               {{"dims", dims}, {"eps", *eps}});
+}
+
+Operand FunctionLowerer::lowerCumsum(const ast::CallExpr& call, Scope& scope) {
+  std::optional<KwMap> kw = keywords(call, {"exclusive"});
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, false) || !kw) return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::string> d = dimArg(*call.args[1], "cumsum", 1);
+  std::optional<double> exclusive = numberArg(*kw, "exclusive", 0, true, "cumsum");
+  if (exclusive && *exclusive != 0 && *exclusive != 1) {
+    error(kw->at("exclusive")->value->loc, Diag::ErrArgRange, "'exclusive'", "cumsum", "0 or 1",
+          *exclusive);
+    return Operand::poison();
+  }
+  if (!x || !d || !exclusive || !checkHasDim(fn_.typeOf(*x), *d, call.args[1]->loc))
+    return Operand::poison();
+  return addOp(ir::OpKind::Cumsum, {*x}, fn_.typeOf(*x), call.callee.loc,
+               {{"dim", *d}, {"exclusive", static_cast<int64_t>(*exclusive)}});
+}
+
+Operand FunctionLowerer::lowerRename(const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 2, kMany) || !checkArrow(call, true) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::vector<std::string>> to = arrowDims(call);
+  if (!x || !to) return Operand::poison();
+  const ir::TensorType& type = fn_.typeOf(*x);
+  std::vector<std::string> from;
+  for (size_t i = 1; i < call.args.size(); ++i) {
+    std::optional<std::string> d = dimArg(*call.args[i], "rename", i);
+    if (!d || !checkHasDim(type, *d, call.args[i]->loc)) return Operand::poison();
+    if (contains(from, *d)) {
+      error(call.args[i]->loc, Diag::ErrDimListedTwice, *d, "'rename'");
+      return Operand::poison();
+    }
+    from.push_back(*d);
+  }
+  if (from.size() != to->size()) {
+    error(call.arrowLoc, Diag::ErrDimCountMismatch, "rename", from.size(), to->size());
+    return Operand::poison();
+  }
+  for (size_t i = 0; i < to->size(); ++i) {
+    const std::string& target = (*to)[i];
+    int64_t fromSize = dim(from[i]).size, toSize = dim(target).size;
+    if (fromSize != toSize) {
+      error(call.arrowDims[i].loc, Diag::ErrRenameSize, from[i], fromSize, target, toSize);
+      return Operand::poison();
+    }
+    if (type.hasDim(target) && !contains(from, target)) {
+      error(call.arrowDims[i].loc, Diag::ErrDimAlreadyPresent, target, typeString(type));
+      return Operand::poison();
+    }
+  }
+  ir::TensorType result = type;
+  for (ir::Dim& d : result.dims)
+    for (size_t i = 0; i < from.size(); ++i)
+      if (d.name == from[i]) {
+        d = dim((*to)[i]);
+        break;
+      }
+  return addOp(ir::OpKind::Rename, {*x}, std::move(result), call.callee.loc,
+               {{"from", from}, {"to", *to}});
+}
+
+Operand FunctionLowerer::lowerReshape(const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 2, kMany) || !checkArrow(call, true) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::vector<std::string>> to = arrowDims(call);
+  if (!x || !to) return Operand::poison();
+  if (to->empty()) {
+    error(call.arrowLoc, Diag::ErrMissingArrow, "reshape");
+    return Operand::poison();
+  }
+  const ir::TensorType type = fn_.typeOf(*x);
+  std::vector<std::string> from;
+  int64_t fromCount = 1;
+  for (size_t i = 1; i < call.args.size(); ++i) {
+    std::optional<std::string> d = dimArg(*call.args[i], "reshape", i);
+    if (!d || !checkHasDim(type, *d, call.args[i]->loc)) return Operand::poison();
+    if (contains(from, *d)) {
+      error(call.args[i]->loc, Diag::ErrDimListedTwice, *d, "'reshape'");
+      return Operand::poison();
+    }
+    from.push_back(*d);
+    fromCount *= dim(*d).size; // bounded by x's element count
+  }
+  int64_t toCount = 1;
+  bool overflow = false;
+  for (size_t i = 0; i < to->size(); ++i) {
+    const std::string& target = (*to)[i];
+    if (type.hasDim(target) && !contains(from, target)) {
+      error(call.arrowDims[i].loc, Diag::ErrDimAlreadyPresent, target, typeString(type));
+      return Operand::poison();
+    }
+    overflow = overflow || __builtin_mul_overflow(toCount, dim(target).size, &toCount);
+  }
+  if (overflow || fromCount != toCount) {
+    error(call.callee.loc, Diag::ErrReshapeCount, joinNames(from), fromCount, joinNames(*to),
+          overflow ? std::string("more than 2^63") : fmt::format("{}", toCount));
+    return Operand::poison();
+  }
+  ir::TensorType result{type.dtype, {}};
+  for (const ir::Dim& d : type.dims) {
+    if (d.name == from[0])
+      for (const std::string& target : *to)
+        result.dims.push_back(dim(target));
+    else if (!contains(from, d.name))
+      result.dims.push_back(d);
+  }
+  return addOp(ir::OpKind::Reshape, {*x}, std::move(result), call.callee.loc,
+               {{"from", from}, {"to", *to}});
+}
+
+Operand FunctionLowerer::lowerTranspose(const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 1, 1) || !checkArrow(call, true) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::vector<std::string>> order = arrowDims(call);
+  if (!x || !order) return Operand::poison();
+  const ir::TensorType& type = fn_.typeOf(*x);
+  bool permutation =
+      order->size() == type.dims.size() &&
+      std::all_of(order->begin(), order->end(), [&](const auto& d) { return type.hasDim(d); });
+  if (!permutation) {
+    error(call.callee.loc, Diag::ErrNotPermutation, typeString(type), joinNames(*order));
+    return Operand::poison();
+  }
+  ir::TensorType result{type.dtype, {}};
+  for (const std::string& d : *order)
+    result.dims.push_back(dim(d));
+  if (result == type) return Operand::tensor(*x, call.callee.loc);
+  return addOp(ir::OpKind::Transpose, {*x}, std::move(result), call.callee.loc);
+}
+
+Operand FunctionLowerer::lowerSlice(const ast::CallExpr& call, Scope& scope) {
+  std::optional<KwMap> kw = keywords(call, {"start"});
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, true) || !kw) return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::string> from = dimArg(*call.args[1], "slice", 1);
+  std::optional<std::vector<std::string>> to = arrowDims(call);
+  std::optional<double> start = numberArg(*kw, "start", 0, true, "slice");
+  if (!x || !from || !to || !start) return Operand::poison();
+  if (to->size() != 1) {
+    error(call.arrowLoc, Diag::ErrDimCountMismatch, "slice", 1, to->size());
+    return Operand::poison();
+  }
+  const ir::TensorType& type = fn_.typeOf(*x);
+  if (!checkHasDim(type, *from, call.args[1]->loc)) return Operand::poison();
+  const std::string& target = (*to)[0];
+  if (type.hasDim(target) && target != *from) {
+    error(call.arrowDims[0].loc, Diag::ErrDimAlreadyPresent, target, typeString(type));
+    return Operand::poison();
+  }
+  int64_t first = static_cast<int64_t>(*start);
+  int64_t end = 0;
+  bool overflow = __builtin_add_overflow(first, dim(target).size, &end);
+  if (first < 0 || overflow || end > dim(*from).size) {
+    error(call.callee.loc, Diag::ErrSliceRange, first, end, *from, dim(*from).size);
+    return Operand::poison();
+  }
+  ir::TensorType result = type;
+  result.dims[type.findDim(*from)] = dim(target);
+  return addOp(ir::OpKind::Slice, {*x}, std::move(result), call.callee.loc,
+               {{"from", *from}, {"to", target}, {"start", first}});
+}
+
+Operand FunctionLowerer::lowerConcat(const ast::CallExpr& call, Scope& scope) {
+  std::vector<std::optional<ir::ValueId>> inputs;
+  for (const ast::ExprPtr& arg : call.args)
+    inputs.push_back(tensorArg(*arg, scope));
+  std::optional<KwMap> kw = keywords(call, {"along"});
+  if (!checkPositional(call, 1, kMany) || !checkArrow(call, true) || !kw) return Operand::poison();
+  auto alongArg = kw->find("along");
+  if (alongArg == kw->end()) {
+    error(call.callee.loc, Diag::ErrMissingKeyword, "concat", "along");
+    return Operand::poison();
+  }
+  std::vector<const ast::Expr*> alongExprs;
+  const ast::Expr* alongValue = alongArg->second->value.get();
+  if (auto* list = alongValue ? dyn_cast<ast::ListExpr>(alongValue) : nullptr) {
+    for (const ast::ExprPtr& e : list->elements)
+      alongExprs.push_back(e.get());
+  } else if (alongValue) {
+    alongExprs.push_back(alongValue);
+  }
+  std::vector<std::string> along;
+  for (const ast::Expr* e : alongExprs) {
+    std::optional<std::string> d = dimArg(*e, "concat", along.size());
+    if (!d) return Operand::poison();
+    along.push_back(*d);
+  }
+  std::optional<std::vector<std::string>> to = arrowDims(call);
+  if (!to) return Operand::poison();
+  if (to->size() != 1) {
+    error(call.arrowLoc, Diag::ErrDimCountMismatch, "concat", 1, to->size());
+    return Operand::poison();
+  }
+  if (along.size() != inputs.size()) {
+    error(alongArg->second->name.loc, Diag::ErrConcatAlong, inputs.size(), along.size());
+    return Operand::poison();
+  }
+  std::vector<ir::ValueId> ids;
+  for (const auto& input : inputs) {
+    if (!input) return Operand::poison();
+    ids.push_back(*input);
+  }
+  // The dims besides `along`, as a set, must be equal for all inputs.
+  auto rest = [&](size_t i) {
+    ir::TensorType t = fn_.typeOf(ids[i]);
+    t.dims.erase(t.dims.begin() + t.findDim(along[i]));
+    return t;
+  };
+  int64_t total = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const ir::TensorType& t = fn_.typeOf(ids[i]);
+    if (!checkHasDim(t, along[i], alongExprs[i]->loc)) return Operand::poison();
+    if (t.dtype != fn_.typeOf(ids[0]).dtype) {
+      error(call.args[i]->loc, Diag::ErrDTypeMismatch, "concat", typeString(fn_.typeOf(ids[0])),
+            typeString(t));
+      return Operand::poison();
+    }
+    ir::TensorType mine = rest(i), first = rest(0);
+    bool same = mine.dims.size() == first.dims.size() &&
+                std::all_of(mine.dims.begin(), mine.dims.end(),
+                            [&](const ir::Dim& d) { return first.hasDim(d.name); });
+    if (!same) {
+      error(call.args[i]->loc, Diag::ErrConcatDims, typeString(fn_.typeOf(ids[0])), typeString(t));
+      return Operand::poison();
+    }
+    total += dim(along[i]).size; // each <= 2^40, inputs bounded by the op limit
+  }
+  const std::string& target = (*to)[0];
+  ir::TensorType first = rest(0);
+  if (first.hasDim(target)) {
+    error(call.arrowDims[0].loc, Diag::ErrDimAlreadyPresent, target,
+          typeString(fn_.typeOf(ids[0])));
+    return Operand::poison();
+  }
+  if (total != dim(target).size) {
+    error(call.arrowDims[0].loc, Diag::ErrConcatSize, total, target, dim(target).size);
+    return Operand::poison();
+  }
+  ir::TensorType result = fn_.typeOf(ids[0]);
+  result.dims[result.findDim(along[0])] = dim(target);
+  return addOp(ir::OpKind::Concat, std::move(ids), std::move(result), call.callee.loc,
+               {{"from", along}, {"to", target}});
+}
+
+Operand FunctionLowerer::lowerPad(const ast::CallExpr& call, Scope& scope) {
+  std::optional<KwMap> kw = keywords(call, {"before"});
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, true) || !kw) return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::string> from = dimArg(*call.args[1], "pad", 1);
+  std::optional<std::vector<std::string>> to = arrowDims(call);
+  std::optional<double> before = numberArg(*kw, "before", 0, true, "pad");
+  if (!x || !from || !to || !before) return Operand::poison();
+  if (to->size() != 1) {
+    error(call.arrowLoc, Diag::ErrDimCountMismatch, "pad", 1, to->size());
+    return Operand::poison();
+  }
+  const ir::TensorType& type = fn_.typeOf(*x);
+  if (!checkHasDim(type, *from, call.args[1]->loc)) return Operand::poison();
+  const std::string& target = (*to)[0];
+  if (type.hasDim(target) && target != *from) {
+    error(call.arrowDims[0].loc, Diag::ErrDimAlreadyPresent, target, typeString(type));
+    return Operand::poison();
+  }
+  int64_t k = static_cast<int64_t>(*before);
+  if (k < 0) {
+    error(kw->at("before")->value->loc, Diag::ErrArgRange, "'before'", "pad", ">= 0", k);
+    return Operand::poison();
+  }
+  if (dim(target).size - k < dim(*from).size) { // sizes are positive: no overflow
+    error(call.callee.loc, Diag::ErrPadSize, *from, dim(*from).size, k, target, dim(target).size);
+    return Operand::poison();
+  }
+  ir::TensorType result = type;
+  result.dims[type.findDim(*from)] = dim(target);
+  return addOp(ir::OpKind::Pad, {*x}, std::move(result), call.callee.loc,
+               {{"from", *from}, {"to", target}, {"before", k}});
+}
+
+Operand FunctionLowerer::lowerShift(const ast::CallExpr& call, Scope& scope) {
+  std::optional<KwMap> kw = keywords(call, {"by"});
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, false) || !kw) return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::string> d = dimArg(*call.args[1], "shift", 1);
+  std::optional<double> by = numberArg(*kw, "by", 0, true, "shift");
+  if (!x || !d || !by || !checkHasDim(fn_.typeOf(*x), *d, call.args[1]->loc))
+    return Operand::poison();
+  return addOp(ir::OpKind::Shift, {*x}, fn_.typeOf(*x), call.callee.loc,
+               {{"dim", *d}, {"offset", static_cast<int64_t>(*by)}});
+}
+
+Operand FunctionLowerer::lowerOneHot(const ast::CallExpr& call, Scope& scope) {
+  std::optional<KwMap> kw = keywords(call, {"dtype"});
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, false) || !kw) return Operand::poison();
+  std::optional<ir::ValueId> ids = tensorArg(*call.args[0], scope);
+  std::optional<std::string> d = dimArg(*call.args[1], "one_hot", 1);
+  ir::DType dtype = ir::DType::F32;
+  if (auto it = kw->find("dtype"); it != kw->end()) {
+    auto* type = it->second->value ? dyn_cast<ast::TypeExpr>(it->second->value.get()) : nullptr;
+    if (!type || type->type.hasShape) {
+      error(it->second->value ? it->second->value->loc : it->second->name.loc,
+            Diag::ErrExpectedType, "'dtype'", "one_hot", "a dtype like bf16");
+      return Operand::poison();
+    }
+    static const ir::DType kDTypes[] = {ir::DType::F32, ir::DType::BF16, ir::DType::F16,
+                                        ir::DType::I32};
+    dtype = kDTypes[static_cast<int>(type->type.dtype)];
+  }
+  if (!ids || !d) return Operand::poison();
+  const ir::TensorType& type = fn_.typeOf(*ids);
+  if (type.dtype != ir::DType::I32) {
+    error(call.args[0]->loc, Diag::ErrIndexDType, "one_hot", typeString(type));
+    return Operand::poison();
+  }
+  if (type.hasDim(*d)) {
+    error(call.args[1]->loc, Diag::ErrDimAlreadyPresent, *d, typeString(type));
+    return Operand::poison();
+  }
+  ir::TensorType result{dtype, type.dims};
+  result.dims.push_back(dim(*d));
+  noteIndexUse(*ids, dim(*d).size);
+  return addOp(ir::OpKind::OneHot, {*ids}, std::move(result), call.callee.loc, {{"dim", *d}});
+}
+
+Operand FunctionLowerer::lowerGather(const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 3, 3) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> table = tensorArg(*call.args[0], scope);
+  std::optional<ir::ValueId> ids = tensorArg(*call.args[1], scope);
+  std::optional<std::string> d = dimArg(*call.args[2], "gather", 2);
+  if (!table || !ids || !d) return Operand::poison();
+  const ir::TensorType& tableType = fn_.typeOf(*table);
+  const ir::TensorType& idsType = fn_.typeOf(*ids);
+  if (idsType.dtype != ir::DType::I32) {
+    error(call.args[1]->loc, Diag::ErrIndexDType, "gather", typeString(idsType));
+    return Operand::poison();
+  }
+  if (!checkHasDim(tableType, *d, call.args[2]->loc)) return Operand::poison();
+  ir::TensorType result{tableType.dtype, idsType.dims};
+  for (const ir::Dim& t : tableType.dims) {
+    if (t.name == *d) continue;
+    if (result.hasDim(t.name)) {
+      error(call.callee.loc, Diag::ErrGatherDims, t.name);
+      return Operand::poison();
+    }
+    result.dims.push_back(t);
+  }
+  noteIndexUse(*ids, dim(*d).size);
+  return addOp(ir::OpKind::Gather, {*table, *ids}, std::move(result), call.callee.loc,
+               {{"dim", *d}});
+}
+
+Operand FunctionLowerer::lowerIota(const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 1, 1) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<std::string> d = dimArg(*call.args[0], "iota", 0);
+  if (!d) return Operand::poison();
+  return addOp(ir::OpKind::Iota, {}, ir::TensorType{ir::DType::I32, {dim(*d)}}, call.callee.loc,
+               {{"dim", *d}});
+}
+
+Operand FunctionLowerer::lowerRandom(ir::OpKind kind, const ast::CallExpr& call, Scope& scope) {
+  bool isNormal = kind == ir::OpKind::RandomNormal;
+  std::optional<KwMap> kw =
+      isNormal ? keywords(call, {"mean", "stddev"}) : keywords(call, {"min", "max"});
+  if (!checkPositional(call, 1, 1) || !checkArrow(call, false) || !kw) return Operand::poison();
+  auto* spec = dyn_cast<ast::TypeExpr>(call.args[0].get());
+  if (!spec || !spec->type.hasShape) {
+    error(call.args[0]->loc, Diag::ErrExpectedType, 1, call.callee.name,
+          "a tensor type like f32[batch, d]");
+    return Operand::poison();
+  }
+  std::optional<ir::TensorType> type = convertType(spec->type);
+  if (!type) return Operand::poison();
+  if (!ir::isFloat(type->dtype)) {
+    error(call.args[0]->loc, Diag::ErrFloatOnly, call.callee.name, typeString(*type));
+    return Operand::poison();
+  }
+  std::vector<std::pair<std::string, ir::AttrValue>> attrs;
+  if (isNormal) {
+    std::optional<double> mean = numberArg(*kw, "mean", 0, false, "normal");
+    std::optional<double> stddev = numberArg(*kw, "stddev", 1, false, "normal");
+    if (!mean || !stddev) return Operand::poison();
+    if (*stddev < 0) {
+      error(kw->at("stddev")->value->loc, Diag::ErrArgRange, "'stddev'", "normal", ">= 0", *stddev);
+      return Operand::poison();
+    }
+    attrs = {{"mean", *mean}, {"stddev", *stddev}};
+  } else {
+    std::optional<double> lo = numberArg(*kw, "min", 0, false, "uniform");
+    std::optional<double> hi = numberArg(*kw, "max", 1, false, "uniform");
+    if (!lo || !hi) return Operand::poison();
+    if (*hi < *lo) {
+      error(call.callee.loc, Diag::ErrArgRange, "'max'", "uniform", fmt::format(">= {}", *lo), *hi);
+      return Operand::poison();
+    }
+    attrs = {{"min", *lo}, {"max", *hi}};
+  }
+  attrs.emplace_back("stream", randomStream(call.callee.name));
+  return addOp(kind, {}, std::move(*type), call.callee.loc, std::move(attrs));
+}
+
+Operand FunctionLowerer::lowerDropout(const ast::CallExpr& call, Scope& scope) {
+  std::optional<KwMap> kw = keywords(call, {"rate"});
+  if (!checkPositional(call, 1, 1) || !checkArrow(call, false) || !kw) return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<double> rate = numberArg(*kw, "rate", 0.1, false, "dropout");
+  if (rate && (*rate < 0 || *rate >= 1)) {
+    error(kw->at("rate")->value->loc, Diag::ErrArgRange, "'rate'", "dropout", "in [0, 1)", *rate);
+    return Operand::poison();
+  }
+  if (!x || !rate || !checkFloat("dropout", *x, call.callee.loc)) return Operand::poison();
+  return addOp(ir::OpKind::Dropout, {*x}, fn_.typeOf(*x), call.callee.loc,
+               {{"rate", *rate}, {"stream", randomStream("dropout")}});
+}
+
+Operand FunctionLowerer::lowerCast(const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  auto* spec = dyn_cast<ast::TypeExpr>(call.args[1].get());
+  if (!spec || spec->type.hasShape) {
+    error(call.args[1]->loc, Diag::ErrExpectedType, 2, "cast", "a dtype like bf16");
+    return Operand::poison();
+  }
+  if (!x) return Operand::poison();
+  static const ir::DType kDTypes[] = {ir::DType::F32, ir::DType::BF16, ir::DType::F16,
+                                      ir::DType::I32};
+  ir::TensorType result = fn_.typeOf(*x);
+  result.dtype = kDTypes[static_cast<int>(spec->type.dtype)];
+  return addOp(ir::OpKind::Cast, {*x}, std::move(result), call.callee.loc);
+}
+
+// ------------------------------------------------------------------------- initializers
+
+std::optional<ir::Initializer> FunctionLowerer::lowerInitializer(const ast::CallExpr& init,
+                                                                 const ir::TensorType& type) {
+  const std::string& kind = init.callee.name;
+  struct Spec {
+    const char* name;
+    std::vector<std::pair<const char*, double>> args; // keyword and default
+  };
+  static const Spec kSpecs[] = {
+      {"zeros", {}},
+      {"ones", {}},
+      {"constant", {{"value", 0}}},
+      {"normal", {{"mean", 0}, {"stddev", 1}}},
+      {"truncated_normal", {{"mean", 0}, {"stddev", 1}}},
+      {"uniform", {{"min", 0}, {"max", 1}}},
+      {"orthogonal", {{"scale", 1}}},
+  };
+  const Spec* spec = nullptr;
+  for (const Spec& s : kSpecs)
+    if (kind == s.name) spec = &s;
+  if (!spec) {
+    error(init.callee.loc, Diag::ErrUnknownInitializer, kind);
+    return std::nullopt;
+  }
+  if (!init.args.empty()) {
+    error(init.args[0]->loc, Diag::ErrKeywordOnly, kind);
+    return std::nullopt;
+  }
+  if (!checkArrow(init, false)) return std::nullopt;
+  // keywords() takes an initializer_list; match by hand against the spec instead.
+  KwMap kw;
+  for (const ast::KeywordArg& arg : init.kwargs) {
+    bool known = std::any_of(spec->args.begin(), spec->args.end(),
+                             [&](const auto& a) { return arg.name.name == a.first; });
+    if (!known) {
+      error(arg.name.loc, Diag::ErrUnknownKeyword, arg.name.name, kind);
+      return std::nullopt;
+    }
+    if (!kw.emplace(arg.name.name, &arg).second) {
+      error(arg.name.loc, Diag::ErrDuplicateKeyword, arg.name.name);
+      return std::nullopt;
+    }
+  }
+  ir::Initializer out;
+  out.kind = kind;
+  for (const auto& [name, fallback] : spec->args) {
+    std::optional<double> value = numberArg(kw, name, fallback, false, kind);
+    if (!value) return std::nullopt;
+    out.args.emplace_back(name, *value);
+  }
+  bool random = kind != "zeros" && kind != "ones" && kind != "constant";
+  if (random && !ir::isFloat(type.dtype)) {
+    error(init.callee.loc, Diag::ErrFloatOnly, kind, typeString(type));
+    return std::nullopt;
+  }
+  if (kind == "normal" || kind == "truncated_normal") {
+    if (out.arg("stddev", 1) < 0) {
+      error(kw.at("stddev")->value->loc, Diag::ErrArgRange, "'stddev'", kind, ">= 0",
+            out.arg("stddev", 1));
+      return std::nullopt;
+    }
+  }
+  if (kind == "uniform" && out.arg("max", 1) < out.arg("min", 0)) {
+    error(init.callee.loc, Diag::ErrArgRange, "'max'", kind,
+          fmt::format(">= {}", out.arg("min", 0)), out.arg("max", 1));
+    return std::nullopt;
+  }
+  if (kind == "orthogonal" && type.dims.size() < 2) {
+    error(init.callee.loc, Diag::ErrOrthogonalRank, type.dims.size());
+    return std::nullopt;
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------- optimizers
+
+std::optional<std::pair<std::string, std::vector<std::pair<std::string, ir::AttrValue>>>>
+FunctionLowerer::lowerOptimizer(const ast::CallExpr& call) {
+  const std::string& name = call.callee.name;
+  std::vector<std::pair<const char*, double>> specific;
+  if (name == "sgd")
+    specific = {{"momentum", 0}, {"nesterov", 0}};
+  else if (name == "adamw")
+    specific = {{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}};
+  else if (name == "adafactor")
+    specific = {
+        {"decay_rate", 0.8}, {"beta1", 0}, {"clip_threshold", 1}, {"eps1", 1e-30}, {"eps2", 1e-3}};
+  else {
+    error(call.callee.loc, Diag::ErrUnknownOptimizer, name);
+    return std::nullopt;
+  }
+  if (!checkPositional(call, 0, 1) || !checkArrow(call, false)) return std::nullopt;
+  KwMap kw;
+  for (const ast::KeywordArg& arg : call.kwargs) {
+    const std::string& key = arg.name.name;
+    bool known = key == "lr" || key == "warmup_steps" || key == "decay_steps" ||
+                 key == "schedule" || key == "clip_norm" ||
+                 std::any_of(specific.begin(), specific.end(),
+                             [&](const auto& s) { return key == s.first; });
+    if (!known) {
+      error(arg.name.loc, Diag::ErrUnknownKeyword, key, name);
+      return std::nullopt;
+    }
+    if (!kw.emplace(key, &arg).second || (key == "lr" && !call.args.empty())) {
+      error(arg.name.loc, Diag::ErrDuplicateKeyword, key);
+      return std::nullopt;
+    }
+  }
+  std::optional<double> lr;
+  SMLoc lrLoc = call.callee.loc;
+  if (!call.args.empty()) {
+    std::optional<Literal> literal = literalOf(*call.args[0]);
+    lrLoc = call.args[0]->loc;
+    if (!literal) {
+      error(lrLoc, Diag::ErrExpectedLiteral, "lr", name, "a number");
+      return std::nullopt;
+    }
+    lr = literal->value;
+  } else if (kw.count("lr")) {
+    lrLoc = kw.at("lr")->value ? kw.at("lr")->value->loc : kw.at("lr")->name.loc;
+    lr = numberArg(kw, "lr", 0, false, name);
+    if (!lr) return std::nullopt;
+  } else {
+    error(call.callee.loc, Diag::ErrMissingKeyword, name, "lr");
+    return std::nullopt;
+  }
+  if (!(*lr > 0) || !std::isfinite(*lr)) {
+    error(lrLoc, Diag::ErrArgRange, "'lr'", name, "> 0", *lr);
+    return std::nullopt;
+  }
+  std::vector<std::pair<std::string, ir::AttrValue>> options;
+  options.emplace_back("lr", *lr);
+  for (const auto& [key, fallback] : specific) {
+    bool integer = std::string(key) == "nesterov";
+    std::optional<double> value = numberArg(kw, key, fallback, integer, name);
+    if (!value) return std::nullopt;
+    if (integer)
+      options.emplace_back(key, static_cast<int64_t>(*value));
+    else
+      options.emplace_back(key, *value);
+  }
+  for (const char* key : {"warmup_steps", "decay_steps"}) {
+    std::optional<double> value = numberArg(kw, key, 0, true, name);
+    if (!value) return std::nullopt;
+    if (*value < 0) {
+      error(kw.at(key)->value->loc, Diag::ErrArgRange, fmt::format("'{}'", key), name, ">= 0",
+            *value);
+      return std::nullopt;
+    }
+    options.emplace_back(key, static_cast<int64_t>(*value));
+  }
+  std::string schedule = "constant";
+  if (auto it = kw.find("schedule"); it != kw.end()) {
+    auto* value = it->second->value ? dyn_cast<ast::NameExpr>(it->second->value.get()) : nullptr;
+    if (!value || (value->name != "constant" && value->name != "linear" &&
+                   value->name != "cosine" && value->name != "rsqrt")) {
+      error(it->second->value ? it->second->value->loc : it->second->name.loc,
+            Diag::ErrUnknownSchedule);
+      return std::nullopt;
+    }
+    schedule = value->name;
+  }
+  options.emplace_back("schedule", schedule);
+  std::optional<double> clip = numberArg(kw, "clip_norm", 0, false, name);
+  if (!clip) return std::nullopt;
+  if (*clip < 0) {
+    error(kw.at("clip_norm")->value->loc, Diag::ErrArgRange, "'clip_norm'", name, ">= 0", *clip);
+    return std::nullopt;
+  }
+  options.emplace_back("clip_norm", *clip);
+  return std::make_pair(name, std::move(options));
+}
+
+} // namespace meshc::sema

@@ -1,0 +1,232 @@
+// Internal to sema: the global symbol tables and the worker that lowers one program, train
+// block or def (for checking) to an ir::Function. Sema.cpp holds declarations, scopes and
+// statements; Builtins.cpp holds the per-builtin checks and lowering.
+#pragma once
+
+#include "diag/Diagnostics.h"
+#include "frontend/AST.h"
+#include "ir/IR.h"
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace meshc::sema {
+
+/// Reports each (location, kind, message) once: inlined defs and unrolled repeats lower the
+/// same source many times.
+class Reporter {
+public:
+  explicit Reporter(DiagEngine& diag) : diag_(diag) {}
+  /// Returns whether the diagnostic was printed (so that its notes can follow it).
+  template <typename... Args> bool report(llvm::SMLoc loc, Diag kind, Args&&... args) {
+    std::string message = fmt::vformat(diagInfo(kind).format, fmt::make_format_args(args...));
+    if (!seen_.insert({loc.getPointer(), static_cast<int>(kind), message}).second) return false;
+    diag_.report(loc, kind, args...);
+    return true;
+  }
+  DiagEngine& engine() { return diag_; }
+
+private:
+  DiagEngine& diag_;
+  std::set<std::tuple<const char*, int, std::string>> seen_;
+};
+
+struct DimInfo {
+  int64_t size = 0;
+  llvm::SMLoc loc;
+};
+
+struct LayoutInfo {
+  std::vector<std::string> axes;
+  bool isAuto = false;
+  llvm::SMLoc loc;
+};
+
+/// The top-level names of every file of the compilation.
+struct Globals {
+  const ast::MeshDecl* mesh = nullptr; // the declaration, if any
+  bool hasMesh = false;                // declared or given on the command line
+  std::string meshName;
+  llvm::SMLoc meshLoc;
+  std::map<std::string, int64_t> axes;
+  std::map<std::string, DimInfo> dims;
+  std::map<std::string, const ast::DefDecl*> defs;
+  std::map<std::string, LayoutInfo> layout;
+};
+
+std::string typeString(const ir::TensorType& type);
+std::string joinNames(const std::vector<std::string>& names, const char* separator = ", ");
+
+/// A lowered expression: a tensor value, a number literal whose dtype is decided by its use,
+/// or poison (an error was reported; users stay silent).
+struct Operand {
+  enum class Kind { Poison, Tensor, Literal };
+  Kind kind = Kind::Poison;
+  ir::ValueId id = 0;
+  double number = 0;
+  bool isInteger = false;
+  llvm::SMLoc loc;
+  static Operand poison() { return {}; }
+  static Operand tensor(ir::ValueId id, llvm::SMLoc loc) {
+    return {Kind::Tensor, id, 0, false, loc};
+  }
+  bool isPoison() const { return kind == Kind::Poison; }
+};
+
+/// A name bound in a block.
+struct Binding {
+  enum class Kind { Let, Input, Param, Const, Output };
+  Kind kind = Kind::Let;
+  llvm::SMLoc loc;
+  Operand value;                      // poison while an output is unset or after an error
+  bool isSet = true;                  // outputs start unset
+  std::optional<ir::TensorType> type; // the type every (re)binding must have; none after errors
+};
+
+struct Scope {
+  Scope* parent = nullptr;
+  std::map<std::string, Binding> names;
+  Binding* find(const std::string& name) {
+    for (Scope* s = this; s; s = s->parent)
+      if (auto it = s->names.find(name); it != s->names.end()) return &it->second;
+    return nullptr;
+  }
+};
+
+/// One inlined call site (or the function body itself): names its params and random streams.
+struct CallFrame {
+  std::string path; // "" for the function body, else `block[2]/attn`
+  const ast::DefDecl* def = nullptr;
+  std::string repeatSuffix;            // `[i]` per enclosing repeat of this frame, outermost first
+  std::map<std::string, int> defCalls; // by def name + repeatSuffix
+  std::map<std::string, int> randomCount; // by repeatSuffix
+  std::optional<Operand> returned;
+};
+
+enum class BlockKind { Def, Program, Train, Repeat };
+
+class FunctionLowerer {
+public:
+  FunctionLowerer(Globals& globals, Reporter& reporter, llvm::SourceMgr& sources)
+      : globals_(globals), reporter_(reporter), sources_(sources) {}
+
+  std::optional<ir::Function> lowerProgram(const ast::ProgramDecl& program);
+  std::optional<ir::Function> lowerTrain(const ast::TrainDecl& train);
+  /// Lowers a def alone (its arguments as inputs) so that defs nobody calls are checked too.
+  void checkDef(const ast::DefDecl& def);
+  /// Whether a def was inlined (and so checked) by an earlier lowering.
+  bool wasInlined(const ast::DefDecl& def) const { return inlinedDefs_.count(&def) != 0; }
+
+  static constexpr size_t kMaxWork = 2000000;      // ops, statements and repeat iterations
+  static constexpr size_t kMaxTotalWork = 4000000; // the same, over the whole compilation
+  static constexpr int kMaxDepth = 100;
+  static constexpr int kMaxExprDepth = 2000;
+  static constexpr int64_t kMaxElements = int64_t(1) << 40;
+
+private:
+  // ---- Sema.cpp: statements, names, types
+  template <typename... Args> bool error(llvm::SMLoc loc, Diag kind, Args&&... args) {
+    return reporter_.report(loc, kind, std::forward<Args>(args)...);
+  }
+  ir::Location location(llvm::SMLoc loc) const;
+  std::optional<ir::TensorType> convertType(const ast::TypeSpec& spec);
+  std::optional<int64_t> elementCount(const ir::TensorType& type) const;
+  bool tick(); // counts work; false once the function is too large
+  Operand addOp(ir::OpKind kind, std::vector<ir::ValueId> operands, ir::TensorType type,
+                llvm::SMLoc loc, std::vector<std::pair<std::string, ir::AttrValue>> attrs = {},
+                std::string name = {});
+  const ir::TensorType& typeOf(const Operand& operand) const { return fn_.typeOf(operand.id); }
+  /// A Literal op of `dtype` (nullopt after an error, e.g. 0.5 as an i32).
+  std::optional<ir::ValueId> materializeLiteral(const Operand& literal, ir::DType dtype);
+  /// Converts `value` to `want` (a literal to a scalar, a transpose for another dim order);
+  /// on mismatch calls `mismatch(got)` and returns poison.
+  template <typename F>
+  Operand coerce(const Operand& value, const ir::TensorType& want, llvm::SMLoc loc, F mismatch);
+  void beginFunction(const std::string& name, llvm::SMLoc loc);
+  void bindInputs(const std::vector<ast::TypedName>& inputs, Scope& scope);
+  bool declare(Scope& scope, const ast::Ident& name, Binding binding);
+  void lowerBlock(const std::vector<ast::StmtPtr>& body, Scope& scope, BlockKind kind,
+                  llvm::SMLoc ownerLoc, const std::string& ownerName);
+  void lowerStmt(const ast::Stmt& stmt, Scope& scope, BlockKind kind);
+  void lowerLet(const ast::LetStmt& let, Scope& scope);
+  void lowerAssign(const ast::AssignStmt& assign, Scope& scope);
+  void lowerParam(const ast::ParamStmt& param, Scope& scope);
+  void lowerRepeat(const ast::RepeatStmt& repeat, Scope& scope);
+  void lowerMinimize(const ast::MinimizeStmt& minimize, Scope& scope);
+  std::optional<ir::Initializer> lowerInitializer(const ast::CallExpr& init,
+                                                  const ir::TensorType& type);
+  std::optional<std::pair<std::string, std::vector<std::pair<std::string, ir::AttrValue>>>>
+  lowerOptimizer(const ast::CallExpr& call);
+  Operand inlineDef(const ast::DefDecl& def, const ast::CallExpr& call, Scope& scope);
+  std::string childPath(const std::string& segment) const;
+
+  // ---- expressions
+  Operand lowerExpr(const ast::Expr& expr, Scope& scope);
+  Operand lowerExprInner(const ast::Expr& expr, Scope& scope);
+  Operand lowerName(const ast::NameExpr& name, Scope& scope);
+  Operand lowerBinary(ir::OpKind kind, const char* spelling, Operand lhs, Operand rhs,
+                      llvm::SMLoc loc);
+  Operand binaryValues(ir::OpKind kind, const char* spelling, ir::ValueId a, ir::ValueId b,
+                       llvm::SMLoc loc);
+
+  // ---- Builtins.cpp
+  Operand lowerBuiltin(const ast::CallExpr& call, Scope& scope);
+  bool checkPositional(const ast::CallExpr& call, size_t min, size_t max);
+  bool checkArrow(const ast::CallExpr& call, bool required);
+  using KwMap = std::map<std::string, const ast::KeywordArg*>;
+  std::optional<KwMap> keywords(const ast::CallExpr& call,
+                                std::initializer_list<const char*> allowed);
+  std::optional<double> numberArg(const KwMap& kw, const std::string& name, double fallback,
+                                  bool integer, const std::string& callee);
+  std::optional<std::string> dimArg(const ast::Expr& expr, const std::string& callee, size_t index);
+  std::optional<std::string> declaredDim(const ast::Ident& ident);
+  std::optional<std::vector<std::string>> arrowDims(const ast::CallExpr& call);
+  std::optional<ir::ValueId> tensorArg(const ast::Expr& expr, Scope& scope);
+  bool checkFloat(const std::string& callee, ir::ValueId value, llvm::SMLoc loc);
+  bool checkHasDim(const ir::TensorType& type, const std::string& dim, llvm::SMLoc loc);
+  ir::Dim dim(const std::string& name) const;
+  std::string randomStream(const std::string& opName);
+  void noteIndexUse(ir::ValueId ids, int64_t bound);
+
+  Operand lowerEinsum(const ast::CallExpr& call, Scope& scope);
+  Operand lowerUnary(ir::OpKind kind, bool floatOnly, const ast::CallExpr& call, Scope& scope);
+  Operand lowerWhere(const ast::CallExpr& call, Scope& scope);
+  Operand lowerReduce(ir::OpKind kind, bool floatOnly, const ast::CallExpr& call, Scope& scope);
+  Operand lowerAlongDim(ir::OpKind kind, const ast::CallExpr& call, Scope& scope);
+  Operand lowerLayerNorm(const ast::CallExpr& call, Scope& scope);
+  Operand lowerCumsum(const ast::CallExpr& call, Scope& scope);
+  Operand lowerRename(const ast::CallExpr& call, Scope& scope);
+  Operand lowerReshape(const ast::CallExpr& call, Scope& scope);
+  Operand lowerTranspose(const ast::CallExpr& call, Scope& scope);
+  Operand lowerSlice(const ast::CallExpr& call, Scope& scope);
+  Operand lowerConcat(const ast::CallExpr& call, Scope& scope);
+  Operand lowerPad(const ast::CallExpr& call, Scope& scope);
+  Operand lowerShift(const ast::CallExpr& call, Scope& scope);
+  Operand lowerOneHot(const ast::CallExpr& call, Scope& scope);
+  Operand lowerGather(const ast::CallExpr& call, Scope& scope);
+  Operand lowerIota(const ast::CallExpr& call, Scope& scope);
+  Operand lowerRandom(ir::OpKind kind, const ast::CallExpr& call, Scope& scope);
+  Operand lowerDropout(const ast::CallExpr& call, Scope& scope);
+  Operand lowerCast(const ast::CallExpr& call, Scope& scope);
+
+  Globals& globals_;
+  Reporter& reporter_;
+  llvm::SourceMgr& sources_;
+  ir::Function fn_;
+  std::vector<CallFrame> frames_;
+  std::vector<const ast::DefDecl*> inlineStack_;
+  size_t work_ = 0;
+  size_t totalWork_ = 0; // never reset
+  std::set<const ast::DefDecl*> inlinedDefs_;
+  bool tooLarge_ = false;
+  int depth_ = 0;                        // inlined defs and repeats
+  int exprDepth_ = 0;                    // nested expressions, across inlined defs
+  bool reportedDepth_ = false;           // the nesting limit is reported once
+  std::set<std::string> reportedCycles_; // recursive def cycles, across functions
+};
+
+} // namespace meshc::sema
