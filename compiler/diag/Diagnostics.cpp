@@ -6,6 +6,7 @@ static const DiagInfo kDiagInfos[] = {
 #define DIAG(Name, Sev, Format) {#Name, Severity::Sev, Format},
 #include "diag/ParseDiagnostics.def"
 #include "diag/SemaDiagnostics.def"
+#include "diag/PlanDiagnostics.def"
 #undef DIAG
 };
 

@@ -1,5 +1,5 @@
-// Diagnostics: every user-facing error is declared once in ParseDiagnostics.def or
-// SemaDiagnostics.def and reported through DiagEngine, which prints
+// Diagnostics: every user-facing error is declared once in ParseDiagnostics.def,
+// SemaDiagnostics.def or PlanDiagnostics.def and reported through DiagEngine, which prints
 // `file:line:col: error: message` with the source line and a caret (llvm::SourceMgr).
 #pragma once
 
@@ -17,6 +17,7 @@ enum class Diag {
 #define DIAG(Name, Severity, Format) Name,
 #include "diag/ParseDiagnostics.def"
 #include "diag/SemaDiagnostics.def"
+#include "diag/PlanDiagnostics.def"
 #undef DIAG
 };
 

@@ -6,8 +6,10 @@
 #include "interp/Interpreter.h"
 #include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
+#include "planner/Planner.h"
 #include "sema/Sema.h"
 
+#include <llvm/ADT/StringSwitch.h>
 #include <llvm/Support/CommandLine.h>
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/MemoryBuffer.h>
@@ -21,7 +23,7 @@ namespace meshc {
 
 namespace {
 
-enum class Emit { AST, IR, Run };
+enum class Emit { AST, IR, Run, Plan, PlanJson, Spmd, Dot };
 
 llvm::cl::OptionCategory meshcCategory("meshc options");
 
@@ -38,7 +40,12 @@ llvm::cl::opt<Emit> emitStage(
         clEnumValN(Emit::IR, "ir", "the named-dim IR (default)"),
         clEnumValN(Emit::Run, "run",
                    "run every program and train block (forward) in the reference "
-                   "interpreter and summarize the outputs")),
+                   "interpreter and summarize the outputs"),
+        clEnumValN(Emit::Plan, "plan",
+                   "the plan: layout, local shapes, collectives, memory, step time"),
+        clEnumValN(Emit::PlanJson, "plan-json", "the plan as JSON"),
+        clEnumValN(Emit::Spmd, "spmd", "the SPMD IR (local shapes, explicit collectives)"),
+        clEnumValN(Emit::Dot, "dot", "the SPMD graph for Graphviz, collectives in red")),
     llvm::cl::cat(meshcCategory));
 llvm::cl::opt<uint64_t> seed("seed",
                              llvm::cl::desc("Seed of inputs, parameters and dropout (--emit=run)"),
@@ -48,6 +55,16 @@ llvm::cl::list<std::string> onlyFunctions(
     llvm::cl::desc("Run only the named program or train block (--emit=run; repeatable)"),
     llvm::cl::value_desc("name"), llvm::cl::cat(meshcCategory));
 
+llvm::cl::opt<std::string> machineName(
+    "machine",
+    llvm::cl::desc("The machine to plan for: a built-in (cpu, 8xh100, 8xh200, h100-cluster, "
+                   "tpuv2-pod) or a JSON file (default: cpu)"),
+    llvm::cl::value_desc("name|file"), llvm::cl::init("cpu"), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string>
+    memoryBudget("memory-budget",
+                 llvm::cl::desc("Memory per device the plan must fit (e.g. 16GiB, 80GB, 1048576; "
+                                "default: the machine's memory)"),
+                 llvm::cl::value_desc("bytes"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string>
     meshOverride("mesh", llvm::cl::desc("Replace the program's mesh, e.g. \"data=2,model=4\""),
                  llvm::cl::value_desc("axis=size,..."), llvm::cl::cat(meshcCategory));
@@ -64,6 +81,38 @@ llvm::cl::list<std::string> dimOverrides(
 bool optionError(const std::string& message) {
   llvm::WithColor::error(llvm::errs(), "meshc") << message << "\n";
   return false;
+}
+
+/// "16GiB", "80 GB", "1.5e9", "1048576": bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary).
+bool parseByteSize(llvm::StringRef text, double& bytes) {
+  llvm::StringRef rest = text.trim();
+  size_t numberEnd = 0;
+  while (numberEnd < rest.size() &&
+         (llvm::isDigit(rest[numberEnd]) || rest[numberEnd] == '.' ||
+          ((rest[numberEnd] == 'e' || rest[numberEnd] == 'E') && numberEnd > 0 &&
+           numberEnd + 1 < rest.size() && llvm::isDigit(rest[numberEnd + 1]))))
+    ++numberEnd;
+  double number = 0;
+  if (numberEnd == 0 || rest.take_front(numberEnd).getAsDouble(number))
+    return optionError(fmt::format(
+        "--memory-budget '{}' is not a byte size (e.g. 16GiB, 80GB, 1048576)", text.str()));
+  std::string unit = rest.drop_front(numberEnd).trim().lower();
+  double scale = llvm::StringSwitch<double>(unit)
+                     .Cases("", "b", 1)
+                     .Cases("k", "kb", 1e3)
+                     .Cases("m", "mb", 1e6)
+                     .Cases("g", "gb", 1e9)
+                     .Cases("t", "tb", 1e12)
+                     .Case("kib", 0x1p10)
+                     .Case("mib", 0x1p20)
+                     .Case("gib", 0x1p30)
+                     .Case("tib", 0x1p40)
+                     .Default(0);
+  bytes = number * scale;
+  if (bytes > 0) return true;
+  return optionError(fmt::format("--memory-budget '{}' is not a positive byte size (e.g. 16GiB, "
+                                 "80GB, 1048576)",
+                                 text.str()));
 }
 
 /// "name=size": one entry of --mesh or --dim.
@@ -101,6 +150,46 @@ bool semaOptions(SemaOptions& options) {
     options.mesh = std::move(axes);
   }
   if (layoutOverride.getNumOccurrences()) options.layout = layoutOverride;
+  return true;
+}
+
+bool planning() {
+  return emitStage == Emit::Plan || emitStage == Emit::PlanJson || emitStage == Emit::Spmd ||
+         emitStage == Emit::Dot;
+}
+
+/// Plans every selected function and prints the report asked for.
+bool planAndPrint(const ir::Module& module, DiagEngine& diag, llvm::raw_ostream& os) {
+  plan::PlannerOptions options;
+  options.machine = machineName;
+  if (memoryBudget.getNumOccurrences() && !parseByteSize(memoryBudget, options.memoryBudgetBytes))
+    return false;
+  options.functions.assign(onlyFunctions.begin(), onlyFunctions.end());
+  llvm::Expected<plan::Machine> machine = plan::loadMachine(machineName);
+  if (!machine) return optionError(llvm::toString(machine.takeError()));
+  std::optional<std::vector<plan::PlannedFunction>> plans =
+      plan::planModule(module, *machine, options, diag);
+  if (!plans) return false;
+  if (emitStage == Emit::PlanJson) os << "[\n";
+  for (size_t i = 0; i < plans->size(); ++i) {
+    const plan::PlannedFunction& planned = (*plans)[i];
+    if (i > 0) os << (emitStage == Emit::PlanJson ? ",\n" : "\n");
+    switch (emitStage) {
+    case Emit::PlanJson:
+      plan::printPlanJson(planned, *machine, os);
+      break;
+    case Emit::Spmd:
+      plan::printSpmd(planned.spmd, os);
+      break;
+    case Emit::Dot:
+      plan::printDot(planned.spmd, os);
+      break;
+    default:
+      plan::printPlan(planned, *machine, os);
+      break;
+    }
+  }
+  if (emitStage == Emit::PlanJson) os << "]\n";
   return true;
 }
 
@@ -208,6 +297,8 @@ int runMeshc(int argc, char** argv) {
   if (emitStage == Emit::IR)
     ir::printModule(*module, os);
   else if (emitStage == Emit::Run && !runModule(*module, os))
+    return kExitInputError;
+  else if (planning() && !planAndPrint(*module, diag, os))
     return kExitInputError;
 
   // Written only once everything succeeded, so a failed run leaves no partial output file.

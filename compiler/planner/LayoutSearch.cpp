@@ -1,0 +1,446 @@
+// The layout search: exact branch and bound over the searched dims while the space is small
+// enough, coordinate descent from several starts with a reported gap bound beyond that. Both
+// only propose legal layouts: a dim's axes divide its size, and no tensor maps two of its dims
+// to one mesh axis (the rule sema enforces for written layouts).
+#include "planner/LayoutSearch.h"
+
+#include "planner/PlanReport.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+
+namespace meshc::plan {
+
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+/// Costs within this relative distance are ties, broken by the layout itself.
+constexpr double kTieTolerance = 1e-9;
+/// The heuristic's extra random starts (deterministic seed) and its descent sweep cap.
+constexpr int kRandomStarts = 4;
+constexpr int kMaxSweeps = 32;
+/// Cost evaluations (layouts and lower bounds) the branch and bound may spend before it stops
+/// and reports its best layout with a gap bound, as the heuristic does. Counted, not timed, so
+/// plans are reproducible.
+constexpr size_t kMaxExactWork = 1'000'000;
+
+size_t splitAxisCount(const Layout& layout) {
+  size_t count = 0;
+  for (const auto& [dim, axes] : layout.axes)
+    count += axes.size();
+  return count;
+}
+
+/// The deterministic order of layouts: cheaper first; among ties, fewer split axes, then the
+/// lexicographically smaller layout.
+bool preferred(double seconds, const Layout& layout, double otherSeconds, const Layout& other) {
+  if (seconds < otherSeconds * (1 - kTieTolerance)) return true;
+  if (otherSeconds < seconds * (1 - kTieTolerance)) return false;
+  size_t axes = splitAxisCount(layout), otherAxes = splitAxisCount(other);
+  if (axes != otherAxes) return axes < otherAxes;
+  return layout < other;
+}
+
+bool disjoint(const AxisList& a, const AxisList& b) {
+  for (const std::string& axis : a)
+    if (std::find(b.begin(), b.end(), axis) != b.end()) return false;
+  return true;
+}
+
+size_t saturatingMultiply(size_t a, size_t b) {
+  if (a != 0 && b > std::numeric_limits<size_t>::max() / a)
+    return std::numeric_limits<size_t>::max();
+  return a * b;
+}
+
+/// The searched dims, their legal options and which of them share a tensor.
+struct SearchSpace {
+  Layout base;                                // the pinned dims
+  std::vector<std::string> dims;              // searched relevant dims, in search order
+  std::vector<std::vector<AxisList>> options; // per searched dim; options[i][0] is replicated
+  std::vector<std::vector<size_t>> conflicts; // per searched dim: searched dims sharing a tensor
+  std::vector<std::string> fixedDims;         // relevant dims the search does not change
+  size_t candidates = 1;
+
+  SearchSpace(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
+              const Layout& pinned, const std::vector<std::string>& toSearch,
+              const std::vector<std::string>& relevant) {
+    base = pinned;
+    // Which dims appear together in one tensor, and how much data each dim touches (the
+    // search order: the dims of the largest tensors decide the most, so they go first).
+    std::map<std::string, std::set<std::string>> together;
+    std::map<std::string, double> weight;
+    std::map<std::string, int64_t> sizes(module.dims.begin(), module.dims.end());
+    for (const ir::Value& value : fn.values) {
+      double elements = static_cast<double>(value.type.numElements());
+      for (const ir::Dim& dim : value.type.dims) {
+        sizes[dim.name] = dim.size;
+        weight[dim.name] += elements;
+        for (const ir::Dim& other : value.type.dims)
+          if (other.name != dim.name) together[dim.name].insert(other.name);
+      }
+    }
+    std::set<std::string> wanted(toSearch.begin(), toSearch.end());
+    for (const std::string& dim : relevant) {
+      if (wanted.count(dim) && !pinned.axes.count(dim))
+        dims.push_back(dim);
+      else
+        fixedDims.push_back(dim);
+    }
+    std::stable_sort(dims.begin(), dims.end(), [&](const std::string& a, const std::string& b) {
+      return weight[a] > weight[b];
+    });
+    for (const std::string& dim : dims) {
+      std::vector<AxisList> legal;
+      for (AxisList& axes : layoutOptions(sizes[dim], mesh)) {
+        bool clash = false;
+        for (const std::string& other : together[dim]) {
+          auto it = pinned.axes.find(other);
+          if (it != pinned.axes.end() && !disjoint(axes, it->second)) clash = true;
+        }
+        if (!clash) legal.push_back(std::move(axes));
+      }
+      candidates = saturatingMultiply(candidates, legal.size());
+      options.push_back(std::move(legal));
+    }
+    conflicts.resize(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i)
+      for (size_t j = 0; j < dims.size(); ++j)
+        if (i != j && together[dims[i]].count(dims[j])) conflicts[i].push_back(j);
+  }
+
+  /// The number of legal layouts (what the exact search would enumerate without pruning), or
+  /// any number above `limit` once it is known to exceed it. The product of the option counts
+  /// overstates it badly when many dims share tensors (vit: 18 dims, few legal combinations).
+  size_t legalCount(size_t limit) const {
+    if (candidates <= limit) return candidates; // an upper bound, enough to decide
+    size_t count = 0;
+    std::vector<int> choice(dims.size(), -1);
+    countInto(0, choice, limit, count);
+    return count;
+  }
+
+  /// Whether option `option` of dim `i` shares no axis with the assigned dims it meets.
+  bool legal(size_t i, size_t option, const std::vector<int>& choice) const {
+    for (size_t j : conflicts[i])
+      if (choice[j] >= 0 && !disjoint(options[i][option], options[j][choice[j]])) return false;
+    return true;
+  }
+
+  void countInto(size_t i, std::vector<int>& choice, size_t limit, size_t& count) const {
+    if (count > limit) return;
+    if (i == dims.size()) {
+      ++count;
+      return;
+    }
+    for (size_t o = 0; o < options[i].size() && count <= limit; ++o) {
+      if (!legal(i, o, choice)) continue;
+      choice[i] = static_cast<int>(o);
+      countInto(i + 1, choice, limit, count);
+      choice[i] = -1;
+    }
+  }
+
+  Layout layoutOf(const std::vector<int>& choice) const {
+    Layout layout = base;
+    for (size_t i = 0; i < dims.size(); ++i)
+      if (choice[i] > 0) layout.axes[dims[i]] = options[i][choice[i]];
+    return layout;
+  }
+};
+
+/// The search itself, over one evaluator (its memo tables serve every candidate).
+class LayoutSearcher {
+public:
+  LayoutSearcher(const SearchSpace& space, PlanEvaluator& evaluator, double budget)
+      : space_(space), eval_(evaluator), budget_(budget) {}
+
+  /// Exact: branch and bound in the search order, its incumbent seeded by a coordinate descent
+  /// from the replicated layout.
+  /// Returns false when it ran out of work before proving its layout optimal.
+  bool exact() {
+    descend(std::vector<int>(space_.dims.size(), 0));
+    std::vector<int> choice(space_.dims.size(), -1);
+    branch(0, choice);
+    return !aborted_;
+  }
+
+  /// Coordinate descent from several starts: replicated, greedy in the search order, every dim
+  /// split as far as it goes, and a few random legal starts.
+  void heuristic() {
+    size_t n = space_.dims.size();
+    std::vector<std::vector<int>> starts;
+    starts.push_back(std::vector<int>(n, 0));
+    starts.push_back(greedyStart(/*widest=*/false));
+    starts.push_back(greedyStart(/*widest=*/true));
+    std::mt19937 rng(12345);
+    for (int s = 0; s < kRandomStarts; ++s) {
+      std::vector<int> choice(n, -1);
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<int> legalOptions;
+        for (size_t o = 0; o < space_.options[i].size(); ++o)
+          if (space_.legal(i, o, choice)) legalOptions.push_back(static_cast<int>(o));
+        choice[i] =
+            legalOptions[std::uniform_int_distribution<size_t>(0, legalOptions.size() - 1)(rng)];
+      }
+      starts.push_back(choice);
+    }
+    for (std::vector<int>& start : starts)
+      descend(std::move(start));
+  }
+
+  /// The smallest memory over the layouts costed. Exact when the branch and bound found no
+  /// feasible layout: with no incumbent it cuts nothing, so it costed every legal layout.
+  double smallestMemory() const { return smallestMemory_; }
+
+  bool found() const { return std::isfinite(bestSeconds_); }
+  const Layout& bestLayout() const { return best_; }
+  double bestSeconds() const { return bestSeconds_; }
+  size_t evaluated() const { return evaluated_; }
+
+private:
+  /// Scores a full assignment: (memory over budget, seconds); records it if it is the best.
+  std::pair<double, double> score(const std::vector<int>& choice) {
+    // The descent and the branch and bound meet the same layouts again; each is costed once.
+    auto [cached, inserted] = scores_.try_emplace(choice);
+    if (!inserted) return cached->second;
+    cached->second = evaluate(choice);
+    return cached->second;
+  }
+
+  std::pair<double, double> evaluate(const std::vector<int>& choice) {
+    Layout layout = space_.layoutOf(choice);
+    ++evaluated_;
+    double seconds = eval_.stepSeconds(layout);
+    if (!std::isfinite(seconds)) return {kInfinity, kInfinity};
+    double memory = eval_.memory(layout).total();
+    smallestMemory_ = std::min(smallestMemory_, memory);
+    double excess = std::max(0.0, memory - budget_);
+    if (excess == 0 && preferred(seconds, layout, bestSeconds_, best_)) {
+      bestSeconds_ = seconds;
+      best_ = std::move(layout);
+    }
+    return {excess, seconds};
+  }
+
+  void branch(size_t i, std::vector<int>& choice) {
+    if (aborted_ || evaluated_ + bounds_ > kMaxExactWork) {
+      aborted_ = true;
+      return;
+    }
+    if (i == space_.dims.size()) {
+      score(choice);
+      return;
+    }
+    for (size_t o = 0; o < space_.options[i].size(); ++o) {
+      if (!space_.legal(i, o, choice)) continue;
+      choice[i] = static_cast<int>(o);
+      if (i + 1 < space_.dims.size() && std::isfinite(bestSeconds_)) {
+        std::vector<std::string> assigned = space_.fixedDims;
+        for (size_t j = 0; j <= i; ++j)
+          assigned.push_back(space_.dims[j]);
+        Layout partial = space_.layoutOf(choice);
+        ++bounds_;
+        if (eval_.lowerBound(partial, assigned) > bestSeconds_ * (1 + kTieTolerance)) {
+          choice[i] = -1;
+          continue;
+        }
+      }
+      branch(i + 1, choice);
+      choice[i] = -1;
+    }
+  }
+
+  /// Dims in the search order, each taking its best legal option given the earlier ones (the
+  /// later ones replicated), or its widest legal split.
+  std::vector<int> greedyStart(bool widest) {
+    size_t n = space_.dims.size();
+    std::vector<int> choice(n, -1);
+    for (size_t i = 0; i < n; ++i) {
+      int pick = 0;
+      std::pair<double, double> pickScore{kInfinity, kInfinity};
+      size_t pickWidth = 0;
+      for (size_t o = 0; o < space_.options[i].size(); ++o) {
+        if (!space_.legal(i, o, choice)) continue;
+        if (widest) {
+          if (space_.options[i][o].size() > pickWidth) {
+            pickWidth = space_.options[i][o].size();
+            pick = static_cast<int>(o);
+          }
+          continue;
+        }
+        std::vector<int> trial = choice;
+        trial[i] = static_cast<int>(o);
+        for (int& c : trial)
+          c = std::max(c, 0);
+        std::pair<double, double> s = score(trial);
+        if (s < pickScore) {
+          pickScore = s;
+          pick = static_cast<int>(o);
+        }
+      }
+      choice[i] = pick;
+    }
+    return choice;
+  }
+
+  /// Repeated sweeps: each dim in turn takes its best legal option given the others.
+  void descend(std::vector<int> choice) {
+    std::pair<double, double> current = score(choice);
+    for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
+      bool improved = false;
+      for (size_t i = 0; i < space_.dims.size(); ++i) {
+        int keep = choice[i];
+        choice[i] = -1;
+        int pick = keep;
+        for (size_t o = 0; o < space_.options[i].size(); ++o) {
+          if (static_cast<int>(o) == keep || !space_.legal(i, o, choice)) continue;
+          choice[i] = static_cast<int>(o);
+          std::pair<double, double> s = score(choice);
+          choice[i] = -1;
+          if (s.first < current.first ||
+              (s.first == current.first && s.second < current.second * (1 - kTieTolerance))) {
+            current = s;
+            pick = static_cast<int>(o);
+            improved = true;
+          }
+        }
+        choice[i] = pick;
+      }
+      if (!improved) break;
+    }
+  }
+
+  const SearchSpace& space_;
+  PlanEvaluator& eval_;
+  double budget_;
+  Layout best_;
+  double bestSeconds_ = kInfinity;
+  double smallestMemory_ = kInfinity;
+  size_t evaluated_ = 0;
+  size_t bounds_ = 0;
+  bool aborted_ = false;
+  std::map<std::vector<int>, std::pair<double, double>> scores_;
+};
+
+double budgetFor(const SearchOptions& options, const Machine& machine) {
+  if (options.memoryBudgetBytes > 0) return options.memoryBudgetBytes;
+  return machine.memoryBytes > 0 ? machine.memoryBytes : kInfinity;
+}
+
+const char* kindName(const ir::Function& fn) {
+  return fn.kind == ir::Function::Kind::Train ? "train block" : "program";
+}
+
+} // namespace
+
+std::vector<AxisList> layoutOptions(int64_t dimSize, const Mesh& mesh) {
+  std::vector<AxisList> options{{}};
+  // Axes of size 1 split nothing; leaving them out keeps equivalent layouts from multiplying.
+  std::vector<const ir::MeshAxis*> axes;
+  for (const ir::MeshAxis& axis : mesh.axes)
+    if (axis.size > 1) axes.push_back(&axis);
+  // Breadth first: shorter lists first, each extended by every unused axis in mesh order.
+  std::vector<std::pair<AxisList, int64_t>> frontier{{{}, 1}};
+  while (!frontier.empty()) {
+    std::vector<std::pair<AxisList, int64_t>> next;
+    for (const auto& [list, product] : frontier) {
+      for (const ir::MeshAxis* axis : axes) {
+        if (std::find(list.begin(), list.end(), axis->name) != list.end()) continue;
+        int64_t extended = product * axis->size;
+        if (dimSize <= 0 || dimSize % extended != 0) continue;
+        AxisList longer = list;
+        longer.push_back(axis->name);
+        options.push_back(longer);
+        next.emplace_back(std::move(longer), extended);
+      }
+    }
+    frontier = std::move(next);
+  }
+  return options;
+}
+
+std::optional<SearchResult> searchLayout(const ir::Module& module, const ir::Function& fn,
+                                         const Mesh& mesh, const Machine& machine,
+                                         const Layout& pinned,
+                                         const std::vector<std::string>& toSearch,
+                                         const SearchOptions& options, DiagEngine& diag) {
+  PlanEvaluator evaluator(module, fn, mesh, machine);
+  SearchSpace space(module, fn, mesh, pinned, toSearch, evaluator.relevantDims());
+  double budget = budgetFor(options, machine);
+  LayoutSearcher searcher(space, evaluator, budget);
+  bool exact = space.legalCount(options.exactLimit) <= options.exactLimit;
+  if (exact)
+    exact = searcher.exact();
+  else
+    searcher.heuristic();
+  if (!searcher.found()) {
+    double smallest = searcher.smallestMemory();
+    if (space.dims.empty())
+      diag.report(fn.loc.loc, Diag::ErrLayoutOverBudget, kindName(fn), fn.name,
+                  bytesString(smallest), bytesString(budget));
+    else
+      diag.report(fn.loc.loc, Diag::ErrNoLayoutFitsBudget, kindName(fn), fn.name,
+                  bytesString(budget), bytesString(smallest));
+    return std::nullopt;
+  }
+  SearchResult result;
+  result.layout = searcher.bestLayout();
+  result.stepSeconds = searcher.bestSeconds();
+  result.memory = evaluator.memory(result.layout);
+  result.exact = exact;
+  result.candidatesEvaluated = searcher.evaluated();
+  result.searchedDims = space.dims;
+  if (!exact) {
+    double bound = evaluator.lowerBound(space.base, space.fixedDims);
+    result.gapBound = bound > 0 ? (result.stepSeconds - bound) / bound : kInfinity;
+  }
+  return result;
+}
+
+SearchResult bruteForceLayout(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
+                              const Machine& machine, const Layout& pinned,
+                              const std::vector<std::string>& toSearch,
+                              const SearchOptions& options) {
+  PlanEvaluator evaluator(module, fn, mesh, machine);
+  SearchSpace space(module, fn, mesh, pinned, toSearch, evaluator.relevantDims());
+  double budget = budgetFor(options, machine);
+  SearchResult result;
+  result.stepSeconds = kInfinity;
+  result.searchedDims = space.dims;
+  // Plain odometer over every combination; illegal ones (an axis twice in a tensor) skipped.
+  size_t n = space.dims.size();
+  std::vector<int> choice(n, 0);
+  while (true) {
+    bool legal = true;
+    std::vector<int> partial(n, -1);
+    for (size_t i = 0; i < n && legal; ++i) {
+      legal = space.legal(i, choice[i], partial);
+      partial[i] = choice[i];
+    }
+    if (legal) {
+      Layout layout = space.layoutOf(choice);
+      ++result.candidatesEvaluated;
+      double seconds = evaluator.stepSeconds(layout);
+      if (std::isfinite(seconds) && evaluator.memory(layout).total() <= budget &&
+          preferred(seconds, layout, result.stepSeconds, result.layout)) {
+        result.stepSeconds = seconds;
+        result.layout = std::move(layout);
+      }
+    }
+    size_t i = 0;
+    for (; i < n; ++i) {
+      if (++choice[i] < static_cast<int>(space.options[i].size())) break;
+      choice[i] = 0;
+    }
+    if (i == n) break;
+  }
+  if (std::isfinite(result.stepSeconds)) result.memory = evaluator.memory(result.layout);
+  return result;
+}
+
+} // namespace meshc::plan

@@ -1,0 +1,49 @@
+// Automatic layout search: chooses the axes of every dim the program leaves to the planner
+// (`auto`), minimizing the predicted step time under a per-device memory budget. Exact
+// (exhaustive with branch-and-bound pruning over the relevant dims) while the space is small
+// enough; beyond that a heuristic that reports its gap to a lower bound.
+#pragma once
+
+#include "diag/Diagnostics.h"
+#include "planner/SpmdLowering.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshc::plan {
+
+struct SearchOptions {
+  double memoryBudgetBytes = 0; // 0: the machine's memory per device
+  size_t exactLimit = 20'000'000; // candidate layouts beyond which the heuristic is used
+};
+
+struct SearchResult {
+  Layout layout;             // pinned dims as given, searched dims chosen
+  double stepSeconds = 0;
+  MemoryEstimate memory;
+  bool exact = true;
+  double gapBound = 0;       // heuristic only: (found - lowerBound) / lowerBound
+  size_t candidatesEvaluated = 0;
+  std::vector<std::string> searchedDims;
+};
+
+/// The options for one dim: replicated, or an ordered list of distinct mesh axes whose product
+/// divides the dim's size.
+std::vector<AxisList> layoutOptions(int64_t dimSize, const Mesh& mesh);
+
+/// Searches the dims of `toSearch` (the rest are fixed by `pinned`). A memory budget no layout
+/// can meet is an error reported at `budgetLoc` (or without a location), returning nullopt.
+std::optional<SearchResult> searchLayout(const ir::Module& module, const ir::Function& fn,
+                                         const Mesh& mesh, const Machine& machine,
+                                         const Layout& pinned,
+                                         const std::vector<std::string>& toSearch,
+                                         const SearchOptions& options, DiagEngine& diag);
+
+/// Brute force over the same space, without pruning or memoization: the oracle of the tests.
+SearchResult bruteForceLayout(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
+                              const Machine& machine, const Layout& pinned,
+                              const std::vector<std::string>& toSearch,
+                              const SearchOptions& options);
+
+} // namespace meshc::plan

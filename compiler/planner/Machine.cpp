@@ -1,0 +1,195 @@
+#include "planner/Machine.h"
+
+#include <llvm/Support/JSON.h>
+#include <llvm/Support/MemoryBuffer.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace meshc::plan {
+
+namespace {
+
+struct BuiltinMachine {
+  const char* name;
+  const char* json;
+};
+
+const BuiltinMachine kBuiltinMachines[] = {
+#include "planner/BuiltinMachines.inc"
+};
+
+llvm::Error parseError(llvm::StringRef sourceName, const std::string& message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: %s", sourceName.str().c_str(),
+                                 message.c_str());
+}
+
+/// Reads the fields of one JSON object, remembering the first problem (with the field's path).
+class FieldReader {
+public:
+  FieldReader(const llvm::json::Object& object, std::string path, std::string* error)
+      : object_(object), path_(std::move(path)), error_(error) {}
+
+  double number(llvm::StringRef key, bool required = true, double fallback = 0) {
+    const llvm::json::Value* value = object_.get(key);
+    if (!value) {
+      if (required) fail(fmt::format("missing field '{}{}' (a number)", path_, key.str()));
+      return fallback;
+    }
+    auto number = value->getAsNumber();
+    if (!number) {
+      fail(fmt::format("field '{}{}' must be a number", path_, key.str()));
+      return fallback;
+    }
+    if (*number < 0) {
+      fail(fmt::format("field '{}{}' must not be negative", path_, key.str()));
+      return fallback;
+    }
+    return *number;
+  }
+
+  int64_t count(llvm::StringRef key, bool required, int64_t fallback) {
+    const llvm::json::Value* value = object_.get(key);
+    if (!value) {
+      if (required)
+        fail(fmt::format("missing field '{}{}' (a positive integer)", path_, key.str()));
+      return fallback;
+    }
+    auto integer = value->getAsInteger();
+    if (!integer || *integer < 1) {
+      fail(fmt::format("field '{}{}' must be a positive integer", path_, key.str()));
+      return fallback;
+    }
+    return *integer;
+  }
+
+  std::string string(llvm::StringRef key, bool required) {
+    const llvm::json::Value* value = object_.get(key);
+    if (!value) {
+      if (required) fail(fmt::format("missing field '{}{}' (a string)", path_, key.str()));
+      return {};
+    }
+    auto text = value->getAsString();
+    if (!text) {
+      fail(fmt::format("field '{}{}' must be a string", path_, key.str()));
+      return {};
+    }
+    return text->str();
+  }
+
+  const llvm::json::Object* object(llvm::StringRef key, bool required) {
+    const llvm::json::Value* value = object_.get(key);
+    if (!value) {
+      if (required) fail(fmt::format("missing field '{}{}' (an object)", path_, key.str()));
+      return nullptr;
+    }
+    const llvm::json::Object* nested = value->getAsObject();
+    if (!nested) fail(fmt::format("field '{}{}' must be an object", path_, key.str()));
+    return nested;
+  }
+
+  void fail(std::string message) {
+    if (error_->empty()) *error_ = std::move(message);
+  }
+
+private:
+  const llvm::json::Object& object_;
+  std::string path_;
+  std::string* error_;
+};
+
+Link readLink(const llvm::json::Object& object, const std::string& path, std::string* error) {
+  FieldReader reader(object, path + ".", error);
+  Link link;
+  link.name = reader.string("name", true);
+  link.alphaSeconds = reader.number("alpha_seconds");
+  link.bandwidthBytesPerS = reader.number("bandwidth");
+  if (error->empty() && link.bandwidthBytesPerS <= 0)
+    reader.fail(fmt::format("field '{}.bandwidth' must be positive", path));
+  return link;
+}
+
+} // namespace
+
+std::vector<std::string> builtinMachineNames() {
+  std::vector<std::string> names;
+  for (const BuiltinMachine& builtin : kBuiltinMachines)
+    names.push_back(builtin.name);
+  return names;
+}
+
+llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourceName) {
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(json);
+  if (!parsed) return parseError(sourceName, "invalid JSON: " + llvm::toString(parsed.takeError()));
+  const llvm::json::Object* root = parsed->getAsObject();
+  if (!root) return parseError(sourceName, "a machine description must be a JSON object");
+
+  std::string error;
+  FieldReader reader(*root, "", &error);
+  Machine machine;
+  machine.name = reader.string("name", true);
+  machine.description = reader.string("description", false);
+  machine.numDevices = reader.count("devices", true, 1);
+  machine.devicesPerNode = reader.count("devices_per_node", false, machine.numDevices);
+  machine.peakFlops = reader.number("peak_flops");
+  machine.peakFlopsBf16 = reader.number("peak_flops_bf16", false, 0);
+  machine.memoryBandwidth = reader.number("memory_bandwidth");
+  machine.memoryBytes = reader.number("memory_bytes");
+  reader.string("notes", false); // free text: sources and assumptions
+  if (error.empty() && machine.peakFlops <= 0) reader.fail("field 'peak_flops' must be positive");
+  if (error.empty() && machine.memoryBandwidth <= 0)
+    reader.fail("field 'memory_bandwidth' must be positive");
+  if (const llvm::json::Object* intra = reader.object("intra", true); intra && error.empty())
+    machine.intra = readLink(*intra, "intra", &error);
+  const llvm::json::Object* inter = reader.object("inter", false);
+  if (inter && error.empty())
+    machine.inter = readLink(*inter, "inter", &error);
+  else
+    machine.inter = machine.intra;
+  if (error.empty() && !inter && machine.devicesPerNode < machine.numDevices)
+    reader.fail("missing field 'inter' (an object): the machine has several nodes");
+  if (!error.empty()) return parseError(sourceName, error);
+  return machine;
+}
+
+llvm::Expected<Machine> loadMachine(const std::string& nameOrPath) {
+  for (const BuiltinMachine& builtin : kBuiltinMachines)
+    if (nameOrPath == builtin.name)
+      return parseMachine(builtin.json, std::string("machines/") + builtin.name + ".json");
+  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> file =
+      llvm::MemoryBuffer::getFile(nameOrPath, /*IsText=*/true);
+  if (!file) {
+    std::vector<std::string> names = builtinMachineNames();
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(), "%s",
+        fmt::format("unknown machine '{}': not a built-in ({}) and not a readable file ({})",
+                    nameOrPath, fmt::join(names, ", "), file.getError().message())
+            .c_str());
+  }
+  return parseMachine((*file)->getBuffer(), nameOrPath);
+}
+
+const Link& linkFor(const Machine& machine, const Mesh& mesh, const AxisList& axes) {
+  if (machine.devicesPerNode >= machine.numDevices || axes.empty()) return machine.intra;
+  // Row-major ranks: the stride of axis i is the product of the sizes of the axes after it.
+  // A group (the ranks that differ only in `axes`) spans nodes when some member lies on another
+  // node than the group's first rank. Ranks beyond the machine wrap around (oversubscription).
+  int64_t numRanks = mesh.numDevices();
+  std::vector<int64_t> strides(mesh.axes.size(), 1);
+  for (int i = static_cast<int>(mesh.axes.size()) - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * mesh.axes[i + 1].size;
+  auto nodeOf = [&](int64_t rank) { return (rank % machine.numDevices) / machine.devicesPerNode; };
+  for (int64_t rank = 0; rank < numRanks; ++rank) {
+    int64_t base = rank;
+    for (const std::string& axis : axes) {
+      int index = mesh.axisIndex(axis);
+      if (index >= 0) base -= (rank / strides[index] % mesh.axes[index].size) * strides[index];
+    }
+    if (nodeOf(rank) != nodeOf(base)) return machine.inter;
+  }
+  return machine.intra;
+}
+
+} // namespace meshc::plan

@@ -1,0 +1,47 @@
+// Machine descriptions: data, not code. Built-ins live as JSON in machines/*.json (embedded at
+// build time); users pass their own file with the same schema (docs/planner.md).
+#pragma once
+
+#include "planner/Layout.h"
+
+#include <llvm/Support/Error.h>
+
+#include <string>
+#include <vector>
+
+namespace meshc::plan {
+
+/// One level of interconnect (NVLink inside a node, InfiniBand between nodes, ICI, shared memory).
+struct Link {
+  std::string name;
+  double alphaSeconds = 0;       // per-message latency of one step
+  double bandwidthBytesPerS = 0; // per-device unidirectional bandwidth (the alpha-beta 1/beta)
+};
+
+struct Machine {
+  std::string name;
+  std::string description;
+  int64_t numDevices = 1;
+  int64_t devicesPerNode = 1; // devices sharing the fast link; mesh axes spanning nodes use `inter`
+  double peakFlops = 0;       // per device, dense matmul, f32 (or the dtype it is quoted for)
+  double peakFlopsBf16 = 0;   // per device, bf16/f16 tensor cores (0: same as peakFlops)
+  double memoryBandwidth = 0; // bytes/s per device
+  double memoryBytes = 0;     // capacity per device
+  Link intra;                 // inside a node
+  Link inter;                 // between nodes (unused when devicesPerNode >= numDevices)
+};
+
+/// Names of the built-in machines ("cpu", "8xh100", "8xh200", "h100-cluster", "tpuv2-pod").
+std::vector<std::string> builtinMachineNames();
+
+/// A built-in by name, or else a JSON file at that path.
+llvm::Expected<Machine> loadMachine(const std::string& nameOrPath);
+
+/// Parses the JSON form (the schema of machines/*.json).
+llvm::Expected<Machine> parseMachine(llvm::StringRef json, llvm::StringRef sourceName);
+
+/// The link a collective over `axes` of `mesh` uses on `machine` (inter-node when the ranks of
+/// one group lie on different nodes, given row-major rank numbering).
+const Link& linkFor(const Machine& machine, const Mesh& mesh, const AxisList& axes);
+
+} // namespace meshc::plan

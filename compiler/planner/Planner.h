@@ -1,0 +1,33 @@
+// The planner's entry point: for every program and train block of a module, the layout (pinned
+// dims as written, `auto` dims searched), then the SPMD lowering under it. The driver calls this
+// for --emit=plan, plan-json, spmd and dot.
+#pragma once
+
+#include "diag/Diagnostics.h"
+#include "planner/PlanReport.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshc::plan {
+
+struct PlannerOptions {
+  std::string machine = "cpu";  // a built-in machine name or a JSON file (Machine.h)
+  double memoryBudgetBytes = 0; // per device; 0: the machine's memory
+  size_t exactLimit = SearchOptions().exactLimit;
+  std::vector<std::string> functions; // plan only these (empty: every function)
+};
+
+/// Plans every selected function of `module` on `machine`. Errors (an impossible memory budget,
+/// a layout the lowering rejects) are reported through `diag`; returns nullopt then.
+std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
+                                                       const Machine& machine,
+                                                       const PlannerOptions& options,
+                                                       DiagEngine& diag);
+
+/// The same, loading options.machine first (an unknown machine is reported as an error).
+std::optional<std::vector<PlannedFunction>>
+planModule(const ir::Module& module, const PlannerOptions& options, DiagEngine& diag);
+
+} // namespace meshc::plan

@@ -1,0 +1,294 @@
+#include "planner/Reshard.h"
+
+#include <algorithm>
+#include <map>
+#include <queue>
+#include <tuple>
+
+namespace meshc::plan {
+
+int64_t dtypeBytes(ir::DType dtype) {
+  switch (dtype) {
+  case ir::DType::F32:
+  case ir::DType::I32:
+    return 4;
+  case ir::DType::BF16:
+  case ir::DType::F16:
+    return 2;
+  }
+  return 4;
+}
+
+int64_t localBytes(const ir::TensorType& type, const TensorLayout& layout, const Mesh& mesh) {
+  int64_t elements = 1;
+  for (size_t i = 0; i < type.dims.size(); ++i) {
+    int64_t factor = i < layout.dimAxes.size() ? splitFactor(mesh, layout.dimAxes[i]) : 1;
+    elements *= factor > 0 ? type.dims[i].size / factor : type.dims[i].size;
+  }
+  return elements * dtypeBytes(type.dtype);
+}
+
+bool isLegalLayout(const ir::TensorType& type, const TensorLayout& layout, const Mesh& mesh) {
+  if (layout.dimAxes.size() != type.dims.size()) return false;
+  std::set<std::string> used;
+  for (size_t i = 0; i < type.dims.size(); ++i) {
+    for (const std::string& axis : layout.dimAxes[i])
+      if (mesh.axisIndex(axis) < 0 || !used.insert(axis).second) return false;
+    int64_t factor = splitFactor(mesh, layout.dimAxes[i]);
+    if (factor <= 0 || type.dims[i].size % factor != 0) return false;
+  }
+  for (const std::string& axis : layout.partialAxes)
+    if (mesh.axisIndex(axis) < 0 || used.count(axis)) return false;
+  return true;
+}
+
+namespace {
+
+/// Expands the states reachable in one collective from a state.
+class ReshardGraph {
+public:
+  ReshardGraph(const ir::TensorType& type, const Mesh& mesh, const Machine& machine)
+      : type_(type), mesh_(mesh), machine_(machine) {}
+
+  template <typename Visit> void forEachEdge(const TensorLayout& state, Visit&& visit) const {
+    std::set<std::string> used;
+    for (const AxisList& axes : state.dimAxes)
+      used.insert(axes.begin(), axes.end());
+    AxisList partial = inMeshOrder(state.partialAxes);
+    int64_t bytes = localBytes(type_, state, mesh_);
+
+    // Resolve some partial axes: all-reduce, or (sums only) reduce-scatter into a dim.
+    for (const AxisList& subset : subsets(partial)) {
+      TensorLayout reduced = state;
+      for (const std::string& axis : subset)
+        reduced.partialAxes.erase(axis);
+      if (reduced.partialAxes.empty()) reduced.partialIsMax = false;
+      Collective allReduce;
+      allReduce.kind =
+          state.partialIsMax ? CollectiveKind::AllReduceMax : CollectiveKind::AllReduceSum;
+      allReduce.axes = subset;
+      allReduce.bytes = bytes;
+      emit(allReduce, reduced, visit);
+      if (state.partialIsMax) continue;
+      AxisList order = subset;
+      do {
+        for (size_t dim = 0; dim < type_.dims.size(); ++dim) {
+          TensorLayout scattered = reduced;
+          AxisList& axes = scattered.dimAxes[dim];
+          axes.insert(axes.end(), order.begin(), order.end());
+          if (!divides(dim, axes)) continue;
+          Collective reduceScatter;
+          reduceScatter.kind = CollectiveKind::ReduceScatter;
+          reduceScatter.axes = order;
+          reduceScatter.dim = type_.dims[dim].name;
+          reduceScatter.bytes = bytes;
+          emit(reduceScatter, scattered, visit);
+        }
+      } while (std::next_permutation(order.begin(), order.end(), meshOrder()));
+    }
+
+    for (size_t dim = 0; dim < type_.dims.size(); ++dim) {
+      const AxisList& axes = state.dimAxes[dim];
+      // All-gather the minor-most m axes of a dim.
+      for (size_t m = 1; m <= axes.size(); ++m) {
+        TensorLayout gathered = state;
+        AxisList& kept = gathered.dimAxes[dim];
+        AxisList removed(kept.end() - m, kept.end());
+        kept.resize(kept.size() - m);
+        Collective allGather;
+        allGather.kind = CollectiveKind::AllGather;
+        allGather.axes = removed;
+        allGather.dim = type_.dims[dim].name;
+        allGather.bytes = localBytes(type_, gathered, mesh_);
+        emit(allGather, gathered, visit);
+      }
+      // Local slice: split further over an axis nobody uses. Free.
+      for (const ir::MeshAxis& axis : mesh_.axes) {
+        if (used.count(axis.name) || state.partialAxes.count(axis.name)) continue;
+        TensorLayout sliced = state;
+        sliced.dimAxes[dim].push_back(axis.name);
+        if (!divides(dim, sliced.dimAxes[dim])) continue;
+        Collective slice;
+        slice.kind = CollectiveKind::LocalSlice;
+        slice.axes = {axis.name};
+        slice.dim = type_.dims[dim].name;
+        slice.bytes = localBytes(type_, sliced, mesh_);
+        emit(slice, sliced, visit);
+      }
+      // All-to-all: the minor-most axis of this dim becomes the minor-most axis of another.
+      if (axes.empty()) continue;
+      for (size_t to = 0; to < type_.dims.size(); ++to) {
+        if (to == dim) continue;
+        TensorLayout moved = state;
+        std::string axis = moved.dimAxes[dim].back();
+        moved.dimAxes[dim].pop_back();
+        moved.dimAxes[to].push_back(axis);
+        if (!divides(to, moved.dimAxes[to])) continue;
+        Collective allToAll;
+        allToAll.kind = CollectiveKind::AllToAll;
+        allToAll.axes = {axis};
+        allToAll.dim = type_.dims[dim].name;
+        allToAll.toDim = type_.dims[to].name;
+        allToAll.bytes = bytes;
+        emit(allToAll, moved, visit);
+      }
+    }
+  }
+
+private:
+  template <typename Visit>
+  void emit(Collective collective, const TensorLayout& next, Visit& visit) const {
+    collective.groupSize = splitFactor(mesh_, collective.axes);
+    double seconds = collectiveSeconds(machine_, mesh_, collective);
+    visit(std::move(collective), next, seconds);
+  }
+
+  bool divides(size_t dim, const AxisList& axes) const {
+    int64_t factor = splitFactor(mesh_, axes);
+    return factor > 0 && type_.dims[dim].size % factor == 0;
+  }
+
+  auto meshOrder() const {
+    return [this](const std::string& a, const std::string& b) {
+      return mesh_.axisIndex(a) < mesh_.axisIndex(b);
+    };
+  }
+
+  AxisList inMeshOrder(const std::set<std::string>& axes) const {
+    AxisList out(axes.begin(), axes.end());
+    std::sort(out.begin(), out.end(), meshOrder());
+    return out;
+  }
+
+  /// Non-empty subsets, each in mesh order.
+  static std::vector<AxisList> subsets(const AxisList& axes) {
+    std::vector<AxisList> out;
+    size_t n = std::min<size_t>(axes.size(), 16);
+    for (uint32_t mask = 1; mask < (1u << n); ++mask) {
+      AxisList subset;
+      for (size_t i = 0; i < n; ++i)
+        if (mask & (1u << i)) subset.push_back(axes[i]);
+      out.push_back(std::move(subset));
+    }
+    return out;
+  }
+
+  const ir::TensorType& type_;
+  const Mesh& mesh_;
+  const Machine& machine_;
+};
+
+/// Beyond this many states (meshes with many axes), the search gives up on optimality.
+constexpr size_t kMaxStates = 20'000;
+
+/// Always legal, rarely optimal: resolve every partial axis, gather every split dim, slice.
+ReshardPath fallbackPath(const ir::TensorType& type, const TensorLayout& from,
+                         const TensorLayout& to, const Mesh& mesh, const Machine& machine) {
+  ReshardPath path;
+  TensorLayout state = from;
+  auto step = [&](Collective collective) {
+    collective.groupSize = splitFactor(mesh, collective.axes);
+    double seconds = collectiveSeconds(machine, mesh, collective);
+    path.seconds += seconds;
+    path.steps.push_back({std::move(collective), state, seconds});
+  };
+  if (!state.partialAxes.empty()) {
+    Collective allReduce;
+    allReduce.kind =
+        state.partialIsMax ? CollectiveKind::AllReduceMax : CollectiveKind::AllReduceSum;
+    for (const ir::MeshAxis& axis : mesh.axes)
+      if (state.partialAxes.count(axis.name)) allReduce.axes.push_back(axis.name);
+    allReduce.bytes = localBytes(type, state, mesh);
+    state.partialAxes.clear();
+    state.partialIsMax = false;
+    step(std::move(allReduce));
+  }
+  for (size_t dim = 0; dim < type.dims.size(); ++dim) {
+    if (state.dimAxes[dim].empty() || state.dimAxes[dim] == to.dimAxes[dim]) continue;
+    Collective allGather;
+    allGather.kind = CollectiveKind::AllGather;
+    allGather.axes = state.dimAxes[dim];
+    allGather.dim = type.dims[dim].name;
+    state.dimAxes[dim].clear();
+    allGather.bytes = localBytes(type, state, mesh);
+    step(std::move(allGather));
+  }
+  for (size_t dim = 0; dim < type.dims.size(); ++dim) {
+    if (state.dimAxes[dim] == to.dimAxes[dim]) continue;
+    Collective slice;
+    slice.kind = CollectiveKind::LocalSlice;
+    slice.axes = to.dimAxes[dim];
+    slice.dim = type.dims[dim].name;
+    state.dimAxes[dim] = to.dimAxes[dim];
+    slice.bytes = localBytes(type, state, mesh);
+    step(std::move(slice));
+  }
+  return path;
+}
+
+} // namespace
+
+std::optional<ReshardPath> planReshard(const ir::TensorType& type, const TensorLayout& from,
+                                       const TensorLayout& to, const Mesh& mesh,
+                                       const Machine& machine) {
+  if (!isLegalLayout(type, from, mesh) || !isLegalLayout(type, to, mesh)) return std::nullopt;
+  // No collective creates a partial sum: a partial target keeps some of the source's.
+  bool partialReachable = std::includes(from.partialAxes.begin(), from.partialAxes.end(),
+                                        to.partialAxes.begin(), to.partialAxes.end()) &&
+                          (to.partialAxes.empty() || to.partialIsMax == from.partialIsMax);
+  if (!partialReachable) return std::nullopt;
+  if (from == to) return ReshardPath{};
+
+  struct Reached {
+    double seconds = 0;
+    size_t steps = 0;
+    bool done = false;
+    std::optional<TensorLayout> previous;
+    ReshardStep step;
+  };
+  std::map<TensorLayout, Reached> reached;
+  using Entry = std::tuple<double, size_t, uint64_t, TensorLayout>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue;
+  uint64_t order = 0;
+  reached[from] = Reached{};
+  queue.emplace(0.0, 0, order++, from);
+  ReshardGraph graph(type, mesh, machine);
+
+  while (!queue.empty()) {
+    if (reached.size() > kMaxStates) return fallbackPath(type, from, to, mesh, machine);
+    auto [seconds, steps, unused, state] = queue.top();
+    queue.pop();
+    Reached& here = reached[state];
+    if (here.done) continue;
+    here.done = true;
+    if (state == to) {
+      ReshardPath path;
+      path.seconds = seconds;
+      for (const TensorLayout* at = &state; reached[*at].previous;) {
+        Reached& node = reached[*at];
+        path.steps.push_back(node.step);
+        at = &*node.previous;
+      }
+      std::reverse(path.steps.begin(), path.steps.end());
+      return path;
+    }
+    graph.forEachEdge(state, [&, seconds = seconds, steps = steps,
+                              &state = state](Collective collective, const TensorLayout& next,
+                                              double edgeSeconds) {
+      double total = seconds + edgeSeconds;
+      auto [it, inserted] = reached.try_emplace(next);
+      Reached& there = it->second;
+      if (!inserted && (there.done || std::make_pair(there.seconds, there.steps) <=
+                                          std::make_pair(total, steps + 1)))
+        return;
+      there.seconds = total;
+      there.steps = steps + 1;
+      there.previous = state;
+      there.step = ReshardStep{std::move(collective), next, edgeSeconds};
+      queue.emplace(total, steps + 1, order++, next);
+    });
+  }
+  return std::nullopt;
+}
+
+} // namespace meshc::plan

@@ -1,0 +1,113 @@
+// The SPMD IR: what every rank runs. Values carry their global type, their local (per-device)
+// type and their TensorLayout; ops are the named-dim IR's compute ops on local shards plus
+// explicit collectives. Produced by lowerToSpmd (SpmdLowering.h); printed by --emit=spmd; the
+// single input of code generation.
+#pragma once
+
+#include "ir/IR.h"
+#include "planner/Layout.h"
+#include "planner/Machine.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshc::plan {
+
+enum class CollectiveKind {
+  AllReduceSum,  // resolve a partial sum over `axes`
+  AllReduceMax,  // resolve a partial max over `axes`
+  AllReduceMin,  // combine per-shard minima over `axes` (min over a split dim)
+  ReduceScatter, // resolve a partial sum over `axes` and split `dim` over them
+  AllGather,     // unsplit `dim` from its minor-most axes `axes`
+  AllToAll,      // move `axes` from splitting `dim` to splitting `toDim`
+  Permute,       // collective permute along `axes` for shift/halo of split `dim` by `offset`
+  LocalSlice,    // split `dim` further over `axes` by taking this rank's slice: no communication
+};
+const char* collectiveName(CollectiveKind kind);
+
+struct Collective {
+  CollectiveKind kind = CollectiveKind::AllReduceSum;
+  AxisList axes;       // the mesh axes whose groups take part
+  std::string dim;     // the dim split / gathered / shifted ("" for all-reduce)
+  std::string toDim;   // all-to-all: the dim that becomes split
+  int64_t offset = 0;  // permute: the shift
+  int64_t bytes = 0;   // the n of the alpha-beta formula (per device), see CostModel.h
+  int64_t groupSize = 1;
+};
+
+using SpmdValueId = uint32_t;
+
+struct SpmdValue {
+  ir::TensorType globalType;
+  ir::TensorType localType;
+  TensorLayout layout;
+  std::string name;
+};
+
+struct SpmdOp {
+  enum class Kind { Compute, Collective };
+  Kind kind = Kind::Compute;
+  ir::OpKind computeKind = ir::OpKind::Input; // Compute: the IR op, applied to local shards
+  Collective collective;                      // Collective
+  std::vector<SpmdValueId> operands;
+  SpmdValueId result = 0;
+  std::vector<std::pair<std::string, ir::AttrValue>> attrs; // copied from the IR op
+  ir::Location loc;         // the .mesh source of the IR op this comes from
+  uint32_t sourceOp = 0;    // index of that op in the ir::Function
+  double flops = 0;         // per device
+  double memoryBytes = 0;   // bytes read + written per device (roofline)
+  double seconds = 0;       // predicted: roofline for compute, alpha-beta for collectives
+  std::string note;         // why, when not obvious ("partial sum over model resolved for relu")
+};
+
+/// A place where the plan had to replicate a dim the layout splits (e.g. an axis used twice by
+/// one tensor). Reported with the op's source location; never silent.
+struct Replication {
+  ir::Location loc;
+  std::string dim;
+  AxisList droppedAxes;
+  std::string reason;
+};
+
+struct MemoryEstimate {
+  double paramBytes = 0;       // parameters and consts, per device
+  double optimizerBytes = 0;   // optimizer state (train blocks; per TrainInfo's optimizer)
+  double gradientBytes = 0;    // gradients (train blocks)
+  double peakActivationBytes = 0; // peak live activations under the op order
+  double total() const { return paramBytes + optimizerBytes + gradientBytes + peakActivationBytes; }
+};
+
+struct PlanSummary {
+  double computeSeconds = 0;
+  double communicationSeconds = 0;
+  double stepSeconds = 0;  // predicted (no overlap assumed): compute + communication
+  double totalFlops = 0;   // useful global FLOPs of the function
+  double utilization = 0;  // totalFlops / (devices * peak * stepSeconds)
+  /// For train blocks, the estimate also covers backward (~2x forward compute, forward
+  /// collectives mirrored) and the gradient reductions of params over the axes they are
+  /// replicated on; see docs/planner.md.
+  bool includesBackward = false;
+};
+
+struct SpmdFunction {
+  std::string name;
+  ir::Function::Kind kind = ir::Function::Kind::Program;
+  Mesh mesh;
+  Layout layout;
+  std::string machineName;
+  std::vector<SpmdValue> values;
+  std::vector<SpmdOp> ops;
+  std::vector<SpmdValueId> inputs;  // parallel to ir::Function::inputs
+  std::vector<SpmdValueId> params;  // parallel to ir::Function::params
+  std::vector<std::pair<std::string, SpmdValueId>> outputs; // resolved, in their global layout
+  std::vector<Replication> replications;
+  MemoryEstimate memory;
+  PlanSummary summary;
+  /// Train blocks only: the estimated gradient reductions (one all-reduce per trainable param
+  /// replicated over an axis its consumers split) and optimizer updates that the summary
+  /// counts. Not part of `ops`: autodiff will produce the real backward program.
+  std::vector<SpmdOp> gradientOps;
+};
+
+} // namespace meshc::plan

@@ -1,0 +1,1426 @@
+// SPMD lowering and its fast evaluator share one engine: a per-op rule (planOp, Mesh-TensorFlow's
+// lowering rules) gives each op's required operand layouts, its result layout, the collectives it
+// needs internally and its roofline cost; the engine walks the ops in order, reshards operands
+// (Reshard.h) where their current layout differs from the required one, and sums the costs. The
+// rule is a pure function of the op's shape, its operands' layouts and the layouts of the dims it
+// touches, so the evaluator memoizes it: identical layers cost one rule evaluation.
+#include "planner/SpmdLowering.h"
+
+#include "planner/CostModel.h"
+#include "planner/Reshard.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <unordered_map>
+
+namespace meshc::plan {
+
+namespace {
+
+using ir::OpKind;
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+struct DroppedAxes {
+  std::string dim;
+  AxisList axes;
+  std::string reason;
+};
+
+struct PostCollective {
+  Collective collective;
+  std::string note;
+};
+
+/// What the lowering rule says about one op under one layout.
+struct OpPlan {
+  bool divisible = true;
+  std::string badDim; // the first dim whose split does not divide it
+  AxisList badAxes;
+  std::vector<TensorLayout> required; // per operand
+  TensorLayout result;
+  std::vector<PostCollective> post; // collectives inside the op (softmax statistics, halos, ...)
+  std::vector<DroppedAxes> drops;   // forced replications, reported with the op's location
+  double flops = 0;                 // per device
+  double bytes = 0;                 // per device, read + written
+  double globalFlops = 0;
+  double computeSeconds = 0;
+  double postSeconds = 0;
+  double idealSeconds = 0; // globalFlops at the peak of the op's dtype (for utilization)
+  uint64_t usedAxes = 0;   // bit i: mesh axis i splits some dim the op touches
+  std::string note;
+  // Filled by the engine: interned ids of `required` and `result`, the result's local bytes.
+  std::vector<int> requiredIds;
+  int resultId = -1;
+  int64_t resultBytes = 0;
+};
+
+double peakFor(const Machine& machine, ir::DType dtype) {
+  if ((dtype == ir::DType::BF16 || dtype == ir::DType::F16) && machine.peakFlopsBf16 > 0)
+    return machine.peakFlopsBf16;
+  return machine.peakFlops;
+}
+
+std::string axesText(const AxisList& axes) {
+  return fmt::format("{}", fmt::join(axes, ", "));
+}
+
+bool isLinearUnary(const ir::Function& fn, const ir::Op& op) {
+  switch (op.kind) {
+  case OpKind::Neg:
+  case OpKind::StopGradient:
+  case OpKind::Dropout:
+  case OpKind::Transpose:
+  case OpKind::Rename:
+  case OpKind::Reshape:
+  case OpKind::Slice:
+  case OpKind::Pad:
+  case OpKind::Shift:
+    return true;
+  case OpKind::Cast:
+    return ir::isFloat(fn.typeOf(op.operands[0]).dtype) && ir::isFloat(fn.typeOf(op.result).dtype);
+  default:
+    return false;
+  }
+}
+
+/// The lowering rules of one op (Mesh-TensorFlow's, see docs/planner.md).
+class OpRules {
+public:
+  OpRules(const ir::Function& fn, const Mesh& mesh, const Layout& layout, const Machine& machine,
+          double oversubscription)
+      : fn_(fn), mesh_(mesh), layout_(layout), machine_(machine),
+        oversubscription_(oversubscription) {}
+
+  OpPlan plan(const ir::Op& op, const std::vector<const TensorLayout*>& operands) {
+    OpPlan out;
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    checkDivisible(resultType, out);
+    switch (op.kind) {
+    case OpKind::Input:
+    case OpKind::Param:
+    case OpKind::Literal:
+    case OpKind::Iota:
+    case OpKind::RandomNormal:
+    case OpKind::RandomUniform:
+      out.result = desired(resultType, &out, "");
+      break;
+    case OpKind::Einsum:
+      planEinsum(op, operands, out);
+      break;
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMean:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMin:
+    case OpKind::LogSumExp:
+      planReduction(op, operands, out);
+      break;
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax:
+    case OpKind::LayerNorm:
+    case OpKind::Cumsum:
+    case OpKind::Shift:
+      planAlongDims(op, operands, out);
+      break;
+    case OpKind::Rename:
+      planRename(op, operands, out);
+      break;
+    case OpKind::Reshape:
+      planReshape(op, operands, out);
+      break;
+    case OpKind::Slice:
+    case OpKind::Pad:
+    case OpKind::Concat:
+      planWindow(op, operands, out);
+      break;
+    case OpKind::OneHot:
+      planElementwise(op, operands, out);
+      break;
+    case OpKind::Gather:
+      planGather(op, operands, out);
+      break;
+    default:
+      planElementwise(op, operands, out);
+      break;
+    }
+    cost(op, out);
+    return out;
+  }
+
+private:
+  AxisList axesOf(const std::string& dim) const { return layout_.of(dim); }
+
+  void checkDivisible(const ir::TensorType& type, OpPlan& out) const {
+    for (const ir::Dim& dim : type.dims) {
+      const AxisList& axes = layout_.of(dim.name);
+      int64_t factor = splitFactor(mesh_, axes);
+      if (out.divisible && factor > 1 && dim.size % factor != 0) {
+        out.divisible = false;
+        out.badDim = dim.name;
+        out.badAxes = axes;
+      }
+    }
+  }
+
+  /// The value's layout under the program layout; an axis already used by an earlier dim of the
+  /// same value is dropped from the later dim and recorded.
+  TensorLayout desired(const ir::TensorType& type, OpPlan* out, const std::string& what) const {
+    TensorLayout result = tensorLayoutOf(type, layout_, mesh_);
+    for (size_t i = 0; i < type.dims.size(); ++i) {
+      const AxisList& wanted = layout_.of(type.dims[i].name);
+      if (wanted.size() == result.dimAxes[i].size() || !out) continue;
+      AxisList dropped;
+      for (const std::string& axis : wanted)
+        if (std::find(result.dimAxes[i].begin(), result.dimAxes[i].end(), axis) ==
+            result.dimAxes[i].end())
+          dropped.push_back(axis);
+      out->drops.push_back(
+          {type.dims[i].name, dropped,
+           fmt::format("mesh axis {} already splits another dim of {}", axesText(dropped),
+                       what.empty() ? std::string("this value") : what)});
+    }
+    return result;
+  }
+
+  /// `type`'s dims laid out as in `source` (matched by dim name), replicated where absent.
+  static TensorLayout alignTo(const ir::TensorType& type, const ir::TensorType& sourceType,
+                              const TensorLayout& source) {
+    TensorLayout out;
+    for (const ir::Dim& dim : type.dims) {
+      int index = sourceType.findDim(dim.name);
+      out.dimAxes.push_back(index >= 0 ? source.dimAxes[index] : AxisList{});
+    }
+    return out;
+  }
+
+  static std::set<std::string> usedAxes(const TensorLayout& layout) {
+    std::set<std::string> used;
+    for (const AxisList& axes : layout.dimAxes)
+      used.insert(axes.begin(), axes.end());
+    return used;
+  }
+
+  static bool disjoint(const std::set<std::string>& a, const std::set<std::string>& b) {
+    for (const std::string& axis : a)
+      if (b.count(axis)) return false;
+    return true;
+  }
+
+  static bool isPartialSum(const TensorLayout& layout) {
+    return !layout.partialAxes.empty() && !layout.partialIsMax;
+  }
+
+  /// Keeps `operand`'s partial sum lazy through a linear op when it does not clash with the
+  /// axes of the layouts involved: `required` and `result` become partial too.
+  static bool passPartial(const TensorLayout& operand, TensorLayout& required,
+                          TensorLayout& result) {
+    if (!isPartialSum(operand) || !disjoint(operand.partialAxes, usedAxes(required)) ||
+        !disjoint(operand.partialAxes, usedAxes(result)) ||
+        !disjoint(operand.partialAxes, result.partialAxes))
+      return false;
+    required.partialAxes = operand.partialAxes;
+    result.partialAxes.insert(operand.partialAxes.begin(), operand.partialAxes.end());
+    return true;
+  }
+
+  void planElementwise(const ir::Op& op, const std::vector<const TensorLayout*>& operands,
+                       OpPlan& out) {
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    out.result = desired(resultType, &out, "");
+    for (ir::ValueId operand : op.operands)
+      out.required.push_back(alignTo(fn_.typeOf(operand), resultType, out.result));
+    if (operands.empty()) return;
+    // Linear cases keep a partial sum lazy.
+    if (operands.size() == 1 && isLinearUnary(fn_, op)) {
+      passPartial(*operands[0], out.required[0], out.result);
+      return;
+    }
+    if (operands.size() != 2) return;
+    const TensorLayout& a = *operands[0];
+    const TensorLayout& b = *operands[1];
+    if ((op.kind == OpKind::Add || op.kind == OpKind::Sub) && isPartialSum(a) && isPartialSum(b) &&
+        a.partialAxes == b.partialAxes) {
+      TensorLayout result = out.result;
+      if (passPartial(a, out.required[0], result)) {
+        out.required[1].partialAxes = b.partialAxes;
+        out.result = result;
+      }
+      return;
+    }
+    if (op.kind == OpKind::Mul && isPartialSum(a) != isPartialSum(b)) {
+      size_t partial = isPartialSum(a) ? 0 : 1;
+      passPartial(*operands[partial], out.required[partial], out.result);
+      return;
+    }
+    if (op.kind == OpKind::Div && isPartialSum(a) && b.partialAxes.empty())
+      passPartial(a, out.required[0], out.result);
+  }
+
+  void planEinsum(const ir::Op& op, const std::vector<const TensorLayout*>& operands, OpPlan& out) {
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    // Each dim of the einsum gets one split, output dims first; an axis already taken is dropped.
+    std::vector<std::string> order;
+    for (const ir::Dim& dim : resultType.dims)
+      order.push_back(dim.name);
+    std::vector<std::string> contracted;
+    for (ir::ValueId operand : op.operands)
+      for (const ir::Dim& dim : fn_.typeOf(operand).dims)
+        if (!resultType.hasDim(dim.name) &&
+            std::find(contracted.begin(), contracted.end(), dim.name) == contracted.end())
+          contracted.push_back(dim.name);
+    order.insert(order.end(), contracted.begin(), contracted.end());
+    std::map<std::string, AxisList> assigned;
+    std::set<std::string> taken;
+    std::map<std::string, std::string> takenBy;
+    for (const std::string& dim : order) {
+      AxisList kept, dropped;
+      std::string clash;
+      for (const std::string& axis : axesOf(dim)) {
+        if (taken.insert(axis).second) {
+          kept.push_back(axis);
+          takenBy[axis] = dim;
+        } else {
+          dropped.push_back(axis);
+          clash = takenBy[axis];
+        }
+      }
+      if (!dropped.empty())
+        out.drops.push_back({dim, dropped,
+                             fmt::format("mesh axis {} already splits dim '{}' of this einsum",
+                                         axesText(dropped), clash)});
+      assigned[dim] = kept;
+    }
+    auto layoutOf = [&](const ir::TensorType& type) {
+      TensorLayout layout;
+      for (const ir::Dim& dim : type.dims)
+        layout.dimAxes.push_back(assigned[dim.name]);
+      return layout;
+    };
+    for (ir::ValueId operand : op.operands)
+      out.required.push_back(layoutOf(fn_.typeOf(operand)));
+    out.result = layoutOf(resultType);
+    for (const std::string& dim : contracted)
+      out.result.partialAxes.insert(assigned[dim].begin(), assigned[dim].end());
+    // One partial operand stays lazy (the einsum is linear in each operand).
+    int partialOperand = -1, partialCount = 0;
+    for (size_t i = 0; i < operands.size(); ++i)
+      if (!operands[i]->partialAxes.empty()) {
+        ++partialCount;
+        partialOperand = static_cast<int>(i);
+      }
+    if (partialCount == 1 && disjoint(operands[partialOperand]->partialAxes, taken))
+      passPartial(*operands[partialOperand], out.required[partialOperand], out.result);
+  }
+
+  void planReduction(const ir::Op& op, const std::vector<const TensorLayout*>& operands,
+                     OpPlan& out) {
+    const ir::TensorType& operandType = fn_.typeOf(op.operands[0]);
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    TensorLayout required = desired(operandType, &out, "the reduced operand");
+    out.result = alignTo(resultType, operandType, required);
+    std::set<std::string> reducedAxes;
+    for (size_t i = 0; i < operandType.dims.size(); ++i)
+      if (!resultType.hasDim(operandType.dims[i].name))
+        reducedAxes.insert(required.dimAxes[i].begin(), required.dimAxes[i].end());
+    out.required.push_back(required);
+    AxisList reduced;
+    for (const ir::MeshAxis& axis : mesh_.axes)
+      if (reducedAxes.count(axis.name)) reduced.push_back(axis.name);
+    if (op.kind == OpKind::ReduceSum || op.kind == OpKind::ReduceMean) {
+      passPartial(*operands[0], out.required[0], out.result);
+      out.result.partialAxes.insert(reducedAxes.begin(), reducedAxes.end());
+      return;
+    }
+    if (reduced.empty()) return;
+    int64_t bytes = localBytes(resultType, out.result, mesh_);
+    if (op.kind == OpKind::LogSumExp) {
+      addPost(out, CollectiveKind::AllReduceMax, reduced, "", bytes,
+              "logsumexp over split dims: all-reduce of the local maxima");
+      addPost(out, CollectiveKind::AllReduceSum, reduced, "", bytes,
+              "logsumexp over split dims: all-reduce of the local sums of exp");
+    } else {
+      bool isMax = op.kind == OpKind::ReduceMax;
+      addPost(out, isMax ? CollectiveKind::AllReduceMax : CollectiveKind::AllReduceMin, reduced, "",
+              bytes,
+              fmt::format("{} over split dims: all-reduce of the local {}", isMax ? "max" : "min",
+                          isMax ? "maxima" : "minima"));
+    }
+  }
+
+  /// softmax, log_softmax, layer_norm, cumsum and shift: the result has the operand's dims.
+  void planAlongDims(const ir::Op& op, const std::vector<const TensorLayout*>& operands,
+                     OpPlan& out) {
+    const ir::TensorType& type = fn_.typeOf(op.result);
+    out.result = desired(type, &out, "");
+    out.required.push_back(alignTo(fn_.typeOf(op.operands[0]), type, out.result));
+    std::vector<std::string> dims =
+        op.kind == OpKind::LayerNorm ? op.dims("dims") : std::vector<std::string>{op.string("dim")};
+    AxisList split;
+    int64_t along = 1; // local elements along the dims
+    for (const std::string& dim : dims) {
+      int index = type.findDim(dim);
+      if (index < 0) continue;
+      const AxisList& axes = out.result.dimAxes[index];
+      split.insert(split.end(), axes.begin(), axes.end());
+      along *= type.dims[index].size / splitFactor(mesh_, axes);
+    }
+    if (op.kind == OpKind::Shift || op.kind == OpKind::Cumsum) // linear
+      passPartial(*operands[0], out.required[0], out.result);
+    if (split.empty()) return;
+    int64_t bytes = localBytes(type, out.result, mesh_);
+    int64_t rowBytes = bytes / std::max<int64_t>(along, 1);
+    switch (op.kind) {
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax:
+      addPost(out, CollectiveKind::AllReduceMax, split, dims[0], rowBytes,
+              fmt::format("{} along split '{}': all-reduce of the row maxima", opSpelling(op.kind),
+                          dims[0]));
+      addPost(out, CollectiveKind::AllReduceSum, split, dims[0], rowBytes,
+              fmt::format("{} along split '{}': all-reduce of the row sums of exp",
+                          opSpelling(op.kind), dims[0]));
+      break;
+    case OpKind::LayerNorm:
+      addPost(out, CollectiveKind::AllReduceSum, split, dims[0], 2 * rowBytes,
+              "layer_norm over a split dim: one all-reduce of the row sums of x and x^2");
+      break;
+    case OpKind::Cumsum:
+      addPost(out, CollectiveKind::AllGather, split, dims[0], rowBytes * splitFactor(mesh_, split),
+              fmt::format("cumsum along split '{}': local prefix sums plus an exclusive scan of "
+                          "the shard totals (modelled as an all-gather of the totals)",
+                          dims[0]));
+      break;
+    case OpKind::Shift: {
+      int64_t offset = op.integer("offset");
+      int64_t magnitude = offset < 0 ? -offset : offset;
+      bool halo = magnitude < along;
+      addPost(out, CollectiveKind::Permute, split, dims[0], halo ? rowBytes * magnitude : bytes,
+              halo ? fmt::format("shift along split '{}': halo of {} rows from the neighbour",
+                                 dims[0], magnitude)
+                   : fmt::format("shift along split '{}' by at least a shard: whole-shard permute",
+                                 dims[0]));
+      out.post.back().collective.offset = offset;
+      break;
+    }
+    default:
+      break;
+    }
+  }
+
+  void planRename(const ir::Op& op, const std::vector<const TensorLayout*>& operands, OpPlan& out) {
+    const ir::TensorType& operandType = fn_.typeOf(op.operands[0]);
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    out.result = desired(resultType, &out, "");
+    std::vector<std::string> from = op.dims("from"), to = op.dims("to");
+    TensorLayout required;
+    for (const ir::Dim& dim : operandType.dims) {
+      std::string name = dim.name;
+      for (size_t k = 0; k < from.size() && k < to.size(); ++k)
+        if (from[k] == dim.name) name = to[k];
+      int index = resultType.findDim(name);
+      required.dimAxes.push_back(index >= 0 ? out.result.dimAxes[index] : AxisList{});
+    }
+    out.required.push_back(required);
+    passPartial(*operands[0], out.required[0], out.result);
+  }
+
+  void planReshape(const ir::Op& op, const std::vector<const TensorLayout*>& operands,
+                   OpPlan& out) {
+    const ir::TensorType& operandType = fn_.typeOf(op.operands[0]);
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    std::vector<std::string> from = op.dims("from"), to = op.dims("to");
+    TensorLayout wanted = desired(resultType, &out, "");
+    TensorLayout natural = tensorLayoutOf(operandType, layout_, mesh_);
+    auto isFrom = [&](const std::string& d) {
+      return std::find(from.begin(), from.end(), d) != from.end();
+    };
+    // The split of the major-most merged dim carries over to the major-most new dim when only
+    // that dim is split and the new dim's size allows it: rank r's block stays contiguous.
+    AxisList carried;
+    bool carry = !from.empty() && !to.empty();
+    for (size_t i = 0; carry && i < operandType.dims.size(); ++i) {
+      const ir::Dim& dim = operandType.dims[i];
+      if (!isFrom(dim.name)) continue;
+      if (dim.name == from[0])
+        carried = natural.dimAxes[i];
+      else if (!natural.dimAxes[i].empty())
+        carry = false;
+    }
+    int64_t factor = splitFactor(mesh_, carried);
+    int toIndex = to.empty() ? -1 : resultType.findDim(to[0]);
+    carry =
+        carry && !carried.empty() && toIndex >= 0 && resultType.dims[toIndex].size % factor == 0;
+    TensorLayout result = wanted;
+    if (carry) {
+      for (size_t i = 0; i < resultType.dims.size(); ++i)
+        if (std::find(to.begin(), to.end(), resultType.dims[i].name) != to.end())
+          result.dimAxes[i] = static_cast<int>(i) == toIndex ? carried : AxisList{};
+      carry = isLegalLayout(resultType, result, mesh_);
+    }
+    if (!carry) result = wanted;
+    out.result = result;
+    TensorLayout required;
+    for (size_t i = 0; i < operandType.dims.size(); ++i) {
+      const ir::Dim& dim = operandType.dims[i];
+      if (isFrom(dim.name)) {
+        required.dimAxes.push_back(carry && dim.name == from[0] ? carried : AxisList{});
+        if (!carry && !natural.dimAxes[i].empty())
+          out.drops.push_back({dim.name, natural.dimAxes[i],
+                               "reshape regroups a split dim whose split cannot carry over: it is "
+                               "gathered whole first"});
+      } else {
+        int index = resultType.findDim(dim.name);
+        required.dimAxes.push_back(index >= 0 ? result.dimAxes[index] : AxisList{});
+      }
+    }
+    out.required.push_back(required);
+    passPartial(*operands[0], out.required[0], out.result);
+  }
+
+  /// slice, pad, concat: the windowed dim is gathered whole; each rank computes its own slice of
+  /// the result.
+  void planWindow(const ir::Op& op, const std::vector<const TensorLayout*>& operands, OpPlan& out) {
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    out.result = desired(resultType, &out, "");
+    std::vector<std::string> from = op.dims("from");
+    for (size_t k = 0; k < op.operands.size(); ++k) {
+      const ir::TensorType& type = fn_.typeOf(op.operands[k]);
+      std::string windowed = k < from.size() ? from[k] : (from.empty() ? "" : from[0]);
+      TensorLayout required = alignTo(type, resultType, out.result);
+      int index = type.findDim(windowed);
+      if (index >= 0) {
+        const AxisList& natural = layout_.of(windowed);
+        if (!natural.empty() && splitFactor(mesh_, natural) > 1) {
+          out.drops.push_back(
+              {windowed, natural,
+               fmt::format("{} over a split dim gathers it whole first (windows aligned with "
+                           "shards are not analyzed)",
+                           opSpelling(op.kind))});
+          out.note = fmt::format("'{}' gathered whole; each rank computes its slice of '{}'",
+                                 windowed, op.string("to"));
+        }
+        required.dimAxes[index].clear();
+      }
+      out.required.push_back(required);
+    }
+    if (op.kind != OpKind::Concat) passPartial(*operands[0], out.required[0], out.result);
+  }
+
+  void planGather(const ir::Op& op, const std::vector<const TensorLayout*>& operands, OpPlan& out) {
+    const ir::TensorType& tableType = fn_.typeOf(op.operands[0]);
+    const ir::TensorType& idsType = fn_.typeOf(op.operands[1]);
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    std::string dim = op.string("dim");
+    out.result = desired(resultType, &out, "");
+    std::set<std::string> used = usedAxes(out.result);
+    TensorLayout table = alignTo(tableType, resultType, out.result);
+    int index = tableType.findDim(dim);
+    AxisList kept, dropped;
+    for (const std::string& axis : axesOf(dim))
+      (used.count(axis) ? dropped : kept).push_back(axis);
+    if (!dropped.empty())
+      out.drops.push_back({dim, dropped,
+                           fmt::format("mesh axis {} already splits a dim of the gather's result",
+                                       axesText(dropped))});
+    if (index >= 0) table.dimAxes[index] = kept;
+    out.required.push_back(table);
+    out.required.push_back(alignTo(idsType, resultType, out.result));
+    // Each rank looks up the ids that fall in its slice of the table (zero elsewhere): a partial
+    // sum over the table's split axes, resolved lazily.
+    out.result.partialAxes.insert(kept.begin(), kept.end());
+    if (!kept.empty())
+      out.note = fmt::format("masked local gather: partial sum over {}", axesText(kept));
+  }
+
+  void addPost(OpPlan& out, CollectiveKind kind, const AxisList& axes, const std::string& dim,
+               int64_t bytes, std::string note) {
+    PostCollective post;
+    post.collective.kind = kind;
+    post.collective.axes = axes;
+    post.collective.dim = dim;
+    post.collective.bytes = bytes;
+    post.collective.groupSize = splitFactor(mesh_, axes);
+    post.note = std::move(note);
+    out.post.push_back(std::move(post));
+  }
+
+  /// FLOPs per element of each op class (docs/planner.md).
+  static double flopsPerElement(OpKind kind) {
+    switch (kind) {
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax:
+    case OpKind::LogSumExp:
+      return 5;
+    case OpKind::LayerNorm:
+      return 8;
+    case OpKind::RandomNormal:
+    case OpKind::RandomUniform:
+    case OpKind::Dropout:
+      return 10; // counter-based RNG
+    case OpKind::Gelu:
+    case OpKind::Tanh:
+    case OpKind::Sigmoid:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sin:
+    case OpKind::Cos:
+    case OpKind::Pow:
+      return 4;
+    default:
+      return 1;
+    }
+  }
+
+  void cost(const ir::Op& op, OpPlan& out) {
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    for (const TensorLayout& required : out.required)
+      for (const AxisList& axes : required.dimAxes)
+        for (const std::string& axis : axes)
+          out.usedAxes |= uint64_t{1} << std::min(mesh_.axisIndex(axis), 63);
+    for (const AxisList& axes : out.result.dimAxes)
+      for (const std::string& axis : axes)
+        out.usedAxes |= uint64_t{1} << std::min(mesh_.axisIndex(axis), 63);
+    for (const PostCollective& post : out.post)
+      out.postSeconds += collectiveSeconds(machine_, mesh_, post.collective);
+    if (!out.divisible) return;
+
+    ir::DType dtype = resultType.dtype;
+    double localElements = 1, globalElements = 1;
+    switch (op.kind) {
+    case OpKind::Input:
+    case OpKind::Param:
+    case OpKind::Literal:
+    case OpKind::Rename:
+    case OpKind::StopGradient:
+      return; // no work: sources are materialized by the runtime; the others relabel
+    case OpKind::Einsum: {
+      dtype = fn_.typeOf(op.operands[0]).dtype;
+      std::map<std::string, std::pair<int64_t, int64_t>> sizes; // global, local
+      for (size_t k = 0; k < op.operands.size(); ++k) {
+        const ir::TensorType& type = fn_.typeOf(op.operands[k]);
+        for (size_t i = 0; i < type.dims.size(); ++i)
+          sizes[type.dims[i].name] = {type.dims[i].size,
+                                      type.dims[i].size /
+                                          splitFactor(mesh_, out.required[k].dimAxes[i])};
+      }
+      for (const auto& [name, size] : sizes) {
+        globalElements *= static_cast<double>(size.first);
+        localElements *= static_cast<double>(size.second);
+      }
+      double perPoint = op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0;
+      out.globalFlops = perPoint * globalElements;
+      out.flops = perPoint * localElements;
+      break;
+    }
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMean:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMin:
+    case OpKind::LogSumExp: {
+      const ir::TensorType& type = fn_.typeOf(op.operands[0]);
+      dtype = type.dtype;
+      out.globalFlops = flopsPerElement(op.kind) * static_cast<double>(type.numElements());
+      out.flops =
+          flopsPerElement(op.kind) *
+          static_cast<double>(localBytes(type, out.required[0], mesh_) / dtypeBytes(type.dtype));
+      break;
+    }
+    case OpKind::Transpose:
+    case OpKind::Reshape:
+    case OpKind::Slice:
+    case OpKind::Pad:
+    case OpKind::Concat:
+    case OpKind::Shift:
+      break; // data movement only
+    case OpKind::Dropout:
+      if (fn_.kind == ir::Function::Kind::Program) return; // the identity outside training
+      [[fallthrough]];
+    default:
+      out.globalFlops = flopsPerElement(op.kind) * static_cast<double>(resultType.numElements());
+      out.flops =
+          flopsPerElement(op.kind) * static_cast<double>(localBytes(resultType, out.result, mesh_) /
+                                                         dtypeBytes(resultType.dtype));
+      break;
+    }
+    for (size_t k = 0; k < op.operands.size(); ++k)
+      out.bytes +=
+          static_cast<double>(localBytes(fn_.typeOf(op.operands[k]), out.required[k], mesh_));
+    out.bytes += static_cast<double>(localBytes(resultType, out.result, mesh_));
+    out.computeSeconds = computeSeconds(machine_, out.flops, out.bytes, dtype) * oversubscription_;
+    double peak = peakFor(machine_, dtype);
+    out.idealSeconds = peak > 0 ? out.globalFlops / peak : 0;
+  }
+
+  const ir::Function& fn_;
+  const Mesh& mesh_;
+  const Layout& layout_;
+  const Machine& machine_;
+  double oversubscription_;
+};
+
+struct VectorHash {
+  size_t operator()(const std::vector<int>& key) const {
+    size_t hash = 1469598103934665603ull;
+    for (int v : key)
+      hash = (hash ^ static_cast<size_t>(v)) * 1099511628211ull;
+    return hash;
+  }
+};
+
+/// A layout problem found while lowering: an unknown axis, an axis listed twice for one dim,
+/// or a split that does not divide a dim.
+struct LayoutProblem {
+  enum class Kind { UnknownAxis, AxisTwice, NotDivisible } kind;
+  std::string dim;
+  AxisList axes; // the dim's axes (NotDivisible) or the offending axis
+  uint32_t opIndex = 0;
+  bool hasOp = false;
+};
+
+struct EvalResult {
+  bool ok = true;
+  std::vector<LayoutProblem> problems;
+  PlanSummary summary;
+  MemoryEstimate memory;
+};
+
+} // namespace
+
+/// The engine behind lowerToSpmd and PlanEvaluator.
+struct PlanEvaluator::Impl {
+  Impl(const ir::Module& module, const ir::Function& fn, const Mesh& mesh, const Machine& machine)
+      : module_(module), fn_(fn), mesh_(mesh), machine_(machine) {
+    oversubscription_ =
+        std::max(1.0, static_cast<double>(mesh.numDevices()) /
+                          static_cast<double>(std::max<int64_t>(machine.numDevices, 1)));
+    for (const ir::Value& value : fn.values) {
+      typeIds_.push_back(internType(value.type));
+      for (const ir::Dim& dim : value.type.dims)
+        if (dimIndex_.try_emplace(dim.name, static_cast<int>(dimNames_.size())).second) {
+          dimNames_.push_back(dim.name);
+          dimSizes_.push_back(dim.size);
+          if (dim.size > 1) relevantDims_.push_back(dim.name);
+        }
+    }
+    lastUse_.assign(fn.values.size(), -1);
+    freesAt_.resize(fn.ops.size() + 1);
+    for (size_t i = 0; i < fn.ops.size(); ++i) {
+      const ir::Op& op = fn.ops[i];
+      for (ir::ValueId operand : op.operands)
+        lastUse_[operand] = static_cast<int>(i);
+      staticIds_.push_back(internStatic(op));
+      std::vector<int> involved;
+      auto addDims = [&](ir::ValueId value) {
+        for (const ir::Dim& dim : fn.typeOf(value).dims) {
+          int index = dimIndex_.at(dim.name);
+          if (std::find(involved.begin(), involved.end(), index) == involved.end())
+            involved.push_back(index);
+        }
+      };
+      for (ir::ValueId operand : op.operands)
+        addDims(operand);
+      addDims(op.result);
+      involved_.push_back(std::move(involved));
+    }
+    for (const ir::OutputInfo& output : fn.outputs)
+      lastUse_[output.value] = static_cast<int>(fn.ops.size());
+    for (size_t v = 0; v < fn.values.size(); ++v)
+      if (lastUse_[v] >= 0) freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
+    trainable_.assign(fn.values.size(), false);
+    for (const ir::ParamInfo& param : fn.params)
+      if (param.trainable) trainable_[param.value] = true;
+    for (int64_t size : dimSizes_)
+      maxSplit_.push_back(maxDivisorSplit(size));
+    prepareBound();
+  }
+
+  EvalResult run(const Layout& layout, SpmdFunction* out);
+  double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims);
+
+  const ir::Module& module_;
+  const ir::Function& fn_;
+  Mesh mesh_;
+  Machine machine_; // copies: the evaluator may outlive its arguments
+  double oversubscription_ = 1;
+  std::vector<std::string> relevantDims_;
+
+  // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
+  std::optional<Layout> lastLayout_;
+  EvalResult lastResult_;
+
+private:
+  void prepareBound();
+  /// The rule's plan of op i given its operands' states and the dims' axes (memoized).
+  const OpPlan& planOf(uint32_t i, const std::vector<int>& dimAxesIds,
+                       const std::vector<int>& stateOf, OpRules& rules);
+
+  int internType(const ir::TensorType& type) {
+    std::string key = ir::dtypeName(type.dtype);
+    for (const ir::Dim& dim : type.dims)
+      key += fmt::format(",{}={}", dim.name, dim.size);
+    auto [it, inserted] = typeIdOf_.try_emplace(key, static_cast<int>(typeIdOf_.size()));
+    return it->second;
+  }
+
+  int internStatic(const ir::Op& op) {
+    std::string key = opSpelling(op.kind);
+    for (const auto& [name, value] : op.attrs) {
+      if (name == "path" || name == "stream" || name == "name" || name == "index" ||
+          name == "value" || name == "rate" || name == "eps" || name == "mean" ||
+          name == "stddev" || name == "min" || name == "max")
+        continue; // cannot change the cost
+      key += "|" + name + "=";
+      if (const auto* list = std::get_if<std::vector<std::string>>(&value))
+        key += fmt::format("{}", fmt::join(*list, ","));
+      else if (const auto* text = std::get_if<std::string>(&value))
+        key += *text;
+      else if (const auto* integer = std::get_if<int64_t>(&value))
+        key += std::to_string(*integer);
+      else if (const auto* number = std::get_if<double>(&value))
+        key += fmt::format("{}", *number);
+    }
+    for (ir::ValueId operand : op.operands)
+      key += fmt::format("|t{}", typeIds_[operand]);
+    key += fmt::format("|r{}", typeIds_[op.result]);
+    auto [it, inserted] = staticIdOf_.try_emplace(key, static_cast<int>(staticIdOf_.size()));
+    return it->second;
+  }
+
+  int internState(const TensorLayout& layout) {
+    auto [it, inserted] = stateIdOf_.try_emplace(layout, static_cast<int>(states_.size()));
+    if (inserted) states_.push_back(layout);
+    return it->second;
+  }
+
+  int internAxes(const AxisList& axes) {
+    auto [it, inserted] = axesIdOf_.try_emplace(axes, static_cast<int>(axesIdOf_.size()));
+    return it->second;
+  }
+
+  /// The largest product of distinct mesh axes that divides `size` (for the lower bound).
+  int64_t maxDivisorSplit(int64_t size) const {
+    int64_t best = 1;
+    size_t n = std::min<size_t>(mesh_.axes.size(), 20);
+    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+      int64_t product = 1;
+      for (size_t i = 0; i < n; ++i)
+        if (mask & (1u << i)) product *= mesh_.axes[i].size;
+      if (product > 0 && size % product == 0) best = std::max(best, product);
+    }
+    return best;
+  }
+
+  const std::optional<ReshardPath>& reshard(ir::ValueId value, int from, int to) {
+    auto key = std::make_tuple(typeIds_[value], from, to);
+    auto it = reshardMemo_.find(key);
+    if (it == reshardMemo_.end())
+      it = reshardMemo_
+               .emplace(key,
+                        planReshard(fn_.typeOf(value), states_[from], states_[to], mesh_, machine_))
+               .first;
+    return it->second;
+  }
+
+  std::vector<int> typeIds_;
+  std::map<std::string, int> typeIdOf_;
+  std::map<std::string, int> staticIdOf_;
+  std::vector<int> staticIds_;
+  std::map<std::string, int> dimIndex_;
+  std::vector<std::string> dimNames_;
+  std::vector<int64_t> dimSizes_;
+  std::vector<int64_t> maxSplit_;
+  std::vector<std::vector<int>> involved_;
+  std::vector<int> lastUse_;
+  std::vector<std::vector<ir::ValueId>> freesAt_;
+  std::vector<bool> trainable_; // per value: a trainable param
+  // Precomputed terms of the lower bound: per op, its tensors (global bytes, dims) and FLOPs.
+  struct BoundTerm {
+    uint32_t op = 0;
+    bool anySplit = false;
+    ir::DType dtype = ir::DType::F32;
+    double einsumFlops = 0;
+    std::vector<std::pair<double, std::vector<int>>> tensors;
+  };
+  std::vector<BoundTerm> boundTerms_;
+  std::vector<int> boundTermOf_; // per op: its term, -1 when free
+  std::vector<std::pair<double, std::vector<int>>> optimizerTerms_;
+
+  std::vector<TensorLayout> states_;
+  std::map<TensorLayout, int> stateIdOf_;
+  std::map<AxisList, int> axesIdOf_;
+  std::unordered_map<std::vector<int>, OpPlan, VectorHash> opMemo_;
+  std::vector<int> key_; // scratch for planOf
+  std::map<std::tuple<int, int, int>, std::optional<ReshardPath>> reshardMemo_;
+};
+
+namespace {
+
+std::string valueName(const ir::Function& fn, ir::ValueId id) {
+  const std::string& name = fn.values[id].name;
+  return name.empty() ? fmt::format("%{}", id) : name;
+}
+
+/// Bytes of optimizer state per byte of trainable parameter, and the update's memory traffic
+/// (reads + writes, in parameter sizes).
+struct OptimizerModel {
+  double stateFactor = 0;
+  double trafficFactor = 3;
+  bool factored = false;
+};
+
+OptimizerModel optimizerModel(const ir::Function& fn) {
+  OptimizerModel model;
+  if (!fn.train) return model;
+  auto option = [&](const std::string& name, double fallback) {
+    for (const auto& [key, value] : fn.train->options)
+      if (key == name) {
+        if (const double* d = std::get_if<double>(&value)) return *d;
+        if (const int64_t* i = std::get_if<int64_t>(&value)) return static_cast<double>(*i);
+      }
+    return fallback;
+  };
+  const std::string& optimizer = fn.train->optimizer;
+  if (optimizer == "adamw") {
+    model.stateFactor = 2;   // m and v
+    model.trafficFactor = 7; // read p, g, m, v; write p, m, v
+  } else if (optimizer == "adafactor") {
+    model.factored = true;
+    bool momentum = option("beta1", 0) > 0;
+    model.stateFactor = momentum ? 1 : 0; // plus the factored rows and columns
+    model.trafficFactor = momentum ? 6 : 4;
+  } else { // sgd
+    bool momentum = option("momentum", 0) > 0;
+    model.stateFactor = momentum ? 1 : 0;
+    model.trafficFactor = momentum ? 5 : 3;
+  }
+  return model;
+}
+
+} // namespace
+
+const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& dimAxesIds,
+                                          const std::vector<int>& stateOf, OpRules& rules) {
+  const ir::Op& op = fn_.ops[i];
+  key_.clear();
+  key_.push_back(staticIds_[i]);
+  for (ir::ValueId operand : op.operands)
+    key_.push_back(stateOf[operand]);
+  for (int dim : involved_[i])
+    key_.push_back(dimAxesIds[dim]);
+  auto memo = opMemo_.find(key_);
+  if (memo != opMemo_.end()) return memo->second;
+  std::vector<const TensorLayout*> operandStates;
+  for (ir::ValueId operand : op.operands)
+    operandStates.push_back(&states_[stateOf[operand]]);
+  OpPlan plan = rules.plan(op, operandStates);
+  for (const TensorLayout& required : plan.required)
+    plan.requiredIds.push_back(internState(required));
+  plan.resultId = internState(plan.result);
+  plan.resultBytes = localBytes(fn_.typeOf(op.result), plan.result, mesh_);
+  return opMemo_.emplace(key_, std::move(plan)).first->second;
+}
+
+EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
+  EvalResult result;
+  // The layout itself: known axes, each at most once per dim.
+  for (const std::string& dim : dimNames_) {
+    const AxisList& axes = layout.of(dim);
+    std::set<std::string> seen;
+    for (const std::string& axis : axes) {
+      if (mesh_.axisIndex(axis) < 0)
+        result.problems.push_back({LayoutProblem::Kind::UnknownAxis, dim, {axis}});
+      else if (!seen.insert(axis).second)
+        result.problems.push_back({LayoutProblem::Kind::AxisTwice, dim, {axis}});
+    }
+  }
+  if (!result.problems.empty()) {
+    result.ok = false;
+    return result;
+  }
+
+  std::vector<int> dimAxesIds;
+  for (const std::string& dim : dimNames_)
+    dimAxesIds.push_back(internAxes(layout.of(dim)));
+  OpRules rules(fn_, mesh_, layout, machine_, oversubscription_);
+
+  size_t numValues = fn_.values.size();
+  std::vector<int> stateOf(numValues, -1);
+  std::vector<int64_t> bytesOf(numValues, 0);
+  std::vector<SpmdValueId> spmdOf(numValues, 0);
+  // Reshards already done: a value resharded once to a layout serves every later consumer.
+  std::vector<std::vector<std::pair<int, SpmdValueId>>> resharded(numValues);
+  std::vector<uint64_t> gradientAxes(numValues, 0);
+  std::set<std::string> notDivisibleReported;
+  std::map<ir::ValueId, SpmdValueId> spmdSources; // inputs and params
+
+  double forwardCompute = 0, forwardCommunication = 0, globalFlops = 0, idealSeconds = 0;
+  double live = 0, peakLive = 0, activationSum = 0;
+
+  auto newValue = [&](const ir::TensorType& type, const TensorLayout& state,
+                      const std::string& name) {
+    SpmdValue value;
+    value.globalType = type;
+    value.localType = localType(type, state, mesh_);
+    value.layout = state;
+    value.name = name;
+    out->values.push_back(std::move(value));
+    return static_cast<SpmdValueId>(out->values.size() - 1);
+  };
+
+  // Brings `value` into layout `want` (an interned state); returns the temporary bytes made,
+  // or -1 when no path exists (an illegal layout).
+  auto bringTo = [&](ir::ValueId value, int want, const std::string& why, const ir::Location& loc,
+                     uint32_t opIndex, SpmdValueId* spmdId) -> double {
+    if (stateOf[value] == want) {
+      if (spmdId && out) *spmdId = spmdOf[value];
+      return 0;
+    }
+    for (const auto& [state, id] : resharded[value])
+      if (state == want) {
+        if (spmdId && out) *spmdId = id;
+        return 0;
+      }
+    const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
+    if (!path) return -1;
+    forwardCommunication += path->seconds;
+    double temporary = 0;
+    SpmdValueId current = out ? spmdOf[value] : 0;
+    for (const ReshardStep& step : path->steps) {
+      temporary += static_cast<double>(localBytes(fn_.typeOf(value), step.after, mesh_));
+      if (!out) continue;
+      SpmdOp op;
+      op.kind = SpmdOp::Kind::Collective;
+      op.collective = step.collective;
+      op.operands = {current};
+      op.result = newValue(fn_.typeOf(value), step.after, fn_.values[value].name);
+      op.loc = loc;
+      op.sourceOp = opIndex;
+      op.memoryBytes = 0;
+      op.seconds = step.seconds;
+      op.note = why;
+      current = op.result;
+      out->ops.push_back(std::move(op));
+    }
+    resharded[value].emplace_back(want, current);
+    if (spmdId && out) *spmdId = current;
+    return temporary;
+  };
+
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+    const ir::Op& op = fn_.ops[i];
+    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
+    if (!plan.divisible) {
+      result.ok = false;
+      if (!out) return result;
+      if (notDivisibleReported.insert(plan.badDim).second)
+        result.problems.push_back(
+            {LayoutProblem::Kind::NotDivisible, plan.badDim, plan.badAxes, i, true});
+      stateOf[op.result] = internState(
+          TensorLayout{std::vector<AxisList>(fn_.typeOf(op.result).dims.size()), {}, false});
+      continue;
+    }
+
+    double temporary = 0;
+    std::vector<SpmdValueId> operandIds(out ? op.operands.size() : 0, 0);
+    for (size_t k = 0; k < op.operands.size(); ++k) {
+      ir::ValueId operand = op.operands[k];
+      const TensorLayout& from = states_[stateOf[operand]];
+      std::string reason; // only the SPMD function shows it
+      if (out) {
+        std::string why =
+            fmt::format("for {} at {}:{}", opSpelling(op.kind), op.loc.line, op.loc.col);
+        reason =
+            !from.partialAxes.empty() && states_[plan.requiredIds[k]].partialAxes.empty()
+                ? fmt::format("resolve the partial {} of {} over {} {}",
+                              from.partialIsMax ? "max" : "sum", valueName(fn_, operand),
+                              axesText(AxisList(from.partialAxes.begin(), from.partialAxes.end())),
+                              why)
+                : fmt::format("reshard {} {}", valueName(fn_, operand), why);
+      }
+      double made =
+          bringTo(operand, plan.requiredIds[k], reason, op.loc, i, out ? &operandIds[k] : nullptr);
+      if (made < 0) {
+        result.ok = false;
+        if (!out) return result;
+        made = 0;
+      }
+      temporary += made;
+      if (trainable_[operand]) gradientAxes[operand] |= plan.usedAxes;
+    }
+    forwardCompute += plan.computeSeconds;
+    forwardCommunication += plan.postSeconds;
+    globalFlops += plan.globalFlops;
+    idealSeconds += plan.idealSeconds;
+    stateOf[op.result] = plan.resultId;
+    bytesOf[op.result] = plan.resultBytes;
+    if (op.kind != OpKind::Param) {
+      live += static_cast<double>(plan.resultBytes);
+      activationSum += static_cast<double>(plan.resultBytes);
+    }
+    peakLive = std::max(peakLive, live + temporary);
+    for (ir::ValueId dead : freesAt_[i])
+      if (fn_.ops[fn_.values[dead].definingOp].kind != OpKind::Param)
+        live -= static_cast<double>(bytesOf[dead]);
+
+    if (!out) continue;
+    SpmdOp spmdOp;
+    spmdOp.kind = SpmdOp::Kind::Compute;
+    spmdOp.computeKind = op.kind;
+    spmdOp.operands = operandIds;
+    spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
+    spmdOp.attrs = op.attrs;
+    spmdOp.loc = op.loc;
+    spmdOp.sourceOp = i;
+    spmdOp.flops = plan.flops;
+    spmdOp.memoryBytes = plan.bytes;
+    spmdOp.seconds = plan.computeSeconds;
+    spmdOp.note = plan.note;
+    spmdOf[op.result] = spmdOp.result;
+    out->ops.push_back(spmdOp);
+    // Collectives inside the op work in place on its result (or on its row statistics).
+    for (const PostCollective& post : plan.post) {
+      SpmdOp collective;
+      collective.kind = SpmdOp::Kind::Collective;
+      collective.collective = post.collective;
+      collective.operands = {spmdOp.result};
+      collective.result = spmdOp.result;
+      collective.loc = op.loc;
+      collective.sourceOp = i;
+      collective.seconds = collectiveSeconds(machine_, mesh_, post.collective);
+      collective.note = post.note;
+      out->ops.push_back(std::move(collective));
+    }
+    for (const DroppedAxes& drop : plan.drops)
+      out->replications.push_back({op.loc, drop.dim, drop.axes, drop.reason});
+    if (op.kind == OpKind::Input || op.kind == OpKind::Param)
+      spmdSources[op.result] = spmdOp.result;
+  }
+  if (!result.ok) return result;
+  if (out) {
+    for (const ir::InputInfo& input : fn_.inputs)
+      out->inputs.push_back(spmdSources[input.value]);
+    for (const ir::ParamInfo& param : fn_.params)
+      out->params.push_back(spmdSources[param.value]);
+  }
+
+  // Outputs leave resolved, in their own layout.
+  double outputTemporary = 0;
+  for (const ir::OutputInfo& output : fn_.outputs) {
+    const ir::TensorType& type = fn_.typeOf(output.value);
+    int want = internState(tensorLayoutOf(type, layout, mesh_));
+    SpmdValueId id = 0;
+    double made = bringTo(output.value, want, fmt::format("resolve output '{}'", output.name),
+                          output.loc, fn_.values[output.value].definingOp, &id);
+    if (made < 0) {
+      result.ok = false;
+      return result;
+    }
+    outputTemporary += made;
+    if (out) out->outputs.emplace_back(output.name, id);
+  }
+  peakLive = std::max(peakLive, live + outputTemporary);
+
+  // Parameters, and for train blocks the backward pass, gradients and optimizer.
+  MemoryEstimate& memory = result.memory;
+  OptimizerModel optimizer = optimizerModel(fn_);
+  bool train = fn_.kind == ir::Function::Kind::Train;
+  double optimizerSeconds = 0, gradientSeconds = 0;
+  std::map<uint64_t, std::pair<double, std::vector<const ir::ParamInfo*>>> gradientBuckets;
+  for (const ir::ParamInfo& param : fn_.params) {
+    int state = stateOf[param.value];
+    if (state < 0) continue;
+    const TensorLayout& layoutOfParam = states_[state];
+    double bytes = static_cast<double>(localBytes(param.type, layoutOfParam, mesh_));
+    memory.paramBytes += bytes;
+    if (!train || !param.trainable) continue;
+    memory.gradientBytes += bytes;
+    memory.optimizerBytes += optimizer.stateFactor * bytes;
+    if (optimizer.factored) {
+      ir::TensorType local = localType(param.type, layoutOfParam, mesh_);
+      double elements = static_cast<double>(local.numElements());
+      size_t rank = local.dims.size();
+      if (rank >= 2)
+        memory.optimizerBytes += 4 * (elements / static_cast<double>(local.dims[rank - 1].size) +
+                                      elements / static_cast<double>(local.dims[rank - 2].size));
+      else
+        memory.optimizerBytes += bytes;
+    }
+    optimizerSeconds +=
+        optimizer.trafficFactor * bytes / machine_.memoryBandwidth * oversubscription_;
+    // The gradient is a partial sum over every axis that splits the consuming ops but not the
+    // param. Gradients with the same axes are all-reduced together (one fused buffer, as
+    // data-parallel runtimes bucket them).
+    uint64_t paramAxes = 0;
+    for (const AxisList& axes : layoutOfParam.dimAxes)
+      for (const std::string& axis : axes)
+        paramAxes |= uint64_t{1} << std::min(mesh_.axisIndex(axis), 63);
+    uint64_t reduceAxes = gradientAxes[param.value] & ~paramAxes;
+    if (reduceAxes == 0) continue;
+    auto& bucket = gradientBuckets[reduceAxes];
+    bucket.first += bytes;
+    bucket.second.push_back(&param);
+  }
+  for (const auto& [mask, bucket] : gradientBuckets) {
+    Collective allReduce;
+    allReduce.kind = CollectiveKind::AllReduceSum;
+    for (size_t a = 0; a < mesh_.axes.size(); ++a)
+      if (mask & (uint64_t{1} << a)) allReduce.axes.push_back(mesh_.axes[a].name);
+    allReduce.bytes = static_cast<int64_t>(bucket.first);
+    allReduce.groupSize = splitFactor(mesh_, allReduce.axes);
+    double seconds = collectiveSeconds(machine_, mesh_, allReduce);
+    gradientSeconds += seconds;
+    if (!out) continue;
+    const ir::ParamInfo& first = *bucket.second.front();
+    std::vector<std::string> paths;
+    for (size_t k = 0; k < bucket.second.size() && k < 3; ++k)
+      paths.push_back(bucket.second[k]->path);
+    if (bucket.second.size() > 3) paths.push_back("...");
+    SpmdOp op;
+    op.kind = SpmdOp::Kind::Collective;
+    op.collective = allReduce;
+    op.operands = {spmdOf[first.value]};
+    op.result = spmdOf[first.value];
+    op.loc = first.loc;
+    op.sourceOp = fn_.values[first.value].definingOp;
+    op.seconds = seconds;
+    op.note = fmt::format("gradients of {} params ({}): partial sums over {}, one fused all-reduce",
+                          bucket.second.size(), fmt::join(paths, ", "), axesText(allReduce.axes));
+    out->gradientOps.push_back(std::move(op));
+  }
+  memory.peakActivationBytes = train ? activationSum : peakLive;
+
+  PlanSummary& summary = result.summary;
+  summary.includesBackward = train;
+  double passes = train ? 3 : 1; // backward ~ 2x forward
+  summary.computeSeconds = passes * forwardCompute + optimizerSeconds;
+  summary.communicationSeconds =
+      (train ? 2 : 1) * forwardCommunication + gradientSeconds; // forward collectives mirrored
+  summary.stepSeconds = summary.computeSeconds + summary.communicationSeconds;
+  summary.totalFlops = passes * globalFlops;
+  double devices = static_cast<double>(
+      std::min<int64_t>(mesh_.numDevices(), std::max<int64_t>(machine_.numDevices, 1)));
+  summary.utilization =
+      summary.stepSeconds > 0 ? passes * idealSeconds / (devices * summary.stepSeconds) : 0;
+  if (out) {
+    out->memory = memory;
+    out->summary = summary;
+  }
+  return result;
+}
+
+double PlanEvaluator::Impl::lowerBound(const Layout& partial,
+                                       const std::vector<std::string>& assignedDims) {
+  // An op whose dims are all assigned and whose operands' layouts are known costs exactly what
+  // the engine says (its plan depends on nothing else); so do the reshards between known
+  // layouts (each distinct one counted once, as the engine does). Any other op costs at least
+  // the roofline of its global work divided by the largest split it could get (assigned dims:
+  // their split; the others: the largest divisor of their size among products of mesh axes;
+  // never more than the number of devices), and its collectives at least 0.
+  std::vector<bool> assigned(dimNames_.size(), false);
+  std::vector<int> dimAxesIds(dimNames_.size(), -1);
+  std::vector<double> split(dimNames_.size());
+  for (size_t d = 0; d < dimNames_.size(); ++d)
+    split[d] = static_cast<double>(maxSplit_[d]);
+  for (const std::string& dim : assignedDims) {
+    auto it = dimIndex_.find(dim);
+    if (it == dimIndex_.end()) continue;
+    const AxisList& axes = partial.of(dim);
+    std::set<std::string> seen;
+    for (const std::string& axis : axes)
+      if (mesh_.axisIndex(axis) < 0 || !seen.insert(axis).second) return kInfinity;
+    assigned[it->second] = true;
+    dimAxesIds[it->second] = internAxes(axes);
+    split[it->second] = static_cast<double>(std::max<int64_t>(splitFactor(mesh_, axes), 1));
+  }
+  double devices = static_cast<double>(mesh_.numDevices());
+  auto splitOf = [&](const std::vector<int>& dims) {
+    double product = 1;
+    for (int d : dims)
+      product *= split[d];
+    return std::min(product, devices);
+  };
+  OpRules rules(fn_, mesh_, partial, machine_, oversubscription_);
+  std::vector<int> stateOf(fn_.values.size(), -1);
+  std::set<std::pair<ir::ValueId, int>> resharded;
+  double compute = 0, communication = 0;
+  auto reshardCost = [&](ir::ValueId value, int want) {
+    if (stateOf[value] == want || !resharded.emplace(value, want).second) return 0.0;
+    const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
+    return path ? path->seconds : kInfinity;
+  };
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+    const ir::Op& op = fn_.ops[i];
+    bool known =
+        std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
+        std::all_of(op.operands.begin(), op.operands.end(),
+                    [&](ir::ValueId v) { return stateOf[v] >= 0; });
+    if (!known) {
+      if (boundTermOf_[i] >= 0) {
+        const BoundTerm& term = boundTerms_[boundTermOf_[i]];
+        double bytes = 0;
+        for (const auto& [globalBytes, dims] : term.tensors)
+          bytes += globalBytes / (term.anySplit ? devices : splitOf(dims));
+        double flops = term.einsumFlops / splitOf(involved_[i]);
+        compute += computeSeconds(machine_, flops, bytes, term.dtype) * oversubscription_;
+      }
+      continue;
+    }
+    const OpPlan& plan = planOf(i, dimAxesIds, stateOf, rules);
+    if (!plan.divisible) return kInfinity; // every completion has this split
+    for (size_t k = 0; k < op.operands.size(); ++k)
+      communication += reshardCost(op.operands[k], plan.requiredIds[k]);
+    compute += plan.computeSeconds;
+    communication += plan.postSeconds;
+    stateOf[op.result] = plan.resultId;
+  }
+  for (const ir::OutputInfo& output : fn_.outputs) {
+    const ir::TensorType& type = fn_.typeOf(output.value);
+    if (stateOf[output.value] < 0 ||
+        !std::all_of(type.dims.begin(), type.dims.end(),
+                     [&](const ir::Dim& dim) { return assigned[dimIndex_.at(dim.name)]; }))
+      continue;
+    communication += reshardCost(output.value, internState(tensorLayoutOf(type, partial, mesh_)));
+  }
+  bool train = fn_.kind == ir::Function::Kind::Train;
+  double bound = (train ? 3 : 1) * compute + (train ? 2 : 1) * communication;
+  for (const auto& [globalBytes, dims] : optimizerTerms_)
+    bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
+  return bound;
+}
+
+void PlanEvaluator::Impl::prepareBound() {
+  auto dimsOf = [&](const ir::TensorType& type) {
+    std::vector<int> dims;
+    for (const ir::Dim& dim : type.dims)
+      dims.push_back(dimIndex_.at(dim.name));
+    return dims;
+  };
+  auto bytesOf = [](const ir::TensorType& type) {
+    return static_cast<double>(type.numElements() * dtypeBytes(type.dtype));
+  };
+  boundTermOf_.assign(fn_.ops.size(), -1);
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+    const ir::Op& op = fn_.ops[i];
+    if (op.kind == OpKind::Input || op.kind == OpKind::Param || op.kind == OpKind::Literal ||
+        op.kind == OpKind::Rename || op.kind == OpKind::StopGradient ||
+        (op.kind == OpKind::Dropout && fn_.kind == ir::Function::Kind::Program))
+      continue; // free in the engine too
+    BoundTerm term;
+    term.op = i;
+    // A reshape may carry a split from one dim to another: bound its tensors by the devices.
+    term.anySplit = op.kind == OpKind::Reshape;
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    term.dtype = resultType.dtype;
+    term.tensors.emplace_back(bytesOf(resultType), dimsOf(resultType));
+    for (ir::ValueId operand : op.operands)
+      term.tensors.emplace_back(bytesOf(fn_.typeOf(operand)), dimsOf(fn_.typeOf(operand)));
+    if (op.kind == OpKind::Einsum) {
+      term.dtype = fn_.typeOf(op.operands[0]).dtype;
+      double points = 1;
+      for (int d : involved_[i])
+        points *= static_cast<double>(dimSizes_[d]);
+      term.einsumFlops = (op.operands.size() > 1 ? 2.0 * (op.operands.size() - 1) : 1.0) * points;
+    }
+    // Other ops: bytes alone bound their roofline (their FLOPs per byte are small).
+    boundTermOf_[i] = static_cast<int>(boundTerms_.size());
+    boundTerms_.push_back(std::move(term));
+  }
+  if (fn_.kind == ir::Function::Kind::Train) {
+    OptimizerModel optimizer = optimizerModel(fn_);
+    for (const ir::ParamInfo& param : fn_.params)
+      if (param.trainable)
+        optimizerTerms_.emplace_back(optimizer.trafficFactor * bytesOf(param.type),
+                                     dimsOf(param.type));
+  }
+}
+
+std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Function& fn,
+                                        const Mesh& mesh, const Layout& layout,
+                                        const Machine& machine, DiagEngine& diag) {
+  PlanEvaluator::Impl engine(module, fn, mesh, machine);
+  SpmdFunction out;
+  out.name = fn.name;
+  out.kind = fn.kind;
+  out.mesh = mesh;
+  out.layout = layout;
+  out.machineName = machine.name;
+  EvalResult result = engine.run(layout, &out);
+  if (result.ok) return out;
+  // Report at the layout entry that maps the dim (if the program pinned it), else at the op.
+  auto entryFor = [&](const std::string& dim) -> const ir::DimLayout* {
+    for (const ir::DimLayout& entry : module.layout)
+      if (entry.dim == dim && entry.loc.loc.isValid()) return &entry;
+    return nullptr;
+  };
+  for (const LayoutProblem& problem : result.problems) {
+    const ir::DimLayout* entry = entryFor(problem.dim);
+    llvm::SMLoc loc;
+    if (entry && entry->axes == layout.of(problem.dim))
+      loc = entry->loc.loc;
+    else if (problem.hasOp)
+      loc = fn.ops[problem.opIndex].loc.loc;
+    switch (problem.kind) {
+    case LayoutProblem::Kind::UnknownAxis:
+      diag.report(loc, Diag::ErrUnknownAxis, problem.axes[0]);
+      break;
+    case LayoutProblem::Kind::AxisTwice:
+      diag.report(loc, Diag::ErrAxisTwiceForDim, problem.axes[0], problem.dim);
+      break;
+    case LayoutProblem::Kind::NotDivisible: {
+      int64_t factor = splitFactor(mesh, problem.axes);
+      std::string axes = fmt::format("{}", fmt::join(problem.axes, " x "));
+      if (problem.axes.size() > 1) axes += fmt::format(" = {}", factor);
+      int64_t size = 0;
+      for (const ir::Value& value : fn.values)
+        if (int index = value.type.findDim(problem.dim); index >= 0)
+          size = value.type.dims[index].size;
+      diag.report(loc, Diag::ErrNotDivisible, problem.dim, size, factor, axes);
+      break;
+    }
+    }
+  }
+  // Every other failure (a reshard between two layouts with no path) is unreachable: the rules
+  // only require legal layouts that keep an operand's partial axes (the randomized unit test
+  // checks every value of thousands of plans).
+  return std::nullopt;
+}
+
+PlanEvaluator::PlanEvaluator(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
+                             const Machine& machine)
+    : impl_(std::make_unique<Impl>(module, fn, mesh, machine)) {}
+
+PlanEvaluator::~PlanEvaluator() = default;
+
+double PlanEvaluator::stepSeconds(const Layout& layout) {
+  if (!impl_->lastLayout_ || !(*impl_->lastLayout_ == layout)) {
+    impl_->lastResult_ = impl_->run(layout, nullptr);
+    impl_->lastLayout_ = layout;
+  }
+  return impl_->lastResult_.ok ? impl_->lastResult_.summary.stepSeconds : kInfinity;
+}
+
+MemoryEstimate PlanEvaluator::memory(const Layout& layout) {
+  if (!impl_->lastLayout_ || !(*impl_->lastLayout_ == layout)) {
+    impl_->lastResult_ = impl_->run(layout, nullptr);
+    impl_->lastLayout_ = layout;
+  }
+  if (!impl_->lastResult_.ok) {
+    MemoryEstimate infinite;
+    infinite.paramBytes = kInfinity;
+    return infinite;
+  }
+  return impl_->lastResult_.memory;
+}
+
+const std::vector<std::string>& PlanEvaluator::relevantDims() const {
+  return impl_->relevantDims_;
+}
+
+double PlanEvaluator::lowerBound(const Layout& partial,
+                                 const std::vector<std::string>& assignedDims) {
+  return impl_->lowerBound(partial, assignedDims);
+}
+
+} // namespace meshc::plan

@@ -1,0 +1,50 @@
+// SPMD lowering: given a layout for every dim, turns a named-dim IR function into the SPMD IR
+// with local shapes and explicit collectives, placed where Mesh-TensorFlow's rules put them:
+// contractions over split dims give lazy partial sums (resolved by all-reduce, or by
+// reduce-scatter when the consumer wants a dim split); layout changes reshard by the cheapest
+// sequence of collectives (a shortest path over layout states, Reshard.h); shift over a split
+// dim is a collective permute; one_hot/gather over a split dim need no communication.
+#pragma once
+
+#include "diag/Diagnostics.h"
+#include "planner/SpmdIR.h"
+
+#include <memory>
+#include <optional>
+
+namespace meshc::plan {
+
+/// Lowers `fn` under `layout` on `mesh`/`machine`. Layout errors the program can't satisfy
+/// (an uneven split, an unknown axis) are reported at their source location; returns nullopt
+/// then. Never replicates silently: every forced replication is listed in the result.
+std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Function& fn,
+                                        const Mesh& mesh, const Layout& layout,
+                                        const Machine& machine, DiagEngine& diag);
+
+/// Fast cost evaluation for the layout search: the predicted step time and memory of `fn` under
+/// a layout, equal to what lowerToSpmd's summary would say, with per-op results memoized by the
+/// layouts of the dims each op depends on (identical layers cost one evaluation).
+class PlanEvaluator {
+public:
+  PlanEvaluator(const ir::Module& module, const ir::Function& fn, const Mesh& mesh,
+                const Machine& machine);
+  ~PlanEvaluator();
+  PlanEvaluator(const PlanEvaluator&) = delete;
+  PlanEvaluator& operator=(const PlanEvaluator&) = delete;
+
+  /// Predicted step time; +infinity when the layout is illegal (uneven split, ...).
+  double stepSeconds(const Layout& layout);
+  MemoryEstimate memory(const Layout& layout);
+  /// The dims whose layout can change the cost (the search enumerates only these).
+  const std::vector<std::string>& relevantDims() const;
+  /// A lower bound of stepSeconds over all layouts that agree with `partial` on the dims it
+  /// assigns (for branch and bound); may be loose, never above the true minimum.
+  double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims);
+
+  struct Impl;
+
+private:
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace meshc::plan

@@ -1,0 +1,462 @@
+// The layout search and the planner's reports: layout options, exactness of the search against
+// brute force on generated programs, Megatron-LM's layout rediscovered on the transformer
+// example, pure data parallelism where it pays, Mesh-TensorFlow's layout's collectives, the
+// memory budget diagnostic and the report formats.
+#include "planner/LayoutSearch.h"
+#include "planner/Planner.h"
+#include "sema/Sema.h"
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <llvm/Support/JSON.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+using namespace meshc;
+using namespace meshc::plan;
+
+namespace {
+
+/// One compilation: sources, diagnostics captured as text, and the module.
+struct Compiled {
+  llvm::SourceMgr sources;
+  std::string errors;
+  llvm::raw_string_ostream errorStream{errors};
+  DiagEngine diag{sources, errorStream};
+  std::optional<ir::Module> module;
+
+  Compiled(llvm::StringRef text, const SemaOptions& options = {}) {
+    std::optional<SourceSet> set = loadSourcesFromBuffer(text, "gen.mesh", diag);
+    if (set) module = analyze(*set, diag, options);
+    errorStream.flush();
+  }
+  Compiled(const std::string& path, const SemaOptions& options) {
+    std::optional<SourceSet> set = loadSources(path, diag);
+    if (set) module = analyze(*set, diag, options);
+    errorStream.flush();
+  }
+  const ir::Function& fn(const std::string& name) const {
+    REQUIRE(module);
+    const ir::Function* f = module->findFunction(name);
+    REQUIRE(f);
+    return *f;
+  }
+};
+
+Machine machine(const std::string& name) {
+  llvm::Expected<Machine> loaded = loadMachine(name);
+  REQUIRE(static_cast<bool>(loaded));
+  return std::move(*loaded);
+}
+
+/// A random program over 3-6 dims: a chain of einsums with fresh weights, elementwise ops,
+/// bias adds, reductions and softmaxes, on a mesh of one or two axes of size 2 or 4, with
+/// `layout auto`.
+std::string generateProgram(unsigned seed) {
+  std::mt19937 rng(seed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  static const int64_t sizes[] = {2, 4, 6, 8, 12, 16, 64, 256, 1024, 4096};
+  size_t numDims = 3 + pick(4);
+  std::vector<std::string> dims;
+  std::string text;
+  if (pick(2) == 0)
+    text += fmt::format("mesh m[a = {}]\n", pick(2) ? 4 : 2);
+  else
+    text += fmt::format("mesh m[a = {}, b = {}]\n", pick(2) ? 4 : 2, pick(2) ? 4 : 2);
+  for (size_t i = 0; i < numDims; ++i) {
+    dims.push_back(fmt::format("d{}", i));
+    text += fmt::format("dim d{} = {}\n", i, sizes[pick(std::size(sizes))]);
+  }
+  text += "layout auto\n";
+  auto typeOf = [](const std::vector<std::string>& ds) {
+    return fmt::format("f32[{}]", fmt::join(ds, ", "));
+  };
+  std::vector<std::string> cur{dims[0], dims[1]};
+  std::vector<std::string> inputDims = cur;
+  std::string body;
+  int params = 0, lets = 0;
+  std::string value = "x";
+  size_t steps = 3 + pick(4);
+  for (size_t s = 0; s < steps; ++s) {
+    std::vector<std::string> absent;
+    for (const std::string& d : dims)
+      if (std::find(cur.begin(), cur.end(), d) == cur.end()) absent.push_back(d);
+    std::string next = fmt::format("v{}", lets++);
+    switch (pick(5)) {
+    case 0:
+    case 1: { // einsum with a weight: shares 1-2 dims of cur, adds 1-2 absent dims
+      std::vector<std::string> shared{cur[pick(cur.size())]};
+      if (cur.size() > 1 && pick(2)) {
+        std::string other = cur[pick(cur.size())];
+        if (other != shared[0]) shared.push_back(other);
+      }
+      std::vector<std::string> added;
+      for (const std::string& d : absent)
+        if (added.size() < 2 && pick(2)) added.push_back(d);
+      std::vector<std::string> weight = shared;
+      weight.insert(weight.end(), added.begin(), added.end());
+      std::vector<std::string> out;
+      for (const std::string& d : cur)
+        if (std::find(shared.begin(), shared.end(), d) == shared.end() || pick(2)) out.push_back(d);
+      out.insert(out.end(), added.begin(), added.end());
+      if (out.empty()) out.push_back(cur[0]);
+      body += fmt::format("  param w{}: {} = normal(stddev = 0.1)\n", params, typeOf(weight));
+      body += fmt::format("  let {} = einsum({}, w{} -> {})\n", next, value, params++,
+                          fmt::join(out, ", "));
+      cur = out;
+      break;
+    }
+    case 2:
+      body += fmt::format("  let {} = {}({})\n", next, pick(2) ? "relu" : "tanh", value);
+      break;
+    case 3: { // bias over one dim of cur
+      std::string d = cur[pick(cur.size())];
+      body += fmt::format("  param w{}: f32[{}] = zeros()\n", params, d);
+      body += fmt::format("  let {} = {} + w{}\n", next, value, params++);
+      break;
+    }
+    default:
+      if (cur.size() > 1 && pick(2)) {
+        size_t i = pick(cur.size());
+        body += fmt::format("  let {} = sum({}, {})\n", next, value, cur[i]);
+        cur.erase(cur.begin() + static_cast<long>(i));
+      } else {
+        body += fmt::format("  let {} = softmax({}, {})\n", next, value, cur[pick(cur.size())]);
+      }
+      break;
+    }
+    value = next;
+  }
+  text += fmt::format("def net(x: {}) -> {} {{\n{}  return {}\n}}\n", typeOf(inputDims),
+                      typeOf(cur), body, value);
+  text += fmt::format("program p(x: {}) -> (y: {}) {{\n  y = net(x)\n}}\n", typeOf(inputDims),
+                      typeOf(cur));
+  return text;
+}
+
+/// Every dim of the module, searched; none pinned.
+std::vector<std::string> allDims(const ir::Module& module) {
+  std::vector<std::string> dims;
+  for (const auto& [name, size] : module.dims)
+    dims.push_back(name);
+  return dims;
+}
+
+Mesh meshOf(const ir::Module& module) {
+  Mesh mesh;
+  mesh.axes = module.mesh;
+  return mesh;
+}
+
+/// The collectives of a plan whose operand is computed by an op from `file` (a file name
+/// suffix). A partial sum is resolved where it is consumed (a collective carries its
+/// consumer's location), so the operand's producer says which def the communication is for.
+std::vector<const SpmdOp*> collectivesIn(const SpmdFunction& fn, const std::string& file) {
+  std::map<SpmdValueId, const SpmdOp*> producer;
+  for (const SpmdOp& op : fn.ops)
+    producer.emplace(op.result, &op);
+  std::vector<const SpmdOp*> found;
+  for (const SpmdOp& op : fn.ops) {
+    if (op.kind != SpmdOp::Kind::Collective || op.operands.empty()) continue;
+    auto it = producer.find(op.operands.front());
+    if (it != producer.end() && llvm::StringRef(it->second->loc.file).endswith(file))
+      found.push_back(&op);
+  }
+  return found;
+}
+
+std::vector<const SpmdOp*> collectives(const SpmdFunction& fn) {
+  std::vector<const SpmdOp*> found;
+  for (const SpmdOp& op : fn.ops)
+    if (op.kind == SpmdOp::Kind::Collective) found.push_back(&op);
+  return found;
+}
+
+std::string describe(const std::vector<const SpmdOp*>& ops) {
+  std::string text;
+  for (const SpmdOp* op : ops)
+    text += fmt::format("{} over [{}] dim '{}' at {}:{}:{}\n", collectiveName(op->collective.kind),
+                        fmt::join(op->collective.axes, ","), op->collective.dim, op->loc.file,
+                        op->loc.line, op->loc.col);
+  return text;
+}
+
+const std::string kTransformer = std::string(MESHC_SOURCE_DIR) + "/dsl-examples/transformer.mesh";
+
+/// The transformer example at GPT-style widths (d_model 4096, 32 heads of 128, d_ff 16384,
+/// vocab 32768) on a small step (4 sequences of 1024 tokens): there Megatron's split moves
+/// fewer bytes (activations) than data parallelism (12 d_model^2 gradients per layer).
+SemaOptions largeTransformer(std::vector<ir::MeshAxis> mesh, std::string layout) {
+  SemaOptions options;
+  options.dimSizes = {{"batch", 4},      {"seq", 1024},    {"mem", 1024},
+                      {"d_model", 4096}, {"heads", 32},    {"d_head", 128},
+                      {"d_ff", 16384},   {"vocab", 32768}, {"layers", 2}};
+  options.mesh = std::move(mesh);
+  options.layout = std::move(layout);
+  return options;
+}
+
+} // namespace
+
+TEST_CASE("layout options are the ordered axis lists whose product divides the size") {
+  Mesh mesh;
+  mesh.axes = {{"a", 2}, {"b", 4}};
+  CHECK(layoutOptions(8, mesh) == std::vector<AxisList>{{}, {"a"}, {"b"}, {"a", "b"}, {"b", "a"}});
+  CHECK(layoutOptions(4, mesh) == std::vector<AxisList>{{}, {"a"}, {"b"}});
+  CHECK(layoutOptions(6, mesh) == std::vector<AxisList>{{}, {"a"}});
+  CHECK(layoutOptions(7, mesh) == std::vector<AxisList>{{}});
+  // Axes of size 1 split nothing and are left out.
+  mesh.axes = {{"one", 1}, {"a", 2}};
+  CHECK(layoutOptions(8, mesh) == std::vector<AxisList>{{}, {"a"}});
+  CHECK(layoutOptions(8, Mesh{}) == std::vector<AxisList>{{}});
+}
+
+TEST_CASE("the search reaches brute force's cost on generated programs") {
+  Machine cpu = machine("8xh100");
+  int compared = 0;
+  size_t largestSpace = 0, searchedSpaces = 0;
+  for (unsigned seed = 1; compared < 24 && seed < 200; ++seed) {
+    std::string text = generateProgram(seed);
+    INFO("seed " << seed << "\n" << text);
+    Compiled compiled{llvm::StringRef(text)};
+    INFO(compiled.errors);
+    REQUIRE(compiled.module);
+    const ir::Function& fn = compiled.fn("p");
+    Mesh mesh = meshOf(*compiled.module);
+    std::vector<std::string> dims = allDims(*compiled.module);
+    SearchOptions options;
+    SearchResult oracle =
+        bruteForceLayout(*compiled.module, fn, mesh, cpu, Layout{}, dims, options);
+    std::optional<SearchResult> found =
+        searchLayout(*compiled.module, fn, mesh, cpu, Layout{}, dims, options, compiled.diag);
+    REQUIRE(found);
+    CHECK(found->exact);
+    CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+    // The chosen layout really costs what the search says.
+    PlanEvaluator evaluator(*compiled.module, fn, mesh, cpu);
+    CHECK(evaluator.stepSeconds(found->layout) == Approx(found->stepSeconds).epsilon(1e-9));
+    // The heuristic, forced, is never better than exact and reports a sane gap.
+    SearchOptions heuristic;
+    heuristic.exactLimit = 0;
+    std::optional<SearchResult> approx =
+        searchLayout(*compiled.module, fn, mesh, cpu, Layout{}, dims, heuristic, compiled.diag);
+    REQUIRE(approx);
+    CHECK_FALSE(approx->exact);
+    CHECK(approx->stepSeconds >= oracle.stepSeconds * (1 - 1e-9));
+    CHECK(approx->gapBound >= -1e-9);
+    largestSpace = std::max(largestSpace, oracle.candidatesEvaluated);
+    searchedSpaces += oracle.candidatesEvaluated > 1;
+    ++compared;
+  }
+  CHECK(compared >= 20);
+  // The generated programs give the search real choices, not just one candidate each.
+  CHECK(searchedSpaces >= 20);
+  CHECK(largestSpace >= 20);
+}
+
+TEST_CASE("the search is exact on the examples with layout auto on [data=2, model=4]") {
+  Machine gpu = machine("8xh100");
+  for (const char* example : {"mlp", "moe", "transformer", "bert", "performer"}) {
+    SemaOptions sema;
+    sema.mesh = std::vector<ir::MeshAxis>{{"data", 2}, {"model", 4}};
+    sema.layout = "auto";
+    Compiled compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/" + example + ".mesh", sema);
+    INFO(example << ": " << compiled.errors);
+    REQUIRE(compiled.module);
+    Mesh mesh = meshOf(*compiled.module);
+    std::vector<std::string> dims = allDims(*compiled.module);
+    for (const ir::Function& fn : compiled.module->functions) {
+      INFO(fn.name);
+      SearchResult oracle = bruteForceLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, {});
+      std::optional<SearchResult> found =
+          searchLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, {}, compiled.diag);
+      REQUIRE(found);
+      CHECK(found->exact);
+      CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+      CHECK(found->candidatesEvaluated <= oracle.candidatesEvaluated);
+    }
+  }
+}
+
+TEST_CASE("the search respects the memory budget, exactly") {
+  Machine gpu = machine("8xh100");
+  for (unsigned seed = 300; seed < 310; ++seed) {
+    std::string text = generateProgram(seed);
+    INFO("seed " << seed << "\n" << text);
+    Compiled compiled{llvm::StringRef(text)};
+    REQUIRE(compiled.module);
+    const ir::Function& fn = compiled.fn("p");
+    Mesh mesh = meshOf(*compiled.module);
+    std::vector<std::string> dims = allDims(*compiled.module);
+    PlanEvaluator evaluator(*compiled.module, fn, mesh, gpu);
+    double replicated = evaluator.memory(Layout{}).total();
+    SearchOptions options;
+    options.memoryBudgetBytes = replicated * 0.6;
+    SearchResult oracle =
+        bruteForceLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options);
+    std::optional<SearchResult> found =
+        searchLayout(*compiled.module, fn, mesh, gpu, Layout{}, dims, options, compiled.diag);
+    if (!std::isfinite(oracle.stepSeconds)) {
+      CHECK_FALSE(found);
+      continue;
+    }
+    REQUIRE(found);
+    CHECK(found->memory.total() <= options.memoryBudgetBytes);
+    CHECK(found->stepSeconds == Approx(oracle.stepSeconds).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("an impossible memory budget is a located error naming the smallest need") {
+  std::string text = generateProgram(7);
+  Compiled compiled{llvm::StringRef(text)};
+  REQUIRE(compiled.module);
+  PlannerOptions options;
+  options.machine = "8xh100";
+  options.memoryBudgetBytes = 16;
+  CHECK_FALSE(planModule(*compiled.module, options, compiled.diag));
+  compiled.errorStream.flush();
+  INFO(compiled.errors);
+  CHECK(compiled.errors.find("error: no layout of program 'p' fits the memory budget of 16 B per "
+                             "device (the smallest needs ") != std::string::npos);
+  CHECK(compiled.errors.find("gen.mesh:") != std::string::npos);
+}
+
+TEST_CASE("Megatron rediscovered: heads and d_ff over model, two allreduces per layer") {
+  Compiled compiled(kTransformer, largeTransformer({{"model", 4}}, "auto"));
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  PlannerOptions options;
+  options.machine = "8xh100";
+  options.functions = {"lm_train"};
+  std::optional<std::vector<PlannedFunction>> plans =
+      planModule(*compiled.module, options, compiled.diag);
+  compiled.errorStream.flush();
+  INFO(compiled.errors);
+  REQUIRE(plans);
+  REQUIRE(plans->size() == 1);
+  const PlannedFunction& plan = plans->front();
+  INFO(layoutString(plan.spmd.layout));
+  CHECK(plan.spmd.layout.of("heads") == AxisList{"model"});
+  CHECK(plan.spmd.layout.of("d_ff") == AxisList{"model"});
+  CHECK(plan.spmd.layout.of("d_model").empty());
+  CHECK(plan.spmd.layout.of("batch").empty());
+  // In the layers (lib/layers.mesh): the allreduce of attention's output projection and the
+  // one of the ffn's second matmul, per layer, and nothing else.
+  std::vector<const SpmdOp*> inLayers = collectivesIn(plan.spmd, "layers.mesh");
+  INFO(describe(inLayers));
+  CHECK(inLayers.size() == 2 * 2);
+  for (const SpmdOp* op : inLayers) {
+    CHECK(op->collective.kind == CollectiveKind::AllReduceSum);
+    CHECK(op->collective.axes == AxisList{"model"});
+  }
+}
+
+TEST_CASE("on [data=8] the small transformer is purely data parallel") {
+  // The example's widths (d_model 64) on a large step (64 sequences of 512 tokens).
+  SemaOptions sema;
+  sema.dimSizes = {{"batch", 64}, {"seq", 512}, {"mem", 512}};
+  sema.mesh = std::vector<ir::MeshAxis>{{"data", 8}};
+  sema.layout = "auto";
+  Compiled compiled(kTransformer, sema);
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  PlannerOptions options;
+  options.machine = "8xh100";
+  std::optional<std::vector<PlannedFunction>> plans =
+      planModule(*compiled.module, options, compiled.diag);
+  REQUIRE(plans);
+  for (const PlannedFunction& plan : *plans) {
+    INFO(plan.spmd.name << ": " << layoutString(plan.spmd.layout));
+    CHECK(plan.spmd.layout.of("batch") == AxisList{"data"});
+    for (const auto& [dim, axes] : plan.spmd.layout.axes)
+      CHECK((dim == "batch" || axes.empty()));
+    std::vector<const SpmdOp*> all = collectives(plan.spmd);
+    INFO(describe(all));
+    if (plan.spmd.kind == ir::Function::Kind::Program) {
+      CHECK(all.empty());
+    } else {
+      // Only the loss: sum(token_loss * has_next) / sum(has_next), both over the split batch.
+      CHECK(collectivesIn(plan.spmd, "layers.mesh").empty());
+      for (const SpmdOp* op : all) {
+        CHECK(op->collective.kind == CollectiveKind::AllReduceSum);
+        CHECK(op->collective.axes == AxisList{"data"});
+        CHECK(op->loc.file == "transformer.mesh");
+        CHECK(op->loc.line > 53); // in lm_train, after `train lm_train(...)`
+      }
+      CHECK(all.size() <= 2);
+    }
+  }
+}
+
+TEST_CASE("Mesh-TensorFlow's layout on [data=2, model=4] has the expected collectives") {
+  Compiled compiled(kTransformer, largeTransformer({{"data", 2}, {"model", 4}},
+                                                   "batch: data, d_ff: model, heads: model"));
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  PlannerOptions options;
+  options.machine = "8xh100";
+  options.functions = {"lm"};
+  std::optional<std::vector<PlannedFunction>> plans =
+      planModule(*compiled.module, options, compiled.diag);
+  REQUIRE(plans);
+  const PlannedFunction& plan = plans->front();
+  CHECK_FALSE(plan.search);
+  CHECK(plan.spmd.layout.of("batch") == AxisList{"data"});
+  std::vector<const SpmdOp*> inLayers = collectivesIn(plan.spmd, "layers.mesh");
+  INFO(describe(collectives(plan.spmd)));
+  // Per layer: attention output projection and ffn output each resolve a partial sum over
+  // `model`; batch over `data` needs nothing in the forward pass.
+  CHECK(inLayers.size() == 2 * 2);
+  for (const SpmdOp* op : inLayers) {
+    CHECK(op->collective.kind == CollectiveKind::AllReduceSum);
+    CHECK(op->collective.axes == AxisList{"model"});
+  }
+  // vocab is replicated here: the embedding and unembedding need no communication either.
+  CHECK(collectives(plan.spmd).size() == inLayers.size());
+}
+
+TEST_CASE("the reports show the plan's facts") {
+  Compiled compiled(kTransformer, SemaOptions{});
+  REQUIRE(compiled.module);
+  llvm::Expected<Machine> gpu = loadMachine("8xh100");
+  REQUIRE(static_cast<bool>(gpu));
+  PlannerOptions options;
+  options.functions = {"lm"};
+  std::optional<std::vector<PlannedFunction>> plans =
+      planModule(*compiled.module, *gpu, options, compiled.diag);
+  REQUIRE(plans);
+  const PlannedFunction& plan = plans->front();
+  std::string text, json, spmd, dot;
+  llvm::raw_string_ostream textOs(text), jsonOs(json), spmdOs(spmd), dotOs(dot);
+  printPlan(plan, *gpu, textOs);
+  printPlanJson(plan, *gpu, jsonOs);
+  printSpmd(plan.spmd, spmdOs);
+  printDot(plan.spmd, dotOs);
+  textOs.flush();
+  jsonOs.flush();
+  spmdOs.flush();
+  dotOs.flush();
+  CHECK(text.find("plan of program lm") != std::string::npos);
+  CHECK(text.find("heads") != std::string::npos);
+  CHECK(text.find("pinned") != std::string::npos);
+  CHECK(text.find("layers.mesh:") != std::string::npos); // a collective's source location
+  CHECK(text.find("utilization") != std::string::npos);
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(json);
+  REQUIRE(static_cast<bool>(parsed));
+  const llvm::json::Object* object = parsed->getAsObject();
+  REQUIRE(object);
+  CHECK(object->getString("function") == llvm::StringRef("lm"));
+  const llvm::json::Array* jsonCollectives = object->getArray("collectives");
+  REQUIRE(jsonCollectives);
+  CHECK(jsonCollectives->size() == collectives(plan.spmd).size());
+  CHECK(spmd.find("spmd program lm") != std::string::npos);
+  CHECK(spmd.find("local") != std::string::npos);
+  CHECK(dot.rfind("digraph", 0) == 0);
+  CHECK(dot.find("color=red") != std::string::npos);
+  CHECK(bytesString(1536) == "1.5 KiB");
+  CHECK(bytesString(3.2 * (1 << 30)) == "3.2 GiB");
+  CHECK(secondsString(0.0012345) == "1.234 ms");
+}
