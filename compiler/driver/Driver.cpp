@@ -73,6 +73,11 @@ llvm::cl::opt<std::string> layoutOverride(
     llvm::cl::desc("Replace the program's layout, in the layout statement's syntax with "
                    "';' or ',' between items, e.g. \"batch:data;heads:[data,model];auto\""),
     llvm::cl::value_desc("items"), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<int64_t> deviceCount(
+    "devices",
+    llvm::cl::desc("Also choose the mesh: plan every way of sizing the mesh's axes to this many "
+                   "devices and keep the fastest (--emit=plan, plan-json, spmd, dot)"),
+    llvm::cl::value_desc("n"), llvm::cl::init(0), llvm::cl::cat(meshcCategory));
 llvm::cl::list<std::string> dimOverrides(
     "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
@@ -165,6 +170,8 @@ bool planAndPrint(const ir::Module& module, DiagEngine& diag, llvm::raw_ostream&
   if (memoryBudget.getNumOccurrences() && !parseByteSize(memoryBudget, options.memoryBudgetBytes))
     return false;
   options.functions.assign(onlyFunctions.begin(), onlyFunctions.end());
+  if (deviceCount < 0) return optionError("--devices must be a positive number of devices");
+  options.devices = deviceCount;
   llvm::Expected<plan::Machine> machine = plan::loadMachine(machineName);
   if (!machine) return optionError(llvm::toString(machine.takeError()));
   std::optional<std::vector<plan::PlannedFunction>> plans =

@@ -174,6 +174,14 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
   os << fmt::format("  machine  {}: {}\n", machine.name, machine.description);
   os << fmt::format("  mesh     {}, {} device{}\n", meshString(fn.mesh), fn.mesh.numDevices(),
                     fn.mesh.numDevices() == 1 ? "" : "s");
+  if (!plan.meshCandidates.empty()) {
+    os << fmt::format("  mesh search: {} factorization{} of {} devices\n",
+                      plan.meshCandidates.size(), plan.meshCandidates.size() == 1 ? "" : "s",
+                      fn.mesh.numDevices());
+    for (const auto& [mesh, seconds] : plan.meshCandidates)
+      os << fmt::format("    {:<28} {}\n", meshString(mesh),
+                        std::isfinite(seconds) ? secondsString(seconds) : "no layout fits");
+  }
 
   os << "\nlayout\n";
   std::vector<DimRow> dims = dimRows(plan);
@@ -302,6 +310,16 @@ void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::ra
           json.attribute("dim", row.dim);
           axisArray("axes", row.axes);
           json.attribute("source", llvm::StringRef(row.source).split(' ').first);
+        });
+    });
+    json.attributeArray("meshCandidates", [&] {
+      for (const auto& [mesh, seconds] : plan.meshCandidates)
+        json.object([&] {
+          json.attribute("mesh", meshString(mesh));
+          if (std::isfinite(seconds))
+            json.attribute("stepSeconds", seconds);
+          else
+            json.attribute("stepSeconds", nullptr);
         });
     });
     if (plan.search) {

@@ -19,6 +19,9 @@ struct PlannedFunction {
   std::optional<SearchResult> search; // when some dims were searched
   double memoryBudgetBytes = 0;       // the per-device budget the plan was made for
   std::set<std::string> pinnedDims;   // dims whose layout the program or command line fixed
+  /// With --devices: every mesh tried and its predicted step time (+inf: no layout fits), in
+  /// the order tried; the plan is for the fastest.
+  std::vector<std::pair<Mesh, double>> meshCandidates;
 };
 
 void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_ostream& os);

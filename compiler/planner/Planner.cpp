@@ -2,6 +2,8 @@
 
 #include <llvm/Support/WithColor.h>
 
+#include <cmath>
+#include <functional>
 #include <set>
 
 namespace meshc::plan {
@@ -31,19 +33,110 @@ void splitLayout(const ir::Module& module, Layout& pinned, std::vector<std::stri
   toSearch.assign(searched.begin(), searched.end());
 }
 
+/// Every assignment of sizes >= 1 to the axes of `axes` whose product is `devices`, in
+/// lexicographic order of the sizes (major axis first).
+std::vector<Mesh> meshFactorizations(const std::vector<ir::MeshAxis>& axes, int64_t devices) {
+  std::vector<Mesh> meshes;
+  Mesh current;
+  current.axes = axes;
+  std::function<void(size_t, int64_t)> assign = [&](size_t axis, int64_t remaining) {
+    if (axis + 1 == axes.size()) {
+      current.axes[axis].size = remaining;
+      meshes.push_back(current);
+      return;
+    }
+    for (int64_t size = 1; size <= remaining; ++size)
+      if (remaining % size == 0) {
+        current.axes[axis].size = size;
+        assign(axis + 1, remaining / size);
+      }
+  };
+  if (!axes.empty()) assign(0, devices);
+  return meshes;
+}
+
+/// Whether every pinned dim divides by its axes on `mesh` (a factorization may not fit the
+/// layout the program wrote for another mesh).
+bool pinnedFits(const ir::Module& module, const Mesh& mesh, const Layout& pinned) {
+  for (const auto& [dim, axes] : pinned.axes) {
+    auto size = module.dims.find(dim);
+    int64_t factor = splitFactor(mesh, axes);
+    if (size != module.dims.end() && (factor == 0 || size->second % factor != 0)) return false;
+  }
+  return true;
+}
+
+/// The searched layout of `fn` on `mesh` and its SPMD form; nullopt after reporting an error.
+std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::Function& fn,
+                                            const Mesh& mesh, const Machine& machine,
+                                            const PlannerOptions& options, const Layout& pinned,
+                                            const std::vector<std::string>& toSearch,
+                                            DiagEngine& diag) {
+  SearchOptions searchOptions;
+  searchOptions.memoryBudgetBytes = options.memoryBudgetBytes;
+  searchOptions.exactLimit = options.exactLimit;
+  PlannedFunction plan;
+  plan.memoryBudgetBytes =
+      options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes : machine.memoryBytes;
+  for (const auto& [dim, axes] : pinned.axes)
+    plan.pinnedDims.insert(dim);
+  Layout layout = pinned;
+  // An explicit budget is checked even when nothing is searched (one candidate: the layout).
+  if (!toSearch.empty() || options.memoryBudgetBytes > 0) {
+    std::optional<SearchResult> search =
+        searchLayout(module, fn, mesh, machine, pinned, toSearch, searchOptions, diag);
+    if (!search) return std::nullopt;
+    layout = search->layout;
+    if (!toSearch.empty()) plan.search = std::move(*search);
+  }
+  std::optional<SpmdFunction> spmd = lowerToSpmd(module, fn, mesh, layout, machine, diag);
+  if (!spmd) return std::nullopt;
+  plan.spmd = std::move(*spmd);
+  return plan;
+}
+
+/// --devices: plans `fn` on every factorization (errors silenced) and keeps the fastest; ties go
+/// to the earlier mesh. Reports ErrNoMeshFits when none can be planned.
+std::optional<PlannedFunction> planOnBestMesh(const ir::Module& module, const ir::Function& fn,
+                                              const Machine& machine,
+                                              const PlannerOptions& options, const Layout& pinned,
+                                              const std::vector<std::string>& toSearch,
+                                              DiagEngine& diag) {
+  std::vector<ir::MeshAxis> axes = module.mesh;
+  if (axes.empty()) axes = {{"x", 1}, {"y", 1}};
+  std::vector<std::pair<Mesh, double>> candidates;
+  std::optional<PlannedFunction> best;
+  DiagEngine quiet(diag.sources(), llvm::nulls());
+  for (const Mesh& mesh : meshFactorizations(axes, options.devices)) {
+    std::optional<PlannedFunction> plan;
+    if (pinnedFits(module, mesh, pinned))
+      plan = planFunction(module, fn, mesh, machine, options, pinned, toSearch, quiet);
+    double seconds = plan ? plan->spmd.summary.stepSeconds : INFINITY;
+    candidates.emplace_back(mesh, seconds);
+    if (plan && (!best || seconds < best->spmd.summary.stepSeconds)) best = std::move(plan);
+  }
+  if (!best) {
+    std::vector<std::string> names;
+    for (const ir::MeshAxis& axis : axes)
+      names.push_back(axis.name);
+    diag.report(fn.loc.loc, Diag::ErrNoMeshFits, options.devices,
+                fmt::format("[{}]", fmt::join(names, ", ")),
+                fn.kind == ir::Function::Kind::Train ? "train" : "program", fn.name);
+    return std::nullopt;
+  }
+  best->meshCandidates = std::move(candidates);
+  return best;
+}
+
 } // namespace
 
 std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
                                                        const Machine& machine,
                                                        const PlannerOptions& options,
                                                        DiagEngine& diag) {
-  Mesh mesh = meshOf(module);
   Layout pinned;
   std::vector<std::string> toSearch;
   splitLayout(module, pinned, toSearch);
-  SearchOptions searchOptions;
-  searchOptions.memoryBudgetBytes = options.memoryBudgetBytes;
-  searchOptions.exactLimit = options.exactLimit;
 
   std::vector<PlannedFunction> plans;
   bool failed = false;
@@ -51,30 +144,14 @@ std::optional<std::vector<PlannedFunction>> planModule(const ir::Module& module,
     if (!options.functions.empty() && std::find(options.functions.begin(), options.functions.end(),
                                                 fn.name) == options.functions.end())
       continue;
-    PlannedFunction plan;
-    plan.memoryBudgetBytes =
-        options.memoryBudgetBytes > 0 ? options.memoryBudgetBytes : machine.memoryBytes;
-    for (const auto& [dim, axes] : pinned.axes)
-      plan.pinnedDims.insert(dim);
-    Layout layout = pinned;
-    // An explicit budget is checked even when nothing is searched (one candidate: the layout).
-    if (!toSearch.empty() || options.memoryBudgetBytes > 0) {
-      std::optional<SearchResult> search =
-          searchLayout(module, fn, mesh, machine, pinned, toSearch, searchOptions, diag);
-      if (!search) {
-        failed = true;
-        continue;
-      }
-      layout = search->layout;
-      if (!toSearch.empty()) plan.search = std::move(*search);
-    }
-    std::optional<SpmdFunction> spmd = lowerToSpmd(module, fn, mesh, layout, machine, diag);
-    if (!spmd) {
+    std::optional<PlannedFunction> plan =
+        options.devices > 0
+            ? planOnBestMesh(module, fn, machine, options, pinned, toSearch, diag)
+            : planFunction(module, fn, meshOf(module), machine, options, pinned, toSearch, diag);
+    if (plan)
+      plans.push_back(std::move(*plan));
+    else
       failed = true;
-      continue;
-    }
-    plan.spmd = std::move(*spmd);
-    plans.push_back(std::move(plan));
   }
   if (failed) return std::nullopt;
   return plans;

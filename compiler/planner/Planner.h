@@ -17,6 +17,9 @@ struct PlannerOptions {
   double memoryBudgetBytes = 0; // per device; 0: the machine's memory
   size_t exactLimit = SearchOptions().exactLimit;
   std::vector<std::string> functions; // plan only these (empty: every function)
+  /// > 0: also choose the mesh: every way of giving the mesh's axes (or, without a mesh, two axes
+  /// `x` and `y`) sizes whose product is `devices` is planned, and the fastest is kept.
+  int64_t devices = 0;
 };
 
 /// Plans every selected function of `module` on `machine`. Errors (an impossible memory budget,

@@ -460,3 +460,51 @@ TEST_CASE("the reports show the plan's facts") {
   CHECK(bytesString(3.2 * (1 << 30)) == "3.2 GiB");
   CHECK(secondsString(0.0012345) == "1.234 ms");
 }
+
+TEST_CASE("--devices tries every factorization of the device count and keeps the fastest",
+          "[planner][devices]") {
+  Compiled c(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/transformer.mesh",
+             SemaOptions{{}, std::nullopt, std::string("auto")});
+  REQUIRE(c.module);
+  Machine h100 = machine("8xh100");
+  PlannerOptions options;
+  options.devices = 8;
+  options.functions = {"lm"};
+  auto plans = planModule(*c.module, h100, options, c.diag);
+  REQUIRE(plans);
+  REQUIRE(plans->size() == 1);
+  const PlannedFunction& best = plans->front();
+  // [1,8], [2,4], [4,2], [8,1] over the example's axes (data, model).
+  REQUIRE(best.meshCandidates.size() == 4);
+  CHECK(best.spmd.mesh.numDevices() == 8);
+  double fastest = INFINITY;
+  for (const auto& [mesh, seconds] : best.meshCandidates) {
+    CHECK(mesh.numDevices() == 8);
+    fastest = std::min(fastest, seconds);
+    // Each candidate's time is what planning on that mesh directly predicts.
+    ir::Module fixed = *c.module;
+    fixed.mesh = mesh.axes;
+    PlannerOptions direct;
+    direct.functions = {"lm"};
+    auto plan = planModule(fixed, h100, direct, c.diag);
+    REQUIRE(plan);
+    CHECK(plan->front().spmd.summary.stepSeconds == Approx(seconds));
+  }
+  CHECK(best.spmd.summary.stepSeconds == Approx(fastest));
+}
+
+TEST_CASE("--devices with no factorization that fits the pinned layout is an error",
+          "[planner][devices]") {
+  Compiled c(R"(mesh m[data = 2, model = 2]
+dim batch = 4
+dim d = 4
+layout batch: data, d: model
+program p(x: f32[batch, d]) -> (y: f32[batch, d]) { y = x * 2 }
+)");
+  REQUIRE(c.module);
+  PlannerOptions options;
+  options.devices = 3;
+  CHECK_FALSE(planModule(*c.module, machine("cpu"), options, c.diag));
+  c.errorStream.flush();
+  CHECK_THAT(c.errors, Catch::Contains("no mesh of 3 devices over axes [data, model] fits program 'p'"));
+}
