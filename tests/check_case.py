@@ -26,25 +26,32 @@ def run(meshc, case):
     return proc
 
 
+def compare_or_update(expected_path, actual, what):
+    """Compares `actual` with the file at `expected_path`, or rewrites the file when
+    MESHC_UPDATE_GOLDEN=1. Exits with a unified diff on a difference. Returns the expectation."""
+    if os.environ.get("MESHC_UPDATE_GOLDEN") == "1":
+        with open(expected_path, "w") as f:
+            f.write(actual)
+        print(f"updated {expected_path}")
+        return actual
+    if not os.path.exists(expected_path):
+        sys.exit(f"FAIL: no expectation {expected_path} (run with MESHC_UPDATE_GOLDEN=1)")
+    with open(expected_path) as f:
+        expected = f.read()
+    if expected != actual:
+        import difflib
+        diff = difflib.unified_diff(expected.splitlines(), actual.splitlines(),
+                                    "expected", "actual", lineterm="")
+        sys.exit(f"FAIL: {what} differs\n" + "\n".join(diff))
+    return expected
+
+
 def golden(meshc, case):
     expected_path = os.path.splitext(case)[0] + ".ir"
     proc = run(meshc, case)
     if proc.returncode != 0:
         sys.exit(f"FAIL: meshc exited {proc.returncode}\n{proc.stderr}")
-    if os.environ.get("MESHC_UPDATE_GOLDEN") == "1":
-        with open(expected_path, "w") as f:
-            f.write(proc.stdout)
-        print(f"updated {expected_path}")
-        return
-    if not os.path.exists(expected_path):
-        sys.exit(f"FAIL: no expectation {expected_path} (run with MESHC_UPDATE_GOLDEN=1)")
-    with open(expected_path) as f:
-        expected = f.read()
-    if expected != proc.stdout:
-        import difflib
-        diff = difflib.unified_diff(expected.splitlines(), proc.stdout.splitlines(),
-                                    "expected", "actual", lineterm="")
-        sys.exit("FAIL: IR differs\n" + "\n".join(diff))
+    expected = compare_or_update(expected_path, proc.stdout, "the IR")
     # The printed IR parses back to itself.
     reparsed = subprocess.run([meshc, expected_path, "--emit=ir"], capture_output=True, text=True,
                               timeout=60)

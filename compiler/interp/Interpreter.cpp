@@ -89,25 +89,12 @@ void roundToType(Tensor& tensor) {
 // Types and attributes
 //===------------------------------------------------------------------------------------------===//
 
-const char* dtypeSpelling(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return "f32";
-  case DType::BF16:
-    return "bf16";
-  case DType::F16:
-    return "f16";
-  case DType::I32:
-    return "i32";
-  }
-  return "?";
-}
 
 std::string formatType(const TensorType& type) {
   std::vector<std::string> dims;
   for (const Dim& dim : type.dims)
     dims.push_back(fmt::format("{}={}", dim.name, dim.size));
-  return fmt::format("{}[{}]", dtypeSpelling(type.dtype), fmt::join(dims, ", "));
+  return fmt::format("{}[{}]", ir::dtypeName(type.dtype), fmt::join(dims, ", "));
 }
 
 /// The element count, or -1 when a size is negative or the count overflows int64.

@@ -34,20 +34,7 @@ def golden(meshc, example, mesh):
     if proc.returncode != 0:
         sys.exit(f"FAIL: {' '.join(args)} exited {proc.returncode}\n{proc.stderr}")
     # Paths in the plan are file base names already; nothing else varies between runs.
-    if os.environ.get("MESHC_UPDATE_GOLDEN") == "1":
-        with open(expected_path, "w") as f:
-            f.write(proc.stdout)
-        print(f"updated {expected_path}")
-        return
-    if not os.path.exists(expected_path):
-        sys.exit(f"FAIL: no expectation {expected_path} (run with MESHC_UPDATE_GOLDEN=1)")
-    with open(expected_path) as f:
-        expected = f.read()
-    if expected != proc.stdout:
-        import difflib
-        diff = difflib.unified_diff(expected.splitlines(), proc.stdout.splitlines(),
-                                    "expected", "actual", lineterm="")
-        sys.exit("FAIL: the plan differs\n" + "\n".join(diff))
+    check_case.compare_or_update(expected_path, proc.stdout, "the plan")
     print("ok")
 
 
