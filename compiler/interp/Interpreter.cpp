@@ -89,7 +89,6 @@ void roundToType(Tensor& tensor) {
 // Types and attributes
 //===------------------------------------------------------------------------------------------===//
 
-
 std::string formatType(const TensorType& type) {
   std::vector<std::string> dims;
   for (const Dim& dim : type.dims)
@@ -375,8 +374,8 @@ double applyBinary(OpKind kind, double a, double b, bool integer) {
       return double(x + y);
     case OpKind::Sub:
       return double(x - y);
-    case OpKind::Mul:
-      return double(x * y);
+    case OpKind::Mul: // wrapped in integers: the product may not fit a double's 53 bits
+      return double(int32_t(uint32_t(uint64_t(x) * uint64_t(y))));
     case OpKind::Div:
       return y == 0 ? 0.0 : double(x / y);
     case OpKind::Pow:
@@ -839,10 +838,13 @@ void Interpreter::unary(const Op& op, Tensor& out) {
   Strides inStrides = stridesOver(in.type, out.type.dims);
   Strides outStrides = rowMajorStrides(out.type);
   bool toI32 = op.kind == OpKind::Cast && out.type.dtype == DType::I32;
+  bool integerSquare = op.kind == OpKind::Square && out.type.dtype == DType::I32;
   forEachIndex<2>(out.type.dims, {&outStrides, &inStrides}, {0, 0},
                   [&](const std::array<int64_t, 2>& at) {
                     double x = in.data[at[1]];
-                    out.data[at[0]] = toI32 ? saturateToI32(x) : applyUnary(op.kind, x);
+                    out.data[at[0]] = toI32           ? saturateToI32(x)
+                                      : integerSquare ? applyBinary(OpKind::Mul, x, x, true)
+                                                      : applyUnary(op.kind, x);
                   });
 }
 

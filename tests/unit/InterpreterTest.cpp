@@ -201,6 +201,12 @@ TEST_CASE("i32 arithmetic truncates, wraps and divides by zero as 0", "[interp]"
   Tensor maxInt = tensor(i32(), {2147483647});
   Tensor one = tensor(i32(), {1});
   checkData(evalOp(OpKind::Add, {maxInt, one}, i32()), {-2147483648.0});
+  // Products beyond a double's 53 bits still wrap exactly: (2^31 - 1)^2 = 1 mod 2^32.
+  checkData(evalOp(OpKind::Mul, {maxInt, maxInt}, i32()), {1});
+  checkData(evalOp(OpKind::Square, {maxInt}, i32()), {1});
+  Tensor big = tensor(i32(), {123456789});
+  checkData(evalOp(OpKind::Square, {big}, i32()),
+            {double(int32_t(uint32_t(123456789ull * 123456789ull)))});
   Tensor base = tensor(n4, {2, 3, -2, 2});
   Tensor exponent = tensor(n4, {10, 0, 3, -1});
   checkData(evalOp(OpKind::Pow, {base, exponent}, n4), {1024, 1, -8, 0});
