@@ -1,0 +1,108 @@
+// Einsum on local buffers. A spec names every dim by a small integer id with its LOCAL size and
+// lists, per operand and for the output, the ids in storage order (and optionally strides).
+// Two-operand contractions run as OpenBLAS sgemm: dims are classified as batch (in a, b and
+// out), M (a and out), N (b and out) and K (a and b, not out); transposes are folded into the
+// call (a column-major output swaps the operands); batch dims loop around it; an operand (or
+// the output) whose M/N/K dims cannot be walked with one stride each is first copied to a
+// packed layout. One operand is a strided sum (reductions in double); with two operands, a dim
+// only one of them has (and not the output) is summed out of it first. Anything else (three
+// or more operands, an output dim no operand has) runs a generic strided loop accumulating in
+// double, the interpreter's semantics. Size-1 dims are ignored by the classification.
+//
+//   // out[b, s, f] = sum_d x[b, s, d] * w[d, f]   (ids: b=0, s=1, d=2, f=3)
+//   static const meshrt::kernels::EinsumPlan plan({{B, S, D, F}, {{{0, 1, 2}}, {{2, 3}}}, {{0, 1,
+//   3}}}); plan.run(x, w, out);                        // out = x . w plan.run(x, w, out,
+//   /*accumulate=*/true);   // out += x . w (beta = 1)
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshrt::kernels {
+
+struct EinsumOperand {
+  std::vector<int> dims;        // dim ids in storage order
+  std::vector<int64_t> strides; // element strides, one per dim; empty: dense row-major
+};
+
+struct EinsumSpec {
+  std::vector<int64_t> sizes;          // the local size of dim id i
+  std::vector<EinsumOperand> operands; // one or more
+  EinsumOperand out;
+};
+
+/// A spec classified once (cheap to keep in a static or a member and run many times; run is
+/// const and thread-safe). Throws std::invalid_argument on a malformed spec (unknown id, id
+/// twice in one operand, wrong stride count, no operands).
+class EinsumPlan {
+public:
+  explicit EinsumPlan(EinsumSpec spec);
+
+  /// out = alpha * einsum(operands) (or out += ... when `accumulate`).
+  void run(const float* const* operands, float* out, bool accumulate = false,
+           float alpha = 1) const;
+  void run(const float* a, const float* b, float* out, bool accumulate = false,
+           float alpha = 1) const;
+
+  /// How it runs, e.g. "gemm batch=4 m=128 n=64 k=32 a=N b=T" (+ " pack-a" ...), "reduce"
+  /// (one operand), "presum(a) + <main plan>" (a dim only one operand has is summed first), or
+  /// "generic".
+  std::string describe() const;
+  bool usesGemm() const { return gemm.enabled; }
+  const EinsumSpec& spec() const { return spec_; }
+
+  /// A matrix operand of the GEMM: rows x cols walked with (rowStride, colStride), and its
+  /// per-batch-dim strides; `pack` copies it first into dense [batch..., rows, cols].
+  struct Matrix {
+    std::vector<int> rowDims, colDims; // ids, outer to inner
+    int64_t rows = 1, cols = 1, rowStride = 0, colStride = 0;
+    std::vector<int64_t> batchStrides;
+    bool pack = false;
+    bool transpose = false; // for cblas: walk as its transpose
+    int64_t ld = 1;
+    // The source walk over [batch..., rowDims..., colDims...] (what packing copies).
+    std::vector<int64_t> fullShape, fullStrides;
+  };
+  struct Gemm {
+    bool enabled = false;
+    bool swapped = false; // computes out^T = b^T a^T (the output is column-major in M, N)
+    std::vector<int> batchDims;
+    std::vector<int64_t> batchSizes;
+    Matrix a, b, c; // operand a or b as given (swapped: exchanged), and the output
+  };
+
+private:
+  void runGemm(const float* a, const float* b, float* out, bool accumulate, float alpha) const;
+  void runGeneric(const float* const* operands, float* out, bool accumulate, float alpha) const;
+  void planReduce();
+  void planPresum();
+  void runReduce(const float* in, float* out, bool accumulate, float alpha) const;
+  void runPresummed(const float* const* operands, float* out, bool accumulate, float alpha) const;
+
+  EinsumSpec spec_;
+  std::vector<std::vector<int64_t>> strides; // per operand, then the output (last)
+  Gemm gemm;
+  // One dense operand whose dims include the output's: a strided sum (reduceStrided).
+  bool singleReduce = false;
+  std::vector<int64_t> reduceShape, reduceOutStrides;
+  // Two operands where one has dims that nothing else has: those are summed first (presum[k]
+  // for operand k, or null), then `main` runs on the summed operands.
+  std::vector<std::shared_ptr<const EinsumPlan>> presum;
+  std::vector<int64_t> presumCounts;
+  std::shared_ptr<const EinsumPlan> main;
+};
+
+/// One-shot forms (classify and run). For repeated calls keep an EinsumPlan.
+void einsum(const float* a, const float* b, float* out, const EinsumSpec& spec,
+            bool accumulate = false, float alpha = 1);
+void einsum(std::initializer_list<const float*> operands, float* out, const EinsumSpec& spec,
+            bool accumulate = false, float alpha = 1);
+
+/// OpenBLAS's thread count for this process (set 1 when ranks are threads sharing the cores).
+void setBlasThreads(int threads);
+int blasThreads();
+
+} // namespace meshrt::kernels

@@ -1,0 +1,514 @@
+// Einsum: classification into a (batched) GEMM at plan time, OpenBLAS sgemm at run time, and
+// the generic strided loop for everything a GEMM cannot express.
+#include "meshrt/kernels/Einsum.h"
+
+#include "meshrt/kernels/Index.h"
+#include "meshrt/kernels/Reduce.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace meshrt::kernels {
+namespace {
+
+using Strides = std::vector<int64_t>;
+
+Strides denseStrides(const std::vector<int64_t>& shape) {
+  Strides strides(shape.size());
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return strides;
+}
+
+Dims toDims(const std::vector<int64_t>& values) {
+  return Dims(values);
+}
+
+/// Where each id sits in `operand` (-1: absent).
+std::vector<int> positionsOf(const EinsumOperand& operand, size_t idCount) {
+  std::vector<int> positions(idCount, -1);
+  for (size_t i = 0; i < operand.dims.size(); ++i)
+    positions[size_t(operand.dims[i])] = int(i);
+  return positions;
+}
+
+class GemmBuilder {
+public:
+  GemmBuilder(const EinsumSpec& spec, const std::vector<Strides>& strides)
+      : spec(spec), strides(strides) {}
+
+  /// Classifies the two-operand spec; false when it is not a GEMM.
+  bool build(EinsumPlan::Gemm& gemm);
+
+private:
+  EinsumPlan::Matrix matrix(int tensor, const std::vector<int>& rowDims,
+                            const std::vector<int>& colDims) const;
+  /// Collapses `dims` (outer to inner) of `tensor` into one extent and stride; false if the
+  /// dims are not nested contiguously in that order.
+  bool collapse(int tensor, const std::vector<int>& dims, int64_t& extent, int64_t& stride) const;
+  int64_t strideOf(int tensor, int id) const { return strides[tensor][positions[tensor][id]]; }
+
+  const EinsumSpec& spec;
+  const std::vector<Strides>& strides;
+  std::vector<std::vector<int>> positions; // a, b, out
+  std::vector<int> batchDims;
+};
+
+bool GemmBuilder::collapse(int tensor, const std::vector<int>& dims, int64_t& extent,
+                           int64_t& stride) const {
+  extent = 1;
+  stride = 0;
+  int64_t next = 0;
+  for (size_t i = dims.size(); i-- > 0;) {
+    int64_t own = strideOf(tensor, dims[i]);
+    if (i + 1 == dims.size())
+      stride = own;
+    else if (own != next)
+      return false;
+    next = own * spec.sizes[dims[i]];
+    extent *= spec.sizes[dims[i]];
+  }
+  return true;
+}
+
+/// Picks the cblas walk of a rows x cols matrix: row-major (col stride 1, ld = row stride) or
+/// its transpose (row stride 1, ld = col stride); false when neither fits.
+bool chooseLayout(EinsumPlan::Matrix& m) {
+  int64_t rows = m.rows, cols = m.cols;
+  if ((cols == 1 || m.colStride == 1) && (rows == 1 || m.rowStride >= std::max<int64_t>(cols, 1))) {
+    m.transpose = false;
+    m.ld = rows == 1 ? std::max<int64_t>(cols, 1) : m.rowStride;
+    return true;
+  }
+  if ((rows == 1 || m.rowStride == 1) && (cols == 1 || m.colStride >= std::max<int64_t>(rows, 1))) {
+    m.transpose = true;
+    m.ld = cols == 1 ? std::max<int64_t>(rows, 1) : m.colStride;
+    return true;
+  }
+  return false;
+}
+
+void makePacked(EinsumPlan::Matrix& m, const std::vector<int64_t>& batchSizes) {
+  m.pack = true;
+  m.transpose = false;
+  m.rowStride = m.cols;
+  m.colStride = 1;
+  m.ld = std::max<int64_t>(m.cols, 1);
+  Strides dense = denseStrides(batchSizes);
+  m.batchStrides.clear();
+  for (int64_t stride : dense)
+    m.batchStrides.push_back(stride * m.rows * m.cols);
+}
+
+EinsumPlan::Matrix GemmBuilder::matrix(int tensor, const std::vector<int>& rowDims,
+                                       const std::vector<int>& colDims) const {
+  EinsumPlan::Matrix m;
+  m.rowDims = rowDims;
+  m.colDims = colDims;
+  for (int id : batchDims) {
+    m.batchStrides.push_back(strideOf(tensor, id));
+    m.fullShape.push_back(spec.sizes[id]);
+    m.fullStrides.push_back(strideOf(tensor, id));
+  }
+  for (const std::vector<int>* group : {&rowDims, &colDims})
+    for (int id : *group) {
+      m.fullShape.push_back(spec.sizes[id]);
+      m.fullStrides.push_back(strideOf(tensor, id));
+    }
+  bool collapsible = collapse(tensor, rowDims, m.rows, m.rowStride) &&
+                     collapse(tensor, colDims, m.cols, m.colStride);
+  if (!collapsible) {
+    m.rows = m.cols = 1;
+    for (int id : rowDims)
+      m.rows *= spec.sizes[id];
+    for (int id : colDims)
+      m.cols *= spec.sizes[id];
+    m.pack = true;
+  } else if (!chooseLayout(m)) {
+    m.pack = true;
+  }
+  return m;
+}
+
+bool GemmBuilder::build(EinsumPlan::Gemm& gemm) {
+  size_t idCount = spec.sizes.size();
+  const EinsumOperand& a = spec.operands[0];
+  const EinsumOperand& b = spec.operands[1];
+  positions = {positionsOf(a, idCount), positionsOf(b, idCount), positionsOf(spec.out, idCount)};
+  auto in = [&](int tensor, int id) { return positions[tensor][id] >= 0; };
+  std::vector<int> mDims, nDims, kDims;
+  for (int id : spec.out.dims) {
+    if (spec.sizes[id] == 1) continue;
+    if (in(0, id) && in(1, id))
+      batchDims.push_back(id);
+    else if (in(0, id))
+      mDims.push_back(id);
+    else if (in(1, id))
+      nDims.push_back(id);
+    else
+      return false; // an output dim no operand has: a broadcast
+  }
+  for (int id : a.dims) {
+    if (spec.sizes[id] == 1 || in(2, id)) continue;
+    if (!in(1, id)) return false; // summed over in a alone
+    kDims.push_back(id);
+  }
+  for (int id : b.dims)
+    if (spec.sizes[id] != 1 && !in(2, id) && !in(0, id)) return false;
+
+  gemm.batchDims = batchDims;
+  gemm.batchSizes.clear();
+  for (int id : batchDims)
+    gemm.batchSizes.push_back(spec.sizes[id]);
+  EinsumPlan::Matrix c = matrix(2, mDims, nDims);
+  EinsumPlan::Matrix cSwapped = matrix(2, nDims, mDims);
+  bool direct = !c.pack && !c.transpose;
+  bool swapped = !direct && !cSwapped.pack && !cSwapped.transpose;
+  gemm.swapped = swapped;
+  if (swapped) {
+    gemm.a = matrix(1, nDims, kDims);
+    gemm.b = matrix(0, kDims, mDims);
+    gemm.c = cSwapped;
+  } else {
+    gemm.a = matrix(0, mDims, kDims);
+    gemm.b = matrix(1, kDims, nDims);
+    gemm.c = c;
+    if (!direct) makePacked(gemm.c, gemm.batchSizes);
+  }
+  if (gemm.a.pack) makePacked(gemm.a, gemm.batchSizes);
+  if (gemm.b.pack) makePacked(gemm.b, gemm.batchSizes);
+  gemm.enabled = true;
+  return true;
+}
+
+/// Copies `m`'s source walk into dense [batch..., rows, cols].
+void pack(const float* source, const EinsumPlan::Matrix& m, std::vector<float>& buffer) {
+  Dims shape = toDims(m.fullShape), dense = rowMajorStrides(shape);
+  buffer.resize(size_t(shape.product()));
+  float* target = buffer.data();
+  // Keep the target's innermost dim innermost (sequential writes) and order the others by the
+  // source's strides, largest outermost: then each inner block of the source is small and
+  // re-read from cache, e.g. a batch dim innermost in the source moves just outside.
+  std::vector<int> order(m.fullShape.size());
+  for (size_t d = 0; d < order.size(); ++d)
+    order[d] = int(d);
+  if (!order.empty())
+    std::stable_sort(order.begin(), order.end() - 1, [&](int x, int y) {
+      return m.fullStrides[size_t(x)] > m.fullStrides[size_t(y)];
+    });
+  Dims walkShape, walkSource, walkTarget;
+  for (int d : order) {
+    walkShape.push_back(shape[d]);
+    walkSource.push_back(m.fullStrides[size_t(d)]);
+    walkTarget.push_back(dense[d]);
+  }
+  forEachIndex<2>(walkShape, {walkTarget, walkSource},
+                  [&](int64_t o, int64_t i) { target[o] = source[i]; });
+}
+
+} // namespace
+
+EinsumPlan::EinsumPlan(EinsumSpec spec) : spec_(std::move(spec)) {
+  if (spec_.operands.empty()) throw std::invalid_argument("einsum: no operands");
+  size_t idCount = spec_.sizes.size();
+  for (int64_t size : spec_.sizes)
+    if (size < 0) throw std::invalid_argument("einsum: negative dim size");
+  auto check = [&](const EinsumOperand& operand) {
+    std::vector<bool> seen(idCount, false);
+    std::vector<int64_t> shape;
+    for (int id : operand.dims) {
+      if (id < 0 || size_t(id) >= idCount)
+        throw std::invalid_argument("einsum: dim id " + std::to_string(id) + " has no size");
+      if (seen[size_t(id)])
+        throw std::invalid_argument("einsum: dim id " + std::to_string(id) + " appears twice");
+      seen[size_t(id)] = true;
+      shape.push_back(spec_.sizes[size_t(id)]);
+    }
+    if (operand.strides.empty()) return denseStrides(shape);
+    if (operand.strides.size() != operand.dims.size())
+      throw std::invalid_argument("einsum: strides do not match dims");
+    return operand.strides;
+  };
+  for (const EinsumOperand& operand : spec_.operands)
+    strides.push_back(check(operand));
+  strides.push_back(check(spec_.out));
+  size_t operandCount = spec_.operands.size();
+  if (operandCount == 1) {
+    planReduce();
+  } else if (operandCount == 2) {
+    planPresum();
+    if (!main && !GemmBuilder(spec_, strides).build(gemm)) gemm = Gemm{};
+  }
+}
+
+void EinsumPlan::planReduce() {
+  // The operand must be dense and hold every output dim of size > 1.
+  const EinsumOperand& in = spec_.operands[0];
+  std::vector<int64_t> shape;
+  for (int id : in.dims)
+    shape.push_back(spec_.sizes[size_t(id)]);
+  if (strides[0] != denseStrides(shape)) return;
+  std::vector<int> inPositions = positionsOf(in, spec_.sizes.size());
+  std::vector<int64_t> outShape;
+  for (int id : spec_.out.dims) {
+    if (inPositions[size_t(id)] < 0 && spec_.sizes[size_t(id)] != 1) return;
+    outShape.push_back(spec_.sizes[size_t(id)]);
+  }
+  if (in.dims.size() > size_t(kMaxRank)) return;
+  // Strides of the dense scratch result (over the output's dims) seen from the input's dims.
+  Strides outDense = denseStrides(outShape);
+  std::vector<int> outPositions = positionsOf(spec_.out, spec_.sizes.size());
+  reduceOutStrides.assign(in.dims.size(), 0);
+  for (size_t d = 0; d < in.dims.size(); ++d)
+    if (int position = outPositions[size_t(in.dims[d])]; position >= 0)
+      reduceOutStrides[d] = outDense[size_t(position)];
+  reduceShape = shape;
+  singleReduce = true;
+}
+
+void EinsumPlan::planPresum() {
+  size_t idCount = spec_.sizes.size();
+  std::vector<int> outPositions = positionsOf(spec_.out, idCount);
+  EinsumSpec mainSpec = spec_;
+  presum.assign(2, nullptr);
+  presumCounts.assign(2, 0);
+  bool any = false;
+  for (size_t k = 0; k < 2; ++k) {
+    std::vector<int> other = positionsOf(spec_.operands[1 - k], idCount);
+    EinsumOperand kept;
+    int64_t count = 1;
+    for (int id : spec_.operands[k].dims) {
+      bool lonely = outPositions[size_t(id)] < 0 && other[size_t(id)] < 0;
+      if (lonely && spec_.sizes[size_t(id)] != 1) continue;
+      kept.dims.push_back(id);
+      count *= spec_.sizes[size_t(id)];
+    }
+    if (kept.dims.size() == spec_.operands[k].dims.size()) continue;
+    EinsumSpec sumSpec{spec_.sizes, {spec_.operands[k]}, kept};
+    presum[k] = std::make_shared<const EinsumPlan>(std::move(sumSpec));
+    presumCounts[k] = count;
+    mainSpec.operands[k] = kept;
+    any = true;
+  }
+  if (any) main = std::make_shared<const EinsumPlan>(std::move(mainSpec));
+}
+
+std::string EinsumPlan::describe() const {
+  if (singleReduce) return "reduce";
+  if (main) {
+    std::string text = "presum(";
+    text += presum[0] ? (presum[1] ? "a, b" : "a") : "b";
+    return text + ") + " + main->describe();
+  }
+  if (!gemm.enabled) return "generic";
+  int64_t batch = 1;
+  for (int64_t size : gemm.batchSizes)
+    batch *= size;
+  std::string text = "gemm batch=" + std::to_string(batch) + " m=" + std::to_string(gemm.c.rows) +
+                     " n=" + std::to_string(gemm.c.cols) + " k=" + std::to_string(gemm.a.cols) +
+                     " a=" + (gemm.a.transpose ? "T" : "N") +
+                     " b=" + (gemm.b.transpose ? "T" : "N");
+  if (gemm.swapped) text += " swapped";
+  if (gemm.a.pack) text += gemm.swapped ? " pack-b" : " pack-a";
+  if (gemm.b.pack) text += gemm.swapped ? " pack-a" : " pack-b";
+  if (gemm.c.pack) text += " pack-out";
+  return text;
+}
+
+void EinsumPlan::run(const float* a, const float* b, float* out, bool accumulate,
+                     float alpha) const {
+  const float* operands[2] = {a, b};
+  run(operands, out, accumulate, alpha);
+}
+
+void EinsumPlan::run(const float* const* operands, float* out, bool accumulate, float alpha) const {
+  if (gemm.enabled)
+    runGemm(operands[0], operands[1], out, accumulate, alpha);
+  else if (singleReduce)
+    runReduce(operands[0], out, accumulate, alpha);
+  else if (main)
+    runPresummed(operands, out, accumulate, alpha);
+  else
+    runGeneric(operands, out, accumulate, alpha);
+}
+
+void EinsumPlan::runReduce(const float* in, float* out, bool accumulate, float alpha) const {
+  thread_local std::vector<float> scratch;
+  Dims shape = toDims(reduceShape);
+  std::vector<int64_t> outShape;
+  for (int id : spec_.out.dims)
+    outShape.push_back(spec_.sizes[size_t(id)]);
+  Dims outDims = toDims(outShape);
+  scratch.resize(size_t(outDims.product()));
+  const float* sums = scratch.data();
+  reduceStrided(ReduceKind::Sum, in, shape, toDims(reduceOutStrides), scratch.data());
+  Dims outStrides = toDims(strides.back()), dense = rowMajorStrides(outDims);
+  if (accumulate)
+    forEachIndex<2>(outDims, {outStrides, dense},
+                    [&](int64_t o, int64_t i) { out[o] += alpha * sums[i]; });
+  else
+    forEachIndex<2>(outDims, {outStrides, dense},
+                    [&](int64_t o, int64_t i) { out[o] = alpha * sums[i]; });
+}
+
+void EinsumPlan::runPresummed(const float* const* operands, float* out, bool accumulate,
+                              float alpha) const {
+  thread_local std::vector<float> summed[2];
+  const float* reduced[2] = {operands[0], operands[1]};
+  for (size_t k = 0; k < 2; ++k) {
+    if (!presum[k]) continue;
+    summed[k].resize(size_t(presumCounts[k]));
+    presum[k]->run(&operands[k], summed[k].data());
+    reduced[k] = summed[k].data();
+  }
+  main->run(reduced, out, accumulate, alpha);
+}
+
+void EinsumPlan::runGemm(const float* a, const float* b, float* out, bool accumulate,
+                         float alpha) const {
+  const Matrix &ma = gemm.a, &mb = gemm.b, &mc = gemm.c;
+  int64_t batch = 1;
+  for (int64_t size : gemm.batchSizes)
+    batch *= size;
+  int64_t m = mc.rows, n = mc.cols, k = ma.cols;
+  if (batch == 0 || m == 0 || n == 0) return;
+  // The output's own walk (for zeroing and for scattering a packed result).
+  Dims outShape = toDims(mc.fullShape), outStrides = toDims(mc.fullStrides);
+  if (k == 0) {
+    if (!accumulate) forEachIndex<1>(outShape, {outStrides}, [&](int64_t o) { out[o] = 0; });
+    return;
+  }
+  const float* first = gemm.swapped ? b : a;
+  const float* second = gemm.swapped ? a : b;
+  thread_local std::vector<float> packedA, packedB, packedC;
+  if (ma.pack) {
+    pack(first, ma, packedA);
+    first = packedA.data();
+  }
+  if (mb.pack) {
+    pack(second, mb, packedB);
+    second = packedB.data();
+  }
+  float* target = out;
+  float beta = accumulate ? 1.0f : 0.0f;
+  if (mc.pack) {
+    packedC.resize(size_t(batch * m * n));
+    target = packedC.data();
+    beta = 0;
+  }
+  CBLAS_TRANSPOSE transA = ma.transpose ? CblasTrans : CblasNoTrans;
+  CBLAS_TRANSPOSE transB = mb.transpose ? CblasTrans : CblasNoTrans;
+  auto call = [&](int64_t offsetA, int64_t offsetB, int64_t offsetC) {
+    cblas_sgemm(CblasRowMajor, transA, transB, blasint(m), blasint(n), blasint(k), alpha,
+                first + offsetA, blasint(ma.ld), second + offsetB, blasint(mb.ld), beta,
+                target + offsetC, blasint(mc.ld));
+  };
+  Dims batchShape = toDims(gemm.batchSizes);
+  forEachIndex<3>(batchShape,
+                  {toDims(ma.batchStrides), toDims(mb.batchStrides), toDims(mc.batchStrides)},
+                  call);
+  if (mc.pack) {
+    const float* packed = packedC.data();
+    Dims dense = rowMajorStrides(outShape);
+    if (accumulate)
+      forEachIndex<2>(outShape, {outStrides, dense},
+                      [&](int64_t o, int64_t i) { out[o] += packed[i]; });
+    else
+      forEachIndex<2>(outShape, {outStrides, dense},
+                      [&](int64_t o, int64_t i) { out[o] = packed[i]; });
+  }
+}
+
+void EinsumPlan::runGeneric(const float* const* operands, float* out, bool accumulate,
+                            float alpha) const {
+  size_t operandCount = spec_.operands.size();
+  size_t idCount = spec_.sizes.size();
+  // The space: the output's dims, then every contracted dim in order of first appearance.
+  std::vector<int> space = spec_.out.dims;
+  std::vector<bool> inSpace(idCount, false);
+  for (int id : space)
+    inSpace[size_t(id)] = true;
+  for (const EinsumOperand& operand : spec_.operands)
+    for (int id : operand.dims)
+      if (!inSpace[size_t(id)]) {
+        inSpace[size_t(id)] = true;
+        space.push_back(id);
+      }
+  size_t rank = space.size();
+  std::vector<int64_t> sizes(rank);
+  for (size_t d = 0; d < rank; ++d)
+    sizes[d] = spec_.sizes[size_t(space[d])];
+  // Strides over the space: operands, then the dense accumulator (0 on contracted dims).
+  std::vector<Strides> walk(operandCount + 1);
+  for (Strides& tensorWalk : walk)
+    tensorWalk.assign(rank, 0);
+  for (size_t t = 0; t < operandCount; ++t) {
+    std::vector<int> positions = positionsOf(spec_.operands[t], idCount);
+    for (size_t d = 0; d < rank; ++d)
+      if (positions[size_t(space[d])] >= 0) walk[t][d] = strides[t][size_t(positions[space[d]])];
+  }
+  size_t outRank = spec_.out.dims.size();
+  std::vector<int64_t> outShape(sizes.begin(), sizes.begin() + long(outRank));
+  Strides dense = denseStrides(outShape);
+  for (size_t d = 0; d < outRank; ++d)
+    walk[operandCount][d] = dense[d];
+  int64_t outCount = 1, total = 1;
+  for (int64_t size : outShape)
+    outCount *= size;
+  for (int64_t size : sizes)
+    total *= size;
+  std::vector<double> sums(size_t(outCount), 0.0);
+  if (total > 0) {
+    std::vector<int64_t> counter(rank, 0), offset(operandCount + 1, 0);
+    for (int64_t point = 0; point < total; ++point) {
+      double product = 1;
+      for (size_t t = 0; t < operandCount; ++t)
+        product *= double(operands[t][offset[t]]);
+      sums[size_t(offset[operandCount])] += product;
+      for (size_t d = rank; d-- > 0;) {
+        for (size_t t = 0; t <= operandCount; ++t)
+          offset[t] += walk[t][d];
+        if (++counter[d] < sizes[d]) break;
+        for (size_t t = 0; t <= operandCount; ++t)
+          offset[t] -= walk[t][d] * sizes[d];
+        counter[d] = 0;
+      }
+    }
+  }
+  const double* result = sums.data();
+  Dims shape = toDims(outShape);
+  Dims outStrides = toDims(strides.back());
+  if (accumulate)
+    forEachIndex<2>(shape, {outStrides, rowMajorStrides(shape)}, [&](int64_t o, int64_t i) {
+      out[o] = float(double(out[o]) + double(alpha) * result[i]);
+    });
+  else
+    forEachIndex<2>(shape, {outStrides, rowMajorStrides(shape)},
+                    [&](int64_t o, int64_t i) { out[o] = float(double(alpha) * result[i]); });
+}
+
+void einsum(const float* a, const float* b, float* out, const EinsumSpec& spec, bool accumulate,
+            float alpha) {
+  EinsumPlan(spec).run(a, b, out, accumulate, alpha);
+}
+
+void einsum(std::initializer_list<const float*> operands, float* out, const EinsumSpec& spec,
+            bool accumulate, float alpha) {
+  std::vector<const float*> pointers(operands);
+  EinsumPlan(spec).run(pointers.data(), out, accumulate, alpha);
+}
+
+void setBlasThreads(int threads) {
+  openblas_set_num_threads(threads);
+}
+int blasThreads() {
+  return openblas_get_num_threads();
+}
+
+} // namespace meshrt::kernels
