@@ -1,0 +1,212 @@
+// The communicator interface of meshrt: what generated SPMD code calls, and what every backend
+// (threads today; MPI and NCCL later) implements. Each rank runs the same program and holds one
+// Communicator over the whole mesh; subgroup(axes) gives the communicator over the ranks that
+// differ only along some axes (the ranks a collective over a split dim talks to).
+//
+// Conventions shared by every backend (docs/runtime.md has the full contract):
+// - Ranks are numbered row-major over the mesh axes (the last axis varies fastest). A subgroup's
+//   ranks are numbered row-major over its axes in the order they were named.
+// - Counts are element counts; every rank of a collective passes the same count, dtype and op
+//   (checked: a mismatch is a CommError on every rank of the group).
+// - Chunked collectives (reduceScatter, allGather, allToAll) use `countPerRank` elements per
+//   rank of the group, chunk i of a size()*countPerRank buffer belonging to group rank i.
+// - In-place forms follow NCCL: allReduce with in == out; reduceScatter with
+//   out == in + rank()*countPerRank; allGather with in == out + rank()*countPerRank; broadcast is
+//   always in place. Any other overlap of in and out is a CommError.
+// - Reductions combine the ranks' values in group-rank order, so every rank gets the same bits.
+// - A rank that fails (throws, exits early, or does not arrive within timeout()) turns every
+//   other rank's pending and later collectives into a CommError instead of a hang.
+//
+// Host code, C++17 and up (generated CUDA sources include it through nvcc's host compiler).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace meshrt {
+
+/// The error of a failed collective: names the collective, the rank and the cause.
+class CommError : public std::runtime_error {
+public:
+  CommError(std::string collective, int worldRank, const std::string& message)
+      : std::runtime_error(message), collective_(std::move(collective)), worldRank_(worldRank) {}
+  /// The collective that failed ("allReduce", "barrier", ...), or "" outside a collective.
+  const std::string& collective() const { return collective_; }
+  /// The world rank that raised this error.
+  int worldRank() const { return worldRank_; }
+
+private:
+  std::string collective_;
+  int worldRank_;
+};
+
+struct MeshAxis {
+  std::string name;
+  int size = 1;
+  bool operator==(const MeshAxis& other) const { return name == other.name && size == other.size; }
+  bool operator!=(const MeshAxis& other) const { return !(*this == other); }
+};
+
+/// Processors as a grid with named axes; ranks are numbered row-major (last axis fastest).
+class Mesh {
+public:
+  /// The mesh of one processor (no axes).
+  Mesh() = default;
+  /// Throws std::invalid_argument on an empty or repeated axis name or a size < 1.
+  Mesh(std::vector<MeshAxis> axes);
+  Mesh(std::initializer_list<MeshAxis> axes) : Mesh(std::vector<MeshAxis>(axes)) {}
+  /// Parses "data=2,model=4" (spaces allowed; "" is the one-processor mesh).
+  static Mesh parse(std::string_view text);
+
+  const std::vector<MeshAxis>& axes() const { return axes_; }
+  int numAxes() const { return int(axes_.size()); }
+  /// The number of ranks: the product of the axis sizes.
+  int size() const;
+  /// Index of the axis named `name`, or -1.
+  int axisIndex(std::string_view name) const;
+  /// Size of the axis named `name`; throws std::invalid_argument if there is none.
+  int axisSize(std::string_view name) const;
+  /// Row-major coordinates of `rank`, one per axis.
+  std::vector<int> coords(int rank) const;
+  /// The rank at `coords` (one per axis, each in range).
+  int rank(const std::vector<int>& coords) const;
+  /// "[data=2, model=4]".
+  std::string str() const;
+  bool operator==(const Mesh& other) const { return axes_ == other.axes_; }
+  bool operator!=(const Mesh& other) const { return !(*this == other); }
+
+private:
+  std::vector<MeshAxis> axes_;
+};
+
+enum class ReduceOp { Sum, Max, Min };
+/// Element types of collectives. Bytes has no reductions.
+enum class DType { F32, F64, I32, Bytes };
+
+template <class T> struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::F64; };
+template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::I32; };
+template <> struct DTypeOf<std::byte> { static constexpr DType value = DType::Bytes; };
+template <> struct DTypeOf<unsigned char> { static constexpr DType value = DType::Bytes; };
+
+size_t dtypeSize(DType dtype);
+const char* dtypeName(DType dtype);
+const char* reduceOpName(ReduceOp op);
+
+/// The timeout a backend uses unless told otherwise: MESHRT_TIMEOUT_S from the environment
+/// (seconds, may be fractional), else 60 s. Throws std::invalid_argument on a malformed value.
+std::chrono::milliseconds defaultTimeout();
+
+/// Where a shift has no peer, the rank receives zeros (Zero) or the shift wraps around (Wrap).
+enum class Boundary { Wrap, Zero };
+
+/// A communicator over a group of ranks. Not thread-safe: each rank uses its own from one thread.
+class Communicator {
+public:
+  /// permute's peer value meaning "nobody".
+  static constexpr int kNoPeer = -1;
+
+  virtual ~Communicator() = default;
+
+  // --- Identity -------------------------------------------------------------------------------
+  /// This rank's index in the group, in [0, size()).
+  virtual int rank() const = 0;
+  int size() const { return mesh().size(); }
+  /// The group's mesh: the whole mesh for the world communicator, only the group's axes (in the
+  /// order they were named) for a subgroup.
+  virtual const Mesh& mesh() const = 0;
+  /// This rank's coordinates in mesh().
+  std::vector<int> coords() const { return mesh().coords(rank()); }
+  /// This rank's coordinate along the axis `axis` of mesh() (throws if there is none).
+  int coord(std::string_view axis) const;
+  /// The mesh and rank of the world communicator this group belongs to.
+  virtual const Mesh& worldMesh() const = 0;
+  virtual int worldRank() const = 0;
+  /// The world rank of this group's rank `groupRank`.
+  virtual int worldRankOf(int groupRank) const = 0;
+  /// How long a collective waits for a missing rank before failing.
+  virtual std::chrono::milliseconds timeout() const = 0;
+  /// "threads", "mpi", "nccl".
+  virtual const char* backend() const = 0;
+
+  /// The communicator over the ranks that share this rank's coordinates on every axis of mesh()
+  /// except `axes`; its ranks are row-major over `axes` in the given order. Empty `axes`: the
+  /// group of this rank alone; all of the world's axes in mesh order: the world communicator.
+  /// Cached: repeated calls return the same object, owned by the world communicator. Treat the
+  /// first call for given axes like a collective over the new group's members (MPI and NCCL create
+  /// communicators collectively; threads need not): every member makes it, in the same order
+  /// relative to its collectives. Generated code creates its subgroups up front, in its
+  /// constructor. Throws std::invalid_argument on an unknown or repeated axis.
+  virtual Communicator& subgroup(const std::vector<std::string>& axes) = 0;
+  Communicator& subgroup(std::initializer_list<std::string_view> axes) {
+    return subgroup(std::vector<std::string>(axes.begin(), axes.end()));
+  }
+
+  // --- Collectives (typed) --------------------------------------------------------------------
+  /// out[i] = op over ranks of in[i]; `count` elements. in == out for in place.
+  template <class T>
+  void allReduce(const T* in, T* out, size_t count, ReduceOp op = ReduceOp::Sum) {
+    static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    allReduceRaw(in, out, count, DTypeOf<T>::value, op);
+  }
+  template <class T> void allReduce(T* data, size_t count, ReduceOp op = ReduceOp::Sum) {
+    allReduce<T>(data, data, count, op);
+  }
+  /// in: size()*countPerRank elements; out (countPerRank) = op over ranks of in's chunk rank().
+  template <class T>
+  void reduceScatter(const T* in, T* out, size_t countPerRank, ReduceOp op = ReduceOp::Sum) {
+    static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    reduceScatterRaw(in, out, countPerRank, DTypeOf<T>::value, op);
+  }
+  /// out (size()*countPerRank): chunk i is rank i's `in` (countPerRank elements).
+  template <class T> void allGather(const T* in, T* out, size_t countPerRank) {
+    allGatherRaw(in, out, countPerRank, DTypeOf<T>::value);
+  }
+  /// in and out: size()*countPerRank elements; out's chunk i is rank i's in chunk rank().
+  template <class T> void allToAll(const T* in, T* out, size_t countPerRank) {
+    allToAllRaw(in, out, countPerRank, DTypeOf<T>::value);
+  }
+  /// Point-to-point exchange in one step (halo exchange, collective permute): this rank sends
+  /// its `in` to group rank `sendTo` and receives group rank `recvFrom`'s `in` into `out`
+  /// (`count` elements each). kNoPeer sends nothing / fills `out` with zeros. The pairs must
+  /// agree across the group (rank a sends to b iff b receives from a): checked.
+  template <class T> void permute(const T* in, T* out, size_t count, int sendTo, int recvFrom) {
+    permuteRaw(in, out, count, DTypeOf<T>::value, sendTo, recvFrom);
+  }
+  /// permute with sendTo = rank()+offset and recvFrom = rank()-offset: modulo size() for Wrap;
+  /// for Zero, ranks without a peer in [0, size()) receive zeros.
+  template <class T>
+  void shift(const T* in, T* out, size_t count, int offset, Boundary boundary = Boundary::Wrap) {
+    auto [sendTo, recvFrom] = shiftPeers(offset, boundary);
+    permute(in, out, count, sendTo, recvFrom);
+  }
+  /// Copies group rank `root`'s `data` into every rank's `data`.
+  template <class T> void broadcast(T* data, size_t count, int root) {
+    broadcastRaw(data, count, DTypeOf<T>::value, root);
+  }
+  /// Returns once every rank of the group has called it.
+  virtual void barrier() = 0;
+
+  // --- Collectives (type-erased): what a backend implements -----------------------------------
+  virtual void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                                ReduceOp op) = 0;
+  virtual void allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) = 0;
+  virtual void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) = 0;
+  virtual void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
+                          int recvFrom) = 0;
+  virtual void broadcastRaw(void* data, size_t count, DType dtype, int root) = 0;
+
+  /// The (sendTo, recvFrom) pair of shift(offset, boundary) on this rank.
+  std::pair<int, int> shiftPeers(int offset, Boundary boundary) const;
+};
+
+} // namespace meshrt

@@ -1,0 +1,631 @@
+// The threads backend: every rank is a thread, and a collective reads the peers' buffers in place.
+//
+// Each group (the world, or one subgroup) has one slot per rank where the rank publishes the
+// call it is making (kind, count, dtype, op, buffer pointers) and a barrier (an arrival counter
+// and a generation word the waiters sleep on with futex). A collective is: publish, barrier,
+// check that every rank made the same call, then phases that copy or reduce straight from the
+// peers' published buffers, separated by barriers. The last barrier keeps every buffer alive
+// and unchanged until nobody reads it any more. Only the first barrier can fail (see wait()). Slots
+// are double-buffered by call parity: a rank can be at most one call ahead of a peer (the next
+// call's first barrier waits for it), so it never overwrites a slot a slower peer is still
+// checking.
+#include "meshrt/Threads.h"
+
+#include "Reduce.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace meshrt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kCacheLine = 64;
+
+void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+void futexWait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds wait) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  timespec timeout{time_t(wait.count() / 1000000000), long(wait.count() % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &timeout,
+          nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+}
+
+/// The cores this process may run on (its affinity mask, e.g. under taskset), at least 1.
+int usableCores() {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+enum class Kind : uint8_t {
+  Barrier,
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  AllToAll,
+  Permute,
+  Broadcast
+};
+
+const char* kindName(Kind kind) {
+  switch (kind) {
+  case Kind::Barrier:
+    return "barrier";
+  case Kind::AllReduce:
+    return "allReduce";
+  case Kind::ReduceScatter:
+    return "reduceScatter";
+  case Kind::AllGather:
+    return "allGather";
+  case Kind::AllToAll:
+    return "allToAll";
+  case Kind::Permute:
+    return "permute";
+  case Kind::Broadcast:
+    return "broadcast";
+  }
+  return "?";
+}
+
+/// One rank's call, as published to its peers.
+struct Call {
+  Kind kind = Kind::Barrier;
+  DType dtype = DType::Bytes;
+  ReduceOp op = ReduceOp::Sum;
+  size_t count = 0;
+  int root = 0;
+  int sendTo = Communicator::kNoPeer;
+  int recvFrom = Communicator::kNoPeer;
+  const void* in = nullptr;
+  void* out = nullptr;
+
+  /// The part every rank must agree on (peers differ in sendTo/recvFrom and the buffers).
+  bool sameCollective(const Call& other) const {
+    return kind == other.kind && dtype == other.dtype && op == other.op && count == other.count &&
+           root == other.root;
+  }
+  std::string describe() const {
+    std::string text = kindName(kind);
+    if (kind == Kind::Barrier) return text;
+    text += " of " + std::to_string(count) + " " + dtypeName(dtype);
+    if (kind == Kind::AllReduce || kind == Kind::ReduceScatter)
+      text += std::string(" (") + reduceOpName(op) + ")";
+    if (kind == Kind::Broadcast) text += " from root " + std::to_string(root);
+    return text;
+  }
+};
+
+struct alignas(kCacheLine) Slot {
+  Call calls[2];
+  /// How many barriers this rank has arrived at (to name the missing ranks on a timeout).
+  std::atomic<uint64_t> arrivals{0};
+  /// How many collectives this rank has begun on the group (only its owner reads it; kept here
+  /// rather than in the communicator so that every communicator over the group agrees).
+  uint64_t sequence = 0;
+};
+
+/// What the ranks of one group share.
+struct GroupState {
+  GroupState(std::vector<int> members, Mesh groupMesh)
+      : worldRanks(std::move(members)), mesh(std::move(groupMesh)),
+        slots(std::make_unique<Slot[]>(worldRanks.size())) {}
+  std::vector<int> worldRanks; // group rank -> world rank
+  Mesh mesh;
+  std::unique_ptr<Slot[]> slots;
+  /// The barrier: generation << 32 | ranks arrived in this generation. One word, so that a rank
+  /// can withdraw its arrival only while the barrier has not completed (see abandon()).
+  alignas(kCacheLine) std::atomic<uint64_t> barrier{0};
+  /// The barrier's generation again, as the 32-bit word the waiters sleep on with futex.
+  alignas(kCacheLine) std::atomic<uint32_t> generation{0};
+};
+
+/// What all ranks share: the groups, and whether (and why) the world has failed.
+class WorldState {
+public:
+  WorldState(Mesh worldMesh, std::chrono::milliseconds waitLimit)
+      : mesh(std::move(worldMesh)), timeout(waitLimit),
+        exited(std::make_unique<std::atomic<bool>[]>(mesh.size())) {
+    // With more ranks than cores, a spinning rank takes the core from the peer it waits for:
+    // hand the core over almost at once instead (measured by bench/collectives.sh).
+    bool oversubscribed = mesh.size() > usableCores();
+    spins = oversubscribed ? 4 : 200;
+    yields = oversubscribed ? 200 : 50;
+  }
+
+  /// The group over world axes `axes` (in that order) that holds `worldRank`.
+  GroupState& group(const std::vector<int>& axes, int worldRank) {
+    std::vector<int> coords = mesh.coords(worldRank);
+    std::vector<MeshAxis> groupAxes;
+    for (int axis : axes)
+      groupAxes.push_back(mesh.axes()[axis]);
+    Mesh groupMesh(std::move(groupAxes));
+    // Members share every coordinate outside `axes`; the key names them by their first member.
+    std::vector<int> members;
+    for (int groupRank = 0; groupRank < groupMesh.size(); ++groupRank) {
+      std::vector<int> groupCoords = groupMesh.coords(groupRank);
+      for (size_t i = 0; i < axes.size(); ++i)
+        coords[axes[i]] = groupCoords[i];
+      members.push_back(mesh.rank(coords));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<GroupState>& slot = groups_[{axes, members[0]}];
+    if (!slot) slot = std::make_unique<GroupState>(std::move(members), std::move(groupMesh));
+    return *slot;
+  }
+
+  /// Records the first failure and wakes every waiting rank so that it sees it.
+  void fail(int worldRank, std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (firstError_) return;
+      firstError_ = error;
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& caught) {
+        cause_ = caught.what();
+      } catch (...) {
+        cause_ = "an exception that is not a std::exception";
+      }
+      failedRank_ = worldRank;
+      failed.store(true, std::memory_order_release);
+    }
+    wakeAll();
+  }
+  void markExited(int worldRank) {
+    exited[worldRank].store(true, std::memory_order_release);
+    wakeAll();
+  }
+  /// "world rank 3 failed: <what it threw>".
+  std::string failure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return "world rank " + std::to_string(failedRank_) + " failed: " + cause_;
+  }
+  std::exception_ptr firstError() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return firstError_;
+  }
+
+  const Mesh mesh;
+  const std::chrono::milliseconds timeout;
+  std::atomic<bool> failed{false};
+  std::unique_ptr<std::atomic<bool>[]> exited;
+  /// How long a barrier waiter spins, then yields, before it sleeps on the futex.
+  int spins = 200, yields = 50;
+
+private:
+  void wakeAll() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [key, group] : groups_)
+      futexWakeAll(group->generation);
+  }
+
+  std::mutex mutex_;
+  std::map<std::pair<std::vector<int>, int>, std::unique_ptr<GroupState>> groups_;
+  std::exception_ptr firstError_;
+  std::string cause_;
+  int failedRank_ = -1;
+};
+
+/// Group rank `rank`'s share [begin, end) of `count` elements split into `parts` chunks whose
+/// boundaries fall on cache lines (so that no two ranks write one line).
+std::pair<size_t, size_t> chunkOf(size_t count, size_t elementSize, int parts, int rank) {
+  size_t perLine = std::max<size_t>(1, kCacheLine / elementSize);
+  size_t lines = (count + perLine - 1) / perLine;
+  auto boundary = [&](int part) { return std::min(count, lines * part / parts * perLine); };
+  return {boundary(rank), boundary(rank + 1)};
+}
+
+/// memcpy that accepts null pointers when there is nothing to copy.
+void copyBytes(void* to, const void* from, size_t bytes) {
+  if (bytes) std::memcpy(to, from, bytes);
+}
+
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  auto aStart = reinterpret_cast<uintptr_t>(a), bStart = reinterpret_cast<uintptr_t>(b);
+  return aBytes && bBytes && aStart < bStart + bBytes && bStart < aStart + aBytes;
+}
+
+// Small allreduces reduce the whole buffer on every rank (one data phase instead of two).
+constexpr size_t kSmallAllReduceBytes = 16 * 1024;
+// Reduced or gathered chunks at least this large are written around the cache (a buffer of
+// several such chunks is read back from memory anyway), so the stores cost no
+// read-for-ownership.
+constexpr size_t kStreamingBytes = size_t(4) << 20;
+
+// --- The communicator ---------------------------------------------------------------------------
+
+class ThreadsComm final : public Communicator {
+public:
+  /// A world communicator.
+  ThreadsComm(WorldState& world, int worldRank)
+      : ThreadsComm(world, worldRank, allAxes(world.mesh), nullptr) {}
+
+  int rank() const override { return groupRank_; }
+  const Mesh& mesh() const override { return group_.mesh; }
+  const Mesh& worldMesh() const override { return world_.mesh; }
+  int worldRank() const override { return worldRank_; }
+  int worldRankOf(int groupRank) const override {
+    if (groupRank < 0 || groupRank >= size())
+      throw std::out_of_range("meshrt: rank " + std::to_string(groupRank) + " is not in group " +
+                              group_.mesh.str());
+    return group_.worldRanks[groupRank];
+  }
+  std::chrono::milliseconds timeout() const override { return world_.timeout; }
+  const char* backend() const override { return "threads"; }
+
+  Communicator& subgroup(const std::vector<std::string>& axes) override {
+    std::vector<int> worldAxes;
+    for (const std::string& name : axes) {
+      int index = group_.mesh.axisIndex(name);
+      if (index < 0)
+        throw std::invalid_argument("meshrt: subgroup: group mesh " + group_.mesh.str() +
+                                    " has no axis '" + name + "'");
+      int worldAxis = axes_[index];
+      if (std::find(worldAxes.begin(), worldAxes.end(), worldAxis) != worldAxes.end())
+        throw std::invalid_argument("meshrt: subgroup: axis '" + name + "' named twice");
+      worldAxes.push_back(worldAxis);
+    }
+    ThreadsComm& worldComm = worldComm_ ? *worldComm_ : *this;
+    if (worldAxes == worldComm.axes_) return worldComm;
+    std::unique_ptr<ThreadsComm>& cached = worldComm.subgroups_[worldAxes];
+    if (!cached) cached.reset(new ThreadsComm(world_, worldRank_, worldAxes, &worldComm));
+    return *cached;
+  }
+
+  void barrier() override {
+    Call call;
+    call.kind = Kind::Barrier;
+    begin(call);
+  }
+
+  void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    Call call{Kind::AllReduce, dtype, op, count, 0, kNoPeer, kNoPeer, in, out};
+    size_t bytes = count * dtypeSize(dtype);
+    checkReducible(call);
+    checkBuffer(call, in, bytes, "input");
+    checkBuffer(call, out, bytes, "output");
+    if (in != out && overlaps(in, bytes, out, bytes))
+      throw error(call, "input and output overlap without being the same buffer");
+    int p = size();
+    // Allocate before the collective starts: past its first barrier nothing may throw.
+    std::vector<const void*>& inputs = inputs_;
+    inputs.resize(p);
+    bool small = bytes <= kSmallAllReduceBytes;
+    if (small) scratch_.resize(bytes);
+    begin(call);
+    if (p == 1) {
+      if (in != out) copyBytes(out, in, bytes);
+      return;
+    }
+    if (small) {
+      // Everyone reduces everything into scratch; the inputs may be overwritten once all have
+      // read them.
+      for (int q = 0; q < p; ++q)
+        inputs[q] = peer(q).in;
+      detail::reduce(dtype, op, scratch_.data(), inputs.data(), p, count, false);
+      wait(call);
+      copyBytes(out, scratch_.data(), bytes);
+      return;
+    }
+    // Reduce-scatter: this rank reduces its chunk from every peer's input into its own output.
+    size_t elementSize = dtypeSize(dtype);
+    auto [first, last] = chunkOf(count, elementSize, p, groupRank_);
+    for (int q = 0; q < p; ++q)
+      inputs[q] = static_cast<const char*>(peer(q).in) + first * elementSize;
+    detail::reduce(dtype, op, static_cast<char*>(out) + first * elementSize, inputs.data(), p,
+                   last - first, (last - first) * elementSize >= kStreamingBytes);
+    wait(call);
+    // Allgather: copy the other chunks from the peers' outputs.
+    for (int q = 0; q < p; ++q) {
+      if (q == groupRank_) continue;
+      auto [peerFirst, peerLast] = chunkOf(count, elementSize, p, q);
+      size_t chunkBytes = (peerLast - peerFirst) * elementSize;
+      detail::copy(static_cast<char*>(out) + peerFirst * elementSize,
+                   static_cast<const char*>(peer(q).out) + peerFirst * elementSize, chunkBytes,
+                   chunkBytes >= kStreamingBytes);
+    }
+    wait(call);
+  }
+
+  void reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                        ReduceOp op) override {
+    Call call{Kind::ReduceScatter, dtype, op, countPerRank, 0, kNoPeer, kNoPeer, in, out};
+    int p = size();
+    size_t chunkBytes = countPerRank * dtypeSize(dtype);
+    checkReducible(call);
+    checkBuffer(call, in, chunkBytes * p, "input");
+    checkBuffer(call, out, chunkBytes, "output");
+    const char* myChunk = static_cast<const char*>(in) + groupRank_ * chunkBytes;
+    if (out != myChunk && overlaps(in, chunkBytes * p, out, chunkBytes))
+      throw error(call, "output overlaps the input other than as its chunk rank() (in place)");
+    std::vector<const void*>& inputs = inputs_;
+    inputs.resize(p);
+    begin(call);
+    if (p == 1) {
+      if (out != in) copyBytes(out, in, chunkBytes);
+      return;
+    }
+    for (int q = 0; q < p; ++q)
+      inputs[q] = static_cast<const char*>(peer(q).in) + groupRank_ * chunkBytes;
+    detail::reduce(dtype, op, out, inputs.data(), p, countPerRank, chunkBytes >= kStreamingBytes);
+    wait(call);
+  }
+
+  void allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
+    Call call{Kind::AllGather, dtype, ReduceOp::Sum, countPerRank, 0, kNoPeer, kNoPeer, in, out};
+    int p = size();
+    size_t chunkBytes = countPerRank * dtypeSize(dtype);
+    checkBuffer(call, in, chunkBytes, "input");
+    checkBuffer(call, out, chunkBytes * p, "output");
+    char* myChunk = static_cast<char*>(out) + groupRank_ * chunkBytes;
+    if (in != myChunk && overlaps(in, chunkBytes, out, chunkBytes * p))
+      throw error(call, "input overlaps the output other than as its chunk rank() (in place)");
+    begin(call);
+    if (in != myChunk) copyBytes(myChunk, in, chunkBytes);
+    if (p == 1) return;
+    for (int q = 0; q < p; ++q)
+      if (q != groupRank_)
+        copyBytes(static_cast<char*>(out) + q * chunkBytes, peer(q).in, chunkBytes);
+    wait(call);
+  }
+
+  void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
+    Call call{Kind::AllToAll, dtype, ReduceOp::Sum, countPerRank, 0, kNoPeer, kNoPeer, in, out};
+    int p = size();
+    size_t chunkBytes = countPerRank * dtypeSize(dtype);
+    checkBuffer(call, in, chunkBytes * p, "input");
+    checkBuffer(call, out, chunkBytes * p, "output");
+    if (overlaps(in, chunkBytes * p, out, chunkBytes * p))
+      throw error(call, "input and output overlap (allToAll has no in-place form)");
+    begin(call);
+    for (int q = 0; q < p; ++q)
+      copyBytes(static_cast<char*>(out) + q * chunkBytes,
+                static_cast<const char*>(peer(q).in) + groupRank_ * chunkBytes, chunkBytes);
+    if (p > 1) wait(call);
+  }
+
+  void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
+                  int recvFrom) override {
+    Call call{Kind::Permute, dtype, ReduceOp::Sum, count, 0, sendTo, recvFrom, in, out};
+    int p = size();
+    size_t bytes = count * dtypeSize(dtype);
+    for (int peerRank : {sendTo, recvFrom})
+      if (peerRank != kNoPeer && (peerRank < 0 || peerRank >= p))
+        throw error(call, "peer " + std::to_string(peerRank) + " is not a rank of the group");
+    checkBuffer(call, in, bytes, "input");
+    checkBuffer(call, out, bytes, "output");
+    if (overlaps(in, bytes, out, bytes))
+      throw error(call, "input and output overlap (permute has no in-place form)");
+    begin(call);
+    // Every rank checks every pair, so that all agree on whether the exchange is consistent.
+    for (int a = 0; a < p; ++a) {
+      const Call& mine = peer(a);
+      if (mine.sendTo != kNoPeer && peer(mine.sendTo).recvFrom != a)
+        throw error(call, "group rank " + std::to_string(a) + " sends to rank " +
+                              std::to_string(mine.sendTo) + ", which receives from " +
+                              peerName(peer(mine.sendTo).recvFrom));
+      if (mine.recvFrom != kNoPeer && peer(mine.recvFrom).sendTo != a)
+        throw error(call, "group rank " + std::to_string(a) + " receives from rank " +
+                              std::to_string(mine.recvFrom) + ", which sends to " +
+                              peerName(peer(mine.recvFrom).sendTo));
+    }
+    if (recvFrom == kNoPeer)
+      std::fill_n(static_cast<char*>(out), bytes, 0);
+    else
+      copyBytes(out, peer(recvFrom).in, bytes);
+    if (p > 1) wait(call);
+  }
+
+  void broadcastRaw(void* data, size_t count, DType dtype, int root) override {
+    Call call{Kind::Broadcast, dtype, ReduceOp::Sum, count, root, kNoPeer, kNoPeer, data, data};
+    if (root < 0 || root >= size())
+      throw error(call, "root " + std::to_string(root) + " is not a rank of the group");
+    size_t bytes = count * dtypeSize(dtype);
+    checkBuffer(call, data, bytes, "buffer");
+    begin(call);
+    if (size() == 1) return;
+    if (groupRank_ != root) copyBytes(data, peer(root).in, bytes);
+    wait(call);
+  }
+
+private:
+  ThreadsComm(WorldState& world, int worldRank, std::vector<int> axes, ThreadsComm* worldComm)
+      : world_(world), group_(world.group(axes, worldRank)), axes_(std::move(axes)),
+        worldRank_(worldRank), worldComm_(worldComm) {
+    groupRank_ = int(std::find(group_.worldRanks.begin(), group_.worldRanks.end(), worldRank) -
+                     group_.worldRanks.begin());
+  }
+
+  static std::vector<int> allAxes(const Mesh& mesh) {
+    std::vector<int> axes(mesh.numAxes());
+    for (int i = 0; i < mesh.numAxes(); ++i)
+      axes[i] = i;
+    return axes;
+  }
+
+  /// The call group rank `q` published for the current collective.
+  const Call& peer(int q) const {
+    return group_.slots[q].calls[group_.slots[groupRank_].sequence & 1];
+  }
+
+  std::string peerName(int groupRank) const {
+    return groupRank == kNoPeer ? "nobody" : "rank " + std::to_string(groupRank);
+  }
+
+  /// The error `cause` of this rank's `call`, after failing the world (if it has not failed
+  /// already) so that no peer waits for this rank.
+  CommError error(const Call& call, const std::string& cause) const {
+    std::ostringstream message;
+    message << "meshrt: " << kindName(call.kind) << " failed on world rank " << worldRank_;
+    if (axes_.size() != size_t(world_.mesh.numAxes()) || world_.mesh.numAxes() == 0)
+      message << " (rank " << groupRank_ << " of group " << group_.mesh.str() << ")";
+    else
+      message << " (mesh " << world_.mesh.str() << ")";
+    message << ": " << cause;
+    CommError result(kindName(call.kind), worldRank_, message.str());
+    world_.fail(worldRank_, std::make_exception_ptr(result));
+    return result;
+  }
+
+  void checkReducible(const Call& call) const {
+    if (call.dtype == DType::Bytes) throw error(call, "bytes cannot be reduced");
+  }
+  void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
+    if (!buffer && bytes) throw error(call, std::string(what) + " is null");
+  }
+
+  /// Publishes `call`, waits for every rank of the group, and checks that all made the same call.
+  void begin(const Call& call) {
+    if (world_.failed.load(std::memory_order_acquire)) throw error(call, world_.failure());
+    ++group_.slots[groupRank_].sequence;
+    group_.slots[groupRank_].calls[group_.slots[groupRank_].sequence & 1] = call;
+    if (size() == 1) return;
+    wait(call, /*entry=*/true);
+    for (int q = 0; q < size(); ++q)
+      if (!peer(q).sameCollective(call))
+        throw error(call, "ranks disagree: group rank " + std::to_string(groupRank_) + " called " +
+                              call.describe() + " but group rank " + std::to_string(q) +
+                              " called " + peer(q).describe());
+  }
+
+  /// The group barrier: spin briefly (a peer on another core is usually close), then yield
+  /// (ranks may outnumber cores), then sleep on the generation word.
+  ///
+  /// Only the entry barrier of a collective (`entry`) can fail: there a rank that sees the world
+  /// failed, a missing peer exited, or its deadline passed withdraws its arrival and throws.
+  /// Either every rank passes the barrier or none does, so nobody starts reading the buffers of
+  /// a rank that has left. Past the entry barrier every rank is inside the collective's data
+  /// phases, which cannot fail, so the later barriers wait without condition.
+  void wait(const Call& call, bool entry = false) {
+    group_.slots[groupRank_].arrivals.fetch_add(1, std::memory_order_relaxed);
+    uint64_t before = group_.barrier.fetch_add(1, std::memory_order_acq_rel);
+    uint32_t generation = uint32_t(before >> 32);
+    if (uint32_t(before) + 1 == uint32_t(size())) {
+      group_.barrier.store(uint64_t(generation + 1) << 32, std::memory_order_release);
+      group_.generation.store(generation + 1, std::memory_order_release);
+      futexWakeAll(group_.generation);
+      return;
+    }
+    auto passed = [&] {
+      return uint32_t(group_.barrier.load(std::memory_order_acquire) >> 32) != generation;
+    };
+    for (int spin = 0; spin < world_.spins; ++spin) {
+      if (passed()) return;
+      cpuRelax();
+    }
+    for (int yield = 0; yield < world_.yields; ++yield) {
+      if (passed()) return;
+      if (entry && world_.failed.load(std::memory_order_relaxed)) break;
+      sched_yield();
+    }
+    Clock::time_point deadline = Clock::now() + world_.timeout;
+    while (!passed()) {
+      if (entry) {
+        std::string cause = whyGiveUp(deadline);
+        if (!cause.empty()) {
+          if (!abandon(generation)) return; // Everyone arrived meanwhile: carry on.
+          throw error(call, cause);
+        }
+      }
+      std::chrono::nanoseconds slice = std::chrono::milliseconds(50);
+      if (entry) slice = std::min<std::chrono::nanoseconds>(slice, deadline - Clock::now());
+      futexWait(group_.generation, generation, std::max(slice, std::chrono::nanoseconds(1000)));
+    }
+  }
+
+  /// Why a rank waiting at an entry barrier should stop waiting, or "".
+  std::string whyGiveUp(Clock::time_point deadline) const {
+    if (world_.failed.load(std::memory_order_acquire)) return world_.failure();
+    uint64_t arrival = group_.slots[groupRank_].arrivals.load(std::memory_order_relaxed);
+    std::string missing, exited;
+    for (int q = 0; q < size(); ++q) {
+      if (group_.slots[q].arrivals.load(std::memory_order_relaxed) >= arrival) continue;
+      int worldRank = group_.worldRanks[q];
+      missing += (missing.empty() ? "" : ", ") + std::to_string(worldRank);
+      if (world_.exited[worldRank].load(std::memory_order_acquire))
+        exited += (exited.empty() ? "" : ", ") + std::to_string(worldRank);
+    }
+    if (!exited.empty())
+      return "world rank(s) " + exited + " finished the program without joining this collective";
+    if (Clock::now() < deadline) return "";
+    std::ostringstream cause;
+    cause << "timed out after " << double(world_.timeout.count()) / 1000
+          << " s waiting for world rank(s) " << missing << " (MESHRT_TIMEOUT_S sets the limit)";
+    return cause.str();
+  }
+
+  /// Withdraws this rank's arrival at the barrier of `generation`; false if it has completed.
+  bool abandon(uint32_t generation) {
+    uint64_t current = group_.barrier.load(std::memory_order_acquire);
+    while (uint32_t(current >> 32) == generation)
+      if (group_.barrier.compare_exchange_weak(current, current - 1, std::memory_order_acq_rel,
+                                               std::memory_order_acquire)) {
+        group_.slots[groupRank_].arrivals.fetch_sub(1, std::memory_order_relaxed);
+        return true;
+      }
+    return false;
+  }
+
+  WorldState& world_;
+  GroupState& group_;
+  std::vector<int> axes_; // the world axes this group spans, in group order
+  int worldRank_;
+  int groupRank_ = 0;
+  ThreadsComm* worldComm_; // null for the world communicator itself
+  std::vector<char> scratch_;
+  std::vector<const void*> inputs_; // the peers' buffers of a reduction, reused
+  std::map<std::vector<int>, std::unique_ptr<ThreadsComm>> subgroups_;
+};
+
+} // namespace
+
+void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& program,
+                const ThreadsOptions& options) {
+  WorldState world(mesh, options.timeout);
+  std::vector<std::thread> threads;
+  threads.reserve(mesh.size());
+  auto runRank = [&](int worldRank) {
+    try {
+      ThreadsComm comm(world, worldRank);
+      program(comm);
+      world.markExited(worldRank);
+    } catch (...) {
+      world.fail(worldRank, std::current_exception());
+      world.markExited(worldRank);
+    }
+  };
+  try {
+    for (int worldRank = 0; worldRank < mesh.size(); ++worldRank)
+      threads.emplace_back(runRank, worldRank);
+  } catch (...) {
+    world.fail(-1, std::current_exception());
+  }
+  for (std::thread& thread : threads)
+    thread.join();
+  if (std::exception_ptr error = world.firstError()) std::rethrow_exception(error);
+}
+
+} // namespace meshrt
