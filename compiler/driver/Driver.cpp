@@ -10,6 +10,7 @@
 #include "sema/Sema.h"
 
 #include <llvm/ADT/StringSwitch.h>
+#include <llvm/Config/llvm-config.h>
 #include <llvm/Support/CommandLine.h>
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/MemoryBuffer.h>
@@ -73,6 +74,13 @@ llvm::cl::opt<std::string> layoutOverride(
     llvm::cl::desc("Replace the program's layout, in the layout statement's syntax with "
                    "';' or ',' between items, e.g. \"batch:data;heads:[data,model];auto\""),
     llvm::cl::value_desc("items"), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<bool> writeDepfile(
+    "MD", llvm::cl::desc("Also write a Makefile depfile listing every .mesh file read (-MF, or "
+                         "<output>.d)"),
+    llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> depfilePath("MF", llvm::cl::desc("The depfile to write with -MD"),
+                                       llvm::cl::value_desc("file"), llvm::cl::cat(meshcCategory));
+
 llvm::cl::opt<int64_t> deviceCount(
     "devices",
     llvm::cl::desc("Also choose the mesh: plan every way of sizing the mesh's axes to this many "
@@ -81,6 +89,9 @@ llvm::cl::opt<int64_t> deviceCount(
 llvm::cl::list<std::string> dimOverrides(
     "dim", llvm::cl::desc("Set the size of a declared dim (repeatable), e.g. --dim d_ff=16384"),
     llvm::cl::value_desc("name=size"), llvm::cl::cat(meshcCategory));
+
+/// Every file the compilation read, for the depfile: the main file and its imports.
+std::vector<std::string> inputFiles;
 
 /// A command-line value that does not parse; reported as `meshc: error: ...`.
 bool optionError(const std::string& message) {
@@ -268,6 +279,7 @@ std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
       diag.report(llvm::SMLoc(), Diag::ErrCannotOpen, inputPath, buffer.getError().message());
       return std::nullopt;
     }
+    inputFiles = {inputPath};
     llvm::Expected<ir::Module> module = ir::parseModule((*buffer)->getBuffer(), inputPath);
     if (!module) {
       llvm::WithColor::error(llvm::errs()) << llvm::toString(module.takeError()) << "\n";
@@ -277,6 +289,8 @@ std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
   }
   std::optional<SourceSet> files = loadSources(inputPath, diag);
   if (!files) return std::nullopt;
+  for (const auto& file : files->files)
+    inputFiles.push_back(file->path);
   if (emitStage == Emit::AST) {
     printAST(files->mainFile(), diag.sources(), os);
     return ir::Module();
@@ -286,12 +300,50 @@ std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
   return analyze(*files, diag, options);
 }
 
+/// A path as Make reads it in a rule: spaces, '#' and '$' escaped.
+std::string makeEscaped(llvm::StringRef path) {
+  std::string out;
+  for (char c : path) {
+    if (c == ' ' || c == '#') out += '\\';
+    if (c == '$') out += '$';
+    out += c;
+  }
+  return out;
+}
+
+/// -MD: `<target>: <every input file>` in -MF's file or `<target>.d`, written atomically.
+int emitDepfile(const std::string& target) {
+  std::string path = depfilePath.getNumOccurrences() ? std::string(depfilePath) : target + ".d";
+  std::error_code ec;
+  llvm::ToolOutputFile out(path, ec, llvm::sys::fs::OF_Text);
+  if (ec) {
+    llvm::WithColor::error(llvm::errs(), "meshc")
+        << "cannot open '" << path << "': " << ec.message() << "\n";
+    return kExitInternalError;
+  }
+  out.os() << makeEscaped(target) << ":";
+  for (const std::string& file : inputFiles)
+    out.os() << " \\\n  " << makeEscaped(file);
+  out.os() << "\n";
+  out.keep();
+  return kExitOk;
+}
+
+void printVersion(llvm::raw_ostream& os) {
+  os << "meshc " << MESHC_VERSION << " (LLVM " << LLVM_VERSION_STRING << ")\n";
+}
+
 } // namespace
 
 int runMeshc(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(meshcCategory);
+  llvm::cl::SetVersionPrinter(printVersion);
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "meshc: a compiler for named-dim tensor programs on meshes\n");
+  if (writeDepfile && outputPath == "-" && !depfilePath.getNumOccurrences()) {
+    llvm::WithColor::error(llvm::errs(), "meshc") << "-MD needs -o <output> or -MF <depfile>\n";
+    return kExitInputError;
+  }
 
   llvm::SourceMgr sources;
   DiagEngine diag(sources);
@@ -318,7 +370,7 @@ int runMeshc(int argc, char** argv) {
   }
   out.os() << os.str();
   out.keep();
-  return kExitOk;
+  return writeDepfile ? emitDepfile(outputPath) : kExitOk;
 }
 
 } // namespace meshc
