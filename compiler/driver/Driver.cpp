@@ -1,5 +1,6 @@
 #include "driver/Driver.h"
 
+#include "codegen/CppEmitter.h"
 #include "diag/Diagnostics.h"
 #include "frontend/ASTPrinter.h"
 #include "frontend/SourceLoader.h"
@@ -14,6 +15,7 @@
 #include <llvm/Support/CommandLine.h>
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/Path.h>
 #include <llvm/Support/ToolOutputFile.h>
 #include <llvm/Support/WithColor.h>
 
@@ -24,7 +26,7 @@ namespace meshc {
 
 namespace {
 
-enum class Emit { AST, IR, Run, Plan, PlanJson, Spmd, Dot };
+enum class Emit { AST, IR, Run, Plan, PlanJson, Spmd, Dot, Cpp };
 
 llvm::cl::OptionCategory meshcCategory("meshc options");
 
@@ -46,7 +48,9 @@ llvm::cl::opt<Emit> emitStage(
                    "the plan: layout, local shapes, collectives, memory, step time"),
         clEnumValN(Emit::PlanJson, "plan-json", "the plan as JSON"),
         clEnumValN(Emit::Spmd, "spmd", "the SPMD IR (local shapes, explicit collectives)"),
-        clEnumValN(Emit::Dot, "dot", "the SPMD graph for Graphviz, collectives in red")),
+        clEnumValN(Emit::Dot, "dot", "the SPMD graph for Graphviz, collectives in red"),
+        clEnumValN(Emit::Cpp, "cpp",
+                   "SPMD C++ over meshrt: <o>.h and <o>.cpp (-o gives the base path)")),
     llvm::cl::cat(meshcCategory));
 llvm::cl::opt<uint64_t> seed("seed",
                              llvm::cl::desc("Seed of inputs, parameters and dropout (--emit=run)"),
@@ -55,6 +59,17 @@ llvm::cl::list<std::string> onlyFunctions(
     "function",
     llvm::cl::desc("Run only the named program or train block (--emit=run; repeatable)"),
     llvm::cl::value_desc("name"), llvm::cl::cat(meshcCategory));
+
+llvm::cl::opt<bool> cppRunner(
+    "cpp-runner",
+    llvm::cl::desc("With --emit=cpp, also write <o>.main.cpp: a main that runs every function on "
+                   "the threads backend and writes the gathered outputs"),
+    llvm::cl::init(false), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> dumpOutputs(
+    "dump-outputs",
+    llvm::cl::desc("With --emit=run, also write every output to <file> in the generated "
+                   "runner's binary format (for end-to-end comparison)"),
+    llvm::cl::value_desc("file"), llvm::cl::cat(meshcCategory));
 
 llvm::cl::opt<std::string> machineName(
     "machine",
@@ -75,8 +90,9 @@ llvm::cl::opt<std::string> layoutOverride(
                    "';' or ',' between items, e.g. \"batch:data;heads:[data,model];auto\""),
     llvm::cl::value_desc("items"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<bool> writeDepfile(
-    "MD", llvm::cl::desc("Also write a Makefile depfile listing every .mesh file read (-MF, or "
-                         "<output>.d)"),
+    "MD",
+    llvm::cl::desc("Also write a Makefile depfile listing every .mesh file read (-MF, or "
+                   "<output>.d)"),
     llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> depfilePath("MF", llvm::cl::desc("The depfile to write with -MD"),
                                        llvm::cl::value_desc("file"), llvm::cl::cat(meshcCategory));
@@ -171,7 +187,47 @@ bool semaOptions(SemaOptions& options) {
 
 bool planning() {
   return emitStage == Emit::Plan || emitStage == Emit::PlanJson || emitStage == Emit::Spmd ||
-         emitStage == Emit::Dot;
+         emitStage == Emit::Dot || emitStage == Emit::Cpp;
+}
+
+/// --emit=cpp: <o>.h, <o>.cpp (and <o>.main.cpp with --cpp-runner), each written only when all
+/// were generated; with -o - (the default) the files go to `os` one after the other.
+bool emitCppFiles(const ir::Module& module, const std::vector<plan::PlannedFunction>& plans,
+                  llvm::raw_ostream& os) {
+  codegen::CppOptions options;
+  std::string base = outputPath == "-" ? std::string("generated") : std::string(outputPath);
+  std::string stem = llvm::sys::path::filename(base).str();
+  options.headerInclude = stem + ".h";
+  options.runner = cppRunner;
+  options.cppNamespace = "meshc_generated";
+  llvm::Expected<codegen::CppOutput> output = codegen::emitCpp(module, plans, options);
+  if (!output) {
+    llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(output.takeError()) << "\n";
+    return false;
+  }
+  std::vector<std::pair<std::string, const std::string*>> files = {
+      {base + ".h", &output->header}, {base + ".cpp", &output->source}};
+  if (cppRunner) files.push_back({base + ".main.cpp", &output->runner});
+  if (outputPath == "-") {
+    for (const auto& [path, text] : files)
+      os << "// ---- " << path << "\n" << *text;
+    return true;
+  }
+  std::vector<std::unique_ptr<llvm::ToolOutputFile>> outs;
+  for (const auto& [path, text] : files) {
+    std::error_code ec;
+    auto out = std::make_unique<llvm::ToolOutputFile>(path, ec, llvm::sys::fs::OF_Text);
+    if (ec) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << "cannot open '" << path << "': " << ec.message() << "\n";
+      return false;
+    }
+    out->os() << *text;
+    outs.push_back(std::move(out));
+  }
+  for (auto& out : outs)
+    out->keep();
+  return true;
 }
 
 /// Plans every selected function and prints the report asked for.
@@ -188,6 +244,7 @@ bool planAndPrint(const ir::Module& module, DiagEngine& diag, llvm::raw_ostream&
   std::optional<std::vector<plan::PlannedFunction>> plans =
       plan::planModule(module, *machine, options, diag);
   if (!plans) return false;
+  if (emitStage == Emit::Cpp) return emitCppFiles(module, *plans, os);
   if (emitStage == Emit::PlanJson) os << "[\n";
   for (size_t i = 0; i < plans->size(); ++i) {
     const plan::PlannedFunction& planned = (*plans)[i];
@@ -241,6 +298,7 @@ bool wanted(const ir::Function& fn) {
 
 /// Interprets every selected function on synthesized inputs; returns false on a runtime error.
 bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
+  std::string dump; // --dump-outputs: "tensor <fn>.<name> <dtype> <rank> <sizes>\n" + float64s
   for (const ir::Function& fn : module.functions) {
     if (!wanted(fn)) continue;
     interp::Options opts;
@@ -264,8 +322,29 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
     os << fmt::format("{} {}: {} ops, {} params ({} values), interpreted in {:.1f} ms\n",
                       fn.kind == ir::Function::Kind::Train ? "train" : "program", fn.name,
                       fn.ops.size(), fn.params.size(), paramCount, ms);
-    for (const ir::OutputInfo& out : fn.outputs)
-      summarizeTensor(out.name, outputs->at(out.name), os);
+    for (const ir::OutputInfo& out : fn.outputs) {
+      const interp::Tensor& tensor = outputs->at(out.name);
+      summarizeTensor(out.name, tensor, os);
+      std::vector<std::string> sizes;
+      for (const ir::Dim& dim : tensor.type.dims)
+        sizes.push_back(std::to_string(dim.size));
+      dump += fmt::format("tensor {}.{} {} {}{}{}\n", fn.name, out.name,
+                          ir::dtypeName(tensor.type.dtype), sizes.size(), sizes.empty() ? "" : " ",
+                          fmt::join(sizes, " "));
+      dump.append(reinterpret_cast<const char*>(tensor.data.data()),
+                  tensor.data.size() * sizeof(double));
+    }
+  }
+  if (dumpOutputs.getNumOccurrences()) {
+    std::error_code ec;
+    llvm::ToolOutputFile out(dumpOutputs, ec, llvm::sys::fs::OF_None);
+    if (ec) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << "cannot open '" << dumpOutputs << "': " << ec.message() << "\n";
+      return false;
+    }
+    out.os() << dump;
+    out.keep();
   }
   return true;
 }
@@ -359,6 +438,10 @@ int runMeshc(int argc, char** argv) {
     return kExitInputError;
   else if (planning() && !planAndPrint(*module, diag, os))
     return kExitInputError;
+
+  // --emit=cpp with -o wrote its own files.
+  if (emitStage == Emit::Cpp && outputPath != "-")
+    return writeDepfile ? emitDepfile(outputPath + ".cpp") : kExitOk;
 
   // Written only once everything succeeded, so a failed run leaves no partial output file.
   std::error_code ec;

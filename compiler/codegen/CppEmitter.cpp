@@ -1,0 +1,1468 @@
+// The C++ emitter. One FunctionEmitter per planned function writes its class declaration (into
+// the header) and definitions (into the source); the module emitter wraps them, adds the runner
+// main when asked, and formats everything with clang-format.
+//
+// Local semantics the generated code relies on (docs/planner.md, "Rules per op"): every compute
+// op of the SPMD IR runs on local shards in their local layout; ops that see global positions
+// (iota, one_hot, gather, slice/pad/concat, RNG fills, dropout) add this rank's shard start;
+// mean divides by the GLOBAL count (its partial sums are resolved later); softmax, log_softmax,
+// layer_norm, logsumexp, cumsum and shift along a split dim communicate inside the op, over the
+// subgroup of that dim's axes (the in-place collectives the lowering lists right after such an
+// op describe exactly that communication and are absorbed into it).
+#include "codegen/CppEmitter.h"
+
+#include <clang/Format/Format.h>
+#include <clang/Tooling/Core/Replacement.h>
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace meshc::codegen {
+namespace {
+
+using ir::DType;
+using ir::OpKind;
+using ir::TensorType;
+using plan::CollectiveKind;
+using plan::SpmdOp;
+using plan::SpmdValueId;
+using Shape = std::vector<int64_t>;
+
+std::string list(const Shape& values) {
+  return fmt::format("{{{}}}", fmt::join(values, ", "));
+}
+
+std::string stringList(const std::vector<std::string>& values) {
+  std::vector<std::string> quoted;
+  for (const std::string& v : values)
+    quoted.push_back(fmt::format("\"{}\"", v));
+  return fmt::format("{{{}}}", fmt::join(quoted, ", "));
+}
+
+std::string quote(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+/// A C++ identifier from a name or path ("block[2]/attn/w_q" -> "block_2_attn_w_q").
+std::string identifier(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    char mapped = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    // No "__": identifiers containing it are reserved in C++.
+    if (mapped == '_' && !out.empty() && out.back() == '_') continue;
+    out += mapped;
+  }
+  while (!out.empty() && out.back() == '_')
+    out.pop_back();
+  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "_" + out;
+  // .mesh names may be C++ keywords (an input called `new` or `default`): suffix them.
+  static const std::set<std::string> keywords = {
+      "alignas",   "alignof",   "and",       "asm",      "auto",     "bool",     "break",
+      "case",      "catch",     "char",      "class",    "concept",  "const",    "consteval",
+      "constexpr", "continue",  "decltype",  "default",  "delete",   "do",       "double",
+      "else",      "enum",      "explicit",  "export",   "extern",   "false",    "float",
+      "for",       "friend",    "goto",      "if",       "inline",   "int",      "long",
+      "mutable",   "namespace", "new",       "noexcept", "not",      "nullptr",  "operator",
+      "or",        "private",   "protected", "public",   "register", "requires", "return",
+      "short",     "signed",    "sizeof",    "static",   "struct",   "switch",   "template",
+      "this",      "throw",     "true",      "try",      "typedef",  "typeid",   "typename",
+      "union",     "unsigned",  "using",     "virtual",  "void",     "volatile", "while",
+      "xor",       "inputs",    "outputs"};
+  if (keywords.count(out)) out += "_";
+  return out;
+}
+
+/// "mlp_train" -> "MlpTrain".
+std::string className(const std::string& name) {
+  std::string out;
+  bool upper = true;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) {
+      upper = true;
+      continue;
+    }
+    out += upper ? char(std::toupper(static_cast<unsigned char>(c))) : c;
+    upper = false;
+  }
+  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "P" + out;
+  return out;
+}
+
+Shape sizesOf(const TensorType& type) {
+  Shape sizes;
+  for (const ir::Dim& dim : type.dims)
+    sizes.push_back(dim.size);
+  return sizes;
+}
+
+Shape rowMajorStrides(const TensorType& type) {
+  Shape strides(type.dims.size());
+  int64_t stride = 1;
+  for (size_t i = type.dims.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= type.dims[i].size;
+  }
+  return strides;
+}
+
+/// Strides of `operand` over the dims `space` (matched by name, through `rename`: space name
+/// -> operand name); 0 where the operand lacks the dim.
+Shape stridesOver(const TensorType& operand, const std::vector<ir::Dim>& space,
+                  const std::map<std::string, std::string>* rename = nullptr) {
+  Shape own = rowMajorStrides(operand);
+  Shape strides(space.size(), 0);
+  for (size_t i = 0; i < space.size(); ++i) {
+    std::string name = space[i].name;
+    if (rename) {
+      auto it = rename->find(name);
+      if (it != rename->end()) name = it->second;
+    }
+    int position = operand.findDim(name);
+    if (position >= 0) strides[i] = own[size_t(position)];
+  }
+  return strides;
+}
+
+std::vector<ir::Dim> dimsExcept(const TensorType& type, const std::vector<std::string>& names) {
+  std::vector<ir::Dim> kept;
+  for (const ir::Dim& dim : type.dims)
+    if (!llvm::is_contained(names, dim.name)) kept.push_back(dim);
+  return kept;
+}
+
+Shape sizesOf(const std::vector<ir::Dim>& dims) {
+  Shape sizes;
+  for (const ir::Dim& dim : dims)
+    sizes.push_back(dim.size);
+  return sizes;
+}
+
+const char* dtypeEnum(DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return "meshc::gen::DType::F32";
+  case DType::BF16:
+    return "meshc::gen::DType::BF16";
+  case DType::F16:
+    return "meshc::gen::DType::F16";
+  case DType::I32:
+    return "meshc::gen::DType::I32";
+  }
+  return "meshc::gen::DType::F32";
+}
+
+const ir::AttrValue* findAttr(const SpmdOp& op, const std::string& name) {
+  for (const auto& [key, value] : op.attrs)
+    if (key == name) return &value;
+  return nullptr;
+}
+
+double numberAttr(const SpmdOp& op, const std::string& name, double fallback) {
+  const ir::AttrValue* value = findAttr(op, name);
+  if (value && std::holds_alternative<double>(*value)) return std::get<double>(*value);
+  if (value && std::holds_alternative<int64_t>(*value)) return double(std::get<int64_t>(*value));
+  return fallback;
+}
+
+std::string stringAttr(const SpmdOp& op, const std::string& name) {
+  const ir::AttrValue* value = findAttr(op, name);
+  if (value && std::holds_alternative<std::string>(*value)) return std::get<std::string>(*value);
+  if (value && std::holds_alternative<std::vector<std::string>>(*value)) {
+    const auto& names = std::get<std::vector<std::string>>(*value);
+    if (names.size() == 1) return names.front();
+  }
+  return "";
+}
+
+std::vector<std::string> namesAttr(const SpmdOp& op, const std::string& name) {
+  const ir::AttrValue* value = findAttr(op, name);
+  if (value && std::holds_alternative<std::vector<std::string>>(*value))
+    return std::get<std::vector<std::string>>(*value);
+  if (value && std::holds_alternative<std::string>(*value)) return {std::get<std::string>(*value)};
+  return {};
+}
+
+/// A number as a C++ double literal that round-trips.
+std::string doubleLiteral(double value) {
+  if (std::isinf(value)) return value > 0 ? "INFINITY" : "-INFINITY";
+  if (std::isnan(value)) return "NAN";
+  std::string text = fmt::format("{}", value);
+  if (text.find_first_of(".eE") == std::string::npos) text += ".0";
+  return text;
+}
+
+bool isElementwise(OpKind kind) {
+  switch (kind) {
+  case OpKind::Neg:
+  case OpKind::Abs:
+  case OpKind::Exp:
+  case OpKind::Log:
+  case OpKind::Sqrt:
+  case OpKind::Rsqrt:
+  case OpKind::Square:
+  case OpKind::Tanh:
+  case OpKind::Sigmoid:
+  case OpKind::Relu:
+  case OpKind::Gelu:
+  case OpKind::Sin:
+  case OpKind::Cos:
+  case OpKind::StopGradient:
+  case OpKind::Cast:
+  case OpKind::Transpose:
+  case OpKind::Add:
+  case OpKind::Sub:
+  case OpKind::Mul:
+  case OpKind::Div:
+  case OpKind::Pow:
+  case OpKind::Maximum:
+  case OpKind::Minimum:
+  case OpKind::Lt:
+  case OpKind::Le:
+  case OpKind::Gt:
+  case OpKind::Ge:
+  case OpKind::Eq:
+  case OpKind::Ne:
+  case OpKind::Where:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/// The scalar expression of an elementwise op over its operand expressions, computed as the
+/// interpreter does (transcendentals in double, then rounded once to the result dtype).
+std::string scalarExpr(OpKind kind, const std::vector<std::string>& args,
+                       const std::vector<DType>& argTypes, DType result) {
+  auto d = [&](size_t i) { return fmt::format("double({})", args[i]); };
+  bool integer = argTypes.size() >= 2 && argTypes[0] == DType::I32 && argTypes[1] == DType::I32;
+  std::string expr;
+  switch (kind) {
+  case OpKind::Neg:
+    expr = fmt::format("-{}", args[0]);
+    break;
+  case OpKind::Abs:
+    expr = fmt::format("std::fabs({})", args[0]);
+    break;
+  case OpKind::Exp:
+    expr = fmt::format("std::exp({})", d(0));
+    break;
+  case OpKind::Log:
+    expr = fmt::format("std::log({})", d(0));
+    break;
+  case OpKind::Sqrt:
+    expr = fmt::format("std::sqrt({})", d(0));
+    break;
+  case OpKind::Rsqrt:
+    expr = fmt::format("1.0 / std::sqrt({})", d(0));
+    break;
+  case OpKind::Square:
+    expr = fmt::format("{0} * {0}", d(0));
+    break;
+  case OpKind::Tanh:
+    expr = fmt::format("std::tanh({})", d(0));
+    break;
+  case OpKind::Sigmoid:
+    expr = fmt::format("meshc::gen::sigmoid({})", args[0]);
+    break;
+  case OpKind::Relu:
+    expr = fmt::format("({0} > 0 ? {0} : 0.0f)", args[0]);
+    break;
+  case OpKind::Gelu:
+    expr = fmt::format("meshc::gen::gelu({})", args[0]);
+    break;
+  case OpKind::Sin:
+    expr = fmt::format("std::sin({})", d(0));
+    break;
+  case OpKind::Cos:
+    expr = fmt::format("std::cos({})", d(0));
+    break;
+  case OpKind::Cast:
+    if (result == DType::I32 && argTypes[0] != DType::I32)
+      return fmt::format("meshc::gen::castToI32({})", args[0]);
+    expr = args[0];
+    break;
+  case OpKind::StopGradient:
+  case OpKind::Transpose:
+    expr = args[0];
+    break;
+  case OpKind::Add:
+    expr = fmt::format("{} + {}", d(0), d(1));
+    break;
+  case OpKind::Sub:
+    expr = fmt::format("{} - {}", d(0), d(1));
+    break;
+  case OpKind::Mul:
+    expr = fmt::format("{} * {}", d(0), d(1));
+    break;
+  case OpKind::Div:
+    if (integer) return fmt::format("meshc::gen::divI32({}, {})", args[0], args[1]);
+    expr = fmt::format("{} / {}", d(0), d(1));
+    break;
+  case OpKind::Pow:
+    if (integer) return fmt::format("meshc::gen::powI32({}, {})", args[0], args[1]);
+    expr = fmt::format("std::pow({}, {})", d(0), d(1));
+    break;
+  case OpKind::Maximum:
+    expr = fmt::format("meshc::gen::maximum({}, {})", args[0], args[1]);
+    break;
+  case OpKind::Minimum:
+    expr = fmt::format("meshc::gen::minimum({}, {})", args[0], args[1]);
+    break;
+  case OpKind::Lt:
+    return fmt::format("({} < {} ? 1.0f : 0.0f)", args[0], args[1]);
+  case OpKind::Le:
+    return fmt::format("({} <= {} ? 1.0f : 0.0f)", args[0], args[1]);
+  case OpKind::Gt:
+    return fmt::format("({} > {} ? 1.0f : 0.0f)", args[0], args[1]);
+  case OpKind::Ge:
+    return fmt::format("({} >= {} ? 1.0f : 0.0f)", args[0], args[1]);
+  case OpKind::Eq:
+    return fmt::format("({} == {} ? 1.0f : 0.0f)", args[0], args[1]);
+  case OpKind::Ne:
+    return fmt::format("({} != {} ? 1.0f : 0.0f)", args[0], args[1]);
+  case OpKind::Where:
+    expr = fmt::format("({} != 0 ? {} : {})", args[0], args[1], args[2]);
+    break;
+  default:
+    expr = args[0];
+    break;
+  }
+  switch (result) {
+  case DType::F32:
+    return fmt::format("float({})", expr);
+  case DType::BF16:
+  case DType::F16:
+    // Rounded once, from double, as the interpreter does.
+    return fmt::format("meshc::gen::roundValue({}, double({}))", dtypeEnum(result), expr);
+  case DType::I32:
+    return fmt::format("meshc::gen::wrapI32(double({}))", expr);
+  }
+  return expr;
+}
+
+std::string axesName(const plan::AxisList& axes) {
+  return "group_" + fmt::format("{}", fmt::join(axes, "_"));
+}
+
+//===------------------------------------------------------------------------------------------===//
+// One function
+//===------------------------------------------------------------------------------------------===//
+
+class FunctionEmitter {
+public:
+  FunctionEmitter(const ir::Module& module, const ir::Function& irFunction,
+                  const plan::SpmdFunction& spmd)
+      : name(className(spmd.name)), module(module), irFn(irFunction), fn(spmd) {}
+
+  llvm::Error emit();
+
+  std::string declaration; // into the header
+  std::string definition;  // into the source
+  const std::string name;
+
+  /// The runner's part for this function: runs it on the threads backend and records outputs.
+  std::string runnerBody() const;
+
+private:
+  const TensorType& local(SpmdValueId id) const { return fn.values[id].localType; }
+  const TensorType& global(SpmdValueId id) const { return fn.values[id].globalType; }
+  const plan::TensorLayout& layout(SpmdValueId id) const { return fn.values[id].layout; }
+  std::string var(SpmdValueId id) const { return fmt::format("v{}", id); }
+  std::string where(const SpmdOp& op) const {
+    return fmt::format("{}:{}", op.loc.file, op.loc.line);
+  }
+
+  /// The group member for `axes` (registering it for the constructor).
+  std::string group(const plan::AxisList& axes) {
+    groups.insert(axes);
+    return axesName(axes);
+  }
+  /// Per dim of `id`'s local type: the expression of this rank's shard start.
+  std::vector<std::string> shardStarts(SpmdValueId id) const;
+  std::string shardStart(SpmdValueId id, const std::string& dim) const;
+  /// The global base index of `id`'s shard and its global strides over the local dims.
+  std::string globalBaseExpr(SpmdValueId id) const;
+
+  llvm::Error unsupported(const SpmdOp& op, const std::string& what) const {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s",
+                                   fmt::format("{}:{}:{}: code generation does not support {}",
+                                               op.loc.file, op.loc.line, op.loc.col, what)
+                                       .c_str());
+  }
+
+  void comment(const SpmdOp& op, std::string& out) const;
+  void allocate(SpmdValueId id, std::string& out) const;
+  llvm::Error emitCompute(size_t index, std::string& out);
+  llvm::Error emitCollective(size_t index, std::string& out);
+  /// `id`'s buffer moved when op `index` is its last use, else the variable (copied).
+  std::string takeOrCopy(SpmdValueId id, size_t index);
+  void emitElementwiseGroup(const std::vector<size_t>& group, std::string& out);
+  void emitEinsum(const SpmdOp& op, std::string& out);
+  llvm::Error emitAlong(size_t index, std::string& out);
+  llvm::Error emitReduce(size_t index, std::string& out);
+  /// Marks the in-place collectives after op `index` as part of it (checking their axes).
+  llvm::Error absorbFollowers(size_t index, const plan::AxisList& axes);
+  std::string paramMember(size_t k) const {
+    return fmt::format("param{}_{}", k, identifier(irFn.params[k].path));
+  }
+  void emitConstructor(std::string& out);
+  void emitHelpers(std::string& out);
+  /// The in-place collectives right after op `index` on its result (absorbed by the op).
+  size_t inPlaceFollowers(size_t index) const;
+
+  const ir::Module& module;
+  const ir::Function& irFn;
+  const plan::SpmdFunction& fn;
+  /// Frees the buffers whose last use is op `index` (liveness; outputs, inputs and params
+  /// are never freed here).
+  void releaseDead(const std::vector<size_t>& opsDone, size_t index, std::string& out);
+
+  std::set<plan::AxisList> groups;
+  std::vector<int> uses;
+  std::vector<size_t> lastUse;
+  std::vector<bool> released;
+  std::vector<bool> owned; // the value has its own buffer (not an input/param reference)
+  std::vector<bool> absorbed;
+};
+
+std::string FunctionEmitter::shardStart(SpmdValueId id, const std::string& dim) const {
+  const TensorType& type = local(id);
+  int position = type.findDim(dim);
+  if (position < 0) return "0";
+  const plan::AxisList& axes = layout(id).dimAxes[size_t(position)];
+  if (axes.empty()) return "0";
+  return fmt::format("meshc::gen::shardStart(world_, {}, {})", stringList(axes),
+                     type.dims[size_t(position)].size);
+}
+
+std::vector<std::string> FunctionEmitter::shardStarts(SpmdValueId id) const {
+  std::vector<std::string> starts;
+  for (const ir::Dim& dim : local(id).dims)
+    starts.push_back(shardStart(id, dim.name));
+  return starts;
+}
+
+std::string FunctionEmitter::globalBaseExpr(SpmdValueId id) const {
+  return fmt::format("meshc::gen::globalBase({{{}}}, {})", fmt::join(shardStarts(id), ", "),
+                     list(rowMajorStrides(global(id))));
+}
+
+void FunctionEmitter::comment(const SpmdOp& op, std::string& out) const {
+  const std::string& valueName = fn.values[op.result].name;
+  const char* what = op.kind == SpmdOp::Kind::Collective ? plan::collectiveName(op.collective.kind)
+                                                         : ir::opSpelling(op.computeKind);
+  out += fmt::format("// {}:{}:{} {}{}{}{}\n", op.loc.file, op.loc.line, op.loc.col, what,
+                     valueName.empty() ? "" : " -> ", valueName,
+                     op.note.empty() ? "" : " (" + op.note + ")");
+}
+
+void FunctionEmitter::allocate(SpmdValueId id, std::string& out) const {
+  out += fmt::format("meshc::gen::Buffer {}({});\n", var(id), local(id).numElements());
+}
+
+size_t FunctionEmitter::inPlaceFollowers(size_t index) const {
+  SpmdValueId result = fn.ops[index].result;
+  size_t count = 0;
+  for (size_t j = index + 1; j < fn.ops.size(); ++j) {
+    const SpmdOp& next = fn.ops[j];
+    if (next.kind != SpmdOp::Kind::Collective || next.result != result ||
+        next.operands.size() != 1 || next.operands[0] != result)
+      break;
+    ++count;
+  }
+  return count;
+}
+
+void FunctionEmitter::emitElementwiseGroup(const std::vector<size_t>& group, std::string& out) {
+  const SpmdOp& last = fn.ops[group.back()];
+  const TensorType& space = local(last.result);
+  std::set<SpmdValueId> inGroup;
+  for (size_t index : group)
+    inGroup.insert(fn.ops[index].result);
+  // Operands read from buffers: their strides over the space.
+  std::vector<SpmdValueId> loaded;
+  std::map<SpmdValueId, size_t> slot;
+  for (size_t index : group)
+    for (SpmdValueId operand : fn.ops[index].operands)
+      if (!inGroup.count(operand) && !slot.count(operand)) {
+        slot[operand] = loaded.size() + 1;
+        loaded.push_back(operand);
+      }
+  Shape outStrides = rowMajorStrides(space);
+  bool contiguous = true;
+  std::vector<Shape> strides;
+  for (SpmdValueId operand : loaded) {
+    strides.push_back(stridesOver(local(operand), space.dims));
+    if (local(operand).dims != space.dims || strides.back() != outStrides) contiguous = false;
+  }
+  out += "\n";
+  for (size_t index : group)
+    comment(fn.ops[index], out);
+  allocate(last.result, out);
+  std::string body;
+  auto load = [&](SpmdValueId id) {
+    if (inGroup.count(id)) return fmt::format("t{}", id);
+    return contiguous ? fmt::format("{}[i]", var(id))
+                      : fmt::format("{}[at[{}]]", var(id), slot[id]);
+  };
+  for (size_t index : group) {
+    const SpmdOp& op = fn.ops[index];
+    std::vector<std::string> args;
+    std::vector<DType> types;
+    for (SpmdValueId operand : op.operands) {
+      args.push_back(load(operand));
+      types.push_back(local(operand).dtype);
+    }
+    std::string expr = scalarExpr(op.computeKind, args, types, local(op.result).dtype);
+    if (index == group.back())
+      body += fmt::format("{}[{}] = {};\n", var(op.result), contiguous ? "i" : "at[0]", expr);
+    else
+      body += fmt::format("float t{} = {};\n", op.result, expr);
+  }
+  if (contiguous) {
+    out += fmt::format("for (size_t i = 0; i < {}.size(); ++i) {{\n{}}}\n", var(last.result), body);
+    return;
+  }
+  std::vector<std::string> strideLists = {list(outStrides)};
+  for (const Shape& s : strides)
+    strideLists.push_back(list(s));
+  size_t n = loaded.size() + 1;
+  out +=
+      fmt::format("meshc::gen::forEach<{0}>({1}, {{{{{2}}}}}, {{}}, [&](const std::array<int64_t, "
+                  "{0}>& at) {{\n{3}}});\n",
+                  n, list(sizesOf(space)), fmt::join(strideLists, ", "), body);
+}
+
+void FunctionEmitter::emitEinsum(const SpmdOp& op, std::string& out) {
+  const TensorType& result = local(op.result);
+  allocate(op.result, out);
+  if (result.dtype == DType::F32) {
+    // meshrt's kernels: classified once (a function-local static, shared by the ranks: every
+    // rank of this class has the same local shapes), then sgemm with transposes folded in.
+    std::vector<std::string> names;
+    Shape sizes;
+    auto idOf = [&](const ir::Dim& dim) {
+      auto it = llvm::find(names, dim.name);
+      if (it != names.end()) return int64_t(it - names.begin());
+      names.push_back(dim.name);
+      sizes.push_back(dim.size);
+      return int64_t(names.size() - 1);
+    };
+    auto idsOf = [&](const TensorType& type) {
+      Shape ids;
+      for (const ir::Dim& dim : type.dims)
+        ids.push_back(idOf(dim));
+      return fmt::format("{{{}, {{}}}}", list(ids)); // dense row-major: no strides
+    };
+    std::vector<std::string> operands, pointers;
+    for (SpmdValueId operand : op.operands) {
+      operands.push_back(idsOf(local(operand)));
+      pointers.push_back(var(operand) + ".data()");
+    }
+    std::string outIds = idsOf(result);
+    std::string plan = fmt::format("einsum{}", op.result);
+    out += fmt::format("// dims: {}\n", fmt::join(names, ", "));
+    out += fmt::format("static const meshrt::kernels::EinsumPlan {}({{{}, {{{}}}, {}}});\n", plan,
+                       list(sizes), fmt::join(operands, ", "), outIds);
+    if (op.operands.size() == 2) {
+      out += fmt::format("{}.run({}, {}, {}.data());\n", plan, pointers[0], pointers[1],
+                         var(op.result));
+    } else {
+      out += fmt::format("const float* {}Operands[] = {{{}}};\n{}.run({}Operands, {}.data());\n",
+                         plan, fmt::join(pointers, ", "), plan, plan, var(op.result));
+    }
+    return;
+  }
+  // Classify dims for a two-operand GEMM: batch (a, b, out), m (a, out), n (b, out), k (a, b).
+  bool gemm = op.operands.size() == 2;
+  std::vector<ir::Dim> batch, m, n, k;
+  if (gemm) {
+    const TensorType& a = local(op.operands[0]);
+    const TensorType& b = local(op.operands[1]);
+    for (const ir::Dim& dim : result.dims) {
+      bool inA = a.hasDim(dim.name), inB = b.hasDim(dim.name);
+      if (inA && inB)
+        batch.push_back(dim);
+      else if (inA)
+        m.push_back(dim);
+      else if (inB)
+        n.push_back(dim);
+      else
+        gemm = false;
+    }
+    for (const ir::Dim& dim : a.dims)
+      if (!result.hasDim(dim.name)) {
+        if (b.hasDim(dim.name))
+          k.push_back(dim);
+        else
+          gemm = false; // a dim summed within one operand
+      }
+    for (const ir::Dim& dim : b.dims)
+      if (!result.hasDim(dim.name) && !a.hasDim(dim.name)) gemm = false;
+  }
+  if (gemm) {
+    const TensorType& a = local(op.operands[0]);
+    const TensorType& b = local(op.operands[1]);
+    // Designated fields, so that the call reads as the einsum it is.
+    std::vector<std::pair<const char*, Shape>> fields = {{"batch", sizesOf(batch)},
+                                                         {"m", sizesOf(m)},
+                                                         {"n", sizesOf(n)},
+                                                         {"k", sizesOf(k)},
+                                                         {"aBatch", stridesOver(a, batch)},
+                                                         {"aM", stridesOver(a, m)},
+                                                         {"aK", stridesOver(a, k)},
+                                                         {"bBatch", stridesOver(b, batch)},
+                                                         {"bK", stridesOver(b, k)},
+                                                         {"bN", stridesOver(b, n)},
+                                                         {"outBatch", stridesOver(result, batch)},
+                                                         {"outM", stridesOver(result, m)},
+                                                         {"outN", stridesOver(result, n)}};
+    std::vector<std::string> initializers;
+    for (const auto& [field, values] : fields)
+      initializers.push_back(fmt::format(".{} = {}", field, list(values)));
+    out += fmt::format("meshc::gen::{}({}.data(), {}.data(), {}.data(), {{{}}});\n",
+                       result.dtype == DType::F32 ? "einsum2" : "einsum2Double", var(op.result),
+                       var(op.operands[0]), var(op.operands[1]), fmt::join(initializers, ", "));
+  } else {
+    std::vector<ir::Dim> contracted;
+    for (SpmdValueId operand : op.operands)
+      for (const ir::Dim& dim : local(operand).dims)
+        if (!result.hasDim(dim.name) &&
+            llvm::none_of(contracted, [&](const ir::Dim& d) { return d.name == dim.name; }))
+          contracted.push_back(dim);
+    std::vector<std::string> pointers, outer, inner;
+    for (SpmdValueId operand : op.operands) {
+      pointers.push_back(var(operand) + ".data()");
+      outer.push_back(list(stridesOver(local(operand), result.dims)));
+      inner.push_back(list(stridesOver(local(operand), contracted)));
+    }
+    out += fmt::format("meshc::gen::einsumGeneric({}.data(), {}, {}, {{{}}}, {{{}}}, {{{}}});\n",
+                       var(op.result), list(sizesOf(result)), list(sizesOf(contracted)),
+                       fmt::join(pointers, ", "), fmt::join(outer, ", "), fmt::join(inner, ", "));
+  }
+  if (result.dtype == DType::BF16)
+    out += fmt::format("meshc::gen::roundBufferBF16({});\n", var(op.result));
+  if (result.dtype == DType::F16)
+    out += fmt::format("meshc::gen::roundBufferF16({});\n", var(op.result));
+}
+
+llvm::Error FunctionEmitter::absorbFollowers(size_t index, const plan::AxisList& axes) {
+  std::set<std::string> expected(axes.begin(), axes.end());
+  for (size_t j = 1, n = inPlaceFollowers(index); j <= n; ++j) {
+    const SpmdOp& follower = fn.ops[index + j];
+    std::set<std::string> listed(follower.collective.axes.begin(), follower.collective.axes.end());
+    // The lowering's in-place collectives describe the op's own communication, which the
+    // generated op derives from its lane's layout: they must agree.
+    if (listed != expected)
+      return unsupported(follower, fmt::format("an in-place {} over [{}] after an op whose lane "
+                                               "is split over [{}]",
+                                               plan::collectiveName(follower.collective.kind),
+                                               fmt::join(listed, ", "), fmt::join(axes, ", ")));
+    absorbed[index + j] = true;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error FunctionEmitter::emitReduce(size_t index, std::string& out) {
+  const SpmdOp& op = fn.ops[index];
+  SpmdValueId operand = op.operands[0];
+  const TensorType& in = local(operand);
+  const TensorType& result = local(op.result);
+  std::vector<std::string> kept;
+  for (const ir::Dim& dim : result.dims)
+    kept.push_back(dim.name);
+  std::vector<ir::Dim> lane = dimsExcept(in, kept);
+  double scale = 1;
+  if (op.computeKind == OpKind::ReduceMean) {
+    // The GLOBAL count: the partial sums over split reduced dims are resolved later.
+    for (const ir::Dim& dim : dimsExcept(global(operand), kept))
+      scale /= double(dim.size);
+  }
+  const char* kind = "Sum";
+  if (op.computeKind == OpKind::ReduceMax) kind = "Max";
+  if (op.computeKind == OpKind::ReduceMin) kind = "Min";
+  if (op.computeKind == OpKind::LogSumExp) kind = "LogSumExp";
+  allocate(op.result, out);
+  out += fmt::format("meshc::gen::reduce({}.data(), {}, {}.data(), {}, {}, {}, "
+                     "meshc::gen::Reduce::{}, {});\n",
+                     var(op.result), list(sizesOf(result)), var(operand),
+                     list(stridesOver(in, result.dims)), list(sizesOf(lane)),
+                     list(stridesOver(in, lane)), kind, doubleLiteral(scale));
+  if (op.computeKind == OpKind::LogSumExp) {
+    // Split reduced dims: combine the local logsumexps over their axes.
+    plan::AxisList axes;
+    for (const ir::Dim& dim : lane) {
+      int position = in.findDim(dim.name);
+      for (const std::string& axis : layout(operand).dimAxes[size_t(position)])
+        axes.push_back(axis);
+    }
+    if (auto error = absorbFollowers(index, axes)) return error;
+    if (!axes.empty())
+      out += fmt::format("meshc::gen::combineLogSumExp({}, {});\n", var(op.result), group(axes));
+  }
+  if (result.dtype == DType::BF16)
+    out += fmt::format("meshc::gen::roundBufferBF16({});\n", var(op.result));
+  if (result.dtype == DType::F16)
+    out += fmt::format("meshc::gen::roundBufferF16({});\n", var(op.result));
+  return llvm::Error::success();
+}
+
+llvm::Error FunctionEmitter::emitAlong(size_t index, std::string& out) {
+  const SpmdOp& op = fn.ops[index];
+  SpmdValueId operand = op.operands[0];
+  const TensorType& in = local(operand);
+  const TensorType& result = local(op.result);
+  std::vector<std::string> laneDims;
+  if (op.computeKind == OpKind::LayerNorm)
+    laneDims = namesAttr(op, "dims");
+  else
+    laneDims = {stringAttr(op, "dim")};
+  plan::AxisList axes;
+  std::vector<ir::Dim> lane;
+  int64_t globalCount = 1;
+  for (const std::string& dimName : laneDims) {
+    int position = result.findDim(dimName);
+    if (position < 0 || !in.hasDim(dimName)) return unsupported(op, "a missing lane dim");
+    lane.push_back(result.dims[size_t(position)]);
+    for (const std::string& axis : layout(op.result).dimAxes[size_t(position)])
+      axes.push_back(axis);
+    int globalPosition = global(op.result).findDim(dimName);
+    globalCount *= global(op.result).dims[size_t(globalPosition)].size;
+  }
+  std::string groupPtr = axes.empty() ? "nullptr" : "&" + group(axes);
+  if (auto error = absorbFollowers(index, axes)) return error;
+  allocate(op.result, out);
+  if (op.computeKind == OpKind::Shift) {
+    if (!(in == result)) return unsupported(op, "shift between different local shapes");
+    out += fmt::format("meshc::gen::shift({}, {}, {}, {}, {}, {});\n", var(op.result), var(operand),
+                       list(sizesOf(result)), result.findDim(laneDims[0]),
+                       int64_t(numberAttr(op, "offset", 0)), groupPtr);
+    return llvm::Error::success();
+  }
+  std::vector<ir::Dim> outer = dimsExcept(result, laneDims);
+  const char* kind = "Softmax";
+  if (op.computeKind == OpKind::LogSoftmax) kind = "LogSoftmax";
+  if (op.computeKind == OpKind::LayerNorm) kind = "LayerNorm";
+  if (op.computeKind == OpKind::Cumsum)
+    kind = numberAttr(op, "exclusive", 0) != 0 ? "CumsumExclusive" : "Cumsum";
+  out +=
+      fmt::format("meshc::gen::along({}.data(), {}.data(), {}, {}, {}, {}, {}, {}, "
+                  "meshc::gen::Along::{}, {}, {}, {});\n",
+                  var(op.result), var(operand), list(sizesOf(outer)), list(stridesOver(in, outer)),
+                  list(stridesOver(result, outer)), list(sizesOf(lane)),
+                  list(stridesOver(in, lane)), list(stridesOver(result, lane)), kind,
+                  doubleLiteral(numberAttr(op, "eps", 1e-5)), globalCount, groupPtr);
+  return llvm::Error::success();
+}
+
+llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
+  const SpmdOp& op = fn.ops[index];
+  const TensorType& result = local(op.result);
+  std::string v = var(op.result);
+  auto rounding = [&]() {
+    if (result.dtype == DType::BF16) out += fmt::format("meshc::gen::roundBufferBF16({});\n", v);
+    if (result.dtype == DType::F16) out += fmt::format("meshc::gen::roundBufferF16({});\n", v);
+  };
+  switch (op.computeKind) {
+  case OpKind::Input: {
+    auto it = llvm::find(fn.inputs, op.result);
+    size_t k = size_t(it - fn.inputs.begin());
+    out += fmt::format("const meshc::gen::Buffer& {} = inputs.{}.data;\n", v,
+                       identifier(irFn.inputs[k].name));
+    return llvm::Error::success();
+  }
+  case OpKind::Param: {
+    auto it = llvm::find(fn.params, op.result);
+    if (it == fn.params.end()) return unsupported(op, "a param without ParamInfo");
+    out += fmt::format("const meshc::gen::Buffer& {} = {};\n", v,
+                       paramMember(size_t(it - fn.params.begin())));
+    return llvm::Error::success();
+  }
+  case OpKind::Literal: {
+    double value = numberAttr(op, "value", 0);
+    out += fmt::format("meshc::gen::Buffer {}({}, meshc::gen::roundValue({}, {}));\n", v,
+                       result.numElements(), dtypeEnum(result.dtype), doubleLiteral(value));
+    return llvm::Error::success();
+  }
+  case OpKind::Iota: {
+    std::string dim = stringAttr(op, "dim");
+    Shape position(result.dims.size(), 0);
+    int at = result.findDim(dim);
+    if (at < 0) return unsupported(op, "iota over a dim its result lacks");
+    position[size_t(at)] = 1;
+    allocate(op.result, out);
+    out += fmt::format("meshc::gen::iota({}.data(), {}, {}, {});\n", v, list(sizesOf(result)),
+                       list(position), shardStart(op.result, dim));
+    return llvm::Error::success();
+  }
+  case OpKind::RandomNormal:
+  case OpKind::RandomUniform: {
+    allocate(op.result, out);
+    bool normal = op.computeKind == OpKind::RandomNormal;
+    out += fmt::format(
+        "meshc::gen::fillRandom({}, {}, {}, {}, meshrt::streamKey(seed_, {}), "
+        "meshc::gen::Fill::{}, {}, {}, {});\n",
+        v, list(sizesOf(result)), list(rowMajorStrides(global(op.result))),
+        globalBaseExpr(op.result), quote(stringAttr(op, "stream")), normal ? "Normal" : "Uniform",
+        doubleLiteral(numberAttr(op, normal ? "mean" : "min", 0)),
+        doubleLiteral(numberAttr(op, normal ? "stddev" : "max", 1)), dtypeEnum(result.dtype));
+    return llvm::Error::success();
+  }
+  case OpKind::Dropout: {
+    SpmdValueId operand = op.operands[0];
+    allocate(op.result, out);
+    if (fn.kind == ir::Function::Kind::Train) {
+      out += fmt::format(
+          "meshc::gen::dropout({}.data(), {}, {}.data(), {}, {}, {}, meshrt::streamKey(seed_, "
+          "std::string({}) + \"#\" + std::to_string(step)), {});\n",
+          v, list(sizesOf(result)), var(operand), list(stridesOver(local(operand), result.dims)),
+          list(rowMajorStrides(global(op.result))), globalBaseExpr(op.result),
+          quote(stringAttr(op, "stream")), doubleLiteral(numberAttr(op, "rate", 0)));
+      rounding();
+    } else if (local(operand).dims == result.dims) {
+      out.resize(out.size() -
+                 fmt::format("meshc::gen::Buffer {}({});\n", v, result.numElements()).size());
+      out += "// dropout is the identity outside training\n";
+      out += fmt::format("meshc::gen::Buffer {} = {};\n", v, takeOrCopy(operand, index));
+    } else {
+      out += "// dropout is the identity outside training\n";
+      out += fmt::format("meshc::gen::copyStrided({}.data(), {}, {}, {}.data(), {});\n", v,
+                         list(sizesOf(result)), list(rowMajorStrides(result)), var(operand),
+                         list(stridesOver(local(operand), result.dims)));
+    }
+    return llvm::Error::success();
+  }
+  case OpKind::Einsum:
+    emitEinsum(op, out);
+    return llvm::Error::success();
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+    return emitReduce(index, out);
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Shift: {
+    if (auto error = emitAlong(index, out)) return error;
+    rounding();
+    return llvm::Error::success();
+  }
+  case OpKind::Rename: {
+    std::vector<std::string> from = namesAttr(op, "from"), to = namesAttr(op, "to");
+    std::map<std::string, std::string> resultToOperand;
+    for (size_t i = 0; i < from.size() && i < to.size(); ++i)
+      resultToOperand[to[i]] = from[i];
+    SpmdValueId operand = op.operands[0];
+    Shape inStrides = stridesOver(local(operand), result.dims, &resultToOperand);
+    if (inStrides == rowMajorStrides(result)) {
+      // Same storage order: only the names change.
+      out += fmt::format("meshc::gen::Buffer {} = {};\n", v, takeOrCopy(operand, index));
+      return llvm::Error::success();
+    }
+    allocate(op.result, out);
+    out += fmt::format("meshc::gen::copyStrided({}.data(), {}, {}, {}.data(), {});\n", v,
+                       list(sizesOf(result)), list(rowMajorStrides(result)), var(operand),
+                       list(inStrides));
+    return llvm::Error::success();
+  }
+  case OpKind::Reshape: {
+    SpmdValueId operand = op.operands[0];
+    const TensorType& in = local(operand);
+    std::vector<std::string> from = namesAttr(op, "from"), to = namesAttr(op, "to");
+    std::vector<ir::Dim> fromDims, toDims;
+    for (const std::string& dim : from) {
+      int at = in.findDim(dim);
+      if (at < 0) return unsupported(op, "reshape of a missing dim");
+      fromDims.push_back(in.dims[size_t(at)]);
+    }
+    for (const std::string& dim : to) {
+      int at = result.findDim(dim);
+      if (at < 0) return unsupported(op, "reshape into a missing dim");
+      toDims.push_back(result.dims[size_t(at)]);
+    }
+    // Either the split of the major-most regrouped dim carries over (a local regroup of the
+    // local sizes), or the operand holds the regrouped dims whole and this rank's result is a
+    // window of the global regroup (row-major over the GLOBAL `to` sizes, from its shard start).
+    bool operandWhole = true;
+    for (const std::string& dim : from)
+      operandWhole = operandWhole && layout(operand).dimAxes[size_t(in.findDim(dim))].empty();
+    Shape linear(result.dims.size(), 0);
+    std::vector<std::string> base;
+    int64_t stride = 1;
+    for (size_t i = toDims.size(); i-- > 0;) {
+      int at = result.findDim(toDims[i].name);
+      linear[size_t(at)] = stride;
+      std::string start = shardStart(op.result, toDims[i].name);
+      if (operandWhole && start != "0") base.push_back(fmt::format("{} * {}", start, stride));
+      stride *= operandWhole ? global(op.result).dims[size_t(at)].size : toDims[i].size;
+    }
+    Shape other = stridesOver(in, result.dims);
+    for (size_t i = 0; i < result.dims.size(); ++i)
+      if (llvm::is_contained(to, result.dims[i].name)) other[i] = 0;
+    allocate(op.result, out);
+    out += fmt::format("meshc::gen::reshape({}.data(), {}, {}.data(), {}, {}, {}, {}, {});\n", v,
+                       list(sizesOf(result)), var(operand), list(other), list(linear),
+                       list(sizesOf(fromDims)), list(stridesOver(in, fromDims)),
+                       base.empty() ? "0" : fmt::format("{}", fmt::join(base, " + ")));
+    return llvm::Error::success();
+  }
+  case OpKind::Slice:
+  case OpKind::Pad:
+  case OpKind::Concat: {
+    std::string to = stringAttr(op, "to");
+    std::vector<std::string> from = namesAttr(op, "from");
+    int outAt = result.findDim(to);
+    if (outAt < 0 || from.size() != op.operands.size())
+      return unsupported(op, "a malformed window op");
+    std::vector<ir::Dim> outer = dimsExcept(result, {to});
+    allocate(op.result, out);
+    // Window offsets are global along `to`; this rank's result starts at its shard start.
+    std::string resultStart = shardStart(op.result, to);
+    int64_t offset = 0;
+    if (op.computeKind == OpKind::Slice) offset = -int64_t(numberAttr(op, "start", 0));
+    if (op.computeKind == OpKind::Pad) offset = int64_t(numberAttr(op, "before", 0));
+    for (size_t k = 0; k < op.operands.size(); ++k) {
+      SpmdValueId operand = op.operands[k];
+      const TensorType& in = local(operand);
+      int inAt = in.findDim(from[k]);
+      if (inAt < 0) return unsupported(op, "a window over a missing dim");
+      if (!layout(operand).dimAxes[size_t(inAt)].empty())
+        return unsupported(op, "a window over a split operand dim");
+      out += fmt::format("meshc::gen::copyWindow({}.data(), {}.data(), {}, {}, {}, {}, {}, {}, "
+                         "{}, {} - {});\n",
+                         v, var(operand), list(sizesOf(outer)), list(stridesOver(result, outer)),
+                         list(stridesOver(in, outer)), rowMajorStrides(result)[size_t(outAt)],
+                         rowMajorStrides(in)[size_t(inAt)], result.dims[size_t(outAt)].size,
+                         in.dims[size_t(inAt)].size, offset, resultStart);
+      offset += global(operand).dims[size_t(global(operand).findDim(from[k]))].size;
+    }
+    return llvm::Error::success();
+  }
+  case OpKind::OneHot: {
+    std::string dim = stringAttr(op, "dim");
+    int at = result.findDim(dim);
+    if (at < 0) return unsupported(op, "one_hot over a missing dim");
+    SpmdValueId ids = op.operands[0];
+    Shape idStrides = stridesOver(local(ids), result.dims);
+    idStrides[size_t(at)] = 0;
+    Shape position(result.dims.size(), 0);
+    position[size_t(at)] = 1;
+    allocate(op.result, out);
+    out += fmt::format("meshc::gen::oneHot({}.data(), {}, {}.data(), {}, {}, {});\n", v,
+                       list(sizesOf(result)), var(ids), list(idStrides), list(position),
+                       shardStart(op.result, dim));
+    rounding();
+    return llvm::Error::success();
+  }
+  case OpKind::Gather: {
+    std::string dim = stringAttr(op, "dim");
+    SpmdValueId table = op.operands[0], ids = op.operands[1];
+    const TensorType& tableType = local(table);
+    int at = tableType.findDim(dim);
+    if (at < 0) return unsupported(op, "gather over a missing dim");
+    Shape tableStrides = stridesOver(tableType, result.dims);
+    if (int reused = result.findDim(dim); reused >= 0) tableStrides[size_t(reused)] = 0;
+    allocate(op.result, out);
+    out += fmt::format("meshc::gen::gather({}.data(), {}, {}.data(), {}, {}.data(), {}, {}, {}, "
+                       "{});\n",
+                       v, list(sizesOf(result)), var(table), list(tableStrides), var(ids),
+                       list(stridesOver(local(ids), result.dims)), tableType.dims[size_t(at)].size,
+                       rowMajorStrides(tableType)[size_t(at)], shardStart(table, dim));
+    return llvm::Error::success();
+  }
+  default:
+    return unsupported(op, std::string("op '") + ir::opSpelling(op.computeKind) + "'");
+  }
+}
+
+std::string FunctionEmitter::takeOrCopy(SpmdValueId id, size_t index) {
+  if (!owned[id] || released[id] || lastUse[id] != index) return var(id);
+  released[id] = true; // dies here: its buffer moves on
+  return fmt::format("std::move({})", var(id));
+}
+
+llvm::Error FunctionEmitter::emitCollective(size_t index, std::string& out) {
+  const SpmdOp& op = fn.ops[index];
+  const plan::Collective& c = op.collective;
+  SpmdValueId operand = op.operands[0];
+  std::string v = var(op.result), in = var(operand);
+  bool inPlace = operand == op.result;
+  auto dimIndex = [&](SpmdValueId id, const std::string& dim) { return local(id).findDim(dim); };
+  switch (c.kind) {
+  case CollectiveKind::AllReduceSum:
+  case CollectiveKind::AllReduceMax:
+  case CollectiveKind::AllReduceMin: {
+    const char* reduceOp = c.kind == CollectiveKind::AllReduceSum   ? "Sum"
+                           : c.kind == CollectiveKind::AllReduceMax ? "Max"
+                                                                    : "Min";
+    if (!inPlace)
+      out += fmt::format("meshc::gen::Buffer {} = {};\n", v, takeOrCopy(operand, index));
+    if (!c.axes.empty())
+      out += fmt::format("{}.allReduce({}.data(), {}.size(), meshrt::ReduceOp::{});\n",
+                         group(c.axes), v, v, reduceOp);
+    return llvm::Error::success();
+  }
+  case CollectiveKind::AllGather:
+  case CollectiveKind::ReduceScatter:
+  case CollectiveKind::LocalSlice: {
+    if (inPlace) return unsupported(op, "an in-place all-gather outside cumsum");
+    int at = dimIndex(operand, c.dim);
+    if (at < 0) return unsupported(op, "a collective over a missing dim");
+    allocate(op.result, out);
+    if (c.kind == CollectiveKind::LocalSlice) {
+      int64_t blocks = 1;
+      for (const std::string& axis : c.axes)
+        blocks *= fn.mesh.axisSize(axis);
+      out += fmt::format("meshc::gen::sliceDim({}, {}, {}, {}, meshc::gen::blockIndex(world_, {}), "
+                         "{});\n",
+                         v, in, list(sizesOf(local(operand))), at, stringList(c.axes), blocks);
+      return llvm::Error::success();
+    }
+    out += fmt::format("meshc::gen::{}({}, {}, {}, {}, {});\n",
+                       c.kind == CollectiveKind::AllGather ? "allGatherDim" : "reduceScatterDim", v,
+                       in, list(sizesOf(local(operand))), at, group(c.axes));
+    return llvm::Error::success();
+  }
+  case CollectiveKind::AllToAll: {
+    int from = dimIndex(operand, c.dim), to = dimIndex(operand, c.toDim);
+    if (from < 0 || to < 0 || inPlace) return unsupported(op, "a malformed all-to-all");
+    allocate(op.result, out);
+    out += fmt::format("meshc::gen::allToAllDims({}, {}, {}, {}, {}, {});\n", v, in,
+                       list(sizesOf(local(operand))), from, to, group(c.axes));
+    return llvm::Error::success();
+  }
+  case CollectiveKind::Permute:
+    return unsupported(op, "a collective permute outside shift");
+  }
+  return unsupported(op, "this collective");
+}
+
+void FunctionEmitter::releaseDead(const std::vector<size_t>& opsDone, size_t index,
+                                  std::string& out) {
+  std::vector<std::string> dead;
+  for (size_t i : opsDone)
+    for (SpmdValueId operand : fn.ops[i].operands) {
+      if (released[operand] || lastUse[operand] > index || !owned[operand]) continue;
+      released[operand] = true;
+      dead.push_back(var(operand));
+    }
+  if (!dead.empty()) out += fmt::format("meshc::gen::release({});\n", fmt::join(dead, ", "));
+}
+
+llvm::Error FunctionEmitter::emit() {
+  uses.assign(fn.values.size(), 0);
+  absorbed.assign(fn.ops.size(), false);
+  for (const SpmdOp& op : fn.ops)
+    for (SpmdValueId operand : op.operands)
+      if (operand != op.result) ++uses[operand];
+  for (const auto& output : fn.outputs)
+    uses[output.second] += 2; // never fused away
+  lastUse.assign(fn.values.size(), 0);
+  released.assign(fn.values.size(), false);
+  owned.assign(fn.values.size(), true);
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    for (SpmdValueId operand : fn.ops[i].operands)
+      lastUse[operand] = std::max(lastUse[operand], i);
+    if (fn.ops[i].kind == SpmdOp::Kind::Compute &&
+        (fn.ops[i].computeKind == OpKind::Input || fn.ops[i].computeKind == OpKind::Param))
+      owned[fn.ops[i].result] = false;
+  }
+  for (const auto& output : fn.outputs)
+    lastUse[output.second] = fn.ops.size();
+
+  // The body of run(), op by op; elementwise chains become one loop.
+  std::string body;
+  std::vector<size_t> chain;
+  auto flush = [&]() {
+    if (chain.empty()) return;
+    emitElementwiseGroup(chain, body);
+    for (size_t k = 0; k + 1 < chain.size(); ++k)
+      owned[fn.ops[chain[k]].result] = false; // a scalar temporary of the fused loop
+    releaseDead(chain, chain.back(), body);
+    chain.clear();
+  };
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    if (absorbed[i]) continue;
+    const SpmdOp& op = fn.ops[i];
+    bool elementwise = op.kind == SpmdOp::Kind::Compute && isElementwise(op.computeKind);
+    if (elementwise) {
+      // Fuse into the running chain when the chain's last value is used only here and the
+      // loop spaces agree (same local dims in the same order).
+      if (!chain.empty()) {
+        const SpmdOp& previous = fn.ops[chain.back()];
+        bool feeds = uses[previous.result] == 1 &&
+                     llvm::is_contained(op.operands, previous.result) &&
+                     local(previous.result).dims == local(op.result).dims &&
+                     inPlaceFollowers(chain.back()) == 0;
+        if (!feeds) flush();
+      }
+      chain.push_back(i);
+      continue;
+    }
+    flush();
+    body += "\n";
+    if (op.kind == SpmdOp::Kind::Collective) {
+      comment(op, body);
+      if (auto error = emitCollective(i, body)) return error;
+    } else {
+      comment(op, body);
+      if (auto error = emitCompute(i, body)) return error;
+    }
+    // Ops absorbed into this one (in-place collectives) read its result later in op order.
+    size_t end = i;
+    while (end + 1 < fn.ops.size() && absorbed[end + 1])
+      ++end;
+    releaseDead({i}, end, body);
+  }
+  flush();
+
+  // Declaration.
+  std::string& h = declaration;
+  std::string kindWord = fn.kind == ir::Function::Kind::Train ? "train block" : "program";
+  h += fmt::format(
+      "/// The {} `{}` of {}, planned for the mesh {} with layout {}.\n", kindWord, fn.name,
+      irFn.loc.file,
+      "[" +
+          [&] {
+            std::vector<std::string> axes;
+            for (const ir::MeshAxis& axis : fn.mesh.axes)
+              axes.push_back(fmt::format("{}={}", axis.name, axis.size));
+            return fmt::format("{}", fmt::join(axes, ", "));
+          }() +
+          "]",
+      plan::layoutString(fn.layout));
+  h += fmt::format("class {} {{\npublic:\n", name);
+  h += "/// This rank's local shards of the inputs (row-major over the local shape).\n";
+  h += "struct Inputs {\n";
+  for (size_t k = 0; k < irFn.inputs.size(); ++k) {
+    SpmdValueId id = fn.inputs[k];
+    h += fmt::format("meshc::gen::Tensor {}; // {} local {}\n", identifier(irFn.inputs[k].name),
+                     plan::tensorLayoutString(global(id), layout(id)), list(sizesOf(local(id))));
+  }
+  h += "};\n/// This rank's local shards of the outputs.\nstruct Outputs {\n";
+  for (const auto& [outName, id] : fn.outputs)
+    h += fmt::format("meshc::gen::Tensor {}; // {} local {}\n", identifier(outName),
+                     plan::tensorLayoutString(global(id), layout(id)), list(sizesOf(local(id))));
+  h += "};\n\n";
+  h += "/// The mesh the plan was made for; the communicator must be over it.\n"
+       "static meshrt::Mesh mesh();\n";
+  h += "/// The names of the inputs and outputs, in declaration order.\n"
+       "static std::vector<std::string> inputNames();\n"
+       "static std::vector<std::string> outputNames();\n\n";
+  h += fmt::format("/// Creates the subgroups this program uses and initializes this rank's "
+                   "parameter shards from `seed` (the same global values on every mesh).\n"
+                   "explicit {}(meshrt::Communicator& world, uint64_t seed = 0);\n\n",
+                   name);
+  h += "/// Runs on this rank's shards (a collective call: every rank of the mesh calls it).\n"
+       "/// Throws std::invalid_argument when an input's local shape is wrong.\n"
+       "Outputs run(const Inputs& inputs);\n\n";
+  if (fn.kind == ir::Function::Kind::Train)
+    h += "/// The training step: keys the dropout masks (forward only: autodiff comes later).\n"
+         "uint64_t step = 0;\n\n";
+  h += "/// This rank's local shards of the inputs the reference interpreter synthesizes for "
+       "`seed` (keyed by global element index).\n"
+       "Inputs synthesizeInputs(uint64_t seed) const;\n\n"
+       "/// This rank's shard of the global input `name` (no communication).\n"
+       "static meshc::gen::Tensor scatterInput(meshrt::Communicator& world, const std::string& "
+       "name, const meshc::gen::Tensor& global);\n"
+       "/// The global output `name` from every rank's shard (collective: every rank calls it "
+       "and gets the whole tensor).\n"
+       "static meshc::gen::Tensor gatherOutput(meshrt::Communicator& world, const std::string& "
+       "name, const meshc::gen::Tensor& local);\n\n";
+  h += "private:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
+  for (const plan::AxisList& axes : groups)
+    h += fmt::format("meshrt::Communicator& {}; // the ranks along {}\n", axesName(axes),
+                     fmt::join(axes, ", "));
+  for (size_t k = 0; k < irFn.params.size(); ++k) {
+    SpmdValueId id = fn.params[k];
+    h += fmt::format("meshc::gen::Buffer {}; // {}: {} local {}\n", paramMember(k),
+                     irFn.params[k].path, plan::tensorLayoutString(global(id), layout(id)),
+                     list(sizesOf(local(id))));
+  }
+  h += "};\n\n";
+
+  // Definitions.
+  std::string& s = definition;
+  s += fmt::format("//===--- {} `{}` ---===//\n\n", kindWord, fn.name);
+  {
+    std::vector<std::string> axes;
+    for (const ir::MeshAxis& axis : fn.mesh.axes)
+      axes.push_back(fmt::format("{{\"{}\", {}}}", axis.name, axis.size));
+    s += fmt::format("meshrt::Mesh {}::mesh() {{ return meshrt::Mesh({{{}}}); }}\n\n", name,
+                     fmt::join(axes, ", "));
+    std::vector<std::string> inputs, outputs;
+    for (const ir::InputInfo& input : irFn.inputs)
+      inputs.push_back(quote(input.name));
+    for (const auto& output : fn.outputs)
+      outputs.push_back(quote(output.first));
+    s += fmt::format("std::vector<std::string> {}::inputNames() {{ return {{{}}}; }}\n", name,
+                     fmt::join(inputs, ", "));
+    s += fmt::format("std::vector<std::string> {}::outputNames() {{ return {{{}}}; }}\n\n", name,
+                     fmt::join(outputs, ", "));
+  }
+  emitConstructor(s);
+  s += fmt::format("{0}::Outputs {0}::run(const Inputs& inputs) {{\n", name);
+  for (size_t k = 0; k < irFn.inputs.size(); ++k)
+    s += fmt::format("meshc::gen::checkShape(\"input\", {}, inputs.{}, {});\n",
+                     quote(irFn.inputs[k].name), identifier(irFn.inputs[k].name),
+                     list(sizesOf(local(fn.inputs[k]))));
+  s += body;
+  s += "\nOutputs outputs;\n";
+  std::map<SpmdValueId, int> outputCount;
+  for (const auto& output : fn.outputs)
+    ++outputCount[output.second];
+  for (const auto& [outName, id] : fn.outputs) {
+    bool move = owned[id] && --outputCount[id] == 0; // the last output of a value takes it
+    s += fmt::format("outputs.{} = meshc::gen::Tensor{{{}, {}}};\n", identifier(outName),
+                     list(sizesOf(local(id))),
+                     move ? fmt::format("std::move({})", var(id)) : var(id));
+  }
+  s += "return outputs;\n}\n\n";
+  emitHelpers(s);
+  return llvm::Error::success();
+}
+
+void FunctionEmitter::emitConstructor(std::string& s) {
+  // The mesh is checked first; subgroups are created up front, in a fixed order, on every rank.
+  s += fmt::format("{0}::{0}(meshrt::Communicator& world, uint64_t seed)\n: "
+                   "world_(meshc::gen::checkedWorld(world, mesh(), {1})), seed_(seed)",
+                   name, quote(fn.name));
+  for (const plan::AxisList& axes : groups)
+    s += fmt::format(",\n{}(world_.subgroup(std::vector<std::string>{}))", axesName(axes),
+                     stringList(axes));
+  s += " {\n";
+  for (size_t k = 0; k < irFn.params.size(); ++k) {
+    const ir::ParamInfo& param = irFn.params[k];
+    SpmdValueId id = fn.params[k];
+    const TensorType& type = local(id);
+    std::string member = paramMember(k);
+    s += fmt::format("// {}: {} ({}:{})\n", param.path, param.init.kind, param.loc.file,
+                     param.loc.line);
+    std::string key = fmt::format("meshrt::streamKey(seed, {})", quote("param/" + param.path));
+    std::string sizes = list(sizesOf(type)), strides = list(rowMajorStrides(global(id)));
+    const ir::Initializer& init = param.init;
+    DType dtype = type.dtype;
+    if (init.kind == "zeros" || init.kind == "ones" || init.kind == "constant") {
+      double value = init.kind == "zeros" ? 0 : init.kind == "ones" ? 1 : init.arg("value", 0);
+      s += fmt::format("{}.assign({}, meshc::gen::roundValue({}, {}));\n", member,
+                       type.numElements(), dtypeEnum(dtype), doubleLiteral(value));
+    } else if (init.kind == "normal" || init.kind == "truncated_normal" || init.kind == "uniform") {
+      bool uniform = init.kind == "uniform";
+      s += fmt::format("{}.resize({});\nmeshc::gen::fillRandom({}, {}, {}, {}, {}, "
+                       "meshc::gen::Fill::{}, {}, {}, {});\n",
+                       member, type.numElements(), member, sizes, strides, globalBaseExpr(id), key,
+                       uniform                 ? "Uniform"
+                       : init.kind == "normal" ? "Normal"
+                                               : "TruncatedNormal",
+                       doubleLiteral(uniform ? init.arg("min", 0) : init.arg("mean", 0)),
+                       doubleLiteral(uniform ? init.arg("max", 1) : init.arg("stddev", 1)),
+                       dtypeEnum(dtype));
+    } else {
+      // orthogonal: rows are orthogonalized within blocks, not element-local: build the global
+      // tensor and keep this rank's shard.
+      int64_t count = global(id).numElements();
+      int64_t rows = global(id).dims.empty() ? 1 : global(id).dims.front().size;
+      int64_t cols = rows > 0 ? count / rows : 0;
+      s += fmt::format("{} = meshc::gen::sliceShard(meshc::gen::orthogonalGlobal({}, {}, {}, {}), "
+                       "{}, {}, {{{}}});\n",
+                       member, rows, cols, key, doubleLiteral(init.arg("scale", 1)), sizes, strides,
+                       fmt::join(shardStarts(id), ", "));
+      if (dtype == DType::BF16) s += fmt::format("meshc::gen::roundBufferBF16({});\n", member);
+    }
+  }
+  s += "}\n\n";
+}
+
+void FunctionEmitter::emitHelpers(std::string& s) {
+  // synthesizeInputs
+  s += fmt::format("{0}::Inputs {0}::synthesizeInputs(uint64_t seed) const {{\nInputs inputs;\n",
+                   name);
+  for (size_t k = 0; k < irFn.inputs.size(); ++k) {
+    const ir::InputInfo& input = irFn.inputs[k];
+    SpmdValueId id = fn.inputs[k];
+    std::string member = "inputs." + identifier(input.name);
+    bool index = input.type.dtype == DType::I32;
+    int64_t bound = input.indexBound > 0 ? input.indexBound : 2;
+    bound = std::min<int64_t>(bound, int64_t(1) << 31);
+    s += fmt::format(
+        "{0}.shape = {1};\n{0}.data.resize({2});\n"
+        "meshc::gen::fillRandom({0}.data, {1}, {3}, {4}, meshrt::streamKey(seed, {5}), "
+        "meshc::gen::Fill::{6}, {7}, 0, {8});\n",
+        member, list(sizesOf(local(id))), local(id).numElements(),
+        list(rowMajorStrides(global(id))), globalBaseExpr(id), quote("input/" + input.name),
+        index ? "InputIndex" : "InputNormal", bound, dtypeEnum(input.type.dtype));
+  }
+  s += "return inputs;\n}\n\n";
+
+  // scatterInput / gatherOutput: the same shard geometry, from any rank's coordinates.
+  auto startsOfRank = [&](SpmdValueId id, const std::string& meshExpr, const std::string& rank) {
+    std::vector<std::string> starts;
+    const TensorType& type = local(id);
+    for (size_t d = 0; d < type.dims.size(); ++d) {
+      const plan::AxisList& axes = layout(id).dimAxes[d];
+      starts.push_back(axes.empty()
+                           ? "0"
+                           : fmt::format("meshc::gen::shardStartOf({}, {}, {}, {})", meshExpr, rank,
+                                         stringList(axes), type.dims[d].size));
+    }
+    return fmt::format("meshc::gen::Shape{{{}}}", fmt::join(starts, ", "));
+  };
+  s += fmt::format("meshc::gen::Tensor {}::scatterInput(meshrt::Communicator& world, const "
+                   "std::string& name, const meshc::gen::Tensor& global) {{\n",
+                   name);
+  for (size_t k = 0; k < irFn.inputs.size(); ++k) {
+    SpmdValueId id = fn.inputs[k];
+    s += fmt::format("if (name == {0}) {{\nmeshc::gen::checkShape(\"global input\", name, global, "
+                     "{1});\nreturn meshc::gen::Tensor{{{2}, meshc::gen::sliceShard(global.data, "
+                     "{2}, {3}, {4})}};\n}}\n",
+                     quote(irFn.inputs[k].name), list(sizesOf(global(id))),
+                     list(sizesOf(local(id))), list(rowMajorStrides(global(id))),
+                     startsOfRank(id, "world.mesh()", "world.rank()"));
+  }
+  s += fmt::format("throw std::invalid_argument(\"{}: no input named '\" + name + \"'\");\n}}\n\n",
+                   fn.name);
+  s += fmt::format("meshc::gen::Tensor {}::gatherOutput(meshrt::Communicator& world, const "
+                   "std::string& name, const meshc::gen::Tensor& local) {{\n",
+                   name);
+  for (const auto& [outName, id] : fn.outputs) {
+    s += fmt::format("if (name == {0}) {{\nmeshc::gen::checkShape(\"local output\", name, local, "
+                     "{1});\nreturn meshc::gen::Tensor{{{2}, meshc::gen::gatherShards(world, "
+                     "local.data, {1}, {2}, [&](int rank) {{ return {3}; }})}};\n}}\n",
+                     quote(outName), list(sizesOf(local(id))), list(sizesOf(global(id))),
+                     startsOfRank(id, "world.mesh()", "rank"));
+  }
+  s += fmt::format("throw std::invalid_argument(\"{}: no output named '\" + name + \"'\");\n}}\n\n",
+                   fn.name);
+}
+
+std::string FunctionEmitter::runnerBody() const {
+  std::string s;
+  std::string kindWord = fn.kind == ir::Function::Kind::Train ? "train" : "program";
+  // One warm-up run, then kTimedRuns timed ones; the time of a run is its slowest rank's.
+  s += fmt::format("{{\n// {} {}\nstd::vector<std::vector<double>> milliseconds(kTimedRuns, "
+                   "std::vector<double>(size_t({}::mesh().size())));\n",
+                   kindWord, fn.name, name);
+  s += fmt::format("meshrt::runThreads({}::mesh(), [&](meshrt::Communicator& world) {{\n", name);
+  s += fmt::format("{} program(world, seed);\nauto inputs = program.synthesizeInputs(seed);\n"
+                   "auto outputs = program.run(inputs);\n",
+                   name);
+  s += "for (int i = 0; i < kTimedRuns; ++i) {\nworld.barrier();\n"
+       "auto start = std::chrono::steady_clock::now();\noutputs = program.run(inputs);\n"
+       "milliseconds[size_t(i)][size_t(world.rank())] = std::chrono::duration<double, "
+       "std::milli>(std::chrono::steady_clock::now() - start).count();\n}\n";
+  for (const auto& [outName, id] : fn.outputs) {
+    std::string field = identifier(outName), gathered = "gathered_" + field;
+    s += fmt::format("auto {} = {}::gatherOutput(world, {}, outputs.{});\n", gathered, name,
+                     quote(outName), field);
+    s += fmt::format("if (world.rank() == 0) results.push_back({{{}, {}, std::move({}.shape), "
+                     "std::move({}.data)}});\n",
+                     quote(fn.name + "." + outName), quote(ir::dtypeName(global(id).dtype)),
+                     gathered, gathered);
+  }
+  s += "});\n";
+  s += fmt::format("report({}, {}::mesh().size(), milliseconds);\n}}\n",
+                   quote(kindWord + " " + fn.name), name);
+  return s;
+}
+
+std::string formatCpp(const std::string& code, const std::string& fileName) {
+  clang::format::FormatStyle style = clang::format::getLLVMStyle();
+  style.ColumnLimit = 100;
+  std::vector<clang::tooling::Range> ranges{clang::tooling::Range(0, unsigned(code.size()))};
+  clang::tooling::Replacements replacements =
+      clang::format::reformat(style, code, ranges, fileName);
+  llvm::Expected<std::string> formatted = clang::tooling::applyAllReplacements(code, replacements);
+  if (!formatted) {
+    llvm::consumeError(formatted.takeError());
+    return code;
+  }
+  return *formatted;
+}
+
+} // namespace
+
+llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
+                                  const std::vector<plan::PlannedFunction>& plans,
+                                  const CppOptions& options) {
+  std::vector<std::unique_ptr<FunctionEmitter>> emitters;
+  for (const plan::PlannedFunction& planned : plans) {
+    const ir::Function* irFn = module.findFunction(planned.spmd.name);
+    if (!irFn)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), "no function named '%s'",
+                                     planned.spmd.name.c_str());
+    auto emitter = std::make_unique<FunctionEmitter>(module, *irFn, planned.spmd);
+    if (auto error = emitter->emit()) return error;
+    emitters.push_back(std::move(emitter));
+  }
+  std::string file = module.functions.empty() ? std::string() : module.functions.front().loc.file;
+  CppOutput output;
+  std::string& h = output.header;
+  h += fmt::format("// Generated by meshc from {}: SPMD C++ over meshrt. Do not edit.\n", file);
+  h += "#pragma once\n\n#include \"meshc/GeneratedSupport.h\"\n\n#include <cstdint>\n"
+       "#include <string>\n#include <vector>\n\n";
+  h += fmt::format("namespace {} {{\n\n", options.cppNamespace);
+  for (const auto& emitter : emitters)
+    h += emitter->declaration;
+  h += fmt::format("}} // namespace {}\n", options.cppNamespace);
+
+  std::string& s = output.source;
+  s += fmt::format("// Generated by meshc from {}: SPMD C++ over meshrt. Do not edit.\n", file);
+  s += fmt::format("#include \"{}\"\n\n#include <cmath>\n\n", options.headerInclude);
+  s += fmt::format("namespace {} {{\n\n", options.cppNamespace);
+  for (const auto& emitter : emitters)
+    s += emitter->definition;
+  s += fmt::format("}} // namespace {}\n", options.cppNamespace);
+
+  if (options.runner) {
+    std::string& r = output.runner;
+    r += fmt::format("// Generated by meshc from {}: runs every program and train block on the "
+                     "threads backend with the inputs the reference interpreter synthesizes, and "
+                     "writes the gathered outputs.\n// Usage: <binary> <outputs-file> [seed]\n",
+                     file);
+    r += fmt::format("#include \"{}\"\n\n#include \"meshrt/Threads.h\"\n\n#include <algorithm>\n"
+                     "#include <chrono>\n#include <cstdio>\n#include <cstdlib>\n#include "
+                     "<exception>\n\n",
+                     options.headerInclude);
+    r += fmt::format("using namespace {};\n\n", options.cppNamespace);
+    r += "struct Result {\nstd::string name, dtype;\nmeshc::gen::Shape shape;\nmeshc::gen::Buffer "
+         "data;\n};\n\n";
+    r += "constexpr int kTimedRuns = 5;\n\n"
+         "/// Prints the median and best of the timed runs (each: its slowest rank).\n"
+         "void report(const char* what, int ranks, const std::vector<std::vector<double>>& "
+         "milliseconds) {\nstd::vector<double> runs;\nfor (const auto& perRank : milliseconds)\n"
+         "runs.push_back(*std::max_element(perRank.begin(), perRank.end()));\n"
+         "std::sort(runs.begin(), runs.end());\n"
+         "std::printf(\"%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; "
+         "after a warm-up run)\\n\", what, ranks, runs[runs.size() / 2], runs.front(), "
+         "kTimedRuns);\n}\n\n";
+    r += "int main(int argc, char** argv) {\nif (argc < 2) {\nstd::fprintf(stderr, \"usage: %s "
+         "<outputs-file> [seed]\\n\", argv[0]);\nreturn 2;\n}\n"
+         "uint64_t seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;\n"
+         "std::vector<Result> results;\nmeshc::gen::useSingleThreadedBlas();\ntry {\n";
+    for (const auto& emitter : emitters)
+      r += emitter->runnerBody();
+    r += "} catch (const std::exception& error) {\nstd::fprintf(stderr, \"error: %s\\n\", "
+         "error.what());\nreturn 1;\n}\n";
+    r += "std::FILE* file = std::fopen(argv[1], \"wb\");\nif (!file) {\nstd::fprintf(stderr, "
+         "\"error: cannot open '%s'\\n\", argv[1]);\nreturn 2;\n}\n"
+         "for (const Result& result : results)\nmeshc::gen::writeTensor(file, result.name, "
+         "result.dtype.c_str(), result.shape, result.data);\nstd::fclose(file);\nreturn 0;\n}\n";
+    output.runner = formatCpp(output.runner, "runner.cpp");
+  }
+  output.header = formatCpp(output.header, "generated.h");
+  output.source = formatCpp(output.source, "generated.cpp");
+  return output;
+}
+
+} // namespace meshc::codegen

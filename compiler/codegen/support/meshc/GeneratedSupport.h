@@ -1,0 +1,954 @@
+// Support code for the C++ that `meshc --emit=cpp` generates: local shard buffers, strided
+// loops, einsum through OpenBLAS, reductions, the "along a dim" ops (softmax, layer_norm,
+// cumsum, shift) with their in-op collectives when the dim is split, data movement, the
+// layout-invariant RNG fills, and the pack/unpack around meshrt's chunked collectives.
+//
+// Value representation: every tensor is a row-major std::vector<float> over its LOCAL shape.
+// Float dtypes hold values already rounded to their dtype (bf16/f16 re-rounded after every op,
+// as the reference interpreter does); i32 values are held as exact integers in float (exact up
+// to 2^24, enough for ids, positions and masks).
+//
+// Header-only on purpose: generated code includes it next to meshrt's headers; it needs meshrt
+// (Comm.h, Random.h), meshrt_kernels (f32 einsums go through meshrt::kernels::EinsumPlan) and
+// cblas. einsum2 below is the local GEMM path kept for the narrow-dtype variant and as a checked
+// fallback.
+#pragma once
+
+#include "meshrt/Comm.h"
+#include "meshrt/Random.h"
+#include "meshrt/kernels/Einsum.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace meshc::gen {
+
+using Buffer = std::vector<float>;
+using Shape = std::vector<int64_t>;
+
+/// A local shard (or a whole tensor) with its shape, as the generated API takes and returns.
+struct Tensor {
+  Shape shape;
+  Buffer data;
+};
+
+/// Frees buffers after their last use (liveness: one buffer per value, freed when dead).
+template <typename... Buffers> inline void release(Buffers&... buffers) {
+  (Buffer().swap(buffers), ...);
+}
+
+inline int64_t product(const Shape& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes)
+    n *= s;
+  return n;
+}
+
+inline std::string shapeString(const Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+/// Throws std::invalid_argument unless `tensor` has exactly `expected` shape and data size.
+inline void checkShape(const char* what, const std::string& name, const Tensor& tensor,
+                       const Shape& expected) {
+  if (tensor.shape != expected || int64_t(tensor.data.size()) != product(expected))
+    throw std::invalid_argument(std::string(what) + " '" + name + "': expected shape " +
+                                shapeString(expected) + " (" + std::to_string(product(expected)) +
+                                " elements) but got shape " + shapeString(tensor.shape) + " with " +
+                                std::to_string(tensor.data.size()) + " elements");
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Scalars: dtype rounding and the per-element functions (computed as the interpreter does)
+//===------------------------------------------------------------------------------------------===//
+
+inline float roundBF16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7F800000u) == 0x7F800000u) return x;
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  bits &= 0xFFFF0000u;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
+inline double roundToFormat(double x, int mantissaBits, int minExponent, double maxFinite) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int exponent = std::max(std::ilogb(x), minExponent);
+  double quantum = std::ldexp(1.0, exponent - mantissaBits);
+  double rounded = std::nearbyint(x / quantum) * quantum;
+  if (std::fabs(rounded) > maxFinite) return std::copysign(double(INFINITY), x);
+  return rounded;
+}
+
+inline float roundF16(float x) {
+  return float(roundToFormat(x, 10, -14, 65504.0));
+}
+
+/// i32 wrap of an integral value (two's complement), as the interpreter's roundTo(i32).
+inline float wrapI32(double x) {
+  if (std::isnan(x)) return 0;
+  x = std::trunc(x);
+  if (std::fabs(x) >= 0x1p63) return x > 0 ? 2147483647.0f : -2147483648.0f;
+  return float(int32_t(uint32_t(uint64_t(int64_t(x)))));
+}
+
+/// Cast to i32: truncation toward zero, saturating; nan gives 0.
+inline float castToI32(double x) {
+  if (std::isnan(x)) return 0;
+  return float(std::clamp(std::trunc(x), -2147483648.0, 2147483647.0));
+}
+
+// Computed in double and returned unrounded: the caller rounds once to the result dtype.
+inline double sigmoid(double x) {
+  if (x >= 0) return 1 / (1 + std::exp(-x));
+  double e = std::exp(x);
+  return e / (1 + e);
+}
+
+inline double gelu(double x) {
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;
+  return 0.5 * x * (1 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+}
+
+inline float maximum(float a, float b) {
+  return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
+}
+inline float minimum(float a, float b) {
+  return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
+}
+
+/// i32 division: truncating, 0 on division by zero.
+inline float divI32(float a, float b) {
+  int64_t x = int64_t(a), y = int64_t(b);
+  return y == 0 ? 0.0f : wrapI32(double(x / y));
+}
+
+inline float powI32(float a, float b) {
+  int64_t base = int64_t(a), exponent = int64_t(b);
+  if (exponent < 0) return base == 1 ? 1 : base == -1 ? (exponent % 2 ? -1 : 1) : 0;
+  uint32_t result = 1, factor = uint32_t(base);
+  for (; exponent > 0; exponent >>= 1) {
+    if (exponent & 1) result *= factor;
+    factor *= factor;
+  }
+  return float(int32_t(result));
+}
+
+/// Rounds a whole buffer to a narrow float dtype (bf16 / f16) after an op that computed in f32.
+inline void roundBufferBF16(Buffer& data) {
+  for (float& x : data)
+    x = roundBF16(x);
+}
+inline void roundBufferF16(Buffer& data) {
+  for (float& x : data)
+    x = roundF16(x);
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Strided iteration
+//===------------------------------------------------------------------------------------------===//
+
+/// Calls fn(offsets) for every point of the box `sizes` in row-major order; offsets[k] is the
+/// running sum of index * strides[k][dim] (plus base[k]).
+template <size_t N, typename Fn>
+inline void forEach(const Shape& sizes, const std::array<Shape, N>& strides,
+                    std::array<int64_t, N> offsets, Fn&& fn) {
+  int64_t total = product(sizes);
+  if (total <= 0) return;
+  size_t rank = sizes.size();
+  if (rank == 0) {
+    fn(offsets);
+    return;
+  }
+  // The innermost dim is a plain loop; the counter handles the outer ones.
+  int64_t inner = sizes[rank - 1];
+  std::array<int64_t, N> step;
+  for (size_t k = 0; k < N; ++k)
+    step[k] = strides[k][rank - 1];
+  std::vector<int64_t> counter(rank, 0);
+  for (int64_t n = 0; n < total; n += inner) {
+    std::array<int64_t, N> at = offsets;
+    for (int64_t i = 0; i < inner; ++i) {
+      fn(at);
+      for (size_t k = 0; k < N; ++k)
+        at[k] += step[k];
+    }
+    for (size_t d = rank - 1; d-- > 0;) {
+      for (size_t k = 0; k < N; ++k)
+        offsets[k] += strides[k][d];
+      if (++counter[d] < sizes[d]) break;
+      for (size_t k = 0; k < N; ++k)
+        offsets[k] -= strides[k][d] * sizes[d];
+      counter[d] = 0;
+    }
+  }
+}
+
+inline Shape rowMajorStrides(const Shape& sizes) {
+  Shape strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= sizes[i];
+  }
+  return strides;
+}
+
+/// Every offset of the box `sizes` through `strides`, row-major.
+inline std::vector<int64_t> offsetsOf(const Shape& sizes, const Shape& strides) {
+  std::vector<int64_t> offsets;
+  offsets.reserve(size_t(std::max<int64_t>(0, product(sizes))));
+  forEach<1>(sizes, {strides}, {0},
+             [&](const std::array<int64_t, 1>& at) { offsets.push_back(at[0]); });
+  return offsets;
+}
+
+/// out[box point] = in[box point] through their strides (transpose, rename, broadcast copy).
+inline void copyStrided(float* out, const Shape& sizes, const Shape& outStrides, const float* in,
+                        const Shape& inStrides, int64_t inBase = 0) {
+  forEach<2>(sizes, {outStrides, inStrides}, {0, inBase},
+             [&](const std::array<int64_t, 2>& at) { out[at[0]] = in[at[1]]; });
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Shards and the layout-invariant RNG
+//===------------------------------------------------------------------------------------------===//
+
+/// This rank's block index along a dim split over `axes` (row-major over the axes, in order).
+inline int64_t blockIndex(meshrt::Communicator& world, const std::vector<std::string>& axes) {
+  int64_t index = 0;
+  for (const std::string& axis : axes)
+    index = index * world.mesh().axisSize(axis) + world.coord(axis);
+  return index;
+}
+
+/// The global start of this rank's shard of a dim split over `axes`, `localSize` per shard.
+inline int64_t shardStart(meshrt::Communicator& world, const std::vector<std::string>& axes,
+                          int64_t localSize) {
+  return blockIndex(world, axes) * localSize;
+}
+
+/// The same for any world rank of `mesh`.
+inline int64_t shardStartOf(const meshrt::Mesh& mesh, int rank,
+                            const std::vector<std::string>& axes, int64_t localSize) {
+  std::vector<int> coords = mesh.coords(rank);
+  int64_t index = 0;
+  for (const std::string& axis : axes)
+    index = index * mesh.axisSize(axis) + coords[size_t(mesh.axisIndex(axis))];
+  return index * localSize;
+}
+
+/// Returns `world` after checking that its mesh is the plan's (else std::invalid_argument);
+/// generated constructors call it first, before creating subgroups of the planned axes.
+inline meshrt::Communicator& checkedWorld(meshrt::Communicator& world, const meshrt::Mesh& planned,
+                                          const char* program) {
+  if (!(world.mesh() == planned))
+    throw std::invalid_argument(std::string(program) + ": compiled for mesh " + planned.str() +
+                                " but the communicator's mesh is " + world.mesh().str());
+  return world;
+}
+
+enum class DType { F32, BF16, F16, I32 };
+
+/// Rounds a value computed in double to its dtype once, as the interpreter does.
+inline float roundValue(DType dtype, double x) {
+  switch (dtype) {
+  case DType::F32:
+    return float(x);
+  case DType::BF16:
+    return float(roundToFormat(x, 7, -126, 0x1.FEp127));
+  case DType::F16:
+    return float(roundToFormat(x, 10, -14, 65504.0));
+  case DType::I32:
+    return wrapI32(x);
+  }
+  return float(x);
+}
+
+/// The global row-major index of the local shard's first element, given each dim's shard
+/// start and the global strides.
+inline int64_t globalBase(const Shape& starts, const Shape& globalStrides) {
+  int64_t base = 0;
+  for (size_t i = 0; i < starts.size(); ++i)
+    base += starts[i] * globalStrides[i];
+  return base;
+}
+
+enum class Fill { Normal, TruncatedNormal, Uniform, InputNormal, InputIndex };
+
+/// Fills the local shard from a random stream keyed by global element index: each local point
+/// gets the value the unsharded tensor has at its global index. a, b: mean/stddev, min/max,
+/// or (InputIndex) the exclusive bound.
+inline void fillRandom(Buffer& out, const Shape& localSizes, const Shape& globalStrides,
+                       int64_t base, uint64_t key, Fill kind, double a, double b,
+                       DType dtype = DType::F32) {
+  Shape outStrides = rowMajorStrides(localSizes);
+  forEach<2>(localSizes, {outStrides, globalStrides}, {0, base},
+             [&](const std::array<int64_t, 2>& at) {
+               uint64_t index = uint64_t(at[1]);
+               double value = 0;
+               switch (kind) {
+               case Fill::Normal:
+                 value = a + b * meshrt::normal(key, index);
+                 break;
+               case Fill::TruncatedNormal: {
+                 double z = 0;
+                 for (uint32_t draw = 0; draw < 1000; ++draw) {
+                   double sample = meshrt::normal(key, index, draw);
+                   if (std::fabs(sample) <= 2.0) {
+                     z = sample;
+                     break;
+                   }
+                 }
+                 value = a + b * z;
+                 break;
+               }
+               case Fill::Uniform:
+                 value = a + (b - a) * meshrt::uniform01(key, index);
+                 break;
+               case Fill::InputNormal:
+                 value = meshrt::normal(key, index);
+                 break;
+               case Fill::InputIndex:
+                 value = double(meshrt::uniformIndex(key, index, uint64_t(a)));
+                 break;
+               }
+               out[size_t(at[0])] = roundValue(dtype, value);
+             });
+}
+
+/// Performer's orthogonal random features (the interpreter's fillOrthogonal, bit for bit) over
+/// the GLOBAL rows x cols tensor; the caller slices its shard out of it.
+inline Buffer orthogonalGlobal(int64_t rows, int64_t cols, uint64_t key, double scale) {
+  Buffer data(size_t(rows * cols), 0.0f);
+  std::vector<std::vector<double>> block;
+  for (int64_t blockStart = 0; blockStart < rows; blockStart += cols) {
+    int64_t blockRows = std::min(cols, rows - blockStart);
+    block.assign(size_t(blockRows), std::vector<double>(size_t(cols)));
+    for (int64_t r = 0; r < blockRows; ++r) {
+      std::vector<double>& row = block[size_t(r)];
+      int64_t base = (blockStart + r) * cols;
+      for (int64_t c = 0; c < cols; ++c)
+        row[size_t(c)] = meshrt::normal(key, uint64_t(base + c));
+      for (int pass = 0; pass < 2; ++pass)
+        for (int64_t prev = 0; prev < r; ++prev) {
+          double dot = 0;
+          for (int64_t c = 0; c < cols; ++c)
+            dot += row[size_t(c)] * block[size_t(prev)][size_t(c)];
+          for (int64_t c = 0; c < cols; ++c)
+            row[size_t(c)] -= dot * block[size_t(prev)][size_t(c)];
+        }
+      double norm = 0;
+      for (double x : row)
+        norm += x * x;
+      norm = std::sqrt(norm);
+      if (norm > 0)
+        for (double& x : row)
+          x /= norm;
+      double chi = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        double z = meshrt::normal(key, uint64_t(base + c), 1);
+        chi += z * z;
+      }
+      chi = std::sqrt(chi);
+      for (int64_t c = 0; c < cols; ++c)
+        data[size_t(base + c)] = float(row[size_t(c)] * chi * scale);
+    }
+  }
+  return data;
+}
+
+/// The local shard of a global row-major tensor: starts[d] + local index along every dim.
+inline Buffer sliceShard(const Buffer& global, const Shape& localSizes, const Shape& globalStrides,
+                         const Shape& starts) {
+  Buffer out(size_t(product(localSizes)));
+  copyStrided(out.data(), localSizes, rowMajorStrides(localSizes), global.data(), globalStrides,
+              globalBase(starts, globalStrides));
+  return out;
+}
+
+/// Gathers every rank's shard into the global tensor on every rank (one all-gather over the
+/// world). `startsOf(rank)` gives a world rank's shard starts.
+template <typename StartsOf>
+inline Buffer gatherShards(meshrt::Communicator& world, const Buffer& local,
+                           const Shape& localSizes, const Shape& globalSizes, StartsOf&& startsOf) {
+  size_t count = local.size();
+  Buffer all(count * size_t(world.size()));
+  world.allGather(local.data(), all.data(), count);
+  Buffer global(size_t(product(globalSizes)), 0.0f);
+  Shape globalStrides = rowMajorStrides(globalSizes), localStrides = rowMajorStrides(localSizes);
+  for (int rank = 0; rank < world.size(); ++rank) {
+    Shape starts = startsOf(rank);
+    copyStrided(global.data() + globalBase(starts, globalStrides), localSizes, globalStrides,
+                all.data() + size_t(rank) * count, localStrides);
+  }
+  return global;
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Einsum
+//===------------------------------------------------------------------------------------------===//
+
+/// A two-operand einsum as batched GEMM: out[b, m, n] = sum_k a[b, m, k] * b[b, k, n], where
+/// each of b/m/n/k is a group of dims given by sizes and per-tensor strides. Operands whose
+/// (m, k) / (k, n) groups are already contiguous in either order go to sgemm directly
+/// (transposes folded into the call); others are packed first.
+struct GemmDims {
+  Shape batch, m, n, k;       // sizes of each group
+  Shape aBatch, aM, aK;       // strides of a
+  Shape bBatch, bK, bN;       // strides of b
+  Shape outBatch, outM, outN; // strides of out
+};
+
+namespace detail {
+/// Whether the group `sizes` through `strides` is one contiguous run with unit inner stride,
+/// i.e. linear index * unit.
+inline bool flatStride(const Shape& sizes, const Shape& strides, int64_t& unit) {
+  unit = 0;
+  int64_t expect = -1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 1) continue;
+    if (expect < 0) {
+      unit = strides[i];
+      expect = strides[i] * sizes[i];
+    } else {
+      if (strides[i] != expect) return false;
+      expect *= sizes[i];
+    }
+  }
+  if (expect < 0) unit = 1; // empty or all size-1
+  return true;
+}
+
+inline Shape concat(const Shape& a, const Shape& b) {
+  Shape out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+} // namespace detail
+
+inline void einsum2(float* out, const float* a, const float* b, const GemmDims& d) {
+  int64_t M = product(d.m), N = product(d.n), K = product(d.k), B = product(d.batch);
+  if (M == 0 || N == 0 || B == 0) return;
+  // A as row-major [M, K] (lda) or its transpose.
+  int64_t mUnit, kUnitA, kUnitB, nUnit, outMUnit, outNUnit;
+  Buffer aPacked, bPacked, outPacked;
+  bool aDirect =
+      detail::flatStride(d.m, d.aM, mUnit) && detail::flatStride(d.k, d.aK, kUnitA) &&
+      ((kUnitA == 1 && (M == 1 || mUnit >= K)) || (mUnit == 1 && (K == 1 || kUnitA >= M)));
+  bool bDirect =
+      detail::flatStride(d.k, d.bK, kUnitB) && detail::flatStride(d.n, d.bN, nUnit) &&
+      ((nUnit == 1 && (K == 1 || kUnitB >= N)) || (kUnitB == 1 && (N == 1 || nUnit >= K)));
+  bool outDirect = detail::flatStride(d.m, d.outM, outMUnit) &&
+                   detail::flatStride(d.n, d.outN, outNUnit) && outNUnit == 1 &&
+                   (M == 1 || outMUnit >= N);
+  if (!aDirect) aPacked.resize(size_t(M * K));
+  if (!bDirect) bPacked.resize(size_t(K * N));
+  if (!outDirect) outPacked.resize(size_t(M * N));
+  std::vector<int64_t> aBatch = offsetsOf(d.batch, d.aBatch), bBatch = offsetsOf(d.batch, d.bBatch),
+                       outBatch = offsetsOf(d.batch, d.outBatch);
+  Shape mk = detail::concat(d.m, d.k), kn = detail::concat(d.k, d.n), mn = detail::concat(d.m, d.n);
+  Shape mkStrides = rowMajorStrides(mk), knStrides = rowMajorStrides(kn),
+        mnStrides = rowMajorStrides(mn);
+  Shape aStrides = detail::concat(d.aM, d.aK), bStrides = detail::concat(d.bK, d.bN),
+        outStrides = detail::concat(d.outM, d.outN);
+  for (int64_t batch = 0; batch < B; ++batch) {
+    const float* aPtr = a + aBatch[size_t(batch)];
+    const float* bPtr = b + bBatch[size_t(batch)];
+    float* outPtr = out + outBatch[size_t(batch)];
+    CBLAS_TRANSPOSE transA = CblasNoTrans, transB = CblasNoTrans;
+    int64_t lda = K, ldb = N, ldc = N;
+    if (aDirect) {
+      if (kUnitA == 1 && (M == 1 || mUnit >= K)) {
+        lda = M == 1 ? std::max<int64_t>(K, 1) : mUnit;
+      } else {
+        transA = CblasTrans;
+        lda = K == 1 ? std::max<int64_t>(M, 1) : kUnitA;
+      }
+    } else {
+      copyStrided(aPacked.data(), mk, mkStrides, aPtr, aStrides);
+      aPtr = aPacked.data();
+    }
+    if (bDirect) {
+      if (nUnit == 1 && (K == 1 || kUnitB >= N)) {
+        ldb = K == 1 ? std::max<int64_t>(N, 1) : kUnitB;
+      } else {
+        transB = CblasTrans;
+        ldb = N == 1 ? std::max<int64_t>(K, 1) : nUnit;
+      }
+    } else {
+      copyStrided(bPacked.data(), kn, knStrides, bPtr, bStrides);
+      bPtr = bPacked.data();
+    }
+    float* cPtr = outDirect ? outPtr : outPacked.data();
+    if (outDirect) ldc = M == 1 ? std::max<int64_t>(N, 1) : outMUnit;
+    if (K == 0) {
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j)
+          cPtr[i * ldc + j] = 0;
+    } else {
+      cblas_sgemm(CblasRowMajor, transA, transB, int(M), int(N), int(K), 1.0f, aPtr, int(lda), bPtr,
+                  int(ldb), 0.0f, cPtr, int(ldc));
+    }
+    if (!outDirect) copyStrided(outPtr, mn, outStrides, outPacked.data(), mnStrides);
+  }
+}
+
+/// The same contraction accumulated in double (cblas_dgemm on double copies), for narrow result
+/// dtypes (bf16, f16): the sum is then rounded once to the dtype, as the interpreter does, so
+/// the rounding agrees instead of flipping an ulp where float accumulation lands near a tie.
+inline void einsum2Double(float* out, const float* a, const float* b, const GemmDims& d) {
+  int64_t M = product(d.m), N = product(d.n), K = product(d.k), B = product(d.batch);
+  if (M == 0 || N == 0 || B == 0) return;
+  std::vector<int64_t> aBatch = offsetsOf(d.batch, d.aBatch), bBatch = offsetsOf(d.batch, d.bBatch),
+                       outBatch = offsetsOf(d.batch, d.outBatch);
+  std::vector<int64_t> aOffsets = offsetsOf(detail::concat(d.m, d.k), detail::concat(d.aM, d.aK));
+  std::vector<int64_t> bOffsets = offsetsOf(detail::concat(d.k, d.n), detail::concat(d.bK, d.bN));
+  std::vector<int64_t> outOffsets =
+      offsetsOf(detail::concat(d.m, d.n), detail::concat(d.outM, d.outN));
+  std::vector<double> aPacked(size_t(M * K)), bPacked(size_t(K * N)), cPacked(size_t(M * N), 0.0);
+  for (int64_t batch = 0; batch < B; ++batch) {
+    for (size_t i = 0; i < aOffsets.size(); ++i)
+      aPacked[i] = a[aBatch[size_t(batch)] + aOffsets[i]];
+    for (size_t i = 0; i < bOffsets.size(); ++i)
+      bPacked[i] = b[bBatch[size_t(batch)] + bOffsets[i]];
+    if (K > 0)
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(N), int(K), 1.0,
+                  aPacked.data(), int(K), bPacked.data(), int(N), 0.0, cPacked.data(), int(N));
+    for (size_t i = 0; i < outOffsets.size(); ++i)
+      out[outBatch[size_t(batch)] + outOffsets[i]] = float(cPacked[i]);
+  }
+}
+
+/// Any einsum: iterates the result's dims plus the contracted dims (sizes `space`), each
+/// operand through its strides over that space; accumulates in double. `outDims` leading dims
+/// of the space are the result's.
+inline void einsumGeneric(float* out, const Shape& outSizes, const Shape& contracted,
+                          const std::vector<const float*>& operands,
+                          const std::vector<Shape>& outerStrides,
+                          const std::vector<Shape>& innerStrides) {
+  int64_t outCount = product(outSizes);
+  std::vector<std::vector<int64_t>> inner(operands.size());
+  for (size_t k = 0; k < operands.size(); ++k)
+    inner[k] = offsetsOf(contracted, innerStrides[k]);
+  int64_t innerCount = product(contracted);
+  std::vector<Shape> strides(operands.size() + 1);
+  strides[0] = rowMajorStrides(outSizes);
+  for (size_t k = 0; k < operands.size(); ++k)
+    strides[k + 1] = outerStrides[k];
+  std::vector<int64_t> base(operands.size() + 1, 0), counter(outSizes.size(), 0);
+  for (int64_t n = 0; n < outCount; ++n) {
+    double sum = 0;
+    for (int64_t i = 0; i < innerCount; ++i) {
+      double term = 1;
+      for (size_t k = 0; k < operands.size(); ++k)
+        term *= double(operands[k][base[k + 1] + inner[k][size_t(i)]]);
+      sum += term;
+    }
+    out[base[0]] = float(sum);
+    for (size_t d = outSizes.size(); d-- > 0;) {
+      for (size_t k = 0; k <= operands.size(); ++k)
+        base[k] += strides[k][d];
+      if (++counter[d] < outSizes[d]) break;
+      for (size_t k = 0; k <= operands.size(); ++k)
+        base[k] -= strides[k][d] * outSizes[d];
+      counter[d] = 0;
+    }
+  }
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Reductions
+//===------------------------------------------------------------------------------------------===//
+
+enum class Reduce { Sum, Max, Min, LogSumExp };
+
+/// out[o] = reduce over the lane (sizes `lane`, strides `laneStrides` in `in`) at the operand
+/// offset `inOuter` of o; Sum is multiplied by `scale` (mean: 1 / global count).
+inline void reduce(float* out, const Shape& outSizes, const float* in, const Shape& inOuter,
+                   const Shape& lane, const Shape& laneStrides, Reduce kind, double scale) {
+  std::vector<int64_t> offsets = offsetsOf(lane, laneStrides);
+  forEach<2>(outSizes, {rowMajorStrides(outSizes), inOuter}, {0, 0},
+             [&](const std::array<int64_t, 2>& at) {
+               const float* x = in + at[1];
+               double result = 0;
+               if (kind == Reduce::Sum) {
+                 for (int64_t offset : offsets)
+                   result += x[offset];
+                 result *= scale;
+               } else {
+                 bool isMin = kind == Reduce::Min;
+                 result = isMin ? INFINITY : -INFINITY;
+                 for (int64_t offset : offsets) {
+                   double v = x[offset];
+                   if (std::isnan(v) || (isMin ? v < result : v > result)) result = v;
+                   if (std::isnan(v)) break;
+                 }
+                 if (kind == Reduce::LogSumExp && std::isfinite(result)) {
+                   double sum = 0;
+                   for (int64_t offset : offsets)
+                     sum += std::exp(double(x[offset]) - result);
+                   result += std::log(sum);
+                 }
+               }
+               out[at[0]] = float(result);
+             });
+}
+
+/// logsumexp over dims split over `group`: combines the ranks' local logsumexps in place.
+inline void combineLogSumExp(Buffer& local, meshrt::Communicator& group) {
+  Buffer maxima = local;
+  group.allReduce(maxima.data(), maxima.size(), meshrt::ReduceOp::Max);
+  std::vector<double> sums(local.size());
+  for (size_t i = 0; i < local.size(); ++i) {
+    double shift = std::isfinite(maxima[i]) ? maxima[i] : 0.0;
+    sums[i] = std::exp(double(local[i]) - shift);
+  }
+  group.allReduce(sums.data(), sums.size());
+  for (size_t i = 0; i < local.size(); ++i) {
+    double shift = std::isfinite(maxima[i]) ? maxima[i] : 0.0;
+    local[i] = std::isfinite(maxima[i]) ? float(shift + std::log(sums[i])) : maxima[i];
+  }
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Ops along dims (softmax, log_softmax, layer_norm, cumsum, shift); `group` non-null when the
+// lane is split (its ranks hold the other blocks of every lane, in block order)
+//===------------------------------------------------------------------------------------------===//
+
+enum class Along { Softmax, LogSoftmax, LayerNorm, Cumsum, CumsumExclusive };
+
+/// Lanes: `outer` sizes with strides `inOuter`/`outOuter`; lane points `lane` with strides
+/// `inLane`/`outLane`. `globalLaneCount`: the lane's global element count (layer_norm).
+inline void along(float* out, const float* in, const Shape& outer, const Shape& inOuter,
+                  const Shape& outOuter, const Shape& lane, const Shape& inLane,
+                  const Shape& outLane, Along kind, double eps, int64_t globalLaneCount,
+                  meshrt::Communicator* group) {
+  std::vector<int64_t> inOffsets = offsetsOf(lane, inLane), outOffsets = offsetsOf(lane, outLane);
+  std::vector<int64_t> inBase = offsetsOf(outer, inOuter), outBase = offsetsOf(outer, outOuter);
+  size_t rows = inBase.size(), size = inOffsets.size();
+  if (kind == Along::Softmax || kind == Along::LogSoftmax) {
+    Buffer maxima(rows, -INFINITY);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t i = 0; i < size; ++i)
+        maxima[r] = std::max(maxima[r], in[inBase[r] + inOffsets[i]]);
+    if (group) group->allReduce(maxima.data(), rows, meshrt::ReduceOp::Max);
+    std::vector<double> sums(rows, 0.0);
+    for (size_t r = 0; r < rows; ++r) {
+      double max = std::isfinite(maxima[r]) ? maxima[r] : 0.0;
+      for (size_t i = 0; i < size; ++i)
+        sums[r] += std::exp(double(in[inBase[r] + inOffsets[i]]) - max);
+    }
+    if (group) group->allReduce(sums.data(), rows);
+    for (size_t r = 0; r < rows; ++r) {
+      double max = std::isfinite(maxima[r]) ? maxima[r] : 0.0;
+      double logSum = std::log(sums[r]);
+      for (size_t i = 0; i < size; ++i) {
+        double x = double(in[inBase[r] + inOffsets[i]]) - max;
+        out[outBase[r] + outOffsets[i]] =
+            float(kind == Along::Softmax ? std::exp(x) / sums[r] : x - logSum);
+      }
+    }
+  } else if (kind == Along::LayerNorm) {
+    double count = double(globalLaneCount);
+    if (!group) {
+      // Two passes, as the interpreter.
+      for (size_t r = 0; r < rows; ++r) {
+        double mean = 0, variance = 0;
+        for (size_t i = 0; i < size; ++i)
+          mean += in[inBase[r] + inOffsets[i]];
+        mean /= count;
+        for (size_t i = 0; i < size; ++i) {
+          double centered = in[inBase[r] + inOffsets[i]] - mean;
+          variance += centered * centered;
+        }
+        variance /= count;
+        double scale = 1 / std::sqrt(variance + eps);
+        for (size_t i = 0; i < size; ++i)
+          out[outBase[r] + outOffsets[i]] = float((in[inBase[r] + inOffsets[i]] - mean) * scale);
+      }
+      return;
+    }
+    // Split lane: one all-reduce of (sum x, sum x^2) per row, in double.
+    std::vector<double> sums(2 * rows, 0.0);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t i = 0; i < size; ++i) {
+        double x = in[inBase[r] + inOffsets[i]];
+        sums[2 * r] += x;
+        sums[2 * r + 1] += x * x;
+      }
+    group->allReduce(sums.data(), sums.size());
+    for (size_t r = 0; r < rows; ++r) {
+      double mean = sums[2 * r] / count;
+      double variance = std::max(0.0, sums[2 * r + 1] / count - mean * mean);
+      double scale = 1 / std::sqrt(variance + eps);
+      for (size_t i = 0; i < size; ++i)
+        out[outBase[r] + outOffsets[i]] = float((in[inBase[r] + inOffsets[i]] - mean) * scale);
+    }
+  } else {
+    // Cumsum: local prefix sums, then (split) the exclusive scan of the lower blocks' totals.
+    bool exclusive = kind == Along::CumsumExclusive;
+    std::vector<double> totals(rows, 0.0), carry(rows, 0.0);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t i = 0; i < size; ++i)
+        totals[r] += in[inBase[r] + inOffsets[i]];
+    if (group) {
+      std::vector<double> all(rows * size_t(group->size()));
+      group->allGather(totals.data(), all.data(), rows);
+      for (int peer = 0; peer < group->rank(); ++peer)
+        for (size_t r = 0; r < rows; ++r)
+          carry[r] += all[size_t(peer) * rows + r];
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      double sum = carry[r];
+      for (size_t i = 0; i < size; ++i) {
+        double x = in[inBase[r] + inOffsets[i]];
+        if (exclusive) {
+          out[outBase[r] + outOffsets[i]] = float(sum);
+          sum += x;
+        } else {
+          sum += x;
+          out[outBase[r] + outOffsets[i]] = float(sum);
+        }
+      }
+    }
+  }
+}
+
+/// shift along a dim (position `dimIndex` of the local shape) by `offset`, filling zeros. When
+/// the dim is split over `group` (block order = group rank), the rows come from the blocks
+/// `offset` positions away, exchanged by collective permutes of whole shards (at most two).
+inline void shift(Buffer& out, const Buffer& in, const Shape& sizes, size_t dimIndex,
+                  int64_t offset, meshrt::Communicator* group) {
+  int64_t local = sizes[dimIndex];
+  int64_t outerCount = 1, innerCount = 1;
+  for (size_t i = 0; i < dimIndex; ++i)
+    outerCount *= sizes[i];
+  for (size_t i = dimIndex + 1; i < sizes.size(); ++i)
+    innerCount *= sizes[i];
+  std::fill(out.begin(), out.end(), 0.0f);
+  auto copyRows = [&](const Buffer& source, int64_t sourceStartGlobal, int64_t outStartGlobal) {
+    // out global row g takes source global row g - offset, when it lies in `source`.
+    for (int64_t j = 0; j < local; ++j) {
+      int64_t from = outStartGlobal + j - offset - sourceStartGlobal;
+      if (from < 0 || from >= local) continue;
+      for (int64_t o = 0; o < outerCount; ++o)
+        std::copy_n(source.data() + (o * local + from) * innerCount, innerCount,
+                    out.data() + (o * local + j) * innerCount);
+    }
+  };
+  if (!group) {
+    copyRows(in, 0, 0);
+    return;
+  }
+  int64_t rank = group->rank(), ranks = group->size();
+  int64_t myStart = rank * local;
+  // Source rows lie in blocks rank - q for q in {floor(offset/local), ceil(offset/local)}.
+  int64_t low = offset >= 0 ? offset / local : -((-offset + local - 1) / local);
+  int64_t high = offset % local == 0 ? low : low + 1;
+  Buffer received(in.size());
+  for (int64_t q = low; q <= high; ++q) {
+    if (q == 0) {
+      copyRows(in, myStart, myStart);
+      continue;
+    }
+    int64_t sendTo = rank + q, recvFrom = rank - q;
+    int send = sendTo >= 0 && sendTo < ranks ? int(sendTo) : meshrt::Communicator::kNoPeer;
+    int recv = recvFrom >= 0 && recvFrom < ranks ? int(recvFrom) : meshrt::Communicator::kNoPeer;
+    group->permute(in.data(), received.data(), in.size(), send, recv);
+    if (recv != meshrt::Communicator::kNoPeer) copyRows(received, recvFrom * local, myStart);
+  }
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Data movement
+//===------------------------------------------------------------------------------------------===//
+
+/// Regroups `from` dims (sizes `fromSizes`, strides `fromStrides` in `in`) into the result's
+/// dims: out point -> in[other + fromOffsets[linear]], where linear (from `linearBase`) is the
+/// position in the regrouped block.
+inline void reshape(float* out, const Shape& outSizes, const float* in, const Shape& otherStrides,
+                    const Shape& linearStrides, const Shape& fromSizes, const Shape& fromStrides,
+                    int64_t linearBase = 0) {
+  std::vector<int64_t> fromOffsets = offsetsOf(fromSizes, fromStrides);
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), otherStrides, linearStrides}, {0, 0, linearBase},
+             [&](const std::array<int64_t, 3>& at) {
+               out[at[0]] = in[at[1] + fromOffsets[size_t(at[2])]];
+             });
+}
+
+/// out[.., j, ..] = in[.., j - offset, ..] along the window dim (out dim `outDim` / in stride
+/// `inStride`, sizes inSize / outSize), other dims through `outer` strides. Positions outside
+/// `in` are left as they are (zero-initialized by the caller).
+inline void copyWindow(float* out, const float* in, const Shape& outer, const Shape& outOuter,
+                       const Shape& inOuter, int64_t outStride, int64_t inStride, int64_t outSize,
+                       int64_t inSize, int64_t offset) {
+  int64_t begin = std::max<int64_t>(0, offset), end = std::min(outSize, inSize + offset);
+  forEach<2>(outer, {outOuter, inOuter}, {0, 0}, [&](const std::array<int64_t, 2>& at) {
+    for (int64_t j = begin; j < end; ++j)
+      out[at[0] + j * outStride] = in[at[1] + (j - offset) * inStride];
+  });
+}
+
+/// one_hot: out = (ids == global position along the dim), position = start + local index.
+inline void oneHot(float* out, const Shape& outSizes, const float* ids, const Shape& idStrides,
+                   const Shape& positionStrides, int64_t start) {
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), idStrides, positionStrides}, {0, 0, start},
+             [&](const std::array<int64_t, 3>& at) {
+               out[at[0]] = ids[at[1]] == float(at[2]) ? 1.0f : 0.0f;
+             });
+}
+
+/// gather: rows of the table's local block [start, start + rows) selected by ids; 0 elsewhere
+/// (a partial sum over the table dim's axes when that dim is split).
+inline void gather(float* out, const Shape& outSizes, const float* table, const Shape& tableStrides,
+                   const float* ids, const Shape& idStrides, int64_t rows, int64_t rowStride,
+                   int64_t start) {
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), tableStrides, idStrides}, {0, 0, 0},
+             [&](const std::array<int64_t, 3>& at) {
+               double id = double(ids[at[2]]) - double(start);
+               out[at[0]] =
+                   id >= 0 && id < double(rows) ? table[at[1] + int64_t(id) * rowStride] : 0.0f;
+             });
+}
+
+/// iota: the global position along the dim (position strides: 1 at the dim, else 0).
+inline void iota(float* out, const Shape& outSizes, const Shape& positionStrides, int64_t start) {
+  forEach<2>(outSizes, {rowMajorStrides(outSizes), positionStrides}, {0, start},
+             [&](const std::array<int64_t, 2>& at) { out[at[0]] = float(at[1]); });
+}
+
+/// dropout when training: keep iff uniform01(key, global index) >= rate, scaled by 1/(1-rate).
+inline void dropout(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
+                    const Shape& globalStrides, int64_t base, uint64_t key, double rate) {
+  double scale = rate < 1 ? 1 / (1 - rate) : 0.0;
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), inStrides, globalStrides}, {0, 0, base},
+             [&](const std::array<int64_t, 3>& at) {
+               bool keep = meshrt::uniform01(key, uint64_t(at[2])) >= rate;
+               out[at[0]] = keep ? float(double(in[at[1]]) * scale) : 0.0f;
+             });
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Collectives over a dim: chunk packing around meshrt's chunked collectives. A local shape is
+// seen as [outer, dim, inner] (row-major).
+//===------------------------------------------------------------------------------------------===//
+
+struct DimView {
+  int64_t outer, size, inner;
+};
+
+inline DimView dimView(const Shape& sizes, size_t dimIndex) {
+  DimView view{1, sizes[dimIndex], 1};
+  for (size_t i = 0; i < dimIndex; ++i)
+    view.outer *= sizes[i];
+  for (size_t i = dimIndex + 1; i < sizes.size(); ++i)
+    view.inner *= sizes[i];
+  return view;
+}
+
+/// Copies block `block` (of `blockSize` rows) along the dim of `from` (rows `fromSize`) into
+/// `to` (rows `toSize`) at row `toRow`... the two directions of packing.
+inline void copyRowsBlock(float* to, int64_t toSize, int64_t toRow, const float* from,
+                          int64_t fromSize, int64_t fromRow, int64_t rows, int64_t outer,
+                          int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy_n(from + (o * fromSize + fromRow) * inner, rows * inner,
+                to + (o * toSize + toRow) * inner);
+}
+
+/// all-gather of a dim over `group`: out's dim = group size x in's dim, block i from rank i.
+inline void allGatherDim(Buffer& out, const Buffer& in, const Shape& inSizes, size_t dimIndex,
+                         meshrt::Communicator& group) {
+  DimView view = dimView(inSizes, dimIndex);
+  int64_t ranks = group.size();
+  Buffer chunks(in.size() * size_t(ranks));
+  group.allGather(in.data(), chunks.data(), in.size());
+  for (int64_t i = 0; i < ranks; ++i)
+    copyRowsBlock(out.data(), view.size * ranks, i * view.size, chunks.data() + i * in.size(),
+                  view.size, 0, view.size, view.outer, view.inner);
+}
+
+/// reduce-scatter into a dim over `group`: sums the ranks' `in` and keeps block rank() of the
+/// dim (out's dim = in's dim / group size).
+inline void reduceScatterDim(Buffer& out, const Buffer& in, const Shape& inSizes, size_t dimIndex,
+                             meshrt::Communicator& group) {
+  DimView view = dimView(inSizes, dimIndex);
+  int64_t ranks = group.size(), block = view.size / ranks;
+  Buffer chunks(in.size());
+  for (int64_t i = 0; i < ranks; ++i)
+    copyRowsBlock(chunks.data() + i * int64_t(out.size()), block, 0, in.data(), view.size,
+                  i * block, block, view.outer, view.inner);
+  group.reduceScatter(chunks.data(), out.data(), out.size());
+}
+
+/// all-to-all: `fromDim` (position `fromIndex`) grows by the group size, `toDim` (position
+/// `toIndex`) shrinks by it; block i of both belongs to group rank i.
+inline void allToAllDims(Buffer& out, const Buffer& in, const Shape& inSizes, size_t fromIndex,
+                         size_t toIndex, meshrt::Communicator& group) {
+  int64_t ranks = group.size();
+  Shape chunkSizes = inSizes;
+  chunkSizes[toIndex] /= ranks;
+  int64_t chunk = product(chunkSizes);
+  Buffer send(in.size()), received(in.size());
+  DimView toView = dimView(inSizes, toIndex);
+  for (int64_t i = 0; i < ranks; ++i)
+    copyRowsBlock(send.data() + i * chunk, chunkSizes[toIndex], 0, in.data(), toView.size,
+                  i * chunkSizes[toIndex], chunkSizes[toIndex], toView.outer, toView.inner);
+  group.allToAll(send.data(), received.data(), size_t(chunk));
+  Shape outSizes = chunkSizes;
+  outSizes[fromIndex] *= ranks;
+  DimView fromView = dimView(chunkSizes, fromIndex);
+  for (int64_t i = 0; i < ranks; ++i)
+    copyRowsBlock(out.data(), outSizes[fromIndex], i * fromView.size, received.data() + i * chunk,
+                  fromView.size, 0, fromView.size, fromView.outer, fromView.inner);
+}
+
+/// Local slice: this rank's block `block` of a dim (out's dim = in's dim / blocks).
+inline void sliceDim(Buffer& out, const Buffer& in, const Shape& inSizes, size_t dimIndex,
+                     int64_t block, int64_t blocks) {
+  DimView view = dimView(inSizes, dimIndex);
+  int64_t rows = view.size / blocks;
+  copyRowsBlock(out.data(), rows, 0, in.data(), view.size, block * rows, rows, view.outer,
+                view.inner);
+}
+
+/// Ranks that are threads of one process each call BLAS: one BLAS thread per rank avoids
+/// oversubscribing the cores (OpenBLAS otherwise starts its own pool in every call).
+inline void useSingleThreadedBlas() {
+#ifdef OPENBLAS_VERSION
+  openblas_set_num_threads(1);
+#endif
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Output files (the runner's and `meshc --emit=run --dump-outputs`'s common format)
+//===------------------------------------------------------------------------------------------===//
+
+/// Format: per tensor a text line "tensor <name> <dtype> <rank> <sizes...>\n" followed by
+/// product(sizes) little-endian float64 values.
+inline void writeTensor(std::FILE* file, const std::string& name, const char* dtype,
+                        const Shape& sizes, const Buffer& data) {
+  std::string header = "tensor " + name + " " + dtype + " " + std::to_string(sizes.size());
+  for (int64_t s : sizes)
+    header += " " + std::to_string(s);
+  header += "\n";
+  std::fwrite(header.data(), 1, header.size(), file);
+  std::vector<double> values(data.begin(), data.end());
+  std::fwrite(values.data(), sizeof(double), values.size(), file);
+}
+
+} // namespace meshc::gen

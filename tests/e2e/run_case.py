@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""One end-to-end case: compile a .mesh example to C++ with meshc (--emit=cpp --cpp-runner) for
+a mesh and layout, build the generated code (one translation unit, -O1), run it on the threads
+backend, and compare its gathered outputs with the reference interpreter's
+(`meshc --emit=run --dump-outputs`) through compare_outputs.py.
+
+Usage: run_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR... --lib LIB...
+       [--mesh data=2,model=2] [--layout auto] [--seed N] [--print-plan] [--meshc-arg=OPT]...
+   or: run_case.py --build-dir build --example X.mesh [--workdir DIR] [--print-plan] ...
+       (meshc, meshrt and the include paths taken from the build and source trees; OpenBLAS as
+       -lopenblas).
+Exit status 0 when every output matches within tolerance."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd, **kwargs):
+    result = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        print(f"FAILED ({result.returncode}): {' '.join(cmd)}")
+        sys.exit(1)
+    return result.stdout
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--meshc")
+    parser.add_argument("--build-dir")
+    parser.add_argument("--example", required=True)
+    parser.add_argument("--workdir")
+    parser.add_argument("--cxx", default="c++")
+    parser.add_argument("--include", action="append", default=[])
+    parser.add_argument("--lib", action="append", default=[])
+    parser.add_argument("--mesh")
+    parser.add_argument("--layout")
+    parser.add_argument("--meshc-arg", action="append", default=[],
+                        help="an extra meshc option for every step, e.g. --meshc-arg=--dim=batch=512")
+    parser.add_argument("--seed", default="0")
+    parser.add_argument("--opt", default="-O1")
+    parser.add_argument("--print-plan", action="store_true")
+    parser.add_argument("--tol", default="1e-4")
+    parser.add_argument("--tol-narrow", default="1e-2")
+    args = parser.parse_args()
+    if args.build_dir:
+        root = os.path.dirname(os.path.dirname(HERE))
+        args.meshc = args.meshc or os.path.join(args.build_dir, "compiler", "tools", "meshc")
+        args.include += [os.path.join(root, "runtime", "include"),
+                         os.path.join(root, "runtime", "kernels", "include"),
+                         os.path.join(root, "compiler", "codegen", "support")]
+        args.lib += [os.path.join(args.build_dir, "runtime", "kernels", "libmeshrt_kernels.a"),
+                     os.path.join(args.build_dir, "runtime", "libmeshrt.a"), "-lopenblas"]
+        stem = os.path.splitext(os.path.basename(args.example))[0]
+        args.workdir = args.workdir or os.path.join(args.build_dir, "e2e-" + stem)
+    if not args.meshc or not args.workdir:
+        parser.error("give --build-dir, or --meshc and --workdir")
+
+    os.makedirs(args.workdir, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(args.example))[0]
+    base = os.path.join(args.workdir, stem)
+    overrides = list(args.meshc_arg)
+    if args.mesh:
+        overrides += ["--mesh", args.mesh]
+    if args.layout:
+        overrides += ["--layout", args.layout]
+
+    if args.print_plan:
+        print(run([args.meshc, args.example, "--emit=plan"] + overrides))
+    start = time.time()
+    run([args.meshc, args.example, "--emit=cpp", "--cpp-runner", "-o", base] + overrides)
+    compile_s = time.time() - start
+
+    # One translation unit: the program and its runner.
+    unity = base + ".unity.cpp"
+    with open(unity, "w") as f:
+        f.write(f'#include "{stem}.cpp"\n#include "{stem}.main.cpp"\n')
+    start = time.time()
+    binary = base + ".bin"
+    run([args.cxx, args.opt, "-std=c++20", "-w", "-I", args.workdir]
+        + [flag for inc in args.include for flag in ("-I", inc)]
+        + [unity, "-o", binary] + args.lib + ["-lpthread"])
+    build_s = time.time() - start
+
+    actual, expected = base + ".actual", base + ".expected"
+    start = time.time()
+    print(run([binary, actual, args.seed]), end="")
+    run_s = time.time() - start
+    print(run([args.meshc, args.example, "--emit=run", "--seed", args.seed, "--dump-outputs",
+               expected] + overrides), end="")
+    print(f"meshc {compile_s:.2f} s, c++ {build_s:.2f} s, run {run_s:.2f} s")
+    # Programs that compute in bf16/f16 get a looser tolerance: a contraction over a split dim
+    # rounds each rank's partial sum to the narrow dtype before the all-reduce (as on real
+    # hardware), where the interpreter rounds the whole sum once; each rounding is up to 2^-9
+    # (bf16) relative, so outputs may differ by a few bf16 ulps of the partials.
+    ir = run([args.meshc, args.example, "--emit=ir"] + overrides)
+    narrow = re.search(r"\b(bf16|f16)\[", ir) is not None
+    tol = args.tol_narrow if narrow else args.tol
+    if narrow:
+        print(f"the program computes in bf16/f16: tolerance {tol}")
+    result = subprocess.run([sys.executable, os.path.join(HERE, "compare_outputs.py"), actual,
+                             expected, "--tol", tol, "--tol-bf16", args.tol_narrow],
+                            capture_output=True, text=True)
+    sys.stdout.write(result.stdout)
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
