@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 
+#include <cassert>
 #include <map>
 #include <set>
 #include <sstream>
@@ -399,11 +400,18 @@ private:
   }
 
   void comment(const SpmdOp& op, std::string& out) const;
-  void allocate(SpmdValueId id, std::string& out) const;
+  /// Declares `id` as a fresh (zeroed) slot of the arena, live from the op being emitted.
+  void allocate(SpmdValueId id, std::string& out);
+  /// Declares `result` as `operand`'s value: `operand`'s slot itself when op `index` is its
+  /// last use (the slot moves on, as an in-place op), else a copy in a fresh slot.
+  void bindCopy(SpmdValueId result, SpmdValueId operand, size_t index, std::string& out);
+  /// A new slot for `id`; its offset goes at the end of `out` (run()'s body) once placed.
+  void newSlot(SpmdValueId id, std::string& out);
+  /// Places the slots in the arena (first fit, largest first, among slots whose live ranges
+  /// overlap) and writes their offsets into `body`.
+  void assignSlotOffsets(std::string& body);
   llvm::Error emitCompute(size_t index, std::string& out);
   llvm::Error emitCollective(size_t index, std::string& out);
-  /// `id`'s buffer moved when op `index` is its last use, else the variable (copied).
-  std::string takeOrCopy(SpmdValueId id, size_t index);
   void emitElementwiseGroup(const std::vector<size_t>& group, std::string& out);
   void emitEinsum(const SpmdOp& op, std::string& out);
   llvm::Error emitAlong(size_t index, std::string& out);
@@ -421,9 +429,6 @@ private:
   const ir::Module& module;
   const ir::Function& irFn;
   const plan::SpmdFunction& fn;
-  /// Frees the buffers whose last use is op `index` (liveness; outputs, inputs and params
-  /// are never freed here).
-  void releaseDead(const std::vector<size_t>& opsDone, size_t index, std::string& out);
 
   std::set<plan::AxisList> groups;
   std::vector<int> uses;
@@ -431,6 +436,18 @@ private:
   std::vector<bool> released;
   std::vector<bool> owned; // the value has its own buffer (not an input/param reference)
   std::vector<bool> absorbed;
+
+  /// A piece of the arena: live from op `start` (the first op of the emitted group that
+  /// defines it) through the last use of every value it holds.
+  struct Slot {
+    size_t bytes = 0, start = 0, end = 0, offset = 0;
+    size_t at = 0; // where its offset goes in run()'s body (which only grows meanwhile)
+    const std::string* body = nullptr;
+  };
+  std::vector<Slot> slots;
+  std::vector<int> slotOf; // per value: its slot, or -1 (input, param, fused scalar)
+  size_t emitting = 0;     // the first op of the group being emitted
+  size_t arenaBytes = 0, temporaryBytes = 0;
 };
 
 std::string FunctionEmitter::shardStart(SpmdValueId id, const std::string& dim) const {
@@ -464,8 +481,73 @@ void FunctionEmitter::comment(const SpmdOp& op, std::string& out) const {
                      op.note.empty() ? "" : " (" + op.note + ")");
 }
 
-void FunctionEmitter::allocate(SpmdValueId id, std::string& out) const {
-  out += fmt::format("meshc::gen::Buffer {}({});\n", var(id), local(id).numElements());
+void FunctionEmitter::newSlot(SpmdValueId id, std::string& out) {
+  Slot slot;
+  slot.bytes = size_t(local(id).numElements()) * sizeof(float);
+  slot.start = slot.end = emitting;
+  slot.at = out.size();
+  slot.body = &out;
+  slotOf[id] = int(slots.size());
+  slots.push_back(slot);
+}
+
+void FunctionEmitter::allocate(SpmdValueId id, std::string& out) {
+  out += fmt::format("meshc::gen::View {} = arena_.slot(", var(id));
+  newSlot(id, out);
+  out += fmt::format(", {});\n", local(id).numElements());
+}
+
+void FunctionEmitter::bindCopy(SpmdValueId result, SpmdValueId operand, size_t index,
+                               std::string& out) {
+  if (owned[operand] && !released[operand] && lastUse[operand] == index) {
+    released[operand] = true; // dies here: its slot moves on
+    slotOf[result] = slotOf[operand];
+    out += fmt::format("meshc::gen::View {} = {};\n", var(result), var(operand));
+    return;
+  }
+  out += fmt::format("meshc::gen::View {} = arena_.copy(", var(result));
+  newSlot(result, out);
+  out += fmt::format(", {});\n", var(operand));
+}
+
+void FunctionEmitter::assignSlotOffsets(std::string& body) {
+  constexpr size_t kAlignment = 64; // meshc::gen::Arena::kAlignment
+  for (size_t id = 0; id < slotOf.size(); ++id)
+    if (slotOf[id] >= 0) {
+      Slot& slot = slots[size_t(slotOf[id])];
+      slot.end = std::max(slot.end, lastUse[id]);
+    }
+  std::vector<size_t> order(slots.size());
+  for (size_t k = 0; k < order.size(); ++k)
+    order[k] = k;
+  llvm::stable_sort(order, [&](size_t a, size_t b) { return slots[a].bytes > slots[b].bytes; });
+  std::vector<size_t> placed;
+  arenaBytes = temporaryBytes = 0;
+  for (size_t k : order) {
+    Slot& slot = slots[k];
+    size_t padded = (slot.bytes + kAlignment - 1) / kAlignment * kAlignment;
+    // The placed slots live at the same time, by offset: take the lowest gap that fits.
+    std::vector<const Slot*> conflicts;
+    for (size_t other : placed)
+      if (slots[other].start <= slot.end && slot.start <= slots[other].end)
+        conflicts.push_back(&slots[other]);
+    llvm::sort(conflicts, [](const Slot* a, const Slot* b) { return a->offset < b->offset; });
+    size_t offset = 0;
+    for (const Slot* other : conflicts) {
+      if (offset + padded <= other->offset) break;
+      size_t otherPadded = (other->bytes + kAlignment - 1) / kAlignment * kAlignment;
+      offset = std::max(offset, other->offset + otherPadded);
+    }
+    slot.offset = offset;
+    placed.push_back(k);
+    arenaBytes = std::max(arenaBytes, offset + padded);
+    temporaryBytes += slot.bytes;
+  }
+  // Later positions first, so that earlier ones stay valid.
+  for (size_t k = slots.size(); k-- > 0;) {
+    assert(slots[k].body == &body && "a slot declared outside run()'s body");
+    body.insert(slots[k].at, std::to_string(slots[k].offset));
+  }
 }
 
 size_t FunctionEmitter::inPlaceFollowers(size_t index) const {
@@ -788,8 +870,10 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
   }
   case OpKind::Literal: {
     double value = numberAttr(op, "value", 0);
-    out += fmt::format("meshc::gen::Buffer {}({}, meshc::gen::roundValue({}, {}));\n", v,
-                       result.numElements(), dtypeEnum(result.dtype), doubleLiteral(value));
+    out += fmt::format("meshc::gen::View {} = arena_.fill(", v);
+    newSlot(op.result, out);
+    out += fmt::format(", {}, meshc::gen::roundValue({}, {}));\n", result.numElements(),
+                       dtypeEnum(result.dtype), doubleLiteral(value));
     return llvm::Error::success();
   }
   case OpKind::Iota: {
@@ -818,8 +902,8 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
   }
   case OpKind::Dropout: {
     SpmdValueId operand = op.operands[0];
-    allocate(op.result, out);
     if (fn.kind == ir::Function::Kind::Train) {
+      allocate(op.result, out);
       out += fmt::format(
           "meshc::gen::dropout({}.data(), {}, {}.data(), {}, {}, {}, meshrt::streamKey(seed_, "
           "std::string({}) + \"#\" + std::to_string(step)), {});\n",
@@ -828,11 +912,10 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
           quote(stringAttr(op, "stream")), doubleLiteral(numberAttr(op, "rate", 0)));
       rounding();
     } else if (local(operand).dims == result.dims) {
-      out.resize(out.size() -
-                 fmt::format("meshc::gen::Buffer {}({});\n", v, result.numElements()).size());
       out += "// dropout is the identity outside training\n";
-      out += fmt::format("meshc::gen::Buffer {} = {};\n", v, takeOrCopy(operand, index));
+      bindCopy(op.result, operand, index, out);
     } else {
+      allocate(op.result, out);
       out += "// dropout is the identity outside training\n";
       out += fmt::format("meshc::gen::copyStrided({}.data(), {}, {}, {}.data(), {});\n", v,
                          list(sizesOf(result)), list(rowMajorStrides(result)), var(operand),
@@ -867,7 +950,7 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
     Shape inStrides = stridesOver(local(operand), result.dims, &resultToOperand);
     if (inStrides == rowMajorStrides(result)) {
       // Same storage order: only the names change.
-      out += fmt::format("meshc::gen::Buffer {} = {};\n", v, takeOrCopy(operand, index));
+      bindCopy(op.result, operand, index, out);
       return llvm::Error::success();
     }
     allocate(op.result, out);
@@ -986,12 +1069,6 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
   }
 }
 
-std::string FunctionEmitter::takeOrCopy(SpmdValueId id, size_t index) {
-  if (!owned[id] || released[id] || lastUse[id] != index) return var(id);
-  released[id] = true; // dies here: its buffer moves on
-  return fmt::format("std::move({})", var(id));
-}
-
 llvm::Error FunctionEmitter::emitCollective(size_t index, std::string& out) {
   const SpmdOp& op = fn.ops[index];
   const plan::Collective& c = op.collective;
@@ -1006,8 +1083,7 @@ llvm::Error FunctionEmitter::emitCollective(size_t index, std::string& out) {
     const char* reduceOp = c.kind == CollectiveKind::AllReduceSum   ? "Sum"
                            : c.kind == CollectiveKind::AllReduceMax ? "Max"
                                                                     : "Min";
-    if (!inPlace)
-      out += fmt::format("meshc::gen::Buffer {} = {};\n", v, takeOrCopy(operand, index));
+    if (!inPlace) bindCopy(op.result, operand, index, out);
     if (!c.axes.empty())
       out += fmt::format("{}.allReduce({}.data(), {}.size(), meshrt::ReduceOp::{});\n",
                          group(c.axes), v, v, reduceOp);
@@ -1048,18 +1124,6 @@ llvm::Error FunctionEmitter::emitCollective(size_t index, std::string& out) {
   return unsupported(op, "this collective");
 }
 
-void FunctionEmitter::releaseDead(const std::vector<size_t>& opsDone, size_t index,
-                                  std::string& out) {
-  std::vector<std::string> dead;
-  for (size_t i : opsDone)
-    for (SpmdValueId operand : fn.ops[i].operands) {
-      if (released[operand] || lastUse[operand] > index || !owned[operand]) continue;
-      released[operand] = true;
-      dead.push_back(var(operand));
-    }
-  if (!dead.empty()) out += fmt::format("meshc::gen::release({});\n", fmt::join(dead, ", "));
-}
-
 llvm::Error FunctionEmitter::emit() {
   uses.assign(fn.values.size(), 0);
   absorbed.assign(fn.ops.size(), false);
@@ -1070,6 +1134,8 @@ llvm::Error FunctionEmitter::emit() {
     uses[output.second] += 2; // never fused away
   lastUse.assign(fn.values.size(), 0);
   released.assign(fn.values.size(), false);
+  slotOf.assign(fn.values.size(), -1);
+  slots.clear();
   owned.assign(fn.values.size(), true);
   for (size_t i = 0; i < fn.ops.size(); ++i) {
     for (SpmdValueId operand : fn.ops[i].operands)
@@ -1086,10 +1152,10 @@ llvm::Error FunctionEmitter::emit() {
   std::vector<size_t> chain;
   auto flush = [&]() {
     if (chain.empty()) return;
+    emitting = chain.front();
     emitElementwiseGroup(chain, body);
     for (size_t k = 0; k + 1 < chain.size(); ++k)
       owned[fn.ops[chain[k]].result] = false; // a scalar temporary of the fused loop
-    releaseDead(chain, chain.back(), body);
     chain.clear();
   };
   for (size_t i = 0; i < fn.ops.size(); ++i) {
@@ -1111,6 +1177,7 @@ llvm::Error FunctionEmitter::emit() {
       continue;
     }
     flush();
+    emitting = i;
     body += "\n";
     if (op.kind == SpmdOp::Kind::Collective) {
       comment(op, body);
@@ -1119,13 +1186,9 @@ llvm::Error FunctionEmitter::emit() {
       comment(op, body);
       if (auto error = emitCompute(i, body)) return error;
     }
-    // Ops absorbed into this one (in-place collectives) read its result later in op order.
-    size_t end = i;
-    while (end + 1 < fn.ops.size() && absorbed[end + 1])
-      ++end;
-    releaseDead({i}, end, body);
   }
   flush();
+  assignSlotOffsets(body);
 
   // Declaration.
   std::string& h = declaration;
@@ -1167,6 +1230,11 @@ llvm::Error FunctionEmitter::emit() {
   h += "/// Runs on this rank's shards (a collective call: every rank of the mesh calls it).\n"
        "/// Throws std::invalid_argument when an input's local shape is wrong.\n"
        "Outputs run(const Inputs& inputs);\n\n";
+  h += fmt::format("/// The bytes of this object's arena: run()'s temporaries share it, placed by "
+                   "liveness.\nstatic constexpr size_t kArenaBytes = {};\n"
+                   "/// The bytes of all of run()'s temporaries together (one buffer each).\n"
+                   "static constexpr size_t kTemporaryBytes = {};\n\n",
+                   arenaBytes, temporaryBytes);
   if (fn.kind == ir::Function::Kind::Train)
     h += "/// The training step: keys the dropout masks (forward only: autodiff comes later).\n"
          "uint64_t step = 0;\n\n";
@@ -1190,6 +1258,7 @@ llvm::Error FunctionEmitter::emit() {
                      irFn.params[k].path, plan::tensorLayoutString(global(id), layout(id)),
                      list(sizesOf(local(id))));
   }
+  h += "meshc::gen::Arena arena_{kArenaBytes}; // run()'s temporaries\n";
   h += "};\n\n";
 
   // Definitions.
@@ -1213,21 +1282,20 @@ llvm::Error FunctionEmitter::emit() {
   }
   emitConstructor(s);
   s += fmt::format("{0}::Outputs {0}::run(const Inputs& inputs) {{\n", name);
+  s += fmt::format("// Arena: {} bytes for {} bytes of temporaries ({} slots, placed by "
+                   "liveness).\n",
+                   arenaBytes, temporaryBytes, slots.size());
   for (size_t k = 0; k < irFn.inputs.size(); ++k)
     s += fmt::format("meshc::gen::checkShape(\"input\", {}, inputs.{}, {});\n",
                      quote(irFn.inputs[k].name), identifier(irFn.inputs[k].name),
                      list(sizesOf(local(fn.inputs[k]))));
   s += body;
   s += "\nOutputs outputs;\n";
-  std::map<SpmdValueId, int> outputCount;
-  for (const auto& output : fn.outputs)
-    ++outputCount[output.second];
-  for (const auto& [outName, id] : fn.outputs) {
-    bool move = owned[id] && --outputCount[id] == 0; // the last output of a value takes it
-    s += fmt::format("outputs.{} = meshc::gen::Tensor{{{}, {}}};\n", identifier(outName),
-                     list(sizesOf(local(id))),
-                     move ? fmt::format("std::move({})", var(id)) : var(id));
-  }
+  // Outputs leave the arena: the caller keeps them past the next run().
+  for (const auto& [outName, id] : fn.outputs)
+    s += fmt::format("outputs.{0} = meshc::gen::Tensor{{{1}, meshc::gen::Buffer({2}.begin(), "
+                     "{2}.end())}};\n",
+                     identifier(outName), list(sizesOf(local(id))), var(id));
   s += "return outputs;\n}\n\n";
   emitHelpers(s);
   return llvm::Error::success();

@@ -2,8 +2,9 @@
 // source defining a class per program / train block. The class's constructor takes the rank's
 // meshrt::Communicator (and a seed), creates the subgroups it needs and initializes this rank's
 // parameter shards with the layout-invariant RNG; run() computes on local shards through
-// compiler/codegen/support/meshc/GeneratedSupport.h (einsum through OpenBLAS). Optionally also a
-// runner main that runs every function on the threads backend and writes the gathered outputs.
+// compiler/codegen/support/meshc/GeneratedSupport.h (einsum through OpenBLAS), its temporaries in
+// one arena per object at offsets assigned here by liveness. Optionally also a runner main that
+// runs every function on the threads backend and writes the gathered outputs.
 #pragma once
 
 #include "ir/IR.h"

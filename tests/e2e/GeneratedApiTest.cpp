@@ -1,12 +1,18 @@
 // The API of a generated class, on the golden MLP (tests/golden-cpp/mlp.{h,cpp}, planned for
 // [data=2, model=2] with batch: data, d_ff: model), compiled into this test: input synthesis
 // agrees with the interpreter's, scatter/gather round-trip, wrong shapes and meshes are clear
-// errors, and the sharded run equals the same program run on one rank's worth of data.
+// errors, and the sharded run equals the same program run on one rank's worth of data. The
+// golden transformer (tests/golden-cpp/transformer.cpp, compiled into this file below) checks
+// the arena: temporaries share memory, and a reused object computes what a fresh one does.
 #include <catch2/catch.hpp>
 
 #include "interp/Interpreter.h"
 #include "meshrt/Threads.h"
 #include "mlp.h"
+#include "transformer.h"
+
+// One more generated source in this test's translation unit (its own namespace and classes).
+#include "transformer.cpp"
 
 #include <stdexcept>
 
@@ -91,4 +97,47 @@ TEST_CASE("the generated MLP runs deterministically and keeps replicas identical
   // y is replicated over `model`: ranks 0 and 1 (same data coordinate) hold the same bits.
   CHECK(first[0].data == first[1].data);
   CHECK(first[2].data == first[3].data);
+}
+
+TEST_CASE("run()'s temporaries share one arena, placed by liveness", "[codegen]") {
+  using meshc_generated::Lm;
+  using meshc_generated::LmTrain;
+  STATIC_REQUIRE(Lm::kArenaBytes > 0);
+  STATIC_REQUIRE(Lm::kArenaBytes < Lm::kTemporaryBytes);
+  STATIC_REQUIRE(LmTrain::kArenaBytes < LmTrain::kTemporaryBytes);
+  STATIC_REQUIRE(Lm::kArenaBytes % 64 == 0);
+  STATIC_REQUIRE(Mlp::kArenaBytes <= Mlp::kTemporaryBytes);
+}
+
+TEST_CASE("a reused generated object leaves no stale data in its arena", "[codegen]") {
+  using meshc_generated::Lm;
+  using meshc_generated::LmTrain;
+  size_t ranks = size_t(Lm::mesh().size());
+  std::vector<Tensor> first(ranks), again(ranks), afterOther(ranks), fresh(ranks);
+  std::vector<Tensor> trainFirst(ranks), trainAgain(ranks);
+  meshrt::runThreads(Lm::mesh(), [&](meshrt::Communicator& world) {
+    size_t rank = size_t(world.rank());
+    Lm program(world, 5);
+    Lm::Inputs inputs = program.synthesizeInputs(11), other = program.synthesizeInputs(12);
+    first[rank] = program.run(inputs).logits;
+    again[rank] = program.run(inputs).logits;
+    program.run(other);
+    afterOther[rank] = program.run(inputs).logits;
+    Lm freshProgram(world, 5);
+    fresh[rank] = freshProgram.run(inputs).logits;
+
+    LmTrain train(world, 5);
+    LmTrain::Inputs trainInputs = train.synthesizeInputs(11);
+    trainFirst[rank] = train.run(trainInputs).loss;
+    trainAgain[rank] = train.run(trainInputs).loss;
+  });
+  for (size_t rank = 0; rank < ranks; ++rank) {
+    INFO("rank " << rank);
+    CHECK(first[rank].shape == meshc::gen::Shape{2, 32, 48});
+    CHECK(first[rank].data == again[rank].data);
+    CHECK(first[rank].data == afterOther[rank].data);
+    CHECK(first[rank].data == fresh[rank].data);
+    CHECK(trainFirst[rank].data == trainAgain[rank].data);
+    CHECK(std::isfinite(trainFirst[rank].data.at(0)));
+  }
 }

@@ -8,6 +8,8 @@
 #include "meshc/GeneratedSupport.h"
 #include "meshrt/Threads.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <random>
 
 using meshc::gen::Buffer;
@@ -211,4 +213,24 @@ TEST_CASE("API checks name the tensor and both shapes", "[codegen][support]") {
                     "elements");
   tensor.data.resize(5);
   CHECK_THROWS_AS(meshc::gen::checkShape("input", "x", tensor, {2, 3}), std::invalid_argument);
+}
+
+TEST_CASE("arena slots are aligned, zeroed, filled or copied, and bounds-checked",
+          "[codegen][support]") {
+  meshc::gen::Arena arena(256);
+  CHECK(arena.bytes() == 256);
+  meshc::gen::View first = arena.fill(0, 16, 2.5f);
+  CHECK(reinterpret_cast<uintptr_t>(first.data()) % meshc::gen::Arena::kAlignment == 0);
+  CHECK(std::all_of(first.begin(), first.end(), [](float x) { return x == 2.5f; }));
+  // A later value placed over dead bytes starts from zeros, not the stale 2.5s.
+  meshc::gen::View reused = arena.slot(0, 8);
+  CHECK(reused.data() == first.data());
+  CHECK(std::all_of(reused.begin(), reused.end(), [](float x) { return x == 0.0f; }));
+  Buffer source = randomBuffer(32, 9);
+  meshc::gen::View copied = arena.copy(128, source);
+  CHECK(copied.data() == first.data() + 32);
+  CHECK(Buffer(copied.begin(), copied.end()) == source);
+  CHECK_THROWS_AS(arena.slot(192, 17), std::logic_error); // past the end
+  CHECK_THROWS_AS(arena.slot(4, 1), std::logic_error);    // misaligned
+  CHECK_NOTHROW(arena.slot(192, 16));
 }

@@ -149,6 +149,7 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
 }
 
 Mlm::Outputs Mlm::run(const Inputs &inputs) {
+  // Arena: 77824 bytes for 573980 bytes of temporaries (60 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {1, 32});
   meshc::gen::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   meshc::gen::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -175,28 +176,26 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v6 = param3_bert_output_bias;
 
   // bert.mesh:34:37 gather
-  meshc::gen::Buffer v7(2048);
+  meshc::gen::View v7 = arena_.slot(0, 2048);
   meshc::gen::gather(v7.data(), {1, 32, 64}, v3.data(), {0, 0, 1}, v0.data(), {32, 1, 0}, 128, 64,
                      0);
 
   // bert.mesh:34:76 add
-  meshc::gen::Buffer v8(2048);
+  meshc::gen::View v8 = arena_.slot(8192, 2048);
   meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 64, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v8[at[0]] = float(double(v7[at[1]]) + double(v4[at[2]]));
                          });
-  meshc::gen::release(v7);
 
   // bert.mesh:35:39 gather
-  meshc::gen::Buffer v9(2048);
+  meshc::gen::View v9 = arena_.slot(0, 2048);
   meshc::gen::gather(v9.data(), {1, 32, 64}, v5.data(), {0, 0, 1}, v1.data(), {32, 1, 0}, 2, 64, 0);
 
   // bert.mesh:35:37 add -> x
-  meshc::gen::Buffer v10(2048);
+  meshc::gen::View v10 = arena_.slot(16384, 2048);
   for (size_t i = 0; i < v10.size(); ++i) {
     v10[i] = float(double(v8[i]) + double(v9[i]));
   }
-  meshc::gen::release(v8, v9);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v11 = param4_bert_norm_gain;
@@ -205,60 +204,54 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v12 = param5_bert_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v13(2048);
+  meshc::gen::View v13 = arena_.slot(0, 2048);
   meshc::gen::along(v13.data(), v10.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v10);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::Buffer v15(2048);
+  meshc::gen::View v15 = arena_.slot(32768, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t14 = float(double(v13[at[1]]) * double(v11[at[2]]));
                            v15[at[0]] = float(double(t14) + double(v12[at[3]]));
                          });
-  meshc::gen::release(v13);
 
   // bert.mesh:40:26 rename
-  meshc::gen::Buffer v16 = v2;
+  meshc::gen::View v16 = arena_.copy(0, v2);
 
   // bert.mesh:40:21 cast -> key_is_real
-  meshc::gen::Buffer v17(32);
+  meshc::gen::View v17 = arena_.slot(4096, 32);
   for (size_t i = 0; i < v17.size(); ++i) {
     v17[i] = float(v16[i]);
   }
-  meshc::gen::release(v16);
 
   // bert.mesh:41:58 iota
-  meshc::gen::Buffer v18(32);
+  meshc::gen::View v18 = arena_.slot(0, 32);
   meshc::gen::iota(v18.data(), {32}, {1}, 0);
 
   // bert.mesh:41:71 literal
-  meshc::gen::Buffer v19(1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v19 = arena_.fill(128, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // bert.mesh:41:68 ge
   // bert.mesh:41:53 cast
-  meshc::gen::Buffer v21(32);
+  meshc::gen::View v21 = arena_.slot(4224, 32);
   meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
     float t20 = (v18[at[1]] >= v19[at[2]] ? 1.0f : 0.0f);
     v21[at[0]] = float(t20);
   });
-  meshc::gen::release(v18, v19);
 
   // bert.mesh:41:51 mul
-  meshc::gen::Buffer v22(1024);
+  meshc::gen::View v22 = arena_.slot(0, 1024);
   meshc::gen::forEach<3>({1, 32, 32}, {{{1024, 32, 1}, {32, 1, 0}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v22[at[0]] = float(double(v17[at[1]]) * double(v21[at[2]]));
                          });
-  meshc::gen::release(v17, v21);
 
   // bert.mesh:41:39 transpose -> allowed
-  meshc::gen::Buffer v23(1024);
+  meshc::gen::View v23 = arena_.slot(73728, 1024);
   meshc::gen::forEach<2>({1, 32, 32}, {{{1024, 32, 1}, {1024, 1, 32}}}, {},
                          [&](const std::array<int64_t, 2> &at) { v23[at[0]] = float(v22[at[1]]); });
-  meshc::gen::release(v22);
 
   // layers.mesh:31:9 param -> w_q
   const meshc::gen::Buffer &v24 = param6_bert_encoder_layer_0_attention_w_q;
@@ -273,102 +266,96 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v27 = param9_bert_encoder_layer_0_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::Buffer v28(2048);
+  meshc::gen::View v28 = arena_.slot(16384, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum28(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum28.run(v15.data(), v24.data(), v28.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::Buffer v29(2048);
+  meshc::gen::View v29 = arena_.slot(24576, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum29(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum29.run(v15.data(), v25.data(), v29.data());
 
   // layers.mesh:38:11 rename -> k
-  meshc::gen::Buffer v30 = std::move(v29);
+  meshc::gen::View v30 = v29;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::Buffer v31(2048);
+  meshc::gen::View v31 = arena_.slot(40960, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum31(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum31.run(v15.data(), v26.data(), v31.data());
 
   // layers.mesh:39:11 rename -> v
-  meshc::gen::Buffer v32 = std::move(v31);
+  meshc::gen::View v32 = v31;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::Buffer v33(4096);
+  meshc::gen::View v33 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum33(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum33.run(v28.data(), v30.data(), v33.data());
-  meshc::gen::release(v28, v30);
 
   // layers.mesh:41:57 literal
-  meshc::gen::Buffer v34(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v34 =
+      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::Buffer v35(4096);
+  meshc::gen::View v35 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({1, 4, 32, 32}, {{{4096, 1024, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v35[at[0]] = float(double(v33[at[1]]) * double(v34[at[2]]));
                          });
-  meshc::gen::release(v33, v34);
 
   // layers.mesh:43:41 literal
-  meshc::gen::Buffer v36(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v36 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::Buffer v37(1024);
+  meshc::gen::View v37 = arena_.slot(49152, 1024);
   meshc::gen::forEach<3>({1, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v37[at[0]] = (v23[at[1]] > v36[at[2]] ? 1.0f : 0.0f);
                          });
-  meshc::gen::release(v36);
 
   // layers.mesh:43:54 literal
-  meshc::gen::Buffer v38(1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  meshc::gen::View v38 =
+      arena_.fill(53248, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::Buffer v39(4096);
+  meshc::gen::View v39 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>(
       {1, 4, 32, 32}, {{{4096, 1024, 32, 1}, {1024, 0, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
         v39[at[0]] = float((v37[at[1]] != 0 ? v35[at[2]] : v38[at[3]]));
       });
-  meshc::gen::release(v37, v35, v38);
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::Buffer v40(4096);
+  meshc::gen::View v40 = arena_.slot(16384, 4096);
   meshc::gen::along(v40.data(), v39.data(), {1, 4, 32}, {4096, 1024, 32}, {4096, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-  meshc::gen::release(v39);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::Buffer v41(2048);
+  meshc::gen::View v41 = arena_.slot(0, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum41(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum41.run(v40.data(), v32.data(), v41.data());
-  meshc::gen::release(v40, v32);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::Buffer v42(2048);
+  meshc::gen::View v42 = arena_.slot(8192, 2048);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum42(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum42.run(v41.data(), v27.data(), v42.data());
-  meshc::gen::release(v41);
 
   // bert.mesh:20:18 add
-  meshc::gen::Buffer v43(2048);
+  meshc::gen::View v43 = arena_.slot(0, 2048);
   for (size_t i = 0; i < v43.size(); ++i) {
     v43[i] = float(double(v15[i]) + double(v42[i]));
   }
-  meshc::gen::release(v15, v42);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v44 = param10_bert_encoder_layer_0_norm_gain;
@@ -377,20 +364,18 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v45 = param11_bert_encoder_layer_0_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v46(2048);
+  meshc::gen::View v46 = arena_.slot(8192, 2048);
   meshc::gen::along(v46.data(), v43.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v43);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  meshc::gen::Buffer v48(2048);
+  meshc::gen::View v48 = arena_.slot(65536, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t47 = float(double(v46[at[1]]) * double(v44[at[2]]));
                            v48[at[0]] = float(double(t47) + double(v45[at[3]]));
                          });
-  meshc::gen::release(v46);
 
   // layers.mesh:50:9 param -> w_in
   const meshc::gen::Buffer &v49 = param12_bert_encoder_layer_0_ffn_w_in;
@@ -405,7 +390,7 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v52 = param15_bert_encoder_layer_0_ffn_b_out;
 
   // layers.mesh:54:16 einsum
-  meshc::gen::Buffer v53(8192);
+  meshc::gen::View v53 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum53(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -413,35 +398,32 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::Buffer v55(8192);
+  meshc::gen::View v55 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t54 = float(double(v53[at[1]]) + double(v50[at[2]]));
                            v55[at[0]] = float(meshc::gen::gelu(t54));
                          });
-  meshc::gen::release(v53);
 
   // layers.mesh:55:17 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v56 = std::move(v55);
+  meshc::gen::View v56 = v55;
 
   // layers.mesh:55:10 einsum
-  meshc::gen::Buffer v57(2048);
+  meshc::gen::View v57 = arena_.slot(0, 2048);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum57(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum57.run(v56.data(), v51.data(), v57.data());
-  meshc::gen::release(v56);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
-  meshc::gen::Buffer v59(2048);
+  meshc::gen::View v59 = arena_.slot(8192, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t58 = float(double(v57[at[1]]) + double(v52[at[2]]));
                            v59[at[0]] = float(double(v48[at[3]]) + double(t58));
                          });
-  meshc::gen::release(v57, v48);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v60 = param16_bert_encoder_layer_0_norm_1_gain;
@@ -450,20 +432,18 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v61 = param17_bert_encoder_layer_0_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v62(2048);
+  meshc::gen::View v62 = arena_.slot(0, 2048);
   meshc::gen::along(v62.data(), v59.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v59);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::Buffer v64(2048);
+  meshc::gen::View v64 = arena_.slot(32768, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t63 = float(double(v62[at[1]]) * double(v60[at[2]]));
                            v64[at[0]] = float(double(t63) + double(v61[at[3]]));
                          });
-  meshc::gen::release(v62);
 
   // layers.mesh:31:9 param -> w_q
   const meshc::gen::Buffer &v65 = param18_bert_encoder_layer_1_attention_w_q;
@@ -478,102 +458,96 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v68 = param21_bert_encoder_layer_1_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::Buffer v69(2048);
+  meshc::gen::View v69 = arena_.slot(16384, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum69(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum69.run(v64.data(), v65.data(), v69.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::Buffer v70(2048);
+  meshc::gen::View v70 = arena_.slot(24576, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum70(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum70.run(v64.data(), v66.data(), v70.data());
 
   // layers.mesh:38:11 rename -> k
-  meshc::gen::Buffer v71 = std::move(v70);
+  meshc::gen::View v71 = v70;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::Buffer v72(2048);
+  meshc::gen::View v72 = arena_.slot(40960, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum72(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum72.run(v64.data(), v67.data(), v72.data());
 
   // layers.mesh:39:11 rename -> v
-  meshc::gen::Buffer v73 = std::move(v72);
+  meshc::gen::View v73 = v72;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::Buffer v74(4096);
+  meshc::gen::View v74 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum74(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum74.run(v69.data(), v71.data(), v74.data());
-  meshc::gen::release(v69, v71);
 
   // layers.mesh:41:57 literal
-  meshc::gen::Buffer v75(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v75 =
+      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::Buffer v76(4096);
+  meshc::gen::View v76 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({1, 4, 32, 32}, {{{4096, 1024, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v76[at[0]] = float(double(v74[at[1]]) * double(v75[at[2]]));
                          });
-  meshc::gen::release(v74, v75);
 
   // layers.mesh:43:41 literal
-  meshc::gen::Buffer v77(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v77 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::Buffer v78(1024);
+  meshc::gen::View v78 = arena_.slot(49152, 1024);
   meshc::gen::forEach<3>({1, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v78[at[0]] = (v23[at[1]] > v77[at[2]] ? 1.0f : 0.0f);
                          });
-  meshc::gen::release(v23, v77);
 
   // layers.mesh:43:54 literal
-  meshc::gen::Buffer v79(1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  meshc::gen::View v79 =
+      arena_.fill(53248, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::Buffer v80(4096);
+  meshc::gen::View v80 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>(
       {1, 4, 32, 32}, {{{4096, 1024, 32, 1}, {1024, 0, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
         v80[at[0]] = float((v78[at[1]] != 0 ? v76[at[2]] : v79[at[3]]));
       });
-  meshc::gen::release(v78, v76, v79);
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::Buffer v81(4096);
+  meshc::gen::View v81 = arena_.slot(16384, 4096);
   meshc::gen::along(v81.data(), v80.data(), {1, 4, 32}, {4096, 1024, 32}, {4096, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-  meshc::gen::release(v80);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::Buffer v82(2048);
+  meshc::gen::View v82 = arena_.slot(0, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum82(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum82.run(v81.data(), v73.data(), v82.data());
-  meshc::gen::release(v81, v73);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::Buffer v83(2048);
+  meshc::gen::View v83 = arena_.slot(8192, 2048);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum83(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum83.run(v82.data(), v68.data(), v83.data());
-  meshc::gen::release(v82);
 
   // bert.mesh:20:18 add
-  meshc::gen::Buffer v84(2048);
+  meshc::gen::View v84 = arena_.slot(0, 2048);
   for (size_t i = 0; i < v84.size(); ++i) {
     v84[i] = float(double(v64[i]) + double(v83[i]));
   }
-  meshc::gen::release(v64, v83);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v85 = param22_bert_encoder_layer_1_norm_gain;
@@ -582,20 +556,18 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v86 = param23_bert_encoder_layer_1_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v87(2048);
+  meshc::gen::View v87 = arena_.slot(8192, 2048);
   meshc::gen::along(v87.data(), v84.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v84);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  meshc::gen::Buffer v89(2048);
+  meshc::gen::View v89 = arena_.slot(65536, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t88 = float(double(v87[at[1]]) * double(v85[at[2]]));
                            v89[at[0]] = float(double(t88) + double(v86[at[3]]));
                          });
-  meshc::gen::release(v87);
 
   // layers.mesh:50:9 param -> w_in
   const meshc::gen::Buffer &v90 = param24_bert_encoder_layer_1_ffn_w_in;
@@ -610,7 +582,7 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v93 = param27_bert_encoder_layer_1_ffn_b_out;
 
   // layers.mesh:54:16 einsum
-  meshc::gen::Buffer v94(8192);
+  meshc::gen::View v94 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum94(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -618,35 +590,32 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::Buffer v96(8192);
+  meshc::gen::View v96 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t95 = float(double(v94[at[1]]) + double(v91[at[2]]));
                            v96[at[0]] = float(meshc::gen::gelu(t95));
                          });
-  meshc::gen::release(v94);
 
   // layers.mesh:55:17 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v97 = std::move(v96);
+  meshc::gen::View v97 = v96;
 
   // layers.mesh:55:10 einsum
-  meshc::gen::Buffer v98(2048);
+  meshc::gen::View v98 = arena_.slot(0, 2048);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum98(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum98.run(v97.data(), v92.data(), v98.data());
-  meshc::gen::release(v97);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
-  meshc::gen::Buffer v100(2048);
+  meshc::gen::View v100 = arena_.slot(8192, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t99 = float(double(v98[at[1]]) + double(v93[at[2]]));
                            v100[at[0]] = float(double(v89[at[3]]) + double(t99));
                          });
-  meshc::gen::release(v98, v89);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v101 = param28_bert_encoder_layer_1_norm_1_gain;
@@ -655,45 +624,41 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v102 = param29_bert_encoder_layer_1_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v103(2048);
+  meshc::gen::View v103 = arena_.slot(0, 2048);
   meshc::gen::along(v103.data(), v100.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v100);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::Buffer v105(2048);
+  meshc::gen::View v105 = arena_.slot(16384, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t104 = float(double(v103[at[1]]) * double(v101[at[2]]));
                            v105[at[0]] = float(double(t104) + double(v102[at[3]]));
                          });
-  meshc::gen::release(v103);
 
   // bert.mesh:46:10 einsum
-  meshc::gen::Buffer v106(4096);
+  meshc::gen::View v106 = arena_.slot(0, 4096);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsum106(
       {{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsum106.run(v105.data(), v3.data(), v106.data());
-  meshc::gen::release(v105);
 
   // bert.mesh:46:58 add -> logits
-  meshc::gen::Buffer v107(4096);
+  meshc::gen::View v107 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({1, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v107[at[0]] = float(double(v106[at[1]]) + double(v6[at[2]]));
                          });
-  meshc::gen::release(v106);
 
   // bert.mesh:53:11 softmax -> probs
-  meshc::gen::Buffer v108(4096);
+  meshc::gen::View v108 = arena_.slot(0, 4096);
   meshc::gen::along(v108.data(), v107.data(), {1, 32}, {4096, 128}, {4096, 128}, {128}, {1}, {1},
                     meshc::gen::Along::Softmax, 1e-05, 128, nullptr);
 
   Outputs outputs;
-  outputs.logits = meshc::gen::Tensor{{1, 32, 128}, std::move(v107)};
-  outputs.probs = meshc::gen::Tensor{{1, 32, 128}, std::move(v108)};
+  outputs.logits = meshc::gen::Tensor{{1, 32, 128}, meshc::gen::Buffer(v107.begin(), v107.end())};
+  outputs.probs = meshc::gen::Tensor{{1, 32, 128}, meshc::gen::Buffer(v108.begin(), v108.end())};
   return outputs;
 }
 
@@ -925,6 +890,7 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
+  // Arena: 77824 bytes for 672812 bytes of temporaries (72 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {1, 32});
   meshc::gen::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   meshc::gen::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -959,29 +925,27 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v8 = param3_bert_output_bias;
 
   // bert.mesh:34:37 gather
-  meshc::gen::Buffer v9(2048);
+  meshc::gen::View v9 = arena_.slot(0, 2048);
   meshc::gen::gather(v9.data(), {1, 32, 64}, v5.data(), {0, 0, 1}, v0.data(), {32, 1, 0}, 128, 64,
                      0);
 
   // bert.mesh:34:76 add
-  meshc::gen::Buffer v10(2048);
+  meshc::gen::View v10 = arena_.slot(8192, 2048);
   meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 64, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v10[at[0]] = float(double(v9[at[1]]) + double(v6[at[2]]));
                          });
-  meshc::gen::release(v9);
 
   // bert.mesh:35:39 gather
-  meshc::gen::Buffer v11(2048);
+  meshc::gen::View v11 = arena_.slot(0, 2048);
   meshc::gen::gather(v11.data(), {1, 32, 64}, v7.data(), {0, 0, 1}, v1.data(), {32, 1, 0}, 2, 64,
                      0);
 
   // bert.mesh:35:37 add -> x
-  meshc::gen::Buffer v12(2048);
+  meshc::gen::View v12 = arena_.slot(16384, 2048);
   for (size_t i = 0; i < v12.size(); ++i) {
     v12[i] = float(double(v10[i]) + double(v11[i]));
   }
-  meshc::gen::release(v10, v11);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v13 = param4_bert_norm_gain;
@@ -990,60 +954,54 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v14 = param5_bert_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v15(2048);
+  meshc::gen::View v15 = arena_.slot(0, 2048);
   meshc::gen::along(v15.data(), v12.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v12);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::Buffer v17(2048);
+  meshc::gen::View v17 = arena_.slot(32768, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t16 = float(double(v15[at[1]]) * double(v13[at[2]]));
                            v17[at[0]] = float(double(t16) + double(v14[at[3]]));
                          });
-  meshc::gen::release(v15);
 
   // bert.mesh:40:26 rename
-  meshc::gen::Buffer v18 = v2;
+  meshc::gen::View v18 = arena_.copy(0, v2);
 
   // bert.mesh:40:21 cast -> key_is_real
-  meshc::gen::Buffer v19(32);
+  meshc::gen::View v19 = arena_.slot(4096, 32);
   for (size_t i = 0; i < v19.size(); ++i) {
     v19[i] = float(v18[i]);
   }
-  meshc::gen::release(v18);
 
   // bert.mesh:41:58 iota
-  meshc::gen::Buffer v20(32);
+  meshc::gen::View v20 = arena_.slot(0, 32);
   meshc::gen::iota(v20.data(), {32}, {1}, 0);
 
   // bert.mesh:41:71 literal
-  meshc::gen::Buffer v21(1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v21 = arena_.fill(128, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // bert.mesh:41:68 ge
   // bert.mesh:41:53 cast
-  meshc::gen::Buffer v23(32);
+  meshc::gen::View v23 = arena_.slot(4224, 32);
   meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
     float t22 = (v20[at[1]] >= v21[at[2]] ? 1.0f : 0.0f);
     v23[at[0]] = float(t22);
   });
-  meshc::gen::release(v20, v21);
 
   // bert.mesh:41:51 mul
-  meshc::gen::Buffer v24(1024);
+  meshc::gen::View v24 = arena_.slot(0, 1024);
   meshc::gen::forEach<3>({1, 32, 32}, {{{1024, 32, 1}, {32, 1, 0}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v24[at[0]] = float(double(v19[at[1]]) * double(v23[at[2]]));
                          });
-  meshc::gen::release(v19, v23);
 
   // bert.mesh:41:39 transpose -> allowed
-  meshc::gen::Buffer v25(1024);
+  meshc::gen::View v25 = arena_.slot(73728, 1024);
   meshc::gen::forEach<2>({1, 32, 32}, {{{1024, 32, 1}, {1024, 1, 32}}}, {},
                          [&](const std::array<int64_t, 2> &at) { v25[at[0]] = float(v24[at[1]]); });
-  meshc::gen::release(v24);
 
   // layers.mesh:31:9 param -> w_q
   const meshc::gen::Buffer &v26 = param6_bert_encoder_layer_0_attention_w_q;
@@ -1058,102 +1016,96 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v29 = param9_bert_encoder_layer_0_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::Buffer v30(2048);
+  meshc::gen::View v30 = arena_.slot(16384, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum30(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum30.run(v17.data(), v26.data(), v30.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::Buffer v31(2048);
+  meshc::gen::View v31 = arena_.slot(24576, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum31(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum31.run(v17.data(), v27.data(), v31.data());
 
   // layers.mesh:38:11 rename -> k
-  meshc::gen::Buffer v32 = std::move(v31);
+  meshc::gen::View v32 = v31;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::Buffer v33(2048);
+  meshc::gen::View v33 = arena_.slot(40960, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum33(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum33.run(v17.data(), v28.data(), v33.data());
 
   // layers.mesh:39:11 rename -> v
-  meshc::gen::Buffer v34 = std::move(v33);
+  meshc::gen::View v34 = v33;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::Buffer v35(4096);
+  meshc::gen::View v35 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum35(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum35.run(v30.data(), v32.data(), v35.data());
-  meshc::gen::release(v30, v32);
 
   // layers.mesh:41:57 literal
-  meshc::gen::Buffer v36(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v36 =
+      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::Buffer v37(4096);
+  meshc::gen::View v37 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({1, 4, 32, 32}, {{{4096, 1024, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v37[at[0]] = float(double(v35[at[1]]) * double(v36[at[2]]));
                          });
-  meshc::gen::release(v35, v36);
 
   // layers.mesh:43:41 literal
-  meshc::gen::Buffer v38(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v38 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::Buffer v39(1024);
+  meshc::gen::View v39 = arena_.slot(49152, 1024);
   meshc::gen::forEach<3>({1, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v39[at[0]] = (v25[at[1]] > v38[at[2]] ? 1.0f : 0.0f);
                          });
-  meshc::gen::release(v38);
 
   // layers.mesh:43:54 literal
-  meshc::gen::Buffer v40(1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  meshc::gen::View v40 =
+      arena_.fill(53248, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::Buffer v41(4096);
+  meshc::gen::View v41 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>(
       {1, 4, 32, 32}, {{{4096, 1024, 32, 1}, {1024, 0, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
         v41[at[0]] = float((v39[at[1]] != 0 ? v37[at[2]] : v40[at[3]]));
       });
-  meshc::gen::release(v39, v37, v40);
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::Buffer v42(4096);
+  meshc::gen::View v42 = arena_.slot(16384, 4096);
   meshc::gen::along(v42.data(), v41.data(), {1, 4, 32}, {4096, 1024, 32}, {4096, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-  meshc::gen::release(v41);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::Buffer v43(2048);
+  meshc::gen::View v43 = arena_.slot(0, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum43(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum43.run(v42.data(), v34.data(), v43.data());
-  meshc::gen::release(v42, v34);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::Buffer v44(2048);
+  meshc::gen::View v44 = arena_.slot(8192, 2048);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum44(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum44.run(v43.data(), v29.data(), v44.data());
-  meshc::gen::release(v43);
 
   // bert.mesh:20:18 add
-  meshc::gen::Buffer v45(2048);
+  meshc::gen::View v45 = arena_.slot(0, 2048);
   for (size_t i = 0; i < v45.size(); ++i) {
     v45[i] = float(double(v17[i]) + double(v44[i]));
   }
-  meshc::gen::release(v17, v44);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v46 = param10_bert_encoder_layer_0_norm_gain;
@@ -1162,20 +1114,18 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v47 = param11_bert_encoder_layer_0_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v48(2048);
+  meshc::gen::View v48 = arena_.slot(8192, 2048);
   meshc::gen::along(v48.data(), v45.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v45);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  meshc::gen::Buffer v50(2048);
+  meshc::gen::View v50 = arena_.slot(65536, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t49 = float(double(v48[at[1]]) * double(v46[at[2]]));
                            v50[at[0]] = float(double(t49) + double(v47[at[3]]));
                          });
-  meshc::gen::release(v48);
 
   // layers.mesh:50:9 param -> w_in
   const meshc::gen::Buffer &v51 = param12_bert_encoder_layer_0_ffn_w_in;
@@ -1190,7 +1140,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v54 = param15_bert_encoder_layer_0_ffn_b_out;
 
   // layers.mesh:54:16 einsum
-  meshc::gen::Buffer v55(8192);
+  meshc::gen::View v55 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum55(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -1198,16 +1148,15 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::Buffer v57(8192);
+  meshc::gen::View v57 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t56 = float(double(v55[at[1]]) + double(v52[at[2]]));
                            v57[at[0]] = float(meshc::gen::gelu(t56));
                          });
-  meshc::gen::release(v55);
 
   // layers.mesh:55:17 dropout
-  meshc::gen::Buffer v58(8192);
+  meshc::gen::View v58 = arena_.slot(0, 8192);
   meshc::gen::dropout(
       v58.data(), {1, 32, 256}, v57.data(), {8192, 256, 1}, {8192, 256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0, 0},
@@ -1215,25 +1164,22 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
       meshrt::streamKey(seed_, std::string("bert/encoder_layer[0]/ffn/dropout#0") + "#" +
                                    std::to_string(step)),
       0.1);
-  meshc::gen::release(v57);
 
   // layers.mesh:55:10 einsum
-  meshc::gen::Buffer v59(2048);
+  meshc::gen::View v59 = arena_.slot(32768, 2048);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum59(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum59.run(v58.data(), v53.data(), v59.data());
-  meshc::gen::release(v58);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
-  meshc::gen::Buffer v61(2048);
+  meshc::gen::View v61 = arena_.slot(0, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t60 = float(double(v59[at[1]]) + double(v54[at[2]]));
                            v61[at[0]] = float(double(v50[at[3]]) + double(t60));
                          });
-  meshc::gen::release(v59, v50);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v62 = param16_bert_encoder_layer_0_norm_1_gain;
@@ -1242,20 +1188,18 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v63 = param17_bert_encoder_layer_0_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v64(2048);
+  meshc::gen::View v64 = arena_.slot(8192, 2048);
   meshc::gen::along(v64.data(), v61.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v61);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::Buffer v66(2048);
+  meshc::gen::View v66 = arena_.slot(32768, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t65 = float(double(v64[at[1]]) * double(v62[at[2]]));
                            v66[at[0]] = float(double(t65) + double(v63[at[3]]));
                          });
-  meshc::gen::release(v64);
 
   // layers.mesh:31:9 param -> w_q
   const meshc::gen::Buffer &v67 = param18_bert_encoder_layer_1_attention_w_q;
@@ -1270,102 +1214,96 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v70 = param21_bert_encoder_layer_1_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::Buffer v71(2048);
+  meshc::gen::View v71 = arena_.slot(16384, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum71(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum71.run(v66.data(), v67.data(), v71.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::Buffer v72(2048);
+  meshc::gen::View v72 = arena_.slot(24576, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum72(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum72.run(v66.data(), v68.data(), v72.data());
 
   // layers.mesh:38:11 rename -> k
-  meshc::gen::Buffer v73 = std::move(v72);
+  meshc::gen::View v73 = v72;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::Buffer v74(2048);
+  meshc::gen::View v74 = arena_.slot(40960, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum74(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum74.run(v66.data(), v69.data(), v74.data());
 
   // layers.mesh:39:11 rename -> v
-  meshc::gen::Buffer v75 = std::move(v74);
+  meshc::gen::View v75 = v74;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::Buffer v76(4096);
+  meshc::gen::View v76 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum76(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum76.run(v71.data(), v73.data(), v76.data());
-  meshc::gen::release(v71, v73);
 
   // layers.mesh:41:57 literal
-  meshc::gen::Buffer v77(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v77 =
+      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::Buffer v78(4096);
+  meshc::gen::View v78 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({1, 4, 32, 32}, {{{4096, 1024, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v78[at[0]] = float(double(v76[at[1]]) * double(v77[at[2]]));
                          });
-  meshc::gen::release(v76, v77);
 
   // layers.mesh:43:41 literal
-  meshc::gen::Buffer v79(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v79 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::Buffer v80(1024);
+  meshc::gen::View v80 = arena_.slot(49152, 1024);
   meshc::gen::forEach<3>({1, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v80[at[0]] = (v25[at[1]] > v79[at[2]] ? 1.0f : 0.0f);
                          });
-  meshc::gen::release(v25, v79);
 
   // layers.mesh:43:54 literal
-  meshc::gen::Buffer v81(1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  meshc::gen::View v81 =
+      arena_.fill(53248, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::Buffer v82(4096);
+  meshc::gen::View v82 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>(
       {1, 4, 32, 32}, {{{4096, 1024, 32, 1}, {1024, 0, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
         v82[at[0]] = float((v80[at[1]] != 0 ? v78[at[2]] : v81[at[3]]));
       });
-  meshc::gen::release(v80, v78, v81);
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::Buffer v83(4096);
+  meshc::gen::View v83 = arena_.slot(16384, 4096);
   meshc::gen::along(v83.data(), v82.data(), {1, 4, 32}, {4096, 1024, 32}, {4096, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-  meshc::gen::release(v82);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::Buffer v84(2048);
+  meshc::gen::View v84 = arena_.slot(0, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum84(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum84.run(v83.data(), v75.data(), v84.data());
-  meshc::gen::release(v83, v75);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::Buffer v85(2048);
+  meshc::gen::View v85 = arena_.slot(8192, 2048);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum85(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum85.run(v84.data(), v70.data(), v85.data());
-  meshc::gen::release(v84);
 
   // bert.mesh:20:18 add
-  meshc::gen::Buffer v86(2048);
+  meshc::gen::View v86 = arena_.slot(0, 2048);
   for (size_t i = 0; i < v86.size(); ++i) {
     v86[i] = float(double(v66[i]) + double(v85[i]));
   }
-  meshc::gen::release(v66, v85);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v87 = param22_bert_encoder_layer_1_norm_gain;
@@ -1374,20 +1312,18 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v88 = param23_bert_encoder_layer_1_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v89(2048);
+  meshc::gen::View v89 = arena_.slot(8192, 2048);
   meshc::gen::along(v89.data(), v86.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v86);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  meshc::gen::Buffer v91(2048);
+  meshc::gen::View v91 = arena_.slot(65536, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t90 = float(double(v89[at[1]]) * double(v87[at[2]]));
                            v91[at[0]] = float(double(t90) + double(v88[at[3]]));
                          });
-  meshc::gen::release(v89);
 
   // layers.mesh:50:9 param -> w_in
   const meshc::gen::Buffer &v92 = param24_bert_encoder_layer_1_ffn_w_in;
@@ -1402,7 +1338,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v95 = param27_bert_encoder_layer_1_ffn_b_out;
 
   // layers.mesh:54:16 einsum
-  meshc::gen::Buffer v96(8192);
+  meshc::gen::View v96 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum96(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -1410,16 +1346,15 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::Buffer v98(8192);
+  meshc::gen::View v98 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t97 = float(double(v96[at[1]]) + double(v93[at[2]]));
                            v98[at[0]] = float(meshc::gen::gelu(t97));
                          });
-  meshc::gen::release(v96);
 
   // layers.mesh:55:17 dropout
-  meshc::gen::Buffer v99(8192);
+  meshc::gen::View v99 = arena_.slot(0, 8192);
   meshc::gen::dropout(
       v99.data(), {1, 32, 256}, v98.data(), {8192, 256, 1}, {8192, 256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0, 0},
@@ -1427,25 +1362,22 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
       meshrt::streamKey(seed_, std::string("bert/encoder_layer[1]/ffn/dropout#0") + "#" +
                                    std::to_string(step)),
       0.1);
-  meshc::gen::release(v98);
 
   // layers.mesh:55:10 einsum
-  meshc::gen::Buffer v100(2048);
+  meshc::gen::View v100 = arena_.slot(32768, 2048);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum100(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum100.run(v99.data(), v94.data(), v100.data());
-  meshc::gen::release(v99);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
-  meshc::gen::Buffer v102(2048);
+  meshc::gen::View v102 = arena_.slot(0, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t101 = float(double(v100[at[1]]) + double(v95[at[2]]));
                            v102[at[0]] = float(double(v91[at[3]]) + double(t101));
                          });
-  meshc::gen::release(v100, v91);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v103 = param28_bert_encoder_layer_1_norm_1_gain;
@@ -1454,117 +1386,105 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v104 = param29_bert_encoder_layer_1_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v105(2048);
+  meshc::gen::View v105 = arena_.slot(8192, 2048);
   meshc::gen::along(v105.data(), v102.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v102);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::Buffer v107(2048);
+  meshc::gen::View v107 = arena_.slot(16384, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t106 = float(double(v105[at[1]]) * double(v103[at[2]]));
                            v107[at[0]] = float(double(t106) + double(v104[at[3]]));
                          });
-  meshc::gen::release(v105);
 
   // bert.mesh:46:10 einsum
-  meshc::gen::Buffer v108(4096);
+  meshc::gen::View v108 = arena_.slot(0, 4096);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsum108(
       {{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsum108.run(v107.data(), v5.data(), v108.data());
-  meshc::gen::release(v107);
 
   // bert.mesh:46:58 add
-  meshc::gen::Buffer v109(4096);
+  meshc::gen::View v109 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({1, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v109[at[0]] = float(double(v108[at[1]]) + double(v8[at[2]]));
                          });
-  meshc::gen::release(v108);
 
   // bert.mesh:60:14 log_softmax -> logp
-  meshc::gen::Buffer v110(4096);
+  meshc::gen::View v110 = arena_.slot(0, 4096);
   meshc::gen::along(v110.data(), v109.data(), {1, 32}, {4096, 128}, {4096, 128}, {128}, {1}, {1},
                     meshc::gen::Along::LogSoftmax, 1e-05, 128, nullptr);
-  meshc::gen::release(v109);
 
   // bert.mesh:61:32 one_hot
-  meshc::gen::Buffer v111(4096);
+  meshc::gen::View v111 = arena_.slot(16384, 4096);
   meshc::gen::oneHot(v111.data(), {1, 32, 128}, v4.data(), {32, 1, 0}, {0, 0, 1}, 0);
 
   // bert.mesh:61:30 mul
-  meshc::gen::Buffer v112(4096);
+  meshc::gen::View v112 = arena_.slot(32768, 4096);
   for (size_t i = 0; i < v112.size(); ++i) {
     v112[i] = float(double(v110[i]) * double(v111[i]));
   }
-  meshc::gen::release(v110, v111);
 
   // bert.mesh:61:21 sum
-  meshc::gen::Buffer v113(32);
+  meshc::gen::View v113 = arena_.slot(0, 32);
   meshc::gen::reduce(v113.data(), {1, 32}, v112.data(), {4096, 128}, {128}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v112);
 
   // bert.mesh:61:20 neg -> token_loss
-  meshc::gen::Buffer v114(32);
+  meshc::gen::View v114 = arena_.slot(128, 32);
   for (size_t i = 0; i < v114.size(); ++i) {
     v114[i] = float(-v113[i]);
   }
-  meshc::gen::release(v113);
 
   // bert.mesh:62:28 mul
   // bert.mesh:62:16 cast -> weight
-  meshc::gen::Buffer v116(32);
+  meshc::gen::View v116 = arena_.slot(0, 32);
   for (size_t i = 0; i < v116.size(); ++i) {
     float t115 = meshc::gen::wrapI32(double(double(v3[i]) * double(v2[i])));
     v116[i] = float(t115);
   }
 
   // bert.mesh:64:29 mul
-  meshc::gen::Buffer v117(32);
+  meshc::gen::View v117 = arena_.slot(256, 32);
   for (size_t i = 0; i < v117.size(); ++i) {
     v117[i] = float(double(v114[i]) * double(v116[i]));
   }
-  meshc::gen::release(v114);
 
   // bert.mesh:64:14 sum
-  meshc::gen::Buffer v118(1);
+  meshc::gen::View v118 = arena_.slot(128, 1);
   meshc::gen::reduce(v118.data(), {}, v117.data(), {}, {1, 32}, {32, 1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v117);
 
   // bert.mesh:64:42 sum
-  meshc::gen::Buffer v119(1);
+  meshc::gen::View v119 = arena_.slot(192, 1);
   meshc::gen::reduce(v119.data(), {}, v116.data(), {}, {1, 32}, {32, 1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v116);
 
   // bert.mesh:64:56 literal
-  meshc::gen::Buffer v120(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-06));
+  meshc::gen::View v120 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-06));
 
   // bert.mesh:64:54 all_reduce_sum (resolve the partial sum of %119 over data, model for add at
   // 64:54)
-  meshc::gen::Buffer v121 = std::move(v119);
+  meshc::gen::View v121 = v119;
   group_data_model.allReduce(v121.data(), v121.size(), meshrt::ReduceOp::Sum);
 
   // bert.mesh:64:54 add
   // bert.mesh:64:39 div -> loss
-  meshc::gen::Buffer v123(1);
+  meshc::gen::View v123 = arena_.slot(64, 1);
   for (size_t i = 0; i < v123.size(); ++i) {
     float t122 = float(double(v121[i]) + double(v120[i]));
     v123[i] = float(double(v118[i]) / double(t122));
   }
-  meshc::gen::release(v121, v120, v118);
 
   // bert.mesh:65:3 all_reduce_sum -> loss (resolve output 'loss')
-  meshc::gen::Buffer v124 = std::move(v123);
+  meshc::gen::View v124 = v123;
   group_data_model.allReduce(v124.data(), v124.size(), meshrt::ReduceOp::Sum);
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, std::move(v124)};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v124.begin(), v124.end())};
   return outputs;
 }
 

@@ -39,6 +39,11 @@ public:
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
 
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 77824;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 573980;
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -119,6 +124,7 @@ private:
                                                                // [d_model] local {64}
   meshc::gen::Buffer param29_bert_encoder_layer_1_norm_1_bias; // bert/encoder_layer[1]/norm#1/bias:
                                                                // [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes};                       // run()'s temporaries
 };
 
 /// The train block `mlm_train` of bert.mesh, planned for the mesh [data=2, model=2] with layout
@@ -151,6 +157,11 @@ public:
   /// Runs on this rank's shards (a collective call: every rank of the mesh calls it).
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
+
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 77824;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 672812;
 
   /// The training step: keys the dropout masks (forward only: autodiff comes later).
   uint64_t step = 0;
@@ -236,6 +247,7 @@ private:
                                                                // [d_model] local {64}
   meshc::gen::Buffer param29_bert_encoder_layer_1_norm_1_bias; // bert/encoder_layer[1]/norm#1/bias:
                                                                // [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes};                       // run()'s temporaries
 };
 
 } // namespace meshc_generated

@@ -34,6 +34,7 @@ Mlp::Mlp(meshrt::Communicator &world, uint64_t seed)
 }
 
 Mlp::Outputs Mlp::run(const Inputs &inputs) {
+  // Arena: 16384 bytes for 24576 bytes of temporaries (4 slots, placed by liveness).
   meshc::gen::checkShape("input", "x", inputs.x, {16, 64});
 
   // mlp.mesh:33:13 input -> x
@@ -49,7 +50,7 @@ Mlp::Outputs Mlp::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v3 = param2_ffn_w_out;
 
   // mlp.mesh:27:16 einsum
-  meshc::gen::Buffer v4(2048);
+  meshc::gen::View v4 = arena_.slot(0, 2048);
   // dims: batch, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum4(
       {{16, 64, 128}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
@@ -57,39 +58,36 @@ Mlp::Outputs Mlp::run(const Inputs &inputs) {
 
   // mlp.mesh:27:47 add
   // mlp.mesh:27:11 relu -> h
-  meshc::gen::Buffer v6(2048);
+  meshc::gen::View v6 = arena_.slot(8192, 2048);
   meshc::gen::forEach<3>({16, 128}, {{{128, 1}, {128, 1}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t5 = float(double(v4[at[1]]) + double(v2[at[2]]));
                            v6[at[0]] = float((t5 > 0 ? t5 : 0.0f));
                          });
-  meshc::gen::release(v4);
 
   // mlp.mesh:29:17 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v7 = std::move(v6);
+  meshc::gen::View v7 = v6;
 
   // mlp.mesh:29:10 einsum
-  meshc::gen::Buffer v8(1024);
+  meshc::gen::View v8 = arena_.slot(0, 1024);
   // dims: batch, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum8(
       {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
   einsum8.run(v7.data(), v3.data(), v8.data());
-  meshc::gen::release(v7);
 
   // mlp.mesh:34:9 all_reduce_sum (resolve the partial sum of %8 over model for add at 34:9)
-  meshc::gen::Buffer v9 = std::move(v8);
+  meshc::gen::View v9 = v8;
   group_model.allReduce(v9.data(), v9.size(), meshrt::ReduceOp::Sum);
 
   // mlp.mesh:34:9 add -> y
-  meshc::gen::Buffer v10(1024);
+  meshc::gen::View v10 = arena_.slot(4096, 1024);
   for (size_t i = 0; i < v10.size(); ++i) {
     v10[i] = float(double(v0[i]) + double(v9[i]));
   }
-  meshc::gen::release(v9);
 
   Outputs outputs;
-  outputs.y = meshc::gen::Tensor{{16, 64}, std::move(v10)};
+  outputs.y = meshc::gen::Tensor{{16, 64}, meshc::gen::Buffer(v10.begin(), v10.end())};
   return outputs;
 }
 
@@ -161,6 +159,7 @@ MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
+  // Arena: 20480 bytes for 40964 bytes of temporaries (8 slots, placed by liveness).
   meshc::gen::checkShape("input", "x", inputs.x, {16, 64});
   meshc::gen::checkShape("input", "target", inputs.target, {16, 64});
 
@@ -171,7 +170,7 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v1 = inputs.target.data;
 
   // mlp.mesh:40:19 random_normal
-  meshc::gen::Buffer v2(1024);
+  meshc::gen::View v2 = arena_.slot(0, 1024);
   meshc::gen::fillRandom(
       v2, {16, 64}, {64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16), 0}, {64, 1}),
@@ -179,11 +178,10 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
       meshc::gen::DType::F32);
 
   // mlp.mesh:40:17 add -> noisy
-  meshc::gen::Buffer v3(1024);
+  meshc::gen::View v3 = arena_.slot(16384, 1024);
   for (size_t i = 0; i < v3.size(); ++i) {
     v3[i] = float(double(v0[i]) + double(v2[i]));
   }
-  meshc::gen::release(v2);
 
   // mlp.mesh:22:9 param -> w_in
   const meshc::gen::Buffer &v4 = param0_ffn_w_in;
@@ -195,7 +193,7 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v6 = param2_ffn_w_out;
 
   // mlp.mesh:27:16 einsum
-  meshc::gen::Buffer v7(2048);
+  meshc::gen::View v7 = arena_.slot(0, 2048);
   // dims: batch, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum7(
       {{16, 64, 128}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
@@ -203,59 +201,54 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
 
   // mlp.mesh:27:47 add
   // mlp.mesh:27:11 relu -> h
-  meshc::gen::Buffer v9(2048);
+  meshc::gen::View v9 = arena_.slot(8192, 2048);
   meshc::gen::forEach<3>({16, 128}, {{{128, 1}, {128, 1}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t8 = float(double(v7[at[1]]) + double(v5[at[2]]));
                            v9[at[0]] = float((t8 > 0 ? t8 : 0.0f));
                          });
-  meshc::gen::release(v7);
 
   // mlp.mesh:29:17 dropout
-  meshc::gen::Buffer v10(2048);
+  meshc::gen::View v10 = arena_.slot(0, 2048);
   meshc::gen::dropout(
       v10.data(), {16, 128}, v9.data(), {128, 1}, {256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16),
                               meshc::gen::shardStart(world_, {"model"}, 128)},
                              {256, 1}),
       meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step)), 0.1);
-  meshc::gen::release(v9);
 
   // mlp.mesh:29:10 einsum
-  meshc::gen::Buffer v11(1024);
+  meshc::gen::View v11 = arena_.slot(8192, 1024);
   // dims: batch, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum11(
       {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
   einsum11.run(v10.data(), v6.data(), v11.data());
-  meshc::gen::release(v10);
 
   // mlp.mesh:41:32 all_reduce_sum (resolve the partial sum of %11 over model for add at 41:32)
-  meshc::gen::Buffer v12 = std::move(v11);
+  meshc::gen::View v12 = v11;
   group_model.allReduce(v12.data(), v12.size(), meshrt::ReduceOp::Sum);
 
   // mlp.mesh:41:32 add
   // mlp.mesh:41:45 sub
   // mlp.mesh:41:19 square
-  meshc::gen::Buffer v15(1024);
+  meshc::gen::View v15 = arena_.slot(0, 1024);
   for (size_t i = 0; i < v15.size(); ++i) {
     float t13 = float(double(v3[i]) + double(v12[i]));
     float t14 = float(double(t13) - double(v1[i]));
     v15[i] = float(double(t14) * double(t14));
   }
-  meshc::gen::release(v3, v12);
 
   // mlp.mesh:41:14 mean -> loss
-  meshc::gen::Buffer v16(1);
+  meshc::gen::View v16 = arena_.slot(4096, 1);
   meshc::gen::reduce(v16.data(), {}, v15.data(), {}, {16, 64}, {64, 1}, meshc::gen::Reduce::Sum,
                      0.00048828125);
-  meshc::gen::release(v15);
 
   // mlp.mesh:42:3 all_reduce_sum -> loss (resolve output 'loss')
-  meshc::gen::Buffer v17 = std::move(v16);
+  meshc::gen::View v17 = v16;
   group_data.allReduce(v17.data(), v17.size(), meshrt::ReduceOp::Sum);
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, std::move(v17)};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v17.begin(), v17.end())};
   return outputs;
 }
 

@@ -36,6 +36,11 @@ public:
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
 
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 16384;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 24576;
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -51,10 +56,11 @@ public:
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_model;   // the ranks along model
-  meshc::gen::Buffer param0_ffn_w_in;  // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param1_ffn_b_in;  // ffn/b_in: [d_ff:[model]] local {128}
-  meshc::gen::Buffer param2_ffn_w_out; // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
+  meshrt::Communicator &group_model;     // the ranks along model
+  meshc::gen::Buffer param0_ffn_w_in;    // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
+  meshc::gen::Buffer param1_ffn_b_in;    // ffn/b_in: [d_ff:[model]] local {128}
+  meshc::gen::Buffer param2_ffn_w_out;   // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
+  meshc::gen::Arena arena_{kArenaBytes}; // run()'s temporaries
 };
 
 /// The train block `mlp_train` of mlp.mesh, planned for the mesh [data=2, model=2] with layout
@@ -85,6 +91,11 @@ public:
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
 
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 20480;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 40964;
+
   /// The training step: keys the dropout masks (forward only: autodiff comes later).
   uint64_t step = 0;
 
@@ -103,11 +114,12 @@ public:
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_data;    // the ranks along data
-  meshrt::Communicator &group_model;   // the ranks along model
-  meshc::gen::Buffer param0_ffn_w_in;  // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param1_ffn_b_in;  // ffn/b_in: [d_ff:[model]] local {128}
-  meshc::gen::Buffer param2_ffn_w_out; // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
+  meshrt::Communicator &group_data;      // the ranks along data
+  meshrt::Communicator &group_model;     // the ranks along model
+  meshc::gen::Buffer param0_ffn_w_in;    // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
+  meshc::gen::Buffer param1_ffn_b_in;    // ffn/b_in: [d_ff:[model]] local {128}
+  meshc::gen::Buffer param2_ffn_w_out;   // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
+  meshc::gen::Arena arena_{kArenaBytes}; // run()'s temporaries
 };
 
 } // namespace meshc_generated

@@ -68,6 +68,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
 }
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
+  // Arena: 99072 bytes for 491552 bytes of temporaries (76 slots, placed by liveness).
   meshc::gen::checkShape("input", "x", inputs.x, {1, 64, 32});
 
   // moe.mesh:94:13 input -> x
@@ -80,35 +81,33 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v2 = param1_norm_0_bias;
 
   // moe.mesh:26:10 layer_norm
-  meshc::gen::Buffer v3(2048);
+  meshc::gen::View v3 = arena_.slot(0, 2048);
   meshc::gen::along(v3.data(), v0.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  meshc::gen::Buffer v5(2048);
+  meshc::gen::View v5 = arena_.slot(81920, 2048);
   meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t4 = float(double(v3[at[1]]) * double(v1[at[2]]));
                            v5[at[0]] = float(double(t4) + double(v2[at[3]]));
                          });
-  meshc::gen::release(v3);
 
   // moe.mesh:31:9 param -> w_gate
   const meshc::gen::Buffer &v6 = param2_route_0_w_gate;
 
   // moe.mesh:32:18 einsum
-  meshc::gen::Buffer v7(128);
+  meshc::gen::View v7 = arena_.slot(0, 128);
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsum7(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum7.run(v5.data(), v6.data(), v7.data());
 
   // moe.mesh:32:10 softmax
-  meshc::gen::Buffer v8(128);
+  meshc::gen::View v8 = arena_.slot(512, 128);
   meshc::gen::along(v8.data(), v7.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
                     meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
-  meshc::gen::release(v7);
 
   // moe.mesh:45:9 param -> w_in
   const meshc::gen::Buffer &v9 = param3_experts_ffn_0_w_in;
@@ -117,7 +116,7 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v10 = param4_experts_ffn_0_w_out;
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v11(64);
+  meshc::gen::View v11 = arena_.slot(0, 64);
   meshc::gen::reduce(v11.data(), {1, 64}, v8.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -126,29 +125,27 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::Buffer v13(128);
+  meshc::gen::View v13 = arena_.slot(40960, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t12 = (v8[at[1]] >= v11[at[2]] ? 1.0f : 0.0f);
                            v13[at[0]] = float(t12);
                          });
-  meshc::gen::release(v11);
 
   // moe.mesh:50:28 literal
-  meshc::gen::Buffer v14(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  meshc::gen::View v14 = arena_.fill(1024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
 
   // moe.mesh:50:32 sub
   // moe.mesh:50:25 mul -> remaining
-  meshc::gen::Buffer v16(128);
+  meshc::gen::View v16 = arena_.slot(0, 128);
   meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}, {128, 2, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t15 = float(double(v14[at[1]]) - double(v13[at[2]]));
                            v16[at[0]] = float(double(v8[at[3]]) * double(t15));
                          });
-  meshc::gen::release(v14);
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v17(64);
+  meshc::gen::View v17 = arena_.slot(1024, 64);
   meshc::gen::reduce(v17.data(), {1, 64}, v16.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -157,221 +154,198 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask2
-  meshc::gen::Buffer v19(128);
+  meshc::gen::View v19 = arena_.slot(61440, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t18 = (v16[at[1]] >= v17[at[2]] ? 1.0f : 0.0f);
                            v19[at[0]] = float(t18);
                          });
-  meshc::gen::release(v17);
 
   // moe.mesh:53:25 mul
-  meshc::gen::Buffer v20(128);
+  meshc::gen::View v20 = arena_.slot(1024, 128);
   for (size_t i = 0; i < v20.size(); ++i) {
     v20[i] = float(double(v8[i]) * double(v13[i]));
   }
-  meshc::gen::release(v8);
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::Buffer v21(64);
+  meshc::gen::View v21 = arena_.slot(61952, 64);
   meshc::gen::reduce(v21.data(), {1, 64}, v20.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v20);
 
   // moe.mesh:54:29 mul
-  meshc::gen::Buffer v22(128);
+  meshc::gen::View v22 = arena_.slot(512, 128);
   for (size_t i = 0; i < v22.size(); ++i) {
     v22[i] = float(double(v16[i]) * double(v19[i]));
   }
-  meshc::gen::release(v16);
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::Buffer v23(64);
+  meshc::gen::View v23 = arena_.slot(90112, 64);
   meshc::gen::reduce(v23.data(), {1, 64}, v22.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v22);
 
   // moe.mesh:55:29 add
-  meshc::gen::Buffer v24(64);
+  meshc::gen::View v24 = arena_.slot(0, 64);
   for (size_t i = 0; i < v24.size(); ++i) {
     v24[i] = float(double(v21[i]) + double(v23[i]));
   }
 
   // moe.mesh:55:38 literal
-  meshc::gen::Buffer v25(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
+  meshc::gen::View v25 = arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %24 over model for maximum at 55:15)
-  meshc::gen::Buffer v26 = std::move(v24);
+  meshc::gen::View v26 = v24;
   group_model.allReduce(v26.data(), v26.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:55:15 maximum -> total
-  meshc::gen::Buffer v27(64);
+  meshc::gen::View v27 = arena_.slot(90368, 64);
   meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v27[at[0]] = float(meshc::gen::maximum(v26[at[1]], v25[at[2]]));
                          });
-  meshc::gen::release(v26, v25);
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::Buffer v28(128);
+  meshc::gen::View v28 = arena_.slot(0, 128);
   meshc::gen::along(v28.data(), v13.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::Buffer v29(128);
+  meshc::gen::View v29 = arena_.slot(20480, 128);
   for (size_t i = 0; i < v29.size(); ++i) {
     v29[i] = meshc::gen::castToI32(v28[i]);
   }
-  meshc::gen::release(v28);
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::Buffer v30(5120);
+  meshc::gen::View v30 = arena_.slot(0, 5120);
   meshc::gen::oneHot(v30.data(), {1, 64, 2, 40}, v29.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
-  meshc::gen::release(v29);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::Buffer v31(5120);
+  meshc::gen::View v31 = arena_.slot(20480, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v31[at[0]] = float(double(v30[at[1]]) * double(v13[at[2]]));
                          });
-  meshc::gen::release(v30, v13);
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::Buffer v32(128);
+  meshc::gen::View v32 = arena_.slot(0, 128);
   meshc::gen::reduce(v32.data(), {1, 64, 2}, v31.data(), {5120, 80, 40}, {40}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::Buffer v33(128);
+  meshc::gen::View v33 = arena_.slot(512, 128);
   meshc::gen::along(v33.data(), v19.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::Buffer v34(2);
+  meshc::gen::View v34 = arena_.slot(1024, 2);
   meshc::gen::reduce(v34.data(), {1, 2}, v32.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v32);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::Buffer v36(128);
+  meshc::gen::View v36 = arena_.slot(40960, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t35 = float(double(v33[at[1]]) + double(v34[at[2]]));
                            v36[at[0]] = meshc::gen::castToI32(t35);
                          });
-  meshc::gen::release(v33, v34);
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::Buffer v37(5120);
+  meshc::gen::View v37 = arena_.slot(0, 5120);
   meshc::gen::oneHot(v37.data(), {1, 64, 2, 40}, v36.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
-  meshc::gen::release(v36);
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::Buffer v38(5120);
+  meshc::gen::View v38 = arena_.slot(40960, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v38[at[0]] = float(double(v37[at[1]]) * double(v19[at[2]]));
                          });
-  meshc::gen::release(v37, v19);
 
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::Buffer v39(5120);
+  meshc::gen::View v39 = arena_.slot(0, 5120);
   for (size_t i = 0; i < v39.size(); ++i) {
     v39[i] = float(double(v31[i]) + double(v38[i]));
   }
 
   // moe.mesh:69:36 div
-  meshc::gen::Buffer v40(64);
+  meshc::gen::View v40 = arena_.slot(90624, 64);
   for (size_t i = 0; i < v40.size(); ++i) {
     v40[i] = float(double(v21[i]) / double(v27[i]));
   }
-  meshc::gen::release(v21);
 
   // moe.mesh:69:27 all_reduce_sum (resolve the partial sum of %39 over model for mul at 69:27)
-  meshc::gen::Buffer v41 = std::move(v40);
+  meshc::gen::View v41 = v40;
   group_model.allReduce(v41.data(), v41.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:27 mul
-  meshc::gen::Buffer v42(5120);
+  meshc::gen::View v42 = arena_.slot(61440, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v42[at[0]] = float(double(v31[at[1]]) * double(v41[at[2]]));
                          });
-  meshc::gen::release(v31, v41);
 
   // moe.mesh:69:66 div
-  meshc::gen::Buffer v43(64);
+  meshc::gen::View v43 = arena_.slot(90624, 64);
   for (size_t i = 0; i < v43.size(); ++i) {
     v43[i] = float(double(v23[i]) / double(v27[i]));
   }
-  meshc::gen::release(v23, v27);
 
   // moe.mesh:69:57 all_reduce_sum (resolve the partial sum of %41 over model for mul at 69:57)
-  meshc::gen::Buffer v44 = std::move(v43);
+  meshc::gen::View v44 = v43;
   group_model.allReduce(v44.data(), v44.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:57 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::Buffer v46(5120);
+  meshc::gen::View v46 = arena_.slot(20480, 5120);
   meshc::gen::forEach<4>({1, 64, 2, 40},
                          {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t45 = float(double(v38[at[1]]) * double(v44[at[2]]));
                            v46[at[0]] = float(double(v42[at[3]]) + double(t45));
                          });
-  meshc::gen::release(v38, v44, v42);
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::Buffer v47(2560);
+  meshc::gen::View v47 = arena_.slot(40960, 2560);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum47(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsum47.run(v39.data(), v5.data(), v47.data());
-  meshc::gen::release(v39, v5);
 
   // moe.mesh:75:21 einsum
-  meshc::gen::Buffer v48(5120);
+  meshc::gen::View v48 = arena_.slot(0, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum48(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum48.run(v47.data(), v9.data(), v48.data());
-  meshc::gen::release(v47);
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::Buffer v49(5120);
+  meshc::gen::View v49 = arena_.slot(40960, 5120);
   for (size_t i = 0; i < v49.size(); ++i) {
     v49[i] = float((v48[i] > 0 ? v48[i] : 0.0f));
   }
-  meshc::gen::release(v48);
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::Buffer v50(2560);
+  meshc::gen::View v50 = arena_.slot(0, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum50(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum50.run(v49.data(), v10.data(), v50.data());
-  meshc::gen::release(v49);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::Buffer v51(2048);
+  meshc::gen::View v51 = arena_.slot(10240, 2048);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum51(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum51.run(v46.data(), v50.data(), v51.data());
-  meshc::gen::release(v46, v50);
 
   // moe.mesh:98:11 all_reduce_sum (resolve the partial sum of %48 over model for add at 98:11)
-  meshc::gen::Buffer v52 = std::move(v51);
+  meshc::gen::View v52 = v51;
   group_model.allReduce(v52.data(), v52.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:98:11 add -> h
-  meshc::gen::Buffer v53(2048);
+  meshc::gen::View v53 = arena_.slot(81920, 2048);
   for (size_t i = 0; i < v53.size(); ++i) {
     v53[i] = float(double(v0[i]) + double(v52[i]));
   }
-  meshc::gen::release(v52);
 
   // moe.mesh:24:9 param -> gain
   const meshc::gen::Buffer &v54 = param5_norm_1_gain;
@@ -380,35 +354,33 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v55 = param6_norm_1_bias;
 
   // moe.mesh:26:10 layer_norm
-  meshc::gen::Buffer v56(2048);
+  meshc::gen::View v56 = arena_.slot(0, 2048);
   meshc::gen::along(v56.data(), v53.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  meshc::gen::Buffer v58(2048);
+  meshc::gen::View v58 = arena_.slot(90112, 2048);
   meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t57 = float(double(v56[at[1]]) * double(v54[at[2]]));
                            v58[at[0]] = float(double(t57) + double(v55[at[3]]));
                          });
-  meshc::gen::release(v56);
 
   // moe.mesh:31:9 param -> w_gate
   const meshc::gen::Buffer &v59 = param7_route_1_w_gate;
 
   // moe.mesh:32:18 einsum
-  meshc::gen::Buffer v60(128);
+  meshc::gen::View v60 = arena_.slot(0, 128);
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsum60(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum60.run(v58.data(), v59.data(), v60.data());
 
   // moe.mesh:32:10 softmax
-  meshc::gen::Buffer v61(128);
+  meshc::gen::View v61 = arena_.slot(512, 128);
   meshc::gen::along(v61.data(), v60.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
                     meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
-  meshc::gen::release(v60);
 
   // moe.mesh:45:9 param -> w_in
   const meshc::gen::Buffer &v62 = param8_experts_ffn_1_w_in;
@@ -417,7 +389,7 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v63 = param9_experts_ffn_1_w_out;
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v64(64);
+  meshc::gen::View v64 = arena_.slot(0, 64);
   meshc::gen::reduce(v64.data(), {1, 64}, v61.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -426,29 +398,27 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::Buffer v66(128);
+  meshc::gen::View v66 = arena_.slot(40960, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t65 = (v61[at[1]] >= v64[at[2]] ? 1.0f : 0.0f);
                            v66[at[0]] = float(t65);
                          });
-  meshc::gen::release(v64);
 
   // moe.mesh:50:28 literal
-  meshc::gen::Buffer v67(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  meshc::gen::View v67 = arena_.fill(1024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
 
   // moe.mesh:50:32 sub
   // moe.mesh:50:25 mul -> remaining
-  meshc::gen::Buffer v69(128);
+  meshc::gen::View v69 = arena_.slot(0, 128);
   meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}, {128, 2, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t68 = float(double(v67[at[1]]) - double(v66[at[2]]));
                            v69[at[0]] = float(double(v61[at[3]]) * double(t68));
                          });
-  meshc::gen::release(v67);
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v70(64);
+  meshc::gen::View v70 = arena_.slot(1024, 64);
   meshc::gen::reduce(v70.data(), {1, 64}, v69.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -457,224 +427,201 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask2
-  meshc::gen::Buffer v72(128);
+  meshc::gen::View v72 = arena_.slot(61440, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t71 = (v69[at[1]] >= v70[at[2]] ? 1.0f : 0.0f);
                            v72[at[0]] = float(t71);
                          });
-  meshc::gen::release(v70);
 
   // moe.mesh:53:25 mul
-  meshc::gen::Buffer v73(128);
+  meshc::gen::View v73 = arena_.slot(1024, 128);
   for (size_t i = 0; i < v73.size(); ++i) {
     v73[i] = float(double(v61[i]) * double(v66[i]));
   }
-  meshc::gen::release(v61);
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::Buffer v74(64);
+  meshc::gen::View v74 = arena_.slot(61952, 64);
   meshc::gen::reduce(v74.data(), {1, 64}, v73.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v73);
 
   // moe.mesh:54:29 mul
-  meshc::gen::Buffer v75(128);
+  meshc::gen::View v75 = arena_.slot(512, 128);
   for (size_t i = 0; i < v75.size(); ++i) {
     v75[i] = float(double(v69[i]) * double(v72[i]));
   }
-  meshc::gen::release(v69);
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::Buffer v76(64);
+  meshc::gen::View v76 = arena_.slot(98304, 64);
   meshc::gen::reduce(v76.data(), {1, 64}, v75.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v75);
 
   // moe.mesh:55:29 add
-  meshc::gen::Buffer v77(64);
+  meshc::gen::View v77 = arena_.slot(0, 64);
   for (size_t i = 0; i < v77.size(); ++i) {
     v77[i] = float(double(v74[i]) + double(v76[i]));
   }
 
   // moe.mesh:55:38 literal
-  meshc::gen::Buffer v78(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
+  meshc::gen::View v78 = arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %73 over model for maximum at 55:15)
-  meshc::gen::Buffer v79 = std::move(v77);
+  meshc::gen::View v79 = v77;
   group_model.allReduce(v79.data(), v79.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:55:15 maximum -> total
-  meshc::gen::Buffer v80(64);
+  meshc::gen::View v80 = arena_.slot(98560, 64);
   meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v80[at[0]] = float(meshc::gen::maximum(v79[at[1]], v78[at[2]]));
                          });
-  meshc::gen::release(v79, v78);
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::Buffer v81(128);
+  meshc::gen::View v81 = arena_.slot(0, 128);
   meshc::gen::along(v81.data(), v66.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::Buffer v82(128);
+  meshc::gen::View v82 = arena_.slot(20480, 128);
   for (size_t i = 0; i < v82.size(); ++i) {
     v82[i] = meshc::gen::castToI32(v81[i]);
   }
-  meshc::gen::release(v81);
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::Buffer v83(5120);
+  meshc::gen::View v83 = arena_.slot(0, 5120);
   meshc::gen::oneHot(v83.data(), {1, 64, 2, 40}, v82.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
-  meshc::gen::release(v82);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::Buffer v84(5120);
+  meshc::gen::View v84 = arena_.slot(20480, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v84[at[0]] = float(double(v83[at[1]]) * double(v66[at[2]]));
                          });
-  meshc::gen::release(v83, v66);
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::Buffer v85(128);
+  meshc::gen::View v85 = arena_.slot(0, 128);
   meshc::gen::reduce(v85.data(), {1, 64, 2}, v84.data(), {5120, 80, 40}, {40}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::Buffer v86(128);
+  meshc::gen::View v86 = arena_.slot(512, 128);
   meshc::gen::along(v86.data(), v72.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::Buffer v87(2);
+  meshc::gen::View v87 = arena_.slot(1024, 2);
   meshc::gen::reduce(v87.data(), {1, 2}, v85.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v85);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::Buffer v89(128);
+  meshc::gen::View v89 = arena_.slot(40960, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t88 = float(double(v86[at[1]]) + double(v87[at[2]]));
                            v89[at[0]] = meshc::gen::castToI32(t88);
                          });
-  meshc::gen::release(v86, v87);
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::Buffer v90(5120);
+  meshc::gen::View v90 = arena_.slot(0, 5120);
   meshc::gen::oneHot(v90.data(), {1, 64, 2, 40}, v89.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
-  meshc::gen::release(v89);
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::Buffer v91(5120);
+  meshc::gen::View v91 = arena_.slot(40960, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v91[at[0]] = float(double(v90[at[1]]) * double(v72[at[2]]));
                          });
-  meshc::gen::release(v90, v72);
 
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::Buffer v92(5120);
+  meshc::gen::View v92 = arena_.slot(0, 5120);
   for (size_t i = 0; i < v92.size(); ++i) {
     v92[i] = float(double(v84[i]) + double(v91[i]));
   }
 
   // moe.mesh:69:36 div
-  meshc::gen::Buffer v93(64);
+  meshc::gen::View v93 = arena_.slot(98816, 64);
   for (size_t i = 0; i < v93.size(); ++i) {
     v93[i] = float(double(v74[i]) / double(v80[i]));
   }
-  meshc::gen::release(v74);
 
   // moe.mesh:69:27 all_reduce_sum (resolve the partial sum of %88 over model for mul at 69:27)
-  meshc::gen::Buffer v94 = std::move(v93);
+  meshc::gen::View v94 = v93;
   group_model.allReduce(v94.data(), v94.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:27 mul
-  meshc::gen::Buffer v95(5120);
+  meshc::gen::View v95 = arena_.slot(61440, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v95[at[0]] = float(double(v84[at[1]]) * double(v94[at[2]]));
                          });
-  meshc::gen::release(v84, v94);
 
   // moe.mesh:69:66 div
-  meshc::gen::Buffer v96(64);
+  meshc::gen::View v96 = arena_.slot(98816, 64);
   for (size_t i = 0; i < v96.size(); ++i) {
     v96[i] = float(double(v76[i]) / double(v80[i]));
   }
-  meshc::gen::release(v76, v80);
 
   // moe.mesh:69:57 all_reduce_sum (resolve the partial sum of %90 over model for mul at 69:57)
-  meshc::gen::Buffer v97 = std::move(v96);
+  meshc::gen::View v97 = v96;
   group_model.allReduce(v97.data(), v97.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:57 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::Buffer v99(5120);
+  meshc::gen::View v99 = arena_.slot(20480, 5120);
   meshc::gen::forEach<4>({1, 64, 2, 40},
                          {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t98 = float(double(v91[at[1]]) * double(v97[at[2]]));
                            v99[at[0]] = float(double(v95[at[3]]) + double(t98));
                          });
-  meshc::gen::release(v91, v97, v95);
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::Buffer v100(2560);
+  meshc::gen::View v100 = arena_.slot(40960, 2560);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum100(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsum100.run(v92.data(), v58.data(), v100.data());
-  meshc::gen::release(v92, v58);
 
   // moe.mesh:75:21 einsum
-  meshc::gen::Buffer v101(5120);
+  meshc::gen::View v101 = arena_.slot(0, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum101(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum101.run(v100.data(), v62.data(), v101.data());
-  meshc::gen::release(v100);
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::Buffer v102(5120);
+  meshc::gen::View v102 = arena_.slot(40960, 5120);
   for (size_t i = 0; i < v102.size(); ++i) {
     v102[i] = float((v101[i] > 0 ? v101[i] : 0.0f));
   }
-  meshc::gen::release(v101);
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::Buffer v103(2560);
+  meshc::gen::View v103 = arena_.slot(0, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum103(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum103.run(v102.data(), v63.data(), v103.data());
-  meshc::gen::release(v102);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::Buffer v104(2048);
+  meshc::gen::View v104 = arena_.slot(10240, 2048);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum104(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum104.run(v99.data(), v103.data(), v104.data());
-  meshc::gen::release(v99, v103);
 
   // moe.mesh:98:11 all_reduce_sum (resolve the partial sum of %97 over model for add at 98:11)
-  meshc::gen::Buffer v105 = std::move(v104);
+  meshc::gen::View v105 = v104;
   group_model.allReduce(v105.data(), v105.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:98:11 add -> h
-  meshc::gen::Buffer v106(2048);
+  meshc::gen::View v106 = arena_.slot(0, 2048);
   for (size_t i = 0; i < v106.size(); ++i) {
     v106[i] = float(double(v53[i]) + double(v105[i]));
   }
-  meshc::gen::release(v53, v105);
 
   Outputs outputs;
-  outputs.y = meshc::gen::Tensor{{1, 64, 32}, std::move(v106)};
+  outputs.y = meshc::gen::Tensor{{1, 64, 32}, meshc::gen::Buffer(v106.begin(), v106.end())};
   return outputs;
 }
 
@@ -784,6 +731,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
+  // Arena: 99136 bytes for 525952 bytes of temporaries (102 slots, placed by liveness).
   meshc::gen::checkShape("input", "x", inputs.x, {1, 64, 32});
   meshc::gen::checkShape("input", "target", inputs.target, {1, 64, 32});
 
@@ -803,22 +751,21 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v4 = param2_norm_0_bias;
 
   // moe.mesh:26:10 layer_norm
-  meshc::gen::Buffer v5(2048);
+  meshc::gen::View v5 = arena_.slot(0, 2048);
   meshc::gen::along(v5.data(), v0.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  meshc::gen::Buffer v7(2048);
+  meshc::gen::View v7 = arena_.slot(81920, 2048);
   meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t6 = float(double(v5[at[1]]) * double(v3[at[2]]));
                            v7[at[0]] = float(double(t6) + double(v4[at[3]]));
                          });
-  meshc::gen::release(v5);
 
   // moe.mesh:114:27 random_uniform
-  meshc::gen::Buffer v8(2048);
+  meshc::gen::View v8 = arena_.slot(0, 2048);
   meshc::gen::fillRandom(
       v8, {1, 64, 32}, {2048, 32, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0, 0}, {2048, 32, 1}),
@@ -826,31 +773,28 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
       meshc::gen::DType::F32);
 
   // moe.mesh:114:25 mul
-  meshc::gen::Buffer v9(2048);
+  meshc::gen::View v9 = arena_.slot(8192, 2048);
   for (size_t i = 0; i < v9.size(); ++i) {
     v9[i] = float(double(v7[i]) * double(v8[i]));
   }
-  meshc::gen::release(v8);
 
   // moe.mesh:31:9 param -> w_gate
   const meshc::gen::Buffer &v10 = param3_route_0_w_gate;
 
   // moe.mesh:32:18 einsum
-  meshc::gen::Buffer v11(128);
+  meshc::gen::View v11 = arena_.slot(0, 128);
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsum11(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum11.run(v9.data(), v10.data(), v11.data());
-  meshc::gen::release(v9);
 
   // moe.mesh:32:10 softmax -> gates
-  meshc::gen::Buffer v12(128);
+  meshc::gen::View v12 = arena_.slot(512, 128);
   meshc::gen::along(v12.data(), v11.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
                     meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
-  meshc::gen::release(v11);
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v13(64);
+  meshc::gen::View v13 = arena_.slot(1024, 64);
   meshc::gen::reduce(v13.data(), {1, 64}, v12.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -859,59 +803,53 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast
-  meshc::gen::Buffer v15(128);
+  meshc::gen::View v15 = arena_.slot(0, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t14 = (v12[at[1]] >= v13[at[2]] ? 1.0f : 0.0f);
                            v15[at[0]] = float(t14);
                          });
-  meshc::gen::release(v13);
 
   // moe.mesh:87:17 mean -> density
-  meshc::gen::Buffer v16(2);
+  meshc::gen::View v16 = arena_.slot(1024, 2);
   meshc::gen::reduce(v16.data(), {1, 2}, v15.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      0.015625);
-  meshc::gen::release(v15);
 
   // moe.mesh:88:23 mean -> density_proxy
-  meshc::gen::Buffer v17(2);
+  meshc::gen::View v17 = arena_.slot(0, 2);
   meshc::gen::reduce(v17.data(), {1, 2}, v12.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      0.015625);
 
   // moe.mesh:89:23 mul
-  meshc::gen::Buffer v18(2);
+  meshc::gen::View v18 = arena_.slot(64, 2);
   for (size_t i = 0; i < v18.size(); ++i) {
     v18[i] = float(double(v16[i]) * double(v17[i]));
   }
-  meshc::gen::release(v16, v17);
 
   // moe.mesh:89:10 mean
-  meshc::gen::Buffer v19(1);
+  meshc::gen::View v19 = arena_.slot(0, 1);
   meshc::gen::reduce(v19.data(), {}, v18.data(), {}, {1, 2}, {2, 1}, meshc::gen::Reduce::Sum,
                      0.125);
-  meshc::gen::release(v18);
 
   // moe.mesh:89:42 literal
-  meshc::gen::Buffer v20(1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
+  meshc::gen::View v20 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
 
   // moe.mesh:89:40 mul
-  meshc::gen::Buffer v21(1);
+  meshc::gen::View v21 = arena_.slot(128, 1);
   for (size_t i = 0; i < v21.size(); ++i) {
     v21[i] = float(double(v19[i]) * double(v20[i]));
   }
-  meshc::gen::release(v19, v20);
 
   // moe.mesh:115:15 all_reduce_sum (resolve the partial sum of %21 over data, model for add at
   // 115:15)
-  meshc::gen::Buffer v22 = std::move(v21);
+  meshc::gen::View v22 = v21;
   group_data_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:115:15 add -> aux
-  meshc::gen::Buffer v23(1);
+  meshc::gen::View v23 = arena_.slot(98304, 1);
   for (size_t i = 0; i < v23.size(); ++i) {
     v23[i] = float(double(v2[i]) + double(v22[i]));
   }
-  meshc::gen::release(v22);
 
   // moe.mesh:45:9 param -> w_in
   const meshc::gen::Buffer &v24 = param4_experts_ffn_0_w_in;
@@ -920,7 +858,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v25 = param5_experts_ffn_0_w_out;
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v26(64);
+  meshc::gen::View v26 = arena_.slot(0, 64);
   meshc::gen::reduce(v26.data(), {1, 64}, v12.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -929,29 +867,27 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::Buffer v28(128);
+  meshc::gen::View v28 = arena_.slot(40960, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t27 = (v12[at[1]] >= v26[at[2]] ? 1.0f : 0.0f);
                            v28[at[0]] = float(t27);
                          });
-  meshc::gen::release(v26);
 
   // moe.mesh:50:28 literal
-  meshc::gen::Buffer v29(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  meshc::gen::View v29 = arena_.fill(1024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
 
   // moe.mesh:50:32 sub
   // moe.mesh:50:25 mul -> remaining
-  meshc::gen::Buffer v31(128);
+  meshc::gen::View v31 = arena_.slot(0, 128);
   meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}, {128, 2, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t30 = float(double(v29[at[1]]) - double(v28[at[2]]));
                            v31[at[0]] = float(double(v12[at[3]]) * double(t30));
                          });
-  meshc::gen::release(v29);
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v32(64);
+  meshc::gen::View v32 = arena_.slot(1024, 64);
   meshc::gen::reduce(v32.data(), {1, 64}, v31.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -960,221 +896,198 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask2
-  meshc::gen::Buffer v34(128);
+  meshc::gen::View v34 = arena_.slot(61440, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t33 = (v31[at[1]] >= v32[at[2]] ? 1.0f : 0.0f);
                            v34[at[0]] = float(t33);
                          });
-  meshc::gen::release(v32);
 
   // moe.mesh:53:25 mul
-  meshc::gen::Buffer v35(128);
+  meshc::gen::View v35 = arena_.slot(1024, 128);
   for (size_t i = 0; i < v35.size(); ++i) {
     v35[i] = float(double(v12[i]) * double(v28[i]));
   }
-  meshc::gen::release(v12);
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::Buffer v36(64);
+  meshc::gen::View v36 = arena_.slot(61952, 64);
   meshc::gen::reduce(v36.data(), {1, 64}, v35.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v35);
 
   // moe.mesh:54:29 mul
-  meshc::gen::Buffer v37(128);
+  meshc::gen::View v37 = arena_.slot(512, 128);
   for (size_t i = 0; i < v37.size(); ++i) {
     v37[i] = float(double(v31[i]) * double(v34[i]));
   }
-  meshc::gen::release(v31);
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::Buffer v38(64);
+  meshc::gen::View v38 = arena_.slot(90112, 64);
   meshc::gen::reduce(v38.data(), {1, 64}, v37.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v37);
 
   // moe.mesh:55:29 add
-  meshc::gen::Buffer v39(64);
+  meshc::gen::View v39 = arena_.slot(0, 64);
   for (size_t i = 0; i < v39.size(); ++i) {
     v39[i] = float(double(v36[i]) + double(v38[i]));
   }
 
   // moe.mesh:55:38 literal
-  meshc::gen::Buffer v40(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
+  meshc::gen::View v40 = arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %38 over model for maximum at 55:15)
-  meshc::gen::Buffer v41 = std::move(v39);
+  meshc::gen::View v41 = v39;
   group_model.allReduce(v41.data(), v41.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:55:15 maximum -> total
-  meshc::gen::Buffer v42(64);
+  meshc::gen::View v42 = arena_.slot(90368, 64);
   meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v42[at[0]] = float(meshc::gen::maximum(v41[at[1]], v40[at[2]]));
                          });
-  meshc::gen::release(v41, v40);
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::Buffer v43(128);
+  meshc::gen::View v43 = arena_.slot(0, 128);
   meshc::gen::along(v43.data(), v28.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::Buffer v44(128);
+  meshc::gen::View v44 = arena_.slot(20480, 128);
   for (size_t i = 0; i < v44.size(); ++i) {
     v44[i] = meshc::gen::castToI32(v43[i]);
   }
-  meshc::gen::release(v43);
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::Buffer v45(5120);
+  meshc::gen::View v45 = arena_.slot(0, 5120);
   meshc::gen::oneHot(v45.data(), {1, 64, 2, 40}, v44.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
-  meshc::gen::release(v44);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::Buffer v46(5120);
+  meshc::gen::View v46 = arena_.slot(20480, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v46[at[0]] = float(double(v45[at[1]]) * double(v28[at[2]]));
                          });
-  meshc::gen::release(v45, v28);
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::Buffer v47(128);
+  meshc::gen::View v47 = arena_.slot(0, 128);
   meshc::gen::reduce(v47.data(), {1, 64, 2}, v46.data(), {5120, 80, 40}, {40}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::Buffer v48(128);
+  meshc::gen::View v48 = arena_.slot(512, 128);
   meshc::gen::along(v48.data(), v34.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::Buffer v49(2);
+  meshc::gen::View v49 = arena_.slot(1024, 2);
   meshc::gen::reduce(v49.data(), {1, 2}, v47.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v47);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::Buffer v51(128);
+  meshc::gen::View v51 = arena_.slot(40960, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t50 = float(double(v48[at[1]]) + double(v49[at[2]]));
                            v51[at[0]] = meshc::gen::castToI32(t50);
                          });
-  meshc::gen::release(v48, v49);
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::Buffer v52(5120);
+  meshc::gen::View v52 = arena_.slot(0, 5120);
   meshc::gen::oneHot(v52.data(), {1, 64, 2, 40}, v51.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
-  meshc::gen::release(v51);
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::Buffer v53(5120);
+  meshc::gen::View v53 = arena_.slot(40960, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v53[at[0]] = float(double(v52[at[1]]) * double(v34[at[2]]));
                          });
-  meshc::gen::release(v52, v34);
 
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::Buffer v54(5120);
+  meshc::gen::View v54 = arena_.slot(0, 5120);
   for (size_t i = 0; i < v54.size(); ++i) {
     v54[i] = float(double(v46[i]) + double(v53[i]));
   }
 
   // moe.mesh:69:36 div
-  meshc::gen::Buffer v55(64);
+  meshc::gen::View v55 = arena_.slot(90624, 64);
   for (size_t i = 0; i < v55.size(); ++i) {
     v55[i] = float(double(v36[i]) / double(v42[i]));
   }
-  meshc::gen::release(v36);
 
   // moe.mesh:69:27 all_reduce_sum (resolve the partial sum of %53 over model for mul at 69:27)
-  meshc::gen::Buffer v56 = std::move(v55);
+  meshc::gen::View v56 = v55;
   group_model.allReduce(v56.data(), v56.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:27 mul
-  meshc::gen::Buffer v57(5120);
+  meshc::gen::View v57 = arena_.slot(61440, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v57[at[0]] = float(double(v46[at[1]]) * double(v56[at[2]]));
                          });
-  meshc::gen::release(v46, v56);
 
   // moe.mesh:69:66 div
-  meshc::gen::Buffer v58(64);
+  meshc::gen::View v58 = arena_.slot(90624, 64);
   for (size_t i = 0; i < v58.size(); ++i) {
     v58[i] = float(double(v38[i]) / double(v42[i]));
   }
-  meshc::gen::release(v38, v42);
 
   // moe.mesh:69:57 all_reduce_sum (resolve the partial sum of %55 over model for mul at 69:57)
-  meshc::gen::Buffer v59 = std::move(v58);
+  meshc::gen::View v59 = v58;
   group_model.allReduce(v59.data(), v59.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:57 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::Buffer v61(5120);
+  meshc::gen::View v61 = arena_.slot(20480, 5120);
   meshc::gen::forEach<4>({1, 64, 2, 40},
                          {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t60 = float(double(v53[at[1]]) * double(v59[at[2]]));
                            v61[at[0]] = float(double(v57[at[3]]) + double(t60));
                          });
-  meshc::gen::release(v53, v59, v57);
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::Buffer v62(2560);
+  meshc::gen::View v62 = arena_.slot(40960, 2560);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum62(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsum62.run(v54.data(), v7.data(), v62.data());
-  meshc::gen::release(v54, v7);
 
   // moe.mesh:75:21 einsum
-  meshc::gen::Buffer v63(5120);
+  meshc::gen::View v63 = arena_.slot(0, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum63(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum63.run(v62.data(), v24.data(), v63.data());
-  meshc::gen::release(v62);
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::Buffer v64(5120);
+  meshc::gen::View v64 = arena_.slot(40960, 5120);
   for (size_t i = 0; i < v64.size(); ++i) {
     v64[i] = float((v63[i] > 0 ? v63[i] : 0.0f));
   }
-  meshc::gen::release(v63);
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::Buffer v65(2560);
+  meshc::gen::View v65 = arena_.slot(0, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum65(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum65.run(v64.data(), v25.data(), v65.data());
-  meshc::gen::release(v64);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::Buffer v66(2048);
+  meshc::gen::View v66 = arena_.slot(10240, 2048);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum66(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum66.run(v61.data(), v65.data(), v66.data());
-  meshc::gen::release(v61, v65);
 
   // moe.mesh:116:11 all_reduce_sum (resolve the partial sum of %62 over model for add at 116:11)
-  meshc::gen::Buffer v67 = std::move(v66);
+  meshc::gen::View v67 = v66;
   group_model.allReduce(v67.data(), v67.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:116:11 add -> h
-  meshc::gen::Buffer v68(2048);
+  meshc::gen::View v68 = arena_.slot(81920, 2048);
   for (size_t i = 0; i < v68.size(); ++i) {
     v68[i] = float(double(v0[i]) + double(v67[i]));
   }
-  meshc::gen::release(v67);
 
   // moe.mesh:24:9 param -> gain
   const meshc::gen::Buffer &v69 = param6_norm_1_gain;
@@ -1183,22 +1096,21 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v70 = param7_norm_1_bias;
 
   // moe.mesh:26:10 layer_norm
-  meshc::gen::Buffer v71(2048);
+  meshc::gen::View v71 = arena_.slot(0, 2048);
   meshc::gen::along(v71.data(), v68.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  meshc::gen::Buffer v73(2048);
+  meshc::gen::View v73 = arena_.slot(90112, 2048);
   meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
                            v73[at[0]] = float(double(t72) + double(v70[at[3]]));
                          });
-  meshc::gen::release(v71);
 
   // moe.mesh:114:27 random_uniform
-  meshc::gen::Buffer v74(2048);
+  meshc::gen::View v74 = arena_.slot(0, 2048);
   meshc::gen::fillRandom(
       v74, {1, 64, 32}, {2048, 32, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0, 0}, {2048, 32, 1}),
@@ -1206,31 +1118,28 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
       meshc::gen::DType::F32);
 
   // moe.mesh:114:25 mul
-  meshc::gen::Buffer v75(2048);
+  meshc::gen::View v75 = arena_.slot(8192, 2048);
   for (size_t i = 0; i < v75.size(); ++i) {
     v75[i] = float(double(v73[i]) * double(v74[i]));
   }
-  meshc::gen::release(v74);
 
   // moe.mesh:31:9 param -> w_gate
   const meshc::gen::Buffer &v76 = param8_route_1_w_gate;
 
   // moe.mesh:32:18 einsum
-  meshc::gen::Buffer v77(128);
+  meshc::gen::View v77 = arena_.slot(0, 128);
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsum77(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum77.run(v75.data(), v76.data(), v77.data());
-  meshc::gen::release(v75);
 
   // moe.mesh:32:10 softmax -> gates
-  meshc::gen::Buffer v78(128);
+  meshc::gen::View v78 = arena_.slot(512, 128);
   meshc::gen::along(v78.data(), v77.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
                     meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
-  meshc::gen::release(v77);
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v79(64);
+  meshc::gen::View v79 = arena_.slot(1024, 64);
   meshc::gen::reduce(v79.data(), {1, 64}, v78.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -1239,59 +1148,53 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast
-  meshc::gen::Buffer v81(128);
+  meshc::gen::View v81 = arena_.slot(0, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t80 = (v78[at[1]] >= v79[at[2]] ? 1.0f : 0.0f);
                            v81[at[0]] = float(t80);
                          });
-  meshc::gen::release(v79);
 
   // moe.mesh:87:17 mean -> density
-  meshc::gen::Buffer v82(2);
+  meshc::gen::View v82 = arena_.slot(1024, 2);
   meshc::gen::reduce(v82.data(), {1, 2}, v81.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      0.015625);
-  meshc::gen::release(v81);
 
   // moe.mesh:88:23 mean -> density_proxy
-  meshc::gen::Buffer v83(2);
+  meshc::gen::View v83 = arena_.slot(0, 2);
   meshc::gen::reduce(v83.data(), {1, 2}, v78.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      0.015625);
 
   // moe.mesh:89:23 mul
-  meshc::gen::Buffer v84(2);
+  meshc::gen::View v84 = arena_.slot(64, 2);
   for (size_t i = 0; i < v84.size(); ++i) {
     v84[i] = float(double(v82[i]) * double(v83[i]));
   }
-  meshc::gen::release(v82, v83);
 
   // moe.mesh:89:10 mean
-  meshc::gen::Buffer v85(1);
+  meshc::gen::View v85 = arena_.slot(0, 1);
   meshc::gen::reduce(v85.data(), {}, v84.data(), {}, {1, 2}, {2, 1}, meshc::gen::Reduce::Sum,
                      0.125);
-  meshc::gen::release(v84);
 
   // moe.mesh:89:42 literal
-  meshc::gen::Buffer v86(1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
+  meshc::gen::View v86 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
 
   // moe.mesh:89:40 mul
-  meshc::gen::Buffer v87(1);
+  meshc::gen::View v87 = arena_.slot(128, 1);
   for (size_t i = 0; i < v87.size(); ++i) {
     v87[i] = float(double(v85[i]) * double(v86[i]));
   }
-  meshc::gen::release(v85, v86);
 
   // moe.mesh:115:15 all_reduce_sum (resolve the partial sum of %82 over data, model for add at
   // 115:15)
-  meshc::gen::Buffer v88 = std::move(v87);
+  meshc::gen::View v88 = v87;
   group_data_model.allReduce(v88.data(), v88.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:115:15 add -> aux
-  meshc::gen::Buffer v89(1);
+  meshc::gen::View v89 = arena_.slot(99072, 1);
   for (size_t i = 0; i < v89.size(); ++i) {
     v89[i] = float(double(v23[i]) + double(v88[i]));
   }
-  meshc::gen::release(v23, v88);
 
   // moe.mesh:45:9 param -> w_in
   const meshc::gen::Buffer &v90 = param9_experts_ffn_1_w_in;
@@ -1300,7 +1203,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v91 = param10_experts_ffn_1_w_out;
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v92(64);
+  meshc::gen::View v92 = arena_.slot(0, 64);
   meshc::gen::reduce(v92.data(), {1, 64}, v78.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -1309,29 +1212,27 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::Buffer v94(128);
+  meshc::gen::View v94 = arena_.slot(40960, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t93 = (v78[at[1]] >= v92[at[2]] ? 1.0f : 0.0f);
                            v94[at[0]] = float(t93);
                          });
-  meshc::gen::release(v92);
 
   // moe.mesh:50:28 literal
-  meshc::gen::Buffer v95(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  meshc::gen::View v95 = arena_.fill(1024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
 
   // moe.mesh:50:32 sub
   // moe.mesh:50:25 mul -> remaining
-  meshc::gen::Buffer v97(128);
+  meshc::gen::View v97 = arena_.slot(0, 128);
   meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}, {128, 2, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t96 = float(double(v95[at[1]]) - double(v94[at[2]]));
                            v97[at[0]] = float(double(v78[at[3]]) * double(t96));
                          });
-  meshc::gen::release(v95);
 
   // moe.mesh:38:24 max
-  meshc::gen::Buffer v98(64);
+  meshc::gen::View v98 = arena_.slot(1024, 64);
   meshc::gen::reduce(v98.data(), {1, 64}, v97.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -1340,255 +1241,230 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask2
-  meshc::gen::Buffer v100(128);
+  meshc::gen::View v100 = arena_.slot(61440, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t99 = (v97[at[1]] >= v98[at[2]] ? 1.0f : 0.0f);
                            v100[at[0]] = float(t99);
                          });
-  meshc::gen::release(v98);
 
   // moe.mesh:53:25 mul
-  meshc::gen::Buffer v101(128);
+  meshc::gen::View v101 = arena_.slot(1024, 128);
   for (size_t i = 0; i < v101.size(); ++i) {
     v101[i] = float(double(v78[i]) * double(v94[i]));
   }
-  meshc::gen::release(v78);
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::Buffer v102(64);
+  meshc::gen::View v102 = arena_.slot(61952, 64);
   meshc::gen::reduce(v102.data(), {1, 64}, v101.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v101);
 
   // moe.mesh:54:29 mul
-  meshc::gen::Buffer v103(128);
+  meshc::gen::View v103 = arena_.slot(512, 128);
   for (size_t i = 0; i < v103.size(); ++i) {
     v103[i] = float(double(v97[i]) * double(v100[i]));
   }
-  meshc::gen::release(v97);
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::Buffer v104(64);
+  meshc::gen::View v104 = arena_.slot(98304, 64);
   meshc::gen::reduce(v104.data(), {1, 64}, v103.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v103);
 
   // moe.mesh:55:29 add
-  meshc::gen::Buffer v105(64);
+  meshc::gen::View v105 = arena_.slot(0, 64);
   for (size_t i = 0; i < v105.size(); ++i) {
     v105[i] = float(double(v102[i]) + double(v104[i]));
   }
 
   // moe.mesh:55:38 literal
-  meshc::gen::Buffer v106(1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
+  meshc::gen::View v106 =
+      arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 55:15)
-  meshc::gen::Buffer v107 = std::move(v105);
+  meshc::gen::View v107 = v105;
   group_model.allReduce(v107.data(), v107.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:55:15 maximum -> total
-  meshc::gen::Buffer v108(64);
+  meshc::gen::View v108 = arena_.slot(98560, 64);
   meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v108[at[0]] = float(meshc::gen::maximum(v107[at[1]], v106[at[2]]));
                          });
-  meshc::gen::release(v107, v106);
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::Buffer v109(128);
+  meshc::gen::View v109 = arena_.slot(0, 128);
   meshc::gen::along(v109.data(), v94.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::Buffer v110(128);
+  meshc::gen::View v110 = arena_.slot(20480, 128);
   for (size_t i = 0; i < v110.size(); ++i) {
     v110[i] = meshc::gen::castToI32(v109[i]);
   }
-  meshc::gen::release(v109);
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::Buffer v111(5120);
+  meshc::gen::View v111 = arena_.slot(0, 5120);
   meshc::gen::oneHot(v111.data(), {1, 64, 2, 40}, v110.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
-  meshc::gen::release(v110);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::Buffer v112(5120);
+  meshc::gen::View v112 = arena_.slot(20480, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v112[at[0]] = float(double(v111[at[1]]) * double(v94[at[2]]));
                          });
-  meshc::gen::release(v111, v94);
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::Buffer v113(128);
+  meshc::gen::View v113 = arena_.slot(0, 128);
   meshc::gen::reduce(v113.data(), {1, 64, 2}, v112.data(), {5120, 80, 40}, {40}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::Buffer v114(128);
+  meshc::gen::View v114 = arena_.slot(512, 128);
   meshc::gen::along(v114.data(), v100.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::Buffer v115(2);
+  meshc::gen::View v115 = arena_.slot(1024, 2);
   meshc::gen::reduce(v115.data(), {1, 2}, v113.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v113);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::Buffer v117(128);
+  meshc::gen::View v117 = arena_.slot(40960, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t116 = float(double(v114[at[1]]) + double(v115[at[2]]));
                            v117[at[0]] = meshc::gen::castToI32(t116);
                          });
-  meshc::gen::release(v114, v115);
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::Buffer v118(5120);
+  meshc::gen::View v118 = arena_.slot(0, 5120);
   meshc::gen::oneHot(v118.data(), {1, 64, 2, 40}, v117.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
-  meshc::gen::release(v117);
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::Buffer v119(5120);
+  meshc::gen::View v119 = arena_.slot(40960, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v119[at[0]] = float(double(v118[at[1]]) * double(v100[at[2]]));
                          });
-  meshc::gen::release(v118, v100);
 
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::Buffer v120(5120);
+  meshc::gen::View v120 = arena_.slot(0, 5120);
   for (size_t i = 0; i < v120.size(); ++i) {
     v120[i] = float(double(v112[i]) + double(v119[i]));
   }
 
   // moe.mesh:69:36 div
-  meshc::gen::Buffer v121(64);
+  meshc::gen::View v121 = arena_.slot(98816, 64);
   for (size_t i = 0; i < v121.size(); ++i) {
     v121[i] = float(double(v102[i]) / double(v108[i]));
   }
-  meshc::gen::release(v102);
 
   // moe.mesh:69:27 all_reduce_sum (resolve the partial sum of %114 over model for mul at 69:27)
-  meshc::gen::Buffer v122 = std::move(v121);
+  meshc::gen::View v122 = v121;
   group_model.allReduce(v122.data(), v122.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:27 mul
-  meshc::gen::Buffer v123(5120);
+  meshc::gen::View v123 = arena_.slot(61440, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v123[at[0]] = float(double(v112[at[1]]) * double(v122[at[2]]));
                          });
-  meshc::gen::release(v112, v122);
 
   // moe.mesh:69:66 div
-  meshc::gen::Buffer v124(64);
+  meshc::gen::View v124 = arena_.slot(98816, 64);
   for (size_t i = 0; i < v124.size(); ++i) {
     v124[i] = float(double(v104[i]) / double(v108[i]));
   }
-  meshc::gen::release(v104, v108);
 
   // moe.mesh:69:57 all_reduce_sum (resolve the partial sum of %116 over model for mul at 69:57)
-  meshc::gen::Buffer v125 = std::move(v124);
+  meshc::gen::View v125 = v124;
   group_model.allReduce(v125.data(), v125.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:57 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::Buffer v127(5120);
+  meshc::gen::View v127 = arena_.slot(20480, 5120);
   meshc::gen::forEach<4>({1, 64, 2, 40},
                          {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t126 = float(double(v119[at[1]]) * double(v125[at[2]]));
                            v127[at[0]] = float(double(v123[at[3]]) + double(t126));
                          });
-  meshc::gen::release(v119, v125, v123);
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::Buffer v128(2560);
+  meshc::gen::View v128 = arena_.slot(40960, 2560);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum128(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsum128.run(v120.data(), v73.data(), v128.data());
-  meshc::gen::release(v120, v73);
 
   // moe.mesh:75:21 einsum
-  meshc::gen::Buffer v129(5120);
+  meshc::gen::View v129 = arena_.slot(0, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum129(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum129.run(v128.data(), v90.data(), v129.data());
-  meshc::gen::release(v128);
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::Buffer v130(5120);
+  meshc::gen::View v130 = arena_.slot(40960, 5120);
   for (size_t i = 0; i < v130.size(); ++i) {
     v130[i] = float((v129[i] > 0 ? v129[i] : 0.0f));
   }
-  meshc::gen::release(v129);
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::Buffer v131(2560);
+  meshc::gen::View v131 = arena_.slot(0, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum131(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum131.run(v130.data(), v91.data(), v131.data());
-  meshc::gen::release(v130);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::Buffer v132(2048);
+  meshc::gen::View v132 = arena_.slot(10240, 2048);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum132(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum132.run(v127.data(), v131.data(), v132.data());
-  meshc::gen::release(v127, v131);
 
   // moe.mesh:116:11 all_reduce_sum (resolve the partial sum of %123 over model for add at 116:11)
-  meshc::gen::Buffer v133 = std::move(v132);
+  meshc::gen::View v133 = v132;
   group_model.allReduce(v133.data(), v133.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:116:11 add -> h
   // moe.mesh:118:28 sub
   // moe.mesh:118:19 square
-  meshc::gen::Buffer v136(2048);
+  meshc::gen::View v136 = arena_.slot(0, 2048);
   for (size_t i = 0; i < v136.size(); ++i) {
     float t134 = float(double(v68[i]) + double(v133[i]));
     float t135 = float(double(t134) - double(v1[i]));
     v136[i] = float(double(t135) * double(t135));
   }
-  meshc::gen::release(v68, v133);
 
   // moe.mesh:118:14 mean
-  meshc::gen::Buffer v137(1);
+  meshc::gen::View v137 = arena_.slot(8192, 1);
   meshc::gen::reduce(v137.data(), {}, v136.data(), {}, {1, 64, 32}, {2048, 32, 1},
                      meshc::gen::Reduce::Sum, 0.000244140625);
-  meshc::gen::release(v136);
 
   // moe.mesh:118:41 literal
-  meshc::gen::Buffer v138(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
+  meshc::gen::View v138 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
 
   // moe.mesh:118:46 mul
-  meshc::gen::Buffer v139(1);
+  meshc::gen::View v139 = arena_.slot(64, 1);
   for (size_t i = 0; i < v139.size(); ++i) {
     v139[i] = float(double(v138[i]) * double(v89[i]));
   }
-  meshc::gen::release(v138, v89);
 
   // moe.mesh:118:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 118:39)
-  meshc::gen::Buffer v140 = std::move(v137);
+  meshc::gen::View v140 = v137;
   group_data.allReduce(v140.data(), v140.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:118:39 add -> loss
-  meshc::gen::Buffer v141(1);
+  meshc::gen::View v141 = arena_.slot(0, 1);
   for (size_t i = 0; i < v141.size(); ++i) {
     v141[i] = float(double(v140[i]) + double(v139[i]));
   }
-  meshc::gen::release(v140, v139);
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, std::move(v141)};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v141.begin(), v141.end())};
   return outputs;
 }
 

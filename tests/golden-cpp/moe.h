@@ -36,6 +36,11 @@ public:
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
 
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 99072;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 491552;
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -68,6 +73,7 @@ private:
                                                  // d_ff] local {2, 32, 64}
   meshc::gen::Buffer param9_experts_ffn_1_w_out; // experts_ffn[1]/w_out: [experts:[model], d_ff,
                                                  // d_model] local {2, 64, 32}
+  meshc::gen::Arena arena_{kArenaBytes};         // run()'s temporaries
 };
 
 /// The train block `moe_train` of moe.mesh, planned for the mesh [data=2, model=2] with layout
@@ -97,6 +103,11 @@ public:
   /// Runs on this rank's shards (a collective call: every rank of the mesh calls it).
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
+
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 99136;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 525952;
 
   /// The training step: keys the dropout masks (forward only: autodiff comes later).
   uint64_t step = 0;
@@ -136,6 +147,7 @@ private:
                                                   // d_ff] local {2, 32, 64}
   meshc::gen::Buffer param10_experts_ffn_1_w_out; // experts_ffn[1]/w_out: [experts:[model], d_ff,
                                                   // d_model] local {2, 64, 32}
+  meshc::gen::Arena arena_{kArenaBytes};          // run()'s temporaries
 };
 
 } // namespace meshc_generated

@@ -137,89 +137,81 @@ Encode::Encode(meshrt::Communicator &world, uint64_t seed)
 }
 
 Encode::Outputs Encode::run(const Inputs &inputs) {
+  // Arena: 131584 bytes for 1170036 bytes of temporaries (103 slots, placed by liveness).
   meshc::gen::checkShape("input", "x", inputs.x, {1, 128, 32});
 
   // performer.mesh:121:16 input -> x
   const meshc::gen::Buffer &v0 = inputs.x.data;
 
   // performer.mesh:35:23 iota
-  meshc::gen::Buffer v1(128);
+  meshc::gen::View v1 = arena_.slot(0, 128);
   meshc::gen::iota(v1.data(), {128}, {1}, 0);
 
   // performer.mesh:35:18 cast -> position
-  meshc::gen::Buffer v2(128);
+  meshc::gen::View v2 = arena_.slot(2048, 128);
   for (size_t i = 0; i < v2.size(); ++i) {
     v2[i] = float(v1[i]);
   }
-  meshc::gen::release(v1);
 
   // performer.mesh:36:36 iota
-  meshc::gen::Buffer v3(4);
+  meshc::gen::View v3 = arena_.slot(0, 4);
   meshc::gen::iota(v3.data(), {4}, {1}, meshc::gen::shardStart(world_, {"data", "model"}, 4));
 
   // performer.mesh:36:31 cast
-  meshc::gen::Buffer v4(4);
+  meshc::gen::View v4 = arena_.slot(64, 4);
   for (size_t i = 0; i < v4.size(); ++i) {
     v4[i] = float(v3[i]);
   }
-  meshc::gen::release(v3);
 
   // performer.mesh:36:55 literal
-  meshc::gen::Buffer v5(1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
+  meshc::gen::View v5 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
 
   // performer.mesh:36:53 mul
   // performer.mesh:36:27 exp -> inverse_frequency
-  meshc::gen::Buffer v7(4);
+  meshc::gen::View v7 = arena_.slot(2560, 4);
   meshc::gen::forEach<3>({4}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
     float t6 = float(double(v4[at[1]]) * double(v5[at[2]]));
     v7[at[0]] = float(std::exp(double(t6)));
   });
-  meshc::gen::release(v4, v5);
 
   // performer.mesh:37:24 mul -> angle
-  meshc::gen::Buffer v8(512);
+  meshc::gen::View v8 = arena_.slot(0, 512);
   meshc::gen::forEach<3>({128, 4}, {{{4, 1}, {1, 0}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v8[at[0]] = float(double(v2[at[1]]) * double(v7[at[2]]));
                          });
-  meshc::gen::release(v2, v7);
 
   // performer.mesh:38:17 sin
-  meshc::gen::Buffer v9(512);
+  meshc::gen::View v9 = arena_.slot(2048, 512);
   for (size_t i = 0; i < v9.size(); ++i) {
     v9[i] = float(std::sin(double(v8[i])));
   }
 
   // performer.mesh:38:29 cos
-  meshc::gen::Buffer v10(512);
+  meshc::gen::View v10 = arena_.slot(4096, 512);
   for (size_t i = 0; i < v10.size(); ++i) {
     v10[i] = float(std::cos(double(v8[i])));
   }
-  meshc::gen::release(v8);
 
   // performer.mesh:38:10 all_gather (reshard %9 for concat at 38:10)
-  meshc::gen::Buffer v11(2048);
+  meshc::gen::View v11 = arena_.slot(16384, 2048);
   meshc::gen::allGatherDim(v11, v9, {128, 4}, 1, group_data_model);
-  meshc::gen::release(v9);
 
   // performer.mesh:38:10 all_gather (reshard %10 for concat at 38:10)
-  meshc::gen::Buffer v12(2048);
+  meshc::gen::View v12 = arena_.slot(24576, 2048);
   meshc::gen::allGatherDim(v12, v10, {128, 4}, 1, group_data_model);
-  meshc::gen::release(v10);
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
-  meshc::gen::Buffer v13(4096);
+  meshc::gen::View v13 = arena_.slot(0, 4096);
   meshc::gen::copyWindow(v13.data(), v11.data(), {128}, {32}, {16}, 1, 1, 32, 16, 0 - 0);
   meshc::gen::copyWindow(v13.data(), v12.data(), {128}, {32}, {16}, 1, 1, 32, 16, 16 - 0);
-  meshc::gen::release(v11, v12);
 
   // performer.mesh:122:39 add -> h
-  meshc::gen::Buffer v14(4096);
+  meshc::gen::View v14 = arena_.slot(98304, 4096);
   meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 32, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v14[at[0]] = float(double(v0[at[1]]) + double(v13[at[2]]));
                          });
-  meshc::gen::release(v13);
 
   // performer.mesh:103:9 param -> random_features
   const meshc::gen::Buffer &v15 = param0_encoder_layer_0_random_features;
@@ -231,277 +223,254 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v17 = param2_encoder_layer_0_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v18(4096);
+  meshc::gen::View v18 = arena_.slot(0, 4096);
   meshc::gen::along(v18.data(), v14.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::Buffer v20(4096);
+  meshc::gen::View v20 = arena_.slot(114688, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t19 = float(double(v18[at[1]]) * double(v16[at[2]]));
                            v20[at[0]] = float(double(t19) + double(v17[at[3]]));
                          });
-  meshc::gen::release(v18);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v21 = param3_encoder_layer_0_heads_in_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v22(2048);
+  meshc::gen::View v22 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum22(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum22.run(v20.data(), v21.data(), v22.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v23(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v23 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v24(2048);
+  meshc::gen::View v24 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v24[at[0]] = float(double(v22[at[1]]) * double(v23[at[2]]));
                          });
-  meshc::gen::release(v22, v23);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v25(8192);
+  meshc::gen::View v25 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum25(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum25.run(v24.data(), v15.data(), v25.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v26(2048);
+  meshc::gen::View v26 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v26.size(); ++i) {
     v26[i] = float(double(v24[i]) * double(v24[i]));
   }
-  meshc::gen::release(v24);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v27(128);
+  meshc::gen::View v27 = arena_.slot(32768, 128);
   meshc::gen::reduce(v27.data(), {1, 128, 1}, v26.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v26);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v28(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v28 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v29(128);
+  meshc::gen::View v29 = arena_.slot(65536, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v29[at[0]] = float(double(v27[at[1]]) * double(v28[at[2]]));
                          });
-  meshc::gen::release(v27, v28);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v30(8192);
+  meshc::gen::View v30 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v30[at[0]] = float(double(v25[at[1]]) - double(v29[at[2]]));
                          });
-  meshc::gen::release(v25, v29);
 
   // performer.mesh:66:37 max
-  meshc::gen::Buffer v31(128);
+  meshc::gen::View v31 = arena_.slot(0, 128);
   meshc::gen::reduce(v31.data(), {1, 128, 1}, v30.data(), {8192, 64, 64}, {64}, {1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::Buffer v32(128);
+  meshc::gen::View v32 = arena_.slot(65536, 128);
   for (size_t i = 0; i < v32.size(); ++i) {
     v32[i] = float(v31[i]);
   }
-  meshc::gen::release(v31);
 
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::Buffer v34(8192);
+  meshc::gen::View v34 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t33 = float(double(v30[at[1]]) - double(v32[at[2]]));
                            v34[at[0]] = float(std::exp(double(t33)));
                          });
-  meshc::gen::release(v30, v32);
 
   // performer.mesh:66:63 literal
-  meshc::gen::Buffer v35(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v35 =
+      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::Buffer v36(8192);
+  meshc::gen::View v36 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v36[at[0]] = float(double(v34[at[1]]) * double(v35[at[2]]));
                          });
-  meshc::gen::release(v34, v35);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v37 = param4_encoder_layer_0_heads_in_1_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v38(2048);
+  meshc::gen::View v38 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum38(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum38.run(v20.data(), v37.data(), v38.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v39(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v39 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v40(2048);
+  meshc::gen::View v40 = arena_.slot(65536, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v40[at[0]] = float(double(v38[at[1]]) * double(v39[at[2]]));
                          });
-  meshc::gen::release(v38, v39);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v41(8192);
+  meshc::gen::View v41 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum41(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum41.run(v40.data(), v15.data(), v41.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v42(2048);
+  meshc::gen::View v42 = arena_.slot(73728, 2048);
   for (size_t i = 0; i < v42.size(); ++i) {
     v42[i] = float(double(v40[i]) * double(v40[i]));
   }
-  meshc::gen::release(v40);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v43(128);
+  meshc::gen::View v43 = arena_.slot(65536, 128);
   meshc::gen::reduce(v43.data(), {1, 128, 1}, v42.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v42);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v44(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v44 = arena_.fill(66048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v45(128);
+  meshc::gen::View v45 = arena_.slot(131072, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v45[at[0]] = float(double(v43[at[1]]) * double(v44[at[2]]));
                          });
-  meshc::gen::release(v43, v44);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v46(8192);
+  meshc::gen::View v46 = arena_.slot(65536, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v46[at[0]] = float(double(v41[at[1]]) - double(v45[at[2]]));
                          });
-  meshc::gen::release(v41, v45);
 
   // performer.mesh:71:37 max
-  meshc::gen::Buffer v47(1);
+  meshc::gen::View v47 = arena_.slot(0, 1);
   meshc::gen::reduce(v47.data(), {1, 1}, v46.data(), {8192, 64}, {128, 64}, {64, 1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
-  meshc::gen::Buffer v48(1);
+  meshc::gen::View v48 = arena_.slot(131072, 1);
   for (size_t i = 0; i < v48.size(); ++i) {
     v48[i] = float(v47[i]);
   }
-  meshc::gen::release(v47);
 
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::Buffer v50(8192);
+  meshc::gen::View v50 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t49 = float(double(v46[at[1]]) - double(v48[at[2]]));
                            v50[at[0]] = float(std::exp(double(t49)));
                          });
-  meshc::gen::release(v46, v48);
 
   // performer.mesh:71:68 literal
-  meshc::gen::Buffer v51(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v51 =
+      arena_.fill(131072, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::Buffer v52(8192);
+  meshc::gen::View v52 = arena_.slot(65536, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v52[at[0]] = float(double(v50[at[1]]) * double(v51[at[2]]));
                          });
-  meshc::gen::release(v50, v51);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v53 = param5_encoder_layer_0_heads_in_2_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v54(2048);
+  meshc::gen::View v54 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum54(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum54.run(v20.data(), v53.data(), v54.data());
-  meshc::gen::release(v20);
 
   // performer.mesh:77:12 einsum -> kv
-  meshc::gen::Buffer v55(1024);
+  meshc::gen::View v55 = arena_.slot(8192, 1024);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum55(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
   einsum55.run(v52.data(), v54.data(), v55.data());
-  meshc::gen::release(v54);
 
   // performer.mesh:78:19 einsum -> numerator
-  meshc::gen::Buffer v56(2048);
+  meshc::gen::View v56 = arena_.slot(0, 2048);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum56(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum56.run(v36.data(), v55.data(), v56.data());
-  meshc::gen::release(v55);
 
   // performer.mesh:79:31 sum
-  meshc::gen::Buffer v57(64);
+  meshc::gen::View v57 = arena_.slot(8704, 64);
   meshc::gen::reduce(v57.data(), {1, 1, 64}, v52.data(), {8192, 64, 1}, {128}, {64},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v52);
 
   // performer.mesh:79:20 einsum -> normalizer
-  meshc::gen::Buffer v58(128);
+  meshc::gen::View v58 = arena_.slot(8192, 128);
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsum58(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsum58.run(v36.data(), v57.data(), v58.data());
-  meshc::gen::release(v36, v57);
 
   // performer.mesh:80:20 div
-  meshc::gen::Buffer v59(2048);
+  meshc::gen::View v59 = arena_.slot(16384, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v59[at[0]] = float(double(v56[at[1]]) / double(v58[at[2]]));
                          });
-  meshc::gen::release(v56, v58);
 
   // performer.mesh:49:9 param -> w
   const meshc::gen::Buffer &v60 = param6_encoder_layer_0_heads_out_w;
 
   // performer.mesh:50:10 einsum
-  meshc::gen::Buffer v61(4096);
+  meshc::gen::View v61 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum61(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum61.run(v59.data(), v60.data(), v61.data());
-  meshc::gen::release(v59);
 
   // performer.mesh:107:13 all_reduce_sum (resolve the partial sum of %59 over model for add at
   // 107:13)
-  meshc::gen::Buffer v62 = std::move(v61);
+  meshc::gen::View v62 = v61;
   group_model.allReduce(v62.data(), v62.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:107:13 add -> h
-  meshc::gen::Buffer v63(4096);
+  meshc::gen::View v63 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v63.size(); ++i) {
     v63[i] = float(double(v14[i]) + double(v62[i]));
   }
-  meshc::gen::release(v14, v62);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v64 = param7_encoder_layer_0_norm_1_gain;
@@ -510,19 +479,18 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v65 = param8_encoder_layer_0_norm_1_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v66(4096);
+  meshc::gen::View v66 = arena_.slot(0, 4096);
   meshc::gen::along(v66.data(), v63.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::Buffer v68(4096);
+  meshc::gen::View v68 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t67 = float(double(v66[at[1]]) * double(v64[at[2]]));
                            v68[at[0]] = float(double(t67) + double(v65[at[3]]));
                          });
-  meshc::gen::release(v66);
 
   // performer.mesh:94:9 param -> w_in
   const meshc::gen::Buffer &v69 = param9_encoder_layer_0_ffn_w_in;
@@ -531,39 +499,35 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v70 = param10_encoder_layer_0_ffn_w_out;
 
   // performer.mesh:96:22 einsum
-  meshc::gen::Buffer v71(8192);
+  meshc::gen::View v71 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum71(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum71.run(v68.data(), v69.data(), v71.data());
-  meshc::gen::release(v68);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::Buffer v72(8192);
+  meshc::gen::View v72 = arena_.slot(32768, 8192);
   for (size_t i = 0; i < v72.size(); ++i) {
     v72[i] = float(meshc::gen::gelu(v71[i]));
   }
-  meshc::gen::release(v71);
 
   // performer.mesh:96:10 einsum
-  meshc::gen::Buffer v73(4096);
+  meshc::gen::View v73 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum73(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum73.run(v72.data(), v70.data(), v73.data());
-  meshc::gen::release(v72);
 
   // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %70 over model for add at
   // 108:12)
-  meshc::gen::Buffer v74 = std::move(v73);
+  meshc::gen::View v74 = v73;
   group_model.allReduce(v74.data(), v74.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:108:12 add -> h
-  meshc::gen::Buffer v75(4096);
+  meshc::gen::View v75 = arena_.slot(98304, 4096);
   for (size_t i = 0; i < v75.size(); ++i) {
     v75[i] = float(double(v63[i]) + double(v74[i]));
   }
-  meshc::gen::release(v63, v74);
 
   // performer.mesh:103:9 param -> random_features
   const meshc::gen::Buffer &v76 = param11_encoder_layer_1_random_features;
@@ -575,277 +539,255 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v78 = param13_encoder_layer_1_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v79(4096);
+  meshc::gen::View v79 = arena_.slot(0, 4096);
   meshc::gen::along(v79.data(), v75.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::Buffer v81(4096);
+  meshc::gen::View v81 = arena_.slot(114688, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t80 = float(double(v79[at[1]]) * double(v77[at[2]]));
                            v81[at[0]] = float(double(t80) + double(v78[at[3]]));
                          });
-  meshc::gen::release(v79);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v82 = param14_encoder_layer_1_heads_in_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v83(2048);
+  meshc::gen::View v83 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum83(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum83.run(v81.data(), v82.data(), v83.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v84(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v84 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v85(2048);
+  meshc::gen::View v85 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v85[at[0]] = float(double(v83[at[1]]) * double(v84[at[2]]));
                          });
-  meshc::gen::release(v83, v84);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v86(8192);
+  meshc::gen::View v86 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum86(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum86.run(v85.data(), v76.data(), v86.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v87(2048);
+  meshc::gen::View v87 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v87.size(); ++i) {
     v87[i] = float(double(v85[i]) * double(v85[i]));
   }
-  meshc::gen::release(v85);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v88(128);
+  meshc::gen::View v88 = arena_.slot(32768, 128);
   meshc::gen::reduce(v88.data(), {1, 128, 1}, v87.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v87);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v89(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v89 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v90(128);
+  meshc::gen::View v90 = arena_.slot(65536, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v90[at[0]] = float(double(v88[at[1]]) * double(v89[at[2]]));
                          });
-  meshc::gen::release(v88, v89);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v91(8192);
+  meshc::gen::View v91 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v91[at[0]] = float(double(v86[at[1]]) - double(v90[at[2]]));
                          });
-  meshc::gen::release(v86, v90);
 
   // performer.mesh:66:37 max
-  meshc::gen::Buffer v92(128);
+  meshc::gen::View v92 = arena_.slot(0, 128);
   meshc::gen::reduce(v92.data(), {1, 128, 1}, v91.data(), {8192, 64, 64}, {64}, {1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::Buffer v93(128);
+  meshc::gen::View v93 = arena_.slot(65536, 128);
   for (size_t i = 0; i < v93.size(); ++i) {
     v93[i] = float(v92[i]);
   }
-  meshc::gen::release(v92);
 
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::Buffer v95(8192);
+  meshc::gen::View v95 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t94 = float(double(v91[at[1]]) - double(v93[at[2]]));
                            v95[at[0]] = float(std::exp(double(t94)));
                          });
-  meshc::gen::release(v91, v93);
 
   // performer.mesh:66:63 literal
-  meshc::gen::Buffer v96(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v96 =
+      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::Buffer v97(8192);
+  meshc::gen::View v97 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v97[at[0]] = float(double(v95[at[1]]) * double(v96[at[2]]));
                          });
-  meshc::gen::release(v95, v96);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v98 = param15_encoder_layer_1_heads_in_1_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v99(2048);
+  meshc::gen::View v99 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum99(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum99.run(v81.data(), v98.data(), v99.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v100(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v100 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v101(2048);
+  meshc::gen::View v101 = arena_.slot(65536, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v101[at[0]] = float(double(v99[at[1]]) * double(v100[at[2]]));
                          });
-  meshc::gen::release(v99, v100);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v102(8192);
+  meshc::gen::View v102 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum102(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum102.run(v101.data(), v76.data(), v102.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v103(2048);
+  meshc::gen::View v103 = arena_.slot(73728, 2048);
   for (size_t i = 0; i < v103.size(); ++i) {
     v103[i] = float(double(v101[i]) * double(v101[i]));
   }
-  meshc::gen::release(v101);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v104(128);
+  meshc::gen::View v104 = arena_.slot(65536, 128);
   meshc::gen::reduce(v104.data(), {1, 128, 1}, v103.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v103);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v105(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v105 =
+      arena_.fill(66048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v106(128);
+  meshc::gen::View v106 = arena_.slot(131072, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v106[at[0]] = float(double(v104[at[1]]) * double(v105[at[2]]));
                          });
-  meshc::gen::release(v104, v105);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v107(8192);
+  meshc::gen::View v107 = arena_.slot(65536, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v107[at[0]] = float(double(v102[at[1]]) - double(v106[at[2]]));
                          });
-  meshc::gen::release(v102, v106);
 
   // performer.mesh:71:37 max
-  meshc::gen::Buffer v108(1);
+  meshc::gen::View v108 = arena_.slot(0, 1);
   meshc::gen::reduce(v108.data(), {1, 1}, v107.data(), {8192, 64}, {128, 64}, {64, 1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
-  meshc::gen::Buffer v109(1);
+  meshc::gen::View v109 = arena_.slot(131072, 1);
   for (size_t i = 0; i < v109.size(); ++i) {
     v109[i] = float(v108[i]);
   }
-  meshc::gen::release(v108);
 
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::Buffer v111(8192);
+  meshc::gen::View v111 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t110 = float(double(v107[at[1]]) - double(v109[at[2]]));
                            v111[at[0]] = float(std::exp(double(t110)));
                          });
-  meshc::gen::release(v107, v109);
 
   // performer.mesh:71:68 literal
-  meshc::gen::Buffer v112(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v112 =
+      arena_.fill(131072, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::Buffer v113(8192);
+  meshc::gen::View v113 = arena_.slot(65536, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v113[at[0]] = float(double(v111[at[1]]) * double(v112[at[2]]));
                          });
-  meshc::gen::release(v111, v112);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v114 = param16_encoder_layer_1_heads_in_2_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v115(2048);
+  meshc::gen::View v115 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum115(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum115.run(v81.data(), v114.data(), v115.data());
-  meshc::gen::release(v81);
 
   // performer.mesh:77:12 einsum -> kv
-  meshc::gen::Buffer v116(1024);
+  meshc::gen::View v116 = arena_.slot(8192, 1024);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum116(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
   einsum116.run(v113.data(), v115.data(), v116.data());
-  meshc::gen::release(v115);
 
   // performer.mesh:78:19 einsum -> numerator
-  meshc::gen::Buffer v117(2048);
+  meshc::gen::View v117 = arena_.slot(0, 2048);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum117(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum117.run(v97.data(), v116.data(), v117.data());
-  meshc::gen::release(v116);
 
   // performer.mesh:79:31 sum
-  meshc::gen::Buffer v118(64);
+  meshc::gen::View v118 = arena_.slot(8704, 64);
   meshc::gen::reduce(v118.data(), {1, 1, 64}, v113.data(), {8192, 64, 1}, {128}, {64},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v113);
 
   // performer.mesh:79:20 einsum -> normalizer
-  meshc::gen::Buffer v119(128);
+  meshc::gen::View v119 = arena_.slot(8192, 128);
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsum119(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsum119.run(v97.data(), v118.data(), v119.data());
-  meshc::gen::release(v97, v118);
 
   // performer.mesh:80:20 div
-  meshc::gen::Buffer v120(2048);
+  meshc::gen::View v120 = arena_.slot(16384, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v120[at[0]] = float(double(v117[at[1]]) / double(v119[at[2]]));
                          });
-  meshc::gen::release(v117, v119);
 
   // performer.mesh:49:9 param -> w
   const meshc::gen::Buffer &v121 = param17_encoder_layer_1_heads_out_w;
 
   // performer.mesh:50:10 einsum
-  meshc::gen::Buffer v122(4096);
+  meshc::gen::View v122 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum122(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum122.run(v120.data(), v121.data(), v122.data());
-  meshc::gen::release(v120);
 
   // performer.mesh:107:13 all_reduce_sum (resolve the partial sum of %118 over model for add at
   // 107:13)
-  meshc::gen::Buffer v123 = std::move(v122);
+  meshc::gen::View v123 = v122;
   group_model.allReduce(v123.data(), v123.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:107:13 add -> h
-  meshc::gen::Buffer v124(4096);
+  meshc::gen::View v124 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v124.size(); ++i) {
     v124[i] = float(double(v75[i]) + double(v123[i]));
   }
-  meshc::gen::release(v75, v123);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v125 = param18_encoder_layer_1_norm_1_gain;
@@ -854,19 +796,18 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v126 = param19_encoder_layer_1_norm_1_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v127(4096);
+  meshc::gen::View v127 = arena_.slot(0, 4096);
   meshc::gen::along(v127.data(), v124.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::Buffer v129(4096);
+  meshc::gen::View v129 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t128 = float(double(v127[at[1]]) * double(v125[at[2]]));
                            v129[at[0]] = float(double(t128) + double(v126[at[3]]));
                          });
-  meshc::gen::release(v127);
 
   // performer.mesh:94:9 param -> w_in
   const meshc::gen::Buffer &v130 = param20_encoder_layer_1_ffn_w_in;
@@ -875,39 +816,35 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v131 = param21_encoder_layer_1_ffn_w_out;
 
   // performer.mesh:96:22 einsum
-  meshc::gen::Buffer v132(8192);
+  meshc::gen::View v132 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum132(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum132.run(v129.data(), v130.data(), v132.data());
-  meshc::gen::release(v129);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::Buffer v133(8192);
+  meshc::gen::View v133 = arena_.slot(32768, 8192);
   for (size_t i = 0; i < v133.size(); ++i) {
     v133[i] = float(meshc::gen::gelu(v132[i]));
   }
-  meshc::gen::release(v132);
 
   // performer.mesh:96:10 einsum
-  meshc::gen::Buffer v134(4096);
+  meshc::gen::View v134 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum134(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum134.run(v133.data(), v131.data(), v134.data());
-  meshc::gen::release(v133);
 
   // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %129 over model for add at
   // 108:12)
-  meshc::gen::Buffer v135 = std::move(v134);
+  meshc::gen::View v135 = v134;
   group_model.allReduce(v135.data(), v135.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:108:12 add -> h
-  meshc::gen::Buffer v136(4096);
+  meshc::gen::View v136 = arena_.slot(16384, 4096);
   for (size_t i = 0; i < v136.size(); ++i) {
     v136[i] = float(double(v124[i]) + double(v135[i]));
   }
-  meshc::gen::release(v124, v135);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v137 = param22_norm_gain;
@@ -916,23 +853,21 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v138 = param23_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v139(4096);
+  meshc::gen::View v139 = arena_.slot(0, 4096);
   meshc::gen::along(v139.data(), v136.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-  meshc::gen::release(v136);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> y
-  meshc::gen::Buffer v141(4096);
+  meshc::gen::View v141 = arena_.slot(16384, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t140 = float(double(v139[at[1]]) * double(v137[at[2]]));
                            v141[at[0]] = float(double(t140) + double(v138[at[3]]));
                          });
-  meshc::gen::release(v139);
 
   Outputs outputs;
-  outputs.y = meshc::gen::Tensor{{1, 128, 32}, std::move(v141)};
+  outputs.y = meshc::gen::Tensor{{1, 128, 32}, meshc::gen::Buffer(v141.begin(), v141.end())};
   return outputs;
 }
 
@@ -1125,6 +1060,7 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
 }
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
+  // Arena: 1130496 bytes for 3356788 bytes of temporaries (107 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {1, 128});
 
   // performer.mesh:140:12 input -> tokens
@@ -1137,93 +1073,85 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v2 = param1_causal_lm_unembed;
 
   // performer.mesh:133:37 gather (masked local gather: partial sum over model)
-  meshc::gen::Buffer v3(4096);
+  meshc::gen::View v3 = arena_.slot(0, 4096);
   meshc::gen::gather(v3.data(), {1, 128, 32}, v1.data(), {0, 0, 1}, v0.data(), {128, 1, 0}, 32, 32,
                      meshc::gen::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:35:23 iota
-  meshc::gen::Buffer v4(128);
+  meshc::gen::View v4 = arena_.slot(16384, 128);
   meshc::gen::iota(v4.data(), {128}, {1}, 0);
 
   // performer.mesh:35:18 cast -> position
-  meshc::gen::Buffer v5(128);
+  meshc::gen::View v5 = arena_.slot(18432, 128);
   for (size_t i = 0; i < v5.size(); ++i) {
     v5[i] = float(v4[i]);
   }
-  meshc::gen::release(v4);
 
   // performer.mesh:36:36 iota
-  meshc::gen::Buffer v6(4);
+  meshc::gen::View v6 = arena_.slot(16384, 4);
   meshc::gen::iota(v6.data(), {4}, {1}, meshc::gen::shardStart(world_, {"data", "model"}, 4));
 
   // performer.mesh:36:31 cast
-  meshc::gen::Buffer v7(4);
+  meshc::gen::View v7 = arena_.slot(16448, 4);
   for (size_t i = 0; i < v7.size(); ++i) {
     v7[i] = float(v6[i]);
   }
-  meshc::gen::release(v6);
 
   // performer.mesh:36:55 literal
-  meshc::gen::Buffer v8(1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
+  meshc::gen::View v8 =
+      arena_.fill(16384, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
 
   // performer.mesh:36:53 mul
   // performer.mesh:36:27 exp -> inverse_frequency
-  meshc::gen::Buffer v10(4);
+  meshc::gen::View v10 = arena_.slot(18944, 4);
   meshc::gen::forEach<3>({4}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
     float t9 = float(double(v7[at[1]]) * double(v8[at[2]]));
     v10[at[0]] = float(std::exp(double(t9)));
   });
-  meshc::gen::release(v7, v8);
 
   // performer.mesh:37:24 mul -> angle
-  meshc::gen::Buffer v11(512);
+  meshc::gen::View v11 = arena_.slot(16384, 512);
   meshc::gen::forEach<3>({128, 4}, {{{4, 1}, {1, 0}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v11[at[0]] = float(double(v5[at[1]]) * double(v10[at[2]]));
                          });
-  meshc::gen::release(v5, v10);
 
   // performer.mesh:38:17 sin
-  meshc::gen::Buffer v12(512);
+  meshc::gen::View v12 = arena_.slot(18432, 512);
   for (size_t i = 0; i < v12.size(); ++i) {
     v12[i] = float(std::sin(double(v11[i])));
   }
 
   // performer.mesh:38:29 cos
-  meshc::gen::Buffer v13(512);
+  meshc::gen::View v13 = arena_.slot(20480, 512);
   for (size_t i = 0; i < v13.size(); ++i) {
     v13[i] = float(std::cos(double(v11[i])));
   }
-  meshc::gen::release(v11);
 
   // performer.mesh:38:10 all_gather (reshard %12 for concat at 38:10)
-  meshc::gen::Buffer v14(2048);
+  meshc::gen::View v14 = arena_.slot(32768, 2048);
   meshc::gen::allGatherDim(v14, v12, {128, 4}, 1, group_data_model);
-  meshc::gen::release(v12);
 
   // performer.mesh:38:10 all_gather (reshard %13 for concat at 38:10)
-  meshc::gen::Buffer v15(2048);
+  meshc::gen::View v15 = arena_.slot(40960, 2048);
   meshc::gen::allGatherDim(v15, v13, {128, 4}, 1, group_data_model);
-  meshc::gen::release(v13);
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
-  meshc::gen::Buffer v16(4096);
+  meshc::gen::View v16 = arena_.slot(16384, 4096);
   meshc::gen::copyWindow(v16.data(), v14.data(), {128}, {32}, {16}, 1, 1, 32, 16, 0 - 0);
   meshc::gen::copyWindow(v16.data(), v15.data(), {128}, {32}, {16}, 1, 1, 32, 16, 16 - 0);
-  meshc::gen::release(v14, v15);
 
   // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %3 over model for add at
   // 133:70)
-  meshc::gen::Buffer v17 = std::move(v3);
+  meshc::gen::View v17 = v3;
   group_model.allReduce(v17.data(), v17.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:133:70 add -> h
-  meshc::gen::Buffer v18(4096);
+  meshc::gen::View v18 = arena_.slot(1114112, 4096);
   meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 32, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v18[at[0]] = float(double(v17[at[1]]) + double(v16[at[2]]));
                          });
-  meshc::gen::release(v17, v16);
 
   // performer.mesh:112:9 param -> random_features
   const meshc::gen::Buffer &v19 = param2_causal_lm_decoder_layer_0_random_features;
@@ -1235,284 +1163,260 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v21 = param4_causal_lm_decoder_layer_0_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v22(4096);
+  meshc::gen::View v22 = arena_.slot(0, 4096);
   meshc::gen::along(v22.data(), v18.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::Buffer v24(4096);
+  meshc::gen::View v24 = arena_.slot(65536, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t23 = float(double(v22[at[1]]) * double(v20[at[2]]));
                            v24[at[0]] = float(double(t23) + double(v21[at[3]]));
                          });
-  meshc::gen::release(v22);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v25 = param5_causal_lm_decoder_layer_0_heads_in_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v26(2048);
+  meshc::gen::View v26 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum26(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum26.run(v24.data(), v25.data(), v26.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v27(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v27 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v28(2048);
+  meshc::gen::View v28 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v28[at[0]] = float(double(v26[at[1]]) * double(v27[at[2]]));
                          });
-  meshc::gen::release(v26, v27);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v29(8192);
+  meshc::gen::View v29 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum29(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum29.run(v28.data(), v19.data(), v29.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v30(2048);
+  meshc::gen::View v30 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v30.size(); ++i) {
     v30[i] = float(double(v28[i]) * double(v28[i]));
   }
-  meshc::gen::release(v28);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v31(128);
+  meshc::gen::View v31 = arena_.slot(32768, 128);
   meshc::gen::reduce(v31.data(), {1, 128, 1}, v30.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v30);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v32(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v32 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v33(128);
+  meshc::gen::View v33 = arena_.slot(81920, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v33[at[0]] = float(double(v31[at[1]]) * double(v32[at[2]]));
                          });
-  meshc::gen::release(v31, v32);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v34(8192);
+  meshc::gen::View v34 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v34[at[0]] = float(double(v29[at[1]]) - double(v33[at[2]]));
                          });
-  meshc::gen::release(v29, v33);
 
   // performer.mesh:66:37 max
-  meshc::gen::Buffer v35(128);
+  meshc::gen::View v35 = arena_.slot(0, 128);
   meshc::gen::reduce(v35.data(), {1, 128, 1}, v34.data(), {8192, 64, 64}, {64}, {1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::Buffer v36(128);
+  meshc::gen::View v36 = arena_.slot(81920, 128);
   for (size_t i = 0; i < v36.size(); ++i) {
     v36[i] = float(v35[i]);
   }
-  meshc::gen::release(v35);
 
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::Buffer v38(8192);
+  meshc::gen::View v38 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t37 = float(double(v34[at[1]]) - double(v36[at[2]]));
                            v38[at[0]] = float(std::exp(double(t37)));
                          });
-  meshc::gen::release(v34, v36);
 
   // performer.mesh:66:63 literal
-  meshc::gen::Buffer v39(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v39 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::Buffer v40(8192);
+  meshc::gen::View v40 = arena_.slot(1048576, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v40[at[0]] = float(double(v38[at[1]]) * double(v39[at[2]]));
                          });
-  meshc::gen::release(v38, v39);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v41 = param6_causal_lm_decoder_layer_0_heads_in_1_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v42(2048);
+  meshc::gen::View v42 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum42(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum42.run(v24.data(), v41.data(), v42.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v43(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v43 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v44(2048);
+  meshc::gen::View v44 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v44[at[0]] = float(double(v42[at[1]]) * double(v43[at[2]]));
                          });
-  meshc::gen::release(v42, v43);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v45(8192);
+  meshc::gen::View v45 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum45(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum45.run(v44.data(), v19.data(), v45.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v46(2048);
+  meshc::gen::View v46 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v46.size(); ++i) {
     v46[i] = float(double(v44[i]) * double(v44[i]));
   }
-  meshc::gen::release(v44);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v47(128);
+  meshc::gen::View v47 = arena_.slot(32768, 128);
   meshc::gen::reduce(v47.data(), {1, 128, 1}, v46.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v46);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v48(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v48 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v49(128);
+  meshc::gen::View v49 = arena_.slot(81920, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v49[at[0]] = float(double(v47[at[1]]) * double(v48[at[2]]));
                          });
-  meshc::gen::release(v47, v48);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v50(8192);
+  meshc::gen::View v50 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v50[at[0]] = float(double(v45[at[1]]) - double(v49[at[2]]));
                          });
-  meshc::gen::release(v45, v49);
 
   // performer.mesh:71:37 max
-  meshc::gen::Buffer v51(1);
+  meshc::gen::View v51 = arena_.slot(0, 1);
   meshc::gen::reduce(v51.data(), {1, 1}, v50.data(), {8192, 64}, {128, 64}, {64, 1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
-  meshc::gen::Buffer v52(1);
+  meshc::gen::View v52 = arena_.slot(81920, 1);
   for (size_t i = 0; i < v52.size(); ++i) {
     v52[i] = float(v51[i]);
   }
-  meshc::gen::release(v51);
 
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::Buffer v54(8192);
+  meshc::gen::View v54 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t53 = float(double(v50[at[1]]) - double(v52[at[2]]));
                            v54[at[0]] = float(std::exp(double(t53)));
                          });
-  meshc::gen::release(v50, v52);
 
   // performer.mesh:71:68 literal
-  meshc::gen::Buffer v55(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v55 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::Buffer v56(8192);
+  meshc::gen::View v56 = arena_.slot(1081344, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v56[at[0]] = float(double(v54[at[1]]) * double(v55[at[2]]));
                          });
-  meshc::gen::release(v54, v55);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v57 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v58(2048);
+  meshc::gen::View v58 = arena_.slot(524288, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum58(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum58.run(v24.data(), v57.data(), v58.data());
-  meshc::gen::release(v24);
 
   // performer.mesh:87:19 einsum
-  meshc::gen::Buffer v59(131072);
+  meshc::gen::View v59 = arena_.slot(0, 131072);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum59(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
   einsum59.run(v56.data(), v58.data(), v59.data());
-  meshc::gen::release(v58);
 
   // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::Buffer v60(131072);
+  meshc::gen::View v60 = arena_.slot(524288, 131072);
   meshc::gen::along(v60.data(), v59.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
                     {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
                     128, nullptr);
-  meshc::gen::release(v59);
 
   // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::Buffer v61(2048);
+  meshc::gen::View v61 = arena_.slot(32768, 2048);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum61(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum61.run(v40.data(), v60.data(), v61.data());
-  meshc::gen::release(v60);
 
   // performer.mesh:89:31 cumsum
-  meshc::gen::Buffer v62(8192);
+  meshc::gen::View v62 = arena_.slot(0, 8192);
   meshc::gen::along(v62.data(), v56.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
                     {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
-  meshc::gen::release(v56);
 
   // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::Buffer v63(128);
+  meshc::gen::View v63 = arena_.slot(40960, 128);
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsum63(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsum63.run(v40.data(), v62.data(), v63.data());
-  meshc::gen::release(v40, v62);
 
   // performer.mesh:90:20 div
-  meshc::gen::Buffer v64(2048);
+  meshc::gen::View v64 = arena_.slot(16384, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v64[at[0]] = float(double(v61[at[1]]) / double(v63[at[2]]));
                          });
-  meshc::gen::release(v61, v63);
 
   // performer.mesh:49:9 param -> w
   const meshc::gen::Buffer &v65 = param8_causal_lm_decoder_layer_0_heads_out_w;
 
   // performer.mesh:50:10 einsum
-  meshc::gen::Buffer v66(4096);
+  meshc::gen::View v66 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum66(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum66.run(v64.data(), v65.data(), v66.data());
-  meshc::gen::release(v64);
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %63 over model for add at
   // 116:13)
-  meshc::gen::Buffer v67 = std::move(v66);
+  meshc::gen::View v67 = v66;
   group_model.allReduce(v67.data(), v67.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
-  meshc::gen::Buffer v68(4096);
+  meshc::gen::View v68 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v68.size(); ++i) {
     v68[i] = float(double(v18[i]) + double(v67[i]));
   }
-  meshc::gen::release(v18, v67);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v69 = param9_causal_lm_decoder_layer_0_norm_1_gain;
@@ -1521,19 +1425,18 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v70 = param10_causal_lm_decoder_layer_0_norm_1_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v71(4096);
+  meshc::gen::View v71 = arena_.slot(0, 4096);
   meshc::gen::along(v71.data(), v68.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::Buffer v73(4096);
+  meshc::gen::View v73 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
                            v73[at[0]] = float(double(t72) + double(v70[at[3]]));
                          });
-  meshc::gen::release(v71);
 
   // performer.mesh:94:9 param -> w_in
   const meshc::gen::Buffer &v74 = param11_causal_lm_decoder_layer_0_ffn_w_in;
@@ -1542,39 +1445,35 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v75 = param12_causal_lm_decoder_layer_0_ffn_w_out;
 
   // performer.mesh:96:22 einsum
-  meshc::gen::Buffer v76(8192);
+  meshc::gen::View v76 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum76(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum76.run(v73.data(), v74.data(), v76.data());
-  meshc::gen::release(v73);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::Buffer v77(8192);
+  meshc::gen::View v77 = arena_.slot(32768, 8192);
   for (size_t i = 0; i < v77.size(); ++i) {
     v77[i] = float(meshc::gen::gelu(v76[i]));
   }
-  meshc::gen::release(v76);
 
   // performer.mesh:96:10 einsum
-  meshc::gen::Buffer v78(4096);
+  meshc::gen::View v78 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum78(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum78.run(v77.data(), v75.data(), v78.data());
-  meshc::gen::release(v77);
 
   // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %74 over model for add at
   // 117:12)
-  meshc::gen::Buffer v79 = std::move(v78);
+  meshc::gen::View v79 = v78;
   group_model.allReduce(v79.data(), v79.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
-  meshc::gen::Buffer v80(4096);
+  meshc::gen::View v80 = arena_.slot(1114112, 4096);
   for (size_t i = 0; i < v80.size(); ++i) {
     v80[i] = float(double(v68[i]) + double(v79[i]));
   }
-  meshc::gen::release(v68, v79);
 
   // performer.mesh:112:9 param -> random_features
   const meshc::gen::Buffer &v81 = param13_causal_lm_decoder_layer_1_random_features;
@@ -1586,284 +1485,261 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v83 = param15_causal_lm_decoder_layer_1_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v84(4096);
+  meshc::gen::View v84 = arena_.slot(0, 4096);
   meshc::gen::along(v84.data(), v80.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::Buffer v86(4096);
+  meshc::gen::View v86 = arena_.slot(65536, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t85 = float(double(v84[at[1]]) * double(v82[at[2]]));
                            v86[at[0]] = float(double(t85) + double(v83[at[3]]));
                          });
-  meshc::gen::release(v84);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v87 = param16_causal_lm_decoder_layer_1_heads_in_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v88(2048);
+  meshc::gen::View v88 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum88(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum88.run(v86.data(), v87.data(), v88.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v89(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v89 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v90(2048);
+  meshc::gen::View v90 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v90[at[0]] = float(double(v88[at[1]]) * double(v89[at[2]]));
                          });
-  meshc::gen::release(v88, v89);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v91(8192);
+  meshc::gen::View v91 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum91(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum91.run(v90.data(), v81.data(), v91.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v92(2048);
+  meshc::gen::View v92 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v92.size(); ++i) {
     v92[i] = float(double(v90[i]) * double(v90[i]));
   }
-  meshc::gen::release(v90);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v93(128);
+  meshc::gen::View v93 = arena_.slot(32768, 128);
   meshc::gen::reduce(v93.data(), {1, 128, 1}, v92.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v92);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v94(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v94 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v95(128);
+  meshc::gen::View v95 = arena_.slot(81920, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v95[at[0]] = float(double(v93[at[1]]) * double(v94[at[2]]));
                          });
-  meshc::gen::release(v93, v94);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v96(8192);
+  meshc::gen::View v96 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v96[at[0]] = float(double(v91[at[1]]) - double(v95[at[2]]));
                          });
-  meshc::gen::release(v91, v95);
 
   // performer.mesh:66:37 max
-  meshc::gen::Buffer v97(128);
+  meshc::gen::View v97 = arena_.slot(0, 128);
   meshc::gen::reduce(v97.data(), {1, 128, 1}, v96.data(), {8192, 64, 64}, {64}, {1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::Buffer v98(128);
+  meshc::gen::View v98 = arena_.slot(81920, 128);
   for (size_t i = 0; i < v98.size(); ++i) {
     v98[i] = float(v97[i]);
   }
-  meshc::gen::release(v97);
 
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::Buffer v100(8192);
+  meshc::gen::View v100 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t99 = float(double(v96[at[1]]) - double(v98[at[2]]));
                            v100[at[0]] = float(std::exp(double(t99)));
                          });
-  meshc::gen::release(v96, v98);
 
   // performer.mesh:66:63 literal
-  meshc::gen::Buffer v101(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v101 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::Buffer v102(8192);
+  meshc::gen::View v102 = arena_.slot(1048576, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v102[at[0]] = float(double(v100[at[1]]) * double(v101[at[2]]));
                          });
-  meshc::gen::release(v100, v101);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v103 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v104(2048);
+  meshc::gen::View v104 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum104(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum104.run(v86.data(), v103.data(), v104.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v105(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v105 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v106(2048);
+  meshc::gen::View v106 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v106[at[0]] = float(double(v104[at[1]]) * double(v105[at[2]]));
                          });
-  meshc::gen::release(v104, v105);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v107(8192);
+  meshc::gen::View v107 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum107(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum107.run(v106.data(), v81.data(), v107.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v108(2048);
+  meshc::gen::View v108 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v108.size(); ++i) {
     v108[i] = float(double(v106[i]) * double(v106[i]));
   }
-  meshc::gen::release(v106);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v109(128);
+  meshc::gen::View v109 = arena_.slot(32768, 128);
   meshc::gen::reduce(v109.data(), {1, 128, 1}, v108.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v108);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v110(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v110 =
+      arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v111(128);
+  meshc::gen::View v111 = arena_.slot(81920, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v111[at[0]] = float(double(v109[at[1]]) * double(v110[at[2]]));
                          });
-  meshc::gen::release(v109, v110);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v112(8192);
+  meshc::gen::View v112 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v112[at[0]] = float(double(v107[at[1]]) - double(v111[at[2]]));
                          });
-  meshc::gen::release(v107, v111);
 
   // performer.mesh:71:37 max
-  meshc::gen::Buffer v113(1);
+  meshc::gen::View v113 = arena_.slot(0, 1);
   meshc::gen::reduce(v113.data(), {1, 1}, v112.data(), {8192, 64}, {128, 64}, {64, 1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
-  meshc::gen::Buffer v114(1);
+  meshc::gen::View v114 = arena_.slot(81920, 1);
   for (size_t i = 0; i < v114.size(); ++i) {
     v114[i] = float(v113[i]);
   }
-  meshc::gen::release(v113);
 
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::Buffer v116(8192);
+  meshc::gen::View v116 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t115 = float(double(v112[at[1]]) - double(v114[at[2]]));
                            v116[at[0]] = float(std::exp(double(t115)));
                          });
-  meshc::gen::release(v112, v114);
 
   // performer.mesh:71:68 literal
-  meshc::gen::Buffer v117(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v117 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::Buffer v118(8192);
+  meshc::gen::View v118 = arena_.slot(1081344, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v118[at[0]] = float(double(v116[at[1]]) * double(v117[at[2]]));
                          });
-  meshc::gen::release(v116, v117);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v119 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v120(2048);
+  meshc::gen::View v120 = arena_.slot(524288, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum120(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum120.run(v86.data(), v119.data(), v120.data());
-  meshc::gen::release(v86);
 
   // performer.mesh:87:19 einsum
-  meshc::gen::Buffer v121(131072);
+  meshc::gen::View v121 = arena_.slot(0, 131072);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum121(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
   einsum121.run(v118.data(), v120.data(), v121.data());
-  meshc::gen::release(v120);
 
   // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::Buffer v122(131072);
+  meshc::gen::View v122 = arena_.slot(524288, 131072);
   meshc::gen::along(v122.data(), v121.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
                     {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
                     128, nullptr);
-  meshc::gen::release(v121);
 
   // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::Buffer v123(2048);
+  meshc::gen::View v123 = arena_.slot(32768, 2048);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum123(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum123.run(v102.data(), v122.data(), v123.data());
-  meshc::gen::release(v122);
 
   // performer.mesh:89:31 cumsum
-  meshc::gen::Buffer v124(8192);
+  meshc::gen::View v124 = arena_.slot(0, 8192);
   meshc::gen::along(v124.data(), v118.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
                     {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
-  meshc::gen::release(v118);
 
   // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::Buffer v125(128);
+  meshc::gen::View v125 = arena_.slot(40960, 128);
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsum125(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsum125.run(v102.data(), v124.data(), v125.data());
-  meshc::gen::release(v102, v124);
 
   // performer.mesh:90:20 div
-  meshc::gen::Buffer v126(2048);
+  meshc::gen::View v126 = arena_.slot(16384, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v126[at[0]] = float(double(v123[at[1]]) / double(v125[at[2]]));
                          });
-  meshc::gen::release(v123, v125);
 
   // performer.mesh:49:9 param -> w
   const meshc::gen::Buffer &v127 = param19_causal_lm_decoder_layer_1_heads_out_w;
 
   // performer.mesh:50:10 einsum
-  meshc::gen::Buffer v128(4096);
+  meshc::gen::View v128 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum128(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum128.run(v126.data(), v127.data(), v128.data());
-  meshc::gen::release(v126);
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %123 over model for add at
   // 116:13)
-  meshc::gen::Buffer v129 = std::move(v128);
+  meshc::gen::View v129 = v128;
   group_model.allReduce(v129.data(), v129.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
-  meshc::gen::Buffer v130(4096);
+  meshc::gen::View v130 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v130.size(); ++i) {
     v130[i] = float(double(v80[i]) + double(v129[i]));
   }
-  meshc::gen::release(v80, v129);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v131 = param20_causal_lm_decoder_layer_1_norm_1_gain;
@@ -1872,19 +1748,18 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v132 = param21_causal_lm_decoder_layer_1_norm_1_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v133(4096);
+  meshc::gen::View v133 = arena_.slot(0, 4096);
   meshc::gen::along(v133.data(), v130.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::Buffer v135(4096);
+  meshc::gen::View v135 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t134 = float(double(v133[at[1]]) * double(v131[at[2]]));
                            v135[at[0]] = float(double(t134) + double(v132[at[3]]));
                          });
-  meshc::gen::release(v133);
 
   // performer.mesh:94:9 param -> w_in
   const meshc::gen::Buffer &v136 = param22_causal_lm_decoder_layer_1_ffn_w_in;
@@ -1893,39 +1768,35 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v137 = param23_causal_lm_decoder_layer_1_ffn_w_out;
 
   // performer.mesh:96:22 einsum
-  meshc::gen::Buffer v138(8192);
+  meshc::gen::View v138 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum138(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum138.run(v135.data(), v136.data(), v138.data());
-  meshc::gen::release(v135);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::Buffer v139(8192);
+  meshc::gen::View v139 = arena_.slot(32768, 8192);
   for (size_t i = 0; i < v139.size(); ++i) {
     v139[i] = float(meshc::gen::gelu(v138[i]));
   }
-  meshc::gen::release(v138);
 
   // performer.mesh:96:10 einsum
-  meshc::gen::Buffer v140(4096);
+  meshc::gen::View v140 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum140(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum140.run(v139.data(), v137.data(), v140.data());
-  meshc::gen::release(v139);
 
   // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %134 over model for add at
   // 117:12)
-  meshc::gen::Buffer v141 = std::move(v140);
+  meshc::gen::View v141 = v140;
   group_model.allReduce(v141.data(), v141.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
-  meshc::gen::Buffer v142(4096);
+  meshc::gen::View v142 = arena_.slot(16384, 4096);
   for (size_t i = 0; i < v142.size(); ++i) {
     v142[i] = float(double(v130[i]) + double(v141[i]));
   }
-  meshc::gen::release(v130, v141);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v143 = param24_causal_lm_norm_gain;
@@ -1934,31 +1805,28 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v144 = param25_causal_lm_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v145(4096);
+  meshc::gen::View v145 = arena_.slot(0, 4096);
   meshc::gen::along(v145.data(), v142.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-  meshc::gen::release(v142);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::Buffer v147(4096);
+  meshc::gen::View v147 = arena_.slot(16384, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t146 = float(double(v145[at[1]]) * double(v143[at[2]]));
                            v147[at[0]] = float(double(t146) + double(v144[at[3]]));
                          });
-  meshc::gen::release(v145);
 
   // performer.mesh:137:10 einsum -> logits
-  meshc::gen::Buffer v148(4096);
+  meshc::gen::View v148 = arena_.slot(0, 4096);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsum148(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum148.run(v147.data(), v2.data(), v148.data());
-  meshc::gen::release(v147);
 
   Outputs outputs;
-  outputs.logits = meshc::gen::Tensor{{1, 128, 32}, std::move(v148)};
+  outputs.logits = meshc::gen::Tensor{{1, 128, 32}, meshc::gen::Buffer(v148.begin(), v148.end())};
   return outputs;
 }
 
@@ -2153,32 +2021,31 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
+  // Arena: 1131520 bytes for 3408516 bytes of temporaries (119 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {1, 128});
 
   // performer.mesh:146:16 input -> tokens
   const meshc::gen::Buffer &v0 = inputs.tokens.data;
 
   // performer.mesh:147:17 shift -> targets
-  meshc::gen::Buffer v1(128);
+  meshc::gen::View v1 = arena_.slot(1130496, 128);
   meshc::gen::shift(v1, v0, {1, 128}, 1, -1, nullptr);
 
   // performer.mesh:148:39 literal
-  meshc::gen::Buffer v2(1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v2 = arena_.fill(512, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // performer.mesh:148:36 ge
   // performer.mesh:148:24 cast
-  meshc::gen::Buffer v4(128);
+  meshc::gen::View v4 = arena_.slot(0, 128);
   meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t3 = (v0[at[1]] >= v2[at[2]] ? 1.0f : 0.0f);
                            v4[at[0]] = float(t3);
                          });
-  meshc::gen::release(v2);
 
   // performer.mesh:148:18 shift -> has_next
-  meshc::gen::Buffer v5(128);
+  meshc::gen::View v5 = arena_.slot(1131008, 128);
   meshc::gen::shift(v5, v4, {1, 128}, 1, -1, nullptr);
-  meshc::gen::release(v4);
 
   // performer.mesh:131:9 param -> embedding
   const meshc::gen::Buffer &v6 = param0_causal_lm_embedding;
@@ -2187,93 +2054,85 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v7 = param1_causal_lm_unembed;
 
   // performer.mesh:133:37 gather (masked local gather: partial sum over model)
-  meshc::gen::Buffer v8(4096);
+  meshc::gen::View v8 = arena_.slot(0, 4096);
   meshc::gen::gather(v8.data(), {1, 128, 32}, v6.data(), {0, 0, 1}, v0.data(), {128, 1, 0}, 32, 32,
                      meshc::gen::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:35:23 iota
-  meshc::gen::Buffer v9(128);
+  meshc::gen::View v9 = arena_.slot(16384, 128);
   meshc::gen::iota(v9.data(), {128}, {1}, 0);
 
   // performer.mesh:35:18 cast -> position
-  meshc::gen::Buffer v10(128);
+  meshc::gen::View v10 = arena_.slot(18432, 128);
   for (size_t i = 0; i < v10.size(); ++i) {
     v10[i] = float(v9[i]);
   }
-  meshc::gen::release(v9);
 
   // performer.mesh:36:36 iota
-  meshc::gen::Buffer v11(4);
+  meshc::gen::View v11 = arena_.slot(16384, 4);
   meshc::gen::iota(v11.data(), {4}, {1}, meshc::gen::shardStart(world_, {"data", "model"}, 4));
 
   // performer.mesh:36:31 cast
-  meshc::gen::Buffer v12(4);
+  meshc::gen::View v12 = arena_.slot(16448, 4);
   for (size_t i = 0; i < v12.size(); ++i) {
     v12[i] = float(v11[i]);
   }
-  meshc::gen::release(v11);
 
   // performer.mesh:36:55 literal
-  meshc::gen::Buffer v13(1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
+  meshc::gen::View v13 =
+      arena_.fill(16384, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
 
   // performer.mesh:36:53 mul
   // performer.mesh:36:27 exp -> inverse_frequency
-  meshc::gen::Buffer v15(4);
+  meshc::gen::View v15 = arena_.slot(18944, 4);
   meshc::gen::forEach<3>({4}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
     float t14 = float(double(v12[at[1]]) * double(v13[at[2]]));
     v15[at[0]] = float(std::exp(double(t14)));
   });
-  meshc::gen::release(v12, v13);
 
   // performer.mesh:37:24 mul -> angle
-  meshc::gen::Buffer v16(512);
+  meshc::gen::View v16 = arena_.slot(16384, 512);
   meshc::gen::forEach<3>({128, 4}, {{{4, 1}, {1, 0}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v16[at[0]] = float(double(v10[at[1]]) * double(v15[at[2]]));
                          });
-  meshc::gen::release(v10, v15);
 
   // performer.mesh:38:17 sin
-  meshc::gen::Buffer v17(512);
+  meshc::gen::View v17 = arena_.slot(18432, 512);
   for (size_t i = 0; i < v17.size(); ++i) {
     v17[i] = float(std::sin(double(v16[i])));
   }
 
   // performer.mesh:38:29 cos
-  meshc::gen::Buffer v18(512);
+  meshc::gen::View v18 = arena_.slot(20480, 512);
   for (size_t i = 0; i < v18.size(); ++i) {
     v18[i] = float(std::cos(double(v16[i])));
   }
-  meshc::gen::release(v16);
 
   // performer.mesh:38:10 all_gather (reshard %17 for concat at 38:10)
-  meshc::gen::Buffer v19(2048);
+  meshc::gen::View v19 = arena_.slot(32768, 2048);
   meshc::gen::allGatherDim(v19, v17, {128, 4}, 1, group_data_model);
-  meshc::gen::release(v17);
 
   // performer.mesh:38:10 all_gather (reshard %18 for concat at 38:10)
-  meshc::gen::Buffer v20(2048);
+  meshc::gen::View v20 = arena_.slot(40960, 2048);
   meshc::gen::allGatherDim(v20, v18, {128, 4}, 1, group_data_model);
-  meshc::gen::release(v18);
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
-  meshc::gen::Buffer v21(4096);
+  meshc::gen::View v21 = arena_.slot(16384, 4096);
   meshc::gen::copyWindow(v21.data(), v19.data(), {128}, {32}, {16}, 1, 1, 32, 16, 0 - 0);
   meshc::gen::copyWindow(v21.data(), v20.data(), {128}, {32}, {16}, 1, 1, 32, 16, 16 - 0);
-  meshc::gen::release(v19, v20);
 
   // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
   // 133:70)
-  meshc::gen::Buffer v22 = std::move(v8);
+  meshc::gen::View v22 = v8;
   group_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:133:70 add -> h
-  meshc::gen::Buffer v23(4096);
+  meshc::gen::View v23 = arena_.slot(1114112, 4096);
   meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 32, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v23[at[0]] = float(double(v22[at[1]]) + double(v21[at[2]]));
                          });
-  meshc::gen::release(v22, v21);
 
   // performer.mesh:112:9 param -> random_features
   const meshc::gen::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
@@ -2285,284 +2144,260 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v26 = param4_causal_lm_decoder_layer_0_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v27(4096);
+  meshc::gen::View v27 = arena_.slot(0, 4096);
   meshc::gen::along(v27.data(), v23.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::Buffer v29(4096);
+  meshc::gen::View v29 = arena_.slot(65536, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t28 = float(double(v27[at[1]]) * double(v25[at[2]]));
                            v29[at[0]] = float(double(t28) + double(v26[at[3]]));
                          });
-  meshc::gen::release(v27);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v30 = param5_causal_lm_decoder_layer_0_heads_in_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v31(2048);
+  meshc::gen::View v31 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum31(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum31.run(v29.data(), v30.data(), v31.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v32(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v32 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v33(2048);
+  meshc::gen::View v33 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v33[at[0]] = float(double(v31[at[1]]) * double(v32[at[2]]));
                          });
-  meshc::gen::release(v31, v32);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v34(8192);
+  meshc::gen::View v34 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum34(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum34.run(v33.data(), v24.data(), v34.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v35(2048);
+  meshc::gen::View v35 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v35.size(); ++i) {
     v35[i] = float(double(v33[i]) * double(v33[i]));
   }
-  meshc::gen::release(v33);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v36(128);
+  meshc::gen::View v36 = arena_.slot(32768, 128);
   meshc::gen::reduce(v36.data(), {1, 128, 1}, v35.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v35);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v37(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v37 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v38(128);
+  meshc::gen::View v38 = arena_.slot(81920, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v38[at[0]] = float(double(v36[at[1]]) * double(v37[at[2]]));
                          });
-  meshc::gen::release(v36, v37);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v39(8192);
+  meshc::gen::View v39 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v39[at[0]] = float(double(v34[at[1]]) - double(v38[at[2]]));
                          });
-  meshc::gen::release(v34, v38);
 
   // performer.mesh:66:37 max
-  meshc::gen::Buffer v40(128);
+  meshc::gen::View v40 = arena_.slot(0, 128);
   meshc::gen::reduce(v40.data(), {1, 128, 1}, v39.data(), {8192, 64, 64}, {64}, {1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::Buffer v41(128);
+  meshc::gen::View v41 = arena_.slot(81920, 128);
   for (size_t i = 0; i < v41.size(); ++i) {
     v41[i] = float(v40[i]);
   }
-  meshc::gen::release(v40);
 
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::Buffer v43(8192);
+  meshc::gen::View v43 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t42 = float(double(v39[at[1]]) - double(v41[at[2]]));
                            v43[at[0]] = float(std::exp(double(t42)));
                          });
-  meshc::gen::release(v39, v41);
 
   // performer.mesh:66:63 literal
-  meshc::gen::Buffer v44(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v44 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::Buffer v45(8192);
+  meshc::gen::View v45 = arena_.slot(1048576, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v45[at[0]] = float(double(v43[at[1]]) * double(v44[at[2]]));
                          });
-  meshc::gen::release(v43, v44);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v46 = param6_causal_lm_decoder_layer_0_heads_in_1_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v47(2048);
+  meshc::gen::View v47 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum47(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum47.run(v29.data(), v46.data(), v47.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v48(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v48 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v49(2048);
+  meshc::gen::View v49 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v49[at[0]] = float(double(v47[at[1]]) * double(v48[at[2]]));
                          });
-  meshc::gen::release(v47, v48);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v50(8192);
+  meshc::gen::View v50 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum50(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum50.run(v49.data(), v24.data(), v50.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v51(2048);
+  meshc::gen::View v51 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v51.size(); ++i) {
     v51[i] = float(double(v49[i]) * double(v49[i]));
   }
-  meshc::gen::release(v49);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v52(128);
+  meshc::gen::View v52 = arena_.slot(32768, 128);
   meshc::gen::reduce(v52.data(), {1, 128, 1}, v51.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v51);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v53(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v53 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v54(128);
+  meshc::gen::View v54 = arena_.slot(81920, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v54[at[0]] = float(double(v52[at[1]]) * double(v53[at[2]]));
                          });
-  meshc::gen::release(v52, v53);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v55(8192);
+  meshc::gen::View v55 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v55[at[0]] = float(double(v50[at[1]]) - double(v54[at[2]]));
                          });
-  meshc::gen::release(v50, v54);
 
   // performer.mesh:71:37 max
-  meshc::gen::Buffer v56(1);
+  meshc::gen::View v56 = arena_.slot(0, 1);
   meshc::gen::reduce(v56.data(), {1, 1}, v55.data(), {8192, 64}, {128, 64}, {64, 1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
-  meshc::gen::Buffer v57(1);
+  meshc::gen::View v57 = arena_.slot(81920, 1);
   for (size_t i = 0; i < v57.size(); ++i) {
     v57[i] = float(v56[i]);
   }
-  meshc::gen::release(v56);
 
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::Buffer v59(8192);
+  meshc::gen::View v59 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t58 = float(double(v55[at[1]]) - double(v57[at[2]]));
                            v59[at[0]] = float(std::exp(double(t58)));
                          });
-  meshc::gen::release(v55, v57);
 
   // performer.mesh:71:68 literal
-  meshc::gen::Buffer v60(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v60 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::Buffer v61(8192);
+  meshc::gen::View v61 = arena_.slot(1081344, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v61[at[0]] = float(double(v59[at[1]]) * double(v60[at[2]]));
                          });
-  meshc::gen::release(v59, v60);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v62 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v63(2048);
+  meshc::gen::View v63 = arena_.slot(524288, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum63(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum63.run(v29.data(), v62.data(), v63.data());
-  meshc::gen::release(v29);
 
   // performer.mesh:87:19 einsum
-  meshc::gen::Buffer v64(131072);
+  meshc::gen::View v64 = arena_.slot(0, 131072);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum64(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
   einsum64.run(v61.data(), v63.data(), v64.data());
-  meshc::gen::release(v63);
 
   // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::Buffer v65(131072);
+  meshc::gen::View v65 = arena_.slot(524288, 131072);
   meshc::gen::along(v65.data(), v64.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
                     {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
                     128, nullptr);
-  meshc::gen::release(v64);
 
   // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::Buffer v66(2048);
+  meshc::gen::View v66 = arena_.slot(32768, 2048);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum66(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum66.run(v45.data(), v65.data(), v66.data());
-  meshc::gen::release(v65);
 
   // performer.mesh:89:31 cumsum
-  meshc::gen::Buffer v67(8192);
+  meshc::gen::View v67 = arena_.slot(0, 8192);
   meshc::gen::along(v67.data(), v61.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
                     {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
-  meshc::gen::release(v61);
 
   // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::Buffer v68(128);
+  meshc::gen::View v68 = arena_.slot(40960, 128);
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsum68(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsum68.run(v45.data(), v67.data(), v68.data());
-  meshc::gen::release(v45, v67);
 
   // performer.mesh:90:20 div
-  meshc::gen::Buffer v69(2048);
+  meshc::gen::View v69 = arena_.slot(16384, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v69[at[0]] = float(double(v66[at[1]]) / double(v68[at[2]]));
                          });
-  meshc::gen::release(v66, v68);
 
   // performer.mesh:49:9 param -> w
   const meshc::gen::Buffer &v70 = param8_causal_lm_decoder_layer_0_heads_out_w;
 
   // performer.mesh:50:10 einsum
-  meshc::gen::Buffer v71(4096);
+  meshc::gen::View v71 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum71(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum71.run(v69.data(), v70.data(), v71.data());
-  meshc::gen::release(v69);
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %68 over model for add at
   // 116:13)
-  meshc::gen::Buffer v72 = std::move(v71);
+  meshc::gen::View v72 = v71;
   group_model.allReduce(v72.data(), v72.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
-  meshc::gen::Buffer v73(4096);
+  meshc::gen::View v73 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v73.size(); ++i) {
     v73[i] = float(double(v23[i]) + double(v72[i]));
   }
-  meshc::gen::release(v23, v72);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v74 = param9_causal_lm_decoder_layer_0_norm_1_gain;
@@ -2571,19 +2406,18 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v75 = param10_causal_lm_decoder_layer_0_norm_1_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v76(4096);
+  meshc::gen::View v76 = arena_.slot(0, 4096);
   meshc::gen::along(v76.data(), v73.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::Buffer v78(4096);
+  meshc::gen::View v78 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t77 = float(double(v76[at[1]]) * double(v74[at[2]]));
                            v78[at[0]] = float(double(t77) + double(v75[at[3]]));
                          });
-  meshc::gen::release(v76);
 
   // performer.mesh:94:9 param -> w_in
   const meshc::gen::Buffer &v79 = param11_causal_lm_decoder_layer_0_ffn_w_in;
@@ -2592,39 +2426,35 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v80 = param12_causal_lm_decoder_layer_0_ffn_w_out;
 
   // performer.mesh:96:22 einsum
-  meshc::gen::Buffer v81(8192);
+  meshc::gen::View v81 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum81(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum81.run(v78.data(), v79.data(), v81.data());
-  meshc::gen::release(v78);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::Buffer v82(8192);
+  meshc::gen::View v82 = arena_.slot(32768, 8192);
   for (size_t i = 0; i < v82.size(); ++i) {
     v82[i] = float(meshc::gen::gelu(v81[i]));
   }
-  meshc::gen::release(v81);
 
   // performer.mesh:96:10 einsum
-  meshc::gen::Buffer v83(4096);
+  meshc::gen::View v83 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum83(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum83.run(v82.data(), v80.data(), v83.data());
-  meshc::gen::release(v82);
 
   // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %79 over model for add at
   // 117:12)
-  meshc::gen::Buffer v84 = std::move(v83);
+  meshc::gen::View v84 = v83;
   group_model.allReduce(v84.data(), v84.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
-  meshc::gen::Buffer v85(4096);
+  meshc::gen::View v85 = arena_.slot(1114112, 4096);
   for (size_t i = 0; i < v85.size(); ++i) {
     v85[i] = float(double(v73[i]) + double(v84[i]));
   }
-  meshc::gen::release(v73, v84);
 
   // performer.mesh:112:9 param -> random_features
   const meshc::gen::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
@@ -2636,284 +2466,261 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v88 = param15_causal_lm_decoder_layer_1_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v89(4096);
+  meshc::gen::View v89 = arena_.slot(0, 4096);
   meshc::gen::along(v89.data(), v85.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::Buffer v91(4096);
+  meshc::gen::View v91 = arena_.slot(65536, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t90 = float(double(v89[at[1]]) * double(v87[at[2]]));
                            v91[at[0]] = float(double(t90) + double(v88[at[3]]));
                          });
-  meshc::gen::release(v89);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v92 = param16_causal_lm_decoder_layer_1_heads_in_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v93(2048);
+  meshc::gen::View v93 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum93(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum93.run(v91.data(), v92.data(), v93.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v94(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v94 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v95(2048);
+  meshc::gen::View v95 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v95[at[0]] = float(double(v93[at[1]]) * double(v94[at[2]]));
                          });
-  meshc::gen::release(v93, v94);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v96(8192);
+  meshc::gen::View v96 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum96(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum96.run(v95.data(), v86.data(), v96.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v97(2048);
+  meshc::gen::View v97 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v97.size(); ++i) {
     v97[i] = float(double(v95[i]) * double(v95[i]));
   }
-  meshc::gen::release(v95);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v98(128);
+  meshc::gen::View v98 = arena_.slot(32768, 128);
   meshc::gen::reduce(v98.data(), {1, 128, 1}, v97.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v97);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v99(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v99 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v100(128);
+  meshc::gen::View v100 = arena_.slot(81920, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v100[at[0]] = float(double(v98[at[1]]) * double(v99[at[2]]));
                          });
-  meshc::gen::release(v98, v99);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v101(8192);
+  meshc::gen::View v101 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v101[at[0]] = float(double(v96[at[1]]) - double(v100[at[2]]));
                          });
-  meshc::gen::release(v96, v100);
 
   // performer.mesh:66:37 max
-  meshc::gen::Buffer v102(128);
+  meshc::gen::View v102 = arena_.slot(0, 128);
   meshc::gen::reduce(v102.data(), {1, 128, 1}, v101.data(), {8192, 64, 64}, {64}, {1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::Buffer v103(128);
+  meshc::gen::View v103 = arena_.slot(81920, 128);
   for (size_t i = 0; i < v103.size(); ++i) {
     v103[i] = float(v102[i]);
   }
-  meshc::gen::release(v102);
 
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::Buffer v105(8192);
+  meshc::gen::View v105 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t104 = float(double(v101[at[1]]) - double(v103[at[2]]));
                            v105[at[0]] = float(std::exp(double(t104)));
                          });
-  meshc::gen::release(v101, v103);
 
   // performer.mesh:66:63 literal
-  meshc::gen::Buffer v106(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v106 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::Buffer v107(8192);
+  meshc::gen::View v107 = arena_.slot(1048576, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v107[at[0]] = float(double(v105[at[1]]) * double(v106[at[2]]));
                          });
-  meshc::gen::release(v105, v106);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v108 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v109(2048);
+  meshc::gen::View v109 = arena_.slot(0, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum109(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum109.run(v91.data(), v108.data(), v109.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::Buffer v110(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v110 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::Buffer v111(2048);
+  meshc::gen::View v111 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v111[at[0]] = float(double(v109[at[1]]) * double(v110[at[2]]));
                          });
-  meshc::gen::release(v109, v110);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::Buffer v112(8192);
+  meshc::gen::View v112 = arena_.slot(0, 8192);
   // dims: batch, seq, heads, d_head, features
   static const meshrt::kernels::EinsumPlan einsum112(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum112.run(v111.data(), v86.data(), v112.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::Buffer v113(2048);
+  meshc::gen::View v113 = arena_.slot(40960, 2048);
   for (size_t i = 0; i < v113.size(); ++i) {
     v113[i] = float(double(v111[i]) * double(v111[i]));
   }
-  meshc::gen::release(v111);
 
   // performer.mesh:57:61 sum
-  meshc::gen::Buffer v114(128);
+  meshc::gen::View v114 = arena_.slot(32768, 128);
   meshc::gen::reduce(v114.data(), {1, 128, 1}, v113.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v113);
 
   // performer.mesh:57:91 literal
-  meshc::gen::Buffer v115(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v115 =
+      arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::Buffer v116(128);
+  meshc::gen::View v116 = arena_.slot(81920, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v116[at[0]] = float(double(v114[at[1]]) * double(v115[at[2]]));
                          });
-  meshc::gen::release(v114, v115);
 
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::Buffer v117(8192);
+  meshc::gen::View v117 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v117[at[0]] = float(double(v112[at[1]]) - double(v116[at[2]]));
                          });
-  meshc::gen::release(v112, v116);
 
   // performer.mesh:71:37 max
-  meshc::gen::Buffer v118(1);
+  meshc::gen::View v118 = arena_.slot(0, 1);
   meshc::gen::reduce(v118.data(), {1, 1}, v117.data(), {8192, 64}, {128, 64}, {64, 1},
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
-  meshc::gen::Buffer v119(1);
+  meshc::gen::View v119 = arena_.slot(81920, 1);
   for (size_t i = 0; i < v119.size(); ++i) {
     v119[i] = float(v118[i]);
   }
-  meshc::gen::release(v118);
 
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::Buffer v121(8192);
+  meshc::gen::View v121 = arena_.slot(0, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t120 = float(double(v117[at[1]]) - double(v119[at[2]]));
                            v121[at[0]] = float(std::exp(double(t120)));
                          });
-  meshc::gen::release(v117, v119);
 
   // performer.mesh:71:68 literal
-  meshc::gen::Buffer v122(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+  meshc::gen::View v122 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::Buffer v123(8192);
+  meshc::gen::View v123 = arena_.slot(1081344, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v123[at[0]] = float(double(v121[at[1]]) * double(v122[at[2]]));
                          });
-  meshc::gen::release(v121, v122);
 
   // performer.mesh:44:9 param -> w
   const meshc::gen::Buffer &v124 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::Buffer v125(2048);
+  meshc::gen::View v125 = arena_.slot(524288, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum125(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum125.run(v91.data(), v124.data(), v125.data());
-  meshc::gen::release(v91);
 
   // performer.mesh:87:19 einsum
-  meshc::gen::Buffer v126(131072);
+  meshc::gen::View v126 = arena_.slot(0, 131072);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum126(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
   einsum126.run(v123.data(), v125.data(), v126.data());
-  meshc::gen::release(v125);
 
   // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::Buffer v127(131072);
+  meshc::gen::View v127 = arena_.slot(524288, 131072);
   meshc::gen::along(v127.data(), v126.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
                     {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
                     128, nullptr);
-  meshc::gen::release(v126);
 
   // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::Buffer v128(2048);
+  meshc::gen::View v128 = arena_.slot(32768, 2048);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum128(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum128.run(v107.data(), v127.data(), v128.data());
-  meshc::gen::release(v127);
 
   // performer.mesh:89:31 cumsum
-  meshc::gen::Buffer v129(8192);
+  meshc::gen::View v129 = arena_.slot(0, 8192);
   meshc::gen::along(v129.data(), v123.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
                     {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
-  meshc::gen::release(v123);
 
   // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::Buffer v130(128);
+  meshc::gen::View v130 = arena_.slot(40960, 128);
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsum130(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsum130.run(v107.data(), v129.data(), v130.data());
-  meshc::gen::release(v107, v129);
 
   // performer.mesh:90:20 div
-  meshc::gen::Buffer v131(2048);
+  meshc::gen::View v131 = arena_.slot(16384, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v131[at[0]] = float(double(v128[at[1]]) / double(v130[at[2]]));
                          });
-  meshc::gen::release(v128, v130);
 
   // performer.mesh:49:9 param -> w
   const meshc::gen::Buffer &v132 = param19_causal_lm_decoder_layer_1_heads_out_w;
 
   // performer.mesh:50:10 einsum
-  meshc::gen::Buffer v133(4096);
+  meshc::gen::View v133 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum133(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum133.run(v131.data(), v132.data(), v133.data());
-  meshc::gen::release(v131);
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %128 over model for add at
   // 116:13)
-  meshc::gen::Buffer v134 = std::move(v133);
+  meshc::gen::View v134 = v133;
   group_model.allReduce(v134.data(), v134.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
-  meshc::gen::Buffer v135(4096);
+  meshc::gen::View v135 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v135.size(); ++i) {
     v135[i] = float(double(v85[i]) + double(v134[i]));
   }
-  meshc::gen::release(v85, v134);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v136 = param20_causal_lm_decoder_layer_1_norm_1_gain;
@@ -2922,19 +2729,18 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v137 = param21_causal_lm_decoder_layer_1_norm_1_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v138(4096);
+  meshc::gen::View v138 = arena_.slot(0, 4096);
   meshc::gen::along(v138.data(), v135.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::Buffer v140(4096);
+  meshc::gen::View v140 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t139 = float(double(v138[at[1]]) * double(v136[at[2]]));
                            v140[at[0]] = float(double(t139) + double(v137[at[3]]));
                          });
-  meshc::gen::release(v138);
 
   // performer.mesh:94:9 param -> w_in
   const meshc::gen::Buffer &v141 = param22_causal_lm_decoder_layer_1_ffn_w_in;
@@ -2943,39 +2749,35 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v142 = param23_causal_lm_decoder_layer_1_ffn_w_out;
 
   // performer.mesh:96:22 einsum
-  meshc::gen::Buffer v143(8192);
+  meshc::gen::View v143 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum143(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum143.run(v140.data(), v141.data(), v143.data());
-  meshc::gen::release(v140);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::Buffer v144(8192);
+  meshc::gen::View v144 = arena_.slot(32768, 8192);
   for (size_t i = 0; i < v144.size(); ++i) {
     v144[i] = float(meshc::gen::gelu(v143[i]));
   }
-  meshc::gen::release(v143);
 
   // performer.mesh:96:10 einsum
-  meshc::gen::Buffer v145(4096);
+  meshc::gen::View v145 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum145(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum145.run(v144.data(), v142.data(), v145.data());
-  meshc::gen::release(v144);
 
   // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %139 over model for add at
   // 117:12)
-  meshc::gen::Buffer v146 = std::move(v145);
+  meshc::gen::View v146 = v145;
   group_model.allReduce(v146.data(), v146.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
-  meshc::gen::Buffer v147(4096);
+  meshc::gen::View v147 = arena_.slot(16384, 4096);
   for (size_t i = 0; i < v147.size(); ++i) {
     v147[i] = float(double(v135[i]) + double(v146[i]));
   }
-  meshc::gen::release(v135, v146);
 
   // performer.mesh:27:9 param -> gain
   const meshc::gen::Buffer &v148 = param24_causal_lm_norm_gain;
@@ -2984,94 +2786,83 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v149 = param25_causal_lm_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::Buffer v150(4096);
+  meshc::gen::View v150 = arena_.slot(0, 4096);
   meshc::gen::along(v150.data(), v147.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-  meshc::gen::release(v147);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::Buffer v152(4096);
+  meshc::gen::View v152 = arena_.slot(16384, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t151 = float(double(v150[at[1]]) * double(v148[at[2]]));
                            v152[at[0]] = float(double(t151) + double(v149[at[3]]));
                          });
-  meshc::gen::release(v150);
 
   // performer.mesh:137:10 einsum
-  meshc::gen::Buffer v153(4096);
+  meshc::gen::View v153 = arena_.slot(0, 4096);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsum153(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum153.run(v152.data(), v7.data(), v153.data());
-  meshc::gen::release(v152);
 
   // performer.mesh:149:25 log_softmax
-  meshc::gen::Buffer v154(4096);
+  meshc::gen::View v154 = arena_.slot(16384, 4096);
   meshc::gen::along(v154.data(), v153.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LogSoftmax, 1e-05, 64, &group_model);
-  meshc::gen::release(v153);
 
   // performer.mesh:149:65 one_hot
-  meshc::gen::Buffer v155(4096);
+  meshc::gen::View v155 = arena_.slot(0, 4096);
   meshc::gen::oneHot(v155.data(), {1, 128, 32}, v1.data(), {128, 1, 0}, {0, 0, 1},
                      meshc::gen::shardStart(world_, {"model"}, 32));
-  meshc::gen::release(v1);
 
   // performer.mesh:149:63 mul
-  meshc::gen::Buffer v156(4096);
+  meshc::gen::View v156 = arena_.slot(32768, 4096);
   for (size_t i = 0; i < v156.size(); ++i) {
     v156[i] = float(double(v154[i]) * double(v155[i]));
   }
-  meshc::gen::release(v154, v155);
 
   // performer.mesh:149:21 sum
-  meshc::gen::Buffer v157(128);
+  meshc::gen::View v157 = arena_.slot(0, 128);
   meshc::gen::reduce(v157.data(), {1, 128}, v156.data(), {4096, 32}, {32}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v156);
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
-  meshc::gen::Buffer v159(128);
+  meshc::gen::View v159 = arena_.slot(512, 128);
   for (size_t i = 0; i < v159.size(); ++i) {
     float t158 = float(-v157[i]);
     v159[i] = float(double(t158) * double(v5[i]));
   }
-  meshc::gen::release(v157);
 
   // performer.mesh:150:14 sum
-  meshc::gen::Buffer v160(1);
+  meshc::gen::View v160 = arena_.slot(0, 1);
   meshc::gen::reduce(v160.data(), {}, v159.data(), {}, {1, 128}, {128, 1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v159);
 
   // performer.mesh:150:43 sum
-  meshc::gen::Buffer v161(1);
+  meshc::gen::View v161 = arena_.slot(64, 1);
   meshc::gen::reduce(v161.data(), {}, v5.data(), {}, {1, 128}, {128, 1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v5);
 
   // performer.mesh:150:41 all_reduce_sum (resolve the partial sum of %153 over data, model for div
   // at 150:41)
-  meshc::gen::Buffer v162 = std::move(v160);
+  meshc::gen::View v162 = v160;
   group_data_model.allReduce(v162.data(), v162.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:150:41 all_reduce_sum (resolve the partial sum of %154 over data for div at
   // 150:41)
-  meshc::gen::Buffer v163 = std::move(v161);
+  meshc::gen::View v163 = v161;
   group_data.allReduce(v163.data(), v163.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:150:41 div -> loss
-  meshc::gen::Buffer v164(1);
+  meshc::gen::View v164 = arena_.slot(128, 1);
   for (size_t i = 0; i < v164.size(); ++i) {
     v164[i] = float(double(v162[i]) / double(v163[i]));
   }
-  meshc::gen::release(v162, v163);
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, std::move(v164)};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v164.begin(), v164.end())};
   return outputs;
 }
 

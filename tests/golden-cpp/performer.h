@@ -36,6 +36,11 @@ public:
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
 
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 131584;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 1170036;
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -105,6 +110,7 @@ private:
                                                         // [d_ff:[model], d_model] local {64, 32}
   meshc::gen::Buffer param22_norm_gain;                 // norm/gain: [d_model] local {32}
   meshc::gen::Buffer param23_norm_bias;                 // norm/bias: [d_model] local {32}
+  meshc::gen::Arena arena_{kArenaBytes};                // run()'s temporaries
 };
 
 /// The program `lm` of performer.mesh, planned for the mesh [data=2, model=2] with layout batch:
@@ -133,6 +139,11 @@ public:
   /// Runs on this rank's shards (a collective call: every rank of the mesh calls it).
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
+
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 1130496;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 3356788;
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
@@ -215,6 +226,7 @@ private:
                                                    // [d_ff:[model], d_model] local {64, 32}
   meshc::gen::Buffer param24_causal_lm_norm_gain;  // causal_lm/norm/gain: [d_model] local {32}
   meshc::gen::Buffer param25_causal_lm_norm_bias;  // causal_lm/norm/bias: [d_model] local {32}
+  meshc::gen::Arena arena_{kArenaBytes};           // run()'s temporaries
 };
 
 /// The train block `lm_train` of performer.mesh, planned for the mesh [data=2, model=2] with layout
@@ -243,6 +255,11 @@ public:
   /// Runs on this rank's shards (a collective call: every rank of the mesh calls it).
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
+
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 1131520;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 3408516;
 
   /// The training step: keys the dropout masks (forward only: autodiff comes later).
   uint64_t step = 0;
@@ -329,6 +346,7 @@ private:
                                                    // [d_ff:[model], d_model] local {64, 32}
   meshc::gen::Buffer param24_causal_lm_norm_gain;  // causal_lm/norm/gain: [d_model] local {32}
   meshc::gen::Buffer param25_causal_lm_norm_bias;  // causal_lm/norm/bias: [d_model] local {32}
+  meshc::gen::Arena arena_{kArenaBytes};           // run()'s temporaries
 };
 
 } // namespace meshc_generated

@@ -162,6 +162,7 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
 }
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
+  // Arena: 90112 bytes for 709148 bytes of temporaries (56 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {2, 32});
 
   // transformer.mesh:46:12 input -> tokens
@@ -177,69 +178,64 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v3 = param2_decoder_unembed;
 
   // transformer.mesh:33:44 one_hot
-  meshc::gen::Buffer v4(3072);
+  meshc::gen::View v4 = arena_.slot(16384, 3072);
   meshc::gen::oneHot(v4.data(), {2, 32, 48}, v0.data(), {32, 1, 0}, {0, 0, 1},
                      meshc::gen::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:33:37 einsum
-  meshc::gen::Buffer v5(4096);
+  meshc::gen::View v5 = arena_.slot(0, 4096);
   // dims: batch, seq, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsum5(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum5.run(v4.data(), v1.data(), v5.data());
-  meshc::gen::release(v4);
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %5 over model for add at
   // 34:37)
-  meshc::gen::Buffer v6 = std::move(v5);
+  meshc::gen::View v6 = v5;
   group_model.allReduce(v6.data(), v6.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:34:37 add -> x
-  meshc::gen::Buffer v7(4096);
+  meshc::gen::View v7 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 64, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v7[at[0]] = float(double(v6[at[1]]) + double(v2[at[2]]));
                          });
-  meshc::gen::release(v6);
 
   // transformer.mesh:38:54 literal
-  meshc::gen::Buffer v8(1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v8 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // transformer.mesh:38:51 ge
   // transformer.mesh:38:39 cast
-  meshc::gen::Buffer v10(64);
+  meshc::gen::View v10 = arena_.slot(4096, 64);
   meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t9 = (v0[at[1]] >= v8[at[2]] ? 1.0f : 0.0f);
                            v10[at[0]] = float(t9);
                          });
-  meshc::gen::release(v8);
 
   // transformer.mesh:38:69 iota
-  meshc::gen::Buffer v11(32);
+  meshc::gen::View v11 = arena_.slot(4352, 32);
   meshc::gen::iota(v11.data(), {32}, {1}, 0);
 
   // transformer.mesh:38:82 iota
-  meshc::gen::Buffer v12(32);
+  meshc::gen::View v12 = arena_.slot(4480, 32);
   meshc::gen::iota(v12.data(), {32}, {1}, 0);
 
   // transformer.mesh:38:79 ge
   // transformer.mesh:38:64 cast
-  meshc::gen::Buffer v14(1024);
+  meshc::gen::View v14 = arena_.slot(0, 1024);
   meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {1, 0}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t13 = (v11[at[1]] >= v12[at[2]] ? 1.0f : 0.0f);
                            v14[at[0]] = float(t13);
                          });
-  meshc::gen::release(v11, v12);
 
   // transformer.mesh:38:62 mul -> allowed
-  meshc::gen::Buffer v15(2048);
+  meshc::gen::View v15 = arena_.slot(81920, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {32, 1, 0}, {0, 32, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v15[at[0]] = float(double(v10[at[1]]) * double(v14[at[2]]));
                          });
-  meshc::gen::release(v10, v14);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
@@ -248,19 +244,18 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v18(4096);
+  meshc::gen::View v18 = arena_.slot(0, 4096);
   meshc::gen::along(v18.data(), v7.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v20(4096);
+  meshc::gen::View v20 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t19 = float(double(v18[at[1]]) * double(v16[at[2]]));
                            v20[at[0]] = float(double(t19) + double(v17[at[3]]));
                          });
-  meshc::gen::release(v18);
 
   // layers.mesh:31:9 param -> w_q
   const meshc::gen::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
@@ -275,108 +270,101 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::Buffer v25(2048);
+  meshc::gen::View v25 = arena_.slot(49152, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum25(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum25.run(v20.data(), v21.data(), v25.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::Buffer v26(2048);
+  meshc::gen::View v26 = arena_.slot(57344, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum26(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum26.run(v20.data(), v22.data(), v26.data());
 
   // layers.mesh:38:11 rename -> k
-  meshc::gen::Buffer v27 = std::move(v26);
+  meshc::gen::View v27 = v26;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::Buffer v28(2048);
+  meshc::gen::View v28 = arena_.slot(65536, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum28(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum28.run(v20.data(), v23.data(), v28.data());
-  meshc::gen::release(v20);
 
   // layers.mesh:39:11 rename -> v
-  meshc::gen::Buffer v29 = std::move(v28);
+  meshc::gen::View v29 = v28;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::Buffer v30(4096);
+  meshc::gen::View v30 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum30(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum30.run(v25.data(), v27.data(), v30.data());
-  meshc::gen::release(v25, v27);
 
   // layers.mesh:41:57 literal
-  meshc::gen::Buffer v31(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v31 =
+      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::Buffer v32(4096);
+  meshc::gen::View v32 = arena_.slot(32768, 4096);
   meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v32[at[0]] = float(double(v30[at[1]]) * double(v31[at[2]]));
                          });
-  meshc::gen::release(v30, v31);
 
   // layers.mesh:43:41 literal
-  meshc::gen::Buffer v33(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v33 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::Buffer v34(2048);
+  meshc::gen::View v34 = arena_.slot(49152, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v34[at[0]] = (v15[at[1]] > v33[at[2]] ? 1.0f : 0.0f);
                          });
-  meshc::gen::release(v33);
 
   // layers.mesh:43:54 literal
-  meshc::gen::Buffer v35(1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  meshc::gen::View v35 =
+      arena_.fill(57344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::Buffer v36(4096);
+  meshc::gen::View v36 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>(
       {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
         v36[at[0]] = float((v34[at[1]] != 0 ? v32[at[2]] : v35[at[3]]));
       });
-  meshc::gen::release(v34, v32, v35);
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::Buffer v37(4096);
+  meshc::gen::View v37 = arena_.slot(32768, 4096);
   meshc::gen::along(v37.data(), v36.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-  meshc::gen::release(v36);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::Buffer v38(2048);
+  meshc::gen::View v38 = arena_.slot(49152, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum38(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum38.run(v37.data(), v29.data(), v38.data());
-  meshc::gen::release(v37, v29);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::Buffer v39(4096);
+  meshc::gen::View v39 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum39(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum39.run(v38.data(), v24.data(), v39.data());
-  meshc::gen::release(v38);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %38 over model for add at
   // 21:13)
-  meshc::gen::Buffer v40 = std::move(v39);
+  meshc::gen::View v40 = v39;
   group_model.allReduce(v40.data(), v40.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
-  meshc::gen::Buffer v41(4096);
+  meshc::gen::View v41 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v41.size(); ++i) {
     v41[i] = float(double(v7[i]) + double(v40[i]));
   }
-  meshc::gen::release(v7, v40);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
@@ -385,19 +373,18 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v44(4096);
+  meshc::gen::View v44 = arena_.slot(0, 4096);
   meshc::gen::along(v44.data(), v41.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v46(4096);
+  meshc::gen::View v46 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t45 = float(double(v44[at[1]]) * double(v42[at[2]]));
                            v46[at[0]] = float(double(t45) + double(v43[at[3]]));
                          });
-  meshc::gen::release(v44);
 
   // layers.mesh:50:9 param -> w_in
   const meshc::gen::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
@@ -412,48 +399,44 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
 
   // layers.mesh:54:16 einsum
-  meshc::gen::Buffer v51(8192);
+  meshc::gen::View v51 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum51(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum51.run(v46.data(), v47.data(), v51.data());
-  meshc::gen::release(v46);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::Buffer v53(8192);
+  meshc::gen::View v53 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t52 = float(double(v51[at[1]]) + double(v48[at[2]]));
                            v53[at[0]] = float(meshc::gen::gelu(t52));
                          });
-  meshc::gen::release(v51);
 
   // layers.mesh:55:17 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v54 = std::move(v53);
+  meshc::gen::View v54 = v53;
 
   // layers.mesh:55:10 einsum
-  meshc::gen::Buffer v55(4096);
+  meshc::gen::View v55 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum55(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum55.run(v54.data(), v49.data(), v55.data());
-  meshc::gen::release(v54);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
-  meshc::gen::Buffer v56 = std::move(v55);
+  meshc::gen::View v56 = v55;
   group_model.allReduce(v56.data(), v56.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
-  meshc::gen::Buffer v58(4096);
+  meshc::gen::View v58 = arena_.slot(16384, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t57 = float(double(v56[at[1]]) + double(v50[at[2]]));
                            v58[at[0]] = float(double(v41[at[3]]) + double(t57));
                          });
-  meshc::gen::release(v56, v41);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
@@ -462,19 +445,18 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v61(4096);
+  meshc::gen::View v61 = arena_.slot(0, 4096);
   meshc::gen::along(v61.data(), v58.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v63(4096);
+  meshc::gen::View v63 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t62 = float(double(v61[at[1]]) * double(v59[at[2]]));
                            v63[at[0]] = float(double(t62) + double(v60[at[3]]));
                          });
-  meshc::gen::release(v61);
 
   // layers.mesh:31:9 param -> w_q
   const meshc::gen::Buffer &v64 = param17_decoder_decoder_layer_1_attention_w_q;
@@ -489,108 +471,101 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::Buffer v68(2048);
+  meshc::gen::View v68 = arena_.slot(49152, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum68(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum68.run(v63.data(), v64.data(), v68.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::Buffer v69(2048);
+  meshc::gen::View v69 = arena_.slot(57344, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum69(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum69.run(v63.data(), v65.data(), v69.data());
 
   // layers.mesh:38:11 rename -> k
-  meshc::gen::Buffer v70 = std::move(v69);
+  meshc::gen::View v70 = v69;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::Buffer v71(2048);
+  meshc::gen::View v71 = arena_.slot(65536, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum71(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum71.run(v63.data(), v66.data(), v71.data());
-  meshc::gen::release(v63);
 
   // layers.mesh:39:11 rename -> v
-  meshc::gen::Buffer v72 = std::move(v71);
+  meshc::gen::View v72 = v71;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::Buffer v73(4096);
+  meshc::gen::View v73 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum73(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum73.run(v68.data(), v70.data(), v73.data());
-  meshc::gen::release(v68, v70);
 
   // layers.mesh:41:57 literal
-  meshc::gen::Buffer v74(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v74 =
+      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::Buffer v75(4096);
+  meshc::gen::View v75 = arena_.slot(32768, 4096);
   meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v75[at[0]] = float(double(v73[at[1]]) * double(v74[at[2]]));
                          });
-  meshc::gen::release(v73, v74);
 
   // layers.mesh:43:41 literal
-  meshc::gen::Buffer v76(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v76 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::Buffer v77(2048);
+  meshc::gen::View v77 = arena_.slot(49152, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v77[at[0]] = (v15[at[1]] > v76[at[2]] ? 1.0f : 0.0f);
                          });
-  meshc::gen::release(v15, v76);
 
   // layers.mesh:43:54 literal
-  meshc::gen::Buffer v78(1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  meshc::gen::View v78 =
+      arena_.fill(57344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::Buffer v79(4096);
+  meshc::gen::View v79 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>(
       {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
         v79[at[0]] = float((v77[at[1]] != 0 ? v75[at[2]] : v78[at[3]]));
       });
-  meshc::gen::release(v77, v75, v78);
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::Buffer v80(4096);
+  meshc::gen::View v80 = arena_.slot(32768, 4096);
   meshc::gen::along(v80.data(), v79.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-  meshc::gen::release(v79);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::Buffer v81(2048);
+  meshc::gen::View v81 = arena_.slot(49152, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum81(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum81.run(v80.data(), v72.data(), v81.data());
-  meshc::gen::release(v80, v72);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::Buffer v82(4096);
+  meshc::gen::View v82 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum82(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum82.run(v81.data(), v67.data(), v82.data());
-  meshc::gen::release(v81);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %79 over model for add at
   // 21:13)
-  meshc::gen::Buffer v83 = std::move(v82);
+  meshc::gen::View v83 = v82;
   group_model.allReduce(v83.data(), v83.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
-  meshc::gen::Buffer v84(4096);
+  meshc::gen::View v84 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v84.size(); ++i) {
     v84[i] = float(double(v58[i]) + double(v83[i]));
   }
-  meshc::gen::release(v58, v83);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
@@ -599,19 +574,18 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v87(4096);
+  meshc::gen::View v87 = arena_.slot(0, 4096);
   meshc::gen::along(v87.data(), v84.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v89(4096);
+  meshc::gen::View v89 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t88 = float(double(v87[at[1]]) * double(v85[at[2]]));
                            v89[at[0]] = float(double(t88) + double(v86[at[3]]));
                          });
-  meshc::gen::release(v87);
 
   // layers.mesh:50:9 param -> w_in
   const meshc::gen::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
@@ -626,48 +600,44 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
 
   // layers.mesh:54:16 einsum
-  meshc::gen::Buffer v94(8192);
+  meshc::gen::View v94 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum94(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum94.run(v89.data(), v90.data(), v94.data());
-  meshc::gen::release(v89);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::Buffer v96(8192);
+  meshc::gen::View v96 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t95 = float(double(v94[at[1]]) + double(v91[at[2]]));
                            v96[at[0]] = float(meshc::gen::gelu(t95));
                          });
-  meshc::gen::release(v94);
 
   // layers.mesh:55:17 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v97 = std::move(v96);
+  meshc::gen::View v97 = v96;
 
   // layers.mesh:55:10 einsum
-  meshc::gen::Buffer v98(4096);
+  meshc::gen::View v98 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum98(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum98.run(v97.data(), v92.data(), v98.data());
-  meshc::gen::release(v97);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %94 over model for add at 55:71)
-  meshc::gen::Buffer v99 = std::move(v98);
+  meshc::gen::View v99 = v98;
   group_model.allReduce(v99.data(), v99.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
-  meshc::gen::Buffer v101(4096);
+  meshc::gen::View v101 = arena_.slot(16384, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t100 = float(double(v99[at[1]]) + double(v93[at[2]]));
                            v101[at[0]] = float(double(v84[at[3]]) + double(t100));
                          });
-  meshc::gen::release(v99, v84);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v102 = param27_decoder_norm_gain;
@@ -676,31 +646,28 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v103 = param28_decoder_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v104(4096);
+  meshc::gen::View v104 = arena_.slot(0, 4096);
   meshc::gen::along(v104.data(), v101.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v101);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v106(4096);
+  meshc::gen::View v106 = arena_.slot(16384, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t105 = float(double(v104[at[1]]) * double(v102[at[2]]));
                            v106[at[0]] = float(double(t105) + double(v103[at[3]]));
                          });
-  meshc::gen::release(v104);
 
   // transformer.mesh:43:10 einsum -> logits
-  meshc::gen::Buffer v107(3072);
+  meshc::gen::View v107 = arena_.slot(0, 3072);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsum107(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum107.run(v106.data(), v3.data(), v107.data());
-  meshc::gen::release(v106);
 
   Outputs outputs;
-  outputs.logits = meshc::gen::Tensor{{2, 32, 48}, std::move(v107)};
+  outputs.logits = meshc::gen::Tensor{{2, 32, 48}, meshc::gen::Buffer(v107.begin(), v107.end())};
   return outputs;
 }
 
@@ -903,32 +870,31 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
+  // Arena: 90624 bytes for 812844 bytes of temporaries (70 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {2, 32});
 
   // transformer.mesh:53:16 input -> tokens
   const meshc::gen::Buffer &v0 = inputs.tokens.data;
 
   // transformer.mesh:54:17 shift -> targets
-  meshc::gen::Buffer v1(64);
+  meshc::gen::View v1 = arena_.slot(90112, 64);
   meshc::gen::shift(v1, v0, {2, 32}, 1, -1, nullptr);
 
   // transformer.mesh:55:39 literal
-  meshc::gen::Buffer v2(1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v2 = arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // transformer.mesh:55:36 ge
   // transformer.mesh:55:24 cast
-  meshc::gen::Buffer v4(64);
+  meshc::gen::View v4 = arena_.slot(0, 64);
   meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t3 = (v0[at[1]] >= v2[at[2]] ? 1.0f : 0.0f);
                            v4[at[0]] = float(t3);
                          });
-  meshc::gen::release(v2);
 
   // transformer.mesh:55:18 shift -> has_next
-  meshc::gen::Buffer v5(64);
+  meshc::gen::View v5 = arena_.slot(90368, 64);
   meshc::gen::shift(v5, v4, {2, 32}, 1, -1, nullptr);
-  meshc::gen::release(v4);
 
   // transformer.mesh:27:9 param -> token_embedding
   const meshc::gen::Buffer &v6 = param0_decoder_token_embedding;
@@ -940,69 +906,64 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v8 = param2_decoder_unembed;
 
   // transformer.mesh:33:44 one_hot
-  meshc::gen::Buffer v9(3072);
+  meshc::gen::View v9 = arena_.slot(16384, 3072);
   meshc::gen::oneHot(v9.data(), {2, 32, 48}, v0.data(), {32, 1, 0}, {0, 0, 1},
                      meshc::gen::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:33:37 einsum
-  meshc::gen::Buffer v10(4096);
+  meshc::gen::View v10 = arena_.slot(0, 4096);
   // dims: batch, seq, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsum10(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum10.run(v9.data(), v6.data(), v10.data());
-  meshc::gen::release(v9);
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %10 over model for add at
   // 34:37)
-  meshc::gen::Buffer v11 = std::move(v10);
+  meshc::gen::View v11 = v10;
   group_model.allReduce(v11.data(), v11.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:34:37 add -> x
-  meshc::gen::Buffer v12(4096);
+  meshc::gen::View v12 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 64, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v12[at[0]] = float(double(v11[at[1]]) + double(v7[at[2]]));
                          });
-  meshc::gen::release(v11);
 
   // transformer.mesh:38:54 literal
-  meshc::gen::Buffer v13(1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v13 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // transformer.mesh:38:51 ge
   // transformer.mesh:38:39 cast
-  meshc::gen::Buffer v15(64);
+  meshc::gen::View v15 = arena_.slot(4096, 64);
   meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t14 = (v0[at[1]] >= v13[at[2]] ? 1.0f : 0.0f);
                            v15[at[0]] = float(t14);
                          });
-  meshc::gen::release(v13);
 
   // transformer.mesh:38:69 iota
-  meshc::gen::Buffer v16(32);
+  meshc::gen::View v16 = arena_.slot(4352, 32);
   meshc::gen::iota(v16.data(), {32}, {1}, 0);
 
   // transformer.mesh:38:82 iota
-  meshc::gen::Buffer v17(32);
+  meshc::gen::View v17 = arena_.slot(4480, 32);
   meshc::gen::iota(v17.data(), {32}, {1}, 0);
 
   // transformer.mesh:38:79 ge
   // transformer.mesh:38:64 cast
-  meshc::gen::Buffer v19(1024);
+  meshc::gen::View v19 = arena_.slot(0, 1024);
   meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {1, 0}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t18 = (v16[at[1]] >= v17[at[2]] ? 1.0f : 0.0f);
                            v19[at[0]] = float(t18);
                          });
-  meshc::gen::release(v16, v17);
 
   // transformer.mesh:38:62 mul -> allowed
-  meshc::gen::Buffer v20(2048);
+  meshc::gen::View v20 = arena_.slot(81920, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {32, 1, 0}, {0, 32, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v20[at[0]] = float(double(v15[at[1]]) * double(v19[at[2]]));
                          });
-  meshc::gen::release(v15, v19);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v21 = param3_decoder_decoder_layer_0_norm_gain;
@@ -1011,19 +972,18 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v22 = param4_decoder_decoder_layer_0_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v23(4096);
+  meshc::gen::View v23 = arena_.slot(0, 4096);
   meshc::gen::along(v23.data(), v12.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v25(4096);
+  meshc::gen::View v25 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t24 = float(double(v23[at[1]]) * double(v21[at[2]]));
                            v25[at[0]] = float(double(t24) + double(v22[at[3]]));
                          });
-  meshc::gen::release(v23);
 
   // layers.mesh:31:9 param -> w_q
   const meshc::gen::Buffer &v26 = param5_decoder_decoder_layer_0_attention_w_q;
@@ -1038,108 +998,101 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v29 = param8_decoder_decoder_layer_0_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::Buffer v30(2048);
+  meshc::gen::View v30 = arena_.slot(49152, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum30(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum30.run(v25.data(), v26.data(), v30.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::Buffer v31(2048);
+  meshc::gen::View v31 = arena_.slot(57344, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum31(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum31.run(v25.data(), v27.data(), v31.data());
 
   // layers.mesh:38:11 rename -> k
-  meshc::gen::Buffer v32 = std::move(v31);
+  meshc::gen::View v32 = v31;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::Buffer v33(2048);
+  meshc::gen::View v33 = arena_.slot(65536, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum33(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum33.run(v25.data(), v28.data(), v33.data());
-  meshc::gen::release(v25);
 
   // layers.mesh:39:11 rename -> v
-  meshc::gen::Buffer v34 = std::move(v33);
+  meshc::gen::View v34 = v33;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::Buffer v35(4096);
+  meshc::gen::View v35 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum35(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum35.run(v30.data(), v32.data(), v35.data());
-  meshc::gen::release(v30, v32);
 
   // layers.mesh:41:57 literal
-  meshc::gen::Buffer v36(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v36 =
+      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::Buffer v37(4096);
+  meshc::gen::View v37 = arena_.slot(32768, 4096);
   meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v37[at[0]] = float(double(v35[at[1]]) * double(v36[at[2]]));
                          });
-  meshc::gen::release(v35, v36);
 
   // layers.mesh:43:41 literal
-  meshc::gen::Buffer v38(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v38 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::Buffer v39(2048);
+  meshc::gen::View v39 = arena_.slot(49152, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v39[at[0]] = (v20[at[1]] > v38[at[2]] ? 1.0f : 0.0f);
                          });
-  meshc::gen::release(v38);
 
   // layers.mesh:43:54 literal
-  meshc::gen::Buffer v40(1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  meshc::gen::View v40 =
+      arena_.fill(57344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::Buffer v41(4096);
+  meshc::gen::View v41 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>(
       {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
         v41[at[0]] = float((v39[at[1]] != 0 ? v37[at[2]] : v40[at[3]]));
       });
-  meshc::gen::release(v39, v37, v40);
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::Buffer v42(4096);
+  meshc::gen::View v42 = arena_.slot(32768, 4096);
   meshc::gen::along(v42.data(), v41.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-  meshc::gen::release(v41);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::Buffer v43(2048);
+  meshc::gen::View v43 = arena_.slot(49152, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum43(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum43.run(v42.data(), v34.data(), v43.data());
-  meshc::gen::release(v42, v34);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::Buffer v44(4096);
+  meshc::gen::View v44 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum44(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum44.run(v43.data(), v29.data(), v44.data());
-  meshc::gen::release(v43);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
   // 21:13)
-  meshc::gen::Buffer v45 = std::move(v44);
+  meshc::gen::View v45 = v44;
   group_model.allReduce(v45.data(), v45.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
-  meshc::gen::Buffer v46(4096);
+  meshc::gen::View v46 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v46.size(); ++i) {
     v46[i] = float(double(v12[i]) + double(v45[i]));
   }
-  meshc::gen::release(v12, v45);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v47 = param9_decoder_decoder_layer_0_norm_1_gain;
@@ -1148,19 +1101,18 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v48 = param10_decoder_decoder_layer_0_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v49(4096);
+  meshc::gen::View v49 = arena_.slot(0, 4096);
   meshc::gen::along(v49.data(), v46.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v51(4096);
+  meshc::gen::View v51 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t50 = float(double(v49[at[1]]) * double(v47[at[2]]));
                            v51[at[0]] = float(double(t50) + double(v48[at[3]]));
                          });
-  meshc::gen::release(v49);
 
   // layers.mesh:50:9 param -> w_in
   const meshc::gen::Buffer &v52 = param11_decoder_decoder_layer_0_ffn_w_in;
@@ -1175,25 +1127,23 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v55 = param14_decoder_decoder_layer_0_ffn_b_out;
 
   // layers.mesh:54:16 einsum
-  meshc::gen::Buffer v56(8192);
+  meshc::gen::View v56 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum56(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum56.run(v51.data(), v52.data(), v56.data());
-  meshc::gen::release(v51);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::Buffer v58(8192);
+  meshc::gen::View v58 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t57 = float(double(v56[at[1]]) + double(v53[at[2]]));
                            v58[at[0]] = float(meshc::gen::gelu(t57));
                          });
-  meshc::gen::release(v56);
 
   // layers.mesh:55:17 dropout
-  meshc::gen::Buffer v59(8192);
+  meshc::gen::View v59 = arena_.slot(0, 8192);
   meshc::gen::dropout(
       v59.data(), {2, 32, 128}, v58.data(), {4096, 128, 1}, {8192, 256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
@@ -1202,29 +1152,26 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
       meshrt::streamKey(seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") + "#" +
                                    std::to_string(step)),
       0.1);
-  meshc::gen::release(v58);
 
   // layers.mesh:55:10 einsum
-  meshc::gen::Buffer v60(4096);
+  meshc::gen::View v60 = arena_.slot(32768, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum60(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum60.run(v59.data(), v54.data(), v60.data());
-  meshc::gen::release(v59);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
-  meshc::gen::Buffer v61 = std::move(v60);
+  meshc::gen::View v61 = v60;
   group_model.allReduce(v61.data(), v61.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
-  meshc::gen::Buffer v63(4096);
+  meshc::gen::View v63 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t62 = float(double(v61[at[1]]) + double(v55[at[2]]));
                            v63[at[0]] = float(double(v46[at[3]]) + double(t62));
                          });
-  meshc::gen::release(v61, v46);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v64 = param15_decoder_decoder_layer_1_norm_gain;
@@ -1233,19 +1180,18 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v65 = param16_decoder_decoder_layer_1_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v66(4096);
+  meshc::gen::View v66 = arena_.slot(16384, 4096);
   meshc::gen::along(v66.data(), v63.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v68(4096);
+  meshc::gen::View v68 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t67 = float(double(v66[at[1]]) * double(v64[at[2]]));
                            v68[at[0]] = float(double(t67) + double(v65[at[3]]));
                          });
-  meshc::gen::release(v66);
 
   // layers.mesh:31:9 param -> w_q
   const meshc::gen::Buffer &v69 = param17_decoder_decoder_layer_1_attention_w_q;
@@ -1260,108 +1206,101 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v72 = param20_decoder_decoder_layer_1_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::Buffer v73(2048);
+  meshc::gen::View v73 = arena_.slot(49152, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum73(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum73.run(v68.data(), v69.data(), v73.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::Buffer v74(2048);
+  meshc::gen::View v74 = arena_.slot(57344, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum74(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum74.run(v68.data(), v70.data(), v74.data());
 
   // layers.mesh:38:11 rename -> k
-  meshc::gen::Buffer v75 = std::move(v74);
+  meshc::gen::View v75 = v74;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::Buffer v76(2048);
+  meshc::gen::View v76 = arena_.slot(65536, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum76(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum76.run(v68.data(), v71.data(), v76.data());
-  meshc::gen::release(v68);
 
   // layers.mesh:39:11 rename -> v
-  meshc::gen::Buffer v77 = std::move(v76);
+  meshc::gen::View v77 = v76;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::Buffer v78(4096);
+  meshc::gen::View v78 = arena_.slot(16384, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum78(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum78.run(v73.data(), v75.data(), v78.data());
-  meshc::gen::release(v73, v75);
 
   // layers.mesh:41:57 literal
-  meshc::gen::Buffer v79(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v79 =
+      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::Buffer v80(4096);
+  meshc::gen::View v80 = arena_.slot(32768, 4096);
   meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v80[at[0]] = float(double(v78[at[1]]) * double(v79[at[2]]));
                          });
-  meshc::gen::release(v78, v79);
 
   // layers.mesh:43:41 literal
-  meshc::gen::Buffer v81(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v81 = arena_.fill(16384, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::Buffer v82(2048);
+  meshc::gen::View v82 = arena_.slot(49152, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v82[at[0]] = (v20[at[1]] > v81[at[2]] ? 1.0f : 0.0f);
                          });
-  meshc::gen::release(v20, v81);
 
   // layers.mesh:43:54 literal
-  meshc::gen::Buffer v83(1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  meshc::gen::View v83 =
+      arena_.fill(57344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::Buffer v84(4096);
+  meshc::gen::View v84 = arena_.slot(16384, 4096);
   meshc::gen::forEach<4>(
       {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
         v84[at[0]] = float((v82[at[1]] != 0 ? v80[at[2]] : v83[at[3]]));
       });
-  meshc::gen::release(v82, v80, v83);
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::Buffer v85(4096);
+  meshc::gen::View v85 = arena_.slot(32768, 4096);
   meshc::gen::along(v85.data(), v84.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-  meshc::gen::release(v84);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::Buffer v86(2048);
+  meshc::gen::View v86 = arena_.slot(49152, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum86(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum86.run(v85.data(), v77.data(), v86.data());
-  meshc::gen::release(v85, v77);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::Buffer v87(4096);
+  meshc::gen::View v87 = arena_.slot(16384, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum87(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum87.run(v86.data(), v72.data(), v87.data());
-  meshc::gen::release(v86);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %84 over model for add at
   // 21:13)
-  meshc::gen::Buffer v88 = std::move(v87);
+  meshc::gen::View v88 = v87;
   group_model.allReduce(v88.data(), v88.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
-  meshc::gen::Buffer v89(4096);
+  meshc::gen::View v89 = arena_.slot(65536, 4096);
   for (size_t i = 0; i < v89.size(); ++i) {
     v89[i] = float(double(v63[i]) + double(v88[i]));
   }
-  meshc::gen::release(v63, v88);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v90 = param21_decoder_decoder_layer_1_norm_1_gain;
@@ -1370,19 +1309,18 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v91 = param22_decoder_decoder_layer_1_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v92(4096);
+  meshc::gen::View v92 = arena_.slot(0, 4096);
   meshc::gen::along(v92.data(), v89.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v94(4096);
+  meshc::gen::View v94 = arena_.slot(32768, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t93 = float(double(v92[at[1]]) * double(v90[at[2]]));
                            v94[at[0]] = float(double(t93) + double(v91[at[3]]));
                          });
-  meshc::gen::release(v92);
 
   // layers.mesh:50:9 param -> w_in
   const meshc::gen::Buffer &v95 = param23_decoder_decoder_layer_1_ffn_w_in;
@@ -1397,25 +1335,23 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v98 = param26_decoder_decoder_layer_1_ffn_b_out;
 
   // layers.mesh:54:16 einsum
-  meshc::gen::Buffer v99(8192);
+  meshc::gen::View v99 = arena_.slot(0, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum99(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum99.run(v94.data(), v95.data(), v99.data());
-  meshc::gen::release(v94);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::Buffer v101(8192);
+  meshc::gen::View v101 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t100 = float(double(v99[at[1]]) + double(v96[at[2]]));
                            v101[at[0]] = float(meshc::gen::gelu(t100));
                          });
-  meshc::gen::release(v99);
 
   // layers.mesh:55:17 dropout
-  meshc::gen::Buffer v102(8192);
+  meshc::gen::View v102 = arena_.slot(0, 8192);
   meshc::gen::dropout(
       v102.data(), {2, 32, 128}, v101.data(), {4096, 128, 1}, {8192, 256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
@@ -1424,29 +1360,26 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
       meshrt::streamKey(seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") + "#" +
                                    std::to_string(step)),
       0.1);
-  meshc::gen::release(v101);
 
   // layers.mesh:55:10 einsum
-  meshc::gen::Buffer v103(4096);
+  meshc::gen::View v103 = arena_.slot(32768, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum103(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum103.run(v102.data(), v97.data(), v103.data());
-  meshc::gen::release(v102);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %99 over model for add at 55:71)
-  meshc::gen::Buffer v104 = std::move(v103);
+  meshc::gen::View v104 = v103;
   group_model.allReduce(v104.data(), v104.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
-  meshc::gen::Buffer v106(4096);
+  meshc::gen::View v106 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t105 = float(double(v104[at[1]]) + double(v98[at[2]]));
                            v106[at[0]] = float(double(v89[at[3]]) + double(t105));
                          });
-  meshc::gen::release(v104, v89);
 
   // layers.mesh:22:9 param -> gain
   const meshc::gen::Buffer &v107 = param27_decoder_norm_gain;
@@ -1455,94 +1388,83 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v108 = param28_decoder_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::Buffer v109(4096);
+  meshc::gen::View v109 = arena_.slot(16384, 4096);
   meshc::gen::along(v109.data(), v106.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-  meshc::gen::release(v106);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::Buffer v111(4096);
+  meshc::gen::View v111 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t110 = float(double(v109[at[1]]) * double(v107[at[2]]));
                            v111[at[0]] = float(double(t110) + double(v108[at[3]]));
                          });
-  meshc::gen::release(v109);
 
   // transformer.mesh:43:10 einsum
-  meshc::gen::Buffer v112(3072);
+  meshc::gen::View v112 = arena_.slot(16384, 3072);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsum112(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum112.run(v111.data(), v8.data(), v112.data());
-  meshc::gen::release(v111);
 
   // transformer.mesh:56:14 log_softmax -> logp
-  meshc::gen::Buffer v113(3072);
+  meshc::gen::View v113 = arena_.slot(0, 3072);
   meshc::gen::along(v113.data(), v112.data(), {2, 32}, {1536, 48}, {1536, 48}, {48}, {1}, {1},
                     meshc::gen::Along::LogSoftmax, 1e-05, 96, &group_model);
-  meshc::gen::release(v112);
 
   // transformer.mesh:59:32 one_hot
-  meshc::gen::Buffer v114(3072);
+  meshc::gen::View v114 = arena_.slot(12288, 3072);
   meshc::gen::oneHot(v114.data(), {2, 32, 48}, v1.data(), {32, 1, 0}, {0, 0, 1},
                      meshc::gen::shardStart(world_, {"model"}, 48));
-  meshc::gen::release(v1);
 
   // transformer.mesh:59:30 mul
-  meshc::gen::Buffer v115(3072);
+  meshc::gen::View v115 = arena_.slot(24576, 3072);
   for (size_t i = 0; i < v115.size(); ++i) {
     v115[i] = float(double(v113[i]) * double(v114[i]));
   }
-  meshc::gen::release(v113, v114);
 
   // transformer.mesh:59:21 sum
-  meshc::gen::Buffer v116(64);
+  meshc::gen::View v116 = arena_.slot(0, 64);
   meshc::gen::reduce(v116.data(), {2, 32}, v115.data(), {1536, 48}, {48}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v115);
 
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
-  meshc::gen::Buffer v118(64);
+  meshc::gen::View v118 = arena_.slot(256, 64);
   for (size_t i = 0; i < v118.size(); ++i) {
     float t117 = float(-v116[i]);
     v118[i] = float(double(t117) * double(v5[i]));
   }
-  meshc::gen::release(v116);
 
   // transformer.mesh:60:14 sum
-  meshc::gen::Buffer v119(1);
+  meshc::gen::View v119 = arena_.slot(0, 1);
   meshc::gen::reduce(v119.data(), {}, v118.data(), {}, {2, 32}, {32, 1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v118);
 
   // transformer.mesh:60:43 sum
-  meshc::gen::Buffer v120(1);
+  meshc::gen::View v120 = arena_.slot(64, 1);
   meshc::gen::reduce(v120.data(), {}, v5.data(), {}, {2, 32}, {32, 1}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v5);
 
   // transformer.mesh:60:41 all_reduce_sum (resolve the partial sum of %114 over data, model for div
   // at 60:41)
-  meshc::gen::Buffer v121 = std::move(v119);
+  meshc::gen::View v121 = v119;
   group_data_model.allReduce(v121.data(), v121.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:60:41 all_reduce_sum (resolve the partial sum of %115 over data for div at
   // 60:41)
-  meshc::gen::Buffer v122 = std::move(v120);
+  meshc::gen::View v122 = v120;
   group_data.allReduce(v122.data(), v122.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:60:41 div -> loss
-  meshc::gen::Buffer v123(1);
+  meshc::gen::View v123 = arena_.slot(128, 1);
   for (size_t i = 0; i < v123.size(); ++i) {
     v123[i] = float(double(v121[i]) / double(v122[i]));
   }
-  meshc::gen::release(v121, v122);
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, std::move(v123)};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v123.begin(), v123.end())};
   return outputs;
 }
 

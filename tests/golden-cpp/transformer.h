@@ -36,6 +36,11 @@ public:
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
 
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 90112;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 709148;
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -120,6 +125,7 @@ private:
                                                                 // [d_model] local {64}
   meshc::gen::Buffer param27_decoder_norm_gain; // decoder/norm/gain: [d_model] local {64}
   meshc::gen::Buffer param28_decoder_norm_bias; // decoder/norm/bias: [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes};        // run()'s temporaries
 };
 
 /// The train block `lm_train` of transformer.mesh, planned for the mesh [data=2, model=2] with
@@ -148,6 +154,11 @@ public:
   /// Runs on this rank's shards (a collective call: every rank of the mesh calls it).
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
+
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 90624;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 812844;
 
   /// The training step: keys the dropout masks (forward only: autodiff comes later).
   uint64_t step = 0;
@@ -238,6 +249,7 @@ private:
                                                                 // [d_model] local {64}
   meshc::gen::Buffer param27_decoder_norm_gain; // decoder/norm/gain: [d_model] local {64}
   meshc::gen::Buffer param28_decoder_norm_bias; // decoder/norm/bias: [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes};        // run()'s temporaries
 };
 
 } // namespace meshc_generated

@@ -170,6 +170,7 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
 }
 
 Classify::Outputs Classify::run(const Inputs &inputs) {
+  // Arena: 43520 bytes for 480876 bytes of temporaries (71 slots, placed by liveness).
   meshc::gen::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
 
   // vit.mesh:103:18 input -> image
@@ -194,94 +195,83 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v6 = param5_vit_embed_patches_b_patch;
 
   // vit.mesh:44:20 pad
-  meshc::gen::Buffer v7(1344);
+  meshc::gen::View v7 = arena_.slot(6144, 1344);
   meshc::gen::copyWindow(v7.data(), v0.data(), {2, 14, 3}, {672, 3, 1}, {588, 3, 1}, 42, 42, 16, 14,
                          1 - 0);
 
   // vit.mesh:44:16 pad -> padded
-  meshc::gen::Buffer v8(1536);
+  meshc::gen::View v8 = arena_.slot(0, 1536);
   meshc::gen::copyWindow(v8.data(), v7.data(), {2, 16, 3}, {768, 48, 1}, {672, 42, 1}, 3, 3, 16, 14,
                          1 - 0);
-  meshc::gen::release(v7);
 
   // vit.mesh:46:14 reshape -> rows
-  meshc::gen::Buffer v9(1536);
+  meshc::gen::View v9 = arena_.slot(6144, 1536);
   meshc::gen::reshape(v9.data(), {2, 4, 4, 16, 3}, v8.data(), {768, 0, 0, 3, 1}, {0, 4, 1, 0, 0},
                       {16}, {48}, 0);
-  meshc::gen::release(v8);
 
   // vit.mesh:47:14 reshape -> grid
-  meshc::gen::Buffer v10(1536);
+  meshc::gen::View v10 = arena_.slot(0, 1536);
   meshc::gen::reshape(v10.data(), {2, 4, 4, 4, 4, 3}, v9.data(), {768, 192, 48, 0, 0, 1},
                       {0, 0, 0, 4, 1, 0}, {16}, {3}, 0);
-  meshc::gen::release(v9);
 
   // vit.mesh:48:14 reshape -> flat
-  meshc::gen::Buffer v11(1536);
+  meshc::gen::View v11 = arena_.slot(8192, 1536);
   meshc::gen::reshape(v11.data(), {2, 16, 4, 4, 3}, v10.data(), {768, 0, 48, 3, 1}, {0, 1, 0, 0, 0},
                       {4, 4}, {192, 12}, 0);
-  meshc::gen::release(v10);
 
   // vit.mesh:50:10 einsum
-  meshc::gen::Buffer v12(2048);
+  meshc::gen::View v12 = arena_.slot(0, 2048);
   // dims: batch, patches, pixel_row, pixel_col, channels, d_model
   static const meshrt::kernels::EinsumPlan einsum12(
       {{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
   einsum12.run(v11.data(), v5.data(), v12.data());
-  meshc::gen::release(v11);
 
   // vit.mesh:50:59 add -> patch_embeddings
-  meshc::gen::Buffer v13(2048);
+  meshc::gen::View v13 = arena_.slot(8704, 2048);
   meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v13[at[0]] = float(double(v12[at[1]]) + double(v6[at[2]]));
                          });
-  meshc::gen::release(v12);
 
   // vit.mesh:92:41 iota
-  meshc::gen::Buffer v14(2);
+  meshc::gen::View v14 = arena_.slot(0, 2);
   meshc::gen::iota(v14.data(), {2}, {1}, meshc::gen::shardStart(world_, {"data"}, 2));
 
   // vit.mesh:92:56 literal
-  meshc::gen::Buffer v15(1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v15 = arena_.fill(128, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // vit.mesh:92:53 ge
   // vit.mesh:92:36 cast
-  meshc::gen::Buffer v17(2);
+  meshc::gen::View v17 = arena_.slot(64, 2);
   meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
     float t16 = (v14[at[1]] >= v15[at[2]] ? 1.0f : 0.0f);
     v17[at[0]] = float(t16);
   });
-  meshc::gen::release(v14, v15);
 
   // vit.mesh:92:34 mul -> class_tokens
-  meshc::gen::Buffer v18(128);
+  meshc::gen::View v18 = arena_.slot(16896, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v18[at[0]] = float(double(v1[at[1]]) * double(v17[at[2]]));
                          });
-  meshc::gen::release(v17);
 
   // vit.mesh:93:40 concat
-  meshc::gen::Buffer v19(2176);
+  meshc::gen::View v19 = arena_.slot(0, 2176);
   meshc::gen::copyWindow(v19.data(), v18.data(), {64, 2}, {2, 1}, {2, 1}, 128, 128, 17, 1, 0 - 0);
   meshc::gen::copyWindow(v19.data(), v13.data(), {64, 2}, {2, 1}, {1, 1024}, 128, 64, 17, 16,
                          1 - 0);
-  meshc::gen::release(v18, v13);
 
   // vit.mesh:94:40 add
-  meshc::gen::Buffer v20(2176);
+  meshc::gen::View v20 = arena_.slot(8704, 2176);
   meshc::gen::forEach<3>({17, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v20[at[0]] = float(double(v19[at[1]]) + double(v2[at[2]]));
                          });
-  meshc::gen::release(v19);
 
   // vit.mesh:93:40 transpose -> x
-  meshc::gen::Buffer v21(2176);
+  meshc::gen::View v21 = arena_.slot(0, 2176);
   meshc::gen::forEach<2>({2, 17, 64}, {{{1088, 64, 1}, {1, 128, 2}}}, {},
                          [&](const std::array<int64_t, 2> &at) { v21[at[0]] = float(v20[at[1]]); });
-  meshc::gen::release(v20);
 
   // vit.mesh:78:9 param -> attention_scale
   const meshc::gen::Buffer &v22 = param6_vit_encoder_layer_0_attention_scale;
@@ -296,19 +286,18 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v25 = param9_vit_encoder_layer_0_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v26(2176);
+  meshc::gen::View v26 = arena_.slot(8704, 2176);
   meshc::gen::along(v26.data(), v21.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v28(2176);
+  meshc::gen::View v28 = arena_.slot(17408, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t27 = float(double(v26[at[1]]) * double(v24[at[2]]));
                            v28[at[0]] = float(double(t27) + double(v25[at[3]]));
                          });
-  meshc::gen::release(v26);
 
   // vit.mesh:55:9 param -> w_q
   const meshc::gen::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
@@ -323,97 +312,89 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v32 = param13_vit_encoder_layer_0_attention_w_o;
 
   // vit.mesh:59:11 einsum -> q
-  meshc::gen::Buffer v33(1088);
+  meshc::gen::View v33 = arena_.slot(26112, 1088);
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum33(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum33.run(v28.data(), v29.data(), v33.data());
 
   // vit.mesh:60:18 rename
-  meshc::gen::Buffer v34 = v28;
+  meshc::gen::View v34 = arena_.copy(8704, v28);
 
   // vit.mesh:60:11 einsum -> k
-  meshc::gen::Buffer v35(1088);
+  meshc::gen::View v35 = arena_.slot(30464, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum35(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum35.run(v34.data(), v30.data(), v35.data());
-  meshc::gen::release(v34);
 
   // vit.mesh:61:18 rename
-  meshc::gen::Buffer v36 = std::move(v28);
+  meshc::gen::View v36 = v28;
 
   // vit.mesh:61:11 einsum -> v
-  meshc::gen::Buffer v37(1088);
+  meshc::gen::View v37 = arena_.slot(34816, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum37(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum37.run(v36.data(), v31.data(), v37.data());
-  meshc::gen::release(v36);
 
   // vit.mesh:62:25 einsum
-  meshc::gen::Buffer v38(1156);
+  meshc::gen::View v38 = arena_.slot(8704, 1156);
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum38(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum38.run(v33.data(), v35.data(), v38.data());
-  meshc::gen::release(v33, v35);
 
   // vit.mesh:62:69 literal
-  meshc::gen::Buffer v39(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v39 =
+      arena_.fill(18048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // vit.mesh:62:67 mul
-  meshc::gen::Buffer v40(1156);
+  meshc::gen::View v40 = arena_.slot(13376, 1156);
   meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v40[at[0]] = float(double(v38[at[1]]) * double(v39[at[2]]));
                          });
-  meshc::gen::release(v38, v39);
 
   // vit.mesh:62:17 softmax -> weights
-  meshc::gen::Buffer v41(1156);
+  meshc::gen::View v41 = arena_.slot(8704, 1156);
   meshc::gen::along(v41.data(), v40.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
                     {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
-  meshc::gen::release(v40);
 
   // vit.mesh:63:17 einsum
-  meshc::gen::Buffer v42(1088);
+  meshc::gen::View v42 = arena_.slot(17408, 1088);
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum42(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum42.run(v41.data(), v37.data(), v42.data());
-  meshc::gen::release(v41, v37);
 
   // vit.mesh:63:10 einsum
-  meshc::gen::Buffer v43(2176);
+  meshc::gen::View v43 = arena_.slot(8704, 2176);
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum43(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum43.run(v42.data(), v32.data(), v43.data());
-  meshc::gen::release(v42);
 
   // vit.mesh:80:15 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v44 = std::move(v43);
+  meshc::gen::View v44 = v43;
 
   // vit.mesh:80:55 mul
-  meshc::gen::Buffer v45(2176);
+  meshc::gen::View v45 = arena_.slot(17408, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v45[at[0]] = float(double(v44[at[1]]) * double(v22[at[2]]));
                          });
-  meshc::gen::release(v44);
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
-  meshc::gen::Buffer v46 = std::move(v45);
+  meshc::gen::View v46 = v45;
   group_model.allReduce(v46.data(), v46.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:80:13 add -> h
-  meshc::gen::Buffer v47(2176);
+  meshc::gen::View v47 = arena_.slot(26112, 2176);
   for (size_t i = 0; i < v47.size(); ++i) {
     v47[i] = float(double(v21[i]) + double(v46[i]));
   }
-  meshc::gen::release(v21, v46);
 
   // vit.mesh:34:9 param -> gain
   const meshc::gen::Buffer &v48 = param14_vit_encoder_layer_0_norm_1_gain;
@@ -422,19 +403,18 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v49 = param15_vit_encoder_layer_0_norm_1_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v50(2176);
+  meshc::gen::View v50 = arena_.slot(0, 2176);
   meshc::gen::along(v50.data(), v47.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v52(2176);
+  meshc::gen::View v52 = arena_.slot(8704, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t51 = float(double(v50[at[1]]) * double(v48[at[2]]));
                            v52[at[0]] = float(double(t51) + double(v49[at[3]]));
                          });
-  meshc::gen::release(v50);
 
   // vit.mesh:69:9 param -> w_in
   const meshc::gen::Buffer &v53 = param16_vit_encoder_layer_0_ffn_w_in;
@@ -443,20 +423,19 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v54 = param17_vit_encoder_layer_0_ffn_w_out;
 
   // vit.mesh:71:23 cast
-  meshc::gen::Buffer v55(2176);
+  meshc::gen::View v55 = arena_.slot(17408, 2176);
   for (size_t i = 0; i < v55.size(); ++i) {
     v55[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v52[i]));
   }
-  meshc::gen::release(v52);
 
   // vit.mesh:71:38 cast
-  meshc::gen::Buffer v56(4096);
+  meshc::gen::View v56 = arena_.slot(0, 4096);
   for (size_t i = 0; i < v56.size(); ++i) {
     v56[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v53[i]));
   }
 
   // vit.mesh:71:16 einsum
-  meshc::gen::Buffer v57(2176);
+  meshc::gen::View v57 = arena_.slot(34816, 2176);
   meshc::gen::einsum2Double(v57.data(), v55.data(), v56.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -472,23 +451,21 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
                              .outM = {1088, 64},
                              .outN = {1}});
   meshc::gen::roundBufferBF16(v57);
-  meshc::gen::release(v55, v56);
 
   // vit.mesh:71:11 gelu -> h
-  meshc::gen::Buffer v58(2176);
+  meshc::gen::View v58 = arena_.slot(16384, 2176);
   for (size_t i = 0; i < v58.size(); ++i) {
     v58[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v57[i])));
   }
-  meshc::gen::release(v57);
 
   // vit.mesh:72:25 cast
-  meshc::gen::Buffer v59(4096);
+  meshc::gen::View v59 = arena_.slot(0, 4096);
   for (size_t i = 0; i < v59.size(); ++i) {
     v59[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v54[i]));
   }
 
   // vit.mesh:72:15 einsum
-  meshc::gen::Buffer v60(2176);
+  meshc::gen::View v60 = arena_.slot(34816, 2176);
   meshc::gen::einsum2Double(v60.data(), v58.data(), v59.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -504,37 +481,33 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
                              .outM = {1088, 64},
                              .outN = {1}});
   meshc::gen::roundBufferBF16(v60);
-  meshc::gen::release(v58, v59);
 
   // vit.mesh:72:10 cast
-  meshc::gen::Buffer v61(2176);
+  meshc::gen::View v61 = arena_.slot(0, 2176);
   for (size_t i = 0; i < v61.size(); ++i) {
     v61[i] = float(v60[i]);
   }
-  meshc::gen::release(v60);
 
   // vit.mesh:81:14 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v62 = std::move(v61);
+  meshc::gen::View v62 = v61;
 
   // vit.mesh:81:48 mul
-  meshc::gen::Buffer v63(2176);
+  meshc::gen::View v63 = arena_.slot(8704, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v63[at[0]] = float(double(v62[at[1]]) * double(v23[at[2]]));
                          });
-  meshc::gen::release(v62);
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
-  meshc::gen::Buffer v64 = std::move(v63);
+  meshc::gen::View v64 = v63;
   group_model.allReduce(v64.data(), v64.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:81:12 add -> x
-  meshc::gen::Buffer v65(2176);
+  meshc::gen::View v65 = arena_.slot(0, 2176);
   for (size_t i = 0; i < v65.size(); ++i) {
     v65[i] = float(double(v47[i]) + double(v64[i]));
   }
-  meshc::gen::release(v47, v64);
 
   // vit.mesh:78:9 param -> attention_scale
   const meshc::gen::Buffer &v66 = param18_vit_encoder_layer_1_attention_scale;
@@ -549,19 +522,18 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v69 = param21_vit_encoder_layer_1_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v70(2176);
+  meshc::gen::View v70 = arena_.slot(8704, 2176);
   meshc::gen::along(v70.data(), v65.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v72(2176);
+  meshc::gen::View v72 = arena_.slot(17408, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t71 = float(double(v70[at[1]]) * double(v68[at[2]]));
                            v72[at[0]] = float(double(t71) + double(v69[at[3]]));
                          });
-  meshc::gen::release(v70);
 
   // vit.mesh:55:9 param -> w_q
   const meshc::gen::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
@@ -576,97 +548,89 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v76 = param25_vit_encoder_layer_1_attention_w_o;
 
   // vit.mesh:59:11 einsum -> q
-  meshc::gen::Buffer v77(1088);
+  meshc::gen::View v77 = arena_.slot(26112, 1088);
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum77(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum77.run(v72.data(), v73.data(), v77.data());
 
   // vit.mesh:60:18 rename
-  meshc::gen::Buffer v78 = v72;
+  meshc::gen::View v78 = arena_.copy(8704, v72);
 
   // vit.mesh:60:11 einsum -> k
-  meshc::gen::Buffer v79(1088);
+  meshc::gen::View v79 = arena_.slot(30464, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum79(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum79.run(v78.data(), v74.data(), v79.data());
-  meshc::gen::release(v78);
 
   // vit.mesh:61:18 rename
-  meshc::gen::Buffer v80 = std::move(v72);
+  meshc::gen::View v80 = v72;
 
   // vit.mesh:61:11 einsum -> v
-  meshc::gen::Buffer v81(1088);
+  meshc::gen::View v81 = arena_.slot(34816, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum81(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum81.run(v80.data(), v75.data(), v81.data());
-  meshc::gen::release(v80);
 
   // vit.mesh:62:25 einsum
-  meshc::gen::Buffer v82(1156);
+  meshc::gen::View v82 = arena_.slot(8704, 1156);
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum82(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum82.run(v77.data(), v79.data(), v82.data());
-  meshc::gen::release(v77, v79);
 
   // vit.mesh:62:69 literal
-  meshc::gen::Buffer v83(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v83 =
+      arena_.fill(18048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // vit.mesh:62:67 mul
-  meshc::gen::Buffer v84(1156);
+  meshc::gen::View v84 = arena_.slot(13376, 1156);
   meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v84[at[0]] = float(double(v82[at[1]]) * double(v83[at[2]]));
                          });
-  meshc::gen::release(v82, v83);
 
   // vit.mesh:62:17 softmax -> weights
-  meshc::gen::Buffer v85(1156);
+  meshc::gen::View v85 = arena_.slot(8704, 1156);
   meshc::gen::along(v85.data(), v84.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
                     {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
-  meshc::gen::release(v84);
 
   // vit.mesh:63:17 einsum
-  meshc::gen::Buffer v86(1088);
+  meshc::gen::View v86 = arena_.slot(17408, 1088);
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum86(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum86.run(v85.data(), v81.data(), v86.data());
-  meshc::gen::release(v85, v81);
 
   // vit.mesh:63:10 einsum
-  meshc::gen::Buffer v87(2176);
+  meshc::gen::View v87 = arena_.slot(8704, 2176);
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum87(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum87.run(v86.data(), v76.data(), v87.data());
-  meshc::gen::release(v86);
 
   // vit.mesh:80:15 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v88 = std::move(v87);
+  meshc::gen::View v88 = v87;
 
   // vit.mesh:80:55 mul
-  meshc::gen::Buffer v89(2176);
+  meshc::gen::View v89 = arena_.slot(17408, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v89[at[0]] = float(double(v88[at[1]]) * double(v66[at[2]]));
                          });
-  meshc::gen::release(v88);
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %87 over model for add at 80:13)
-  meshc::gen::Buffer v90 = std::move(v89);
+  meshc::gen::View v90 = v89;
   group_model.allReduce(v90.data(), v90.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:80:13 add -> h
-  meshc::gen::Buffer v91(2176);
+  meshc::gen::View v91 = arena_.slot(26112, 2176);
   for (size_t i = 0; i < v91.size(); ++i) {
     v91[i] = float(double(v65[i]) + double(v90[i]));
   }
-  meshc::gen::release(v65, v90);
 
   // vit.mesh:34:9 param -> gain
   const meshc::gen::Buffer &v92 = param26_vit_encoder_layer_1_norm_1_gain;
@@ -675,19 +639,18 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v93 = param27_vit_encoder_layer_1_norm_1_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v94(2176);
+  meshc::gen::View v94 = arena_.slot(0, 2176);
   meshc::gen::along(v94.data(), v91.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v96(2176);
+  meshc::gen::View v96 = arena_.slot(8704, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t95 = float(double(v94[at[1]]) * double(v92[at[2]]));
                            v96[at[0]] = float(double(t95) + double(v93[at[3]]));
                          });
-  meshc::gen::release(v94);
 
   // vit.mesh:69:9 param -> w_in
   const meshc::gen::Buffer &v97 = param28_vit_encoder_layer_1_ffn_w_in;
@@ -696,20 +659,19 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v98 = param29_vit_encoder_layer_1_ffn_w_out;
 
   // vit.mesh:71:23 cast
-  meshc::gen::Buffer v99(2176);
+  meshc::gen::View v99 = arena_.slot(17408, 2176);
   for (size_t i = 0; i < v99.size(); ++i) {
     v99[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v96[i]));
   }
-  meshc::gen::release(v96);
 
   // vit.mesh:71:38 cast
-  meshc::gen::Buffer v100(4096);
+  meshc::gen::View v100 = arena_.slot(0, 4096);
   for (size_t i = 0; i < v100.size(); ++i) {
     v100[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v97[i]));
   }
 
   // vit.mesh:71:16 einsum
-  meshc::gen::Buffer v101(2176);
+  meshc::gen::View v101 = arena_.slot(34816, 2176);
   meshc::gen::einsum2Double(v101.data(), v99.data(), v100.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -725,23 +687,21 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
                              .outM = {1088, 64},
                              .outN = {1}});
   meshc::gen::roundBufferBF16(v101);
-  meshc::gen::release(v99, v100);
 
   // vit.mesh:71:11 gelu -> h
-  meshc::gen::Buffer v102(2176);
+  meshc::gen::View v102 = arena_.slot(16384, 2176);
   for (size_t i = 0; i < v102.size(); ++i) {
     v102[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v101[i])));
   }
-  meshc::gen::release(v101);
 
   // vit.mesh:72:25 cast
-  meshc::gen::Buffer v103(4096);
+  meshc::gen::View v103 = arena_.slot(0, 4096);
   for (size_t i = 0; i < v103.size(); ++i) {
     v103[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v98[i]));
   }
 
   // vit.mesh:72:15 einsum
-  meshc::gen::Buffer v104(2176);
+  meshc::gen::View v104 = arena_.slot(34816, 2176);
   meshc::gen::einsum2Double(v104.data(), v102.data(), v103.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -757,37 +717,33 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
                              .outM = {1088, 64},
                              .outN = {1}});
   meshc::gen::roundBufferBF16(v104);
-  meshc::gen::release(v102, v103);
 
   // vit.mesh:72:10 cast
-  meshc::gen::Buffer v105(2176);
+  meshc::gen::View v105 = arena_.slot(0, 2176);
   for (size_t i = 0; i < v105.size(); ++i) {
     v105[i] = float(v104[i]);
   }
-  meshc::gen::release(v104);
 
   // vit.mesh:81:14 dropout
   // dropout is the identity outside training
-  meshc::gen::Buffer v106 = std::move(v105);
+  meshc::gen::View v106 = v105;
 
   // vit.mesh:81:48 mul
-  meshc::gen::Buffer v107(2176);
+  meshc::gen::View v107 = arena_.slot(8704, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v107[at[0]] = float(double(v106[at[1]]) * double(v67[at[2]]));
                          });
-  meshc::gen::release(v106);
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %104 over model for add at 81:12)
-  meshc::gen::Buffer v108 = std::move(v107);
+  meshc::gen::View v108 = v107;
   group_model.allReduce(v108.data(), v108.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:81:12 add -> x
-  meshc::gen::Buffer v109(2176);
+  meshc::gen::View v109 = arena_.slot(0, 2176);
   for (size_t i = 0; i < v109.size(); ++i) {
     v109[i] = float(double(v91[i]) + double(v108[i]));
   }
-  meshc::gen::release(v91, v108);
 
   // vit.mesh:34:9 param -> gain
   const meshc::gen::Buffer &v110 = param30_vit_norm_gain;
@@ -796,57 +752,50 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v111 = param31_vit_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v112(2176);
+  meshc::gen::View v112 = arena_.slot(8704, 2176);
   meshc::gen::along(v112.data(), v109.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-  meshc::gen::release(v109);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v114(2176);
+  meshc::gen::View v114 = arena_.slot(0, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t113 = float(double(v112[at[1]]) * double(v110[at[2]]));
                            v114[at[0]] = float(double(t113) + double(v111[at[3]]));
                          });
-  meshc::gen::release(v112);
 
   // vit.mesh:99:17 slice
-  meshc::gen::Buffer v115(128);
+  meshc::gen::View v115 = arena_.slot(8704, 128);
   meshc::gen::copyWindow(v115.data(), v114.data(), {2, 64}, {64, 1}, {1088, 1}, 64, 64, 1, 17,
                          0 - 0);
-  meshc::gen::release(v114);
 
   // vit.mesh:99:13 sum -> cls
-  meshc::gen::Buffer v116(128);
+  meshc::gen::View v116 = arena_.slot(0, 128);
   meshc::gen::reduce(v116.data(), {2, 64}, v115.data(), {64, 1}, {1}, {64}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v115);
 
   // vit.mesh:100:10 einsum
-  meshc::gen::Buffer v117(20);
+  meshc::gen::View v117 = arena_.slot(512, 20);
   // dims: batch, d_model, classes
   static const meshrt::kernels::EinsumPlan einsum117(
       {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
   einsum117.run(v116.data(), v3.data(), v117.data());
-  meshc::gen::release(v116);
 
   // vit.mesh:100:48 add
-  meshc::gen::Buffer v118(20);
+  meshc::gen::View v118 = arena_.slot(0, 20);
   meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {10, 1}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v118[at[0]] = float(double(v117[at[1]]) + double(v4[at[2]]));
                          });
-  meshc::gen::release(v117);
 
   // vit.mesh:104:11 softmax -> probs
-  meshc::gen::Buffer v119(20);
+  meshc::gen::View v119 = arena_.slot(128, 20);
   meshc::gen::along(v119.data(), v118.data(), {2}, {10}, {10}, {10}, {1}, {1},
                     meshc::gen::Along::Softmax, 1e-05, 10, nullptr);
-  meshc::gen::release(v118);
 
   Outputs outputs;
-  outputs.probs = meshc::gen::Tensor{{2, 10}, std::move(v119)};
+  outputs.probs = meshc::gen::Tensor{{2, 10}, meshc::gen::Buffer(v119.begin(), v119.end())};
   return outputs;
 }
 
@@ -1055,6 +1004,7 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
 }
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
+  // Arena: 43520 bytes for 515800 bytes of temporaries (80 slots, placed by liveness).
   meshc::gen::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   meshc::gen::checkShape("input", "labels", inputs.labels, {2});
 
@@ -1083,94 +1033,83 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v7 = param5_vit_embed_patches_b_patch;
 
   // vit.mesh:44:20 pad
-  meshc::gen::Buffer v8(1344);
+  meshc::gen::View v8 = arena_.slot(6144, 1344);
   meshc::gen::copyWindow(v8.data(), v0.data(), {2, 14, 3}, {672, 3, 1}, {588, 3, 1}, 42, 42, 16, 14,
                          1 - 0);
 
   // vit.mesh:44:16 pad -> padded
-  meshc::gen::Buffer v9(1536);
+  meshc::gen::View v9 = arena_.slot(0, 1536);
   meshc::gen::copyWindow(v9.data(), v8.data(), {2, 16, 3}, {768, 48, 1}, {672, 42, 1}, 3, 3, 16, 14,
                          1 - 0);
-  meshc::gen::release(v8);
 
   // vit.mesh:46:14 reshape -> rows
-  meshc::gen::Buffer v10(1536);
+  meshc::gen::View v10 = arena_.slot(6144, 1536);
   meshc::gen::reshape(v10.data(), {2, 4, 4, 16, 3}, v9.data(), {768, 0, 0, 3, 1}, {0, 4, 1, 0, 0},
                       {16}, {48}, 0);
-  meshc::gen::release(v9);
 
   // vit.mesh:47:14 reshape -> grid
-  meshc::gen::Buffer v11(1536);
+  meshc::gen::View v11 = arena_.slot(0, 1536);
   meshc::gen::reshape(v11.data(), {2, 4, 4, 4, 4, 3}, v10.data(), {768, 192, 48, 0, 0, 1},
                       {0, 0, 0, 4, 1, 0}, {16}, {3}, 0);
-  meshc::gen::release(v10);
 
   // vit.mesh:48:14 reshape -> flat
-  meshc::gen::Buffer v12(1536);
+  meshc::gen::View v12 = arena_.slot(8192, 1536);
   meshc::gen::reshape(v12.data(), {2, 16, 4, 4, 3}, v11.data(), {768, 0, 48, 3, 1}, {0, 1, 0, 0, 0},
                       {4, 4}, {192, 12}, 0);
-  meshc::gen::release(v11);
 
   // vit.mesh:50:10 einsum
-  meshc::gen::Buffer v13(2048);
+  meshc::gen::View v13 = arena_.slot(0, 2048);
   // dims: batch, patches, pixel_row, pixel_col, channels, d_model
   static const meshrt::kernels::EinsumPlan einsum13(
       {{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
   einsum13.run(v12.data(), v6.data(), v13.data());
-  meshc::gen::release(v12);
 
   // vit.mesh:50:59 add -> patch_embeddings
-  meshc::gen::Buffer v14(2048);
+  meshc::gen::View v14 = arena_.slot(8704, 2048);
   meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v14[at[0]] = float(double(v13[at[1]]) + double(v7[at[2]]));
                          });
-  meshc::gen::release(v13);
 
   // vit.mesh:92:41 iota
-  meshc::gen::Buffer v15(2);
+  meshc::gen::View v15 = arena_.slot(0, 2);
   meshc::gen::iota(v15.data(), {2}, {1}, meshc::gen::shardStart(world_, {"data"}, 2));
 
   // vit.mesh:92:56 literal
-  meshc::gen::Buffer v16(1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v16 = arena_.fill(128, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // vit.mesh:92:53 ge
   // vit.mesh:92:36 cast
-  meshc::gen::Buffer v18(2);
+  meshc::gen::View v18 = arena_.slot(64, 2);
   meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
     float t17 = (v15[at[1]] >= v16[at[2]] ? 1.0f : 0.0f);
     v18[at[0]] = float(t17);
   });
-  meshc::gen::release(v15, v16);
 
   // vit.mesh:92:34 mul -> class_tokens
-  meshc::gen::Buffer v19(128);
+  meshc::gen::View v19 = arena_.slot(16896, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v19[at[0]] = float(double(v2[at[1]]) * double(v18[at[2]]));
                          });
-  meshc::gen::release(v18);
 
   // vit.mesh:93:40 concat
-  meshc::gen::Buffer v20(2176);
+  meshc::gen::View v20 = arena_.slot(0, 2176);
   meshc::gen::copyWindow(v20.data(), v19.data(), {64, 2}, {2, 1}, {2, 1}, 128, 128, 17, 1, 0 - 0);
   meshc::gen::copyWindow(v20.data(), v14.data(), {64, 2}, {2, 1}, {1, 1024}, 128, 64, 17, 16,
                          1 - 0);
-  meshc::gen::release(v19, v14);
 
   // vit.mesh:94:40 add
-  meshc::gen::Buffer v21(2176);
+  meshc::gen::View v21 = arena_.slot(8704, 2176);
   meshc::gen::forEach<3>({17, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v21[at[0]] = float(double(v20[at[1]]) + double(v3[at[2]]));
                          });
-  meshc::gen::release(v20);
 
   // vit.mesh:93:40 transpose -> x
-  meshc::gen::Buffer v22(2176);
+  meshc::gen::View v22 = arena_.slot(0, 2176);
   meshc::gen::forEach<2>({2, 17, 64}, {{{1088, 64, 1}, {1, 128, 2}}}, {},
                          [&](const std::array<int64_t, 2> &at) { v22[at[0]] = float(v21[at[1]]); });
-  meshc::gen::release(v21);
 
   // vit.mesh:78:9 param -> attention_scale
   const meshc::gen::Buffer &v23 = param6_vit_encoder_layer_0_attention_scale;
@@ -1185,19 +1124,18 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v26 = param9_vit_encoder_layer_0_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v27(2176);
+  meshc::gen::View v27 = arena_.slot(8704, 2176);
   meshc::gen::along(v27.data(), v22.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v29(2176);
+  meshc::gen::View v29 = arena_.slot(17408, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t28 = float(double(v27[at[1]]) * double(v25[at[2]]));
                            v29[at[0]] = float(double(t28) + double(v26[at[3]]));
                          });
-  meshc::gen::release(v27);
 
   // vit.mesh:55:9 param -> w_q
   const meshc::gen::Buffer &v30 = param10_vit_encoder_layer_0_attention_w_q;
@@ -1212,103 +1150,94 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v33 = param13_vit_encoder_layer_0_attention_w_o;
 
   // vit.mesh:59:11 einsum -> q
-  meshc::gen::Buffer v34(1088);
+  meshc::gen::View v34 = arena_.slot(26112, 1088);
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum34(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum34.run(v29.data(), v30.data(), v34.data());
 
   // vit.mesh:60:18 rename
-  meshc::gen::Buffer v35 = v29;
+  meshc::gen::View v35 = arena_.copy(8704, v29);
 
   // vit.mesh:60:11 einsum -> k
-  meshc::gen::Buffer v36(1088);
+  meshc::gen::View v36 = arena_.slot(30464, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum36(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum36.run(v35.data(), v31.data(), v36.data());
-  meshc::gen::release(v35);
 
   // vit.mesh:61:18 rename
-  meshc::gen::Buffer v37 = std::move(v29);
+  meshc::gen::View v37 = v29;
 
   // vit.mesh:61:11 einsum -> v
-  meshc::gen::Buffer v38(1088);
+  meshc::gen::View v38 = arena_.slot(34816, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum38(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum38.run(v37.data(), v32.data(), v38.data());
-  meshc::gen::release(v37);
 
   // vit.mesh:62:25 einsum
-  meshc::gen::Buffer v39(1156);
+  meshc::gen::View v39 = arena_.slot(8704, 1156);
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum39(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum39.run(v34.data(), v36.data(), v39.data());
-  meshc::gen::release(v34, v36);
 
   // vit.mesh:62:69 literal
-  meshc::gen::Buffer v40(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v40 =
+      arena_.fill(18048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // vit.mesh:62:67 mul
-  meshc::gen::Buffer v41(1156);
+  meshc::gen::View v41 = arena_.slot(13376, 1156);
   meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v41[at[0]] = float(double(v39[at[1]]) * double(v40[at[2]]));
                          });
-  meshc::gen::release(v39, v40);
 
   // vit.mesh:62:17 softmax -> weights
-  meshc::gen::Buffer v42(1156);
+  meshc::gen::View v42 = arena_.slot(8704, 1156);
   meshc::gen::along(v42.data(), v41.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
                     {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
-  meshc::gen::release(v41);
 
   // vit.mesh:63:17 einsum
-  meshc::gen::Buffer v43(1088);
+  meshc::gen::View v43 = arena_.slot(17408, 1088);
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum43(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum43.run(v42.data(), v38.data(), v43.data());
-  meshc::gen::release(v42, v38);
 
   // vit.mesh:63:10 einsum
-  meshc::gen::Buffer v44(2176);
+  meshc::gen::View v44 = arena_.slot(8704, 2176);
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum44(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum44.run(v43.data(), v33.data(), v44.data());
-  meshc::gen::release(v43);
 
   // vit.mesh:80:15 dropout
-  meshc::gen::Buffer v45(2176);
+  meshc::gen::View v45 = arena_.slot(17408, 2176);
   meshc::gen::dropout(
       v45.data(), {2, 17, 64}, v44.data(), {1088, 64, 1}, {1088, 64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
       meshrt::streamKey(seed_,
                         std::string("vit/encoder_layer[0]/dropout#0") + "#" + std::to_string(step)),
       0.1);
-  meshc::gen::release(v44);
 
   // vit.mesh:80:55 mul
-  meshc::gen::Buffer v46(2176);
+  meshc::gen::View v46 = arena_.slot(8704, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v46[at[0]] = float(double(v45[at[1]]) * double(v23[at[2]]));
                          });
-  meshc::gen::release(v45);
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %46 over model for add at 80:13)
-  meshc::gen::Buffer v47 = std::move(v46);
+  meshc::gen::View v47 = v46;
   group_model.allReduce(v47.data(), v47.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:80:13 add -> h
-  meshc::gen::Buffer v48(2176);
+  meshc::gen::View v48 = arena_.slot(17408, 2176);
   for (size_t i = 0; i < v48.size(); ++i) {
     v48[i] = float(double(v22[i]) + double(v47[i]));
   }
-  meshc::gen::release(v22, v47);
 
   // vit.mesh:34:9 param -> gain
   const meshc::gen::Buffer &v49 = param14_vit_encoder_layer_0_norm_1_gain;
@@ -1317,19 +1246,18 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v50 = param15_vit_encoder_layer_0_norm_1_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v51(2176);
+  meshc::gen::View v51 = arena_.slot(0, 2176);
   meshc::gen::along(v51.data(), v48.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v53(2176);
+  meshc::gen::View v53 = arena_.slot(8704, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t52 = float(double(v51[at[1]]) * double(v49[at[2]]));
                            v53[at[0]] = float(double(t52) + double(v50[at[3]]));
                          });
-  meshc::gen::release(v51);
 
   // vit.mesh:69:9 param -> w_in
   const meshc::gen::Buffer &v54 = param16_vit_encoder_layer_0_ffn_w_in;
@@ -1338,20 +1266,19 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v55 = param17_vit_encoder_layer_0_ffn_w_out;
 
   // vit.mesh:71:23 cast
-  meshc::gen::Buffer v56(2176);
+  meshc::gen::View v56 = arena_.slot(26112, 2176);
   for (size_t i = 0; i < v56.size(); ++i) {
     v56[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v53[i]));
   }
-  meshc::gen::release(v53);
 
   // vit.mesh:71:38 cast
-  meshc::gen::Buffer v57(4096);
+  meshc::gen::View v57 = arena_.slot(0, 4096);
   for (size_t i = 0; i < v57.size(); ++i) {
     v57[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v54[i]));
   }
 
   // vit.mesh:71:16 einsum
-  meshc::gen::Buffer v58(2176);
+  meshc::gen::View v58 = arena_.slot(34816, 2176);
   meshc::gen::einsum2Double(v58.data(), v56.data(), v57.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -1367,23 +1294,21 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
                              .outM = {1088, 64},
                              .outN = {1}});
   meshc::gen::roundBufferBF16(v58);
-  meshc::gen::release(v56, v57);
 
   // vit.mesh:71:11 gelu -> h
-  meshc::gen::Buffer v59(2176);
+  meshc::gen::View v59 = arena_.slot(26112, 2176);
   for (size_t i = 0; i < v59.size(); ++i) {
     v59[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v58[i])));
   }
-  meshc::gen::release(v58);
 
   // vit.mesh:72:25 cast
-  meshc::gen::Buffer v60(4096);
+  meshc::gen::View v60 = arena_.slot(0, 4096);
   for (size_t i = 0; i < v60.size(); ++i) {
     v60[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v55[i]));
   }
 
   // vit.mesh:72:15 einsum
-  meshc::gen::Buffer v61(2176);
+  meshc::gen::View v61 = arena_.slot(34816, 2176);
   meshc::gen::einsum2Double(v61.data(), v59.data(), v60.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -1399,43 +1324,38 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
                              .outM = {1088, 64},
                              .outN = {1}});
   meshc::gen::roundBufferBF16(v61);
-  meshc::gen::release(v59, v60);
 
   // vit.mesh:72:10 cast
-  meshc::gen::Buffer v62(2176);
+  meshc::gen::View v62 = arena_.slot(0, 2176);
   for (size_t i = 0; i < v62.size(); ++i) {
     v62[i] = float(v61[i]);
   }
-  meshc::gen::release(v61);
 
   // vit.mesh:81:14 dropout
-  meshc::gen::Buffer v63(2176);
+  meshc::gen::View v63 = arena_.slot(8704, 2176);
   meshc::gen::dropout(
       v63.data(), {2, 17, 64}, v62.data(), {1088, 64, 1}, {1088, 64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
       meshrt::streamKey(seed_,
                         std::string("vit/encoder_layer[0]/dropout#1") + "#" + std::to_string(step)),
       0.1);
-  meshc::gen::release(v62);
 
   // vit.mesh:81:48 mul
-  meshc::gen::Buffer v64(2176);
+  meshc::gen::View v64 = arena_.slot(0, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v64[at[0]] = float(double(v63[at[1]]) * double(v24[at[2]]));
                          });
-  meshc::gen::release(v63);
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %63 over model for add at 81:12)
-  meshc::gen::Buffer v65 = std::move(v64);
+  meshc::gen::View v65 = v64;
   group_model.allReduce(v65.data(), v65.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:81:12 add -> x
-  meshc::gen::Buffer v66(2176);
+  meshc::gen::View v66 = arena_.slot(8704, 2176);
   for (size_t i = 0; i < v66.size(); ++i) {
     v66[i] = float(double(v48[i]) + double(v65[i]));
   }
-  meshc::gen::release(v48, v65);
 
   // vit.mesh:78:9 param -> attention_scale
   const meshc::gen::Buffer &v67 = param18_vit_encoder_layer_1_attention_scale;
@@ -1450,19 +1370,18 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v70 = param21_vit_encoder_layer_1_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v71(2176);
+  meshc::gen::View v71 = arena_.slot(0, 2176);
   meshc::gen::along(v71.data(), v66.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v73(2176);
+  meshc::gen::View v73 = arena_.slot(17408, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
                            v73[at[0]] = float(double(t72) + double(v70[at[3]]));
                          });
-  meshc::gen::release(v71);
 
   // vit.mesh:55:9 param -> w_q
   const meshc::gen::Buffer &v74 = param22_vit_encoder_layer_1_attention_w_q;
@@ -1477,103 +1396,93 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v77 = param25_vit_encoder_layer_1_attention_w_o;
 
   // vit.mesh:59:11 einsum -> q
-  meshc::gen::Buffer v78(1088);
+  meshc::gen::View v78 = arena_.slot(26112, 1088);
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum78(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum78.run(v73.data(), v74.data(), v78.data());
 
   // vit.mesh:60:18 rename
-  meshc::gen::Buffer v79 = v73;
+  meshc::gen::View v79 = arena_.copy(0, v73);
 
   // vit.mesh:60:11 einsum -> k
-  meshc::gen::Buffer v80(1088);
+  meshc::gen::View v80 = arena_.slot(30464, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum80(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum80.run(v79.data(), v75.data(), v80.data());
-  meshc::gen::release(v79);
 
   // vit.mesh:61:18 rename
-  meshc::gen::Buffer v81 = std::move(v73);
+  meshc::gen::View v81 = v73;
 
   // vit.mesh:61:11 einsum -> v
-  meshc::gen::Buffer v82(1088);
+  meshc::gen::View v82 = arena_.slot(34816, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum82(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum82.run(v81.data(), v76.data(), v82.data());
-  meshc::gen::release(v81);
 
   // vit.mesh:62:25 einsum
-  meshc::gen::Buffer v83(1156);
+  meshc::gen::View v83 = arena_.slot(0, 1156);
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum83(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum83.run(v78.data(), v80.data(), v83.data());
-  meshc::gen::release(v78, v80);
 
   // vit.mesh:62:69 literal
-  meshc::gen::Buffer v84(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v84 = arena_.fill(4672, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // vit.mesh:62:67 mul
-  meshc::gen::Buffer v85(1156);
+  meshc::gen::View v85 = arena_.slot(17408, 1156);
   meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v85[at[0]] = float(double(v83[at[1]]) * double(v84[at[2]]));
                          });
-  meshc::gen::release(v83, v84);
 
   // vit.mesh:62:17 softmax -> weights
-  meshc::gen::Buffer v86(1156);
+  meshc::gen::View v86 = arena_.slot(0, 1156);
   meshc::gen::along(v86.data(), v85.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
                     {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
-  meshc::gen::release(v85);
 
   // vit.mesh:63:17 einsum
-  meshc::gen::Buffer v87(1088);
+  meshc::gen::View v87 = arena_.slot(17408, 1088);
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum87(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum87.run(v86.data(), v82.data(), v87.data());
-  meshc::gen::release(v86, v82);
 
   // vit.mesh:63:10 einsum
-  meshc::gen::Buffer v88(2176);
+  meshc::gen::View v88 = arena_.slot(0, 2176);
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum88(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum88.run(v87.data(), v77.data(), v88.data());
-  meshc::gen::release(v87);
 
   // vit.mesh:80:15 dropout
-  meshc::gen::Buffer v89(2176);
+  meshc::gen::View v89 = arena_.slot(17408, 2176);
   meshc::gen::dropout(
       v89.data(), {2, 17, 64}, v88.data(), {1088, 64, 1}, {1088, 64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
       meshrt::streamKey(seed_,
                         std::string("vit/encoder_layer[1]/dropout#0") + "#" + std::to_string(step)),
       0.1);
-  meshc::gen::release(v88);
 
   // vit.mesh:80:55 mul
-  meshc::gen::Buffer v90(2176);
+  meshc::gen::View v90 = arena_.slot(0, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v90[at[0]] = float(double(v89[at[1]]) * double(v67[at[2]]));
                          });
-  meshc::gen::release(v89);
 
   // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %88 over model for add at 80:13)
-  meshc::gen::Buffer v91 = std::move(v90);
+  meshc::gen::View v91 = v90;
   group_model.allReduce(v91.data(), v91.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:80:13 add -> h
-  meshc::gen::Buffer v92(2176);
+  meshc::gen::View v92 = arena_.slot(17408, 2176);
   for (size_t i = 0; i < v92.size(); ++i) {
     v92[i] = float(double(v66[i]) + double(v91[i]));
   }
-  meshc::gen::release(v66, v91);
 
   // vit.mesh:34:9 param -> gain
   const meshc::gen::Buffer &v93 = param26_vit_encoder_layer_1_norm_1_gain;
@@ -1582,19 +1491,18 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v94 = param27_vit_encoder_layer_1_norm_1_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v95(2176);
+  meshc::gen::View v95 = arena_.slot(0, 2176);
   meshc::gen::along(v95.data(), v92.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v97(2176);
+  meshc::gen::View v97 = arena_.slot(8704, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t96 = float(double(v95[at[1]]) * double(v93[at[2]]));
                            v97[at[0]] = float(double(t96) + double(v94[at[3]]));
                          });
-  meshc::gen::release(v95);
 
   // vit.mesh:69:9 param -> w_in
   const meshc::gen::Buffer &v98 = param28_vit_encoder_layer_1_ffn_w_in;
@@ -1603,20 +1511,19 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v99 = param29_vit_encoder_layer_1_ffn_w_out;
 
   // vit.mesh:71:23 cast
-  meshc::gen::Buffer v100(2176);
+  meshc::gen::View v100 = arena_.slot(26112, 2176);
   for (size_t i = 0; i < v100.size(); ++i) {
     v100[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v97[i]));
   }
-  meshc::gen::release(v97);
 
   // vit.mesh:71:38 cast
-  meshc::gen::Buffer v101(4096);
+  meshc::gen::View v101 = arena_.slot(0, 4096);
   for (size_t i = 0; i < v101.size(); ++i) {
     v101[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v98[i]));
   }
 
   // vit.mesh:71:16 einsum
-  meshc::gen::Buffer v102(2176);
+  meshc::gen::View v102 = arena_.slot(34816, 2176);
   meshc::gen::einsum2Double(v102.data(), v100.data(), v101.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -1632,23 +1539,21 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
                              .outM = {1088, 64},
                              .outN = {1}});
   meshc::gen::roundBufferBF16(v102);
-  meshc::gen::release(v100, v101);
 
   // vit.mesh:71:11 gelu -> h
-  meshc::gen::Buffer v103(2176);
+  meshc::gen::View v103 = arena_.slot(26112, 2176);
   for (size_t i = 0; i < v103.size(); ++i) {
     v103[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v102[i])));
   }
-  meshc::gen::release(v102);
 
   // vit.mesh:72:25 cast
-  meshc::gen::Buffer v104(4096);
+  meshc::gen::View v104 = arena_.slot(0, 4096);
   for (size_t i = 0; i < v104.size(); ++i) {
     v104[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v99[i]));
   }
 
   // vit.mesh:72:15 einsum
-  meshc::gen::Buffer v105(2176);
+  meshc::gen::View v105 = arena_.slot(34816, 2176);
   meshc::gen::einsum2Double(v105.data(), v103.data(), v104.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -1664,43 +1569,38 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
                              .outM = {1088, 64},
                              .outN = {1}});
   meshc::gen::roundBufferBF16(v105);
-  meshc::gen::release(v103, v104);
 
   // vit.mesh:72:10 cast
-  meshc::gen::Buffer v106(2176);
+  meshc::gen::View v106 = arena_.slot(0, 2176);
   for (size_t i = 0; i < v106.size(); ++i) {
     v106[i] = float(v105[i]);
   }
-  meshc::gen::release(v105);
 
   // vit.mesh:81:14 dropout
-  meshc::gen::Buffer v107(2176);
+  meshc::gen::View v107 = arena_.slot(8704, 2176);
   meshc::gen::dropout(
       v107.data(), {2, 17, 64}, v106.data(), {1088, 64, 1}, {1088, 64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
       meshrt::streamKey(seed_,
                         std::string("vit/encoder_layer[1]/dropout#1") + "#" + std::to_string(step)),
       0.1);
-  meshc::gen::release(v106);
 
   // vit.mesh:81:48 mul
-  meshc::gen::Buffer v108(2176);
+  meshc::gen::View v108 = arena_.slot(0, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v108[at[0]] = float(double(v107[at[1]]) * double(v68[at[2]]));
                          });
-  meshc::gen::release(v107);
 
   // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %105 over model for add at 81:12)
-  meshc::gen::Buffer v109 = std::move(v108);
+  meshc::gen::View v109 = v108;
   group_model.allReduce(v109.data(), v109.size(), meshrt::ReduceOp::Sum);
 
   // vit.mesh:81:12 add -> x
-  meshc::gen::Buffer v110(2176);
+  meshc::gen::View v110 = arena_.slot(8704, 2176);
   for (size_t i = 0; i < v110.size(); ++i) {
     v110[i] = float(double(v92[i]) + double(v109[i]));
   }
-  meshc::gen::release(v92, v109);
 
   // vit.mesh:34:9 param -> gain
   const meshc::gen::Buffer &v111 = param30_vit_norm_gain;
@@ -1709,88 +1609,78 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v112 = param31_vit_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::Buffer v113(2176);
+  meshc::gen::View v113 = arena_.slot(0, 2176);
   meshc::gen::along(v113.data(), v110.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-  meshc::gen::release(v110);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::Buffer v115(2176);
+  meshc::gen::View v115 = arena_.slot(8704, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t114 = float(double(v113[at[1]]) * double(v111[at[2]]));
                            v115[at[0]] = float(double(t114) + double(v112[at[3]]));
                          });
-  meshc::gen::release(v113);
 
   // vit.mesh:99:17 slice
-  meshc::gen::Buffer v116(128);
+  meshc::gen::View v116 = arena_.slot(0, 128);
   meshc::gen::copyWindow(v116.data(), v115.data(), {2, 64}, {64, 1}, {1088, 1}, 64, 64, 1, 17,
                          0 - 0);
-  meshc::gen::release(v115);
 
   // vit.mesh:99:13 sum -> cls
-  meshc::gen::Buffer v117(128);
+  meshc::gen::View v117 = arena_.slot(512, 128);
   meshc::gen::reduce(v117.data(), {2, 64}, v116.data(), {64, 1}, {1}, {64}, meshc::gen::Reduce::Sum,
                      1.0);
-  meshc::gen::release(v116);
 
   // vit.mesh:100:10 einsum
-  meshc::gen::Buffer v118(20);
+  meshc::gen::View v118 = arena_.slot(0, 20);
   // dims: batch, d_model, classes
   static const meshrt::kernels::EinsumPlan einsum118(
       {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
   einsum118.run(v117.data(), v4.data(), v118.data());
-  meshc::gen::release(v117);
 
   // vit.mesh:100:48 add -> logits
-  meshc::gen::Buffer v119(20);
+  meshc::gen::View v119 = arena_.slot(128, 20);
   meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {10, 1}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v119[at[0]] = float(double(v118[at[1]]) + double(v5[at[2]]));
                          });
-  meshc::gen::release(v118);
 
   // vit.mesh:111:19 logsumexp
-  meshc::gen::Buffer v120(2);
+  meshc::gen::View v120 = arena_.slot(384, 2);
   meshc::gen::reduce(v120.data(), {2}, v119.data(), {10}, {10}, {1}, meshc::gen::Reduce::LogSumExp,
                      1.0);
 
   // vit.mesh:111:61 one_hot
-  meshc::gen::Buffer v121(20);
+  meshc::gen::View v121 = arena_.slot(0, 20);
   meshc::gen::oneHot(v121.data(), {2, 10}, v1.data(), {1, 0}, {0, 1}, 0);
 
   // vit.mesh:111:59 mul
-  meshc::gen::Buffer v122(20);
+  meshc::gen::View v122 = arena_.slot(256, 20);
   for (size_t i = 0; i < v122.size(); ++i) {
     v122[i] = float(double(v119[i]) * double(v121[i]));
   }
-  meshc::gen::release(v119, v121);
 
   // vit.mesh:111:48 sum
-  meshc::gen::Buffer v123(2);
+  meshc::gen::View v123 = arena_.slot(0, 2);
   meshc::gen::reduce(v123.data(), {2}, v122.data(), {10}, {10}, {1}, meshc::gen::Reduce::Sum, 1.0);
-  meshc::gen::release(v122);
 
   // vit.mesh:111:46 sub
-  meshc::gen::Buffer v124(2);
+  meshc::gen::View v124 = arena_.slot(64, 2);
   for (size_t i = 0; i < v124.size(); ++i) {
     v124[i] = float(double(v120[i]) - double(v123[i]));
   }
-  meshc::gen::release(v120, v123);
 
   // vit.mesh:111:14 mean -> loss
-  meshc::gen::Buffer v125(1);
+  meshc::gen::View v125 = arena_.slot(0, 1);
   meshc::gen::reduce(v125.data(), {}, v124.data(), {}, {2}, {1}, meshc::gen::Reduce::Sum, 0.25);
-  meshc::gen::release(v124);
 
   // vit.mesh:112:3 all_reduce_sum -> loss (resolve output 'loss')
-  meshc::gen::Buffer v126 = std::move(v125);
+  meshc::gen::View v126 = v125;
   group_data.allReduce(v126.data(), v126.size(), meshrt::ReduceOp::Sum);
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, std::move(v126)};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v126.begin(), v126.end())};
   return outputs;
 }
 

@@ -36,6 +36,11 @@ public:
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
 
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 43520;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 480876;
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -122,6 +127,7 @@ private:
                                              // d_model] local {64, 64}
   meshc::gen::Buffer param30_vit_norm_gain;  // vit/norm/gain: [d_model] local {64}
   meshc::gen::Buffer param31_vit_norm_bias;  // vit/norm/bias: [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes};     // run()'s temporaries
 };
 
 /// The train block `train_vit` of vit.mesh, planned for the mesh [data=2, model=2] with layout
@@ -151,6 +157,11 @@ public:
   /// Runs on this rank's shards (a collective call: every rank of the mesh calls it).
   /// Throws std::invalid_argument when an input's local shape is wrong.
   Outputs run(const Inputs &inputs);
+
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 43520;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 515800;
 
   /// The training step: keys the dropout masks (forward only: autodiff comes later).
   uint64_t step = 0;
@@ -242,6 +253,7 @@ private:
                                              // d_model] local {64, 64}
   meshc::gen::Buffer param30_vit_norm_gain;  // vit/norm/gain: [d_model] local {64}
   meshc::gen::Buffer param31_vit_norm_bias;  // vit/norm/bias: [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes};     // run()'s temporaries
 };
 
 } // namespace meshc_generated

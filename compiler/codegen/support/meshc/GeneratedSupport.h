@@ -3,7 +3,9 @@
 // cumsum, shift) with their in-op collectives when the dim is split, data movement, the
 // layout-invariant RNG fills, and the pack/unpack around meshrt's chunked collectives.
 //
-// Value representation: every tensor is a row-major std::vector<float> over its LOCAL shape.
+// Value representation: every tensor is row-major floats over its LOCAL shape. Inputs, outputs
+// and parameters own a std::vector<float>; run()'s temporaries are views (std::span) of slots of
+// the class's Arena, at byte offsets the generator assigns by liveness.
 // Float dtypes hold values already rounded to their dtype (bf16/f16 re-rounded after every op,
 // as the reference interpreter does); i32 values are held as exact integers in float (exact up
 // to 2^24, enough for ids, positions and masks).
@@ -26,6 +28,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -41,10 +46,55 @@ struct Tensor {
   Buffer data;
 };
 
-/// Frees buffers after their last use (liveness: one buffer per value, freed when dead).
-template <typename... Buffers> inline void release(Buffers&... buffers) {
-  (Buffer().swap(buffers), ...);
-}
+/// A value's storage as the support functions read and write it: a Buffer or an arena slot.
+using View = std::span<float>;
+using ConstView = std::span<const float>;
+
+/// One block of memory per generated object holding every temporary of run(): each value lives
+/// in a slot at a byte offset the generator assigned by liveness (values whose live ranges do
+/// not overlap share bytes). Allocated once, in the constructor.
+class Arena {
+public:
+  static constexpr size_t kAlignment = 64;
+
+  explicit Arena(size_t bytes)
+      : bytes_(bytes), memory_(static_cast<float*>(::operator new(std::max(bytes, kAlignment),
+                                                                  std::align_val_t(kAlignment)))) {}
+
+  size_t bytes() const { return bytes_; }
+
+  /// The slot at `byteOffset`, zeroed (as a freshly allocated buffer: no stale data).
+  View slot(size_t byteOffset, size_t count) { return fill(byteOffset, count, 0.0f); }
+  /// The slot at `byteOffset` with every element `value`.
+  View fill(size_t byteOffset, size_t count, float value) {
+    View view = at(byteOffset, count);
+    std::fill(view.begin(), view.end(), value);
+    return view;
+  }
+  /// The slot at `byteOffset` holding a copy of `from`.
+  View copy(size_t byteOffset, ConstView from) {
+    View view = at(byteOffset, from.size());
+    std::copy(from.begin(), from.end(), view.begin());
+    return view;
+  }
+
+private:
+  View at(size_t byteOffset, size_t count) {
+    if (byteOffset % kAlignment != 0 || byteOffset + count * sizeof(float) > bytes_)
+      throw std::logic_error("arena slot [" + std::to_string(byteOffset) + ", +" +
+                             std::to_string(count * sizeof(float)) + ") outside the arena of " +
+                             std::to_string(bytes_) + " bytes");
+    return View(memory_.get() + byteOffset / sizeof(float), count);
+  }
+
+  struct AlignedDelete {
+    void operator()(float* memory) const {
+      ::operator delete(memory, std::align_val_t(kAlignment));
+    }
+  };
+  size_t bytes_;
+  std::unique_ptr<float, AlignedDelete> memory_;
+};
 
 inline int64_t product(const Shape& sizes) {
   int64_t n = 1;
@@ -148,11 +198,11 @@ inline float powI32(float a, float b) {
 }
 
 /// Rounds a whole buffer to a narrow float dtype (bf16 / f16) after an op that computed in f32.
-inline void roundBufferBF16(Buffer& data) {
+inline void roundBufferBF16(View data) {
   for (float& x : data)
     x = roundBF16(x);
 }
-inline void roundBufferF16(Buffer& data) {
+inline void roundBufferF16(View data) {
   for (float& x : data)
     x = roundF16(x);
 }
@@ -292,9 +342,8 @@ enum class Fill { Normal, TruncatedNormal, Uniform, InputNormal, InputIndex };
 /// Fills the local shard from a random stream keyed by global element index: each local point
 /// gets the value the unsharded tensor has at its global index. a, b: mean/stddev, min/max,
 /// or (InputIndex) the exclusive bound.
-inline void fillRandom(Buffer& out, const Shape& localSizes, const Shape& globalStrides,
-                       int64_t base, uint64_t key, Fill kind, double a, double b,
-                       DType dtype = DType::F32) {
+inline void fillRandom(View out, const Shape& localSizes, const Shape& globalStrides, int64_t base,
+                       uint64_t key, Fill kind, double a, double b, DType dtype = DType::F32) {
   Shape outStrides = rowMajorStrides(localSizes);
   forEach<2>(localSizes, {outStrides, globalStrides}, {0, base},
              [&](const std::array<int64_t, 2>& at) {
@@ -609,8 +658,8 @@ inline void reduce(float* out, const Shape& outSizes, const float* in, const Sha
 }
 
 /// logsumexp over dims split over `group`: combines the ranks' local logsumexps in place.
-inline void combineLogSumExp(Buffer& local, meshrt::Communicator& group) {
-  Buffer maxima = local;
+inline void combineLogSumExp(View local, meshrt::Communicator& group) {
+  Buffer maxima(local.begin(), local.end());
   group.allReduce(maxima.data(), maxima.size(), meshrt::ReduceOp::Max);
   std::vector<double> sums(local.size());
   for (size_t i = 0; i < local.size(); ++i) {
@@ -731,8 +780,8 @@ inline void along(float* out, const float* in, const Shape& outer, const Shape& 
 /// shift along a dim (position `dimIndex` of the local shape) by `offset`, filling zeros. When
 /// the dim is split over `group` (block order = group rank), the rows come from the blocks
 /// `offset` positions away, exchanged by collective permutes of whole shards (at most two).
-inline void shift(Buffer& out, const Buffer& in, const Shape& sizes, size_t dimIndex,
-                  int64_t offset, meshrt::Communicator* group) {
+inline void shift(View out, ConstView in, const Shape& sizes, size_t dimIndex, int64_t offset,
+                  meshrt::Communicator* group) {
   int64_t local = sizes[dimIndex];
   int64_t outerCount = 1, innerCount = 1;
   for (size_t i = 0; i < dimIndex; ++i)
@@ -740,7 +789,7 @@ inline void shift(Buffer& out, const Buffer& in, const Shape& sizes, size_t dimI
   for (size_t i = dimIndex + 1; i < sizes.size(); ++i)
     innerCount *= sizes[i];
   std::fill(out.begin(), out.end(), 0.0f);
-  auto copyRows = [&](const Buffer& source, int64_t sourceStartGlobal, int64_t outStartGlobal) {
+  auto copyRows = [&](ConstView source, int64_t sourceStartGlobal, int64_t outStartGlobal) {
     // out global row g takes source global row g - offset, when it lies in `source`.
     for (int64_t j = 0; j < local; ++j) {
       int64_t from = outStartGlobal + j - offset - sourceStartGlobal;
@@ -871,7 +920,7 @@ inline void copyRowsBlock(float* to, int64_t toSize, int64_t toRow, const float*
 }
 
 /// all-gather of a dim over `group`: out's dim = group size x in's dim, block i from rank i.
-inline void allGatherDim(Buffer& out, const Buffer& in, const Shape& inSizes, size_t dimIndex,
+inline void allGatherDim(View out, ConstView in, const Shape& inSizes, size_t dimIndex,
                          meshrt::Communicator& group) {
   DimView view = dimView(inSizes, dimIndex);
   int64_t ranks = group.size();
@@ -884,7 +933,7 @@ inline void allGatherDim(Buffer& out, const Buffer& in, const Shape& inSizes, si
 
 /// reduce-scatter into a dim over `group`: sums the ranks' `in` and keeps block rank() of the
 /// dim (out's dim = in's dim / group size).
-inline void reduceScatterDim(Buffer& out, const Buffer& in, const Shape& inSizes, size_t dimIndex,
+inline void reduceScatterDim(View out, ConstView in, const Shape& inSizes, size_t dimIndex,
                              meshrt::Communicator& group) {
   DimView view = dimView(inSizes, dimIndex);
   int64_t ranks = group.size(), block = view.size / ranks;
@@ -897,7 +946,7 @@ inline void reduceScatterDim(Buffer& out, const Buffer& in, const Shape& inSizes
 
 /// all-to-all: `fromDim` (position `fromIndex`) grows by the group size, `toDim` (position
 /// `toIndex`) shrinks by it; block i of both belongs to group rank i.
-inline void allToAllDims(Buffer& out, const Buffer& in, const Shape& inSizes, size_t fromIndex,
+inline void allToAllDims(View out, ConstView in, const Shape& inSizes, size_t fromIndex,
                          size_t toIndex, meshrt::Communicator& group) {
   int64_t ranks = group.size();
   Shape chunkSizes = inSizes;
@@ -918,8 +967,8 @@ inline void allToAllDims(Buffer& out, const Buffer& in, const Shape& inSizes, si
 }
 
 /// Local slice: this rank's block `block` of a dim (out's dim = in's dim / blocks).
-inline void sliceDim(Buffer& out, const Buffer& in, const Shape& inSizes, size_t dimIndex,
-                     int64_t block, int64_t blocks) {
+inline void sliceDim(View out, ConstView in, const Shape& inSizes, size_t dimIndex, int64_t block,
+                     int64_t blocks) {
   DimView view = dimView(inSizes, dimIndex);
   int64_t rows = view.size / blocks;
   copyRowsBlock(out.data(), rows, 0, in.data(), view.size, block * rows, rows, view.outer,
