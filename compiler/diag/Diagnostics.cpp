@@ -5,14 +5,18 @@ namespace meshc {
 static const DiagInfo kDiagInfos[] = {
 #define DIAG(Name, Sev, Format) {#Name, Severity::Sev, Format},
 #include "diag/ParseDiagnostics.def"
-#include "diag/SemaDiagnostics.def"
 #include "diag/PlanDiagnostics.def"
+#include "diag/SemaDiagnostics.def"
 #undef DIAG
 };
 
-const DiagInfo& diagInfo(Diag kind) { return kDiagInfos[static_cast<size_t>(kind)]; }
+const DiagInfo& diagInfo(Diag kind) {
+  return kDiagInfos[static_cast<size_t>(kind)];
+}
 
-llvm::ArrayRef<DiagInfo> allDiagInfos() { return kDiagInfos; }
+llvm::ArrayRef<DiagInfo> allDiagInfos() {
+  return kDiagInfos;
+}
 
 void DiagEngine::emit(llvm::SMLoc loc, const DiagInfo& info, const std::string& message) {
   llvm::SourceMgr::DiagKind kind = llvm::SourceMgr::DK_Error;

@@ -16,15 +16,15 @@ namespace meshc {
 enum class Diag {
 #define DIAG(Name, Severity, Format) Name,
 #include "diag/ParseDiagnostics.def"
-#include "diag/SemaDiagnostics.def"
 #include "diag/PlanDiagnostics.def"
+#include "diag/SemaDiagnostics.def"
 #undef DIAG
 };
 
 enum class Severity { Error, Warning, Note };
 
 struct DiagInfo {
-  const char* name;   // the enumerator's spelling, used by tests
+  const char* name; // the enumerator's spelling, used by tests
   Severity severity;
   const char* format; // fmt format string
 };
@@ -47,7 +47,8 @@ public:
       message = fmt::vformat(info.format, fmt::make_format_args(args...));
     } catch (const fmt::format_error&) {
       // A registry entry used with the wrong arguments: a meshc bug, reported, not a crash.
-      message = fmt::format("internal error: diagnostic {} reported with wrong arguments", info.name);
+      message =
+          fmt::format("internal error: diagnostic {} reported with wrong arguments", info.name);
     }
     emit(loc, info, message);
   }

@@ -226,8 +226,8 @@ struct LayoutDecl : Decl {
   LayoutDecl(Loc loc) : Decl(Kind::Layout, loc) {}
   struct Entry {
     Ident dim;
-    bool isAuto = false;      // `dim: auto`
-    std::vector<Ident> axes;  // empty and !isAuto: pinned replicated
+    bool isAuto = false;     // `dim: auto`
+    std::vector<Ident> axes; // empty and !isAuto: pinned replicated
   };
   std::vector<Entry> entries;
   bool autoRest = false; // the bare `auto` item

@@ -40,7 +40,7 @@ Tensor initializeParam(const ir::ParamInfo& param, uint64_t seed);
 /// Runs `fn`. `inputs` must hold every input by name with its exact type (else an error);
 /// params are initialized from `opts.seed` unless given in `params` by path.
 /// Returns the outputs by name (a train block returns "loss").
-llvm::Expected<TensorMap> run(const ir::Function& fn, const TensorMap& inputs,
-                              const Options& opts, const TensorMap& params = {});
+llvm::Expected<TensorMap> run(const ir::Function& fn, const TensorMap& inputs, const Options& opts,
+                              const TensorMap& params = {});
 
 } // namespace meshc::interp

@@ -16,7 +16,9 @@ const char* dtypeName(DType dtype) {
   return "?";
 }
 
-bool isFloat(DType dtype) { return dtype != DType::I32; }
+bool isFloat(DType dtype) {
+  return dtype != DType::I32;
+}
 
 int64_t TensorType::numElements() const {
   int64_t n = 1;
@@ -27,8 +29,7 @@ int64_t TensorType::numElements() const {
 
 int TensorType::findDim(const std::string& name) const {
   for (size_t i = 0; i < dims.size(); ++i)
-    if (dims[i].name == name)
-      return static_cast<int>(i);
+    if (dims[i].name == name) return static_cast<int>(i);
   return -1;
 }
 
@@ -43,53 +44,46 @@ static const char* const kOpDescriptions[] = {
 #undef OP
 };
 
-const char* opSpelling(OpKind kind) { return kOpSpellings[static_cast<size_t>(kind)]; }
-const char* opDescription(OpKind kind) { return kOpDescriptions[static_cast<size_t>(kind)]; }
+const char* opSpelling(OpKind kind) {
+  return kOpSpellings[static_cast<size_t>(kind)];
+}
+const char* opDescription(OpKind kind) {
+  return kOpDescriptions[static_cast<size_t>(kind)];
+}
 
 const AttrValue* Op::attr(const std::string& name) const {
   for (const auto& [key, value] : attrs)
-    if (key == name)
-      return &value;
+    if (key == name) return &value;
   return nullptr;
 }
 
 double Op::number(const std::string& name, double fallback) const {
   const AttrValue* v = attr(name);
-  if (!v)
-    return fallback;
-  if (const double* d = std::get_if<double>(v))
-    return *d;
-  if (const int64_t* i = std::get_if<int64_t>(v))
-    return static_cast<double>(*i);
+  if (!v) return fallback;
+  if (const double* d = std::get_if<double>(v)) return *d;
+  if (const int64_t* i = std::get_if<int64_t>(v)) return static_cast<double>(*i);
   return fallback;
 }
 
 int64_t Op::integer(const std::string& name, int64_t fallback) const {
   const AttrValue* v = attr(name);
-  if (!v)
-    return fallback;
-  if (const int64_t* i = std::get_if<int64_t>(v))
-    return *i;
-  if (const double* d = std::get_if<double>(v))
-    return static_cast<int64_t>(*d);
+  if (!v) return fallback;
+  if (const int64_t* i = std::get_if<int64_t>(v)) return *i;
+  if (const double* d = std::get_if<double>(v)) return static_cast<int64_t>(*d);
   return fallback;
 }
 
 std::string Op::string(const std::string& name) const {
   const AttrValue* v = attr(name);
-  if (const std::string* s = v ? std::get_if<std::string>(v) : nullptr)
-    return *s;
+  if (const std::string* s = v ? std::get_if<std::string>(v) : nullptr) return *s;
   return {};
 }
 
 std::vector<std::string> Op::dims(const std::string& name) const {
   const AttrValue* v = attr(name);
-  if (!v)
-    return {};
-  if (const auto* list = std::get_if<std::vector<std::string>>(v))
-    return *list;
-  if (const std::string* s = std::get_if<std::string>(v))
-    return {*s};
+  if (!v) return {};
+  if (const auto* list = std::get_if<std::vector<std::string>>(v)) return *list;
+  if (const std::string* s = std::get_if<std::string>(v)) return {*s};
   return {};
 }
 
@@ -104,8 +98,7 @@ void Op::setAttr(const std::string& name, AttrValue value) {
 
 double Initializer::arg(const std::string& name, double fallback) const {
   for (const auto& [key, value] : args)
-    if (key == name)
-      return value;
+    if (key == name) return value;
   return fallback;
 }
 
@@ -119,8 +112,7 @@ ValueId Function::addOp(Op op, TensorType type, std::string valueName) {
 
 const Function* Module::findFunction(const std::string& name) const {
   for (const Function& fn : functions)
-    if (fn.name == name)
-      return &fn;
+    if (fn.name == name) return &fn;
   return nullptr;
 }
 

@@ -22,8 +22,7 @@ public:
     Module module;
     for (lineNo_ = 0; lineNo_ < lines_.size(); ++lineNo_) {
       startLine();
-      if (rest_.trim().empty())
-        continue;
+      if (rest_.trim().empty()) continue;
       if (acceptWord("mesh"))
         readMesh(module);
       else if (acceptWord("dim"))
@@ -36,8 +35,7 @@ public:
         readFunction(module, Function::Kind::Train);
       else
         fail("expected mesh, dim, layout, program or train");
-      if (!ok())
-        return llvm::createStringError(llvm::inconvertibleErrorCode(), error_);
+      if (!ok()) return llvm::createStringError(llvm::inconvertibleErrorCode(), error_);
     }
     return module;
   }
@@ -65,22 +63,19 @@ private:
 
   bool accept(llvm::StringRef token) {
     skipSpace();
-    if (!rest_.startswith(token))
-      return false;
+    if (!rest_.startswith(token)) return false;
     rest_ = rest_.drop_front(token.size());
     return true;
   }
   bool acceptWord(llvm::StringRef word) {
     skipSpace();
     llvm::StringRef save = rest_;
-    if (identifier() == word)
-      return true;
+    if (identifier() == word) return true;
     rest_ = save;
     return false;
   }
   void expect(llvm::StringRef token) {
-    if (ok() && !accept(token))
-      fail(fmt::format("expected '{}'", token.str()));
+    if (ok() && !accept(token)) fail(fmt::format("expected '{}'", token.str()));
   }
   static bool isIdentChar(char c) { return llvm::isAlnum(c) || c == '_'; }
   std::string identifier() {
@@ -94,8 +89,7 @@ private:
   }
   std::string expectIdentifier() {
     std::string word = identifier();
-    if (word.empty() && ok())
-      fail("expected an identifier");
+    if (word.empty() && ok()) fail("expected an identifier");
     return word;
   }
   /// Text up to (not including) `stop`, trimmed; used for param paths, which hold '/', '[', '#'.
@@ -112,7 +106,8 @@ private:
   llvm::StringRef numberToken() {
     skipSpace();
     size_t n = 0;
-    while (n < rest_.size() && (llvm::isAlnum(rest_[n]) || llvm::StringRef("+-.").contains(rest_[n])))
+    while (n < rest_.size() &&
+           (llvm::isAlnum(rest_[n]) || llvm::StringRef("+-.").contains(rest_[n])))
       ++n;
     llvm::StringRef token = rest_.take_front(n);
     rest_ = rest_.drop_front(n);
@@ -189,8 +184,7 @@ private:
   std::vector<std::string> nameList(llvm::StringRef open, llvm::StringRef close) {
     std::vector<std::string> names;
     expect(open);
-    if (accept(close))
-      return names;
+    if (accept(close)) return names;
     do
       names.push_back(expectIdentifier());
     while (ok() && accept(","));
@@ -217,8 +211,7 @@ private:
     for (const std::string& dim : nameList("[", "]")) {
       auto it = module.dims.find(dim);
       if (it == module.dims.end()) {
-        if (ok())
-          fail(fmt::format("undeclared dim '{}'", dim));
+        if (ok()) fail(fmt::format("undeclared dim '{}'", dim));
         return t;
       }
       t.dims.push_back(Dim{dim, it->second});
@@ -232,14 +225,12 @@ private:
     llvm::StringRef text = comment_;
     auto [first, last] = text.rsplit(' ');
     llvm::StringRef where = last.empty() ? first : last;
-    if (valueName && !last.empty())
-      *valueName = first.trim().str();
+    if (valueName && !last.empty()) *valueName = first.trim().str();
     llvm::StringRef file, line, col;
     std::tie(where, col) = where.rsplit(':');
     std::tie(file, line) = where.rsplit(':');
     loc.file = file.str();
-    if (line.getAsInteger(10, loc.line) || col.getAsInteger(10, loc.col))
-      loc.line = loc.col = 0;
+    if (line.getAsInteger(10, loc.line) || col.getAsInteger(10, loc.col)) loc.line = loc.col = 0;
     return loc;
   }
 
@@ -256,8 +247,7 @@ private:
         input.name = expectIdentifier();
         expect(":");
         input.type = type(module);
-        if (accept("<"))
-          input.indexBound = integer();
+        if (accept("<")) input.indexBound = integer();
         fn.inputs.push_back(input);
       } while (ok() && accept(","));
       expect(")");
@@ -330,8 +320,7 @@ private:
   /// {key = value, ...} with value: number, "string" or [names]
   std::vector<std::pair<std::string, AttrValue>> attrs() {
     std::vector<std::pair<std::string, AttrValue>> result;
-    if (!accept("{"))
-      return result;
+    if (!accept("{")) return result;
     do {
       std::string key = expectIdentifier();
       expect("=");
@@ -370,8 +359,7 @@ private:
     std::string spelling = expectIdentifier();
     auto kind = opKinds().find(spelling);
     if (kind == opKinds().end()) {
-      if (ok())
-        fail(fmt::format("unknown op '{}'", spelling), col);
+      if (ok()) fail(fmt::format("unknown op '{}'", spelling), col);
       return;
     }
     Op op{kind->second, {}, 0, {}, {}};
@@ -386,8 +374,7 @@ private:
     TensorType t = type(module);
     std::string valueName;
     op.loc = location(&valueName);
-    if (!ok())
-      return;
+    if (!ok()) return;
     ValueId id = fn.addOp(std::move(op), t, valueName);
     const Op& added = fn.ops.back();
     if (added.kind == OpKind::Input) {
@@ -398,8 +385,7 @@ private:
       fn.inputs[index].loc = added.loc;
     } else if (added.kind == OpKind::Param) {
       for (ParamInfo& p : fn.params)
-        if (p.path == added.string("path"))
-          p.value = id;
+        if (p.path == added.string("path")) p.value = id;
     }
   }
 
@@ -407,8 +393,7 @@ private:
   void readMinimize(Function& fn) {
     TrainInfo train;
     train.loss = valueRef(fn);
-    if (!acceptWord("with"))
-      return fail("expected 'with'");
+    if (!acceptWord("with")) return fail("expected 'with'");
     train.optimizer = expectIdentifier();
     train.options = attrs();
     train.loc = location();

@@ -17,25 +17,20 @@ std::string typeString(const TensorType& type) {
 /// them from integers.
 std::string numberString(double d) {
   std::string s = fmt::format("{}", d);
-  if (s.find_first_of(".eEna") == std::string::npos)
-    s += ".0";
+  if (s.find_first_of(".eEna") == std::string::npos) s += ".0";
   return s;
 }
 
 std::string attrValueString(const AttrValue& value) {
-  if (const double* d = std::get_if<double>(&value))
-    return numberString(*d);
-  if (const int64_t* i = std::get_if<int64_t>(&value))
-    return fmt::format("{}", *i);
-  if (const std::string* s = std::get_if<std::string>(&value))
-    return fmt::format("\"{}\"", *s);
+  if (const double* d = std::get_if<double>(&value)) return numberString(*d);
+  if (const int64_t* i = std::get_if<int64_t>(&value)) return fmt::format("{}", *i);
+  if (const std::string* s = std::get_if<std::string>(&value)) return fmt::format("\"{}\"", *s);
   const auto& list = std::get<std::vector<std::string>>(value);
   return fmt::format("[{}]", fmt::join(list, ", "));
 }
 
 std::string attrsString(const std::vector<std::pair<std::string, AttrValue>>& attrs) {
-  if (attrs.empty())
-    return "";
+  if (attrs.empty()) return "";
   std::vector<std::string> parts;
   for (const auto& [key, value] : attrs)
     parts.push_back(fmt::format("{} = {}", key, attrValueString(value)));
@@ -75,8 +70,8 @@ void printFunction(const Function& fn, llvm::raw_ostream& os) {
     std::string line = fmt::format("  %{} = {}{}{}{} : {}", op.result, opSpelling(op.kind),
                                    operands.empty() ? "" : " ", fmt::join(operands, ", "),
                                    attrsString(op.attrs), typeString(result.type));
-    std::string comment = result.name.empty() ? locString(op.loc)
-                                              : result.name + " " + locString(op.loc);
+    std::string comment =
+        result.name.empty() ? locString(op.loc) : result.name + " " + locString(op.loc);
     os << fmt::format("{:<71} // {}\n", line, comment);
   }
   if (fn.train)
@@ -89,7 +84,9 @@ void printFunction(const Function& fn, llvm::raw_ostream& os) {
 
 } // namespace
 
-void printType(const TensorType& type, llvm::raw_ostream& os) { os << typeString(type); }
+void printType(const TensorType& type, llvm::raw_ostream& os) {
+  os << typeString(type);
+}
 
 void printModule(const Module& module, llvm::raw_ostream& os) {
   if (!module.meshName.empty()) {
@@ -103,10 +100,10 @@ void printModule(const Module& module, llvm::raw_ostream& os) {
   if (!module.layout.empty() || module.autoLayout) {
     std::vector<std::string> items;
     for (const DimLayout& entry : module.layout)
-      items.push_back(entry.isAuto ? fmt::format("{}: auto", entry.dim)
-                                   : fmt::format("{}: [{}]", entry.dim, fmt::join(entry.axes, ", ")));
-    if (module.autoLayout)
-      items.push_back("auto");
+      items.push_back(entry.isAuto
+                          ? fmt::format("{}: auto", entry.dim)
+                          : fmt::format("{}: [{}]", entry.dim, fmt::join(entry.axes, ", ")));
+    if (module.autoLayout) items.push_back("auto");
     os << fmt::format("layout {}\n", fmt::join(items, ", "));
   }
   for (const Function& fn : module.functions) {

@@ -14,16 +14,16 @@
 namespace meshc::plan {
 
 struct SearchOptions {
-  double memoryBudgetBytes = 0; // 0: the machine's memory per device
+  double memoryBudgetBytes = 0;   // 0: the machine's memory per device
   size_t exactLimit = 20'000'000; // candidate layouts beyond which the heuristic is used
 };
 
 struct SearchResult {
-  Layout layout;             // pinned dims as given, searched dims chosen
+  Layout layout; // pinned dims as given, searched dims chosen
   double stepSeconds = 0;
   MemoryEstimate memory;
   bool exact = true;
-  double gapBound = 0;       // heuristic only: (found - lowerBound) / lowerBound
+  double gapBound = 0; // heuristic only: (found - lowerBound) / lowerBound
   size_t candidatesEvaluated = 0;
   std::vector<std::string> searchedDims;
 };

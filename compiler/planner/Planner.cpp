@@ -98,8 +98,8 @@ std::optional<PlannedFunction> planFunction(const ir::Module& module, const ir::
 /// --devices: plans `fn` on every factorization (errors silenced) and keeps the fastest; ties go
 /// to the earlier mesh. Reports ErrNoMeshFits when none can be planned.
 std::optional<PlannedFunction> planOnBestMesh(const ir::Module& module, const ir::Function& fn,
-                                              const Machine& machine,
-                                              const PlannerOptions& options, const Layout& pinned,
+                                              const Machine& machine, const PlannerOptions& options,
+                                              const Layout& pinned,
                                               const std::vector<std::string>& toSearch,
                                               DiagEngine& diag) {
   std::vector<ir::MeshAxis> axes = module.mesh;

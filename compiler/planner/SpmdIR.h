@@ -28,11 +28,11 @@ const char* collectiveName(CollectiveKind kind);
 
 struct Collective {
   CollectiveKind kind = CollectiveKind::AllReduceSum;
-  AxisList axes;       // the mesh axes whose groups take part
-  std::string dim;     // the dim split / gathered / shifted ("" for all-reduce)
-  std::string toDim;   // all-to-all: the dim that becomes split
-  int64_t offset = 0;  // permute: the shift
-  int64_t bytes = 0;   // the n of the alpha-beta formula (per device), see CostModel.h
+  AxisList axes;      // the mesh axes whose groups take part
+  std::string dim;    // the dim split / gathered / shifted ("" for all-reduce)
+  std::string toDim;  // all-to-all: the dim that becomes split
+  int64_t offset = 0; // permute: the shift
+  int64_t bytes = 0;  // the n of the alpha-beta formula (per device), see CostModel.h
   int64_t groupSize = 1;
 };
 
@@ -53,12 +53,12 @@ struct SpmdOp {
   std::vector<SpmdValueId> operands;
   SpmdValueId result = 0;
   std::vector<std::pair<std::string, ir::AttrValue>> attrs; // copied from the IR op
-  ir::Location loc;         // the .mesh source of the IR op this comes from
-  uint32_t sourceOp = 0;    // index of that op in the ir::Function
-  double flops = 0;         // per device
-  double memoryBytes = 0;   // bytes read + written per device (roofline)
-  double seconds = 0;       // predicted: roofline for compute, alpha-beta for collectives
-  std::string note;         // why, when not obvious ("partial sum over model resolved for relu")
+  ir::Location loc;       // the .mesh source of the IR op this comes from
+  uint32_t sourceOp = 0;  // index of that op in the ir::Function
+  double flops = 0;       // per device
+  double memoryBytes = 0; // bytes read + written per device (roofline)
+  double seconds = 0;     // predicted: roofline for compute, alpha-beta for collectives
+  std::string note;       // why, when not obvious ("partial sum over model resolved for relu")
 };
 
 /// A place where the plan had to replicate a dim the layout splits (e.g. an axis used twice by
@@ -71,9 +71,9 @@ struct Replication {
 };
 
 struct MemoryEstimate {
-  double paramBytes = 0;       // parameters and consts, per device
-  double optimizerBytes = 0;   // optimizer state (train blocks; per TrainInfo's optimizer)
-  double gradientBytes = 0;    // gradients (train blocks)
+  double paramBytes = 0;          // parameters and consts, per device
+  double optimizerBytes = 0;      // optimizer state (train blocks; per TrainInfo's optimizer)
+  double gradientBytes = 0;       // gradients (train blocks)
   double peakActivationBytes = 0; // peak live activations under the op order
   double total() const { return paramBytes + optimizerBytes + gradientBytes + peakActivationBytes; }
 };
@@ -81,9 +81,9 @@ struct MemoryEstimate {
 struct PlanSummary {
   double computeSeconds = 0;
   double communicationSeconds = 0;
-  double stepSeconds = 0;  // predicted (no overlap assumed): compute + communication
-  double totalFlops = 0;   // useful global FLOPs of the function
-  double utilization = 0;  // totalFlops / (devices * peak * stepSeconds)
+  double stepSeconds = 0; // predicted (no overlap assumed): compute + communication
+  double totalFlops = 0;  // useful global FLOPs of the function
+  double utilization = 0; // totalFlops / (devices * peak * stepSeconds)
   /// For train blocks, the estimate also covers backward (~2x forward compute, forward
   /// collectives mirrored) and the gradient reductions of params over the axes they are
   /// replicated on; see docs/planner.md.
@@ -98,8 +98,8 @@ struct SpmdFunction {
   std::string machineName;
   std::vector<SpmdValue> values;
   std::vector<SpmdOp> ops;
-  std::vector<SpmdValueId> inputs;  // parallel to ir::Function::inputs
-  std::vector<SpmdValueId> params;  // parallel to ir::Function::params
+  std::vector<SpmdValueId> inputs;                          // parallel to ir::Function::inputs
+  std::vector<SpmdValueId> params;                          // parallel to ir::Function::params
   std::vector<std::pair<std::string, SpmdValueId>> outputs; // resolved, in their global layout
   std::vector<Replication> replications;
   MemoryEstimate memory;

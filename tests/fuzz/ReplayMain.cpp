@@ -13,8 +13,7 @@ int main(int argc, char** argv) {
   size_t count = 0;
   for (int i = 1; i < argc; ++i) {
     for (const auto& entry : std::filesystem::recursive_directory_iterator(argv[i])) {
-      if (!entry.is_regular_file())
-        continue;
+      if (!entry.is_regular_file()) continue;
       std::ifstream in(entry.path(), std::ios::binary);
       std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());

@@ -9,7 +9,9 @@ using namespace meshc::ir;
 
 namespace {
 
-TensorType f32(std::vector<Dim> dims) { return TensorType{DType::F32, std::move(dims)}; }
+TensorType f32(std::vector<Dim> dims) {
+  return TensorType{DType::F32, std::move(dims)};
+}
 
 const Dim batch{"batch", 4}, dModel{"d_model", 8}, dFf{"d_ff", 16};
 
@@ -65,10 +67,13 @@ TEST_CASE("A hand-built function prints in the --emit=ir form", "[ir]") {
   Op input{OpKind::Input, {}, 0, {{"name", std::string("x")}, {"index", int64_t{0}}}, loc};
   ValueId x = fn.addOp(input, f32({batch, dModel}), "x");
   fn.inputs.push_back(InputInfo{"x", f32({batch, dModel}), 0, loc, x});
-  ParamInfo w{"ffn/w_in", f32({dModel, dFf}), Initializer{"normal", {{"mean", 0}, {"stddev", 0.02}}},
-              true, loc, 0};
-  w.value = fn.addOp(Op{OpKind::Param, {}, 0, {{"path", std::string("ffn/w_in")}}, loc},
-                     w.type);
+  ParamInfo w{"ffn/w_in",
+              f32({dModel, dFf}),
+              Initializer{"normal", {{"mean", 0}, {"stddev", 0.02}}},
+              true,
+              loc,
+              0};
+  w.value = fn.addOp(Op{OpKind::Param, {}, 0, {{"path", std::string("ffn/w_in")}}, loc}, w.type);
   fn.params.push_back(w);
   ValueId h = fn.addOp(Op{OpKind::Einsum, {x, w.value}, 0, {}, loc}, f32({batch, dFf}), "h");
   ValueId r = fn.addOp(Op{OpKind::Relu, {h}, 0, {}, loc}, f32({batch, dFf}));

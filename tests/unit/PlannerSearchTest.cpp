@@ -506,5 +506,6 @@ program p(x: f32[batch, d]) -> (y: f32[batch, d]) { y = x * 2 }
   options.devices = 3;
   CHECK_FALSE(planModule(*c.module, machine("cpu"), options, c.diag));
   c.errorStream.flush();
-  CHECK_THAT(c.errors, Catch::Contains("no mesh of 3 devices over axes [data, model] fits program 'p'"));
+  CHECK_THAT(c.errors,
+             Catch::Contains("no mesh of 3 devices over axes [data, model] fits program 'p'"));
 }
