@@ -160,6 +160,21 @@ const char* dtypeEnum(DType dtype) {
   return "meshc::gen::DType::F32";
 }
 
+/// The kernels' name of a dtype (meshrt::kernels::ValueType), for the RNG fills.
+const char* valueTypeEnum(DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return "meshrt::kernels::ValueType::F32";
+  case DType::BF16:
+    return "meshrt::kernels::ValueType::BF16";
+  case DType::F16:
+    return "meshrt::kernels::ValueType::F16";
+  case DType::I32:
+    return "meshrt::kernels::ValueType::I32";
+  }
+  return "meshrt::kernels::ValueType::F32";
+}
+
 const ir::AttrValue* findAttr(const SpmdOp& op, const std::string& name) {
   for (const auto& [key, value] : op.attrs)
     if (key == name) return &value;
@@ -391,6 +406,9 @@ private:
   std::string shardStart(SpmdValueId id, const std::string& dim) const;
   /// The global base index of `id`'s shard and its global strides over the local dims.
   std::string globalBaseExpr(SpmdValueId id) const;
+  /// This rank's shard of `id` as meshrt::kernels::Shard (global shape, offsets, local shape),
+  /// for the kernels' RNG fills, which key every element by its global index.
+  std::string shardExpr(SpmdValueId id) const;
 
   llvm::Error unsupported(const SpmdOp& op, const std::string& what) const {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s",
@@ -470,6 +488,17 @@ std::vector<std::string> FunctionEmitter::shardStarts(SpmdValueId id) const {
 std::string FunctionEmitter::globalBaseExpr(SpmdValueId id) const {
   return fmt::format("meshc::gen::globalBase({{{}}}, {})", fmt::join(shardStarts(id), ", "),
                      list(rowMajorStrides(global(id))));
+}
+
+std::string FunctionEmitter::shardExpr(SpmdValueId id) const {
+  auto sizes = [](const TensorType& type) {
+    std::vector<int64_t> out;
+    for (const ir::Dim& dim : type.dims)
+      out.push_back(dim.size);
+    return fmt::format("meshrt::kernels::Dims{{{}}}", fmt::join(out, ", "));
+  };
+  return fmt::format("meshrt::kernels::Shard{{{}, meshrt::kernels::Dims{{{}}}, {}}}",
+                     sizes(global(id)), fmt::join(shardStarts(id), ", "), sizes(local(id)));
 }
 
 void FunctionEmitter::comment(const SpmdOp& op, std::string& out) const {
@@ -892,12 +921,10 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
     allocate(op.result, out);
     bool normal = op.computeKind == OpKind::RandomNormal;
     out += fmt::format(
-        "meshc::gen::fillRandom({}, {}, {}, {}, meshrt::streamKey(seed_, {}), "
-        "meshc::gen::Fill::{}, {}, {}, {});\n",
-        v, list(sizesOf(result)), list(rowMajorStrides(global(op.result))),
-        globalBaseExpr(op.result), quote(stringAttr(op, "stream")), normal ? "Normal" : "Uniform",
+        "meshrt::kernels::fillRandom{}({}.data(), {}, seed_, {}, {}, {}, {});\n",
+        normal ? "Normal" : "Uniform", v, shardExpr(op.result), quote(stringAttr(op, "stream")),
         doubleLiteral(numberAttr(op, normal ? "mean" : "min", 0)),
-        doubleLiteral(numberAttr(op, normal ? "stddev" : "max", 1)), dtypeEnum(result.dtype));
+        doubleLiteral(numberAttr(op, normal ? "stddev" : "max", 1)), valueTypeEnum(result.dtype));
     return llvm::Error::success();
   }
   case OpKind::Dropout: {
@@ -1317,36 +1344,21 @@ void FunctionEmitter::emitConstructor(std::string& s) {
     std::string member = paramMember(k);
     s += fmt::format("// {}: {} ({}:{})\n", param.path, param.init.kind, param.loc.file,
                      param.loc.line);
-    std::string key = fmt::format("meshrt::streamKey(seed, {})", quote("param/" + param.path));
-    std::string sizes = list(sizesOf(type)), strides = list(rowMajorStrides(global(id)));
     const ir::Initializer& init = param.init;
     DType dtype = type.dtype;
     if (init.kind == "zeros" || init.kind == "ones" || init.kind == "constant") {
       double value = init.kind == "zeros" ? 0 : init.kind == "ones" ? 1 : init.arg("value", 0);
       s += fmt::format("{}.assign({}, meshc::gen::roundValue({}, {}));\n", member,
                        type.numElements(), dtypeEnum(dtype), doubleLiteral(value));
-    } else if (init.kind == "normal" || init.kind == "truncated_normal" || init.kind == "uniform") {
-      bool uniform = init.kind == "uniform";
-      s += fmt::format("{}.resize({});\nmeshc::gen::fillRandom({}, {}, {}, {}, {}, "
-                       "meshc::gen::Fill::{}, {}, {}, {});\n",
-                       member, type.numElements(), member, sizes, strides, globalBaseExpr(id), key,
-                       uniform                 ? "Uniform"
-                       : init.kind == "normal" ? "Normal"
-                                               : "TruncatedNormal",
-                       doubleLiteral(uniform ? init.arg("min", 0) : init.arg("mean", 0)),
-                       doubleLiteral(uniform ? init.arg("max", 1) : init.arg("stddev", 1)),
-                       dtypeEnum(dtype));
     } else {
-      // orthogonal: rows are orthogonalized within blocks, not element-local: build the global
-      // tensor and keep this rank's shard.
-      int64_t count = global(id).numElements();
-      int64_t rows = global(id).dims.empty() ? 1 : global(id).dims.front().size;
-      int64_t cols = rows > 0 ? count / rows : 0;
-      s += fmt::format("{} = meshc::gen::sliceShard(meshc::gen::orthogonalGlobal({}, {}, {}, {}), "
-                       "{}, {}, {{{}}});\n",
-                       member, rows, cols, key, doubleLiteral(init.arg("scale", 1)), sizes, strides,
-                       fmt::join(shardStarts(id), ", "));
-      if (dtype == DType::BF16) s += fmt::format("meshc::gen::roundBufferBF16({});\n", member);
+      // Random initializers come from the kernels' fills, keyed like the interpreter's.
+      std::vector<std::string> args;
+      for (const auto& [key, value] : init.args)
+        args.push_back(fmt::format("{{{}, {}}}", quote(key), doubleLiteral(value)));
+      s += fmt::format("{}.resize({});\nmeshrt::kernels::fillParam({}.data(), {}, seed, {}, "
+                       "meshrt::kernels::makeInit({}, {{{}}}), {});\n",
+                       member, type.numElements(), member, shardExpr(id), quote(param.path),
+                       quote(init.kind), fmt::join(args, ", "), valueTypeEnum(dtype));
     }
   }
   s += "}\n\n";
@@ -1360,16 +1372,16 @@ void FunctionEmitter::emitHelpers(std::string& s) {
     const ir::InputInfo& input = irFn.inputs[k];
     SpmdValueId id = fn.inputs[k];
     std::string member = "inputs." + identifier(input.name);
-    bool index = input.type.dtype == DType::I32;
-    int64_t bound = input.indexBound > 0 ? input.indexBound : 2;
-    bound = std::min<int64_t>(bound, int64_t(1) << 31);
-    s += fmt::format(
-        "{0}.shape = {1};\n{0}.data.resize({2});\n"
-        "meshc::gen::fillRandom({0}.data, {1}, {3}, {4}, meshrt::streamKey(seed, {5}), "
-        "meshc::gen::Fill::{6}, {7}, 0, {8});\n",
-        member, list(sizesOf(local(id))), local(id).numElements(),
-        list(rowMajorStrides(global(id))), globalBaseExpr(id), quote("input/" + input.name),
-        index ? "InputIndex" : "InputNormal", bound, dtypeEnum(input.type.dtype));
+    s += fmt::format("{}.shape = {};\n{}.data.resize({});\n", member, list(sizesOf(local(id))),
+                     member, local(id).numElements());
+    if (input.type.dtype == DType::I32) // i32 values are held in float buffers (exact to 2^24)
+      s += fmt::format("{{\nstd::vector<int32_t> ids({0}.data.size());\n"
+                       "meshrt::kernels::fillInput(ids.data(), {1}, seed, {2}, {3});\n"
+                       "std::copy(ids.begin(), ids.end(), {0}.data.begin());\n}}\n",
+                       member, shardExpr(id), quote(input.name), input.indexBound);
+    else
+      s += fmt::format("meshrt::kernels::fillInput({}.data.data(), {}, seed, {}, {});\n", member,
+                       shardExpr(id), quote(input.name), valueTypeEnum(input.type.dtype));
   }
   s += "return inputs;\n}\n\n";
 

@@ -16,22 +16,31 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "mlm")), seed_(seed) {
   // bert/token_embedding: truncated_normal (bert.mesh:29)
   param0_bert_token_embedding.resize(8192);
-  meshc::gen::fillRandom(param0_bert_token_embedding, {128, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/token_embedding"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_bert_token_embedding.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{128, 64}},
+      seed, "bert/token_embedding",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // bert/position_embedding: truncated_normal (bert.mesh:30)
   param1_bert_position_embedding.resize(2048);
-  meshc::gen::fillRandom(param1_bert_position_embedding, {32, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/position_embedding"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param1_bert_position_embedding.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{32, 64}},
+      seed, "bert/position_embedding",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // bert/segment_embedding: truncated_normal (bert.mesh:31)
   param2_bert_segment_embedding.resize(128);
-  meshc::gen::fillRandom(param2_bert_segment_embedding, {2, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/segment_embedding"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_bert_segment_embedding.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{2, 64}},
+      seed, "bert/segment_embedding",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // bert/output_bias: zeros (bert.mesh:32)
   param3_bert_output_bias.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/norm/gain: ones (layers.mesh:22)
@@ -40,28 +49,40 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
   param5_bert_norm_bias.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param6_bert_encoder_layer_0_attention_w_q.resize(4096);
-  meshc::gen::fillRandom(param6_bert_encoder_layer_0_attention_w_q, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/attention/w_q"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param6_bert_encoder_layer_0_attention_w_q.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[0]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param7_bert_encoder_layer_0_attention_w_k.resize(4096);
-  meshc::gen::fillRandom(param7_bert_encoder_layer_0_attention_w_k, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/attention/w_k"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param7_bert_encoder_layer_0_attention_w_k.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[0]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param8_bert_encoder_layer_0_attention_w_v.resize(4096);
-  meshc::gen::fillRandom(param8_bert_encoder_layer_0_attention_w_v, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/attention/w_v"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param8_bert_encoder_layer_0_attention_w_v.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[0]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param9_bert_encoder_layer_0_attention_w_o.resize(4096);
-  meshc::gen::fillRandom(param9_bert_encoder_layer_0_attention_w_o, {4, 16, 64}, {1024, 64, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {1024, 64, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/attention/w_o"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param9_bert_encoder_layer_0_attention_w_o.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{4, 16, 64}},
+      seed, "bert/encoder_layer[0]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/norm/gain: ones (layers.mesh:22)
   param10_bert_encoder_layer_0_norm_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -70,19 +91,25 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param12_bert_encoder_layer_0_ffn_w_in.resize(16384);
-  meshc::gen::fillRandom(param12_bert_encoder_layer_0_ffn_w_in, {64, 256}, {256, 1},
-                         meshc::gen::globalBase({0, 0}, {256, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/ffn/w_in"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param12_bert_encoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 256}},
+      seed, "bert/encoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
   param13_bert_encoder_layer_0_ffn_b_in.assign(256,
                                                meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param14_bert_encoder_layer_0_ffn_w_out.resize(16384);
-  meshc::gen::fillRandom(param14_bert_encoder_layer_0_ffn_w_out, {256, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/ffn/w_out"),
-                         meshc::gen::Fill::Normal, 0.0, 0.0625, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param14_bert_encoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{256, 64}},
+      seed, "bert/encoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
   param15_bert_encoder_layer_0_ffn_b_out.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
@@ -94,28 +121,40 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param18_bert_encoder_layer_1_attention_w_q.resize(4096);
-  meshc::gen::fillRandom(param18_bert_encoder_layer_1_attention_w_q, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/attention/w_q"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param18_bert_encoder_layer_1_attention_w_q.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[1]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param19_bert_encoder_layer_1_attention_w_k.resize(4096);
-  meshc::gen::fillRandom(param19_bert_encoder_layer_1_attention_w_k, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/attention/w_k"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param19_bert_encoder_layer_1_attention_w_k.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[1]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param20_bert_encoder_layer_1_attention_w_v.resize(4096);
-  meshc::gen::fillRandom(param20_bert_encoder_layer_1_attention_w_v, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/attention/w_v"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param20_bert_encoder_layer_1_attention_w_v.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[1]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param21_bert_encoder_layer_1_attention_w_o.resize(4096);
-  meshc::gen::fillRandom(param21_bert_encoder_layer_1_attention_w_o, {4, 16, 64}, {1024, 64, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {1024, 64, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/attention/w_o"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param21_bert_encoder_layer_1_attention_w_o.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{4, 16, 64}},
+      seed, "bert/encoder_layer[1]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/norm/gain: ones (layers.mesh:22)
   param22_bert_encoder_layer_1_norm_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -124,19 +163,25 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param24_bert_encoder_layer_1_ffn_w_in.resize(16384);
-  meshc::gen::fillRandom(param24_bert_encoder_layer_1_ffn_w_in, {64, 256}, {256, 1},
-                         meshc::gen::globalBase({0, 0}, {256, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/ffn/w_in"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param24_bert_encoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 256}},
+      seed, "bert/encoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
   param25_bert_encoder_layer_1_ffn_b_in.assign(256,
                                                meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param26_bert_encoder_layer_1_ffn_w_out.resize(16384);
-  meshc::gen::fillRandom(param26_bert_encoder_layer_1_ffn_w_out, {256, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/ffn/w_out"),
-                         meshc::gen::Fill::Normal, 0.0, 0.0625, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param26_bert_encoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{256, 64}},
+      seed, "bert/encoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
   param27_bert_encoder_layer_1_ffn_b_out.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
@@ -666,25 +711,43 @@ Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.tokens.shape = {1, 32};
   inputs.tokens.data.resize(32);
-  meshc::gen::fillRandom(
-      inputs.tokens.data, {1, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/tokens"), meshc::gen::Fill::InputIndex, 128, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.tokens.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data", "model"}, 1), 0},
+            meshrt::kernels::Dims{1, 32}},
+        seed, "tokens", 128);
+    std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
+  }
   inputs.segment_ids.shape = {1, 32};
   inputs.segment_ids.data.resize(32);
-  meshc::gen::fillRandom(
-      inputs.segment_ids.data, {1, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/segment_ids"), meshc::gen::Fill::InputIndex, 2, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.segment_ids.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data", "model"}, 1), 0},
+            meshrt::kernels::Dims{1, 32}},
+        seed, "segment_ids", 2);
+    std::copy(ids.begin(), ids.end(), inputs.segment_ids.data.begin());
+  }
   inputs.padding.shape = {1, 32};
   inputs.padding.data.resize(32);
-  meshc::gen::fillRandom(
-      inputs.padding.data, {1, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/padding"), meshc::gen::Fill::InputIndex, 2, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.padding.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data", "model"}, 1), 0},
+            meshrt::kernels::Dims{1, 32}},
+        seed, "padding", 0);
+    std::copy(ids.begin(), ids.end(), inputs.padding.data.begin());
+  }
   return inputs;
 }
 
@@ -757,22 +820,31 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})) {
   // bert/token_embedding: truncated_normal (bert.mesh:29)
   param0_bert_token_embedding.resize(8192);
-  meshc::gen::fillRandom(param0_bert_token_embedding, {128, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/token_embedding"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_bert_token_embedding.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{128, 64}},
+      seed, "bert/token_embedding",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // bert/position_embedding: truncated_normal (bert.mesh:30)
   param1_bert_position_embedding.resize(2048);
-  meshc::gen::fillRandom(param1_bert_position_embedding, {32, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/position_embedding"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param1_bert_position_embedding.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{32, 64}},
+      seed, "bert/position_embedding",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // bert/segment_embedding: truncated_normal (bert.mesh:31)
   param2_bert_segment_embedding.resize(128);
-  meshc::gen::fillRandom(param2_bert_segment_embedding, {2, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/segment_embedding"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_bert_segment_embedding.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{2, 64}},
+      seed, "bert/segment_embedding",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // bert/output_bias: zeros (bert.mesh:32)
   param3_bert_output_bias.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/norm/gain: ones (layers.mesh:22)
@@ -781,28 +853,40 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
   param5_bert_norm_bias.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param6_bert_encoder_layer_0_attention_w_q.resize(4096);
-  meshc::gen::fillRandom(param6_bert_encoder_layer_0_attention_w_q, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/attention/w_q"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param6_bert_encoder_layer_0_attention_w_q.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[0]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param7_bert_encoder_layer_0_attention_w_k.resize(4096);
-  meshc::gen::fillRandom(param7_bert_encoder_layer_0_attention_w_k, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/attention/w_k"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param7_bert_encoder_layer_0_attention_w_k.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[0]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param8_bert_encoder_layer_0_attention_w_v.resize(4096);
-  meshc::gen::fillRandom(param8_bert_encoder_layer_0_attention_w_v, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/attention/w_v"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param8_bert_encoder_layer_0_attention_w_v.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[0]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param9_bert_encoder_layer_0_attention_w_o.resize(4096);
-  meshc::gen::fillRandom(param9_bert_encoder_layer_0_attention_w_o, {4, 16, 64}, {1024, 64, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {1024, 64, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/attention/w_o"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param9_bert_encoder_layer_0_attention_w_o.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{4, 16, 64}},
+      seed, "bert/encoder_layer[0]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/norm/gain: ones (layers.mesh:22)
   param10_bert_encoder_layer_0_norm_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -811,19 +895,25 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param12_bert_encoder_layer_0_ffn_w_in.resize(16384);
-  meshc::gen::fillRandom(param12_bert_encoder_layer_0_ffn_w_in, {64, 256}, {256, 1},
-                         meshc::gen::globalBase({0, 0}, {256, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/ffn/w_in"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param12_bert_encoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 256}},
+      seed, "bert/encoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
   param13_bert_encoder_layer_0_ffn_b_in.assign(256,
                                                meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param14_bert_encoder_layer_0_ffn_w_out.resize(16384);
-  meshc::gen::fillRandom(param14_bert_encoder_layer_0_ffn_w_out, {256, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[0]/ffn/w_out"),
-                         meshc::gen::Fill::Normal, 0.0, 0.0625, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param14_bert_encoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{256, 64}},
+      seed, "bert/encoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
   param15_bert_encoder_layer_0_ffn_b_out.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
@@ -835,28 +925,40 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param18_bert_encoder_layer_1_attention_w_q.resize(4096);
-  meshc::gen::fillRandom(param18_bert_encoder_layer_1_attention_w_q, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/attention/w_q"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param18_bert_encoder_layer_1_attention_w_q.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[1]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param19_bert_encoder_layer_1_attention_w_k.resize(4096);
-  meshc::gen::fillRandom(param19_bert_encoder_layer_1_attention_w_k, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/attention/w_k"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param19_bert_encoder_layer_1_attention_w_k.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[1]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param20_bert_encoder_layer_1_attention_w_v.resize(4096);
-  meshc::gen::fillRandom(param20_bert_encoder_layer_1_attention_w_v, {64, 4, 16}, {64, 16, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {64, 16, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/attention/w_v"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param20_bert_encoder_layer_1_attention_w_v.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{64, 4, 16}},
+      seed, "bert/encoder_layer[1]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param21_bert_encoder_layer_1_attention_w_o.resize(4096);
-  meshc::gen::fillRandom(param21_bert_encoder_layer_1_attention_w_o, {4, 16, 64}, {1024, 64, 1},
-                         meshc::gen::globalBase({0, 0, 0}, {1024, 64, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/attention/w_o"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param21_bert_encoder_layer_1_attention_w_o.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64}, meshrt::kernels::Dims{0, 0, 0},
+                             meshrt::kernels::Dims{4, 16, 64}},
+      seed, "bert/encoder_layer[1]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/norm/gain: ones (layers.mesh:22)
   param22_bert_encoder_layer_1_norm_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -865,19 +967,25 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param24_bert_encoder_layer_1_ffn_w_in.resize(16384);
-  meshc::gen::fillRandom(param24_bert_encoder_layer_1_ffn_w_in, {64, 256}, {256, 1},
-                         meshc::gen::globalBase({0, 0}, {256, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/ffn/w_in"),
-                         meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param24_bert_encoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 256}},
+      seed, "bert/encoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
   param25_bert_encoder_layer_1_ffn_b_in.assign(256,
                                                meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // bert/encoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param26_bert_encoder_layer_1_ffn_w_out.resize(16384);
-  meshc::gen::fillRandom(param26_bert_encoder_layer_1_ffn_w_out, {256, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/bert/encoder_layer[1]/ffn/w_out"),
-                         meshc::gen::Fill::Normal, 0.0, 0.0625, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param26_bert_encoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{256, 64}},
+      seed, "bert/encoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
   // bert/encoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
   param27_bert_encoder_layer_1_ffn_b_out.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
@@ -1492,39 +1600,69 @@ MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.tokens.shape = {1, 32};
   inputs.tokens.data.resize(32);
-  meshc::gen::fillRandom(
-      inputs.tokens.data, {1, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/tokens"), meshc::gen::Fill::InputIndex, 128, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.tokens.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data", "model"}, 1), 0},
+            meshrt::kernels::Dims{1, 32}},
+        seed, "tokens", 128);
+    std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
+  }
   inputs.segment_ids.shape = {1, 32};
   inputs.segment_ids.data.resize(32);
-  meshc::gen::fillRandom(
-      inputs.segment_ids.data, {1, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/segment_ids"), meshc::gen::Fill::InputIndex, 2, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.segment_ids.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data", "model"}, 1), 0},
+            meshrt::kernels::Dims{1, 32}},
+        seed, "segment_ids", 2);
+    std::copy(ids.begin(), ids.end(), inputs.segment_ids.data.begin());
+  }
   inputs.padding.shape = {1, 32};
   inputs.padding.data.resize(32);
-  meshc::gen::fillRandom(
-      inputs.padding.data, {1, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/padding"), meshc::gen::Fill::InputIndex, 2, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.padding.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data", "model"}, 1), 0},
+            meshrt::kernels::Dims{1, 32}},
+        seed, "padding", 0);
+    std::copy(ids.begin(), ids.end(), inputs.padding.data.begin());
+  }
   inputs.masked.shape = {1, 32};
   inputs.masked.data.resize(32);
-  meshc::gen::fillRandom(
-      inputs.masked.data, {1, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/masked"), meshc::gen::Fill::InputIndex, 2, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.masked.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data", "model"}, 1), 0},
+            meshrt::kernels::Dims{1, 32}},
+        seed, "masked", 0);
+    std::copy(ids.begin(), ids.end(), inputs.masked.data.begin());
+  }
   inputs.targets.shape = {1, 32};
   inputs.targets.data.resize(32);
-  meshc::gen::fillRandom(
-      inputs.targets.data, {1, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/targets"), meshc::gen::Fill::InputIndex, 128, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.targets.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data", "model"}, 1), 0},
+            meshrt::kernels::Dims{1, 32}},
+        seed, "targets", 128);
+    std::copy(ids.begin(), ids.end(), inputs.targets.data.begin());
+  }
   return inputs;
 }
 

@@ -17,20 +17,28 @@ Mlp::Mlp(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // ffn/w_in: truncated_normal (mlp.mesh:22)
   param0_ffn_w_in.resize(8192);
-  meshc::gen::fillRandom(
-      param0_ffn_w_in, {64, 128}, {256, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 128)}, {256, 1}),
-      meshrt::streamKey(seed, "param/ffn/w_in"), meshc::gen::Fill::TruncatedNormal, 0.0, 0.125,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 256},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
+          meshrt::kernels::Dims{64, 128}},
+      seed, "ffn/w_in",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // ffn/b_in: zeros (mlp.mesh:23)
   param1_ffn_b_in.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // ffn/w_out: truncated_normal (mlp.mesh:24)
   param2_ffn_w_out.resize(8192);
-  meshc::gen::fillRandom(
-      param2_ffn_w_out, {128, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 128), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/ffn/w_out"), meshc::gen::Fill::TruncatedNormal, 0.0, 0.0625,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{256, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
+          meshrt::kernels::Dims{128, 64}},
+      seed, "ffn/w_out",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
 }
 
 Mlp::Outputs Mlp::run(const Inputs &inputs) {
@@ -95,11 +103,12 @@ Mlp::Inputs Mlp::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {16, 64};
   inputs.x.data.resize(1024);
-  meshc::gen::fillRandom(
-      inputs.x.data, {16, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16), 0}, {64, 1}),
-      meshrt::streamKey(seed, "input/x"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.x.data.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{16, 64}},
+      seed, "x", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
@@ -142,20 +151,28 @@ MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // ffn/w_in: truncated_normal (mlp.mesh:22)
   param0_ffn_w_in.resize(8192);
-  meshc::gen::fillRandom(
-      param0_ffn_w_in, {64, 128}, {256, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 128)}, {256, 1}),
-      meshrt::streamKey(seed, "param/ffn/w_in"), meshc::gen::Fill::TruncatedNormal, 0.0, 0.125,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 256},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
+          meshrt::kernels::Dims{64, 128}},
+      seed, "ffn/w_in",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // ffn/b_in: zeros (mlp.mesh:23)
   param1_ffn_b_in.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // ffn/w_out: truncated_normal (mlp.mesh:24)
   param2_ffn_w_out.resize(8192);
-  meshc::gen::fillRandom(
-      param2_ffn_w_out, {128, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 128), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/ffn/w_out"), meshc::gen::Fill::TruncatedNormal, 0.0, 0.0625,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{256, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
+          meshrt::kernels::Dims{128, 64}},
+      seed, "ffn/w_out",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
 }
 
 MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
@@ -171,11 +188,12 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
 
   // mlp.mesh:40:19 random_normal
   meshc::gen::View v2 = arena_.slot(0, 1024);
-  meshc::gen::fillRandom(
-      v2, {16, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16), 0}, {64, 1}),
-      meshrt::streamKey(seed_, "normal#0"), meshc::gen::Fill::Normal, 0.0, 0.01,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillRandomNormal(
+      v2.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{16, 64}},
+      seed_, "normal#0", 0.0, 0.01, meshrt::kernels::ValueType::F32);
 
   // mlp.mesh:40:17 add -> noisy
   meshc::gen::View v3 = arena_.slot(16384, 1024);
@@ -256,18 +274,20 @@ MlpTrain::Inputs MlpTrain::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {16, 64};
   inputs.x.data.resize(1024);
-  meshc::gen::fillRandom(
-      inputs.x.data, {16, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16), 0}, {64, 1}),
-      meshrt::streamKey(seed, "input/x"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.x.data.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{16, 64}},
+      seed, "x", meshrt::kernels::ValueType::F32);
   inputs.target.shape = {16, 64};
   inputs.target.data.resize(1024);
-  meshc::gen::fillRandom(
-      inputs.target.data, {16, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16), 0}, {64, 1}),
-      meshrt::streamKey(seed, "input/target"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.target.data.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{16, 64}},
+      seed, "target", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 

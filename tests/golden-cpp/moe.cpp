@@ -21,50 +21,72 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
   param1_norm_0_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // route[0]/w_gate: normal (moe.mesh:31)
   param2_route_0_w_gate.resize(64);
-  meshc::gen::fillRandom(
-      param2_route_0_w_gate, {32, 2}, {4, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2)}, {4, 1}),
-      meshrt::streamKey(seed, "param/route[0]/w_gate"), meshc::gen::Fill::Normal, 0.0, 0.18,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_route_0_w_gate.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
+                             meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2)},
+                             meshrt::kernels::Dims{32, 2}},
+      seed, "route[0]/w_gate",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // experts_ffn[0]/w_in: normal (moe.mesh:45)
   param3_experts_ffn_0_w_in.resize(4096);
-  meshc::gen::fillRandom(
-      param3_experts_ffn_0_w_in, {2, 32, 64}, {2048, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {2048, 64, 1}),
-      meshrt::streamKey(seed, "param/experts_ffn[0]/w_in"), meshc::gen::Fill::Normal, 0.0, 0.18,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param3_experts_ffn_0_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 32, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 32, 64}},
+      seed, "experts_ffn[0]/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // experts_ffn[0]/w_out: normal (moe.mesh:46)
   param4_experts_ffn_0_w_out.resize(4096);
-  meshc::gen::fillRandom(
-      param4_experts_ffn_0_w_out, {2, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed, "param/experts_ffn[0]/w_out"), meshc::gen::Fill::Normal, 0.0, 0.125,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param4_experts_ffn_0_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 64, 32}},
+      seed, "experts_ffn[0]/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // norm[1]/gain: ones (moe.mesh:24)
   param5_norm_1_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // norm[1]/bias: zeros (moe.mesh:25)
   param6_norm_1_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // route[1]/w_gate: normal (moe.mesh:31)
   param7_route_1_w_gate.resize(64);
-  meshc::gen::fillRandom(
-      param7_route_1_w_gate, {32, 2}, {4, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2)}, {4, 1}),
-      meshrt::streamKey(seed, "param/route[1]/w_gate"), meshc::gen::Fill::Normal, 0.0, 0.18,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param7_route_1_w_gate.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
+                             meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2)},
+                             meshrt::kernels::Dims{32, 2}},
+      seed, "route[1]/w_gate",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // experts_ffn[1]/w_in: normal (moe.mesh:45)
   param8_experts_ffn_1_w_in.resize(4096);
-  meshc::gen::fillRandom(
-      param8_experts_ffn_1_w_in, {2, 32, 64}, {2048, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {2048, 64, 1}),
-      meshrt::streamKey(seed, "param/experts_ffn[1]/w_in"), meshc::gen::Fill::Normal, 0.0, 0.18,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param8_experts_ffn_1_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 32, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 32, 64}},
+      seed, "experts_ffn[1]/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // experts_ffn[1]/w_out: normal (moe.mesh:46)
   param9_experts_ffn_1_w_out.resize(4096);
-  meshc::gen::fillRandom(
-      param9_experts_ffn_1_w_out, {2, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed, "param/experts_ffn[1]/w_out"), meshc::gen::Fill::Normal, 0.0, 0.125,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param9_experts_ffn_1_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 64, 32}},
+      seed, "experts_ffn[1]/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
 }
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
@@ -629,11 +651,13 @@ Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {1, 64, 32};
   inputs.x.data.resize(2048);
-  meshc::gen::fillRandom(
-      inputs.x.data, {1, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed, "input/x"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.x.data.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 64, 32}},
+      seed, "x", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
@@ -684,50 +708,72 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
   param2_norm_0_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // route[0]/w_gate: normal (moe.mesh:31)
   param3_route_0_w_gate.resize(64);
-  meshc::gen::fillRandom(
-      param3_route_0_w_gate, {32, 2}, {4, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2)}, {4, 1}),
-      meshrt::streamKey(seed, "param/route[0]/w_gate"), meshc::gen::Fill::Normal, 0.0, 0.18,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param3_route_0_w_gate.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
+                             meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2)},
+                             meshrt::kernels::Dims{32, 2}},
+      seed, "route[0]/w_gate",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // experts_ffn[0]/w_in: normal (moe.mesh:45)
   param4_experts_ffn_0_w_in.resize(4096);
-  meshc::gen::fillRandom(
-      param4_experts_ffn_0_w_in, {2, 32, 64}, {2048, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {2048, 64, 1}),
-      meshrt::streamKey(seed, "param/experts_ffn[0]/w_in"), meshc::gen::Fill::Normal, 0.0, 0.18,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param4_experts_ffn_0_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 32, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 32, 64}},
+      seed, "experts_ffn[0]/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // experts_ffn[0]/w_out: normal (moe.mesh:46)
   param5_experts_ffn_0_w_out.resize(4096);
-  meshc::gen::fillRandom(
-      param5_experts_ffn_0_w_out, {2, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed, "param/experts_ffn[0]/w_out"), meshc::gen::Fill::Normal, 0.0, 0.125,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param5_experts_ffn_0_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 64, 32}},
+      seed, "experts_ffn[0]/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // norm[1]/gain: ones (moe.mesh:24)
   param6_norm_1_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // norm[1]/bias: zeros (moe.mesh:25)
   param7_norm_1_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // route[1]/w_gate: normal (moe.mesh:31)
   param8_route_1_w_gate.resize(64);
-  meshc::gen::fillRandom(
-      param8_route_1_w_gate, {32, 2}, {4, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2)}, {4, 1}),
-      meshrt::streamKey(seed, "param/route[1]/w_gate"), meshc::gen::Fill::Normal, 0.0, 0.18,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param8_route_1_w_gate.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
+                             meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2)},
+                             meshrt::kernels::Dims{32, 2}},
+      seed, "route[1]/w_gate",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // experts_ffn[1]/w_in: normal (moe.mesh:45)
   param9_experts_ffn_1_w_in.resize(4096);
-  meshc::gen::fillRandom(
-      param9_experts_ffn_1_w_in, {2, 32, 64}, {2048, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {2048, 64, 1}),
-      meshrt::streamKey(seed, "param/experts_ffn[1]/w_in"), meshc::gen::Fill::Normal, 0.0, 0.18,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param9_experts_ffn_1_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 32, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 32, 64}},
+      seed, "experts_ffn[1]/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // experts_ffn[1]/w_out: normal (moe.mesh:46)
   param10_experts_ffn_1_w_out.resize(4096);
-  meshc::gen::fillRandom(
-      param10_experts_ffn_1_w_out, {2, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed, "param/experts_ffn[1]/w_out"), meshc::gen::Fill::Normal, 0.0, 0.125,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param10_experts_ffn_1_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 64, 32}},
+      seed, "experts_ffn[1]/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
 }
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
@@ -766,11 +812,13 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:114:27 random_uniform
   meshc::gen::View v8 = arena_.slot(0, 2048);
-  meshc::gen::fillRandom(
-      v8, {1, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed_, "uniform[0]#0"), meshc::gen::Fill::Uniform, 0.99, 1.01,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillRandomUniform(
+      v8.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 64, 32}},
+      seed_, "uniform[0]#0", 0.99, 1.01, meshrt::kernels::ValueType::F32);
 
   // moe.mesh:114:25 mul
   meshc::gen::View v9 = arena_.slot(8192, 2048);
@@ -1111,11 +1159,13 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:114:27 random_uniform
   meshc::gen::View v74 = arena_.slot(0, 2048);
-  meshc::gen::fillRandom(
-      v74, {1, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed_, "uniform[1]#0"), meshc::gen::Fill::Uniform, 0.99, 1.01,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillRandomUniform(
+      v74.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 64, 32}},
+      seed_, "uniform[1]#0", 0.99, 1.01, meshrt::kernels::ValueType::F32);
 
   // moe.mesh:114:25 mul
   meshc::gen::View v75 = arena_.slot(8192, 2048);
@@ -1472,18 +1522,22 @@ MoeTrain::Inputs MoeTrain::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {1, 64, 32};
   inputs.x.data.resize(2048);
-  meshc::gen::fillRandom(
-      inputs.x.data, {1, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed, "input/x"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.x.data.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 64, 32}},
+      seed, "x", meshrt::kernels::ValueType::F32);
   inputs.target.shape = {1, 64, 32};
   inputs.target.data.resize(2048);
-  meshc::gen::fillRandom(
-      inputs.target.data, {1, 64, 32}, {2048, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0, 0}, {2048, 32, 1}),
-      meshrt::streamKey(seed, "input/target"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.target.data.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 64, 32}},
+      seed, "target", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 

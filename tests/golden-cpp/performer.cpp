@@ -17,42 +17,61 @@ Encode::Encode(meshrt::Communicator &world, uint64_t seed)
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // encoder_layer[0]/random_features: orthogonal (performer.mesh:103)
-  param0_encoder_layer_0_random_features = meshc::gen::sliceShard(
-      meshc::gen::orthogonalGlobal(
-          64, 16, meshrt::streamKey(seed, "param/encoder_layer[0]/random_features"), 1.0),
-      {64, 16}, {16, 1}, {0, 0});
+  param0_encoder_layer_0_random_features.resize(1024);
+  meshrt::kernels::fillParam(
+      param0_encoder_layer_0_random_features.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 16}},
+      seed, "encoder_layer[0]/random_features",
+      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/norm/gain: ones (performer.mesh:27)
   param1_encoder_layer_0_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // encoder_layer[0]/norm/bias: zeros (performer.mesh:28)
   param2_encoder_layer_0_norm_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // encoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param3_encoder_layer_0_heads_in_w.resize(512);
-  meshc::gen::fillRandom(
-      param3_encoder_layer_0_heads_in_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[0]/heads_in/w"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param3_encoder_layer_0_heads_in_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "encoder_layer[0]/heads_in/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param4_encoder_layer_0_heads_in_1_w.resize(512);
-  meshc::gen::fillRandom(
-      param4_encoder_layer_0_heads_in_1_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[0]/heads_in#1/w"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param4_encoder_layer_0_heads_in_1_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "encoder_layer[0]/heads_in#1/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param5_encoder_layer_0_heads_in_2_w.resize(512);
-  meshc::gen::fillRandom(
-      param5_encoder_layer_0_heads_in_2_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[0]/heads_in#2/w"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param5_encoder_layer_0_heads_in_2_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "encoder_layer[0]/heads_in#2/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param6_encoder_layer_0_heads_out_w.resize(512);
-  meshc::gen::fillRandom(
-      param6_encoder_layer_0_heads_out_w, {1, 16, 32}, {512, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 1), 0, 0}, {512, 32, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[0]/heads_out/w"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param6_encoder_layer_0_heads_out_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 16, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 16, 32}},
+      seed, "encoder_layer[0]/heads_out/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
   param7_encoder_layer_0_norm_1_gain.assign(32,
                                             meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -61,55 +80,82 @@ Encode::Encode(meshrt::Communicator &world, uint64_t seed)
                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // encoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param9_encoder_layer_0_ffn_w_in.resize(2048);
-  meshc::gen::fillRandom(
-      param9_encoder_layer_0_ffn_w_in, {32, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[0]/ffn/w_in"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param9_encoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{32, 64}},
+      seed, "encoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param10_encoder_layer_0_ffn_w_out.resize(2048);
-  meshc::gen::fillRandom(
-      param10_encoder_layer_0_ffn_w_out, {64, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {32, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[0]/ffn/w_out"), meshc::gen::Fill::Normal, 0.0,
-      0.09, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param10_encoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 32}},
+      seed, "encoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/random_features: orthogonal (performer.mesh:103)
-  param11_encoder_layer_1_random_features = meshc::gen::sliceShard(
-      meshc::gen::orthogonalGlobal(
-          64, 16, meshrt::streamKey(seed, "param/encoder_layer[1]/random_features"), 1.0),
-      {64, 16}, {16, 1}, {0, 0});
+  param11_encoder_layer_1_random_features.resize(1024);
+  meshrt::kernels::fillParam(
+      param11_encoder_layer_1_random_features.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 16}},
+      seed, "encoder_layer[1]/random_features",
+      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/norm/gain: ones (performer.mesh:27)
   param12_encoder_layer_1_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // encoder_layer[1]/norm/bias: zeros (performer.mesh:28)
   param13_encoder_layer_1_norm_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // encoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param14_encoder_layer_1_heads_in_w.resize(512);
-  meshc::gen::fillRandom(
-      param14_encoder_layer_1_heads_in_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[1]/heads_in/w"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param14_encoder_layer_1_heads_in_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "encoder_layer[1]/heads_in/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param15_encoder_layer_1_heads_in_1_w.resize(512);
-  meshc::gen::fillRandom(
-      param15_encoder_layer_1_heads_in_1_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[1]/heads_in#1/w"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param15_encoder_layer_1_heads_in_1_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "encoder_layer[1]/heads_in#1/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param16_encoder_layer_1_heads_in_2_w.resize(512);
-  meshc::gen::fillRandom(
-      param16_encoder_layer_1_heads_in_2_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[1]/heads_in#2/w"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param16_encoder_layer_1_heads_in_2_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "encoder_layer[1]/heads_in#2/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param17_encoder_layer_1_heads_out_w.resize(512);
-  meshc::gen::fillRandom(
-      param17_encoder_layer_1_heads_out_w, {1, 16, 32}, {512, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 1), 0, 0}, {512, 32, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[1]/heads_out/w"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param17_encoder_layer_1_heads_out_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 16, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 16, 32}},
+      seed, "encoder_layer[1]/heads_out/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
   param18_encoder_layer_1_norm_1_gain.assign(32,
                                              meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -118,18 +164,26 @@ Encode::Encode(meshrt::Communicator &world, uint64_t seed)
                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // encoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param20_encoder_layer_1_ffn_w_in.resize(2048);
-  meshc::gen::fillRandom(
-      param20_encoder_layer_1_ffn_w_in, {32, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[1]/ffn/w_in"), meshc::gen::Fill::Normal, 0.0,
-      0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param20_encoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{32, 64}},
+      seed, "encoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param21_encoder_layer_1_ffn_w_out.resize(2048);
-  meshc::gen::fillRandom(
-      param21_encoder_layer_1_ffn_w_out, {64, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {32, 1}),
-      meshrt::streamKey(seed, "param/encoder_layer[1]/ffn/w_out"), meshc::gen::Fill::Normal, 0.0,
-      0.09, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param21_encoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 32}},
+      seed, "encoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+      meshrt::kernels::ValueType::F32);
   // norm/gain: ones (performer.mesh:27)
   param22_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // norm/bias: zeros (performer.mesh:28)
@@ -875,11 +929,13 @@ Encode::Inputs Encode::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.x.shape = {1, 128, 32};
   inputs.x.data.resize(4096);
-  meshc::gen::fillRandom(
-      inputs.x.data, {1, 128, 32}, {4096, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0, 0}, {4096, 32, 1}),
-      meshrt::streamKey(seed, "input/x"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.x.data.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 128, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 128, 32}},
+      seed, "x", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
@@ -923,23 +979,34 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // causal_lm/embedding: normal (performer.mesh:131)
   param0_causal_lm_embedding.resize(1024);
-  meshc::gen::fillRandom(
-      param0_causal_lm_embedding, {32, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 32), 0}, {32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/embedding"), meshc::gen::Fill::Normal, 0.0, 1.0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_causal_lm_embedding.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 32), 0},
+          meshrt::kernels::Dims{32, 32}},
+      seed, "causal_lm/embedding",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/unembed: normal (performer.mesh:132)
   param1_causal_lm_unembed.resize(1024);
-  meshc::gen::fillRandom(
-      param1_causal_lm_unembed, {32, 32}, {64, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 32)}, {64, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/unembed"), meshc::gen::Fill::Normal, 0.0, 0.02,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param1_causal_lm_unembed.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 64},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 32)},
+          meshrt::kernels::Dims{32, 32}},
+      seed, "causal_lm/unembed",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
-  param2_causal_lm_decoder_layer_0_random_features = meshc::gen::sliceShard(
-      meshc::gen::orthogonalGlobal(
-          64, 16, meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/random_features"), 1.0),
-      {64, 16}, {16, 1}, {0, 0});
+  param2_causal_lm_decoder_layer_0_random_features.resize(1024);
+  meshrt::kernels::fillParam(
+      param2_causal_lm_decoder_layer_0_random_features.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 16}},
+      seed, "causal_lm/decoder_layer[0]/random_features",
+      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/norm/gain: ones (performer.mesh:27)
   param3_causal_lm_decoder_layer_0_norm_gain.assign(
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -948,32 +1015,48 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param5_causal_lm_decoder_layer_0_heads_in_w.resize(512);
-  meshc::gen::fillRandom(
-      param5_causal_lm_decoder_layer_0_heads_in_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/heads_in/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param5_causal_lm_decoder_layer_0_heads_in_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[0]/heads_in/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param6_causal_lm_decoder_layer_0_heads_in_1_w.resize(512);
-  meshc::gen::fillRandom(
-      param6_causal_lm_decoder_layer_0_heads_in_1_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/heads_in#1/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param6_causal_lm_decoder_layer_0_heads_in_1_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[0]/heads_in#1/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param7_causal_lm_decoder_layer_0_heads_in_2_w.resize(512);
-  meshc::gen::fillRandom(
-      param7_causal_lm_decoder_layer_0_heads_in_2_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/heads_in#2/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param7_causal_lm_decoder_layer_0_heads_in_2_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[0]/heads_in#2/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param8_causal_lm_decoder_layer_0_heads_out_w.resize(512);
-  meshc::gen::fillRandom(
-      param8_causal_lm_decoder_layer_0_heads_out_w, {1, 16, 32}, {512, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 1), 0, 0}, {512, 32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/heads_out/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param8_causal_lm_decoder_layer_0_heads_out_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 16, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 16, 32}},
+      seed, "causal_lm/decoder_layer[0]/heads_out/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
   param9_causal_lm_decoder_layer_0_norm_1_gain.assign(
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -982,23 +1065,34 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param11_causal_lm_decoder_layer_0_ffn_w_in.resize(2048);
-  meshc::gen::fillRandom(
-      param11_causal_lm_decoder_layer_0_ffn_w_in, {32, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/ffn/w_in"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{32, 64}},
+      seed, "causal_lm/decoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param12_causal_lm_decoder_layer_0_ffn_w_out.resize(2048);
-  meshc::gen::fillRandom(
-      param12_causal_lm_decoder_layer_0_ffn_w_out, {64, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/ffn/w_out"),
-      meshc::gen::Fill::Normal, 0.0, 0.09, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 32}},
+      seed, "causal_lm/decoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
-  param13_causal_lm_decoder_layer_1_random_features = meshc::gen::sliceShard(
-      meshc::gen::orthogonalGlobal(
-          64, 16, meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/random_features"), 1.0),
-      {64, 16}, {16, 1}, {0, 0});
+  param13_causal_lm_decoder_layer_1_random_features.resize(1024);
+  meshrt::kernels::fillParam(
+      param13_causal_lm_decoder_layer_1_random_features.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 16}},
+      seed, "causal_lm/decoder_layer[1]/random_features",
+      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/norm/gain: ones (performer.mesh:27)
   param14_causal_lm_decoder_layer_1_norm_gain.assign(
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -1007,32 +1101,48 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param16_causal_lm_decoder_layer_1_heads_in_w.resize(512);
-  meshc::gen::fillRandom(
-      param16_causal_lm_decoder_layer_1_heads_in_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/heads_in/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param16_causal_lm_decoder_layer_1_heads_in_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[1]/heads_in/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param17_causal_lm_decoder_layer_1_heads_in_1_w.resize(512);
-  meshc::gen::fillRandom(
-      param17_causal_lm_decoder_layer_1_heads_in_1_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/heads_in#1/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param17_causal_lm_decoder_layer_1_heads_in_1_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[1]/heads_in#1/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param18_causal_lm_decoder_layer_1_heads_in_2_w.resize(512);
-  meshc::gen::fillRandom(
-      param18_causal_lm_decoder_layer_1_heads_in_2_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/heads_in#2/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param18_causal_lm_decoder_layer_1_heads_in_2_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[1]/heads_in#2/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param19_causal_lm_decoder_layer_1_heads_out_w.resize(512);
-  meshc::gen::fillRandom(
-      param19_causal_lm_decoder_layer_1_heads_out_w, {1, 16, 32}, {512, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 1), 0, 0}, {512, 32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/heads_out/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param19_causal_lm_decoder_layer_1_heads_out_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 16, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 16, 32}},
+      seed, "causal_lm/decoder_layer[1]/heads_out/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
   param20_causal_lm_decoder_layer_1_norm_1_gain.assign(
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -1041,18 +1151,26 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param22_causal_lm_decoder_layer_1_ffn_w_in.resize(2048);
-  meshc::gen::fillRandom(
-      param22_causal_lm_decoder_layer_1_ffn_w_in, {32, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/ffn/w_in"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{32, 64}},
+      seed, "causal_lm/decoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param23_causal_lm_decoder_layer_1_ffn_w_out.resize(2048);
-  meshc::gen::fillRandom(
-      param23_causal_lm_decoder_layer_1_ffn_w_out, {64, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/ffn/w_out"),
-      meshc::gen::Fill::Normal, 0.0, 0.09, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 32}},
+      seed, "causal_lm/decoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/norm/gain: ones (performer.mesh:27)
   param24_causal_lm_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
@@ -1834,11 +1952,17 @@ Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.tokens.shape = {1, 128};
   inputs.tokens.data.resize(128);
-  meshc::gen::fillRandom(
-      inputs.tokens.data, {1, 128}, {128, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0}, {128, 1}),
-      meshrt::streamKey(seed, "input/tokens"), meshc::gen::Fill::InputIndex, 64, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.tokens.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{2, 128},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0},
+            meshrt::kernels::Dims{1, 128}},
+        seed, "tokens", 64);
+    std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
+  }
   return inputs;
 }
 
@@ -1884,23 +2008,34 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // causal_lm/embedding: normal (performer.mesh:131)
   param0_causal_lm_embedding.resize(1024);
-  meshc::gen::fillRandom(
-      param0_causal_lm_embedding, {32, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 32), 0}, {32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/embedding"), meshc::gen::Fill::Normal, 0.0, 1.0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_causal_lm_embedding.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 32), 0},
+          meshrt::kernels::Dims{32, 32}},
+      seed, "causal_lm/embedding",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/unembed: normal (performer.mesh:132)
   param1_causal_lm_unembed.resize(1024);
-  meshc::gen::fillRandom(
-      param1_causal_lm_unembed, {32, 32}, {64, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 32)}, {64, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/unembed"), meshc::gen::Fill::Normal, 0.0, 0.02,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param1_causal_lm_unembed.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 64},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 32)},
+          meshrt::kernels::Dims{32, 32}},
+      seed, "causal_lm/unembed",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
-  param2_causal_lm_decoder_layer_0_random_features = meshc::gen::sliceShard(
-      meshc::gen::orthogonalGlobal(
-          64, 16, meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/random_features"), 1.0),
-      {64, 16}, {16, 1}, {0, 0});
+  param2_causal_lm_decoder_layer_0_random_features.resize(1024);
+  meshrt::kernels::fillParam(
+      param2_causal_lm_decoder_layer_0_random_features.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 16}},
+      seed, "causal_lm/decoder_layer[0]/random_features",
+      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/norm/gain: ones (performer.mesh:27)
   param3_causal_lm_decoder_layer_0_norm_gain.assign(
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -1909,32 +2044,48 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param5_causal_lm_decoder_layer_0_heads_in_w.resize(512);
-  meshc::gen::fillRandom(
-      param5_causal_lm_decoder_layer_0_heads_in_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/heads_in/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param5_causal_lm_decoder_layer_0_heads_in_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[0]/heads_in/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param6_causal_lm_decoder_layer_0_heads_in_1_w.resize(512);
-  meshc::gen::fillRandom(
-      param6_causal_lm_decoder_layer_0_heads_in_1_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/heads_in#1/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param6_causal_lm_decoder_layer_0_heads_in_1_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[0]/heads_in#1/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param7_causal_lm_decoder_layer_0_heads_in_2_w.resize(512);
-  meshc::gen::fillRandom(
-      param7_causal_lm_decoder_layer_0_heads_in_2_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/heads_in#2/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param7_causal_lm_decoder_layer_0_heads_in_2_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[0]/heads_in#2/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param8_causal_lm_decoder_layer_0_heads_out_w.resize(512);
-  meshc::gen::fillRandom(
-      param8_causal_lm_decoder_layer_0_heads_out_w, {1, 16, 32}, {512, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 1), 0, 0}, {512, 32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/heads_out/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param8_causal_lm_decoder_layer_0_heads_out_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 16, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 16, 32}},
+      seed, "causal_lm/decoder_layer[0]/heads_out/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
   param9_causal_lm_decoder_layer_0_norm_1_gain.assign(
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -1943,23 +2094,34 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param11_causal_lm_decoder_layer_0_ffn_w_in.resize(2048);
-  meshc::gen::fillRandom(
-      param11_causal_lm_decoder_layer_0_ffn_w_in, {32, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/ffn/w_in"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{32, 64}},
+      seed, "causal_lm/decoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param12_causal_lm_decoder_layer_0_ffn_w_out.resize(2048);
-  meshc::gen::fillRandom(
-      param12_causal_lm_decoder_layer_0_ffn_w_out, {64, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[0]/ffn/w_out"),
-      meshc::gen::Fill::Normal, 0.0, 0.09, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 32}},
+      seed, "causal_lm/decoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
-  param13_causal_lm_decoder_layer_1_random_features = meshc::gen::sliceShard(
-      meshc::gen::orthogonalGlobal(
-          64, 16, meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/random_features"), 1.0),
-      {64, 16}, {16, 1}, {0, 0});
+  param13_causal_lm_decoder_layer_1_random_features.resize(1024);
+  meshrt::kernels::fillParam(
+      param13_causal_lm_decoder_layer_1_random_features.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 16}},
+      seed, "causal_lm/decoder_layer[1]/random_features",
+      meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/norm/gain: ones (performer.mesh:27)
   param14_causal_lm_decoder_layer_1_norm_gain.assign(
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -1968,32 +2130,48 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param16_causal_lm_decoder_layer_1_heads_in_w.resize(512);
-  meshc::gen::fillRandom(
-      param16_causal_lm_decoder_layer_1_heads_in_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/heads_in/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param16_causal_lm_decoder_layer_1_heads_in_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[1]/heads_in/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param17_causal_lm_decoder_layer_1_heads_in_1_w.resize(512);
-  meshc::gen::fillRandom(
-      param17_causal_lm_decoder_layer_1_heads_in_1_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/heads_in#1/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param17_causal_lm_decoder_layer_1_heads_in_1_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[1]/heads_in#1/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param18_causal_lm_decoder_layer_1_heads_in_2_w.resize(512);
-  meshc::gen::fillRandom(
-      param18_causal_lm_decoder_layer_1_heads_in_2_w, {32, 1, 16}, {32, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 1), 0}, {32, 16, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/heads_in#2/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param18_causal_lm_decoder_layer_1_heads_in_2_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 2, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
+          meshrt::kernels::Dims{32, 1, 16}},
+      seed, "causal_lm/decoder_layer[1]/heads_in#2/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param19_causal_lm_decoder_layer_1_heads_out_w.resize(512);
-  meshc::gen::fillRandom(
-      param19_causal_lm_decoder_layer_1_heads_out_w, {1, 16, 32}, {512, 32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 1), 0, 0}, {512, 32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/heads_out/w"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param19_causal_lm_decoder_layer_1_heads_out_w.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{2, 16, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
+          meshrt::kernels::Dims{1, 16, 32}},
+      seed, "causal_lm/decoder_layer[1]/heads_out/w",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
   param20_causal_lm_decoder_layer_1_norm_1_gain.assign(
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -2002,18 +2180,26 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param22_causal_lm_decoder_layer_1_ffn_w_in.resize(2048);
-  meshc::gen::fillRandom(
-      param22_causal_lm_decoder_layer_1_ffn_w_in, {32, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/ffn/w_in"),
-      meshc::gen::Fill::Normal, 0.0, 0.18, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{32, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{32, 64}},
+      seed, "causal_lm/decoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param23_causal_lm_decoder_layer_1_ffn_w_out.resize(2048);
-  meshc::gen::fillRandom(
-      param23_causal_lm_decoder_layer_1_ffn_w_out, {64, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {32, 1}),
-      meshrt::streamKey(seed, "param/causal_lm/decoder_layer[1]/ffn/w_out"),
-      meshc::gen::Fill::Normal, 0.0, 0.09, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 32},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 32}},
+      seed, "causal_lm/decoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
+      meshrt::kernels::ValueType::F32);
   // causal_lm/norm/gain: ones (performer.mesh:27)
   param24_causal_lm_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
@@ -2870,11 +3056,17 @@ LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.tokens.shape = {1, 128};
   inputs.tokens.data.resize(128);
-  meshc::gen::fillRandom(
-      inputs.tokens.data, {1, 128}, {128, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 1), 0}, {128, 1}),
-      meshrt::streamKey(seed, "input/tokens"), meshc::gen::Fill::InputIndex, 64, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.tokens.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{2, 128},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0},
+            meshrt::kernels::Dims{1, 128}},
+        seed, "tokens", 64);
+    std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
+  }
   return inputs;
 }
 

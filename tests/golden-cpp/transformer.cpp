@@ -17,24 +17,35 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // decoder/token_embedding: normal (transformer.mesh:27)
   param0_decoder_token_embedding.resize(3072);
-  meshc::gen::fillRandom(
-      param0_decoder_token_embedding, {48, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 48), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/decoder/token_embedding"), meshc::gen::Fill::Normal, 0.0, 0.02,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_decoder_token_embedding.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{96, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 48), 0},
+          meshrt::kernels::Dims{48, 64}},
+      seed, "decoder/token_embedding",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/position_embedding: normal (transformer.mesh:28)
   param1_decoder_position_embedding.resize(2048);
-  meshc::gen::fillRandom(param1_decoder_position_embedding, {32, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/decoder/position_embedding"),
-                         meshc::gen::Fill::Normal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(param1_decoder_position_embedding.data(),
+                             meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                                                    meshrt::kernels::Dims{0, 0},
+                                                    meshrt::kernels::Dims{32, 64}},
+                             seed, "decoder/position_embedding",
+                             meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+                             meshrt::kernels::ValueType::F32);
   // decoder/unembed: normal (transformer.mesh:29)
   param2_decoder_unembed.resize(3072);
-  meshc::gen::fillRandom(
-      param2_decoder_unembed, {64, 48}, {96, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 48)}, {96, 1}),
-      meshrt::streamKey(seed, "param/decoder/unembed"), meshc::gen::Fill::Normal, 0.0, 0.02,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_decoder_unembed.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 96},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 48)},
+          meshrt::kernels::Dims{64, 48}},
+      seed, "decoder/unembed",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/norm/gain: ones (layers.mesh:22)
   param3_decoder_decoder_layer_0_norm_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -43,32 +54,48 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param5_decoder_decoder_layer_0_attention_w_q.resize(2048);
-  meshc::gen::fillRandom(
-      param5_decoder_decoder_layer_0_attention_w_q, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/attention/w_q"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param5_decoder_decoder_layer_0_attention_w_q.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[0]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param6_decoder_decoder_layer_0_attention_w_k.resize(2048);
-  meshc::gen::fillRandom(
-      param6_decoder_decoder_layer_0_attention_w_k, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/attention/w_k"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param6_decoder_decoder_layer_0_attention_w_k.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[0]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param7_decoder_decoder_layer_0_attention_w_v.resize(2048);
-  meshc::gen::fillRandom(
-      param7_decoder_decoder_layer_0_attention_w_v, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/attention/w_v"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param7_decoder_decoder_layer_0_attention_w_v.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[0]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param8_decoder_decoder_layer_0_attention_w_o.resize(2048);
-  meshc::gen::fillRandom(
-      param8_decoder_decoder_layer_0_attention_w_o, {2, 16, 64}, {1024, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {1024, 64, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/attention/w_o"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param8_decoder_decoder_layer_0_attention_w_o.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 16, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 16, 64}},
+      seed, "decoder/decoder_layer[0]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
   param9_decoder_decoder_layer_0_norm_1_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -77,21 +104,29 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param11_decoder_decoder_layer_0_ffn_w_in.resize(8192);
-  meshc::gen::fillRandom(
-      param11_decoder_decoder_layer_0_ffn_w_in, {64, 128}, {256, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 128)}, {256, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/ffn/w_in"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param11_decoder_decoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 256},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
+          meshrt::kernels::Dims{64, 128}},
+      seed, "decoder/decoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
   param12_decoder_decoder_layer_0_ffn_b_in.assign(
       128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param13_decoder_decoder_layer_0_ffn_w_out.resize(8192);
-  meshc::gen::fillRandom(
-      param13_decoder_decoder_layer_0_ffn_w_out, {128, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 128), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/ffn/w_out"), meshc::gen::Fill::Normal,
-      0.0, 0.0625, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param13_decoder_decoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{256, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
+          meshrt::kernels::Dims{128, 64}},
+      seed, "decoder/decoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
   param14_decoder_decoder_layer_0_ffn_b_out.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
@@ -103,32 +138,48 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param17_decoder_decoder_layer_1_attention_w_q.resize(2048);
-  meshc::gen::fillRandom(
-      param17_decoder_decoder_layer_1_attention_w_q, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/attention/w_q"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param17_decoder_decoder_layer_1_attention_w_q.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[1]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param18_decoder_decoder_layer_1_attention_w_k.resize(2048);
-  meshc::gen::fillRandom(
-      param18_decoder_decoder_layer_1_attention_w_k, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/attention/w_k"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param18_decoder_decoder_layer_1_attention_w_k.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[1]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param19_decoder_decoder_layer_1_attention_w_v.resize(2048);
-  meshc::gen::fillRandom(
-      param19_decoder_decoder_layer_1_attention_w_v, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/attention/w_v"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param19_decoder_decoder_layer_1_attention_w_v.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[1]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param20_decoder_decoder_layer_1_attention_w_o.resize(2048);
-  meshc::gen::fillRandom(
-      param20_decoder_decoder_layer_1_attention_w_o, {2, 16, 64}, {1024, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {1024, 64, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/attention/w_o"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param20_decoder_decoder_layer_1_attention_w_o.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 16, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 16, 64}},
+      seed, "decoder/decoder_layer[1]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
   param21_decoder_decoder_layer_1_norm_1_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -137,21 +188,29 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param23_decoder_decoder_layer_1_ffn_w_in.resize(8192);
-  meshc::gen::fillRandom(
-      param23_decoder_decoder_layer_1_ffn_w_in, {64, 128}, {256, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 128)}, {256, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/ffn/w_in"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param23_decoder_decoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 256},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
+          meshrt::kernels::Dims{64, 128}},
+      seed, "decoder/decoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
   param24_decoder_decoder_layer_1_ffn_b_in.assign(
       128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param25_decoder_decoder_layer_1_ffn_w_out.resize(8192);
-  meshc::gen::fillRandom(
-      param25_decoder_decoder_layer_1_ffn_w_out, {128, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 128), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/ffn/w_out"), meshc::gen::Fill::Normal,
-      0.0, 0.0625, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param25_decoder_decoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{256, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
+          meshrt::kernels::Dims{128, 64}},
+      seed, "decoder/decoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
   param26_decoder_decoder_layer_1_ffn_b_out.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
@@ -675,11 +734,17 @@ Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.tokens.shape = {2, 32};
   inputs.tokens.data.resize(64);
-  meshc::gen::fillRandom(
-      inputs.tokens.data, {2, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/tokens"), meshc::gen::Fill::InputIndex, 96, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.tokens.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2), 0},
+            meshrt::kernels::Dims{2, 32}},
+        seed, "tokens", 96);
+    std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
+  }
   return inputs;
 }
 
@@ -725,24 +790,35 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // decoder/token_embedding: normal (transformer.mesh:27)
   param0_decoder_token_embedding.resize(3072);
-  meshc::gen::fillRandom(
-      param0_decoder_token_embedding, {48, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 48), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/decoder/token_embedding"), meshc::gen::Fill::Normal, 0.0, 0.02,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_decoder_token_embedding.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{96, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 48), 0},
+          meshrt::kernels::Dims{48, 64}},
+      seed, "decoder/token_embedding",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/position_embedding: normal (transformer.mesh:28)
   param1_decoder_position_embedding.resize(2048);
-  meshc::gen::fillRandom(param1_decoder_position_embedding, {32, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/decoder/position_embedding"),
-                         meshc::gen::Fill::Normal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(param1_decoder_position_embedding.data(),
+                             meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                                                    meshrt::kernels::Dims{0, 0},
+                                                    meshrt::kernels::Dims{32, 64}},
+                             seed, "decoder/position_embedding",
+                             meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+                             meshrt::kernels::ValueType::F32);
   // decoder/unembed: normal (transformer.mesh:29)
   param2_decoder_unembed.resize(3072);
-  meshc::gen::fillRandom(
-      param2_decoder_unembed, {64, 48}, {96, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 48)}, {96, 1}),
-      meshrt::streamKey(seed, "param/decoder/unembed"), meshc::gen::Fill::Normal, 0.0, 0.02,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_decoder_unembed.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 96},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 48)},
+          meshrt::kernels::Dims{64, 48}},
+      seed, "decoder/unembed",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/norm/gain: ones (layers.mesh:22)
   param3_decoder_decoder_layer_0_norm_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -751,32 +827,48 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param5_decoder_decoder_layer_0_attention_w_q.resize(2048);
-  meshc::gen::fillRandom(
-      param5_decoder_decoder_layer_0_attention_w_q, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/attention/w_q"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param5_decoder_decoder_layer_0_attention_w_q.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[0]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param6_decoder_decoder_layer_0_attention_w_k.resize(2048);
-  meshc::gen::fillRandom(
-      param6_decoder_decoder_layer_0_attention_w_k, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/attention/w_k"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param6_decoder_decoder_layer_0_attention_w_k.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[0]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param7_decoder_decoder_layer_0_attention_w_v.resize(2048);
-  meshc::gen::fillRandom(
-      param7_decoder_decoder_layer_0_attention_w_v, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/attention/w_v"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param7_decoder_decoder_layer_0_attention_w_v.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[0]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param8_decoder_decoder_layer_0_attention_w_o.resize(2048);
-  meshc::gen::fillRandom(
-      param8_decoder_decoder_layer_0_attention_w_o, {2, 16, 64}, {1024, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {1024, 64, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/attention/w_o"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param8_decoder_decoder_layer_0_attention_w_o.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 16, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 16, 64}},
+      seed, "decoder/decoder_layer[0]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
   param9_decoder_decoder_layer_0_norm_1_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -785,21 +877,29 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param11_decoder_decoder_layer_0_ffn_w_in.resize(8192);
-  meshc::gen::fillRandom(
-      param11_decoder_decoder_layer_0_ffn_w_in, {64, 128}, {256, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 128)}, {256, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/ffn/w_in"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param11_decoder_decoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 256},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
+          meshrt::kernels::Dims{64, 128}},
+      seed, "decoder/decoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
   param12_decoder_decoder_layer_0_ffn_b_in.assign(
       128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param13_decoder_decoder_layer_0_ffn_w_out.resize(8192);
-  meshc::gen::fillRandom(
-      param13_decoder_decoder_layer_0_ffn_w_out, {128, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 128), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[0]/ffn/w_out"), meshc::gen::Fill::Normal,
-      0.0, 0.0625, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param13_decoder_decoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{256, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
+          meshrt::kernels::Dims{128, 64}},
+      seed, "decoder/decoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
   param14_decoder_decoder_layer_0_ffn_b_out.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
@@ -811,32 +911,48 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param17_decoder_decoder_layer_1_attention_w_q.resize(2048);
-  meshc::gen::fillRandom(
-      param17_decoder_decoder_layer_1_attention_w_q, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/attention/w_q"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param17_decoder_decoder_layer_1_attention_w_q.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[1]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param18_decoder_decoder_layer_1_attention_w_k.resize(2048);
-  meshc::gen::fillRandom(
-      param18_decoder_decoder_layer_1_attention_w_k, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/attention/w_k"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param18_decoder_decoder_layer_1_attention_w_k.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[1]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param19_decoder_decoder_layer_1_attention_w_v.resize(2048);
-  meshc::gen::fillRandom(
-      param19_decoder_decoder_layer_1_attention_w_v, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/attention/w_v"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param19_decoder_decoder_layer_1_attention_w_v.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "decoder/decoder_layer[1]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param20_decoder_decoder_layer_1_attention_w_o.resize(2048);
-  meshc::gen::fillRandom(
-      param20_decoder_decoder_layer_1_attention_w_o, {2, 16, 64}, {1024, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {1024, 64, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/attention/w_o"),
-      meshc::gen::Fill::Normal, 0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param20_decoder_decoder_layer_1_attention_w_o.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 16, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 16, 64}},
+      seed, "decoder/decoder_layer[1]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
   param21_decoder_decoder_layer_1_norm_1_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -845,21 +961,29 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param23_decoder_decoder_layer_1_ffn_w_in.resize(8192);
-  meshc::gen::fillRandom(
-      param23_decoder_decoder_layer_1_ffn_w_in, {64, 128}, {256, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 128)}, {256, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/ffn/w_in"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param23_decoder_decoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 256},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
+          meshrt::kernels::Dims{64, 128}},
+      seed, "decoder/decoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
   param24_decoder_decoder_layer_1_ffn_b_in.assign(
       128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param25_decoder_decoder_layer_1_ffn_w_out.resize(8192);
-  meshc::gen::fillRandom(
-      param25_decoder_decoder_layer_1_ffn_w_out, {128, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 128), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/decoder/decoder_layer[1]/ffn/w_out"), meshc::gen::Fill::Normal,
-      0.0, 0.0625, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param25_decoder_decoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{256, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
+          meshrt::kernels::Dims{128, 64}},
+      seed, "decoder/decoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
+      meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
   param26_decoder_decoder_layer_1_ffn_b_out.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
@@ -1472,11 +1596,17 @@ LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.tokens.shape = {2, 32};
   inputs.tokens.data.resize(64);
-  meshc::gen::fillRandom(
-      inputs.tokens.data, {2, 32}, {32, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0}, {32, 1}),
-      meshrt::streamKey(seed, "input/tokens"), meshc::gen::Fill::InputIndex, 96, 0,
-      meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.tokens.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{
+            meshrt::kernels::Dims{4, 32},
+            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2), 0},
+            meshrt::kernels::Dims{2, 32}},
+        seed, "tokens", 96);
+    std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
+  }
   return inputs;
 }
 

@@ -17,30 +17,41 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // vit/class_token: truncated_normal (vit.mesh:85)
   param0_vit_class_token.resize(64);
-  meshc::gen::fillRandom(param0_vit_class_token, {1, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/vit/class_token"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_vit_class_token.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{1, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{1, 64}},
+      seed, "vit/class_token",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // vit/position_embedding: truncated_normal (vit.mesh:86)
   param1_vit_position_embedding.resize(1088);
-  meshc::gen::fillRandom(param1_vit_position_embedding, {17, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/vit/position_embedding"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param1_vit_position_embedding.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{17, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{17, 64}},
+      seed, "vit/position_embedding",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // vit/w_head: normal (vit.mesh:87)
   param2_vit_w_head.resize(640);
-  meshc::gen::fillRandom(param2_vit_w_head, {64, 10}, {10, 1},
-                         meshc::gen::globalBase({0, 0}, {10, 1}),
-                         meshrt::streamKey(seed, "param/vit/w_head"), meshc::gen::Fill::Normal, 0.0,
-                         0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_vit_w_head.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 10}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 10}},
+      seed, "vit/w_head", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // vit/b_head: zeros (vit.mesh:88)
   param3_vit_b_head.assign(10, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/embed_patches/w_patch: truncated_normal (vit.mesh:41)
   param4_vit_embed_patches_w_patch.resize(3072);
-  meshc::gen::fillRandom(param4_vit_embed_patches_w_patch, {4, 4, 3, 64}, {768, 192, 64, 1},
-                         meshc::gen::globalBase({0, 0, 0, 0}, {768, 192, 64, 1}),
-                         meshrt::streamKey(seed, "param/vit/embed_patches/w_patch"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.144, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param4_vit_embed_patches_w_patch.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 4, 3, 64}, meshrt::kernels::Dims{0, 0, 0, 0},
+                             meshrt::kernels::Dims{4, 4, 3, 64}},
+      seed, "vit/embed_patches/w_patch",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}}),
+      meshrt::kernels::ValueType::F32);
   // vit/embed_patches/b_patch: zeros (vit.mesh:42)
   param5_vit_embed_patches_b_patch.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention_scale: constant (vit.mesh:78)
@@ -57,32 +68,48 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
                                               meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_q: normal (vit.mesh:55)
   param10_vit_encoder_layer_0_attention_w_q.resize(2048);
-  meshc::gen::fillRandom(
-      param10_vit_encoder_layer_0_attention_w_q, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/attention/w_q"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param10_vit_encoder_layer_0_attention_w_q.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[0]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_k: normal (vit.mesh:56)
   param11_vit_encoder_layer_0_attention_w_k.resize(2048);
-  meshc::gen::fillRandom(
-      param11_vit_encoder_layer_0_attention_w_k, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/attention/w_k"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param11_vit_encoder_layer_0_attention_w_k.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[0]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_v: normal (vit.mesh:57)
   param12_vit_encoder_layer_0_attention_w_v.resize(2048);
-  meshc::gen::fillRandom(
-      param12_vit_encoder_layer_0_attention_w_v, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/attention/w_v"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param12_vit_encoder_layer_0_attention_w_v.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[0]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_o: normal (vit.mesh:58)
   param13_vit_encoder_layer_0_attention_w_o.resize(2048);
-  meshc::gen::fillRandom(
-      param13_vit_encoder_layer_0_attention_w_o, {2, 16, 64}, {1024, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {1024, 64, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/attention/w_o"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param13_vit_encoder_layer_0_attention_w_o.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 16, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 16, 64}},
+      seed, "vit/encoder_layer[0]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/norm#1/gain: ones (vit.mesh:34)
   param14_vit_encoder_layer_0_norm_1_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -91,18 +118,26 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_in: normal (vit.mesh:69)
   param16_vit_encoder_layer_0_ffn_w_in.resize(4096);
-  meshc::gen::fillRandom(
-      param16_vit_encoder_layer_0_ffn_w_in, {64, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/ffn/w_in"), meshc::gen::Fill::Normal, 0.0,
-      0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param16_vit_encoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{64, 64}},
+      seed, "vit/encoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/ffn/w_out: normal (vit.mesh:70)
   param17_vit_encoder_layer_0_ffn_w_out.resize(4096);
-  meshc::gen::fillRandom(
-      param17_vit_encoder_layer_0_ffn_w_out, {64, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/ffn/w_out"), meshc::gen::Fill::Normal,
-      0.0, 0.088, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param17_vit_encoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 64}},
+      seed, "vit/encoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention_scale: constant (vit.mesh:78)
   param18_vit_encoder_layer_1_attention_scale.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
@@ -117,32 +152,48 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
                                                meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_q: normal (vit.mesh:55)
   param22_vit_encoder_layer_1_attention_w_q.resize(2048);
-  meshc::gen::fillRandom(
-      param22_vit_encoder_layer_1_attention_w_q, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/attention/w_q"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param22_vit_encoder_layer_1_attention_w_q.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[1]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_k: normal (vit.mesh:56)
   param23_vit_encoder_layer_1_attention_w_k.resize(2048);
-  meshc::gen::fillRandom(
-      param23_vit_encoder_layer_1_attention_w_k, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/attention/w_k"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param23_vit_encoder_layer_1_attention_w_k.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[1]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_v: normal (vit.mesh:57)
   param24_vit_encoder_layer_1_attention_w_v.resize(2048);
-  meshc::gen::fillRandom(
-      param24_vit_encoder_layer_1_attention_w_v, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/attention/w_v"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param24_vit_encoder_layer_1_attention_w_v.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[1]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_o: normal (vit.mesh:58)
   param25_vit_encoder_layer_1_attention_w_o.resize(2048);
-  meshc::gen::fillRandom(
-      param25_vit_encoder_layer_1_attention_w_o, {2, 16, 64}, {1024, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {1024, 64, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/attention/w_o"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param25_vit_encoder_layer_1_attention_w_o.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 16, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 16, 64}},
+      seed, "vit/encoder_layer[1]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/norm#1/gain: ones (vit.mesh:34)
   param26_vit_encoder_layer_1_norm_1_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -151,18 +202,26 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_in: normal (vit.mesh:69)
   param28_vit_encoder_layer_1_ffn_w_in.resize(4096);
-  meshc::gen::fillRandom(
-      param28_vit_encoder_layer_1_ffn_w_in, {64, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/ffn/w_in"), meshc::gen::Fill::Normal, 0.0,
-      0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param28_vit_encoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{64, 64}},
+      seed, "vit/encoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/ffn/w_out: normal (vit.mesh:70)
   param29_vit_encoder_layer_1_ffn_w_out.resize(4096);
-  meshc::gen::fillRandom(
-      param29_vit_encoder_layer_1_ffn_w_out, {64, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/ffn/w_out"), meshc::gen::Fill::Normal,
-      0.0, 0.088, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param29_vit_encoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 64}},
+      seed, "vit/encoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
+      meshrt::kernels::ValueType::F32);
   // vit/norm/gain: ones (vit.mesh:34)
   param30_vit_norm_gain.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // vit/norm/bias: zeros (vit.mesh:35)
@@ -803,12 +862,13 @@ Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.image.shape = {2, 14, 14, 3};
   inputs.image.data.resize(1176);
-  meshc::gen::fillRandom(
-      inputs.image.data, {2, 14, 14, 3}, {588, 42, 3, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0, 0},
-                             {588, 42, 3, 1}),
-      meshrt::streamKey(seed, "input/image"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.image.data.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 14, 14, 3},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2), 0, 0, 0},
+          meshrt::kernels::Dims{2, 14, 14, 3}},
+      seed, "image", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
@@ -851,30 +911,41 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // vit/class_token: truncated_normal (vit.mesh:85)
   param0_vit_class_token.resize(64);
-  meshc::gen::fillRandom(param0_vit_class_token, {1, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/vit/class_token"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param0_vit_class_token.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{1, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{1, 64}},
+      seed, "vit/class_token",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // vit/position_embedding: truncated_normal (vit.mesh:86)
   param1_vit_position_embedding.resize(1088);
-  meshc::gen::fillRandom(param1_vit_position_embedding, {17, 64}, {64, 1},
-                         meshc::gen::globalBase({0, 0}, {64, 1}),
-                         meshrt::streamKey(seed, "param/vit/position_embedding"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param1_vit_position_embedding.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{17, 64}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{17, 64}},
+      seed, "vit/position_embedding",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // vit/w_head: normal (vit.mesh:87)
   param2_vit_w_head.resize(640);
-  meshc::gen::fillRandom(param2_vit_w_head, {64, 10}, {10, 1},
-                         meshc::gen::globalBase({0, 0}, {10, 1}),
-                         meshrt::streamKey(seed, "param/vit/w_head"), meshc::gen::Fill::Normal, 0.0,
-                         0.02, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param2_vit_w_head.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 10}, meshrt::kernels::Dims{0, 0},
+                             meshrt::kernels::Dims{64, 10}},
+      seed, "vit/w_head", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+      meshrt::kernels::ValueType::F32);
   // vit/b_head: zeros (vit.mesh:88)
   param3_vit_b_head.assign(10, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/embed_patches/w_patch: truncated_normal (vit.mesh:41)
   param4_vit_embed_patches_w_patch.resize(3072);
-  meshc::gen::fillRandom(param4_vit_embed_patches_w_patch, {4, 4, 3, 64}, {768, 192, 64, 1},
-                         meshc::gen::globalBase({0, 0, 0, 0}, {768, 192, 64, 1}),
-                         meshrt::streamKey(seed, "param/vit/embed_patches/w_patch"),
-                         meshc::gen::Fill::TruncatedNormal, 0.0, 0.144, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param4_vit_embed_patches_w_patch.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 4, 3, 64}, meshrt::kernels::Dims{0, 0, 0, 0},
+                             meshrt::kernels::Dims{4, 4, 3, 64}},
+      seed, "vit/embed_patches/w_patch",
+      meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}}),
+      meshrt::kernels::ValueType::F32);
   // vit/embed_patches/b_patch: zeros (vit.mesh:42)
   param5_vit_embed_patches_b_patch.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention_scale: constant (vit.mesh:78)
@@ -891,32 +962,48 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
                                               meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_q: normal (vit.mesh:55)
   param10_vit_encoder_layer_0_attention_w_q.resize(2048);
-  meshc::gen::fillRandom(
-      param10_vit_encoder_layer_0_attention_w_q, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/attention/w_q"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param10_vit_encoder_layer_0_attention_w_q.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[0]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_k: normal (vit.mesh:56)
   param11_vit_encoder_layer_0_attention_w_k.resize(2048);
-  meshc::gen::fillRandom(
-      param11_vit_encoder_layer_0_attention_w_k, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/attention/w_k"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param11_vit_encoder_layer_0_attention_w_k.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[0]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_v: normal (vit.mesh:57)
   param12_vit_encoder_layer_0_attention_w_v.resize(2048);
-  meshc::gen::fillRandom(
-      param12_vit_encoder_layer_0_attention_w_v, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/attention/w_v"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param12_vit_encoder_layer_0_attention_w_v.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[0]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_o: normal (vit.mesh:58)
   param13_vit_encoder_layer_0_attention_w_o.resize(2048);
-  meshc::gen::fillRandom(
-      param13_vit_encoder_layer_0_attention_w_o, {2, 16, 64}, {1024, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {1024, 64, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/attention/w_o"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param13_vit_encoder_layer_0_attention_w_o.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 16, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 16, 64}},
+      seed, "vit/encoder_layer[0]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/norm#1/gain: ones (vit.mesh:34)
   param14_vit_encoder_layer_0_norm_1_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -925,18 +1012,26 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_in: normal (vit.mesh:69)
   param16_vit_encoder_layer_0_ffn_w_in.resize(4096);
-  meshc::gen::fillRandom(
-      param16_vit_encoder_layer_0_ffn_w_in, {64, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/ffn/w_in"), meshc::gen::Fill::Normal, 0.0,
-      0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param16_vit_encoder_layer_0_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{64, 64}},
+      seed, "vit/encoder_layer[0]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/ffn/w_out: normal (vit.mesh:70)
   param17_vit_encoder_layer_0_ffn_w_out.resize(4096);
-  meshc::gen::fillRandom(
-      param17_vit_encoder_layer_0_ffn_w_out, {64, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[0]/ffn/w_out"), meshc::gen::Fill::Normal,
-      0.0, 0.088, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param17_vit_encoder_layer_0_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 64}},
+      seed, "vit/encoder_layer[0]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention_scale: constant (vit.mesh:78)
   param18_vit_encoder_layer_1_attention_scale.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
@@ -951,32 +1046,48 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
                                                meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_q: normal (vit.mesh:55)
   param22_vit_encoder_layer_1_attention_w_q.resize(2048);
-  meshc::gen::fillRandom(
-      param22_vit_encoder_layer_1_attention_w_q, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/attention/w_q"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param22_vit_encoder_layer_1_attention_w_q.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[1]/attention/w_q",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_k: normal (vit.mesh:56)
   param23_vit_encoder_layer_1_attention_w_k.resize(2048);
-  meshc::gen::fillRandom(
-      param23_vit_encoder_layer_1_attention_w_k, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/attention/w_k"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param23_vit_encoder_layer_1_attention_w_k.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[1]/attention/w_k",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_v: normal (vit.mesh:57)
   param24_vit_encoder_layer_1_attention_w_v.resize(2048);
-  meshc::gen::fillRandom(
-      param24_vit_encoder_layer_1_attention_w_v, {64, 2, 16}, {64, 16, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 2), 0}, {64, 16, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/attention/w_v"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param24_vit_encoder_layer_1_attention_w_v.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 4, 16},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
+          meshrt::kernels::Dims{64, 2, 16}},
+      seed, "vit/encoder_layer[1]/attention/w_v",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_o: normal (vit.mesh:58)
   param25_vit_encoder_layer_1_attention_w_o.resize(2048);
-  meshc::gen::fillRandom(
-      param25_vit_encoder_layer_1_attention_w_o, {2, 16, 64}, {1024, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 2), 0, 0}, {1024, 64, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/attention/w_o"), meshc::gen::Fill::Normal,
-      0.0, 0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param25_vit_encoder_layer_1_attention_w_o.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 16, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
+          meshrt::kernels::Dims{2, 16, 64}},
+      seed, "vit/encoder_layer[1]/attention/w_o",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/norm#1/gain: ones (vit.mesh:34)
   param26_vit_encoder_layer_1_norm_1_gain.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
@@ -985,18 +1096,26 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_in: normal (vit.mesh:69)
   param28_vit_encoder_layer_1_ffn_w_in.resize(4096);
-  meshc::gen::fillRandom(
-      param28_vit_encoder_layer_1_ffn_w_in, {64, 64}, {128, 1},
-      meshc::gen::globalBase({0, meshc::gen::shardStart(world_, {"model"}, 64)}, {128, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/ffn/w_in"), meshc::gen::Fill::Normal, 0.0,
-      0.125, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param28_vit_encoder_layer_1_ffn_w_in.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{64, 128},
+          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
+          meshrt::kernels::Dims{64, 64}},
+      seed, "vit/encoder_layer[1]/ffn/w_in",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
+      meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/ffn/w_out: normal (vit.mesh:70)
   param29_vit_encoder_layer_1_ffn_w_out.resize(4096);
-  meshc::gen::fillRandom(
-      param29_vit_encoder_layer_1_ffn_w_out, {64, 64}, {64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"model"}, 64), 0}, {64, 1}),
-      meshrt::streamKey(seed, "param/vit/encoder_layer[1]/ffn/w_out"), meshc::gen::Fill::Normal,
-      0.0, 0.088, meshc::gen::DType::F32);
+  meshrt::kernels::fillParam(
+      param29_vit_encoder_layer_1_ffn_w_out.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{128, 64},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
+          meshrt::kernels::Dims{64, 64}},
+      seed, "vit/encoder_layer[1]/ffn/w_out",
+      meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
+      meshrt::kernels::ValueType::F32);
   // vit/norm/gain: ones (vit.mesh:34)
   param30_vit_norm_gain.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // vit/norm/bias: zeros (vit.mesh:35)
@@ -1688,18 +1807,25 @@ TrainVit::Inputs TrainVit::synthesizeInputs(uint64_t seed) const {
   Inputs inputs;
   inputs.image.shape = {2, 14, 14, 3};
   inputs.image.data.resize(1176);
-  meshc::gen::fillRandom(
-      inputs.image.data, {2, 14, 14, 3}, {588, 42, 3, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0, 0},
-                             {588, 42, 3, 1}),
-      meshrt::streamKey(seed, "input/image"), meshc::gen::Fill::InputNormal, 2, 0,
-      meshc::gen::DType::F32);
+  meshrt::kernels::fillInput(
+      inputs.image.data.data(),
+      meshrt::kernels::Shard{
+          meshrt::kernels::Dims{4, 14, 14, 3},
+          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2), 0, 0, 0},
+          meshrt::kernels::Dims{2, 14, 14, 3}},
+      seed, "image", meshrt::kernels::ValueType::F32);
   inputs.labels.shape = {2};
   inputs.labels.data.resize(2);
-  meshc::gen::fillRandom(inputs.labels.data, {2}, {1},
-                         meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2)}, {1}),
-                         meshrt::streamKey(seed, "input/labels"), meshc::gen::Fill::InputIndex, 10,
-                         0, meshc::gen::DType::I32);
+  {
+    std::vector<int32_t> ids(inputs.labels.data.size());
+    meshrt::kernels::fillInput(
+        ids.data(),
+        meshrt::kernels::Shard{meshrt::kernels::Dims{4},
+                               meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2)},
+                               meshrt::kernels::Dims{2}},
+        seed, "labels", 10);
+    std::copy(ids.begin(), ids.end(), inputs.labels.data.begin());
+  }
   return inputs;
 }
 

@@ -19,6 +19,7 @@
 #include "meshrt/Comm.h"
 #include "meshrt/Random.h"
 #include "meshrt/kernels/Einsum.h"
+#include "meshrt/kernels/Fill.h"
 
 #include <cblas.h>
 
@@ -335,89 +336,6 @@ inline int64_t globalBase(const Shape& starts, const Shape& globalStrides) {
   for (size_t i = 0; i < starts.size(); ++i)
     base += starts[i] * globalStrides[i];
   return base;
-}
-
-enum class Fill { Normal, TruncatedNormal, Uniform, InputNormal, InputIndex };
-
-/// Fills the local shard from a random stream keyed by global element index: each local point
-/// gets the value the unsharded tensor has at its global index. a, b: mean/stddev, min/max,
-/// or (InputIndex) the exclusive bound.
-inline void fillRandom(View out, const Shape& localSizes, const Shape& globalStrides, int64_t base,
-                       uint64_t key, Fill kind, double a, double b, DType dtype = DType::F32) {
-  Shape outStrides = rowMajorStrides(localSizes);
-  forEach<2>(localSizes, {outStrides, globalStrides}, {0, base},
-             [&](const std::array<int64_t, 2>& at) {
-               uint64_t index = uint64_t(at[1]);
-               double value = 0;
-               switch (kind) {
-               case Fill::Normal:
-                 value = a + b * meshrt::normal(key, index);
-                 break;
-               case Fill::TruncatedNormal: {
-                 double z = 0;
-                 for (uint32_t draw = 0; draw < 1000; ++draw) {
-                   double sample = meshrt::normal(key, index, draw);
-                   if (std::fabs(sample) <= 2.0) {
-                     z = sample;
-                     break;
-                   }
-                 }
-                 value = a + b * z;
-                 break;
-               }
-               case Fill::Uniform:
-                 value = a + (b - a) * meshrt::uniform01(key, index);
-                 break;
-               case Fill::InputNormal:
-                 value = meshrt::normal(key, index);
-                 break;
-               case Fill::InputIndex:
-                 value = double(meshrt::uniformIndex(key, index, uint64_t(a)));
-                 break;
-               }
-               out[size_t(at[0])] = roundValue(dtype, value);
-             });
-}
-
-/// Performer's orthogonal random features (the interpreter's fillOrthogonal, bit for bit) over
-/// the GLOBAL rows x cols tensor; the caller slices its shard out of it.
-inline Buffer orthogonalGlobal(int64_t rows, int64_t cols, uint64_t key, double scale) {
-  Buffer data(size_t(rows * cols), 0.0f);
-  std::vector<std::vector<double>> block;
-  for (int64_t blockStart = 0; blockStart < rows; blockStart += cols) {
-    int64_t blockRows = std::min(cols, rows - blockStart);
-    block.assign(size_t(blockRows), std::vector<double>(size_t(cols)));
-    for (int64_t r = 0; r < blockRows; ++r) {
-      std::vector<double>& row = block[size_t(r)];
-      int64_t base = (blockStart + r) * cols;
-      for (int64_t c = 0; c < cols; ++c)
-        row[size_t(c)] = meshrt::normal(key, uint64_t(base + c));
-      for (int pass = 0; pass < 2; ++pass)
-        for (int64_t prev = 0; prev < r; ++prev) {
-          double dot = 0;
-          for (int64_t c = 0; c < cols; ++c)
-            dot += row[size_t(c)] * block[size_t(prev)][size_t(c)];
-          for (int64_t c = 0; c < cols; ++c)
-            row[size_t(c)] -= dot * block[size_t(prev)][size_t(c)];
-        }
-      double norm = 0;
-      for (double x : row)
-        norm += x * x;
-      norm = std::sqrt(norm);
-      if (norm > 0)
-        for (double& x : row)
-          x /= norm;
-      double chi = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        double z = meshrt::normal(key, uint64_t(base + c), 1);
-        chi += z * z;
-      }
-      chi = std::sqrt(chi);
-      for (int64_t c = 0; c < cols; ++c)
-        data[size_t(base + c)] = float(row[size_t(c)] * chi * scale);
-    }
-  }
-  return data;
 }
 
 /// The local shard of a global row-major tensor: starts[d] + local index along every dim.
