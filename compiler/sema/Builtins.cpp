@@ -543,36 +543,47 @@ Operand FunctionLowerer::lowerTranspose(const ast::CallExpr& call, Scope& scope)
   return addOp(ir::OpKind::Transpose, {*x}, std::move(result), call.callee.loc);
 }
 
-Operand FunctionLowerer::lowerSlice(const ast::CallExpr& call, Scope& scope) {
-  std::optional<KwMap> kw = keywords(call, {"start"});
-  if (!checkPositional(call, 2, 2) || !checkArrow(call, true) || !kw) return Operand::poison();
+/// The shared front of slice and pad: `op(x, d -> e, <key> = k)` with d a dim of x and e
+/// not already one (unless it is d). Reports and returns nullopt on any error.
+std::optional<FunctionLowerer::WindowArgs> FunctionLowerer::windowArgs(const ast::CallExpr& call,
+                                                                       Scope& scope, const char* op,
+                                                                       const char* key) {
+  std::optional<KwMap> kw = keywords(call, {key});
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, true) || !kw) return std::nullopt;
   std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
-  std::optional<std::string> from = dimArg(*call.args[1], "slice", 1);
+  std::optional<std::string> from = dimArg(*call.args[1], op, 1);
   std::optional<std::vector<std::string>> to = arrowDims(call);
-  std::optional<double> start = numberArg(*kw, "start", 0, true, "slice");
-  if (!x || !from || !to || !start) return Operand::poison();
+  std::optional<double> number = numberArg(*kw, key, 0, true, op);
+  if (!x || !from || !to || !number) return std::nullopt;
   if (to->size() != 1) {
-    error(call.arrowLoc, Diag::ErrDimCountMismatch, "slice", 1, to->size());
-    return Operand::poison();
+    error(call.arrowLoc, Diag::ErrDimCountMismatch, op, 1, to->size());
+    return std::nullopt;
   }
   const ir::TensorType& type = fn_.typeOf(*x);
-  if (!checkHasDim(type, *from, call.args[1]->loc)) return Operand::poison();
+  if (!checkHasDim(type, *from, call.args[1]->loc)) return std::nullopt;
   const std::string& target = (*to)[0];
   if (type.hasDim(target) && target != *from) {
     error(call.arrowDims[0].loc, Diag::ErrDimAlreadyPresent, target, typeString(type));
-    return Operand::poison();
+    return std::nullopt;
   }
-  int64_t first = static_cast<int64_t>(*start);
+  return WindowArgs{*x, *from, target, static_cast<int64_t>(*number), std::move(*kw)};
+}
+
+Operand FunctionLowerer::lowerSlice(const ast::CallExpr& call, Scope& scope) {
+  std::optional<WindowArgs> args = windowArgs(call, scope, "slice", "start");
+  if (!args) return Operand::poison();
+  const std::string &from = args->from, &target = args->target;
+  int64_t first = args->number;
   int64_t end = 0;
   bool overflow = __builtin_add_overflow(first, dim(target).size, &end);
-  if (first < 0 || overflow || end > dim(*from).size) {
-    error(call.callee.loc, Diag::ErrSliceRange, first, end, *from, dim(*from).size);
+  if (first < 0 || overflow || end > dim(from).size) {
+    error(call.callee.loc, Diag::ErrSliceRange, first, end, from, dim(from).size);
     return Operand::poison();
   }
-  ir::TensorType result = type;
-  result.dims[type.findDim(*from)] = dim(target);
-  return addOp(ir::OpKind::Slice, {*x}, std::move(result), call.callee.loc,
-               {{"from", *from}, {"to", target}, {"start", first}});
+  ir::TensorType result = fn_.typeOf(args->x);
+  result.dims[result.findDim(from)] = dim(target);
+  return addOp(ir::OpKind::Slice, {args->x}, std::move(result), call.callee.loc,
+               {{"from", from}, {"to", target}, {"start", first}});
 }
 
 Operand FunctionLowerer::lowerConcat(const ast::CallExpr& call, Scope& scope) {
@@ -658,37 +669,22 @@ Operand FunctionLowerer::lowerConcat(const ast::CallExpr& call, Scope& scope) {
 }
 
 Operand FunctionLowerer::lowerPad(const ast::CallExpr& call, Scope& scope) {
-  std::optional<KwMap> kw = keywords(call, {"before"});
-  if (!checkPositional(call, 2, 2) || !checkArrow(call, true) || !kw) return Operand::poison();
-  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
-  std::optional<std::string> from = dimArg(*call.args[1], "pad", 1);
-  std::optional<std::vector<std::string>> to = arrowDims(call);
-  std::optional<double> before = numberArg(*kw, "before", 0, true, "pad");
-  if (!x || !from || !to || !before) return Operand::poison();
-  if (to->size() != 1) {
-    error(call.arrowLoc, Diag::ErrDimCountMismatch, "pad", 1, to->size());
-    return Operand::poison();
-  }
-  const ir::TensorType& type = fn_.typeOf(*x);
-  if (!checkHasDim(type, *from, call.args[1]->loc)) return Operand::poison();
-  const std::string& target = (*to)[0];
-  if (type.hasDim(target) && target != *from) {
-    error(call.arrowDims[0].loc, Diag::ErrDimAlreadyPresent, target, typeString(type));
-    return Operand::poison();
-  }
-  int64_t k = static_cast<int64_t>(*before);
+  std::optional<WindowArgs> args = windowArgs(call, scope, "pad", "before");
+  if (!args) return Operand::poison();
+  const std::string &from = args->from, &target = args->target;
+  int64_t k = args->number;
   if (k < 0) {
-    error(kw->at("before")->value->loc, Diag::ErrArgRange, "'before'", "pad", ">= 0", k);
+    error(args->kw.at("before")->value->loc, Diag::ErrArgRange, "'before'", "pad", ">= 0", k);
     return Operand::poison();
   }
-  if (dim(target).size - k < dim(*from).size) { // sizes are positive: no overflow
-    error(call.callee.loc, Diag::ErrPadSize, *from, dim(*from).size, k, target, dim(target).size);
+  if (dim(target).size - k < dim(from).size) { // sizes are positive: no overflow
+    error(call.callee.loc, Diag::ErrPadSize, from, dim(from).size, k, target, dim(target).size);
     return Operand::poison();
   }
-  ir::TensorType result = type;
-  result.dims[type.findDim(*from)] = dim(target);
-  return addOp(ir::OpKind::Pad, {*x}, std::move(result), call.callee.loc,
-               {{"from", *from}, {"to", target}, {"before", k}});
+  ir::TensorType result = fn_.typeOf(args->x);
+  result.dims[result.findDim(from)] = dim(target);
+  return addOp(ir::OpKind::Pad, {args->x}, std::move(result), call.callee.loc,
+               {{"from", from}, {"to", target}, {"before", k}});
 }
 
 Operand FunctionLowerer::lowerShift(const ast::CallExpr& call, Scope& scope) {

@@ -202,6 +202,15 @@ private:
   Operand lowerRename(const ast::CallExpr& call, Scope& scope);
   Operand lowerReshape(const ast::CallExpr& call, Scope& scope);
   Operand lowerTranspose(const ast::CallExpr& call, Scope& scope);
+  /// slice(x, d -> e, start = k) and pad(x, d -> e, before = k), checked up to their own rules.
+  struct WindowArgs {
+    ir::ValueId x;
+    std::string from, target;
+    int64_t number;
+    KwMap kw;
+  };
+  std::optional<WindowArgs> windowArgs(const ast::CallExpr& call, Scope& scope, const char* op,
+                                       const char* key);
   Operand lowerSlice(const ast::CallExpr& call, Scope& scope);
   Operand lowerConcat(const ast::CallExpr& call, Scope& scope);
   Operand lowerPad(const ast::CallExpr& call, Scope& scope);
