@@ -89,6 +89,12 @@ struct Initializer {
   double arg(const std::string& name, double fallback) const;
 };
 
+/// What a Param holds: a weight declared in the program, or a slot of optimizer state that the
+/// training phase adds for a weight. A state slot is zeros-initialized, not trainable, and named
+/// `<weight path>@<slot>` (`ffn/w_in@m`); its dims are a subset of its weight's, so the layout
+/// (a function of dim names) shards it like its weight.
+enum class ParamRole { Weight, OptimizerState };
+
 struct ParamInfo {
   std::string path; // call path: `ffn/w_in`, `block[3]/attn/w_q`
   TensorType type;
@@ -96,6 +102,7 @@ struct ParamInfo {
   bool trainable = true; // `const` declarations are not
   Location loc;
   ValueId value = 0; // the Param op's result
+  ParamRole role = ParamRole::Weight;
 };
 
 struct InputInfo {
@@ -122,6 +129,13 @@ struct TrainInfo {
   Location loc;
 };
 
+/// A train step's write: after the step, `params[param]` takes the value `value` (same type).
+/// Every update reads the step's old values; all are applied together when the step ends.
+struct ParamUpdate {
+  size_t param = 0;
+  ValueId value = 0;
+};
+
 struct Function {
   enum class Kind { Program, Train };
   Kind kind = Kind::Program;
@@ -133,6 +147,9 @@ struct Function {
   std::vector<ParamInfo> params;
   std::vector<OutputInfo> outputs; // for train: a single output named "loss"
   std::optional<TrainInfo> train;
+  /// Filled by the training phase (autodiff + optimizer): one per trainable weight and state slot.
+  /// Empty for programs, and for train blocks that have not been through it (forward loss only).
+  std::vector<ParamUpdate> updates;
 
   const Value& value(ValueId id) const { return values[id]; }
   const TensorType& typeOf(ValueId id) const { return values[id].type; }
