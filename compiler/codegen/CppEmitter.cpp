@@ -441,6 +441,9 @@ private:
   }
   void emitConstructor(std::string& out);
   void emitHelpers(std::string& out);
+  /// save(dir) / load(dir) through meshrt's checkpoints: declarations into `h`, definitions
+  /// into `s`.
+  void emitCheckpointApi(std::string& h, std::string& s) const;
   /// The in-place collectives right after op `index` on its result (absorbed by the op).
   size_t inPlaceFollowers(size_t index) const;
 
@@ -1275,6 +1278,8 @@ llvm::Error FunctionEmitter::emit() {
        "and gets the whole tensor).\n"
        "static meshc::gen::Tensor gatherOutput(meshrt::Communicator& world, const std::string& "
        "name, const meshc::gen::Tensor& local);\n\n";
+  std::string checkpointDefinitions;
+  emitCheckpointApi(h, checkpointDefinitions);
   h += "private:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
   for (const plan::AxisList& axes : groups)
     h += fmt::format("meshrt::Communicator& {}; // the ranks along {}\n", axesName(axes),
@@ -1325,6 +1330,7 @@ llvm::Error FunctionEmitter::emit() {
                      identifier(outName), list(sizesOf(local(id))), var(id));
   s += "return outputs;\n}\n\n";
   emitHelpers(s);
+  s += checkpointDefinitions;
   return llvm::Error::success();
 }
 
@@ -1424,6 +1430,53 @@ void FunctionEmitter::emitHelpers(std::string& s) {
   }
   s += fmt::format("throw std::invalid_argument(\"{}: no output named '\" + name + \"'\");\n}}\n\n",
                    fn.name);
+}
+
+void FunctionEmitter::emitCheckpointApi(std::string& h, std::string& s) const {
+  bool train = fn.kind == ir::Function::Kind::Train;
+  h += "/// Saves every parameter (optimizer state included), the step and the seed as a new "
+       "checkpoint under `dir` (collective: every rank calls it). Atomic: a crash during the "
+       "save leaves the previous checkpoint the one that loads.\n"
+       "void save(const std::string& dir);\n"
+       "/// Loads the latest complete checkpoint under `dir` into the parameters, the step and the "
+       "seed (collective). It may have been saved on any mesh and layout: each rank reads what "
+       "covers its shards. Throws meshrt::CheckpointError on a missing tensor, a shape or dtype "
+       "mismatch or a checksum error.\n"
+       "void load(const std::string& dir);\n"
+       "/// This rank's parameter shards as meshrt checkpoint tensors (pointing into this "
+       "object).\n"
+       "std::vector<meshrt::CheckpointTensor> checkpointTensors();\n\n";
+
+  // Every param, with its global dims and the axes each is split over on this plan's mesh.
+  s += fmt::format("std::vector<meshrt::CheckpointTensor> {}::checkpointTensors() {{\nreturn {{\n",
+                   name);
+  for (size_t k = 0; k < irFn.params.size(); ++k) {
+    SpmdValueId id = fn.params[k];
+    const TensorType& type = global(id);
+    std::vector<std::string> dims;
+    for (size_t d = 0; d < type.dims.size(); ++d)
+      dims.push_back(fmt::format("{{{}, {}, {}}}", quote(type.dims[d].name), type.dims[d].size,
+                                 stringList(layout(id).dimAxes[d])));
+    s += fmt::format("{{{}, {}, meshrt::DType::F32, {{{}}}, {}.data(), {}.size()}},\n",
+                     quote(irFn.params[k].path), quote(ir::dtypeName(type.dtype)),
+                     fmt::join(dims, ", "), paramMember(k), paramMember(k));
+  }
+  s += "};\n}\n\n";
+  s += fmt::format("void {}::save(const std::string& dir) {{\n"
+                   "meshrt::saveCheckpoint(world_, dir, checkpointTensors(), {{int64_t({}), "
+                   "{{{{\"program\", {}}}, {{\"seed\", std::to_string(seed_)}}, {{\"mesh\", "
+                   "mesh().str()}}}}}});\n}}\n\n",
+                   name, train ? "step" : "0", quote(fn.name));
+  s += fmt::format("void {}::load(const std::string& dir) {{\n"
+                   "meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, "
+                   "checkpointTensors());\n",
+                   name);
+  if (train)
+    s += "step = uint64_t(info.step);\n";
+  else
+    s += "(void)info.step; // programs keep no step\n";
+  s += "if (auto seed = info.metadata.find(\"seed\"); seed != info.metadata.end()) seed_ = "
+       "std::stoull(seed->second);\n}\n\n";
 }
 
 std::string FunctionEmitter::runnerBody() const {

@@ -138,6 +138,42 @@ meshc::gen::Tensor Mlp::gatherOutput(meshrt::Communicator &world, const std::str
   throw std::invalid_argument("mlp: no output named '" + name + "'");
 }
 
+std::vector<meshrt::CheckpointTensor> Mlp::checkpointTensors() {
+  return {
+      {"ffn/w_in",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 64, {}}, {"d_ff", 256, {"model"}}},
+       param0_ffn_w_in.data(),
+       param0_ffn_w_in.size()},
+      {"ffn/b_in",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_ff", 256, {"model"}}},
+       param1_ffn_b_in.data(),
+       param1_ffn_b_in.size()},
+      {"ffn/w_out",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_ff", 256, {"model"}}, {"d_model", 64, {}}},
+       param2_ffn_w_out.data(),
+       param2_ffn_w_out.size()},
+  };
+}
+
+void Mlp::save(const std::string &dir) {
+  meshrt::saveCheckpoint(
+      world_, dir, checkpointTensors(),
+      {int64_t(0), {{"program", "mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void Mlp::load(const std::string &dir) {
+  meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, checkpointTensors());
+  (void)info.step; // programs keep no step
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 //===--- train block `mlp_train` ---===//
 
 meshrt::Mesh MlpTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -324,6 +360,43 @@ meshc::gen::Tensor MlpTrain::gatherOutput(meshrt::Communicator &world, const std
                               })};
   }
   throw std::invalid_argument("mlp_train: no output named '" + name + "'");
+}
+
+std::vector<meshrt::CheckpointTensor> MlpTrain::checkpointTensors() {
+  return {
+      {"ffn/w_in",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 64, {}}, {"d_ff", 256, {"model"}}},
+       param0_ffn_w_in.data(),
+       param0_ffn_w_in.size()},
+      {"ffn/b_in",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_ff", 256, {"model"}}},
+       param1_ffn_b_in.data(),
+       param1_ffn_b_in.size()},
+      {"ffn/w_out",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_ff", 256, {"model"}}, {"d_model", 64, {}}},
+       param2_ffn_w_out.data(),
+       param2_ffn_w_out.size()},
+  };
+}
+
+void MlpTrain::save(const std::string &dir) {
+  meshrt::saveCheckpoint(
+      world_, dir, checkpointTensors(),
+      {int64_t(step),
+       {{"program", "mlp_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void MlpTrain::load(const std::string &dir) {
+  meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, checkpointTensors());
+  step = uint64_t(info.step);
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
 }
 
 } // namespace meshc_generated

@@ -688,6 +688,84 @@ meshc::gen::Tensor Moe::gatherOutput(meshrt::Communicator &world, const std::str
   throw std::invalid_argument("moe: no output named '" + name + "'");
 }
 
+std::vector<meshrt::CheckpointTensor> Moe::checkpointTensors() {
+  return {
+      {"norm[0]/gain",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}},
+       param0_norm_0_gain.data(),
+       param0_norm_0_gain.size()},
+      {"norm[0]/bias",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}},
+       param1_norm_0_bias.data(),
+       param1_norm_0_bias.size()},
+      {"route[0]/w_gate",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}, {"experts", 4, {"model"}}},
+       param2_route_0_w_gate.data(),
+       param2_route_0_w_gate.size()},
+      {"experts_ffn[0]/w_in",
+       "f32",
+       meshrt::DType::F32,
+       {{"experts", 4, {"model"}}, {"d_model", 32, {}}, {"d_ff", 64, {}}},
+       param3_experts_ffn_0_w_in.data(),
+       param3_experts_ffn_0_w_in.size()},
+      {"experts_ffn[0]/w_out",
+       "f32",
+       meshrt::DType::F32,
+       {{"experts", 4, {"model"}}, {"d_ff", 64, {}}, {"d_model", 32, {}}},
+       param4_experts_ffn_0_w_out.data(),
+       param4_experts_ffn_0_w_out.size()},
+      {"norm[1]/gain",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}},
+       param5_norm_1_gain.data(),
+       param5_norm_1_gain.size()},
+      {"norm[1]/bias",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}},
+       param6_norm_1_bias.data(),
+       param6_norm_1_bias.size()},
+      {"route[1]/w_gate",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}, {"experts", 4, {"model"}}},
+       param7_route_1_w_gate.data(),
+       param7_route_1_w_gate.size()},
+      {"experts_ffn[1]/w_in",
+       "f32",
+       meshrt::DType::F32,
+       {{"experts", 4, {"model"}}, {"d_model", 32, {}}, {"d_ff", 64, {}}},
+       param8_experts_ffn_1_w_in.data(),
+       param8_experts_ffn_1_w_in.size()},
+      {"experts_ffn[1]/w_out",
+       "f32",
+       meshrt::DType::F32,
+       {{"experts", 4, {"model"}}, {"d_ff", 64, {}}, {"d_model", 32, {}}},
+       param9_experts_ffn_1_w_out.data(),
+       param9_experts_ffn_1_w_out.size()},
+  };
+}
+
+void Moe::save(const std::string &dir) {
+  meshrt::saveCheckpoint(
+      world_, dir, checkpointTensors(),
+      {int64_t(0), {{"program", "moe"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void Moe::load(const std::string &dir) {
+  meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, checkpointTensors());
+  (void)info.step; // programs keep no step
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 //===--- train block `moe_train` ---===//
 
 meshrt::Mesh MoeTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -1574,6 +1652,86 @@ meshc::gen::Tensor MoeTrain::gatherOutput(meshrt::Communicator &world, const std
                               })};
   }
   throw std::invalid_argument("moe_train: no output named '" + name + "'");
+}
+
+std::vector<meshrt::CheckpointTensor> MoeTrain::checkpointTensors() {
+  return {
+      {"zero", "f32", meshrt::DType::F32, {}, param0_zero.data(), param0_zero.size()},
+      {"norm[0]/gain",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}},
+       param1_norm_0_gain.data(),
+       param1_norm_0_gain.size()},
+      {"norm[0]/bias",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}},
+       param2_norm_0_bias.data(),
+       param2_norm_0_bias.size()},
+      {"route[0]/w_gate",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}, {"experts", 4, {"model"}}},
+       param3_route_0_w_gate.data(),
+       param3_route_0_w_gate.size()},
+      {"experts_ffn[0]/w_in",
+       "f32",
+       meshrt::DType::F32,
+       {{"experts", 4, {"model"}}, {"d_model", 32, {}}, {"d_ff", 64, {}}},
+       param4_experts_ffn_0_w_in.data(),
+       param4_experts_ffn_0_w_in.size()},
+      {"experts_ffn[0]/w_out",
+       "f32",
+       meshrt::DType::F32,
+       {{"experts", 4, {"model"}}, {"d_ff", 64, {}}, {"d_model", 32, {}}},
+       param5_experts_ffn_0_w_out.data(),
+       param5_experts_ffn_0_w_out.size()},
+      {"norm[1]/gain",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}},
+       param6_norm_1_gain.data(),
+       param6_norm_1_gain.size()},
+      {"norm[1]/bias",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}},
+       param7_norm_1_bias.data(),
+       param7_norm_1_bias.size()},
+      {"route[1]/w_gate",
+       "f32",
+       meshrt::DType::F32,
+       {{"d_model", 32, {}}, {"experts", 4, {"model"}}},
+       param8_route_1_w_gate.data(),
+       param8_route_1_w_gate.size()},
+      {"experts_ffn[1]/w_in",
+       "f32",
+       meshrt::DType::F32,
+       {{"experts", 4, {"model"}}, {"d_model", 32, {}}, {"d_ff", 64, {}}},
+       param9_experts_ffn_1_w_in.data(),
+       param9_experts_ffn_1_w_in.size()},
+      {"experts_ffn[1]/w_out",
+       "f32",
+       meshrt::DType::F32,
+       {{"experts", 4, {"model"}}, {"d_ff", 64, {}}, {"d_model", 32, {}}},
+       param10_experts_ffn_1_w_out.data(),
+       param10_experts_ffn_1_w_out.size()},
+  };
+}
+
+void MoeTrain::save(const std::string &dir) {
+  meshrt::saveCheckpoint(
+      world_, dir, checkpointTensors(),
+      {int64_t(step),
+       {{"program", "moe_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void MoeTrain::load(const std::string &dir) {
+  meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, checkpointTensors());
+  step = uint64_t(info.step);
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
 }
 
 } // namespace meshc_generated

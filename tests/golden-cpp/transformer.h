@@ -53,6 +53,18 @@ public:
   static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
                                          const meshc::gen::Tensor &local);
 
+  /// Saves every parameter (optimizer state included), the step and the seed as a new checkpoint
+  /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
+  /// previous checkpoint the one that loads.
+  void save(const std::string &dir);
+  /// Loads the latest complete checkpoint under `dir` into the parameters, the step and the seed
+  /// (collective). It may have been saved on any mesh and layout: each rank reads what covers its
+  /// shards. Throws meshrt::CheckpointError on a missing tensor, a shape or dtype mismatch or a
+  /// checksum error.
+  void load(const std::string &dir);
+  /// This rank's parameter shards as meshrt checkpoint tensors (pointing into this object).
+  std::vector<meshrt::CheckpointTensor> checkpointTensors();
+
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
@@ -174,6 +186,18 @@ public:
   /// whole tensor).
   static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
                                          const meshc::gen::Tensor &local);
+
+  /// Saves every parameter (optimizer state included), the step and the seed as a new checkpoint
+  /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
+  /// previous checkpoint the one that loads.
+  void save(const std::string &dir);
+  /// Loads the latest complete checkpoint under `dir` into the parameters, the step and the seed
+  /// (collective). It may have been saved on any mesh and layout: each rank reads what covers its
+  /// shards. Throws meshrt::CheckpointError on a missing tensor, a shape or dtype mismatch or a
+  /// checksum error.
+  void load(const std::string &dir);
+  /// This rank's parameter shards as meshrt checkpoint tensors (pointing into this object).
+  std::vector<meshrt::CheckpointTensor> checkpointTensors();
 
 private:
   meshrt::Communicator &world_;

@@ -16,6 +16,7 @@
 // fallback.
 #pragma once
 
+#include "meshrt/Checkpoint.h"
 #include "meshrt/Comm.h"
 #include "meshrt/Random.h"
 #include "meshrt/kernels/Einsum.h"
