@@ -138,6 +138,45 @@ meshc::gen::Tensor Mlp::gatherOutput(meshrt::Communicator &world, const std::str
   throw std::invalid_argument("mlp: no output named '" + name + "'");
 }
 
+std::vector<std::string> Mlp::paramNames() { return {"ffn/w_in", "ffn/b_in", "ffn/w_out"}; }
+
+bool Mlp::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> Mlp::paramShards() {
+  return {
+      {"ffn/w_in",
+       false,
+       "f32",
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param0_ffn_w_in},
+      {"ffn/b_in", false, "f32", {256}, {128}, {"d_ff"}, {{"model"}}, &param1_ffn_b_in},
+      {"ffn/w_out",
+       false,
+       "f32",
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param2_ffn_w_out},
+  };
+}
+
+meshc::gen::Tensor Mlp::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "mlp"));
+}
+
+void Mlp::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlp"), global);
+}
+
 //===--- train block `mlp_train` ---===//
 
 meshrt::Mesh MlpTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -193,7 +232,8 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
                              meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
                              meshrt::kernels::Dims{16, 64}},
-      seed_, "normal#0", 0.0, 0.01, meshrt::kernels::ValueType::F32);
+      seed_, std::string("normal#0") + "#" + std::to_string(step_), 0.0, 0.01,
+      meshrt::kernels::ValueType::F32);
 
   // mlp.mesh:40:17 add -> noisy
   meshc::gen::View v3 = arena_.slot(16384, 1024);
@@ -233,7 +273,7 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16),
                               meshc::gen::shardStart(world_, {"model"}, 128)},
                              {256, 1}),
-      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step)), 0.1);
+      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
 
   // mlp.mesh:29:10 einsum
   meshc::gen::View v11 = arena_.slot(8192, 1024);
@@ -324,6 +364,45 @@ meshc::gen::Tensor MlpTrain::gatherOutput(meshrt::Communicator &world, const std
                               })};
   }
   throw std::invalid_argument("mlp_train: no output named '" + name + "'");
+}
+
+std::vector<std::string> MlpTrain::paramNames() { return {"ffn/w_in", "ffn/b_in", "ffn/w_out"}; }
+
+bool MlpTrain::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> MlpTrain::paramShards() {
+  return {
+      {"ffn/w_in",
+       false,
+       "f32",
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param0_ffn_w_in},
+      {"ffn/b_in", false, "f32", {256}, {128}, {"d_ff"}, {{"model"}}, &param1_ffn_b_in},
+      {"ffn/w_out",
+       false,
+       "f32",
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param2_ffn_w_out},
+  };
+}
+
+meshc::gen::Tensor MlpTrain::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "mlp_train"));
+}
+
+void MlpTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlp_train"), global);
 }
 
 } // namespace meshc_generated

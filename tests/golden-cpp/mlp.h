@@ -41,6 +41,19 @@ public:
   /// The bytes of all of run()'s temporaries together (one buffer each).
   static constexpr size_t kTemporaryBytes = 24576;
 
+  /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
+  /// order.
+  static std::vector<std::string> paramNames();
+  /// Whether `path` is a slot of optimizer state (not a weight of the model).
+  static bool isOptimizerState(const std::string &path);
+  /// This rank's param shards with their global shapes and layouts (for checkpoints).
+  std::vector<meshc::gen::ParamShard> paramShards();
+  /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
+  meshc::gen::Tensor getParam(const std::string &path);
+  /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
+  /// std::invalid_argument on an unknown path or a wrong shape.
+  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -96,8 +109,23 @@ public:
   /// The bytes of all of run()'s temporaries together (one buffer each).
   static constexpr size_t kTemporaryBytes = 40964;
 
-  /// The training step: keys the dropout masks (forward only: autodiff comes later).
-  uint64_t step = 0;
+  /// The number of steps taken: keys this step's random ops and dropout masks (and, with an
+  /// optimizer, its learning-rate schedule).
+  int64_t stepCount() const { return step_; }
+  void setStepCount(int64_t step) { step_ = step; }
+
+  /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
+  /// order.
+  static std::vector<std::string> paramNames();
+  /// Whether `path` is a slot of optimizer state (not a weight of the model).
+  static bool isOptimizerState(const std::string &path);
+  /// This rank's param shards with their global shapes and layouts (for checkpoints).
+  std::vector<meshc::gen::ParamShard> paramShards();
+  /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
+  meshc::gen::Tensor getParam(const std::string &path);
+  /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
+  /// std::invalid_argument on an unknown path or a wrong shape.
+  void setParam(const std::string &path, const meshc::gen::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
@@ -114,6 +142,7 @@ public:
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
+  int64_t step_ = 0;
   meshrt::Communicator &group_data;      // the ranks along data
   meshrt::Communicator &group_model;     // the ranks along model
   meshc::gen::Buffer param0_ffn_w_in;    // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}

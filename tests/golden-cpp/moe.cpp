@@ -688,6 +688,84 @@ meshc::gen::Tensor Moe::gatherOutput(meshrt::Communicator &world, const std::str
   throw std::invalid_argument("moe: no output named '" + name + "'");
 }
 
+std::vector<std::string> Moe::paramNames() {
+  return {"norm[0]/gain",         "norm[0]/bias",        "route[0]/w_gate", "experts_ffn[0]/w_in",
+          "experts_ffn[0]/w_out", "norm[1]/gain",        "norm[1]/bias",    "route[1]/w_gate",
+          "experts_ffn[1]/w_in",  "experts_ffn[1]/w_out"};
+}
+
+bool Moe::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> Moe::paramShards() {
+  return {
+      {"norm[0]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param0_norm_0_gain},
+      {"norm[0]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param1_norm_0_bias},
+      {"route[0]/w_gate",
+       false,
+       "f32",
+       {32, 4},
+       {32, 2},
+       {"d_model", "experts"},
+       {{}, {"model"}},
+       &param2_route_0_w_gate},
+      {"experts_ffn[0]/w_in",
+       false,
+       "f32",
+       {4, 32, 64},
+       {2, 32, 64},
+       {"experts", "d_model", "d_ff"},
+       {{"model"}, {}, {}},
+       &param3_experts_ffn_0_w_in},
+      {"experts_ffn[0]/w_out",
+       false,
+       "f32",
+       {4, 64, 32},
+       {2, 64, 32},
+       {"experts", "d_ff", "d_model"},
+       {{"model"}, {}, {}},
+       &param4_experts_ffn_0_w_out},
+      {"norm[1]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param5_norm_1_gain},
+      {"norm[1]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param6_norm_1_bias},
+      {"route[1]/w_gate",
+       false,
+       "f32",
+       {32, 4},
+       {32, 2},
+       {"d_model", "experts"},
+       {{}, {"model"}},
+       &param7_route_1_w_gate},
+      {"experts_ffn[1]/w_in",
+       false,
+       "f32",
+       {4, 32, 64},
+       {2, 32, 64},
+       {"experts", "d_model", "d_ff"},
+       {{"model"}, {}, {}},
+       &param8_experts_ffn_1_w_in},
+      {"experts_ffn[1]/w_out",
+       false,
+       "f32",
+       {4, 64, 32},
+       {2, 64, 32},
+       {"experts", "d_ff", "d_model"},
+       {{"model"}, {}, {}},
+       &param9_experts_ffn_1_w_out},
+  };
+}
+
+meshc::gen::Tensor Moe::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "moe"));
+}
+
+void Moe::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "moe"), global);
+}
+
 //===--- train block `moe_train` ---===//
 
 meshrt::Mesh MoeTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -818,7 +896,8 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
           meshrt::kernels::Dims{2, 64, 32},
           meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
           meshrt::kernels::Dims{1, 64, 32}},
-      seed_, "uniform[0]#0", 0.99, 1.01, meshrt::kernels::ValueType::F32);
+      seed_, std::string("uniform[0]#0") + "#" + std::to_string(step_), 0.99, 1.01,
+      meshrt::kernels::ValueType::F32);
 
   // moe.mesh:114:25 mul
   meshc::gen::View v9 = arena_.slot(8192, 2048);
@@ -1165,7 +1244,8 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
           meshrt::kernels::Dims{2, 64, 32},
           meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
           meshrt::kernels::Dims{1, 64, 32}},
-      seed_, "uniform[1]#0", 0.99, 1.01, meshrt::kernels::ValueType::F32);
+      seed_, std::string("uniform[1]#0") + "#" + std::to_string(step_), 0.99, 1.01,
+      meshrt::kernels::ValueType::F32);
 
   // moe.mesh:114:25 mul
   meshc::gen::View v75 = arena_.slot(8192, 2048);
@@ -1574,6 +1654,93 @@ meshc::gen::Tensor MoeTrain::gatherOutput(meshrt::Communicator &world, const std
                               })};
   }
   throw std::invalid_argument("moe_train: no output named '" + name + "'");
+}
+
+std::vector<std::string> MoeTrain::paramNames() {
+  return {"zero",
+          "norm[0]/gain",
+          "norm[0]/bias",
+          "route[0]/w_gate",
+          "experts_ffn[0]/w_in",
+          "experts_ffn[0]/w_out",
+          "norm[1]/gain",
+          "norm[1]/bias",
+          "route[1]/w_gate",
+          "experts_ffn[1]/w_in",
+          "experts_ffn[1]/w_out"};
+}
+
+bool MoeTrain::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> MoeTrain::paramShards() {
+  return {
+      {"zero", false, "f32", {}, {}, {}, {}, &param0_zero},
+      {"norm[0]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param1_norm_0_gain},
+      {"norm[0]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param2_norm_0_bias},
+      {"route[0]/w_gate",
+       false,
+       "f32",
+       {32, 4},
+       {32, 2},
+       {"d_model", "experts"},
+       {{}, {"model"}},
+       &param3_route_0_w_gate},
+      {"experts_ffn[0]/w_in",
+       false,
+       "f32",
+       {4, 32, 64},
+       {2, 32, 64},
+       {"experts", "d_model", "d_ff"},
+       {{"model"}, {}, {}},
+       &param4_experts_ffn_0_w_in},
+      {"experts_ffn[0]/w_out",
+       false,
+       "f32",
+       {4, 64, 32},
+       {2, 64, 32},
+       {"experts", "d_ff", "d_model"},
+       {{"model"}, {}, {}},
+       &param5_experts_ffn_0_w_out},
+      {"norm[1]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param6_norm_1_gain},
+      {"norm[1]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param7_norm_1_bias},
+      {"route[1]/w_gate",
+       false,
+       "f32",
+       {32, 4},
+       {32, 2},
+       {"d_model", "experts"},
+       {{}, {"model"}},
+       &param8_route_1_w_gate},
+      {"experts_ffn[1]/w_in",
+       false,
+       "f32",
+       {4, 32, 64},
+       {2, 32, 64},
+       {"experts", "d_model", "d_ff"},
+       {{"model"}, {}, {}},
+       &param9_experts_ffn_1_w_in},
+      {"experts_ffn[1]/w_out",
+       false,
+       "f32",
+       {4, 64, 32},
+       {2, 64, 32},
+       {"experts", "d_ff", "d_model"},
+       {{"model"}, {}, {}},
+       &param10_experts_ffn_1_w_out},
+  };
+}
+
+meshc::gen::Tensor MoeTrain::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "moe_train"));
+}
+
+void MoeTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "moe_train"), global);
 }
 
 } // namespace meshc_generated
