@@ -1579,16 +1579,18 @@ std::string FunctionEmitter::runnerBody() const {
   s += fmt::format("{} program(world, seed);\n", name);
   if (hasUpdates()) {
     // --steps N: N training steps on the inputs of steps 0..N-1 (seed + s), the loss of each
-    // printed as the interpreter prints it, then the final params.
+    // printed as the interpreter prints it; then the last loss and every final param, named as
+    // `meshc --emit=run --steps N --dump-outputs` names them (<fn>.loss, <fn>.param.<path>).
     s += fmt::format(
-        "if (steps > 0) {{\nfor (int64_t s = 0; s < steps; ++s) {{\nfloat loss = "
+        "if (steps > 0) {{\nfloat loss = 0;\nfor (int64_t s = 0; s < steps; ++s) {{\nloss = "
         "program.step(program.synthesizeInputs(seed + uint64_t(s)));\nif (world.rank() == 0) "
         "std::printf(\"step %lld loss %.9g\\n\", (long long)s, double(loss));\n}}\n"
+        "if (world.rank() == 0) results.push_back({{{0}, \"f32\", {{}}, {{loss}}}});\n"
         "for (const meshc::gen::ParamShard& shard : program.paramShards()) {{\n"
         "auto global = meshc::gen::gatherParam(world, shard);\nif (world.rank() == 0) "
-        "results.push_back({{{} + shard.path, shard.dtype, std::move(global.shape), "
+        "results.push_back({{{1} + shard.path, shard.dtype, std::move(global.shape), "
         "std::move(global.data)}});\n}}\nreturn;\n}}\n",
-        quote(fn.name + "."));
+        quote(fn.name + ".loss"), quote(fn.name + ".param."));
   }
   // A train step's outputs are step 0's (the first run); later runs are timed only.
   s += "auto inputs = program.synthesizeInputs(seed);\nauto outputs = program.run(inputs);\n";
