@@ -233,6 +233,7 @@ bool isElementwise(OpKind kind) {
   case OpKind::StopGradient:
   case OpKind::Cast:
   case OpKind::Transpose:
+  case OpKind::Broadcast:
   case OpKind::Add:
   case OpKind::Sub:
   case OpKind::Mul:
@@ -307,6 +308,7 @@ std::string scalarExpr(OpKind kind, const std::vector<std::string>& args,
     break;
   case OpKind::StopGradient:
   case OpKind::Transpose:
+  case OpKind::Broadcast: // the operand's missing dims have stride 0 in the loop
     expr = args[0];
     break;
   case OpKind::Add:
@@ -441,11 +443,17 @@ private:
   }
   void emitConstructor(std::string& out);
   void emitHelpers(std::string& out);
+  /// step(), paramNames(), isOptimizerState(), paramShards(), getParam() and setParam().
+  void emitParamAccess(std::string& out);
   /// save(dir) / load(dir) through meshrt's checkpoints: declarations into `h`, definitions
   /// into `s`.
   void emitCheckpointApi(std::string& h, std::string& s) const;
   /// The in-place collectives right after op `index` on its result (absorbed by the op).
   size_t inPlaceFollowers(size_t index) const;
+  /// The param whose update the elementwise `group` computes, when the group can write it into
+  /// the param's storage: the group reads the param's old value last, index for index.
+  std::optional<size_t> inPlaceUpdate(const std::vector<size_t>& group);
+  bool hasUpdates() const { return !fn.updates.empty(); }
 
   const ir::Module& module;
   const ir::Function& irFn;
@@ -457,6 +465,7 @@ private:
   std::vector<bool> released;
   std::vector<bool> owned; // the value has its own buffer (not an input/param reference)
   std::vector<bool> absorbed;
+  std::vector<bool> updatedInPlace; // per param: its update was written into its storage
 
   /// A piece of the arena: live from op `start` (the first op of the emitted group that
   /// defines it) through the last use of every value it holds.
@@ -595,6 +604,25 @@ size_t FunctionEmitter::inPlaceFollowers(size_t index) const {
   return count;
 }
 
+std::optional<size_t> FunctionEmitter::inPlaceUpdate(const std::vector<size_t>& group) {
+  SpmdValueId result = fn.ops[group.back()].result;
+  for (const auto& [param, value] : fn.updates) {
+    if (value != result) continue;
+    SpmdValueId old = fn.params[param];
+    if (updatedInPlace[param] || local(old).dims != local(result).dims ||
+        local(old).dtype != local(result).dtype || lastUse[old] > group.back())
+      return std::nullopt;
+    // Every read of the old value is in the group, at the element being written.
+    for (size_t index = 0; index < fn.ops.size(); ++index)
+      if (!llvm::is_contained(group, index) && llvm::is_contained(fn.ops[index].operands, old))
+        return std::nullopt;
+    updatedInPlace[param] = true;
+    owned[result] = false;
+    return param;
+  }
+  return std::nullopt;
+}
+
 void FunctionEmitter::emitElementwiseGroup(const std::vector<size_t>& group, std::string& out) {
   const SpmdOp& last = fn.ops[group.back()];
   const TensorType& space = local(last.result);
@@ -620,7 +648,11 @@ void FunctionEmitter::emitElementwiseGroup(const std::vector<size_t>& group, std
   out += "\n";
   for (size_t index : group)
     comment(fn.ops[index], out);
-  allocate(last.result, out);
+  if (std::optional<size_t> param = inPlaceUpdate(group))
+    out += fmt::format("meshc::gen::View {}({}); // the param's new value, in its own storage\n",
+                       var(last.result), paramMember(*param));
+  else
+    allocate(last.result, out);
   std::string body;
   auto load = [&](SpmdValueId id) {
     if (inGroup.count(id)) return fmt::format("t{}", id);
@@ -908,6 +940,12 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
                        dtypeEnum(result.dtype), doubleLiteral(value));
     return llvm::Error::success();
   }
+  case OpKind::TrainStep: {
+    out += fmt::format("meshc::gen::View {} = arena_.fill(", v);
+    newSlot(op.result, out);
+    out += fmt::format(", 1, float(step_));\n");
+    return llvm::Error::success();
+  }
   case OpKind::Iota: {
     std::string dim = stringAttr(op, "dim");
     Shape position(result.dims.size(), 0);
@@ -923,11 +961,15 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
   case OpKind::RandomUniform: {
     allocate(op.result, out);
     bool normal = op.computeKind == OpKind::RandomNormal;
-    out += fmt::format(
-        "meshrt::kernels::fillRandom{}({}.data(), {}, seed_, {}, {}, {}, {});\n",
-        normal ? "Normal" : "Uniform", v, shardExpr(op.result), quote(stringAttr(op, "stream")),
-        doubleLiteral(numberAttr(op, normal ? "mean" : "min", 0)),
-        doubleLiteral(numberAttr(op, normal ? "stddev" : "max", 1)), valueTypeEnum(result.dtype));
+    // Train steps draw fresh values each step: the stream is keyed "<stream>#<step>".
+    std::string stream = quote(stringAttr(op, "stream"));
+    if (fn.kind == ir::Function::Kind::Train)
+      stream = fmt::format("std::string({}) + \"#\" + std::to_string(step_)", stream);
+    out += fmt::format("meshrt::kernels::fillRandom{}({}.data(), {}, seed_, {}, {}, {}, {});\n",
+                       normal ? "Normal" : "Uniform", v, shardExpr(op.result), stream,
+                       doubleLiteral(numberAttr(op, normal ? "mean" : "min", 0)),
+                       doubleLiteral(numberAttr(op, normal ? "stddev" : "max", 1)),
+                       valueTypeEnum(result.dtype));
     return llvm::Error::success();
   }
   case OpKind::Dropout: {
@@ -936,7 +978,7 @@ llvm::Error FunctionEmitter::emitCompute(size_t index, std::string& out) {
       allocate(op.result, out);
       out += fmt::format(
           "meshc::gen::dropout({}.data(), {}, {}.data(), {}, {}, {}, meshrt::streamKey(seed_, "
-          "std::string({}) + \"#\" + std::to_string(step)), {});\n",
+          "std::string({}) + \"#\" + std::to_string(step_)), {});\n",
           v, list(sizesOf(result)), var(operand), list(stridesOver(local(operand), result.dims)),
           list(rowMajorStrides(global(op.result))), globalBaseExpr(op.result),
           quote(stringAttr(op, "stream")), doubleLiteral(numberAttr(op, "rate", 0)));
@@ -1150,6 +1192,19 @@ llvm::Error FunctionEmitter::emitCollective(size_t index, std::string& out) {
   }
   case CollectiveKind::Permute:
     return unsupported(op, "a collective permute outside shift");
+  case CollectiveKind::BucketedAllReduceSum: {
+    if (op.results.size() != op.operands.size())
+      return unsupported(op, "a bucketed all-reduce without one result per operand");
+    std::vector<std::string> views;
+    for (size_t k = 0; k < op.operands.size(); ++k) {
+      bindCopy(op.results[k], op.operands[k], index, out);
+      views.push_back(var(op.results[k]));
+    }
+    if (!c.axes.empty())
+      out += fmt::format("meshc::gen::allReduceBucket({}, {{{}}});\n", group(c.axes),
+                         fmt::join(views, ", "));
+    return llvm::Error::success();
+  }
   }
   return unsupported(op, "this collective");
 }
@@ -1162,6 +1217,9 @@ llvm::Error FunctionEmitter::emit() {
       if (operand != op.result) ++uses[operand];
   for (const auto& output : fn.outputs)
     uses[output.second] += 2; // never fused away
+  for (const auto& update : fn.updates)
+    uses[update.second] += 2;
+  updatedInPlace.assign(irFn.params.size(), false);
   lastUse.assign(fn.values.size(), 0);
   released.assign(fn.values.size(), false);
   slotOf.assign(fn.values.size(), -1);
@@ -1176,6 +1234,8 @@ llvm::Error FunctionEmitter::emit() {
   }
   for (const auto& output : fn.outputs)
     lastUse[output.second] = fn.ops.size();
+  for (const auto& update : fn.updates)
+    lastUse[update.second] = fn.ops.size();
 
   // The body of run(), op by op; elementwise chains become one loop.
   std::string body;
@@ -1265,9 +1325,28 @@ llvm::Error FunctionEmitter::emit() {
                    "/// The bytes of all of run()'s temporaries together (one buffer each).\n"
                    "static constexpr size_t kTemporaryBytes = {};\n\n",
                    arenaBytes, temporaryBytes);
-  if (fn.kind == ir::Function::Kind::Train)
-    h += "/// The training step: keys the dropout masks (forward only: autodiff comes later).\n"
-         "uint64_t step = 0;\n\n";
+  if (fn.kind == ir::Function::Kind::Train) {
+    if (hasUpdates())
+      h += "/// One training step on this rank's shards (collective): forward, backward and the "
+           "optimizer's update, applied to the params; increments the step counter. Returns "
+           "the global loss (every rank gets it). run() is the same step, returning the "
+           "outputs.\nfloat step(const Inputs& inputs);\n";
+    h += "/// The number of steps taken: keys this step's random ops and dropout masks (and, "
+         "with an optimizer, its learning-rate schedule).\n"
+         "int64_t stepCount() const { return step_; }\n"
+         "void setStepCount(int64_t step) { step_ = step; }\n\n";
+  }
+  h += "/// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in "
+       "declaration order.\nstatic std::vector<std::string> paramNames();\n"
+       "/// Whether `path` is a slot of optimizer state (not a weight of the model).\n"
+       "static bool isOptimizerState(const std::string& path);\n"
+       "/// This rank's param shards with their global shapes and layouts (for checkpoints).\n"
+       "std::vector<meshc::gen::ParamShard> paramShards();\n"
+       "/// The global value of param `path` (collective: every rank calls it and gets the "
+       "whole tensor).\nmeshc::gen::Tensor getParam(const std::string& path);\n"
+       "/// Sets param `path` from its global value (no communication: each rank keeps its "
+       "shard). Throws std::invalid_argument on an unknown path or a wrong shape.\n"
+       "void setParam(const std::string& path, const meshc::gen::Tensor& global);\n\n";
   h += "/// This rank's local shards of the inputs the reference interpreter synthesizes for "
        "`seed` (keyed by global element index).\n"
        "Inputs synthesizeInputs(uint64_t seed) const;\n\n"
@@ -1281,6 +1360,7 @@ llvm::Error FunctionEmitter::emit() {
   std::string checkpointDefinitions;
   emitCheckpointApi(h, checkpointDefinitions);
   h += "private:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
+  if (fn.kind == ir::Function::Kind::Train) h += "int64_t step_ = 0;\n";
   for (const plan::AxisList& axes : groups)
     h += fmt::format("meshrt::Communicator& {}; // the ranks along {}\n", axesName(axes),
                      fmt::join(axes, ", "));
@@ -1322,6 +1402,16 @@ llvm::Error FunctionEmitter::emit() {
                      quote(irFn.inputs[k].name), identifier(irFn.inputs[k].name),
                      list(sizesOf(local(fn.inputs[k]))));
   s += body;
+  if (hasUpdates()) {
+    // Every update read the step's old values; the new ones replace them now (those computed
+    // in their param's storage already did).
+    s += "\n// The step's updates.\n";
+    for (const auto& [param, id] : fn.updates)
+      if (!updatedInPlace[param] && id != fn.params[param])
+        s += fmt::format("std::copy({0}.begin(), {0}.end(), {1}.begin()); // {2}\n", var(id),
+                         paramMember(param), irFn.params[param].path);
+    s += "++step_;\n";
+  }
   s += "\nOutputs outputs;\n";
   // Outputs leave the arena: the caller keeps them past the next run().
   for (const auto& [outName, id] : fn.outputs)
@@ -1430,51 +1520,82 @@ void FunctionEmitter::emitHelpers(std::string& s) {
   }
   s += fmt::format("throw std::invalid_argument(\"{}: no output named '\" + name + \"'\");\n}}\n\n",
                    fn.name);
+  emitParamAccess(s);
+}
+
+void FunctionEmitter::emitParamAccess(std::string& s) {
+  if (hasUpdates()) {
+    // The loss output is a scalar, resolved (replicated): every rank holds the global value.
+    auto loss =
+        llvm::find_if(fn.outputs, [](const auto& output) { return output.first == "loss"; });
+    std::string lossField =
+        loss == fn.outputs.end() ? identifier(fn.outputs.front().first) : identifier(loss->first);
+    s += fmt::format("float {0}::step(const Inputs& inputs) {{\nreturn run(inputs).{1}.data.at(0);"
+                     "\n}}\n\n",
+                     name, lossField);
+  }
+  std::vector<std::string> paths, states;
+  for (const ir::ParamInfo& param : irFn.params) {
+    paths.push_back(quote(param.path));
+    if (param.role == ir::ParamRole::OptimizerState) states.push_back(quote(param.path));
+  }
+  s += fmt::format("std::vector<std::string> {}::paramNames() {{ return {{{}}}; }}\n\n", name,
+                   fmt::join(paths, ", "));
+  s += fmt::format("bool {}::isOptimizerState(const std::string& path) {{\n", name);
+  if (states.empty())
+    s += "(void)path;\nreturn false;\n}\n\n";
+  else
+    s += fmt::format("static const std::vector<std::string> states = {{{}}};\nreturn "
+                     "std::find(states.begin(), states.end(), path) != states.end();\n}}\n\n",
+                     fmt::join(states, ", "));
+  s += fmt::format("std::vector<meshc::gen::ParamShard> {}::paramShards() {{\nreturn {{\n", name);
+  for (size_t k = 0; k < irFn.params.size(); ++k) {
+    const ir::ParamInfo& param = irFn.params[k];
+    SpmdValueId id = fn.params[k];
+    std::vector<std::string> dims, axes;
+    for (size_t d = 0; d < global(id).dims.size(); ++d) {
+      dims.push_back(quote(global(id).dims[d].name));
+      axes.push_back(stringList(layout(id).dimAxes[d]));
+    }
+    s += fmt::format("{{{}, {}, {}, {}, {}, {{{}}}, {{{}}}, &{}}},\n", quote(param.path),
+                     param.role == ir::ParamRole::OptimizerState ? "true" : "false",
+                     quote(ir::dtypeName(param.type.dtype)), list(sizesOf(global(id))),
+                     list(sizesOf(local(id))), fmt::join(dims, ", "), fmt::join(axes, ", "),
+                     paramMember(k));
+  }
+  s += "};\n}\n\n";
+  s += fmt::format("meshc::gen::Tensor {0}::getParam(const std::string& path) {{\nauto shards = "
+                   "paramShards();\nreturn meshc::gen::gatherParam(world_, "
+                   "meshc::gen::findParamShard(shards, path, {1}));\n}}\n\n",
+                   name, quote(fn.name));
+  s += fmt::format("void {0}::setParam(const std::string& path, const meshc::gen::Tensor& global) "
+                   "{{\nauto shards = paramShards();\nmeshc::gen::scatterParam(world_, "
+                   "meshc::gen::findParamShard(shards, path, {1}), global);\n}}\n\n",
+                   name, quote(fn.name));
 }
 
 void FunctionEmitter::emitCheckpointApi(std::string& h, std::string& s) const {
   bool train = fn.kind == ir::Function::Kind::Train;
-  h += "/// Saves every parameter (optimizer state included), the step and the seed as a new "
+  h += "/// Saves every param (optimizer state included), the step count and the seed as a new "
        "checkpoint under `dir` (collective: every rank calls it). Atomic: a crash during the "
        "save leaves the previous checkpoint the one that loads.\n"
        "void save(const std::string& dir);\n"
-       "/// Loads the latest complete checkpoint under `dir` into the parameters, the step and the "
-       "seed (collective). It may have been saved on any mesh and layout: each rank reads what "
-       "covers its shards. Throws meshrt::CheckpointError on a missing tensor, a shape or dtype "
-       "mismatch or a checksum error.\n"
-       "void load(const std::string& dir);\n"
-       "/// This rank's parameter shards as meshrt checkpoint tensors (pointing into this "
-       "object).\n"
-       "std::vector<meshrt::CheckpointTensor> checkpointTensors();\n\n";
-
-  // Every param, with its global dims and the axes each is split over on this plan's mesh.
-  s += fmt::format("std::vector<meshrt::CheckpointTensor> {}::checkpointTensors() {{\nreturn {{\n",
-                   name);
-  for (size_t k = 0; k < irFn.params.size(); ++k) {
-    SpmdValueId id = fn.params[k];
-    const TensorType& type = global(id);
-    std::vector<std::string> dims;
-    for (size_t d = 0; d < type.dims.size(); ++d)
-      dims.push_back(fmt::format("{{{}, {}, {}}}", quote(type.dims[d].name), type.dims[d].size,
-                                 stringList(layout(id).dimAxes[d])));
-    s += fmt::format("{{{}, {}, meshrt::DType::F32, {{{}}}, {}.data(), {}.size()}},\n",
-                     quote(irFn.params[k].path), quote(ir::dtypeName(type.dtype)),
-                     fmt::join(dims, ", "), paramMember(k), paramMember(k));
-  }
-  s += "};\n}\n\n";
-  s += fmt::format("void {}::save(const std::string& dir) {{\n"
-                   "meshrt::saveCheckpoint(world_, dir, checkpointTensors(), {{int64_t({}), "
-                   "{{{{\"program\", {}}}, {{\"seed\", std::to_string(seed_)}}, {{\"mesh\", "
+       "/// Loads the latest complete checkpoint under `dir` into the params, the step count and "
+       "the seed (collective). It may have been saved on any mesh and layout: each rank reads "
+       "what covers its shards. Throws meshrt::CheckpointError on a missing param, a shape or "
+       "dtype mismatch or a checksum error.\n"
+       "void load(const std::string& dir);\n\n";
+  // The params come from paramShards() (paths, global dims, layouts, this rank's buffers).
+  s += fmt::format("void {}::save(const std::string& dir) {{\nauto shards = paramShards();\n"
+                   "meshrt::saveCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards), "
+                   "{{{}, {{{{\"program\", {}}}, {{\"seed\", std::to_string(seed_)}}, {{\"mesh\", "
                    "mesh().str()}}}}}});\n}}\n\n",
-                   name, train ? "step" : "0", quote(fn.name));
-  s += fmt::format("void {}::load(const std::string& dir) {{\n"
+                   name, train ? "step_" : "0", quote(fn.name));
+  s += fmt::format("void {}::load(const std::string& dir) {{\nauto shards = paramShards();\n"
                    "meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, "
-                   "checkpointTensors());\n",
+                   "meshc::gen::checkpointTensors(shards));\n",
                    name);
-  if (train)
-    s += "step = uint64_t(info.step);\n";
-  else
-    s += "(void)info.step; // programs keep no step\n";
+  s += train ? "step_ = info.step;\n" : "(void)info.step; // a program keeps no step count\n";
   s += "if (auto seed = info.metadata.find(\"seed\"); seed != info.metadata.end()) seed_ = "
        "std::stoull(seed->second);\n}\n\n";
 }
@@ -1487,13 +1608,29 @@ std::string FunctionEmitter::runnerBody() const {
                    "std::vector<double>(size_t({}::mesh().size())));\n",
                    kindWord, fn.name, name);
   s += fmt::format("meshrt::runThreads({}::mesh(), [&](meshrt::Communicator& world) {{\n", name);
-  s += fmt::format("{} program(world, seed);\nauto inputs = program.synthesizeInputs(seed);\n"
-                   "auto outputs = program.run(inputs);\n",
-                   name);
-  s += "for (int i = 0; i < kTimedRuns; ++i) {\nworld.barrier();\n"
-       "auto start = std::chrono::steady_clock::now();\noutputs = program.run(inputs);\n"
-       "milliseconds[size_t(i)][size_t(world.rank())] = std::chrono::duration<double, "
-       "std::milli>(std::chrono::steady_clock::now() - start).count();\n}\n";
+  s += fmt::format("{} program(world, seed);\n", name);
+  if (hasUpdates()) {
+    // --steps N: N training steps on the inputs of steps 0..N-1 (seed + s), the loss of each
+    // printed as the interpreter prints it; then the last loss and every final param, named as
+    // `meshc --emit=run --steps N --dump-outputs` names them (<fn>.loss, <fn>.param.<path>).
+    s += fmt::format(
+        "if (steps > 0) {{\nfloat loss = 0;\nfor (int64_t s = 0; s < steps; ++s) {{\nloss = "
+        "program.step(program.synthesizeInputs(seed + uint64_t(s)));\nif (world.rank() == 0) "
+        "std::printf(\"step %lld loss %.9g\\n\", (long long)s, double(loss));\n}}\n"
+        "if (world.rank() == 0) results.push_back({{{0}, \"f32\", {{}}, {{loss}}}});\n"
+        "for (const meshc::gen::ParamShard& shard : program.paramShards()) {{\n"
+        "auto global = meshc::gen::gatherParam(world, shard);\nif (world.rank() == 0) "
+        "results.push_back({{{1} + shard.path, shard.dtype, std::move(global.shape), "
+        "std::move(global.data)}});\n}}\nreturn;\n}}\n",
+        quote(fn.name + ".loss"), quote(fn.name + ".param."));
+  }
+  // A train step's outputs are step 0's (the first run); later runs are timed only.
+  s += "auto inputs = program.synthesizeInputs(seed);\nauto outputs = program.run(inputs);\n";
+  s += fmt::format("for (int i = 0; i < kTimedRuns; ++i) {{\nworld.barrier();\n"
+                   "auto start = std::chrono::steady_clock::now();\n{}program.run(inputs);\n"
+                   "milliseconds[size_t(i)][size_t(world.rank())] = std::chrono::duration<double, "
+                   "std::milli>(std::chrono::steady_clock::now() - start).count();\n}}\n",
+                   hasUpdates() ? "" : "outputs = ");
   for (const auto& [outName, id] : fn.outputs) {
     std::string field = identifier(outName), gathered = "gathered_" + field;
     s += fmt::format("auto {} = {}::gatherOutput(world, {}, outputs.{});\n", gathered, name,
@@ -1504,8 +1641,8 @@ std::string FunctionEmitter::runnerBody() const {
                      gathered, gathered);
   }
   s += "});\n";
-  s += fmt::format("report({}, {}::mesh().size(), milliseconds);\n}}\n",
-                   quote(kindWord + " " + fn.name), name);
+  s += fmt::format("{}report({}, {}::mesh().size(), milliseconds);\n}}\n",
+                   hasUpdates() ? "if (steps == 0) " : "", quote(kindWord + " " + fn.name), name);
   return s;
 }
 
@@ -1561,7 +1698,9 @@ llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
     std::string& r = output.runner;
     r += fmt::format("// Generated by meshc from {}: runs every program and train block on the "
                      "threads backend with the inputs the reference interpreter synthesizes, and "
-                     "writes the gathered outputs.\n// Usage: <binary> <outputs-file> [seed]\n",
+                     "writes the gathered outputs.\n// Usage: <binary> <outputs-file> [seed] "
+                     "[--steps N]\n// --steps N: train blocks take N training steps instead, "
+                     "printing each step's loss, and write their final params.\n",
                      file);
     r += fmt::format("#include \"{}\"\n\n#include \"meshrt/Threads.h\"\n\n#include <algorithm>\n"
                      "#include <chrono>\n#include <cstdio>\n#include <cstdlib>\n#include "
@@ -1579,16 +1718,23 @@ llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
          "std::printf(\"%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; "
          "after a warm-up run)\\n\", what, ranks, runs[runs.size() / 2], runs.front(), "
          "kTimedRuns);\n}\n\n";
-    r += "int main(int argc, char** argv) {\nif (argc < 2) {\nstd::fprintf(stderr, \"usage: %s "
-         "<outputs-file> [seed]\\n\", argv[0]);\nreturn 2;\n}\n"
-         "uint64_t seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;\n"
-         "std::vector<Result> results;\nmeshc::gen::useSingleThreadedBlas();\ntry {\n";
+    r +=
+        "int main(int argc, char** argv) {\nstd::vector<std::string> positional;\n"
+        "int64_t steps = 0;\nfor (int i = 1; i < argc; ++i) {\n"
+        "if (std::string(argv[i]) == \"--steps\" && i + 1 < argc)\n"
+        "steps = std::strtoll(argv[++i], nullptr, 10);\nelse\npositional.push_back(argv[i]);\n}\n"
+        "if (positional.empty()) {\nstd::fprintf(stderr, \"usage: %s <outputs-file> [seed] "
+        "[--steps N]\\n\", argv[0]);\nreturn 2;\n}\n"
+        "uint64_t seed = positional.size() > 1 ? std::strtoull(positional[1].c_str(), nullptr, 10) "
+        ": 0;\n(void)steps;\nstd::vector<Result> "
+        "results;\nmeshc::gen::useSingleThreadedBlas();\ntry {\n";
     for (const auto& emitter : emitters)
       r += emitter->runnerBody();
     r += "} catch (const std::exception& error) {\nstd::fprintf(stderr, \"error: %s\\n\", "
          "error.what());\nreturn 1;\n}\n";
-    r += "std::FILE* file = std::fopen(argv[1], \"wb\");\nif (!file) {\nstd::fprintf(stderr, "
-         "\"error: cannot open '%s'\\n\", argv[1]);\nreturn 2;\n}\n"
+    r += "std::FILE* file = std::fopen(positional[0].c_str(), \"wb\");\nif (!file) {\n"
+         "std::fprintf(stderr, \"error: cannot open '%s'\\n\", positional[0].c_str());\nreturn "
+         "2;\n}\n"
          "for (const Result& result : results)\nmeshc::gen::writeTensor(file, result.name, "
          "result.dtype.c_str(), result.shape, result.data);\nstd::fclose(file);\nreturn 0;\n}\n";
     output.runner = formatCpp(output.runner, "runner.cpp");

@@ -26,6 +26,7 @@ double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collect
   case CollectiveKind::AllReduceSum:
   case CollectiveKind::AllReduceMax:
   case CollectiveKind::AllReduceMin:
+  case CollectiveKind::BucketedAllReduceSum:
     return 2 * a + 2 * b * fraction * n;
   case CollectiveKind::ReduceScatter:
   case CollectiveKind::AllGather:

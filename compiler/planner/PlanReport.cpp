@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace meshc::plan {
@@ -214,31 +215,40 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
   }
 
   std::vector<const SpmdOp*> collectives = collectivesOf(fn);
-  double collectiveBytes = 0, collectiveSeconds = 0;
-  for (const SpmdOp* op : collectives) {
-    collectiveBytes += static_cast<double>(op->collective.bytes);
-    collectiveSeconds += op->seconds;
-  }
-  os << fmt::format("\ncollectives of the forward ops: {}, {} per device, {} predicted{}\n",
-                    collectives.size(), bytesString(collectiveBytes),
-                    secondsString(collectiveSeconds),
-                    fn.summary.includesBackward
-                        ? " (backward mirrors them; gradient reductions are in the step below)"
-                        : "");
-  for (const SpmdOp* op : collectives) {
-    const Collective& c = op->collective;
-    SpmdValueId operand = op->operands.empty() ? op->result : op->operands.front();
-    os << fmt::format("  {}  {} (group {}), {} -> {}: {} of {} {}, {}\n", locString(op->loc),
-                      collectiveSummary(c), c.groupSize, valueName(fn, operand),
-                      valueName(fn, op->result), bytesString(static_cast<double>(c.bytes)),
-                      shapeString(fn.values[operand].localType),
-                      tensorLayoutString(fn.values[operand].globalType, fn.values[operand].layout),
-                      secondsString(op->seconds));
-    os << fmt::format(
-        "      result {} {}", shapeString(fn.values[op->result].localType),
-        tensorLayoutString(fn.values[op->result].globalType, fn.values[op->result].layout));
-    if (!op->note.empty()) os << "; " << op->note;
-    os << "\n";
+  // A train step that went through autodiff lists its collectives per phase; otherwise all are
+  // forward ones (and a train block's backward is modelled).
+  std::vector<Phase> phases{Phase::Forward};
+  if (fn.summary.backwardIsReal) phases = {Phase::Forward, Phase::Backward, Phase::Update};
+  for (Phase phase : phases) {
+    std::vector<const SpmdOp*> inPhase;
+    double collectiveBytes = 0, collectiveSeconds = 0;
+    for (const SpmdOp* op : collectives) {
+      if (fn.summary.backwardIsReal && op->phase != phase) continue;
+      inPhase.push_back(op);
+      collectiveBytes += static_cast<double>(op->collective.bytes);
+      collectiveSeconds += op->seconds;
+    }
+    os << fmt::format("\ncollectives of the {} ops: {}, {} per device, {} predicted{}\n",
+                      phaseName(phase), inPhase.size(), bytesString(collectiveBytes),
+                      secondsString(collectiveSeconds),
+                      fn.summary.includesBackward && !fn.summary.backwardIsReal
+                          ? " (backward mirrors them; gradient reductions are in the step below)"
+                          : "");
+    for (const SpmdOp* op : inPhase) {
+      const Collective& c = op->collective;
+      SpmdValueId operand = op->operands.empty() ? op->result : op->operands.front();
+      os << fmt::format(
+          "  {}  {} (group {}), {} -> {}: {} of {} {}, {}\n", locString(op->loc),
+          collectiveSummary(c), c.groupSize, valueName(fn, operand), valueName(fn, op->result),
+          bytesString(static_cast<double>(c.bytes)), shapeString(fn.values[operand].localType),
+          tensorLayoutString(fn.values[operand].globalType, fn.values[operand].layout),
+          secondsString(op->seconds));
+      os << fmt::format(
+          "      result {} {}", shapeString(fn.values[op->result].localType),
+          tensorLayoutString(fn.values[op->result].globalType, fn.values[op->result].layout));
+      if (!op->note.empty()) os << "; " << op->note;
+      os << "\n";
+    }
   }
 
   os << fmt::format("\nforced replications: {}\n", fn.replications.size());
@@ -259,7 +269,17 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
 
   const PlanSummary& summary = fn.summary;
   os << fmt::format("\npredicted step{}\n",
-                    summary.includesBackward ? " (forward, backward and gradient reduction)" : "");
+                    summary.backwardIsReal     ? " (forward, backward and update, as planned)"
+                    : summary.includesBackward ? " (forward, backward and gradient reduction)"
+                                               : "");
+  if (summary.backwardIsReal) {
+    double seconds[3] = {0, 0, 0};
+    for (const SpmdOp& op : fn.ops)
+      seconds[static_cast<int>(op.phase)] += op.seconds;
+    os << fmt::format("  by phase      forward {}, backward {}, update {}\n",
+                      secondsString(seconds[0]), secondsString(seconds[1]),
+                      secondsString(seconds[2]));
+  }
   os << fmt::format("  time          {}\n", secondsString(summary.stepSeconds));
   os << fmt::format("  compute       {} ({})\n", secondsString(summary.computeSeconds),
                     percent(summary.computeSeconds, summary.stepSeconds));
@@ -354,6 +374,7 @@ void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::ra
         SpmdValueId operand = op->operands.empty() ? op->result : op->operands.front();
         json.object([&] {
           json.attribute("kind", collectiveName(c.kind));
+          json.attribute("phase", phaseName(op->phase));
           axisArray("axes", c.axes);
           json.attribute("dim", c.dim);
           json.attribute("toDim", c.toDim);
@@ -395,6 +416,7 @@ void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::ra
       json.attribute("totalFlops", fn.summary.totalFlops);
       json.attribute("utilization", fn.summary.utilization);
       json.attribute("includesBackward", fn.summary.includesBackward);
+      json.attribute("backwardIsReal", fn.summary.backwardIsReal);
     });
   });
   os << "\n";
@@ -404,7 +426,13 @@ void printSpmd(const SpmdFunction& fn, llvm::raw_ostream& os) {
   os << fmt::format("spmd {} {} on mesh {} ({} devices), machine {}\n", kindName(fn.kind), fn.name,
                     meshString(fn.mesh), fn.mesh.numDevices(), fn.machineName);
   os << fmt::format("  layout {}\n", layoutString(fn.layout));
+  bool phased = fn.summary.backwardIsReal;
+  std::optional<Phase> current;
   for (const SpmdOp& op : fn.ops) {
+    if (phased && op.phase != current) {
+      current = op.phase;
+      os << fmt::format("  // {}\n", phaseName(op.phase));
+    }
     const SpmdValue& result = fn.values[op.result];
     std::vector<std::string> operands;
     for (SpmdValueId id : op.operands)
@@ -428,7 +456,14 @@ void printSpmd(const SpmdFunction& fn, llvm::raw_ostream& os) {
                          operands.empty() ? "" : " " + fmt::format("{}", fmt::join(operands, ", ")),
                          attrs.empty() ? "" : fmt::format(" {{{}}}", fmt::join(attrs, ", ")));
     }
-    os << fmt::format("  %{} = {} : {} local {} {}", op.result, head,
+    std::string resultIds = fmt::format("%{}", op.result);
+    if (op.results.size() > 1) {
+      std::vector<std::string> ids;
+      for (SpmdValueId id : op.results)
+        ids.push_back(fmt::format("%{}", id));
+      resultIds = fmt::format("{}", fmt::join(ids, ", "));
+    }
+    os << fmt::format("  {} = {} : {} local {} {}", resultIds, head,
                       globalTypeString(result.globalType), shapeString(result.localType),
                       tensorLayoutString(result.globalType, result.layout));
     os << fmt::format("  // {}{}{}{}\n", result.name.empty() ? "" : result.name + " ",
@@ -437,6 +472,9 @@ void printSpmd(const SpmdFunction& fn, llvm::raw_ostream& os) {
   }
   for (const auto& [name, id] : fn.outputs)
     os << fmt::format("  return {} = %{}\n", name, id);
+  std::map<SpmdValueId, std::string> paths = paramPaths(fn);
+  for (const auto& [param, id] : fn.updates)
+    os << fmt::format("  update {} = %{}\n", paths[fn.params[param]], id);
 }
 
 void printDot(const SpmdFunction& fn, llvm::raw_ostream& os) {
@@ -454,15 +492,18 @@ void printDot(const SpmdFunction& fn, llvm::raw_ostream& os) {
   for (size_t i = 0; i < fn.ops.size(); ++i) {
     const SpmdOp& op = fn.ops[i];
     producer[op.result] = i;
+    for (SpmdValueId id : op.results)
+      producer[id] = i;
     const SpmdValue& result = fn.values[op.result];
     if (op.kind == SpmdOp::Kind::Collective) {
       const Collective& c = op.collective;
       os << fmt::format(
           "  op{} [shape=box, style=\"filled,bold\", color=red, fillcolor=\"#ffd0d0\", "
-          "label=\"{}\\n{}\\n{}, {}\\n{}\"];\n",
-          i, escape(collectiveSummary(c)), escape(shapeString(result.localType)),
-          bytesString(static_cast<double>(c.bytes)), secondsString(op.seconds),
-          escape(locString(op.loc)));
+          "label=\"{}{}\\n{}\\n{}, {}\\n{}\"];\n",
+          i, escape(collectiveSummary(c)),
+          fn.summary.backwardIsReal ? fmt::format(" ({})", phaseName(op.phase)) : "",
+          escape(shapeString(result.localType)), bytesString(static_cast<double>(c.bytes)),
+          secondsString(op.seconds), escape(locString(op.loc)));
     } else {
       std::string name = result.name.empty() ? "" : " " + result.name;
       os << fmt::format("  op{} [label=\"%{}{} = {}\\n{}\"];\n", i, op.result, escape(name),

@@ -20,6 +20,20 @@ const char* collectiveName(CollectiveKind kind) {
     return "permute";
   case CollectiveKind::LocalSlice:
     return "local_slice";
+  case CollectiveKind::BucketedAllReduceSum:
+    return "bucketed_all_reduce_sum";
+  }
+  return "?";
+}
+
+const char* phaseName(Phase phase) {
+  switch (phase) {
+  case Phase::Forward:
+    return "forward";
+  case Phase::Backward:
+    return "backward";
+  case Phase::Update:
+    return "update";
   }
   return "?";
 }

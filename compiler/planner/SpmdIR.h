@@ -23,6 +23,10 @@ enum class CollectiveKind {
   AllToAll,      // move `axes` from splitting `dim` to splitting `toDim`
   Permute,       // collective permute along `axes` for shift/halo of split `dim` by `offset`
   LocalSlice,    // split `dim` further over `axes` by taking this rank's slice: no communication
+  /// Resolve the partial sums of several values over the same `axes` in one collective: the
+  /// operands are packed into one buffer, all-reduced, and unpacked into `SpmdOp::results`.
+  /// Made from small gradient all-reduces (kBucketBytes), see docs/planner.md.
+  BucketedAllReduceSum,
 };
 const char* collectiveName(CollectiveKind kind);
 
@@ -37,6 +41,16 @@ struct Collective {
 };
 
 using SpmdValueId = uint32_t;
+
+/// Small all-reduces on the same axes are merged into buckets of at most this many bytes (per
+/// device) in train steps: one collective pays the latency once (as DDP's gradient buckets).
+constexpr int64_t kBucketBytes = 4 << 20;
+
+/// Which part of a train step an op belongs to: the forward pass (the loss and what it reads),
+/// the backward pass (gradients), or the update (the optimizer, once gradients are resolved).
+/// Programs are all forward.
+enum class Phase { Forward, Backward, Update };
+const char* phaseName(Phase phase);
 
 struct SpmdValue {
   ir::TensorType globalType;
@@ -59,6 +73,9 @@ struct SpmdOp {
   double memoryBytes = 0; // bytes read + written per device (roofline)
   double seconds = 0;     // predicted: roofline for compute, alpha-beta for collectives
   std::string note;       // why, when not obvious ("partial sum over model resolved for relu")
+  Phase phase = Phase::Forward;
+  /// BucketedAllReduceSum: the resolved value of each operand, in order (results[0] == result).
+  std::vector<SpmdValueId> results;
 };
 
 /// A place where the plan had to replicate a dim the layout splits (e.g. an axis used twice by
@@ -88,6 +105,9 @@ struct PlanSummary {
   /// collectives mirrored) and the gradient reductions of params over the axes they are
   /// replicated on; see docs/planner.md.
   bool includesBackward = false;
+  /// The train block went through autodiff (it has updates): the ops ARE forward, backward and
+  /// update, and the costs above are theirs, not the model's.
+  bool backwardIsReal = false;
 };
 
 struct SpmdFunction {
@@ -101,12 +121,15 @@ struct SpmdFunction {
   std::vector<SpmdValueId> inputs;                          // parallel to ir::Function::inputs
   std::vector<SpmdValueId> params;                          // parallel to ir::Function::params
   std::vector<std::pair<std::string, SpmdValueId>> outputs; // resolved, in their global layout
+  /// Train steps: parallel to ir::Function::updates, each update's value resharded (resolved)
+  /// into its param's layout; written into the param's storage when the step ends.
+  std::vector<std::pair<size_t, SpmdValueId>> updates;
   std::vector<Replication> replications;
   MemoryEstimate memory;
   PlanSummary summary;
-  /// Train blocks only: the estimated gradient reductions (one all-reduce per trainable param
-  /// replicated over an axis its consumers split) and optimizer updates that the summary
-  /// counts. Not part of `ops`: autodiff will produce the real backward program.
+  /// Train blocks without updates only: the estimated gradient reductions (one all-reduce per
+  /// trainable param replicated over an axis its consumers split) that the summary counts. Not
+  /// part of `ops`. Empty once autodiff ran: the real gradient collectives are in `ops`.
   std::vector<SpmdOp> gradientOps;
 };
 

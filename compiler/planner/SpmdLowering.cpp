@@ -7,6 +7,7 @@
 #include "planner/SpmdLowering.h"
 
 #include "planner/CostModel.h"
+#include "planner/PlanReport.h"
 #include "planner/Reshard.h"
 
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 namespace meshc::plan {
@@ -74,6 +76,7 @@ bool isLinearUnary(const ir::Function& fn, const ir::Op& op) {
   case OpKind::StopGradient:
   case OpKind::Dropout:
   case OpKind::Transpose:
+  case OpKind::Broadcast:
   case OpKind::Rename:
   case OpKind::Reshape:
   case OpKind::Slice:
@@ -87,6 +90,54 @@ bool isLinearUnary(const ir::Function& fn, const ir::Op& op) {
   }
 }
 
+/// The phase of every op of a train step (docs/planner.md): forward is what the outputs (the
+/// loss) depend on; of the rest, update is the optimizer: the step counter and what it feeds, and
+/// the elementwise ops that read a param (or an update op) directly and have the param's type (a
+/// new weight, a new moment); everything else computes gradients (backward).
+std::vector<Phase> opPhases(const ir::Function& fn) {
+  std::vector<Phase> phases(fn.ops.size(), Phase::Forward);
+  if (fn.kind != ir::Function::Kind::Train || fn.updates.empty()) return phases;
+  std::vector<bool> forward(fn.ops.size(), false);
+  std::vector<ir::ValueId> work;
+  for (const ir::OutputInfo& output : fn.outputs)
+    work.push_back(output.value);
+  while (!work.empty()) {
+    uint32_t index = fn.values[work.back()].definingOp;
+    work.pop_back();
+    if (forward[index]) continue;
+    forward[index] = true;
+    for (ir::ValueId operand : fn.ops[index].operands)
+      work.push_back(operand);
+  }
+  std::set<ir::ValueId> paramValues;
+  for (const ir::ParamInfo& param : fn.params)
+    paramValues.insert(param.value);
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    const ir::Op& op = fn.ops[i];
+    if (forward[i]) continue;
+    bool update = op.kind == OpKind::TrainStep;
+    for (ir::ValueId operand : op.operands) {
+      uint32_t producer = fn.values[operand].definingOp;
+      if (!forward[producer] && phases[producer] == Phase::Update) update = true;
+      if (paramValues.count(operand) && op.kind != OpKind::Einsum &&
+          fn.typeOf(op.result).dims == fn.typeOf(operand).dims)
+        update = true;
+    }
+    phases[i] = update ? Phase::Update : Phase::Backward;
+  }
+  // Constants outside the forward cone belong to their first consumer's phase.
+  for (size_t i = fn.ops.size(); i-- > 0;) {
+    if (forward[i] || !fn.ops[i].operands.empty() || fn.ops[i].kind == OpKind::TrainStep) continue;
+    for (size_t j = i + 1; j < fn.ops.size(); ++j)
+      if (std::find(fn.ops[j].operands.begin(), fn.ops[j].operands.end(), fn.ops[i].result) !=
+          fn.ops[j].operands.end()) {
+        phases[i] = phases[j];
+        break;
+      }
+  }
+  return phases;
+}
+
 /// The lowering rules of one op (Mesh-TensorFlow's, see docs/planner.md).
 class OpRules {
 public:
@@ -94,6 +145,10 @@ public:
           double oversubscription)
       : fn_(fn), mesh_(mesh), layout_(layout), machine_(machine),
         oversubscription_(oversubscription) {}
+
+  /// Whether partial sums stay lazy through linear ops. Not in a train step's update: gradients
+  /// are resolved as they leave the backward pass, where their reductions can be bucketed.
+  void setLazyPartials(bool lazy) { lazyPartials_ = lazy; }
 
   OpPlan plan(const ir::Op& op, const std::vector<const TensorLayout*>& operands) {
     OpPlan out;
@@ -106,6 +161,7 @@ public:
     case OpKind::Iota:
     case OpKind::RandomNormal:
     case OpKind::RandomUniform:
+    case OpKind::TrainStep:
       out.result = desired(resultType, &out, "");
       break;
     case OpKind::Einsum:
@@ -215,9 +271,10 @@ private:
 
   /// Keeps `operand`'s partial sum lazy through a linear op when it does not clash with the
   /// axes of the layouts involved: `required` and `result` become partial too.
-  static bool passPartial(const TensorLayout& operand, TensorLayout& required,
-                          TensorLayout& result) {
-    if (!isPartialSum(operand) || !disjoint(operand.partialAxes, usedAxes(required)) ||
+  bool passPartial(const TensorLayout& operand, TensorLayout& required,
+                   TensorLayout& result) const {
+    if (!lazyPartials_ || !isPartialSum(operand) ||
+        !disjoint(operand.partialAxes, usedAxes(required)) ||
         !disjoint(operand.partialAxes, usedAxes(result)) ||
         !disjoint(operand.partialAxes, result.partialAxes))
       return false;
@@ -592,6 +649,7 @@ private:
     case OpKind::Input:
     case OpKind::Param:
     case OpKind::Literal:
+    case OpKind::TrainStep:
     case OpKind::Rename:
     case OpKind::StopGradient:
       return; // no work: sources are materialized by the runtime; the others relabel
@@ -658,6 +716,7 @@ private:
   const Layout& layout_;
   const Machine& machine_;
   double oversubscription_;
+  bool lazyPartials_ = true;
 };
 
 struct VectorHash {
@@ -677,6 +736,16 @@ struct LayoutProblem {
   AxisList axes; // the dim's axes (NotDivisible) or the offending axis
   uint32_t opIndex = 0;
   bool hasOp = false;
+};
+
+/// A small all-reduce of a train step that may move up to right after its operand's producer
+/// (`ready`, an IR op index) as long as it stays before its first consumer (`needed`).
+struct BucketCandidate {
+  ir::ValueId value = 0;
+  uint32_t ready = 0, needed = 0;
+  Collective collective;
+  double seconds = 0;
+  size_t spmdIndex = 0; // its op in SpmdFunction::ops (lowering only)
 };
 
 struct EvalResult {
@@ -726,17 +795,26 @@ struct PlanEvaluator::Impl {
     }
     for (const ir::OutputInfo& output : fn.outputs)
       lastUse_[output.value] = static_cast<int>(fn.ops.size());
+    for (const ir::ParamUpdate& update : fn.updates)
+      lastUse_[update.value] = static_cast<int>(fn.ops.size());
+    modelBackward_ = fn.kind == ir::Function::Kind::Train && fn.updates.empty();
+    phases_ = opPhases(fn);
     for (size_t v = 0; v < fn.values.size(); ++v)
       if (lastUse_[v] >= 0) freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
     trainable_.assign(fn.values.size(), false);
     for (const ir::ParamInfo& param : fn.params)
-      if (param.trainable) trainable_[param.value] = true;
+      if (param.trainable && modelBackward_) trainable_[param.value] = true;
     for (int64_t size : dimSizes_)
       maxSplit_.push_back(maxDivisorSplit(size));
     prepareBound();
   }
 
   EvalResult run(const Layout& layout, SpmdFunction* out);
+  /// Groups the candidates into buckets (same axes, all ready before any is needed, at most
+  /// kBucketBytes); returns the seconds saved. With `out`: moves each all-reduce up to right
+  /// after its operand's producer and replaces each bucket's members by one bucketed collective.
+  double bucketGradientReductions(std::vector<BucketCandidate> candidates,
+                                  const std::vector<size_t>& irOpEnd, SpmdFunction* out);
   double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims);
 
   const ir::Module& module_;
@@ -745,6 +823,9 @@ struct PlanEvaluator::Impl {
   Machine machine_; // copies: the evaluator may outlive its arguments
   double oversubscription_ = 1;
   std::vector<std::string> relevantDims_;
+  /// A train block without updates (autodiff has not run): backward is modelled, not planned.
+  bool modelBackward_ = false;
+  std::vector<Phase> phases_; // per IR op
 
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
   std::optional<Layout> lastLayout_;
@@ -905,6 +986,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   const ir::Op& op = fn_.ops[i];
   key_.clear();
   key_.push_back(staticIds_[i]);
+  key_.push_back(static_cast<int>(phases_[i]));
   for (ir::ValueId operand : op.operands)
     key_.push_back(stateOf[operand]);
   for (int dim : involved_[i])
@@ -914,6 +996,7 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   std::vector<const TensorLayout*> operandStates;
   for (ir::ValueId operand : op.operands)
     operandStates.push_back(&states_[stateOf[operand]]);
+  rules.setLazyPartials(phases_[i] != Phase::Update);
   OpPlan plan = rules.plan(op, operandStates);
   for (const TensorLayout& required : plan.required)
     plan.requiredIds.push_back(internState(required));
@@ -954,6 +1037,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   std::vector<uint64_t> gradientAxes(numValues, 0);
   std::set<std::string> notDivisibleReported;
   std::map<ir::ValueId, SpmdValueId> spmdSources; // inputs and params
+  std::vector<size_t> irOpEnd(fn_.ops.size(), 0); // per IR op: the end of its SPMD ops
 
   double forwardCompute = 0, forwardCommunication = 0, globalFlops = 0, idealSeconds = 0;
   double live = 0, peakLive = 0, activationSum = 0;
@@ -969,10 +1053,15 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     return static_cast<SpmdValueId>(out->values.size() - 1);
   };
 
-  // Brings `value` into layout `want` (an interned state); returns the temporary bytes made,
-  // or -1 when no path exists (an illegal layout).
+  // Small all-reduces of train steps (autodiff ran) that may move up to their operand's producer
+  // and merge with others on the same axes (bucketGradientReductions).
+  bool bucketing = fn_.kind == ir::Function::Kind::Train && !fn_.updates.empty();
+  std::vector<BucketCandidate> candidates;
+  // Brings `value` into layout `want` (an interned state) for the op `neededAt` (fn_.ops.size()
+  // for outputs and updates); returns the temporary bytes made, or -1 when no path exists (an
+  // illegal layout).
   auto bringTo = [&](ir::ValueId value, int want, const std::string& why, const ir::Location& loc,
-                     uint32_t opIndex, SpmdValueId* spmdId) -> double {
+                     uint32_t opIndex, uint32_t neededAt, SpmdValueId* spmdId) -> double {
     if (stateOf[value] == want) {
       if (spmdId && out) *spmdId = spmdOf[value];
       return 0;
@@ -987,6 +1076,12 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     forwardCommunication += path->seconds;
     double temporary = 0;
     SpmdValueId current = out ? spmdOf[value] : 0;
+    uint32_t producer = fn_.values[value].definingOp;
+    if (bucketing && path->steps.size() == 1 &&
+        path->steps[0].collective.kind == CollectiveKind::AllReduceSum &&
+        path->steps[0].collective.bytes <= kBucketBytes)
+      candidates.push_back({value, producer, neededAt, path->steps[0].collective,
+                            path->steps[0].seconds, out ? out->ops.size() : 0});
     for (const ReshardStep& step : path->steps) {
       temporary += static_cast<double>(localBytes(fn_.typeOf(value), step.after, mesh_));
       if (!out) continue;
@@ -1000,6 +1095,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
       op.memoryBytes = 0;
       op.seconds = step.seconds;
       op.note = why;
+      op.phase = phases_[producer];
       current = op.result;
       out->ops.push_back(std::move(op));
     }
@@ -1039,8 +1135,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
                               why)
                 : fmt::format("reshard {} {}", valueName(fn_, operand), why);
       }
-      double made =
-          bringTo(operand, plan.requiredIds[k], reason, op.loc, i, out ? &operandIds[k] : nullptr);
+      double made = bringTo(operand, plan.requiredIds[k], reason, op.loc, i, i,
+                            out ? &operandIds[k] : nullptr);
       if (made < 0) {
         result.ok = false;
         if (!out) return result;
@@ -1077,6 +1173,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     spmdOp.memoryBytes = plan.bytes;
     spmdOp.seconds = plan.computeSeconds;
     spmdOp.note = plan.note;
+    spmdOp.phase = phases_[i];
     spmdOf[op.result] = spmdOp.result;
     out->ops.push_back(spmdOp);
     // Collectives inside the op work in place on its result (or on its row statistics).
@@ -1090,8 +1187,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
       collective.sourceOp = i;
       collective.seconds = collectiveSeconds(machine_, mesh_, post.collective);
       collective.note = post.note;
+      collective.phase = phases_[i];
       out->ops.push_back(std::move(collective));
     }
+    irOpEnd[i] = out->ops.size();
     for (const DroppedAxes& drop : plan.drops)
       out->replications.push_back({op.loc, drop.dim, drop.axes, drop.reason});
     if (op.kind == OpKind::Input || op.kind == OpKind::Param)
@@ -1111,8 +1210,9 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     const ir::TensorType& type = fn_.typeOf(output.value);
     int want = internState(tensorLayoutOf(type, layout, mesh_));
     SpmdValueId id = 0;
-    double made = bringTo(output.value, want, fmt::format("resolve output '{}'", output.name),
-                          output.loc, fn_.values[output.value].definingOp, &id);
+    double made =
+        bringTo(output.value, want, fmt::format("resolve output '{}'", output.name), output.loc,
+                fn_.values[output.value].definingOp, static_cast<uint32_t>(fn_.ops.size()), &id);
     if (made < 0) {
       result.ok = false;
       return result;
@@ -1120,7 +1220,24 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     outputTemporary += made;
     if (out) out->outputs.emplace_back(output.name, id);
   }
+  // Updates: each new value resolved into its param's layout (the param's storage).
+  for (const ir::ParamUpdate& update : fn_.updates) {
+    const ir::ParamInfo& param = fn_.params[update.param];
+    int want = stateOf[param.value];
+    if (want < 0) continue; // a param the plan never materialized
+    SpmdValueId id = 0;
+    double made = bringTo(
+        update.value, want, fmt::format("reshard the update of '{}' into its layout", param.path),
+        param.loc, fn_.values[update.value].definingOp, static_cast<uint32_t>(fn_.ops.size()), &id);
+    if (made < 0) {
+      result.ok = false;
+      return result;
+    }
+    outputTemporary += made;
+    if (out) out->updates.emplace_back(update.param, id);
+  }
   peakLive = std::max(peakLive, live + outputTemporary);
+  if (bucketing) forwardCommunication -= bucketGradientReductions(candidates, irOpEnd, out);
 
   // Parameters, and for train blocks the backward pass, gradients and optimizer.
   MemoryEstimate& memory = result.memory;
@@ -1133,8 +1250,12 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     if (state < 0) continue;
     const TensorLayout& layoutOfParam = states_[state];
     double bytes = static_cast<double>(localBytes(param.type, layoutOfParam, mesh_));
+    if (param.role == ir::ParamRole::OptimizerState) {
+      memory.optimizerBytes += bytes; // a real slot: autodiff's optimizer lowering made it
+      continue;
+    }
     memory.paramBytes += bytes;
-    if (!train || !param.trainable) continue;
+    if (!modelBackward_ || !param.trainable) continue;
     memory.gradientBytes += bytes;
     memory.optimizerBytes += optimizer.stateFactor * bytes;
     if (optimizer.factored) {
@@ -1189,14 +1310,17 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
                           bucket.second.size(), fmt::join(paths, ", "), axesText(allReduce.axes));
     out->gradientOps.push_back(std::move(op));
   }
-  memory.peakActivationBytes = train ? activationSum : peakLive;
+  // Modelled backward: every activation is kept for it. Planned backward: the real liveness
+  // (gradients are among the activations).
+  memory.peakActivationBytes = modelBackward_ ? activationSum : peakLive;
 
   PlanSummary& summary = result.summary;
   summary.includesBackward = train;
-  double passes = train ? 3 : 1; // backward ~ 2x forward
+  summary.backwardIsReal = train && !modelBackward_;
+  double passes = modelBackward_ ? 3 : 1; // modelled backward ~ 2x forward
   summary.computeSeconds = passes * forwardCompute + optimizerSeconds;
-  summary.communicationSeconds =
-      (train ? 2 : 1) * forwardCommunication + gradientSeconds; // forward collectives mirrored
+  summary.communicationSeconds = (modelBackward_ ? 2 : 1) * forwardCommunication +
+                                 gradientSeconds; // modelled: forward collectives mirrored
   summary.stepSeconds = summary.computeSeconds + summary.communicationSeconds;
   summary.totalFlops = passes * globalFlops;
   double devices = static_cast<double>(
@@ -1208,6 +1332,93 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     out->summary = summary;
   }
   return result;
+}
+
+double PlanEvaluator::Impl::bucketGradientReductions(std::vector<BucketCandidate> candidates,
+                                                     const std::vector<size_t>& irOpEnd,
+                                                     SpmdFunction* out) {
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [](const BucketCandidate& a, const BucketCandidate& b) { return a.ready < b.ready; });
+  struct Bucket {
+    std::vector<size_t> members;
+    int64_t bytes = 0;
+    uint32_t ready = 0, needed = 0;
+  };
+  std::vector<Bucket> buckets;
+  std::map<AxisList, size_t> open; // per axes: the bucket still taking members
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    const BucketCandidate& candidate = candidates[c];
+    auto it = open.find(candidate.collective.axes);
+    if (it != open.end()) {
+      Bucket& bucket = buckets[it->second];
+      // Ready times only grow: once a bucket is needed before a candidate is ready, it is closed.
+      if (bucket.needed > candidate.ready &&
+          bucket.bytes + candidate.collective.bytes <= kBucketBytes) {
+        bucket.members.push_back(c);
+        bucket.bytes += candidate.collective.bytes;
+        bucket.ready = std::max(bucket.ready, candidate.ready);
+        bucket.needed = std::min(bucket.needed, candidate.needed);
+        continue;
+      }
+    }
+    open[candidate.collective.axes] = buckets.size();
+    buckets.push_back({{c}, candidate.collective.bytes, candidate.ready, candidate.needed});
+  }
+  double saved = 0;
+  std::vector<std::pair<size_t, SpmdOp>> inserted; // (position in the old list, op)
+  std::vector<bool> removed(out ? out->ops.size() : 0, false);
+  for (const Bucket& bucket : buckets) {
+    const BucketCandidate& first = candidates[bucket.members.front()];
+    // The bucket goes where its last member is ready; it takes that member's source and phase.
+    const BucketCandidate& placing = candidates[bucket.members.back()];
+    size_t position = irOpEnd.empty() ? 0 : irOpEnd[bucket.ready];
+    if (bucket.members.size() == 1) {
+      if (!out) continue;
+      removed[first.spmdIndex] = true; // moved up, unchanged
+      inserted.emplace_back(position, out->ops[first.spmdIndex]);
+      continue;
+    }
+    Collective merged = first.collective;
+    merged.kind = CollectiveKind::BucketedAllReduceSum;
+    merged.bytes = bucket.bytes;
+    double seconds = collectiveSeconds(machine_, mesh_, merged);
+    for (size_t member : bucket.members)
+      saved += candidates[member].seconds;
+    saved -= seconds;
+    if (!out) continue;
+    SpmdOp op = out->ops[placing.spmdIndex];
+    op.collective = merged;
+    op.seconds = seconds;
+    op.operands.clear();
+    std::vector<std::string> names;
+    for (size_t member : bucket.members) {
+      const SpmdOp& single = out->ops[candidates[member].spmdIndex];
+      removed[candidates[member].spmdIndex] = true;
+      op.operands.push_back(single.operands[0]);
+      op.results.push_back(single.result);
+      if (names.size() < 3) names.push_back(valueName(fn_, candidates[member].value));
+    }
+    if (bucket.members.size() > 3) names.push_back("...");
+    op.result = op.results.front();
+    op.note = fmt::format("{} partial sums ({}) over {} resolved together, {} in one buffer",
+                          bucket.members.size(), fmt::join(names, ", "), axesText(merged.axes),
+                          bytesString(static_cast<double>(bucket.bytes)));
+    inserted.emplace_back(position, std::move(op));
+  }
+  if (!out) return saved;
+  std::stable_sort(inserted.begin(), inserted.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<SpmdOp> ops;
+  ops.reserve(out->ops.size());
+  size_t next = 0;
+  for (size_t p = 0; p <= out->ops.size(); ++p) {
+    for (; next < inserted.size() && inserted[next].first == p; ++next)
+      ops.push_back(std::move(inserted[next].second));
+    if (p < out->ops.size() && !removed[p]) ops.push_back(std::move(out->ops[p]));
+  }
+  out->ops = std::move(ops);
+  return saved;
 }
 
 double PlanEvaluator::Impl::lowerBound(const Layout& partial,
@@ -1283,8 +1494,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
       continue;
     communication += reshardCost(output.value, internState(tensorLayoutOf(type, partial, mesh_)));
   }
-  bool train = fn_.kind == ir::Function::Kind::Train;
-  double bound = (train ? 3 : 1) * compute + (train ? 2 : 1) * communication;
+  double bound = (modelBackward_ ? 3 : 1) * compute + (modelBackward_ ? 2 : 1) * communication;
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
@@ -1304,7 +1514,8 @@ void PlanEvaluator::Impl::prepareBound() {
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
     const ir::Op& op = fn_.ops[i];
     if (op.kind == OpKind::Input || op.kind == OpKind::Param || op.kind == OpKind::Literal ||
-        op.kind == OpKind::Rename || op.kind == OpKind::StopGradient ||
+        op.kind == OpKind::TrainStep || op.kind == OpKind::Rename ||
+        op.kind == OpKind::StopGradient ||
         (op.kind == OpKind::Dropout && fn_.kind == ir::Function::Kind::Program))
       continue; // free in the engine too
     BoundTerm term;
@@ -1327,7 +1538,7 @@ void PlanEvaluator::Impl::prepareBound() {
     boundTermOf_[i] = static_cast<int>(boundTerms_.size());
     boundTerms_.push_back(std::move(term));
   }
-  if (fn_.kind == ir::Function::Kind::Train) {
+  if (modelBackward_) {
     OptimizerModel optimizer = optimizerModel(fn_);
     for (const ir::ParamInfo& param : fn_.params)
       if (param.trainable)

@@ -84,6 +84,63 @@ TEST_CASE("the generated API reports wrong shapes, names and meshes", "[codegen]
                     "[data=4]");
 }
 
+TEST_CASE("params: names, shards with their layouts, get and set round trip", "[codegen]") {
+  CHECK(Mlp::paramNames() == std::vector<std::string>{"ffn/w_in", "ffn/b_in", "ffn/w_out"});
+  CHECK_FALSE(Mlp::isOptimizerState("ffn/w_in"));
+  std::vector<Tensor> got(4), after(4);
+  std::vector<meshc::gen::Buffer> shard(4);
+  Tensor replacement{{64, 256}, meshc::gen::Buffer(64 * 256)};
+  for (size_t i = 0; i < replacement.data.size(); ++i)
+    replacement.data[i] = float(i % 1000) * 0.001f;
+  meshrt::runThreads(Mlp::mesh(), [&](meshrt::Communicator& world) {
+    Mlp program(world, 5);
+    size_t rank = size_t(world.rank());
+    std::vector<meshc::gen::ParamShard> shards = program.paramShards();
+    REQUIRE(shards.size() == 3);
+    CHECK(shards[0].path == "ffn/w_in");
+    CHECK(shards[0].globalShape == meshc::gen::Shape{64, 256});
+    CHECK(shards[0].localShape == meshc::gen::Shape{64, 128});
+    CHECK(shards[0].dims == std::vector<std::string>{"d_model", "d_ff"});
+    CHECK(shards[0].axes == std::vector<std::vector<std::string>>{{}, {"model"}});
+    got[rank] = program.getParam("ffn/w_in");
+    program.setParam("ffn/w_in", replacement);
+    shard[rank] = *program.paramShards()[0].data;
+    after[rank] = program.getParam("ffn/w_in");
+    CHECK_THROWS_WITH(program.getParam("nope"), "mlp: no param named 'nope'");
+    CHECK_THROWS_AS(program.setParam("ffn/w_in", Tensor{{64, 255}, meshc::gen::Buffer(64 * 255)}),
+                    std::invalid_argument);
+  });
+  for (size_t rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    CHECK(got[rank].shape == meshc::gen::Shape{64, 256});
+    CHECK(got[rank].data == got[0].data); // every rank gets the whole tensor
+    CHECK(after[rank].data == replacement.data);
+    // Each rank keeps its block of d_ff: columns [128 * model, 128 * model + 128).
+    size_t model = rank % 2;
+    CHECK(shard[rank][0] == replacement.data[128 * model]);
+    CHECK(shard[rank][128 + 5] == replacement.data[256 + 128 * model + 5]);
+  }
+  // The global value does not depend on the layout: w_in's initializer keyed by global index.
+  CHECK(got[0].data[0] != got[0].data[1]);
+}
+
+TEST_CASE("a train block's weights move into the program class", "[codegen]") {
+  using meshc_generated::MlpTrain;
+  std::vector<Tensor> moved(4), direct(4);
+  meshrt::runThreads(Mlp::mesh(), [&](meshrt::Communicator& world) {
+    MlpTrain train(world, 11);
+    Mlp program(world, 12); // other initial weights
+    for (const std::string& path : Mlp::paramNames())
+      program.setParam(path, train.getParam(path));
+    Mlp reference(world, 11);
+    Mlp::Inputs inputs = program.synthesizeInputs(3);
+    moved[size_t(world.rank())] = program.run(inputs).y;
+    direct[size_t(world.rank())] = reference.run(inputs).y;
+  });
+  for (size_t rank = 0; rank < 4; ++rank)
+    CHECK(moved[rank].data == direct[rank].data);
+}
+
 TEST_CASE("the generated MLP runs deterministically and keeps replicas identical", "[codegen]") {
   std::vector<Tensor> first(4), second(4);
   meshrt::runThreads(Mlp::mesh(), [&](meshrt::Communicator& world) {

@@ -44,6 +44,19 @@ public:
   /// The bytes of all of run()'s temporaries together (one buffer each).
   static constexpr size_t kTemporaryBytes = 573980;
 
+  /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
+  /// order.
+  static std::vector<std::string> paramNames();
+  /// Whether `path` is a slot of optimizer state (not a weight of the model).
+  static bool isOptimizerState(const std::string &path);
+  /// This rank's param shards with their global shapes and layouts (for checkpoints).
+  std::vector<meshc::gen::ParamShard> paramShards();
+  /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
+  meshc::gen::Tensor getParam(const std::string &path);
+  /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
+  /// std::invalid_argument on an unknown path or a wrong shape.
+  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -56,17 +69,15 @@ public:
   static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
                                          const meshc::gen::Tensor &local);
 
-  /// Saves every parameter (optimizer state included), the step and the seed as a new checkpoint
+  /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
   /// previous checkpoint the one that loads.
   void save(const std::string &dir);
-  /// Loads the latest complete checkpoint under `dir` into the parameters, the step and the seed
+  /// Loads the latest complete checkpoint under `dir` into the params, the step count and the seed
   /// (collective). It may have been saved on any mesh and layout: each rank reads what covers its
-  /// shards. Throws meshrt::CheckpointError on a missing tensor, a shape or dtype mismatch or a
+  /// shards. Throws meshrt::CheckpointError on a missing param, a shape or dtype mismatch or a
   /// checksum error.
   void load(const std::string &dir);
-  /// This rank's parameter shards as meshrt checkpoint tensors (pointing into this object).
-  std::vector<meshrt::CheckpointTensor> checkpointTensors();
 
 private:
   meshrt::Communicator &world_;
@@ -175,8 +186,23 @@ public:
   /// The bytes of all of run()'s temporaries together (one buffer each).
   static constexpr size_t kTemporaryBytes = 672812;
 
-  /// The training step: keys the dropout masks (forward only: autodiff comes later).
-  uint64_t step = 0;
+  /// The number of steps taken: keys this step's random ops and dropout masks (and, with an
+  /// optimizer, its learning-rate schedule).
+  int64_t stepCount() const { return step_; }
+  void setStepCount(int64_t step) { step_ = step; }
+
+  /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
+  /// order.
+  static std::vector<std::string> paramNames();
+  /// Whether `path` is a slot of optimizer state (not a weight of the model).
+  static bool isOptimizerState(const std::string &path);
+  /// This rank's param shards with their global shapes and layouts (for checkpoints).
+  std::vector<meshc::gen::ParamShard> paramShards();
+  /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
+  meshc::gen::Tensor getParam(const std::string &path);
+  /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
+  /// std::invalid_argument on an unknown path or a wrong shape.
+  void setParam(const std::string &path, const meshc::gen::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
@@ -190,21 +216,20 @@ public:
   static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
                                          const meshc::gen::Tensor &local);
 
-  /// Saves every parameter (optimizer state included), the step and the seed as a new checkpoint
+  /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
   /// previous checkpoint the one that loads.
   void save(const std::string &dir);
-  /// Loads the latest complete checkpoint under `dir` into the parameters, the step and the seed
+  /// Loads the latest complete checkpoint under `dir` into the params, the step count and the seed
   /// (collective). It may have been saved on any mesh and layout: each rank reads what covers its
-  /// shards. Throws meshrt::CheckpointError on a missing tensor, a shape or dtype mismatch or a
+  /// shards. Throws meshrt::CheckpointError on a missing param, a shape or dtype mismatch or a
   /// checksum error.
   void load(const std::string &dir);
-  /// This rank's parameter shards as meshrt checkpoint tensors (pointing into this object).
-  std::vector<meshrt::CheckpointTensor> checkpointTensors();
 
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
+  int64_t step_ = 0;
   meshrt::Communicator &group_data_model; // the ranks along data, model
   meshc::gen::Buffer
       param0_bert_token_embedding; // bert/token_embedding: [vocab, d_model] local {128, 64}

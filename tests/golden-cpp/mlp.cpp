@@ -138,38 +138,57 @@ meshc::gen::Tensor Mlp::gatherOutput(meshrt::Communicator &world, const std::str
   throw std::invalid_argument("mlp: no output named '" + name + "'");
 }
 
-std::vector<meshrt::CheckpointTensor> Mlp::checkpointTensors() {
+std::vector<std::string> Mlp::paramNames() { return {"ffn/w_in", "ffn/b_in", "ffn/w_out"}; }
+
+bool Mlp::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> Mlp::paramShards() {
   return {
       {"ffn/w_in",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"d_model", 64, {}}, {"d_ff", 256, {"model"}}},
-       param0_ffn_w_in.data(),
-       param0_ffn_w_in.size()},
-      {"ffn/b_in",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_ff", 256, {"model"}}},
-       param1_ffn_b_in.data(),
-       param1_ffn_b_in.size()},
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param0_ffn_w_in},
+      {"ffn/b_in", false, "f32", {256}, {128}, {"d_ff"}, {{"model"}}, &param1_ffn_b_in},
       {"ffn/w_out",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"d_ff", 256, {"model"}}, {"d_model", 64, {}}},
-       param2_ffn_w_out.data(),
-       param2_ffn_w_out.size()},
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param2_ffn_w_out},
   };
 }
 
+meshc::gen::Tensor Mlp::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "mlp"));
+}
+
+void Mlp::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlp"), global);
+}
+
 void Mlp::save(const std::string &dir) {
+  auto shards = paramShards();
   meshrt::saveCheckpoint(
-      world_, dir, checkpointTensors(),
-      {int64_t(0), {{"program", "mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {0, {{"program", "mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Mlp::load(const std::string &dir) {
-  meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, checkpointTensors());
-  (void)info.step; // programs keep no step
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
 }
@@ -229,7 +248,8 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
                              meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
                              meshrt::kernels::Dims{16, 64}},
-      seed_, "normal#0", 0.0, 0.01, meshrt::kernels::ValueType::F32);
+      seed_, std::string("normal#0") + "#" + std::to_string(step_), 0.0, 0.01,
+      meshrt::kernels::ValueType::F32);
 
   // mlp.mesh:40:17 add -> noisy
   meshc::gen::View v3 = arena_.slot(16384, 1024);
@@ -269,7 +289,7 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16),
                               meshc::gen::shardStart(world_, {"model"}, 128)},
                              {256, 1}),
-      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step)), 0.1);
+      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
 
   // mlp.mesh:29:10 einsum
   meshc::gen::View v11 = arena_.slot(8192, 1024);
@@ -362,39 +382,57 @@ meshc::gen::Tensor MlpTrain::gatherOutput(meshrt::Communicator &world, const std
   throw std::invalid_argument("mlp_train: no output named '" + name + "'");
 }
 
-std::vector<meshrt::CheckpointTensor> MlpTrain::checkpointTensors() {
+std::vector<std::string> MlpTrain::paramNames() { return {"ffn/w_in", "ffn/b_in", "ffn/w_out"}; }
+
+bool MlpTrain::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> MlpTrain::paramShards() {
   return {
       {"ffn/w_in",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"d_model", 64, {}}, {"d_ff", 256, {"model"}}},
-       param0_ffn_w_in.data(),
-       param0_ffn_w_in.size()},
-      {"ffn/b_in",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_ff", 256, {"model"}}},
-       param1_ffn_b_in.data(),
-       param1_ffn_b_in.size()},
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param0_ffn_w_in},
+      {"ffn/b_in", false, "f32", {256}, {128}, {"d_ff"}, {{"model"}}, &param1_ffn_b_in},
       {"ffn/w_out",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"d_ff", 256, {"model"}}, {"d_model", 64, {}}},
-       param2_ffn_w_out.data(),
-       param2_ffn_w_out.size()},
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param2_ffn_w_out},
   };
 }
 
+meshc::gen::Tensor MlpTrain::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "mlp_train"));
+}
+
+void MlpTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlp_train"), global);
+}
+
 void MlpTrain::save(const std::string &dir) {
+  auto shards = paramShards();
   meshrt::saveCheckpoint(
-      world_, dir, checkpointTensors(),
-      {int64_t(step),
-       {{"program", "mlp_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {step_, {{"program", "mlp_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void MlpTrain::load(const std::string &dir) {
-  meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, checkpointTensors());
-  step = uint64_t(info.step);
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
 }

@@ -688,80 +688,96 @@ meshc::gen::Tensor Moe::gatherOutput(meshrt::Communicator &world, const std::str
   throw std::invalid_argument("moe: no output named '" + name + "'");
 }
 
-std::vector<meshrt::CheckpointTensor> Moe::checkpointTensors() {
+std::vector<std::string> Moe::paramNames() {
+  return {"norm[0]/gain",         "norm[0]/bias",        "route[0]/w_gate", "experts_ffn[0]/w_in",
+          "experts_ffn[0]/w_out", "norm[1]/gain",        "norm[1]/bias",    "route[1]/w_gate",
+          "experts_ffn[1]/w_in",  "experts_ffn[1]/w_out"};
+}
+
+bool Moe::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> Moe::paramShards() {
   return {
-      {"norm[0]/gain",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}},
-       param0_norm_0_gain.data(),
-       param0_norm_0_gain.size()},
-      {"norm[0]/bias",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}},
-       param1_norm_0_bias.data(),
-       param1_norm_0_bias.size()},
+      {"norm[0]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param0_norm_0_gain},
+      {"norm[0]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param1_norm_0_bias},
       {"route[0]/w_gate",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}, {"experts", 4, {"model"}}},
-       param2_route_0_w_gate.data(),
-       param2_route_0_w_gate.size()},
+       {32, 4},
+       {32, 2},
+       {"d_model", "experts"},
+       {{}, {"model"}},
+       &param2_route_0_w_gate},
       {"experts_ffn[0]/w_in",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"experts", 4, {"model"}}, {"d_model", 32, {}}, {"d_ff", 64, {}}},
-       param3_experts_ffn_0_w_in.data(),
-       param3_experts_ffn_0_w_in.size()},
+       {4, 32, 64},
+       {2, 32, 64},
+       {"experts", "d_model", "d_ff"},
+       {{"model"}, {}, {}},
+       &param3_experts_ffn_0_w_in},
       {"experts_ffn[0]/w_out",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"experts", 4, {"model"}}, {"d_ff", 64, {}}, {"d_model", 32, {}}},
-       param4_experts_ffn_0_w_out.data(),
-       param4_experts_ffn_0_w_out.size()},
-      {"norm[1]/gain",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}},
-       param5_norm_1_gain.data(),
-       param5_norm_1_gain.size()},
-      {"norm[1]/bias",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}},
-       param6_norm_1_bias.data(),
-       param6_norm_1_bias.size()},
+       {4, 64, 32},
+       {2, 64, 32},
+       {"experts", "d_ff", "d_model"},
+       {{"model"}, {}, {}},
+       &param4_experts_ffn_0_w_out},
+      {"norm[1]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param5_norm_1_gain},
+      {"norm[1]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param6_norm_1_bias},
       {"route[1]/w_gate",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}, {"experts", 4, {"model"}}},
-       param7_route_1_w_gate.data(),
-       param7_route_1_w_gate.size()},
+       {32, 4},
+       {32, 2},
+       {"d_model", "experts"},
+       {{}, {"model"}},
+       &param7_route_1_w_gate},
       {"experts_ffn[1]/w_in",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"experts", 4, {"model"}}, {"d_model", 32, {}}, {"d_ff", 64, {}}},
-       param8_experts_ffn_1_w_in.data(),
-       param8_experts_ffn_1_w_in.size()},
+       {4, 32, 64},
+       {2, 32, 64},
+       {"experts", "d_model", "d_ff"},
+       {{"model"}, {}, {}},
+       &param8_experts_ffn_1_w_in},
       {"experts_ffn[1]/w_out",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"experts", 4, {"model"}}, {"d_ff", 64, {}}, {"d_model", 32, {}}},
-       param9_experts_ffn_1_w_out.data(),
-       param9_experts_ffn_1_w_out.size()},
+       {4, 64, 32},
+       {2, 64, 32},
+       {"experts", "d_ff", "d_model"},
+       {{"model"}, {}, {}},
+       &param9_experts_ffn_1_w_out},
   };
 }
 
+meshc::gen::Tensor Moe::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "moe"));
+}
+
+void Moe::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "moe"), global);
+}
+
 void Moe::save(const std::string &dir) {
+  auto shards = paramShards();
   meshrt::saveCheckpoint(
-      world_, dir, checkpointTensors(),
-      {int64_t(0), {{"program", "moe"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {0, {{"program", "moe"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Moe::load(const std::string &dir) {
-  meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, checkpointTensors());
-  (void)info.step; // programs keep no step
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
 }
@@ -896,7 +912,8 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
           meshrt::kernels::Dims{2, 64, 32},
           meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
           meshrt::kernels::Dims{1, 64, 32}},
-      seed_, "uniform[0]#0", 0.99, 1.01, meshrt::kernels::ValueType::F32);
+      seed_, std::string("uniform[0]#0") + "#" + std::to_string(step_), 0.99, 1.01,
+      meshrt::kernels::ValueType::F32);
 
   // moe.mesh:114:25 mul
   meshc::gen::View v9 = arena_.slot(8192, 2048);
@@ -1243,7 +1260,8 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
           meshrt::kernels::Dims{2, 64, 32},
           meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
           meshrt::kernels::Dims{1, 64, 32}},
-      seed_, "uniform[1]#0", 0.99, 1.01, meshrt::kernels::ValueType::F32);
+      seed_, std::string("uniform[1]#0") + "#" + std::to_string(step_), 0.99, 1.01,
+      meshrt::kernels::ValueType::F32);
 
   // moe.mesh:114:25 mul
   meshc::gen::View v75 = arena_.slot(8192, 2048);
@@ -1654,82 +1672,105 @@ meshc::gen::Tensor MoeTrain::gatherOutput(meshrt::Communicator &world, const std
   throw std::invalid_argument("moe_train: no output named '" + name + "'");
 }
 
-std::vector<meshrt::CheckpointTensor> MoeTrain::checkpointTensors() {
+std::vector<std::string> MoeTrain::paramNames() {
+  return {"zero",
+          "norm[0]/gain",
+          "norm[0]/bias",
+          "route[0]/w_gate",
+          "experts_ffn[0]/w_in",
+          "experts_ffn[0]/w_out",
+          "norm[1]/gain",
+          "norm[1]/bias",
+          "route[1]/w_gate",
+          "experts_ffn[1]/w_in",
+          "experts_ffn[1]/w_out"};
+}
+
+bool MoeTrain::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> MoeTrain::paramShards() {
   return {
-      {"zero", "f32", meshrt::DType::F32, {}, param0_zero.data(), param0_zero.size()},
-      {"norm[0]/gain",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}},
-       param1_norm_0_gain.data(),
-       param1_norm_0_gain.size()},
-      {"norm[0]/bias",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}},
-       param2_norm_0_bias.data(),
-       param2_norm_0_bias.size()},
+      {"zero", false, "f32", {}, {}, {}, {}, &param0_zero},
+      {"norm[0]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param1_norm_0_gain},
+      {"norm[0]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param2_norm_0_bias},
       {"route[0]/w_gate",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}, {"experts", 4, {"model"}}},
-       param3_route_0_w_gate.data(),
-       param3_route_0_w_gate.size()},
+       {32, 4},
+       {32, 2},
+       {"d_model", "experts"},
+       {{}, {"model"}},
+       &param3_route_0_w_gate},
       {"experts_ffn[0]/w_in",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"experts", 4, {"model"}}, {"d_model", 32, {}}, {"d_ff", 64, {}}},
-       param4_experts_ffn_0_w_in.data(),
-       param4_experts_ffn_0_w_in.size()},
+       {4, 32, 64},
+       {2, 32, 64},
+       {"experts", "d_model", "d_ff"},
+       {{"model"}, {}, {}},
+       &param4_experts_ffn_0_w_in},
       {"experts_ffn[0]/w_out",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"experts", 4, {"model"}}, {"d_ff", 64, {}}, {"d_model", 32, {}}},
-       param5_experts_ffn_0_w_out.data(),
-       param5_experts_ffn_0_w_out.size()},
-      {"norm[1]/gain",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}},
-       param6_norm_1_gain.data(),
-       param6_norm_1_gain.size()},
-      {"norm[1]/bias",
-       "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}},
-       param7_norm_1_bias.data(),
-       param7_norm_1_bias.size()},
+       {4, 64, 32},
+       {2, 64, 32},
+       {"experts", "d_ff", "d_model"},
+       {{"model"}, {}, {}},
+       &param5_experts_ffn_0_w_out},
+      {"norm[1]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param6_norm_1_gain},
+      {"norm[1]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param7_norm_1_bias},
       {"route[1]/w_gate",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"d_model", 32, {}}, {"experts", 4, {"model"}}},
-       param8_route_1_w_gate.data(),
-       param8_route_1_w_gate.size()},
+       {32, 4},
+       {32, 2},
+       {"d_model", "experts"},
+       {{}, {"model"}},
+       &param8_route_1_w_gate},
       {"experts_ffn[1]/w_in",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"experts", 4, {"model"}}, {"d_model", 32, {}}, {"d_ff", 64, {}}},
-       param9_experts_ffn_1_w_in.data(),
-       param9_experts_ffn_1_w_in.size()},
+       {4, 32, 64},
+       {2, 32, 64},
+       {"experts", "d_model", "d_ff"},
+       {{"model"}, {}, {}},
+       &param9_experts_ffn_1_w_in},
       {"experts_ffn[1]/w_out",
+       false,
        "f32",
-       meshrt::DType::F32,
-       {{"experts", 4, {"model"}}, {"d_ff", 64, {}}, {"d_model", 32, {}}},
-       param10_experts_ffn_1_w_out.data(),
-       param10_experts_ffn_1_w_out.size()},
+       {4, 64, 32},
+       {2, 64, 32},
+       {"experts", "d_ff", "d_model"},
+       {{"model"}, {}, {}},
+       &param10_experts_ffn_1_w_out},
   };
 }
 
+meshc::gen::Tensor MoeTrain::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "moe_train"));
+}
+
+void MoeTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "moe_train"), global);
+}
+
 void MoeTrain::save(const std::string &dir) {
+  auto shards = paramShards();
   meshrt::saveCheckpoint(
-      world_, dir, checkpointTensors(),
-      {int64_t(step),
-       {{"program", "moe_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {step_, {{"program", "moe_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void MoeTrain::load(const std::string &dir) {
-  meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, checkpointTensors());
-  step = uint64_t(info.step);
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
 }

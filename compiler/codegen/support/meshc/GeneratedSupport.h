@@ -367,6 +367,87 @@ inline Buffer gatherShards(meshrt::Communicator& world, const Buffer& local,
 }
 
 //===------------------------------------------------------------------------------------------===//
+// Params: shards with their layouts (getParam/setParam, checkpoints) and bucketed reductions
+//===------------------------------------------------------------------------------------------===//
+
+/// One param's shard on this rank, as the generated paramShards() lists them: enough to gather
+/// the global value, scatter one in, or write and reshard a checkpoint.
+struct ParamShard {
+  std::string path;            // `ffn/w_in`, or `ffn/w_in@m` for optimizer state
+  bool optimizerState = false; // a slot of optimizer state (ParamRole::OptimizerState)
+  std::string dtype;           // "f32", "bf16", ... (values are held in float buffers)
+  Shape globalShape, localShape;
+  std::vector<std::string> dims;              // the dim names, in storage order
+  std::vector<std::vector<std::string>> axes; // per dim: the mesh axes splitting it, major first
+  Buffer* data = nullptr;                     // this rank's shard, row-major over localShape
+};
+
+/// The global starts of `rank`'s shard of `shard`.
+inline Shape shardStartsOf(const meshrt::Mesh& mesh, int rank, const ParamShard& shard) {
+  Shape starts;
+  for (size_t d = 0; d < shard.localShape.size(); ++d)
+    starts.push_back(
+        shard.axes[d].empty() ? 0 : shardStartOf(mesh, rank, shard.axes[d], shard.localShape[d]));
+  return starts;
+}
+
+/// The params as meshrt checkpoint tensors (generated save() and load()), pointing into the
+/// shards' buffers.
+inline std::vector<meshrt::CheckpointTensor> checkpointTensors(std::vector<ParamShard>& shards) {
+  std::vector<meshrt::CheckpointTensor> tensors;
+  for (ParamShard& shard : shards) {
+    meshrt::CheckpointTensor tensor{shard.path, shard.dtype,        meshrt::DType::F32,
+                                    {},         shard.data->data(), shard.data->size()};
+    for (size_t d = 0; d < shard.dims.size(); ++d)
+      tensor.dims.push_back({shard.dims[d], shard.globalShape[d], shard.axes[d]});
+    tensors.push_back(std::move(tensor));
+  }
+  return tensors;
+}
+
+inline ParamShard& findParamShard(std::vector<ParamShard>& shards, const std::string& path,
+                                  const char* program) {
+  for (ParamShard& shard : shards)
+    if (shard.path == path) return shard;
+  throw std::invalid_argument(std::string(program) + ": no param named '" + path + "'");
+}
+
+/// The global value of a param from every rank's shard (collective over `world`).
+inline Tensor gatherParam(meshrt::Communicator& world, const ParamShard& shard) {
+  return Tensor{shard.globalShape,
+                gatherShards(world, *shard.data, shard.localShape, shard.globalShape,
+                             [&](int rank) { return shardStartsOf(world.mesh(), rank, shard); })};
+}
+
+/// Sets this rank's shard of a param from its global value (no communication).
+inline void scatterParam(meshrt::Communicator& world, ParamShard& shard, const Tensor& global) {
+  checkShape("global param", shard.path, global, shard.globalShape);
+  *shard.data = sliceShard(global.data, shard.localShape, rowMajorStrides(shard.globalShape),
+                           shardStartsOf(world.mesh(), world.rank(), shard));
+}
+
+/// Resolves the partial sums of several values over one group with one all-reduce: packed into
+/// one buffer, reduced, unpacked (the planner's bucketed_all_reduce_sum).
+inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<View> values) {
+  size_t total = 0;
+  for (View value : values)
+    total += value.size();
+  Buffer packed(total);
+  size_t at = 0;
+  for (View value : values) {
+    std::copy(value.begin(), value.end(), packed.begin() + std::ptrdiff_t(at));
+    at += value.size();
+  }
+  group.allReduce(packed.data(), packed.size(), meshrt::ReduceOp::Sum);
+  at = 0;
+  for (View value : values) {
+    std::copy(packed.begin() + std::ptrdiff_t(at),
+              packed.begin() + std::ptrdiff_t(at + value.size()), value.begin());
+    at += value.size();
+  }
+}
+
+//===------------------------------------------------------------------------------------------===//
 // Einsum
 //===------------------------------------------------------------------------------------------===//
 

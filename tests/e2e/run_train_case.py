@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Training equivalence of one example's train block (ctest label e2e).
+
+For each mesh, compiles the example with `meshc --emit=cpp --cpp-runner`, builds the generated
+code and trains N steps (`<binary> out --steps N`: forward, backward and the optimizer's update
+on the threads backend). Then:
+  1. every mesh's per-step losses and final params (weights and optimizer state) match those of
+     the reference mesh (the first one, normally [1]) within the tolerances below;
+  2. on the second mesh, the generated code matches the reference interpreter
+     (`meshc --emit=run --steps K --dump-outputs`) for K steps.
+
+Tolerances (relative to each tensor's largest magnitude, as compare_outputs.py measures): the
+meshes sum partial sums (of the loss, of activations over split model dims, of gradients over
+split batch dims) in different orders, so the f32 results differ by rounding from the first
+step on (~1e-7 relative); training feeds those differences back through N steps, and the
+optimizers normalize each gradient element (AdamW: m / sqrt(v); Adafactor: by the factored
+second moment), which turns a rounding difference in a near-zero gradient element into a
+difference of up to lr in its update. --tol (losses, default 1e-4) bounds the first; --param-tol
+(default 1e-3, i.e. a few such lr-sized steps on weights of magnitude ~0.1-1) the second. A real
+bug (a missing gradient all-reduce, a wrong shard, a step counter off by one) gives errors of
+order 1e-1 or more: a missing all-reduce halves or doubles a gradient.
+
+Usage: run_train_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR...
+       --lib LIB... --mesh REF --mesh M2 [--mesh M3...] [--layout-of-ref auto] [--steps 20]
+       [--interp-steps 3]
+Each --mesh is `axes|layout` (`data=1|auto`, `data=2,model=2|own`)."""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        print(f"FAILED ({result.returncode}): {' '.join(cmd)}")
+        sys.exit(1)
+    return result.stdout
+
+
+def losses_of(text):
+    """The `step S loss L` lines of a run, as a list of floats in step order."""
+    losses = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and fields[0] == "step" and fields[2] == "loss":
+            assert int(fields[1]) == len(losses), f"step {fields[1]} out of order"
+            losses.append(float(fields[3]))
+    return losses
+
+
+def compare(actual, expected, tol, param_tol, what):
+    result = subprocess.run([sys.executable, os.path.join(HERE, "compare_outputs.py"), actual,
+                             expected, "--tol", str(param_tol), "--tol-bf16", "1e-2"],
+                            capture_output=True, text=True)
+    print(f"--- {what}: final loss and params")
+    sys.stdout.write(result.stdout)
+    return result.returncode == 0
+
+
+def compare_losses(got, want, tol, what):
+    if len(got) != len(want):
+        print(f"FAIL {what}: {len(got)} losses, expected {len(want)}")
+        return False
+    worst = max(abs(g - w) / max(abs(w), 1e-30) for g, w in zip(got, want))
+    ok = worst <= tol
+    print(f"{'ok  ' if ok else 'FAIL'} {what}: {len(got)} losses, max relative error {worst:.3g} "
+          f"(tolerance {tol:g}); first {got[0]:.6g} last {got[-1]:.6g}")
+    if not ok:
+        for step, (g, w) in enumerate(zip(got, want)):
+            print(f"  step {step}: {g:.9g} vs {w:.9g}")
+    return ok
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--meshc", required=True)
+    parser.add_argument("--example", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--cxx", default="c++")
+    parser.add_argument("--include", action="append", default=[])
+    parser.add_argument("--lib", action="append", default=[])
+    parser.add_argument("--mesh", action="append", required=True)
+    parser.add_argument("--function", required=True, help="the train block")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--interp-steps", type=int, default=3)
+    parser.add_argument("--seed", default="0")
+    parser.add_argument("--tol", type=float, default=1e-4)
+    parser.add_argument("--param-tol", type=float, default=1e-3)
+    args = parser.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(args.example))[0]
+
+    runs = []  # (mesh, binary, overrides, losses, dump)
+    for spec in args.mesh:
+        mesh, layout = spec.split("|")
+        overrides = ["--mesh", mesh, "--function", args.function]
+        if layout != "own":
+            overrides += ["--layout", layout]
+        tag = mesh.replace("=", "").replace(",", "_")
+        base = os.path.join(args.workdir, f"{stem}-{tag}")
+        start = time.time()
+        run([args.meshc, args.example, "--emit=cpp", "--cpp-runner", "-o", base] + overrides)
+        unity = base + ".unity.cpp"
+        with open(unity, "w") as f:
+            f.write(f'#include "{os.path.basename(base)}.cpp"\n'
+                    f'#include "{os.path.basename(base)}.main.cpp"\n')
+        binary = base + ".bin"
+        run([args.cxx, "-O1", "-std=c++20", "-w", "-I", args.workdir]
+            + [flag for inc in args.include for flag in ("-I", inc)]
+            + [unity, "-o", binary] + args.lib + ["-lpthread"])
+        built = time.time() - start
+        dump = base + f".steps{args.steps}"
+        start = time.time()
+        text = run([binary, dump, args.seed, "--steps", str(args.steps)])
+        losses = losses_of(text)
+        print(f"[{mesh}] ({layout} layout) built in {built:.1f} s, {args.steps} steps in "
+              f"{time.time() - start:.2f} s: loss {losses[0]:.6g} -> {losses[-1]:.6g}")
+        runs.append((mesh, binary, overrides, losses, dump))
+
+    ok = True
+    reference = runs[0]
+    if len(reference[3]) != args.steps:
+        print(f"FAIL: the reference printed {len(reference[3])} losses, expected {args.steps}")
+        return 1
+    for mesh, _, _, losses, dump in runs[1:]:
+        what = f"[{mesh}] vs [{reference[0]}]"
+        ok = compare_losses(losses, reference[3], args.tol, what) and ok
+        ok = compare(dump, reference[4], args.tol, args.param_tol, what) and ok
+
+    # The generated code against the interpreter, a few steps on the second mesh.
+    mesh, binary, overrides, _, _ = runs[1] if len(runs) > 1 else runs[0]
+    k = str(args.interp_steps)
+    actual, expected = binary + f".steps{k}", binary + f".interp{k}"
+    generated = losses_of(run([binary, actual, args.seed, "--steps", k]))
+    interpreted = losses_of(run([args.meshc, args.example, "--emit=run", "--steps", k, "--seed",
+                                 args.seed, "--dump-outputs", expected] + overrides))
+    what = f"generated [{mesh}] vs the interpreter"
+    ok = compare_losses(generated, interpreted, args.tol, what) and ok
+    ok = compare(actual, expected, args.tol, args.param_tol, what) and ok
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
