@@ -169,14 +169,16 @@ std::vector<std::string> allGatherStrings(Communicator& world, const std::string
   return texts;
 }
 
-/// Runs `part` on this rank, then fails every rank with the first failed rank's message.
-void collectively(Communicator& world, const std::function<void()>& part) {
+/// Runs `part` on this rank, then fails every rank with the first failed rank's message. `what`
+/// prefixes errors that are not CheckpointErrors (filesystem errors, bad_alloc, ...).
+void collectively(Communicator& world, const std::string& what, const std::function<void()>& part) {
   std::string error;
   try {
     part();
-  } catch (const std::exception& exception) {
+  } catch (const CheckpointError& exception) {
     error = exception.what();
-    if (error.empty()) error = "unknown error";
+  } catch (const std::exception& exception) {
+    error = fmt::format("{} on rank {}: {}", what, world.rank(), exception.what());
   }
   for (const std::string& message : allGatherStrings(world, error))
     if (!message.empty()) throw CheckpointError(message);
@@ -524,7 +526,7 @@ void saveCheckpoint(Communicator& world, const std::string& dir,
   std::vector<ShardBox> boxes;
   int32_t sequence = 0;
   // Rank 0 creates the new checkpoint's directory; no save ever writes into an existing one.
-  collectively(world, [&] {
+  collectively(world, "checkpoint save to '" + dir + "'", [&] {
     boxes = shardBoxes(world, tensors, "save");
     if (world.rank() != 0) return;
     fs::create_directories(root);
@@ -539,11 +541,12 @@ void saveCheckpoint(Communicator& world, const std::string& dir,
   // Every rank writes and fsyncs its shards; the gather below is the barrier after which all of
   // them are durable.
   std::string records;
-  collectively(world, [&] { records = writeRankFile(world, checkpoint, tensors, boxes).dump(); });
+  collectively(world, "checkpoint save to '" + dir + "'",
+               [&] { records = writeRankFile(world, checkpoint, tensors, boxes).dump(); });
   std::vector<std::string> allRecords = allGatherStrings(world, records);
 
   // The manifest commits the checkpoint; `latest` then points at it.
-  collectively(world, [&] {
+  collectively(world, "checkpoint save to '" + dir + "'", [&] {
     if (world.rank() != 0) return;
     json manifest = buildManifest(world.mesh(), tensors, info, allRecords);
     writeTextAtomically(checkpoint / kManifest, manifest.dump(1));
@@ -556,14 +559,14 @@ CheckpointInfo loadCheckpoint(Communicator& world, const std::string& dir,
                               const std::vector<CheckpointTensor>& tensors) {
   fs::path root(dir);
   int32_t sequence = 0;
-  collectively(world, [&] {
+  collectively(world, "checkpoint load from '" + dir + "'", [&] {
     if (world.rank() == 0) sequence = chooseCheckpoint(root);
   });
   world.broadcast(&sequence, 1, 0);
   fs::path checkpoint = root / checkpointName(sequence);
 
   CheckpointInfo info;
-  collectively(world, [&] {
+  collectively(world, "checkpoint load from '" + dir + "'", [&] {
     std::vector<ShardBox> boxes = shardBoxes(world, tensors, "load");
     std::optional<json> manifest = completeManifest(root, checkpointName(sequence));
     if (!manifest)

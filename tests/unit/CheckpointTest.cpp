@@ -438,3 +438,38 @@ TEST_CASE("a process killed during a save leaves the previous checkpoint whole",
   }
   fs::remove_all(dir);
 }
+
+TEST_CASE("a failed save is the same error on every rank and leaves the previous checkpoint",
+          "[checkpoint]") {
+  fs::path dir = freshDirectory("failed-save");
+  save(kMesh2x2, kLayout2x2, dir, 1);
+  // Rank 2's buffer is the wrong size: every rank reports rank 2's error, none hangs, and nothing
+  // new is committed.
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  runThreads(kMesh2x2, [&](Communicator& world) {
+    RankState state = makeState(world.mesh(), world.rank(), kLayout2x2, kModel);
+    fill(state, 2);
+    if (world.rank() == 2) state.tensors[2].count = 0;
+    try {
+      saveCheckpoint(world, dir.string(), state.tensors, {2, {}});
+    } catch (const CheckpointError& error) {
+      std::lock_guard<std::mutex> lock(mutex);
+      messages.push_back(error.what());
+    }
+  });
+  REQUIRE(messages.size() == 4);
+  for (const std::string& message : messages) {
+    CHECK(message == messages[0]);
+    CHECK_THAT(message, Catch::Contains("tensor 'layer/b' on rank 2 holds 0 elements"));
+  }
+  // A directory that cannot be created (a file is in the way) fails on rank 0, for every rank.
+  fs::path blocked = freshDirectory("blocked");
+  std::ofstream(blocked) << "not a directory";
+  CHECK_THAT(errorOf([&] { save(kMesh2x2, kLayout2x2, blocked / "sub", 1); }),
+             Catch::Contains("checkpoint save to") && Catch::Contains("on rank 0") &&
+                 Catch::Contains("sub"));
+  fs::remove(blocked);
+  loadAndCheck(kMesh2x2, kLayout2x2, dir, 1);
+  fs::remove_all(dir);
+}
