@@ -477,20 +477,35 @@ void loadTensor(Communicator& world, const fs::path& checkpoint, const json& sav
 } // namespace
 
 uint32_t crc32(const void* bytes, size_t size, uint32_t crc) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> entries{};
+  // Slicing by 8 (eight bytes per step through eight tables), ~8x the bytewise loop: table k
+  // advances a byte's contribution by k more zero bytes.
+  static const auto tables = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
     for (uint32_t n = 0; n < 256; ++n) {
       uint32_t c = n;
       for (int k = 0; k < 8; ++k)
         c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      entries[n] = c;
+      t[0][n] = c;
     }
-    return entries;
+    for (uint32_t n = 0; n < 256; ++n)
+      for (size_t k = 1; k < 8; ++k)
+        t[k][n] = (t[k - 1][n] >> 8) ^ t[0][t[k - 1][n] & 0xFF];
+    return t;
   }();
   const auto* at = static_cast<const unsigned char*>(bytes);
   crc = ~crc;
-  for (size_t i = 0; i < size; ++i)
-    crc = table[(crc ^ at[i]) & 0xFF] ^ (crc >> 8);
+  for (; size >= 8; size -= 8, at += 8) {
+    // The bytes in memory order (little-endian loads of two words).
+    uint32_t low = crc ^ (uint32_t(at[0]) | uint32_t(at[1]) << 8 | uint32_t(at[2]) << 16 |
+                          uint32_t(at[3]) << 24);
+    uint32_t high =
+        uint32_t(at[4]) | uint32_t(at[5]) << 8 | uint32_t(at[6]) << 16 | uint32_t(at[7]) << 24;
+    crc = tables[7][low & 0xFF] ^ tables[6][(low >> 8) & 0xFF] ^ tables[5][(low >> 16) & 0xFF] ^
+          tables[4][low >> 24] ^ tables[3][high & 0xFF] ^ tables[2][(high >> 8) & 0xFF] ^
+          tables[1][(high >> 16) & 0xFF] ^ tables[0][high >> 24];
+  }
+  for (; size > 0; --size, ++at)
+    crc = tables[0][(crc ^ *at) & 0xFF] ^ (crc >> 8);
   return ~crc;
 }
 
