@@ -15,7 +15,9 @@ ValueId OpBuilder::op(OpKind kind, std::vector<ValueId> operands, TensorType res
 }
 
 ValueId OpBuilder::literal(double value, ir::DType dtype) {
-  return op(OpKind::Literal, {}, TensorType{dtype, {}}, {{"value", value}});
+  auto [it, added] = literals_.try_emplace({value, dtype}, 0);
+  if (added) it->second = op(OpKind::Literal, {}, TensorType{dtype, {}}, {{"value", value}});
+  return it->second;
 }
 
 ValueId OpBuilder::step() {

@@ -6,6 +6,7 @@
 
 #include "ir/IR.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,7 @@ public:
                  std::vector<std::pair<std::string, ir::AttrValue>> attrs = {},
                  std::string name = {});
 
-  /// A scalar constant of `dtype`.
+  /// A scalar constant of `dtype` (one op per distinct constant: later uses share it).
   ir::ValueId literal(double value, ir::DType dtype = ir::DType::F32);
   /// The `step` op (f32 scalar).
   ir::ValueId step();
@@ -55,6 +56,7 @@ public:
 private:
   ir::Function& fn_;
   ir::Location loc_;
+  std::map<std::pair<double, ir::DType>, ir::ValueId> literals_;
 };
 
 } // namespace meshc::train

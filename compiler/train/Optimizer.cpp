@@ -5,6 +5,8 @@
 #include "train/OpBuilder.h"
 
 #include <cmath>
+#include <map>
+#include <optional>
 
 namespace meshc::train {
 namespace {
@@ -44,9 +46,18 @@ private:
   ValueId adamw(size_t w, ValueId weight, ValueId g, ValueId lr, ValueId t);
   ValueId adafactor(size_t w, ValueId weight, ValueId g, ValueId lr, ValueId t);
 
+  /// 1 - beta^t, computed once per train step (f32 scalar), shared by every weight.
+  ValueId biasCorrection(double beta, ValueId t) {
+    auto [it, added] = corrections.try_emplace(beta, 0);
+    if (added) it->second = rsub(1, b.binary(OpKind::Pow, b.literal(beta), t));
+    return it->second;
+  }
+
   ir::Function& fn;
   const Gradients& gradients;
   OpBuilder b;
+  std::map<double, ValueId> corrections;
+  std::optional<ValueId> adafactorBeta2;
 };
 
 double OptimizerLowering::option(const std::string& name, double fallback) const {
@@ -93,7 +104,7 @@ ValueId OptimizerLowering::learningRate(ValueId s) {
     ValueId denominator = b.binary(OpKind::Maximum, b.add(s, 1.0), b.literal(floor));
     rate = b.mul(rate, b.mul(b.unary(OpKind::Rsqrt, denominator), std::sqrt(floor)));
   }
-  fn.values[rate].name = "learning_rate";
+  if (fn.definingOp(rate).kind != OpKind::Literal) fn.values[rate].name = "learning_rate";
   return rate;
 }
 
@@ -152,8 +163,8 @@ ValueId OptimizerLowering::adamw(size_t w, ValueId weight, ValueId g, ValueId lr
   update(mSlot, nextM);
   update(vSlot, nextV);
   ir::DType dtype = b.type(weight).dtype;
-  ValueId correct1 = b.cast(rsub(1, b.binary(OpKind::Pow, b.literal(beta1), t)), dtype);
-  ValueId correct2 = b.cast(rsub(1, b.binary(OpKind::Pow, b.literal(beta2), t)), dtype);
+  ValueId correct1 = b.cast(biasCorrection(beta1, t), dtype);
+  ValueId correct2 = b.cast(biasCorrection(beta2, t), dtype);
   ValueId mHat = b.div(nextM, correct1), vHat = b.div(nextV, correct2);
   ValueId direction = b.div(mHat, b.add(b.unary(OpKind::Sqrt, vHat), eps));
   if (decay != 0) direction = b.add(direction, b.mul(weight, decay));
@@ -168,7 +179,8 @@ ValueId OptimizerLowering::adafactor(size_t w, ValueId weight, ValueId g, ValueI
          clipThreshold = option("clip_threshold", 1), eps1 = option("eps1", 1e-30),
          eps2 = option("eps2", 1e-3);
   const TensorType weightType = b.type(weight);
-  ValueId beta2 = rsub(1, b.binary(OpKind::Pow, t, b.literal(-decayRate)));
+  if (!adafactorBeta2) adafactorBeta2 = rsub(1, b.binary(OpKind::Pow, t, b.literal(-decayRate)));
+  ValueId beta2 = *adafactorBeta2;
   ValueId squared = b.add(b.unary(OpKind::Square, g), eps1);
   ValueId u = 0;
   size_t rank = weightType.dims.size();
