@@ -188,6 +188,8 @@ const OpCase kOpCases[] = {
      "f32[a, c, b]"},
     {"dropout", kW, "dropout(w, rate = 0.5)", "f32[a, b]"},
     {"random op (a constant)", kW, "w * normal(f32[a, b])", "f32[a, b]"},
+    {"bf16 weight", "param w: bf16[a, b] = normal(stddev = 1)", "cast(square(w) * w, f32)",
+     "f32[a, b]"},
     {"one_hot and iota (no gradient through ids)", kW,
      "einsum(one_hot(ids, b), w -> a, c) + cast(iota(c), f32)", "f32[a, c]"},
 };
@@ -215,6 +217,30 @@ TEST_CASE("Every differentiable op's gradient matches finite differences", "[aut
       checkAgainstFiniteDifferences(compiled.trainFunction());
     }
   }
+}
+
+TEST_CASE("max and min give every tied element the whole cotangent", "[autodiff]") {
+  std::string source = std::string(kDims) + R"(
+train t(k: f32[a]) {
+  param w: f32[a, b] = constant(value = 2)
+  let loss = sum(max(w, b) * k) + sum(min(w, a, b))
+  minimize loss with sgd(lr = 0.1)
+}
+)";
+  Compiled compiled{llvm::StringRef(source)};
+  ir::Function fn = compiled.trainFunction();
+  std::optional<train::Gradients> grads = train::differentiate(fn, compiled.diag);
+  REQUIRE(grads);
+  REQUIRE(grads->size() == 1);
+  fn.outputs.push_back(ir::OutputInfo{"dw", grads->begin()->second, {}});
+  interp::TensorMap inputs{{"k", interp::synthesizeInput(fn.inputs[0], 5)}};
+  auto outputs = interp::run(fn, inputs, exactOptions());
+  REQUIRE(static_cast<bool>(outputs));
+  const std::vector<double>& dw = outputs->at("dw").data;
+  REQUIRE(dw.size() == 12);
+  for (size_t i = 0; i < 3; ++i)
+    for (size_t j = 0; j < 4; ++j)
+      CHECK(dw[i * 4 + j] == Approx(inputs.at("k").data[i] + 1.0));
 }
 
 TEST_CASE("broadcast (added by autodiff itself) differentiates by summing", "[autodiff]") {

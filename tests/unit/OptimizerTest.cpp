@@ -367,3 +367,45 @@ TEST_CASE("training the mlp example in the interpreter decreases its loss", "[op
   }
   CHECK(lastFive < firstFive);
 }
+
+TEST_CASE("every optimizer lowers bf16 and f32 weights of any rank to well-typed updates",
+          "[optimizer]") {
+  for (const char* optimizer :
+       {"sgd(lr = 0.1, momentum = 0.9, clip_norm = 1)", "adamw(lr = 0.01, clip_norm = 1)",
+        "adafactor(lr = 0.01, beta1 = 0.9, warmup_steps = 2, schedule = rsqrt)"}) {
+    INFO(optimizer);
+    Trained trained;
+    std::string source = fmt::format(R"(
+dim r = 3
+dim c = 4
+dim d = 2
+train t(x: f32[r, c]) {{
+  param w: bf16[d, r, c] = normal(stddev = 1)
+  param v: f32[c] = normal(stddev = 1)
+  param s: f32[] = constant(value = 0.5)
+  let loss = sum(square(cast(w, f32) * x + v) * s)
+  minimize loss with {}
+}}
+)",
+                                     optimizer);
+    std::optional<SourceSet> set = loadSourcesFromBuffer(source, "t.mesh", trained.diag);
+    REQUIRE(set);
+    std::optional<ir::Module> module = analyze(*set, trained.diag);
+    trained.errorStream.flush();
+    INFO(trained.errors);
+    REQUIRE(module);
+    ir::Function fn = module->functions.at(0);
+    REQUIRE(train::lowerTraining(fn, trained.diag));
+    for (const ir::ParamUpdate& update : fn.updates)
+      CHECK(fn.typeOf(update.value) == fn.params[update.param].type);
+    interp::TensorMap inputs{{"x", interp::synthesizeInput(fn.inputs[0], 1)}}, state;
+    for (int s = 0; s < 3; ++s) {
+      interp::Options opts;
+      opts.step = uint64_t(s);
+      auto loss = interp::trainStep(fn, inputs, opts, state);
+      if (!loss) FAIL(llvm::toString(loss.takeError()));
+      CHECK(std::isfinite(*loss));
+    }
+    CHECK(state.at("w").type.dtype == ir::DType::BF16);
+  }
+}
