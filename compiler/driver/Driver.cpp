@@ -470,6 +470,10 @@ int runMeshc(int argc, char** argv) {
     llvm::WithColor::error(llvm::errs(), "meshc") << "-MD needs -o <output> or -MF <depfile>\n";
     return kExitInputError;
   }
+  if (trainSteps < 0) {
+    optionError("--steps must be a non-negative number of train steps");
+    return kExitInputError;
+  }
 
   llvm::SourceMgr sources;
   DiagEngine diag(sources);
