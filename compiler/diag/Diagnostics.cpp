@@ -7,6 +7,7 @@ static const DiagInfo kDiagInfos[] = {
 #include "diag/ParseDiagnostics.def"
 #include "diag/PlanDiagnostics.def"
 #include "diag/SemaDiagnostics.def"
+#include "diag/TrainDiagnostics.def"
 #undef DIAG
 };
 

@@ -1,6 +1,6 @@
 // Diagnostics: every user-facing error is declared once in ParseDiagnostics.def,
-// SemaDiagnostics.def or PlanDiagnostics.def and reported through DiagEngine, which prints
-// `file:line:col: error: message` with the source line and a caret (llvm::SourceMgr).
+// SemaDiagnostics.def, PlanDiagnostics.def or TrainDiagnostics.def and reported through DiagEngine,
+// which prints `file:line:col: error: message` with the source line and a caret (llvm::SourceMgr).
 #pragma once
 
 #include <fmt/format.h>
@@ -18,6 +18,7 @@ enum class Diag {
 #include "diag/ParseDiagnostics.def"
 #include "diag/PlanDiagnostics.def"
 #include "diag/SemaDiagnostics.def"
+#include "diag/TrainDiagnostics.def"
 #undef DIAG
 };
 

@@ -9,6 +9,7 @@
 #include "ir/IRPrinter.h"
 #include "planner/Planner.h"
 #include "sema/Sema.h"
+#include "train/Optimizer.h"
 
 #include <llvm/ADT/StringSwitch.h>
 #include <llvm/Config/llvm-config.h>
@@ -26,7 +27,7 @@ namespace meshc {
 
 namespace {
 
-enum class Emit { AST, IR, Run, Plan, PlanJson, Spmd, Dot, Cpp };
+enum class Emit { AST, IR, TrainIR, Run, Plan, PlanJson, Spmd, Dot, Cpp };
 
 llvm::cl::OptionCategory meshcCategory("meshc options");
 
@@ -41,6 +42,8 @@ llvm::cl::opt<Emit> emitStage(
     llvm::cl::values(
         clEnumValN(Emit::AST, "ast", "the syntax tree of the main file"),
         clEnumValN(Emit::IR, "ir", "the named-dim IR (default)"),
+        clEnumValN(Emit::TrainIR, "train-ir",
+                   "the IR after the training phase (autodiff, optimizer, param updates)"),
         clEnumValN(Emit::Run, "run",
                    "run every program and train block (forward) in the reference "
                    "interpreter and summarize the outputs"),
@@ -59,6 +62,12 @@ llvm::cl::list<std::string> onlyFunctions(
     "function",
     llvm::cl::desc("Run only the named program or train block (--emit=run; repeatable)"),
     llvm::cl::value_desc("name"), llvm::cl::cat(meshcCategory));
+
+llvm::cl::opt<int64_t> trainSteps(
+    "steps",
+    llvm::cl::desc("With --emit=run, run N train steps of every train block (one `step S loss L` "
+                   "line each; --dump-outputs then also writes every final param)"),
+    llvm::cl::value_desc("N"), llvm::cl::init(0), llvm::cl::cat(meshcCategory));
 
 llvm::cl::opt<bool> cppRunner(
     "cpp-runner",
@@ -296,11 +305,56 @@ bool wanted(const ir::Function& fn) {
   return std::find(onlyFunctions.begin(), onlyFunctions.end(), fn.name) != onlyFunctions.end();
 }
 
+/// Appends one tensor to the --dump-outputs buffer: "tensor <name> <dtype> <rank> <sizes>\n"
+/// followed by its values as float64s.
+void dumpTensor(const std::string& name, const interp::Tensor& tensor, std::string& dump) {
+  std::vector<std::string> sizes;
+  for (const ir::Dim& dim : tensor.type.dims)
+    sizes.push_back(std::to_string(dim.size));
+  dump += fmt::format("tensor {} {} {}{}{}\n", name, ir::dtypeName(tensor.type.dtype), sizes.size(),
+                      sizes.empty() ? "" : " ", fmt::join(sizes, " "));
+  dump.append(reinterpret_cast<const char*>(tensor.data.data()),
+              tensor.data.size() * sizeof(double));
+}
+
+/// --steps N on a train block: N interpreter train steps on synthetic inputs (seed + step),
+/// one `step S loss L` line each. The dump gets the last loss (`<fn>.loss`) and every param's
+/// final value (`<fn>.param.<path>`, weights and optimizer state).
+bool trainModule(const ir::Function& fn, llvm::raw_ostream& os, std::string& dump) {
+  interp::TensorMap state;
+  interp::Tensor loss{ir::TensorType{}, {0.0}};
+  os << fmt::format("train {}: {} steps in the interpreter\n", fn.name, int64_t(trainSteps));
+  for (int64_t step = 0; step < trainSteps; ++step) {
+    interp::Options opts;
+    opts.seed = seed;
+    opts.step = uint64_t(step);
+    interp::TensorMap inputs;
+    for (const ir::InputInfo& input : fn.inputs)
+      inputs[input.name] = interp::synthesizeInput(input, seed + uint64_t(step));
+    llvm::Expected<double> value = interp::trainStep(fn, inputs, opts, state);
+    if (!value) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << fn.name << ": step " << step << ": " << llvm::toString(value.takeError()) << "\n";
+      return false;
+    }
+    os << fmt::format("step {} loss {:.9g}\n", step, *value);
+    loss.data[0] = *value;
+  }
+  dumpTensor(fn.name + ".loss", loss, dump);
+  for (const ir::ParamInfo& param : fn.params)
+    dumpTensor(fn.name + ".param." + param.path, state.at(param.path), dump);
+  return true;
+}
+
 /// Interprets every selected function on synthesized inputs; returns false on a runtime error.
 bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
   std::string dump; // --dump-outputs: "tensor <fn>.<name> <dtype> <rank> <sizes>\n" + float64s
   for (const ir::Function& fn : module.functions) {
     if (!wanted(fn)) continue;
+    if (fn.kind == ir::Function::Kind::Train && trainSteps > 0) {
+      if (!trainModule(fn, os, dump)) return false;
+      continue;
+    }
     interp::Options opts;
     opts.seed = seed;
     opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
@@ -325,14 +379,7 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
     for (const ir::OutputInfo& out : fn.outputs) {
       const interp::Tensor& tensor = outputs->at(out.name);
       summarizeTensor(out.name, tensor, os);
-      std::vector<std::string> sizes;
-      for (const ir::Dim& dim : tensor.type.dims)
-        sizes.push_back(std::to_string(dim.size));
-      dump += fmt::format("tensor {}.{} {} {}{}{}\n", fn.name, out.name,
-                          ir::dtypeName(tensor.type.dtype), sizes.size(), sizes.empty() ? "" : " ",
-                          fmt::join(sizes, " "));
-      dump.append(reinterpret_cast<const char*>(tensor.data.data()),
-                  tensor.data.size() * sizeof(double));
+      dumpTensor(fn.name + "." + out.name, tensor, dump);
     }
   }
   if (dumpOutputs.getNumOccurrences()) {
@@ -423,6 +470,10 @@ int runMeshc(int argc, char** argv) {
     llvm::WithColor::error(llvm::errs(), "meshc") << "-MD needs -o <output> or -MF <depfile>\n";
     return kExitInputError;
   }
+  if (trainSteps < 0) {
+    optionError("--steps must be a non-negative number of train steps");
+    return kExitInputError;
+  }
 
   llvm::SourceMgr sources;
   DiagEngine diag(sources);
@@ -432,7 +483,11 @@ int runMeshc(int argc, char** argv) {
   llvm::raw_string_ostream os(text);
   std::optional<ir::Module> module = loadModule(diag, os);
   if (!module) return kExitInputError;
-  if (emitStage == Emit::IR)
+  // The training phase (autodiff, optimizer) on train blocks, for every stage after the IR.
+  if (emitStage != Emit::AST && emitStage != Emit::IR)
+    for (ir::Function& fn : module->functions)
+      if (!train::lowerTraining(fn, diag)) return kExitInputError;
+  if (emitStage == Emit::IR || emitStage == Emit::TrainIR)
     ir::printModule(*module, os);
   else if (emitStage == Emit::Run && !runModule(*module, os))
     return kExitInputError;

@@ -426,7 +426,8 @@ public:
               const TensorMap& params)
       : fn(fn), inputs(inputs), opts(opts), params(params) {}
 
-  llvm::Expected<TensorMap> run();
+  /// The outputs by name, plus each `extra` value (kept alive to the end) by its given name.
+  llvm::Expected<TensorMap> run(const std::vector<std::pair<std::string, ir::ValueId>>& extra = {});
 
 private:
   llvm::Error execute(const Op& op);
@@ -525,6 +526,7 @@ int expectedOperands(OpKind kind) {
   case OpKind::Iota:
   case OpKind::RandomNormal:
   case OpKind::RandomUniform:
+  case OpKind::TrainStep:
     return 0;
   case OpKind::Add:
   case OpKind::Sub:
@@ -545,6 +547,7 @@ int expectedOperands(OpKind kind) {
     return 3;
   case OpKind::Einsum:
   case OpKind::Concat:
+  case OpKind::Call:
     return -1;
   default:
     return 1;
@@ -627,7 +630,8 @@ llvm::Error checkDims(const ir::Function& fn, const Op& op) {
   return llvm::Error::success();
 }
 
-llvm::Expected<TensorMap> Interpreter::run() {
+llvm::Expected<TensorMap>
+Interpreter::run(const std::vector<std::pair<std::string, ir::ValueId>>& extra) {
   values.assign(fn.values.size(), Tensor{});
   computed.assign(fn.values.size(), false);
   // Free each value after its last use (outputs live to the end) to bound peak memory.
@@ -637,8 +641,12 @@ llvm::Expected<TensorMap> Interpreter::run() {
     for (ir::ValueId id : fn.ops[i].operands)
       if (id < lastUse.size()) lastUse[id] = i;
   }
+  std::vector<std::pair<std::string, ir::ValueId>> results;
   for (const ir::OutputInfo& output : fn.outputs)
-    if (output.value < lastUse.size()) lastUse[output.value] = fn.ops.size();
+    results.emplace_back(output.name, output.value);
+  results.insert(results.end(), extra.begin(), extra.end());
+  for (const auto& [name, value] : results)
+    if (value < lastUse.size()) lastUse[value] = fn.ops.size();
   for (size_t i = 0; i < fn.ops.size(); ++i) {
     const Op& op = fn.ops[i];
     if (auto error = checkOperands(op)) return error;
@@ -651,18 +659,18 @@ llvm::Expected<TensorMap> Interpreter::run() {
     out.type = type;
     out.data.assign(size_t(count), 0.0);
     if (auto error = execute(op)) return error;
-    roundToType(out);
+    if (opts.roundToDtype || out.type.dtype == DType::I32) roundToType(out);
     computed[op.result] = true;
     for (ir::ValueId id : op.operands)
       if (lastUse[id] == i) values[id].data = std::vector<double>();
     if (lastUse[op.result] == i) values[op.result].data = std::vector<double>();
   }
   TensorMap outputs;
-  for (const ir::OutputInfo& output : fn.outputs) {
-    if (output.value >= values.size() || !computed[output.value])
+  for (const auto& [name, value] : results) {
+    if (value >= values.size() || !computed[value])
       return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "output '%s' is never computed", output.name.c_str());
-    outputs[output.name] = values[output.value];
+                                     "output '%s' is never computed", name.c_str());
+    outputs[name] = values[value];
   }
   return outputs;
 }
@@ -701,6 +709,7 @@ llvm::Error Interpreter::execute(const Op& op) {
   case OpKind::StopGradient:
   case OpKind::Cast:
   case OpKind::Transpose:
+  case OpKind::Broadcast: // unary() indexes the operand by name: stride 0 along the new dims
     unary(op, out);
     return llvm::Error::success();
   case OpKind::Add:
@@ -750,6 +759,12 @@ llvm::Error Interpreter::execute(const Op& op) {
     return gather(op, out);
   case OpKind::Dropout:
     return dropout(op, out);
+  case OpKind::TrainStep:
+    std::fill(out.data.begin(), out.data.end(), double(opts.step));
+    return llvm::Error::success();
+  case OpKind::Call:
+    return opError(op, "user function '{}' is not available in the interpreter",
+                   op.string("function"));
   }
   return opError(op, "is not supported by the interpreter");
 }
@@ -815,7 +830,10 @@ llvm::Error Interpreter::iota(const Op& op, Tensor& out) {
 llvm::Error Interpreter::random(const Op& op, Tensor& out) {
   auto stream = string(op, "stream");
   if (!stream) return stream.takeError();
-  uint64_t key = meshrt::streamKey(opts.seed, *stream);
+  // Train blocks draw fresh values every step; programs key by the stream alone.
+  std::string keyName =
+      fn.kind == ir::Function::Kind::Train ? *stream + "#" + std::to_string(opts.step) : *stream;
+  uint64_t key = meshrt::streamKey(opts.seed, keyName);
   int64_t count = int64_t(out.data.size());
   if (op.kind == OpKind::RandomNormal) {
     auto mean = number(op, "mean"), stddev = number(op, "stddev");
@@ -1320,6 +1338,41 @@ Tensor initializeParam(const ir::ParamInfo& param, uint64_t seed) {
 llvm::Expected<TensorMap> run(const ir::Function& fn, const TensorMap& inputs, const Options& opts,
                               const TensorMap& params) {
   return Interpreter(fn, inputs, opts, params).run();
+}
+
+llvm::Expected<double> trainStep(const ir::Function& fn, const TensorMap& inputs,
+                                 const Options& opts, TensorMap& state) {
+  if (fn.kind != ir::Function::Kind::Train || fn.outputs.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s' is not a train block",
+                                   fn.name.c_str());
+  for (const ir::ParamInfo& param : fn.params)
+    if (!state.count(param.path)) {
+      auto initial = initialize(param, opts.seed);
+      if (!initial) return initial.takeError();
+      state[param.path] = std::move(*initial);
+    }
+  std::vector<std::pair<std::string, ir::ValueId>> updated;
+  for (const ir::ParamUpdate& update : fn.updates) {
+    if (update.param >= fn.params.size() || update.value >= fn.values.size() ||
+        !(fn.typeOf(update.value) == fn.params[update.param].type))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s': malformed param update",
+                                     fn.name.c_str());
+    updated.emplace_back("update " + fn.params[update.param].path, update.value);
+  }
+  Options stepOpts = opts;
+  stepOpts.training = true;
+  auto results = Interpreter(fn, inputs, stepOpts, state).run(updated);
+  if (!results) return results.takeError();
+  // All updates read the step's old values: apply them only once the step is done.
+  for (const ir::ParamUpdate& update : fn.updates) {
+    const std::string& path = fn.params[update.param].path;
+    state[path] = std::move(results->at("update " + path));
+  }
+  const Tensor& loss = results->at(fn.outputs.front().name);
+  if (loss.data.size() != 1)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s': the loss is not a scalar",
+                                   fn.name.c_str());
+  return loss.data.front();
 }
 
 } // namespace meshc::interp

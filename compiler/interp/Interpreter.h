@@ -26,7 +26,10 @@ using TensorMap = std::map<std::string, Tensor>;
 struct Options {
   uint64_t seed = 0;     // keys every RNG stream (inputs, params, dropout, random ops)
   bool training = false; // dropout is active only when training
-  uint64_t step = 0;     // mixed into dropout streams so each step draws new masks
+  uint64_t step = 0;     // the train step: the `step` op's value; keys train-block RNG streams
+  /// Round every op's result to its dtype (the oracle's behaviour). Off: float values stay in
+  /// double throughout (i32 still wraps), for finite-difference gradient checks.
+  bool roundToDtype = true;
   int64_t maxElements = int64_t(1) << 28; // per tensor; larger ones are an error, not an OOM
 };
 
@@ -42,5 +45,13 @@ Tensor initializeParam(const ir::ParamInfo& param, uint64_t seed);
 /// Returns the outputs by name (a train block returns "loss").
 llvm::Expected<TensorMap> run(const ir::Function& fn, const TensorMap& inputs, const Options& opts,
                               const TensorMap& params = {});
+
+/// One train step of a train block that has been through the training phase: runs `fn` with
+/// every param read from `state` (by path; a param absent from `state` is first initialized
+/// from `opts.seed`, so an empty map starts training), then applies `fn.updates` to `state`
+/// together. Dropout is active; random ops and dropout key their streams by `opts.step`.
+/// Returns the step's loss (computed before the update).
+llvm::Expected<double> trainStep(const ir::Function& fn, const TensorMap& inputs,
+                                 const Options& opts, TensorMap& state);
 
 } // namespace meshc::interp

@@ -275,6 +275,10 @@ private:
         readParam(module, fn, true);
       else if (acceptWord("const"))
         readParam(module, fn, false);
+      else if (acceptWord("state"))
+        readParam(module, fn, false, ParamRole::OptimizerState);
+      else if (acceptWord("update"))
+        readUpdate(fn);
       else if (acceptWord("minimize"))
         readMinimize(fn);
       else if (acceptWord("return"))
@@ -285,10 +289,13 @@ private:
     fail("missing '}' at the end of the function");
   }
 
-  /// param PATH: type = kind(key = number, ...)  // loc
-  void readParam(const Module& module, Function& fn, bool trainable) {
+  /// (param|const|state) PATH: type = kind(key = number, ...)  // loc
+  /// `state` declares an optimizer-state slot (`<weight path>@<slot>`), never trainable.
+  void readParam(const Module& module, Function& fn, bool trainable,
+                 ParamRole role = ParamRole::Weight) {
     ParamInfo param;
     param.trainable = trainable;
+    param.role = role;
     param.path = until(':');
     expect(":");
     param.type = type(module);
@@ -398,6 +405,24 @@ private:
     train.options = attrs();
     train.loc = location();
     fn.train = train;
+  }
+
+  /// update PATH = %N     (after the step, param PATH takes the value %N)
+  void readUpdate(Function& fn) {
+    skipSpace();
+    size_t col = column();
+    std::string path = until('=');
+    expect("=");
+    ValueId value = valueRef(fn);
+    if (!ok()) return;
+    for (size_t i = 0; i < fn.params.size(); ++i)
+      if (fn.params[i].path == path) {
+        if (!(fn.params[i].type == fn.typeOf(value)))
+          return fail(fmt::format("update of '{}' has a different type than the param", path), col);
+        fn.updates.push_back(ParamUpdate{i, value});
+        return;
+      }
+    fail(fmt::format("update of unknown param '{}'", path), col);
   }
 
   /// return NAME = %N

@@ -59,8 +59,11 @@ void printFunction(const Function& fn, llvm::raw_ostream& os) {
     std::vector<std::string> args;
     for (const auto& [key, value] : p.init.args)
       args.push_back(fmt::format("{} = {}", key, numberString(value)));
-    os << fmt::format("  {} {}: {} = {}({})  // {}\n", p.trainable ? "param" : "const", p.path,
-                      typeString(p.type), p.init.kind, fmt::join(args, ", "), locString(p.loc));
+    const char* keyword = p.role == ParamRole::OptimizerState ? "state"
+                          : p.trainable                       ? "param"
+                                                              : "const";
+    os << fmt::format("  {} {}: {} = {}({})  // {}\n", keyword, p.path, typeString(p.type),
+                      p.init.kind, fmt::join(args, ", "), locString(p.loc));
   }
   for (const Op& op : fn.ops) {
     std::vector<std::string> operands;
@@ -77,6 +80,10 @@ void printFunction(const Function& fn, llvm::raw_ostream& os) {
   if (fn.train)
     os << fmt::format("  minimize %{} with {}{}  // {}\n", fn.train->loss, fn.train->optimizer,
                       attrsString(fn.train->options), locString(fn.train->loc));
+  for (const ParamUpdate& update : fn.updates)
+    os << fmt::format("  update {} = %{}\n",
+                      update.param < fn.params.size() ? fn.params[update.param].path : "?",
+                      update.value);
   for (const OutputInfo& out : fn.outputs)
     os << fmt::format("  return {} = %{}\n", out.name, out.value);
   os << "}\n";

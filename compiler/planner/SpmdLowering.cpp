@@ -149,6 +149,8 @@ public:
   /// Whether partial sums stay lazy through linear ops. Not in a train step's update: gradients
   /// are resolved as they leave the backward pass, where their reductions can be bucketed.
   void setLazyPartials(bool lazy) { lazyPartials_ = lazy; }
+  /// Operand states whose partial sums are resolved here rather than kept lazy (see planOf).
+  void setEagerOperands(std::set<const TensorLayout*> eager) { eager_ = std::move(eager); }
 
   OpPlan plan(const ir::Op& op, const std::vector<const TensorLayout*>& operands) {
     OpPlan out;
@@ -273,7 +275,7 @@ private:
   /// axes of the layouts involved: `required` and `result` become partial too.
   bool passPartial(const TensorLayout& operand, TensorLayout& required,
                    TensorLayout& result) const {
-    if (!lazyPartials_ || !isPartialSum(operand) ||
+    if (!lazyPartials_ || eager_.count(&operand) || !isPartialSum(operand) ||
         !disjoint(operand.partialAxes, usedAxes(required)) ||
         !disjoint(operand.partialAxes, usedAxes(result)) ||
         !disjoint(operand.partialAxes, result.partialAxes))
@@ -717,6 +719,7 @@ private:
   const Machine& machine_;
   double oversubscription_;
   bool lazyPartials_ = true;
+  std::set<const TensorLayout*> eager_;
 };
 
 struct VectorHash {
@@ -798,6 +801,12 @@ struct PlanEvaluator::Impl {
     for (const ir::ParamUpdate& update : fn.updates)
       lastUse_[update.value] = static_cast<int>(fn.ops.size());
     modelBackward_ = fn.kind == ir::Function::Kind::Train && fn.updates.empty();
+    readers_.assign(fn.values.size(), 0);
+    for (const ir::Op& op : fn.ops) {
+      std::set<ir::ValueId> distinct(op.operands.begin(), op.operands.end());
+      for (ir::ValueId operand : distinct)
+        ++readers_[operand];
+    }
     phases_ = opPhases(fn);
     for (size_t v = 0; v < fn.values.size(); ++v)
       if (lastUse_[v] >= 0) freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
@@ -826,6 +835,7 @@ struct PlanEvaluator::Impl {
   /// A train block without updates (autodiff has not run): backward is modelled, not planned.
   bool modelBackward_ = false;
   std::vector<Phase> phases_; // per IR op
+  std::vector<int> readers_;  // per value: how many ops read it
 
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
   std::optional<Layout> lastLayout_;
@@ -987,6 +997,16 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   key_.clear();
   key_.push_back(staticIds_[i]);
   key_.push_back(static_cast<int>(phases_[i]));
+  // In backward, a partial sum that several ops read is resolved where it is read rather than
+  // carried lazily into each reader (which would then need resolving one by one: an input
+  // gradient read by layer_norm's backward and by its gain's and bias's gradients gives one
+  // all-reduce of the activation, as in Megatron, instead of that one plus one per small
+  // gradient). A partial read once stays lazy.
+  int eagerMask = 0;
+  for (size_t k = 0; k < op.operands.size(); ++k)
+    if (phases_[i] == Phase::Backward && readers_[op.operands[k]] > 1 && k < 30)
+      eagerMask |= 1 << k;
+  key_.push_back(eagerMask);
   for (ir::ValueId operand : op.operands)
     key_.push_back(stateOf[operand]);
   for (int dim : involved_[i])
@@ -994,9 +1014,21 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   auto memo = opMemo_.find(key_);
   if (memo != opMemo_.end()) return memo->second;
   std::vector<const TensorLayout*> operandStates;
-  for (ir::ValueId operand : op.operands)
-    operandStates.push_back(&states_[stateOf[operand]]);
+  std::vector<TensorLayout> eagerCopies;
+  eagerCopies.reserve(op.operands.size());
+  std::set<const TensorLayout*> eager;
+  for (size_t k = 0; k < op.operands.size(); ++k) {
+    const TensorLayout& state = states_[stateOf[op.operands[k]]];
+    if (eagerMask & (1 << k)) {
+      eagerCopies.push_back(state); // its own address: the same state may be lazy elsewhere
+      eager.insert(&eagerCopies.back());
+      operandStates.push_back(&eagerCopies.back());
+    } else {
+      operandStates.push_back(&state);
+    }
+  }
   rules.setLazyPartials(phases_[i] != Phase::Update);
+  rules.setEagerOperands(std::move(eager));
   OpPlan plan = rules.plan(op, operandStates);
   for (const TensorLayout& required : plan.required)
     plan.requiredIds.push_back(internState(required));

@@ -160,3 +160,56 @@ TEST_CASE("Malformed IR is an error with its line and column", "[ir][parser]") {
         "bad.ir:3:12: use of undefined value %3");
   CHECK(message("banana\n") == "bad.ir:1:1: expected mesh, dim, layout, program or train");
 }
+
+TEST_CASE("Trained IR round-trips: state params, step, broadcast, call and updates",
+          "[ir][parser]") {
+  const char* text = R"(dim batch = 4
+dim d = 3
+
+train t(x: f32[batch, d]) {
+  param w: f32[d] = normal(stddev = 0.1)  // t.mesh:2:3
+  state w@m: f32[d] = zeros()  // t.mesh:2:3
+  %0 = input {name = "x", index = 0} : f32[batch, d]                    // x t.mesh:1:1
+  %1 = param {path = "w"} : f32[d]                                      // w t.mesh:2:3
+  %2 = param {path = "w@m"} : f32[d]                                    // t.mesh:2:3
+  %3 = broadcast %1 : f32[batch, d]                                     // t.mesh:3:3
+  %4 = call %0, %3 {function = "my_fn", header = "my.h"} : f32[batch, d] // t.mesh:3:3
+  %5 = sum %4 {dims = [batch, d]} : f32[]                               // t.mesh:3:3
+  %6 = step : f32[]                                                     // t.mesh:4:3
+  %7 = add %2, %6 : f32[d]                                              // t.mesh:4:3
+  %8 = sub %1, %7 : f32[d]                                              // t.mesh:4:3
+  minimize %5 with sgd {lr = 0.1}  // t.mesh:4:3
+  update w = %8
+  update w@m = %7
+  return loss = %5
+}
+)";
+  llvm::Expected<Module> module = parseModule(text, "trained.ir");
+  if (!module) FAIL(llvm::toString(module.takeError()));
+  std::string printed;
+  llvm::raw_string_ostream os(printed);
+  printModule(*module, os);
+  CHECK(os.str() == text);
+  const Function& fn = module->functions[0];
+  REQUIRE(fn.params.size() == 2);
+  CHECK(fn.params[0].role == ParamRole::Weight);
+  CHECK(fn.params[1].role == ParamRole::OptimizerState);
+  CHECK_FALSE(fn.params[1].trainable);
+  CHECK(fn.params[1].value == 2);
+  REQUIRE(fn.updates.size() == 2);
+  CHECK(fn.updates[0].param == 0);
+  CHECK(fn.updates[0].value == 8);
+  CHECK(fn.updates[1].param == 1);
+  CHECK(fn.ops[6].kind == OpKind::TrainStep);
+  CHECK(fn.ops[3].kind == OpKind::Broadcast);
+  CHECK(fn.ops[4].kind == OpKind::Call);
+
+  for (const char* bad : {"update nope = %8", "update w = %99", "update w = %5"}) {
+    std::string source = text;
+    source.replace(source.find("update w = %8"), 13, bad);
+    llvm::Expected<Module> broken = parseModule(source, "bad.ir");
+    INFO(bad);
+    CHECK_FALSE(static_cast<bool>(broken));
+    if (!broken) llvm::consumeError(broken.takeError());
+  }
+}

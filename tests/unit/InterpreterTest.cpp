@@ -732,3 +732,82 @@ TEST_CASE("bad inputs are errors, not crashes", "[interp]") {
   badOperand.output("out", badOperand.op(OpKind::Neg, {42}, kAB));
   CHECK_THAT(runError(badOperand.fn, {}), Catch::Contains("not defined"));
 }
+
+TEST_CASE("broadcast repeats x along the result's new dims, by name", "[interp]") {
+  Tensor b = tensor(f32({{"b", 3}}), {1, 2, 3});
+  checkData(evalOp(OpKind::Broadcast, {b}, kAB), {1, 2, 3, 1, 2, 3});
+  checkData(evalOp(OpKind::Broadcast, {b}, kBA), {1, 1, 2, 2, 3, 3});
+}
+
+TEST_CASE("step is the train step; call is an error in the interpreter", "[interp]") {
+  Options opts;
+  opts.step = 7;
+  checkData(evalOp(OpKind::TrainStep, {}, f32(), {}, opts), {7});
+  Graph graph;
+  ir::ValueId x = graph.input("x", kAB);
+  graph.output("out",
+               graph.op(OpKind::Call, {x}, kAB,
+                        {{"function", std::string("my_gelu")}, {"header", std::string("k.h")}}));
+  std::string error = runError(graph.fn, {{"x", tensor(kAB, {1, 2, 3, 4, 5, 6})}});
+  CHECK(error.find("user function 'my_gelu' is not available in the interpreter") !=
+        std::string::npos);
+}
+
+TEST_CASE("random ops in train blocks key their stream by step; programs by stream alone",
+          "[interp]") {
+  ir::TensorType big = f32({{"r", 64}});
+  Graph graph;
+  graph.output("out", graph.op(OpKind::RandomNormal, {}, big,
+                               {{"mean", 0.0}, {"stddev", 1.0}, {"stream", std::string("noise")}}));
+  Options opts;
+  opts.seed = 3;
+  opts.step = 2;
+  Tensor program = runOk(graph.fn, {}, opts).at("out");
+  uint64_t plain = meshrt::streamKey(3, "noise");
+  CHECK(program.data[5] == double(float(meshrt::normal(plain, 5))));
+  graph.fn.kind = ir::Function::Kind::Train;
+  Tensor trained = runOk(graph.fn, {}, opts).at("out");
+  uint64_t stepped = meshrt::streamKey(3, "noise#2");
+  for (uint64_t i = 0; i < 64; ++i)
+    CHECK(trained.data[i] == double(float(meshrt::normal(stepped, i))));
+}
+
+TEST_CASE("roundToDtype = false keeps float results in double", "[interp]") {
+  Tensor x = tensor(f32(), {0.1});
+  Options exact;
+  exact.roundToDtype = false;
+  CHECK(evalOp(OpKind::Exp, {x}, f32(), {}, exact).data[0] == std::exp(0.1));
+  CHECK(evalOp(OpKind::Exp, {x}, f32()).data[0] == double(float(std::exp(0.1))));
+}
+
+TEST_CASE("trainStep runs the step, then applies every update together", "[interp]") {
+  // loss = sum(w * x); w' = w - 0.5 * x (reads the old w), m' = m + w (the old w too).
+  ir::TensorType vec = f32({{"d", 2}});
+  Graph graph;
+  graph.fn.kind = ir::Function::Kind::Train;
+  ir::ValueId x = graph.input("x", vec);
+  ir::ValueId w = graph.param("w", vec, {"constant", {{"value", 1.0}}});
+  ir::ValueId m = graph.param("w@m", vec, {"zeros", {}});
+  graph.fn.params.back().role = ir::ParamRole::OptimizerState;
+  graph.fn.params.back().trainable = false;
+  ir::ValueId prod = graph.op(OpKind::Mul, {w, x}, vec);
+  ir::ValueId loss = graph.op(OpKind::ReduceSum, {prod}, f32(), {{"dims", DimList{"d"}}});
+  ir::ValueId half = graph.op(OpKind::Literal, {}, f32(), {{"value", 0.5}});
+  ir::ValueId scaled = graph.op(OpKind::Mul, {x, half}, vec);
+  ir::ValueId newW = graph.op(OpKind::Sub, {w, scaled}, vec);
+  ir::ValueId newM = graph.op(OpKind::Add, {m, w}, vec);
+  graph.output("loss", loss);
+  graph.fn.updates = {{0, newW}, {1, newM}};
+  TensorMap inputs{{"x", tensor(vec, {2, 4})}}, state;
+  Options opts;
+  auto first = trainStep(graph.fn, inputs, opts, state);
+  REQUIRE(static_cast<bool>(first));
+  CHECK(*first == 6); // 1*2 + 1*4
+  checkData(state.at("w"), {0, -1});
+  checkData(state.at("w@m"), {1, 1});
+  auto second = trainStep(graph.fn, inputs, opts, state);
+  REQUIRE(static_cast<bool>(second));
+  CHECK(*second == -4); // 0*2 - 1*4
+  checkData(state.at("w"), {-1, -3});
+  checkData(state.at("w@m"), {1, 0});
+}

@@ -5,6 +5,7 @@
 #include "planner/LayoutSearch.h"
 #include "planner/Planner.h"
 #include "sema/Sema.h"
+#include "train/Optimizer.h"
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -508,4 +509,111 @@ program p(x: f32[batch, d]) -> (y: f32[batch, d]) { y = x * 2 }
   c.errorStream.flush();
   CHECK_THAT(c.errors,
              Catch::Contains("no mesh of 3 devices over axes [data, model] fits program 'p'"));
+}
+
+namespace {
+
+/// lm_train of the GPT-width transformer through the training phase (autodiff + AdamW), planned
+/// under `layout` on `mesh`.
+SpmdFunction plannedTrainStep(std::vector<ir::MeshAxis> mesh, const std::string& layout) {
+  Compiled compiled(kTransformer, largeTransformer(mesh, layout));
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  for (ir::Function& fn : compiled.module->functions)
+    REQUIRE(train::lowerTraining(fn, compiled.diag));
+  const ir::Function& fn = compiled.fn("lm_train");
+  REQUIRE_FALSE(fn.updates.empty());
+  Mesh planned;
+  for (const ir::MeshAxis& axis : mesh)
+    planned.axes.push_back(axis);
+  Layout pinned;
+  for (const ir::DimLayout& entry : compiled.module->layout)
+    if (!entry.isAuto) pinned.axes[entry.dim] = entry.axes;
+  std::optional<SpmdFunction> spmd =
+      lowerToSpmd(*compiled.module, fn, planned, pinned, machine("8xh100"), compiled.diag);
+  compiled.errorStream.flush();
+  INFO(compiled.errors);
+  REQUIRE(spmd);
+  CHECK(spmd->summary.backwardIsReal);
+  CHECK(spmd->gradientOps.empty());
+  return std::move(*spmd);
+}
+
+std::vector<const SpmdOp*> inPhase(const std::vector<const SpmdOp*>& ops, Phase phase) {
+  std::vector<const SpmdOp*> found;
+  for (const SpmdOp* op : ops)
+    if (op->phase == phase) found.push_back(op);
+  return found;
+}
+
+} // namespace
+
+TEST_CASE("trained on [model=4]: Megatron's 2 all-reduces forward and 2 backward per layer") {
+  SpmdFunction fn = plannedTrainStep({{"model", 4}}, "heads: model, d_ff: model");
+  std::vector<const SpmdOp*> inLayers = collectivesIn(fn, "layers.mesh");
+  INFO(describe(collectives(fn)));
+  std::vector<const SpmdOp*> forward = inPhase(inLayers, Phase::Forward);
+  std::vector<const SpmdOp*> backward = inPhase(inLayers, Phase::Backward);
+  // Forward: attention's output projection and the ffn's second matmul, per layer. Backward:
+  // the input gradients of the q/k/v projections (summed lazily, one all-reduce) and of the
+  // ffn's first matmul, per layer (Megatron's f and g operators, transposed).
+  CHECK(forward.size() == 2 * 2);
+  CHECK(backward.size() == 2 * 2);
+  for (const SpmdOp* op : inLayers) {
+    CHECK(op->collective.kind == CollectiveKind::AllReduceSum);
+    CHECK(op->collective.axes == AxisList{"model"});
+    // [batch, seq, d_model] activations (or their gradients) in f32.
+    CHECK(op->collective.bytes == int64_t{4} * 1024 * 4096 * 4);
+  }
+  // Weights are split as their gradients come out: no gradient reduction, no update collective.
+  // Outside the layers only the global-norm clipping's squared norms of the split weights'
+  // gradients (scalars, partial over model) are resolved, at the optimizer's source line.
+  CHECK(inPhase(collectives(fn), Phase::Update).empty());
+  for (const SpmdOp* op : collectives(fn)) {
+    if (std::find(inLayers.begin(), inLayers.end(), op) != inLayers.end()) continue;
+    CHECK(op->collective.bytes == 4);
+    CHECK(op->loc.line == 61); // minimize loss with adamw(..., clip_norm = ...)
+  }
+}
+
+TEST_CASE("trained on [data=2, model=4]: plus the gradient reductions over data") {
+  SpmdFunction fn =
+      plannedTrainStep({{"data", 2}, {"model", 4}}, "batch: data, heads: model, d_ff: model");
+  std::vector<const SpmdOp*> all = collectives(fn);
+  INFO(describe(all));
+  std::vector<const SpmdOp*> overModel, overData;
+  for (const SpmdOp* op : all) {
+    if (op->collective.axes == AxisList{"model"}) overModel.push_back(op);
+    if (op->collective.axes == AxisList{"data"}) overData.push_back(op);
+  }
+  std::vector<const SpmdOp*> inLayers = collectivesIn(fn, "layers.mesh");
+  // Megatron's count over model is unchanged by the data split.
+  int modelInLayers = 0;
+  for (const SpmdOp* op : inLayers)
+    modelInLayers += op->collective.axes == AxisList{"model"};
+  CHECK(modelInLayers == 2 * 2 * 2);
+  // Every gradient is a partial sum over data (batch is split there): resolved in backward, by
+  // all-reduce (alone when large, bucketed when small) before the optimizer reads it.
+  REQUIRE_FALSE(overData.empty());
+  int64_t reducedBytes = 0;
+  bool bucketed = false;
+  for (const SpmdOp* op : overData) {
+    // In forward only the loss's own mean over the split batch (transformer.mesh:60).
+    if (op->phase == Phase::Forward) CHECK(op->loc.line == 60);
+    CHECK((op->collective.kind == CollectiveKind::AllReduceSum ||
+           op->collective.kind == CollectiveKind::BucketedAllReduceSum));
+    bucketed = bucketed || op->collective.kind == CollectiveKind::BucketedAllReduceSum;
+    reducedBytes += op->collective.bytes;
+  }
+  CHECK(bucketed); // the small ones (norm gains and biases, the loss) share a bucket
+  // At least every weight's local gradient once (per device: split weights count their shard).
+  double weightBytes = 0;
+  for (size_t k = 0; k < fn.params.size(); ++k) {
+    const SpmdValue& param = fn.values[fn.params[k]];
+    if (param.name.find('@') == std::string::npos)
+      weightBytes += double(param.localType.numElements()) * 4;
+  }
+  CHECK(double(reducedBytes) >= weightBytes * 0.999);
+  for (const SpmdOp* op : all)
+    CHECK((op->collective.axes == AxisList{"model"} || op->collective.axes == AxisList{"data"}));
 }

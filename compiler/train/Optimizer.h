@@ -1,0 +1,22 @@
+// Optimizer lowering: turns `minimize loss with <optimizer>(...)` plus the weights' gradients
+// into IR ops, optimizer-state params (`<weight>@<slot>`, zeros-initialized, dims a subset of the
+// weight's) and `Function::updates`. The formulas are in docs/training.md.
+#pragma once
+
+#include "diag/Diagnostics.h"
+#include "ir/IR.h"
+#include "train/Autodiff.h"
+
+namespace meshc::train {
+
+/// Appends the update of every weight in `gradients` (sgd, adamw or adafactor as
+/// `fn.train->optimizer` says, with its learning-rate schedule and global-norm clipping) and
+/// the update of every state slot it adds. Weights without a gradient are left unchanged.
+void lowerOptimizer(ir::Function& fn, const Gradients& gradients);
+
+/// The training phase the driver runs on a train block: autodiff, then optimizer lowering.
+/// A Function that already has updates (IR read back after this phase) is left as it is.
+/// Returns false after reporting an error.
+bool lowerTraining(ir::Function& fn, DiagEngine& diag);
+
+} // namespace meshc::train
