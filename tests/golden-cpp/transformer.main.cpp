@@ -81,12 +81,29 @@ int main(int argc, char **argv) {
           kTimedRuns, std::vector<double>(size_t(LmTrain::mesh().size())));
       meshrt::runThreads(LmTrain::mesh(), [&](meshrt::Communicator &world) {
         LmTrain program(world, seed);
+        if (steps > 0) {
+          float loss = 0;
+          for (int64_t s = 0; s < steps; ++s) {
+            loss = program.step(program.synthesizeInputs(seed + uint64_t(s)));
+            if (world.rank() == 0)
+              std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
+          }
+          if (world.rank() == 0)
+            results.push_back({"lm_train.loss", "f32", {}, {loss}});
+          for (const meshc::gen::ParamShard &shard : program.paramShards()) {
+            auto global = meshc::gen::gatherParam(world, shard);
+            if (world.rank() == 0)
+              results.push_back({"lm_train.param." + shard.path, shard.dtype,
+                                 std::move(global.shape), std::move(global.data)});
+          }
+          return;
+        }
         auto inputs = program.synthesizeInputs(seed);
         auto outputs = program.run(inputs);
         for (int i = 0; i < kTimedRuns; ++i) {
           world.barrier();
           auto start = std::chrono::steady_clock::now();
-          outputs = program.run(inputs);
+          program.run(inputs);
           milliseconds[size_t(i)][size_t(world.rank())] =
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                   .count();
@@ -96,7 +113,8 @@ int main(int argc, char **argv) {
           results.push_back({"lm_train.loss", "f32", std::move(gathered_loss.shape),
                              std::move(gathered_loss.data)});
       });
-      report("train lm_train", LmTrain::mesh().size(), milliseconds);
+      if (steps == 0)
+        report("train lm_train", LmTrain::mesh().size(), milliseconds);
     }
   } catch (const std::exception &error) {
     std::fprintf(stderr, "error: %s\n", error.what());
