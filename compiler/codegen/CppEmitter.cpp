@@ -445,6 +445,9 @@ private:
   void emitHelpers(std::string& out);
   /// step(), paramNames(), isOptimizerState(), paramShards(), getParam() and setParam().
   void emitParamAccess(std::string& out);
+  /// save(dir) / load(dir) through meshrt's checkpoints: declarations into `h`, definitions
+  /// into `s`.
+  void emitCheckpointApi(std::string& h, std::string& s) const;
   /// The in-place collectives right after op `index` on its result (absorbed by the op).
   size_t inPlaceFollowers(size_t index) const;
   /// The param whose update the elementwise `group` computes, when the group can write it into
@@ -1352,6 +1355,8 @@ llvm::Error FunctionEmitter::emit() {
        "and gets the whole tensor).\n"
        "static meshc::gen::Tensor gatherOutput(meshrt::Communicator& world, const std::string& "
        "name, const meshc::gen::Tensor& local);\n\n";
+  std::string checkpointDefinitions;
+  emitCheckpointApi(h, checkpointDefinitions);
   h += "private:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
   if (fn.kind == ir::Function::Kind::Train) h += "int64_t step_ = 0;\n";
   for (const plan::AxisList& axes : groups)
@@ -1413,6 +1418,7 @@ llvm::Error FunctionEmitter::emit() {
                      identifier(outName), list(sizesOf(local(id))), var(id));
   s += "return outputs;\n}\n\n";
   emitHelpers(s);
+  s += checkpointDefinitions;
   return llvm::Error::success();
 }
 
@@ -1566,6 +1572,32 @@ void FunctionEmitter::emitParamAccess(std::string& s) {
                    name, quote(fn.name));
 }
 
+void FunctionEmitter::emitCheckpointApi(std::string& h, std::string& s) const {
+  bool train = fn.kind == ir::Function::Kind::Train;
+  h += "/// Saves every param (optimizer state included), the step count and the seed as a new "
+       "checkpoint under `dir` (collective: every rank calls it). Atomic: a crash during the "
+       "save leaves the previous checkpoint the one that loads.\n"
+       "void save(const std::string& dir);\n"
+       "/// Loads the latest complete checkpoint under `dir` into the params, the step count and "
+       "the seed (collective). It may have been saved on any mesh and layout: each rank reads "
+       "what covers its shards. Throws meshrt::CheckpointError on a missing param, a shape or "
+       "dtype mismatch or a checksum error.\n"
+       "void load(const std::string& dir);\n\n";
+  // The params come from paramShards() (paths, global dims, layouts, this rank's buffers).
+  s += fmt::format("void {}::save(const std::string& dir) {{\nauto shards = paramShards();\n"
+                   "meshrt::saveCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards), "
+                   "{{{}, {{{{\"program\", {}}}, {{\"seed\", std::to_string(seed_)}}, {{\"mesh\", "
+                   "mesh().str()}}}}}});\n}}\n\n",
+                   name, train ? "step_" : "0", quote(fn.name));
+  s += fmt::format("void {}::load(const std::string& dir) {{\nauto shards = paramShards();\n"
+                   "meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, "
+                   "meshc::gen::checkpointTensors(shards));\n",
+                   name);
+  s += train ? "step_ = info.step;\n" : "(void)info.step; // a program keeps no step count\n";
+  s += "if (auto seed = info.metadata.find(\"seed\"); seed != info.metadata.end()) seed_ = "
+       "std::stoull(seed->second);\n}\n\n";
+}
+
 std::string FunctionEmitter::runnerBody() const {
   std::string s;
   std::string kindWord = fn.kind == ir::Function::Kind::Train ? "train" : "program";
@@ -1575,20 +1607,26 @@ std::string FunctionEmitter::runnerBody() const {
                    kindWord, fn.name, name);
   s += fmt::format("meshrt::runThreads({}::mesh(), [&](meshrt::Communicator& world) {{\n", name);
   s += fmt::format("{} program(world, seed);\n", name);
+  // --load DIR / --save DIR: this function's checkpoints are DIR/<function name>.
+  std::string checkpointDir = quote("/" + fn.name);
+  s += fmt::format("if (!loadDir.empty()) program.load(loadDir + {});\n", checkpointDir);
   if (hasUpdates()) {
     // --steps N: N training steps on the inputs of steps 0..N-1 (seed + s), the loss of each
     // printed as the interpreter prints it; then the last loss and every final param, named as
     // `meshc --emit=run --steps N --dump-outputs` names them (<fn>.loss, <fn>.param.<path>).
     s += fmt::format(
-        "if (steps > 0) {{\nfloat loss = 0;\nfor (int64_t s = 0; s < steps; ++s) {{\nloss = "
+        "if (steps > 0) {{\nfloat loss = 0;\nfor (int64_t first = program.stepCount(), s = first; "
+        "s < "
+        "first + steps; ++s) {{\nloss = "
         "program.step(program.synthesizeInputs(seed + uint64_t(s)));\nif (world.rank() == 0) "
         "std::printf(\"step %lld loss %.9g\\n\", (long long)s, double(loss));\n}}\n"
         "if (world.rank() == 0) results.push_back({{{0}, \"f32\", {{}}, {{loss}}}});\n"
         "for (const meshc::gen::ParamShard& shard : program.paramShards()) {{\n"
         "auto global = meshc::gen::gatherParam(world, shard);\nif (world.rank() == 0) "
         "results.push_back({{{1} + shard.path, shard.dtype, std::move(global.shape), "
-        "std::move(global.data)}});\n}}\nreturn;\n}}\n",
-        quote(fn.name + ".loss"), quote(fn.name + ".param."));
+        "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {2});\n"
+        "return;\n}}\n",
+        quote(fn.name + ".loss"), quote(fn.name + ".param."), checkpointDir);
   }
   // A train step's outputs are step 0's (the first run); later runs are timed only.
   s += "auto inputs = program.synthesizeInputs(seed);\nauto outputs = program.run(inputs);\n";
@@ -1606,6 +1644,7 @@ std::string FunctionEmitter::runnerBody() const {
                      quote(fn.name + "." + outName), quote(ir::dtypeName(global(id).dtype)),
                      gathered, gathered);
   }
+  s += fmt::format("if (!saveDir.empty()) program.save(saveDir + {});\n", checkpointDir);
   s += "});\n";
   s += fmt::format("{}report({}, {}::mesh().size(), milliseconds);\n}}\n",
                    hasUpdates() ? "if (steps == 0) " : "", quote(kindWord + " " + fn.name), name);
@@ -1662,12 +1701,15 @@ llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
 
   if (options.runner) {
     std::string& r = output.runner;
-    r += fmt::format("// Generated by meshc from {}: runs every program and train block on the "
-                     "threads backend with the inputs the reference interpreter synthesizes, and "
-                     "writes the gathered outputs.\n// Usage: <binary> <outputs-file> [seed] "
-                     "[--steps N]\n// --steps N: train blocks take N training steps instead, "
-                     "printing each step's loss, and write their final params.\n",
-                     file);
+    r += fmt::format(
+        "// Generated by meshc from {}: runs every program and train block on the "
+        "threads backend with the inputs the reference interpreter synthesizes, and "
+        "writes the gathered outputs.\n// Usage: <binary> <outputs-file> [seed] "
+        "[--steps N] [--load DIR] [--save DIR]\n// --steps N: train blocks take N training steps "
+        "instead, printing each step's loss, and write their final params.\n// "
+        "--load DIR / --save DIR: each program and train block loads its checkpoint "
+        "from DIR/<name> first / saves one there at the end (on any mesh).\n",
+        file);
     r += fmt::format("#include \"{}\"\n\n#include \"meshrt/Threads.h\"\n\n#include <algorithm>\n"
                      "#include <chrono>\n#include <cstdio>\n#include <cstdlib>\n#include "
                      "<exception>\n\n",
@@ -1686,11 +1728,14 @@ llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
          "kTimedRuns);\n}\n\n";
     r +=
         "int main(int argc, char** argv) {\nstd::vector<std::string> positional;\n"
-        "int64_t steps = 0;\nfor (int i = 1; i < argc; ++i) {\n"
+        "int64_t steps = 0;\nstd::string loadDir, saveDir;\nfor (int i = 1; i < argc; ++i) {\n"
         "if (std::string(argv[i]) == \"--steps\" && i + 1 < argc)\n"
-        "steps = std::strtoll(argv[++i], nullptr, 10);\nelse\npositional.push_back(argv[i]);\n}\n"
+        "steps = std::strtoll(argv[++i], nullptr, 10);\n"
+        "else if (std::string(argv[i]) == \"--load\" && i + 1 < argc)\nloadDir = argv[++i];\n"
+        "else if (std::string(argv[i]) == \"--save\" && i + 1 < argc)\nsaveDir = argv[++i];\n"
+        "else\npositional.push_back(argv[i]);\n}\n"
         "if (positional.empty()) {\nstd::fprintf(stderr, \"usage: %s <outputs-file> [seed] "
-        "[--steps N]\\n\", argv[0]);\nreturn 2;\n}\n"
+        "[--steps N] [--load DIR] [--save DIR]\\n\", argv[0]);\nreturn 2;\n}\n"
         "uint64_t seed = positional.size() > 1 ? std::strtoull(positional[1].c_str(), nullptr, 10) "
         ": 0;\n(void)steps;\nstd::vector<Result> "
         "results;\nmeshc::gen::useSingleThreadedBlas();\ntry {\n";

@@ -1078,6 +1078,22 @@ void Mlm::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlm"), global);
 }
 
+void Mlm::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {0, {{"program", "mlm"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void Mlm::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  (void)info.step; // a program keeps no step count
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 //===--- train block `mlm_train` ---===//
 
 meshrt::Mesh MlmTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -6952,6 +6968,22 @@ meshc::gen::Tensor MlmTrain::getParam(const std::string &path) {
 void MlmTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   auto shards = paramShards();
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlm_train"), global);
+}
+
+void MlmTrain::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {step_, {{"program", "mlm_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void MlmTrain::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  step_ = info.step;
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
 }
 
 } // namespace meshc_generated

@@ -177,6 +177,22 @@ void Mlp::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlp"), global);
 }
 
+void Mlp::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {0, {{"program", "mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void Mlp::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  (void)info.step; // a program keeps no step count
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 //===--- train block `mlp_train` ---===//
 
 meshrt::Mesh MlpTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -751,6 +767,22 @@ meshc::gen::Tensor MlpTrain::getParam(const std::string &path) {
 void MlpTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   auto shards = paramShards();
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlp_train"), global);
+}
+
+void MlpTrain::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {step_, {{"program", "mlp_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void MlpTrain::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  step_ = info.step;
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
 }
 
 } // namespace meshc_generated

@@ -766,6 +766,22 @@ void Moe::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "moe"), global);
 }
 
+void Moe::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {0, {{"program", "moe"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void Moe::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  (void)info.step; // a program keeps no step count
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 //===--- train block `moe_train` ---===//
 
 meshrt::Mesh MoeTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -3990,6 +4006,22 @@ meshc::gen::Tensor MoeTrain::getParam(const std::string &path) {
 void MoeTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   auto shards = paramShards();
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "moe_train"), global);
+}
+
+void MoeTrain::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {step_, {{"program", "moe_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void MoeTrain::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  step_ = info.step;
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
 }
 
 } // namespace meshc_generated

@@ -1060,6 +1060,22 @@ void Lm::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "lm"), global);
 }
 
+void Lm::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {0, {{"program", "lm"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void Lm::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  (void)info.step; // a program keeps no step count
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 //===--- train block `lm_train` ---===//
 
 meshrt::Mesh LmTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -7560,6 +7576,22 @@ meshc::gen::Tensor LmTrain::getParam(const std::string &path) {
 void LmTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   auto shards = paramShards();
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "lm_train"), global);
+}
+
+void LmTrain::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {step_, {{"program", "lm_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void LmTrain::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  step_ = info.step;
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
 }
 
 } // namespace meshc_generated

@@ -1188,6 +1188,22 @@ void Classify::setParam(const std::string &path, const meshc::gen::Tensor &globa
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "classify"), global);
 }
 
+void Classify::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {0, {{"program", "classify"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void Classify::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  (void)info.step; // a program keeps no step count
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 //===--- train block `train_vit` ---===//
 
 meshrt::Mesh TrainVit::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -8402,6 +8418,22 @@ meshc::gen::Tensor TrainVit::getParam(const std::string &path) {
 void TrainVit::setParam(const std::string &path, const meshc::gen::Tensor &global) {
   auto shards = paramShards();
   meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "train_vit"), global);
+}
+
+void TrainVit::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {step_, {{"program", "train_vit"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void TrainVit::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  step_ = info.step;
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
 }
 
 } // namespace meshc_generated

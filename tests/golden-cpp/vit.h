@@ -66,6 +66,16 @@ public:
   static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
                                          const meshc::gen::Tensor &local);
 
+  /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
+  /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
+  /// previous checkpoint the one that loads.
+  void save(const std::string &dir);
+  /// Loads the latest complete checkpoint under `dir` into the params, the step count and the seed
+  /// (collective). It may have been saved on any mesh and layout: each rank reads what covers its
+  /// shards. Throws meshrt::CheckpointError on a missing param, a shape or dtype mismatch or a
+  /// checksum error.
+  void load(const std::string &dir);
+
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
@@ -209,6 +219,16 @@ public:
   /// whole tensor).
   static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
                                          const meshc::gen::Tensor &local);
+
+  /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
+  /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
+  /// previous checkpoint the one that loads.
+  void save(const std::string &dir);
+  /// Loads the latest complete checkpoint under `dir` into the params, the step count and the seed
+  /// (collective). It may have been saved on any mesh and layout: each rank reads what covers its
+  /// shards. Throws meshrt::CheckpointError on a missing param, a shape or dtype mismatch or a
+  /// checksum error.
+  void load(const std::string &dir);
 
 private:
   meshrt::Communicator &world_;

@@ -16,6 +16,7 @@
 // fallback.
 #pragma once
 
+#include "meshrt/Checkpoint.h"
 #include "meshrt/Comm.h"
 #include "meshrt/Random.h"
 #include "meshrt/kernels/Einsum.h"
@@ -388,6 +389,20 @@ inline Shape shardStartsOf(const meshrt::Mesh& mesh, int rank, const ParamShard&
     starts.push_back(
         shard.axes[d].empty() ? 0 : shardStartOf(mesh, rank, shard.axes[d], shard.localShape[d]));
   return starts;
+}
+
+/// The params as meshrt checkpoint tensors (generated save() and load()), pointing into the
+/// shards' buffers.
+inline std::vector<meshrt::CheckpointTensor> checkpointTensors(std::vector<ParamShard>& shards) {
+  std::vector<meshrt::CheckpointTensor> tensors;
+  for (ParamShard& shard : shards) {
+    meshrt::CheckpointTensor tensor{shard.path, shard.dtype,        meshrt::DType::F32,
+                                    {},         shard.data->data(), shard.data->size()};
+    for (size_t d = 0; d < shard.dims.size(); ++d)
+      tensor.dims.push_back({shard.dims[d], shard.globalShape[d], shard.axes[d]});
+    tensors.push_back(std::move(tensor));
+  }
+  return tensors;
 }
 
 inline ParamShard& findParamShard(std::vector<ParamShard>& shards, const std::string& path,

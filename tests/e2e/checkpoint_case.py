@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""End-to-end checkpoints of generated code: save on one mesh, load on others (resharding on
+load), continue.
+
+Compiles an example with meshc for each configuration (mesh|layout; the first one saves), builds
+tests/e2e/CheckpointDriver.cpp against each, and runs them on the threads backend.
+
+Programs (--output NAME): the first configuration, constructed with seed 0, runs and saves; every
+configuration, constructed with seed 99 (other parameters) and loading the checkpoint, must then
+compute the same output: bit for bit on the saving mesh and layout, within --tol on the others. A
+control run with seed 99 that loads nothing must differ (so the load is what makes them equal).
+
+Train blocks (--train): the first configuration trains 2N steps uninterrupted (losses U), and N
+steps then saves (its losses must be U's first N, bit for bit); every configuration, constructed
+with seed 99 and loading the checkpoint, trains N more steps: bit for bit U's last N on the saving
+mesh and layout, within --tol on the others.
+
+Usage: checkpoint_case.py --meshc M --example X.mesh --class C (--output NAME | --train) --workdir
+       DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT... [--steps N] [--tol X]"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from compare_outputs import read_outputs  # noqa: E402
+
+
+def run(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        print(f"FAILED ({result.returncode}): {' '.join(cmd)}")
+        sys.exit(1)
+    return result.stdout
+
+
+def build(args, index, config):
+    mesh, layout = config.split("|")
+    stem = os.path.splitext(os.path.basename(args.example))[0]
+    workdir = os.path.join(args.workdir, f"config{index}")
+    os.makedirs(workdir, exist_ok=True)
+    base = os.path.join(workdir, stem)
+    overrides = ["--mesh", mesh] + ([] if layout == "own" else ["--layout", layout])
+    run([args.meshc, args.example, "--emit=cpp", "-o", base] + overrides)
+    unity = base + ".ckpt.cpp"
+    with open(unity, "w") as f:
+        f.write(f'#include "{stem}.cpp"\n#include "{os.path.join(HERE, "CheckpointDriver.cpp")}"\n')
+    defines = [f'-DMESHC_CKPT_HEADER="{stem}.h"', f"-DMESHC_CKPT_CLASS={args.cls}"]
+    defines += ["-DMESHC_CKPT_TRAIN"] if args.train else [f"-DMESHC_CKPT_OUTPUT={args.output}"]
+    binary = base + ".ckpt.bin"
+    run([args.cxx, "-O1", "-std=c++20", "-w", "-I", workdir] + defines
+        + [flag for inc in args.include for flag in ("-I", inc)]
+        + [unity, "-o", binary] + args.lib + ["-lpthread"])
+    return binary
+
+
+def outputs(binary, seed, load, steps, save, path):
+    text = run([binary, str(seed), load or "-", str(steps), save or "-", path])
+    return read_outputs(path), text
+
+
+def values(tensors):
+    return {name: list(values) for name, (_, _, values) in tensors.items()}
+
+
+def max_relative_error(actual, expected):
+    worst = 0.0
+    for name, want in expected.items():
+        got = actual[name]
+        if len(got) != len(want):
+            return float("inf")
+        scale = max(max((abs(v) for v in want), default=0.0), 1e-30)
+        worst = max(worst, max((abs(a - b) / scale for a, b in zip(got, want)), default=0.0))
+    return worst
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--meshc", required=True)
+    parser.add_argument("--example", required=True)
+    parser.add_argument("--class", dest="cls", required=True)
+    parser.add_argument("--output")
+    parser.add_argument("--train", action="store_true")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--cxx", default="c++")
+    parser.add_argument("--include", action="append", default=[])
+    parser.add_argument("--lib", action="append", default=[])
+    parser.add_argument("--config", action="append", required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--tol", type=float, default=1e-5)
+    args = parser.parse_args()
+    if not args.train and not args.output:
+        parser.error("give --output NAME (a program) or --train")
+    os.makedirs(args.workdir, exist_ok=True)
+    binaries = [build(args, i, config) for i, config in enumerate(args.config)]
+    checkpoint = os.path.join(args.workdir, "checkpoint")
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    out = lambda name: os.path.join(args.workdir, name + ".out")  # noqa: E731
+    failures = []
+
+    if args.train:
+        n = args.steps
+        whole, text = outputs(binaries[0], 0, None, 2 * n, None, out("uninterrupted"))
+        print(f"{args.config[0]}, {2 * n} steps uninterrupted:\n{text}", end="")
+        first, _ = outputs(binaries[0], 0, None, n, checkpoint, out("first"))
+        expected_first = whole["losses"][2][:n]
+        expected_rest = {"losses": whole["losses"][2][n:]}
+        if list(first["losses"][2]) != list(expected_first):
+            failures.append(f"the first {n} steps differ from the uninterrupted run's")
+    else:
+        reference, _ = outputs(binaries[0], 0, None, 0, checkpoint, out("reference"))
+        control, _ = outputs(binaries[0], 99, None, 0, None, out("control"))
+        expected_rest = values(reference)
+        if max_relative_error(values(control), expected_rest) == 0:
+            failures.append("seed 99 computes the same output as seed 0: the test shows nothing")
+
+    for i, (config, binary) in enumerate(zip(args.config, binaries)):
+        resumed, text = outputs(binary, 99, checkpoint, args.steps if args.train else 0, None,
+                                out(f"resumed{i}"))
+        got = values(resumed)
+        error = max_relative_error(got, expected_rest)
+        if i == 0:
+            verdict = "bit-identical" if got == expected_rest else f"DIFFERS (max rel {error:.3g})"
+            if got != expected_rest:
+                failures.append(f"{config}: the resumed run is not bit-identical")
+        else:
+            verdict = f"max relative error {error:.3g} (tolerance {args.tol})"
+            if error > args.tol:
+                failures.append(f"{config}: {verdict}")
+        print(f"loaded on {config}: {verdict}")
+        if args.train:
+            print(text, end="")
+    for failure in failures:
+        print("FAILED:", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
