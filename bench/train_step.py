@@ -8,7 +8,9 @@ milliseconds per step (median of --steps timed steps after warm-up) and the rati
 The model is dsl-examples/transformer.mesh's lm_train at --dim sizes (one decoder layer:
 token + position embedding, pre-norm attention with a causal mask, GELU feed-forward with
 dropout 0.1, final norm, unembedding, log-softmax cross-entropy; AdamW lr 3e-4, betas 0.9/0.95,
-weight decay 0.1, clip_norm 1). Every framework is pinned to the same cores (taskset) and told
+weight decay 0.1, clip_norm 1; the PyTorch and JAX versions use a constant learning rate where
+meshc's follows the example's warmup and cosine schedule, which changes the losses printed, not
+the work per step). Every framework is pinned to the same cores (taskset) and told
 to use that many threads (meshc: OpenBLAS; PyTorch: set_num_threads; JAX: XLA's CPU flags).
 
 usage: bench/train_step.py [--build-dir build] [--threads 1] [--steps 10]

@@ -612,10 +612,8 @@ std::optional<size_t> FunctionEmitter::inPlaceUpdate(const std::vector<size_t>& 
     if (updatedInPlace[param] || local(old).dims != local(result).dims ||
         local(old).dtype != local(result).dtype || lastUse[old] > group.back())
       return std::nullopt;
-    // Every read of the old value is in the group, at the element being written.
-    for (size_t index = 0; index < fn.ops.size(); ++index)
-      if (!llvm::is_contained(group, index) && llvm::is_contained(fn.ops[index].operands, old))
-        return std::nullopt;
+    // No read of the old value after the group (lastUse); in the group, the loop reads it at
+    // the element it writes (same local dims), before writing.
     updatedInPlace[param] = true;
     owned[result] = false;
     return param;

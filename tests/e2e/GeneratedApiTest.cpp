@@ -141,6 +141,47 @@ TEST_CASE("a train block's weights move into the program class", "[codegen]") {
     CHECK(moved[rank].data == direct[rank].data);
 }
 
+TEST_CASE("a train step updates the params and the step counter", "[codegen]") {
+  using meshc_generated::MlpTrain;
+  // sgd with momentum: one state slot per weight, told apart by its role.
+  CHECK(MlpTrain::paramNames() == std::vector<std::string>{"ffn/w_in", "ffn/b_in", "ffn/w_out",
+                                                           "ffn/w_in@momentum", "ffn/b_in@momentum",
+                                                           "ffn/w_out@momentum"});
+  CHECK(MlpTrain::isOptimizerState("ffn/w_in@momentum"));
+  CHECK_FALSE(MlpTrain::isOptimizerState("ffn/w_in"));
+  std::vector<float> losses(4), again(4);
+  std::vector<Tensor> before(4), after(4), momentum(4);
+  std::vector<int64_t> counts(4);
+  meshrt::runThreads(MlpTrain::mesh(), [&](meshrt::Communicator& world) {
+    size_t rank = size_t(world.rank());
+    MlpTrain train(world, 1);
+    before[rank] = train.getParam("ffn/w_in");
+    losses[rank] = train.step(train.synthesizeInputs(1));
+    after[rank] = train.getParam("ffn/w_in");
+    momentum[rank] = train.getParam("ffn/w_in@momentum");
+    counts[rank] = train.stepCount();
+    // Back to step 0 with the initial weights and zero momentum: the same loss again.
+    MlpTrain fresh(world, 1);
+    for (const std::string& path : MlpTrain::paramNames())
+      train.setParam(path, fresh.getParam(path));
+    train.setStepCount(0);
+    again[rank] = train.step(train.synthesizeInputs(1));
+  });
+  for (size_t rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    CHECK(counts[rank] == 1);
+    CHECK(losses[rank] == losses[0]); // the global loss on every rank
+    CHECK(again[rank] == losses[rank]);
+    CHECK(after[rank].data == after[0].data);
+    CHECK(before[rank].data != after[rank].data);
+  }
+  // The first step's momentum is the gradient, and it moved the weights.
+  bool nonzero = false;
+  for (float m : momentum[0].data)
+    nonzero = nonzero || m != 0;
+  CHECK(nonzero);
+}
+
 TEST_CASE("the generated MLP runs deterministically and keeps replicas identical", "[codegen]") {
   std::vector<Tensor> first(4), second(4);
   meshrt::runThreads(Mlp::mesh(), [&](meshrt::Communicator& world) {
@@ -183,9 +224,15 @@ TEST_CASE("a reused generated object leaves no stale data in its arena", "[codeg
     Lm freshProgram(world, 5);
     fresh[rank] = freshProgram.run(inputs).logits;
 
-    LmTrain train(world, 5);
+    // A train step changes the params and the step counter: the reused object gets both back
+    // (from a fresh one) before stepping on the same inputs again.
+    LmTrain train(world, 5), initial(world, 5);
     LmTrain::Inputs trainInputs = train.synthesizeInputs(11);
     trainFirst[rank] = train.run(trainInputs).loss;
+    train.run(train.synthesizeInputs(12));
+    for (const std::string& path : LmTrain::paramNames())
+      train.setParam(path, initial.getParam(path));
+    train.setStepCount(0);
     trainAgain[rank] = train.run(trainInputs).loss;
   });
   for (size_t rank = 0; rank < ranks; ++rank) {

@@ -1283,10 +1283,180 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
   // bert/encoder_layer[1]/norm#1/bias: zeros (layers.mesh:23)
   param29_bert_encoder_layer_1_norm_1_bias.assign(
       64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/token_embedding@m: zeros (bert.mesh:29)
+  param30_bert_token_embedding_m.assign(8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/token_embedding@v: zeros (bert.mesh:29)
+  param31_bert_token_embedding_v.assign(8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/position_embedding@m: zeros (bert.mesh:30)
+  param32_bert_position_embedding_m.assign(2048,
+                                           meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/position_embedding@v: zeros (bert.mesh:30)
+  param33_bert_position_embedding_v.assign(2048,
+                                           meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/segment_embedding@m: zeros (bert.mesh:31)
+  param34_bert_segment_embedding_m.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/segment_embedding@v: zeros (bert.mesh:31)
+  param35_bert_segment_embedding_v.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/output_bias@m: zeros (bert.mesh:32)
+  param36_bert_output_bias_m.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/output_bias@v: zeros (bert.mesh:32)
+  param37_bert_output_bias_v.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/norm/gain@m: zeros (layers.mesh:22)
+  param38_bert_norm_gain_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/norm/gain@v: zeros (layers.mesh:22)
+  param39_bert_norm_gain_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/norm/bias@m: zeros (layers.mesh:23)
+  param40_bert_norm_bias_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/norm/bias@v: zeros (layers.mesh:23)
+  param41_bert_norm_bias_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/attention/w_q@m: zeros (layers.mesh:31)
+  param42_bert_encoder_layer_0_attention_w_q_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/attention/w_q@v: zeros (layers.mesh:31)
+  param43_bert_encoder_layer_0_attention_w_q_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/attention/w_k@m: zeros (layers.mesh:32)
+  param44_bert_encoder_layer_0_attention_w_k_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/attention/w_k@v: zeros (layers.mesh:32)
+  param45_bert_encoder_layer_0_attention_w_k_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/attention/w_v@m: zeros (layers.mesh:33)
+  param46_bert_encoder_layer_0_attention_w_v_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/attention/w_v@v: zeros (layers.mesh:33)
+  param47_bert_encoder_layer_0_attention_w_v_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/attention/w_o@m: zeros (layers.mesh:34)
+  param48_bert_encoder_layer_0_attention_w_o_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/attention/w_o@v: zeros (layers.mesh:34)
+  param49_bert_encoder_layer_0_attention_w_o_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/norm/gain@m: zeros (layers.mesh:22)
+  param50_bert_encoder_layer_0_norm_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/norm/gain@v: zeros (layers.mesh:22)
+  param51_bert_encoder_layer_0_norm_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/norm/bias@m: zeros (layers.mesh:23)
+  param52_bert_encoder_layer_0_norm_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/norm/bias@v: zeros (layers.mesh:23)
+  param53_bert_encoder_layer_0_norm_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/ffn/w_in@m: zeros (layers.mesh:50)
+  param54_bert_encoder_layer_0_ffn_w_in_m.assign(
+      16384, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/ffn/w_in@v: zeros (layers.mesh:50)
+  param55_bert_encoder_layer_0_ffn_w_in_v.assign(
+      16384, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/ffn/b_in@m: zeros (layers.mesh:51)
+  param56_bert_encoder_layer_0_ffn_b_in_m.assign(
+      256, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/ffn/b_in@v: zeros (layers.mesh:51)
+  param57_bert_encoder_layer_0_ffn_b_in_v.assign(
+      256, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/ffn/w_out@m: zeros (layers.mesh:52)
+  param58_bert_encoder_layer_0_ffn_w_out_m.assign(
+      16384, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/ffn/w_out@v: zeros (layers.mesh:52)
+  param59_bert_encoder_layer_0_ffn_w_out_v.assign(
+      16384, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/ffn/b_out@m: zeros (layers.mesh:53)
+  param60_bert_encoder_layer_0_ffn_b_out_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/ffn/b_out@v: zeros (layers.mesh:53)
+  param61_bert_encoder_layer_0_ffn_b_out_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/norm#1/gain@m: zeros (layers.mesh:22)
+  param62_bert_encoder_layer_0_norm_1_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/norm#1/gain@v: zeros (layers.mesh:22)
+  param63_bert_encoder_layer_0_norm_1_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/norm#1/bias@m: zeros (layers.mesh:23)
+  param64_bert_encoder_layer_0_norm_1_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[0]/norm#1/bias@v: zeros (layers.mesh:23)
+  param65_bert_encoder_layer_0_norm_1_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/attention/w_q@m: zeros (layers.mesh:31)
+  param66_bert_encoder_layer_1_attention_w_q_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/attention/w_q@v: zeros (layers.mesh:31)
+  param67_bert_encoder_layer_1_attention_w_q_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/attention/w_k@m: zeros (layers.mesh:32)
+  param68_bert_encoder_layer_1_attention_w_k_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/attention/w_k@v: zeros (layers.mesh:32)
+  param69_bert_encoder_layer_1_attention_w_k_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/attention/w_v@m: zeros (layers.mesh:33)
+  param70_bert_encoder_layer_1_attention_w_v_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/attention/w_v@v: zeros (layers.mesh:33)
+  param71_bert_encoder_layer_1_attention_w_v_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/attention/w_o@m: zeros (layers.mesh:34)
+  param72_bert_encoder_layer_1_attention_w_o_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/attention/w_o@v: zeros (layers.mesh:34)
+  param73_bert_encoder_layer_1_attention_w_o_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/norm/gain@m: zeros (layers.mesh:22)
+  param74_bert_encoder_layer_1_norm_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/norm/gain@v: zeros (layers.mesh:22)
+  param75_bert_encoder_layer_1_norm_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/norm/bias@m: zeros (layers.mesh:23)
+  param76_bert_encoder_layer_1_norm_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/norm/bias@v: zeros (layers.mesh:23)
+  param77_bert_encoder_layer_1_norm_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/ffn/w_in@m: zeros (layers.mesh:50)
+  param78_bert_encoder_layer_1_ffn_w_in_m.assign(
+      16384, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/ffn/w_in@v: zeros (layers.mesh:50)
+  param79_bert_encoder_layer_1_ffn_w_in_v.assign(
+      16384, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/ffn/b_in@m: zeros (layers.mesh:51)
+  param80_bert_encoder_layer_1_ffn_b_in_m.assign(
+      256, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/ffn/b_in@v: zeros (layers.mesh:51)
+  param81_bert_encoder_layer_1_ffn_b_in_v.assign(
+      256, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/ffn/w_out@m: zeros (layers.mesh:52)
+  param82_bert_encoder_layer_1_ffn_w_out_m.assign(
+      16384, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/ffn/w_out@v: zeros (layers.mesh:52)
+  param83_bert_encoder_layer_1_ffn_w_out_v.assign(
+      16384, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/ffn/b_out@m: zeros (layers.mesh:53)
+  param84_bert_encoder_layer_1_ffn_b_out_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/ffn/b_out@v: zeros (layers.mesh:53)
+  param85_bert_encoder_layer_1_ffn_b_out_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/norm#1/gain@m: zeros (layers.mesh:22)
+  param86_bert_encoder_layer_1_norm_1_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/norm#1/gain@v: zeros (layers.mesh:22)
+  param87_bert_encoder_layer_1_norm_1_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/norm#1/bias@m: zeros (layers.mesh:23)
+  param88_bert_encoder_layer_1_norm_1_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // bert/encoder_layer[1]/norm#1/bias@v: zeros (layers.mesh:23)
+  param89_bert_encoder_layer_1_norm_1_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
 }
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
-  // Arena: 77824 bytes for 672812 bytes of temporaries (72 slots, placed by liveness).
+  // Arena: 606976 bytes for 4687884 bytes of temporaries (458 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {1, 32});
   meshc::gen::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   meshc::gen::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1338,7 +1508,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
                      0);
 
   // bert.mesh:35:37 add -> x
-  meshc::gen::View v12 = arena_.slot(16384, 2048);
+  meshc::gen::View v12 = arena_.slot(507904, 2048);
   for (size_t i = 0; i < v12.size(); ++i) {
     v12[i] = float(double(v10[i]) + double(v11[i]));
   }
@@ -1350,13 +1520,13 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v14 = param5_bert_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v15 = arena_.slot(0, 2048);
+  meshc::gen::View v15 = arena_.slot(516096, 2048);
   meshc::gen::along(v15.data(), v12.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::View v17 = arena_.slot(32768, 2048);
+  meshc::gen::View v17 = arena_.slot(524288, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t16 = float(double(v15[at[1]]) * double(v13[at[2]]));
@@ -1395,7 +1565,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
                          });
 
   // bert.mesh:41:39 transpose -> allowed
-  meshc::gen::View v25 = arena_.slot(73728, 1024);
+  meshc::gen::View v25 = arena_.slot(32768, 1024);
   meshc::gen::forEach<2>({1, 32, 32}, {{{1024, 32, 1}, {1024, 1, 32}}}, {},
                          [&](const std::array<int64_t, 2> &at) { v25[at[0]] = float(v24[at[1]]); });
 
@@ -1412,14 +1582,14 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v29 = param9_bert_encoder_layer_0_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::View v30 = arena_.slot(16384, 2048);
+  meshc::gen::View v30 = arena_.slot(532480, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum30(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum30.run(v17.data(), v26.data(), v30.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::View v31 = arena_.slot(24576, 2048);
+  meshc::gen::View v31 = arena_.slot(540672, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum31(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1429,7 +1599,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   meshc::gen::View v32 = v31;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::View v33 = arena_.slot(40960, 2048);
+  meshc::gen::View v33 = arena_.slot(548864, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum33(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1447,7 +1617,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:41:57 literal
   meshc::gen::View v36 =
-      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+      arena_.fill(606720, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
   meshc::gen::View v37 = arena_.slot(16384, 4096);
@@ -1460,7 +1630,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   meshc::gen::View v38 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::View v39 = arena_.slot(49152, 1024);
+  meshc::gen::View v39 = arena_.slot(598016, 1024);
   meshc::gen::forEach<3>({1, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v39[at[0]] = (v25[at[1]] > v38[at[2]] ? 1.0f : 0.0f);
@@ -1468,7 +1638,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:43:54 literal
   meshc::gen::View v40 =
-      arena_.fill(53248, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+      arena_.fill(36864, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
   meshc::gen::View v41 = arena_.slot(0, 4096);
@@ -1479,26 +1649,26 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
       });
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::View v42 = arena_.slot(16384, 4096);
+  meshc::gen::View v42 = arena_.slot(425984, 4096);
   meshc::gen::along(v42.data(), v41.data(), {1, 4, 32}, {4096, 1024, 32}, {4096, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::View v43 = arena_.slot(0, 2048);
+  meshc::gen::View v43 = arena_.slot(557056, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum43(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum43.run(v42.data(), v34.data(), v43.data());
 
   // layers.mesh:45:10 einsum
-  meshc::gen::View v44 = arena_.slot(8192, 2048);
+  meshc::gen::View v44 = arena_.slot(0, 2048);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum44(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum44.run(v43.data(), v29.data(), v44.data());
 
   // bert.mesh:20:18 add
-  meshc::gen::View v45 = arena_.slot(0, 2048);
+  meshc::gen::View v45 = arena_.slot(565248, 2048);
   for (size_t i = 0; i < v45.size(); ++i) {
     v45[i] = float(double(v17[i]) + double(v44[i]));
   }
@@ -1510,13 +1680,13 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v47 = param11_bert_encoder_layer_0_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v48 = arena_.slot(8192, 2048);
+  meshc::gen::View v48 = arena_.slot(573440, 2048);
   meshc::gen::along(v48.data(), v45.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  meshc::gen::View v50 = arena_.slot(65536, 2048);
+  meshc::gen::View v50 = arena_.slot(581632, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t49 = float(double(v48[at[1]]) * double(v46[at[2]]));
@@ -1543,16 +1713,20 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   einsum55.run(v50.data(), v51.data(), v55.data());
 
   // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
-  meshc::gen::View v57 = arena_.slot(32768, 8192);
+  meshc::gen::View v56 = arena_.slot(196608, 8192);
   meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
-                           float t56 = float(double(v55[at[1]]) + double(v52[at[2]]));
-                           v57[at[0]] = float(meshc::gen::gelu(t56));
+                           v56[at[0]] = float(double(v55[at[1]]) + double(v52[at[2]]));
                          });
 
+  // layers.mesh:54:11 gelu -> h
+  meshc::gen::View v57 = arena_.slot(0, 8192);
+  for (size_t i = 0; i < v57.size(); ++i) {
+    v57[i] = float(meshc::gen::gelu(v56[i]));
+  }
+
   // layers.mesh:55:17 dropout
-  meshc::gen::View v58 = arena_.slot(0, 8192);
+  meshc::gen::View v58 = arena_.slot(229376, 8192);
   meshc::gen::dropout(
       v58.data(), {1, 32, 256}, v57.data(), {8192, 256, 1}, {8192, 256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0, 0},
@@ -1562,7 +1736,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
       0.1);
 
   // layers.mesh:55:10 einsum
-  meshc::gen::View v59 = arena_.slot(32768, 2048);
+  meshc::gen::View v59 = arena_.slot(0, 2048);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum59(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -1570,7 +1744,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
-  meshc::gen::View v61 = arena_.slot(0, 2048);
+  meshc::gen::View v61 = arena_.slot(376832, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t60 = float(double(v59[at[1]]) + double(v54[at[2]]));
@@ -1584,13 +1758,13 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v63 = param17_bert_encoder_layer_0_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v64 = arena_.slot(8192, 2048);
+  meshc::gen::View v64 = arena_.slot(385024, 2048);
   meshc::gen::along(v64.data(), v61.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::View v66 = arena_.slot(32768, 2048);
+  meshc::gen::View v66 = arena_.slot(393216, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t65 = float(double(v64[at[1]]) * double(v62[at[2]]));
@@ -1610,14 +1784,14 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v70 = param21_bert_encoder_layer_1_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::View v71 = arena_.slot(16384, 2048);
+  meshc::gen::View v71 = arena_.slot(401408, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum71(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum71.run(v66.data(), v67.data(), v71.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::View v72 = arena_.slot(24576, 2048);
+  meshc::gen::View v72 = arena_.slot(409600, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum72(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1627,7 +1801,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   meshc::gen::View v73 = v72;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::View v74 = arena_.slot(40960, 2048);
+  meshc::gen::View v74 = arena_.slot(417792, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum74(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1645,7 +1819,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:41:57 literal
   meshc::gen::View v77 =
-      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+      arena_.fill(487424, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
   meshc::gen::View v78 = arena_.slot(16384, 4096);
@@ -1658,7 +1832,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   meshc::gen::View v79 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::View v80 = arena_.slot(49152, 1024);
+  meshc::gen::View v80 = arena_.slot(483328, 1024);
   meshc::gen::forEach<3>({1, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v80[at[0]] = (v25[at[1]] > v79[at[2]] ? 1.0f : 0.0f);
@@ -1666,7 +1840,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:43:54 literal
   meshc::gen::View v81 =
-      arena_.fill(53248, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
   meshc::gen::View v82 = arena_.slot(0, 4096);
@@ -1677,26 +1851,26 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
       });
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::View v83 = arena_.slot(16384, 4096);
+  meshc::gen::View v83 = arena_.slot(360448, 4096);
   meshc::gen::along(v83.data(), v82.data(), {1, 4, 32}, {4096, 1024, 32}, {4096, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::View v84 = arena_.slot(0, 2048);
+  meshc::gen::View v84 = arena_.slot(458752, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum84(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum84.run(v83.data(), v75.data(), v84.data());
 
   // layers.mesh:45:10 einsum
-  meshc::gen::View v85 = arena_.slot(8192, 2048);
+  meshc::gen::View v85 = arena_.slot(0, 2048);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum85(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum85.run(v84.data(), v70.data(), v85.data());
 
   // bert.mesh:20:18 add
-  meshc::gen::View v86 = arena_.slot(0, 2048);
+  meshc::gen::View v86 = arena_.slot(442368, 2048);
   for (size_t i = 0; i < v86.size(); ++i) {
     v86[i] = float(double(v66[i]) + double(v85[i]));
   }
@@ -1708,13 +1882,13 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v88 = param23_bert_encoder_layer_1_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v89 = arena_.slot(8192, 2048);
+  meshc::gen::View v89 = arena_.slot(450560, 2048);
   meshc::gen::along(v89.data(), v86.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
-  meshc::gen::View v91 = arena_.slot(65536, 2048);
+  meshc::gen::View v91 = arena_.slot(466944, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t90 = float(double(v89[at[1]]) * double(v87[at[2]]));
@@ -1741,16 +1915,20 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   einsum96.run(v91.data(), v92.data(), v96.data());
 
   // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
-  meshc::gen::View v98 = arena_.slot(32768, 8192);
+  meshc::gen::View v97 = arena_.slot(65536, 8192);
   meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
-                           float t97 = float(double(v96[at[1]]) + double(v93[at[2]]));
-                           v98[at[0]] = float(meshc::gen::gelu(t97));
+                           v97[at[0]] = float(double(v96[at[1]]) + double(v93[at[2]]));
                          });
 
+  // layers.mesh:54:11 gelu -> h
+  meshc::gen::View v98 = arena_.slot(0, 8192);
+  for (size_t i = 0; i < v98.size(); ++i) {
+    v98[i] = float(meshc::gen::gelu(v97[i]));
+  }
+
   // layers.mesh:55:17 dropout
-  meshc::gen::View v99 = arena_.slot(0, 8192);
+  meshc::gen::View v99 = arena_.slot(98304, 8192);
   meshc::gen::dropout(
       v99.data(), {1, 32, 256}, v98.data(), {8192, 256, 1}, {8192, 256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0, 0},
@@ -1760,7 +1938,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
       0.1);
 
   // layers.mesh:55:10 einsum
-  meshc::gen::View v100 = arena_.slot(32768, 2048);
+  meshc::gen::View v100 = arena_.slot(0, 2048);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum100(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -1768,7 +1946,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
-  meshc::gen::View v102 = arena_.slot(0, 2048);
+  meshc::gen::View v102 = arena_.slot(49152, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t101 = float(double(v100[at[1]]) + double(v95[at[2]]));
@@ -1782,13 +1960,13 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v104 = param29_bert_encoder_layer_1_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v105 = arena_.slot(8192, 2048);
+  meshc::gen::View v105 = arena_.slot(57344, 2048);
   meshc::gen::along(v105.data(), v102.data(), {1, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
-  meshc::gen::View v107 = arena_.slot(16384, 2048);
+  meshc::gen::View v107 = arena_.slot(131072, 2048);
   meshc::gen::forEach<4>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t106 = float(double(v105[at[1]]) * double(v103[at[2]]));
@@ -1825,62 +2003,3993 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   }
 
   // bert.mesh:61:21 sum
-  meshc::gen::View v113 = arena_.slot(0, 32);
+  meshc::gen::View v113 = arena_.slot(139264, 32);
   meshc::gen::reduce(v113.data(), {1, 32}, v112.data(), {4096, 128}, {128}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // bert.mesh:61:20 neg -> token_loss
-  meshc::gen::View v114 = arena_.slot(128, 32);
+  meshc::gen::View v114 = arena_.slot(32768, 32);
   for (size_t i = 0; i < v114.size(); ++i) {
     v114[i] = float(-v113[i]);
   }
 
   // bert.mesh:62:28 mul
   // bert.mesh:62:16 cast -> weight
-  meshc::gen::View v116 = arena_.slot(0, 32);
+  meshc::gen::View v116 = arena_.slot(32896, 32);
   for (size_t i = 0; i < v116.size(); ++i) {
     float t115 = meshc::gen::wrapI32(double(double(v3[i]) * double(v2[i])));
     v116[i] = float(t115);
   }
 
   // bert.mesh:64:29 mul
-  meshc::gen::View v117 = arena_.slot(256, 32);
+  meshc::gen::View v117 = arena_.slot(33024, 32);
   for (size_t i = 0; i < v117.size(); ++i) {
     v117[i] = float(double(v114[i]) * double(v116[i]));
   }
 
   // bert.mesh:64:14 sum
-  meshc::gen::View v118 = arena_.slot(128, 1);
+  meshc::gen::View v118 = arena_.slot(32768, 1);
   meshc::gen::reduce(v118.data(), {}, v117.data(), {}, {1, 32}, {32, 1}, meshc::gen::Reduce::Sum,
                      1.0);
 
   // bert.mesh:64:42 sum
-  meshc::gen::View v119 = arena_.slot(192, 1);
+  meshc::gen::View v119 = arena_.slot(32832, 1);
   meshc::gen::reduce(v119.data(), {}, v116.data(), {}, {1, 32}, {32, 1}, meshc::gen::Reduce::Sum,
                      1.0);
-
-  // bert.mesh:64:56 literal
-  meshc::gen::View v120 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-06));
 
   // bert.mesh:64:54 all_reduce_sum (resolve the partial sum of %119 over data, model for add at
   // 64:54)
   meshc::gen::View v121 = v119;
   group_data_model.allReduce(v121.data(), v121.size(), meshrt::ReduceOp::Sum);
 
+  // bert.mesh:64:56 literal
+  meshc::gen::View v120 =
+      arena_.fill(33024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-06));
+
   // bert.mesh:64:54 add
-  // bert.mesh:64:39 div -> loss
-  meshc::gen::View v123 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v123.size(); ++i) {
-    float t122 = float(double(v121[i]) + double(v120[i]));
-    v123[i] = float(double(v118[i]) / double(t122));
+  meshc::gen::View v122 = arena_.slot(33088, 1);
+  for (size_t i = 0; i < v122.size(); ++i) {
+    v122[i] = float(double(v121[i]) + double(v120[i]));
   }
 
-  // bert.mesh:65:3 all_reduce_sum -> loss (resolve output 'loss')
-  meshc::gen::View v124 = v123;
-  group_data_model.allReduce(v124.data(), v124.size(), meshrt::ReduceOp::Sum);
+  // bert.mesh:64:39 div -> loss
+  meshc::gen::View v123 = arena_.slot(606784, 1);
+  for (size_t i = 0; i < v123.size(); ++i) {
+    v123[i] = float(double(v118[i]) / double(v122[i]));
+  }
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v124 =
+      arena_.fill(603136, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // bert.mesh:64:39 div
+  meshc::gen::View v125 = arena_.slot(32768, 1);
+  for (size_t i = 0; i < v125.size(); ++i) {
+    v125[i] = float(double(v124[i]) / double(v122[i]));
+  }
+
+  // bert.mesh:64:14 broadcast
+  // bert.mesh:64:29 mul
+  // bert.mesh:61:20 neg
+  meshc::gen::View v128 = arena_.slot(139264, 32);
+  meshc::gen::forEach<3>({1, 32}, {{{32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t126 = float(v125[at[1]]);
+                           float t127 = float(double(t126) * double(v116[at[2]]));
+                           v128[at[0]] = float(-t127);
+                         });
+
+  // bert.mesh:61:21 broadcast
+  // bert.mesh:61:30 mul
+  meshc::gen::View v130 = arena_.slot(32768, 4096);
+  meshc::gen::forEach<3>({1, 32, 128}, {{{4096, 128, 1}, {32, 1, 0}, {4096, 128, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t129 = float(v128[at[1]]);
+                           v130[at[0]] = float(double(t129) * double(v111[at[2]]));
+                         });
+
+  // bert.mesh:60:14 sum
+  meshc::gen::View v131 = arena_.slot(139264, 32);
+  meshc::gen::reduce(v131.data(), {1, 32}, v130.data(), {4096, 128}, {128}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // bert.mesh:60:14 exp
+  // bert.mesh:60:14 mul
+  // bert.mesh:60:14 sub
+  meshc::gen::View v134 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<4>({1, 32, 128},
+                         {{{4096, 128, 1}, {4096, 128, 1}, {32, 1, 0}, {4096, 128, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t132 = float(std::exp(double(v110[at[1]])));
+                           float t133 = float(double(t132) * double(v131[at[2]]));
+                           v134[at[0]] = float(double(v130[at[3]]) - double(t133));
+                         });
+
+  // bert.mesh:46:58 sum -> grad/bert/output_bias
+  meshc::gen::View v135 = arena_.slot(604160, 128);
+  meshc::gen::reduce(v135.data(), {128}, v134.data(), {1}, {1, 32}, {4096, 128},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // bert.mesh:46:10 einsum
+  meshc::gen::View v136 = arena_.slot(0, 2048);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsum136(
+      {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsum136.run(v134.data(), v5.data(), v136.data());
+
+  // bert.mesh:46:10 einsum
+  meshc::gen::View v137 = arena_.slot(262144, 8192);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsum137(
+      {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+  einsum137.run(v134.data(), v107.data(), v137.data());
+
+  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
+  meshc::gen::View v138 = arena_.slot(604672, 64);
+  meshc::gen::reduce(v138.data(), {64}, v136.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v139 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v139[at[0]] = float(double(v136[at[1]]) * double(v103[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v140 = arena_.slot(16384, 2048);
+  for (size_t i = 0; i < v140.size(); ++i) {
+    v140[i] = float(double(v136[i]) * double(v105[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
+  meshc::gen::View v141 = arena_.slot(604928, 64);
+  meshc::gen::reduce(v141.data(), {64}, v140.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v142 = arena_.slot(16384, 32);
+  meshc::gen::reduce(v142.data(), {1, 32}, v102.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v144 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t143 = float(double(v102[at[1]]) - double(v142[at[2]]));
+                           v144[at[0]] = float(double(t143) * double(t143));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v145 = arena_.slot(16384, 32);
+  meshc::gen::reduce(v145.data(), {1, 32}, v144.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 literal
+  meshc::gen::View v146 =
+      arena_.fill(606848, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-05));
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v148 = arena_.slot(16512, 32);
+  meshc::gen::forEach<3>({1, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t147 = float(double(v145[at[1]]) + double(v146[at[2]]));
+                           v148[at[0]] = float(1.0 / std::sqrt(double(t147)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v149 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v149.size(); ++i) {
+    v149[i] = float(double(v139[i]) * double(v105[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v150 = arena_.slot(16384, 32);
+  meshc::gen::reduce(v150.data(), {1, 32}, v149.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v151 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v151[at[0]] = float(double(v105[at[1]]) * double(v150[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v152 = arena_.slot(16384, 32);
+  meshc::gen::reduce(v152.data(), {1, 32}, v139.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  meshc::gen::View v155 = arena_.slot(475136, 2048);
+  meshc::gen::forEach<5>({1, 32, 64},
+                         {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t153 = float(double(v139[at[1]]) - double(v152[at[2]]));
+                           float t154 = float(double(t153) - double(v151[at[3]]));
+                           v155[at[0]] = float(double(t154) * double(v148[at[4]]));
+                         });
+
+  // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
+  meshc::gen::View v156 = arena_.slot(605184, 64);
+  meshc::gen::reduce(v156.data(), {64}, v155.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:55:10 einsum
+  meshc::gen::View v157 = arena_.slot(131072, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum157(
+      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum157.run(v155.data(), v94.data(), v157.data());
+
+  // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[1]/ffn/w_out
+  meshc::gen::View v158 = arena_.slot(0, 16384);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum158(
+      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum158.run(v155.data(), v99.data(), v158.data());
+
+  // layers.mesh:55:17 dropout
+  meshc::gen::View v159 = arena_.slot(98304, 8192);
+  meshc::gen::dropout(
+      v159.data(), {1, 32, 256}, v157.data(), {8192, 256, 1}, {8192, 256, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0, 0},
+                             {8192, 256, 1}),
+      meshrt::streamKey(seed_, std::string("bert/encoder_layer[1]/ffn/dropout#0") + "#" +
+                                   std::to_string(step_)),
+      0.1);
+
+  // layers.mesh:54:11 square
+  meshc::gen::View v160 = arena_.slot(131072, 8192);
+  for (size_t i = 0; i < v160.size(); ++i) {
+    v160[i] = float(double(v97[i]) * double(v97[i]));
+  }
+
+  // layers.mesh:54:11 mul
+  meshc::gen::View v161 = arena_.slot(163840, 8192);
+  for (size_t i = 0; i < v161.size(); ++i) {
+    v161[i] = float(double(v97[i]) * double(v160[i]));
+  }
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v162 =
+      arena_.fill(603200, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.044715));
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  meshc::gen::View v164 = arena_.slot(294912, 8192);
+  meshc::gen::forEach<4>({1, 32, 256},
+                         {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}, {8192, 256, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t163 = float(double(v161[at[1]]) * double(v162[at[2]]));
+                           v164[at[0]] = float(double(v97[at[3]]) + double(t163));
+                         });
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v165 =
+      arena_.fill(603264, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.7978845608028654));
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 tanh
+  meshc::gen::View v167 = arena_.slot(163840, 8192);
+  meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t166 = float(double(v164[at[1]]) * double(v165[at[2]]));
+                           v167[at[0]] = float(std::tanh(double(t166)));
+                         });
+
+  // layers.mesh:54:11 add
+  meshc::gen::View v168 = arena_.slot(294912, 8192);
+  meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v168[at[0]] = float(double(v167[at[1]]) + double(v124[at[2]]));
+                         });
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v169 =
+      arena_.fill(603328, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+
+  // layers.mesh:54:11 mul
+  meshc::gen::View v170 = arena_.slot(327680, 8192);
+  meshc::gen::forEach<3>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v170[at[0]] = float(double(v168[at[1]]) * double(v169[at[2]]));
+                         });
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v171 =
+      arena_.fill(603392, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.134145));
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  meshc::gen::View v173 = arena_.slot(294912, 8192);
+  meshc::gen::forEach<4>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t172 = float(double(v160[at[1]]) * double(v171[at[2]]));
+                           v173[at[0]] = float(double(t172) + double(v124[at[3]]));
+                         });
+
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 sub
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  meshc::gen::View v177 = arena_.slot(131072, 8192);
+  meshc::gen::forEach<5>(
+      {1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}, {8192, 256, 1}, {8192, 256, 1}}},
+      {}, [&](const std::array<int64_t, 5> &at) {
+        float t174 = float(double(v167[at[1]]) * double(v167[at[1]]));
+        float t175 = float(double(v124[at[2]]) - double(t174));
+        float t176 = float(double(v97[at[3]]) * double(t175));
+        v177[at[0]] = float(double(t176) * double(v173[at[4]]));
+      });
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v178 =
+      arena_.fill(603456, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.3989422804014327));
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  meshc::gen::View v181 = arena_.slot(163840, 8192);
+  meshc::gen::forEach<5>(
+      {1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}, {8192, 256, 1}, {8192, 256, 1}}},
+      {}, [&](const std::array<int64_t, 5> &at) {
+        float t179 = float(double(v177[at[1]]) * double(v178[at[2]]));
+        float t180 = float(double(v170[at[3]]) + double(t179));
+        v181[at[0]] = float(double(v159[at[4]]) * double(t180));
+      });
+
+  // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
+  meshc::gen::View v182 = arena_.slot(602112, 256);
+  meshc::gen::reduce(v182.data(), {256}, v181.data(), {1}, {1, 32}, {8192, 256},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:54:16 einsum
+  meshc::gen::View v183 = arena_.slot(65536, 2048);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum183(
+      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum183.run(v181.data(), v92.data(), v183.data());
+
+  // layers.mesh:54:16 add
+  meshc::gen::View v184 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v184.size(); ++i) {
+    v184[i] = float(double(v155[i]) + double(v183[i]));
+  }
+
+  // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
+  meshc::gen::View v185 = arena_.slot(65536, 16384);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum185(
+      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum185.run(v181.data(), v91.data(), v185.data());
+
+  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
+  meshc::gen::View v186 = arena_.slot(605440, 64);
+  meshc::gen::reduce(v186.data(), {64}, v184.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v187 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v187[at[0]] = float(double(v184[at[1]]) * double(v87[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v188 = arena_.slot(147456, 2048);
+  for (size_t i = 0; i < v188.size(); ++i) {
+    v188[i] = float(double(v184[i]) * double(v89[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
+  meshc::gen::View v189 = arena_.slot(605696, 64);
+  meshc::gen::reduce(v189.data(), {64}, v188.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v190 = arena_.slot(147456, 32);
+  meshc::gen::reduce(v190.data(), {1, 32}, v86.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v192 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t191 = float(double(v86[at[1]]) - double(v190[at[2]]));
+                           v192[at[0]] = float(double(t191) * double(t191));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v193 = arena_.slot(147456, 32);
+  meshc::gen::reduce(v193.data(), {1, 32}, v192.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v195 = arena_.slot(147584, 32);
+  meshc::gen::forEach<3>({1, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t194 = float(double(v193[at[1]]) + double(v146[at[2]]));
+                           v195[at[0]] = float(1.0 / std::sqrt(double(t194)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v196 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v196.size(); ++i) {
+    v196[i] = float(double(v187[i]) * double(v89[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v197 = arena_.slot(147456, 32);
+  meshc::gen::reduce(v197.data(), {1, 32}, v196.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v198 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v198[at[0]] = float(double(v89[at[1]]) * double(v197[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v199 = arena_.slot(147456, 32);
+  meshc::gen::reduce(v199.data(), {1, 32}, v187.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  meshc::gen::View v202 = arena_.slot(163840, 2048);
+  meshc::gen::forEach<5>({1, 32, 64},
+                         {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t200 = float(double(v187[at[1]]) - double(v199[at[2]]));
+                           float t201 = float(double(t200) - double(v198[at[3]]));
+                           v202[at[0]] = float(double(t201) * double(v195[at[4]]));
+                         });
+
+  // layers.mesh:45:10 einsum
+  meshc::gen::View v203 = arena_.slot(147456, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum203(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum203.run(v202.data(), v70.data(), v203.data());
+
+  // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[1]/attention/w_o
+  meshc::gen::View v204 = arena_.slot(442368, 4096);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum204(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsum204.run(v202.data(), v84.data(), v204.data());
+
+  // layers.mesh:44:17 einsum
+  meshc::gen::View v205 = arena_.slot(131072, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum205(
+      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum205.run(v203.data(), v75.data(), v205.data());
+
+  // layers.mesh:44:17 einsum
+  meshc::gen::View v206 = arena_.slot(172032, 2048);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum206(
+      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsum206.run(v203.data(), v83.data(), v206.data());
+
+  // layers.mesh:43:17 mul
+  meshc::gen::View v207 = arena_.slot(147456, 4096);
+  for (size_t i = 0; i < v207.size(); ++i) {
+    v207[i] = float(double(v205[i]) * double(v83[i]));
+  }
+
+  // layers.mesh:43:17 sum
+  meshc::gen::View v208 = arena_.slot(180224, 128);
+  meshc::gen::reduce(v208.data(), {1, 4, 32}, v207.data(), {4096, 1024, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:43:17 sub
+  // layers.mesh:43:17 mul
+  meshc::gen::View v210 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<4>(
+      {1, 4, 32, 32},
+      {{{4096, 1024, 32, 1}, {4096, 1024, 32, 1}, {128, 32, 1, 0}, {4096, 1024, 32, 1}}}, {},
+      [&](const std::array<int64_t, 4> &at) {
+        float t209 = float(double(v205[at[1]]) - double(v208[at[2]]));
+        v210[at[0]] = float(double(v83[at[3]]) * double(t209));
+      });
+
+  // layers.mesh:43:25 literal
+  meshc::gen::View v211 =
+      arena_.fill(606912, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+
+  // layers.mesh:43:25 where
+  // layers.mesh:41:55 mul
+  meshc::gen::View v213 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<5>(
+      {1, 4, 32, 32},
+      {{{4096, 1024, 32, 1}, {1024, 0, 32, 1}, {4096, 1024, 32, 1}, {0, 0, 0, 0}, {0, 0, 0, 0}}},
+      {}, [&](const std::array<int64_t, 5> &at) {
+        float t212 = float((v80[at[1]] != 0 ? v210[at[2]] : v211[at[3]]));
+        v213[at[0]] = float(double(t212) * double(v77[at[4]]));
+      });
+
+  // layers.mesh:41:16 einsum
+  meshc::gen::View v214 = arena_.slot(147456, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum214(
+      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum214.run(v213.data(), v73.data(), v214.data());
+
+  // layers.mesh:41:16 einsum
+  meshc::gen::View v215 = arena_.slot(155648, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum215(
+      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsum215.run(v213.data(), v71.data(), v215.data());
+
+  // layers.mesh:39:11 rename
+  meshc::gen::View v216 = v206;
+
+  // layers.mesh:39:18 einsum
+  meshc::gen::View v217 = arena_.slot(131072, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum217(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum217.run(v216.data(), v69.data(), v217.data());
+
+  // layers.mesh:39:18 add
+  meshc::gen::View v218 = arena_.slot(139264, 2048);
+  for (size_t i = 0; i < v218.size(); ++i) {
+    v218[i] = float(double(v202[i]) + double(v217[i]));
+  }
+
+  // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
+  meshc::gen::View v219 = arena_.slot(458752, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum219(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum219.run(v216.data(), v66.data(), v219.data());
+
+  // layers.mesh:38:11 rename
+  meshc::gen::View v220 = v215;
+
+  // layers.mesh:38:18 einsum
+  meshc::gen::View v221 = arena_.slot(131072, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum221(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum221.run(v220.data(), v68.data(), v221.data());
+
+  // layers.mesh:38:18 add
+  meshc::gen::View v222 = arena_.slot(163840, 2048);
+  for (size_t i = 0; i < v222.size(); ++i) {
+    v222[i] = float(double(v218[i]) + double(v221[i]));
+  }
+
+  // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
+  meshc::gen::View v223 = arena_.slot(475136, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum223(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum223.run(v220.data(), v66.data(), v223.data());
+
+  // layers.mesh:36:11 einsum
+  meshc::gen::View v224 = arena_.slot(131072, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum224(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum224.run(v214.data(), v67.data(), v224.data());
+
+  // layers.mesh:36:11 add
+  meshc::gen::View v225 = arena_.slot(139264, 2048);
+  for (size_t i = 0; i < v225.size(); ++i) {
+    v225[i] = float(double(v222[i]) + double(v224[i]));
+  }
+
+  // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
+  meshc::gen::View v226 = arena_.slot(491520, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum226(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum226.run(v214.data(), v66.data(), v226.data());
+
+  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
+  meshc::gen::View v227 = arena_.slot(605952, 64);
+  meshc::gen::reduce(v227.data(), {64}, v225.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v228 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v228[at[0]] = float(double(v225[at[1]]) * double(v62[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v229 = arena_.slot(147456, 2048);
+  for (size_t i = 0; i < v229.size(); ++i) {
+    v229[i] = float(double(v225[i]) * double(v64[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
+  meshc::gen::View v230 = arena_.slot(606208, 64);
+  meshc::gen::reduce(v230.data(), {64}, v229.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v231 = arena_.slot(147456, 32);
+  meshc::gen::reduce(v231.data(), {1, 32}, v61.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v233 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t232 = float(double(v61[at[1]]) - double(v231[at[2]]));
+                           v233[at[0]] = float(double(t232) * double(t232));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v234 = arena_.slot(147456, 32);
+  meshc::gen::reduce(v234.data(), {1, 32}, v233.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v236 = arena_.slot(147584, 32);
+  meshc::gen::forEach<3>({1, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t235 = float(double(v234[at[1]]) + double(v146[at[2]]));
+                           v236[at[0]] = float(1.0 / std::sqrt(double(t235)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v237 = arena_.slot(139264, 2048);
+  for (size_t i = 0; i < v237.size(); ++i) {
+    v237[i] = float(double(v228[i]) * double(v64[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v238 = arena_.slot(147456, 32);
+  meshc::gen::reduce(v238.data(), {1, 32}, v237.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v239 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v239[at[0]] = float(double(v64[at[1]]) * double(v238[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v240 = arena_.slot(147456, 32);
+  meshc::gen::reduce(v240.data(), {1, 32}, v228.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  meshc::gen::View v243 = arena_.slot(589824, 2048);
+  meshc::gen::forEach<5>({1, 32, 64},
+                         {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t241 = float(double(v228[at[1]]) - double(v240[at[2]]));
+                           float t242 = float(double(t241) - double(v239[at[3]]));
+                           v243[at[0]] = float(double(t242) * double(v236[at[4]]));
+                         });
+
+  // layers.mesh:55:71 sum -> grad/bert/encoder_layer[0]/ffn/b_out
+  meshc::gen::View v244 = arena_.slot(606464, 64);
+  meshc::gen::reduce(v244.data(), {64}, v243.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:55:10 einsum
+  meshc::gen::View v245 = arena_.slot(294912, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum245(
+      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum245.run(v243.data(), v53.data(), v245.data());
+
+  // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[0]/ffn/w_out
+  meshc::gen::View v246 = arena_.slot(131072, 16384);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum246(
+      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum246.run(v243.data(), v58.data(), v246.data());
+
+  // layers.mesh:55:17 dropout
+  meshc::gen::View v247 = arena_.slot(229376, 8192);
+  meshc::gen::dropout(
+      v247.data(), {1, 32, 256}, v245.data(), {8192, 256, 1}, {8192, 256, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data", "model"}, 1), 0, 0},
+                             {8192, 256, 1}),
+      meshrt::streamKey(seed_, std::string("bert/encoder_layer[0]/ffn/dropout#0") + "#" +
+                                   std::to_string(step_)),
+      0.1);
+
+  // layers.mesh:54:11 square
+  meshc::gen::View v248 = arena_.slot(294912, 8192);
+  for (size_t i = 0; i < v248.size(); ++i) {
+    v248[i] = float(double(v56[i]) * double(v56[i]));
+  }
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 tanh
+  meshc::gen::View v253 = arena_.slot(327680, 8192);
+  meshc::gen::forEach<5>({1, 32, 256},
+                         {{{8192, 256, 1}, {8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}, {0, 0, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t249 = float(double(v56[at[1]]) * double(v248[at[2]]));
+                           float t250 = float(double(t249) * double(v162[at[3]]));
+                           float t251 = float(double(v56[at[1]]) + double(t250));
+                           float t252 = float(double(t251) * double(v165[at[4]]));
+                           v253[at[0]] = float(std::tanh(double(t252)));
+                         });
+
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  meshc::gen::View v255 = arena_.slot(360448, 8192);
+  meshc::gen::forEach<4>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t254 = float(double(v253[at[1]]) + double(v124[at[2]]));
+                           v255[at[0]] = float(double(t254) * double(v169[at[3]]));
+                         });
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  meshc::gen::View v257 = arena_.slot(393216, 8192);
+  meshc::gen::forEach<4>({1, 32, 256}, {{{8192, 256, 1}, {8192, 256, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t256 = float(double(v248[at[1]]) * double(v171[at[2]]));
+                           v257[at[0]] = float(double(t256) + double(v124[at[3]]));
+                         });
+
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 sub
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  meshc::gen::View v264 = arena_.slot(294912, 8192);
+  meshc::gen::forEach<8>({1, 32, 256},
+                         {{{8192, 256, 1},
+                           {8192, 256, 1},
+                           {0, 0, 0},
+                           {8192, 256, 1},
+                           {8192, 256, 1},
+                           {0, 0, 0},
+                           {8192, 256, 1},
+                           {8192, 256, 1}}},
+                         {}, [&](const std::array<int64_t, 8> &at) {
+                           float t258 = float(double(v253[at[1]]) * double(v253[at[1]]));
+                           float t259 = float(double(v124[at[2]]) - double(t258));
+                           float t260 = float(double(v56[at[3]]) * double(t259));
+                           float t261 = float(double(t260) * double(v257[at[4]]));
+                           float t262 = float(double(t261) * double(v178[at[5]]));
+                           float t263 = float(double(v255[at[6]]) + double(t262));
+                           v264[at[0]] = float(double(v247[at[7]]) * double(t263));
+                         });
+
+  // layers.mesh:54:52 sum -> grad/bert/encoder_layer[0]/ffn/b_in
+  meshc::gen::View v265 = arena_.slot(603136, 256);
+  meshc::gen::reduce(v265.data(), {256}, v264.data(), {1}, {1, 32}, {8192, 256},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:54:16 einsum
+  meshc::gen::View v266 = arena_.slot(196608, 2048);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum266(
+      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum266.run(v264.data(), v51.data(), v266.data());
+
+  // layers.mesh:54:16 add
+  meshc::gen::View v267 = arena_.slot(327680, 2048);
+  for (size_t i = 0; i < v267.size(); ++i) {
+    v267[i] = float(double(v243[i]) + double(v266[i]));
+  }
+
+  // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[0]/ffn/w_in
+  meshc::gen::View v268 = arena_.slot(196608, 16384);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum268(
+      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum268.run(v264.data(), v50.data(), v268.data());
+
+  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm/bias
+  meshc::gen::View v269 = arena_.slot(581632, 64);
+  meshc::gen::reduce(v269.data(), {64}, v267.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v270 = arena_.slot(294912, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v270[at[0]] = float(double(v267[at[1]]) * double(v46[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v271 = arena_.slot(303104, 2048);
+  for (size_t i = 0; i < v271.size(); ++i) {
+    v271[i] = float(double(v267[i]) * double(v48[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm/gain
+  meshc::gen::View v272 = arena_.slot(581888, 64);
+  meshc::gen::reduce(v272.data(), {64}, v271.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v273 = arena_.slot(311296, 32);
+  meshc::gen::reduce(v273.data(), {1, 32}, v45.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v275 = arena_.slot(303104, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t274 = float(double(v45[at[1]]) - double(v273[at[2]]));
+                           v275[at[0]] = float(double(t274) * double(t274));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v276 = arena_.slot(311296, 32);
+  meshc::gen::reduce(v276.data(), {1, 32}, v275.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v278 = arena_.slot(311424, 32);
+  meshc::gen::forEach<3>({1, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t277 = float(double(v276[at[1]]) + double(v146[at[2]]));
+                           v278[at[0]] = float(1.0 / std::sqrt(double(t277)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v279 = arena_.slot(303104, 2048);
+  for (size_t i = 0; i < v279.size(); ++i) {
+    v279[i] = float(double(v270[i]) * double(v48[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v280 = arena_.slot(311296, 32);
+  meshc::gen::reduce(v280.data(), {1, 32}, v279.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v281 = arena_.slot(303104, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v281[at[0]] = float(double(v48[at[1]]) * double(v280[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v282 = arena_.slot(311296, 32);
+  meshc::gen::reduce(v282.data(), {1, 32}, v270.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  meshc::gen::View v285 = arena_.slot(327680, 2048);
+  meshc::gen::forEach<5>({1, 32, 64},
+                         {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t283 = float(double(v270[at[1]]) - double(v282[at[2]]));
+                           float t284 = float(double(t283) - double(v281[at[3]]));
+                           v285[at[0]] = float(double(t284) * double(v278[at[4]]));
+                         });
+
+  // layers.mesh:45:10 einsum
+  meshc::gen::View v286 = arena_.slot(311296, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum286(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum286.run(v285.data(), v29.data(), v286.data());
+
+  // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[0]/attention/w_o
+  meshc::gen::View v287 = arena_.slot(360448, 4096);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum287(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsum287.run(v285.data(), v43.data(), v287.data());
+
+  // layers.mesh:44:17 einsum
+  meshc::gen::View v288 = arena_.slot(294912, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum288(
+      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum288.run(v286.data(), v34.data(), v288.data());
+
+  // layers.mesh:44:17 einsum
+  meshc::gen::View v289 = arena_.slot(335872, 2048);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum289(
+      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsum289.run(v286.data(), v42.data(), v289.data());
+
+  // layers.mesh:43:17 mul
+  meshc::gen::View v290 = arena_.slot(311296, 4096);
+  for (size_t i = 0; i < v290.size(); ++i) {
+    v290[i] = float(double(v288[i]) * double(v42[i]));
+  }
+
+  // layers.mesh:43:17 sum
+  meshc::gen::View v291 = arena_.slot(344064, 128);
+  meshc::gen::reduce(v291.data(), {1, 4, 32}, v290.data(), {4096, 1024, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:43:17 sub
+  // layers.mesh:43:17 mul
+  // layers.mesh:43:25 where
+  // layers.mesh:41:55 mul
+  meshc::gen::View v295 = arena_.slot(311296, 4096);
+  meshc::gen::forEach<7>({1, 4, 32, 32},
+                         {{{4096, 1024, 32, 1},
+                           {4096, 1024, 32, 1},
+                           {128, 32, 1, 0},
+                           {4096, 1024, 32, 1},
+                           {1024, 0, 32, 1},
+                           {0, 0, 0, 0},
+                           {0, 0, 0, 0}}},
+                         {}, [&](const std::array<int64_t, 7> &at) {
+                           float t292 = float(double(v288[at[1]]) - double(v291[at[2]]));
+                           float t293 = float(double(v42[at[3]]) * double(t292));
+                           float t294 = float((v39[at[4]] != 0 ? t293 : v211[at[5]]));
+                           v295[at[0]] = float(double(t294) * double(v36[at[6]]));
+                         });
+
+  // layers.mesh:41:16 einsum
+  meshc::gen::View v296 = arena_.slot(294912, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum296(
+      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum296.run(v295.data(), v32.data(), v296.data());
+
+  // layers.mesh:41:16 einsum
+  meshc::gen::View v297 = arena_.slot(303104, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum297(
+      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsum297.run(v295.data(), v30.data(), v297.data());
+
+  // layers.mesh:39:11 rename
+  meshc::gen::View v298 = v289;
+
+  // layers.mesh:39:18 einsum
+  meshc::gen::View v299 = arena_.slot(311296, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum299(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum299.run(v298.data(), v28.data(), v299.data());
+
+  // layers.mesh:39:18 add
+  meshc::gen::View v300 = arena_.slot(319488, 2048);
+  for (size_t i = 0; i < v300.size(); ++i) {
+    v300[i] = float(double(v285[i]) + double(v299[i]));
+  }
+
+  // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[0]/attention/w_v
+  meshc::gen::View v301 = arena_.slot(376832, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum301(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum301.run(v298.data(), v17.data(), v301.data());
+
+  // layers.mesh:38:11 rename
+  meshc::gen::View v302 = v297;
+
+  // layers.mesh:38:18 einsum
+  meshc::gen::View v303 = arena_.slot(311296, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum303(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum303.run(v302.data(), v27.data(), v303.data());
+
+  // layers.mesh:38:18 add
+  meshc::gen::View v304 = arena_.slot(327680, 2048);
+  for (size_t i = 0; i < v304.size(); ++i) {
+    v304[i] = float(double(v300[i]) + double(v303[i]));
+  }
+
+  // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[0]/attention/w_k
+  meshc::gen::View v305 = arena_.slot(393216, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum305(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum305.run(v302.data(), v17.data(), v305.data());
+
+  // layers.mesh:36:11 einsum
+  meshc::gen::View v306 = arena_.slot(303104, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum306(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum306.run(v296.data(), v26.data(), v306.data());
+
+  // layers.mesh:36:11 add
+  meshc::gen::View v307 = arena_.slot(311296, 2048);
+  for (size_t i = 0; i < v307.size(); ++i) {
+    v307[i] = float(double(v304[i]) + double(v306[i]));
+  }
+
+  // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[0]/attention/w_q
+  meshc::gen::View v308 = arena_.slot(409600, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum308(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum308.run(v296.data(), v17.data(), v308.data());
+
+  // layers.mesh:24:40 sum -> grad/bert/norm/bias
+  meshc::gen::View v309 = arena_.slot(434688, 64);
+  meshc::gen::reduce(v309.data(), {64}, v307.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v310 = arena_.slot(294912, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v310[at[0]] = float(double(v307[at[1]]) * double(v13[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v311 = arena_.slot(303104, 2048);
+  for (size_t i = 0; i < v311.size(); ++i) {
+    v311[i] = float(double(v307[i]) * double(v15[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/bert/norm/gain
+  meshc::gen::View v312 = arena_.slot(434944, 64);
+  meshc::gen::reduce(v312.data(), {64}, v311.data(), {1}, {1, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v313 = arena_.slot(311296, 32);
+  meshc::gen::reduce(v313.data(), {1, 32}, v12.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v315 = arena_.slot(303104, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t314 = float(double(v12[at[1]]) - double(v313[at[2]]));
+                           v315[at[0]] = float(double(t314) * double(t314));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v316 = arena_.slot(311296, 32);
+  meshc::gen::reduce(v316.data(), {1, 32}, v315.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v318 = arena_.slot(311424, 32);
+  meshc::gen::forEach<3>({1, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t317 = float(double(v316[at[1]]) + double(v146[at[2]]));
+                           v318[at[0]] = float(1.0 / std::sqrt(double(t317)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v319 = arena_.slot(303104, 2048);
+  for (size_t i = 0; i < v319.size(); ++i) {
+    v319[i] = float(double(v310[i]) * double(v15[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v320 = arena_.slot(311296, 32);
+  meshc::gen::reduce(v320.data(), {1, 32}, v319.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v321 = arena_.slot(303104, 2048);
+  meshc::gen::forEach<3>({1, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v321[at[0]] = float(double(v15[at[1]]) * double(v320[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v322 = arena_.slot(311296, 32);
+  meshc::gen::reduce(v322.data(), {1, 32}, v310.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  meshc::gen::View v325 = arena_.slot(344064, 2048);
+  meshc::gen::forEach<5>({1, 32, 64},
+                         {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t323 = float(double(v310[at[1]]) - double(v322[at[2]]));
+                           float t324 = float(double(t323) - double(v321[at[3]]));
+                           v325[at[0]] = float(double(t324) * double(v318[at[4]]));
+                         });
+
+  // bert.mesh:35:39 one_hot
+  meshc::gen::View v326 = arena_.slot(294912, 64);
+  meshc::gen::oneHot(v326.data(), {1, 32, 2}, v1.data(), {32, 1, 0}, {0, 0, 1}, 0);
+
+  // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
+  meshc::gen::View v327 = arena_.slot(434176, 128);
+  // dims: batch, seq, segments, d_model
+  static const meshrt::kernels::EinsumPlan einsum327(
+      {{1, 32, 2, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+  einsum327.run(v326.data(), v325.data(), v327.data());
+
+  // bert.mesh:34:76 sum -> grad/bert/position_embedding
+  meshc::gen::View v328 = arena_.slot(425984, 2048);
+  meshc::gen::reduce(v328.data(), {32, 64}, v325.data(), {64, 1}, {1}, {2048},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // bert.mesh:34:37 one_hot
+  meshc::gen::View v329 = arena_.slot(327680, 4096);
+  meshc::gen::oneHot(v329.data(), {1, 32, 128}, v0.data(), {32, 1, 0}, {0, 0, 1}, 0);
+
+  // bert.mesh:34:37 einsum
+  meshc::gen::View v330 = arena_.slot(294912, 8192);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsum330(
+      {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+  einsum330.run(v329.data(), v325.data(), v330.data());
+
+  // bert.mesh:34:37 add -> grad/bert/token_embedding
+  meshc::gen::View v331 = arena_.slot(327680, 8192);
+  for (size_t i = 0; i < v331.size(); ++i) {
+    v331[i] = float(double(v137[i]) + double(v330[i]));
+  }
+
+  // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
+  // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
+  // one buffer)
+  meshc::gen::View v988 = v123;
+  meshc::gen::View v424 = v135;
+  meshc::gen::View v970 = v138;
+  meshc::gen::View v949 = v141;
+  meshc::gen::View v928 = v156;
+  meshc::gen::View v907 = v158;
+  meshc::gen::View v886 = v182;
+  meshc::gen::View v865 = v185;
+  meshc::gen::View v844 = v186;
+  meshc::gen::View v823 = v189;
+  meshc::gen::View v802 = v204;
+  meshc::gen::View v781 = v219;
+  meshc::gen::View v760 = v223;
+  meshc::gen::View v739 = v226;
+  meshc::gen::View v718 = v227;
+  meshc::gen::View v697 = v230;
+  meshc::gen::View v676 = v244;
+  meshc::gen::View v655 = v246;
+  meshc::gen::View v634 = v265;
+  meshc::gen::View v613 = v268;
+  meshc::gen::View v592 = v269;
+  meshc::gen::View v571 = v272;
+  meshc::gen::View v550 = v287;
+  meshc::gen::View v529 = v301;
+  meshc::gen::View v508 = v305;
+  meshc::gen::View v487 = v308;
+  meshc::gen::View v466 = v309;
+  meshc::gen::View v445 = v312;
+  meshc::gen::View v403 = v327;
+  meshc::gen::View v382 = v328;
+  meshc::gen::View v354 = v331;
+  meshc::gen::allReduceBucket(group_data_model,
+                              {v988, v424, v970, v949, v928, v907, v886, v865, v844, v823, v802,
+                               v781, v760, v739, v718, v697, v676, v655, v634, v613, v592, v571,
+                               v550, v529, v508, v487, v466, v445, v403, v382, v354});
+
+  // bert.mesh:65:3 step
+  meshc::gen::View v332 = arena_.fill(262144, 1, float(step_));
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v333 =
+      arena_.fill(435200, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // bert.mesh:65:3 add
+  meshc::gen::View v334 = arena_.slot(435264, 1);
+  for (size_t i = 0; i < v334.size(); ++i) {
+    v334[i] = float(double(v332[i]) + double(v333[i]));
+  }
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v335 =
+      arena_.fill(262208, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0001));
+
+  // bert.mesh:65:3 add
+  meshc::gen::View v336 = arena_.slot(262272, 1);
+  for (size_t i = 0; i < v336.size(); ++i) {
+    v336[i] = float(double(v332[i]) + double(v333[i]));
+  }
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v337 =
+      arena_.fill(262336, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 minimum
+  // bert.mesh:65:3 mul
+  meshc::gen::View v340 = arena_.slot(262400, 1);
+  for (size_t i = 0; i < v340.size(); ++i) {
+    float t338 = float(double(v336[i]) * double(v337[i]));
+    float t339 = float(meshc::gen::minimum(t338, v333[i]));
+    v340[i] = float(double(v335[i]) * double(t339));
+  }
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v341 =
+      arena_.fill(262208, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v342 =
+      arena_.fill(262272, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000.0));
+
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 maximum
+  meshc::gen::View v344 = arena_.slot(262336, 1);
+  for (size_t i = 0; i < v344.size(); ++i) {
+    float t343 = float(double(v332[i]) + double(v342[i]));
+    v344[i] = float(meshc::gen::maximum(t343, v341[i]));
+  }
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v345 =
+      arena_.fill(262144, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-05));
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 minimum
+  // bert.mesh:65:3 sub
+  // bert.mesh:65:3 mul -> learning_rate
+  meshc::gen::View v349 = arena_.slot(435328, 1);
+  for (size_t i = 0; i < v349.size(); ++i) {
+    float t346 = float(double(v344[i]) * double(v345[i]));
+    float t347 = float(meshc::gen::minimum(t346, v333[i]));
+    float t348 = float(double(v333[i]) - double(t347));
+    v349[i] = float(double(v340[i]) * double(t348));
+  }
+
+  // bert.mesh:65:3 param -> bert/token_embedding@m
+  const meshc::gen::Buffer &v350 = param30_bert_token_embedding_m;
+
+  // bert.mesh:65:3 param -> bert/token_embedding@v
+  const meshc::gen::Buffer &v351 = param31_bert_token_embedding_v;
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v352 =
+      arena_.fill(435392, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v353 = arena_.slot(294912, 1);
+  for (size_t i = 0; i < v353.size(); ++i) {
+    v353[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v355 = arena_.slot(262144, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v355[at[0]] = float(double(v354[at[1]]) * double(v353[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v357(
+      param30_bert_token_embedding_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t356 = float(double(v350[at[1]]) * double(v352[at[2]]));
+                           v357[at[0]] = float(double(t356) + double(v355[at[3]]));
+                         });
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v358 =
+      arena_.fill(435456, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.999));
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v359 = arena_.slot(262144, 8192);
+  for (size_t i = 0; i < v359.size(); ++i) {
+    v359[i] = float(double(v354[i]) * double(v354[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v360 = arena_.slot(327680, 1);
+  for (size_t i = 0; i < v360.size(); ++i) {
+    v360[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v361 = arena_.slot(294912, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v361[at[0]] = float(double(v359[at[1]]) * double(v360[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v363(
+      param31_bert_token_embedding_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t362 = float(double(v351[at[1]]) * double(v358[at[2]]));
+                           v363[at[0]] = float(double(t362) + double(v361[at[3]]));
+                         });
+
+  // bert.mesh:65:3 pow
+  // bert.mesh:65:3 sub
+  meshc::gen::View v365 = arena_.slot(435520, 1);
+  for (size_t i = 0; i < v365.size(); ++i) {
+    float t364 = float(std::pow(double(v352[i]), double(v334[i])));
+    v365[i] = float(double(v333[i]) - double(t364));
+  }
+
+  // bert.mesh:65:3 pow
+  // bert.mesh:65:3 sub
+  meshc::gen::View v367 = arena_.slot(435584, 1);
+  for (size_t i = 0; i < v367.size(); ++i) {
+    float t366 = float(std::pow(double(v358[i]), double(v334[i])));
+    v367[i] = float(double(v333[i]) - double(t366));
+  }
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v368 = arena_.slot(262144, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v368[at[0]] = float(double(v357[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  meshc::gen::View v370 = arena_.slot(294912, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t369 = float(double(v363[at[1]]) / double(v367[at[2]]));
+                           v370[at[0]] = float(std::sqrt(double(t369)));
+                         });
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v371 =
+      arena_.fill(435264, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-08));
+
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v373 = arena_.slot(327680, 8192);
+  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t372 = float(double(v370[at[1]]) + double(v371[at[2]]));
+                           v373[at[0]] = float(double(v368[at[3]]) / double(t372));
+                         });
+
+  // bert.mesh:65:3 literal
+  meshc::gen::View v374 =
+      arena_.fill(435648, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/token_embedding
+  meshc::gen::View v378(param0_bert_token_embedding); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t375 = float(double(v5[at[1]]) * double(v374[at[2]]));
+                           float t376 = float(double(v373[at[3]]) + double(t375));
+                           float t377 = float(double(t376) * double(v349[at[4]]));
+                           v378[at[0]] = float(double(v5[at[1]]) - double(t377));
+                         });
+
+  // bert.mesh:65:3 param -> bert/position_embedding@m
+  const meshc::gen::Buffer &v379 = param32_bert_position_embedding_m;
+
+  // bert.mesh:65:3 param -> bert/position_embedding@v
+  const meshc::gen::Buffer &v380 = param33_bert_position_embedding_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v381 = arena_.slot(270336, 1);
+  for (size_t i = 0; i < v381.size(); ++i) {
+    v381[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v383 = arena_.slot(262144, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v383[at[0]] = float(double(v382[at[1]]) * double(v381[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v385(
+      param32_bert_position_embedding_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t384 = float(double(v379[at[1]]) * double(v352[at[2]]));
+                           v385[at[0]] = float(double(t384) + double(v383[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v386 = arena_.slot(262144, 2048);
+  for (size_t i = 0; i < v386.size(); ++i) {
+    v386[i] = float(double(v382[i]) * double(v382[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v387 = arena_.slot(278528, 1);
+  for (size_t i = 0; i < v387.size(); ++i) {
+    v387[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v388 = arena_.slot(270336, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v388[at[0]] = float(double(v386[at[1]]) * double(v387[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v390(
+      param33_bert_position_embedding_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t389 = float(double(v380[at[1]]) * double(v358[at[2]]));
+                           v390[at[0]] = float(double(t389) + double(v388[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v391 = arena_.slot(262144, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v391[at[0]] = float(double(v385[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v395 = arena_.slot(270336, 2048);
+  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t392 = float(double(v390[at[1]]) / double(v367[at[2]]));
+                           float t393 = float(std::sqrt(double(t392)));
+                           float t394 = float(double(t393) + double(v371[at[3]]));
+                           v395[at[0]] = float(double(v391[at[4]]) / double(t394));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/position_embedding
+  meshc::gen::View v399(
+      param1_bert_position_embedding); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t396 = float(double(v6[at[1]]) * double(v374[at[2]]));
+                           float t397 = float(double(v395[at[3]]) + double(t396));
+                           float t398 = float(double(t397) * double(v349[at[4]]));
+                           v399[at[0]] = float(double(v6[at[1]]) - double(t398));
+                         });
+
+  // bert.mesh:65:3 param -> bert/segment_embedding@m
+  const meshc::gen::Buffer &v400 = param34_bert_segment_embedding_m;
+
+  // bert.mesh:65:3 param -> bert/segment_embedding@v
+  const meshc::gen::Buffer &v401 = param35_bert_segment_embedding_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v402 = arena_.slot(262656, 1);
+  for (size_t i = 0; i < v402.size(); ++i) {
+    v402[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v404 = arena_.slot(262144, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v404[at[0]] = float(double(v403[at[1]]) * double(v402[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v406(
+      param34_bert_segment_embedding_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t405 = float(double(v400[at[1]]) * double(v352[at[2]]));
+                           v406[at[0]] = float(double(t405) + double(v404[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v407 = arena_.slot(262144, 128);
+  for (size_t i = 0; i < v407.size(); ++i) {
+    v407[i] = float(double(v403[i]) * double(v403[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v408 = arena_.slot(263168, 1);
+  for (size_t i = 0; i < v408.size(); ++i) {
+    v408[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v409 = arena_.slot(262656, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v409[at[0]] = float(double(v407[at[1]]) * double(v408[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v411(
+      param35_bert_segment_embedding_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t410 = float(double(v401[at[1]]) * double(v358[at[2]]));
+                           v411[at[0]] = float(double(t410) + double(v409[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v412 = arena_.slot(262144, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v412[at[0]] = float(double(v406[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v416 = arena_.slot(262656, 128);
+  meshc::gen::forEach<5>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t413 = float(double(v411[at[1]]) / double(v367[at[2]]));
+                           float t414 = float(std::sqrt(double(t413)));
+                           float t415 = float(double(t414) + double(v371[at[3]]));
+                           v416[at[0]] = float(double(v412[at[4]]) / double(t415));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/segment_embedding
+  meshc::gen::View v420(param2_bert_segment_embedding); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t417 = float(double(v7[at[1]]) * double(v374[at[2]]));
+                           float t418 = float(double(v416[at[3]]) + double(t417));
+                           float t419 = float(double(t418) * double(v349[at[4]]));
+                           v420[at[0]] = float(double(v7[at[1]]) - double(t419));
+                         });
+
+  // bert.mesh:65:3 param -> bert/output_bias@m
+  const meshc::gen::Buffer &v421 = param36_bert_output_bias_m;
+
+  // bert.mesh:65:3 param -> bert/output_bias@v
+  const meshc::gen::Buffer &v422 = param37_bert_output_bias_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v423 = arena_.slot(262656, 1);
+  for (size_t i = 0; i < v423.size(); ++i) {
+    v423[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v425 = arena_.slot(262144, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v425[at[0]] = float(double(v424[at[1]]) * double(v423[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v427(param36_bert_output_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t426 = float(double(v421[at[1]]) * double(v352[at[2]]));
+    v427[at[0]] = float(double(t426) + double(v425[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v428 = arena_.slot(262144, 128);
+  for (size_t i = 0; i < v428.size(); ++i) {
+    v428[i] = float(double(v424[i]) * double(v424[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v429 = arena_.slot(263168, 1);
+  for (size_t i = 0; i < v429.size(); ++i) {
+    v429[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v430 = arena_.slot(262656, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v430[at[0]] = float(double(v428[at[1]]) * double(v429[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v432(param37_bert_output_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t431 = float(double(v422[at[1]]) * double(v358[at[2]]));
+    v432[at[0]] = float(double(t431) + double(v430[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v433 = arena_.slot(262144, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v433[at[0]] = float(double(v427[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v437 = arena_.slot(262656, 128);
+  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t434 = float(double(v432[at[1]]) / double(v367[at[2]]));
+                           float t435 = float(std::sqrt(double(t434)));
+                           float t436 = float(double(t435) + double(v371[at[3]]));
+                           v437[at[0]] = float(double(v433[at[4]]) / double(t436));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/output_bias
+  meshc::gen::View v441(param3_bert_output_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t438 = float(double(v8[at[1]]) * double(v374[at[2]]));
+                           float t439 = float(double(v437[at[3]]) + double(t438));
+                           float t440 = float(double(t439) * double(v349[at[4]]));
+                           v441[at[0]] = float(double(v8[at[1]]) - double(t440));
+                         });
+
+  // bert.mesh:65:3 param -> bert/norm/gain@m
+  const meshc::gen::Buffer &v442 = param38_bert_norm_gain_m;
+
+  // bert.mesh:65:3 param -> bert/norm/gain@v
+  const meshc::gen::Buffer &v443 = param39_bert_norm_gain_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v444 = arena_.slot(262400, 1);
+  for (size_t i = 0; i < v444.size(); ++i) {
+    v444[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v446 = arena_.slot(262144, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v446[at[0]] = float(double(v445[at[1]]) * double(v444[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v448(param38_bert_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t447 = float(double(v442[at[1]]) * double(v352[at[2]]));
+    v448[at[0]] = float(double(t447) + double(v446[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v449 = arena_.slot(262144, 64);
+  for (size_t i = 0; i < v449.size(); ++i) {
+    v449[i] = float(double(v445[i]) * double(v445[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v450 = arena_.slot(262656, 1);
+  for (size_t i = 0; i < v450.size(); ++i) {
+    v450[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v451 = arena_.slot(262400, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v451[at[0]] = float(double(v449[at[1]]) * double(v450[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v453(param39_bert_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t452 = float(double(v443[at[1]]) * double(v358[at[2]]));
+    v453[at[0]] = float(double(t452) + double(v451[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v454 = arena_.slot(262144, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v454[at[0]] = float(double(v448[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v458 = arena_.slot(262400, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t455 = float(double(v453[at[1]]) / double(v367[at[2]]));
+                           float t456 = float(std::sqrt(double(t455)));
+                           float t457 = float(double(t456) + double(v371[at[3]]));
+                           v458[at[0]] = float(double(v454[at[4]]) / double(t457));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/norm/gain
+  meshc::gen::View v462(param4_bert_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t459 = float(double(v13[at[1]]) * double(v374[at[2]]));
+                           float t460 = float(double(v458[at[3]]) + double(t459));
+                           float t461 = float(double(t460) * double(v349[at[4]]));
+                           v462[at[0]] = float(double(v13[at[1]]) - double(t461));
+                         });
+
+  // bert.mesh:65:3 param -> bert/norm/bias@m
+  const meshc::gen::Buffer &v463 = param40_bert_norm_bias_m;
+
+  // bert.mesh:65:3 param -> bert/norm/bias@v
+  const meshc::gen::Buffer &v464 = param41_bert_norm_bias_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v465 = arena_.slot(262400, 1);
+  for (size_t i = 0; i < v465.size(); ++i) {
+    v465[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v467 = arena_.slot(262144, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v467[at[0]] = float(double(v466[at[1]]) * double(v465[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v469(param40_bert_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t468 = float(double(v463[at[1]]) * double(v352[at[2]]));
+    v469[at[0]] = float(double(t468) + double(v467[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v470 = arena_.slot(262144, 64);
+  for (size_t i = 0; i < v470.size(); ++i) {
+    v470[i] = float(double(v466[i]) * double(v466[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v471 = arena_.slot(262656, 1);
+  for (size_t i = 0; i < v471.size(); ++i) {
+    v471[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v472 = arena_.slot(262400, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v472[at[0]] = float(double(v470[at[1]]) * double(v471[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v474(param41_bert_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t473 = float(double(v464[at[1]]) * double(v358[at[2]]));
+    v474[at[0]] = float(double(t473) + double(v472[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v475 = arena_.slot(262144, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v475[at[0]] = float(double(v469[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v479 = arena_.slot(262400, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t476 = float(double(v474[at[1]]) / double(v367[at[2]]));
+                           float t477 = float(std::sqrt(double(t476)));
+                           float t478 = float(double(t477) + double(v371[at[3]]));
+                           v479[at[0]] = float(double(v475[at[4]]) / double(t478));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/norm/bias
+  meshc::gen::View v483(param5_bert_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t480 = float(double(v14[at[1]]) * double(v374[at[2]]));
+                           float t481 = float(double(v479[at[3]]) + double(t480));
+                           float t482 = float(double(t481) * double(v349[at[4]]));
+                           v483[at[0]] = float(double(v14[at[1]]) - double(t482));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/attention/w_q@m
+  const meshc::gen::Buffer &v484 = param42_bert_encoder_layer_0_attention_w_q_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/attention/w_q@v
+  const meshc::gen::Buffer &v485 = param43_bert_encoder_layer_0_attention_w_q_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v486 = arena_.slot(278528, 1);
+  for (size_t i = 0; i < v486.size(); ++i) {
+    v486[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v488 = arena_.slot(262144, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v488[at[0]] = float(double(v487[at[1]]) * double(v486[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v490(
+      param42_bert_encoder_layer_0_attention_w_q_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t489 = float(double(v484[at[1]]) * double(v352[at[2]]));
+                           v490[at[0]] = float(double(t489) + double(v488[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v491 = arena_.slot(262144, 4096);
+  for (size_t i = 0; i < v491.size(); ++i) {
+    v491[i] = float(double(v487[i]) * double(v487[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v492 = arena_.slot(294912, 1);
+  for (size_t i = 0; i < v492.size(); ++i) {
+    v492[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v493 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v493[at[0]] = float(double(v491[at[1]]) * double(v492[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v495(
+      param43_bert_encoder_layer_0_attention_w_q_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t494 = float(double(v485[at[1]]) * double(v358[at[2]]));
+                           v495[at[0]] = float(double(t494) + double(v493[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v496 = arena_.slot(262144, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v496[at[0]] = float(double(v490[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v500 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t497 = float(double(v495[at[1]]) / double(v367[at[2]]));
+                           float t498 = float(std::sqrt(double(t497)));
+                           float t499 = float(double(t498) + double(v371[at[3]]));
+                           v500[at[0]] = float(double(v496[at[4]]) / double(t499));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
+  meshc::gen::View v504(
+      param6_bert_encoder_layer_0_attention_w_q); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t501 = float(double(v26[at[1]]) * double(v374[at[2]]));
+                           float t502 = float(double(v500[at[3]]) + double(t501));
+                           float t503 = float(double(t502) * double(v349[at[4]]));
+                           v504[at[0]] = float(double(v26[at[1]]) - double(t503));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/attention/w_k@m
+  const meshc::gen::Buffer &v505 = param44_bert_encoder_layer_0_attention_w_k_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/attention/w_k@v
+  const meshc::gen::Buffer &v506 = param45_bert_encoder_layer_0_attention_w_k_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v507 = arena_.slot(278528, 1);
+  for (size_t i = 0; i < v507.size(); ++i) {
+    v507[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v509 = arena_.slot(262144, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v509[at[0]] = float(double(v508[at[1]]) * double(v507[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v511(
+      param44_bert_encoder_layer_0_attention_w_k_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t510 = float(double(v505[at[1]]) * double(v352[at[2]]));
+                           v511[at[0]] = float(double(t510) + double(v509[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v512 = arena_.slot(262144, 4096);
+  for (size_t i = 0; i < v512.size(); ++i) {
+    v512[i] = float(double(v508[i]) * double(v508[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v513 = arena_.slot(294912, 1);
+  for (size_t i = 0; i < v513.size(); ++i) {
+    v513[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v514 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v514[at[0]] = float(double(v512[at[1]]) * double(v513[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v516(
+      param45_bert_encoder_layer_0_attention_w_k_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t515 = float(double(v506[at[1]]) * double(v358[at[2]]));
+                           v516[at[0]] = float(double(t515) + double(v514[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v517 = arena_.slot(262144, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v517[at[0]] = float(double(v511[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v521 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t518 = float(double(v516[at[1]]) / double(v367[at[2]]));
+                           float t519 = float(std::sqrt(double(t518)));
+                           float t520 = float(double(t519) + double(v371[at[3]]));
+                           v521[at[0]] = float(double(v517[at[4]]) / double(t520));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
+  meshc::gen::View v525(
+      param7_bert_encoder_layer_0_attention_w_k); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t522 = float(double(v27[at[1]]) * double(v374[at[2]]));
+                           float t523 = float(double(v521[at[3]]) + double(t522));
+                           float t524 = float(double(t523) * double(v349[at[4]]));
+                           v525[at[0]] = float(double(v27[at[1]]) - double(t524));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/attention/w_v@m
+  const meshc::gen::Buffer &v526 = param46_bert_encoder_layer_0_attention_w_v_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/attention/w_v@v
+  const meshc::gen::Buffer &v527 = param47_bert_encoder_layer_0_attention_w_v_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v528 = arena_.slot(278528, 1);
+  for (size_t i = 0; i < v528.size(); ++i) {
+    v528[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v530 = arena_.slot(262144, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v530[at[0]] = float(double(v529[at[1]]) * double(v528[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v532(
+      param46_bert_encoder_layer_0_attention_w_v_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t531 = float(double(v526[at[1]]) * double(v352[at[2]]));
+                           v532[at[0]] = float(double(t531) + double(v530[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v533 = arena_.slot(262144, 4096);
+  for (size_t i = 0; i < v533.size(); ++i) {
+    v533[i] = float(double(v529[i]) * double(v529[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v534 = arena_.slot(294912, 1);
+  for (size_t i = 0; i < v534.size(); ++i) {
+    v534[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v535 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v535[at[0]] = float(double(v533[at[1]]) * double(v534[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v537(
+      param47_bert_encoder_layer_0_attention_w_v_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t536 = float(double(v527[at[1]]) * double(v358[at[2]]));
+                           v537[at[0]] = float(double(t536) + double(v535[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v538 = arena_.slot(262144, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v538[at[0]] = float(double(v532[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v542 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t539 = float(double(v537[at[1]]) / double(v367[at[2]]));
+                           float t540 = float(std::sqrt(double(t539)));
+                           float t541 = float(double(t540) + double(v371[at[3]]));
+                           v542[at[0]] = float(double(v538[at[4]]) / double(t541));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
+  meshc::gen::View v546(
+      param8_bert_encoder_layer_0_attention_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t543 = float(double(v28[at[1]]) * double(v374[at[2]]));
+                           float t544 = float(double(v542[at[3]]) + double(t543));
+                           float t545 = float(double(t544) * double(v349[at[4]]));
+                           v546[at[0]] = float(double(v28[at[1]]) - double(t545));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/attention/w_o@m
+  const meshc::gen::Buffer &v547 = param48_bert_encoder_layer_0_attention_w_o_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/attention/w_o@v
+  const meshc::gen::Buffer &v548 = param49_bert_encoder_layer_0_attention_w_o_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v549 = arena_.slot(278528, 1);
+  for (size_t i = 0; i < v549.size(); ++i) {
+    v549[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v551 = arena_.slot(262144, 4096);
+  meshc::gen::forEach<3>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v551[at[0]] = float(double(v550[at[1]]) * double(v549[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v553(
+      param48_bert_encoder_layer_0_attention_w_o_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t552 = float(double(v547[at[1]]) * double(v352[at[2]]));
+                           v553[at[0]] = float(double(t552) + double(v551[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v554 = arena_.slot(262144, 4096);
+  for (size_t i = 0; i < v554.size(); ++i) {
+    v554[i] = float(double(v550[i]) * double(v550[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v555 = arena_.slot(294912, 1);
+  for (size_t i = 0; i < v555.size(); ++i) {
+    v555[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v556 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<3>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v556[at[0]] = float(double(v554[at[1]]) * double(v555[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v558(
+      param49_bert_encoder_layer_0_attention_w_o_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t557 = float(double(v548[at[1]]) * double(v358[at[2]]));
+                           v558[at[0]] = float(double(t557) + double(v556[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v559 = arena_.slot(262144, 4096);
+  meshc::gen::forEach<3>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v559[at[0]] = float(double(v553[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v563 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<5>({4, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t560 = float(double(v558[at[1]]) / double(v367[at[2]]));
+                           float t561 = float(std::sqrt(double(t560)));
+                           float t562 = float(double(t561) + double(v371[at[3]]));
+                           v563[at[0]] = float(double(v559[at[4]]) / double(t562));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
+  meshc::gen::View v567(
+      param9_bert_encoder_layer_0_attention_w_o); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({4, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t564 = float(double(v29[at[1]]) * double(v374[at[2]]));
+                           float t565 = float(double(v563[at[3]]) + double(t564));
+                           float t566 = float(double(t565) * double(v349[at[4]]));
+                           v567[at[0]] = float(double(v29[at[1]]) - double(t566));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/norm/gain@m
+  const meshc::gen::Buffer &v568 = param50_bert_encoder_layer_0_norm_gain_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/norm/gain@v
+  const meshc::gen::Buffer &v569 = param51_bert_encoder_layer_0_norm_gain_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v570 = arena_.slot(262400, 1);
+  for (size_t i = 0; i < v570.size(); ++i) {
+    v570[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v572 = arena_.slot(262144, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v572[at[0]] = float(double(v571[at[1]]) * double(v570[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v574(
+      param50_bert_encoder_layer_0_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t573 = float(double(v568[at[1]]) * double(v352[at[2]]));
+    v574[at[0]] = float(double(t573) + double(v572[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v575 = arena_.slot(262144, 64);
+  for (size_t i = 0; i < v575.size(); ++i) {
+    v575[i] = float(double(v571[i]) * double(v571[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v576 = arena_.slot(262656, 1);
+  for (size_t i = 0; i < v576.size(); ++i) {
+    v576[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v577 = arena_.slot(262400, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v577[at[0]] = float(double(v575[at[1]]) * double(v576[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v579(
+      param51_bert_encoder_layer_0_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t578 = float(double(v569[at[1]]) * double(v358[at[2]]));
+    v579[at[0]] = float(double(t578) + double(v577[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v580 = arena_.slot(262144, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v580[at[0]] = float(double(v574[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v584 = arena_.slot(262400, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t581 = float(double(v579[at[1]]) / double(v367[at[2]]));
+                           float t582 = float(std::sqrt(double(t581)));
+                           float t583 = float(double(t582) + double(v371[at[3]]));
+                           v584[at[0]] = float(double(v580[at[4]]) / double(t583));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
+  meshc::gen::View v588(
+      param10_bert_encoder_layer_0_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t585 = float(double(v46[at[1]]) * double(v374[at[2]]));
+                           float t586 = float(double(v584[at[3]]) + double(t585));
+                           float t587 = float(double(t586) * double(v349[at[4]]));
+                           v588[at[0]] = float(double(v46[at[1]]) - double(t587));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/norm/bias@m
+  const meshc::gen::Buffer &v589 = param52_bert_encoder_layer_0_norm_bias_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/norm/bias@v
+  const meshc::gen::Buffer &v590 = param53_bert_encoder_layer_0_norm_bias_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v591 = arena_.slot(262400, 1);
+  for (size_t i = 0; i < v591.size(); ++i) {
+    v591[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v593 = arena_.slot(262144, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v593[at[0]] = float(double(v592[at[1]]) * double(v591[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v595(
+      param52_bert_encoder_layer_0_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t594 = float(double(v589[at[1]]) * double(v352[at[2]]));
+    v595[at[0]] = float(double(t594) + double(v593[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v596 = arena_.slot(262144, 64);
+  for (size_t i = 0; i < v596.size(); ++i) {
+    v596[i] = float(double(v592[i]) * double(v592[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v597 = arena_.slot(262656, 1);
+  for (size_t i = 0; i < v597.size(); ++i) {
+    v597[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v598 = arena_.slot(262400, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v598[at[0]] = float(double(v596[at[1]]) * double(v597[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v600(
+      param53_bert_encoder_layer_0_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t599 = float(double(v590[at[1]]) * double(v358[at[2]]));
+    v600[at[0]] = float(double(t599) + double(v598[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v601 = arena_.slot(262144, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v601[at[0]] = float(double(v595[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v605 = arena_.slot(262400, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t602 = float(double(v600[at[1]]) / double(v367[at[2]]));
+                           float t603 = float(std::sqrt(double(t602)));
+                           float t604 = float(double(t603) + double(v371[at[3]]));
+                           v605[at[0]] = float(double(v601[at[4]]) / double(t604));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
+  meshc::gen::View v609(
+      param11_bert_encoder_layer_0_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t606 = float(double(v47[at[1]]) * double(v374[at[2]]));
+                           float t607 = float(double(v605[at[3]]) + double(t606));
+                           float t608 = float(double(t607) * double(v349[at[4]]));
+                           v609[at[0]] = float(double(v47[at[1]]) - double(t608));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/ffn/w_in@m
+  const meshc::gen::Buffer &v610 = param54_bert_encoder_layer_0_ffn_w_in_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/ffn/w_in@v
+  const meshc::gen::Buffer &v611 = param55_bert_encoder_layer_0_ffn_w_in_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v612 = arena_.slot(327680, 1);
+  for (size_t i = 0; i < v612.size(); ++i) {
+    v612[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v614 = arena_.slot(262144, 16384);
+  meshc::gen::forEach<3>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v614[at[0]] = float(double(v613[at[1]]) * double(v612[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v616(
+      param54_bert_encoder_layer_0_ffn_w_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}, {256, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t615 = float(double(v610[at[1]]) * double(v352[at[2]]));
+                           v616[at[0]] = float(double(t615) + double(v614[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v617 = arena_.slot(262144, 16384);
+  for (size_t i = 0; i < v617.size(); ++i) {
+    v617[i] = float(double(v613[i]) * double(v613[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v618 = arena_.slot(327680, 1);
+  for (size_t i = 0; i < v618.size(); ++i) {
+    v618[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v619 = arena_.slot(196608, 16384);
+  meshc::gen::forEach<3>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v619[at[0]] = float(double(v617[at[1]]) * double(v618[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v621(
+      param55_bert_encoder_layer_0_ffn_w_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}, {256, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t620 = float(double(v611[at[1]]) * double(v358[at[2]]));
+                           v621[at[0]] = float(double(t620) + double(v619[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v622 = arena_.slot(196608, 16384);
+  meshc::gen::forEach<3>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v622[at[0]] = float(double(v616[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v626 = arena_.slot(262144, 16384);
+  meshc::gen::forEach<5>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}, {0, 0}, {256, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t623 = float(double(v621[at[1]]) / double(v367[at[2]]));
+                           float t624 = float(std::sqrt(double(t623)));
+                           float t625 = float(double(t624) + double(v371[at[3]]));
+                           v626[at[0]] = float(double(v622[at[4]]) / double(t625));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
+  meshc::gen::View v630(
+      param12_bert_encoder_layer_0_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}, {256, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t627 = float(double(v51[at[1]]) * double(v374[at[2]]));
+                           float t628 = float(double(v626[at[3]]) + double(t627));
+                           float t629 = float(double(t628) * double(v349[at[4]]));
+                           v630[at[0]] = float(double(v51[at[1]]) - double(t629));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/ffn/b_in@m
+  const meshc::gen::Buffer &v631 = param56_bert_encoder_layer_0_ffn_b_in_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/ffn/b_in@v
+  const meshc::gen::Buffer &v632 = param57_bert_encoder_layer_0_ffn_b_in_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v633 = arena_.slot(197632, 1);
+  for (size_t i = 0; i < v633.size(); ++i) {
+    v633[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v635 = arena_.slot(196608, 256);
+  meshc::gen::forEach<3>({256}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v635[at[0]] = float(double(v634[at[1]]) * double(v633[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v637(
+      param56_bert_encoder_layer_0_ffn_b_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({256}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t636 = float(double(v631[at[1]]) * double(v352[at[2]]));
+    v637[at[0]] = float(double(t636) + double(v635[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v638 = arena_.slot(196608, 256);
+  for (size_t i = 0; i < v638.size(); ++i) {
+    v638[i] = float(double(v634[i]) * double(v634[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v639 = arena_.slot(198656, 1);
+  for (size_t i = 0; i < v639.size(); ++i) {
+    v639[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v640 = arena_.slot(197632, 256);
+  meshc::gen::forEach<3>({256}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v640[at[0]] = float(double(v638[at[1]]) * double(v639[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v642(
+      param57_bert_encoder_layer_0_ffn_b_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({256}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t641 = float(double(v632[at[1]]) * double(v358[at[2]]));
+    v642[at[0]] = float(double(t641) + double(v640[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v643 = arena_.slot(196608, 256);
+  meshc::gen::forEach<3>({256}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v643[at[0]] = float(double(v637[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v647 = arena_.slot(197632, 256);
+  meshc::gen::forEach<5>({256}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t644 = float(double(v642[at[1]]) / double(v367[at[2]]));
+                           float t645 = float(std::sqrt(double(t644)));
+                           float t646 = float(double(t645) + double(v371[at[3]]));
+                           v647[at[0]] = float(double(v643[at[4]]) / double(t646));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
+  meshc::gen::View v651(
+      param13_bert_encoder_layer_0_ffn_b_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({256}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t648 = float(double(v52[at[1]]) * double(v374[at[2]]));
+                           float t649 = float(double(v647[at[3]]) + double(t648));
+                           float t650 = float(double(t649) * double(v349[at[4]]));
+                           v651[at[0]] = float(double(v52[at[1]]) - double(t650));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/ffn/w_out@m
+  const meshc::gen::Buffer &v652 = param58_bert_encoder_layer_0_ffn_w_out_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/ffn/w_out@v
+  const meshc::gen::Buffer &v653 = param59_bert_encoder_layer_0_ffn_w_out_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v654 = arena_.slot(262144, 1);
+  for (size_t i = 0; i < v654.size(); ++i) {
+    v654[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v656 = arena_.slot(196608, 16384);
+  meshc::gen::forEach<3>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v656[at[0]] = float(double(v655[at[1]]) * double(v654[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v658(
+      param58_bert_encoder_layer_0_ffn_w_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t657 = float(double(v652[at[1]]) * double(v352[at[2]]));
+                           v658[at[0]] = float(double(t657) + double(v656[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v659 = arena_.slot(196608, 16384);
+  for (size_t i = 0; i < v659.size(); ++i) {
+    v659[i] = float(double(v655[i]) * double(v655[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v660 = arena_.slot(262144, 1);
+  for (size_t i = 0; i < v660.size(); ++i) {
+    v660[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v661 = arena_.slot(131072, 16384);
+  meshc::gen::forEach<3>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v661[at[0]] = float(double(v659[at[1]]) * double(v660[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v663(
+      param59_bert_encoder_layer_0_ffn_w_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t662 = float(double(v653[at[1]]) * double(v358[at[2]]));
+                           v663[at[0]] = float(double(t662) + double(v661[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v664 = arena_.slot(131072, 16384);
+  meshc::gen::forEach<3>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v664[at[0]] = float(double(v658[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v668 = arena_.slot(196608, 16384);
+  meshc::gen::forEach<5>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t665 = float(double(v663[at[1]]) / double(v367[at[2]]));
+                           float t666 = float(std::sqrt(double(t665)));
+                           float t667 = float(double(t666) + double(v371[at[3]]));
+                           v668[at[0]] = float(double(v664[at[4]]) / double(t667));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
+  meshc::gen::View v672(
+      param14_bert_encoder_layer_0_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t669 = float(double(v53[at[1]]) * double(v374[at[2]]));
+                           float t670 = float(double(v668[at[3]]) + double(t669));
+                           float t671 = float(double(t670) * double(v349[at[4]]));
+                           v672[at[0]] = float(double(v53[at[1]]) - double(t671));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/ffn/b_out@m
+  const meshc::gen::Buffer &v673 = param60_bert_encoder_layer_0_ffn_b_out_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/ffn/b_out@v
+  const meshc::gen::Buffer &v674 = param61_bert_encoder_layer_0_ffn_b_out_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v675 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v675.size(); ++i) {
+    v675[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v677 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v677[at[0]] = float(double(v676[at[1]]) * double(v675[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v679(
+      param60_bert_encoder_layer_0_ffn_b_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t678 = float(double(v673[at[1]]) * double(v352[at[2]]));
+    v679[at[0]] = float(double(t678) + double(v677[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v680 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v680.size(); ++i) {
+    v680[i] = float(double(v676[i]) * double(v676[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v681 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v681.size(); ++i) {
+    v681[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v682 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v682[at[0]] = float(double(v680[at[1]]) * double(v681[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v684(
+      param61_bert_encoder_layer_0_ffn_b_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t683 = float(double(v674[at[1]]) * double(v358[at[2]]));
+    v684[at[0]] = float(double(t683) + double(v682[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v685 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v685[at[0]] = float(double(v679[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v689 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t686 = float(double(v684[at[1]]) / double(v367[at[2]]));
+                           float t687 = float(std::sqrt(double(t686)));
+                           float t688 = float(double(t687) + double(v371[at[3]]));
+                           v689[at[0]] = float(double(v685[at[4]]) / double(t688));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
+  meshc::gen::View v693(
+      param15_bert_encoder_layer_0_ffn_b_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t690 = float(double(v54[at[1]]) * double(v374[at[2]]));
+                           float t691 = float(double(v689[at[3]]) + double(t690));
+                           float t692 = float(double(t691) * double(v349[at[4]]));
+                           v693[at[0]] = float(double(v54[at[1]]) - double(t692));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/norm#1/gain@m
+  const meshc::gen::Buffer &v694 = param62_bert_encoder_layer_0_norm_1_gain_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/norm#1/gain@v
+  const meshc::gen::Buffer &v695 = param63_bert_encoder_layer_0_norm_1_gain_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v696 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v696.size(); ++i) {
+    v696[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v698 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v698[at[0]] = float(double(v697[at[1]]) * double(v696[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v700(
+      param62_bert_encoder_layer_0_norm_1_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t699 = float(double(v694[at[1]]) * double(v352[at[2]]));
+    v700[at[0]] = float(double(t699) + double(v698[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v701 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v701.size(); ++i) {
+    v701[i] = float(double(v697[i]) * double(v697[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v702 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v702.size(); ++i) {
+    v702[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v703 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v703[at[0]] = float(double(v701[at[1]]) * double(v702[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v705(
+      param63_bert_encoder_layer_0_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t704 = float(double(v695[at[1]]) * double(v358[at[2]]));
+    v705[at[0]] = float(double(t704) + double(v703[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v706 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v706[at[0]] = float(double(v700[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v710 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t707 = float(double(v705[at[1]]) / double(v367[at[2]]));
+                           float t708 = float(std::sqrt(double(t707)));
+                           float t709 = float(double(t708) + double(v371[at[3]]));
+                           v710[at[0]] = float(double(v706[at[4]]) / double(t709));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
+  meshc::gen::View v714(
+      param16_bert_encoder_layer_0_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t711 = float(double(v62[at[1]]) * double(v374[at[2]]));
+                           float t712 = float(double(v710[at[3]]) + double(t711));
+                           float t713 = float(double(t712) * double(v349[at[4]]));
+                           v714[at[0]] = float(double(v62[at[1]]) - double(t713));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/norm#1/bias@m
+  const meshc::gen::Buffer &v715 = param64_bert_encoder_layer_0_norm_1_bias_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[0]/norm#1/bias@v
+  const meshc::gen::Buffer &v716 = param65_bert_encoder_layer_0_norm_1_bias_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v717 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v717.size(); ++i) {
+    v717[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v719 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v719[at[0]] = float(double(v718[at[1]]) * double(v717[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v721(
+      param64_bert_encoder_layer_0_norm_1_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t720 = float(double(v715[at[1]]) * double(v352[at[2]]));
+    v721[at[0]] = float(double(t720) + double(v719[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v722 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v722.size(); ++i) {
+    v722[i] = float(double(v718[i]) * double(v718[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v723 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v723.size(); ++i) {
+    v723[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v724 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v724[at[0]] = float(double(v722[at[1]]) * double(v723[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v726(
+      param65_bert_encoder_layer_0_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t725 = float(double(v716[at[1]]) * double(v358[at[2]]));
+    v726[at[0]] = float(double(t725) + double(v724[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v727 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v727[at[0]] = float(double(v721[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v731 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t728 = float(double(v726[at[1]]) / double(v367[at[2]]));
+                           float t729 = float(std::sqrt(double(t728)));
+                           float t730 = float(double(t729) + double(v371[at[3]]));
+                           v731[at[0]] = float(double(v727[at[4]]) / double(t730));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
+  meshc::gen::View v735(
+      param17_bert_encoder_layer_0_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t732 = float(double(v63[at[1]]) * double(v374[at[2]]));
+                           float t733 = float(double(v731[at[3]]) + double(t732));
+                           float t734 = float(double(t733) * double(v349[at[4]]));
+                           v735[at[0]] = float(double(v63[at[1]]) - double(t734));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/attention/w_q@m
+  const meshc::gen::Buffer &v736 = param66_bert_encoder_layer_1_attention_w_q_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/attention/w_q@v
+  const meshc::gen::Buffer &v737 = param67_bert_encoder_layer_1_attention_w_q_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v738 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v738.size(); ++i) {
+    v738[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v740 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v740[at[0]] = float(double(v739[at[1]]) * double(v738[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v742(
+      param66_bert_encoder_layer_1_attention_w_q_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t741 = float(double(v736[at[1]]) * double(v352[at[2]]));
+                           v742[at[0]] = float(double(t741) + double(v740[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v743 = arena_.slot(131072, 4096);
+  for (size_t i = 0; i < v743.size(); ++i) {
+    v743[i] = float(double(v739[i]) * double(v739[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v744 = arena_.slot(163840, 1);
+  for (size_t i = 0; i < v744.size(); ++i) {
+    v744[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v745 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v745[at[0]] = float(double(v743[at[1]]) * double(v744[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v747(
+      param67_bert_encoder_layer_1_attention_w_q_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t746 = float(double(v737[at[1]]) * double(v358[at[2]]));
+                           v747[at[0]] = float(double(t746) + double(v745[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v748 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v748[at[0]] = float(double(v742[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v752 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t749 = float(double(v747[at[1]]) / double(v367[at[2]]));
+                           float t750 = float(std::sqrt(double(t749)));
+                           float t751 = float(double(t750) + double(v371[at[3]]));
+                           v752[at[0]] = float(double(v748[at[4]]) / double(t751));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_q
+  meshc::gen::View v756(
+      param18_bert_encoder_layer_1_attention_w_q); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t753 = float(double(v67[at[1]]) * double(v374[at[2]]));
+                           float t754 = float(double(v752[at[3]]) + double(t753));
+                           float t755 = float(double(t754) * double(v349[at[4]]));
+                           v756[at[0]] = float(double(v67[at[1]]) - double(t755));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/attention/w_k@m
+  const meshc::gen::Buffer &v757 = param68_bert_encoder_layer_1_attention_w_k_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/attention/w_k@v
+  const meshc::gen::Buffer &v758 = param69_bert_encoder_layer_1_attention_w_k_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v759 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v759.size(); ++i) {
+    v759[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v761 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v761[at[0]] = float(double(v760[at[1]]) * double(v759[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v763(
+      param68_bert_encoder_layer_1_attention_w_k_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t762 = float(double(v757[at[1]]) * double(v352[at[2]]));
+                           v763[at[0]] = float(double(t762) + double(v761[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v764 = arena_.slot(131072, 4096);
+  for (size_t i = 0; i < v764.size(); ++i) {
+    v764[i] = float(double(v760[i]) * double(v760[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v765 = arena_.slot(163840, 1);
+  for (size_t i = 0; i < v765.size(); ++i) {
+    v765[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v766 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v766[at[0]] = float(double(v764[at[1]]) * double(v765[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v768(
+      param69_bert_encoder_layer_1_attention_w_k_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t767 = float(double(v758[at[1]]) * double(v358[at[2]]));
+                           v768[at[0]] = float(double(t767) + double(v766[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v769 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v769[at[0]] = float(double(v763[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v773 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t770 = float(double(v768[at[1]]) / double(v367[at[2]]));
+                           float t771 = float(std::sqrt(double(t770)));
+                           float t772 = float(double(t771) + double(v371[at[3]]));
+                           v773[at[0]] = float(double(v769[at[4]]) / double(t772));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_k
+  meshc::gen::View v777(
+      param19_bert_encoder_layer_1_attention_w_k); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t774 = float(double(v68[at[1]]) * double(v374[at[2]]));
+                           float t775 = float(double(v773[at[3]]) + double(t774));
+                           float t776 = float(double(t775) * double(v349[at[4]]));
+                           v777[at[0]] = float(double(v68[at[1]]) - double(t776));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/attention/w_v@m
+  const meshc::gen::Buffer &v778 = param70_bert_encoder_layer_1_attention_w_v_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/attention/w_v@v
+  const meshc::gen::Buffer &v779 = param71_bert_encoder_layer_1_attention_w_v_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v780 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v780.size(); ++i) {
+    v780[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v782 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v782[at[0]] = float(double(v781[at[1]]) * double(v780[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v784(
+      param70_bert_encoder_layer_1_attention_w_v_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t783 = float(double(v778[at[1]]) * double(v352[at[2]]));
+                           v784[at[0]] = float(double(t783) + double(v782[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v785 = arena_.slot(131072, 4096);
+  for (size_t i = 0; i < v785.size(); ++i) {
+    v785[i] = float(double(v781[i]) * double(v781[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v786 = arena_.slot(163840, 1);
+  for (size_t i = 0; i < v786.size(); ++i) {
+    v786[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v787 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v787[at[0]] = float(double(v785[at[1]]) * double(v786[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v789(
+      param71_bert_encoder_layer_1_attention_w_v_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t788 = float(double(v779[at[1]]) * double(v358[at[2]]));
+                           v789[at[0]] = float(double(t788) + double(v787[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v790 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({64, 4, 16}, {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v790[at[0]] = float(double(v784[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v794 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {0, 0, 0}, {64, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t791 = float(double(v789[at[1]]) / double(v367[at[2]]));
+                           float t792 = float(std::sqrt(double(t791)));
+                           float t793 = float(double(t792) + double(v371[at[3]]));
+                           v794[at[0]] = float(double(v790[at[4]]) / double(t793));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_v
+  meshc::gen::View v798(
+      param20_bert_encoder_layer_1_attention_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 4, 16},
+                         {{{64, 16, 1}, {64, 16, 1}, {0, 0, 0}, {64, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t795 = float(double(v69[at[1]]) * double(v374[at[2]]));
+                           float t796 = float(double(v794[at[3]]) + double(t795));
+                           float t797 = float(double(t796) * double(v349[at[4]]));
+                           v798[at[0]] = float(double(v69[at[1]]) - double(t797));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/attention/w_o@m
+  const meshc::gen::Buffer &v799 = param72_bert_encoder_layer_1_attention_w_o_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/attention/w_o@v
+  const meshc::gen::Buffer &v800 = param73_bert_encoder_layer_1_attention_w_o_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v801 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v801.size(); ++i) {
+    v801[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v803 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v803[at[0]] = float(double(v802[at[1]]) * double(v801[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v805(
+      param72_bert_encoder_layer_1_attention_w_o_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t804 = float(double(v799[at[1]]) * double(v352[at[2]]));
+                           v805[at[0]] = float(double(t804) + double(v803[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v806 = arena_.slot(131072, 4096);
+  for (size_t i = 0; i < v806.size(); ++i) {
+    v806[i] = float(double(v802[i]) * double(v802[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v807 = arena_.slot(163840, 1);
+  for (size_t i = 0; i < v807.size(); ++i) {
+    v807[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v808 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<3>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v808[at[0]] = float(double(v806[at[1]]) * double(v807[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v810(
+      param73_bert_encoder_layer_1_attention_w_o_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t809 = float(double(v800[at[1]]) * double(v358[at[2]]));
+                           v810[at[0]] = float(double(t809) + double(v808[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v811 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({4, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v811[at[0]] = float(double(v805[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v815 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<5>({4, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t812 = float(double(v810[at[1]]) / double(v367[at[2]]));
+                           float t813 = float(std::sqrt(double(t812)));
+                           float t814 = float(double(t813) + double(v371[at[3]]));
+                           v815[at[0]] = float(double(v811[at[4]]) / double(t814));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_o
+  meshc::gen::View v819(
+      param21_bert_encoder_layer_1_attention_w_o); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({4, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t816 = float(double(v70[at[1]]) * double(v374[at[2]]));
+                           float t817 = float(double(v815[at[3]]) + double(t816));
+                           float t818 = float(double(t817) * double(v349[at[4]]));
+                           v819[at[0]] = float(double(v70[at[1]]) - double(t818));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/norm/gain@m
+  const meshc::gen::Buffer &v820 = param74_bert_encoder_layer_1_norm_gain_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/norm/gain@v
+  const meshc::gen::Buffer &v821 = param75_bert_encoder_layer_1_norm_gain_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v822 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v822.size(); ++i) {
+    v822[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v824 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v824[at[0]] = float(double(v823[at[1]]) * double(v822[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v826(
+      param74_bert_encoder_layer_1_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t825 = float(double(v820[at[1]]) * double(v352[at[2]]));
+    v826[at[0]] = float(double(t825) + double(v824[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v827 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v827.size(); ++i) {
+    v827[i] = float(double(v823[i]) * double(v823[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v828 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v828.size(); ++i) {
+    v828[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v829 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v829[at[0]] = float(double(v827[at[1]]) * double(v828[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v831(
+      param75_bert_encoder_layer_1_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t830 = float(double(v821[at[1]]) * double(v358[at[2]]));
+    v831[at[0]] = float(double(t830) + double(v829[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v832 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v832[at[0]] = float(double(v826[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v836 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t833 = float(double(v831[at[1]]) / double(v367[at[2]]));
+                           float t834 = float(std::sqrt(double(t833)));
+                           float t835 = float(double(t834) + double(v371[at[3]]));
+                           v836[at[0]] = float(double(v832[at[4]]) / double(t835));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm/gain
+  meshc::gen::View v840(
+      param22_bert_encoder_layer_1_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t837 = float(double(v87[at[1]]) * double(v374[at[2]]));
+                           float t838 = float(double(v836[at[3]]) + double(t837));
+                           float t839 = float(double(t838) * double(v349[at[4]]));
+                           v840[at[0]] = float(double(v87[at[1]]) - double(t839));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/norm/bias@m
+  const meshc::gen::Buffer &v841 = param76_bert_encoder_layer_1_norm_bias_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/norm/bias@v
+  const meshc::gen::Buffer &v842 = param77_bert_encoder_layer_1_norm_bias_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v843 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v843.size(); ++i) {
+    v843[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v845 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v845[at[0]] = float(double(v844[at[1]]) * double(v843[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v847(
+      param76_bert_encoder_layer_1_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t846 = float(double(v841[at[1]]) * double(v352[at[2]]));
+    v847[at[0]] = float(double(t846) + double(v845[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v848 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v848.size(); ++i) {
+    v848[i] = float(double(v844[i]) * double(v844[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v849 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v849.size(); ++i) {
+    v849[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v850 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v850[at[0]] = float(double(v848[at[1]]) * double(v849[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v852(
+      param77_bert_encoder_layer_1_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t851 = float(double(v842[at[1]]) * double(v358[at[2]]));
+    v852[at[0]] = float(double(t851) + double(v850[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v853 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v853[at[0]] = float(double(v847[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v857 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t854 = float(double(v852[at[1]]) / double(v367[at[2]]));
+                           float t855 = float(std::sqrt(double(t854)));
+                           float t856 = float(double(t855) + double(v371[at[3]]));
+                           v857[at[0]] = float(double(v853[at[4]]) / double(t856));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm/bias
+  meshc::gen::View v861(
+      param23_bert_encoder_layer_1_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t858 = float(double(v88[at[1]]) * double(v374[at[2]]));
+                           float t859 = float(double(v857[at[3]]) + double(t858));
+                           float t860 = float(double(t859) * double(v349[at[4]]));
+                           v861[at[0]] = float(double(v88[at[1]]) - double(t860));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/ffn/w_in@m
+  const meshc::gen::Buffer &v862 = param78_bert_encoder_layer_1_ffn_w_in_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/ffn/w_in@v
+  const meshc::gen::Buffer &v863 = param79_bert_encoder_layer_1_ffn_w_in_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v864 = arena_.slot(196608, 1);
+  for (size_t i = 0; i < v864.size(); ++i) {
+    v864[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v866 = arena_.slot(131072, 16384);
+  meshc::gen::forEach<3>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v866[at[0]] = float(double(v865[at[1]]) * double(v864[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v868(
+      param78_bert_encoder_layer_1_ffn_w_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}, {256, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t867 = float(double(v862[at[1]]) * double(v352[at[2]]));
+                           v868[at[0]] = float(double(t867) + double(v866[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v869 = arena_.slot(131072, 16384);
+  for (size_t i = 0; i < v869.size(); ++i) {
+    v869[i] = float(double(v865[i]) * double(v865[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v870 = arena_.slot(196608, 1);
+  for (size_t i = 0; i < v870.size(); ++i) {
+    v870[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v871 = arena_.slot(65536, 16384);
+  meshc::gen::forEach<3>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v871[at[0]] = float(double(v869[at[1]]) * double(v870[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v873(
+      param79_bert_encoder_layer_1_ffn_w_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}, {256, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t872 = float(double(v863[at[1]]) * double(v358[at[2]]));
+                           v873[at[0]] = float(double(t872) + double(v871[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v874 = arena_.slot(65536, 16384);
+  meshc::gen::forEach<3>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v874[at[0]] = float(double(v868[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v878 = arena_.slot(131072, 16384);
+  meshc::gen::forEach<5>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}, {0, 0}, {256, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t875 = float(double(v873[at[1]]) / double(v367[at[2]]));
+                           float t876 = float(std::sqrt(double(t875)));
+                           float t877 = float(double(t876) + double(v371[at[3]]));
+                           v878[at[0]] = float(double(v874[at[4]]) / double(t877));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/w_in
+  meshc::gen::View v882(
+      param24_bert_encoder_layer_1_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 256}, {{{256, 1}, {256, 1}, {0, 0}, {256, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t879 = float(double(v92[at[1]]) * double(v374[at[2]]));
+                           float t880 = float(double(v878[at[3]]) + double(t879));
+                           float t881 = float(double(t880) * double(v349[at[4]]));
+                           v882[at[0]] = float(double(v92[at[1]]) - double(t881));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/ffn/b_in@m
+  const meshc::gen::Buffer &v883 = param80_bert_encoder_layer_1_ffn_b_in_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/ffn/b_in@v
+  const meshc::gen::Buffer &v884 = param81_bert_encoder_layer_1_ffn_b_in_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v885 = arena_.slot(66560, 1);
+  for (size_t i = 0; i < v885.size(); ++i) {
+    v885[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v887 = arena_.slot(65536, 256);
+  meshc::gen::forEach<3>({256}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v887[at[0]] = float(double(v886[at[1]]) * double(v885[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v889(
+      param80_bert_encoder_layer_1_ffn_b_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({256}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t888 = float(double(v883[at[1]]) * double(v352[at[2]]));
+    v889[at[0]] = float(double(t888) + double(v887[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v890 = arena_.slot(65536, 256);
+  for (size_t i = 0; i < v890.size(); ++i) {
+    v890[i] = float(double(v886[i]) * double(v886[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v891 = arena_.slot(67584, 1);
+  for (size_t i = 0; i < v891.size(); ++i) {
+    v891[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v892 = arena_.slot(66560, 256);
+  meshc::gen::forEach<3>({256}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v892[at[0]] = float(double(v890[at[1]]) * double(v891[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v894(
+      param81_bert_encoder_layer_1_ffn_b_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({256}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t893 = float(double(v884[at[1]]) * double(v358[at[2]]));
+    v894[at[0]] = float(double(t893) + double(v892[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v895 = arena_.slot(65536, 256);
+  meshc::gen::forEach<3>({256}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v895[at[0]] = float(double(v889[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v899 = arena_.slot(66560, 256);
+  meshc::gen::forEach<5>({256}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t896 = float(double(v894[at[1]]) / double(v367[at[2]]));
+                           float t897 = float(std::sqrt(double(t896)));
+                           float t898 = float(double(t897) + double(v371[at[3]]));
+                           v899[at[0]] = float(double(v895[at[4]]) / double(t898));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/b_in
+  meshc::gen::View v903(
+      param25_bert_encoder_layer_1_ffn_b_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({256}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t900 = float(double(v93[at[1]]) * double(v374[at[2]]));
+                           float t901 = float(double(v899[at[3]]) + double(t900));
+                           float t902 = float(double(t901) * double(v349[at[4]]));
+                           v903[at[0]] = float(double(v93[at[1]]) - double(t902));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/ffn/w_out@m
+  const meshc::gen::Buffer &v904 = param82_bert_encoder_layer_1_ffn_w_out_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/ffn/w_out@v
+  const meshc::gen::Buffer &v905 = param83_bert_encoder_layer_1_ffn_w_out_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v906 = arena_.slot(131072, 1);
+  for (size_t i = 0; i < v906.size(); ++i) {
+    v906[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v908 = arena_.slot(65536, 16384);
+  meshc::gen::forEach<3>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v908[at[0]] = float(double(v907[at[1]]) * double(v906[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v910(
+      param82_bert_encoder_layer_1_ffn_w_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t909 = float(double(v904[at[1]]) * double(v352[at[2]]));
+                           v910[at[0]] = float(double(t909) + double(v908[at[3]]));
+                         });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v911 = arena_.slot(65536, 16384);
+  for (size_t i = 0; i < v911.size(); ++i) {
+    v911[i] = float(double(v907[i]) * double(v907[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v912 = arena_.slot(131072, 1);
+  for (size_t i = 0; i < v912.size(); ++i) {
+    v912[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v913 = arena_.slot(0, 16384);
+  meshc::gen::forEach<3>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v913[at[0]] = float(double(v911[at[1]]) * double(v912[at[2]]));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v915(
+      param83_bert_encoder_layer_1_ffn_w_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t914 = float(double(v905[at[1]]) * double(v358[at[2]]));
+                           v915[at[0]] = float(double(t914) + double(v913[at[3]]));
+                         });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v916 = arena_.slot(0, 16384);
+  meshc::gen::forEach<3>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v916[at[0]] = float(double(v910[at[1]]) / double(v365[at[2]]));
+                         });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v920 = arena_.slot(65536, 16384);
+  meshc::gen::forEach<5>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t917 = float(double(v915[at[1]]) / double(v367[at[2]]));
+                           float t918 = float(std::sqrt(double(t917)));
+                           float t919 = float(double(t918) + double(v371[at[3]]));
+                           v920[at[0]] = float(double(v916[at[4]]) / double(t919));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/w_out
+  meshc::gen::View v924(
+      param26_bert_encoder_layer_1_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({256, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t921 = float(double(v94[at[1]]) * double(v374[at[2]]));
+                           float t922 = float(double(v920[at[3]]) + double(t921));
+                           float t923 = float(double(t922) * double(v349[at[4]]));
+                           v924[at[0]] = float(double(v94[at[1]]) - double(t923));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/ffn/b_out@m
+  const meshc::gen::Buffer &v925 = param84_bert_encoder_layer_1_ffn_b_out_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/ffn/b_out@v
+  const meshc::gen::Buffer &v926 = param85_bert_encoder_layer_1_ffn_b_out_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v927 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v927.size(); ++i) {
+    v927[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v929 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v929[at[0]] = float(double(v928[at[1]]) * double(v927[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v931(
+      param84_bert_encoder_layer_1_ffn_b_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t930 = float(double(v925[at[1]]) * double(v352[at[2]]));
+    v931[at[0]] = float(double(t930) + double(v929[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v932 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v932.size(); ++i) {
+    v932[i] = float(double(v928[i]) * double(v928[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v933 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v933.size(); ++i) {
+    v933[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v934 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v934[at[0]] = float(double(v932[at[1]]) * double(v933[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v936(
+      param85_bert_encoder_layer_1_ffn_b_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t935 = float(double(v926[at[1]]) * double(v358[at[2]]));
+    v936[at[0]] = float(double(t935) + double(v934[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v937 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v937[at[0]] = float(double(v931[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v941 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t938 = float(double(v936[at[1]]) / double(v367[at[2]]));
+                           float t939 = float(std::sqrt(double(t938)));
+                           float t940 = float(double(t939) + double(v371[at[3]]));
+                           v941[at[0]] = float(double(v937[at[4]]) / double(t940));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/b_out
+  meshc::gen::View v945(
+      param27_bert_encoder_layer_1_ffn_b_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t942 = float(double(v95[at[1]]) * double(v374[at[2]]));
+                           float t943 = float(double(v941[at[3]]) + double(t942));
+                           float t944 = float(double(t943) * double(v349[at[4]]));
+                           v945[at[0]] = float(double(v95[at[1]]) - double(t944));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/norm#1/gain@m
+  const meshc::gen::Buffer &v946 = param86_bert_encoder_layer_1_norm_1_gain_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/norm#1/gain@v
+  const meshc::gen::Buffer &v947 = param87_bert_encoder_layer_1_norm_1_gain_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v948 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v948.size(); ++i) {
+    v948[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v950 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v950[at[0]] = float(double(v949[at[1]]) * double(v948[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v952(
+      param86_bert_encoder_layer_1_norm_1_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t951 = float(double(v946[at[1]]) * double(v352[at[2]]));
+    v952[at[0]] = float(double(t951) + double(v950[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v953 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v953.size(); ++i) {
+    v953[i] = float(double(v949[i]) * double(v949[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v954 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v954.size(); ++i) {
+    v954[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v955 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v955[at[0]] = float(double(v953[at[1]]) * double(v954[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v957(
+      param87_bert_encoder_layer_1_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t956 = float(double(v947[at[1]]) * double(v358[at[2]]));
+    v957[at[0]] = float(double(t956) + double(v955[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v958 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v958[at[0]] = float(double(v952[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v962 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t959 = float(double(v957[at[1]]) / double(v367[at[2]]));
+                           float t960 = float(std::sqrt(double(t959)));
+                           float t961 = float(double(t960) + double(v371[at[3]]));
+                           v962[at[0]] = float(double(v958[at[4]]) / double(t961));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm#1/gain
+  meshc::gen::View v966(
+      param28_bert_encoder_layer_1_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t963 = float(double(v103[at[1]]) * double(v374[at[2]]));
+                           float t964 = float(double(v962[at[3]]) + double(t963));
+                           float t965 = float(double(t964) * double(v349[at[4]]));
+                           v966[at[0]] = float(double(v103[at[1]]) - double(t965));
+                         });
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/norm#1/bias@m
+  const meshc::gen::Buffer &v967 = param88_bert_encoder_layer_1_norm_1_bias_m;
+
+  // bert.mesh:65:3 param -> bert/encoder_layer[1]/norm#1/bias@v
+  const meshc::gen::Buffer &v968 = param89_bert_encoder_layer_1_norm_1_bias_v;
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v969 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v969.size(); ++i) {
+    v969[i] = float(double(v333[i]) - double(v352[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v971 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v971[at[0]] = float(double(v970[at[1]]) * double(v969[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v973(
+      param88_bert_encoder_layer_1_norm_1_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t972 = float(double(v967[at[1]]) * double(v352[at[2]]));
+    v973[at[0]] = float(double(t972) + double(v971[at[3]]));
+  });
+
+  // bert.mesh:65:3 square
+  meshc::gen::View v974 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v974.size(); ++i) {
+    v974[i] = float(double(v970[i]) * double(v970[i]));
+  }
+
+  // bert.mesh:65:3 sub
+  meshc::gen::View v975 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v975.size(); ++i) {
+    v975[i] = float(double(v333[i]) - double(v358[i]));
+  }
+
+  // bert.mesh:65:3 mul
+  meshc::gen::View v976 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v976[at[0]] = float(double(v974[at[1]]) * double(v975[at[2]]));
+  });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  meshc::gen::View v978(
+      param89_bert_encoder_layer_1_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t977 = float(double(v968[at[1]]) * double(v358[at[2]]));
+    v978[at[0]] = float(double(t977) + double(v976[at[3]]));
+  });
+
+  // bert.mesh:65:3 div
+  meshc::gen::View v979 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v979[at[0]] = float(double(v973[at[1]]) / double(v365[at[2]]));
+  });
+
+  // bert.mesh:65:3 div
+  // bert.mesh:65:3 sqrt
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 div
+  meshc::gen::View v983 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t980 = float(double(v978[at[1]]) / double(v367[at[2]]));
+                           float t981 = float(std::sqrt(double(t980)));
+                           float t982 = float(double(t981) + double(v371[at[3]]));
+                           v983[at[0]] = float(double(v979[at[4]]) / double(t982));
+                         });
+
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 add
+  // bert.mesh:65:3 mul
+  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm#1/bias
+  meshc::gen::View v987(
+      param29_bert_encoder_layer_1_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t984 = float(double(v104[at[1]]) * double(v374[at[2]]));
+                           float t985 = float(double(v983[at[3]]) + double(t984));
+                           float t986 = float(double(t985) * double(v349[at[4]]));
+                           v987[at[0]] = float(double(v104[at[1]]) - double(t986));
+                         });
+
+  // The step's updates.
+  ++step_;
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v124.begin(), v124.end())};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v988.begin(), v988.end())};
   return outputs;
 }
 
@@ -2016,6 +6125,8 @@ meshc::gen::Tensor MlmTrain::gatherOutput(meshrt::Communicator &world, const std
   throw std::invalid_argument("mlm_train: no output named '" + name + "'");
 }
 
+float MlmTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
+
 std::vector<std::string> MlmTrain::paramNames() {
   return {"bert/token_embedding",
           "bert/position_embedding",
@@ -2046,12 +6157,131 @@ std::vector<std::string> MlmTrain::paramNames() {
           "bert/encoder_layer[1]/ffn/w_out",
           "bert/encoder_layer[1]/ffn/b_out",
           "bert/encoder_layer[1]/norm#1/gain",
-          "bert/encoder_layer[1]/norm#1/bias"};
+          "bert/encoder_layer[1]/norm#1/bias",
+          "bert/token_embedding@m",
+          "bert/token_embedding@v",
+          "bert/position_embedding@m",
+          "bert/position_embedding@v",
+          "bert/segment_embedding@m",
+          "bert/segment_embedding@v",
+          "bert/output_bias@m",
+          "bert/output_bias@v",
+          "bert/norm/gain@m",
+          "bert/norm/gain@v",
+          "bert/norm/bias@m",
+          "bert/norm/bias@v",
+          "bert/encoder_layer[0]/attention/w_q@m",
+          "bert/encoder_layer[0]/attention/w_q@v",
+          "bert/encoder_layer[0]/attention/w_k@m",
+          "bert/encoder_layer[0]/attention/w_k@v",
+          "bert/encoder_layer[0]/attention/w_v@m",
+          "bert/encoder_layer[0]/attention/w_v@v",
+          "bert/encoder_layer[0]/attention/w_o@m",
+          "bert/encoder_layer[0]/attention/w_o@v",
+          "bert/encoder_layer[0]/norm/gain@m",
+          "bert/encoder_layer[0]/norm/gain@v",
+          "bert/encoder_layer[0]/norm/bias@m",
+          "bert/encoder_layer[0]/norm/bias@v",
+          "bert/encoder_layer[0]/ffn/w_in@m",
+          "bert/encoder_layer[0]/ffn/w_in@v",
+          "bert/encoder_layer[0]/ffn/b_in@m",
+          "bert/encoder_layer[0]/ffn/b_in@v",
+          "bert/encoder_layer[0]/ffn/w_out@m",
+          "bert/encoder_layer[0]/ffn/w_out@v",
+          "bert/encoder_layer[0]/ffn/b_out@m",
+          "bert/encoder_layer[0]/ffn/b_out@v",
+          "bert/encoder_layer[0]/norm#1/gain@m",
+          "bert/encoder_layer[0]/norm#1/gain@v",
+          "bert/encoder_layer[0]/norm#1/bias@m",
+          "bert/encoder_layer[0]/norm#1/bias@v",
+          "bert/encoder_layer[1]/attention/w_q@m",
+          "bert/encoder_layer[1]/attention/w_q@v",
+          "bert/encoder_layer[1]/attention/w_k@m",
+          "bert/encoder_layer[1]/attention/w_k@v",
+          "bert/encoder_layer[1]/attention/w_v@m",
+          "bert/encoder_layer[1]/attention/w_v@v",
+          "bert/encoder_layer[1]/attention/w_o@m",
+          "bert/encoder_layer[1]/attention/w_o@v",
+          "bert/encoder_layer[1]/norm/gain@m",
+          "bert/encoder_layer[1]/norm/gain@v",
+          "bert/encoder_layer[1]/norm/bias@m",
+          "bert/encoder_layer[1]/norm/bias@v",
+          "bert/encoder_layer[1]/ffn/w_in@m",
+          "bert/encoder_layer[1]/ffn/w_in@v",
+          "bert/encoder_layer[1]/ffn/b_in@m",
+          "bert/encoder_layer[1]/ffn/b_in@v",
+          "bert/encoder_layer[1]/ffn/w_out@m",
+          "bert/encoder_layer[1]/ffn/w_out@v",
+          "bert/encoder_layer[1]/ffn/b_out@m",
+          "bert/encoder_layer[1]/ffn/b_out@v",
+          "bert/encoder_layer[1]/norm#1/gain@m",
+          "bert/encoder_layer[1]/norm#1/gain@v",
+          "bert/encoder_layer[1]/norm#1/bias@m",
+          "bert/encoder_layer[1]/norm#1/bias@v"};
 }
 
 bool MlmTrain::isOptimizerState(const std::string &path) {
-  (void)path;
-  return false;
+  static const std::vector<std::string> states = {"bert/token_embedding@m",
+                                                  "bert/token_embedding@v",
+                                                  "bert/position_embedding@m",
+                                                  "bert/position_embedding@v",
+                                                  "bert/segment_embedding@m",
+                                                  "bert/segment_embedding@v",
+                                                  "bert/output_bias@m",
+                                                  "bert/output_bias@v",
+                                                  "bert/norm/gain@m",
+                                                  "bert/norm/gain@v",
+                                                  "bert/norm/bias@m",
+                                                  "bert/norm/bias@v",
+                                                  "bert/encoder_layer[0]/attention/w_q@m",
+                                                  "bert/encoder_layer[0]/attention/w_q@v",
+                                                  "bert/encoder_layer[0]/attention/w_k@m",
+                                                  "bert/encoder_layer[0]/attention/w_k@v",
+                                                  "bert/encoder_layer[0]/attention/w_v@m",
+                                                  "bert/encoder_layer[0]/attention/w_v@v",
+                                                  "bert/encoder_layer[0]/attention/w_o@m",
+                                                  "bert/encoder_layer[0]/attention/w_o@v",
+                                                  "bert/encoder_layer[0]/norm/gain@m",
+                                                  "bert/encoder_layer[0]/norm/gain@v",
+                                                  "bert/encoder_layer[0]/norm/bias@m",
+                                                  "bert/encoder_layer[0]/norm/bias@v",
+                                                  "bert/encoder_layer[0]/ffn/w_in@m",
+                                                  "bert/encoder_layer[0]/ffn/w_in@v",
+                                                  "bert/encoder_layer[0]/ffn/b_in@m",
+                                                  "bert/encoder_layer[0]/ffn/b_in@v",
+                                                  "bert/encoder_layer[0]/ffn/w_out@m",
+                                                  "bert/encoder_layer[0]/ffn/w_out@v",
+                                                  "bert/encoder_layer[0]/ffn/b_out@m",
+                                                  "bert/encoder_layer[0]/ffn/b_out@v",
+                                                  "bert/encoder_layer[0]/norm#1/gain@m",
+                                                  "bert/encoder_layer[0]/norm#1/gain@v",
+                                                  "bert/encoder_layer[0]/norm#1/bias@m",
+                                                  "bert/encoder_layer[0]/norm#1/bias@v",
+                                                  "bert/encoder_layer[1]/attention/w_q@m",
+                                                  "bert/encoder_layer[1]/attention/w_q@v",
+                                                  "bert/encoder_layer[1]/attention/w_k@m",
+                                                  "bert/encoder_layer[1]/attention/w_k@v",
+                                                  "bert/encoder_layer[1]/attention/w_v@m",
+                                                  "bert/encoder_layer[1]/attention/w_v@v",
+                                                  "bert/encoder_layer[1]/attention/w_o@m",
+                                                  "bert/encoder_layer[1]/attention/w_o@v",
+                                                  "bert/encoder_layer[1]/norm/gain@m",
+                                                  "bert/encoder_layer[1]/norm/gain@v",
+                                                  "bert/encoder_layer[1]/norm/bias@m",
+                                                  "bert/encoder_layer[1]/norm/bias@v",
+                                                  "bert/encoder_layer[1]/ffn/w_in@m",
+                                                  "bert/encoder_layer[1]/ffn/w_in@v",
+                                                  "bert/encoder_layer[1]/ffn/b_in@m",
+                                                  "bert/encoder_layer[1]/ffn/b_in@v",
+                                                  "bert/encoder_layer[1]/ffn/w_out@m",
+                                                  "bert/encoder_layer[1]/ffn/w_out@v",
+                                                  "bert/encoder_layer[1]/ffn/b_out@m",
+                                                  "bert/encoder_layer[1]/ffn/b_out@v",
+                                                  "bert/encoder_layer[1]/norm#1/gain@m",
+                                                  "bert/encoder_layer[1]/norm#1/gain@v",
+                                                  "bert/encoder_layer[1]/norm#1/bias@m",
+                                                  "bert/encoder_layer[1]/norm#1/bias@v"};
+  return std::find(states.begin(), states.end(), path) != states.end();
 }
 
 std::vector<meshc::gen::ParamShard> MlmTrain::paramShards() {
@@ -2275,6 +6505,458 @@ std::vector<meshc::gen::ParamShard> MlmTrain::paramShards() {
        {"d_model"},
        {{}},
        &param29_bert_encoder_layer_1_norm_1_bias},
+      {"bert/token_embedding@m",
+       true,
+       "f32",
+       {128, 64},
+       {128, 64},
+       {"vocab", "d_model"},
+       {{}, {}},
+       &param30_bert_token_embedding_m},
+      {"bert/token_embedding@v",
+       true,
+       "f32",
+       {128, 64},
+       {128, 64},
+       {"vocab", "d_model"},
+       {{}, {}},
+       &param31_bert_token_embedding_v},
+      {"bert/position_embedding@m",
+       true,
+       "f32",
+       {32, 64},
+       {32, 64},
+       {"seq", "d_model"},
+       {{}, {}},
+       &param32_bert_position_embedding_m},
+      {"bert/position_embedding@v",
+       true,
+       "f32",
+       {32, 64},
+       {32, 64},
+       {"seq", "d_model"},
+       {{}, {}},
+       &param33_bert_position_embedding_v},
+      {"bert/segment_embedding@m",
+       true,
+       "f32",
+       {2, 64},
+       {2, 64},
+       {"segments", "d_model"},
+       {{}, {}},
+       &param34_bert_segment_embedding_m},
+      {"bert/segment_embedding@v",
+       true,
+       "f32",
+       {2, 64},
+       {2, 64},
+       {"segments", "d_model"},
+       {{}, {}},
+       &param35_bert_segment_embedding_v},
+      {"bert/output_bias@m",
+       true,
+       "f32",
+       {128},
+       {128},
+       {"vocab"},
+       {{}},
+       &param36_bert_output_bias_m},
+      {"bert/output_bias@v",
+       true,
+       "f32",
+       {128},
+       {128},
+       {"vocab"},
+       {{}},
+       &param37_bert_output_bias_v},
+      {"bert/norm/gain@m", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param38_bert_norm_gain_m},
+      {"bert/norm/gain@v", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param39_bert_norm_gain_v},
+      {"bert/norm/bias@m", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param40_bert_norm_bias_m},
+      {"bert/norm/bias@v", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param41_bert_norm_bias_v},
+      {"bert/encoder_layer[0]/attention/w_q@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param42_bert_encoder_layer_0_attention_w_q_m},
+      {"bert/encoder_layer[0]/attention/w_q@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param43_bert_encoder_layer_0_attention_w_q_v},
+      {"bert/encoder_layer[0]/attention/w_k@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param44_bert_encoder_layer_0_attention_w_k_m},
+      {"bert/encoder_layer[0]/attention/w_k@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param45_bert_encoder_layer_0_attention_w_k_v},
+      {"bert/encoder_layer[0]/attention/w_v@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param46_bert_encoder_layer_0_attention_w_v_m},
+      {"bert/encoder_layer[0]/attention/w_v@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param47_bert_encoder_layer_0_attention_w_v_v},
+      {"bert/encoder_layer[0]/attention/w_o@m",
+       true,
+       "f32",
+       {4, 16, 64},
+       {4, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{}, {}, {}},
+       &param48_bert_encoder_layer_0_attention_w_o_m},
+      {"bert/encoder_layer[0]/attention/w_o@v",
+       true,
+       "f32",
+       {4, 16, 64},
+       {4, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{}, {}, {}},
+       &param49_bert_encoder_layer_0_attention_w_o_v},
+      {"bert/encoder_layer[0]/norm/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param50_bert_encoder_layer_0_norm_gain_m},
+      {"bert/encoder_layer[0]/norm/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param51_bert_encoder_layer_0_norm_gain_v},
+      {"bert/encoder_layer[0]/norm/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param52_bert_encoder_layer_0_norm_bias_m},
+      {"bert/encoder_layer[0]/norm/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param53_bert_encoder_layer_0_norm_bias_v},
+      {"bert/encoder_layer[0]/ffn/w_in@m",
+       true,
+       "f32",
+       {64, 256},
+       {64, 256},
+       {"d_model", "d_ff"},
+       {{}, {}},
+       &param54_bert_encoder_layer_0_ffn_w_in_m},
+      {"bert/encoder_layer[0]/ffn/w_in@v",
+       true,
+       "f32",
+       {64, 256},
+       {64, 256},
+       {"d_model", "d_ff"},
+       {{}, {}},
+       &param55_bert_encoder_layer_0_ffn_w_in_v},
+      {"bert/encoder_layer[0]/ffn/b_in@m",
+       true,
+       "f32",
+       {256},
+       {256},
+       {"d_ff"},
+       {{}},
+       &param56_bert_encoder_layer_0_ffn_b_in_m},
+      {"bert/encoder_layer[0]/ffn/b_in@v",
+       true,
+       "f32",
+       {256},
+       {256},
+       {"d_ff"},
+       {{}},
+       &param57_bert_encoder_layer_0_ffn_b_in_v},
+      {"bert/encoder_layer[0]/ffn/w_out@m",
+       true,
+       "f32",
+       {256, 64},
+       {256, 64},
+       {"d_ff", "d_model"},
+       {{}, {}},
+       &param58_bert_encoder_layer_0_ffn_w_out_m},
+      {"bert/encoder_layer[0]/ffn/w_out@v",
+       true,
+       "f32",
+       {256, 64},
+       {256, 64},
+       {"d_ff", "d_model"},
+       {{}, {}},
+       &param59_bert_encoder_layer_0_ffn_w_out_v},
+      {"bert/encoder_layer[0]/ffn/b_out@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param60_bert_encoder_layer_0_ffn_b_out_m},
+      {"bert/encoder_layer[0]/ffn/b_out@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param61_bert_encoder_layer_0_ffn_b_out_v},
+      {"bert/encoder_layer[0]/norm#1/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param62_bert_encoder_layer_0_norm_1_gain_m},
+      {"bert/encoder_layer[0]/norm#1/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param63_bert_encoder_layer_0_norm_1_gain_v},
+      {"bert/encoder_layer[0]/norm#1/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param64_bert_encoder_layer_0_norm_1_bias_m},
+      {"bert/encoder_layer[0]/norm#1/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param65_bert_encoder_layer_0_norm_1_bias_v},
+      {"bert/encoder_layer[1]/attention/w_q@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param66_bert_encoder_layer_1_attention_w_q_m},
+      {"bert/encoder_layer[1]/attention/w_q@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param67_bert_encoder_layer_1_attention_w_q_v},
+      {"bert/encoder_layer[1]/attention/w_k@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param68_bert_encoder_layer_1_attention_w_k_m},
+      {"bert/encoder_layer[1]/attention/w_k@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param69_bert_encoder_layer_1_attention_w_k_v},
+      {"bert/encoder_layer[1]/attention/w_v@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param70_bert_encoder_layer_1_attention_w_v_m},
+      {"bert/encoder_layer[1]/attention/w_v@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 4, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {}, {}},
+       &param71_bert_encoder_layer_1_attention_w_v_v},
+      {"bert/encoder_layer[1]/attention/w_o@m",
+       true,
+       "f32",
+       {4, 16, 64},
+       {4, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{}, {}, {}},
+       &param72_bert_encoder_layer_1_attention_w_o_m},
+      {"bert/encoder_layer[1]/attention/w_o@v",
+       true,
+       "f32",
+       {4, 16, 64},
+       {4, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{}, {}, {}},
+       &param73_bert_encoder_layer_1_attention_w_o_v},
+      {"bert/encoder_layer[1]/norm/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param74_bert_encoder_layer_1_norm_gain_m},
+      {"bert/encoder_layer[1]/norm/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param75_bert_encoder_layer_1_norm_gain_v},
+      {"bert/encoder_layer[1]/norm/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param76_bert_encoder_layer_1_norm_bias_m},
+      {"bert/encoder_layer[1]/norm/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param77_bert_encoder_layer_1_norm_bias_v},
+      {"bert/encoder_layer[1]/ffn/w_in@m",
+       true,
+       "f32",
+       {64, 256},
+       {64, 256},
+       {"d_model", "d_ff"},
+       {{}, {}},
+       &param78_bert_encoder_layer_1_ffn_w_in_m},
+      {"bert/encoder_layer[1]/ffn/w_in@v",
+       true,
+       "f32",
+       {64, 256},
+       {64, 256},
+       {"d_model", "d_ff"},
+       {{}, {}},
+       &param79_bert_encoder_layer_1_ffn_w_in_v},
+      {"bert/encoder_layer[1]/ffn/b_in@m",
+       true,
+       "f32",
+       {256},
+       {256},
+       {"d_ff"},
+       {{}},
+       &param80_bert_encoder_layer_1_ffn_b_in_m},
+      {"bert/encoder_layer[1]/ffn/b_in@v",
+       true,
+       "f32",
+       {256},
+       {256},
+       {"d_ff"},
+       {{}},
+       &param81_bert_encoder_layer_1_ffn_b_in_v},
+      {"bert/encoder_layer[1]/ffn/w_out@m",
+       true,
+       "f32",
+       {256, 64},
+       {256, 64},
+       {"d_ff", "d_model"},
+       {{}, {}},
+       &param82_bert_encoder_layer_1_ffn_w_out_m},
+      {"bert/encoder_layer[1]/ffn/w_out@v",
+       true,
+       "f32",
+       {256, 64},
+       {256, 64},
+       {"d_ff", "d_model"},
+       {{}, {}},
+       &param83_bert_encoder_layer_1_ffn_w_out_v},
+      {"bert/encoder_layer[1]/ffn/b_out@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param84_bert_encoder_layer_1_ffn_b_out_m},
+      {"bert/encoder_layer[1]/ffn/b_out@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param85_bert_encoder_layer_1_ffn_b_out_v},
+      {"bert/encoder_layer[1]/norm#1/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param86_bert_encoder_layer_1_norm_1_gain_m},
+      {"bert/encoder_layer[1]/norm#1/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param87_bert_encoder_layer_1_norm_1_gain_v},
+      {"bert/encoder_layer[1]/norm#1/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param88_bert_encoder_layer_1_norm_1_bias_m},
+      {"bert/encoder_layer[1]/norm#1/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param89_bert_encoder_layer_1_norm_1_bias_v},
   };
 }
 

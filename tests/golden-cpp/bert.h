@@ -182,10 +182,14 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 77824;
+  static constexpr size_t kArenaBytes = 606976;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 672812;
+  static constexpr size_t kTemporaryBytes = 4687884;
 
+  /// One training step on this rank's shards (collective): forward, backward and the optimizer's
+  /// update, applied to the params; increments the step counter. Returns the global loss (every
+  /// rank gets it). run() is the same step, returning the outputs.
+  float step(const Inputs &inputs);
   /// The number of steps taken: keys this step's random ops and dropout masks (and, with an
   /// optimizer, its learning-rate schedule).
   int64_t stepCount() const { return step_; }
@@ -296,7 +300,137 @@ private:
                                                                // [d_model] local {64}
   meshc::gen::Buffer param29_bert_encoder_layer_1_norm_1_bias; // bert/encoder_layer[1]/norm#1/bias:
                                                                // [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes};                       // run()'s temporaries
+  meshc::gen::Buffer
+      param30_bert_token_embedding_m; // bert/token_embedding@m: [vocab, d_model] local {128, 64}
+  meshc::gen::Buffer
+      param31_bert_token_embedding_v; // bert/token_embedding@v: [vocab, d_model] local {128, 64}
+  meshc::gen::Buffer
+      param32_bert_position_embedding_m; // bert/position_embedding@m: [seq, d_model] local {32, 64}
+  meshc::gen::Buffer
+      param33_bert_position_embedding_v; // bert/position_embedding@v: [seq, d_model] local {32, 64}
+  meshc::gen::Buffer param34_bert_segment_embedding_m; // bert/segment_embedding@m: [segments,
+                                                       // d_model] local {2, 64}
+  meshc::gen::Buffer param35_bert_segment_embedding_v; // bert/segment_embedding@v: [segments,
+                                                       // d_model] local {2, 64}
+  meshc::gen::Buffer param36_bert_output_bias_m;       // bert/output_bias@m: [vocab] local {128}
+  meshc::gen::Buffer param37_bert_output_bias_v;       // bert/output_bias@v: [vocab] local {128}
+  meshc::gen::Buffer param38_bert_norm_gain_m;         // bert/norm/gain@m: [d_model] local {64}
+  meshc::gen::Buffer param39_bert_norm_gain_v;         // bert/norm/gain@v: [d_model] local {64}
+  meshc::gen::Buffer param40_bert_norm_bias_m;         // bert/norm/bias@m: [d_model] local {64}
+  meshc::gen::Buffer param41_bert_norm_bias_v;         // bert/norm/bias@v: [d_model] local {64}
+  meshc::gen::Buffer
+      param42_bert_encoder_layer_0_attention_w_q_m; // bert/encoder_layer[0]/attention/w_q@m:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param43_bert_encoder_layer_0_attention_w_q_v; // bert/encoder_layer[0]/attention/w_q@v:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param44_bert_encoder_layer_0_attention_w_k_m; // bert/encoder_layer[0]/attention/w_k@m:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param45_bert_encoder_layer_0_attention_w_k_v; // bert/encoder_layer[0]/attention/w_k@v:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param46_bert_encoder_layer_0_attention_w_v_m; // bert/encoder_layer[0]/attention/w_v@m:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param47_bert_encoder_layer_0_attention_w_v_v; // bert/encoder_layer[0]/attention/w_v@v:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param48_bert_encoder_layer_0_attention_w_o_m; // bert/encoder_layer[0]/attention/w_o@m:
+                                                    // [heads, d_head, d_model] local {4, 16, 64}
+  meshc::gen::Buffer
+      param49_bert_encoder_layer_0_attention_w_o_v; // bert/encoder_layer[0]/attention/w_o@v:
+                                                    // [heads, d_head, d_model] local {4, 16, 64}
+  meshc::gen::Buffer param50_bert_encoder_layer_0_norm_gain_m; // bert/encoder_layer[0]/norm/gain@m:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param51_bert_encoder_layer_0_norm_gain_v; // bert/encoder_layer[0]/norm/gain@v:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param52_bert_encoder_layer_0_norm_bias_m; // bert/encoder_layer[0]/norm/bias@m:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param53_bert_encoder_layer_0_norm_bias_v; // bert/encoder_layer[0]/norm/bias@v:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param54_bert_encoder_layer_0_ffn_w_in_m;  // bert/encoder_layer[0]/ffn/w_in@m:
+                                                               // [d_model, d_ff] local {64, 256}
+  meshc::gen::Buffer param55_bert_encoder_layer_0_ffn_w_in_v;  // bert/encoder_layer[0]/ffn/w_in@v:
+                                                               // [d_model, d_ff] local {64, 256}
+  meshc::gen::Buffer param56_bert_encoder_layer_0_ffn_b_in_m;  // bert/encoder_layer[0]/ffn/b_in@m:
+                                                               // [d_ff] local {256}
+  meshc::gen::Buffer param57_bert_encoder_layer_0_ffn_b_in_v;  // bert/encoder_layer[0]/ffn/b_in@v:
+                                                               // [d_ff] local {256}
+  meshc::gen::Buffer param58_bert_encoder_layer_0_ffn_w_out_m; // bert/encoder_layer[0]/ffn/w_out@m:
+                                                               // [d_ff, d_model] local {256, 64}
+  meshc::gen::Buffer param59_bert_encoder_layer_0_ffn_w_out_v; // bert/encoder_layer[0]/ffn/w_out@v:
+                                                               // [d_ff, d_model] local {256, 64}
+  meshc::gen::Buffer param60_bert_encoder_layer_0_ffn_b_out_m; // bert/encoder_layer[0]/ffn/b_out@m:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param61_bert_encoder_layer_0_ffn_b_out_v; // bert/encoder_layer[0]/ffn/b_out@v:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param62_bert_encoder_layer_0_norm_1_gain_m; // bert/encoder_layer[0]/norm#1/gain@m:
+                                                                 // [d_model] local {64}
+  meshc::gen::Buffer param63_bert_encoder_layer_0_norm_1_gain_v; // bert/encoder_layer[0]/norm#1/gain@v:
+                                                                 // [d_model] local {64}
+  meshc::gen::Buffer param64_bert_encoder_layer_0_norm_1_bias_m; // bert/encoder_layer[0]/norm#1/bias@m:
+                                                                 // [d_model] local {64}
+  meshc::gen::Buffer param65_bert_encoder_layer_0_norm_1_bias_v; // bert/encoder_layer[0]/norm#1/bias@v:
+                                                                 // [d_model] local {64}
+  meshc::gen::Buffer
+      param66_bert_encoder_layer_1_attention_w_q_m; // bert/encoder_layer[1]/attention/w_q@m:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param67_bert_encoder_layer_1_attention_w_q_v; // bert/encoder_layer[1]/attention/w_q@v:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param68_bert_encoder_layer_1_attention_w_k_m; // bert/encoder_layer[1]/attention/w_k@m:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param69_bert_encoder_layer_1_attention_w_k_v; // bert/encoder_layer[1]/attention/w_k@v:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param70_bert_encoder_layer_1_attention_w_v_m; // bert/encoder_layer[1]/attention/w_v@m:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param71_bert_encoder_layer_1_attention_w_v_v; // bert/encoder_layer[1]/attention/w_v@v:
+                                                    // [d_model, heads, d_head] local {64, 4, 16}
+  meshc::gen::Buffer
+      param72_bert_encoder_layer_1_attention_w_o_m; // bert/encoder_layer[1]/attention/w_o@m:
+                                                    // [heads, d_head, d_model] local {4, 16, 64}
+  meshc::gen::Buffer
+      param73_bert_encoder_layer_1_attention_w_o_v; // bert/encoder_layer[1]/attention/w_o@v:
+                                                    // [heads, d_head, d_model] local {4, 16, 64}
+  meshc::gen::Buffer param74_bert_encoder_layer_1_norm_gain_m; // bert/encoder_layer[1]/norm/gain@m:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param75_bert_encoder_layer_1_norm_gain_v; // bert/encoder_layer[1]/norm/gain@v:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param76_bert_encoder_layer_1_norm_bias_m; // bert/encoder_layer[1]/norm/bias@m:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param77_bert_encoder_layer_1_norm_bias_v; // bert/encoder_layer[1]/norm/bias@v:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param78_bert_encoder_layer_1_ffn_w_in_m;  // bert/encoder_layer[1]/ffn/w_in@m:
+                                                               // [d_model, d_ff] local {64, 256}
+  meshc::gen::Buffer param79_bert_encoder_layer_1_ffn_w_in_v;  // bert/encoder_layer[1]/ffn/w_in@v:
+                                                               // [d_model, d_ff] local {64, 256}
+  meshc::gen::Buffer param80_bert_encoder_layer_1_ffn_b_in_m;  // bert/encoder_layer[1]/ffn/b_in@m:
+                                                               // [d_ff] local {256}
+  meshc::gen::Buffer param81_bert_encoder_layer_1_ffn_b_in_v;  // bert/encoder_layer[1]/ffn/b_in@v:
+                                                               // [d_ff] local {256}
+  meshc::gen::Buffer param82_bert_encoder_layer_1_ffn_w_out_m; // bert/encoder_layer[1]/ffn/w_out@m:
+                                                               // [d_ff, d_model] local {256, 64}
+  meshc::gen::Buffer param83_bert_encoder_layer_1_ffn_w_out_v; // bert/encoder_layer[1]/ffn/w_out@v:
+                                                               // [d_ff, d_model] local {256, 64}
+  meshc::gen::Buffer param84_bert_encoder_layer_1_ffn_b_out_m; // bert/encoder_layer[1]/ffn/b_out@m:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param85_bert_encoder_layer_1_ffn_b_out_v; // bert/encoder_layer[1]/ffn/b_out@v:
+                                                               // [d_model] local {64}
+  meshc::gen::Buffer param86_bert_encoder_layer_1_norm_1_gain_m; // bert/encoder_layer[1]/norm#1/gain@m:
+                                                                 // [d_model] local {64}
+  meshc::gen::Buffer param87_bert_encoder_layer_1_norm_1_gain_v; // bert/encoder_layer[1]/norm#1/gain@v:
+                                                                 // [d_model] local {64}
+  meshc::gen::Buffer param88_bert_encoder_layer_1_norm_1_bias_m; // bert/encoder_layer[1]/norm#1/bias@m:
+                                                                 // [d_model] local {64}
+  meshc::gen::Buffer param89_bert_encoder_layer_1_norm_1_bias_v; // bert/encoder_layer[1]/norm#1/bias@v:
+                                                                 // [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes}; // run()'s temporaries
 };
 
 } // namespace meshc_generated

@@ -228,10 +228,16 @@ MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "ffn/w_out",
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
+  // ffn/w_in@momentum: zeros (mlp.mesh:22)
+  param3_ffn_w_in_momentum.assign(8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // ffn/b_in@momentum: zeros (mlp.mesh:23)
+  param4_ffn_b_in_momentum.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // ffn/w_out@momentum: zeros (mlp.mesh:24)
+  param5_ffn_w_out_momentum.assign(8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
 }
 
 MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
-  // Arena: 20480 bytes for 40964 bytes of temporaries (8 slots, placed by liveness).
+  // Arena: 99520 bytes for 284260 bytes of temporaries (48 slots, placed by liveness).
   meshc::gen::checkShape("input", "x", inputs.x, {16, 64});
   meshc::gen::checkShape("input", "target", inputs.target, {16, 64});
 
@@ -252,7 +258,7 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
       meshrt::kernels::ValueType::F32);
 
   // mlp.mesh:40:17 add -> noisy
-  meshc::gen::View v3 = arena_.slot(16384, 1024);
+  meshc::gen::View v3 = arena_.slot(73728, 1024);
   for (size_t i = 0; i < v3.size(); ++i) {
     v3[i] = float(double(v0[i]) + double(v2[i]));
   }
@@ -274,16 +280,20 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
   einsum7.run(v3.data(), v4.data(), v7.data());
 
   // mlp.mesh:27:47 add
-  // mlp.mesh:27:11 relu -> h
-  meshc::gen::View v9 = arena_.slot(8192, 2048);
+  meshc::gen::View v8 = arena_.slot(32768, 2048);
   meshc::gen::forEach<3>({16, 128}, {{{128, 1}, {128, 1}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
-                           float t8 = float(double(v7[at[1]]) + double(v5[at[2]]));
-                           v9[at[0]] = float((t8 > 0 ? t8 : 0.0f));
+                           v8[at[0]] = float(double(v7[at[1]]) + double(v5[at[2]]));
                          });
 
+  // mlp.mesh:27:11 relu -> h
+  meshc::gen::View v9 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v9.size(); ++i) {
+    v9[i] = float((v8[i] > 0 ? v8[i] : 0.0f));
+  }
+
   // mlp.mesh:29:17 dropout
-  meshc::gen::View v10 = arena_.slot(0, 2048);
+  meshc::gen::View v10 = arena_.slot(40960, 2048);
   meshc::gen::dropout(
       v10.data(), {16, 128}, v9.data(), {128, 1}, {256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16),
@@ -292,7 +302,7 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
       meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
 
   // mlp.mesh:29:10 einsum
-  meshc::gen::View v11 = arena_.slot(8192, 1024);
+  meshc::gen::View v11 = arena_.slot(0, 1024);
   // dims: batch, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum11(
       {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
@@ -304,25 +314,333 @@ MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
 
   // mlp.mesh:41:32 add
   // mlp.mesh:41:45 sub
+  meshc::gen::View v14 = arena_.slot(4096, 1024);
+  for (size_t i = 0; i < v14.size(); ++i) {
+    float t13 = float(double(v3[i]) + double(v12[i]));
+    v14[i] = float(double(t13) - double(v1[i]));
+  }
+
   // mlp.mesh:41:19 square
   meshc::gen::View v15 = arena_.slot(0, 1024);
   for (size_t i = 0; i < v15.size(); ++i) {
-    float t13 = float(double(v3[i]) + double(v12[i]));
-    float t14 = float(double(t13) - double(v1[i]));
-    v15[i] = float(double(t14) * double(t14));
+    v15[i] = float(double(v14[i]) * double(v14[i]));
   }
 
   // mlp.mesh:41:14 mean -> loss
-  meshc::gen::View v16 = arena_.slot(4096, 1);
+  meshc::gen::View v16 = arena_.slot(99328, 1);
   meshc::gen::reduce(v16.data(), {}, v15.data(), {}, {16, 64}, {64, 1}, meshc::gen::Reduce::Sum,
                      0.00048828125);
 
-  // mlp.mesh:42:3 all_reduce_sum -> loss (resolve output 'loss')
-  meshc::gen::View v17 = v16;
-  group_data.allReduce(v17.data(), v17.size(), meshrt::ReduceOp::Sum);
+  // mlp.mesh:42:3 literal
+  meshc::gen::View v17 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // mlp.mesh:41:14 literal
+  meshc::gen::View v18 =
+      arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.00048828125));
+
+  // mlp.mesh:41:14 mul
+  meshc::gen::View v19 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v19.size(); ++i) {
+    v19[i] = float(double(v17[i]) * double(v18[i]));
+  }
+
+  // mlp.mesh:41:14 broadcast
+  meshc::gen::View v20 = arena_.slot(0, 1024);
+  meshc::gen::forEach<2>({16, 64}, {{{64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 2> &at) { v20[at[0]] = float(v19[at[1]]); });
+
+  // mlp.mesh:41:19 literal
+  meshc::gen::View v21 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 2.0));
+
+  // mlp.mesh:41:19 mul
+  // mlp.mesh:41:19 mul
+  meshc::gen::View v23 = arena_.slot(57344, 1024);
+  meshc::gen::forEach<4>({16, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t22 = float(double(v14[at[1]]) * double(v21[at[2]]));
+                           v23[at[0]] = float(double(v20[at[3]]) * double(t22));
+                         });
+
+  // mlp.mesh:29:10 einsum
+  meshc::gen::View v24 = arena_.slot(49152, 2048);
+  // dims: batch, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum24(
+      {{16, 64, 128}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+  einsum24.run(v23.data(), v6.data(), v24.data());
+
+  // mlp.mesh:29:10 einsum -> grad/ffn/w_out
+  meshc::gen::View v25 = arena_.slot(0, 8192);
+  // dims: batch, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum25(
+      {{16, 64, 128}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+  einsum25.run(v23.data(), v10.data(), v25.data());
+
+  // mlp.mesh:29:17 dropout
+  meshc::gen::View v26 = arena_.slot(40960, 2048);
+  meshc::gen::dropout(
+      v26.data(), {16, 128}, v24.data(), {128, 1}, {256, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16),
+                              meshc::gen::shardStart(world_, {"model"}, 128)},
+                             {256, 1}),
+      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
+
+  // mlp.mesh:27:11 literal
+  meshc::gen::View v27 = arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+
+  // mlp.mesh:27:11 gt
+  // mlp.mesh:27:11 where
+  meshc::gen::View v29 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<4>({16, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t28 = (v8[at[1]] > v27[at[2]] ? 1.0f : 0.0f);
+                           v29[at[0]] = float((t28 != 0 ? v26[at[3]] : v27[at[2]]));
+                         });
+
+  // mlp.mesh:27:47 sum -> grad/ffn/b_in
+  meshc::gen::View v30 = arena_.slot(98304, 128);
+  meshc::gen::reduce(v30.data(), {128}, v29.data(), {1}, {16}, {128}, meshc::gen::Reduce::Sum, 1.0);
+
+  // mlp.mesh:27:16 einsum -> grad/ffn/w_in
+  meshc::gen::View v31 = arena_.slot(32768, 8192);
+  // dims: batch, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum31(
+      {{16, 128, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+  einsum31.run(v29.data(), v3.data(), v31.data());
+
+  // mlp.mesh:42:3 bucketed_all_reduce_sum -> loss (4 partial sums (loss, grad/ffn/w_out,
+  // grad/ffn/b_in, ...) over data resolved together, 64.5 KiB in one buffer)
+  meshc::gen::View v90 = v16;
+  meshc::gen::View v57 = v25;
+  meshc::gen::View v53 = v30;
+  meshc::gen::View v50 = v31;
+  meshc::gen::allReduceBucket(group_data, {v90, v57, v53, v50});
+
+  // mlp.mesh:42:3 step
+  meshc::gen::View v32 = arena_.fill(65536, 1, float(step_));
+
+  // mlp.mesh:42:3 literal
+  meshc::gen::View v33 = arena_.fill(98816, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // mlp.mesh:42:3 add
+  meshc::gen::View v34 = arena_.slot(65600, 1);
+  for (size_t i = 0; i < v34.size(); ++i) {
+    v34[i] = float(double(v32[i]) + double(v33[i]));
+  }
+
+  // mlp.mesh:42:3 literal
+  meshc::gen::View v35 =
+      arena_.fill(65600, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.05));
+
+  // mlp.mesh:42:3 add
+  meshc::gen::View v36 = arena_.slot(65664, 1);
+  for (size_t i = 0; i < v36.size(); ++i) {
+    v36[i] = float(double(v32[i]) + double(v33[i]));
+  }
+
+  // mlp.mesh:42:3 literal
+  meshc::gen::View v37 = arena_.fill(65728, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 minimum
+  // mlp.mesh:42:3 mul
+  meshc::gen::View v40 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v40.size(); ++i) {
+    float t38 = float(double(v36[i]) * double(v37[i]));
+    float t39 = float(meshc::gen::minimum(t38, v33[i]));
+    v40[i] = float(double(v35[i]) * double(t39));
+  }
+
+  // mlp.mesh:42:3 literal
+  meshc::gen::View v41 = arena_.fill(65600, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+
+  // mlp.mesh:42:3 literal
+  meshc::gen::View v42 =
+      arena_.fill(65664, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -10.0));
+
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 maximum
+  meshc::gen::View v44 = arena_.slot(65728, 1);
+  for (size_t i = 0; i < v44.size(); ++i) {
+    float t43 = float(double(v32[i]) + double(v42[i]));
+    v44[i] = float(meshc::gen::maximum(t43, v41[i]));
+  }
+
+  // mlp.mesh:42:3 literal
+  meshc::gen::View v45 =
+      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 minimum
+  // mlp.mesh:42:3 sub
+  // mlp.mesh:42:3 mul -> learning_rate
+  meshc::gen::View v49 = arena_.slot(99392, 1);
+  for (size_t i = 0; i < v49.size(); ++i) {
+    float t46 = float(double(v44[i]) * double(v45[i]));
+    float t47 = float(meshc::gen::minimum(t46, v33[i]));
+    float t48 = float(double(v33[i]) - double(t47));
+    v49[i] = float(double(v40[i]) * double(t48));
+  }
+
+  // mlp.mesh:42:3 square
+  meshc::gen::View v51 = arena_.slot(65536, 8192);
+  for (size_t i = 0; i < v51.size(); ++i) {
+    v51[i] = float(double(v50[i]) * double(v50[i]));
+  }
+
+  // mlp.mesh:42:3 sum
+  meshc::gen::View v52 = arena_.slot(98880, 1);
+  meshc::gen::reduce(v52.data(), {}, v51.data(), {}, {64, 128}, {128, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // mlp.mesh:42:3 square
+  meshc::gen::View v54 = arena_.slot(65536, 128);
+  for (size_t i = 0; i < v54.size(); ++i) {
+    v54[i] = float(double(v53[i]) * double(v53[i]));
+  }
+
+  // mlp.mesh:42:3 sum
+  meshc::gen::View v55 = arena_.slot(66048, 1);
+  meshc::gen::reduce(v55.data(), {}, v54.data(), {}, {128}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // mlp.mesh:42:3 add
+  meshc::gen::View v56 = arena_.slot(98944, 1);
+  for (size_t i = 0; i < v56.size(); ++i) {
+    v56[i] = float(double(v52[i]) + double(v55[i]));
+  }
+
+  // mlp.mesh:42:3 square
+  meshc::gen::View v58 = arena_.slot(65536, 8192);
+  for (size_t i = 0; i < v58.size(); ++i) {
+    v58[i] = float(double(v57[i]) * double(v57[i]));
+  }
+
+  // mlp.mesh:42:3 sum
+  meshc::gen::View v59 = arena_.slot(98880, 1);
+  meshc::gen::reduce(v59.data(), {}, v58.data(), {}, {128, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // mlp.mesh:42:3 add
+  meshc::gen::View v60 = arena_.slot(65536, 1);
+  for (size_t i = 0; i < v60.size(); ++i) {
+    v60[i] = float(double(v56[i]) + double(v59[i]));
+  }
+
+  // mlp.mesh:42:3 all_reduce_sum (resolve the partial sum of %56 over model for sqrt at 42:3)
+  meshc::gen::View v61 = v60;
+  group_model.allReduce(v61.data(), v61.size(), meshrt::ReduceOp::Sum);
+
+  // mlp.mesh:42:3 sqrt -> global_grad_norm
+  // mlp.mesh:42:3 maximum
+  // mlp.mesh:42:3 div
+  meshc::gen::View v64 = arena_.slot(99456, 1);
+  for (size_t i = 0; i < v64.size(); ++i) {
+    float t62 = float(std::sqrt(double(v61[i])));
+    float t63 = float(meshc::gen::maximum(t62, v33[i]));
+    v64[i] = float(double(v33[i]) / double(t63));
+  }
+
+  // mlp.mesh:42:3 mul
+  meshc::gen::View v65 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v65[at[0]] = float(double(v50[at[1]]) * double(v64[at[2]]));
+                         });
+
+  // mlp.mesh:42:3 mul
+  meshc::gen::View v66 = arena_.slot(98816, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v66[at[0]] = float(double(v53[at[1]]) * double(v64[at[2]]));
+  });
+
+  // mlp.mesh:42:3 mul
+  meshc::gen::View v67 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v67[at[0]] = float(double(v57[at[1]]) * double(v64[at[2]]));
+                         });
+
+  // mlp.mesh:42:3 param -> ffn/w_in@momentum
+  const meshc::gen::Buffer &v68 = param3_ffn_w_in_momentum;
+
+  // mlp.mesh:42:3 literal
+  meshc::gen::View v69 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  meshc::gen::View v71(param3_ffn_w_in_momentum); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t70 = float(double(v68[at[1]]) * double(v69[at[2]]));
+                           v71[at[0]] = float(double(t70) + double(v65[at[3]]));
+                         });
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 sub -> next/ffn/w_in
+  meshc::gen::View v75(param0_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<6>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 6> &at) {
+                           float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
+                           float t73 = float(double(v65[at[3]]) + double(t72));
+                           float t74 = float(double(t73) * double(v49[at[4]]));
+                           v75[at[0]] = float(double(v4[at[5]]) - double(t74));
+                         });
+
+  // mlp.mesh:42:3 param -> ffn/b_in@momentum
+  const meshc::gen::Buffer &v76 = param4_ffn_b_in_momentum;
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  meshc::gen::View v78(param4_ffn_b_in_momentum); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t77 = float(double(v76[at[1]]) * double(v69[at[2]]));
+    v78[at[0]] = float(double(t77) + double(v66[at[3]]));
+  });
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 sub -> next/ffn/b_in
+  meshc::gen::View v82(param1_ffn_b_in); // the param's new value, in its own storage
+  meshc::gen::forEach<6>({128}, {{{1}, {1}, {0}, {1}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 6> &at) {
+                           float t79 = float(double(v78[at[1]]) * double(v69[at[2]]));
+                           float t80 = float(double(v66[at[3]]) + double(t79));
+                           float t81 = float(double(t80) * double(v49[at[4]]));
+                           v82[at[0]] = float(double(v5[at[5]]) - double(t81));
+                         });
+
+  // mlp.mesh:42:3 param -> ffn/w_out@momentum
+  const meshc::gen::Buffer &v83 = param5_ffn_w_out_momentum;
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  meshc::gen::View v85(param5_ffn_w_out_momentum); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t84 = float(double(v83[at[1]]) * double(v69[at[2]]));
+                           v85[at[0]] = float(double(t84) + double(v67[at[3]]));
+                         });
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 sub -> next/ffn/w_out
+  meshc::gen::View v89(param2_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<6>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 6> &at) {
+                           float t86 = float(double(v85[at[1]]) * double(v69[at[2]]));
+                           float t87 = float(double(v67[at[3]]) + double(t86));
+                           float t88 = float(double(t87) * double(v49[at[4]]));
+                           v89[at[0]] = float(double(v6[at[5]]) - double(t88));
+                         });
+
+  // The step's updates.
+  ++step_;
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v17.begin(), v17.end())};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v90.begin(), v90.end())};
   return outputs;
 }
 
@@ -382,11 +700,17 @@ meshc::gen::Tensor MlpTrain::gatherOutput(meshrt::Communicator &world, const std
   throw std::invalid_argument("mlp_train: no output named '" + name + "'");
 }
 
-std::vector<std::string> MlpTrain::paramNames() { return {"ffn/w_in", "ffn/b_in", "ffn/w_out"}; }
+float MlpTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
+
+std::vector<std::string> MlpTrain::paramNames() {
+  return {"ffn/w_in",          "ffn/b_in",          "ffn/w_out",
+          "ffn/w_in@momentum", "ffn/b_in@momentum", "ffn/w_out@momentum"};
+}
 
 bool MlpTrain::isOptimizerState(const std::string &path) {
-  (void)path;
-  return false;
+  static const std::vector<std::string> states = {"ffn/w_in@momentum", "ffn/b_in@momentum",
+                                                  "ffn/w_out@momentum"};
+  return std::find(states.begin(), states.end(), path) != states.end();
 }
 
 std::vector<meshc::gen::ParamShard> MlpTrain::paramShards() {
@@ -408,6 +732,30 @@ std::vector<meshc::gen::ParamShard> MlpTrain::paramShards() {
        {"d_ff", "d_model"},
        {{"model"}, {}},
        &param2_ffn_w_out},
+      {"ffn/w_in@momentum",
+       true,
+       "f32",
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param3_ffn_w_in_momentum},
+      {"ffn/b_in@momentum",
+       true,
+       "f32",
+       {256},
+       {128},
+       {"d_ff"},
+       {{"model"}},
+       &param4_ffn_b_in_momentum},
+      {"ffn/w_out@momentum",
+       true,
+       "f32",
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param5_ffn_w_out_momentum},
   };
 }
 

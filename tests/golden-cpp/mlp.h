@@ -115,10 +115,14 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 20480;
+  static constexpr size_t kArenaBytes = 99520;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 40964;
+  static constexpr size_t kTemporaryBytes = 284260;
 
+  /// One training step on this rank's shards (collective): forward, backward and the optimizer's
+  /// update, applied to the params; increments the step counter. Returns the global loss (every
+  /// rank gets it). run() is the same step, returning the outputs.
+  float step(const Inputs &inputs);
   /// The number of steps taken: keys this step's random ops and dropout masks (and, with an
   /// optimizer, its learning-rate schedule).
   int64_t stepCount() const { return step_; }
@@ -163,11 +167,16 @@ private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
-  meshrt::Communicator &group_data;      // the ranks along data
-  meshrt::Communicator &group_model;     // the ranks along model
-  meshc::gen::Buffer param0_ffn_w_in;    // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param1_ffn_b_in;    // ffn/b_in: [d_ff:[model]] local {128}
-  meshc::gen::Buffer param2_ffn_w_out;   // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
+  meshrt::Communicator &group_data;    // the ranks along data
+  meshrt::Communicator &group_model;   // the ranks along model
+  meshc::gen::Buffer param0_ffn_w_in;  // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
+  meshc::gen::Buffer param1_ffn_b_in;  // ffn/b_in: [d_ff:[model]] local {128}
+  meshc::gen::Buffer param2_ffn_w_out; // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
+  meshc::gen::Buffer
+      param3_ffn_w_in_momentum; // ffn/w_in@momentum: [d_model, d_ff:[model]] local {64, 128}
+  meshc::gen::Buffer param4_ffn_b_in_momentum; // ffn/b_in@momentum: [d_ff:[model]] local {128}
+  meshc::gen::Buffer
+      param5_ffn_w_out_momentum; // ffn/w_out@momentum: [d_ff:[model], d_model] local {128, 64}
   meshc::gen::Arena arena_{kArenaBytes}; // run()'s temporaries
 };
 

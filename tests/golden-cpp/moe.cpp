@@ -868,10 +868,42 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[1]/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
+  // norm[0]/gain@v: zeros (moe.mesh:24)
+  param11_norm_0_gain_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // norm[0]/bias@v: zeros (moe.mesh:25)
+  param12_norm_0_bias_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // route[0]/w_gate@vr: zeros (moe.mesh:31)
+  param13_route_0_w_gate_vr.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // route[0]/w_gate@vc: zeros (moe.mesh:31)
+  param14_route_0_w_gate_vc.assign(2, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // experts_ffn[0]/w_in@vr: zeros (moe.mesh:45)
+  param15_experts_ffn_0_w_in_vr.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // experts_ffn[0]/w_in@vc: zeros (moe.mesh:45)
+  param16_experts_ffn_0_w_in_vc.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // experts_ffn[0]/w_out@vr: zeros (moe.mesh:46)
+  param17_experts_ffn_0_w_out_vr.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // experts_ffn[0]/w_out@vc: zeros (moe.mesh:46)
+  param18_experts_ffn_0_w_out_vc.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // norm[1]/gain@v: zeros (moe.mesh:24)
+  param19_norm_1_gain_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // norm[1]/bias@v: zeros (moe.mesh:25)
+  param20_norm_1_bias_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // route[1]/w_gate@vr: zeros (moe.mesh:31)
+  param21_route_1_w_gate_vr.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // route[1]/w_gate@vc: zeros (moe.mesh:31)
+  param22_route_1_w_gate_vc.assign(2, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // experts_ffn[1]/w_in@vr: zeros (moe.mesh:45)
+  param23_experts_ffn_1_w_in_vr.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // experts_ffn[1]/w_in@vc: zeros (moe.mesh:45)
+  param24_experts_ffn_1_w_in_vc.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // experts_ffn[1]/w_out@vr: zeros (moe.mesh:46)
+  param25_experts_ffn_1_w_out_vr.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // experts_ffn[1]/w_out@vc: zeros (moe.mesh:46)
+  param26_experts_ffn_1_w_out_vc.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
 }
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
-  // Arena: 99136 bytes for 525952 bytes of temporaries (102 slots, placed by liveness).
+  // Arena: 395776 bytes for 1326748 bytes of temporaries (356 slots, placed by liveness).
   meshc::gen::checkShape("input", "x", inputs.x, {1, 64, 32});
   meshc::gen::checkShape("input", "target", inputs.target, {1, 64, 32});
 
@@ -891,13 +923,13 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v4 = param2_norm_0_bias;
 
   // moe.mesh:26:10 layer_norm
-  meshc::gen::View v5 = arena_.slot(0, 2048);
+  meshc::gen::View v5 = arena_.slot(323584, 2048);
   meshc::gen::along(v5.data(), v0.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  meshc::gen::View v7 = arena_.slot(81920, 2048);
+  meshc::gen::View v7 = arena_.slot(102400, 2048);
   meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t6 = float(double(v5[at[1]]) * double(v3[at[2]]));
@@ -905,7 +937,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:114:27 random_uniform
-  meshc::gen::View v8 = arena_.slot(0, 2048);
+  meshc::gen::View v8 = arena_.slot(331776, 2048);
   meshrt::kernels::fillRandomUniform(
       v8.data(),
       meshrt::kernels::Shard{
@@ -916,7 +948,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
       meshrt::kernels::ValueType::F32);
 
   // moe.mesh:114:25 mul
-  meshc::gen::View v9 = arena_.slot(8192, 2048);
+  meshc::gen::View v9 = arena_.slot(339968, 2048);
   for (size_t i = 0; i < v9.size(); ++i) {
     v9[i] = float(double(v7[i]) * double(v8[i]));
   }
@@ -932,12 +964,12 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   einsum11.run(v9.data(), v10.data(), v11.data());
 
   // moe.mesh:32:10 softmax -> gates
-  meshc::gen::View v12 = arena_.slot(512, 128);
+  meshc::gen::View v12 = arena_.slot(389120, 128);
   meshc::gen::along(v12.data(), v11.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
                     meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:38:24 max
-  meshc::gen::View v13 = arena_.slot(1024, 64);
+  meshc::gen::View v13 = arena_.slot(512, 64);
   meshc::gen::reduce(v13.data(), {1, 64}, v12.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -954,7 +986,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:87:17 mean -> density
-  meshc::gen::View v16 = arena_.slot(1024, 2);
+  meshc::gen::View v16 = arena_.slot(395264, 2);
   meshc::gen::reduce(v16.data(), {1, 2}, v15.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      0.015625);
 
@@ -975,10 +1007,11 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                      0.125);
 
   // moe.mesh:89:42 literal
-  meshc::gen::View v20 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
+  meshc::gen::View v20 =
+      arena_.fill(395392, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
 
   // moe.mesh:89:40 mul
-  meshc::gen::View v21 = arena_.slot(128, 1);
+  meshc::gen::View v21 = arena_.slot(64, 1);
   for (size_t i = 0; i < v21.size(); ++i) {
     v21[i] = float(double(v19[i]) * double(v20[i]));
   }
@@ -989,7 +1022,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   group_data_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:115:15 add -> aux
-  meshc::gen::View v23 = arena_.slot(98304, 1);
+  meshc::gen::View v23 = arena_.slot(131072, 1);
   for (size_t i = 0; i < v23.size(); ++i) {
     v23[i] = float(double(v2[i]) + double(v22[i]));
   }
@@ -1010,7 +1043,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::View v28 = arena_.slot(40960, 128);
+  meshc::gen::View v28 = arena_.slot(389632, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t27 = (v12[at[1]] >= v26[at[2]] ? 1.0f : 0.0f);
@@ -1018,19 +1051,23 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:50:28 literal
-  meshc::gen::View v29 = arena_.fill(1024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  meshc::gen::View v29 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
 
   // moe.mesh:50:32 sub
-  // moe.mesh:50:25 mul -> remaining
-  meshc::gen::View v31 = arena_.slot(0, 128);
-  meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t30 = float(double(v29[at[1]]) - double(v28[at[2]]));
-                           v31[at[0]] = float(double(v12[at[3]]) * double(t30));
+  meshc::gen::View v30 = arena_.slot(390144, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v30[at[0]] = float(double(v29[at[1]]) - double(v28[at[2]]));
                          });
 
+  // moe.mesh:50:25 mul -> remaining
+  meshc::gen::View v31 = arena_.slot(0, 128);
+  for (size_t i = 0; i < v31.size(); ++i) {
+    v31[i] = float(double(v12[i]) * double(v30[i]));
+  }
+
   // moe.mesh:38:24 max
-  meshc::gen::View v32 = arena_.slot(1024, 64);
+  meshc::gen::View v32 = arena_.slot(512, 64);
   meshc::gen::reduce(v32.data(), {1, 64}, v31.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -1039,7 +1076,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask2
-  meshc::gen::View v34 = arena_.slot(61440, 128);
+  meshc::gen::View v34 = arena_.slot(390656, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t33 = (v31[at[1]] >= v32[at[2]] ? 1.0f : 0.0f);
@@ -1047,13 +1084,13 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:53:25 mul
-  meshc::gen::View v35 = arena_.slot(1024, 128);
+  meshc::gen::View v35 = arena_.slot(512, 128);
   for (size_t i = 0; i < v35.size(); ++i) {
     v35[i] = float(double(v12[i]) * double(v28[i]));
   }
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::View v36 = arena_.slot(61952, 64);
+  meshc::gen::View v36 = arena_.slot(61440, 64);
   meshc::gen::reduce(v36.data(), {1, 64}, v35.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
 
@@ -1064,25 +1101,26 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   }
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::View v38 = arena_.slot(90112, 64);
+  meshc::gen::View v38 = arena_.slot(81920, 64);
   meshc::gen::reduce(v38.data(), {1, 64}, v37.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
 
   // moe.mesh:55:29 add
-  meshc::gen::View v39 = arena_.slot(0, 64);
+  meshc::gen::View v39 = arena_.slot(393216, 64);
   for (size_t i = 0; i < v39.size(); ++i) {
     v39[i] = float(double(v36[i]) + double(v38[i]));
   }
-
-  // moe.mesh:55:38 literal
-  meshc::gen::View v40 = arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %38 over model for maximum at 55:15)
   meshc::gen::View v41 = v39;
   group_model.allReduce(v41.data(), v41.size(), meshrt::ReduceOp::Sum);
 
+  // moe.mesh:55:38 literal
+  meshc::gen::View v40 =
+      arena_.fill(395456, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
+
   // moe.mesh:55:15 maximum -> total
-  meshc::gen::View v42 = arena_.slot(90368, 64);
+  meshc::gen::View v42 = arena_.slot(393472, 64);
   meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v42[at[0]] = float(meshc::gen::maximum(v41[at[1]], v40[at[2]]));
@@ -1152,7 +1190,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   }
 
   // moe.mesh:69:36 div
-  meshc::gen::View v55 = arena_.slot(90624, 64);
+  meshc::gen::View v55 = arena_.slot(393728, 64);
   for (size_t i = 0; i < v55.size(); ++i) {
     v55[i] = float(double(v36[i]) / double(v42[i]));
   }
@@ -1169,7 +1207,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:69:66 div
-  meshc::gen::View v58 = arena_.slot(90624, 64);
+  meshc::gen::View v58 = arena_.slot(393984, 64);
   for (size_t i = 0; i < v58.size(); ++i) {
     v58[i] = float(double(v38[i]) / double(v42[i]));
   }
@@ -1180,7 +1218,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:69:57 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::View v61 = arena_.slot(20480, 5120);
+  meshc::gen::View v61 = arena_.slot(81920, 5120);
   meshc::gen::forEach<4>({1, 64, 2, 40},
                          {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
@@ -1189,34 +1227,34 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::View v62 = arena_.slot(40960, 2560);
+  meshc::gen::View v62 = arena_.slot(282624, 2560);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum62(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsum62.run(v54.data(), v7.data(), v62.data());
 
   // moe.mesh:75:21 einsum
-  meshc::gen::View v63 = arena_.slot(0, 5120);
+  meshc::gen::View v63 = arena_.slot(61440, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum63(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum63.run(v62.data(), v24.data(), v63.data());
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::View v64 = arena_.slot(40960, 5120);
+  meshc::gen::View v64 = arena_.slot(102400, 5120);
   for (size_t i = 0; i < v64.size(); ++i) {
     v64[i] = float((v63[i] > 0 ? v63[i] : 0.0f));
   }
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::View v65 = arena_.slot(0, 2560);
+  meshc::gen::View v65 = arena_.slot(292864, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum65(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum65.run(v64.data(), v25.data(), v65.data());
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v66 = arena_.slot(10240, 2048);
+  meshc::gen::View v66 = arena_.slot(122880, 2048);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum66(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -1227,7 +1265,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   group_model.allReduce(v67.data(), v67.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:116:11 add -> h
-  meshc::gen::View v68 = arena_.slot(81920, 2048);
+  meshc::gen::View v68 = arena_.slot(348160, 2048);
   for (size_t i = 0; i < v68.size(); ++i) {
     v68[i] = float(double(v0[i]) + double(v67[i]));
   }
@@ -1239,13 +1277,13 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v70 = param7_norm_1_bias;
 
   // moe.mesh:26:10 layer_norm
-  meshc::gen::View v71 = arena_.slot(0, 2048);
+  meshc::gen::View v71 = arena_.slot(356352, 2048);
   meshc::gen::along(v71.data(), v68.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  meshc::gen::View v73 = arena_.slot(90112, 2048);
+  meshc::gen::View v73 = arena_.slot(225280, 2048);
   meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
@@ -1253,7 +1291,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:114:27 random_uniform
-  meshc::gen::View v74 = arena_.slot(0, 2048);
+  meshc::gen::View v74 = arena_.slot(364544, 2048);
   meshrt::kernels::fillRandomUniform(
       v74.data(),
       meshrt::kernels::Shard{
@@ -1264,7 +1302,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
       meshrt::kernels::ValueType::F32);
 
   // moe.mesh:114:25 mul
-  meshc::gen::View v75 = arena_.slot(8192, 2048);
+  meshc::gen::View v75 = arena_.slot(372736, 2048);
   for (size_t i = 0; i < v75.size(); ++i) {
     v75[i] = float(double(v73[i]) * double(v74[i]));
   }
@@ -1273,19 +1311,19 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v76 = param8_route_1_w_gate;
 
   // moe.mesh:32:18 einsum
-  meshc::gen::View v77 = arena_.slot(0, 128);
+  meshc::gen::View v77 = arena_.slot(122880, 128);
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsum77(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum77.run(v75.data(), v76.data(), v77.data());
 
   // moe.mesh:32:10 softmax -> gates
-  meshc::gen::View v78 = arena_.slot(512, 128);
+  meshc::gen::View v78 = arena_.slot(391168, 128);
   meshc::gen::along(v78.data(), v77.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
                     meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:38:24 max
-  meshc::gen::View v79 = arena_.slot(1024, 64);
+  meshc::gen::View v79 = arena_.slot(123392, 64);
   meshc::gen::reduce(v79.data(), {1, 64}, v78.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -1294,7 +1332,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast
-  meshc::gen::View v81 = arena_.slot(0, 128);
+  meshc::gen::View v81 = arena_.slot(122880, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t80 = (v78[at[1]] >= v79[at[2]] ? 1.0f : 0.0f);
@@ -1302,31 +1340,32 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:87:17 mean -> density
-  meshc::gen::View v82 = arena_.slot(1024, 2);
+  meshc::gen::View v82 = arena_.slot(395328, 2);
   meshc::gen::reduce(v82.data(), {1, 2}, v81.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      0.015625);
 
   // moe.mesh:88:23 mean -> density_proxy
-  meshc::gen::View v83 = arena_.slot(0, 2);
+  meshc::gen::View v83 = arena_.slot(122880, 2);
   meshc::gen::reduce(v83.data(), {1, 2}, v78.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      0.015625);
 
   // moe.mesh:89:23 mul
-  meshc::gen::View v84 = arena_.slot(64, 2);
+  meshc::gen::View v84 = arena_.slot(122944, 2);
   for (size_t i = 0; i < v84.size(); ++i) {
     v84[i] = float(double(v82[i]) * double(v83[i]));
   }
 
   // moe.mesh:89:10 mean
-  meshc::gen::View v85 = arena_.slot(0, 1);
+  meshc::gen::View v85 = arena_.slot(122880, 1);
   meshc::gen::reduce(v85.data(), {}, v84.data(), {}, {1, 2}, {2, 1}, meshc::gen::Reduce::Sum,
                      0.125);
 
   // moe.mesh:89:42 literal
-  meshc::gen::View v86 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
+  meshc::gen::View v86 =
+      arena_.fill(395520, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
 
   // moe.mesh:89:40 mul
-  meshc::gen::View v87 = arena_.slot(128, 1);
+  meshc::gen::View v87 = arena_.slot(122944, 1);
   for (size_t i = 0; i < v87.size(); ++i) {
     v87[i] = float(double(v85[i]) * double(v86[i]));
   }
@@ -1337,7 +1376,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   group_data_model.allReduce(v88.data(), v88.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:115:15 add -> aux
-  meshc::gen::View v89 = arena_.slot(99072, 1);
+  meshc::gen::View v89 = arena_.slot(262144, 1);
   for (size_t i = 0; i < v89.size(); ++i) {
     v89[i] = float(double(v23[i]) + double(v88[i]));
   }
@@ -1349,7 +1388,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v91 = param10_experts_ffn_1_w_out;
 
   // moe.mesh:38:24 max
-  meshc::gen::View v92 = arena_.slot(0, 64);
+  meshc::gen::View v92 = arena_.slot(122880, 64);
   meshc::gen::reduce(v92.data(), {1, 64}, v78.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -1358,7 +1397,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::View v94 = arena_.slot(40960, 128);
+  meshc::gen::View v94 = arena_.slot(391680, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t93 = (v78[at[1]] >= v92[at[2]] ? 1.0f : 0.0f);
@@ -1366,19 +1405,24 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:50:28 literal
-  meshc::gen::View v95 = arena_.fill(1024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  meshc::gen::View v95 =
+      arena_.fill(122880, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
 
   // moe.mesh:50:32 sub
-  // moe.mesh:50:25 mul -> remaining
-  meshc::gen::View v97 = arena_.slot(0, 128);
-  meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t96 = float(double(v95[at[1]]) - double(v94[at[2]]));
-                           v97[at[0]] = float(double(v78[at[3]]) * double(t96));
+  meshc::gen::View v96 = arena_.slot(392192, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v96[at[0]] = float(double(v95[at[1]]) - double(v94[at[2]]));
                          });
 
+  // moe.mesh:50:25 mul -> remaining
+  meshc::gen::View v97 = arena_.slot(122880, 128);
+  for (size_t i = 0; i < v97.size(); ++i) {
+    v97[i] = float(double(v78[i]) * double(v96[i]));
+  }
+
   // moe.mesh:38:24 max
-  meshc::gen::View v98 = arena_.slot(1024, 64);
+  meshc::gen::View v98 = arena_.slot(123392, 64);
   meshc::gen::reduce(v98.data(), {1, 64}, v97.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
                      1.0);
 
@@ -1387,7 +1431,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask2
-  meshc::gen::View v100 = arena_.slot(61440, 128);
+  meshc::gen::View v100 = arena_.slot(392704, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t99 = (v97[at[1]] >= v98[at[2]] ? 1.0f : 0.0f);
@@ -1395,88 +1439,88 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:53:25 mul
-  meshc::gen::View v101 = arena_.slot(1024, 128);
+  meshc::gen::View v101 = arena_.slot(123392, 128);
   for (size_t i = 0; i < v101.size(); ++i) {
     v101[i] = float(double(v78[i]) * double(v94[i]));
   }
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::View v102 = arena_.slot(61952, 64);
+  meshc::gen::View v102 = arena_.slot(184320, 64);
   meshc::gen::reduce(v102.data(), {1, 64}, v101.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
 
   // moe.mesh:54:29 mul
-  meshc::gen::View v103 = arena_.slot(512, 128);
+  meshc::gen::View v103 = arena_.slot(123392, 128);
   for (size_t i = 0; i < v103.size(); ++i) {
     v103[i] = float(double(v97[i]) * double(v100[i]));
   }
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::View v104 = arena_.slot(98304, 64);
+  meshc::gen::View v104 = arena_.slot(204800, 64);
   meshc::gen::reduce(v104.data(), {1, 64}, v103.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
                      1.0);
 
   // moe.mesh:55:29 add
-  meshc::gen::View v105 = arena_.slot(0, 64);
+  meshc::gen::View v105 = arena_.slot(394240, 64);
   for (size_t i = 0; i < v105.size(); ++i) {
     v105[i] = float(double(v102[i]) + double(v104[i]));
   }
-
-  // moe.mesh:55:38 literal
-  meshc::gen::View v106 =
-      arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 55:15)
   meshc::gen::View v107 = v105;
   group_model.allReduce(v107.data(), v107.size(), meshrt::ReduceOp::Sum);
 
+  // moe.mesh:55:38 literal
+  meshc::gen::View v106 =
+      arena_.fill(395584, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
+
   // moe.mesh:55:15 maximum -> total
-  meshc::gen::View v108 = arena_.slot(98560, 64);
+  meshc::gen::View v108 = arena_.slot(394496, 64);
   meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v108[at[0]] = float(meshc::gen::maximum(v107[at[1]], v106[at[2]]));
                          });
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::View v109 = arena_.slot(0, 128);
+  meshc::gen::View v109 = arena_.slot(122880, 128);
   meshc::gen::along(v109.data(), v94.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::View v110 = arena_.slot(20480, 128);
+  meshc::gen::View v110 = arena_.slot(143360, 128);
   for (size_t i = 0; i < v110.size(); ++i) {
     v110[i] = meshc::gen::castToI32(v109[i]);
   }
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::View v111 = arena_.slot(0, 5120);
+  meshc::gen::View v111 = arena_.slot(122880, 5120);
   meshc::gen::oneHot(v111.data(), {1, 64, 2, 40}, v110.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::View v112 = arena_.slot(20480, 5120);
+  meshc::gen::View v112 = arena_.slot(143360, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v112[at[0]] = float(double(v111[at[1]]) * double(v94[at[2]]));
                          });
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::View v113 = arena_.slot(0, 128);
+  meshc::gen::View v113 = arena_.slot(122880, 128);
   meshc::gen::reduce(v113.data(), {1, 64, 2}, v112.data(), {5120, 80, 40}, {40}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::View v114 = arena_.slot(512, 128);
+  meshc::gen::View v114 = arena_.slot(123392, 128);
   meshc::gen::along(v114.data(), v100.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
                     meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::View v115 = arena_.slot(1024, 2);
+  meshc::gen::View v115 = arena_.slot(123904, 2);
   meshc::gen::reduce(v115.data(), {1, 2}, v113.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
                      1.0);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::View v117 = arena_.slot(40960, 128);
+  meshc::gen::View v117 = arena_.slot(163840, 128);
   meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            float t116 = float(double(v114[at[1]]) + double(v115[at[2]]));
@@ -1484,24 +1528,24 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::View v118 = arena_.slot(0, 5120);
+  meshc::gen::View v118 = arena_.slot(122880, 5120);
   meshc::gen::oneHot(v118.data(), {1, 64, 2, 40}, v117.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::View v119 = arena_.slot(40960, 5120);
+  meshc::gen::View v119 = arena_.slot(163840, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v119[at[0]] = float(double(v118[at[1]]) * double(v100[at[2]]));
                          });
 
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::View v120 = arena_.slot(0, 5120);
+  meshc::gen::View v120 = arena_.slot(122880, 5120);
   for (size_t i = 0; i < v120.size(); ++i) {
     v120[i] = float(double(v112[i]) + double(v119[i]));
   }
 
   // moe.mesh:69:36 div
-  meshc::gen::View v121 = arena_.slot(98816, 64);
+  meshc::gen::View v121 = arena_.slot(394752, 64);
   for (size_t i = 0; i < v121.size(); ++i) {
     v121[i] = float(double(v102[i]) / double(v108[i]));
   }
@@ -1511,14 +1555,14 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   group_model.allReduce(v122.data(), v122.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:69:27 mul
-  meshc::gen::View v123 = arena_.slot(61440, 5120);
+  meshc::gen::View v123 = arena_.slot(184320, 5120);
   meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v123[at[0]] = float(double(v112[at[1]]) * double(v122[at[2]]));
                          });
 
   // moe.mesh:69:66 div
-  meshc::gen::View v124 = arena_.slot(98816, 64);
+  meshc::gen::View v124 = arena_.slot(395008, 64);
   for (size_t i = 0; i < v124.size(); ++i) {
     v124[i] = float(double(v104[i]) / double(v108[i]));
   }
@@ -1529,7 +1573,7 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:69:57 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::View v127 = arena_.slot(20480, 5120);
+  meshc::gen::View v127 = arena_.slot(204800, 5120);
   meshc::gen::forEach<4>({1, 64, 2, 40},
                          {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
@@ -1538,34 +1582,34 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
                          });
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::View v128 = arena_.slot(40960, 2560);
+  meshc::gen::View v128 = arena_.slot(303104, 2560);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum128(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsum128.run(v120.data(), v73.data(), v128.data());
 
   // moe.mesh:75:21 einsum
-  meshc::gen::View v129 = arena_.slot(0, 5120);
+  meshc::gen::View v129 = arena_.slot(184320, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum129(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum129.run(v128.data(), v90.data(), v129.data());
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::View v130 = arena_.slot(40960, 5120);
+  meshc::gen::View v130 = arena_.slot(225280, 5120);
   for (size_t i = 0; i < v130.size(); ++i) {
     v130[i] = float((v129[i] > 0 ? v129[i] : 0.0f));
   }
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::View v131 = arena_.slot(0, 2560);
+  meshc::gen::View v131 = arena_.slot(266240, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum131(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum131.run(v130.data(), v91.data(), v131.data());
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v132 = arena_.slot(10240, 2048);
+  meshc::gen::View v132 = arena_.slot(245760, 2048);
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsum132(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -1577,37 +1621,2118 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
   // moe.mesh:116:11 add -> h
   // moe.mesh:118:28 sub
-  // moe.mesh:118:19 square
-  meshc::gen::View v136 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v136.size(); ++i) {
+  meshc::gen::View v135 = arena_.slot(253952, 2048);
+  for (size_t i = 0; i < v135.size(); ++i) {
     float t134 = float(double(v68[i]) + double(v133[i]));
-    float t135 = float(double(t134) - double(v1[i]));
-    v136[i] = float(double(t135) * double(t135));
+    v135[i] = float(double(t134) - double(v1[i]));
+  }
+
+  // moe.mesh:118:19 square
+  meshc::gen::View v136 = arena_.slot(245760, 2048);
+  for (size_t i = 0; i < v136.size(); ++i) {
+    v136[i] = float(double(v135[i]) * double(v135[i]));
   }
 
   // moe.mesh:118:14 mean
-  meshc::gen::View v137 = arena_.slot(8192, 1);
+  meshc::gen::View v137 = arena_.slot(262208, 1);
   meshc::gen::reduce(v137.data(), {}, v136.data(), {}, {1, 64, 32}, {2048, 32, 1},
                      meshc::gen::Reduce::Sum, 0.000244140625);
-
-  // moe.mesh:118:41 literal
-  meshc::gen::View v138 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
-
-  // moe.mesh:118:46 mul
-  meshc::gen::View v139 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v139.size(); ++i) {
-    v139[i] = float(double(v138[i]) * double(v89[i]));
-  }
 
   // moe.mesh:118:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 118:39)
   meshc::gen::View v140 = v137;
   group_data.allReduce(v140.data(), v140.size(), meshrt::ReduceOp::Sum);
 
+  // moe.mesh:118:41 literal
+  meshc::gen::View v138 =
+      arena_.fill(245760, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
+
+  // moe.mesh:118:46 mul
   // moe.mesh:118:39 add -> loss
-  meshc::gen::View v141 = arena_.slot(0, 1);
+  meshc::gen::View v141 = arena_.slot(395648, 1);
   for (size_t i = 0; i < v141.size(); ++i) {
-    v141[i] = float(double(v140[i]) + double(v139[i]));
+    float t139 = float(double(v138[i]) * double(v89[i]));
+    v141[i] = float(double(v140[i]) + double(t139));
   }
+
+  // moe.mesh:119:3 literal
+  meshc::gen::View v142 =
+      arena_.fill(245824, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // moe.mesh:118:46 mul
+  meshc::gen::View v143 = arena_.slot(395712, 1);
+  for (size_t i = 0; i < v143.size(); ++i) {
+    v143[i] = float(double(v142[i]) * double(v138[i]));
+  }
+
+  // moe.mesh:118:14 literal
+  meshc::gen::View v144 =
+      arena_.fill(245760, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.000244140625));
+
+  // moe.mesh:118:14 mul
+  meshc::gen::View v145 = arena_.slot(262144, 1);
+  for (size_t i = 0; i < v145.size(); ++i) {
+    v145[i] = float(double(v142[i]) * double(v144[i]));
+  }
+
+  // moe.mesh:118:14 broadcast
+  meshc::gen::View v146 = arena_.slot(245760, 2048);
+  meshc::gen::forEach<2>(
+      {1, 64, 32}, {{{2048, 32, 1}, {0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v146[at[0]] = float(v145[at[1]]); });
+
+  // moe.mesh:118:19 literal
+  meshc::gen::View v147 =
+      arena_.fill(262144, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 2.0));
+
+  // moe.mesh:118:19 mul
+  // moe.mesh:118:19 mul
+  meshc::gen::View v149 = arena_.slot(380928, 2048);
+  meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}, {2048, 32, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t148 = float(double(v135[at[1]]) * double(v147[at[2]]));
+                           v149[at[0]] = float(double(v146[at[3]]) * double(t148));
+                         });
+
+  // moe.mesh:78:10 einsum
+  meshc::gen::View v150 = arena_.slot(245760, 5120);
+  // dims: groups, tokens, d_model, experts, capacity
+  static const meshrt::kernels::EinsumPlan einsum150(
+      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum150.run(v149.data(), v131.data(), v150.data());
+
+  // moe.mesh:78:10 einsum
+  meshc::gen::View v151 = arena_.slot(313344, 2560);
+  // dims: groups, tokens, d_model, experts, capacity
+  static const meshrt::kernels::EinsumPlan einsum151(
+      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
+  einsum151.run(v149.data(), v127.data(), v151.data());
+
+  // moe.mesh:76:20 einsum
+  meshc::gen::View v152 = arena_.slot(204800, 5120);
+  // dims: experts, groups, capacity, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum152(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum152.run(v151.data(), v91.data(), v152.data());
+
+  // moe.mesh:76:20 einsum -> grad/experts_ffn[1]/w_out
+  meshc::gen::View v153 = arena_.slot(266240, 4096);
+  // dims: experts, groups, capacity, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum153(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
+  einsum153.run(v151.data(), v130.data(), v153.data());
+
+  // moe.mesh:75:16 literal
+  meshc::gen::View v154 =
+      arena_.fill(313344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+
+  // moe.mesh:75:16 gt
+  // moe.mesh:75:16 where
+  meshc::gen::View v156 = arena_.slot(225280, 5120);
+  meshc::gen::forEach<4>(
+      {2, 1, 40, 64},
+      {{{2560, 2560, 64, 1}, {2560, 2560, 64, 1}, {0, 0, 0, 0}, {2560, 2560, 64, 1}}}, {},
+      [&](const std::array<int64_t, 4> &at) {
+        float t155 = (v129[at[1]] > v154[at[2]] ? 1.0f : 0.0f);
+        v156[at[0]] = float((t155 != 0 ? v152[at[3]] : v154[at[2]]));
+      });
+
+  // moe.mesh:75:21 einsum
+  meshc::gen::View v157 = arena_.slot(200704, 2560);
+  // dims: experts, groups, capacity, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum157(
+      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum157.run(v156.data(), v90.data(), v157.data());
+
+  // moe.mesh:75:21 einsum -> grad/experts_ffn[1]/w_in
+  meshc::gen::View v158 = arena_.slot(184320, 4096);
+  // dims: experts, groups, capacity, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum158(
+      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
+  einsum158.run(v156.data(), v128.data(), v158.data());
+
+  // moe.mesh:74:19 einsum
+  meshc::gen::View v159 = arena_.slot(210944, 2048);
+  // dims: experts, groups, capacity, d_model, tokens
+  static const meshrt::kernels::EinsumPlan einsum159(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
+  einsum159.run(v157.data(), v120.data(), v159.data());
+
+  // moe.mesh:69:57 mul
+  meshc::gen::View v160 = arena_.slot(122880, 5120);
+  for (size_t i = 0; i < v160.size(); ++i) {
+    v160[i] = float(double(v150[i]) * double(v119[i]));
+  }
+
+  // moe.mesh:69:57 sum
+  meshc::gen::View v161 = arena_.slot(163840, 64);
+  meshc::gen::reduce(v161.data(), {1, 64}, v160.data(), {5120, 80}, {2, 40}, {40, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // moe.mesh:69:66 all_reduce_sum (resolve the partial sum of %150 over model for div at 69:66)
+  meshc::gen::View v162 = v161;
+  group_model.allReduce(v162.data(), v162.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:69:66 div
+  meshc::gen::View v163 = arena_.slot(164096, 64);
+  for (size_t i = 0; i < v163.size(); ++i) {
+    v163[i] = float(double(v162[i]) / double(v108[i]));
+  }
+
+  // moe.mesh:69:66 div
+  // moe.mesh:69:66 mul
+  // moe.mesh:69:66 neg
+  meshc::gen::View v166 = arena_.slot(164352, 64);
+  for (size_t i = 0; i < v166.size(); ++i) {
+    float t164 = float(double(v125[i]) / double(v108[i]));
+    float t165 = float(double(v162[i]) * double(t164));
+    v166[i] = float(-t165);
+  }
+
+  // moe.mesh:69:27 mul
+  meshc::gen::View v167 = arena_.slot(122880, 5120);
+  for (size_t i = 0; i < v167.size(); ++i) {
+    v167[i] = float(double(v150[i]) * double(v112[i]));
+  }
+
+  // moe.mesh:69:27 sum
+  meshc::gen::View v168 = arena_.slot(143360, 64);
+  meshc::gen::reduce(v168.data(), {1, 64}, v167.data(), {5120, 80}, {2, 40}, {40, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // moe.mesh:69:36 all_reduce_sum (resolve the partial sum of %156 over model for div at 69:36)
+  meshc::gen::View v169 = v168;
+  group_model.allReduce(v169.data(), v169.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:69:36 div
+  meshc::gen::View v170 = arena_.slot(122880, 64);
+  for (size_t i = 0; i < v170.size(); ++i) {
+    v170[i] = float(double(v169[i]) / double(v108[i]));
+  }
+
+  // moe.mesh:69:36 div
+  // moe.mesh:69:36 mul
+  // moe.mesh:69:36 neg
+  // moe.mesh:69:36 add
+  meshc::gen::View v174 = arena_.slot(123136, 64);
+  for (size_t i = 0; i < v174.size(); ++i) {
+    float t171 = float(double(v122[i]) / double(v108[i]));
+    float t172 = float(double(v169[i]) * double(t171));
+    float t173 = float(-t172);
+    v174[i] = float(double(v166[i]) + double(t173));
+  }
+
+  // moe.mesh:55:15 ge
+  // moe.mesh:55:15 where
+  meshc::gen::View v176 = arena_.slot(123392, 64);
+  meshc::gen::forEach<5>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t175 = (v107[at[1]] >= v106[at[2]] ? 1.0f : 0.0f);
+                           v176[at[0]] = float((t175 != 0 ? v174[at[3]] : v154[at[4]]));
+                         });
+
+  // moe.mesh:55:29 add
+  meshc::gen::View v177 = arena_.slot(123904, 64);
+  for (size_t i = 0; i < v177.size(); ++i) {
+    v177[i] = float(double(v170[i]) + double(v176[i]));
+  }
+
+  // moe.mesh:55:29 add
+  meshc::gen::View v178 = arena_.slot(123648, 64);
+  for (size_t i = 0; i < v178.size(); ++i) {
+    v178[i] = float(double(v163[i]) + double(v176[i]));
+  }
+
+  // moe.mesh:54:15 broadcast
+  // moe.mesh:54:29 mul
+  meshc::gen::View v180 = arena_.slot(122880, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t179 = float(v178[at[1]]);
+                           v180[at[0]] = float(double(t179) * double(v100[at[2]]));
+                         });
+
+  // moe.mesh:53:15 broadcast
+  // moe.mesh:53:25 mul
+  meshc::gen::View v182 = arena_.slot(123392, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t181 = float(v177[at[1]]);
+                           v182[at[0]] = float(double(t181) * double(v94[at[2]]));
+                         });
+
+  // moe.mesh:50:25 mul
+  // moe.mesh:50:25 add
+  meshc::gen::View v184 = arena_.slot(123904, 128);
+  for (size_t i = 0; i < v184.size(); ++i) {
+    float t183 = float(double(v180[i]) * double(v96[i]));
+    v184[i] = float(double(v182[i]) + double(t183));
+  }
+
+  // moe.mesh:89:40 mul
+  meshc::gen::View v185 = arena_.slot(122880, 1);
+  for (size_t i = 0; i < v185.size(); ++i) {
+    v185[i] = float(double(v143[i]) * double(v86[i]));
+  }
+
+  // moe.mesh:89:10 literal
+  meshc::gen::View v186 =
+      arena_.fill(170496, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+
+  // moe.mesh:89:10 mul
+  meshc::gen::View v187 = arena_.slot(122944, 1);
+  for (size_t i = 0; i < v187.size(); ++i) {
+    v187[i] = float(double(v185[i]) * double(v186[i]));
+  }
+
+  // moe.mesh:89:10 broadcast
+  // moe.mesh:89:23 mul
+  meshc::gen::View v189 = arena_.slot(122880, 2);
+  meshc::gen::forEach<3>({1, 2}, {{{2, 1}, {0, 0}, {2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t188 = float(v187[at[1]]);
+                           v189[at[0]] = float(double(t188) * double(v82[at[2]]));
+                         });
+
+  // moe.mesh:88:23 literal
+  meshc::gen::View v190 =
+      arena_.fill(170560, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.015625));
+
+  // moe.mesh:88:23 mul
+  meshc::gen::View v191 = arena_.slot(123392, 2);
+  meshc::gen::forEach<3>({1, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v191[at[0]] = float(double(v189[at[1]]) * double(v190[at[2]]));
+                         });
+
+  // moe.mesh:88:23 broadcast
+  // moe.mesh:88:23 add
+  meshc::gen::View v193 = arena_.slot(122880, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {2, 0, 1}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t192 = float(v191[at[1]]);
+                           v193[at[0]] = float(double(v184[at[2]]) + double(t192));
+                         });
+
+  // moe.mesh:32:10 mul
+  meshc::gen::View v194 = arena_.slot(123392, 128);
+  for (size_t i = 0; i < v194.size(); ++i) {
+    v194[i] = float(double(v193[i]) * double(v78[i]));
+  }
+
+  // moe.mesh:32:10 sum
+  meshc::gen::View v195 = arena_.slot(123904, 64);
+  meshc::gen::reduce(v195.data(), {1, 64}, v194.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // moe.mesh:32:10 all_reduce_sum (resolve the partial sum of %182 over model for sub at 32:10)
+  meshc::gen::View v196 = v195;
+  group_model.allReduce(v196.data(), v196.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:32:10 sub
+  // moe.mesh:32:10 mul
+  meshc::gen::View v198 = arena_.slot(131072, 128);
+  meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t197 = float(double(v193[at[1]]) - double(v196[at[2]]));
+                           v198[at[0]] = float(double(v78[at[3]]) * double(t197));
+                         });
+
+  // moe.mesh:32:18 einsum
+  meshc::gen::View v199 = arena_.slot(122880, 2048);
+  // dims: groups, tokens, experts, d_model
+  static const meshrt::kernels::EinsumPlan einsum199(
+      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum199.run(v198.data(), v76.data(), v199.data());
+
+  // moe.mesh:32:18 einsum -> grad/route[1]/w_gate
+  meshc::gen::View v200 = arena_.slot(169984, 64);
+  // dims: groups, tokens, experts, d_model
+  static const meshrt::kernels::EinsumPlan einsum200(
+      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum200.run(v198.data(), v75.data(), v200.data());
+
+  // moe.mesh:114:25 mul
+  // moe.mesh:114:25 add
+  meshc::gen::View v202 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v202.size(); ++i) {
+    float t201 = float(double(v199[i]) * double(v74[i]));
+    v202[i] = float(double(v159[i]) + double(t201));
+  }
+
+  // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %188 over model for sum at 26:40)
+  meshc::gen::View v203 = v202;
+  group_model.allReduce(v203.data(), v203.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:26:40 sum -> grad/norm[1]/bias
+  meshc::gen::View v204 = arena_.slot(170240, 32);
+  meshc::gen::reduce(v204.data(), {32}, v203.data(), {1}, {1, 64}, {2048, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // moe.mesh:26:33 mul
+  meshc::gen::View v205 = arena_.slot(122880, 2048);
+  meshc::gen::forEach<3>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v205[at[0]] = float(double(v203[at[1]]) * double(v69[at[2]]));
+                         });
+
+  // moe.mesh:26:33 mul
+  meshc::gen::View v206 = arena_.slot(139264, 2048);
+  for (size_t i = 0; i < v206.size(); ++i) {
+    v206[i] = float(double(v203[i]) * double(v71[i]));
+  }
+
+  // moe.mesh:26:33 sum -> grad/norm[1]/gain
+  meshc::gen::View v207 = arena_.slot(170368, 32);
+  meshc::gen::reduce(v207.data(), {32}, v206.data(), {1}, {1, 64}, {2048, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // moe.mesh:26:10 mean
+  meshc::gen::View v208 = arena_.slot(139264, 64);
+  meshc::gen::reduce(v208.data(), {1, 64}, v68.data(), {2048, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:26:10 sub
+  // moe.mesh:26:10 square
+  meshc::gen::View v210 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t209 = float(double(v68[at[1]]) - double(v208[at[2]]));
+                           v210[at[0]] = float(double(t209) * double(t209));
+                         });
+
+  // moe.mesh:26:10 mean
+  meshc::gen::View v211 = arena_.slot(139264, 64);
+  meshc::gen::reduce(v211.data(), {1, 64}, v210.data(), {2048, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:26:10 literal
+  meshc::gen::View v212 =
+      arena_.fill(131072, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-05));
+
+  // moe.mesh:26:10 add
+  // moe.mesh:26:10 rsqrt
+  meshc::gen::View v214 = arena_.slot(139520, 64);
+  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t213 = float(double(v211[at[1]]) + double(v212[at[2]]));
+                           v214[at[0]] = float(1.0 / std::sqrt(double(t213)));
+                         });
+
+  // moe.mesh:26:10 mul
+  meshc::gen::View v215 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v215.size(); ++i) {
+    v215[i] = float(double(v205[i]) * double(v71[i]));
+  }
+
+  // moe.mesh:26:10 mean
+  meshc::gen::View v216 = arena_.slot(139264, 64);
+  meshc::gen::reduce(v216.data(), {1, 64}, v215.data(), {2048, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:26:10 mul
+  meshc::gen::View v217 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v217[at[0]] = float(double(v71[at[1]]) * double(v216[at[2]]));
+                         });
+
+  // moe.mesh:26:10 mean
+  meshc::gen::View v218 = arena_.slot(139264, 64);
+  meshc::gen::reduce(v218.data(), {1, 64}, v205.data(), {2048, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:26:10 sub
+  // moe.mesh:26:10 sub
+  // moe.mesh:26:10 mul
+  // moe.mesh:26:10 add
+  meshc::gen::View v222 = arena_.slot(143360, 2048);
+  meshc::gen::forEach<6>(
+      {1, 64, 32},
+      {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}, {2048, 32, 1}, {64, 1, 0}, {2048, 32, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t219 = float(double(v205[at[1]]) - double(v218[at[2]]));
+        float t220 = float(double(t219) - double(v217[at[3]]));
+        float t221 = float(double(t220) * double(v214[at[4]]));
+        v222[at[0]] = float(double(v149[at[5]]) + double(t221));
+      });
+
+  // moe.mesh:78:10 einsum
+  meshc::gen::View v223 = arena_.slot(122880, 5120);
+  // dims: groups, tokens, d_model, experts, capacity
+  static const meshrt::kernels::EinsumPlan einsum223(
+      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum223.run(v222.data(), v65.data(), v223.data());
+
+  // moe.mesh:78:10 einsum
+  meshc::gen::View v224 = arena_.slot(159744, 2560);
+  // dims: groups, tokens, d_model, experts, capacity
+  static const meshrt::kernels::EinsumPlan einsum224(
+      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
+  einsum224.run(v222.data(), v61.data(), v224.data());
+
+  // moe.mesh:76:20 einsum
+  meshc::gen::View v225 = arena_.slot(81920, 5120);
+  // dims: experts, groups, capacity, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum225(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum225.run(v224.data(), v25.data(), v225.data());
+
+  // moe.mesh:76:20 einsum -> grad/experts_ffn[0]/w_out
+  meshc::gen::View v226 = arena_.slot(143360, 4096);
+  // dims: experts, groups, capacity, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum226(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
+  einsum226.run(v224.data(), v64.data(), v226.data());
+
+  // moe.mesh:75:16 gt
+  // moe.mesh:75:16 where
+  meshc::gen::View v228 = arena_.slot(102400, 5120);
+  meshc::gen::forEach<4>(
+      {2, 1, 40, 64},
+      {{{2560, 2560, 64, 1}, {2560, 2560, 64, 1}, {0, 0, 0, 0}, {2560, 2560, 64, 1}}}, {},
+      [&](const std::array<int64_t, 4> &at) {
+        float t227 = (v63[at[1]] > v154[at[2]] ? 1.0f : 0.0f);
+        v228[at[0]] = float((t227 != 0 ? v225[at[3]] : v154[at[2]]));
+      });
+
+  // moe.mesh:75:21 einsum
+  meshc::gen::View v229 = arena_.slot(77824, 2560);
+  // dims: experts, groups, capacity, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum229(
+      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum229.run(v228.data(), v24.data(), v229.data());
+
+  // moe.mesh:75:21 einsum -> grad/experts_ffn[0]/w_in
+  meshc::gen::View v230 = arena_.slot(61440, 4096);
+  // dims: experts, groups, capacity, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum230(
+      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
+  einsum230.run(v228.data(), v62.data(), v230.data());
+
+  // moe.mesh:74:19 einsum
+  meshc::gen::View v231 = arena_.slot(88064, 2048);
+  // dims: experts, groups, capacity, d_model, tokens
+  static const meshrt::kernels::EinsumPlan einsum231(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
+  einsum231.run(v229.data(), v54.data(), v231.data());
+
+  // moe.mesh:69:57 mul
+  meshc::gen::View v232 = arena_.slot(0, 5120);
+  for (size_t i = 0; i < v232.size(); ++i) {
+    v232[i] = float(double(v223[i]) * double(v53[i]));
+  }
+
+  // moe.mesh:69:57 sum
+  meshc::gen::View v233 = arena_.slot(40960, 64);
+  meshc::gen::reduce(v233.data(), {1, 64}, v232.data(), {5120, 80}, {2, 40}, {40, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // moe.mesh:69:66 all_reduce_sum (resolve the partial sum of %218 over model for div at 69:66)
+  meshc::gen::View v234 = v233;
+  group_model.allReduce(v234.data(), v234.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:69:66 div
+  meshc::gen::View v235 = arena_.slot(41216, 64);
+  for (size_t i = 0; i < v235.size(); ++i) {
+    v235[i] = float(double(v234[i]) / double(v42[i]));
+  }
+
+  // moe.mesh:69:66 div
+  // moe.mesh:69:66 mul
+  // moe.mesh:69:66 neg
+  meshc::gen::View v238 = arena_.slot(41472, 64);
+  for (size_t i = 0; i < v238.size(); ++i) {
+    float t236 = float(double(v59[i]) / double(v42[i]));
+    float t237 = float(double(v234[i]) * double(t236));
+    v238[i] = float(-t237);
+  }
+
+  // moe.mesh:69:27 mul
+  meshc::gen::View v239 = arena_.slot(0, 5120);
+  for (size_t i = 0; i < v239.size(); ++i) {
+    v239[i] = float(double(v223[i]) * double(v46[i]));
+  }
+
+  // moe.mesh:69:27 sum
+  meshc::gen::View v240 = arena_.slot(20480, 64);
+  meshc::gen::reduce(v240.data(), {1, 64}, v239.data(), {5120, 80}, {2, 40}, {40, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // moe.mesh:69:36 all_reduce_sum (resolve the partial sum of %224 over model for div at 69:36)
+  meshc::gen::View v241 = v240;
+  group_model.allReduce(v241.data(), v241.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:69:36 div
+  meshc::gen::View v242 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v242.size(); ++i) {
+    v242[i] = float(double(v241[i]) / double(v42[i]));
+  }
+
+  // moe.mesh:69:36 div
+  // moe.mesh:69:36 mul
+  // moe.mesh:69:36 neg
+  // moe.mesh:69:36 add
+  meshc::gen::View v246 = arena_.slot(256, 64);
+  for (size_t i = 0; i < v246.size(); ++i) {
+    float t243 = float(double(v56[i]) / double(v42[i]));
+    float t244 = float(double(v241[i]) * double(t243));
+    float t245 = float(-t244);
+    v246[i] = float(double(v238[i]) + double(t245));
+  }
+
+  // moe.mesh:55:15 ge
+  // moe.mesh:55:15 where
+  meshc::gen::View v248 = arena_.slot(512, 64);
+  meshc::gen::forEach<5>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t247 = (v41[at[1]] >= v40[at[2]] ? 1.0f : 0.0f);
+                           v248[at[0]] = float((t247 != 0 ? v246[at[3]] : v154[at[4]]));
+                         });
+
+  // moe.mesh:55:29 add
+  meshc::gen::View v249 = arena_.slot(1024, 64);
+  for (size_t i = 0; i < v249.size(); ++i) {
+    v249[i] = float(double(v242[i]) + double(v248[i]));
+  }
+
+  // moe.mesh:55:29 add
+  meshc::gen::View v250 = arena_.slot(768, 64);
+  for (size_t i = 0; i < v250.size(); ++i) {
+    v250[i] = float(double(v235[i]) + double(v248[i]));
+  }
+
+  // moe.mesh:54:15 broadcast
+  // moe.mesh:54:29 mul
+  meshc::gen::View v252 = arena_.slot(0, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t251 = float(v250[at[1]]);
+                           v252[at[0]] = float(double(t251) * double(v34[at[2]]));
+                         });
+
+  // moe.mesh:53:15 broadcast
+  // moe.mesh:53:25 mul
+  meshc::gen::View v254 = arena_.slot(512, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t253 = float(v249[at[1]]);
+                           v254[at[0]] = float(double(t253) * double(v28[at[2]]));
+                         });
+
+  // moe.mesh:50:25 mul
+  // moe.mesh:50:25 add
+  meshc::gen::View v256 = arena_.slot(1024, 128);
+  for (size_t i = 0; i < v256.size(); ++i) {
+    float t255 = float(double(v252[i]) * double(v30[i]));
+    v256[i] = float(double(v254[i]) + double(t255));
+  }
+
+  // moe.mesh:89:40 mul
+  // moe.mesh:89:10 mul
+  meshc::gen::View v258 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v258.size(); ++i) {
+    float t257 = float(double(v143[i]) * double(v20[i]));
+    v258[i] = float(double(t257) * double(v186[i]));
+  }
+
+  // moe.mesh:89:10 broadcast
+  // moe.mesh:89:23 mul
+  // moe.mesh:88:23 mul
+  meshc::gen::View v261 = arena_.slot(512, 2);
+  meshc::gen::forEach<4>({1, 2}, {{{2, 1}, {0, 0}, {2, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t259 = float(v258[at[1]]);
+                           float t260 = float(double(t259) * double(v16[at[2]]));
+                           v261[at[0]] = float(double(t260) * double(v190[at[3]]));
+                         });
+
+  // moe.mesh:88:23 broadcast
+  // moe.mesh:88:23 add
+  meshc::gen::View v263 = arena_.slot(0, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {2, 0, 1}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t262 = float(v261[at[1]]);
+                           v263[at[0]] = float(double(v256[at[2]]) + double(t262));
+                         });
+
+  // moe.mesh:32:10 mul
+  meshc::gen::View v264 = arena_.slot(512, 128);
+  for (size_t i = 0; i < v264.size(); ++i) {
+    v264[i] = float(double(v263[i]) * double(v12[i]));
+  }
+
+  // moe.mesh:32:10 sum
+  meshc::gen::View v265 = arena_.slot(1024, 64);
+  meshc::gen::reduce(v265.data(), {1, 64}, v264.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // moe.mesh:32:10 all_reduce_sum (resolve the partial sum of %248 over model for sub at 32:10)
+  meshc::gen::View v266 = v265;
+  group_model.allReduce(v266.data(), v266.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:32:10 sub
+  // moe.mesh:32:10 mul
+  meshc::gen::View v268 = arena_.slot(8192, 128);
+  meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t267 = float(double(v263[at[1]]) - double(v266[at[2]]));
+                           v268[at[0]] = float(double(v12[at[3]]) * double(t267));
+                         });
+
+  // moe.mesh:32:18 einsum
+  meshc::gen::View v269 = arena_.slot(0, 2048);
+  // dims: groups, tokens, experts, d_model
+  static const meshrt::kernels::EinsumPlan einsum269(
+      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum269.run(v268.data(), v10.data(), v269.data());
+
+  // moe.mesh:32:18 einsum -> grad/route[0]/w_gate
+  meshc::gen::View v270 = arena_.slot(16384, 64);
+  // dims: groups, tokens, experts, d_model
+  static const meshrt::kernels::EinsumPlan einsum270(
+      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum270.run(v268.data(), v9.data(), v270.data());
+
+  // moe.mesh:114:25 mul
+  // moe.mesh:114:25 add
+  meshc::gen::View v272 = arena_.slot(8192, 2048);
+  for (size_t i = 0; i < v272.size(); ++i) {
+    float t271 = float(double(v269[i]) * double(v8[i]));
+    v272[i] = float(double(v231[i]) + double(t271));
+  }
+
+  // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %254 over model for sum at 26:40)
+  meshc::gen::View v273 = v272;
+  group_model.allReduce(v273.data(), v273.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:26:40 sum -> grad/norm[0]/bias
+  meshc::gen::View v274 = arena_.slot(16640, 32);
+  meshc::gen::reduce(v274.data(), {32}, v273.data(), {1}, {1, 64}, {2048, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // moe.mesh:26:33 mul
+  meshc::gen::View v275 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v275.size(); ++i) {
+    v275[i] = float(double(v273[i]) * double(v5[i]));
+  }
+
+  // moe.mesh:26:33 sum -> grad/norm[0]/gain
+  meshc::gen::View v276 = arena_.slot(8192, 32);
+  meshc::gen::reduce(v276.data(), {32}, v275.data(), {1}, {1, 64}, {2048, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // moe.mesh:119:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
+  // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
+  // resolved together, 65.0 KiB in one buffer)
+  meshc::gen::View v560 = v153;
+  meshc::gen::View v524 = v158;
+  meshc::gen::View v487 = v200;
+  meshc::gen::View v464 = v204;
+  meshc::gen::View v441 = v207;
+  meshc::gen::View v405 = v226;
+  meshc::gen::View v369 = v230;
+  meshc::gen::View v332 = v270;
+  meshc::gen::View v309 = v274;
+  meshc::gen::View v284 = v276;
+  meshc::gen::allReduceBucket(group_data,
+                              {v560, v524, v487, v464, v441, v405, v369, v332, v309, v284});
+
+  // moe.mesh:119:3 step
+  meshc::gen::View v277 = arena_.fill(0, 1, float(step_));
+
+  // moe.mesh:119:3 literal
+  meshc::gen::View v278 =
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // moe.mesh:119:3 add
+  meshc::gen::View v279 = arena_.slot(64, 1);
+  for (size_t i = 0; i < v279.size(); ++i) {
+    v279[i] = float(double(v277[i]) + double(v278[i]));
+  }
+
+  // moe.mesh:119:3 literal
+  meshc::gen::View v280 =
+      arena_.fill(32832, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
+
+  // moe.mesh:119:3 literal
+  meshc::gen::View v281 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.8));
+
+  // moe.mesh:119:3 pow
+  // moe.mesh:119:3 sub
+  meshc::gen::View v283 = arena_.slot(32896, 1);
+  for (size_t i = 0; i < v283.size(); ++i) {
+    float t282 = float(std::pow(double(v279[i]), double(v281[i])));
+    v283[i] = float(double(v278[i]) - double(t282));
+  }
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v285 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v285.size(); ++i) {
+    v285[i] = float(double(v284[i]) * double(v284[i]));
+  }
+
+  // moe.mesh:119:3 literal
+  meshc::gen::View v286 =
+      arena_.fill(32960, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-30));
+
+  // moe.mesh:119:3 add
+  meshc::gen::View v287 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v287[at[0]] = float(double(v285[at[1]]) + double(v286[at[2]]));
+  });
+
+  // moe.mesh:119:3 param -> norm[0]/gain@v
+  const meshc::gen::Buffer &v288 = param11_norm_0_gain_v;
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v289 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v289.size(); ++i) {
+    v289[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v290 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v290[at[0]] = float(double(v287[at[1]]) * double(v289[at[2]]));
+  });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v292(param11_norm_0_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t291 = float(double(v288[at[1]]) * double(v283[at[2]]));
+    v292[at[0]] = float(double(t291) + double(v290[at[3]]));
+  });
+
+  // moe.mesh:119:3 rsqrt
+  // moe.mesh:119:3 mul
+  meshc::gen::View v294 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v294.size(); ++i) {
+    float t293 = float(1.0 / std::sqrt(double(v292[i])));
+    v294[i] = float(double(v284[i]) * double(t293));
+  }
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v295 = arena_.slot(128, 32);
+  for (size_t i = 0; i < v295.size(); ++i) {
+    v295[i] = float(double(v294[i]) * double(v294[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v296 = arena_.slot(256, 1);
+  meshc::gen::reduce(v296.data(), {}, v295.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v299 = arena_.slot(320, 1);
+  for (size_t i = 0; i < v299.size(); ++i) {
+    float t297 = float(std::sqrt(double(v296[i])));
+    float t298 = float(double(t297) * double(v278[i]));
+    v299[i] = float(meshc::gen::maximum(t298, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v300 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v300[at[0]] = float(double(v294[at[1]]) / double(v299[at[2]]));
+  });
+
+  // moe.mesh:119:3 literal
+  meshc::gen::View v301 =
+      arena_.fill(33024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v302 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v302.size(); ++i) {
+    v302[i] = float(double(v3[i]) * double(v3[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v303 = arena_.slot(256, 1);
+  meshc::gen::reduce(v303.data(), {}, v302.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v306 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v306.size(); ++i) {
+    float t304 = float(std::sqrt(double(v303[i])));
+    float t305 = float(meshc::gen::maximum(t304, v301[i]));
+    v306[i] = float(double(t305) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/norm[0]/gain
+  meshc::gen::View v308(param1_norm_0_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t307 = float(double(v300[at[1]]) * double(v306[at[2]]));
+    v308[at[0]] = float(double(v3[at[3]]) - double(t307));
+  });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v311 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    float t310 = float(double(v309[at[1]]) * double(v309[at[1]]));
+    v311[at[0]] = float(double(t310) + double(v286[at[2]]));
+  });
+
+  // moe.mesh:119:3 param -> norm[0]/bias@v
+  const meshc::gen::Buffer &v312 = param12_norm_0_bias_v;
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v313 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v313.size(); ++i) {
+    v313[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v314 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v314[at[0]] = float(double(v311[at[1]]) * double(v313[at[2]]));
+  });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v316(param12_norm_0_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t315 = float(double(v312[at[1]]) * double(v283[at[2]]));
+    v316[at[0]] = float(double(t315) + double(v314[at[3]]));
+  });
+
+  // moe.mesh:119:3 rsqrt
+  // moe.mesh:119:3 mul
+  meshc::gen::View v318 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v318.size(); ++i) {
+    float t317 = float(1.0 / std::sqrt(double(v316[i])));
+    v318[i] = float(double(v309[i]) * double(t317));
+  }
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v319 = arena_.slot(128, 32);
+  for (size_t i = 0; i < v319.size(); ++i) {
+    v319[i] = float(double(v318[i]) * double(v318[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v320 = arena_.slot(256, 1);
+  meshc::gen::reduce(v320.data(), {}, v319.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v323 = arena_.slot(320, 1);
+  for (size_t i = 0; i < v323.size(); ++i) {
+    float t321 = float(std::sqrt(double(v320[i])));
+    float t322 = float(double(t321) * double(v278[i]));
+    v323[i] = float(meshc::gen::maximum(t322, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v324 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v324[at[0]] = float(double(v318[at[1]]) / double(v323[at[2]]));
+  });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v325 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v325.size(); ++i) {
+    v325[i] = float(double(v4[i]) * double(v4[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v326 = arena_.slot(256, 1);
+  meshc::gen::reduce(v326.data(), {}, v325.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v329 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v329.size(); ++i) {
+    float t327 = float(std::sqrt(double(v326[i])));
+    float t328 = float(meshc::gen::maximum(t327, v301[i]));
+    v329[i] = float(double(t328) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/norm[0]/bias
+  meshc::gen::View v331(param2_norm_0_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t330 = float(double(v324[at[1]]) * double(v329[at[2]]));
+    v331[at[0]] = float(double(v4[at[3]]) - double(t330));
+  });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v334 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t333 = float(double(v332[at[1]]) * double(v332[at[1]]));
+                           v334[at[0]] = float(double(t333) + double(v286[at[2]]));
+                         });
+
+  // moe.mesh:119:3 param -> route[0]/w_gate@vr
+  const meshc::gen::Buffer &v335 = param13_route_0_w_gate_vr;
+
+  // moe.mesh:119:3 param -> route[0]/w_gate@vc
+  const meshc::gen::Buffer &v336 = param14_route_0_w_gate_vc;
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v337 = arena_.slot(256, 32);
+  meshc::gen::reduce(v337.data(), {32}, v334.data(), {2}, {2}, {1}, meshc::gen::Reduce::Sum, 0.25);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %315 over model for mul at 119:3)
+  meshc::gen::View v339 = v337;
+  group_model.allReduce(v339.data(), v339.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v338 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v338.size(); ++i) {
+    v338[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v340 = arena_.slot(384, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v340[at[0]] = float(double(v339[at[1]]) * double(v338[at[2]]));
+  });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v342(param13_route_0_w_gate_vr); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t341 = float(double(v335[at[1]]) * double(v283[at[2]]));
+    v342[at[0]] = float(double(t341) + double(v340[at[3]]));
+  });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v343 = arena_.slot(256, 2);
+  meshc::gen::reduce(v343.data(), {2}, v334.data(), {1}, {32}, {2}, meshc::gen::Reduce::Sum,
+                     0.03125);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v344 = arena_.slot(64, 1);
+  for (size_t i = 0; i < v344.size(); ++i) {
+    v344[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v345 = arena_.slot(0, 2);
+  meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v345[at[0]] = float(double(v343[at[1]]) * double(v344[at[2]]));
+  });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v347(param14_route_0_w_gate_vc); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t346 = float(double(v336[at[1]]) * double(v283[at[2]]));
+    v347[at[0]] = float(double(t346) + double(v345[at[3]]));
+  });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v348 = arena_.slot(0, 1);
+  meshc::gen::reduce(v348.data(), {}, v342.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v350 = arena_.slot(256, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    float t349 = float(double(v342[at[1]]) / double(v348[at[2]]));
+    v350[at[0]] = float(1.0 / std::sqrt(double(t349)));
+  });
+
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v351 = arena_.slot(384, 2);
+  for (size_t i = 0; i < v351.size(); ++i) {
+    v351[i] = float(1.0 / std::sqrt(double(v347[i])));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  meshc::gen::View v353 = arena_.slot(0, 64);
+  meshc::gen::forEach<4>({32, 2}, {{{2, 1}, {2, 1}, {1, 0}, {0, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t352 = float(double(v332[at[1]]) * double(v350[at[2]]));
+                           v353[at[0]] = float(double(t352) * double(v351[at[3]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v354 = arena_.slot(256, 64);
+  for (size_t i = 0; i < v354.size(); ++i) {
+    v354[i] = float(double(v353[i]) * double(v353[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v355 = arena_.slot(512, 1);
+  meshc::gen::reduce(v355.data(), {}, v354.data(), {}, {32, 2}, {2, 1}, meshc::gen::Reduce::Sum,
+                     0.0078125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %332 over model for sqrt at 119:3)
+  meshc::gen::View v356 = v355;
+  group_model.allReduce(v356.data(), v356.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v359 = arena_.slot(576, 1);
+  for (size_t i = 0; i < v359.size(); ++i) {
+    float t357 = float(std::sqrt(double(v356[i])));
+    float t358 = float(double(t357) * double(v278[i]));
+    v359[i] = float(meshc::gen::maximum(t358, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v360 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v360[at[0]] = float(double(v353[at[1]]) / double(v359[at[2]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v361 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v361.size(); ++i) {
+    v361[i] = float(double(v10[i]) * double(v10[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v362 = arena_.slot(512, 1);
+  meshc::gen::reduce(v362.data(), {}, v361.data(), {}, {32, 2}, {2, 1}, meshc::gen::Reduce::Sum,
+                     0.0078125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %338 over model for sqrt at 119:3)
+  meshc::gen::View v363 = v362;
+  group_model.allReduce(v363.data(), v363.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v366 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v366.size(); ++i) {
+    float t364 = float(std::sqrt(double(v363[i])));
+    float t365 = float(meshc::gen::maximum(t364, v301[i]));
+    v366[i] = float(double(t365) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/route[0]/w_gate
+  meshc::gen::View v368(param3_route_0_w_gate); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}, {2, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t367 = float(double(v360[at[1]]) * double(v366[at[2]]));
+                           v368[at[0]] = float(double(v10[at[3]]) - double(t367));
+                         });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v371 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t370 = float(double(v369[at[1]]) * double(v369[at[1]]));
+                           v371[at[0]] = float(double(t370) + double(v286[at[2]]));
+                         });
+
+  // moe.mesh:119:3 param -> experts_ffn[0]/w_in@vr
+  const meshc::gen::Buffer &v372 = param15_experts_ffn_0_w_in_vr;
+
+  // moe.mesh:119:3 param -> experts_ffn[0]/w_in@vc
+  const meshc::gen::Buffer &v373 = param16_experts_ffn_0_w_in_vc;
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v374 = arena_.slot(16384, 64);
+  meshc::gen::reduce(v374.data(), {2, 32}, v371.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v375 = arena_.slot(16896, 1);
+  for (size_t i = 0; i < v375.size(); ++i) {
+    v375[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v376 = arena_.slot(16640, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v376[at[0]] = float(double(v374[at[1]]) * double(v375[at[2]]));
+                         });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v378(param15_experts_ffn_0_w_in_vr); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t377 = float(double(v372[at[1]]) * double(v283[at[2]]));
+                           v378[at[0]] = float(double(t377) + double(v376[at[3]]));
+                         });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v379 = arena_.slot(16384, 128);
+  meshc::gen::reduce(v379.data(), {2, 64}, v371.data(), {2048, 1}, {32}, {64},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v380 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v380.size(); ++i) {
+    v380[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v381 = arena_.slot(0, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v381[at[0]] = float(double(v379[at[1]]) * double(v380[at[2]]));
+                         });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v383(param16_experts_ffn_0_w_in_vc); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t382 = float(double(v373[at[1]]) * double(v283[at[2]]));
+                           v383[at[0]] = float(double(t382) + double(v381[at[3]]));
+                         });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v384 = arena_.slot(0, 2);
+  meshc::gen::reduce(v384.data(), {2}, v378.data(), {32}, {32}, {1}, meshc::gen::Reduce::Sum,
+                     0.03125);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v386 = arena_.slot(16896, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t385 = float(double(v378[at[1]]) / double(v384[at[2]]));
+                           v386[at[0]] = float(1.0 / std::sqrt(double(t385)));
+                         });
+
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v387 = arena_.slot(16384, 128);
+  for (size_t i = 0; i < v387.size(); ++i) {
+    v387[i] = float(1.0 / std::sqrt(double(v383[i])));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  meshc::gen::View v389 = arena_.slot(0, 4096);
+  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {64, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t388 = float(double(v369[at[1]]) * double(v386[at[2]]));
+                           v389[at[0]] = float(double(t388) * double(v387[at[3]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v390 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v390.size(); ++i) {
+    v390[i] = float(double(v389[i]) * double(v389[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v391 = arena_.slot(33088, 1);
+  meshc::gen::reduce(v391.data(), {}, v390.data(), {}, {2, 32, 64}, {2048, 64, 1},
+                     meshc::gen::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %365 over model for sqrt at 119:3)
+  meshc::gen::View v392 = v391;
+  group_model.allReduce(v392.data(), v392.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v395 = arena_.slot(33152, 1);
+  for (size_t i = 0; i < v395.size(); ++i) {
+    float t393 = float(std::sqrt(double(v392[i])));
+    float t394 = float(double(t393) * double(v278[i]));
+    v395[i] = float(meshc::gen::maximum(t394, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v396 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v396[at[0]] = float(double(v389[at[1]]) / double(v395[at[2]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v397 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v397.size(); ++i) {
+    v397[i] = float(double(v24[i]) * double(v24[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v398 = arena_.slot(33088, 1);
+  meshc::gen::reduce(v398.data(), {}, v397.data(), {}, {2, 32, 64}, {2048, 64, 1},
+                     meshc::gen::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %371 over model for sqrt at 119:3)
+  meshc::gen::View v399 = v398;
+  group_model.allReduce(v399.data(), v399.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v402 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v402.size(); ++i) {
+    float t400 = float(std::sqrt(double(v399[i])));
+    float t401 = float(meshc::gen::maximum(t400, v301[i]));
+    v402[i] = float(double(t401) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/experts_ffn[0]/w_in
+  meshc::gen::View v404(param4_experts_ffn_0_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}, {2048, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t403 = float(double(v396[at[1]]) * double(v402[at[2]]));
+                           v404[at[0]] = float(double(v24[at[3]]) - double(t403));
+                         });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v407 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t406 = float(double(v405[at[1]]) * double(v405[at[1]]));
+                           v407[at[0]] = float(double(t406) + double(v286[at[2]]));
+                         });
+
+  // moe.mesh:119:3 param -> experts_ffn[0]/w_out@vr
+  const meshc::gen::Buffer &v408 = param17_experts_ffn_0_w_out_vr;
+
+  // moe.mesh:119:3 param -> experts_ffn[0]/w_out@vc
+  const meshc::gen::Buffer &v409 = param18_experts_ffn_0_w_out_vc;
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v410 = arena_.slot(16384, 128);
+  meshc::gen::reduce(v410.data(), {2, 64}, v407.data(), {2048, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v411 = arena_.slot(17408, 1);
+  for (size_t i = 0; i < v411.size(); ++i) {
+    v411[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v412 = arena_.slot(16896, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v412[at[0]] = float(double(v410[at[1]]) * double(v411[at[2]]));
+                         });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v414(
+      param17_experts_ffn_0_w_out_vr); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t413 = float(double(v408[at[1]]) * double(v283[at[2]]));
+                           v414[at[0]] = float(double(t413) + double(v412[at[3]]));
+                         });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v415 = arena_.slot(16384, 64);
+  meshc::gen::reduce(v415.data(), {2, 32}, v407.data(), {2048, 1}, {64}, {32},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v416 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v416.size(); ++i) {
+    v416[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v417 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v417[at[0]] = float(double(v415[at[1]]) * double(v416[at[2]]));
+                         });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v419(
+      param18_experts_ffn_0_w_out_vc); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t418 = float(double(v409[at[1]]) * double(v283[at[2]]));
+                           v419[at[0]] = float(double(t418) + double(v417[at[3]]));
+                         });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v420 = arena_.slot(0, 2);
+  meshc::gen::reduce(v420.data(), {2}, v414.data(), {64}, {64}, {1}, meshc::gen::Reduce::Sum,
+                     0.015625);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v422 = arena_.slot(16384, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t421 = float(double(v414[at[1]]) / double(v420[at[2]]));
+                           v422[at[0]] = float(1.0 / std::sqrt(double(t421)));
+                         });
+
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v423 = arena_.slot(16896, 64);
+  for (size_t i = 0; i < v423.size(); ++i) {
+    v423[i] = float(1.0 / std::sqrt(double(v419[i])));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  meshc::gen::View v425 = arena_.slot(0, 4096);
+  meshc::gen::forEach<4>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}, {32, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t424 = float(double(v405[at[1]]) * double(v422[at[2]]));
+                           v425[at[0]] = float(double(t424) * double(v423[at[3]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v426 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v426.size(); ++i) {
+    v426[i] = float(double(v425[i]) * double(v425[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v427 = arena_.slot(33088, 1);
+  meshc::gen::reduce(v427.data(), {}, v426.data(), {}, {2, 64, 32}, {2048, 32, 1},
+                     meshc::gen::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %398 over model for sqrt at 119:3)
+  meshc::gen::View v428 = v427;
+  group_model.allReduce(v428.data(), v428.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v431 = arena_.slot(33152, 1);
+  for (size_t i = 0; i < v431.size(); ++i) {
+    float t429 = float(std::sqrt(double(v428[i])));
+    float t430 = float(double(t429) * double(v278[i]));
+    v431[i] = float(meshc::gen::maximum(t430, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v432 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v432[at[0]] = float(double(v425[at[1]]) / double(v431[at[2]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v433 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v433.size(); ++i) {
+    v433[i] = float(double(v25[i]) * double(v25[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v434 = arena_.slot(33088, 1);
+  meshc::gen::reduce(v434.data(), {}, v433.data(), {}, {2, 64, 32}, {2048, 32, 1},
+                     meshc::gen::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %404 over model for sqrt at 119:3)
+  meshc::gen::View v435 = v434;
+  group_model.allReduce(v435.data(), v435.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v438 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v438.size(); ++i) {
+    float t436 = float(std::sqrt(double(v435[i])));
+    float t437 = float(meshc::gen::maximum(t436, v301[i]));
+    v438[i] = float(double(t437) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/experts_ffn[0]/w_out
+  meshc::gen::View v440(param5_experts_ffn_0_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}, {2048, 32, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t439 = float(double(v432[at[1]]) * double(v438[at[2]]));
+                           v440[at[0]] = float(double(v25[at[3]]) - double(t439));
+                         });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v443 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    float t442 = float(double(v441[at[1]]) * double(v441[at[1]]));
+    v443[at[0]] = float(double(t442) + double(v286[at[2]]));
+  });
+
+  // moe.mesh:119:3 param -> norm[1]/gain@v
+  const meshc::gen::Buffer &v444 = param19_norm_1_gain_v;
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v445 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v445.size(); ++i) {
+    v445[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v446 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v446[at[0]] = float(double(v443[at[1]]) * double(v445[at[2]]));
+  });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v448(param19_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t447 = float(double(v444[at[1]]) * double(v283[at[2]]));
+    v448[at[0]] = float(double(t447) + double(v446[at[3]]));
+  });
+
+  // moe.mesh:119:3 rsqrt
+  // moe.mesh:119:3 mul
+  meshc::gen::View v450 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v450.size(); ++i) {
+    float t449 = float(1.0 / std::sqrt(double(v448[i])));
+    v450[i] = float(double(v441[i]) * double(t449));
+  }
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v451 = arena_.slot(128, 32);
+  for (size_t i = 0; i < v451.size(); ++i) {
+    v451[i] = float(double(v450[i]) * double(v450[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v452 = arena_.slot(256, 1);
+  meshc::gen::reduce(v452.data(), {}, v451.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v455 = arena_.slot(320, 1);
+  for (size_t i = 0; i < v455.size(); ++i) {
+    float t453 = float(std::sqrt(double(v452[i])));
+    float t454 = float(double(t453) * double(v278[i]));
+    v455[i] = float(meshc::gen::maximum(t454, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v456 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v456[at[0]] = float(double(v450[at[1]]) / double(v455[at[2]]));
+  });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v457 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v457.size(); ++i) {
+    v457[i] = float(double(v69[i]) * double(v69[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v458 = arena_.slot(256, 1);
+  meshc::gen::reduce(v458.data(), {}, v457.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v461 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v461.size(); ++i) {
+    float t459 = float(std::sqrt(double(v458[i])));
+    float t460 = float(meshc::gen::maximum(t459, v301[i]));
+    v461[i] = float(double(t460) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/norm[1]/gain
+  meshc::gen::View v463(param6_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t462 = float(double(v456[at[1]]) * double(v461[at[2]]));
+    v463[at[0]] = float(double(v69[at[3]]) - double(t462));
+  });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v466 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    float t465 = float(double(v464[at[1]]) * double(v464[at[1]]));
+    v466[at[0]] = float(double(t465) + double(v286[at[2]]));
+  });
+
+  // moe.mesh:119:3 param -> norm[1]/bias@v
+  const meshc::gen::Buffer &v467 = param20_norm_1_bias_v;
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v468 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v468.size(); ++i) {
+    v468[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v469 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v469[at[0]] = float(double(v466[at[1]]) * double(v468[at[2]]));
+  });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v471(param20_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t470 = float(double(v467[at[1]]) * double(v283[at[2]]));
+    v471[at[0]] = float(double(t470) + double(v469[at[3]]));
+  });
+
+  // moe.mesh:119:3 rsqrt
+  // moe.mesh:119:3 mul
+  meshc::gen::View v473 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v473.size(); ++i) {
+    float t472 = float(1.0 / std::sqrt(double(v471[i])));
+    v473[i] = float(double(v464[i]) * double(t472));
+  }
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v474 = arena_.slot(128, 32);
+  for (size_t i = 0; i < v474.size(); ++i) {
+    v474[i] = float(double(v473[i]) * double(v473[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v475 = arena_.slot(256, 1);
+  meshc::gen::reduce(v475.data(), {}, v474.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v478 = arena_.slot(320, 1);
+  for (size_t i = 0; i < v478.size(); ++i) {
+    float t476 = float(std::sqrt(double(v475[i])));
+    float t477 = float(double(t476) * double(v278[i]));
+    v478[i] = float(meshc::gen::maximum(t477, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v479 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v479[at[0]] = float(double(v473[at[1]]) / double(v478[at[2]]));
+  });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v480 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v480.size(); ++i) {
+    v480[i] = float(double(v70[i]) * double(v70[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v481 = arena_.slot(256, 1);
+  meshc::gen::reduce(v481.data(), {}, v480.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v484 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v484.size(); ++i) {
+    float t482 = float(std::sqrt(double(v481[i])));
+    float t483 = float(meshc::gen::maximum(t482, v301[i]));
+    v484[i] = float(double(t483) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/norm[1]/bias
+  meshc::gen::View v486(param7_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t485 = float(double(v479[at[1]]) * double(v484[at[2]]));
+    v486[at[0]] = float(double(v70[at[3]]) - double(t485));
+  });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v489 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t488 = float(double(v487[at[1]]) * double(v487[at[1]]));
+                           v489[at[0]] = float(double(t488) + double(v286[at[2]]));
+                         });
+
+  // moe.mesh:119:3 param -> route[1]/w_gate@vr
+  const meshc::gen::Buffer &v490 = param21_route_1_w_gate_vr;
+
+  // moe.mesh:119:3 param -> route[1]/w_gate@vc
+  const meshc::gen::Buffer &v491 = param22_route_1_w_gate_vc;
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v492 = arena_.slot(256, 32);
+  meshc::gen::reduce(v492.data(), {32}, v489.data(), {2}, {2}, {1}, meshc::gen::Reduce::Sum, 0.25);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %458 over model for mul at 119:3)
+  meshc::gen::View v494 = v492;
+  group_model.allReduce(v494.data(), v494.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v493 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v493.size(); ++i) {
+    v493[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v495 = arena_.slot(384, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v495[at[0]] = float(double(v494[at[1]]) * double(v493[at[2]]));
+  });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v497(param21_route_1_w_gate_vr); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t496 = float(double(v490[at[1]]) * double(v283[at[2]]));
+    v497[at[0]] = float(double(t496) + double(v495[at[3]]));
+  });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v498 = arena_.slot(256, 2);
+  meshc::gen::reduce(v498.data(), {2}, v489.data(), {1}, {32}, {2}, meshc::gen::Reduce::Sum,
+                     0.03125);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v499 = arena_.slot(64, 1);
+  for (size_t i = 0; i < v499.size(); ++i) {
+    v499[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v500 = arena_.slot(0, 2);
+  meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v500[at[0]] = float(double(v498[at[1]]) * double(v499[at[2]]));
+  });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v502(param22_route_1_w_gate_vc); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t501 = float(double(v491[at[1]]) * double(v283[at[2]]));
+    v502[at[0]] = float(double(t501) + double(v500[at[3]]));
+  });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v503 = arena_.slot(0, 1);
+  meshc::gen::reduce(v503.data(), {}, v497.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v505 = arena_.slot(256, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    float t504 = float(double(v497[at[1]]) / double(v503[at[2]]));
+    v505[at[0]] = float(1.0 / std::sqrt(double(t504)));
+  });
+
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v506 = arena_.slot(384, 2);
+  for (size_t i = 0; i < v506.size(); ++i) {
+    v506[i] = float(1.0 / std::sqrt(double(v502[i])));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  meshc::gen::View v508 = arena_.slot(0, 64);
+  meshc::gen::forEach<4>({32, 2}, {{{2, 1}, {2, 1}, {1, 0}, {0, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t507 = float(double(v487[at[1]]) * double(v505[at[2]]));
+                           v508[at[0]] = float(double(t507) * double(v506[at[3]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v509 = arena_.slot(256, 64);
+  for (size_t i = 0; i < v509.size(); ++i) {
+    v509[i] = float(double(v508[i]) * double(v508[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v510 = arena_.slot(512, 1);
+  meshc::gen::reduce(v510.data(), {}, v509.data(), {}, {32, 2}, {2, 1}, meshc::gen::Reduce::Sum,
+                     0.0078125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %475 over model for sqrt at 119:3)
+  meshc::gen::View v511 = v510;
+  group_model.allReduce(v511.data(), v511.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v514 = arena_.slot(576, 1);
+  for (size_t i = 0; i < v514.size(); ++i) {
+    float t512 = float(std::sqrt(double(v511[i])));
+    float t513 = float(double(t512) * double(v278[i]));
+    v514[i] = float(meshc::gen::maximum(t513, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v515 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v515[at[0]] = float(double(v508[at[1]]) / double(v514[at[2]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v516 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v516.size(); ++i) {
+    v516[i] = float(double(v76[i]) * double(v76[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v517 = arena_.slot(512, 1);
+  meshc::gen::reduce(v517.data(), {}, v516.data(), {}, {32, 2}, {2, 1}, meshc::gen::Reduce::Sum,
+                     0.0078125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %481 over model for sqrt at 119:3)
+  meshc::gen::View v518 = v517;
+  group_model.allReduce(v518.data(), v518.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v521 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v521.size(); ++i) {
+    float t519 = float(std::sqrt(double(v518[i])));
+    float t520 = float(meshc::gen::maximum(t519, v301[i]));
+    v521[i] = float(double(t520) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/route[1]/w_gate
+  meshc::gen::View v523(param8_route_1_w_gate); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}, {2, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t522 = float(double(v515[at[1]]) * double(v521[at[2]]));
+                           v523[at[0]] = float(double(v76[at[3]]) - double(t522));
+                         });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v526 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t525 = float(double(v524[at[1]]) * double(v524[at[1]]));
+                           v526[at[0]] = float(double(t525) + double(v286[at[2]]));
+                         });
+
+  // moe.mesh:119:3 param -> experts_ffn[1]/w_in@vr
+  const meshc::gen::Buffer &v527 = param23_experts_ffn_1_w_in_vr;
+
+  // moe.mesh:119:3 param -> experts_ffn[1]/w_in@vc
+  const meshc::gen::Buffer &v528 = param24_experts_ffn_1_w_in_vc;
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v529 = arena_.slot(16384, 64);
+  meshc::gen::reduce(v529.data(), {2, 32}, v526.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v530 = arena_.slot(16896, 1);
+  for (size_t i = 0; i < v530.size(); ++i) {
+    v530[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v531 = arena_.slot(16640, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v531[at[0]] = float(double(v529[at[1]]) * double(v530[at[2]]));
+                         });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v533(param23_experts_ffn_1_w_in_vr); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t532 = float(double(v527[at[1]]) * double(v283[at[2]]));
+                           v533[at[0]] = float(double(t532) + double(v531[at[3]]));
+                         });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v534 = arena_.slot(16384, 128);
+  meshc::gen::reduce(v534.data(), {2, 64}, v526.data(), {2048, 1}, {32}, {64},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v535 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v535.size(); ++i) {
+    v535[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v536 = arena_.slot(0, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v536[at[0]] = float(double(v534[at[1]]) * double(v535[at[2]]));
+                         });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v538(param24_experts_ffn_1_w_in_vc); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t537 = float(double(v528[at[1]]) * double(v283[at[2]]));
+                           v538[at[0]] = float(double(t537) + double(v536[at[3]]));
+                         });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v539 = arena_.slot(0, 2);
+  meshc::gen::reduce(v539.data(), {2}, v533.data(), {32}, {32}, {1}, meshc::gen::Reduce::Sum,
+                     0.03125);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v541 = arena_.slot(16896, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t540 = float(double(v533[at[1]]) / double(v539[at[2]]));
+                           v541[at[0]] = float(1.0 / std::sqrt(double(t540)));
+                         });
+
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v542 = arena_.slot(16384, 128);
+  for (size_t i = 0; i < v542.size(); ++i) {
+    v542[i] = float(1.0 / std::sqrt(double(v538[i])));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  meshc::gen::View v544 = arena_.slot(0, 4096);
+  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {64, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t543 = float(double(v524[at[1]]) * double(v541[at[2]]));
+                           v544[at[0]] = float(double(t543) * double(v542[at[3]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v545 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v545.size(); ++i) {
+    v545[i] = float(double(v544[i]) * double(v544[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v546 = arena_.slot(33088, 1);
+  meshc::gen::reduce(v546.data(), {}, v545.data(), {}, {2, 32, 64}, {2048, 64, 1},
+                     meshc::gen::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %508 over model for sqrt at 119:3)
+  meshc::gen::View v547 = v546;
+  group_model.allReduce(v547.data(), v547.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v550 = arena_.slot(33152, 1);
+  for (size_t i = 0; i < v550.size(); ++i) {
+    float t548 = float(std::sqrt(double(v547[i])));
+    float t549 = float(double(t548) * double(v278[i]));
+    v550[i] = float(meshc::gen::maximum(t549, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v551 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v551[at[0]] = float(double(v544[at[1]]) / double(v550[at[2]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v552 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v552.size(); ++i) {
+    v552[i] = float(double(v90[i]) * double(v90[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v553 = arena_.slot(33088, 1);
+  meshc::gen::reduce(v553.data(), {}, v552.data(), {}, {2, 32, 64}, {2048, 64, 1},
+                     meshc::gen::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %514 over model for sqrt at 119:3)
+  meshc::gen::View v554 = v553;
+  group_model.allReduce(v554.data(), v554.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v557 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v557.size(); ++i) {
+    float t555 = float(std::sqrt(double(v554[i])));
+    float t556 = float(meshc::gen::maximum(t555, v301[i]));
+    v557[i] = float(double(t556) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/experts_ffn[1]/w_in
+  meshc::gen::View v559(param9_experts_ffn_1_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}, {2048, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t558 = float(double(v551[at[1]]) * double(v557[at[2]]));
+                           v559[at[0]] = float(double(v90[at[3]]) - double(t558));
+                         });
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  meshc::gen::View v562 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t561 = float(double(v560[at[1]]) * double(v560[at[1]]));
+                           v562[at[0]] = float(double(t561) + double(v286[at[2]]));
+                         });
+
+  // moe.mesh:119:3 param -> experts_ffn[1]/w_out@vr
+  const meshc::gen::Buffer &v563 = param25_experts_ffn_1_w_out_vr;
+
+  // moe.mesh:119:3 param -> experts_ffn[1]/w_out@vc
+  const meshc::gen::Buffer &v564 = param26_experts_ffn_1_w_out_vc;
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v565 = arena_.slot(16384, 128);
+  meshc::gen::reduce(v565.data(), {2, 64}, v562.data(), {2048, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v566 = arena_.slot(17408, 1);
+  for (size_t i = 0; i < v566.size(); ++i) {
+    v566[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v567 = arena_.slot(16896, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v567[at[0]] = float(double(v565[at[1]]) * double(v566[at[2]]));
+                         });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v569(
+      param25_experts_ffn_1_w_out_vr); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t568 = float(double(v563[at[1]]) * double(v283[at[2]]));
+                           v569[at[0]] = float(double(t568) + double(v567[at[3]]));
+                         });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v570 = arena_.slot(16384, 64);
+  meshc::gen::reduce(v570.data(), {2, 32}, v562.data(), {2048, 1}, {64}, {32},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 sub
+  meshc::gen::View v571 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v571.size(); ++i) {
+    v571[i] = float(double(v278[i]) - double(v283[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  meshc::gen::View v572 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v572[at[0]] = float(double(v570[at[1]]) * double(v571[at[2]]));
+                         });
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  meshc::gen::View v574(
+      param26_experts_ffn_1_w_out_vc); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t573 = float(double(v564[at[1]]) * double(v283[at[2]]));
+                           v574[at[0]] = float(double(t573) + double(v572[at[3]]));
+                         });
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v575 = arena_.slot(0, 2);
+  meshc::gen::reduce(v575.data(), {2}, v569.data(), {64}, {64}, {1}, meshc::gen::Reduce::Sum,
+                     0.015625);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v577 = arena_.slot(16384, 128);
+  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t576 = float(double(v569[at[1]]) / double(v575[at[2]]));
+                           v577[at[0]] = float(1.0 / std::sqrt(double(t576)));
+                         });
+
+  // moe.mesh:119:3 rsqrt
+  meshc::gen::View v578 = arena_.slot(16896, 64);
+  for (size_t i = 0; i < v578.size(); ++i) {
+    v578[i] = float(1.0 / std::sqrt(double(v574[i])));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  meshc::gen::View v580 = arena_.slot(0, 4096);
+  meshc::gen::forEach<4>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}, {32, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t579 = float(double(v560[at[1]]) * double(v577[at[2]]));
+                           v580[at[0]] = float(double(t579) * double(v578[at[3]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v581 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v581.size(); ++i) {
+    v581[i] = float(double(v580[i]) * double(v580[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v582 = arena_.slot(32896, 1);
+  meshc::gen::reduce(v582.data(), {}, v581.data(), {}, {2, 64, 32}, {2048, 32, 1},
+                     meshc::gen::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %541 over model for sqrt at 119:3)
+  meshc::gen::View v583 = v582;
+  group_model.allReduce(v583.data(), v583.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 maximum
+  meshc::gen::View v586 = arena_.slot(32960, 1);
+  for (size_t i = 0; i < v586.size(); ++i) {
+    float t584 = float(std::sqrt(double(v583[i])));
+    float t585 = float(double(t584) * double(v278[i]));
+    v586[i] = float(meshc::gen::maximum(t585, v278[i]));
+  }
+
+  // moe.mesh:119:3 div
+  meshc::gen::View v587 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v587[at[0]] = float(double(v580[at[1]]) / double(v586[at[2]]));
+                         });
+
+  // moe.mesh:119:3 square
+  meshc::gen::View v588 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v588.size(); ++i) {
+    v588[i] = float(double(v91[i]) * double(v91[i]));
+  }
+
+  // moe.mesh:119:3 mean
+  meshc::gen::View v589 = arena_.slot(32768, 1);
+  meshc::gen::reduce(v589.data(), {}, v588.data(), {}, {2, 64, 32}, {2048, 32, 1},
+                     meshc::gen::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %547 over model for sqrt at 119:3)
+  meshc::gen::View v590 = v589;
+  group_model.allReduce(v590.data(), v590.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  meshc::gen::View v593 = arena_.slot(0, 1);
+  for (size_t i = 0; i < v593.size(); ++i) {
+    float t591 = float(std::sqrt(double(v590[i])));
+    float t592 = float(meshc::gen::maximum(t591, v301[i]));
+    v593[i] = float(double(t592) * double(v280[i]));
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 sub -> next/experts_ffn[1]/w_out
+  meshc::gen::View v595(param10_experts_ffn_1_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}, {2048, 32, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t594 = float(double(v587[at[1]]) * double(v593[at[2]]));
+                           v595[at[0]] = float(double(v91[at[3]]) - double(t594));
+                         });
+
+  // The step's updates.
+  ++step_;
 
   Outputs outputs;
   outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v141.begin(), v141.end())};
@@ -1672,6 +3797,8 @@ meshc::gen::Tensor MoeTrain::gatherOutput(meshrt::Communicator &world, const std
   throw std::invalid_argument("moe_train: no output named '" + name + "'");
 }
 
+float MoeTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
+
 std::vector<std::string> MoeTrain::paramNames() {
   return {"zero",
           "norm[0]/gain",
@@ -1683,12 +3810,34 @@ std::vector<std::string> MoeTrain::paramNames() {
           "norm[1]/bias",
           "route[1]/w_gate",
           "experts_ffn[1]/w_in",
-          "experts_ffn[1]/w_out"};
+          "experts_ffn[1]/w_out",
+          "norm[0]/gain@v",
+          "norm[0]/bias@v",
+          "route[0]/w_gate@vr",
+          "route[0]/w_gate@vc",
+          "experts_ffn[0]/w_in@vr",
+          "experts_ffn[0]/w_in@vc",
+          "experts_ffn[0]/w_out@vr",
+          "experts_ffn[0]/w_out@vc",
+          "norm[1]/gain@v",
+          "norm[1]/bias@v",
+          "route[1]/w_gate@vr",
+          "route[1]/w_gate@vc",
+          "experts_ffn[1]/w_in@vr",
+          "experts_ffn[1]/w_in@vc",
+          "experts_ffn[1]/w_out@vr",
+          "experts_ffn[1]/w_out@vc"};
 }
 
 bool MoeTrain::isOptimizerState(const std::string &path) {
-  (void)path;
-  return false;
+  static const std::vector<std::string> states = {
+      "norm[0]/gain@v",          "norm[0]/bias@v",          "route[0]/w_gate@vr",
+      "route[0]/w_gate@vc",      "experts_ffn[0]/w_in@vr",  "experts_ffn[0]/w_in@vc",
+      "experts_ffn[0]/w_out@vr", "experts_ffn[0]/w_out@vc", "norm[1]/gain@v",
+      "norm[1]/bias@v",          "route[1]/w_gate@vr",      "route[1]/w_gate@vc",
+      "experts_ffn[1]/w_in@vr",  "experts_ffn[1]/w_in@vc",  "experts_ffn[1]/w_out@vr",
+      "experts_ffn[1]/w_out@vc"};
+  return std::find(states.begin(), states.end(), path) != states.end();
 }
 
 std::vector<meshc::gen::ParamShard> MoeTrain::paramShards() {
@@ -1746,6 +3895,106 @@ std::vector<meshc::gen::ParamShard> MoeTrain::paramShards() {
        {"experts", "d_ff", "d_model"},
        {{"model"}, {}, {}},
        &param10_experts_ffn_1_w_out},
+      {"norm[0]/gain@v", true, "f32", {32}, {32}, {"d_model"}, {{}}, &param11_norm_0_gain_v},
+      {"norm[0]/bias@v", true, "f32", {32}, {32}, {"d_model"}, {{}}, &param12_norm_0_bias_v},
+      {"route[0]/w_gate@vr",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param13_route_0_w_gate_vr},
+      {"route[0]/w_gate@vc",
+       true,
+       "f32",
+       {4},
+       {2},
+       {"experts"},
+       {{"model"}},
+       &param14_route_0_w_gate_vc},
+      {"experts_ffn[0]/w_in@vr",
+       true,
+       "f32",
+       {4, 32},
+       {2, 32},
+       {"experts", "d_model"},
+       {{"model"}, {}},
+       &param15_experts_ffn_0_w_in_vr},
+      {"experts_ffn[0]/w_in@vc",
+       true,
+       "f32",
+       {4, 64},
+       {2, 64},
+       {"experts", "d_ff"},
+       {{"model"}, {}},
+       &param16_experts_ffn_0_w_in_vc},
+      {"experts_ffn[0]/w_out@vr",
+       true,
+       "f32",
+       {4, 64},
+       {2, 64},
+       {"experts", "d_ff"},
+       {{"model"}, {}},
+       &param17_experts_ffn_0_w_out_vr},
+      {"experts_ffn[0]/w_out@vc",
+       true,
+       "f32",
+       {4, 32},
+       {2, 32},
+       {"experts", "d_model"},
+       {{"model"}, {}},
+       &param18_experts_ffn_0_w_out_vc},
+      {"norm[1]/gain@v", true, "f32", {32}, {32}, {"d_model"}, {{}}, &param19_norm_1_gain_v},
+      {"norm[1]/bias@v", true, "f32", {32}, {32}, {"d_model"}, {{}}, &param20_norm_1_bias_v},
+      {"route[1]/w_gate@vr",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param21_route_1_w_gate_vr},
+      {"route[1]/w_gate@vc",
+       true,
+       "f32",
+       {4},
+       {2},
+       {"experts"},
+       {{"model"}},
+       &param22_route_1_w_gate_vc},
+      {"experts_ffn[1]/w_in@vr",
+       true,
+       "f32",
+       {4, 32},
+       {2, 32},
+       {"experts", "d_model"},
+       {{"model"}, {}},
+       &param23_experts_ffn_1_w_in_vr},
+      {"experts_ffn[1]/w_in@vc",
+       true,
+       "f32",
+       {4, 64},
+       {2, 64},
+       {"experts", "d_ff"},
+       {{"model"}, {}},
+       &param24_experts_ffn_1_w_in_vc},
+      {"experts_ffn[1]/w_out@vr",
+       true,
+       "f32",
+       {4, 64},
+       {2, 64},
+       {"experts", "d_ff"},
+       {{"model"}, {}},
+       &param25_experts_ffn_1_w_out_vr},
+      {"experts_ffn[1]/w_out@vc",
+       true,
+       "f32",
+       {4, 32},
+       {2, 32},
+       {"experts", "d_model"},
+       {{"model"}, {}},
+       &param26_experts_ffn_1_w_out_vc},
   };
 }
 

@@ -128,10 +128,14 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 99136;
+  static constexpr size_t kArenaBytes = 395776;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 525952;
+  static constexpr size_t kTemporaryBytes = 1326748;
 
+  /// One training step on this rank's shards (collective): forward, backward and the optimizer's
+  /// update, applied to the params; increments the step counter. Returns the global loss (every
+  /// rank gets it). run() is the same step, returning the outputs.
+  float step(const Inputs &inputs);
   /// The number of steps taken: keys this step's random ops and dropout masks (and, with an
   /// optimizer, its learning-rate schedule).
   int64_t stepCount() const { return step_; }
@@ -196,7 +200,31 @@ private:
                                                   // d_ff] local {2, 32, 64}
   meshc::gen::Buffer param10_experts_ffn_1_w_out; // experts_ffn[1]/w_out: [experts:[model], d_ff,
                                                   // d_model] local {2, 64, 32}
-  meshc::gen::Arena arena_{kArenaBytes};          // run()'s temporaries
+  meshc::gen::Buffer param11_norm_0_gain_v;       // norm[0]/gain@v: [d_model] local {32}
+  meshc::gen::Buffer param12_norm_0_bias_v;       // norm[0]/bias@v: [d_model] local {32}
+  meshc::gen::Buffer param13_route_0_w_gate_vr;   // route[0]/w_gate@vr: [d_model] local {32}
+  meshc::gen::Buffer param14_route_0_w_gate_vc;   // route[0]/w_gate@vc: [experts:[model]] local {2}
+  meshc::gen::Buffer param15_experts_ffn_0_w_in_vr;  // experts_ffn[0]/w_in@vr: [experts:[model],
+                                                     // d_model] local {2, 32}
+  meshc::gen::Buffer param16_experts_ffn_0_w_in_vc;  // experts_ffn[0]/w_in@vc: [experts:[model],
+                                                     // d_ff] local {2, 64}
+  meshc::gen::Buffer param17_experts_ffn_0_w_out_vr; // experts_ffn[0]/w_out@vr: [experts:[model],
+                                                     // d_ff] local {2, 64}
+  meshc::gen::Buffer param18_experts_ffn_0_w_out_vc; // experts_ffn[0]/w_out@vc: [experts:[model],
+                                                     // d_model] local {2, 32}
+  meshc::gen::Buffer param19_norm_1_gain_v;          // norm[1]/gain@v: [d_model] local {32}
+  meshc::gen::Buffer param20_norm_1_bias_v;          // norm[1]/bias@v: [d_model] local {32}
+  meshc::gen::Buffer param21_route_1_w_gate_vr;      // route[1]/w_gate@vr: [d_model] local {32}
+  meshc::gen::Buffer param22_route_1_w_gate_vc; // route[1]/w_gate@vc: [experts:[model]] local {2}
+  meshc::gen::Buffer param23_experts_ffn_1_w_in_vr;  // experts_ffn[1]/w_in@vr: [experts:[model],
+                                                     // d_model] local {2, 32}
+  meshc::gen::Buffer param24_experts_ffn_1_w_in_vc;  // experts_ffn[1]/w_in@vc: [experts:[model],
+                                                     // d_ff] local {2, 64}
+  meshc::gen::Buffer param25_experts_ffn_1_w_out_vr; // experts_ffn[1]/w_out@vr: [experts:[model],
+                                                     // d_ff] local {2, 64}
+  meshc::gen::Buffer param26_experts_ffn_1_w_out_vc; // experts_ffn[1]/w_out@vc: [experts:[model],
+                                                     // d_model] local {2, 32}
+  meshc::gen::Arena arena_{kArenaBytes};             // run()'s temporaries
 };
 
 } // namespace meshc_generated

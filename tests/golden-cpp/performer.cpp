@@ -2718,17 +2718,153 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
   param24_causal_lm_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
   param25_causal_lm_norm_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/embedding@m: zeros (performer.mesh:131)
+  param26_causal_lm_embedding_m.assign(1024, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/embedding@v: zeros (performer.mesh:131)
+  param27_causal_lm_embedding_v.assign(1024, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/unembed@m: zeros (performer.mesh:132)
+  param28_causal_lm_unembed_m.assign(1024, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/unembed@v: zeros (performer.mesh:132)
+  param29_causal_lm_unembed_v.assign(1024, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/norm/gain@m: zeros (performer.mesh:27)
+  param30_causal_lm_decoder_layer_0_norm_gain_m.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/norm/gain@v: zeros (performer.mesh:27)
+  param31_causal_lm_decoder_layer_0_norm_gain_v.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/norm/bias@m: zeros (performer.mesh:28)
+  param32_causal_lm_decoder_layer_0_norm_bias_m.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/norm/bias@v: zeros (performer.mesh:28)
+  param33_causal_lm_decoder_layer_0_norm_bias_v.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/heads_in/w@m: zeros (performer.mesh:44)
+  param34_causal_lm_decoder_layer_0_heads_in_w_m.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/heads_in/w@v: zeros (performer.mesh:44)
+  param35_causal_lm_decoder_layer_0_heads_in_w_v.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/heads_in#1/w@m: zeros (performer.mesh:44)
+  param36_causal_lm_decoder_layer_0_heads_in_1_w_m.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/heads_in#1/w@v: zeros (performer.mesh:44)
+  param37_causal_lm_decoder_layer_0_heads_in_1_w_v.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/heads_in#2/w@m: zeros (performer.mesh:44)
+  param38_causal_lm_decoder_layer_0_heads_in_2_w_m.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/heads_in#2/w@v: zeros (performer.mesh:44)
+  param39_causal_lm_decoder_layer_0_heads_in_2_w_v.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/heads_out/w@m: zeros (performer.mesh:49)
+  param40_causal_lm_decoder_layer_0_heads_out_w_m.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/heads_out/w@v: zeros (performer.mesh:49)
+  param41_causal_lm_decoder_layer_0_heads_out_w_v.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/norm#1/gain@m: zeros (performer.mesh:27)
+  param42_causal_lm_decoder_layer_0_norm_1_gain_m.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/norm#1/gain@v: zeros (performer.mesh:27)
+  param43_causal_lm_decoder_layer_0_norm_1_gain_v.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/norm#1/bias@m: zeros (performer.mesh:28)
+  param44_causal_lm_decoder_layer_0_norm_1_bias_m.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/norm#1/bias@v: zeros (performer.mesh:28)
+  param45_causal_lm_decoder_layer_0_norm_1_bias_v.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/ffn/w_in@m: zeros (performer.mesh:94)
+  param46_causal_lm_decoder_layer_0_ffn_w_in_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/ffn/w_in@v: zeros (performer.mesh:94)
+  param47_causal_lm_decoder_layer_0_ffn_w_in_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/ffn/w_out@m: zeros (performer.mesh:95)
+  param48_causal_lm_decoder_layer_0_ffn_w_out_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[0]/ffn/w_out@v: zeros (performer.mesh:95)
+  param49_causal_lm_decoder_layer_0_ffn_w_out_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/norm/gain@m: zeros (performer.mesh:27)
+  param50_causal_lm_decoder_layer_1_norm_gain_m.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/norm/gain@v: zeros (performer.mesh:27)
+  param51_causal_lm_decoder_layer_1_norm_gain_v.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/norm/bias@m: zeros (performer.mesh:28)
+  param52_causal_lm_decoder_layer_1_norm_bias_m.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/norm/bias@v: zeros (performer.mesh:28)
+  param53_causal_lm_decoder_layer_1_norm_bias_v.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/heads_in/w@m: zeros (performer.mesh:44)
+  param54_causal_lm_decoder_layer_1_heads_in_w_m.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/heads_in/w@v: zeros (performer.mesh:44)
+  param55_causal_lm_decoder_layer_1_heads_in_w_v.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/heads_in#1/w@m: zeros (performer.mesh:44)
+  param56_causal_lm_decoder_layer_1_heads_in_1_w_m.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/heads_in#1/w@v: zeros (performer.mesh:44)
+  param57_causal_lm_decoder_layer_1_heads_in_1_w_v.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/heads_in#2/w@m: zeros (performer.mesh:44)
+  param58_causal_lm_decoder_layer_1_heads_in_2_w_m.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/heads_in#2/w@v: zeros (performer.mesh:44)
+  param59_causal_lm_decoder_layer_1_heads_in_2_w_v.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/heads_out/w@m: zeros (performer.mesh:49)
+  param60_causal_lm_decoder_layer_1_heads_out_w_m.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/heads_out/w@v: zeros (performer.mesh:49)
+  param61_causal_lm_decoder_layer_1_heads_out_w_v.assign(
+      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/norm#1/gain@m: zeros (performer.mesh:27)
+  param62_causal_lm_decoder_layer_1_norm_1_gain_m.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/norm#1/gain@v: zeros (performer.mesh:27)
+  param63_causal_lm_decoder_layer_1_norm_1_gain_v.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/norm#1/bias@m: zeros (performer.mesh:28)
+  param64_causal_lm_decoder_layer_1_norm_1_bias_m.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/norm#1/bias@v: zeros (performer.mesh:28)
+  param65_causal_lm_decoder_layer_1_norm_1_bias_v.assign(
+      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/ffn/w_in@m: zeros (performer.mesh:94)
+  param66_causal_lm_decoder_layer_1_ffn_w_in_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/ffn/w_in@v: zeros (performer.mesh:94)
+  param67_causal_lm_decoder_layer_1_ffn_w_in_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/ffn/w_out@m: zeros (performer.mesh:95)
+  param68_causal_lm_decoder_layer_1_ffn_w_out_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/decoder_layer[1]/ffn/w_out@v: zeros (performer.mesh:95)
+  param69_causal_lm_decoder_layer_1_ffn_w_out_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/norm/gain@m: zeros (performer.mesh:27)
+  param70_causal_lm_norm_gain_m.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/norm/gain@v: zeros (performer.mesh:27)
+  param71_causal_lm_norm_gain_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/norm/bias@m: zeros (performer.mesh:28)
+  param72_causal_lm_norm_bias_m.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // causal_lm/norm/bias@v: zeros (performer.mesh:28)
+  param73_causal_lm_norm_bias_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
-  // Arena: 1131520 bytes for 3408516 bytes of temporaries (119 slots, placed by liveness).
+  // Arena: 2736384 bytes for 10313128 bytes of temporaries (498 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {1, 128});
 
   // performer.mesh:146:16 input -> tokens
   const meshc::gen::Buffer &v0 = inputs.tokens.data;
 
   // performer.mesh:147:17 shift -> targets
-  meshc::gen::View v1 = arena_.slot(1130496, 128);
+  meshc::gen::View v1 = arena_.slot(1605632, 128);
   meshc::gen::shift(v1, v0, {1, 128}, 1, -1, nullptr);
 
   // performer.mesh:148:39 literal
@@ -2744,7 +2880,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                          });
 
   // performer.mesh:148:18 shift -> has_next
-  meshc::gen::View v5 = arena_.slot(1131008, 128);
+  meshc::gen::View v5 = arena_.slot(1606144, 128);
   meshc::gen::shift(v5, v4, {1, 128}, 1, -1, nullptr);
 
   // performer.mesh:131:9 param -> embedding
@@ -2757,6 +2893,11 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   meshc::gen::View v8 = arena_.slot(0, 4096);
   meshc::gen::gather(v8.data(), {1, 128, 32}, v6.data(), {0, 0, 1}, v0.data(), {128, 1, 0}, 32, 32,
                      meshc::gen::shardStart(world_, {"model"}, 32));
+
+  // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
+  // 133:70)
+  meshc::gen::View v22 = v8;
+  group_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:35:23 iota
   meshc::gen::View v9 = arena_.slot(16384, 128);
@@ -2822,13 +2963,8 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   meshc::gen::copyWindow(v21.data(), v19.data(), {128}, {32}, {16}, 1, 1, 32, 16, 0 - 0);
   meshc::gen::copyWindow(v21.data(), v20.data(), {128}, {32}, {16}, 1, 1, 32, 16, 16 - 0);
 
-  // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
-  // 133:70)
-  meshc::gen::View v22 = v8;
-  group_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
-
   // performer.mesh:133:70 add -> h
-  meshc::gen::View v23 = arena_.slot(1114112, 4096);
+  meshc::gen::View v23 = arena_.slot(2490368, 4096);
   meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 32, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v23[at[0]] = float(double(v22[at[1]]) + double(v21[at[2]]));
@@ -2844,13 +2980,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v26 = param4_causal_lm_decoder_layer_0_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v27 = arena_.slot(0, 4096);
+  meshc::gen::View v27 = arena_.slot(2506752, 4096);
   meshc::gen::along(v27.data(), v23.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::View v29 = arena_.slot(65536, 4096);
+  meshc::gen::View v29 = arena_.slot(2523136, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t28 = float(double(v27[at[1]]) * double(v25[at[2]]));
@@ -2868,10 +3004,11 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum31.run(v29.data(), v30.data(), v31.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::View v32 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v32 =
+      arena_.fill(2735104, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v33 = arena_.slot(32768, 2048);
+  meshc::gen::View v33 = arena_.slot(2654208, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v33[at[0]] = float(double(v31[at[1]]) * double(v32[at[2]]));
@@ -2885,21 +3022,22 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum34.run(v33.data(), v24.data(), v34.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::View v35 = arena_.slot(40960, 2048);
+  meshc::gen::View v35 = arena_.slot(32768, 2048);
   for (size_t i = 0; i < v35.size(); ++i) {
     v35[i] = float(double(v33[i]) * double(v33[i]));
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v36 = arena_.slot(32768, 128);
+  meshc::gen::View v36 = arena_.slot(40960, 128);
   meshc::gen::reduce(v36.data(), {1, 128, 1}, v35.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // performer.mesh:57:91 literal
-  meshc::gen::View v37 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v37 =
+      arena_.fill(2735168, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v38 = arena_.slot(81920, 128);
+  meshc::gen::View v38 = arena_.slot(65536, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v38[at[0]] = float(double(v36[at[1]]) * double(v37[at[2]]));
@@ -2918,14 +3056,14 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::View v41 = arena_.slot(81920, 128);
+  meshc::gen::View v41 = arena_.slot(512, 128);
   for (size_t i = 0; i < v41.size(); ++i) {
     v41[i] = float(v40[i]);
   }
 
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::View v43 = arena_.slot(0, 8192);
+  meshc::gen::View v43 = arena_.slot(2097152, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t42 = float(double(v39[at[1]]) - double(v41[at[2]]));
@@ -2934,10 +3072,10 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // performer.mesh:66:63 literal
   meshc::gen::View v44 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+      arena_.fill(2735232, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::View v45 = arena_.slot(1048576, 8192);
+  meshc::gen::View v45 = arena_.slot(2129920, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v45[at[0]] = float(double(v43[at[1]]) * double(v44[at[2]]));
@@ -2954,10 +3092,11 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum47.run(v29.data(), v46.data(), v47.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::View v48 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v48 =
+      arena_.fill(2735296, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v49 = arena_.slot(32768, 2048);
+  meshc::gen::View v49 = arena_.slot(2662400, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v49[at[0]] = float(double(v47[at[1]]) * double(v48[at[2]]));
@@ -2971,21 +3110,22 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum50.run(v49.data(), v24.data(), v50.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::View v51 = arena_.slot(40960, 2048);
+  meshc::gen::View v51 = arena_.slot(32768, 2048);
   for (size_t i = 0; i < v51.size(); ++i) {
     v51[i] = float(double(v49[i]) * double(v49[i]));
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v52 = arena_.slot(32768, 128);
+  meshc::gen::View v52 = arena_.slot(40960, 128);
   meshc::gen::reduce(v52.data(), {1, 128, 1}, v51.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // performer.mesh:57:91 literal
-  meshc::gen::View v53 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v53 =
+      arena_.fill(2735360, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v54 = arena_.slot(81920, 128);
+  meshc::gen::View v54 = arena_.slot(65536, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v54[at[0]] = float(double(v52[at[1]]) * double(v53[at[2]]));
@@ -3004,14 +3144,14 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
-  meshc::gen::View v57 = arena_.slot(81920, 1);
+  meshc::gen::View v57 = arena_.slot(64, 1);
   for (size_t i = 0; i < v57.size(); ++i) {
     v57[i] = float(v56[i]);
   }
 
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::View v59 = arena_.slot(0, 8192);
+  meshc::gen::View v59 = arena_.slot(2162688, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t58 = float(double(v55[at[1]]) - double(v57[at[2]]));
@@ -3020,10 +3160,10 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // performer.mesh:71:68 literal
   meshc::gen::View v60 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+      arena_.fill(2735424, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::View v61 = arena_.slot(1081344, 8192);
+  meshc::gen::View v61 = arena_.slot(2195456, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v61[at[0]] = float(double(v59[at[1]]) * double(v60[at[2]]));
@@ -3033,7 +3173,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v62 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v63 = arena_.slot(524288, 2048);
+  meshc::gen::View v63 = arena_.slot(2670592, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum63(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -3053,26 +3193,26 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                     128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::View v66 = arena_.slot(32768, 2048);
+  meshc::gen::View v66 = arena_.slot(0, 2048);
   // dims: batch, seq, heads, features, d_head
   static const meshrt::kernels::EinsumPlan einsum66(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsum66.run(v45.data(), v65.data(), v66.data());
 
   // performer.mesh:89:31 cumsum
-  meshc::gen::View v67 = arena_.slot(0, 8192);
+  meshc::gen::View v67 = arena_.slot(2228224, 8192);
   meshc::gen::along(v67.data(), v61.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
                     {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::View v68 = arena_.slot(40960, 128);
+  meshc::gen::View v68 = arena_.slot(2734080, 128);
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsum68(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsum68.run(v45.data(), v67.data(), v68.data());
 
   // performer.mesh:90:20 div
-  meshc::gen::View v69 = arena_.slot(16384, 2048);
+  meshc::gen::View v69 = arena_.slot(2678784, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v69[at[0]] = float(double(v66[at[1]]) / double(v68[at[2]]));
@@ -3094,7 +3234,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   group_model.allReduce(v72.data(), v72.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
-  meshc::gen::View v73 = arena_.slot(65536, 4096);
+  meshc::gen::View v73 = arena_.slot(2539520, 4096);
   for (size_t i = 0; i < v73.size(); ++i) {
     v73[i] = float(double(v23[i]) + double(v72[i]));
   }
@@ -3106,13 +3246,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v75 = param10_causal_lm_decoder_layer_0_norm_1_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v76 = arena_.slot(0, 4096);
+  meshc::gen::View v76 = arena_.slot(2555904, 4096);
   meshc::gen::along(v76.data(), v73.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::View v78 = arena_.slot(32768, 4096);
+  meshc::gen::View v78 = arena_.slot(2572288, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t77 = float(double(v76[at[1]]) * double(v74[at[2]]));
@@ -3126,14 +3266,14 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v80 = param12_causal_lm_decoder_layer_0_ffn_w_out;
 
   // performer.mesh:96:22 einsum
-  meshc::gen::View v81 = arena_.slot(0, 8192);
+  meshc::gen::View v81 = arena_.slot(2260992, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum81(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum81.run(v78.data(), v79.data(), v81.data());
 
   // performer.mesh:96:17 gelu
-  meshc::gen::View v82 = arena_.slot(32768, 8192);
+  meshc::gen::View v82 = arena_.slot(2293760, 8192);
   for (size_t i = 0; i < v82.size(); ++i) {
     v82[i] = float(meshc::gen::gelu(v81[i]));
   }
@@ -3151,7 +3291,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   group_model.allReduce(v84.data(), v84.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
-  meshc::gen::View v85 = arena_.slot(1114112, 4096);
+  meshc::gen::View v85 = arena_.slot(2588672, 4096);
   for (size_t i = 0; i < v85.size(); ++i) {
     v85[i] = float(double(v73[i]) + double(v84[i]));
   }
@@ -3166,13 +3306,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v88 = param15_causal_lm_decoder_layer_1_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v89 = arena_.slot(0, 4096);
+  meshc::gen::View v89 = arena_.slot(2605056, 4096);
   meshc::gen::along(v89.data(), v85.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::View v91 = arena_.slot(65536, 4096);
+  meshc::gen::View v91 = arena_.slot(2621440, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t90 = float(double(v89[at[1]]) * double(v87[at[2]]));
@@ -3190,10 +3330,11 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum93.run(v91.data(), v92.data(), v93.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::View v94 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v94 =
+      arena_.fill(2735488, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v95 = arena_.slot(32768, 2048);
+  meshc::gen::View v95 = arena_.slot(2686976, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v95[at[0]] = float(double(v93[at[1]]) * double(v94[at[2]]));
@@ -3207,21 +3348,22 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum96.run(v95.data(), v86.data(), v96.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::View v97 = arena_.slot(40960, 2048);
+  meshc::gen::View v97 = arena_.slot(32768, 2048);
   for (size_t i = 0; i < v97.size(); ++i) {
     v97[i] = float(double(v95[i]) * double(v95[i]));
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v98 = arena_.slot(32768, 128);
+  meshc::gen::View v98 = arena_.slot(40960, 128);
   meshc::gen::reduce(v98.data(), {1, 128, 1}, v97.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // performer.mesh:57:91 literal
-  meshc::gen::View v99 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v99 =
+      arena_.fill(2735552, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v100 = arena_.slot(81920, 128);
+  meshc::gen::View v100 = arena_.slot(65536, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v100[at[0]] = float(double(v98[at[1]]) * double(v99[at[2]]));
@@ -3240,14 +3382,14 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::View v103 = arena_.slot(81920, 128);
+  meshc::gen::View v103 = arena_.slot(512, 128);
   for (size_t i = 0; i < v103.size(); ++i) {
     v103[i] = float(v102[i]);
   }
 
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::View v105 = arena_.slot(0, 8192);
+  meshc::gen::View v105 = arena_.slot(2326528, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t104 = float(double(v101[at[1]]) - double(v103[at[2]]));
@@ -3256,10 +3398,10 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // performer.mesh:66:63 literal
   meshc::gen::View v106 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+      arena_.fill(2735616, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::View v107 = arena_.slot(1048576, 8192);
+  meshc::gen::View v107 = arena_.slot(1572864, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v107[at[0]] = float(double(v105[at[1]]) * double(v106[at[2]]));
@@ -3276,10 +3418,11 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum109.run(v91.data(), v108.data(), v109.data());
 
   // performer.mesh:56:20 literal
-  meshc::gen::View v110 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v110 =
+      arena_.fill(2735680, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v111 = arena_.slot(32768, 2048);
+  meshc::gen::View v111 = arena_.slot(2695168, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v111[at[0]] = float(double(v109[at[1]]) * double(v110[at[2]]));
@@ -3293,22 +3436,22 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum112.run(v111.data(), v86.data(), v112.data());
 
   // performer.mesh:57:65 square
-  meshc::gen::View v113 = arena_.slot(40960, 2048);
+  meshc::gen::View v113 = arena_.slot(32768, 2048);
   for (size_t i = 0; i < v113.size(); ++i) {
     v113[i] = float(double(v111[i]) * double(v111[i]));
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v114 = arena_.slot(32768, 128);
+  meshc::gen::View v114 = arena_.slot(40960, 128);
   meshc::gen::reduce(v114.data(), {1, 128, 1}, v113.data(), {2048, 16, 16}, {16}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // performer.mesh:57:91 literal
   meshc::gen::View v115 =
-      arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+      arena_.fill(2735744, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v116 = arena_.slot(81920, 128);
+  meshc::gen::View v116 = arena_.slot(65536, 128);
   meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v116[at[0]] = float(double(v114[at[1]]) * double(v115[at[2]]));
@@ -3327,14 +3470,14 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                      meshc::gen::Reduce::Max, 1.0);
 
   // performer.mesh:71:23 stop_gradient
-  meshc::gen::View v119 = arena_.slot(81920, 1);
+  meshc::gen::View v119 = arena_.slot(64, 1);
   for (size_t i = 0; i < v119.size(); ++i) {
     v119[i] = float(v118[i]);
   }
 
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::View v121 = arena_.slot(0, 8192);
+  meshc::gen::View v121 = arena_.slot(2359296, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            float t120 = float(double(v117[at[1]]) - double(v119[at[2]]));
@@ -3343,10 +3486,10 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // performer.mesh:71:68 literal
   meshc::gen::View v122 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
+      arena_.fill(2735808, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
 
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::View v123 = arena_.slot(1081344, 8192);
+  meshc::gen::View v123 = arena_.slot(2392064, 8192);
   meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v123[at[0]] = float(double(v121[at[1]]) * double(v122[at[2]]));
@@ -3356,7 +3499,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v124 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v125 = arena_.slot(524288, 2048);
+  meshc::gen::View v125 = arena_.slot(2703360, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum125(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -3370,7 +3513,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum126.run(v123.data(), v125.data(), v126.data());
 
   // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::View v127 = arena_.slot(524288, 131072);
+  meshc::gen::View v127 = arena_.slot(1048576, 131072);
   meshc::gen::along(v127.data(), v126.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
                     {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
                     128, nullptr);
@@ -3388,14 +3531,14 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                     {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::View v130 = arena_.slot(40960, 128);
+  meshc::gen::View v130 = arena_.slot(303104, 128);
   // dims: batch, seq, heads, features
   static const meshrt::kernels::EinsumPlan einsum130(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
   einsum130.run(v107.data(), v129.data(), v130.data());
 
   // performer.mesh:90:20 div
-  meshc::gen::View v131 = arena_.slot(16384, 2048);
+  meshc::gen::View v131 = arena_.slot(294912, 2048);
   meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v131[at[0]] = float(double(v128[at[1]]) / double(v130[at[2]]));
@@ -3405,7 +3548,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v132 = param19_causal_lm_decoder_layer_1_heads_out_w;
 
   // performer.mesh:50:10 einsum
-  meshc::gen::View v133 = arena_.slot(0, 4096);
+  meshc::gen::View v133 = arena_.slot(32768, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum133(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -3417,7 +3560,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   group_model.allReduce(v134.data(), v134.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
-  meshc::gen::View v135 = arena_.slot(65536, 4096);
+  meshc::gen::View v135 = arena_.slot(229376, 4096);
   for (size_t i = 0; i < v135.size(); ++i) {
     v135[i] = float(double(v85[i]) + double(v134[i]));
   }
@@ -3429,13 +3572,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v137 = param21_causal_lm_decoder_layer_1_norm_1_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v138 = arena_.slot(0, 4096);
+  meshc::gen::View v138 = arena_.slot(245760, 4096);
   meshc::gen::along(v138.data(), v135.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::View v140 = arena_.slot(32768, 4096);
+  meshc::gen::View v140 = arena_.slot(262144, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t139 = float(double(v138[at[1]]) * double(v136[at[2]]));
@@ -3449,20 +3592,20 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v142 = param23_causal_lm_decoder_layer_1_ffn_w_out;
 
   // performer.mesh:96:22 einsum
-  meshc::gen::View v143 = arena_.slot(0, 8192);
+  meshc::gen::View v143 = arena_.slot(32768, 8192);
   // dims: batch, seq, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsum143(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum143.run(v140.data(), v141.data(), v143.data());
 
   // performer.mesh:96:17 gelu
-  meshc::gen::View v144 = arena_.slot(32768, 8192);
+  meshc::gen::View v144 = arena_.slot(65536, 8192);
   for (size_t i = 0; i < v144.size(); ++i) {
     v144[i] = float(meshc::gen::gelu(v143[i]));
   }
 
   // performer.mesh:96:10 einsum
-  meshc::gen::View v145 = arena_.slot(0, 4096);
+  meshc::gen::View v145 = arena_.slot(98304, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum145(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -3474,7 +3617,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   group_model.allReduce(v146.data(), v146.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
-  meshc::gen::View v147 = arena_.slot(16384, 4096);
+  meshc::gen::View v147 = arena_.slot(114688, 4096);
   for (size_t i = 0; i < v147.size(); ++i) {
     v147[i] = float(double(v135[i]) + double(v146[i]));
   }
@@ -3486,13 +3629,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v149 = param25_causal_lm_norm_bias;
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v150 = arena_.slot(0, 4096);
+  meshc::gen::View v150 = arena_.slot(98304, 4096);
   meshc::gen::along(v150.data(), v147.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::View v152 = arena_.slot(16384, 4096);
+  meshc::gen::View v152 = arena_.slot(131072, 4096);
   meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t151 = float(double(v150[at[1]]) * double(v148[at[2]]));
@@ -3500,49 +3643,44 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                          });
 
   // performer.mesh:137:10 einsum
-  meshc::gen::View v153 = arena_.slot(0, 4096);
+  meshc::gen::View v153 = arena_.slot(147456, 4096);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsum153(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum153.run(v152.data(), v7.data(), v153.data());
 
   // performer.mesh:149:25 log_softmax
-  meshc::gen::View v154 = arena_.slot(16384, 4096);
+  meshc::gen::View v154 = arena_.slot(163840, 4096);
   meshc::gen::along(v154.data(), v153.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
                     meshc::gen::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // performer.mesh:149:65 one_hot
-  meshc::gen::View v155 = arena_.slot(0, 4096);
+  meshc::gen::View v155 = arena_.slot(147456, 4096);
   meshc::gen::oneHot(v155.data(), {1, 128, 32}, v1.data(), {128, 1, 0}, {0, 0, 1},
                      meshc::gen::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:149:63 mul
-  meshc::gen::View v156 = arena_.slot(32768, 4096);
+  meshc::gen::View v156 = arena_.slot(180224, 4096);
   for (size_t i = 0; i < v156.size(); ++i) {
     v156[i] = float(double(v154[i]) * double(v155[i]));
   }
 
   // performer.mesh:149:21 sum
-  meshc::gen::View v157 = arena_.slot(0, 128);
+  meshc::gen::View v157 = arena_.slot(196608, 128);
   meshc::gen::reduce(v157.data(), {1, 128}, v156.data(), {4096, 32}, {32}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
-  meshc::gen::View v159 = arena_.slot(512, 128);
+  meshc::gen::View v159 = arena_.slot(180224, 128);
   for (size_t i = 0; i < v159.size(); ++i) {
     float t158 = float(-v157[i]);
     v159[i] = float(double(t158) * double(v5[i]));
   }
 
   // performer.mesh:150:14 sum
-  meshc::gen::View v160 = arena_.slot(0, 1);
+  meshc::gen::View v160 = arena_.slot(180736, 1);
   meshc::gen::reduce(v160.data(), {}, v159.data(), {}, {1, 128}, {128, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // performer.mesh:150:43 sum
-  meshc::gen::View v161 = arena_.slot(64, 1);
-  meshc::gen::reduce(v161.data(), {}, v5.data(), {}, {1, 128}, {128, 1}, meshc::gen::Reduce::Sum,
                      1.0);
 
   // performer.mesh:150:41 all_reduce_sum (resolve the partial sum of %153 over data, model for div
@@ -3550,16 +3688,3710 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   meshc::gen::View v162 = v160;
   group_data_model.allReduce(v162.data(), v162.size(), meshrt::ReduceOp::Sum);
 
+  // performer.mesh:150:43 sum
+  meshc::gen::View v161 = arena_.slot(180224, 1);
+  meshc::gen::reduce(v161.data(), {}, v5.data(), {}, {1, 128}, {128, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
   // performer.mesh:150:41 all_reduce_sum (resolve the partial sum of %154 over data for div at
   // 150:41)
   meshc::gen::View v163 = v161;
   group_data.allReduce(v163.data(), v163.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:150:41 div -> loss
-  meshc::gen::View v164 = arena_.slot(128, 1);
+  meshc::gen::View v164 = arena_.slot(2735872, 1);
   for (size_t i = 0; i < v164.size(); ++i) {
     v164[i] = float(double(v162[i]) / double(v163[i]));
   }
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v165 =
+      arena_.fill(2735936, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // performer.mesh:150:41 div
+  meshc::gen::View v166 = arena_.slot(180288, 1);
+  for (size_t i = 0; i < v166.size(); ++i) {
+    v166[i] = float(double(v165[i]) / double(v163[i]));
+  }
+
+  // performer.mesh:150:14 broadcast
+  // performer.mesh:150:29 mul
+  // performer.mesh:149:20 neg
+  meshc::gen::View v169 = arena_.slot(196608, 128);
+  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t167 = float(v166[at[1]]);
+                           float t168 = float(double(t167) * double(v5[at[2]]));
+                           v169[at[0]] = float(-t168);
+                         });
+
+  // performer.mesh:149:21 broadcast
+  // performer.mesh:149:63 mul
+  meshc::gen::View v171 = arena_.slot(180224, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t170 = float(v169[at[1]]);
+                           v171[at[0]] = float(double(t170) * double(v155[at[2]]));
+                         });
+
+  // performer.mesh:149:25 sum
+  meshc::gen::View v172 = arena_.slot(196608, 128);
+  meshc::gen::reduce(v172.data(), {1, 128}, v171.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:149:25 all_reduce_sum (resolve the partial sum of %163 over model for mul at
+  // 149:25)
+  meshc::gen::View v174 = v172;
+  group_model.allReduce(v174.data(), v174.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:149:25 exp
+  // performer.mesh:149:25 mul
+  // performer.mesh:149:25 sub
+  meshc::gen::View v176 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t173 = float(std::exp(double(v154[at[1]])));
+                           float t175 = float(double(t173) * double(v174[at[2]]));
+                           v176[at[0]] = float(double(v171[at[3]]) - double(t175));
+                         });
+
+  // performer.mesh:137:10 einsum
+  meshc::gen::View v177 = arena_.slot(163840, 4096);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsum177(
+      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum177.run(v176.data(), v7.data(), v177.data());
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %167 over model for sum at
+  // 29:40)
+  meshc::gen::View v179 = v177;
+  group_model.allReduce(v179.data(), v179.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
+  meshc::gen::View v178 = arena_.slot(2727936, 1024);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsum178(
+      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum178.run(v176.data(), v152.data(), v178.data());
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
+  meshc::gen::View v180 = arena_.slot(2734592, 32);
+  meshc::gen::reduce(v180.data(), {32}, v179.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v181 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v181[at[0]] = float(double(v179[at[1]]) * double(v148[at[2]]));
+                         });
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v182 = arena_.slot(147456, 4096);
+  for (size_t i = 0; i < v182.size(); ++i) {
+    v182[i] = float(double(v179[i]) * double(v150[i]));
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
+  meshc::gen::View v183 = arena_.slot(2734720, 32);
+  meshc::gen::reduce(v183.data(), {32}, v182.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v184 = arena_.slot(163840, 128);
+  meshc::gen::reduce(v184.data(), {1, 128}, v147.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  meshc::gen::View v186 = arena_.slot(147456, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t185 = float(double(v147[at[1]]) - double(v184[at[2]]));
+                           v186[at[0]] = float(double(t185) * double(t185));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v187 = arena_.slot(114688, 128);
+  meshc::gen::reduce(v187.data(), {1, 128}, v186.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 literal
+  meshc::gen::View v188 =
+      arena_.fill(2736000, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-05));
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  meshc::gen::View v190 = arena_.slot(147456, 128);
+  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t189 = float(double(v187[at[1]]) + double(v188[at[2]]));
+                           v190[at[0]] = float(1.0 / std::sqrt(double(t189)));
+                         });
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v191 = arena_.slot(114688, 4096);
+  for (size_t i = 0; i < v191.size(); ++i) {
+    v191[i] = float(double(v181[i]) * double(v150[i]));
+  }
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v192 = arena_.slot(147968, 128);
+  meshc::gen::reduce(v192.data(), {1, 128}, v191.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v193 = arena_.slot(114688, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v193[at[0]] = float(double(v150[at[1]]) * double(v192[at[2]]));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v194 = arena_.slot(98304, 128);
+  meshc::gen::reduce(v194.data(), {1, 128}, v181.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  meshc::gen::View v197 = arena_.slot(278528, 4096);
+  meshc::gen::forEach<5>({1, 128, 32},
+                         {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t195 = float(double(v181[at[1]]) - double(v194[at[2]]));
+                           float t196 = float(double(t195) - double(v193[at[3]]));
+                           v197[at[0]] = float(double(t196) * double(v190[at[4]]));
+                         });
+
+  // performer.mesh:96:10 einsum
+  meshc::gen::View v198 = arena_.slot(98304, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum198(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum198.run(v197.data(), v142.data(), v198.data());
+
+  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
+  meshc::gen::View v199 = arena_.slot(2711552, 2048);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum199(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum199.run(v197.data(), v144.data(), v199.data());
+
+  // performer.mesh:96:17 square
+  meshc::gen::View v200 = arena_.slot(65536, 8192);
+  for (size_t i = 0; i < v200.size(); ++i) {
+    v200[i] = float(double(v143[i]) * double(v143[i]));
+  }
+
+  // performer.mesh:96:17 mul
+  meshc::gen::View v201 = arena_.slot(131072, 8192);
+  for (size_t i = 0; i < v201.size(); ++i) {
+    v201[i] = float(double(v143[i]) * double(v200[i]));
+  }
+
+  // performer.mesh:96:17 literal
+  meshc::gen::View v202 =
+      arena_.fill(2736064, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.044715));
+
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  meshc::gen::View v204 = arena_.slot(163840, 8192);
+  meshc::gen::forEach<4>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {8192, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t203 = float(double(v201[at[1]]) * double(v202[at[2]]));
+                           v204[at[0]] = float(double(v143[at[3]]) + double(t203));
+                         });
+
+  // performer.mesh:96:17 literal
+  meshc::gen::View v205 =
+      arena_.fill(2736128, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.7978845608028654));
+
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 tanh
+  meshc::gen::View v207 = arena_.slot(131072, 8192);
+  meshc::gen::forEach<3>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t206 = float(double(v204[at[1]]) * double(v205[at[2]]));
+                           v207[at[0]] = float(std::tanh(double(t206)));
+                         });
+
+  // performer.mesh:96:17 add
+  meshc::gen::View v208 = arena_.slot(163840, 8192);
+  meshc::gen::forEach<3>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v208[at[0]] = float(double(v207[at[1]]) + double(v165[at[2]]));
+                         });
+
+  // performer.mesh:96:17 literal
+  meshc::gen::View v209 =
+      arena_.fill(2736192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+
+  // performer.mesh:96:17 mul
+  meshc::gen::View v210 = arena_.slot(196608, 8192);
+  meshc::gen::forEach<3>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v210[at[0]] = float(double(v208[at[1]]) * double(v209[at[2]]));
+                         });
+
+  // performer.mesh:96:17 literal
+  meshc::gen::View v211 =
+      arena_.fill(2736256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.134145));
+
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  meshc::gen::View v213 = arena_.slot(163840, 8192);
+  meshc::gen::forEach<4>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t212 = float(double(v200[at[1]]) * double(v211[at[2]]));
+                           v213[at[0]] = float(double(t212) + double(v165[at[3]]));
+                         });
+
+  // performer.mesh:96:17 square
+  // performer.mesh:96:17 sub
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  meshc::gen::View v217 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<5>({1, 128, 64},
+                         {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {8192, 64, 1}, {8192, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t214 = float(double(v207[at[1]]) * double(v207[at[1]]));
+                           float t215 = float(double(v165[at[2]]) - double(t214));
+                           float t216 = float(double(v143[at[3]]) * double(t215));
+                           v217[at[0]] = float(double(t216) * double(v213[at[4]]));
+                         });
+
+  // performer.mesh:96:17 literal
+  meshc::gen::View v218 =
+      arena_.fill(2736320, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.3989422804014327));
+
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  meshc::gen::View v221 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<5>({1, 128, 64},
+                         {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {8192, 64, 1}, {8192, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t219 = float(double(v217[at[1]]) * double(v218[at[2]]));
+                           float t220 = float(double(v210[at[3]]) + double(t219));
+                           v221[at[0]] = float(double(v198[at[4]]) * double(t220));
+                         });
+
+  // performer.mesh:96:22 einsum
+  meshc::gen::View v222 = arena_.slot(65536, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum222(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum222.run(v221.data(), v141.data(), v222.data());
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %211 over model for sum at
+  // 29:40)
+  meshc::gen::View v224 = v222;
+  group_model.allReduce(v224.data(), v224.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
+  meshc::gen::View v223 = arena_.slot(2719744, 2048);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum223(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum223.run(v221.data(), v140.data(), v223.data());
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
+  meshc::gen::View v225 = arena_.slot(2734848, 32);
+  meshc::gen::reduce(v225.data(), {32}, v224.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v226 = arena_.slot(32768, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v226[at[0]] = float(double(v224[at[1]]) * double(v136[at[2]]));
+                         });
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v227 = arena_.slot(49152, 4096);
+  for (size_t i = 0; i < v227.size(); ++i) {
+    v227[i] = float(double(v224[i]) * double(v138[i]));
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
+  meshc::gen::View v228 = arena_.slot(2734976, 32);
+  meshc::gen::reduce(v228.data(), {32}, v227.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v229 = arena_.slot(65536, 128);
+  meshc::gen::reduce(v229.data(), {1, 128}, v135.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  meshc::gen::View v231 = arena_.slot(49152, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t230 = float(double(v135[at[1]]) - double(v229[at[2]]));
+                           v231[at[0]] = float(double(t230) * double(t230));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v232 = arena_.slot(65536, 128);
+  meshc::gen::reduce(v232.data(), {1, 128}, v231.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  meshc::gen::View v234 = arena_.slot(66048, 128);
+  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t233 = float(double(v232[at[1]]) + double(v188[at[2]]));
+                           v234[at[0]] = float(1.0 / std::sqrt(double(t233)));
+                         });
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v235 = arena_.slot(49152, 4096);
+  for (size_t i = 0; i < v235.size(); ++i) {
+    v235[i] = float(double(v226[i]) * double(v138[i]));
+  }
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v236 = arena_.slot(65536, 128);
+  meshc::gen::reduce(v236.data(), {1, 128}, v235.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v237 = arena_.slot(49152, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v237[at[0]] = float(double(v138[at[1]]) * double(v236[at[2]]));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v238 = arena_.slot(65536, 128);
+  meshc::gen::reduce(v238.data(), {1, 128}, v226.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  meshc::gen::View v242 = arena_.slot(2637824, 4096);
+  meshc::gen::forEach<6>(
+      {1, 128, 32},
+      {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t239 = float(double(v226[at[1]]) - double(v238[at[2]]));
+        float t240 = float(double(t239) - double(v237[at[3]]));
+        float t241 = float(double(t240) * double(v234[at[4]]));
+        v242[at[0]] = float(double(v197[at[5]]) + double(t241));
+      });
+
+  // performer.mesh:50:10 einsum
+  meshc::gen::View v243 = arena_.slot(32768, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum243(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum243.run(v242.data(), v132.data(), v243.data());
+
+  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
+  meshc::gen::View v244 = arena_.slot(2732032, 512);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum244(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsum244.run(v242.data(), v131.data(), v244.data());
+
+  // performer.mesh:90:20 div
+  meshc::gen::View v245 = arena_.slot(1605632, 2048);
+  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 3> &at) {
+                           v245[at[0]] = float(double(v243[at[1]]) / double(v130[at[2]]));
+                         });
+
+  // performer.mesh:90:20 div
+  // performer.mesh:90:20 mul
+  // performer.mesh:90:20 neg
+  meshc::gen::View v248 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<4>(
+      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}, {2048, 16, 16, 1}}},
+      {}, [&](const std::array<int64_t, 4> &at) {
+        float t246 = float(double(v131[at[1]]) / double(v130[at[2]]));
+        float t247 = float(double(v243[at[3]]) * double(t246));
+        v248[at[0]] = float(-t247);
+      });
+
+  // performer.mesh:90:20 sum
+  meshc::gen::View v249 = arena_.slot(65536, 128);
+  meshc::gen::reduce(v249.data(), {1, 128, 1}, v248.data(), {2048, 16, 16}, {16}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:20 einsum
+  meshc::gen::View v250 = arena_.slot(32768, 8192);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsum250(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsum250.run(v249.data(), v129.data(), v250.data());
+
+  // performer.mesh:89:20 einsum
+  meshc::gen::View v251 = arena_.slot(0, 8192);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsum251(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsum251.run(v249.data(), v107.data(), v251.data());
+
+  // performer.mesh:89:31 sum
+  meshc::gen::View v252 = arena_.slot(98304, 64);
+  meshc::gen::reduce(v252.data(), {1, 1, 64}, v251.data(), {8192, 64, 1}, {128}, {64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:31 broadcast
+  meshc::gen::View v253 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<2>(
+      {1, 128, 1, 64}, {{{8192, 64, 64, 1}, {64, 0, 64, 1}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v253[at[0]] = float(v252[at[1]]); });
+
+  // performer.mesh:89:31 cumsum
+  meshc::gen::View v254 = arena_.slot(98304, 8192);
+  meshc::gen::along(v254.data(), v251.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
+                    {64}, meshc::gen::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:89:31 sub
+  meshc::gen::View v255 = arena_.slot(2424832, 8192);
+  for (size_t i = 0; i < v255.size(); ++i) {
+    v255[i] = float(double(v253[i]) - double(v254[i]));
+  }
+
+  // performer.mesh:88:19 einsum
+  meshc::gen::View v256 = arena_.slot(0, 8192);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsum256(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum256.run(v245.data(), v127.data(), v256.data());
+
+  // performer.mesh:88:19 add
+  meshc::gen::View v257 = arena_.slot(2457600, 8192);
+  for (size_t i = 0; i < v257.size(); ++i) {
+    v257[i] = float(double(v250[i]) + double(v256[i]));
+  }
+
+  // performer.mesh:88:19 einsum
+  meshc::gen::View v258 = arena_.slot(0, 131072);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsum258(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
+  einsum258.run(v245.data(), v107.data(), v258.data());
+
+  // performer.mesh:87:12 sum
+  meshc::gen::View v259 = arena_.slot(1572864, 1024);
+  meshc::gen::reduce(v259.data(), {1, 1, 64, 16}, v258.data(), {131072, 1024, 16, 1}, {128}, {1024},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:87:12 broadcast
+  meshc::gen::View v260 = arena_.slot(1048576, 131072);
+  meshc::gen::forEach<2>(
+      {1, 128, 1, 64, 16}, {{{131072, 1024, 1024, 16, 1}, {1024, 0, 1024, 16, 1}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v260[at[0]] = float(v259[at[1]]); });
+
+  // performer.mesh:87:12 cumsum
+  meshc::gen::View v261 = arena_.slot(1572864, 131072);
+  meshc::gen::along(v261.data(), v258.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
+                    {131072, 1024, 16, 1}, {128}, {1024}, {1024},
+                    meshc::gen::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:87:12 sub
+  meshc::gen::View v262 = arena_.slot(0, 131072);
+  for (size_t i = 0; i < v262.size(); ++i) {
+    v262[i] = float(double(v260[i]) - double(v261[i]));
+  }
+
+  // performer.mesh:87:19 einsum
+  meshc::gen::View v263 = arena_.slot(1048576, 8192);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsum263(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsum263.run(v262.data(), v125.data(), v263.data());
+
+  // performer.mesh:87:19 add
+  meshc::gen::View v264 = arena_.slot(1081344, 8192);
+  for (size_t i = 0; i < v264.size(); ++i) {
+    v264[i] = float(double(v255[i]) + double(v263[i]));
+  }
+
+  // performer.mesh:87:19 einsum
+  meshc::gen::View v265 = arena_.slot(1048576, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsum265(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum265.run(v262.data(), v123.data(), v265.data());
+
+  // performer.mesh:45:10 einsum
+  meshc::gen::View v266 = arena_.slot(65536, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum266(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum266.run(v265.data(), v124.data(), v266.data());
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
+  meshc::gen::View v267 = arena_.slot(1671168, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum267(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum267.run(v265.data(), v91.data(), v267.data());
+
+  // performer.mesh:71:66 mul
+  // performer.mesh:71:10 mul
+  meshc::gen::View v269 = arena_.slot(0, 8192);
+  meshc::gen::forEach<4>({1, 128, 1, 64},
+                         {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}, {8192, 64, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t268 = float(double(v264[at[1]]) * double(v122[at[2]]));
+                           v269[at[0]] = float(double(t268) * double(v121[at[3]]));
+                         });
+
+  // performer.mesh:57:59 neg
+  meshc::gen::View v270 = arena_.slot(32768, 8192);
+  for (size_t i = 0; i < v270.size(); ++i) {
+    v270[i] = float(-v269[i]);
+  }
+
+  // performer.mesh:57:59 sum
+  meshc::gen::View v271 = arena_.slot(81920, 128);
+  meshc::gen::reduce(v271.data(), {1, 128, 1}, v270.data(), {8192, 64, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  meshc::gen::View v272 = arena_.slot(40960, 128);
+  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v272[at[0]] = float(double(v271[at[1]]) * double(v115[at[2]]));
+                         });
+
+  // performer.mesh:57:61 broadcast
+  meshc::gen::View v273 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<2>(
+      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {128, 1, 1, 0}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v273[at[0]] = float(v272[at[1]]); });
+
+  // performer.mesh:57:65 literal
+  meshc::gen::View v274 =
+      arena_.fill(1679872, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 2.0));
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:65 mul
+  meshc::gen::View v276 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<4>({1, 128, 1, 16},
+                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}, {2048, 16, 16, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t275 = float(double(v111[at[1]]) * double(v274[at[2]]));
+                           v276[at[0]] = float(double(v273[at[3]]) * double(t275));
+                         });
+
+  // performer.mesh:57:10 einsum
+  meshc::gen::View v277 = arena_.slot(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsum277(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum277.run(v269.data(), v86.data(), v277.data());
+
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  meshc::gen::View v279 = arena_.slot(16384, 2048);
+  meshc::gen::forEach<4>({1, 128, 1, 16},
+                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t278 = float(double(v276[at[1]]) + double(v277[at[2]]));
+                           v279[at[0]] = float(double(t278) * double(v110[at[3]]));
+                         });
+
+  // performer.mesh:45:10 einsum
+  meshc::gen::View v280 = arena_.slot(0, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum280(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum280.run(v279.data(), v108.data(), v280.data());
+
+  // performer.mesh:45:10 add
+  meshc::gen::View v281 = arena_.slot(81920, 4096);
+  for (size_t i = 0; i < v281.size(); ++i) {
+    v281[i] = float(double(v266[i]) + double(v280[i]));
+  }
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
+  meshc::gen::View v282 = arena_.slot(1673216, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum282(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum282.run(v279.data(), v91.data(), v282.data());
+
+  // performer.mesh:66:61 mul
+  // performer.mesh:66:10 mul
+  meshc::gen::View v284 = arena_.slot(0, 8192);
+  meshc::gen::forEach<4>({1, 128, 1, 64},
+                         {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}, {8192, 64, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t283 = float(double(v257[at[1]]) * double(v106[at[2]]));
+                           v284[at[0]] = float(double(t283) * double(v105[at[3]]));
+                         });
+
+  // performer.mesh:57:59 neg
+  meshc::gen::View v285 = arena_.slot(32768, 8192);
+  for (size_t i = 0; i < v285.size(); ++i) {
+    v285[i] = float(-v284[i]);
+  }
+
+  // performer.mesh:57:59 sum
+  meshc::gen::View v286 = arena_.slot(65536, 128);
+  meshc::gen::reduce(v286.data(), {1, 128, 1}, v285.data(), {8192, 64, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  meshc::gen::View v287 = arena_.slot(40960, 128);
+  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v287[at[0]] = float(double(v286[at[1]]) * double(v99[at[2]]));
+                         });
+
+  // performer.mesh:57:61 broadcast
+  meshc::gen::View v288 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<2>(
+      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {128, 1, 1, 0}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v288[at[0]] = float(v287[at[1]]); });
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:65 mul
+  meshc::gen::View v290 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<4>({1, 128, 1, 16},
+                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}, {2048, 16, 16, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t289 = float(double(v95[at[1]]) * double(v274[at[2]]));
+                           v290[at[0]] = float(double(v288[at[3]]) * double(t289));
+                         });
+
+  // performer.mesh:57:10 einsum
+  meshc::gen::View v291 = arena_.slot(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsum291(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum291.run(v284.data(), v86.data(), v291.data());
+
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  meshc::gen::View v293 = arena_.slot(49152, 2048);
+  meshc::gen::forEach<4>({1, 128, 1, 16},
+                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t292 = float(double(v290[at[1]]) + double(v291[at[2]]));
+                           v293[at[0]] = float(double(t292) * double(v94[at[3]]));
+                         });
+
+  // performer.mesh:45:10 einsum
+  meshc::gen::View v294 = arena_.slot(0, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum294(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum294.run(v293.data(), v92.data(), v294.data());
+
+  // performer.mesh:45:10 add
+  meshc::gen::View v295 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v295.size(); ++i) {
+    v295[i] = float(double(v281[i]) + double(v294[i]));
+  }
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %283 over model for sum at
+  // 29:40)
+  meshc::gen::View v297 = v295;
+  group_model.allReduce(v297.data(), v297.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
+  meshc::gen::View v296 = arena_.slot(1675264, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum296(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum296.run(v293.data(), v91.data(), v296.data());
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
+  meshc::gen::View v298 = arena_.slot(1679360, 32);
+  meshc::gen::reduce(v298.data(), {32}, v297.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v299 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v299[at[0]] = float(double(v297[at[1]]) * double(v87[at[2]]));
+                         });
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v300 = arena_.slot(32768, 4096);
+  for (size_t i = 0; i < v300.size(); ++i) {
+    v300[i] = float(double(v297[i]) * double(v89[i]));
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
+  meshc::gen::View v301 = arena_.slot(1679488, 32);
+  meshc::gen::reduce(v301.data(), {32}, v300.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v302 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v302.data(), {1, 128}, v85.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  meshc::gen::View v304 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t303 = float(double(v85[at[1]]) - double(v302[at[2]]));
+                           v304[at[0]] = float(double(t303) * double(t303));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v305 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v305.data(), {1, 128}, v304.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  meshc::gen::View v307 = arena_.slot(33280, 128);
+  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t306 = float(double(v305[at[1]]) + double(v188[at[2]]));
+                           v307[at[0]] = float(1.0 / std::sqrt(double(t306)));
+                         });
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v308 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v308.size(); ++i) {
+    v308[i] = float(double(v299[i]) * double(v89[i]));
+  }
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v309 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v309.data(), {1, 128}, v308.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v310 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v310[at[0]] = float(double(v89[at[1]]) * double(v309[at[2]]));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v311 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v311.data(), {1, 128}, v299.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  meshc::gen::View v315 = arena_.slot(163840, 4096);
+  meshc::gen::forEach<6>(
+      {1, 128, 32},
+      {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t312 = float(double(v299[at[1]]) - double(v311[at[2]]));
+        float t313 = float(double(t312) - double(v310[at[3]]));
+        float t314 = float(double(t313) * double(v307[at[4]]));
+        v315[at[0]] = float(double(v242[at[5]]) + double(t314));
+      });
+
+  // performer.mesh:96:10 einsum
+  meshc::gen::View v316 = arena_.slot(0, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum316(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum316.run(v315.data(), v80.data(), v316.data());
+
+  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[0]/ffn/w_out
+  meshc::gen::View v317 = arena_.slot(1654784, 2048);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum317(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum317.run(v315.data(), v82.data(), v317.data());
+
+  // performer.mesh:96:17 square
+  meshc::gen::View v318 = arena_.slot(32768, 8192);
+  for (size_t i = 0; i < v318.size(); ++i) {
+    v318[i] = float(double(v81[i]) * double(v81[i]));
+  }
+
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 tanh
+  meshc::gen::View v323 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<5>({1, 128, 64},
+                         {{{8192, 64, 1}, {8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t319 = float(double(v81[at[1]]) * double(v318[at[2]]));
+                           float t320 = float(double(t319) * double(v202[at[3]]));
+                           float t321 = float(double(v81[at[1]]) + double(t320));
+                           float t322 = float(double(t321) * double(v205[at[4]]));
+                           v323[at[0]] = float(std::tanh(double(t322)));
+                         });
+
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  meshc::gen::View v325 = arena_.slot(98304, 8192);
+  meshc::gen::forEach<4>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t324 = float(double(v323[at[1]]) + double(v165[at[2]]));
+                           v325[at[0]] = float(double(t324) * double(v209[at[3]]));
+                         });
+
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  meshc::gen::View v327 = arena_.slot(131072, 8192);
+  meshc::gen::forEach<4>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t326 = float(double(v318[at[1]]) * double(v211[at[2]]));
+                           v327[at[0]] = float(double(t326) + double(v165[at[3]]));
+                         });
+
+  // performer.mesh:96:17 square
+  // performer.mesh:96:17 sub
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  meshc::gen::View v334 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<8>({1, 128, 64},
+                         {{{8192, 64, 1},
+                           {8192, 64, 1},
+                           {0, 0, 0},
+                           {8192, 64, 1},
+                           {8192, 64, 1},
+                           {0, 0, 0},
+                           {8192, 64, 1},
+                           {8192, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 8> &at) {
+                           float t328 = float(double(v323[at[1]]) * double(v323[at[1]]));
+                           float t329 = float(double(v165[at[2]]) - double(t328));
+                           float t330 = float(double(v81[at[3]]) * double(t329));
+                           float t331 = float(double(t330) * double(v327[at[4]]));
+                           float t332 = float(double(t331) * double(v218[at[5]]));
+                           float t333 = float(double(v325[at[6]]) + double(t332));
+                           v334[at[0]] = float(double(v316[at[7]]) * double(t333));
+                         });
+
+  // performer.mesh:96:22 einsum
+  meshc::gen::View v335 = arena_.slot(0, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum335(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum335.run(v334.data(), v79.data(), v335.data());
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %322 over model for sum at
+  // 29:40)
+  meshc::gen::View v337 = v335;
+  group_model.allReduce(v337.data(), v337.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[0]/ffn/w_in
+  meshc::gen::View v336 = arena_.slot(1662976, 2048);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum336(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum336.run(v334.data(), v78.data(), v336.data());
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[0]/norm#1/bias
+  meshc::gen::View v338 = arena_.slot(1679616, 32);
+  meshc::gen::reduce(v338.data(), {32}, v337.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v339 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v339[at[0]] = float(double(v337[at[1]]) * double(v74[at[2]]));
+                         });
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v340 = arena_.slot(32768, 4096);
+  for (size_t i = 0; i < v340.size(); ++i) {
+    v340[i] = float(double(v337[i]) * double(v76[i]));
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[0]/norm#1/gain
+  meshc::gen::View v341 = arena_.slot(1679744, 32);
+  meshc::gen::reduce(v341.data(), {32}, v340.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v342 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v342.data(), {1, 128}, v73.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  meshc::gen::View v344 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t343 = float(double(v73[at[1]]) - double(v342[at[2]]));
+                           v344[at[0]] = float(double(t343) * double(t343));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v345 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v345.data(), {1, 128}, v344.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  meshc::gen::View v347 = arena_.slot(33280, 128);
+  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t346 = float(double(v345[at[1]]) + double(v188[at[2]]));
+                           v347[at[0]] = float(1.0 / std::sqrt(double(t346)));
+                         });
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v348 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v348.size(); ++i) {
+    v348[i] = float(double(v339[i]) * double(v76[i]));
+  }
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v349 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v349.data(), {1, 128}, v348.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v350 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v350[at[0]] = float(double(v76[at[1]]) * double(v349[at[2]]));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v351 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v351.data(), {1, 128}, v339.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  meshc::gen::View v355 = arena_.slot(1638400, 4096);
+  meshc::gen::forEach<6>(
+      {1, 128, 32},
+      {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t352 = float(double(v339[at[1]]) - double(v351[at[2]]));
+        float t353 = float(double(t352) - double(v350[at[3]]));
+        float t354 = float(double(t353) * double(v347[at[4]]));
+        v355[at[0]] = float(double(v315[at[5]]) + double(t354));
+      });
+
+  // performer.mesh:50:10 einsum
+  meshc::gen::View v356 = arena_.slot(0, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum356(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum356.run(v355.data(), v70.data(), v356.data());
+
+  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_out/w
+  meshc::gen::View v357 = arena_.slot(1677312, 512);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum357(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsum357.run(v355.data(), v69.data(), v357.data());
+
+  // performer.mesh:90:20 div
+  meshc::gen::View v358 = arena_.slot(1048576, 2048);
+  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 3> &at) {
+                           v358[at[0]] = float(double(v356[at[1]]) / double(v68[at[2]]));
+                         });
+
+  // performer.mesh:90:20 div
+  // performer.mesh:90:20 mul
+  // performer.mesh:90:20 neg
+  meshc::gen::View v361 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<4>(
+      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}, {2048, 16, 16, 1}}},
+      {}, [&](const std::array<int64_t, 4> &at) {
+        float t359 = float(double(v69[at[1]]) / double(v68[at[2]]));
+        float t360 = float(double(v356[at[3]]) * double(t359));
+        v361[at[0]] = float(-t360);
+      });
+
+  // performer.mesh:90:20 sum
+  meshc::gen::View v362 = arena_.slot(65536, 128);
+  meshc::gen::reduce(v362.data(), {1, 128, 1}, v361.data(), {2048, 16, 16}, {16}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:20 einsum
+  meshc::gen::View v363 = arena_.slot(0, 8192);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsum363(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsum363.run(v362.data(), v67.data(), v363.data());
+
+  // performer.mesh:89:20 einsum
+  meshc::gen::View v364 = arena_.slot(32768, 8192);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsum364(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsum364.run(v362.data(), v45.data(), v364.data());
+
+  // performer.mesh:89:31 sum
+  meshc::gen::View v365 = arena_.slot(98304, 64);
+  meshc::gen::reduce(v365.data(), {1, 1, 64}, v364.data(), {8192, 64, 1}, {128}, {64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:31 broadcast
+  meshc::gen::View v366 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<2>(
+      {1, 128, 1, 64}, {{{8192, 64, 64, 1}, {64, 0, 64, 1}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v366[at[0]] = float(v365[at[1]]); });
+
+  // performer.mesh:89:31 cumsum
+  meshc::gen::View v367 = arena_.slot(98304, 8192);
+  meshc::gen::along(v367.data(), v364.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
+                    {64}, meshc::gen::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:89:31 sub
+  meshc::gen::View v368 = arena_.slot(1572864, 8192);
+  for (size_t i = 0; i < v368.size(); ++i) {
+    v368[i] = float(double(v366[i]) - double(v367[i]));
+  }
+
+  // performer.mesh:88:19 einsum
+  meshc::gen::View v369 = arena_.slot(32768, 8192);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsum369(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum369.run(v358.data(), v65.data(), v369.data());
+
+  // performer.mesh:88:19 add
+  meshc::gen::View v370 = arena_.slot(1605632, 8192);
+  for (size_t i = 0; i < v370.size(); ++i) {
+    v370[i] = float(double(v363[i]) + double(v369[i]));
+  }
+
+  // performer.mesh:88:19 einsum
+  meshc::gen::View v371 = arena_.slot(0, 131072);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsum371(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
+  einsum371.run(v358.data(), v45.data(), v371.data());
+
+  // performer.mesh:87:12 sum
+  meshc::gen::View v372 = arena_.slot(1048576, 1024);
+  meshc::gen::reduce(v372.data(), {1, 1, 64, 16}, v371.data(), {131072, 1024, 16, 1}, {128}, {1024},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:87:12 broadcast
+  meshc::gen::View v373 = arena_.slot(524288, 131072);
+  meshc::gen::forEach<2>(
+      {1, 128, 1, 64, 16}, {{{131072, 1024, 1024, 16, 1}, {1024, 0, 1024, 16, 1}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v373[at[0]] = float(v372[at[1]]); });
+
+  // performer.mesh:87:12 cumsum
+  meshc::gen::View v374 = arena_.slot(1048576, 131072);
+  meshc::gen::along(v374.data(), v371.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
+                    {131072, 1024, 16, 1}, {128}, {1024}, {1024},
+                    meshc::gen::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:87:12 sub
+  meshc::gen::View v375 = arena_.slot(0, 131072);
+  for (size_t i = 0; i < v375.size(); ++i) {
+    v375[i] = float(double(v373[i]) - double(v374[i]));
+  }
+
+  // performer.mesh:87:19 einsum
+  meshc::gen::View v376 = arena_.slot(524288, 8192);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsum376(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsum376.run(v375.data(), v63.data(), v376.data());
+
+  // performer.mesh:87:19 add
+  meshc::gen::View v377 = arena_.slot(557056, 8192);
+  for (size_t i = 0; i < v377.size(); ++i) {
+    v377[i] = float(double(v368[i]) + double(v376[i]));
+  }
+
+  // performer.mesh:87:19 einsum
+  meshc::gen::View v378 = arena_.slot(524288, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsum378(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum378.run(v375.data(), v61.data(), v378.data());
+
+  // performer.mesh:45:10 einsum
+  meshc::gen::View v379 = arena_.slot(65536, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum379(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum379.run(v378.data(), v62.data(), v379.data());
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in#2/w
+  meshc::gen::View v380 = arena_.slot(98304, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum380(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum380.run(v378.data(), v29.data(), v380.data());
+
+  // performer.mesh:71:66 mul
+  // performer.mesh:71:10 mul
+  meshc::gen::View v382 = arena_.slot(0, 8192);
+  meshc::gen::forEach<4>({1, 128, 1, 64},
+                         {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}, {8192, 64, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t381 = float(double(v377[at[1]]) * double(v60[at[2]]));
+                           v382[at[0]] = float(double(t381) * double(v59[at[3]]));
+                         });
+
+  // performer.mesh:57:59 neg
+  meshc::gen::View v383 = arena_.slot(32768, 8192);
+  for (size_t i = 0; i < v383.size(); ++i) {
+    v383[i] = float(-v382[i]);
+  }
+
+  // performer.mesh:57:59 sum
+  meshc::gen::View v384 = arena_.slot(81920, 128);
+  meshc::gen::reduce(v384.data(), {1, 128, 1}, v383.data(), {8192, 64, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  meshc::gen::View v385 = arena_.slot(40960, 128);
+  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v385[at[0]] = float(double(v384[at[1]]) * double(v53[at[2]]));
+                         });
+
+  // performer.mesh:57:61 broadcast
+  meshc::gen::View v386 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<2>(
+      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {128, 1, 1, 0}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v386[at[0]] = float(v385[at[1]]); });
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:65 mul
+  meshc::gen::View v388 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<4>({1, 128, 1, 16},
+                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}, {2048, 16, 16, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t387 = float(double(v49[at[1]]) * double(v274[at[2]]));
+                           v388[at[0]] = float(double(v386[at[3]]) * double(t387));
+                         });
+
+  // performer.mesh:57:10 einsum
+  meshc::gen::View v389 = arena_.slot(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsum389(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum389.run(v382.data(), v24.data(), v389.data());
+
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  meshc::gen::View v391 = arena_.slot(16384, 2048);
+  meshc::gen::forEach<4>({1, 128, 1, 16},
+                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t390 = float(double(v388[at[1]]) + double(v389[at[2]]));
+                           v391[at[0]] = float(double(t390) * double(v48[at[3]]));
+                         });
+
+  // performer.mesh:45:10 einsum
+  meshc::gen::View v392 = arena_.slot(0, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum392(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum392.run(v391.data(), v46.data(), v392.data());
+
+  // performer.mesh:45:10 add
+  meshc::gen::View v393 = arena_.slot(81920, 4096);
+  for (size_t i = 0; i < v393.size(); ++i) {
+    v393[i] = float(double(v379[i]) + double(v392[i]));
+  }
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in#1/w
+  meshc::gen::View v394 = arena_.slot(65536, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum394(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum394.run(v391.data(), v29.data(), v394.data());
+
+  // performer.mesh:66:61 mul
+  // performer.mesh:66:10 mul
+  meshc::gen::View v396 = arena_.slot(0, 8192);
+  meshc::gen::forEach<4>({1, 128, 1, 64},
+                         {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}, {8192, 64, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t395 = float(double(v370[at[1]]) * double(v44[at[2]]));
+                           v396[at[0]] = float(double(t395) * double(v43[at[3]]));
+                         });
+
+  // performer.mesh:57:59 neg
+  meshc::gen::View v397 = arena_.slot(32768, 8192);
+  for (size_t i = 0; i < v397.size(); ++i) {
+    v397[i] = float(-v396[i]);
+  }
+
+  // performer.mesh:57:59 sum
+  meshc::gen::View v398 = arena_.slot(67584, 128);
+  meshc::gen::reduce(v398.data(), {1, 128, 1}, v397.data(), {8192, 64, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  meshc::gen::View v399 = arena_.slot(40960, 128);
+  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v399[at[0]] = float(double(v398[at[1]]) * double(v37[at[2]]));
+                         });
+
+  // performer.mesh:57:61 broadcast
+  meshc::gen::View v400 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<2>(
+      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {128, 1, 1, 0}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v400[at[0]] = float(v399[at[1]]); });
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:65 mul
+  meshc::gen::View v402 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<4>({1, 128, 1, 16},
+                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}, {2048, 16, 16, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t401 = float(double(v33[at[1]]) * double(v274[at[2]]));
+                           v402[at[0]] = float(double(v400[at[3]]) * double(t401));
+                         });
+
+  // performer.mesh:57:10 einsum
+  meshc::gen::View v403 = arena_.slot(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsum403(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsum403.run(v396.data(), v24.data(), v403.data());
+
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  meshc::gen::View v405 = arena_.slot(49152, 2048);
+  meshc::gen::forEach<4>({1, 128, 1, 16},
+                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t404 = float(double(v402[at[1]]) + double(v403[at[2]]));
+                           v405[at[0]] = float(double(t404) * double(v32[at[3]]));
+                         });
+
+  // performer.mesh:45:10 einsum
+  meshc::gen::View v406 = arena_.slot(0, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum406(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum406.run(v405.data(), v30.data(), v406.data());
+
+  // performer.mesh:45:10 add
+  meshc::gen::View v407 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v407.size(); ++i) {
+    v407[i] = float(double(v393[i]) + double(v406[i]));
+  }
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %393 over model for sum at
+  // 29:40)
+  meshc::gen::View v409 = v407;
+  group_model.allReduce(v409.data(), v409.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in/w
+  meshc::gen::View v408 = arena_.slot(57344, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum408(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum408.run(v405.data(), v29.data(), v408.data());
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[0]/norm/bias
+  meshc::gen::View v410 = arena_.slot(50176, 32);
+  meshc::gen::reduce(v410.data(), {32}, v409.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v411 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v411[at[0]] = float(double(v409[at[1]]) * double(v25[at[2]]));
+                         });
+
+  // performer.mesh:29:33 mul
+  meshc::gen::View v412 = arena_.slot(32768, 4096);
+  for (size_t i = 0; i < v412.size(); ++i) {
+    v412[i] = float(double(v409[i]) * double(v27[i]));
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[0]/norm/gain
+  meshc::gen::View v413 = arena_.slot(50304, 32);
+  meshc::gen::reduce(v413.data(), {32}, v412.data(), {1}, {1, 128}, {4096, 32},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v414 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v414.data(), {1, 128}, v23.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  meshc::gen::View v416 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t415 = float(double(v23[at[1]]) - double(v414[at[2]]));
+                           v416[at[0]] = float(double(t415) * double(t415));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v417 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v417.data(), {1, 128}, v416.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  meshc::gen::View v419 = arena_.slot(49152, 128);
+  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t418 = float(double(v417[at[1]]) + double(v188[at[2]]));
+                           v419[at[0]] = float(1.0 / std::sqrt(double(t418)));
+                         });
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v420 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v420.size(); ++i) {
+    v420[i] = float(double(v411[i]) * double(v27[i]));
+  }
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v421 = arena_.slot(32768, 128);
+  meshc::gen::reduce(v421.data(), {1, 128}, v420.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  meshc::gen::View v422 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v422[at[0]] = float(double(v27[at[1]]) * double(v421[at[2]]));
+                         });
+
+  // performer.mesh:29:10 mean
+  meshc::gen::View v423 = arena_.slot(49664, 128);
+  meshc::gen::reduce(v423.data(), {1, 128}, v411.data(), {4096, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  meshc::gen::View v427 = arena_.slot(32768, 4096);
+  meshc::gen::forEach<6>(
+      {1, 128, 32},
+      {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t424 = float(double(v411[at[1]]) - double(v423[at[2]]));
+        float t425 = float(double(t424) - double(v422[at[3]]));
+        float t426 = float(double(t425) * double(v419[at[4]]));
+        v427[at[0]] = float(double(v355[at[5]]) + double(t426));
+      });
+
+  // performer.mesh:133:37 one_hot
+  meshc::gen::View v428 = arena_.slot(0, 4096);
+  meshc::gen::oneHot(v428.data(), {1, 128, 32}, v0.data(), {128, 1, 0}, {0, 0, 1},
+                     meshc::gen::shardStart(world_, {"model"}, 32));
+
+  // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
+  meshc::gen::View v429 = arena_.slot(16384, 1024);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsum429(
+      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+  einsum429.run(v428.data(), v427.data(), v429.data());
+
+  // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
+  // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
+  // resolved together, 57.2 KiB in one buffer)
+  meshc::gen::View v477 = v178;
+  meshc::gen::View v939 = v180;
+  meshc::gen::View v918 = v183;
+  meshc::gen::View v897 = v199;
+  meshc::gen::View v876 = v223;
+  meshc::gen::View v855 = v225;
+  meshc::gen::View v834 = v228;
+  meshc::gen::View v813 = v244;
+  meshc::gen::View v792 = v267;
+  meshc::gen::View v771 = v282;
+  meshc::gen::View v750 = v296;
+  meshc::gen::View v729 = v298;
+  meshc::gen::View v708 = v301;
+  meshc::gen::View v687 = v317;
+  meshc::gen::View v666 = v336;
+  meshc::gen::View v645 = v338;
+  meshc::gen::View v624 = v341;
+  meshc::gen::View v603 = v357;
+  meshc::gen::View v582 = v380;
+  meshc::gen::View v561 = v394;
+  meshc::gen::View v540 = v408;
+  meshc::gen::View v519 = v410;
+  meshc::gen::View v498 = v413;
+  meshc::gen::View v450 = v429;
+  meshc::gen::allReduceBucket(group_data, {v477, v939, v918, v897, v876, v855, v834, v813,
+                                           v792, v771, v750, v729, v708, v687, v666, v645,
+                                           v624, v603, v582, v561, v540, v519, v498, v450});
+
+  // performer.mesh:151:3 step
+  meshc::gen::View v430 = arena_.fill(0, 1, float(step_));
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v431 =
+      arena_.fill(20480, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // performer.mesh:151:3 add
+  meshc::gen::View v432 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v432.size(); ++i) {
+    v432[i] = float(double(v430[i]) + double(v431[i]));
+  }
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v433 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
+
+  // performer.mesh:151:3 add
+  meshc::gen::View v434 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v434.size(); ++i) {
+    v434[i] = float(double(v430[i]) + double(v431[i]));
+  }
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v435 =
+      arena_.fill(20544, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 minimum
+  // performer.mesh:151:3 mul
+  meshc::gen::View v438 = arena_.slot(192, 1);
+  for (size_t i = 0; i < v438.size(); ++i) {
+    float t436 = float(double(v434[i]) * double(v435[i]));
+    float t437 = float(meshc::gen::minimum(t436, v431[i]));
+    v438[i] = float(double(v433[i]) * double(t437));
+  }
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v439 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 100.0));
+
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 maximum
+  // performer.mesh:151:3 rsqrt
+  meshc::gen::View v442 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v442.size(); ++i) {
+    float t440 = float(double(v430[i]) + double(v431[i]));
+    float t441 = float(meshc::gen::maximum(t440, v439[i]));
+    v442[i] = float(1.0 / std::sqrt(double(t441)));
+  }
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v443 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 10.0));
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul -> learning_rate
+  meshc::gen::View v445 = arena_.slot(20608, 1);
+  for (size_t i = 0; i < v445.size(); ++i) {
+    float t444 = float(double(v442[i]) * double(v443[i]));
+    v445[i] = float(double(v438[i]) * double(t444));
+  }
+
+  // performer.mesh:151:3 param -> causal_lm/embedding@m
+  const meshc::gen::Buffer &v446 = param26_causal_lm_embedding_m;
+
+  // performer.mesh:151:3 param -> causal_lm/embedding@v
+  const meshc::gen::Buffer &v447 = param27_causal_lm_embedding_v;
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v448 =
+      arena_.fill(20672, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v449 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v449.size(); ++i) {
+    v449[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v451 = arena_.slot(0, 1024);
+  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v451[at[0]] = float(double(v450[at[1]]) * double(v449[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v453(param26_causal_lm_embedding_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t452 = float(double(v446[at[1]]) * double(v448[at[2]]));
+                           v453[at[0]] = float(double(t452) + double(v451[at[3]]));
+                         });
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v454 =
+      arena_.fill(20736, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.999));
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v455 = arena_.slot(0, 1024);
+  for (size_t i = 0; i < v455.size(); ++i) {
+    v455[i] = float(double(v450[i]) * double(v450[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v456 = arena_.slot(8256, 1);
+  for (size_t i = 0; i < v456.size(); ++i) {
+    v456[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v457 = arena_.slot(4096, 1024);
+  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v457[at[0]] = float(double(v455[at[1]]) * double(v456[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v459(param27_causal_lm_embedding_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t458 = float(double(v447[at[1]]) * double(v454[at[2]]));
+                           v459[at[0]] = float(double(t458) + double(v457[at[3]]));
+                         });
+
+  // performer.mesh:151:3 pow
+  // performer.mesh:151:3 sub
+  meshc::gen::View v461 = arena_.slot(16384, 1);
+  for (size_t i = 0; i < v461.size(); ++i) {
+    float t460 = float(std::pow(double(v448[i]), double(v432[i])));
+    v461[i] = float(double(v431[i]) - double(t460));
+  }
+
+  // performer.mesh:151:3 pow
+  // performer.mesh:151:3 sub
+  meshc::gen::View v463 = arena_.slot(16448, 1);
+  for (size_t i = 0; i < v463.size(); ++i) {
+    float t462 = float(std::pow(double(v454[i]), double(v432[i])));
+    v463[i] = float(double(v431[i]) - double(t462));
+  }
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v464 = arena_.slot(0, 1024);
+  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v464[at[0]] = float(double(v453[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  meshc::gen::View v466 = arena_.slot(4096, 1024);
+  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t465 = float(double(v459[at[1]]) / double(v463[at[2]]));
+                           v466[at[0]] = float(std::sqrt(double(t465)));
+                         });
+
+  // performer.mesh:151:3 literal
+  meshc::gen::View v467 =
+      arena_.fill(16512, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-08));
+
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v469 = arena_.slot(8192, 1024);
+  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t468 = float(double(v466[at[1]]) + double(v467[at[2]]));
+                           v469[at[0]] = float(double(v464[at[3]]) / double(t468));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/embedding
+  meshc::gen::View v473(param0_causal_lm_embedding); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t470 = float(double(v6[at[1]]) * double(v435[at[2]]));
+                           float t471 = float(double(v469[at[3]]) + double(t470));
+                           float t472 = float(double(t471) * double(v445[at[4]]));
+                           v473[at[0]] = float(double(v6[at[1]]) - double(t472));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/unembed@m
+  const meshc::gen::Buffer &v474 = param28_causal_lm_unembed_m;
+
+  // performer.mesh:151:3 param -> causal_lm/unembed@v
+  const meshc::gen::Buffer &v475 = param29_causal_lm_unembed_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v476 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v476.size(); ++i) {
+    v476[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v478 = arena_.slot(0, 1024);
+  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v478[at[0]] = float(double(v477[at[1]]) * double(v476[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v480(param28_causal_lm_unembed_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t479 = float(double(v474[at[1]]) * double(v448[at[2]]));
+                           v480[at[0]] = float(double(t479) + double(v478[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v481 = arena_.slot(0, 1024);
+  for (size_t i = 0; i < v481.size(); ++i) {
+    v481[i] = float(double(v477[i]) * double(v477[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v482 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v482.size(); ++i) {
+    v482[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v483 = arena_.slot(4096, 1024);
+  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v483[at[0]] = float(double(v481[at[1]]) * double(v482[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v485(param29_causal_lm_unembed_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t484 = float(double(v475[at[1]]) * double(v454[at[2]]));
+                           v485[at[0]] = float(double(t484) + double(v483[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v486 = arena_.slot(0, 1024);
+  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v486[at[0]] = float(double(v480[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v490 = arena_.slot(4096, 1024);
+  meshc::gen::forEach<5>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t487 = float(double(v485[at[1]]) / double(v463[at[2]]));
+                           float t488 = float(std::sqrt(double(t487)));
+                           float t489 = float(double(t488) + double(v467[at[3]]));
+                           v490[at[0]] = float(double(v486[at[4]]) / double(t489));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/unembed
+  meshc::gen::View v494(param1_causal_lm_unembed); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t491 = float(double(v7[at[1]]) * double(v435[at[2]]));
+                           float t492 = float(double(v490[at[3]]) + double(t491));
+                           float t493 = float(double(t492) * double(v445[at[4]]));
+                           v494[at[0]] = float(double(v7[at[1]]) - double(t493));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm/gain@m
+  const meshc::gen::Buffer &v495 = param30_causal_lm_decoder_layer_0_norm_gain_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm/gain@v
+  const meshc::gen::Buffer &v496 = param31_causal_lm_decoder_layer_0_norm_gain_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v497 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v497.size(); ++i) {
+    v497[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v499 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v499[at[0]] = float(double(v498[at[1]]) * double(v497[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v501(
+      param30_causal_lm_decoder_layer_0_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t500 = float(double(v495[at[1]]) * double(v448[at[2]]));
+    v501[at[0]] = float(double(t500) + double(v499[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v502 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v502.size(); ++i) {
+    v502[i] = float(double(v498[i]) * double(v498[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v503 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v503.size(); ++i) {
+    v503[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v504 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v504[at[0]] = float(double(v502[at[1]]) * double(v503[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v506(
+      param31_causal_lm_decoder_layer_0_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t505 = float(double(v496[at[1]]) * double(v454[at[2]]));
+    v506[at[0]] = float(double(t505) + double(v504[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v507 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v507[at[0]] = float(double(v501[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v511 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t508 = float(double(v506[at[1]]) / double(v463[at[2]]));
+                           float t509 = float(std::sqrt(double(t508)));
+                           float t510 = float(double(t509) + double(v467[at[3]]));
+                           v511[at[0]] = float(double(v507[at[4]]) / double(t510));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
+  meshc::gen::View v515(
+      param3_causal_lm_decoder_layer_0_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t512 = float(double(v25[at[1]]) * double(v435[at[2]]));
+                           float t513 = float(double(v511[at[3]]) + double(t512));
+                           float t514 = float(double(t513) * double(v445[at[4]]));
+                           v515[at[0]] = float(double(v25[at[1]]) - double(t514));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm/bias@m
+  const meshc::gen::Buffer &v516 = param32_causal_lm_decoder_layer_0_norm_bias_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm/bias@v
+  const meshc::gen::Buffer &v517 = param33_causal_lm_decoder_layer_0_norm_bias_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v518 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v518.size(); ++i) {
+    v518[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v520 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v520[at[0]] = float(double(v519[at[1]]) * double(v518[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v522(
+      param32_causal_lm_decoder_layer_0_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t521 = float(double(v516[at[1]]) * double(v448[at[2]]));
+    v522[at[0]] = float(double(t521) + double(v520[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v523 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v523.size(); ++i) {
+    v523[i] = float(double(v519[i]) * double(v519[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v524 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v524.size(); ++i) {
+    v524[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v525 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v525[at[0]] = float(double(v523[at[1]]) * double(v524[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v527(
+      param33_causal_lm_decoder_layer_0_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t526 = float(double(v517[at[1]]) * double(v454[at[2]]));
+    v527[at[0]] = float(double(t526) + double(v525[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v528 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v528[at[0]] = float(double(v522[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v532 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t529 = float(double(v527[at[1]]) / double(v463[at[2]]));
+                           float t530 = float(std::sqrt(double(t529)));
+                           float t531 = float(double(t530) + double(v467[at[3]]));
+                           v532[at[0]] = float(double(v528[at[4]]) / double(t531));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/bias
+  meshc::gen::View v536(
+      param4_causal_lm_decoder_layer_0_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t533 = float(double(v26[at[1]]) * double(v435[at[2]]));
+                           float t534 = float(double(v532[at[3]]) + double(t533));
+                           float t535 = float(double(t534) * double(v445[at[4]]));
+                           v536[at[0]] = float(double(v26[at[1]]) - double(t535));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in/w@m
+  const meshc::gen::Buffer &v537 = param34_causal_lm_decoder_layer_0_heads_in_w_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in/w@v
+  const meshc::gen::Buffer &v538 = param35_causal_lm_decoder_layer_0_heads_in_w_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v539 = arena_.slot(2048, 1);
+  for (size_t i = 0; i < v539.size(); ++i) {
+    v539[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v541 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v541[at[0]] = float(double(v540[at[1]]) * double(v539[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v543(
+      param34_causal_lm_decoder_layer_0_heads_in_w_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t542 = float(double(v537[at[1]]) * double(v448[at[2]]));
+                           v543[at[0]] = float(double(t542) + double(v541[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v544 = arena_.slot(0, 512);
+  for (size_t i = 0; i < v544.size(); ++i) {
+    v544[i] = float(double(v540[i]) * double(v540[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v545 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v545.size(); ++i) {
+    v545[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v546 = arena_.slot(2048, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v546[at[0]] = float(double(v544[at[1]]) * double(v545[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v548(
+      param35_causal_lm_decoder_layer_0_heads_in_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t547 = float(double(v538[at[1]]) * double(v454[at[2]]));
+                           v548[at[0]] = float(double(t547) + double(v546[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v549 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v549[at[0]] = float(double(v543[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v553 = arena_.slot(2048, 512);
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t550 = float(double(v548[at[1]]) / double(v463[at[2]]));
+                           float t551 = float(std::sqrt(double(t550)));
+                           float t552 = float(double(t551) + double(v467[at[3]]));
+                           v553[at[0]] = float(double(v549[at[4]]) / double(t552));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in/w
+  meshc::gen::View v557(
+      param5_causal_lm_decoder_layer_0_heads_in_w); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t554 = float(double(v30[at[1]]) * double(v435[at[2]]));
+                           float t555 = float(double(v553[at[3]]) + double(t554));
+                           float t556 = float(double(t555) * double(v445[at[4]]));
+                           v557[at[0]] = float(double(v30[at[1]]) - double(t556));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in#1/w@m
+  const meshc::gen::Buffer &v558 = param36_causal_lm_decoder_layer_0_heads_in_1_w_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in#1/w@v
+  const meshc::gen::Buffer &v559 = param37_causal_lm_decoder_layer_0_heads_in_1_w_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v560 = arena_.slot(2048, 1);
+  for (size_t i = 0; i < v560.size(); ++i) {
+    v560[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v562 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v562[at[0]] = float(double(v561[at[1]]) * double(v560[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v564(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // the param's new value,
+                                                                           // in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t563 = float(double(v558[at[1]]) * double(v448[at[2]]));
+                           v564[at[0]] = float(double(t563) + double(v562[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v565 = arena_.slot(0, 512);
+  for (size_t i = 0; i < v565.size(); ++i) {
+    v565[i] = float(double(v561[i]) * double(v561[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v566 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v566.size(); ++i) {
+    v566[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v567 = arena_.slot(2048, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v567[at[0]] = float(double(v565[at[1]]) * double(v566[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v569(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // the param's new value,
+                                                                           // in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t568 = float(double(v559[at[1]]) * double(v454[at[2]]));
+                           v569[at[0]] = float(double(t568) + double(v567[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v570 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v570[at[0]] = float(double(v564[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v574 = arena_.slot(2048, 512);
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t571 = float(double(v569[at[1]]) / double(v463[at[2]]));
+                           float t572 = float(std::sqrt(double(t571)));
+                           float t573 = float(double(t572) + double(v467[at[3]]));
+                           v574[at[0]] = float(double(v570[at[4]]) / double(t573));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#1/w
+  meshc::gen::View v578(
+      param6_causal_lm_decoder_layer_0_heads_in_1_w); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t575 = float(double(v46[at[1]]) * double(v435[at[2]]));
+                           float t576 = float(double(v574[at[3]]) + double(t575));
+                           float t577 = float(double(t576) * double(v445[at[4]]));
+                           v578[at[0]] = float(double(v46[at[1]]) - double(t577));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in#2/w@m
+  const meshc::gen::Buffer &v579 = param38_causal_lm_decoder_layer_0_heads_in_2_w_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in#2/w@v
+  const meshc::gen::Buffer &v580 = param39_causal_lm_decoder_layer_0_heads_in_2_w_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v581 = arena_.slot(2048, 1);
+  for (size_t i = 0; i < v581.size(); ++i) {
+    v581[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v583 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v583[at[0]] = float(double(v582[at[1]]) * double(v581[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v585(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // the param's new value,
+                                                                           // in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t584 = float(double(v579[at[1]]) * double(v448[at[2]]));
+                           v585[at[0]] = float(double(t584) + double(v583[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v586 = arena_.slot(0, 512);
+  for (size_t i = 0; i < v586.size(); ++i) {
+    v586[i] = float(double(v582[i]) * double(v582[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v587 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v587.size(); ++i) {
+    v587[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v588 = arena_.slot(2048, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v588[at[0]] = float(double(v586[at[1]]) * double(v587[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v590(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // the param's new value,
+                                                                           // in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t589 = float(double(v580[at[1]]) * double(v454[at[2]]));
+                           v590[at[0]] = float(double(t589) + double(v588[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v591 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v591[at[0]] = float(double(v585[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v595 = arena_.slot(2048, 512);
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t592 = float(double(v590[at[1]]) / double(v463[at[2]]));
+                           float t593 = float(std::sqrt(double(t592)));
+                           float t594 = float(double(t593) + double(v467[at[3]]));
+                           v595[at[0]] = float(double(v591[at[4]]) / double(t594));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#2/w
+  meshc::gen::View v599(
+      param7_causal_lm_decoder_layer_0_heads_in_2_w); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t596 = float(double(v62[at[1]]) * double(v435[at[2]]));
+                           float t597 = float(double(v595[at[3]]) + double(t596));
+                           float t598 = float(double(t597) * double(v445[at[4]]));
+                           v599[at[0]] = float(double(v62[at[1]]) - double(t598));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_out/w@m
+  const meshc::gen::Buffer &v600 = param40_causal_lm_decoder_layer_0_heads_out_w_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_out/w@v
+  const meshc::gen::Buffer &v601 = param41_causal_lm_decoder_layer_0_heads_out_w_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v602 = arena_.slot(2048, 1);
+  for (size_t i = 0; i < v602.size(); ++i) {
+    v602[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v604 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v604[at[0]] = float(double(v603[at[1]]) * double(v602[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v606(
+      param40_causal_lm_decoder_layer_0_heads_out_w_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t605 = float(double(v600[at[1]]) * double(v448[at[2]]));
+                           v606[at[0]] = float(double(t605) + double(v604[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v607 = arena_.slot(0, 512);
+  for (size_t i = 0; i < v607.size(); ++i) {
+    v607[i] = float(double(v603[i]) * double(v603[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v608 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v608.size(); ++i) {
+    v608[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v609 = arena_.slot(2048, 512);
+  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v609[at[0]] = float(double(v607[at[1]]) * double(v608[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v611(
+      param41_causal_lm_decoder_layer_0_heads_out_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t610 = float(double(v601[at[1]]) * double(v454[at[2]]));
+                           v611[at[0]] = float(double(t610) + double(v609[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v612 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v612[at[0]] = float(double(v606[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v616 = arena_.slot(2048, 512);
+  meshc::gen::forEach<5>({1, 16, 32},
+                         {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {0, 0, 0}, {512, 32, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t613 = float(double(v611[at[1]]) / double(v463[at[2]]));
+                           float t614 = float(std::sqrt(double(t613)));
+                           float t615 = float(double(t614) + double(v467[at[3]]));
+                           v616[at[0]] = float(double(v612[at[4]]) / double(t615));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_out/w
+  meshc::gen::View v620(
+      param8_causal_lm_decoder_layer_0_heads_out_w); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({1, 16, 32},
+                         {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t617 = float(double(v70[at[1]]) * double(v435[at[2]]));
+                           float t618 = float(double(v616[at[3]]) + double(t617));
+                           float t619 = float(double(t618) * double(v445[at[4]]));
+                           v620[at[0]] = float(double(v70[at[1]]) - double(t619));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm#1/gain@m
+  const meshc::gen::Buffer &v621 = param42_causal_lm_decoder_layer_0_norm_1_gain_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm#1/gain@v
+  const meshc::gen::Buffer &v622 = param43_causal_lm_decoder_layer_0_norm_1_gain_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v623 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v623.size(); ++i) {
+    v623[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v625 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v625[at[0]] = float(double(v624[at[1]]) * double(v623[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v627(
+      param42_causal_lm_decoder_layer_0_norm_1_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t626 = float(double(v621[at[1]]) * double(v448[at[2]]));
+    v627[at[0]] = float(double(t626) + double(v625[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v628 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v628.size(); ++i) {
+    v628[i] = float(double(v624[i]) * double(v624[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v629 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v629.size(); ++i) {
+    v629[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v630 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v630[at[0]] = float(double(v628[at[1]]) * double(v629[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v632(
+      param43_causal_lm_decoder_layer_0_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t631 = float(double(v622[at[1]]) * double(v454[at[2]]));
+    v632[at[0]] = float(double(t631) + double(v630[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v633 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v633[at[0]] = float(double(v627[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v637 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t634 = float(double(v632[at[1]]) / double(v463[at[2]]));
+                           float t635 = float(std::sqrt(double(t634)));
+                           float t636 = float(double(t635) + double(v467[at[3]]));
+                           v637[at[0]] = float(double(v633[at[4]]) / double(t636));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/gain
+  meshc::gen::View v641(
+      param9_causal_lm_decoder_layer_0_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t638 = float(double(v74[at[1]]) * double(v435[at[2]]));
+                           float t639 = float(double(v637[at[3]]) + double(t638));
+                           float t640 = float(double(t639) * double(v445[at[4]]));
+                           v641[at[0]] = float(double(v74[at[1]]) - double(t640));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm#1/bias@m
+  const meshc::gen::Buffer &v642 = param44_causal_lm_decoder_layer_0_norm_1_bias_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm#1/bias@v
+  const meshc::gen::Buffer &v643 = param45_causal_lm_decoder_layer_0_norm_1_bias_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v644 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v644.size(); ++i) {
+    v644[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v646 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v646[at[0]] = float(double(v645[at[1]]) * double(v644[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v648(
+      param44_causal_lm_decoder_layer_0_norm_1_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t647 = float(double(v642[at[1]]) * double(v448[at[2]]));
+    v648[at[0]] = float(double(t647) + double(v646[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v649 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v649.size(); ++i) {
+    v649[i] = float(double(v645[i]) * double(v645[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v650 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v650.size(); ++i) {
+    v650[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v651 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v651[at[0]] = float(double(v649[at[1]]) * double(v650[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v653(
+      param45_causal_lm_decoder_layer_0_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t652 = float(double(v643[at[1]]) * double(v454[at[2]]));
+    v653[at[0]] = float(double(t652) + double(v651[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v654 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v654[at[0]] = float(double(v648[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v658 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t655 = float(double(v653[at[1]]) / double(v463[at[2]]));
+                           float t656 = float(std::sqrt(double(t655)));
+                           float t657 = float(double(t656) + double(v467[at[3]]));
+                           v658[at[0]] = float(double(v654[at[4]]) / double(t657));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/bias
+  meshc::gen::View v662(
+      param10_causal_lm_decoder_layer_0_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t659 = float(double(v75[at[1]]) * double(v435[at[2]]));
+                           float t660 = float(double(v658[at[3]]) + double(t659));
+                           float t661 = float(double(t660) * double(v445[at[4]]));
+                           v662[at[0]] = float(double(v75[at[1]]) - double(t661));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/ffn/w_in@m
+  const meshc::gen::Buffer &v663 = param46_causal_lm_decoder_layer_0_ffn_w_in_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/ffn/w_in@v
+  const meshc::gen::Buffer &v664 = param47_causal_lm_decoder_layer_0_ffn_w_in_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v665 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v665.size(); ++i) {
+    v665[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v667 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v667[at[0]] = float(double(v666[at[1]]) * double(v665[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v669(
+      param46_causal_lm_decoder_layer_0_ffn_w_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t668 = float(double(v663[at[1]]) * double(v448[at[2]]));
+                           v669[at[0]] = float(double(t668) + double(v667[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v670 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v670.size(); ++i) {
+    v670[i] = float(double(v666[i]) * double(v666[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v671 = arena_.slot(16576, 1);
+  for (size_t i = 0; i < v671.size(); ++i) {
+    v671[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v672 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v672[at[0]] = float(double(v670[at[1]]) * double(v671[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v674(
+      param47_causal_lm_decoder_layer_0_ffn_w_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t673 = float(double(v664[at[1]]) * double(v454[at[2]]));
+                           v674[at[0]] = float(double(t673) + double(v672[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v675 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v675[at[0]] = float(double(v669[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v679 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t676 = float(double(v674[at[1]]) / double(v463[at[2]]));
+                           float t677 = float(std::sqrt(double(t676)));
+                           float t678 = float(double(t677) + double(v467[at[3]]));
+                           v679[at[0]] = float(double(v675[at[4]]) / double(t678));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
+  meshc::gen::View v683(
+      param11_causal_lm_decoder_layer_0_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t680 = float(double(v79[at[1]]) * double(v435[at[2]]));
+                           float t681 = float(double(v679[at[3]]) + double(t680));
+                           float t682 = float(double(t681) * double(v445[at[4]]));
+                           v683[at[0]] = float(double(v79[at[1]]) - double(t682));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/ffn/w_out@m
+  const meshc::gen::Buffer &v684 = param48_causal_lm_decoder_layer_0_ffn_w_out_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/ffn/w_out@v
+  const meshc::gen::Buffer &v685 = param49_causal_lm_decoder_layer_0_ffn_w_out_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v686 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v686.size(); ++i) {
+    v686[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v688 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v688[at[0]] = float(double(v687[at[1]]) * double(v686[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v690(
+      param48_causal_lm_decoder_layer_0_ffn_w_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t689 = float(double(v684[at[1]]) * double(v448[at[2]]));
+                           v690[at[0]] = float(double(t689) + double(v688[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v691 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v691.size(); ++i) {
+    v691[i] = float(double(v687[i]) * double(v687[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v692 = arena_.slot(16576, 1);
+  for (size_t i = 0; i < v692.size(); ++i) {
+    v692[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v693 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v693[at[0]] = float(double(v691[at[1]]) * double(v692[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v695(
+      param49_causal_lm_decoder_layer_0_ffn_w_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t694 = float(double(v685[at[1]]) * double(v454[at[2]]));
+                           v695[at[0]] = float(double(t694) + double(v693[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v696 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v696[at[0]] = float(double(v690[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v700 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<5>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t697 = float(double(v695[at[1]]) / double(v463[at[2]]));
+                           float t698 = float(std::sqrt(double(t697)));
+                           float t699 = float(double(t698) + double(v467[at[3]]));
+                           v700[at[0]] = float(double(v696[at[4]]) / double(t699));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
+  meshc::gen::View v704(
+      param12_causal_lm_decoder_layer_0_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t701 = float(double(v80[at[1]]) * double(v435[at[2]]));
+                           float t702 = float(double(v700[at[3]]) + double(t701));
+                           float t703 = float(double(t702) * double(v445[at[4]]));
+                           v704[at[0]] = float(double(v80[at[1]]) - double(t703));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm/gain@m
+  const meshc::gen::Buffer &v705 = param50_causal_lm_decoder_layer_1_norm_gain_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm/gain@v
+  const meshc::gen::Buffer &v706 = param51_causal_lm_decoder_layer_1_norm_gain_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v707 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v707.size(); ++i) {
+    v707[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v709 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v709[at[0]] = float(double(v708[at[1]]) * double(v707[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v711(
+      param50_causal_lm_decoder_layer_1_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t710 = float(double(v705[at[1]]) * double(v448[at[2]]));
+    v711[at[0]] = float(double(t710) + double(v709[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v712 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v712.size(); ++i) {
+    v712[i] = float(double(v708[i]) * double(v708[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v713 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v713.size(); ++i) {
+    v713[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v714 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v714[at[0]] = float(double(v712[at[1]]) * double(v713[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v716(
+      param51_causal_lm_decoder_layer_1_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t715 = float(double(v706[at[1]]) * double(v454[at[2]]));
+    v716[at[0]] = float(double(t715) + double(v714[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v717 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v717[at[0]] = float(double(v711[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v721 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t718 = float(double(v716[at[1]]) / double(v463[at[2]]));
+                           float t719 = float(std::sqrt(double(t718)));
+                           float t720 = float(double(t719) + double(v467[at[3]]));
+                           v721[at[0]] = float(double(v717[at[4]]) / double(t720));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/gain
+  meshc::gen::View v725(
+      param14_causal_lm_decoder_layer_1_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t722 = float(double(v87[at[1]]) * double(v435[at[2]]));
+                           float t723 = float(double(v721[at[3]]) + double(t722));
+                           float t724 = float(double(t723) * double(v445[at[4]]));
+                           v725[at[0]] = float(double(v87[at[1]]) - double(t724));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm/bias@m
+  const meshc::gen::Buffer &v726 = param52_causal_lm_decoder_layer_1_norm_bias_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm/bias@v
+  const meshc::gen::Buffer &v727 = param53_causal_lm_decoder_layer_1_norm_bias_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v728 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v728.size(); ++i) {
+    v728[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v730 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v730[at[0]] = float(double(v729[at[1]]) * double(v728[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v732(
+      param52_causal_lm_decoder_layer_1_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t731 = float(double(v726[at[1]]) * double(v448[at[2]]));
+    v732[at[0]] = float(double(t731) + double(v730[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v733 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v733.size(); ++i) {
+    v733[i] = float(double(v729[i]) * double(v729[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v734 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v734.size(); ++i) {
+    v734[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v735 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v735[at[0]] = float(double(v733[at[1]]) * double(v734[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v737(
+      param53_causal_lm_decoder_layer_1_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t736 = float(double(v727[at[1]]) * double(v454[at[2]]));
+    v737[at[0]] = float(double(t736) + double(v735[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v738 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v738[at[0]] = float(double(v732[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v742 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t739 = float(double(v737[at[1]]) / double(v463[at[2]]));
+                           float t740 = float(std::sqrt(double(t739)));
+                           float t741 = float(double(t740) + double(v467[at[3]]));
+                           v742[at[0]] = float(double(v738[at[4]]) / double(t741));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
+  meshc::gen::View v746(
+      param15_causal_lm_decoder_layer_1_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t743 = float(double(v88[at[1]]) * double(v435[at[2]]));
+                           float t744 = float(double(v742[at[3]]) + double(t743));
+                           float t745 = float(double(t744) * double(v445[at[4]]));
+                           v746[at[0]] = float(double(v88[at[1]]) - double(t745));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in/w@m
+  const meshc::gen::Buffer &v747 = param54_causal_lm_decoder_layer_1_heads_in_w_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in/w@v
+  const meshc::gen::Buffer &v748 = param55_causal_lm_decoder_layer_1_heads_in_w_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v749 = arena_.slot(2048, 1);
+  for (size_t i = 0; i < v749.size(); ++i) {
+    v749[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v751 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v751[at[0]] = float(double(v750[at[1]]) * double(v749[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v753(
+      param54_causal_lm_decoder_layer_1_heads_in_w_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t752 = float(double(v747[at[1]]) * double(v448[at[2]]));
+                           v753[at[0]] = float(double(t752) + double(v751[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v754 = arena_.slot(0, 512);
+  for (size_t i = 0; i < v754.size(); ++i) {
+    v754[i] = float(double(v750[i]) * double(v750[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v755 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v755.size(); ++i) {
+    v755[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v756 = arena_.slot(2048, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v756[at[0]] = float(double(v754[at[1]]) * double(v755[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v758(
+      param55_causal_lm_decoder_layer_1_heads_in_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t757 = float(double(v748[at[1]]) * double(v454[at[2]]));
+                           v758[at[0]] = float(double(t757) + double(v756[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v759 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v759[at[0]] = float(double(v753[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v763 = arena_.slot(2048, 512);
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t760 = float(double(v758[at[1]]) / double(v463[at[2]]));
+                           float t761 = float(std::sqrt(double(t760)));
+                           float t762 = float(double(t761) + double(v467[at[3]]));
+                           v763[at[0]] = float(double(v759[at[4]]) / double(t762));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in/w
+  meshc::gen::View v767(
+      param16_causal_lm_decoder_layer_1_heads_in_w); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t764 = float(double(v92[at[1]]) * double(v435[at[2]]));
+                           float t765 = float(double(v763[at[3]]) + double(t764));
+                           float t766 = float(double(t765) * double(v445[at[4]]));
+                           v767[at[0]] = float(double(v92[at[1]]) - double(t766));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in#1/w@m
+  const meshc::gen::Buffer &v768 = param56_causal_lm_decoder_layer_1_heads_in_1_w_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in#1/w@v
+  const meshc::gen::Buffer &v769 = param57_causal_lm_decoder_layer_1_heads_in_1_w_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v770 = arena_.slot(2048, 1);
+  for (size_t i = 0; i < v770.size(); ++i) {
+    v770[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v772 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v772[at[0]] = float(double(v771[at[1]]) * double(v770[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v774(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // the param's new value,
+                                                                           // in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t773 = float(double(v768[at[1]]) * double(v448[at[2]]));
+                           v774[at[0]] = float(double(t773) + double(v772[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v775 = arena_.slot(0, 512);
+  for (size_t i = 0; i < v775.size(); ++i) {
+    v775[i] = float(double(v771[i]) * double(v771[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v776 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v776.size(); ++i) {
+    v776[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v777 = arena_.slot(2048, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v777[at[0]] = float(double(v775[at[1]]) * double(v776[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v779(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // the param's new value,
+                                                                           // in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t778 = float(double(v769[at[1]]) * double(v454[at[2]]));
+                           v779[at[0]] = float(double(t778) + double(v777[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v780 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v780[at[0]] = float(double(v774[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v784 = arena_.slot(2048, 512);
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t781 = float(double(v779[at[1]]) / double(v463[at[2]]));
+                           float t782 = float(std::sqrt(double(t781)));
+                           float t783 = float(double(t782) + double(v467[at[3]]));
+                           v784[at[0]] = float(double(v780[at[4]]) / double(t783));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in#1/w
+  meshc::gen::View v788(
+      param17_causal_lm_decoder_layer_1_heads_in_1_w); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t785 = float(double(v108[at[1]]) * double(v435[at[2]]));
+                           float t786 = float(double(v784[at[3]]) + double(t785));
+                           float t787 = float(double(t786) * double(v445[at[4]]));
+                           v788[at[0]] = float(double(v108[at[1]]) - double(t787));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in#2/w@m
+  const meshc::gen::Buffer &v789 = param58_causal_lm_decoder_layer_1_heads_in_2_w_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in#2/w@v
+  const meshc::gen::Buffer &v790 = param59_causal_lm_decoder_layer_1_heads_in_2_w_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v791 = arena_.slot(2048, 1);
+  for (size_t i = 0; i < v791.size(); ++i) {
+    v791[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v793 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v793[at[0]] = float(double(v792[at[1]]) * double(v791[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v795(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // the param's new value,
+                                                                           // in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t794 = float(double(v789[at[1]]) * double(v448[at[2]]));
+                           v795[at[0]] = float(double(t794) + double(v793[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v796 = arena_.slot(0, 512);
+  for (size_t i = 0; i < v796.size(); ++i) {
+    v796[i] = float(double(v792[i]) * double(v792[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v797 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v797.size(); ++i) {
+    v797[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v798 = arena_.slot(2048, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v798[at[0]] = float(double(v796[at[1]]) * double(v797[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v800(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // the param's new value,
+                                                                           // in its own storage
+  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t799 = float(double(v790[at[1]]) * double(v454[at[2]]));
+                           v800[at[0]] = float(double(t799) + double(v798[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v801 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v801[at[0]] = float(double(v795[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v805 = arena_.slot(2048, 512);
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t802 = float(double(v800[at[1]]) / double(v463[at[2]]));
+                           float t803 = float(std::sqrt(double(t802)));
+                           float t804 = float(double(t803) + double(v467[at[3]]));
+                           v805[at[0]] = float(double(v801[at[4]]) / double(t804));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in#2/w
+  meshc::gen::View v809(
+      param18_causal_lm_decoder_layer_1_heads_in_2_w); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 1, 16},
+                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t806 = float(double(v124[at[1]]) * double(v435[at[2]]));
+                           float t807 = float(double(v805[at[3]]) + double(t806));
+                           float t808 = float(double(t807) * double(v445[at[4]]));
+                           v809[at[0]] = float(double(v124[at[1]]) - double(t808));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_out/w@m
+  const meshc::gen::Buffer &v810 = param60_causal_lm_decoder_layer_1_heads_out_w_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_out/w@v
+  const meshc::gen::Buffer &v811 = param61_causal_lm_decoder_layer_1_heads_out_w_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v812 = arena_.slot(2048, 1);
+  for (size_t i = 0; i < v812.size(); ++i) {
+    v812[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v814 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v814[at[0]] = float(double(v813[at[1]]) * double(v812[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v816(
+      param60_causal_lm_decoder_layer_1_heads_out_w_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t815 = float(double(v810[at[1]]) * double(v448[at[2]]));
+                           v816[at[0]] = float(double(t815) + double(v814[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v817 = arena_.slot(0, 512);
+  for (size_t i = 0; i < v817.size(); ++i) {
+    v817[i] = float(double(v813[i]) * double(v813[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v818 = arena_.slot(4096, 1);
+  for (size_t i = 0; i < v818.size(); ++i) {
+    v818[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v819 = arena_.slot(2048, 512);
+  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v819[at[0]] = float(double(v817[at[1]]) * double(v818[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v821(
+      param61_causal_lm_decoder_layer_1_heads_out_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t820 = float(double(v811[at[1]]) * double(v454[at[2]]));
+                           v821[at[0]] = float(double(t820) + double(v819[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v822 = arena_.slot(0, 512);
+  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v822[at[0]] = float(double(v816[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v826 = arena_.slot(2048, 512);
+  meshc::gen::forEach<5>({1, 16, 32},
+                         {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {0, 0, 0}, {512, 32, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t823 = float(double(v821[at[1]]) / double(v463[at[2]]));
+                           float t824 = float(std::sqrt(double(t823)));
+                           float t825 = float(double(t824) + double(v467[at[3]]));
+                           v826[at[0]] = float(double(v822[at[4]]) / double(t825));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_out/w
+  meshc::gen::View v830(
+      param19_causal_lm_decoder_layer_1_heads_out_w); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({1, 16, 32},
+                         {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t827 = float(double(v132[at[1]]) * double(v435[at[2]]));
+                           float t828 = float(double(v826[at[3]]) + double(t827));
+                           float t829 = float(double(t828) * double(v445[at[4]]));
+                           v830[at[0]] = float(double(v132[at[1]]) - double(t829));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm#1/gain@m
+  const meshc::gen::Buffer &v831 = param62_causal_lm_decoder_layer_1_norm_1_gain_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm#1/gain@v
+  const meshc::gen::Buffer &v832 = param63_causal_lm_decoder_layer_1_norm_1_gain_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v833 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v833.size(); ++i) {
+    v833[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v835 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v835[at[0]] = float(double(v834[at[1]]) * double(v833[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v837(
+      param62_causal_lm_decoder_layer_1_norm_1_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t836 = float(double(v831[at[1]]) * double(v448[at[2]]));
+    v837[at[0]] = float(double(t836) + double(v835[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v838 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v838.size(); ++i) {
+    v838[i] = float(double(v834[i]) * double(v834[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v839 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v839.size(); ++i) {
+    v839[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v840 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v840[at[0]] = float(double(v838[at[1]]) * double(v839[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v842(
+      param63_causal_lm_decoder_layer_1_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t841 = float(double(v832[at[1]]) * double(v454[at[2]]));
+    v842[at[0]] = float(double(t841) + double(v840[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v843 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v843[at[0]] = float(double(v837[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v847 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t844 = float(double(v842[at[1]]) / double(v463[at[2]]));
+                           float t845 = float(std::sqrt(double(t844)));
+                           float t846 = float(double(t845) + double(v467[at[3]]));
+                           v847[at[0]] = float(double(v843[at[4]]) / double(t846));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm#1/gain
+  meshc::gen::View v851(
+      param20_causal_lm_decoder_layer_1_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t848 = float(double(v136[at[1]]) * double(v435[at[2]]));
+                           float t849 = float(double(v847[at[3]]) + double(t848));
+                           float t850 = float(double(t849) * double(v445[at[4]]));
+                           v851[at[0]] = float(double(v136[at[1]]) - double(t850));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm#1/bias@m
+  const meshc::gen::Buffer &v852 = param64_causal_lm_decoder_layer_1_norm_1_bias_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm#1/bias@v
+  const meshc::gen::Buffer &v853 = param65_causal_lm_decoder_layer_1_norm_1_bias_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v854 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v854.size(); ++i) {
+    v854[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v856 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v856[at[0]] = float(double(v855[at[1]]) * double(v854[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v858(
+      param64_causal_lm_decoder_layer_1_norm_1_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t857 = float(double(v852[at[1]]) * double(v448[at[2]]));
+    v858[at[0]] = float(double(t857) + double(v856[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v859 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v859.size(); ++i) {
+    v859[i] = float(double(v855[i]) * double(v855[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v860 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v860.size(); ++i) {
+    v860[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v861 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v861[at[0]] = float(double(v859[at[1]]) * double(v860[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v863(
+      param65_causal_lm_decoder_layer_1_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t862 = float(double(v853[at[1]]) * double(v454[at[2]]));
+    v863[at[0]] = float(double(t862) + double(v861[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v864 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v864[at[0]] = float(double(v858[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v868 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t865 = float(double(v863[at[1]]) / double(v463[at[2]]));
+                           float t866 = float(std::sqrt(double(t865)));
+                           float t867 = float(double(t866) + double(v467[at[3]]));
+                           v868[at[0]] = float(double(v864[at[4]]) / double(t867));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm#1/bias
+  meshc::gen::View v872(
+      param21_causal_lm_decoder_layer_1_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t869 = float(double(v137[at[1]]) * double(v435[at[2]]));
+                           float t870 = float(double(v868[at[3]]) + double(t869));
+                           float t871 = float(double(t870) * double(v445[at[4]]));
+                           v872[at[0]] = float(double(v137[at[1]]) - double(t871));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/ffn/w_in@m
+  const meshc::gen::Buffer &v873 = param66_causal_lm_decoder_layer_1_ffn_w_in_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/ffn/w_in@v
+  const meshc::gen::Buffer &v874 = param67_causal_lm_decoder_layer_1_ffn_w_in_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v875 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v875.size(); ++i) {
+    v875[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v877 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v877[at[0]] = float(double(v876[at[1]]) * double(v875[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v879(
+      param66_causal_lm_decoder_layer_1_ffn_w_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t878 = float(double(v873[at[1]]) * double(v448[at[2]]));
+                           v879[at[0]] = float(double(t878) + double(v877[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v880 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v880.size(); ++i) {
+    v880[i] = float(double(v876[i]) * double(v876[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v881 = arena_.slot(16576, 1);
+  for (size_t i = 0; i < v881.size(); ++i) {
+    v881[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v882 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v882[at[0]] = float(double(v880[at[1]]) * double(v881[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v884(
+      param67_causal_lm_decoder_layer_1_ffn_w_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t883 = float(double(v874[at[1]]) * double(v454[at[2]]));
+                           v884[at[0]] = float(double(t883) + double(v882[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v885 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v885[at[0]] = float(double(v879[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v889 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t886 = float(double(v884[at[1]]) / double(v463[at[2]]));
+                           float t887 = float(std::sqrt(double(t886)));
+                           float t888 = float(double(t887) + double(v467[at[3]]));
+                           v889[at[0]] = float(double(v885[at[4]]) / double(t888));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/ffn/w_in
+  meshc::gen::View v893(
+      param22_causal_lm_decoder_layer_1_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t890 = float(double(v141[at[1]]) * double(v435[at[2]]));
+                           float t891 = float(double(v889[at[3]]) + double(t890));
+                           float t892 = float(double(t891) * double(v445[at[4]]));
+                           v893[at[0]] = float(double(v141[at[1]]) - double(t892));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/ffn/w_out@m
+  const meshc::gen::Buffer &v894 = param68_causal_lm_decoder_layer_1_ffn_w_out_m;
+
+  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/ffn/w_out@v
+  const meshc::gen::Buffer &v895 = param69_causal_lm_decoder_layer_1_ffn_w_out_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v896 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v896.size(); ++i) {
+    v896[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v898 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v898[at[0]] = float(double(v897[at[1]]) * double(v896[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v900(
+      param68_causal_lm_decoder_layer_1_ffn_w_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t899 = float(double(v894[at[1]]) * double(v448[at[2]]));
+                           v900[at[0]] = float(double(t899) + double(v898[at[3]]));
+                         });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v901 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v901.size(); ++i) {
+    v901[i] = float(double(v897[i]) * double(v897[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v902 = arena_.slot(16576, 1);
+  for (size_t i = 0; i < v902.size(); ++i) {
+    v902[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v903 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v903[at[0]] = float(double(v901[at[1]]) * double(v902[at[2]]));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v905(
+      param69_causal_lm_decoder_layer_1_ffn_w_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t904 = float(double(v895[at[1]]) * double(v454[at[2]]));
+                           v905[at[0]] = float(double(t904) + double(v903[at[3]]));
+                         });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v906 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v906[at[0]] = float(double(v900[at[1]]) / double(v461[at[2]]));
+                         });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v910 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<5>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t907 = float(double(v905[at[1]]) / double(v463[at[2]]));
+                           float t908 = float(std::sqrt(double(t907)));
+                           float t909 = float(double(t908) + double(v467[at[3]]));
+                           v910[at[0]] = float(double(v906[at[4]]) / double(t909));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/ffn/w_out
+  meshc::gen::View v914(
+      param23_causal_lm_decoder_layer_1_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t911 = float(double(v142[at[1]]) * double(v435[at[2]]));
+                           float t912 = float(double(v910[at[3]]) + double(t911));
+                           float t913 = float(double(t912) * double(v445[at[4]]));
+                           v914[at[0]] = float(double(v142[at[1]]) - double(t913));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/norm/gain@m
+  const meshc::gen::Buffer &v915 = param70_causal_lm_norm_gain_m;
+
+  // performer.mesh:151:3 param -> causal_lm/norm/gain@v
+  const meshc::gen::Buffer &v916 = param71_causal_lm_norm_gain_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v917 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v917.size(); ++i) {
+    v917[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v919 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v919[at[0]] = float(double(v918[at[1]]) * double(v917[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v921(param70_causal_lm_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t920 = float(double(v915[at[1]]) * double(v448[at[2]]));
+    v921[at[0]] = float(double(t920) + double(v919[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v922 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v922.size(); ++i) {
+    v922[i] = float(double(v918[i]) * double(v918[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v923 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v923.size(); ++i) {
+    v923[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v924 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v924[at[0]] = float(double(v922[at[1]]) * double(v923[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v926(param71_causal_lm_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t925 = float(double(v916[at[1]]) * double(v454[at[2]]));
+    v926[at[0]] = float(double(t925) + double(v924[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v927 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v927[at[0]] = float(double(v921[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v931 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t928 = float(double(v926[at[1]]) / double(v463[at[2]]));
+                           float t929 = float(std::sqrt(double(t928)));
+                           float t930 = float(double(t929) + double(v467[at[3]]));
+                           v931[at[0]] = float(double(v927[at[4]]) / double(t930));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/norm/gain
+  meshc::gen::View v935(param24_causal_lm_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t932 = float(double(v148[at[1]]) * double(v435[at[2]]));
+                           float t933 = float(double(v931[at[3]]) + double(t932));
+                           float t934 = float(double(t933) * double(v445[at[4]]));
+                           v935[at[0]] = float(double(v148[at[1]]) - double(t934));
+                         });
+
+  // performer.mesh:151:3 param -> causal_lm/norm/bias@m
+  const meshc::gen::Buffer &v936 = param72_causal_lm_norm_bias_m;
+
+  // performer.mesh:151:3 param -> causal_lm/norm/bias@v
+  const meshc::gen::Buffer &v937 = param73_causal_lm_norm_bias_v;
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v938 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v938.size(); ++i) {
+    v938[i] = float(double(v431[i]) - double(v448[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v940 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v940[at[0]] = float(double(v939[at[1]]) * double(v938[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v942(param72_causal_lm_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t941 = float(double(v936[at[1]]) * double(v448[at[2]]));
+    v942[at[0]] = float(double(t941) + double(v940[at[3]]));
+  });
+
+  // performer.mesh:151:3 square
+  meshc::gen::View v943 = arena_.slot(0, 32);
+  for (size_t i = 0; i < v943.size(); ++i) {
+    v943[i] = float(double(v939[i]) * double(v939[i]));
+  }
+
+  // performer.mesh:151:3 sub
+  meshc::gen::View v944 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v944.size(); ++i) {
+    v944[i] = float(double(v431[i]) - double(v454[i]));
+  }
+
+  // performer.mesh:151:3 mul
+  meshc::gen::View v945 = arena_.slot(128, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v945[at[0]] = float(double(v943[at[1]]) * double(v944[at[2]]));
+  });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  meshc::gen::View v947(param73_causal_lm_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t946 = float(double(v937[at[1]]) * double(v454[at[2]]));
+    v947[at[0]] = float(double(t946) + double(v945[at[3]]));
+  });
+
+  // performer.mesh:151:3 div
+  meshc::gen::View v948 = arena_.slot(0, 32);
+  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v948[at[0]] = float(double(v942[at[1]]) / double(v461[at[2]]));
+  });
+
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  meshc::gen::View v952 = arena_.slot(128, 32);
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t949 = float(double(v947[at[1]]) / double(v463[at[2]]));
+                           float t950 = float(std::sqrt(double(t949)));
+                           float t951 = float(double(t950) + double(v467[at[3]]));
+                           v952[at[0]] = float(double(v948[at[4]]) / double(t951));
+                         });
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/norm/bias
+  meshc::gen::View v956(param25_causal_lm_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t953 = float(double(v149[at[1]]) * double(v435[at[2]]));
+                           float t954 = float(double(v952[at[3]]) + double(t953));
+                           float t955 = float(double(t954) * double(v445[at[4]]));
+                           v956[at[0]] = float(double(v149[at[1]]) - double(t955));
+                         });
+
+  // The step's updates.
+  ++step_;
 
   Outputs outputs;
   outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v164.begin(), v164.end())};
@@ -3610,6 +7442,8 @@ meshc::gen::Tensor LmTrain::gatherOutput(meshrt::Communicator &world, const std:
   throw std::invalid_argument("lm_train: no output named '" + name + "'");
 }
 
+float LmTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
+
 std::vector<std::string> LmTrain::paramNames() {
   return {"causal_lm/embedding",
           "causal_lm/unembed",
@@ -3636,12 +7470,107 @@ std::vector<std::string> LmTrain::paramNames() {
           "causal_lm/decoder_layer[1]/ffn/w_in",
           "causal_lm/decoder_layer[1]/ffn/w_out",
           "causal_lm/norm/gain",
-          "causal_lm/norm/bias"};
+          "causal_lm/norm/bias",
+          "causal_lm/embedding@m",
+          "causal_lm/embedding@v",
+          "causal_lm/unembed@m",
+          "causal_lm/unembed@v",
+          "causal_lm/decoder_layer[0]/norm/gain@m",
+          "causal_lm/decoder_layer[0]/norm/gain@v",
+          "causal_lm/decoder_layer[0]/norm/bias@m",
+          "causal_lm/decoder_layer[0]/norm/bias@v",
+          "causal_lm/decoder_layer[0]/heads_in/w@m",
+          "causal_lm/decoder_layer[0]/heads_in/w@v",
+          "causal_lm/decoder_layer[0]/heads_in#1/w@m",
+          "causal_lm/decoder_layer[0]/heads_in#1/w@v",
+          "causal_lm/decoder_layer[0]/heads_in#2/w@m",
+          "causal_lm/decoder_layer[0]/heads_in#2/w@v",
+          "causal_lm/decoder_layer[0]/heads_out/w@m",
+          "causal_lm/decoder_layer[0]/heads_out/w@v",
+          "causal_lm/decoder_layer[0]/norm#1/gain@m",
+          "causal_lm/decoder_layer[0]/norm#1/gain@v",
+          "causal_lm/decoder_layer[0]/norm#1/bias@m",
+          "causal_lm/decoder_layer[0]/norm#1/bias@v",
+          "causal_lm/decoder_layer[0]/ffn/w_in@m",
+          "causal_lm/decoder_layer[0]/ffn/w_in@v",
+          "causal_lm/decoder_layer[0]/ffn/w_out@m",
+          "causal_lm/decoder_layer[0]/ffn/w_out@v",
+          "causal_lm/decoder_layer[1]/norm/gain@m",
+          "causal_lm/decoder_layer[1]/norm/gain@v",
+          "causal_lm/decoder_layer[1]/norm/bias@m",
+          "causal_lm/decoder_layer[1]/norm/bias@v",
+          "causal_lm/decoder_layer[1]/heads_in/w@m",
+          "causal_lm/decoder_layer[1]/heads_in/w@v",
+          "causal_lm/decoder_layer[1]/heads_in#1/w@m",
+          "causal_lm/decoder_layer[1]/heads_in#1/w@v",
+          "causal_lm/decoder_layer[1]/heads_in#2/w@m",
+          "causal_lm/decoder_layer[1]/heads_in#2/w@v",
+          "causal_lm/decoder_layer[1]/heads_out/w@m",
+          "causal_lm/decoder_layer[1]/heads_out/w@v",
+          "causal_lm/decoder_layer[1]/norm#1/gain@m",
+          "causal_lm/decoder_layer[1]/norm#1/gain@v",
+          "causal_lm/decoder_layer[1]/norm#1/bias@m",
+          "causal_lm/decoder_layer[1]/norm#1/bias@v",
+          "causal_lm/decoder_layer[1]/ffn/w_in@m",
+          "causal_lm/decoder_layer[1]/ffn/w_in@v",
+          "causal_lm/decoder_layer[1]/ffn/w_out@m",
+          "causal_lm/decoder_layer[1]/ffn/w_out@v",
+          "causal_lm/norm/gain@m",
+          "causal_lm/norm/gain@v",
+          "causal_lm/norm/bias@m",
+          "causal_lm/norm/bias@v"};
 }
 
 bool LmTrain::isOptimizerState(const std::string &path) {
-  (void)path;
-  return false;
+  static const std::vector<std::string> states = {"causal_lm/embedding@m",
+                                                  "causal_lm/embedding@v",
+                                                  "causal_lm/unembed@m",
+                                                  "causal_lm/unembed@v",
+                                                  "causal_lm/decoder_layer[0]/norm/gain@m",
+                                                  "causal_lm/decoder_layer[0]/norm/gain@v",
+                                                  "causal_lm/decoder_layer[0]/norm/bias@m",
+                                                  "causal_lm/decoder_layer[0]/norm/bias@v",
+                                                  "causal_lm/decoder_layer[0]/heads_in/w@m",
+                                                  "causal_lm/decoder_layer[0]/heads_in/w@v",
+                                                  "causal_lm/decoder_layer[0]/heads_in#1/w@m",
+                                                  "causal_lm/decoder_layer[0]/heads_in#1/w@v",
+                                                  "causal_lm/decoder_layer[0]/heads_in#2/w@m",
+                                                  "causal_lm/decoder_layer[0]/heads_in#2/w@v",
+                                                  "causal_lm/decoder_layer[0]/heads_out/w@m",
+                                                  "causal_lm/decoder_layer[0]/heads_out/w@v",
+                                                  "causal_lm/decoder_layer[0]/norm#1/gain@m",
+                                                  "causal_lm/decoder_layer[0]/norm#1/gain@v",
+                                                  "causal_lm/decoder_layer[0]/norm#1/bias@m",
+                                                  "causal_lm/decoder_layer[0]/norm#1/bias@v",
+                                                  "causal_lm/decoder_layer[0]/ffn/w_in@m",
+                                                  "causal_lm/decoder_layer[0]/ffn/w_in@v",
+                                                  "causal_lm/decoder_layer[0]/ffn/w_out@m",
+                                                  "causal_lm/decoder_layer[0]/ffn/w_out@v",
+                                                  "causal_lm/decoder_layer[1]/norm/gain@m",
+                                                  "causal_lm/decoder_layer[1]/norm/gain@v",
+                                                  "causal_lm/decoder_layer[1]/norm/bias@m",
+                                                  "causal_lm/decoder_layer[1]/norm/bias@v",
+                                                  "causal_lm/decoder_layer[1]/heads_in/w@m",
+                                                  "causal_lm/decoder_layer[1]/heads_in/w@v",
+                                                  "causal_lm/decoder_layer[1]/heads_in#1/w@m",
+                                                  "causal_lm/decoder_layer[1]/heads_in#1/w@v",
+                                                  "causal_lm/decoder_layer[1]/heads_in#2/w@m",
+                                                  "causal_lm/decoder_layer[1]/heads_in#2/w@v",
+                                                  "causal_lm/decoder_layer[1]/heads_out/w@m",
+                                                  "causal_lm/decoder_layer[1]/heads_out/w@v",
+                                                  "causal_lm/decoder_layer[1]/norm#1/gain@m",
+                                                  "causal_lm/decoder_layer[1]/norm#1/gain@v",
+                                                  "causal_lm/decoder_layer[1]/norm#1/bias@m",
+                                                  "causal_lm/decoder_layer[1]/norm#1/bias@v",
+                                                  "causal_lm/decoder_layer[1]/ffn/w_in@m",
+                                                  "causal_lm/decoder_layer[1]/ffn/w_in@v",
+                                                  "causal_lm/decoder_layer[1]/ffn/w_out@m",
+                                                  "causal_lm/decoder_layer[1]/ffn/w_out@v",
+                                                  "causal_lm/norm/gain@m",
+                                                  "causal_lm/norm/gain@v",
+                                                  "causal_lm/norm/bias@m",
+                                                  "causal_lm/norm/bias@v"};
+  return std::find(states.begin(), states.end(), path) != states.end();
 }
 
 std::vector<meshc::gen::ParamShard> LmTrain::paramShards() {
@@ -3854,6 +7783,390 @@ std::vector<meshc::gen::ParamShard> LmTrain::paramShards() {
        {"d_model"},
        {{}},
        &param25_causal_lm_norm_bias},
+      {"causal_lm/embedding@m",
+       true,
+       "f32",
+       {64, 32},
+       {32, 32},
+       {"vocab", "d_model"},
+       {{"model"}, {}},
+       &param26_causal_lm_embedding_m},
+      {"causal_lm/embedding@v",
+       true,
+       "f32",
+       {64, 32},
+       {32, 32},
+       {"vocab", "d_model"},
+       {{"model"}, {}},
+       &param27_causal_lm_embedding_v},
+      {"causal_lm/unembed@m",
+       true,
+       "f32",
+       {32, 64},
+       {32, 32},
+       {"d_model", "vocab"},
+       {{}, {"model"}},
+       &param28_causal_lm_unembed_m},
+      {"causal_lm/unembed@v",
+       true,
+       "f32",
+       {32, 64},
+       {32, 32},
+       {"d_model", "vocab"},
+       {{}, {"model"}},
+       &param29_causal_lm_unembed_v},
+      {"causal_lm/decoder_layer[0]/norm/gain@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param30_causal_lm_decoder_layer_0_norm_gain_m},
+      {"causal_lm/decoder_layer[0]/norm/gain@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param31_causal_lm_decoder_layer_0_norm_gain_v},
+      {"causal_lm/decoder_layer[0]/norm/bias@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param32_causal_lm_decoder_layer_0_norm_bias_m},
+      {"causal_lm/decoder_layer[0]/norm/bias@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param33_causal_lm_decoder_layer_0_norm_bias_v},
+      {"causal_lm/decoder_layer[0]/heads_in/w@m",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param34_causal_lm_decoder_layer_0_heads_in_w_m},
+      {"causal_lm/decoder_layer[0]/heads_in/w@v",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param35_causal_lm_decoder_layer_0_heads_in_w_v},
+      {"causal_lm/decoder_layer[0]/heads_in#1/w@m",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param36_causal_lm_decoder_layer_0_heads_in_1_w_m},
+      {"causal_lm/decoder_layer[0]/heads_in#1/w@v",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param37_causal_lm_decoder_layer_0_heads_in_1_w_v},
+      {"causal_lm/decoder_layer[0]/heads_in#2/w@m",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param38_causal_lm_decoder_layer_0_heads_in_2_w_m},
+      {"causal_lm/decoder_layer[0]/heads_in#2/w@v",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param39_causal_lm_decoder_layer_0_heads_in_2_w_v},
+      {"causal_lm/decoder_layer[0]/heads_out/w@m",
+       true,
+       "f32",
+       {2, 16, 32},
+       {1, 16, 32},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param40_causal_lm_decoder_layer_0_heads_out_w_m},
+      {"causal_lm/decoder_layer[0]/heads_out/w@v",
+       true,
+       "f32",
+       {2, 16, 32},
+       {1, 16, 32},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param41_causal_lm_decoder_layer_0_heads_out_w_v},
+      {"causal_lm/decoder_layer[0]/norm#1/gain@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param42_causal_lm_decoder_layer_0_norm_1_gain_m},
+      {"causal_lm/decoder_layer[0]/norm#1/gain@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param43_causal_lm_decoder_layer_0_norm_1_gain_v},
+      {"causal_lm/decoder_layer[0]/norm#1/bias@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param44_causal_lm_decoder_layer_0_norm_1_bias_m},
+      {"causal_lm/decoder_layer[0]/norm#1/bias@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param45_causal_lm_decoder_layer_0_norm_1_bias_v},
+      {"causal_lm/decoder_layer[0]/ffn/w_in@m",
+       true,
+       "f32",
+       {32, 128},
+       {32, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param46_causal_lm_decoder_layer_0_ffn_w_in_m},
+      {"causal_lm/decoder_layer[0]/ffn/w_in@v",
+       true,
+       "f32",
+       {32, 128},
+       {32, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param47_causal_lm_decoder_layer_0_ffn_w_in_v},
+      {"causal_lm/decoder_layer[0]/ffn/w_out@m",
+       true,
+       "f32",
+       {128, 32},
+       {64, 32},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param48_causal_lm_decoder_layer_0_ffn_w_out_m},
+      {"causal_lm/decoder_layer[0]/ffn/w_out@v",
+       true,
+       "f32",
+       {128, 32},
+       {64, 32},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param49_causal_lm_decoder_layer_0_ffn_w_out_v},
+      {"causal_lm/decoder_layer[1]/norm/gain@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param50_causal_lm_decoder_layer_1_norm_gain_m},
+      {"causal_lm/decoder_layer[1]/norm/gain@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param51_causal_lm_decoder_layer_1_norm_gain_v},
+      {"causal_lm/decoder_layer[1]/norm/bias@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param52_causal_lm_decoder_layer_1_norm_bias_m},
+      {"causal_lm/decoder_layer[1]/norm/bias@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param53_causal_lm_decoder_layer_1_norm_bias_v},
+      {"causal_lm/decoder_layer[1]/heads_in/w@m",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param54_causal_lm_decoder_layer_1_heads_in_w_m},
+      {"causal_lm/decoder_layer[1]/heads_in/w@v",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param55_causal_lm_decoder_layer_1_heads_in_w_v},
+      {"causal_lm/decoder_layer[1]/heads_in#1/w@m",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param56_causal_lm_decoder_layer_1_heads_in_1_w_m},
+      {"causal_lm/decoder_layer[1]/heads_in#1/w@v",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param57_causal_lm_decoder_layer_1_heads_in_1_w_v},
+      {"causal_lm/decoder_layer[1]/heads_in#2/w@m",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param58_causal_lm_decoder_layer_1_heads_in_2_w_m},
+      {"causal_lm/decoder_layer[1]/heads_in#2/w@v",
+       true,
+       "f32",
+       {32, 2, 16},
+       {32, 1, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param59_causal_lm_decoder_layer_1_heads_in_2_w_v},
+      {"causal_lm/decoder_layer[1]/heads_out/w@m",
+       true,
+       "f32",
+       {2, 16, 32},
+       {1, 16, 32},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param60_causal_lm_decoder_layer_1_heads_out_w_m},
+      {"causal_lm/decoder_layer[1]/heads_out/w@v",
+       true,
+       "f32",
+       {2, 16, 32},
+       {1, 16, 32},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param61_causal_lm_decoder_layer_1_heads_out_w_v},
+      {"causal_lm/decoder_layer[1]/norm#1/gain@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param62_causal_lm_decoder_layer_1_norm_1_gain_m},
+      {"causal_lm/decoder_layer[1]/norm#1/gain@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param63_causal_lm_decoder_layer_1_norm_1_gain_v},
+      {"causal_lm/decoder_layer[1]/norm#1/bias@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param64_causal_lm_decoder_layer_1_norm_1_bias_m},
+      {"causal_lm/decoder_layer[1]/norm#1/bias@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param65_causal_lm_decoder_layer_1_norm_1_bias_v},
+      {"causal_lm/decoder_layer[1]/ffn/w_in@m",
+       true,
+       "f32",
+       {32, 128},
+       {32, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param66_causal_lm_decoder_layer_1_ffn_w_in_m},
+      {"causal_lm/decoder_layer[1]/ffn/w_in@v",
+       true,
+       "f32",
+       {32, 128},
+       {32, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param67_causal_lm_decoder_layer_1_ffn_w_in_v},
+      {"causal_lm/decoder_layer[1]/ffn/w_out@m",
+       true,
+       "f32",
+       {128, 32},
+       {64, 32},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param68_causal_lm_decoder_layer_1_ffn_w_out_m},
+      {"causal_lm/decoder_layer[1]/ffn/w_out@v",
+       true,
+       "f32",
+       {128, 32},
+       {64, 32},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param69_causal_lm_decoder_layer_1_ffn_w_out_v},
+      {"causal_lm/norm/gain@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param70_causal_lm_norm_gain_m},
+      {"causal_lm/norm/gain@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param71_causal_lm_norm_gain_v},
+      {"causal_lm/norm/bias@m",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param72_causal_lm_norm_bias_m},
+      {"causal_lm/norm/bias@v",
+       true,
+       "f32",
+       {32},
+       {32},
+       {"d_model"},
+       {{}},
+       &param73_causal_lm_norm_bias_v},
   };
 }
 

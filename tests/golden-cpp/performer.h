@@ -303,10 +303,14 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 1131520;
+  static constexpr size_t kArenaBytes = 2736384;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 3408516;
+  static constexpr size_t kTemporaryBytes = 10313128;
 
+  /// One training step on this rank's shards (collective): forward, backward and the optimizer's
+  /// update, applied to the params; increments the step counter. Returns the global loss (every
+  /// rank gets it). run() is the same step, returning the outputs.
+  float step(const Inputs &inputs);
   /// The number of steps taken: keys this step's random ops and dropout masks (and, with an
   /// optimizer, its learning-rate schedule).
   int64_t stepCount() const { return step_; }
@@ -414,11 +418,127 @@ private:
       param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in: [d_model,
                                                   // d_ff:[model]] local {32, 64}
   meshc::gen::Buffer
-      param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
-                                                   // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer param24_causal_lm_norm_gain;  // causal_lm/norm/gain: [d_model] local {32}
-  meshc::gen::Buffer param25_causal_lm_norm_bias;  // causal_lm/norm/bias: [d_model] local {32}
-  meshc::gen::Arena arena_{kArenaBytes};           // run()'s temporaries
+      param23_causal_lm_decoder_layer_1_ffn_w_out;  // causal_lm/decoder_layer[1]/ffn/w_out:
+                                                    // [d_ff:[model], d_model] local {64, 32}
+  meshc::gen::Buffer param24_causal_lm_norm_gain;   // causal_lm/norm/gain: [d_model] local {32}
+  meshc::gen::Buffer param25_causal_lm_norm_bias;   // causal_lm/norm/bias: [d_model] local {32}
+  meshc::gen::Buffer param26_causal_lm_embedding_m; // causal_lm/embedding@m: [vocab:[model],
+                                                    // d_model] local {32, 32}
+  meshc::gen::Buffer param27_causal_lm_embedding_v; // causal_lm/embedding@v: [vocab:[model],
+                                                    // d_model] local {32, 32}
+  meshc::gen::Buffer
+      param28_causal_lm_unembed_m; // causal_lm/unembed@m: [d_model, vocab:[model]] local {32, 32}
+  meshc::gen::Buffer
+      param29_causal_lm_unembed_v; // causal_lm/unembed@v: [d_model, vocab:[model]] local {32, 32}
+  meshc::gen::Buffer param30_causal_lm_decoder_layer_0_norm_gain_m; // causal_lm/decoder_layer[0]/norm/gain@m:
+                                                                    // [d_model] local {32}
+  meshc::gen::Buffer param31_causal_lm_decoder_layer_0_norm_gain_v; // causal_lm/decoder_layer[0]/norm/gain@v:
+                                                                    // [d_model] local {32}
+  meshc::gen::Buffer param32_causal_lm_decoder_layer_0_norm_bias_m; // causal_lm/decoder_layer[0]/norm/bias@m:
+                                                                    // [d_model] local {32}
+  meshc::gen::Buffer param33_causal_lm_decoder_layer_0_norm_bias_v; // causal_lm/decoder_layer[0]/norm/bias@v:
+                                                                    // [d_model] local {32}
+  meshc::gen::Buffer param34_causal_lm_decoder_layer_0_heads_in_w_m; // causal_lm/decoder_layer[0]/heads_in/w@m:
+                                                                     // [d_model, heads:[model],
+                                                                     // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param35_causal_lm_decoder_layer_0_heads_in_w_v; // causal_lm/decoder_layer[0]/heads_in/w@v:
+                                                                     // [d_model, heads:[model],
+                                                                     // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param36_causal_lm_decoder_layer_0_heads_in_1_w_m; // causal_lm/decoder_layer[0]/heads_in#1/w@m:
+                                                                       // [d_model, heads:[model],
+                                                                       // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param37_causal_lm_decoder_layer_0_heads_in_1_w_v; // causal_lm/decoder_layer[0]/heads_in#1/w@v:
+                                                                       // [d_model, heads:[model],
+                                                                       // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param38_causal_lm_decoder_layer_0_heads_in_2_w_m; // causal_lm/decoder_layer[0]/heads_in#2/w@m:
+                                                                       // [d_model, heads:[model],
+                                                                       // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param39_causal_lm_decoder_layer_0_heads_in_2_w_v; // causal_lm/decoder_layer[0]/heads_in#2/w@v:
+                                                                       // [d_model, heads:[model],
+                                                                       // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param40_causal_lm_decoder_layer_0_heads_out_w_m; // causal_lm/decoder_layer[0]/heads_out/w@m:
+                                                                      // [heads:[model], d_head,
+                                                                      // d_model] local {1, 16, 32}
+  meshc::gen::Buffer param41_causal_lm_decoder_layer_0_heads_out_w_v; // causal_lm/decoder_layer[0]/heads_out/w@v:
+                                                                      // [heads:[model], d_head,
+                                                                      // d_model] local {1, 16, 32}
+  meshc::gen::Buffer param42_causal_lm_decoder_layer_0_norm_1_gain_m; // causal_lm/decoder_layer[0]/norm#1/gain@m:
+                                                                      // [d_model] local {32}
+  meshc::gen::Buffer param43_causal_lm_decoder_layer_0_norm_1_gain_v; // causal_lm/decoder_layer[0]/norm#1/gain@v:
+                                                                      // [d_model] local {32}
+  meshc::gen::Buffer param44_causal_lm_decoder_layer_0_norm_1_bias_m; // causal_lm/decoder_layer[0]/norm#1/bias@m:
+                                                                      // [d_model] local {32}
+  meshc::gen::Buffer param45_causal_lm_decoder_layer_0_norm_1_bias_v; // causal_lm/decoder_layer[0]/norm#1/bias@v:
+                                                                      // [d_model] local {32}
+  meshc::gen::Buffer
+      param46_causal_lm_decoder_layer_0_ffn_w_in_m; // causal_lm/decoder_layer[0]/ffn/w_in@m:
+                                                    // [d_model, d_ff:[model]] local {32, 64}
+  meshc::gen::Buffer
+      param47_causal_lm_decoder_layer_0_ffn_w_in_v; // causal_lm/decoder_layer[0]/ffn/w_in@v:
+                                                    // [d_model, d_ff:[model]] local {32, 64}
+  meshc::gen::Buffer
+      param48_causal_lm_decoder_layer_0_ffn_w_out_m; // causal_lm/decoder_layer[0]/ffn/w_out@m:
+                                                     // [d_ff:[model], d_model] local {64, 32}
+  meshc::gen::Buffer
+      param49_causal_lm_decoder_layer_0_ffn_w_out_v; // causal_lm/decoder_layer[0]/ffn/w_out@v:
+                                                     // [d_ff:[model], d_model] local {64, 32}
+  meshc::gen::Buffer param50_causal_lm_decoder_layer_1_norm_gain_m; // causal_lm/decoder_layer[1]/norm/gain@m:
+                                                                    // [d_model] local {32}
+  meshc::gen::Buffer param51_causal_lm_decoder_layer_1_norm_gain_v; // causal_lm/decoder_layer[1]/norm/gain@v:
+                                                                    // [d_model] local {32}
+  meshc::gen::Buffer param52_causal_lm_decoder_layer_1_norm_bias_m; // causal_lm/decoder_layer[1]/norm/bias@m:
+                                                                    // [d_model] local {32}
+  meshc::gen::Buffer param53_causal_lm_decoder_layer_1_norm_bias_v; // causal_lm/decoder_layer[1]/norm/bias@v:
+                                                                    // [d_model] local {32}
+  meshc::gen::Buffer param54_causal_lm_decoder_layer_1_heads_in_w_m; // causal_lm/decoder_layer[1]/heads_in/w@m:
+                                                                     // [d_model, heads:[model],
+                                                                     // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param55_causal_lm_decoder_layer_1_heads_in_w_v; // causal_lm/decoder_layer[1]/heads_in/w@v:
+                                                                     // [d_model, heads:[model],
+                                                                     // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param56_causal_lm_decoder_layer_1_heads_in_1_w_m; // causal_lm/decoder_layer[1]/heads_in#1/w@m:
+                                                                       // [d_model, heads:[model],
+                                                                       // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param57_causal_lm_decoder_layer_1_heads_in_1_w_v; // causal_lm/decoder_layer[1]/heads_in#1/w@v:
+                                                                       // [d_model, heads:[model],
+                                                                       // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param58_causal_lm_decoder_layer_1_heads_in_2_w_m; // causal_lm/decoder_layer[1]/heads_in#2/w@m:
+                                                                       // [d_model, heads:[model],
+                                                                       // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param59_causal_lm_decoder_layer_1_heads_in_2_w_v; // causal_lm/decoder_layer[1]/heads_in#2/w@v:
+                                                                       // [d_model, heads:[model],
+                                                                       // d_head] local {32, 1, 16}
+  meshc::gen::Buffer param60_causal_lm_decoder_layer_1_heads_out_w_m; // causal_lm/decoder_layer[1]/heads_out/w@m:
+                                                                      // [heads:[model], d_head,
+                                                                      // d_model] local {1, 16, 32}
+  meshc::gen::Buffer param61_causal_lm_decoder_layer_1_heads_out_w_v; // causal_lm/decoder_layer[1]/heads_out/w@v:
+                                                                      // [heads:[model], d_head,
+                                                                      // d_model] local {1, 16, 32}
+  meshc::gen::Buffer param62_causal_lm_decoder_layer_1_norm_1_gain_m; // causal_lm/decoder_layer[1]/norm#1/gain@m:
+                                                                      // [d_model] local {32}
+  meshc::gen::Buffer param63_causal_lm_decoder_layer_1_norm_1_gain_v; // causal_lm/decoder_layer[1]/norm#1/gain@v:
+                                                                      // [d_model] local {32}
+  meshc::gen::Buffer param64_causal_lm_decoder_layer_1_norm_1_bias_m; // causal_lm/decoder_layer[1]/norm#1/bias@m:
+                                                                      // [d_model] local {32}
+  meshc::gen::Buffer param65_causal_lm_decoder_layer_1_norm_1_bias_v; // causal_lm/decoder_layer[1]/norm#1/bias@v:
+                                                                      // [d_model] local {32}
+  meshc::gen::Buffer
+      param66_causal_lm_decoder_layer_1_ffn_w_in_m; // causal_lm/decoder_layer[1]/ffn/w_in@m:
+                                                    // [d_model, d_ff:[model]] local {32, 64}
+  meshc::gen::Buffer
+      param67_causal_lm_decoder_layer_1_ffn_w_in_v; // causal_lm/decoder_layer[1]/ffn/w_in@v:
+                                                    // [d_model, d_ff:[model]] local {32, 64}
+  meshc::gen::Buffer
+      param68_causal_lm_decoder_layer_1_ffn_w_out_m; // causal_lm/decoder_layer[1]/ffn/w_out@m:
+                                                     // [d_ff:[model], d_model] local {64, 32}
+  meshc::gen::Buffer
+      param69_causal_lm_decoder_layer_1_ffn_w_out_v; // causal_lm/decoder_layer[1]/ffn/w_out@v:
+                                                     // [d_ff:[model], d_model] local {64, 32}
+  meshc::gen::Buffer param70_causal_lm_norm_gain_m;  // causal_lm/norm/gain@m: [d_model] local {32}
+  meshc::gen::Buffer param71_causal_lm_norm_gain_v;  // causal_lm/norm/gain@v: [d_model] local {32}
+  meshc::gen::Buffer param72_causal_lm_norm_bias_m;  // causal_lm/norm/bias@m: [d_model] local {32}
+  meshc::gen::Buffer param73_causal_lm_norm_bias_v;  // causal_lm/norm/bias@v: [d_model] local {32}
+  meshc::gen::Arena arena_{kArenaBytes};             // run()'s temporaries
 };
 
 } // namespace meshc_generated

@@ -1291,17 +1291,185 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
   param27_decoder_norm_gain.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // decoder/norm/bias: zeros (layers.mesh:23)
   param28_decoder_norm_bias.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/token_embedding@m: zeros (transformer.mesh:27)
+  param29_decoder_token_embedding_m.assign(3072,
+                                           meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/token_embedding@v: zeros (transformer.mesh:27)
+  param30_decoder_token_embedding_v.assign(3072,
+                                           meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/position_embedding@m: zeros (transformer.mesh:28)
+  param31_decoder_position_embedding_m.assign(2048,
+                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/position_embedding@v: zeros (transformer.mesh:28)
+  param32_decoder_position_embedding_v.assign(2048,
+                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/unembed@m: zeros (transformer.mesh:29)
+  param33_decoder_unembed_m.assign(3072, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/unembed@v: zeros (transformer.mesh:29)
+  param34_decoder_unembed_v.assign(3072, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/norm/gain@m: zeros (layers.mesh:22)
+  param35_decoder_decoder_layer_0_norm_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/norm/gain@v: zeros (layers.mesh:22)
+  param36_decoder_decoder_layer_0_norm_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/norm/bias@m: zeros (layers.mesh:23)
+  param37_decoder_decoder_layer_0_norm_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/norm/bias@v: zeros (layers.mesh:23)
+  param38_decoder_decoder_layer_0_norm_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/attention/w_q@m: zeros (layers.mesh:31)
+  param39_decoder_decoder_layer_0_attention_w_q_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/attention/w_q@v: zeros (layers.mesh:31)
+  param40_decoder_decoder_layer_0_attention_w_q_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/attention/w_k@m: zeros (layers.mesh:32)
+  param41_decoder_decoder_layer_0_attention_w_k_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/attention/w_k@v: zeros (layers.mesh:32)
+  param42_decoder_decoder_layer_0_attention_w_k_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/attention/w_v@m: zeros (layers.mesh:33)
+  param43_decoder_decoder_layer_0_attention_w_v_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/attention/w_v@v: zeros (layers.mesh:33)
+  param44_decoder_decoder_layer_0_attention_w_v_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/attention/w_o@m: zeros (layers.mesh:34)
+  param45_decoder_decoder_layer_0_attention_w_o_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/attention/w_o@v: zeros (layers.mesh:34)
+  param46_decoder_decoder_layer_0_attention_w_o_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/norm#1/gain@m: zeros (layers.mesh:22)
+  param47_decoder_decoder_layer_0_norm_1_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/norm#1/gain@v: zeros (layers.mesh:22)
+  param48_decoder_decoder_layer_0_norm_1_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/norm#1/bias@m: zeros (layers.mesh:23)
+  param49_decoder_decoder_layer_0_norm_1_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/norm#1/bias@v: zeros (layers.mesh:23)
+  param50_decoder_decoder_layer_0_norm_1_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/ffn/w_in@m: zeros (layers.mesh:50)
+  param51_decoder_decoder_layer_0_ffn_w_in_m.assign(
+      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/ffn/w_in@v: zeros (layers.mesh:50)
+  param52_decoder_decoder_layer_0_ffn_w_in_v.assign(
+      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/ffn/b_in@m: zeros (layers.mesh:51)
+  param53_decoder_decoder_layer_0_ffn_b_in_m.assign(
+      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/ffn/b_in@v: zeros (layers.mesh:51)
+  param54_decoder_decoder_layer_0_ffn_b_in_v.assign(
+      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/ffn/w_out@m: zeros (layers.mesh:52)
+  param55_decoder_decoder_layer_0_ffn_w_out_m.assign(
+      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/ffn/w_out@v: zeros (layers.mesh:52)
+  param56_decoder_decoder_layer_0_ffn_w_out_v.assign(
+      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/ffn/b_out@m: zeros (layers.mesh:53)
+  param57_decoder_decoder_layer_0_ffn_b_out_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[0]/ffn/b_out@v: zeros (layers.mesh:53)
+  param58_decoder_decoder_layer_0_ffn_b_out_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/norm/gain@m: zeros (layers.mesh:22)
+  param59_decoder_decoder_layer_1_norm_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/norm/gain@v: zeros (layers.mesh:22)
+  param60_decoder_decoder_layer_1_norm_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/norm/bias@m: zeros (layers.mesh:23)
+  param61_decoder_decoder_layer_1_norm_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/norm/bias@v: zeros (layers.mesh:23)
+  param62_decoder_decoder_layer_1_norm_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/attention/w_q@m: zeros (layers.mesh:31)
+  param63_decoder_decoder_layer_1_attention_w_q_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/attention/w_q@v: zeros (layers.mesh:31)
+  param64_decoder_decoder_layer_1_attention_w_q_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/attention/w_k@m: zeros (layers.mesh:32)
+  param65_decoder_decoder_layer_1_attention_w_k_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/attention/w_k@v: zeros (layers.mesh:32)
+  param66_decoder_decoder_layer_1_attention_w_k_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/attention/w_v@m: zeros (layers.mesh:33)
+  param67_decoder_decoder_layer_1_attention_w_v_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/attention/w_v@v: zeros (layers.mesh:33)
+  param68_decoder_decoder_layer_1_attention_w_v_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/attention/w_o@m: zeros (layers.mesh:34)
+  param69_decoder_decoder_layer_1_attention_w_o_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/attention/w_o@v: zeros (layers.mesh:34)
+  param70_decoder_decoder_layer_1_attention_w_o_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/norm#1/gain@m: zeros (layers.mesh:22)
+  param71_decoder_decoder_layer_1_norm_1_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/norm#1/gain@v: zeros (layers.mesh:22)
+  param72_decoder_decoder_layer_1_norm_1_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/norm#1/bias@m: zeros (layers.mesh:23)
+  param73_decoder_decoder_layer_1_norm_1_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/norm#1/bias@v: zeros (layers.mesh:23)
+  param74_decoder_decoder_layer_1_norm_1_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/ffn/w_in@m: zeros (layers.mesh:50)
+  param75_decoder_decoder_layer_1_ffn_w_in_m.assign(
+      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/ffn/w_in@v: zeros (layers.mesh:50)
+  param76_decoder_decoder_layer_1_ffn_w_in_v.assign(
+      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/ffn/b_in@m: zeros (layers.mesh:51)
+  param77_decoder_decoder_layer_1_ffn_b_in_m.assign(
+      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/ffn/b_in@v: zeros (layers.mesh:51)
+  param78_decoder_decoder_layer_1_ffn_b_in_v.assign(
+      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/ffn/w_out@m: zeros (layers.mesh:52)
+  param79_decoder_decoder_layer_1_ffn_w_out_m.assign(
+      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/ffn/w_out@v: zeros (layers.mesh:52)
+  param80_decoder_decoder_layer_1_ffn_w_out_v.assign(
+      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/ffn/b_out@m: zeros (layers.mesh:53)
+  param81_decoder_decoder_layer_1_ffn_b_out_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/decoder_layer[1]/ffn/b_out@v: zeros (layers.mesh:53)
+  param82_decoder_decoder_layer_1_ffn_b_out_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/norm/gain@m: zeros (layers.mesh:22)
+  param83_decoder_norm_gain_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/norm/gain@v: zeros (layers.mesh:22)
+  param84_decoder_norm_gain_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/norm/bias@m: zeros (layers.mesh:23)
+  param85_decoder_norm_bias_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // decoder/norm/bias@v: zeros (layers.mesh:23)
+  param86_decoder_norm_bias_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
-  // Arena: 90624 bytes for 812844 bytes of temporaries (70 slots, placed by liveness).
+  // Arena: 649088 bytes for 4266100 bytes of temporaries (558 slots, placed by liveness).
   meshc::gen::checkShape("input", "tokens", inputs.tokens, {2, 32});
 
   // transformer.mesh:53:16 input -> tokens
   const meshc::gen::Buffer &v0 = inputs.tokens.data;
 
   // transformer.mesh:54:17 shift -> targets
-  meshc::gen::View v1 = arena_.slot(90112, 64);
+  meshc::gen::View v1 = arena_.slot(204800, 64);
   meshc::gen::shift(v1, v0, {2, 32}, 1, -1, nullptr);
 
   // transformer.mesh:55:39 literal
@@ -1317,7 +1485,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                          });
 
   // transformer.mesh:55:18 shift -> has_next
-  meshc::gen::View v5 = arena_.slot(90368, 64);
+  meshc::gen::View v5 = arena_.slot(217088, 64);
   meshc::gen::shift(v5, v4, {2, 32}, 1, -1, nullptr);
 
   // transformer.mesh:27:9 param -> token_embedding
@@ -1330,7 +1498,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v8 = param2_decoder_unembed;
 
   // transformer.mesh:33:44 one_hot
-  meshc::gen::View v9 = arena_.slot(16384, 3072);
+  meshc::gen::View v9 = arena_.slot(540672, 3072);
   meshc::gen::oneHot(v9.data(), {2, 32, 48}, v0.data(), {32, 1, 0}, {0, 0, 1},
                      meshc::gen::shardStart(world_, {"model"}, 48));
 
@@ -1347,7 +1515,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   group_model.allReduce(v11.data(), v11.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:34:37 add -> x
-  meshc::gen::View v12 = arena_.slot(16384, 4096);
+  meshc::gen::View v12 = arena_.slot(294912, 4096);
   meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 64, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v12[at[0]] = float(double(v11[at[1]]) + double(v7[at[2]]));
@@ -1383,7 +1551,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                          });
 
   // transformer.mesh:38:62 mul -> allowed
-  meshc::gen::View v20 = arena_.slot(81920, 2048);
+  meshc::gen::View v20 = arena_.slot(98304, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {32, 1, 0}, {0, 32, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v20[at[0]] = float(double(v15[at[1]]) * double(v19[at[2]]));
@@ -1396,13 +1564,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v22 = param4_decoder_decoder_layer_0_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v23 = arena_.slot(0, 4096);
+  meshc::gen::View v23 = arena_.slot(311296, 4096);
   meshc::gen::along(v23.data(), v12.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v25 = arena_.slot(32768, 4096);
+  meshc::gen::View v25 = arena_.slot(327680, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t24 = float(double(v23[at[1]]) * double(v21[at[2]]));
@@ -1422,14 +1590,14 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v29 = param8_decoder_decoder_layer_0_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::View v30 = arena_.slot(49152, 2048);
+  meshc::gen::View v30 = arena_.slot(565248, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum30(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum30.run(v25.data(), v26.data(), v30.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::View v31 = arena_.slot(57344, 2048);
+  meshc::gen::View v31 = arena_.slot(573440, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum31(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1439,7 +1607,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   meshc::gen::View v32 = v31;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::View v33 = arena_.slot(65536, 2048);
+  meshc::gen::View v33 = arena_.slot(581632, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum33(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1457,10 +1625,10 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:41:57 literal
   meshc::gen::View v36 =
-      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+      arena_.fill(648448, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::View v37 = arena_.slot(32768, 4096);
+  meshc::gen::View v37 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v37[at[0]] = float(double(v35[at[1]]) * double(v36[at[2]]));
@@ -1470,7 +1638,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   meshc::gen::View v38 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::View v39 = arena_.slot(49152, 2048);
+  meshc::gen::View v39 = arena_.slot(589824, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v39[at[0]] = (v20[at[1]] > v38[at[2]] ? 1.0f : 0.0f);
@@ -1478,7 +1646,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:43:54 literal
   meshc::gen::View v40 =
-      arena_.fill(57344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
   meshc::gen::View v41 = arena_.slot(0, 4096);
@@ -1489,12 +1657,12 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
       });
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::View v42 = arena_.slot(32768, 4096);
+  meshc::gen::View v42 = arena_.slot(344064, 4096);
   meshc::gen::along(v42.data(), v41.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::View v43 = arena_.slot(49152, 2048);
+  meshc::gen::View v43 = arena_.slot(598016, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum43(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -1513,7 +1681,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   group_model.allReduce(v45.data(), v45.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
-  meshc::gen::View v46 = arena_.slot(65536, 4096);
+  meshc::gen::View v46 = arena_.slot(360448, 4096);
   for (size_t i = 0; i < v46.size(); ++i) {
     v46[i] = float(double(v12[i]) + double(v45[i]));
   }
@@ -1525,13 +1693,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v48 = param10_decoder_decoder_layer_0_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v49 = arena_.slot(0, 4096);
+  meshc::gen::View v49 = arena_.slot(376832, 4096);
   meshc::gen::along(v49.data(), v46.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v51 = arena_.slot(32768, 4096);
+  meshc::gen::View v51 = arena_.slot(393216, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t50 = float(double(v49[at[1]]) * double(v47[at[2]]));
@@ -1558,16 +1726,20 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum56.run(v51.data(), v52.data(), v56.data());
 
   // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
-  meshc::gen::View v58 = arena_.slot(32768, 8192);
+  meshc::gen::View v57 = arena_.slot(32768, 8192);
   meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
-                           float t57 = float(double(v56[at[1]]) + double(v53[at[2]]));
-                           v58[at[0]] = float(meshc::gen::gelu(t57));
+                           v57[at[0]] = float(double(v56[at[1]]) + double(v53[at[2]]));
                          });
 
+  // layers.mesh:54:11 gelu -> h
+  meshc::gen::View v58 = arena_.slot(0, 8192);
+  for (size_t i = 0; i < v58.size(); ++i) {
+    v58[i] = float(meshc::gen::gelu(v57[i]));
+  }
+
   // layers.mesh:55:17 dropout
-  meshc::gen::View v59 = arena_.slot(0, 8192);
+  meshc::gen::View v59 = arena_.slot(65536, 8192);
   meshc::gen::dropout(
       v59.data(), {2, 32, 128}, v58.data(), {4096, 128, 1}, {8192, 256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
@@ -1578,7 +1750,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
       0.1);
 
   // layers.mesh:55:10 einsum
-  meshc::gen::View v60 = arena_.slot(32768, 4096);
+  meshc::gen::View v60 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum60(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -1590,7 +1762,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
-  meshc::gen::View v63 = arena_.slot(0, 4096);
+  meshc::gen::View v63 = arena_.slot(409600, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t62 = float(double(v61[at[1]]) + double(v55[at[2]]));
@@ -1604,13 +1776,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v65 = param16_decoder_decoder_layer_1_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v66 = arena_.slot(16384, 4096);
+  meshc::gen::View v66 = arena_.slot(425984, 4096);
   meshc::gen::along(v66.data(), v63.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v68 = arena_.slot(32768, 4096);
+  meshc::gen::View v68 = arena_.slot(442368, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t67 = float(double(v66[at[1]]) * double(v64[at[2]]));
@@ -1630,14 +1802,14 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v72 = param20_decoder_decoder_layer_1_attention_w_o;
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::View v73 = arena_.slot(49152, 2048);
+  meshc::gen::View v73 = arena_.slot(606208, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum73(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum73.run(v68.data(), v69.data(), v73.data());
 
   // layers.mesh:38:18 einsum
-  meshc::gen::View v74 = arena_.slot(57344, 2048);
+  meshc::gen::View v74 = arena_.slot(614400, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum74(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1647,7 +1819,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   meshc::gen::View v75 = v74;
 
   // layers.mesh:39:18 einsum
-  meshc::gen::View v76 = arena_.slot(65536, 2048);
+  meshc::gen::View v76 = arena_.slot(622592, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum76(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1657,7 +1829,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   meshc::gen::View v77 = v76;
 
   // layers.mesh:41:16 einsum
-  meshc::gen::View v78 = arena_.slot(16384, 4096);
+  meshc::gen::View v78 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum78(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -1665,20 +1837,20 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:41:57 literal
   meshc::gen::View v79 =
-      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+      arena_.fill(648512, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::View v80 = arena_.slot(32768, 4096);
+  meshc::gen::View v80 = arena_.slot(16384, 4096);
   meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
                          {}, [&](const std::array<int64_t, 3> &at) {
                            v80[at[0]] = float(double(v78[at[1]]) * double(v79[at[2]]));
                          });
 
   // layers.mesh:43:41 literal
-  meshc::gen::View v81 = arena_.fill(16384, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  meshc::gen::View v81 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
 
   // layers.mesh:43:39 gt
-  meshc::gen::View v82 = arena_.slot(49152, 2048);
+  meshc::gen::View v82 = arena_.slot(630784, 2048);
   meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v82[at[0]] = (v20[at[1]] > v81[at[2]] ? 1.0f : 0.0f);
@@ -1686,10 +1858,10 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:43:54 literal
   meshc::gen::View v83 =
-      arena_.fill(57344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+      arena_.fill(98304, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
 
   // layers.mesh:43:25 where
-  meshc::gen::View v84 = arena_.slot(16384, 4096);
+  meshc::gen::View v84 = arena_.slot(0, 4096);
   meshc::gen::forEach<4>(
       {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
       {}, [&](const std::array<int64_t, 4> &at) {
@@ -1697,19 +1869,19 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
       });
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::View v85 = arena_.slot(32768, 4096);
+  meshc::gen::View v85 = arena_.slot(458752, 4096);
   meshc::gen::along(v85.data(), v84.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
                     {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::View v86 = arena_.slot(49152, 2048);
+  meshc::gen::View v86 = arena_.slot(638976, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum86(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum86.run(v85.data(), v77.data(), v86.data());
 
   // layers.mesh:45:10 einsum
-  meshc::gen::View v87 = arena_.slot(16384, 4096);
+  meshc::gen::View v87 = arena_.slot(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum87(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
@@ -1721,7 +1893,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   group_model.allReduce(v88.data(), v88.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
-  meshc::gen::View v89 = arena_.slot(65536, 4096);
+  meshc::gen::View v89 = arena_.slot(475136, 4096);
   for (size_t i = 0; i < v89.size(); ++i) {
     v89[i] = float(double(v63[i]) + double(v88[i]));
   }
@@ -1733,13 +1905,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v91 = param22_decoder_decoder_layer_1_norm_1_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v92 = arena_.slot(0, 4096);
+  meshc::gen::View v92 = arena_.slot(491520, 4096);
   meshc::gen::along(v92.data(), v89.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v94 = arena_.slot(32768, 4096);
+  meshc::gen::View v94 = arena_.slot(507904, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t93 = float(double(v92[at[1]]) * double(v90[at[2]]));
@@ -1766,16 +1938,20 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   einsum99.run(v94.data(), v95.data(), v99.data());
 
   // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
-  meshc::gen::View v101 = arena_.slot(32768, 8192);
+  meshc::gen::View v100 = arena_.slot(98304, 8192);
   meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
-                           float t100 = float(double(v99[at[1]]) + double(v96[at[2]]));
-                           v101[at[0]] = float(meshc::gen::gelu(t100));
+                           v100[at[0]] = float(double(v99[at[1]]) + double(v96[at[2]]));
                          });
 
+  // layers.mesh:54:11 gelu -> h
+  meshc::gen::View v101 = arena_.slot(0, 8192);
+  for (size_t i = 0; i < v101.size(); ++i) {
+    v101[i] = float(meshc::gen::gelu(v100[i]));
+  }
+
   // layers.mesh:55:17 dropout
-  meshc::gen::View v102 = arena_.slot(0, 8192);
+  meshc::gen::View v102 = arena_.slot(131072, 8192);
   meshc::gen::dropout(
       v102.data(), {2, 32, 128}, v101.data(), {4096, 128, 1}, {8192, 256, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
@@ -1786,7 +1962,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
       0.1);
 
   // layers.mesh:55:10 einsum
-  meshc::gen::View v103 = arena_.slot(32768, 4096);
+  meshc::gen::View v103 = arena_.slot(0, 4096);
   // dims: batch, seq, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsum103(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
@@ -1798,7 +1974,7 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
-  meshc::gen::View v106 = arena_.slot(0, 4096);
+  meshc::gen::View v106 = arena_.slot(16384, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
                          {}, [&](const std::array<int64_t, 4> &at) {
                            float t105 = float(double(v104[at[1]]) + double(v98[at[2]]));
@@ -1812,13 +1988,13 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v108 = param28_decoder_norm_bias;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v109 = arena_.slot(16384, 4096);
+  meshc::gen::View v109 = arena_.slot(0, 4096);
   meshc::gen::along(v109.data(), v106.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v111 = arena_.slot(0, 4096);
+  meshc::gen::View v111 = arena_.slot(163840, 4096);
   meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t110 = float(double(v109[at[1]]) * double(v107[at[2]]));
@@ -1826,49 +2002,44 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
                          });
 
   // transformer.mesh:43:10 einsum
-  meshc::gen::View v112 = arena_.slot(16384, 3072);
+  meshc::gen::View v112 = arena_.slot(180224, 3072);
   // dims: batch, seq, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsum112(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsum112.run(v111.data(), v8.data(), v112.data());
 
   // transformer.mesh:56:14 log_softmax -> logp
-  meshc::gen::View v113 = arena_.slot(0, 3072);
+  meshc::gen::View v113 = arena_.slot(192512, 3072);
   meshc::gen::along(v113.data(), v112.data(), {2, 32}, {1536, 48}, {1536, 48}, {48}, {1}, {1},
                     meshc::gen::Along::LogSoftmax, 1e-05, 96, &group_model);
 
   // transformer.mesh:59:32 one_hot
-  meshc::gen::View v114 = arena_.slot(12288, 3072);
+  meshc::gen::View v114 = arena_.slot(180224, 3072);
   meshc::gen::oneHot(v114.data(), {2, 32, 48}, v1.data(), {32, 1, 0}, {0, 0, 1},
                      meshc::gen::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:59:30 mul
-  meshc::gen::View v115 = arena_.slot(24576, 3072);
+  meshc::gen::View v115 = arena_.slot(204800, 3072);
   for (size_t i = 0; i < v115.size(); ++i) {
     v115[i] = float(double(v113[i]) * double(v114[i]));
   }
 
   // transformer.mesh:59:21 sum
-  meshc::gen::View v116 = arena_.slot(0, 64);
+  meshc::gen::View v116 = arena_.slot(217344, 64);
   meshc::gen::reduce(v116.data(), {2, 32}, v115.data(), {1536, 48}, {48}, {1},
                      meshc::gen::Reduce::Sum, 1.0);
 
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
-  meshc::gen::View v118 = arena_.slot(256, 64);
+  meshc::gen::View v118 = arena_.slot(204800, 64);
   for (size_t i = 0; i < v118.size(); ++i) {
     float t117 = float(-v116[i]);
     v118[i] = float(double(t117) * double(v5[i]));
   }
 
   // transformer.mesh:60:14 sum
-  meshc::gen::View v119 = arena_.slot(0, 1);
+  meshc::gen::View v119 = arena_.slot(205056, 1);
   meshc::gen::reduce(v119.data(), {}, v118.data(), {}, {2, 32}, {32, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:60:43 sum
-  meshc::gen::View v120 = arena_.slot(64, 1);
-  meshc::gen::reduce(v120.data(), {}, v5.data(), {}, {2, 32}, {32, 1}, meshc::gen::Reduce::Sum,
                      1.0);
 
   // transformer.mesh:60:41 all_reduce_sum (resolve the partial sum of %114 over data, model for div
@@ -1876,16 +2047,4622 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   meshc::gen::View v121 = v119;
   group_data_model.allReduce(v121.data(), v121.size(), meshrt::ReduceOp::Sum);
 
+  // transformer.mesh:60:43 sum
+  meshc::gen::View v120 = arena_.slot(204800, 1);
+  meshc::gen::reduce(v120.data(), {}, v5.data(), {}, {2, 32}, {32, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
   // transformer.mesh:60:41 all_reduce_sum (resolve the partial sum of %115 over data for div at
   // 60:41)
   meshc::gen::View v122 = v120;
   group_data.allReduce(v122.data(), v122.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:60:41 div -> loss
-  meshc::gen::View v123 = arena_.slot(128, 1);
+  meshc::gen::View v123 = arena_.slot(648576, 1);
   for (size_t i = 0; i < v123.size(); ++i) {
     v123[i] = float(double(v121[i]) / double(v122[i]));
   }
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v124 =
+      arena_.fill(648640, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // transformer.mesh:60:41 div
+  meshc::gen::View v125 = arena_.slot(204864, 1);
+  for (size_t i = 0; i < v125.size(); ++i) {
+    v125[i] = float(double(v124[i]) / double(v122[i]));
+  }
+
+  // transformer.mesh:60:14 broadcast
+  // transformer.mesh:60:29 mul
+  // transformer.mesh:59:20 neg
+  meshc::gen::View v128 = arena_.slot(217344, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {0, 0}, {32, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t126 = float(v125[at[1]]);
+                           float t127 = float(double(t126) * double(v5[at[2]]));
+                           v128[at[0]] = float(-t127);
+                         });
+
+  // transformer.mesh:59:21 broadcast
+  // transformer.mesh:59:30 mul
+  meshc::gen::View v130 = arena_.slot(204800, 3072);
+  meshc::gen::forEach<3>({2, 32, 48}, {{{1536, 48, 1}, {32, 1, 0}, {1536, 48, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t129 = float(v128[at[1]]);
+                           v130[at[0]] = float(double(t129) * double(v114[at[2]]));
+                         });
+
+  // transformer.mesh:56:14 sum
+  meshc::gen::View v131 = arena_.slot(180224, 64);
+  meshc::gen::reduce(v131.data(), {2, 32}, v130.data(), {1536, 48}, {48}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:56:14 all_reduce_sum (resolve the partial sum of %124 over model for mul at
+  // 56:14)
+  meshc::gen::View v133 = v131;
+  group_model.allReduce(v133.data(), v133.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:56:14 exp
+  // transformer.mesh:56:14 mul
+  // transformer.mesh:56:14 sub
+  meshc::gen::View v135 = arena_.slot(217088, 3072);
+  meshc::gen::forEach<4>({2, 32, 48}, {{{1536, 48, 1}, {1536, 48, 1}, {32, 1, 0}, {1536, 48, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t132 = float(std::exp(double(v113[at[1]])));
+                           float t134 = float(double(t132) * double(v133[at[2]]));
+                           v135[at[0]] = float(double(v130[at[3]]) - double(t134));
+                         });
+
+  // transformer.mesh:43:10 einsum
+  meshc::gen::View v136 = arena_.slot(180224, 4096);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsum136(
+      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum136.run(v135.data(), v8.data(), v136.data());
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %128 over model for sum at 24:40)
+  meshc::gen::View v138 = v136;
+  group_model.allReduce(v138.data(), v138.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:43:10 einsum -> grad/decoder/unembed
+  meshc::gen::View v137 = arena_.slot(552960, 3072);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsum137(
+      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum137.run(v135.data(), v111.data(), v137.data());
+
+  // layers.mesh:24:40 sum -> grad/decoder/norm/bias
+  meshc::gen::View v139 = arena_.slot(647680, 64);
+  meshc::gen::reduce(v139.data(), {64}, v138.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v140 = arena_.slot(163840, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v140[at[0]] = float(double(v138[at[1]]) * double(v107[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v141 = arena_.slot(196608, 4096);
+  for (size_t i = 0; i < v141.size(); ++i) {
+    v141[i] = float(double(v138[i]) * double(v109[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/norm/gain
+  meshc::gen::View v142 = arena_.slot(647936, 64);
+  meshc::gen::reduce(v142.data(), {64}, v141.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v143 = arena_.slot(196608, 64);
+  meshc::gen::reduce(v143.data(), {2, 32}, v106.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v145 = arena_.slot(180224, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t144 = float(double(v106[at[1]]) - double(v143[at[2]]));
+                           v145[at[0]] = float(double(t144) * double(t144));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v146 = arena_.slot(16384, 64);
+  meshc::gen::reduce(v146.data(), {2, 32}, v145.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 literal
+  meshc::gen::View v147 =
+      arena_.fill(648704, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-05));
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v149 = arena_.slot(180224, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t148 = float(double(v146[at[1]]) + double(v147[at[2]]));
+                           v149[at[0]] = float(1.0 / std::sqrt(double(t148)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v150 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v150.size(); ++i) {
+    v150[i] = float(double(v140[i]) * double(v109[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v151 = arena_.slot(180480, 64);
+  meshc::gen::reduce(v151.data(), {2, 32}, v150.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v152 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v152[at[0]] = float(double(v109[at[1]]) * double(v151[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v153 = arena_.slot(0, 64);
+  meshc::gen::reduce(v153.data(), {2, 32}, v140.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  meshc::gen::View v156 = arena_.slot(524288, 4096);
+  meshc::gen::forEach<5>({2, 32, 64},
+                         {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t154 = float(double(v140[at[1]]) - double(v153[at[2]]));
+                           float t155 = float(double(t154) - double(v152[at[3]]));
+                           v156[at[0]] = float(double(t155) * double(v149[at[4]]));
+                         });
+
+  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
+  meshc::gen::View v157 = arena_.slot(648192, 64);
+  meshc::gen::reduce(v157.data(), {64}, v156.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:55:10 einsum
+  meshc::gen::View v158 = arena_.slot(0, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum158(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum158.run(v156.data(), v97.data(), v158.data());
+
+  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[1]/ffn/w_out
+  meshc::gen::View v159 = arena_.slot(163840, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum159(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum159.run(v156.data(), v102.data(), v159.data());
+
+  // layers.mesh:55:17 dropout
+  meshc::gen::View v160 = arena_.slot(131072, 8192);
+  meshc::gen::dropout(
+      v160.data(), {2, 32, 128}, v158.data(), {4096, 128, 1}, {8192, 256, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
+                              meshc::gen::shardStart(world_, {"model"}, 128)},
+                             {8192, 256, 1}),
+      meshrt::streamKey(seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") + "#" +
+                                   std::to_string(step_)),
+      0.1);
+
+  // layers.mesh:54:11 square
+  meshc::gen::View v161 = arena_.slot(0, 8192);
+  for (size_t i = 0; i < v161.size(); ++i) {
+    v161[i] = float(double(v100[i]) * double(v100[i]));
+  }
+
+  // layers.mesh:54:11 mul
+  meshc::gen::View v162 = arena_.slot(196608, 8192);
+  for (size_t i = 0; i < v162.size(); ++i) {
+    v162[i] = float(double(v100[i]) * double(v161[i]));
+  }
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v163 =
+      arena_.fill(648768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.044715));
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  meshc::gen::View v165 = arena_.slot(229376, 8192);
+  meshc::gen::forEach<4>({2, 32, 128},
+                         {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {4096, 128, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t164 = float(double(v162[at[1]]) * double(v163[at[2]]));
+                           v165[at[0]] = float(double(v100[at[3]]) + double(t164));
+                         });
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v166 =
+      arena_.fill(648832, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.7978845608028654));
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 tanh
+  meshc::gen::View v168 = arena_.slot(196608, 8192);
+  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t167 = float(double(v165[at[1]]) * double(v166[at[2]]));
+                           v168[at[0]] = float(std::tanh(double(t167)));
+                         });
+
+  // layers.mesh:54:11 add
+  meshc::gen::View v169 = arena_.slot(229376, 8192);
+  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v169[at[0]] = float(double(v168[at[1]]) + double(v124[at[2]]));
+                         });
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v170 =
+      arena_.fill(648896, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+
+  // layers.mesh:54:11 mul
+  meshc::gen::View v171 = arena_.slot(262144, 8192);
+  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v171[at[0]] = float(double(v169[at[1]]) * double(v170[at[2]]));
+                         });
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v172 =
+      arena_.fill(648960, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.134145));
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  meshc::gen::View v174 = arena_.slot(229376, 8192);
+  meshc::gen::forEach<4>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t173 = float(double(v161[at[1]]) * double(v172[at[2]]));
+                           v174[at[0]] = float(double(t173) + double(v124[at[3]]));
+                         });
+
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 sub
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  meshc::gen::View v178 = arena_.slot(0, 8192);
+  meshc::gen::forEach<5>(
+      {2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {4096, 128, 1}, {4096, 128, 1}}},
+      {}, [&](const std::array<int64_t, 5> &at) {
+        float t175 = float(double(v168[at[1]]) * double(v168[at[1]]));
+        float t176 = float(double(v124[at[2]]) - double(t175));
+        float t177 = float(double(v100[at[3]]) * double(t176));
+        v178[at[0]] = float(double(t177) * double(v174[at[4]]));
+      });
+
+  // layers.mesh:54:11 literal
+  meshc::gen::View v179 =
+      arena_.fill(649024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.3989422804014327));
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  meshc::gen::View v182 = arena_.slot(98304, 8192);
+  meshc::gen::forEach<5>(
+      {2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {4096, 128, 1}, {4096, 128, 1}}},
+      {}, [&](const std::array<int64_t, 5> &at) {
+        float t180 = float(double(v178[at[1]]) * double(v179[at[2]]));
+        float t181 = float(double(v171[at[3]]) + double(t180));
+        v182[at[0]] = float(double(v160[at[4]]) * double(t181));
+      });
+
+  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
+  meshc::gen::View v183 = arena_.slot(647168, 128);
+  meshc::gen::reduce(v183.data(), {128}, v182.data(), {1}, {2, 32}, {4096, 128},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:54:16 einsum
+  meshc::gen::View v184 = arena_.slot(131072, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum184(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum184.run(v182.data(), v95.data(), v184.data());
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %175 over model for sum at 24:40)
+  meshc::gen::View v186 = v184;
+  group_model.allReduce(v186.data(), v186.size(), meshrt::ReduceOp::Sum);
+
+  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
+  meshc::gen::View v185 = arena_.slot(0, 8192);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum185(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum185.run(v182.data(), v94.data(), v185.data());
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
+  meshc::gen::View v187 = arena_.slot(507904, 64);
+  meshc::gen::reduce(v187.data(), {64}, v186.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v188 = arena_.slot(98304, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v188[at[0]] = float(double(v186[at[1]]) * double(v90[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v189 = arena_.slot(114688, 4096);
+  for (size_t i = 0; i < v189.size(); ++i) {
+    v189[i] = float(double(v186[i]) * double(v92[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
+  meshc::gen::View v190 = arena_.slot(508160, 64);
+  meshc::gen::reduce(v190.data(), {64}, v189.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v191 = arena_.slot(131072, 64);
+  meshc::gen::reduce(v191.data(), {2, 32}, v89.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v193 = arena_.slot(114688, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t192 = float(double(v89[at[1]]) - double(v191[at[2]]));
+                           v193[at[0]] = float(double(t192) * double(t192));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v194 = arena_.slot(131072, 64);
+  meshc::gen::reduce(v194.data(), {2, 32}, v193.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v196 = arena_.slot(147456, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t195 = float(double(v194[at[1]]) + double(v147[at[2]]));
+                           v196[at[0]] = float(1.0 / std::sqrt(double(t195)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v197 = arena_.slot(114688, 4096);
+  for (size_t i = 0; i < v197.size(); ++i) {
+    v197[i] = float(double(v188[i]) * double(v92[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v198 = arena_.slot(131072, 64);
+  meshc::gen::reduce(v198.data(), {2, 32}, v197.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v199 = arena_.slot(114688, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v199[at[0]] = float(double(v92[at[1]]) * double(v198[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v200 = arena_.slot(147712, 64);
+  meshc::gen::reduce(v200.data(), {2, 32}, v188.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  meshc::gen::View v204 = arena_.slot(131072, 4096);
+  meshc::gen::forEach<6>(
+      {2, 32, 64},
+      {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t201 = float(double(v188[at[1]]) - double(v200[at[2]]));
+        float t202 = float(double(t201) - double(v199[at[3]]));
+        float t203 = float(double(t202) * double(v196[at[4]]));
+        v204[at[0]] = float(double(v156[at[5]]) + double(t203));
+      });
+
+  // layers.mesh:45:10 einsum
+  meshc::gen::View v205 = arena_.slot(114688, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum205(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum205.run(v204.data(), v72.data(), v205.data());
+
+  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
+  meshc::gen::View v206 = arena_.slot(475136, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum206(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsum206.run(v204.data(), v86.data(), v206.data());
+
+  // layers.mesh:44:17 einsum
+  meshc::gen::View v207 = arena_.slot(98304, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum207(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum207.run(v205.data(), v77.data(), v207.data());
+
+  // layers.mesh:44:17 einsum
+  meshc::gen::View v208 = arena_.slot(147456, 2048);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum208(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsum208.run(v205.data(), v85.data(), v208.data());
+
+  // layers.mesh:43:17 mul
+  meshc::gen::View v209 = arena_.slot(114688, 4096);
+  for (size_t i = 0; i < v209.size(); ++i) {
+    v209[i] = float(double(v207[i]) * double(v85[i]));
+  }
+
+  // layers.mesh:43:17 sum
+  meshc::gen::View v210 = arena_.slot(155648, 128);
+  meshc::gen::reduce(v210.data(), {2, 2, 32}, v209.data(), {2048, 1024, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:43:17 sub
+  // layers.mesh:43:17 mul
+  meshc::gen::View v212 = arena_.slot(114688, 4096);
+  meshc::gen::forEach<4>(
+      {2, 2, 32, 32},
+      {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {64, 32, 1, 0}, {2048, 1024, 32, 1}}}, {},
+      [&](const std::array<int64_t, 4> &at) {
+        float t211 = float(double(v207[at[1]]) - double(v210[at[2]]));
+        v212[at[0]] = float(double(v85[at[3]]) * double(t211));
+      });
+
+  // layers.mesh:43:25 literal
+  meshc::gen::View v213 =
+      arena_.fill(491520, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+
+  // layers.mesh:43:25 where
+  // layers.mesh:41:55 mul
+  meshc::gen::View v215 = arena_.slot(98304, 4096);
+  meshc::gen::forEach<5>(
+      {2, 2, 32, 32},
+      {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}, {0, 0, 0, 0}}},
+      {}, [&](const std::array<int64_t, 5> &at) {
+        float t214 = float((v82[at[1]] != 0 ? v212[at[2]] : v213[at[3]]));
+        v215[at[0]] = float(double(t214) * double(v79[at[4]]));
+      });
+
+  // layers.mesh:41:16 einsum
+  meshc::gen::View v216 = arena_.slot(196608, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum216(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum216.run(v215.data(), v75.data(), v216.data());
+
+  // layers.mesh:41:16 einsum
+  meshc::gen::View v217 = arena_.slot(204800, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum217(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsum217.run(v215.data(), v73.data(), v217.data());
+
+  // layers.mesh:39:11 rename
+  meshc::gen::View v218 = v208;
+
+  // layers.mesh:39:18 einsum
+  meshc::gen::View v219 = arena_.slot(98304, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum219(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum219.run(v218.data(), v71.data(), v219.data());
+
+  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
+  meshc::gen::View v220 = arena_.slot(458752, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum220(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum220.run(v218.data(), v68.data(), v220.data());
+
+  // layers.mesh:38:11 rename
+  meshc::gen::View v221 = v217;
+
+  // layers.mesh:38:18 einsum
+  meshc::gen::View v222 = arena_.slot(114688, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum222(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum222.run(v221.data(), v70.data(), v222.data());
+
+  // layers.mesh:38:18 add
+  meshc::gen::View v223 = arena_.slot(147456, 4096);
+  for (size_t i = 0; i < v223.size(); ++i) {
+    v223[i] = float(double(v219[i]) + double(v222[i]));
+  }
+
+  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
+  meshc::gen::View v224 = arena_.slot(466944, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum224(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum224.run(v221.data(), v68.data(), v224.data());
+
+  // layers.mesh:36:11 einsum
+  meshc::gen::View v225 = arena_.slot(98304, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum225(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum225.run(v216.data(), v69.data(), v225.data());
+
+  // layers.mesh:36:11 add
+  meshc::gen::View v226 = arena_.slot(114688, 4096);
+  for (size_t i = 0; i < v226.size(); ++i) {
+    v226[i] = float(double(v223[i]) + double(v225[i]));
+  }
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %216 over model for sum at 24:40)
+  meshc::gen::View v228 = v226;
+  group_model.allReduce(v228.data(), v228.size(), meshrt::ReduceOp::Sum);
+
+  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
+  meshc::gen::View v227 = arena_.slot(483328, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum227(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum227.run(v216.data(), v68.data(), v227.data());
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
+  meshc::gen::View v229 = arena_.slot(442368, 64);
+  meshc::gen::reduce(v229.data(), {64}, v228.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v230 = arena_.slot(98304, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v230[at[0]] = float(double(v228[at[1]]) * double(v64[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v231 = arena_.slot(147456, 4096);
+  for (size_t i = 0; i < v231.size(); ++i) {
+    v231[i] = float(double(v228[i]) * double(v66[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
+  meshc::gen::View v232 = arena_.slot(442624, 64);
+  meshc::gen::reduce(v232.data(), {64}, v231.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v233 = arena_.slot(147456, 64);
+  meshc::gen::reduce(v233.data(), {2, 32}, v63.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v235 = arena_.slot(114688, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t234 = float(double(v63[at[1]]) - double(v233[at[2]]));
+                           v235[at[0]] = float(double(t234) * double(t234));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v236 = arena_.slot(147456, 64);
+  meshc::gen::reduce(v236.data(), {2, 32}, v235.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v238 = arena_.slot(147712, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t237 = float(double(v236[at[1]]) + double(v147[at[2]]));
+                           v238[at[0]] = float(1.0 / std::sqrt(double(t237)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v239 = arena_.slot(114688, 4096);
+  for (size_t i = 0; i < v239.size(); ++i) {
+    v239[i] = float(double(v230[i]) * double(v66[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v240 = arena_.slot(147456, 64);
+  meshc::gen::reduce(v240.data(), {2, 32}, v239.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v241 = arena_.slot(114688, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v241[at[0]] = float(double(v66[at[1]]) * double(v240[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v242 = arena_.slot(147456, 64);
+  meshc::gen::reduce(v242.data(), {2, 32}, v230.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  meshc::gen::View v246 = arena_.slot(409600, 4096);
+  meshc::gen::forEach<6>(
+      {2, 32, 64},
+      {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t243 = float(double(v230[at[1]]) - double(v242[at[2]]));
+        float t244 = float(double(t243) - double(v241[at[3]]));
+        float t245 = float(double(t244) * double(v238[at[4]]));
+        v246[at[0]] = float(double(v204[at[5]]) + double(t245));
+      });
+
+  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[0]/ffn/b_out
+  meshc::gen::View v247 = arena_.slot(425984, 64);
+  meshc::gen::reduce(v247.data(), {64}, v246.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:55:10 einsum
+  meshc::gen::View v248 = arena_.slot(98304, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum248(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum248.run(v246.data(), v54.data(), v248.data());
+
+  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[0]/ffn/w_out
+  meshc::gen::View v249 = arena_.slot(131072, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsum249(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum249.run(v246.data(), v59.data(), v249.data());
+
+  // layers.mesh:55:17 dropout
+  meshc::gen::View v250 = arena_.slot(65536, 8192);
+  meshc::gen::dropout(
+      v250.data(), {2, 32, 128}, v248.data(), {4096, 128, 1}, {8192, 256, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
+                              meshc::gen::shardStart(world_, {"model"}, 128)},
+                             {8192, 256, 1}),
+      meshrt::streamKey(seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") + "#" +
+                                   std::to_string(step_)),
+      0.1);
+
+  // layers.mesh:54:11 square
+  meshc::gen::View v251 = arena_.slot(98304, 8192);
+  for (size_t i = 0; i < v251.size(); ++i) {
+    v251[i] = float(double(v57[i]) * double(v57[i]));
+  }
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 tanh
+  meshc::gen::View v256 = arena_.slot(196608, 8192);
+  meshc::gen::forEach<5>({2, 32, 128},
+                         {{{4096, 128, 1}, {4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {0, 0, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t252 = float(double(v57[at[1]]) * double(v251[at[2]]));
+                           float t253 = float(double(t252) * double(v163[at[3]]));
+                           float t254 = float(double(v57[at[1]]) + double(t253));
+                           float t255 = float(double(t254) * double(v166[at[4]]));
+                           v256[at[0]] = float(std::tanh(double(t255)));
+                         });
+
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  meshc::gen::View v258 = arena_.slot(229376, 8192);
+  meshc::gen::forEach<4>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t257 = float(double(v256[at[1]]) + double(v124[at[2]]));
+                           v258[at[0]] = float(double(t257) * double(v170[at[3]]));
+                         });
+
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  meshc::gen::View v260 = arena_.slot(262144, 8192);
+  meshc::gen::forEach<4>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t259 = float(double(v251[at[1]]) * double(v172[at[2]]));
+                           v260[at[0]] = float(double(t259) + double(v124[at[3]]));
+                         });
+
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 sub
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  meshc::gen::View v267 = arena_.slot(98304, 8192);
+  meshc::gen::forEach<8>({2, 32, 128},
+                         {{{4096, 128, 1},
+                           {4096, 128, 1},
+                           {0, 0, 0},
+                           {4096, 128, 1},
+                           {4096, 128, 1},
+                           {0, 0, 0},
+                           {4096, 128, 1},
+                           {4096, 128, 1}}},
+                         {}, [&](const std::array<int64_t, 8> &at) {
+                           float t261 = float(double(v256[at[1]]) * double(v256[at[1]]));
+                           float t262 = float(double(v124[at[2]]) - double(t261));
+                           float t263 = float(double(v57[at[3]]) * double(t262));
+                           float t264 = float(double(t263) * double(v260[at[4]]));
+                           float t265 = float(double(t264) * double(v179[at[5]]));
+                           float t266 = float(double(v258[at[6]]) + double(t265));
+                           v267[at[0]] = float(double(v250[at[7]]) * double(t266));
+                         });
+
+  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[0]/ffn/b_in
+  meshc::gen::View v268 = arena_.slot(270336, 128);
+  meshc::gen::reduce(v268.data(), {128}, v267.data(), {1}, {2, 32}, {4096, 128},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:54:16 einsum
+  meshc::gen::View v269 = arena_.slot(65536, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum269(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsum269.run(v267.data(), v52.data(), v269.data());
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %258 over model for sum at 24:40)
+  meshc::gen::View v271 = v269;
+  group_model.allReduce(v271.data(), v271.size(), meshrt::ReduceOp::Sum);
+
+  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[0]/ffn/w_in
+  meshc::gen::View v270 = arena_.slot(32768, 8192);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsum270(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum270.run(v267.data(), v51.data(), v270.data());
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm#1/bias
+  meshc::gen::View v272 = arena_.slot(270848, 64);
+  meshc::gen::reduce(v272.data(), {64}, v271.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v273 = arena_.slot(81920, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v273[at[0]] = float(double(v271[at[1]]) * double(v47[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v274 = arena_.slot(98304, 4096);
+  for (size_t i = 0; i < v274.size(); ++i) {
+    v274[i] = float(double(v271[i]) * double(v49[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm#1/gain
+  meshc::gen::View v275 = arena_.slot(271104, 64);
+  meshc::gen::reduce(v275.data(), {64}, v274.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v276 = arena_.slot(98304, 64);
+  meshc::gen::reduce(v276.data(), {2, 32}, v46.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v278 = arena_.slot(65536, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t277 = float(double(v46[at[1]]) - double(v276[at[2]]));
+                           v278[at[0]] = float(double(t277) * double(t277));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v279 = arena_.slot(98304, 64);
+  meshc::gen::reduce(v279.data(), {2, 32}, v278.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v281 = arena_.slot(114688, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t280 = float(double(v279[at[1]]) + double(v147[at[2]]));
+                           v281[at[0]] = float(1.0 / std::sqrt(double(t280)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v282 = arena_.slot(65536, 4096);
+  for (size_t i = 0; i < v282.size(); ++i) {
+    v282[i] = float(double(v273[i]) * double(v49[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v283 = arena_.slot(98304, 64);
+  meshc::gen::reduce(v283.data(), {2, 32}, v282.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v284 = arena_.slot(65536, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v284[at[0]] = float(double(v49[at[1]]) * double(v283[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v285 = arena_.slot(114944, 64);
+  meshc::gen::reduce(v285.data(), {2, 32}, v273.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  meshc::gen::View v289 = arena_.slot(98304, 4096);
+  meshc::gen::forEach<6>(
+      {2, 32, 64},
+      {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t286 = float(double(v273[at[1]]) - double(v285[at[2]]));
+        float t287 = float(double(t286) - double(v284[at[3]]));
+        float t288 = float(double(t287) * double(v281[at[4]]));
+        v289[at[0]] = float(double(v246[at[5]]) + double(t288));
+      });
+
+  // layers.mesh:45:10 einsum
+  meshc::gen::View v290 = arena_.slot(81920, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum290(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum290.run(v289.data(), v29.data(), v290.data());
+
+  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[0]/attention/w_o
+  meshc::gen::View v291 = arena_.slot(221184, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum291(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsum291.run(v289.data(), v43.data(), v291.data());
+
+  // layers.mesh:44:17 einsum
+  meshc::gen::View v292 = arena_.slot(65536, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum292(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum292.run(v290.data(), v34.data(), v292.data());
+
+  // layers.mesh:44:17 einsum
+  meshc::gen::View v293 = arena_.slot(114688, 2048);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum293(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsum293.run(v290.data(), v42.data(), v293.data());
+
+  // layers.mesh:43:17 mul
+  meshc::gen::View v294 = arena_.slot(81920, 4096);
+  for (size_t i = 0; i < v294.size(); ++i) {
+    v294[i] = float(double(v292[i]) * double(v42[i]));
+  }
+
+  // layers.mesh:43:17 sum
+  meshc::gen::View v295 = arena_.slot(122880, 128);
+  meshc::gen::reduce(v295.data(), {2, 2, 32}, v294.data(), {2048, 1024, 32}, {32}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:43:17 sub
+  // layers.mesh:43:17 mul
+  // layers.mesh:43:25 where
+  // layers.mesh:41:55 mul
+  meshc::gen::View v299 = arena_.slot(81920, 4096);
+  meshc::gen::forEach<7>({2, 2, 32, 32},
+                         {{{2048, 1024, 32, 1},
+                           {2048, 1024, 32, 1},
+                           {64, 32, 1, 0},
+                           {2048, 1024, 32, 1},
+                           {1024, 0, 32, 1},
+                           {0, 0, 0, 0},
+                           {0, 0, 0, 0}}},
+                         {}, [&](const std::array<int64_t, 7> &at) {
+                           float t296 = float(double(v292[at[1]]) - double(v295[at[2]]));
+                           float t297 = float(double(v42[at[3]]) * double(t296));
+                           float t298 = float((v39[at[4]] != 0 ? t297 : v213[at[5]]));
+                           v299[at[0]] = float(double(t298) * double(v36[at[6]]));
+                         });
+
+  // layers.mesh:41:16 einsum
+  meshc::gen::View v300 = arena_.slot(196608, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum300(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum300.run(v299.data(), v32.data(), v300.data());
+
+  // layers.mesh:41:16 einsum
+  meshc::gen::View v301 = arena_.slot(204800, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum301(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsum301.run(v299.data(), v30.data(), v301.data());
+
+  // layers.mesh:39:11 rename
+  meshc::gen::View v302 = v293;
+
+  // layers.mesh:39:18 einsum
+  meshc::gen::View v303 = arena_.slot(65536, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum303(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum303.run(v302.data(), v28.data(), v303.data());
+
+  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_v
+  meshc::gen::View v304 = arena_.slot(229376, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum304(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum304.run(v302.data(), v25.data(), v304.data());
+
+  // layers.mesh:38:11 rename
+  meshc::gen::View v305 = v301;
+
+  // layers.mesh:38:18 einsum
+  meshc::gen::View v306 = arena_.slot(81920, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum306(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum306.run(v305.data(), v27.data(), v306.data());
+
+  // layers.mesh:38:18 add
+  meshc::gen::View v307 = arena_.slot(114688, 4096);
+  for (size_t i = 0; i < v307.size(); ++i) {
+    v307[i] = float(double(v303[i]) + double(v306[i]));
+  }
+
+  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_k
+  meshc::gen::View v308 = arena_.slot(237568, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum308(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum308.run(v305.data(), v25.data(), v308.data());
+
+  // layers.mesh:36:11 einsum
+  meshc::gen::View v309 = arena_.slot(65536, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum309(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum309.run(v300.data(), v26.data(), v309.data());
+
+  // layers.mesh:36:11 add
+  meshc::gen::View v310 = arena_.slot(81920, 4096);
+  for (size_t i = 0; i < v310.size(); ++i) {
+    v310[i] = float(double(v307[i]) + double(v309[i]));
+  }
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %298 over model for sum at 24:40)
+  meshc::gen::View v312 = v310;
+  group_model.allReduce(v312.data(), v312.size(), meshrt::ReduceOp::Sum);
+
+  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[0]/attention/w_q
+  meshc::gen::View v311 = arena_.slot(245760, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum311(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum311.run(v300.data(), v25.data(), v311.data());
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm/bias
+  meshc::gen::View v313 = arena_.slot(262144, 64);
+  meshc::gen::reduce(v313.data(), {64}, v312.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v314 = arena_.slot(65536, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v314[at[0]] = float(double(v312[at[1]]) * double(v21[at[2]]));
+                         });
+
+  // layers.mesh:24:33 mul
+  meshc::gen::View v315 = arena_.slot(114688, 4096);
+  for (size_t i = 0; i < v315.size(); ++i) {
+    v315[i] = float(double(v312[i]) * double(v23[i]));
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm/gain
+  meshc::gen::View v316 = arena_.slot(262400, 64);
+  meshc::gen::reduce(v316.data(), {64}, v315.data(), {1}, {2, 32}, {2048, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v317 = arena_.slot(114688, 64);
+  meshc::gen::reduce(v317.data(), {2, 32}, v12.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  meshc::gen::View v319 = arena_.slot(81920, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t318 = float(double(v12[at[1]]) - double(v317[at[2]]));
+                           v319[at[0]] = float(double(t318) * double(t318));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v320 = arena_.slot(114688, 64);
+  meshc::gen::reduce(v320.data(), {2, 32}, v319.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  meshc::gen::View v322 = arena_.slot(196608, 64);
+  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t321 = float(double(v320[at[1]]) + double(v147[at[2]]));
+                           v322[at[0]] = float(1.0 / std::sqrt(double(t321)));
+                         });
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v323 = arena_.slot(81920, 4096);
+  for (size_t i = 0; i < v323.size(); ++i) {
+    v323[i] = float(double(v314[i]) * double(v23[i]));
+  }
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v324 = arena_.slot(114688, 64);
+  meshc::gen::reduce(v324.data(), {2, 32}, v323.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  meshc::gen::View v325 = arena_.slot(81920, 4096);
+  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v325[at[0]] = float(double(v23[at[1]]) * double(v324[at[2]]));
+                         });
+
+  // layers.mesh:24:10 mean
+  meshc::gen::View v326 = arena_.slot(196864, 64);
+  meshc::gen::reduce(v326.data(), {2, 32}, v314.data(), {2048, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  meshc::gen::View v330 = arena_.slot(114688, 4096);
+  meshc::gen::forEach<6>(
+      {2, 32, 64},
+      {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t327 = float(double(v314[at[1]]) - double(v326[at[2]]));
+        float t328 = float(double(t327) - double(v325[at[3]]));
+        float t329 = float(double(t328) * double(v322[at[4]]));
+        v330[at[0]] = float(double(v289[at[5]]) + double(t329));
+      });
+
+  // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
+  meshc::gen::View v331 = arena_.slot(208896, 2048);
+  meshc::gen::reduce(v331.data(), {32, 64}, v330.data(), {64, 1}, {2}, {2048},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
+  meshc::gen::View v332 = arena_.slot(98304, 3072);
+  // dims: batch, seq, d_model, vocab
+  static const meshrt::kernels::EinsumPlan einsum332(
+      {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsum332.run(v330.data(), v9.data(), v332.data());
+
+  // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
+  // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
+  // together, 228.0 KiB in one buffer)
+  meshc::gen::View v364 = v137;
+  meshc::gen::View v483 = v139;
+  meshc::gen::View v479 = v142;
+  meshc::gen::View v475 = v157;
+  meshc::gen::View v470 = v159;
+  meshc::gen::View v465 = v183;
+  meshc::gen::View v460 = v185;
+  meshc::gen::View v456 = v187;
+  meshc::gen::View v452 = v190;
+  meshc::gen::View v447 = v206;
+  meshc::gen::View v442 = v220;
+  meshc::gen::View v437 = v224;
+  meshc::gen::View v432 = v227;
+  meshc::gen::View v428 = v229;
+  meshc::gen::View v424 = v232;
+  meshc::gen::View v420 = v247;
+  meshc::gen::View v415 = v249;
+  meshc::gen::View v410 = v268;
+  meshc::gen::View v405 = v270;
+  meshc::gen::View v401 = v272;
+  meshc::gen::View v397 = v275;
+  meshc::gen::View v392 = v291;
+  meshc::gen::View v387 = v304;
+  meshc::gen::View v382 = v308;
+  meshc::gen::View v377 = v311;
+  meshc::gen::View v373 = v313;
+  meshc::gen::View v369 = v316;
+  meshc::gen::View v359 = v331;
+  meshc::gen::View v356 = v332;
+  meshc::gen::allReduceBucket(group_data,
+                              {v364, v483, v479, v475, v470, v465, v460, v456, v452, v447,
+                               v442, v437, v432, v428, v424, v420, v415, v410, v405, v401,
+                               v397, v392, v387, v382, v377, v373, v369, v359, v356});
+
+  // transformer.mesh:61:3 step
+  meshc::gen::View v333 = arena_.fill(65536, 1, float(step_));
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v334 =
+      arena_.fill(298240, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v335 = arena_.slot(298304, 1);
+  for (size_t i = 0; i < v335.size(); ++i) {
+    v335[i] = float(double(v333[i]) + double(v334[i]));
+  }
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v336 =
+      arena_.fill(65600, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0003));
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v337 = arena_.slot(65664, 1);
+  for (size_t i = 0; i < v337.size(); ++i) {
+    v337[i] = float(double(v333[i]) + double(v334[i]));
+  }
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v338 =
+      arena_.fill(65728, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 minimum
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v341 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v341.size(); ++i) {
+    float t339 = float(double(v337[i]) * double(v338[i]));
+    float t340 = float(meshc::gen::minimum(t339, v334[i]));
+    v341[i] = float(double(v336[i]) * double(t340));
+  }
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v342 =
+      arena_.fill(65600, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v343 =
+      arena_.fill(65664, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -100.0));
+
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 maximum
+  meshc::gen::View v345 = arena_.slot(65728, 1);
+  for (size_t i = 0; i < v345.size(); ++i) {
+    float t344 = float(double(v333[i]) + double(v343[i]));
+    v345[i] = float(meshc::gen::maximum(t344, v342[i]));
+  }
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v346 =
+      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0001));
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 minimum
+  meshc::gen::View v348 = arena_.slot(65600, 1);
+  for (size_t i = 0; i < v348.size(); ++i) {
+    float t347 = float(double(v345[i]) * double(v346[i]));
+    v348[i] = float(meshc::gen::minimum(t347, v334[i]));
+  }
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v349 =
+      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 3.141592653589793));
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 cos
+  // transformer.mesh:61:3 add
+  meshc::gen::View v352 = arena_.slot(65664, 1);
+  for (size_t i = 0; i < v352.size(); ++i) {
+    float t350 = float(double(v348[i]) * double(v349[i]));
+    float t351 = float(std::cos(double(t350)));
+    v352[i] = float(double(t351) + double(v334[i]));
+  }
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v353 =
+      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul -> learning_rate
+  meshc::gen::View v355 = arena_.slot(298368, 1);
+  for (size_t i = 0; i < v355.size(); ++i) {
+    float t354 = float(double(v352[i]) * double(v353[i]));
+    v355[i] = float(double(v341[i]) * double(t354));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v357 = arena_.slot(65536, 3072);
+  for (size_t i = 0; i < v357.size(); ++i) {
+    v357[i] = float(double(v356[i]) * double(v356[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v358 = arena_.slot(77824, 1);
+  meshc::gen::reduce(v358.data(), {}, v357.data(), {}, {48, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %344 over model for add at
+  // 61:3)
+  meshc::gen::View v362 = v358;
+  group_model.allReduce(v362.data(), v362.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v360 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v360.size(); ++i) {
+    v360[i] = float(double(v359[i]) * double(v359[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v361 = arena_.slot(73728, 1);
+  meshc::gen::reduce(v361.data(), {}, v360.data(), {}, {32, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v363 = arena_.slot(77888, 1);
+  for (size_t i = 0; i < v363.size(); ++i) {
+    v363[i] = float(double(v362[i]) + double(v361[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v365 = arena_.slot(65536, 3072);
+  for (size_t i = 0; i < v365.size(); ++i) {
+    v365[i] = float(double(v364[i]) * double(v364[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v366 = arena_.slot(77824, 1);
+  meshc::gen::reduce(v366.data(), {}, v365.data(), {}, {64, 48}, {48, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %349 over model for add at
+  // 61:3)
+  meshc::gen::View v367 = v366;
+  group_model.allReduce(v367.data(), v367.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v368 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v368.size(); ++i) {
+    v368[i] = float(double(v363[i]) + double(v367[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v370 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v370.size(); ++i) {
+    v370[i] = float(double(v369[i]) * double(v369[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v371 = arena_.slot(65856, 1);
+  meshc::gen::reduce(v371.data(), {}, v370.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v372 = arena_.slot(65920, 1);
+  for (size_t i = 0; i < v372.size(); ++i) {
+    v372[i] = float(double(v368[i]) + double(v371[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v374 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v374.size(); ++i) {
+    v374[i] = float(double(v373[i]) * double(v373[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v375 = arena_.slot(65792, 1);
+  meshc::gen::reduce(v375.data(), {}, v374.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v376 = arena_.slot(73728, 1);
+  for (size_t i = 0; i < v376.size(); ++i) {
+    v376[i] = float(double(v372[i]) + double(v375[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v378 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v378.size(); ++i) {
+    v378[i] = float(double(v377[i]) * double(v377[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v379 = arena_.slot(73792, 1);
+  meshc::gen::reduce(v379.data(), {}, v378.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %358 over model for add at
+  // 61:3)
+  meshc::gen::View v380 = v379;
+  group_model.allReduce(v380.data(), v380.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v381 = arena_.slot(73856, 1);
+  for (size_t i = 0; i < v381.size(); ++i) {
+    v381[i] = float(double(v376[i]) + double(v380[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v383 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v383.size(); ++i) {
+    v383[i] = float(double(v382[i]) * double(v382[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v384 = arena_.slot(73728, 1);
+  meshc::gen::reduce(v384.data(), {}, v383.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %361 over model for add at
+  // 61:3)
+  meshc::gen::View v385 = v384;
+  group_model.allReduce(v385.data(), v385.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v386 = arena_.slot(73792, 1);
+  for (size_t i = 0; i < v386.size(); ++i) {
+    v386[i] = float(double(v381[i]) + double(v385[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v388 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v388.size(); ++i) {
+    v388[i] = float(double(v387[i]) * double(v387[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v389 = arena_.slot(73728, 1);
+  meshc::gen::reduce(v389.data(), {}, v388.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %364 over model for add at
+  // 61:3)
+  meshc::gen::View v390 = v389;
+  group_model.allReduce(v390.data(), v390.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v391 = arena_.slot(73856, 1);
+  for (size_t i = 0; i < v391.size(); ++i) {
+    v391[i] = float(double(v386[i]) + double(v390[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v393 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v393.size(); ++i) {
+    v393[i] = float(double(v392[i]) * double(v392[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v394 = arena_.slot(73728, 1);
+  meshc::gen::reduce(v394.data(), {}, v393.data(), {}, {2, 16, 64}, {1024, 64, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %367 over model for add at
+  // 61:3)
+  meshc::gen::View v395 = v394;
+  group_model.allReduce(v395.data(), v395.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v396 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v396.size(); ++i) {
+    v396[i] = float(double(v391[i]) + double(v395[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v398 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v398.size(); ++i) {
+    v398[i] = float(double(v397[i]) * double(v397[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v399 = arena_.slot(65856, 1);
+  meshc::gen::reduce(v399.data(), {}, v398.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v400 = arena_.slot(65920, 1);
+  for (size_t i = 0; i < v400.size(); ++i) {
+    v400[i] = float(double(v396[i]) + double(v399[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v402 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v402.size(); ++i) {
+    v402[i] = float(double(v401[i]) * double(v401[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v403 = arena_.slot(65792, 1);
+  meshc::gen::reduce(v403.data(), {}, v402.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v404 = arena_.slot(110592, 1);
+  for (size_t i = 0; i < v404.size(); ++i) {
+    v404[i] = float(double(v400[i]) + double(v403[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v406 = arena_.slot(65536, 8192);
+  for (size_t i = 0; i < v406.size(); ++i) {
+    v406[i] = float(double(v405[i]) * double(v405[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v407 = arena_.slot(110656, 1);
+  meshc::gen::reduce(v407.data(), {}, v406.data(), {}, {64, 128}, {128, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %376 over model for add at
+  // 61:3)
+  meshc::gen::View v408 = v407;
+  group_model.allReduce(v408.data(), v408.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v409 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v409.size(); ++i) {
+    v409[i] = float(double(v404[i]) + double(v408[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v411 = arena_.slot(65536, 128);
+  for (size_t i = 0; i < v411.size(); ++i) {
+    v411[i] = float(double(v410[i]) * double(v410[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v412 = arena_.slot(66112, 1);
+  meshc::gen::reduce(v412.data(), {}, v411.data(), {}, {128}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %379 over model for add at
+  // 61:3)
+  meshc::gen::View v413 = v412;
+  group_model.allReduce(v413.data(), v413.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v414 = arena_.slot(110592, 1);
+  for (size_t i = 0; i < v414.size(); ++i) {
+    v414[i] = float(double(v409[i]) + double(v413[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v416 = arena_.slot(65536, 8192);
+  for (size_t i = 0; i < v416.size(); ++i) {
+    v416[i] = float(double(v415[i]) * double(v415[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v417 = arena_.slot(110656, 1);
+  meshc::gen::reduce(v417.data(), {}, v416.data(), {}, {128, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %382 over model for add at
+  // 61:3)
+  meshc::gen::View v418 = v417;
+  group_model.allReduce(v418.data(), v418.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v419 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v419.size(); ++i) {
+    v419[i] = float(double(v414[i]) + double(v418[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v421 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v421.size(); ++i) {
+    v421[i] = float(double(v420[i]) * double(v420[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v422 = arena_.slot(65856, 1);
+  meshc::gen::reduce(v422.data(), {}, v421.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v423 = arena_.slot(65920, 1);
+  for (size_t i = 0; i < v423.size(); ++i) {
+    v423[i] = float(double(v419[i]) + double(v422[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v425 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v425.size(); ++i) {
+    v425[i] = float(double(v424[i]) * double(v424[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v426 = arena_.slot(65792, 1);
+  meshc::gen::reduce(v426.data(), {}, v425.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v427 = arena_.slot(65856, 1);
+  for (size_t i = 0; i < v427.size(); ++i) {
+    v427[i] = float(double(v423[i]) + double(v426[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v429 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v429.size(); ++i) {
+    v429[i] = float(double(v428[i]) * double(v428[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v430 = arena_.slot(65792, 1);
+  meshc::gen::reduce(v430.data(), {}, v429.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v431 = arena_.slot(73728, 1);
+  for (size_t i = 0; i < v431.size(); ++i) {
+    v431[i] = float(double(v427[i]) + double(v430[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v433 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v433.size(); ++i) {
+    v433[i] = float(double(v432[i]) * double(v432[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v434 = arena_.slot(73792, 1);
+  meshc::gen::reduce(v434.data(), {}, v433.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %394 over model for add at
+  // 61:3)
+  meshc::gen::View v435 = v434;
+  group_model.allReduce(v435.data(), v435.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v436 = arena_.slot(73856, 1);
+  for (size_t i = 0; i < v436.size(); ++i) {
+    v436[i] = float(double(v431[i]) + double(v435[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v438 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v438.size(); ++i) {
+    v438[i] = float(double(v437[i]) * double(v437[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v439 = arena_.slot(73728, 1);
+  meshc::gen::reduce(v439.data(), {}, v438.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %397 over model for add at
+  // 61:3)
+  meshc::gen::View v440 = v439;
+  group_model.allReduce(v440.data(), v440.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v441 = arena_.slot(73792, 1);
+  for (size_t i = 0; i < v441.size(); ++i) {
+    v441[i] = float(double(v436[i]) + double(v440[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v443 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v443.size(); ++i) {
+    v443[i] = float(double(v442[i]) * double(v442[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v444 = arena_.slot(73728, 1);
+  meshc::gen::reduce(v444.data(), {}, v443.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %400 over model for add at
+  // 61:3)
+  meshc::gen::View v445 = v444;
+  group_model.allReduce(v445.data(), v445.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v446 = arena_.slot(73856, 1);
+  for (size_t i = 0; i < v446.size(); ++i) {
+    v446[i] = float(double(v441[i]) + double(v445[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v448 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v448.size(); ++i) {
+    v448[i] = float(double(v447[i]) * double(v447[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v449 = arena_.slot(73728, 1);
+  meshc::gen::reduce(v449.data(), {}, v448.data(), {}, {2, 16, 64}, {1024, 64, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %403 over model for add at
+  // 61:3)
+  meshc::gen::View v450 = v449;
+  group_model.allReduce(v450.data(), v450.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v451 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v451.size(); ++i) {
+    v451[i] = float(double(v446[i]) + double(v450[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v453 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v453.size(); ++i) {
+    v453[i] = float(double(v452[i]) * double(v452[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v454 = arena_.slot(65856, 1);
+  meshc::gen::reduce(v454.data(), {}, v453.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v455 = arena_.slot(65920, 1);
+  for (size_t i = 0; i < v455.size(); ++i) {
+    v455[i] = float(double(v451[i]) + double(v454[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v457 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v457.size(); ++i) {
+    v457[i] = float(double(v456[i]) * double(v456[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v458 = arena_.slot(65792, 1);
+  meshc::gen::reduce(v458.data(), {}, v457.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v459 = arena_.slot(110592, 1);
+  for (size_t i = 0; i < v459.size(); ++i) {
+    v459[i] = float(double(v455[i]) + double(v458[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v461 = arena_.slot(65536, 8192);
+  for (size_t i = 0; i < v461.size(); ++i) {
+    v461[i] = float(double(v460[i]) * double(v460[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v462 = arena_.slot(110656, 1);
+  meshc::gen::reduce(v462.data(), {}, v461.data(), {}, {64, 128}, {128, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %412 over model for add at
+  // 61:3)
+  meshc::gen::View v463 = v462;
+  group_model.allReduce(v463.data(), v463.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v464 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v464.size(); ++i) {
+    v464[i] = float(double(v459[i]) + double(v463[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v466 = arena_.slot(65536, 128);
+  for (size_t i = 0; i < v466.size(); ++i) {
+    v466[i] = float(double(v465[i]) * double(v465[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v467 = arena_.slot(66112, 1);
+  meshc::gen::reduce(v467.data(), {}, v466.data(), {}, {128}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %415 over model for add at
+  // 61:3)
+  meshc::gen::View v468 = v467;
+  group_model.allReduce(v468.data(), v468.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v469 = arena_.slot(110592, 1);
+  for (size_t i = 0; i < v469.size(); ++i) {
+    v469[i] = float(double(v464[i]) + double(v468[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v471 = arena_.slot(65536, 8192);
+  for (size_t i = 0; i < v471.size(); ++i) {
+    v471[i] = float(double(v470[i]) * double(v470[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v472 = arena_.slot(110656, 1);
+  meshc::gen::reduce(v472.data(), {}, v471.data(), {}, {128, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %418 over model for add at
+  // 61:3)
+  meshc::gen::View v473 = v472;
+  group_model.allReduce(v473.data(), v473.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v474 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v474.size(); ++i) {
+    v474[i] = float(double(v469[i]) + double(v473[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v476 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v476.size(); ++i) {
+    v476[i] = float(double(v475[i]) * double(v475[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v477 = arena_.slot(65856, 1);
+  meshc::gen::reduce(v477.data(), {}, v476.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v478 = arena_.slot(65920, 1);
+  for (size_t i = 0; i < v478.size(); ++i) {
+    v478[i] = float(double(v474[i]) + double(v477[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v480 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v480.size(); ++i) {
+    v480[i] = float(double(v479[i]) * double(v479[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v481 = arena_.slot(65792, 1);
+  meshc::gen::reduce(v481.data(), {}, v480.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  meshc::gen::View v482 = arena_.slot(65856, 1);
+  for (size_t i = 0; i < v482.size(); ++i) {
+    v482[i] = float(double(v478[i]) + double(v481[i]));
+  }
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v484 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v484.size(); ++i) {
+    v484[i] = float(double(v483[i]) * double(v483[i]));
+  }
+
+  // transformer.mesh:61:3 sum
+  meshc::gen::View v485 = arena_.slot(65792, 1);
+  meshc::gen::reduce(v485.data(), {}, v484.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 sqrt -> global_grad_norm
+  // transformer.mesh:61:3 maximum
+  // transformer.mesh:61:3 div
+  meshc::gen::View v489 = arena_.slot(298432, 1);
+  for (size_t i = 0; i < v489.size(); ++i) {
+    float t486 = float(double(v482[i]) + double(v485[i]));
+    float t487 = float(std::sqrt(double(t486)));
+    float t488 = float(meshc::gen::maximum(t487, v334[i]));
+    v489[i] = float(double(v334[i]) / double(t488));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v490 = arena_.slot(196608, 3072);
+  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v490[at[0]] = float(double(v356[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v491 = arena_.slot(253952, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v491[at[0]] = float(double(v359[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v492 = arena_.slot(208896, 3072);
+  meshc::gen::forEach<3>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v492[at[0]] = float(double(v364[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v493 = arena_.slot(295936, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v493[at[0]] = float(double(v369[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v494 = arena_.slot(296192, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v494[at[0]] = float(double(v373[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v495 = arena_.slot(262144, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v495[at[0]] = float(double(v377[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v496 = arena_.slot(245760, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v496[at[0]] = float(double(v382[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v497 = arena_.slot(237568, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v497[at[0]] = float(double(v387[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v498 = arena_.slot(229376, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v498[at[0]] = float(double(v392[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v499 = arena_.slot(296448, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v499[at[0]] = float(double(v397[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v500 = arena_.slot(296704, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v500[at[0]] = float(double(v401[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v501 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v501[at[0]] = float(double(v405[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v502 = arena_.slot(294912, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v502[at[0]] = float(double(v410[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v503 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v503[at[0]] = float(double(v415[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v504 = arena_.slot(296960, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v504[at[0]] = float(double(v420[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v505 = arena_.slot(297216, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v505[at[0]] = float(double(v424[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v506 = arena_.slot(297472, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v506[at[0]] = float(double(v428[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v507 = arena_.slot(221184, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v507[at[0]] = float(double(v432[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v508 = arena_.slot(270336, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v508[at[0]] = float(double(v437[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v509 = arena_.slot(278528, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v509[at[0]] = float(double(v442[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v510 = arena_.slot(286720, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v510[at[0]] = float(double(v447[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v511 = arena_.slot(297728, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v511[at[0]] = float(double(v452[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v512 = arena_.slot(297984, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v512[at[0]] = float(double(v456[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v513 = arena_.slot(98304, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v513[at[0]] = float(double(v460[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v514 = arena_.slot(295424, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v514[at[0]] = float(double(v465[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v515 = arena_.slot(0, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v515[at[0]] = float(double(v470[at[1]]) * double(v489[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v516 = arena_.slot(167936, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v516[at[0]] = float(double(v475[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v517 = arena_.slot(168192, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v517[at[0]] = float(double(v479[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v518 = arena_.slot(168448, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v518[at[0]] = float(double(v483[at[1]]) * double(v489[at[2]]));
+  });
+
+  // transformer.mesh:61:3 param -> decoder/token_embedding@m
+  const meshc::gen::Buffer &v519 = param29_decoder_token_embedding_m;
+
+  // transformer.mesh:61:3 param -> decoder/token_embedding@v
+  const meshc::gen::Buffer &v520 = param30_decoder_token_embedding_v;
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v521 =
+      arena_.fill(168704, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v522 = arena_.slot(143360, 1);
+  for (size_t i = 0; i < v522.size(); ++i) {
+    v522[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v523 = arena_.slot(131072, 3072);
+  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v523[at[0]] = float(double(v490[at[1]]) * double(v522[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v525(
+      param29_decoder_token_embedding_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t524 = float(double(v519[at[1]]) * double(v521[at[2]]));
+                           v525[at[0]] = float(double(t524) + double(v523[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v526 =
+      arena_.fill(168768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.95));
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v527 = arena_.slot(131072, 3072);
+  for (size_t i = 0; i < v527.size(); ++i) {
+    v527[i] = float(double(v490[i]) * double(v490[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v528 = arena_.slot(155648, 1);
+  for (size_t i = 0; i < v528.size(); ++i) {
+    v528[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v529 = arena_.slot(143360, 3072);
+  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v529[at[0]] = float(double(v527[at[1]]) * double(v528[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v531(
+      param30_decoder_token_embedding_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t530 = float(double(v520[at[1]]) * double(v526[at[2]]));
+                           v531[at[0]] = float(double(t530) + double(v529[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 pow
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v533 = arena_.slot(168832, 1);
+  for (size_t i = 0; i < v533.size(); ++i) {
+    float t532 = float(std::pow(double(v521[i]), double(v335[i])));
+    v533[i] = float(double(v334[i]) - double(t532));
+  }
+
+  // transformer.mesh:61:3 pow
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v535 = arena_.slot(168896, 1);
+  for (size_t i = 0; i < v535.size(); ++i) {
+    float t534 = float(std::pow(double(v526[i]), double(v335[i])));
+    v535[i] = float(double(v334[i]) - double(t534));
+  }
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v536 = arena_.slot(131072, 3072);
+  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v536[at[0]] = float(double(v525[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  meshc::gen::View v538 = arena_.slot(143360, 3072);
+  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t537 = float(double(v531[at[1]]) / double(v535[at[2]]));
+                           v538[at[0]] = float(std::sqrt(double(t537)));
+                         });
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v539 =
+      arena_.fill(168960, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-08));
+
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v541 = arena_.slot(155648, 3072);
+  meshc::gen::forEach<4>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t540 = float(double(v538[at[1]]) + double(v539[at[2]]));
+                           v541[at[0]] = float(double(v536[at[3]]) / double(t540));
+                         });
+
+  // transformer.mesh:61:3 literal
+  meshc::gen::View v542 =
+      arena_.fill(169024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/token_embedding
+  meshc::gen::View v546(
+      param0_decoder_token_embedding); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t543 = float(double(v6[at[1]]) * double(v542[at[2]]));
+                           float t544 = float(double(v541[at[3]]) + double(t543));
+                           float t545 = float(double(t544) * double(v355[at[4]]));
+                           v546[at[0]] = float(double(v6[at[1]]) - double(t545));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/position_embedding@m
+  const meshc::gen::Buffer &v547 = param31_decoder_position_embedding_m;
+
+  // transformer.mesh:61:3 param -> decoder/position_embedding@v
+  const meshc::gen::Buffer &v548 = param32_decoder_position_embedding_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v549 = arena_.slot(139264, 1);
+  for (size_t i = 0; i < v549.size(); ++i) {
+    v549[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v550 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v550[at[0]] = float(double(v491[at[1]]) * double(v549[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v552(
+      param31_decoder_position_embedding_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t551 = float(double(v547[at[1]]) * double(v521[at[2]]));
+                           v552[at[0]] = float(double(t551) + double(v550[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v553 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v553.size(); ++i) {
+    v553[i] = float(double(v491[i]) * double(v491[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v554 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v554.size(); ++i) {
+    v554[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v555 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v555[at[0]] = float(double(v553[at[1]]) * double(v554[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v557(
+      param32_decoder_position_embedding_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t556 = float(double(v548[at[1]]) * double(v526[at[2]]));
+                           v557[at[0]] = float(double(t556) + double(v555[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v558 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v558[at[0]] = float(double(v552[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v562 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t559 = float(double(v557[at[1]]) / double(v535[at[2]]));
+                           float t560 = float(std::sqrt(double(t559)));
+                           float t561 = float(double(t560) + double(v539[at[3]]));
+                           v562[at[0]] = float(double(v558[at[4]]) / double(t561));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/position_embedding
+  meshc::gen::View v566(
+      param1_decoder_position_embedding); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t563 = float(double(v7[at[1]]) * double(v542[at[2]]));
+                           float t564 = float(double(v562[at[3]]) + double(t563));
+                           float t565 = float(double(t564) * double(v355[at[4]]));
+                           v566[at[0]] = float(double(v7[at[1]]) - double(t565));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/unembed@m
+  const meshc::gen::Buffer &v567 = param33_decoder_unembed_m;
+
+  // transformer.mesh:61:3 param -> decoder/unembed@v
+  const meshc::gen::Buffer &v568 = param34_decoder_unembed_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v569 = arena_.slot(143360, 1);
+  for (size_t i = 0; i < v569.size(); ++i) {
+    v569[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v570 = arena_.slot(131072, 3072);
+  meshc::gen::forEach<3>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v570[at[0]] = float(double(v492[at[1]]) * double(v569[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v572(param33_decoder_unembed_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}, {48, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t571 = float(double(v567[at[1]]) * double(v521[at[2]]));
+                           v572[at[0]] = float(double(t571) + double(v570[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v573 = arena_.slot(131072, 3072);
+  for (size_t i = 0; i < v573.size(); ++i) {
+    v573[i] = float(double(v492[i]) * double(v492[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v574 = arena_.slot(155648, 1);
+  for (size_t i = 0; i < v574.size(); ++i) {
+    v574[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v575 = arena_.slot(143360, 3072);
+  meshc::gen::forEach<3>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v575[at[0]] = float(double(v573[at[1]]) * double(v574[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v577(param34_decoder_unembed_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}, {48, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t576 = float(double(v568[at[1]]) * double(v526[at[2]]));
+                           v577[at[0]] = float(double(t576) + double(v575[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v578 = arena_.slot(131072, 3072);
+  meshc::gen::forEach<3>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v578[at[0]] = float(double(v572[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v582 = arena_.slot(143360, 3072);
+  meshc::gen::forEach<5>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}, {0, 0}, {48, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t579 = float(double(v577[at[1]]) / double(v535[at[2]]));
+                           float t580 = float(std::sqrt(double(t579)));
+                           float t581 = float(double(t580) + double(v539[at[3]]));
+                           v582[at[0]] = float(double(v578[at[4]]) / double(t581));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/unembed
+  meshc::gen::View v586(param2_decoder_unembed); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}, {48, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t583 = float(double(v8[at[1]]) * double(v542[at[2]]));
+                           float t584 = float(double(v582[at[3]]) + double(t583));
+                           float t585 = float(double(t584) * double(v355[at[4]]));
+                           v586[at[0]] = float(double(v8[at[1]]) - double(t585));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm/gain@m
+  const meshc::gen::Buffer &v587 = param35_decoder_decoder_layer_0_norm_gain_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm/gain@v
+  const meshc::gen::Buffer &v588 = param36_decoder_decoder_layer_0_norm_gain_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v589 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v589.size(); ++i) {
+    v589[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v590 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v590[at[0]] = float(double(v493[at[1]]) * double(v589[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v592(
+      param35_decoder_decoder_layer_0_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t591 = float(double(v587[at[1]]) * double(v521[at[2]]));
+    v592[at[0]] = float(double(t591) + double(v590[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v593 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v593.size(); ++i) {
+    v593[i] = float(double(v493[i]) * double(v493[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v594 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v594.size(); ++i) {
+    v594[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v595 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v595[at[0]] = float(double(v593[at[1]]) * double(v594[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v597(
+      param36_decoder_decoder_layer_0_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t596 = float(double(v588[at[1]]) * double(v526[at[2]]));
+    v597[at[0]] = float(double(t596) + double(v595[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v598 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v598[at[0]] = float(double(v592[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v602 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t599 = float(double(v597[at[1]]) / double(v535[at[2]]));
+                           float t600 = float(std::sqrt(double(t599)));
+                           float t601 = float(double(t600) + double(v539[at[3]]));
+                           v602[at[0]] = float(double(v598[at[4]]) / double(t601));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
+  meshc::gen::View v606(
+      param3_decoder_decoder_layer_0_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t603 = float(double(v21[at[1]]) * double(v542[at[2]]));
+                           float t604 = float(double(v602[at[3]]) + double(t603));
+                           float t605 = float(double(t604) * double(v355[at[4]]));
+                           v606[at[0]] = float(double(v21[at[1]]) - double(t605));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm/bias@m
+  const meshc::gen::Buffer &v607 = param37_decoder_decoder_layer_0_norm_bias_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm/bias@v
+  const meshc::gen::Buffer &v608 = param38_decoder_decoder_layer_0_norm_bias_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v609 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v609.size(); ++i) {
+    v609[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v610 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v610[at[0]] = float(double(v494[at[1]]) * double(v609[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v612(
+      param37_decoder_decoder_layer_0_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t611 = float(double(v607[at[1]]) * double(v521[at[2]]));
+    v612[at[0]] = float(double(t611) + double(v610[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v613 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v613.size(); ++i) {
+    v613[i] = float(double(v494[i]) * double(v494[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v614 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v614.size(); ++i) {
+    v614[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v615 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v615[at[0]] = float(double(v613[at[1]]) * double(v614[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v617(
+      param38_decoder_decoder_layer_0_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t616 = float(double(v608[at[1]]) * double(v526[at[2]]));
+    v617[at[0]] = float(double(t616) + double(v615[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v618 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v618[at[0]] = float(double(v612[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v622 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t619 = float(double(v617[at[1]]) / double(v535[at[2]]));
+                           float t620 = float(std::sqrt(double(t619)));
+                           float t621 = float(double(t620) + double(v539[at[3]]));
+                           v622[at[0]] = float(double(v618[at[4]]) / double(t621));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/bias
+  meshc::gen::View v626(
+      param4_decoder_decoder_layer_0_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t623 = float(double(v22[at[1]]) * double(v542[at[2]]));
+                           float t624 = float(double(v622[at[3]]) + double(t623));
+                           float t625 = float(double(t624) * double(v355[at[4]]));
+                           v626[at[0]] = float(double(v22[at[1]]) - double(t625));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_q@m
+  const meshc::gen::Buffer &v627 = param39_decoder_decoder_layer_0_attention_w_q_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_q@v
+  const meshc::gen::Buffer &v628 = param40_decoder_decoder_layer_0_attention_w_q_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v629 = arena_.slot(139264, 1);
+  for (size_t i = 0; i < v629.size(); ++i) {
+    v629[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v630 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v630[at[0]] = float(double(v495[at[1]]) * double(v629[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v632(
+      param39_decoder_decoder_layer_0_attention_w_q_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t631 = float(double(v627[at[1]]) * double(v521[at[2]]));
+                           v632[at[0]] = float(double(t631) + double(v630[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v633 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v633.size(); ++i) {
+    v633[i] = float(double(v495[i]) * double(v495[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v634 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v634.size(); ++i) {
+    v634[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v635 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v635[at[0]] = float(double(v633[at[1]]) * double(v634[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v637(
+      param40_decoder_decoder_layer_0_attention_w_q_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t636 = float(double(v628[at[1]]) * double(v526[at[2]]));
+                           v637[at[0]] = float(double(t636) + double(v635[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v638 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v638[at[0]] = float(double(v632[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v642 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t639 = float(double(v637[at[1]]) / double(v535[at[2]]));
+                           float t640 = float(std::sqrt(double(t639)));
+                           float t641 = float(double(t640) + double(v539[at[3]]));
+                           v642[at[0]] = float(double(v638[at[4]]) / double(t641));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
+  meshc::gen::View v646(
+      param5_decoder_decoder_layer_0_attention_w_q); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t643 = float(double(v26[at[1]]) * double(v542[at[2]]));
+                           float t644 = float(double(v642[at[3]]) + double(t643));
+                           float t645 = float(double(t644) * double(v355[at[4]]));
+                           v646[at[0]] = float(double(v26[at[1]]) - double(t645));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_k@m
+  const meshc::gen::Buffer &v647 = param41_decoder_decoder_layer_0_attention_w_k_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_k@v
+  const meshc::gen::Buffer &v648 = param42_decoder_decoder_layer_0_attention_w_k_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v649 = arena_.slot(139264, 1);
+  for (size_t i = 0; i < v649.size(); ++i) {
+    v649[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v650 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v650[at[0]] = float(double(v496[at[1]]) * double(v649[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v652(
+      param41_decoder_decoder_layer_0_attention_w_k_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t651 = float(double(v647[at[1]]) * double(v521[at[2]]));
+                           v652[at[0]] = float(double(t651) + double(v650[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v653 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v653.size(); ++i) {
+    v653[i] = float(double(v496[i]) * double(v496[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v654 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v654.size(); ++i) {
+    v654[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v655 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v655[at[0]] = float(double(v653[at[1]]) * double(v654[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v657(
+      param42_decoder_decoder_layer_0_attention_w_k_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t656 = float(double(v648[at[1]]) * double(v526[at[2]]));
+                           v657[at[0]] = float(double(t656) + double(v655[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v658 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v658[at[0]] = float(double(v652[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v662 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t659 = float(double(v657[at[1]]) / double(v535[at[2]]));
+                           float t660 = float(std::sqrt(double(t659)));
+                           float t661 = float(double(t660) + double(v539[at[3]]));
+                           v662[at[0]] = float(double(v658[at[4]]) / double(t661));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
+  meshc::gen::View v666(
+      param6_decoder_decoder_layer_0_attention_w_k); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t663 = float(double(v27[at[1]]) * double(v542[at[2]]));
+                           float t664 = float(double(v662[at[3]]) + double(t663));
+                           float t665 = float(double(t664) * double(v355[at[4]]));
+                           v666[at[0]] = float(double(v27[at[1]]) - double(t665));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_v@m
+  const meshc::gen::Buffer &v667 = param43_decoder_decoder_layer_0_attention_w_v_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_v@v
+  const meshc::gen::Buffer &v668 = param44_decoder_decoder_layer_0_attention_w_v_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v669 = arena_.slot(139264, 1);
+  for (size_t i = 0; i < v669.size(); ++i) {
+    v669[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v670 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v670[at[0]] = float(double(v497[at[1]]) * double(v669[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v672(
+      param43_decoder_decoder_layer_0_attention_w_v_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t671 = float(double(v667[at[1]]) * double(v521[at[2]]));
+                           v672[at[0]] = float(double(t671) + double(v670[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v673 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v673.size(); ++i) {
+    v673[i] = float(double(v497[i]) * double(v497[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v674 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v674.size(); ++i) {
+    v674[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v675 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v675[at[0]] = float(double(v673[at[1]]) * double(v674[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v677(
+      param44_decoder_decoder_layer_0_attention_w_v_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t676 = float(double(v668[at[1]]) * double(v526[at[2]]));
+                           v677[at[0]] = float(double(t676) + double(v675[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v678 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v678[at[0]] = float(double(v672[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v682 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t679 = float(double(v677[at[1]]) / double(v535[at[2]]));
+                           float t680 = float(std::sqrt(double(t679)));
+                           float t681 = float(double(t680) + double(v539[at[3]]));
+                           v682[at[0]] = float(double(v678[at[4]]) / double(t681));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
+  meshc::gen::View v686(
+      param7_decoder_decoder_layer_0_attention_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t683 = float(double(v28[at[1]]) * double(v542[at[2]]));
+                           float t684 = float(double(v682[at[3]]) + double(t683));
+                           float t685 = float(double(t684) * double(v355[at[4]]));
+                           v686[at[0]] = float(double(v28[at[1]]) - double(t685));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_o@m
+  const meshc::gen::Buffer &v687 = param45_decoder_decoder_layer_0_attention_w_o_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_o@v
+  const meshc::gen::Buffer &v688 = param46_decoder_decoder_layer_0_attention_w_o_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v689 = arena_.slot(139264, 1);
+  for (size_t i = 0; i < v689.size(); ++i) {
+    v689[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v690 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v690[at[0]] = float(double(v498[at[1]]) * double(v689[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v692(
+      param45_decoder_decoder_layer_0_attention_w_o_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t691 = float(double(v687[at[1]]) * double(v521[at[2]]));
+                           v692[at[0]] = float(double(t691) + double(v690[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v693 = arena_.slot(131072, 2048);
+  for (size_t i = 0; i < v693.size(); ++i) {
+    v693[i] = float(double(v498[i]) * double(v498[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v694 = arena_.slot(147456, 1);
+  for (size_t i = 0; i < v694.size(); ++i) {
+    v694[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v695 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v695[at[0]] = float(double(v693[at[1]]) * double(v694[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v697(
+      param46_decoder_decoder_layer_0_attention_w_o_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t696 = float(double(v688[at[1]]) * double(v526[at[2]]));
+                           v697[at[0]] = float(double(t696) + double(v695[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v698 = arena_.slot(131072, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v698[at[0]] = float(double(v692[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v702 = arena_.slot(139264, 2048);
+  meshc::gen::forEach<5>({2, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t699 = float(double(v697[at[1]]) / double(v535[at[2]]));
+                           float t700 = float(std::sqrt(double(t699)));
+                           float t701 = float(double(t700) + double(v539[at[3]]));
+                           v702[at[0]] = float(double(v698[at[4]]) / double(t701));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
+  meshc::gen::View v706(
+      param8_decoder_decoder_layer_0_attention_w_o); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({2, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t703 = float(double(v29[at[1]]) * double(v542[at[2]]));
+                           float t704 = float(double(v702[at[3]]) + double(t703));
+                           float t705 = float(double(t704) * double(v355[at[4]]));
+                           v706[at[0]] = float(double(v29[at[1]]) - double(t705));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm#1/gain@m
+  const meshc::gen::Buffer &v707 = param47_decoder_decoder_layer_0_norm_1_gain_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm#1/gain@v
+  const meshc::gen::Buffer &v708 = param48_decoder_decoder_layer_0_norm_1_gain_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v709 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v709.size(); ++i) {
+    v709[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v710 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v710[at[0]] = float(double(v499[at[1]]) * double(v709[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v712(
+      param47_decoder_decoder_layer_0_norm_1_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t711 = float(double(v707[at[1]]) * double(v521[at[2]]));
+    v712[at[0]] = float(double(t711) + double(v710[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v713 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v713.size(); ++i) {
+    v713[i] = float(double(v499[i]) * double(v499[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v714 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v714.size(); ++i) {
+    v714[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v715 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v715[at[0]] = float(double(v713[at[1]]) * double(v714[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v717(
+      param48_decoder_decoder_layer_0_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t716 = float(double(v708[at[1]]) * double(v526[at[2]]));
+    v717[at[0]] = float(double(t716) + double(v715[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v718 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v718[at[0]] = float(double(v712[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v722 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t719 = float(double(v717[at[1]]) / double(v535[at[2]]));
+                           float t720 = float(std::sqrt(double(t719)));
+                           float t721 = float(double(t720) + double(v539[at[3]]));
+                           v722[at[0]] = float(double(v718[at[4]]) / double(t721));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
+  meshc::gen::View v726(
+      param9_decoder_decoder_layer_0_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t723 = float(double(v47[at[1]]) * double(v542[at[2]]));
+                           float t724 = float(double(v722[at[3]]) + double(t723));
+                           float t725 = float(double(t724) * double(v355[at[4]]));
+                           v726[at[0]] = float(double(v47[at[1]]) - double(t725));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm#1/bias@m
+  const meshc::gen::Buffer &v727 = param49_decoder_decoder_layer_0_norm_1_bias_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm#1/bias@v
+  const meshc::gen::Buffer &v728 = param50_decoder_decoder_layer_0_norm_1_bias_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v729 = arena_.slot(131328, 1);
+  for (size_t i = 0; i < v729.size(); ++i) {
+    v729[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v730 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v730[at[0]] = float(double(v500[at[1]]) * double(v729[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v732(
+      param49_decoder_decoder_layer_0_norm_1_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t731 = float(double(v727[at[1]]) * double(v521[at[2]]));
+    v732[at[0]] = float(double(t731) + double(v730[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v733 = arena_.slot(131072, 64);
+  for (size_t i = 0; i < v733.size(); ++i) {
+    v733[i] = float(double(v500[i]) * double(v500[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v734 = arena_.slot(131584, 1);
+  for (size_t i = 0; i < v734.size(); ++i) {
+    v734[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v735 = arena_.slot(131328, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v735[at[0]] = float(double(v733[at[1]]) * double(v734[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v737(
+      param50_decoder_decoder_layer_0_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t736 = float(double(v728[at[1]]) * double(v526[at[2]]));
+    v737[at[0]] = float(double(t736) + double(v735[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v738 = arena_.slot(131072, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v738[at[0]] = float(double(v732[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v742 = arena_.slot(131328, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t739 = float(double(v737[at[1]]) / double(v535[at[2]]));
+                           float t740 = float(std::sqrt(double(t739)));
+                           float t741 = float(double(t740) + double(v539[at[3]]));
+                           v742[at[0]] = float(double(v738[at[4]]) / double(t741));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
+  meshc::gen::View v746(
+      param10_decoder_decoder_layer_0_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t743 = float(double(v48[at[1]]) * double(v542[at[2]]));
+                           float t744 = float(double(v742[at[3]]) + double(t743));
+                           float t745 = float(double(t744) * double(v355[at[4]]));
+                           v746[at[0]] = float(double(v48[at[1]]) - double(t745));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/w_in@m
+  const meshc::gen::Buffer &v747 = param51_decoder_decoder_layer_0_ffn_w_in_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/w_in@v
+  const meshc::gen::Buffer &v748 = param52_decoder_decoder_layer_0_ffn_w_in_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v749 = arena_.slot(163840, 1);
+  for (size_t i = 0; i < v749.size(); ++i) {
+    v749[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v750 = arena_.slot(131072, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v750[at[0]] = float(double(v501[at[1]]) * double(v749[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v752(
+      param51_decoder_decoder_layer_0_ffn_w_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t751 = float(double(v747[at[1]]) * double(v521[at[2]]));
+                           v752[at[0]] = float(double(t751) + double(v750[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v753 = arena_.slot(131072, 8192);
+  for (size_t i = 0; i < v753.size(); ++i) {
+    v753[i] = float(double(v501[i]) * double(v501[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v754 = arena_.slot(163840, 1);
+  for (size_t i = 0; i < v754.size(); ++i) {
+    v754[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v755 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v755[at[0]] = float(double(v753[at[1]]) * double(v754[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v757(
+      param52_decoder_decoder_layer_0_ffn_w_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t756 = float(double(v748[at[1]]) * double(v526[at[2]]));
+                           v757[at[0]] = float(double(t756) + double(v755[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v758 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v758[at[0]] = float(double(v752[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v762 = arena_.slot(131072, 8192);
+  meshc::gen::forEach<5>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t759 = float(double(v757[at[1]]) / double(v535[at[2]]));
+                           float t760 = float(std::sqrt(double(t759)));
+                           float t761 = float(double(t760) + double(v539[at[3]]));
+                           v762[at[0]] = float(double(v758[at[4]]) / double(t761));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
+  meshc::gen::View v766(
+      param11_decoder_decoder_layer_0_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t763 = float(double(v52[at[1]]) * double(v542[at[2]]));
+                           float t764 = float(double(v762[at[3]]) + double(t763));
+                           float t765 = float(double(t764) * double(v355[at[4]]));
+                           v766[at[0]] = float(double(v52[at[1]]) - double(t765));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/b_in@m
+  const meshc::gen::Buffer &v767 = param53_decoder_decoder_layer_0_ffn_b_in_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/b_in@v
+  const meshc::gen::Buffer &v768 = param54_decoder_decoder_layer_0_ffn_b_in_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v769 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v769.size(); ++i) {
+    v769[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v770 = arena_.slot(65536, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v770[at[0]] = float(double(v502[at[1]]) * double(v769[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v772(
+      param53_decoder_decoder_layer_0_ffn_b_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t771 = float(double(v767[at[1]]) * double(v521[at[2]]));
+    v772[at[0]] = float(double(t771) + double(v770[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v773 = arena_.slot(65536, 128);
+  for (size_t i = 0; i < v773.size(); ++i) {
+    v773[i] = float(double(v502[i]) * double(v502[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v774 = arena_.slot(66560, 1);
+  for (size_t i = 0; i < v774.size(); ++i) {
+    v774[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v775 = arena_.slot(66048, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v775[at[0]] = float(double(v773[at[1]]) * double(v774[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v777(
+      param54_decoder_decoder_layer_0_ffn_b_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t776 = float(double(v768[at[1]]) * double(v526[at[2]]));
+    v777[at[0]] = float(double(t776) + double(v775[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v778 = arena_.slot(65536, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v778[at[0]] = float(double(v772[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v782 = arena_.slot(66048, 128);
+  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t779 = float(double(v777[at[1]]) / double(v535[at[2]]));
+                           float t780 = float(std::sqrt(double(t779)));
+                           float t781 = float(double(t780) + double(v539[at[3]]));
+                           v782[at[0]] = float(double(v778[at[4]]) / double(t781));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
+  meshc::gen::View v786(
+      param12_decoder_decoder_layer_0_ffn_b_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t783 = float(double(v53[at[1]]) * double(v542[at[2]]));
+                           float t784 = float(double(v782[at[3]]) + double(t783));
+                           float t785 = float(double(t784) * double(v355[at[4]]));
+                           v786[at[0]] = float(double(v53[at[1]]) - double(t785));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/w_out@m
+  const meshc::gen::Buffer &v787 = param55_decoder_decoder_layer_0_ffn_w_out_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/w_out@v
+  const meshc::gen::Buffer &v788 = param56_decoder_decoder_layer_0_ffn_w_out_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v789 = arena_.slot(131072, 1);
+  for (size_t i = 0; i < v789.size(); ++i) {
+    v789[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v790 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v790[at[0]] = float(double(v503[at[1]]) * double(v789[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v792(
+      param55_decoder_decoder_layer_0_ffn_w_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t791 = float(double(v787[at[1]]) * double(v521[at[2]]));
+                           v792[at[0]] = float(double(t791) + double(v790[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v793 = arena_.slot(65536, 8192);
+  for (size_t i = 0; i < v793.size(); ++i) {
+    v793[i] = float(double(v503[i]) * double(v503[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v794 = arena_.slot(131072, 1);
+  for (size_t i = 0; i < v794.size(); ++i) {
+    v794[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v795 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v795[at[0]] = float(double(v793[at[1]]) * double(v794[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v797(
+      param56_decoder_decoder_layer_0_ffn_w_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t796 = float(double(v788[at[1]]) * double(v526[at[2]]));
+                           v797[at[0]] = float(double(t796) + double(v795[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v798 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v798[at[0]] = float(double(v792[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v802 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t799 = float(double(v797[at[1]]) / double(v535[at[2]]));
+                           float t800 = float(std::sqrt(double(t799)));
+                           float t801 = float(double(t800) + double(v539[at[3]]));
+                           v802[at[0]] = float(double(v798[at[4]]) / double(t801));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
+  meshc::gen::View v806(
+      param13_decoder_decoder_layer_0_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t803 = float(double(v54[at[1]]) * double(v542[at[2]]));
+                           float t804 = float(double(v802[at[3]]) + double(t803));
+                           float t805 = float(double(t804) * double(v355[at[4]]));
+                           v806[at[0]] = float(double(v54[at[1]]) - double(t805));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/b_out@m
+  const meshc::gen::Buffer &v807 = param57_decoder_decoder_layer_0_ffn_b_out_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/b_out@v
+  const meshc::gen::Buffer &v808 = param58_decoder_decoder_layer_0_ffn_b_out_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v809 = arena_.slot(33024, 1);
+  for (size_t i = 0; i < v809.size(); ++i) {
+    v809[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v810 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v810[at[0]] = float(double(v504[at[1]]) * double(v809[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v812(
+      param57_decoder_decoder_layer_0_ffn_b_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t811 = float(double(v807[at[1]]) * double(v521[at[2]]));
+    v812[at[0]] = float(double(t811) + double(v810[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v813 = arena_.slot(32768, 64);
+  for (size_t i = 0; i < v813.size(); ++i) {
+    v813[i] = float(double(v504[i]) * double(v504[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v814 = arena_.slot(33280, 1);
+  for (size_t i = 0; i < v814.size(); ++i) {
+    v814[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v815 = arena_.slot(33024, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v815[at[0]] = float(double(v813[at[1]]) * double(v814[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v817(
+      param58_decoder_decoder_layer_0_ffn_b_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t816 = float(double(v808[at[1]]) * double(v526[at[2]]));
+    v817[at[0]] = float(double(t816) + double(v815[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v818 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v818[at[0]] = float(double(v812[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v822 = arena_.slot(33024, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t819 = float(double(v817[at[1]]) / double(v535[at[2]]));
+                           float t820 = float(std::sqrt(double(t819)));
+                           float t821 = float(double(t820) + double(v539[at[3]]));
+                           v822[at[0]] = float(double(v818[at[4]]) / double(t821));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
+  meshc::gen::View v826(
+      param14_decoder_decoder_layer_0_ffn_b_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t823 = float(double(v55[at[1]]) * double(v542[at[2]]));
+                           float t824 = float(double(v822[at[3]]) + double(t823));
+                           float t825 = float(double(t824) * double(v355[at[4]]));
+                           v826[at[0]] = float(double(v55[at[1]]) - double(t825));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm/gain@m
+  const meshc::gen::Buffer &v827 = param59_decoder_decoder_layer_1_norm_gain_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm/gain@v
+  const meshc::gen::Buffer &v828 = param60_decoder_decoder_layer_1_norm_gain_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v829 = arena_.slot(33024, 1);
+  for (size_t i = 0; i < v829.size(); ++i) {
+    v829[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v830 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v830[at[0]] = float(double(v505[at[1]]) * double(v829[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v832(
+      param59_decoder_decoder_layer_1_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t831 = float(double(v827[at[1]]) * double(v521[at[2]]));
+    v832[at[0]] = float(double(t831) + double(v830[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v833 = arena_.slot(32768, 64);
+  for (size_t i = 0; i < v833.size(); ++i) {
+    v833[i] = float(double(v505[i]) * double(v505[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v834 = arena_.slot(33280, 1);
+  for (size_t i = 0; i < v834.size(); ++i) {
+    v834[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v835 = arena_.slot(33024, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v835[at[0]] = float(double(v833[at[1]]) * double(v834[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v837(
+      param60_decoder_decoder_layer_1_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t836 = float(double(v828[at[1]]) * double(v526[at[2]]));
+    v837[at[0]] = float(double(t836) + double(v835[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v838 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v838[at[0]] = float(double(v832[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v842 = arena_.slot(33024, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t839 = float(double(v837[at[1]]) / double(v535[at[2]]));
+                           float t840 = float(std::sqrt(double(t839)));
+                           float t841 = float(double(t840) + double(v539[at[3]]));
+                           v842[at[0]] = float(double(v838[at[4]]) / double(t841));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
+  meshc::gen::View v846(
+      param15_decoder_decoder_layer_1_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t843 = float(double(v64[at[1]]) * double(v542[at[2]]));
+                           float t844 = float(double(v842[at[3]]) + double(t843));
+                           float t845 = float(double(t844) * double(v355[at[4]]));
+                           v846[at[0]] = float(double(v64[at[1]]) - double(t845));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm/bias@m
+  const meshc::gen::Buffer &v847 = param61_decoder_decoder_layer_1_norm_bias_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm/bias@v
+  const meshc::gen::Buffer &v848 = param62_decoder_decoder_layer_1_norm_bias_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v849 = arena_.slot(33024, 1);
+  for (size_t i = 0; i < v849.size(); ++i) {
+    v849[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v850 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v850[at[0]] = float(double(v506[at[1]]) * double(v849[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v852(
+      param61_decoder_decoder_layer_1_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t851 = float(double(v847[at[1]]) * double(v521[at[2]]));
+    v852[at[0]] = float(double(t851) + double(v850[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v853 = arena_.slot(32768, 64);
+  for (size_t i = 0; i < v853.size(); ++i) {
+    v853[i] = float(double(v506[i]) * double(v506[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v854 = arena_.slot(33280, 1);
+  for (size_t i = 0; i < v854.size(); ++i) {
+    v854[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v855 = arena_.slot(33024, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v855[at[0]] = float(double(v853[at[1]]) * double(v854[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v857(
+      param62_decoder_decoder_layer_1_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t856 = float(double(v848[at[1]]) * double(v526[at[2]]));
+    v857[at[0]] = float(double(t856) + double(v855[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v858 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v858[at[0]] = float(double(v852[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v862 = arena_.slot(33024, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t859 = float(double(v857[at[1]]) / double(v535[at[2]]));
+                           float t860 = float(std::sqrt(double(t859)));
+                           float t861 = float(double(t860) + double(v539[at[3]]));
+                           v862[at[0]] = float(double(v858[at[4]]) / double(t861));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
+  meshc::gen::View v866(
+      param16_decoder_decoder_layer_1_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t863 = float(double(v65[at[1]]) * double(v542[at[2]]));
+                           float t864 = float(double(v862[at[3]]) + double(t863));
+                           float t865 = float(double(t864) * double(v355[at[4]]));
+                           v866[at[0]] = float(double(v65[at[1]]) - double(t865));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_q@m
+  const meshc::gen::Buffer &v867 = param63_decoder_decoder_layer_1_attention_w_q_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_q@v
+  const meshc::gen::Buffer &v868 = param64_decoder_decoder_layer_1_attention_w_q_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v869 = arena_.slot(40960, 1);
+  for (size_t i = 0; i < v869.size(); ++i) {
+    v869[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v870 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v870[at[0]] = float(double(v507[at[1]]) * double(v869[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v872(
+      param63_decoder_decoder_layer_1_attention_w_q_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t871 = float(double(v867[at[1]]) * double(v521[at[2]]));
+                           v872[at[0]] = float(double(t871) + double(v870[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v873 = arena_.slot(32768, 2048);
+  for (size_t i = 0; i < v873.size(); ++i) {
+    v873[i] = float(double(v507[i]) * double(v507[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v874 = arena_.slot(49152, 1);
+  for (size_t i = 0; i < v874.size(); ++i) {
+    v874[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v875 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v875[at[0]] = float(double(v873[at[1]]) * double(v874[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v877(
+      param64_decoder_decoder_layer_1_attention_w_q_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t876 = float(double(v868[at[1]]) * double(v526[at[2]]));
+                           v877[at[0]] = float(double(t876) + double(v875[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v878 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v878[at[0]] = float(double(v872[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v882 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t879 = float(double(v877[at[1]]) / double(v535[at[2]]));
+                           float t880 = float(std::sqrt(double(t879)));
+                           float t881 = float(double(t880) + double(v539[at[3]]));
+                           v882[at[0]] = float(double(v878[at[4]]) / double(t881));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_q
+  meshc::gen::View v886(
+      param17_decoder_decoder_layer_1_attention_w_q); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t883 = float(double(v69[at[1]]) * double(v542[at[2]]));
+                           float t884 = float(double(v882[at[3]]) + double(t883));
+                           float t885 = float(double(t884) * double(v355[at[4]]));
+                           v886[at[0]] = float(double(v69[at[1]]) - double(t885));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_k@m
+  const meshc::gen::Buffer &v887 = param65_decoder_decoder_layer_1_attention_w_k_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_k@v
+  const meshc::gen::Buffer &v888 = param66_decoder_decoder_layer_1_attention_w_k_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v889 = arena_.slot(40960, 1);
+  for (size_t i = 0; i < v889.size(); ++i) {
+    v889[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v890 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v890[at[0]] = float(double(v508[at[1]]) * double(v889[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v892(
+      param65_decoder_decoder_layer_1_attention_w_k_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t891 = float(double(v887[at[1]]) * double(v521[at[2]]));
+                           v892[at[0]] = float(double(t891) + double(v890[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v893 = arena_.slot(32768, 2048);
+  for (size_t i = 0; i < v893.size(); ++i) {
+    v893[i] = float(double(v508[i]) * double(v508[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v894 = arena_.slot(49152, 1);
+  for (size_t i = 0; i < v894.size(); ++i) {
+    v894[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v895 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v895[at[0]] = float(double(v893[at[1]]) * double(v894[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v897(
+      param66_decoder_decoder_layer_1_attention_w_k_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t896 = float(double(v888[at[1]]) * double(v526[at[2]]));
+                           v897[at[0]] = float(double(t896) + double(v895[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v898 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v898[at[0]] = float(double(v892[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v902 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t899 = float(double(v897[at[1]]) / double(v535[at[2]]));
+                           float t900 = float(std::sqrt(double(t899)));
+                           float t901 = float(double(t900) + double(v539[at[3]]));
+                           v902[at[0]] = float(double(v898[at[4]]) / double(t901));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_k
+  meshc::gen::View v906(
+      param18_decoder_decoder_layer_1_attention_w_k); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t903 = float(double(v70[at[1]]) * double(v542[at[2]]));
+                           float t904 = float(double(v902[at[3]]) + double(t903));
+                           float t905 = float(double(t904) * double(v355[at[4]]));
+                           v906[at[0]] = float(double(v70[at[1]]) - double(t905));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_v@m
+  const meshc::gen::Buffer &v907 = param67_decoder_decoder_layer_1_attention_w_v_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_v@v
+  const meshc::gen::Buffer &v908 = param68_decoder_decoder_layer_1_attention_w_v_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v909 = arena_.slot(40960, 1);
+  for (size_t i = 0; i < v909.size(); ++i) {
+    v909[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v910 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v910[at[0]] = float(double(v509[at[1]]) * double(v909[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v912(
+      param67_decoder_decoder_layer_1_attention_w_v_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t911 = float(double(v907[at[1]]) * double(v521[at[2]]));
+                           v912[at[0]] = float(double(t911) + double(v910[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v913 = arena_.slot(32768, 2048);
+  for (size_t i = 0; i < v913.size(); ++i) {
+    v913[i] = float(double(v509[i]) * double(v509[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v914 = arena_.slot(49152, 1);
+  for (size_t i = 0; i < v914.size(); ++i) {
+    v914[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v915 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v915[at[0]] = float(double(v913[at[1]]) * double(v914[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v917(
+      param68_decoder_decoder_layer_1_attention_w_v_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t916 = float(double(v908[at[1]]) * double(v526[at[2]]));
+                           v917[at[0]] = float(double(t916) + double(v915[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v918 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v918[at[0]] = float(double(v912[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v922 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t919 = float(double(v917[at[1]]) / double(v535[at[2]]));
+                           float t920 = float(std::sqrt(double(t919)));
+                           float t921 = float(double(t920) + double(v539[at[3]]));
+                           v922[at[0]] = float(double(v918[at[4]]) / double(t921));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_v
+  meshc::gen::View v926(
+      param19_decoder_decoder_layer_1_attention_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t923 = float(double(v71[at[1]]) * double(v542[at[2]]));
+                           float t924 = float(double(v922[at[3]]) + double(t923));
+                           float t925 = float(double(t924) * double(v355[at[4]]));
+                           v926[at[0]] = float(double(v71[at[1]]) - double(t925));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_o@m
+  const meshc::gen::Buffer &v927 = param69_decoder_decoder_layer_1_attention_w_o_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_o@v
+  const meshc::gen::Buffer &v928 = param70_decoder_decoder_layer_1_attention_w_o_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v929 = arena_.slot(40960, 1);
+  for (size_t i = 0; i < v929.size(); ++i) {
+    v929[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v930 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v930[at[0]] = float(double(v510[at[1]]) * double(v929[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v932(
+      param69_decoder_decoder_layer_1_attention_w_o_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t931 = float(double(v927[at[1]]) * double(v521[at[2]]));
+                           v932[at[0]] = float(double(t931) + double(v930[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v933 = arena_.slot(32768, 2048);
+  for (size_t i = 0; i < v933.size(); ++i) {
+    v933[i] = float(double(v510[i]) * double(v510[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v934 = arena_.slot(49152, 1);
+  for (size_t i = 0; i < v934.size(); ++i) {
+    v934[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v935 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v935[at[0]] = float(double(v933[at[1]]) * double(v934[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v937(
+      param70_decoder_decoder_layer_1_attention_w_o_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t936 = float(double(v928[at[1]]) * double(v526[at[2]]));
+                           v937[at[0]] = float(double(t936) + double(v935[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v938 = arena_.slot(32768, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v938[at[0]] = float(double(v932[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v942 = arena_.slot(40960, 2048);
+  meshc::gen::forEach<5>({2, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t939 = float(double(v937[at[1]]) / double(v535[at[2]]));
+                           float t940 = float(std::sqrt(double(t939)));
+                           float t941 = float(double(t940) + double(v539[at[3]]));
+                           v942[at[0]] = float(double(v938[at[4]]) / double(t941));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_o
+  meshc::gen::View v946(
+      param20_decoder_decoder_layer_1_attention_w_o); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({2, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t943 = float(double(v72[at[1]]) * double(v542[at[2]]));
+                           float t944 = float(double(v942[at[3]]) + double(t943));
+                           float t945 = float(double(t944) * double(v355[at[4]]));
+                           v946[at[0]] = float(double(v72[at[1]]) - double(t945));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm#1/gain@m
+  const meshc::gen::Buffer &v947 = param71_decoder_decoder_layer_1_norm_1_gain_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm#1/gain@v
+  const meshc::gen::Buffer &v948 = param72_decoder_decoder_layer_1_norm_1_gain_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v949 = arena_.slot(33024, 1);
+  for (size_t i = 0; i < v949.size(); ++i) {
+    v949[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v950 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v950[at[0]] = float(double(v511[at[1]]) * double(v949[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v952(
+      param71_decoder_decoder_layer_1_norm_1_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t951 = float(double(v947[at[1]]) * double(v521[at[2]]));
+    v952[at[0]] = float(double(t951) + double(v950[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v953 = arena_.slot(32768, 64);
+  for (size_t i = 0; i < v953.size(); ++i) {
+    v953[i] = float(double(v511[i]) * double(v511[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v954 = arena_.slot(33280, 1);
+  for (size_t i = 0; i < v954.size(); ++i) {
+    v954[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v955 = arena_.slot(33024, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v955[at[0]] = float(double(v953[at[1]]) * double(v954[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v957(
+      param72_decoder_decoder_layer_1_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t956 = float(double(v948[at[1]]) * double(v526[at[2]]));
+    v957[at[0]] = float(double(t956) + double(v955[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v958 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v958[at[0]] = float(double(v952[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v962 = arena_.slot(33024, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t959 = float(double(v957[at[1]]) / double(v535[at[2]]));
+                           float t960 = float(std::sqrt(double(t959)));
+                           float t961 = float(double(t960) + double(v539[at[3]]));
+                           v962[at[0]] = float(double(v958[at[4]]) / double(t961));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm#1/gain
+  meshc::gen::View v966(
+      param21_decoder_decoder_layer_1_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t963 = float(double(v90[at[1]]) * double(v542[at[2]]));
+                           float t964 = float(double(v962[at[3]]) + double(t963));
+                           float t965 = float(double(t964) * double(v355[at[4]]));
+                           v966[at[0]] = float(double(v90[at[1]]) - double(t965));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm#1/bias@m
+  const meshc::gen::Buffer &v967 = param73_decoder_decoder_layer_1_norm_1_bias_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm#1/bias@v
+  const meshc::gen::Buffer &v968 = param74_decoder_decoder_layer_1_norm_1_bias_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v969 = arena_.slot(33024, 1);
+  for (size_t i = 0; i < v969.size(); ++i) {
+    v969[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v970 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v970[at[0]] = float(double(v512[at[1]]) * double(v969[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v972(
+      param73_decoder_decoder_layer_1_norm_1_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t971 = float(double(v967[at[1]]) * double(v521[at[2]]));
+    v972[at[0]] = float(double(t971) + double(v970[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v973 = arena_.slot(32768, 64);
+  for (size_t i = 0; i < v973.size(); ++i) {
+    v973[i] = float(double(v512[i]) * double(v512[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v974 = arena_.slot(33280, 1);
+  for (size_t i = 0; i < v974.size(); ++i) {
+    v974[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v975 = arena_.slot(33024, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v975[at[0]] = float(double(v973[at[1]]) * double(v974[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v977(
+      param74_decoder_decoder_layer_1_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t976 = float(double(v968[at[1]]) * double(v526[at[2]]));
+    v977[at[0]] = float(double(t976) + double(v975[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v978 = arena_.slot(32768, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v978[at[0]] = float(double(v972[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v982 = arena_.slot(33024, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t979 = float(double(v977[at[1]]) / double(v535[at[2]]));
+                           float t980 = float(std::sqrt(double(t979)));
+                           float t981 = float(double(t980) + double(v539[at[3]]));
+                           v982[at[0]] = float(double(v978[at[4]]) / double(t981));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm#1/bias
+  meshc::gen::View v986(
+      param22_decoder_decoder_layer_1_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t983 = float(double(v91[at[1]]) * double(v542[at[2]]));
+                           float t984 = float(double(v982[at[3]]) + double(t983));
+                           float t985 = float(double(t984) * double(v355[at[4]]));
+                           v986[at[0]] = float(double(v91[at[1]]) - double(t985));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/w_in@m
+  const meshc::gen::Buffer &v987 = param75_decoder_decoder_layer_1_ffn_w_in_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/w_in@v
+  const meshc::gen::Buffer &v988 = param76_decoder_decoder_layer_1_ffn_w_in_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v989 = arena_.slot(65536, 1);
+  for (size_t i = 0; i < v989.size(); ++i) {
+    v989[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v990 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v990[at[0]] = float(double(v513[at[1]]) * double(v989[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v992(
+      param75_decoder_decoder_layer_1_ffn_w_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t991 = float(double(v987[at[1]]) * double(v521[at[2]]));
+                           v992[at[0]] = float(double(t991) + double(v990[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v993 = arena_.slot(32768, 8192);
+  for (size_t i = 0; i < v993.size(); ++i) {
+    v993[i] = float(double(v513[i]) * double(v513[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v994 = arena_.slot(98304, 1);
+  for (size_t i = 0; i < v994.size(); ++i) {
+    v994[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v995 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v995[at[0]] = float(double(v993[at[1]]) * double(v994[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v997(
+      param76_decoder_decoder_layer_1_ffn_w_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t996 = float(double(v988[at[1]]) * double(v526[at[2]]));
+                           v997[at[0]] = float(double(t996) + double(v995[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v998 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v998[at[0]] = float(double(v992[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1002 = arena_.slot(65536, 8192);
+  meshc::gen::forEach<5>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {0, 0}, {128, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t999 = float(double(v997[at[1]]) / double(v535[at[2]]));
+                           float t1000 = float(std::sqrt(double(t999)));
+                           float t1001 = float(double(t1000) + double(v539[at[3]]));
+                           v1002[at[0]] = float(double(v998[at[4]]) / double(t1001));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_in
+  meshc::gen::View v1006(
+      param23_decoder_decoder_layer_1_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1003 = float(double(v95[at[1]]) * double(v542[at[2]]));
+                           float t1004 = float(double(v1002[at[3]]) + double(t1003));
+                           float t1005 = float(double(t1004) * double(v355[at[4]]));
+                           v1006[at[0]] = float(double(v95[at[1]]) - double(t1005));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/b_in@m
+  const meshc::gen::Buffer &v1007 = param77_decoder_decoder_layer_1_ffn_b_in_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/b_in@v
+  const meshc::gen::Buffer &v1008 = param78_decoder_decoder_layer_1_ffn_b_in_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1009 = arena_.slot(33280, 1);
+  for (size_t i = 0; i < v1009.size(); ++i) {
+    v1009[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1010 = arena_.slot(32768, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1010[at[0]] = float(double(v514[at[1]]) * double(v1009[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1012(
+      param77_decoder_decoder_layer_1_ffn_b_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1011 = float(double(v1007[at[1]]) * double(v521[at[2]]));
+    v1012[at[0]] = float(double(t1011) + double(v1010[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v1013 = arena_.slot(32768, 128);
+  for (size_t i = 0; i < v1013.size(); ++i) {
+    v1013[i] = float(double(v514[i]) * double(v514[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1014 = arena_.slot(33792, 1);
+  for (size_t i = 0; i < v1014.size(); ++i) {
+    v1014[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1015 = arena_.slot(33280, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1015[at[0]] = float(double(v1013[at[1]]) * double(v1014[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1017(
+      param78_decoder_decoder_layer_1_ffn_b_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1016 = float(double(v1008[at[1]]) * double(v526[at[2]]));
+    v1017[at[0]] = float(double(t1016) + double(v1015[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1018 = arena_.slot(32768, 128);
+  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1018[at[0]] = float(double(v1012[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1022 = arena_.slot(33280, 128);
+  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1019 = float(double(v1017[at[1]]) / double(v535[at[2]]));
+                           float t1020 = float(std::sqrt(double(t1019)));
+                           float t1021 = float(double(t1020) + double(v539[at[3]]));
+                           v1022[at[0]] = float(double(v1018[at[4]]) / double(t1021));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/b_in
+  meshc::gen::View v1026(
+      param24_decoder_decoder_layer_1_ffn_b_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1023 = float(double(v96[at[1]]) * double(v542[at[2]]));
+                           float t1024 = float(double(v1022[at[3]]) + double(t1023));
+                           float t1025 = float(double(t1024) * double(v355[at[4]]));
+                           v1026[at[0]] = float(double(v96[at[1]]) - double(t1025));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/w_out@m
+  const meshc::gen::Buffer &v1027 = param79_decoder_decoder_layer_1_ffn_w_out_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/w_out@v
+  const meshc::gen::Buffer &v1028 = param80_decoder_decoder_layer_1_ffn_w_out_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1029 = arena_.slot(65536, 1);
+  for (size_t i = 0; i < v1029.size(); ++i) {
+    v1029[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1030 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1030[at[0]] = float(double(v515[at[1]]) * double(v1029[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1032(
+      param79_decoder_decoder_layer_1_ffn_w_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1031 = float(double(v1027[at[1]]) * double(v521[at[2]]));
+                           v1032[at[0]] = float(double(t1031) + double(v1030[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v1033 = arena_.slot(32768, 8192);
+  for (size_t i = 0; i < v1033.size(); ++i) {
+    v1033[i] = float(double(v515[i]) * double(v515[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1034 = arena_.slot(65536, 1);
+  for (size_t i = 0; i < v1034.size(); ++i) {
+    v1034[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1035 = arena_.slot(0, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1035[at[0]] = float(double(v1033[at[1]]) * double(v1034[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1037(
+      param80_decoder_decoder_layer_1_ffn_w_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1036 = float(double(v1028[at[1]]) * double(v526[at[2]]));
+                           v1037[at[0]] = float(double(t1036) + double(v1035[at[3]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1038 = arena_.slot(0, 8192);
+  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1038[at[0]] = float(double(v1032[at[1]]) / double(v533[at[2]]));
+                         });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1042 = arena_.slot(32768, 8192);
+  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1039 = float(double(v1037[at[1]]) / double(v535[at[2]]));
+                           float t1040 = float(std::sqrt(double(t1039)));
+                           float t1041 = float(double(t1040) + double(v539[at[3]]));
+                           v1042[at[0]] = float(double(v1038[at[4]]) / double(t1041));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_out
+  meshc::gen::View v1046(
+      param25_decoder_decoder_layer_1_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1043 = float(double(v97[at[1]]) * double(v542[at[2]]));
+                           float t1044 = float(double(v1042[at[3]]) + double(t1043));
+                           float t1045 = float(double(t1044) * double(v355[at[4]]));
+                           v1046[at[0]] = float(double(v97[at[1]]) - double(t1045));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/b_out@m
+  const meshc::gen::Buffer &v1047 = param81_decoder_decoder_layer_1_ffn_b_out_m;
+
+  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/b_out@v
+  const meshc::gen::Buffer &v1048 = param82_decoder_decoder_layer_1_ffn_b_out_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1049 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v1049.size(); ++i) {
+    v1049[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1050 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1050[at[0]] = float(double(v516[at[1]]) * double(v1049[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1052(
+      param81_decoder_decoder_layer_1_ffn_b_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1051 = float(double(v1047[at[1]]) * double(v521[at[2]]));
+    v1052[at[0]] = float(double(t1051) + double(v1050[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v1053 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v1053.size(); ++i) {
+    v1053[i] = float(double(v516[i]) * double(v516[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1054 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v1054.size(); ++i) {
+    v1054[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1055 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1055[at[0]] = float(double(v1053[at[1]]) * double(v1054[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1057(
+      param82_decoder_decoder_layer_1_ffn_b_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1056 = float(double(v1048[at[1]]) * double(v526[at[2]]));
+    v1057[at[0]] = float(double(t1056) + double(v1055[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1058 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1058[at[0]] = float(double(v1052[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1062 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1059 = float(double(v1057[at[1]]) / double(v535[at[2]]));
+                           float t1060 = float(std::sqrt(double(t1059)));
+                           float t1061 = float(double(t1060) + double(v539[at[3]]));
+                           v1062[at[0]] = float(double(v1058[at[4]]) / double(t1061));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/b_out
+  meshc::gen::View v1066(
+      param26_decoder_decoder_layer_1_ffn_b_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1063 = float(double(v98[at[1]]) * double(v542[at[2]]));
+                           float t1064 = float(double(v1062[at[3]]) + double(t1063));
+                           float t1065 = float(double(t1064) * double(v355[at[4]]));
+                           v1066[at[0]] = float(double(v98[at[1]]) - double(t1065));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/norm/gain@m
+  const meshc::gen::Buffer &v1067 = param83_decoder_norm_gain_m;
+
+  // transformer.mesh:61:3 param -> decoder/norm/gain@v
+  const meshc::gen::Buffer &v1068 = param84_decoder_norm_gain_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1069 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v1069.size(); ++i) {
+    v1069[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1070 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1070[at[0]] = float(double(v517[at[1]]) * double(v1069[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1072(param83_decoder_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1071 = float(double(v1067[at[1]]) * double(v521[at[2]]));
+    v1072[at[0]] = float(double(t1071) + double(v1070[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v1073 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v1073.size(); ++i) {
+    v1073[i] = float(double(v517[i]) * double(v517[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1074 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v1074.size(); ++i) {
+    v1074[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1075 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1075[at[0]] = float(double(v1073[at[1]]) * double(v1074[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1077(param84_decoder_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1076 = float(double(v1068[at[1]]) * double(v526[at[2]]));
+    v1077[at[0]] = float(double(t1076) + double(v1075[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1078 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1078[at[0]] = float(double(v1072[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1082 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1079 = float(double(v1077[at[1]]) / double(v535[at[2]]));
+                           float t1080 = float(std::sqrt(double(t1079)));
+                           float t1081 = float(double(t1080) + double(v539[at[3]]));
+                           v1082[at[0]] = float(double(v1078[at[4]]) / double(t1081));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/norm/gain
+  meshc::gen::View v1086(param27_decoder_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1083 = float(double(v107[at[1]]) * double(v542[at[2]]));
+                           float t1084 = float(double(v1082[at[3]]) + double(t1083));
+                           float t1085 = float(double(t1084) * double(v355[at[4]]));
+                           v1086[at[0]] = float(double(v107[at[1]]) - double(t1085));
+                         });
+
+  // transformer.mesh:61:3 param -> decoder/norm/bias@m
+  const meshc::gen::Buffer &v1087 = param85_decoder_norm_bias_m;
+
+  // transformer.mesh:61:3 param -> decoder/norm/bias@v
+  const meshc::gen::Buffer &v1088 = param86_decoder_norm_bias_v;
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1089 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v1089.size(); ++i) {
+    v1089[i] = float(double(v334[i]) - double(v521[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1090 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1090[at[0]] = float(double(v518[at[1]]) * double(v1089[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1092(param85_decoder_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1091 = float(double(v1087[at[1]]) * double(v521[at[2]]));
+    v1092[at[0]] = float(double(t1091) + double(v1090[at[3]]));
+  });
+
+  // transformer.mesh:61:3 square
+  meshc::gen::View v1093 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v1093.size(); ++i) {
+    v1093[i] = float(double(v518[i]) * double(v518[i]));
+  }
+
+  // transformer.mesh:61:3 sub
+  meshc::gen::View v1094 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v1094.size(); ++i) {
+    v1094[i] = float(double(v334[i]) - double(v526[i]));
+  }
+
+  // transformer.mesh:61:3 mul
+  meshc::gen::View v1095 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1095[at[0]] = float(double(v1093[at[1]]) * double(v1094[at[2]]));
+  });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  meshc::gen::View v1097(param86_decoder_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1096 = float(double(v1088[at[1]]) * double(v526[at[2]]));
+    v1097[at[0]] = float(double(t1096) + double(v1095[at[3]]));
+  });
+
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1098 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1098[at[0]] = float(double(v1092[at[1]]) / double(v533[at[2]]));
+  });
+
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  meshc::gen::View v1102 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1099 = float(double(v1097[at[1]]) / double(v535[at[2]]));
+                           float t1100 = float(std::sqrt(double(t1099)));
+                           float t1101 = float(double(t1100) + double(v539[at[3]]));
+                           v1102[at[0]] = float(double(v1098[at[4]]) / double(t1101));
+                         });
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/norm/bias
+  meshc::gen::View v1106(param28_decoder_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1103 = float(double(v108[at[1]]) * double(v542[at[2]]));
+                           float t1104 = float(double(v1102[at[3]]) + double(t1103));
+                           float t1105 = float(double(t1104) * double(v355[at[4]]));
+                           v1106[at[0]] = float(double(v108[at[1]]) - double(t1105));
+                         });
+
+  // The step's updates.
+  ++step_;
 
   Outputs outputs;
   outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v123.begin(), v123.end())};
@@ -1936,6 +6713,8 @@ meshc::gen::Tensor LmTrain::gatherOutput(meshrt::Communicator &world, const std:
   throw std::invalid_argument("lm_train: no output named '" + name + "'");
 }
 
+float LmTrain::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
+
 std::vector<std::string> LmTrain::paramNames() {
   return {"decoder/token_embedding",
           "decoder/position_embedding",
@@ -1965,12 +6744,127 @@ std::vector<std::string> LmTrain::paramNames() {
           "decoder/decoder_layer[1]/ffn/w_out",
           "decoder/decoder_layer[1]/ffn/b_out",
           "decoder/norm/gain",
-          "decoder/norm/bias"};
+          "decoder/norm/bias",
+          "decoder/token_embedding@m",
+          "decoder/token_embedding@v",
+          "decoder/position_embedding@m",
+          "decoder/position_embedding@v",
+          "decoder/unembed@m",
+          "decoder/unembed@v",
+          "decoder/decoder_layer[0]/norm/gain@m",
+          "decoder/decoder_layer[0]/norm/gain@v",
+          "decoder/decoder_layer[0]/norm/bias@m",
+          "decoder/decoder_layer[0]/norm/bias@v",
+          "decoder/decoder_layer[0]/attention/w_q@m",
+          "decoder/decoder_layer[0]/attention/w_q@v",
+          "decoder/decoder_layer[0]/attention/w_k@m",
+          "decoder/decoder_layer[0]/attention/w_k@v",
+          "decoder/decoder_layer[0]/attention/w_v@m",
+          "decoder/decoder_layer[0]/attention/w_v@v",
+          "decoder/decoder_layer[0]/attention/w_o@m",
+          "decoder/decoder_layer[0]/attention/w_o@v",
+          "decoder/decoder_layer[0]/norm#1/gain@m",
+          "decoder/decoder_layer[0]/norm#1/gain@v",
+          "decoder/decoder_layer[0]/norm#1/bias@m",
+          "decoder/decoder_layer[0]/norm#1/bias@v",
+          "decoder/decoder_layer[0]/ffn/w_in@m",
+          "decoder/decoder_layer[0]/ffn/w_in@v",
+          "decoder/decoder_layer[0]/ffn/b_in@m",
+          "decoder/decoder_layer[0]/ffn/b_in@v",
+          "decoder/decoder_layer[0]/ffn/w_out@m",
+          "decoder/decoder_layer[0]/ffn/w_out@v",
+          "decoder/decoder_layer[0]/ffn/b_out@m",
+          "decoder/decoder_layer[0]/ffn/b_out@v",
+          "decoder/decoder_layer[1]/norm/gain@m",
+          "decoder/decoder_layer[1]/norm/gain@v",
+          "decoder/decoder_layer[1]/norm/bias@m",
+          "decoder/decoder_layer[1]/norm/bias@v",
+          "decoder/decoder_layer[1]/attention/w_q@m",
+          "decoder/decoder_layer[1]/attention/w_q@v",
+          "decoder/decoder_layer[1]/attention/w_k@m",
+          "decoder/decoder_layer[1]/attention/w_k@v",
+          "decoder/decoder_layer[1]/attention/w_v@m",
+          "decoder/decoder_layer[1]/attention/w_v@v",
+          "decoder/decoder_layer[1]/attention/w_o@m",
+          "decoder/decoder_layer[1]/attention/w_o@v",
+          "decoder/decoder_layer[1]/norm#1/gain@m",
+          "decoder/decoder_layer[1]/norm#1/gain@v",
+          "decoder/decoder_layer[1]/norm#1/bias@m",
+          "decoder/decoder_layer[1]/norm#1/bias@v",
+          "decoder/decoder_layer[1]/ffn/w_in@m",
+          "decoder/decoder_layer[1]/ffn/w_in@v",
+          "decoder/decoder_layer[1]/ffn/b_in@m",
+          "decoder/decoder_layer[1]/ffn/b_in@v",
+          "decoder/decoder_layer[1]/ffn/w_out@m",
+          "decoder/decoder_layer[1]/ffn/w_out@v",
+          "decoder/decoder_layer[1]/ffn/b_out@m",
+          "decoder/decoder_layer[1]/ffn/b_out@v",
+          "decoder/norm/gain@m",
+          "decoder/norm/gain@v",
+          "decoder/norm/bias@m",
+          "decoder/norm/bias@v"};
 }
 
 bool LmTrain::isOptimizerState(const std::string &path) {
-  (void)path;
-  return false;
+  static const std::vector<std::string> states = {"decoder/token_embedding@m",
+                                                  "decoder/token_embedding@v",
+                                                  "decoder/position_embedding@m",
+                                                  "decoder/position_embedding@v",
+                                                  "decoder/unembed@m",
+                                                  "decoder/unembed@v",
+                                                  "decoder/decoder_layer[0]/norm/gain@m",
+                                                  "decoder/decoder_layer[0]/norm/gain@v",
+                                                  "decoder/decoder_layer[0]/norm/bias@m",
+                                                  "decoder/decoder_layer[0]/norm/bias@v",
+                                                  "decoder/decoder_layer[0]/attention/w_q@m",
+                                                  "decoder/decoder_layer[0]/attention/w_q@v",
+                                                  "decoder/decoder_layer[0]/attention/w_k@m",
+                                                  "decoder/decoder_layer[0]/attention/w_k@v",
+                                                  "decoder/decoder_layer[0]/attention/w_v@m",
+                                                  "decoder/decoder_layer[0]/attention/w_v@v",
+                                                  "decoder/decoder_layer[0]/attention/w_o@m",
+                                                  "decoder/decoder_layer[0]/attention/w_o@v",
+                                                  "decoder/decoder_layer[0]/norm#1/gain@m",
+                                                  "decoder/decoder_layer[0]/norm#1/gain@v",
+                                                  "decoder/decoder_layer[0]/norm#1/bias@m",
+                                                  "decoder/decoder_layer[0]/norm#1/bias@v",
+                                                  "decoder/decoder_layer[0]/ffn/w_in@m",
+                                                  "decoder/decoder_layer[0]/ffn/w_in@v",
+                                                  "decoder/decoder_layer[0]/ffn/b_in@m",
+                                                  "decoder/decoder_layer[0]/ffn/b_in@v",
+                                                  "decoder/decoder_layer[0]/ffn/w_out@m",
+                                                  "decoder/decoder_layer[0]/ffn/w_out@v",
+                                                  "decoder/decoder_layer[0]/ffn/b_out@m",
+                                                  "decoder/decoder_layer[0]/ffn/b_out@v",
+                                                  "decoder/decoder_layer[1]/norm/gain@m",
+                                                  "decoder/decoder_layer[1]/norm/gain@v",
+                                                  "decoder/decoder_layer[1]/norm/bias@m",
+                                                  "decoder/decoder_layer[1]/norm/bias@v",
+                                                  "decoder/decoder_layer[1]/attention/w_q@m",
+                                                  "decoder/decoder_layer[1]/attention/w_q@v",
+                                                  "decoder/decoder_layer[1]/attention/w_k@m",
+                                                  "decoder/decoder_layer[1]/attention/w_k@v",
+                                                  "decoder/decoder_layer[1]/attention/w_v@m",
+                                                  "decoder/decoder_layer[1]/attention/w_v@v",
+                                                  "decoder/decoder_layer[1]/attention/w_o@m",
+                                                  "decoder/decoder_layer[1]/attention/w_o@v",
+                                                  "decoder/decoder_layer[1]/norm#1/gain@m",
+                                                  "decoder/decoder_layer[1]/norm#1/gain@v",
+                                                  "decoder/decoder_layer[1]/norm#1/bias@m",
+                                                  "decoder/decoder_layer[1]/norm#1/bias@v",
+                                                  "decoder/decoder_layer[1]/ffn/w_in@m",
+                                                  "decoder/decoder_layer[1]/ffn/w_in@v",
+                                                  "decoder/decoder_layer[1]/ffn/b_in@m",
+                                                  "decoder/decoder_layer[1]/ffn/b_in@v",
+                                                  "decoder/decoder_layer[1]/ffn/w_out@m",
+                                                  "decoder/decoder_layer[1]/ffn/w_out@v",
+                                                  "decoder/decoder_layer[1]/ffn/b_out@m",
+                                                  "decoder/decoder_layer[1]/ffn/b_out@v",
+                                                  "decoder/norm/gain@m",
+                                                  "decoder/norm/gain@v",
+                                                  "decoder/norm/bias@m",
+                                                  "decoder/norm/bias@v"};
+  return std::find(states.begin(), states.end(), path) != states.end();
 }
 
 std::vector<meshc::gen::ParamShard> LmTrain::paramShards() {
@@ -2207,6 +7101,470 @@ std::vector<meshc::gen::ParamShard> LmTrain::paramShards() {
        {"d_model"},
        {{}},
        &param28_decoder_norm_bias},
+      {"decoder/token_embedding@m",
+       true,
+       "f32",
+       {96, 64},
+       {48, 64},
+       {"vocab", "d_model"},
+       {{"model"}, {}},
+       &param29_decoder_token_embedding_m},
+      {"decoder/token_embedding@v",
+       true,
+       "f32",
+       {96, 64},
+       {48, 64},
+       {"vocab", "d_model"},
+       {{"model"}, {}},
+       &param30_decoder_token_embedding_v},
+      {"decoder/position_embedding@m",
+       true,
+       "f32",
+       {32, 64},
+       {32, 64},
+       {"seq", "d_model"},
+       {{}, {}},
+       &param31_decoder_position_embedding_m},
+      {"decoder/position_embedding@v",
+       true,
+       "f32",
+       {32, 64},
+       {32, 64},
+       {"seq", "d_model"},
+       {{}, {}},
+       &param32_decoder_position_embedding_v},
+      {"decoder/unembed@m",
+       true,
+       "f32",
+       {64, 96},
+       {64, 48},
+       {"d_model", "vocab"},
+       {{}, {"model"}},
+       &param33_decoder_unembed_m},
+      {"decoder/unembed@v",
+       true,
+       "f32",
+       {64, 96},
+       {64, 48},
+       {"d_model", "vocab"},
+       {{}, {"model"}},
+       &param34_decoder_unembed_v},
+      {"decoder/decoder_layer[0]/norm/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param35_decoder_decoder_layer_0_norm_gain_m},
+      {"decoder/decoder_layer[0]/norm/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param36_decoder_decoder_layer_0_norm_gain_v},
+      {"decoder/decoder_layer[0]/norm/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param37_decoder_decoder_layer_0_norm_bias_m},
+      {"decoder/decoder_layer[0]/norm/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param38_decoder_decoder_layer_0_norm_bias_v},
+      {"decoder/decoder_layer[0]/attention/w_q@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param39_decoder_decoder_layer_0_attention_w_q_m},
+      {"decoder/decoder_layer[0]/attention/w_q@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param40_decoder_decoder_layer_0_attention_w_q_v},
+      {"decoder/decoder_layer[0]/attention/w_k@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param41_decoder_decoder_layer_0_attention_w_k_m},
+      {"decoder/decoder_layer[0]/attention/w_k@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param42_decoder_decoder_layer_0_attention_w_k_v},
+      {"decoder/decoder_layer[0]/attention/w_v@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param43_decoder_decoder_layer_0_attention_w_v_m},
+      {"decoder/decoder_layer[0]/attention/w_v@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param44_decoder_decoder_layer_0_attention_w_v_v},
+      {"decoder/decoder_layer[0]/attention/w_o@m",
+       true,
+       "f32",
+       {4, 16, 64},
+       {2, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param45_decoder_decoder_layer_0_attention_w_o_m},
+      {"decoder/decoder_layer[0]/attention/w_o@v",
+       true,
+       "f32",
+       {4, 16, 64},
+       {2, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param46_decoder_decoder_layer_0_attention_w_o_v},
+      {"decoder/decoder_layer[0]/norm#1/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param47_decoder_decoder_layer_0_norm_1_gain_m},
+      {"decoder/decoder_layer[0]/norm#1/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param48_decoder_decoder_layer_0_norm_1_gain_v},
+      {"decoder/decoder_layer[0]/norm#1/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param49_decoder_decoder_layer_0_norm_1_bias_m},
+      {"decoder/decoder_layer[0]/norm#1/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param50_decoder_decoder_layer_0_norm_1_bias_v},
+      {"decoder/decoder_layer[0]/ffn/w_in@m",
+       true,
+       "f32",
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param51_decoder_decoder_layer_0_ffn_w_in_m},
+      {"decoder/decoder_layer[0]/ffn/w_in@v",
+       true,
+       "f32",
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param52_decoder_decoder_layer_0_ffn_w_in_v},
+      {"decoder/decoder_layer[0]/ffn/b_in@m",
+       true,
+       "f32",
+       {256},
+       {128},
+       {"d_ff"},
+       {{"model"}},
+       &param53_decoder_decoder_layer_0_ffn_b_in_m},
+      {"decoder/decoder_layer[0]/ffn/b_in@v",
+       true,
+       "f32",
+       {256},
+       {128},
+       {"d_ff"},
+       {{"model"}},
+       &param54_decoder_decoder_layer_0_ffn_b_in_v},
+      {"decoder/decoder_layer[0]/ffn/w_out@m",
+       true,
+       "f32",
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param55_decoder_decoder_layer_0_ffn_w_out_m},
+      {"decoder/decoder_layer[0]/ffn/w_out@v",
+       true,
+       "f32",
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param56_decoder_decoder_layer_0_ffn_w_out_v},
+      {"decoder/decoder_layer[0]/ffn/b_out@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param57_decoder_decoder_layer_0_ffn_b_out_m},
+      {"decoder/decoder_layer[0]/ffn/b_out@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param58_decoder_decoder_layer_0_ffn_b_out_v},
+      {"decoder/decoder_layer[1]/norm/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param59_decoder_decoder_layer_1_norm_gain_m},
+      {"decoder/decoder_layer[1]/norm/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param60_decoder_decoder_layer_1_norm_gain_v},
+      {"decoder/decoder_layer[1]/norm/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param61_decoder_decoder_layer_1_norm_bias_m},
+      {"decoder/decoder_layer[1]/norm/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param62_decoder_decoder_layer_1_norm_bias_v},
+      {"decoder/decoder_layer[1]/attention/w_q@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param63_decoder_decoder_layer_1_attention_w_q_m},
+      {"decoder/decoder_layer[1]/attention/w_q@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param64_decoder_decoder_layer_1_attention_w_q_v},
+      {"decoder/decoder_layer[1]/attention/w_k@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param65_decoder_decoder_layer_1_attention_w_k_m},
+      {"decoder/decoder_layer[1]/attention/w_k@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param66_decoder_decoder_layer_1_attention_w_k_v},
+      {"decoder/decoder_layer[1]/attention/w_v@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param67_decoder_decoder_layer_1_attention_w_v_m},
+      {"decoder/decoder_layer[1]/attention/w_v@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param68_decoder_decoder_layer_1_attention_w_v_v},
+      {"decoder/decoder_layer[1]/attention/w_o@m",
+       true,
+       "f32",
+       {4, 16, 64},
+       {2, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param69_decoder_decoder_layer_1_attention_w_o_m},
+      {"decoder/decoder_layer[1]/attention/w_o@v",
+       true,
+       "f32",
+       {4, 16, 64},
+       {2, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param70_decoder_decoder_layer_1_attention_w_o_v},
+      {"decoder/decoder_layer[1]/norm#1/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param71_decoder_decoder_layer_1_norm_1_gain_m},
+      {"decoder/decoder_layer[1]/norm#1/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param72_decoder_decoder_layer_1_norm_1_gain_v},
+      {"decoder/decoder_layer[1]/norm#1/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param73_decoder_decoder_layer_1_norm_1_bias_m},
+      {"decoder/decoder_layer[1]/norm#1/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param74_decoder_decoder_layer_1_norm_1_bias_v},
+      {"decoder/decoder_layer[1]/ffn/w_in@m",
+       true,
+       "f32",
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param75_decoder_decoder_layer_1_ffn_w_in_m},
+      {"decoder/decoder_layer[1]/ffn/w_in@v",
+       true,
+       "f32",
+       {64, 256},
+       {64, 128},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param76_decoder_decoder_layer_1_ffn_w_in_v},
+      {"decoder/decoder_layer[1]/ffn/b_in@m",
+       true,
+       "f32",
+       {256},
+       {128},
+       {"d_ff"},
+       {{"model"}},
+       &param77_decoder_decoder_layer_1_ffn_b_in_m},
+      {"decoder/decoder_layer[1]/ffn/b_in@v",
+       true,
+       "f32",
+       {256},
+       {128},
+       {"d_ff"},
+       {{"model"}},
+       &param78_decoder_decoder_layer_1_ffn_b_in_v},
+      {"decoder/decoder_layer[1]/ffn/w_out@m",
+       true,
+       "f32",
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param79_decoder_decoder_layer_1_ffn_w_out_m},
+      {"decoder/decoder_layer[1]/ffn/w_out@v",
+       true,
+       "f32",
+       {256, 64},
+       {128, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param80_decoder_decoder_layer_1_ffn_w_out_v},
+      {"decoder/decoder_layer[1]/ffn/b_out@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param81_decoder_decoder_layer_1_ffn_b_out_m},
+      {"decoder/decoder_layer[1]/ffn/b_out@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param82_decoder_decoder_layer_1_ffn_b_out_v},
+      {"decoder/norm/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param83_decoder_norm_gain_m},
+      {"decoder/norm/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param84_decoder_norm_gain_v},
+      {"decoder/norm/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param85_decoder_norm_bias_m},
+      {"decoder/norm/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param86_decoder_norm_bias_v},
   };
 }
 

@@ -179,10 +179,14 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 90624;
+  static constexpr size_t kArenaBytes = 649088;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 812844;
+  static constexpr size_t kTemporaryBytes = 4266100;
 
+  /// One training step on this rank's shards (collective): forward, backward and the optimizer's
+  /// update, applied to the params; increments the step counter. Returns the global loss (every
+  /// rank gets it). run() is the same step, returning the outputs.
+  float step(const Inputs &inputs);
   /// The number of steps taken: keys this step's random ops and dropout masks (and, with an
   /// optimizer, its learning-rate schedule).
   int64_t stepCount() const { return step_; }
@@ -296,9 +300,145 @@ private:
                                                  // [d_ff:[model], d_model] local {128, 64}
   meshc::gen::Buffer param26_decoder_decoder_layer_1_ffn_b_out; // decoder/decoder_layer[1]/ffn/b_out:
                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param27_decoder_norm_gain; // decoder/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer param28_decoder_norm_bias; // decoder/norm/bias: [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes};        // run()'s temporaries
+  meshc::gen::Buffer param27_decoder_norm_gain;         // decoder/norm/gain: [d_model] local {64}
+  meshc::gen::Buffer param28_decoder_norm_bias;         // decoder/norm/bias: [d_model] local {64}
+  meshc::gen::Buffer param29_decoder_token_embedding_m; // decoder/token_embedding@m:
+                                                        // [vocab:[model], d_model] local {48, 64}
+  meshc::gen::Buffer param30_decoder_token_embedding_v; // decoder/token_embedding@v:
+                                                        // [vocab:[model], d_model] local {48, 64}
+  meshc::gen::Buffer param31_decoder_position_embedding_m; // decoder/position_embedding@m: [seq,
+                                                           // d_model] local {32, 64}
+  meshc::gen::Buffer param32_decoder_position_embedding_v; // decoder/position_embedding@v: [seq,
+                                                           // d_model] local {32, 64}
+  meshc::gen::Buffer
+      param33_decoder_unembed_m; // decoder/unembed@m: [d_model, vocab:[model]] local {64, 48}
+  meshc::gen::Buffer
+      param34_decoder_unembed_v; // decoder/unembed@v: [d_model, vocab:[model]] local {64, 48}
+  meshc::gen::Buffer param35_decoder_decoder_layer_0_norm_gain_m; // decoder/decoder_layer[0]/norm/gain@m:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param36_decoder_decoder_layer_0_norm_gain_v; // decoder/decoder_layer[0]/norm/gain@v:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param37_decoder_decoder_layer_0_norm_bias_m; // decoder/decoder_layer[0]/norm/bias@m:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param38_decoder_decoder_layer_0_norm_bias_v; // decoder/decoder_layer[0]/norm/bias@v:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param39_decoder_decoder_layer_0_attention_w_q_m; // decoder/decoder_layer[0]/attention/w_q@m:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param40_decoder_decoder_layer_0_attention_w_q_v; // decoder/decoder_layer[0]/attention/w_q@v:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param41_decoder_decoder_layer_0_attention_w_k_m; // decoder/decoder_layer[0]/attention/w_k@m:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param42_decoder_decoder_layer_0_attention_w_k_v; // decoder/decoder_layer[0]/attention/w_k@v:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param43_decoder_decoder_layer_0_attention_w_v_m; // decoder/decoder_layer[0]/attention/w_v@m:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param44_decoder_decoder_layer_0_attention_w_v_v; // decoder/decoder_layer[0]/attention/w_v@v:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param45_decoder_decoder_layer_0_attention_w_o_m; // decoder/decoder_layer[0]/attention/w_o@m:
+                                                                      // [heads:[model], d_head,
+                                                                      // d_model] local {2, 16, 64}
+  meshc::gen::Buffer param46_decoder_decoder_layer_0_attention_w_o_v; // decoder/decoder_layer[0]/attention/w_o@v:
+                                                                      // [heads:[model], d_head,
+                                                                      // d_model] local {2, 16, 64}
+  meshc::gen::Buffer param47_decoder_decoder_layer_0_norm_1_gain_m; // decoder/decoder_layer[0]/norm#1/gain@m:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param48_decoder_decoder_layer_0_norm_1_gain_v; // decoder/decoder_layer[0]/norm#1/gain@v:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param49_decoder_decoder_layer_0_norm_1_bias_m; // decoder/decoder_layer[0]/norm#1/bias@m:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param50_decoder_decoder_layer_0_norm_1_bias_v; // decoder/decoder_layer[0]/norm#1/bias@v:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer
+      param51_decoder_decoder_layer_0_ffn_w_in_m; // decoder/decoder_layer[0]/ffn/w_in@m: [d_model,
+                                                  // d_ff:[model]] local {64, 128}
+  meshc::gen::Buffer
+      param52_decoder_decoder_layer_0_ffn_w_in_v; // decoder/decoder_layer[0]/ffn/w_in@v: [d_model,
+                                                  // d_ff:[model]] local {64, 128}
+  meshc::gen::Buffer param53_decoder_decoder_layer_0_ffn_b_in_m; // decoder/decoder_layer[0]/ffn/b_in@m:
+                                                                 // [d_ff:[model]] local {128}
+  meshc::gen::Buffer param54_decoder_decoder_layer_0_ffn_b_in_v; // decoder/decoder_layer[0]/ffn/b_in@v:
+                                                                 // [d_ff:[model]] local {128}
+  meshc::gen::Buffer
+      param55_decoder_decoder_layer_0_ffn_w_out_m; // decoder/decoder_layer[0]/ffn/w_out@m:
+                                                   // [d_ff:[model], d_model] local {128, 64}
+  meshc::gen::Buffer
+      param56_decoder_decoder_layer_0_ffn_w_out_v; // decoder/decoder_layer[0]/ffn/w_out@v:
+                                                   // [d_ff:[model], d_model] local {128, 64}
+  meshc::gen::Buffer param57_decoder_decoder_layer_0_ffn_b_out_m; // decoder/decoder_layer[0]/ffn/b_out@m:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param58_decoder_decoder_layer_0_ffn_b_out_v; // decoder/decoder_layer[0]/ffn/b_out@v:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param59_decoder_decoder_layer_1_norm_gain_m; // decoder/decoder_layer[1]/norm/gain@m:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param60_decoder_decoder_layer_1_norm_gain_v; // decoder/decoder_layer[1]/norm/gain@v:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param61_decoder_decoder_layer_1_norm_bias_m; // decoder/decoder_layer[1]/norm/bias@m:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param62_decoder_decoder_layer_1_norm_bias_v; // decoder/decoder_layer[1]/norm/bias@v:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param63_decoder_decoder_layer_1_attention_w_q_m; // decoder/decoder_layer[1]/attention/w_q@m:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param64_decoder_decoder_layer_1_attention_w_q_v; // decoder/decoder_layer[1]/attention/w_q@v:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param65_decoder_decoder_layer_1_attention_w_k_m; // decoder/decoder_layer[1]/attention/w_k@m:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param66_decoder_decoder_layer_1_attention_w_k_v; // decoder/decoder_layer[1]/attention/w_k@v:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param67_decoder_decoder_layer_1_attention_w_v_m; // decoder/decoder_layer[1]/attention/w_v@m:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param68_decoder_decoder_layer_1_attention_w_v_v; // decoder/decoder_layer[1]/attention/w_v@v:
+                                                                      // [d_model, heads:[model],
+                                                                      // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param69_decoder_decoder_layer_1_attention_w_o_m; // decoder/decoder_layer[1]/attention/w_o@m:
+                                                                      // [heads:[model], d_head,
+                                                                      // d_model] local {2, 16, 64}
+  meshc::gen::Buffer param70_decoder_decoder_layer_1_attention_w_o_v; // decoder/decoder_layer[1]/attention/w_o@v:
+                                                                      // [heads:[model], d_head,
+                                                                      // d_model] local {2, 16, 64}
+  meshc::gen::Buffer param71_decoder_decoder_layer_1_norm_1_gain_m; // decoder/decoder_layer[1]/norm#1/gain@m:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param72_decoder_decoder_layer_1_norm_1_gain_v; // decoder/decoder_layer[1]/norm#1/gain@v:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param73_decoder_decoder_layer_1_norm_1_bias_m; // decoder/decoder_layer[1]/norm#1/bias@m:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param74_decoder_decoder_layer_1_norm_1_bias_v; // decoder/decoder_layer[1]/norm#1/bias@v:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer
+      param75_decoder_decoder_layer_1_ffn_w_in_m; // decoder/decoder_layer[1]/ffn/w_in@m: [d_model,
+                                                  // d_ff:[model]] local {64, 128}
+  meshc::gen::Buffer
+      param76_decoder_decoder_layer_1_ffn_w_in_v; // decoder/decoder_layer[1]/ffn/w_in@v: [d_model,
+                                                  // d_ff:[model]] local {64, 128}
+  meshc::gen::Buffer param77_decoder_decoder_layer_1_ffn_b_in_m; // decoder/decoder_layer[1]/ffn/b_in@m:
+                                                                 // [d_ff:[model]] local {128}
+  meshc::gen::Buffer param78_decoder_decoder_layer_1_ffn_b_in_v; // decoder/decoder_layer[1]/ffn/b_in@v:
+                                                                 // [d_ff:[model]] local {128}
+  meshc::gen::Buffer
+      param79_decoder_decoder_layer_1_ffn_w_out_m; // decoder/decoder_layer[1]/ffn/w_out@m:
+                                                   // [d_ff:[model], d_model] local {128, 64}
+  meshc::gen::Buffer
+      param80_decoder_decoder_layer_1_ffn_w_out_v; // decoder/decoder_layer[1]/ffn/w_out@v:
+                                                   // [d_ff:[model], d_model] local {128, 64}
+  meshc::gen::Buffer param81_decoder_decoder_layer_1_ffn_b_out_m; // decoder/decoder_layer[1]/ffn/b_out@m:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param82_decoder_decoder_layer_1_ffn_b_out_v; // decoder/decoder_layer[1]/ffn/b_out@v:
+                                                                  // [d_model] local {64}
+  meshc::gen::Buffer param83_decoder_norm_gain_m; // decoder/norm/gain@m: [d_model] local {64}
+  meshc::gen::Buffer param84_decoder_norm_gain_v; // decoder/norm/gain@v: [d_model] local {64}
+  meshc::gen::Buffer param85_decoder_norm_bias_m; // decoder/norm/bias@m: [d_model] local {64}
+  meshc::gen::Buffer param86_decoder_norm_bias_v; // decoder/norm/bias@v: [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes};          // run()'s temporaries
 };
 
 } // namespace meshc_generated

@@ -1426,10 +1426,192 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
   param30_vit_norm_gain.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
   // vit/norm/bias: zeros (vit.mesh:35)
   param31_vit_norm_bias.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/class_token@m: zeros (vit.mesh:85)
+  param32_vit_class_token_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/class_token@v: zeros (vit.mesh:85)
+  param33_vit_class_token_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/position_embedding@m: zeros (vit.mesh:86)
+  param34_vit_position_embedding_m.assign(1088,
+                                          meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/position_embedding@v: zeros (vit.mesh:86)
+  param35_vit_position_embedding_v.assign(1088,
+                                          meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/w_head@m: zeros (vit.mesh:87)
+  param36_vit_w_head_m.assign(640, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/w_head@v: zeros (vit.mesh:87)
+  param37_vit_w_head_v.assign(640, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/b_head@m: zeros (vit.mesh:88)
+  param38_vit_b_head_m.assign(10, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/b_head@v: zeros (vit.mesh:88)
+  param39_vit_b_head_v.assign(10, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/embed_patches/w_patch@m: zeros (vit.mesh:41)
+  param40_vit_embed_patches_w_patch_m.assign(3072,
+                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/embed_patches/w_patch@v: zeros (vit.mesh:41)
+  param41_vit_embed_patches_w_patch_v.assign(3072,
+                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/embed_patches/b_patch@m: zeros (vit.mesh:42)
+  param42_vit_embed_patches_b_patch_m.assign(64,
+                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/embed_patches/b_patch@v: zeros (vit.mesh:42)
+  param43_vit_embed_patches_b_patch_v.assign(64,
+                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention_scale@m: zeros (vit.mesh:78)
+  param44_vit_encoder_layer_0_attention_scale_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention_scale@v: zeros (vit.mesh:78)
+  param45_vit_encoder_layer_0_attention_scale_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/ffn_scale@m: zeros (vit.mesh:79)
+  param46_vit_encoder_layer_0_ffn_scale_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/ffn_scale@v: zeros (vit.mesh:79)
+  param47_vit_encoder_layer_0_ffn_scale_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/norm/gain@m: zeros (vit.mesh:34)
+  param48_vit_encoder_layer_0_norm_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/norm/gain@v: zeros (vit.mesh:34)
+  param49_vit_encoder_layer_0_norm_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/norm/bias@m: zeros (vit.mesh:35)
+  param50_vit_encoder_layer_0_norm_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/norm/bias@v: zeros (vit.mesh:35)
+  param51_vit_encoder_layer_0_norm_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention/w_q@m: zeros (vit.mesh:55)
+  param52_vit_encoder_layer_0_attention_w_q_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention/w_q@v: zeros (vit.mesh:55)
+  param53_vit_encoder_layer_0_attention_w_q_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention/w_k@m: zeros (vit.mesh:56)
+  param54_vit_encoder_layer_0_attention_w_k_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention/w_k@v: zeros (vit.mesh:56)
+  param55_vit_encoder_layer_0_attention_w_k_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention/w_v@m: zeros (vit.mesh:57)
+  param56_vit_encoder_layer_0_attention_w_v_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention/w_v@v: zeros (vit.mesh:57)
+  param57_vit_encoder_layer_0_attention_w_v_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention/w_o@m: zeros (vit.mesh:58)
+  param58_vit_encoder_layer_0_attention_w_o_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/attention/w_o@v: zeros (vit.mesh:58)
+  param59_vit_encoder_layer_0_attention_w_o_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/norm#1/gain@m: zeros (vit.mesh:34)
+  param60_vit_encoder_layer_0_norm_1_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/norm#1/gain@v: zeros (vit.mesh:34)
+  param61_vit_encoder_layer_0_norm_1_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/norm#1/bias@m: zeros (vit.mesh:35)
+  param62_vit_encoder_layer_0_norm_1_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/norm#1/bias@v: zeros (vit.mesh:35)
+  param63_vit_encoder_layer_0_norm_1_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/ffn/w_in@m: zeros (vit.mesh:69)
+  param64_vit_encoder_layer_0_ffn_w_in_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/ffn/w_in@v: zeros (vit.mesh:69)
+  param65_vit_encoder_layer_0_ffn_w_in_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/ffn/w_out@m: zeros (vit.mesh:70)
+  param66_vit_encoder_layer_0_ffn_w_out_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[0]/ffn/w_out@v: zeros (vit.mesh:70)
+  param67_vit_encoder_layer_0_ffn_w_out_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention_scale@m: zeros (vit.mesh:78)
+  param68_vit_encoder_layer_1_attention_scale_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention_scale@v: zeros (vit.mesh:78)
+  param69_vit_encoder_layer_1_attention_scale_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/ffn_scale@m: zeros (vit.mesh:79)
+  param70_vit_encoder_layer_1_ffn_scale_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/ffn_scale@v: zeros (vit.mesh:79)
+  param71_vit_encoder_layer_1_ffn_scale_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/norm/gain@m: zeros (vit.mesh:34)
+  param72_vit_encoder_layer_1_norm_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/norm/gain@v: zeros (vit.mesh:34)
+  param73_vit_encoder_layer_1_norm_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/norm/bias@m: zeros (vit.mesh:35)
+  param74_vit_encoder_layer_1_norm_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/norm/bias@v: zeros (vit.mesh:35)
+  param75_vit_encoder_layer_1_norm_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention/w_q@m: zeros (vit.mesh:55)
+  param76_vit_encoder_layer_1_attention_w_q_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention/w_q@v: zeros (vit.mesh:55)
+  param77_vit_encoder_layer_1_attention_w_q_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention/w_k@m: zeros (vit.mesh:56)
+  param78_vit_encoder_layer_1_attention_w_k_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention/w_k@v: zeros (vit.mesh:56)
+  param79_vit_encoder_layer_1_attention_w_k_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention/w_v@m: zeros (vit.mesh:57)
+  param80_vit_encoder_layer_1_attention_w_v_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention/w_v@v: zeros (vit.mesh:57)
+  param81_vit_encoder_layer_1_attention_w_v_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention/w_o@m: zeros (vit.mesh:58)
+  param82_vit_encoder_layer_1_attention_w_o_m.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/attention/w_o@v: zeros (vit.mesh:58)
+  param83_vit_encoder_layer_1_attention_w_o_v.assign(
+      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/norm#1/gain@m: zeros (vit.mesh:34)
+  param84_vit_encoder_layer_1_norm_1_gain_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/norm#1/gain@v: zeros (vit.mesh:34)
+  param85_vit_encoder_layer_1_norm_1_gain_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/norm#1/bias@m: zeros (vit.mesh:35)
+  param86_vit_encoder_layer_1_norm_1_bias_m.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/norm#1/bias@v: zeros (vit.mesh:35)
+  param87_vit_encoder_layer_1_norm_1_bias_v.assign(
+      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/ffn/w_in@m: zeros (vit.mesh:69)
+  param88_vit_encoder_layer_1_ffn_w_in_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/ffn/w_in@v: zeros (vit.mesh:69)
+  param89_vit_encoder_layer_1_ffn_w_in_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/ffn/w_out@m: zeros (vit.mesh:70)
+  param90_vit_encoder_layer_1_ffn_w_out_m.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/encoder_layer[1]/ffn/w_out@v: zeros (vit.mesh:70)
+  param91_vit_encoder_layer_1_ffn_w_out_v.assign(
+      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/norm/gain@m: zeros (vit.mesh:34)
+  param92_vit_norm_gain_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/norm/gain@v: zeros (vit.mesh:34)
+  param93_vit_norm_gain_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/norm/bias@m: zeros (vit.mesh:35)
+  param94_vit_norm_bias_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  // vit/norm/bias@v: zeros (vit.mesh:35)
+  param95_vit_norm_bias_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
 }
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
-  // Arena: 43520 bytes for 515800 bytes of temporaries (80 slots, placed by liveness).
+  // Arena: 379328 bytes for 2573404 bytes of temporaries (629 slots, placed by liveness).
   meshc::gen::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   meshc::gen::checkShape("input", "labels", inputs.labels, {2});
 
@@ -1478,7 +1660,7 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
                       {0, 0, 0, 4, 1, 0}, {16}, {3}, 0);
 
   // vit.mesh:48:14 reshape -> flat
-  meshc::gen::View v12 = arena_.slot(8192, 1536);
+  meshc::gen::View v12 = arena_.slot(325632, 1536);
   meshc::gen::reshape(v12.data(), {2, 16, 4, 4, 3}, v11.data(), {768, 0, 48, 3, 1}, {0, 1, 0, 0, 0},
                       {4, 4}, {192, 12}, 0);
 
@@ -1501,11 +1683,11 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   meshc::gen::iota(v15.data(), {2}, {1}, meshc::gen::shardStart(world_, {"data"}, 2));
 
   // vit.mesh:92:56 literal
-  meshc::gen::View v16 = arena_.fill(128, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  meshc::gen::View v16 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
 
   // vit.mesh:92:53 ge
   // vit.mesh:92:36 cast
-  meshc::gen::View v18 = arena_.slot(64, 2);
+  meshc::gen::View v18 = arena_.slot(379072, 2);
   meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
     float t17 = (v15[at[1]] >= v16[at[2]] ? 1.0f : 0.0f);
     v18[at[0]] = float(t17);
@@ -1532,7 +1714,7 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
                          });
 
   // vit.mesh:93:40 transpose -> x
-  meshc::gen::View v22 = arena_.slot(0, 2176);
+  meshc::gen::View v22 = arena_.slot(81920, 2176);
   meshc::gen::forEach<2>({2, 17, 64}, {{{1088, 64, 1}, {1, 128, 2}}}, {},
                          [&](const std::array<int64_t, 2> &at) { v22[at[0]] = float(v21[at[1]]); });
 
@@ -1549,13 +1731,13 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v26 = param9_vit_encoder_layer_0_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::View v27 = arena_.slot(8704, 2176);
+  meshc::gen::View v27 = arena_.slot(90624, 2176);
   meshc::gen::along(v27.data(), v22.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::View v29 = arena_.slot(17408, 2176);
+  meshc::gen::View v29 = arena_.slot(99328, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t28 = float(double(v27[at[1]]) * double(v25[at[2]]));
@@ -1575,34 +1757,34 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v33 = param13_vit_encoder_layer_0_attention_w_o;
 
   // vit.mesh:59:11 einsum -> q
-  meshc::gen::View v34 = arena_.slot(26112, 1088);
+  meshc::gen::View v34 = arena_.slot(341120, 1088);
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum34(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum34.run(v29.data(), v30.data(), v34.data());
 
   // vit.mesh:60:18 rename
-  meshc::gen::View v35 = arena_.copy(8704, v29);
+  meshc::gen::View v35 = arena_.copy(108032, v29);
 
   // vit.mesh:60:11 einsum -> k
-  meshc::gen::View v36 = arena_.slot(30464, 1088);
+  meshc::gen::View v36 = arena_.slot(345472, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum36(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum36.run(v35.data(), v31.data(), v36.data());
 
   // vit.mesh:61:18 rename
-  meshc::gen::View v37 = v29;
+  meshc::gen::View v37 = arena_.copy(116736, v29);
 
   // vit.mesh:61:11 einsum -> v
-  meshc::gen::View v38 = arena_.slot(34816, 1088);
+  meshc::gen::View v38 = arena_.slot(349824, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum38(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum38.run(v37.data(), v32.data(), v38.data());
 
   // vit.mesh:62:25 einsum
-  meshc::gen::View v39 = arena_.slot(8704, 1156);
+  meshc::gen::View v39 = arena_.slot(0, 1156);
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum39(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -1610,36 +1792,36 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
 
   // vit.mesh:62:69 literal
   meshc::gen::View v40 =
-      arena_.fill(18048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+      arena_.fill(379136, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // vit.mesh:62:67 mul
-  meshc::gen::View v41 = arena_.slot(13376, 1156);
+  meshc::gen::View v41 = arena_.slot(4672, 1156);
   meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v41[at[0]] = float(double(v39[at[1]]) * double(v40[at[2]]));
                          });
 
   // vit.mesh:62:17 softmax -> weights
-  meshc::gen::View v42 = arena_.slot(8704, 1156);
+  meshc::gen::View v42 = arena_.slot(331776, 1156);
   meshc::gen::along(v42.data(), v41.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
                     {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
-  meshc::gen::View v43 = arena_.slot(17408, 1088);
+  meshc::gen::View v43 = arena_.slot(354176, 1088);
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum43(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum43.run(v42.data(), v38.data(), v43.data());
 
   // vit.mesh:63:10 einsum
-  meshc::gen::View v44 = arena_.slot(8704, 2176);
+  meshc::gen::View v44 = arena_.slot(0, 2176);
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum44(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum44.run(v43.data(), v33.data(), v44.data());
 
   // vit.mesh:80:15 dropout
-  meshc::gen::View v45 = arena_.slot(17408, 2176);
+  meshc::gen::View v45 = arena_.slot(125440, 2176);
   meshc::gen::dropout(
       v45.data(), {2, 17, 64}, v44.data(), {1088, 64, 1}, {1088, 64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
@@ -1648,18 +1830,20 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
       0.1);
 
   // vit.mesh:80:55 mul
-  meshc::gen::View v46 = arena_.slot(8704, 2176);
+  meshc::gen::View v46 = arena_.slot(0, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v46[at[0]] = float(double(v45[at[1]]) * double(v23[at[2]]));
                          });
 
-  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %46 over model for add at 80:13)
+  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%45, %46) over model resolved
+  // together, 17.0 KiB in one buffer)
+  meshc::gen::View v311 = v45;
   meshc::gen::View v47 = v46;
-  group_model.allReduce(v47.data(), v47.size(), meshrt::ReduceOp::Sum);
+  meshc::gen::allReduceBucket(group_model, {v311, v47});
 
   // vit.mesh:80:13 add -> h
-  meshc::gen::View v48 = arena_.slot(17408, 2176);
+  meshc::gen::View v48 = arena_.slot(134144, 2176);
   for (size_t i = 0; i < v48.size(); ++i) {
     v48[i] = float(double(v22[i]) + double(v47[i]));
   }
@@ -1671,13 +1855,13 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v50 = param15_vit_encoder_layer_0_norm_1_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::View v51 = arena_.slot(0, 2176);
+  meshc::gen::View v51 = arena_.slot(142848, 2176);
   meshc::gen::along(v51.data(), v48.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::View v53 = arena_.slot(8704, 2176);
+  meshc::gen::View v53 = arena_.slot(0, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t52 = float(double(v51[at[1]]) * double(v49[at[2]]));
@@ -1691,7 +1875,7 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v55 = param17_vit_encoder_layer_0_ffn_w_out;
 
   // vit.mesh:71:23 cast
-  meshc::gen::View v56 = arena_.slot(26112, 2176);
+  meshc::gen::View v56 = arena_.slot(151552, 2176);
   for (size_t i = 0; i < v56.size(); ++i) {
     v56[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v53[i]));
   }
@@ -1703,7 +1887,7 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   }
 
   // vit.mesh:71:16 einsum
-  meshc::gen::View v58 = arena_.slot(34816, 2176);
+  meshc::gen::View v58 = arena_.slot(160256, 2176);
   meshc::gen::einsum2Double(v58.data(), v56.data(), v57.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -1721,19 +1905,19 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   meshc::gen::roundBufferBF16(v58);
 
   // vit.mesh:71:11 gelu -> h
-  meshc::gen::View v59 = arena_.slot(26112, 2176);
+  meshc::gen::View v59 = arena_.slot(168960, 2176);
   for (size_t i = 0; i < v59.size(); ++i) {
     v59[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v58[i])));
   }
 
   // vit.mesh:72:25 cast
-  meshc::gen::View v60 = arena_.slot(0, 4096);
+  meshc::gen::View v60 = arena_.slot(16384, 4096);
   for (size_t i = 0; i < v60.size(); ++i) {
     v60[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v55[i]));
   }
 
   // vit.mesh:72:15 einsum
-  meshc::gen::View v61 = arena_.slot(34816, 2176);
+  meshc::gen::View v61 = arena_.slot(32768, 2176);
   meshc::gen::einsum2Double(v61.data(), v59.data(), v60.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -1751,13 +1935,13 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   meshc::gen::roundBufferBF16(v61);
 
   // vit.mesh:72:10 cast
-  meshc::gen::View v62 = arena_.slot(0, 2176);
+  meshc::gen::View v62 = arena_.slot(41472, 2176);
   for (size_t i = 0; i < v62.size(); ++i) {
     v62[i] = float(v61[i]);
   }
 
   // vit.mesh:81:14 dropout
-  meshc::gen::View v63 = arena_.slot(8704, 2176);
+  meshc::gen::View v63 = arena_.slot(177664, 2176);
   meshc::gen::dropout(
       v63.data(), {2, 17, 64}, v62.data(), {1088, 64, 1}, {1088, 64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
@@ -1766,18 +1950,20 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
       0.1);
 
   // vit.mesh:81:48 mul
-  meshc::gen::View v64 = arena_.slot(0, 2176);
+  meshc::gen::View v64 = arena_.slot(32768, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v64[at[0]] = float(double(v63[at[1]]) * double(v24[at[2]]));
                          });
 
-  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %63 over model for add at 81:12)
+  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%62, %63) over model resolved
+  // together, 17.0 KiB in one buffer)
+  meshc::gen::View v262 = v63;
   meshc::gen::View v65 = v64;
-  group_model.allReduce(v65.data(), v65.size(), meshrt::ReduceOp::Sum);
+  meshc::gen::allReduceBucket(group_model, {v262, v65});
 
   // vit.mesh:81:12 add -> x
-  meshc::gen::View v66 = arena_.slot(8704, 2176);
+  meshc::gen::View v66 = arena_.slot(186368, 2176);
   for (size_t i = 0; i < v66.size(); ++i) {
     v66[i] = float(double(v48[i]) + double(v65[i]));
   }
@@ -1795,13 +1981,13 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v70 = param21_vit_encoder_layer_1_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::View v71 = arena_.slot(0, 2176);
+  meshc::gen::View v71 = arena_.slot(195072, 2176);
   meshc::gen::along(v71.data(), v66.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::View v73 = arena_.slot(17408, 2176);
+  meshc::gen::View v73 = arena_.slot(203776, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
@@ -1821,70 +2007,71 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v77 = param25_vit_encoder_layer_1_attention_w_o;
 
   // vit.mesh:59:11 einsum -> q
-  meshc::gen::View v78 = arena_.slot(26112, 1088);
+  meshc::gen::View v78 = arena_.slot(358528, 1088);
   // dims: batch, tokens, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum78(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum78.run(v73.data(), v74.data(), v78.data());
 
   // vit.mesh:60:18 rename
-  meshc::gen::View v79 = arena_.copy(0, v73);
+  meshc::gen::View v79 = arena_.copy(212480, v73);
 
   // vit.mesh:60:11 einsum -> k
-  meshc::gen::View v80 = arena_.slot(30464, 1088);
+  meshc::gen::View v80 = arena_.slot(362880, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum80(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum80.run(v79.data(), v75.data(), v80.data());
 
   // vit.mesh:61:18 rename
-  meshc::gen::View v81 = v73;
+  meshc::gen::View v81 = arena_.copy(221184, v73);
 
   // vit.mesh:61:11 einsum -> v
-  meshc::gen::View v82 = arena_.slot(34816, 1088);
+  meshc::gen::View v82 = arena_.slot(367232, 1088);
   // dims: batch, mem, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsum82(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsum82.run(v81.data(), v76.data(), v82.data());
 
   // vit.mesh:62:25 einsum
-  meshc::gen::View v83 = arena_.slot(0, 1156);
+  meshc::gen::View v83 = arena_.slot(32768, 1156);
   // dims: batch, tokens, heads, d_head, mem
   static const meshrt::kernels::EinsumPlan einsum83(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum83.run(v78.data(), v80.data(), v83.data());
 
   // vit.mesh:62:69 literal
-  meshc::gen::View v84 = arena_.fill(4672, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+  meshc::gen::View v84 =
+      arena_.fill(379200, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
 
   // vit.mesh:62:67 mul
-  meshc::gen::View v85 = arena_.slot(17408, 1156);
+  meshc::gen::View v85 = arena_.slot(37440, 1156);
   meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v85[at[0]] = float(double(v83[at[1]]) * double(v84[at[2]]));
                          });
 
   // vit.mesh:62:17 softmax -> weights
-  meshc::gen::View v86 = arena_.slot(0, 1156);
+  meshc::gen::View v86 = arena_.slot(336448, 1156);
   meshc::gen::along(v86.data(), v85.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
                     {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
 
   // vit.mesh:63:17 einsum
-  meshc::gen::View v87 = arena_.slot(17408, 1088);
+  meshc::gen::View v87 = arena_.slot(371584, 1088);
   // dims: batch, heads, tokens, mem, d_head
   static const meshrt::kernels::EinsumPlan einsum87(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsum87.run(v86.data(), v82.data(), v87.data());
 
   // vit.mesh:63:10 einsum
-  meshc::gen::View v88 = arena_.slot(0, 2176);
+  meshc::gen::View v88 = arena_.slot(32768, 2176);
   // dims: batch, tokens, heads, d_head, d_model
   static const meshrt::kernels::EinsumPlan einsum88(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsum88.run(v87.data(), v77.data(), v88.data());
 
   // vit.mesh:80:15 dropout
-  meshc::gen::View v89 = arena_.slot(17408, 2176);
+  meshc::gen::View v89 = arena_.slot(229888, 2176);
   meshc::gen::dropout(
       v89.data(), {2, 17, 64}, v88.data(), {1088, 64, 1}, {1088, 64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
@@ -1893,18 +2080,20 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
       0.1);
 
   // vit.mesh:80:55 mul
-  meshc::gen::View v90 = arena_.slot(0, 2176);
+  meshc::gen::View v90 = arena_.slot(32768, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v90[at[0]] = float(double(v89[at[1]]) * double(v67[at[2]]));
                          });
 
-  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %88 over model for add at 80:13)
+  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%87, %88) over model resolved
+  // together, 17.0 KiB in one buffer)
+  meshc::gen::View v217 = v89;
   meshc::gen::View v91 = v90;
-  group_model.allReduce(v91.data(), v91.size(), meshrt::ReduceOp::Sum);
+  meshc::gen::allReduceBucket(group_model, {v217, v91});
 
   // vit.mesh:80:13 add -> h
-  meshc::gen::View v92 = arena_.slot(17408, 2176);
+  meshc::gen::View v92 = arena_.slot(238592, 2176);
   for (size_t i = 0; i < v92.size(); ++i) {
     v92[i] = float(double(v66[i]) + double(v91[i]));
   }
@@ -1916,13 +2105,13 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v94 = param27_vit_encoder_layer_1_norm_1_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::View v95 = arena_.slot(0, 2176);
+  meshc::gen::View v95 = arena_.slot(247296, 2176);
   meshc::gen::along(v95.data(), v92.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::View v97 = arena_.slot(8704, 2176);
+  meshc::gen::View v97 = arena_.slot(32768, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t96 = float(double(v95[at[1]]) * double(v93[at[2]]));
@@ -1936,19 +2125,19 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v99 = param29_vit_encoder_layer_1_ffn_w_out;
 
   // vit.mesh:71:23 cast
-  meshc::gen::View v100 = arena_.slot(26112, 2176);
+  meshc::gen::View v100 = arena_.slot(256000, 2176);
   for (size_t i = 0; i < v100.size(); ++i) {
     v100[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v97[i]));
   }
 
   // vit.mesh:71:38 cast
-  meshc::gen::View v101 = arena_.slot(0, 4096);
+  meshc::gen::View v101 = arena_.slot(32768, 4096);
   for (size_t i = 0; i < v101.size(); ++i) {
     v101[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v98[i]));
   }
 
   // vit.mesh:71:16 einsum
-  meshc::gen::View v102 = arena_.slot(34816, 2176);
+  meshc::gen::View v102 = arena_.slot(264704, 2176);
   meshc::gen::einsum2Double(v102.data(), v100.data(), v101.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -1966,19 +2155,19 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   meshc::gen::roundBufferBF16(v102);
 
   // vit.mesh:71:11 gelu -> h
-  meshc::gen::View v103 = arena_.slot(26112, 2176);
+  meshc::gen::View v103 = arena_.slot(65536, 2176);
   for (size_t i = 0; i < v103.size(); ++i) {
     v103[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v102[i])));
   }
 
   // vit.mesh:72:25 cast
-  meshc::gen::View v104 = arena_.slot(0, 4096);
+  meshc::gen::View v104 = arena_.slot(49152, 4096);
   for (size_t i = 0; i < v104.size(); ++i) {
     v104[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v99[i]));
   }
 
   // vit.mesh:72:15 einsum
-  meshc::gen::View v105 = arena_.slot(34816, 2176);
+  meshc::gen::View v105 = arena_.slot(273408, 2176);
   meshc::gen::einsum2Double(v105.data(), v103.data(), v104.data(),
                             {.batch = {},
                              .m = {2, 17},
@@ -1996,13 +2185,13 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   meshc::gen::roundBufferBF16(v105);
 
   // vit.mesh:72:10 cast
-  meshc::gen::View v106 = arena_.slot(0, 2176);
+  meshc::gen::View v106 = arena_.slot(282112, 2176);
   for (size_t i = 0; i < v106.size(); ++i) {
     v106[i] = float(v105[i]);
   }
 
   // vit.mesh:81:14 dropout
-  meshc::gen::View v107 = arena_.slot(8704, 2176);
+  meshc::gen::View v107 = arena_.slot(273408, 2176);
   meshc::gen::dropout(
       v107.data(), {2, 17, 64}, v106.data(), {1088, 64, 1}, {1088, 64, 1},
       meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
@@ -2011,18 +2200,20 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
       0.1);
 
   // vit.mesh:81:48 mul
-  meshc::gen::View v108 = arena_.slot(0, 2176);
+  meshc::gen::View v108 = arena_.slot(282112, 2176);
   meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v108[at[0]] = float(double(v107[at[1]]) * double(v68[at[2]]));
                          });
 
-  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %105 over model for add at 81:12)
+  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%104, %105) over model resolved
+  // together, 17.0 KiB in one buffer)
+  meshc::gen::View v162 = v107;
   meshc::gen::View v109 = v108;
-  group_model.allReduce(v109.data(), v109.size(), meshrt::ReduceOp::Sum);
+  meshc::gen::allReduceBucket(group_model, {v162, v109});
 
   // vit.mesh:81:12 add -> x
-  meshc::gen::View v110 = arena_.slot(8704, 2176);
+  meshc::gen::View v110 = arena_.slot(290816, 2176);
   for (size_t i = 0; i < v110.size(); ++i) {
     v110[i] = float(double(v92[i]) + double(v109[i]));
   }
@@ -2034,13 +2225,13 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   const meshc::gen::Buffer &v112 = param31_vit_norm_bias;
 
   // vit.mesh:36:10 layer_norm
-  meshc::gen::View v113 = arena_.slot(0, 2176);
+  meshc::gen::View v113 = arena_.slot(282112, 2176);
   meshc::gen::along(v113.data(), v110.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
                     meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
-  meshc::gen::View v115 = arena_.slot(8704, 2176);
+  meshc::gen::View v115 = arena_.slot(299520, 2176);
   meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
                          [&](const std::array<int64_t, 4> &at) {
                            float t114 = float(double(v113[at[1]]) * double(v111[at[2]]));
@@ -2048,64 +2239,5235 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
                          });
 
   // vit.mesh:99:17 slice
-  meshc::gen::View v116 = arena_.slot(0, 128);
+  meshc::gen::View v116 = arena_.slot(74240, 128);
   meshc::gen::copyWindow(v116.data(), v115.data(), {2, 64}, {64, 1}, {1088, 1}, 64, 64, 1, 17,
                          0 - 0);
 
   // vit.mesh:99:13 sum -> cls
-  meshc::gen::View v117 = arena_.slot(512, 128);
+  meshc::gen::View v117 = arena_.slot(74752, 128);
   meshc::gen::reduce(v117.data(), {2, 64}, v116.data(), {64, 1}, {1}, {64}, meshc::gen::Reduce::Sum,
                      1.0);
 
   // vit.mesh:100:10 einsum
-  meshc::gen::View v118 = arena_.slot(0, 20);
+  meshc::gen::View v118 = arena_.slot(74240, 20);
   // dims: batch, d_model, classes
   static const meshrt::kernels::EinsumPlan einsum118(
       {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
   einsum118.run(v117.data(), v4.data(), v118.data());
 
   // vit.mesh:100:48 add -> logits
-  meshc::gen::View v119 = arena_.slot(128, 20);
+  meshc::gen::View v119 = arena_.slot(74368, 20);
   meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {10, 1}, {0, 1}}}, {},
                          [&](const std::array<int64_t, 3> &at) {
                            v119[at[0]] = float(double(v118[at[1]]) + double(v5[at[2]]));
                          });
 
   // vit.mesh:111:19 logsumexp
-  meshc::gen::View v120 = arena_.slot(384, 2);
+  meshc::gen::View v120 = arena_.slot(74624, 2);
   meshc::gen::reduce(v120.data(), {2}, v119.data(), {10}, {10}, {1}, meshc::gen::Reduce::LogSumExp,
                      1.0);
 
   // vit.mesh:111:61 one_hot
-  meshc::gen::View v121 = arena_.slot(0, 20);
+  meshc::gen::View v121 = arena_.slot(74240, 20);
   meshc::gen::oneHot(v121.data(), {2, 10}, v1.data(), {1, 0}, {0, 1}, 0);
 
   // vit.mesh:111:59 mul
-  meshc::gen::View v122 = arena_.slot(256, 20);
+  meshc::gen::View v122 = arena_.slot(74496, 20);
   for (size_t i = 0; i < v122.size(); ++i) {
     v122[i] = float(double(v119[i]) * double(v121[i]));
   }
 
   // vit.mesh:111:48 sum
-  meshc::gen::View v123 = arena_.slot(0, 2);
+  meshc::gen::View v123 = arena_.slot(74688, 2);
   meshc::gen::reduce(v123.data(), {2}, v122.data(), {10}, {10}, {1}, meshc::gen::Reduce::Sum, 1.0);
 
   // vit.mesh:111:46 sub
-  meshc::gen::View v124 = arena_.slot(64, 2);
+  meshc::gen::View v124 = arena_.slot(74496, 2);
   for (size_t i = 0; i < v124.size(); ++i) {
     v124[i] = float(double(v120[i]) - double(v123[i]));
   }
 
   // vit.mesh:111:14 mean -> loss
-  meshc::gen::View v125 = arena_.slot(0, 1);
+  meshc::gen::View v125 = arena_.slot(379264, 1);
   meshc::gen::reduce(v125.data(), {}, v124.data(), {}, {2}, {1}, meshc::gen::Reduce::Sum, 0.25);
 
-  // vit.mesh:112:3 all_reduce_sum -> loss (resolve output 'loss')
-  meshc::gen::View v126 = v125;
-  group_data.allReduce(v126.data(), v126.size(), meshrt::ReduceOp::Sum);
+  // vit.mesh:112:3 literal
+  meshc::gen::View v126 =
+      arena_.fill(74496, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // vit.mesh:111:14 literal
+  meshc::gen::View v127 =
+      arena_.fill(74560, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
+
+  // vit.mesh:111:14 mul
+  meshc::gen::View v128 = arena_.slot(75264, 1);
+  for (size_t i = 0; i < v128.size(); ++i) {
+    v128[i] = float(double(v126[i]) * double(v127[i]));
+  }
+
+  // vit.mesh:111:14 broadcast
+  meshc::gen::View v129 = arena_.slot(74688, 2);
+  meshc::gen::forEach<2>({2}, {{{1}, {0}}}, {}, [&](const std::array<int64_t, 2> &at) {
+    v129[at[0]] = float(v128[at[1]]);
+  });
+
+  // vit.mesh:111:46 neg
+  meshc::gen::View v130 = arena_.slot(75264, 2);
+  for (size_t i = 0; i < v130.size(); ++i) {
+    v130[i] = float(-v129[i]);
+  }
+
+  // vit.mesh:111:48 broadcast
+  // vit.mesh:111:59 mul
+  meshc::gen::View v132 = arena_.slot(74496, 20);
+  meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {1, 0}, {10, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t131 = float(v130[at[1]]);
+                           v132[at[0]] = float(double(t131) * double(v121[at[2]]));
+                         });
+
+  // vit.mesh:111:19 sub
+  // vit.mesh:111:19 exp
+  meshc::gen::View v134 = arena_.slot(74240, 20);
+  meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {10, 1}, {1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t133 = float(double(v119[at[1]]) - double(v120[at[2]]));
+                           v134[at[0]] = float(std::exp(double(t133)));
+                         });
+
+  // vit.mesh:111:19 broadcast
+  // vit.mesh:111:19 mul
+  // vit.mesh:111:19 add
+  meshc::gen::View v137 = arena_.slot(75264, 20);
+  meshc::gen::forEach<4>({2, 10}, {{{10, 1}, {1, 0}, {10, 1}, {10, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t135 = float(v129[at[1]]);
+                           float t136 = float(double(t135) * double(v134[at[2]]));
+                           v137[at[0]] = float(double(v132[at[3]]) + double(t136));
+                         });
+
+  // vit.mesh:100:48 sum -> grad/vit/b_head
+  meshc::gen::View v138 = arena_.slot(379008, 10);
+  meshc::gen::reduce(v138.data(), {10}, v137.data(), {1}, {2}, {10}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:100:10 einsum
+  meshc::gen::View v139 = arena_.slot(74240, 128);
+  // dims: batch, classes, d_model
+  static const meshrt::kernels::EinsumPlan einsum139(
+      {{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+  einsum139.run(v137.data(), v4.data(), v139.data());
+
+  // vit.mesh:100:10 einsum -> grad/vit/w_head
+  meshc::gen::View v140 = arena_.slot(375936, 640);
+  // dims: batch, classes, d_model
+  static const meshrt::kernels::EinsumPlan einsum140(
+      {{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+  einsum140.run(v137.data(), v117.data(), v140.data());
+
+  // vit.mesh:99:13 broadcast
+  meshc::gen::View v141 = arena_.slot(74752, 128);
+  meshc::gen::forEach<2>(
+      {2, 1, 64}, {{{64, 64, 1}, {64, 0, 1}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v141[at[0]] = float(v139[at[1]]); });
+
+  // vit.mesh:99:17 pad
+  meshc::gen::View v142 = arena_.slot(299520, 2176);
+  meshc::gen::copyWindow(v142.data(), v141.data(), {2, 64}, {1088, 1}, {64, 1}, 64, 64, 17, 1,
+                         0 - 0);
+
+  // vit.mesh:36:52 sum -> grad/vit/norm/bias
+  meshc::gen::View v143 = arena_.slot(378496, 64);
+  meshc::gen::reduce(v143.data(), {64}, v142.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v144 = arena_.slot(308224, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v144[at[0]] = float(double(v142[at[1]]) * double(v111[at[2]]));
+                         });
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v145 = arena_.slot(316928, 2176);
+  for (size_t i = 0; i < v145.size(); ++i) {
+    v145[i] = float(double(v142[i]) * double(v113[i]));
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/norm/gain
+  meshc::gen::View v146 = arena_.slot(378752, 64);
+  meshc::gen::reduce(v146.data(), {64}, v145.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v147 = arena_.slot(74240, 34);
+  meshc::gen::reduce(v147.data(), {2, 17}, v110.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  meshc::gen::View v149 = arena_.slot(299520, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t148 = float(double(v110[at[1]]) - double(v147[at[2]]));
+                           v149[at[0]] = float(double(t148) * double(t148));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v150 = arena_.slot(74240, 34);
+  meshc::gen::reduce(v150.data(), {2, 17}, v149.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 literal
+  meshc::gen::View v151 =
+      arena_.fill(317184, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-06));
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  meshc::gen::View v153 = arena_.slot(74432, 34);
+  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t152 = float(double(v150[at[1]]) + double(v151[at[2]]));
+                           v153[at[0]] = float(1.0 / std::sqrt(double(t152)));
+                         });
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v154 = arena_.slot(290816, 2176);
+  for (size_t i = 0; i < v154.size(); ++i) {
+    v154[i] = float(double(v144[i]) * double(v113[i]));
+  }
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v155 = arena_.slot(74240, 34);
+  meshc::gen::reduce(v155.data(), {2, 17}, v154.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v156 = arena_.slot(290816, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v156[at[0]] = float(double(v113[at[1]]) * double(v155[at[2]]));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v157 = arena_.slot(74240, 34);
+  meshc::gen::reduce(v157.data(), {2, 17}, v144.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  meshc::gen::View v160 = arena_.slot(282112, 2176);
+  meshc::gen::forEach<5>({2, 17, 64},
+                         {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}}},
+                         {}, [&](const std::array<int64_t, 5> &at) {
+                           float t158 = float(double(v144[at[1]]) - double(v157[at[2]]));
+                           float t159 = float(double(t158) - double(v156[at[3]]));
+                           v160[at[0]] = float(double(t159) * double(v153[at[4]]));
+                         });
+
+  // vit.mesh:81:48 mul
+  meshc::gen::View v161 = arena_.slot(290816, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v161[at[0]] = float(double(v160[at[1]]) * double(v68[at[2]]));
+                         });
+
+  // vit.mesh:81:48 mul
+  meshc::gen::View v163 = arena_.slot(299520, 2176);
+  for (size_t i = 0; i < v163.size(); ++i) {
+    v163[i] = float(double(v160[i]) * double(v162[i]));
+  }
+
+  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
+  meshc::gen::View v164 = arena_.slot(316928, 64);
+  meshc::gen::reduce(v164.data(), {64}, v163.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:81:14 dropout
+  meshc::gen::View v165 = arena_.slot(273408, 2176);
+  meshc::gen::dropout(
+      v165.data(), {2, 17, 64}, v161.data(), {1088, 64, 1}, {1088, 64, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
+      meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
+                                   std::to_string(step_)),
+      0.1);
+
+  // vit.mesh:72:10 cast
+  meshc::gen::View v166 = arena_.slot(290816, 2176);
+  for (size_t i = 0; i < v166.size(); ++i) {
+    v166[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v165[i]));
+  }
+
+  // vit.mesh:72:15 einsum
+  meshc::gen::View v167 = arena_.slot(273408, 2176);
+  meshc::gen::einsum2Double(v167.data(), v166.data(), v104.data(),
+                            {.batch = {},
+                             .m = {2, 17},
+                             .n = {64},
+                             .k = {64},
+                             .aBatch = {},
+                             .aM = {1088, 64},
+                             .aK = {1},
+                             .bBatch = {},
+                             .bK = {1},
+                             .bN = {64},
+                             .outBatch = {},
+                             .outM = {1088, 64},
+                             .outN = {1}});
+  meshc::gen::roundBufferBF16(v167);
+
+  // vit.mesh:72:15 einsum
+  meshc::gen::View v168 = arena_.slot(49152, 4096);
+  meshc::gen::einsum2Double(v168.data(), v166.data(), v103.data(),
+                            {.batch = {},
+                             .m = {64},
+                             .n = {64},
+                             .k = {2, 17},
+                             .aBatch = {},
+                             .aM = {1},
+                             .aK = {1088, 64},
+                             .bBatch = {},
+                             .bK = {1088, 64},
+                             .bN = {1},
+                             .outBatch = {},
+                             .outM = {1},
+                             .outN = {64}});
+  meshc::gen::roundBufferBF16(v168);
+
+  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
+  meshc::gen::View v169 = arena_.slot(65536, 4096);
+  for (size_t i = 0; i < v169.size(); ++i) {
+    v169[i] = float(v168[i]);
+  }
+
+  // vit.mesh:71:11 square
+  meshc::gen::View v170 = arena_.slot(49152, 2176);
+  for (size_t i = 0; i < v170.size(); ++i) {
+    v170[i] =
+        meshc::gen::roundValue(meshc::gen::DType::BF16, double(double(v102[i]) * double(v102[i])));
+  }
+
+  // vit.mesh:71:11 mul
+  meshc::gen::View v171 = arena_.slot(290816, 2176);
+  for (size_t i = 0; i < v171.size(); ++i) {
+    v171[i] =
+        meshc::gen::roundValue(meshc::gen::DType::BF16, double(double(v102[i]) * double(v170[i])));
+  }
+
+  // vit.mesh:71:11 literal
+  meshc::gen::View v172 =
+      arena_.fill(317248, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.044715));
+
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  meshc::gen::View v174 = arena_.slot(299520, 2176);
+  meshc::gen::forEach<4>(
+      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {1088, 64, 1}}}, {},
+      [&](const std::array<int64_t, 4> &at) {
+        float t173 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v171[at[1]]) * double(v172[at[2]])));
+        v174[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                             double(double(v102[at[3]]) + double(t173)));
+      });
+
+  // vit.mesh:71:11 literal
+  meshc::gen::View v175 =
+      arena_.fill(317312, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.7978845608028654));
+
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 tanh
+  meshc::gen::View v177 = arena_.slot(290816, 2176);
+  meshc::gen::forEach<3>(
+      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 3> &at) {
+        float t176 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v174[at[1]]) * double(v175[at[2]])));
+        v177[at[0]] =
+            meshc::gen::roundValue(meshc::gen::DType::BF16, double(std::tanh(double(t176))));
+      });
+
+  // vit.mesh:71:11 literal
+  meshc::gen::View v178 =
+      arena_.fill(317376, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 1.0));
+
+  // vit.mesh:71:11 add
+  meshc::gen::View v179 = arena_.slot(299520, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v179[at[0]] = meshc::gen::roundValue(
+                               meshc::gen::DType::BF16,
+                               double(double(v177[at[1]]) + double(v178[at[2]])));
+                         });
+
+  // vit.mesh:71:11 literal
+  meshc::gen::View v180 =
+      arena_.fill(317440, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.5));
+
+  // vit.mesh:71:11 mul
+  meshc::gen::View v181 = arena_.slot(308224, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v181[at[0]] = meshc::gen::roundValue(
+                               meshc::gen::DType::BF16,
+                               double(double(v179[at[1]]) * double(v180[at[2]])));
+                         });
+
+  // vit.mesh:71:11 literal
+  meshc::gen::View v182 =
+      arena_.fill(317504, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.134145));
+
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  meshc::gen::View v184 = arena_.slot(299520, 2176);
+  meshc::gen::forEach<4>(
+      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 4> &at) {
+        float t183 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v170[at[1]]) * double(v182[at[2]])));
+        v184[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                             double(double(t183) + double(v178[at[3]])));
+      });
+
+  // vit.mesh:71:11 square
+  // vit.mesh:71:11 sub
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  meshc::gen::View v188 = arena_.slot(49152, 2176);
+  meshc::gen::forEach<5>(
+      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {1088, 64, 1}, {1088, 64, 1}}}, {},
+      [&](const std::array<int64_t, 5> &at) {
+        float t185 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v177[at[1]]) * double(v177[at[1]])));
+        float t186 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v178[at[2]]) - double(t185)));
+        float t187 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v102[at[3]]) * double(t186)));
+        v188[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                             double(double(t187) * double(v184[at[4]])));
+      });
+
+  // vit.mesh:71:11 literal
+  meshc::gen::View v189 =
+      arena_.fill(290816, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.3989422804014327));
+
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  meshc::gen::View v192 = arena_.slot(264704, 2176);
+  meshc::gen::forEach<5>(
+      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {1088, 64, 1}, {1088, 64, 1}}}, {},
+      [&](const std::array<int64_t, 5> &at) {
+        float t190 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v188[at[1]]) * double(v189[at[2]])));
+        float t191 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v181[at[3]]) + double(t190)));
+        v192[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                             double(double(v167[at[4]]) * double(t191)));
+      });
+
+  // vit.mesh:71:16 einsum
+  meshc::gen::View v193 = arena_.slot(273408, 2176);
+  meshc::gen::einsum2Double(v193.data(), v192.data(), v101.data(),
+                            {.batch = {},
+                             .m = {2, 17},
+                             .n = {64},
+                             .k = {64},
+                             .aBatch = {},
+                             .aM = {1088, 64},
+                             .aK = {1},
+                             .bBatch = {},
+                             .bK = {1},
+                             .bN = {64},
+                             .outBatch = {},
+                             .outM = {1088, 64},
+                             .outN = {1}});
+  meshc::gen::roundBufferBF16(v193);
+
+  // vit.mesh:71:16 einsum
+  meshc::gen::View v194 = arena_.slot(32768, 4096);
+  meshc::gen::einsum2Double(v194.data(), v192.data(), v100.data(),
+                            {.batch = {},
+                             .m = {64},
+                             .n = {64},
+                             .k = {2, 17},
+                             .aBatch = {},
+                             .aM = {1},
+                             .aK = {1088, 64},
+                             .bBatch = {},
+                             .bK = {1088, 64},
+                             .bN = {1},
+                             .outBatch = {},
+                             .outM = {1},
+                             .outN = {64}});
+  meshc::gen::roundBufferBF16(v194);
+
+  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
+  meshc::gen::View v195 = arena_.slot(49152, 4096);
+  for (size_t i = 0; i < v195.size(); ++i) {
+    v195[i] = float(v194[i]);
+  }
+
+  // vit.mesh:71:23 cast
+  meshc::gen::View v196 = arena_.slot(32768, 2176);
+  for (size_t i = 0; i < v196.size(); ++i) {
+    v196[i] = float(v193[i]);
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
+  meshc::gen::View v197 = v196;
+  group_model.allReduce(v197.data(), v197.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
+  meshc::gen::View v198 = arena_.slot(273408, 64);
+  meshc::gen::reduce(v198.data(), {64}, v197.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v199 = arena_.slot(256000, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v199[at[0]] = float(double(v197[at[1]]) * double(v93[at[2]]));
+                         });
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v200 = arena_.slot(264704, 2176);
+  for (size_t i = 0; i < v200.size(); ++i) {
+    v200[i] = float(double(v197[i]) * double(v95[i]));
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
+  meshc::gen::View v201 = arena_.slot(273664, 64);
+  meshc::gen::reduce(v201.data(), {64}, v200.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v202 = arena_.slot(41472, 34);
+  meshc::gen::reduce(v202.data(), {2, 17}, v92.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  meshc::gen::View v204 = arena_.slot(32768, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t203 = float(double(v92[at[1]]) - double(v202[at[2]]));
+                           v204[at[0]] = float(double(t203) * double(t203));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v205 = arena_.slot(41472, 34);
+  meshc::gen::reduce(v205.data(), {2, 17}, v204.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  meshc::gen::View v207 = arena_.slot(41664, 34);
+  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t206 = float(double(v205[at[1]]) + double(v151[at[2]]));
+                           v207[at[0]] = float(1.0 / std::sqrt(double(t206)));
+                         });
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v208 = arena_.slot(32768, 2176);
+  for (size_t i = 0; i < v208.size(); ++i) {
+    v208[i] = float(double(v199[i]) * double(v95[i]));
+  }
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v209 = arena_.slot(41472, 34);
+  meshc::gen::reduce(v209.data(), {2, 17}, v208.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v210 = arena_.slot(32768, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v210[at[0]] = float(double(v95[at[1]]) * double(v209[at[2]]));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v211 = arena_.slot(41472, 34);
+  meshc::gen::reduce(v211.data(), {2, 17}, v199.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  meshc::gen::View v215 = arena_.slot(238592, 2176);
+  meshc::gen::forEach<6>(
+      {2, 17, 64},
+      {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t212 = float(double(v199[at[1]]) - double(v211[at[2]]));
+        float t213 = float(double(t212) - double(v210[at[3]]));
+        float t214 = float(double(t213) * double(v207[at[4]]));
+        v215[at[0]] = float(double(v160[at[5]]) + double(t214));
+      });
+
+  // vit.mesh:80:55 mul
+  meshc::gen::View v216 = arena_.slot(32768, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v216[at[0]] = float(double(v215[at[1]]) * double(v67[at[2]]));
+                         });
+
+  // vit.mesh:80:55 mul
+  meshc::gen::View v218 = arena_.slot(247296, 2176);
+  for (size_t i = 0; i < v218.size(); ++i) {
+    v218[i] = float(double(v215[i]) * double(v217[i]));
+  }
+
+  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
+  meshc::gen::View v219 = arena_.slot(272384, 64);
+  meshc::gen::reduce(v219.data(), {64}, v218.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:80:15 dropout
+  meshc::gen::View v220 = arena_.slot(229888, 2176);
+  meshc::gen::dropout(
+      v220.data(), {2, 17, 64}, v216.data(), {1088, 64, 1}, {1088, 64, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
+      meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
+                                   std::to_string(step_)),
+      0.1);
+
+  // vit.mesh:63:10 einsum
+  meshc::gen::View v221 = arena_.slot(37440, 1088);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum221(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum221.run(v220.data(), v77.data(), v221.data());
+
+  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
+  meshc::gen::View v222 = arena_.slot(247296, 2048);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum222(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsum222.run(v220.data(), v87.data(), v222.data());
+
+  // vit.mesh:63:17 einsum
+  meshc::gen::View v223 = arena_.slot(32768, 1156);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum223(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum223.run(v221.data(), v82.data(), v223.data());
+
+  // vit.mesh:63:17 einsum
+  meshc::gen::View v224 = arena_.slot(42112, 1088);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum224(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsum224.run(v221.data(), v86.data(), v224.data());
+
+  // vit.mesh:62:17 mul
+  meshc::gen::View v225 = arena_.slot(37440, 1156);
+  for (size_t i = 0; i < v225.size(); ++i) {
+    v225[i] = float(double(v223[i]) * double(v86[i]));
+  }
+
+  // vit.mesh:62:17 sum
+  meshc::gen::View v226 = arena_.slot(46464, 68);
+  meshc::gen::reduce(v226.data(), {2, 2, 17}, v225.data(), {578, 289, 17}, {17}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:62:17 sub
+  // vit.mesh:62:17 mul
+  // vit.mesh:62:67 mul
+  meshc::gen::View v229 = arena_.slot(37440, 1156);
+  meshc::gen::forEach<5>(
+      {2, 2, 17, 17},
+      {{{578, 289, 17, 1}, {578, 289, 17, 1}, {34, 17, 1, 0}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 5> &at) {
+        float t227 = float(double(v223[at[1]]) - double(v226[at[2]]));
+        float t228 = float(double(v86[at[3]]) * double(t227));
+        v229[at[0]] = float(double(t228) * double(v84[at[4]]));
+      });
+
+  // vit.mesh:62:25 einsum
+  meshc::gen::View v230 = arena_.slot(263680, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum230(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum230.run(v229.data(), v80.data(), v230.data());
+
+  // vit.mesh:62:25 einsum
+  meshc::gen::View v231 = arena_.slot(268032, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum231(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsum231.run(v229.data(), v78.data(), v231.data());
+
+  // vit.mesh:61:11 einsum
+  meshc::gen::View v232 = arena_.slot(32768, 2176);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum232(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum232.run(v224.data(), v76.data(), v232.data());
+
+  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
+  meshc::gen::View v233 = arena_.slot(229888, 2048);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum233(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum233.run(v224.data(), v81.data(), v233.data());
+
+  // vit.mesh:61:18 rename
+  meshc::gen::View v234 = v232;
+
+  // vit.mesh:60:11 einsum
+  meshc::gen::View v235 = arena_.slot(221184, 2176);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum235(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum235.run(v231.data(), v75.data(), v235.data());
+
+  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
+  meshc::gen::View v236 = arena_.slot(255488, 2048);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum236(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum236.run(v231.data(), v79.data(), v236.data());
+
+  // vit.mesh:60:18 rename
+  meshc::gen::View v237 = v235;
+
+  // vit.mesh:60:18 add
+  meshc::gen::View v238 = arena_.slot(212480, 2176);
+  for (size_t i = 0; i < v238.size(); ++i) {
+    v238[i] = float(double(v234[i]) + double(v237[i]));
+  }
+
+  // vit.mesh:59:11 einsum
+  meshc::gen::View v239 = arena_.slot(32768, 2176);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum239(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum239.run(v230.data(), v74.data(), v239.data());
+
+  // vit.mesh:59:11 add
+  meshc::gen::View v240 = arena_.slot(221184, 2176);
+  for (size_t i = 0; i < v240.size(); ++i) {
+    v240[i] = float(double(v238[i]) + double(v239[i]));
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
+  meshc::gen::View v242 = v240;
+  group_model.allReduce(v242.data(), v242.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
+  meshc::gen::View v241 = arena_.slot(212480, 2048);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum241(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum241.run(v230.data(), v73.data(), v241.data());
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
+  meshc::gen::View v243 = arena_.slot(220672, 64);
+  meshc::gen::reduce(v243.data(), {64}, v242.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v244 = arena_.slot(32768, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v244[at[0]] = float(double(v242[at[1]]) * double(v69[at[2]]));
+                         });
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v245 = arena_.slot(203776, 2176);
+  for (size_t i = 0; i < v245.size(); ++i) {
+    v245[i] = float(double(v242[i]) * double(v71[i]));
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
+  meshc::gen::View v246 = arena_.slot(220928, 64);
+  meshc::gen::reduce(v246.data(), {64}, v245.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v247 = arena_.slot(41472, 34);
+  meshc::gen::reduce(v247.data(), {2, 17}, v66.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  meshc::gen::View v249 = arena_.slot(203776, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t248 = float(double(v66[at[1]]) - double(v247[at[2]]));
+                           v249[at[0]] = float(double(t248) * double(t248));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v250 = arena_.slot(41472, 34);
+  meshc::gen::reduce(v250.data(), {2, 17}, v249.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  meshc::gen::View v252 = arena_.slot(41664, 34);
+  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t251 = float(double(v250[at[1]]) + double(v151[at[2]]));
+                           v252[at[0]] = float(1.0 / std::sqrt(double(t251)));
+                         });
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v253 = arena_.slot(186368, 2176);
+  for (size_t i = 0; i < v253.size(); ++i) {
+    v253[i] = float(double(v244[i]) * double(v71[i]));
+  }
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v254 = arena_.slot(41472, 34);
+  meshc::gen::reduce(v254.data(), {2, 17}, v253.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v255 = arena_.slot(186368, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v255[at[0]] = float(double(v71[at[1]]) * double(v254[at[2]]));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v256 = arena_.slot(41472, 34);
+  meshc::gen::reduce(v256.data(), {2, 17}, v244.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  meshc::gen::View v260 = arena_.slot(195072, 2176);
+  meshc::gen::forEach<6>(
+      {2, 17, 64},
+      {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t257 = float(double(v244[at[1]]) - double(v256[at[2]]));
+        float t258 = float(double(t257) - double(v255[at[3]]));
+        float t259 = float(double(t258) * double(v252[at[4]]));
+        v260[at[0]] = float(double(v215[at[5]]) + double(t259));
+      });
+
+  // vit.mesh:81:48 mul
+  meshc::gen::View v261 = arena_.slot(32768, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v261[at[0]] = float(double(v260[at[1]]) * double(v24[at[2]]));
+                         });
+
+  // vit.mesh:81:48 mul
+  meshc::gen::View v263 = arena_.slot(186368, 2176);
+  for (size_t i = 0; i < v263.size(); ++i) {
+    v263[i] = float(double(v260[i]) * double(v262[i]));
+  }
+
+  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[0]/ffn_scale
+  meshc::gen::View v264 = arena_.slot(221184, 64);
+  meshc::gen::reduce(v264.data(), {64}, v263.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:81:14 dropout
+  meshc::gen::View v265 = arena_.slot(177664, 2176);
+  meshc::gen::dropout(
+      v265.data(), {2, 17, 64}, v261.data(), {1088, 64, 1}, {1088, 64, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
+      meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
+                                   std::to_string(step_)),
+      0.1);
+
+  // vit.mesh:72:10 cast
+  meshc::gen::View v266 = arena_.slot(32768, 2176);
+  for (size_t i = 0; i < v266.size(); ++i) {
+    v266[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v265[i]));
+  }
+
+  // vit.mesh:72:15 einsum
+  meshc::gen::View v267 = arena_.slot(177664, 2176);
+  meshc::gen::einsum2Double(v267.data(), v266.data(), v60.data(),
+                            {.batch = {},
+                             .m = {2, 17},
+                             .n = {64},
+                             .k = {64},
+                             .aBatch = {},
+                             .aM = {1088, 64},
+                             .aK = {1},
+                             .bBatch = {},
+                             .bK = {1},
+                             .bN = {64},
+                             .outBatch = {},
+                             .outM = {1088, 64},
+                             .outN = {1}});
+  meshc::gen::roundBufferBF16(v267);
+
+  // vit.mesh:72:15 einsum
+  meshc::gen::View v268 = arena_.slot(16384, 4096);
+  meshc::gen::einsum2Double(v268.data(), v266.data(), v59.data(),
+                            {.batch = {},
+                             .m = {64},
+                             .n = {64},
+                             .k = {2, 17},
+                             .aBatch = {},
+                             .aM = {1},
+                             .aK = {1088, 64},
+                             .bBatch = {},
+                             .bK = {1088, 64},
+                             .bN = {1},
+                             .outBatch = {},
+                             .outM = {1},
+                             .outN = {64}});
+  meshc::gen::roundBufferBF16(v268);
+
+  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[0]/ffn/w_out
+  meshc::gen::View v269 = arena_.slot(32768, 4096);
+  for (size_t i = 0; i < v269.size(); ++i) {
+    v269[i] = float(v268[i]);
+  }
+
+  // vit.mesh:71:11 square
+  meshc::gen::View v270 = arena_.slot(16384, 2176);
+  for (size_t i = 0; i < v270.size(); ++i) {
+    v270[i] =
+        meshc::gen::roundValue(meshc::gen::DType::BF16, double(double(v58[i]) * double(v58[i])));
+  }
+
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 tanh
+  meshc::gen::View v275 = arena_.slot(168960, 2176);
+  meshc::gen::forEach<5>(
+      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 5> &at) {
+        float t271 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v58[at[1]]) * double(v270[at[2]])));
+        float t272 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(t271) * double(v172[at[3]])));
+        float t273 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v58[at[1]]) + double(t272)));
+        float t274 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(t273) * double(v175[at[4]])));
+        v275[at[0]] =
+            meshc::gen::roundValue(meshc::gen::DType::BF16, double(std::tanh(double(t274))));
+      });
+
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  meshc::gen::View v277 = arena_.slot(186368, 2176);
+  meshc::gen::forEach<4>(
+      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 4> &at) {
+        float t276 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v275[at[1]]) + double(v178[at[2]])));
+        v277[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                             double(double(t276) * double(v180[at[3]])));
+      });
+
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  meshc::gen::View v279 = arena_.slot(203776, 2176);
+  meshc::gen::forEach<4>(
+      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 4> &at) {
+        float t278 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v270[at[1]]) * double(v182[at[2]])));
+        v279[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                             double(double(t278) + double(v178[at[3]])));
+      });
+
+  // vit.mesh:71:11 square
+  // vit.mesh:71:11 sub
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  meshc::gen::View v286 = arena_.slot(16384, 2176);
+  meshc::gen::forEach<8>(
+      {2, 17, 64},
+      {{{1088, 64, 1},
+        {1088, 64, 1},
+        {0, 0, 0},
+        {1088, 64, 1},
+        {1088, 64, 1},
+        {0, 0, 0},
+        {1088, 64, 1},
+        {1088, 64, 1}}},
+      {}, [&](const std::array<int64_t, 8> &at) {
+        float t280 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v275[at[1]]) * double(v275[at[1]])));
+        float t281 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v178[at[2]]) - double(t280)));
+        float t282 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v58[at[3]]) * double(t281)));
+        float t283 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(t282) * double(v279[at[4]])));
+        float t284 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(t283) * double(v189[at[5]])));
+        float t285 = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                            double(double(v277[at[6]]) + double(t284)));
+        v286[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
+                                             double(double(v267[at[7]]) * double(t285)));
+      });
+
+  // vit.mesh:71:16 einsum
+  meshc::gen::View v287 = arena_.slot(160256, 2176);
+  meshc::gen::einsum2Double(v287.data(), v286.data(), v57.data(),
+                            {.batch = {},
+                             .m = {2, 17},
+                             .n = {64},
+                             .k = {64},
+                             .aBatch = {},
+                             .aM = {1088, 64},
+                             .aK = {1},
+                             .bBatch = {},
+                             .bK = {1},
+                             .bN = {64},
+                             .outBatch = {},
+                             .outM = {1088, 64},
+                             .outN = {1}});
+  meshc::gen::roundBufferBF16(v287);
+
+  // vit.mesh:71:16 einsum
+  meshc::gen::View v288 = arena_.slot(0, 4096);
+  meshc::gen::einsum2Double(v288.data(), v286.data(), v56.data(),
+                            {.batch = {},
+                             .m = {64},
+                             .n = {64},
+                             .k = {2, 17},
+                             .aBatch = {},
+                             .aM = {1},
+                             .aK = {1088, 64},
+                             .bBatch = {},
+                             .bK = {1088, 64},
+                             .bN = {1},
+                             .outBatch = {},
+                             .outM = {1},
+                             .outN = {64}});
+  meshc::gen::roundBufferBF16(v288);
+
+  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[0]/ffn/w_in
+  meshc::gen::View v289 = arena_.slot(16384, 4096);
+  for (size_t i = 0; i < v289.size(); ++i) {
+    v289[i] = float(v288[i]);
+  }
+
+  // vit.mesh:71:23 cast
+  meshc::gen::View v290 = arena_.slot(0, 2176);
+  for (size_t i = 0; i < v290.size(); ++i) {
+    v290[i] = float(v287[i]);
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %281 over model for sum at 36:52)
+  meshc::gen::View v291 = v290;
+  group_model.allReduce(v291.data(), v291.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm#1/bias
+  meshc::gen::View v292 = arena_.slot(168960, 64);
+  meshc::gen::reduce(v292.data(), {64}, v291.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v293 = arena_.slot(151552, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v293[at[0]] = float(double(v291[at[1]]) * double(v49[at[2]]));
+                         });
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v294 = arena_.slot(160256, 2176);
+  for (size_t i = 0; i < v294.size(); ++i) {
+    v294[i] = float(double(v291[i]) * double(v51[i]));
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm#1/gain
+  meshc::gen::View v295 = arena_.slot(169216, 64);
+  meshc::gen::reduce(v295.data(), {64}, v294.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v296 = arena_.slot(8704, 34);
+  meshc::gen::reduce(v296.data(), {2, 17}, v48.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  meshc::gen::View v298 = arena_.slot(0, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t297 = float(double(v48[at[1]]) - double(v296[at[2]]));
+                           v298[at[0]] = float(double(t297) * double(t297));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v299 = arena_.slot(8704, 34);
+  meshc::gen::reduce(v299.data(), {2, 17}, v298.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  meshc::gen::View v301 = arena_.slot(8896, 34);
+  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t300 = float(double(v299[at[1]]) + double(v151[at[2]]));
+                           v301[at[0]] = float(1.0 / std::sqrt(double(t300)));
+                         });
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v302 = arena_.slot(0, 2176);
+  for (size_t i = 0; i < v302.size(); ++i) {
+    v302[i] = float(double(v293[i]) * double(v51[i]));
+  }
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v303 = arena_.slot(8704, 34);
+  meshc::gen::reduce(v303.data(), {2, 17}, v302.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v304 = arena_.slot(0, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v304[at[0]] = float(double(v51[at[1]]) * double(v303[at[2]]));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v305 = arena_.slot(8704, 34);
+  meshc::gen::reduce(v305.data(), {2, 17}, v293.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  meshc::gen::View v309 = arena_.slot(134144, 2176);
+  meshc::gen::forEach<6>(
+      {2, 17, 64},
+      {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t306 = float(double(v293[at[1]]) - double(v305[at[2]]));
+        float t307 = float(double(t306) - double(v304[at[3]]));
+        float t308 = float(double(t307) * double(v301[at[4]]));
+        v309[at[0]] = float(double(v260[at[5]]) + double(t308));
+      });
+
+  // vit.mesh:80:55 mul
+  meshc::gen::View v310 = arena_.slot(0, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v310[at[0]] = float(double(v309[at[1]]) * double(v23[at[2]]));
+                         });
+
+  // vit.mesh:80:55 mul
+  meshc::gen::View v312 = arena_.slot(142848, 2176);
+  for (size_t i = 0; i < v312.size(); ++i) {
+    v312[i] = float(double(v309[i]) * double(v311[i]));
+  }
+
+  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[0]/attention_scale
+  meshc::gen::View v313 = arena_.slot(167936, 64);
+  meshc::gen::reduce(v313.data(), {64}, v312.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:80:15 dropout
+  meshc::gen::View v314 = arena_.slot(125440, 2176);
+  meshc::gen::dropout(
+      v314.data(), {2, 17, 64}, v310.data(), {1088, 64, 1}, {1088, 64, 1},
+      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
+      meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
+                                   std::to_string(step_)),
+      0.1);
+
+  // vit.mesh:63:10 einsum
+  meshc::gen::View v315 = arena_.slot(4672, 1088);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum315(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsum315.run(v314.data(), v33.data(), v315.data());
+
+  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[0]/attention/w_o
+  meshc::gen::View v316 = arena_.slot(142848, 2048);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsum316(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsum316.run(v314.data(), v43.data(), v316.data());
+
+  // vit.mesh:63:17 einsum
+  meshc::gen::View v317 = arena_.slot(0, 1156);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum317(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum317.run(v315.data(), v38.data(), v317.data());
+
+  // vit.mesh:63:17 einsum
+  meshc::gen::View v318 = arena_.slot(9344, 1088);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsum318(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsum318.run(v315.data(), v42.data(), v318.data());
+
+  // vit.mesh:62:17 mul
+  meshc::gen::View v319 = arena_.slot(4672, 1156);
+  for (size_t i = 0; i < v319.size(); ++i) {
+    v319[i] = float(double(v317[i]) * double(v42[i]));
+  }
+
+  // vit.mesh:62:17 sum
+  meshc::gen::View v320 = arena_.slot(13696, 68);
+  meshc::gen::reduce(v320.data(), {2, 2, 17}, v319.data(), {578, 289, 17}, {17}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:62:17 sub
+  // vit.mesh:62:17 mul
+  // vit.mesh:62:67 mul
+  meshc::gen::View v323 = arena_.slot(4672, 1156);
+  meshc::gen::forEach<5>(
+      {2, 2, 17, 17},
+      {{{578, 289, 17, 1}, {578, 289, 17, 1}, {34, 17, 1, 0}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 5> &at) {
+        float t321 = float(double(v317[at[1]]) - double(v320[at[2]]));
+        float t322 = float(double(v42[at[3]]) * double(t321));
+        v323[at[0]] = float(double(t322) * double(v40[at[4]]));
+      });
+
+  // vit.mesh:62:25 einsum
+  meshc::gen::View v324 = arena_.slot(159232, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum324(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsum324.run(v323.data(), v36.data(), v324.data());
+
+  // vit.mesh:62:25 einsum
+  meshc::gen::View v325 = arena_.slot(163584, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsum325(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsum325.run(v323.data(), v34.data(), v325.data());
+
+  // vit.mesh:61:11 einsum
+  meshc::gen::View v326 = arena_.slot(0, 2176);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum326(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum326.run(v318.data(), v32.data(), v326.data());
+
+  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[0]/attention/w_v
+  meshc::gen::View v327 = arena_.slot(125440, 2048);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum327(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum327.run(v318.data(), v37.data(), v327.data());
+
+  // vit.mesh:61:18 rename
+  meshc::gen::View v328 = v326;
+
+  // vit.mesh:60:11 einsum
+  meshc::gen::View v329 = arena_.slot(116736, 2176);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum329(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum329.run(v325.data(), v31.data(), v329.data());
+
+  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[0]/attention/w_k
+  meshc::gen::View v330 = arena_.slot(151040, 2048);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum330(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum330.run(v325.data(), v35.data(), v330.data());
+
+  // vit.mesh:60:18 rename
+  meshc::gen::View v331 = v329;
+
+  // vit.mesh:60:18 add
+  meshc::gen::View v332 = arena_.slot(108032, 2176);
+  for (size_t i = 0; i < v332.size(); ++i) {
+    v332[i] = float(double(v328[i]) + double(v331[i]));
+  }
+
+  // vit.mesh:59:11 einsum
+  meshc::gen::View v333 = arena_.slot(0, 2176);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum333(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsum333.run(v324.data(), v30.data(), v333.data());
+
+  // vit.mesh:59:11 add
+  meshc::gen::View v334 = arena_.slot(116736, 2176);
+  for (size_t i = 0; i < v334.size(); ++i) {
+    v334[i] = float(double(v332[i]) + double(v333[i]));
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %323 over model for sum at 36:52)
+  meshc::gen::View v336 = v334;
+  group_model.allReduce(v336.data(), v336.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[0]/attention/w_q
+  meshc::gen::View v335 = arena_.slot(108032, 2048);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsum335(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsum335.run(v324.data(), v29.data(), v335.data());
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm/bias
+  meshc::gen::View v337 = arena_.slot(116224, 64);
+  meshc::gen::reduce(v337.data(), {64}, v336.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v338 = arena_.slot(0, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v338[at[0]] = float(double(v336[at[1]]) * double(v25[at[2]]));
+                         });
+
+  // vit.mesh:36:45 mul
+  meshc::gen::View v339 = arena_.slot(99328, 2176);
+  for (size_t i = 0; i < v339.size(); ++i) {
+    v339[i] = float(double(v336[i]) * double(v27[i]));
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm/gain
+  meshc::gen::View v340 = arena_.slot(116480, 64);
+  meshc::gen::reduce(v340.data(), {64}, v339.data(), {1}, {2, 17}, {1088, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v341 = arena_.slot(8704, 34);
+  meshc::gen::reduce(v341.data(), {2, 17}, v22.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  meshc::gen::View v343 = arena_.slot(99328, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t342 = float(double(v22[at[1]]) - double(v341[at[2]]));
+                           v343[at[0]] = float(double(t342) * double(t342));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v344 = arena_.slot(8704, 34);
+  meshc::gen::reduce(v344.data(), {2, 17}, v343.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  meshc::gen::View v346 = arena_.slot(8896, 34);
+  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t345 = float(double(v344[at[1]]) + double(v151[at[2]]));
+                           v346[at[0]] = float(1.0 / std::sqrt(double(t345)));
+                         });
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v347 = arena_.slot(81920, 2176);
+  for (size_t i = 0; i < v347.size(); ++i) {
+    v347[i] = float(double(v338[i]) * double(v27[i]));
+  }
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v348 = arena_.slot(8704, 34);
+  meshc::gen::reduce(v348.data(), {2, 17}, v347.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  meshc::gen::View v349 = arena_.slot(81920, 2176);
+  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v349[at[0]] = float(double(v27[at[1]]) * double(v348[at[2]]));
+                         });
+
+  // vit.mesh:36:10 mean
+  meshc::gen::View v350 = arena_.slot(8704, 34);
+  meshc::gen::reduce(v350.data(), {2, 17}, v338.data(), {1088, 64}, {64}, {1},
+                     meshc::gen::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  meshc::gen::View v354 = arena_.slot(90624, 2176);
+  meshc::gen::forEach<6>(
+      {2, 17, 64},
+      {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}}}, {},
+      [&](const std::array<int64_t, 6> &at) {
+        float t351 = float(double(v338[at[1]]) - double(v350[at[2]]));
+        float t352 = float(double(t351) - double(v349[at[3]]));
+        float t353 = float(double(t352) * double(v346[at[4]]));
+        v354[at[0]] = float(double(v309[at[5]]) + double(t353));
+      });
+
+  // vit.mesh:93:40 transpose
+  meshc::gen::View v355 = arena_.slot(0, 2176);
+  meshc::gen::forEach<2>(
+      {17, 64, 2}, {{{128, 2, 1}, {64, 1, 1088}}}, {},
+      [&](const std::array<int64_t, 2> &at) { v355[at[0]] = float(v354[at[1]]); });
+
+  // vit.mesh:94:40 sum -> grad/vit/position_embedding
+  meshc::gen::View v356 = arena_.slot(102400, 1088);
+  meshc::gen::reduce(v356.data(), {17, 64}, v355.data(), {128, 2}, {2}, {1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:93:40 slice
+  meshc::gen::View v357 = arena_.slot(8704, 128);
+  meshc::gen::copyWindow(v357.data(), v355.data(), {64, 2}, {2, 1}, {2, 1}, 128, 128, 1, 17, 0 - 0);
+
+  // vit.mesh:93:40 slice
+  meshc::gen::View v358 = arena_.slot(94208, 2048);
+  meshc::gen::copyWindow(v358.data(), v355.data(), {2, 64}, {1024, 1}, {1, 2}, 64, 128, 16, 17,
+                         -1 - 0);
+
+  // vit.mesh:92:34 mul
+  meshc::gen::View v359 = arena_.slot(0, 128);
+  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {0, 0, 1}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v359[at[0]] = float(double(v357[at[1]]) * double(v18[at[2]]));
+                         });
+
+  // vit.mesh:92:34 sum -> grad/vit/class_token
+  meshc::gen::View v360 = arena_.slot(106752, 64);
+  meshc::gen::reduce(v360.data(), {1, 64}, v359.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
+  meshc::gen::View v361 = arena_.slot(107008, 64);
+  meshc::gen::reduce(v361.data(), {64}, v358.data(), {1}, {2, 16}, {1024, 64},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
+  meshc::gen::View v362 = arena_.slot(81920, 3072);
+  // dims: batch, patches, d_model, pixel_row, pixel_col, channels
+  static const meshrt::kernels::EinsumPlan einsum362(
+      {{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
+  einsum362.run(v358.data(), v12.data(), v362.data());
+
+  // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
+  // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
+  meshc::gen::View v1208 = v125;
+  meshc::gen::View v397 = v138;
+  meshc::gen::View v393 = v140;
+  meshc::gen::View v521 = v143;
+  meshc::gen::View v517 = v146;
+  meshc::gen::View v467 = v164;
+  meshc::gen::View v512 = v169;
+  meshc::gen::View v507 = v195;
+  meshc::gen::View v503 = v198;
+  meshc::gen::View v499 = v201;
+  meshc::gen::View v463 = v219;
+  meshc::gen::View v494 = v222;
+  meshc::gen::View v489 = v233;
+  meshc::gen::View v484 = v236;
+  meshc::gen::View v479 = v241;
+  meshc::gen::View v475 = v243;
+  meshc::gen::View v471 = v246;
+  meshc::gen::View v413 = v264;
+  meshc::gen::View v458 = v269;
+  meshc::gen::View v453 = v289;
+  meshc::gen::View v449 = v292;
+  meshc::gen::View v445 = v295;
+  meshc::gen::View v409 = v313;
+  meshc::gen::View v440 = v316;
+  meshc::gen::View v435 = v327;
+  meshc::gen::View v430 = v330;
+  meshc::gen::View v425 = v335;
+  meshc::gen::View v421 = v337;
+  meshc::gen::View v417 = v340;
+  meshc::gen::View v389 = v356;
+  meshc::gen::View v386 = v360;
+  meshc::gen::View v405 = v361;
+  meshc::gen::View v401 = v362;
+  meshc::gen::allReduceBucket(group_data,
+                              {v1208, v397, v393, v521, v517, v467, v512, v507, v503, v499, v463,
+                               v494,  v489, v484, v479, v475, v471, v413, v458, v453, v449, v445,
+                               v409,  v440, v435, v430, v425, v421, v417, v389, v386, v405, v401});
+
+  // vit.mesh:112:3 step
+  meshc::gen::View v363 = arena_.fill(0, 1, float(step_));
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v364 =
+      arena_.fill(181824, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v365 = arena_.slot(181888, 1);
+  for (size_t i = 0; i < v365.size(); ++i) {
+    v365[i] = float(double(v363[i]) + double(v364[i]));
+  }
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v366 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v367 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v367.size(); ++i) {
+    v367[i] = float(double(v363[i]) + double(v364[i]));
+  }
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v368 =
+      arena_.fill(192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.002));
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 minimum
+  // vit.mesh:112:3 mul
+  meshc::gen::View v371 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v371.size(); ++i) {
+    float t369 = float(double(v367[i]) * double(v368[i]));
+    float t370 = float(meshc::gen::minimum(t369, v364[i]));
+    v371[i] = float(double(v366[i]) * double(t370));
+  }
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v372 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v373 =
+      arena_.fill(128, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -500.0));
+
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 maximum
+  meshc::gen::View v375 = arena_.slot(192, 1);
+  for (size_t i = 0; i < v375.size(); ++i) {
+    float t374 = float(double(v363[i]) + double(v373[i]));
+    v375[i] = float(meshc::gen::maximum(t374, v372[i]));
+  }
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v376 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 5e-05));
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 minimum
+  meshc::gen::View v378 = arena_.slot(64, 1);
+  for (size_t i = 0; i < v378.size(); ++i) {
+    float t377 = float(double(v375[i]) * double(v376[i]));
+    v378[i] = float(meshc::gen::minimum(t377, v364[i]));
+  }
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v379 =
+      arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 3.141592653589793));
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 cos
+  // vit.mesh:112:3 add
+  meshc::gen::View v382 = arena_.slot(128, 1);
+  for (size_t i = 0; i < v382.size(); ++i) {
+    float t380 = float(double(v378[i]) * double(v379[i]));
+    float t381 = float(std::cos(double(t380)));
+    v382[i] = float(double(t381) + double(v364[i]));
+  }
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v383 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul -> learning_rate
+  meshc::gen::View v385 = arena_.slot(181952, 1);
+  for (size_t i = 0; i < v385.size(); ++i) {
+    float t384 = float(double(v382[i]) * double(v383[i]));
+    v385[i] = float(double(v371[i]) * double(t384));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v387 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v387.size(); ++i) {
+    v387[i] = float(double(v386[i]) * double(v386[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v388 = arena_.slot(4352, 1);
+  meshc::gen::reduce(v388.data(), {}, v387.data(), {}, {1, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v390 = arena_.slot(0, 1088);
+  for (size_t i = 0; i < v390.size(); ++i) {
+    v390[i] = float(double(v389[i]) * double(v389[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v391 = arena_.slot(4416, 1);
+  meshc::gen::reduce(v391.data(), {}, v390.data(), {}, {17, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v392 = arena_.slot(2560, 1);
+  for (size_t i = 0; i < v392.size(); ++i) {
+    v392[i] = float(double(v388[i]) + double(v391[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v394 = arena_.slot(0, 640);
+  for (size_t i = 0; i < v394.size(); ++i) {
+    v394[i] = float(double(v393[i]) * double(v393[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v395 = arena_.slot(2624, 1);
+  meshc::gen::reduce(v395.data(), {}, v394.data(), {}, {64, 10}, {10, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v396 = arena_.slot(64, 1);
+  for (size_t i = 0; i < v396.size(); ++i) {
+    v396[i] = float(double(v392[i]) + double(v395[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v398 = arena_.slot(0, 10);
+  for (size_t i = 0; i < v398.size(); ++i) {
+    v398[i] = float(double(v397[i]) * double(v397[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v399 = arena_.slot(128, 1);
+  meshc::gen::reduce(v399.data(), {}, v398.data(), {}, {10}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v400 = arena_.slot(12288, 1);
+  for (size_t i = 0; i < v400.size(); ++i) {
+    v400[i] = float(double(v396[i]) + double(v399[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v402 = arena_.slot(0, 3072);
+  for (size_t i = 0; i < v402.size(); ++i) {
+    v402[i] = float(double(v401[i]) * double(v401[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v403 = arena_.slot(12352, 1);
+  meshc::gen::reduce(v403.data(), {}, v402.data(), {}, {4, 4, 3, 64}, {768, 192, 64, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v404 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v404.size(); ++i) {
+    v404[i] = float(double(v400[i]) + double(v403[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v406 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v406.size(); ++i) {
+    v406[i] = float(double(v405[i]) * double(v405[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v407 = arena_.slot(320, 1);
+  meshc::gen::reduce(v407.data(), {}, v406.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v408 = arena_.slot(384, 1);
+  for (size_t i = 0; i < v408.size(); ++i) {
+    v408[i] = float(double(v404[i]) + double(v407[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v410 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v410.size(); ++i) {
+    v410[i] = float(double(v409[i]) * double(v409[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v411 = arena_.slot(256, 1);
+  meshc::gen::reduce(v411.data(), {}, v410.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v412 = arena_.slot(320, 1);
+  for (size_t i = 0; i < v412.size(); ++i) {
+    v412[i] = float(double(v408[i]) + double(v411[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v414 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v414.size(); ++i) {
+    v414[i] = float(double(v413[i]) * double(v413[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v415 = arena_.slot(256, 1);
+  meshc::gen::reduce(v415.data(), {}, v414.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v416 = arena_.slot(384, 1);
+  for (size_t i = 0; i < v416.size(); ++i) {
+    v416[i] = float(double(v412[i]) + double(v415[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v418 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v418.size(); ++i) {
+    v418[i] = float(double(v417[i]) * double(v417[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v419 = arena_.slot(256, 1);
+  meshc::gen::reduce(v419.data(), {}, v418.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v420 = arena_.slot(320, 1);
+  for (size_t i = 0; i < v420.size(); ++i) {
+    v420[i] = float(double(v416[i]) + double(v419[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v422 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v422.size(); ++i) {
+    v422[i] = float(double(v421[i]) * double(v421[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v423 = arena_.slot(256, 1);
+  meshc::gen::reduce(v423.data(), {}, v422.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v424 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v424.size(); ++i) {
+    v424[i] = float(double(v420[i]) + double(v423[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v426 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v426.size(); ++i) {
+    v426[i] = float(double(v425[i]) * double(v425[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v427 = arena_.slot(8256, 1);
+  meshc::gen::reduce(v427.data(), {}, v426.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %404 over model for add at 112:3)
+  meshc::gen::View v428 = v427;
+  group_model.allReduce(v428.data(), v428.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v429 = arena_.slot(8320, 1);
+  for (size_t i = 0; i < v429.size(); ++i) {
+    v429[i] = float(double(v424[i]) + double(v428[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v431 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v431.size(); ++i) {
+    v431[i] = float(double(v430[i]) * double(v430[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v432 = arena_.slot(8192, 1);
+  meshc::gen::reduce(v432.data(), {}, v431.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %407 over model for add at 112:3)
+  meshc::gen::View v433 = v432;
+  group_model.allReduce(v433.data(), v433.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v434 = arena_.slot(8256, 1);
+  for (size_t i = 0; i < v434.size(); ++i) {
+    v434[i] = float(double(v429[i]) + double(v433[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v436 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v436.size(); ++i) {
+    v436[i] = float(double(v435[i]) * double(v435[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v437 = arena_.slot(8192, 1);
+  meshc::gen::reduce(v437.data(), {}, v436.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %410 over model for add at 112:3)
+  meshc::gen::View v438 = v437;
+  group_model.allReduce(v438.data(), v438.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v439 = arena_.slot(8320, 1);
+  for (size_t i = 0; i < v439.size(); ++i) {
+    v439[i] = float(double(v434[i]) + double(v438[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v441 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v441.size(); ++i) {
+    v441[i] = float(double(v440[i]) * double(v440[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v442 = arena_.slot(8192, 1);
+  meshc::gen::reduce(v442.data(), {}, v441.data(), {}, {2, 16, 64}, {1024, 64, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %413 over model for add at 112:3)
+  meshc::gen::View v443 = v442;
+  group_model.allReduce(v443.data(), v443.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v444 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v444.size(); ++i) {
+    v444[i] = float(double(v439[i]) + double(v443[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v446 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v446.size(); ++i) {
+    v446[i] = float(double(v445[i]) * double(v445[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v447 = arena_.slot(320, 1);
+  meshc::gen::reduce(v447.data(), {}, v446.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v448 = arena_.slot(384, 1);
+  for (size_t i = 0; i < v448.size(); ++i) {
+    v448[i] = float(double(v444[i]) + double(v447[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v450 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v450.size(); ++i) {
+    v450[i] = float(double(v449[i]) * double(v449[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v451 = arena_.slot(256, 1);
+  meshc::gen::reduce(v451.data(), {}, v450.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v452 = arena_.slot(94208, 1);
+  for (size_t i = 0; i < v452.size(); ++i) {
+    v452[i] = float(double(v448[i]) + double(v451[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v454 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v454.size(); ++i) {
+    v454[i] = float(double(v453[i]) * double(v453[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v455 = arena_.slot(94272, 1);
+  meshc::gen::reduce(v455.data(), {}, v454.data(), {}, {64, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %422 over model for add at 112:3)
+  meshc::gen::View v456 = v455;
+  group_model.allReduce(v456.data(), v456.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v457 = arena_.slot(94336, 1);
+  for (size_t i = 0; i < v457.size(); ++i) {
+    v457[i] = float(double(v452[i]) + double(v456[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v459 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v459.size(); ++i) {
+    v459[i] = float(double(v458[i]) * double(v458[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v460 = arena_.slot(94208, 1);
+  meshc::gen::reduce(v460.data(), {}, v459.data(), {}, {64, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %425 over model for add at 112:3)
+  meshc::gen::View v461 = v460;
+  group_model.allReduce(v461.data(), v461.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v462 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v462.size(); ++i) {
+    v462[i] = float(double(v457[i]) + double(v461[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v464 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v464.size(); ++i) {
+    v464[i] = float(double(v463[i]) * double(v463[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v465 = arena_.slot(320, 1);
+  meshc::gen::reduce(v465.data(), {}, v464.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v466 = arena_.slot(384, 1);
+  for (size_t i = 0; i < v466.size(); ++i) {
+    v466[i] = float(double(v462[i]) + double(v465[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v468 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v468.size(); ++i) {
+    v468[i] = float(double(v467[i]) * double(v467[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v469 = arena_.slot(256, 1);
+  meshc::gen::reduce(v469.data(), {}, v468.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v470 = arena_.slot(320, 1);
+  for (size_t i = 0; i < v470.size(); ++i) {
+    v470[i] = float(double(v466[i]) + double(v469[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v472 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v472.size(); ++i) {
+    v472[i] = float(double(v471[i]) * double(v471[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v473 = arena_.slot(256, 1);
+  meshc::gen::reduce(v473.data(), {}, v472.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v474 = arena_.slot(384, 1);
+  for (size_t i = 0; i < v474.size(); ++i) {
+    v474[i] = float(double(v470[i]) + double(v473[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v476 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v476.size(); ++i) {
+    v476[i] = float(double(v475[i]) * double(v475[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v477 = arena_.slot(256, 1);
+  meshc::gen::reduce(v477.data(), {}, v476.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v478 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v478.size(); ++i) {
+    v478[i] = float(double(v474[i]) + double(v477[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v480 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v480.size(); ++i) {
+    v480[i] = float(double(v479[i]) * double(v479[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v481 = arena_.slot(8256, 1);
+  meshc::gen::reduce(v481.data(), {}, v480.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %440 over model for add at 112:3)
+  meshc::gen::View v482 = v481;
+  group_model.allReduce(v482.data(), v482.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v483 = arena_.slot(8320, 1);
+  for (size_t i = 0; i < v483.size(); ++i) {
+    v483[i] = float(double(v478[i]) + double(v482[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v485 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v485.size(); ++i) {
+    v485[i] = float(double(v484[i]) * double(v484[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v486 = arena_.slot(8192, 1);
+  meshc::gen::reduce(v486.data(), {}, v485.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %443 over model for add at 112:3)
+  meshc::gen::View v487 = v486;
+  group_model.allReduce(v487.data(), v487.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v488 = arena_.slot(8256, 1);
+  for (size_t i = 0; i < v488.size(); ++i) {
+    v488[i] = float(double(v483[i]) + double(v487[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v490 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v490.size(); ++i) {
+    v490[i] = float(double(v489[i]) * double(v489[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v491 = arena_.slot(8192, 1);
+  meshc::gen::reduce(v491.data(), {}, v490.data(), {}, {64, 2, 16}, {32, 16, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %446 over model for add at 112:3)
+  meshc::gen::View v492 = v491;
+  group_model.allReduce(v492.data(), v492.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v493 = arena_.slot(8320, 1);
+  for (size_t i = 0; i < v493.size(); ++i) {
+    v493[i] = float(double(v488[i]) + double(v492[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v495 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v495.size(); ++i) {
+    v495[i] = float(double(v494[i]) * double(v494[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v496 = arena_.slot(8192, 1);
+  meshc::gen::reduce(v496.data(), {}, v495.data(), {}, {2, 16, 64}, {1024, 64, 1},
+                     meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %449 over model for add at 112:3)
+  meshc::gen::View v497 = v496;
+  group_model.allReduce(v497.data(), v497.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v498 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v498.size(); ++i) {
+    v498[i] = float(double(v493[i]) + double(v497[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v500 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v500.size(); ++i) {
+    v500[i] = float(double(v499[i]) * double(v499[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v501 = arena_.slot(320, 1);
+  meshc::gen::reduce(v501.data(), {}, v500.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v502 = arena_.slot(384, 1);
+  for (size_t i = 0; i < v502.size(); ++i) {
+    v502[i] = float(double(v498[i]) + double(v501[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v504 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v504.size(); ++i) {
+    v504[i] = float(double(v503[i]) * double(v503[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v505 = arena_.slot(256, 1);
+  meshc::gen::reduce(v505.data(), {}, v504.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v506 = arena_.slot(94208, 1);
+  for (size_t i = 0; i < v506.size(); ++i) {
+    v506[i] = float(double(v502[i]) + double(v505[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v508 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v508.size(); ++i) {
+    v508[i] = float(double(v507[i]) * double(v507[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v509 = arena_.slot(94272, 1);
+  meshc::gen::reduce(v509.data(), {}, v508.data(), {}, {64, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %458 over model for add at 112:3)
+  meshc::gen::View v510 = v509;
+  group_model.allReduce(v510.data(), v510.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v511 = arena_.slot(94336, 1);
+  for (size_t i = 0; i < v511.size(); ++i) {
+    v511[i] = float(double(v506[i]) + double(v510[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v513 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v513.size(); ++i) {
+    v513[i] = float(double(v512[i]) * double(v512[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v514 = arena_.slot(94208, 1);
+  meshc::gen::reduce(v514.data(), {}, v513.data(), {}, {64, 64}, {64, 1}, meshc::gen::Reduce::Sum,
+                     1.0);
+
+  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %461 over model for add at 112:3)
+  meshc::gen::View v515 = v514;
+  group_model.allReduce(v515.data(), v515.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v516 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v516.size(); ++i) {
+    v516[i] = float(double(v511[i]) + double(v515[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v518 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v518.size(); ++i) {
+    v518[i] = float(double(v517[i]) * double(v517[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v519 = arena_.slot(320, 1);
+  meshc::gen::reduce(v519.data(), {}, v518.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  meshc::gen::View v520 = arena_.slot(384, 1);
+  for (size_t i = 0; i < v520.size(); ++i) {
+    v520[i] = float(double(v516[i]) + double(v519[i]));
+  }
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v522 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v522.size(); ++i) {
+    v522[i] = float(double(v521[i]) * double(v521[i]));
+  }
+
+  // vit.mesh:112:3 sum
+  meshc::gen::View v523 = arena_.slot(256, 1);
+  meshc::gen::reduce(v523.data(), {}, v522.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 sqrt -> global_grad_norm
+  // vit.mesh:112:3 maximum
+  // vit.mesh:112:3 div
+  meshc::gen::View v527 = arena_.slot(182016, 1);
+  for (size_t i = 0; i < v527.size(); ++i) {
+    float t524 = float(double(v520[i]) + double(v523[i]));
+    float t525 = float(std::sqrt(double(t524)));
+    float t526 = float(meshc::gen::maximum(t525, v364[i]));
+    v527[i] = float(double(v364[i]) / double(t526));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v528 = arena_.slot(181504, 64);
+  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v528[at[0]] = float(double(v386[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v529 = arena_.slot(174592, 1088);
+  meshc::gen::forEach<3>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v529[at[0]] = float(double(v389[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v530 = arena_.slot(178944, 640);
+  meshc::gen::forEach<3>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v530[at[0]] = float(double(v393[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v531 = arena_.slot(181760, 10);
+  meshc::gen::forEach<3>({10}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v531[at[0]] = float(double(v397[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v532 = arena_.slot(94208, 3072);
+  meshc::gen::forEach<3>({4, 4, 3, 64}, {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v532[at[0]] = float(double(v401[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v533 = arena_.slot(90112, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v533[at[0]] = float(double(v405[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v534 = arena_.slot(90368, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v534[at[0]] = float(double(v409[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v535 = arena_.slot(90624, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v535[at[0]] = float(double(v413[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v536 = arena_.slot(90880, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v536[at[0]] = float(double(v417[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v537 = arena_.slot(91136, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v537[at[0]] = float(double(v421[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v538 = arena_.slot(116224, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v538[at[0]] = float(double(v425[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v539 = arena_.slot(106496, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v539[at[0]] = float(double(v430[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v540 = arena_.slot(133632, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v540[at[0]] = float(double(v435[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v541 = arena_.slot(124416, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v541[at[0]] = float(double(v440[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v542 = arena_.slot(91392, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v542[at[0]] = float(double(v445[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v543 = arena_.slot(91648, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v543[at[0]] = float(double(v449[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v544 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v544[at[0]] = float(double(v453[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v545 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v545[at[0]] = float(double(v458[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v546 = arena_.slot(91904, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v546[at[0]] = float(double(v463[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v547 = arena_.slot(92160, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v547[at[0]] = float(double(v467[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v548 = arena_.slot(92416, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v548[at[0]] = float(double(v471[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v549 = arena_.slot(92672, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v549[at[0]] = float(double(v475[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v550 = arena_.slot(141824, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v550[at[0]] = float(double(v479[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v551 = arena_.slot(150016, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v551[at[0]] = float(double(v484[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v552 = arena_.slot(158208, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v552[at[0]] = float(double(v489[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v553 = arena_.slot(166400, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v553[at[0]] = float(double(v494[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v554 = arena_.slot(92928, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v554[at[0]] = float(double(v499[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v555 = arena_.slot(93184, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v555[at[0]] = float(double(v503[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v556 = arena_.slot(32768, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v556[at[0]] = float(double(v507[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v557 = arena_.slot(49152, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v557[at[0]] = float(double(v512[at[1]]) * double(v527[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v558 = arena_.slot(93440, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v558[at[0]] = float(double(v517[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v559 = arena_.slot(93696, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v559[at[0]] = float(double(v521[at[1]]) * double(v527[at[2]]));
+  });
+
+  // vit.mesh:112:3 param -> vit/class_token@m
+  const meshc::gen::Buffer &v560 = param32_vit_class_token_m;
+
+  // vit.mesh:112:3 param -> vit/class_token@v
+  const meshc::gen::Buffer &v561 = param33_vit_class_token_v;
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v562 =
+      arena_.fill(93952, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v563 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v563.size(); ++i) {
+    v563[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v564 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v564[at[0]] = float(double(v528[at[1]]) * double(v563[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v566(param32_vit_class_token_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t565 = float(double(v560[at[1]]) * double(v562[at[2]]));
+                           v566[at[0]] = float(double(t565) + double(v564[at[3]]));
+                         });
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v567 =
+      arena_.fill(94016, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.999));
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v568 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v568.size(); ++i) {
+    v568[i] = float(double(v528[i]) * double(v528[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v569 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v569.size(); ++i) {
+    v569[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v570 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v570[at[0]] = float(double(v568[at[1]]) * double(v569[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v572(param33_vit_class_token_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t571 = float(double(v561[at[1]]) * double(v567[at[2]]));
+                           v572[at[0]] = float(double(t571) + double(v570[at[3]]));
+                         });
+
+  // vit.mesh:112:3 pow
+  // vit.mesh:112:3 sub
+  meshc::gen::View v574 = arena_.slot(94080, 1);
+  for (size_t i = 0; i < v574.size(); ++i) {
+    float t573 = float(std::pow(double(v562[i]), double(v365[i])));
+    v574[i] = float(double(v364[i]) - double(t573));
+  }
+
+  // vit.mesh:112:3 pow
+  // vit.mesh:112:3 sub
+  meshc::gen::View v576 = arena_.slot(94144, 1);
+  for (size_t i = 0; i < v576.size(); ++i) {
+    float t575 = float(std::pow(double(v567[i]), double(v365[i])));
+    v576[i] = float(double(v364[i]) - double(t575));
+  }
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v577 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v577[at[0]] = float(double(v566[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  meshc::gen::View v579 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           float t578 = float(double(v572[at[1]]) / double(v576[at[2]]));
+                           v579[at[0]] = float(std::sqrt(double(t578)));
+                         });
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v580 =
+      arena_.fill(114688, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-08));
+
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v582 = arena_.slot(66048, 64);
+  meshc::gen::forEach<4>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t581 = float(double(v579[at[1]]) + double(v580[at[2]]));
+                           v582[at[0]] = float(double(v577[at[3]]) / double(t581));
+                         });
+
+  // vit.mesh:112:3 literal
+  meshc::gen::View v583 =
+      arena_.fill(114752, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.05));
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/class_token
+  meshc::gen::View v587(param0_vit_class_token); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t584 = float(double(v2[at[1]]) * double(v583[at[2]]));
+                           float t585 = float(double(v582[at[3]]) + double(t584));
+                           float t586 = float(double(t585) * double(v385[at[4]]));
+                           v587[at[0]] = float(double(v2[at[1]]) - double(t586));
+                         });
+
+  // vit.mesh:112:3 param -> vit/position_embedding@m
+  const meshc::gen::Buffer &v588 = param34_vit_position_embedding_m;
+
+  // vit.mesh:112:3 param -> vit/position_embedding@v
+  const meshc::gen::Buffer &v589 = param35_vit_position_embedding_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v590 = arena_.slot(69888, 1);
+  for (size_t i = 0; i < v590.size(); ++i) {
+    v590[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v591 = arena_.slot(65536, 1088);
+  meshc::gen::forEach<3>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v591[at[0]] = float(double(v529[at[1]]) * double(v590[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v593(
+      param34_vit_position_embedding_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t592 = float(double(v588[at[1]]) * double(v562[at[2]]));
+                           v593[at[0]] = float(double(t592) + double(v591[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v594 = arena_.slot(65536, 1088);
+  for (size_t i = 0; i < v594.size(); ++i) {
+    v594[i] = float(double(v529[i]) * double(v529[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v595 = arena_.slot(74240, 1);
+  for (size_t i = 0; i < v595.size(); ++i) {
+    v595[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v596 = arena_.slot(69888, 1088);
+  meshc::gen::forEach<3>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v596[at[0]] = float(double(v594[at[1]]) * double(v595[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v598(
+      param35_vit_position_embedding_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t597 = float(double(v589[at[1]]) * double(v567[at[2]]));
+                           v598[at[0]] = float(double(t597) + double(v596[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v599 = arena_.slot(65536, 1088);
+  meshc::gen::forEach<3>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v599[at[0]] = float(double(v593[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v603 = arena_.slot(69888, 1088);
+  meshc::gen::forEach<5>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t600 = float(double(v598[at[1]]) / double(v576[at[2]]));
+                           float t601 = float(std::sqrt(double(t600)));
+                           float t602 = float(double(t601) + double(v580[at[3]]));
+                           v603[at[0]] = float(double(v599[at[4]]) / double(t602));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/position_embedding
+  meshc::gen::View v607(param1_vit_position_embedding); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t604 = float(double(v3[at[1]]) * double(v583[at[2]]));
+                           float t605 = float(double(v603[at[3]]) + double(t604));
+                           float t606 = float(double(t605) * double(v385[at[4]]));
+                           v607[at[0]] = float(double(v3[at[1]]) - double(t606));
+                         });
+
+  // vit.mesh:112:3 param -> vit/w_head@m
+  const meshc::gen::Buffer &v608 = param36_vit_w_head_m;
+
+  // vit.mesh:112:3 param -> vit/w_head@v
+  const meshc::gen::Buffer &v609 = param37_vit_w_head_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v610 = arena_.slot(68096, 1);
+  for (size_t i = 0; i < v610.size(); ++i) {
+    v610[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v611 = arena_.slot(65536, 640);
+  meshc::gen::forEach<3>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v611[at[0]] = float(double(v530[at[1]]) * double(v610[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v613(param36_vit_w_head_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}, {10, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t612 = float(double(v608[at[1]]) * double(v562[at[2]]));
+                           v613[at[0]] = float(double(t612) + double(v611[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v614 = arena_.slot(65536, 640);
+  for (size_t i = 0; i < v614.size(); ++i) {
+    v614[i] = float(double(v530[i]) * double(v530[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v615 = arena_.slot(70656, 1);
+  for (size_t i = 0; i < v615.size(); ++i) {
+    v615[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v616 = arena_.slot(68096, 640);
+  meshc::gen::forEach<3>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v616[at[0]] = float(double(v614[at[1]]) * double(v615[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v618(param37_vit_w_head_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}, {10, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t617 = float(double(v609[at[1]]) * double(v567[at[2]]));
+                           v618[at[0]] = float(double(t617) + double(v616[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v619 = arena_.slot(65536, 640);
+  meshc::gen::forEach<3>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v619[at[0]] = float(double(v613[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v623 = arena_.slot(68096, 640);
+  meshc::gen::forEach<5>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}, {0, 0}, {10, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t620 = float(double(v618[at[1]]) / double(v576[at[2]]));
+                           float t621 = float(std::sqrt(double(t620)));
+                           float t622 = float(double(t621) + double(v580[at[3]]));
+                           v623[at[0]] = float(double(v619[at[4]]) / double(t622));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/w_head
+  meshc::gen::View v627(param2_vit_w_head); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}, {10, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t624 = float(double(v4[at[1]]) * double(v583[at[2]]));
+                           float t625 = float(double(v623[at[3]]) + double(t624));
+                           float t626 = float(double(t625) * double(v385[at[4]]));
+                           v627[at[0]] = float(double(v4[at[1]]) - double(t626));
+                         });
+
+  // vit.mesh:112:3 param -> vit/b_head@m
+  const meshc::gen::Buffer &v628 = param38_vit_b_head_m;
+
+  // vit.mesh:112:3 param -> vit/b_head@v
+  const meshc::gen::Buffer &v629 = param39_vit_b_head_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v630 = arena_.slot(65600, 1);
+  for (size_t i = 0; i < v630.size(); ++i) {
+    v630[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v631 = arena_.slot(65536, 10);
+  meshc::gen::forEach<3>({10}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v631[at[0]] = float(double(v531[at[1]]) * double(v630[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v633(param38_vit_b_head_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({10}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t632 = float(double(v628[at[1]]) * double(v562[at[2]]));
+    v633[at[0]] = float(double(t632) + double(v631[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v634 = arena_.slot(65536, 10);
+  for (size_t i = 0; i < v634.size(); ++i) {
+    v634[i] = float(double(v531[i]) * double(v531[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v635 = arena_.slot(65664, 1);
+  for (size_t i = 0; i < v635.size(); ++i) {
+    v635[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v636 = arena_.slot(65600, 10);
+  meshc::gen::forEach<3>({10}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v636[at[0]] = float(double(v634[at[1]]) * double(v635[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v638(param39_vit_b_head_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({10}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t637 = float(double(v629[at[1]]) * double(v567[at[2]]));
+    v638[at[0]] = float(double(t637) + double(v636[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v639 = arena_.slot(65536, 10);
+  meshc::gen::forEach<3>({10}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v639[at[0]] = float(double(v633[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v643 = arena_.slot(65600, 10);
+  meshc::gen::forEach<5>({10}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t640 = float(double(v638[at[1]]) / double(v576[at[2]]));
+                           float t641 = float(std::sqrt(double(t640)));
+                           float t642 = float(double(t641) + double(v580[at[3]]));
+                           v643[at[0]] = float(double(v639[at[4]]) / double(t642));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/b_head
+  meshc::gen::View v647(param3_vit_b_head); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({10}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t644 = float(double(v5[at[1]]) * double(v583[at[2]]));
+                           float t645 = float(double(v643[at[3]]) + double(t644));
+                           float t646 = float(double(t645) * double(v385[at[4]]));
+                           v647[at[0]] = float(double(v5[at[1]]) - double(t646));
+                         });
+
+  // vit.mesh:112:3 param -> vit/embed_patches/w_patch@m
+  const meshc::gen::Buffer &v648 = param40_vit_embed_patches_w_patch_m;
+
+  // vit.mesh:112:3 param -> vit/embed_patches/w_patch@v
+  const meshc::gen::Buffer &v649 = param41_vit_embed_patches_w_patch_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v650 = arena_.slot(77824, 1);
+  for (size_t i = 0; i < v650.size(); ++i) {
+    v650[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v651 = arena_.slot(65536, 3072);
+  meshc::gen::forEach<3>({4, 4, 3, 64}, {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v651[at[0]] = float(double(v532[at[1]]) * double(v650[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v653(
+      param40_vit_embed_patches_w_patch_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({4, 4, 3, 64},
+                         {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}, {768, 192, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t652 = float(double(v648[at[1]]) * double(v562[at[2]]));
+                           v653[at[0]] = float(double(t652) + double(v651[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v654 = arena_.slot(65536, 3072);
+  for (size_t i = 0; i < v654.size(); ++i) {
+    v654[i] = float(double(v532[i]) * double(v532[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v655 = arena_.slot(94208, 1);
+  for (size_t i = 0; i < v655.size(); ++i) {
+    v655[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v656 = arena_.slot(77824, 3072);
+  meshc::gen::forEach<3>({4, 4, 3, 64}, {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v656[at[0]] = float(double(v654[at[1]]) * double(v655[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v658(
+      param41_vit_embed_patches_w_patch_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({4, 4, 3, 64},
+                         {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}, {768, 192, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t657 = float(double(v649[at[1]]) * double(v567[at[2]]));
+                           v658[at[0]] = float(double(t657) + double(v656[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v659 = arena_.slot(65536, 3072);
+  meshc::gen::forEach<3>({4, 4, 3, 64}, {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v659[at[0]] = float(double(v653[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v663 = arena_.slot(77824, 3072);
+  meshc::gen::forEach<5>(
+      {4, 4, 3, 64},
+      {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}, {0, 0, 0, 0}, {768, 192, 64, 1}}}, {},
+      [&](const std::array<int64_t, 5> &at) {
+        float t660 = float(double(v658[at[1]]) / double(v576[at[2]]));
+        float t661 = float(std::sqrt(double(t660)));
+        float t662 = float(double(t661) + double(v580[at[3]]));
+        v663[at[0]] = float(double(v659[at[4]]) / double(t662));
+      });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/embed_patches/w_patch
+  meshc::gen::View v667(
+      param4_vit_embed_patches_w_patch); // the param's new value, in its own storage
+  meshc::gen::forEach<5>(
+      {4, 4, 3, 64},
+      {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
+      [&](const std::array<int64_t, 5> &at) {
+        float t664 = float(double(v6[at[1]]) * double(v583[at[2]]));
+        float t665 = float(double(v663[at[3]]) + double(t664));
+        float t666 = float(double(t665) * double(v385[at[4]]));
+        v667[at[0]] = float(double(v6[at[1]]) - double(t666));
+      });
+
+  // vit.mesh:112:3 param -> vit/embed_patches/b_patch@m
+  const meshc::gen::Buffer &v668 = param42_vit_embed_patches_b_patch_m;
+
+  // vit.mesh:112:3 param -> vit/embed_patches/b_patch@v
+  const meshc::gen::Buffer &v669 = param43_vit_embed_patches_b_patch_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v670 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v670.size(); ++i) {
+    v670[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v671 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v671[at[0]] = float(double(v533[at[1]]) * double(v670[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v673(
+      param42_vit_embed_patches_b_patch_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t672 = float(double(v668[at[1]]) * double(v562[at[2]]));
+    v673[at[0]] = float(double(t672) + double(v671[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v674 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v674.size(); ++i) {
+    v674[i] = float(double(v533[i]) * double(v533[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v675 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v675.size(); ++i) {
+    v675[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v676 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v676[at[0]] = float(double(v674[at[1]]) * double(v675[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v678(
+      param43_vit_embed_patches_b_patch_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t677 = float(double(v669[at[1]]) * double(v567[at[2]]));
+    v678[at[0]] = float(double(t677) + double(v676[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v679 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v679[at[0]] = float(double(v673[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v683 = arena_.slot(65792, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t680 = float(double(v678[at[1]]) / double(v576[at[2]]));
+                           float t681 = float(std::sqrt(double(t680)));
+                           float t682 = float(double(t681) + double(v580[at[3]]));
+                           v683[at[0]] = float(double(v679[at[4]]) / double(t682));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
+  meshc::gen::View v687(
+      param5_vit_embed_patches_b_patch); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t684 = float(double(v7[at[1]]) * double(v583[at[2]]));
+                           float t685 = float(double(v683[at[3]]) + double(t684));
+                           float t686 = float(double(t685) * double(v385[at[4]]));
+                           v687[at[0]] = float(double(v7[at[1]]) - double(t686));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention_scale@m
+  const meshc::gen::Buffer &v688 = param44_vit_encoder_layer_0_attention_scale_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention_scale@v
+  const meshc::gen::Buffer &v689 = param45_vit_encoder_layer_0_attention_scale_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v690 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v690.size(); ++i) {
+    v690[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v691 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v691[at[0]] = float(double(v534[at[1]]) * double(v690[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v693(
+      param44_vit_encoder_layer_0_attention_scale_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t692 = float(double(v688[at[1]]) * double(v562[at[2]]));
+    v693[at[0]] = float(double(t692) + double(v691[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v694 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v694.size(); ++i) {
+    v694[i] = float(double(v534[i]) * double(v534[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v695 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v695.size(); ++i) {
+    v695[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v696 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v696[at[0]] = float(double(v694[at[1]]) * double(v695[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v698(
+      param45_vit_encoder_layer_0_attention_scale_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t697 = float(double(v689[at[1]]) * double(v567[at[2]]));
+    v698[at[0]] = float(double(t697) + double(v696[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v699 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v699[at[0]] = float(double(v693[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v703 = arena_.slot(65792, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t700 = float(double(v698[at[1]]) / double(v576[at[2]]));
+                           float t701 = float(std::sqrt(double(t700)));
+                           float t702 = float(double(t701) + double(v580[at[3]]));
+                           v703[at[0]] = float(double(v699[at[4]]) / double(t702));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention_scale
+  meshc::gen::View v707(
+      param6_vit_encoder_layer_0_attention_scale); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t704 = float(double(v23[at[1]]) * double(v583[at[2]]));
+                           float t705 = float(double(v703[at[3]]) + double(t704));
+                           float t706 = float(double(t705) * double(v385[at[4]]));
+                           v707[at[0]] = float(double(v23[at[1]]) - double(t706));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn_scale@m
+  const meshc::gen::Buffer &v708 = param46_vit_encoder_layer_0_ffn_scale_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn_scale@v
+  const meshc::gen::Buffer &v709 = param47_vit_encoder_layer_0_ffn_scale_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v710 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v710.size(); ++i) {
+    v710[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v711 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v711[at[0]] = float(double(v535[at[1]]) * double(v710[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v713(
+      param46_vit_encoder_layer_0_ffn_scale_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t712 = float(double(v708[at[1]]) * double(v562[at[2]]));
+    v713[at[0]] = float(double(t712) + double(v711[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v714 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v714.size(); ++i) {
+    v714[i] = float(double(v535[i]) * double(v535[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v715 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v715.size(); ++i) {
+    v715[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v716 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v716[at[0]] = float(double(v714[at[1]]) * double(v715[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v718(
+      param47_vit_encoder_layer_0_ffn_scale_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t717 = float(double(v709[at[1]]) * double(v567[at[2]]));
+    v718[at[0]] = float(double(t717) + double(v716[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v719 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v719[at[0]] = float(double(v713[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v723 = arena_.slot(65792, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t720 = float(double(v718[at[1]]) / double(v576[at[2]]));
+                           float t721 = float(std::sqrt(double(t720)));
+                           float t722 = float(double(t721) + double(v580[at[3]]));
+                           v723[at[0]] = float(double(v719[at[4]]) / double(t722));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn_scale
+  meshc::gen::View v727(
+      param7_vit_encoder_layer_0_ffn_scale); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t724 = float(double(v24[at[1]]) * double(v583[at[2]]));
+                           float t725 = float(double(v723[at[3]]) + double(t724));
+                           float t726 = float(double(t725) * double(v385[at[4]]));
+                           v727[at[0]] = float(double(v24[at[1]]) - double(t726));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm/gain@m
+  const meshc::gen::Buffer &v728 = param48_vit_encoder_layer_0_norm_gain_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm/gain@v
+  const meshc::gen::Buffer &v729 = param49_vit_encoder_layer_0_norm_gain_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v730 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v730.size(); ++i) {
+    v730[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v731 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v731[at[0]] = float(double(v536[at[1]]) * double(v730[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v733(
+      param48_vit_encoder_layer_0_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t732 = float(double(v728[at[1]]) * double(v562[at[2]]));
+    v733[at[0]] = float(double(t732) + double(v731[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v734 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v734.size(); ++i) {
+    v734[i] = float(double(v536[i]) * double(v536[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v735 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v735.size(); ++i) {
+    v735[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v736 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v736[at[0]] = float(double(v734[at[1]]) * double(v735[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v738(
+      param49_vit_encoder_layer_0_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t737 = float(double(v729[at[1]]) * double(v567[at[2]]));
+    v738[at[0]] = float(double(t737) + double(v736[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v739 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v739[at[0]] = float(double(v733[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v743 = arena_.slot(65792, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t740 = float(double(v738[at[1]]) / double(v576[at[2]]));
+                           float t741 = float(std::sqrt(double(t740)));
+                           float t742 = float(double(t741) + double(v580[at[3]]));
+                           v743[at[0]] = float(double(v739[at[4]]) / double(t742));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
+  meshc::gen::View v747(
+      param8_vit_encoder_layer_0_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t744 = float(double(v25[at[1]]) * double(v583[at[2]]));
+                           float t745 = float(double(v743[at[3]]) + double(t744));
+                           float t746 = float(double(t745) * double(v385[at[4]]));
+                           v747[at[0]] = float(double(v25[at[1]]) - double(t746));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm/bias@m
+  const meshc::gen::Buffer &v748 = param50_vit_encoder_layer_0_norm_bias_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm/bias@v
+  const meshc::gen::Buffer &v749 = param51_vit_encoder_layer_0_norm_bias_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v750 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v750.size(); ++i) {
+    v750[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v751 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v751[at[0]] = float(double(v537[at[1]]) * double(v750[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v753(
+      param50_vit_encoder_layer_0_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t752 = float(double(v748[at[1]]) * double(v562[at[2]]));
+    v753[at[0]] = float(double(t752) + double(v751[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v754 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v754.size(); ++i) {
+    v754[i] = float(double(v537[i]) * double(v537[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v755 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v755.size(); ++i) {
+    v755[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v756 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v756[at[0]] = float(double(v754[at[1]]) * double(v755[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v758(
+      param51_vit_encoder_layer_0_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t757 = float(double(v749[at[1]]) * double(v567[at[2]]));
+    v758[at[0]] = float(double(t757) + double(v756[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v759 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v759[at[0]] = float(double(v753[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v763 = arena_.slot(65792, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t760 = float(double(v758[at[1]]) / double(v576[at[2]]));
+                           float t761 = float(std::sqrt(double(t760)));
+                           float t762 = float(double(t761) + double(v580[at[3]]));
+                           v763[at[0]] = float(double(v759[at[4]]) / double(t762));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
+  meshc::gen::View v767(
+      param9_vit_encoder_layer_0_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t764 = float(double(v26[at[1]]) * double(v583[at[2]]));
+                           float t765 = float(double(v763[at[3]]) + double(t764));
+                           float t766 = float(double(t765) * double(v385[at[4]]));
+                           v767[at[0]] = float(double(v26[at[1]]) - double(t766));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_q@m
+  const meshc::gen::Buffer &v768 = param52_vit_encoder_layer_0_attention_w_q_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_q@v
+  const meshc::gen::Buffer &v769 = param53_vit_encoder_layer_0_attention_w_q_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v770 = arena_.slot(73728, 1);
+  for (size_t i = 0; i < v770.size(); ++i) {
+    v770[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v771 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v771[at[0]] = float(double(v538[at[1]]) * double(v770[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v773(
+      param52_vit_encoder_layer_0_attention_w_q_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t772 = float(double(v768[at[1]]) * double(v562[at[2]]));
+                           v773[at[0]] = float(double(t772) + double(v771[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v774 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v774.size(); ++i) {
+    v774[i] = float(double(v538[i]) * double(v538[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v775 = arena_.slot(81920, 1);
+  for (size_t i = 0; i < v775.size(); ++i) {
+    v775[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v776 = arena_.slot(73728, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v776[at[0]] = float(double(v774[at[1]]) * double(v775[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v778(
+      param53_vit_encoder_layer_0_attention_w_q_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t777 = float(double(v769[at[1]]) * double(v567[at[2]]));
+                           v778[at[0]] = float(double(t777) + double(v776[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v779 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v779[at[0]] = float(double(v773[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v783 = arena_.slot(73728, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t780 = float(double(v778[at[1]]) / double(v576[at[2]]));
+                           float t781 = float(std::sqrt(double(t780)));
+                           float t782 = float(double(t781) + double(v580[at[3]]));
+                           v783[at[0]] = float(double(v779[at[4]]) / double(t782));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
+  meshc::gen::View v787(
+      param10_vit_encoder_layer_0_attention_w_q); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t784 = float(double(v30[at[1]]) * double(v583[at[2]]));
+                           float t785 = float(double(v783[at[3]]) + double(t784));
+                           float t786 = float(double(t785) * double(v385[at[4]]));
+                           v787[at[0]] = float(double(v30[at[1]]) - double(t786));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_k@m
+  const meshc::gen::Buffer &v788 = param54_vit_encoder_layer_0_attention_w_k_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_k@v
+  const meshc::gen::Buffer &v789 = param55_vit_encoder_layer_0_attention_w_k_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v790 = arena_.slot(73728, 1);
+  for (size_t i = 0; i < v790.size(); ++i) {
+    v790[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v791 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v791[at[0]] = float(double(v539[at[1]]) * double(v790[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v793(
+      param54_vit_encoder_layer_0_attention_w_k_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t792 = float(double(v788[at[1]]) * double(v562[at[2]]));
+                           v793[at[0]] = float(double(t792) + double(v791[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v794 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v794.size(); ++i) {
+    v794[i] = float(double(v539[i]) * double(v539[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v795 = arena_.slot(81920, 1);
+  for (size_t i = 0; i < v795.size(); ++i) {
+    v795[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v796 = arena_.slot(73728, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v796[at[0]] = float(double(v794[at[1]]) * double(v795[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v798(
+      param55_vit_encoder_layer_0_attention_w_k_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t797 = float(double(v789[at[1]]) * double(v567[at[2]]));
+                           v798[at[0]] = float(double(t797) + double(v796[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v799 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v799[at[0]] = float(double(v793[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v803 = arena_.slot(73728, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t800 = float(double(v798[at[1]]) / double(v576[at[2]]));
+                           float t801 = float(std::sqrt(double(t800)));
+                           float t802 = float(double(t801) + double(v580[at[3]]));
+                           v803[at[0]] = float(double(v799[at[4]]) / double(t802));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
+  meshc::gen::View v807(
+      param11_vit_encoder_layer_0_attention_w_k); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t804 = float(double(v31[at[1]]) * double(v583[at[2]]));
+                           float t805 = float(double(v803[at[3]]) + double(t804));
+                           float t806 = float(double(t805) * double(v385[at[4]]));
+                           v807[at[0]] = float(double(v31[at[1]]) - double(t806));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_v@m
+  const meshc::gen::Buffer &v808 = param56_vit_encoder_layer_0_attention_w_v_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_v@v
+  const meshc::gen::Buffer &v809 = param57_vit_encoder_layer_0_attention_w_v_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v810 = arena_.slot(73728, 1);
+  for (size_t i = 0; i < v810.size(); ++i) {
+    v810[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v811 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v811[at[0]] = float(double(v540[at[1]]) * double(v810[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v813(
+      param56_vit_encoder_layer_0_attention_w_v_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t812 = float(double(v808[at[1]]) * double(v562[at[2]]));
+                           v813[at[0]] = float(double(t812) + double(v811[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v814 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v814.size(); ++i) {
+    v814[i] = float(double(v540[i]) * double(v540[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v815 = arena_.slot(81920, 1);
+  for (size_t i = 0; i < v815.size(); ++i) {
+    v815[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v816 = arena_.slot(73728, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v816[at[0]] = float(double(v814[at[1]]) * double(v815[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v818(
+      param57_vit_encoder_layer_0_attention_w_v_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t817 = float(double(v809[at[1]]) * double(v567[at[2]]));
+                           v818[at[0]] = float(double(t817) + double(v816[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v819 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v819[at[0]] = float(double(v813[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v823 = arena_.slot(73728, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t820 = float(double(v818[at[1]]) / double(v576[at[2]]));
+                           float t821 = float(std::sqrt(double(t820)));
+                           float t822 = float(double(t821) + double(v580[at[3]]));
+                           v823[at[0]] = float(double(v819[at[4]]) / double(t822));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
+  meshc::gen::View v827(
+      param12_vit_encoder_layer_0_attention_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t824 = float(double(v32[at[1]]) * double(v583[at[2]]));
+                           float t825 = float(double(v823[at[3]]) + double(t824));
+                           float t826 = float(double(t825) * double(v385[at[4]]));
+                           v827[at[0]] = float(double(v32[at[1]]) - double(t826));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_o@m
+  const meshc::gen::Buffer &v828 = param58_vit_encoder_layer_0_attention_w_o_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_o@v
+  const meshc::gen::Buffer &v829 = param59_vit_encoder_layer_0_attention_w_o_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v830 = arena_.slot(73728, 1);
+  for (size_t i = 0; i < v830.size(); ++i) {
+    v830[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v831 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v831[at[0]] = float(double(v541[at[1]]) * double(v830[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v833(
+      param58_vit_encoder_layer_0_attention_w_o_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t832 = float(double(v828[at[1]]) * double(v562[at[2]]));
+                           v833[at[0]] = float(double(t832) + double(v831[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v834 = arena_.slot(65536, 2048);
+  for (size_t i = 0; i < v834.size(); ++i) {
+    v834[i] = float(double(v541[i]) * double(v541[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v835 = arena_.slot(81920, 1);
+  for (size_t i = 0; i < v835.size(); ++i) {
+    v835[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v836 = arena_.slot(73728, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v836[at[0]] = float(double(v834[at[1]]) * double(v835[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v838(
+      param59_vit_encoder_layer_0_attention_w_o_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t837 = float(double(v829[at[1]]) * double(v567[at[2]]));
+                           v838[at[0]] = float(double(t837) + double(v836[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v839 = arena_.slot(65536, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v839[at[0]] = float(double(v833[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v843 = arena_.slot(73728, 2048);
+  meshc::gen::forEach<5>({2, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t840 = float(double(v838[at[1]]) / double(v576[at[2]]));
+                           float t841 = float(std::sqrt(double(t840)));
+                           float t842 = float(double(t841) + double(v580[at[3]]));
+                           v843[at[0]] = float(double(v839[at[4]]) / double(t842));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
+  meshc::gen::View v847(
+      param13_vit_encoder_layer_0_attention_w_o); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({2, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t844 = float(double(v33[at[1]]) * double(v583[at[2]]));
+                           float t845 = float(double(v843[at[3]]) + double(t844));
+                           float t846 = float(double(t845) * double(v385[at[4]]));
+                           v847[at[0]] = float(double(v33[at[1]]) - double(t846));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm#1/gain@m
+  const meshc::gen::Buffer &v848 = param60_vit_encoder_layer_0_norm_1_gain_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm#1/gain@v
+  const meshc::gen::Buffer &v849 = param61_vit_encoder_layer_0_norm_1_gain_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v850 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v850.size(); ++i) {
+    v850[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v851 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v851[at[0]] = float(double(v542[at[1]]) * double(v850[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v853(
+      param60_vit_encoder_layer_0_norm_1_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t852 = float(double(v848[at[1]]) * double(v562[at[2]]));
+    v853[at[0]] = float(double(t852) + double(v851[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v854 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v854.size(); ++i) {
+    v854[i] = float(double(v542[i]) * double(v542[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v855 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v855.size(); ++i) {
+    v855[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v856 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v856[at[0]] = float(double(v854[at[1]]) * double(v855[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v858(
+      param61_vit_encoder_layer_0_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t857 = float(double(v849[at[1]]) * double(v567[at[2]]));
+    v858[at[0]] = float(double(t857) + double(v856[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v859 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v859[at[0]] = float(double(v853[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v863 = arena_.slot(65792, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t860 = float(double(v858[at[1]]) / double(v576[at[2]]));
+                           float t861 = float(std::sqrt(double(t860)));
+                           float t862 = float(double(t861) + double(v580[at[3]]));
+                           v863[at[0]] = float(double(v859[at[4]]) / double(t862));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
+  meshc::gen::View v867(
+      param14_vit_encoder_layer_0_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t864 = float(double(v49[at[1]]) * double(v583[at[2]]));
+                           float t865 = float(double(v863[at[3]]) + double(t864));
+                           float t866 = float(double(t865) * double(v385[at[4]]));
+                           v867[at[0]] = float(double(v49[at[1]]) - double(t866));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm#1/bias@m
+  const meshc::gen::Buffer &v868 = param62_vit_encoder_layer_0_norm_1_bias_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm#1/bias@v
+  const meshc::gen::Buffer &v869 = param63_vit_encoder_layer_0_norm_1_bias_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v870 = arena_.slot(65792, 1);
+  for (size_t i = 0; i < v870.size(); ++i) {
+    v870[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v871 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v871[at[0]] = float(double(v543[at[1]]) * double(v870[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v873(
+      param62_vit_encoder_layer_0_norm_1_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t872 = float(double(v868[at[1]]) * double(v562[at[2]]));
+    v873[at[0]] = float(double(t872) + double(v871[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v874 = arena_.slot(65536, 64);
+  for (size_t i = 0; i < v874.size(); ++i) {
+    v874[i] = float(double(v543[i]) * double(v543[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v875 = arena_.slot(66048, 1);
+  for (size_t i = 0; i < v875.size(); ++i) {
+    v875[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v876 = arena_.slot(65792, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v876[at[0]] = float(double(v874[at[1]]) * double(v875[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v878(
+      param63_vit_encoder_layer_0_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t877 = float(double(v869[at[1]]) * double(v567[at[2]]));
+    v878[at[0]] = float(double(t877) + double(v876[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v879 = arena_.slot(65536, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v879[at[0]] = float(double(v873[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v883 = arena_.slot(65792, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t880 = float(double(v878[at[1]]) / double(v576[at[2]]));
+                           float t881 = float(std::sqrt(double(t880)));
+                           float t882 = float(double(t881) + double(v580[at[3]]));
+                           v883[at[0]] = float(double(v879[at[4]]) / double(t882));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
+  meshc::gen::View v887(
+      param15_vit_encoder_layer_0_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t884 = float(double(v50[at[1]]) * double(v583[at[2]]));
+                           float t885 = float(double(v883[at[3]]) + double(t884));
+                           float t886 = float(double(t885) * double(v385[at[4]]));
+                           v887[at[0]] = float(double(v50[at[1]]) - double(t886));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn/w_in@m
+  const meshc::gen::Buffer &v888 = param64_vit_encoder_layer_0_ffn_w_in_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn/w_in@v
+  const meshc::gen::Buffer &v889 = param65_vit_encoder_layer_0_ffn_w_in_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v890 = arena_.slot(81920, 1);
+  for (size_t i = 0; i < v890.size(); ++i) {
+    v890[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v891 = arena_.slot(65536, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v891[at[0]] = float(double(v544[at[1]]) * double(v890[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v893(
+      param64_vit_encoder_layer_0_ffn_w_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t892 = float(double(v888[at[1]]) * double(v562[at[2]]));
+                           v893[at[0]] = float(double(t892) + double(v891[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v894 = arena_.slot(65536, 4096);
+  for (size_t i = 0; i < v894.size(); ++i) {
+    v894[i] = float(double(v544[i]) * double(v544[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v895 = arena_.slot(81920, 1);
+  for (size_t i = 0; i < v895.size(); ++i) {
+    v895[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v896 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v896[at[0]] = float(double(v894[at[1]]) * double(v895[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v898(
+      param65_vit_encoder_layer_0_ffn_w_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t897 = float(double(v889[at[1]]) * double(v567[at[2]]));
+                           v898[at[0]] = float(double(t897) + double(v896[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v899 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v899[at[0]] = float(double(v893[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v903 = arena_.slot(65536, 4096);
+  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t900 = float(double(v898[at[1]]) / double(v576[at[2]]));
+                           float t901 = float(std::sqrt(double(t900)));
+                           float t902 = float(double(t901) + double(v580[at[3]]));
+                           v903[at[0]] = float(double(v899[at[4]]) / double(t902));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
+  meshc::gen::View v907(
+      param16_vit_encoder_layer_0_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t904 = float(double(v54[at[1]]) * double(v583[at[2]]));
+                           float t905 = float(double(v903[at[3]]) + double(t904));
+                           float t906 = float(double(t905) * double(v385[at[4]]));
+                           v907[at[0]] = float(double(v54[at[1]]) - double(t906));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn/w_out@m
+  const meshc::gen::Buffer &v908 = param66_vit_encoder_layer_0_ffn_w_out_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn/w_out@v
+  const meshc::gen::Buffer &v909 = param67_vit_encoder_layer_0_ffn_w_out_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v910 = arena_.slot(65536, 1);
+  for (size_t i = 0; i < v910.size(); ++i) {
+    v910[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v911 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v911[at[0]] = float(double(v545[at[1]]) * double(v910[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v913(
+      param66_vit_encoder_layer_0_ffn_w_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t912 = float(double(v908[at[1]]) * double(v562[at[2]]));
+                           v913[at[0]] = float(double(t912) + double(v911[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v914 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v914.size(); ++i) {
+    v914[i] = float(double(v545[i]) * double(v545[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v915 = arena_.slot(65536, 1);
+  for (size_t i = 0; i < v915.size(); ++i) {
+    v915[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v916 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v916[at[0]] = float(double(v914[at[1]]) * double(v915[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v918(
+      param67_vit_encoder_layer_0_ffn_w_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t917 = float(double(v909[at[1]]) * double(v567[at[2]]));
+                           v918[at[0]] = float(double(t917) + double(v916[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v919 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v919[at[0]] = float(double(v913[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v923 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t920 = float(double(v918[at[1]]) / double(v576[at[2]]));
+                           float t921 = float(std::sqrt(double(t920)));
+                           float t922 = float(double(t921) + double(v580[at[3]]));
+                           v923[at[0]] = float(double(v919[at[4]]) / double(t922));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
+  meshc::gen::View v927(
+      param17_vit_encoder_layer_0_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t924 = float(double(v55[at[1]]) * double(v583[at[2]]));
+                           float t925 = float(double(v923[at[3]]) + double(t924));
+                           float t926 = float(double(t925) * double(v385[at[4]]));
+                           v927[at[0]] = float(double(v55[at[1]]) - double(t926));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention_scale@m
+  const meshc::gen::Buffer &v928 = param68_vit_encoder_layer_1_attention_scale_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention_scale@v
+  const meshc::gen::Buffer &v929 = param69_vit_encoder_layer_1_attention_scale_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v930 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v930.size(); ++i) {
+    v930[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v931 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v931[at[0]] = float(double(v546[at[1]]) * double(v930[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v933(
+      param68_vit_encoder_layer_1_attention_scale_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t932 = float(double(v928[at[1]]) * double(v562[at[2]]));
+    v933[at[0]] = float(double(t932) + double(v931[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v934 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v934.size(); ++i) {
+    v934[i] = float(double(v546[i]) * double(v546[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v935 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v935.size(); ++i) {
+    v935[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v936 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v936[at[0]] = float(double(v934[at[1]]) * double(v935[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v938(
+      param69_vit_encoder_layer_1_attention_scale_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t937 = float(double(v929[at[1]]) * double(v567[at[2]]));
+    v938[at[0]] = float(double(t937) + double(v936[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v939 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v939[at[0]] = float(double(v933[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v943 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t940 = float(double(v938[at[1]]) / double(v576[at[2]]));
+                           float t941 = float(std::sqrt(double(t940)));
+                           float t942 = float(double(t941) + double(v580[at[3]]));
+                           v943[at[0]] = float(double(v939[at[4]]) / double(t942));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
+  meshc::gen::View v947(
+      param18_vit_encoder_layer_1_attention_scale); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t944 = float(double(v67[at[1]]) * double(v583[at[2]]));
+                           float t945 = float(double(v943[at[3]]) + double(t944));
+                           float t946 = float(double(t945) * double(v385[at[4]]));
+                           v947[at[0]] = float(double(v67[at[1]]) - double(t946));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn_scale@m
+  const meshc::gen::Buffer &v948 = param70_vit_encoder_layer_1_ffn_scale_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn_scale@v
+  const meshc::gen::Buffer &v949 = param71_vit_encoder_layer_1_ffn_scale_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v950 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v950.size(); ++i) {
+    v950[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v951 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v951[at[0]] = float(double(v547[at[1]]) * double(v950[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v953(
+      param70_vit_encoder_layer_1_ffn_scale_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t952 = float(double(v948[at[1]]) * double(v562[at[2]]));
+    v953[at[0]] = float(double(t952) + double(v951[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v954 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v954.size(); ++i) {
+    v954[i] = float(double(v547[i]) * double(v547[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v955 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v955.size(); ++i) {
+    v955[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v956 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v956[at[0]] = float(double(v954[at[1]]) * double(v955[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v958(
+      param71_vit_encoder_layer_1_ffn_scale_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t957 = float(double(v949[at[1]]) * double(v567[at[2]]));
+    v958[at[0]] = float(double(t957) + double(v956[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v959 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v959[at[0]] = float(double(v953[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v963 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t960 = float(double(v958[at[1]]) / double(v576[at[2]]));
+                           float t961 = float(std::sqrt(double(t960)));
+                           float t962 = float(double(t961) + double(v580[at[3]]));
+                           v963[at[0]] = float(double(v959[at[4]]) / double(t962));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
+  meshc::gen::View v967(
+      param19_vit_encoder_layer_1_ffn_scale); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t964 = float(double(v68[at[1]]) * double(v583[at[2]]));
+                           float t965 = float(double(v963[at[3]]) + double(t964));
+                           float t966 = float(double(t965) * double(v385[at[4]]));
+                           v967[at[0]] = float(double(v68[at[1]]) - double(t966));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm/gain@m
+  const meshc::gen::Buffer &v968 = param72_vit_encoder_layer_1_norm_gain_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm/gain@v
+  const meshc::gen::Buffer &v969 = param73_vit_encoder_layer_1_norm_gain_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v970 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v970.size(); ++i) {
+    v970[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v971 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v971[at[0]] = float(double(v548[at[1]]) * double(v970[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v973(
+      param72_vit_encoder_layer_1_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t972 = float(double(v968[at[1]]) * double(v562[at[2]]));
+    v973[at[0]] = float(double(t972) + double(v971[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v974 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v974.size(); ++i) {
+    v974[i] = float(double(v548[i]) * double(v548[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v975 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v975.size(); ++i) {
+    v975[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v976 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v976[at[0]] = float(double(v974[at[1]]) * double(v975[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v978(
+      param73_vit_encoder_layer_1_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t977 = float(double(v969[at[1]]) * double(v567[at[2]]));
+    v978[at[0]] = float(double(t977) + double(v976[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v979 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v979[at[0]] = float(double(v973[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v983 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t980 = float(double(v978[at[1]]) / double(v576[at[2]]));
+                           float t981 = float(std::sqrt(double(t980)));
+                           float t982 = float(double(t981) + double(v580[at[3]]));
+                           v983[at[0]] = float(double(v979[at[4]]) / double(t982));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm/gain
+  meshc::gen::View v987(
+      param20_vit_encoder_layer_1_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t984 = float(double(v69[at[1]]) * double(v583[at[2]]));
+                           float t985 = float(double(v983[at[3]]) + double(t984));
+                           float t986 = float(double(t985) * double(v385[at[4]]));
+                           v987[at[0]] = float(double(v69[at[1]]) - double(t986));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm/bias@m
+  const meshc::gen::Buffer &v988 = param74_vit_encoder_layer_1_norm_bias_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm/bias@v
+  const meshc::gen::Buffer &v989 = param75_vit_encoder_layer_1_norm_bias_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v990 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v990.size(); ++i) {
+    v990[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v991 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v991[at[0]] = float(double(v549[at[1]]) * double(v990[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v993(
+      param74_vit_encoder_layer_1_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t992 = float(double(v988[at[1]]) * double(v562[at[2]]));
+    v993[at[0]] = float(double(t992) + double(v991[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v994 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v994.size(); ++i) {
+    v994[i] = float(double(v549[i]) * double(v549[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v995 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v995.size(); ++i) {
+    v995[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v996 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v996[at[0]] = float(double(v994[at[1]]) * double(v995[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v998(
+      param75_vit_encoder_layer_1_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t997 = float(double(v989[at[1]]) * double(v567[at[2]]));
+    v998[at[0]] = float(double(t997) + double(v996[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v999 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v999[at[0]] = float(double(v993[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1003 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1000 = float(double(v998[at[1]]) / double(v576[at[2]]));
+                           float t1001 = float(std::sqrt(double(t1000)));
+                           float t1002 = float(double(t1001) + double(v580[at[3]]));
+                           v1003[at[0]] = float(double(v999[at[4]]) / double(t1002));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm/bias
+  meshc::gen::View v1007(
+      param21_vit_encoder_layer_1_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1004 = float(double(v70[at[1]]) * double(v583[at[2]]));
+                           float t1005 = float(double(v1003[at[3]]) + double(t1004));
+                           float t1006 = float(double(t1005) * double(v385[at[4]]));
+                           v1007[at[0]] = float(double(v70[at[1]]) - double(t1006));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_q@m
+  const meshc::gen::Buffer &v1008 = param76_vit_encoder_layer_1_attention_w_q_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_q@v
+  const meshc::gen::Buffer &v1009 = param77_vit_encoder_layer_1_attention_w_q_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1010 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v1010.size(); ++i) {
+    v1010[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1011 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1011[at[0]] = float(double(v550[at[1]]) * double(v1010[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1013(
+      param76_vit_encoder_layer_1_attention_w_q_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1012 = float(double(v1008[at[1]]) * double(v562[at[2]]));
+                           v1013[at[0]] = float(double(t1012) + double(v1011[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1014 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v1014.size(); ++i) {
+    v1014[i] = float(double(v550[i]) * double(v550[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1015 = arena_.slot(16384, 1);
+  for (size_t i = 0; i < v1015.size(); ++i) {
+    v1015[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1016 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1016[at[0]] = float(double(v1014[at[1]]) * double(v1015[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1018(
+      param77_vit_encoder_layer_1_attention_w_q_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1017 = float(double(v1009[at[1]]) * double(v567[at[2]]));
+                           v1018[at[0]] = float(double(t1017) + double(v1016[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1019 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1019[at[0]] = float(double(v1013[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1023 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1020 = float(double(v1018[at[1]]) / double(v576[at[2]]));
+                           float t1021 = float(std::sqrt(double(t1020)));
+                           float t1022 = float(double(t1021) + double(v580[at[3]]));
+                           v1023[at[0]] = float(double(v1019[at[4]]) / double(t1022));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_q
+  meshc::gen::View v1027(
+      param22_vit_encoder_layer_1_attention_w_q); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1024 = float(double(v74[at[1]]) * double(v583[at[2]]));
+                           float t1025 = float(double(v1023[at[3]]) + double(t1024));
+                           float t1026 = float(double(t1025) * double(v385[at[4]]));
+                           v1027[at[0]] = float(double(v74[at[1]]) - double(t1026));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_k@m
+  const meshc::gen::Buffer &v1028 = param78_vit_encoder_layer_1_attention_w_k_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_k@v
+  const meshc::gen::Buffer &v1029 = param79_vit_encoder_layer_1_attention_w_k_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1030 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v1030.size(); ++i) {
+    v1030[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1031 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1031[at[0]] = float(double(v551[at[1]]) * double(v1030[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1033(
+      param78_vit_encoder_layer_1_attention_w_k_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1032 = float(double(v1028[at[1]]) * double(v562[at[2]]));
+                           v1033[at[0]] = float(double(t1032) + double(v1031[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1034 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v1034.size(); ++i) {
+    v1034[i] = float(double(v551[i]) * double(v551[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1035 = arena_.slot(16384, 1);
+  for (size_t i = 0; i < v1035.size(); ++i) {
+    v1035[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1036 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1036[at[0]] = float(double(v1034[at[1]]) * double(v1035[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1038(
+      param79_vit_encoder_layer_1_attention_w_k_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1037 = float(double(v1029[at[1]]) * double(v567[at[2]]));
+                           v1038[at[0]] = float(double(t1037) + double(v1036[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1039 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1039[at[0]] = float(double(v1033[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1043 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1040 = float(double(v1038[at[1]]) / double(v576[at[2]]));
+                           float t1041 = float(std::sqrt(double(t1040)));
+                           float t1042 = float(double(t1041) + double(v580[at[3]]));
+                           v1043[at[0]] = float(double(v1039[at[4]]) / double(t1042));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_k
+  meshc::gen::View v1047(
+      param23_vit_encoder_layer_1_attention_w_k); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1044 = float(double(v75[at[1]]) * double(v583[at[2]]));
+                           float t1045 = float(double(v1043[at[3]]) + double(t1044));
+                           float t1046 = float(double(t1045) * double(v385[at[4]]));
+                           v1047[at[0]] = float(double(v75[at[1]]) - double(t1046));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_v@m
+  const meshc::gen::Buffer &v1048 = param80_vit_encoder_layer_1_attention_w_v_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_v@v
+  const meshc::gen::Buffer &v1049 = param81_vit_encoder_layer_1_attention_w_v_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1050 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v1050.size(); ++i) {
+    v1050[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1051 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1051[at[0]] = float(double(v552[at[1]]) * double(v1050[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1053(
+      param80_vit_encoder_layer_1_attention_w_v_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1052 = float(double(v1048[at[1]]) * double(v562[at[2]]));
+                           v1053[at[0]] = float(double(t1052) + double(v1051[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1054 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v1054.size(); ++i) {
+    v1054[i] = float(double(v552[i]) * double(v552[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1055 = arena_.slot(16384, 1);
+  for (size_t i = 0; i < v1055.size(); ++i) {
+    v1055[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1056 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1056[at[0]] = float(double(v1054[at[1]]) * double(v1055[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1058(
+      param81_vit_encoder_layer_1_attention_w_v_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1057 = float(double(v1049[at[1]]) * double(v567[at[2]]));
+                           v1058[at[0]] = float(double(t1057) + double(v1056[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1059 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1059[at[0]] = float(double(v1053[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1063 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1060 = float(double(v1058[at[1]]) / double(v576[at[2]]));
+                           float t1061 = float(std::sqrt(double(t1060)));
+                           float t1062 = float(double(t1061) + double(v580[at[3]]));
+                           v1063[at[0]] = float(double(v1059[at[4]]) / double(t1062));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_v
+  meshc::gen::View v1067(
+      param24_vit_encoder_layer_1_attention_w_v); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 2, 16},
+                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1064 = float(double(v76[at[1]]) * double(v583[at[2]]));
+                           float t1065 = float(double(v1063[at[3]]) + double(t1064));
+                           float t1066 = float(double(t1065) * double(v385[at[4]]));
+                           v1067[at[0]] = float(double(v76[at[1]]) - double(t1066));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_o@m
+  const meshc::gen::Buffer &v1068 = param82_vit_encoder_layer_1_attention_w_o_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_o@v
+  const meshc::gen::Buffer &v1069 = param83_vit_encoder_layer_1_attention_w_o_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1070 = arena_.slot(8192, 1);
+  for (size_t i = 0; i < v1070.size(); ++i) {
+    v1070[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1071 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1071[at[0]] = float(double(v553[at[1]]) * double(v1070[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1073(
+      param82_vit_encoder_layer_1_attention_w_o_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t1072 = float(double(v1068[at[1]]) * double(v562[at[2]]));
+                           v1073[at[0]] = float(double(t1072) + double(v1071[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1074 = arena_.slot(0, 2048);
+  for (size_t i = 0; i < v1074.size(); ++i) {
+    v1074[i] = float(double(v553[i]) * double(v553[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1075 = arena_.slot(16384, 1);
+  for (size_t i = 0; i < v1075.size(); ++i) {
+    v1075[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1076 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1076[at[0]] = float(double(v1074[at[1]]) * double(v1075[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1078(
+      param83_vit_encoder_layer_1_attention_w_o_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
+                         {}, [&](const std::array<int64_t, 4> &at) {
+                           float t1077 = float(double(v1069[at[1]]) * double(v567[at[2]]));
+                           v1078[at[0]] = float(double(t1077) + double(v1076[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1079 = arena_.slot(0, 2048);
+  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1079[at[0]] = float(double(v1073[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1083 = arena_.slot(8192, 2048);
+  meshc::gen::forEach<5>({2, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1080 = float(double(v1078[at[1]]) / double(v576[at[2]]));
+                           float t1081 = float(std::sqrt(double(t1080)));
+                           float t1082 = float(double(t1081) + double(v580[at[3]]));
+                           v1083[at[0]] = float(double(v1079[at[4]]) / double(t1082));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_o
+  meshc::gen::View v1087(
+      param25_vit_encoder_layer_1_attention_w_o); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({2, 16, 64},
+                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1084 = float(double(v77[at[1]]) * double(v583[at[2]]));
+                           float t1085 = float(double(v1083[at[3]]) + double(t1084));
+                           float t1086 = float(double(t1085) * double(v385[at[4]]));
+                           v1087[at[0]] = float(double(v77[at[1]]) - double(t1086));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm#1/gain@m
+  const meshc::gen::Buffer &v1088 = param84_vit_encoder_layer_1_norm_1_gain_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm#1/gain@v
+  const meshc::gen::Buffer &v1089 = param85_vit_encoder_layer_1_norm_1_gain_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1090 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v1090.size(); ++i) {
+    v1090[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1091 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1091[at[0]] = float(double(v554[at[1]]) * double(v1090[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1093(
+      param84_vit_encoder_layer_1_norm_1_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1092 = float(double(v1088[at[1]]) * double(v562[at[2]]));
+    v1093[at[0]] = float(double(t1092) + double(v1091[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1094 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v1094.size(); ++i) {
+    v1094[i] = float(double(v554[i]) * double(v554[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1095 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v1095.size(); ++i) {
+    v1095[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1096 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1096[at[0]] = float(double(v1094[at[1]]) * double(v1095[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1098(
+      param85_vit_encoder_layer_1_norm_1_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1097 = float(double(v1089[at[1]]) * double(v567[at[2]]));
+    v1098[at[0]] = float(double(t1097) + double(v1096[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1099 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1099[at[0]] = float(double(v1093[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1103 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1100 = float(double(v1098[at[1]]) / double(v576[at[2]]));
+                           float t1101 = float(std::sqrt(double(t1100)));
+                           float t1102 = float(double(t1101) + double(v580[at[3]]));
+                           v1103[at[0]] = float(double(v1099[at[4]]) / double(t1102));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm#1/gain
+  meshc::gen::View v1107(
+      param26_vit_encoder_layer_1_norm_1_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1104 = float(double(v93[at[1]]) * double(v583[at[2]]));
+                           float t1105 = float(double(v1103[at[3]]) + double(t1104));
+                           float t1106 = float(double(t1105) * double(v385[at[4]]));
+                           v1107[at[0]] = float(double(v93[at[1]]) - double(t1106));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm#1/bias@m
+  const meshc::gen::Buffer &v1108 = param86_vit_encoder_layer_1_norm_1_bias_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm#1/bias@v
+  const meshc::gen::Buffer &v1109 = param87_vit_encoder_layer_1_norm_1_bias_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1110 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v1110.size(); ++i) {
+    v1110[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1111 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1111[at[0]] = float(double(v555[at[1]]) * double(v1110[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1113(
+      param86_vit_encoder_layer_1_norm_1_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1112 = float(double(v1108[at[1]]) * double(v562[at[2]]));
+    v1113[at[0]] = float(double(t1112) + double(v1111[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1114 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v1114.size(); ++i) {
+    v1114[i] = float(double(v555[i]) * double(v555[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1115 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v1115.size(); ++i) {
+    v1115[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1116 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1116[at[0]] = float(double(v1114[at[1]]) * double(v1115[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1118(
+      param87_vit_encoder_layer_1_norm_1_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1117 = float(double(v1109[at[1]]) * double(v567[at[2]]));
+    v1118[at[0]] = float(double(t1117) + double(v1116[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1119 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1119[at[0]] = float(double(v1113[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1123 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1120 = float(double(v1118[at[1]]) / double(v576[at[2]]));
+                           float t1121 = float(std::sqrt(double(t1120)));
+                           float t1122 = float(double(t1121) + double(v580[at[3]]));
+                           v1123[at[0]] = float(double(v1119[at[4]]) / double(t1122));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm#1/bias
+  meshc::gen::View v1127(
+      param27_vit_encoder_layer_1_norm_1_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1124 = float(double(v94[at[1]]) * double(v583[at[2]]));
+                           float t1125 = float(double(v1123[at[3]]) + double(t1124));
+                           float t1126 = float(double(t1125) * double(v385[at[4]]));
+                           v1127[at[0]] = float(double(v94[at[1]]) - double(t1126));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn/w_in@m
+  const meshc::gen::Buffer &v1128 = param88_vit_encoder_layer_1_ffn_w_in_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn/w_in@v
+  const meshc::gen::Buffer &v1129 = param89_vit_encoder_layer_1_ffn_w_in_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1130 = arena_.slot(16384, 1);
+  for (size_t i = 0; i < v1130.size(); ++i) {
+    v1130[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1131 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1131[at[0]] = float(double(v556[at[1]]) * double(v1130[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1133(
+      param88_vit_encoder_layer_1_ffn_w_in_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1132 = float(double(v1128[at[1]]) * double(v562[at[2]]));
+                           v1133[at[0]] = float(double(t1132) + double(v1131[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1134 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v1134.size(); ++i) {
+    v1134[i] = float(double(v556[i]) * double(v556[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1135 = arena_.slot(32768, 1);
+  for (size_t i = 0; i < v1135.size(); ++i) {
+    v1135[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1136 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1136[at[0]] = float(double(v1134[at[1]]) * double(v1135[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1138(
+      param89_vit_encoder_layer_1_ffn_w_in_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1137 = float(double(v1129[at[1]]) * double(v567[at[2]]));
+                           v1138[at[0]] = float(double(t1137) + double(v1136[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1139 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1139[at[0]] = float(double(v1133[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1143 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1140 = float(double(v1138[at[1]]) / double(v576[at[2]]));
+                           float t1141 = float(std::sqrt(double(t1140)));
+                           float t1142 = float(double(t1141) + double(v580[at[3]]));
+                           v1143[at[0]] = float(double(v1139[at[4]]) / double(t1142));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn/w_in
+  meshc::gen::View v1147(
+      param28_vit_encoder_layer_1_ffn_w_in); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1144 = float(double(v98[at[1]]) * double(v583[at[2]]));
+                           float t1145 = float(double(v1143[at[3]]) + double(t1144));
+                           float t1146 = float(double(t1145) * double(v385[at[4]]));
+                           v1147[at[0]] = float(double(v98[at[1]]) - double(t1146));
+                         });
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn/w_out@m
+  const meshc::gen::Buffer &v1148 = param90_vit_encoder_layer_1_ffn_w_out_m;
+
+  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn/w_out@v
+  const meshc::gen::Buffer &v1149 = param91_vit_encoder_layer_1_ffn_w_out_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1150 = arena_.slot(16384, 1);
+  for (size_t i = 0; i < v1150.size(); ++i) {
+    v1150[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1151 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1151[at[0]] = float(double(v557[at[1]]) * double(v1150[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1153(
+      param90_vit_encoder_layer_1_ffn_w_out_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1152 = float(double(v1148[at[1]]) * double(v562[at[2]]));
+                           v1153[at[0]] = float(double(t1152) + double(v1151[at[3]]));
+                         });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1154 = arena_.slot(0, 4096);
+  for (size_t i = 0; i < v1154.size(); ++i) {
+    v1154[i] = float(double(v557[i]) * double(v557[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1155 = arena_.slot(32768, 1);
+  for (size_t i = 0; i < v1155.size(); ++i) {
+    v1155[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1156 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1156[at[0]] = float(double(v1154[at[1]]) * double(v1155[at[2]]));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1158(
+      param91_vit_encoder_layer_1_ffn_w_out_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 4> &at) {
+                           float t1157 = float(double(v1149[at[1]]) * double(v567[at[2]]));
+                           v1158[at[0]] = float(double(t1157) + double(v1156[at[3]]));
+                         });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1159 = arena_.slot(0, 4096);
+  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 3> &at) {
+                           v1159[at[0]] = float(double(v1153[at[1]]) / double(v574[at[2]]));
+                         });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1163 = arena_.slot(16384, 4096);
+  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1160 = float(double(v1158[at[1]]) / double(v576[at[2]]));
+                           float t1161 = float(std::sqrt(double(t1160)));
+                           float t1162 = float(double(t1161) + double(v580[at[3]]));
+                           v1163[at[0]] = float(double(v1159[at[4]]) / double(t1162));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn/w_out
+  meshc::gen::View v1167(
+      param29_vit_encoder_layer_1_ffn_w_out); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1164 = float(double(v99[at[1]]) * double(v583[at[2]]));
+                           float t1165 = float(double(v1163[at[3]]) + double(t1164));
+                           float t1166 = float(double(t1165) * double(v385[at[4]]));
+                           v1167[at[0]] = float(double(v99[at[1]]) - double(t1166));
+                         });
+
+  // vit.mesh:112:3 param -> vit/norm/gain@m
+  const meshc::gen::Buffer &v1168 = param92_vit_norm_gain_m;
+
+  // vit.mesh:112:3 param -> vit/norm/gain@v
+  const meshc::gen::Buffer &v1169 = param93_vit_norm_gain_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1170 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v1170.size(); ++i) {
+    v1170[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1171 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1171[at[0]] = float(double(v558[at[1]]) * double(v1170[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1173(param92_vit_norm_gain_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1172 = float(double(v1168[at[1]]) * double(v562[at[2]]));
+    v1173[at[0]] = float(double(t1172) + double(v1171[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1174 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v1174.size(); ++i) {
+    v1174[i] = float(double(v558[i]) * double(v558[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1175 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v1175.size(); ++i) {
+    v1175[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1176 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1176[at[0]] = float(double(v1174[at[1]]) * double(v1175[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1178(param93_vit_norm_gain_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1177 = float(double(v1169[at[1]]) * double(v567[at[2]]));
+    v1178[at[0]] = float(double(t1177) + double(v1176[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1179 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1179[at[0]] = float(double(v1173[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1183 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1180 = float(double(v1178[at[1]]) / double(v576[at[2]]));
+                           float t1181 = float(std::sqrt(double(t1180)));
+                           float t1182 = float(double(t1181) + double(v580[at[3]]));
+                           v1183[at[0]] = float(double(v1179[at[4]]) / double(t1182));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/norm/gain
+  meshc::gen::View v1187(param30_vit_norm_gain); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1184 = float(double(v111[at[1]]) * double(v583[at[2]]));
+                           float t1185 = float(double(v1183[at[3]]) + double(t1184));
+                           float t1186 = float(double(t1185) * double(v385[at[4]]));
+                           v1187[at[0]] = float(double(v111[at[1]]) - double(t1186));
+                         });
+
+  // vit.mesh:112:3 param -> vit/norm/bias@m
+  const meshc::gen::Buffer &v1188 = param94_vit_norm_bias_m;
+
+  // vit.mesh:112:3 param -> vit/norm/bias@v
+  const meshc::gen::Buffer &v1189 = param95_vit_norm_bias_v;
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1190 = arena_.slot(256, 1);
+  for (size_t i = 0; i < v1190.size(); ++i) {
+    v1190[i] = float(double(v364[i]) - double(v562[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1191 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1191[at[0]] = float(double(v559[at[1]]) * double(v1190[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1193(param94_vit_norm_bias_m); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1192 = float(double(v1188[at[1]]) * double(v562[at[2]]));
+    v1193[at[0]] = float(double(t1192) + double(v1191[at[3]]));
+  });
+
+  // vit.mesh:112:3 square
+  meshc::gen::View v1194 = arena_.slot(0, 64);
+  for (size_t i = 0; i < v1194.size(); ++i) {
+    v1194[i] = float(double(v559[i]) * double(v559[i]));
+  }
+
+  // vit.mesh:112:3 sub
+  meshc::gen::View v1195 = arena_.slot(512, 1);
+  for (size_t i = 0; i < v1195.size(); ++i) {
+    v1195[i] = float(double(v364[i]) - double(v567[i]));
+  }
+
+  // vit.mesh:112:3 mul
+  meshc::gen::View v1196 = arena_.slot(256, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1196[at[0]] = float(double(v1194[at[1]]) * double(v1195[at[2]]));
+  });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  meshc::gen::View v1198(param95_vit_norm_bias_v); // the param's new value, in its own storage
+  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
+    float t1197 = float(double(v1189[at[1]]) * double(v567[at[2]]));
+    v1198[at[0]] = float(double(t1197) + double(v1196[at[3]]));
+  });
+
+  // vit.mesh:112:3 div
+  meshc::gen::View v1199 = arena_.slot(0, 64);
+  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
+    v1199[at[0]] = float(double(v1193[at[1]]) / double(v574[at[2]]));
+  });
+
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  meshc::gen::View v1203 = arena_.slot(256, 64);
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1200 = float(double(v1198[at[1]]) / double(v576[at[2]]));
+                           float t1201 = float(std::sqrt(double(t1200)));
+                           float t1202 = float(double(t1201) + double(v580[at[3]]));
+                           v1203[at[0]] = float(double(v1199[at[4]]) / double(t1202));
+                         });
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/norm/bias
+  meshc::gen::View v1207(param31_vit_norm_bias); // the param's new value, in its own storage
+  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
+                         [&](const std::array<int64_t, 5> &at) {
+                           float t1204 = float(double(v112[at[1]]) * double(v583[at[2]]));
+                           float t1205 = float(double(v1203[at[3]]) + double(t1204));
+                           float t1206 = float(double(t1205) * double(v385[at[4]]));
+                           v1207[at[0]] = float(double(v112[at[1]]) - double(t1206));
+                         });
+
+  // The step's updates.
+  ++step_;
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v126.begin(), v126.end())};
+  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v1208.begin(), v1208.end())};
   return outputs;
 }
 
@@ -2169,6 +7531,8 @@ meshc::gen::Tensor TrainVit::gatherOutput(meshrt::Communicator &world, const std
   throw std::invalid_argument("train_vit: no output named '" + name + "'");
 }
 
+float TrainVit::step(const Inputs &inputs) { return run(inputs).loss.data.at(0); }
+
 std::vector<std::string> TrainVit::paramNames() {
   return {"vit/class_token",
           "vit/position_embedding",
@@ -2201,12 +7565,139 @@ std::vector<std::string> TrainVit::paramNames() {
           "vit/encoder_layer[1]/ffn/w_in",
           "vit/encoder_layer[1]/ffn/w_out",
           "vit/norm/gain",
-          "vit/norm/bias"};
+          "vit/norm/bias",
+          "vit/class_token@m",
+          "vit/class_token@v",
+          "vit/position_embedding@m",
+          "vit/position_embedding@v",
+          "vit/w_head@m",
+          "vit/w_head@v",
+          "vit/b_head@m",
+          "vit/b_head@v",
+          "vit/embed_patches/w_patch@m",
+          "vit/embed_patches/w_patch@v",
+          "vit/embed_patches/b_patch@m",
+          "vit/embed_patches/b_patch@v",
+          "vit/encoder_layer[0]/attention_scale@m",
+          "vit/encoder_layer[0]/attention_scale@v",
+          "vit/encoder_layer[0]/ffn_scale@m",
+          "vit/encoder_layer[0]/ffn_scale@v",
+          "vit/encoder_layer[0]/norm/gain@m",
+          "vit/encoder_layer[0]/norm/gain@v",
+          "vit/encoder_layer[0]/norm/bias@m",
+          "vit/encoder_layer[0]/norm/bias@v",
+          "vit/encoder_layer[0]/attention/w_q@m",
+          "vit/encoder_layer[0]/attention/w_q@v",
+          "vit/encoder_layer[0]/attention/w_k@m",
+          "vit/encoder_layer[0]/attention/w_k@v",
+          "vit/encoder_layer[0]/attention/w_v@m",
+          "vit/encoder_layer[0]/attention/w_v@v",
+          "vit/encoder_layer[0]/attention/w_o@m",
+          "vit/encoder_layer[0]/attention/w_o@v",
+          "vit/encoder_layer[0]/norm#1/gain@m",
+          "vit/encoder_layer[0]/norm#1/gain@v",
+          "vit/encoder_layer[0]/norm#1/bias@m",
+          "vit/encoder_layer[0]/norm#1/bias@v",
+          "vit/encoder_layer[0]/ffn/w_in@m",
+          "vit/encoder_layer[0]/ffn/w_in@v",
+          "vit/encoder_layer[0]/ffn/w_out@m",
+          "vit/encoder_layer[0]/ffn/w_out@v",
+          "vit/encoder_layer[1]/attention_scale@m",
+          "vit/encoder_layer[1]/attention_scale@v",
+          "vit/encoder_layer[1]/ffn_scale@m",
+          "vit/encoder_layer[1]/ffn_scale@v",
+          "vit/encoder_layer[1]/norm/gain@m",
+          "vit/encoder_layer[1]/norm/gain@v",
+          "vit/encoder_layer[1]/norm/bias@m",
+          "vit/encoder_layer[1]/norm/bias@v",
+          "vit/encoder_layer[1]/attention/w_q@m",
+          "vit/encoder_layer[1]/attention/w_q@v",
+          "vit/encoder_layer[1]/attention/w_k@m",
+          "vit/encoder_layer[1]/attention/w_k@v",
+          "vit/encoder_layer[1]/attention/w_v@m",
+          "vit/encoder_layer[1]/attention/w_v@v",
+          "vit/encoder_layer[1]/attention/w_o@m",
+          "vit/encoder_layer[1]/attention/w_o@v",
+          "vit/encoder_layer[1]/norm#1/gain@m",
+          "vit/encoder_layer[1]/norm#1/gain@v",
+          "vit/encoder_layer[1]/norm#1/bias@m",
+          "vit/encoder_layer[1]/norm#1/bias@v",
+          "vit/encoder_layer[1]/ffn/w_in@m",
+          "vit/encoder_layer[1]/ffn/w_in@v",
+          "vit/encoder_layer[1]/ffn/w_out@m",
+          "vit/encoder_layer[1]/ffn/w_out@v",
+          "vit/norm/gain@m",
+          "vit/norm/gain@v",
+          "vit/norm/bias@m",
+          "vit/norm/bias@v"};
 }
 
 bool TrainVit::isOptimizerState(const std::string &path) {
-  (void)path;
-  return false;
+  static const std::vector<std::string> states = {"vit/class_token@m",
+                                                  "vit/class_token@v",
+                                                  "vit/position_embedding@m",
+                                                  "vit/position_embedding@v",
+                                                  "vit/w_head@m",
+                                                  "vit/w_head@v",
+                                                  "vit/b_head@m",
+                                                  "vit/b_head@v",
+                                                  "vit/embed_patches/w_patch@m",
+                                                  "vit/embed_patches/w_patch@v",
+                                                  "vit/embed_patches/b_patch@m",
+                                                  "vit/embed_patches/b_patch@v",
+                                                  "vit/encoder_layer[0]/attention_scale@m",
+                                                  "vit/encoder_layer[0]/attention_scale@v",
+                                                  "vit/encoder_layer[0]/ffn_scale@m",
+                                                  "vit/encoder_layer[0]/ffn_scale@v",
+                                                  "vit/encoder_layer[0]/norm/gain@m",
+                                                  "vit/encoder_layer[0]/norm/gain@v",
+                                                  "vit/encoder_layer[0]/norm/bias@m",
+                                                  "vit/encoder_layer[0]/norm/bias@v",
+                                                  "vit/encoder_layer[0]/attention/w_q@m",
+                                                  "vit/encoder_layer[0]/attention/w_q@v",
+                                                  "vit/encoder_layer[0]/attention/w_k@m",
+                                                  "vit/encoder_layer[0]/attention/w_k@v",
+                                                  "vit/encoder_layer[0]/attention/w_v@m",
+                                                  "vit/encoder_layer[0]/attention/w_v@v",
+                                                  "vit/encoder_layer[0]/attention/w_o@m",
+                                                  "vit/encoder_layer[0]/attention/w_o@v",
+                                                  "vit/encoder_layer[0]/norm#1/gain@m",
+                                                  "vit/encoder_layer[0]/norm#1/gain@v",
+                                                  "vit/encoder_layer[0]/norm#1/bias@m",
+                                                  "vit/encoder_layer[0]/norm#1/bias@v",
+                                                  "vit/encoder_layer[0]/ffn/w_in@m",
+                                                  "vit/encoder_layer[0]/ffn/w_in@v",
+                                                  "vit/encoder_layer[0]/ffn/w_out@m",
+                                                  "vit/encoder_layer[0]/ffn/w_out@v",
+                                                  "vit/encoder_layer[1]/attention_scale@m",
+                                                  "vit/encoder_layer[1]/attention_scale@v",
+                                                  "vit/encoder_layer[1]/ffn_scale@m",
+                                                  "vit/encoder_layer[1]/ffn_scale@v",
+                                                  "vit/encoder_layer[1]/norm/gain@m",
+                                                  "vit/encoder_layer[1]/norm/gain@v",
+                                                  "vit/encoder_layer[1]/norm/bias@m",
+                                                  "vit/encoder_layer[1]/norm/bias@v",
+                                                  "vit/encoder_layer[1]/attention/w_q@m",
+                                                  "vit/encoder_layer[1]/attention/w_q@v",
+                                                  "vit/encoder_layer[1]/attention/w_k@m",
+                                                  "vit/encoder_layer[1]/attention/w_k@v",
+                                                  "vit/encoder_layer[1]/attention/w_v@m",
+                                                  "vit/encoder_layer[1]/attention/w_v@v",
+                                                  "vit/encoder_layer[1]/attention/w_o@m",
+                                                  "vit/encoder_layer[1]/attention/w_o@v",
+                                                  "vit/encoder_layer[1]/norm#1/gain@m",
+                                                  "vit/encoder_layer[1]/norm#1/gain@v",
+                                                  "vit/encoder_layer[1]/norm#1/bias@m",
+                                                  "vit/encoder_layer[1]/norm#1/bias@v",
+                                                  "vit/encoder_layer[1]/ffn/w_in@m",
+                                                  "vit/encoder_layer[1]/ffn/w_in@v",
+                                                  "vit/encoder_layer[1]/ffn/w_out@m",
+                                                  "vit/encoder_layer[1]/ffn/w_out@v",
+                                                  "vit/norm/gain@m",
+                                                  "vit/norm/gain@v",
+                                                  "vit/norm/bias@m",
+                                                  "vit/norm/bias@v"};
+  return std::find(states.begin(), states.end(), path) != states.end();
 }
 
 std::vector<meshc::gen::ParamShard> TrainVit::paramShards() {
@@ -2446,6 +7937,476 @@ std::vector<meshc::gen::ParamShard> TrainVit::paramShards() {
        &param29_vit_encoder_layer_1_ffn_w_out},
       {"vit/norm/gain", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param30_vit_norm_gain},
       {"vit/norm/bias", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param31_vit_norm_bias},
+      {"vit/class_token@m",
+       true,
+       "f32",
+       {1, 64},
+       {1, 64},
+       {"one", "d_model"},
+       {{}, {}},
+       &param32_vit_class_token_m},
+      {"vit/class_token@v",
+       true,
+       "f32",
+       {1, 64},
+       {1, 64},
+       {"one", "d_model"},
+       {{}, {}},
+       &param33_vit_class_token_v},
+      {"vit/position_embedding@m",
+       true,
+       "f32",
+       {17, 64},
+       {17, 64},
+       {"tokens", "d_model"},
+       {{}, {}},
+       &param34_vit_position_embedding_m},
+      {"vit/position_embedding@v",
+       true,
+       "f32",
+       {17, 64},
+       {17, 64},
+       {"tokens", "d_model"},
+       {{}, {}},
+       &param35_vit_position_embedding_v},
+      {"vit/w_head@m",
+       true,
+       "f32",
+       {64, 10},
+       {64, 10},
+       {"d_model", "classes"},
+       {{}, {}},
+       &param36_vit_w_head_m},
+      {"vit/w_head@v",
+       true,
+       "f32",
+       {64, 10},
+       {64, 10},
+       {"d_model", "classes"},
+       {{}, {}},
+       &param37_vit_w_head_v},
+      {"vit/b_head@m", true, "f32", {10}, {10}, {"classes"}, {{}}, &param38_vit_b_head_m},
+      {"vit/b_head@v", true, "f32", {10}, {10}, {"classes"}, {{}}, &param39_vit_b_head_v},
+      {"vit/embed_patches/w_patch@m",
+       true,
+       "f32",
+       {4, 4, 3, 64},
+       {4, 4, 3, 64},
+       {"pixel_row", "pixel_col", "channels", "d_model"},
+       {{}, {}, {}, {}},
+       &param40_vit_embed_patches_w_patch_m},
+      {"vit/embed_patches/w_patch@v",
+       true,
+       "f32",
+       {4, 4, 3, 64},
+       {4, 4, 3, 64},
+       {"pixel_row", "pixel_col", "channels", "d_model"},
+       {{}, {}, {}, {}},
+       &param41_vit_embed_patches_w_patch_v},
+      {"vit/embed_patches/b_patch@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param42_vit_embed_patches_b_patch_m},
+      {"vit/embed_patches/b_patch@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param43_vit_embed_patches_b_patch_v},
+      {"vit/encoder_layer[0]/attention_scale@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param44_vit_encoder_layer_0_attention_scale_m},
+      {"vit/encoder_layer[0]/attention_scale@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param45_vit_encoder_layer_0_attention_scale_v},
+      {"vit/encoder_layer[0]/ffn_scale@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param46_vit_encoder_layer_0_ffn_scale_m},
+      {"vit/encoder_layer[0]/ffn_scale@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param47_vit_encoder_layer_0_ffn_scale_v},
+      {"vit/encoder_layer[0]/norm/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param48_vit_encoder_layer_0_norm_gain_m},
+      {"vit/encoder_layer[0]/norm/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param49_vit_encoder_layer_0_norm_gain_v},
+      {"vit/encoder_layer[0]/norm/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param50_vit_encoder_layer_0_norm_bias_m},
+      {"vit/encoder_layer[0]/norm/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param51_vit_encoder_layer_0_norm_bias_v},
+      {"vit/encoder_layer[0]/attention/w_q@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param52_vit_encoder_layer_0_attention_w_q_m},
+      {"vit/encoder_layer[0]/attention/w_q@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param53_vit_encoder_layer_0_attention_w_q_v},
+      {"vit/encoder_layer[0]/attention/w_k@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param54_vit_encoder_layer_0_attention_w_k_m},
+      {"vit/encoder_layer[0]/attention/w_k@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param55_vit_encoder_layer_0_attention_w_k_v},
+      {"vit/encoder_layer[0]/attention/w_v@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param56_vit_encoder_layer_0_attention_w_v_m},
+      {"vit/encoder_layer[0]/attention/w_v@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param57_vit_encoder_layer_0_attention_w_v_v},
+      {"vit/encoder_layer[0]/attention/w_o@m",
+       true,
+       "f32",
+       {4, 16, 64},
+       {2, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param58_vit_encoder_layer_0_attention_w_o_m},
+      {"vit/encoder_layer[0]/attention/w_o@v",
+       true,
+       "f32",
+       {4, 16, 64},
+       {2, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param59_vit_encoder_layer_0_attention_w_o_v},
+      {"vit/encoder_layer[0]/norm#1/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param60_vit_encoder_layer_0_norm_1_gain_m},
+      {"vit/encoder_layer[0]/norm#1/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param61_vit_encoder_layer_0_norm_1_gain_v},
+      {"vit/encoder_layer[0]/norm#1/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param62_vit_encoder_layer_0_norm_1_bias_m},
+      {"vit/encoder_layer[0]/norm#1/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param63_vit_encoder_layer_0_norm_1_bias_v},
+      {"vit/encoder_layer[0]/ffn/w_in@m",
+       true,
+       "f32",
+       {64, 128},
+       {64, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param64_vit_encoder_layer_0_ffn_w_in_m},
+      {"vit/encoder_layer[0]/ffn/w_in@v",
+       true,
+       "f32",
+       {64, 128},
+       {64, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param65_vit_encoder_layer_0_ffn_w_in_v},
+      {"vit/encoder_layer[0]/ffn/w_out@m",
+       true,
+       "f32",
+       {128, 64},
+       {64, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param66_vit_encoder_layer_0_ffn_w_out_m},
+      {"vit/encoder_layer[0]/ffn/w_out@v",
+       true,
+       "f32",
+       {128, 64},
+       {64, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param67_vit_encoder_layer_0_ffn_w_out_v},
+      {"vit/encoder_layer[1]/attention_scale@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param68_vit_encoder_layer_1_attention_scale_m},
+      {"vit/encoder_layer[1]/attention_scale@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param69_vit_encoder_layer_1_attention_scale_v},
+      {"vit/encoder_layer[1]/ffn_scale@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param70_vit_encoder_layer_1_ffn_scale_m},
+      {"vit/encoder_layer[1]/ffn_scale@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param71_vit_encoder_layer_1_ffn_scale_v},
+      {"vit/encoder_layer[1]/norm/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param72_vit_encoder_layer_1_norm_gain_m},
+      {"vit/encoder_layer[1]/norm/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param73_vit_encoder_layer_1_norm_gain_v},
+      {"vit/encoder_layer[1]/norm/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param74_vit_encoder_layer_1_norm_bias_m},
+      {"vit/encoder_layer[1]/norm/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param75_vit_encoder_layer_1_norm_bias_v},
+      {"vit/encoder_layer[1]/attention/w_q@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param76_vit_encoder_layer_1_attention_w_q_m},
+      {"vit/encoder_layer[1]/attention/w_q@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param77_vit_encoder_layer_1_attention_w_q_v},
+      {"vit/encoder_layer[1]/attention/w_k@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param78_vit_encoder_layer_1_attention_w_k_m},
+      {"vit/encoder_layer[1]/attention/w_k@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param79_vit_encoder_layer_1_attention_w_k_v},
+      {"vit/encoder_layer[1]/attention/w_v@m",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param80_vit_encoder_layer_1_attention_w_v_m},
+      {"vit/encoder_layer[1]/attention/w_v@v",
+       true,
+       "f32",
+       {64, 4, 16},
+       {64, 2, 16},
+       {"d_model", "heads", "d_head"},
+       {{}, {"model"}, {}},
+       &param81_vit_encoder_layer_1_attention_w_v_v},
+      {"vit/encoder_layer[1]/attention/w_o@m",
+       true,
+       "f32",
+       {4, 16, 64},
+       {2, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param82_vit_encoder_layer_1_attention_w_o_m},
+      {"vit/encoder_layer[1]/attention/w_o@v",
+       true,
+       "f32",
+       {4, 16, 64},
+       {2, 16, 64},
+       {"heads", "d_head", "d_model"},
+       {{"model"}, {}, {}},
+       &param83_vit_encoder_layer_1_attention_w_o_v},
+      {"vit/encoder_layer[1]/norm#1/gain@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param84_vit_encoder_layer_1_norm_1_gain_m},
+      {"vit/encoder_layer[1]/norm#1/gain@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param85_vit_encoder_layer_1_norm_1_gain_v},
+      {"vit/encoder_layer[1]/norm#1/bias@m",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param86_vit_encoder_layer_1_norm_1_bias_m},
+      {"vit/encoder_layer[1]/norm#1/bias@v",
+       true,
+       "f32",
+       {64},
+       {64},
+       {"d_model"},
+       {{}},
+       &param87_vit_encoder_layer_1_norm_1_bias_v},
+      {"vit/encoder_layer[1]/ffn/w_in@m",
+       true,
+       "f32",
+       {64, 128},
+       {64, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param88_vit_encoder_layer_1_ffn_w_in_m},
+      {"vit/encoder_layer[1]/ffn/w_in@v",
+       true,
+       "f32",
+       {64, 128},
+       {64, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param89_vit_encoder_layer_1_ffn_w_in_v},
+      {"vit/encoder_layer[1]/ffn/w_out@m",
+       true,
+       "f32",
+       {128, 64},
+       {64, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param90_vit_encoder_layer_1_ffn_w_out_m},
+      {"vit/encoder_layer[1]/ffn/w_out@v",
+       true,
+       "f32",
+       {128, 64},
+       {64, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param91_vit_encoder_layer_1_ffn_w_out_v},
+      {"vit/norm/gain@m", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param92_vit_norm_gain_m},
+      {"vit/norm/gain@v", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param93_vit_norm_gain_v},
+      {"vit/norm/bias@m", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param94_vit_norm_bias_m},
+      {"vit/norm/bias@v", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param95_vit_norm_bias_v},
   };
 }
 

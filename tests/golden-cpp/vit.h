@@ -182,10 +182,14 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 43520;
+  static constexpr size_t kArenaBytes = 379328;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 515800;
+  static constexpr size_t kTemporaryBytes = 2573404;
 
+  /// One training step on this rank's shards (collective): forward, backward and the optimizer's
+  /// update, applied to the params; increments the step counter. Returns the global loss (every
+  /// rank gets it). run() is the same step, returning the outputs.
+  float step(const Inputs &inputs);
   /// The number of steps taken: keys this step's random ops and dropout masks (and, with an
   /// optimizer, its learning-rate schedule).
   int64_t stepCount() const { return step_; }
@@ -298,11 +302,155 @@ private:
   meshc::gen::Buffer param28_vit_encoder_layer_1_ffn_w_in;    // vit/encoder_layer[1]/ffn/w_in:
                                                            // [d_model, d_ff:[model]] local {64, 64}
   meshc::gen::Buffer
-      param29_vit_encoder_layer_1_ffn_w_out; // vit/encoder_layer[1]/ffn/w_out: [d_ff:[model],
-                                             // d_model] local {64, 64}
-  meshc::gen::Buffer param30_vit_norm_gain;  // vit/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer param31_vit_norm_bias;  // vit/norm/bias: [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes};     // run()'s temporaries
+      param29_vit_encoder_layer_1_ffn_w_out;    // vit/encoder_layer[1]/ffn/w_out: [d_ff:[model],
+                                                // d_model] local {64, 64}
+  meshc::gen::Buffer param30_vit_norm_gain;     // vit/norm/gain: [d_model] local {64}
+  meshc::gen::Buffer param31_vit_norm_bias;     // vit/norm/bias: [d_model] local {64}
+  meshc::gen::Buffer param32_vit_class_token_m; // vit/class_token@m: [one, d_model] local {1, 64}
+  meshc::gen::Buffer param33_vit_class_token_v; // vit/class_token@v: [one, d_model] local {1, 64}
+  meshc::gen::Buffer param34_vit_position_embedding_m; // vit/position_embedding@m: [tokens,
+                                                       // d_model] local {17, 64}
+  meshc::gen::Buffer param35_vit_position_embedding_v; // vit/position_embedding@v: [tokens,
+                                                       // d_model] local {17, 64}
+  meshc::gen::Buffer param36_vit_w_head_m; // vit/w_head@m: [d_model, classes] local {64, 10}
+  meshc::gen::Buffer param37_vit_w_head_v; // vit/w_head@v: [d_model, classes] local {64, 10}
+  meshc::gen::Buffer param38_vit_b_head_m; // vit/b_head@m: [classes] local {10}
+  meshc::gen::Buffer param39_vit_b_head_v; // vit/b_head@v: [classes] local {10}
+  meshc::gen::Buffer
+      param40_vit_embed_patches_w_patch_m; // vit/embed_patches/w_patch@m: [pixel_row, pixel_col,
+                                           // channels, d_model] local {4, 4, 3, 64}
+  meshc::gen::Buffer
+      param41_vit_embed_patches_w_patch_v; // vit/embed_patches/w_patch@v: [pixel_row, pixel_col,
+                                           // channels, d_model] local {4, 4, 3, 64}
+  meshc::gen::Buffer
+      param42_vit_embed_patches_b_patch_m; // vit/embed_patches/b_patch@m: [d_model] local {64}
+  meshc::gen::Buffer
+      param43_vit_embed_patches_b_patch_v; // vit/embed_patches/b_patch@v: [d_model] local {64}
+  meshc::gen::Buffer param44_vit_encoder_layer_0_attention_scale_m; // vit/encoder_layer[0]/attention_scale@m:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param45_vit_encoder_layer_0_attention_scale_v; // vit/encoder_layer[0]/attention_scale@v:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param46_vit_encoder_layer_0_ffn_scale_m; // vit/encoder_layer[0]/ffn_scale@m:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param47_vit_encoder_layer_0_ffn_scale_v; // vit/encoder_layer[0]/ffn_scale@v:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param48_vit_encoder_layer_0_norm_gain_m; // vit/encoder_layer[0]/norm/gain@m:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param49_vit_encoder_layer_0_norm_gain_v; // vit/encoder_layer[0]/norm/gain@v:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param50_vit_encoder_layer_0_norm_bias_m; // vit/encoder_layer[0]/norm/bias@m:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param51_vit_encoder_layer_0_norm_bias_v; // vit/encoder_layer[0]/norm/bias@v:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param52_vit_encoder_layer_0_attention_w_q_m; // vit/encoder_layer[0]/attention/w_q@m:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param53_vit_encoder_layer_0_attention_w_q_v; // vit/encoder_layer[0]/attention/w_q@v:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param54_vit_encoder_layer_0_attention_w_k_m; // vit/encoder_layer[0]/attention/w_k@m:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param55_vit_encoder_layer_0_attention_w_k_v; // vit/encoder_layer[0]/attention/w_k@v:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param56_vit_encoder_layer_0_attention_w_v_m; // vit/encoder_layer[0]/attention/w_v@m:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param57_vit_encoder_layer_0_attention_w_v_v; // vit/encoder_layer[0]/attention/w_v@v:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param58_vit_encoder_layer_0_attention_w_o_m; // vit/encoder_layer[0]/attention/w_o@m:
+                                                                  // [heads:[model], d_head,
+                                                                  // d_model] local {2, 16, 64}
+  meshc::gen::Buffer param59_vit_encoder_layer_0_attention_w_o_v; // vit/encoder_layer[0]/attention/w_o@v:
+                                                                  // [heads:[model], d_head,
+                                                                  // d_model] local {2, 16, 64}
+  meshc::gen::Buffer param60_vit_encoder_layer_0_norm_1_gain_m; // vit/encoder_layer[0]/norm#1/gain@m:
+                                                                // [d_model] local {64}
+  meshc::gen::Buffer param61_vit_encoder_layer_0_norm_1_gain_v; // vit/encoder_layer[0]/norm#1/gain@v:
+                                                                // [d_model] local {64}
+  meshc::gen::Buffer param62_vit_encoder_layer_0_norm_1_bias_m; // vit/encoder_layer[0]/norm#1/bias@m:
+                                                                // [d_model] local {64}
+  meshc::gen::Buffer param63_vit_encoder_layer_0_norm_1_bias_v; // vit/encoder_layer[0]/norm#1/bias@v:
+                                                                // [d_model] local {64}
+  meshc::gen::Buffer
+      param64_vit_encoder_layer_0_ffn_w_in_m; // vit/encoder_layer[0]/ffn/w_in@m: [d_model,
+                                              // d_ff:[model]] local {64, 64}
+  meshc::gen::Buffer
+      param65_vit_encoder_layer_0_ffn_w_in_v; // vit/encoder_layer[0]/ffn/w_in@v: [d_model,
+                                              // d_ff:[model]] local {64, 64}
+  meshc::gen::Buffer
+      param66_vit_encoder_layer_0_ffn_w_out_m; // vit/encoder_layer[0]/ffn/w_out@m: [d_ff:[model],
+                                               // d_model] local {64, 64}
+  meshc::gen::Buffer
+      param67_vit_encoder_layer_0_ffn_w_out_v; // vit/encoder_layer[0]/ffn/w_out@v: [d_ff:[model],
+                                               // d_model] local {64, 64}
+  meshc::gen::Buffer param68_vit_encoder_layer_1_attention_scale_m; // vit/encoder_layer[1]/attention_scale@m:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param69_vit_encoder_layer_1_attention_scale_v; // vit/encoder_layer[1]/attention_scale@v:
+                                                                    // [d_model] local {64}
+  meshc::gen::Buffer param70_vit_encoder_layer_1_ffn_scale_m; // vit/encoder_layer[1]/ffn_scale@m:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param71_vit_encoder_layer_1_ffn_scale_v; // vit/encoder_layer[1]/ffn_scale@v:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param72_vit_encoder_layer_1_norm_gain_m; // vit/encoder_layer[1]/norm/gain@m:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param73_vit_encoder_layer_1_norm_gain_v; // vit/encoder_layer[1]/norm/gain@v:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param74_vit_encoder_layer_1_norm_bias_m; // vit/encoder_layer[1]/norm/bias@m:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param75_vit_encoder_layer_1_norm_bias_v; // vit/encoder_layer[1]/norm/bias@v:
+                                                              // [d_model] local {64}
+  meshc::gen::Buffer param76_vit_encoder_layer_1_attention_w_q_m; // vit/encoder_layer[1]/attention/w_q@m:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param77_vit_encoder_layer_1_attention_w_q_v; // vit/encoder_layer[1]/attention/w_q@v:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param78_vit_encoder_layer_1_attention_w_k_m; // vit/encoder_layer[1]/attention/w_k@m:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param79_vit_encoder_layer_1_attention_w_k_v; // vit/encoder_layer[1]/attention/w_k@v:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param80_vit_encoder_layer_1_attention_w_v_m; // vit/encoder_layer[1]/attention/w_v@m:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param81_vit_encoder_layer_1_attention_w_v_v; // vit/encoder_layer[1]/attention/w_v@v:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {64, 2, 16}
+  meshc::gen::Buffer param82_vit_encoder_layer_1_attention_w_o_m; // vit/encoder_layer[1]/attention/w_o@m:
+                                                                  // [heads:[model], d_head,
+                                                                  // d_model] local {2, 16, 64}
+  meshc::gen::Buffer param83_vit_encoder_layer_1_attention_w_o_v; // vit/encoder_layer[1]/attention/w_o@v:
+                                                                  // [heads:[model], d_head,
+                                                                  // d_model] local {2, 16, 64}
+  meshc::gen::Buffer param84_vit_encoder_layer_1_norm_1_gain_m; // vit/encoder_layer[1]/norm#1/gain@m:
+                                                                // [d_model] local {64}
+  meshc::gen::Buffer param85_vit_encoder_layer_1_norm_1_gain_v; // vit/encoder_layer[1]/norm#1/gain@v:
+                                                                // [d_model] local {64}
+  meshc::gen::Buffer param86_vit_encoder_layer_1_norm_1_bias_m; // vit/encoder_layer[1]/norm#1/bias@m:
+                                                                // [d_model] local {64}
+  meshc::gen::Buffer param87_vit_encoder_layer_1_norm_1_bias_v; // vit/encoder_layer[1]/norm#1/bias@v:
+                                                                // [d_model] local {64}
+  meshc::gen::Buffer
+      param88_vit_encoder_layer_1_ffn_w_in_m; // vit/encoder_layer[1]/ffn/w_in@m: [d_model,
+                                              // d_ff:[model]] local {64, 64}
+  meshc::gen::Buffer
+      param89_vit_encoder_layer_1_ffn_w_in_v; // vit/encoder_layer[1]/ffn/w_in@v: [d_model,
+                                              // d_ff:[model]] local {64, 64}
+  meshc::gen::Buffer
+      param90_vit_encoder_layer_1_ffn_w_out_m; // vit/encoder_layer[1]/ffn/w_out@m: [d_ff:[model],
+                                               // d_model] local {64, 64}
+  meshc::gen::Buffer
+      param91_vit_encoder_layer_1_ffn_w_out_v; // vit/encoder_layer[1]/ffn/w_out@v: [d_ff:[model],
+                                               // d_model] local {64, 64}
+  meshc::gen::Buffer param92_vit_norm_gain_m;  // vit/norm/gain@m: [d_model] local {64}
+  meshc::gen::Buffer param93_vit_norm_gain_v;  // vit/norm/gain@v: [d_model] local {64}
+  meshc::gen::Buffer param94_vit_norm_bias_m;  // vit/norm/bias@m: [d_model] local {64}
+  meshc::gen::Buffer param95_vit_norm_bias_v;  // vit/norm/bias@v: [d_model] local {64}
+  meshc::gen::Arena arena_{kArenaBytes};       // run()'s temporaries
 };
 
 } // namespace meshc_generated
