@@ -43,8 +43,9 @@ public:
   }
   std::string contiguousLoop(const std::string& resultVar, const std::vector<std::string>& views,
                              const std::string& body) const override {
-    return fmt::format("meshc::gen::forEachIndex({}.size(), [{}] __device__(int64_t i) {{\n{}}});\n",
-                       resultVar, captures(views), body);
+    return fmt::format(
+        "meshc::gen::forEachIndex({}.size(), [{}] __device__(int64_t i) {{\n{}}});\n", resultVar,
+        captures(views), body);
   }
   std::string stridedLoop(size_t n, const std::string& sizes,
                           const std::vector<std::string>& strideLists,

@@ -456,9 +456,8 @@ int runMeshc(int argc, char** argv) {
 
   // --emit=cpp with -o wrote its own files.
   if ((emitStage == Emit::Cpp || emitStage == Emit::Cuda) && outputPath != "-")
-    return writeDepfile
-               ? emitDepfile(outputPath + (emitStage == Emit::Cuda ? ".cu" : ".cpp"))
-               : kExitOk;
+    return writeDepfile ? emitDepfile(outputPath + (emitStage == Emit::Cuda ? ".cu" : ".cpp"))
+                        : kExitOk;
 
   // Written only once everything succeeded, so a failed run leaves no partial output file.
   std::error_code ec;

@@ -23,7 +23,7 @@ int blocksFor(int64_t count) {
 }
 
 #define MESHRT_GRID_LOOP(i, count)                                                                 \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (count);                  \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (count);                    \
        i += int64_t(gridDim.x) * blockDim.x)
 
 void launched(const char* what) {
@@ -40,7 +40,9 @@ __global__ void reduceKernel(float* out, const float* in, const int64_t* inBase,
 
 __global__ void maxKernel(float* maxima, const float* in, const int64_t* inBase, int64_t rows,
                           const int64_t* offsets, int64_t count) {
-  MESHRT_GRID_LOOP(r, rows) { maxima[r] = row::laneMax(in + inBase[r], offsets, count); }
+  MESHRT_GRID_LOOP(r, rows) {
+    maxima[r] = row::laneMax(in + inBase[r], offsets, count);
+  }
 }
 
 __global__ void sumExpKernel(double* sums, const float* maxima, const float* in,
@@ -66,13 +68,13 @@ __global__ void layerNormKernel(float* out, const float* in, const int64_t* inBa
                                 const int64_t* outOffsets, int64_t count, double globalCount,
                                 double eps) {
   MESHRT_GRID_LOOP(r, rows) {
-    row::layerNormLane(out + outBase[r], outOffsets, in + inBase[r], inOffsets, count,
-                       globalCount, eps);
+    row::layerNormLane(out + outBase[r], outOffsets, in + inBase[r], inOffsets, count, globalCount,
+                       eps);
   }
 }
 
-__global__ void momentsKernel(double* moments, const float* in, const int64_t* inBase,
-                              int64_t rows, const int64_t* offsets, int64_t count) {
+__global__ void momentsKernel(double* moments, const float* in, const int64_t* inBase, int64_t rows,
+                              const int64_t* offsets, int64_t count) {
   MESHRT_GRID_LOOP(r, rows) {
     row::laneMoments(in + inBase[r], offsets, count, &moments[2 * r], &moments[2 * r + 1]);
   }
@@ -81,8 +83,8 @@ __global__ void momentsKernel(double* moments, const float* in, const int64_t* i
 __global__ void layerNormFromMomentsKernel(float* out, const float* in, const int64_t* inBase,
                                            const int64_t* outBase, int64_t rows,
                                            const int64_t* inOffsets, const int64_t* outOffsets,
-                                           int64_t count, const double* moments,
-                                           double globalCount, double eps) {
+                                           int64_t count, const double* moments, double globalCount,
+                                           double eps) {
   MESHRT_GRID_LOOP(r, rows) {
     row::layerNormLaneFromMoments(out + outBase[r], outOffsets, in + inBase[r], inOffsets, count,
                                   moments[2 * r], moments[2 * r + 1], globalCount, eps);
@@ -91,7 +93,9 @@ __global__ void layerNormFromMomentsKernel(float* out, const float* in, const in
 
 __global__ void totalKernel(double* totals, const float* in, const int64_t* inBase, int64_t rows,
                             const int64_t* offsets, int64_t count) {
-  MESHRT_GRID_LOOP(r, rows) { totals[r] = row::laneTotal(in + inBase[r], offsets, count); }
+  MESHRT_GRID_LOOP(r, rows) {
+    totals[r] = row::laneTotal(in + inBase[r], offsets, count);
+  }
 }
 
 /// carry[r] = sum of the totals of the group ranks before `rank` (all: ranks x rows).
@@ -116,16 +120,22 @@ __global__ void cumsumKernel(float* out, const float* in, const int64_t* inBase,
 
 __global__ void sumExpAtKernel(double* sums, const float* local, const float* maxima,
                                int64_t count) {
-  MESHRT_GRID_LOOP(i, count) { sums[i] = exp(double(local[i]) - row::softmaxShift(maxima[i])); }
+  MESHRT_GRID_LOOP(i, count) {
+    sums[i] = exp(double(local[i]) - row::softmaxShift(maxima[i]));
+  }
 }
 
 __global__ void combineKernel(float* local, const float* maxima, const double* sums,
                               int64_t count) {
-  MESHRT_GRID_LOOP(i, count) { local[i] = row::combineLogSumExp(maxima[i], sums[i]); }
+  MESHRT_GRID_LOOP(i, count) {
+    local[i] = row::combineLogSumExp(maxima[i], sums[i]);
+  }
 }
 
 __global__ void fillKernel(float* data, int64_t count, float value) {
-  MESHRT_GRID_LOOP(i, count) { data[i] = value; }
+  MESHRT_GRID_LOOP(i, count) {
+    data[i] = value;
+  }
 }
 
 __global__ void roundKernel(float* data, int64_t count, bool bf16) {
@@ -316,19 +326,17 @@ void along(float* out, const float* in, const Lanes& lanes, AlongKind kind, doub
                                                   t.inBase, t.rows, t.inOffsets, t.count);
     launched("softmax sum kernel");
     if (group) group->allReduce(sums.as<double>(), rows);
-    softmaxKernel<<<blocks, kThreads, 0, stream>>>(out, in, t.inBase, t.outBase, t.rows,
-                                                   t.inOffsets, t.outOffsets, t.count,
-                                                   maxima.as<float>(), sums.as<double>(),
-                                                   kind == AlongKind::LogSoftmax);
+    softmaxKernel<<<blocks, kThreads, 0, stream>>>(
+        out, in, t.inBase, t.outBase, t.rows, t.inOffsets, t.outOffsets, t.count,
+        maxima.as<float>(), sums.as<double>(), kind == AlongKind::LogSoftmax);
     launched("softmax kernel");
     return;
   }
   case AlongKind::LayerNorm: {
     double count = double(globalLaneCount);
     if (!group) {
-      layerNormKernel<<<blocks, kThreads, 0, stream>>>(out, in, t.inBase, t.outBase, t.rows,
-                                                       t.inOffsets, t.outOffsets, t.count, count,
-                                                       eps);
+      layerNormKernel<<<blocks, kThreads, 0, stream>>>(
+          out, in, t.inBase, t.outBase, t.rows, t.inOffsets, t.outOffsets, t.count, count, eps);
       launched("layer_norm kernel");
       return;
     }
@@ -363,9 +371,9 @@ void along(float* out, const float* in, const Lanes& lanes, AlongKind kind, doub
     carryKernel<<<blocks, kThreads, 0, stream>>>(carry.as<double>(), all.as<double>(), t.rows,
                                                  group->rank());
     launched("cumsum carry kernel");
-    cumsumKernel<<<blocks, kThreads, 0, stream>>>(out, in, t.inBase, t.outBase, t.rows,
-                                                  t.inOffsets, t.outOffsets, t.count,
-                                                  carry.as<double>(), exclusive);
+    cumsumKernel<<<blocks, kThreads, 0, stream>>>(out, in, t.inBase, t.outBase, t.rows, t.inOffsets,
+                                                  t.outOffsets, t.count, carry.as<double>(),
+                                                  exclusive);
     launched("cumsum kernel");
     return;
   }
@@ -376,9 +384,9 @@ void combineLogSumExp(float* local, size_t count, meshrt::Communicator& group) {
   if (count == 0) return;
   cudaStream_t stream = current().stream;
   Scratch maxima(count * sizeof(float)), sums(count * sizeof(double));
-  check(cudaMemcpyAsync(maxima.get(), local, count * sizeof(float), cudaMemcpyDeviceToDevice,
-                        stream),
-        "cudaMemcpyAsync (logsumexp)");
+  check(
+      cudaMemcpyAsync(maxima.get(), local, count * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+      "cudaMemcpyAsync (logsumexp)");
   group.allReduce(maxima.as<float>(), count, meshrt::ReduceOp::Max);
   sumExpAtKernel<<<blocksFor(int64_t(count)), kThreads, 0, stream>>>(
       sums.as<double>(), local, maxima.as<float>(), int64_t(count));
@@ -425,25 +433,26 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
   const int64_t* bBatchDevice = upload(batchTables, bBatch, size_t(B));
   const int64_t* outBatchDevice = upload(batchTables, outBatch, 2 * size_t(B));
   cublasHandle_t handle = context.cublas();
-  int blocksA = blocksFor(M * K * B), blocksB = blocksFor(K * N * B), blocksC = blocksFor(M * N * B);
+  int blocksA = blocksFor(M * K * B), blocksB = blocksFor(K * N * B),
+      blocksC = blocksFor(M * N * B);
 
   if (K == 0) {
     Scratch zeros(size_t(M * N * B) * sizeof(float));
     fill(zeros.as<float>(), size_t(M * N * B), 0.0f);
-    unpackKernel<float><<<blocksC, kThreads, 0, stream>>>(out, zeros.as<float>(), outBox,
-                                                          outBatchDevice, B);
+    unpackKernel<float>
+        <<<blocksC, kThreads, 0, stream>>>(out, zeros.as<float>(), outBox, outBatchDevice, B);
     launched("einsum unpack kernel");
     return;
   }
 
   if (accumulateInDouble) {
     // Narrow result dtypes: DGEMM on dense double copies, rounded once by the caller.
-    Scratch aPacked(size_t(M * K * B) * sizeof(double)), bPacked(size_t(K * N * B) * sizeof(double)),
-        cPacked(size_t(M * N * B) * sizeof(double));
-    packKernel<double><<<blocksA, kThreads, 0, stream>>>(aPacked.as<double>(), a, aBox,
-                                                         aBatchDevice, B);
-    packKernel<double><<<blocksB, kThreads, 0, stream>>>(bPacked.as<double>(), b, bBox,
-                                                         bBatchDevice, B);
+    Scratch aPacked(size_t(M * K * B) * sizeof(double)),
+        bPacked(size_t(K * N * B) * sizeof(double)), cPacked(size_t(M * N * B) * sizeof(double));
+    packKernel<double>
+        <<<blocksA, kThreads, 0, stream>>>(aPacked.as<double>(), a, aBox, aBatchDevice, B);
+    packKernel<double>
+        <<<blocksB, kThreads, 0, stream>>>(bPacked.as<double>(), b, bBox, bBatchDevice, B);
     launched("einsum pack kernel");
     double one = 1, zero = 0;
     // Row-major C = A B is column-major C^T = B^T A^T.
@@ -452,8 +461,8 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
                                           aPacked.as<double>(), int(K), M * K, &zero,
                                           cPacked.as<double>(), int(N), M * N, int(B)),
                 "cublasDgemmStridedBatched");
-    unpackKernel<double><<<blocksC, kThreads, 0, stream>>>(out, cPacked.as<double>(), outBox,
-                                                           outBatchDevice, B);
+    unpackKernel<double>
+        <<<blocksC, kThreads, 0, stream>>>(out, cPacked.as<double>(), outBox, outBatchDevice, B);
     launched("einsum unpack kernel");
     return;
   }
@@ -465,15 +474,14 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
   bool batchFlat = flatStride(d.batch, d.aBatch, aStride) &&
                    flatStride(d.batch, d.bBatch, bStride) &&
                    flatStride(d.batch, d.outBatch, outStride);
-  bool aDirect = !bf16 && batchFlat && flatStride(d.m, d.aM, mUnit) &&
-                 flatStride(d.k, d.aK, kUnitA) &&
-                 ((kUnitA == 1 && (M == 1 || mUnit >= K)) || (mUnit == 1 && (K == 1 || kUnitA >= M)));
-  bool bDirect = !bf16 && batchFlat && flatStride(d.k, d.bK, kUnitB) &&
-                 flatStride(d.n, d.bN, nUnit) &&
-                 ((nUnit == 1 && (K == 1 || kUnitB >= N)) || (kUnitB == 1 && (N == 1 || nUnit >= K)));
+  bool aDirect =
+      !bf16 && batchFlat && flatStride(d.m, d.aM, mUnit) && flatStride(d.k, d.aK, kUnitA) &&
+      ((kUnitA == 1 && (M == 1 || mUnit >= K)) || (mUnit == 1 && (K == 1 || kUnitA >= M)));
+  bool bDirect =
+      !bf16 && batchFlat && flatStride(d.k, d.bK, kUnitB) && flatStride(d.n, d.bN, nUnit) &&
+      ((nUnit == 1 && (K == 1 || kUnitB >= N)) || (kUnitB == 1 && (N == 1 || nUnit >= K)));
   bool outDirect = batchFlat && flatStride(d.m, d.outM, outMUnit) &&
-                   flatStride(d.n, d.outN, outNUnit) && outNUnit == 1 &&
-                   (M == 1 || outMUnit >= N);
+                   flatStride(d.n, d.outN, outNUnit) && outNUnit == 1 && (M == 1 || outMUnit >= N);
 
   // Row-major op(A) [M, K]: NoTrans with lda (row stride), or stored [K, M] (Trans).
   cublasOperation_t opA = CUBLAS_OP_N, opB = CUBLAS_OP_N;
@@ -496,11 +504,11 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
     strideA = aStride * (B > 1);
   } else {
     if (bf16)
-      packKernel<__nv_bfloat16><<<blocksA, kThreads, 0, stream>>>(
-          aPacked.as<__nv_bfloat16>(), a, aBox, aBatchDevice, B);
+      packKernel<__nv_bfloat16>
+          <<<blocksA, kThreads, 0, stream>>>(aPacked.as<__nv_bfloat16>(), a, aBox, aBatchDevice, B);
     else
-      packKernel<float><<<blocksA, kThreads, 0, stream>>>(aPacked.as<float>(), a, aBox,
-                                                          aBatchDevice, B);
+      packKernel<float>
+          <<<blocksA, kThreads, 0, stream>>>(aPacked.as<float>(), a, aBox, aBatchDevice, B);
     launched("einsum pack kernel");
     aPtr = aPacked.get();
   }
@@ -514,11 +522,11 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
     strideB = bStride * (B > 1);
   } else {
     if (bf16)
-      packKernel<__nv_bfloat16><<<blocksB, kThreads, 0, stream>>>(
-          bPacked.as<__nv_bfloat16>(), b, bBox, bBatchDevice, B);
+      packKernel<__nv_bfloat16>
+          <<<blocksB, kThreads, 0, stream>>>(bPacked.as<__nv_bfloat16>(), b, bBox, bBatchDevice, B);
     else
-      packKernel<float><<<blocksB, kThreads, 0, stream>>>(bPacked.as<float>(), b, bBox,
-                                                          bBatchDevice, B);
+      packKernel<float>
+          <<<blocksB, kThreads, 0, stream>>>(bPacked.as<float>(), b, bBox, bBatchDevice, B);
     launched("einsum pack kernel");
     bPtr = bPacked.get();
   }
@@ -531,8 +539,8 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
   // Packed operands and outputs are dense per batch, so the batch stride is the matrix size;
   // direct ones have a flat batch stride (batchFlat), so one strided-batched call does all.
   cudaDataType_t inType = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasComputeType_t compute = context.math == MathMode::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                               : CUBLAS_COMPUTE_32F;
+  cublasComputeType_t compute =
+      context.math == MathMode::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   float one = 1, zero = 0;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   checkCublas(cublasGemmStridedBatchedEx(handle, opB, opA, int(N), int(M), int(K), &one, bPtr,
@@ -541,14 +549,15 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& d, bool acc
                                          compute, CUBLAS_GEMM_DEFAULT),
               "cublasGemmStridedBatchedEx");
   if (!outDirect) {
-    unpackKernel<float><<<blocksC, kThreads, 0, stream>>>(out, cPacked.as<float>(), outBox,
-                                                          outBatchDevice, B);
+    unpackKernel<float>
+        <<<blocksC, kThreads, 0, stream>>>(out, cPacked.as<float>(), outBox, outBatchDevice, B);
     launched("einsum unpack kernel");
   }
 }
 
 void einsumGeneric(float* out, const std::vector<int64_t>& outSizes,
-                   const std::vector<int64_t>& contracted, const std::vector<const float*>& operands,
+                   const std::vector<int64_t>& contracted,
+                   const std::vector<const float*>& operands,
                    const std::vector<std::vector<int64_t>>& outerStrides,
                    const std::vector<std::vector<int64_t>>& innerStrides) {
   if (operands.size() > size_t(kMaxOperands))

@@ -21,8 +21,7 @@ void checkNccl(ncclResult_t status, ncclComm_t comm, const char* collective, int
                const char* what) {
   if (status == ncclSuccess) return;
   std::string detail = ncclGetErrorString(status);
-  if (const char* last = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
-      last && *last)
+  if (const char* last = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr); last && *last)
     detail += " (" + std::string(last) + ")";
   throw CommError(collective, worldRank,
                   std::string("nccl backend, rank ") + std::to_string(worldRank) + ", " +
@@ -133,8 +132,8 @@ Communicator& NcclCommunicator::subgroup(const std::vector<std::string>& axes) {
             "cudaMalloc");
   checkCuda(cudaMemset(group->barrierWord_, 0, sizeof(int32_t)), "subgroup", worldRank_,
             "cudaMemset");
-  checkNccl(ncclCommSplit(comm_, color, key, &group->comm_, nullptr), comm_, "subgroup",
-            worldRank_, "ncclCommSplit");
+  checkNccl(ncclCommSplit(comm_, color, key, &group->comm_, nullptr), comm_, "subgroup", worldRank_,
+            "ncclCommSplit");
   NcclCommunicator& result = *group;
   subgroups_.emplace(axes, std::move(group));
   return result;
@@ -164,8 +163,7 @@ void NcclCommunicator::synchronize(const char* collective) {
   for (;;) {
     cudaError_t status = cudaStreamQuery(stream_);
     if (status == cudaSuccess) break;
-    if (status != cudaErrorNotReady)
-      checkCuda(status, collective, worldRank_, "cudaStreamQuery");
+    if (status != cudaErrorNotReady) checkCuda(status, collective, worldRank_, "cudaStreamQuery");
     ncclResult_t async = ncclSuccess;
     checkNccl(ncclCommGetAsyncError(comm_, &async), comm_, collective, worldRank_,
               "ncclCommGetAsyncError");
@@ -207,17 +205,17 @@ void NcclCommunicator::allReduceRaw(const void* in, void* out, size_t count, DTy
             name, worldRank_, "ncclAllReduce");
 }
 
-void NcclCommunicator::reduceScatterRaw(const void* in, void* out, size_t countPerRank,
-                                        DType dtype, ReduceOp op) {
+void NcclCommunicator::reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                                        ReduceOp op) {
   const char* name = "reduceScatter";
   size_t chunk = bytesOf(countPerRank, dtype);
   const void* inPlace = static_cast<const char*>(in) + size_t(rank_) * chunk;
   if (out != inPlace && overlaps(in, chunk * size_t(size()), out, chunk))
     throw CommError(name, worldRank_, "reduceScatter: in and out overlap other than in place");
   enter(name);
-  checkNccl(ncclReduceScatter(in, out, countPerRank, ncclType(dtype, name), ncclOp(op), comm_,
-                              stream_),
-            comm_, name, worldRank_, "ncclReduceScatter");
+  checkNccl(
+      ncclReduceScatter(in, out, countPerRank, ncclType(dtype, name), ncclOp(op), comm_, stream_),
+      comm_, name, worldRank_, "ncclReduceScatter");
 }
 
 void NcclCommunicator::allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) {
@@ -268,9 +266,9 @@ void NcclCommunicator::permuteRaw(const void* in, void* out, size_t count, DType
                             stream_),
             name, worldRank_, "cudaMallocAsync");
   int32_t mine[2] = {sendTo, recvFrom};
-  checkCuda(cudaMemcpyAsync(devicePairs + 2 * rank_, mine, sizeof mine, cudaMemcpyHostToDevice,
-                            stream_),
-            name, worldRank_, "cudaMemcpyAsync");
+  checkCuda(
+      cudaMemcpyAsync(devicePairs + 2 * rank_, mine, sizeof mine, cudaMemcpyHostToDevice, stream_),
+      name, worldRank_, "cudaMemcpyAsync");
   checkNccl(ncclAllGather(devicePairs + 2 * rank_, devicePairs, 2, ncclInt32, comm_, stream_),
             comm_, name, worldRank_, "ncclAllGather of the peers");
   checkCuda(cudaMemcpyAsync(pairs.data(), devicePairs, pairs.size() * sizeof(int32_t),
@@ -303,8 +301,9 @@ void NcclCommunicator::permuteRaw(const void* in, void* out, size_t count, DType
 void NcclCommunicator::broadcastRaw(void* data, size_t count, DType dtype, int root) {
   const char* name = "broadcast";
   if (root < 0 || root >= size())
-    throw CommError(name, worldRank_, "broadcast: root " + std::to_string(root) +
-                                          " outside a group of " + std::to_string(size()));
+    throw CommError(name, worldRank_,
+                    "broadcast: root " + std::to_string(root) + " outside a group of " +
+                        std::to_string(size()));
   enter(name);
   checkNccl(ncclBroadcast(data, data, count, ncclType(dtype, name), root, comm_, stream_), comm_,
             name, worldRank_, "ncclBroadcast");
@@ -325,8 +324,7 @@ void runNccl(const Mesh& mesh, const std::function<void(Communicator&)>& program
   if (devices.empty())
     for (int d = 0, n = deviceCount(); d < n; ++d)
       devices.push_back(d);
-  if (devices.empty())
-    throw CommError("", 0, "nccl backend: no CUDA device is visible");
+  if (devices.empty()) throw CommError("", 0, "nccl backend: no CUDA device is visible");
   if (int(devices.size()) < mesh.size())
     throw CommError("", 0,
                     "nccl backend: the mesh " + mesh.str() + " needs " +
@@ -341,8 +339,8 @@ void runNccl(const Mesh& mesh, const std::function<void(Communicator&)>& program
     ranks.emplace_back([&, rank] {
       std::unique_ptr<NcclCommunicator> world;
       try {
-        world = NcclCommunicator::createWorld(mesh, rank, id, devices[size_t(rank)],
-                                              options.timeout);
+        world =
+            NcclCommunicator::createWorld(mesh, rank, id, devices[size_t(rank)], options.timeout);
         program(*world);
         world->synchronize("");
       } catch (...) {

@@ -343,8 +343,8 @@ inline void reshape(float* out, const Shape& outSizes, const float* in, const Sh
   std::vector<int64_t> offsets = gen::offsetsOf(fromSizes, fromStrides);
   meshrt::cuda::Scratch scratch(offsets.size() * sizeof(int64_t));
   const int64_t* fromOffsets = meshrt::cuda::upload(scratch, offsets);
-  forEach<3>(outSizes, {rowMajorStrides(outSizes), otherStrides, linearStrides},
-             {0, 0, linearBase}, [=] __device__(const std::array<int64_t, 3>& at) {
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), otherStrides, linearStrides}, {0, 0, linearBase},
+             [=] __device__(const std::array<int64_t, 3>& at) {
                out[at[0]] = in[at[1] + fromOffsets[at[2]]];
              });
 }
@@ -480,8 +480,8 @@ inline void fillRandomUniform(float* device, const meshrt::kernels::Shard& shard
 }
 
 inline meshrt::cuda::Gemm gemmOf(const GemmDims& d) {
-  return meshrt::cuda::Gemm{d.batch, d.m,  d.n,      d.k,    d.aBatch, d.aM,  d.aK,
-                            d.bBatch, d.bK, d.bN, d.outBatch, d.outM, d.outN};
+  return meshrt::cuda::Gemm{d.batch,  d.m,  d.n,  d.k,        d.aBatch, d.aM,  d.aK,
+                            d.bBatch, d.bK, d.bN, d.outBatch, d.outM,   d.outN};
 }
 
 inline void einsum2(float* out, const float* a, const float* b, const GemmDims& d) {
@@ -593,8 +593,8 @@ inline void allToAllDims(View out, ConstView in, const Shape& inSizes, size_t fr
   gen::DimView fromView = gen::dimView(chunkSizes, fromIndex);
   for (int64_t i = 0; i < ranks; ++i)
     copyRowsBlock(out.data(), outSizes[fromIndex], i * fromView.size,
-                  received.as<float>() + i * chunk, fromView.size, 0, fromView.size,
-                  fromView.outer, fromView.inner);
+                  received.as<float>() + i * chunk, fromView.size, 0, fromView.size, fromView.outer,
+                  fromView.inner);
 }
 
 inline void sliceDim(View out, ConstView in, const Shape& inSizes, size_t dimIndex, int64_t block,

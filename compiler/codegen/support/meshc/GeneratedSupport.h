@@ -136,7 +136,8 @@ MESHRT_HD inline float roundBF16(float x) {
   return x;
 }
 
-MESHRT_HD inline double roundToFormat(double x, int mantissaBits, int minExponent, double maxFinite) {
+MESHRT_HD inline double roundToFormat(double x, int mantissaBits, int minExponent,
+                                      double maxFinite) {
   if (x == 0 || !std::isfinite(x)) return x;
   int exponent = std::max(std::ilogb(x), minExponent);
   double quantum = std::ldexp(1.0, exponent - mantissaBits);

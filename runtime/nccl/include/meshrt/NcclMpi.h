@@ -12,8 +12,7 @@ namespace meshrt::nccl {
 
 /// The world communicator of this process over `mesh` (mesh.size() must equal the size of
 /// `comm`); collective over `comm`.
-std::unique_ptr<NcclCommunicator> worldFromMpi(const Mesh& mesh, MPI_Comm comm,
-                                               std::chrono::milliseconds timeout =
-                                                   defaultTimeout());
+std::unique_ptr<NcclCommunicator>
+worldFromMpi(const Mesh& mesh, MPI_Comm comm, std::chrono::milliseconds timeout = defaultTimeout());
 
 } // namespace meshrt::nccl

@@ -119,7 +119,8 @@ void einsum2(float* out, const float* a, const float* b, const Gemm& gemm,
 
 /// Any einsum (up to 8 operands): one thread per output element, accumulating in double.
 void einsumGeneric(float* out, const std::vector<int64_t>& outSizes,
-                   const std::vector<int64_t>& contracted, const std::vector<const float*>& operands,
+                   const std::vector<int64_t>& contracted,
+                   const std::vector<const float*>& operands,
                    const std::vector<std::vector<int64_t>>& outerStrides,
                    const std::vector<std::vector<int64_t>>& innerStrides);
 
