@@ -22,10 +22,14 @@ if(MESHC_CUDA)
     set(CMAKE_CUDA_COMPILER_LAUNCHER ${CMAKE_CXX_COMPILER_LAUNCHER})
   endif()
   enable_language(CUDA)
-  # CMake 3.25 has no C++20 flag for nvcc: the runtime is C++17; generated code is compiled
-  # with -std=c++20 by its own command (tests/cuda).
-  set(CMAKE_CUDA_STANDARD 17)
+  # CMake 3.25 does not know nvcc's C++20 flag (nvcc 12+ has it): tell it.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+  set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_EXTENSIONS OFF)
   find_package(CUDAToolkit REQUIRED)
   find_path(MESHC_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
   find_library(MESHC_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)

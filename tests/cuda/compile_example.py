@@ -69,7 +69,7 @@ def main():
         f.write(f'#include "{stem}.cu"\n#include "{stem}.main.cu"\n')
     start = time.time()
     cmd = [args.nvcc, "-std=c++20", "--extended-lambda", "--expt-relaxed-constexpr",
-           f"-arch={args.arch}", args.opt, "-o", binary, unit]
+           f"-arch={args.arch}", "-fmad=false", args.opt, "-o", binary, unit]
     cmd += [f"-I{d}" for d in args.include] + [f"-I{args.workdir}"]
     cmd += args.lib + ["-lcublas", "-lnccl", "-lpthread"]
     run(cmd)

@@ -3,7 +3,8 @@
 #   tests/gpu/run.sh [results-file]        (default: build-gpu/gpu-results.txt)
 # 1. installs what is missing (scripts/install-deps) and builds meshc, meshrt_cuda, meshrt_nccl
 #    and the GPU programs with CUDA (build-gpu/, sm_90);
-# 2. runs the NCCL backend's collectives test and the lane-math unit test;
+# 2. runs the NCCL backend's collectives test, the lane-math unit test and every device support
+#    function against its CPU version (tests/gpu/support_check.cu);
 # 3. end-to-end equivalence on the GPU: every example compiled with --emit=cuda for the mesh
 #    [data=1] and for [data=<all GPUs>] (layout auto), run on one GPU per rank and compared
 #    with the reference interpreter (tests/e2e/compare_outputs.py, f32 tolerance 1e-4); the
@@ -48,11 +49,12 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -
 step "configure" cmake -G Ninja -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMESHC_CUDA=ON \
   -DMESHC_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 "${launcher[@]}" || exit 1
 step "build" ninja -C "$BUILD" -j"$JOBS" meshc meshrt_cuda meshrt_nccl test_cuda_rowmath \
-  test_nccl_comm gpu_einsum_bench gpu_nccl_bandwidth || exit 1
+  test_nccl_comm gpu_einsum_bench gpu_nccl_bandwidth gpu_support_check || exit 1
 
 # 2. Unit tests (the NCCL one runs real collectives when GPUs are present).
 step "unit: NCCL backend collectives" timeout 120 "$BUILD/tests/cuda/test_nccl_comm" -s
 step "unit: lane math" timeout 60 "$BUILD/tests/cuda/test_cuda_rowmath"
+step "device support functions vs the CPU's" timeout 120 "$BUILD/tests/cuda/gpu_support_check"
 
 # 3. End-to-end equivalence: compile every case in parallel, then run them one after another.
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)

@@ -17,7 +17,8 @@
 // - Collectives: the rank's communicator must be meshrt::nccl's (device pointers; its stream
 //   is the stream everything here is enqueued on, so kernels and collectives are ordered).
 //
-// Compile generated code with nvcc -std=c++20 --extended-lambda --expt-relaxed-constexpr.
+// Compile generated code with nvcc -std=c++20 --extended-lambda --expt-relaxed-constexpr
+// -fmad=false (no FMA contraction: the scalar bodies round as on the CPU).
 #pragma once
 
 #include "meshc/GeneratedSupport.h"
