@@ -1491,6 +1491,7 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
     if (!irFn)
       return llvm::createStringError(llvm::inconvertibleErrorCode(), "no function named '%s'",
                                      planned.spmd.name.c_str());
+    if (auto error = target.checkFunction(*irFn)) return error;
     auto emitter = std::make_unique<FunctionEmitter>(module, *irFn, planned.spmd);
     emitter->target = &target;
     if (auto error = emitter->emit()) return error;

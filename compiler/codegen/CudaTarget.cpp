@@ -25,6 +25,7 @@ public:
                        "std::array<int64_t, {0}>& at) {{\n{3}}});\n",
                        n, sizes, fmt::join(strideLists, ", "), body);
   }
+  llvm::Error checkFunction(const ir::Function&) const override { return llvm::Error::success(); }
   bool einsumPlans() const override { return true; }
   std::string prologue() const override { return ""; }
   void finish(CppOutput&) const override {}
@@ -54,6 +55,18 @@ public:
     return fmt::format("meshc::gen::forEach<{0}>({1}, {{{{{2}}}}}, {{}}, [{3}] __device__(const "
                        "std::array<int64_t, {0}>& at) {{\n{4}}});\n",
                        n, sizes, fmt::join(strideLists, ", "), captures(views), body);
+  }
+  llvm::Error checkFunction(const ir::Function& function) const override {
+    // Backward and optimizer updates are emitted by support code the CUDA target does not
+    // have yet: a located error instead of code that does not compile.
+    if (function.updates.empty()) return llvm::Error::success();
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(), "%s",
+        fmt::format("{}:{}:{}: the CUDA target does not support train blocks with parameter "
+                    "updates (backward and optimizer) yet: '{}'; select the programs with "
+                    "--function",
+                    function.loc.file, function.loc.line, function.loc.col, function.name)
+            .c_str());
   }
   bool einsumPlans() const override { return false; }
   std::string prologue() const override {

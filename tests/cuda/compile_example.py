@@ -11,6 +11,7 @@ gathered outputs with the reference interpreter's through tests/e2e/compare_outp
 Exit status 0 when meshc, nvcc and the link (and the check) all succeed."""
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -58,8 +59,22 @@ def main():
     binary = base + "_cuda"
     if args.reuse and os.path.exists(binary):
         return check(args, base, binary, overrides)
-    run([args.meshc, args.example, "--emit=cuda", "--cpp-runner", f"--cuda-math={args.math}",
-         "-o", base] + overrides)
+    emit = [args.meshc, args.example, "--emit=cuda", "--cpp-runner", f"--cuda-math={args.math}",
+            "-o", base]
+    result = subprocess.run(emit + overrides, capture_output=True, text=True)
+    if result.returncode != 0 and "CUDA target does not support train blocks" in result.stderr:
+        # Train blocks with backward/optimizer updates are not generated for CUDA yet (a
+        # located error, printed here): the programs are still compiled and linked.
+        sys.stdout.write(result.stderr)
+        with open(args.example) as f:
+            programs = re.findall(r"^program\s+(\w+)", f.read(), re.MULTILINE)
+        overrides += [flag for name in programs for flag in ("--function", name)]
+        print(f"compiling the programs only: {', '.join(programs)}")
+        result = subprocess.run(emit + overrides, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stdout.write(result.stdout + result.stderr)
+        print(f"FAILED ({result.returncode}): {' '.join(emit + overrides)}")
+        return 1
     for suffix in (".h", ".cu", ".main.cu"):
         if not os.path.exists(base + suffix):
             print(f"FAILED: meshc wrote no {base + suffix}")

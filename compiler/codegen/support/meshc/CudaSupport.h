@@ -214,14 +214,15 @@ inline ConstView view(ConstView v) {
 }
 
 /// run()'s temporaries in one device allocation, slots at the generator's byte offsets (as
-/// meshc::gen::Arena). Allocated on the device current at construction.
+/// meshc::gen::Arena). Allocated at the first slot, on the device of the current context (the
+/// constructor's member initializers run before the generated code makes its context current).
 class Arena {
 public:
   static constexpr size_t kAlignment = gen::Arena::kAlignment;
-  explicit Arena(size_t bytes) : bytes_(bytes) {
-    check(cudaMalloc(&memory_, std::max(bytes, kAlignment)), "cudaMalloc (arena)");
+  explicit Arena(size_t bytes) : bytes_(bytes) {}
+  ~Arena() {
+    if (memory_) cudaFree(memory_);
   }
-  ~Arena() { cudaFree(memory_); }
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   size_t bytes() const { return bytes_; }
@@ -252,6 +253,7 @@ private:
       throw std::logic_error("arena slot [" + std::to_string(byteOffset) + ", +" +
                              std::to_string(count * sizeof(float)) + ") outside the arena of " +
                              std::to_string(bytes_) + " bytes");
+    if (!memory_) check(cudaMalloc(&memory_, std::max(bytes_, kAlignment)), "cudaMalloc (arena)");
     return View{static_cast<float*>(memory_) + byteOffset / sizeof(float), count};
   }
   size_t bytes_;
