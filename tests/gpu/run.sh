@@ -41,9 +41,8 @@ log "meshc GPU check, $(date -u), $(nvidia-smi -L 2>/dev/null | wc -l) GPU(s)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$RESULTS"
 
 # 1. Dependencies and build.
-if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null || ! dpkg -s catch2 >/dev/null 2>&1; then
-  step "install-deps" "$ROOT/scripts/install-deps" || exit 1
-fi
+# (idempotent: installs only the missing Debian packages)
+step "install-deps" "$ROOT/scripts/install-deps" || exit 1
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 step "configure" cmake -G Ninja -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMESHC_CUDA=ON \
