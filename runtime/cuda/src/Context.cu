@@ -1,7 +1,10 @@
 // The per-rank device context, scratch memory and error checks of meshrt_cuda.
 #include "meshrt/cuda/Cuda.h"
 
+#include <cstdint>
 #include <map>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 
 namespace meshrt::cuda {
@@ -65,6 +68,18 @@ const Context& current() {
 
 Scope::Scope(const Context& context) : context_(context), previous_(currentContext) {
   check(cudaSetDevice(context.device), "cudaSetDevice");
+  // Keep freed stream-ordered memory in the device's pool across synchronizations (the default
+  // threshold 0 returns it to the driver at every sync, and generated code allocates per run).
+  static std::mutex mutex;
+  static std::set<int> configured;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (configured.insert(context.device).second) {
+    cudaMemPool_t pool;
+    check(cudaDeviceGetDefaultMemPool(&pool, context.device), "cudaDeviceGetDefaultMemPool");
+    uint64_t threshold = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+          "cudaMemPoolSetAttribute");
+  }
   currentContext = &context_;
 }
 

@@ -221,7 +221,7 @@ public:
   static constexpr size_t kAlignment = gen::Arena::kAlignment;
   explicit Arena(size_t bytes) : bytes_(bytes) {}
   ~Arena() {
-    if (memory_) cudaFree(memory_);
+    if (memory_) cudaFreeAsync(memory_, stream_);
   }
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -253,11 +253,16 @@ private:
       throw std::logic_error("arena slot [" + std::to_string(byteOffset) + ", +" +
                              std::to_string(count * sizeof(float)) + ") outside the arena of " +
                              std::to_string(bytes_) + " bytes");
-    if (!memory_) check(cudaMalloc(&memory_, std::max(bytes_, kAlignment)), "cudaMalloc (arena)");
+    if (!memory_) {
+      // Stream-ordered (no device synchronization that could stall a peer's NCCL kernel).
+      stream_ = stream();
+      check(cudaMallocAsync(&memory_, std::max(bytes_, kAlignment), stream_), "cudaMallocAsync");
+    }
     return View{static_cast<float*>(memory_) + byteOffset / sizeof(float), count};
   }
   size_t bytes_;
   void* memory_ = nullptr;
+  cudaStream_t stream_ = nullptr;
 };
 
 //===------------------------------------------------------------------------------------------===//
