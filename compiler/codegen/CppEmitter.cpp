@@ -10,6 +10,7 @@
 // subgroup of that dim's axes (the in-place collectives the lowering lists right after such an
 // op describe exactly that communication and are absorbed into it).
 #include "codegen/CppEmitter.h"
+#include "codegen/Target.h"
 
 #include <clang/Format/Format.h>
 #include <clang/Tooling/Core/Replacement.h>
@@ -385,6 +386,8 @@ public:
   std::string declaration; // into the header
   std::string definition;  // into the source
   const std::string name;
+  /// Where the target's generated code differs (CPU loops vs device kernels): codegen/Target.h.
+  const Target* target = nullptr;
 
   /// The runner's part for this function: runs it on the threads backend and records outputs.
   std::string runnerBody() const;
@@ -671,24 +674,23 @@ void FunctionEmitter::emitElementwiseGroup(const std::vector<size_t>& group, std
     else
       body += fmt::format("float t{} = {};\n", op.result, expr);
   }
+  std::vector<std::string> views = {var(last.result)};
+  for (SpmdValueId operand : loaded)
+    views.push_back(var(operand));
   if (contiguous) {
-    out += fmt::format("for (size_t i = 0; i < {}.size(); ++i) {{\n{}}}\n", var(last.result), body);
+    out += target->contiguousLoop(var(last.result), views, body);
     return;
   }
   std::vector<std::string> strideLists = {list(outStrides)};
   for (const Shape& s : strides)
     strideLists.push_back(list(s));
-  size_t n = loaded.size() + 1;
-  out +=
-      fmt::format("meshc::gen::forEach<{0}>({1}, {{{{{2}}}}}, {{}}, [&](const std::array<int64_t, "
-                  "{0}>& at) {{\n{3}}});\n",
-                  n, list(sizesOf(space)), fmt::join(strideLists, ", "), body);
+  out += target->stridedLoop(loaded.size() + 1, list(sizesOf(space)), strideLists, views, body);
 }
 
 void FunctionEmitter::emitEinsum(const SpmdOp& op, std::string& out) {
   const TensorType& result = local(op.result);
   allocate(op.result, out);
-  if (result.dtype == DType::F32) {
+  if (result.dtype == DType::F32 && target->einsumPlans()) {
     // meshrt's kernels: classified once (a function-local static, shared by the ranks: every
     // rank of this class has the same local shapes), then sgemm with transposes folded in.
     std::vector<std::string> names;
@@ -1392,6 +1394,7 @@ llvm::Error FunctionEmitter::emit() {
   }
   emitConstructor(s);
   s += fmt::format("{0}::Outputs {0}::run(const Inputs& inputs) {{\n", name);
+  s += target->prologue();
   s += fmt::format("// Arena: {} bytes for {} bytes of temporaries ({} slots, placed by "
                    "liveness).\n",
                    arenaBytes, temporaryBytes, slots.size());
@@ -1431,6 +1434,7 @@ void FunctionEmitter::emitConstructor(std::string& s) {
     s += fmt::format(",\n{}(world_.subgroup(std::vector<std::string>{}))", axesName(axes),
                      stringList(axes));
   s += " {\n";
+  s += target->prologue();
   for (size_t k = 0; k < irFn.params.size(); ++k) {
     const ir::ParamInfo& param = irFn.params[k];
     SpmdValueId id = fn.params[k];
@@ -1670,13 +1674,21 @@ std::string formatCpp(const std::string& code, const std::string& fileName) {
 llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
                                   const std::vector<plan::PlannedFunction>& plans,
                                   const CppOptions& options) {
+  return emitWithTarget(module, plans, options, *makeCpuTarget());
+}
+
+llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
+                                         const std::vector<plan::PlannedFunction>& plans,
+                                         const CppOptions& options, const Target& target) {
   std::vector<std::unique_ptr<FunctionEmitter>> emitters;
   for (const plan::PlannedFunction& planned : plans) {
     const ir::Function* irFn = module.findFunction(planned.spmd.name);
     if (!irFn)
       return llvm::createStringError(llvm::inconvertibleErrorCode(), "no function named '%s'",
                                      planned.spmd.name.c_str());
+    if (auto error = target.checkFunction(*irFn)) return error;
     auto emitter = std::make_unique<FunctionEmitter>(module, *irFn, planned.spmd);
+    emitter->target = &target;
     if (auto error = emitter->emit()) return error;
     emitters.push_back(std::move(emitter));
   }
@@ -1748,8 +1760,9 @@ llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
          "2;\n}\n"
          "for (const Result& result : results)\nmeshc::gen::writeTensor(file, result.name, "
          "result.dtype.c_str(), result.shape, result.data);\nstd::fclose(file);\nreturn 0;\n}\n";
-    output.runner = formatCpp(output.runner, "runner.cpp");
   }
+  target.finish(output);
+  if (options.runner) output.runner = formatCpp(output.runner, "runner.cpp");
   output.header = formatCpp(output.header, "generated.h");
   output.source = formatCpp(output.source, "generated.cpp");
   return output;

@@ -1,6 +1,7 @@
 #include "driver/Driver.h"
 
 #include "codegen/CppEmitter.h"
+#include "codegen/CudaEmitter.h"
 #include "diag/Diagnostics.h"
 #include "frontend/ASTPrinter.h"
 #include "frontend/SourceLoader.h"
@@ -27,7 +28,7 @@ namespace meshc {
 
 namespace {
 
-enum class Emit { AST, IR, TrainIR, Run, Plan, PlanJson, Spmd, Dot, Cpp };
+enum class Emit { AST, IR, TrainIR, Run, Plan, PlanJson, Spmd, Dot, Cpp, Cuda };
 
 llvm::cl::OptionCategory meshcCategory("meshc options");
 
@@ -53,7 +54,10 @@ llvm::cl::opt<Emit> emitStage(
         clEnumValN(Emit::Spmd, "spmd", "the SPMD IR (local shapes, explicit collectives)"),
         clEnumValN(Emit::Dot, "dot", "the SPMD graph for Graphviz, collectives in red"),
         clEnumValN(Emit::Cpp, "cpp",
-                   "SPMD C++ over meshrt: <o>.h and <o>.cpp (-o gives the base path)")),
+                   "SPMD C++ over meshrt: <o>.h and <o>.cpp (-o gives the base path)"),
+        clEnumValN(Emit::Cuda, "cuda",
+                   "SPMD CUDA over meshrt_cuda and NCCL: <o>.h and <o>.cu (sm_90; see "
+                   "docs/cuda.md)")),
     llvm::cl::cat(meshcCategory));
 llvm::cl::opt<uint64_t> seed("seed",
                              llvm::cl::desc("Seed of inputs, parameters and dropout (--emit=run)"),
@@ -72,8 +76,14 @@ llvm::cl::opt<int64_t> trainSteps(
 llvm::cl::opt<bool> cppRunner(
     "cpp-runner",
     llvm::cl::desc("With --emit=cpp, also write <o>.main.cpp: a main that runs every function on "
-                   "the threads backend and writes the gathered outputs"),
+                   "the threads backend and writes the gathered outputs (--emit=cuda: "
+                   "<o>.main.cu, on the nccl backend, one GPU per rank)"),
     llvm::cl::init(false), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> cudaMath(
+    "cuda-math",
+    llvm::cl::desc("With --emit=cuda, the einsum precision: fp32 (strict, default), tf32 (TF32 "
+                   "tensor cores) or bf16 (bf16 operands, fp32 accumulation and master weights)"),
+    llvm::cl::value_desc("mode"), llvm::cl::init("fp32"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> dumpOutputs(
     "dump-outputs",
     llvm::cl::desc("With --emit=run, also write every output to <file> in the generated "
@@ -196,7 +206,7 @@ bool semaOptions(SemaOptions& options) {
 
 bool planning() {
   return emitStage == Emit::Plan || emitStage == Emit::PlanJson || emitStage == Emit::Spmd ||
-         emitStage == Emit::Dot || emitStage == Emit::Cpp;
+         emitStage == Emit::Dot || emitStage == Emit::Cpp || emitStage == Emit::Cuda;
 }
 
 /// --emit=cpp: <o>.h, <o>.cpp (and <o>.main.cpp with --cpp-runner), each written only when all
@@ -209,14 +219,19 @@ bool emitCppFiles(const ir::Module& module, const std::vector<plan::PlannedFunct
   options.headerInclude = stem + ".h";
   options.runner = cppRunner;
   options.cppNamespace = "meshc_generated";
-  llvm::Expected<codegen::CppOutput> output = codegen::emitCpp(module, plans, options);
+  bool cuda = emitStage == Emit::Cuda; // <o>.cu and <o>.main.cu, retargeted to the GPU
+  if (cuda && !codegen::isCudaMathMode(cudaMath))
+    return optionError("--cuda-math must be fp32, tf32 or bf16, not '" + cudaMath + "'");
+  llvm::Expected<codegen::CppOutput> output =
+      cuda ? codegen::emitCuda(module, plans, codegen::CudaOptions{options, cudaMath})
+           : codegen::emitCpp(module, plans, options);
   if (!output) {
     llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(output.takeError()) << "\n";
     return false;
   }
   std::vector<std::pair<std::string, const std::string*>> files = {
-      {base + ".h", &output->header}, {base + ".cpp", &output->source}};
-  if (cppRunner) files.push_back({base + ".main.cpp", &output->runner});
+      {base + ".h", &output->header}, {base + (cuda ? ".cu" : ".cpp"), &output->source}};
+  if (cppRunner) files.push_back({base + (cuda ? ".main.cu" : ".main.cpp"), &output->runner});
   if (outputPath == "-") {
     for (const auto& [path, text] : files)
       os << "// ---- " << path << "\n" << *text;
@@ -253,7 +268,7 @@ bool planAndPrint(const ir::Module& module, DiagEngine& diag, llvm::raw_ostream&
   std::optional<std::vector<plan::PlannedFunction>> plans =
       plan::planModule(module, *machine, options, diag);
   if (!plans) return false;
-  if (emitStage == Emit::Cpp) return emitCppFiles(module, *plans, os);
+  if (emitStage == Emit::Cpp || emitStage == Emit::Cuda) return emitCppFiles(module, *plans, os);
   if (emitStage == Emit::PlanJson) os << "[\n";
   for (size_t i = 0; i < plans->size(); ++i) {
     const plan::PlannedFunction& planned = (*plans)[i];
@@ -495,8 +510,9 @@ int runMeshc(int argc, char** argv) {
     return kExitInputError;
 
   // --emit=cpp with -o wrote its own files.
-  if (emitStage == Emit::Cpp && outputPath != "-")
-    return writeDepfile ? emitDepfile(outputPath + ".cpp") : kExitOk;
+  if ((emitStage == Emit::Cpp || emitStage == Emit::Cuda) && outputPath != "-")
+    return writeDepfile ? emitDepfile(outputPath + (emitStage == Emit::Cuda ? ".cu" : ".cpp"))
+                        : kExitOk;
 
   // Written only once everything succeeded, so a failed run leaves no partial output file.
   std::error_code ec;

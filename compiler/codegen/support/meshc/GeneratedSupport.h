@@ -123,10 +123,11 @@ inline void checkShape(const char* what, const std::string& name, const Tensor& 
 }
 
 //===------------------------------------------------------------------------------------------===//
-// Scalars: dtype rounding and the per-element functions (computed as the interpreter does)
+// Scalars: dtype rounding and the per-element functions (computed as the interpreter does).
+// MESHRT_HD: the CUDA target's fused kernels (meshc/CudaSupport.h) call these same bodies.
 //===------------------------------------------------------------------------------------------===//
 
-inline float roundBF16(float x) {
+MESHRT_HD inline float roundBF16(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
   if ((bits & 0x7F800000u) == 0x7F800000u) return x;
@@ -136,7 +137,8 @@ inline float roundBF16(float x) {
   return x;
 }
 
-inline double roundToFormat(double x, int mantissaBits, int minExponent, double maxFinite) {
+MESHRT_HD inline double roundToFormat(double x, int mantissaBits, int minExponent,
+                                      double maxFinite) {
   if (x == 0 || !std::isfinite(x)) return x;
   int exponent = std::max(std::ilogb(x), minExponent);
   double quantum = std::ldexp(1.0, exponent - mantissaBits);
@@ -145,12 +147,12 @@ inline double roundToFormat(double x, int mantissaBits, int minExponent, double 
   return rounded;
 }
 
-inline float roundF16(float x) {
+MESHRT_HD inline float roundF16(float x) {
   return float(roundToFormat(x, 10, -14, 65504.0));
 }
 
 /// i32 wrap of an integral value (two's complement), as the interpreter's roundTo(i32).
-inline float wrapI32(double x) {
+MESHRT_HD inline float wrapI32(double x) {
   if (std::isnan(x)) return 0;
   x = std::trunc(x);
   if (std::fabs(x) >= 0x1p63) return x > 0 ? 2147483647.0f : -2147483648.0f;
@@ -158,37 +160,37 @@ inline float wrapI32(double x) {
 }
 
 /// Cast to i32: truncation toward zero, saturating; nan gives 0.
-inline float castToI32(double x) {
+MESHRT_HD inline float castToI32(double x) {
   if (std::isnan(x)) return 0;
   return float(std::clamp(std::trunc(x), -2147483648.0, 2147483647.0));
 }
 
 // Computed in double and returned unrounded: the caller rounds once to the result dtype.
-inline double sigmoid(double x) {
+MESHRT_HD inline double sigmoid(double x) {
   if (x >= 0) return 1 / (1 + std::exp(-x));
   double e = std::exp(x);
   return e / (1 + e);
 }
 
-inline double gelu(double x) {
+MESHRT_HD inline double gelu(double x) {
   constexpr double kSqrt2OverPi = 0.79788456080286535588;
   return 0.5 * x * (1 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
 }
 
-inline float maximum(float a, float b) {
+MESHRT_HD inline float maximum(float a, float b) {
   return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
 }
-inline float minimum(float a, float b) {
+MESHRT_HD inline float minimum(float a, float b) {
   return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
 }
 
 /// i32 division: truncating, 0 on division by zero.
-inline float divI32(float a, float b) {
+MESHRT_HD inline float divI32(float a, float b) {
   int64_t x = int64_t(a), y = int64_t(b);
   return y == 0 ? 0.0f : wrapI32(double(x / y));
 }
 
-inline float powI32(float a, float b) {
+MESHRT_HD inline float powI32(float a, float b) {
   int64_t base = int64_t(a), exponent = int64_t(b);
   if (exponent < 0) return base == 1 ? 1 : base == -1 ? (exponent % 2 ? -1 : 1) : 0;
   uint32_t result = 1, factor = uint32_t(base);
@@ -316,7 +318,7 @@ inline meshrt::Communicator& checkedWorld(meshrt::Communicator& world, const mes
 enum class DType { F32, BF16, F16, I32 };
 
 /// Rounds a value computed in double to its dtype once, as the interpreter does.
-inline float roundValue(DType dtype, double x) {
+MESHRT_HD inline float roundValue(DType dtype, double x) {
   switch (dtype) {
   case DType::F32:
     return float(x);

@@ -1,0 +1,645 @@
+// Support code for the CUDA that `meshc --emit=cuda` generates: the same names and signatures
+// as meshc/GeneratedSupport.h's meshc::gen (the CUDA target writes meshc::cuda where the C++
+// target writes meshc::gen), on device memory.
+//
+// - Buffer: an owning device array (parameters; run()'s inputs, uploaded from the host by the
+//   implicit conversion from std::vector<float> that binds `const Buffer& v = inputs.x.data`;
+//   outputs downloaded by the conversion back to std::vector<float>, which waits for the stream).
+// - Arena: run()'s temporaries in one device allocation; View / ConstView: device spans.
+// - Fused elementwise ops: forEachIndex / forEach launch the generated `__device__` lambdas
+//   (nvcc --extended-lambda) whose bodies are the C++ target's scalar expressions, calling the
+//   same MESHRT_HD scalar functions (meshc::gen's sigmoid, gelu, roundValue, ...).
+// - einsum through cuBLAS, reductions, softmax, layer_norm, cumsum: meshrt_cuda.
+// - Data movement (copyStrided, reshape, windows, one_hot, gather, iota, dropout, shift) as
+//   device lambdas here; chunk packing around collectives with cudaMemcpy2DAsync.
+// - RNG fills (parameters at construction, random ops in run()) run on the host through
+//   meshrt::kernels' fills, then are copied to the device: the same values as the CPU path.
+// - Collectives: the rank's communicator must be meshrt::nccl's (device pointers; its stream
+//   is the stream everything here is enqueued on, so kernels and collectives are ordered).
+//
+// Compile generated code with nvcc -std=c++20 --extended-lambda --expt-relaxed-constexpr
+// -fmad=false (no FMA contraction: the scalar bodies round as on the CPU).
+#pragma once
+
+#include "meshc/GeneratedSupport.h"
+#include "meshrt/Nccl.h"
+#include "meshrt/cuda/Cuda.h"
+#include "meshrt/kernels/Scalar.h"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshc::cuda {
+
+using gen::Along;
+using gen::blockIndex;
+using gen::checkedWorld;
+using gen::checkShape;
+using gen::DType;
+using gen::GemmDims;
+using gen::globalBase;
+using gen::product;
+using gen::Reduce;
+using gen::rowMajorStrides;
+using gen::Shape;
+using gen::shardStart;
+using gen::shardStartOf;
+using gen::sliceShard;
+using gen::Tensor;
+using gen::useSingleThreadedBlas;
+using gen::writeTensor;
+// The scalar functions of the fused expressions (MESHRT_HD in GeneratedSupport.h).
+using gen::castToI32;
+using gen::divI32;
+using gen::gelu;
+using gen::maximum;
+using gen::minimum;
+using gen::powI32;
+using gen::roundValue;
+using gen::sigmoid;
+using gen::wrapI32;
+using meshrt::cuda::MathMode;
+
+inline void check(cudaError_t status, const char* what) {
+  meshrt::cuda::check(status, what);
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Context
+//===------------------------------------------------------------------------------------------===//
+
+/// The device context of `world`'s rank: its NCCL communicator's device and stream.
+inline meshrt::cuda::Context contextOf(meshrt::Communicator& world, MathMode math) {
+  auto* nccl = dynamic_cast<meshrt::nccl::NcclCommunicator*>(&world);
+  if (!nccl)
+    throw std::invalid_argument(std::string("generated CUDA code needs the nccl backend "
+                                            "(meshrt::nccl::runNccl), not '") +
+                                world.backend() + "'");
+  meshrt::cuda::Context context;
+  context.device = nccl->device();
+  context.stream = nccl->stream();
+  context.math = math;
+  return context;
+}
+
+/// Makes `world`'s device context current for a generated constructor or run().
+class Scope {
+public:
+  Scope(meshrt::Communicator& world, MathMode math) : scope_(contextOf(world, math)) {}
+
+private:
+  meshrt::cuda::Scope scope_;
+};
+
+inline cudaStream_t stream() {
+  return meshrt::cuda::current().stream;
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Device storage
+//===------------------------------------------------------------------------------------------===//
+
+/// A device span (what support functions and fused kernels read and write).
+struct View {
+  float* pointer = nullptr;
+  size_t count = 0;
+  MESHRT_HD float* data() const { return pointer; }
+  MESHRT_HD size_t size() const { return count; }
+  MESHRT_HD float& operator[](size_t i) const { return pointer[i]; }
+  float* begin() const { return pointer; }
+  float* end() const { return pointer + count; }
+};
+
+struct ConstView {
+  const float* pointer = nullptr;
+  size_t count = 0;
+  ConstView() = default;
+  ConstView(const float* p, size_t n) : pointer(p), count(n) {}
+  ConstView(View view) : pointer(view.pointer), count(view.count) {}
+  MESHRT_HD const float* data() const { return pointer; }
+  MESHRT_HD size_t size() const { return count; }
+  MESHRT_HD const float& operator[](size_t i) const { return pointer[i]; }
+  const float* begin() const { return pointer; }
+  const float* end() const { return pointer + count; }
+};
+
+/// An owning device array, allocated and freed in stream order on the current stream.
+class Buffer {
+public:
+  Buffer() = default;
+  /// Uploads a host array (run()'s inputs).
+  Buffer(const std::vector<float>& host) {
+    resize(host.size());
+    meshrt::cuda::copyToDevice(pointer_, host.data(), host.size() * sizeof(float));
+  }
+  /// A device copy of [begin, end) (run()'s outputs leave the arena).
+  Buffer(const float* begin, const float* end) {
+    resize(size_t(end - begin));
+    if (count_)
+      check(cudaMemcpyAsync(pointer_, begin, count_ * sizeof(float), cudaMemcpyDeviceToDevice,
+                            stream_),
+            "cudaMemcpyAsync (output)");
+  }
+  Buffer(Buffer&& other) noexcept { swap(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
+    swap(other);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+
+  /// Downloads to the host (waits for the stream).
+  operator std::vector<float>() const {
+    std::vector<float> host(count_);
+    if (count_) {
+      check(cudaMemcpyAsync(host.data(), pointer_, count_ * sizeof(float), cudaMemcpyDeviceToHost,
+                            stream_),
+            "cudaMemcpyAsync (download)");
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
+    }
+    return host;
+  }
+  operator View() { return View{pointer_, count_}; }
+  operator ConstView() const { return ConstView(pointer_, count_); }
+
+  /// `count` elements (contents undefined).
+  void resize(size_t count) {
+    release();
+    stream_ = stream();
+    count_ = count;
+    if (count) check(cudaMallocAsync(&pointer_, count * sizeof(float), stream_), "cudaMallocAsync");
+  }
+  /// `count` elements equal to `value`.
+  void assign(size_t count, float value) {
+    resize(count);
+    meshrt::cuda::fill(pointer_, count, value);
+  }
+  float* data() { return pointer_; }
+  const float* data() const { return pointer_; }
+  size_t size() const { return count_; }
+  const float* begin() const { return pointer_; }
+  const float* end() const { return pointer_ + count_; }
+
+private:
+  void swap(Buffer& other) {
+    std::swap(pointer_, other.pointer_);
+    std::swap(count_, other.count_);
+    std::swap(stream_, other.stream_);
+  }
+  void release() {
+    if (pointer_) cudaFreeAsync(pointer_, stream_);
+    pointer_ = nullptr;
+    count_ = 0;
+  }
+  float* pointer_ = nullptr;
+  size_t count_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+/// The spans fused kernels capture by value.
+inline View view(View v) {
+  return v;
+}
+inline ConstView view(const Buffer& buffer) {
+  return ConstView(buffer);
+}
+inline ConstView view(ConstView v) {
+  return v;
+}
+
+/// run()'s temporaries in one device allocation, slots at the generator's byte offsets (as
+/// meshc::gen::Arena). Allocated at the first slot, on the device of the current context (the
+/// constructor's member initializers run before the generated code makes its context current).
+class Arena {
+public:
+  static constexpr size_t kAlignment = gen::Arena::kAlignment;
+  explicit Arena(size_t bytes) : bytes_(bytes) {}
+  ~Arena() {
+    if (memory_) cudaFreeAsync(memory_, stream_);
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  size_t bytes() const { return bytes_; }
+
+  /// The slot at `byteOffset`, zeroed.
+  View slot(size_t byteOffset, size_t count) {
+    View view = at(byteOffset, count);
+    if (count) check(cudaMemsetAsync(view.data(), 0, count * sizeof(float), stream()), "memset");
+    return view;
+  }
+  View fill(size_t byteOffset, size_t count, float value) {
+    View view = at(byteOffset, count);
+    meshrt::cuda::fill(view.data(), count, value);
+    return view;
+  }
+  View copy(size_t byteOffset, ConstView from) {
+    View view = at(byteOffset, from.size());
+    if (from.size())
+      check(cudaMemcpyAsync(view.data(), from.data(), from.size() * sizeof(float),
+                            cudaMemcpyDeviceToDevice, stream()),
+            "cudaMemcpyAsync (arena copy)");
+    return view;
+  }
+
+private:
+  View at(size_t byteOffset, size_t count) {
+    if (byteOffset % kAlignment != 0 || byteOffset + count * sizeof(float) > bytes_)
+      throw std::logic_error("arena slot [" + std::to_string(byteOffset) + ", +" +
+                             std::to_string(count * sizeof(float)) + ") outside the arena of " +
+                             std::to_string(bytes_) + " bytes");
+    if (!memory_) {
+      // Stream-ordered (no device synchronization that could stall a peer's NCCL kernel).
+      stream_ = stream();
+      check(cudaMallocAsync(&memory_, std::max(bytes_, kAlignment), stream_), "cudaMallocAsync");
+    }
+    return View{static_cast<float*>(memory_) + byteOffset / sizeof(float), count};
+  }
+  size_t bytes_;
+  void* memory_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+//===------------------------------------------------------------------------------------------===//
+// Launching device lambdas
+//===------------------------------------------------------------------------------------------===//
+
+constexpr int kThreads = 256;
+constexpr int kMaxRank = 12;
+
+inline int blocksFor(int64_t count) {
+  return int(std::min<int64_t>((count + kThreads - 1) / kThreads, 65535 * 8));
+}
+
+#ifdef __CUDACC__
+template <typename Fn> __global__ void indexKernel(int64_t count, Fn fn) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x)
+    fn(i);
+}
+
+/// fn(i) for i in [0, count), on the device.
+template <typename Fn> inline void forEachIndex(size_t count, Fn fn) {
+  if (count == 0) return;
+  indexKernel<<<blocksFor(int64_t(count)), kThreads, 0, stream()>>>(int64_t(count), fn);
+  check(cudaGetLastError(), "elementwise kernel launch");
+}
+
+template <size_t N> struct StridedBox {
+  int rank = 0;
+  int64_t count = 1;
+  int64_t sizes[kMaxRank] = {};
+  int64_t strides[N][kMaxRank] = {};
+  int64_t base[N] = {};
+};
+
+template <size_t N, typename Fn> __global__ void boxKernel(StridedBox<N> box, Fn fn) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < box.count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    std::array<int64_t, N> at;
+    for (size_t k = 0; k < N; ++k)
+      at[k] = box.base[k];
+    int64_t linear = i;
+    for (int d = box.rank - 1; d >= 0; --d) {
+      int64_t index = linear % box.sizes[d];
+      linear /= box.sizes[d];
+      for (size_t k = 0; k < N; ++k)
+        at[k] += index * box.strides[k][d];
+    }
+    fn(at);
+  }
+}
+
+/// meshc::gen::forEach on the device: fn(offsets) for every point of the box (any order).
+template <size_t N, typename Fn>
+inline void forEach(const Shape& sizes, const std::array<Shape, N>& strides,
+                    std::array<int64_t, N> offsets, Fn fn) {
+  if (sizes.size() > size_t(kMaxRank)) throw std::length_error("meshc::cuda::forEach: rank > 12");
+  StridedBox<N> box;
+  box.rank = int(sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    box.sizes[d] = sizes[d];
+    box.count *= sizes[d];
+    for (size_t k = 0; k < N; ++k)
+      box.strides[k][d] = strides[k][d];
+  }
+  for (size_t k = 0; k < N; ++k)
+    box.base[k] = offsets[k];
+  if (box.count <= 0) return;
+  boxKernel<N><<<blocksFor(box.count), kThreads, 0, stream()>>>(box, fn);
+  check(cudaGetLastError(), "strided kernel launch");
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Data movement (the bodies of meshc::gen's, as device lambdas)
+//===------------------------------------------------------------------------------------------===//
+
+inline void copyStrided(float* out, const Shape& sizes, const Shape& outStrides, const float* in,
+                        const Shape& inStrides, int64_t inBase = 0) {
+  forEach<2>(sizes, {outStrides, inStrides}, {0, inBase},
+             [=] __device__(const std::array<int64_t, 2>& at) { out[at[0]] = in[at[1]]; });
+}
+
+inline void reshape(float* out, const Shape& outSizes, const float* in, const Shape& otherStrides,
+                    const Shape& linearStrides, const Shape& fromSizes, const Shape& fromStrides,
+                    int64_t linearBase = 0) {
+  std::vector<int64_t> offsets = gen::offsetsOf(fromSizes, fromStrides);
+  meshrt::cuda::Scratch scratch(offsets.size() * sizeof(int64_t));
+  const int64_t* fromOffsets = meshrt::cuda::upload(scratch, offsets);
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), otherStrides, linearStrides}, {0, 0, linearBase},
+             [=] __device__(const std::array<int64_t, 3>& at) {
+               out[at[0]] = in[at[1] + fromOffsets[at[2]]];
+             });
+}
+
+inline void copyWindow(float* out, const float* in, const Shape& outer, const Shape& outOuter,
+                       const Shape& inOuter, int64_t outStride, int64_t inStride, int64_t outSize,
+                       int64_t inSize, int64_t offset) {
+  int64_t begin = std::max<int64_t>(0, offset), end = std::min(outSize, inSize + offset);
+  forEach<2>(outer, {outOuter, inOuter}, {0, 0}, [=] __device__(const std::array<int64_t, 2>& at) {
+    for (int64_t j = begin; j < end; ++j)
+      out[at[0] + j * outStride] = in[at[1] + (j - offset) * inStride];
+  });
+}
+
+inline void oneHot(float* out, const Shape& outSizes, const float* ids, const Shape& idStrides,
+                   const Shape& positionStrides, int64_t start) {
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), idStrides, positionStrides}, {0, 0, start},
+             [=] __device__(const std::array<int64_t, 3>& at) {
+               out[at[0]] = ids[at[1]] == float(at[2]) ? 1.0f : 0.0f;
+             });
+}
+
+inline void gather(float* out, const Shape& outSizes, const float* table, const Shape& tableStrides,
+                   const float* ids, const Shape& idStrides, int64_t rows, int64_t rowStride,
+                   int64_t start) {
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), tableStrides, idStrides}, {0, 0, 0},
+             [=] __device__(const std::array<int64_t, 3>& at) {
+               double id = double(ids[at[2]]) - double(start);
+               out[at[0]] =
+                   id >= 0 && id < double(rows) ? table[at[1] + int64_t(id) * rowStride] : 0.0f;
+             });
+}
+
+inline void iota(float* out, const Shape& outSizes, const Shape& positionStrides, int64_t start) {
+  forEach<2>(outSizes, {rowMajorStrides(outSizes), positionStrides}, {0, start},
+             [=] __device__(const std::array<int64_t, 2>& at) { out[at[0]] = float(at[1]); });
+}
+
+inline void dropout(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
+                    const Shape& globalStrides, int64_t base, uint64_t key, double rate) {
+  double scale = rate < 1 ? 1 / (1 - rate) : 0.0;
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), inStrides, globalStrides}, {0, 0, base},
+             [=] __device__(const std::array<int64_t, 3>& at) {
+               bool keep = meshrt::uniform01(key, uint64_t(at[2])) >= rate;
+               out[at[0]] = keep ? float(double(in[at[1]]) * scale) : 0.0f;
+             });
+}
+
+/// Rows [fromRow, fromRow + rows) of `from` (dim size fromSize) to rows from toRow of `to`, for
+/// every outer index (as meshc::gen::copyRowsBlock).
+inline void copyRowsBlock(float* to, int64_t toSize, int64_t toRow, const float* from,
+                          int64_t fromSize, int64_t fromRow, int64_t rows, int64_t outer,
+                          int64_t inner) {
+  if (rows * inner == 0 || outer == 0) return;
+  size_t width = size_t(rows * inner) * sizeof(float);
+  check(cudaMemcpy2DAsync(to + toRow * inner, size_t(toSize * inner) * sizeof(float),
+                          from + fromRow * inner, size_t(fromSize * inner) * sizeof(float), width,
+                          size_t(outer), cudaMemcpyDeviceToDevice, stream()),
+        "cudaMemcpy2DAsync (rows)");
+}
+
+/// shift along a dim by `offset` (zeros shifted in); split dims exchange whole shards with the
+/// group's permute, as meshc::gen::shift.
+inline void shift(View out, ConstView in, const Shape& sizes, size_t dimIndex, int64_t offset,
+                  meshrt::Communicator* group) {
+  gen::DimView dims = gen::dimView(sizes, dimIndex);
+  int64_t local = dims.size, inner = dims.inner;
+  check(cudaMemsetAsync(out.data(), 0, out.size() * sizeof(float), stream()), "memset (shift)");
+  auto copyRows = [&](const float* source, int64_t sourceStartGlobal, int64_t outStartGlobal) {
+    // out global row g takes source global row g - offset: one contiguous run of rows.
+    int64_t first = std::max<int64_t>(0, sourceStartGlobal + offset - outStartGlobal);
+    int64_t last = std::min<int64_t>(local, sourceStartGlobal + local + offset - outStartGlobal);
+    if (last <= first) return;
+    int64_t from = outStartGlobal + first - offset - sourceStartGlobal;
+    copyRowsBlock(out.data(), local, first, source, local, from, last - first, dims.outer, inner);
+  };
+  if (!group) {
+    copyRows(in.data(), 0, 0);
+    return;
+  }
+  int64_t rank = group->rank(), ranks = group->size(), myStart = rank * local;
+  int64_t low = offset >= 0 ? offset / local : -((-offset + local - 1) / local);
+  int64_t high = offset % local == 0 ? low : low + 1;
+  meshrt::cuda::Scratch received(in.size() * sizeof(float));
+  for (int64_t q = low; q <= high; ++q) {
+    if (q == 0) {
+      copyRows(in.data(), myStart, myStart);
+      continue;
+    }
+    int64_t sendTo = rank + q, recvFrom = rank - q;
+    int send = sendTo >= 0 && sendTo < ranks ? int(sendTo) : meshrt::Communicator::kNoPeer;
+    int recv = recvFrom >= 0 && recvFrom < ranks ? int(recvFrom) : meshrt::Communicator::kNoPeer;
+    group->permute(in.data(), received.as<float>(), in.size(), send, recv);
+    if (recv != meshrt::Communicator::kNoPeer)
+      copyRows(received.as<float>(), recvFrom * local, myStart);
+  }
+}
+#endif // __CUDACC__
+
+//===------------------------------------------------------------------------------------------===//
+// Fills (host RNG, then copied), einsum, reductions, ops along dims
+//===------------------------------------------------------------------------------------------===//
+
+inline size_t elementsOf(const meshrt::kernels::Shard& shard) {
+  size_t count = 1;
+  for (int d = 0; d < shard.localShape.rank; ++d)
+    count *= size_t(shard.localShape[d]);
+  return count;
+}
+
+inline void fillParam(float* device, const meshrt::kernels::Shard& shard, uint64_t seed,
+                      std::string_view path, const meshrt::kernels::Init& init,
+                      meshrt::kernels::ValueType type = meshrt::kernels::ValueType::F32) {
+  std::vector<float> host(elementsOf(shard));
+  meshrt::kernels::fillParam(host.data(), shard, seed, path, init, type);
+  meshrt::cuda::copyToDevice(device, host.data(), host.size() * sizeof(float));
+}
+
+inline void fillRandomNormal(float* device, const meshrt::kernels::Shard& shard, uint64_t seed,
+                             std::string_view streamName, double mean, double stddev,
+                             meshrt::kernels::ValueType type = meshrt::kernels::ValueType::F32) {
+  std::vector<float> host(elementsOf(shard));
+  meshrt::kernels::fillRandomNormal(host.data(), shard, seed, streamName, mean, stddev, type);
+  meshrt::cuda::copyToDevice(device, host.data(), host.size() * sizeof(float));
+}
+
+inline void fillRandomUniform(float* device, const meshrt::kernels::Shard& shard, uint64_t seed,
+                              std::string_view streamName, double min, double max,
+                              meshrt::kernels::ValueType type = meshrt::kernels::ValueType::F32) {
+  std::vector<float> host(elementsOf(shard));
+  meshrt::kernels::fillRandomUniform(host.data(), shard, seed, streamName, min, max, type);
+  meshrt::cuda::copyToDevice(device, host.data(), host.size() * sizeof(float));
+}
+
+inline meshrt::cuda::Gemm gemmOf(const GemmDims& d) {
+  return meshrt::cuda::Gemm{d.batch,  d.m,  d.n,  d.k,        d.aBatch, d.aM,  d.aK,
+                            d.bBatch, d.bK, d.bN, d.outBatch, d.outM,   d.outN};
+}
+
+inline void einsum2(float* out, const float* a, const float* b, const GemmDims& d) {
+  meshrt::cuda::einsum2(out, a, b, gemmOf(d));
+}
+
+inline void einsum2Double(float* out, const float* a, const float* b, const GemmDims& d) {
+  meshrt::cuda::einsum2(out, a, b, gemmOf(d), /*accumulateInDouble=*/true);
+}
+
+inline void einsumGeneric(float* out, const Shape& outSizes, const Shape& contracted,
+                          const std::vector<const float*>& operands,
+                          const std::vector<Shape>& outerStrides,
+                          const std::vector<Shape>& innerStrides) {
+  meshrt::cuda::einsumGeneric(out, outSizes, contracted, operands, outerStrides, innerStrides);
+}
+
+inline void roundBufferBF16(View data) {
+  meshrt::cuda::roundBufferBF16(data.data(), data.size());
+}
+inline void roundBufferF16(View data) {
+  meshrt::cuda::roundBufferF16(data.data(), data.size());
+}
+
+inline void reduce(float* out, const Shape& outSizes, const float* in, const Shape& inOuter,
+                   const Shape& lane, const Shape& laneStrides, Reduce kind, double scale) {
+  meshrt::cuda::Lanes lanes;
+  lanes.inBase = gen::offsetsOf(outSizes, inOuter);
+  lanes.outBase = gen::offsetsOf(outSizes, rowMajorStrides(outSizes));
+  lanes.inOffsets = gen::offsetsOf(lane, laneStrides);
+  meshrt::cuda::row::ReduceKind rowKind = meshrt::cuda::row::ReduceKind::Sum;
+  if (kind == Reduce::Max) rowKind = meshrt::cuda::row::ReduceKind::Max;
+  if (kind == Reduce::Min) rowKind = meshrt::cuda::row::ReduceKind::Min;
+  if (kind == Reduce::LogSumExp) rowKind = meshrt::cuda::row::ReduceKind::LogSumExp;
+  meshrt::cuda::reduce(out, in, lanes, rowKind, scale);
+}
+
+inline void combineLogSumExp(View local, meshrt::Communicator& group) {
+  meshrt::cuda::combineLogSumExp(local.data(), local.size(), group);
+}
+
+inline void along(float* out, const float* in, const Shape& outer, const Shape& inOuter,
+                  const Shape& outOuter, const Shape& lane, const Shape& inLane,
+                  const Shape& outLane, Along kind, double eps, int64_t globalLaneCount,
+                  meshrt::Communicator* group) {
+  meshrt::cuda::Lanes lanes{gen::offsetsOf(outer, inOuter), gen::offsetsOf(outer, outOuter),
+                            gen::offsetsOf(lane, inLane), gen::offsetsOf(lane, outLane)};
+  meshrt::cuda::AlongKind alongKind = meshrt::cuda::AlongKind::Softmax;
+  switch (kind) {
+  case Along::Softmax:
+    break;
+  case Along::LogSoftmax:
+    alongKind = meshrt::cuda::AlongKind::LogSoftmax;
+    break;
+  case Along::LayerNorm:
+    alongKind = meshrt::cuda::AlongKind::LayerNorm;
+    break;
+  case Along::Cumsum:
+    alongKind = meshrt::cuda::AlongKind::Cumsum;
+    break;
+  case Along::CumsumExclusive:
+    alongKind = meshrt::cuda::AlongKind::CumsumExclusive;
+    break;
+  }
+  meshrt::cuda::along(out, in, lanes, alongKind, eps, globalLaneCount, group);
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Collectives over a dim (device buffers; packing as meshc::gen's)
+//===------------------------------------------------------------------------------------------===//
+
+#ifdef __CUDACC__
+inline void allGatherDim(View out, ConstView in, const Shape& inSizes, size_t dimIndex,
+                         meshrt::Communicator& group) {
+  gen::DimView dims = gen::dimView(inSizes, dimIndex);
+  int64_t ranks = group.size();
+  meshrt::cuda::Scratch chunks(in.size() * size_t(ranks) * sizeof(float));
+  group.allGather(in.data(), chunks.as<float>(), in.size());
+  for (int64_t i = 0; i < ranks; ++i)
+    copyRowsBlock(out.data(), dims.size * ranks, i * dims.size, chunks.as<float>() + i * in.size(),
+                  dims.size, 0, dims.size, dims.outer, dims.inner);
+}
+
+inline void reduceScatterDim(View out, ConstView in, const Shape& inSizes, size_t dimIndex,
+                             meshrt::Communicator& group) {
+  gen::DimView dims = gen::dimView(inSizes, dimIndex);
+  int64_t ranks = group.size(), block = dims.size / ranks;
+  meshrt::cuda::Scratch chunks(in.size() * sizeof(float));
+  for (int64_t i = 0; i < ranks; ++i)
+    copyRowsBlock(chunks.as<float>() + i * int64_t(out.size()), block, 0, in.data(), dims.size,
+                  i * block, block, dims.outer, dims.inner);
+  group.reduceScatter(chunks.as<float>(), out.data(), out.size());
+}
+
+inline void allToAllDims(View out, ConstView in, const Shape& inSizes, size_t fromIndex,
+                         size_t toIndex, meshrt::Communicator& group) {
+  int64_t ranks = group.size();
+  Shape chunkSizes = inSizes;
+  chunkSizes[toIndex] /= ranks;
+  int64_t chunk = product(chunkSizes);
+  meshrt::cuda::Scratch send(in.size() * sizeof(float)), received(in.size() * sizeof(float));
+  gen::DimView toView = gen::dimView(inSizes, toIndex);
+  for (int64_t i = 0; i < ranks; ++i)
+    copyRowsBlock(send.as<float>() + i * chunk, chunkSizes[toIndex], 0, in.data(), toView.size,
+                  i * chunkSizes[toIndex], chunkSizes[toIndex], toView.outer, toView.inner);
+  group.allToAll(send.as<float>(), received.as<float>(), size_t(chunk));
+  Shape outSizes = chunkSizes;
+  outSizes[fromIndex] *= ranks;
+  gen::DimView fromView = gen::dimView(chunkSizes, fromIndex);
+  for (int64_t i = 0; i < ranks; ++i)
+    copyRowsBlock(out.data(), outSizes[fromIndex], i * fromView.size,
+                  received.as<float>() + i * chunk, fromView.size, 0, fromView.size, fromView.outer,
+                  fromView.inner);
+}
+
+inline void sliceDim(View out, ConstView in, const Shape& inSizes, size_t dimIndex, int64_t block,
+                     int64_t blocks) {
+  gen::DimView dims = gen::dimView(inSizes, dimIndex);
+  int64_t rows = dims.size / blocks;
+  copyRowsBlock(out.data(), rows, 0, in.data(), dims.size, block * rows, rows, dims.outer,
+                dims.inner);
+}
+#endif // __CUDACC__
+
+/// gatherOutput's all-gather of host shards over the device communicator (uploaded, gathered
+/// with NCCL, downloaded), then placed as meshc::gen::gatherShards does.
+template <typename StartsOf>
+inline gen::Buffer gatherShards(meshrt::Communicator& world, const gen::Buffer& local,
+                                const Shape& localSizes, const Shape& globalSizes,
+                                StartsOf&& startsOf) {
+  meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
+  size_t count = local.size();
+  meshrt::cuda::Scratch localDevice(count * sizeof(float)),
+      allDevice(count * size_t(world.size()) * sizeof(float));
+  meshrt::cuda::copyToDevice(localDevice.get(), local.data(), count * sizeof(float));
+  world.allGather(localDevice.as<float>(), allDevice.as<float>(), count);
+  gen::Buffer all(count * size_t(world.size()));
+  if (!all.empty())
+    check(cudaMemcpyAsync(all.data(), allDevice.get(), all.size() * sizeof(float),
+                          cudaMemcpyDeviceToHost, stream()),
+          "cudaMemcpyAsync (gather)");
+  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (gather)");
+  gen::Buffer global(size_t(product(globalSizes)), 0.0f);
+  Shape globalStrides = rowMajorStrides(globalSizes), localStrides = rowMajorStrides(localSizes);
+  for (int rank = 0; rank < world.size(); ++rank) {
+    Shape starts = startsOf(rank);
+    gen::copyStrided(global.data() + globalBase(starts, globalStrides), localSizes, globalStrides,
+                     all.data() + size_t(rank) * count, localStrides);
+  }
+  return global;
+}
+
+} // namespace meshc::cuda

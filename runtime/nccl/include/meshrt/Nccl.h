@@ -1,0 +1,116 @@
+// meshrt's NCCL backend: one GPU per rank, collectives on device pointers, enqueued on the
+// rank's CUDA stream (the stream generated CUDA code computes on, so that kernels and
+// collectives are ordered without host synchronization).
+//
+// Bootstrap: runNccl() runs every rank of a mesh as a thread of this process, rank r on GPU
+// r % deviceCount (the ncclUniqueId is shared in-process); createNcclWorld() is the building
+// block for other launchers (e.g. one process per GPU across hosts, the id broadcast through
+// MPI by ncclWorldFromMpi when meshrt_nccl is built with MPI).
+//
+// Subgroups are ncclCommSplit of the world (color: the coordinates off the group's axes; key:
+// the row-major rank over the group's axes), created collectively in the order the ranks ask.
+// Every NCCL and CUDA error becomes a CommError naming the collective, the world rank and the
+// error string (ncclGetErrorString / cudaGetErrorString plus ncclGetLastError). Collectives are
+// asynchronous (stream-ordered): an error NCCL reports later (a peer failing) surfaces at the
+// next synchronizing call (barrier, or the caller's stream synchronization) as a CommError.
+// A rank whose thread throws aborts the world communicator (ncclCommAbort) so that the other
+// ranks' pending collectives fail instead of hanging.
+#pragma once
+
+#include "meshrt/Comm.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshrt::nccl {
+
+/// Throws CommError(collective, worldRank, "<what>: <CUDA error string>") unless `status` is
+/// cudaSuccess.
+void checkCuda(cudaError_t status, const char* collective, int worldRank, const char* what);
+/// The same for an NCCL result (with ncclGetLastError's detail when there is one).
+void checkNccl(ncclResult_t status, ncclComm_t comm, const char* collective, int worldRank,
+               const char* what);
+
+/// A communicator over an NCCL communicator. Buffers are device pointers on device(); the
+/// collectives are enqueued on stream() and return without waiting (barrier() waits).
+class NcclCommunicator : public Communicator {
+public:
+  ~NcclCommunicator() override;
+
+  int rank() const override { return rank_; }
+  const Mesh& mesh() const override { return mesh_; }
+  const Mesh& worldMesh() const override { return world_ ? world_->mesh_ : mesh_; }
+  int worldRank() const override { return worldRank_; }
+  int worldRankOf(int groupRank) const override;
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  const char* backend() const override { return "nccl"; }
+  Communicator& subgroup(const std::vector<std::string>& axes) override;
+
+  void barrier() override;
+  void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override;
+  void reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                        ReduceOp op) override;
+  void allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override;
+  void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) override;
+  void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
+                  int recvFrom) override;
+  void broadcastRaw(void* data, size_t count, DType dtype, int root) override;
+
+  /// The CUDA device and stream of this rank (shared by the world and its subgroups).
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  ncclComm_t comm() const { return comm_; }
+  /// Waits for everything enqueued on stream(), turning an asynchronous NCCL or CUDA error into
+  /// a CommError naming `collective`.
+  void synchronize(const char* collective);
+  /// Aborts the NCCL communicators of this rank (the world and its subgroups): the peers'
+  /// pending collectives fail instead of hanging. Used when this rank's program throws.
+  void abort();
+
+  /// The world communicator of `rank` over `mesh`, from an id every rank shares (one rank made
+  /// it with ncclGetUniqueId). Collective over the world's ranks. Sets the current CUDA device.
+  static std::unique_ptr<NcclCommunicator> createWorld(const Mesh& mesh, int rank,
+                                                       const ncclUniqueId& id, int device,
+                                                       std::chrono::milliseconds timeout);
+
+private:
+  NcclCommunicator() = default;
+  /// The world rank's group ranks along `axes` and the split color/key of this rank.
+  void enter(const char* collective);
+  ncclDataType_t ncclType(DType dtype, const char* collective) const;
+  size_t bytesOf(size_t count, DType dtype) const { return count * dtypeSize(dtype); }
+
+  Mesh mesh_;
+  int rank_ = 0, worldRank_ = 0, device_ = 0;
+  std::vector<int> worldRanks_; // group rank -> world rank
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool ownsStream_ = false;
+  std::chrono::milliseconds timeout_{60000};
+  NcclCommunicator* world_ = nullptr; // null for the world itself
+  std::map<std::vector<std::string>, std::unique_ptr<NcclCommunicator>> subgroups_;
+  void* barrierWord_ = nullptr; // one device int for barrier()'s all-reduce
+};
+
+struct NcclOptions {
+  /// The GPUs to use, rank r on devices[r % devices.size()]; empty: every visible device.
+  std::vector<int> devices;
+  std::chrono::milliseconds timeout = defaultTimeout();
+};
+
+/// Runs `program` on every rank of `mesh`, one thread per rank, each with its world
+/// NcclCommunicator (its CUDA device current). Rethrows the first rank's exception after every
+/// rank has finished (a failing rank aborts the communicators, so the others fail too).
+void runNccl(const Mesh& mesh, const std::function<void(Communicator&)>& program,
+             const NcclOptions& options = {});
+
+/// The number of visible CUDA devices (0 when there is none or no driver).
+int deviceCount();
+
+} // namespace meshrt::nccl

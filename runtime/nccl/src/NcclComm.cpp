@@ -1,0 +1,357 @@
+// The NCCL backend (meshrt/Nccl.h): world and subgroup communicators over ncclComm_t, the
+// collectives on the rank's stream, and the in-process launcher (one thread per GPU).
+#include "meshrt/Nccl.h"
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace meshrt::nccl {
+
+void checkCuda(cudaError_t status, const char* collective, int worldRank, const char* what) {
+  if (status == cudaSuccess) return;
+  throw CommError(collective, worldRank,
+                  std::string("nccl backend, rank ") + std::to_string(worldRank) + ", " +
+                      (*collective ? collective : "setup") + ": " + what + ": " +
+                      cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
+}
+
+void checkNccl(ncclResult_t status, ncclComm_t comm, const char* collective, int worldRank,
+               const char* what) {
+  if (status == ncclSuccess) return;
+  std::string detail = ncclGetErrorString(status);
+  if (const char* last = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr); last && *last)
+    detail += " (" + std::string(last) + ")";
+  throw CommError(collective, worldRank,
+                  std::string("nccl backend, rank ") + std::to_string(worldRank) + ", " +
+                      (*collective ? collective : "setup") + ": " + what + ": " + detail);
+}
+
+namespace {
+
+ncclRedOp_t ncclOp(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::Sum:
+    return ncclSum;
+  case ReduceOp::Max:
+    return ncclMax;
+  case ReduceOp::Min:
+    return ncclMin;
+  }
+  return ncclSum;
+}
+
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return aBytes && bBytes && x < y + bBytes && y < x + aBytes;
+}
+
+} // namespace
+
+NcclCommunicator::~NcclCommunicator() {
+  // Subgroups first: they were split from this communicator.
+  subgroups_.clear();
+  if (comm_) ncclCommDestroy(comm_);
+  if (barrierWord_) cudaFree(barrierWord_);
+  if (ownsStream_ && stream_) cudaStreamDestroy(stream_);
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::createWorld(const Mesh& mesh, int rank,
+                                                                const ncclUniqueId& id, int device,
+                                                                std::chrono::milliseconds timeout) {
+  std::unique_ptr<NcclCommunicator> world(new NcclCommunicator());
+  world->mesh_ = mesh;
+  world->rank_ = world->worldRank_ = rank;
+  world->device_ = device;
+  world->timeout_ = timeout;
+  for (int r = 0; r < mesh.size(); ++r)
+    world->worldRanks_.push_back(r);
+  checkCuda(cudaSetDevice(device), "", rank, "cudaSetDevice");
+  checkCuda(cudaStreamCreateWithFlags(&world->stream_, cudaStreamNonBlocking), "", rank,
+            "cudaStreamCreate");
+  world->ownsStream_ = true;
+  checkCuda(cudaMalloc(&world->barrierWord_, sizeof(int32_t)), "", rank, "cudaMalloc");
+  checkCuda(cudaMemset(world->barrierWord_, 0, sizeof(int32_t)), "", rank, "cudaMemset");
+  checkNccl(ncclCommInitRank(&world->comm_, mesh.size(), id, rank), nullptr, "", rank,
+            "ncclCommInitRank");
+  return world;
+}
+
+int NcclCommunicator::worldRankOf(int groupRank) const {
+  if (groupRank < 0 || groupRank >= int(worldRanks_.size()))
+    throw std::out_of_range("worldRankOf: group rank " + std::to_string(groupRank) +
+                            " outside a group of " + std::to_string(worldRanks_.size()));
+  return worldRanks_[size_t(groupRank)];
+}
+
+Communicator& NcclCommunicator::subgroup(const std::vector<std::string>& axes) {
+  std::vector<std::string> meshOrder;
+  for (const MeshAxis& axis : mesh_.axes())
+    meshOrder.push_back(axis.name);
+  if (axes == meshOrder) return *this;
+  auto cached = subgroups_.find(axes);
+  if (cached != subgroups_.end()) return *cached->second;
+  std::vector<MeshAxis> groupAxes;
+  std::vector<int> positions;
+  for (const std::string& name : axes) {
+    int position = mesh_.axisIndex(name);
+    if (position < 0)
+      throw std::invalid_argument("subgroup: no axis '" + name + "' in " + mesh_.str());
+    if (std::count(axes.begin(), axes.end(), name) > 1)
+      throw std::invalid_argument("subgroup: axis '" + name + "' repeated");
+    positions.push_back(position);
+    groupAxes.push_back(mesh_.axes()[size_t(position)]);
+  }
+  // color: row-major over the other axes; key: row-major over `axes` in the given order.
+  std::vector<int> coords = mesh_.coords(rank_);
+  int color = 0, key = 0;
+  for (int a = 0; a < mesh_.numAxes(); ++a)
+    if (std::find(positions.begin(), positions.end(), a) == positions.end())
+      color = color * mesh_.axes()[size_t(a)].size + coords[size_t(a)];
+  for (int position : positions)
+    key = key * mesh_.axes()[size_t(position)].size + coords[size_t(position)];
+
+  std::unique_ptr<NcclCommunicator> group(new NcclCommunicator());
+  group->mesh_ = Mesh(groupAxes);
+  group->rank_ = key;
+  group->worldRank_ = worldRank_;
+  group->device_ = device_;
+  group->stream_ = stream_;
+  group->timeout_ = timeout_;
+  group->world_ = world_ ? world_ : this;
+  group->barrierWord_ = nullptr;
+  for (int g = 0; g < group->mesh_.size(); ++g) {
+    std::vector<int> groupCoords = group->mesh_.coords(g), member = coords;
+    for (size_t i = 0; i < positions.size(); ++i)
+      member[size_t(positions[i])] = groupCoords[i];
+    group->worldRanks_.push_back(worldRankOf(mesh_.rank(member)));
+  }
+  enter("subgroup");
+  checkCuda(cudaMalloc(&group->barrierWord_, sizeof(int32_t)), "subgroup", worldRank_,
+            "cudaMalloc");
+  checkCuda(cudaMemset(group->barrierWord_, 0, sizeof(int32_t)), "subgroup", worldRank_,
+            "cudaMemset");
+  checkNccl(ncclCommSplit(comm_, color, key, &group->comm_, nullptr), comm_, "subgroup", worldRank_,
+            "ncclCommSplit");
+  NcclCommunicator& result = *group;
+  subgroups_.emplace(axes, std::move(group));
+  return result;
+}
+
+void NcclCommunicator::enter(const char* collective) {
+  checkCuda(cudaSetDevice(device_), collective, worldRank_, "cudaSetDevice");
+}
+
+ncclDataType_t NcclCommunicator::ncclType(DType dtype, const char* collective) const {
+  switch (dtype) {
+  case DType::F32:
+    return ncclFloat32;
+  case DType::F64:
+    return ncclFloat64;
+  case DType::I32:
+    return ncclInt32;
+  case DType::Bytes:
+    return ncclUint8;
+  }
+  throw CommError(collective, worldRank_, "nccl backend: unknown dtype");
+}
+
+void NcclCommunicator::synchronize(const char* collective) {
+  enter(collective);
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (;;) {
+    cudaError_t status = cudaStreamQuery(stream_);
+    if (status == cudaSuccess) break;
+    if (status != cudaErrorNotReady) checkCuda(status, collective, worldRank_, "cudaStreamQuery");
+    ncclResult_t async = ncclSuccess;
+    checkNccl(ncclCommGetAsyncError(comm_, &async), comm_, collective, worldRank_,
+              "ncclCommGetAsyncError");
+    checkNccl(async, comm_, collective, worldRank_, "asynchronous error");
+    if (std::chrono::steady_clock::now() > deadline) {
+      abort();
+      throw CommError(collective, worldRank_,
+                      "nccl backend, rank " + std::to_string(worldRank_) + ", " + collective +
+                          ": no completion within " + std::to_string(timeout_.count()) +
+                          " ms (a peer failed or did not arrive); communicators aborted");
+    }
+    std::this_thread::yield();
+  }
+}
+
+void NcclCommunicator::abort() {
+  for (auto& [axes, group] : subgroups_)
+    group->abort();
+  if (comm_) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+}
+
+void NcclCommunicator::barrier() {
+  enter("barrier");
+  checkNccl(ncclAllReduce(barrierWord_, barrierWord_, 1, ncclInt32, ncclSum, comm_, stream_), comm_,
+            "barrier", worldRank_, "ncclAllReduce");
+  synchronize("barrier");
+}
+
+void NcclCommunicator::allReduceRaw(const void* in, void* out, size_t count, DType dtype,
+                                    ReduceOp op) {
+  const char* name = "allReduce";
+  if (in != out && overlaps(in, bytesOf(count, dtype), out, bytesOf(count, dtype)))
+    throw CommError(name, worldRank_, "allReduce: in and out overlap (in place needs in == out)");
+  enter(name);
+  checkNccl(ncclAllReduce(in, out, count, ncclType(dtype, name), ncclOp(op), comm_, stream_), comm_,
+            name, worldRank_, "ncclAllReduce");
+}
+
+void NcclCommunicator::reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                                        ReduceOp op) {
+  const char* name = "reduceScatter";
+  size_t chunk = bytesOf(countPerRank, dtype);
+  const void* inPlace = static_cast<const char*>(in) + size_t(rank_) * chunk;
+  if (out != inPlace && overlaps(in, chunk * size_t(size()), out, chunk))
+    throw CommError(name, worldRank_, "reduceScatter: in and out overlap other than in place");
+  enter(name);
+  checkNccl(
+      ncclReduceScatter(in, out, countPerRank, ncclType(dtype, name), ncclOp(op), comm_, stream_),
+      comm_, name, worldRank_, "ncclReduceScatter");
+}
+
+void NcclCommunicator::allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) {
+  const char* name = "allGather";
+  size_t chunk = bytesOf(countPerRank, dtype);
+  const void* inPlace = static_cast<const char*>(out) + size_t(rank_) * chunk;
+  if (in != inPlace && overlaps(in, chunk, out, chunk * size_t(size())))
+    throw CommError(name, worldRank_, "allGather: in and out overlap other than in place");
+  enter(name);
+  checkNccl(ncclAllGather(in, out, countPerRank, ncclType(dtype, name), comm_, stream_), comm_,
+            name, worldRank_, "ncclAllGather");
+}
+
+void NcclCommunicator::allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) {
+  const char* name = "allToAll";
+  size_t chunk = bytesOf(countPerRank, dtype);
+  if (overlaps(in, chunk * size_t(size()), out, chunk * size_t(size())))
+    throw CommError(name, worldRank_, "allToAll: in and out overlap");
+  enter(name);
+  ncclDataType_t type = ncclType(dtype, name);
+  checkNccl(ncclGroupStart(), comm_, name, worldRank_, "ncclGroupStart");
+  for (int peer = 0; peer < size(); ++peer) {
+    checkNccl(ncclSend(static_cast<const char*>(in) + size_t(peer) * chunk, countPerRank, type,
+                       peer, comm_, stream_),
+              comm_, name, worldRank_, "ncclSend");
+    checkNccl(ncclRecv(static_cast<char*>(out) + size_t(peer) * chunk, countPerRank, type, peer,
+                       comm_, stream_),
+              comm_, name, worldRank_, "ncclRecv");
+  }
+  checkNccl(ncclGroupEnd(), comm_, name, worldRank_, "ncclGroupEnd");
+}
+
+void NcclCommunicator::permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
+                                  int recvFrom) {
+  const char* name = "permute";
+  if (overlaps(in, bytesOf(count, dtype), out, bytesOf(count, dtype)))
+    throw CommError(name, worldRank_, "permute: in and out overlap");
+  for (int peer : {sendTo, recvFrom})
+    if (peer != kNoPeer && (peer < 0 || peer >= size()))
+      throw CommError(name, worldRank_,
+                      "permute: peer " + std::to_string(peer) + " outside a group of " +
+                          std::to_string(size()));
+  enter(name);
+  // The pairs must agree (a sends to b iff b receives from a): every rank's pair, gathered.
+  std::vector<int32_t> pairs(2 * size_t(size()));
+  int32_t* devicePairs = nullptr;
+  checkCuda(cudaMallocAsync(reinterpret_cast<void**>(&devicePairs), pairs.size() * sizeof(int32_t),
+                            stream_),
+            name, worldRank_, "cudaMallocAsync");
+  int32_t mine[2] = {sendTo, recvFrom};
+  checkCuda(
+      cudaMemcpyAsync(devicePairs + 2 * rank_, mine, sizeof mine, cudaMemcpyHostToDevice, stream_),
+      name, worldRank_, "cudaMemcpyAsync");
+  checkNccl(ncclAllGather(devicePairs + 2 * rank_, devicePairs, 2, ncclInt32, comm_, stream_),
+            comm_, name, worldRank_, "ncclAllGather of the peers");
+  checkCuda(cudaMemcpyAsync(pairs.data(), devicePairs, pairs.size() * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_),
+            name, worldRank_, "cudaMemcpyAsync");
+  checkCuda(cudaFreeAsync(devicePairs, stream_), name, worldRank_, "cudaFreeAsync");
+  synchronize(name);
+  for (int a = 0; a < size(); ++a) {
+    int to = pairs[2 * size_t(a)];
+    if (to != kNoPeer && pairs[2 * size_t(to) + 1] != a)
+      throw CommError(name, worldRank_,
+                      "permute: group rank " + std::to_string(a) + " sends to " +
+                          std::to_string(to) + " but that rank receives from " +
+                          std::to_string(pairs[2 * size_t(to) + 1]));
+  }
+  ncclDataType_t type = ncclType(dtype, name);
+  checkNccl(ncclGroupStart(), comm_, name, worldRank_, "ncclGroupStart");
+  if (sendTo != kNoPeer)
+    checkNccl(ncclSend(in, count, type, sendTo, comm_, stream_), comm_, name, worldRank_,
+              "ncclSend");
+  if (recvFrom != kNoPeer)
+    checkNccl(ncclRecv(out, count, type, recvFrom, comm_, stream_), comm_, name, worldRank_,
+              "ncclRecv");
+  checkNccl(ncclGroupEnd(), comm_, name, worldRank_, "ncclGroupEnd");
+  if (recvFrom == kNoPeer)
+    checkCuda(cudaMemsetAsync(out, 0, bytesOf(count, dtype), stream_), name, worldRank_,
+              "cudaMemsetAsync");
+}
+
+void NcclCommunicator::broadcastRaw(void* data, size_t count, DType dtype, int root) {
+  const char* name = "broadcast";
+  if (root < 0 || root >= size())
+    throw CommError(name, worldRank_,
+                    "broadcast: root " + std::to_string(root) + " outside a group of " +
+                        std::to_string(size()));
+  enter(name);
+  checkNccl(ncclBroadcast(data, data, count, ncclType(dtype, name), root, comm_, stream_), comm_,
+            name, worldRank_, "ncclBroadcast");
+}
+
+int deviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError(); // clear the sticky "no device / no driver" state
+    return 0;
+  }
+  return count;
+}
+
+void runNccl(const Mesh& mesh, const std::function<void(Communicator&)>& program,
+             const NcclOptions& options) {
+  std::vector<int> devices = options.devices;
+  if (devices.empty())
+    for (int d = 0, n = deviceCount(); d < n; ++d)
+      devices.push_back(d);
+  if (devices.empty()) throw CommError("", 0, "nccl backend: no CUDA device is visible");
+  if (int(devices.size()) < mesh.size())
+    throw CommError("", 0,
+                    "nccl backend: the mesh " + mesh.str() + " needs " +
+                        std::to_string(mesh.size()) + " GPUs (one per rank) but " +
+                        std::to_string(devices.size()) + " are visible");
+  ncclUniqueId id;
+  checkNccl(ncclGetUniqueId(&id), nullptr, "", 0, "ncclGetUniqueId");
+  std::mutex mutex;
+  std::exception_ptr firstError;
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < mesh.size(); ++rank)
+    ranks.emplace_back([&, rank] {
+      std::unique_ptr<NcclCommunicator> world;
+      try {
+        world =
+            NcclCommunicator::createWorld(mesh, rank, id, devices[size_t(rank)], options.timeout);
+        program(*world);
+        world->synchronize("");
+      } catch (...) {
+        if (world) world->abort();
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!firstError) firstError = std::current_exception();
+      }
+    });
+  for (std::thread& rank : ranks)
+    rank.join();
+  if (firstError) std::rethrow_exception(firstError);
+}
+
+} // namespace meshrt::nccl

@@ -1,0 +1,116 @@
+// The CUDA target of the emitter (codegen/CudaEmitter.h) on the MLP example: the retargeted
+// text (device support names, fused groups as __device__ lambdas, einsum through cuBLAS, the
+// context prologue, the NCCL runner), the precision mode, and the located error for a train
+// block with parameter updates (backward and optimizer), which the CUDA target rejects.
+#include "codegen/CudaEmitter.h"
+#include "planner/Planner.h"
+#include "sema/Sema.h"
+
+#include <catch2/catch.hpp>
+
+using namespace meshc;
+
+namespace {
+
+struct Planned {
+  llvm::SourceMgr sources;
+  std::string errors;
+  llvm::raw_string_ostream errorStream{errors};
+  DiagEngine diag{sources, errorStream};
+  std::optional<ir::Module> module;
+  std::optional<std::vector<plan::PlannedFunction>> plans;
+
+  explicit Planned(const std::string& example) {
+    std::optional<SourceSet> set =
+        loadSources(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/" + example, diag);
+    if (set) module = analyze(*set, diag);
+    REQUIRE(module);
+    plans = plan::planModule(*module, plan::PlannerOptions{}, diag);
+    REQUIRE(plans);
+  }
+};
+
+/// Whether `result` holds a value (else fails with its error).
+template <class T> bool succeeded(llvm::Expected<T>& result) {
+  if (!result) FAIL(llvm::toString(result.takeError()));
+  return true;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("the CUDA target retargets the one emitter's output", "[cuda][codegen]") {
+  Planned mlp("mlp.mesh");
+  codegen::CudaOptions options;
+  options.cpp.headerInclude = "mlp.h";
+  options.cpp.runner = true;
+  llvm::Expected<codegen::CppOutput> cuda = codegen::emitCuda(*mlp.module, *mlp.plans, options);
+  REQUIRE(succeeded(cuda));
+  llvm::Expected<codegen::CppOutput> cpu = codegen::emitCpp(*mlp.module, *mlp.plans, options.cpp);
+  REQUIRE(succeeded(cpu));
+
+  // No CPU support name is left; the device support header and the NCCL runner are used.
+  for (const std::string* text : {&cuda->header, &cuda->source})
+    REQUIRE(count(*text, "meshc::gen::") == 0);
+  REQUIRE(count(cuda->header, "#include \"meshc/CudaSupport.h\"") == 1);
+  REQUIRE(count(cuda->header, "meshc::cuda::Buffer param") ==
+          count(cpu->header, "meshc::gen::Buffer param"));
+  REQUIRE(count(cuda->runner, "meshrt::nccl::runNccl(") == 2);
+  REQUIRE(count(cuda->runner, "meshrt::runThreads(") == 0);
+
+  // Every fused loop of the CPU code is one device lambda; f32 einsums go to cuBLAS (einsum2).
+  size_t cpuLoops =
+      count(cpu->source, "for (size_t i = 0;") + count(cpu->source, "meshc::gen::forEach<");
+  REQUIRE(cpuLoops > 0);
+  REQUIRE(count(cuda->source, "__device__") == cpuLoops);
+  REQUIRE(count(cuda->source, "meshc::cuda::einsum2(") == count(cpu->source, "EinsumPlan einsum"));
+  REQUIRE(count(cuda->source, "meshrt::kernels::EinsumPlan") == 0);
+  // The parameters' random init runs through the host fills, then to the device.
+  REQUIRE(count(cuda->source, "meshc::cuda::fillParam(") ==
+          count(cpu->source, "meshrt::kernels::fillParam("));
+  // One context prologue per constructor and per run(), in the default precision.
+  REQUIRE(
+      count(cuda->source, "meshc::cuda::Scope cudaScope(world_, meshc::cuda::MathMode::FP32)") ==
+      2 * mlp.plans->size());
+
+  options.math = "bf16";
+  llvm::Expected<codegen::CppOutput> bf16 = codegen::emitCuda(*mlp.module, *mlp.plans, options);
+  REQUIRE(succeeded(bf16));
+  REQUIRE(count(bf16->source, "MathMode::BF16") == 2 * mlp.plans->size());
+
+  options.math = "fp8";
+  llvm::Expected<codegen::CppOutput> bad = codegen::emitCuda(*mlp.module, *mlp.plans, options);
+  REQUIRE(!static_cast<bool>(bad));
+  REQUIRE(llvm::toString(bad.takeError()).find("unknown CUDA math mode 'fp8'") !=
+          std::string::npos);
+}
+
+TEST_CASE("the CUDA target rejects train blocks with parameter updates, located",
+          "[cuda][codegen]") {
+  Planned mlp("mlp.mesh");
+  ir::Function* train = nullptr;
+  for (ir::Function& function : mlp.module->functions)
+    if (function.kind == ir::Function::Kind::Train) train = &function;
+  REQUIRE(train);
+  REQUIRE(!train->params.empty());
+  // An SGD-like update of the first parameter (its value: any value of the function).
+  train->updates.push_back(ir::ParamUpdate{0, 0});
+  llvm::Expected<codegen::CppOutput> cuda =
+      codegen::emitCuda(*mlp.module, *mlp.plans, codegen::CudaOptions{});
+  REQUIRE(!static_cast<bool>(cuda));
+  std::string message = llvm::toString(cuda.takeError());
+  REQUIRE(message.find(fmt::format("mlp.mesh:{}:{}: the CUDA target does not support train "
+                                   "blocks with parameter updates",
+                                   train->loc.line, train->loc.col)) != std::string::npos);
+  // Without updates the same train block is emitted.
+  train->updates.clear();
+  llvm::Expected<codegen::CppOutput> again =
+      codegen::emitCuda(*mlp.module, *mlp.plans, codegen::CudaOptions{});
+  REQUIRE(succeeded(again));
+}

@@ -1,0 +1,86 @@
+// The NCCL backend (meshrt/Nccl.h). Without a GPU (CI) it checks the failure path: runNccl
+// reports the missing devices as a CommError instead of crashing or hanging. With GPUs
+// (tests/gpu/run.sh) it runs real collectives: all-reduce, subgroup all-gather by
+// ncclCommSplit, and a permute, on as many ranks as there are GPUs (up to 8).
+#include <catch2/catch.hpp>
+
+#include "meshrt/Nccl.h"
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+using meshrt::CommError;
+using meshrt::Mesh;
+
+namespace {
+
+std::vector<float> download(const float* device, size_t count) {
+  std::vector<float> host(count);
+  REQUIRE(cudaMemcpy(host.data(), device, count * sizeof(float), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
+  return host;
+}
+
+} // namespace
+
+TEST_CASE("runNccl needs one GPU per rank and says so", "[cuda][nccl]") {
+  int devices = meshrt::nccl::deviceCount();
+  Mesh tooBig({{"data", devices + 1}});
+  try {
+    meshrt::nccl::runNccl(tooBig, [](meshrt::Communicator&) { FAIL("ran without a GPU"); });
+    FAIL("no error");
+  } catch (const CommError& error) {
+    std::string message = error.what();
+    if (devices == 0)
+      REQUIRE(message.find("no CUDA device") != std::string::npos);
+    else
+      REQUIRE(message.find("needs " + std::to_string(devices + 1) + " GPUs") != std::string::npos);
+  }
+}
+
+TEST_CASE("NCCL collectives on device buffers", "[cuda][nccl]") {
+  int devices = std::min(meshrt::nccl::deviceCount(), 8);
+  if (devices == 0) {
+    WARN("no GPU: only the failure path above runs here (tests/gpu/run.sh runs this one)");
+    return;
+  }
+  int data = devices % 2 == 0 ? 2 : 1;
+  Mesh mesh({{"data", data}, {"model", devices / data}});
+  meshrt::nccl::runNccl(mesh, [&](meshrt::Communicator& world) {
+    auto& nccl = dynamic_cast<meshrt::nccl::NcclCommunicator&>(world);
+    const size_t count = 1000;
+    float* buffer = nullptr;
+    float* gathered = nullptr;
+    REQUIRE(cudaMalloc(&buffer, count * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMalloc(&gathered, count * sizeof(float) * size_t(world.size())) == cudaSuccess);
+    std::vector<float> mine(count, float(world.rank() + 1));
+    REQUIRE(cudaMemcpy(buffer, mine.data(), count * sizeof(float), cudaMemcpyHostToDevice) ==
+            cudaSuccess);
+    world.allReduce(buffer, count);
+    nccl.synchronize("test");
+    float expected = float(world.size() * (world.size() + 1) / 2);
+    for (float x : download(buffer, count))
+      REQUIRE(x == expected);
+
+    meshrt::Communicator& model = world.subgroup({"model"});
+    REQUIRE(model.size() == mesh.axisSize("model"));
+    REQUIRE(model.rank() == world.coord("model"));
+    float value = float(world.rank());
+    REQUIRE(cudaMemcpy(buffer, &value, sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+    model.allGather(buffer, gathered, 1);
+    nccl.synchronize("test");
+    std::vector<float> got = download(gathered, size_t(model.size()));
+    for (int g = 0; g < model.size(); ++g)
+      REQUIRE(got[size_t(g)] == float(model.worldRankOf(g)));
+
+    // shift by one with zeros: rank r receives rank r-1's value.
+    model.shift(buffer, gathered, 1, 1, meshrt::Boundary::Zero);
+    nccl.synchronize("test");
+    float received = download(gathered, 1)[0];
+    REQUIRE(received == (model.rank() == 0 ? 0.0f : float(model.worldRankOf(model.rank() - 1))));
+    world.barrier();
+    cudaFree(buffer);
+    cudaFree(gathered);
+  });
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The prepared device check for a GPU machine (one command, under 8 minutes with 16 cores):
+#   tests/gpu/run.sh [results-file]        (default: build-gpu/gpu-results.txt)
+# 1. installs what is missing (scripts/install-deps) and builds meshc, meshrt_cuda, meshrt_nccl
+#    and the GPU programs with CUDA (build-gpu/, sm_90);
+# 2. runs the NCCL backend's collectives test, the lane-math unit test and every device support
+#    function against its CPU version (tests/gpu/support_check.cu);
+# 3. end-to-end equivalence on the GPU: every example compiled with --emit=cuda for the mesh
+#    [data=1] and for [data=<all GPUs>] (layout auto), run on one GPU per rank and compared
+#    with the reference interpreter (tests/e2e/compare_outputs.py, f32 tolerance 1e-4); the
+#    transformer also with --cuda-math=tf32 and bf16 (tolerance 1e-2);
+# 4. generated einsum (meshrt::cuda::einsum2) against raw cuBLAS on transformer shapes;
+# 5. NCCL all-reduce bus bandwidth on every GPU (compare with the nccl-tests figures in the
+#    brief: 8xH200 ~240 GB/s at 16 MiB, ~368 at 64 MiB).
+# Every step's output goes to stdout and to the results file; the exit status is the number of
+# failed steps (0: all passed).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=${MESHC_GPU_BUILD:-$ROOT/build-gpu}
+RESULTS=${1:-$BUILD/gpu-results.txt}
+JOBS=$(nproc)
+mkdir -p "$BUILD"
+: >"$RESULTS"
+failures=0
+started=$(date +%s)
+log() { echo "$*" | tee -a "$RESULTS"; }
+step() { # step <name> <command...>: runs, logs, counts a failure
+  local name=$1
+  shift
+  log "=== $name ($(($(date +%s) - started)) s)"
+  "$@" 2>&1 | tee -a "$RESULTS"
+  local status=${PIPESTATUS[0]}
+  if [ "$status" -ne 0 ]; then
+    log "FAILED: $name (exit $status)"
+    failures=$((failures + 1))
+  fi
+  return "$status"
+}
+
+log "meshc GPU check, $(date -u), $(nvidia-smi -L 2>/dev/null | wc -l) GPU(s)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$RESULTS"
+
+# 1. Dependencies and build.
+# (idempotent: installs only the missing Debian packages)
+step "install-deps" "$ROOT/scripts/install-deps" || exit 1
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+step "configure" cmake -G Ninja -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMESHC_CUDA=ON \
+  -DMESHC_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 "${launcher[@]}" || exit 1
+step "build" ninja -C "$BUILD" -j"$JOBS" meshc meshrt_cuda meshrt_nccl test_cuda_rowmath \
+  test_nccl_comm gpu_einsum_bench gpu_nccl_bandwidth gpu_support_check || exit 1
+
+# 2. Unit tests (the NCCL one runs real collectives when GPUs are present).
+step "unit: NCCL backend collectives" timeout 120 "$BUILD/tests/cuda/test_nccl_comm" -s
+step "unit: lane math" timeout 60 "$BUILD/tests/cuda/test_cuda_rowmath"
+step "device support functions vs the CPU's" timeout 120 "$BUILD/tests/cuda/gpu_support_check"
+
+# 3. End-to-end equivalence: compile every case in parallel, then run them one after another.
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ "$gpus" -ge 1 ] || gpus=1
+meshes=("data=1")
+[ "$gpus" -gt 1 ] && meshes+=("data=$gpus")
+cases=()
+for example in mlp transformer bert performer moe vit; do
+  for mesh in "${meshes[@]}"; do cases+=("$example|$mesh|fp32"); done
+done
+cases+=("transformer|data=1|tf32" "transformer|data=1|bf16")
+CUDA_INCLUDE=$(dirname "$(find /usr/include -name cblas.h -path '*openblas*' | head -1)")
+compile_case() { # compile_case <example|mesh|math> [extra args]
+  IFS='|' read -r example mesh math <<<"$1"
+  shift
+  python3 "$ROOT/tests/cuda/compile_example.py" --meshc "$BUILD/compiler/tools/meshc" \
+    --example "$ROOT/dsl-examples/$example.mesh" --workdir "$BUILD/gpu-e2e/$example-$mesh-$math" \
+    --nvcc "${CUDACXX:-/usr/local/cuda/bin/nvcc}" --mesh "$mesh" --layout auto --math "$math" \
+    --include "$ROOT/runtime/include" --include "$ROOT/runtime/kernels/include" \
+    --include "$ROOT/runtime/cuda/include" --include "$ROOT/runtime/nccl/include" \
+    --include "$ROOT/compiler/codegen/support" --include "$CUDA_INCLUDE" \
+    --lib="$BUILD/runtime/cuda/libmeshrt_cuda.a" --lib="$BUILD/runtime/nccl/libmeshrt_nccl.a" \
+    --lib="$BUILD/runtime/kernels/libmeshrt_kernels.a" --lib="$BUILD/runtime/libmeshrt.a" \
+    --lib=-lopenblas "$@"
+}
+export -f compile_case
+export ROOT BUILD CUDA_INCLUDE
+step "e2e: compile ${#cases[@]} cases with nvcc" \
+  bash -c 'printf "%s\n" "$@" | xargs -P '"$JOBS"' -I{} bash -c "compile_case \"{}\"" ' _ "${cases[@]}"
+passed=0
+for c in "${cases[@]}"; do
+  if step "e2e: $c (generated CUDA vs interpreter)" timeout 120 bash -c "compile_case '$c' --reuse --check"; then
+    passed=$((passed + 1))
+  fi
+done
+log "e2e: $passed of ${#cases[@]} cases match the interpreter"
+
+# 4. and 5. Figures.
+step "einsum: generated vs raw cuBLAS" timeout 120 "$BUILD/tests/cuda/gpu_einsum_bench"
+step "NCCL all-reduce bus bandwidth" timeout 180 "$BUILD/tests/cuda/gpu_nccl_bandwidth"
+
+log "done in $(($(date +%s) - started)) s, $failures failed step(s); results in $RESULTS"
+exit "$failures"
