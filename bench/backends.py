@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""The MPI backend against the threads backend: the same generated binary (the MLP and the
+Transformer forward pass on [data=2, model=2], sizes raised so that a step is not all latency)
+run on 4 thread ranks and as 4 MPI processes under mpirun, alternately, in one run. Each binary
+is first checked against the interpreter on both backends (tests/e2e/run_case.py). Prints the
+best median step time of each and the ratio MPI / threads (expect > 1: MPI copies through shared
+memory and its processes contend for the same cores).
+
+usage: bench/backends.py [build-dir] [--rounds N]
+       (build-dir default: build; needs meshc, meshrt_launch with MPI, meshrt_kernels)"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANKS = 4
+MESH = "data=2,model=2"
+# example -> meshc size overrides.
+CASES = {
+    "mlp": ["--dim=batch=256", "--dim=d_model=256", "--dim=d_ff=1024"],
+    "transformer": ["--dim=batch=8", "--dim=seq=64", "--dim=mem=64"],
+}
+# As root and on fewer cores than ranks (as in CI); shared memory transport only.
+MPI_ENV = {"OMPI_MCA_btl": "self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+
+
+def mpirun():
+    path = shutil.which("mpirun")
+    if not path:
+        sys.exit("bench/backends.py: no mpirun on PATH (scripts/install-deps installs OpenMPI)")
+    return [path, "--allow-run-as-root", "--oversubscribe", "-np", str(RANKS)]
+
+
+def build_and_check(build, example, sizes):
+    """Builds the example's runner and checks it against the interpreter on both backends."""
+    workdir = os.path.join(build, f"bench-backends-{example}")
+    for extra in (["--backend", "threads"],
+                  ["--backend", "mpi", "--launcher", " ".join(mpirun())]):
+        out = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "tests", "e2e", "run_case.py"), "--build-dir",
+             build, "--example", os.path.join(ROOT, "dsl-examples", example + ".mesh"), "--mesh",
+             MESH, "--opt=-O2", "--workdir", workdir, *["--meshc-arg=" + s for s in sizes],
+             *extra], capture_output=True, text=True, env={**os.environ, **MPI_ENV})
+        if out.returncode != 0:
+            sys.exit(f"bench/backends.py: {example} {extra[1]} failed\n{out.stdout}{out.stderr}")
+    return os.path.join(workdir, example + ".bin")
+
+
+def median_ms(command, program):
+    text = subprocess.run(command, capture_output=True, text=True, check=True,
+                          env={**os.environ, **MPI_ENV}).stdout
+    match = re.search(rf"program {program}: {RANKS} ranks, run ([\d.]+) ms median", text)
+    if not match:
+        sys.exit(f"bench/backends.py: no timing of program {program} in\n{text}")
+    return float(match.group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("build", nargs="?", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(f"generated forward passes on {RANKS} ranks [{MESH}], threads backend vs MPI backend "
+          f"(mpirun -np {RANKS}, {os.cpu_count()} cores); best of {args.rounds} rounds of the "
+          "runner's median step time")
+    print(f"{'program':<12} {'threads ms':>11} {'mpi ms':>11} {'mpi / threads':>14}")
+    for example, sizes in CASES.items():
+        binary = build_and_check(args.build, example, sizes)
+        threads = [binary, "--backend", "threads", os.devnull]
+        mpi = mpirun() + [binary, "--backend", "mpi", os.devnull]
+        times = {"threads": [], "mpi": []}
+        for _ in range(args.rounds):  # alternate, so that both see the same machine load
+            times["threads"].append(median_ms(threads, example))
+            times["mpi"].append(median_ms(mpi, example))
+        t, m = min(times["threads"]), min(times["mpi"])
+        print(f"{example:<12} {t:>11.3f} {m:>11.3f} {m / t:>13.2f}x")
+
+
+if __name__ == "__main__":
+    main()
