@@ -1431,7 +1431,9 @@ std::string FunctionEmitter::runnerBody() const {
   std::string kindWord = fn.kind == ir::Function::Kind::Train ? "train" : "program";
   // One warm-up run, then kTimedRuns timed ones; the time of a run is its slowest rank's (a max
   // all-reduce, so that it also holds when the ranks are processes).
-  s += fmt::format("{{\n// {} {}\nstd::vector<double> milliseconds;\n", kindWord, fn.name);
+  s += fmt::format("{{\n// {} {}\nstd::vector<double> milliseconds;\nconst char* backend = "
+                   "\"\";\n",
+                   kindWord, fn.name);
   s += fmt::format("lead = meshrt::launch({}::mesh(), launchOptions, [&](meshrt::Communicator& "
                    "world) {{\n",
                    name);
@@ -1443,7 +1445,7 @@ std::string FunctionEmitter::runnerBody() const {
        "outputs = program.run(inputs);\nruns[size_t(i)] = std::chrono::duration<double, "
        "std::milli>(std::chrono::steady_clock::now() - start).count();\n}\n"
        "world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);\n"
-       "if (world.rank() == 0) milliseconds = runs;\n";
+       "if (world.rank() == 0) {\nmilliseconds = runs;\nbackend = world.backend();\n}\n";
   for (const auto& [outName, id] : fn.outputs) {
     std::string field = identifier(outName), gathered = "gathered_" + field;
     s += fmt::format("auto {} = {}::gatherOutput(world, {}, outputs.{});\n", gathered, name,
@@ -1454,7 +1456,7 @@ std::string FunctionEmitter::runnerBody() const {
                      gathered, gathered);
   }
   s += "});\n";
-  s += fmt::format("if (lead) report({}, {}::mesh().size(), milliseconds);\n}}\n",
+  s += fmt::format("if (lead) report({}, {}::mesh().size(), backend, milliseconds);\n}}\n",
                    quote(kindWord + " " + fn.name), name);
   return s;
 }
@@ -1524,11 +1526,11 @@ llvm::Expected<CppOutput> emitCpp(const ir::Module& module,
          "data;\n};\n\n";
     r += "constexpr int kTimedRuns = 5;\n\n"
          "/// Prints the median and best of the timed runs (each: its slowest rank).\n"
-         "void report(const char* what, int ranks, std::vector<double> runs) {\n"
-         "std::sort(runs.begin(), runs.end());\n"
+         "void report(const char* what, int ranks, const char* backend, std::vector<double> runs) "
+         "{\nstd::sort(runs.begin(), runs.end());\n"
          "std::printf(\"%s: %d ranks, run %.3f ms median, %.3f ms best of %d (slowest rank; "
-         "after a warm-up run)\\n\", what, ranks, runs[runs.size() / 2], runs.front(), "
-         "kTimedRuns);\n}\n\n";
+         "after a warm-up run; %s backend)\\n\", what, ranks, runs[runs.size() / 2], "
+         "runs.front(), kTimedRuns, backend);\n}\n\n";
     // Under MPI every process runs main; only the one holding world rank 0 (`lead`) reports and
     // writes the outputs.
     r += "int main(int argc, char** argv) {\nstd::vector<Result> results;\nbool lead = true;\n"

@@ -121,7 +121,8 @@ MPI_Op mpiOp(ReduceOp op) {
 std::string mpiErrorText(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
   return std::string(text, size_t(length));
 }
 
@@ -229,8 +230,8 @@ public:
     if (size() == 1) return copyBytes(out, in, bytes);
     MPI_Request request;
     check(call,
-          MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, mpiCount(call, count),
-                         mpiType(dtype), mpiOp(op), comm_, &request),
+          MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, mpiCount(call, count), mpiType(dtype),
+                         mpiOp(op), comm_, &request),
           "MPI_Iallreduce");
     complete(call, &request, 1);
   }
@@ -301,8 +302,13 @@ public:
 
   void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
                   int recvFrom) override {
-    Call call{int64_t(Kind::Permute), int64_t(dtype), int64_t(ReduceOp::Sum), int64_t(count), 0,
-              sendTo, recvFrom};
+    Call call{int64_t(Kind::Permute),
+              int64_t(dtype),
+              int64_t(ReduceOp::Sum),
+              int64_t(count),
+              0,
+              sendTo,
+              recvFrom};
     size_t bytes = count * dtypeSize(dtype);
     for (int peerRank : {sendTo, recvFrom})
       if (peerRank != kNoPeer && (peerRank < 0 || peerRank >= size()))
@@ -318,12 +324,12 @@ public:
     if (recvFrom == kNoPeer)
       std::fill_n(static_cast<char*>(out), bytes, 0);
     else
-      check(call, MPI_Irecv(out, n, mpiType(dtype), recvFrom, kPermuteTag, comm_,
-                            &requests[pending++]),
+      check(call,
+            MPI_Irecv(out, n, mpiType(dtype), recvFrom, kPermuteTag, comm_, &requests[pending++]),
             "MPI_Irecv");
     if (sendTo != kNoPeer)
-      check(call, MPI_Isend(in, n, mpiType(dtype), sendTo, kPermuteTag, comm_,
-                            &requests[pending++]),
+      check(call,
+            MPI_Isend(in, n, mpiType(dtype), sendTo, kPermuteTag, comm_, &requests[pending++]),
             "MPI_Isend");
     complete(call, requests, pending);
   }
@@ -349,8 +355,8 @@ private:
   MpiComm(MpiComm& world, std::vector<int> axes, Mesh groupMesh, std::vector<int> worldRanks,
           MPI_Comm comm)
       : worldMesh_(world.worldMesh_), mesh_(std::move(groupMesh)), options_(world.options_),
-        comm_(comm), worldComm_(&world), axes_(std::move(axes)),
-        worldRanks_(std::move(worldRanks)), worldRank_(world.worldRank_) {
+        comm_(comm), worldComm_(&world), axes_(std::move(axes)), worldRanks_(std::move(worldRanks)),
+        worldRank_(world.worldRank_) {
     MPI_Comm_rank(comm_, &groupRank_);
   }
 
@@ -488,7 +494,7 @@ private:
   int groupRank_ = 0;
   bool broken_ = false;
   std::string broken_cause_;
-  std::vector<Call> calls_;  // the group's calls, gathered by the agreement check
+  std::vector<Call> calls_;   // the group's calls, gathered by the agreement check
   std::vector<char> scratch_; // in-place reduceScatter's result
   std::map<std::vector<int>, std::unique_ptr<MpiComm>> subgroups_;
 };
@@ -533,7 +539,8 @@ std::unique_ptr<Communicator> mpiWorld(const Mesh& mesh, const MpiOptions& optio
   int code = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   if (code == MPI_SUCCESS) code = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   if (code != MPI_SUCCESS)
-    throw CommError("", rank, "meshrt: MPI_Comm_dup of MPI_COMM_WORLD failed: " + mpiErrorText(code));
+    throw CommError("", rank,
+                    "meshrt: MPI_Comm_dup of MPI_COMM_WORLD failed: " + mpiErrorText(code));
   return std::make_unique<MpiComm>(mesh, options, comm);
 }
 

@@ -102,7 +102,11 @@ def main():
     actual, expected = base + ".actual", base + ".expected"
     start = time.time()
     backend = ["--backend", args.backend] if args.backend else []
-    print(run(shlex.split(args.launcher) + [binary] + backend + [actual, args.seed]), end="")
+    output = run(shlex.split(args.launcher) + [binary] + backend + [actual, args.seed])
+    print(output, end="")
+    if args.backend and f"; {args.backend} backend)" not in output:
+        print(f"FAILED: the runner did not report running on the {args.backend} backend")
+        return 1
     run_s = time.time() - start
     print(run([args.meshc, args.example, "--emit=run", "--seed", args.seed, "--dump-outputs",
                expected] + overrides), end="")

@@ -205,8 +205,8 @@ TEST_CASE("MPI ranks that disagree get a CommError on every rank, then carry on"
       b.allGather(data.data(), data.data() + 4, 4);
     FAIL("no CommError");
   } catch (const CommError& error) {
-    CHECK_THAT(error.what(), Catch::Contains("ranks disagree") &&
-                                 Catch::Contains("of group [b=2]"));
+    CHECK_THAT(error.what(),
+               Catch::Contains("ranks disagree") && Catch::Contains("of group [b=2]"));
   }
   // Permute pairs that do not match: rank 0 sends to 1, which receives from nobody.
   try {
@@ -231,9 +231,9 @@ TEST_CASE("MPI argument errors are CommErrors naming the collective and the rank
     world->allReduceRaw(data.data(), data.data(), 8, DType::Bytes, ReduceOp::Sum);
     FAIL("no CommError");
   } catch (const CommError& error) {
-    CHECK_THAT(error.what(), Catch::Contains("allReduce failed on world rank " +
-                                             std::to_string(world->rank())) &&
-                                 Catch::Contains("bytes cannot be reduced"));
+    CHECK_THAT(error.what(),
+               Catch::Contains("allReduce failed on world rank " + std::to_string(world->rank())) &&
+                   Catch::Contains("bytes cannot be reduced"));
   }
   CHECK_THROWS_WITH(world->allToAll(data.data(), data.data() + 1, 1),
                     Catch::Contains("allToAll has no in-place form"));
@@ -248,10 +248,10 @@ TEST_CASE("MPI world whose size is not the mesh's: a CommError on every process"
       mpiWorld(mesh);
       FAIL("no CommError");
     } catch (const CommError& error) {
-      CHECK_THAT(error.what(), Catch::Contains("the MPI world has 4 process(es) but the mesh " +
-                                               mesh.str() + " has " +
-                                               std::to_string(mesh.size()) + " ranks") &&
-                                   Catch::Contains("mpirun -np " + std::to_string(mesh.size())));
+      CHECK_THAT(error.what(),
+                 Catch::Contains("the MPI world has 4 process(es) but the mesh " + mesh.str() +
+                                 " has " + std::to_string(mesh.size()) + " ranks") &&
+                     Catch::Contains("mpirun -np " + std::to_string(mesh.size())));
     }
   }
 }
