@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The MPI backend against the threads backend: the same generated binary (the MLP and the
-Transformer forward pass on [data=2, model=2], sizes raised so that a step is not all latency)
+Transformer and MoE forward passes on [data=2, model=2], sizes raised so that a step is not all latency)
 run on 4 thread ranks and as 4 MPI processes under mpirun, alternately, in one run. Each binary
 is first checked against the interpreter on both backends (tests/e2e/run_case.py). Prints the
 best median step time of each and the ratio MPI / threads (expect > 1: MPI copies through shared
@@ -18,10 +18,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANKS = 4
 MESH = "data=2,model=2"
-# example -> meshc size overrides.
+# example -> (its program, meshc size overrides).
 CASES = {
-    "mlp": ["--dim=batch=256", "--dim=d_model=256", "--dim=d_ff=1024"],
-    "transformer": ["--dim=batch=8", "--dim=seq=64", "--dim=mem=64"],
+    "mlp": ("mlp", ["--dim=batch=256", "--dim=d_model=256", "--dim=d_ff=1024"]),
+    "transformer": ("lm", ["--dim=batch=8", "--dim=seq=64", "--dim=mem=64"]),
+    "moe": ("moe", []),
 }
 # As root and on fewer cores than ranks (as in CI); shared memory transport only.
 MPI_ENV = {"OMPI_MCA_btl": "self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
@@ -66,17 +67,18 @@ def main():
     print(f"generated forward passes on {RANKS} ranks [{MESH}], threads backend vs MPI backend "
           f"(mpirun -np {RANKS}, {os.cpu_count()} cores); best of {args.rounds} rounds of the "
           "runner's median step time")
-    print(f"{'program':<12} {'threads ms':>11} {'mpi ms':>11} {'mpi / threads':>14}")
-    for example, sizes in CASES.items():
+    print(f"{'example program':<16} {'threads ms':>11} {'mpi ms':>11} {'mpi / threads':>14}",
+          flush=True)
+    for example, (program, sizes) in CASES.items():
         binary = build_and_check(args.build, example, sizes)
         threads = [binary, "--backend", "threads", os.devnull]
         mpi = mpirun() + [binary, "--backend", "mpi", os.devnull]
         times = {"threads": [], "mpi": []}
         for _ in range(args.rounds):  # alternate, so that both see the same machine load
-            times["threads"].append(median_ms(threads, example))
-            times["mpi"].append(median_ms(mpi, example))
+            times["threads"].append(median_ms(threads, program))
+            times["mpi"].append(median_ms(mpi, program))
         t, m = min(times["threads"]), min(times["mpi"])
-        print(f"{example:<12} {t:>11.3f} {m:>11.3f} {m / t:>13.2f}x")
+        print(f"{example + ' ' + program:<16} {t:>11.3f} {m:>11.3f} {m / t:>13.2f}x", flush=True)
 
 
 if __name__ == "__main__":

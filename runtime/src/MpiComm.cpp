@@ -228,12 +228,14 @@ public:
       throw error(call, "input and output overlap without being the same buffer");
     agree(call);
     if (size() == 1) return copyBytes(out, in, bytes);
-    MPI_Request request;
-    check(call,
-          MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, mpiCount(call, count), mpiType(dtype),
-                         mpiOp(op), comm_, &request),
-          "MPI_Iallreduce");
-    complete(call, &request, 1);
+    const void* send = in == out ? MPI_IN_PLACE : in;
+    int n = mpiCount(call, count);
+    collective(
+        call, "MPI_Allreduce",
+        [&] { return MPI_Allreduce(send, out, n, mpiType(dtype), mpiOp(op), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Iallreduce(send, out, n, mpiType(dtype), mpiOp(op), comm_, request);
+        });
   }
 
   void reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
@@ -253,12 +255,14 @@ public:
     // reduce into scratch and copy.
     if (inPlace) scratch_.resize(chunkBytes);
     void* target = inPlace ? scratch_.data() : out;
-    MPI_Request request;
-    check(call,
-          MPI_Ireduce_scatter_block(in, target, mpiCount(call, countPerRank), mpiType(dtype),
-                                    mpiOp(op), comm_, &request),
-          "MPI_Ireduce_scatter_block");
-    complete(call, &request, 1);
+    int n = mpiCount(call, countPerRank);
+    collective(
+        call, "MPI_Reduce_scatter_block",
+        [&] { return MPI_Reduce_scatter_block(in, target, n, mpiType(dtype), mpiOp(op), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Ireduce_scatter_block(in, target, n, mpiType(dtype), mpiOp(op), comm_,
+                                           request);
+        });
     if (inPlace) copyBytes(out, scratch_.data(), chunkBytes);
   }
 
@@ -275,12 +279,13 @@ public:
     agree(call);
     if (p == 1) return copyBytes(out, in, chunkBytes);
     int n = mpiCount(call, countPerRank);
-    MPI_Request request;
-    check(call,
-          MPI_Iallgather(inPlace ? MPI_IN_PLACE : in, n, mpiType(dtype), out, n, mpiType(dtype),
-                         comm_, &request),
-          "MPI_Iallgather");
-    complete(call, &request, 1);
+    const void* send = inPlace ? MPI_IN_PLACE : in;
+    collective(
+        call, "MPI_Allgather",
+        [&] { return MPI_Allgather(send, n, mpiType(dtype), out, n, mpiType(dtype), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Iallgather(send, n, mpiType(dtype), out, n, mpiType(dtype), comm_, request);
+        });
   }
 
   void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
@@ -294,10 +299,12 @@ public:
     agree(call);
     if (p == 1) return copyBytes(out, in, chunkBytes);
     int n = mpiCount(call, countPerRank);
-    MPI_Request request;
-    check(call, MPI_Ialltoall(in, n, mpiType(dtype), out, n, mpiType(dtype), comm_, &request),
-          "MPI_Ialltoall");
-    complete(call, &request, 1);
+    collective(
+        call, "MPI_Alltoall",
+        [&] { return MPI_Alltoall(in, n, mpiType(dtype), out, n, mpiType(dtype), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Ialltoall(in, n, mpiType(dtype), out, n, mpiType(dtype), comm_, request);
+        });
   }
 
   void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
@@ -342,10 +349,12 @@ public:
     checkBuffer(call, data, count * dtypeSize(dtype), "buffer");
     agree(call);
     if (size() == 1) return;
-    MPI_Request request;
-    check(call, MPI_Ibcast(data, mpiCount(call, count), mpiType(dtype), root, comm_, &request),
-          "MPI_Ibcast");
-    complete(call, &request, 1);
+    int n = mpiCount(call, count);
+    collective(
+        call, "MPI_Bcast", [&] { return MPI_Bcast(data, n, mpiType(dtype), root, comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Ibcast(data, n, mpiType(dtype), root, comm_, request);
+        });
   }
 
 private:
@@ -421,6 +430,18 @@ private:
     if (count > size_t(INT_MAX))
       throw error(call, "count " + std::to_string(count) + " exceeds MPI's int counts");
     return int(count);
+  }
+
+  /// Runs one data collective. After the agreement check every rank of the group is known to
+  /// have entered this collective, so MPI's blocking form cannot wait for a missing rank (and
+  /// is faster: OpenMPI's tuned algorithms, not its nonblocking schedules). Without the check,
+  /// the nonblocking form, polled against the deadline.
+  template <class Blocking, class Start>
+  void collective(const Call& call, const char* function, Blocking blocking, Start start) {
+    if (options_.checkAgreement) return check(call, blocking(), function);
+    MPI_Request request;
+    check(call, start(&request), function);
+    complete(call, &request, 1);
   }
 
   /// Waits for `requests` by polling MPI_Testall until they complete or the deadline passes.

@@ -36,16 +36,20 @@ std::vector<Communicator*> groupsOf(Communicator& world) {
   return groups;
 }
 
-/// Runs `body` for every mesh and every group, with the world size checked first.
+/// Runs `body` for every mesh and every group, with the agreement check (then MPI's blocking
+/// collectives) and without it (then its nonblocking ones, polled).
 template <class Body> void forEachGroup(Body body) {
-  for (const char* meshText : kMeshes) {
-    std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse(meshText));
-    for (Communicator* group : groupsOf(*world)) {
-      INFO("mesh " << meshText << ", group " << group->mesh().str() << ", world rank "
-                   << world->worldRank());
-      body(*group);
+  for (bool checked : {true, false})
+    for (const char* meshText : kMeshes) {
+      MpiOptions options;
+      options.checkAgreement = checked;
+      std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse(meshText), options);
+      for (Communicator* group : groupsOf(*world)) {
+        INFO("mesh " << meshText << ", group " << group->mesh().str() << ", world rank "
+                     << world->worldRank() << (checked ? "" : ", unchecked"));
+        body(*group);
+      }
     }
-  }
 }
 
 } // namespace
