@@ -4,7 +4,8 @@ Transformer and MoE forward passes on [data=2, model=2], sizes raised so that a 
 run on 4 thread ranks and as 4 MPI processes under mpirun, alternately, in one run. Each binary
 is first checked against the interpreter on both backends (tests/e2e/run_case.py). Prints the
 best median step time of each and the ratio MPI / threads (expect > 1: MPI copies through shared
-memory and its processes contend for the same cores).
+memory and its processes contend for the same cores), and the same for MPI without the agreement
+check before each collective (MESHRT_MPI_CHECK=0: nonblocking collectives, polled).
 
 usage: bench/backends.py [build-dir] [--rounds N]
        (build-dir default: build; needs meshc, meshrt_launch with MPI, meshrt_kernels)"""
@@ -50,9 +51,9 @@ def build_and_check(build, example, sizes):
     return os.path.join(workdir, example + ".bin")
 
 
-def median_ms(command, program):
+def median_ms(command, program, env=None):
     text = subprocess.run(command, capture_output=True, text=True, check=True,
-                          env={**os.environ, **MPI_ENV}).stdout
+                          env={**os.environ, **MPI_ENV, **(env or {})}).stdout
     match = re.search(rf"program {program}: {RANKS} ranks, run ([\d.]+) ms median", text)
     if not match:
         sys.exit(f"bench/backends.py: no timing of program {program} in\n{text}")
@@ -67,18 +68,20 @@ def main():
     print(f"generated forward passes on {RANKS} ranks [{MESH}], threads backend vs MPI backend "
           f"(mpirun -np {RANKS}, {os.cpu_count()} cores); best of {args.rounds} rounds of the "
           "runner's median step time")
-    print(f"{'example program':<16} {'threads ms':>11} {'mpi ms':>11} {'mpi / threads':>14}",
-          flush=True)
+    print(f"{'example program':<16} {'threads ms':>11} {'mpi ms':>11} {'mpi / threads':>14} "
+          f"{'unchecked ms':>13} {'unchecked / threads':>20}", flush=True)
     for example, (program, sizes) in CASES.items():
         binary = build_and_check(args.build, example, sizes)
         threads = [binary, "--backend", "threads", os.devnull]
         mpi = mpirun() + [binary, "--backend", "mpi", os.devnull]
-        times = {"threads": [], "mpi": []}
+        times = {"threads": [], "mpi": [], "unchecked": []}
         for _ in range(args.rounds):  # alternate, so that both see the same machine load
             times["threads"].append(median_ms(threads, program))
             times["mpi"].append(median_ms(mpi, program))
-        t, m = min(times["threads"]), min(times["mpi"])
-        print(f"{example + ' ' + program:<16} {t:>11.3f} {m:>11.3f} {m / t:>13.2f}x", flush=True)
+            times["unchecked"].append(median_ms(mpi, program, {"MESHRT_MPI_CHECK": "0"}))
+        t, m, u = (min(times[key]) for key in ("threads", "mpi", "unchecked"))
+        print(f"{example + ' ' + program:<16} {t:>11.3f} {m:>11.3f} {m / t:>13.2f}x "
+              f"{u:>13.3f} {u / t:>19.2f}x", flush=True)
 
 
 if __name__ == "__main__":

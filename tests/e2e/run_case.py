@@ -7,7 +7,8 @@ compare_outputs.py.
 
 Usage: run_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR... --lib LIB...
        [--mesh data=2,model=2] [--layout auto] [--seed N] [--print-plan] [--meshc-arg=OPT]...
-       [--backend threads|mpi] [--launcher "mpirun --oversubscribe -np 4"]
+       [--backend threads|mpi] [--expect-backend threads|mpi]
+       [--launcher "mpirun --oversubscribe -np 4"]
    or: run_case.py --build-dir build --example X.mesh [--workdir DIR] [--print-plan] ...
        (meshc, meshrt, meshrt_launch and the include paths taken from the build and source trees;
        OpenBLAS as -lopenblas).
@@ -55,6 +56,8 @@ def main():
     parser.add_argument("--tol-narrow", default="1e-2")
     parser.add_argument("--backend", choices=["threads", "mpi"],
                         help="the generated runner's --backend (default: its own choice)")
+    parser.add_argument("--expect-backend", choices=["threads", "mpi"],
+                        help="the backend the runner must report (default: --backend)")
     parser.add_argument("--launcher", default="",
                         help="a command line the binary runs under, e.g. 'mpirun -np 4'")
     args = parser.parse_args()
@@ -104,8 +107,9 @@ def main():
     backend = ["--backend", args.backend] if args.backend else []
     output = run(shlex.split(args.launcher) + [binary] + backend + [actual, args.seed])
     print(output, end="")
-    if args.backend and f"; {args.backend} backend)" not in output:
-        print(f"FAILED: the runner did not report running on the {args.backend} backend")
+    expect_backend = args.expect_backend or args.backend
+    if expect_backend and f"; {expect_backend} backend)" not in output:
+        print(f"FAILED: the runner did not report running on the {expect_backend} backend")
         return 1
     run_s = time.time() - start
     print(run([args.meshc, args.example, "--emit=run", "--seed", args.seed, "--dump-outputs",
