@@ -3,7 +3,8 @@
 by side in one run (goal: speedup >= 1.8x on this 2-core machine). Sizes are raised with --dim so
 that the step is compute-bound; each generated binary is checked against the interpreter first.
 
-usage: bench/mlp_ranks.py [build-dir]   (build-dir default: build; needs meshc, meshrt, kernels)"""
+usage: bench/mlp_ranks.py [build-dir]   (build-dir default: build; needs meshc, meshrt,
+meshrt_launch, kernels)"""
 import os
 import re
 import subprocess

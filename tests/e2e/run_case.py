@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
 """One end-to-end case: compile a .mesh example to C++ with meshc (--emit=cpp --cpp-runner) for
-a mesh and layout, build the generated code (one translation unit, -O1), run it on the threads
-backend, and compare its gathered outputs with the reference interpreter's
-(`meshc --emit=run --dump-outputs`) through compare_outputs.py.
+a mesh and layout, build the generated code (one translation unit, -O1), run it (on the threads
+backend, or as MPI processes with --launcher "mpirun -np 4" --backend mpi), and compare its
+gathered outputs with the reference interpreter's (`meshc --emit=run --dump-outputs`) through
+compare_outputs.py.
 
 Usage: run_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR... --lib LIB...
        [--mesh data=2,model=2] [--layout auto] [--seed N] [--print-plan] [--meshc-arg=OPT]...
+       [--backend threads|mpi] [--expect-backend threads|mpi]
+       [--launcher "mpirun --oversubscribe -np 4"]
    or: run_case.py --build-dir build --example X.mesh [--workdir DIR] [--print-plan] ...
-       (meshc, meshrt and the include paths taken from the build and source trees; OpenBLAS as
-       -lopenblas).
+       (meshc, meshrt, meshrt_launch and the include paths taken from the build and source trees;
+       OpenBLAS as -lopenblas).
+--lib lists the libraries in link order: meshrt_launch's (and meshrt_mpi's and MPI's), then
+meshrt_kernels, meshrt, OpenBLAS.
 Exit status 0 when every output matches within tolerance."""
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -48,6 +54,12 @@ def main():
     parser.add_argument("--print-plan", action="store_true")
     parser.add_argument("--tol", default="1e-4")
     parser.add_argument("--tol-narrow", default="1e-2")
+    parser.add_argument("--backend", choices=["threads", "mpi"],
+                        help="the generated runner's --backend (default: its own choice)")
+    parser.add_argument("--expect-backend", choices=["threads", "mpi"],
+                        help="the backend the runner must report (default: --backend)")
+    parser.add_argument("--launcher", default="",
+                        help="a command line the binary runs under, e.g. 'mpirun -np 4'")
     args = parser.parse_args()
     if args.build_dir:
         root = os.path.dirname(os.path.dirname(HERE))
@@ -55,6 +67,8 @@ def main():
         args.include += [os.path.join(root, "runtime", "include"),
                          os.path.join(root, "runtime", "kernels", "include"),
                          os.path.join(root, "compiler", "codegen", "support")]
+        with open(os.path.join(args.build_dir, "runtime", "meshrt_launch_libs.txt")) as f:
+            args.lib += [line for line in f.read().splitlines() if line]
         args.lib += [os.path.join(args.build_dir, "runtime", "kernels", "libmeshrt_kernels.a"),
                      os.path.join(args.build_dir, "runtime", "libmeshrt.a"), "-lopenblas"]
         stem = os.path.splitext(os.path.basename(args.example))[0]
@@ -90,7 +104,13 @@ def main():
 
     actual, expected = base + ".actual", base + ".expected"
     start = time.time()
-    print(run([binary, actual, args.seed]), end="")
+    backend = ["--backend", args.backend] if args.backend else []
+    output = run(shlex.split(args.launcher) + [binary] + backend + [actual, args.seed])
+    print(output, end="")
+    expect_backend = args.expect_backend or args.backend
+    if expect_backend and f"; {expect_backend} backend)" not in output:
+        print(f"FAILED: the runner did not report running on the {expect_backend} backend")
+        return 1
     run_s = time.time() - start
     print(run([args.meshc, args.example, "--emit=run", "--seed", args.seed, "--dump-outputs",
                expected] + overrides), end="")

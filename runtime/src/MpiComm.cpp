@@ -1,0 +1,594 @@
+// The MPI backend: every rank is an MPI process, and each collective is the MPI collective of the
+// same meaning on a communicator of the group (the world: a duplicate of MPI_COMM_WORLD; a
+// subgroup: MPI_Comm_split of the world).
+//
+// Each collective is started nonblocking (MPI_Iallreduce, ...) and completed by polling MPI_Test
+// against the deadline, so that a rank that never arrives gives a CommError instead of a hang.
+// Before it, unless turned off, the ranks allgather a small record of the call (collective,
+// count, dtype, op, root, permute peers) and each checks all of them, so that ranks that
+// disagree get a CommError on every rank instead of MPI's undefined behaviour. Every MPI call
+// returns its error (MPI_ERRORS_RETURN on our communicators), which becomes a CommError with
+// MPI_Error_string's text.
+#include "meshrt/Mpi.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include <sched.h>
+
+namespace meshrt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Kind : int64_t {
+  Barrier,
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  AllToAll,
+  Permute,
+  Broadcast,
+  Subgroup
+};
+
+const char* kindName(Kind kind) {
+  switch (kind) {
+  case Kind::Barrier:
+    return "barrier";
+  case Kind::AllReduce:
+    return "allReduce";
+  case Kind::ReduceScatter:
+    return "reduceScatter";
+  case Kind::AllGather:
+    return "allGather";
+  case Kind::AllToAll:
+    return "allToAll";
+  case Kind::Permute:
+    return "permute";
+  case Kind::Broadcast:
+    return "broadcast";
+  case Kind::Subgroup:
+    return "subgroup";
+  }
+  return "?";
+}
+
+/// One rank's call, as the ranks exchange it to check that they agree: plain int64 fields, so
+/// that it travels as kFields MPI_INT64_T.
+struct Call {
+  int64_t kind = int64_t(Kind::Barrier);
+  int64_t dtype = int64_t(DType::Bytes);
+  int64_t op = int64_t(ReduceOp::Sum);
+  int64_t count = 0; // for Subgroup: the world axes, encoded by encodeAxes
+  int64_t root = 0;
+  int64_t sendTo = Communicator::kNoPeer;
+  int64_t recvFrom = Communicator::kNoPeer;
+
+  Kind what() const { return Kind(kind); }
+  /// The part every rank must agree on (peers differ in sendTo/recvFrom).
+  bool sameCollective(const Call& other) const {
+    return kind == other.kind && dtype == other.dtype && op == other.op && count == other.count &&
+           root == other.root;
+  }
+  std::string describe() const {
+    std::string text = kindName(what());
+    if (what() == Kind::Barrier) return text;
+    if (what() == Kind::Subgroup) return text + " #" + std::to_string(count);
+    text += " of " + std::to_string(count) + " " + dtypeName(DType(dtype));
+    if (what() == Kind::AllReduce || what() == Kind::ReduceScatter)
+      text += std::string(" (") + reduceOpName(ReduceOp(op)) + ")";
+    if (what() == Kind::Broadcast) text += " from root " + std::to_string(root);
+    return text;
+  }
+};
+constexpr int kFields = sizeof(Call) / sizeof(int64_t);
+static_assert(sizeof(Call) == kFields * sizeof(int64_t));
+
+MPI_Datatype mpiType(DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return MPI_FLOAT;
+  case DType::F64:
+    return MPI_DOUBLE;
+  case DType::I32:
+    return MPI_INT32_T;
+  case DType::Bytes:
+    return MPI_BYTE;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpiOp(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::Sum:
+    return MPI_SUM;
+  case ReduceOp::Max:
+    return MPI_MAX;
+  case ReduceOp::Min:
+    return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+std::string mpiErrorText(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
+  return std::string(text, size_t(length));
+}
+
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  auto aStart = reinterpret_cast<uintptr_t>(a), bStart = reinterpret_cast<uintptr_t>(b);
+  return aBytes && bBytes && aStart < bStart + bBytes && bStart < aStart + aBytes;
+}
+
+void copyBytes(void* to, const void* from, size_t bytes) {
+  if (bytes && to != from) std::memmove(to, from, bytes);
+}
+
+/// The subgroup's world axes as one number (digits base numAxes + 1), to compare across ranks.
+int64_t encodeAxes(const std::vector<int>& axes, int numAxes) {
+  int64_t code = 0;
+  for (int axis : axes)
+    code = code * (numAxes + 1) + axis + 1;
+  return code;
+}
+
+/// How many MPI_Test polls a waiting rank makes before it yields its core between polls (ranks
+/// may outnumber cores: mpirun --oversubscribe).
+constexpr int kSpinPolls = 100;
+
+void finalizeAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+class MpiComm final : public Communicator {
+public:
+  /// The world communicator over `comm` (which it owns).
+  MpiComm(const Mesh& mesh, const MpiOptions& options, MPI_Comm comm)
+      : worldMesh_(mesh), mesh_(mesh), options_(options), comm_(comm), worldComm_(nullptr) {
+    for (int axis = 0; axis < mesh.numAxes(); ++axis)
+      axes_.push_back(axis);
+    MPI_Comm_rank(comm_, &groupRank_);
+    worldRank_ = groupRank_;
+    worldRanks_.resize(size_t(mesh.size()));
+    for (int rank = 0; rank < mesh.size(); ++rank)
+      worldRanks_[size_t(rank)] = rank;
+  }
+
+  ~MpiComm() override {
+    subgroups_.clear();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return groupRank_; }
+  const Mesh& mesh() const override { return mesh_; }
+  const Mesh& worldMesh() const override { return worldMesh_; }
+  int worldRank() const override { return worldRank_; }
+  int worldRankOf(int groupRank) const override {
+    if (groupRank < 0 || groupRank >= size())
+      throw std::out_of_range("meshrt: rank " + std::to_string(groupRank) + " is not in group " +
+                              mesh_.str());
+    return worldRanks_[size_t(groupRank)];
+  }
+  std::chrono::milliseconds timeout() const override { return options_.timeout; }
+  const char* backend() const override { return "mpi"; }
+
+  Communicator& subgroup(const std::vector<std::string>& axes) override {
+    std::vector<int> worldAxes;
+    for (const std::string& name : axes) {
+      int index = mesh_.axisIndex(name);
+      if (index < 0)
+        throw std::invalid_argument("meshrt: subgroup: group mesh " + mesh_.str() +
+                                    " has no axis '" + name + "'");
+      int worldAxis = axes_[size_t(index)];
+      if (std::find(worldAxes.begin(), worldAxes.end(), worldAxis) != worldAxes.end())
+        throw std::invalid_argument("meshrt: subgroup: axis '" + name + "' named twice");
+      worldAxes.push_back(worldAxis);
+    }
+    MpiComm& world = worldComm_ ? *worldComm_ : *this;
+    if (worldAxes == world.axes_) return world;
+    std::unique_ptr<MpiComm>& cached = world.subgroups_[worldAxes];
+    if (!cached) cached = world.split(worldAxes);
+    return *cached;
+  }
+
+  void barrier() override {
+    Call call;
+    call.kind = int64_t(Kind::Barrier);
+    if (size() == 1) return checkAlive(call);
+    // The agreement check is itself a barrier: nobody's allgather completes before all have
+    // joined it.
+    if (options_.checkAgreement) return agree(call);
+    MPI_Request request;
+    check(call, MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+    complete(call, &request, 1);
+  }
+
+  void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    Call call{int64_t(Kind::AllReduce), int64_t(dtype), int64_t(op), int64_t(count)};
+    size_t bytes = count * dtypeSize(dtype);
+    checkReducible(call);
+    checkBuffer(call, in, bytes, "input");
+    checkBuffer(call, out, bytes, "output");
+    if (in != out && overlaps(in, bytes, out, bytes))
+      throw error(call, "input and output overlap without being the same buffer");
+    agree(call);
+    if (size() == 1) return copyBytes(out, in, bytes);
+    const void* send = in == out ? MPI_IN_PLACE : in;
+    int n = mpiCount(call, count);
+    collective(
+        call, "MPI_Allreduce",
+        [&] { return MPI_Allreduce(send, out, n, mpiType(dtype), mpiOp(op), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Iallreduce(send, out, n, mpiType(dtype), mpiOp(op), comm_, request);
+        });
+  }
+
+  void reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                        ReduceOp op) override {
+    Call call{int64_t(Kind::ReduceScatter), int64_t(dtype), int64_t(op), int64_t(countPerRank)};
+    size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
+    checkReducible(call);
+    checkBuffer(call, in, chunkBytes * p, "input");
+    checkBuffer(call, out, chunkBytes, "output");
+    const char* myChunk = static_cast<const char*>(in) + size_t(groupRank_) * chunkBytes;
+    bool inPlace = out == myChunk;
+    if (!inPlace && overlaps(in, chunkBytes * p, out, chunkBytes))
+      throw error(call, "output overlaps the input other than as its chunk rank() (in place)");
+    agree(call);
+    if (p == 1) return copyBytes(out, in, chunkBytes);
+    // MPI's in-place form reads and writes from the start of the buffer, not at chunk rank():
+    // reduce into scratch and copy.
+    if (inPlace) scratch_.resize(chunkBytes);
+    void* target = inPlace ? scratch_.data() : out;
+    int n = mpiCount(call, countPerRank);
+    collective(
+        call, "MPI_Reduce_scatter_block",
+        [&] { return MPI_Reduce_scatter_block(in, target, n, mpiType(dtype), mpiOp(op), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Ireduce_scatter_block(in, target, n, mpiType(dtype), mpiOp(op), comm_,
+                                           request);
+        });
+    if (inPlace) copyBytes(out, scratch_.data(), chunkBytes);
+  }
+
+  void allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
+    Call call{int64_t(Kind::AllGather), int64_t(dtype), int64_t(ReduceOp::Sum),
+              int64_t(countPerRank)};
+    size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
+    checkBuffer(call, in, chunkBytes, "input");
+    checkBuffer(call, out, chunkBytes * p, "output");
+    char* myChunk = static_cast<char*>(out) + size_t(groupRank_) * chunkBytes;
+    bool inPlace = in == myChunk;
+    if (!inPlace && overlaps(in, chunkBytes, out, chunkBytes * p))
+      throw error(call, "input overlaps the output other than as its chunk rank() (in place)");
+    agree(call);
+    if (p == 1) return copyBytes(out, in, chunkBytes);
+    int n = mpiCount(call, countPerRank);
+    const void* send = inPlace ? MPI_IN_PLACE : in;
+    collective(
+        call, "MPI_Allgather",
+        [&] { return MPI_Allgather(send, n, mpiType(dtype), out, n, mpiType(dtype), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Iallgather(send, n, mpiType(dtype), out, n, mpiType(dtype), comm_, request);
+        });
+  }
+
+  void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
+    Call call{int64_t(Kind::AllToAll), int64_t(dtype), int64_t(ReduceOp::Sum),
+              int64_t(countPerRank)};
+    size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
+    checkBuffer(call, in, chunkBytes * p, "input");
+    checkBuffer(call, out, chunkBytes * p, "output");
+    if (overlaps(in, chunkBytes * p, out, chunkBytes * p))
+      throw error(call, "input and output overlap (allToAll has no in-place form)");
+    agree(call);
+    if (p == 1) return copyBytes(out, in, chunkBytes);
+    int n = mpiCount(call, countPerRank);
+    collective(
+        call, "MPI_Alltoall",
+        [&] { return MPI_Alltoall(in, n, mpiType(dtype), out, n, mpiType(dtype), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Ialltoall(in, n, mpiType(dtype), out, n, mpiType(dtype), comm_, request);
+        });
+  }
+
+  void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
+                  int recvFrom) override {
+    Call call{int64_t(Kind::Permute),
+              int64_t(dtype),
+              int64_t(ReduceOp::Sum),
+              int64_t(count),
+              0,
+              sendTo,
+              recvFrom};
+    size_t bytes = count * dtypeSize(dtype);
+    for (int peerRank : {sendTo, recvFrom})
+      if (peerRank != kNoPeer && (peerRank < 0 || peerRank >= size()))
+        throw error(call, "peer " + std::to_string(peerRank) + " is not a rank of the group");
+    checkBuffer(call, in, bytes, "input");
+    checkBuffer(call, out, bytes, "output");
+    if (overlaps(in, bytes, out, bytes))
+      throw error(call, "input and output overlap (permute has no in-place form)");
+    agree(call);
+    MPI_Request requests[2];
+    int pending = 0;
+    int n = mpiCount(call, count);
+    if (recvFrom == kNoPeer)
+      std::fill_n(static_cast<char*>(out), bytes, 0);
+    else
+      check(call,
+            MPI_Irecv(out, n, mpiType(dtype), recvFrom, kPermuteTag, comm_, &requests[pending++]),
+            "MPI_Irecv");
+    if (sendTo != kNoPeer)
+      check(call,
+            MPI_Isend(in, n, mpiType(dtype), sendTo, kPermuteTag, comm_, &requests[pending++]),
+            "MPI_Isend");
+    complete(call, requests, pending);
+  }
+
+  void broadcastRaw(void* data, size_t count, DType dtype, int root) override {
+    Call call{int64_t(Kind::Broadcast), int64_t(dtype), int64_t(ReduceOp::Sum), int64_t(count),
+              root};
+    if (root < 0 || root >= size())
+      throw error(call, "root " + std::to_string(root) + " is not a rank of the group");
+    checkBuffer(call, data, count * dtypeSize(dtype), "buffer");
+    agree(call);
+    if (size() == 1) return;
+    int n = mpiCount(call, count);
+    collective(
+        call, "MPI_Bcast", [&] { return MPI_Bcast(data, n, mpiType(dtype), root, comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Ibcast(data, n, mpiType(dtype), root, comm_, request);
+        });
+  }
+
+private:
+  static constexpr int kPermuteTag = 7;
+
+  /// A subgroup over `comm`, owned by the world communicator `world`.
+  MpiComm(MpiComm& world, std::vector<int> axes, Mesh groupMesh, std::vector<int> worldRanks,
+          MPI_Comm comm)
+      : worldMesh_(world.worldMesh_), mesh_(std::move(groupMesh)), options_(world.options_),
+        comm_(comm), worldComm_(&world), axes_(std::move(axes)), worldRanks_(std::move(worldRanks)),
+        worldRank_(world.worldRank_) {
+    MPI_Comm_rank(comm_, &groupRank_);
+  }
+
+  /// Creates the subgroup over world axes `worldAxes` (on the world communicator): every world
+  /// rank must make the same call (MPI_Comm_split is collective over the world), checked first.
+  std::unique_ptr<MpiComm> split(const std::vector<int>& worldAxes) {
+    Call call;
+    call.kind = int64_t(Kind::Subgroup);
+    call.count = encodeAxes(worldAxes, worldMesh_.numAxes());
+    if (size() > 1) agreeAlways(call);
+    std::vector<MeshAxis> groupAxes;
+    for (int axis : worldAxes)
+      groupAxes.push_back(worldMesh_.axes()[size_t(axis)]);
+    Mesh groupMesh(std::move(groupAxes));
+    // Members share every coordinate outside the axes: the color is the first member's world
+    // rank, the key the rank's index in the group (row-major over the axes in the named order).
+    std::vector<int> coords = worldMesh_.coords(worldRank_);
+    std::vector<int> members;
+    int groupRank = 0;
+    for (int member = 0; member < groupMesh.size(); ++member) {
+      std::vector<int> groupCoords = groupMesh.coords(member);
+      std::vector<int> memberCoords = coords;
+      for (size_t i = 0; i < worldAxes.size(); ++i)
+        memberCoords[size_t(worldAxes[i])] = groupCoords[i];
+      members.push_back(worldMesh_.rank(memberCoords));
+      if (members.back() == worldRank_) groupRank = member;
+    }
+    MPI_Comm comm = MPI_COMM_NULL;
+    check(call, MPI_Comm_split(comm_, members[0], groupRank, &comm), "MPI_Comm_split");
+    check(call, MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    return std::unique_ptr<MpiComm>(
+        new MpiComm(*this, worldAxes, std::move(groupMesh), std::move(members), comm));
+  }
+
+  CommError error(const Call& call, const std::string& cause) const {
+    std::ostringstream message;
+    message << "meshrt: " << kindName(call.what()) << " failed on world rank " << worldRank_;
+    if (worldComm_ || worldMesh_.numAxes() == 0)
+      message << " (rank " << groupRank_ << " of group " << mesh_.str() << ")";
+    else
+      message << " (mesh " << worldMesh_.str() << ")";
+    message << ", MPI backend: " << cause;
+    return CommError(kindName(call.what()), worldRank_, message.str());
+  }
+
+  void check(const Call& call, int code, const char* function) const {
+    if (code != MPI_SUCCESS) throw error(call, std::string(function) + ": " + mpiErrorText(code));
+  }
+  void checkReducible(const Call& call) const {
+    if (DType(call.dtype) == DType::Bytes) throw error(call, "bytes cannot be reduced");
+  }
+  void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
+    if (!buffer && bytes) throw error(call, std::string(what) + " is null");
+  }
+  /// A collective on a group of one has nobody to wait for; it still fails after a timeout.
+  void checkAlive(const Call& call) const {
+    if (broken_) throw error(call, broken_cause_);
+  }
+
+  /// MPI counts are ints: a larger count is an error (the same on every rank, as they agree).
+  int mpiCount(const Call& call, size_t count) const {
+    if (count > size_t(INT_MAX))
+      throw error(call, "count " + std::to_string(count) + " exceeds MPI's int counts");
+    return int(count);
+  }
+
+  /// Runs one data collective. After the agreement check every rank of the group is known to
+  /// have entered this collective, so MPI's blocking form cannot wait for a missing rank (and
+  /// is faster: OpenMPI's tuned algorithms, not its nonblocking schedules). Without the check,
+  /// the nonblocking form, polled against the deadline.
+  template <class Blocking, class Start>
+  void collective(const Call& call, const char* function, Blocking blocking, Start start) {
+    if (options_.checkAgreement) return check(call, blocking(), function);
+    MPI_Request request;
+    check(call, start(&request), function);
+    complete(call, &request, 1);
+  }
+
+  /// Waits for `requests` by polling MPI_Testall until they complete or the deadline passes.
+  void complete(const Call& call, MPI_Request* requests, int count) {
+    Clock::time_point deadline = Clock::now() + options_.timeout;
+    for (unsigned poll = 0;; ++poll) {
+      int done = 0;
+      check(call, MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+      if (done) return;
+      if (poll >= kSpinPolls) sched_yield();
+      if (poll % 64 == 0 && Clock::now() > deadline) {
+        // MPI cannot cancel a collective: this communicator stays unusable.
+        std::ostringstream cause;
+        cause << "timed out after " << double(options_.timeout.count()) / 1000
+              << " s waiting for the other ranks of the group (a rank that failed, exited or "
+                 "is stuck before this collective; MESHRT_TIMEOUT_S sets the limit)";
+        broken_ = true;
+        broken_cause_ = cause.str();
+        throw error(call, cause.str());
+      }
+    }
+  }
+
+  /// Checks that every rank of the group makes the same call (unless turned off).
+  void agree(const Call& call) {
+    checkAlive(call);
+    if (options_.checkAgreement && size() > 1) agreeAlways(call);
+  }
+
+  void agreeAlways(const Call& call) {
+    checkAlive(call);
+    int p = size();
+    calls_.resize(size_t(p));
+    MPI_Request request;
+    check(call,
+          MPI_Iallgather(&call, kFields, MPI_INT64_T, calls_.data(), kFields, MPI_INT64_T, comm_,
+                         &request),
+          "MPI_Iallgather (the agreement check)");
+    complete(call, &request, 1);
+    for (int q = 0; q < p; ++q)
+      if (!calls_[size_t(q)].sameCollective(call))
+        throw error(call, "ranks disagree: group rank " + std::to_string(groupRank_) + " called " +
+                              call.describe() + " but group rank " + std::to_string(q) +
+                              " called " + calls_[size_t(q)].describe());
+    if (call.what() != Kind::Permute) return;
+    // Every rank checks every pair, so that all agree on whether the exchange is consistent.
+    auto peerName = [](int64_t rank) {
+      return rank == kNoPeer ? std::string("nobody") : "rank " + std::to_string(rank);
+    };
+    for (int a = 0; a < p; ++a) {
+      const Call& mine = calls_[size_t(a)];
+      if (mine.sendTo != kNoPeer && calls_[size_t(mine.sendTo)].recvFrom != a)
+        throw error(call, "group rank " + std::to_string(a) + " sends to rank " +
+                              std::to_string(mine.sendTo) + ", which receives from " +
+                              peerName(calls_[size_t(mine.sendTo)].recvFrom));
+      if (mine.recvFrom != kNoPeer && calls_[size_t(mine.recvFrom)].sendTo != a)
+        throw error(call, "group rank " + std::to_string(a) + " receives from rank " +
+                              std::to_string(mine.recvFrom) + ", which sends to " +
+                              peerName(calls_[size_t(mine.recvFrom)].sendTo));
+    }
+  }
+
+  Mesh worldMesh_;
+  Mesh mesh_;
+  MpiOptions options_;
+  MPI_Comm comm_;
+  MpiComm* worldComm_;    // null for the world communicator itself
+  std::vector<int> axes_; // the world axes this group spans, in group order
+  std::vector<int> worldRanks_;
+  int worldRank_ = 0;
+  int groupRank_ = 0;
+  bool broken_ = false;
+  std::string broken_cause_;
+  std::vector<Call> calls_;   // the group's calls, gathered by the agreement check
+  std::vector<char> scratch_; // in-place reduceScatter's result
+  std::map<std::vector<int>, std::unique_ptr<MpiComm>> subgroups_;
+};
+
+} // namespace
+
+bool MpiOptions::defaultCheckAgreement() {
+  const char* text = std::getenv("MESHRT_MPI_CHECK");
+  if (!text || !*text) return true;
+  std::string value(text);
+  if (value == "0" || value == "off" || value == "false") return false;
+  if (value == "1" || value == "on" || value == "true") return true;
+  throw std::invalid_argument("meshrt: MESHRT_MPI_CHECK='" + value + "' is not 0 or 1");
+}
+
+int initMpi() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) throw std::runtime_error("meshrt: MPI has already been finalized");
+  if (!initialized) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      throw std::runtime_error("meshrt: MPI_Init_thread failed");
+    std::atexit(finalizeAtExit);
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+std::unique_ptr<Communicator> mpiWorld(const Mesh& mesh, const MpiOptions& options) {
+  int rank = initMpi(), processes = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &processes);
+  if (processes != mesh.size())
+    throw CommError("", rank,
+                    "meshrt: the MPI world has " + std::to_string(processes) +
+                        " process(es) but the mesh " + mesh.str() + " has " +
+                        std::to_string(mesh.size()) + " ranks (start it with mpirun -np " +
+                        std::to_string(mesh.size()) + ")");
+  MPI_Comm comm = MPI_COMM_NULL;
+  int code = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (code == MPI_SUCCESS) code = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  if (code != MPI_SUCCESS)
+    throw CommError("", rank,
+                    "meshrt: MPI_Comm_dup of MPI_COMM_WORLD failed: " + mpiErrorText(code));
+  return std::make_unique<MpiComm>(mesh, options, comm);
+}
+
+void runMpi(const Mesh& mesh, const std::function<void(Communicator&)>& program,
+            const MpiOptions& options) {
+  int rank = initMpi(), processes = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &processes);
+  std::string failure;
+  try {
+    std::unique_ptr<Communicator> world = mpiWorld(mesh, options);
+    program(*world);
+    return;
+  } catch (const CommError& caught) {
+    if (processes == 1) throw;
+    failure = caught.what();
+  } catch (const std::exception& caught) {
+    if (processes == 1) throw;
+    failure = "meshrt: world rank " + std::to_string(rank) + " failed: " + caught.what();
+  } catch (...) {
+    if (processes == 1) throw;
+    failure = "meshrt: world rank " + std::to_string(rank) +
+              " failed: an exception that is not a std::exception";
+  }
+  std::fprintf(stderr, "error: %s\n", failure.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort(); // MPI_Abort does not return
+}
+
+} // namespace meshrt

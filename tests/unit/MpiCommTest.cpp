@@ -1,0 +1,266 @@
+// meshrt's MPI backend, run by ctest under `mpirun -np 4`: every process runs the same test cases
+// in the same order, each as one rank. Every collective on the world ([x=4] and [a=2, b=2]) and on
+// subgroups with exact expected values, in place and out of place; the agreement checks (ranks
+// that disagree get a CommError on every rank, and the communicator stays usable); argument errors;
+// and a world whose size is not the mesh's.
+#define CATCH_CONFIG_RUNNER
+#include "meshrt/Mpi.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+using namespace meshrt;
+
+namespace {
+
+constexpr int kWorld = 4;
+const char* const kMeshes[] = {"x=4", "a=2,b=2"};
+
+/// A value that differs per rank and element, exact in f32.
+template <class T> T valueOf(int rank, size_t i) {
+  return T(int(rank * 1000 + int(i % 997)) - 300);
+}
+
+/// Every group of the world communicator of `meshText`: the world, and on the 2-D mesh each
+/// axis alone and both axes in either order.
+std::vector<Communicator*> groupsOf(Communicator& world) {
+  std::vector<Communicator*> groups{&world};
+  if (world.mesh().numAxes() == 2) {
+    groups.push_back(&world.subgroup({"a"}));
+    groups.push_back(&world.subgroup({"b"}));
+    groups.push_back(&world.subgroup({"b", "a"}));
+  }
+  return groups;
+}
+
+/// Runs `body` for every mesh and every group, with the agreement check (then MPI's blocking
+/// collectives) and without it (then its nonblocking ones, polled).
+template <class Body> void forEachGroup(Body body) {
+  for (bool checked : {true, false})
+    for (const char* meshText : kMeshes) {
+      MpiOptions options;
+      options.checkAgreement = checked;
+      std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse(meshText), options);
+      for (Communicator* group : groupsOf(*world)) {
+        INFO("mesh " << meshText << ", group " << group->mesh().str() << ", world rank "
+                     << world->worldRank() << (checked ? "" : ", unchecked"));
+        body(*group);
+      }
+    }
+}
+
+} // namespace
+
+TEST_CASE("MPI world: identity and subgroups") {
+  std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse("a=2,b=2"));
+  CHECK(std::string(world->backend()) == "mpi");
+  CHECK(world->size() == kWorld);
+  CHECK(world->rank() == world->worldRank());
+  CHECK(world->coords() == Mesh::parse("a=2,b=2").coords(world->rank()));
+  Communicator& b = world->subgroup({"b"});
+  CHECK(&b == &world->subgroup({"b"})); // cached
+  CHECK(b.size() == 2);
+  CHECK(b.rank() == world->coord("b"));
+  CHECK(b.worldRankOf(0) == world->rank() - world->coord("b"));
+  Communicator& ba = world->subgroup({"b", "a"});
+  CHECK(ba.mesh().str() == "[b=2, a=2]");
+  CHECK(ba.rank() == world->coord("b") * 2 + world->coord("a"));
+  for (int q = 0; q < 4; ++q)
+    CHECK(ba.worldRankOf(q) == (q % 2) * 2 + q / 2);
+  CHECK(&world->subgroup({"a", "b"}) == world.get());
+  CHECK(&ba.subgroup({"a"}) == &world->subgroup({"a"}));
+  CHECK(world->subgroup(std::vector<std::string>{}).size() == 1);
+  CHECK_THROWS_AS(world->subgroup({"c"}), std::invalid_argument);
+  CHECK_THROWS_AS(world->subgroup({"a", "a"}), std::invalid_argument);
+}
+
+TEST_CASE("MPI allReduce: sum, max, min; f32, f64, i32; in place; small and large") {
+  forEachGroup([](Communicator& group) {
+    for (size_t count : {size_t(1), size_t(37), size_t(300000)}) {
+      INFO("count " << count);
+      std::vector<float> in(count), out(count, -1.0f);
+      for (size_t i = 0; i < count; ++i)
+        in[i] = valueOf<float>(group.rank(), i);
+      group.allReduce(in.data(), out.data(), count);
+      std::vector<double> inD(count), outD(count);
+      for (size_t i = 0; i < count; ++i)
+        inD[i] = valueOf<double>(group.rank(), i);
+      group.allReduce(inD.data(), outD.data(), count, ReduceOp::Max);
+      std::vector<int32_t> inPlace(count);
+      for (size_t i = 0; i < count; ++i)
+        inPlace[i] = valueOf<int32_t>(group.rank(), i);
+      group.allReduce(inPlace.data(), count, ReduceOp::Min);
+      size_t firstWrong = count; // the first element that is not exact
+      for (size_t i = 0; i < count && firstWrong == count; ++i) {
+        float sum = 0;
+        double max = -1e30;
+        int32_t min = INT32_MAX;
+        for (int q = 0; q < group.size(); ++q) {
+          sum += valueOf<float>(q, i);
+          max = std::max(max, valueOf<double>(q, i));
+          min = std::min(min, valueOf<int32_t>(q, i));
+        }
+        if (out[i] != sum || outD[i] != max || inPlace[i] != min) firstWrong = i;
+      }
+      CHECK(firstWrong == count);
+    }
+  });
+}
+
+TEST_CASE("MPI reduceScatter, allGather, allToAll: out of place and in place") {
+  forEachGroup([](Communicator& group) {
+    int p = group.size(), r = group.rank();
+    size_t n = 5;
+    std::vector<float> in(p * n);
+    for (size_t i = 0; i < in.size(); ++i)
+      in[i] = valueOf<float>(r, i);
+    std::vector<float> out(n), want(n, 0.0f);
+    for (size_t i = 0; i < n; ++i)
+      for (int q = 0; q < p; ++q)
+        want[i] += valueOf<float>(q, r * n + i);
+    group.reduceScatter(in.data(), out.data(), n);
+    CHECK(out == want);
+    std::vector<float> inPlace = in;
+    group.reduceScatter(inPlace.data(), inPlace.data() + r * n, n);
+    CHECK(std::vector<float>(inPlace.begin() + r * n, inPlace.begin() + (r + 1) * n) == want);
+
+    std::vector<int32_t> mine(n), gathered(p * n), wantGathered(p * n);
+    for (size_t i = 0; i < n; ++i)
+      mine[i] = valueOf<int32_t>(r, i);
+    for (int q = 0; q < p; ++q)
+      for (size_t i = 0; i < n; ++i)
+        wantGathered[q * n + i] = valueOf<int32_t>(q, i);
+    group.allGather(mine.data(), gathered.data(), n);
+    CHECK(gathered == wantGathered);
+    std::vector<int32_t> gatheredInPlace(p * n, -7);
+    std::copy(mine.begin(), mine.end(), gatheredInPlace.begin() + r * n);
+    group.allGather(gatheredInPlace.data() + r * n, gatheredInPlace.data(), n);
+    CHECK(gatheredInPlace == wantGathered);
+
+    std::vector<double> send(p * n), received(p * n), wantReceived(p * n);
+    for (size_t i = 0; i < send.size(); ++i)
+      send[i] = valueOf<double>(r, i);
+    for (int q = 0; q < p; ++q)
+      for (size_t i = 0; i < n; ++i)
+        wantReceived[q * n + i] = valueOf<double>(q, r * n + i);
+    group.allToAll(send.data(), received.data(), n);
+    CHECK(received == wantReceived);
+  });
+}
+
+TEST_CASE("MPI permute, shift, broadcast, barrier") {
+  forEachGroup([](Communicator& group) {
+    int p = group.size(), r = group.rank();
+    size_t n = 6;
+    std::vector<float> in(n), out(n);
+    for (size_t i = 0; i < n; ++i)
+      in[i] = valueOf<float>(r, i);
+    auto expectFrom = [&](int source) {
+      std::vector<float> want(n, 0.0f);
+      if (source != Communicator::kNoPeer)
+        for (size_t i = 0; i < n; ++i)
+          want[i] = valueOf<float>(source, i);
+      return want;
+    };
+    // Reversal: rank r sends to p-1-r.
+    group.permute(in.data(), out.data(), n, p - 1 - r, p - 1 - r);
+    CHECK(out == expectFrom(p - 1 - r));
+    for (int offset : {1, -1, 2}) {
+      INFO("offset " << offset);
+      group.shift(in.data(), out.data(), n, offset, Boundary::Wrap);
+      CHECK(out == expectFrom(((r - offset) % p + p) % p));
+      group.shift(in.data(), out.data(), n, offset, Boundary::Zero);
+      int source = r - offset;
+      CHECK(out == expectFrom(source >= 0 && source < p ? source : Communicator::kNoPeer));
+    }
+    for (int root = 0; root < p; ++root) {
+      std::vector<int32_t> data(n, r == root ? 40 + root : -1);
+      group.broadcast(data.data(), n, root);
+      CHECK(data == std::vector<int32_t>(n, 40 + root));
+    }
+    group.barrier();
+  });
+}
+
+TEST_CASE("MPI ranks that disagree get a CommError on every rank, then carry on") {
+  std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse("a=2,b=2"));
+  int r = world->rank();
+  std::vector<float> data(16, 1.0f);
+  // World rank 2 passes a different count: every rank throws, naming both calls.
+  try {
+    world->allReduce(data.data(), r == 2 ? 11 : 10);
+    FAIL("no CommError");
+  } catch (const CommError& error) {
+    CHECK(error.collective() == "allReduce");
+    CHECK(error.worldRank() == r);
+    CHECK_THAT(error.what(), Catch::Contains("ranks disagree") &&
+                                 Catch::Contains("allReduce of 11 f32 (sum)") &&
+                                 Catch::Contains("MPI backend"));
+  }
+  // Different collectives on one subgroup.
+  Communicator& b = world->subgroup({"b"});
+  try {
+    if (b.rank() == 0)
+      b.broadcast(data.data(), 4, 0);
+    else
+      b.allGather(data.data(), data.data() + 4, 4);
+    FAIL("no CommError");
+  } catch (const CommError& error) {
+    CHECK_THAT(error.what(),
+               Catch::Contains("ranks disagree") && Catch::Contains("of group [b=2]"));
+  }
+  // Permute pairs that do not match: rank 0 sends to 1, which receives from nobody.
+  try {
+    std::vector<float> out(4);
+    int sendTo = r == 0 ? 1 : Communicator::kNoPeer;
+    world->permute(data.data(), out.data(), 4, sendTo, Communicator::kNoPeer);
+    FAIL("no CommError");
+  } catch (const CommError& error) {
+    CHECK_THAT(error.what(), Catch::Contains("group rank 0 sends to rank 1, which receives from "
+                                             "nobody"));
+  }
+  // The checks ran before any data moved: the communicator still works.
+  std::vector<float> ones(3, 1.0f);
+  world->allReduce(ones.data(), 3);
+  CHECK(ones == std::vector<float>(3, 4.0f));
+}
+
+TEST_CASE("MPI argument errors are CommErrors naming the collective and the rank") {
+  std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse("x=4"));
+  std::vector<float> data(8);
+  try {
+    world->allReduceRaw(data.data(), data.data(), 8, DType::Bytes, ReduceOp::Sum);
+    FAIL("no CommError");
+  } catch (const CommError& error) {
+    CHECK_THAT(error.what(),
+               Catch::Contains("allReduce failed on world rank " + std::to_string(world->rank())) &&
+                   Catch::Contains("bytes cannot be reduced"));
+  }
+  CHECK_THROWS_WITH(world->allToAll(data.data(), data.data() + 1, 1),
+                    Catch::Contains("allToAll has no in-place form"));
+  CHECK_THROWS_WITH(world->broadcast(data.data(), 1, 4), Catch::Contains("root 4 is not a rank"));
+  world->barrier();
+}
+
+TEST_CASE("MPI world whose size is not the mesh's: a CommError on every process") {
+  for (const char* meshText : {"x=3", "a=2,b=4"}) {
+    Mesh mesh = Mesh::parse(meshText);
+    try {
+      mpiWorld(mesh);
+      FAIL("no CommError");
+    } catch (const CommError& error) {
+      CHECK_THAT(error.what(),
+                 Catch::Contains("the MPI world has 4 process(es) but the mesh " + mesh.str() +
+                                 " has " + std::to_string(mesh.size()) + " ranks") &&
+                     Catch::Contains("mpirun -np " + std::to_string(mesh.size())));
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  initMpi(); // finalized at exit
+  return Catch::Session().run(argc, argv);
+}
