@@ -1,4 +1,4 @@
-// Diagnostics: every user-facing error is declared once in ParseDiagnostics.def,
+// Diagnostics: every user-facing error is declared once in ParseDiagnostics.def, KernelDiagnostics.def,
 // SemaDiagnostics.def or PlanDiagnostics.def and reported through DiagEngine, which prints
 // `file:line:col: error: message` with the source line and a caret (llvm::SourceMgr).
 #pragma once
@@ -15,6 +15,7 @@ namespace meshc {
 /// One enumerator per diagnostic kind, declared in the registry files.
 enum class Diag {
 #define DIAG(Name, Severity, Format) Name,
+#include "diag/KernelDiagnostics.def"
 #include "diag/ParseDiagnostics.def"
 #include "diag/PlanDiagnostics.def"
 #include "diag/SemaDiagnostics.def"

@@ -4,7 +4,10 @@
 #include "diag/Diagnostics.h"
 #include "frontend/ASTPrinter.h"
 #include "frontend/SourceLoader.h"
+#include "driver/Toolchain.h"
 #include "interp/Interpreter.h"
+#include "interp/UserFunctions.h"
+#include "kernels/KernelCheck.h"
 #include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
 #include "planner/Planner.h"
@@ -192,6 +195,9 @@ bool planning() {
 
 /// --emit=cpp: <o>.h, <o>.cpp (and <o>.main.cpp with --cpp-runner), each written only when all
 /// were generated; with -o - (the default) the files go to `os` one after the other.
+/// Set when an output file cannot be written: exit status 2 (internal error), not 1.
+bool outputError = false;
+
 bool emitCppFiles(const ir::Module& module, const std::vector<plan::PlannedFunction>& plans,
                   llvm::raw_ostream& os) {
   codegen::CppOptions options;
@@ -220,6 +226,7 @@ bool emitCppFiles(const ir::Module& module, const std::vector<plan::PlannedFunct
     if (ec) {
       llvm::WithColor::error(llvm::errs(), "meshc")
           << "cannot open '" << path << "': " << ec.message() << "\n";
+      outputError = true;
       return false;
     }
     out->os() << *text;
@@ -297,13 +304,24 @@ bool wanted(const ir::Function& fn) {
 }
 
 /// Interprets every selected function on synthesized inputs; returns false on a runtime error.
-bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
+bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv0) {
+  // The user's C++ functions (extern def), compiled into a shared library of wrappers.
+  interp::UserFunctionBuild build;
+  build.cxx = findToolchain(argv0).cxx;
+  build.headerDir = llvm::sys::path::parent_path(inputPath).str();
+  build.cacheDir = cacheDirectory();
+  llvm::Expected<interp::UserFunctions> userFunctions = interp::loadUserFunctions(module, build);
+  if (!userFunctions) {
+    llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(userFunctions.takeError()) << "\n";
+    return false;
+  }
   std::string dump; // --dump-outputs: "tensor <fn>.<name> <dtype> <rank> <sizes>\n" + float64s
   for (const ir::Function& fn : module.functions) {
     if (!wanted(fn)) continue;
     interp::Options opts;
     opts.seed = seed;
     opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
+    opts.userFunctions = &*userFunctions;
     interp::TensorMap inputs;
     for (const ir::InputInfo& input : fn.inputs)
       inputs[input.name] = interp::synthesizeInput(input, seed);
@@ -351,7 +369,7 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
 
 /// The front half of the pipeline: load and parse the sources, check them and lower them to IR,
 /// or read IR text directly (`.ir` files, as printed by --emit=ir). Prints --emit=ast itself.
-std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
+std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os, const char* argv0) {
   if (llvm::StringRef(inputPath).endswith(".ir")) {
     auto buffer = llvm::MemoryBuffer::getFile(inputPath);
     if (!buffer) {
@@ -376,6 +394,12 @@ std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
   }
   SemaOptions options;
   if (!semaOptions(options)) return std::nullopt;
+  kernels::KernelCheckOptions kernelOptions;
+  kernelOptions.resourceDir = findToolchain(argv0).clangResourceDir;
+  options.checkExtern = [&](const ExternFunction& fn, DiagEngine& engine) {
+    inputFiles.push_back(fn.headerPath); // -MD lists the user's headers too
+    return kernels::checkExternFunction(fn, engine, kernelOptions);
+  };
   return analyze(*files, diag, options);
 }
 
@@ -416,9 +440,11 @@ void printVersion(llvm::raw_ostream& os) {
 
 int runMeshc(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(meshcCategory);
+  hideUnrelatedRunOptions();
   llvm::cl::SetVersionPrinter(printVersion);
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "meshc: a compiler for named-dim tensor programs on meshes\n");
+  if (runCommandChosen()) return runCommand(argv[0]);
   if (writeDepfile && outputPath == "-" && !depfilePath.getNumOccurrences()) {
     llvm::WithColor::error(llvm::errs(), "meshc") << "-MD needs -o <output> or -MF <depfile>\n";
     return kExitInputError;
@@ -430,14 +456,14 @@ int runMeshc(int argc, char** argv) {
   // The pipeline, in order: sources -> AST -> IR -> the stage asked for.
   std::string text;
   llvm::raw_string_ostream os(text);
-  std::optional<ir::Module> module = loadModule(diag, os);
+  std::optional<ir::Module> module = loadModule(diag, os, argv[0]);
   if (!module) return kExitInputError;
   if (emitStage == Emit::IR)
     ir::printModule(*module, os);
-  else if (emitStage == Emit::Run && !runModule(*module, os))
+  else if (emitStage == Emit::Run && !runModule(*module, os, argv[0]))
     return kExitInputError;
   else if (planning() && !planAndPrint(*module, diag, os))
-    return kExitInputError;
+    return outputError ? kExitInternalError : kExitInputError;
 
   // --emit=cpp with -o wrote its own files.
   if (emitStage == Emit::Cpp && outputPath != "-")
