@@ -11,6 +11,7 @@
 # every imported .mesh file and user C++ header, so Ninja and Makefiles regenerate the code when
 # any of them changes; SOURCES after the first and HEADERS are listed as dependencies too.
 # The main file's directory is a private include directory, for the user kernels' headers.
+# LAYOUT items are separated by ',' (a ';' would split the CMake list), e.g. "batch:data,d_ff:model".
 # Works in meshc's own tree and through find_package(meshc CONFIG).
 include_guard(GLOBAL)
 

@@ -63,7 +63,7 @@ def run_consumer(prefix, work, generator):
     print(run([os.path.join(build, "consumer"), actual]).stdout, end="")
     meshc = os.path.join(prefix, "bin", "meshc")
     run([meshc, os.path.join(source, "model.mesh"), "--emit=run", "--seed", "7", "--mesh",
-         "data=2,model=2", "--layout", "batch:data;d_ff:model", "--dump-outputs", expected])
+         "data=2,model=2", "--layout", "batch:data,d_ff:model", "--dump-outputs", expected])
     result = run([sys.executable, os.path.join(ROOT, "tests", "e2e", "compare_outputs.py"),
                   actual, expected], check=False)
     print(result.stdout, end="")
