@@ -1,6 +1,7 @@
-// Diagnostics: every user-facing error is declared once in ParseDiagnostics.def, KernelDiagnostics.def,
-// SemaDiagnostics.def or PlanDiagnostics.def and reported through DiagEngine, which prints
-// `file:line:col: error: message` with the source line and a caret (llvm::SourceMgr).
+// Diagnostics: every user-facing error is declared once in ParseDiagnostics.def,
+// KernelDiagnostics.def, SemaDiagnostics.def or PlanDiagnostics.def and reported through
+// DiagEngine, which prints `file:line:col: error: message` with the source line and a caret
+// (llvm::SourceMgr).
 #pragma once
 
 #include <fmt/format.h>

@@ -2,14 +2,14 @@
 
 #include "codegen/CppEmitter.h"
 #include "diag/Diagnostics.h"
+#include "driver/Toolchain.h"
 #include "frontend/ASTPrinter.h"
 #include "frontend/SourceLoader.h"
-#include "driver/Toolchain.h"
 #include "interp/Interpreter.h"
 #include "interp/UserFunctions.h"
-#include "kernels/KernelCheck.h"
 #include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
+#include "kernels/KernelCheck.h"
 #include "planner/Planner.h"
 #include "sema/Sema.h"
 
@@ -312,7 +312,8 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv
   build.cacheDir = cacheDirectory();
   llvm::Expected<interp::UserFunctions> userFunctions = interp::loadUserFunctions(module, build);
   if (!userFunctions) {
-    llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(userFunctions.takeError()) << "\n";
+    llvm::WithColor::error(llvm::errs(), "meshc")
+        << llvm::toString(userFunctions.takeError()) << "\n";
     return false;
   }
   std::string dump; // --dump-outputs: "tensor <fn>.<name> <dtype> <rank> <sizes>\n" + float64s

@@ -22,8 +22,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <map>
+#include <optional>
 
 extern char** environ;
 
@@ -39,7 +39,8 @@ cl::OptionCategory runCategory("meshc run options");
 
 cl::opt<std::string> runInput(cl::Positional, cl::desc("<input.mesh>"), cl::Required,
                               cl::sub(runSubcommand), cl::cat(runCategory));
-cl::opt<std::string> runMesh("mesh", cl::desc("Replace the program's mesh, e.g. \"data=2,model=4\""),
+cl::opt<std::string> runMesh("mesh",
+                             cl::desc("Replace the program's mesh, e.g. \"data=2,model=4\""),
                              cl::value_desc("axis=size,..."), cl::sub(runSubcommand),
                              cl::cat(runCategory));
 cl::opt<std::string> runLayout("layout",
@@ -71,8 +72,9 @@ cl::opt<double> runTolerance("tol", cl::desc("The f32 tolerance of --check (defa
                              cl::init(1e-4), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<uint64_t> runSeed("seed", cl::desc("Seed of inputs, parameters and dropout"), cl::init(0),
                           cl::sub(runSubcommand), cl::cat(runCategory));
-cl::opt<std::string> runCxx("cxx", cl::desc("The C++ compiler (default: $MESHC_CXX, else the one "
-                                            "meshc was built with)"),
+cl::opt<std::string> runCxx("cxx",
+                            cl::desc("The C++ compiler (default: $MESHC_CXX, else the one "
+                                     "meshc was built with)"),
                             cl::value_desc("path"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runOpt("opt", cl::desc("The optimization flag of the build (default -O2)"),
                             cl::init("-O2"), cl::sub(runSubcommand), cl::cat(runCategory));
@@ -194,7 +196,8 @@ bool readOutputs(const std::string& path, std::map<std::string, OutputTensor>& t
 bool compareOutputs(const std::string& actualPath, const std::string& expectedPath) {
   std::map<std::string, OutputTensor> actual, expected;
   if (!readOutputs(actualPath, actual) || !readOutputs(expectedPath, expected)) {
-    fail(kExitInternalError, "malformed output files '" + actualPath + "' / '" + expectedPath + "'");
+    fail(kExitInternalError,
+         "malformed output files '" + actualPath + "' / '" + expectedPath + "'");
     return false;
   }
   bool ok = true;
@@ -271,8 +274,8 @@ int runCommand(const char* argv0) {
   llvm::sys::fs::make_absolute(absoluteInput);
   std::vector<std::string> overrides = programArgs(toolchain.meshc);
   std::string workKey = absoluteInput.str().str() + "\n" + llvm::join(overrides, "\n");
-  std::string cacheDir = runCacheDir.getNumOccurrences() ? std::string(runCacheDir)
-                                                         : cacheDirectory();
+  std::string cacheDir =
+      runCacheDir.getNumOccurrences() ? std::string(runCacheDir) : cacheDirectory();
   std::string workDir =
       pathIn(pathIn(cacheDir, "run"), fmt::format("{}-{:016x}", stem, llvm::xxHash64(workKey)));
   if (std::error_code ec = llvm::sys::fs::create_directories(workDir))
@@ -300,8 +303,8 @@ int runCommand(const char* argv0) {
   // 2. build, unless the cache has a binary of the same code, flags and user headers.
   start = Clock::now();
   std::string mainDir = llvm::sys::path::parent_path(absoluteInput).str();
-  std::vector<std::string> build = {toolchain.cxx, runOpt, "-std=c++20", "-w", "-I", workDir,
-                                    "-I",          mainDir};
+  std::vector<std::string> build = {toolchain.cxx, runOpt,  "-std=c++20", "-w",
+                                    "-I",          workDir, "-I",         mainDir};
   for (const std::string& dir : toolchain.includeDirs)
     build.insert(build.end(), {"-I", dir});
   std::string unity = base + ".unity.cpp";
@@ -348,7 +351,8 @@ int runCommand(const char* argv0) {
   if (runBackend == Backend::Mpi) {
     // The generated runner chooses its communicator at run time (MESHRT_BACKEND); a runtime
     // without the MPI backend generates a runner that does not know the variable.
-    if (llvm::StringRef(readFile(base + ".main.cpp")).find("MESHRT_BACKEND") == llvm::StringRef::npos)
+    if (llvm::StringRef(readFile(base + ".main.cpp")).find("MESHRT_BACKEND") ==
+        llvm::StringRef::npos)
       return fail(kExitInputError,
                   "the MPI backend is not available in this meshc (its generated runner has no "
                   "MPI launcher); use --backend threads");
@@ -372,20 +376,21 @@ int runCommand(const char* argv0) {
     start = Clock::now();
     std::string expected = base + ".expected", log = base + ".interp.log";
     std::vector<std::string> args = overrides;
-    args.insert(args.end(), {"--emit=run", "--seed", std::to_string(runSeed), "--dump-outputs",
-                             expected});
+    args.insert(args.end(),
+                {"--emit=run", "--seed", std::to_string(runSeed), "--dump-outputs", expected});
     rc = execute(args, log, "", error);
     if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
     checkSeconds = secondsSince(start);
     llvm::outs() << "check against the reference interpreter:\n";
     matches = compareOutputs(actual, expected);
   }
-  llvm::outs() << fmt::format("meshc run: compile {:.2f} s, build {:.2f} s{}, run {:.2f} s", compileSeconds,
-                              buildSeconds, cached ? " (cached)" : "", runSeconds);
+  llvm::outs() << fmt::format("meshc run: compile {:.2f} s, build {:.2f} s{}, run {:.2f} s",
+                              compileSeconds, buildSeconds, cached ? " (cached)" : "", runSeconds);
   if (runCheck) llvm::outs() << fmt::format(", check {:.2f} s", checkSeconds);
   llvm::outs() << "\n";
   llvm::outs().flush();
-  if (!matches) return fail(kExitInternalError, "the outputs differ from the reference interpreter's");
+  if (!matches)
+    return fail(kExitInternalError, "the outputs differ from the reference interpreter's");
   return kExitOk;
 }
 

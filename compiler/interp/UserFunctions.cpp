@@ -96,9 +96,8 @@ llvm::Expected<UserFunctions> loadUserFunctions(const ir::Module& module,
     llvm::ErrorOr<std::string> cxx = llvm::sys::findProgramByName(build.cxx);
     if (!cxx) return failure(fmt::format("C++ compiler '{}' not found", build.cxx));
     std::string partial = library.str().str() + ".tmp";
-    std::vector<llvm::StringRef> args = {*cxx, "-std=c++17", "-O1",          "-shared",
-                                         "-fPIC", "-w",        cpp.str(), "-o",
-                                         partial};
+    std::vector<llvm::StringRef> args = {*cxx, "-std=c++17", "-O1", "-shared", "-fPIC",
+                                         "-w", cpp.str(),    "-o",  partial};
     llvm::Optional<llvm::StringRef> redirects[] = {llvm::None, llvm::StringRef(log),
                                                    llvm::StringRef(log)};
     std::string error;
@@ -118,7 +117,8 @@ llvm::Expected<UserFunctions> loadUserFunctions(const ir::Module& module,
   if (!lib.isValid()) return failure(fmt::format("cannot load '{}': {}", library.str(), error));
   for (const auto& [function, header] : userFunctionsOf(module)) {
     void* symbol = lib.getAddressOfSymbol(("meshc_user_" + function).c_str());
-    if (!symbol) return failure(fmt::format("'{}' has no wrapper of '{}'", library.str(), function));
+    if (!symbol)
+      return failure(fmt::format("'{}' has no wrapper of '{}'", library.str(), function));
     functions.byName[function] = reinterpret_cast<UserFunction>(symbol);
   }
   return functions;

@@ -23,9 +23,9 @@ struct UserFunctions {
 };
 
 struct UserFunctionBuild {
-  std::string cxx = "c++";   // the C++ compiler
-  std::string headerDir;     // where `call` ops' relative header paths start
-  std::string cacheDir;      // the wrapper library is written (and reused) here
+  std::string cxx = "c++"; // the C++ compiler
+  std::string headerDir;   // where `call` ops' relative header paths start
+  std::string cacheDir;    // the wrapper library is written (and reused) here
 };
 
 /// Every `call` op's function and header in `module`: (function, header as the op names it).

@@ -29,8 +29,7 @@ public:
       clang::PresumedLoc loc = info.getSourceManager().getPresumedLoc(info.getLocation());
       if (loc.isValid())
         firstError = fmt::format("{}:{}:{}: {}", llvm::sys::path::filename(loc.getFilename()),
-                                 loc.getLine(),
-                                 loc.getColumn(), firstError);
+                                 loc.getLine(), loc.getColumn(), firstError);
     }
   }
   std::string firstError;
@@ -76,7 +75,8 @@ bool checkExternFunction(const ExternFunction& fn, DiagEngine& diag,
   FirstErrorConsumer errors;
   std::string code = fmt::format("#include \"{}\"\n", absolute.str().str());
   std::unique_ptr<clang::ASTUnit> unit = clang::tooling::buildASTFromCodeWithArgs(
-      code, args, "meshc-extern-check.cpp", "meshc", std::make_shared<clang::PCHContainerOperations>(),
+      code, args, "meshc-extern-check.cpp", "meshc",
+      std::make_shared<clang::PCHContainerOperations>(),
       clang::tooling::getClangStripDependencyFileAdjuster(), clang::tooling::FileContentMappings(),
       &errors);
   if (!unit || !errors.firstError.empty()) {
@@ -88,8 +88,7 @@ bool checkExternFunction(const ExternFunction& fn, DiagEngine& diag,
 
   using namespace clang::ast_matchers;
   // Global scope only: generated code calls `::name(...)`.
-  auto matches =
-      match(functionDecl(hasName("::" + fn.name)).bind("fn"), unit->getASTContext());
+  auto matches = match(functionDecl(hasName("::" + fn.name)).bind("fn"), unit->getASTContext());
   std::vector<const clang::FunctionDecl*> candidates;
   for (const BoundNodes& node : matches)
     if (const auto* decl = node.getNodeAs<clang::FunctionDecl>("fn")) candidates.push_back(decl);

@@ -911,8 +911,8 @@ void ModuleLowerer::collectExtern(const ast::ExternDecl& ext) {
     header = absolute.str().str();
   }
   if (ok && options_.checkExtern)
-    options_.checkExtern(ExternFunction{ext.name.name, ext.params.size(), ext.header, resolved.str().str(),
-                                        ext.name.loc, ext.headerLoc},
+    options_.checkExtern(ExternFunction{ext.name.name, ext.params.size(), ext.header,
+                                        resolved.str().str(), ext.name.loc, ext.headerLoc},
                          reporter_.engine());
   globals_.externs[ext.name.name] = ExternInfo{&ext, header};
 }

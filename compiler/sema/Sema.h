@@ -35,7 +35,7 @@ struct SemaOptions {
   std::optional<std::string> layout;
   /// Checks each `extern def` against its C++ header, reporting through the DiagEngine; returns
   /// false when it does not match. Unset: extern defs are taken on trust (unit tests).
-  std::function<bool(const ExternFunction&, DiagEngine&)> checkExtern;
+  std::function<bool(const ExternFunction&, DiagEngine&)> checkExtern = nullptr;
 };
 
 /// Checks every file of `sources` and lowers every program and train block of them to IR.

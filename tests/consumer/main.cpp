@@ -26,7 +26,6 @@ int main(int argc, char** argv) {
   if (!file) return 2;
   meshc::gen::writeTensor(file, "model.y", "f32", y.shape, y.data);
   std::fclose(file);
-  std::printf("consumer: ran on %d ranks, y has %zu values\n", Model::mesh().size(),
-              y.data.size());
+  std::printf("consumer: ran on %d ranks, y has %zu values\n", Model::mesh().size(), y.data.size());
   return 0;
 }
