@@ -23,6 +23,7 @@
 #include <llvm/Support/WithColor.h>
 
 #include <chrono>
+#include <cstring>
 #include <cmath>
 
 namespace meshc {
@@ -68,6 +69,11 @@ llvm::cl::opt<bool> cppRunner(
     llvm::cl::desc("With --emit=cpp, also write <o>.main.cpp: a main that runs every function on "
                    "the threads backend and writes the gathered outputs"),
     llvm::cl::init(false), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> givenInputsPath(
+    "inputs",
+    llvm::cl::desc("With --emit=run, read inputs from <file> (the runner's binary format, "
+                   "tensors named <function>.<input>); inputs it lacks are synthesized"),
+    llvm::cl::value_desc("file"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> dumpOutputs(
     "dump-outputs",
     llvm::cl::desc("With --emit=run, also write every output to <file> in the generated "
@@ -303,6 +309,40 @@ bool wanted(const ir::Function& fn) {
   return std::find(onlyFunctions.begin(), onlyFunctions.end(), fn.name) != onlyFunctions.end();
 }
 
+/// Reads a file in the runner's output format ("tensor <name> <dtype> <rank> <sizes...>\n" and
+/// float64 values); the dims of each tensor are named d0, d1, ...
+bool readTensorFile(const std::string& path, std::map<std::string, interp::Tensor>& tensors) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false);
+  if (!buffer)
+    return optionError(fmt::format("cannot open '{}': {}", path, buffer.getError().message()));
+  llvm::StringRef data = (*buffer)->getBuffer();
+  while (!data.empty()) {
+    auto [line, rest] = data.split('\n');
+    llvm::SmallVector<llvm::StringRef, 8> fields;
+    line.split(fields, ' ', -1, /*KeepEmpty=*/false);
+    size_t rank = 0;
+    if (fields.size() < 4 || fields[0] != "tensor" || fields[3].getAsInteger(10, rank) ||
+        fields.size() != 4 + rank)
+      return optionError(fmt::format("'{}' is not a tensor file (at '{}')", path, line.str()));
+    interp::Tensor tensor;
+    size_t count = 1;
+    for (size_t i = 0; i < rank; ++i) {
+      int64_t size = 0;
+      if (fields[4 + i].getAsInteger(10, size) || size < 0)
+        return optionError(fmt::format("'{}': bad size in '{}'", path, line.str()));
+      tensor.type.dims.push_back({"d" + std::to_string(i), size});
+      count *= size_t(size);
+    }
+    if (rest.size() < count * sizeof(double))
+      return optionError(fmt::format("'{}': '{}' is cut short", path, line.str()));
+    tensor.data.resize(count);
+    std::memcpy(tensor.data.data(), rest.data(), count * sizeof(double));
+    tensors[fields[1].str()] = std::move(tensor);
+    data = rest.drop_front(count * sizeof(double));
+  }
+  return true;
+}
+
 /// Interprets every selected function on synthesized inputs; returns false on a runtime error.
 bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv0) {
   // The user's C++ functions (extern def), compiled into a shared library of wrappers.
@@ -316,6 +356,11 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv
         << llvm::toString(userFunctions.takeError()) << "\n";
     return false;
   }
+  // --inputs: tensors by "<function>.<input>"; their dims stay unnamed until matched.
+  std::map<std::string, interp::Tensor> givenInputs;
+  if (givenInputsPath.getNumOccurrences() &&
+      !readTensorFile(givenInputsPath, givenInputs))
+    return false;
   std::string dump; // --dump-outputs: "tensor <fn>.<name> <dtype> <rank> <sizes>\n" + float64s
   for (const ir::Function& fn : module.functions) {
     if (!wanted(fn)) continue;
@@ -324,8 +369,25 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv
     opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
     opts.userFunctions = &*userFunctions;
     interp::TensorMap inputs;
-    for (const ir::InputInfo& input : fn.inputs)
-      inputs[input.name] = interp::synthesizeInput(input, seed);
+    for (const ir::InputInfo& input : fn.inputs) {
+      auto given = givenInputs.find(fn.name + "." + input.name);
+      if (given == givenInputs.end()) {
+        inputs[input.name] = interp::synthesizeInput(input, seed);
+        continue;
+      }
+      if (given->second.type.dims.size() != input.type.dims.size() ||
+          given->second.type.numElements() != input.type.numElements()) {
+        llvm::WithColor::error(llvm::errs(), "meshc")
+            << "--inputs: " << given->first << " has " << given->second.type.numElements()
+            << " values in " << given->second.type.dims.size() << " dims, not the input's shape\n";
+        return false;
+      }
+      interp::Tensor tensor{input.type, given->second.data};
+      if (input.type.dtype == ir::DType::F32) // as the generated code holds them
+        for (double& v : tensor.data)
+          v = double(float(v));
+      inputs[input.name] = std::move(tensor);
+    }
     auto start = std::chrono::steady_clock::now();
     llvm::Expected<interp::TensorMap> outputs = interp::run(fn, inputs, opts);
     double ms =

@@ -70,6 +70,11 @@ cl::opt<bool> runCheck("check",
                        cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<double> runTolerance("tol", cl::desc("The f32 tolerance of --check (default 1e-4)"),
                              cl::init(1e-4), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runData("data",
+                             cl::desc("Read the inputs from <file> (tensors named "
+                                      "<function>.<input> in the format of --dump-outputs); "
+                                      "inputs it lacks are synthesized from --seed"),
+                             cl::value_desc("file"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<uint64_t> runSeed("seed", cl::desc("Seed of inputs, parameters and dropout"), cl::init(0),
                           cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runCxx("cxx",
@@ -268,6 +273,14 @@ int runCommand(const char* argv0) {
   if (!llvm::sys::fs::exists(runInput))
     return fail(kExitInputError, fmt::format("cannot open '{}'", std::string(runInput)));
 
+  llvm::SmallString<256> absoluteData(runData);
+  if (runData.getNumOccurrences()) {
+    if (!llvm::sys::fs::exists(runData))
+      return fail(kExitInputError, fmt::format("cannot open --data '{}'", std::string(runData)));
+    llvm::sys::fs::make_absolute(absoluteData);
+  }
+  std::string dataPath = absoluteData.str().str();
+
   // One work directory per program and set of options; binaries are keyed by what they build.
   std::string stem = llvm::sys::path::stem(runInput).str();
   llvm::SmallString<256> absoluteInput(runInput);
@@ -347,6 +360,7 @@ int runCommand(const char* argv0) {
   // 3. run on the mesh's ranks.
   std::string actual = base + ".actual";
   std::vector<std::string> run = {binary, actual, std::to_string(runSeed)};
+  if (runData.getNumOccurrences()) run.push_back(dataPath);
   std::vector<std::string> env;
   if (runBackend == Backend::Mpi) {
     // The generated runner chooses its communicator at run time (MESHRT_BACKEND); a runtime
@@ -378,6 +392,7 @@ int runCommand(const char* argv0) {
     std::vector<std::string> args = overrides;
     args.insert(args.end(),
                 {"--emit=run", "--seed", std::to_string(runSeed), "--dump-outputs", expected});
+    if (runData.getNumOccurrences()) args.insert(args.end(), {"--inputs", dataPath});
     rc = execute(args, log, "", error);
     if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
     checkSeconds = secondsSince(start);

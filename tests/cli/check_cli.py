@@ -203,6 +203,42 @@ def run_user_kernels():
                "a program with user kernels runs and matches the interpreter", proc)
 
 
+def write_tensor(path, name, shape, values):
+    import struct
+    with open(path, "wb") as f:
+        f.write(f"tensor {name} f32 {len(shape)} {' '.join(map(str, shape))}\n".encode())
+        f.write(struct.pack(f"<{len(values)}d", *values))
+
+
+def run_data():
+    """--data: inputs read from a file feed both the generated code and (--check) the
+    interpreter (`--emit=run --inputs`); a mismatch between the two would fail the check."""
+    import math
+    with tempfile.TemporaryDirectory() as cache:
+        data = os.path.join(cache, "inputs.bin")
+        write_tensor(data, "mlp.x", [32, 64], [math.sin(0.37 * i) for i in range(2048)])
+        synthetic = meshc(MLP, "--emit=run", "--function", "mlp")
+        given = meshc(MLP, "--emit=run", "--function", "mlp", "--inputs", data)
+        expect(given.returncode == 0 and given.stdout.split("interpreted")[1] !=
+               synthetic.stdout.split("interpreted")[1], "--inputs changes the outputs", given)
+        proc = run_command(MLP, "--function", "mlp", "--no-plan", "--check", "--data", data,
+                           cache=cache)
+        expect(proc.returncode == 0 and "ok   mlp.y" in proc.stdout,
+               "meshc run --data --check matches the interpreter on the given inputs", proc)
+        wrong = os.path.join(cache, "wrong.bin")
+        write_tensor(wrong, "mlp.x", [7], [1.0] * 7)
+        bad = meshc(MLP, "--emit=run", "--function", "mlp", "--inputs", wrong)
+        expect(bad.returncode == 1 and "--inputs" in bad.stderr, "a wrong shape is refused", bad)
+        with open(wrong, "w") as f:
+            f.write("not a tensor file\n")
+        bad = run_command(MLP, "--function", "mlp", "--no-plan", "--data", wrong, cache=cache)
+        expect(bad.returncode != 0 and "not a tensor file" in bad.stderr,
+               "a malformed data file is reported", bad)
+        missing = run_command(MLP, "--data", os.path.join(cache, "none.bin"), cache=cache)
+        expect(missing.returncode == 1 and "--data" in missing.stderr, "a missing data file",
+               missing)
+
+
 def run_errors():
     with tempfile.TemporaryDirectory() as cache:
         missing = run_command("/nonexistent/x.mesh", cache=cache)
@@ -238,7 +274,8 @@ def run_help():
     proc = meshc("run", "--help")
     expect(proc.returncode == 0, "meshc run --help", proc)
     for option in ["--mesh", "--layout", "--machine", "--backend", "--check", "--function",
-                   "--seed", "--cxx", "--opt", "--cache-dir", "--tol", "--dim", "--no-plan"]:
+                   "--seed", "--cxx", "--opt", "--cache-dir", "--tol", "--dim", "--no-plan",
+                   "--data"]:
         expect(option in proc.stdout, f"meshc run --help lists {option}", proc)
     expect("--emit" not in proc.stdout and "--print-after-all" not in proc.stdout,
            "meshc run --help shows only its own options", proc)
@@ -247,8 +284,8 @@ def run_help():
 CASES = {f.__name__: f for f in [version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
-                                 depfile_user_headers, run_check, run_user_kernels, run_errors,
-                                 run_help]}
+                                 depfile_user_headers, run_check, run_user_kernels, run_data,
+                                 run_errors, run_help]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]
