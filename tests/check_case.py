@@ -81,7 +81,7 @@ def error(meshc, case):
             if not m:
                 continue
             text = m.group(1).strip()
-            fm = re.match(r"^([\w./-]+\.mesh):(\d+:\d+: .*)$", text)
+            fm = re.match(r"^([\w./-]+\.(?:mesh|h)):(\d+:\d+: .*)$", text)
             file = os.path.normpath(os.path.join(case_dir, fm.group(1))) if fm else case
             expected.append((os.path.realpath(file), fm.group(2) if fm else text))
     if not expected:

@@ -4,6 +4,7 @@ namespace meshc {
 
 static const DiagInfo kDiagInfos[] = {
 #define DIAG(Name, Sev, Format) {#Name, Severity::Sev, Format},
+#include "diag/KernelDiagnostics.def"
 #include "diag/ParseDiagnostics.def"
 #include "diag/PlanDiagnostics.def"
 #include "diag/SemaDiagnostics.def"

@@ -1,6 +1,7 @@
 // Diagnostics: every user-facing error is declared once in ParseDiagnostics.def,
-// SemaDiagnostics.def, PlanDiagnostics.def or TrainDiagnostics.def and reported through DiagEngine,
-// which prints `file:line:col: error: message` with the source line and a caret (llvm::SourceMgr).
+// KernelDiagnostics.def, SemaDiagnostics.def, PlanDiagnostics.def or TrainDiagnostics.def and
+// reported through DiagEngine, which prints `file:line:col: error: message` with the source line
+// and a caret (llvm::SourceMgr).
 #pragma once
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@ namespace meshc {
 /// One enumerator per diagnostic kind, declared in the registry files.
 enum class Diag {
 #define DIAG(Name, Severity, Format) Name,
+#include "diag/KernelDiagnostics.def"
 #include "diag/ParseDiagnostics.def"
 #include "diag/PlanDiagnostics.def"
 #include "diag/SemaDiagnostics.def"

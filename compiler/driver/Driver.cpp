@@ -3,11 +3,14 @@
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
 #include "diag/Diagnostics.h"
+#include "driver/Toolchain.h"
 #include "frontend/ASTPrinter.h"
 #include "frontend/SourceLoader.h"
 #include "interp/Interpreter.h"
+#include "interp/UserFunctions.h"
 #include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
+#include "kernels/KernelCheck.h"
 #include "planner/Planner.h"
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
@@ -22,6 +25,7 @@
 #include <llvm/Support/WithColor.h>
 
 #include <chrono>
+#include <cstring>
 #include <cmath>
 
 namespace meshc {
@@ -84,6 +88,11 @@ llvm::cl::opt<std::string> cudaMath(
     llvm::cl::desc("With --emit=cuda, the einsum precision: fp32 (strict, default), tf32 (TF32 "
                    "tensor cores) or bf16 (bf16 operands, fp32 accumulation and master weights)"),
     llvm::cl::value_desc("mode"), llvm::cl::init("fp32"), llvm::cl::cat(meshcCategory));
+llvm::cl::opt<std::string> givenInputsPath(
+    "inputs",
+    llvm::cl::desc("With --emit=run, read inputs from <file> (the runner's binary format, "
+                   "tensors named <function>.<input>); inputs it lacks are synthesized"),
+    llvm::cl::value_desc("file"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string> dumpOutputs(
     "dump-outputs",
     llvm::cl::desc("With --emit=run, also write every output to <file> in the generated "
@@ -211,6 +220,9 @@ bool planning() {
 
 /// --emit=cpp: <o>.h, <o>.cpp (and <o>.main.cpp with --cpp-runner), each written only when all
 /// were generated; with -o - (the default) the files go to `os` one after the other.
+/// Set when an output file cannot be written: exit status 2 (internal error), not 1.
+bool outputError = false;
+
 bool emitCppFiles(const ir::Module& module, const std::vector<plan::PlannedFunction>& plans,
                   llvm::raw_ostream& os) {
   codegen::CppOptions options;
@@ -244,6 +256,7 @@ bool emitCppFiles(const ir::Module& module, const std::vector<plan::PlannedFunct
     if (ec) {
       llvm::WithColor::error(llvm::errs(), "meshc")
           << "cannot open '" << path << "': " << ec.message() << "\n";
+      outputError = true;
       return false;
     }
     out->os() << *text;
@@ -335,7 +348,8 @@ void dumpTensor(const std::string& name, const interp::Tensor& tensor, std::stri
 /// --steps N on a train block: N interpreter train steps on synthetic inputs (seed + step),
 /// one `step S loss L` line each. The dump gets the last loss (`<fn>.loss`) and every param's
 /// final value (`<fn>.param.<path>`, weights and optimizer state).
-bool trainModule(const ir::Function& fn, llvm::raw_ostream& os, std::string& dump) {
+bool trainModule(const ir::Function& fn, llvm::raw_ostream& os, std::string& dump,
+                 const interp::UserFunctions* userFunctions) {
   interp::TensorMap state;
   interp::Tensor loss{ir::TensorType{}, {0.0}};
   os << fmt::format("train {}: {} steps in the interpreter\n", fn.name, int64_t(trainSteps));
@@ -343,6 +357,7 @@ bool trainModule(const ir::Function& fn, llvm::raw_ostream& os, std::string& dum
     interp::Options opts;
     opts.seed = seed;
     opts.step = uint64_t(step);
+    opts.userFunctions = userFunctions;
     interp::TensorMap inputs;
     for (const ir::InputInfo& input : fn.inputs)
       inputs[input.name] = interp::synthesizeInput(input, seed + uint64_t(step));
@@ -361,21 +376,89 @@ bool trainModule(const ir::Function& fn, llvm::raw_ostream& os, std::string& dum
   return true;
 }
 
+/// Reads a file in the runner's output format ("tensor <name> <dtype> <rank> <sizes...>\n" and
+/// float64 values); the dims of each tensor are named d0, d1, ...
+bool readTensorFile(const std::string& path, std::map<std::string, interp::Tensor>& tensors) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false);
+  if (!buffer)
+    return optionError(fmt::format("cannot open '{}': {}", path, buffer.getError().message()));
+  llvm::StringRef data = (*buffer)->getBuffer();
+  while (!data.empty()) {
+    auto [line, rest] = data.split('\n');
+    llvm::SmallVector<llvm::StringRef, 8> fields;
+    line.split(fields, ' ', -1, /*KeepEmpty=*/false);
+    size_t rank = 0;
+    if (fields.size() < 4 || fields[0] != "tensor" || fields[3].getAsInteger(10, rank) ||
+        fields.size() != 4 + rank)
+      return optionError(fmt::format("'{}' is not a tensor file (at '{}')", path, line.str()));
+    interp::Tensor tensor;
+    size_t count = 1;
+    for (size_t i = 0; i < rank; ++i) {
+      int64_t size = 0;
+      if (fields[4 + i].getAsInteger(10, size) || size < 0)
+        return optionError(fmt::format("'{}': bad size in '{}'", path, line.str()));
+      tensor.type.dims.push_back({"d" + std::to_string(i), size});
+      count *= size_t(size);
+    }
+    if (rest.size() < count * sizeof(double))
+      return optionError(fmt::format("'{}': '{}' is cut short", path, line.str()));
+    tensor.data.resize(count);
+    std::memcpy(tensor.data.data(), rest.data(), count * sizeof(double));
+    tensors[fields[1].str()] = std::move(tensor);
+    data = rest.drop_front(count * sizeof(double));
+  }
+  return true;
+}
+
 /// Interprets every selected function on synthesized inputs; returns false on a runtime error.
-bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
+bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv0) {
+  // The user's C++ functions (extern def), compiled into a shared library of wrappers.
+  interp::UserFunctionBuild build;
+  build.cxx = findToolchain(argv0).cxx;
+  build.headerDir = llvm::sys::path::parent_path(inputPath).str();
+  build.cacheDir = cacheDirectory();
+  llvm::Expected<interp::UserFunctions> userFunctions = interp::loadUserFunctions(module, build);
+  if (!userFunctions) {
+    llvm::WithColor::error(llvm::errs(), "meshc")
+        << llvm::toString(userFunctions.takeError()) << "\n";
+    return false;
+  }
+  // --inputs: tensors by "<function>.<input>"; their dims stay unnamed until matched.
+  std::map<std::string, interp::Tensor> givenInputs;
+  if (givenInputsPath.getNumOccurrences() &&
+      !readTensorFile(givenInputsPath, givenInputs))
+    return false;
   std::string dump; // --dump-outputs: "tensor <fn>.<name> <dtype> <rank> <sizes>\n" + float64s
   for (const ir::Function& fn : module.functions) {
     if (!wanted(fn)) continue;
     if (fn.kind == ir::Function::Kind::Train && trainSteps > 0) {
-      if (!trainModule(fn, os, dump)) return false;
+      if (!trainModule(fn, os, dump, &*userFunctions)) return false;
       continue;
     }
     interp::Options opts;
     opts.seed = seed;
     opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
+    opts.userFunctions = &*userFunctions;
     interp::TensorMap inputs;
-    for (const ir::InputInfo& input : fn.inputs)
-      inputs[input.name] = interp::synthesizeInput(input, seed);
+    for (const ir::InputInfo& input : fn.inputs) {
+      auto given = givenInputs.find(fn.name + "." + input.name);
+      if (given == givenInputs.end()) {
+        inputs[input.name] = interp::synthesizeInput(input, seed);
+        continue;
+      }
+      if (given->second.type.dims.size() != input.type.dims.size() ||
+          given->second.type.numElements() != input.type.numElements()) {
+        llvm::WithColor::error(llvm::errs(), "meshc")
+            << "--inputs: " << given->first << " has " << given->second.type.numElements()
+            << " values in " << given->second.type.dims.size() << " dims, not the input's shape\n";
+        return false;
+      }
+      interp::Tensor tensor{input.type, given->second.data};
+      if (input.type.dtype == ir::DType::F32) // as the generated code holds them
+        for (double& v : tensor.data)
+          v = double(float(v));
+      inputs[input.name] = std::move(tensor);
+    }
     auto start = std::chrono::steady_clock::now();
     llvm::Expected<interp::TensorMap> outputs = interp::run(fn, inputs, opts);
     double ms =
@@ -413,7 +496,7 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os) {
 
 /// The front half of the pipeline: load and parse the sources, check them and lower them to IR,
 /// or read IR text directly (`.ir` files, as printed by --emit=ir). Prints --emit=ast itself.
-std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
+std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os, const char* argv0) {
   if (llvm::StringRef(inputPath).endswith(".ir")) {
     auto buffer = llvm::MemoryBuffer::getFile(inputPath);
     if (!buffer) {
@@ -438,6 +521,12 @@ std::optional<ir::Module> loadModule(DiagEngine& diag, llvm::raw_ostream& os) {
   }
   SemaOptions options;
   if (!semaOptions(options)) return std::nullopt;
+  kernels::KernelCheckOptions kernelOptions;
+  kernelOptions.resourceDir = findToolchain(argv0).clangResourceDir;
+  options.checkExtern = [&](const ExternFunction& fn, DiagEngine& engine) {
+    inputFiles.push_back(fn.headerPath); // -MD lists the user's headers too
+    return kernels::checkExternFunction(fn, engine, kernelOptions);
+  };
   return analyze(*files, diag, options);
 }
 
@@ -478,9 +567,11 @@ void printVersion(llvm::raw_ostream& os) {
 
 int runMeshc(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(meshcCategory);
+  hideUnrelatedRunOptions();
   llvm::cl::SetVersionPrinter(printVersion);
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "meshc: a compiler for named-dim tensor programs on meshes\n");
+  if (runCommandChosen()) return runCommand(argv[0]);
   if (writeDepfile && outputPath == "-" && !depfilePath.getNumOccurrences()) {
     llvm::WithColor::error(llvm::errs(), "meshc") << "-MD needs -o <output> or -MF <depfile>\n";
     return kExitInputError;
@@ -496,7 +587,7 @@ int runMeshc(int argc, char** argv) {
   // The pipeline, in order: sources -> AST -> IR -> the stage asked for.
   std::string text;
   llvm::raw_string_ostream os(text);
-  std::optional<ir::Module> module = loadModule(diag, os);
+  std::optional<ir::Module> module = loadModule(diag, os, argv[0]);
   if (!module) return kExitInputError;
   // The training phase (autodiff, optimizer) on train blocks, for every stage after the IR.
   if (emitStage != Emit::AST && emitStage != Emit::IR)
@@ -504,10 +595,10 @@ int runMeshc(int argc, char** argv) {
       if (!train::lowerTraining(fn, diag)) return kExitInputError;
   if (emitStage == Emit::IR || emitStage == Emit::TrainIR)
     ir::printModule(*module, os);
-  else if (emitStage == Emit::Run && !runModule(*module, os))
+  else if (emitStage == Emit::Run && !runModule(*module, os, argv[0]))
     return kExitInputError;
   else if (planning() && !planAndPrint(*module, diag, os))
-    return kExitInputError;
+    return outputError ? kExitInternalError : kExitInputError;
 
   // --emit=cpp with -o wrote its own files.
   if ((emitStage == Emit::Cpp || emitStage == Emit::Cuda) && outputPath != "-")

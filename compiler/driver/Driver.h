@@ -10,4 +10,10 @@ enum ExitCode { kExitOk = 0, kExitInputError = 1, kExitInternalError = 2 };
 /// Runs meshc with command-line arguments; returns the process exit code.
 int runMeshc(int argc, char** argv);
 
+/// `meshc run` (RunCommand.cpp): whether the command line chose it, its --help filter, and the
+/// command itself (after the command line was parsed).
+bool runCommandChosen();
+void hideUnrelatedRunOptions();
+int runCommand(const char* argv0);
+
 } // namespace meshc

@@ -182,7 +182,7 @@ struct TypedName {
 };
 
 struct Decl {
-  enum class Kind { Import, Mesh, Dim, Layout, Def, Program, Train };
+  enum class Kind { Import, Mesh, Dim, Layout, Def, Program, Train, Extern };
   Decl(Kind kind, Loc loc) : kind(kind), loc(loc) {}
   virtual ~Decl() = default;
   const Kind kind;
@@ -262,6 +262,24 @@ struct TrainDecl : Decl {
   std::vector<TypedName> inputs;
   std::vector<StmtPtr> body;
   static bool classof(const Decl* d) { return d->kind == Kind::Train; }
+};
+
+/// `extern def name(x: f32, ...) -> f32 from "header.h"`: an elementwise function implemented
+/// in the user's C++ header (path relative to the declaring file). Calls lower to the `call` op.
+struct ExternDecl : Decl {
+  ExternDecl(Loc loc) : Decl(Kind::Extern, loc) {}
+  Ident name;
+  struct Param {
+    Ident name;
+    DType dtype = DType::F32;
+    Loc dtypeLoc;
+  };
+  std::vector<Param> params;
+  DType result = DType::F32;
+  Loc resultLoc;
+  std::string header;
+  Loc headerLoc;
+  static bool classof(const Decl* d) { return d->kind == Kind::Extern; }
 };
 
 /// One parsed file.

@@ -1,6 +1,7 @@
 #include "frontend/ASTPrinter.h"
 
 #include <fmt/format.h>
+#include <llvm/ADT/StringExtras.h>
 #include <llvm/Support/Casting.h>
 
 namespace meshc {
@@ -137,6 +138,16 @@ private:
       line(indent, "TrainDecl", decl.loc) << " " << train.name.name << "\n";
       printTypedNames("Input", train.inputs, indent + 1);
       printBody(train.body, indent + 1);
+      return;
+    }
+    case Decl::Kind::Extern: {
+      const auto& ext = cast<ExternDecl>(decl);
+      std::vector<std::string> params;
+      for (const ExternDecl::Param& p : ext.params)
+        params.push_back(p.name.name + ": " + dtypeName(p.dtype));
+      line(indent, "ExternDecl", decl.loc)
+          << " " << ext.name.name << "(" << llvm::join(params, ", ") << ") -> "
+          << dtypeName(ext.result) << " from \"" << ext.header << "\"\n";
       return;
     }
     }

@@ -34,6 +34,8 @@ const char* tokName(Tok kind) {
     return "'program'";
   case Tok::KwTrain:
     return "'train'";
+  case Tok::KwExtern:
+    return "'extern'";
   case Tok::KwParam:
     return "'param'";
   case Tok::KwConst:
@@ -127,6 +129,7 @@ static Tok keywordOrIdent(llvm::StringRef text) {
       .Case("def", Tok::KwDef)
       .Case("program", Tok::KwProgram)
       .Case("train", Tok::KwTrain)
+      .Case("extern", Tok::KwExtern)
       .Case("param", Tok::KwParam)
       .Case("const", Tok::KwConst)
       .Case("let", Tok::KwLet)

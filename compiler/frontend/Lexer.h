@@ -25,6 +25,7 @@ enum class Tok {
   KwDef,
   KwProgram,
   KwTrain,
+  KwExtern,
   KwParam,
   KwConst,
   KwLet,

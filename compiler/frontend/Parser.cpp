@@ -83,6 +83,7 @@ private:
     case Tok::KwDef:
     case Tok::KwProgram:
     case Tok::KwTrain:
+    case Tok::KwExtern:
       return true;
     default:
       return false;
@@ -126,6 +127,8 @@ private:
   DeclPtr parseDefDecl();
   DeclPtr parseProgramDecl();
   DeclPtr parseTrainDecl();
+  DeclPtr parseExternDecl();
+  bool parseExternParam(ExternDecl& decl);
   bool parseTypedNames(std::vector<TypedName>& names, bool allowEmpty);
   std::optional<TypedName> parseTypedName();
   std::optional<TypeSpec> parseTensorType();
@@ -249,6 +252,7 @@ std::unique_ptr<File> Parser::parseFile() {
 }
 
 /// decl ::= importDecl | meshDecl | dimDecl | layoutDecl | defDecl | programDecl | trainDecl
+///        | externDecl
 DeclPtr Parser::parseDecl() {
   switch (tok().kind) {
   case Tok::KwImport:
@@ -265,8 +269,10 @@ DeclPtr Parser::parseDecl() {
     return parseProgramDecl();
   case Tok::KwTrain:
     return parseTrainDecl();
+  case Tok::KwExtern:
+    return parseExternDecl();
   default:
-    error("a declaration (import, mesh, dim, layout, def, program or train)");
+    error("a declaration (import, mesh, dim, layout, def, program, train or extern)");
     return nullptr;
   }
 }
@@ -421,6 +427,53 @@ DeclPtr Parser::parseTrainDecl() {
     return nullptr;
   decl->name = std::move(*name);
   return decl;
+}
+
+/// externDecl ::= 'extern' 'def' IDENT '(' [ externParam { ',' externParam } ] ')' '->' dtype
+///                'from' STRING
+/// (`from` is matched as an identifier, so it stays usable as a name elsewhere.)
+DeclPtr Parser::parseExternDecl() {
+  auto decl = std::make_unique<ExternDecl>(consume().loc);
+  if (!expect(Tok::KwDef)) return nullptr;
+  std::optional<Ident> name = parseIdent("an extern function name");
+  if (!name || !expect(Tok::LParen)) return nullptr;
+  decl->name = std::move(*name);
+  if (!consumeIf(Tok::RParen)) {
+    do {
+      if (!parseExternParam(*decl)) return nullptr;
+    } while (consumeIf(Tok::Comma));
+    if (!expect(Tok::RParen, "',' or ')'")) return nullptr;
+  }
+  if (!expect(Tok::Arrow)) return nullptr;
+  decl->resultLoc = tok().loc;
+  std::optional<DType> result = parseDType();
+  if (!result) return nullptr;
+  decl->result = *result;
+  if (!is(Tok::Ident) || tok().text != "from") {
+    error("'from' and the C++ header that implements the function");
+    return nullptr;
+  }
+  consume();
+  if (!is(Tok::String)) {
+    error("a header file name string");
+    return nullptr;
+  }
+  Token header = consume();
+  if (header.malformed) return nullptr; // reported by the lexer
+  decl->header = header.string;
+  decl->headerLoc = header.loc;
+  return decl;
+}
+
+/// externParam ::= IDENT ':' dtype
+bool Parser::parseExternParam(ExternDecl& decl) {
+  std::optional<Ident> name = parseIdent("a parameter name");
+  if (!name || !expect(Tok::Colon)) return false;
+  Loc dtypeLoc = tok().loc;
+  std::optional<DType> dtype = parseDType();
+  if (!dtype) return false;
+  decl.params.push_back({std::move(*name), *dtype, dtypeLoc});
+  return true;
 }
 
 /// The parenthesized signature lists of defDecl, programDecl and trainDecl:

@@ -3,6 +3,8 @@
 // never by position. Values live in double and are rounded to their dtype after every op.
 #include "interp/Interpreter.h"
 
+#include "interp/UserFunctions.h"
+
 #include "meshrt/Random.h"
 
 #include <fmt/format.h>
@@ -448,6 +450,7 @@ private:
   void unary(const Op& op, Tensor& out);
   void binary(const Op& op, Tensor& out);
   void where(const Op& op, Tensor& out);
+  llvm::Error call(const Op& op, Tensor& out);
   llvm::Error einsum(const Op& op, Tensor& out);
   llvm::Error reduce(const Op& op, Tensor& out);
   llvm::Error alongDims(const Op& op, Tensor& out);
@@ -730,6 +733,8 @@ llvm::Error Interpreter::execute(const Op& op) {
   case OpKind::Where:
     where(op, out);
     return llvm::Error::success();
+  case OpKind::Call:
+    return call(op, out);
   case OpKind::Einsum:
     return einsum(op, out);
   case OpKind::ReduceSum:
@@ -891,6 +896,38 @@ void Interpreter::where(const Op& op, Tensor& out) {
                   [&](const std::array<int64_t, 4>& at) {
                     out.data[at[0]] = cond.data[at[1]] != 0 ? a.data[at[2]] : b.data[at[3]];
                   });
+}
+
+/// The user's elementwise function over operands broadcast by dim name (an odometer over the
+/// result's index space, one offset per operand).
+llvm::Error Interpreter::call(const Op& op, Tensor& out) {
+  llvm::Expected<std::string> function = string(op, "function");
+  if (!function) return function.takeError();
+  const UserFunctions* user = opts.userFunctions;
+  if (!user || !user->byName.count(*function))
+    return opError(op, "the user function '{}' is not loaded", *function);
+  UserFunction userFunction = user->byName.at(*function);
+  size_t n = op.operands.size();
+  std::vector<Strides> strides;
+  for (size_t k = 0; k < n; ++k)
+    strides.push_back(stridesOver(operand(op, k).type, out.type.dims));
+  const std::vector<Dim>& dims = out.type.dims;
+  std::vector<int64_t> index(dims.size(), 0), offset(n, 0);
+  std::vector<double> args(n);
+  for (double& result : out.data) {
+    for (size_t k = 0; k < n; ++k)
+      args[k] = operand(op, k).data[size_t(offset[k])];
+    result = userFunction(args.data());
+    for (size_t d = dims.size(); d-- > 0;) { // advance the odometer, innermost dim first
+      for (size_t k = 0; k < n; ++k)
+        offset[k] += strides[k][d];
+      if (++index[d] < dims[d].size) break;
+      for (size_t k = 0; k < n; ++k)
+        offset[k] -= strides[k][d] * dims[d].size;
+      index[d] = 0;
+    }
+  }
+  return llvm::Error::success();
 }
 
 llvm::Error Interpreter::einsum(const Op& op, Tensor& out) {

@@ -15,6 +15,8 @@
 
 namespace meshc::interp {
 
+struct UserFunctions; // interp/UserFunctions.h
+
 /// A dense row-major tensor over its type's dims, values already rounded to the dtype.
 struct Tensor {
   ir::TensorType type;
@@ -31,6 +33,8 @@ struct Options {
   /// double throughout (i32 still wraps), for finite-difference gradient checks.
   bool roundToDtype = true;
   int64_t maxElements = int64_t(1) << 28; // per tensor; larger ones are an error, not an OOM
+  /// The user's functions for `call` ops (loadUserFunctions); a `call` without one is an error.
+  const UserFunctions* userFunctions = nullptr;
 };
 
 /// Deterministic input values: f32 normal(0, 1); i32 uniform in [0, indexBound) (or {0, 1}).

@@ -46,6 +46,13 @@ struct LayoutInfo {
   llvm::SMLoc loc;
 };
 
+/// An `extern def`: its declaration and its header as `call` ops name it (relative to the main
+/// file's directory, or absolute when outside it).
+struct ExternInfo {
+  const ast::ExternDecl* decl = nullptr;
+  std::string header;
+};
+
 /// The top-level names of every file of the compilation.
 struct Globals {
   const ast::MeshDecl* mesh = nullptr; // the declaration, if any
@@ -55,6 +62,7 @@ struct Globals {
   std::map<std::string, int64_t> axes;
   std::map<std::string, DimInfo> dims;
   std::map<std::string, const ast::DefDecl*> defs;
+  std::map<std::string, ExternInfo> externs;
   std::map<std::string, LayoutInfo> layout;
 };
 
@@ -162,6 +170,8 @@ private:
   std::optional<std::pair<std::string, std::vector<std::pair<std::string, ir::AttrValue>>>>
   lowerOptimizer(const ast::CallExpr& call);
   Operand inlineDef(const ast::DefDecl& def, const ast::CallExpr& call, Scope& scope);
+  /// A call of an `extern def`: elementwise over f32 arguments broadcast by dim name.
+  Operand lowerExternCall(const ExternInfo& ext, const ast::CallExpr& call, Scope& scope);
   std::string childPath(const std::string& segment) const;
 
   // ---- expressions

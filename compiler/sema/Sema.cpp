@@ -4,6 +4,7 @@
 #include "sema/Lowering.h"
 
 #include <llvm/Support/Casting.h>
+#include <llvm/Support/FileSystem.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/Path.h>
 
@@ -707,6 +708,8 @@ Operand FunctionLowerer::lowerExprInner(const ast::Expr& expr, Scope& scope) {
     auto& call = static_cast<const ast::CallExpr&>(expr);
     auto def = globals_.defs.find(call.callee.name);
     if (def != globals_.defs.end()) return inlineDef(*def->second, call, scope);
+    auto ext = globals_.externs.find(call.callee.name);
+    if (ext != globals_.externs.end()) return lowerExternCall(ext->second, call, scope);
     return lowerBuiltin(call, scope);
   }
   case ast::Expr::Kind::List:
@@ -717,6 +720,38 @@ Operand FunctionLowerer::lowerExprInner(const ast::Expr& expr, Scope& scope) {
     return Operand::poison();
   }
   return Operand::poison();
+}
+
+Operand FunctionLowerer::lowerExternCall(const ExternInfo& ext, const ast::CallExpr& call,
+                                         Scope& scope) {
+  std::vector<Operand> args;
+  for (const ast::ExprPtr& arg : call.args)
+    args.push_back(lowerExpr(*arg, scope));
+  if (!checkArrow(call, false) || !keywords(call, {})) return Operand::poison();
+  const ast::ExternDecl& decl = *ext.decl;
+  if (args.size() != decl.params.size()) {
+    error(call.callee.loc, Diag::ErrExternArity, decl.name.name, decl.params.size(), args.size());
+    return Operand::poison();
+  }
+  std::vector<ir::ValueId> ids;
+  ir::TensorType result; // f32, dims: every argument's, in order of first appearance
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].isPoison()) return Operand::poison();
+    std::optional<ir::ValueId> id = args[i].id;
+    if (args[i].kind == Operand::Kind::Literal) id = materializeLiteral(args[i], ir::DType::F32);
+    if (!id) return Operand::poison();
+    const ir::TensorType& type = fn_.typeOf(*id);
+    if (type.dtype != ir::DType::F32) {
+      error(call.args[i]->loc, Diag::ErrArgType, decl.params[i].name.name, decl.name.name, "f32",
+            typeString(type));
+      return Operand::poison();
+    }
+    for (const ir::Dim& d : type.dims)
+      if (!result.hasDim(d.name)) result.dims.push_back(d);
+    ids.push_back(*id);
+  }
+  return addOp(ir::OpKind::Call, std::move(ids), std::move(result), call.callee.loc,
+               {{"function", decl.name.name}, {"header", ext.header}});
 }
 
 } // namespace sema
@@ -738,6 +773,7 @@ public:
 
 private:
   void collect(const ast::Decl& decl);
+  void collectExtern(const ast::ExternDecl& ext);
   bool declareCallable(const ast::Ident& name, const char* kind);
   void applyOptions();
   std::unique_ptr<ast::LayoutDecl> parseLayoutOption(const std::string& text);
@@ -754,6 +790,7 @@ private:
   std::vector<const ast::LayoutDecl*> layouts_;
   std::vector<const ast::Decl*> functions_;
   std::set<std::pair<std::string, std::string>> reportedPairs_;
+  const ast::File* currentFile_ = nullptr; // the file collect() is reading
   ir::Module module_;
 };
 
@@ -833,7 +870,51 @@ void ModuleLowerer::collect(const ast::Decl& decl) {
     if (declareCallable(train.name, "train")) functions_.push_back(&decl);
     break;
   }
+  case ast::Decl::Kind::Extern:
+    collectExtern(static_cast<const ast::ExternDecl&>(decl));
+    break;
   }
+}
+
+/// An `extern def`: f32 scalars in and out, its header resolved like an import (against the
+/// declaring file) and checked by the driver's checker. Calls name the header relative to the
+/// main file's directory, so that generated code includes it with `-I <that directory>`.
+void ModuleLowerer::collectExtern(const ast::ExternDecl& ext) {
+  if (!declareCallable(ext.name, "extern def")) return;
+  bool ok = true;
+  for (const ast::ExternDecl::Param& param : ext.params)
+    if (param.dtype != ast::DType::F32) {
+      reporter_.report(param.dtypeLoc, Diag::ErrExternDType, ast::dtypeName(param.dtype));
+      ok = false;
+    }
+  if (ext.result != ast::DType::F32) {
+    reporter_.report(ext.resultLoc, Diag::ErrExternDType, ast::dtypeName(ext.result));
+    ok = false;
+  }
+  llvm::SmallString<256> resolved(ext.header);
+  if (!llvm::sys::path::is_absolute(resolved) && currentFile_) {
+    resolved = llvm::sys::path::parent_path(currentFile_->path);
+    llvm::sys::path::append(resolved, ext.header);
+  }
+  llvm::sys::path::remove_dots(resolved, /*remove_dot_dot=*/true);
+  std::string header = resolved.str().str();
+  llvm::SmallString<256> mainDir(llvm::sys::path::parent_path(sources_.mainFile().path));
+  llvm::sys::path::remove_dots(mainDir, /*remove_dot_dot=*/true);
+  bool relative = !llvm::sys::path::is_absolute(header);
+  if (mainDir.empty() && relative && !llvm::StringRef(header).startswith("..")) {
+    // Both relative to the working directory, which is the main file's directory.
+  } else if (!mainDir.empty() && llvm::StringRef(header).startswith((mainDir + "/").str())) {
+    header = header.substr(mainDir.size() + 1);
+  } else {
+    llvm::SmallString<256> absolute(header);
+    llvm::sys::fs::make_absolute(absolute);
+    header = absolute.str().str();
+  }
+  if (ok && options_.checkExtern)
+    options_.checkExtern(ExternFunction{ext.name.name, ext.params.size(), ext.header,
+                                        resolved.str().str(), ext.name.loc, ext.headerLoc},
+                         reporter_.engine());
+  globals_.externs[ext.name.name] = ExternInfo{&ext, header};
 }
 
 void ModuleLowerer::applyOptions() {
@@ -1040,9 +1121,11 @@ void ModuleLowerer::checkAxisSharing(const ir::Function& fn) {
 }
 
 std::optional<ir::Module> ModuleLowerer::run() {
-  for (const auto& file : sources_.files)
+  for (const auto& file : sources_.files) {
+    currentFile_ = file.get();
     for (const ast::DeclPtr& decl : file->decls)
       if (decl) collect(*decl);
+  }
   applyOptions();
   checkLayout();
 

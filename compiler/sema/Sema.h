@@ -7,12 +7,22 @@
 #include "ir/IR.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace meshc {
+
+/// An `extern def` as sema hands it to the user-kernel checker (the driver's, built on Clang).
+struct ExternFunction {
+  std::string name;
+  size_t arity = 0;
+  std::string header;     // as written in the declaration (for messages)
+  std::string headerPath; // resolved against the declaring file's directory
+  llvm::SMLoc nameLoc, headerLoc;
+};
 
 /// Command-line overrides (meshc --dim, --mesh, --layout) applied to the sources' declarations.
 struct SemaOptions {
@@ -23,6 +33,9 @@ struct SemaOptions {
   /// Replaces every layout declaration: the items of a layout statement separated by ',' or
   /// ';', e.g. "batch: data; heads: [data, model]; auto". Its errors point into this text.
   std::optional<std::string> layout;
+  /// Checks each `extern def` against its C++ header, reporting through the DiagEngine; returns
+  /// false when it does not match. Unset: extern defs are taken on trust (unit tests).
+  std::function<bool(const ExternFunction&, DiagEngine&)> checkExtern = nullptr;
 };
 
 /// Checks every file of `sources` and lowers every program and train block of them to IR.

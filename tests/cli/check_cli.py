@@ -14,7 +14,7 @@ BAD = os.path.join(ROOT, "tests", "errors", "sema_unknown_name.mesh")
 
 
 def meshc(*args):
-    return subprocess.run([MESHC, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([MESHC, *args], capture_output=True, text=True, timeout=600)
 
 
 def expect(condition, message, proc=None):
@@ -106,9 +106,186 @@ def ir_input_and_stages():
            plan)
 
 
+MLP = os.path.join(ROOT, "dsl-examples", "mlp.mesh")
+SWISH = os.path.join(ROOT, "dsl-examples", "swish_mlp.mesh")
+SWISH_HEADER = os.path.join(ROOT, "dsl-examples", "kernels", "swish.h")
+
+
+def every_option():
+    """Each option of the top-level command changes what meshc does."""
+    base = meshc(MLP, "--emit=plan")
+    expect(base.returncode == 0, "--emit=plan", base)
+    machine = meshc(MLP, "--emit=plan", "--machine", "8xh200")
+    expect(machine.returncode == 0 and machine.stdout != base.stdout and "H200" in machine.stdout,
+           "--machine names the machine planned for", machine)
+    budget = meshc(MLP, "--emit=plan", "--memory-budget", "1KiB")
+    expect(budget.returncode == 1 and "error:" in budget.stderr,
+           "--memory-budget rejects a plan that does not fit", budget)
+    bad_budget = meshc(MLP, "--emit=plan", "--memory-budget", "lots")
+    expect(bad_budget.returncode == 1 and "--memory-budget" in bad_budget.stderr,
+           "--memory-budget needs a byte size", bad_budget)
+    devices = meshc(MLP, "--emit=plan", "--devices", "8")
+    expect(devices.returncode == 0 and "8 devices" in devices.stdout, "--devices sizes the mesh",
+           devices)
+    mesh = meshc(MLP, "--emit=plan", "--mesh", "data=4", "--layout", "batch:data")
+    expect(mesh.returncode == 0 and "[data=4]" in mesh.stdout, "--mesh and --layout", mesh)
+    dim = meshc(MLP, "--emit=ir", "--dim", "d_ff=512")
+    expect(dim.returncode == 0 and "d_ff = 512" in dim.stdout, "--dim sets a dim's size", dim)
+    function = meshc(MLP, "--emit=run", "--function", "mlp")
+    expect(function.returncode == 0 and "program mlp" in function.stdout and
+           "mlp_train" not in function.stdout, "--function selects one function", function)
+    seeds = [meshc(MLP, "--emit=run", "--function", "mlp", "--seed", s).stdout for s in "01"]
+    expect(seeds[0].split("interpreted")[1] != seeds[1].split("interpreted")[1],
+           "--seed changes the values")
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = os.path.join(tmp, "out.bin")
+        proc = meshc(MLP, "--emit=run", "--dump-outputs", dump)
+        expect(proc.returncode == 0 and open(dump, "rb").read().startswith(b"tensor mlp.y f32 2"),
+               "--dump-outputs writes the outputs", proc)
+        base_path = os.path.join(tmp, "gen")
+        proc = meshc(MLP, "--emit=cpp", "-o", base_path, "--cpp-runner")
+        expect(proc.returncode == 0 and sorted(os.listdir(tmp)) ==
+               ["gen.cpp", "gen.h", "gen.main.cpp", "out.bin"], "--cpp-runner adds the runner", proc)
+        for emit in ["ast", "ir", "spmd", "dot", "plan-json"]:
+            proc = meshc(MLP, f"--emit={emit}")
+            expect(proc.returncode == 0 and proc.stdout, f"--emit={emit}", proc)
+
+
+def emit_cpp_unwritable():
+    proc = meshc(MLP, "--emit=cpp", "-o", "/nonexistent-meshc-dir/gen")
+    expect(proc.returncode == 2 and "cannot open" in proc.stderr,
+           "--emit=cpp exits 2 when it cannot write its files", proc)
+
+
+def depfile_user_headers():
+    with tempfile.TemporaryDirectory() as tmp:
+        base_path = os.path.join(tmp, "gen")
+        proc = meshc(SWISH, "--emit=cpp", "-o", base_path, "-MD")
+        expect(proc.returncode == 0, "--emit=cpp of a program with user kernels", proc)
+        with open(base_path + ".cpp.d") as f:
+            text = f.read()
+        expect(text.startswith(base_path + ".cpp:"), "the depfile's target is <o>.cpp")
+        expect(SWISH in text and os.path.normpath(SWISH_HEADER) in text,
+               "the depfile lists the .mesh file and the user header", proc)
+        with open(base_path + ".cpp") as f:
+            expect('#include "kernels/swish.h"' in f.read() , "the source includes the header")
+
+
+def run_command(*args, cache):
+    return meshc("run", *args, "--cache-dir", cache, "--opt=-O0")
+
+
+def run_check():
+    """`meshc run` compiles, builds, runs on the mesh's thread ranks and checks against the
+    interpreter; a second run reuses the cached binary."""
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(MLP, "--mesh", "data=2,model=2", "--check", "--function", "mlp",
+                           cache=cache)
+        expect(proc.returncode == 0, "meshc run --check succeeds", proc)
+        for text in ["plan of program mlp", "program mlp: 4 ranks", "ok   mlp.y f32[32, 64]",
+                     "meshc run: compile", "build", "check"]:
+            expect(text in proc.stdout, f"meshc run prints '{text}'", proc)
+        expect("mlp_train" not in proc.stdout, "--function builds only mlp", proc)
+        again = run_command(MLP, "--mesh", "data=2,model=2", "--check", "--function", "mlp",
+                            "--no-plan", cache=cache)
+        expect(again.returncode == 0 and "(cached)" in again.stdout and
+               "plan of" not in again.stdout, "the second run reuses the binary", again)
+        other = run_command(MLP, "--mesh", "data=4", "--layout", "batch:data", "--function",
+                            "mlp", "--no-plan", "--seed", "3", cache=cache)
+        expect(other.returncode == 0 and "4 ranks" in other.stdout and
+               "(cached)" not in other.stdout, "another mesh builds anew", other)
+
+
+def run_user_kernels():
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(SWISH, "--check", "--no-plan", cache=cache)
+        expect(proc.returncode == 0 and "ok   swish_mlp.y" in proc.stdout,
+               "a program with user kernels runs and matches the interpreter", proc)
+
+
+def write_tensor(path, name, shape, values):
+    import struct
+    with open(path, "wb") as f:
+        f.write(f"tensor {name} f32 {len(shape)} {' '.join(map(str, shape))}\n".encode())
+        f.write(struct.pack(f"<{len(values)}d", *values))
+
+
+def run_data():
+    """--data: inputs read from a file feed both the generated code and (--check) the
+    interpreter (`--emit=run --inputs`); a mismatch between the two would fail the check."""
+    import math
+    with tempfile.TemporaryDirectory() as cache:
+        data = os.path.join(cache, "inputs.bin")
+        write_tensor(data, "mlp.x", [32, 64], [math.sin(0.37 * i) for i in range(2048)])
+        synthetic = meshc(MLP, "--emit=run", "--function", "mlp")
+        given = meshc(MLP, "--emit=run", "--function", "mlp", "--inputs", data)
+        expect(given.returncode == 0 and given.stdout.split("interpreted")[1] !=
+               synthetic.stdout.split("interpreted")[1], "--inputs changes the outputs", given)
+        proc = run_command(MLP, "--function", "mlp", "--no-plan", "--check", "--data", data,
+                           cache=cache)
+        expect(proc.returncode == 0 and "ok   mlp.y" in proc.stdout,
+               "meshc run --data --check matches the interpreter on the given inputs", proc)
+        wrong = os.path.join(cache, "wrong.bin")
+        write_tensor(wrong, "mlp.x", [7], [1.0] * 7)
+        bad = meshc(MLP, "--emit=run", "--function", "mlp", "--inputs", wrong)
+        expect(bad.returncode == 1 and "--inputs" in bad.stderr, "a wrong shape is refused", bad)
+        with open(wrong, "w") as f:
+            f.write("not a tensor file\n")
+        bad = run_command(MLP, "--function", "mlp", "--no-plan", "--data", wrong, cache=cache)
+        expect(bad.returncode != 0 and "not a tensor file" in bad.stderr,
+               "a malformed data file is reported", bad)
+        missing = run_command(MLP, "--data", os.path.join(cache, "none.bin"), cache=cache)
+        expect(missing.returncode == 1 and "--data" in missing.stderr, "a missing data file",
+               missing)
+
+
+def run_errors():
+    with tempfile.TemporaryDirectory() as cache:
+        missing = run_command("/nonexistent/x.mesh", cache=cache)
+        expect(missing.returncode == 1 and "cannot open" in missing.stderr, "a missing input",
+               missing)
+        bad = run_command(BAD, cache=cache)
+        expect(bad.returncode == 1 and "unknown name" in bad.stderr and "meshc run:" not in
+               bad.stdout, "an input error exits 1 with the diagnostic", bad)
+        option = run_command(MLP, "--mesh", "data=two", cache=cache)
+        expect(option.returncode == 1 and "--mesh" in option.stderr, "a bad --mesh", option)
+        nocxx = run_command(MLP, "--function", "mlp", "--no-plan", "--cxx",
+                            "/nonexistent/c++", cache=cache)
+        expect(nocxx.returncode == 2 and "/nonexistent/c++" in nocxx.stderr,
+               "a missing C++ compiler exits 2 and names it", nocxx)
+        failing = run_command(MLP, "--function", "mlp", "--no-plan", "--cxx", "false",
+                              cache=cache)
+        expect(failing.returncode == 2 and "the C++ compiler failed" in failing.stderr and
+               "command:" in failing.stderr, "a failing C++ build exits 2 with its command",
+               failing)
+        unknown = run_command(MLP, "--backend", "gpu", cache=cache)
+        expect(unknown.returncode != 0 and "gpu" in unknown.stderr, "an unknown backend", unknown)
+        mpi = run_command(MLP, "--function", "mlp", "--no-plan", "--backend", "mpi", "--check",
+                          cache=cache)
+        # Until meshrt has its MPI backend, the runner cannot launch under mpirun: a clear error.
+        expect((mpi.returncode == 0 and "ok   mlp.y" in mpi.stdout) or
+               (mpi.returncode == 1 and "MPI backend is not available" in mpi.stderr),
+               "--backend mpi runs under mpirun or says why it cannot", mpi)
+
+
+def run_help():
+    top = meshc("--help")
+    expect("run" in top.stdout and "SUBCOMMANDS" in top.stdout, "--help lists `run`", top)
+    proc = meshc("run", "--help")
+    expect(proc.returncode == 0, "meshc run --help", proc)
+    for option in ["--mesh", "--layout", "--machine", "--backend", "--check", "--function",
+                   "--seed", "--cxx", "--opt", "--cache-dir", "--tol", "--dim", "--no-plan",
+                   "--data"]:
+        expect(option in proc.stdout, f"meshc run --help lists {option}", proc)
+    expect("--emit" not in proc.stdout and "--print-after-all" not in proc.stdout,
+           "meshc run --help shows only its own options", proc)
+
+
 CASES = {f.__name__: f for f in [version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
-                                 ir_input_and_stages]}
+                                 ir_input_and_stages, every_option, emit_cpp_unwritable,
+                                 depfile_user_headers, run_check, run_user_kernels, run_data,
+                                 run_errors, run_help]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]

@@ -97,7 +97,9 @@ def main():
         f.write(f'#include "{stem}.cpp"\n#include "{stem}.main.cpp"\n')
     start = time.time()
     binary = base + ".bin"
-    run([args.cxx, args.opt, "-std=c++20", "-w", "-I", args.workdir]
+    # The example's directory too: the headers of its user kernels (extern def) are relative to it.
+    run([args.cxx, args.opt, "-std=c++20", "-w", "-I", args.workdir, "-I",
+         os.path.dirname(os.path.abspath(args.example))]
         + [flag for inc in args.include for flag in ("-I", inc)]
         + [unity, "-o", binary] + args.lib + ["-lpthread"])
     build_s = time.time() - start

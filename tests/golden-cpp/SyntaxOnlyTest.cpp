@@ -43,7 +43,8 @@ std::vector<std::string> compileArgs() {
                                    "-I",
                                    MESHC_GOLDEN_CPP_DIR};
   for (const char* dir :
-       {MESHC_RUNTIME_INCLUDE, MESHC_KERNELS_INCLUDE, MESHC_SUPPORT_INCLUDE, MESHC_CBLAS_INCLUDE}) {
+       {MESHC_RUNTIME_INCLUDE, MESHC_KERNELS_INCLUDE, MESHC_SUPPORT_INCLUDE, MESHC_CBLAS_INCLUDE,
+        MESHC_EXAMPLES_INCLUDE}) { // the examples' directory: their user kernels' headers
     if (std::string(dir).empty()) continue;
     args.push_back("-I");
     args.push_back(dir);

@@ -1,5 +1,6 @@
 // The reference interpreter, op by op, on small hand-built graphs with hand-computed answers.
 #include "interp/Interpreter.h"
+#include "interp/UserFunctions.h"
 
 #include "meshrt/Random.h"
 
@@ -739,18 +740,42 @@ TEST_CASE("broadcast repeats x along the result's new dims, by name", "[interp]"
   checkData(evalOp(OpKind::Broadcast, {b}, kBA), {1, 1, 2, 2, 3, 3});
 }
 
-TEST_CASE("step is the train step; call is an error in the interpreter", "[interp]") {
+TEST_CASE("step is the train step", "[interp]") {
   Options opts;
   opts.step = 7;
   checkData(evalOp(OpKind::TrainStep, {}, f32(), {}, opts), {7});
+}
+
+namespace {
+double weightedSum(const double* args) {
+  return args[0] + 10 * args[1] + 100 * args[2];
+}
+} // namespace
+
+TEST_CASE("call: the user's function over operands broadcast by dim name", "[interp]") {
+  UserFunctions functions;
+  functions.byName["weighted"] = &weightedSum;
+  Options opts;
+  opts.userFunctions = &functions;
+  Attrs attrs = {{"function", std::string("weighted")}, {"header", std::string("k.h")}};
+  Tensor x = tensor(kAB, {1, 2, 3, 4, 5, 6});             // [a=2, b=3]
+  Tensor w = tensor(f32({{"b", 3}}), {0.5, 0.25, 0.125}); // [b]
+  Tensor s = tensor(f32(), {2});                          // scalar
+  checkData(evalOp(OpKind::Call, {x, w, s}, kAB, attrs, opts),
+            {206, 204.5, 204.25, 209, 207.5, 207.25});
+  // The result's dim order decides the iteration order, operands follow by name.
+  checkData(evalOp(OpKind::Call, {x, w, s}, kBA, attrs, opts),
+            {206, 209, 204.5, 207.5, 204.25, 207.25});
+}
+
+TEST_CASE("call: an unknown user function is an error, not a crash", "[interp]") {
   Graph graph;
   ir::ValueId x = graph.input("x", kAB);
   graph.output("out",
                graph.op(OpKind::Call, {x}, kAB,
-                        {{"function", std::string("my_gelu")}, {"header", std::string("k.h")}}));
-  std::string error = runError(graph.fn, {{"x", tensor(kAB, {1, 2, 3, 4, 5, 6})}});
-  CHECK(error.find("user function 'my_gelu' is not available in the interpreter") !=
-        std::string::npos);
+                        {{"function", std::string("nope")}, {"header", std::string("k.h")}}));
+  TensorMap inputs{{"x", tensor(kAB, {1, 2, 3, 4, 5, 6})}};
+  CHECK(runError(graph.fn, inputs).find("user function 'nope' is not loaded") != std::string::npos);
 }
 
 TEST_CASE("random ops in train blocks key their stream by step; programs by stream alone",
@@ -811,3 +836,4 @@ TEST_CASE("trainStep runs the step, then applies every update together", "[inter
   checkData(state.at("w"), {-1, -3});
   checkData(state.at("w@m"), {1, 0});
 }
+

@@ -28,11 +28,14 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <new>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -1000,6 +1003,44 @@ inline void writeTensor(std::FILE* file, const std::string& name, const char* dt
   std::fwrite(header.data(), 1, header.size(), file);
   std::vector<double> values(data.begin(), data.end());
   std::fwrite(values.data(), sizeof(double), values.size(), file);
+}
+
+/// Reads every tensor of a file in that format (e.g. the inputs given to `meshc run --data`),
+/// by name. Throws std::runtime_error when the file cannot be read or is malformed.
+inline std::map<std::string, Tensor> readTensors(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (!file) throw std::runtime_error("cannot open '" + path + "'");
+  std::map<std::string, Tensor> tensors;
+  std::string line;
+  for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) {
+    if (c != '\n') {
+      line += char(c);
+      continue;
+    }
+    std::istringstream header(line);
+    std::string word, name, dtype;
+    size_t rank = 0;
+    header >> word >> name >> dtype >> rank;
+    Tensor tensor;
+    size_t count = 1;
+    for (size_t i = 0; i < rank; ++i) {
+      int64_t size = -1;
+      header >> size;
+      tensor.shape.push_back(size);
+      count *= size_t(size < 0 ? 0 : size);
+    }
+    std::vector<double> values(count);
+    if (word != "tensor" || !header ||
+        std::fread(values.data(), sizeof(double), count, file) != count) {
+      std::fclose(file);
+      throw std::runtime_error("'" + path + "' is not a tensor file (at '" + line + "')");
+    }
+    tensor.data.assign(values.begin(), values.end());
+    tensors[name] = std::move(tensor);
+    line.clear();
+  }
+  std::fclose(file);
+  return tensors;
 }
 
 } // namespace meshc::gen

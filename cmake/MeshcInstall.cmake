@@ -1,0 +1,36 @@
+# `cmake --install`: meshc, the runtime (meshrt, meshrt_kernels, their headers and the support
+# header generated code includes) and a package config, so that find_package(meshc CONFIG)
+# provides meshc::meshc (the tool), meshc::runtime and meshc_add_program().
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+# meshc::runtime: what generated code links (the kernels, meshrt, OpenBLAS) and the support
+# header's directory. In this tree the meshc:: names are aliases.
+add_library(meshc_runtime INTERFACE)
+set_target_properties(meshc_runtime PROPERTIES EXPORT_NAME runtime)
+target_link_libraries(meshc_runtime INTERFACE meshrt_kernels meshrt)
+target_include_directories(
+  meshc_runtime INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/compiler/codegen/support>
+                          $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+add_library(meshc::runtime ALIAS meshc_runtime)
+add_executable(meshc::meshc ALIAS meshc)
+
+# meshc runs from the install prefix with the system's LLVM/Clang shared libraries.
+set_target_properties(meshc PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
+install(TARGETS meshc EXPORT meshcTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS meshrt meshrt_kernels meshc_runtime EXPORT meshcTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/ ${PROJECT_SOURCE_DIR}/runtime/kernels/include/
+                  ${PROJECT_SOURCE_DIR}/compiler/codegen/support/
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+
+set(MESHC_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/meshc)
+install(EXPORT meshcTargets NAMESPACE meshc:: DESTINATION ${MESHC_CMAKE_DIR})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/meshcConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/meshcConfig.cmake
+                              INSTALL_DESTINATION ${MESHC_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/meshcConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/meshcConfig.cmake ${PROJECT_BINARY_DIR}/meshcConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/MeshcAddProgram.cmake
+        DESTINATION ${MESHC_CMAKE_DIR})

@@ -1,0 +1,412 @@
+// `meshc run in.mesh`: prints the plan, compiles the program to C++ with its runner (this meshc,
+// as a child process, so the run sees exactly what `meshc --emit=cpp` writes), builds it with the
+// system C++ compiler against the runtime (Toolchain.h) into a cache directory keyed by the
+// generated code, runs it on the mesh's ranks (threads, or processes under mpirun), optionally
+// compares its outputs with the reference interpreter's (`meshc --emit=run`), and prints the
+// timings of each step.
+#include "driver/Driver.h"
+#include "driver/Toolchain.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/SmallString.h>
+#include <llvm/ADT/StringExtras.h>
+#include <llvm/Support/CommandLine.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/JSON.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/Path.h>
+#include <llvm/Support/Program.h>
+#include <llvm/Support/WithColor.h>
+#include <llvm/Support/xxhash.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+
+extern char** environ;
+
+namespace meshc {
+
+namespace {
+
+namespace cl = llvm::cl;
+
+cl::SubCommand runSubcommand("run", "compile, build and run a program on its mesh's ranks "
+                                    "(see `meshc run --help`)");
+cl::OptionCategory runCategory("meshc run options");
+
+cl::opt<std::string> runInput(cl::Positional, cl::desc("<input.mesh>"), cl::Required,
+                              cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runMesh("mesh",
+                             cl::desc("Replace the program's mesh, e.g. \"data=2,model=4\""),
+                             cl::value_desc("axis=size,..."), cl::sub(runSubcommand),
+                             cl::cat(runCategory));
+cl::opt<std::string> runLayout("layout",
+                               cl::desc("Replace the program's layout, e.g. \"batch:data;auto\""),
+                               cl::value_desc("items"), cl::sub(runSubcommand),
+                               cl::cat(runCategory));
+cl::opt<std::string> runMachine("machine", cl::desc("The machine to plan for (default: cpu)"),
+                                cl::value_desc("name|file"), cl::sub(runSubcommand),
+                                cl::cat(runCategory));
+cl::list<std::string> runDims("dim", cl::desc("Set the size of a declared dim (repeatable)"),
+                              cl::value_desc("name=size"), cl::sub(runSubcommand),
+                              cl::cat(runCategory));
+cl::list<std::string> runFunctions("function",
+                                   cl::desc("Build and run only the named program or train "
+                                            "block (repeatable)"),
+                                   cl::value_desc("name"), cl::sub(runSubcommand),
+                                   cl::cat(runCategory));
+enum class Backend { Threads, Mpi };
+cl::opt<Backend> runBackend(
+    "backend", cl::desc("How the ranks run"), cl::init(Backend::Threads),
+    cl::values(clEnumValN(Backend::Threads, "threads", "threads of one process (default)"),
+               clEnumValN(Backend::Mpi, "mpi", "processes launched by mpirun")),
+    cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<bool> runCheck("check",
+                       cl::desc("Compare the outputs with the reference interpreter's "
+                                "(f32: relative error <= --tol; bf16/f16: <= 1e-2)"),
+                       cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<double> runTolerance("tol", cl::desc("The f32 tolerance of --check (default 1e-4)"),
+                             cl::init(1e-4), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runData("data",
+                             cl::desc("Read the inputs from <file> (tensors named "
+                                      "<function>.<input> in the format of --dump-outputs); "
+                                      "inputs it lacks are synthesized from --seed"),
+                             cl::value_desc("file"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<uint64_t> runSeed("seed", cl::desc("Seed of inputs, parameters and dropout"), cl::init(0),
+                          cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runCxx("cxx",
+                            cl::desc("The C++ compiler (default: $MESHC_CXX, else the one "
+                                     "meshc was built with)"),
+                            cl::value_desc("path"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runOpt("opt", cl::desc("The optimization flag of the build (default -O2)"),
+                            cl::init("-O2"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runCacheDir("cache-dir",
+                                 cl::desc("Where generated code and binaries are kept (default: "
+                                          "$MESHC_CACHE_DIR or ~/.cache/meshc)"),
+                                 cl::value_desc("dir"), cl::sub(runSubcommand),
+                                 cl::cat(runCategory));
+cl::opt<bool> runNoPlan("no-plan", cl::desc("Do not print the plan"), cl::sub(runSubcommand),
+                        cl::cat(runCategory));
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int fail(int code, const std::string& message) {
+  llvm::outs().flush();
+  llvm::WithColor::error(llvm::errs(), "meshc run") << message << "\n";
+  return code;
+}
+
+std::string pathIn(llvm::StringRef dir, llvm::StringRef name) {
+  llvm::SmallString<256> path(dir);
+  llvm::sys::path::append(path, name);
+  return path.str().str();
+}
+
+std::string readFile(const std::string& path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  return buffer ? (*buffer)->getBuffer().str() : std::string();
+}
+
+/// Runs `args` (args[0] the program, found on PATH when not a path); stdout to `stdoutFile` and
+/// stderr to `stderrFile` when given, else inherited. Returns the exit status (-1: could not
+/// start, with `error` set).
+int execute(const std::vector<std::string>& args, const std::string& stdoutFile,
+            const std::string& stderrFile, std::string& error,
+            const std::vector<std::string>* extraEnv = nullptr) {
+  llvm::outs().flush();
+  llvm::errs().flush();
+  llvm::ErrorOr<std::string> program = llvm::sys::findProgramByName(args[0]);
+  if (!program) {
+    error = fmt::format("'{}' not found", args[0]);
+    return -1;
+  }
+  std::vector<llvm::StringRef> argv(args.begin(), args.end());
+  llvm::Optional<llvm::StringRef> redirects[] = {
+      llvm::None, stdoutFile.empty() ? llvm::None : llvm::Optional<llvm::StringRef>(stdoutFile),
+      stderrFile.empty() ? llvm::None : llvm::Optional<llvm::StringRef>(stderrFile)};
+  std::vector<std::string> envStrings;
+  std::vector<llvm::StringRef> env;
+  if (extraEnv) {
+    for (char** e = environ; *e; ++e)
+      envStrings.push_back(*e);
+    envStrings.insert(envStrings.end(), extraEnv->begin(), extraEnv->end());
+    env.assign(envStrings.begin(), envStrings.end());
+  }
+  return llvm::sys::ExecuteAndWait(
+      *program, argv, extraEnv ? llvm::Optional<llvm::ArrayRef<llvm::StringRef>>(env) : llvm::None,
+      redirects, 0, 0, &error);
+}
+
+/// The options every child meshc gets: the program and its overrides.
+std::vector<std::string> programArgs(const std::string& meshc) {
+  std::vector<std::string> args = {meshc, runInput};
+  if (runMesh.getNumOccurrences()) args.insert(args.end(), {"--mesh", runMesh});
+  if (runLayout.getNumOccurrences()) args.insert(args.end(), {"--layout", runLayout});
+  if (runMachine.getNumOccurrences()) args.insert(args.end(), {"--machine", runMachine});
+  for (const std::string& dim : runDims)
+    args.insert(args.end(), {"--dim", dim});
+  for (const std::string& function : runFunctions)
+    args.insert(args.end(), {"--function", function});
+  return args;
+}
+
+/// A tensor of the runner's / interpreter's output files: "tensor <name> <dtype> <rank>
+/// <sizes...>\n" then prod(sizes) little-endian float64s.
+struct OutputTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<double> values;
+};
+
+bool readOutputs(const std::string& path, std::map<std::string, OutputTensor>& tensors) {
+  std::string data = readFile(path);
+  size_t pos = 0;
+  while (pos < data.size()) {
+    size_t end = data.find('\n', pos);
+    if (end == std::string::npos) return false;
+    llvm::SmallVector<llvm::StringRef, 8> fields;
+    llvm::StringRef(data).slice(pos, end).split(fields, ' ', -1, /*KeepEmpty=*/false);
+    size_t rank = 0;
+    if (fields.size() < 4 || fields[0] != "tensor" || fields[3].getAsInteger(10, rank) ||
+        fields.size() != 4 + rank)
+      return false;
+    OutputTensor tensor;
+    tensor.dtype = fields[2].str();
+    size_t count = 1;
+    for (size_t i = 0; i < rank; ++i) {
+      int64_t size = 0;
+      if (fields[4 + i].getAsInteger(10, size) || size < 0) return false;
+      tensor.shape.push_back(size);
+      count *= size_t(size);
+    }
+    pos = end + 1;
+    if (data.size() - pos < count * sizeof(double)) return false;
+    tensor.values.resize(count);
+    std::memcpy(tensor.values.data(), data.data() + pos, count * sizeof(double));
+    pos += count * sizeof(double);
+    tensors[fields[1].str()] = std::move(tensor);
+  }
+  return true;
+}
+
+/// compare_outputs.py's rule: the error of a tensor is max|actual - expected| over the largest
+/// finite |expected|; NaN and infinities must match exactly.
+bool compareOutputs(const std::string& actualPath, const std::string& expectedPath) {
+  std::map<std::string, OutputTensor> actual, expected;
+  if (!readOutputs(actualPath, actual) || !readOutputs(expectedPath, expected)) {
+    fail(kExitInternalError,
+         "malformed output files '" + actualPath + "' / '" + expectedPath + "'");
+    return false;
+  }
+  bool ok = true;
+  for (const auto& [name, want] : expected) {
+    auto got = actual.find(name);
+    if (got == actual.end() || got->second.shape != want.shape) {
+      llvm::outs() << "  FAIL " << name << ": missing or of another shape in the run's outputs\n";
+      ok = false;
+      continue;
+    }
+    double scale = 1e-30, error = 0;
+    for (double w : want.values)
+      if (std::isfinite(w)) scale = std::max(scale, std::fabs(w));
+    for (size_t i = 0; i < want.values.size(); ++i) {
+      double g = got->second.values[i], w = want.values[i];
+      if (!std::isfinite(g) || !std::isfinite(w)) {
+        if (!(g == w || (std::isnan(g) && std::isnan(w)))) error = INFINITY;
+        continue;
+      }
+      error = std::max(error, std::fabs(g - w) / scale);
+    }
+    double tolerance = want.dtype == "bf16" || want.dtype == "f16" ? 1e-2 : runTolerance;
+    bool pass = error <= tolerance;
+    ok = ok && pass;
+    llvm::outs() << fmt::format("  {} {} {}[{}]: max relative error {:.3g} (tolerance {:g})\n",
+                                pass ? "ok  " : "FAIL", name, want.dtype,
+                                fmt::join(want.shape, ", "), error, tolerance);
+  }
+  return ok;
+}
+
+/// The number of ranks of the (overridden) mesh, from `meshc --emit=plan-json`.
+std::optional<int64_t> rankCount(const std::string& meshc, const std::string& workDir) {
+  std::vector<std::string> args = programArgs(meshc);
+  args.push_back("--emit=plan-json");
+  std::string out = pathIn(workDir, "plan.json"), error;
+  if (execute(args, out, "", error) != 0) return std::nullopt;
+  llvm::Expected<llvm::json::Value> json = llvm::json::parse(readFile(out));
+  if (!json) {
+    llvm::consumeError(json.takeError());
+    return std::nullopt;
+  }
+  const llvm::json::Array* plans = json->getAsArray();
+  if (!plans || plans->empty()) return std::nullopt;
+  const llvm::json::Object* plan = plans->front().getAsObject();
+  const llvm::json::Array* mesh = plan ? plan->getArray("mesh") : nullptr;
+  if (!mesh) return std::nullopt;
+  int64_t ranks = 1;
+  for (const llvm::json::Value& axis : *mesh)
+    if (const llvm::json::Object* object = axis.getAsObject())
+      ranks *= object->getInteger("size").getValueOr(1);
+  return ranks;
+}
+
+} // namespace
+
+bool runCommandChosen() {
+  return bool(runSubcommand);
+}
+
+void hideUnrelatedRunOptions() {
+  cl::HideUnrelatedOptions(runCategory, runSubcommand);
+}
+
+int runCommand(const char* argv0) {
+  Toolchain toolchain = findToolchain(argv0);
+  if (runCxx.getNumOccurrences()) toolchain.cxx = runCxx;
+  if (!llvm::sys::fs::exists(runInput))
+    return fail(kExitInputError, fmt::format("cannot open '{}'", std::string(runInput)));
+
+  llvm::SmallString<256> absoluteData(runData);
+  if (runData.getNumOccurrences()) {
+    if (!llvm::sys::fs::exists(runData))
+      return fail(kExitInputError, fmt::format("cannot open --data '{}'", std::string(runData)));
+    llvm::sys::fs::make_absolute(absoluteData);
+  }
+  std::string dataPath = absoluteData.str().str();
+
+  // One work directory per program and set of options; binaries are keyed by what they build.
+  std::string stem = llvm::sys::path::stem(runInput).str();
+  llvm::SmallString<256> absoluteInput(runInput);
+  llvm::sys::fs::make_absolute(absoluteInput);
+  std::vector<std::string> overrides = programArgs(toolchain.meshc);
+  std::string workKey = absoluteInput.str().str() + "\n" + llvm::join(overrides, "\n");
+  std::string cacheDir =
+      runCacheDir.getNumOccurrences() ? std::string(runCacheDir) : cacheDirectory();
+  std::string workDir =
+      pathIn(pathIn(cacheDir, "run"), fmt::format("{}-{:016x}", stem, llvm::xxHash64(workKey)));
+  if (std::error_code ec = llvm::sys::fs::create_directories(workDir))
+    return fail(kExitInternalError, fmt::format("cannot create '{}': {}", workDir, ec.message()));
+  std::string error;
+
+  if (!runNoPlan) {
+    std::vector<std::string> args = overrides;
+    args.push_back("--emit=plan");
+    int rc = execute(args, "", "", error);
+    if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
+  }
+
+  // 1. compile: the generated classes and their runner.
+  auto start = Clock::now();
+  std::string base = pathIn(workDir, stem);
+  {
+    std::vector<std::string> args = overrides;
+    args.insert(args.end(), {"--emit=cpp", "--cpp-runner", "-o", base});
+    int rc = execute(args, "", "", error);
+    if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
+  }
+  double compileSeconds = secondsSince(start);
+
+  // 2. build, unless the cache has a binary of the same code, flags and user headers.
+  start = Clock::now();
+  std::string mainDir = llvm::sys::path::parent_path(absoluteInput).str();
+  std::vector<std::string> build = {toolchain.cxx, runOpt,  "-std=c++20", "-w",
+                                    "-I",          workDir, "-I",         mainDir};
+  for (const std::string& dir : toolchain.includeDirs)
+    build.insert(build.end(), {"-I", dir});
+  std::string unity = base + ".unity.cpp";
+  std::string key = llvm::join(build, " ") + llvm::join(toolchain.libraries, " ");
+  for (const char* suffix : {".h", ".cpp", ".main.cpp"})
+    key += readFile(base + suffix);
+  // The user headers the generated code includes are part of what it builds.
+  for (llvm::StringRef line : llvm::split(readFile(base + ".cpp"), '\n'))
+    if (line.consume_front("#include \"") && line.consume_back("\""))
+      key += readFile(llvm::sys::path::is_absolute(line) ? line.str() : pathIn(mainDir, line));
+  std::string binary = fmt::format("{}-{:016x}.bin", base, llvm::xxHash64(key));
+  bool cached = llvm::sys::fs::exists(binary);
+  if (!cached) {
+    {
+      std::error_code ec;
+      llvm::raw_fd_ostream out(unity, ec);
+      if (ec) return fail(kExitInternalError, fmt::format("cannot write '{}'", unity));
+      out << "#include \"" << stem << ".cpp\"\n#include \"" << stem << ".main.cpp\"\n";
+    }
+    std::string partial = binary + ".tmp", log = base + ".build.log";
+    build.insert(build.end(), {unity, "-o", partial});
+    build.insert(build.end(), toolchain.libraries.begin(), toolchain.libraries.end());
+    build.push_back("-lpthread");
+    int rc = execute(build, log, log, error);
+    if (rc != 0) {
+      std::string output = readFile(log);
+      if (output.size() > 8000) output = "...\n" + output.substr(output.size() - 8000);
+      return fail(kExitInternalError,
+                  fmt::format("the C++ compiler failed on the generated code ({}){}\n  command: "
+                              "{}\n{}",
+                              rc < 0 ? error : fmt::format("exit status {}", rc),
+                              rc < 0 ? "" : "; its output (also in " + log + "):",
+                              llvm::join(build, " "), output));
+    }
+    if (std::error_code ec = llvm::sys::fs::rename(partial, binary))
+      return fail(kExitInternalError, fmt::format("cannot write '{}': {}", binary, ec.message()));
+  }
+  double buildSeconds = secondsSince(start);
+
+  // 3. run on the mesh's ranks.
+  std::string actual = base + ".actual";
+  std::vector<std::string> run = {binary, actual, std::to_string(runSeed)};
+  if (runData.getNumOccurrences()) run.push_back(dataPath);
+  std::vector<std::string> env;
+  if (runBackend == Backend::Mpi) {
+    // The generated runner chooses its communicator at run time (MESHRT_BACKEND); a runtime
+    // without the MPI backend generates a runner that does not know the variable.
+    if (llvm::StringRef(readFile(base + ".main.cpp")).find("MESHRT_BACKEND") ==
+        llvm::StringRef::npos)
+      return fail(kExitInputError,
+                  "the MPI backend is not available in this meshc (its generated runner has no "
+                  "MPI launcher); use --backend threads");
+    std::optional<int64_t> ranks = rankCount(toolchain.meshc, workDir);
+    if (!ranks) return fail(kExitInternalError, "cannot read the mesh size from the plan");
+    run.insert(run.begin(), {"mpirun", "--oversubscribe", "-np", std::to_string(*ranks)});
+    env.push_back("MESHRT_BACKEND=mpi");
+  }
+  start = Clock::now();
+  int rc = execute(run, "", "", error, env.empty() ? nullptr : &env);
+  if (rc != 0)
+    return fail(kExitInternalError,
+                fmt::format("the generated program failed ({})",
+                            rc < 0 ? error : fmt::format("exit status {}", rc)));
+  double runSeconds = secondsSince(start);
+
+  // 4. check against the reference interpreter.
+  double checkSeconds = 0;
+  bool matches = true;
+  if (runCheck) {
+    start = Clock::now();
+    std::string expected = base + ".expected", log = base + ".interp.log";
+    std::vector<std::string> args = overrides;
+    args.insert(args.end(),
+                {"--emit=run", "--seed", std::to_string(runSeed), "--dump-outputs", expected});
+    if (runData.getNumOccurrences()) args.insert(args.end(), {"--inputs", dataPath});
+    rc = execute(args, log, "", error);
+    if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
+    checkSeconds = secondsSince(start);
+    llvm::outs() << "check against the reference interpreter:\n";
+    matches = compareOutputs(actual, expected);
+  }
+  llvm::outs() << fmt::format("meshc run: compile {:.2f} s, build {:.2f} s{}, run {:.2f} s",
+                              compileSeconds, buildSeconds, cached ? " (cached)" : "", runSeconds);
+  if (runCheck) llvm::outs() << fmt::format(", check {:.2f} s", checkSeconds);
+  llvm::outs() << "\n";
+  llvm::outs().flush();
+  if (!matches)
+    return fail(kExitInternalError, "the outputs differ from the reference interpreter's");
+  return kExitOk;
+}
+
+} // namespace meshc

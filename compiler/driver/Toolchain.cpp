@@ -1,0 +1,69 @@
+#include "driver/Toolchain.h"
+
+#include "driver/MeshcBuildConfig.h"
+
+#include <llvm/ADT/SmallString.h>
+#include <llvm/ADT/StringRef.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/Path.h>
+#include <llvm/Support/Process.h>
+
+namespace meshc {
+
+namespace {
+
+std::vector<std::string> splitList(llvm::StringRef list) {
+  llvm::SmallVector<llvm::StringRef, 8> items;
+  list.split(items, ';', -1, /*KeepEmpty=*/false);
+  return {items.begin(), items.end()};
+}
+
+std::string joined(llvm::StringRef a, llvm::StringRef b, llvm::StringRef c = "") {
+  llvm::SmallString<256> path(a);
+  llvm::sys::path::append(path, b, c);
+  return path.str().str();
+}
+
+} // namespace
+
+Toolchain findToolchain(const char* argv0) {
+  static int anchor;
+  Toolchain toolchain;
+  toolchain.meshc = llvm::sys::fs::getMainExecutable(argv0, &anchor);
+  toolchain.cxx = llvm::sys::Process::GetEnv("MESHC_CXX").getValueOr(MESHC_CXX_COMPILER);
+  toolchain.clangResourceDir = MESHC_CLANG_RESOURCE_DIR;
+  llvm::StringRef prefix =
+      llvm::sys::path::parent_path(llvm::sys::path::parent_path(toolchain.meshc));
+  std::string include = joined(prefix, MESHC_INSTALL_INCLUDEDIR);
+  std::string lib = joined(prefix, MESHC_INSTALL_LIBDIR);
+  toolchain.installed = llvm::sys::fs::exists(joined(include, "meshc", "GeneratedSupport.h")) &&
+                        llvm::sys::fs::exists(joined(lib, "libmeshrt.a"));
+  if (toolchain.installed) {
+    toolchain.includeDirs = {include};
+    toolchain.libraries = {joined(lib, "libmeshrt_kernels.a"), joined(lib, "libmeshrt.a")};
+  } else {
+    toolchain.includeDirs = splitList(MESHC_BUILD_INCLUDE_DIRS);
+    toolchain.libraries = splitList(MESHC_BUILD_LIBRARIES);
+  }
+  if (!llvm::StringRef(MESHC_BLAS_INCLUDE).empty())
+    toolchain.includeDirs.push_back(MESHC_BLAS_INCLUDE);
+  toolchain.libraries.push_back(MESHC_BLAS_LIBRARY);
+  return toolchain;
+}
+
+std::string cacheDirectory() {
+  if (auto dir = llvm::sys::Process::GetEnv("MESHC_CACHE_DIR")) return *dir;
+  llvm::SmallString<256> path;
+  if (auto xdg = llvm::sys::Process::GetEnv("XDG_CACHE_HOME")) {
+    path = *xdg;
+    llvm::sys::path::append(path, "meshc");
+  } else if (llvm::sys::path::home_directory(path)) {
+    llvm::sys::path::append(path, ".cache", "meshc");
+  } else {
+    llvm::sys::path::system_temp_directory(/*ErasedOnReboot=*/true, path);
+    llvm::sys::path::append(path, "meshc-cache");
+  }
+  return path.str().str();
+}
+
+} // namespace meshc

@@ -1,0 +1,27 @@
+// Where meshc finds what generated code builds against (the runtime's headers and libraries,
+// OpenBLAS, the C++ compiler, Clang's resource directory): next to the executable when meshc is
+// installed (<prefix>/bin/meshc, <prefix>/include, <prefix>/lib), else the build tree's paths
+// recorded at configure time (MeshcBuildConfig.h). Also the cache directory of `meshc run`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace meshc {
+
+struct Toolchain {
+  std::string meshc; // this executable
+  std::string cxx;   // $MESHC_CXX, else the compiler meshc was built with
+  std::vector<std::string> includeDirs;
+  std::vector<std::string> libraries; // link order: kernels, runtime, OpenBLAS
+  std::string clangResourceDir;
+  bool installed = false;
+};
+
+/// The toolchain of the running meshc (`argv0` locates the executable).
+Toolchain findToolchain(const char* argv0);
+
+/// $MESHC_CACHE_DIR, else $XDG_CACHE_HOME/meshc, else ~/.cache/meshc, else <tmp>/meshc-cache.
+std::string cacheDirectory();
+
+} // namespace meshc
