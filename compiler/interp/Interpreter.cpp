@@ -767,9 +767,6 @@ llvm::Error Interpreter::execute(const Op& op) {
   case OpKind::TrainStep:
     std::fill(out.data.begin(), out.data.end(), double(opts.step));
     return llvm::Error::success();
-  case OpKind::Call:
-    return opError(op, "user function '{}' is not available in the interpreter",
-                   op.string("function"));
   }
   return opError(op, "is not supported by the interpreter");
 }
