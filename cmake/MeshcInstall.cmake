@@ -8,7 +8,7 @@ include(CMakePackageConfigHelpers)
 # header's directory. In this tree the meshc:: names are aliases.
 add_library(meshc_runtime INTERFACE)
 set_target_properties(meshc_runtime PROPERTIES EXPORT_NAME runtime)
-target_link_libraries(meshc_runtime INTERFACE meshrt_kernels meshrt)
+target_link_libraries(meshc_runtime INTERFACE meshrt_kernels meshrt_launch meshrt)
 target_include_directories(
   meshc_runtime INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/compiler/codegen/support>
                           $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
@@ -18,7 +18,13 @@ add_executable(meshc::meshc ALIAS meshc)
 # meshc runs from the install prefix with the system's LLVM/Clang shared libraries.
 set_target_properties(meshc PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
 install(TARGETS meshc EXPORT meshcTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(TARGETS meshrt meshrt_kernels meshc_runtime EXPORT meshcTargets
+set(meshc_runtime_targets meshrt meshrt_kernels meshrt_launch meshc_runtime)
+set(MESHC_WITH_MPI OFF)
+if(TARGET meshrt_mpi)
+  list(APPEND meshc_runtime_targets meshrt_mpi)
+  set(MESHC_WITH_MPI ON)
+endif()
+install(TARGETS ${meshc_runtime_targets} EXPORT meshcTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/ ${PROJECT_SOURCE_DIR}/runtime/kernels/include/
                   ${PROJECT_SOURCE_DIR}/compiler/codegen/support/

@@ -75,6 +75,12 @@ cl::opt<std::string> runData("data",
                                       "<function>.<input> in the format of --dump-outputs); "
                                       "inputs it lacks are synthesized from --seed"),
                              cl::value_desc("file"), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<int64_t> runSteps("steps",
+                          cl::desc("Train blocks take N training steps (forward, backward, "
+                                   "update), printing each step's loss; --check then compares "
+                                   "the losses and final params with N interpreter steps"),
+                          cl::value_desc("N"), cl::init(0), cl::sub(runSubcommand),
+                          cl::cat(runCategory));
 cl::opt<uint64_t> runSeed("seed", cl::desc("Seed of inputs, parameters and dropout"), cl::init(0),
                           cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runCxx("cxx",
@@ -361,11 +367,12 @@ int runCommand(const char* argv0) {
   std::string actual = base + ".actual";
   std::vector<std::string> run = {binary, actual, std::to_string(runSeed)};
   if (runData.getNumOccurrences()) run.push_back(dataPath);
+  if (runSteps > 0) run.insert(run.end(), {"--steps", std::to_string(runSteps)});
   std::vector<std::string> env;
   if (runBackend == Backend::Mpi) {
-    // The generated runner chooses its communicator at run time (MESHRT_BACKEND); a runtime
-    // without the MPI backend generates a runner that does not know the variable.
-    if (llvm::StringRef(readFile(base + ".main.cpp")).find("MESHRT_BACKEND") ==
+    // The generated runner chooses its communicator at run time (meshrt::launch, which reads
+    // MESHRT_BACKEND); a runner without it runs on threads only.
+    if (llvm::StringRef(readFile(base + ".main.cpp")).find("meshrt::launch") ==
         llvm::StringRef::npos)
       return fail(kExitInputError,
                   "the MPI backend is not available in this meshc (its generated runner has no "
@@ -392,6 +399,7 @@ int runCommand(const char* argv0) {
     std::vector<std::string> args = overrides;
     args.insert(args.end(),
                 {"--emit=run", "--seed", std::to_string(runSeed), "--dump-outputs", expected});
+    if (runSteps > 0) args.insert(args.end(), {"--steps", std::to_string(runSteps)});
     if (runData.getNumOccurrences()) args.insert(args.end(), {"--inputs", dataPath});
     rc = execute(args, log, "", error);
     if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;

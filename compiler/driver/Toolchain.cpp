@@ -40,7 +40,14 @@ Toolchain findToolchain(const char* argv0) {
                         llvm::sys::fs::exists(joined(lib, "libmeshrt.a"));
   if (toolchain.installed) {
     toolchain.includeDirs = {include};
-    toolchain.libraries = {joined(lib, "libmeshrt_kernels.a"), joined(lib, "libmeshrt.a")};
+    // Link order: the kernels, the launcher (and the MPI backend with MPI, when installed), meshrt.
+    toolchain.libraries = {joined(lib, "libmeshrt_kernels.a"), joined(lib, "libmeshrt_launch.a")};
+    if (llvm::sys::fs::exists(joined(lib, "libmeshrt_mpi.a"))) {
+      toolchain.libraries.push_back(joined(lib, "libmeshrt_mpi.a"));
+      for (const std::string& mpi : splitList(MESHC_MPI_LIBRARIES))
+        toolchain.libraries.push_back(mpi);
+    }
+    toolchain.libraries.push_back(joined(lib, "libmeshrt.a"));
   } else {
     toolchain.includeDirs = splitList(MESHC_BUILD_INCLUDE_DIRS);
     toolchain.libraries = splitList(MESHC_BUILD_LIBRARIES);

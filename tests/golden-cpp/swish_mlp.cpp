@@ -156,4 +156,62 @@ meshc::gen::Tensor SwishMlp::gatherOutput(meshrt::Communicator &world, const std
   throw std::invalid_argument("swish_mlp: no output named '" + name + "'");
 }
 
+std::vector<std::string> SwishMlp::paramNames() {
+  return {"limit", "swish_ffn/w_in", "swish_ffn/b_in", "swish_ffn/w_out"};
+}
+
+bool SwishMlp::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<meshc::gen::ParamShard> SwishMlp::paramShards() {
+  return {
+      {"limit", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param0_limit},
+      {"swish_ffn/w_in",
+       false,
+       "f32",
+       {64, 128},
+       {64, 64},
+       {"d_model", "d_ff"},
+       {{}, {"model"}},
+       &param1_swish_ffn_w_in},
+      {"swish_ffn/b_in", false, "f32", {128}, {64}, {"d_ff"}, {{"model"}}, &param2_swish_ffn_b_in},
+      {"swish_ffn/w_out",
+       false,
+       "f32",
+       {128, 64},
+       {64, 64},
+       {"d_ff", "d_model"},
+       {{"model"}, {}},
+       &param3_swish_ffn_w_out},
+  };
+}
+
+meshc::gen::Tensor SwishMlp::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "swish_mlp"));
+}
+
+void SwishMlp::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+  auto shards = paramShards();
+  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "swish_mlp"), global);
+}
+
+void SwishMlp::save(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::saveCheckpoint(
+      world_, dir, meshc::gen::checkpointTensors(shards),
+      {0, {{"program", "swish_mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void SwishMlp::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info =
+      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  (void)info.step; // a program keeps no step count
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 } // namespace meshc_generated

@@ -41,6 +41,19 @@ public:
   /// The bytes of all of run()'s temporaries together (one buffer each).
   static constexpr size_t kTemporaryBytes = 16384;
 
+  /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
+  /// order.
+  static std::vector<std::string> paramNames();
+  /// Whether `path` is a slot of optimizer state (not a weight of the model).
+  static bool isOptimizerState(const std::string &path);
+  /// This rank's param shards with their global shapes and layouts (for checkpoints).
+  std::vector<meshc::gen::ParamShard> paramShards();
+  /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
+  meshc::gen::Tensor getParam(const std::string &path);
+  /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
+  /// std::invalid_argument on an unknown path or a wrong shape.
+  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
@@ -52,6 +65,16 @@ public:
   /// whole tensor).
   static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
                                          const meshc::gen::Tensor &local);
+
+  /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
+  /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
+  /// previous checkpoint the one that loads.
+  void save(const std::string &dir);
+  /// Loads the latest complete checkpoint under `dir` into the params, the step count and the seed
+  /// (collective). It may have been saved on any mesh and layout: each rank reads what covers its
+  /// shards. Throws meshrt::CheckpointError on a missing param, a shape or dtype mismatch or a
+  /// checksum error.
+  void load(const std::string &dir);
 
 private:
   meshrt::Communicator &world_;
