@@ -1319,7 +1319,9 @@ llvm::Error FunctionEmitter::emit() {
        "static meshrt::Mesh mesh();\n";
   h += "/// The names of the inputs and outputs, in declaration order.\n"
        "static std::vector<std::string> inputNames();\n"
-       "static std::vector<std::string> outputNames();\n\n";
+       "static std::vector<std::string> outputNames();\n"
+       "/// The global shape of the input `name` (what scatterInput takes).\n"
+       "static meshc::gen::Shape inputShape(const std::string& name);\n\n";
   h += fmt::format("/// Creates the subgroups this program uses and initializes this rank's "
                    "parameter shards from `seed` (the same global values on every mesh).\n"
                    "explicit {}(meshrt::Communicator& world, uint64_t seed = 0);\n\n",
@@ -1398,6 +1400,12 @@ llvm::Error FunctionEmitter::emit() {
                      fmt::join(inputs, ", "));
     s += fmt::format("std::vector<std::string> {}::outputNames() {{ return {{{}}}; }}\n\n", name,
                      fmt::join(outputs, ", "));
+    s += fmt::format("meshc::gen::Shape {}::inputShape(const std::string& name) {{\n", name);
+    for (size_t k = 0; k < irFn.inputs.size(); ++k)
+      s += fmt::format("if (name == {}) return {};\n", quote(irFn.inputs[k].name),
+                       list(sizesOf(irFn.inputs[k].type)));
+    s += fmt::format("throw std::invalid_argument(\"{}: no input named '\" + name + \"'\");\n}}\n\n",
+                     fn.name);
   }
   emitConstructor(s);
   s += fmt::format("{0}::Outputs {0}::run(const Inputs& inputs) {{\n", name);
