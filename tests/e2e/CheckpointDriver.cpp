@@ -5,7 +5,8 @@
 // Usage: <binary> <seed> <load-dir or -> <steps> <save-dir or -> <outputs-file>
 // Constructs the class with <seed>, loads the latest checkpoint of <load-dir>, then:
 // - train classes (MESHC_CKPT_TRAIN): takes <steps> training steps, step s on the inputs the
-//   interpreter synthesizes for seed + s (s counts from the loaded step), printing
+//   interpreter synthesizes for seed s (the same data whatever <seed>; s counts from the loaded
+//   step), printing
 //   "step <s> loss <loss>" for each, and writes the losses as the tensor "losses";
 // - programs: runs once on the inputs synthesized for seed 0 and writes the gathered output;
 // then saves to <save-dir>.
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
       meshc::gen::Tensor losses{{steps}, meshc::gen::Buffer(size_t(steps))};
       for (long k = 0; k < steps; ++k) {
         int64_t s = program.stepCount();
-        float loss = program.step(program.synthesizeInputs(seed + uint64_t(s)));
+        float loss = program.step(program.synthesizeInputs(uint64_t(s)));
         losses.data[size_t(k)] = loss;
         if (world.rank() == 0) std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
       }

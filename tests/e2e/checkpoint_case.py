@@ -108,7 +108,7 @@ def main():
         print(f"{args.config[0]}, {2 * n} steps uninterrupted:\n{text}", end="")
         first, _ = outputs(binaries[0], 0, None, n, checkpoint, out("first"))
         expected_first = whole["losses"][2][:n]
-        expected_rest = {"losses": whole["losses"][2][n:]}
+        expected_rest = {"losses": list(whole["losses"][2][n:])}
         if list(first["losses"][2]) != list(expected_first):
             failures.append(f"the first {n} steps differ from the uninterrupted run's")
     else:
