@@ -348,7 +348,7 @@ void dumpTensor(const std::string& name, const interp::Tensor& tensor, std::stri
 /// --steps N on a train block: N interpreter train steps on synthetic inputs (seed + step),
 /// one `step S loss L` line each. The dump gets the last loss (`<fn>.loss`) and every param's
 /// final value (`<fn>.param.<path>`, weights and optimizer state).
-bool trainModule(const ir::Function& fn, llvm::raw_ostream& os, std::string& dump,
+bool trainFunction(const ir::Function& fn, llvm::raw_ostream& os, std::string& dump,
                  const interp::UserFunctions* userFunctions) {
   interp::TensorMap state;
   interp::Tensor loss{ir::TensorType{}, {0.0}};
@@ -432,7 +432,7 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv
   for (const ir::Function& fn : module.functions) {
     if (!wanted(fn)) continue;
     if (fn.kind == ir::Function::Kind::Train && trainSteps > 0) {
-      if (!trainModule(fn, os, dump, &*userFunctions)) return false;
+      if (!trainFunction(fn, os, dump, &*userFunctions)) return false;
       continue;
     }
     interp::Options opts;

@@ -143,6 +143,13 @@ std::optional<Gradients> Differentiator::run() {
 }
 
 void Differentiator::backward(const Op& op, ValueId ct) {
+  // IR read from text is not checked for arity: an op short of the operands its rule reads gets
+  // no gradient here (the interpreter and planner report it) rather than an out-of-range read.
+  size_t needs = op.kind == OpKind::Where                               ? 3
+                 : OpKind::Add <= op.kind && op.kind <= OpKind::Minimum ? 2
+                 : op.kind == OpKind::Gather                            ? 2
+                                                                        : 1;
+  if (op.operands.size() < needs) return;
   switch (op.kind) {
   case OpKind::Neg:
   case OpKind::Abs:
