@@ -409,6 +409,10 @@ void deleteOldCheckpoints(const fs::path& dir, int keep) {
       if (completeManifest(dir, checkpointName(sequence))) ++kept;
       continue;
     }
+    // The manifest first: a deletion cut short leaves an incomplete checkpoint, never one that
+    // names missing shards.
+    fs::remove(dir / checkpointName(sequence) / kManifest);
+    syncDirectory(dir / checkpointName(sequence));
     fs::remove_all(dir / checkpointName(sequence));
   }
 }
