@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
         auto logits = Lm::gatherOutput(world, "logits", model.run(inputs).logits);
         const int64_t vocab = logits.shape.back();
         const float* row = logits.data.data() + (used - 1) * size_t(vocab);
-        std::vector<double> weights(size_t(vocab));
+        std::vector<double> weights(static_cast<size_t>(vocab));
         double top = *std::max_element(row, row + vocab);
         for (int64_t v = 0; v < vocab; ++v)
           weights[size_t(v)] = std::exp((row[v] - top) / options.temperature);
