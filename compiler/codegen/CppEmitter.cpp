@@ -1345,7 +1345,8 @@ llvm::Error FunctionEmitter::emit() {
          "int64_t stepCount() const { return step_; }\n"
          "void setStepCount(int64_t step) { step_ = step; }\n\n";
   }
-  h += "/// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in "
+  if (target->hostParamApi())
+    h += "/// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in "
        "declaration order.\nstatic std::vector<std::string> paramNames();\n"
        "/// Whether `path` is a slot of optimizer state (not a weight of the model).\n"
        "static bool isOptimizerState(const std::string& path);\n"
@@ -1367,7 +1368,7 @@ llvm::Error FunctionEmitter::emit() {
        "static meshc::gen::Tensor gatherOutput(meshrt::Communicator& world, const std::string& "
        "name, const meshc::gen::Tensor& local);\n\n";
   std::string checkpointDefinitions;
-  emitCheckpointApi(h, checkpointDefinitions);
+  if (target->hostParamApi()) emitCheckpointApi(h, checkpointDefinitions);
   h += "private:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
   if (fn.kind == ir::Function::Kind::Train) h += "int64_t step_ = 0;\n";
   for (const plan::AxisList& axes : groups)
@@ -1537,7 +1538,7 @@ void FunctionEmitter::emitHelpers(std::string& s) {
   }
   s += fmt::format("throw std::invalid_argument(\"{}: no output named '\" + name + \"'\");\n}}\n\n",
                    fn.name);
-  emitParamAccess(s);
+  if (target->hostParamApi()) emitParamAccess(s);
 }
 
 void FunctionEmitter::emitParamAccess(std::string& s) {
@@ -1631,7 +1632,8 @@ std::string FunctionEmitter::runnerBody() const {
   s += fmt::format("{} program(world, seed);\n", name);
   // --load DIR / --save DIR: this function's checkpoints are DIR/<function name>.
   std::string checkpointDir = quote("/" + fn.name);
-  s += fmt::format("if (!loadDir.empty()) program.load(loadDir + {});\n", checkpointDir);
+  if (target->hostParamApi())
+    s += fmt::format("if (!loadDir.empty()) program.load(loadDir + {});\n", checkpointDir);
   if (hasUpdates()) {
     // --steps N: N training steps on the inputs of steps 0..N-1 (seed + s), the loss of each
     // printed as the interpreter prints it; then the last loss and every final param, named as
@@ -1675,7 +1677,8 @@ std::string FunctionEmitter::runnerBody() const {
                      quote(fn.name + "." + outName), quote(ir::dtypeName(global(id).dtype)),
                      gathered, gathered);
   }
-  s += fmt::format("if (!saveDir.empty()) program.save(saveDir + {});\n", checkpointDir);
+  if (target->hostParamApi())
+    s += fmt::format("if (!saveDir.empty()) program.save(saveDir + {});\n", checkpointDir);
   s += "});\n";
   s += fmt::format("if (lead{}) report({}, {}::mesh().size(), backend, milliseconds);\n}}\n",
                    hasUpdates() ? " && steps == 0" : "", quote(kindWord + " " + fn.name), name);

@@ -27,6 +27,7 @@ public:
   }
   llvm::Error checkFunction(const ir::Function&) const override { return llvm::Error::success(); }
   bool einsumPlans() const override { return true; }
+  bool hostParamApi() const override { return true; }
   std::string prologue() const override { return ""; }
   void finish(CppOutput&) const override {}
 };
@@ -69,6 +70,8 @@ public:
             .c_str());
   }
   bool einsumPlans() const override { return false; }
+  // Params live in device memory; param access and checkpoints are not emitted yet.
+  bool hostParamApi() const override { return false; }
   std::string prologue() const override {
     const char* mode = math_ == "tf32" ? "TF32" : math_ == "bf16" ? "BF16" : "FP32";
     return fmt::format("meshc::cuda::Scope cudaScope(world_, meshc::cuda::MathMode::{});\n", mode);
@@ -84,9 +87,14 @@ public:
                    std::string("meshc::cuda::") + fill);
     }
     if (!output.runner.empty()) {
-      replaceAll(output.runner, "#include \"meshrt/Threads.h\"", "#include \"meshrt/Nccl.h\"");
-      replaceAll(output.runner, "meshrt::runThreads(", "meshrt::nccl::runNccl(");
-      replaceAll(output.runner, "on the threads backend", "on the nccl backend (one GPU per rank)");
+      // The runner launches through meshrt::launch (threads | MPI); on GPUs, meshrt::nccl's.
+      replaceAll(output.runner, "#include \"meshrt/Launch.h\"", "#include \"meshrt/Nccl.h\"");
+      replaceAll(output.runner,
+                 "meshrt::LaunchOptions launchOptions = meshrt::LaunchOptions::fromArgs(argc, argv);",
+                 "meshrt::nccl::NcclOptions launchOptions;");
+      replaceAll(output.runner, "meshrt::launch(", "meshrt::nccl::launch(");
+      replaceAll(output.runner, "threads, or MPI under mpirun (meshrt/Launch.h)",
+                 "the nccl backend, one GPU per rank (meshrt/Nccl.h)");
     }
   }
 

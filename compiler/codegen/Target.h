@@ -29,6 +29,9 @@ public:
   virtual llvm::Error checkFunction(const ir::Function& function) const = 0;
   /// Whether f32 einsums go through meshrt::kernels::EinsumPlan (else meshc::gen::einsum2).
   virtual bool einsumPlans() const = 0;
+  /// Whether classes get the host-side param API (paramShards/getParam/setParam, step(),
+  /// save/load): it reads and writes param storage as host memory.
+  virtual bool hostParamApi() const = 0;
   /// The first statement of every generated constructor body and run() ("" for none).
   virtual std::string prologue() const = 0;
   /// Retargets the formatted-to-be text (support names, includes, the runner's backend).

@@ -61,8 +61,11 @@ TEST_CASE("the CUDA target retargets the one emitter's output", "[cuda][codegen]
   REQUIRE(count(cuda->header, "#include \"meshc/CudaSupport.h\"") == 1);
   REQUIRE(count(cuda->header, "meshc::cuda::Buffer param") ==
           count(cpu->header, "meshc::gen::Buffer param"));
-  REQUIRE(count(cuda->runner, "meshrt::nccl::runNccl(") == 2);
-  REQUIRE(count(cuda->runner, "meshrt::runThreads(") == 0);
+  REQUIRE(count(cuda->runner, "meshrt::nccl::launch(") == 2);
+  REQUIRE(count(cuda->runner, "meshrt::launch(") == 0);
+  REQUIRE(count(cuda->runner, "meshrt::LaunchOptions") == 0);
+  // Params live on the device: no host param API (paramShards, save/load) is emitted.
+  REQUIRE(count(cuda->header, "paramShards") == 0);
 
   // Every fused loop of the CPU code is one device lambda; f32 einsums go to cuBLAS (einsum2).
   size_t cpuLoops =

@@ -12,6 +12,16 @@ meshrt::Mesh Mlm::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
 std::vector<std::string> Mlm::inputNames() { return {"tokens", "segment_ids", "padding"}; }
 std::vector<std::string> Mlm::outputNames() { return {"logits", "probs"}; }
 
+meshc::gen::Shape Mlm::inputShape(const std::string &name) {
+  if (name == "tokens")
+    return {4, 32};
+  if (name == "segment_ids")
+    return {4, 32};
+  if (name == "padding")
+    return {4, 32};
+  throw std::invalid_argument("mlm: no input named '" + name + "'");
+}
+
 Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "mlm")), seed_(seed) {
   // bert/token_embedding: truncated_normal (bert.mesh:29)
@@ -1102,6 +1112,20 @@ std::vector<std::string> MlmTrain::inputNames() {
   return {"tokens", "segment_ids", "padding", "masked", "targets"};
 }
 std::vector<std::string> MlmTrain::outputNames() { return {"loss"}; }
+
+meshc::gen::Shape MlmTrain::inputShape(const std::string &name) {
+  if (name == "tokens")
+    return {4, 32};
+  if (name == "segment_ids")
+    return {4, 32};
+  if (name == "padding")
+    return {4, 32};
+  if (name == "masked")
+    return {4, 32};
+  if (name == "targets")
+    return {4, 32};
+  throw std::invalid_argument("mlm_train: no input named '" + name + "'");
+}
 
 MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "mlm_train")), seed_(seed),

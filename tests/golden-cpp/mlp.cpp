@@ -12,6 +12,12 @@ meshrt::Mesh Mlp::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
 std::vector<std::string> Mlp::inputNames() { return {"x"}; }
 std::vector<std::string> Mlp::outputNames() { return {"y"}; }
 
+meshc::gen::Shape Mlp::inputShape(const std::string &name) {
+  if (name == "x")
+    return {32, 64};
+  throw std::invalid_argument("mlp: no input named '" + name + "'");
+}
+
 Mlp::Mlp(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "mlp")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
@@ -199,6 +205,14 @@ meshrt::Mesh MlpTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 
 std::vector<std::string> MlpTrain::inputNames() { return {"x", "target"}; }
 std::vector<std::string> MlpTrain::outputNames() { return {"loss"}; }
+
+meshc::gen::Shape MlpTrain::inputShape(const std::string &name) {
+  if (name == "x")
+    return {32, 64};
+  if (name == "target")
+    return {32, 64};
+  throw std::invalid_argument("mlp_train: no input named '" + name + "'");
+}
 
 MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "mlp_train")), seed_(seed),

@@ -12,6 +12,12 @@ meshrt::Mesh Moe::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
 std::vector<std::string> Moe::inputNames() { return {"x"}; }
 std::vector<std::string> Moe::outputNames() { return {"y"}; }
 
+meshc::gen::Shape Moe::inputShape(const std::string &name) {
+  if (name == "x")
+    return {2, 64, 32};
+  throw std::invalid_argument("moe: no input named '" + name + "'");
+}
+
 Moe::Moe(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "moe")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
@@ -788,6 +794,14 @@ meshrt::Mesh MoeTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 
 std::vector<std::string> MoeTrain::inputNames() { return {"x", "target"}; }
 std::vector<std::string> MoeTrain::outputNames() { return {"loss"}; }
+
+meshc::gen::Shape MoeTrain::inputShape(const std::string &name) {
+  if (name == "x")
+    return {2, 64, 32};
+  if (name == "target")
+    return {2, 64, 32};
+  throw std::invalid_argument("moe_train: no input named '" + name + "'");
+}
 
 MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "moe_train")), seed_(seed),

@@ -12,6 +12,12 @@ meshrt::Mesh Encode::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); 
 std::vector<std::string> Encode::inputNames() { return {"x"}; }
 std::vector<std::string> Encode::outputNames() { return {"y"}; }
 
+meshc::gen::Shape Encode::inputShape(const std::string &name) {
+  if (name == "x")
+    return {2, 128, 32};
+  throw std::invalid_argument("encode: no input named '" + name + "'");
+}
+
 Encode::Encode(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "encode")), seed_(seed),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
@@ -1213,6 +1219,12 @@ meshrt::Mesh Lm::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
 
 std::vector<std::string> Lm::inputNames() { return {"tokens"}; }
 std::vector<std::string> Lm::outputNames() { return {"logits"}; }
+
+meshc::gen::Shape Lm::inputShape(const std::string &name) {
+  if (name == "tokens")
+    return {2, 128};
+  throw std::invalid_argument("lm: no input named '" + name + "'");
+}
 
 Lm::Lm(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "lm")), seed_(seed),
@@ -2514,6 +2526,12 @@ meshrt::Mesh LmTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}});
 
 std::vector<std::string> LmTrain::inputNames() { return {"tokens"}; }
 std::vector<std::string> LmTrain::outputNames() { return {"loss"}; }
+
+meshc::gen::Shape LmTrain::inputShape(const std::string &name) {
+  if (name == "tokens")
+    return {2, 128};
+  throw std::invalid_argument("lm_train: no input named '" + name + "'");
+}
 
 LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "lm_train")), seed_(seed),

@@ -13,6 +13,12 @@ meshrt::Mesh SwishMlp::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 std::vector<std::string> SwishMlp::inputNames() { return {"x"}; }
 std::vector<std::string> SwishMlp::outputNames() { return {"y"}; }
 
+meshc::gen::Shape SwishMlp::inputShape(const std::string &name) {
+  if (name == "x")
+    return {32, 64};
+  throw std::invalid_argument("swish_mlp: no input named '" + name + "'");
+}
+
 SwishMlp::SwishMlp(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "swish_mlp")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {

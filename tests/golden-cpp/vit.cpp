@@ -12,6 +12,12 @@ meshrt::Mesh Classify::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 std::vector<std::string> Classify::inputNames() { return {"image"}; }
 std::vector<std::string> Classify::outputNames() { return {"probs"}; }
 
+meshc::gen::Shape Classify::inputShape(const std::string &name) {
+  if (name == "image")
+    return {4, 14, 14, 3};
+  throw std::invalid_argument("classify: no input named '" + name + "'");
+}
+
 Classify::Classify(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "classify")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
@@ -1210,6 +1216,14 @@ meshrt::Mesh TrainVit::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 
 std::vector<std::string> TrainVit::inputNames() { return {"image", "labels"}; }
 std::vector<std::string> TrainVit::outputNames() { return {"loss"}; }
+
+meshc::gen::Shape TrainVit::inputShape(const std::string &name) {
+  if (name == "image")
+    return {4, 14, 14, 3};
+  if (name == "labels")
+    return {4};
+  throw std::invalid_argument("train_vit: no input named '" + name + "'");
+}
 
 TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
     : world_(meshc::gen::checkedWorld(world, mesh(), "train_vit")), seed_(seed),

@@ -27,6 +27,8 @@ public:
   /// The names of the inputs and outputs, in declaration order.
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
+  /// The global shape of the input `name` (what scatterInput takes).
+  static meshc::gen::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -172,6 +174,8 @@ public:
   /// The names of the inputs and outputs, in declaration order.
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
+  /// The global shape of the input `name` (what scatterInput takes).
+  static meshc::gen::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).

@@ -110,6 +110,14 @@ struct NcclOptions {
 void runNccl(const Mesh& mesh, const std::function<void(Communicator&)>& program,
              const NcclOptions& options = {});
 
+/// The generated CUDA runner's entry, shaped like meshrt::launch: runs every rank in this
+/// process (so this process holds world rank 0: returns true).
+inline bool launch(const Mesh& mesh, const NcclOptions& options,
+                   const std::function<void(Communicator&)>& program) {
+  runNccl(mesh, program, options);
+  return true;
+}
+
 /// The number of visible CUDA devices (0 when there is none or no driver).
 int deviceCount();
 
