@@ -25,8 +25,8 @@
 #include <llvm/Support/WithColor.h>
 
 #include <chrono>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 
 namespace meshc {
 
@@ -425,8 +425,7 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv
   }
   // --inputs: tensors by "<function>.<input>"; their dims stay unnamed until matched.
   std::map<std::string, interp::Tensor> givenInputs;
-  if (givenInputsPath.getNumOccurrences() &&
-      !readTensorFile(givenInputsPath, givenInputs))
+  if (givenInputsPath.getNumOccurrences() && !readTensorFile(givenInputsPath, givenInputs))
     return false;
   std::string dump; // --dump-outputs: "tensor <fn>.<name> <dtype> <rank> <sizes>\n" + float64s
   for (const ir::Function& fn : module.functions) {
