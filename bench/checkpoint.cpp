@@ -31,7 +31,9 @@ Model makeModel(const meshrt::Mesh& mesh, int rank, int64_t rows, int64_t cols,
                 const std::vector<std::string>& rowAxes, const std::vector<std::string>& colAxes) {
   Model model;
   for (int k = 0; k < 8; ++k) {
-    meshrt::CheckpointTensor tensor{"layer" + std::to_string(k) + "/w", "f32", meshrt::DType::F32,
+    meshrt::CheckpointTensor tensor{"layer" + std::to_string(k) + "/w",
+                                    "f32",
+                                    meshrt::DType::F32,
                                     {{"rows", rows, rowAxes}, {"cols", cols, colAxes}}};
     meshrt::ShardBox box = meshrt::shardOf(mesh, rank, tensor.dims, tensor.name);
     model.buffers.emplace_back(size_t(box.shape[0] * box.shape[1]), float(k) + 0.5f);
@@ -67,9 +69,9 @@ template <class Body> double timed(const meshrt::Mesh& mesh, int repeats, Body b
 } // namespace
 
 int main(int argc, char** argv) {
-  fs::path dir = argc > 1 ? fs::path(argv[1])
-                          : fs::temp_directory_path() / ("meshrt-bench-ckpt-" +
-                                                         std::to_string(::getpid()));
+  fs::path dir =
+      argc > 1 ? fs::path(argv[1])
+               : fs::temp_directory_path() / ("meshrt-bench-ckpt-" + std::to_string(::getpid()));
   int64_t mib = argc > 2 ? std::atoll(argv[2]) : 256;
   int64_t cols = 1024, rows = mib * 1024 * 1024 / 4 / 8 / cols;
   double bytes = double(rows * cols * 8 * 4);

@@ -89,9 +89,10 @@ public:
     if (!output.runner.empty()) {
       // The runner launches through meshrt::launch (threads | MPI); on GPUs, meshrt::nccl's.
       replaceAll(output.runner, "#include \"meshrt/Launch.h\"", "#include \"meshrt/Nccl.h\"");
-      replaceAll(output.runner,
-                 "meshrt::LaunchOptions launchOptions = meshrt::LaunchOptions::fromArgs(argc, argv);",
-                 "meshrt::nccl::NcclOptions launchOptions;");
+      replaceAll(
+          output.runner,
+          "meshrt::LaunchOptions launchOptions = meshrt::LaunchOptions::fromArgs(argc, argv);",
+          "meshrt::nccl::NcclOptions launchOptions;");
       replaceAll(output.runner, "meshrt::launch(", "meshrt::nccl::launch(");
       replaceAll(output.runner, "threads, or MPI under mpirun (meshrt/Launch.h)",
                  "the nccl backend, one GPU per rank (meshrt/Nccl.h)");

@@ -349,7 +349,7 @@ void dumpTensor(const std::string& name, const interp::Tensor& tensor, std::stri
 /// one `step S loss L` line each. The dump gets the last loss (`<fn>.loss`) and every param's
 /// final value (`<fn>.param.<path>`, weights and optimizer state).
 bool trainFunction(const ir::Function& fn, llvm::raw_ostream& os, std::string& dump,
-                 const interp::UserFunctions* userFunctions) {
+                   const interp::UserFunctions* userFunctions) {
   interp::TensorMap state;
   interp::Tensor loss{ir::TensorType{}, {0.0}};
   os << fmt::format("train {}: {} steps in the interpreter\n", fn.name, int64_t(trainSteps));

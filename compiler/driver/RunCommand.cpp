@@ -8,7 +8,6 @@
 #include "driver/Toolchain.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 #include <llvm/ADT/SmallString.h>
 #include <llvm/ADT/StringExtras.h>
 #include <llvm/Support/CommandLine.h>
@@ -19,6 +18,7 @@
 #include <llvm/Support/Program.h>
 #include <llvm/Support/WithColor.h>
 #include <llvm/Support/xxhash.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>

@@ -48,15 +48,24 @@ Options parseOptions(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument("charlm: " + arg + " needs a value");
       return argv[++i];
     };
-    if (arg == "--text") options.textPath = value();
-    else if (arg == "--steps") options.steps = std::stoll(value());
-    else if (arg == "--log-every") options.logEvery = std::max<int64_t>(1, std::stoll(value()));
-    else if (arg == "--seed") options.seed = std::stoull(value());
-    else if (arg == "--sample") options.sampleChars = std::stoi(value());
-    else if (arg == "--prompt") options.prompt = value();
-    else if (arg == "--temperature") options.temperature = std::stod(value());
-    else if (arg == "--checkpoint") options.checkpointDir = value();
-    else throw std::invalid_argument("charlm: unknown option '" + arg + "'");
+    if (arg == "--text")
+      options.textPath = value();
+    else if (arg == "--steps")
+      options.steps = std::stoll(value());
+    else if (arg == "--log-every")
+      options.logEvery = std::max<int64_t>(1, std::stoll(value()));
+    else if (arg == "--seed")
+      options.seed = std::stoull(value());
+    else if (arg == "--sample")
+      options.sampleChars = std::stoi(value());
+    else if (arg == "--prompt")
+      options.prompt = value();
+    else if (arg == "--temperature")
+      options.temperature = std::stod(value());
+    else if (arg == "--checkpoint")
+      options.checkpointDir = value();
+    else
+      throw std::invalid_argument("charlm: unknown option '" + arg + "'");
   }
   if (options.textPath.empty()) throw std::invalid_argument("charlm: --text FILE is required");
   return options;
@@ -69,7 +78,9 @@ int tokenOf(unsigned char c) {
   if (c >= 32 && c <= 126) return c - 31;
   return 1;
 }
-char charOf(int token) { return token == 0 ? '\n' : char(token + 31); }
+char charOf(int token) {
+  return token == 0 ? '\n' : char(token + 31);
+}
 
 std::vector<int> readTokens(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -84,8 +95,8 @@ std::vector<int> readTokens(const std::string& path) {
 
 /// The global [batch, seq] tokens of one step: `batch` windows at random offsets of the text,
 /// drawn from (seed, step) so every rank builds the same batch.
-meshc::gen::Tensor batchOf(const std::vector<int>& text, int64_t batch, int64_t seq,
-                           uint64_t seed, int64_t step) {
+meshc::gen::Tensor batchOf(const std::vector<int>& text, int64_t batch, int64_t seq, uint64_t seed,
+                           int64_t step) {
   std::mt19937_64 rng(seed * 1000003u + uint64_t(step));
   std::uniform_int_distribution<size_t> offset(0, text.size() - size_t(seq));
   meshc::gen::Tensor tokens{{batch, seq}, meshc::gen::Buffer(size_t(batch * seq))};
@@ -138,8 +149,7 @@ int main(int argc, char** argv) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           if (world.rank() == 0)
             std::printf("step %5lld  loss %.4f  tokens/s %.0f\n", (long long)(firstStep + step + 1),
-                        lossSum / double(lossCount),
-                        double((step + 1) * batch * seq) / seconds);
+                        lossSum / double(lossCount), double((step + 1) * batch * seq) / seconds);
           std::fflush(stdout);
           lossSum = 0;
           lossCount = 0;

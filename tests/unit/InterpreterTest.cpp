@@ -836,4 +836,3 @@ TEST_CASE("trainStep runs the step, then applies every update together", "[inter
   checkData(state.at("w"), {-1, -3});
   checkData(state.at("w@m"), {1, 0});
 }
-
