@@ -396,6 +396,10 @@ public:
 
   /// The runner's part for this function: runs it through meshrt::launch and records outputs.
   std::string runnerBody() const;
+  /// The runner's `inputs` of the step `step` (a C++ expression): each input from the inputs
+  /// file when it holds `<function>.<input>` (batch `step` mod k of its k batches), else
+  /// synthesized from seed + step.
+  std::string inputsOfStep(const std::string& step) const;
 
 private:
   const TensorType& local(SpmdValueId id) const { return fn.values[id].localType; }
@@ -1618,6 +1622,18 @@ void FunctionEmitter::emitCheckpointApi(std::string& h, std::string& s) const {
        "std::stoull(seed->second);\n}\n\n";
 }
 
+std::string FunctionEmitter::inputsOfStep(const std::string& step) const {
+  std::string s =
+      fmt::format("auto inputs = program.synthesizeInputs(seed + uint64_t({}));\n", step);
+  for (const ir::InputInfo& input : irFn.inputs)
+    s += fmt::format("if (auto given = givenInputs.find({0}); given != givenInputs.end())\n"
+                     "inputs.{1} = {2}::scatterInput(world, {3}, meshc::gen::batchOfStep({0}, "
+                     "given->second, {2}::inputShape({3}), {4}));\n",
+                     quote(fn.name + "." + input.name), identifier(input.name), name,
+                     quote(input.name), step);
+  return s;
+}
+
 std::string FunctionEmitter::runnerBody() const {
   std::string s;
   std::string kindWord = fn.kind == ir::Function::Kind::Train ? "train" : "program";
@@ -1635,14 +1651,13 @@ std::string FunctionEmitter::runnerBody() const {
   if (target->hostParamApi())
     s += fmt::format("if (!loadDir.empty()) program.load(loadDir + {});\n", checkpointDir);
   if (hasUpdates()) {
-    // --steps N: N training steps on the inputs of steps 0..N-1 (seed + s), the loss of each
+    // --steps N: N training steps on the inputs of steps 0..N-1 (inputsOfStep), the loss of each
     // printed as the interpreter prints it; then the last loss and every final param, named as
     // `meshc --emit=run --steps N --dump-outputs` names them (<fn>.loss, <fn>.param.<path>).
     s += fmt::format(
         "if (steps > 0) {{\nfloat loss = 0;\nfor (int64_t first = program.stepCount(), s = first; "
         "s < "
-        "first + steps; ++s) {{\nloss = "
-        "program.step(program.synthesizeInputs(seed + uint64_t(s)));\nif (world.rank() == 0) "
+        "first + steps; ++s) {{\n{3}loss = program.step(inputs);\nif (world.rank() == 0) "
         "std::printf(\"step %lld loss %.9g\\n\", (long long)s, double(loss));\n}}\n"
         "if (world.rank() == 0) results.push_back({{{0}, \"f32\", {{}}, {{loss}}}});\n"
         "for (const meshc::gen::ParamShard& shard : program.paramShards()) {{\n"
@@ -1650,17 +1665,10 @@ std::string FunctionEmitter::runnerBody() const {
         "results.push_back({{{1} + shard.path, shard.dtype, std::move(global.shape), "
         "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {2});\n"
         "return;\n}}\n",
-        quote(fn.name + ".loss"), quote(fn.name + ".param."), checkpointDir);
+        quote(fn.name + ".loss"), quote(fn.name + ".param."), checkpointDir, inputsOfStep("s"));
   }
   // A train step's outputs are step 0's (the first run); later runs are timed only.
-  // Inputs given in the inputs file (`<function>.<input>`) replace the synthesized ones.
-  s += "auto inputs = program.synthesizeInputs(seed);\n";
-  for (size_t k = 0; k < irFn.inputs.size(); ++k)
-    s += fmt::format("if (auto given = givenInputs.find({0}); given != givenInputs.end())\n"
-                     "inputs.{1} = {2}::scatterInput(world, {3}, given->second);\n",
-                     quote(fn.name + "." + irFn.inputs[k].name), identifier(irFn.inputs[k].name),
-                     name, quote(irFn.inputs[k].name));
-  s += "auto outputs = program.run(inputs);\n";
+  s += inputsOfStep("0") + "auto outputs = program.run(inputs);\n";
   s += fmt::format(
       "std::vector<double> runs(kTimedRuns);\nfor (int i = 0; i < kTimedRuns; ++i) "
       "{{\nworld.barrier();\nauto start = std::chrono::steady_clock::now();\n"

@@ -345,11 +345,45 @@ void dumpTensor(const std::string& name, const interp::Tensor& tensor, std::stri
               tensor.data.size() * sizeof(double));
 }
 
-/// --steps N on a train block: N interpreter train steps on synthetic inputs (seed + step),
-/// one `step S loss L` line each. The dump gets the last loss (`<fn>.loss`) and every param's
-/// final value (`<fn>.param.<path>`, weights and optimizer state).
+/// The inputs of `fn` at train step `step` (0 outside training). An input given in --inputs as
+/// `<fn>.<input>` holds k >= 1 batches of the input's shape stacked along its first dim, and step
+/// s reads batch s mod k (as the generated runner does); the others are synthesized from
+/// seed + step. False, with a message, when a given tensor does not fit.
+bool inputsOfStep(const ir::Function& fn, const std::map<std::string, interp::Tensor>& givenInputs,
+                  int64_t step, interp::TensorMap& inputs) {
+  for (const ir::InputInfo& input : fn.inputs) {
+    auto given = givenInputs.find(fn.name + "." + input.name);
+    if (given == givenInputs.end()) {
+      inputs[input.name] = interp::synthesizeInput(input, seed + uint64_t(step));
+      continue;
+    }
+    size_t batch = size_t(input.type.numElements()), count = given->second.data.size();
+    if (given->second.type.dims.size() != input.type.dims.size() || count == 0 ||
+        count % batch != 0) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << "--inputs: " << given->first << " has " << count << " values in "
+          << given->second.type.dims.size() << " dims, not one or more batches of the input's "
+          << "shape\n";
+      return false;
+    }
+    size_t first = size_t(step) % (count / batch) * batch;
+    interp::Tensor tensor{input.type, std::vector<double>(given->second.data.begin() + first,
+                                                          given->second.data.begin() + first +
+                                                              batch)};
+    if (input.type.dtype == ir::DType::F32) // as the generated code holds them
+      for (double& v : tensor.data)
+        v = double(float(v));
+    inputs[input.name] = std::move(tensor);
+  }
+  return true;
+}
+
+/// --steps N on a train block: N interpreter train steps on the inputs of each step
+/// (inputsOfStep), one `step S loss L` line each. The dump gets the last loss (`<fn>.loss`) and
+/// every param's final value (`<fn>.param.<path>`, weights and optimizer state).
 bool trainFunction(const ir::Function& fn, llvm::raw_ostream& os, std::string& dump,
-                   const interp::UserFunctions* userFunctions) {
+                   const interp::UserFunctions* userFunctions,
+                   const std::map<std::string, interp::Tensor>& givenInputs) {
   interp::TensorMap state;
   interp::Tensor loss{ir::TensorType{}, {0.0}};
   os << fmt::format("train {}: {} steps in the interpreter\n", fn.name, int64_t(trainSteps));
@@ -359,8 +393,7 @@ bool trainFunction(const ir::Function& fn, llvm::raw_ostream& os, std::string& d
     opts.step = uint64_t(step);
     opts.userFunctions = userFunctions;
     interp::TensorMap inputs;
-    for (const ir::InputInfo& input : fn.inputs)
-      inputs[input.name] = interp::synthesizeInput(input, seed + uint64_t(step));
+    if (!inputsOfStep(fn, givenInputs, step, inputs)) return false;
     llvm::Expected<double> value = interp::trainStep(fn, inputs, opts, state);
     if (!value) {
       llvm::WithColor::error(llvm::errs(), "meshc")
@@ -431,7 +464,7 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv
   for (const ir::Function& fn : module.functions) {
     if (!wanted(fn)) continue;
     if (fn.kind == ir::Function::Kind::Train && trainSteps > 0) {
-      if (!trainFunction(fn, os, dump, &*userFunctions)) return false;
+      if (!trainFunction(fn, os, dump, &*userFunctions, givenInputs)) return false;
       continue;
     }
     interp::Options opts;
@@ -439,25 +472,7 @@ bool runModule(const ir::Module& module, llvm::raw_ostream& os, const char* argv
     opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
     opts.userFunctions = &*userFunctions;
     interp::TensorMap inputs;
-    for (const ir::InputInfo& input : fn.inputs) {
-      auto given = givenInputs.find(fn.name + "." + input.name);
-      if (given == givenInputs.end()) {
-        inputs[input.name] = interp::synthesizeInput(input, seed);
-        continue;
-      }
-      if (given->second.type.dims.size() != input.type.dims.size() ||
-          given->second.type.numElements() != input.type.numElements()) {
-        llvm::WithColor::error(llvm::errs(), "meshc")
-            << "--inputs: " << given->first << " has " << given->second.type.numElements()
-            << " values in " << given->second.type.dims.size() << " dims, not the input's shape\n";
-        return false;
-      }
-      interp::Tensor tensor{input.type, given->second.data};
-      if (input.type.dtype == ir::DType::F32) // as the generated code holds them
-        for (double& v : tensor.data)
-          v = double(float(v));
-      inputs[input.name] = std::move(tensor);
-    }
+    if (!inputsOfStep(fn, givenInputs, 0, inputs)) return false;
     auto start = std::chrono::steady_clock::now();
     llvm::Expected<interp::TensorMap> outputs = interp::run(fn, inputs, opts);
     double ms =

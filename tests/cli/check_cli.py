@@ -203,9 +203,9 @@ def run_user_kernels():
                "a program with user kernels runs and matches the interpreter", proc)
 
 
-def write_tensor(path, name, shape, values):
+def write_tensor(path, name, shape, values, append=False):
     import struct
-    with open(path, "wb") as f:
+    with open(path, "ab" if append else "wb") as f:
         f.write(f"tensor {name} f32 {len(shape)} {' '.join(map(str, shape))}\n".encode())
         f.write(struct.pack(f"<{len(values)}d", *values))
 
@@ -237,6 +237,34 @@ def run_data():
         missing = run_command(MLP, "--data", os.path.join(cache, "none.bin"), cache=cache)
         expect(missing.returncode == 1 and "--data" in missing.stderr, "a missing data file",
                missing)
+
+
+def run_train_data():
+    """meshc run --steps N --data: a train block trains on batches read from a file (two batches
+    of each input stacked along the first dim; step s reads batch s mod 2), in the generated code
+    and in the interpreter, which --check compares (losses and final params)."""
+    import math
+    with tempfile.TemporaryDirectory() as cache:
+        data = os.path.join(cache, "batches.bin")
+        write_tensor(data, "mlp_train.x", [64, 64], [math.sin(0.37 * i) for i in range(4096)])
+        write_tensor(data, "mlp_train.target", [64, 64], [math.cos(0.11 * i) for i in range(4096)],
+                     append=True)
+        synthetic = meshc(MLP, "--emit=run", "--function", "mlp_train", "--steps", "2")
+        given = meshc(MLP, "--emit=run", "--function", "mlp_train", "--steps", "2", "--inputs",
+                      data)
+        expect(given.returncode == 0 and "step 1 loss" in given.stdout and
+               given.stdout != synthetic.stdout, "--inputs feeds the train steps", given)
+        proc = run_command(MLP, "--function", "mlp_train", "--no-plan", "--steps", "4", "--check",
+                           "--tol", "1e-3", "--data", data, cache=cache)
+        expect(proc.returncode == 0 and "step 3 loss" in proc.stdout and
+               "ok   mlp_train.loss" in proc.stdout and "ok   mlp_train.param.ffn/w_in" in
+               proc.stdout, "meshc run --steps --data trains on the file and matches the "
+               "interpreter", proc)
+        odd = os.path.join(cache, "odd.bin")
+        write_tensor(odd, "mlp_train.x", [48, 64], [0.5] * (48 * 64))
+        bad = meshc(MLP, "--emit=run", "--function", "mlp_train", "--steps", "1", "--inputs", odd)
+        expect(bad.returncode == 1 and "batches" in bad.stderr,
+               "a data tensor that is not whole batches is refused", bad)
 
 
 def run_errors():
@@ -284,6 +312,7 @@ CASES = {f.__name__: f for f in [version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_user_kernels, run_data,
+                                 run_train_data,
                                  run_errors, run_help]}
 
 if __name__ == "__main__":

@@ -74,13 +74,20 @@ int main(int argc, char **argv) {
         Mlm program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/mlm");
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("mlm.tokens"); given != givenInputs.end())
-          inputs.tokens = Mlm::scatterInput(world, "tokens", given->second);
+          inputs.tokens = Mlm::scatterInput(
+              world, "tokens",
+              meshc::gen::batchOfStep("mlm.tokens", given->second, Mlm::inputShape("tokens"), 0));
         if (auto given = givenInputs.find("mlm.segment_ids"); given != givenInputs.end())
-          inputs.segment_ids = Mlm::scatterInput(world, "segment_ids", given->second);
+          inputs.segment_ids =
+              Mlm::scatterInput(world, "segment_ids",
+                                meshc::gen::batchOfStep("mlm.segment_ids", given->second,
+                                                        Mlm::inputShape("segment_ids"), 0));
         if (auto given = givenInputs.find("mlm.padding"); given != givenInputs.end())
-          inputs.padding = Mlm::scatterInput(world, "padding", given->second);
+          inputs.padding = Mlm::scatterInput(
+              world, "padding",
+              meshc::gen::batchOfStep("mlm.padding", given->second, Mlm::inputShape("padding"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -121,7 +128,33 @@ int main(int argc, char **argv) {
         if (steps > 0) {
           float loss = 0;
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            loss = program.step(program.synthesizeInputs(seed + uint64_t(s)));
+            auto inputs = program.synthesizeInputs(seed + uint64_t(s));
+            if (auto given = givenInputs.find("mlm_train.tokens"); given != givenInputs.end())
+              inputs.tokens = MlmTrain::scatterInput(
+                  world, "tokens",
+                  meshc::gen::batchOfStep("mlm_train.tokens", given->second,
+                                          MlmTrain::inputShape("tokens"), s));
+            if (auto given = givenInputs.find("mlm_train.segment_ids"); given != givenInputs.end())
+              inputs.segment_ids = MlmTrain::scatterInput(
+                  world, "segment_ids",
+                  meshc::gen::batchOfStep("mlm_train.segment_ids", given->second,
+                                          MlmTrain::inputShape("segment_ids"), s));
+            if (auto given = givenInputs.find("mlm_train.padding"); given != givenInputs.end())
+              inputs.padding = MlmTrain::scatterInput(
+                  world, "padding",
+                  meshc::gen::batchOfStep("mlm_train.padding", given->second,
+                                          MlmTrain::inputShape("padding"), s));
+            if (auto given = givenInputs.find("mlm_train.masked"); given != givenInputs.end())
+              inputs.masked = MlmTrain::scatterInput(
+                  world, "masked",
+                  meshc::gen::batchOfStep("mlm_train.masked", given->second,
+                                          MlmTrain::inputShape("masked"), s));
+            if (auto given = givenInputs.find("mlm_train.targets"); given != givenInputs.end())
+              inputs.targets = MlmTrain::scatterInput(
+                  world, "targets",
+                  meshc::gen::batchOfStep("mlm_train.targets", given->second,
+                                          MlmTrain::inputShape("targets"), s));
+            loss = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
           }
@@ -137,17 +170,32 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/mlm_train");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("mlm_train.tokens"); given != givenInputs.end())
-          inputs.tokens = MlmTrain::scatterInput(world, "tokens", given->second);
+          inputs.tokens =
+              MlmTrain::scatterInput(world, "tokens",
+                                     meshc::gen::batchOfStep("mlm_train.tokens", given->second,
+                                                             MlmTrain::inputShape("tokens"), 0));
         if (auto given = givenInputs.find("mlm_train.segment_ids"); given != givenInputs.end())
-          inputs.segment_ids = MlmTrain::scatterInput(world, "segment_ids", given->second);
+          inputs.segment_ids = MlmTrain::scatterInput(
+              world, "segment_ids",
+              meshc::gen::batchOfStep("mlm_train.segment_ids", given->second,
+                                      MlmTrain::inputShape("segment_ids"), 0));
         if (auto given = givenInputs.find("mlm_train.padding"); given != givenInputs.end())
-          inputs.padding = MlmTrain::scatterInput(world, "padding", given->second);
+          inputs.padding =
+              MlmTrain::scatterInput(world, "padding",
+                                     meshc::gen::batchOfStep("mlm_train.padding", given->second,
+                                                             MlmTrain::inputShape("padding"), 0));
         if (auto given = givenInputs.find("mlm_train.masked"); given != givenInputs.end())
-          inputs.masked = MlmTrain::scatterInput(world, "masked", given->second);
+          inputs.masked =
+              MlmTrain::scatterInput(world, "masked",
+                                     meshc::gen::batchOfStep("mlm_train.masked", given->second,
+                                                             MlmTrain::inputShape("masked"), 0));
         if (auto given = givenInputs.find("mlm_train.targets"); given != givenInputs.end())
-          inputs.targets = MlmTrain::scatterInput(world, "targets", given->second);
+          inputs.targets =
+              MlmTrain::scatterInput(world, "targets",
+                                     meshc::gen::batchOfStep("mlm_train.targets", given->second,
+                                                             MlmTrain::inputShape("targets"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {

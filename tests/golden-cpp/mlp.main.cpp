@@ -74,9 +74,10 @@ int main(int argc, char **argv) {
         Mlp program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/mlp");
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("mlp.x"); given != givenInputs.end())
-          inputs.x = Mlp::scatterInput(world, "x", given->second);
+          inputs.x = Mlp::scatterInput(
+              world, "x", meshc::gen::batchOfStep("mlp.x", given->second, Mlp::inputShape("x"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -113,7 +114,18 @@ int main(int argc, char **argv) {
         if (steps > 0) {
           float loss = 0;
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            loss = program.step(program.synthesizeInputs(seed + uint64_t(s)));
+            auto inputs = program.synthesizeInputs(seed + uint64_t(s));
+            if (auto given = givenInputs.find("mlp_train.x"); given != givenInputs.end())
+              inputs.x =
+                  MlpTrain::scatterInput(world, "x",
+                                         meshc::gen::batchOfStep("mlp_train.x", given->second,
+                                                                 MlpTrain::inputShape("x"), s));
+            if (auto given = givenInputs.find("mlp_train.target"); given != givenInputs.end())
+              inputs.target = MlpTrain::scatterInput(
+                  world, "target",
+                  meshc::gen::batchOfStep("mlp_train.target", given->second,
+                                          MlpTrain::inputShape("target"), s));
+            loss = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
           }
@@ -129,11 +141,16 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/mlp_train");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("mlp_train.x"); given != givenInputs.end())
-          inputs.x = MlpTrain::scatterInput(world, "x", given->second);
+          inputs.x = MlpTrain::scatterInput(
+              world, "x",
+              meshc::gen::batchOfStep("mlp_train.x", given->second, MlpTrain::inputShape("x"), 0));
         if (auto given = givenInputs.find("mlp_train.target"); given != givenInputs.end())
-          inputs.target = MlpTrain::scatterInput(world, "target", given->second);
+          inputs.target =
+              MlpTrain::scatterInput(world, "target",
+                                     meshc::gen::batchOfStep("mlp_train.target", given->second,
+                                                             MlpTrain::inputShape("target"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {

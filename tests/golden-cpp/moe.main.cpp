@@ -74,9 +74,10 @@ int main(int argc, char **argv) {
         Moe program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/moe");
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("moe.x"); given != givenInputs.end())
-          inputs.x = Moe::scatterInput(world, "x", given->second);
+          inputs.x = Moe::scatterInput(
+              world, "x", meshc::gen::batchOfStep("moe.x", given->second, Moe::inputShape("x"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -113,7 +114,18 @@ int main(int argc, char **argv) {
         if (steps > 0) {
           float loss = 0;
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            loss = program.step(program.synthesizeInputs(seed + uint64_t(s)));
+            auto inputs = program.synthesizeInputs(seed + uint64_t(s));
+            if (auto given = givenInputs.find("moe_train.x"); given != givenInputs.end())
+              inputs.x =
+                  MoeTrain::scatterInput(world, "x",
+                                         meshc::gen::batchOfStep("moe_train.x", given->second,
+                                                                 MoeTrain::inputShape("x"), s));
+            if (auto given = givenInputs.find("moe_train.target"); given != givenInputs.end())
+              inputs.target = MoeTrain::scatterInput(
+                  world, "target",
+                  meshc::gen::batchOfStep("moe_train.target", given->second,
+                                          MoeTrain::inputShape("target"), s));
+            loss = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
           }
@@ -129,11 +141,16 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/moe_train");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("moe_train.x"); given != givenInputs.end())
-          inputs.x = MoeTrain::scatterInput(world, "x", given->second);
+          inputs.x = MoeTrain::scatterInput(
+              world, "x",
+              meshc::gen::batchOfStep("moe_train.x", given->second, MoeTrain::inputShape("x"), 0));
         if (auto given = givenInputs.find("moe_train.target"); given != givenInputs.end())
-          inputs.target = MoeTrain::scatterInput(world, "target", given->second);
+          inputs.target =
+              MoeTrain::scatterInput(world, "target",
+                                     meshc::gen::batchOfStep("moe_train.target", given->second,
+                                                             MoeTrain::inputShape("target"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {

@@ -74,9 +74,11 @@ int main(int argc, char **argv) {
         Encode program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/encode");
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("encode.x"); given != givenInputs.end())
-          inputs.x = Encode::scatterInput(world, "x", given->second);
+          inputs.x = Encode::scatterInput(
+              world, "x",
+              meshc::gen::batchOfStep("encode.x", given->second, Encode::inputShape("x"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -110,9 +112,11 @@ int main(int argc, char **argv) {
         Lm program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/lm");
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("lm.tokens"); given != givenInputs.end())
-          inputs.tokens = Lm::scatterInput(world, "tokens", given->second);
+          inputs.tokens = Lm::scatterInput(
+              world, "tokens",
+              meshc::gen::batchOfStep("lm.tokens", given->second, Lm::inputShape("tokens"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -149,7 +153,13 @@ int main(int argc, char **argv) {
         if (steps > 0) {
           float loss = 0;
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            loss = program.step(program.synthesizeInputs(seed + uint64_t(s)));
+            auto inputs = program.synthesizeInputs(seed + uint64_t(s));
+            if (auto given = givenInputs.find("lm_train.tokens"); given != givenInputs.end())
+              inputs.tokens =
+                  LmTrain::scatterInput(world, "tokens",
+                                        meshc::gen::batchOfStep("lm_train.tokens", given->second,
+                                                                LmTrain::inputShape("tokens"), s));
+            loss = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
           }
@@ -165,9 +175,12 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/lm_train");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("lm_train.tokens"); given != givenInputs.end())
-          inputs.tokens = LmTrain::scatterInput(world, "tokens", given->second);
+          inputs.tokens =
+              LmTrain::scatterInput(world, "tokens",
+                                    meshc::gen::batchOfStep("lm_train.tokens", given->second,
+                                                            LmTrain::inputShape("tokens"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {

@@ -74,9 +74,11 @@ int main(int argc, char **argv) {
         SwishMlp program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/swish_mlp");
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("swish_mlp.x"); given != givenInputs.end())
-          inputs.x = SwishMlp::scatterInput(world, "x", given->second);
+          inputs.x = SwishMlp::scatterInput(
+              world, "x",
+              meshc::gen::batchOfStep("swish_mlp.x", given->second, SwishMlp::inputShape("x"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {

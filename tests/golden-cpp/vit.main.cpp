@@ -74,9 +74,12 @@ int main(int argc, char **argv) {
         Classify program(world, seed);
         if (!loadDir.empty())
           program.load(loadDir + "/classify");
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("classify.image"); given != givenInputs.end())
-          inputs.image = Classify::scatterInput(world, "image", given->second);
+          inputs.image =
+              Classify::scatterInput(world, "image",
+                                     meshc::gen::batchOfStep("classify.image", given->second,
+                                                             Classify::inputShape("image"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -113,7 +116,18 @@ int main(int argc, char **argv) {
         if (steps > 0) {
           float loss = 0;
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
-            loss = program.step(program.synthesizeInputs(seed + uint64_t(s)));
+            auto inputs = program.synthesizeInputs(seed + uint64_t(s));
+            if (auto given = givenInputs.find("train_vit.image"); given != givenInputs.end())
+              inputs.image =
+                  TrainVit::scatterInput(world, "image",
+                                         meshc::gen::batchOfStep("train_vit.image", given->second,
+                                                                 TrainVit::inputShape("image"), s));
+            if (auto given = givenInputs.find("train_vit.labels"); given != givenInputs.end())
+              inputs.labels = TrainVit::scatterInput(
+                  world, "labels",
+                  meshc::gen::batchOfStep("train_vit.labels", given->second,
+                                          TrainVit::inputShape("labels"), s));
+            loss = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
           }
@@ -129,11 +143,17 @@ int main(int argc, char **argv) {
             program.save(saveDir + "/train_vit");
           return;
         }
-        auto inputs = program.synthesizeInputs(seed);
+        auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("train_vit.image"); given != givenInputs.end())
-          inputs.image = TrainVit::scatterInput(world, "image", given->second);
+          inputs.image =
+              TrainVit::scatterInput(world, "image",
+                                     meshc::gen::batchOfStep("train_vit.image", given->second,
+                                                             TrainVit::inputShape("image"), 0));
         if (auto given = givenInputs.find("train_vit.labels"); given != givenInputs.end())
-          inputs.labels = TrainVit::scatterInput(world, "labels", given->second);
+          inputs.labels =
+              TrainVit::scatterInput(world, "labels",
+                                     meshc::gen::batchOfStep("train_vit.labels", given->second,
+                                                             TrainVit::inputShape("labels"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {

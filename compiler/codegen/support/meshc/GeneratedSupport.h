@@ -1005,6 +1005,23 @@ inline void writeTensor(std::FILE* file, const std::string& name, const char* dt
   std::fwrite(values.data(), sizeof(double), values.size(), file);
 }
 
+/// The global input of step `step` from a tensor read from a file: `data` holds k >= 1 batches
+/// of `shape` stacked along the first dim, and step s reads batch s mod k.
+inline Tensor batchOfStep(const std::string& name, const Tensor& data, const Shape& shape,
+                          int64_t step) {
+  size_t batch = 1;
+  for (int64_t size : shape)
+    batch *= size_t(size);
+  if (data.shape.size() != shape.size() || data.data.empty() || data.data.size() % batch != 0)
+    throw std::invalid_argument("inputs file: '" + name + "' has " +
+                                std::to_string(data.data.size()) + " values in " +
+                                std::to_string(data.shape.size()) +
+                                " dims, not one or more batches of the input's shape");
+  size_t first = size_t(step) % (data.data.size() / batch) * batch;
+  return Tensor{shape, Buffer(data.data.begin() + ptrdiff_t(first),
+                              data.data.begin() + ptrdiff_t(first + batch))};
+}
+
 /// Reads every tensor of a file in that format (e.g. the inputs given to `meshc run --data`),
 /// by name. Throws std::runtime_error when the file cannot be read or is malformed.
 inline std::map<std::string, Tensor> readTensors(const std::string& path) {
