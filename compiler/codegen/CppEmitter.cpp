@@ -1349,18 +1349,17 @@ llvm::Error FunctionEmitter::emit() {
          "int64_t stepCount() const { return step_; }\n"
          "void setStepCount(int64_t step) { step_ = step; }\n\n";
   }
-  if (target->hostParamApi())
-    h += "/// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in "
-         "declaration order.\nstatic std::vector<std::string> paramNames();\n"
-         "/// Whether `path` is a slot of optimizer state (not a weight of the model).\n"
-         "static bool isOptimizerState(const std::string& path);\n"
-         "/// This rank's param shards with their global shapes and layouts (for checkpoints).\n"
-         "std::vector<meshc::gen::ParamShard> paramShards();\n"
-         "/// The global value of param `path` (collective: every rank calls it and gets the "
-         "whole tensor).\nmeshc::gen::Tensor getParam(const std::string& path);\n"
-         "/// Sets param `path` from its global value (no communication: each rank keeps its "
-         "shard). Throws std::invalid_argument on an unknown path or a wrong shape.\n"
-         "void setParam(const std::string& path, const meshc::gen::Tensor& global);\n\n";
+  h += "/// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in "
+       "declaration order.\nstatic std::vector<std::string> paramNames();\n"
+       "/// Whether `path` is a slot of optimizer state (not a weight of the model).\n"
+       "static bool isOptimizerState(const std::string& path);\n"
+       "/// This rank's param shards with their global shapes and layouts (for checkpoints).\n"
+       "std::vector<meshc::gen::ParamShard> paramShards();\n"
+       "/// The global value of param `path` (collective: every rank calls it and gets the "
+       "whole tensor).\nmeshc::gen::Tensor getParam(const std::string& path);\n"
+       "/// Sets param `path` from its global value (no communication: each rank keeps its "
+       "shard). Throws std::invalid_argument on an unknown path or a wrong shape.\n"
+       "void setParam(const std::string& path, const meshc::gen::Tensor& global);\n\n";
   h += "/// This rank's local shards of the inputs the reference interpreter synthesizes for "
        "`seed` (keyed by global element index).\n"
        "Inputs synthesizeInputs(uint64_t seed) const;\n\n"
@@ -1372,7 +1371,7 @@ llvm::Error FunctionEmitter::emit() {
        "static meshc::gen::Tensor gatherOutput(meshrt::Communicator& world, const std::string& "
        "name, const meshc::gen::Tensor& local);\n\n";
   std::string checkpointDefinitions;
-  if (target->hostParamApi()) emitCheckpointApi(h, checkpointDefinitions);
+  emitCheckpointApi(h, checkpointDefinitions);
   h += "private:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
   if (fn.kind == ir::Function::Kind::Train) h += "int64_t step_ = 0;\n";
   for (const plan::AxisList& axes : groups)
@@ -1429,8 +1428,8 @@ llvm::Error FunctionEmitter::emit() {
     s += "\n// The step's updates.\n";
     for (const auto& [param, id] : fn.updates)
       if (!updatedInPlace[param] && id != fn.params[param])
-        s += fmt::format("std::copy({0}.begin(), {0}.end(), {1}.begin()); // {2}\n", var(id),
-                         paramMember(param), irFn.params[param].path);
+        s += fmt::format("meshc::gen::copyValues({1}, {0}); // {2}\n", var(id), paramMember(param),
+                         irFn.params[param].path);
     s += "++step_;\n";
   }
   s += "\nOutputs outputs;\n";
@@ -1542,7 +1541,7 @@ void FunctionEmitter::emitHelpers(std::string& s) {
   }
   s += fmt::format("throw std::invalid_argument(\"{}: no output named '\" + name + \"'\");\n}}\n\n",
                    fn.name);
-  if (target->hostParamApi()) emitParamAccess(s);
+  emitParamAccess(s);
 }
 
 void FunctionEmitter::emitParamAccess(std::string& s) {
@@ -1609,13 +1608,12 @@ void FunctionEmitter::emitCheckpointApi(std::string& h, std::string& s) const {
        "void load(const std::string& dir);\n\n";
   // The params come from paramShards() (paths, global dims, layouts, this rank's buffers).
   s += fmt::format("void {}::save(const std::string& dir) {{\nauto shards = paramShards();\n"
-                   "meshrt::saveCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards), "
+                   "meshc::gen::saveParams(world_, dir, shards, "
                    "{{{}, {{{{\"program\", {}}}, {{\"seed\", std::to_string(seed_)}}, {{\"mesh\", "
                    "mesh().str()}}}}}});\n}}\n\n",
                    name, train ? "step_" : "0", quote(fn.name));
   s += fmt::format("void {}::load(const std::string& dir) {{\nauto shards = paramShards();\n"
-                   "meshrt::CheckpointInfo info = meshrt::loadCheckpoint(world_, dir, "
-                   "meshc::gen::checkpointTensors(shards));\n",
+                   "meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);\n",
                    name);
   s += train ? "step_ = info.step;\n" : "(void)info.step; // a program keeps no step count\n";
   s += "if (auto seed = info.metadata.find(\"seed\"); seed != info.metadata.end()) seed_ = "
@@ -1648,8 +1646,7 @@ std::string FunctionEmitter::runnerBody() const {
   s += fmt::format("{} program(world, seed);\n", name);
   // --load DIR / --save DIR: this function's checkpoints are DIR/<function name>.
   std::string checkpointDir = quote("/" + fn.name);
-  if (target->hostParamApi())
-    s += fmt::format("if (!loadDir.empty()) program.load(loadDir + {});\n", checkpointDir);
+  s += fmt::format("if (!loadDir.empty()) program.load(loadDir + {});\n", checkpointDir);
   if (hasUpdates()) {
     // --steps N: N training steps on the inputs of steps 0..N-1 (inputsOfStep), the loss of each
     // printed as the interpreter prints it; then the last loss and every final param, named as
@@ -1660,8 +1657,8 @@ std::string FunctionEmitter::runnerBody() const {
         "first + steps; ++s) {{\n{3}loss = program.step(inputs);\nif (world.rank() == 0) "
         "std::printf(\"step %lld loss %.9g\\n\", (long long)s, double(loss));\n}}\n"
         "if (world.rank() == 0) results.push_back({{{0}, \"f32\", {{}}, {{loss}}}});\n"
-        "for (const meshc::gen::ParamShard& shard : program.paramShards()) {{\n"
-        "auto global = meshc::gen::gatherParam(world, shard);\nif (world.rank() == 0) "
+        "for (const auto& shard : program.paramShards()) {{\n"
+        "auto global = program.getParam(shard.path);\nif (world.rank() == 0) "
         "results.push_back({{{1} + shard.path, shard.dtype, std::move(global.shape), "
         "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {2});\n"
         "return;\n}}\n",
@@ -1686,8 +1683,7 @@ std::string FunctionEmitter::runnerBody() const {
                      quote(fn.name + "." + outName), quote(ir::dtypeName(global(id).dtype)),
                      gathered, gathered);
   }
-  if (target->hostParamApi())
-    s += fmt::format("if (!saveDir.empty()) program.save(saveDir + {});\n", checkpointDir);
+  s += fmt::format("if (!saveDir.empty()) program.save(saveDir + {});\n", checkpointDir);
   s += "});\n";
   s += fmt::format("if (lead{}) report({}, {}::mesh().size(), backend, milliseconds);\n}}\n",
                    hasUpdates() ? " && steps == 0" : "", quote(kindWord + " " + fn.name), name);
@@ -1725,7 +1721,6 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
     if (!irFn)
       return llvm::createStringError(llvm::inconvertibleErrorCode(), "no function named '%s'",
                                      planned.spmd.name.c_str());
-    if (auto error = target.checkFunction(*irFn)) return error;
     auto emitter = std::make_unique<FunctionEmitter>(module, *irFn, planned.spmd);
     emitter->target = &target;
     if (auto error = emitter->emit()) return error;

@@ -25,9 +25,7 @@ public:
                        "std::array<int64_t, {0}>& at) {{\n{3}}});\n",
                        n, sizes, fmt::join(strideLists, ", "), body);
   }
-  llvm::Error checkFunction(const ir::Function&) const override { return llvm::Error::success(); }
   bool einsumPlans() const override { return true; }
-  bool hostParamApi() const override { return true; }
   std::string prologue() const override { return ""; }
   void finish(CppOutput&) const override {}
 };
@@ -57,21 +55,7 @@ public:
                        "std::array<int64_t, {0}>& at) {{\n{4}}});\n",
                        n, sizes, fmt::join(strideLists, ", "), captures(views), body);
   }
-  llvm::Error checkFunction(const ir::Function& function) const override {
-    // Backward and optimizer updates are emitted by support code the CUDA target does not
-    // have yet: a located error instead of code that does not compile.
-    if (function.updates.empty()) return llvm::Error::success();
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(), "%s",
-        fmt::format("{}:{}:{}: the CUDA target does not support train blocks with parameter "
-                    "updates (backward and optimizer) yet: '{}'; select the programs with "
-                    "--function",
-                    function.loc.file, function.loc.line, function.loc.col, function.name)
-            .c_str());
-  }
   bool einsumPlans() const override { return false; }
-  // Params live in device memory; param access and checkpoints are not emitted yet.
-  bool hostParamApi() const override { return false; }
   std::string prologue() const override {
     const char* mode = math_ == "tf32" ? "TF32" : math_ == "bf16" ? "BF16" : "FP32";
     return fmt::format("meshc::cuda::Scope cudaScope(world_, meshc::cuda::MathMode::{});\n", mode);

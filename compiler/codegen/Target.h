@@ -25,13 +25,8 @@ public:
                                   const std::vector<std::string>& strideLists,
                                   const std::vector<std::string>& views,
                                   const std::string& body) const = 0;
-  /// Rejects a function the target cannot generate (a located message), before emitting it.
-  virtual llvm::Error checkFunction(const ir::Function& function) const = 0;
   /// Whether f32 einsums go through meshrt::kernels::EinsumPlan (else meshc::gen::einsum2).
   virtual bool einsumPlans() const = 0;
-  /// Whether classes get the host-side param API (paramShards/getParam/setParam, step(),
-  /// save/load): it reads and writes param storage as host memory.
-  virtual bool hostParamApi() const = 0;
   /// The first statement of every generated constructor body and run() ("" for none).
   virtual std::string prologue() const = 0;
   /// Retargets the formatted-to-be text (support names, includes, the runner's backend).

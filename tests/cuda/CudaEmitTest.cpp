@@ -1,10 +1,11 @@
 // The CUDA target of the emitter (codegen/CudaEmitter.h) on the MLP example: the retargeted
 // text (device support names, fused groups as __device__ lambdas, einsum through cuBLAS, the
-// context prologue, the NCCL runner), the precision mode, and the located error for a train
-// block with parameter updates (backward and optimizer), which the CUDA target rejects.
+// context prologue, the NCCL runner), the precision mode, and the train block (backward and
+// optimizer updates on the device, the host param API and checkpoints through host copies).
 #include "codegen/CudaEmitter.h"
 #include "planner/Planner.h"
 #include "sema/Sema.h"
+#include "train/Optimizer.h"
 
 #include <catch2/catch.hpp>
 
@@ -25,6 +26,9 @@ struct Planned {
         loadSources(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/" + example, diag);
     if (set) module = analyze(*set, diag);
     REQUIRE(module);
+    // The training phase, as the driver runs it: train blocks get backward and updates.
+    for (ir::Function& function : module->functions)
+      REQUIRE(train::lowerTraining(function, diag));
     plans = plan::planModule(*module, plan::PlannerOptions{}, diag);
     REQUIRE(plans);
   }
@@ -64,8 +68,11 @@ TEST_CASE("the CUDA target retargets the one emitter's output", "[cuda][codegen]
   REQUIRE(count(cuda->runner, "meshrt::nccl::launch(") == 2);
   REQUIRE(count(cuda->runner, "meshrt::launch(") == 0);
   REQUIRE(count(cuda->runner, "meshrt::LaunchOptions") == 0);
-  // Params live on the device: no host param API (paramShards, save/load) is emitted.
-  REQUIRE(count(cuda->header, "paramShards") == 0);
+  // The host param API and checkpoints on both targets, over the target's shards.
+  for (const char* api : {"paramShards()", "getParam(", "setParam(", "void save(", "void load("})
+    REQUIRE(count(cuda->header, api) == count(cpu->header, api));
+  REQUIRE(count(cuda->source, "meshc::cuda::saveParams(") == mlp.plans->size());
+  REQUIRE(count(cuda->source, "std::vector<meshc::cuda::ParamShard>") == mlp.plans->size());
 
   // Every fused loop of the CPU code is one device lambda; f32 einsums go to cuBLAS (einsum2).
   size_t cpuLoops =
@@ -94,26 +101,27 @@ TEST_CASE("the CUDA target retargets the one emitter's output", "[cuda][codegen]
           std::string::npos);
 }
 
-TEST_CASE("the CUDA target rejects train blocks with parameter updates, located",
+TEST_CASE("the CUDA target emits train blocks: backward, updates and step() on the device",
           "[cuda][codegen]") {
   Planned mlp("mlp.mesh");
-  ir::Function* train = nullptr;
-  for (ir::Function& function : mlp.module->functions)
+  const ir::Function* train = nullptr;
+  for (const ir::Function& function : mlp.module->functions)
     if (function.kind == ir::Function::Kind::Train) train = &function;
   REQUIRE(train);
-  REQUIRE(!train->params.empty());
-  // An SGD-like update of the first parameter (its value: any value of the function).
-  train->updates.push_back(ir::ParamUpdate{0, 0});
-  llvm::Expected<codegen::CppOutput> cuda =
-      codegen::emitCuda(*mlp.module, *mlp.plans, codegen::CudaOptions{});
-  REQUIRE(!static_cast<bool>(cuda));
-  std::string message = llvm::toString(cuda.takeError());
-  REQUIRE(message.find(fmt::format("mlp.mesh:{}:{}: the CUDA target does not support train "
-                                   "blocks with parameter updates",
-                                   train->loc.line, train->loc.col)) != std::string::npos);
-  // Without updates the same train block is emitted.
-  train->updates.clear();
-  llvm::Expected<codegen::CppOutput> again =
-      codegen::emitCuda(*mlp.module, *mlp.plans, codegen::CudaOptions{});
-  REQUIRE(succeeded(again));
+  REQUIRE(!train->updates.empty());
+  codegen::CudaOptions options;
+  llvm::Expected<codegen::CppOutput> cuda = codegen::emitCuda(*mlp.module, *mlp.plans, options);
+  REQUIRE(succeeded(cuda));
+  llvm::Expected<codegen::CppOutput> cpu = codegen::emitCpp(*mlp.module, *mlp.plans, options.cpp);
+  REQUIRE(succeeded(cpu));
+  REQUIRE(count(cuda->header, "float step(const Inputs &inputs);") == 1);
+  // Updates not computed in place are device copies (never a host std::copy of device memory).
+  REQUIRE(count(cuda->source, "meshc::cuda::copyValues(") ==
+          count(cpu->source, "meshc::gen::copyValues("));
+  REQUIRE(count(cuda->source, "std::copy(") == count(cpu->source, "std::copy("));
+  REQUIRE(count(cuda->source, "++step_;") == 1);
+  // The backward's fused loops are device lambdas too.
+  size_t cpuLoops =
+      count(cpu->source, "for (size_t i = 0;") + count(cpu->source, "meshc::gen::forEach<");
+  REQUIRE(count(cuda->source, "__device__") == cpuLoops);
 }

@@ -7,11 +7,15 @@ cuBLAS, NCCL and OpenBLAS. Also usable to build the runner for a GPU run (tests/
 Usage: compile_example.py --meshc M --example X.mesh --workdir DIR --nvcc NVCC --include DIR...
        --lib LIB... [--mesh ...] [--layout ...] [--math fp32|tf32|bf16] [--opt -O1]
 With --check (needs as many GPUs as the mesh has ranks): also runs the binary and compares its
-gathered outputs with the reference interpreter's through tests/e2e/compare_outputs.py.
+gathered outputs with the reference interpreter's through tests/e2e/compare_outputs.py. With
+--check --train-steps K as well: every train block takes K steps on the GPU (forward, backward,
+optimizer) and its losses and final params are compared with the interpreter's K steps; then a
+checkpoint round trip on the GPU: K steps saved, loaded by a new process and K more steps must
+give the final params of 2K uninterrupted steps.
 Exit status 0 when meshc, nvcc and the link (and the check) all succeed."""
 import argparse
 import os
-import re
+import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +50,8 @@ def main():
     parser.add_argument("--seed", default="0")
     parser.add_argument("--tol", default="1e-4")
     parser.add_argument("--tol-narrow", default="1e-2")
+    parser.add_argument("--train-steps", type=int, default=0)
+    parser.add_argument("--param-tol", default="1e-4")
     args = parser.parse_args()
 
     os.makedirs(args.workdir, exist_ok=True)
@@ -62,15 +68,6 @@ def main():
     emit = [args.meshc, args.example, "--emit=cuda", "--cpp-runner", f"--cuda-math={args.math}",
             "-o", base]
     result = subprocess.run(emit + overrides, capture_output=True, text=True)
-    if result.returncode != 0 and "CUDA target does not support train blocks" in result.stderr:
-        # Train blocks with backward/optimizer updates are not generated for CUDA yet (a
-        # located error, printed here): the programs are still compiled and linked.
-        sys.stdout.write(result.stderr)
-        with open(args.example) as f:
-            programs = re.findall(r"^program\s+(\w+)", f.read(), re.MULTILINE)
-        overrides += [flag for name in programs for flag in ("--function", name)]
-        print(f"compiling the programs only: {', '.join(programs)}")
-        result = subprocess.run(emit + overrides, capture_output=True, text=True)
     if result.returncode != 0:
         sys.stdout.write(result.stdout + result.stderr)
         print(f"FAILED ({result.returncode}): {' '.join(emit + overrides)}")
@@ -93,6 +90,17 @@ def main():
     return check(args, base, binary, overrides) if args.check else 0
 
 
+COMPARE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2e",
+                       "compare_outputs.py")
+
+
+def compare(actual, expected, tol, narrow):
+    result = subprocess.run([sys.executable, COMPARE, actual, expected, "--tol", tol,
+                             "--tol-bf16", narrow], capture_output=True, text=True)
+    sys.stdout.write(result.stdout + result.stderr)
+    return result.returncode
+
+
 def check(args, base, binary, overrides):
     """Runs the binary (one GPU per rank) and compares with the interpreter."""
     actual, expected = base + ".actual", base + ".expected"
@@ -101,12 +109,31 @@ def check(args, base, binary, overrides):
         + overrides)
     # bf16 math rounds the GEMM operands: compared with the narrow tolerance.
     tol = args.tol_narrow if args.math == "bf16" else args.tol
-    compare = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2e",
-                           "compare_outputs.py")
-    result = subprocess.run([sys.executable, compare, actual, expected, "--tol", tol,
-                             "--tol-bf16", args.tol_narrow], capture_output=True, text=True)
-    sys.stdout.write(result.stdout + result.stderr)
-    return result.returncode
+    failed = compare(actual, expected, tol, args.tol_narrow)
+    if args.train_steps > 0:
+        failed += check_training(args, base, binary, overrides)
+    return failed
+
+
+def check_training(args, base, binary, overrides):
+    """K train steps on the GPU against the interpreter's K steps, then a checkpoint resume on
+    the GPU against 2K uninterrupted steps (tolerances as tests/e2e/run_train_case.py's)."""
+    k = str(args.train_steps)
+    tol = args.tol_narrow if args.math == "bf16" else args.param_tol
+    actual, expected = base + f".steps{k}", base + f".interp{k}"
+    print(run([binary, actual, args.seed, "--steps", k]), end="")
+    run([args.meshc, args.example, "--emit=run", "--steps", k, "--seed", args.seed,
+         "--dump-outputs", expected] + overrides)
+    failed = compare(actual, expected, tol, args.tol_narrow)
+    checkpoint = base + ".checkpoint"
+    if os.path.exists(checkpoint):
+        shutil.rmtree(checkpoint)
+    run([binary, base + ".first", args.seed, "--steps", k, "--save", checkpoint])
+    resumed, straight = base + ".resumed", base + f".steps{2 * args.train_steps}"
+    print(run([binary, resumed, args.seed, "--steps", k, "--load", checkpoint]), end="")
+    run([binary, straight, args.seed, "--steps", str(2 * args.train_steps)])
+    print("checkpoint resume on the GPU vs uninterrupted steps:")
+    return failed + compare(resumed, straight, tol, args.tol_narrow)
 
 
 if __name__ == "__main__":

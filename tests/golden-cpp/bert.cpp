@@ -1090,15 +1090,14 @@ void Mlm::setParam(const std::string &path, const meshc::gen::Tensor &global) {
 
 void Mlm::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {0, {{"program", "mlm"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Mlm::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -6996,15 +6995,14 @@ void MlmTrain::setParam(const std::string &path, const meshc::gen::Tensor &globa
 
 void MlmTrain::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {step_, {{"program", "mlm_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void MlmTrain::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

@@ -185,15 +185,14 @@ void Mlp::setParam(const std::string &path, const meshc::gen::Tensor &global) {
 
 void Mlp::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {0, {{"program", "mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Mlp::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -785,15 +784,14 @@ void MlpTrain::setParam(const std::string &path, const meshc::gen::Tensor &globa
 
 void MlpTrain::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {step_, {{"program", "mlp_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void MlpTrain::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

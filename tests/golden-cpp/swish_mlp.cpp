@@ -206,15 +206,14 @@ void SwishMlp::setParam(const std::string &path, const meshc::gen::Tensor &globa
 
 void SwishMlp::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {0, {{"program", "swish_mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void SwishMlp::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

@@ -1068,15 +1068,14 @@ void Lm::setParam(const std::string &path, const meshc::gen::Tensor &global) {
 
 void Lm::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {0, {{"program", "lm"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Lm::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -7592,15 +7591,14 @@ void LmTrain::setParam(const std::string &path, const meshc::gen::Tensor &global
 
 void LmTrain::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {step_, {{"program", "lm_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void LmTrain::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

@@ -127,8 +127,8 @@ int main(int argc, char **argv) {
           }
           if (world.rank() == 0)
             results.push_back({"lm_train.loss", "f32", {}, {loss}});
-          for (const meshc::gen::ParamShard &shard : program.paramShards()) {
-            auto global = meshc::gen::gatherParam(world, shard);
+          for (const auto &shard : program.paramShards()) {
+            auto global = program.getParam(shard.path);
             if (world.rank() == 0)
               results.push_back({"lm_train.param." + shard.path, shard.dtype,
                                  std::move(global.shape), std::move(global.data)});

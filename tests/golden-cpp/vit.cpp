@@ -1196,15 +1196,14 @@ void Classify::setParam(const std::string &path, const meshc::gen::Tensor &globa
 
 void Classify::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {0, {{"program", "classify"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Classify::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -8436,15 +8435,14 @@ void TrainVit::setParam(const std::string &path, const meshc::gen::Tensor &globa
 
 void TrainVit::save(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::saveCheckpoint(
-      world_, dir, meshc::gen::checkpointTensors(shards),
+  meshc::gen::saveParams(
+      world_, dir, shards,
       {step_, {{"program", "train_vit"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void TrainVit::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info =
-      meshrt::loadCheckpoint(world_, dir, meshc::gen::checkpointTensors(shards));
+  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

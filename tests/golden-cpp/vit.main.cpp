@@ -133,8 +133,8 @@ int main(int argc, char **argv) {
           }
           if (world.rank() == 0)
             results.push_back({"train_vit.loss", "f32", {}, {loss}});
-          for (const meshc::gen::ParamShard &shard : program.paramShards()) {
-            auto global = meshc::gen::gatherParam(world, shard);
+          for (const auto &shard : program.paramShards()) {
+            auto global = program.getParam(shard.path);
             if (world.rank() == 0)
               results.push_back({"train_vit.param." + shard.path, shard.dtype,
                                  std::move(global.shape), std::move(global.data)});

@@ -16,12 +16,15 @@
 //   meshrt::kernels' fills, then are copied to the device: the same values as the CPU path.
 // - Collectives: the rank's communicator must be meshrt::nccl's (device pointers; its stream
 //   is the stream everything here is enqueued on, so kernels and collectives are ordered).
+// - The host param API (paramShards, getParam/setParam, save/load checkpoints) downloads and
+//   uploads the device params through host copies; the step's updates are device copies.
 //
 // Compile generated code with nvcc -std=c++20 --extended-lambda --expt-relaxed-constexpr
 // -fmad=false (no FMA contraction: the scalar bodies round as on the CPU).
 #pragma once
 
 #include "meshc/GeneratedSupport.h"
+#include "meshrt/Checkpoint.h"
 #include "meshrt/Nccl.h"
 #include "meshrt/cuda/Cuda.h"
 #include "meshrt/kernels/Scalar.h"
@@ -49,6 +52,7 @@ using gen::rowMajorStrides;
 using gen::Shape;
 using gen::shardStart;
 using gen::shardStartOf;
+using gen::shardStartsOf;
 using gen::sliceShard;
 using gen::Tensor;
 using gen::useSingleThreadedBlas;
@@ -640,6 +644,114 @@ inline gen::Buffer gatherShards(meshrt::Communicator& world, const gen::Buffer& 
                      all.data() + size_t(rank) * count, localStrides);
   }
   return global;
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Params: the host side of device shards (getParam/setParam, checkpoints), train updates
+//===------------------------------------------------------------------------------------------===//
+
+/// meshc::gen::ParamShard over a device buffer.
+struct ParamShard {
+  std::string path;
+  bool optimizerState = false;
+  std::string dtype;
+  Shape globalShape, localShape;
+  std::vector<std::string> dims;
+  std::vector<std::vector<std::string>> axes;
+  Buffer* data = nullptr; // this rank's shard on the device, row-major over localShape
+
+  /// The host-side description (gen's shard functions) over `host`.
+  gen::ParamShard onHost(gen::Buffer& host) const {
+    return {path, optimizerState, dtype, globalShape, localShape, dims, axes, &host};
+  }
+};
+
+inline ParamShard& findParamShard(std::vector<ParamShard>& shards, const std::string& path,
+                                  const char* program) {
+  for (ParamShard& shard : shards)
+    if (shard.path == path) return shard;
+  throw std::invalid_argument(std::string(program) + ": no param named '" + path + "'");
+}
+
+/// Every shard downloaded to the host (waits for the rank's stream), with gen's descriptions.
+struct HostParams {
+  std::vector<gen::Buffer> values;
+  std::vector<gen::ParamShard> shards;
+  explicit HostParams(const std::vector<ParamShard>& device) : values(device.size()) {
+    for (size_t k = 0; k < device.size(); ++k) {
+      values[k] = *device[k].data;
+      shards.push_back(device[k].onHost(values[k]));
+    }
+  }
+};
+
+/// The global value of a param (collective over `world`).
+inline Tensor gatherParam(meshrt::Communicator& world, const ParamShard& shard) {
+  meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
+  gen::Buffer host = *shard.data;
+  return Tensor{shard.globalShape,
+                gatherShards(world, host, shard.localShape, shard.globalShape, [&](int rank) {
+                  return shardStartsOf(world.mesh(), rank, shard.onHost(host));
+                })};
+}
+
+/// Sets this rank's device shard of a param from its global value (no communication).
+inline void scatterParam(meshrt::Communicator& world, ParamShard& shard, const Tensor& global) {
+  meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
+  gen::Buffer host;
+  gen::ParamShard hostShard = shard.onHost(host);
+  gen::scatterParam(world, hostShard, global);
+  *shard.data = Buffer(host);
+  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (setParam)");
+}
+
+/// The generated save(): the params downloaded, then saved as meshc::gen::saveParams does (the
+/// checkpoint's own collectives run on host memory, which the nccl backend stages).
+inline void saveParams(meshrt::Communicator& world, const std::string& dir,
+                       std::vector<ParamShard>& shards, const meshrt::CheckpointInfo& info) {
+  meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
+  HostParams host(shards);
+  gen::saveParams(world, dir, host.shards, info);
+}
+
+/// The generated load(): read into host copies, then uploaded into the device params.
+inline meshrt::CheckpointInfo loadParams(meshrt::Communicator& world, const std::string& dir,
+                                         std::vector<ParamShard>& shards) {
+  meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
+  HostParams host(shards);
+  meshrt::CheckpointInfo info = gen::loadParams(world, dir, host.shards);
+  for (size_t k = 0; k < shards.size(); ++k)
+    *shards[k].data = Buffer(host.values[k]);
+  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (load)");
+  return info;
+}
+
+/// A train step's update: the param's device storage takes the step's new value.
+inline void copyValues(View to, ConstView from) {
+  if (from.size())
+    check(cudaMemcpyAsync(to.data(), from.data(), from.size() * sizeof(float),
+                          cudaMemcpyDeviceToDevice, stream()),
+          "cudaMemcpyAsync (update)");
+}
+
+/// The planner's bucketed_all_reduce_sum: the values packed into one device buffer, one NCCL
+/// all-reduce, unpacked.
+inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<View> values) {
+  size_t total = 0;
+  for (View value : values)
+    total += value.size();
+  meshrt::cuda::Scratch packed(total * sizeof(float));
+  size_t at = 0;
+  for (View value : values) {
+    copyValues(View{packed.as<float>() + at, value.size()}, value);
+    at += value.size();
+  }
+  group.allReduce(packed.as<float>(), total, meshrt::ReduceOp::Sum);
+  at = 0;
+  for (View value : values) {
+    copyValues(value, ConstView(packed.as<float>() + at, value.size()));
+    at += value.size();
+  }
 }
 
 } // namespace meshc::cuda

@@ -410,6 +410,18 @@ inline std::vector<meshrt::CheckpointTensor> checkpointTensors(std::vector<Param
   return tensors;
 }
 
+/// The generated save(): every param shard as a new checkpoint under `dir` (collective).
+inline void saveParams(meshrt::Communicator& world, const std::string& dir,
+                       std::vector<ParamShard>& shards, const meshrt::CheckpointInfo& info) {
+  meshrt::saveCheckpoint(world, dir, checkpointTensors(shards), info);
+}
+
+/// The generated load(): the latest checkpoint under `dir` into the param shards (collective).
+inline meshrt::CheckpointInfo loadParams(meshrt::Communicator& world, const std::string& dir,
+                                         std::vector<ParamShard>& shards) {
+  return meshrt::loadCheckpoint(world, dir, checkpointTensors(shards));
+}
+
 inline ParamShard& findParamShard(std::vector<ParamShard>& shards, const std::string& path,
                                   const char* program) {
   for (ParamShard& shard : shards)
@@ -429,6 +441,11 @@ inline void scatterParam(meshrt::Communicator& world, ParamShard& shard, const T
   checkShape("global param", shard.path, global, shard.globalShape);
   *shard.data = sliceShard(global.data, shard.localShape, rowMajorStrides(shard.globalShape),
                            shardStartsOf(world.mesh(), world.rank(), shard));
+}
+
+/// A train step's update: the param's storage takes the step's new value.
+inline void copyValues(View to, ConstView from) {
+  std::copy(from.begin(), from.end(), to.begin());
 }
 
 /// Resolves the partial sums of several values over one group with one all-reduce: packed into
@@ -1013,10 +1030,9 @@ inline Tensor batchOfStep(const std::string& name, const Tensor& data, const Sha
   for (int64_t size : shape)
     batch *= size_t(size);
   if (data.shape.size() != shape.size() || data.data.empty() || data.data.size() % batch != 0)
-    throw std::invalid_argument("inputs file: '" + name + "' has " +
-                                std::to_string(data.data.size()) + " values in " +
-                                std::to_string(data.shape.size()) +
-                                " dims, not one or more batches of the input's shape");
+    throw std::invalid_argument(
+        "inputs file: '" + name + "' has " + std::to_string(data.data.size()) + " values in " +
+        std::to_string(data.shape.size()) + " dims, not one or more batches of the input's shape");
   size_t first = size_t(step) % (data.data.size() / batch) * batch;
   return Tensor{shape, Buffer(data.data.begin() + ptrdiff_t(first),
                               data.data.begin() + ptrdiff_t(first + batch))};
