@@ -78,8 +78,11 @@ public:
           "meshrt::LaunchOptions launchOptions = meshrt::LaunchOptions::fromArgs(argc, argv);",
           "meshrt::nccl::NcclOptions launchOptions;");
       replaceAll(output.runner, "meshrt::launch(", "meshrt::nccl::launch(");
-      replaceAll(output.runner, "threads, or MPI under mpirun (meshrt/Launch.h)",
-                 "the nccl backend, one GPU per rank (meshrt/Nccl.h)");
+      replaceAll(
+          output.runner,
+          "The backend is chosen at run time: threads, or MPI under mpirun (meshrt/Launch.h)",
+          "It runs on the nccl backend, one GPU per rank (meshrt/Nccl.h)");
+      replaceAll(output.runner, "[--backend threads|mpi] ", "");
     }
   }
 
