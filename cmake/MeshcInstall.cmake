@@ -43,8 +43,11 @@ if(TARGET meshrt_mpi)
 endif()
 # The config's MESHC_BACKENDS, and what it finds again for the CUDA targets (CUDAToolkit, NCCL
 # next to it, MPI's C++ part for meshrt_nccl's MPI bootstrap) only when they were built.
-set(MESHC_WITH_CUDA ${MESHC_CUDA})
+set(MESHC_WITH_CUDA OFF)
+set(MESHC_WITH_NCCL_MPI OFF)
 if(MESHC_CUDA)
+  set(MESHC_WITH_CUDA ON)
+  set(MESHC_WITH_NCCL_MPI ${MESHC_NCCL_WITH_MPI})
   list(APPEND meshc_runtime_targets meshrt_cuda meshrt_nccl meshc_cuda_runtime)
   list(APPEND meshc_header_dirs ${PROJECT_SOURCE_DIR}/runtime/cuda/include/
               ${PROJECT_SOURCE_DIR}/runtime/nccl/include/)
