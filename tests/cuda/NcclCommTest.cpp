@@ -87,6 +87,33 @@ TEST_CASE("NCCL collectives on device buffers", "[cuda][nccl]") {
   });
 }
 
+TEST_CASE("Host buffers are staged in place when they overlap", "[cuda][nccl]") {
+  using meshrt::nccl::kStagingAlignment;
+  using meshrt::nccl::stagingLayout;
+  std::vector<float> buffer(64);
+  const size_t chunk = 16 * sizeof(float);
+  // allReduce / broadcast in place: in == out, one region.
+  auto same = stagingLayout(buffer.data(), chunk, true, buffer.data(), chunk, true);
+  REQUIRE((same.inOffset == 0 && same.outOffset == 0 && same.bytes == chunk));
+  // allGather in place on rank 2 of 4: in is out's chunk 2.
+  auto gather = stagingLayout(buffer.data() + 32, chunk, true, buffer.data(), 4 * chunk, true);
+  REQUIRE((gather.inOffset == 2 * chunk && gather.outOffset == 0 && gather.bytes == 4 * chunk));
+  // reduceScatter in place on rank 1 of 4: out is in's chunk 1.
+  auto scatter = stagingLayout(buffer.data(), 4 * chunk, true, buffer.data() + 16, chunk, true);
+  REQUIRE((scatter.inOffset == 0 && scatter.outOffset == chunk && scatter.bytes == 4 * chunk));
+  // Separate buffers: in first, out at the next aligned offset.
+  std::vector<float> other(3);
+  auto apart =
+      stagingLayout(buffer.data(), 3 * sizeof(float), true, other.data(), 3 * sizeof(float), true);
+  REQUIRE((apart.inOffset == 0 && apart.outOffset == kStagingAlignment &&
+           apart.bytes == kStagingAlignment + 3 * sizeof(float)));
+  // Only one side on the host (the other on the device): only it is staged.
+  auto onlyOut = stagingLayout(buffer.data(), chunk, false, other.data(), 12, true);
+  REQUIRE((onlyOut.outOffset == 0 && onlyOut.bytes == 12));
+  auto onlyIn = stagingLayout(buffer.data(), chunk, true, buffer.data(), chunk, false);
+  REQUIRE((onlyIn.inOffset == 0 && onlyIn.bytes == kStagingAlignment));
+}
+
 TEST_CASE("NCCL collectives on host buffers", "[cuda][nccl]") {
   int devices = std::min(meshrt::nccl::deviceCount(), 8);
   if (devices == 0) {

@@ -58,13 +58,28 @@ bool isHostMemory(const void* pointer) {
   return attributes.type == cudaMemoryTypeUnregistered || attributes.type == cudaMemoryTypeHost;
 }
 
-constexpr size_t kScratchAlignment = 256;
-
-size_t alignUp(size_t bytes) {
-  return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
-}
-
 } // namespace
+
+StagingLayout stagingLayout(const void* in, size_t inBytes, bool stageIn, const void* out,
+                            size_t outBytes, bool stageOut) {
+  StagingLayout layout;
+  if (stageIn && stageOut && overlaps(in, inBytes, out, outBytes)) {
+    // In place: one region over both, at the same relative offsets.
+    auto inAt = reinterpret_cast<uintptr_t>(in), outAt = reinterpret_cast<uintptr_t>(out);
+    uintptr_t base = std::min(inAt, outAt);
+    layout.inOffset = size_t(inAt - base);
+    layout.outOffset = size_t(outAt - base);
+    layout.bytes = std::max(layout.inOffset + inBytes, layout.outOffset + outBytes);
+    return layout;
+  }
+  if (stageIn)
+    layout.bytes = (inBytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+  if (stageOut) {
+    layout.outOffset = layout.bytes;
+    layout.bytes += outBytes;
+  }
+  return layout;
+}
 
 NcclCommunicator::~NcclCommunicator() {
   // Subgroups first: they were split from this communicator.
@@ -214,40 +229,22 @@ void NcclCommunicator::onDevice(const char* collective, const void* in, size_t i
     enqueue(in, out);
     return;
   }
-  // Device addresses for the host buffers in one scratch allocation. Host buffers that overlap
-  // (in place: in == out, or one rank's chunk of the other) share one region at the same
-  // relative offsets, so that NCCL still sees the call as in place.
-  const char* inBytesAt = static_cast<const char*>(in);
-  char* outBytesAt = static_cast<char*>(out);
-  size_t inOffset = 0, outOffset = 0, total = 0;
-  if (hostIn && hostOut && overlaps(in, inBytes, out, outBytes)) {
-    const char* base = std::min<const char*>(inBytesAt, outBytesAt);
-    inOffset = size_t(inBytesAt - base);
-    outOffset = size_t(outBytesAt - base);
-    total = std::max(inOffset + inBytes, outOffset + outBytes);
-  } else {
-    if (hostIn) total = alignUp(inBytes);
-    if (hostOut) {
-      outOffset = total;
-      total += outBytes;
-    }
-  }
-  if (total > scratchBytes_) {
+  StagingLayout layout = stagingLayout(in, inBytes, hostIn, out, outBytes, hostOut);
+  if (layout.bytes > scratchBytes_) {
     if (scratch_) checkCuda(cudaFree(scratch_), collective, worldRank_, "cudaFree (staging)");
     scratch_ = nullptr;
     scratchBytes_ = 0;
-    checkCuda(cudaMalloc(&scratch_, total), collective, worldRank_, "cudaMalloc (staging)");
-    scratchBytes_ = total;
+    checkCuda(cudaMalloc(&scratch_, layout.bytes), collective, worldRank_, "cudaMalloc (staging)");
+    scratchBytes_ = layout.bytes;
   }
-  char* scratch = static_cast<char*>(scratch_);
-  const void* deviceIn = hostIn ? scratch + inOffset : in;
-  void* deviceOut = hostOut ? scratch + outOffset : out;
+  char* deviceInAt = static_cast<char*>(scratch_) + layout.inOffset;
+  char* deviceOutAt = static_cast<char*>(scratch_) + layout.outOffset;
   if (hostIn)
-    checkCuda(cudaMemcpyAsync(scratch + inOffset, in, inBytes, cudaMemcpyHostToDevice, stream_),
-              collective, worldRank_, "cudaMemcpyAsync (staging in)");
-  enqueue(deviceIn, deviceOut);
+    checkCuda(cudaMemcpyAsync(deviceInAt, in, inBytes, cudaMemcpyHostToDevice, stream_), collective,
+              worldRank_, "cudaMemcpyAsync (staging in)");
+  enqueue(hostIn ? deviceInAt : in, hostOut ? deviceOutAt : out);
   if (hostOut)
-    checkCuda(cudaMemcpyAsync(out, scratch + outOffset, outBytes, cudaMemcpyDeviceToHost, stream_),
+    checkCuda(cudaMemcpyAsync(out, deviceOutAt, outBytes, cudaMemcpyDeviceToHost, stream_),
               collective, worldRank_, "cudaMemcpyAsync (staging out)");
   synchronize(collective);
 }

@@ -135,4 +135,18 @@ inline bool launch(const Mesh& mesh, const NcclOptions& options,
 /// The number of visible CUDA devices (0 when there is none or no driver).
 int deviceCount();
 
+/// Where a collective's staged host buffers go in the communicator's device scratch buffer
+/// (NcclCommunicator stages host memory; exposed so the layout is tested without a GPU).
+constexpr size_t kStagingAlignment = 256; // of the out buffer after a separate in buffer
+struct StagingLayout {
+  size_t inOffset = 0, outOffset = 0; // of the staged in / out buffer in the scratch buffer
+  size_t bytes = 0;                   // the scratch bytes needed
+};
+/// The staged buffers of in (inBytes, when stageIn) and out (outBytes, when stageOut): both
+/// staged and overlapping (in place: in == out, or one rank's chunk of the other) share one
+/// region at their relative offsets, so NCCL still sees the call in place; otherwise in comes
+/// first and out after it, at a kStagingAlignment boundary.
+StagingLayout stagingLayout(const void* in, size_t inBytes, bool stageIn, const void* out,
+                            size_t outBytes, bool stageOut);
+
 } // namespace meshrt::nccl
