@@ -17,13 +17,17 @@ add_library(meshc::runtime ALIAS meshc_runtime)
 add_executable(meshc::meshc ALIAS meshc)
 
 # meshc::cuda_runtime: what generated CUDA links (meshrt_cuda, the NCCL backend, the kernels,
-# cuBLAS, NCCL) and the nvcc flags its headers need, for CUDA sources only (device lambdas;
+# meshrt, cuBLAS, NCCL; not meshrt_launch: its runner launches through meshrt::nccl), the support
+# headers' directory and the nvcc flags its headers need, for CUDA sources only (device lambdas;
 # -fmad=false so that the scalar bodies round as on the CPU).
 if(MESHC_CUDA)
   add_library(meshc_cuda_runtime INTERFACE)
   set_target_properties(meshc_cuda_runtime PROPERTIES EXPORT_NAME cuda_runtime)
-  target_link_libraries(meshc_cuda_runtime INTERFACE meshrt_cuda meshrt_nccl meshc_runtime
+  target_link_libraries(meshc_cuda_runtime INTERFACE meshrt_cuda meshrt_nccl meshrt_kernels meshrt
                                                      CUDA::cudart CUDA::cublas meshc::nccl)
+  target_include_directories(
+    meshc_cuda_runtime INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/compiler/codegen/support>
+                                 $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_compile_options(
     meshc_cuda_runtime
     INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda --expt-relaxed-constexpr -fmad=false>)
