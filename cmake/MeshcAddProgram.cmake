@@ -1,7 +1,7 @@
 # meshc_add_program(<target> SOURCES <main.mesh> [<imported.mesh>...]
 #                   [MESH "data=2,model=4"] [LAYOUT "batch:data;d_ff:model"] [MACHINE <name|file>]
-#                   [BACKEND cpu|cuda] [HEADERS <user header>...] [FUNCTION <name>...]
-#                   [DIMS <name=size>...])
+#                   [BACKEND cpu|cuda] [CUDA_MATH fp32|tf32|bf16] [HEADERS <user header>...]
+#                   [FUNCTION <name>...] [DIMS <name=size>...])
 #
 # Compiles <main.mesh> with meshc into <target>.meshc/<stem>.h and <stem>.cpp in the current
 # binary directory (one custom command, in the manner of Halide's add_halide_library and
@@ -12,12 +12,22 @@
 # any of them changes; SOURCES after the first and HEADERS are listed as dependencies too.
 # The main file's directory is a private include directory, for the user kernels' headers.
 # LAYOUT items are separated by ',' (a ';' would split the CMake list), e.g. "batch:data,d_ff:model".
+#
+# BACKEND cuda (when meshc has CUDA: cuda in MESHC_BACKENDS) runs `--emit=cuda` (CUDA_MATH:
+# --cuda-math) into <stem>.h and <stem>.cu instead; the calling project must have enabled the
+# CUDA language. The library is compiled by nvcc as C++20 with --extended-lambda
+# --expt-relaxed-constexpr -fmad=false (meshc::cuda_runtime carries them, for CUDA sources only),
+# for CMAKE_CUDA_ARCHITECTURES when the caller set it, else for the architectures meshrt_cuda was
+# built for (MESHC_CUDA_ARCHITECTURES: 90), and links meshc::cuda_runtime (meshrt_cuda,
+# meshrt_nccl, the kernels, cuBLAS, NCCL, OpenBLAS). Its header and class are the cpu backend's;
+# the caller runs the class on the nccl backend (meshrt::nccl::runNccl, meshrt/Nccl.h), one GPU
+# per rank. User kernels it calls must be __host__ __device__ under nvcc.
 # Works in meshc's own tree and through find_package(meshc CONFIG).
 include_guard(GLOBAL)
 
 function(meshc_add_program target)
-  cmake_parse_arguments(ARG "" "MESH;LAYOUT;MACHINE;BACKEND" "SOURCES;HEADERS;FUNCTION;DIMS"
-                        ${ARGN})
+  cmake_parse_arguments(ARG "" "MESH;LAYOUT;MACHINE;BACKEND;CUDA_MATH"
+                        "SOURCES;HEADERS;FUNCTION;DIMS" ${ARGN})
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "meshc_add_program(${target}): unknown arguments ${ARG_UNPARSED_ARGUMENTS}")
   endif()
@@ -32,8 +42,25 @@ function(meshc_add_program target)
                         "in this meshc (it supports: ${MESHC_BACKENDS})")
   endif()
   set(emit cpp)
+  set(source_suffix .cpp)
   if(ARG_BACKEND STREQUAL "cuda")
     set(emit cuda)
+    set(source_suffix .cu)
+    get_property(languages GLOBAL PROPERTY ENABLED_LANGUAGES)
+    if(NOT "CUDA" IN_LIST languages)
+      message(FATAL_ERROR "meshc_add_program(${target}): BACKEND cuda compiles the generated code "
+                          "with nvcc, but the CUDA language is not enabled in this project: call "
+                          "enable_language(CUDA) or project(... LANGUAGES CXX CUDA) first")
+    endif()
+  endif()
+  if(ARG_CUDA_MATH)
+    if(NOT ARG_BACKEND STREQUAL "cuda")
+      message(FATAL_ERROR "meshc_add_program(${target}): CUDA_MATH needs BACKEND cuda")
+    endif()
+    if(NOT ARG_CUDA_MATH MATCHES "^(fp32|tf32|bf16)$")
+      message(FATAL_ERROR "meshc_add_program(${target}): CUDA_MATH must be fp32, tf32 or bf16, "
+                          "not ${ARG_CUDA_MATH}")
+    endif()
   endif()
 
   list(GET ARG_SOURCES 0 main)
@@ -64,10 +91,13 @@ function(meshc_add_program target)
   foreach(dim IN LISTS ARG_DIMS)
     list(APPEND options --dim "${dim}")
   endforeach()
+  if(ARG_CUDA_MATH)
+    list(APPEND options --cuda-math=${ARG_CUDA_MATH})
+  endif()
 
-  set(sources "${base}.cpp" "${base}.h")
+  set(sources "${base}${source_suffix}" "${base}.h")
   file(MAKE_DIRECTORY "${out_dir}")
-  # The depfile names <base>.cpp as its target: the first output.
+  # The depfile names <base>.cpp (<base>.cu for cuda) as its target: the first output.
   add_custom_command(
     OUTPUT ${sources}
     COMMAND meshc::meshc "${main}" --emit=${emit} -o "${base}" -MD -MF "${base}.d" ${options}
@@ -78,7 +108,33 @@ function(meshc_add_program target)
 
   add_library(${target} STATIC ${sources})
   target_include_directories(${target} PUBLIC "${out_dir}" PRIVATE "${main_dir}")
-  target_link_libraries(${target} PUBLIC meshc::runtime)
   target_compile_features(${target} PUBLIC cxx_std_20)
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  if(ARG_BACKEND STREQUAL "cuda")
+    target_link_libraries(${target} PUBLIC meshc::cuda_runtime)
+    _meshc_cuda_program_properties(${target})
+  else()
+    target_link_libraries(${target} PUBLIC meshc::runtime)
+  endif()
+endfunction()
+
+# C++20 and the GPU architectures of a BACKEND cuda library.
+function(_meshc_cuda_program_properties target)
+  if("cuda_std_20" IN_LIST CMAKE_CUDA_COMPILE_FEATURES)
+    target_compile_features(${target} PUBLIC cuda_std_20)
+  else()
+    # CMake before 3.26 does not know nvcc's C++20 flag (nvcc 12+ has it; the last -std wins).
+    target_compile_options(${target} PUBLIC $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  endif()
+  # After enable_language(CUDA) CMAKE_CUDA_ARCHITECTURES always has a value: CMake's detected
+  # default (a cache entry with the help string "CUDA architectures") unless the caller set it
+  # (a variable, -D on the command line, or the CUDAARCHS environment variable).
+  get_property(help CACHE CMAKE_CUDA_ARCHITECTURES PROPERTY HELPSTRING)
+  if(help STREQUAL "CUDA architectures" AND "$ENV{CUDAARCHS}" STREQUAL ""
+     AND "${CMAKE_CUDA_ARCHITECTURES}" STREQUAL "$CACHE{CMAKE_CUDA_ARCHITECTURES}")
+    set(architectures ${MESHC_CUDA_ARCHITECTURES})
+  else()
+    set(architectures ${CMAKE_CUDA_ARCHITECTURES})
+  endif()
+  set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${architectures}")
 endfunction()

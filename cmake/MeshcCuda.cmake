@@ -1,7 +1,8 @@
 # CUDA detection: MESHC_CUDA (default ON when nvcc is found at /usr/local/cuda/bin/nvcc or on
 # PATH) enables the CUDA language for sm_90 and provides the targets generated CUDA links:
-# CUDA::cudart, CUDA::cublas (CUDAToolkit) and meshc_nccl (NCCL's header and library, looked
-# up next to the toolkit). No GPU is needed to configure or build.
+# CUDA::cudart, CUDA::cublas (CUDAToolkit) and meshc::nccl (NCCL's header and library, looked
+# up next to the toolkit: MeshcFindNccl.cmake). With it, meshc_add_program accepts BACKEND cuda.
+# No GPU is needed to configure or build.
 find_program(MESHC_NVCC nvcc HINTS /usr/local/cuda/bin)
 if(MESHC_NVCC)
   set(meshc_cuda_default ON)
@@ -31,11 +32,10 @@ if(MESHC_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_EXTENSIONS OFF)
   find_package(CUDAToolkit REQUIRED)
-  find_path(MESHC_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
-  find_library(MESHC_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
-  add_library(meshc_nccl INTERFACE)
-  target_include_directories(meshc_nccl INTERFACE ${MESHC_NCCL_INCLUDE_DIR})
-  target_link_libraries(meshc_nccl INTERFACE ${MESHC_NCCL_LIBRARY})
+  include(MeshcFindNccl)
+  list(APPEND MESHC_BACKENDS cuda)
+  # meshc_add_program's default for BACKEND cuda: the architectures meshrt_cuda is built for.
+  set(MESHC_CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
   message(STATUS "meshc: CUDA ${CMAKE_CUDA_COMPILER_VERSION} (sm_${CMAKE_CUDA_ARCHITECTURES}), "
                  "NCCL ${MESHC_NCCL_LIBRARY}")
 endif()

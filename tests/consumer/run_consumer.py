@@ -12,6 +12,12 @@ fixture the others need).
       after a build: no change rebuilds nothing; touching the imported .mesh file or the user
       header regenerates the code (meshc runs again) and rebuilds; touching main.cpp does not
       run meshc
+  run_consumer.py cuda-run PREFIX WORK_DIR GENERATOR
+      the same for tests/consumer/cuda (meshc_add_program BACKEND cuda, compiled by nvcc, run on
+      the nccl backend): without a visible GPU the program must fail cleanly (status 1) naming
+      the missing CUDA devices; with GPUs its output must match the interpreter's
+  run_consumer.py cuda-incremental PREFIX WORK_DIR GENERATOR
+      the incremental checks for tests/consumer/cuda (the generated model.cu)
 """
 import os
 import shutil
@@ -30,16 +36,22 @@ def run(cmd, cwd=None, check=True):
     return proc
 
 
-def configure(prefix, work, generator):
+# The two consumer projects: the CMake project's directory under tests/consumer, the source meshc
+# generates, and the --emit flag `make -n` shows when meshc would run.
+CPU = {"project": ".", "generated": "model.cpp", "emit": "--emit=cpp"}
+CUDA = {"project": "cuda", "generated": "model.cu", "emit": "--emit=cuda"}
+
+
+def configure(prefix, work, generator, variant=CPU, options=()):
     """A fresh copy of the consumer project (so touching its files leaves the repo alone), then
-    configure and build it."""
+    configure and build it. Returns the copy's root (model.mesh, main.cpp) and the build dir."""
     if os.path.exists(work):
         shutil.rmtree(work)
     source = os.path.join(work, "src")
     build = os.path.join(work, "build")
     shutil.copytree(HERE, source, ignore=shutil.ignore_patterns("*.py"))
-    run(["cmake", "-G", generator, "-S", source, "-B", build, f"-DCMAKE_PREFIX_PATH={prefix}",
-         "-DCMAKE_BUILD_TYPE=Release"])
+    run(["cmake", "-G", generator, "-S", os.path.join(source, variant["project"]), "-B", build,
+         f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release", *options])
     run(["cmake", "--build", build])
     return source, build
 
@@ -56,19 +68,65 @@ def install(build_dir, prefix):
     print(f"ok: installed into {prefix}")
 
 
-def run_consumer(prefix, work, generator):
-    source, build = configure(prefix, work, generator)
+def compare_with_interpreter(prefix, work, source, mesh):
+    """The consumer wrote work/actual; the installed meshc's interpreter must agree."""
     actual = os.path.join(work, "actual")
     expected = os.path.join(work, "expected")
-    print(run([os.path.join(build, "consumer"), actual]).stdout, end="")
     meshc = os.path.join(prefix, "bin", "meshc")
-    run([meshc, os.path.join(source, "model.mesh"), "--emit=run", "--seed", "7", "--mesh",
-         "data=2,model=2", "--layout", "batch:data,d_ff:model", "--dump-outputs", expected])
+    run([meshc, os.path.join(source, "model.mesh"), "--emit=run", "--seed", "7", "--mesh", mesh,
+         "--layout", "batch:data,d_ff:model", "--dump-outputs", expected])
     result = run([sys.executable, os.path.join(ROOT, "tests", "e2e", "compare_outputs.py"),
                   actual, expected], check=False)
     print(result.stdout, end="")
     if result.returncode != 0:
         sys.exit("FAIL: the consumer's output differs from the interpreter's")
+
+
+def run_consumer(prefix, work, generator):
+    source, build = configure(prefix, work, generator)
+    print(run([os.path.join(build, "consumer"), os.path.join(work, "actual")]).stdout, end="")
+    compare_with_interpreter(prefix, work, source, "data=2,model=2")
+
+
+def visible_gpus():
+    """The GPUs a CUDA program here would see (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    listed = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    count = sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([device for device in visible.split(",") if device.strip()]))
+    return count
+
+
+def run_cuda_consumer(prefix, work, generator):
+    for path in ["include/meshrt/Nccl.h", "include/meshrt/cuda/Cuda.h", "include/meshc/CudaSupport.h",
+                 "lib/libmeshrt_cuda.a", "lib/libmeshrt_nccl.a", "lib/cmake/meshc/MeshcFindNccl.cmake"]:
+        if not os.path.exists(os.path.join(prefix, path)):
+            sys.exit(f"FAIL: the install has no {path}")
+    gpus = visible_gpus()
+    # A mesh that fits the GPUs (one per rank); without GPUs the full 2x2 mesh is compiled.
+    mesh = {0: "data=2,model=2", 1: "data=1,model=1", 2: "data=2,model=1",
+            3: "data=2,model=1"}.get(gpus, "data=2,model=2")
+    source, build = configure(prefix, work, generator, CUDA, [f"-DCONSUMER_MESH={mesh}"])
+    print(f"ok: BACKEND cuda built with nvcc (mesh {mesh}, {gpus} GPUs visible)")
+    try:
+        proc = subprocess.run([os.path.join(build, "consumer"), os.path.join(work, "actual")],
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        sys.exit("FAIL: the CUDA consumer did not finish within 300 s (a hang)")
+    if proc.returncode == 0:
+        print(proc.stdout, end="")
+        compare_with_interpreter(prefix, work, source, mesh)
+        return
+    message = proc.stdout + proc.stderr
+    if gpus == 0 and proc.returncode == 1 and "no CUDA device is visible" in message:
+        print(f"ok: without a GPU the consumer fails cleanly: {proc.stderr.strip()}")
+        return
+    sys.exit(f"FAIL: the CUDA consumer exited with {proc.returncode} ({gpus} GPUs visible; "
+             f"expected 0, or 1 naming the missing CUDA devices without a GPU):\n{message}")
 
 
 def build_log(build, generator):
@@ -79,9 +137,9 @@ def build_log(build, generator):
     return run(["make", "-C", build, "-n"]).stdout
 
 
-def incremental(prefix, work, generator):
-    source, build = configure(prefix, work, generator)
-    generated = os.path.join(build, "consumer_model.meshc", "model.cpp")
+def incremental(prefix, work, generator, variant=CPU):
+    source, build = configure(prefix, work, generator, variant)
+    generated = os.path.join(build, "consumer_model.meshc", variant["generated"])
 
     def rebuild_after(what, touched, expect_meshc):
         if touched:
@@ -90,7 +148,7 @@ def incremental(prefix, work, generator):
         before = os.path.getmtime(generated)
         plan = build_log(build, generator)
         # Ninja prints the custom command's COMMENT, make -n its command line.
-        runs_meshc = "meshc: compiling" in plan or "--emit=cpp" in plan
+        runs_meshc = "meshc: compiling" in plan or variant["emit"] in plan
         if generator == "Ninja" and not touched and "no work to do" not in plan:
             sys.exit(f"FAIL: {what}: ninja has work to do after a build:\n{plan}")
         if expect_meshc != runs_meshc:
@@ -98,7 +156,8 @@ def incremental(prefix, work, generator):
         run(["cmake", "--build", build])
         regenerated = os.path.getmtime(generated) != before
         if regenerated != expect_meshc:
-            sys.exit(f"FAIL: {what}: model.cpp {'not ' if expect_meshc else ''}regenerated")
+            sys.exit(f"FAIL: {what}: {variant['generated']} "
+                     f"{'not ' if expect_meshc else ''}regenerated")
         print(f"ok: {what}")
 
     rebuild_after("no change rebuilds nothing", None, False)
@@ -118,6 +177,10 @@ def main():
         run_consumer(*sys.argv[2:5])
     elif mode == "incremental":
         incremental(*sys.argv[2:5])
+    elif mode == "cuda-run":
+        run_cuda_consumer(*sys.argv[2:5])
+    elif mode == "cuda-incremental":
+        incremental(*sys.argv[2:5], CUDA)
     else:
         sys.exit(f"unknown mode {mode}")
 

@@ -1,7 +1,9 @@
 // The NCCL backend (meshrt/Nccl.h). Without a GPU (CI) it checks the failure path: runNccl
 // reports the missing devices as a CommError instead of crashing or hanging. With GPUs
 // (tests/gpu/run.sh) it runs real collectives: all-reduce, subgroup all-gather by
-// ncclCommSplit, and a permute, on as many ranks as there are GPUs (up to 8).
+// ncclCommSplit, and a permute, on as many ranks as there are GPUs (up to 8); and the same
+// communicator on host buffers (staged through the device), as generated runners and
+// checkpoints call it.
 #include <catch2/catch.hpp>
 
 #include "meshrt/Nccl.h"
@@ -82,5 +84,81 @@ TEST_CASE("NCCL collectives on device buffers", "[cuda][nccl]") {
     world.barrier();
     cudaFree(buffer);
     cudaFree(gathered);
+  });
+}
+
+TEST_CASE("Host buffers are staged in place when they overlap", "[cuda][nccl]") {
+  using meshrt::nccl::kStagingAlignment;
+  using meshrt::nccl::stagingLayout;
+  std::vector<float> buffer(64);
+  const size_t chunk = 16 * sizeof(float);
+  // allReduce / broadcast in place: in == out, one region.
+  auto same = stagingLayout(buffer.data(), chunk, true, buffer.data(), chunk, true);
+  REQUIRE((same.inOffset == 0 && same.outOffset == 0 && same.bytes == chunk));
+  // allGather in place on rank 2 of 4: in is out's chunk 2.
+  auto gather = stagingLayout(buffer.data() + 32, chunk, true, buffer.data(), 4 * chunk, true);
+  REQUIRE((gather.inOffset == 2 * chunk && gather.outOffset == 0 && gather.bytes == 4 * chunk));
+  // reduceScatter in place on rank 1 of 4: out is in's chunk 1.
+  auto scatter = stagingLayout(buffer.data(), 4 * chunk, true, buffer.data() + 16, chunk, true);
+  REQUIRE((scatter.inOffset == 0 && scatter.outOffset == chunk && scatter.bytes == 4 * chunk));
+  // Separate buffers: in first, out at the next aligned offset.
+  std::vector<float> other(3);
+  auto apart =
+      stagingLayout(buffer.data(), 3 * sizeof(float), true, other.data(), 3 * sizeof(float), true);
+  REQUIRE((apart.inOffset == 0 && apart.outOffset == kStagingAlignment &&
+           apart.bytes == kStagingAlignment + 3 * sizeof(float)));
+  // Only one side on the host (the other on the device): only it is staged.
+  auto onlyOut = stagingLayout(buffer.data(), chunk, false, other.data(), 12, true);
+  REQUIRE((onlyOut.outOffset == 0 && onlyOut.bytes == 12));
+  auto onlyIn = stagingLayout(buffer.data(), chunk, true, buffer.data(), chunk, false);
+  REQUIRE((onlyIn.inOffset == 0 && onlyIn.bytes == kStagingAlignment));
+}
+
+TEST_CASE("NCCL collectives on host buffers", "[cuda][nccl]") {
+  int devices = std::min(meshrt::nccl::deviceCount(), 8);
+  if (devices == 0) {
+    WARN("no GPU: host staging is not exercised here (tests/gpu/run.sh runs this one)");
+    return;
+  }
+  int data = devices % 2 == 0 ? 2 : 1;
+  Mesh mesh({{"data", data}, {"model", devices / data}});
+  meshrt::nccl::runNccl(mesh, [&](meshrt::Communicator& world) {
+    // The runner's timings: an in-place max over pageable host memory, ready on return.
+    std::vector<double> runs = {double(world.rank()), -double(world.rank()), 1.5};
+    world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+    REQUIRE(runs == std::vector<double>{double(world.size() - 1), 0.0, 1.5});
+    // Out of place, host in and host out.
+    std::vector<float> mine(5, float(world.rank() + 1)), sum(5, -1.0f);
+    world.allReduce(mine.data(), sum.data(), mine.size());
+    for (float x : sum)
+      REQUIRE(x == float(world.size() * (world.size() + 1) / 2));
+
+    // The checkpoint's sequence number: a broadcast from rank 0 of a host int.
+    int32_t sequence = world.rank() == 0 ? 42 : -1;
+    world.broadcast(&sequence, 1, 0);
+    REQUIRE(sequence == 42);
+    // From another root, several values, on a subgroup.
+    meshrt::Communicator& model = world.subgroup({"model"});
+    int root = model.size() - 1;
+    std::vector<int32_t> values(3, model.rank() == root ? world.rank() : -1);
+    model.broadcast(values.data(), values.size(), root);
+    for (int32_t v : values)
+      REQUIRE(v == model.worldRankOf(root));
+
+    // The checkpoint's string lengths: a host all-gather on the subgroup.
+    int32_t length = 10 + world.rank();
+    std::vector<int32_t> lengths(size_t(model.size()), -1);
+    model.allGather(&length, lengths.data(), 1);
+    for (int g = 0; g < model.size(); ++g)
+      REQUIRE(lengths[size_t(g)] == 10 + model.worldRankOf(g));
+
+    // Mixed: a host input reduced into a device output.
+    float* device = nullptr;
+    REQUIRE(cudaMalloc(&device, sizeof(float)) == cudaSuccess);
+    float one = 1.0f;
+    world.allReduce(&one, device, 1);
+    dynamic_cast<meshrt::nccl::NcclCommunicator&>(world).synchronize("test");
+    REQUIRE(download(device, 1)[0] == float(world.size()));
+    cudaFree(device);
   });
 }

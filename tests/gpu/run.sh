@@ -4,7 +4,9 @@
 # 1. installs what is missing (scripts/install-deps) and builds meshc, meshrt_cuda, meshrt_nccl
 #    and the GPU programs with CUDA (build-gpu/, sm_90);
 # 2. runs the NCCL backend's collectives test, the lane-math unit test and every device support
-#    function against its CPU version (tests/gpu/support_check.cu);
+#    function against its CPU version (tests/gpu/support_check.cu); the installed package's
+#    CUDA consumer (meshc_add_program ... BACKEND cuda, ctest consumer.cuda.build_and_run) run on
+#    the GPUs against the interpreter;
 # 3. end-to-end equivalence on the GPU: every example compiled with --emit=cuda for the mesh
 #    [data=1] and for [data=<all GPUs>] (layout auto), run on one GPU per rank and compared
 #    with the reference interpreter (tests/e2e/compare_outputs.py, f32 tolerance 1e-4); the
@@ -56,6 +58,10 @@ step "build" ninja -C "$BUILD" -j"$JOBS" meshc meshrt_cuda meshrt_nccl test_cuda
 step "unit: NCCL backend collectives" timeout 120 "$BUILD/tests/cuda/test_nccl_comm" -s
 step "unit: lane math" timeout 60 "$BUILD/tests/cuda/test_cuda_rowmath"
 step "device support functions vs the CPU's" timeout 120 "$BUILD/tests/cuda/gpu_support_check"
+# The install needs every installed target built (meshrt_mpi only where MPI was found).
+mpi_target=$(ninja -C "$BUILD" -t targets all 2>/dev/null | grep -o '^meshrt_mpi:' | tr -d :)
+step "consumer: meshc_add_program BACKEND cuda on the GPUs" bash -c \
+  "ninja -C '$BUILD' -j$JOBS meshrt_launch $mpi_target && ctest --test-dir '$BUILD' --output-on-failure -R 'consumer[.](install|cuda[.]build_and_run)'"
 
 # 3. End-to-end equivalence: compile every case in parallel, then run them one after another.
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)

@@ -47,13 +47,46 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   return aBytes && bBytes && x < y + bBytes && y < x + aBytes;
 }
 
+/// Whether NCCL cannot use `pointer` directly: pageable (unregistered) or pinned host memory.
+/// Device and managed memory are used as they are.
+bool isHostMemory(const void* pointer) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError(); // older runtimes reject unregistered host pointers: host memory
+    return true;
+  }
+  return attributes.type == cudaMemoryTypeUnregistered || attributes.type == cudaMemoryTypeHost;
+}
+
 } // namespace
+
+StagingLayout stagingLayout(const void* in, size_t inBytes, bool stageIn, const void* out,
+                            size_t outBytes, bool stageOut) {
+  StagingLayout layout;
+  if (stageIn && stageOut && overlaps(in, inBytes, out, outBytes)) {
+    // In place: one region over both, at the same relative offsets.
+    auto inAt = reinterpret_cast<uintptr_t>(in), outAt = reinterpret_cast<uintptr_t>(out);
+    uintptr_t base = std::min(inAt, outAt);
+    layout.inOffset = size_t(inAt - base);
+    layout.outOffset = size_t(outAt - base);
+    layout.bytes = std::max(layout.inOffset + inBytes, layout.outOffset + outBytes);
+    return layout;
+  }
+  if (stageIn)
+    layout.bytes = (inBytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+  if (stageOut) {
+    layout.outOffset = layout.bytes;
+    layout.bytes += outBytes;
+  }
+  return layout;
+}
 
 NcclCommunicator::~NcclCommunicator() {
   // Subgroups first: they were split from this communicator.
   subgroups_.clear();
   if (comm_) ncclCommDestroy(comm_);
   if (barrierWord_) cudaFree(barrierWord_);
+  if (scratch_) cudaFree(scratch_);
   if (ownsStream_ && stream_) cudaStreamDestroy(stream_);
 }
 
@@ -188,6 +221,34 @@ void NcclCommunicator::abort() {
   }
 }
 
+void NcclCommunicator::onDevice(const char* collective, const void* in, size_t inBytes, void* out,
+                                size_t outBytes,
+                                const std::function<void(const void*, void*)>& enqueue) {
+  bool hostIn = inBytes && isHostMemory(in), hostOut = outBytes && isHostMemory(out);
+  if (!hostIn && !hostOut) {
+    enqueue(in, out);
+    return;
+  }
+  StagingLayout layout = stagingLayout(in, inBytes, hostIn, out, outBytes, hostOut);
+  if (layout.bytes > scratchBytes_) {
+    if (scratch_) checkCuda(cudaFree(scratch_), collective, worldRank_, "cudaFree (staging)");
+    scratch_ = nullptr;
+    scratchBytes_ = 0;
+    checkCuda(cudaMalloc(&scratch_, layout.bytes), collective, worldRank_, "cudaMalloc (staging)");
+    scratchBytes_ = layout.bytes;
+  }
+  char* deviceInAt = static_cast<char*>(scratch_) + layout.inOffset;
+  char* deviceOutAt = static_cast<char*>(scratch_) + layout.outOffset;
+  if (hostIn)
+    checkCuda(cudaMemcpyAsync(deviceInAt, in, inBytes, cudaMemcpyHostToDevice, stream_), collective,
+              worldRank_, "cudaMemcpyAsync (staging in)");
+  enqueue(hostIn ? deviceInAt : in, hostOut ? deviceOutAt : out);
+  if (hostOut)
+    checkCuda(cudaMemcpyAsync(out, deviceOutAt, outBytes, cudaMemcpyDeviceToHost, stream_),
+              collective, worldRank_, "cudaMemcpyAsync (staging out)");
+  synchronize(collective);
+}
+
 void NcclCommunicator::barrier() {
   enter("barrier");
   checkNccl(ncclAllReduce(barrierWord_, barrierWord_, 1, ncclInt32, ncclSum, comm_, stream_), comm_,
@@ -201,8 +262,12 @@ void NcclCommunicator::allReduceRaw(const void* in, void* out, size_t count, DTy
   if (in != out && overlaps(in, bytesOf(count, dtype), out, bytesOf(count, dtype)))
     throw CommError(name, worldRank_, "allReduce: in and out overlap (in place needs in == out)");
   enter(name);
-  checkNccl(ncclAllReduce(in, out, count, ncclType(dtype, name), ncclOp(op), comm_, stream_), comm_,
-            name, worldRank_, "ncclAllReduce");
+  size_t bytes = bytesOf(count, dtype);
+  onDevice(name, in, bytes, out, bytes, [&](const void* deviceIn, void* deviceOut) {
+    checkNccl(ncclAllReduce(deviceIn, deviceOut, count, ncclType(dtype, name), ncclOp(op), comm_,
+                            stream_),
+              comm_, name, worldRank_, "ncclAllReduce");
+  });
 }
 
 void NcclCommunicator::reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
@@ -213,9 +278,12 @@ void NcclCommunicator::reduceScatterRaw(const void* in, void* out, size_t countP
   if (out != inPlace && overlaps(in, chunk * size_t(size()), out, chunk))
     throw CommError(name, worldRank_, "reduceScatter: in and out overlap other than in place");
   enter(name);
-  checkNccl(
-      ncclReduceScatter(in, out, countPerRank, ncclType(dtype, name), ncclOp(op), comm_, stream_),
-      comm_, name, worldRank_, "ncclReduceScatter");
+  onDevice(name, in, chunk * size_t(size()), out, chunk,
+           [&](const void* deviceIn, void* deviceOut) {
+             checkNccl(ncclReduceScatter(deviceIn, deviceOut, countPerRank, ncclType(dtype, name),
+                                         ncclOp(op), comm_, stream_),
+                       comm_, name, worldRank_, "ncclReduceScatter");
+           });
 }
 
 void NcclCommunicator::allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) {
@@ -225,8 +293,12 @@ void NcclCommunicator::allGatherRaw(const void* in, void* out, size_t countPerRa
   if (in != inPlace && overlaps(in, chunk, out, chunk * size_t(size())))
     throw CommError(name, worldRank_, "allGather: in and out overlap other than in place");
   enter(name);
-  checkNccl(ncclAllGather(in, out, countPerRank, ncclType(dtype, name), comm_, stream_), comm_,
-            name, worldRank_, "ncclAllGather");
+  onDevice(name, in, chunk, out, chunk * size_t(size()),
+           [&](const void* deviceIn, void* deviceOut) {
+             checkNccl(ncclAllGather(deviceIn, deviceOut, countPerRank, ncclType(dtype, name),
+                                     comm_, stream_),
+                       comm_, name, worldRank_, "ncclAllGather");
+           });
 }
 
 void NcclCommunicator::allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) {
@@ -236,16 +308,19 @@ void NcclCommunicator::allToAllRaw(const void* in, void* out, size_t countPerRan
     throw CommError(name, worldRank_, "allToAll: in and out overlap");
   enter(name);
   ncclDataType_t type = ncclType(dtype, name);
-  checkNccl(ncclGroupStart(), comm_, name, worldRank_, "ncclGroupStart");
-  for (int peer = 0; peer < size(); ++peer) {
-    checkNccl(ncclSend(static_cast<const char*>(in) + size_t(peer) * chunk, countPerRank, type,
-                       peer, comm_, stream_),
-              comm_, name, worldRank_, "ncclSend");
-    checkNccl(ncclRecv(static_cast<char*>(out) + size_t(peer) * chunk, countPerRank, type, peer,
-                       comm_, stream_),
-              comm_, name, worldRank_, "ncclRecv");
-  }
-  checkNccl(ncclGroupEnd(), comm_, name, worldRank_, "ncclGroupEnd");
+  onDevice(name, in, chunk * size_t(size()), out, chunk * size_t(size()),
+           [&](const void* deviceIn, void* deviceOut) {
+             checkNccl(ncclGroupStart(), comm_, name, worldRank_, "ncclGroupStart");
+             for (int peer = 0; peer < size(); ++peer) {
+               checkNccl(ncclSend(static_cast<const char*>(deviceIn) + size_t(peer) * chunk,
+                                  countPerRank, type, peer, comm_, stream_),
+                         comm_, name, worldRank_, "ncclSend");
+               checkNccl(ncclRecv(static_cast<char*>(deviceOut) + size_t(peer) * chunk,
+                                  countPerRank, type, peer, comm_, stream_),
+                         comm_, name, worldRank_, "ncclRecv");
+             }
+             checkNccl(ncclGroupEnd(), comm_, name, worldRank_, "ncclGroupEnd");
+           });
 }
 
 void NcclCommunicator::permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
@@ -258,24 +333,16 @@ void NcclCommunicator::permuteRaw(const void* in, void* out, size_t count, DType
       throw CommError(name, worldRank_,
                       "permute: peer " + std::to_string(peer) + " outside a group of " +
                           std::to_string(size()));
-  enter(name);
-  // The pairs must agree (a sends to b iff b receives from a): every rank's pair, gathered.
+  // The pairs must agree (a sends to b iff b receives from a): every rank's pair, gathered
+  // (host buffers: staged, so synchronized before the check).
   std::vector<int32_t> pairs(2 * size_t(size()));
-  int32_t* devicePairs = nullptr;
-  checkCuda(cudaMallocAsync(reinterpret_cast<void**>(&devicePairs), pairs.size() * sizeof(int32_t),
-                            stream_),
-            name, worldRank_, "cudaMallocAsync");
   int32_t mine[2] = {sendTo, recvFrom};
-  checkCuda(
-      cudaMemcpyAsync(devicePairs + 2 * rank_, mine, sizeof mine, cudaMemcpyHostToDevice, stream_),
-      name, worldRank_, "cudaMemcpyAsync");
-  checkNccl(ncclAllGather(devicePairs + 2 * rank_, devicePairs, 2, ncclInt32, comm_, stream_),
-            comm_, name, worldRank_, "ncclAllGather of the peers");
-  checkCuda(cudaMemcpyAsync(pairs.data(), devicePairs, pairs.size() * sizeof(int32_t),
-                            cudaMemcpyDeviceToHost, stream_),
-            name, worldRank_, "cudaMemcpyAsync");
-  checkCuda(cudaFreeAsync(devicePairs, stream_), name, worldRank_, "cudaFreeAsync");
-  synchronize(name);
+  enter(name);
+  onDevice(name, mine, sizeof mine, pairs.data(), pairs.size() * sizeof(int32_t),
+           [&](const void* deviceIn, void* deviceOut) {
+             checkNccl(ncclAllGather(deviceIn, deviceOut, 2, ncclInt32, comm_, stream_), comm_,
+                       name, worldRank_, "ncclAllGather of the peers");
+           });
   for (int a = 0; a < size(); ++a) {
     int to = pairs[2 * size_t(a)];
     if (to != kNoPeer && pairs[2 * size_t(to) + 1] != a)
@@ -285,17 +352,19 @@ void NcclCommunicator::permuteRaw(const void* in, void* out, size_t count, DType
                           std::to_string(pairs[2 * size_t(to) + 1]));
   }
   ncclDataType_t type = ncclType(dtype, name);
-  checkNccl(ncclGroupStart(), comm_, name, worldRank_, "ncclGroupStart");
-  if (sendTo != kNoPeer)
-    checkNccl(ncclSend(in, count, type, sendTo, comm_, stream_), comm_, name, worldRank_,
-              "ncclSend");
-  if (recvFrom != kNoPeer)
-    checkNccl(ncclRecv(out, count, type, recvFrom, comm_, stream_), comm_, name, worldRank_,
-              "ncclRecv");
-  checkNccl(ncclGroupEnd(), comm_, name, worldRank_, "ncclGroupEnd");
-  if (recvFrom == kNoPeer)
-    checkCuda(cudaMemsetAsync(out, 0, bytesOf(count, dtype), stream_), name, worldRank_,
-              "cudaMemsetAsync");
+  size_t bytes = bytesOf(count, dtype);
+  onDevice(name, in, bytes, out, bytes, [&](const void* deviceIn, void* deviceOut) {
+    checkNccl(ncclGroupStart(), comm_, name, worldRank_, "ncclGroupStart");
+    if (sendTo != kNoPeer)
+      checkNccl(ncclSend(deviceIn, count, type, sendTo, comm_, stream_), comm_, name, worldRank_,
+                "ncclSend");
+    if (recvFrom != kNoPeer)
+      checkNccl(ncclRecv(deviceOut, count, type, recvFrom, comm_, stream_), comm_, name, worldRank_,
+                "ncclRecv");
+    checkNccl(ncclGroupEnd(), comm_, name, worldRank_, "ncclGroupEnd");
+    if (recvFrom == kNoPeer)
+      checkCuda(cudaMemsetAsync(deviceOut, 0, bytes, stream_), name, worldRank_, "cudaMemsetAsync");
+  });
 }
 
 void NcclCommunicator::broadcastRaw(void* data, size_t count, DType dtype, int root) {
@@ -305,8 +374,12 @@ void NcclCommunicator::broadcastRaw(void* data, size_t count, DType dtype, int r
                     "broadcast: root " + std::to_string(root) + " outside a group of " +
                         std::to_string(size()));
   enter(name);
-  checkNccl(ncclBroadcast(data, data, count, ncclType(dtype, name), root, comm_, stream_), comm_,
-            name, worldRank_, "ncclBroadcast");
+  size_t bytes = bytesOf(count, dtype);
+  onDevice(name, data, bytes, data, bytes, [&](const void* deviceIn, void* deviceOut) {
+    checkNccl(
+        ncclBroadcast(deviceIn, deviceOut, count, ncclType(dtype, name), root, comm_, stream_),
+        comm_, name, worldRank_, "ncclBroadcast");
+  });
 }
 
 int deviceCount() {

@@ -1,6 +1,7 @@
 // meshrt's NCCL backend: one GPU per rank, collectives on device pointers, enqueued on the
 // rank's CUDA stream (the stream generated CUDA code computes on, so that kernels and
-// collectives are ordered without host synchronization).
+// collectives are ordered without host synchronization). Host pointers are accepted too (the
+// runners' timings, checkpoints' string exchanges): staged through a device scratch buffer.
 //
 // Bootstrap: runNccl() runs every rank of a mesh as a thread of this process, rank r on GPU
 // r % deviceCount (the ncclUniqueId is shared in-process); createNcclWorld() is the building
@@ -37,8 +38,13 @@ void checkCuda(cudaError_t status, const char* collective, int worldRank, const 
 void checkNccl(ncclResult_t status, ncclComm_t comm, const char* collective, int worldRank,
                const char* what);
 
-/// A communicator over an NCCL communicator. Buffers are device pointers on device(); the
-/// collectives are enqueued on stream() and return without waiting (barrier() waits).
+/// A communicator over an NCCL communicator. Buffers on device() (device or managed memory)
+/// are used as they are: the collectives are enqueued on stream() and return without waiting
+/// (barrier() waits). Host buffers (pageable or pinned, told apart by cudaPointerGetAttributes)
+/// work too: every collective copies them into a device scratch buffer of this communicator on
+/// stream(), runs, copies the results back and waits for the stream, so they are ready (and
+/// reusable) when the call returns. Staged in-place calls (in == out, or one rank's chunk of the
+/// other) stay in place. The scratch buffer grows to the largest staged call and is kept.
 class NcclCommunicator : public Communicator {
 public:
   ~NcclCommunicator() override;
@@ -84,6 +90,12 @@ private:
   /// The world rank's group ranks along `axes` and the split color/key of this rank.
   void enter(const char* collective);
   ncclDataType_t ncclType(DType dtype, const char* collective) const;
+  /// Calls `enqueue(deviceIn, deviceOut)` (which enqueues the NCCL calls on stream()) with `in`
+  /// and `out` as device addresses: device buffers as they are (returns without waiting); host
+  /// buffers staged through scratch_ (copied in, copied out, stream synchronized). Every
+  /// collective goes through here.
+  void onDevice(const char* collective, const void* in, size_t inBytes, void* out, size_t outBytes,
+                const std::function<void(const void* deviceIn, void* deviceOut)>& enqueue);
   size_t bytesOf(size_t count, DType dtype) const { return count * dtypeSize(dtype); }
 
   Mesh mesh_;
@@ -96,6 +108,8 @@ private:
   NcclCommunicator* world_ = nullptr; // null for the world itself
   std::map<std::vector<std::string>, std::unique_ptr<NcclCommunicator>> subgroups_;
   void* barrierWord_ = nullptr; // one device int for barrier()'s all-reduce
+  void* scratch_ = nullptr;     // device staging for host buffers (onDevice)
+  size_t scratchBytes_ = 0;
 };
 
 struct NcclOptions {
@@ -120,5 +134,19 @@ inline bool launch(const Mesh& mesh, const NcclOptions& options,
 
 /// The number of visible CUDA devices (0 when there is none or no driver).
 int deviceCount();
+
+/// Where a collective's staged host buffers go in the communicator's device scratch buffer
+/// (NcclCommunicator stages host memory; exposed so the layout is tested without a GPU).
+constexpr size_t kStagingAlignment = 256; // of the out buffer after a separate in buffer
+struct StagingLayout {
+  size_t inOffset = 0, outOffset = 0; // of the staged in / out buffer in the scratch buffer
+  size_t bytes = 0;                   // the scratch bytes needed
+};
+/// The staged buffers of in (inBytes, when stageIn) and out (outBytes, when stageOut): both
+/// staged and overlapping (in place: in == out, or one rank's chunk of the other) share one
+/// region at their relative offsets, so NCCL still sees the call in place; otherwise in comes
+/// first and out after it, at a kStagingAlignment boundary.
+StagingLayout stagingLayout(const void* in, size_t inBytes, bool stageIn, const void* out,
+                            size_t outBytes, bool stageOut);
 
 } // namespace meshrt::nccl
