@@ -44,6 +44,7 @@ using gen::blockIndex;
 using gen::checkedWorld;
 using gen::checkShape;
 using gen::DType;
+using gen::gatherShards; // host shards: the nccl backend stages host buffers
 using gen::GemmDims;
 using gen::globalBase;
 using gen::product;
@@ -618,34 +619,6 @@ inline void sliceDim(View out, ConstView in, const Shape& inSizes, size_t dimInd
 }
 #endif // __CUDACC__
 
-/// gatherOutput's all-gather of host shards over the device communicator (uploaded, gathered
-/// with NCCL, downloaded), then placed as meshc::gen::gatherShards does.
-template <typename StartsOf>
-inline gen::Buffer gatherShards(meshrt::Communicator& world, const gen::Buffer& local,
-                                const Shape& localSizes, const Shape& globalSizes,
-                                StartsOf&& startsOf) {
-  meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
-  size_t count = local.size();
-  meshrt::cuda::Scratch localDevice(count * sizeof(float)),
-      allDevice(count * size_t(world.size()) * sizeof(float));
-  meshrt::cuda::copyToDevice(localDevice.get(), local.data(), count * sizeof(float));
-  world.allGather(localDevice.as<float>(), allDevice.as<float>(), count);
-  gen::Buffer all(count * size_t(world.size()));
-  if (!all.empty())
-    check(cudaMemcpyAsync(all.data(), allDevice.get(), all.size() * sizeof(float),
-                          cudaMemcpyDeviceToHost, stream()),
-          "cudaMemcpyAsync (gather)");
-  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (gather)");
-  gen::Buffer global(size_t(product(globalSizes)), 0.0f);
-  Shape globalStrides = rowMajorStrides(globalSizes), localStrides = rowMajorStrides(localSizes);
-  for (int rank = 0; rank < world.size(); ++rank) {
-    Shape starts = startsOf(rank);
-    gen::copyStrided(global.data() + globalBase(starts, globalStrides), localSizes, globalStrides,
-                     all.data() + size_t(rank) * count, localStrides);
-  }
-  return global;
-}
-
 //===------------------------------------------------------------------------------------------===//
 // Params: the host side of device shards (getParam/setParam, checkpoints), train updates
 //===------------------------------------------------------------------------------------------===//
@@ -685,14 +658,12 @@ struct HostParams {
   }
 };
 
-/// The global value of a param (collective over `world`).
+/// The global value of a param (collective over `world`): downloaded, then gathered as on the
+/// CPU (the nccl backend stages host buffers).
 inline Tensor gatherParam(meshrt::Communicator& world, const ParamShard& shard) {
   meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
   gen::Buffer host = *shard.data;
-  return Tensor{shard.globalShape,
-                gatherShards(world, host, shard.localShape, shard.globalShape, [&](int rank) {
-                  return shardStartsOf(world.mesh(), rank, shard.onHost(host));
-                })};
+  return gen::gatherParam(world, shard.onHost(host));
 }
 
 /// Sets this rank's device shard of a param from its global value (no communication).
