@@ -11,6 +11,8 @@
 // MPI_Error_string's text.
 #include "meshrt/Mpi.h"
 
+#include "CallRecord.h"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -28,67 +30,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum class Kind : int64_t {
-  Barrier,
-  AllReduce,
-  ReduceScatter,
-  AllGather,
-  AllToAll,
-  Permute,
-  Broadcast,
-  Subgroup
-};
-
-const char* kindName(Kind kind) {
-  switch (kind) {
-  case Kind::Barrier:
-    return "barrier";
-  case Kind::AllReduce:
-    return "allReduce";
-  case Kind::ReduceScatter:
-    return "reduceScatter";
-  case Kind::AllGather:
-    return "allGather";
-  case Kind::AllToAll:
-    return "allToAll";
-  case Kind::Permute:
-    return "permute";
-  case Kind::Broadcast:
-    return "broadcast";
-  case Kind::Subgroup:
-    return "subgroup";
-  }
-  return "?";
-}
-
-/// One rank's call, as the ranks exchange it to check that they agree: plain int64 fields, so
-/// that it travels as kFields MPI_INT64_T.
-struct Call {
-  int64_t kind = int64_t(Kind::Barrier);
-  int64_t dtype = int64_t(DType::Bytes);
-  int64_t op = int64_t(ReduceOp::Sum);
-  int64_t count = 0; // for Subgroup: the world axes, encoded by encodeAxes
-  int64_t root = 0;
-  int64_t sendTo = Communicator::kNoPeer;
-  int64_t recvFrom = Communicator::kNoPeer;
-
-  Kind what() const { return Kind(kind); }
-  /// The part every rank must agree on (peers differ in sendTo/recvFrom).
-  bool sameCollective(const Call& other) const {
-    return kind == other.kind && dtype == other.dtype && op == other.op && count == other.count &&
-           root == other.root;
-  }
-  std::string describe() const {
-    std::string text = kindName(what());
-    if (what() == Kind::Barrier) return text;
-    if (what() == Kind::Subgroup) return text + " #" + std::to_string(count);
-    text += " of " + std::to_string(count) + " " + dtypeName(DType(dtype));
-    if (what() == Kind::AllReduce || what() == Kind::ReduceScatter)
-      text += std::string(" (") + reduceOpName(ReduceOp(op)) + ")";
-    if (what() == Kind::Broadcast) text += " from root " + std::to_string(root);
-    return text;
-  }
-};
+using detail::Collective;
+/// One rank's call, as the ranks exchange it to check that they agree: kFields MPI_INT64_T.
+using Call = detail::CallRecord;
 constexpr int kFields = sizeof(Call) / sizeof(int64_t);
 static_assert(sizeof(Call) == kFields * sizeof(int64_t));
 
@@ -207,8 +151,7 @@ public:
   }
 
   void barrier() override {
-    Call call;
-    call.kind = int64_t(Kind::Barrier);
+    Call call = Call::of(Collective::Barrier);
     if (size() == 1) return checkAlive(call);
     // The agreement check is itself a barrier: nobody's allgather completes before all have
     // joined it.
@@ -219,7 +162,7 @@ public:
   }
 
   void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
-    Call call{int64_t(Kind::AllReduce), int64_t(dtype), int64_t(op), int64_t(count)};
+    Call call = Call::of(Collective::AllReduce, dtype, op, count);
     size_t bytes = count * dtypeSize(dtype);
     checkReducible(call);
     checkBuffer(call, in, bytes, "input");
@@ -240,7 +183,7 @@ public:
 
   void reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
                         ReduceOp op) override {
-    Call call{int64_t(Kind::ReduceScatter), int64_t(dtype), int64_t(op), int64_t(countPerRank)};
+    Call call = Call::of(Collective::ReduceScatter, dtype, op, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
     checkReducible(call);
     checkBuffer(call, in, chunkBytes * p, "input");
@@ -267,8 +210,7 @@ public:
   }
 
   void allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
-    Call call{int64_t(Kind::AllGather), int64_t(dtype), int64_t(ReduceOp::Sum),
-              int64_t(countPerRank)};
+    Call call = Call::of(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
     checkBuffer(call, in, chunkBytes, "input");
     checkBuffer(call, out, chunkBytes * p, "output");
@@ -289,8 +231,7 @@ public:
   }
 
   void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
-    Call call{int64_t(Kind::AllToAll), int64_t(dtype), int64_t(ReduceOp::Sum),
-              int64_t(countPerRank)};
+    Call call = Call::of(Collective::AllToAll, dtype, ReduceOp::Sum, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
     checkBuffer(call, in, chunkBytes * p, "input");
     checkBuffer(call, out, chunkBytes * p, "output");
@@ -309,13 +250,7 @@ public:
 
   void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
                   int recvFrom) override {
-    Call call{int64_t(Kind::Permute),
-              int64_t(dtype),
-              int64_t(ReduceOp::Sum),
-              int64_t(count),
-              0,
-              sendTo,
-              recvFrom};
+    Call call = Call::of(Collective::Permute, dtype, ReduceOp::Sum, count, 0, sendTo, recvFrom);
     size_t bytes = count * dtypeSize(dtype);
     for (int peerRank : {sendTo, recvFrom})
       if (peerRank != kNoPeer && (peerRank < 0 || peerRank >= size()))
@@ -342,8 +277,7 @@ public:
   }
 
   void broadcastRaw(void* data, size_t count, DType dtype, int root) override {
-    Call call{int64_t(Kind::Broadcast), int64_t(dtype), int64_t(ReduceOp::Sum), int64_t(count),
-              root};
+    Call call = Call::of(Collective::Broadcast, dtype, ReduceOp::Sum, count, root);
     if (root < 0 || root >= size())
       throw error(call, "root " + std::to_string(root) + " is not a rank of the group");
     checkBuffer(call, data, count * dtypeSize(dtype), "buffer");
@@ -372,8 +306,7 @@ private:
   /// Creates the subgroup over world axes `worldAxes` (on the world communicator): every world
   /// rank must make the same call (MPI_Comm_split is collective over the world), checked first.
   std::unique_ptr<MpiComm> split(const std::vector<int>& worldAxes) {
-    Call call;
-    call.kind = int64_t(Kind::Subgroup);
+    Call call = Call::of(Collective::Subgroup);
     call.count = encodeAxes(worldAxes, worldMesh_.numAxes());
     if (size() > 1) agreeAlways(call);
     std::vector<MeshAxis> groupAxes;
@@ -402,20 +335,20 @@ private:
 
   CommError error(const Call& call, const std::string& cause) const {
     std::ostringstream message;
-    message << "meshrt: " << kindName(call.what()) << " failed on world rank " << worldRank_;
+    message << "meshrt: " << call.name() << " failed on world rank " << worldRank_;
     if (worldComm_ || worldMesh_.numAxes() == 0)
       message << " (rank " << groupRank_ << " of group " << mesh_.str() << ")";
     else
       message << " (mesh " << worldMesh_.str() << ")";
     message << ", MPI backend: " << cause;
-    return CommError(kindName(call.what()), worldRank_, message.str());
+    return CommError(call.name(), worldRank_, message.str());
   }
 
   void check(const Call& call, int code, const char* function) const {
     if (code != MPI_SUCCESS) throw error(call, std::string(function) + ": " + mpiErrorText(code));
   }
   void checkReducible(const Call& call) const {
-    if (DType(call.dtype) == DType::Bytes) throw error(call, "bytes cannot be reduced");
+    if (call.type() == DType::Bytes) throw error(call, "bytes cannot be reduced");
   }
   void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
     if (!buffer && bytes) throw error(call, std::string(what) + " is null");
@@ -486,22 +419,10 @@ private:
         throw error(call, "ranks disagree: group rank " + std::to_string(groupRank_) + " called " +
                               call.describe() + " but group rank " + std::to_string(q) +
                               " called " + calls_[size_t(q)].describe());
-    if (call.what() != Kind::Permute) return;
-    // Every rank checks every pair, so that all agree on whether the exchange is consistent.
-    auto peerName = [](int64_t rank) {
-      return rank == kNoPeer ? std::string("nobody") : "rank " + std::to_string(rank);
-    };
-    for (int a = 0; a < p; ++a) {
-      const Call& mine = calls_[size_t(a)];
-      if (mine.sendTo != kNoPeer && calls_[size_t(mine.sendTo)].recvFrom != a)
-        throw error(call, "group rank " + std::to_string(a) + " sends to rank " +
-                              std::to_string(mine.sendTo) + ", which receives from " +
-                              peerName(calls_[size_t(mine.sendTo)].recvFrom));
-      if (mine.recvFrom != kNoPeer && calls_[size_t(mine.recvFrom)].sendTo != a)
-        throw error(call, "group rank " + std::to_string(a) + " receives from rank " +
-                              std::to_string(mine.recvFrom) + ", which sends to " +
-                              peerName(calls_[size_t(mine.recvFrom)].sendTo));
-    }
+    if (call.collective() != Collective::Permute) return;
+    std::string mismatch =
+        detail::permuteMismatch(p, [&](int q) -> const Call& { return calls_[size_t(q)]; });
+    if (!mismatch.empty()) throw error(call, mismatch);
   }
 
   Mesh worldMesh_;

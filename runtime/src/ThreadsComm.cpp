@@ -11,6 +11,7 @@
 // checking.
 #include "meshrt/Threads.h"
 
+#include "CallRecord.h"
 #include "Reduce.h"
 
 #include <algorithm>
@@ -60,62 +61,13 @@ int usableCores() {
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-enum class Kind : uint8_t {
-  Barrier,
-  AllReduce,
-  ReduceScatter,
-  AllGather,
-  AllToAll,
-  Permute,
-  Broadcast
-};
+using detail::CallRecord;
+using detail::Collective;
 
-const char* kindName(Kind kind) {
-  switch (kind) {
-  case Kind::Barrier:
-    return "barrier";
-  case Kind::AllReduce:
-    return "allReduce";
-  case Kind::ReduceScatter:
-    return "reduceScatter";
-  case Kind::AllGather:
-    return "allGather";
-  case Kind::AllToAll:
-    return "allToAll";
-  case Kind::Permute:
-    return "permute";
-  case Kind::Broadcast:
-    return "broadcast";
-  }
-  return "?";
-}
-
-/// One rank's call, as published to its peers.
-struct Call {
-  Kind kind = Kind::Barrier;
-  DType dtype = DType::Bytes;
-  ReduceOp op = ReduceOp::Sum;
-  size_t count = 0;
-  int root = 0;
-  int sendTo = Communicator::kNoPeer;
-  int recvFrom = Communicator::kNoPeer;
+/// One rank's call, as published to its peers: the record every rank checks, and the buffers.
+struct Call : CallRecord {
   const void* in = nullptr;
   void* out = nullptr;
-
-  /// The part every rank must agree on (peers differ in sendTo/recvFrom and the buffers).
-  bool sameCollective(const Call& other) const {
-    return kind == other.kind && dtype == other.dtype && op == other.op && count == other.count &&
-           root == other.root;
-  }
-  std::string describe() const {
-    std::string text = kindName(kind);
-    if (kind == Kind::Barrier) return text;
-    text += " of " + std::to_string(count) + " " + dtypeName(dtype);
-    if (kind == Kind::AllReduce || kind == Kind::ReduceScatter)
-      text += std::string(" (") + reduceOpName(op) + ")";
-    if (kind == Kind::Broadcast) text += " from root " + std::to_string(root);
-    return text;
-  }
 };
 
 struct alignas(kCacheLine) Slot {
@@ -295,14 +247,10 @@ public:
     return *cached;
   }
 
-  void barrier() override {
-    Call call;
-    call.kind = Kind::Barrier;
-    begin(call);
-  }
+  void barrier() override { begin(Call{CallRecord::of(Collective::Barrier)}); }
 
   void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
-    Call call{Kind::AllReduce, dtype, op, count, 0, kNoPeer, kNoPeer, in, out};
+    Call call{CallRecord::of(Collective::AllReduce, dtype, op, count), in, out};
     size_t bytes = count * dtypeSize(dtype);
     checkReducible(call);
     checkBuffer(call, in, bytes, "input");
@@ -352,7 +300,7 @@ public:
 
   void reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
                         ReduceOp op) override {
-    Call call{Kind::ReduceScatter, dtype, op, countPerRank, 0, kNoPeer, kNoPeer, in, out};
+    Call call{CallRecord::of(Collective::ReduceScatter, dtype, op, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
     checkReducible(call);
@@ -375,7 +323,7 @@ public:
   }
 
   void allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
-    Call call{Kind::AllGather, dtype, ReduceOp::Sum, countPerRank, 0, kNoPeer, kNoPeer, in, out};
+    Call call{CallRecord::of(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
     checkBuffer(call, in, chunkBytes, "input");
@@ -393,7 +341,7 @@ public:
   }
 
   void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
-    Call call{Kind::AllToAll, dtype, ReduceOp::Sum, countPerRank, 0, kNoPeer, kNoPeer, in, out};
+    Call call{CallRecord::of(Collective::AllToAll, dtype, ReduceOp::Sum, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
     checkBuffer(call, in, chunkBytes * p, "input");
@@ -409,7 +357,8 @@ public:
 
   void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
                   int recvFrom) override {
-    Call call{Kind::Permute, dtype, ReduceOp::Sum, count, 0, sendTo, recvFrom, in, out};
+    Call call{CallRecord::of(Collective::Permute, dtype, ReduceOp::Sum, count, 0, sendTo, recvFrom),
+              in, out};
     int p = size();
     size_t bytes = count * dtypeSize(dtype);
     for (int peerRank : {sendTo, recvFrom})
@@ -420,18 +369,9 @@ public:
     if (overlaps(in, bytes, out, bytes))
       throw error(call, "input and output overlap (permute has no in-place form)");
     begin(call);
-    // Every rank checks every pair, so that all agree on whether the exchange is consistent.
-    for (int a = 0; a < p; ++a) {
-      const Call& mine = peer(a);
-      if (mine.sendTo != kNoPeer && peer(mine.sendTo).recvFrom != a)
-        throw error(call, "group rank " + std::to_string(a) + " sends to rank " +
-                              std::to_string(mine.sendTo) + ", which receives from " +
-                              peerName(peer(mine.sendTo).recvFrom));
-      if (mine.recvFrom != kNoPeer && peer(mine.recvFrom).sendTo != a)
-        throw error(call, "group rank " + std::to_string(a) + " receives from rank " +
-                              std::to_string(mine.recvFrom) + ", which sends to " +
-                              peerName(peer(mine.recvFrom).sendTo));
-    }
+    std::string mismatch =
+        detail::permuteMismatch(p, [&](int q) -> const CallRecord& { return peer(q); });
+    if (!mismatch.empty()) throw error(call, mismatch);
     if (recvFrom == kNoPeer)
       std::fill_n(static_cast<char*>(out), bytes, 0);
     else
@@ -440,7 +380,7 @@ public:
   }
 
   void broadcastRaw(void* data, size_t count, DType dtype, int root) override {
-    Call call{Kind::Broadcast, dtype, ReduceOp::Sum, count, root, kNoPeer, kNoPeer, data, data};
+    Call call{CallRecord::of(Collective::Broadcast, dtype, ReduceOp::Sum, count, root), data, data};
     if (root < 0 || root >= size())
       throw error(call, "root " + std::to_string(root) + " is not a rank of the group");
     size_t bytes = count * dtypeSize(dtype);
@@ -471,27 +411,23 @@ private:
     return group_.slots[q].calls[group_.slots[groupRank_].sequence & 1];
   }
 
-  std::string peerName(int groupRank) const {
-    return groupRank == kNoPeer ? "nobody" : "rank " + std::to_string(groupRank);
-  }
-
   /// The error `cause` of this rank's `call`, after failing the world (if it has not failed
   /// already) so that no peer waits for this rank.
   CommError error(const Call& call, const std::string& cause) const {
     std::ostringstream message;
-    message << "meshrt: " << kindName(call.kind) << " failed on world rank " << worldRank_;
+    message << "meshrt: " << call.name() << " failed on world rank " << worldRank_;
     if (axes_.size() != size_t(world_.mesh.numAxes()) || world_.mesh.numAxes() == 0)
       message << " (rank " << groupRank_ << " of group " << group_.mesh.str() << ")";
     else
       message << " (mesh " << world_.mesh.str() << ")";
     message << ": " << cause;
-    CommError result(kindName(call.kind), worldRank_, message.str());
+    CommError result(call.name(), worldRank_, message.str());
     world_.fail(worldRank_, std::make_exception_ptr(result));
     return result;
   }
 
   void checkReducible(const Call& call) const {
-    if (call.dtype == DType::Bytes) throw error(call, "bytes cannot be reduced");
+    if (call.type() == DType::Bytes) throw error(call, "bytes cannot be reduced");
   }
   void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
     if (!buffer && bytes) throw error(call, std::string(what) + " is null");

@@ -1,0 +1,59 @@
+// One rank's collective call as the CPU backends check it (internal to meshrt): the threads
+// backend publishes it to its peers, the MPI backend exchanges it (plain int64 fields, sent as
+// MPI_INT64_T). Every rank of a group must make the same call; a disagreement is a CommError
+// on every rank instead of undefined behaviour.
+#pragma once
+
+#include "meshrt/Comm.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace meshrt::detail {
+
+enum class Collective : int64_t {
+  Barrier,
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  AllToAll,
+  Permute,
+  Broadcast,
+  Subgroup // MPI: creating a subgroup (count: the world axes, encoded)
+};
+
+const char* collectiveName(Collective kind);
+
+struct CallRecord {
+  int64_t kind = int64_t(Collective::Barrier);
+  int64_t dtype = int64_t(DType::Bytes);
+  int64_t op = int64_t(ReduceOp::Sum);
+  int64_t count = 0;
+  int64_t root = 0;
+  int64_t sendTo = Communicator::kNoPeer;
+  int64_t recvFrom = Communicator::kNoPeer;
+
+  static CallRecord of(Collective kind, DType dtype = DType::Bytes, ReduceOp op = ReduceOp::Sum,
+                       size_t count = 0, int root = 0, int sendTo = Communicator::kNoPeer,
+                       int recvFrom = Communicator::kNoPeer) {
+    return {int64_t(kind), int64_t(dtype), int64_t(op), int64_t(count), root, sendTo, recvFrom};
+  }
+  Collective collective() const { return Collective(kind); }
+  DType type() const { return DType(dtype); }
+  const char* name() const { return collectiveName(collective()); }
+  /// The part every rank must agree on (peers differ in sendTo/recvFrom).
+  bool sameCollective(const CallRecord& other) const {
+    return kind == other.kind && dtype == other.dtype && op == other.op && count == other.count &&
+           root == other.root;
+  }
+  /// "allReduce of 16 f32 (sum)", "broadcast of 1 i32 from root 0", ...
+  std::string describe() const;
+};
+
+/// Checks a permute's pairs: every rank's sendTo receives from it and its recvFrom sends to it.
+/// `callOf(q)` is group rank q's call; returns "" when they agree, else what is wrong (every
+/// rank checks every pair, so all agree on the outcome).
+std::string permuteMismatch(int ranks, const std::function<const CallRecord&(int)>& callOf);
+
+} // namespace meshrt::detail
