@@ -367,9 +367,9 @@ bool inputsOfStep(const ir::Function& fn, const std::map<std::string, interp::Te
       return false;
     }
     size_t first = size_t(step) % (count / batch) * batch;
-    interp::Tensor tensor{input.type, std::vector<double>(given->second.data.begin() + first,
-                                                          given->second.data.begin() + first +
-                                                              batch)};
+    interp::Tensor tensor{input.type,
+                          std::vector<double>(given->second.data.begin() + first,
+                                              given->second.data.begin() + first + batch)};
     if (input.type.dtype == ir::DType::F32) // as the generated code holds them
       for (double& v : tensor.data)
         v = double(float(v));

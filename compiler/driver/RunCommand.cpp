@@ -3,7 +3,8 @@
 // system C++ compiler against the runtime (Toolchain.h) into a cache directory keyed by the
 // generated code, runs it on the mesh's ranks (threads, or processes under mpirun), optionally
 // compares its outputs with the reference interpreter's (`meshc --emit=run`), and prints the
-// timings of each step.
+// timings of each step. With `--backend nccl` the program is compiled to CUDA (`--emit=cuda`)
+// and built with nvcc instead, and runs on one GPU per rank.
 #include "driver/Driver.h"
 #include "driver/Toolchain.h"
 
@@ -59,12 +60,19 @@ cl::list<std::string> runFunctions("function",
                                             "block (repeatable)"),
                                    cl::value_desc("name"), cl::sub(runSubcommand),
                                    cl::cat(runCategory));
-enum class Backend { Threads, Mpi };
+enum class Backend { Threads, Mpi, Nccl };
 cl::opt<Backend> runBackend(
     "backend", cl::desc("How the ranks run"), cl::init(Backend::Threads),
     cl::values(clEnumValN(Backend::Threads, "threads", "threads of one process (default)"),
-               clEnumValN(Backend::Mpi, "mpi", "processes launched by mpirun")),
+               clEnumValN(Backend::Mpi, "mpi", "processes launched by mpirun"),
+               clEnumValN(Backend::Nccl, "nccl",
+                          "one GPU per rank: the program compiled to CUDA, built with nvcc")),
     cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<std::string> runCudaMath("cuda-math",
+                                 cl::desc("With --backend nccl: the einsum precision (fp32, "
+                                          "tf32 or bf16; default fp32)"),
+                                 cl::value_desc("mode"), cl::init("fp32"), cl::sub(runSubcommand),
+                                 cl::cat(runCategory));
 cl::opt<bool> runCheck("check",
                        cl::desc("Compare the outputs with the reference interpreter's "
                                 "(f32: relative error <= --tol; bf16/f16: <= 1e-2)"),
@@ -309,12 +317,19 @@ int runCommand(const char* argv0) {
     if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
   }
 
-  // 1. compile: the generated classes and their runner.
+  bool onGpus = runBackend == Backend::Nccl;
+  if (onGpus && !toolchain.cuda)
+    return fail(kExitInputError, "the nccl backend is not available: this meshc was built "
+                                 "without CUDA (MESHC_CUDA=OFF); use --backend threads or mpi");
+
+  // 1. compile: the generated classes and their runner (C++, or CUDA for the GPUs).
   auto start = Clock::now();
   std::string base = pathIn(workDir, stem);
+  std::string source = onGpus ? ".cu" : ".cpp";
   {
     std::vector<std::string> args = overrides;
-    args.insert(args.end(), {"--emit=cpp", "--cpp-runner", "-o", base});
+    args.insert(args.end(), {onGpus ? "--emit=cuda" : "--emit=cpp", "--cpp-runner", "-o", base});
+    if (onGpus) args.push_back("--cuda-math=" + runCudaMath);
     int rc = execute(args, "", "", error);
     if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
   }
@@ -323,16 +338,35 @@ int runCommand(const char* argv0) {
   // 2. build, unless the cache has a binary of the same code, flags and user headers.
   start = Clock::now();
   std::string mainDir = llvm::sys::path::parent_path(absoluteInput).str();
-  std::vector<std::string> build = {toolchain.cxx, runOpt,  "-std=c++20", "-w",
-                                    "-I",          workDir, "-I",         mainDir};
+  std::vector<std::string> build = {onGpus ? toolchain.cuda->nvcc : toolchain.cxx,
+                                    runOpt,
+                                    "-std=c++20",
+                                    "-w",
+                                    "-I",
+                                    workDir,
+                                    "-I",
+                                    mainDir};
+  std::vector<std::string> libraries = toolchain.libraries;
+  if (onGpus) {
+    // The flags docs/cuda.md gives: device lambdas, constexpr on the device, no FMA contraction
+    // (the scalar bodies round as on the CPU).
+    build.insert(build.end(), {"--extended-lambda", "--expt-relaxed-constexpr", "-fmad=false",
+                               "-arch=sm_" + toolchain.cuda->architecture});
+    for (const std::string& dir : toolchain.cuda->includeDirs)
+      build.insert(build.end(), {"-I", dir});
+    libraries.insert(libraries.begin(), toolchain.cuda->libraries.begin(),
+                     toolchain.cuda->libraries.end());
+    libraries.insert(libraries.end(), toolchain.cuda->systemLibraries.begin(),
+                     toolchain.cuda->systemLibraries.end());
+  }
   for (const std::string& dir : toolchain.includeDirs)
     build.insert(build.end(), {"-I", dir});
-  std::string unity = base + ".unity.cpp";
-  std::string key = llvm::join(build, " ") + llvm::join(toolchain.libraries, " ");
-  for (const char* suffix : {".h", ".cpp", ".main.cpp"})
+  std::string unity = base + ".unity" + source;
+  std::string key = llvm::join(build, " ") + llvm::join(libraries, " ");
+  for (const std::string& suffix : {std::string(".h"), source, ".main" + source})
     key += readFile(base + suffix);
   // The user headers the generated code includes are part of what it builds.
-  for (llvm::StringRef line : llvm::split(readFile(base + ".cpp"), '\n'))
+  for (llvm::StringRef line : llvm::split(readFile(base + source), '\n'))
     if (line.consume_front("#include \"") && line.consume_back("\""))
       key += readFile(llvm::sys::path::is_absolute(line) ? line.str() : pathIn(mainDir, line));
   std::string binary = fmt::format("{}-{:016x}.bin", base, llvm::xxHash64(key));
@@ -342,22 +376,24 @@ int runCommand(const char* argv0) {
       std::error_code ec;
       llvm::raw_fd_ostream out(unity, ec);
       if (ec) return fail(kExitInternalError, fmt::format("cannot write '{}'", unity));
-      out << "#include \"" << stem << ".cpp\"\n#include \"" << stem << ".main.cpp\"\n";
+      out << "#include \"" << stem << source << "\"\n#include \"" << stem << ".main" << source
+          << "\"\n";
     }
     std::string partial = binary + ".tmp", log = base + ".build.log";
     build.insert(build.end(), {unity, "-o", partial});
-    build.insert(build.end(), toolchain.libraries.begin(), toolchain.libraries.end());
+    build.insert(build.end(), libraries.begin(), libraries.end());
     build.push_back("-lpthread");
     int rc = execute(build, log, log, error);
     if (rc != 0) {
       std::string output = readFile(log);
       if (output.size() > 8000) output = "...\n" + output.substr(output.size() - 8000);
-      return fail(kExitInternalError,
-                  fmt::format("the C++ compiler failed on the generated code ({}){}\n  command: "
-                              "{}\n{}",
-                              rc < 0 ? error : fmt::format("exit status {}", rc),
-                              rc < 0 ? "" : "; its output (also in " + log + "):",
-                              llvm::join(build, " "), output));
+      return fail(
+          kExitInternalError,
+          fmt::format("the {} compiler failed on the generated code ({}){}\n  command: "
+                      "{}\n{}",
+                      onGpus ? "CUDA" : "C++", rc < 0 ? error : fmt::format("exit status {}", rc),
+                      rc < 0 ? "" : "; its output (also in " + log + "):", llvm::join(build, " "),
+                      output));
     }
     if (std::error_code ec = llvm::sys::fs::rename(partial, binary))
       return fail(kExitInternalError, fmt::format("cannot write '{}': {}", binary, ec.message()));

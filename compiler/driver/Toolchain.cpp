@@ -52,6 +52,23 @@ Toolchain findToolchain(const char* argv0) {
     toolchain.includeDirs = splitList(MESHC_BUILD_INCLUDE_DIRS);
     toolchain.libraries = splitList(MESHC_BUILD_LIBRARIES);
   }
+  if (!llvm::StringRef(MESHC_NVCC).empty()) {
+    CudaToolchain cuda;
+    cuda.nvcc = MESHC_NVCC;
+    cuda.architecture = MESHC_CUDA_ARCHITECTURE;
+    cuda.systemLibraries = splitList(MESHC_CUDA_SYSTEM_LIBRARIES);
+    if (toolchain.installed) {
+      // The headers are in the prefix's include directory with the others.
+      cuda.libraries = {joined(lib, "libmeshrt_cuda.a"), joined(lib, "libmeshrt_nccl.a")};
+    } else {
+      cuda.includeDirs = splitList(MESHC_CUDA_BUILD_INCLUDE_DIRS);
+      cuda.libraries = splitList(MESHC_CUDA_BUILD_LIBRARIES);
+    }
+    bool present = true;
+    for (const std::string& library : cuda.libraries)
+      present = present && llvm::sys::fs::exists(library);
+    if (present) toolchain.cuda = std::move(cuda);
+  }
   if (!llvm::StringRef(MESHC_BLAS_INCLUDE).empty())
     toolchain.includeDirs.push_back(MESHC_BLAS_INCLUDE);
   toolchain.libraries.push_back(MESHC_BLAS_LIBRARY);

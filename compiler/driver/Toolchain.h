@@ -4,10 +4,20 @@
 // recorded at configure time (MeshcBuildConfig.h). Also the cache directory of `meshc run`.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace meshc {
+
+/// What generated CUDA builds with (`meshc run --backend nccl`), when meshc was built with CUDA.
+struct CudaToolchain {
+  std::string nvcc;
+  std::string architecture;                 // "90": nvcc -arch=sm_90
+  std::vector<std::string> includeDirs;     // meshrt_cuda's and meshrt_nccl's (beside the C++ ones)
+  std::vector<std::string> libraries;       // meshrt_cuda, meshrt_nccl: before the C++ libraries
+  std::vector<std::string> systemLibraries; // cuBLAS, NCCL (and MPI's C++ libraries): after
+};
 
 struct Toolchain {
   std::string meshc; // this executable
@@ -16,6 +26,7 @@ struct Toolchain {
   std::vector<std::string> libraries; // link order: kernels, runtime, OpenBLAS
   std::string clangResourceDir;
   bool installed = false;
+  std::optional<CudaToolchain> cuda; // absent: meshc was built without CUDA
 };
 
 /// The toolchain of the running meshc (`argv0` locates the executable).

@@ -295,6 +295,26 @@ def run_errors():
                "--backend mpi runs the ranks as MPI processes under mpirun", mpi)
 
 
+def run_nccl():
+    """--backend nccl: the program compiled to CUDA (--emit=cuda) and built with nvcc against
+    meshrt_cuda and meshrt_nccl. Without a GPU the run must stop with the nccl backend's clear
+    error (exit 2, no hang); with enough GPUs it must match the interpreter."""
+    with tempfile.TemporaryDirectory() as cache:
+        proc = run_command(MLP, "--function", "mlp", "--no-plan", "--backend", "nccl", "--check",
+                           cache=cache)
+        expect("compiler failed" not in proc.stderr, "the generated CUDA builds with nvcc", proc)
+        if "no CUDA device is visible" in proc.stderr:
+            expect(proc.returncode == 2 and "the generated program failed" in proc.stderr,
+                   "without a GPU the run exits 2 naming the missing devices", proc)
+        else:
+            expect(proc.returncode == 0 and "ok   mlp.y" in proc.stdout and
+                   "nccl backend" in proc.stdout, "on GPUs the run matches the interpreter", proc)
+        math = run_command(MLP, "--function", "mlp", "--no-plan", "--backend", "nccl",
+                           "--cuda-math", "fp8", cache=cache)
+        expect(math.returncode == 1 and "--cuda-math" in math.stderr and "fp8" in math.stderr,
+               "an unknown --cuda-math is an input error", math)
+
+
 def run_help():
     top = meshc("--help")
     expect("run" in top.stdout and "SUBCOMMANDS" in top.stdout, "--help lists `run`", top)
@@ -302,7 +322,7 @@ def run_help():
     expect(proc.returncode == 0, "meshc run --help", proc)
     for option in ["--mesh", "--layout", "--machine", "--backend", "--check", "--function",
                    "--seed", "--cxx", "--opt", "--cache-dir", "--tol", "--dim", "--no-plan",
-                   "--data"]:
+                   "--data", "--steps", "--cuda-math"]:
         expect(option in proc.stdout, f"meshc run --help lists {option}", proc)
     expect("--emit" not in proc.stdout and "--print-after-all" not in proc.stdout,
            "meshc run --help shows only its own options", proc)
@@ -312,8 +332,7 @@ CASES = {f.__name__: f for f in [version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_user_kernels, run_data,
-                                 run_train_data,
-                                 run_errors, run_help]}
+                                 run_train_data, run_errors, run_nccl, run_help]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]
