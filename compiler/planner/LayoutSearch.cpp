@@ -70,16 +70,19 @@ struct SearchSpace {
               const Layout& pinned, const std::vector<std::string>& toSearch,
               const std::vector<std::string>& relevant) {
     base = pinned;
-    // Which dims appear together in one tensor, and how much data each dim touches (the
-    // search order: the dims of the largest tensors decide the most, so they go first).
+    // Which dims appear together in one tensor, and where each dim first appears (the search
+    // order: dims in the order the program first uses them, so that the ops at the top of the
+    // function have all their dims assigned early, their layouts known, and the lower bound
+    // counts their exact cost and that of everything downstream; in decreasing order of the
+    // data they touch instead, a late input dim (vit's image height) left every op unknown
+    // until the last levels and nothing was pruned).
     std::map<std::string, std::set<std::string>> together;
-    std::map<std::string, double> weight;
+    std::map<std::string, size_t> firstUse;
     std::map<std::string, int64_t> sizes(module.dims.begin(), module.dims.end());
     for (const ir::Value& value : fn.values) {
-      double elements = static_cast<double>(value.type.numElements());
       for (const ir::Dim& dim : value.type.dims) {
         sizes[dim.name] = dim.size;
-        weight[dim.name] += elements;
+        firstUse.try_emplace(dim.name, firstUse.size());
         for (const ir::Dim& other : value.type.dims)
           if (other.name != dim.name) together[dim.name].insert(other.name);
       }
@@ -92,7 +95,7 @@ struct SearchSpace {
         fixedDims.push_back(dim);
     }
     std::stable_sort(dims.begin(), dims.end(), [&](const std::string& a, const std::string& b) {
-      return weight[a] > weight[b];
+      return firstUse[a] < firstUse[b];
     });
     for (const std::string& dim : dims) {
       std::vector<AxisList> legal;

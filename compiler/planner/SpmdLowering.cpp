@@ -1466,6 +1466,14 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   std::vector<double> split(dimNames_.size());
   for (size_t d = 0; d < dimNames_.size(); ++d)
     split[d] = static_cast<double>(maxSplit_[d]);
+  // Dims of size 1 (not relevant: no search assigns them) are replicated in every completion,
+  // so they count as assigned; else no op touching one would ever be known (ViT's class token).
+  for (size_t d = 0; d < dimNames_.size(); ++d)
+    if (dimSizes_[d] <= 1) {
+      assigned[d] = true;
+      dimAxesIds[d] = internAxes(partial.of(dimNames_[d]));
+      split[d] = 1;
+    }
   for (const std::string& dim : assignedDims) {
     auto it = dimIndex_.find(dim);
     if (it == dimIndex_.end()) continue;
