@@ -2,11 +2,11 @@
 """Planner benchmarks (not tests): run from the repository root as
     python3 bench/plan_time.py [path/to/meshc]
 
-1. Planning time of the transformer example with `layout auto` at 1 and 48 layers (the `layers`
-   dim is the repeat count), on the example's [data=2, model=2] mesh and on [data=2, model=4],
-   for the 8xh100 machine. meshc's wall time with --emit=plan minus its time with --emit=ir
-   (parsing, sema and lowering alone) is the planner's time; best of 3 runs each. Goal: under
-   1 second at 48 layers.
+1. Planning time of the transformer example's program (lm) and train block (lm_train: forward,
+   backward, AdamW) with `layout auto` at 1 and 48 layers (the `layers` dim is the repeat count),
+   on the example's [data=2, model=2] mesh and on [data=2, model=4], for the 8xh100 machine.
+   meshc's whole wall time with --emit=plan (front end and training phase included), best of 3
+   runs each. Goal: under 1 second at 48 layers.
 2. The simulation of Mesh-TensorFlow's largest language model (bench/mtf_lm.mesh) on the
    tpuv2-pod machine: parameters, predicted step time and utilization (the paper: ~50%).
 """
@@ -36,22 +36,24 @@ def best_time(args, runs=3):
 
 def plan_time():
     print("planning time, transformer example, layout auto, machine 8xh100 (best of 3)")
-    print(f"{'mesh':<18} {'layers':>6} {'sema (s)':>9} {'plan (s)':>9} {'planner (s)':>11} "
+    print(f"{'function':<9} {'mesh':<15} {'layers':>6} {'meshc --emit=plan (s)':>22} "
           f"{'candidates':>10}")
-    for mesh in ["data=2,model=2", "data=2,model=4"]:
-        planner = {}
-        for layers in [1, 48]:
-            common = [TRANSFORMER, "--mesh", mesh, "--layout", "auto", "--dim", f"layers={layers}",
-                      "--machine", "8xh100"]
-            sema, _ = best_time([*common, "--emit=ir"])
-            plan, text = best_time([*common, "--emit=plan"])
-            candidates = sum(int(n) for n in re.findall(r"(\d+) candidate layouts?", text))
-            planner[layers] = max(plan - sema, 0.0)
-            print(f"{mesh:<18} {layers:>6} {sema:>9.3f} {plan:>9.3f} {planner[layers]:>11.3f} "
-                  f"{candidates:>10}")
-        ratio = planner[48] / planner[1] if planner[1] > 0 else float("inf")
-        verdict = "under" if planner[48] < 1 else "OVER"
-        print(f"{'':<18} 48 / 1 layers: planner time x{ratio:.1f}; {verdict} the 1 s goal")
+    # The program (forward) and the train block (forward, backward and AdamW: three times the
+    # ops) are planned separately. The time is the whole meshc run (parse, sema, the training
+    # phase, planning, the report), so the goal is met with the front end included.
+    for function in ["lm", "lm_train"]:
+        for mesh in ["data=2,model=2", "data=2,model=4"]:
+            seconds = {}
+            for layers in [1, 48]:
+                args = [TRANSFORMER, "--mesh", mesh, "--layout", "auto", "--dim",
+                        f"layers={layers}", "--machine", "8xh100", "--function", function,
+                        "--emit=plan"]
+                seconds[layers], text = best_time(args)
+                candidates = sum(int(n) for n in re.findall(r"(\d+) candidate layouts?", text))
+                print(f"{function:<9} {mesh:<15} {layers:>6} {seconds[layers]:>22.3f} "
+                      f"{candidates:>10}")
+            verdict = "under" if seconds[48] < 1 else "OVER"
+            print(f"{'':<25} 48 / 1 layers: x{seconds[48] / seconds[1]:.1f}; {verdict} the 1 s goal")
 
 
 def mtf_simulation():
