@@ -20,15 +20,12 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2e"))
+import checked_run  # noqa: E402
+
 
 def run(cmd):
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
-        print(f"FAILED ({result.returncode}): {' '.join(cmd)}")
-        sys.exit(1)
-    return result.stdout + result.stderr
+    return checked_run.run(cmd, with_stderr=True)
 
 
 def main():

@@ -20,22 +20,12 @@ Usage: checkpoint_case.py --meshc M --example X.mesh --class C (--output NAME | 
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from checked_run import run  # noqa: E402
 from compare_outputs import read_outputs  # noqa: E402
-
-
-def run(cmd):
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
-        print(f"FAILED ({result.returncode}): {' '.join(cmd)}")
-        sys.exit(1)
-    return result.stdout
 
 
 def build(args, index, config):

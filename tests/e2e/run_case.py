@@ -23,17 +23,9 @@ import subprocess
 import sys
 import time
 
+from checked_run import run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def run(cmd, **kwargs):
-    result = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
-    if result.returncode != 0:
-        sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
-        print(f"FAILED ({result.returncode}): {' '.join(cmd)}")
-        sys.exit(1)
-    return result.stdout
 
 
 def main():

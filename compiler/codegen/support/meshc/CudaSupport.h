@@ -646,13 +646,17 @@ inline ParamShard& findParamShard(std::vector<ParamShard>& shards, const std::st
   throw std::invalid_argument(std::string(program) + ": no param named '" + path + "'");
 }
 
-/// Every shard downloaded to the host (waits for the rank's stream), with gen's descriptions.
+/// Host buffers for every shard, with gen's descriptions: downloaded (waits for the rank's
+/// stream) for a save, only sized for a load.
 struct HostParams {
   std::vector<gen::Buffer> values;
   std::vector<gen::ParamShard> shards;
-  explicit HostParams(const std::vector<ParamShard>& device) : values(device.size()) {
+  HostParams(const std::vector<ParamShard>& device, bool download) : values(device.size()) {
     for (size_t k = 0; k < device.size(); ++k) {
-      values[k] = *device[k].data;
+      if (download)
+        values[k] = *device[k].data;
+      else
+        values[k].resize(device[k].data->size());
       shards.push_back(device[k].onHost(values[k]));
     }
   }
@@ -681,7 +685,7 @@ inline void scatterParam(meshrt::Communicator& world, ParamShard& shard, const T
 inline void saveParams(meshrt::Communicator& world, const std::string& dir,
                        std::vector<ParamShard>& shards, const meshrt::CheckpointInfo& info) {
   meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
-  HostParams host(shards);
+  HostParams host(shards, /*download=*/true);
   gen::saveParams(world, dir, host.shards, info);
 }
 
@@ -689,7 +693,7 @@ inline void saveParams(meshrt::Communicator& world, const std::string& dir,
 inline meshrt::CheckpointInfo loadParams(meshrt::Communicator& world, const std::string& dir,
                                          std::vector<ParamShard>& shards) {
   meshrt::cuda::Scope scope(contextOf(world, MathMode::FP32));
-  HostParams host(shards);
+  HostParams host(shards, /*download=*/false);
   meshrt::CheckpointInfo info = gen::loadParams(world, dir, host.shards);
   for (size_t k = 0; k < shards.size(); ++k)
     *shards[k].data = Buffer(host.values[k]);
