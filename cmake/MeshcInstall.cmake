@@ -5,7 +5,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-# meshc::runtime: what generated code links (the kernels, meshrt, OpenBLAS) and the support
+# meshc::runtime: what generated code links (the kernels, meshrt, oneDNN, OpenBLAS) and the support
 # header's directory. In this tree the meshc:: names are aliases.
 add_library(meshc_runtime INTERFACE)
 set_target_properties(meshc_runtime PROPERTIES EXPORT_NAME runtime)
@@ -64,6 +64,7 @@ install(DIRECTORY ${meshc_header_dirs} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
 
 set(MESHC_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/meshc)
+install(FILES ${PROJECT_SOURCE_DIR}/cmake/MeshcFindDnnl.cmake DESTINATION ${MESHC_CMAKE_DIR})
 install(EXPORT meshcTargets NAMESPACE meshc:: DESTINATION ${MESHC_CMAKE_DIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/meshcConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/meshcConfig.cmake

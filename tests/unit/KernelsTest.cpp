@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <omp.h>
 #include <random>
 #include <thread>
 
@@ -129,15 +130,25 @@ std::string checkEinsum(const EinsumSpec& spec, const std::vector<std::vector<fl
   ir::TensorType resultType =
       typeOf(DType::F32, dimNames(spec.out.dims), sizesOf(spec, spec.out.dims));
   Tensor expected = interpret(OpKind::Einsum, operands, resultType);
-  std::vector<float> out(size_t(resultType.numElements()), 123.0f);
+  // beta = 0 writes without reading: nan in the output must not leak (BLAS semantics).
+  std::vector<float> out(size_t(resultType.numElements()), kNaN);
   plan.run(pointers.data(), out.data());
   checkClose(out, expected.data, 1e-5, 1e-5);
-  // accumulate adds onto what is there, alpha scales.
-  plan.run(pointers.data(), out.data(), true, 2.0f);
-  std::vector<double> tripled;
-  for (double x : expected.data)
+  // out = alpha * einsum + beta * out: beta = 1 adds onto what is there, alpha scales.
+  plan.run(pointers.data(), out.data(), 2.0f, 1.0f);
+  std::vector<double> tripled, scaled, alphaOnly;
+  for (double x : expected.data) {
     tripled.push_back(3 * x);
+    scaled.push_back(0.5 * x - 2 * 3 * x);
+    alphaOnly.push_back(-0.25 * x);
+  }
   checkClose(out, tripled, 1e-5, 1e-5);
+  // Any other beta scales what is there.
+  plan.run(pointers.data(), out.data(), 0.5f, -2.0f);
+  checkClose(out, scaled, 1e-5, 1e-5);
+  // alpha alone (the attention scale folded in), beta = 0 again.
+  plan.run(pointers.data(), out.data(), -0.25f);
+  checkClose(out, alphaOnly, 1e-5, 1e-5);
   return plan.describe();
 }
 
@@ -318,13 +329,96 @@ TEST_CASE("einsum: one plan runs concurrently on rank threads", "[kernels]") {
     CHECK(result == expected);
 }
 
+TEST_CASE("einsum: the transformer's GEMMs and their backward transposes, one matmul each",
+          "[kernels]") {
+  // Scaled-down transformer shapes (batch 2, seq 6, d_model 8, heads 2 of 4, d_ff 12). Every
+  // layout must reach oneDNN's matmul as one call, batch dims included (no loop, no reference
+  // implementation), and match the interpreter with alpha and beta.
+  struct Case {
+    std::string name;
+    EinsumSpec spec;
+    std::string plan;
+  };
+  std::vector<Case> cases = {
+      // x[b, s, d] w[d, f] -> [b, s, f] (ids b=0, s=1, d=2, f=3)
+      {"ffn in", spec({2, 6, 8, 12}, {{0, 1, 2}, {2, 3}}, {0, 1, 3}),
+       "gemm batch=1 m=12 n=12 k=8 a=N b=N"},
+      // weight gradient x[b, s, d] dy[b, s, f] -> [d, f]: a transposed
+      {"dW", spec({2, 6, 8, 12}, {{0, 1, 2}, {0, 1, 3}}, {2, 3}),
+       "gemm batch=1 m=8 n=12 k=12 a=T b=N"},
+      // input gradient dy[b, s, f] w[d, f] -> [b, s, d]: b transposed
+      {"dX", spec({2, 6, 12, 8}, {{0, 1, 2}, {3, 2}}, {0, 1, 3}),
+       "gemm batch=1 m=12 n=8 k=12 a=N b=T"},
+      // scores q[b, s, h, e] k[b, t, h, e] -> [b, h, s, t] (ids b, s, h, e, t)
+      {"scores", spec({2, 6, 2, 4, 6}, {{0, 1, 2, 3}, {0, 4, 2, 3}}, {0, 2, 1, 4}),
+       "gemm batch=4 m=6 n=6 k=4 a=N b=T"},
+      // values p[b, h, s, t] v[b, t, h, e] -> [b, s, h, e] (ids b, h, s, t, e)
+      {"values", spec({2, 2, 6, 6, 4}, {{0, 1, 2, 3}, {0, 3, 1, 4}}, {0, 2, 1, 4}),
+       "gemm batch=4 m=6 n=4 k=6 a=N b=N"},
+      // scores' gradient wrt k: dscores[b, h, s, t] q[b, s, h, e] -> [b, t, h, e]
+      {"dk", spec({2, 2, 6, 6, 4}, {{0, 1, 2, 3}, {0, 2, 1, 4}}, {0, 3, 1, 4}),
+       "gemm batch=4 m=6 n=4 k=6 a=T b=N"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    CHECK(checkEinsum(c.spec, randomOperands(c.spec, 21)) == c.plan);
+    CHECK(EinsumPlan(c.spec).gemmImplementation().rfind("matmul ", 0) == 0);
+  }
+}
+
+TEST_CASE("einsum: one plan runs concurrently with alpha and beta, matmul batches included",
+          "[kernels]") {
+  // Rank threads share a static plan; each accumulates into its own output with its own alpha.
+  setBlasThreads(1);
+  EinsumSpec s = spec({4, 16, 3, 8, 16}, {{0, 1, 2, 3}, {0, 4, 2, 3}}, {0, 2, 1, 4}); // scores
+  const EinsumPlan plan(s);
+  auto data = randomOperands(s, 22);
+  size_t count = size_t(countOf(s, s.out.dims));
+  std::vector<std::vector<float>> expected(4, std::vector<float>(count, 1.0f)), results = expected;
+  for (size_t t = 0; t < expected.size(); ++t)
+    for (int repeat = 0; repeat < 20; ++repeat)
+      plan.run(data[0].data(), data[1].data(), expected[t].data(), float(t + 1), 0.5f);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < results.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int repeat = 0; repeat < 20; ++repeat)
+        plan.run(data[0].data(), data[1].data(), results[t].data(), float(t + 1), 0.5f);
+    });
+  for (std::thread& thread : threads)
+    thread.join();
+  for (size_t t = 0; t < results.size(); ++t)
+    CHECK(results[t] == expected[t]);
+}
+
+TEST_CASE("einsum: its GEMMs follow the BLAS thread count on every calling thread", "[kernels]") {
+  // oneDNN threads with OpenMP, whose count is per thread: each rank thread must get the count
+  // setBlasThreads gave OpenBLAS, not OpenMP's default of all cores.
+  EinsumSpec s = spec({8, 8, 8}, {{0, 1}, {1, 2}}, {0, 2});
+  const EinsumPlan plan(s);
+  auto data = randomOperands(s, 23);
+  std::vector<float> out(64);
+  for (int count : {3, 1}) {
+    setBlasThreads(count);
+    int seen = 0;
+    std::thread rank([&] {
+      plan.run(data[0].data(), data[1].data(), out.data());
+      seen = omp_get_max_threads();
+    });
+    rank.join();
+    CHECK(seen == count);
+  }
+}
+
 TEST_CASE("einsum: empty contractions zero the output; bad specs throw", "[kernels]") {
   EinsumSpec s = spec({2, 0, 3}, {{0, 1}, {1, 2}}, {0, 2});
   std::vector<float> out(6, 7.0f);
   einsum(nullptr, nullptr, out.data(), s);
   CHECK(out == std::vector<float>(6, 0.0f));
-  einsum(nullptr, nullptr, out.data(), s, /*accumulate=*/true);
+  einsum(nullptr, nullptr, out.data(), s, 1.0f, /*beta=*/1.0f);
   CHECK(out == std::vector<float>(6, 0.0f));
+  std::fill(out.begin(), out.end(), 3.0f);
+  einsum(nullptr, nullptr, out.data(), s, 1.0f, /*beta=*/0.5f);
+  CHECK(out == std::vector<float>(6, 1.5f));
   CHECK_THROWS_AS(EinsumPlan(spec({2}, {{0, 0}}, {0})), std::invalid_argument);
   CHECK_THROWS_AS(EinsumPlan(spec({2}, {{1}}, {0})), std::invalid_argument);
   CHECK_THROWS_AS(EinsumPlan(spec({2}, {}, {0})), std::invalid_argument);

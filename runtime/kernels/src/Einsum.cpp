@@ -1,6 +1,8 @@
-// Einsum: classification into a (batched) GEMM at plan time, OpenBLAS sgemm at run time, and
-// the generic strided loop for everything a GEMM cannot express.
+// Einsum: classification into a (batched) GEMM at plan time, oneDNN at run time (DnnlGemm.cpp),
+// and the generic strided loop for everything a GEMM cannot express.
 #include "meshrt/kernels/Einsum.h"
+
+#include "DnnlGemm.h"
 
 #include "meshrt/kernels/Index.h"
 #include "meshrt/kernels/Reduce.h"
@@ -183,6 +185,7 @@ bool GemmBuilder::build(EinsumPlan::Gemm& gemm) {
   }
   if (gemm.a.pack) makePacked(gemm.a, gemm.batchSizes);
   if (gemm.b.pack) makePacked(gemm.b, gemm.batchSizes);
+  gemm.library = std::make_shared<const detail::DnnlGemm>(gemm.batchSizes, gemm.a, gemm.b, gemm.c);
   gemm.enabled = true;
   return true;
 }
@@ -321,24 +324,28 @@ std::string EinsumPlan::describe() const {
   return text;
 }
 
-void EinsumPlan::run(const float* a, const float* b, float* out, bool accumulate,
-                     float alpha) const {
+std::string EinsumPlan::gemmImplementation() const {
+  if (main) return main->gemmImplementation();
+  return gemm.enabled ? gemm.library->describe() : std::string();
+}
+
+void EinsumPlan::run(const float* a, const float* b, float* out, float alpha, float beta) const {
   const float* operands[2] = {a, b};
-  run(operands, out, accumulate, alpha);
+  run(operands, out, alpha, beta);
 }
 
-void EinsumPlan::run(const float* const* operands, float* out, bool accumulate, float alpha) const {
+void EinsumPlan::run(const float* const* operands, float* out, float alpha, float beta) const {
   if (gemm.enabled)
-    runGemm(operands[0], operands[1], out, accumulate, alpha);
+    runGemm(operands[0], operands[1], out, alpha, beta);
   else if (singleReduce)
-    runReduce(operands[0], out, accumulate, alpha);
+    runReduce(operands[0], out, alpha, beta);
   else if (main)
-    runPresummed(operands, out, accumulate, alpha);
+    runPresummed(operands, out, alpha, beta);
   else
-    runGeneric(operands, out, accumulate, alpha);
+    runGeneric(operands, out, alpha, beta);
 }
 
-void EinsumPlan::runReduce(const float* in, float* out, bool accumulate, float alpha) const {
+void EinsumPlan::runReduce(const float* in, float* out, float alpha, float beta) const {
   thread_local std::vector<float> scratch;
   Dims shape = toDims(reduceShape);
   std::vector<int64_t> outShape;
@@ -349,16 +356,16 @@ void EinsumPlan::runReduce(const float* in, float* out, bool accumulate, float a
   const float* sums = scratch.data();
   reduceStrided(ReduceKind::Sum, in, shape, toDims(reduceOutStrides), scratch.data());
   Dims outStrides = toDims(strides.back()), dense = rowMajorStrides(outDims);
-  if (accumulate)
+  if (beta != 0)
     forEachIndex<2>(outDims, {outStrides, dense},
-                    [&](int64_t o, int64_t i) { out[o] += alpha * sums[i]; });
+                    [&](int64_t o, int64_t i) { out[o] = alpha * sums[i] + beta * out[o]; });
   else
     forEachIndex<2>(outDims, {outStrides, dense},
                     [&](int64_t o, int64_t i) { out[o] = alpha * sums[i]; });
 }
 
-void EinsumPlan::runPresummed(const float* const* operands, float* out, bool accumulate,
-                              float alpha) const {
+void EinsumPlan::runPresummed(const float* const* operands, float* out, float alpha,
+                              float beta) const {
   thread_local std::vector<float> summed[2];
   const float* reduced[2] = {operands[0], operands[1]};
   for (size_t k = 0; k < 2; ++k) {
@@ -367,21 +374,24 @@ void EinsumPlan::runPresummed(const float* const* operands, float* out, bool acc
     presum[k]->run(&operands[k], summed[k].data());
     reduced[k] = summed[k].data();
   }
-  main->run(reduced, out, accumulate, alpha);
+  main->run(reduced, out, alpha, beta);
 }
 
-void EinsumPlan::runGemm(const float* a, const float* b, float* out, bool accumulate,
-                         float alpha) const {
+void EinsumPlan::runGemm(const float* a, const float* b, float* out, float alpha,
+                         float beta) const {
   const Matrix &ma = gemm.a, &mb = gemm.b, &mc = gemm.c;
   int64_t batch = 1;
   for (int64_t size : gemm.batchSizes)
     batch *= size;
   int64_t m = mc.rows, n = mc.cols, k = ma.cols;
   if (batch == 0 || m == 0 || n == 0) return;
-  // The output's own walk (for zeroing and for scattering a packed result).
+  // The output's own walk (for an empty K and for scattering a packed result).
   Dims outShape = toDims(mc.fullShape), outStrides = toDims(mc.fullStrides);
   if (k == 0) {
-    if (!accumulate) forEachIndex<1>(outShape, {outStrides}, [&](int64_t o) { out[o] = 0; });
+    if (beta == 0)
+      forEachIndex<1>(outShape, {outStrides}, [&](int64_t o) { out[o] = 0; });
+    else if (beta != 1)
+      forEachIndex<1>(outShape, {outStrides}, [&](int64_t o) { out[o] *= beta; });
     return;
   }
   const float* first = gemm.swapped ? b : a;
@@ -395,38 +405,24 @@ void EinsumPlan::runGemm(const float* a, const float* b, float* out, bool accumu
     pack(second, mb, packedB);
     second = packedB.data();
   }
-  float* target = out;
-  float beta = accumulate ? 1.0f : 0.0f;
-  if (mc.pack) {
-    packedC.resize(size_t(batch * m * n));
-    target = packedC.data();
-    beta = 0;
+  if (!mc.pack) {
+    gemm.library->run(first, second, out, alpha, beta);
+    return;
   }
-  CBLAS_TRANSPOSE transA = ma.transpose ? CblasTrans : CblasNoTrans;
-  CBLAS_TRANSPOSE transB = mb.transpose ? CblasTrans : CblasNoTrans;
-  auto call = [&](int64_t offsetA, int64_t offsetB, int64_t offsetC) {
-    cblas_sgemm(CblasRowMajor, transA, transB, blasint(m), blasint(n), blasint(k), alpha,
-                first + offsetA, blasint(ma.ld), second + offsetB, blasint(mb.ld), beta,
-                target + offsetC, blasint(mc.ld));
-  };
-  Dims batchShape = toDims(gemm.batchSizes);
-  forEachIndex<3>(batchShape,
-                  {toDims(ma.batchStrides), toDims(mb.batchStrides), toDims(mc.batchStrides)},
-                  call);
-  if (mc.pack) {
-    const float* packed = packedC.data();
-    Dims dense = rowMajorStrides(outShape);
-    if (accumulate)
-      forEachIndex<2>(outShape, {outStrides, dense},
-                      [&](int64_t o, int64_t i) { out[o] += packed[i]; });
-    else
-      forEachIndex<2>(outShape, {outStrides, dense},
-                      [&](int64_t o, int64_t i) { out[o] = packed[i]; });
-  }
+  packedC.resize(size_t(batch * m * n));
+  gemm.library->run(first, second, packedC.data(), alpha, 0.0f);
+  const float* packed = packedC.data();
+  Dims dense = rowMajorStrides(outShape);
+  if (beta != 0)
+    forEachIndex<2>(outShape, {outStrides, dense},
+                    [&](int64_t o, int64_t i) { out[o] = packed[i] + beta * out[o]; });
+  else
+    forEachIndex<2>(outShape, {outStrides, dense},
+                    [&](int64_t o, int64_t i) { out[o] = packed[i]; });
 }
 
-void EinsumPlan::runGeneric(const float* const* operands, float* out, bool accumulate,
-                            float alpha) const {
+void EinsumPlan::runGeneric(const float* const* operands, float* out, float alpha,
+                            float beta) const {
   size_t operandCount = spec_.operands.size();
   size_t idCount = spec_.sizes.size();
   // The space: the output's dims, then every contracted dim in order of first appearance.
@@ -484,24 +480,24 @@ void EinsumPlan::runGeneric(const float* const* operands, float* out, bool accum
   const double* result = sums.data();
   Dims shape = toDims(outShape);
   Dims outStrides = toDims(strides.back());
-  if (accumulate)
+  if (beta != 0)
     forEachIndex<2>(shape, {outStrides, rowMajorStrides(shape)}, [&](int64_t o, int64_t i) {
-      out[o] = float(double(out[o]) + double(alpha) * result[i]);
+      out[o] = float(double(beta) * double(out[o]) + double(alpha) * result[i]);
     });
   else
     forEachIndex<2>(shape, {outStrides, rowMajorStrides(shape)},
                     [&](int64_t o, int64_t i) { out[o] = float(double(alpha) * result[i]); });
 }
 
-void einsum(const float* a, const float* b, float* out, const EinsumSpec& spec, bool accumulate,
-            float alpha) {
-  EinsumPlan(spec).run(a, b, out, accumulate, alpha);
+void einsum(const float* a, const float* b, float* out, const EinsumSpec& spec, float alpha,
+            float beta) {
+  EinsumPlan(spec).run(a, b, out, alpha, beta);
 }
 
 void einsum(std::initializer_list<const float*> operands, float* out, const EinsumSpec& spec,
-            bool accumulate, float alpha) {
+            float alpha, float beta) {
   std::vector<const float*> pointers(operands);
-  EinsumPlan(spec).run(pointers.data(), out, accumulate, alpha);
+  EinsumPlan(spec).run(pointers.data(), out, alpha, beta);
 }
 
 void setBlasThreads(int threads) {

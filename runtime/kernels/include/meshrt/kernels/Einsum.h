@@ -1,18 +1,21 @@
 // Einsum on local buffers. A spec names every dim by a small integer id with its LOCAL size and
 // lists, per operand and for the output, the ids in storage order (and optionally strides).
-// Two-operand contractions run as OpenBLAS sgemm: dims are classified as batch (in a, b and
+// Two-operand contractions run as one oneDNN matmul: dims are classified as batch (in a, b and
 // out), M (a and out), N (b and out) and K (a and b, not out); transposes are folded into the
-// call (a column-major output swaps the operands); batch dims loop around it; an operand (or
-// the output) whose M/N/K dims cannot be walked with one stride each is first copied to a
-// packed layout. One operand is a strided sum (reductions in double); with two operands, a dim
-// only one of them has (and not the output) is summed out of it first. Anything else (three
-// or more operands, an output dim no operand has) runs a generic strided loop accumulating in
-// double, the interpreter's semantics. Size-1 dims are ignored by the classification.
+// strides (a column-major output swaps the operands); batch dims are the matmul's batch dims;
+// an operand (or the output) whose M/N/K dims cannot be walked with one stride each is first
+// copied to a packed layout. One operand is a strided sum (reductions in double); with two
+// operands, a dim only one of them has (and not the output) is summed out of it first. Anything
+// else (three or more operands, an output dim no operand has) runs a generic strided loop
+// accumulating in double, the interpreter's semantics. Size-1 dims are ignored by the
+// classification. Every form computes out = alpha * einsum + beta * out (beta = 0: out is only
+// written, as in BLAS).
 //
 //   // out[b, s, f] = sum_d x[b, s, d] * w[d, f]   (ids: b=0, s=1, d=2, f=3)
-//   static const meshrt::kernels::EinsumPlan plan({{B, S, D, F}, {{{0, 1, 2}}, {{2, 3}}}, {{0, 1,
-//   3}}}); plan.run(x, w, out);                        // out = x . w plan.run(x, w, out,
-//   /*accumulate=*/true);   // out += x . w (beta = 1)
+//   static const meshrt::kernels::EinsumPlan plan({{B, S, D, F}, {{{0, 1, 2}}, {{2, 3}}},
+//                                                  {{0, 1, 3}}});
+//   plan.run(x, w, out);                 // out = x . w
+//   plan.run(x, w, out, 0.125f, 1.0f);   // out = 0.125 * x . w + out
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,10 @@
 #include <vector>
 
 namespace meshrt::kernels {
+
+namespace detail {
+class DnnlGemm;
+} // namespace detail
 
 struct EinsumOperand {
   std::vector<int> dims;        // dim ids in storage order
@@ -41,17 +48,18 @@ class EinsumPlan {
 public:
   explicit EinsumPlan(EinsumSpec spec);
 
-  /// out = alpha * einsum(operands) (or out += ... when `accumulate`).
-  void run(const float* const* operands, float* out, bool accumulate = false,
-           float alpha = 1) const;
-  void run(const float* a, const float* b, float* out, bool accumulate = false,
-           float alpha = 1) const;
+  /// out = alpha * einsum(operands) + beta * out (beta = 0: out is not read). The GEMM path
+  /// threads with OpenBLAS's thread count (setBlasThreads), per calling thread.
+  void run(const float* const* operands, float* out, float alpha = 1.0f, float beta = 0.0f) const;
+  void run(const float* a, const float* b, float* out, float alpha = 1.0f, float beta = 0.0f) const;
 
   /// How it runs, e.g. "gemm batch=4 m=128 n=64 k=32 a=N b=T" (+ " pack-a" ...), "reduce"
   /// (one operand), "presum(a) + <main plan>" (a dim only one operand has is summed first), or
   /// "generic".
   std::string describe() const;
   bool usesGemm() const { return gemm.enabled; }
+  /// The library path of the GEMM ("matmul brg:avx512_core", "sgemm loop"); empty without one.
+  std::string gemmImplementation() const;
   const EinsumSpec& spec() const { return spec_; }
 
   /// A matrix operand of the GEMM: rows x cols walked with (rowStride, colStride), and its
@@ -72,15 +80,16 @@ public:
     std::vector<int> batchDims;
     std::vector<int64_t> batchSizes;
     Matrix a, b, c; // operand a or b as given (swapped: exchanged), and the output
+    std::shared_ptr<const detail::DnnlGemm> library; // built once, shared by copies
   };
 
 private:
-  void runGemm(const float* a, const float* b, float* out, bool accumulate, float alpha) const;
-  void runGeneric(const float* const* operands, float* out, bool accumulate, float alpha) const;
+  void runGemm(const float* a, const float* b, float* out, float alpha, float beta) const;
+  void runGeneric(const float* const* operands, float* out, float alpha, float beta) const;
   void planReduce();
   void planPresum();
-  void runReduce(const float* in, float* out, bool accumulate, float alpha) const;
-  void runPresummed(const float* const* operands, float* out, bool accumulate, float alpha) const;
+  void runReduce(const float* in, float* out, float alpha, float beta) const;
+  void runPresummed(const float* const* operands, float* out, float alpha, float beta) const;
 
   EinsumSpec spec_;
   std::vector<std::vector<int64_t>> strides; // per operand, then the output (last)
@@ -96,12 +105,13 @@ private:
 };
 
 /// One-shot forms (classify and run). For repeated calls keep an EinsumPlan.
-void einsum(const float* a, const float* b, float* out, const EinsumSpec& spec,
-            bool accumulate = false, float alpha = 1);
+void einsum(const float* a, const float* b, float* out, const EinsumSpec& spec, float alpha = 1.0f,
+            float beta = 0.0f);
 void einsum(std::initializer_list<const float*> operands, float* out, const EinsumSpec& spec,
-            bool accumulate = false, float alpha = 1);
+            float alpha = 1.0f, float beta = 0.0f);
 
-/// OpenBLAS's thread count for this process (set 1 when ranks are threads sharing the cores).
+/// The BLAS thread count for this process (set 1 when ranks are threads sharing the cores):
+/// OpenBLAS's, which the einsum's oneDNN GEMMs follow too (see EinsumPlan::run).
 void setBlasThreads(int threads);
 int blasThreads();
 

@@ -1,0 +1,59 @@
+// The GEMM behind EinsumPlan: oneDNN's matmul primitive over the plan's (strided, batched)
+// operands, or a loop of dnnl_sgemm calls where no fast matmul implementation takes the layout.
+// Internal to meshrt_kernels (keeps oneDNN's headers out of the public ones).
+#pragma once
+
+#include "meshrt/kernels/Einsum.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace meshrt::kernels::detail {
+
+/// Sets the calling thread's OpenMP thread count (oneDNN's threading runtime) to OpenBLAS's
+/// current count, so that oneDNN obeys setBlasThreads / openblas_set_num_threads; returns it.
+/// Per thread: rank threads that each set one thread do not oversubscribe the cores.
+int useBlasThreadCount();
+
+/// c[batch...] = alpha * a[batch...] . b[batch...] + beta * c[batch...], every operand walked
+/// by its Matrix (rows x cols with one stride each, and per-batch-dim strides). c is never
+/// transposed. Thread-safe: run may be called concurrently (per-thread scratchpad and stream).
+class DnnlGemm {
+public:
+  DnnlGemm(const std::vector<int64_t>& batchSizes, const EinsumPlan::Matrix& a,
+           const EinsumPlan::Matrix& b, const EinsumPlan::Matrix& c);
+
+  void run(const float* a, const float* b, float* c, float alpha, float beta) const;
+  /// "matmul <oneDNN implementation>" or "sgemm loop".
+  std::string describe() const;
+
+private:
+  struct Variant {
+    int threads;
+    bool accumulate; // a sum post-op: c = alpha * a.b + c
+    dnnl::matmul primitive;
+    dnnl::memory::desc scratchpad;
+    std::string implementation; // oneDNN's name for what it chose, e.g. "brg:avx512_core"
+  };
+  /// The primitive for this thread count (oneDNN fixes a primitive's thread count when it is
+  /// created) and accumulation, created on first use.
+  std::shared_ptr<const Variant> variant(int threads, bool accumulate) const;
+  std::shared_ptr<const Variant> create(int threads, bool accumulate) const;
+  void runSgemmLoop(const float* a, const float* b, float* c, float alpha, float beta) const;
+  /// c *= beta over c's walk (beta other than 0 and 1 before an accumulating matmul).
+  void scaleOutput(float* c, float beta) const;
+
+  std::vector<int64_t> batchSizes_;
+  EinsumPlan::Matrix a_, b_, c_;
+  dnnl::memory::desc aDesc_, bDesc_, cDesc_;
+  bool useMatmul_ = false;
+  std::string implementation_;
+  mutable std::mutex mutex_;
+  mutable std::vector<std::shared_ptr<const Variant>> variants_;
+};
+
+} // namespace meshrt::kernels::detail
