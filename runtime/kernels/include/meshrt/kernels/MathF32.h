@@ -197,13 +197,15 @@ MESHRT_HD inline float gelu(float x) {
   // x e^{2u} / (1 + e^{2u}) with 2u ~ -0.14 x^3, whose f32 rounding alone would cost |2u| ulps.
   constexpr double kTwoSqrt2OverPi = 2.0 * 0.79788456080286535588;
   constexpr double kCubic = 2.0 * 0.79788456080286535588 * 0.044715;
-  double xd = double(x);
+  // |x| > 20: sigmoid(2u) is 1 or e^{-600} (0) in f32; clamping keeps every step finite, in
+  // f32 selects (double ones do not vectorize for SSE2).
+  float bounded = detail::select(x > 20.0f, 20.0f, detail::select(x < -20.0f, -20.0f, x));
+  double xd = double(bounded);
   double twoU = xd * (kTwoSqrt2OverPi + kCubic * (xd * xd));
-  // Clamped where e^{-|2u|} is 0 in f32 anyway (keeps t finite; nan passes).
-  twoU = detail::select(twoU > 200.0, 200.0, detail::select(twoU < -200.0, -200.0, twoU));
   float t = float(twoU);
   float rest = float(twoU - double(t)); // exact part lost by the rounding
   float magnitude = detail::absolute(t);
+  magnitude = detail::select(magnitude > 200.0f, 200.0f, magnitude); // e^-200 is 0 in f32
   // e^{-|2u|} = e^{-|t|} e^{-(|2u| - |t|)}, the second factor to first order; kept scaled by
   // 2^64 so that it stays normal where x e^{2u} (x up to ~ -10) is still a normal f32.
   float scaledE =
