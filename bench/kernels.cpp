@@ -1,22 +1,25 @@
-// Generated-style einsum (an EinsumPlan over named dims, as generated code calls it) against
-// raw cblas_sgemm on the same shapes, measured side by side in one run: interleaved samples of
-// >= 20 ms each, best of N, timed by the calling thread's CPU time with one BLAS thread (so
-// that other processes on a shared machine do not skew the ratios) and by wall time with more.
-// The ratio is raw time / kernel time: 1.0 means the kernel costs nothing over the raw call;
-// the goal is >= 0.9. Usage: bench_kernels [--threads N] [--reps N] (default 1 BLAS thread:
-// ranks run as threads, one core each).
+// meshc's einsum (an EinsumPlan, as generated code calls it) against the best library GEMM on
+// this CPU (OpenBLAS's cblas_sgemm and oneDNN's dnnl_sgemm, each looped over the batch) and the
+// core's measured peak (an FMA-throughput loop), on the transformer's GEMMs (batch 8, seq 128,
+// d_model 256, 4 heads of 64, d_ff 1024, vocab 512) forward and backward. One core: one BLAS
+// thread, timed by the calling thread's CPU time (other processes on a shared machine do not
+// count), contenders alternated round by round, best sample of N each (load only slows a sample).
+// Prints GFLOP/s, einsum / best library (goal >= 0.9) and best library / peak.
+// Usage: bench_kernels [--reps N]
 #include "meshrt/kernels/Einsum.h"
 
 #include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
-#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <functional>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,233 +28,180 @@ using namespace meshrt::kernels;
 
 namespace {
 
+double threadSeconds(const std::function<void()>& fn) {
+  timespec start{}, end{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+  fn();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
+  return double(end.tv_sec - start.tv_sec) + 1e-9 * double(end.tv_nsec - start.tv_nsec);
+}
+
+/// The core's f32 FMA throughput: 12 independent accumulator chains in registers (enough to
+/// cover the FMA latency on every pipe), the widest vectors this build targets. GFLOP/s.
+__attribute__((noinline)) double fmaPeak() {
+#if defined(__AVX512F__)
+  using Vec = __m512;
+  constexpr int kLanes = 16;
+#define MESHC_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define MESHC_SPLAT(x) _mm512_set1_ps(x)
+#else
+  using Vec = __m256;
+  constexpr int kLanes = 8;
+#define MESHC_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define MESHC_SPLAT(x) _mm256_set1_ps(x)
+#endif
+  constexpr long kIterations = 20'000'000;
+  Vec a0 = MESHC_SPLAT(0.0f), a1 = MESHC_SPLAT(0.1f), a2 = MESHC_SPLAT(0.2f),
+      a3 = MESHC_SPLAT(0.3f), a4 = MESHC_SPLAT(0.4f), a5 = MESHC_SPLAT(0.5f),
+      a6 = MESHC_SPLAT(0.6f), a7 = MESHC_SPLAT(0.7f), a8 = MESHC_SPLAT(0.8f),
+      a9 = MESHC_SPLAT(0.9f), a10 = MESHC_SPLAT(1.0f), a11 = MESHC_SPLAT(1.1f);
+  Vec scale = MESHC_SPLAT(0.999999f), shift = MESHC_SPLAT(1e-7f);
+  // Timed inline: inside a capturing lambda the accumulators would live in memory.
+  timespec start{}, end{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+  {
+    for (long i = 0; i < kIterations; ++i) {
+      a0 = MESHC_FMA(a0, scale, shift);
+      a1 = MESHC_FMA(a1, scale, shift);
+      a2 = MESHC_FMA(a2, scale, shift);
+      a3 = MESHC_FMA(a3, scale, shift);
+      a4 = MESHC_FMA(a4, scale, shift);
+      a5 = MESHC_FMA(a5, scale, shift);
+      a6 = MESHC_FMA(a6, scale, shift);
+      a7 = MESHC_FMA(a7, scale, shift);
+      a8 = MESHC_FMA(a8, scale, shift);
+      a9 = MESHC_FMA(a9, scale, shift);
+      a10 = MESHC_FMA(a10, scale, shift);
+      a11 = MESHC_FMA(a11, scale, shift);
+    }
+  }
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
+  double seconds = double(end.tv_sec - start.tv_sec) + 1e-9 * double(end.tv_nsec - start.tv_nsec);
+  Vec total = MESHC_FMA(a0, a1, MESHC_FMA(a2, a3, MESHC_FMA(a4, a5, a6)));
+  total = MESHC_FMA(total, a7, MESHC_FMA(a8, a9, MESHC_FMA(a10, a11, total)));
+#undef MESHC_FMA
+#undef MESHC_SPLAT
+  float sink[kLanes];
+  std::memcpy(sink, &total, sizeof sink);
+  if (std::isnan(sink[0])) std::puts(""); // keeps the chains alive
+  return 2.0 * kLanes * 12 * double(kIterations) / seconds * 1e-9;
+}
+
+/// A dense (batched) GEMM: out[batch, m, n] = sum_k a[batch, m, k] b[batch, k, n], a stored as
+/// [batch, k, m] when transA, b as [batch, n, k] when transB.
 struct Case {
   std::string name;
-  EinsumSpec spec;
-  /// The raw BLAS call(s) computing the same result from the same (or pre-packed) buffers.
-  std::function<void(const float*, const float*, float*)> raw;
-  double flops;
+  int batch, m, n, k;
+  bool transA, transB;
 };
 
-std::vector<float> randomBuffer(int64_t count, uint32_t seed) {
+EinsumSpec specOf(const Case& c) {
+  // ids: batch=0, m=1, n=2, k=3 (size-1 batch is ignored by the classification).
+  std::vector<int> a = c.transA ? std::vector<int>{0, 3, 1} : std::vector<int>{0, 1, 3};
+  std::vector<int> b = c.transB ? std::vector<int>{0, 2, 3} : std::vector<int>{0, 3, 2};
+  return EinsumSpec{{c.batch, c.m, c.n, c.k}, {{a, {}}, {b, {}}}, {{0, 1, 2}, {}}};
+}
+
+std::vector<Case> transformerCases() {
+  const int B = 8, S = 128, D = 256, H = 4, E = 64, F = 1024, V = 512, T = B * S;
+  return {
+      {"proj x[BS,256] w[256,256]", 1, T, D, D, false, false},
+      {"ffn_in x[BS,256] w[256,1024]", 1, T, F, D, false, false},
+      {"ffn_out h[BS,1024] w[1024,256]", 1, T, D, F, false, false},
+      {"scores q[B,H,S,64] k[B,H,S,64]", B * H, S, S, E, false, true},
+      {"values p[B,H,S,S] v[B,H,S,64]", B * H, S, E, S, false, false},
+      {"unembed x[BS,256] w[256,512]", 1, T, V, D, false, false},
+      {"bwd proj dW = x^T dy", 1, D, D, T, true, false},
+      {"bwd proj dX = dy w^T", 1, T, D, D, false, true},
+      {"bwd ffn_in dW = x^T dh", 1, D, F, T, true, false},
+      {"bwd ffn_in dX = dh w^T", 1, T, D, F, false, true},
+      {"bwd ffn_out dW = h^T dy", 1, F, D, T, true, false},
+      {"bwd ffn_out dH = dy w^T", 1, T, F, D, false, true},
+      {"bwd unembed dW = x^T dl", 1, D, V, T, true, false},
+      {"bwd unembed dX = dl w^T", 1, T, D, V, false, true},
+      {"bwd scores dq = ds k", B * H, S, E, S, false, false},
+      {"bwd scores dk = ds^T q", B * H, S, E, S, true, false},
+      {"bwd values dp = do v^T", B * H, S, S, E, false, true},
+      {"bwd values dv = p^T do", B * H, S, E, S, true, false},
+  };
+}
+
+std::vector<float> randomBuffer(size_t count, uint32_t seed) {
   std::mt19937 engine(seed);
   std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<float> values(static_cast<size_t>(count));
+  std::vector<float> values(count);
   for (float& x : values)
     x = dist(engine);
   return values;
 }
 
-int64_t countOf(const EinsumSpec& spec, const EinsumOperand& operand) {
-  int64_t count = 1;
-  for (int id : operand.dims)
-    count *= spec.sizes[size_t(id)];
-  return count;
-}
-
-/// With one BLAS thread all work happens on the calling thread, so its CPU time measures the
-/// work itself, unaffected by other processes preempting it on a shared machine; with more,
-/// wall time.
-bool useThreadTime = true;
-
-double seconds(const std::function<void()>& fn) {
-  if (useThreadTime) {
-    timespec start{}, end{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
-    fn();
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
-    return double(end.tv_sec - start.tv_sec) + 1e-9 * double(end.tv_nsec - start.tv_nsec);
-  }
-  auto start = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-EinsumSpec makeSpec(std::vector<int64_t> sizes, std::vector<int> a, std::vector<int> b,
-                    std::vector<int> out) {
-  return EinsumSpec{
-      std::move(sizes), {{std::move(a), {}}, {std::move(b), {}}}, {std::move(out), {}}};
-}
-
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float* a, int lda,
-          const float* b, int ldb, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-}
-
-std::vector<Case> cases() {
-  std::vector<Case> list;
-  const auto N = CblasNoTrans, T = CblasTrans;
-  {
-    // ffn_in: x[b=8, s=64, d=512] w[d, f=2048] -> h[b, s, f]
-    int M = 512, K = 512, F = 2048;
-    list.push_back(
-        {"x[b,s,d] w[d,f] -> [b,s,f]", makeSpec({8, 64, 512, 2048}, {0, 1, 2}, {2, 3}, {0, 1, 3}),
-         [=](const float* a, const float* b, float* c) { gemm(N, N, M, F, K, a, K, b, F, c, F); },
-         2.0 * M * K * F});
-  }
-  {
-    // ffn_out: h[b, s, f=2048] w[f, d=512] -> y[b, s, d]
-    int M = 512, K = 2048, D = 512;
-    list.push_back(
-        {"h[b,s,f] w[f,d] -> [b,s,d]", makeSpec({8, 64, 2048, 512}, {0, 1, 2}, {2, 3}, {0, 1, 3}),
-         [=](const float* a, const float* b, float* c) { gemm(N, N, M, D, K, a, K, b, D, c, D); },
-         2.0 * M * K * D});
-  }
-  {
-    // weight gradient: x[b, s, d] dy[b, s, f] -> dw[d, f] (a transposed)
-    int S = 512, D = 512, F = 1024;
-    list.push_back(
-        {"x[b,s,d] dy[b,s,f] -> [d,f]", makeSpec({8, 64, 512, 1024}, {0, 1, 2}, {0, 1, 3}, {2, 3}),
-         [=](const float* a, const float* b, float* c) { gemm(T, N, D, F, S, a, D, b, F, c, F); },
-         2.0 * S * D * F});
-  }
-  {
-    // input gradient: dy[b, s, f] w[d, f] -> dx[b, s, d] (b transposed)
-    int M = 512, F = 1024, D = 512;
-    list.push_back(
-        {"dy[b,s,f] w[d,f] -> [b,s,d]", makeSpec({8, 64, 1024, 512}, {0, 1, 2}, {3, 2}, {0, 1, 3}),
-         [=](const float* a, const float* b, float* c) { gemm(N, T, M, D, F, a, F, b, F, c, D); },
-         2.0 * M * F * D});
-  }
-  {
-    // attention scores: q[b=4, s=128, h=8, e=64] k[b, t=128, h, e] -> [b, h, s, t]
-    int B = 4, S = 128, H = 8, E = 64, Tt = 128;
-    list.push_back({"q[b,s,h,e] k[b,t,h,e] -> [b,h,s,t]",
-                    makeSpec({4, 128, 8, 64, 128}, {0, 1, 2, 3}, {0, 4, 2, 3}, {0, 2, 1, 4}),
-                    [=](const float* a, const float* b, float* c) {
-                      for (int bi = 0; bi < B; ++bi)
-                        for (int hi = 0; hi < H; ++hi)
-                          gemm(N, T, S, Tt, E, a + (bi * S * H + hi) * E, H * E,
-                               b + (bi * Tt * H + hi) * E, H * E, c + (bi * H + hi) * S * Tt, Tt);
-                    },
-                    2.0 * B * H * S * Tt * E});
-  }
-  {
-    // attention values: p[b, h, s, t] v[b, t, h, e] -> [b, s, h, e]
-    int B = 4, S = 128, H = 8, E = 64, Tt = 128;
-    list.push_back({"p[b,h,s,t] v[b,t,h,e] -> [b,s,h,e]",
-                    makeSpec({4, 8, 128, 128, 64}, {0, 1, 2, 3}, {0, 3, 1, 4}, {0, 2, 1, 4}),
-                    [=](const float* a, const float* b, float* c) {
-                      for (int bi = 0; bi < B; ++bi)
-                        for (int hi = 0; hi < H; ++hi)
-                          gemm(N, N, S, E, Tt, a + (bi * H + hi) * S * Tt, Tt,
-                               b + (bi * Tt * H + hi) * E, H * E, c + (bi * S * H + hi) * E, H * E);
-                    },
-                    2.0 * B * H * S * Tt * E});
-  }
-  {
-    // column-major output: x[s, d] w[d, f] -> y[f, s] (computed as y = w^T x^T)
-    int S = 512, D = 512, F = 512;
-    list.push_back(
-        {"x[s,d] w[d,f] -> [f,s]", makeSpec({512, 512, 512}, {0, 1}, {1, 2}, {2, 0}),
-         [=](const float* a, const float* b, float* c) { gemm(T, T, F, S, D, b, F, a, D, c, S); },
-         2.0 * S * D * F});
-  }
-  {
-    // interleaved output (packed then scattered): x[b=8, s=64, d] w[d, f] -> [b, f, s]
-    int Bb = 8, S = 64, D = 512, F = 512;
-    list.push_back({"x[b,s,d] w[d,f] -> [b,f,s] (packed out)",
-                    makeSpec({8, 64, 512, 512}, {0, 1, 2}, {2, 3}, {0, 3, 1}),
-                    [=](const float* a, const float* b, float* c) {
-                      // Raw: the best BLAS can do is a batched w^T x_b^T straight into place.
-                      for (int bi = 0; bi < Bb; ++bi)
-                        gemm(T, T, F, S, D, b, F, a + bi * S * D, D, c + bi * F * S, S);
-                    },
-                    2.0 * Bb * S * D * F});
-  }
-  {
-    // Batch innermost in both operands: a[m, k, b] b[k, n, b] -> [b, m, n]. No GEMM walks them,
-    // so ours packs both operands on every call; raw runs on copies packed once, untimed (what a
-    // hand-written call could do only if the data were laid out for it).
-    int Bb = 8, M = 128, K = 256, Nn = 128;
-    auto packed = std::make_shared<std::vector<float>>();
-    list.push_back({"a[m,k,b] b[k,n,b] -> [b,m,n] (packs both)",
-                    makeSpec({8, 128, 256, 128}, {1, 2, 0}, {2, 3, 0}, {0, 1, 3}),
-                    [=](const float* a, const float* b, float* c) {
-                      if (packed->empty()) {
-                        packed->resize(size_t(Bb) * (M * K + K * Nn));
-                        float* pa = packed->data();
-                        float* pb = pa + Bb * M * K;
-                        for (int bi = 0; bi < Bb; ++bi)
-                          for (int i = 0; i < M * K; ++i)
-                            pa[bi * M * K + i] = a[i * Bb + bi];
-                        for (int bi = 0; bi < Bb; ++bi)
-                          for (int i = 0; i < K * Nn; ++i)
-                            pb[bi * K * Nn + i] = b[i * Bb + bi];
-                      }
-                      const float* pa = packed->data();
-                      const float* pb = pa + Bb * M * K;
-                      for (int bi = 0; bi < Bb; ++bi)
-                        gemm(N, N, M, Nn, K, pa + bi * M * K, K, pb + bi * K * Nn, Nn,
-                             c + bi * M * Nn, Nn);
-                    },
-                    2.0 * Bb * M * K * Nn});
-  }
-  {
-    // small: per-head projections x[n=64, d=64] w[d, e=64]
-    int M = 64, K = 64, E = 64;
-    list.push_back(
-        {"small x[n,d] w[d,e] -> [n,e] (64^3)", makeSpec({64, 64, 64}, {0, 1}, {1, 2}, {0, 2}),
-         [=](const float* a, const float* b, float* c) { gemm(N, N, M, E, K, a, K, b, E, c, E); },
-         2.0 * M * K * E});
-  }
-  return list;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
-  int threads = 1, reps = 10;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads"))
-      threads = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps"))
-      reps = std::atoi(argv[i + 1]);
-  }
-  setBlasThreads(threads);
-  useThreadTime = threads == 1;
-  std::printf("einsum through meshrt::kernels vs raw cblas_sgemm (OpenBLAS, %d thread%s, %s, "
-              "best of %d interleaved samples)\n\n",
-              threads, threads == 1 ? "" : "s", useThreadTime ? "thread CPU time" : "wall time",
-              reps);
-  std::printf("| %-42s | %-54s | %9s | %9s | %6s |\n", "einsum", "plan", "raw GF/s", "ours GF/s",
-              "ratio");
-  std::printf("|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(56, '-').c_str(),
-              std::string(11, '-').c_str(), std::string(11, '-').c_str(),
-              std::string(8, '-').c_str());
+  int reps = 10;
+  for (int i = 1; i + 1 < argc; i += 2)
+    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+  setBlasThreads(1);
+  omp_set_num_threads(1); // dnnl_sgemm on this thread: one core too
+  double peak = fmaPeak();
+  std::printf("einsum (EinsumPlan) vs OpenBLAS cblas_sgemm and oneDNN dnnl_sgemm, one core "
+              "(thread CPU time, best of %d alternated samples); FMA peak %.1f GFLOP/s\n\n",
+              reps, peak);
+  std::printf("| %-32s | %-22s | %8s | %8s | %8s | %12s | %11s |\n", "GEMM",
+              "einsum's library path", "OpenBLAS", "oneDNN", "einsum", "einsum/best", "best/peak");
+  std::printf("|%s|%s|%s|%s|%s|%s|%s|\n", std::string(34, '-').c_str(),
+              std::string(24, '-').c_str(), std::string(10, '-').c_str(),
+              std::string(10, '-').c_str(), std::string(10, '-').c_str(),
+              std::string(14, '-').c_str(), std::string(13, '-').c_str());
   double worst = 1e9;
-  for (Case& c : cases()) {
-    EinsumPlan plan(c.spec);
-    std::vector<float> a = randomBuffer(countOf(c.spec, c.spec.operands[0]), 1);
-    std::vector<float> b = randomBuffer(countOf(c.spec, c.spec.operands[1]), 2);
-    std::vector<float> ours(size_t(countOf(c.spec, c.spec.out))), raw(ours.size());
-    // Warm up both (page faults, OpenBLAS buffers, our packing scratch).
-    plan.run(a.data(), b.data(), ours.data());
-    c.raw(a.data(), b.data(), raw.data());
-    // Each sample repeats the call for >= ~20 ms; the best sample of each side counts (the
-    // machine is shared: load only ever slows a sample down).
-    double once = seconds([&] { c.raw(a.data(), b.data(), raw.data()); });
-    int inner = std::max(1, int(0.02 / std::max(once, 1e-7)));
-    double bestOurs = 1e30, bestRaw = 1e30;
-    for (int r = 0; r < reps; ++r) {
-      bestRaw = std::min(bestRaw, seconds([&] {
-                                    for (int i = 0; i < inner; ++i)
-                                      c.raw(a.data(), b.data(), raw.data());
-                                  }) / inner);
-      bestOurs = std::min(bestOurs, seconds([&] {
-                                      for (int i = 0; i < inner; ++i)
-                                        plan.run(a.data(), b.data(), ours.data());
-                                    }) / inner);
-    }
+  for (const Case& c : transformerCases()) {
+    EinsumPlan plan(specOf(c));
+    size_t sizeA = size_t(c.batch) * c.m * c.k, sizeB = size_t(c.batch) * c.k * c.n;
+    size_t sizeC = size_t(c.batch) * c.m * c.n;
+    std::vector<float> a = randomBuffer(sizeA, 1), b = randomBuffer(sizeB, 2);
+    std::vector<float> ours(sizeC), raw(sizeC);
+    int lda = c.transA ? c.m : c.k, ldb = c.transB ? c.k : c.n;
+    auto openblas = [&] {
+      for (int i = 0; i < c.batch; ++i)
+        cblas_sgemm(CblasRowMajor, c.transA ? CblasTrans : CblasNoTrans,
+                    c.transB ? CblasTrans : CblasNoTrans, c.m, c.n, c.k, 1.0f,
+                    a.data() + size_t(i) * c.m * c.k, lda, b.data() + size_t(i) * c.k * c.n, ldb,
+                    0.0f, raw.data() + size_t(i) * c.m * c.n, c.n);
+    };
+    auto onednn = [&] {
+      for (int i = 0; i < c.batch; ++i)
+        dnnl_sgemm(c.transA ? 'T' : 'N', c.transB ? 'T' : 'N', c.m, c.n, c.k, 1.0f,
+                   a.data() + size_t(i) * c.m * c.k, lda, b.data() + size_t(i) * c.k * c.n, ldb,
+                   0.0f, raw.data() + size_t(i) * c.m * c.n, c.n);
+    };
+    auto einsum = [&] { plan.run(a.data(), b.data(), ours.data()); };
+    // Warm up (page faults, packing buffers, JIT kernels), then size samples to >= ~20 ms.
+    openblas();
+    onednn();
+    einsum();
+    int inner = std::max(1, int(0.02 / std::max(threadSeconds(openblas), 1e-7)));
+    double best[3] = {1e30, 1e30, 1e30};
+    const std::function<void()> contenders[3] = {openblas, onednn, einsum};
+    for (int r = 0; r < reps; ++r)
+      for (int which = 0; which < 3; ++which)
+        best[which] = std::min(best[which], threadSeconds([&] {
+                                              for (int i = 0; i < inner; ++i)
+                                                contenders[which]();
+                                            }) / inner);
     double maxDiff = 0;
-    for (size_t i = 0; i < ours.size(); ++i)
-      maxDiff = std::max(maxDiff, double(std::abs(ours[i] - raw[i])));
-    double ratio = bestRaw / bestOurs;
+    for (size_t i = 0; i < sizeC; ++i)
+      maxDiff = std::max(maxDiff, double(std::fabs(ours[i] - raw[i])));
+    double flops = 2.0 * c.batch * c.m * c.n * c.k;
+    double gflops[3];
+    for (int which = 0; which < 3; ++which)
+      gflops[which] = flops / best[which] * 1e-9;
+    double library = std::max(gflops[0], gflops[1]);
+    double ratio = gflops[2] / library;
     worst = std::min(worst, ratio);
-    std::printf("| %-42s | %-54s | %9.1f | %9.1f | %6.2f |%s\n", c.name.c_str(),
-                plan.describe().c_str(), c.flops / bestRaw * 1e-9, c.flops / bestOurs * 1e-9, ratio,
-                maxDiff > 1e-3 ? "  MISMATCH" : "");
+    std::printf("| %-32s | %-22s | %8.1f | %8.1f | %8.1f | %12.2f | %11.2f |%s\n", c.name.c_str(),
+                plan.gemmImplementation().c_str(), gflops[0], gflops[1], gflops[2], ratio,
+                library / peak, maxDiff > 1e-2 ? "  MISMATCH" : "");
   }
-  std::printf("\nworst ratio %.2f (goal >= 0.9)\n", worst);
+  std::printf("\nworst einsum / best library %.2f (goal >= 0.9)\n", worst);
   return 0;
 }

@@ -30,12 +30,12 @@ double sigmoidDouble(double x) {
 }
 
 // One loop per function and side, never inlined into the timing code (as generated loops are).
-#define MESHC_BENCH_LOOP(name, body)                                                              \
-  __attribute__((noinline)) void name(const float* __restrict x, const float* __restrict y,      \
-                                      float* __restrict out, size_t n) {                          \
-    (void)y;                                                                                      \
-    for (size_t i = 0; i < n; ++i)                                                                \
-      out[i] = body;                                                                              \
+#define MESHC_BENCH_LOOP(name, body)                                                               \
+  __attribute__((noinline)) void name(const float* __restrict x, const float* __restrict y,        \
+                                      float* __restrict out, size_t n) {                           \
+    (void)y;                                                                                       \
+    for (size_t i = 0; i < n; ++i)                                                                 \
+      out[i] = body;                                                                               \
   }
 MESHC_BENCH_LOOP(expF32, f32::exp(x[i]))
 MESHC_BENCH_LOOP(expDouble, float(std::exp(double(x[i]))))
@@ -73,14 +73,11 @@ int main(int argc, char** argv) {
     const char* name;
     Loop f32Loop, doubleLoop;
   };
-  const Pair pairs[] = {{"exp", expF32, expDouble},
-                        {"log", logF32, logDouble},
-                        {"tanh", tanhF32, tanhDouble},
-                        {"sigmoid", sigmoidF32, sigmoidDoubleLoop},
-                        {"gelu", geluF32, geluDoubleLoop},
-                        {"sin", sinF32, sinDouble},
-                        {"cos", cosF32, cosDouble},
-                        {"pow", powF32, powDouble}};
+  const Pair pairs[] = {
+      {"exp", expF32, expDouble},        {"log", logF32, logDouble},
+      {"tanh", tanhF32, tanhDouble},     {"sigmoid", sigmoidF32, sigmoidDoubleLoop},
+      {"gelu", geluF32, geluDoubleLoop}, {"sin", sinF32, sinDouble},
+      {"cos", cosF32, cosDouble},        {"pow", powF32, powDouble}};
   std::printf("MathF32.h loop vs scalar double libm, %zu floats, best of %d alternated rounds "
               "(thread CPU time)\n\n",
               n, rounds);
