@@ -1,10 +1,12 @@
-// C++ code generation: turns the SPMD IR of every planned function into one header and one
-// source defining a class per program / train block. The class's constructor takes the rank's
-// meshrt::Communicator (and a seed), creates the subgroups it needs and initializes this rank's
-// parameter shards with the layout-invariant RNG; run() computes on local shards through
-// compiler/codegen/support/meshc/GeneratedSupport.h (einsum through OpenBLAS), its temporaries in
-// one arena per object at offsets assigned here by liveness. Optionally also a runner main that
-// runs every function on the threads backend and writes the gathered outputs.
+// C++ code generation: lowers every planned function to kernel IR (codegen/Lower.h) and prints
+// one header and one source defining a class per program / train block. The class's constructor
+// takes the rank's meshrt::Communicator (and a seed), creates the subgroups it needs, initializes
+// this rank's parameter shards with the layout-invariant RNG and computes the values the
+// hoist-invariants pass moved out of run(); run() is the printed kernel IR: fused loops over
+// compile-time extents, GEMMs, meshrt's kernels (compiler/codegen/support/meshc/
+// GeneratedSupport.h) and collectives, its temporaries in one arena per object at offsets the
+// plan-buffers pass assigned. Optionally also a runner main that runs every function through
+// meshrt::launch and writes the gathered outputs.
 #pragma once
 
 #include "ir/IR.h"
@@ -24,6 +26,8 @@ struct CppOptions {
   std::string cppNamespace = "meshc_generated";
   /// Also emit a runner main (CppOutput::runner).
   bool runner = false;
+  /// Kernel passes to skip (codegen/Lower.h), to measure what each gives.
+  std::vector<std::string> disabledPasses;
 };
 
 struct CppOutput {

@@ -1,100 +1,97 @@
-// The CPU and CUDA targets of the emitter (codegen/Target.h).
+// The CUDA target (Target.h, CudaEmitter.h): loop nests as one `__device__` lambda launched over
+// every point (meshc::cuda::forEachIndex), GEMMs through cuBLAS (meshc::cuda::einsum2), the
+// runner on the nccl backend, one GPU per rank.
 #include "codegen/CudaEmitter.h"
+#include "codegen/KernelPrinter.h"
 #include "codegen/Target.h"
 
 #include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
 
 namespace meshc::codegen {
 namespace {
-
-void replaceAll(std::string& text, const std::string& from, const std::string& to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
-    text.replace(at, from.size(), to);
-}
-
-class CpuTarget : public Target {
-public:
-  std::string contiguousLoop(const std::string& resultVar, const std::vector<std::string>&,
-                             const std::string& body) const override {
-    return fmt::format("for (size_t i = 0; i < {}.size(); ++i) {{\n{}}}\n", resultVar, body);
-  }
-  std::string stridedLoop(size_t n, const std::string& sizes,
-                          const std::vector<std::string>& strideLists,
-                          const std::vector<std::string>&, const std::string& body) const override {
-    return fmt::format("meshc::gen::forEach<{0}>({1}, {{{{{2}}}}}, {{}}, [&](const "
-                       "std::array<int64_t, {0}>& at) {{\n{3}}});\n",
-                       n, sizes, fmt::join(strideLists, ", "), body);
-  }
-  bool einsumPlans() const override { return true; }
-  std::string prologue() const override { return ""; }
-  void finish(CppOutput&) const override {}
-};
 
 class CudaTarget : public Target {
 public:
   explicit CudaTarget(std::string math) : math_(std::move(math)) {}
 
-  /// The device lambda's captures: every buffer as a device span, by value.
-  static std::string captures(const std::vector<std::string>& views) {
-    std::string text = "=";
-    for (const std::string& view : views)
-      text += fmt::format(", {0} = meshc::gen::view({0})", view);
-    return text;
+  const char* supportNamespace() const override { return "meshc::cuda"; }
+  const char* supportHeader() const override { return "meshc/CudaSupport.h"; }
+  const char* description() const override {
+    return "SPMD CUDA over meshrt (meshrt_cuda, NCCL)";
   }
-  std::string contiguousLoop(const std::string& resultVar, const std::vector<std::string>& views,
-                             const std::string& body) const override {
-    return fmt::format(
-        "meshc::gen::forEachIndex({}.size(), [{}] __device__(int64_t i) {{\n{}}});\n", resultVar,
-        captures(views), body);
+
+  std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn) const override {
+    CollapsedLoop collapsed = collapseLoop(loop);
+    // The lambda captures every buffer as a device span, by value.
+    std::vector<kir::BufferId> buffers;
+    for (const kir::Store& store : loop.stores)
+      if (!llvm::is_contained(buffers, store.at.buffer)) buffers.push_back(store.at.buffer);
+    for (const kir::Access& read : loop.reads)
+      if (!llvm::is_contained(buffers, read.buffer)) buffers.push_back(read.buffer);
+    std::string captures = "=";
+    for (kir::BufferId id : buffers)
+      captures += fmt::format(", {0} = support::view({0})", fn.buffers[size_t(id)].name);
+    int64_t count = 1;
+    for (int64_t extent : collapsed.extents)
+      count *= extent;
+    std::string out = "{\n" + stepDeclaration(loop);
+    out += fmt::format("support::forEachIndex({}, [{}] __device__(int64_t i) {{\n", count, captures);
+    // The point's index per collapsed dim, innermost fastest.
+    std::string rest = "i";
+    for (size_t d = collapsed.extents.size(); d-- > 0;) {
+      if (d == 0) {
+        out += fmt::format("const int64_t i0 = {};\n", rest);
+        break;
+      }
+      out += fmt::format("const int64_t i{0} = {1} % {2};\nconst int64_t rest{0} = {1} / {2};\n", d,
+                         rest, collapsed.extents[d]);
+      rest = fmt::format("rest{}", d);
+    }
+    out += loopBody(
+        loop, collapsed,
+        [&](size_t read, const std::string& offset) {
+          return fmt::format("{}[{}]", fn.buffers[size_t(loop.reads[read].buffer)].name, offset);
+        },
+        [&](size_t store, const std::string& offset) {
+          return fmt::format("{}[{}]", fn.buffers[size_t(loop.stores[store].at.buffer)].name,
+                             offset);
+        });
+    return out + "});\n}\n";
   }
-  std::string stridedLoop(size_t n, const std::string& sizes,
-                          const std::vector<std::string>& strideLists,
-                          const std::vector<std::string>& views,
-                          const std::string& body) const override {
-    return fmt::format("meshc::gen::forEach<{0}>({1}, {{{{{2}}}}}, {{}}, [{3}] __device__(const "
-                       "std::array<int64_t, {0}>& at) {{\n{4}}});\n",
-                       n, sizes, fmt::join(strideLists, ", "), captures(views), body);
+
+  std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn, size_t) const override {
+    auto name = [&](kir::BufferId buffer) { return fn.buffers[size_t(buffer)].name; };
+    std::string dims = gemmDims(gemm), out;
+    if (!dims.empty())
+      out = fmt::format("support::{}({}.data(), {}.data(), {}.data(), {});\n",
+                        gemm.dtype == ir::DType::F32 ? "einsum2" : "einsum2Double", name(gemm.out),
+                        name(gemm.operands[0]), name(gemm.operands[1]), dims);
+    else
+      out = fmt::format("support::einsumGeneric({}.data(), {});\n", name(gemm.out),
+                        einsumGenericArgs(gemm, fn));
+    if (gemm.alpha != 1)
+      out += fmt::format("support::scaleValues({}, {});\n", name(gemm.out), floatLiteral(gemm.alpha));
+    return out;
   }
-  bool einsumPlans() const override { return false; }
+
   std::string prologue() const override {
     const char* mode = math_ == "tf32" ? "TF32" : math_ == "bf16" ? "BF16" : "FP32";
     return fmt::format("meshc::cuda::Scope cudaScope(world_, meshc::cuda::MathMode::{});\n", mode);
   }
-  void finish(CppOutput& output) const override {
-    for (std::string* text : {&output.header, &output.source}) {
-      replaceAll(*text, "meshc/GeneratedSupport.h", "meshc/CudaSupport.h");
-      replaceAll(*text, "SPMD C++ over meshrt", "SPMD CUDA over meshrt (meshrt_cuda, NCCL)");
-      replaceAll(*text, "meshc::gen::", "meshc::cuda::");
-      // Random fills run on the host and are copied to the device (same values as the CPU).
-      for (const char* fill : {"fillParam(", "fillRandomNormal(", "fillRandomUniform("})
-        replaceAll(*text, std::string("meshrt::kernels::") + fill,
-                   std::string("meshc::cuda::") + fill);
-    }
-    if (!output.runner.empty()) {
-      // The runner launches through meshrt::launch (threads | MPI); on GPUs, meshrt::nccl's.
-      replaceAll(output.runner, "#include \"meshrt/Launch.h\"", "#include \"meshrt/Nccl.h\"");
-      replaceAll(
-          output.runner,
-          "meshrt::LaunchOptions launchOptions = meshrt::LaunchOptions::fromArgs(argc, argv);",
-          "meshrt::nccl::NcclOptions launchOptions;");
-      replaceAll(output.runner, "meshrt::launch(", "meshrt::nccl::launch(");
-      replaceAll(
-          output.runner,
-          "The backend is chosen at run time: threads, or MPI under mpirun (meshrt/Launch.h)",
-          "It runs on the nccl backend, one GPU per rank (meshrt/Nccl.h)");
-      replaceAll(output.runner, "[--backend threads|mpi] ", "");
-    }
+  const char* launchInclude() const override { return "meshrt/Nccl.h"; }
+  const char* launchOptions() const override { return "meshrt::nccl::NcclOptions launchOptions;"; }
+  const char* launchFunction() const override { return "meshrt::nccl::launch"; }
+  const char* backendNote() const override {
+    return "It runs on the nccl backend, one GPU per rank (meshrt/Nccl.h)";
   }
+  const char* backendUsage() const override { return ""; }
 
 private:
   std::string math_;
 };
 
 } // namespace
-
-std::unique_ptr<Target> makeCpuTarget() {
-  return std::make_unique<CpuTarget>();
-}
 
 bool isCudaMathMode(const std::string& math) {
   return math == "fp32" || math == "tf32" || math == "bf16";

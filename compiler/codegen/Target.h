@@ -1,36 +1,42 @@
-// The code generation target: the few points where the generated C++ (CPU) and CUDA differ,
-// consulted by the one emitter (CppEmitter.cpp). Everything else (op lowering, fusion, arena
-// placement, collectives) is shared: the CUDA support header (meshc/CudaSupport.h) provides
-// meshc::gen's names with device implementations, and finish() retargets the text.
+// The code generation targets: where the printed C++ (CPU) and CUDA differ. Both print the same
+// kernel IR (KernelIR.h) through the shared statement printer (KernelPrinter.h); a target prints
+// what only it knows how to run (loop nests, GEMMs) and names its support namespace, which the
+// generated code reaches through the alias `support` (meshc::gen or meshc::cuda).
 #pragma once
 
 #include "codegen/CppEmitter.h"
+#include "codegen/KernelIR.h"
 
 #include <memory>
 #include <string>
-#include <vector>
 
 namespace meshc::codegen {
 
 class Target {
 public:
   virtual ~Target() = default;
-  /// The loop of a fused elementwise group over `count` contiguous elements (index `i`);
-  /// `views`: the buffers the body reads and writes (by variable name).
-  virtual std::string contiguousLoop(const std::string& resultVar,
-                                     const std::vector<std::string>& views,
-                                     const std::string& body) const = 0;
-  /// The same over a strided box: meshc::gen::forEach<n>(sizes, {{strides}}, ..., at).
-  virtual std::string stridedLoop(size_t n, const std::string& sizes,
-                                  const std::vector<std::string>& strideLists,
-                                  const std::vector<std::string>& views,
-                                  const std::string& body) const = 0;
-  /// Whether f32 einsums go through meshrt::kernels::EinsumPlan (else meshc::gen::einsum2).
-  virtual bool einsumPlans() const = 0;
+  /// The support namespace the alias `support` names.
+  virtual const char* supportNamespace() const = 0;
+  /// The header defining it.
+  virtual const char* supportHeader() const = 0;
+  /// What the files hold, for their first comment ("SPMD C++ over meshrt").
+  virtual const char* description() const = 0;
+  /// A fused loop nest, as a block of statements.
+  virtual std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn) const = 0;
+  /// A GEMM; `id` is unique in the function (for a static plan's name).
+  virtual std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn,
+                           size_t id) const = 0;
   /// The first statement of every generated constructor body and run() ("" for none).
   virtual std::string prologue() const = 0;
-  /// Retargets the formatted-to-be text (support names, includes, the runner's backend).
-  virtual void finish(CppOutput& output) const = 0;
+
+  // The runner main.
+  virtual const char* launchInclude() const = 0;
+  /// Declares `launchOptions` from argc/argv.
+  virtual const char* launchOptions() const = 0;
+  virtual const char* launchFunction() const = 0;
+  /// The backend note of the runner's first comment, and the usage's backend option.
+  virtual const char* backendNote() const = 0;
+  virtual const char* backendUsage() const = 0;
 };
 
 std::unique_ptr<Target> makeCpuTarget();

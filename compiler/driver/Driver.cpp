@@ -2,6 +2,7 @@
 
 #include "codegen/CppEmitter.h"
 #include "codegen/CudaEmitter.h"
+#include "codegen/Lower.h"
 #include "diag/Diagnostics.h"
 #include "driver/Toolchain.h"
 #include "frontend/ASTPrinter.h"
@@ -15,6 +16,8 @@
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
 
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
 #include <llvm/ADT/StringSwitch.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/Support/CommandLine.h>
@@ -32,7 +35,7 @@ namespace meshc {
 
 namespace {
 
-enum class Emit { AST, IR, TrainIR, Run, Plan, PlanJson, Spmd, Dot, Cpp, Cuda };
+enum class Emit { AST, IR, TrainIR, Run, Plan, PlanJson, Spmd, Dot, Kernels, Cpp, Cuda };
 
 llvm::cl::OptionCategory meshcCategory("meshc options");
 
@@ -57,12 +60,20 @@ llvm::cl::opt<Emit> emitStage(
         clEnumValN(Emit::PlanJson, "plan-json", "the plan as JSON"),
         clEnumValN(Emit::Spmd, "spmd", "the SPMD IR (local shapes, explicit collectives)"),
         clEnumValN(Emit::Dot, "dot", "the SPMD graph for Graphviz, collectives in red"),
+        clEnumValN(Emit::Kernels, "kernels",
+                   "the kernel IR after the kernel passes: buffers, fused loops, GEMMs, kernel "
+                   "calls, collectives (docs/codegen.md)"),
         clEnumValN(Emit::Cpp, "cpp",
                    "SPMD C++ over meshrt: <o>.h and <o>.cpp (-o gives the base path)"),
         clEnumValN(Emit::Cuda, "cuda",
                    "SPMD CUDA over meshrt_cuda and NCCL: <o>.h and <o>.cu (sm_90; see "
                    "docs/cuda.md)")),
     llvm::cl::cat(meshcCategory));
+llvm::cl::list<std::string> disabledPasses(
+    "disable-kernel-pass",
+    llvm::cl::desc("Skip the named kernel pass (--emit=kernels, cpp, cuda; see --list-passes); "
+                   "repeatable"),
+    llvm::cl::value_desc("pass"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<uint64_t> seed("seed",
                              llvm::cl::desc("Seed of inputs, parameters and dropout (--emit=run)"),
                              llvm::cl::init(0), llvm::cl::cat(meshcCategory));
@@ -215,7 +226,8 @@ bool semaOptions(SemaOptions& options) {
 
 bool planning() {
   return emitStage == Emit::Plan || emitStage == Emit::PlanJson || emitStage == Emit::Spmd ||
-         emitStage == Emit::Dot || emitStage == Emit::Cpp || emitStage == Emit::Cuda;
+         emitStage == Emit::Dot || emitStage == Emit::Kernels || emitStage == Emit::Cpp ||
+         emitStage == Emit::Cuda;
 }
 
 /// --emit=cpp: <o>.h, <o>.cpp (and <o>.main.cpp with --cpp-runner), each written only when all
@@ -231,6 +243,7 @@ bool emitCppFiles(const ir::Module& module, const std::vector<plan::PlannedFunct
   options.headerInclude = stem + ".h";
   options.runner = cppRunner;
   options.cppNamespace = "meshc_generated";
+  options.disabledPasses.assign(disabledPasses.begin(), disabledPasses.end());
   bool cuda = emitStage == Emit::Cuda; // <o>.cu and <o>.main.cu, retargeted to the GPU
   if (cuda && !codegen::isCudaMathMode(cudaMath))
     return optionError("--cuda-math must be fp32, tf32 or bf16, not '" + cudaMath + "'");
@@ -282,6 +295,17 @@ bool planAndPrint(const ir::Module& module, DiagEngine& diag, llvm::raw_ostream&
       plan::planModule(module, *machine, options, diag);
   if (!plans) return false;
   if (emitStage == Emit::Cpp || emitStage == Emit::Cuda) return emitCppFiles(module, *plans, os);
+  if (emitStage == Emit::Kernels) {
+    llvm::Expected<kir::KernelModule> kernels = kir::lowerModule(
+        module, *plans,
+        kir::LowerOptions{std::vector<std::string>(disabledPasses.begin(), disabledPasses.end())});
+    if (!kernels) {
+      llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(kernels.takeError()) << "\n";
+      return false;
+    }
+    os << kir::printKernels(*kernels);
+    return true;
+  }
   if (emitStage == Emit::PlanJson) os << "[\n";
   for (size_t i = 0; i < plans->size(); ++i) {
     const plan::PlannedFunction& planned = (*plans)[i];
@@ -594,6 +618,16 @@ int runMeshc(int argc, char** argv) {
     optionError("--steps must be a non-negative number of train steps");
     return kExitInputError;
   }
+  for (const std::string& pass : disabledPasses)
+    if (llvm::none_of(kir::kernelPasses(),
+                      [&](const kir::KernelPass& known) { return pass == known.name; })) {
+      std::string known;
+      for (const kir::KernelPass& each : kir::kernelPasses())
+        known += fmt::format("\n  {}: {}", each.name, each.description);
+      optionError("--disable-kernel-pass: no kernel pass named '" + pass + "'; the passes, in "
+                  "order:" + known);
+      return kExitInputError;
+    }
 
   llvm::SourceMgr sources;
   DiagEngine diag(sources);

@@ -72,6 +72,9 @@ Toolchain findToolchain(const char* argv0) {
   if (!llvm::StringRef(MESHC_BLAS_INCLUDE).empty())
     toolchain.includeDirs.push_back(MESHC_BLAS_INCLUDE);
   toolchain.libraries.push_back(MESHC_BLAS_LIBRARY);
+  // oneDNN runs meshrt_kernels' GEMMs, threaded by OpenMP.
+  for (const std::string& library : splitList(MESHC_DNNL_LIBRARIES))
+    toolchain.libraries.push_back(library);
   return toolchain;
 }
 

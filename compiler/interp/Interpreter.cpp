@@ -1409,4 +1409,60 @@ llvm::Expected<double> trainStep(const ir::Function& fn, const TensorMap& inputs
   return loss.data.front();
 }
 
+std::optional<double> evaluateElementwise(OpKind kind, const std::vector<double>& args,
+                                          const std::vector<DType>& argTypes, DType result) {
+  double value = 0;
+  switch (kind) {
+  case OpKind::Neg:
+  case OpKind::Abs:
+  case OpKind::Exp:
+  case OpKind::Log:
+  case OpKind::Sqrt:
+  case OpKind::Rsqrt:
+  case OpKind::Square:
+  case OpKind::Tanh:
+  case OpKind::Sigmoid:
+  case OpKind::Relu:
+  case OpKind::Gelu:
+  case OpKind::Sin:
+  case OpKind::Cos:
+  case OpKind::StopGradient:
+  case OpKind::Cast:
+  case OpKind::Transpose:
+  case OpKind::Broadcast:
+    if (args.size() != 1) return std::nullopt;
+    if (kind == OpKind::Cast && result == DType::I32)
+      value = saturateToI32(args[0]);
+    else if (kind == OpKind::Square && result == DType::I32)
+      value = applyBinary(OpKind::Mul, args[0], args[0], true);
+    else
+      value = applyUnary(kind, args[0]);
+    break;
+  case OpKind::Add:
+  case OpKind::Sub:
+  case OpKind::Mul:
+  case OpKind::Div:
+  case OpKind::Pow:
+  case OpKind::Maximum:
+  case OpKind::Minimum:
+  case OpKind::Lt:
+  case OpKind::Le:
+  case OpKind::Gt:
+  case OpKind::Ge:
+  case OpKind::Eq:
+  case OpKind::Ne:
+    if (args.size() != 2 || argTypes.size() != 2) return std::nullopt;
+    value = applyBinary(kind, args[0], args[1],
+                        argTypes[0] == DType::I32 && argTypes[1] == DType::I32);
+    break;
+  case OpKind::Where:
+    if (args.size() != 3) return std::nullopt;
+    value = args[0] != 0 ? args[1] : args[2];
+    break;
+  default: // not elementwise, or the user's function (not loaded at compile time)
+    return std::nullopt;
+  }
+  return roundTo(result, value);
+}
+
 } // namespace meshc::interp

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,5 +58,12 @@ llvm::Expected<TensorMap> run(const ir::Function& fn, const TensorMap& inputs, c
 /// Returns the step's loss (computed before the update).
 llvm::Expected<double> trainStep(const ir::Function& fn, const TensorMap& inputs,
                                  const Options& opts, TensorMap& state);
+
+/// One point of the elementwise op `kind`: `args` (each already of its dtype `argTypes`), the
+/// result rounded to `result`, exactly as run() computes it. The code generator folds constants
+/// with it. nullopt for an op that is not elementwise or is the user's function.
+std::optional<double> evaluateElementwise(ir::OpKind kind, const std::vector<double>& args,
+                                          const std::vector<ir::DType>& argTypes,
+                                          ir::DType result);
 
 } // namespace meshc::interp

@@ -34,6 +34,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -61,6 +62,15 @@ using gen::writeTensor;
 // The scalar functions of the fused expressions (MESHRT_HD in GeneratedSupport.h).
 using gen::castToI32;
 using gen::divI32;
+using gen::fcos;
+using gen::fexp;
+using gen::fgelu;
+using gen::flog;
+using gen::fpow;
+using gen::fsigmoid;
+using gen::fsin;
+using gen::fsqrt;
+using gen::ftanh;
 using gen::gelu;
 using gen::maximum;
 using gen::minimum;
@@ -232,6 +242,8 @@ public:
   Arena& operator=(const Arena&) = delete;
   size_t bytes() const { return bytes_; }
 
+  /// The slot at `byteOffset` as it is (a statement that writes every element comes next).
+  View view(size_t byteOffset, size_t count) { return at(byteOffset, count); }
   /// The slot at `byteOffset`, zeroed.
   View slot(size_t byteOffset, size_t count) {
     View view = at(byteOffset, count);
@@ -501,6 +513,11 @@ inline void einsum2(float* out, const float* a, const float* b, const GemmDims& 
   meshrt::cuda::einsum2(out, a, b, gemmOf(d));
 }
 
+/// out *= alpha (a GEMM's folded scale: cuBLAS runs with alpha 1 here).
+inline void scaleValues(View out, float alpha) {
+  forEachIndex(out.size(), [=] __device__(int64_t i) { out[size_t(i)] *= alpha; });
+}
+
 inline void einsum2Double(float* out, const float* a, const float* b, const GemmDims& d) {
   meshrt::cuda::einsum2(out, a, b, gemmOf(d), /*accumulateInDouble=*/true);
 }
@@ -711,7 +728,7 @@ inline void copyValues(View to, ConstView from) {
 
 /// The planner's bucketed_all_reduce_sum: the values packed into one device buffer, one NCCL
 /// all-reduce, unpacked.
-inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<View> values) {
+inline void allReduceBucket(meshrt::Communicator& group, std::span<const View> values) {
   size_t total = 0;
   for (View value : values)
     total += value.size();
@@ -727,6 +744,35 @@ inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<V
     copyValues(value, ConstView(packed.as<float>() + at, value.size()));
     at += value.size();
   }
+}
+inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<View> values) {
+  allReduceBucket(group, std::span<const View>(values.begin(), values.size()));
+}
+
+/// An all-reduce that schedule-collectives split into a start (here) and a wait placed just
+/// before the first statement that touches its values. The reduction itself runs in wait():
+/// the interface generated code keeps when meshrt's non-blocking collectives take it over.
+class PendingAllReduce {
+public:
+  PendingAllReduce(meshrt::Communicator& group, std::initializer_list<View> values,
+                   meshrt::ReduceOp op)
+      : group_(group), values_(values), op_(op) {}
+  void wait() {
+    if (values_.size() == 1)
+      group_.allReduce(values_[0].data(), values_[0].size(), op_);
+    else // buckets are sums (the planner's bucketed_all_reduce_sum)
+      allReduceBucket(group_, values_);
+  }
+
+private:
+  meshrt::Communicator& group_;
+  std::vector<View> values_;
+  meshrt::ReduceOp op_;
+};
+
+inline PendingAllReduce startAllReduce(meshrt::Communicator& group,
+                                       std::initializer_list<View> values, meshrt::ReduceOp op) {
+  return PendingAllReduce(group, values, op);
 }
 
 } // namespace meshc::cuda

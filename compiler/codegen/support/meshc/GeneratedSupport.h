@@ -21,6 +21,7 @@
 #include "meshrt/Random.h"
 #include "meshrt/kernels/Einsum.h"
 #include "meshrt/kernels/Fill.h"
+#include "meshrt/kernels/MathF32.h"
 
 #include <cblas.h>
 
@@ -44,6 +45,12 @@ namespace meshc::gen {
 
 using Buffer = std::vector<float>;
 using Shape = std::vector<int64_t>;
+
+// The RNG fills of run()'s random ops and of the params (the CUDA support header has its own,
+// which fill on the host and upload).
+using meshrt::kernels::fillParam;
+using meshrt::kernels::fillRandomNormal;
+using meshrt::kernels::fillRandomUniform;
 
 /// A local shard (or a whole tensor) with its shape, as the generated API takes and returns.
 struct Tensor {
@@ -70,6 +77,8 @@ public:
 
   /// The slot at `byteOffset`, zeroed (as a freshly allocated buffer: no stale data).
   View slot(size_t byteOffset, size_t count) { return fill(byteOffset, count, 0.0f); }
+  /// The slot at `byteOffset` as it is (a statement that writes every element comes next).
+  View view(size_t byteOffset, size_t count) { return at(byteOffset, count); }
   /// The slot at `byteOffset` with every element `value`.
   View fill(size_t byteOffset, size_t count, float value) {
     View view = at(byteOffset, count);
@@ -178,6 +187,41 @@ MESHRT_HD inline double sigmoid(double x) {
 MESHRT_HD inline double gelu(double x) {
   constexpr double kSqrt2OverPi = 0.79788456080286535588;
   return 0.5 * x * (1 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+}
+
+//===------------------------------------------------------------------------------------------===//
+// f32 math of the fused loops: computed in f32 (the interpreter computes in double and rounds
+// once; the difference is a few f32 ulps, inside the comparison tolerance of docs/codegen.md)
+//===------------------------------------------------------------------------------------------===//
+
+// meshrt::kernels::f32: branch-free, vectorized by the C++ compiler inside the fused loops
+// (accuracy per function in tests/unit/MathF32Test.cpp, at most 4 ulp).
+MESHRT_HD inline float fexp(float x) {
+  return meshrt::kernels::f32::exp(x);
+}
+MESHRT_HD inline float flog(float x) {
+  return meshrt::kernels::f32::log(x);
+}
+MESHRT_HD inline float ftanh(float x) {
+  return meshrt::kernels::f32::tanh(x);
+}
+MESHRT_HD inline float fsin(float x) {
+  return meshrt::kernels::f32::sin(x);
+}
+MESHRT_HD inline float fcos(float x) {
+  return meshrt::kernels::f32::cos(x);
+}
+MESHRT_HD inline float fpow(float x, float y) {
+  return meshrt::kernels::f32::pow(x, y);
+}
+MESHRT_HD inline float fsqrt(float x) {
+  return std::sqrt(x);
+}
+MESHRT_HD inline float fsigmoid(float x) {
+  return meshrt::kernels::f32::sigmoid(x);
+}
+MESHRT_HD inline float fgelu(float x) {
+  return meshrt::kernels::f32::gelu(x);
 }
 
 MESHRT_HD inline float maximum(float a, float b) {
@@ -450,7 +494,7 @@ inline void copyValues(View to, ConstView from) {
 
 /// Resolves the partial sums of several values over one group with one all-reduce: packed into
 /// one buffer, reduced, unpacked (the planner's bucketed_all_reduce_sum).
-inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<View> values) {
+inline void allReduceBucket(meshrt::Communicator& group, std::span<const View> values) {
   size_t total = 0;
   for (View value : values)
     total += value.size();
@@ -467,6 +511,35 @@ inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<V
               packed.begin() + std::ptrdiff_t(at + value.size()), value.begin());
     at += value.size();
   }
+}
+inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<View> values) {
+  allReduceBucket(group, std::span<const View>(values.begin(), values.size()));
+}
+
+/// An all-reduce that schedule-collectives split into a start (here) and a wait placed just
+/// before the first statement that touches its values. The reduction itself runs in wait():
+/// the interface generated code keeps when meshrt's non-blocking collectives take it over.
+class PendingAllReduce {
+public:
+  PendingAllReduce(meshrt::Communicator& group, std::initializer_list<View> values,
+                   meshrt::ReduceOp op)
+      : group_(group), values_(values), op_(op) {}
+  void wait() {
+    if (values_.size() == 1)
+      group_.allReduce(values_[0].data(), values_[0].size(), op_);
+    else // buckets are sums (the planner's bucketed_all_reduce_sum)
+      allReduceBucket(group_, values_);
+  }
+
+private:
+  meshrt::Communicator& group_;
+  std::vector<View> values_;
+  meshrt::ReduceOp op_;
+};
+
+inline PendingAllReduce startAllReduce(meshrt::Communicator& group,
+                                       std::initializer_list<View> values, meshrt::ReduceOp op) {
+  return PendingAllReduce(group, values, op);
 }
 
 //===------------------------------------------------------------------------------------------===//

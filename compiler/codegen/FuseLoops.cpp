@@ -1,0 +1,208 @@
+// Pass fuse-loops (FuseLoops.h).
+#include "codegen/FuseLoops.h"
+
+#include <llvm/ADT/STLExtras.h>
+
+#include <optional>
+
+namespace meshc::kir {
+namespace {
+
+/// Ops worth recomputing at every point of a broadcast rather than storing once.
+bool isCheap(const Scalar& scalar) {
+  if (scalar.kind != Scalar::Kind::Compute) return true;
+  switch (scalar.op) {
+  case ir::OpKind::Exp:
+  case ir::OpKind::Log:
+  case ir::OpKind::Sqrt:
+  case ir::OpKind::Rsqrt:
+  case ir::OpKind::Tanh:
+  case ir::OpKind::Sigmoid:
+  case ir::OpKind::Gelu:
+  case ir::OpKind::Sin:
+  case ir::OpKind::Cos:
+  case ir::OpKind::Pow:
+  case ir::OpKind::Call:
+    return false;
+  default:
+    return true;
+  }
+}
+
+/// The producer's strides mapped into the consumer's loop space, when every producer point is
+/// the consumer point whose load of `stored` reads it: the same space (the consumer reads the
+/// store's strides) or, by dim name, a subspace the consumer broadcasts along.
+std::optional<std::vector<Shape>> mapInto(const Loop& producer, const Shape& storeStrides,
+                                          const Loop& consumer, const Shape& loadStrides) {
+  std::vector<Shape> mapped;
+  if (producer.extents == consumer.extents && loadStrides == storeStrides) {
+    for (const Access& read : producer.reads)
+      mapped.push_back(read.strides);
+    return mapped;
+  }
+  // Broadcast: each producer dim is a consumer dim of the same name and extent, read with the
+  // store's stride; the consumer's other dims are read with stride 0.
+  std::vector<int> position(producer.dims.size(), -1);
+  for (size_t d = 0; d < producer.dims.size(); ++d) {
+    auto it = llvm::find(consumer.dims, producer.dims[d]);
+    if (it == consumer.dims.end()) return std::nullopt;
+    position[d] = int(it - consumer.dims.begin());
+    if (consumer.extents[size_t(position[d])] != producer.extents[d] ||
+        loadStrides[size_t(position[d])] != storeStrides[d])
+      return std::nullopt;
+  }
+  for (size_t c = 0; c < consumer.dims.size(); ++c)
+    if (!llvm::is_contained(position, int(c)) && loadStrides[c] != 0) return std::nullopt;
+  for (const Access& read : producer.reads) {
+    Shape strides(consumer.dims.size(), 0);
+    for (size_t d = 0; d < producer.dims.size(); ++d)
+      strides[size_t(position[d])] = read.strides[d];
+    mapped.push_back(strides);
+  }
+  return mapped;
+}
+
+class Fuser {
+public:
+  explicit Fuser(KernelFunction& fn) : fn(fn) {}
+
+  void run() {
+    while (fuseOnce()) {
+    }
+  }
+
+private:
+  /// Finds one producer/consumer pair and fuses it.
+  bool fuseOnce() {
+    readers = readerLists(fn.body, fn.buffers.size());
+    writers = fn.writerCounts();
+    writerOf.assign(fn.buffers.size(), -1);
+    for (size_t k = 0; k < fn.body.size(); ++k)
+      for (BufferId id : writesOf(fn.body[k]))
+        writerOf[size_t(id)] = int(k);
+    for (size_t c = 0; c < fn.body.size(); ++c) {
+      if (!std::holds_alternative<Loop>(fn.body[c].node)) continue;
+      const Loop& consumer = std::get<Loop>(fn.body[c].node);
+      for (const Access& read : consumer.reads) {
+        BufferId x = read.buffer;
+        if (fn.buffers[size_t(x)].storage != Storage::Arena || writers[size_t(x)] != 1) continue;
+        int p = writerOf[size_t(x)];
+        if (p < 0 || size_t(p) >= c || !std::holds_alternative<Loop>(fn.body[size_t(p)].node))
+          continue;
+        if (tryFuse(size_t(p), c, x)) return true;
+      }
+    }
+    return false;
+  }
+
+  bool tryFuse(size_t p, size_t c, BufferId x) {
+    const Loop& producer = std::get<Loop>(fn.body[p].node);
+    const Loop& consumer = std::get<Loop>(fn.body[c].node);
+    const Store* store = nullptr;
+    for (const Store& s : producer.stores)
+      if (s.at.buffer == x) store = &s;
+    const Shape* load = nullptr;
+    for (const Access& read : consumer.reads)
+      if (read.buffer == x) {
+        if (load && *load != read.strides) return false; // two different reads of x
+        load = &read.strides;
+      }
+    std::optional<std::vector<Shape>> mapped = mapInto(producer, store->at.strides, consumer, *load);
+    if (!mapped) return false;
+    bool sameSpace = producer.extents == consumer.extents;
+    // Every buffer the producer stores is either read by the consumer exactly at the stored
+    // point (replaced by the producer's scalar), or not at all; later readers keep the store.
+    std::vector<bool> keepStore(producer.stores.size(), false);
+    for (size_t s = 0; s < producer.stores.size(); ++s) {
+      BufferId id = producer.stores[s].at.buffer;
+      for (const Access& read : consumer.reads)
+        if (read.buffer == id && (sameSpace ? read.strides != producer.stores[s].at.strides
+                                            : id != x))
+          return false;
+      bool otherReaders = llvm::any_of(readers[size_t(id)], [&](size_t k) { return k != c; });
+      keepStore[s] = otherReaders || fn.isResult(id) || fn.buffers[size_t(id)].storage != Storage::Arena;
+      if (keepStore[s] && !sameSpace) return false; // a broadcast producer is recomputed, not stored
+    }
+    if (!sameSpace && !llvm::all_of(producer.body, isCheap)) return false;
+    // Moving the producer down to the consumer: nothing in between may read what it stores or
+    // write what it reads.
+    for (size_t k = p + 1; k < c; ++k) {
+      for (BufferId id : readsOf(fn.body[k]))
+        for (const Store& s : producer.stores)
+          if (s.at.buffer == id) return false;
+      for (BufferId id : writesOf(fn.body[k]))
+        for (const Access& read : producer.reads)
+          if (read.buffer == id) return false;
+      // Stores the producer keeps must also not be overwritten in between.
+      for (BufferId id : writesOf(fn.body[k]))
+        for (const Store& s : producer.stores)
+          if (s.at.buffer == id) return false;
+    }
+
+    Loop merged;
+    merged.dims = consumer.dims;
+    merged.extents = consumer.extents;
+    auto readIndex = [&](BufferId id, const Shape& strides) {
+      for (size_t r = 0; r < merged.reads.size(); ++r)
+        if (merged.reads[r].buffer == id && merged.reads[r].strides == strides) return int(r);
+      merged.reads.push_back(Access{id, strides});
+      return int(merged.reads.size() - 1);
+    };
+    for (const Scalar& scalar : producer.body) {
+      Scalar copy = scalar;
+      if (copy.kind == Scalar::Kind::Load)
+        copy.read = readIndex(producer.reads[size_t(scalar.read)].buffer,
+                              (*mapped)[size_t(scalar.read)]);
+      merged.body.push_back(copy);
+    }
+    std::vector<int> consumerIndex(consumer.body.size(), -1);
+    for (size_t k = 0; k < consumer.body.size(); ++k) {
+      const Scalar& scalar = consumer.body[k];
+      if (scalar.kind == Scalar::Kind::Load) {
+        BufferId id = consumer.reads[size_t(scalar.read)].buffer;
+        auto stored = llvm::find_if(producer.stores,
+                                    [&](const Store& s) { return s.at.buffer == id; });
+        if (stored != producer.stores.end()) {
+          consumerIndex[k] = stored->value; // the producer's scalar itself
+          continue;
+        }
+      }
+      Scalar copy = scalar;
+      if (copy.kind == Scalar::Kind::Load)
+        copy.read = readIndex(consumer.reads[size_t(scalar.read)].buffer,
+                              consumer.reads[size_t(scalar.read)].strides);
+      for (int& arg : copy.args)
+        arg = consumerIndex[size_t(arg)];
+      consumerIndex[k] = int(merged.body.size());
+      merged.body.push_back(copy);
+    }
+    for (size_t s = 0; s < producer.stores.size(); ++s)
+      if (keepStore[s]) merged.stores.push_back(producer.stores[s]);
+    for (const Store& s : consumer.stores)
+      merged.stores.push_back(Store{s.at, consumerIndex[size_t(s.value)]});
+    // In place: a buffer both read and stored must be read exactly at the stored point.
+    for (const Store& s : merged.stores)
+      for (const Access& read : merged.reads)
+        if (read.buffer == s.at.buffer && read.strides != s.at.strides) return false;
+
+    Stmt fused{.node = std::move(merged)};
+    fused.sources = fn.body[p].sources;
+    fused.sources.insert(fused.sources.end(), fn.body[c].sources.begin(),
+                         fn.body[c].sources.end());
+    fn.body[c] = std::move(fused);
+    fn.body.erase(fn.body.begin() + std::ptrdiff_t(p));
+    return true;
+  }
+
+  KernelFunction& fn;
+  std::vector<std::vector<size_t>> readers;
+  std::vector<int> writers, writerOf;
+};
+
+} // namespace
+
+void fuseLoops(KernelFunction& fn) {
+  Fuser(fn).run();
+}
+
+} // namespace meshc::kir

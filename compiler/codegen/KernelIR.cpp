@@ -1,0 +1,365 @@
+// The kernel IR's tables, def-use queries and its printed form (--emit=kernels).
+#include "codegen/KernelIR.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
+
+namespace meshc::kir {
+
+const char* storageName(Storage storage) {
+  switch (storage) {
+  case Storage::Input:
+    return "input";
+  case Storage::Param:
+    return "param";
+  case Storage::Arena:
+    return "arena";
+  case Storage::Persistent:
+    return "persistent";
+  }
+  return "?";
+}
+
+namespace {
+
+struct CalleeInfo {
+  const char* spelling;
+  unsigned traits;
+  const char* description;
+};
+
+const CalleeInfo& info(Callee callee) {
+  static const CalleeInfo table[] = {
+#define KERNEL(Name, Spelling, Traits, Description) {Spelling, Traits, Description},
+#include "codegen/KernelCalls.def"
+#undef KERNEL
+  };
+  return table[size_t(callee)];
+}
+
+} // namespace
+
+const char* calleeSpelling(Callee callee) {
+  return info(callee).spelling;
+}
+unsigned calleeTraits(Callee callee) {
+  return info(callee).traits;
+}
+const char* calleeDescription(Callee callee) {
+  return info(callee).description;
+}
+
+std::vector<BufferId> readsOf(const Stmt& stmt) {
+  struct Visitor {
+    std::vector<BufferId> operator()(const Loop& loop) const {
+      std::vector<BufferId> reads;
+      for (const Access& access : loop.reads)
+        reads.push_back(access.buffer);
+      return reads;
+    }
+    std::vector<BufferId> operator()(const Gemm& gemm) const {
+      std::vector<BufferId> reads = gemm.operands;
+      if (gemm.beta != 0) reads.push_back(gemm.out);
+      return reads;
+    }
+    std::vector<BufferId> operator()(const Call& call) const { return call.reads; }
+    std::vector<BufferId> operator()(const Collective& c) const { return c.buffers; }
+    std::vector<BufferId> operator()(const Copy& copy) const { return {copy.from}; }
+  };
+  return std::visit(Visitor{}, stmt.node);
+}
+
+std::vector<BufferId> writesOf(const Stmt& stmt) {
+  struct Visitor {
+    std::vector<BufferId> operator()(const Loop& loop) const {
+      std::vector<BufferId> writes;
+      for (const Store& store : loop.stores)
+        writes.push_back(store.at.buffer);
+      return writes;
+    }
+    std::vector<BufferId> operator()(const Gemm& gemm) const { return {gemm.out}; }
+    std::vector<BufferId> operator()(const Call& call) const {
+      if (call.out != kNoBuffer) return {call.out};
+      return call.reads; // in place
+    }
+    std::vector<BufferId> operator()(const Collective& c) const {
+      if (c.phase == Collective::Phase::Start) return {}; // the Wait completes the writes
+      return c.buffers;
+    }
+    std::vector<BufferId> operator()(const Copy& copy) const { return {copy.to}; }
+  };
+  return std::visit(Visitor{}, stmt.node);
+}
+
+void replaceBuffer(Stmt& stmt, BufferId from, BufferId to) {
+  auto swap = [&](BufferId& id) {
+    if (id == from) id = to;
+  };
+  struct Visitor {
+    decltype(swap)& apply;
+    void operator()(Loop& loop) const {
+      for (Access& access : loop.reads)
+        apply(access.buffer);
+      for (Store& store : loop.stores)
+        apply(store.at.buffer);
+    }
+    void operator()(Gemm& gemm) const {
+      for (BufferId& id : gemm.operands)
+        apply(id);
+      apply(gemm.out);
+    }
+    void operator()(Call& call) const {
+      apply(call.out);
+      for (BufferId& id : call.reads)
+        apply(id);
+      for (Arg& arg : call.args)
+        apply(arg.buffer);
+    }
+    void operator()(Collective& c) const {
+      for (BufferId& id : c.buffers)
+        apply(id);
+    }
+    void operator()(Copy& copy) const {
+      apply(copy.to);
+      apply(copy.from);
+    }
+  };
+  std::visit(Visitor{swap}, stmt.node);
+}
+
+std::vector<std::vector<size_t>> readerLists(const std::vector<Stmt>& stmts, size_t buffers) {
+  std::vector<std::vector<size_t>> lists(buffers);
+  for (size_t k = 0; k < stmts.size(); ++k)
+    for (BufferId id : readsOf(stmts[k]))
+      if (lists[size_t(id)].empty() || lists[size_t(id)].back() != k) lists[size_t(id)].push_back(k);
+  return lists;
+}
+
+void replaceBufferFrom(KernelFunction& fn, size_t first, BufferId from, BufferId to) {
+  for (size_t k = first; k < fn.body.size(); ++k)
+    replaceBuffer(fn.body[k], from, to);
+  for (BufferId& id : fn.outputs)
+    if (id == from) id = to;
+  for (KernelFunction::Update& update : fn.updates)
+    if (update.value == from) update.value = to;
+}
+
+bool isPure(const Stmt& stmt) {
+  if (std::holds_alternative<Loop>(stmt.node) || std::holds_alternative<Gemm>(stmt.node))
+    return true;
+  const Call* call = std::get_if<Call>(&stmt.node);
+  if (!call) return false;
+  unsigned traits = calleeTraits(call->callee);
+  if (!(traits & kPure) || (traits & (kCommunicates | kStepKeyed))) return false;
+  for (const Arg& arg : call->args)
+    if ((arg.kind == Arg::Kind::Stream && arg.value != 0) ||
+        arg.kind == Arg::Kind::StreamKey || (arg.kind == Arg::Kind::Text && arg.text == "seed_"))
+      return false; // the seed changes on load(); streams keyed by step change every step
+  return true;
+}
+
+std::vector<int> KernelFunction::writerCounts() const {
+  std::vector<int> counts(buffers.size(), 0);
+  for (const std::vector<Stmt>* list : {&init, &body})
+    for (const Stmt& stmt : *list)
+      for (BufferId id : writesOf(stmt))
+        ++counts[size_t(id)];
+  return counts;
+}
+
+bool KernelFunction::isResult(BufferId id) const {
+  if (llvm::is_contained(outputs, id)) return true;
+  for (const Update& update : updates)
+    if (update.value == id) return true;
+  return false;
+}
+
+namespace {
+
+std::string ints(const Shape& values) {
+  return fmt::format("{{{}}}", fmt::join(values, ","));
+}
+
+class Printer {
+public:
+  explicit Printer(const KernelFunction& fn) : fn(fn) {}
+
+  std::string print() {
+    size_t arena = 0, persistent = 0;
+    for (const Buffer& buffer : fn.buffers) {
+      arena += buffer.storage == Storage::Arena;
+      persistent += buffer.storage == Storage::Persistent;
+    }
+    out += fmt::format("kernels {}: {} buffers ({} arena, {} persistent), arena {} bytes for {} "
+                       "bytes of temporaries, persistent {} bytes\n",
+                       fn.name, fn.buffers.size(), arena, persistent, fn.arenaBytes,
+                       fn.temporaryBytes, fn.persistentBytes);
+    for (const Buffer& buffer : fn.buffers) {
+      if (buffer.storage == Storage::Arena && buffer.offset < 0 && fn.arenaBytes > 0)
+        continue; // fused away: never stored
+      out += fmt::format("  {} = {} {}[{}]", buffer.name, storageName(buffer.storage),
+                         ir::dtypeName(buffer.dtype), buffer.elements);
+      if (buffer.index >= 0) out += fmt::format(" #{}", buffer.index);
+      if (buffer.offset >= 0) out += fmt::format(" @{}", buffer.offset);
+      if (!buffer.what.empty()) out += fmt::format(" \"{}\"", buffer.what);
+      out += "\n";
+    }
+    if (!fn.init.empty()) {
+      out += "init:\n";
+      for (const Stmt& stmt : fn.init)
+        statement(stmt);
+    }
+    out += "run:\n";
+    for (const Stmt& stmt : fn.body)
+      statement(stmt);
+    std::vector<std::string> outputs, updates;
+    for (BufferId id : fn.outputs)
+      outputs.push_back(name(id));
+    for (const KernelFunction::Update& update : fn.updates)
+      updates.push_back(
+          fmt::format("{} <- {}", name(fn.params[update.param]), name(update.value)));
+    out += fmt::format("outputs: {}\n", fmt::join(outputs, ", "));
+    if (!updates.empty()) out += fmt::format("updates: {}\n", fmt::join(updates, ", "));
+    return out;
+  }
+
+private:
+  std::string name(BufferId id) const {
+    return id >= 0 && size_t(id) < fn.buffers.size() ? fn.buffers[size_t(id)].name
+                                                      : fmt::format("<bad {}>", id);
+  }
+
+  void statement(const Stmt& stmt) {
+    for (const std::string& source : stmt.sources)
+      out += fmt::format("  # {}\n", source);
+    std::visit([&](const auto& node) { print(node, stmt); }, stmt.node);
+  }
+
+  void print(const Loop& loop, const Stmt&) {
+    std::vector<std::string> dims;
+    for (size_t d = 0; d < loop.extents.size(); ++d)
+      dims.push_back(fmt::format("{}={}", d < loop.dims.size() ? loop.dims[d] : "?",
+                                 loop.extents[d]));
+    out += fmt::format("  loop [{}]\n", fmt::join(dims, ", "));
+    for (size_t k = 0; k < loop.body.size(); ++k) {
+      const Scalar& s = loop.body[k];
+      std::string text;
+      switch (s.kind) {
+      case Scalar::Kind::Load:
+        text = fmt::format("load {}{}", name(loop.reads[size_t(s.read)].buffer),
+                           ints(loop.reads[size_t(s.read)].strides));
+        break;
+      case Scalar::Kind::Const:
+        text = fmt::format("const {}", s.value);
+        break;
+      case Scalar::Kind::Step:
+        text = "step";
+        break;
+      case Scalar::Kind::Compute: {
+        std::vector<std::string> args;
+        for (int a : s.args)
+          args.push_back(fmt::format("%{}", a));
+        text = fmt::format("{}{} {}", ir::opSpelling(s.op),
+                           s.function.empty() ? "" : " " + s.function, fmt::join(args, " "));
+        break;
+      }
+      }
+      out += fmt::format("    %{} = {} : {}\n", k, text, ir::dtypeName(s.dtype));
+    }
+    for (const Store& store : loop.stores)
+      out += fmt::format("    store {}{} = %{}\n", name(store.at.buffer), ints(store.at.strides),
+                         store.value);
+  }
+
+  void print(const Gemm& gemm, const Stmt&) {
+    auto named = [&](const std::vector<int64_t>& dims) {
+      std::vector<std::string> names;
+      for (int64_t d : dims)
+        names.push_back(gemm.dims[size_t(d)]);
+      return fmt::format("[{}]", fmt::join(names, ","));
+    };
+    std::vector<std::string> operands, sizes;
+    for (size_t k = 0; k < gemm.operands.size(); ++k)
+      operands.push_back(name(gemm.operands[k]) + named(gemm.operandDims[k]));
+    for (size_t d = 0; d < gemm.dims.size(); ++d)
+      sizes.push_back(fmt::format("{}={}", gemm.dims[d], gemm.sizes[d]));
+    out += fmt::format("  gemm {}{} = {} * einsum({}){} : {} ({})\n", name(gemm.out),
+                       named(gemm.outDims), gemm.alpha, fmt::join(operands, ", "),
+                       gemm.beta != 0 ? fmt::format(" + {} * {}", gemm.beta, name(gemm.out)) : "",
+                       ir::dtypeName(gemm.dtype), fmt::join(sizes, " "));
+  }
+
+  void print(const Call& call, const Stmt& stmt) {
+    std::vector<std::string> args;
+    for (const Arg& arg : call.args)
+      args.push_back(argument(arg));
+    out += fmt::format("  call {}({}){}\n", calleeSpelling(call.callee), fmt::join(args, ", "),
+                       stmt.zeroFirst ? " zeroed first" : "");
+  }
+
+  std::string argument(const Arg& arg) const {
+    switch (arg.kind) {
+    case Arg::Kind::Data:
+    case Arg::Kind::View:
+      return name(arg.buffer);
+    case Arg::Kind::Ints:
+      return ints(arg.ints);
+    case Arg::Kind::Int:
+      return fmt::format("{}", int64_t(arg.value));
+    case Arg::Kind::Real:
+      return fmt::format("{}", arg.value);
+    case Arg::Kind::ShardStart:
+      return fmt::format("start[{}]/{}", fmt::join(arg.names, ","), int64_t(arg.value));
+    case Arg::Kind::GlobalBase:
+      return fmt::format("globalBase({}){}", arg.value, ints(arg.ints));
+    case Arg::Kind::Shard:
+      return fmt::format("shard{}{}", ints(arg.ints), ints(arg.ints2));
+    case Arg::Kind::BlockIndex:
+      return fmt::format("block[{}]", fmt::join(arg.names, ","));
+    case Arg::Kind::Group:
+    case Arg::Kind::GroupPointer:
+      return fmt::format("group[{}]", fmt::join(arg.names, ","));
+    case Arg::Kind::Stream:
+    case Arg::Kind::StreamKey:
+      return fmt::format("stream \"{}\"{}", arg.text, arg.value != 0 ? "#step" : "");
+    case Arg::Kind::Enum:
+    case Arg::Kind::Text:
+      return arg.text;
+    }
+    return "?";
+  }
+
+  void print(const Collective& c, const Stmt&) {
+    const char* phase = c.phase == Collective::Phase::Start  ? ".start"
+                        : c.phase == Collective::Phase::Wait ? ".wait"
+                                                             : "";
+    std::vector<std::string> buffers;
+    for (BufferId id : c.buffers)
+      buffers.push_back(name(id));
+    out += fmt::format("  {}{}{} [{}] {}\n", plan::collectiveName(c.kind), phase,
+                       c.request >= 0 ? fmt::format(" #{}", c.request) : "",
+                       fmt::join(c.axes, ","), fmt::join(buffers, " "));
+  }
+
+  void print(const Copy& copy, const Stmt&) {
+    out += fmt::format("  copy {} <- {}\n", name(copy.to), name(copy.from));
+  }
+
+  const KernelFunction& fn;
+  std::string out;
+};
+
+} // namespace
+
+std::string printKernels(const KernelFunction& function) {
+  return Printer(function).print();
+}
+
+std::string printKernels(const KernelModule& module) {
+  std::string out;
+  for (size_t k = 0; k < module.functions.size(); ++k)
+    out += (k ? "\n" : "") + printKernels(module.functions[k]);
+  return out;
+}
+
+} // namespace meshc::kir

@@ -1,0 +1,256 @@
+// The kernel IR: how one rank computes what the SPMD IR says it computes. Between the plan and
+// the text: buffers with arena offsets, fused loop nests over compile-time local extents (their
+// bodies are scalar SSA), library calls (GEMM with alpha and beta), the runtime's kernels
+// (reductions, softmax, data movement, RNG fills) from one table (KernelCalls.def), and
+// collectives as start/wait pairs. Produced by lowerToKernels (LowerToKernels.h), rewritten by the
+// passes listed in Lower.cpp, checked by verifyKernels after each, printed by --emit=kernels and
+// turned into C++ or CUDA by the printers. docs/codegen.md describes it.
+#pragma once
+
+#include "ir/IR.h"
+#include "planner/SpmdIR.h"
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace meshc::kir {
+
+using ir::DType;
+using Shape = std::vector<int64_t>;
+using BufferId = int32_t;
+constexpr BufferId kNoBuffer = -1;
+
+/// Where a buffer's bytes live.
+enum class Storage {
+  Input,      // the caller's input tensor (read only)
+  Param,      // a parameter member of the generated object
+  Arena,      // a slot of run()'s arena, at `offset`, live over the statements that use it
+  Persistent, // a member computed once, in the constructor (hoisted step-invariant values)
+};
+const char* storageName(Storage storage);
+
+struct Buffer {
+  std::string name;    // the C++ variable ("v12")
+  std::string what;    // the value it holds, for comments ("scores", or "" for a temporary)
+  int64_t elements = 0;
+  DType dtype = DType::F32; // element values are held as float; dtype says how they round
+  Storage storage = Storage::Arena;
+  int64_t index = -1;  // Input / Param: which input or param of the function
+  int64_t offset = -1; // Arena / Persistent: byte offset, assigned by planBuffers
+};
+
+//===------------------------------------------------------------------------------------------===//
+// Fused loop nests
+//===------------------------------------------------------------------------------------------===//
+
+/// One buffer access of a loop: element offset = sum over loop dims of index * stride (a
+/// stride of 0 repeats the element along that dim: a broadcast).
+struct Access {
+  BufferId buffer = kNoBuffer;
+  Shape strides;
+  bool operator==(const Access&) const = default;
+};
+
+/// One scalar of a loop body (SSA: `args` name earlier scalars of the same body).
+struct Scalar {
+  enum class Kind {
+    Load,    // reads[read] at the current point
+    Const,   // `value`
+    Compute, // `op` (an elementwise IR op) of `args`
+    Step,    // the train step counter (steps taken before this one), as f32
+  };
+  Kind kind = Kind::Const;
+  ir::OpKind op = ir::OpKind::Add;
+  std::vector<int> args;
+  int read = -1;
+  double value = 0;
+  DType dtype = DType::F32;
+  std::string function; // op == Call: the user's C++ function
+  bool operator==(const Scalar&) const = default;
+};
+
+/// One result of a loop: the scalar `value` stored at `at` (rounded to the buffer's dtype).
+struct Store {
+  Access at;
+  int value = -1;
+  bool operator==(const Store&) const = default;
+};
+
+/// A fused elementwise loop nest: for every point of `extents`, evaluates `body` and stores
+/// some of its scalars (fused producers whose values are still needed store theirs too).
+struct Loop {
+  std::vector<std::string> dims; // the loop dims' names (for reading the IR)
+  Shape extents;                 // compile-time local extents
+  std::vector<Access> reads;
+  std::vector<Store> stores;
+  std::vector<Scalar> body;
+  bool operator==(const Loop&) const = default;
+};
+
+//===------------------------------------------------------------------------------------------===//
+// Library calls
+//===------------------------------------------------------------------------------------------===//
+
+/// out = alpha * einsum(operands) + beta * out, over named dims with local sizes. Operands and
+/// result are dense row-major over their dims (`operandDims`, `outDims`: indices into `dims`).
+struct Gemm {
+  std::vector<std::string> dims;
+  Shape sizes;
+  std::vector<BufferId> operands;
+  std::vector<std::vector<int64_t>> operandDims;
+  BufferId out = kNoBuffer;
+  std::vector<int64_t> outDims;
+  double alpha = 1, beta = 0;
+  DType dtype = DType::F32;
+  bool operator==(const Gemm&) const = default;
+};
+
+/// The runtime's kernels, from KernelCalls.def.
+enum class Callee {
+#define KERNEL(Name, Spelling, Traits, Description) Name,
+#include "codegen/KernelCalls.def"
+#undef KERNEL
+};
+/// Traits of a kernel (one table that every pass reads).
+enum KernelTrait : unsigned {
+  kPure = 1u << 0,       // result depends only on its arguments: may be merged (CSE) or hoisted
+  kNeedsZero = 1u << 1,  // writes only part of `out`: the rest must be zero beforehand
+  kCommunicates = 1u << 2, // calls collectives (every rank runs it, in the same order)
+  kStepKeyed = 1u << 3,  // depends on the train step (RNG streams keyed by step)
+};
+const char* calleeSpelling(Callee callee);
+unsigned calleeTraits(Callee callee);
+const char* calleeDescription(Callee callee);
+
+/// One argument of a kernel call; the printers spell each kind for their target.
+struct Arg {
+  enum class Kind {
+    Data,       // buffer's element pointer
+    View,       // buffer as a span
+    Ints,       // {a, b, ...}
+    Int,        // an integer
+    Real,       // a double literal
+    ShardStart, // this rank's shard start along a dim split over `names` of global size `value`
+    GlobalBase, // `value` + sum over the shard starts of `starts` times the strides `ints`
+    Shard,      // meshrt::kernels::Shard{global sizes `ints`, starts, local sizes `ints2`}
+    BlockIndex, // this rank's block index along the axes `names`
+    Group,      // the subgroup communicator over `names` (a reference)
+    GroupPointer, // the same as a pointer, nullptr when `names` is empty (the lane is whole)
+    Stream,     // the RNG stream name `text` (keyed by the train step when `value` != 0)
+    StreamKey,  // the same, as the stream key made with the seed (meshrt::streamKey)
+    Enum,       // a support enumerator, e.g. "Reduce::Sum" (target namespace prefixed)
+    Text,       // a C++ token the same on every target (a ValueType enumerator, a string)
+  };
+  Kind kind = Kind::Int;
+  BufferId buffer = kNoBuffer;
+  Shape ints, ints2;
+  double value = 0;
+  std::string text;
+  std::vector<std::string> names;
+  /// GlobalBase / Shard: per dim, the axes its shard start comes from and the local size.
+  std::vector<std::pair<std::vector<std::string>, int64_t>> starts;
+  bool operator==(const Arg&) const = default;
+};
+
+struct Call {
+  Callee callee = Callee::Reduce;
+  std::vector<Arg> args;
+  BufferId out = kNoBuffer;     // the buffer it writes (kNoBuffer: in place on `reads`)
+  std::vector<BufferId> reads;  // the buffers it reads (and, for in-place kernels, writes)
+  bool operator==(const Call&) const = default;
+};
+
+//===------------------------------------------------------------------------------------------===//
+// Collectives
+//===------------------------------------------------------------------------------------------===//
+
+/// An in-place all-reduce of `buffers` over the ranks along `axes` (several buffers: one
+/// packed collective). Blocking, or split into a Start and the Wait with the same `request`.
+struct Collective {
+  enum class Phase { Blocking, Start, Wait };
+  plan::CollectiveKind kind = plan::CollectiveKind::AllReduceSum;
+  std::vector<std::string> axes;
+  std::vector<BufferId> buffers;
+  Phase phase = Phase::Blocking;
+  int request = -1;
+  bool operator==(const Collective&) const = default;
+};
+
+/// to = from, element for element.
+struct Copy {
+  BufferId to = kNoBuffer, from = kNoBuffer;
+  bool operator==(const Copy&) const = default;
+};
+
+//===------------------------------------------------------------------------------------------===//
+// Statements and functions
+//===------------------------------------------------------------------------------------------===//
+
+struct Stmt {
+  std::variant<Loop, Gemm, Call, Collective, Copy> node;
+  /// The .mesh ops it computes, "file:line:col op -> value" each (comments in the output).
+  std::vector<std::string> sources;
+  /// Zero the written buffer first (kernels that write part of it).
+  bool zeroFirst = false;
+};
+
+/// The buffers a statement reads and the one it writes (kNoBuffer for in-place collectives,
+/// which read and write their buffers).
+std::vector<BufferId> readsOf(const Stmt& stmt);
+std::vector<BufferId> writesOf(const Stmt& stmt);
+/// Every buffer reference of `stmt` (reads, writes and arguments) that names `from` names `to`.
+void replaceBuffer(Stmt& stmt, BufferId from, BufferId to);
+/// Per buffer: the indices of the statements of `stmts` that read it (each once, ascending).
+std::vector<std::vector<size_t>> readerLists(const std::vector<Stmt>& stmts, size_t buffers);
+/// In `stmts` from `first` on, and in the function's outputs and updates: `from` becomes `to`.
+struct KernelFunction;
+void replaceBufferFrom(KernelFunction& function, size_t first, BufferId from, BufferId to);
+/// Whether `stmt` may be merged with an identical one or moved: a loop, a GEMM, or a kernel
+/// that is pure (KernelCalls.def) and not keyed by the seed or the train step.
+bool isPure(const Stmt& stmt);
+
+struct KernelFunction {
+  std::string name; // the SPMD function's
+  std::vector<Buffer> buffers;
+  /// Run once, in the constructor, after the params are initialized (hoisted statements).
+  std::vector<Stmt> init;
+  /// run()'s body, in order.
+  std::vector<Stmt> body;
+  /// Per output (in the SPMD function's order) and per param update: the buffer holding it.
+  std::vector<BufferId> outputs;
+  /// Per param update: the buffer of the new value; `sameLayout` when the value's local dims
+  /// are the param's in the same order (so it may be computed into the param's storage).
+  struct Update {
+    size_t param = 0;
+    BufferId value = kNoBuffer;
+    bool sameLayout = false;
+  };
+  std::vector<Update> updates;
+  std::vector<BufferId> inputs, params;             // per input / param: its buffer
+  size_t arenaBytes = 0, persistentBytes = 0, temporaryBytes = 0;
+
+  /// Per buffer: how many statements of init and body write it.
+  std::vector<int> writerCounts() const;
+  /// Whether `id` is a result the caller sees after run() (an output or an update).
+  bool isResult(BufferId id) const;
+
+  BufferId addBuffer(Buffer buffer) {
+    buffers.push_back(std::move(buffer));
+    return BufferId(buffers.size() - 1);
+  }
+};
+
+struct KernelModule {
+  std::vector<KernelFunction> functions;
+};
+
+/// `--emit=kernels`: the readable form of every function.
+std::string printKernels(const KernelModule& module);
+std::string printKernels(const KernelFunction& function);
+
+/// Arena slots are aligned to this many bytes (meshc::gen::Arena::kAlignment).
+constexpr size_t kArenaAlignment = 64;
+
+} // namespace meshc::kir

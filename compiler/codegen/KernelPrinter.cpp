@@ -1,0 +1,533 @@
+// The statement printer both targets share (KernelPrinter.h).
+#include "codegen/KernelPrinter.h"
+
+#include "codegen/Target.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
+
+#include <cmath>
+
+namespace meshc::codegen {
+
+using ir::DType;
+using ir::OpKind;
+using kir::Scalar;
+
+std::string doubleLiteral(double value) {
+  if (std::isinf(value)) return value > 0 ? "INFINITY" : "-INFINITY";
+  if (std::isnan(value)) return "NAN";
+  std::string text = fmt::format("{}", value);
+  if (text.find_first_of(".eE") == std::string::npos) text += ".0";
+  return text;
+}
+
+/// An f32 literal holding `value` rounded to f32 (the shortest text that round-trips).
+std::string floatLiteral(double value) {
+  float f = float(value);
+  if (std::isinf(f)) return f > 0 ? "INFINITY" : "-INFINITY";
+  if (std::isnan(f)) return "NAN";
+  std::string text = fmt::format("{}", f);
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  return text + "f";
+}
+
+namespace {
+
+const char* dtypeEnum(DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return "support::DType::F32";
+  case DType::BF16:
+    return "support::DType::BF16";
+  case DType::F16:
+    return "support::DType::F16";
+  case DType::I32:
+    return "support::DType::I32";
+  }
+  return "support::DType::F32";
+}
+
+/// The op in f32 (`f32`) or, for the narrow and integer dtypes, in double as the interpreter
+/// computes it (rounded once by the caller).
+std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
+                        const std::vector<DType>& types, bool f32) {
+  auto d = [&](size_t i) { return f32 ? a[i] : fmt::format("double({})", a[i]); };
+  auto fn = [&](const char* f32Name, const char* doubleName) {
+    return f32 ? fmt::format("support::{}({})", f32Name, a[0])
+               : fmt::format("{}({})", doubleName, d(0));
+  };
+  bool integer = types.size() >= 2 && types[0] == DType::I32 && types[1] == DType::I32;
+  switch (s.op) {
+  case OpKind::Neg:
+    return fmt::format("-{}", a[0]);
+  case OpKind::Abs:
+    return fmt::format("std::fabs({})", a[0]);
+  case OpKind::Exp:
+    return fn("fexp", "std::exp");
+  case OpKind::Log:
+    return fn("flog", "std::log");
+  case OpKind::Sqrt:
+    return fn("fsqrt", "std::sqrt");
+  case OpKind::Rsqrt:
+    return f32 ? fmt::format("1.0f / support::fsqrt({})", a[0])
+               : fmt::format("1.0 / std::sqrt({})", d(0));
+  case OpKind::Square:
+    return fmt::format("{0} * {0}", d(0));
+  case OpKind::Tanh:
+    return fn("ftanh", "std::tanh");
+  case OpKind::Sigmoid:
+    return f32 ? fmt::format("support::fsigmoid({})", a[0])
+               : fmt::format("support::sigmoid({})", a[0]);
+  case OpKind::Relu:
+    return fmt::format("({0} > 0 ? {0} : 0.0f)", a[0]);
+  case OpKind::Gelu:
+    return f32 ? fmt::format("support::fgelu({})", a[0]) : fmt::format("support::gelu({})", a[0]);
+  case OpKind::Sin:
+    return fn("fsin", "std::sin");
+  case OpKind::Cos:
+    return fn("fcos", "std::cos");
+  case OpKind::Cast:
+  case OpKind::StopGradient:
+  case OpKind::Transpose:
+  case OpKind::Broadcast: // the operand's missing dims have stride 0 in the loop
+    return a[0];
+  case OpKind::Add:
+    return fmt::format("({} + {})", d(0), d(1));
+  case OpKind::Sub:
+    return fmt::format("({} - {})", d(0), d(1));
+  case OpKind::Mul:
+    return fmt::format("({} * {})", d(0), d(1));
+  case OpKind::Div:
+    if (integer) return fmt::format("support::divI32({}, {})", a[0], a[1]);
+    return fmt::format("({} / {})", d(0), d(1));
+  case OpKind::Pow:
+    if (integer) return fmt::format("support::powI32({}, {})", a[0], a[1]);
+    return f32 ? fmt::format("support::fpow({}, {})", a[0], a[1])
+               : fmt::format("std::pow({}, {})", d(0), d(1));
+  case OpKind::Maximum:
+    return fmt::format("support::maximum({}, {})", a[0], a[1]);
+  case OpKind::Minimum:
+    return fmt::format("support::minimum({}, {})", a[0], a[1]);
+  case OpKind::Lt:
+    return fmt::format("({} < {} ? 1.0f : 0.0f)", a[0], a[1]);
+  case OpKind::Le:
+    return fmt::format("({} <= {} ? 1.0f : 0.0f)", a[0], a[1]);
+  case OpKind::Gt:
+    return fmt::format("({} > {} ? 1.0f : 0.0f)", a[0], a[1]);
+  case OpKind::Ge:
+    return fmt::format("({} >= {} ? 1.0f : 0.0f)", a[0], a[1]);
+  case OpKind::Eq:
+    return fmt::format("({} == {} ? 1.0f : 0.0f)", a[0], a[1]);
+  case OpKind::Ne:
+    return fmt::format("({} != {} ? 1.0f : 0.0f)", a[0], a[1]);
+  case OpKind::Where:
+    return fmt::format("({} != 0 ? {} : {})", a[0], a[1], a[2]);
+  case OpKind::Call: // the user's function (its header is included by the source)
+    return fmt::format("::{}({})", s.function, fmt::join(a, ", "));
+  default: // not elementwise: the lowering never puts it in a loop (the verifier's domain)
+    return a.empty() ? "0.0f" : a[0];
+  }
+}
+
+bool isComparison(OpKind kind) {
+  return kind == OpKind::Lt || kind == OpKind::Le || kind == OpKind::Gt || kind == OpKind::Ge ||
+         kind == OpKind::Eq || kind == OpKind::Ne || kind == OpKind::Where;
+}
+
+} // namespace
+
+std::string scalarExpression(const Scalar& s, const std::vector<std::string>& args,
+                             const std::vector<DType>& argTypes) {
+  switch (s.kind) {
+  case Scalar::Kind::Load:
+    return "0.0f"; // spelled by loopBody
+  case Scalar::Kind::Step:
+    return "stepValue"; // float(step_), declared before the loop
+  case Scalar::Kind::Const:
+    if (s.dtype == DType::BF16 || s.dtype == DType::F16)
+      return fmt::format("support::roundValue({}, {})", dtypeEnum(s.dtype), doubleLiteral(s.value));
+    if (s.dtype == DType::I32) return fmt::format("support::wrapI32({})", doubleLiteral(s.value));
+    return floatLiteral(s.value);
+  case Scalar::Kind::Compute:
+    break;
+  }
+  if (isComparison(s.op)) return computeExpr(s, args, argTypes, true);
+  if (s.op == OpKind::Cast && s.dtype == DType::I32 && !argTypes.empty() &&
+      argTypes[0] != DType::I32)
+    return fmt::format("support::castToI32({})", args[0]);
+  if (s.op == OpKind::Div && s.dtype == DType::I32 && argTypes.size() == 2 &&
+      argTypes[0] == DType::I32 && argTypes[1] == DType::I32)
+    return computeExpr(s, args, argTypes, false);
+  if (s.op == OpKind::Pow && s.dtype == DType::I32) return computeExpr(s, args, argTypes, false);
+  switch (s.dtype) {
+  case DType::F32:
+    if (s.op == OpKind::Call) return fmt::format("float({})", computeExpr(s, args, argTypes, true));
+    return computeExpr(s, args, argTypes, true);
+  case DType::BF16:
+  case DType::F16:
+    // Rounded once, from double, as the interpreter does.
+    return fmt::format("support::roundValue({}, double({}))", dtypeEnum(s.dtype),
+                       computeExpr(s, args, argTypes, false));
+  case DType::I32:
+    return fmt::format("support::wrapI32(double({}))", computeExpr(s, args, argTypes, false));
+  }
+  return computeExpr(s, args, argTypes, true);
+}
+
+std::string stepDeclaration(const kir::Loop& loop) {
+  bool readsStep = llvm::any_of(
+      loop.body, [](const Scalar& scalar) { return scalar.kind == Scalar::Kind::Step; });
+  return readsStep ? "const float stepValue = float(step_);\n" : "";
+}
+
+CollapsedLoop collapseLoop(const kir::Loop& loop) {
+  CollapsedLoop c;
+  std::vector<kir::Shape*> all;
+  for (const kir::Access& read : loop.reads)
+    c.reads.push_back(read.strides);
+  for (const kir::Store& store : loop.stores)
+    c.stores.push_back(store.at.strides);
+  for (kir::Shape& s : c.reads)
+    all.push_back(&s);
+  for (kir::Shape& s : c.stores)
+    all.push_back(&s);
+  c.extents = loop.extents;
+  // Size-1 dims first, then adjacent dims every access walks as one.
+  for (size_t d = c.extents.size(); d-- > 0;)
+    if (c.extents[d] == 1 && c.extents.size() > 1) {
+      c.extents.erase(c.extents.begin() + std::ptrdiff_t(d));
+      for (kir::Shape* s : all)
+        s->erase(s->begin() + std::ptrdiff_t(d));
+    }
+  for (size_t d = c.extents.size(); d-- > 1;) {
+    bool merges = llvm::all_of(all, [&](const kir::Shape* s) {
+      return (*s)[d - 1] == (*s)[d] * c.extents[d];
+    });
+    if (!merges) continue;
+    c.extents[d - 1] *= c.extents[d];
+    c.extents.erase(c.extents.begin() + std::ptrdiff_t(d));
+    for (kir::Shape* s : all) {
+      (*s)[d - 1] = (*s)[d];
+      s->erase(s->begin() + std::ptrdiff_t(d));
+    }
+  }
+  return c;
+}
+
+std::string offsetExpression(const kir::Shape& strides) {
+  std::vector<std::string> terms;
+  for (size_t d = 0; d < strides.size(); ++d) {
+    if (strides[d] == 0) continue;
+    terms.push_back(strides[d] == 1 ? fmt::format("i{}", d) : fmt::format("i{} * {}", d, strides[d]));
+  }
+  return terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
+}
+
+std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
+                     const ElementText& element, const ElementText& store) {
+  std::string body;
+  for (size_t k = 0; k < loop.body.size(); ++k) {
+    const Scalar& s = loop.body[k];
+    std::string expr;
+    if (s.kind == Scalar::Kind::Load) {
+      expr = element(size_t(s.read), offsetExpression(collapsed.reads[size_t(s.read)]));
+    } else {
+      std::vector<std::string> args;
+      std::vector<DType> types;
+      for (int a : s.args) {
+        args.push_back(fmt::format("s{}", a));
+        types.push_back(loop.body[size_t(a)].dtype);
+      }
+      expr = scalarExpression(s, args, types);
+    }
+    body += fmt::format("const float s{} = {};\n", k, expr);
+  }
+  for (size_t j = 0; j < loop.stores.size(); ++j)
+    body += fmt::format("{} = s{};\n", store(j, offsetExpression(collapsed.stores[j])),
+                        loop.stores[j].value);
+  return body;
+}
+
+namespace {
+
+std::string list(const kir::Shape& values) {
+  return fmt::format("{{{}}}", fmt::join(values, ", "));
+}
+
+/// Row-major strides of an operand over its own dims (ids into the GEMM's dims).
+kir::Shape ownStrides(const kir::Gemm& gemm, const std::vector<int64_t>& dims) {
+  kir::Shape strides(dims.size());
+  int64_t stride = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= gemm.sizes[size_t(dims[i])];
+  }
+  return strides;
+}
+
+/// Strides of the operand with `dims` over the GEMM dims `group` (0 where it lacks one).
+kir::Shape stridesOver(const kir::Gemm& gemm, const std::vector<int64_t>& dims,
+                       const std::vector<int64_t>& group) {
+  kir::Shape own = ownStrides(gemm, dims), strides;
+  for (int64_t g : group) {
+    auto it = llvm::find(dims, g);
+    strides.push_back(it == dims.end() ? 0 : own[size_t(it - dims.begin())]);
+  }
+  return strides;
+}
+
+} // namespace
+
+std::string gemmDims(const kir::Gemm& gemm) {
+  if (gemm.operands.size() != 2) return "";
+  const auto& a = gemm.operandDims[0];
+  const auto& b = gemm.operandDims[1];
+  const auto& out = gemm.outDims;
+  std::vector<int64_t> batch, m, n, k;
+  for (int64_t dim : out) {
+    bool inA = llvm::is_contained(a, dim), inB = llvm::is_contained(b, dim);
+    if (inA && inB)
+      batch.push_back(dim);
+    else if (inA)
+      m.push_back(dim);
+    else if (inB)
+      n.push_back(dim);
+    else
+      return "";
+  }
+  for (int64_t dim : a)
+    if (!llvm::is_contained(out, dim)) {
+      if (!llvm::is_contained(b, dim)) return ""; // a dim summed within one operand
+      k.push_back(dim);
+    }
+  for (int64_t dim : b)
+    if (!llvm::is_contained(out, dim) && !llvm::is_contained(a, dim)) return "";
+  auto sizes = [&](const std::vector<int64_t>& group) {
+    kir::Shape values;
+    for (int64_t dim : group)
+      values.push_back(gemm.sizes[size_t(dim)]);
+    return values;
+  };
+  std::vector<std::pair<const char*, kir::Shape>> fields = {
+      {"batch", sizes(batch)},
+      {"m", sizes(m)},
+      {"n", sizes(n)},
+      {"k", sizes(k)},
+      {"aBatch", stridesOver(gemm, a, batch)},
+      {"aM", stridesOver(gemm, a, m)},
+      {"aK", stridesOver(gemm, a, k)},
+      {"bBatch", stridesOver(gemm, b, batch)},
+      {"bK", stridesOver(gemm, b, k)},
+      {"bN", stridesOver(gemm, b, n)},
+      {"outBatch", stridesOver(gemm, out, batch)},
+      {"outM", stridesOver(gemm, out, m)},
+      {"outN", stridesOver(gemm, out, n)}};
+  std::vector<std::string> initializers;
+  for (const auto& [field, values] : fields)
+    initializers.push_back(fmt::format(".{} = {}", field, list(values)));
+  return fmt::format("{{{}}}", fmt::join(initializers, ", "));
+}
+
+std::string einsumGenericArgs(const kir::Gemm& gemm, const kir::KernelFunction& fn) {
+  std::vector<int64_t> contracted;
+  for (const auto& dims : gemm.operandDims)
+    for (int64_t dim : dims)
+      if (!llvm::is_contained(gemm.outDims, dim) && !llvm::is_contained(contracted, dim))
+        contracted.push_back(dim);
+  std::vector<std::string> pointers, outer, inner;
+  kir::Shape outSizes, contractedSizes;
+  for (int64_t dim : gemm.outDims)
+    outSizes.push_back(gemm.sizes[size_t(dim)]);
+  for (int64_t dim : contracted)
+    contractedSizes.push_back(gemm.sizes[size_t(dim)]);
+  for (size_t k = 0; k < gemm.operands.size(); ++k) {
+    pointers.push_back(fn.buffers[size_t(gemm.operands[k])].name + ".data()");
+    outer.push_back(list(stridesOver(gemm, gemm.operandDims[k], gemm.outDims)));
+    inner.push_back(list(stridesOver(gemm, gemm.operandDims[k], contracted)));
+  }
+  return fmt::format("{}, {}, {{{}}}, {{{}}}, {{{}}}", list(outSizes), list(contractedSizes),
+                     fmt::join(pointers, ", "), fmt::join(outer, ", "), fmt::join(inner, ", "));
+}
+
+std::string groupMember(const std::vector<std::string>& axes) {
+  return "group_" + fmt::format("{}", fmt::join(axes, "_"));
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Statements
+//===------------------------------------------------------------------------------------------===//
+
+std::string StatementPrinter::print(const std::vector<kir::Stmt>& stmts) {
+  if (declared.size() != fn.buffers.size()) newScope();
+  writers = fn.writerCounts();
+  std::string out;
+  for (size_t k = 0; k < stmts.size(); ++k)
+    out += statement(stmts[k], k);
+  return out;
+}
+
+std::string StatementPrinter::declare(kir::BufferId id, bool zero) {
+  if (declared[size_t(id)]) return "";
+  declared[size_t(id)] = true;
+  const kir::Buffer& buffer = fn.buffers[size_t(id)];
+  switch (buffer.storage) {
+  case kir::Storage::Input:
+    return fmt::format("const support::Buffer& {} = inputs.{}.data;\n", buffer.name,
+                       inputFields.at(size_t(buffer.index)));
+  case kir::Storage::Param:
+    if (writers[size_t(id)] > 0) // an update written in place
+      return fmt::format("support::View {}({}); // updated in place\n", buffer.name,
+                         paramMembers.at(size_t(buffer.index)));
+    return fmt::format("const support::Buffer& {} = {};\n", buffer.name,
+                       paramMembers.at(size_t(buffer.index)));
+  case kir::Storage::Arena:
+    return fmt::format("support::View {} = arena_.{}({}, {});\n", buffer.name,
+                       zero ? "slot" : "view", buffer.offset, buffer.elements);
+  case kir::Storage::Persistent:
+    return fmt::format("support::View {} = persistent_.{}({}, {});\n", buffer.name,
+                       zero ? "slot" : "view", buffer.offset, buffer.elements);
+  }
+  return "";
+}
+
+std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
+  std::string out = "\n";
+  for (const std::string& source : stmt.sources)
+    out += fmt::format("// {}\n", source);
+  for (kir::BufferId id : kir::readsOf(stmt))
+    out += declare(id, false);
+  if (const kir::Copy* c = std::get_if<kir::Copy>(&stmt.node)) return out + copy(*c);
+  for (kir::BufferId id : kir::writesOf(stmt))
+    out += declare(id, stmt.zeroFirst);
+  struct Visitor {
+    StatementPrinter& p;
+    size_t index;
+    std::string operator()(const kir::Loop& loop) const { return p.target.loop(loop, p.fn); }
+    std::string operator()(const kir::Gemm& gemm) const {
+      return p.target.gemm(gemm, p.fn, index);
+    }
+    std::string operator()(const kir::Call& call) const { return p.call(call, index); }
+    std::string operator()(const kir::Collective& c) const { return p.collective(c); }
+    std::string operator()(const kir::Copy& c) const { return p.copy(c); }
+  };
+  return out + std::visit(Visitor{*this, index}, stmt.node);
+}
+
+std::string StatementPrinter::copy(const kir::Copy& c) {
+  const kir::Buffer& to = fn.buffers[size_t(c.to)];
+  if (!declared[size_t(c.to)] && to.storage == kir::Storage::Arena) {
+    declared[size_t(c.to)] = true;
+    return fmt::format("support::View {} = arena_.copy({}, {});\n", to.name, to.offset,
+                       name(c.from));
+  }
+  std::string out = declare(c.to, false);
+  return out + fmt::format("support::copyValues({}, {});\n", name(c.to), name(c.from));
+}
+
+std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t position) {
+  auto start = [&](const std::vector<std::string>& axes, int64_t size) {
+    if (axes.empty()) return std::string("0");
+    std::vector<std::string> quoted;
+    for (const std::string& axis : axes)
+      quoted.push_back(fmt::format("\"{}\"", axis));
+    return fmt::format("support::shardStart(world_, {{{}}}, {})", fmt::join(quoted, ", "), size);
+  };
+  switch (arg.kind) {
+  case kir::Arg::Kind::Data:
+    return name(arg.buffer) + ".data()";
+  case kir::Arg::Kind::View:
+    return name(arg.buffer);
+  case kir::Arg::Kind::Ints:
+    return fmt::format("shape{}_{}", index, position); // declared before the call
+  case kir::Arg::Kind::Int:
+    return fmt::format("{}", int64_t(arg.value));
+  case kir::Arg::Kind::Real:
+    return doubleLiteral(arg.value);
+  case kir::Arg::Kind::ShardStart:
+    return start(arg.names, int64_t(arg.value));
+  case kir::Arg::Kind::BlockIndex: {
+    std::vector<std::string> quoted;
+    for (const std::string& axis : arg.names)
+      quoted.push_back(fmt::format("\"{}\"", axis));
+    return fmt::format("support::blockIndex(world_, {{{}}})", fmt::join(quoted, ", "));
+  }
+  case kir::Arg::Kind::GlobalBase: {
+    std::vector<std::string> terms;
+    if (arg.value != 0 || arg.starts.empty()) terms.push_back(fmt::format("{}", int64_t(arg.value)));
+    for (size_t d = 0; d < arg.starts.size() && d < arg.ints.size(); ++d)
+      if (!arg.starts[d].first.empty() && arg.ints[d] != 0)
+        terms.push_back(fmt::format("{} * {}", start(arg.starts[d].first, arg.starts[d].second),
+                                    arg.ints[d]));
+    return fmt::format("int64_t({})", fmt::join(terms, " + "));
+  }
+  case kir::Arg::Kind::Shard: {
+    std::vector<std::string> starts;
+    for (const auto& [axes, size] : arg.starts)
+      starts.push_back(start(axes, size));
+    return fmt::format("meshrt::kernels::Shard{{meshrt::kernels::Dims{}, "
+                       "meshrt::kernels::Dims{{{}}}, meshrt::kernels::Dims{}}}",
+                       list(arg.ints), fmt::join(starts, ", "), list(arg.ints2));
+  }
+  case kir::Arg::Kind::Group:
+    groups.insert(arg.names);
+    return groupMember(arg.names);
+  case kir::Arg::Kind::GroupPointer:
+    if (arg.names.empty()) return "nullptr";
+    groups.insert(arg.names);
+    return "&" + groupMember(arg.names);
+  case kir::Arg::Kind::Stream:
+  case kir::Arg::Kind::StreamKey: {
+    std::string text = fmt::format("\"{}\"", arg.text);
+    if (arg.value != 0) text = fmt::format("std::string({}) + \"#\" + std::to_string(step_)", text);
+    if (arg.kind == kir::Arg::Kind::StreamKey)
+      return fmt::format("meshrt::streamKey(seed_, {})", text);
+    return text;
+  }
+  case kir::Arg::Kind::Enum:
+    return "support::" + arg.text;
+  case kir::Arg::Kind::Text:
+    return arg.text;
+  }
+  return "";
+}
+
+std::string StatementPrinter::call(const kir::Call& c, size_t index) {
+  std::string out;
+  std::vector<std::string> args;
+  for (size_t k = 0; k < c.args.size(); ++k) {
+    // Shapes are static constants: nothing is allocated when run() calls the kernel.
+    if (c.args[k].kind == kir::Arg::Kind::Ints)
+      out += fmt::format("static const support::Shape shape{}_{} = {};\n", index, k,
+                         list(c.args[k].ints));
+    args.push_back(argument(c.args[k], index, k));
+  }
+  return out + fmt::format("support::{}({});\n", kir::calleeSpelling(c.callee),
+                           fmt::join(args, ", "));
+}
+
+std::string StatementPrinter::collective(const kir::Collective& c) {
+  groups.insert(c.axes);
+  std::string group = groupMember(c.axes);
+  const char* reduceOp = c.kind == plan::CollectiveKind::AllReduceMax   ? "Max"
+                         : c.kind == plan::CollectiveKind::AllReduceMin ? "Min"
+                                                                        : "Sum";
+  std::vector<std::string> views;
+  for (kir::BufferId id : c.buffers)
+    views.push_back(name(id));
+  switch (c.phase) {
+  case kir::Collective::Phase::Start:
+    return fmt::format("auto request{} = support::startAllReduce({}, {{{}}}, meshrt::ReduceOp::{});\n",
+                       c.request, group, fmt::join(views, ", "), reduceOp);
+  case kir::Collective::Phase::Wait:
+    return fmt::format("request{}.wait();\n", c.request);
+  case kir::Collective::Phase::Blocking:
+    break;
+  }
+  if (views.size() == 1)
+    return fmt::format("{0}.allReduce({1}.data(), {1}.size(), meshrt::ReduceOp::{2});\n", group,
+                       views[0], reduceOp);
+  return fmt::format("support::allReduceBucket({}, {{{}}});\n", group, fmt::join(views, ", "));
+}
+
+} // namespace meshc::codegen

@@ -1,0 +1,90 @@
+// The statement printer both targets share: kernel IR statements as C++ statements (kernel
+// calls, collectives, copies, buffer declarations), with the target printing loop nests and
+// GEMMs; and the pieces of a loop nest's text both targets build on (scalar expressions, dim
+// collapsing, access offsets, the GEMM classification).
+#pragma once
+
+#include "codegen/KernelIR.h"
+
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace meshc::codegen {
+
+class Target;
+
+/// A loop nest with adjacent dims merged where every access walks them as one (a contiguous
+/// nest becomes one flat loop, which the C++ compiler vectorizes).
+struct CollapsedLoop {
+  kir::Shape extents;
+  std::vector<kir::Shape> reads, stores; // strides per read / per store
+};
+CollapsedLoop collapseLoop(const kir::Loop& loop);
+
+/// `i0 * 128 + i1` over the loop indices i0, i1, ... ("0" when every stride is 0).
+std::string offsetExpression(const kir::Shape& strides);
+
+/// A loop body: one `const float sK = ...;` per scalar (a load reads `element(read, offset)`),
+/// then the stores (`element` of `store(store, offset)` = the scalar).
+using ElementText = std::function<std::string(size_t, const std::string&)>;
+std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
+                     const ElementText& element, const ElementText& store);
+
+/// `const float stepValue = float(step_);` when the loop reads the step counter (device lambdas
+/// capture it by value), else "".
+std::string stepDeclaration(const kir::Loop& loop);
+
+/// The C++ expression of one scalar of a loop body over its argument scalars' names.
+std::string scalarExpression(const kir::Scalar& scalar, const std::vector<std::string>& args,
+                             const std::vector<ir::DType>& argTypes);
+
+/// A two-operand GEMM's dims as meshc::gen::GemmDims' designated initializer ("{.batch = ...}"),
+/// or "" when it is not a GEMM (a dim summed within one operand, or another operand count).
+std::string gemmDims(const kir::Gemm& gemm);
+/// The arguments of meshc::gen::einsumGeneric for `gemm` after its output pointer.
+std::string einsumGenericArgs(const kir::Gemm& gemm, const kir::KernelFunction& fn);
+
+/// An f32 literal holding `value` rounded to f32 ("0.125f"; INFINITY / NAN spelled so).
+std::string floatLiteral(double value);
+/// A double as a C++ literal that round-trips (INFINITY / NAN spelled so).
+std::string doubleLiteral(double value);
+/// The subgroup member for `axes` ("group_data_model").
+std::string groupMember(const std::vector<std::string>& axes);
+
+/// Prints statements of one function (run()'s body or the constructor's hoisted part),
+/// declaring each buffer before its first use.
+class StatementPrinter {
+public:
+  /// `paramMembers`: per param, its member; `inputFields`: per input, its field of Inputs.
+  StatementPrinter(const kir::KernelFunction& fn, const Target& target,
+                   std::vector<std::string> paramMembers, std::vector<std::string> inputFields)
+      : fn(fn), target(target), paramMembers(std::move(paramMembers)),
+        inputFields(std::move(inputFields)) {}
+
+  std::string print(const std::vector<kir::Stmt>& stmts);
+  /// Starts a new C++ scope (the constructor, then run()): nothing is declared in it yet.
+  void newScope() { declared.assign(fn.buffers.size(), false); }
+
+  /// The subgroups the printed statements use.
+  std::set<std::vector<std::string>> groups;
+
+private:
+  std::string statement(const kir::Stmt& stmt, size_t index);
+  std::string call(const kir::Call& call, size_t index);
+  std::string argument(const kir::Arg& arg, size_t index, size_t position);
+  std::string collective(const kir::Collective& c);
+  std::string copy(const kir::Copy& copy);
+  /// Declares `id` when it is not yet (arena slots zeroed when `zero`).
+  std::string declare(kir::BufferId id, bool zero);
+  std::string name(kir::BufferId id) const { return fn.buffers[size_t(id)].name; }
+
+  const kir::KernelFunction& fn;
+  const Target& target;
+  std::vector<std::string> paramMembers, inputFields;
+  std::vector<bool> declared;
+  std::vector<int> writers;
+};
+
+} // namespace meshc::codegen

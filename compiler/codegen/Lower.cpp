@@ -1,0 +1,75 @@
+// The code generation pipeline (Lower.h): the one place that lists the kernel passes in order.
+#include "codegen/Lower.h"
+
+#include "codegen/EliminateCommonSubexpressions.h"
+#include "codegen/EliminateDeadCode.h"
+#include "codegen/FoldConstants.h"
+#include "codegen/FuseLoops.h"
+#include "codegen/HoistInvariants.h"
+#include "codegen/LowerToKernels.h"
+#include "codegen/PlanBuffers.h"
+#include "codegen/ScheduleCollectives.h"
+#include "codegen/VerifyKernels.h"
+#include "codegen/WriteUpdatesInPlace.h"
+
+#include <llvm/ADT/STLExtras.h>
+
+namespace meshc::kir {
+
+const std::vector<KernelPass>& kernelPasses() {
+  static const std::vector<KernelPass> passes = {
+      {"fold-constants",
+       "literals into the loops that read them, constant arithmetic evaluated, scales into GEMM alpha",
+       foldConstants},
+      {"eliminate-common-subexpressions",
+       "a pure statement identical to an earlier one reuses its result", eliminateCommonSubexpressions},
+      {"hoist-invariants", "statements built only from constants run once, in the constructor",
+       hoistInvariants},
+      {"fuse-loops",
+       "loop nests fused into their readers: same points, or a cheap producer across a broadcast",
+       fuseLoops},
+      {"write-updates-in-place",
+       "optimizer updates stored straight into their params when nothing reads the old value after",
+       writeUpdatesInPlace},
+      {"eliminate-dead-code", "pure statements and stores whose results nobody reads go away",
+       eliminateDeadCode},
+      {"schedule-collectives",
+       "all-reduces start when ready and are waited for just before their first reader",
+       scheduleCollectives},
+      {"plan-buffers", "arena offsets by liveness; hoisted values as members", planBuffers},
+  };
+  return passes;
+}
+
+llvm::Expected<KernelModule> lowerModule(const ir::Module& module,
+                                         const std::vector<plan::PlannedFunction>& plans,
+                                         const LowerOptions& options) {
+  KernelModule result;
+  for (const plan::PlannedFunction& planned : plans) {
+    const ir::Function* irFn = module.findFunction(planned.spmd.name);
+    if (!irFn)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), "no function named '%s'",
+                                     planned.spmd.name.c_str());
+    llvm::Expected<KernelFunction> fn = lowerToKernels(*irFn, planned.spmd);
+    if (!fn) return fn.takeError();
+    auto verify = [&](const char* after) -> llvm::Error {
+      std::string problem = verifyKernels(*fn);
+      if (problem.empty()) return llvm::Error::success();
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "internal error: kernel IR of '%s' after %s: %s",
+                                     fn->name.c_str(), after, problem.c_str());
+    };
+    if (auto error = verify("lowering")) return error;
+    for (const KernelPass& pass : kernelPasses()) {
+      if (llvm::is_contained(options.disabledPasses, pass.name) &&
+          std::string(pass.name) != "plan-buffers") // the printers need placed buffers
+        continue;
+      pass.run(*fn);
+      if (auto error = verify(pass.name)) return error;
+    }
+    result.functions.push_back(std::move(*fn));
+  }
+  return result;
+}
+
+} // namespace meshc::kir

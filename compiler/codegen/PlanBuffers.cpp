@@ -1,0 +1,80 @@
+// Pass plan-buffers (PlanBuffers.h).
+#include "codegen/PlanBuffers.h"
+
+#include <llvm/ADT/STLExtras.h>
+
+#include <algorithm>
+
+namespace meshc::kir {
+namespace {
+
+size_t padded(size_t bytes) {
+  return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
+
+} // namespace
+
+void planBuffers(KernelFunction& fn) {
+  // Live ranges over run()'s statements: first touch to last touch (results: to the end).
+  constexpr size_t kNever = ~size_t(0);
+  std::vector<size_t> first(fn.buffers.size(), kNever), last(fn.buffers.size(), 0);
+  auto touch = [&](BufferId id, size_t at) {
+    first[size_t(id)] = std::min(first[size_t(id)], at);
+    last[size_t(id)] = std::max(last[size_t(id)], at);
+  };
+  for (size_t k = 0; k < fn.body.size(); ++k) {
+    for (BufferId id : readsOf(fn.body[k]))
+      touch(id, k);
+    for (BufferId id : writesOf(fn.body[k]))
+      touch(id, k);
+  }
+  for (BufferId id : fn.outputs)
+    touch(id, fn.body.size());
+  for (const KernelFunction::Update& update : fn.updates)
+    touch(update.value, fn.body.size());
+
+  struct Slot {
+    BufferId id;
+    size_t bytes, start, end, offset = 0;
+  };
+  std::vector<Slot> slots;
+  fn.persistentBytes = fn.temporaryBytes = fn.arenaBytes = 0;
+  for (size_t id = 0; id < fn.buffers.size(); ++id) {
+    Buffer& buffer = fn.buffers[id];
+    size_t bytes = size_t(buffer.elements) * sizeof(float); // every dtype is held as float
+    if (buffer.storage == Storage::Persistent) {
+      buffer.offset = int64_t(fn.persistentBytes);
+      fn.persistentBytes += padded(bytes);
+    } else if (buffer.storage == Storage::Arena) {
+      buffer.offset = -1;
+      if (first[id] == kNever) continue; // fused away: never stored
+      slots.push_back(Slot{BufferId(id), bytes, first[id], last[id]});
+      fn.temporaryBytes += bytes;
+    }
+  }
+  // First fit, largest first, among the slots whose live ranges overlap.
+  std::vector<size_t> order(slots.size());
+  for (size_t k = 0; k < order.size(); ++k)
+    order[k] = k;
+  llvm::stable_sort(order, [&](size_t a, size_t b) { return slots[a].bytes > slots[b].bytes; });
+  std::vector<size_t> placed;
+  for (size_t k : order) {
+    Slot& slot = slots[k];
+    std::vector<const Slot*> conflicts;
+    for (size_t other : placed)
+      if (slots[other].start <= slot.end && slot.start <= slots[other].end)
+        conflicts.push_back(&slots[other]);
+    llvm::sort(conflicts, [](const Slot* a, const Slot* b) { return a->offset < b->offset; });
+    size_t offset = 0;
+    for (const Slot* other : conflicts) {
+      if (offset + padded(slot.bytes) <= other->offset) break;
+      offset = std::max(offset, other->offset + padded(other->bytes));
+    }
+    slot.offset = offset;
+    placed.push_back(k);
+    fn.arenaBytes = std::max(fn.arenaBytes, offset + padded(slot.bytes));
+    fn.buffers[size_t(slot.id)].offset = int64_t(offset);
+  }
+}
+
+} // namespace meshc::kir

@@ -1,0 +1,192 @@
+// The kernel IR's verifier (VerifyKernels.h).
+#include "codegen/VerifyKernels.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
+
+#include <map>
+
+namespace meshc::kir {
+namespace {
+
+class Verifier {
+public:
+  explicit Verifier(const KernelFunction& fn) : fn(fn) {}
+
+  std::string run() {
+    defined.assign(fn.buffers.size(), false);
+    for (size_t id = 0; id < fn.buffers.size(); ++id) {
+      Storage storage = fn.buffers[id].storage;
+      defined[id] = storage == Storage::Input || storage == Storage::Param;
+      if (fn.buffers[id].elements <= 0) return fmt::format("buffer {} has no elements", id);
+    }
+    for (size_t k = 0; k < fn.init.size() && error.empty(); ++k)
+      statement(fn.init[k], fmt::format("init[{}]", k), true);
+    for (size_t k = 0; k < fn.body.size() && error.empty(); ++k)
+      statement(fn.body[k], fmt::format("run[{}]", k), false);
+    if (!error.empty()) return error;
+    if (!pending.empty()) return fmt::format("collective request #{} is never waited for",
+                                             pending.begin()->first);
+    for (BufferId id : fn.outputs)
+      if (!valid(id) || !defined[size_t(id)]) return fmt::format("output {} is never written", id);
+    for (const KernelFunction::Update& update : fn.updates)
+      if (!valid(update.value) || !defined[size_t(update.value)] || update.param >= fn.params.size())
+        return fmt::format("update of param {} is not a written buffer", update.param);
+    return overlaps();
+  }
+
+private:
+  bool valid(BufferId id) const { return id >= 0 && size_t(id) < fn.buffers.size(); }
+  void fail(const std::string& where, const std::string& what) {
+    if (error.empty()) error = fmt::format("{}: {}", where, what);
+  }
+  void read(BufferId id, const std::string& where, bool init) {
+    if (!valid(id)) return fail(where, fmt::format("reads buffer {} that does not exist", id));
+    if (init && fn.buffers[size_t(id)].storage != Storage::Persistent)
+      return fail(where, fmt::format("a constructor statement reads {}, which is not computed "
+                                     "in the constructor",
+                                     fn.buffers[size_t(id)].name));
+    if (!defined[size_t(id)])
+      fail(where, fmt::format("reads {} before any statement writes it", fn.buffers[size_t(id)].name));
+  }
+  void write(BufferId id, const std::string& where, bool init) {
+    if (!valid(id)) return fail(where, fmt::format("writes buffer {} that does not exist", id));
+    Storage storage = fn.buffers[size_t(id)].storage;
+    if (storage == Storage::Input) return fail(where, "writes an input");
+    if (init != (storage == Storage::Persistent))
+      return fail(where, fmt::format("writes {} ({}) from the {}", fn.buffers[size_t(id)].name,
+                                     storageName(storage), init ? "constructor" : "run()"));
+    defined[size_t(id)] = true;
+  }
+  /// The largest element offset of `access` over `extents` must fall inside its buffer.
+  void bounds(const Access& access, const Shape& extents, const std::string& where) {
+    if (!valid(access.buffer)) return fail(where, "an access to a buffer that does not exist");
+    if (access.strides.size() != extents.size())
+      return fail(where, fmt::format("an access to {} with {} strides in a {}-dim loop",
+                                     fn.buffers[size_t(access.buffer)].name, access.strides.size(),
+                                     extents.size()));
+    int64_t last = 0;
+    for (size_t d = 0; d < extents.size(); ++d) {
+      if (extents[d] <= 0 || access.strides[d] < 0) return fail(where, "a bad extent or stride");
+      last += (extents[d] - 1) * access.strides[d];
+    }
+    if (last >= fn.buffers[size_t(access.buffer)].elements)
+      fail(where, fmt::format("reaches element {} of {}, which has {}", last,
+                              fn.buffers[size_t(access.buffer)].name,
+                              fn.buffers[size_t(access.buffer)].elements));
+  }
+
+  void statement(const Stmt& stmt, const std::string& where, bool init) {
+    if (const Loop* loop = std::get_if<Loop>(&stmt.node)) {
+      if (loop->stores.empty()) fail(where, "a loop that stores nothing");
+      for (const Access& access : loop->reads)
+        bounds(access, loop->extents, where);
+      for (const Store& store : loop->stores) {
+        bounds(store.at, loop->extents, where);
+        if (store.value < 0 || size_t(store.value) >= loop->body.size())
+          fail(where, "a store of a scalar that does not exist");
+      }
+      for (size_t k = 0; k < loop->body.size(); ++k) {
+        const Scalar& s = loop->body[k];
+        if (s.kind == Scalar::Kind::Load && (s.read < 0 || size_t(s.read) >= loop->reads.size()))
+          fail(where, fmt::format("scalar %{} loads a read that does not exist", k));
+        for (int arg : s.args)
+          if (arg < 0 || size_t(arg) >= k)
+            fail(where, fmt::format("scalar %{} uses %{}, not defined before it", k, arg));
+        if (s.kind == Scalar::Kind::Step && init) fail(where, "the step counter in the constructor");
+      }
+    } else if (const Gemm* gemm = std::get_if<Gemm>(&stmt.node)) {
+      if (gemm->operands.size() != gemm->operandDims.size() || gemm->operands.empty())
+        fail(where, "a GEMM whose operands and their dims disagree");
+      auto elements = [&](const std::vector<int64_t>& dims) {
+        int64_t n = 1;
+        for (int64_t d : dims) {
+          if (d < 0 || size_t(d) >= gemm->sizes.size()) return int64_t(-1);
+          n *= gemm->sizes[size_t(d)];
+        }
+        return n;
+      };
+      for (size_t k = 0; k < gemm->operands.size() && k < gemm->operandDims.size(); ++k)
+        if (!valid(gemm->operands[k]) ||
+            elements(gemm->operandDims[k]) != fn.buffers[size_t(gemm->operands[k])].elements)
+          fail(where, fmt::format("GEMM operand {} does not match its buffer", k));
+      if (!valid(gemm->out) || elements(gemm->outDims) != fn.buffers[size_t(gemm->out)].elements)
+        fail(where, "GEMM result does not match its buffer");
+    } else if (const Collective* c = std::get_if<Collective>(&stmt.node)) {
+      if (c->axes.empty() || c->buffers.empty()) fail(where, "a collective over nothing");
+      if (c->phase == Collective::Phase::Start) {
+        if (pending.count(c->request)) fail(where, "a request started twice");
+        pending[c->request] = c->buffers;
+      } else if (c->phase == Collective::Phase::Wait) {
+        auto it = pending.find(c->request);
+        if (it == pending.end() || it->second != c->buffers)
+          fail(where, fmt::format("a wait for request #{} that was not started", c->request));
+        else
+          pending.erase(it);
+      }
+    }
+    // Nothing may touch the buffers of a collective in flight.
+    for (const auto& [request, buffers] : pending) {
+      const Collective* c = std::get_if<Collective>(&stmt.node);
+      if (c && c->request == request) continue;
+      for (BufferId id : readsOf(stmt))
+        if (llvm::is_contained(buffers, id)) fail(where, fmt::format("touches a buffer of request #{} in flight", request));
+      for (BufferId id : writesOf(stmt))
+        if (llvm::is_contained(buffers, id)) fail(where, fmt::format("touches a buffer of request #{} in flight", request));
+    }
+    for (BufferId id : readsOf(stmt))
+      read(id, where, init);
+    for (BufferId id : writesOf(stmt))
+      write(id, where, init);
+  }
+
+  /// Planned arena slots of buffers alive at the same time must not share bytes.
+  std::string overlaps() const {
+    std::vector<size_t> first(fn.buffers.size(), ~size_t(0)), last(fn.buffers.size(), 0);
+    for (size_t k = 0; k < fn.body.size(); ++k) {
+      std::vector<BufferId> touched = readsOf(fn.body[k]);
+      for (BufferId id : writesOf(fn.body[k]))
+        touched.push_back(id);
+      for (BufferId id : touched) {
+        first[size_t(id)] = std::min(first[size_t(id)], k);
+        last[size_t(id)] = std::max(last[size_t(id)], k);
+      }
+    }
+    for (BufferId id : fn.outputs)
+      last[size_t(id)] = fn.body.size();
+    for (const KernelFunction::Update& update : fn.updates)
+      last[size_t(update.value)] = fn.body.size();
+    std::vector<size_t> placed;
+    for (size_t id = 0; id < fn.buffers.size(); ++id) {
+      const Buffer& buffer = fn.buffers[id];
+      if (buffer.storage != Storage::Arena || buffer.offset < 0 || first[id] == ~size_t(0)) continue;
+      size_t bytes = size_t(buffer.elements) * sizeof(float);
+      if (size_t(buffer.offset) % kArenaAlignment || size_t(buffer.offset) + bytes > fn.arenaBytes)
+        return fmt::format("{} is placed outside the arena", buffer.name);
+      for (size_t other : placed) {
+        const Buffer& b = fn.buffers[other];
+        bool together = first[id] <= last[other] && first[other] <= last[id];
+        bool share = size_t(buffer.offset) < size_t(b.offset) + size_t(b.elements) * sizeof(float) &&
+                     size_t(b.offset) < size_t(buffer.offset) + bytes;
+        if (together && share)
+          return fmt::format("{} and {} are alive together and share arena bytes", buffer.name,
+                             b.name);
+      }
+      placed.push_back(id);
+    }
+    return "";
+  }
+
+  const KernelFunction& fn;
+  std::vector<bool> defined;
+  std::map<int, std::vector<BufferId>> pending;
+  std::string error;
+};
+
+} // namespace
+
+std::string verifyKernels(const KernelFunction& function) {
+  return Verifier(function).run();
+}
+
+} // namespace meshc::kir
