@@ -154,6 +154,9 @@ const char* valueTypeEnum(DType dtype) {
 // One function: the class around its kernel IR
 //===------------------------------------------------------------------------------------------===//
 
+/// run()'s statements per member function (see FunctionEmitter::emit).
+constexpr size_t kStatementsPerPart = 24;
+
 class FunctionEmitter {
 public:
   FunctionEmitter(const ir::Function& irFunction, const plan::SpmdFunction& spmd,
@@ -243,8 +246,32 @@ llvm::Error FunctionEmitter::emit() {
     inputFields.push_back(identifier(input.name));
   StatementPrinter printer(kernels, *target, paramMembers, inputFields);
   std::string hoisted = printer.print(kernels.init);
+  // run()'s statements in parts, each a member function (compilers optimize many small
+  // functions much faster than one long one); a part never ends inside a started collective.
+  std::vector<std::string> parts;
+  std::vector<kir::Stmt> part;
+  int inFlight = 0;
+  for (size_t k = 0; k < kernels.body.size(); ++k) {
+    part.push_back(kernels.body[k]);
+    if (const auto* c = std::get_if<kir::Collective>(&kernels.body[k].node))
+      inFlight += c->phase == kir::Collective::Phase::Start  ? 1
+                  : c->phase == kir::Collective::Phase::Wait ? -1
+                                                             : 0;
+    if ((part.size() >= kStatementsPerPart && inFlight == 0) || k + 1 == kernels.body.size()) {
+      printer.newScope();
+      parts.push_back(printer.print(part));
+      part.clear();
+    }
+  }
+  std::string body;
+  for (size_t k = 0; k < parts.size(); ++k)
+    body += fmt::format("runPart{}(inputs);\n", k);
+  // What run() itself reads after the parts: the outputs and the updates' new values.
+  std::vector<kir::BufferId> results = kernels.outputs;
+  for (const kir::KernelFunction::Update& update : kernels.updates)
+    if (update.value != kernels.params[update.param]) results.push_back(update.value);
   printer.newScope();
-  std::string body = printer.print(kernels.body);
+  body += printer.declarations(results);
   groups = printer.groups;
 
   // Declaration.
@@ -330,7 +357,10 @@ llvm::Error FunctionEmitter::emit() {
        "name, const support::Tensor& local);\n\n";
   std::string checkpointDefinitions;
   emitCheckpointApi(h, checkpointDefinitions);
-  h += "private:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
+  h += "private:\n";
+  for (size_t k = 0; k < parts.size(); ++k)
+    h += fmt::format("void runPart{}(const Inputs& inputs);\n", k);
+  h += "meshrt::Communicator& world_;\nuint64_t seed_;\n";
   if (fn.kind == ir::Function::Kind::Train) h += "int64_t step_ = 0;\n";
   for (const plan::AxisList& axes : groups)
     h += fmt::format("meshrt::Communicator& {}; // the ranks along {}\n", groupMember(axes),
@@ -399,6 +429,9 @@ llvm::Error FunctionEmitter::emit() {
                      identifier(fn.outputs[k].first), list(sizesOf(local(fn.outputs[k].second))),
                      kernels.buffers[size_t(kernels.outputs[k])].name);
   s += "return outputs;\n}\n\n";
+  for (size_t k = 0; k < parts.size(); ++k)
+    s += fmt::format("void {}::runPart{}(const Inputs& inputs) {{\n(void)inputs;\n{}}}\n\n", name,
+                     k, parts[k]);
   emitHelpers(s);
   s += checkpointDefinitions;
   return llvm::Error::success();

@@ -367,6 +367,13 @@ std::string StatementPrinter::print(const std::vector<kir::Stmt>& stmts) {
   return out;
 }
 
+std::string StatementPrinter::declarations(const std::vector<kir::BufferId>& ids) {
+  std::string out;
+  for (kir::BufferId id : ids)
+    out += declare(id, false);
+  return out;
+}
+
 std::string StatementPrinter::declare(kir::BufferId id, bool zero) {
   if (declared[size_t(id)]) return "";
   declared[size_t(id)] = true;

@@ -67,6 +67,9 @@ public:
   /// Starts a new C++ scope (the constructor, then run()): nothing is declared in it yet.
   void newScope() { declared.assign(fn.buffers.size(), false); }
 
+  /// Declarations of `ids` not yet declared in the current scope.
+  std::string declarations(const std::vector<kir::BufferId>& ids);
+
   /// The subgroups the printed statements use.
   std::set<std::vector<std::string>> groups;
 

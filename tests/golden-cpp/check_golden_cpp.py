@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Golden emitted C++: `meshc X.mesh --emit=cpp --cpp-runner -o <tmp>/X` must produce exactly
-tests/golden-cpp/X.h, X.cpp and X.main.cpp. MESHC_UPDATE_GOLDEN=1 in the environment rewrites
-the goldens instead. Usage: check_golden_cpp.py MESHC EXAMPLE.mesh GOLDEN_DIR"""
+"""Golden emitted C++ and kernel IR: `meshc X.mesh --emit=cpp --cpp-runner -o <tmp>/X` must produce
+exactly tests/golden-cpp/X.h, X.cpp and X.main.cpp, and `meshc X.mesh --emit=kernels` exactly
+X.kernels. MESHC_UPDATE_GOLDEN=1 in the environment rewrites the goldens instead.
+Usage: check_golden_cpp.py MESHC EXAMPLE.mesh GOLDEN_DIR"""
 import difflib
 import os
 import subprocess
@@ -20,9 +21,15 @@ def main():
             sys.stderr.write(result.stderr)
             print(f"meshc failed with exit code {result.returncode}")
             return 1
+        kernels = subprocess.run([meshc, example, "--emit=kernels", "-o", base + ".kernels"],
+                                 capture_output=True, text=True)
+        if kernels.returncode != 0:
+            sys.stderr.write(kernels.stderr)
+            print(f"meshc --emit=kernels failed with exit code {kernels.returncode}")
+            return 1
         update = os.environ.get("MESHC_UPDATE_GOLDEN") == "1"
         ok = True
-        for suffix in (".h", ".cpp", ".main.cpp"):
+        for suffix in (".h", ".cpp", ".main.cpp", ".kernels"):
             with open(base + suffix) as f:
                 actual = f.read()
             golden = os.path.join(golden_dir, stem + suffix)
@@ -36,7 +43,7 @@ def main():
                 ok = False
                 sys.stdout.writelines(difflib.unified_diff(
                     expected.splitlines(True), actual.splitlines(True), golden,
-                    "meshc --emit=cpp", n=2))
+                    "meshc --emit=" + ("kernels" if suffix == ".kernels" else "cpp"), n=2))
                 print(f"\n{golden} differs (MESHC_UPDATE_GOLDEN=1 rewrites it)")
     return 0 if ok else 1
 

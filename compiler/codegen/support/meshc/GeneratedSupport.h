@@ -725,28 +725,52 @@ enum class Reduce { Sum, Max, Min, LogSumExp };
 inline void reduce(float* out, const Shape& outSizes, const float* in, const Shape& inOuter,
                    const Shape& lane, const Shape& laneStrides, Reduce kind, double scale) {
   std::vector<int64_t> offsets = offsetsOf(lane, laneStrides);
+  if (kind == Reduce::Sum) {
+    // Sums in double, in memory order: when the lane is the inner run, each output sums its own
+    // contiguous run (four accumulators); otherwise (a bias gradient: the lane is the outer
+    // dims) every lane point adds its row of outputs, walking the operand once.
+    std::vector<int64_t> bases = offsetsOf(outSizes, inOuter);
+    bool innerLane = !laneStrides.empty() && laneStrides.back() == 1 &&
+                     (inOuter.empty() || inOuter.back() != 1);
+    if (innerLane) {
+      for (size_t o = 0; o < bases.size(); ++o) {
+        const float* x = in + bases[o];
+        double partial[4] = {0, 0, 0, 0};
+        size_t i = 0;
+        for (; i + 4 <= offsets.size(); i += 4)
+          for (size_t j = 0; j < 4; ++j)
+            partial[j] += x[offsets[i + j]];
+        for (; i < offsets.size(); ++i)
+          partial[0] += x[offsets[i]];
+        out[o] = float((partial[0] + partial[1] + partial[2] + partial[3]) * scale);
+      }
+      return;
+    }
+    std::vector<double> sums(bases.size(), 0.0);
+    for (int64_t offset : offsets) {
+      const float* x = in + offset;
+      for (size_t o = 0; o < bases.size(); ++o)
+        sums[o] += x[bases[o]];
+    }
+    for (size_t o = 0; o < bases.size(); ++o)
+      out[o] = float(sums[o] * scale);
+    return;
+  }
   forEach<2>(outSizes, {rowMajorStrides(outSizes), inOuter}, {0, 0},
              [&](const std::array<int64_t, 2>& at) {
                const float* x = in + at[1];
-               double result = 0;
-               if (kind == Reduce::Sum) {
+               bool isMin = kind == Reduce::Min;
+               double result = isMin ? INFINITY : -INFINITY;
+               for (int64_t offset : offsets) {
+                 double v = x[offset];
+                 if (std::isnan(v) || (isMin ? v < result : v > result)) result = v;
+                 if (std::isnan(v)) break;
+               }
+               if (kind == Reduce::LogSumExp && std::isfinite(result)) {
+                 double sum = 0;
                  for (int64_t offset : offsets)
-                   result += x[offset];
-                 result *= scale;
-               } else {
-                 bool isMin = kind == Reduce::Min;
-                 result = isMin ? INFINITY : -INFINITY;
-                 for (int64_t offset : offsets) {
-                   double v = x[offset];
-                   if (std::isnan(v) || (isMin ? v < result : v > result)) result = v;
-                   if (std::isnan(v)) break;
-                 }
-                 if (kind == Reduce::LogSumExp && std::isfinite(result)) {
-                   double sum = 0;
-                   for (int64_t offset : offsets)
-                     sum += std::exp(double(x[offset]) - result);
-                   result += std::log(sum);
-                 }
+                   sum += meshrt::kernels::f32::exp(float(double(x[offset]) - result));
+                 result += std::log(sum);
                }
                out[at[0]] = float(result);
              });
@@ -790,21 +814,33 @@ inline void along(float* out, const float* in, const Shape& outer, const Shape& 
       for (size_t i = 0; i < size; ++i)
         maxima[r] = std::max(maxima[r], in[inBase[r] + inOffsets[i]]);
     if (group) group->allReduce(maxima.data(), rows, meshrt::ReduceOp::Max);
+    // exp once per element, in f32 (meshrt::kernels::f32, <= 1 ulp), summed in double; softmax
+    // keeps the exponentials in `out` and scales them by the row's 1 / sum.
     std::vector<double> sums(rows, 0.0);
+    bool softmax = kind == Along::Softmax;
     for (size_t r = 0; r < rows; ++r) {
-      double max = std::isfinite(maxima[r]) ? maxima[r] : 0.0;
-      for (size_t i = 0; i < size; ++i)
-        sums[r] += std::exp(double(in[inBase[r] + inOffsets[i]]) - max);
+      float max = std::isfinite(maxima[r]) ? maxima[r] : 0.0f;
+      double sum = 0;
+      for (size_t i = 0; i < size; ++i) {
+        float e = meshrt::kernels::f32::exp(in[inBase[r] + inOffsets[i]] - max);
+        if (softmax) out[outBase[r] + outOffsets[i]] = e;
+        sum += e;
+      }
+      sums[r] = sum;
     }
     if (group) group->allReduce(sums.data(), rows);
     for (size_t r = 0; r < rows; ++r) {
-      double max = std::isfinite(maxima[r]) ? maxima[r] : 0.0;
-      double logSum = std::log(sums[r]);
-      for (size_t i = 0; i < size; ++i) {
-        double x = double(in[inBase[r] + inOffsets[i]]) - max;
-        out[outBase[r] + outOffsets[i]] =
-            float(kind == Along::Softmax ? std::exp(x) / sums[r] : x - logSum);
+      float max = std::isfinite(maxima[r]) ? maxima[r] : 0.0f;
+      if (softmax) {
+        double inverse = 1 / sums[r];
+        for (size_t i = 0; i < size; ++i)
+          out[outBase[r] + outOffsets[i]] = float(out[outBase[r] + outOffsets[i]] * inverse);
+        continue;
       }
+      double logSum = std::log(sums[r]);
+      for (size_t i = 0; i < size; ++i)
+        out[outBase[r] + outOffsets[i]] =
+            float(double(in[inBase[r] + inOffsets[i]]) - max - logSum);
     }
   } else if (kind == Along::LayerNorm) {
     double count = double(globalLaneCount);

@@ -1,0 +1,340 @@
+// The kernel IR's passes and verifier on small hand-built functions: each pass's rewrite where
+// it applies, its refusal where it would change the result, and the verifier's checks. (That the
+// rewritten programs still compute the interpreter's values is tested end to end: tests/e2e.)
+#include "codegen/EliminateCommonSubexpressions.h"
+#include "codegen/EliminateDeadCode.h"
+#include "codegen/FoldConstants.h"
+#include "codegen/FuseLoops.h"
+#include "codegen/HoistInvariants.h"
+#include "codegen/Lower.h"
+#include "codegen/PlanBuffers.h"
+#include "codegen/ScheduleCollectives.h"
+#include "codegen/VerifyKernels.h"
+#include "codegen/WriteUpdatesInPlace.h"
+
+#include <catch2/catch.hpp>
+
+using namespace meshc;
+using namespace meshc::kir;
+
+namespace {
+
+/// A function with helpers to add buffers and statements.
+struct Builder {
+  KernelFunction fn;
+
+  Builder() { fn.name = "test"; }
+  BufferId buffer(int64_t elements, Storage storage = Storage::Arena) {
+    Buffer b;
+    b.name = "b" + std::to_string(fn.buffers.size());
+    b.elements = elements;
+    b.storage = storage;
+    if (storage == Storage::Input) {
+      b.index = int64_t(fn.inputs.size());
+      fn.inputs.push_back(BufferId(fn.buffers.size()));
+    }
+    if (storage == Storage::Param) {
+      b.index = int64_t(fn.params.size());
+      fn.params.push_back(BufferId(fn.buffers.size()));
+    }
+    return fn.addBuffer(b);
+  }
+  /// out[i] = op(reads[i]...) over `n` points (contiguous), or a constant when `op` is Literal.
+  void loop(BufferId out, ir::OpKind op, std::vector<BufferId> reads, int64_t n,
+            double value = 0) {
+    Loop loop;
+    loop.dims = {"i"};
+    loop.extents = {n};
+    std::vector<int> args;
+    for (BufferId read : reads) {
+      Shape strides = {fn.buffers[size_t(read)].elements == 1 ? 0 : 1};
+      loop.reads.push_back(Access{read, strides});
+      args.push_back(int(loop.body.size()));
+      loop.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = int(loop.reads.size() - 1)});
+    }
+    if (op == ir::OpKind::Literal)
+      loop.body.push_back(Scalar{.kind = Scalar::Kind::Const, .value = value});
+    else
+      loop.body.push_back(Scalar{.kind = Scalar::Kind::Compute, .op = op, .args = args});
+    loop.stores.push_back(Store{Access{out, {1}}, int(loop.body.size() - 1)});
+    if (fn.buffers[size_t(out)].elements == 1) loop.stores.back().at.strides = {0};
+    fn.body.push_back(Stmt{.node = std::move(loop)});
+  }
+  void gemm(BufferId out, BufferId a, BufferId b, int64_t m, int64_t k, int64_t n) {
+    Gemm g;
+    g.dims = {"m", "k", "n"};
+    g.sizes = {m, k, n};
+    g.operands = {a, b};
+    g.operandDims = {{0, 1}, {1, 2}};
+    g.out = out;
+    g.outDims = {0, 2};
+    fn.body.push_back(Stmt{.node = std::move(g)});
+  }
+  void allReduce(std::vector<BufferId> buffers) {
+    fn.body.push_back(Stmt{.node = Collective{.kind = plan::CollectiveKind::AllReduceSum,
+                                              .axes = {"data"},
+                                              .buffers = std::move(buffers)}});
+  }
+};
+
+} // namespace
+
+TEST_CASE("fold-constants puts literals into loops and scales into GEMM alpha") {
+  Builder b;
+  BufferId x = b.buffer(16, Storage::Input), w = b.buffer(16, Storage::Input);
+  BufferId scale = b.buffer(1), product = b.buffer(16), scaled = b.buffer(16), y = b.buffer(16);
+  b.loop(scale, ir::OpKind::Literal, {}, 1, 0.125);
+  b.gemm(product, x, w, 4, 4, 4);
+  b.loop(scaled, ir::OpKind::Mul, {product, scale}, 16);
+  b.loop(y, ir::OpKind::Exp, {scaled}, 16);
+  b.fn.outputs = {y};
+  REQUIRE(verifyKernels(b.fn).empty());
+  foldConstants(b.fn);
+  eliminateDeadCode(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  // The literal loop and the scaling loop are gone; the GEMM carries the scale.
+  REQUIRE(b.fn.body.size() == 2);
+  const Gemm& gemm = std::get<Gemm>(b.fn.body[0].node);
+  CHECK(gemm.alpha == 0.125);
+  const Loop& exp = std::get<Loop>(b.fn.body[1].node);
+  REQUIRE(exp.reads.size() == 1);
+  CHECK(exp.reads[0].buffer == product);
+}
+
+TEST_CASE("fold-constants evaluates constant arithmetic with the interpreter's rounding") {
+  Builder b;
+  BufferId one = b.buffer(1), beta = b.buffer(1), rest = b.buffer(1), x = b.buffer(8, Storage::Input);
+  BufferId y = b.buffer(8);
+  b.loop(one, ir::OpKind::Literal, {}, 1, 1.0);
+  b.loop(beta, ir::OpKind::Literal, {}, 1, 0.9);
+  b.loop(rest, ir::OpKind::Sub, {one, beta}, 1); // 1 - beta1
+  b.loop(y, ir::OpKind::Mul, {x, rest}, 8);
+  b.fn.outputs = {y};
+  foldConstants(b.fn);
+  eliminateDeadCode(b.fn);
+  REQUIRE(b.fn.body.size() == 1);
+  const Loop& loop = std::get<Loop>(b.fn.body[0].node);
+  REQUIRE(loop.reads.size() == 1);
+  bool found = false;
+  for (const Scalar& s : loop.body)
+    if (s.kind == Scalar::Kind::Const) {
+      CHECK(s.value == double(float(1.0 - double(float(0.9)))));
+      found = true;
+    }
+  CHECK(found);
+}
+
+TEST_CASE("fuse-loops fuses a chain, keeps stores others read, and respects hazards") {
+  SECTION("a single-use chain becomes one loop") {
+    Builder b;
+    BufferId x = b.buffer(32, Storage::Input), t = b.buffer(32), u = b.buffer(32), y = b.buffer(32);
+    b.loop(t, ir::OpKind::Exp, {x}, 32);
+    b.loop(u, ir::OpKind::Neg, {t}, 32);
+    b.loop(y, ir::OpKind::Tanh, {u}, 32);
+    b.fn.outputs = {y};
+    fuseLoops(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    REQUIRE(b.fn.body.size() == 1);
+    const Loop& loop = std::get<Loop>(b.fn.body[0].node);
+    REQUIRE(loop.stores.size() == 1);
+    CHECK(loop.stores[0].at.buffer == y);
+    CHECK(loop.reads.size() == 1);
+  }
+  SECTION("a producer read again later keeps its store") {
+    Builder b;
+    BufferId x = b.buffer(32, Storage::Input), t = b.buffer(32), u = b.buffer(32), y = b.buffer(32);
+    b.loop(t, ir::OpKind::Exp, {x}, 32);
+    b.loop(u, ir::OpKind::Neg, {t}, 32);
+    b.loop(y, ir::OpKind::Add, {u, t}, 32);
+    b.fn.outputs = {y};
+    fuseLoops(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    REQUIRE(b.fn.body.size() == 1);
+    CHECK(std::get<Loop>(b.fn.body[0].node).stores.size() == 1);
+  }
+  SECTION("a statement between that rewrites the producer's input blocks the fusion") {
+    Builder b;
+    BufferId x = b.buffer(32), t = b.buffer(32), y = b.buffer(32), in = b.buffer(32, Storage::Input);
+    b.loop(x, ir::OpKind::Neg, {in}, 32);
+    b.loop(t, ir::OpKind::Exp, {x}, 32);
+    b.allReduce({x}); // writes x after t read it
+    b.loop(y, ir::OpKind::Add, {t, x}, 32);
+    b.fn.outputs = {y};
+    fuseLoops(b.fn);
+    REQUIRE(verifyKernels(b.fn).empty());
+    // exp(x) must read x before the all-reduce: it stays before it.
+    bool expBeforeCollective = false;
+    for (const Stmt& stmt : b.fn.body) {
+      if (std::holds_alternative<Collective>(stmt.node)) break;
+      if (const Loop* loop = std::get_if<Loop>(&stmt.node))
+        for (const Scalar& s : loop->body)
+          expBeforeCollective = expBeforeCollective || s.op == ir::OpKind::Exp;
+    }
+    CHECK(expBeforeCollective);
+  }
+  SECTION("a cheap producer is recomputed across a broadcast, an expensive one is not") {
+    for (ir::OpKind op : {ir::OpKind::Neg, ir::OpKind::Exp}) {
+      Builder b;
+      BufferId x = b.buffer(4, Storage::Input), t = b.buffer(4), y = b.buffer(32);
+      BufferId z = b.buffer(32, Storage::Input);
+      b.loop(t, op, {x}, 4);
+      Loop consumer;
+      consumer.dims = {"i", "j"};
+      consumer.extents = {8, 4};
+      consumer.reads = {Access{t, {0, 1}}, Access{z, {4, 1}}};
+      consumer.body = {Scalar{.kind = Scalar::Kind::Load, .read = 0},
+                       Scalar{.kind = Scalar::Kind::Load, .read = 1},
+                       Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {0, 1}}};
+      consumer.stores = {Store{Access{y, {4, 1}}, 2}};
+      std::get<Loop>(b.fn.body[0].node).dims = {"j"};
+      b.fn.body.push_back(Stmt{.node = consumer});
+      b.fn.outputs = {y};
+      fuseLoops(b.fn);
+      REQUIRE(verifyKernels(b.fn).empty());
+      CHECK(b.fn.body.size() == (op == ir::OpKind::Neg ? 1u : 2u));
+    }
+  }
+}
+
+TEST_CASE("eliminate-common-subexpressions merges identical pure loops") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input), t1 = b.buffer(8), t2 = b.buffer(8), y = b.buffer(8);
+  b.loop(t1, ir::OpKind::Exp, {x}, 8);
+  b.loop(t2, ir::OpKind::Exp, {x}, 8);
+  b.loop(y, ir::OpKind::Add, {t1, t2}, 8);
+  b.fn.outputs = {y};
+  eliminateCommonSubexpressions(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  REQUIRE(b.fn.body.size() == 2);
+  const Loop& add = std::get<Loop>(b.fn.body[1].node);
+  CHECK(add.reads[0].buffer == t1);
+  CHECK(add.reads[1].buffer == t1);
+}
+
+TEST_CASE("hoist-invariants moves what only constants feed into the constructor") {
+  Builder b;
+  BufferId c = b.buffer(1), mask = b.buffer(8), x = b.buffer(8, Storage::Input), y = b.buffer(8);
+  b.loop(c, ir::OpKind::Literal, {}, 1, 2.0);
+  b.loop(mask, ir::OpKind::Exp, {c}, 8);
+  b.loop(y, ir::OpKind::Mul, {x, mask}, 8);
+  b.fn.outputs = {y};
+  hoistInvariants(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  CHECK(b.fn.init.size() == 2);
+  CHECK(b.fn.body.size() == 1);
+  CHECK(b.fn.buffers[size_t(mask)].storage == Storage::Persistent);
+  CHECK(b.fn.buffers[size_t(y)].storage == Storage::Arena);
+}
+
+TEST_CASE("write-updates-in-place stores an update into its param when the old value dies") {
+  Builder b;
+  BufferId p = b.buffer(8, Storage::Param), g = b.buffer(8, Storage::Input), next = b.buffer(8);
+  b.loop(next, ir::OpKind::Sub, {p, g}, 8);
+  b.fn.updates = {{0, next, true}};
+  writeUpdatesInPlace(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  CHECK(b.fn.updates[0].value == p);
+  CHECK(std::get<Loop>(b.fn.body[0].node).stores[0].at.buffer == p);
+
+  Builder later; // the old value is read after the update: no
+  p = later.buffer(8, Storage::Param);
+  g = later.buffer(8, Storage::Input);
+  next = later.buffer(8);
+  BufferId y = later.buffer(8);
+  later.loop(next, ir::OpKind::Sub, {p, g}, 8);
+  later.loop(y, ir::OpKind::Neg, {p}, 8);
+  later.fn.outputs = {y};
+  later.fn.updates = {{0, next, true}};
+  writeUpdatesInPlace(later.fn);
+  CHECK(later.fn.updates[0].value == next);
+}
+
+TEST_CASE("schedule-collectives waits just before the first statement that touches the buffers") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input), g = b.buffer(8), other = b.buffer(8), y = b.buffer(8);
+  b.loop(g, ir::OpKind::Neg, {x}, 8);
+  b.allReduce({g});
+  b.loop(other, ir::OpKind::Exp, {x}, 8); // independent: overlaps the all-reduce
+  b.loop(y, ir::OpKind::Add, {g, other}, 8);
+  b.fn.outputs = {y};
+  scheduleCollectives(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  REQUIRE(b.fn.body.size() == 5);
+  CHECK(std::get<Collective>(b.fn.body[1].node).phase == Collective::Phase::Start);
+  CHECK(std::holds_alternative<Loop>(b.fn.body[2].node));
+  CHECK(std::get<Collective>(b.fn.body[3].node).phase == Collective::Phase::Wait);
+}
+
+TEST_CASE("plan-buffers shares bytes only between values not alive together") {
+  Builder b;
+  BufferId x = b.buffer(16, Storage::Input), t = b.buffer(16), u = b.buffer(16), v = b.buffer(16);
+  BufferId y = b.buffer(16);
+  b.loop(t, ir::OpKind::Neg, {x}, 16);
+  b.loop(u, ir::OpKind::Exp, {t}, 16); // t dies here
+  b.loop(v, ir::OpKind::Neg, {u}, 16); // may reuse t's bytes
+  b.loop(y, ir::OpKind::Add, {v, u}, 16);
+  b.fn.outputs = {y};
+  planBuffers(b.fn);
+  REQUIRE(verifyKernels(b.fn).empty());
+  CHECK(b.fn.buffers[size_t(t)].offset != b.fn.buffers[size_t(u)].offset);
+  CHECK(b.fn.buffers[size_t(v)].offset == b.fn.buffers[size_t(t)].offset);
+  CHECK(b.fn.arenaBytes == 3 * 64);
+  CHECK(b.fn.temporaryBytes == 4 * 16 * sizeof(float));
+}
+
+TEST_CASE("the verifier rejects malformed kernel IR") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input), t = b.buffer(8), y = b.buffer(8);
+  b.loop(y, ir::OpKind::Add, {x, t}, 8); // t is never written
+  b.fn.outputs = {y};
+  CHECK(verifyKernels(b.fn).find("before any statement writes it") != std::string::npos);
+
+  Builder bounds;
+  x = bounds.buffer(4, Storage::Input);
+  y = bounds.buffer(8);
+  bounds.loop(y, ir::OpKind::Neg, {x}, 8); // reads 8 elements of a 4-element input
+  bounds.fn.outputs = {y};
+  CHECK(verifyKernels(bounds.fn).find("reaches element 7") != std::string::npos);
+
+  Builder ssa;
+  x = ssa.buffer(4, Storage::Input);
+  y = ssa.buffer(4);
+  ssa.loop(y, ir::OpKind::Neg, {x}, 4);
+  std::get<Loop>(ssa.fn.body[0].node).body[1].args = {1}; // uses itself
+  ssa.fn.outputs = {y};
+  CHECK(verifyKernels(ssa.fn).find("not defined before it") != std::string::npos);
+
+  Builder wait;
+  x = wait.buffer(4, Storage::Input);
+  y = wait.buffer(4);
+  wait.loop(y, ir::OpKind::Neg, {x}, 4);
+  wait.fn.body.push_back(Stmt{.node = Collective{.kind = plan::CollectiveKind::AllReduceSum,
+                                                 .axes = {"data"},
+                                                 .buffers = {y},
+                                                 .phase = Collective::Phase::Wait,
+                                                 .request = 3}});
+  wait.fn.outputs = {y};
+  CHECK(verifyKernels(wait.fn).find("not started") != std::string::npos);
+
+  Builder overlap;
+  x = overlap.buffer(16, Storage::Input);
+  BufferId t1 = overlap.buffer(16), t2 = overlap.buffer(16);
+  y = overlap.buffer(16);
+  overlap.loop(t1, ir::OpKind::Neg, {x}, 16);
+  overlap.loop(t2, ir::OpKind::Neg, {x}, 16);
+  overlap.loop(y, ir::OpKind::Add, {t1, t2}, 16);
+  overlap.fn.outputs = {y};
+  planBuffers(overlap.fn);
+  overlap.fn.buffers[size_t(t2)].offset = overlap.fn.buffers[size_t(t1)].offset; // alive together
+  CHECK(verifyKernels(overlap.fn).find("share arena bytes") != std::string::npos);
+}
+
+TEST_CASE("every kernel pass has a name and a description, in one list") {
+  const auto& passes = kernelPasses();
+  REQUIRE(passes.size() >= 8);
+  CHECK(std::string(passes.back().name) == "plan-buffers");
+  for (const KernelPass& pass : passes) {
+    CHECK(std::string(pass.name).find(' ') == std::string::npos);
+    CHECK(std::string(pass.description).size() > 20);
+  }
+}
