@@ -25,10 +25,12 @@ const char* collectiveName(Collective kind) {
 }
 
 std::string CallRecord::describe() const {
-  std::string text = name();
+  std::string text = std::string(started ? "started " : "") + name();
   if (collective() == Collective::Barrier) return text;
   if (collective() == Collective::Subgroup) return text + " #" + std::to_string(count);
-  text += " of " + std::to_string(count) + " " + dtypeName(type());
+  text += " of ";
+  if (buffers) text += std::to_string(buffers) + " buffers, ";
+  text += std::to_string(count) + " " + dtypeName(type());
   if (collective() == Collective::AllReduce || collective() == Collective::ReduceScatter)
     text += std::string(" (") + reduceOpName(ReduceOp(op)) + ")";
   if (collective() == Collective::Broadcast) text += " from root " + std::to_string(root);
