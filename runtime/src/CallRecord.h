@@ -38,12 +38,14 @@ struct CallRecord {
   /// A started all-reduce over a bucket: the number of buffers (0: one plain buffer); count is
   /// their total. The backends compare the buffers' counts themselves.
   int64_t buffers = 0;
+  /// A bucket on MPI: a hash of the buffers' counts (the threads backend compares them itself).
+  int64_t layout = 0;
 
   static CallRecord of(Collective kind, DType dtype = DType::Bytes, ReduceOp op = ReduceOp::Sum,
                        size_t count = 0, int root = 0, int sendTo = Communicator::kNoPeer,
                        int recvFrom = Communicator::kNoPeer) {
     return {int64_t(kind), int64_t(dtype), int64_t(op), int64_t(count), root, sendTo, recvFrom,
-            0, 0};
+            0, 0, 0};
   }
   /// The record of a started collective (of `buffers` buffers for a bucket).
   static CallRecord startOf(Collective kind, DType dtype, ReduceOp op, size_t count,
@@ -59,7 +61,8 @@ struct CallRecord {
   /// The part every rank must agree on (peers differ in sendTo/recvFrom).
   bool sameCollective(const CallRecord& other) const {
     return kind == other.kind && dtype == other.dtype && op == other.op && count == other.count &&
-           root == other.root && started == other.started && buffers == other.buffers;
+           root == other.root && started == other.started && buffers == other.buffers &&
+           layout == other.layout;
   }
   /// "allReduce of 16 f32 (sum)", "broadcast of 1 i32 from root 0", "started allReduce of 3
   /// buffers, 96 f32 (sum)", ...
