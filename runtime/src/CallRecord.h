@@ -44,8 +44,16 @@ struct CallRecord {
   static CallRecord of(Collective kind, DType dtype = DType::Bytes, ReduceOp op = ReduceOp::Sum,
                        size_t count = 0, int root = 0, int sendTo = Communicator::kNoPeer,
                        int recvFrom = Communicator::kNoPeer) {
-    return {int64_t(kind), int64_t(dtype), int64_t(op), int64_t(count), root, sendTo, recvFrom,
-            0, 0, 0};
+    return {int64_t(kind),
+            int64_t(dtype),
+            int64_t(op),
+            int64_t(count),
+            root,
+            sendTo,
+            recvFrom,
+            0,
+            0,
+            0};
   }
   /// The record of a started collective (of `buffers` buffers for a bucket).
   static CallRecord startOf(Collective kind, DType dtype, ReduceOp op, size_t count,

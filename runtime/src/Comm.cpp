@@ -167,13 +167,17 @@ Request& Request::operator=(Request&& other) noexcept {
   return *this;
 }
 
-bool Request::pending() const { return owner_ && owner_->completedThrough() < ticket_; }
+bool Request::pending() const {
+  return owner_ && owner_->completedThrough() < ticket_;
+}
 
 void Request::wait() {
   if (owner_) owner_->wait(*this);
 }
 
-bool Request::test() { return owner_ ? owner_->test(*this) : true; }
+bool Request::test() {
+  return owner_ ? owner_->test(*this) : true;
+}
 
 void Request::finishQuietly() noexcept {
   if (!pending()) return;
@@ -188,8 +192,8 @@ void Request::finishQuietly() noexcept {
 
 static void checkOwner(const Communicator& self, const Request& request) {
   if (request.owner() != &self)
-    throw std::invalid_argument("meshrt: wait/test on a communicator (group " +
-                                self.mesh().str() + ") that did not start the request");
+    throw std::invalid_argument("meshrt: wait/test on a communicator (group " + self.mesh().str() +
+                                ") that did not start the request");
 }
 
 void Communicator::wait(Request& request) {

@@ -403,8 +403,7 @@ public:
     return launchOrQueue(call, std::move(started));
   }
 
-  Request startAllGatherRaw(const void* in, void* out, size_t countPerRank,
-                            DType dtype) override {
+  Request startAllGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
     Call call = Call::startOf(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
     checkBuffer(call, in, chunkBytes, "input");
@@ -581,16 +580,15 @@ private:
       break;
     case Collective::ReduceScatter:
       check(call,
-            MPI_Ireduce_scatter_block(started.send,
-                                      started.copyTo ? started.packed.data() : started.receive,
-                                      started.count, type, mpiOp(ReduceOp(call.op)), comm_,
-                                      &started.data),
+            MPI_Ireduce_scatter_block(
+                started.send, started.copyTo ? started.packed.data() : started.receive,
+                started.count, type, mpiOp(ReduceOp(call.op)), comm_, &started.data),
             "MPI_Ireduce_scatter_block");
       break;
     case Collective::AllGather:
       check(call,
-            MPI_Iallgather(started.send, started.count, type, started.receive, started.count,
-                           type, comm_, &started.data),
+            MPI_Iallgather(started.send, started.count, type, started.receive, started.count, type,
+                           comm_, &started.data),
             "MPI_Iallgather");
       break;
     default:

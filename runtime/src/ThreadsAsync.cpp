@@ -45,8 +45,8 @@ AsyncQueue::~AsyncQueue() {
   }
 }
 
-uint64_t AsyncQueue::start(const CallRecord& record, const Segment<void>* inputs,
-                           size_t numInputs, const Segment<void>* outputs, size_t numOutputs) {
+uint64_t AsyncQueue::start(const CallRecord& record, const Segment<void>* inputs, size_t numInputs,
+                           const Segment<void>* outputs, size_t numOutputs) {
   if (world_.failed.load(std::memory_order_acquire)) throw error_(record, world_.failure());
   size_t elementSize = dtypeSize(record.type());
   if (size() == 1) {
@@ -220,10 +220,10 @@ void AsyncQueue::checkAgreement(const Local& request) const {
     if (mine.record.buffers == 0) continue;
     for (size_t k = 0; k < mine.inputs.size(); ++k)
       if (peer.inputs[k].count != mine.inputs[k].count)
-        throw disagree(q, "called " + mine.record.describe() + " with buffer " +
-                              std::to_string(k) + " of " + std::to_string(mine.inputs[k].count) +
-                              " elements (" + std::to_string(peer.inputs[k].count) +
-                              " on group rank " + std::to_string(q) + ")");
+        throw disagree(q, "called " + mine.record.describe() + " with buffer " + std::to_string(k) +
+                              " of " + std::to_string(mine.inputs[k].count) + " elements (" +
+                              std::to_string(peer.inputs[k].count) + " on group rank " +
+                              std::to_string(q) + ")");
   }
 }
 
@@ -253,7 +253,8 @@ void AsyncQueue::phaseA(uint64_t sequence) {
     break;
   case Collective::AllGather: {
     char* own = at(mine.outputs[0], size_t(groupRank_) * count, elementSize);
-    if (own != mine.inputs[0].data && count) std::memcpy(own, mine.inputs[0].data, count * elementSize);
+    if (own != mine.inputs[0].data && count)
+      std::memcpy(own, mine.inputs[0].data, count * elementSize);
     break;
   }
   default:
@@ -269,8 +270,8 @@ void AsyncQueue::phaseB(uint64_t sequence, int peer) {
     auto [first, last] = chunkOf(count, elementSize, size(), peer);
     bool streaming = (last - first) * elementSize >= kStreamingBytes;
     forPieces(mine.outputs, first, last, [&](size_t k, size_t offset, size_t length) {
-      detail::copy(at(mine.outputs[k], offset, elementSize), at(from.outputs[k], offset, elementSize),
-                   length * elementSize, streaming);
+      detail::copy(at(mine.outputs[k], offset, elementSize),
+                   at(from.outputs[k], offset, elementSize), length * elementSize, streaming);
     });
   } else if (mine.record.collective() == Collective::AllGather && count) {
     std::memcpy(at(mine.outputs[0], size_t(peer) * count, elementSize), from.inputs[0].data,

@@ -262,8 +262,7 @@ public:
     return started(call, &input, 1, &output, 1);
   }
 
-  Request startAllGatherRaw(const void* in, void* out, size_t countPerRank,
-                            DType dtype) override {
+  Request startAllGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
     Call call{CallRecord::startOf(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank), in,
               out};
     size_t p = size_t(size()), chunkBytes = countPerRank * dtypeSize(dtype);
@@ -293,8 +292,7 @@ private:
     groupRank_ = int(std::find(group_.worldRanks.begin(), group_.worldRanks.end(), worldRank) -
                      group_.worldRanks.begin());
     async_ = std::make_unique<AsyncQueue>(
-        world_, group_, groupRank_,
-        [this](const CallRecord& record, const std::string& cause) {
+        world_, group_, groupRank_, [this](const CallRecord& record, const std::string& cause) {
           return error(Call{record, nullptr, nullptr}, cause);
         });
   }

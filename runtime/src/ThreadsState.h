@@ -35,7 +35,8 @@ inline void cpuRelax() {
 #endif
 }
 
-inline void futexWait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds wait) {
+inline void futexWait(std::atomic<uint32_t>& word, uint32_t expected,
+                      std::chrono::nanoseconds wait) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
   timespec timeout{time_t(wait.count() / 1000000000), long(wait.count() % 1000000000)};
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &timeout,
@@ -53,7 +54,6 @@ inline int usableCores() {
   if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
-
 
 /// One rank's call, as published to its peers: the record every rank checks, and the buffers.
 struct Call : CallRecord {
@@ -100,7 +100,7 @@ struct GroupState {
   alignas(kCacheLine) std::atomic<uint32_t> generation{0};
   /// Started collectives (ThreadsAsync.cpp): kRing slots per rank, kRing arrival gates.
   std::unique_ptr<AsyncSlot[]> asyncSlots{new AsyncSlot[worldRanks.size() * kRing]};
-  std::unique_ptr<std::atomic<uint64_t>[]> gates{new std::atomic<uint64_t>[kRing]()};
+  std::unique_ptr<std::atomic<uint64_t>[]> gates { new std::atomic<uint64_t>[ kRing ]() };
   /// Bumped whenever a rank publishes progress on a started collective; waiters sleep on it.
   alignas(kCacheLine) std::atomic<uint32_t> asyncEvents{0};
   std::atomic<uint32_t> asyncSleepers{0};

@@ -87,8 +87,7 @@ TEST_CASE("NCCL collectives on device buffers", "[cuda][nccl]") {
   });
 }
 
-TEST_CASE("NCCL started collectives: in flight together, a bucket, host buffers",
-          "[cuda][nccl]") {
+TEST_CASE("NCCL started collectives: in flight together, a bucket, host buffers", "[cuda][nccl]") {
   int devices = std::min(meshrt::nccl::deviceCount(), 8);
   if (devices == 0) {
     WARN("no GPU: started collectives are compiled here, run by tests/gpu/run.sh");

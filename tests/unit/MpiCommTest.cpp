@@ -303,7 +303,8 @@ TEST_CASE("MPI started collectives that disagree: a CommError at every wait, the
   CHECK_FALSE(request.pending());
   // Buckets of the same total whose buffers differ.
   size_t split = r == 0 ? 3 : 5;
-  Request bucket = world->startAllReduce<float>({{data.data(), split}, {data.data() + 8, 8 - split}});
+  Request bucket =
+      world->startAllReduce<float>({{data.data(), split}, {data.data() + 8, 8 - split}});
   CHECK_THROWS_WITH(bucket.wait(), Catch::Contains("the buffers' counts differ"));
   // The data never reached MPI: the communicator still works, started or blocking.
   std::vector<float> ones(3, 1.0f);

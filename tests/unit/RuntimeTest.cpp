@@ -785,9 +785,8 @@ TEST_CASE("a started collective that the ranks disagree on is an error at every 
   SECTION("collectives") {
     FailureRun run = runFailing(Mesh::parse("x=4"), 30s, [](Communicator& world) {
       std::vector<float> data(16, 1), gathered(64);
-      Request request = world.rank() == 2
-                            ? world.startAllGather(data.data(), gathered.data(), 16)
-                            : world.startAllReduce(data.data(), 16);
+      Request request = world.rank() == 2 ? world.startAllGather(data.data(), gathered.data(), 16)
+                                          : world.startAllReduce(data.data(), 16);
       world.wait(request);
     });
     CHECK(run.thrownIsCommError);

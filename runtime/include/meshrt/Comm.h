@@ -319,8 +319,8 @@ public:
                                     ReduceOp op) = 0;
   virtual Request startAllReduceRaw(const Segment<void>* buffers, size_t numBuffers, DType dtype,
                                     ReduceOp op) = 0;
-  virtual Request startReduceScatterRaw(const void* in, void* out, size_t countPerRank,
-                                        DType dtype, ReduceOp op) = 0;
+  virtual Request startReduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                                        ReduceOp op) = 0;
   virtual Request startAllGatherRaw(const void* in, void* out, size_t countPerRank,
                                     DType dtype) = 0;
 

@@ -527,7 +527,9 @@ bool NcclCommunicator::testRaw(uint64_t ticket) {
   return true;
 }
 
-void NcclCommunicator::waitAll() { waitRaw(nextTicket_); }
+void NcclCommunicator::waitAll() {
+  waitRaw(nextTicket_);
+}
 
 int deviceCount() {
   int count = 0;

@@ -141,7 +141,7 @@ private:
   cudaStream_t stream_ = nullptr;
   cudaStream_t commStream_ = nullptr; // started collectives (owned by the world)
   bool ownsStream_ = false;
-  std::vector<Started> started_;      // in flight, oldest first
+  std::vector<Started> started_; // in flight, oldest first
   std::vector<cudaEvent_t> freeEvents_;
   uint64_t nextTicket_ = 0, completed_ = 0;
   std::chrono::milliseconds timeout_{60000};
