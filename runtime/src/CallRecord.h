@@ -77,6 +77,13 @@ struct CallRecord {
   std::string describe() const;
 };
 
+/// What is wrong with the arguments of `call` on group rank `rank` of `ranks` (a bytes
+/// reduction, a null buffer, a root or peer outside the group, buffers that overlap other than
+/// in the in-place forms), or "". `in` and `out` as the collective takes them (broadcast: both
+/// its buffer).
+std::string argumentError(const CallRecord& call, const void* in, const void* out, int ranks,
+                          int rank);
+
 /// Checks a permute's pairs: every rank's sendTo receives from it and its recvFrom sends to it.
 /// `callOf(q)` is group rank q's call; returns "" when they agree, else what is wrong (every
 /// rank checks every pair, so all agree on the outcome).

@@ -82,11 +82,6 @@ std::string mpiErrorText(int code) {
   return std::string(text, size_t(length));
 }
 
-bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
-  auto aStart = reinterpret_cast<uintptr_t>(a), bStart = reinterpret_cast<uintptr_t>(b);
-  return aBytes && bBytes && aStart < bStart + bBytes && bStart < aStart + aBytes;
-}
-
 void copyBytes(void* to, const void* from, size_t bytes) {
   if (bytes && to != from) std::memmove(to, from, bytes);
 }
@@ -214,11 +209,7 @@ public:
   void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     Call call = Call::of(Collective::AllReduce, dtype, op, count);
     size_t bytes = count * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (in != out && overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap without being the same buffer");
+    checkArguments(call, in, out);
     agree(call);
     if (size() == 1) return copyBytes(out, in, bytes);
     const void* send = in == out ? MPI_IN_PLACE : in;
@@ -235,13 +226,9 @@ public:
                         ReduceOp op) override {
     Call call = Call::of(Collective::ReduceScatter, dtype, op, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
-    checkReducible(call);
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes, "output");
+    checkArguments(call, in, out);
     const char* myChunk = static_cast<const char*>(in) + size_t(groupRank_) * chunkBytes;
     bool inPlace = out == myChunk;
-    if (!inPlace && overlaps(in, chunkBytes * p, out, chunkBytes))
-      throw error(call, "output overlaps the input other than as its chunk rank() (in place)");
     agree(call);
     if (p == 1) return copyBytes(out, in, chunkBytes);
     // MPI's in-place form reads and writes from the start of the buffer, not at chunk rank():
@@ -262,12 +249,9 @@ public:
   void allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
     Call call = Call::of(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
-    checkBuffer(call, in, chunkBytes, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
+    checkArguments(call, in, out);
     char* myChunk = static_cast<char*>(out) + size_t(groupRank_) * chunkBytes;
     bool inPlace = in == myChunk;
-    if (!inPlace && overlaps(in, chunkBytes, out, chunkBytes * p))
-      throw error(call, "input overlaps the output other than as its chunk rank() (in place)");
     agree(call);
     if (p == 1) return copyBytes(out, in, chunkBytes);
     int n = mpiCount(call, countPerRank);
@@ -283,10 +267,7 @@ public:
   void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
     Call call = Call::of(Collective::AllToAll, dtype, ReduceOp::Sum, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
-    if (overlaps(in, chunkBytes * p, out, chunkBytes * p))
-      throw error(call, "input and output overlap (allToAll has no in-place form)");
+    checkArguments(call, in, out);
     agree(call);
     if (p == 1) return copyBytes(out, in, chunkBytes);
     int n = mpiCount(call, countPerRank);
@@ -302,13 +283,7 @@ public:
                   int recvFrom) override {
     Call call = Call::of(Collective::Permute, dtype, ReduceOp::Sum, count, 0, sendTo, recvFrom);
     size_t bytes = count * dtypeSize(dtype);
-    for (int peerRank : {sendTo, recvFrom})
-      if (peerRank != kNoPeer && (peerRank < 0 || peerRank >= size()))
-        throw error(call, "peer " + std::to_string(peerRank) + " is not a rank of the group");
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap (permute has no in-place form)");
+    checkArguments(call, in, out);
     agree(call);
     MPI_Request requests[2];
     int pending = 0;
@@ -328,9 +303,7 @@ public:
 
   void broadcastRaw(void* data, size_t count, DType dtype, int root) override {
     Call call = Call::of(Collective::Broadcast, dtype, ReduceOp::Sum, count, root);
-    if (root < 0 || root >= size())
-      throw error(call, "root " + std::to_string(root) + " is not a rank of the group");
-    checkBuffer(call, data, count * dtypeSize(dtype), "buffer");
+    checkArguments(call, data, data);
     agree(call);
     if (size() == 1) return;
     int n = mpiCount(call, count);
@@ -347,11 +320,7 @@ public:
                             ReduceOp op) override {
     Call call = Call::startOf(Collective::AllReduce, dtype, op, count);
     size_t bytes = count * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (in != out && overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap without being the same buffer");
+    checkArguments(call, in, out);
     Started started;
     started.send = in == out ? MPI_IN_PLACE : in;
     started.receive = out;
@@ -367,7 +336,7 @@ public:
       total += buffers[k].count;
     Call call = Call::startOf(Collective::AllReduce, dtype, op, total, numBuffers);
     call.layout = layoutHash(buffers, numBuffers);
-    checkReducible(call);
+    checkArguments(call, nullptr, nullptr);
     for (size_t k = 0; k < numBuffers; ++k)
       checkBuffer(call, buffers[k].data, buffers[k].count * dtypeSize(dtype), "a buffer");
     if (size() == 1) return finishAtStart(call, [] {});
@@ -382,13 +351,9 @@ public:
                                 ReduceOp op) override {
     Call call = Call::startOf(Collective::ReduceScatter, dtype, op, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
-    checkReducible(call);
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes, "output");
+    checkArguments(call, in, out);
     const char* myChunk = static_cast<const char*>(in) + size_t(groupRank_) * chunkBytes;
     bool inPlace = out == myChunk;
-    if (!inPlace && overlaps(in, chunkBytes * p, out, chunkBytes))
-      throw error(call, "output overlaps the input other than as its chunk rank() (in place)");
     if (p == 1) return finishAtStart(call, [&] { copyBytes(out, in, chunkBytes); });
     Started started;
     started.send = in;
@@ -406,12 +371,9 @@ public:
   Request startAllGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
     Call call = Call::startOf(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
-    checkBuffer(call, in, chunkBytes, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
+    checkArguments(call, in, out);
     char* myChunk = static_cast<char*>(out) + size_t(groupRank_) * chunkBytes;
     bool inPlace = in == myChunk;
-    if (!inPlace && overlaps(in, chunkBytes, out, chunkBytes * p))
-      throw error(call, "input overlaps the output other than as its chunk rank() (in place)");
     if (p == 1) return finishAtStart(call, [&] { copyBytes(out, in, chunkBytes); });
     Started started;
     started.send = inPlace ? MPI_IN_PLACE : in;
@@ -675,8 +637,10 @@ private:
   void check(const Call& call, int code, const char* function) const {
     if (code != MPI_SUCCESS) throw error(call, std::string(function) + ": " + mpiErrorText(code));
   }
-  void checkReducible(const Call& call) const {
-    if (call.type() == DType::Bytes) throw error(call, "bytes cannot be reduced");
+  /// Argument errors (detail::argumentError) are CommErrors on the calling rank.
+  void checkArguments(const Call& call, const void* in, const void* out) const {
+    std::string cause = detail::argumentError(call, in, out, size(), groupRank_);
+    if (!cause.empty()) throw error(call, cause);
   }
   void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
     if (!buffer && bytes) throw error(call, std::string(what) + " is null");

@@ -28,11 +28,6 @@ void copyBytes(void* to, const void* from, size_t bytes) {
   if (bytes) std::memcpy(to, from, bytes);
 }
 
-bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
-  auto aStart = reinterpret_cast<uintptr_t>(a), bStart = reinterpret_cast<uintptr_t>(b);
-  return aBytes && bBytes && aStart < bStart + bBytes && bStart < aStart + aBytes;
-}
-
 // Small allreduces reduce the whole buffer on every rank (one data phase instead of two).
 constexpr size_t kSmallAllReduceBytes = 16 * 1024;
 
@@ -81,11 +76,7 @@ public:
   void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     Call call{CallRecord::of(Collective::AllReduce, dtype, op, count), in, out};
     size_t bytes = count * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (in != out && overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap without being the same buffer");
+    checkArguments(call, in, out);
     int p = size();
     // Allocate before the collective starts: past its first barrier nothing may throw.
     std::vector<const void*>& inputs = inputs_;
@@ -132,12 +123,7 @@ public:
     Call call{CallRecord::of(Collective::ReduceScatter, dtype, op, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes, "output");
-    const char* myChunk = static_cast<const char*>(in) + groupRank_ * chunkBytes;
-    if (out != myChunk && overlaps(in, chunkBytes * p, out, chunkBytes))
-      throw error(call, "output overlaps the input other than as its chunk rank() (in place)");
+    checkArguments(call, in, out);
     std::vector<const void*>& inputs = inputs_;
     inputs.resize(p);
     begin(call);
@@ -155,11 +141,8 @@ public:
     Call call{CallRecord::of(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
-    checkBuffer(call, in, chunkBytes, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
+    checkArguments(call, in, out);
     char* myChunk = static_cast<char*>(out) + groupRank_ * chunkBytes;
-    if (in != myChunk && overlaps(in, chunkBytes, out, chunkBytes * p))
-      throw error(call, "input overlaps the output other than as its chunk rank() (in place)");
     begin(call);
     if (in != myChunk) copyBytes(myChunk, in, chunkBytes);
     if (p == 1) return;
@@ -173,10 +156,7 @@ public:
     Call call{CallRecord::of(Collective::AllToAll, dtype, ReduceOp::Sum, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
-    if (overlaps(in, chunkBytes * p, out, chunkBytes * p))
-      throw error(call, "input and output overlap (allToAll has no in-place form)");
+    checkArguments(call, in, out);
     begin(call);
     for (int q = 0; q < p; ++q)
       copyBytes(static_cast<char*>(out) + q * chunkBytes,
@@ -190,13 +170,7 @@ public:
               in, out};
     int p = size();
     size_t bytes = count * dtypeSize(dtype);
-    for (int peerRank : {sendTo, recvFrom})
-      if (peerRank != kNoPeer && (peerRank < 0 || peerRank >= p))
-        throw error(call, "peer " + std::to_string(peerRank) + " is not a rank of the group");
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap (permute has no in-place form)");
+    checkArguments(call, in, out);
     begin(call);
     std::string mismatch =
         detail::permuteMismatch(p, [&](int q) -> const CallRecord& { return peer(q); });
@@ -210,10 +184,8 @@ public:
 
   void broadcastRaw(void* data, size_t count, DType dtype, int root) override {
     Call call{CallRecord::of(Collective::Broadcast, dtype, ReduceOp::Sum, count, root), data, data};
-    if (root < 0 || root >= size())
-      throw error(call, "root " + std::to_string(root) + " is not a rank of the group");
+    checkArguments(call, data, data);
     size_t bytes = count * dtypeSize(dtype);
-    checkBuffer(call, data, bytes, "buffer");
     begin(call);
     if (size() == 1) return;
     if (groupRank_ != root) copyBytes(data, peer(root).in, bytes);
@@ -225,12 +197,7 @@ public:
   Request startAllReduceRaw(const void* in, void* out, size_t count, DType dtype,
                             ReduceOp op) override {
     Call call{CallRecord::startOf(Collective::AllReduce, dtype, op, count), in, out};
-    size_t bytes = count * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (in != out && overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap without being the same buffer");
+    checkArguments(call, in, out);
     Segment<void> input{const_cast<void*>(in), count}, output{out, count};
     return started(call, &input, 1, &output, 1);
   }
@@ -241,7 +208,7 @@ public:
     for (size_t k = 0; k < numBuffers; ++k)
       total += buffers[k].count;
     Call call{CallRecord::startOf(Collective::AllReduce, dtype, op, total, numBuffers)};
-    checkReducible(call);
+    checkArguments(call, nullptr, nullptr);
     if (numBuffers && !buffers) throw error(call, "the list of buffers is null");
     for (size_t k = 0; k < numBuffers; ++k)
       checkBuffer(call, buffers[k].data, buffers[k].count * dtypeSize(dtype), "a buffer");
@@ -251,13 +218,8 @@ public:
   Request startReduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
                                 ReduceOp op) override {
     Call call{CallRecord::startOf(Collective::ReduceScatter, dtype, op, countPerRank), in, out};
-    size_t p = size_t(size()), chunkBytes = countPerRank * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes, "output");
-    const char* myChunk = static_cast<const char*>(in) + size_t(groupRank_) * chunkBytes;
-    if (out != myChunk && overlaps(in, chunkBytes * p, out, chunkBytes))
-      throw error(call, "output overlaps the input other than as its chunk rank() (in place)");
+    size_t p = size_t(size());
+    checkArguments(call, in, out);
     Segment<void> input{const_cast<void*>(in), countPerRank * p}, output{out, countPerRank};
     return started(call, &input, 1, &output, 1);
   }
@@ -265,12 +227,8 @@ public:
   Request startAllGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
     Call call{CallRecord::startOf(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank), in,
               out};
-    size_t p = size_t(size()), chunkBytes = countPerRank * dtypeSize(dtype);
-    checkBuffer(call, in, chunkBytes, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
-    char* myChunk = static_cast<char*>(out) + size_t(groupRank_) * chunkBytes;
-    if (in != myChunk && overlaps(in, chunkBytes, out, chunkBytes * p))
-      throw error(call, "input overlaps the output other than as its chunk rank() (in place)");
+    size_t p = size_t(size());
+    checkArguments(call, in, out);
     Segment<void> input{const_cast<void*>(in), countPerRank}, output{out, countPerRank * p};
     return started(call, &input, 1, &output, 1);
   }
@@ -340,8 +298,10 @@ private:
     return result;
   }
 
-  void checkReducible(const Call& call) const {
-    if (call.type() == DType::Bytes) throw error(call, "bytes cannot be reduced");
+  /// Argument errors (detail::argumentError) are CommErrors on the calling rank.
+  void checkArguments(const Call& call, const void* in, const void* out) const {
+    std::string cause = detail::argumentError(call, in, out, size(), groupRank_);
+    if (!cause.empty()) throw error(call, cause);
   }
   void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
     if (!buffer && bytes) throw error(call, std::string(what) + " is null");
