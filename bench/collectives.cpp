@@ -7,6 +7,11 @@
 // calls between two barriers, the slowest rank's time, best of `repeats`; and the whole
 // measurement (MPI then threads, per rank count) is repeated `rounds` times, keeping the best,
 // because the machine is shared and noisy.
+//
+// A second table (--overlap, on by default) times one training-like step per rank: an all-reduce
+// of a gradient bucket plus a fixed amount of compute, written three ways: blocking (allReduce,
+// then compute), started (startAllReduce, compute, wait) and started with test() between slices
+// of the compute; the three alternate round by round.
 #include "meshrt/Threads.h"
 
 #include <algorithm>
@@ -32,7 +37,59 @@ struct Options {
   int repeats = 3;
   int rounds = 2;
   std::string mpiProgram;
+  bool overlap = true;
 };
+
+enum class StepKind { Blocking, Started, StartedTested };
+
+/// Seconds per step (all-reduce of `bytes` + compute over a 1 MiB buffer) on `ranks` threads,
+/// the slowest rank's, best of the repeats.
+double timeOverlapStep(const Options& options, int ranks, size_t bytes, StepKind kind) {
+  double result = 0;
+  runThreads(Mesh({{"x", ranks}}), [&](Communicator& comm) {
+    size_t count = bytes / sizeof(float);
+    std::vector<float> grads(count, 1.0f), work(size_t(1) << 18, 1.0f);
+    auto compute = [&](int slices, Request* request) {
+      for (int slice = 0; slice < slices; ++slice) {
+        for (int pass = 0; pass < 32 / slices; ++pass)
+          for (float& x : work)
+            x = x * 0.999f + 0.001f;
+        asm volatile("" : : "r"(work.data()) : "memory");
+        if (request) request->test();
+      }
+    };
+    auto step = [&] {
+      std::fill(grads.begin(), grads.end(), 1.0f);
+      if (kind == StepKind::Blocking) {
+        comm.allReduce(grads.data(), count);
+        compute(1, nullptr);
+        return;
+      }
+      Request request = comm.startAllReduce(grads.data(), count);
+      if (kind == StepKind::Started)
+        compute(1, nullptr);
+      else
+        compute(8, &request);
+      comm.wait(request);
+    };
+    int iterations = 20;
+    step();
+    double best = 1e30;
+    for (int repeat = 0; repeat < options.repeats; ++repeat) {
+      comm.barrier();
+      Clock::time_point start = Clock::now();
+      for (int iteration = 0; iteration < iterations; ++iteration)
+        step();
+      comm.barrier();
+      double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+      comm.allReduce(&seconds, 1, ReduceOp::Max);
+      best = std::min(best, seconds);
+    }
+    if (grads[count - 1] != float(ranks)) throw std::runtime_error("overlap step: wrong sum");
+    if (comm.rank() == 0) result = best;
+  });
+  return result;
+}
 
 int iterationsFor(size_t bytes) {
   return int(std::clamp<size_t>((size_t(256) << 20) / bytes, 3, 2000));
@@ -170,12 +227,14 @@ Options parseOptions(int argc, char** argv) {
       options.repeats = std::max(1, std::atoi(value));
     } else if (name == "--rounds") {
       options.rounds = std::max(1, std::atoi(value));
+    } else if (name == "--overlap") {
+      options.overlap = std::atoi(value) != 0;
     } else if (name == "--mpi") {
       options.mpiProgram = value;
     } else {
       std::fprintf(stderr,
                    "usage: bench_collectives [--ranks 2,4] [--sizes bytes,...] [--repeats 3] "
-                   "[--rounds 2] [--mpi path/to/bench_collectives_mpi]\n");
+                   "[--rounds 2] [--mpi path/to/bench_collectives_mpi] [--overlap 1|0]\n");
       std::exit(name == "--help" ? 0 : 2);
     }
   }
@@ -187,6 +246,33 @@ std::string loadAverage() {
   std::string one, five;
   file >> one >> five;
   return one + " (1 min), " + five + " (5 min)";
+}
+
+void printOverlap(const Options& options) {
+  const std::vector<size_t> buckets = {size_t(64) << 10, size_t(4) << 20};
+  // [ranks][bucket][kind], best over rounds; the kinds alternate within each round.
+  std::map<int, std::map<size_t, std::map<int, double>>> best;
+  for (int round = 0; round < options.rounds; ++round)
+    for (int ranks : options.ranks)
+      for (size_t bytes : buckets)
+        for (int kind = 0; kind < 3; ++kind) {
+          double seconds = timeOverlapStep(options, ranks, bytes, StepKind(kind));
+          auto& slot = best[ranks][bytes];
+          if (!slot.count(kind) || seconds < slot[kind]) slot[kind] = seconds;
+        }
+  std::printf(
+      "\nstep = all-reduce of a bucket (f32 sum, in place) + compute (32 passes over 1 MiB); "
+      "threads backend, best of %d x %d\n",
+      options.rounds, options.repeats);
+  std::printf("%8s %5s %12s %12s %16s %14s %18s\n", "bucket", "ranks", "blocking us",
+              "start/wait us", "start/test/wait us", "blocking/start", "blocking/start+test");
+  for (int ranks : options.ranks)
+    for (size_t bytes : buckets) {
+      auto& times = best[ranks][bytes];
+      std::printf("%8s %5d %12.1f %12.1f %16.1f %13.2fx %17.2fx\n", sizeName(bytes).c_str(), ranks,
+                  times[0] * 1e6, times[1] * 1e6, times[2] * 1e6, times[0] / times[1],
+                  times[0] / times[2]);
+    }
 }
 
 } // namespace
@@ -245,6 +331,7 @@ int main(int argc, char** argv) try {
     std::printf(" %d ranks %.2fx%s;", ranks, ratio, ratio >= 3 ? " (met)" : " (NOT met)");
   }
   std::printf("\n");
+  if (options.overlap) printOverlap(options);
   return 0;
 } catch (const std::exception& error) {
   std::fprintf(stderr, "bench_collectives: %s\n", error.what());

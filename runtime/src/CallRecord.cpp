@@ -25,14 +25,82 @@ const char* collectiveName(Collective kind) {
 }
 
 std::string CallRecord::describe() const {
-  std::string text = name();
+  std::string text = std::string(started ? "started " : "") + name();
   if (collective() == Collective::Barrier) return text;
   if (collective() == Collective::Subgroup) return text + " #" + std::to_string(count);
-  text += " of " + std::to_string(count) + " " + dtypeName(type());
+  text += " of ";
+  if (buffers) text += std::to_string(buffers) + " buffers, ";
+  text += std::to_string(count) + " " + dtypeName(type());
   if (collective() == Collective::AllReduce || collective() == Collective::ReduceScatter)
     text += std::string(" (") + reduceOpName(ReduceOp(op)) + ")";
   if (collective() == Collective::Broadcast) text += " from root " + std::to_string(root);
   return text;
+}
+
+namespace {
+
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  auto aStart = reinterpret_cast<uintptr_t>(a), bStart = reinterpret_cast<uintptr_t>(b);
+  return aBytes && bBytes && aStart < bStart + bBytes && bStart < aStart + aBytes;
+}
+
+} // namespace
+
+std::string argumentError(const CallRecord& call, const void* in, const void* out, int ranks,
+                          int rank) {
+  size_t p = size_t(ranks), bytes = size_t(call.count) * dtypeSize(call.type());
+  auto null = [](const void* buffer, size_t size, const char* what) {
+    return !buffer && size ? std::string(what) + " is null" : std::string();
+  };
+  auto first = [](std::initializer_list<std::string> causes) {
+    for (const std::string& cause : causes)
+      if (!cause.empty()) return cause;
+    return std::string();
+  };
+  bool reduces =
+      call.collective() == Collective::AllReduce || call.collective() == Collective::ReduceScatter;
+  if (reduces && call.type() == DType::Bytes) return "bytes cannot be reduced";
+  switch (call.collective()) {
+  case Collective::AllReduce:
+    if (call.buffers) return ""; // a bucket: its buffers are checked one by one
+    return first({null(in, bytes, "input"), null(out, bytes, "output"),
+                  in != out && overlaps(in, bytes, out, bytes)
+                      ? "input and output overlap without being the same buffer"
+                      : ""});
+  case Collective::ReduceScatter: {
+    const char* myChunk = static_cast<const char*>(in) + size_t(rank) * bytes;
+    return first({null(in, bytes * p, "input"), null(out, bytes, "output"),
+                  out != myChunk && overlaps(in, bytes * p, out, bytes)
+                      ? "output overlaps the input other than as its chunk rank() (in place)"
+                      : ""});
+  }
+  case Collective::AllGather: {
+    const char* myChunk = static_cast<const char*>(out) + size_t(rank) * bytes;
+    return first({null(in, bytes, "input"), null(out, bytes * p, "output"),
+                  in != myChunk && overlaps(in, bytes, out, bytes * p)
+                      ? "input overlaps the output other than as its chunk rank() (in place)"
+                      : ""});
+  }
+  case Collective::AllToAll:
+    return first({null(in, bytes * p, "input"), null(out, bytes * p, "output"),
+                  overlaps(in, bytes * p, out, bytes * p)
+                      ? "input and output overlap (allToAll has no in-place form)"
+                      : ""});
+  case Collective::Permute:
+    for (int64_t peer : {call.sendTo, call.recvFrom})
+      if (peer != Communicator::kNoPeer && (peer < 0 || peer >= ranks))
+        return "peer " + std::to_string(peer) + " is not a rank of the group";
+    return first({null(in, bytes, "input"), null(out, bytes, "output"),
+                  overlaps(in, bytes, out, bytes)
+                      ? "input and output overlap (permute has no in-place form)"
+                      : ""});
+  case Collective::Broadcast:
+    if (call.root < 0 || call.root >= ranks)
+      return "root " + std::to_string(call.root) + " is not a rank of the group";
+    return null(in, bytes, "buffer");
+  default:
+    return "";
+  }
 }
 
 std::string permuteMismatch(int ranks, const std::function<const CallRecord&(int)>& callOf) {

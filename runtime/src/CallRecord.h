@@ -33,11 +33,35 @@ struct CallRecord {
   int64_t root = 0;
   int64_t sendTo = Communicator::kNoPeer;
   int64_t recvFrom = Communicator::kNoPeer;
+  /// 1 for a started collective (startAllReduce, ...): it never matches a blocking call.
+  int64_t started = 0;
+  /// A started all-reduce over a bucket: the number of buffers (0: one plain buffer); count is
+  /// their total. The backends compare the buffers' counts themselves.
+  int64_t buffers = 0;
+  /// A bucket on MPI: a hash of the buffers' counts (the threads backend compares them itself).
+  int64_t layout = 0;
 
   static CallRecord of(Collective kind, DType dtype = DType::Bytes, ReduceOp op = ReduceOp::Sum,
                        size_t count = 0, int root = 0, int sendTo = Communicator::kNoPeer,
                        int recvFrom = Communicator::kNoPeer) {
-    return {int64_t(kind), int64_t(dtype), int64_t(op), int64_t(count), root, sendTo, recvFrom};
+    return {int64_t(kind),
+            int64_t(dtype),
+            int64_t(op),
+            int64_t(count),
+            root,
+            sendTo,
+            recvFrom,
+            0,
+            0,
+            0};
+  }
+  /// The record of a started collective (of `buffers` buffers for a bucket).
+  static CallRecord startOf(Collective kind, DType dtype, ReduceOp op, size_t count,
+                            size_t buffers = 0) {
+    CallRecord record = of(kind, dtype, op, count);
+    record.started = 1;
+    record.buffers = int64_t(buffers);
+    return record;
   }
   Collective collective() const { return Collective(kind); }
   DType type() const { return DType(dtype); }
@@ -45,11 +69,20 @@ struct CallRecord {
   /// The part every rank must agree on (peers differ in sendTo/recvFrom).
   bool sameCollective(const CallRecord& other) const {
     return kind == other.kind && dtype == other.dtype && op == other.op && count == other.count &&
-           root == other.root;
+           root == other.root && started == other.started && buffers == other.buffers &&
+           layout == other.layout;
   }
-  /// "allReduce of 16 f32 (sum)", "broadcast of 1 i32 from root 0", ...
+  /// "allReduce of 16 f32 (sum)", "broadcast of 1 i32 from root 0", "started allReduce of 3
+  /// buffers, 96 f32 (sum)", ...
   std::string describe() const;
 };
+
+/// What is wrong with the arguments of `call` on group rank `rank` of `ranks` (a bytes
+/// reduction, a null buffer, a root or peer outside the group, buffers that overlap other than
+/// in the in-place forms), or "". `in` and `out` as the collective takes them (broadcast: both
+/// its buffer).
+std::string argumentError(const CallRecord& call, const void* in, const void* out, int ranks,
+                          int rank);
 
 /// Checks a permute's pairs: every rank's sendTo receives from it and its recvFrom sends to it.
 /// `callOf(q)` is group rank q's call; returns "" when they agree, else what is wrong (every

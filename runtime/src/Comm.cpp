@@ -157,6 +157,66 @@ std::chrono::milliseconds defaultTimeout() {
   return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000)));
 }
 
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    finishQuietly();
+    owner_ = other.owner_;
+    ticket_ = other.ticket_;
+    other.owner_ = nullptr;
+  }
+  return *this;
+}
+
+bool Request::pending() const {
+  return owner_ && owner_->completedThrough() < ticket_;
+}
+
+void Request::wait() {
+  if (owner_) owner_->wait(*this);
+}
+
+bool Request::test() {
+  return owner_ ? owner_->test(*this) : true;
+}
+
+void Request::finishQuietly() noexcept {
+  if (!pending()) return;
+  try {
+    owner_->wait(*this);
+  } catch (...) {
+    // The backend has recorded the failure (the world or the communicator has failed): the
+    // rank's next call reports it. A destructor cannot.
+  }
+  owner_ = nullptr;
+}
+
+static void checkOwner(const Communicator& self, const Request& request) {
+  if (request.owner() != &self)
+    throw std::invalid_argument("meshrt: wait/test on a communicator (group " + self.mesh().str() +
+                                ") that did not start the request");
+}
+
+void Communicator::wait(Request& request) {
+  if (!request.owner_) return;
+  checkOwner(*this, request);
+  request.owner_ = nullptr; // finished whether it completes or fails
+  waitRaw(request.ticket_);
+}
+
+bool Communicator::test(Request& request) {
+  if (!request.owner_) return true;
+  checkOwner(*this, request);
+  bool done = false;
+  try {
+    done = testRaw(request.ticket_);
+  } catch (...) {
+    request.owner_ = nullptr;
+    throw;
+  }
+  if (done) request.owner_ = nullptr;
+  return done;
+}
+
 int Communicator::coord(std::string_view axis) const {
   int index = mesh().axisIndex(axis);
   if (index < 0)

@@ -9,6 +9,16 @@
 // disagree get a CommError on every rank instead of MPI's undefined behaviour. Every MPI call
 // returns its error (MPI_ERRORS_RETURN on our communicators), which becomes a CommError with
 // MPI_Error_string's text.
+//
+// Started collectives (startAllReduce, ...) are MPI's nonblocking collectives. With the agreement
+// check, a start first allgathers its record nonblockingly on a second communicator (a duplicate
+// of the group's, so that the records always match each other whatever the calls), and the data
+// collective is started only once the records agree: a disagreement is a CommError at wait, and
+// the mismatched data collective never reaches MPI (whose behaviour would be undefined). Data
+// collectives start in the order the requests were started, at the first entry into meshrt
+// (a later start, test, wait, or blocking call) after their agreement has completed. (OpenMPI
+// progresses nonblocking collectives inside MPI calls only: test() is the way to progress them
+// between kernels.) Waits poll MPI_Test against the deadline, as blocking calls do.
 #include "meshrt/Mpi.h"
 
 #include "CallRecord.h"
@@ -20,6 +30,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <map>
 #include <sstream>
 
@@ -70,11 +82,6 @@ std::string mpiErrorText(int code) {
   return std::string(text, size_t(length));
 }
 
-bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
-  auto aStart = reinterpret_cast<uintptr_t>(a), bStart = reinterpret_cast<uintptr_t>(b);
-  return aBytes && bBytes && aStart < bStart + bBytes && bStart < aStart + aBytes;
-}
-
 void copyBytes(void* to, const void* from, size_t bytes) {
   if (bytes && to != from) std::memmove(to, from, bytes);
 }
@@ -90,6 +97,35 @@ int64_t encodeAxes(const std::vector<int>& axes, int numAxes) {
 /// How many MPI_Test polls a waiting rank makes before it yields its core between polls (ranks
 /// may outnumber cores: mpirun --oversubscribe).
 constexpr int kSpinPolls = 100;
+
+/// A started collective in flight: its agreement (with the check), then its data collective.
+struct Started {
+  enum class Stage { Agreeing, Ready, Running, Done };
+  uint64_t ticket = 0;
+  Call call;
+  Stage stage = Stage::Ready;
+  MPI_Request agreement = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL;
+  std::vector<Call> calls; // the group's records
+  // The data collective: MPI_Iallreduce(send, receive, count), MPI_Ireduce_scatter_block, or
+  // MPI_Iallgather.
+  const void* send = nullptr;
+  void* receive = nullptr;
+  int count = 0;
+  std::vector<Segment<void>> bucket; // a bucket's buffers, packed into `packed` at launch
+  std::vector<char> packed;          // the bucket, or an in-place reduceScatter's result
+  void* copyTo = nullptr;            // in-place reduceScatter: where `packed` goes
+  std::exception_ptr failure;
+};
+
+/// A hash of a bucket's buffer counts (FNV-1a), for the agreement check.
+int64_t layoutHash(const Segment<void>* buffers, size_t numBuffers) {
+  uint64_t hash = 1469598103934665603ull;
+  for (size_t k = 0; k < numBuffers; ++k) {
+    hash ^= uint64_t(buffers[k].count);
+    hash *= 1099511628211ull;
+  }
+  return int64_t(hash >> 1);
+}
 
 void finalizeAtExit() {
   int finalized = 0;
@@ -109,13 +145,21 @@ public:
     worldRanks_.resize(size_t(mesh.size()));
     for (int rank = 0; rank < mesh.size(); ++rank)
       worldRanks_[size_t(rank)] = rank;
+    makeAgreementComm();
   }
 
   ~MpiComm() override {
+    try {
+      if (!broken_) waitAll();
+    } catch (...) {
+      // The communicator is going away: nobody is left to report to.
+    }
     subgroups_.clear();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (agreementComm_ != MPI_COMM_NULL) MPI_Comm_free(&agreementComm_);
   }
 
   int rank() const override { return groupRank_; }
@@ -152,6 +196,7 @@ public:
 
   void barrier() override {
     Call call = Call::of(Collective::Barrier);
+    finishStarted();
     if (size() == 1) return checkAlive(call);
     // The agreement check is itself a barrier: nobody's allgather completes before all have
     // joined it.
@@ -164,11 +209,7 @@ public:
   void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     Call call = Call::of(Collective::AllReduce, dtype, op, count);
     size_t bytes = count * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (in != out && overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap without being the same buffer");
+    checkArguments(call, in, out);
     agree(call);
     if (size() == 1) return copyBytes(out, in, bytes);
     const void* send = in == out ? MPI_IN_PLACE : in;
@@ -185,13 +226,9 @@ public:
                         ReduceOp op) override {
     Call call = Call::of(Collective::ReduceScatter, dtype, op, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
-    checkReducible(call);
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes, "output");
+    checkArguments(call, in, out);
     const char* myChunk = static_cast<const char*>(in) + size_t(groupRank_) * chunkBytes;
     bool inPlace = out == myChunk;
-    if (!inPlace && overlaps(in, chunkBytes * p, out, chunkBytes))
-      throw error(call, "output overlaps the input other than as its chunk rank() (in place)");
     agree(call);
     if (p == 1) return copyBytes(out, in, chunkBytes);
     // MPI's in-place form reads and writes from the start of the buffer, not at chunk rank():
@@ -212,12 +249,9 @@ public:
   void allGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
     Call call = Call::of(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
-    checkBuffer(call, in, chunkBytes, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
+    checkArguments(call, in, out);
     char* myChunk = static_cast<char*>(out) + size_t(groupRank_) * chunkBytes;
     bool inPlace = in == myChunk;
-    if (!inPlace && overlaps(in, chunkBytes, out, chunkBytes * p))
-      throw error(call, "input overlaps the output other than as its chunk rank() (in place)");
     agree(call);
     if (p == 1) return copyBytes(out, in, chunkBytes);
     int n = mpiCount(call, countPerRank);
@@ -233,10 +267,7 @@ public:
   void allToAllRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
     Call call = Call::of(Collective::AllToAll, dtype, ReduceOp::Sum, countPerRank);
     size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
-    if (overlaps(in, chunkBytes * p, out, chunkBytes * p))
-      throw error(call, "input and output overlap (allToAll has no in-place form)");
+    checkArguments(call, in, out);
     agree(call);
     if (p == 1) return copyBytes(out, in, chunkBytes);
     int n = mpiCount(call, countPerRank);
@@ -252,13 +283,7 @@ public:
                   int recvFrom) override {
     Call call = Call::of(Collective::Permute, dtype, ReduceOp::Sum, count, 0, sendTo, recvFrom);
     size_t bytes = count * dtypeSize(dtype);
-    for (int peerRank : {sendTo, recvFrom})
-      if (peerRank != kNoPeer && (peerRank < 0 || peerRank >= size()))
-        throw error(call, "peer " + std::to_string(peerRank) + " is not a rank of the group");
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap (permute has no in-place form)");
+    checkArguments(call, in, out);
     agree(call);
     MPI_Request requests[2];
     int pending = 0;
@@ -278,9 +303,7 @@ public:
 
   void broadcastRaw(void* data, size_t count, DType dtype, int root) override {
     Call call = Call::of(Collective::Broadcast, dtype, ReduceOp::Sum, count, root);
-    if (root < 0 || root >= size())
-      throw error(call, "root " + std::to_string(root) + " is not a rank of the group");
-    checkBuffer(call, data, count * dtypeSize(dtype), "buffer");
+    checkArguments(call, data, data);
     agree(call);
     if (size() == 1) return;
     int n = mpiCount(call, count);
@@ -291,8 +314,262 @@ public:
         });
   }
 
+  // --- Started collectives ----------------------------------------------------------------------
+
+  Request startAllReduceRaw(const void* in, void* out, size_t count, DType dtype,
+                            ReduceOp op) override {
+    Call call = Call::startOf(Collective::AllReduce, dtype, op, count);
+    size_t bytes = count * dtypeSize(dtype);
+    checkArguments(call, in, out);
+    Started started;
+    started.send = in == out ? MPI_IN_PLACE : in;
+    started.receive = out;
+    started.count = mpiCount(call, count);
+    if (size() == 1) return finishAtStart(call, [&] { copyBytes(out, in, bytes); });
+    return launchOrQueue(call, std::move(started));
+  }
+
+  Request startAllReduceRaw(const Segment<void>* buffers, size_t numBuffers, DType dtype,
+                            ReduceOp op) override {
+    size_t total = 0;
+    for (size_t k = 0; k < numBuffers; ++k)
+      total += buffers[k].count;
+    Call call = Call::startOf(Collective::AllReduce, dtype, op, total, numBuffers);
+    call.layout = layoutHash(buffers, numBuffers);
+    checkArguments(call, nullptr, nullptr);
+    for (size_t k = 0; k < numBuffers; ++k)
+      checkBuffer(call, buffers[k].data, buffers[k].count * dtypeSize(dtype), "a buffer");
+    if (size() == 1) return finishAtStart(call, [] {});
+    Started started;
+    started.bucket.assign(buffers, buffers + numBuffers);
+    started.send = MPI_IN_PLACE;
+    started.count = mpiCount(call, total);
+    return launchOrQueue(call, std::move(started));
+  }
+
+  Request startReduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                                ReduceOp op) override {
+    Call call = Call::startOf(Collective::ReduceScatter, dtype, op, countPerRank);
+    size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
+    checkArguments(call, in, out);
+    const char* myChunk = static_cast<const char*>(in) + size_t(groupRank_) * chunkBytes;
+    bool inPlace = out == myChunk;
+    if (p == 1) return finishAtStart(call, [&] { copyBytes(out, in, chunkBytes); });
+    Started started;
+    started.send = in;
+    started.count = mpiCount(call, countPerRank);
+    if (inPlace) {
+      // As the blocking form: MPI's in-place reduce-scatter does not put the chunk at rank().
+      started.packed.resize(chunkBytes);
+      started.copyTo = out;
+    } else {
+      started.receive = out;
+    }
+    return launchOrQueue(call, std::move(started));
+  }
+
+  Request startAllGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
+    Call call = Call::startOf(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank);
+    size_t chunkBytes = countPerRank * dtypeSize(dtype), p = size_t(size());
+    checkArguments(call, in, out);
+    char* myChunk = static_cast<char*>(out) + size_t(groupRank_) * chunkBytes;
+    bool inPlace = in == myChunk;
+    if (p == 1) return finishAtStart(call, [&] { copyBytes(out, in, chunkBytes); });
+    Started started;
+    started.send = inPlace ? MPI_IN_PLACE : in;
+    started.receive = out;
+    started.count = mpiCount(call, countPerRank);
+    return launchOrQueue(call, std::move(started));
+  }
+
+  void waitAll() override { waitRaw(nextTicket_); }
+
+protected:
+  void waitRaw(uint64_t ticket) override {
+    // Completes every request up to `ticket` even after one failed (MPI may still write into
+    // their buffers), then throws the first failure.
+    std::exception_ptr first;
+    while (!started_.empty() && started_.front().ticket <= ticket) {
+      try {
+        advance(started_.front(), /*block=*/true);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      completed_ = started_.front().ticket;
+      started_.pop_front();
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  bool testRaw(uint64_t ticket) override {
+    progress();
+    while (!started_.empty() && started_.front().ticket <= ticket &&
+           started_.front().stage == Started::Stage::Done) {
+      std::exception_ptr failure = started_.front().failure;
+      completed_ = started_.front().ticket;
+      started_.pop_front();
+      if (failure) std::rethrow_exception(failure);
+    }
+    return completed_ >= ticket;
+  }
+
+  uint64_t completedThrough() const override { return completed_; }
+
 private:
   static constexpr int kPermuteTag = 7;
+
+  /// A started collective on a group of one: done at once.
+  template <class Local> Request finishAtStart(const Call& call, Local local) {
+    finishStarted(); // the order of completion is the order of starts
+    checkAlive(call);
+    local();
+    return Request();
+  }
+
+  /// Queues a started collective: its agreement allgather (with the check), else its data
+  /// collective at once; then progresses what is in flight.
+  Request launchOrQueue(const Call& call, Started started) {
+    checkAlive(call);
+    started.call = call;
+    started.ticket = ++nextTicket_;
+    // In the deque first: MPI reads the record from where it stays (push_back and pop_front
+    // keep a deque's elements in place).
+    Started& queued = started_.emplace_back(std::move(started));
+    if (options_.checkAgreement) {
+      queued.stage = Started::Stage::Agreeing;
+      queued.calls.resize(size_t(size()));
+      int code = MPI_Iallgather(&queued.call, kFields, MPI_INT64_T, queued.calls.data(), kFields,
+                                MPI_INT64_T, agreementComm_, &queued.agreement);
+      if (code != MPI_SUCCESS) {
+        started_.pop_back();
+        --nextTicket_;
+        check(call, code, "MPI_Iallgather (the agreement check)");
+      }
+    }
+    uint64_t ticket = queued.ticket;
+    progress();
+    return pendingRequest(ticket);
+  }
+
+  /// Does what the requests in flight allow without blocking; a failure is kept for the wait.
+  void progress() {
+    for (Started& started : started_) {
+      if (started.stage == Started::Stage::Done) continue;
+      try {
+        advance(started, /*block=*/false);
+      } catch (...) {
+        started.stage = Started::Stage::Done;
+        started.failure = std::current_exception();
+      }
+      // Data collectives reach MPI in the order of the starts.
+      if (started.stage < Started::Stage::Running) return;
+    }
+  }
+
+  /// Blocking calls come after the started ones on this communicator.
+  void finishStarted() {
+    if (!started_.empty()) waitAll();
+  }
+
+  /// Advances `started` through agreement, launch and completion (blocking: to the end, or a
+  /// CommError). Requests before it must have launched.
+  void advance(Started& started, bool block) {
+    const Call& call = started.call;
+    if (started.stage == Started::Stage::Done) {
+      if (started.failure) std::rethrow_exception(started.failure);
+      return;
+    }
+    try {
+      if (started.stage == Started::Stage::Agreeing) {
+        if (!poll(started, &started.agreement, block)) return;
+        for (int q = 0; q < size(); ++q) {
+          const Call& peer = started.calls[size_t(q)];
+          if (peer.sameCollective(call)) continue;
+          std::string cause = "ranks disagree: group rank " + std::to_string(groupRank_) +
+                              " called " + call.describe() + " but group rank " +
+                              std::to_string(q) + " called " + peer.describe();
+          if (peer.layout != call.layout && peer.kind == call.kind && peer.count == call.count)
+            cause += " (the buffers' counts differ)";
+          throw error(call, cause);
+        }
+        started.stage = Started::Stage::Ready;
+      }
+      if (started.stage == Started::Stage::Ready) {
+        launch(started);
+        started.stage = Started::Stage::Running;
+      }
+      if (!poll(started, &started.data, block)) return;
+      finish(started);
+      started.stage = Started::Stage::Done;
+    } catch (...) {
+      started.stage = Started::Stage::Done;
+      started.failure = std::current_exception();
+      throw;
+    }
+  }
+
+  /// MPI_Test once (or, blocking, until done or the deadline: complete()).
+  bool poll(const Started& started, MPI_Request* request, bool block) {
+    checkAlive(started.call);
+    if (block) {
+      complete(started.call, request, 1);
+      return true;
+    }
+    int done = 0;
+    check(started.call, MPI_Test(request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  }
+
+  void launch(Started& started) {
+    const Call& call = started.call;
+    MPI_Datatype type = mpiType(call.type());
+    size_t elementSize = dtypeSize(call.type());
+    switch (call.collective()) {
+    case Collective::AllReduce:
+      if (!started.bucket.empty()) {
+        started.packed.resize(size_t(call.count) * elementSize);
+        char* at = started.packed.data();
+        for (const Segment<void>& buffer : started.bucket) {
+          copyBytes(at, buffer.data, buffer.count * elementSize);
+          at += buffer.count * elementSize;
+        }
+        started.receive = started.packed.data();
+      }
+      check(call,
+            MPI_Iallreduce(started.send, started.receive, started.count, type,
+                           mpiOp(ReduceOp(call.op)), comm_, &started.data),
+            "MPI_Iallreduce");
+      break;
+    case Collective::ReduceScatter:
+      check(call,
+            MPI_Ireduce_scatter_block(
+                started.send, started.copyTo ? started.packed.data() : started.receive,
+                started.count, type, mpiOp(ReduceOp(call.op)), comm_, &started.data),
+            "MPI_Ireduce_scatter_block");
+      break;
+    case Collective::AllGather:
+      check(call,
+            MPI_Iallgather(started.send, started.count, type, started.receive, started.count, type,
+                           comm_, &started.data),
+            "MPI_Iallgather");
+      break;
+    default:
+      throw error(call, "not a collective that can be started");
+    }
+  }
+
+  /// Unpacks a bucket, or places an in-place reduce-scatter's chunk.
+  void finish(Started& started) {
+    size_t elementSize = dtypeSize(started.call.type());
+    if (!started.bucket.empty()) {
+      const char* at = started.packed.data();
+      for (const Segment<void>& buffer : started.bucket) {
+        copyBytes(buffer.data, at, buffer.count * elementSize);
+        at += buffer.count * elementSize;
+      }
+    }
+    if (started.copyTo) copyBytes(started.copyTo, started.packed.data(), started.packed.size());
+  }
 
   /// A subgroup over `comm`, owned by the world communicator `world`.
   MpiComm(MpiComm& world, std::vector<int> axes, Mesh groupMesh, std::vector<int> worldRanks,
@@ -301,11 +578,24 @@ private:
         comm_(comm), worldComm_(&world), axes_(std::move(axes)), worldRanks_(std::move(worldRanks)),
         worldRank_(world.worldRank_) {
     MPI_Comm_rank(comm_, &groupRank_);
+    makeAgreementComm();
+  }
+
+  /// The communicator of the started collectives' agreement records (with the check on).
+  void makeAgreementComm() {
+    if (!options_.checkAgreement || mesh_.size() == 1) return;
+    int code = MPI_Comm_dup(comm_, &agreementComm_);
+    if (code == MPI_SUCCESS) code = MPI_Comm_set_errhandler(agreementComm_, MPI_ERRORS_RETURN);
+    if (code != MPI_SUCCESS)
+      throw CommError("", worldRank_,
+                      "meshrt: MPI_Comm_dup (the agreement communicator) failed: " +
+                          mpiErrorText(code));
   }
 
   /// Creates the subgroup over world axes `worldAxes` (on the world communicator): every world
   /// rank must make the same call (MPI_Comm_split is collective over the world), checked first.
   std::unique_ptr<MpiComm> split(const std::vector<int>& worldAxes) {
+    finishStarted();
     Call call = Call::of(Collective::Subgroup);
     call.count = encodeAxes(worldAxes, worldMesh_.numAxes());
     if (size() > 1) agreeAlways(call);
@@ -347,8 +637,10 @@ private:
   void check(const Call& call, int code, const char* function) const {
     if (code != MPI_SUCCESS) throw error(call, std::string(function) + ": " + mpiErrorText(code));
   }
-  void checkReducible(const Call& call) const {
-    if (call.type() == DType::Bytes) throw error(call, "bytes cannot be reduced");
+  /// Argument errors (detail::argumentError) are CommErrors on the calling rank.
+  void checkArguments(const Call& call, const void* in, const void* out) const {
+    std::string cause = detail::argumentError(call, in, out, size(), groupRank_);
+    if (!cause.empty()) throw error(call, cause);
   }
   void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
     if (!buffer && bytes) throw error(call, std::string(what) + " is null");
@@ -400,6 +692,7 @@ private:
 
   /// Checks that every rank of the group makes the same call (unless turned off).
   void agree(const Call& call) {
+    finishStarted();
     checkAlive(call);
     if (options_.checkAgreement && size() > 1) agreeAlways(call);
   }
@@ -436,6 +729,9 @@ private:
   int groupRank_ = 0;
   bool broken_ = false;
   std::string broken_cause_;
+  MPI_Comm agreementComm_ = MPI_COMM_NULL; // started collectives' records (checked only)
+  std::deque<Started> started_;            // in flight, oldest first
+  uint64_t nextTicket_ = 0, completed_ = 0;
   std::vector<Call> calls_;   // the group's calls, gathered by the agreement check
   std::vector<char> scratch_; // in-place reduceScatter's result
   std::map<std::vector<int>, std::unique_ptr<MpiComm>> subgroups_;

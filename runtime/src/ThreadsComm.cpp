@@ -11,201 +11,25 @@
 // checking.
 #include "meshrt/Threads.h"
 
-#include "CallRecord.h"
 #include "Reduce.h"
+#include "ThreadsAsync.h"
+#include "ThreadsState.h"
 
-#include <algorithm>
-#include <atomic>
-#include <climits>
 #include <cstring>
-#include <exception>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <sstream>
-#include <thread>
-
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 namespace meshrt {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-constexpr size_t kCacheLine = 64;
-
-void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-void futexWait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds wait) {
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
-  timespec timeout{time_t(wait.count() / 1000000000), long(wait.count() % 1000000000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &timeout,
-          nullptr, 0);
-}
-
-void futexWakeAll(std::atomic<uint32_t>& word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
-          nullptr, 0);
-}
-
-/// The cores this process may run on (its affinity mask, e.g. under taskset), at least 1.
-int usableCores() {
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
-  return int(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-using detail::CallRecord;
-using detail::Collective;
-
-/// One rank's call, as published to its peers: the record every rank checks, and the buffers.
-struct Call : CallRecord {
-  const void* in = nullptr;
-  void* out = nullptr;
-};
-
-struct alignas(kCacheLine) Slot {
-  Call calls[2];
-  /// How many barriers this rank has arrived at (to name the missing ranks on a timeout).
-  std::atomic<uint64_t> arrivals{0};
-  /// How many collectives this rank has begun on the group (only its owner reads it; kept here
-  /// rather than in the communicator so that every communicator over the group agrees).
-  uint64_t sequence = 0;
-};
-
-/// What the ranks of one group share.
-struct GroupState {
-  GroupState(std::vector<int> members, Mesh groupMesh)
-      : worldRanks(std::move(members)), mesh(std::move(groupMesh)),
-        slots(std::make_unique<Slot[]>(worldRanks.size())) {}
-  std::vector<int> worldRanks; // group rank -> world rank
-  Mesh mesh;
-  std::unique_ptr<Slot[]> slots;
-  /// The barrier: generation << 32 | ranks arrived in this generation. One word, so that a rank
-  /// can withdraw its arrival only while the barrier has not completed (see abandon()).
-  alignas(kCacheLine) std::atomic<uint64_t> barrier{0};
-  /// The barrier's generation again, as the 32-bit word the waiters sleep on with futex.
-  alignas(kCacheLine) std::atomic<uint32_t> generation{0};
-};
-
-/// What all ranks share: the groups, and whether (and why) the world has failed.
-class WorldState {
-public:
-  WorldState(Mesh worldMesh, std::chrono::milliseconds waitLimit)
-      : mesh(std::move(worldMesh)), timeout(waitLimit),
-        exited(std::make_unique<std::atomic<bool>[]>(mesh.size())) {
-    // With more ranks than cores, a spinning rank takes the core from the peer it waits for:
-    // hand the core over almost at once instead (measured by bench/collectives.sh).
-    bool oversubscribed = mesh.size() > usableCores();
-    spins = oversubscribed ? 4 : 200;
-    yields = oversubscribed ? 200 : 50;
-  }
-
-  /// The group over world axes `axes` (in that order) that holds `worldRank`.
-  GroupState& group(const std::vector<int>& axes, int worldRank) {
-    std::vector<int> coords = mesh.coords(worldRank);
-    std::vector<MeshAxis> groupAxes;
-    for (int axis : axes)
-      groupAxes.push_back(mesh.axes()[axis]);
-    Mesh groupMesh(std::move(groupAxes));
-    // Members share every coordinate outside `axes`; the key names them by their first member.
-    std::vector<int> members;
-    for (int groupRank = 0; groupRank < groupMesh.size(); ++groupRank) {
-      std::vector<int> groupCoords = groupMesh.coords(groupRank);
-      for (size_t i = 0; i < axes.size(); ++i)
-        coords[axes[i]] = groupCoords[i];
-      members.push_back(mesh.rank(coords));
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::unique_ptr<GroupState>& slot = groups_[{axes, members[0]}];
-    if (!slot) slot = std::make_unique<GroupState>(std::move(members), std::move(groupMesh));
-    return *slot;
-  }
-
-  /// Records the first failure and wakes every waiting rank so that it sees it.
-  void fail(int worldRank, std::exception_ptr error) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (firstError_) return;
-      firstError_ = error;
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& caught) {
-        cause_ = caught.what();
-      } catch (...) {
-        cause_ = "an exception that is not a std::exception";
-      }
-      failedRank_ = worldRank;
-      failed.store(true, std::memory_order_release);
-    }
-    wakeAll();
-  }
-  void markExited(int worldRank) {
-    exited[worldRank].store(true, std::memory_order_release);
-    wakeAll();
-  }
-  /// "world rank 3 failed: <what it threw>".
-  std::string failure() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return "world rank " + std::to_string(failedRank_) + " failed: " + cause_;
-  }
-  std::exception_ptr firstError() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return firstError_;
-  }
-
-  const Mesh mesh;
-  const std::chrono::milliseconds timeout;
-  std::atomic<bool> failed{false};
-  std::unique_ptr<std::atomic<bool>[]> exited;
-  /// How long a barrier waiter spins, then yields, before it sleeps on the futex.
-  int spins = 200, yields = 50;
-
-private:
-  void wakeAll() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [key, group] : groups_)
-      futexWakeAll(group->generation);
-  }
-
-  std::mutex mutex_;
-  std::map<std::pair<std::vector<int>, int>, std::unique_ptr<GroupState>> groups_;
-  std::exception_ptr firstError_;
-  std::string cause_;
-  int failedRank_ = -1;
-};
-
-/// Group rank `rank`'s share [begin, end) of `count` elements split into `parts` chunks whose
-/// boundaries fall on cache lines (so that no two ranks write one line).
-std::pair<size_t, size_t> chunkOf(size_t count, size_t elementSize, int parts, int rank) {
-  size_t perLine = std::max<size_t>(1, kCacheLine / elementSize);
-  size_t lines = (count + perLine - 1) / perLine;
-  auto boundary = [&](int part) { return std::min(count, lines * part / parts * perLine); };
-  return {boundary(rank), boundary(rank + 1)};
-}
+using namespace detail;
 
 /// memcpy that accepts null pointers when there is nothing to copy.
 void copyBytes(void* to, const void* from, size_t bytes) {
   if (bytes) std::memcpy(to, from, bytes);
 }
 
-bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
-  auto aStart = reinterpret_cast<uintptr_t>(a), bStart = reinterpret_cast<uintptr_t>(b);
-  return aBytes && bBytes && aStart < bStart + bBytes && bStart < aStart + aBytes;
-}
-
 // Small allreduces reduce the whole buffer on every rank (one data phase instead of two).
 constexpr size_t kSmallAllReduceBytes = 16 * 1024;
-// Reduced or gathered chunks at least this large are written around the cache (a buffer of
-// several such chunks is read back from memory anyway), so the stores cost no
-// read-for-ownership.
-constexpr size_t kStreamingBytes = size_t(4) << 20;
 
 // --- The communicator ---------------------------------------------------------------------------
 
@@ -252,11 +76,7 @@ public:
   void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     Call call{CallRecord::of(Collective::AllReduce, dtype, op, count), in, out};
     size_t bytes = count * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (in != out && overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap without being the same buffer");
+    checkArguments(call, in, out);
     int p = size();
     // Allocate before the collective starts: past its first barrier nothing may throw.
     std::vector<const void*>& inputs = inputs_;
@@ -303,12 +123,7 @@ public:
     Call call{CallRecord::of(Collective::ReduceScatter, dtype, op, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
-    checkReducible(call);
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes, "output");
-    const char* myChunk = static_cast<const char*>(in) + groupRank_ * chunkBytes;
-    if (out != myChunk && overlaps(in, chunkBytes * p, out, chunkBytes))
-      throw error(call, "output overlaps the input other than as its chunk rank() (in place)");
+    checkArguments(call, in, out);
     std::vector<const void*>& inputs = inputs_;
     inputs.resize(p);
     begin(call);
@@ -326,11 +141,8 @@ public:
     Call call{CallRecord::of(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
-    checkBuffer(call, in, chunkBytes, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
+    checkArguments(call, in, out);
     char* myChunk = static_cast<char*>(out) + groupRank_ * chunkBytes;
-    if (in != myChunk && overlaps(in, chunkBytes, out, chunkBytes * p))
-      throw error(call, "input overlaps the output other than as its chunk rank() (in place)");
     begin(call);
     if (in != myChunk) copyBytes(myChunk, in, chunkBytes);
     if (p == 1) return;
@@ -344,10 +156,7 @@ public:
     Call call{CallRecord::of(Collective::AllToAll, dtype, ReduceOp::Sum, countPerRank), in, out};
     int p = size();
     size_t chunkBytes = countPerRank * dtypeSize(dtype);
-    checkBuffer(call, in, chunkBytes * p, "input");
-    checkBuffer(call, out, chunkBytes * p, "output");
-    if (overlaps(in, chunkBytes * p, out, chunkBytes * p))
-      throw error(call, "input and output overlap (allToAll has no in-place form)");
+    checkArguments(call, in, out);
     begin(call);
     for (int q = 0; q < p; ++q)
       copyBytes(static_cast<char*>(out) + q * chunkBytes,
@@ -361,13 +170,7 @@ public:
               in, out};
     int p = size();
     size_t bytes = count * dtypeSize(dtype);
-    for (int peerRank : {sendTo, recvFrom})
-      if (peerRank != kNoPeer && (peerRank < 0 || peerRank >= p))
-        throw error(call, "peer " + std::to_string(peerRank) + " is not a rank of the group");
-    checkBuffer(call, in, bytes, "input");
-    checkBuffer(call, out, bytes, "output");
-    if (overlaps(in, bytes, out, bytes))
-      throw error(call, "input and output overlap (permute has no in-place form)");
+    checkArguments(call, in, out);
     begin(call);
     std::string mismatch =
         detail::permuteMismatch(p, [&](int q) -> const CallRecord& { return peer(q); });
@@ -381,15 +184,64 @@ public:
 
   void broadcastRaw(void* data, size_t count, DType dtype, int root) override {
     Call call{CallRecord::of(Collective::Broadcast, dtype, ReduceOp::Sum, count, root), data, data};
-    if (root < 0 || root >= size())
-      throw error(call, "root " + std::to_string(root) + " is not a rank of the group");
+    checkArguments(call, data, data);
     size_t bytes = count * dtypeSize(dtype);
-    checkBuffer(call, data, bytes, "buffer");
     begin(call);
     if (size() == 1) return;
     if (groupRank_ != root) copyBytes(data, peer(root).in, bytes);
     wait(call);
   }
+
+  // --- Started collectives (ThreadsAsync.h) ----------------------------------------------------
+
+  Request startAllReduceRaw(const void* in, void* out, size_t count, DType dtype,
+                            ReduceOp op) override {
+    Call call{CallRecord::startOf(Collective::AllReduce, dtype, op, count), in, out};
+    checkArguments(call, in, out);
+    Segment<void> input{const_cast<void*>(in), count}, output{out, count};
+    return started(call, &input, 1, &output, 1);
+  }
+
+  Request startAllReduceRaw(const Segment<void>* buffers, size_t numBuffers, DType dtype,
+                            ReduceOp op) override {
+    size_t total = 0;
+    for (size_t k = 0; k < numBuffers; ++k)
+      total += buffers[k].count;
+    Call call{CallRecord::startOf(Collective::AllReduce, dtype, op, total, numBuffers)};
+    checkArguments(call, nullptr, nullptr);
+    if (numBuffers && !buffers) throw error(call, "the list of buffers is null");
+    for (size_t k = 0; k < numBuffers; ++k)
+      checkBuffer(call, buffers[k].data, buffers[k].count * dtypeSize(dtype), "a buffer");
+    return started(call, buffers, numBuffers, buffers, numBuffers);
+  }
+
+  Request startReduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                                ReduceOp op) override {
+    Call call{CallRecord::startOf(Collective::ReduceScatter, dtype, op, countPerRank), in, out};
+    size_t p = size_t(size());
+    checkArguments(call, in, out);
+    Segment<void> input{const_cast<void*>(in), countPerRank * p}, output{out, countPerRank};
+    return started(call, &input, 1, &output, 1);
+  }
+
+  Request startAllGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override {
+    Call call{CallRecord::startOf(Collective::AllGather, dtype, ReduceOp::Sum, countPerRank), in,
+              out};
+    size_t p = size_t(size());
+    checkArguments(call, in, out);
+    Segment<void> input{const_cast<void*>(in), countPerRank}, output{out, countPerRank * p};
+    return started(call, &input, 1, &output, 1);
+  }
+
+  void waitAll() override { async_->waitAll(); }
+
+protected:
+  void waitRaw(uint64_t ticket) override { async_->wait(ticket); }
+  bool testRaw(uint64_t ticket) override {
+    progressOthers();
+    return async_->test(ticket);
+  }
+  uint64_t completedThrough() const override { return async_->completed(); }
 
 private:
   ThreadsComm(WorldState& world, int worldRank, std::vector<int> axes, ThreadsComm* worldComm)
@@ -397,6 +249,26 @@ private:
         worldRank_(worldRank), worldComm_(worldComm) {
     groupRank_ = int(std::find(group_.worldRanks.begin(), group_.worldRanks.end(), worldRank) -
                      group_.worldRanks.begin());
+    async_ = std::make_unique<AsyncQueue>(
+        world_, group_, groupRank_, [this](const CallRecord& record, const std::string& cause) {
+          return error(Call{record, nullptr, nullptr}, cause);
+        });
+  }
+
+  Request started(const Call& call, const Segment<void>* inputs, size_t numInputs,
+                  const Segment<void>* outputs, size_t numOutputs) {
+    progressOthers();
+    uint64_t ticket = async_->start(call, inputs, numInputs, outputs, numOutputs);
+    return ticket ? pendingRequest(ticket) : Request();
+  }
+
+  /// This rank's share of the collectives started on its other groups, as far as it goes without
+  /// blocking (every entry into meshrt is a chance to progress them).
+  void progressOthers() {
+    ThreadsComm& worldComm = worldComm_ ? *worldComm_ : *this;
+    if (&worldComm != this && !worldComm.async_->idle()) worldComm.async_->progress();
+    for (auto& [axes, comm] : worldComm.subgroups_)
+      if (comm.get() != this && !comm->async_->idle()) comm->async_->progress();
   }
 
   static std::vector<int> allAxes(const Mesh& mesh) {
@@ -426,8 +298,10 @@ private:
     return result;
   }
 
-  void checkReducible(const Call& call) const {
-    if (call.type() == DType::Bytes) throw error(call, "bytes cannot be reduced");
+  /// Argument errors (detail::argumentError) are CommErrors on the calling rank.
+  void checkArguments(const Call& call, const void* in, const void* out) const {
+    std::string cause = detail::argumentError(call, in, out, size(), groupRank_);
+    if (!cause.empty()) throw error(call, cause);
   }
   void checkBuffer(const Call& call, const void* buffer, size_t bytes, const char* what) const {
     if (!buffer && bytes) throw error(call, std::string(what) + " is null");
@@ -435,6 +309,9 @@ private:
 
   /// Publishes `call`, waits for every rank of the group, and checks that all made the same call.
   void begin(const Call& call) {
+    progressOthers();
+    // Blocking calls follow the started ones on this group (the same order on every rank).
+    if (!async_->idle()) async_->waitAll();
     if (world_.failed.load(std::memory_order_acquire)) throw error(call, world_.failure());
     ++group_.slots[groupRank_].sequence;
     group_.slots[groupRank_].calls[group_.slots[groupRank_].sequence & 1] = call;
@@ -533,6 +410,7 @@ private:
   ThreadsComm* worldComm_; // null for the world communicator itself
   std::vector<char> scratch_;
   std::vector<const void*> inputs_; // the peers' buffers of a reduction, reused
+  std::unique_ptr<AsyncQueue> async_;
   std::map<std::vector<int>, std::unique_ptr<ThreadsComm>> subgroups_;
 };
 

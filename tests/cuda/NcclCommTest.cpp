@@ -87,6 +87,66 @@ TEST_CASE("NCCL collectives on device buffers", "[cuda][nccl]") {
   });
 }
 
+TEST_CASE("NCCL started collectives: in flight together, a bucket, host buffers", "[cuda][nccl]") {
+  int devices = std::min(meshrt::nccl::deviceCount(), 8);
+  if (devices == 0) {
+    WARN("no GPU: started collectives are compiled here, run by tests/gpu/run.sh");
+    return;
+  }
+  int data = devices % 2 == 0 ? 2 : 1;
+  Mesh mesh({{"data", data}, {"model", devices / data}});
+  meshrt::nccl::runNccl(mesh, [&](meshrt::Communicator& world) {
+    auto& nccl = dynamic_cast<meshrt::nccl::NcclCommunicator&>(world);
+    meshrt::Communicator& model = world.subgroup({"model"});
+    const size_t count = 4096;
+    int p = world.size();
+    float *grads = nullptr, *bucketA = nullptr, *bucketB = nullptr, *gathered = nullptr,
+          *scattered = nullptr;
+    for (float** buffer : {&grads, &bucketA, &bucketB, &scattered})
+      REQUIRE(cudaMalloc(buffer, count * sizeof(float) * size_t(p)) == cudaSuccess);
+    REQUIRE(cudaMalloc(&gathered, count * sizeof(float) * size_t(p)) == cudaSuccess);
+    std::vector<float> mine(count * size_t(p), float(world.rank() + 1));
+    for (float* buffer : {grads, bucketA, bucketB, scattered})
+      REQUIRE(cudaMemcpyAsync(buffer, mine.data(), mine.size() * sizeof(float),
+                              cudaMemcpyHostToDevice, nccl.stream()) == cudaSuccess);
+    // Started after the copies on stream(): they must see them (the start orders after them).
+    meshrt::Request sum = world.startAllReduce(grads, count);
+    meshrt::Request bucket = world.startAllReduce<float>({{bucketA, 100}, {bucketB, count}});
+    meshrt::Request scatter = world.startReduceScatter(scattered, gathered, count);
+    meshrt::Request gather = model.startAllGather(grads + count, gathered + count, 1);
+    world.wait(scatter); // completes sum and bucket too (start order)
+    REQUIRE_FALSE(sum.pending());
+    REQUIRE_FALSE(bucket.pending());
+    model.wait(gather);
+    nccl.synchronize("test");
+    float total = float(p * (p + 1) / 2);
+    for (float x : download(grads, count))
+      REQUIRE(x == total);
+    std::vector<float> a = download(bucketA, 101), b = download(bucketB, count);
+    REQUIRE(a[0] == total);
+    REQUIRE(a[99] == total);
+    REQUIRE(a[100] == float(world.rank() + 1)); // past the bucket's first buffer
+    for (float x : b)
+      REQUIRE(x == total);
+    for (float x : download(gathered, count))
+      REQUIRE(x == total);
+    std::vector<float> row = download(gathered + count, size_t(model.size()));
+    for (int g = 0; g < model.size(); ++g)
+      REQUIRE(row[size_t(g)] == float(model.worldRankOf(g) + 1));
+    // test() until done, and host buffers (staged: done at the start).
+    meshrt::Request again = world.startAllReduce(grads, count, meshrt::ReduceOp::Max);
+    while (!again.test()) {
+    }
+    std::vector<double> host(3, double(world.rank()));
+    meshrt::Request staged = world.startAllReduce(host.data(), host.size(), meshrt::ReduceOp::Max);
+    REQUIRE_FALSE(staged.pending());
+    REQUIRE(host == std::vector<double>(3, double(p - 1)));
+    world.barrier();
+    for (float* buffer : {grads, bucketA, bucketB, scattered, gathered})
+      cudaFree(buffer);
+  });
+}
+
 TEST_CASE("Host buffers are staged in place when they overlap", "[cuda][nccl]") {
   using meshrt::nccl::kStagingAlignment;
   using meshrt::nccl::stagingLayout;

@@ -228,6 +228,117 @@ TEST_CASE("MPI ranks that disagree get a CommError on every rank, then carry on"
   CHECK(ones == std::vector<float>(3, 4.0f));
 }
 
+TEST_CASE("MPI started collectives: several in flight, equal to the blocking ones; a bucket") {
+  forEachGroup([](Communicator& group) {
+    int p = group.size(), r = group.rank();
+    for (size_t n : {size_t(0), size_t(5), size_t(70001)}) {
+      INFO("count " << n);
+      std::vector<float> in(p * n), sum(n, -1.0f), inPlace(n), scattered(n, -1.0f);
+      for (size_t i = 0; i < in.size(); ++i)
+        in[i] = valueOf<float>(r, i);
+      std::copy(in.begin(), in.begin() + n, inPlace.begin());
+      std::vector<int32_t> mine(n), gathered(p * n, -7);
+      for (size_t i = 0; i < n; ++i)
+        mine[i] = valueOf<int32_t>(r, i);
+      std::vector<float> scatteredInPlace = in;
+      std::vector<Request> requests;
+      requests.push_back(group.startAllReduce(in.data(), sum.data(), n));
+      requests.push_back(group.startAllReduce(inPlace.data(), n, ReduceOp::Max));
+      requests.push_back(group.startReduceScatter(in.data(), scattered.data(), n));
+      requests.push_back(group.startReduceScatter(
+          scatteredInPlace.data(), scatteredInPlace.data() + r * n, n, ReduceOp::Min));
+      requests.push_back(group.startAllGather(mine.data(), gathered.data(), n));
+      requests.front().test(); // progress, whether or not it has completed
+      group.wait(requests.back());
+      for (const Request& request : requests)
+        CHECK_FALSE(request.pending());
+
+      std::vector<float> want(n);
+      group.allReduce(in.data(), want.data(), n);
+      CHECK(sum == want);
+      group.allReduce(in.data(), want.data(), n, ReduceOp::Max);
+      CHECK(inPlace == want);
+      group.reduceScatter(in.data(), want.data(), n);
+      CHECK(scattered == want);
+      group.reduceScatter(in.data(), want.data(), n, ReduceOp::Min);
+      CHECK(std::vector<float>(scatteredInPlace.begin() + r * n,
+                               scatteredInPlace.begin() + (r + 1) * n) == want);
+      std::vector<int32_t> wantGathered(p * n);
+      group.allGather(mine.data(), wantGathered.data(), n);
+      CHECK(gathered == wantGathered);
+    }
+    // A bucket of buffers (one empty), reduced as one collective, then each checked.
+    std::vector<std::vector<double>> grads = {std::vector<double>(3), {}, std::vector<double>(999)};
+    for (size_t k = 0; k < grads.size(); ++k)
+      for (size_t i = 0; i < grads[k].size(); ++i)
+        grads[k][i] = valueOf<double>(r, 10 * k + i);
+    Request bucket = group.startAllReduce<double>(
+        {{grads[0].data(), 3}, {grads[1].data(), 0}, {grads[2].data(), 999}});
+    while (!bucket.test()) {
+    }
+    for (size_t k = 0; k < grads.size(); ++k)
+      for (size_t i = 0; i < grads[k].size(); ++i) {
+        double want = 0;
+        for (int q = 0; q < p; ++q)
+          want += valueOf<double>(q, 10 * k + i);
+        if (grads[k][i] != want) FAIL("bucket buffer " << k << " element " << i);
+      }
+  });
+}
+
+TEST_CASE("MPI started collectives that disagree: a CommError at every wait, then carry on") {
+  std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse("x=4"));
+  int r = world->rank();
+  std::vector<float> data(16, 1.0f), gathered(64);
+  Request request = r == 2 ? world->startAllGather(data.data(), gathered.data(), 16)
+                           : world->startAllReduce(data.data(), 16);
+  try {
+    world->wait(request);
+    FAIL("no CommError");
+  } catch (const CommError& error) {
+    CHECK(error.collective() == (r == 2 ? "allGather" : "allReduce"));
+    CHECK_THAT(error.what(), Catch::Contains("ranks disagree") && Catch::Contains("MPI backend") &&
+                                 Catch::Contains("started allGather of 16 f32"));
+  }
+  CHECK_FALSE(request.pending());
+  // Buckets of the same total whose buffers differ.
+  size_t split = r == 0 ? 3 : 5;
+  Request bucket =
+      world->startAllReduce<float>({{data.data(), split}, {data.data() + 8, 8 - split}});
+  CHECK_THROWS_WITH(bucket.wait(), Catch::Contains("the buffers' counts differ"));
+  // The data never reached MPI: the communicator still works, started or blocking.
+  std::vector<float> ones(3, 1.0f);
+  world->startAllReduce(ones.data(), 3).wait();
+  world->allReduce(ones.data(), 3);
+  CHECK(ones == std::vector<float>(3, 16.0f));
+}
+
+TEST_CASE("MPI started collective that a rank starts too late: a timeout at the waiters") {
+  // Without the agreement check (the data collective itself is late): ranks 0-2 time out; rank
+  // 3 starts it after that and completes with their contributions (MPI keeps them).
+  MpiOptions options;
+  options.checkAgreement = false;
+  options.timeout = std::chrono::milliseconds(500);
+  std::unique_ptr<Communicator> sync = mpiWorld(Mesh::parse("x=4"));
+  std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse("x=4"), options);
+  int r = world->rank();
+  std::vector<float> data(8, 1.0f);
+  if (r != 3) {
+    Request request = world->startAllReduce(data.data(), data.size());
+    auto begin = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(world->wait(request),
+                      Catch::Contains("allReduce failed on world rank " + std::to_string(r)) &&
+                          Catch::Contains("timed out after 0.5 s"));
+    CHECK(std::chrono::steady_clock::now() - begin >= std::chrono::milliseconds(490));
+  }
+  sync->barrier();
+  if (r == 3) {
+    world->startAllReduce(data.data(), data.size()).wait();
+    CHECK(data == std::vector<float>(8, 4.0f));
+  }
+  sync->barrier(); // ranks 0-2 keep `data` alive until rank 3 has it
+}
+
 TEST_CASE("MPI argument errors are CommErrors naming the collective and the rank") {
   std::unique_ptr<Communicator> world = mpiWorld(Mesh::parse("x=4"));
   std::vector<float> data(8);

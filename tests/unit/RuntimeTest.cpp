@@ -682,3 +682,183 @@ TEST_CASE("failures racing with collectives never leave a peer reading freed buf
     CHECK(run.thrown == "trial failure");
   }
 }
+
+// --- Started collectives -------------------------------------------------------------------------
+
+namespace {
+
+/// Starts an all-reduce (out of place and in place), a reduce-scatter and an all-gather on
+/// `comm`, all in flight at once, then waits for them in the reverse order (waiting for the last
+/// completes them all) and compares each with its blocking twin.
+void checkStartedAgainstBlocking(Communicator& comm, RankLog& log, size_t count) {
+  int me = comm.worldRank(), p = comm.size(), rank = comm.rank();
+  std::vector<float> in = valuesOf<float>(me, count), out(count, -1.0f);
+  std::vector<int32_t> inPlace = valuesOf<int32_t>(me, count);
+  std::vector<float> scatterIn = valuesOf<float>(me, p * count), scattered(count, -1.0f);
+  std::vector<double> gathered(p * count, -1.0);
+  std::vector<double> gatherIn = valuesOf<double>(me, count);
+  std::vector<Request> requests;
+  requests.push_back(comm.startAllReduce(in.data(), out.data(), count));
+  requests.push_back(comm.startAllReduce(inPlace.data(), count, ReduceOp::Max));
+  requests.push_back(comm.startReduceScatter(scatterIn.data(), scattered.data(), count));
+  requests.push_back(comm.startAllGather(gatherIn.data(), gathered.data(), count));
+  comm.wait(requests.back());
+  for (Request& request : requests)
+    if (request.pending()) log.fail(me, label(comm, "a request before the last is still pending"));
+
+  std::string what = label(comm, "started collectives of " + std::to_string(count));
+  std::vector<float> wantSum(count);
+  comm.allReduce(valuesOf<float>(me, count).data(), wantSum.data(), count);
+  log.expectEqual(me, out, wantSum, what + ": allReduce");
+  std::vector<int32_t> wantMax = valuesOf<int32_t>(me, count);
+  comm.allReduce(wantMax.data(), count, ReduceOp::Max);
+  log.expectEqual(me, inPlace, wantMax, what + ": allReduce in place (max)");
+  log.expectEqual(me, scattered, expectedReduce<float>(comm, ReduceOp::Sum, count, rank * count),
+                  what + ": reduceScatter");
+  std::vector<double> wantGathered(p * count);
+  comm.allGather(gatherIn.data(), wantGathered.data(), count);
+  log.expectEqual(me, gathered, wantGathered, what + ": allGather");
+}
+
+} // namespace
+
+TEST_CASE("started collectives equal the blocking ones, several in flight", "[runtime][async]") {
+  std::string text = GENERATE("x=1", "x=2", "x=4", "a=2,b=4");
+  Mesh mesh = Mesh::parse(text);
+  INFO("mesh " << mesh.str());
+  RankLog log(mesh.size());
+  runThreads(mesh, [&](Communicator& world) {
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(300001)}) {
+      checkStartedAgainstBlocking(world, log, count);
+      for (const std::vector<std::string>& axes : groupShapes(mesh))
+        checkStartedAgainstBlocking(world.subgroup(axes), log, count);
+    }
+  });
+  log.check();
+}
+
+TEST_CASE("a bucket all-reduce overlaps other groups' work and more than a ring of requests",
+          "[runtime][async]") {
+  Mesh mesh = Mesh::parse("data=2,model=4");
+  RankLog log(mesh.size());
+  runThreads(mesh, [&](Communicator& world) {
+    int me = world.worldRank();
+    Communicator& data = world.subgroup({"data"});
+    Communicator& model = world.subgroup({"model"});
+    // A gradient bucket: buffers of several sizes (one empty), reduced over `data` while the
+    // rank keeps running blocking collectives over `model` (the rest of backward).
+    std::vector<size_t> sizes = {3, 0, 70000, 17, 1};
+    std::vector<std::vector<float>> grads;
+    std::vector<Segment<float>> bucket;
+    for (size_t k = 0; k < sizes.size(); ++k)
+      grads.push_back(valuesOf<float>(me, sizes[k], 100 * k));
+    for (std::vector<float>& grad : grads)
+      bucket.push_back({grad.data(), grad.size()});
+    Request request = data.startAllReduce(bucket);
+    int32_t steps = me;
+    for (int step = 0; step < 20; ++step)
+      model.allReduce(&steps, 1, ReduceOp::Max);
+    CHECK_NOTHROW(request.test()); // progress, complete or not
+    data.wait(request);
+    log.expectEqual(me, std::vector<int32_t>{steps}, std::vector<int32_t>{7 - 4 * (me < 4)},
+                    "model max");
+    for (size_t k = 0; k < sizes.size(); ++k)
+      log.expectEqual(me, grads[k], expectedReduce<float>(data, ReduceOp::Sum, sizes[k], 100 * k),
+                      "bucket buffer " + std::to_string(k));
+    // Twice the ring of requests in flight; test() until the last completes.
+    std::vector<int32_t> values(150);
+    std::vector<Request> requests;
+    for (size_t i = 0; i < values.size(); ++i) {
+      values[i] = int32_t(i) * (me + 1);
+      requests.push_back(world.startAllReduce(&values[i], 1));
+    }
+    while (!requests.back().test())
+      std::this_thread::yield();
+    for (size_t i = 0; i < values.size(); ++i)
+      if (values[i] != int32_t(i) * 36) log.fail(me, "ring request " + std::to_string(i));
+  });
+  log.check();
+}
+
+TEST_CASE("a started collective that the ranks disagree on is an error at every wait",
+          "[runtime][async]") {
+  SECTION("collectives") {
+    FailureRun run = runFailing(Mesh::parse("x=4"), 30s, [](Communicator& world) {
+      std::vector<float> data(16, 1), gathered(64);
+      Request request = world.rank() == 2 ? world.startAllGather(data.data(), gathered.data(), 16)
+                                          : world.startAllReduce(data.data(), 16);
+      world.wait(request);
+    });
+    CHECK(run.thrownIsCommError);
+    for (int rank = 0; rank < 4; ++rank)
+      CHECK_THAT(run.rankErrors[rank], Catch::Contains("ranks disagree"));
+    CHECK_THAT(run.rankErrors[0],
+               Catch::Contains("allReduce failed on world rank 0") &&
+                   Catch::Contains("group rank 0 called started allReduce of 16 f32 (sum) but "
+                                   "group rank 2 called started allGather of 16 f32"));
+  }
+  SECTION("started against blocking, and bucket layouts") {
+    FailureRun blocking = runFailing(Mesh::parse("x=2"), 300ms, [](Communicator& world) {
+      float value = 1;
+      if (world.rank() == 0)
+        world.allReduce(&value, 1);
+      else
+        world.startAllReduce(&value, 1).wait();
+    });
+    // They never meet: a timeout naming the other rank (whichever side times out first).
+    CHECK_THAT(blocking.thrown,
+               Catch::Contains("timed out after 0.3 s waiting for world rank(s) 1 (") ||
+                   Catch::Contains("timed out after 0.3 s waiting for world rank(s) 0 to start"));
+    FailureRun bucket = runFailing(Mesh::parse("x=2"), 30s, [](Communicator& world) {
+      std::vector<float> a(8), b(8);
+      size_t split = world.rank() == 0 ? 3 : 5;
+      world.startAllReduce({Segment<float>{a.data(), split}, {b.data(), 8 - split}}).wait();
+    });
+    CHECK_THAT(bucket.thrown, Catch::Contains("started allReduce of 2 buffers, 8 f32 (sum) with "
+                                              "buffer 0 of"));
+  }
+}
+
+TEST_CASE("a rank that never starts a collective is a timeout at the waiters", "[runtime][async]") {
+  std::vector<double> startSeconds(4, -1);
+  FailureRun run = runFailing(Mesh::parse("a=2,b=2"), 300ms, [&](Communicator& world) {
+    if (world.worldRank() == 3) std::this_thread::sleep_for(1500ms);
+    std::vector<float> data(100, 1);
+    auto begin = std::chrono::steady_clock::now();
+    Request request = world.startAllReduce(data.data(), data.size());
+    startSeconds[world.worldRank()] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    request.wait();
+  });
+  CHECK(run.thrownIsCommError);
+  CHECK_THAT(run.thrown, Catch::Contains("allReduce failed on world rank") &&
+                             Catch::Contains("timed out after 0.3 s waiting for world rank(s) 3 "
+                                             "to start it"));
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank << ": " << run.rankErrors[rank]);
+    CHECK(startSeconds[rank] < 0.25); // the start did not wait for the late rank
+    CHECK_THAT(run.rankErrors[rank],
+               Catch::Contains("allReduce failed on world rank " + std::to_string(rank)));
+    CHECK(run.rankSeconds[rank] >= 0.29);
+    CHECK(run.rankSeconds[rank] < 1.4);
+  }
+  CHECK_THAT(run.rankErrors[3], Catch::Contains("failed on world rank 3"));
+}
+
+TEST_CASE("a rank that throws with a request in flight still completes it", "[runtime][async]") {
+  // Its Request's destructor finishes the collective during unwinding, so the peers' waits get
+  // the right sums and their buffers are never read after they are gone; later calls fail.
+  RankLog log(4);
+  FailureRun run = runFailing(Mesh::parse("x=4"), 30s, [&](Communicator& world) {
+    std::vector<float> grads(50000, float(world.rank() + 1));
+    Request request = world.startAllReduce(grads.data(), grads.size());
+    if (world.rank() == 1) throw std::runtime_error("boom in backward");
+    request.wait();
+    log.expectEqual(world.worldRank(), grads, std::vector<float>(grads.size(), 10.0f), "sum");
+    world.barrier();
+  });
+  log.check();
+  CHECK(run.thrown == "boom in backward");
+  for (int rank : {0, 2, 3})
+    CHECK_THAT(run.rankErrors[rank], Catch::Contains("world rank 1 failed: boom in backward"));
+}

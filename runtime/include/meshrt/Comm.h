@@ -16,6 +16,11 @@
 // - Reductions combine the ranks' values in group-rank order, so every rank gets the same bits.
 // - A rank that fails (throws, exits early, or does not arrive within timeout()) turns every
 //   other rank's pending and later collectives into a CommError instead of a hang.
+// - Started collectives (startAllReduce, ...) return a Request and run while the rank computes;
+//   wait(request) completes it. Every rank starts the same collectives in the same order (as for
+//   blocking calls, checked the same way); requests on one communicator complete in the order
+//   they were started; a blocking collective first completes the requests in flight on its
+//   communicator.
 //
 // Host code, C++17 and up (generated CUDA sources include it through nvcc's host compiler).
 #pragma once
@@ -104,6 +109,52 @@ const char* reduceOpName(ReduceOp op);
 /// The timeout a backend uses unless told otherwise: MESHRT_TIMEOUT_S from the environment
 /// (seconds, may be fractional), else 60 s. Throws std::invalid_argument on a malformed value.
 std::chrono::milliseconds defaultTimeout();
+
+/// One buffer of a bucket (a started all-reduce over several buffers): `count` elements at
+/// `data`. Segment<void> is the type-erased form.
+template <class T> struct Segment {
+  T* data = nullptr;
+  size_t count = 0;
+};
+
+class Communicator;
+
+/// A started collective (Communicator::startAllReduce, ...). Movable, not copyable. Pending
+/// until it is completed by wait() / test() (or by waiting for a request started after it on
+/// the same communicator). Destroying (or assigning over) a pending Request waits for it; an
+/// error met then is not lost: the communicator (threads: the world) has failed and its next
+/// call throws. A Request must not outlive its communicator.
+class Request {
+public:
+  Request() = default;
+  Request(Request&& other) noexcept : owner_(other.owner_), ticket_(other.ticket_) {
+    other.owner_ = nullptr;
+  }
+  Request& operator=(Request&& other) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request() { finishQuietly(); }
+
+  /// Started and not yet completed (by wait, test, or the wait for a later request).
+  bool pending() const;
+  /// owner.wait(*this): returns once the collective has completed (its output is ready and its
+  /// buffers may be reused); throws CommError if it failed. No-op when not pending.
+  void wait();
+  /// owner.test(*this): progresses it without blocking; true once it has completed.
+  bool test();
+  /// The communicator that started it (null when not pending).
+  Communicator* owner() const { return owner_; }
+  /// Its number among the collectives started on its communicator (1, 2, ...).
+  uint64_t ticket() const { return ticket_; }
+
+private:
+  friend class Communicator;
+  Request(Communicator& owner, uint64_t ticket) : owner_(&owner), ticket_(ticket) {}
+  void finishQuietly() noexcept;
+
+  Communicator* owner_ = nullptr;
+  uint64_t ticket_ = 0;
+};
 
 /// Where a shift has no peer, the rank receives zeros (Zero) or the shift wraps around (Wrap).
 enum class Boundary { Wrap, Zero };
@@ -195,6 +246,66 @@ public:
   /// Returns once every rank of the group has called it.
   virtual void barrier() = 0;
 
+  // --- Started (non-blocking) collectives -----------------------------------------------------
+  // start... begins the collective and returns at once; the buffers belong to it (unread and
+  // unwritten by the caller, alive) until wait(request) returns. Every rank of the group starts
+  // the same collectives in the same order, interleaved the same way with its blocking calls;
+  // a disagreement is a CommError at wait (or earlier) on every rank, a rank that never starts
+  // one is a timeout at the waiters. Requests on one communicator complete in the order they were
+  // started: waiting for one completes those started before it. A blocking collective first
+  // completes the requests in flight on its communicator. On the NCCL backend wait() orders the
+  // rank's stream after the collective instead of blocking the host (see Nccl.h).
+
+  /// allReduce, started: `count` elements, in == out for in place.
+  template <class T>
+  Request startAllReduce(const T* in, T* out, size_t count, ReduceOp op = ReduceOp::Sum) {
+    static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    return startAllReduceRaw(in, out, count, DTypeOf<T>::value, op);
+  }
+  template <class T> Request startAllReduce(T* data, size_t count, ReduceOp op = ReduceOp::Sum) {
+    return startAllReduce<T>(data, data, count, op);
+  }
+  /// A bucket: one all-reduce, in place, over the concatenation of `buffers` (distinct,
+  /// non-overlapping; every rank passes the same number of buffers with the same counts).
+  template <class T>
+  Request startAllReduce(const Segment<T>* buffers, size_t numBuffers,
+                         ReduceOp op = ReduceOp::Sum) {
+    static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    rawSegments_.resize(numBuffers);
+    for (size_t i = 0; i < numBuffers; ++i)
+      rawSegments_[i] = {static_cast<void*>(buffers[i].data), buffers[i].count};
+    return startAllReduceRaw(rawSegments_.data(), numBuffers, DTypeOf<T>::value, op);
+  }
+  template <class T>
+  Request startAllReduce(std::initializer_list<Segment<T>> buffers, ReduceOp op = ReduceOp::Sum) {
+    return startAllReduce<T>(buffers.begin(), buffers.size(), op);
+  }
+  template <class T>
+  Request startAllReduce(const std::vector<Segment<T>>& buffers, ReduceOp op = ReduceOp::Sum) {
+    return startAllReduce<T>(buffers.data(), buffers.size(), op);
+  }
+  /// reduceScatter, started (buffers and in-place form as reduceScatter).
+  template <class T>
+  Request startReduceScatter(const T* in, T* out, size_t countPerRank,
+                             ReduceOp op = ReduceOp::Sum) {
+    static_assert(DTypeOf<T>::value != DType::Bytes, "no reductions over bytes");
+    return startReduceScatterRaw(in, out, countPerRank, DTypeOf<T>::value, op);
+  }
+  /// allGather, started (buffers and in-place form as allGather).
+  template <class T> Request startAllGather(const T* in, T* out, size_t countPerRank) {
+    return startAllGatherRaw(in, out, countPerRank, DTypeOf<T>::value);
+  }
+
+  /// Completes `request` (and every request started before it on this communicator). Throws
+  /// CommError if it failed; either way it is no longer pending. No-op when not pending; a
+  /// request of another communicator is std::invalid_argument.
+  void wait(Request& request);
+  /// Progresses the requests in flight up to `request` without blocking; true (and no longer
+  /// pending) once it has completed. Throws as wait().
+  bool test(Request& request);
+  /// Completes every request in flight on this communicator.
+  virtual void waitAll() = 0;
+
   // --- Collectives (type-erased): what a backend implements -----------------------------------
   virtual void allReduceRaw(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
   virtual void reduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
@@ -204,9 +315,32 @@ public:
   virtual void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
                           int recvFrom) = 0;
   virtual void broadcastRaw(void* data, size_t count, DType dtype, int root) = 0;
+  virtual Request startAllReduceRaw(const void* in, void* out, size_t count, DType dtype,
+                                    ReduceOp op) = 0;
+  virtual Request startAllReduceRaw(const Segment<void>* buffers, size_t numBuffers, DType dtype,
+                                    ReduceOp op) = 0;
+  virtual Request startReduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                                        ReduceOp op) = 0;
+  virtual Request startAllGatherRaw(const void* in, void* out, size_t countPerRank,
+                                    DType dtype) = 0;
 
   /// The (sendTo, recvFrom) pair of shift(offset, boundary) on this rank.
   std::pair<int, int> shiftPeers(int offset, Boundary boundary) const;
+
+protected:
+  /// What a backend implements for wait() / test(): complete (or progress without blocking)
+  /// the requests up to `ticket` in start order. test: true once `ticket` has completed.
+  virtual void waitRaw(uint64_t ticket) = 0;
+  virtual bool testRaw(uint64_t ticket) = 0;
+  /// Every request with a ticket up to this one has completed (or failed).
+  virtual uint64_t completedThrough() const = 0;
+  /// A pending request of this communicator; a collective that completed at its start returns
+  /// Request() (not pending).
+  Request pendingRequest(uint64_t ticket) { return Request(*this, ticket); }
+
+private:
+  friend class Request;
+  std::vector<Segment<void>> rawSegments_; // the typed bucket form's buffers, reused
 };
 
 } // namespace meshrt

@@ -82,12 +82,20 @@ StagingLayout stagingLayout(const void* in, size_t inBytes, bool stageIn, const 
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  try {
+    waitAll();
+  } catch (...) {
+    // Going away: the stream's error surfaces nowhere else.
+  }
+  for (cudaEvent_t event : freeEvents_)
+    cudaEventDestroy(event);
   // Subgroups first: they were split from this communicator.
   subgroups_.clear();
   if (comm_) ncclCommDestroy(comm_);
   if (barrierWord_) cudaFree(barrierWord_);
   if (scratch_) cudaFree(scratch_);
   if (ownsStream_ && stream_) cudaStreamDestroy(stream_);
+  if (ownsStream_ && commStream_) cudaStreamDestroy(commStream_);
 }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::createWorld(const Mesh& mesh, int rank,
@@ -103,6 +111,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::createWorld(const Mesh& mesh
   checkCuda(cudaSetDevice(device), "", rank, "cudaSetDevice");
   checkCuda(cudaStreamCreateWithFlags(&world->stream_, cudaStreamNonBlocking), "", rank,
             "cudaStreamCreate");
+  checkCuda(cudaStreamCreateWithFlags(&world->commStream_, cudaStreamNonBlocking), "", rank,
+            "cudaStreamCreate (communication)");
   world->ownsStream_ = true;
   checkCuda(cudaMalloc(&world->barrierWord_, sizeof(int32_t)), "", rank, "cudaMalloc");
   checkCuda(cudaMemset(world->barrierWord_, 0, sizeof(int32_t)), "", rank, "cudaMemset");
@@ -151,6 +161,7 @@ Communicator& NcclCommunicator::subgroup(const std::vector<std::string>& axes) {
   group->worldRank_ = worldRank_;
   group->device_ = device_;
   group->stream_ = stream_;
+  group->commStream_ = commStream_;
   group->timeout_ = timeout_;
   group->world_ = world_ ? world_ : this;
   group->barrierWord_ = nullptr;
@@ -224,6 +235,7 @@ void NcclCommunicator::abort() {
 void NcclCommunicator::onDevice(const char* collective, const void* in, size_t inBytes, void* out,
                                 size_t outBytes,
                                 const std::function<void(const void*, void*)>& enqueue) {
+  orderAfterStarted();
   bool hostIn = inBytes && isHostMemory(in), hostOut = outBytes && isHostMemory(out);
   if (!hostIn && !hostOut) {
     enqueue(in, out);
@@ -251,6 +263,7 @@ void NcclCommunicator::onDevice(const char* collective, const void* in, size_t i
 
 void NcclCommunicator::barrier() {
   enter("barrier");
+  orderAfterStarted();
   checkNccl(ncclAllReduce(barrierWord_, barrierWord_, 1, ncclInt32, ncclSum, comm_, stream_), comm_,
             "barrier", worldRank_, "ncclAllReduce");
   synchronize("barrier");
@@ -380,6 +393,142 @@ void NcclCommunicator::broadcastRaw(void* data, size_t count, DType dtype, int r
         ncclBroadcast(deviceIn, deviceOut, count, ncclType(dtype, name), root, comm_, stream_),
         comm_, name, worldRank_, "ncclBroadcast");
   });
+}
+
+// --- Started collectives -------------------------------------------------------------------------
+
+void NcclCommunicator::orderAfterStarted() {
+  if (!started_.empty()) waitAll();
+}
+
+Request NcclCommunicator::startOnCommStream(const char* collective,
+                                            const std::function<void()>& enqueue) {
+  enter(collective);
+  cudaEvent_t ready = nullptr, done = nullptr;
+  for (cudaEvent_t* event : {&ready, &done}) {
+    if (!freeEvents_.empty()) {
+      *event = freeEvents_.back();
+      freeEvents_.pop_back();
+    } else {
+      checkCuda(cudaEventCreateWithFlags(event, cudaEventDisableTiming), collective, worldRank_,
+                "cudaEventCreate");
+    }
+  }
+  // The inputs are ready once what stream() holds so far has run.
+  checkCuda(cudaEventRecord(ready, stream_), collective, worldRank_, "cudaEventRecord");
+  checkCuda(cudaStreamWaitEvent(commStream_, ready, 0), collective, worldRank_,
+            "cudaStreamWaitEvent");
+  freeEvents_.push_back(ready); // the wait has captured it: reusable
+  enqueue();
+  checkCuda(cudaEventRecord(done, commStream_), collective, worldRank_, "cudaEventRecord");
+  started_.push_back({++nextTicket_, done});
+  return pendingRequest(nextTicket_);
+}
+
+Request NcclCommunicator::startAllReduceRaw(const void* in, void* out, size_t count, DType dtype,
+                                            ReduceOp op) {
+  const char* name = "allReduce";
+  size_t bytes = bytesOf(count, dtype);
+  if (in != out && overlaps(in, bytes, out, bytes))
+    throw CommError(name, worldRank_, "allReduce: in and out overlap (in place needs in == out)");
+  if ((bytes && isHostMemory(in)) || (bytes && isHostMemory(out))) {
+    allReduceRaw(in, out, count, dtype, op); // staged: complete on return
+    return Request();
+  }
+  return startOnCommStream(name, [&] {
+    checkNccl(ncclAllReduce(in, out, count, ncclType(dtype, name), ncclOp(op), comm_, commStream_),
+              comm_, name, worldRank_, "ncclAllReduce");
+  });
+}
+
+Request NcclCommunicator::startAllReduceRaw(const Segment<void>* buffers, size_t numBuffers,
+                                            DType dtype, ReduceOp op) {
+  const char* name = "allReduce";
+  bool host = false;
+  for (size_t k = 0; k < numBuffers; ++k)
+    host = host || (buffers[k].count && isHostMemory(buffers[k].data));
+  if (host) {
+    for (size_t k = 0; k < numBuffers; ++k)
+      allReduceRaw(buffers[k].data, buffers[k].data, buffers[k].count, dtype, op);
+    return Request();
+  }
+  // One NCCL group: the bucket's all-reduces are launched together.
+  return startOnCommStream(name, [&] {
+    checkNccl(ncclGroupStart(), comm_, name, worldRank_, "ncclGroupStart");
+    for (size_t k = 0; k < numBuffers; ++k)
+      checkNccl(ncclAllReduce(buffers[k].data, buffers[k].data, buffers[k].count,
+                              ncclType(dtype, name), ncclOp(op), comm_, commStream_),
+                comm_, name, worldRank_, "ncclAllReduce");
+    checkNccl(ncclGroupEnd(), comm_, name, worldRank_, "ncclGroupEnd");
+  });
+}
+
+Request NcclCommunicator::startReduceScatterRaw(const void* in, void* out, size_t countPerRank,
+                                                DType dtype, ReduceOp op) {
+  const char* name = "reduceScatter";
+  size_t chunk = bytesOf(countPerRank, dtype);
+  const void* inPlace = static_cast<const char*>(in) + size_t(rank_) * chunk;
+  if (out != inPlace && overlaps(in, chunk * size_t(size()), out, chunk))
+    throw CommError(name, worldRank_, "reduceScatter: in and out overlap other than in place");
+  if (chunk && (isHostMemory(in) || isHostMemory(out))) {
+    reduceScatterRaw(in, out, countPerRank, dtype, op);
+    return Request();
+  }
+  return startOnCommStream(name, [&] {
+    checkNccl(ncclReduceScatter(in, out, countPerRank, ncclType(dtype, name), ncclOp(op), comm_,
+                                commStream_),
+              comm_, name, worldRank_, "ncclReduceScatter");
+  });
+}
+
+Request NcclCommunicator::startAllGatherRaw(const void* in, void* out, size_t countPerRank,
+                                            DType dtype) {
+  const char* name = "allGather";
+  size_t chunk = bytesOf(countPerRank, dtype);
+  const void* inPlace = static_cast<const char*>(out) + size_t(rank_) * chunk;
+  if (in != inPlace && overlaps(in, chunk, out, chunk * size_t(size())))
+    throw CommError(name, worldRank_, "allGather: in and out overlap other than in place");
+  if (chunk && (isHostMemory(in) || isHostMemory(out))) {
+    allGatherRaw(in, out, countPerRank, dtype);
+    return Request();
+  }
+  return startOnCommStream(name, [&] {
+    checkNccl(ncclAllGather(in, out, countPerRank, ncclType(dtype, name), comm_, commStream_),
+              comm_, name, worldRank_, "ncclAllGather");
+  });
+}
+
+void NcclCommunicator::waitRaw(uint64_t ticket) {
+  // No host synchronization: stream() waits for the events of the requests up to `ticket`.
+  size_t done = 0;
+  for (; done < started_.size() && started_[done].ticket <= ticket; ++done) {
+    checkCuda(cudaStreamWaitEvent(stream_, started_[done].done, 0), "wait", worldRank_,
+              "cudaStreamWaitEvent");
+    freeEvents_.push_back(started_[done].done);
+    completed_ = started_[done].ticket;
+  }
+  started_.erase(started_.begin(), started_.begin() + std::ptrdiff_t(done));
+}
+
+bool NcclCommunicator::testRaw(uint64_t ticket) {
+  for (const Started& started : started_) {
+    if (started.ticket > ticket) break;
+    cudaError_t status = cudaEventQuery(started.done);
+    if (status == cudaErrorNotReady) {
+      ncclResult_t async = ncclSuccess;
+      checkNccl(ncclCommGetAsyncError(comm_, &async), comm_, "test", worldRank_,
+                "ncclCommGetAsyncError");
+      checkNccl(async, comm_, "test", worldRank_, "asynchronous error");
+      return false;
+    }
+    checkCuda(status, "test", worldRank_, "cudaEventQuery");
+  }
+  waitRaw(ticket); // complete on the device: the stream waits are free
+  return true;
+}
+
+void NcclCommunicator::waitAll() {
+  waitRaw(nextTicket_);
 }
 
 int deviceCount() {

@@ -16,6 +16,17 @@
 // next synchronizing call (barrier, or the caller's stream synchronization) as a CommError.
 // A rank whose thread throws aborts the world communicator (ncclCommAbort) so that the other
 // ranks' pending collectives fail instead of hanging.
+//
+// Started collectives (startAllReduce, ...) run on the rank's communication stream
+// (commStream(), shared by the world and its subgroups, so that they run in start order):
+// the start makes it wait for what stream() has enqueued so far (the inputs' producers),
+// enqueues the NCCL call and records an event after it. wait() makes stream() wait for that
+// event (cudaStreamWaitEvent) and returns at once: kernels enqueued after it see the result,
+// and the host is never blocked. test() asks the event (cudaEventQuery). A blocking collective
+// first orders stream() after the requests in flight on its communicator. A failure or a peer
+// that never starts the collective surfaces at the next synchronize() (barrier, the end of
+// runNccl), as for blocking calls. Host buffers are staged: their started collectives complete
+// (synchronously) at the start.
 #pragma once
 
 #include "meshrt/Comm.h"
@@ -67,10 +78,20 @@ public:
   void permuteRaw(const void* in, void* out, size_t count, DType dtype, int sendTo,
                   int recvFrom) override;
   void broadcastRaw(void* data, size_t count, DType dtype, int root) override;
+  Request startAllReduceRaw(const void* in, void* out, size_t count, DType dtype,
+                            ReduceOp op) override;
+  Request startAllReduceRaw(const Segment<void>* buffers, size_t numBuffers, DType dtype,
+                            ReduceOp op) override;
+  Request startReduceScatterRaw(const void* in, void* out, size_t countPerRank, DType dtype,
+                                ReduceOp op) override;
+  Request startAllGatherRaw(const void* in, void* out, size_t countPerRank, DType dtype) override;
+  void waitAll() override;
 
   /// The CUDA device and stream of this rank (shared by the world and its subgroups).
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  /// The stream started collectives run on (shared by the world and its subgroups).
+  cudaStream_t commStream() const { return commStream_; }
   ncclComm_t comm() const { return comm_; }
   /// Waits for everything enqueued on stream(), turning an asynchronous NCCL or CUDA error into
   /// a CommError naming `collective`.
@@ -85,8 +106,23 @@ public:
                                                        const ncclUniqueId& id, int device,
                                                        std::chrono::milliseconds timeout);
 
+protected:
+  void waitRaw(uint64_t ticket) override;
+  bool testRaw(uint64_t ticket) override;
+  uint64_t completedThrough() const override { return completed_; }
+
 private:
   NcclCommunicator() = default;
+  /// A started collective in flight: the event recorded on commStream() after it.
+  struct Started {
+    uint64_t ticket;
+    cudaEvent_t done;
+  };
+  /// Enqueues `enqueue` (NCCL calls on commStream()) after stream()'s work so far, and returns
+  /// the request that completes with it.
+  Request startOnCommStream(const char* collective, const std::function<void()>& enqueue);
+  /// Blocking collectives: stream() waits for the requests in flight on this communicator.
+  void orderAfterStarted();
   /// The world rank's group ranks along `axes` and the split color/key of this rank.
   void enter(const char* collective);
   ncclDataType_t ncclType(DType dtype, const char* collective) const;
@@ -103,7 +139,11 @@ private:
   std::vector<int> worldRanks_; // group rank -> world rank
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t commStream_ = nullptr; // started collectives (owned by the world)
   bool ownsStream_ = false;
+  std::vector<Started> started_; // in flight, oldest first
+  std::vector<cudaEvent_t> freeEvents_;
+  uint64_t nextTicket_ = 0, completed_ = 0;
   std::chrono::milliseconds timeout_{60000};
   NcclCommunicator* world_ = nullptr; // null for the world itself
   std::map<std::vector<std::string>, std::unique_ptr<NcclCommunicator>> subgroups_;

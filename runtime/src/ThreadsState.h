@@ -1,0 +1,208 @@
+// The state the threads backend's ranks share (internal to meshrt): the world (groups, failure,
+// exits) and each group's slots and barrier (ThreadsComm.cpp), and the rings of started
+// collectives (ThreadsAsync.cpp).
+#pragma once
+
+#include "CallRecord.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace meshrt::detail {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kCacheLine = 64;
+// Reduced or gathered chunks at least this large are written around the cache (a buffer of
+// several such chunks is read back from memory anyway), so the stores cost no
+// read-for-ownership.
+constexpr size_t kStreamingBytes = size_t(4) << 20;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+inline void futexWait(std::atomic<uint32_t>& word, uint32_t expected,
+                      std::chrono::nanoseconds wait) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  timespec timeout{time_t(wait.count() / 1000000000), long(wait.count() % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &timeout,
+          nullptr, 0);
+}
+
+inline void futexWakeAll(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+}
+
+/// The cores this process may run on (its affinity mask, e.g. under taskset), at least 1.
+inline int usableCores() {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+/// One rank's call, as published to its peers: the record every rank checks, and the buffers.
+struct Call : CallRecord {
+  const void* in = nullptr;
+  void* out = nullptr;
+};
+
+/// How many started collectives one rank may have in flight on one group; starting one more
+/// completes the oldest first.
+constexpr uint64_t kRing = 64;
+
+/// One rank's started collective, as published to its peers (ThreadsAsync.cpp). The stamps
+/// only grow, so that a peer reading them late (after this rank reused the slot) still sees
+/// "done".
+struct alignas(kCacheLine) AsyncSlot {
+  CallRecord record;
+  std::vector<Segment<void>> inputs, outputs; // the logical buffers, as pieces
+  std::atomic<uint64_t> published{0};         // = its sequence once record and pieces are set
+  std::atomic<uint64_t> reduced{0};           // >= its sequence once this rank's phase A is done
+  std::atomic<uint32_t> copied{0};            // peers done reading this rank's outputs (phase B)
+};
+
+struct alignas(kCacheLine) Slot {
+  Call calls[2];
+  /// How many barriers this rank has arrived at (to name the missing ranks on a timeout).
+  std::atomic<uint64_t> arrivals{0};
+  /// How many collectives this rank has begun on the group (only its owner reads it; kept here
+  /// rather than in the communicator so that every communicator over the group agrees).
+  uint64_t sequence = 0;
+};
+
+/// What the ranks of one group share.
+struct GroupState {
+  GroupState(std::vector<int> members, Mesh groupMesh)
+      : worldRanks(std::move(members)), mesh(std::move(groupMesh)),
+        slots(std::make_unique<Slot[]>(worldRanks.size())) {}
+  std::vector<int> worldRanks; // group rank -> world rank
+  Mesh mesh;
+  std::unique_ptr<Slot[]> slots;
+  /// The barrier: generation << 32 | ranks arrived in this generation. One word, so that a rank
+  /// can withdraw its arrival only while the barrier has not completed (see abandon()).
+  alignas(kCacheLine) std::atomic<uint64_t> barrier{0};
+  /// The barrier's generation again, as the 32-bit word the waiters sleep on with futex.
+  alignas(kCacheLine) std::atomic<uint32_t> generation{0};
+  /// Started collectives (ThreadsAsync.cpp): kRing slots per rank, kRing arrival gates.
+  std::unique_ptr<AsyncSlot[]> asyncSlots{new AsyncSlot[worldRanks.size() * kRing]};
+  std::unique_ptr<std::atomic<uint64_t>[]> gates { new std::atomic<uint64_t>[ kRing ]() };
+  /// Bumped whenever a rank publishes progress on a started collective; waiters sleep on it.
+  alignas(kCacheLine) std::atomic<uint32_t> asyncEvents{0};
+  std::atomic<uint32_t> asyncSleepers{0};
+};
+
+/// What all ranks share: the groups, and whether (and why) the world has failed.
+class WorldState {
+public:
+  WorldState(Mesh worldMesh, std::chrono::milliseconds waitLimit)
+      : mesh(std::move(worldMesh)), timeout(waitLimit),
+        exited(std::make_unique<std::atomic<bool>[]>(mesh.size())) {
+    // With more ranks than cores, a spinning rank takes the core from the peer it waits for:
+    // hand the core over almost at once instead (measured by bench/collectives.sh).
+    bool oversubscribed = mesh.size() > usableCores();
+    spins = oversubscribed ? 4 : 200;
+    yields = oversubscribed ? 200 : 50;
+  }
+
+  /// The group over world axes `axes` (in that order) that holds `worldRank`.
+  GroupState& group(const std::vector<int>& axes, int worldRank) {
+    std::vector<int> coords = mesh.coords(worldRank);
+    std::vector<MeshAxis> groupAxes;
+    for (int axis : axes)
+      groupAxes.push_back(mesh.axes()[axis]);
+    Mesh groupMesh(std::move(groupAxes));
+    // Members share every coordinate outside `axes`; the key names them by their first member.
+    std::vector<int> members;
+    for (int groupRank = 0; groupRank < groupMesh.size(); ++groupRank) {
+      std::vector<int> groupCoords = groupMesh.coords(groupRank);
+      for (size_t i = 0; i < axes.size(); ++i)
+        coords[axes[i]] = groupCoords[i];
+      members.push_back(mesh.rank(coords));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<GroupState>& slot = groups_[{axes, members[0]}];
+    if (!slot) slot = std::make_unique<GroupState>(std::move(members), std::move(groupMesh));
+    return *slot;
+  }
+
+  /// Records the first failure and wakes every waiting rank so that it sees it.
+  void fail(int worldRank, std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (firstError_) return;
+      firstError_ = error;
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& caught) {
+        cause_ = caught.what();
+      } catch (...) {
+        cause_ = "an exception that is not a std::exception";
+      }
+      failedRank_ = worldRank;
+      failed.store(true, std::memory_order_release);
+    }
+    wakeAll();
+  }
+  void markExited(int worldRank) {
+    exited[worldRank].store(true, std::memory_order_release);
+    wakeAll();
+  }
+  /// "world rank 3 failed: <what it threw>".
+  std::string failure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return "world rank " + std::to_string(failedRank_) + " failed: " + cause_;
+  }
+  std::exception_ptr firstError() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return firstError_;
+  }
+
+  const Mesh mesh;
+  const std::chrono::milliseconds timeout;
+  std::atomic<bool> failed{false};
+  std::unique_ptr<std::atomic<bool>[]> exited;
+  /// How long a barrier waiter spins, then yields, before it sleeps on the futex.
+  int spins = 200, yields = 50;
+
+private:
+  void wakeAll() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [key, group] : groups_) {
+      futexWakeAll(group->generation);
+      group->asyncEvents.fetch_add(1);
+      futexWakeAll(group->asyncEvents);
+    }
+  }
+
+  std::mutex mutex_;
+  std::map<std::pair<std::vector<int>, int>, std::unique_ptr<GroupState>> groups_;
+  std::exception_ptr firstError_;
+  std::string cause_;
+  int failedRank_ = -1;
+};
+
+/// Group rank `rank`'s share [begin, end) of `count` elements split into `parts` chunks whose
+/// boundaries fall on cache lines (so that no two ranks write one line).
+inline std::pair<size_t, size_t> chunkOf(size_t count, size_t elementSize, int parts, int rank) {
+  size_t perLine = std::max<size_t>(1, kCacheLine / elementSize);
+  size_t lines = (count + perLine - 1) / perLine;
+  auto boundary = [&](int part) { return std::min(count, lines * part / parts * perLine); };
+  return {boundary(rank), boundary(rank + 1)};
+}
+
+} // namespace meshrt::detail
