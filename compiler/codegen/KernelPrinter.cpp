@@ -527,7 +527,7 @@ std::string StatementPrinter::collective(const kir::Collective& c) {
     return fmt::format("auto request{} = support::startAllReduce({}, {{{}}}, meshrt::ReduceOp::{});\n",
                        c.request, group, fmt::join(views, ", "), reduceOp);
   case kir::Collective::Phase::Wait:
-    return fmt::format("request{}.wait();\n", c.request);
+    return fmt::format("{}.wait(request{});\n", group, c.request);
   case kir::Collective::Phase::Blocking:
     break;
   }

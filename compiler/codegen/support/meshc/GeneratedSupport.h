@@ -516,30 +516,22 @@ inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<V
   allReduceBucket(group, std::span<const View>(values.begin(), values.size()));
 }
 
-/// An all-reduce that schedule-collectives split into a start (here) and a wait placed just
-/// before the first statement that touches its values. The reduction itself runs in wait():
-/// the interface generated code keeps when meshrt's non-blocking collectives take it over.
-class PendingAllReduce {
-public:
-  PendingAllReduce(meshrt::Communicator& group, std::initializer_list<View> values,
-                   meshrt::ReduceOp op)
-      : group_(group), values_(values), op_(op) {}
-  void wait() {
-    if (values_.size() == 1)
-      group_.allReduce(values_[0].data(), values_[0].size(), op_);
-    else // buckets are sums (the planner's bucketed_all_reduce_sum)
-      allReduceBucket(group_, values_);
+/// An all-reduce that schedule-collectives split into this start and a wait placed just before
+/// the first statement that touches its values: meshrt's non-blocking collective (a bucket is
+/// one collective), which progresses while the statements between run.
+inline meshrt::Request startAllReduce(meshrt::Communicator& group,
+                                      std::initializer_list<View> values, meshrt::ReduceOp op) {
+  std::array<meshrt::Segment<float>, 16> small;
+  std::vector<meshrt::Segment<float>> large;
+  meshrt::Segment<float>* segments = small.data();
+  if (values.size() > small.size()) {
+    large.resize(values.size());
+    segments = large.data();
   }
-
-private:
-  meshrt::Communicator& group_;
-  std::vector<View> values_;
-  meshrt::ReduceOp op_;
-};
-
-inline PendingAllReduce startAllReduce(meshrt::Communicator& group,
-                                       std::initializer_list<View> values, meshrt::ReduceOp op) {
-  return PendingAllReduce(group, values, op);
+  size_t k = 0;
+  for (View value : values)
+    segments[k++] = meshrt::Segment<float>{value.data(), value.size()};
+  return group.startAllReduce<float>(segments, values.size(), op);
 }
 
 //===------------------------------------------------------------------------------------------===//
