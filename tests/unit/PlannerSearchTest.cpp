@@ -379,15 +379,16 @@ TEST_CASE("on [data=8] the small transformer is purely data parallel") {
     if (plan.spmd.kind == ir::Function::Kind::Program) {
       CHECK(all.empty());
     } else {
-      // Only the loss: sum(token_loss * has_next) / sum(has_next), both over the split batch.
+      // Only the loss: sum(token_loss * has_next) / sum(has_next), both over the split batch,
+      // resolved together by one all-reduce of the two scalars.
       CHECK(collectivesIn(plan.spmd, "layers.mesh").empty());
-      for (const SpmdOp* op : all) {
-        CHECK(op->collective.kind == CollectiveKind::AllReduceSum);
-        CHECK(op->collective.axes == AxisList{"data"});
-        CHECK(op->loc.file == "transformer.mesh");
-        CHECK(op->loc.line > 53); // in lm_train, after `train lm_train(...)`
-      }
-      CHECK(all.size() <= 2);
+      REQUIRE(all.size() == 1);
+      CHECK(all[0]->collective.kind == CollectiveKind::BucketedAllReduceSum);
+      CHECK(all[0]->collective.axes == AxisList{"data"});
+      CHECK(all[0]->collective.bytes == 2 * 4);
+      CHECK(all[0]->results.size() == 2);
+      CHECK(all[0]->loc.file == "transformer.mesh");
+      CHECK(all[0]->loc.line > 53); // in lm_train, after `train lm_train(...)`
     }
   }
 }
@@ -567,13 +568,20 @@ TEST_CASE("trained on [model=4]: Megatron's 2 all-reduces forward and 2 backward
   }
   // Weights are split as their gradients come out: no gradient reduction, no update collective.
   // Outside the layers only the global-norm clipping's squared norms of the split weights'
-  // gradients (scalars, partial over model) are resolved, at the optimizer's source line.
+  // gradients (scalars, partial over model) are resolved, at the optimizer's source line, all
+  // by one collective.
   CHECK(inPhase(collectives(fn), Phase::Update).empty());
-  for (const SpmdOp* op : collectives(fn)) {
-    if (std::find(inLayers.begin(), inLayers.end(), op) != inLayers.end()) continue;
-    CHECK(op->collective.bytes == 4);
-    CHECK(op->loc.line == 61); // minimize loss with adamw(..., clip_norm = ...)
-  }
+  std::vector<const SpmdOp*> outside;
+  for (const SpmdOp* op : collectives(fn))
+    if (std::find(inLayers.begin(), inLayers.end(), op) == inLayers.end()) outside.push_back(op);
+  REQUIRE(outside.size() == 1);
+  const SpmdOp& norm = *outside[0];
+  CHECK(norm.loc.line == 61); // minimize loss with adamw(..., clip_norm = ...)
+  CHECK(norm.collective.axes == AxisList{"model"});
+  std::vector<SpmdValueId> results = norm.results.empty() ? std::vector{norm.result} : norm.results;
+  CHECK(norm.collective.bytes == 4 * int64_t(results.size()));
+  for (SpmdValueId result : results)
+    CHECK(fn.values[result].globalType.dims.empty());
 }
 
 TEST_CASE("trained on [data=2, model=4]: plus the gradient reductions over data") {
