@@ -905,6 +905,8 @@ struct PlanEvaluator::Impl {
   /// Per IR op: a partner planned later, itself a sum (its own reduction says its axes).
   std::vector<int64_t> laterSum_;
 
+  /// Whether run() writes its notes (evaluate() lowers without them: no one reads them).
+  bool describe_ = true;
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
   std::optional<Layout> lastLayout_;
   EvalResult lastResult_;
@@ -1234,7 +1236,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
       ir::ValueId operand = op.operands[k];
       const TensorLayout& from = states_[stateOf[operand]];
       std::string reason; // only the SPMD function shows it
-      if (out) {
+      if (out && describe_ && stateOf[operand] != plan.requiredIds[k]) {
         std::string why =
             fmt::format("for {} at {}:{}", opSpelling(op.kind), op.loc.line, op.loc.col);
         reason =
@@ -1449,7 +1451,9 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout) {
   if (!result.ok) return result;
   SpmdFunction scratch;
   scratch.mesh = mesh_;
+  describe_ = false;
   result = run(layout, &scratch);
+  describe_ = true;
   scratch.summary = result.summary;
   mergeAllReduces(scratch, machine_);
   result.summary = scratch.summary;
@@ -1551,7 +1555,7 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   // the roofline of its global work divided by the largest split it could get (assigned dims:
   // their split; the others: the largest divisor of their size among products of mesh axes;
   // never more than the number of devices), and its collectives at least 0. All-reduce-sums
-  // count without their latency, which merging may share (MergeCollectives.h); so a sum whose
+  // pay their latency once per group of axes, as if all merged (MergeCollectives.h); a sum whose
   // partner is not known is not known either (widenToPartner). With every dim that matters
   // assigned, the bound is the cost itself.
   if (std::all_of(relevantDims_.begin(), relevantDims_.end(), [&](const std::string& dim) {
@@ -1598,13 +1602,18 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   std::vector<int> stateOf(fn_.values.size(), -1);
   std::set<std::pair<ir::ValueId, int>> resharded;
   double compute = 0, communication = 0;
+  // Per group of axes: the latency its all-reduce-sums pay at least once, merged or not.
+  std::map<std::set<std::string>, double> latencyOf;
   auto reshardCost = [&](ir::ValueId value, int want) {
     if (stateOf[value] == want || !resharded.emplace(value, want).second) return 0.0;
     const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
     if (!path) return kInfinity;
     double seconds = path->seconds;
     for (const ReshardStep& step : path->steps)
-      seconds -= mergeableLatencySeconds(machine_, mesh_, step.collective);
+      if (double latency = mergeableLatencySeconds(machine_, mesh_, step.collective)) {
+        seconds -= latency;
+        latencyOf[{step.collective.axes.begin(), step.collective.axes.end()}] = latency;
+      }
     return seconds;
   };
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
@@ -1642,6 +1651,8 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     communication += reshardCost(output.value, internState(tensorLayoutOf(type, partial, mesh_)));
   }
   double bound = (modelBackward_ ? 3 : 1) * compute + (modelBackward_ ? 2 : 1) * communication;
+  for (const auto& [axes, latency] : latencyOf)
+    bound += latency;
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
