@@ -34,18 +34,16 @@ struct Group {
   size_t position = 0; // ops scheduled before it: its members' operands all exist there
 };
 
+/// A resolving all-reduce-sum (not one in place, which belongs to its op) or a bucket of them,
+/// over values of one dtype.
 bool isMergeable(const SpmdFunction& fn, const SpmdOp& op) {
   if (op.kind != SpmdOp::Kind::Collective || op.collective.axes.empty() || op.operands.empty())
     return false;
-  const std::vector<SpmdValueId>& results =
-      op.collective.kind == CollectiveKind::BucketedAllReduceSum ? op.results
-                                                                 : std::vector{op.result};
-  if (op.collective.kind == CollectiveKind::AllReduceSum) {
-    if (op.operands.size() != 1 || op.operands[0] == op.result) return false; // in place
-  } else if (op.collective.kind != CollectiveKind::BucketedAllReduceSum ||
-             results.size() != op.operands.size()) {
-    return false;
-  }
+  bool single = op.collective.kind == CollectiveKind::AllReduceSum && op.operands.size() == 1 &&
+                op.operands[0] != op.result;
+  bool bucket = op.collective.kind == CollectiveKind::BucketedAllReduceSum &&
+                op.results.size() == op.operands.size();
+  if (!single && !bucket) return false;
   for (SpmdValueId operand : op.operands)
     if (fn.values[operand].globalType.dtype != fn.values[op.operands[0]].globalType.dtype)
       return false;
