@@ -41,4 +41,13 @@ double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collect
   return 0;
 }
 
+double mergeableLatencySeconds(const Machine& machine, const Mesh& mesh,
+                               const Collective& collective) {
+  if ((collective.kind != CollectiveKind::AllReduceSum &&
+       collective.kind != CollectiveKind::BucketedAllReduceSum) ||
+      splitFactor(mesh, collective.axes) <= 1)
+    return 0;
+  return 2 * linkFor(machine, mesh, collective.axes).alphaSeconds;
+}
+
 } // namespace meshc::plan

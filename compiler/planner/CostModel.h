@@ -16,4 +16,10 @@ double computeSeconds(const Machine& machine, double flops, double bytes, ir::DT
 /// with p the group size, n = collective.bytes, a/b of the link the group spans.
 double collectiveSeconds(const Machine& machine, const Mesh& mesh, const Collective& collective);
 
+/// The latency part (2a) of an all-reduce-sum, which merged all-reduces pay once
+/// (MergeCollectives.h): a merged collective costs 2a + 2b (p-1)/p (n1 + n2 + ...). 0 for the
+/// kinds that are never merged.
+double mergeableLatencySeconds(const Machine& machine, const Mesh& mesh,
+                               const Collective& collective);
+
 } // namespace meshc::plan

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <llvm/Support/JSON.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -139,11 +140,21 @@ std::string tensorName(const TensorRow& row, const std::map<SpmdValueId, std::st
   return row.name;
 }
 
+/// The collectives the generated code issues, in order (a merged all-reduce is one); local
+/// slices, which only take this rank's part of a value, are not among them.
 std::vector<const SpmdOp*> collectivesOf(const SpmdFunction& fn) {
   std::vector<const SpmdOp*> result;
   for (const SpmdOp& op : fn.ops)
-    if (op.kind == SpmdOp::Kind::Collective) result.push_back(&op);
+    if (op.kind == SpmdOp::Kind::Collective && op.collective.kind != CollectiveKind::LocalSlice)
+      result.push_back(&op);
   return result;
+}
+
+size_t localSlicesOf(const SpmdFunction& fn, std::optional<Phase> phase) {
+  return static_cast<size_t>(std::count_if(fn.ops.begin(), fn.ops.end(), [&](const SpmdOp& op) {
+    return op.kind == SpmdOp::Kind::Collective &&
+           op.collective.kind == CollectiveKind::LocalSlice && (!phase || op.phase == *phase);
+  }));
 }
 
 } // namespace
@@ -234,6 +245,11 @@ void printPlan(const PlannedFunction& plan, const Machine& machine, llvm::raw_os
                       fn.summary.includesBackward && !fn.summary.backwardIsReal
                           ? " (backward mirrors them; gradient reductions are in the step below)"
                           : "");
+    if (size_t slices =
+            localSlicesOf(fn, fn.summary.backwardIsReal ? std::optional(phase) : std::nullopt))
+      os << fmt::format("  and {} local slice{} (no communication: a rank takes its part of a "
+                        "replicated value)\n",
+                        slices, slices == 1 ? "" : "s");
     for (const SpmdOp* op : inPhase) {
       const Collective& c = op->collective;
       SpmdValueId operand = op->operands.empty() ? op->result : op->operands.front();
@@ -386,11 +402,21 @@ void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::ra
           json.attribute("operandShape", shapeString(fn.values[operand].localType));
           json.attribute("result", static_cast<int64_t>(op->result));
           json.attribute("resultShape", shapeString(fn.values[op->result].localType));
+          // A bucketed all-reduce resolves several values: all of them, in buffer order.
+          json.attributeArray("operands", [&] {
+            for (SpmdValueId id : op->operands)
+              json.value(static_cast<int64_t>(id));
+          });
+          json.attributeArray("results", [&] {
+            for (SpmdValueId id : op->results.empty() ? std::vector{op->result} : op->results)
+              json.value(static_cast<int64_t>(id));
+          });
           json.attribute("note", op->note);
           location(op->loc);
         });
       }
     });
+    json.attribute("localSlices", static_cast<int64_t>(localSlicesOf(fn, std::nullopt)));
     json.attributeArray("replications", [&] {
       for (const Replication& r : fn.replications)
         json.object([&] {

@@ -7,6 +7,7 @@
 #include "planner/SpmdLowering.h"
 
 #include "planner/CostModel.h"
+#include "planner/MergeCollectives.h"
 #include "planner/PlanReport.h"
 #include "planner/Reshard.h"
 
@@ -151,6 +152,25 @@ public:
   void setLazyPartials(bool lazy) { lazyPartials_ = lazy; }
   /// Operand states whose partial sums are resolved here rather than kept lazy (see planOf).
   void setEagerOperands(std::set<const TensorLayout*> eager) { eager_ = std::move(eager); }
+  /// A sum's partner: the partial-sum axes of the other operand of the add, sub or div that
+  /// the sum's result goes into (see widenToPartner); empty when there is none.
+  void setPartner(std::set<std::string> axes, bool isDiv) {
+    partnerAxes_ = std::move(axes);
+    partnerIsDiv_ = isDiv;
+  }
+
+  /// The axes a sum's result is partial over by its own reduction (the axes of its reduced
+  /// dims), as planReduction makes it; a partner planned later than the sum it pairs with.
+  std::set<std::string> reducedAxesOf(const ir::Op& sum) const {
+    const ir::TensorType& operandType = fn_.typeOf(sum.operands[0]);
+    const ir::TensorType& resultType = fn_.typeOf(sum.result);
+    TensorLayout required = desired(operandType, nullptr, "");
+    std::set<std::string> axes;
+    for (size_t i = 0; i < operandType.dims.size(); ++i)
+      if (!resultType.hasDim(operandType.dims[i].name))
+        axes.insert(required.dimAxes[i].begin(), required.dimAxes[i].end());
+    return axes;
+  }
 
   OpPlan plan(const ir::Op& op, const std::vector<const TensorLayout*>& operands) {
     OpPlan out;
@@ -391,6 +411,7 @@ private:
     if (op.kind == OpKind::ReduceSum || op.kind == OpKind::ReduceMean) {
       passPartial(*operands[0], out.required[0], out.result);
       out.result.partialAxes.insert(reducedAxes.begin(), reducedAxes.end());
+      widenToPartner(operandType, resultType, out);
       return;
     }
     if (reduced.empty()) return;
@@ -406,6 +427,41 @@ private:
               bytes,
               fmt::format("{} over split dims: all-reduce of the local {}", isMax ? "max" : "min",
                           isMax ? "maxima" : "minima"));
+    }
+  }
+
+  /// A sum whose partner (setPartner) is partial over more axes is made partial over them
+  /// too, exactly: each rank of the extra axes sums its own slice of a reduced dim they do not
+  /// split (a local slice, no communication). The add then stays a lazy partial sum, and a div
+  /// resolves both operands over one group (one merged all-reduce) instead of two.
+  void widenToPartner(const ir::TensorType& operandType, const ir::TensorType& resultType,
+                      OpPlan& out) const {
+    TensorLayout& required = out.required[0];
+    if (partnerAxes_.empty() || !required.partialAxes.empty() || out.result.partialIsMax) return;
+    // A div keeps a partial numerator lazy over a replicated denominator: leave that so.
+    if (partnerIsDiv_ && out.result.partialAxes.empty()) return;
+    AxisList extra;
+    for (const ir::MeshAxis& axis : mesh_.axes)
+      if (partnerAxes_.count(axis.name) && !out.result.partialAxes.count(axis.name))
+        extra.push_back(axis.name);
+    if (extra.empty() ||
+        !std::includes(partnerAxes_.begin(), partnerAxes_.end(), out.result.partialAxes.begin(),
+                       out.result.partialAxes.end()))
+      return;
+    std::set<std::string> used = usedAxes(required);
+    for (const std::string& axis : extra)
+      if (used.count(axis)) return;
+    int64_t factor = splitFactor(mesh_, extra);
+    for (size_t i = 0; i < operandType.dims.size(); ++i) {
+      const ir::Dim& dim = operandType.dims[i];
+      if (resultType.hasDim(dim.name) || !required.dimAxes[i].empty() || dim.size % factor != 0)
+        continue;
+      required.dimAxes[i] = extra;
+      out.result.partialAxes.insert(extra.begin(), extra.end());
+      out.note = fmt::format("'{}' sliced over {}: partial over {} as its partner", dim.name,
+                             axesText(extra),
+                             axesText(AxisList(partnerAxes_.begin(), partnerAxes_.end())));
+      return;
     }
   }
 
@@ -720,6 +776,8 @@ private:
   double oversubscription_;
   bool lazyPartials_ = true;
   std::set<const TensorLayout*> eager_;
+  std::set<std::string> partnerAxes_;
+  bool partnerIsDiv_ = false;
 };
 
 struct VectorHash {
@@ -808,6 +866,7 @@ struct PlanEvaluator::Impl {
         ++readers_[operand];
     }
     phases_ = opPhases(fn);
+    findPartners();
     for (size_t v = 0; v < fn.values.size(); ++v)
       if (lastUse_[v] >= 0) freesAt_[lastUse_[v]].push_back(static_cast<ir::ValueId>(v));
     trainable_.assign(fn.values.size(), false);
@@ -819,6 +878,9 @@ struct PlanEvaluator::Impl {
   }
 
   EvalResult run(const Layout& layout, SpmdFunction* out);
+  /// run() without an SPMD function to keep: the summary after merging all-reduces, which needs
+  /// the ops (legal layouts only are lowered).
+  EvalResult evaluate(const Layout& layout);
   /// Groups the candidates into buckets (same axes, all ready before any is needed, at most
   /// kBucketBytes); returns the seconds saved. With `out`: moves each all-reduce up to right
   /// after its operand's producer and replaces each bucket's members by one bucketed collective.
@@ -836,13 +898,22 @@ struct PlanEvaluator::Impl {
   bool modelBackward_ = false;
   std::vector<Phase> phases_; // per IR op
   std::vector<int> readers_;  // per value: how many ops read it
+  /// Per IR op: for a sum, the value whose partial-sum axes it may take (widenToPartner);
+  /// -1 otherwise.
+  std::vector<int64_t> partner_;
+  std::vector<int64_t> soleConsumer_; // per IR op with a partner: that add, sub or div
+  /// Per IR op: a partner planned later, itself a sum (its own reduction says its axes).
+  std::vector<int64_t> laterSum_;
 
+  /// Whether run() writes its notes (evaluate() lowers without them: no one reads them).
+  bool describe_ = true;
   // Last evaluation, so that stepSeconds() and memory() of one layout evaluate once.
   std::optional<Layout> lastLayout_;
   EvalResult lastResult_;
 
 private:
   void prepareBound();
+  void findPartners();
   /// The rule's plan of op i given its operands' states and the dims' axes (memoized).
   const OpPlan& planOf(uint32_t i, const std::vector<int>& dimAxesIds,
                        const std::vector<int>& stateOf, OpRules& rules);
@@ -1007,6 +1078,8 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
     if (phases_[i] == Phase::Backward && readers_[op.operands[k]] > 1 && k < 30)
       eagerMask |= 1 << k;
   key_.push_back(eagerMask);
+  int partnerState = partner_[i] >= 0 ? stateOf[partner_[i]] : -1;
+  key_.push_back(partnerState); // a later sum's axes come from dims in involved_
   for (ir::ValueId operand : op.operands)
     key_.push_back(stateOf[operand]);
   for (int dim : involved_[i])
@@ -1029,6 +1102,13 @@ const OpPlan& PlanEvaluator::Impl::planOf(uint32_t i, const std::vector<int>& di
   }
   rules.setLazyPartials(phases_[i] != Phase::Update);
   rules.setEagerOperands(std::move(eager));
+  std::set<std::string> partnerAxes;
+  if (partnerState >= 0 && !states_[partnerState].partialIsMax)
+    partnerAxes = states_[partnerState].partialAxes;
+  else if (laterSum_[i] >= 0)
+    partnerAxes = rules.reducedAxesOf(fn_.ops[laterSum_[i]]);
+  rules.setPartner(std::move(partnerAxes),
+                   soleConsumer_[i] >= 0 && fn_.ops[soleConsumer_[i]].kind == OpKind::Div);
   OpPlan plan = rules.plan(op, operandStates);
   for (const TensorLayout& required : plan.required)
     plan.requiredIds.push_back(internState(required));
@@ -1156,7 +1236,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
       ir::ValueId operand = op.operands[k];
       const TensorLayout& from = states_[stateOf[operand]];
       std::string reason; // only the SPMD function shows it
-      if (out) {
+      if (out && describe_ && stateOf[operand] != plan.requiredIds[k]) {
         std::string why =
             fmt::format("for {} at {}:{}", opSpelling(op.kind), op.loc.line, op.loc.col);
         reason =
@@ -1366,6 +1446,20 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   return result;
 }
 
+EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout) {
+  EvalResult result = run(layout, nullptr);
+  if (!result.ok) return result;
+  SpmdFunction scratch;
+  scratch.mesh = mesh_;
+  describe_ = false;
+  result = run(layout, &scratch);
+  describe_ = true;
+  scratch.summary = result.summary;
+  mergeAllReduces(scratch, machine_);
+  result.summary = scratch.summary;
+  return result;
+}
+
 double PlanEvaluator::Impl::bucketGradientReductions(std::vector<BucketCandidate> candidates,
                                                      const std::vector<size_t>& irOpEnd,
                                                      SpmdFunction* out) {
@@ -1460,7 +1554,19 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   // layouts (each distinct one counted once, as the engine does). Any other op costs at least
   // the roofline of its global work divided by the largest split it could get (assigned dims:
   // their split; the others: the largest divisor of their size among products of mesh axes;
-  // never more than the number of devices), and its collectives at least 0.
+  // never more than the number of devices), and its collectives at least 0. All-reduce-sums
+  // pay their latency once per group of axes, as if all merged (MergeCollectives.h); a sum whose
+  // partner is not known is not known either (widenToPartner). With every dim that matters
+  // assigned, the bound is the cost itself.
+  if (std::all_of(relevantDims_.begin(), relevantDims_.end(), [&](const std::string& dim) {
+        return std::find(assignedDims.begin(), assignedDims.end(), dim) != assignedDims.end();
+      })) {
+    if (!lastLayout_ || !(*lastLayout_ == partial)) {
+      lastResult_ = evaluate(partial);
+      lastLayout_ = partial;
+    }
+    return lastResult_.ok ? lastResult_.summary.stepSeconds : kInfinity;
+  }
   std::vector<bool> assigned(dimNames_.size(), false);
   std::vector<int> dimAxesIds(dimNames_.size(), -1);
   std::vector<double> split(dimNames_.size());
@@ -1496,17 +1602,27 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   std::vector<int> stateOf(fn_.values.size(), -1);
   std::set<std::pair<ir::ValueId, int>> resharded;
   double compute = 0, communication = 0;
+  // Per group of axes: the latency its all-reduce-sums pay at least once, merged or not.
+  std::map<std::set<std::string>, double> latencyOf;
   auto reshardCost = [&](ir::ValueId value, int want) {
     if (stateOf[value] == want || !resharded.emplace(value, want).second) return 0.0;
     const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
-    return path ? path->seconds : kInfinity;
+    if (!path) return kInfinity;
+    double seconds = path->seconds;
+    for (const ReshardStep& step : path->steps)
+      if (double latency = mergeableLatencySeconds(machine_, mesh_, step.collective)) {
+        seconds -= latency;
+        latencyOf[{step.collective.axes.begin(), step.collective.axes.end()}] = latency;
+      }
+    return seconds;
   };
   for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
     const ir::Op& op = fn_.ops[i];
     bool known =
         std::all_of(involved_[i].begin(), involved_[i].end(), [&](int d) { return assigned[d]; }) &&
         std::all_of(op.operands.begin(), op.operands.end(),
-                    [&](ir::ValueId v) { return stateOf[v] >= 0; });
+                    [&](ir::ValueId v) { return stateOf[v] >= 0; }) &&
+        (partner_[i] < 0 || stateOf[partner_[i]] >= 0); // a later sum's dims: involved_
     if (!known) {
       if (boundTermOf_[i] >= 0) {
         const BoundTerm& term = boundTerms_[boundTermOf_[i]];
@@ -1535,9 +1651,76 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
     communication += reshardCost(output.value, internState(tensorLayoutOf(type, partial, mesh_)));
   }
   double bound = (modelBackward_ ? 3 : 1) * compute + (modelBackward_ ? 2 : 1) * communication;
+  for (const auto& [axes, latency] : latencyOf)
+    bound += latency;
   for (const auto& [globalBytes, dims] : optimizerTerms_)
     bound += globalBytes / splitOf(dims) / machine_.memoryBandwidth * oversubscription_;
   return bound;
+}
+
+void PlanEvaluator::Impl::findPartners() {
+  // A sum's result, through single-reader float casts and negations, goes into an add or sub
+  // that keeps partial sums lazy (its only reader, not in the update) or into a div, which
+  // resolves both operands (other readers then reuse the resolved value); its partner is that
+  // op's other operand when it is planned first.
+  std::vector<std::vector<uint32_t>> readersOf(fn_.values.size());
+  for (uint32_t j = 0; j < fn_.ops.size(); ++j)
+    for (ir::ValueId operand : fn_.ops[j].operands)
+      if (readersOf[operand].empty() || readersOf[operand].back() != j)
+        readersOf[operand].push_back(j);
+  partner_.assign(fn_.ops.size(), -1);
+  soleConsumer_.assign(fn_.ops.size(), -1);
+  laterSum_.assign(fn_.ops.size(), -1);
+  // The sum a value comes from through single-reader float casts and negations (-1: none).
+  auto sumBehind = [&](ir::ValueId value) -> int64_t {
+    for (;;) {
+      const ir::Op& producer = fn_.ops[fn_.values[value].definingOp];
+      if (producer.kind == OpKind::ReduceSum || producer.kind == OpKind::ReduceMean)
+        return fn_.values[value].definingOp;
+      if ((producer.kind != OpKind::Cast && producer.kind != OpKind::Neg) ||
+          !isLinearUnary(fn_, producer) || readersOf[producer.operands[0]].size() != 1)
+        return -1;
+      value = producer.operands[0];
+    }
+  };
+  for (uint32_t i = 0; i < fn_.ops.size(); ++i) {
+    const ir::Op& op = fn_.ops[i];
+    if (op.kind != OpKind::ReduceSum && op.kind != OpKind::ReduceMean) continue;
+    ir::ValueId value = op.result;
+    while (readersOf[value].size() == 1) {
+      const ir::Op& reader = fn_.ops[readersOf[value][0]];
+      if ((reader.kind != OpKind::Cast && reader.kind != OpKind::Neg) ||
+          !isLinearUnary(fn_, reader))
+        break;
+      value = reader.result;
+    }
+    for (uint32_t j : readersOf[value]) {
+      const ir::Op& reader = fn_.ops[j];
+      bool lazyAdd = (reader.kind == OpKind::Add || reader.kind == OpKind::Sub) &&
+                     phases_[j] != Phase::Update && readersOf[value].size() == 1;
+      if ((!lazyAdd && reader.kind != OpKind::Div) || reader.operands.size() != 2 ||
+          reader.operands[0] == reader.operands[1])
+        continue;
+      ir::ValueId other = reader.operands[reader.operands[0] == value ? 1 : 0];
+      // An operand read twice in backward is resolved where it is read (planOf): no partner.
+      if (phases_[j] == Phase::Backward && readers_[other] > 1) continue;
+      soleConsumer_[i] = j;
+      if (fn_.values[other].definingOp < i) {
+        partner_[i] = other;
+      } else if (lazyAdd && sumBehind(other) >= 0) {
+        // The first term of a chain of sums (a global norm's squares): the next term's axes.
+        laterSum_[i] = sumBehind(other);
+        for (const ir::Dim& dim : fn_.typeOf(fn_.ops[laterSum_[i]].operands[0]).dims)
+          if (int index = dimIndex_.at(dim.name);
+              std::find(involved_[i].begin(), involved_[i].end(), index) == involved_[i].end())
+            involved_[i].push_back(index);
+      } else {
+        soleConsumer_[i] = -1;
+        continue;
+      }
+      break;
+    }
+  }
 }
 
 void PlanEvaluator::Impl::prepareBound() {
@@ -1598,7 +1781,10 @@ std::optional<SpmdFunction> lowerToSpmd(const ir::Module& module, const ir::Func
   out.layout = layout;
   out.machineName = machine.name;
   EvalResult result = engine.run(layout, &out);
-  if (result.ok) return out;
+  if (result.ok) {
+    mergeAllReduces(out, machine);
+    return out;
+  }
   // Report at the layout entry that maps the dim (if the program pinned it), else at the op.
   auto entryFor = [&](const std::string& dim) -> const ir::DimLayout* {
     for (const ir::DimLayout& entry : module.layout)
@@ -1646,7 +1832,7 @@ PlanEvaluator::~PlanEvaluator() = default;
 
 double PlanEvaluator::stepSeconds(const Layout& layout) {
   if (!impl_->lastLayout_ || !(*impl_->lastLayout_ == layout)) {
-    impl_->lastResult_ = impl_->run(layout, nullptr);
+    impl_->lastResult_ = impl_->evaluate(layout);
     impl_->lastLayout_ = layout;
   }
   return impl_->lastResult_.ok ? impl_->lastResult_.summary.stepSeconds : kInfinity;
@@ -1654,7 +1840,7 @@ double PlanEvaluator::stepSeconds(const Layout& layout) {
 
 MemoryEstimate PlanEvaluator::memory(const Layout& layout) {
   if (!impl_->lastLayout_ || !(*impl_->lastLayout_ == layout)) {
-    impl_->lastResult_ = impl_->run(layout, nullptr);
+    impl_->lastResult_ = impl_->evaluate(layout);
     impl_->lastLayout_ = layout;
   }
   if (!impl_->lastResult_.ok) {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <llvm/Support/JSON.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -169,10 +170,12 @@ std::vector<const SpmdOp*> collectivesIn(const SpmdFunction& fn, const std::stri
   return found;
 }
 
+/// The collectives the generated code issues (local slices do not communicate).
 std::vector<const SpmdOp*> collectives(const SpmdFunction& fn) {
   std::vector<const SpmdOp*> found;
   for (const SpmdOp& op : fn.ops)
-    if (op.kind == SpmdOp::Kind::Collective) found.push_back(&op);
+    if (op.kind == SpmdOp::Kind::Collective && op.collective.kind != CollectiveKind::LocalSlice)
+      found.push_back(&op);
   return found;
 }
 
@@ -379,15 +382,16 @@ TEST_CASE("on [data=8] the small transformer is purely data parallel") {
     if (plan.spmd.kind == ir::Function::Kind::Program) {
       CHECK(all.empty());
     } else {
-      // Only the loss: sum(token_loss * has_next) / sum(has_next), both over the split batch.
+      // Only the loss: sum(token_loss * has_next) / sum(has_next), both over the split batch,
+      // resolved together by one all-reduce of the two scalars.
       CHECK(collectivesIn(plan.spmd, "layers.mesh").empty());
-      for (const SpmdOp* op : all) {
-        CHECK(op->collective.kind == CollectiveKind::AllReduceSum);
-        CHECK(op->collective.axes == AxisList{"data"});
-        CHECK(op->loc.file == "transformer.mesh");
-        CHECK(op->loc.line > 53); // in lm_train, after `train lm_train(...)`
-      }
-      CHECK(all.size() <= 2);
+      REQUIRE(all.size() == 1);
+      CHECK(all[0]->collective.kind == CollectiveKind::BucketedAllReduceSum);
+      CHECK(all[0]->collective.axes == AxisList{"data"});
+      CHECK(all[0]->collective.bytes == 2 * 4);
+      CHECK(all[0]->results.size() == 2);
+      CHECK(all[0]->loc.file == "transformer.mesh");
+      CHECK(all[0]->loc.line > 53); // in lm_train, after `train lm_train(...)`
     }
   }
 }
@@ -567,13 +571,20 @@ TEST_CASE("trained on [model=4]: Megatron's 2 all-reduces forward and 2 backward
   }
   // Weights are split as their gradients come out: no gradient reduction, no update collective.
   // Outside the layers only the global-norm clipping's squared norms of the split weights'
-  // gradients (scalars, partial over model) are resolved, at the optimizer's source line.
+  // gradients (scalars, partial over model) are resolved, at the optimizer's source line, all
+  // by one collective.
   CHECK(inPhase(collectives(fn), Phase::Update).empty());
-  for (const SpmdOp* op : collectives(fn)) {
-    if (std::find(inLayers.begin(), inLayers.end(), op) != inLayers.end()) continue;
-    CHECK(op->collective.bytes == 4);
-    CHECK(op->loc.line == 61); // minimize loss with adamw(..., clip_norm = ...)
-  }
+  std::vector<const SpmdOp*> outside;
+  for (const SpmdOp* op : collectives(fn))
+    if (std::find(inLayers.begin(), inLayers.end(), op) == inLayers.end()) outside.push_back(op);
+  REQUIRE(outside.size() == 1);
+  const SpmdOp& norm = *outside[0];
+  CHECK(norm.loc.line == 61); // minimize loss with adamw(..., clip_norm = ...)
+  CHECK(norm.collective.axes == AxisList{"model"});
+  std::vector<SpmdValueId> results = norm.results.empty() ? std::vector{norm.result} : norm.results;
+  CHECK(norm.collective.bytes == 4 * int64_t(results.size()));
+  for (SpmdValueId result : results)
+    CHECK(fn.values[result].globalType.dims.empty());
 }
 
 TEST_CASE("trained on [data=2, model=4]: plus the gradient reductions over data") {
@@ -616,4 +627,162 @@ TEST_CASE("trained on [data=2, model=4]: plus the gradient reductions over data"
   CHECK(double(reducedBytes) >= weightBytes * 0.999);
   for (const SpmdOp* op : all)
     CHECK((op->collective.axes == AxisList{"model"} || op->collective.axes == AxisList{"data"}));
+}
+
+namespace {
+
+/// An example's train block through the training phase, planned under its own layout on `mesh`.
+SpmdFunction plannedExampleStep(const std::string& example, const std::string& function,
+                                std::vector<ir::MeshAxis> mesh) {
+  SemaOptions options;
+  options.mesh = mesh;
+  Compiled compiled(std::string(MESHC_SOURCE_DIR) + "/dsl-examples/" + example, options);
+  INFO(compiled.errors);
+  REQUIRE(compiled.module);
+  for (ir::Function& fn : compiled.module->functions)
+    REQUIRE(train::lowerTraining(fn, compiled.diag));
+  Mesh planned;
+  planned.axes = mesh;
+  Layout pinned;
+  for (const ir::DimLayout& entry : compiled.module->layout)
+    if (!entry.isAuto) pinned.axes[entry.dim] = entry.axes;
+  std::optional<SpmdFunction> spmd = lowerToSpmd(*compiled.module, compiled.fn(function), planned,
+                                                 pinned, machine("8xh100"), compiled.diag);
+  compiled.errorStream.flush();
+  INFO(compiled.errors);
+  REQUIRE(spmd);
+  return std::move(*spmd);
+}
+
+/// Per op: the ops whose results it reads, directly or through other ops.
+std::vector<std::set<size_t>> ancestors(const SpmdFunction& fn) {
+  std::map<SpmdValueId, size_t> producer;
+  std::vector<std::set<size_t>> result(fn.ops.size());
+  for (size_t i = 0; i < fn.ops.size(); ++i) {
+    for (SpmdValueId operand : fn.ops[i].operands) {
+      auto it = producer.find(operand);
+      if (it == producer.end() || it->second == i) continue;
+      result[i].insert(it->second);
+      result[i].insert(result[it->second].begin(), result[it->second].end());
+    }
+    producer[fn.ops[i].result] = i;
+    for (SpmdValueId id : fn.ops[i].results)
+      producer[id] = i;
+  }
+  return result;
+}
+
+/// Every value is defined before it is read (the merged program is in dependency order).
+void checkDefinedBeforeUse(const SpmdFunction& fn) {
+  std::vector<bool> defined(fn.values.size(), false);
+  for (const SpmdOp& op : fn.ops) {
+    for (SpmdValueId operand : op.operands)
+      CHECK(defined[operand]);
+    defined[op.result] = true;
+    for (SpmdValueId id : op.results)
+      defined[id] = true;
+  }
+  for (const auto& [name, id] : fn.outputs)
+    CHECK(defined[id]);
+  for (const auto& [param, id] : fn.updates)
+    CHECK(defined[id]);
+}
+
+bool resolvesOnlyScalars(const SpmdFunction& fn, const SpmdOp& op) {
+  std::vector<SpmdValueId> results = op.results.empty() ? std::vector{op.result} : op.results;
+  return std::all_of(results.begin(), results.end(),
+                     [&](SpmdValueId id) { return fn.values[id].globalType.dims.empty(); });
+}
+
+} // namespace
+
+TEST_CASE("lm_train on [data=2, model=2]: merged collectives, 2 of them scalar") {
+  SpmdFunction fn = plannedExampleStep("transformer.mesh", "lm_train", {{"data", 2}, {"model", 2}});
+  checkDefinedBeforeUse(fn);
+  std::vector<const SpmdOp*> all = collectives(fn);
+  INFO(describe(all));
+  // Before merging: 32 (the gradient norm's 16 squares resolved one by one over model, the
+  // loss's numerator and denominator apart). The 16 left are each needed before the next can
+  // start (the forward's and backward's Megatron all-reduces, log_softmax's statistics), but
+  // for the gradient bucket over data and the two scalar ones.
+  CHECK(all.size() <= 16);
+  int scalar = 0;
+  for (const SpmdOp* op : all)
+    scalar += resolvesOnlyScalars(fn, *op);
+  CHECK(scalar <= 2);
+  // The loss's numerator and denominator (transformer.mesh:60) in one all-reduce: the
+  // denominator's sum is taken over a slice of seq per model rank, so both are partial over
+  // [data, model].
+  std::vector<const SpmdOp*> loss;
+  for (const SpmdOp* op : all)
+    if (op->loc.line == 60) loss.push_back(op);
+  REQUIRE(loss.size() == 1);
+  CHECK(loss[0]->collective.kind == CollectiveKind::BucketedAllReduceSum);
+  CHECK(loss[0]->results.size() == 2);
+  CHECK(loss[0]->collective.axes == AxisList{"data", "model"});
+  // The global norm: one all-reduce of one scalar after a local sum of every gradient's squares
+  // (those of the gradients replicated over model are summed over a slice each).
+  std::vector<const SpmdOp*> norm;
+  for (const SpmdOp* op : all)
+    if (op->loc.line == 61 && resolvesOnlyScalars(fn, *op)) norm.push_back(op);
+  REQUIRE(norm.size() == 1);
+  CHECK(norm[0]->collective.bytes == 4);
+  CHECK(norm[0]->collective.axes == AxisList{"model"});
+}
+
+TEST_CASE("Adafactor's update: one all-reduce per group and dependent stage") {
+  // moe_train's adafactor: per weight, the factored statistics (row and column means of g^2),
+  // the mean of the new row statistic, and the RMS of the update are partial sums over the
+  // split dims. Unmerged they were 12 all-reduces on [2, 2], one per weight and statistic.
+  for (std::vector<ir::MeshAxis> mesh : {std::vector<ir::MeshAxis>{{"data", 2}, {"model", 2}},
+                                         std::vector<ir::MeshAxis>{{"data", 1}, {"model", 4}}}) {
+    SpmdFunction fn = plannedExampleStep("moe.mesh", "moe_train", mesh);
+    checkDefinedBeforeUse(fn);
+    std::vector<std::set<size_t>> reads = ancestors(fn);
+    std::map<SpmdValueId, Phase> phaseOf;
+    for (const SpmdOp& op : fn.ops)
+      phaseOf[op.result] = op.phase;
+    // The collectives that resolve some value of the update, per group of axes.
+    std::map<AxisList, std::vector<size_t>> byGroup;
+    for (size_t i = 0; i < fn.ops.size(); ++i) {
+      const SpmdOp& op = fn.ops[i];
+      if (op.kind != SpmdOp::Kind::Collective || op.collective.kind == CollectiveKind::LocalSlice)
+        continue;
+      if (std::any_of(op.operands.begin(), op.operands.end(),
+                      [&](SpmdValueId id) { return phaseOf[id] == Phase::Update; }))
+        byGroup[op.collective.axes].push_back(i);
+    }
+    REQUIRE_FALSE(byGroup.empty());
+    for (const auto& [axes, ops] : byGroup) {
+      CAPTURE(mesh.size(), axes);
+      // Statistics, then the mean of the row statistic, then the update's RMS: at most three,
+      // each needing the one before (else they would be one).
+      CHECK(ops.size() <= 3);
+      for (size_t k = 1; k < ops.size(); ++k)
+        CHECK(reads[ops[k]].count(ops[k - 1]) == 1);
+    }
+  }
+}
+
+TEST_CASE("every example's train step stays in dependency order after merging") {
+  for (const auto& [example, function] :
+       std::vector<std::pair<std::string, std::string>>{{"mlp.mesh", "mlp_train"},
+                                                        {"transformer.mesh", "lm_train"},
+                                                        {"bert.mesh", "mlm_train"},
+                                                        {"performer.mesh", "lm_train"},
+                                                        {"moe.mesh", "moe_train"},
+                                                        {"vit.mesh", "train_vit"}}) {
+    CAPTURE(example);
+    SpmdFunction fn = plannedExampleStep(example, function, {{"data", 2}, {"model", 2}});
+    checkDefinedBeforeUse(fn);
+    // In-place collectives (an op's own communication) still follow their op.
+    for (size_t i = 0; i < fn.ops.size(); ++i) {
+      const SpmdOp& op = fn.ops[i];
+      if (op.kind != SpmdOp::Kind::Collective || op.operands.size() != 1 ||
+          op.operands[0] != op.result)
+        continue;
+      REQUIRE(i > 0);
+      CHECK(fn.ops[i - 1].result == op.result);
+    }
+  }
 }

@@ -3,8 +3,10 @@
 // dim resolved by all-reduce, small ones bucketed into one collective placed as early as their
 // producers allow, phases (forward / backward / update) attributed, and the real ops costed
 // instead of the modelled backward. The train steps here are built by hand, as autodiff would
-// emit them, so that these rules are tested independently of autodiff.
+// emit them, so that these rules are tested independently of autodiff. Last, the merging of
+// independent all-reduces (mergeAllReduces) on SPMD functions written by hand.
 #include "planner/CostModel.h"
+#include "planner/MergeCollectives.h"
 #include "planner/PlanReport.h"
 #include "planner/SpmdLowering.h"
 
@@ -281,4 +283,152 @@ TEST_CASE("the plan report lists the collectives per phase") {
   CHECK(text.find("(forward, backward and update, as planned)") != std::string::npos);
   CHECK(text.find("  // backward\n") != std::string::npos);
   CHECK(text.find("  update w = %") != std::string::npos);
+}
+
+namespace {
+
+/// A hand-written SPMD function on [data=2, model=2] for mergeAllReduces: sources, negations,
+/// adds and all-reduces, each op appended in the order given.
+struct HandSpmd {
+  SpmdFunction fn;
+
+  HandSpmd() {
+    fn.mesh = meshOf({{"data", 2}, {"model", 2}});
+    fn.kind = ir::Function::Kind::Train;
+  }
+  SpmdValueId value(const std::string& name, bool partial = false) {
+    SpmdValue v;
+    v.globalType = f32({{"d", 8}});
+    v.localType = v.globalType;
+    v.layout.dimAxes = {{}};
+    if (partial) v.layout.partialAxes = {"model"};
+    v.name = name;
+    fn.values.push_back(v);
+    return SpmdValueId(fn.values.size() - 1);
+  }
+  SpmdValueId compute(ir::OpKind kind, std::vector<SpmdValueId> operands, const std::string& name,
+                      bool partial = false) {
+    SpmdOp op;
+    op.computeKind = kind;
+    op.operands = std::move(operands);
+    op.result = value(name, partial);
+    fn.ops.push_back(op);
+    return op.result;
+  }
+  SpmdValueId allReduce(SpmdValueId operand, const std::string& name, AxisList axes = {"model"},
+                        CollectiveKind kind = CollectiveKind::AllReduceSum, int64_t bytes = 32) {
+    SpmdOp op;
+    op.kind = SpmdOp::Kind::Collective;
+    op.collective.kind = kind;
+    op.collective.axes = std::move(axes);
+    op.collective.bytes = bytes;
+    op.collective.groupSize = splitFactor(fn.mesh, op.collective.axes);
+    op.seconds = collectiveSeconds(cpu(), fn.mesh, op.collective);
+    op.operands = {operand};
+    op.result = value(name);
+    fn.ops.push_back(op);
+    fn.summary.communicationSeconds += op.seconds;
+    fn.summary.stepSeconds += op.seconds;
+    return op.result;
+  }
+  /// The names of the ops' results, in order ("ar(a,b)" for a collective over a and b).
+  std::string order() const {
+    std::string text;
+    for (const SpmdOp& op : fn.ops) {
+      if (!text.empty()) text += " ";
+      if (op.kind == SpmdOp::Kind::Compute) {
+        text += fn.values[op.result].name;
+        continue;
+      }
+      text += "ar(";
+      for (size_t k = 0; k < op.operands.size(); ++k)
+        text += (k ? "," : "") + fn.values[op.operands[k]].name;
+      text += ")";
+    }
+    return text;
+  }
+};
+
+} // namespace
+
+TEST_CASE("merging: independent all-reduce-sums over the same axes become one, moved to fit") {
+  HandSpmd h;
+  SpmdValueId a = h.compute(ir::OpKind::Input, {}, "a", true);
+  SpmdValueId ra = h.allReduce(a, "ra");
+  SpmdValueId x = h.compute(ir::OpKind::Neg, {ra}, "x");
+  // b and its all-reduce come after ra's first use, but b does not need ra: b moves up.
+  SpmdValueId b = h.compute(ir::OpKind::Input, {}, "b", true);
+  SpmdValueId rb = h.allReduce(b, "rb");
+  h.compute(ir::OpKind::Add, {x, rb}, "y");
+  double before = h.fn.summary.stepSeconds;
+  double saved = mergeAllReduces(h.fn, cpu());
+  CHECK(h.order() == "a b ar(a,b) x y");
+  const SpmdOp& merged = h.fn.ops[2];
+  CHECK(merged.collective.kind == CollectiveKind::BucketedAllReduceSum);
+  CHECK(merged.collective.axes == AxisList{"model"});
+  CHECK(merged.collective.bytes == 64);
+  CHECK(merged.results == std::vector<SpmdValueId>{ra, rb});
+  CHECK(merged.result == ra);
+  // Priced once: one alpha, the beta term on the total bytes; the summary saves one alpha.
+  CHECK(merged.seconds == Approx(collectiveSeconds(cpu(), h.fn.mesh, merged.collective)));
+  Collective single = merged.collective;
+  single.kind = CollectiveKind::AllReduceSum;
+  single.bytes = 32;
+  CHECK(saved == Approx(2 * collectiveSeconds(cpu(), h.fn.mesh, single) - merged.seconds));
+  CHECK(saved == Approx(2 * linkFor(cpu(), h.fn.mesh, {"model"}).alphaSeconds));
+  CHECK(saved > 0);
+  CHECK(h.fn.summary.stepSeconds == Approx(before - saved));
+}
+
+TEST_CASE("merging: an all-reduce that reads another's result is not merged with it") {
+  HandSpmd h;
+  SpmdValueId a = h.compute(ir::OpKind::Input, {}, "a", true);
+  SpmdValueId ra = h.allReduce(a, "ra");
+  SpmdValueId x = h.compute(ir::OpKind::Neg, {ra}, "x", true);
+  SpmdValueId rx = h.allReduce(x, "rx"); // depends on ra through x
+  h.compute(ir::OpKind::Neg, {rx}, "y");
+  std::string before = h.order();
+  CHECK(mergeAllReduces(h.fn, cpu()) == 0);
+  CHECK(h.order() == before);
+  for (const SpmdOp& op : h.fn.ops)
+    CHECK(op.collective.kind != CollectiveKind::BucketedAllReduceSum);
+}
+
+TEST_CASE("merging: only all-reduce-sums over the same group, in-place ones stay with their op") {
+  HandSpmd h;
+  SpmdValueId a = h.compute(ir::OpKind::Input, {}, "a", true);
+  SpmdValueId b = h.compute(ir::OpKind::Input, {}, "b", true);
+  SpmdValueId c = h.compute(ir::OpKind::Input, {}, "c", true);
+  SpmdValueId s = h.compute(ir::OpKind::Softmax, {a}, "s");
+  // softmax's own row statistics: in place on its result, absorbed by the op.
+  SpmdOp stats;
+  stats.kind = SpmdOp::Kind::Collective;
+  stats.collective.kind = CollectiveKind::AllReduceSum;
+  stats.collective.axes = {"model"};
+  stats.collective.bytes = 32;
+  stats.operands = {s};
+  stats.result = s;
+  h.fn.ops.push_back(stats);
+  SpmdValueId ra = h.allReduce(a, "ra");
+  SpmdValueId rb = h.allReduce(b, "rb", {"data"});
+  SpmdValueId rc = h.allReduce(c, "rc", {"model"}, CollectiveKind::AllReduceMax);
+  h.compute(ir::OpKind::Add, {ra, rb}, "x");
+  h.compute(ir::OpKind::Add, {rc, s}, "y");
+  std::string before = h.order();
+  CHECK(mergeAllReduces(h.fn, cpu()) == 0);
+  CHECK(h.order() == before);
+}
+
+TEST_CASE("merging: a bucket stays within kBucketBytes") {
+  HandSpmd h;
+  SpmdValueId a = h.compute(ir::OpKind::Input, {}, "a", true);
+  SpmdValueId b = h.compute(ir::OpKind::Input, {}, "b", true);
+  SpmdValueId c = h.compute(ir::OpKind::Input, {}, "c", true);
+  SpmdValueId ra = h.allReduce(a, "ra", {"model"}, CollectiveKind::AllReduceSum, kBucketBytes);
+  SpmdValueId rb = h.allReduce(b, "rb", {"model"}, CollectiveKind::AllReduceSum, 16);
+  SpmdValueId rc = h.allReduce(c, "rc", {"model"}, CollectiveKind::AllReduceSum, 16);
+  h.compute(ir::OpKind::Add, {ra, rb}, "x");
+  h.compute(ir::OpKind::Neg, {rc}, "y");
+  mergeAllReduces(h.fn, cpu());
+  CHECK(h.order() == "a b c ar(a) ar(b,c) x y");
 }

@@ -1,0 +1,292 @@
+// Merging all-reduces: a list schedule of the SPMD ops in their order, in which a resolving
+// all-reduce-sum does not run where it stands but joins the open group of its axes (and dtype);
+// the group runs as one bucketed all-reduce placed where its last member joined, and is closed
+// when an op reads one of its results (after trying to grow: a later all-reduce of the same kind
+// joins if the ops its operand needs read no result still pending; those ops move up), or when
+// the next member would pass kBucketBytes.
+#include "planner/MergeCollectives.h"
+
+#include "planner/CostModel.h"
+#include "planner/PlanReport.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+namespace meshc::plan {
+
+namespace {
+
+/// An op with the in-place collectives that follow it (the op's own communication, which code
+/// generation absorbs into it: they never move apart).
+struct Unit {
+  size_t first = 0, end = 0; // its ops: [first, end)
+  std::vector<SpmdValueId> reads;
+  int key = -1; // a mergeable all-reduce: its axes and dtype, interned; -1 otherwise
+  int64_t bytes = 0;
+};
+
+struct Group {
+  int key = -1;
+  std::vector<size_t> members; // units
+  int64_t bytes = 0;
+  size_t position = 0; // ops scheduled before it: its members' operands all exist there
+};
+
+/// A resolving all-reduce-sum (not one in place, which belongs to its op) or a bucket of them,
+/// over values of one dtype.
+bool isMergeable(const SpmdFunction& fn, const SpmdOp& op) {
+  if (op.kind != SpmdOp::Kind::Collective || op.collective.axes.empty() || op.operands.empty())
+    return false;
+  bool single = op.collective.kind == CollectiveKind::AllReduceSum && op.operands.size() == 1 &&
+                op.operands[0] != op.result;
+  bool bucket = op.collective.kind == CollectiveKind::BucketedAllReduceSum &&
+                op.results.size() == op.operands.size();
+  if (!single && !bucket) return false;
+  for (SpmdValueId operand : op.operands)
+    if (fn.values[operand].globalType.dtype != fn.values[op.operands[0]].globalType.dtype)
+      return false;
+  return true;
+}
+
+class Merger {
+public:
+  Merger(SpmdFunction& fn, const Machine& machine) : fn_(fn), machine_(machine) {}
+
+  double run() {
+    buildUnits();
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (state_[u] != State::Unplaced) continue;
+      for (SpmdValueId value : units_[u].reads)
+        if (int group = pendingGroupOf(value); group >= 0) flush(static_cast<size_t>(group), u);
+      if (units_[u].key < 0) {
+        place(u);
+        continue;
+      }
+      int& open = openGroup_[units_[u].key];
+      if (open >= 0 && groups_[open].bytes + units_[u].bytes > kBucketBytes) close(open);
+      if (open < 0) {
+        open = static_cast<int>(groups_.size());
+        groups_.push_back({units_[u].key, {}, 0, 0});
+      }
+      join(static_cast<size_t>(open), u);
+    }
+    for (int& open : openGroup_)
+      if (open >= 0) close(open);
+    return rewrite();
+  }
+
+private:
+  enum class State { Unplaced, Placed, Pending, Done };
+
+  void buildUnits() {
+    std::map<std::pair<AxisList, ir::DType>, int> keys;
+    std::vector<int> unitOf(fn_.values.size(), -1); // the unit that writes each value
+    for (size_t i = 0; i < fn_.ops.size(); ++i) {
+      const SpmdOp& op = fn_.ops[i];
+      bool follower = !units_.empty() && op.kind == SpmdOp::Kind::Collective &&
+                      op.operands.size() == 1 && op.operands[0] == op.result &&
+                      fn_.ops[units_.back().first].result == op.result;
+      if (follower) {
+        units_.back().end = i + 1;
+        continue;
+      }
+      Unit unit;
+      unit.first = i;
+      unit.end = i + 1;
+      if (isMergeable(fn_, op)) {
+        AxisList axes = op.collective.axes;
+        std::sort(axes.begin(), axes.end());
+        auto [it, inserted] = keys.try_emplace({axes, fn_.values[op.operands[0]].globalType.dtype},
+                                               static_cast<int>(keys.size()));
+        unit.key = it->second;
+        unit.bytes = op.collective.bytes;
+      }
+      units_.push_back(std::move(unit));
+    }
+    producer_.assign(fn_.values.size(), -1);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      Unit& unit = units_[u];
+      std::vector<SpmdValueId> writes;
+      for (size_t i = unit.first; i < unit.end; ++i) {
+        const SpmdOp& op = fn_.ops[i];
+        writes.push_back(op.result);
+        writes.insert(writes.end(), op.results.begin(), op.results.end());
+      }
+      for (size_t i = unit.first; i < unit.end; ++i)
+        for (SpmdValueId operand : fn_.ops[i].operands)
+          if (std::find(writes.begin(), writes.end(), operand) == writes.end() &&
+              std::find(unit.reads.begin(), unit.reads.end(), operand) == unit.reads.end())
+            unit.reads.push_back(operand);
+      for (SpmdValueId value : writes)
+        producer_[value] = static_cast<int>(u);
+    }
+    state_.assign(units_.size(), State::Unplaced);
+    groupOf_.assign(units_.size(), -1);
+    visited_.assign(units_.size(), 0);
+    openGroup_.assign(keys.size(), -1);
+    byKey_.resize(keys.size());
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].key >= 0) byKey_[units_[u].key].push_back(u);
+  }
+
+  int pendingGroupOf(SpmdValueId value) const {
+    int unit = producer_[value];
+    return unit >= 0 && state_[unit] == State::Pending ? groupOf_[unit] : -1;
+  }
+
+  void place(size_t u) {
+    state_[u] = State::Placed;
+    order_.push_back(u);
+  }
+
+  void join(size_t group, size_t u) {
+    state_[u] = State::Pending;
+    groupOf_[u] = static_cast<int>(group);
+    groups_[group].members.push_back(u);
+    groups_[group].bytes += units_[u].bytes;
+    groups_[group].position = order_.size();
+  }
+
+  void close(int& open) {
+    for (size_t member : groups_[open].members)
+      state_[member] = State::Done;
+    closed_.push_back(static_cast<size_t>(open));
+    open = -1;
+  }
+
+  /// Before unit `reader` reads the group's results: later all-reduces of its kind join when
+  /// the ops they need can run now, then the group closes.
+  void flush(size_t group, size_t reader) {
+    const std::vector<size_t>& sameKey = byKey_[groups_[group].key];
+    for (auto it = std::upper_bound(sameKey.begin(), sameKey.end(), reader); it != sameKey.end();
+         ++it) {
+      size_t candidate = *it;
+      if (state_[candidate] != State::Unplaced ||
+          groups_[group].bytes + units_[candidate].bytes > kBucketBytes)
+        continue;
+      std::vector<size_t> cone;
+      if (!coneOf(candidate, cone)) continue;
+      std::sort(cone.begin(), cone.end());
+      for (size_t u : cone)
+        place(u);
+      join(group, candidate);
+    }
+    close(openGroup_[groups_[group].key]);
+  }
+
+  /// The unscheduled units that `target`'s operands depend on; false when one of them reads a
+  /// pending result or is itself a mergeable all-reduce (it would run alone).
+  bool coneOf(size_t target, std::vector<size_t>& cone) {
+    ++stamp_;
+    std::vector<size_t> work{target};
+    while (!work.empty()) {
+      size_t u = work.back();
+      work.pop_back();
+      for (SpmdValueId value : units_[u].reads) {
+        int p = producer_[value];
+        if (p < 0 || visited_[p] == stamp_) continue;
+        visited_[p] = stamp_;
+        if (state_[p] == State::Placed || state_[p] == State::Done) continue;
+        if (state_[p] == State::Pending || units_[p].key >= 0) return false;
+        cone.push_back(static_cast<size_t>(p));
+        work.push_back(static_cast<size_t>(p));
+      }
+    }
+    return true;
+  }
+
+  SpmdOp mergedOp(const Group& group, double& saved) const {
+    if (group.members.size() == 1) return fn_.ops[units_[group.members.front()].first];
+    // The merged op keeps the source, phase and operand order of its largest member.
+    size_t largest = group.members.front();
+    for (size_t member : group.members)
+      if (units_[member].bytes > units_[largest].bytes) largest = member;
+    SpmdOp op = fn_.ops[units_[largest].first];
+    op.collective.kind = CollectiveKind::BucketedAllReduceSum;
+    op.collective.bytes = group.bytes;
+    op.operands.clear();
+    op.results.clear();
+    std::vector<size_t> members{largest};
+    for (size_t member : group.members)
+      if (member != largest) members.push_back(member);
+    std::vector<std::string> others; // the merged-in values, named
+    for (size_t member : members) {
+      const SpmdOp& single = fn_.ops[units_[member].first];
+      saved += single.seconds;
+      op.operands.insert(op.operands.end(), single.operands.begin(), single.operands.end());
+      size_t first = op.results.size();
+      if (single.collective.kind == CollectiveKind::BucketedAllReduceSum)
+        op.results.insert(op.results.end(), single.results.begin(), single.results.end());
+      else
+        op.results.push_back(single.result);
+      for (size_t k = first; member != largest && k < op.results.size(); ++k) {
+        const std::string& name = fn_.values[op.results[k]].name;
+        others.push_back(name.empty() ? fmt::format("%{}", op.results[k]) : name);
+      }
+    }
+    size_t merged = others.size();
+    if (others.size() > 3) others.resize(3), others.push_back("...");
+    op.result = op.results.front();
+    op.seconds = collectiveSeconds(machine_, fn_.mesh, op.collective);
+    saved -= op.seconds;
+    op.note = fmt::format("{}{}merged with {} more partial sum{} over {} ({}): {} in one buffer",
+                          op.note, op.note.empty() ? "" : "; ", merged, merged == 1 ? "" : "s",
+                          fmt::join(op.collective.axes, ", "), fmt::join(others, ", "),
+                          bytesString(static_cast<double>(group.bytes)));
+    return op;
+  }
+
+  double rewrite() {
+    double saved = 0;
+    std::vector<std::pair<size_t, SpmdOp>> inserted; // (units scheduled before it, op)
+    for (size_t group : closed_)
+      inserted.emplace_back(groups_[group].position, mergedOp(groups_[group], saved));
+    std::stable_sort(inserted.begin(), inserted.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<SpmdOp> ops;
+    ops.reserve(fn_.ops.size());
+    size_t next = 0;
+    for (size_t p = 0; p <= order_.size(); ++p) {
+      for (; next < inserted.size() && inserted[next].first == p; ++next)
+        ops.push_back(std::move(inserted[next].second));
+      if (p == order_.size()) break;
+      const Unit& unit = units_[order_[p]];
+      for (size_t i = unit.first; i < unit.end; ++i)
+        ops.push_back(std::move(fn_.ops[i]));
+    }
+    fn_.ops = std::move(ops);
+    return saved;
+  }
+
+  SpmdFunction& fn_;
+  const Machine& machine_;
+  std::vector<Unit> units_;
+  std::vector<int> producer_; // per value: its unit
+  std::vector<State> state_;
+  std::vector<int> groupOf_;
+  std::vector<uint32_t> visited_;
+  uint32_t stamp_ = 0;
+  std::vector<Group> groups_;
+  std::vector<int> openGroup_;             // per key
+  std::vector<std::vector<size_t>> byKey_; // per key: its units, in order
+  std::vector<size_t> order_;              // the units placed, in their new order
+  std::vector<size_t> closed_;             // groups, in the order they closed
+};
+
+} // namespace
+
+double mergeAllReduces(SpmdFunction& fn, const Machine& machine) {
+  double saved = Merger(fn, machine).run();
+  PlanSummary& summary = fn.summary;
+  if (saved != 0 && summary.stepSeconds > saved) {
+    double before = summary.stepSeconds;
+    summary.communicationSeconds -= saved;
+    summary.stepSeconds -= saved;
+    summary.utilization *= before / summary.stepSeconds;
+  }
+  return saved;
+}
+
+} // namespace meshc::plan
