@@ -9,20 +9,23 @@
 
 namespace meshc_generated {
 
+/// The support code this target's generated code calls.
+namespace support = meshc::gen;
+
 /// The program `mlm` of bert.mesh, planned for the mesh [data=2, model=2] with layout batch: [data,
 /// model].
 class Mlm {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor tokens;      // [batch:[data, model], seq] local {1, 32}
-    meshc::gen::Tensor segment_ids; // [batch:[data, model], seq] local {1, 32}
-    meshc::gen::Tensor padding;     // [batch:[data, model], seq] local {1, 32}
+    support::Tensor tokens;      // [batch:[data, model], seq] local {1, 32}
+    support::Tensor segment_ids; // [batch:[data, model], seq] local {1, 32}
+    support::Tensor padding;     // [batch:[data, model], seq] local {1, 32}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor logits; // [batch:[data, model], seq, vocab] local {1, 32, 128}
-    meshc::gen::Tensor probs;  // [batch:[data, model], seq, vocab] local {1, 32, 128}
+    support::Tensor logits; // [batch:[data, model], seq, vocab] local {1, 32, 128}
+    support::Tensor probs;  // [batch:[data, model], seq, vocab] local {1, 32, 128}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -31,7 +34,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -44,7 +47,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 77824;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 573980;
+  static constexpr size_t kTemporaryBytes = 524416;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 640;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -52,24 +57,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -82,74 +87,77 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshc::gen::Buffer
+  support::Buffer
       param0_bert_token_embedding; // bert/token_embedding: [vocab, d_model] local {128, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param1_bert_position_embedding; // bert/position_embedding: [seq, d_model] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param2_bert_segment_embedding; // bert/segment_embedding: [segments, d_model] local {2, 64}
-  meshc::gen::Buffer param3_bert_output_bias; // bert/output_bias: [vocab] local {128}
-  meshc::gen::Buffer param4_bert_norm_gain;   // bert/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer param5_bert_norm_bias;   // bert/norm/bias: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param3_bert_output_bias; // bert/output_bias: [vocab] local {128}
+  support::Buffer param4_bert_norm_gain;   // bert/norm/gain: [d_model] local {64}
+  support::Buffer param5_bert_norm_bias;   // bert/norm/bias: [d_model] local {64}
+  support::Buffer
       param6_bert_encoder_layer_0_attention_w_q; // bert/encoder_layer[0]/attention/w_q: [d_model,
                                                  // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param7_bert_encoder_layer_0_attention_w_k; // bert/encoder_layer[0]/attention/w_k: [d_model,
                                                  // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param8_bert_encoder_layer_0_attention_w_v; // bert/encoder_layer[0]/attention/w_v: [d_model,
                                                  // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param9_bert_encoder_layer_0_attention_w_o; // bert/encoder_layer[0]/attention/w_o: [heads,
                                                  // d_head, d_model] local {4, 16, 64}
-  meshc::gen::Buffer param10_bert_encoder_layer_0_norm_gain; // bert/encoder_layer[0]/norm/gain:
-                                                             // [d_model] local {64}
-  meshc::gen::Buffer param11_bert_encoder_layer_0_norm_bias; // bert/encoder_layer[0]/norm/bias:
-                                                             // [d_model] local {64}
-  meshc::gen::Buffer param12_bert_encoder_layer_0_ffn_w_in;  // bert/encoder_layer[0]/ffn/w_in:
-                                                             // [d_model, d_ff] local {64, 256}
-  meshc::gen::Buffer
+  support::Buffer param10_bert_encoder_layer_0_norm_gain; // bert/encoder_layer[0]/norm/gain:
+                                                          // [d_model] local {64}
+  support::Buffer param11_bert_encoder_layer_0_norm_bias; // bert/encoder_layer[0]/norm/bias:
+                                                          // [d_model] local {64}
+  support::Buffer param12_bert_encoder_layer_0_ffn_w_in;  // bert/encoder_layer[0]/ffn/w_in:
+                                                          // [d_model, d_ff] local {64, 256}
+  support::Buffer
       param13_bert_encoder_layer_0_ffn_b_in; // bert/encoder_layer[0]/ffn/b_in: [d_ff] local {256}
-  meshc::gen::Buffer param14_bert_encoder_layer_0_ffn_w_out;   // bert/encoder_layer[0]/ffn/w_out:
-                                                               // [d_ff, d_model] local {256, 64}
-  meshc::gen::Buffer param15_bert_encoder_layer_0_ffn_b_out;   // bert/encoder_layer[0]/ffn/b_out:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param16_bert_encoder_layer_0_norm_1_gain; // bert/encoder_layer[0]/norm#1/gain:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param17_bert_encoder_layer_0_norm_1_bias; // bert/encoder_layer[0]/norm#1/bias:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param14_bert_encoder_layer_0_ffn_w_out; // bert/encoder_layer[0]/ffn/w_out: [d_ff,
+                                                          // d_model] local {256, 64}
+  support::Buffer param15_bert_encoder_layer_0_ffn_b_out; // bert/encoder_layer[0]/ffn/b_out:
+                                                          // [d_model] local {64}
+  support::Buffer param16_bert_encoder_layer_0_norm_1_gain; // bert/encoder_layer[0]/norm#1/gain:
+                                                            // [d_model] local {64}
+  support::Buffer param17_bert_encoder_layer_0_norm_1_bias; // bert/encoder_layer[0]/norm#1/bias:
+                                                            // [d_model] local {64}
+  support::Buffer
       param18_bert_encoder_layer_1_attention_w_q; // bert/encoder_layer[1]/attention/w_q: [d_model,
                                                   // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param19_bert_encoder_layer_1_attention_w_k; // bert/encoder_layer[1]/attention/w_k: [d_model,
                                                   // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param20_bert_encoder_layer_1_attention_w_v; // bert/encoder_layer[1]/attention/w_v: [d_model,
                                                   // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param21_bert_encoder_layer_1_attention_w_o; // bert/encoder_layer[1]/attention/w_o: [heads,
                                                   // d_head, d_model] local {4, 16, 64}
-  meshc::gen::Buffer param22_bert_encoder_layer_1_norm_gain; // bert/encoder_layer[1]/norm/gain:
-                                                             // [d_model] local {64}
-  meshc::gen::Buffer param23_bert_encoder_layer_1_norm_bias; // bert/encoder_layer[1]/norm/bias:
-                                                             // [d_model] local {64}
-  meshc::gen::Buffer param24_bert_encoder_layer_1_ffn_w_in;  // bert/encoder_layer[1]/ffn/w_in:
-                                                             // [d_model, d_ff] local {64, 256}
-  meshc::gen::Buffer
+  support::Buffer param22_bert_encoder_layer_1_norm_gain; // bert/encoder_layer[1]/norm/gain:
+                                                          // [d_model] local {64}
+  support::Buffer param23_bert_encoder_layer_1_norm_bias; // bert/encoder_layer[1]/norm/bias:
+                                                          // [d_model] local {64}
+  support::Buffer param24_bert_encoder_layer_1_ffn_w_in;  // bert/encoder_layer[1]/ffn/w_in:
+                                                          // [d_model, d_ff] local {64, 256}
+  support::Buffer
       param25_bert_encoder_layer_1_ffn_b_in; // bert/encoder_layer[1]/ffn/b_in: [d_ff] local {256}
-  meshc::gen::Buffer param26_bert_encoder_layer_1_ffn_w_out;   // bert/encoder_layer[1]/ffn/w_out:
-                                                               // [d_ff, d_model] local {256, 64}
-  meshc::gen::Buffer param27_bert_encoder_layer_1_ffn_b_out;   // bert/encoder_layer[1]/ffn/b_out:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param28_bert_encoder_layer_1_norm_1_gain; // bert/encoder_layer[1]/norm#1/gain:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param29_bert_encoder_layer_1_norm_1_bias; // bert/encoder_layer[1]/norm#1/bias:
-                                                               // [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes};                       // run()'s temporaries
+  support::Buffer param26_bert_encoder_layer_1_ffn_w_out; // bert/encoder_layer[1]/ffn/w_out: [d_ff,
+                                                          // d_model] local {256, 64}
+  support::Buffer param27_bert_encoder_layer_1_ffn_b_out; // bert/encoder_layer[1]/ffn/b_out:
+                                                          // [d_model] local {64}
+  support::Buffer param28_bert_encoder_layer_1_norm_1_gain; // bert/encoder_layer[1]/norm#1/gain:
+                                                            // [d_model] local {64}
+  support::Buffer param29_bert_encoder_layer_1_norm_1_bias; // bert/encoder_layer[1]/norm#1/bias:
+                                                            // [d_model] local {64}
+  support::Arena arena_{kArenaBytes};                       // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};             // computed in the constructor
 };
 
 /// The train block `mlm_train` of bert.mesh, planned for the mesh [data=2, model=2] with layout
@@ -158,15 +166,15 @@ class MlmTrain {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor tokens;      // [batch:[data, model], seq] local {1, 32}
-    meshc::gen::Tensor segment_ids; // [batch:[data, model], seq] local {1, 32}
-    meshc::gen::Tensor padding;     // [batch:[data, model], seq] local {1, 32}
-    meshc::gen::Tensor masked;      // [batch:[data, model], seq] local {1, 32}
-    meshc::gen::Tensor targets;     // [batch:[data, model], seq] local {1, 32}
+    support::Tensor tokens;      // [batch:[data, model], seq] local {1, 32}
+    support::Tensor segment_ids; // [batch:[data, model], seq] local {1, 32}
+    support::Tensor padding;     // [batch:[data, model], seq] local {1, 32}
+    support::Tensor masked;      // [batch:[data, model], seq] local {1, 32}
+    support::Tensor targets;     // [batch:[data, model], seq] local {1, 32}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor loss; // [] local {}
+    support::Tensor loss; // [] local {}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -175,7 +183,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -186,9 +194,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 606976;
+  static constexpr size_t kArenaBytes = 517184;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 4687884;
+  static constexpr size_t kTemporaryBytes = 1920028;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 1728;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -205,24 +215,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -235,206 +245,216 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
+  void runPart3(const Inputs &inputs);
+  void runPart4(const Inputs &inputs);
+  void runPart5(const Inputs &inputs);
+  void runPart6(const Inputs &inputs);
+  void runPart7(const Inputs &inputs);
+  void runPart8(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
   meshrt::Communicator &group_data_model; // the ranks along data, model
-  meshc::gen::Buffer
+  support::Buffer
       param0_bert_token_embedding; // bert/token_embedding: [vocab, d_model] local {128, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param1_bert_position_embedding; // bert/position_embedding: [seq, d_model] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param2_bert_segment_embedding; // bert/segment_embedding: [segments, d_model] local {2, 64}
-  meshc::gen::Buffer param3_bert_output_bias; // bert/output_bias: [vocab] local {128}
-  meshc::gen::Buffer param4_bert_norm_gain;   // bert/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer param5_bert_norm_bias;   // bert/norm/bias: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param3_bert_output_bias; // bert/output_bias: [vocab] local {128}
+  support::Buffer param4_bert_norm_gain;   // bert/norm/gain: [d_model] local {64}
+  support::Buffer param5_bert_norm_bias;   // bert/norm/bias: [d_model] local {64}
+  support::Buffer
       param6_bert_encoder_layer_0_attention_w_q; // bert/encoder_layer[0]/attention/w_q: [d_model,
                                                  // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param7_bert_encoder_layer_0_attention_w_k; // bert/encoder_layer[0]/attention/w_k: [d_model,
                                                  // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param8_bert_encoder_layer_0_attention_w_v; // bert/encoder_layer[0]/attention/w_v: [d_model,
                                                  // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param9_bert_encoder_layer_0_attention_w_o; // bert/encoder_layer[0]/attention/w_o: [heads,
                                                  // d_head, d_model] local {4, 16, 64}
-  meshc::gen::Buffer param10_bert_encoder_layer_0_norm_gain; // bert/encoder_layer[0]/norm/gain:
-                                                             // [d_model] local {64}
-  meshc::gen::Buffer param11_bert_encoder_layer_0_norm_bias; // bert/encoder_layer[0]/norm/bias:
-                                                             // [d_model] local {64}
-  meshc::gen::Buffer param12_bert_encoder_layer_0_ffn_w_in;  // bert/encoder_layer[0]/ffn/w_in:
-                                                             // [d_model, d_ff] local {64, 256}
-  meshc::gen::Buffer
+  support::Buffer param10_bert_encoder_layer_0_norm_gain; // bert/encoder_layer[0]/norm/gain:
+                                                          // [d_model] local {64}
+  support::Buffer param11_bert_encoder_layer_0_norm_bias; // bert/encoder_layer[0]/norm/bias:
+                                                          // [d_model] local {64}
+  support::Buffer param12_bert_encoder_layer_0_ffn_w_in;  // bert/encoder_layer[0]/ffn/w_in:
+                                                          // [d_model, d_ff] local {64, 256}
+  support::Buffer
       param13_bert_encoder_layer_0_ffn_b_in; // bert/encoder_layer[0]/ffn/b_in: [d_ff] local {256}
-  meshc::gen::Buffer param14_bert_encoder_layer_0_ffn_w_out;   // bert/encoder_layer[0]/ffn/w_out:
-                                                               // [d_ff, d_model] local {256, 64}
-  meshc::gen::Buffer param15_bert_encoder_layer_0_ffn_b_out;   // bert/encoder_layer[0]/ffn/b_out:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param16_bert_encoder_layer_0_norm_1_gain; // bert/encoder_layer[0]/norm#1/gain:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param17_bert_encoder_layer_0_norm_1_bias; // bert/encoder_layer[0]/norm#1/bias:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param14_bert_encoder_layer_0_ffn_w_out; // bert/encoder_layer[0]/ffn/w_out: [d_ff,
+                                                          // d_model] local {256, 64}
+  support::Buffer param15_bert_encoder_layer_0_ffn_b_out; // bert/encoder_layer[0]/ffn/b_out:
+                                                          // [d_model] local {64}
+  support::Buffer param16_bert_encoder_layer_0_norm_1_gain; // bert/encoder_layer[0]/norm#1/gain:
+                                                            // [d_model] local {64}
+  support::Buffer param17_bert_encoder_layer_0_norm_1_bias; // bert/encoder_layer[0]/norm#1/bias:
+                                                            // [d_model] local {64}
+  support::Buffer
       param18_bert_encoder_layer_1_attention_w_q; // bert/encoder_layer[1]/attention/w_q: [d_model,
                                                   // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param19_bert_encoder_layer_1_attention_w_k; // bert/encoder_layer[1]/attention/w_k: [d_model,
                                                   // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param20_bert_encoder_layer_1_attention_w_v; // bert/encoder_layer[1]/attention/w_v: [d_model,
                                                   // heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param21_bert_encoder_layer_1_attention_w_o; // bert/encoder_layer[1]/attention/w_o: [heads,
                                                   // d_head, d_model] local {4, 16, 64}
-  meshc::gen::Buffer param22_bert_encoder_layer_1_norm_gain; // bert/encoder_layer[1]/norm/gain:
-                                                             // [d_model] local {64}
-  meshc::gen::Buffer param23_bert_encoder_layer_1_norm_bias; // bert/encoder_layer[1]/norm/bias:
-                                                             // [d_model] local {64}
-  meshc::gen::Buffer param24_bert_encoder_layer_1_ffn_w_in;  // bert/encoder_layer[1]/ffn/w_in:
-                                                             // [d_model, d_ff] local {64, 256}
-  meshc::gen::Buffer
+  support::Buffer param22_bert_encoder_layer_1_norm_gain; // bert/encoder_layer[1]/norm/gain:
+                                                          // [d_model] local {64}
+  support::Buffer param23_bert_encoder_layer_1_norm_bias; // bert/encoder_layer[1]/norm/bias:
+                                                          // [d_model] local {64}
+  support::Buffer param24_bert_encoder_layer_1_ffn_w_in;  // bert/encoder_layer[1]/ffn/w_in:
+                                                          // [d_model, d_ff] local {64, 256}
+  support::Buffer
       param25_bert_encoder_layer_1_ffn_b_in; // bert/encoder_layer[1]/ffn/b_in: [d_ff] local {256}
-  meshc::gen::Buffer param26_bert_encoder_layer_1_ffn_w_out;   // bert/encoder_layer[1]/ffn/w_out:
-                                                               // [d_ff, d_model] local {256, 64}
-  meshc::gen::Buffer param27_bert_encoder_layer_1_ffn_b_out;   // bert/encoder_layer[1]/ffn/b_out:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param28_bert_encoder_layer_1_norm_1_gain; // bert/encoder_layer[1]/norm#1/gain:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param29_bert_encoder_layer_1_norm_1_bias; // bert/encoder_layer[1]/norm#1/bias:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param26_bert_encoder_layer_1_ffn_w_out; // bert/encoder_layer[1]/ffn/w_out: [d_ff,
+                                                          // d_model] local {256, 64}
+  support::Buffer param27_bert_encoder_layer_1_ffn_b_out; // bert/encoder_layer[1]/ffn/b_out:
+                                                          // [d_model] local {64}
+  support::Buffer param28_bert_encoder_layer_1_norm_1_gain; // bert/encoder_layer[1]/norm#1/gain:
+                                                            // [d_model] local {64}
+  support::Buffer param29_bert_encoder_layer_1_norm_1_bias; // bert/encoder_layer[1]/norm#1/bias:
+                                                            // [d_model] local {64}
+  support::Buffer
       param30_bert_token_embedding_m; // bert/token_embedding@m: [vocab, d_model] local {128, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param31_bert_token_embedding_v; // bert/token_embedding@v: [vocab, d_model] local {128, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param32_bert_position_embedding_m; // bert/position_embedding@m: [seq, d_model] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param33_bert_position_embedding_v; // bert/position_embedding@v: [seq, d_model] local {32, 64}
-  meshc::gen::Buffer param34_bert_segment_embedding_m; // bert/segment_embedding@m: [segments,
-                                                       // d_model] local {2, 64}
-  meshc::gen::Buffer param35_bert_segment_embedding_v; // bert/segment_embedding@v: [segments,
-                                                       // d_model] local {2, 64}
-  meshc::gen::Buffer param36_bert_output_bias_m;       // bert/output_bias@m: [vocab] local {128}
-  meshc::gen::Buffer param37_bert_output_bias_v;       // bert/output_bias@v: [vocab] local {128}
-  meshc::gen::Buffer param38_bert_norm_gain_m;         // bert/norm/gain@m: [d_model] local {64}
-  meshc::gen::Buffer param39_bert_norm_gain_v;         // bert/norm/gain@v: [d_model] local {64}
-  meshc::gen::Buffer param40_bert_norm_bias_m;         // bert/norm/bias@m: [d_model] local {64}
-  meshc::gen::Buffer param41_bert_norm_bias_v;         // bert/norm/bias@v: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param34_bert_segment_embedding_m; // bert/segment_embedding@m: [segments, d_model]
+                                                    // local {2, 64}
+  support::Buffer param35_bert_segment_embedding_v; // bert/segment_embedding@v: [segments, d_model]
+                                                    // local {2, 64}
+  support::Buffer param36_bert_output_bias_m;       // bert/output_bias@m: [vocab] local {128}
+  support::Buffer param37_bert_output_bias_v;       // bert/output_bias@v: [vocab] local {128}
+  support::Buffer param38_bert_norm_gain_m;         // bert/norm/gain@m: [d_model] local {64}
+  support::Buffer param39_bert_norm_gain_v;         // bert/norm/gain@v: [d_model] local {64}
+  support::Buffer param40_bert_norm_bias_m;         // bert/norm/bias@m: [d_model] local {64}
+  support::Buffer param41_bert_norm_bias_v;         // bert/norm/bias@v: [d_model] local {64}
+  support::Buffer
       param42_bert_encoder_layer_0_attention_w_q_m; // bert/encoder_layer[0]/attention/w_q@m:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param43_bert_encoder_layer_0_attention_w_q_v; // bert/encoder_layer[0]/attention/w_q@v:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param44_bert_encoder_layer_0_attention_w_k_m; // bert/encoder_layer[0]/attention/w_k@m:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param45_bert_encoder_layer_0_attention_w_k_v; // bert/encoder_layer[0]/attention/w_k@v:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param46_bert_encoder_layer_0_attention_w_v_m; // bert/encoder_layer[0]/attention/w_v@m:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param47_bert_encoder_layer_0_attention_w_v_v; // bert/encoder_layer[0]/attention/w_v@v:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param48_bert_encoder_layer_0_attention_w_o_m; // bert/encoder_layer[0]/attention/w_o@m:
                                                     // [heads, d_head, d_model] local {4, 16, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param49_bert_encoder_layer_0_attention_w_o_v; // bert/encoder_layer[0]/attention/w_o@v:
                                                     // [heads, d_head, d_model] local {4, 16, 64}
-  meshc::gen::Buffer param50_bert_encoder_layer_0_norm_gain_m; // bert/encoder_layer[0]/norm/gain@m:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param51_bert_encoder_layer_0_norm_gain_v; // bert/encoder_layer[0]/norm/gain@v:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param52_bert_encoder_layer_0_norm_bias_m; // bert/encoder_layer[0]/norm/bias@m:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param53_bert_encoder_layer_0_norm_bias_v; // bert/encoder_layer[0]/norm/bias@v:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param54_bert_encoder_layer_0_ffn_w_in_m;  // bert/encoder_layer[0]/ffn/w_in@m:
-                                                               // [d_model, d_ff] local {64, 256}
-  meshc::gen::Buffer param55_bert_encoder_layer_0_ffn_w_in_v;  // bert/encoder_layer[0]/ffn/w_in@v:
-                                                               // [d_model, d_ff] local {64, 256}
-  meshc::gen::Buffer param56_bert_encoder_layer_0_ffn_b_in_m;  // bert/encoder_layer[0]/ffn/b_in@m:
-                                                               // [d_ff] local {256}
-  meshc::gen::Buffer param57_bert_encoder_layer_0_ffn_b_in_v;  // bert/encoder_layer[0]/ffn/b_in@v:
-                                                               // [d_ff] local {256}
-  meshc::gen::Buffer param58_bert_encoder_layer_0_ffn_w_out_m; // bert/encoder_layer[0]/ffn/w_out@m:
-                                                               // [d_ff, d_model] local {256, 64}
-  meshc::gen::Buffer param59_bert_encoder_layer_0_ffn_w_out_v; // bert/encoder_layer[0]/ffn/w_out@v:
-                                                               // [d_ff, d_model] local {256, 64}
-  meshc::gen::Buffer param60_bert_encoder_layer_0_ffn_b_out_m; // bert/encoder_layer[0]/ffn/b_out@m:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param61_bert_encoder_layer_0_ffn_b_out_v; // bert/encoder_layer[0]/ffn/b_out@v:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param62_bert_encoder_layer_0_norm_1_gain_m; // bert/encoder_layer[0]/norm#1/gain@m:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param63_bert_encoder_layer_0_norm_1_gain_v; // bert/encoder_layer[0]/norm#1/gain@v:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param64_bert_encoder_layer_0_norm_1_bias_m; // bert/encoder_layer[0]/norm#1/bias@m:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param65_bert_encoder_layer_0_norm_1_bias_v; // bert/encoder_layer[0]/norm#1/bias@v:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param50_bert_encoder_layer_0_norm_gain_m;   // bert/encoder_layer[0]/norm/gain@m:
+                                                              // [d_model] local {64}
+  support::Buffer param51_bert_encoder_layer_0_norm_gain_v;   // bert/encoder_layer[0]/norm/gain@v:
+                                                              // [d_model] local {64}
+  support::Buffer param52_bert_encoder_layer_0_norm_bias_m;   // bert/encoder_layer[0]/norm/bias@m:
+                                                              // [d_model] local {64}
+  support::Buffer param53_bert_encoder_layer_0_norm_bias_v;   // bert/encoder_layer[0]/norm/bias@v:
+                                                              // [d_model] local {64}
+  support::Buffer param54_bert_encoder_layer_0_ffn_w_in_m;    // bert/encoder_layer[0]/ffn/w_in@m:
+                                                              // [d_model, d_ff] local {64, 256}
+  support::Buffer param55_bert_encoder_layer_0_ffn_w_in_v;    // bert/encoder_layer[0]/ffn/w_in@v:
+                                                              // [d_model, d_ff] local {64, 256}
+  support::Buffer param56_bert_encoder_layer_0_ffn_b_in_m;    // bert/encoder_layer[0]/ffn/b_in@m:
+                                                              // [d_ff] local {256}
+  support::Buffer param57_bert_encoder_layer_0_ffn_b_in_v;    // bert/encoder_layer[0]/ffn/b_in@v:
+                                                              // [d_ff] local {256}
+  support::Buffer param58_bert_encoder_layer_0_ffn_w_out_m;   // bert/encoder_layer[0]/ffn/w_out@m:
+                                                              // [d_ff, d_model] local {256, 64}
+  support::Buffer param59_bert_encoder_layer_0_ffn_w_out_v;   // bert/encoder_layer[0]/ffn/w_out@v:
+                                                              // [d_ff, d_model] local {256, 64}
+  support::Buffer param60_bert_encoder_layer_0_ffn_b_out_m;   // bert/encoder_layer[0]/ffn/b_out@m:
+                                                              // [d_model] local {64}
+  support::Buffer param61_bert_encoder_layer_0_ffn_b_out_v;   // bert/encoder_layer[0]/ffn/b_out@v:
+                                                              // [d_model] local {64}
+  support::Buffer param62_bert_encoder_layer_0_norm_1_gain_m; // bert/encoder_layer[0]/norm#1/gain@m:
+                                                              // [d_model] local {64}
+  support::Buffer param63_bert_encoder_layer_0_norm_1_gain_v; // bert/encoder_layer[0]/norm#1/gain@v:
+                                                              // [d_model] local {64}
+  support::Buffer param64_bert_encoder_layer_0_norm_1_bias_m; // bert/encoder_layer[0]/norm#1/bias@m:
+                                                              // [d_model] local {64}
+  support::Buffer param65_bert_encoder_layer_0_norm_1_bias_v; // bert/encoder_layer[0]/norm#1/bias@v:
+                                                              // [d_model] local {64}
+  support::Buffer
       param66_bert_encoder_layer_1_attention_w_q_m; // bert/encoder_layer[1]/attention/w_q@m:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param67_bert_encoder_layer_1_attention_w_q_v; // bert/encoder_layer[1]/attention/w_q@v:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param68_bert_encoder_layer_1_attention_w_k_m; // bert/encoder_layer[1]/attention/w_k@m:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param69_bert_encoder_layer_1_attention_w_k_v; // bert/encoder_layer[1]/attention/w_k@v:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param70_bert_encoder_layer_1_attention_w_v_m; // bert/encoder_layer[1]/attention/w_v@m:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param71_bert_encoder_layer_1_attention_w_v_v; // bert/encoder_layer[1]/attention/w_v@v:
                                                     // [d_model, heads, d_head] local {64, 4, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param72_bert_encoder_layer_1_attention_w_o_m; // bert/encoder_layer[1]/attention/w_o@m:
                                                     // [heads, d_head, d_model] local {4, 16, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param73_bert_encoder_layer_1_attention_w_o_v; // bert/encoder_layer[1]/attention/w_o@v:
                                                     // [heads, d_head, d_model] local {4, 16, 64}
-  meshc::gen::Buffer param74_bert_encoder_layer_1_norm_gain_m; // bert/encoder_layer[1]/norm/gain@m:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param75_bert_encoder_layer_1_norm_gain_v; // bert/encoder_layer[1]/norm/gain@v:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param76_bert_encoder_layer_1_norm_bias_m; // bert/encoder_layer[1]/norm/bias@m:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param77_bert_encoder_layer_1_norm_bias_v; // bert/encoder_layer[1]/norm/bias@v:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param78_bert_encoder_layer_1_ffn_w_in_m;  // bert/encoder_layer[1]/ffn/w_in@m:
-                                                               // [d_model, d_ff] local {64, 256}
-  meshc::gen::Buffer param79_bert_encoder_layer_1_ffn_w_in_v;  // bert/encoder_layer[1]/ffn/w_in@v:
-                                                               // [d_model, d_ff] local {64, 256}
-  meshc::gen::Buffer param80_bert_encoder_layer_1_ffn_b_in_m;  // bert/encoder_layer[1]/ffn/b_in@m:
-                                                               // [d_ff] local {256}
-  meshc::gen::Buffer param81_bert_encoder_layer_1_ffn_b_in_v;  // bert/encoder_layer[1]/ffn/b_in@v:
-                                                               // [d_ff] local {256}
-  meshc::gen::Buffer param82_bert_encoder_layer_1_ffn_w_out_m; // bert/encoder_layer[1]/ffn/w_out@m:
-                                                               // [d_ff, d_model] local {256, 64}
-  meshc::gen::Buffer param83_bert_encoder_layer_1_ffn_w_out_v; // bert/encoder_layer[1]/ffn/w_out@v:
-                                                               // [d_ff, d_model] local {256, 64}
-  meshc::gen::Buffer param84_bert_encoder_layer_1_ffn_b_out_m; // bert/encoder_layer[1]/ffn/b_out@m:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param85_bert_encoder_layer_1_ffn_b_out_v; // bert/encoder_layer[1]/ffn/b_out@v:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param86_bert_encoder_layer_1_norm_1_gain_m; // bert/encoder_layer[1]/norm#1/gain@m:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param87_bert_encoder_layer_1_norm_1_gain_v; // bert/encoder_layer[1]/norm#1/gain@v:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param88_bert_encoder_layer_1_norm_1_bias_m; // bert/encoder_layer[1]/norm#1/bias@m:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param89_bert_encoder_layer_1_norm_1_bias_v; // bert/encoder_layer[1]/norm#1/bias@v:
-                                                                 // [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes}; // run()'s temporaries
+  support::Buffer param74_bert_encoder_layer_1_norm_gain_m;   // bert/encoder_layer[1]/norm/gain@m:
+                                                              // [d_model] local {64}
+  support::Buffer param75_bert_encoder_layer_1_norm_gain_v;   // bert/encoder_layer[1]/norm/gain@v:
+                                                              // [d_model] local {64}
+  support::Buffer param76_bert_encoder_layer_1_norm_bias_m;   // bert/encoder_layer[1]/norm/bias@m:
+                                                              // [d_model] local {64}
+  support::Buffer param77_bert_encoder_layer_1_norm_bias_v;   // bert/encoder_layer[1]/norm/bias@v:
+                                                              // [d_model] local {64}
+  support::Buffer param78_bert_encoder_layer_1_ffn_w_in_m;    // bert/encoder_layer[1]/ffn/w_in@m:
+                                                              // [d_model, d_ff] local {64, 256}
+  support::Buffer param79_bert_encoder_layer_1_ffn_w_in_v;    // bert/encoder_layer[1]/ffn/w_in@v:
+                                                              // [d_model, d_ff] local {64, 256}
+  support::Buffer param80_bert_encoder_layer_1_ffn_b_in_m;    // bert/encoder_layer[1]/ffn/b_in@m:
+                                                              // [d_ff] local {256}
+  support::Buffer param81_bert_encoder_layer_1_ffn_b_in_v;    // bert/encoder_layer[1]/ffn/b_in@v:
+                                                              // [d_ff] local {256}
+  support::Buffer param82_bert_encoder_layer_1_ffn_w_out_m;   // bert/encoder_layer[1]/ffn/w_out@m:
+                                                              // [d_ff, d_model] local {256, 64}
+  support::Buffer param83_bert_encoder_layer_1_ffn_w_out_v;   // bert/encoder_layer[1]/ffn/w_out@v:
+                                                              // [d_ff, d_model] local {256, 64}
+  support::Buffer param84_bert_encoder_layer_1_ffn_b_out_m;   // bert/encoder_layer[1]/ffn/b_out@m:
+                                                              // [d_model] local {64}
+  support::Buffer param85_bert_encoder_layer_1_ffn_b_out_v;   // bert/encoder_layer[1]/ffn/b_out@v:
+                                                              // [d_model] local {64}
+  support::Buffer param86_bert_encoder_layer_1_norm_1_gain_m; // bert/encoder_layer[1]/norm#1/gain@m:
+                                                              // [d_model] local {64}
+  support::Buffer param87_bert_encoder_layer_1_norm_1_gain_v; // bert/encoder_layer[1]/norm#1/gain@v:
+                                                              // [d_model] local {64}
+  support::Buffer param88_bert_encoder_layer_1_norm_1_bias_m; // bert/encoder_layer[1]/norm#1/bias@m:
+                                                              // [d_model] local {64}
+  support::Buffer param89_bert_encoder_layer_1_norm_1_bias_v; // bert/encoder_layer[1]/norm#1/bias@v:
+                                                              // [d_model] local {64}
+  support::Arena arena_{kArenaBytes};           // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
 };
 
 } // namespace meshc_generated

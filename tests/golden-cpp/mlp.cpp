@@ -12,97 +12,105 @@ meshrt::Mesh Mlp::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
 std::vector<std::string> Mlp::inputNames() { return {"x"}; }
 std::vector<std::string> Mlp::outputNames() { return {"y"}; }
 
-meshc::gen::Shape Mlp::inputShape(const std::string &name) {
+support::Shape Mlp::inputShape(const std::string &name) {
   if (name == "x")
     return {32, 64};
   throw std::invalid_argument("mlp: no input named '" + name + "'");
 }
 
 Mlp::Mlp(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "mlp")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "mlp")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // ffn/w_in: truncated_normal (mlp.mesh:22)
   param0_ffn_w_in.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 256},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
-          meshrt::kernels::Dims{64, 128}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
+                             meshrt::kernels::Dims{64, 128}},
       seed, "ffn/w_in",
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // ffn/b_in: zeros (mlp.mesh:23)
-  param1_ffn_b_in.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param1_ffn_b_in.assign(128, support::roundValue(support::DType::F32, 0.0));
   // ffn/w_out: truncated_normal (mlp.mesh:24)
   param2_ffn_w_out.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{256, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
-          meshrt::kernels::Dims{128, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
+                             meshrt::kernels::Dims{128, 64}},
       seed, "ffn/w_out",
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
 }
 
 Mlp::Outputs Mlp::run(const Inputs &inputs) {
-  // Arena: 16384 bytes for 24576 bytes of temporaries (4 slots, placed by liveness).
-  meshc::gen::checkShape("input", "x", inputs.x, {16, 64});
+  // Arena: 16384 bytes for 24576 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "x", inputs.x, {16, 64});
+  runPart0(inputs);
+  support::View v10 = arena_.view(4096, 1024);
 
-  // mlp.mesh:33:13 input -> x
-  const meshc::gen::Buffer &v0 = inputs.x.data;
+  Outputs outputs;
+  outputs.y = support::Tensor{{16, 64}, support::Buffer(v10.begin(), v10.end())};
+  return outputs;
+}
 
-  // mlp.mesh:22:9 param -> w_in
-  const meshc::gen::Buffer &v1 = param0_ffn_w_in;
-
-  // mlp.mesh:23:9 param -> b_in
-  const meshc::gen::Buffer &v2 = param1_ffn_b_in;
-
-  // mlp.mesh:24:9 param -> w_out
-  const meshc::gen::Buffer &v3 = param2_ffn_w_out;
+void Mlp::runPart0(const Inputs &inputs) {
+  (void)inputs;
 
   // mlp.mesh:27:16 einsum
-  meshc::gen::View v4 = arena_.slot(0, 2048);
+  const support::Buffer &v0 = inputs.x.data;
+  const support::Buffer &v1 = param0_ffn_w_in;
+  support::View v4 = arena_.view(0, 2048);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum4(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{16, 64, 128}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsum4.run(v0.data(), v1.data(), v4.data());
+  einsumPlan0.run(v0.data(), v1.data(), v4.data(), 1.0f, 0.0f);
 
   // mlp.mesh:27:47 add
   // mlp.mesh:27:11 relu -> h
-  meshc::gen::View v6 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({16, 128}, {{{128, 1}, {128, 1}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t5 = float(double(v4[at[1]]) + double(v2[at[2]]));
-                           v6[at[0]] = float((t5 > 0 ? t5 : 0.0f));
-                         });
-
-  // mlp.mesh:29:17 dropout
-  // dropout is the identity outside training
-  meshc::gen::View v7 = v6;
-
-  // mlp.mesh:29:10 einsum
-  meshc::gen::View v8 = arena_.slot(0, 1024);
-  // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum8(
-      {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsum8.run(v7.data(), v3.data(), v8.data());
-
-  // mlp.mesh:34:9 all_reduce_sum (resolve the partial sum of %8 over model for add at 34:9)
-  meshc::gen::View v9 = v8;
-  group_model.allReduce(v9.data(), v9.size(), meshrt::ReduceOp::Sum);
-
-  // mlp.mesh:34:9 add -> y
-  meshc::gen::View v10 = arena_.slot(4096, 1024);
-  for (size_t i = 0; i < v10.size(); ++i) {
-    v10[i] = float(double(v0[i]) + double(v9[i]));
+  const support::Buffer &v2 = param1_ffn_b_in;
+  support::View v6 = arena_.view(8192, 2048);
+  {
+    float *__restrict v6p = v6.data();
+    const float *__restrict v4p = v4.data();
+    const float *__restrict v2p = v2.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v4p[i0 * 128 + i1];
+        const float s1 = v2p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = (s2 > 0 ? s2 : 0.0f);
+        v6p[i0 * 128 + i1] = s3;
+      }
+    }
   }
 
-  Outputs outputs;
-  outputs.y = meshc::gen::Tensor{{16, 64}, meshc::gen::Buffer(v10.begin(), v10.end())};
-  return outputs;
+  // mlp.mesh:29:10 einsum
+  const support::Buffer &v3 = param2_ffn_w_out;
+  support::View v8 = arena_.view(0, 1024);
+  // dims: batch, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+  einsumPlan2.run(v6.data(), v3.data(), v8.data(), 1.0f, 0.0f);
+
+  // mlp.mesh:34:9 all_reduce_sum (resolve the partial sum of %8 over model for add at 34:9)
+  group_model.allReduce(v8.data(), v8.size(), meshrt::ReduceOp::Sum);
+
+  // mlp.mesh:34:9 add -> y
+  support::View v10 = arena_.view(4096, 1024);
+  {
+    float *__restrict v10p = v10.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v8p = v8.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v0p[i0];
+      const float s1 = v8p[i0];
+      const float s2 = (s0 + s1);
+      v10p[i0] = s2;
+    }
+  }
 }
 
 Mlp::Inputs Mlp::synthesizeInputs(uint64_t seed) const {
@@ -112,33 +120,32 @@ Mlp::Inputs Mlp::synthesizeInputs(uint64_t seed) const {
   meshrt::kernels::fillInput(
       inputs.x.data.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
                              meshrt::kernels::Dims{16, 64}},
       seed, "x", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
-meshc::gen::Tensor Mlp::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                     const meshc::gen::Tensor &global) {
+support::Tensor Mlp::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                  const support::Tensor &global) {
   if (name == "x") {
-    meshc::gen::checkShape("global input", name, global, {32, 64});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {32, 64});
+    return support::Tensor{
         {16, 64},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {16, 64}, {64, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 16),
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 16), 0})};
   }
   throw std::invalid_argument("mlp: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor Mlp::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                     const meshc::gen::Tensor &local) {
+support::Tensor Mlp::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                  const support::Tensor &local) {
   if (name == "y") {
-    meshc::gen::checkShape("local output", name, local, {16, 64});
-    return meshc::gen::Tensor{
-        {32, 64}, meshc::gen::gatherShards(world, local.data, {16, 64}, {32, 64}, [&](int rank) {
-          return meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), rank, {"data"}, 16), 0};
+    support::checkShape("local output", name, local, {16, 64});
+    return support::Tensor{
+        {32, 64}, support::gatherShards(world, local.data, {16, 64}, {32, 64}, [&](int rank) {
+          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 16), 0};
         })};
   }
   throw std::invalid_argument("mlp: no output named '" + name + "'");
@@ -151,7 +158,7 @@ bool Mlp::isOptimizerState(const std::string &path) {
   return false;
 }
 
-std::vector<meshc::gen::ParamShard> Mlp::paramShards() {
+std::vector<support::ParamShard> Mlp::paramShards() {
   return {
       {"ffn/w_in",
        false,
@@ -173,26 +180,26 @@ std::vector<meshc::gen::ParamShard> Mlp::paramShards() {
   };
 }
 
-meshc::gen::Tensor Mlp::getParam(const std::string &path) {
+support::Tensor Mlp::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "mlp"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "mlp"));
 }
 
-void Mlp::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void Mlp::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlp"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "mlp"), global);
 }
 
 void Mlp::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {0, {{"program", "mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Mlp::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -205,7 +212,7 @@ meshrt::Mesh MlpTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 std::vector<std::string> MlpTrain::inputNames() { return {"x", "target"}; }
 std::vector<std::string> MlpTrain::outputNames() { return {"loss"}; }
 
-meshc::gen::Shape MlpTrain::inputShape(const std::string &name) {
+support::Shape MlpTrain::inputShape(const std::string &name) {
   if (name == "x")
     return {32, 64};
   if (name == "target")
@@ -214,447 +221,501 @@ meshc::gen::Shape MlpTrain::inputShape(const std::string &name) {
 }
 
 MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "mlp_train")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "mlp_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // ffn/w_in: truncated_normal (mlp.mesh:22)
   param0_ffn_w_in.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 256},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
-          meshrt::kernels::Dims{64, 128}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
+                             meshrt::kernels::Dims{64, 128}},
       seed, "ffn/w_in",
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // ffn/b_in: zeros (mlp.mesh:23)
-  param1_ffn_b_in.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param1_ffn_b_in.assign(128, support::roundValue(support::DType::F32, 0.0));
   // ffn/w_out: truncated_normal (mlp.mesh:24)
   param2_ffn_w_out.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{256, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
-          meshrt::kernels::Dims{128, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
+                             meshrt::kernels::Dims{128, 64}},
       seed, "ffn/w_out",
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
   // ffn/w_in@momentum: zeros (mlp.mesh:22)
-  param3_ffn_w_in_momentum.assign(8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param3_ffn_w_in_momentum.assign(8192, support::roundValue(support::DType::F32, 0.0));
   // ffn/b_in@momentum: zeros (mlp.mesh:23)
-  param4_ffn_b_in_momentum.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param4_ffn_b_in_momentum.assign(128, support::roundValue(support::DType::F32, 0.0));
   // ffn/w_out@momentum: zeros (mlp.mesh:24)
-  param5_ffn_w_out_momentum.assign(8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param5_ffn_w_out_momentum.assign(8192, support::roundValue(support::DType::F32, 0.0));
 }
 
 MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
-  // Arena: 99520 bytes for 284260 bytes of temporaries (48 slots, placed by liveness).
-  meshc::gen::checkShape("input", "x", inputs.x, {16, 64});
-  meshc::gen::checkShape("input", "target", inputs.target, {16, 64});
-
-  // mlp.mesh:39:17 input -> x
-  const meshc::gen::Buffer &v0 = inputs.x.data;
-
-  // mlp.mesh:39:41 input -> target
-  const meshc::gen::Buffer &v1 = inputs.target.data;
-
-  // mlp.mesh:40:19 random_normal
-  meshc::gen::View v2 = arena_.slot(0, 1024);
-  meshrt::kernels::fillRandomNormal(
-      v2.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
-                             meshrt::kernels::Dims{16, 64}},
-      seed_, std::string("normal#0") + "#" + std::to_string(step_), 0.0, 0.01,
-      meshrt::kernels::ValueType::F32);
-
-  // mlp.mesh:40:17 add -> noisy
-  meshc::gen::View v3 = arena_.slot(73728, 1024);
-  for (size_t i = 0; i < v3.size(); ++i) {
-    v3[i] = float(double(v0[i]) + double(v2[i]));
-  }
-
-  // mlp.mesh:22:9 param -> w_in
-  const meshc::gen::Buffer &v4 = param0_ffn_w_in;
-
-  // mlp.mesh:23:9 param -> b_in
-  const meshc::gen::Buffer &v5 = param1_ffn_b_in;
-
-  // mlp.mesh:24:9 param -> w_out
-  const meshc::gen::Buffer &v6 = param2_ffn_w_out;
-
-  // mlp.mesh:27:16 einsum
-  meshc::gen::View v7 = arena_.slot(0, 2048);
-  // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum7(
-      {{16, 64, 128}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsum7.run(v3.data(), v4.data(), v7.data());
-
-  // mlp.mesh:27:47 add
-  meshc::gen::View v8 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({16, 128}, {{{128, 1}, {128, 1}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v8[at[0]] = float(double(v7[at[1]]) + double(v5[at[2]]));
-                         });
-
-  // mlp.mesh:27:11 relu -> h
-  meshc::gen::View v9 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v9.size(); ++i) {
-    v9[i] = float((v8[i] > 0 ? v8[i] : 0.0f));
-  }
-
-  // mlp.mesh:29:17 dropout
-  meshc::gen::View v10 = arena_.slot(40960, 2048);
-  meshc::gen::dropout(
-      v10.data(), {16, 128}, v9.data(), {128, 1}, {256, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16),
-                              meshc::gen::shardStart(world_, {"model"}, 128)},
-                             {256, 1}),
-      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
-
-  // mlp.mesh:29:10 einsum
-  meshc::gen::View v11 = arena_.slot(0, 1024);
-  // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum11(
-      {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsum11.run(v10.data(), v6.data(), v11.data());
-
-  // mlp.mesh:41:32 all_reduce_sum (resolve the partial sum of %11 over model for add at 41:32)
-  meshc::gen::View v12 = v11;
-  group_model.allReduce(v12.data(), v12.size(), meshrt::ReduceOp::Sum);
-
-  // mlp.mesh:41:32 add
-  // mlp.mesh:41:45 sub
-  meshc::gen::View v14 = arena_.slot(4096, 1024);
-  for (size_t i = 0; i < v14.size(); ++i) {
-    float t13 = float(double(v3[i]) + double(v12[i]));
-    v14[i] = float(double(t13) - double(v1[i]));
-  }
-
-  // mlp.mesh:41:19 square
-  meshc::gen::View v15 = arena_.slot(0, 1024);
-  for (size_t i = 0; i < v15.size(); ++i) {
-    v15[i] = float(double(v14[i]) * double(v14[i]));
-  }
-
-  // mlp.mesh:41:14 mean -> loss
-  meshc::gen::View v16 = arena_.slot(99328, 1);
-  meshc::gen::reduce(v16.data(), {}, v15.data(), {}, {16, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     0.00048828125);
-
-  // mlp.mesh:42:3 literal
-  meshc::gen::View v17 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // mlp.mesh:41:14 literal
-  meshc::gen::View v18 =
-      arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.00048828125));
-
-  // mlp.mesh:41:14 mul
-  meshc::gen::View v19 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v19.size(); ++i) {
-    v19[i] = float(double(v17[i]) * double(v18[i]));
-  }
-
-  // mlp.mesh:41:14 broadcast
-  meshc::gen::View v20 = arena_.slot(0, 1024);
-  meshc::gen::forEach<2>({16, 64}, {{{64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 2> &at) { v20[at[0]] = float(v19[at[1]]); });
-
-  // mlp.mesh:41:19 literal
-  meshc::gen::View v21 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 2.0));
-
-  // mlp.mesh:41:19 mul
-  // mlp.mesh:41:19 mul
-  meshc::gen::View v23 = arena_.slot(57344, 1024);
-  meshc::gen::forEach<4>({16, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t22 = float(double(v14[at[1]]) * double(v21[at[2]]));
-                           v23[at[0]] = float(double(v20[at[3]]) * double(t22));
-                         });
-
-  // mlp.mesh:29:10 einsum
-  meshc::gen::View v24 = arena_.slot(49152, 2048);
-  // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum24(
-      {{16, 64, 128}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsum24.run(v23.data(), v6.data(), v24.data());
-
-  // mlp.mesh:29:10 einsum -> grad/ffn/w_out
-  meshc::gen::View v25 = arena_.slot(0, 8192);
-  // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum25(
-      {{16, 64, 128}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsum25.run(v23.data(), v10.data(), v25.data());
-
-  // mlp.mesh:29:17 dropout
-  meshc::gen::View v26 = arena_.slot(40960, 2048);
-  meshc::gen::dropout(
-      v26.data(), {16, 128}, v24.data(), {128, 1}, {256, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 16),
-                              meshc::gen::shardStart(world_, {"model"}, 128)},
-                             {256, 1}),
-      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
-
-  // mlp.mesh:27:11 literal
-  meshc::gen::View v27 = arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
-
-  // mlp.mesh:27:11 gt
-  // mlp.mesh:27:11 where
-  meshc::gen::View v29 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<4>({16, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t28 = (v8[at[1]] > v27[at[2]] ? 1.0f : 0.0f);
-                           v29[at[0]] = float((t28 != 0 ? v26[at[3]] : v27[at[2]]));
-                         });
-
-  // mlp.mesh:27:47 sum -> grad/ffn/b_in
-  meshc::gen::View v30 = arena_.slot(98304, 128);
-  meshc::gen::reduce(v30.data(), {128}, v29.data(), {1}, {16}, {128}, meshc::gen::Reduce::Sum, 1.0);
-
-  // mlp.mesh:27:16 einsum -> grad/ffn/w_in
-  meshc::gen::View v31 = arena_.slot(32768, 8192);
-  // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum31(
-      {{16, 128, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsum31.run(v29.data(), v3.data(), v31.data());
-
-  // mlp.mesh:42:3 bucketed_all_reduce_sum -> loss (4 partial sums (loss, grad/ffn/w_out,
-  // grad/ffn/b_in, ...) over data resolved together, 64.5 KiB in one buffer)
-  meshc::gen::View v90 = v16;
-  meshc::gen::View v57 = v25;
-  meshc::gen::View v53 = v30;
-  meshc::gen::View v50 = v31;
-  meshc::gen::allReduceBucket(group_data, {v90, v57, v53, v50});
-
-  // mlp.mesh:42:3 step
-  meshc::gen::View v32 = arena_.fill(65536, 1, float(step_));
-
-  // mlp.mesh:42:3 literal
-  meshc::gen::View v33 = arena_.fill(98816, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // mlp.mesh:42:3 add
-  meshc::gen::View v34 = arena_.slot(65600, 1);
-  for (size_t i = 0; i < v34.size(); ++i) {
-    v34[i] = float(double(v32[i]) + double(v33[i]));
-  }
-
-  // mlp.mesh:42:3 literal
-  meshc::gen::View v35 =
-      arena_.fill(65600, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.05));
-
-  // mlp.mesh:42:3 add
-  meshc::gen::View v36 = arena_.slot(65664, 1);
-  for (size_t i = 0; i < v36.size(); ++i) {
-    v36[i] = float(double(v32[i]) + double(v33[i]));
-  }
-
-  // mlp.mesh:42:3 literal
-  meshc::gen::View v37 = arena_.fill(65728, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
-
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 minimum
-  // mlp.mesh:42:3 mul
-  meshc::gen::View v40 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v40.size(); ++i) {
-    float t38 = float(double(v36[i]) * double(v37[i]));
-    float t39 = float(meshc::gen::minimum(t38, v33[i]));
-    v40[i] = float(double(v35[i]) * double(t39));
-  }
-
-  // mlp.mesh:42:3 literal
-  meshc::gen::View v41 = arena_.fill(65600, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
-
-  // mlp.mesh:42:3 literal
-  meshc::gen::View v42 =
-      arena_.fill(65664, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -10.0));
-
-  // mlp.mesh:42:3 add
-  // mlp.mesh:42:3 maximum
-  meshc::gen::View v44 = arena_.slot(65728, 1);
-  for (size_t i = 0; i < v44.size(); ++i) {
-    float t43 = float(double(v32[i]) + double(v42[i]));
-    v44[i] = float(meshc::gen::maximum(t43, v41[i]));
-  }
-
-  // mlp.mesh:42:3 literal
-  meshc::gen::View v45 =
-      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
-
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 minimum
-  // mlp.mesh:42:3 sub
-  // mlp.mesh:42:3 mul -> learning_rate
-  meshc::gen::View v49 = arena_.slot(99392, 1);
-  for (size_t i = 0; i < v49.size(); ++i) {
-    float t46 = float(double(v44[i]) * double(v45[i]));
-    float t47 = float(meshc::gen::minimum(t46, v33[i]));
-    float t48 = float(double(v33[i]) - double(t47));
-    v49[i] = float(double(v40[i]) * double(t48));
-  }
-
-  // mlp.mesh:42:3 square
-  meshc::gen::View v51 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v51.size(); ++i) {
-    v51[i] = float(double(v50[i]) * double(v50[i]));
-  }
-
-  // mlp.mesh:42:3 sum
-  meshc::gen::View v52 = arena_.slot(98880, 1);
-  meshc::gen::reduce(v52.data(), {}, v51.data(), {}, {64, 128}, {128, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // mlp.mesh:42:3 square
-  meshc::gen::View v54 = arena_.slot(65536, 128);
-  for (size_t i = 0; i < v54.size(); ++i) {
-    v54[i] = float(double(v53[i]) * double(v53[i]));
-  }
-
-  // mlp.mesh:42:3 sum
-  meshc::gen::View v55 = arena_.slot(66048, 1);
-  meshc::gen::reduce(v55.data(), {}, v54.data(), {}, {128}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // mlp.mesh:42:3 add
-  meshc::gen::View v56 = arena_.slot(98944, 1);
-  for (size_t i = 0; i < v56.size(); ++i) {
-    v56[i] = float(double(v52[i]) + double(v55[i]));
-  }
-
-  // mlp.mesh:42:3 square
-  meshc::gen::View v58 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v58.size(); ++i) {
-    v58[i] = float(double(v57[i]) * double(v57[i]));
-  }
-
-  // mlp.mesh:42:3 sum
-  meshc::gen::View v59 = arena_.slot(98880, 1);
-  meshc::gen::reduce(v59.data(), {}, v58.data(), {}, {128, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // mlp.mesh:42:3 add
-  meshc::gen::View v60 = arena_.slot(65536, 1);
-  for (size_t i = 0; i < v60.size(); ++i) {
-    v60[i] = float(double(v56[i]) + double(v59[i]));
-  }
-
-  // mlp.mesh:42:3 all_reduce_sum (resolve the partial sum of %56 over model for sqrt at 42:3)
-  meshc::gen::View v61 = v60;
-  group_model.allReduce(v61.data(), v61.size(), meshrt::ReduceOp::Sum);
-
-  // mlp.mesh:42:3 sqrt -> global_grad_norm
-  // mlp.mesh:42:3 maximum
-  // mlp.mesh:42:3 div
-  meshc::gen::View v64 = arena_.slot(99456, 1);
-  for (size_t i = 0; i < v64.size(); ++i) {
-    float t62 = float(std::sqrt(double(v61[i])));
-    float t63 = float(meshc::gen::maximum(t62, v33[i]));
-    v64[i] = float(double(v33[i]) / double(t63));
-  }
-
-  // mlp.mesh:42:3 mul
-  meshc::gen::View v65 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v65[at[0]] = float(double(v50[at[1]]) * double(v64[at[2]]));
-                         });
-
-  // mlp.mesh:42:3 mul
-  meshc::gen::View v66 = arena_.slot(98816, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v66[at[0]] = float(double(v53[at[1]]) * double(v64[at[2]]));
-  });
-
-  // mlp.mesh:42:3 mul
-  meshc::gen::View v67 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v67[at[0]] = float(double(v57[at[1]]) * double(v64[at[2]]));
-                         });
-
-  // mlp.mesh:42:3 param -> ffn/w_in@momentum
-  const meshc::gen::Buffer &v68 = param3_ffn_w_in_momentum;
-
-  // mlp.mesh:42:3 literal
-  meshc::gen::View v69 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
-
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 add
-  meshc::gen::View v71(param3_ffn_w_in_momentum); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t70 = float(double(v68[at[1]]) * double(v69[at[2]]));
-                           v71[at[0]] = float(double(t70) + double(v65[at[3]]));
-                         });
-
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 add
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 sub -> next/ffn/w_in
-  meshc::gen::View v75(param0_ffn_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<6>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 6> &at) {
-                           float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
-                           float t73 = float(double(v65[at[3]]) + double(t72));
-                           float t74 = float(double(t73) * double(v49[at[4]]));
-                           v75[at[0]] = float(double(v4[at[5]]) - double(t74));
-                         });
-
-  // mlp.mesh:42:3 param -> ffn/b_in@momentum
-  const meshc::gen::Buffer &v76 = param4_ffn_b_in_momentum;
-
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 add
-  meshc::gen::View v78(param4_ffn_b_in_momentum); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t77 = float(double(v76[at[1]]) * double(v69[at[2]]));
-    v78[at[0]] = float(double(t77) + double(v66[at[3]]));
-  });
-
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 add
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 sub -> next/ffn/b_in
-  meshc::gen::View v82(param1_ffn_b_in); // the param's new value, in its own storage
-  meshc::gen::forEach<6>({128}, {{{1}, {1}, {0}, {1}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 6> &at) {
-                           float t79 = float(double(v78[at[1]]) * double(v69[at[2]]));
-                           float t80 = float(double(v66[at[3]]) + double(t79));
-                           float t81 = float(double(t80) * double(v49[at[4]]));
-                           v82[at[0]] = float(double(v5[at[5]]) - double(t81));
-                         });
-
-  // mlp.mesh:42:3 param -> ffn/w_out@momentum
-  const meshc::gen::Buffer &v83 = param5_ffn_w_out_momentum;
-
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 add
-  meshc::gen::View v85(param5_ffn_w_out_momentum); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t84 = float(double(v83[at[1]]) * double(v69[at[2]]));
-                           v85[at[0]] = float(double(t84) + double(v67[at[3]]));
-                         });
-
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 add
-  // mlp.mesh:42:3 mul
-  // mlp.mesh:42:3 sub -> next/ffn/w_out
-  meshc::gen::View v89(param2_ffn_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<6>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 6> &at) {
-                           float t86 = float(double(v85[at[1]]) * double(v69[at[2]]));
-                           float t87 = float(double(v67[at[3]]) + double(t86));
-                           float t88 = float(double(t87) * double(v49[at[4]]));
-                           v89[at[0]] = float(double(v6[at[5]]) - double(t88));
-                         });
+  // Arena: 99136 bytes for 214044 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "x", inputs.x, {16, 64});
+  support::checkShape("input", "target", inputs.target, {16, 64});
+  runPart0(inputs);
+  runPart1(inputs);
+  support::View v16 = arena_.view(98816, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v90.begin(), v90.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v16.begin(), v16.end())};
   return outputs;
+}
+
+void MlpTrain::runPart0(const Inputs &inputs) {
+  (void)inputs;
+
+  // mlp.mesh:40:19 random_normal
+  support::View v2 = arena_.view(0, 1024);
+  support::fillRandomNormal(
+      v2.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{16, 64}},
+      seed_, std::string("normal#0") + "#" + std::to_string(step_), 0.0, 0.01,
+      meshrt::kernels::ValueType::F32);
+
+  // mlp.mesh:40:17 add -> noisy
+  const support::Buffer &v0 = inputs.x.data;
+  support::View v3 = arena_.view(73728, 1024);
+  {
+    float *__restrict v3p = v3.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v2p = v2.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v0p[i0];
+      const float s1 = v2p[i0];
+      const float s2 = (s0 + s1);
+      v3p[i0] = s2;
+    }
+  }
+
+  // mlp.mesh:27:16 einsum
+  support::View v4(param0_ffn_w_in); // updated in place
+  support::View v7 = arena_.view(0, 2048);
+  // dims: batch, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{16, 64, 128}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+  einsumPlan2.run(v3.data(), v4.data(), v7.data(), 1.0f, 0.0f);
+
+  // mlp.mesh:27:47 add
+  // mlp.mesh:27:11 relu -> h
+  support::View v5(param1_ffn_b_in); // updated in place
+  support::View v8 = arena_.view(32768, 2048);
+  support::View v9 = arena_.view(8192, 2048);
+  {
+    float *__restrict v8p = v8.data();
+    float *__restrict v9p = v9.data();
+    const float *__restrict v7p = v7.data();
+    const float *__restrict v5p = v5.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v7p[i0 * 128 + i1];
+        const float s1 = v5p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = (s2 > 0 ? s2 : 0.0f);
+        v8p[i0 * 128 + i1] = s2;
+        v9p[i0 * 128 + i1] = s3;
+      }
+    }
+  }
+
+  // mlp.mesh:29:17 dropout
+  support::View v10 = arena_.view(40960, 2048);
+  static const support::Shape shape4_1 = {16, 128};
+  static const support::Shape shape4_3 = {128, 1};
+  static const support::Shape shape4_4 = {256, 1};
+  support::dropout(
+      v10.data(), shape4_1, v9.data(), shape4_3, shape4_4,
+      int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
+              support::shardStart(world_, {"model"}, 128) * 1),
+      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
+
+  // mlp.mesh:29:10 einsum
+  support::View v6(param2_ffn_w_out); // updated in place
+  support::View v11 = arena_.view(0, 1024);
+  // dims: batch, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+  einsumPlan5.run(v10.data(), v6.data(), v11.data(), 1.0f, 0.0f);
+
+  // mlp.mesh:41:32 all_reduce_sum (resolve the partial sum of %11 over model for add at 41:32)
+  group_model.allReduce(v11.data(), v11.size(), meshrt::ReduceOp::Sum);
+
+  // mlp.mesh:41:32 add
+  // mlp.mesh:41:45 sub
+  // mlp.mesh:41:19 square
+  const support::Buffer &v1 = inputs.target.data;
+  support::View v14 = arena_.view(4096, 1024);
+  support::View v15 = arena_.view(8192, 1024);
+  {
+    float *__restrict v14p = v14.data();
+    float *__restrict v15p = v15.data();
+    const float *__restrict v3p = v3.data();
+    const float *__restrict v11p = v11.data();
+    const float *__restrict v1p = v1.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v3p[i0];
+      const float s1 = v11p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v1p[i0];
+      const float s4 = (s2 - s3);
+      const float s5 = s4 * s4;
+      v14p[i0] = s4;
+      v15p[i0] = s5;
+    }
+  }
+
+  // mlp.mesh:41:14 mean -> loss
+  support::View v16 = arena_.view(98816, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {16, 64};
+  static const support::Shape shape8_5 = {64, 1};
+  support::reduce(v16.data(), shape8_1, v15.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.00048828125);
+
+  // mlp.mesh:41:19 mul
+  // mlp.mesh:41:19 mul
+  support::View v23 = arena_.view(57344, 1024);
+  {
+    float *__restrict v23p = v23.data();
+    const float *__restrict v14p = v14.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v14p[i0];
+      const float s1 = 2.0f;
+      const float s2 = (s0 * s1);
+      const float s3 = 0.00048828125f;
+      const float s4 = (s3 * s2);
+      v23p[i0] = s4;
+    }
+  }
+
+  // mlp.mesh:29:10 einsum
+  support::View v24 = arena_.view(49152, 2048);
+  // dims: batch, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{16, 64, 128}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+  einsumPlan10.run(v23.data(), v6.data(), v24.data(), 1.0f, 0.0f);
+
+  // mlp.mesh:29:10 einsum -> grad/ffn/w_out
+  support::View v25 = arena_.view(0, 8192);
+  // dims: batch, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{16, 64, 128}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+  einsumPlan11.run(v23.data(), v10.data(), v25.data(), 1.0f, 0.0f);
+
+  // mlp.mesh:29:17 dropout
+  support::View v26 = arena_.view(40960, 2048);
+  static const support::Shape shape12_1 = {16, 128};
+  static const support::Shape shape12_3 = {128, 1};
+  static const support::Shape shape12_4 = {256, 1};
+  support::dropout(
+      v26.data(), shape12_1, v24.data(), shape12_3, shape12_4,
+      int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
+              support::shardStart(world_, {"model"}, 128) * 1),
+      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
+
+  // mlp.mesh:27:11 gt
+  // mlp.mesh:27:11 where
+  support::View v29 = arena_.view(65536, 2048);
+  {
+    float *__restrict v29p = v29.data();
+    const float *__restrict v8p = v8.data();
+    const float *__restrict v26p = v26.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v8p[i0];
+      const float s1 = 0.0f;
+      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+      const float s3 = v26p[i0];
+      const float s4 = 0.0f;
+      const float s5 = (s2 != 0 ? s3 : s4);
+      v29p[i0] = s5;
+    }
+  }
+
+  // mlp.mesh:27:47 sum -> grad/ffn/b_in
+  support::View v30 = arena_.view(98304, 128);
+  static const support::Shape shape14_1 = {128};
+  static const support::Shape shape14_3 = {1};
+  static const support::Shape shape14_4 = {16};
+  static const support::Shape shape14_5 = {128};
+  support::reduce(v30.data(), shape14_1, v29.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 1.0);
+
+  // mlp.mesh:27:16 einsum -> grad/ffn/w_in
+  support::View v31 = arena_.view(32768, 8192);
+  // dims: batch, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{16, 128, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+  einsumPlan15.run(v29.data(), v3.data(), v31.data(), 1.0f, 0.0f);
+
+  // mlp.mesh:42:3 bucketed_all_reduce_sum -> loss (4 partial sums (loss, grad/ffn/w_out,
+  // grad/ffn/b_in, ...) over data resolved together, 64.5 KiB in one buffer)
+  auto request0 = support::startAllReduce(group_data, {v16, v25, v30, v31}, meshrt::ReduceOp::Sum);
+
+  // mlp.mesh:42:3 step
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 minimum
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 maximum
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 minimum
+  // mlp.mesh:42:3 sub
+  // mlp.mesh:42:3 mul -> learning_rate
+  support::View v49 = arena_.view(98880, 1);
+  {
+    const float stepValue = float(step_);
+    float *__restrict v49p = v49.data();
+    const float s0 = stepValue;
+    const float s1 = 1.0f;
+    const float s2 = (s0 + s1);
+    const float s3 = 0.1f;
+    const float s4 = (s2 * s3);
+    const float s5 = 1.0f;
+    const float s6 = support::minimum(s4, s5);
+    const float s7 = 0.05f;
+    const float s8 = (s7 * s6);
+    const float s9 = -10.0f;
+    const float s10 = (s0 + s9);
+    const float s11 = 0.0f;
+    const float s12 = support::maximum(s10, s11);
+    const float s13 = 0.001f;
+    const float s14 = (s12 * s13);
+    const float s15 = 1.0f;
+    const float s16 = support::minimum(s14, s15);
+    const float s17 = 1.0f;
+    const float s18 = (s17 - s16);
+    const float s19 = (s8 * s18);
+    v49p[0] = s19;
+  }
+
+  group_data.wait(request0);
+
+  // mlp.mesh:42:3 square
+  support::View v51 = arena_.view(65536, 8192);
+  {
+    float *__restrict v51p = v51.data();
+    const float *__restrict v31p = v31.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v31p[i0];
+      const float s1 = s0 * s0;
+      v51p[i0] = s1;
+    }
+  }
+
+  // mlp.mesh:42:3 sum
+  support::View v52 = arena_.view(98944, 1);
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {64, 128};
+  static const support::Shape shape20_5 = {128, 1};
+  support::reduce(v52.data(), shape20_1, v51.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // mlp.mesh:42:3 square
+  support::View v54 = arena_.view(65536, 128);
+  {
+    float *__restrict v54p = v54.data();
+    const float *__restrict v30p = v30.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v30p[i0];
+      const float s1 = s0 * s0;
+      v54p[i0] = s1;
+    }
+  }
+
+  // mlp.mesh:42:3 sum
+  support::View v55 = arena_.view(99008, 1);
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {128};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v55.data(), shape22_1, v54.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // mlp.mesh:42:3 square
+  support::View v58 = arena_.view(65536, 8192);
+  {
+    float *__restrict v58p = v58.data();
+    const float *__restrict v25p = v25.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v25p[i0];
+      const float s1 = s0 * s0;
+      v58p[i0] = s1;
+    }
+  }
+}
+
+void MlpTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+
+  // mlp.mesh:42:3 sum
+  support::View v58 = arena_.view(65536, 8192);
+  support::View v59 = arena_.view(99072, 1);
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {128, 64};
+  static const support::Shape shape0_5 = {64, 1};
+  support::reduce(v59.data(), shape0_1, v58.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 add
+  support::View v52 = arena_.view(98944, 1);
+  support::View v55 = arena_.view(99008, 1);
+  support::View v60 = arena_.view(65536, 1);
+  {
+    float *__restrict v60p = v60.data();
+    const float *__restrict v52p = v52.data();
+    const float *__restrict v55p = v55.data();
+    const float *__restrict v59p = v59.data();
+    const float s0 = v52p[0];
+    const float s1 = v55p[0];
+    const float s2 = (s0 + s1);
+    const float s3 = v59p[0];
+    const float s4 = (s2 + s3);
+    v60p[0] = s4;
+  }
+
+  // mlp.mesh:42:3 all_reduce_sum (resolve the partial sum of %56 over model for sqrt at 42:3)
+  group_model.allReduce(v60.data(), v60.size(), meshrt::ReduceOp::Sum);
+
+  // mlp.mesh:42:3 sqrt -> global_grad_norm
+  // mlp.mesh:42:3 maximum
+  // mlp.mesh:42:3 div
+  support::View v64 = arena_.view(65600, 1);
+  {
+    float *__restrict v64p = v64.data();
+    const float *__restrict v60p = v60.data();
+    const float s0 = v60p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 1.0f;
+    const float s5 = (s4 / s3);
+    v64p[0] = s5;
+  }
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 sub -> next/ffn/w_in
+  support::View v31 = arena_.view(32768, 8192);
+  support::View v68(param3_ffn_w_in_momentum); // updated in place
+  support::View v49 = arena_.view(98880, 1);
+  support::View v4(param0_ffn_w_in); // updated in place
+  {
+    float *__restrict v68p = v68.data();
+    float *__restrict v4p = v4.data();
+    const float *__restrict v31p = v31.data();
+    const float *__restrict v64p = v64.data();
+    const float *__restrict v49p = v49.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v31p[i0];
+      const float s1 = v64p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v68p[i0];
+      const float s4 = 0.9f;
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 0.9f;
+      const float s8 = (s6 * s7);
+      const float s9 = (s2 + s8);
+      const float s10 = v49p[0];
+      const float s11 = (s9 * s10);
+      const float s12 = v4p[i0];
+      const float s13 = (s12 - s11);
+      v68p[i0] = s6;
+      v4p[i0] = s13;
+    }
+  }
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 sub -> next/ffn/b_in
+  support::View v30 = arena_.view(98304, 128);
+  support::View v76(param4_ffn_b_in_momentum); // updated in place
+  support::View v5(param1_ffn_b_in);           // updated in place
+  {
+    float *__restrict v76p = v76.data();
+    float *__restrict v5p = v5.data();
+    const float *__restrict v30p = v30.data();
+    const float *__restrict v64p = v64.data();
+    const float *__restrict v49p = v49.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v30p[i0];
+      const float s1 = v64p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v76p[i0];
+      const float s4 = 0.9f;
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 0.9f;
+      const float s8 = (s6 * s7);
+      const float s9 = (s2 + s8);
+      const float s10 = v49p[0];
+      const float s11 = (s9 * s10);
+      const float s12 = v5p[i0];
+      const float s13 = (s12 - s11);
+      v76p[i0] = s6;
+      v5p[i0] = s13;
+    }
+  }
+
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 add
+  // mlp.mesh:42:3 mul
+  // mlp.mesh:42:3 sub -> next/ffn/w_out
+  support::View v25 = arena_.view(0, 8192);
+  support::View v83(param5_ffn_w_out_momentum); // updated in place
+  support::View v6(param2_ffn_w_out);           // updated in place
+  {
+    float *__restrict v83p = v83.data();
+    float *__restrict v6p = v6.data();
+    const float *__restrict v25p = v25.data();
+    const float *__restrict v64p = v64.data();
+    const float *__restrict v49p = v49.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v25p[i0];
+      const float s1 = v64p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v83p[i0];
+      const float s4 = 0.9f;
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 0.9f;
+      const float s8 = (s6 * s7);
+      const float s9 = (s2 + s8);
+      const float s10 = v49p[0];
+      const float s11 = (s9 * s10);
+      const float s12 = v6p[i0];
+      const float s13 = (s12 - s11);
+      v83p[i0] = s6;
+      v6p[i0] = s13;
+    }
+  }
 }
 
 MlpTrain::Inputs MlpTrain::synthesizeInputs(uint64_t seed) const {
@@ -664,7 +725,7 @@ MlpTrain::Inputs MlpTrain::synthesizeInputs(uint64_t seed) const {
   meshrt::kernels::fillInput(
       inputs.x.data.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
                              meshrt::kernels::Dims{16, 64}},
       seed, "x", meshrt::kernels::ValueType::F32);
   inputs.target.shape = {16, 64};
@@ -672,43 +733,40 @@ MlpTrain::Inputs MlpTrain::synthesizeInputs(uint64_t seed) const {
   meshrt::kernels::fillInput(
       inputs.target.data.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
                              meshrt::kernels::Dims{16, 64}},
       seed, "target", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
-meshc::gen::Tensor MlpTrain::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &global) {
+support::Tensor MlpTrain::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &global) {
   if (name == "x") {
-    meshc::gen::checkShape("global input", name, global, {32, 64});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {32, 64});
+    return support::Tensor{
         {16, 64},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {16, 64}, {64, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 16),
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 16), 0})};
   }
   if (name == "target") {
-    meshc::gen::checkShape("global input", name, global, {32, 64});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {32, 64});
+    return support::Tensor{
         {16, 64},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {16, 64}, {64, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 16),
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 16), 0})};
   }
   throw std::invalid_argument("mlp_train: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor MlpTrain::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &local) {
+support::Tensor MlpTrain::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &local) {
   if (name == "loss") {
-    meshc::gen::checkShape("local output", name, local, {});
-    return meshc::gen::Tensor{{},
-                              meshc::gen::gatherShards(world, local.data, {}, {}, [&](int rank) {
-                                return meshc::gen::Shape{};
-                              })};
+    support::checkShape("local output", name, local, {});
+    return support::Tensor{{}, support::gatherShards(world, local.data, {}, {}, [&](int rank) {
+                             return support::Shape{};
+                           })};
   }
   throw std::invalid_argument("mlp_train: no output named '" + name + "'");
 }
@@ -726,7 +784,7 @@ bool MlpTrain::isOptimizerState(const std::string &path) {
   return std::find(states.begin(), states.end(), path) != states.end();
 }
 
-std::vector<meshc::gen::ParamShard> MlpTrain::paramShards() {
+std::vector<support::ParamShard> MlpTrain::paramShards() {
   return {
       {"ffn/w_in",
        false,
@@ -772,26 +830,26 @@ std::vector<meshc::gen::ParamShard> MlpTrain::paramShards() {
   };
 }
 
-meshc::gen::Tensor MlpTrain::getParam(const std::string &path) {
+support::Tensor MlpTrain::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "mlp_train"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "mlp_train"));
 }
 
-void MlpTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void MlpTrain::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "mlp_train"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "mlp_train"), global);
 }
 
 void MlpTrain::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {step_, {{"program", "mlp_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void MlpTrain::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

@@ -9,17 +9,20 @@
 
 namespace meshc_generated {
 
+/// The support code this target's generated code calls.
+namespace support = meshc::gen;
+
 /// The program `mlp` of mlp.mesh, planned for the mesh [data=2, model=2] with layout batch: [data],
 /// d_ff: [model].
 class Mlp {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor x; // [batch:[data], d_model] local {16, 64}
+    support::Tensor x; // [batch:[data], d_model] local {16, 64}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor y; // [batch:[data], d_model] local {16, 64}
+    support::Tensor y; // [batch:[data], d_model] local {16, 64}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -28,7 +31,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -42,6 +45,8 @@ public:
   static constexpr size_t kArenaBytes = 16384;
   /// The bytes of all of run()'s temporaries together (one buffer each).
   static constexpr size_t kTemporaryBytes = 24576;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 0;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -49,24 +54,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -79,13 +84,15 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_model;     // the ranks along model
-  meshc::gen::Buffer param0_ffn_w_in;    // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param1_ffn_b_in;    // ffn/b_in: [d_ff:[model]] local {128}
-  meshc::gen::Buffer param2_ffn_w_out;   // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Arena arena_{kArenaBytes}; // run()'s temporaries
+  meshrt::Communicator &group_model;  // the ranks along model
+  support::Buffer param0_ffn_w_in;    // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
+  support::Buffer param1_ffn_b_in;    // ffn/b_in: [d_ff:[model]] local {128}
+  support::Buffer param2_ffn_w_out;   // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
+  support::Arena arena_{kArenaBytes}; // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
 };
 
 /// The train block `mlp_train` of mlp.mesh, planned for the mesh [data=2, model=2] with layout
@@ -94,12 +101,12 @@ class MlpTrain {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor x;      // [batch:[data], d_model] local {16, 64}
-    meshc::gen::Tensor target; // [batch:[data], d_model] local {16, 64}
+    support::Tensor x;      // [batch:[data], d_model] local {16, 64}
+    support::Tensor target; // [batch:[data], d_model] local {16, 64}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor loss; // [] local {}
+    support::Tensor loss; // [] local {}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -108,7 +115,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -119,9 +126,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 99520;
+  static constexpr size_t kArenaBytes = 99136;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 284260;
+  static constexpr size_t kTemporaryBytes = 214044;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 4672;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -138,24 +147,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -168,20 +177,23 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
-  meshrt::Communicator &group_data;    // the ranks along data
-  meshrt::Communicator &group_model;   // the ranks along model
-  meshc::gen::Buffer param0_ffn_w_in;  // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param1_ffn_b_in;  // ffn/b_in: [d_ff:[model]] local {128}
-  meshc::gen::Buffer param2_ffn_w_out; // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer
+  meshrt::Communicator &group_data;  // the ranks along data
+  meshrt::Communicator &group_model; // the ranks along model
+  support::Buffer param0_ffn_w_in;   // ffn/w_in: [d_model, d_ff:[model]] local {64, 128}
+  support::Buffer param1_ffn_b_in;   // ffn/b_in: [d_ff:[model]] local {128}
+  support::Buffer param2_ffn_w_out;  // ffn/w_out: [d_ff:[model], d_model] local {128, 64}
+  support::Buffer
       param3_ffn_w_in_momentum; // ffn/w_in@momentum: [d_model, d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param4_ffn_b_in_momentum; // ffn/b_in@momentum: [d_ff:[model]] local {128}
-  meshc::gen::Buffer
-      param5_ffn_w_out_momentum; // ffn/w_out@momentum: [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Arena arena_{kArenaBytes}; // run()'s temporaries
+  support::Buffer param4_ffn_b_in_momentum; // ffn/b_in@momentum: [d_ff:[model]] local {128}
+  support::Buffer
+      param5_ffn_w_out_momentum;      // ffn/w_out@momentum: [d_ff:[model], d_model] local {128, 64}
+  support::Arena arena_{kArenaBytes}; // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
 };
 
 } // namespace meshc_generated

@@ -12,645 +12,926 @@ meshrt::Mesh Moe::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
 std::vector<std::string> Moe::inputNames() { return {"x"}; }
 std::vector<std::string> Moe::outputNames() { return {"y"}; }
 
-meshc::gen::Shape Moe::inputShape(const std::string &name) {
+support::Shape Moe::inputShape(const std::string &name) {
   if (name == "x")
     return {2, 64, 32};
   throw std::invalid_argument("moe: no input named '" + name + "'");
 }
 
 Moe::Moe(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "moe")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "moe")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // norm[0]/gain: ones (moe.mesh:24)
-  param0_norm_0_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param0_norm_0_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[0]/bias: zeros (moe.mesh:25)
-  param1_norm_0_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param1_norm_0_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[0]/w_gate: normal (moe.mesh:31)
   param2_route_0_w_gate.resize(64);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_route_0_w_gate.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
-                             meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2)},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
                              meshrt::kernels::Dims{32, 2}},
       seed, "route[0]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // experts_ffn[0]/w_in: normal (moe.mesh:45)
   param3_experts_ffn_0_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param3_experts_ffn_0_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 32, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 32, 64}},
       seed, "experts_ffn[0]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // experts_ffn[0]/w_out: normal (moe.mesh:46)
   param4_experts_ffn_0_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param4_experts_ffn_0_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 64, 32}},
       seed, "experts_ffn[0]/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // norm[1]/gain: ones (moe.mesh:24)
-  param5_norm_1_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param5_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[1]/bias: zeros (moe.mesh:25)
-  param6_norm_1_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param6_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[1]/w_gate: normal (moe.mesh:31)
   param7_route_1_w_gate.resize(64);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param7_route_1_w_gate.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
-                             meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2)},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
                              meshrt::kernels::Dims{32, 2}},
       seed, "route[1]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // experts_ffn[1]/w_in: normal (moe.mesh:45)
   param8_experts_ffn_1_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param8_experts_ffn_1_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 32, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 32, 64}},
       seed, "experts_ffn[1]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // experts_ffn[1]/w_out: normal (moe.mesh:46)
   param9_experts_ffn_1_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param9_experts_ffn_1_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 64, 32}},
       seed, "experts_ffn[1]/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
 }
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
-  // Arena: 99072 bytes for 491552 bytes of temporaries (76 slots, placed by liveness).
-  meshc::gen::checkShape("input", "x", inputs.x, {1, 64, 32});
+  // Arena: 99328 bytes for 409104 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "x", inputs.x, {1, 64, 32});
+  runPart0(inputs);
+  runPart1(inputs);
+  runPart2(inputs);
+  support::View v106 = arena_.view(0, 2048);
 
-  // moe.mesh:94:13 input -> x
-  const meshc::gen::Buffer &v0 = inputs.x.data;
+  Outputs outputs;
+  outputs.y = support::Tensor{{1, 64, 32}, support::Buffer(v106.begin(), v106.end())};
+  return outputs;
+}
 
-  // moe.mesh:24:9 param -> gain
-  const meshc::gen::Buffer &v1 = param0_norm_0_gain;
-
-  // moe.mesh:25:9 param -> bias
-  const meshc::gen::Buffer &v2 = param1_norm_0_bias;
+void Moe::runPart0(const Inputs &inputs) {
+  (void)inputs;
 
   // moe.mesh:26:10 layer_norm
-  meshc::gen::View v3 = arena_.slot(0, 2048);
-  meshc::gen::along(v3.data(), v0.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  const support::Buffer &v0 = inputs.x.data;
+  support::View v3 = arena_.view(0, 2048);
+  static const support::Shape shape0_2 = {1, 64};
+  static const support::Shape shape0_3 = {2048, 32};
+  static const support::Shape shape0_4 = {2048, 32};
+  static const support::Shape shape0_5 = {32};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(v3.data(), v0.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  meshc::gen::View v5 = arena_.slot(81920, 2048);
-  meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t4 = float(double(v3[at[1]]) * double(v1[at[2]]));
-                           v5[at[0]] = float(double(t4) + double(v2[at[3]]));
-                         });
-
-  // moe.mesh:31:9 param -> w_gate
-  const meshc::gen::Buffer &v6 = param2_route_0_w_gate;
+  const support::Buffer &v1 = param0_norm_0_gain;
+  const support::Buffer &v2 = param1_norm_0_bias;
+  support::View v5 = arena_.view(81920, 2048);
+  {
+    float *__restrict v5p = v5.data();
+    const float *__restrict v3p = v3.data();
+    const float *__restrict v1p = v1.data();
+    const float *__restrict v2p = v2.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v3p[i0 * 32 + i1];
+        const float s1 = v1p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v2p[i1];
+        const float s4 = (s2 + s3);
+        v5p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // moe.mesh:32:18 einsum
-  meshc::gen::View v7 = arena_.slot(0, 128);
+  const support::Buffer &v6 = param2_route_0_w_gate;
+  support::View v7 = arena_.view(0, 128);
   // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsum7(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum7.run(v5.data(), v6.data(), v7.data());
+  einsumPlan2.run(v5.data(), v6.data(), v7.data(), 1.0f, 0.0f);
 
   // moe.mesh:32:10 softmax
-  meshc::gen::View v8 = arena_.slot(512, 128);
-  meshc::gen::along(v8.data(), v7.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
-                    meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
-
-  // moe.mesh:45:9 param -> w_in
-  const meshc::gen::Buffer &v9 = param3_experts_ffn_0_w_in;
-
-  // moe.mesh:46:9 param -> w_out
-  const meshc::gen::Buffer &v10 = param4_experts_ffn_0_w_out;
+  support::View v8 = arena_.view(512, 128);
+  static const support::Shape shape3_2 = {1, 64};
+  static const support::Shape shape3_3 = {128, 2};
+  static const support::Shape shape3_4 = {128, 2};
+  static const support::Shape shape3_5 = {2};
+  static const support::Shape shape3_6 = {1};
+  static const support::Shape shape3_7 = {1};
+  support::along(v8.data(), v7.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
+                 support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:38:24 max
-  meshc::gen::View v11 = arena_.slot(0, 64);
-  meshc::gen::reduce(v11.data(), {1, 64}, v8.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v11 = arena_.view(1024, 64);
+  static const support::Shape shape4_1 = {1, 64};
+  static const support::Shape shape4_3 = {128, 2};
+  static const support::Shape shape4_4 = {2};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v11.data(), shape4_1, v8.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v11.data(), v11.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::View v13 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t12 = (v8[at[1]] >= v11[at[2]] ? 1.0f : 0.0f);
-                           v13[at[0]] = float(t12);
-                         });
-
-  // moe.mesh:50:28 literal
-  meshc::gen::View v14 = arena_.fill(1024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
   // moe.mesh:50:32 sub
   // moe.mesh:50:25 mul -> remaining
-  meshc::gen::View v16 = arena_.slot(0, 128);
-  meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t15 = float(double(v14[at[1]]) - double(v13[at[2]]));
-                           v16[at[0]] = float(double(v8[at[3]]) * double(t15));
-                         });
+  support::View v13 = arena_.view(40960, 128);
+  support::View v16 = arena_.view(0, 128);
+  {
+    float *__restrict v13p = v13.data();
+    float *__restrict v16p = v16.data();
+    const float *__restrict v8p = v8.data();
+    const float *__restrict v11p = v11.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v8p[i0 * 2 + i1];
+        const float s1 = v11p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = 1.0f;
+        const float s5 = (s4 - s3);
+        const float s6 = v8p[i0 * 2 + i1];
+        const float s7 = (s6 * s5);
+        v13p[i0 * 2 + i1] = s3;
+        v16p[i0 * 2 + i1] = s7;
+      }
+    }
+  }
 
   // moe.mesh:38:24 max
-  meshc::gen::View v17 = arena_.slot(1024, 64);
-  meshc::gen::reduce(v17.data(), {1, 64}, v16.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v17 = arena_.view(1536, 64);
+  static const support::Shape shape7_1 = {1, 64};
+  static const support::Shape shape7_3 = {128, 2};
+  static const support::Shape shape7_4 = {2};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v17.data(), shape7_1, v16.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v17.data(), v17.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  meshc::gen::View v19 = arena_.slot(61440, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t18 = (v16[at[1]] >= v17[at[2]] ? 1.0f : 0.0f);
-                           v19[at[0]] = float(t18);
-                         });
-
   // moe.mesh:53:25 mul
-  meshc::gen::View v20 = arena_.slot(1024, 128);
-  for (size_t i = 0; i < v20.size(); ++i) {
-    v20[i] = float(double(v8[i]) * double(v13[i]));
+  support::View v20 = arena_.view(1024, 128);
+  {
+    float *__restrict v20p = v20.data();
+    const float *__restrict v8p = v8.data();
+    const float *__restrict v13p = v13.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v8p[i0];
+      const float s1 = v13p[i0];
+      const float s2 = (s0 * s1);
+      v20p[i0] = s2;
+    }
   }
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::View v21 = arena_.slot(61952, 64);
-  meshc::gen::reduce(v21.data(), {1, 64}, v20.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v21 = arena_.view(41472, 64);
+  static const support::Shape shape10_1 = {1, 64};
+  static const support::Shape shape10_3 = {128, 2};
+  static const support::Shape shape10_4 = {2};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v21.data(), shape10_1, v20.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
 
+  // moe.mesh:38:21 ge
+  // moe.mesh:38:10 cast -> mask2
   // moe.mesh:54:29 mul
-  meshc::gen::View v22 = arena_.slot(512, 128);
-  for (size_t i = 0; i < v22.size(); ++i) {
-    v22[i] = float(double(v16[i]) * double(v19[i]));
+  support::View v19 = arena_.view(90112, 128);
+  support::View v22 = arena_.view(512, 128);
+  {
+    float *__restrict v19p = v19.data();
+    float *__restrict v22p = v22.data();
+    const float *__restrict v16p = v16.data();
+    const float *__restrict v17p = v17.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v16p[i0 * 2 + i1];
+        const float s1 = v17p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = v16p[i0 * 2 + i1];
+        const float s5 = (s4 * s3);
+        v19p[i0 * 2 + i1] = s3;
+        v22p[i0 * 2 + i1] = s5;
+      }
+    }
   }
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::View v23 = arena_.slot(90112, 64);
-  meshc::gen::reduce(v23.data(), {1, 64}, v22.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v23 = arena_.view(41728, 64);
+  static const support::Shape shape12_1 = {1, 64};
+  static const support::Shape shape12_3 = {128, 2};
+  static const support::Shape shape12_4 = {2};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v23.data(), shape12_1, v22.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:55:29 add
-  meshc::gen::View v24 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v24.size(); ++i) {
-    v24[i] = float(double(v21[i]) + double(v23[i]));
+  support::View v24 = arena_.view(41984, 64);
+  {
+    float *__restrict v24p = v24.data();
+    const float *__restrict v21p = v21.data();
+    const float *__restrict v23p = v23.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v21p[i0];
+      const float s1 = v23p[i0];
+      const float s2 = (s0 + s1);
+      v24p[i0] = s2;
+    }
   }
 
-  // moe.mesh:55:38 literal
-  meshc::gen::View v25 = arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
-
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %24 over model for maximum at 55:15)
-  meshc::gen::View v26 = v24;
-  group_model.allReduce(v26.data(), v26.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:55:15 maximum -> total
-  meshc::gen::View v27 = arena_.slot(90368, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v27[at[0]] = float(meshc::gen::maximum(v26[at[1]], v25[at[2]]));
-                         });
+  auto request0 = support::startAllReduce(group_model, {v24}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::View v28 = arena_.slot(0, 128);
-  meshc::gen::along(v28.data(), v13.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::View v28 = arena_.view(0, 128);
+  static const support::Shape shape15_2 = {1, 2};
+  static const support::Shape shape15_3 = {128, 1};
+  static const support::Shape shape15_4 = {128, 1};
+  static const support::Shape shape15_5 = {64};
+  static const support::Shape shape15_6 = {2};
+  static const support::Shape shape15_7 = {2};
+  support::along(v28.data(), v13.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+                 shape15_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::View v29 = arena_.slot(20480, 128);
-  for (size_t i = 0; i < v29.size(); ++i) {
-    v29[i] = meshc::gen::castToI32(v28[i]);
+  support::View v29 = arena_.view(20480, 128);
+  {
+    float *__restrict v29p = v29.data();
+    const float *__restrict v28p = v28.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v28p[i0];
+      const float s1 = support::castToI32(s0);
+      v29p[i0] = s1;
+    }
   }
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::View v30 = arena_.slot(0, 5120);
-  meshc::gen::oneHot(v30.data(), {1, 64, 2, 40}, v29.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
+  support::View v30 = arena_.view(0, 5120);
+  static const support::Shape shape17_1 = {1, 64, 2, 40};
+  static const support::Shape shape17_3 = {128, 2, 1, 0};
+  static const support::Shape shape17_4 = {0, 0, 0, 1};
+  support::oneHot(v30.data(), shape17_1, v29.data(), shape17_3, shape17_4, 0);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::View v31 = arena_.slot(20480, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v31[at[0]] = float(double(v30[at[1]]) * double(v13[at[2]]));
-                         });
+  support::View v31 = arena_.view(20480, 5120);
+  {
+    float *__restrict v31p = v31.data();
+    const float *__restrict v30p = v30.data();
+    const float *__restrict v13p = v13.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 40; ++i1) {
+        const float s0 = v30p[i0 * 40 + i1];
+        const float s1 = v13p[i0];
+        const float s2 = (s0 * s1);
+        v31p[i0 * 40 + i1] = s2;
+      }
+    }
+  }
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::View v32 = arena_.slot(0, 128);
-  meshc::gen::reduce(v32.data(), {1, 64, 2}, v31.data(), {5120, 80, 40}, {40}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v32 = arena_.view(0, 128);
+  static const support::Shape shape19_1 = {1, 64, 2};
+  static const support::Shape shape19_3 = {5120, 80, 40};
+  static const support::Shape shape19_4 = {40};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v32.data(), shape19_1, v31.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::View v33 = arena_.slot(512, 128);
-  meshc::gen::along(v33.data(), v19.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::View v33 = arena_.view(512, 128);
+  static const support::Shape shape20_2 = {1, 2};
+  static const support::Shape shape20_3 = {128, 1};
+  static const support::Shape shape20_4 = {128, 1};
+  static const support::Shape shape20_5 = {64};
+  static const support::Shape shape20_6 = {2};
+  static const support::Shape shape20_7 = {2};
+  support::along(v33.data(), v19.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+                 shape20_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::View v34 = arena_.slot(1024, 2);
-  meshc::gen::reduce(v34.data(), {1, 2}, v32.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v34 = arena_.view(1024, 2);
+  static const support::Shape shape21_1 = {1, 2};
+  static const support::Shape shape21_3 = {128, 1};
+  static const support::Shape shape21_4 = {64};
+  static const support::Shape shape21_5 = {2};
+  support::reduce(v34.data(), shape21_1, v32.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::View v36 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t35 = float(double(v33[at[1]]) + double(v34[at[2]]));
-                           v36[at[0]] = meshc::gen::castToI32(t35);
-                         });
+  support::View v36 = arena_.view(40960, 128);
+  {
+    float *__restrict v36p = v36.data();
+    const float *__restrict v33p = v33.data();
+    const float *__restrict v34p = v34.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v33p[i0 * 2 + i1];
+        const float s1 = v34p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::castToI32(s2);
+        v36p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::View v37 = arena_.slot(0, 5120);
-  meshc::gen::oneHot(v37.data(), {1, 64, 2, 40}, v36.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
+  support::View v37 = arena_.view(0, 5120);
+  static const support::Shape shape23_1 = {1, 64, 2, 40};
+  static const support::Shape shape23_3 = {128, 2, 1, 0};
+  static const support::Shape shape23_4 = {0, 0, 0, 1};
+  support::oneHot(v37.data(), shape23_1, v36.data(), shape23_3, shape23_4, 0);
+
+  group_model.wait(request0);
+}
+
+void Moe::runPart1(const Inputs &inputs) {
+  (void)inputs;
+
+  // moe.mesh:55:15 maximum -> total
+  // moe.mesh:69:36 div
+  // moe.mesh:69:66 div
+  support::View v24 = arena_.view(41984, 64);
+  support::View v21 = arena_.view(41472, 64);
+  support::View v23 = arena_.view(41728, 64);
+  support::View v40 = arena_.view(90624, 64);
+  support::View v43 = arena_.view(90880, 64);
+  {
+    float *__restrict v40p = v40.data();
+    float *__restrict v43p = v43.data();
+    const float *__restrict v24p = v24.data();
+    const float *__restrict v21p = v21.data();
+    const float *__restrict v23p = v23.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v24p[i0];
+      const float s1 = 1e-09f;
+      const float s2 = support::maximum(s0, s1);
+      const float s3 = v21p[i0];
+      const float s4 = (s3 / s2);
+      const float s5 = v23p[i0];
+      const float s6 = (s5 / s2);
+      v40p[i0] = s4;
+      v43p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %39 over model for mul at
+  // 69:27; merged with 1 more partial sum over model (%44): 512 B in one buffer)
+  support::allReduceBucket(group_model, {v40, v43});
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::View v38 = arena_.slot(40960, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v38[at[0]] = float(double(v37[at[1]]) * double(v19[at[2]]));
-                         });
-
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::View v39 = arena_.slot(0, 5120);
-  for (size_t i = 0; i < v39.size(); ++i) {
-    v39[i] = float(double(v31[i]) + double(v38[i]));
-  }
-
-  // moe.mesh:69:36 div
-  meshc::gen::View v40 = arena_.slot(90624, 64);
-  for (size_t i = 0; i < v40.size(); ++i) {
-    v40[i] = float(double(v21[i]) / double(v27[i]));
-  }
-
-  // moe.mesh:69:27 all_reduce_sum (resolve the partial sum of %39 over model for mul at 69:27)
-  meshc::gen::View v41 = v40;
-  group_model.allReduce(v41.data(), v41.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:69:27 mul
-  meshc::gen::View v42 = arena_.slot(61440, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v42[at[0]] = float(double(v31[at[1]]) * double(v41[at[2]]));
-                         });
-
-  // moe.mesh:69:66 div
-  meshc::gen::View v43 = arena_.slot(90624, 64);
-  for (size_t i = 0; i < v43.size(); ++i) {
-    v43[i] = float(double(v23[i]) / double(v27[i]));
-  }
-
-  // moe.mesh:69:57 all_reduce_sum (resolve the partial sum of %41 over model for mul at 69:57)
-  meshc::gen::View v44 = v43;
-  group_model.allReduce(v44.data(), v44.size(), meshrt::ReduceOp::Sum);
-
   // moe.mesh:69:57 mul
+  // moe.mesh:69:27 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::View v46 = arena_.slot(20480, 5120);
-  meshc::gen::forEach<4>({1, 64, 2, 40},
-                         {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t45 = float(double(v38[at[1]]) * double(v44[at[2]]));
-                           v46[at[0]] = float(double(v42[at[3]]) + double(t45));
-                         });
+  support::View v37 = arena_.view(0, 5120);
+  support::View v19 = arena_.view(90112, 128);
+  support::View v31 = arena_.view(20480, 5120);
+  support::View v39 = arena_.view(40960, 5120);
+  support::View v46 = arena_.view(61440, 5120);
+  {
+    float *__restrict v39p = v39.data();
+    float *__restrict v46p = v46.data();
+    const float *__restrict v37p = v37.data();
+    const float *__restrict v19p = v19.data();
+    const float *__restrict v31p = v31.data();
+    const float *__restrict v43p = v43.data();
+    const float *__restrict v40p = v40.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 40; ++i2) {
+          const float s0 = v37p[i0 * 80 + i1 * 40 + i2];
+          const float s1 = v19p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v31p[i0 * 80 + i1 * 40 + i2];
+          const float s4 = (s3 + s2);
+          const float s5 = v43p[i0];
+          const float s6 = (s2 * s5);
+          const float s7 = v31p[i0 * 80 + i1 * 40 + i2];
+          const float s8 = v40p[i0];
+          const float s9 = (s7 * s8);
+          const float s10 = (s9 + s6);
+          v39p[i0 * 80 + i1 * 40 + i2] = s4;
+          v46p[i0 * 80 + i1 * 40 + i2] = s10;
+        }
+      }
+    }
+  }
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::View v47 = arena_.slot(40960, 2560);
+  support::View v5 = arena_.view(81920, 2048);
+  support::View v47 = arena_.view(20480, 2560);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsum47(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsum47.run(v39.data(), v5.data(), v47.data());
+  einsumPlan3.run(v39.data(), v5.data(), v47.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:21 einsum
-  meshc::gen::View v48 = arena_.slot(0, 5120);
+  const support::Buffer &v9 = param3_experts_ffn_0_w_in;
+  support::View v48 = arena_.view(0, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum48(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum48.run(v47.data(), v9.data(), v48.data());
+  einsumPlan4.run(v47.data(), v9.data(), v48.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::View v49 = arena_.slot(40960, 5120);
-  for (size_t i = 0; i < v49.size(); ++i) {
-    v49[i] = float((v48[i] > 0 ? v48[i] : 0.0f));
+  support::View v49 = arena_.view(20480, 5120);
+  {
+    float *__restrict v49p = v49.data();
+    const float *__restrict v48p = v48.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v48p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      v49p[i0] = s1;
+    }
   }
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::View v50 = arena_.slot(0, 2560);
+  const support::Buffer &v10 = param4_experts_ffn_0_w_out;
+  support::View v50 = arena_.view(0, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum50(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum50.run(v49.data(), v10.data(), v50.data());
+  einsumPlan6.run(v49.data(), v10.data(), v50.data(), 1.0f, 0.0f);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v51 = arena_.slot(10240, 2048);
+  support::View v51 = arena_.view(10240, 2048);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsum51(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum51.run(v46.data(), v50.data(), v51.data());
+  einsumPlan7.run(v46.data(), v50.data(), v51.data(), 1.0f, 0.0f);
 
   // moe.mesh:98:11 all_reduce_sum (resolve the partial sum of %48 over model for add at 98:11)
-  meshc::gen::View v52 = v51;
-  group_model.allReduce(v52.data(), v52.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v51.data(), v51.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:98:11 add -> h
-  meshc::gen::View v53 = arena_.slot(81920, 2048);
-  for (size_t i = 0; i < v53.size(); ++i) {
-    v53[i] = float(double(v0[i]) + double(v52[i]));
+  const support::Buffer &v0 = inputs.x.data;
+  support::View v53 = arena_.view(81920, 2048);
+  {
+    float *__restrict v53p = v53.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v51p = v51.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v0p[i0];
+      const float s1 = v51p[i0];
+      const float s2 = (s0 + s1);
+      v53p[i0] = s2;
+    }
   }
 
-  // moe.mesh:24:9 param -> gain
-  const meshc::gen::Buffer &v54 = param5_norm_1_gain;
-
-  // moe.mesh:25:9 param -> bias
-  const meshc::gen::Buffer &v55 = param6_norm_1_bias;
-
   // moe.mesh:26:10 layer_norm
-  meshc::gen::View v56 = arena_.slot(0, 2048);
-  meshc::gen::along(v56.data(), v53.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v56 = arena_.view(0, 2048);
+  static const support::Shape shape10_2 = {1, 64};
+  static const support::Shape shape10_3 = {2048, 32};
+  static const support::Shape shape10_4 = {2048, 32};
+  static const support::Shape shape10_5 = {32};
+  static const support::Shape shape10_6 = {1};
+  static const support::Shape shape10_7 = {1};
+  support::along(v56.data(), v53.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
+                 shape10_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  meshc::gen::View v58 = arena_.slot(90112, 2048);
-  meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t57 = float(double(v56[at[1]]) * double(v54[at[2]]));
-                           v58[at[0]] = float(double(t57) + double(v55[at[3]]));
-                         });
-
-  // moe.mesh:31:9 param -> w_gate
-  const meshc::gen::Buffer &v59 = param7_route_1_w_gate;
+  const support::Buffer &v54 = param5_norm_1_gain;
+  const support::Buffer &v55 = param6_norm_1_bias;
+  support::View v58 = arena_.view(90112, 2048);
+  {
+    float *__restrict v58p = v58.data();
+    const float *__restrict v56p = v56.data();
+    const float *__restrict v54p = v54.data();
+    const float *__restrict v55p = v55.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v56p[i0 * 32 + i1];
+        const float s1 = v54p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v55p[i1];
+        const float s4 = (s2 + s3);
+        v58p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // moe.mesh:32:18 einsum
-  meshc::gen::View v60 = arena_.slot(0, 128);
+  const support::Buffer &v59 = param7_route_1_w_gate;
+  support::View v60 = arena_.view(0, 128);
   // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsum60(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum60.run(v58.data(), v59.data(), v60.data());
+  einsumPlan12.run(v58.data(), v59.data(), v60.data(), 1.0f, 0.0f);
 
   // moe.mesh:32:10 softmax
-  meshc::gen::View v61 = arena_.slot(512, 128);
-  meshc::gen::along(v61.data(), v60.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
-                    meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
-
-  // moe.mesh:45:9 param -> w_in
-  const meshc::gen::Buffer &v62 = param8_experts_ffn_1_w_in;
-
-  // moe.mesh:46:9 param -> w_out
-  const meshc::gen::Buffer &v63 = param9_experts_ffn_1_w_out;
+  support::View v61 = arena_.view(512, 128);
+  static const support::Shape shape13_2 = {1, 64};
+  static const support::Shape shape13_3 = {128, 2};
+  static const support::Shape shape13_4 = {128, 2};
+  static const support::Shape shape13_5 = {2};
+  static const support::Shape shape13_6 = {1};
+  static const support::Shape shape13_7 = {1};
+  support::along(v61.data(), v60.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:38:24 max
-  meshc::gen::View v64 = arena_.slot(0, 64);
-  meshc::gen::reduce(v64.data(), {1, 64}, v61.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v64 = arena_.view(1024, 64);
+  static const support::Shape shape14_1 = {1, 64};
+  static const support::Shape shape14_3 = {128, 2};
+  static const support::Shape shape14_4 = {2};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v64.data(), shape14_1, v61.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v64.data(), v64.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::View v66 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t65 = (v61[at[1]] >= v64[at[2]] ? 1.0f : 0.0f);
-                           v66[at[0]] = float(t65);
-                         });
-
-  // moe.mesh:50:28 literal
-  meshc::gen::View v67 = arena_.fill(1024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
   // moe.mesh:50:32 sub
   // moe.mesh:50:25 mul -> remaining
-  meshc::gen::View v69 = arena_.slot(0, 128);
-  meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t68 = float(double(v67[at[1]]) - double(v66[at[2]]));
-                           v69[at[0]] = float(double(v61[at[3]]) * double(t68));
-                         });
+  support::View v66 = arena_.view(40960, 128);
+  support::View v69 = arena_.view(0, 128);
+  {
+    float *__restrict v66p = v66.data();
+    float *__restrict v69p = v69.data();
+    const float *__restrict v61p = v61.data();
+    const float *__restrict v64p = v64.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v61p[i0 * 2 + i1];
+        const float s1 = v64p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = 1.0f;
+        const float s5 = (s4 - s3);
+        const float s6 = v61p[i0 * 2 + i1];
+        const float s7 = (s6 * s5);
+        v66p[i0 * 2 + i1] = s3;
+        v69p[i0 * 2 + i1] = s7;
+      }
+    }
+  }
 
   // moe.mesh:38:24 max
-  meshc::gen::View v70 = arena_.slot(1024, 64);
-  meshc::gen::reduce(v70.data(), {1, 64}, v69.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v70 = arena_.view(1536, 64);
+  static const support::Shape shape17_1 = {1, 64};
+  static const support::Shape shape17_3 = {128, 2};
+  static const support::Shape shape17_4 = {2};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v70.data(), shape17_1, v69.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v70.data(), v70.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  meshc::gen::View v72 = arena_.slot(61440, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t71 = (v69[at[1]] >= v70[at[2]] ? 1.0f : 0.0f);
-                           v72[at[0]] = float(t71);
-                         });
-
   // moe.mesh:53:25 mul
-  meshc::gen::View v73 = arena_.slot(1024, 128);
-  for (size_t i = 0; i < v73.size(); ++i) {
-    v73[i] = float(double(v61[i]) * double(v66[i]));
+  support::View v73 = arena_.view(1024, 128);
+  {
+    float *__restrict v73p = v73.data();
+    const float *__restrict v61p = v61.data();
+    const float *__restrict v66p = v66.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v61p[i0];
+      const float s1 = v66p[i0];
+      const float s2 = (s0 * s1);
+      v73p[i0] = s2;
+    }
   }
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::View v74 = arena_.slot(61952, 64);
-  meshc::gen::reduce(v74.data(), {1, 64}, v73.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v74 = arena_.view(41472, 64);
+  static const support::Shape shape20_1 = {1, 64};
+  static const support::Shape shape20_3 = {128, 2};
+  static const support::Shape shape20_4 = {2};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v74.data(), shape20_1, v73.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
 
+  // moe.mesh:38:21 ge
+  // moe.mesh:38:10 cast -> mask2
   // moe.mesh:54:29 mul
-  meshc::gen::View v75 = arena_.slot(512, 128);
-  for (size_t i = 0; i < v75.size(); ++i) {
-    v75[i] = float(double(v69[i]) * double(v72[i]));
+  support::View v72 = arena_.view(98304, 128);
+  support::View v75 = arena_.view(512, 128);
+  {
+    float *__restrict v72p = v72.data();
+    float *__restrict v75p = v75.data();
+    const float *__restrict v69p = v69.data();
+    const float *__restrict v70p = v70.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v69p[i0 * 2 + i1];
+        const float s1 = v70p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = v69p[i0 * 2 + i1];
+        const float s5 = (s4 * s3);
+        v72p[i0 * 2 + i1] = s3;
+        v75p[i0 * 2 + i1] = s5;
+      }
+    }
   }
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::View v76 = arena_.slot(98304, 64);
-  meshc::gen::reduce(v76.data(), {1, 64}, v75.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v76 = arena_.view(41728, 64);
+  static const support::Shape shape22_1 = {1, 64};
+  static const support::Shape shape22_3 = {128, 2};
+  static const support::Shape shape22_4 = {2};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v76.data(), shape22_1, v75.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:55:29 add
-  meshc::gen::View v77 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v77.size(); ++i) {
-    v77[i] = float(double(v74[i]) + double(v76[i]));
+  support::View v77 = arena_.view(41984, 64);
+  {
+    float *__restrict v77p = v77.data();
+    const float *__restrict v74p = v74.data();
+    const float *__restrict v76p = v76.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v74p[i0];
+      const float s1 = v76p[i0];
+      const float s2 = (s0 + s1);
+      v77p[i0] = s2;
+    }
   }
+}
 
-  // moe.mesh:55:38 literal
-  meshc::gen::View v78 = arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
+void Moe::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %73 over model for maximum at 55:15)
-  meshc::gen::View v79 = v77;
-  group_model.allReduce(v79.data(), v79.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:55:15 maximum -> total
-  meshc::gen::View v80 = arena_.slot(98560, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v80[at[0]] = float(meshc::gen::maximum(v79[at[1]], v78[at[2]]));
-                         });
+  support::View v77 = arena_.view(41984, 64);
+  auto request1 = support::startAllReduce(group_model, {v77}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::View v81 = arena_.slot(0, 128);
-  meshc::gen::along(v81.data(), v66.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::View v66 = arena_.view(40960, 128);
+  support::View v81 = arena_.view(0, 128);
+  static const support::Shape shape1_2 = {1, 2};
+  static const support::Shape shape1_3 = {128, 1};
+  static const support::Shape shape1_4 = {128, 1};
+  static const support::Shape shape1_5 = {64};
+  static const support::Shape shape1_6 = {2};
+  static const support::Shape shape1_7 = {2};
+  support::along(v81.data(), v66.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::View v82 = arena_.slot(20480, 128);
-  for (size_t i = 0; i < v82.size(); ++i) {
-    v82[i] = meshc::gen::castToI32(v81[i]);
+  support::View v82 = arena_.view(20480, 128);
+  {
+    float *__restrict v82p = v82.data();
+    const float *__restrict v81p = v81.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v81p[i0];
+      const float s1 = support::castToI32(s0);
+      v82p[i0] = s1;
+    }
   }
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::View v83 = arena_.slot(0, 5120);
-  meshc::gen::oneHot(v83.data(), {1, 64, 2, 40}, v82.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
+  support::View v83 = arena_.view(0, 5120);
+  static const support::Shape shape3_1 = {1, 64, 2, 40};
+  static const support::Shape shape3_3 = {128, 2, 1, 0};
+  static const support::Shape shape3_4 = {0, 0, 0, 1};
+  support::oneHot(v83.data(), shape3_1, v82.data(), shape3_3, shape3_4, 0);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::View v84 = arena_.slot(20480, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v84[at[0]] = float(double(v83[at[1]]) * double(v66[at[2]]));
-                         });
+  support::View v84 = arena_.view(20480, 5120);
+  {
+    float *__restrict v84p = v84.data();
+    const float *__restrict v83p = v83.data();
+    const float *__restrict v66p = v66.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 40; ++i1) {
+        const float s0 = v83p[i0 * 40 + i1];
+        const float s1 = v66p[i0];
+        const float s2 = (s0 * s1);
+        v84p[i0 * 40 + i1] = s2;
+      }
+    }
+  }
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::View v85 = arena_.slot(0, 128);
-  meshc::gen::reduce(v85.data(), {1, 64, 2}, v84.data(), {5120, 80, 40}, {40}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v85 = arena_.view(0, 128);
+  static const support::Shape shape5_1 = {1, 64, 2};
+  static const support::Shape shape5_3 = {5120, 80, 40};
+  static const support::Shape shape5_4 = {40};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v85.data(), shape5_1, v84.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::View v86 = arena_.slot(512, 128);
-  meshc::gen::along(v86.data(), v72.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::View v72 = arena_.view(98304, 128);
+  support::View v86 = arena_.view(512, 128);
+  static const support::Shape shape6_2 = {1, 2};
+  static const support::Shape shape6_3 = {128, 1};
+  static const support::Shape shape6_4 = {128, 1};
+  static const support::Shape shape6_5 = {64};
+  static const support::Shape shape6_6 = {2};
+  static const support::Shape shape6_7 = {2};
+  support::along(v86.data(), v72.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+                 support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::View v87 = arena_.slot(1024, 2);
-  meshc::gen::reduce(v87.data(), {1, 2}, v85.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v87 = arena_.view(1024, 2);
+  static const support::Shape shape7_1 = {1, 2};
+  static const support::Shape shape7_3 = {128, 1};
+  static const support::Shape shape7_4 = {64};
+  static const support::Shape shape7_5 = {2};
+  support::reduce(v87.data(), shape7_1, v85.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::View v89 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t88 = float(double(v86[at[1]]) + double(v87[at[2]]));
-                           v89[at[0]] = meshc::gen::castToI32(t88);
-                         });
+  support::View v89 = arena_.view(40960, 128);
+  {
+    float *__restrict v89p = v89.data();
+    const float *__restrict v86p = v86.data();
+    const float *__restrict v87p = v87.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v86p[i0 * 2 + i1];
+        const float s1 = v87p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::castToI32(s2);
+        v89p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::View v90 = arena_.slot(0, 5120);
-  meshc::gen::oneHot(v90.data(), {1, 64, 2, 40}, v89.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
+  support::View v90 = arena_.view(0, 5120);
+  static const support::Shape shape9_1 = {1, 64, 2, 40};
+  static const support::Shape shape9_3 = {128, 2, 1, 0};
+  static const support::Shape shape9_4 = {0, 0, 0, 1};
+  support::oneHot(v90.data(), shape9_1, v89.data(), shape9_3, shape9_4, 0);
+
+  group_model.wait(request1);
+
+  // moe.mesh:55:15 maximum -> total
+  // moe.mesh:69:36 div
+  // moe.mesh:69:66 div
+  support::View v74 = arena_.view(41472, 64);
+  support::View v76 = arena_.view(41728, 64);
+  support::View v93 = arena_.view(98816, 64);
+  support::View v96 = arena_.view(99072, 64);
+  {
+    float *__restrict v93p = v93.data();
+    float *__restrict v96p = v96.data();
+    const float *__restrict v77p = v77.data();
+    const float *__restrict v74p = v74.data();
+    const float *__restrict v76p = v76.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v77p[i0];
+      const float s1 = 1e-09f;
+      const float s2 = support::maximum(s0, s1);
+      const float s3 = v74p[i0];
+      const float s4 = (s3 / s2);
+      const float s5 = v76p[i0];
+      const float s6 = (s5 / s2);
+      v93p[i0] = s4;
+      v96p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for mul at
+  // 69:27; merged with 1 more partial sum over model (%97): 512 B in one buffer)
+  support::allReduceBucket(group_model, {v93, v96});
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::View v91 = arena_.slot(40960, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v91[at[0]] = float(double(v90[at[1]]) * double(v72[at[2]]));
-                         });
-
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::View v92 = arena_.slot(0, 5120);
-  for (size_t i = 0; i < v92.size(); ++i) {
-    v92[i] = float(double(v84[i]) + double(v91[i]));
-  }
-
-  // moe.mesh:69:36 div
-  meshc::gen::View v93 = arena_.slot(98816, 64);
-  for (size_t i = 0; i < v93.size(); ++i) {
-    v93[i] = float(double(v74[i]) / double(v80[i]));
-  }
-
-  // moe.mesh:69:27 all_reduce_sum (resolve the partial sum of %88 over model for mul at 69:27)
-  meshc::gen::View v94 = v93;
-  group_model.allReduce(v94.data(), v94.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:69:27 mul
-  meshc::gen::View v95 = arena_.slot(61440, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v95[at[0]] = float(double(v84[at[1]]) * double(v94[at[2]]));
-                         });
-
-  // moe.mesh:69:66 div
-  meshc::gen::View v96 = arena_.slot(98816, 64);
-  for (size_t i = 0; i < v96.size(); ++i) {
-    v96[i] = float(double(v76[i]) / double(v80[i]));
-  }
-
-  // moe.mesh:69:57 all_reduce_sum (resolve the partial sum of %90 over model for mul at 69:57)
-  meshc::gen::View v97 = v96;
-  group_model.allReduce(v97.data(), v97.size(), meshrt::ReduceOp::Sum);
-
   // moe.mesh:69:57 mul
+  // moe.mesh:69:27 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::View v99 = arena_.slot(20480, 5120);
-  meshc::gen::forEach<4>({1, 64, 2, 40},
-                         {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t98 = float(double(v91[at[1]]) * double(v97[at[2]]));
-                           v99[at[0]] = float(double(v95[at[3]]) + double(t98));
-                         });
+  support::View v92 = arena_.view(40960, 5120);
+  support::View v99 = arena_.view(61440, 5120);
+  {
+    float *__restrict v92p = v92.data();
+    float *__restrict v99p = v99.data();
+    const float *__restrict v90p = v90.data();
+    const float *__restrict v72p = v72.data();
+    const float *__restrict v84p = v84.data();
+    const float *__restrict v96p = v96.data();
+    const float *__restrict v93p = v93.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 40; ++i2) {
+          const float s0 = v90p[i0 * 80 + i1 * 40 + i2];
+          const float s1 = v72p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v84p[i0 * 80 + i1 * 40 + i2];
+          const float s4 = (s3 + s2);
+          const float s5 = v96p[i0];
+          const float s6 = (s2 * s5);
+          const float s7 = v84p[i0 * 80 + i1 * 40 + i2];
+          const float s8 = v93p[i0];
+          const float s9 = (s7 * s8);
+          const float s10 = (s9 + s6);
+          v92p[i0 * 80 + i1 * 40 + i2] = s4;
+          v99p[i0 * 80 + i1 * 40 + i2] = s10;
+        }
+      }
+    }
+  }
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::View v100 = arena_.slot(40960, 2560);
+  support::View v58 = arena_.view(90112, 2048);
+  support::View v100 = arena_.view(20480, 2560);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsum100(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsum100.run(v92.data(), v58.data(), v100.data());
+  einsumPlan14.run(v92.data(), v58.data(), v100.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:21 einsum
-  meshc::gen::View v101 = arena_.slot(0, 5120);
+  const support::Buffer &v62 = param8_experts_ffn_1_w_in;
+  support::View v101 = arena_.view(0, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum101(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum101.run(v100.data(), v62.data(), v101.data());
+  einsumPlan15.run(v100.data(), v62.data(), v101.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::View v102 = arena_.slot(40960, 5120);
-  for (size_t i = 0; i < v102.size(); ++i) {
-    v102[i] = float((v101[i] > 0 ? v101[i] : 0.0f));
+  support::View v102 = arena_.view(20480, 5120);
+  {
+    float *__restrict v102p = v102.data();
+    const float *__restrict v101p = v101.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v101p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      v102p[i0] = s1;
+    }
   }
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::View v103 = arena_.slot(0, 2560);
+  const support::Buffer &v63 = param9_experts_ffn_1_w_out;
+  support::View v103 = arena_.view(0, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum103(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum103.run(v102.data(), v63.data(), v103.data());
+  einsumPlan17.run(v102.data(), v63.data(), v103.data(), 1.0f, 0.0f);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v104 = arena_.slot(10240, 2048);
+  support::View v104 = arena_.view(10240, 2048);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsum104(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum104.run(v99.data(), v103.data(), v104.data());
+  einsumPlan18.run(v99.data(), v103.data(), v104.data(), 1.0f, 0.0f);
 
   // moe.mesh:98:11 all_reduce_sum (resolve the partial sum of %97 over model for add at 98:11)
-  meshc::gen::View v105 = v104;
-  group_model.allReduce(v105.data(), v105.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v104.data(), v104.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:98:11 add -> h
-  meshc::gen::View v106 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v106.size(); ++i) {
-    v106[i] = float(double(v53[i]) + double(v105[i]));
+  support::View v53 = arena_.view(81920, 2048);
+  support::View v106 = arena_.view(0, 2048);
+  {
+    float *__restrict v106p = v106.data();
+    const float *__restrict v53p = v53.data();
+    const float *__restrict v104p = v104.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v53p[i0];
+      const float s1 = v104p[i0];
+      const float s2 = (s0 + s1);
+      v106p[i0] = s2;
+    }
   }
-
-  Outputs outputs;
-  outputs.y = meshc::gen::Tensor{{1, 64, 32}, meshc::gen::Buffer(v106.begin(), v106.end())};
-  return outputs;
 }
 
 Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
@@ -659,36 +940,34 @@ Moe::Inputs Moe::synthesizeInputs(uint64_t seed) const {
   inputs.x.data.resize(2048);
   meshrt::kernels::fillInput(
       inputs.x.data.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 64, 32}},
       seed, "x", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
-meshc::gen::Tensor Moe::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                     const meshc::gen::Tensor &global) {
+support::Tensor Moe::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                  const support::Tensor &global) {
   if (name == "x") {
-    meshc::gen::checkShape("global input", name, global, {2, 64, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {2, 64, 32});
+    return support::Tensor{
         {1, 64, 32},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {1, 64, 32}, {2048, 32, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0,
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0, 0})};
   }
   throw std::invalid_argument("moe: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor Moe::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                     const meshc::gen::Tensor &local) {
+support::Tensor Moe::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                  const support::Tensor &local) {
   if (name == "y") {
-    meshc::gen::checkShape("local output", name, local, {1, 64, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("local output", name, local, {1, 64, 32});
+    return support::Tensor{
         {2, 64, 32},
-        meshc::gen::gatherShards(world, local.data, {1, 64, 32}, {2, 64, 32}, [&](int rank) {
-          return meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), rank, {"data"}, 1), 0, 0};
+        support::gatherShards(world, local.data, {1, 64, 32}, {2, 64, 32}, [&](int rank) {
+          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 1), 0, 0};
         })};
   }
   throw std::invalid_argument("moe: no output named '" + name + "'");
@@ -705,7 +984,7 @@ bool Moe::isOptimizerState(const std::string &path) {
   return false;
 }
 
-std::vector<meshc::gen::ParamShard> Moe::paramShards() {
+std::vector<support::ParamShard> Moe::paramShards() {
   return {
       {"norm[0]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param0_norm_0_gain},
       {"norm[0]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param1_norm_0_bias},
@@ -762,26 +1041,26 @@ std::vector<meshc::gen::ParamShard> Moe::paramShards() {
   };
 }
 
-meshc::gen::Tensor Moe::getParam(const std::string &path) {
+support::Tensor Moe::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "moe"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "moe"));
 }
 
-void Moe::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void Moe::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "moe"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "moe"), global);
 }
 
 void Moe::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {0, {{"program", "moe"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Moe::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -794,7 +1073,7 @@ meshrt::Mesh MoeTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 std::vector<std::string> MoeTrain::inputNames() { return {"x", "target"}; }
 std::vector<std::string> MoeTrain::outputNames() { return {"loss"}; }
 
-meshc::gen::Shape MoeTrain::inputShape(const std::string &name) {
+support::Shape MoeTrain::inputShape(const std::string &name) {
   if (name == "x")
     return {2, 64, 32};
   if (name == "target")
@@ -803,2953 +1082,3982 @@ meshc::gen::Shape MoeTrain::inputShape(const std::string &name) {
 }
 
 MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "moe_train")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "moe_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // zero: zeros (moe.mesh:108)
-  param0_zero.assign(1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param0_zero.assign(1, support::roundValue(support::DType::F32, 0.0));
   // norm[0]/gain: ones (moe.mesh:24)
-  param1_norm_0_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param1_norm_0_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[0]/bias: zeros (moe.mesh:25)
-  param2_norm_0_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param2_norm_0_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[0]/w_gate: normal (moe.mesh:31)
   param3_route_0_w_gate.resize(64);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param3_route_0_w_gate.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
-                             meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2)},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
                              meshrt::kernels::Dims{32, 2}},
       seed, "route[0]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // experts_ffn[0]/w_in: normal (moe.mesh:45)
   param4_experts_ffn_0_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param4_experts_ffn_0_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 32, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 32, 64}},
       seed, "experts_ffn[0]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // experts_ffn[0]/w_out: normal (moe.mesh:46)
   param5_experts_ffn_0_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param5_experts_ffn_0_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 64, 32}},
       seed, "experts_ffn[0]/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // norm[1]/gain: ones (moe.mesh:24)
-  param6_norm_1_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param6_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[1]/bias: zeros (moe.mesh:25)
-  param7_norm_1_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param7_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[1]/w_gate: normal (moe.mesh:31)
   param8_route_1_w_gate.resize(64);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param8_route_1_w_gate.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 4},
-                             meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2)},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
                              meshrt::kernels::Dims{32, 2}},
       seed, "route[1]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // experts_ffn[1]/w_in: normal (moe.mesh:45)
   param9_experts_ffn_1_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param9_experts_ffn_1_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 32, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 32, 64}},
       seed, "experts_ffn[1]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // experts_ffn[1]/w_out: normal (moe.mesh:46)
   param10_experts_ffn_1_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param10_experts_ffn_1_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 64, 32}},
       seed, "experts_ffn[1]/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // norm[0]/gain@v: zeros (moe.mesh:24)
-  param11_norm_0_gain_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param11_norm_0_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
   // norm[0]/bias@v: zeros (moe.mesh:25)
-  param12_norm_0_bias_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param12_norm_0_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[0]/w_gate@vr: zeros (moe.mesh:31)
-  param13_route_0_w_gate_vr.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param13_route_0_w_gate_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[0]/w_gate@vc: zeros (moe.mesh:31)
-  param14_route_0_w_gate_vc.assign(2, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param14_route_0_w_gate_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
   // experts_ffn[0]/w_in@vr: zeros (moe.mesh:45)
-  param15_experts_ffn_0_w_in_vr.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param15_experts_ffn_0_w_in_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
   // experts_ffn[0]/w_in@vc: zeros (moe.mesh:45)
-  param16_experts_ffn_0_w_in_vc.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param16_experts_ffn_0_w_in_vc.assign(128, support::roundValue(support::DType::F32, 0.0));
   // experts_ffn[0]/w_out@vr: zeros (moe.mesh:46)
-  param17_experts_ffn_0_w_out_vr.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param17_experts_ffn_0_w_out_vr.assign(128, support::roundValue(support::DType::F32, 0.0));
   // experts_ffn[0]/w_out@vc: zeros (moe.mesh:46)
-  param18_experts_ffn_0_w_out_vc.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param18_experts_ffn_0_w_out_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // norm[1]/gain@v: zeros (moe.mesh:24)
-  param19_norm_1_gain_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param19_norm_1_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
   // norm[1]/bias@v: zeros (moe.mesh:25)
-  param20_norm_1_bias_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param20_norm_1_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[1]/w_gate@vr: zeros (moe.mesh:31)
-  param21_route_1_w_gate_vr.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param21_route_1_w_gate_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
   // route[1]/w_gate@vc: zeros (moe.mesh:31)
-  param22_route_1_w_gate_vc.assign(2, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param22_route_1_w_gate_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
   // experts_ffn[1]/w_in@vr: zeros (moe.mesh:45)
-  param23_experts_ffn_1_w_in_vr.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param23_experts_ffn_1_w_in_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
   // experts_ffn[1]/w_in@vc: zeros (moe.mesh:45)
-  param24_experts_ffn_1_w_in_vc.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param24_experts_ffn_1_w_in_vc.assign(128, support::roundValue(support::DType::F32, 0.0));
   // experts_ffn[1]/w_out@vr: zeros (moe.mesh:46)
-  param25_experts_ffn_1_w_out_vr.assign(128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param25_experts_ffn_1_w_out_vr.assign(128, support::roundValue(support::DType::F32, 0.0));
   // experts_ffn[1]/w_out@vc: zeros (moe.mesh:46)
-  param26_experts_ffn_1_w_out_vc.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param26_experts_ffn_1_w_out_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
 }
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
-  // Arena: 395776 bytes for 1326748 bytes of temporaries (356 slots, placed by liveness).
-  meshc::gen::checkShape("input", "x", inputs.x, {1, 64, 32});
-  meshc::gen::checkShape("input", "target", inputs.target, {1, 64, 32});
+  // Arena: 395840 bytes for 1192520 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "x", inputs.x, {1, 64, 32});
+  support::checkShape("input", "target", inputs.target, {1, 64, 32});
+  runPart0(inputs);
+  runPart1(inputs);
+  runPart2(inputs);
+  runPart3(inputs);
+  runPart4(inputs);
+  runPart5(inputs);
+  runPart6(inputs);
+  runPart7(inputs);
+  support::View v141 = arena_.view(395776, 1);
 
-  // moe.mesh:107:17 input -> x
-  const meshc::gen::Buffer &v0 = inputs.x.data;
+  // The step's updates.
+  ++step_;
 
-  // moe.mesh:107:50 input -> target
-  const meshc::gen::Buffer &v1 = inputs.target.data;
+  Outputs outputs;
+  outputs.loss = support::Tensor{{}, support::Buffer(v141.begin(), v141.end())};
+  return outputs;
+}
 
-  // moe.mesh:108:9 param -> zero
-  const meshc::gen::Buffer &v2 = param0_zero;
-
-  // moe.mesh:24:9 param -> gain
-  const meshc::gen::Buffer &v3 = param1_norm_0_gain;
-
-  // moe.mesh:25:9 param -> bias
-  const meshc::gen::Buffer &v4 = param2_norm_0_bias;
+void MoeTrain::runPart0(const Inputs &inputs) {
+  (void)inputs;
 
   // moe.mesh:26:10 layer_norm
-  meshc::gen::View v5 = arena_.slot(323584, 2048);
-  meshc::gen::along(v5.data(), v0.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // moe.mesh:26:33 mul
-  // moe.mesh:26:40 add -> n
-  meshc::gen::View v7 = arena_.slot(102400, 2048);
-  meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t6 = float(double(v5[at[1]]) * double(v3[at[2]]));
-                           v7[at[0]] = float(double(t6) + double(v4[at[3]]));
-                         });
+  const support::Buffer &v0 = inputs.x.data;
+  support::View v5 = arena_.view(323584, 2048);
+  static const support::Shape shape0_2 = {1, 64};
+  static const support::Shape shape0_3 = {2048, 32};
+  static const support::Shape shape0_4 = {2048, 32};
+  static const support::Shape shape0_5 = {32};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(v5.data(), v0.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:114:27 random_uniform
-  meshc::gen::View v8 = arena_.slot(331776, 2048);
-  meshrt::kernels::fillRandomUniform(
+  support::View v8 = arena_.view(331776, 2048);
+  support::fillRandomUniform(
       v8.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 64, 32}},
       seed_, std::string("uniform[0]#0") + "#" + std::to_string(step_), 0.99, 1.01,
       meshrt::kernels::ValueType::F32);
 
+  // moe.mesh:26:33 mul
+  // moe.mesh:26:40 add -> n
   // moe.mesh:114:25 mul
-  meshc::gen::View v9 = arena_.slot(339968, 2048);
-  for (size_t i = 0; i < v9.size(); ++i) {
-    v9[i] = float(double(v7[i]) * double(v8[i]));
+  support::View v3(param1_norm_0_gain); // updated in place
+  support::View v4(param2_norm_0_bias); // updated in place
+  support::View v7 = arena_.view(102400, 2048);
+  support::View v9 = arena_.view(339968, 2048);
+  {
+    float *__restrict v7p = v7.data();
+    float *__restrict v9p = v9.data();
+    const float *__restrict v5p = v5.data();
+    const float *__restrict v3p = v3.data();
+    const float *__restrict v4p = v4.data();
+    const float *__restrict v8p = v8.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v5p[i0 * 32 + i1];
+        const float s1 = v3p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v4p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = v8p[i0 * 32 + i1];
+        const float s6 = (s4 * s5);
+        v7p[i0 * 32 + i1] = s4;
+        v9p[i0 * 32 + i1] = s6;
+      }
+    }
   }
 
-  // moe.mesh:31:9 param -> w_gate
-  const meshc::gen::Buffer &v10 = param3_route_0_w_gate;
-
   // moe.mesh:32:18 einsum
-  meshc::gen::View v11 = arena_.slot(0, 128);
+  support::View v10(param3_route_0_w_gate); // updated in place
+  support::View v11 = arena_.view(0, 128);
   // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsum11(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum11.run(v9.data(), v10.data(), v11.data());
+  einsumPlan3.run(v9.data(), v10.data(), v11.data(), 1.0f, 0.0f);
 
   // moe.mesh:32:10 softmax -> gates
-  meshc::gen::View v12 = arena_.slot(389120, 128);
-  meshc::gen::along(v12.data(), v11.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
-                    meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
+  support::View v12 = arena_.view(389120, 128);
+  static const support::Shape shape4_2 = {1, 64};
+  static const support::Shape shape4_3 = {128, 2};
+  static const support::Shape shape4_4 = {128, 2};
+  static const support::Shape shape4_5 = {2};
+  static const support::Shape shape4_6 = {1};
+  static const support::Shape shape4_7 = {1};
+  support::along(v12.data(), v11.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+                 support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:38:24 max
-  meshc::gen::View v13 = arena_.slot(512, 64);
-  meshc::gen::reduce(v13.data(), {1, 64}, v12.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v13 = arena_.view(512, 64);
+  static const support::Shape shape5_1 = {1, 64};
+  static const support::Shape shape5_3 = {128, 2};
+  static const support::Shape shape5_4 = {2};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v13.data(), shape5_1, v12.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v13.data(), v13.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast
-  meshc::gen::View v15 = arena_.slot(0, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t14 = (v12[at[1]] >= v13[at[2]] ? 1.0f : 0.0f);
-                           v15[at[0]] = float(t14);
-                         });
+  support::View v15 = arena_.view(0, 128);
+  {
+    float *__restrict v15p = v15.data();
+    const float *__restrict v12p = v12.data();
+    const float *__restrict v13p = v13.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v12p[i0 * 2 + i1];
+        const float s1 = v13p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        v15p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
 
   // moe.mesh:87:17 mean -> density
-  meshc::gen::View v16 = arena_.slot(395264, 2);
-  meshc::gen::reduce(v16.data(), {1, 2}, v15.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
-                     0.015625);
+  support::View v16 = arena_.view(395264, 2);
+  static const support::Shape shape8_1 = {1, 2};
+  static const support::Shape shape8_3 = {128, 1};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {2};
+  support::reduce(v16.data(), shape8_1, v15.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.015625);
 
   // moe.mesh:88:23 mean -> density_proxy
-  meshc::gen::View v17 = arena_.slot(0, 2);
-  meshc::gen::reduce(v17.data(), {1, 2}, v12.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
-                     0.015625);
+  support::View v17 = arena_.view(0, 2);
+  static const support::Shape shape9_1 = {1, 2};
+  static const support::Shape shape9_3 = {128, 1};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {2};
+  support::reduce(v17.data(), shape9_1, v12.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.015625);
 
   // moe.mesh:89:23 mul
-  meshc::gen::View v18 = arena_.slot(64, 2);
-  for (size_t i = 0; i < v18.size(); ++i) {
-    v18[i] = float(double(v16[i]) * double(v17[i]));
+  support::View v18 = arena_.view(64, 2);
+  {
+    float *__restrict v18p = v18.data();
+    const float *__restrict v16p = v16.data();
+    const float *__restrict v17p = v17.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v16p[i0];
+      const float s1 = v17p[i0];
+      const float s2 = (s0 * s1);
+      v18p[i0] = s2;
+    }
   }
 
   // moe.mesh:89:10 mean
-  meshc::gen::View v19 = arena_.slot(0, 1);
-  meshc::gen::reduce(v19.data(), {}, v18.data(), {}, {1, 2}, {2, 1}, meshc::gen::Reduce::Sum,
-                     0.125);
-
-  // moe.mesh:89:42 literal
-  meshc::gen::View v20 =
-      arena_.fill(395392, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
+  support::View v19 = arena_.view(0, 1);
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {1, 2};
+  static const support::Shape shape11_5 = {2, 1};
+  support::reduce(v19.data(), shape11_1, v18.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.125);
 
   // moe.mesh:89:40 mul
-  meshc::gen::View v21 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v21.size(); ++i) {
-    v21[i] = float(double(v19[i]) * double(v20[i]));
+  support::View v21 = arena_.view(262144, 1);
+  {
+    float *__restrict v21p = v21.data();
+    const float *__restrict v19p = v19.data();
+    const float s0 = v19p[0];
+    const float s1 = 16.0f;
+    const float s2 = (s0 * s1);
+    v21p[0] = s2;
   }
 
   // moe.mesh:115:15 all_reduce_sum (resolve the partial sum of %21 over data, model for add at
   // 115:15)
-  meshc::gen::View v22 = v21;
-  group_data_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:115:15 add -> aux
-  meshc::gen::View v23 = arena_.slot(131072, 1);
-  for (size_t i = 0; i < v23.size(); ++i) {
-    v23[i] = float(double(v2[i]) + double(v22[i]));
-  }
-
-  // moe.mesh:45:9 param -> w_in
-  const meshc::gen::Buffer &v24 = param4_experts_ffn_0_w_in;
-
-  // moe.mesh:46:9 param -> w_out
-  const meshc::gen::Buffer &v25 = param5_experts_ffn_0_w_out;
+  auto request0 = support::startAllReduce(group_data_model, {v21}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:38:24 max
-  meshc::gen::View v26 = arena_.slot(0, 64);
-  meshc::gen::reduce(v26.data(), {1, 64}, v12.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v26 = arena_.view(512, 64);
+  static const support::Shape shape14_1 = {1, 64};
+  static const support::Shape shape14_3 = {128, 2};
+  static const support::Shape shape14_4 = {2};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v26.data(), shape14_1, v12.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v26.data(), v26.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::View v28 = arena_.slot(389632, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t27 = (v12[at[1]] >= v26[at[2]] ? 1.0f : 0.0f);
-                           v28[at[0]] = float(t27);
-                         });
-
-  // moe.mesh:50:28 literal
-  meshc::gen::View v29 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
   // moe.mesh:50:32 sub
-  meshc::gen::View v30 = arena_.slot(390144, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v30[at[0]] = float(double(v29[at[1]]) - double(v28[at[2]]));
-                         });
-
   // moe.mesh:50:25 mul -> remaining
-  meshc::gen::View v31 = arena_.slot(0, 128);
-  for (size_t i = 0; i < v31.size(); ++i) {
-    v31[i] = float(double(v12[i]) * double(v30[i]));
+  support::View v28 = arena_.view(389632, 128);
+  support::View v30 = arena_.view(390144, 128);
+  support::View v31 = arena_.view(0, 128);
+  {
+    float *__restrict v28p = v28.data();
+    float *__restrict v30p = v30.data();
+    float *__restrict v31p = v31.data();
+    const float *__restrict v12p = v12.data();
+    const float *__restrict v26p = v26.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v12p[i0 * 2 + i1];
+        const float s1 = v26p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = 1.0f;
+        const float s5 = (s4 - s3);
+        const float s6 = v12p[i0 * 2 + i1];
+        const float s7 = (s6 * s5);
+        v28p[i0 * 2 + i1] = s3;
+        v30p[i0 * 2 + i1] = s5;
+        v31p[i0 * 2 + i1] = s7;
+      }
+    }
   }
 
   // moe.mesh:38:24 max
-  meshc::gen::View v32 = arena_.slot(512, 64);
-  meshc::gen::reduce(v32.data(), {1, 64}, v31.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v32 = arena_.view(1024, 64);
+  static const support::Shape shape17_1 = {1, 64};
+  static const support::Shape shape17_3 = {128, 2};
+  static const support::Shape shape17_4 = {2};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v32.data(), shape17_1, v31.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v32.data(), v32.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  meshc::gen::View v34 = arena_.slot(390656, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t33 = (v31[at[1]] >= v32[at[2]] ? 1.0f : 0.0f);
-                           v34[at[0]] = float(t33);
-                         });
-
   // moe.mesh:53:25 mul
-  meshc::gen::View v35 = arena_.slot(512, 128);
-  for (size_t i = 0; i < v35.size(); ++i) {
-    v35[i] = float(double(v12[i]) * double(v28[i]));
+  support::View v35 = arena_.view(512, 128);
+  {
+    float *__restrict v35p = v35.data();
+    const float *__restrict v12p = v12.data();
+    const float *__restrict v28p = v28.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v12p[i0];
+      const float s1 = v28p[i0];
+      const float s2 = (s0 * s1);
+      v35p[i0] = s2;
+    }
   }
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::View v36 = arena_.slot(61440, 64);
-  meshc::gen::reduce(v36.data(), {1, 64}, v35.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v36 = arena_.view(41472, 64);
+  static const support::Shape shape20_1 = {1, 64};
+  static const support::Shape shape20_3 = {128, 2};
+  static const support::Shape shape20_4 = {2};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v36.data(), shape20_1, v35.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
 
+  // moe.mesh:38:21 ge
+  // moe.mesh:38:10 cast -> mask2
   // moe.mesh:54:29 mul
-  meshc::gen::View v37 = arena_.slot(512, 128);
-  for (size_t i = 0; i < v37.size(); ++i) {
-    v37[i] = float(double(v31[i]) * double(v34[i]));
+  support::View v34 = arena_.view(390656, 128);
+  support::View v37 = arena_.view(512, 128);
+  {
+    float *__restrict v34p = v34.data();
+    float *__restrict v37p = v37.data();
+    const float *__restrict v31p = v31.data();
+    const float *__restrict v32p = v32.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v31p[i0 * 2 + i1];
+        const float s1 = v32p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = v31p[i0 * 2 + i1];
+        const float s5 = (s4 * s3);
+        v34p[i0 * 2 + i1] = s3;
+        v37p[i0 * 2 + i1] = s5;
+      }
+    }
   }
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::View v38 = arena_.slot(81920, 64);
-  meshc::gen::reduce(v38.data(), {1, 64}, v37.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v38 = arena_.view(41728, 64);
+  static const support::Shape shape22_1 = {1, 64};
+  static const support::Shape shape22_3 = {128, 2};
+  static const support::Shape shape22_4 = {2};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v38.data(), shape22_1, v37.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:55:29 add
-  meshc::gen::View v39 = arena_.slot(393216, 64);
-  for (size_t i = 0; i < v39.size(); ++i) {
-    v39[i] = float(double(v36[i]) + double(v38[i]));
+  support::View v39 = arena_.view(393216, 64);
+  {
+    float *__restrict v39p = v39.data();
+    const float *__restrict v36p = v36.data();
+    const float *__restrict v38p = v38.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v36p[i0];
+      const float s1 = v38p[i0];
+      const float s2 = (s0 + s1);
+      v39p[i0] = s2;
+    }
   }
 
-  // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %38 over model for maximum at 55:15)
-  meshc::gen::View v41 = v39;
-  group_model.allReduce(v41.data(), v41.size(), meshrt::ReduceOp::Sum);
+  // moe.mesh:119:3 square
+  support::View v361 = arena_.view(0, 64);
+  {
+    float *__restrict v361p = v361.data();
+    const float *__restrict v10p = v10.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v10p[i0];
+      const float s1 = s0 * s0;
+      v361p[i0] = s1;
+    }
+  }
 
-  // moe.mesh:55:38 literal
-  meshc::gen::View v40 =
-      arena_.fill(395456, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
+  // moe.mesh:119:3 mean
+  support::View v362 = arena_.view(395392, 1);
+  static const support::Shape shape25_1 = {};
+  static const support::Shape shape25_3 = {};
+  static const support::Shape shape25_4 = {32, 2};
+  static const support::Shape shape25_5 = {2, 1};
+  support::reduce(v362.data(), shape25_1, v361.data(), shape25_3, shape25_4, shape25_5,
+                  support::Reduce::Sum, 0.0078125);
 
-  // moe.mesh:55:15 maximum -> total
-  meshc::gen::View v42 = arena_.slot(393472, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v42[at[0]] = float(meshc::gen::maximum(v41[at[1]], v40[at[2]]));
-                         });
+  // moe.mesh:119:3 square
+  support::View v24(param4_experts_ffn_0_w_in); // updated in place
+  support::View v397 = arena_.view(0, 4096);
+  {
+    float *__restrict v397p = v397.data();
+    const float *__restrict v24p = v24.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v24p[i0];
+      const float s1 = s0 * s0;
+      v397p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v398 = arena_.view(395456, 1);
+  static const support::Shape shape27_1 = {};
+  static const support::Shape shape27_3 = {};
+  static const support::Shape shape27_4 = {2, 32, 64};
+  static const support::Shape shape27_5 = {2048, 64, 1};
+  support::reduce(v398.data(), shape27_1, v397.data(), shape27_3, shape27_4, shape27_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 square
+  support::View v25(param5_experts_ffn_0_w_out); // updated in place
+  support::View v433 = arena_.view(0, 4096);
+  {
+    float *__restrict v433p = v433.data();
+    const float *__restrict v25p = v25.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v25p[i0];
+      const float s1 = s0 * s0;
+      v433p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v434 = arena_.view(395520, 1);
+  static const support::Shape shape29_1 = {};
+  static const support::Shape shape29_3 = {};
+  static const support::Shape shape29_4 = {2, 64, 32};
+  static const support::Shape shape29_5 = {2048, 32, 1};
+  support::reduce(v434.data(), shape29_1, v433.data(), shape29_3, shape29_4, shape29_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 square
+  support::View v76(param8_route_1_w_gate); // updated in place
+  support::View v516 = arena_.view(0, 64);
+  {
+    float *__restrict v516p = v516.data();
+    const float *__restrict v76p = v76.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v76p[i0];
+      const float s1 = s0 * s0;
+      v516p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v517 = arena_.view(395584, 1);
+  static const support::Shape shape31_1 = {};
+  static const support::Shape shape31_3 = {};
+  static const support::Shape shape31_4 = {32, 2};
+  static const support::Shape shape31_5 = {2, 1};
+  support::reduce(v517.data(), shape31_1, v516.data(), shape31_3, shape31_4, shape31_5,
+                  support::Reduce::Sum, 0.0078125);
+
+  // moe.mesh:119:3 square
+  support::View v90(param9_experts_ffn_1_w_in); // updated in place
+  support::View v552 = arena_.view(0, 4096);
+  {
+    float *__restrict v552p = v552.data();
+    const float *__restrict v90p = v90.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v90p[i0];
+      const float s1 = s0 * s0;
+      v552p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v553 = arena_.view(395648, 1);
+  static const support::Shape shape33_1 = {};
+  static const support::Shape shape33_3 = {};
+  static const support::Shape shape33_4 = {2, 32, 64};
+  static const support::Shape shape33_5 = {2048, 64, 1};
+  support::reduce(v553.data(), shape33_1, v552.data(), shape33_3, shape33_4, shape33_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 square
+  support::View v91(param10_experts_ffn_1_w_out); // updated in place
+  support::View v588 = arena_.view(0, 4096);
+  {
+    float *__restrict v588p = v588.data();
+    const float *__restrict v91p = v91.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v91p[i0];
+      const float s1 = s0 * s0;
+      v588p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v589 = arena_.view(395712, 1);
+  static const support::Shape shape35_1 = {};
+  static const support::Shape shape35_3 = {};
+  static const support::Shape shape35_4 = {2, 64, 32};
+  static const support::Shape shape35_5 = {2048, 32, 1};
+  support::reduce(v589.data(), shape35_1, v588.data(), shape35_3, shape35_4, shape35_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:55:15 bucketed_all_reduce_sum (resolve the partial sum of %38 over model for maximum
+  // at 55:15; merged with 6 more partial sums over model (%363, %399, %435, ...): 280 B in one
+  // buffer)
+  auto request1 = support::startAllReduce(group_model, {v39, v362, v398, v434, v517, v553, v589},
+                                          meshrt::ReduceOp::Sum);
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::View v43 = arena_.slot(0, 128);
-  meshc::gen::along(v43.data(), v28.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::View v43 = arena_.view(0, 128);
+  static const support::Shape shape37_2 = {1, 2};
+  static const support::Shape shape37_3 = {128, 1};
+  static const support::Shape shape37_4 = {128, 1};
+  static const support::Shape shape37_5 = {64};
+  static const support::Shape shape37_6 = {2};
+  static const support::Shape shape37_7 = {2};
+  support::along(v43.data(), v28.data(), shape37_2, shape37_3, shape37_4, shape37_5, shape37_6,
+                 shape37_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::View v44 = arena_.slot(20480, 128);
-  for (size_t i = 0; i < v44.size(); ++i) {
-    v44[i] = meshc::gen::castToI32(v43[i]);
+  support::View v44 = arena_.view(20480, 128);
+  {
+    float *__restrict v44p = v44.data();
+    const float *__restrict v43p = v43.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v43p[i0];
+      const float s1 = support::castToI32(s0);
+      v44p[i0] = s1;
+    }
   }
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::View v45 = arena_.slot(0, 5120);
-  meshc::gen::oneHot(v45.data(), {1, 64, 2, 40}, v44.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
+  support::View v45 = arena_.view(0, 5120);
+  static const support::Shape shape39_1 = {1, 64, 2, 40};
+  static const support::Shape shape39_3 = {128, 2, 1, 0};
+  static const support::Shape shape39_4 = {0, 0, 0, 1};
+  support::oneHot(v45.data(), shape39_1, v44.data(), shape39_3, shape39_4, 0);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::View v46 = arena_.slot(20480, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v46[at[0]] = float(double(v45[at[1]]) * double(v28[at[2]]));
-                         });
+  support::View v46 = arena_.view(20480, 5120);
+  {
+    float *__restrict v46p = v46.data();
+    const float *__restrict v45p = v45.data();
+    const float *__restrict v28p = v28.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 40; ++i1) {
+        const float s0 = v45p[i0 * 40 + i1];
+        const float s1 = v28p[i0];
+        const float s2 = (s0 * s1);
+        v46p[i0 * 40 + i1] = s2;
+      }
+    }
+  }
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::View v47 = arena_.slot(0, 128);
-  meshc::gen::reduce(v47.data(), {1, 64, 2}, v46.data(), {5120, 80, 40}, {40}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v47 = arena_.view(0, 128);
+  static const support::Shape shape41_1 = {1, 64, 2};
+  static const support::Shape shape41_3 = {5120, 80, 40};
+  static const support::Shape shape41_4 = {40};
+  static const support::Shape shape41_5 = {1};
+  support::reduce(v47.data(), shape41_1, v46.data(), shape41_3, shape41_4, shape41_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::View v48 = arena_.slot(512, 128);
-  meshc::gen::along(v48.data(), v34.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::View v48 = arena_.view(512, 128);
+  static const support::Shape shape42_2 = {1, 2};
+  static const support::Shape shape42_3 = {128, 1};
+  static const support::Shape shape42_4 = {128, 1};
+  static const support::Shape shape42_5 = {64};
+  static const support::Shape shape42_6 = {2};
+  static const support::Shape shape42_7 = {2};
+  support::along(v48.data(), v34.data(), shape42_2, shape42_3, shape42_4, shape42_5, shape42_6,
+                 shape42_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::View v49 = arena_.slot(1024, 2);
-  meshc::gen::reduce(v49.data(), {1, 2}, v47.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v49 = arena_.view(1024, 2);
+  static const support::Shape shape43_1 = {1, 2};
+  static const support::Shape shape43_3 = {128, 1};
+  static const support::Shape shape43_4 = {64};
+  static const support::Shape shape43_5 = {2};
+  support::reduce(v49.data(), shape43_1, v47.data(), shape43_3, shape43_4, shape43_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::View v51 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t50 = float(double(v48[at[1]]) + double(v49[at[2]]));
-                           v51[at[0]] = meshc::gen::castToI32(t50);
-                         });
+  support::View v51 = arena_.view(40960, 128);
+  {
+    float *__restrict v51p = v51.data();
+    const float *__restrict v48p = v48.data();
+    const float *__restrict v49p = v49.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v48p[i0 * 2 + i1];
+        const float s1 = v49p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::castToI32(s2);
+        v51p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::View v52 = arena_.slot(0, 5120);
-  meshc::gen::oneHot(v52.data(), {1, 64, 2, 40}, v51.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
+  support::View v52 = arena_.view(0, 5120);
+  static const support::Shape shape45_1 = {1, 64, 2, 40};
+  static const support::Shape shape45_3 = {128, 2, 1, 0};
+  static const support::Shape shape45_4 = {0, 0, 0, 1};
+  support::oneHot(v52.data(), shape45_1, v51.data(), shape45_3, shape45_4, 0);
+
+  group_model.wait(request1);
+
+  // moe.mesh:55:15 maximum -> total
+  // moe.mesh:69:36 div
+  // moe.mesh:69:66 div
+  support::View v42 = arena_.view(393472, 64);
+  support::View v55 = arena_.view(393728, 64);
+  support::View v58 = arena_.view(393984, 64);
+  {
+    float *__restrict v42p = v42.data();
+    float *__restrict v55p = v55.data();
+    float *__restrict v58p = v58.data();
+    const float *__restrict v39p = v39.data();
+    const float *__restrict v36p = v36.data();
+    const float *__restrict v38p = v38.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v39p[i0];
+      const float s1 = 1e-09f;
+      const float s2 = support::maximum(s0, s1);
+      const float s3 = v36p[i0];
+      const float s4 = (s3 / s2);
+      const float s5 = v38p[i0];
+      const float s6 = (s5 / s2);
+      v42p[i0] = s2;
+      v55p[i0] = s4;
+      v58p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %53 over model for mul at
+  // 69:27; merged with 1 more partial sum over model (%59): 512 B in one buffer)
+  support::allReduceBucket(group_model, {v55, v58});
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::View v53 = arena_.slot(40960, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v53[at[0]] = float(double(v52[at[1]]) * double(v34[at[2]]));
-                         });
-
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::View v54 = arena_.slot(0, 5120);
-  for (size_t i = 0; i < v54.size(); ++i) {
-    v54[i] = float(double(v46[i]) + double(v53[i]));
-  }
-
-  // moe.mesh:69:36 div
-  meshc::gen::View v55 = arena_.slot(393728, 64);
-  for (size_t i = 0; i < v55.size(); ++i) {
-    v55[i] = float(double(v36[i]) / double(v42[i]));
-  }
-
-  // moe.mesh:69:27 all_reduce_sum (resolve the partial sum of %53 over model for mul at 69:27)
-  meshc::gen::View v56 = v55;
-  group_model.allReduce(v56.data(), v56.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:69:27 mul
-  meshc::gen::View v57 = arena_.slot(61440, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v57[at[0]] = float(double(v46[at[1]]) * double(v56[at[2]]));
-                         });
-
-  // moe.mesh:69:66 div
-  meshc::gen::View v58 = arena_.slot(393984, 64);
-  for (size_t i = 0; i < v58.size(); ++i) {
-    v58[i] = float(double(v38[i]) / double(v42[i]));
-  }
-
-  // moe.mesh:69:57 all_reduce_sum (resolve the partial sum of %55 over model for mul at 69:57)
-  meshc::gen::View v59 = v58;
-  group_model.allReduce(v59.data(), v59.size(), meshrt::ReduceOp::Sum);
-
   // moe.mesh:69:57 mul
+  // moe.mesh:69:27 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::View v61 = arena_.slot(81920, 5120);
-  meshc::gen::forEach<4>({1, 64, 2, 40},
-                         {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t60 = float(double(v53[at[1]]) * double(v59[at[2]]));
-                           v61[at[0]] = float(double(v57[at[3]]) + double(t60));
-                         });
+  support::View v53 = arena_.view(40960, 5120);
+  support::View v54 = arena_.view(61440, 5120);
+  support::View v61 = arena_.view(81920, 5120);
+  {
+    float *__restrict v53p = v53.data();
+    float *__restrict v54p = v54.data();
+    float *__restrict v61p = v61.data();
+    const float *__restrict v52p = v52.data();
+    const float *__restrict v34p = v34.data();
+    const float *__restrict v46p = v46.data();
+    const float *__restrict v58p = v58.data();
+    const float *__restrict v55p = v55.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 40; ++i2) {
+          const float s0 = v52p[i0 * 80 + i1 * 40 + i2];
+          const float s1 = v34p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v46p[i0 * 80 + i1 * 40 + i2];
+          const float s4 = (s3 + s2);
+          const float s5 = v58p[i0];
+          const float s6 = (s2 * s5);
+          const float s7 = v46p[i0 * 80 + i1 * 40 + i2];
+          const float s8 = v55p[i0];
+          const float s9 = (s7 * s8);
+          const float s10 = (s9 + s6);
+          v53p[i0 * 80 + i1 * 40 + i2] = s2;
+          v54p[i0 * 80 + i1 * 40 + i2] = s4;
+          v61p[i0 * 80 + i1 * 40 + i2] = s10;
+        }
+      }
+    }
+  }
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::View v62 = arena_.slot(282624, 2560);
+  support::View v62 = arena_.view(282624, 2560);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsum62(
+  static const meshrt::kernels::EinsumPlan einsumPlan50(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsum62.run(v54.data(), v7.data(), v62.data());
+  einsumPlan50.run(v54.data(), v7.data(), v62.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:21 einsum
-  meshc::gen::View v63 = arena_.slot(61440, 5120);
+  support::View v63 = arena_.view(0, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum63(
+  static const meshrt::kernels::EinsumPlan einsumPlan51(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum63.run(v62.data(), v24.data(), v63.data());
+  einsumPlan51.run(v62.data(), v24.data(), v63.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::View v64 = arena_.slot(102400, 5120);
-  for (size_t i = 0; i < v64.size(); ++i) {
-    v64[i] = float((v63[i] > 0 ? v63[i] : 0.0f));
+  support::View v64 = arena_.view(102400, 5120);
+  {
+    float *__restrict v64p = v64.data();
+    const float *__restrict v63p = v63.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v63p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      v64p[i0] = s1;
+    }
   }
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::View v65 = arena_.slot(292864, 2560);
+  support::View v65 = arena_.view(292864, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum65(
+  static const meshrt::kernels::EinsumPlan einsumPlan53(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum65.run(v64.data(), v25.data(), v65.data());
+  einsumPlan53.run(v64.data(), v25.data(), v65.data(), 1.0f, 0.0f);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v66 = arena_.slot(122880, 2048);
+  support::View v66 = arena_.view(122880, 2048);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsum66(
+  static const meshrt::kernels::EinsumPlan einsumPlan54(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum66.run(v61.data(), v65.data(), v66.data());
+  einsumPlan54.run(v61.data(), v65.data(), v66.data(), 1.0f, 0.0f);
 
   // moe.mesh:116:11 all_reduce_sum (resolve the partial sum of %62 over model for add at 116:11)
-  meshc::gen::View v67 = v66;
-  group_model.allReduce(v67.data(), v67.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v66.data(), v66.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:116:11 add -> h
-  meshc::gen::View v68 = arena_.slot(348160, 2048);
-  for (size_t i = 0; i < v68.size(); ++i) {
-    v68[i] = float(double(v0[i]) + double(v67[i]));
+  support::View v68 = arena_.view(348160, 2048);
+  {
+    float *__restrict v68p = v68.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v66p = v66.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v0p[i0];
+      const float s1 = v66p[i0];
+      const float s2 = (s0 + s1);
+      v68p[i0] = s2;
+    }
   }
 
-  // moe.mesh:24:9 param -> gain
-  const meshc::gen::Buffer &v69 = param6_norm_1_gain;
-
-  // moe.mesh:25:9 param -> bias
-  const meshc::gen::Buffer &v70 = param7_norm_1_bias;
-
   // moe.mesh:26:10 layer_norm
-  meshc::gen::View v71 = arena_.slot(356352, 2048);
-  meshc::gen::along(v71.data(), v68.data(), {1, 64}, {2048, 32}, {2048, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // moe.mesh:26:33 mul
-  // moe.mesh:26:40 add -> n
-  meshc::gen::View v73 = arena_.slot(225280, 2048);
-  meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
-                           v73[at[0]] = float(double(t72) + double(v70[at[3]]));
-                         });
+  support::View v71 = arena_.view(356352, 2048);
+  static const support::Shape shape57_2 = {1, 64};
+  static const support::Shape shape57_3 = {2048, 32};
+  static const support::Shape shape57_4 = {2048, 32};
+  static const support::Shape shape57_5 = {32};
+  static const support::Shape shape57_6 = {1};
+  static const support::Shape shape57_7 = {1};
+  support::along(v71.data(), v68.data(), shape57_2, shape57_3, shape57_4, shape57_5, shape57_6,
+                 shape57_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:114:27 random_uniform
-  meshc::gen::View v74 = arena_.slot(364544, 2048);
-  meshrt::kernels::fillRandomUniform(
+  support::View v74 = arena_.view(364544, 2048);
+  support::fillRandomUniform(
       v74.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 64, 32}},
       seed_, std::string("uniform[1]#0") + "#" + std::to_string(step_), 0.99, 1.01,
       meshrt::kernels::ValueType::F32);
 
+  // moe.mesh:26:33 mul
+  // moe.mesh:26:40 add -> n
   // moe.mesh:114:25 mul
-  meshc::gen::View v75 = arena_.slot(372736, 2048);
-  for (size_t i = 0; i < v75.size(); ++i) {
-    v75[i] = float(double(v73[i]) * double(v74[i]));
+  support::View v69(param6_norm_1_gain); // updated in place
+  support::View v70(param7_norm_1_bias); // updated in place
+  support::View v73 = arena_.view(225280, 2048);
+  support::View v75 = arena_.view(372736, 2048);
+  {
+    float *__restrict v73p = v73.data();
+    float *__restrict v75p = v75.data();
+    const float *__restrict v71p = v71.data();
+    const float *__restrict v69p = v69.data();
+    const float *__restrict v70p = v70.data();
+    const float *__restrict v74p = v74.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v71p[i0 * 32 + i1];
+        const float s1 = v69p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v70p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = v74p[i0 * 32 + i1];
+        const float s6 = (s4 * s5);
+        v73p[i0 * 32 + i1] = s4;
+        v75p[i0 * 32 + i1] = s6;
+      }
+    }
   }
 
-  // moe.mesh:31:9 param -> w_gate
-  const meshc::gen::Buffer &v76 = param8_route_1_w_gate;
-
   // moe.mesh:32:18 einsum
-  meshc::gen::View v77 = arena_.slot(122880, 128);
+  support::View v77 = arena_.view(122880, 128);
   // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsum77(
+  static const meshrt::kernels::EinsumPlan einsumPlan60(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum77.run(v75.data(), v76.data(), v77.data());
+  einsumPlan60.run(v75.data(), v76.data(), v77.data(), 1.0f, 0.0f);
 
   // moe.mesh:32:10 softmax -> gates
-  meshc::gen::View v78 = arena_.slot(391168, 128);
-  meshc::gen::along(v78.data(), v77.data(), {1, 64}, {128, 2}, {128, 2}, {2}, {1}, {1},
-                    meshc::gen::Along::Softmax, 1e-05, 4, &group_model);
+  support::View v78 = arena_.view(391168, 128);
+  static const support::Shape shape61_2 = {1, 64};
+  static const support::Shape shape61_3 = {128, 2};
+  static const support::Shape shape61_4 = {128, 2};
+  static const support::Shape shape61_5 = {2};
+  static const support::Shape shape61_6 = {1};
+  static const support::Shape shape61_7 = {1};
+  support::along(v78.data(), v77.data(), shape61_2, shape61_3, shape61_4, shape61_5, shape61_6,
+                 shape61_7, support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:38:24 max
-  meshc::gen::View v79 = arena_.slot(123392, 64);
-  meshc::gen::reduce(v79.data(), {1, 64}, v78.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v79 = arena_.view(123392, 64);
+  static const support::Shape shape62_1 = {1, 64};
+  static const support::Shape shape62_3 = {128, 2};
+  static const support::Shape shape62_4 = {2};
+  static const support::Shape shape62_5 = {1};
+  support::reduce(v79.data(), shape62_1, v78.data(), shape62_3, shape62_4, shape62_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v79.data(), v79.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast
-  meshc::gen::View v81 = arena_.slot(122880, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t80 = (v78[at[1]] >= v79[at[2]] ? 1.0f : 0.0f);
-                           v81[at[0]] = float(t80);
-                         });
+  support::View v81 = arena_.view(122880, 128);
+  {
+    float *__restrict v81p = v81.data();
+    const float *__restrict v78p = v78.data();
+    const float *__restrict v79p = v79.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v78p[i0 * 2 + i1];
+        const float s1 = v79p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        v81p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
 
   // moe.mesh:87:17 mean -> density
-  meshc::gen::View v82 = arena_.slot(395328, 2);
-  meshc::gen::reduce(v82.data(), {1, 2}, v81.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
-                     0.015625);
+  support::View v82 = arena_.view(395328, 2);
+  static const support::Shape shape65_1 = {1, 2};
+  static const support::Shape shape65_3 = {128, 1};
+  static const support::Shape shape65_4 = {64};
+  static const support::Shape shape65_5 = {2};
+  support::reduce(v82.data(), shape65_1, v81.data(), shape65_3, shape65_4, shape65_5,
+                  support::Reduce::Sum, 0.015625);
 
   // moe.mesh:88:23 mean -> density_proxy
-  meshc::gen::View v83 = arena_.slot(122880, 2);
-  meshc::gen::reduce(v83.data(), {1, 2}, v78.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
-                     0.015625);
+  support::View v83 = arena_.view(122880, 2);
+  static const support::Shape shape66_1 = {1, 2};
+  static const support::Shape shape66_3 = {128, 1};
+  static const support::Shape shape66_4 = {64};
+  static const support::Shape shape66_5 = {2};
+  support::reduce(v83.data(), shape66_1, v78.data(), shape66_3, shape66_4, shape66_5,
+                  support::Reduce::Sum, 0.015625);
 
   // moe.mesh:89:23 mul
-  meshc::gen::View v84 = arena_.slot(122944, 2);
-  for (size_t i = 0; i < v84.size(); ++i) {
-    v84[i] = float(double(v82[i]) * double(v83[i]));
+  support::View v84 = arena_.view(122944, 2);
+  {
+    float *__restrict v84p = v84.data();
+    const float *__restrict v82p = v82.data();
+    const float *__restrict v83p = v83.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v82p[i0];
+      const float s1 = v83p[i0];
+      const float s2 = (s0 * s1);
+      v84p[i0] = s2;
+    }
   }
 
   // moe.mesh:89:10 mean
-  meshc::gen::View v85 = arena_.slot(122880, 1);
-  meshc::gen::reduce(v85.data(), {}, v84.data(), {}, {1, 2}, {2, 1}, meshc::gen::Reduce::Sum,
-                     0.125);
-
-  // moe.mesh:89:42 literal
-  meshc::gen::View v86 =
-      arena_.fill(395520, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 16.0));
+  support::View v85 = arena_.view(122880, 1);
+  static const support::Shape shape68_1 = {};
+  static const support::Shape shape68_3 = {};
+  static const support::Shape shape68_4 = {1, 2};
+  static const support::Shape shape68_5 = {2, 1};
+  support::reduce(v85.data(), shape68_1, v84.data(), shape68_3, shape68_4, shape68_5,
+                  support::Reduce::Sum, 0.125);
 
   // moe.mesh:89:40 mul
-  meshc::gen::View v87 = arena_.slot(122944, 1);
-  for (size_t i = 0; i < v87.size(); ++i) {
-    v87[i] = float(double(v85[i]) * double(v86[i]));
+  support::View v87 = arena_.view(262208, 1);
+  {
+    float *__restrict v87p = v87.data();
+    const float *__restrict v85p = v85.data();
+    const float s0 = v85p[0];
+    const float s1 = 16.0f;
+    const float s2 = (s0 * s1);
+    v87p[0] = s2;
   }
 
   // moe.mesh:115:15 all_reduce_sum (resolve the partial sum of %82 over data, model for add at
   // 115:15)
-  meshc::gen::View v88 = v87;
-  group_data_model.allReduce(v88.data(), v88.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:115:15 add -> aux
-  meshc::gen::View v89 = arena_.slot(262144, 1);
-  for (size_t i = 0; i < v89.size(); ++i) {
-    v89[i] = float(double(v23[i]) + double(v88[i]));
-  }
-
-  // moe.mesh:45:9 param -> w_in
-  const meshc::gen::Buffer &v90 = param9_experts_ffn_1_w_in;
-
-  // moe.mesh:46:9 param -> w_out
-  const meshc::gen::Buffer &v91 = param10_experts_ffn_1_w_out;
+  auto request2 = support::startAllReduce(group_data_model, {v87}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:38:24 max
-  meshc::gen::View v92 = arena_.slot(122880, 64);
-  meshc::gen::reduce(v92.data(), {1, 64}, v78.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v92 = arena_.view(123392, 64);
+  static const support::Shape shape71_1 = {1, 64};
+  static const support::Shape shape71_3 = {128, 2};
+  static const support::Shape shape71_4 = {2};
+  static const support::Shape shape71_5 = {1};
+  support::reduce(v92.data(), shape71_1, v78.data(), shape71_3, shape71_4, shape71_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v92.data(), v92.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
-  meshc::gen::View v94 = arena_.slot(391680, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t93 = (v78[at[1]] >= v92[at[2]] ? 1.0f : 0.0f);
-                           v94[at[0]] = float(t93);
-                         });
-
-  // moe.mesh:50:28 literal
-  meshc::gen::View v95 =
-      arena_.fill(122880, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
   // moe.mesh:50:32 sub
-  meshc::gen::View v96 = arena_.slot(392192, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {0, 0, 0}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v96[at[0]] = float(double(v95[at[1]]) - double(v94[at[2]]));
-                         });
-
   // moe.mesh:50:25 mul -> remaining
-  meshc::gen::View v97 = arena_.slot(122880, 128);
-  for (size_t i = 0; i < v97.size(); ++i) {
-    v97[i] = float(double(v78[i]) * double(v96[i]));
+  support::View v94 = arena_.view(391680, 128);
+  support::View v96 = arena_.view(392192, 128);
+  support::View v97 = arena_.view(122880, 128);
+  {
+    float *__restrict v94p = v94.data();
+    float *__restrict v96p = v96.data();
+    float *__restrict v97p = v97.data();
+    const float *__restrict v78p = v78.data();
+    const float *__restrict v92p = v92.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v78p[i0 * 2 + i1];
+        const float s1 = v92p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = 1.0f;
+        const float s5 = (s4 - s3);
+        const float s6 = v78p[i0 * 2 + i1];
+        const float s7 = (s6 * s5);
+        v94p[i0 * 2 + i1] = s3;
+        v96p[i0 * 2 + i1] = s5;
+        v97p[i0 * 2 + i1] = s7;
+      }
+    }
   }
 
   // moe.mesh:38:24 max
-  meshc::gen::View v98 = arena_.slot(123392, 64);
-  meshc::gen::reduce(v98.data(), {1, 64}, v97.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Max,
-                     1.0);
+  support::View v98 = arena_.view(123904, 64);
+  static const support::Shape shape74_1 = {1, 64};
+  static const support::Shape shape74_3 = {128, 2};
+  static const support::Shape shape74_4 = {2};
+  static const support::Shape shape74_5 = {1};
+  support::reduce(v98.data(), shape74_1, v97.data(), shape74_3, shape74_4, shape74_5,
+                  support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v98.data(), v98.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  meshc::gen::View v100 = arena_.slot(392704, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t99 = (v97[at[1]] >= v98[at[2]] ? 1.0f : 0.0f);
-                           v100[at[0]] = float(t99);
-                         });
-
   // moe.mesh:53:25 mul
-  meshc::gen::View v101 = arena_.slot(123392, 128);
-  for (size_t i = 0; i < v101.size(); ++i) {
-    v101[i] = float(double(v78[i]) * double(v94[i]));
+  support::View v101 = arena_.view(123392, 128);
+  {
+    float *__restrict v101p = v101.data();
+    const float *__restrict v78p = v78.data();
+    const float *__restrict v94p = v94.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v78p[i0];
+      const float s1 = v94p[i0];
+      const float s2 = (s0 * s1);
+      v101p[i0] = s2;
+    }
   }
 
   // moe.mesh:53:15 sum -> gate1
-  meshc::gen::View v102 = arena_.slot(184320, 64);
-  meshc::gen::reduce(v102.data(), {1, 64}, v101.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v102 = arena_.view(164352, 64);
+  static const support::Shape shape77_1 = {1, 64};
+  static const support::Shape shape77_3 = {128, 2};
+  static const support::Shape shape77_4 = {2};
+  static const support::Shape shape77_5 = {1};
+  support::reduce(v102.data(), shape77_1, v101.data(), shape77_3, shape77_4, shape77_5,
+                  support::Reduce::Sum, 1.0);
 
+  // moe.mesh:38:21 ge
+  // moe.mesh:38:10 cast -> mask2
   // moe.mesh:54:29 mul
-  meshc::gen::View v103 = arena_.slot(123392, 128);
-  for (size_t i = 0; i < v103.size(); ++i) {
-    v103[i] = float(double(v97[i]) * double(v100[i]));
+  support::View v100 = arena_.view(392704, 128);
+  support::View v103 = arena_.view(123392, 128);
+  {
+    float *__restrict v100p = v100.data();
+    float *__restrict v103p = v103.data();
+    const float *__restrict v97p = v97.data();
+    const float *__restrict v98p = v98.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v97p[i0 * 2 + i1];
+        const float s1 = v98p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = v97p[i0 * 2 + i1];
+        const float s5 = (s4 * s3);
+        v100p[i0 * 2 + i1] = s3;
+        v103p[i0 * 2 + i1] = s5;
+      }
+    }
   }
 
   // moe.mesh:54:15 sum -> gate2
-  meshc::gen::View v104 = arena_.slot(204800, 64);
-  meshc::gen::reduce(v104.data(), {1, 64}, v103.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v104 = arena_.view(164608, 64);
+  static const support::Shape shape79_1 = {1, 64};
+  static const support::Shape shape79_3 = {128, 2};
+  static const support::Shape shape79_4 = {2};
+  static const support::Shape shape79_5 = {1};
+  support::reduce(v104.data(), shape79_1, v103.data(), shape79_3, shape79_4, shape79_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:55:29 add
-  meshc::gen::View v105 = arena_.slot(394240, 64);
-  for (size_t i = 0; i < v105.size(); ++i) {
-    v105[i] = float(double(v102[i]) + double(v104[i]));
+  support::View v105 = arena_.view(394240, 64);
+  {
+    float *__restrict v105p = v105.data();
+    const float *__restrict v102p = v102.data();
+    const float *__restrict v104p = v104.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v102p[i0];
+      const float s1 = v104p[i0];
+      const float s2 = (s0 + s1);
+      v105p[i0] = s2;
+    }
   }
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 55:15)
-  meshc::gen::View v107 = v105;
-  group_model.allReduce(v107.data(), v107.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:55:38 literal
-  meshc::gen::View v106 =
-      arena_.fill(395584, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-09));
-
-  // moe.mesh:55:15 maximum -> total
-  meshc::gen::View v108 = arena_.slot(394496, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v108[at[0]] = float(meshc::gen::maximum(v107[at[1]], v106[at[2]]));
-                         });
+  auto request3 = support::startAllReduce(group_model, {v105}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:60:19 cumsum -> position1
-  meshc::gen::View v109 = arena_.slot(122880, 128);
-  meshc::gen::along(v109.data(), v94.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::View v109 = arena_.view(122880, 128);
+  static const support::Shape shape82_2 = {1, 2};
+  static const support::Shape shape82_3 = {128, 1};
+  static const support::Shape shape82_4 = {128, 1};
+  static const support::Shape shape82_5 = {64};
+  static const support::Shape shape82_6 = {2};
+  static const support::Shape shape82_7 = {2};
+  support::along(v109.data(), v94.data(), shape82_2, shape82_3, shape82_4, shape82_5, shape82_6,
+                 shape82_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  meshc::gen::View v110 = arena_.slot(143360, 128);
-  for (size_t i = 0; i < v110.size(); ++i) {
-    v110[i] = meshc::gen::castToI32(v109[i]);
+  support::View v110 = arena_.view(143360, 128);
+  {
+    float *__restrict v110p = v110.data();
+    const float *__restrict v109p = v109.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v109p[i0];
+      const float s1 = support::castToI32(s0);
+      v110p[i0] = s1;
+    }
   }
 
   // moe.mesh:63:19 one_hot
-  meshc::gen::View v111 = arena_.slot(122880, 5120);
-  meshc::gen::oneHot(v111.data(), {1, 64, 2, 40}, v110.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
+  support::View v111 = arena_.view(122880, 5120);
+  static const support::Shape shape84_1 = {1, 64, 2, 40};
+  static const support::Shape shape84_3 = {128, 2, 1, 0};
+  static const support::Shape shape84_4 = {0, 0, 0, 1};
+  support::oneHot(v111.data(), shape84_1, v110.data(), shape84_3, shape84_4, 0);
 
   // moe.mesh:63:59 mul -> dispatch1
-  meshc::gen::View v112 = arena_.slot(143360, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v112[at[0]] = float(double(v111[at[1]]) * double(v94[at[2]]));
-                         });
+  support::View v112 = arena_.view(143360, 5120);
+  {
+    float *__restrict v112p = v112.data();
+    const float *__restrict v111p = v111.data();
+    const float *__restrict v94p = v94.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 40; ++i1) {
+        const float s0 = v111p[i0 * 40 + i1];
+        const float s1 = v94p[i0];
+        const float s2 = (s0 * s1);
+        v112p[i0 * 40 + i1] = s2;
+      }
+    }
+  }
 
   // moe.mesh:64:15 sum -> kept1
-  meshc::gen::View v113 = arena_.slot(122880, 128);
-  meshc::gen::reduce(v113.data(), {1, 64, 2}, v112.data(), {5120, 80, 40}, {40}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v113 = arena_.view(122880, 128);
+  static const support::Shape shape86_1 = {1, 64, 2};
+  static const support::Shape shape86_3 = {5120, 80, 40};
+  static const support::Shape shape86_4 = {40};
+  static const support::Shape shape86_5 = {1};
+  support::reduce(v113.data(), shape86_1, v112.data(), shape86_3, shape86_4, shape86_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  meshc::gen::View v114 = arena_.slot(123392, 128);
-  meshc::gen::along(v114.data(), v100.data(), {1, 2}, {128, 1}, {128, 1}, {64}, {2}, {2},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 64, nullptr);
+  support::View v114 = arena_.view(123392, 128);
+  static const support::Shape shape87_2 = {1, 2};
+  static const support::Shape shape87_3 = {128, 1};
+  static const support::Shape shape87_4 = {128, 1};
+  static const support::Shape shape87_5 = {64};
+  static const support::Shape shape87_6 = {2};
+  static const support::Shape shape87_7 = {2};
+  support::along(v114.data(), v100.data(), shape87_2, shape87_3, shape87_4, shape87_5, shape87_6,
+                 shape87_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  meshc::gen::View v115 = arena_.slot(123904, 2);
-  meshc::gen::reduce(v115.data(), {1, 2}, v113.data(), {128, 1}, {64}, {2}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v115 = arena_.view(123904, 2);
+  static const support::Shape shape88_1 = {1, 2};
+  static const support::Shape shape88_3 = {128, 1};
+  static const support::Shape shape88_4 = {64};
+  static const support::Shape shape88_5 = {2};
+  support::reduce(v115.data(), shape88_1, v113.data(), shape88_3, shape88_4, shape88_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  meshc::gen::View v117 = arena_.slot(163840, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {2, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t116 = float(double(v114[at[1]]) + double(v115[at[2]]));
-                           v117[at[0]] = meshc::gen::castToI32(t116);
-                         });
+  support::View v117 = arena_.view(163840, 128);
+  {
+    float *__restrict v117p = v117.data();
+    const float *__restrict v114p = v114.data();
+    const float *__restrict v115p = v115.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v114p[i0 * 2 + i1];
+        const float s1 = v115p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::castToI32(s2);
+        v117p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
 
   // moe.mesh:66:19 one_hot
-  meshc::gen::View v118 = arena_.slot(122880, 5120);
-  meshc::gen::oneHot(v118.data(), {1, 64, 2, 40}, v117.data(), {128, 2, 1, 0}, {0, 0, 0, 1}, 0);
+  support::View v118 = arena_.view(122880, 5120);
+  static const support::Shape shape90_1 = {1, 64, 2, 40};
+  static const support::Shape shape90_3 = {128, 2, 1, 0};
+  static const support::Shape shape90_4 = {0, 0, 0, 1};
+  support::oneHot(v118.data(), shape90_1, v117.data(), shape90_3, shape90_4, 0);
+
+  group_model.wait(request3);
+
+  // moe.mesh:55:15 maximum -> total
+  // moe.mesh:69:36 div
+  // moe.mesh:69:66 div
+  support::View v108 = arena_.view(394496, 64);
+  support::View v121 = arena_.view(394752, 64);
+  support::View v124 = arena_.view(395008, 64);
+  {
+    float *__restrict v108p = v108.data();
+    float *__restrict v121p = v121.data();
+    float *__restrict v124p = v124.data();
+    const float *__restrict v105p = v105.data();
+    const float *__restrict v102p = v102.data();
+    const float *__restrict v104p = v104.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v105p[i0];
+      const float s1 = 1e-09f;
+      const float s2 = support::maximum(s0, s1);
+      const float s3 = v102p[i0];
+      const float s4 = (s3 / s2);
+      const float s5 = v104p[i0];
+      const float s6 = (s5 / s2);
+      v108p[i0] = s2;
+      v121p[i0] = s4;
+      v124p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %114 over model for mul at
+  // 69:27; merged with 1 more partial sum over model (%125): 512 B in one buffer)
+  support::allReduceBucket(group_model, {v121, v124});
 
   // moe.mesh:66:59 mul -> dispatch2
-  meshc::gen::View v119 = arena_.slot(163840, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {128, 2, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v119[at[0]] = float(double(v118[at[1]]) * double(v100[at[2]]));
-                         });
-
   // moe.mesh:68:28 add -> dispatch
-  meshc::gen::View v120 = arena_.slot(122880, 5120);
-  for (size_t i = 0; i < v120.size(); ++i) {
-    v120[i] = float(double(v112[i]) + double(v119[i]));
-  }
-
-  // moe.mesh:69:36 div
-  meshc::gen::View v121 = arena_.slot(394752, 64);
-  for (size_t i = 0; i < v121.size(); ++i) {
-    v121[i] = float(double(v102[i]) / double(v108[i]));
-  }
-
-  // moe.mesh:69:27 all_reduce_sum (resolve the partial sum of %114 over model for mul at 69:27)
-  meshc::gen::View v122 = v121;
-  group_model.allReduce(v122.data(), v122.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:69:27 mul
-  meshc::gen::View v123 = arena_.slot(184320, 5120);
-  meshc::gen::forEach<3>({1, 64, 2, 40}, {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v123[at[0]] = float(double(v112[at[1]]) * double(v122[at[2]]));
-                         });
-
-  // moe.mesh:69:66 div
-  meshc::gen::View v124 = arena_.slot(395008, 64);
-  for (size_t i = 0; i < v124.size(); ++i) {
-    v124[i] = float(double(v104[i]) / double(v108[i]));
-  }
-
-  // moe.mesh:69:57 all_reduce_sum (resolve the partial sum of %116 over model for mul at 69:57)
-  meshc::gen::View v125 = v124;
-  group_model.allReduce(v125.data(), v125.size(), meshrt::ReduceOp::Sum);
-
   // moe.mesh:69:57 mul
+  // moe.mesh:69:27 mul
   // moe.mesh:69:45 add -> combine
-  meshc::gen::View v127 = arena_.slot(204800, 5120);
-  meshc::gen::forEach<4>({1, 64, 2, 40},
-                         {{{5120, 80, 40, 1}, {5120, 80, 40, 1}, {64, 1, 0, 0}, {5120, 80, 40, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t126 = float(double(v119[at[1]]) * double(v125[at[2]]));
-                           v127[at[0]] = float(double(v123[at[3]]) + double(t126));
-                         });
+  support::View v119 = arena_.view(163840, 5120);
+  support::View v120 = arena_.view(184320, 5120);
+  support::View v127 = arena_.view(204800, 5120);
+  {
+    float *__restrict v119p = v119.data();
+    float *__restrict v120p = v120.data();
+    float *__restrict v127p = v127.data();
+    const float *__restrict v118p = v118.data();
+    const float *__restrict v100p = v100.data();
+    const float *__restrict v112p = v112.data();
+    const float *__restrict v124p = v124.data();
+    const float *__restrict v121p = v121.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 40; ++i2) {
+          const float s0 = v118p[i0 * 80 + i1 * 40 + i2];
+          const float s1 = v100p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v112p[i0 * 80 + i1 * 40 + i2];
+          const float s4 = (s3 + s2);
+          const float s5 = v124p[i0];
+          const float s6 = (s2 * s5);
+          const float s7 = v112p[i0 * 80 + i1 * 40 + i2];
+          const float s8 = v121p[i0];
+          const float s9 = (s7 * s8);
+          const float s10 = (s9 + s6);
+          v119p[i0 * 80 + i1 * 40 + i2] = s2;
+          v120p[i0 * 80 + i1 * 40 + i2] = s4;
+          v127p[i0 * 80 + i1 * 40 + i2] = s10;
+        }
+      }
+    }
+  }
 
   // moe.mesh:74:19 einsum -> expert_in
-  meshc::gen::View v128 = arena_.slot(303104, 2560);
+  support::View v128 = arena_.view(303104, 2560);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsum128(
+  static const meshrt::kernels::EinsumPlan einsumPlan95(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsum128.run(v120.data(), v73.data(), v128.data());
+  einsumPlan95.run(v120.data(), v73.data(), v128.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:21 einsum
-  meshc::gen::View v129 = arena_.slot(184320, 5120);
+  support::View v129 = arena_.view(122880, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum129(
+  static const meshrt::kernels::EinsumPlan einsumPlan96(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum129.run(v128.data(), v90.data(), v129.data());
+  einsumPlan96.run(v128.data(), v90.data(), v129.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:16 relu -> hidden
-  meshc::gen::View v130 = arena_.slot(225280, 5120);
-  for (size_t i = 0; i < v130.size(); ++i) {
-    v130[i] = float((v129[i] > 0 ? v129[i] : 0.0f));
+  support::View v130 = arena_.view(225280, 5120);
+  {
+    float *__restrict v130p = v130.data();
+    const float *__restrict v129p = v129.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v129p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      v130p[i0] = s1;
+    }
   }
 
   // moe.mesh:76:20 einsum -> expert_out
-  meshc::gen::View v131 = arena_.slot(266240, 2560);
+  support::View v131 = arena_.view(266240, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum131(
+  static const meshrt::kernels::EinsumPlan einsumPlan98(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum131.run(v130.data(), v91.data(), v131.data());
+  einsumPlan98.run(v130.data(), v91.data(), v131.data(), 1.0f, 0.0f);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v132 = arena_.slot(245760, 2048);
+  support::View v132 = arena_.view(245760, 2048);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsum132(
+  static const meshrt::kernels::EinsumPlan einsumPlan99(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum132.run(v127.data(), v131.data(), v132.data());
+  einsumPlan99.run(v127.data(), v131.data(), v132.data(), 1.0f, 0.0f);
 
   // moe.mesh:116:11 all_reduce_sum (resolve the partial sum of %123 over model for add at 116:11)
-  meshc::gen::View v133 = v132;
-  group_model.allReduce(v133.data(), v133.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v132.data(), v132.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:116:11 add -> h
   // moe.mesh:118:28 sub
-  meshc::gen::View v135 = arena_.slot(253952, 2048);
-  for (size_t i = 0; i < v135.size(); ++i) {
-    float t134 = float(double(v68[i]) + double(v133[i]));
-    v135[i] = float(double(t134) - double(v1[i]));
-  }
-
   // moe.mesh:118:19 square
-  meshc::gen::View v136 = arena_.slot(245760, 2048);
-  for (size_t i = 0; i < v136.size(); ++i) {
-    v136[i] = float(double(v135[i]) * double(v135[i]));
+  const support::Buffer &v1 = inputs.target.data;
+  support::View v135 = arena_.view(253952, 2048);
+  support::View v136 = arena_.view(313344, 2048);
+  {
+    float *__restrict v135p = v135.data();
+    float *__restrict v136p = v136.data();
+    const float *__restrict v68p = v68.data();
+    const float *__restrict v132p = v132.data();
+    const float *__restrict v1p = v1.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v68p[i0];
+      const float s1 = v132p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v1p[i0];
+      const float s4 = (s2 - s3);
+      const float s5 = s4 * s4;
+      v135p[i0] = s4;
+      v136p[i0] = s5;
+    }
   }
 
   // moe.mesh:118:14 mean
-  meshc::gen::View v137 = arena_.slot(262208, 1);
-  meshc::gen::reduce(v137.data(), {}, v136.data(), {}, {1, 64, 32}, {2048, 32, 1},
-                     meshc::gen::Reduce::Sum, 0.000244140625);
+  support::View v137 = arena_.view(245760, 1);
+  static const support::Shape shape102_1 = {};
+  static const support::Shape shape102_3 = {};
+  static const support::Shape shape102_4 = {1, 64, 32};
+  static const support::Shape shape102_5 = {2048, 32, 1};
+  support::reduce(v137.data(), shape102_1, v136.data(), shape102_3, shape102_4, shape102_5,
+                  support::Reduce::Sum, 0.000244140625);
 
   // moe.mesh:118:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 118:39)
-  meshc::gen::View v140 = v137;
-  group_data.allReduce(v140.data(), v140.size(), meshrt::ReduceOp::Sum);
+  auto request4 = support::startAllReduce(group_data, {v137}, meshrt::ReduceOp::Sum);
 
-  // moe.mesh:118:41 literal
-  meshc::gen::View v138 =
-      arena_.fill(245760, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
+  group_data_model.wait(request0);
 
+  group_data_model.wait(request2);
+
+  group_data.wait(request4);
+}
+
+void MoeTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+
+  // moe.mesh:115:15 add -> aux
+  // moe.mesh:115:15 add -> aux
   // moe.mesh:118:46 mul
   // moe.mesh:118:39 add -> loss
-  meshc::gen::View v141 = arena_.slot(395648, 1);
-  for (size_t i = 0; i < v141.size(); ++i) {
-    float t139 = float(double(v138[i]) * double(v89[i]));
-    v141[i] = float(double(v140[i]) + double(t139));
+  const support::Buffer &v2 = param0_zero;
+  support::View v21 = arena_.view(262144, 1);
+  support::View v87 = arena_.view(262208, 1);
+  support::View v137 = arena_.view(245760, 1);
+  support::View v141 = arena_.view(395776, 1);
+  {
+    float *__restrict v141p = v141.data();
+    const float *__restrict v2p = v2.data();
+    const float *__restrict v21p = v21.data();
+    const float *__restrict v87p = v87.data();
+    const float *__restrict v137p = v137.data();
+    const float s0 = v2p[0];
+    const float s1 = v21p[0];
+    const float s2 = (s0 + s1);
+    const float s3 = v87p[0];
+    const float s4 = (s2 + s3);
+    const float s5 = 0.01f;
+    const float s6 = (s5 * s4);
+    const float s7 = v137p[0];
+    const float s8 = (s7 + s6);
+    v141p[0] = s8;
   }
-
-  // moe.mesh:119:3 literal
-  meshc::gen::View v142 =
-      arena_.fill(245824, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // moe.mesh:118:46 mul
-  meshc::gen::View v143 = arena_.slot(395712, 1);
-  for (size_t i = 0; i < v143.size(); ++i) {
-    v143[i] = float(double(v142[i]) * double(v138[i]));
-  }
-
-  // moe.mesh:118:14 literal
-  meshc::gen::View v144 =
-      arena_.fill(245760, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.000244140625));
-
-  // moe.mesh:118:14 mul
-  meshc::gen::View v145 = arena_.slot(262144, 1);
-  for (size_t i = 0; i < v145.size(); ++i) {
-    v145[i] = float(double(v142[i]) * double(v144[i]));
-  }
-
-  // moe.mesh:118:14 broadcast
-  meshc::gen::View v146 = arena_.slot(245760, 2048);
-  meshc::gen::forEach<2>(
-      {1, 64, 32}, {{{2048, 32, 1}, {0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v146[at[0]] = float(v145[at[1]]); });
-
-  // moe.mesh:118:19 literal
-  meshc::gen::View v147 =
-      arena_.fill(262144, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 2.0));
 
   // moe.mesh:118:19 mul
   // moe.mesh:118:19 mul
-  meshc::gen::View v149 = arena_.slot(380928, 2048);
-  meshc::gen::forEach<4>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}, {2048, 32, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t148 = float(double(v135[at[1]]) * double(v147[at[2]]));
-                           v149[at[0]] = float(double(v146[at[3]]) * double(t148));
-                         });
+  support::View v135 = arena_.view(253952, 2048);
+  support::View v149 = arena_.view(380928, 2048);
+  {
+    float *__restrict v149p = v149.data();
+    const float *__restrict v135p = v135.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v135p[i0];
+      const float s1 = 2.0f;
+      const float s2 = (s0 * s1);
+      const float s3 = 0.00024414062f;
+      const float s4 = (s3 * s2);
+      v149p[i0] = s4;
+    }
+  }
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v150 = arena_.slot(245760, 5120);
+  support::View v131 = arena_.view(266240, 2560);
+  support::View v150 = arena_.view(245760, 5120);
   // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsum150(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum150.run(v149.data(), v131.data(), v150.data());
+  einsumPlan2.run(v149.data(), v131.data(), v150.data(), 1.0f, 0.0f);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v151 = arena_.slot(313344, 2560);
+  support::View v127 = arena_.view(204800, 5120);
+  support::View v151 = arena_.view(313344, 2560);
   // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsum151(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
-  einsum151.run(v149.data(), v127.data(), v151.data());
+  einsumPlan3.run(v149.data(), v127.data(), v151.data(), 1.0f, 0.0f);
 
   // moe.mesh:76:20 einsum
-  meshc::gen::View v152 = arena_.slot(204800, 5120);
+  support::View v91(param10_experts_ffn_1_w_out); // updated in place
+  support::View v152 = arena_.view(204800, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum152(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum152.run(v151.data(), v91.data(), v152.data());
+  einsumPlan4.run(v151.data(), v91.data(), v152.data(), 1.0f, 0.0f);
 
   // moe.mesh:76:20 einsum -> grad/experts_ffn[1]/w_out
-  meshc::gen::View v153 = arena_.slot(266240, 4096);
+  support::View v130 = arena_.view(225280, 5120);
+  support::View v153 = arena_.view(266240, 4096);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum153(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsum153.run(v151.data(), v130.data(), v153.data());
-
-  // moe.mesh:75:16 literal
-  meshc::gen::View v154 =
-      arena_.fill(313344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  einsumPlan5.run(v151.data(), v130.data(), v153.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:16 gt
   // moe.mesh:75:16 where
-  meshc::gen::View v156 = arena_.slot(225280, 5120);
-  meshc::gen::forEach<4>(
-      {2, 1, 40, 64},
-      {{{2560, 2560, 64, 1}, {2560, 2560, 64, 1}, {0, 0, 0, 0}, {2560, 2560, 64, 1}}}, {},
-      [&](const std::array<int64_t, 4> &at) {
-        float t155 = (v129[at[1]] > v154[at[2]] ? 1.0f : 0.0f);
-        v156[at[0]] = float((t155 != 0 ? v152[at[3]] : v154[at[2]]));
-      });
+  support::View v129 = arena_.view(122880, 5120);
+  support::View v156 = arena_.view(225280, 5120);
+  {
+    float *__restrict v156p = v156.data();
+    const float *__restrict v129p = v129.data();
+    const float *__restrict v152p = v152.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v129p[i0];
+      const float s1 = 0.0f;
+      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+      const float s3 = v152p[i0];
+      const float s4 = 0.0f;
+      const float s5 = (s2 != 0 ? s3 : s4);
+      v156p[i0] = s5;
+    }
+  }
 
   // moe.mesh:75:21 einsum
-  meshc::gen::View v157 = arena_.slot(200704, 2560);
+  support::View v90(param9_experts_ffn_1_w_in); // updated in place
+  support::View v157 = arena_.view(122880, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum157(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum157.run(v156.data(), v90.data(), v157.data());
+  einsumPlan7.run(v156.data(), v90.data(), v157.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:21 einsum -> grad/experts_ffn[1]/w_in
-  meshc::gen::View v158 = arena_.slot(184320, 4096);
+  support::View v128 = arena_.view(303104, 2560);
+  support::View v158 = arena_.view(204800, 4096);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum158(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsum158.run(v156.data(), v128.data(), v158.data());
+  einsumPlan8.run(v156.data(), v128.data(), v158.data(), 1.0f, 0.0f);
 
   // moe.mesh:74:19 einsum
-  meshc::gen::View v159 = arena_.slot(210944, 2048);
+  support::View v120 = arena_.view(184320, 5120);
+  support::View v159 = arena_.view(221184, 2048);
   // dims: experts, groups, capacity, d_model, tokens
-  static const meshrt::kernels::EinsumPlan einsum159(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
-  einsum159.run(v157.data(), v120.data(), v159.data());
+  einsumPlan9.run(v157.data(), v120.data(), v159.data(), 1.0f, 0.0f);
 
   // moe.mesh:69:57 mul
-  meshc::gen::View v160 = arena_.slot(122880, 5120);
-  for (size_t i = 0; i < v160.size(); ++i) {
-    v160[i] = float(double(v150[i]) * double(v119[i]));
+  support::View v119 = arena_.view(163840, 5120);
+  support::View v160 = arena_.view(122880, 5120);
+  {
+    float *__restrict v160p = v160.data();
+    const float *__restrict v150p = v150.data();
+    const float *__restrict v119p = v119.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v150p[i0];
+      const float s1 = v119p[i0];
+      const float s2 = (s0 * s1);
+      v160p[i0] = s2;
+    }
   }
 
   // moe.mesh:69:57 sum
-  meshc::gen::View v161 = arena_.slot(163840, 64);
-  meshc::gen::reduce(v161.data(), {1, 64}, v160.data(), {5120, 80}, {2, 40}, {40, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:66 all_reduce_sum (resolve the partial sum of %150 over model for div at 69:66)
-  meshc::gen::View v162 = v161;
-  group_model.allReduce(v162.data(), v162.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:69:66 div
-  meshc::gen::View v163 = arena_.slot(164096, 64);
-  for (size_t i = 0; i < v163.size(); ++i) {
-    v163[i] = float(double(v162[i]) / double(v108[i]));
-  }
-
-  // moe.mesh:69:66 div
-  // moe.mesh:69:66 mul
-  // moe.mesh:69:66 neg
-  meshc::gen::View v166 = arena_.slot(164352, 64);
-  for (size_t i = 0; i < v166.size(); ++i) {
-    float t164 = float(double(v125[i]) / double(v108[i]));
-    float t165 = float(double(v162[i]) * double(t164));
-    v166[i] = float(-t165);
-  }
+  support::View v161 = arena_.view(163840, 64);
+  static const support::Shape shape11_1 = {1, 64};
+  static const support::Shape shape11_3 = {5120, 80};
+  static const support::Shape shape11_4 = {2, 40};
+  static const support::Shape shape11_5 = {40, 1};
+  support::reduce(v161.data(), shape11_1, v160.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:69:27 mul
-  meshc::gen::View v167 = arena_.slot(122880, 5120);
-  for (size_t i = 0; i < v167.size(); ++i) {
-    v167[i] = float(double(v150[i]) * double(v112[i]));
+  support::View v112 = arena_.view(143360, 5120);
+  support::View v167 = arena_.view(122880, 5120);
+  {
+    float *__restrict v167p = v167.data();
+    const float *__restrict v150p = v150.data();
+    const float *__restrict v112p = v112.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v150p[i0];
+      const float s1 = v112p[i0];
+      const float s2 = (s0 * s1);
+      v167p[i0] = s2;
+    }
   }
 
   // moe.mesh:69:27 sum
-  meshc::gen::View v168 = arena_.slot(143360, 64);
-  meshc::gen::reduce(v168.data(), {1, 64}, v167.data(), {5120, 80}, {2, 40}, {40, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v168 = arena_.view(143360, 64);
+  static const support::Shape shape13_1 = {1, 64};
+  static const support::Shape shape13_3 = {5120, 80};
+  static const support::Shape shape13_4 = {2, 40};
+  static const support::Shape shape13_5 = {40, 1};
+  support::reduce(v168.data(), shape13_1, v167.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 1.0);
 
-  // moe.mesh:69:36 all_reduce_sum (resolve the partial sum of %156 over model for div at 69:36)
-  meshc::gen::View v169 = v168;
-  group_model.allReduce(v169.data(), v169.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:69:36 div
-  meshc::gen::View v170 = arena_.slot(122880, 64);
-  for (size_t i = 0; i < v170.size(); ++i) {
-    v170[i] = float(double(v169[i]) / double(v108[i]));
-  }
+  // moe.mesh:69:66 bucketed_all_reduce_sum (resolve the partial sum of %150 over model for div at
+  // 69:66; merged with 1 more partial sum over model (%169): 512 B in one buffer)
+  support::allReduceBucket(group_model, {v161, v168});
 
   // moe.mesh:69:36 div
   // moe.mesh:69:36 mul
   // moe.mesh:69:36 neg
+  // moe.mesh:69:66 div
+  // moe.mesh:69:66 mul
+  // moe.mesh:69:66 neg
   // moe.mesh:69:36 add
-  meshc::gen::View v174 = arena_.slot(123136, 64);
-  for (size_t i = 0; i < v174.size(); ++i) {
-    float t171 = float(double(v122[i]) / double(v108[i]));
-    float t172 = float(double(v169[i]) * double(t171));
-    float t173 = float(-t172);
-    v174[i] = float(double(v166[i]) + double(t173));
-  }
-
   // moe.mesh:55:15 ge
   // moe.mesh:55:15 where
-  meshc::gen::View v176 = arena_.slot(123392, 64);
-  meshc::gen::forEach<5>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t175 = (v107[at[1]] >= v106[at[2]] ? 1.0f : 0.0f);
-                           v176[at[0]] = float((t175 != 0 ? v174[at[3]] : v154[at[4]]));
-                         });
-
+  // moe.mesh:69:36 div
   // moe.mesh:55:29 add
-  meshc::gen::View v177 = arena_.slot(123904, 64);
-  for (size_t i = 0; i < v177.size(); ++i) {
-    v177[i] = float(double(v170[i]) + double(v176[i]));
+  // moe.mesh:69:66 div
+  // moe.mesh:55:29 add
+  support::View v121 = arena_.view(394752, 64);
+  support::View v108 = arena_.view(394496, 64);
+  support::View v124 = arena_.view(395008, 64);
+  support::View v105 = arena_.view(394240, 64);
+  support::View v177 = arena_.view(123904, 64);
+  support::View v178 = arena_.view(124160, 64);
+  {
+    float *__restrict v177p = v177.data();
+    float *__restrict v178p = v178.data();
+    const float *__restrict v121p = v121.data();
+    const float *__restrict v108p = v108.data();
+    const float *__restrict v168p = v168.data();
+    const float *__restrict v124p = v124.data();
+    const float *__restrict v161p = v161.data();
+    const float *__restrict v105p = v105.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v121p[i0];
+      const float s1 = v108p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = v168p[i0];
+      const float s4 = (s3 * s2);
+      const float s5 = -s4;
+      const float s6 = v124p[i0];
+      const float s7 = v108p[i0];
+      const float s8 = (s6 / s7);
+      const float s9 = v161p[i0];
+      const float s10 = (s9 * s8);
+      const float s11 = -s10;
+      const float s12 = (s11 + s5);
+      const float s13 = v105p[i0];
+      const float s14 = 1e-09f;
+      const float s15 = (s13 >= s14 ? 1.0f : 0.0f);
+      const float s16 = 0.0f;
+      const float s17 = (s15 != 0 ? s12 : s16);
+      const float s18 = v168p[i0];
+      const float s19 = v108p[i0];
+      const float s20 = (s18 / s19);
+      const float s21 = (s20 + s17);
+      const float s22 = v161p[i0];
+      const float s23 = v108p[i0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 + s17);
+      v177p[i0] = s21;
+      v178p[i0] = s25;
+    }
   }
 
-  // moe.mesh:55:29 add
-  meshc::gen::View v178 = arena_.slot(123648, 64);
-  for (size_t i = 0; i < v178.size(); ++i) {
-    v178[i] = float(double(v163[i]) + double(v176[i]));
-  }
-
+  // moe.mesh:89:23 mul
+  // moe.mesh:88:23 mul
+  // moe.mesh:88:23 broadcast
   // moe.mesh:54:15 broadcast
   // moe.mesh:54:29 mul
-  meshc::gen::View v180 = arena_.slot(122880, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t179 = float(v178[at[1]]);
-                           v180[at[0]] = float(double(t179) * double(v100[at[2]]));
-                         });
-
+  // moe.mesh:50:25 mul
   // moe.mesh:53:15 broadcast
   // moe.mesh:53:25 mul
-  meshc::gen::View v182 = arena_.slot(123392, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t181 = float(v177[at[1]]);
-                           v182[at[0]] = float(double(t181) * double(v94[at[2]]));
-                         });
-
-  // moe.mesh:50:25 mul
   // moe.mesh:50:25 add
-  meshc::gen::View v184 = arena_.slot(123904, 128);
-  for (size_t i = 0; i < v184.size(); ++i) {
-    float t183 = float(double(v180[i]) * double(v96[i]));
-    v184[i] = float(double(v182[i]) + double(t183));
-  }
-
-  // moe.mesh:89:40 mul
-  meshc::gen::View v185 = arena_.slot(122880, 1);
-  for (size_t i = 0; i < v185.size(); ++i) {
-    v185[i] = float(double(v143[i]) * double(v86[i]));
-  }
-
-  // moe.mesh:89:10 literal
-  meshc::gen::View v186 =
-      arena_.fill(170496, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
-  // moe.mesh:89:10 mul
-  meshc::gen::View v187 = arena_.slot(122944, 1);
-  for (size_t i = 0; i < v187.size(); ++i) {
-    v187[i] = float(double(v185[i]) * double(v186[i]));
-  }
-
-  // moe.mesh:89:10 broadcast
-  // moe.mesh:89:23 mul
-  meshc::gen::View v189 = arena_.slot(122880, 2);
-  meshc::gen::forEach<3>({1, 2}, {{{2, 1}, {0, 0}, {2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t188 = float(v187[at[1]]);
-                           v189[at[0]] = float(double(t188) * double(v82[at[2]]));
-                         });
-
-  // moe.mesh:88:23 literal
-  meshc::gen::View v190 =
-      arena_.fill(170560, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.015625));
-
-  // moe.mesh:88:23 mul
-  meshc::gen::View v191 = arena_.slot(123392, 2);
-  meshc::gen::forEach<3>({1, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v191[at[0]] = float(double(v189[at[1]]) * double(v190[at[2]]));
-                         });
-
-  // moe.mesh:88:23 broadcast
   // moe.mesh:88:23 add
-  meshc::gen::View v193 = arena_.slot(122880, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {2, 0, 1}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t192 = float(v191[at[1]]);
-                           v193[at[0]] = float(double(v184[at[2]]) + double(t192));
-                         });
-
   // moe.mesh:32:10 mul
-  meshc::gen::View v194 = arena_.slot(123392, 128);
-  for (size_t i = 0; i < v194.size(); ++i) {
-    v194[i] = float(double(v193[i]) * double(v78[i]));
+  support::View v82 = arena_.view(395328, 2);
+  support::View v100 = arena_.view(392704, 128);
+  support::View v96 = arena_.view(392192, 128);
+  support::View v94 = arena_.view(391680, 128);
+  support::View v78 = arena_.view(391168, 128);
+  support::View v193 = arena_.view(122880, 128);
+  support::View v194 = arena_.view(123392, 128);
+  {
+    float *__restrict v193p = v193.data();
+    float *__restrict v194p = v194.data();
+    const float *__restrict v82p = v82.data();
+    const float *__restrict v178p = v178.data();
+    const float *__restrict v100p = v100.data();
+    const float *__restrict v96p = v96.data();
+    const float *__restrict v177p = v177.data();
+    const float *__restrict v94p = v94.data();
+    const float *__restrict v78p = v78.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = 0.02f;
+        const float s1 = v82p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = 0.015625f;
+        const float s4 = (s2 * s3);
+        const float s5 = s4;
+        const float s6 = v178p[i0];
+        const float s7 = s6;
+        const float s8 = v100p[i0 * 2 + i1];
+        const float s9 = (s7 * s8);
+        const float s10 = v96p[i0 * 2 + i1];
+        const float s11 = (s9 * s10);
+        const float s12 = v177p[i0];
+        const float s13 = s12;
+        const float s14 = v94p[i0 * 2 + i1];
+        const float s15 = (s13 * s14);
+        const float s16 = (s15 + s11);
+        const float s17 = (s16 + s5);
+        const float s18 = v78p[i0 * 2 + i1];
+        const float s19 = (s17 * s18);
+        v193p[i0 * 2 + i1] = s17;
+        v194p[i0 * 2 + i1] = s19;
+      }
+    }
   }
 
   // moe.mesh:32:10 sum
-  meshc::gen::View v195 = arena_.slot(123904, 64);
-  meshc::gen::reduce(v195.data(), {1, 64}, v194.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v195 = arena_.view(123904, 64);
+  static const support::Shape shape17_1 = {1, 64};
+  static const support::Shape shape17_3 = {128, 2};
+  static const support::Shape shape17_4 = {2};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v195.data(), shape17_1, v194.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:32:10 all_reduce_sum (resolve the partial sum of %182 over model for sub at 32:10)
-  meshc::gen::View v196 = v195;
-  group_model.allReduce(v196.data(), v196.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v195.data(), v195.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:32:10 sub
   // moe.mesh:32:10 mul
-  meshc::gen::View v198 = arena_.slot(131072, 128);
-  meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t197 = float(double(v193[at[1]]) - double(v196[at[2]]));
-                           v198[at[0]] = float(double(v78[at[3]]) * double(t197));
-                         });
+  support::View v198 = arena_.view(131072, 128);
+  {
+    float *__restrict v198p = v198.data();
+    const float *__restrict v193p = v193.data();
+    const float *__restrict v195p = v195.data();
+    const float *__restrict v78p = v78.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v193p[i0 * 2 + i1];
+        const float s1 = v195p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = v78p[i0 * 2 + i1];
+        const float s4 = (s3 * s2);
+        v198p[i0 * 2 + i1] = s4;
+      }
+    }
+  }
 
   // moe.mesh:32:18 einsum
-  meshc::gen::View v199 = arena_.slot(122880, 2048);
+  support::View v76(param8_route_1_w_gate); // updated in place
+  support::View v199 = arena_.view(122880, 2048);
   // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsum199(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum199.run(v198.data(), v76.data(), v199.data());
+  einsumPlan20.run(v198.data(), v76.data(), v199.data(), 1.0f, 0.0f);
 
   // moe.mesh:32:18 einsum -> grad/route[1]/w_gate
-  meshc::gen::View v200 = arena_.slot(169984, 64);
+  support::View v75 = arena_.view(372736, 2048);
+  support::View v200 = arena_.view(169984, 64);
   // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsum200(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum200.run(v198.data(), v75.data(), v200.data());
+  einsumPlan21.run(v198.data(), v75.data(), v200.data(), 1.0f, 0.0f);
 
   // moe.mesh:114:25 mul
   // moe.mesh:114:25 add
-  meshc::gen::View v202 = arena_.slot(131072, 2048);
-  for (size_t i = 0; i < v202.size(); ++i) {
-    float t201 = float(double(v199[i]) * double(v74[i]));
-    v202[i] = float(double(v159[i]) + double(t201));
+  support::View v74 = arena_.view(364544, 2048);
+  support::View v202 = arena_.view(131072, 2048);
+  {
+    float *__restrict v202p = v202.data();
+    const float *__restrict v199p = v199.data();
+    const float *__restrict v74p = v74.data();
+    const float *__restrict v159p = v159.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v199p[i0];
+      const float s1 = v74p[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = v159p[i0];
+      const float s4 = (s3 + s2);
+      v202p[i0] = s4;
+    }
   }
 
   // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %188 over model for sum at 26:40)
-  meshc::gen::View v203 = v202;
-  group_model.allReduce(v203.data(), v203.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v202.data(), v202.size(), meshrt::ReduceOp::Sum);
+}
+
+void MoeTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // moe.mesh:26:40 sum -> grad/norm[1]/bias
-  meshc::gen::View v204 = arena_.slot(170240, 32);
-  meshc::gen::reduce(v204.data(), {32}, v203.data(), {1}, {1, 64}, {2048, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v202 = arena_.view(131072, 2048);
+  support::View v204 = arena_.view(170240, 32);
+  static const support::Shape shape0_1 = {32};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {1, 64};
+  static const support::Shape shape0_5 = {2048, 32};
+  support::reduce(v204.data(), shape0_1, v202.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:26:33 mul
-  meshc::gen::View v205 = arena_.slot(122880, 2048);
-  meshc::gen::forEach<3>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v205[at[0]] = float(double(v203[at[1]]) * double(v69[at[2]]));
-                         });
-
-  // moe.mesh:26:33 mul
-  meshc::gen::View v206 = arena_.slot(139264, 2048);
-  for (size_t i = 0; i < v206.size(); ++i) {
-    v206[i] = float(double(v203[i]) * double(v71[i]));
+  support::View v71 = arena_.view(356352, 2048);
+  support::View v206 = arena_.view(122880, 2048);
+  {
+    float *__restrict v206p = v206.data();
+    const float *__restrict v202p = v202.data();
+    const float *__restrict v71p = v71.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v202p[i0];
+      const float s1 = v71p[i0];
+      const float s2 = (s0 * s1);
+      v206p[i0] = s2;
+    }
   }
 
   // moe.mesh:26:33 sum -> grad/norm[1]/gain
-  meshc::gen::View v207 = arena_.slot(170368, 32);
-  meshc::gen::reduce(v207.data(), {32}, v206.data(), {1}, {1, 64}, {2048, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v207 = arena_.view(170368, 32);
+  static const support::Shape shape2_1 = {32};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {1, 64};
+  static const support::Shape shape2_5 = {2048, 32};
+  support::reduce(v207.data(), shape2_1, v206.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:26:10 mean
-  meshc::gen::View v208 = arena_.slot(139264, 64);
-  meshc::gen::reduce(v208.data(), {1, 64}, v68.data(), {2048, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
+  support::View v68 = arena_.view(348160, 2048);
+  support::View v208 = arena_.view(139264, 64);
+  static const support::Shape shape3_1 = {1, 64};
+  static const support::Shape shape3_3 = {2048, 32};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v208.data(), shape3_1, v68.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 square
-  meshc::gen::View v210 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t209 = float(double(v68[at[1]]) - double(v208[at[2]]));
-                           v210[at[0]] = float(double(t209) * double(t209));
-                         });
+  support::View v210 = arena_.view(122880, 2048);
+  {
+    float *__restrict v210p = v210.data();
+    const float *__restrict v68p = v68.data();
+    const float *__restrict v208p = v208.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v68p[i0 * 32 + i1];
+        const float s1 = v208p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v210p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
 
   // moe.mesh:26:10 mean
-  meshc::gen::View v211 = arena_.slot(139264, 64);
-  meshc::gen::reduce(v211.data(), {1, 64}, v210.data(), {2048, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:26:10 literal
-  meshc::gen::View v212 =
-      arena_.fill(131072, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-05));
+  support::View v211 = arena_.view(139264, 64);
+  static const support::Shape shape5_1 = {1, 64};
+  static const support::Shape shape5_3 = {2048, 32};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v211.data(), shape5_1, v210.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 add
   // moe.mesh:26:10 rsqrt
-  meshc::gen::View v214 = arena_.slot(139520, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t213 = float(double(v211[at[1]]) + double(v212[at[2]]));
-                           v214[at[0]] = float(1.0 / std::sqrt(double(t213)));
-                         });
+  support::View v214 = arena_.view(151552, 64);
+  {
+    float *__restrict v214p = v214.data();
+    const float *__restrict v211p = v211.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v211p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v214p[i0] = s3;
+    }
+  }
 
+  // moe.mesh:26:33 mul
   // moe.mesh:26:10 mul
-  meshc::gen::View v215 = arena_.slot(131072, 2048);
-  for (size_t i = 0; i < v215.size(); ++i) {
-    v215[i] = float(double(v205[i]) * double(v71[i]));
+  support::View v69(param6_norm_1_gain); // updated in place
+  support::View v205 = arena_.view(122880, 2048);
+  support::View v215 = arena_.view(139264, 2048);
+  {
+    float *__restrict v205p = v205.data();
+    float *__restrict v215p = v215.data();
+    const float *__restrict v202p = v202.data();
+    const float *__restrict v69p = v69.data();
+    const float *__restrict v71p = v71.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v202p[i0 * 32 + i1];
+        const float s1 = v69p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v71p[i0 * 32 + i1];
+        const float s4 = (s2 * s3);
+        v205p[i0 * 32 + i1] = s2;
+        v215p[i0 * 32 + i1] = s4;
+      }
+    }
   }
 
   // moe.mesh:26:10 mean
-  meshc::gen::View v216 = arena_.slot(139264, 64);
-  meshc::gen::reduce(v216.data(), {1, 64}, v215.data(), {2048, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:26:10 mul
-  meshc::gen::View v217 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({1, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v217[at[0]] = float(double(v71[at[1]]) * double(v216[at[2]]));
-                         });
+  support::View v216 = arena_.view(131072, 64);
+  static const support::Shape shape8_1 = {1, 64};
+  static const support::Shape shape8_3 = {2048, 32};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v216.data(), shape8_1, v215.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
-  meshc::gen::View v218 = arena_.slot(139264, 64);
-  meshc::gen::reduce(v218.data(), {1, 64}, v205.data(), {2048, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
+  support::View v218 = arena_.view(131328, 64);
+  static const support::Shape shape9_1 = {1, 64};
+  static const support::Shape shape9_3 = {2048, 32};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v218.data(), shape9_1, v205.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.03125);
 
+  // moe.mesh:26:10 mul
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 mul
   // moe.mesh:26:10 add
-  meshc::gen::View v222 = arena_.slot(143360, 2048);
-  meshc::gen::forEach<6>(
-      {1, 64, 32},
-      {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}, {2048, 32, 1}, {64, 1, 0}, {2048, 32, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t219 = float(double(v205[at[1]]) - double(v218[at[2]]));
-        float t220 = float(double(t219) - double(v217[at[3]]));
-        float t221 = float(double(t220) * double(v214[at[4]]));
-        v222[at[0]] = float(double(v149[at[5]]) + double(t221));
-      });
+  support::View v149 = arena_.view(380928, 2048);
+  support::View v222 = arena_.view(143360, 2048);
+  {
+    float *__restrict v222p = v222.data();
+    const float *__restrict v71p = v71.data();
+    const float *__restrict v216p = v216.data();
+    const float *__restrict v205p = v205.data();
+    const float *__restrict v218p = v218.data();
+    const float *__restrict v214p = v214.data();
+    const float *__restrict v149p = v149.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v71p[i0 * 32 + i1];
+        const float s1 = v216p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v205p[i0 * 32 + i1];
+        const float s4 = v218p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v214p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v149p[i0 * 32 + i1];
+        const float s10 = (s9 + s8);
+        v222p[i0 * 32 + i1] = s10;
+      }
+    }
+  }
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v223 = arena_.slot(122880, 5120);
+  support::View v65 = arena_.view(292864, 2560);
+  support::View v223 = arena_.view(122880, 5120);
   // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsum223(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum223.run(v222.data(), v65.data(), v223.data());
+  einsumPlan11.run(v222.data(), v65.data(), v223.data(), 1.0f, 0.0f);
 
   // moe.mesh:78:10 einsum
-  meshc::gen::View v224 = arena_.slot(159744, 2560);
+  support::View v61 = arena_.view(81920, 5120);
+  support::View v224 = arena_.view(159744, 2560);
   // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsum224(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
-  einsum224.run(v222.data(), v61.data(), v224.data());
+  einsumPlan12.run(v222.data(), v61.data(), v224.data(), 1.0f, 0.0f);
 
   // moe.mesh:76:20 einsum
-  meshc::gen::View v225 = arena_.slot(81920, 5120);
+  support::View v25(param5_experts_ffn_0_w_out); // updated in place
+  support::View v225 = arena_.view(81920, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum225(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum225.run(v224.data(), v25.data(), v225.data());
+  einsumPlan13.run(v224.data(), v25.data(), v225.data(), 1.0f, 0.0f);
 
   // moe.mesh:76:20 einsum -> grad/experts_ffn[0]/w_out
-  meshc::gen::View v226 = arena_.slot(143360, 4096);
+  support::View v64 = arena_.view(102400, 5120);
+  support::View v226 = arena_.view(143360, 4096);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum226(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsum226.run(v224.data(), v64.data(), v226.data());
+  einsumPlan14.run(v224.data(), v64.data(), v226.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:16 gt
   // moe.mesh:75:16 where
-  meshc::gen::View v228 = arena_.slot(102400, 5120);
-  meshc::gen::forEach<4>(
-      {2, 1, 40, 64},
-      {{{2560, 2560, 64, 1}, {2560, 2560, 64, 1}, {0, 0, 0, 0}, {2560, 2560, 64, 1}}}, {},
-      [&](const std::array<int64_t, 4> &at) {
-        float t227 = (v63[at[1]] > v154[at[2]] ? 1.0f : 0.0f);
-        v228[at[0]] = float((t227 != 0 ? v225[at[3]] : v154[at[2]]));
-      });
+  support::View v63 = arena_.view(0, 5120);
+  support::View v228 = arena_.view(102400, 5120);
+  {
+    float *__restrict v228p = v228.data();
+    const float *__restrict v63p = v63.data();
+    const float *__restrict v225p = v225.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v63p[i0];
+      const float s1 = 0.0f;
+      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+      const float s3 = v225p[i0];
+      const float s4 = 0.0f;
+      const float s5 = (s2 != 0 ? s3 : s4);
+      v228p[i0] = s5;
+    }
+  }
 
   // moe.mesh:75:21 einsum
-  meshc::gen::View v229 = arena_.slot(77824, 2560);
+  support::View v24(param4_experts_ffn_0_w_in); // updated in place
+  support::View v229 = arena_.view(0, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum229(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum229.run(v228.data(), v24.data(), v229.data());
+  einsumPlan16.run(v228.data(), v24.data(), v229.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:21 einsum -> grad/experts_ffn[0]/w_in
-  meshc::gen::View v230 = arena_.slot(61440, 4096);
+  support::View v62 = arena_.view(282624, 2560);
+  support::View v230 = arena_.view(81920, 4096);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum230(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsum230.run(v228.data(), v62.data(), v230.data());
+  einsumPlan17.run(v228.data(), v62.data(), v230.data(), 1.0f, 0.0f);
 
   // moe.mesh:74:19 einsum
-  meshc::gen::View v231 = arena_.slot(88064, 2048);
+  support::View v54 = arena_.view(61440, 5120);
+  support::View v231 = arena_.view(98304, 2048);
   // dims: experts, groups, capacity, d_model, tokens
-  static const meshrt::kernels::EinsumPlan einsum231(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
-  einsum231.run(v229.data(), v54.data(), v231.data());
+  einsumPlan18.run(v229.data(), v54.data(), v231.data(), 1.0f, 0.0f);
 
   // moe.mesh:69:57 mul
-  meshc::gen::View v232 = arena_.slot(0, 5120);
-  for (size_t i = 0; i < v232.size(); ++i) {
-    v232[i] = float(double(v223[i]) * double(v53[i]));
+  support::View v53 = arena_.view(40960, 5120);
+  support::View v232 = arena_.view(0, 5120);
+  {
+    float *__restrict v232p = v232.data();
+    const float *__restrict v223p = v223.data();
+    const float *__restrict v53p = v53.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v223p[i0];
+      const float s1 = v53p[i0];
+      const float s2 = (s0 * s1);
+      v232p[i0] = s2;
+    }
   }
 
   // moe.mesh:69:57 sum
-  meshc::gen::View v233 = arena_.slot(40960, 64);
-  meshc::gen::reduce(v233.data(), {1, 64}, v232.data(), {5120, 80}, {2, 40}, {40, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:66 all_reduce_sum (resolve the partial sum of %218 over model for div at 69:66)
-  meshc::gen::View v234 = v233;
-  group_model.allReduce(v234.data(), v234.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:69:66 div
-  meshc::gen::View v235 = arena_.slot(41216, 64);
-  for (size_t i = 0; i < v235.size(); ++i) {
-    v235[i] = float(double(v234[i]) / double(v42[i]));
-  }
-
-  // moe.mesh:69:66 div
-  // moe.mesh:69:66 mul
-  // moe.mesh:69:66 neg
-  meshc::gen::View v238 = arena_.slot(41472, 64);
-  for (size_t i = 0; i < v238.size(); ++i) {
-    float t236 = float(double(v59[i]) / double(v42[i]));
-    float t237 = float(double(v234[i]) * double(t236));
-    v238[i] = float(-t237);
-  }
+  support::View v233 = arena_.view(40960, 64);
+  static const support::Shape shape20_1 = {1, 64};
+  static const support::Shape shape20_3 = {5120, 80};
+  static const support::Shape shape20_4 = {2, 40};
+  static const support::Shape shape20_5 = {40, 1};
+  support::reduce(v233.data(), shape20_1, v232.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:69:27 mul
-  meshc::gen::View v239 = arena_.slot(0, 5120);
-  for (size_t i = 0; i < v239.size(); ++i) {
-    v239[i] = float(double(v223[i]) * double(v46[i]));
+  support::View v46 = arena_.view(20480, 5120);
+  support::View v239 = arena_.view(0, 5120);
+  {
+    float *__restrict v239p = v239.data();
+    const float *__restrict v223p = v223.data();
+    const float *__restrict v46p = v46.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = v223p[i0];
+      const float s1 = v46p[i0];
+      const float s2 = (s0 * s1);
+      v239p[i0] = s2;
+    }
   }
 
   // moe.mesh:69:27 sum
-  meshc::gen::View v240 = arena_.slot(20480, 64);
-  meshc::gen::reduce(v240.data(), {1, 64}, v239.data(), {5120, 80}, {2, 40}, {40, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v240 = arena_.view(20480, 64);
+  static const support::Shape shape22_1 = {1, 64};
+  static const support::Shape shape22_3 = {5120, 80};
+  static const support::Shape shape22_4 = {2, 40};
+  static const support::Shape shape22_5 = {40, 1};
+  support::reduce(v240.data(), shape22_1, v239.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
 
-  // moe.mesh:69:36 all_reduce_sum (resolve the partial sum of %224 over model for div at 69:36)
-  meshc::gen::View v241 = v240;
-  group_model.allReduce(v241.data(), v241.size(), meshrt::ReduceOp::Sum);
+  // moe.mesh:69:66 bucketed_all_reduce_sum (resolve the partial sum of %218 over model for div at
+  // 69:66; merged with 1 more partial sum over model (%241): 512 B in one buffer)
+  support::allReduceBucket(group_model, {v233, v240});
+}
 
-  // moe.mesh:69:36 div
-  meshc::gen::View v242 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v242.size(); ++i) {
-    v242[i] = float(double(v241[i]) / double(v42[i]));
-  }
+void MoeTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
 
   // moe.mesh:69:36 div
   // moe.mesh:69:36 mul
   // moe.mesh:69:36 neg
+  // moe.mesh:69:66 div
+  // moe.mesh:69:66 mul
+  // moe.mesh:69:66 neg
   // moe.mesh:69:36 add
-  meshc::gen::View v246 = arena_.slot(256, 64);
-  for (size_t i = 0; i < v246.size(); ++i) {
-    float t243 = float(double(v56[i]) / double(v42[i]));
-    float t244 = float(double(v241[i]) * double(t243));
-    float t245 = float(-t244);
-    v246[i] = float(double(v238[i]) + double(t245));
-  }
-
   // moe.mesh:55:15 ge
   // moe.mesh:55:15 where
-  meshc::gen::View v248 = arena_.slot(512, 64);
-  meshc::gen::forEach<5>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t247 = (v41[at[1]] >= v40[at[2]] ? 1.0f : 0.0f);
-                           v248[at[0]] = float((t247 != 0 ? v246[at[3]] : v154[at[4]]));
-                         });
-
+  // moe.mesh:69:36 div
   // moe.mesh:55:29 add
-  meshc::gen::View v249 = arena_.slot(1024, 64);
-  for (size_t i = 0; i < v249.size(); ++i) {
-    v249[i] = float(double(v242[i]) + double(v248[i]));
-  }
-
+  // moe.mesh:69:66 div
   // moe.mesh:55:29 add
-  meshc::gen::View v250 = arena_.slot(768, 64);
-  for (size_t i = 0; i < v250.size(); ++i) {
-    v250[i] = float(double(v235[i]) + double(v248[i]));
+  support::View v55 = arena_.view(393728, 64);
+  support::View v42 = arena_.view(393472, 64);
+  support::View v240 = arena_.view(20480, 64);
+  support::View v58 = arena_.view(393984, 64);
+  support::View v233 = arena_.view(40960, 64);
+  support::View v39 = arena_.view(393216, 64);
+  support::View v249 = arena_.view(1024, 64);
+  support::View v250 = arena_.view(1280, 64);
+  {
+    float *__restrict v249p = v249.data();
+    float *__restrict v250p = v250.data();
+    const float *__restrict v55p = v55.data();
+    const float *__restrict v42p = v42.data();
+    const float *__restrict v240p = v240.data();
+    const float *__restrict v58p = v58.data();
+    const float *__restrict v233p = v233.data();
+    const float *__restrict v39p = v39.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v55p[i0];
+      const float s1 = v42p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = v240p[i0];
+      const float s4 = (s3 * s2);
+      const float s5 = -s4;
+      const float s6 = v58p[i0];
+      const float s7 = v42p[i0];
+      const float s8 = (s6 / s7);
+      const float s9 = v233p[i0];
+      const float s10 = (s9 * s8);
+      const float s11 = -s10;
+      const float s12 = (s11 + s5);
+      const float s13 = v39p[i0];
+      const float s14 = 1e-09f;
+      const float s15 = (s13 >= s14 ? 1.0f : 0.0f);
+      const float s16 = 0.0f;
+      const float s17 = (s15 != 0 ? s12 : s16);
+      const float s18 = v240p[i0];
+      const float s19 = v42p[i0];
+      const float s20 = (s18 / s19);
+      const float s21 = (s20 + s17);
+      const float s22 = v233p[i0];
+      const float s23 = v42p[i0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 + s17);
+      v249p[i0] = s21;
+      v250p[i0] = s25;
+    }
   }
 
-  // moe.mesh:54:15 broadcast
-  // moe.mesh:54:29 mul
-  meshc::gen::View v252 = arena_.slot(0, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t251 = float(v250[at[1]]);
-                           v252[at[0]] = float(double(t251) * double(v34[at[2]]));
-                         });
-
-  // moe.mesh:53:15 broadcast
-  // moe.mesh:53:25 mul
-  meshc::gen::View v254 = arena_.slot(512, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t253 = float(v249[at[1]]);
-                           v254[at[0]] = float(double(t253) * double(v28[at[2]]));
-                         });
-
-  // moe.mesh:50:25 mul
-  // moe.mesh:50:25 add
-  meshc::gen::View v256 = arena_.slot(1024, 128);
-  for (size_t i = 0; i < v256.size(); ++i) {
-    float t255 = float(double(v252[i]) * double(v30[i]));
-    v256[i] = float(double(v254[i]) + double(t255));
-  }
-
-  // moe.mesh:89:40 mul
-  // moe.mesh:89:10 mul
-  meshc::gen::View v258 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v258.size(); ++i) {
-    float t257 = float(double(v143[i]) * double(v20[i]));
-    v258[i] = float(double(t257) * double(v186[i]));
-  }
-
-  // moe.mesh:89:10 broadcast
   // moe.mesh:89:23 mul
   // moe.mesh:88:23 mul
-  meshc::gen::View v261 = arena_.slot(512, 2);
-  meshc::gen::forEach<4>({1, 2}, {{{2, 1}, {0, 0}, {2, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t259 = float(v258[at[1]]);
-                           float t260 = float(double(t259) * double(v16[at[2]]));
-                           v261[at[0]] = float(double(t260) * double(v190[at[3]]));
-                         });
-
   // moe.mesh:88:23 broadcast
+  // moe.mesh:54:15 broadcast
+  // moe.mesh:54:29 mul
+  // moe.mesh:50:25 mul
+  // moe.mesh:53:15 broadcast
+  // moe.mesh:53:25 mul
+  // moe.mesh:50:25 add
   // moe.mesh:88:23 add
-  meshc::gen::View v263 = arena_.slot(0, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {2, 0, 1}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t262 = float(v261[at[1]]);
-                           v263[at[0]] = float(double(v256[at[2]]) + double(t262));
-                         });
-
   // moe.mesh:32:10 mul
-  meshc::gen::View v264 = arena_.slot(512, 128);
-  for (size_t i = 0; i < v264.size(); ++i) {
-    v264[i] = float(double(v263[i]) * double(v12[i]));
+  support::View v16 = arena_.view(395264, 2);
+  support::View v34 = arena_.view(390656, 128);
+  support::View v30 = arena_.view(390144, 128);
+  support::View v28 = arena_.view(389632, 128);
+  support::View v12 = arena_.view(389120, 128);
+  support::View v263 = arena_.view(0, 128);
+  support::View v264 = arena_.view(512, 128);
+  {
+    float *__restrict v263p = v263.data();
+    float *__restrict v264p = v264.data();
+    const float *__restrict v16p = v16.data();
+    const float *__restrict v250p = v250.data();
+    const float *__restrict v34p = v34.data();
+    const float *__restrict v30p = v30.data();
+    const float *__restrict v249p = v249.data();
+    const float *__restrict v28p = v28.data();
+    const float *__restrict v12p = v12.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = 0.02f;
+        const float s1 = v16p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = 0.015625f;
+        const float s4 = (s2 * s3);
+        const float s5 = s4;
+        const float s6 = v250p[i0];
+        const float s7 = s6;
+        const float s8 = v34p[i0 * 2 + i1];
+        const float s9 = (s7 * s8);
+        const float s10 = v30p[i0 * 2 + i1];
+        const float s11 = (s9 * s10);
+        const float s12 = v249p[i0];
+        const float s13 = s12;
+        const float s14 = v28p[i0 * 2 + i1];
+        const float s15 = (s13 * s14);
+        const float s16 = (s15 + s11);
+        const float s17 = (s16 + s5);
+        const float s18 = v12p[i0 * 2 + i1];
+        const float s19 = (s17 * s18);
+        v263p[i0 * 2 + i1] = s17;
+        v264p[i0 * 2 + i1] = s19;
+      }
+    }
   }
 
   // moe.mesh:32:10 sum
-  meshc::gen::View v265 = arena_.slot(1024, 64);
-  meshc::gen::reduce(v265.data(), {1, 64}, v264.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
+  support::View v265 = arena_.view(1024, 64);
+  static const support::Shape shape2_1 = {1, 64};
+  static const support::Shape shape2_3 = {128, 2};
+  static const support::Shape shape2_4 = {2};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v265.data(), shape2_1, v264.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:32:10 all_reduce_sum (resolve the partial sum of %248 over model for sub at 32:10)
-  meshc::gen::View v266 = v265;
-  group_model.allReduce(v266.data(), v266.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v265.data(), v265.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:32:10 sub
   // moe.mesh:32:10 mul
-  meshc::gen::View v268 = arena_.slot(8192, 128);
-  meshc::gen::forEach<4>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}, {128, 2, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t267 = float(double(v263[at[1]]) - double(v266[at[2]]));
-                           v268[at[0]] = float(double(v12[at[3]]) * double(t267));
-                         });
+  support::View v268 = arena_.view(8192, 128);
+  {
+    float *__restrict v268p = v268.data();
+    const float *__restrict v263p = v263.data();
+    const float *__restrict v265p = v265.data();
+    const float *__restrict v12p = v12.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v263p[i0 * 2 + i1];
+        const float s1 = v265p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = v12p[i0 * 2 + i1];
+        const float s4 = (s3 * s2);
+        v268p[i0 * 2 + i1] = s4;
+      }
+    }
+  }
 
   // moe.mesh:32:18 einsum
-  meshc::gen::View v269 = arena_.slot(0, 2048);
+  support::View v10(param3_route_0_w_gate); // updated in place
+  support::View v269 = arena_.view(0, 2048);
   // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsum269(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum269.run(v268.data(), v10.data(), v269.data());
+  einsumPlan5.run(v268.data(), v10.data(), v269.data(), 1.0f, 0.0f);
 
   // moe.mesh:32:18 einsum -> grad/route[0]/w_gate
-  meshc::gen::View v270 = arena_.slot(16384, 64);
+  support::View v9 = arena_.view(339968, 2048);
+  support::View v270 = arena_.view(106496, 64);
   // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsum270(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum270.run(v268.data(), v9.data(), v270.data());
+  einsumPlan6.run(v268.data(), v9.data(), v270.data(), 1.0f, 0.0f);
 
   // moe.mesh:114:25 mul
   // moe.mesh:114:25 add
-  meshc::gen::View v272 = arena_.slot(8192, 2048);
-  for (size_t i = 0; i < v272.size(); ++i) {
-    float t271 = float(double(v269[i]) * double(v8[i]));
-    v272[i] = float(double(v231[i]) + double(t271));
+  support::View v8 = arena_.view(331776, 2048);
+  support::View v231 = arena_.view(98304, 2048);
+  support::View v272 = arena_.view(8192, 2048);
+  {
+    float *__restrict v272p = v272.data();
+    const float *__restrict v269p = v269.data();
+    const float *__restrict v8p = v8.data();
+    const float *__restrict v231p = v231.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v269p[i0];
+      const float s1 = v8p[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = v231p[i0];
+      const float s4 = (s3 + s2);
+      v272p[i0] = s4;
+    }
   }
 
   // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %254 over model for sum at 26:40)
-  meshc::gen::View v273 = v272;
-  group_model.allReduce(v273.data(), v273.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v272.data(), v272.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:26:40 sum -> grad/norm[0]/bias
-  meshc::gen::View v274 = arena_.slot(16640, 32);
-  meshc::gen::reduce(v274.data(), {32}, v273.data(), {1}, {1, 64}, {2048, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v274 = arena_.view(16384, 32);
+  static const support::Shape shape9_1 = {32};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {1, 64};
+  static const support::Shape shape9_5 = {2048, 32};
+  support::reduce(v274.data(), shape9_1, v272.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:26:33 mul
-  meshc::gen::View v275 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v275.size(); ++i) {
-    v275[i] = float(double(v273[i]) * double(v5[i]));
+  support::View v5 = arena_.view(323584, 2048);
+  support::View v275 = arena_.view(0, 2048);
+  {
+    float *__restrict v275p = v275.data();
+    const float *__restrict v272p = v272.data();
+    const float *__restrict v5p = v5.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v272p[i0];
+      const float s1 = v5p[i0];
+      const float s2 = (s0 * s1);
+      v275p[i0] = s2;
+    }
   }
 
   // moe.mesh:26:33 sum -> grad/norm[0]/gain
-  meshc::gen::View v276 = arena_.slot(8192, 32);
-  meshc::gen::reduce(v276.data(), {32}, v275.data(), {1}, {1, 64}, {2048, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v276 = arena_.view(8192, 32);
+  static const support::Shape shape11_1 = {32};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {1, 64};
+  static const support::Shape shape11_5 = {2048, 32};
+  support::reduce(v276.data(), shape11_1, v275.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
 
   // moe.mesh:119:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
   // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
   // resolved together, 65.0 KiB in one buffer)
-  meshc::gen::View v560 = v153;
-  meshc::gen::View v524 = v158;
-  meshc::gen::View v487 = v200;
-  meshc::gen::View v464 = v204;
-  meshc::gen::View v441 = v207;
-  meshc::gen::View v405 = v226;
-  meshc::gen::View v369 = v230;
-  meshc::gen::View v332 = v270;
-  meshc::gen::View v309 = v274;
-  meshc::gen::View v284 = v276;
-  meshc::gen::allReduceBucket(group_data,
-                              {v560, v524, v487, v464, v441, v405, v369, v332, v309, v284});
+  support::View v153 = arena_.view(266240, 4096);
+  support::View v158 = arena_.view(204800, 4096);
+  support::View v200 = arena_.view(169984, 64);
+  support::View v204 = arena_.view(170240, 32);
+  support::View v207 = arena_.view(170368, 32);
+  support::View v226 = arena_.view(143360, 4096);
+  support::View v230 = arena_.view(81920, 4096);
+  auto request5 = support::startAllReduce(
+      group_data, {v153, v158, v200, v204, v207, v226, v230, v270, v274, v276},
+      meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 step
-  meshc::gen::View v277 = arena_.fill(0, 1, float(step_));
-
-  // moe.mesh:119:3 literal
-  meshc::gen::View v278 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
   // moe.mesh:119:3 add
-  meshc::gen::View v279 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v279.size(); ++i) {
-    v279[i] = float(double(v277[i]) + double(v278[i]));
-  }
-
-  // moe.mesh:119:3 literal
-  meshc::gen::View v280 =
-      arena_.fill(32832, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
-
-  // moe.mesh:119:3 literal
-  meshc::gen::View v281 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.8));
-
   // moe.mesh:119:3 pow
   // moe.mesh:119:3 sub
-  meshc::gen::View v283 = arena_.slot(32896, 1);
-  for (size_t i = 0; i < v283.size(); ++i) {
-    float t282 = float(std::pow(double(v279[i]), double(v281[i])));
-    v283[i] = float(double(v278[i]) - double(t282));
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  // moe.mesh:119:3 sub
+  support::View v283 = arena_.view(98688, 1);
+  support::View v289 = arena_.view(98752, 1);
+  {
+    const float stepValue = float(step_);
+    float *__restrict v283p = v283.data();
+    float *__restrict v289p = v289.data();
+    const float s0 = stepValue;
+    const float s1 = 1.0f;
+    const float s2 = (s0 + s1);
+    const float s3 = -0.8f;
+    const float s4 = support::fpow(s2, s3);
+    const float s5 = 1.0f;
+    const float s6 = (s5 - s4);
+    const float s7 = 1.0f;
+    const float s8 = (s7 - s6);
+    v283p[0] = s6;
+    v289p[0] = s8;
   }
+
+  group_data.wait(request5);
 
   // moe.mesh:119:3 square
-  meshc::gen::View v285 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v285.size(); ++i) {
-    v285[i] = float(double(v284[i]) * double(v284[i]));
-  }
-
-  // moe.mesh:119:3 literal
-  meshc::gen::View v286 =
-      arena_.fill(32960, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-30));
-
   // moe.mesh:119:3 add
-  meshc::gen::View v287 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v287[at[0]] = float(double(v285[at[1]]) + double(v286[at[2]]));
-  });
-
-  // moe.mesh:119:3 param -> norm[0]/gain@v
-  const meshc::gen::Buffer &v288 = param11_norm_0_gain_v;
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v289 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v289.size(); ++i) {
-    v289[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
   // moe.mesh:119:3 mul
-  meshc::gen::View v290 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v290[at[0]] = float(double(v287[at[1]]) * double(v289[at[2]]));
-  });
-
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 add
-  meshc::gen::View v292(param11_norm_0_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t291 = float(double(v288[at[1]]) * double(v283[at[2]]));
-    v292[at[0]] = float(double(t291) + double(v290[at[3]]));
-  });
-
   // moe.mesh:119:3 rsqrt
   // moe.mesh:119:3 mul
-  meshc::gen::View v294 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v294.size(); ++i) {
-    float t293 = float(1.0 / std::sqrt(double(v292[i])));
-    v294[i] = float(double(v284[i]) * double(t293));
-  }
-
   // moe.mesh:119:3 square
-  meshc::gen::View v295 = arena_.slot(128, 32);
-  for (size_t i = 0; i < v295.size(); ++i) {
-    v295[i] = float(double(v294[i]) * double(v294[i]));
+  support::View v288(param11_norm_0_gain_v); // updated in place
+  support::View v294 = arena_.view(0, 32);
+  support::View v295 = arena_.view(128, 32);
+  {
+    float *__restrict v288p = v288.data();
+    float *__restrict v294p = v294.data();
+    float *__restrict v295p = v295.data();
+    const float *__restrict v276p = v276.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v276p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      const float s4 = v289p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = v288p[i0];
+      const float s7 = v283p[0];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      const float s10 = 1.0f / support::fsqrt(s9);
+      const float s11 = v276p[i0];
+      const float s12 = (s11 * s10);
+      const float s13 = s12 * s12;
+      v288p[i0] = s9;
+      v294p[i0] = s12;
+      v295p[i0] = s13;
+    }
   }
 
   // moe.mesh:119:3 mean
-  meshc::gen::View v296 = arena_.slot(256, 1);
-  meshc::gen::reduce(v296.data(), {}, v295.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+  support::View v296 = arena_.view(256, 1);
+  static const support::Shape shape16_1 = {};
+  static const support::Shape shape16_3 = {};
+  static const support::Shape shape16_4 = {32};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v296.data(), shape16_1, v295.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v299 = arena_.slot(320, 1);
-  for (size_t i = 0; i < v299.size(); ++i) {
-    float t297 = float(std::sqrt(double(v296[i])));
-    float t298 = float(double(t297) * double(v278[i]));
-    v299[i] = float(meshc::gen::maximum(t298, v278[i]));
+  support::View v299 = arena_.view(320, 1);
+  {
+    float *__restrict v299p = v299.data();
+    const float *__restrict v296p = v296.data();
+    const float s0 = v296p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v299p[0] = s5;
+  }
+
+  // moe.mesh:119:3 square
+  support::View v3(param1_norm_0_gain); // updated in place
+  support::View v302 = arena_.view(128, 32);
+  {
+    float *__restrict v302p = v302.data();
+    const float *__restrict v3p = v3.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v3p[i0];
+      const float s1 = s0 * s0;
+      v302p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v303 = arena_.view(256, 1);
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {32};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v303.data(), shape19_1, v302.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  support::View v306 = arena_.view(128, 1);
+  {
+    float *__restrict v306p = v306.data();
+    const float *__restrict v303p = v303.data();
+    const float s0 = v303p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v306p[0] = s5;
   }
 
   // moe.mesh:119:3 div
-  meshc::gen::View v300 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v300[at[0]] = float(double(v294[at[1]]) / double(v299[at[2]]));
-  });
-
-  // moe.mesh:119:3 literal
-  meshc::gen::View v301 =
-      arena_.fill(33024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v302 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v302.size(); ++i) {
-    v302[i] = float(double(v3[i]) * double(v3[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v303 = arena_.slot(256, 1);
-  meshc::gen::reduce(v303.data(), {}, v302.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  meshc::gen::View v306 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v306.size(); ++i) {
-    float t304 = float(std::sqrt(double(v303[i])));
-    float t305 = float(meshc::gen::maximum(t304, v301[i]));
-    v306[i] = float(double(t305) * double(v280[i]));
-  }
-
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/norm[0]/gain
-  meshc::gen::View v308(param1_norm_0_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t307 = float(double(v300[at[1]]) * double(v306[at[2]]));
-    v308[at[0]] = float(double(v3[at[3]]) - double(t307));
-  });
+  {
+    float *__restrict v3p = v3.data();
+    const float *__restrict v294p = v294.data();
+    const float *__restrict v299p = v299.data();
+    const float *__restrict v306p = v306.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v294p[i0];
+      const float s1 = v299p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v306p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v3p[i0];
+      const float s6 = (s5 - s4);
+      v3p[i0] = s6;
+    }
+  }
 
   // moe.mesh:119:3 square
   // moe.mesh:119:3 add
-  meshc::gen::View v311 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t310 = float(double(v309[at[1]]) * double(v309[at[1]]));
-    v311[at[0]] = float(double(t310) + double(v286[at[2]]));
-  });
-
-  // moe.mesh:119:3 param -> norm[0]/bias@v
-  const meshc::gen::Buffer &v312 = param12_norm_0_bias_v;
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v313 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v313.size(); ++i) {
-    v313[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
   // moe.mesh:119:3 mul
-  meshc::gen::View v314 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v314[at[0]] = float(double(v311[at[1]]) * double(v313[at[2]]));
-  });
-
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 add
-  meshc::gen::View v316(param12_norm_0_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t315 = float(double(v312[at[1]]) * double(v283[at[2]]));
-    v316[at[0]] = float(double(t315) + double(v314[at[3]]));
-  });
-
   // moe.mesh:119:3 rsqrt
   // moe.mesh:119:3 mul
-  meshc::gen::View v318 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v318.size(); ++i) {
-    float t317 = float(1.0 / std::sqrt(double(v316[i])));
-    v318[i] = float(double(v309[i]) * double(t317));
-  }
-
   // moe.mesh:119:3 square
-  meshc::gen::View v319 = arena_.slot(128, 32);
-  for (size_t i = 0; i < v319.size(); ++i) {
-    v319[i] = float(double(v318[i]) * double(v318[i]));
+  support::View v312(param12_norm_0_bias_v); // updated in place
+  support::View v318 = arena_.view(0, 32);
+  support::View v319 = arena_.view(128, 32);
+  {
+    float *__restrict v312p = v312.data();
+    float *__restrict v318p = v318.data();
+    float *__restrict v319p = v319.data();
+    const float *__restrict v274p = v274.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v274p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      const float s4 = v289p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = v312p[i0];
+      const float s7 = v283p[0];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      const float s10 = 1.0f / support::fsqrt(s9);
+      const float s11 = v274p[i0];
+      const float s12 = (s11 * s10);
+      const float s13 = s12 * s12;
+      v312p[i0] = s9;
+      v318p[i0] = s12;
+      v319p[i0] = s13;
+    }
   }
 
   // moe.mesh:119:3 mean
-  meshc::gen::View v320 = arena_.slot(256, 1);
-  meshc::gen::reduce(v320.data(), {}, v319.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+  support::View v320 = arena_.view(256, 1);
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v320.data(), shape23_1, v319.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.03125);
+}
+
+void MoeTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v323 = arena_.slot(320, 1);
-  for (size_t i = 0; i < v323.size(); ++i) {
-    float t321 = float(std::sqrt(double(v320[i])));
-    float t322 = float(double(t321) * double(v278[i]));
-    v323[i] = float(meshc::gen::maximum(t322, v278[i]));
+  support::View v320 = arena_.view(256, 1);
+  support::View v323 = arena_.view(320, 1);
+  {
+    float *__restrict v323p = v323.data();
+    const float *__restrict v320p = v320.data();
+    const float s0 = v320p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v323p[0] = s5;
+  }
+
+  // moe.mesh:119:3 square
+  support::View v4(param2_norm_0_bias); // updated in place
+  support::View v325 = arena_.view(128, 32);
+  {
+    float *__restrict v325p = v325.data();
+    const float *__restrict v4p = v4.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v4p[i0];
+      const float s1 = s0 * s0;
+      v325p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v326 = arena_.view(256, 1);
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {32};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v326.data(), shape2_1, v325.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  support::View v329 = arena_.view(128, 1);
+  {
+    float *__restrict v329p = v329.data();
+    const float *__restrict v326p = v326.data();
+    const float s0 = v326p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v329p[0] = s5;
   }
 
   // moe.mesh:119:3 div
-  meshc::gen::View v324 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v324[at[0]] = float(double(v318[at[1]]) / double(v323[at[2]]));
-  });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v325 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v325.size(); ++i) {
-    v325[i] = float(double(v4[i]) * double(v4[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v326 = arena_.slot(256, 1);
-  meshc::gen::reduce(v326.data(), {}, v325.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  meshc::gen::View v329 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v329.size(); ++i) {
-    float t327 = float(std::sqrt(double(v326[i])));
-    float t328 = float(meshc::gen::maximum(t327, v301[i]));
-    v329[i] = float(double(t328) * double(v280[i]));
-  }
-
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/norm[0]/bias
-  meshc::gen::View v331(param2_norm_0_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t330 = float(double(v324[at[1]]) * double(v329[at[2]]));
-    v331[at[0]] = float(double(v4[at[3]]) - double(t330));
-  });
+  support::View v318 = arena_.view(0, 32);
+  {
+    float *__restrict v4p = v4.data();
+    const float *__restrict v318p = v318.data();
+    const float *__restrict v323p = v323.data();
+    const float *__restrict v329p = v329.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v318p[i0];
+      const float s1 = v323p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v329p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v4p[i0];
+      const float s6 = (s5 - s4);
+      v4p[i0] = s6;
+    }
+  }
 
   // moe.mesh:119:3 square
   // moe.mesh:119:3 add
-  meshc::gen::View v334 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t333 = float(double(v332[at[1]]) * double(v332[at[1]]));
-                           v334[at[0]] = float(double(t333) + double(v286[at[2]]));
-                         });
-
-  // moe.mesh:119:3 param -> route[0]/w_gate@vr
-  const meshc::gen::Buffer &v335 = param13_route_0_w_gate_vr;
-
-  // moe.mesh:119:3 param -> route[0]/w_gate@vc
-  const meshc::gen::Buffer &v336 = param14_route_0_w_gate_vc;
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v337 = arena_.slot(256, 32);
-  meshc::gen::reduce(v337.data(), {32}, v334.data(), {2}, {2}, {1}, meshc::gen::Reduce::Sum, 0.25);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %315 over model for mul at 119:3)
-  meshc::gen::View v339 = v337;
-  group_model.allReduce(v339.data(), v339.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v338 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v338.size(); ++i) {
-    v338[i] = float(double(v278[i]) - double(v283[i]));
+  support::View v270 = arena_.view(106496, 64);
+  support::View v334 = arena_.view(98304, 64);
+  {
+    float *__restrict v334p = v334.data();
+    const float *__restrict v270p = v270.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v270p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      v334p[i0] = s3;
+    }
   }
 
-  // moe.mesh:119:3 mul
-  meshc::gen::View v340 = arena_.slot(384, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v340[at[0]] = float(double(v339[at[1]]) * double(v338[at[2]]));
-  });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v342(param13_route_0_w_gate_vr); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t341 = float(double(v335[at[1]]) * double(v283[at[2]]));
-    v342[at[0]] = float(double(t341) + double(v340[at[3]]));
-  });
-
   // moe.mesh:119:3 mean
-  meshc::gen::View v343 = arena_.slot(256, 2);
-  meshc::gen::reduce(v343.data(), {2}, v334.data(), {1}, {32}, {2}, meshc::gen::Reduce::Sum,
-                     0.03125);
+  support::View v337 = arena_.view(98560, 32);
+  static const support::Shape shape6_1 = {32};
+  static const support::Shape shape6_3 = {2};
+  static const support::Shape shape6_4 = {2};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v337.data(), shape6_1, v334.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.25);
 
-  // moe.mesh:119:3 sub
-  meshc::gen::View v344 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v344.size(); ++i) {
-    v344[i] = float(double(v278[i]) - double(v283[i]));
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  support::View v230 = arena_.view(81920, 4096);
+  support::View v371 = arena_.view(0, 4096);
+  {
+    float *__restrict v371p = v371.data();
+    const float *__restrict v230p = v230.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v230p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      v371p[i0] = s3;
+    }
   }
 
-  // moe.mesh:119:3 mul
-  meshc::gen::View v345 = arena_.slot(0, 2);
-  meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v345[at[0]] = float(double(v343[at[1]]) * double(v344[at[2]]));
-  });
+  // moe.mesh:119:3 mean
+  support::View v374 = arena_.view(16384, 64);
+  static const support::Shape shape8_1 = {2, 32};
+  static const support::Shape shape8_3 = {2048, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v374.data(), shape8_1, v371.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.015625);
 
+  // moe.mesh:119:3 mul
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 add
-  meshc::gen::View v347(param14_route_0_w_gate_vc); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t346 = float(double(v336[at[1]]) * double(v283[at[2]]));
-    v347[at[0]] = float(double(t346) + double(v345[at[3]]));
-  });
+  support::View v289 = arena_.view(98752, 1);
+  support::View v372(param15_experts_ffn_0_w_in_vr); // updated in place
+  support::View v283 = arena_.view(98688, 1);
+  {
+    float *__restrict v372p = v372.data();
+    const float *__restrict v374p = v374.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v374p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v372p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      v372p[i0] = s6;
+    }
+  }
 
   // moe.mesh:119:3 mean
-  meshc::gen::View v348 = arena_.slot(0, 1);
-  meshc::gen::reduce(v348.data(), {}, v342.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+  support::View v379 = arena_.view(16384, 128);
+  static const support::Shape shape10_1 = {2, 64};
+  static const support::Shape shape10_3 = {2048, 1};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {64};
+  support::reduce(v379.data(), shape10_1, v371.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 mean
+  support::View v384 = arena_.view(0, 2);
+  static const support::Shape shape11_1 = {2};
+  static const support::Shape shape11_3 = {32};
+  static const support::Shape shape11_4 = {32};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v384.data(), shape11_1, v372.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:119:3 div
   // moe.mesh:119:3 rsqrt
-  meshc::gen::View v350 = arena_.slot(256, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t349 = float(double(v342[at[1]]) / double(v348[at[2]]));
-    v350[at[0]] = float(1.0 / std::sqrt(double(t349)));
-  });
-
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v351 = arena_.slot(384, 2);
-  for (size_t i = 0; i < v351.size(); ++i) {
-    v351[i] = float(1.0 / std::sqrt(double(v347[i])));
+  support::View v386 = arena_.view(33280, 64);
+  {
+    float *__restrict v386p = v386.data();
+    const float *__restrict v372p = v372.data();
+    const float *__restrict v384p = v384.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v372p[i0 * 32 + i1];
+        const float s1 = v384p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        v386p[i0 * 32 + i1] = s3;
+      }
+    }
   }
 
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 mul
-  meshc::gen::View v353 = arena_.slot(0, 64);
-  meshc::gen::forEach<4>({32, 2}, {{{2, 1}, {2, 1}, {1, 0}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t352 = float(double(v332[at[1]]) * double(v350[at[2]]));
-                           v353[at[0]] = float(double(t352) * double(v351[at[3]]));
-                         });
+  // moe.mesh:119:3 add
+  // moe.mesh:119:3 rsqrt
+  support::View v373(param16_experts_ffn_0_w_in_vc); // updated in place
+  support::View v387 = arena_.view(32768, 128);
+  {
+    float *__restrict v373p = v373.data();
+    float *__restrict v387p = v387.data();
+    const float *__restrict v379p = v379.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v379p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v373p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      v373p[i0] = s6;
+      v387p[i0] = s7;
+    }
+  }
 
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
   // moe.mesh:119:3 square
-  meshc::gen::View v354 = arena_.slot(256, 64);
-  for (size_t i = 0; i < v354.size(); ++i) {
-    v354[i] = float(double(v353[i]) * double(v353[i]));
+  support::View v389 = arena_.view(0, 4096);
+  support::View v390 = arena_.view(16384, 4096);
+  {
+    float *__restrict v389p = v389.data();
+    float *__restrict v390p = v390.data();
+    const float *__restrict v230p = v230.data();
+    const float *__restrict v386p = v386.data();
+    const float *__restrict v387p = v387.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        for (int64_t i2 = 0; i2 < 64; ++i2) {
+          const float s0 = v230p[i0 * 2048 + i1 * 64 + i2];
+          const float s1 = v386p[i0 * 32 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v387p[i0 * 64 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = s4 * s4;
+          v389p[i0 * 2048 + i1 * 64 + i2] = s4;
+          v390p[i0 * 2048 + i1 * 64 + i2] = s5;
+        }
+      }
+    }
   }
 
   // moe.mesh:119:3 mean
-  meshc::gen::View v355 = arena_.slot(512, 1);
-  meshc::gen::reduce(v355.data(), {}, v354.data(), {}, {32, 2}, {2, 1}, meshc::gen::Reduce::Sum,
-                     0.0078125);
+  support::View v391 = arena_.view(83072, 1);
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {2, 32, 64};
+  static const support::Shape shape15_5 = {2048, 64, 1};
+  support::reduce(v391.data(), shape15_1, v390.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.0001220703125);
 
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %332 over model for sqrt at 119:3)
-  meshc::gen::View v356 = v355;
-  group_model.allReduce(v356.data(), v356.size(), meshrt::ReduceOp::Sum);
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  support::View v226 = arena_.view(143360, 4096);
+  support::View v407 = arena_.view(16384, 4096);
+  {
+    float *__restrict v407p = v407.data();
+    const float *__restrict v226p = v226.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v226p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      v407p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v410 = arena_.view(32768, 128);
+  static const support::Shape shape17_1 = {2, 64};
+  static const support::Shape shape17_3 = {2048, 32};
+  static const support::Shape shape17_4 = {32};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v410.data(), shape17_1, v407.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  support::View v408(param17_experts_ffn_0_w_out_vr); // updated in place
+  {
+    float *__restrict v408p = v408.data();
+    const float *__restrict v410p = v410.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v410p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v408p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      v408p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v415 = arena_.view(32768, 64);
+  static const support::Shape shape19_1 = {2, 32};
+  static const support::Shape shape19_3 = {2048, 1};
+  static const support::Shape shape19_4 = {64};
+  static const support::Shape shape19_5 = {32};
+  support::reduce(v415.data(), shape19_1, v407.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 mean
+  support::View v420 = arena_.view(16384, 2);
+  static const support::Shape shape20_1 = {2};
+  static const support::Shape shape20_3 = {64};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v420.data(), shape20_1, v408.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  support::View v422 = arena_.view(49152, 128);
+  {
+    float *__restrict v422p = v422.data();
+    const float *__restrict v408p = v408.data();
+    const float *__restrict v420p = v420.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v408p[i0 * 64 + i1];
+        const float s1 = v420p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        v422p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  // moe.mesh:119:3 rsqrt
+  support::View v409(param18_experts_ffn_0_w_out_vc); // updated in place
+  support::View v423 = arena_.view(49664, 64);
+  {
+    float *__restrict v409p = v409.data();
+    float *__restrict v423p = v423.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v415p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v409p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      v409p[i0] = s6;
+      v423p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 square
+  support::View v425 = arena_.view(16384, 4096);
+  support::View v426 = arena_.view(32768, 4096);
+  {
+    float *__restrict v425p = v425.data();
+    float *__restrict v426p = v426.data();
+    const float *__restrict v226p = v226.data();
+    const float *__restrict v422p = v422.data();
+    const float *__restrict v423p = v423.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = v226p[i0 * 2048 + i1 * 32 + i2];
+          const float s1 = v422p[i0 * 64 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v423p[i0 * 32 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = s4 * s4;
+          v425p[i0 * 2048 + i1 * 32 + i2] = s4;
+          v426p[i0 * 2048 + i1 * 32 + i2] = s5;
+        }
+      }
+    }
+  }
+}
+
+void MoeTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+
+  // moe.mesh:119:3 mean
+  support::View v426 = arena_.view(32768, 4096);
+  support::View v427 = arena_.view(83136, 1);
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {2, 64, 32};
+  static const support::Shape shape0_5 = {2048, 32, 1};
+  support::reduce(v427.data(), shape0_1, v426.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  support::View v200 = arena_.view(169984, 64);
+  support::View v489 = arena_.view(82432, 64);
+  {
+    float *__restrict v489p = v489.data();
+    const float *__restrict v200p = v200.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v200p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      v489p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v492 = arena_.view(82944, 32);
+  static const support::Shape shape2_1 = {32};
+  static const support::Shape shape2_3 = {2};
+  static const support::Shape shape2_4 = {2};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v492.data(), shape2_1, v489.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.25);
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  support::View v158 = arena_.view(204800, 4096);
+  support::View v526 = arena_.view(32768, 4096);
+  {
+    float *__restrict v526p = v526.data();
+    const float *__restrict v158p = v158.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v158p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      v526p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v529 = arena_.view(49152, 64);
+  static const support::Shape shape4_1 = {2, 32};
+  static const support::Shape shape4_3 = {2048, 64};
+  static const support::Shape shape4_4 = {64};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v529.data(), shape4_1, v526.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  support::View v289 = arena_.view(98752, 1);
+  support::View v527(param23_experts_ffn_1_w_in_vr); // updated in place
+  support::View v283 = arena_.view(98688, 1);
+  {
+    float *__restrict v527p = v527.data();
+    const float *__restrict v529p = v529.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v529p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v527p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      v527p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v534 = arena_.view(49152, 128);
+  static const support::Shape shape6_1 = {2, 64};
+  static const support::Shape shape6_3 = {2048, 1};
+  static const support::Shape shape6_4 = {32};
+  static const support::Shape shape6_5 = {64};
+  support::reduce(v534.data(), shape6_1, v526.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 mean
+  support::View v539 = arena_.view(32768, 2);
+  static const support::Shape shape7_1 = {2};
+  static const support::Shape shape7_3 = {32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v539.data(), shape7_1, v527.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  support::View v541 = arena_.view(66048, 64);
+  {
+    float *__restrict v541p = v541.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v539p = v539.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v527p[i0 * 32 + i1];
+        const float s1 = v539p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        v541p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  // moe.mesh:119:3 rsqrt
+  support::View v528(param24_experts_ffn_1_w_in_vc); // updated in place
+  support::View v542 = arena_.view(65536, 128);
+  {
+    float *__restrict v528p = v528.data();
+    float *__restrict v542p = v542.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v534p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v528p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      v528p[i0] = s6;
+      v542p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 square
+  support::View v544 = arena_.view(32768, 4096);
+  support::View v545 = arena_.view(49152, 4096);
+  {
+    float *__restrict v544p = v544.data();
+    float *__restrict v545p = v545.data();
+    const float *__restrict v158p = v158.data();
+    const float *__restrict v541p = v541.data();
+    const float *__restrict v542p = v542.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        for (int64_t i2 = 0; i2 < 64; ++i2) {
+          const float s0 = v158p[i0 * 2048 + i1 * 64 + i2];
+          const float s1 = v541p[i0 * 32 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v542p[i0 * 64 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = s4 * s4;
+          v544p[i0 * 2048 + i1 * 64 + i2] = s4;
+          v545p[i0 * 2048 + i1 * 64 + i2] = s5;
+        }
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v546 = arena_.view(83200, 1);
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {2, 32, 64};
+  static const support::Shape shape11_5 = {2048, 64, 1};
+  support::reduce(v546.data(), shape11_1, v545.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  support::View v153 = arena_.view(266240, 4096);
+  support::View v562 = arena_.view(49152, 4096);
+  {
+    float *__restrict v562p = v562.data();
+    const float *__restrict v153p = v153.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v153p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      v562p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v565 = arena_.view(65536, 128);
+  static const support::Shape shape13_1 = {2, 64};
+  static const support::Shape shape13_3 = {2048, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v565.data(), shape13_1, v562.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  support::View v563(param25_experts_ffn_1_w_out_vr); // updated in place
+  {
+    float *__restrict v563p = v563.data();
+    const float *__restrict v565p = v565.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v565p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v563p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      v563p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v570 = arena_.view(65536, 64);
+  static const support::Shape shape15_1 = {2, 32};
+  static const support::Shape shape15_3 = {2048, 1};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {32};
+  support::reduce(v570.data(), shape15_1, v562.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 mean
+  support::View v575 = arena_.view(49152, 2);
+  static const support::Shape shape16_1 = {2};
+  static const support::Shape shape16_3 = {64};
+  static const support::Shape shape16_4 = {64};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v575.data(), shape16_1, v563.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  support::View v577 = arena_.view(81920, 128);
+  {
+    float *__restrict v577p = v577.data();
+    const float *__restrict v563p = v563.data();
+    const float *__restrict v575p = v575.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v563p[i0 * 64 + i1];
+        const float s1 = v575p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        v577p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  // moe.mesh:119:3 rsqrt
+  support::View v564(param26_experts_ffn_1_w_out_vc); // updated in place
+  support::View v578 = arena_.view(82688, 64);
+  {
+    float *__restrict v564p = v564.data();
+    float *__restrict v578p = v578.data();
+    const float *__restrict v570p = v570.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v570p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v564p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      v564p[i0] = s6;
+      v578p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 square
+  support::View v580 = arena_.view(49152, 4096);
+  support::View v581 = arena_.view(65536, 4096);
+  {
+    float *__restrict v580p = v580.data();
+    float *__restrict v581p = v581.data();
+    const float *__restrict v153p = v153.data();
+    const float *__restrict v577p = v577.data();
+    const float *__restrict v578p = v578.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = v153p[i0 * 2048 + i1 * 32 + i2];
+          const float s1 = v577p[i0 * 64 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = v578p[i0 * 32 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = s4 * s4;
+          v580p[i0 * 2048 + i1 * 32 + i2] = s4;
+          v581p[i0 * 2048 + i1 * 32 + i2] = s5;
+        }
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v582 = arena_.view(81920, 1);
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {2, 64, 32};
+  static const support::Shape shape20_5 = {2048, 32, 1};
+  support::reduce(v582.data(), shape20_1, v581.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 bucketed_all_reduce_sum (resolve the partial sum of %315 over model for mul at
+  // 119:3; merged with 5 more partial sums over model (%392, %428, %494, ...): 272 B in one buffer)
+  support::View v337 = arena_.view(98560, 32);
+  support::View v391 = arena_.view(83072, 1);
+  support::allReduceBucket(group_model, {v337, v391, v427, v492, v546, v582});
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  support::View v335(param13_route_0_w_gate_vr); // updated in place
+  {
+    float *__restrict v335p = v335.data();
+    const float *__restrict v337p = v337.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v337p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v335p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      v335p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v334 = arena_.view(98304, 64);
+  support::View v343 = arena_.view(65536, 2);
+  static const support::Shape shape23_1 = {2};
+  static const support::Shape shape23_3 = {1};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {2};
+  support::reduce(v343.data(), shape23_1, v334.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.03125);
+}
+
+void MoeTrain::runPart6(const Inputs &inputs) {
+  (void)inputs;
+
+  // moe.mesh:119:3 mean
+  support::View v335(param13_route_0_w_gate_vr); // updated in place
+  support::View v348 = arena_.view(65600, 1);
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {32};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v348.data(), shape0_1, v335.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  support::View v350 = arena_.view(66048, 32);
+  {
+    float *__restrict v350p = v350.data();
+    const float *__restrict v335p = v335.data();
+    const float *__restrict v348p = v348.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v335p[i0];
+      const float s1 = v348p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v350p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  // moe.mesh:119:3 rsqrt
+  support::View v343 = arena_.view(65536, 2);
+  support::View v289 = arena_.view(98752, 1);
+  support::View v336(param14_route_0_w_gate_vc); // updated in place
+  support::View v283 = arena_.view(98688, 1);
+  support::View v351 = arena_.view(66176, 2);
+  {
+    float *__restrict v336p = v336.data();
+    float *__restrict v351p = v351.data();
+    const float *__restrict v343p = v343.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v343p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v336p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      v336p[i0] = s6;
+      v351p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 square
+  support::View v270 = arena_.view(106496, 64);
+  support::View v353 = arena_.view(65536, 64);
+  support::View v354 = arena_.view(65792, 64);
+  {
+    float *__restrict v353p = v353.data();
+    float *__restrict v354p = v354.data();
+    const float *__restrict v270p = v270.data();
+    const float *__restrict v350p = v350.data();
+    const float *__restrict v351p = v351.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v270p[i0 * 2 + i1];
+        const float s1 = v350p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v351p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = s4 * s4;
+        v353p[i0 * 2 + i1] = s4;
+        v354p[i0 * 2 + i1] = s5;
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v355 = arena_.view(66496, 1);
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {32, 2};
+  static const support::Shape shape4_5 = {2, 1};
+  support::reduce(v355.data(), shape4_1, v354.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 0.0078125);
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  support::View v492 = arena_.view(82944, 32);
+  support::View v490(param21_route_1_w_gate_vr); // updated in place
+  {
+    float *__restrict v490p = v490.data();
+    const float *__restrict v492p = v492.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v492p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v490p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      v490p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v489 = arena_.view(82432, 64);
+  support::View v498 = arena_.view(65792, 2);
+  static const support::Shape shape6_1 = {2};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {32};
+  static const support::Shape shape6_5 = {2};
+  support::reduce(v498.data(), shape6_1, v489.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 mean
+  support::View v503 = arena_.view(65856, 1);
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v503.data(), shape7_1, v490.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  support::View v505 = arena_.view(66304, 32);
+  {
+    float *__restrict v505p = v505.data();
+    const float *__restrict v490p = v490.data();
+    const float *__restrict v503p = v503.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v490p[i0];
+      const float s1 = v503p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v505p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  // moe.mesh:119:3 rsqrt
+  support::View v491(param22_route_1_w_gate_vc); // updated in place
+  support::View v506 = arena_.view(66432, 2);
+  {
+    float *__restrict v491p = v491.data();
+    float *__restrict v506p = v506.data();
+    const float *__restrict v498p = v498.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v498p[i0];
+      const float s1 = v289p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = v491p[i0];
+      const float s4 = v283p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      v491p[i0] = s6;
+      v506p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 square
+  support::View v200 = arena_.view(169984, 64);
+  support::View v508 = arena_.view(65792, 64);
+  support::View v509 = arena_.view(66048, 64);
+  {
+    float *__restrict v508p = v508.data();
+    float *__restrict v509p = v509.data();
+    const float *__restrict v200p = v200.data();
+    const float *__restrict v505p = v505.data();
+    const float *__restrict v506p = v506.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v200p[i0 * 2 + i1];
+        const float s1 = v505p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v506p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = s4 * s4;
+        v508p[i0 * 2 + i1] = s4;
+        v509p[i0 * 2 + i1] = s5;
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v510 = arena_.view(66304, 1);
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {32, 2};
+  static const support::Shape shape11_5 = {2, 1};
+  support::reduce(v510.data(), shape11_1, v509.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.0078125);
+
+  // moe.mesh:119:3 bucketed_all_reduce_sum (resolve the partial sum of %332 over model for sqrt at
+  // 119:3; merged with 1 more partial sum over model (%511): 8 B in one buffer)
+  support::allReduceBucket(group_model, {v355, v510});
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v359 = arena_.slot(576, 1);
-  for (size_t i = 0; i < v359.size(); ++i) {
-    float t357 = float(std::sqrt(double(v356[i])));
-    float t358 = float(double(t357) * double(v278[i]));
-    v359[i] = float(meshc::gen::maximum(t358, v278[i]));
+  support::View v359 = arena_.view(66048, 1);
+  {
+    float *__restrict v359p = v359.data();
+    const float *__restrict v355p = v355.data();
+    const float s0 = v355p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v359p[0] = s5;
   }
-
-  // moe.mesh:119:3 div
-  meshc::gen::View v360 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v360[at[0]] = float(double(v353[at[1]]) / double(v359[at[2]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v361 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v361.size(); ++i) {
-    v361[i] = float(double(v10[i]) * double(v10[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v362 = arena_.slot(512, 1);
-  meshc::gen::reduce(v362.data(), {}, v361.data(), {}, {32, 2}, {2, 1}, meshc::gen::Reduce::Sum,
-                     0.0078125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %338 over model for sqrt at 119:3)
-  meshc::gen::View v363 = v362;
-  group_model.allReduce(v363.data(), v363.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  meshc::gen::View v366 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v366.size(); ++i) {
-    float t364 = float(std::sqrt(double(v363[i])));
-    float t365 = float(meshc::gen::maximum(t364, v301[i]));
-    v366[i] = float(double(t365) * double(v280[i]));
+  support::View v362 = arena_.view(395392, 1);
+  support::View v366 = arena_.view(66112, 1);
+  {
+    float *__restrict v366p = v366.data();
+    const float *__restrict v362p = v362.data();
+    const float s0 = v362p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v366p[0] = s5;
   }
 
+  // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/route[0]/w_gate
-  meshc::gen::View v368(param3_route_0_w_gate); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}, {2, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t367 = float(double(v360[at[1]]) * double(v366[at[2]]));
-                           v368[at[0]] = float(double(v10[at[3]]) - double(t367));
-                         });
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  meshc::gen::View v371 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t370 = float(double(v369[at[1]]) * double(v369[at[1]]));
-                           v371[at[0]] = float(double(t370) + double(v286[at[2]]));
-                         });
-
-  // moe.mesh:119:3 param -> experts_ffn[0]/w_in@vr
-  const meshc::gen::Buffer &v372 = param15_experts_ffn_0_w_in_vr;
-
-  // moe.mesh:119:3 param -> experts_ffn[0]/w_in@vc
-  const meshc::gen::Buffer &v373 = param16_experts_ffn_0_w_in_vc;
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v374 = arena_.slot(16384, 64);
-  meshc::gen::reduce(v374.data(), {2, 32}, v371.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v375 = arena_.slot(16896, 1);
-  for (size_t i = 0; i < v375.size(); ++i) {
-    v375[i] = float(double(v278[i]) - double(v283[i]));
+  support::View v10(param3_route_0_w_gate); // updated in place
+  {
+    float *__restrict v10p = v10.data();
+    const float *__restrict v353p = v353.data();
+    const float *__restrict v359p = v359.data();
+    const float *__restrict v366p = v366.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v353p[i0];
+      const float s1 = v359p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v366p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v10p[i0];
+      const float s6 = (s5 - s4);
+      v10p[i0] = s6;
+    }
   }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v376 = arena_.slot(16640, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v376[at[0]] = float(double(v374[at[1]]) * double(v375[at[2]]));
-                         });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v378(param15_experts_ffn_0_w_in_vr); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t377 = float(double(v372[at[1]]) * double(v283[at[2]]));
-                           v378[at[0]] = float(double(t377) + double(v376[at[3]]));
-                         });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v379 = arena_.slot(16384, 128);
-  meshc::gen::reduce(v379.data(), {2, 64}, v371.data(), {2048, 1}, {32}, {64},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v380 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v380.size(); ++i) {
-    v380[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v381 = arena_.slot(0, 128);
-  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v381[at[0]] = float(double(v379[at[1]]) * double(v380[at[2]]));
-                         });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v383(param16_experts_ffn_0_w_in_vc); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t382 = float(double(v373[at[1]]) * double(v283[at[2]]));
-                           v383[at[0]] = float(double(t382) + double(v381[at[3]]));
-                         });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v384 = arena_.slot(0, 2);
-  meshc::gen::reduce(v384.data(), {2}, v378.data(), {32}, {32}, {1}, meshc::gen::Reduce::Sum,
-                     0.03125);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v386 = arena_.slot(16896, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t385 = float(double(v378[at[1]]) / double(v384[at[2]]));
-                           v386[at[0]] = float(1.0 / std::sqrt(double(t385)));
-                         });
-
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v387 = arena_.slot(16384, 128);
-  for (size_t i = 0; i < v387.size(); ++i) {
-    v387[i] = float(1.0 / std::sqrt(double(v383[i])));
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  meshc::gen::View v389 = arena_.slot(0, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {64, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t388 = float(double(v369[at[1]]) * double(v386[at[2]]));
-                           v389[at[0]] = float(double(t388) * double(v387[at[3]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v390 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v390.size(); ++i) {
-    v390[i] = float(double(v389[i]) * double(v389[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v391 = arena_.slot(33088, 1);
-  meshc::gen::reduce(v391.data(), {}, v390.data(), {}, {2, 32, 64}, {2048, 64, 1},
-                     meshc::gen::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %365 over model for sqrt at 119:3)
-  meshc::gen::View v392 = v391;
-  group_model.allReduce(v392.data(), v392.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v395 = arena_.slot(33152, 1);
-  for (size_t i = 0; i < v395.size(); ++i) {
-    float t393 = float(std::sqrt(double(v392[i])));
-    float t394 = float(double(t393) * double(v278[i]));
-    v395[i] = float(meshc::gen::maximum(t394, v278[i]));
+  support::View v391 = arena_.view(83072, 1);
+  support::View v395 = arena_.view(65536, 1);
+  {
+    float *__restrict v395p = v395.data();
+    const float *__restrict v391p = v391.data();
+    const float s0 = v391p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v395p[0] = s5;
   }
-
-  // moe.mesh:119:3 div
-  meshc::gen::View v396 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v396[at[0]] = float(double(v389[at[1]]) / double(v395[at[2]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v397 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v397.size(); ++i) {
-    v397[i] = float(double(v24[i]) * double(v24[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v398 = arena_.slot(33088, 1);
-  meshc::gen::reduce(v398.data(), {}, v397.data(), {}, {2, 32, 64}, {2048, 64, 1},
-                     meshc::gen::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %371 over model for sqrt at 119:3)
-  meshc::gen::View v399 = v398;
-  group_model.allReduce(v399.data(), v399.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  meshc::gen::View v402 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v402.size(); ++i) {
-    float t400 = float(std::sqrt(double(v399[i])));
-    float t401 = float(meshc::gen::maximum(t400, v301[i]));
-    v402[i] = float(double(t401) * double(v280[i]));
+  support::View v398 = arena_.view(395456, 1);
+  support::View v402 = arena_.view(65600, 1);
+  {
+    float *__restrict v402p = v402.data();
+    const float *__restrict v398p = v398.data();
+    const float s0 = v398p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v402p[0] = s5;
   }
 
+  // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/experts_ffn[0]/w_in
-  meshc::gen::View v404(param4_experts_ffn_0_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}, {2048, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t403 = float(double(v396[at[1]]) * double(v402[at[2]]));
-                           v404[at[0]] = float(double(v24[at[3]]) - double(t403));
-                         });
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  meshc::gen::View v407 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t406 = float(double(v405[at[1]]) * double(v405[at[1]]));
-                           v407[at[0]] = float(double(t406) + double(v286[at[2]]));
-                         });
-
-  // moe.mesh:119:3 param -> experts_ffn[0]/w_out@vr
-  const meshc::gen::Buffer &v408 = param17_experts_ffn_0_w_out_vr;
-
-  // moe.mesh:119:3 param -> experts_ffn[0]/w_out@vc
-  const meshc::gen::Buffer &v409 = param18_experts_ffn_0_w_out_vc;
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v410 = arena_.slot(16384, 128);
-  meshc::gen::reduce(v410.data(), {2, 64}, v407.data(), {2048, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v411 = arena_.slot(17408, 1);
-  for (size_t i = 0; i < v411.size(); ++i) {
-    v411[i] = float(double(v278[i]) - double(v283[i]));
+  support::View v389 = arena_.view(0, 4096);
+  support::View v24(param4_experts_ffn_0_w_in); // updated in place
+  {
+    float *__restrict v24p = v24.data();
+    const float *__restrict v389p = v389.data();
+    const float *__restrict v395p = v395.data();
+    const float *__restrict v402p = v402.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v389p[i0];
+      const float s1 = v395p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v402p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v24p[i0];
+      const float s6 = (s5 - s4);
+      v24p[i0] = s6;
+    }
   }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v412 = arena_.slot(16896, 128);
-  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v412[at[0]] = float(double(v410[at[1]]) * double(v411[at[2]]));
-                         });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v414(
-      param17_experts_ffn_0_w_out_vr); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t413 = float(double(v408[at[1]]) * double(v283[at[2]]));
-                           v414[at[0]] = float(double(t413) + double(v412[at[3]]));
-                         });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v415 = arena_.slot(16384, 64);
-  meshc::gen::reduce(v415.data(), {2, 32}, v407.data(), {2048, 1}, {64}, {32},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v416 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v416.size(); ++i) {
-    v416[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v417 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v417[at[0]] = float(double(v415[at[1]]) * double(v416[at[2]]));
-                         });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v419(
-      param18_experts_ffn_0_w_out_vc); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t418 = float(double(v409[at[1]]) * double(v283[at[2]]));
-                           v419[at[0]] = float(double(t418) + double(v417[at[3]]));
-                         });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v420 = arena_.slot(0, 2);
-  meshc::gen::reduce(v420.data(), {2}, v414.data(), {64}, {64}, {1}, meshc::gen::Reduce::Sum,
-                     0.015625);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v422 = arena_.slot(16384, 128);
-  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t421 = float(double(v414[at[1]]) / double(v420[at[2]]));
-                           v422[at[0]] = float(1.0 / std::sqrt(double(t421)));
-                         });
-
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v423 = arena_.slot(16896, 64);
-  for (size_t i = 0; i < v423.size(); ++i) {
-    v423[i] = float(1.0 / std::sqrt(double(v419[i])));
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  meshc::gen::View v425 = arena_.slot(0, 4096);
-  meshc::gen::forEach<4>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}, {32, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t424 = float(double(v405[at[1]]) * double(v422[at[2]]));
-                           v425[at[0]] = float(double(t424) * double(v423[at[3]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v426 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v426.size(); ++i) {
-    v426[i] = float(double(v425[i]) * double(v425[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v427 = arena_.slot(33088, 1);
-  meshc::gen::reduce(v427.data(), {}, v426.data(), {}, {2, 64, 32}, {2048, 32, 1},
-                     meshc::gen::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %398 over model for sqrt at 119:3)
-  meshc::gen::View v428 = v427;
-  group_model.allReduce(v428.data(), v428.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v431 = arena_.slot(33152, 1);
-  for (size_t i = 0; i < v431.size(); ++i) {
-    float t429 = float(std::sqrt(double(v428[i])));
-    float t430 = float(double(t429) * double(v278[i]));
-    v431[i] = float(meshc::gen::maximum(t430, v278[i]));
+  support::View v427 = arena_.view(83136, 1);
+  support::View v431 = arena_.view(0, 1);
+  {
+    float *__restrict v431p = v431.data();
+    const float *__restrict v427p = v427.data();
+    const float s0 = v427p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v431p[0] = s5;
   }
-
-  // moe.mesh:119:3 div
-  meshc::gen::View v432 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v432[at[0]] = float(double(v425[at[1]]) / double(v431[at[2]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v433 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v433.size(); ++i) {
-    v433[i] = float(double(v25[i]) * double(v25[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v434 = arena_.slot(33088, 1);
-  meshc::gen::reduce(v434.data(), {}, v433.data(), {}, {2, 64, 32}, {2048, 32, 1},
-                     meshc::gen::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %404 over model for sqrt at 119:3)
-  meshc::gen::View v435 = v434;
-  group_model.allReduce(v435.data(), v435.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  meshc::gen::View v438 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v438.size(); ++i) {
-    float t436 = float(std::sqrt(double(v435[i])));
-    float t437 = float(meshc::gen::maximum(t436, v301[i]));
-    v438[i] = float(double(t437) * double(v280[i]));
+  support::View v434 = arena_.view(395520, 1);
+  support::View v438 = arena_.view(64, 1);
+  {
+    float *__restrict v438p = v438.data();
+    const float *__restrict v434p = v434.data();
+    const float s0 = v434p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v438p[0] = s5;
   }
 
+  // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/experts_ffn[0]/w_out
-  meshc::gen::View v440(param5_experts_ffn_0_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}, {2048, 32, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t439 = float(double(v432[at[1]]) * double(v438[at[2]]));
-                           v440[at[0]] = float(double(v25[at[3]]) - double(t439));
-                         });
+  support::View v425 = arena_.view(16384, 4096);
+  support::View v25(param5_experts_ffn_0_w_out); // updated in place
+  {
+    float *__restrict v25p = v25.data();
+    const float *__restrict v425p = v425.data();
+    const float *__restrict v431p = v431.data();
+    const float *__restrict v438p = v438.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v425p[i0];
+      const float s1 = v431p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v438p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v25p[i0];
+      const float s6 = (s5 - s4);
+      v25p[i0] = s6;
+    }
+  }
 
   // moe.mesh:119:3 square
   // moe.mesh:119:3 add
-  meshc::gen::View v443 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t442 = float(double(v441[at[1]]) * double(v441[at[1]]));
-    v443[at[0]] = float(double(t442) + double(v286[at[2]]));
-  });
-
-  // moe.mesh:119:3 param -> norm[1]/gain@v
-  const meshc::gen::Buffer &v444 = param19_norm_1_gain_v;
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v445 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v445.size(); ++i) {
-    v445[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
   // moe.mesh:119:3 mul
-  meshc::gen::View v446 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v446[at[0]] = float(double(v443[at[1]]) * double(v445[at[2]]));
-  });
-
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 add
-  meshc::gen::View v448(param19_norm_1_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t447 = float(double(v444[at[1]]) * double(v283[at[2]]));
-    v448[at[0]] = float(double(t447) + double(v446[at[3]]));
-  });
-
   // moe.mesh:119:3 rsqrt
   // moe.mesh:119:3 mul
-  meshc::gen::View v450 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v450.size(); ++i) {
-    float t449 = float(1.0 / std::sqrt(double(v448[i])));
-    v450[i] = float(double(v441[i]) * double(t449));
-  }
-
   // moe.mesh:119:3 square
-  meshc::gen::View v451 = arena_.slot(128, 32);
-  for (size_t i = 0; i < v451.size(); ++i) {
-    v451[i] = float(double(v450[i]) * double(v450[i]));
+  support::View v207 = arena_.view(170368, 32);
+  support::View v444(param19_norm_1_gain_v); // updated in place
+  support::View v450 = arena_.view(0, 32);
+  support::View v451 = arena_.view(128, 32);
+  {
+    float *__restrict v444p = v444.data();
+    float *__restrict v450p = v450.data();
+    float *__restrict v451p = v451.data();
+    const float *__restrict v207p = v207.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v207p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      const float s4 = v289p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = v444p[i0];
+      const float s7 = v283p[0];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      const float s10 = 1.0f / support::fsqrt(s9);
+      const float s11 = v207p[i0];
+      const float s12 = (s11 * s10);
+      const float s13 = s12 * s12;
+      v444p[i0] = s9;
+      v450p[i0] = s12;
+      v451p[i0] = s13;
+    }
   }
 
   // moe.mesh:119:3 mean
-  meshc::gen::View v452 = arena_.slot(256, 1);
-  meshc::gen::reduce(v452.data(), {}, v451.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+  support::View v452 = arena_.view(256, 1);
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v452.data(), shape23_1, v451.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.03125);
+}
+
+void MoeTrain::runPart7(const Inputs &inputs) {
+  (void)inputs;
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v455 = arena_.slot(320, 1);
-  for (size_t i = 0; i < v455.size(); ++i) {
-    float t453 = float(std::sqrt(double(v452[i])));
-    float t454 = float(double(t453) * double(v278[i]));
-    v455[i] = float(meshc::gen::maximum(t454, v278[i]));
+  support::View v452 = arena_.view(256, 1);
+  support::View v455 = arena_.view(320, 1);
+  {
+    float *__restrict v455p = v455.data();
+    const float *__restrict v452p = v452.data();
+    const float s0 = v452p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v455p[0] = s5;
+  }
+
+  // moe.mesh:119:3 square
+  support::View v69(param6_norm_1_gain); // updated in place
+  support::View v457 = arena_.view(128, 32);
+  {
+    float *__restrict v457p = v457.data();
+    const float *__restrict v69p = v69.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v69p[i0];
+      const float s1 = s0 * s0;
+      v457p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v458 = arena_.view(256, 1);
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {32};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v458.data(), shape2_1, v457.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  support::View v461 = arena_.view(128, 1);
+  {
+    float *__restrict v461p = v461.data();
+    const float *__restrict v458p = v458.data();
+    const float s0 = v458p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v461p[0] = s5;
   }
 
   // moe.mesh:119:3 div
-  meshc::gen::View v456 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v456[at[0]] = float(double(v450[at[1]]) / double(v455[at[2]]));
-  });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v457 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v457.size(); ++i) {
-    v457[i] = float(double(v69[i]) * double(v69[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v458 = arena_.slot(256, 1);
-  meshc::gen::reduce(v458.data(), {}, v457.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  meshc::gen::View v461 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v461.size(); ++i) {
-    float t459 = float(std::sqrt(double(v458[i])));
-    float t460 = float(meshc::gen::maximum(t459, v301[i]));
-    v461[i] = float(double(t460) * double(v280[i]));
-  }
-
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/norm[1]/gain
-  meshc::gen::View v463(param6_norm_1_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t462 = float(double(v456[at[1]]) * double(v461[at[2]]));
-    v463[at[0]] = float(double(v69[at[3]]) - double(t462));
-  });
+  support::View v450 = arena_.view(0, 32);
+  {
+    float *__restrict v69p = v69.data();
+    const float *__restrict v450p = v450.data();
+    const float *__restrict v455p = v455.data();
+    const float *__restrict v461p = v461.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v450p[i0];
+      const float s1 = v455p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v461p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v69p[i0];
+      const float s6 = (s5 - s4);
+      v69p[i0] = s6;
+    }
+  }
 
   // moe.mesh:119:3 square
   // moe.mesh:119:3 add
-  meshc::gen::View v466 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t465 = float(double(v464[at[1]]) * double(v464[at[1]]));
-    v466[at[0]] = float(double(t465) + double(v286[at[2]]));
-  });
-
-  // moe.mesh:119:3 param -> norm[1]/bias@v
-  const meshc::gen::Buffer &v467 = param20_norm_1_bias_v;
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v468 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v468.size(); ++i) {
-    v468[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
   // moe.mesh:119:3 mul
-  meshc::gen::View v469 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v469[at[0]] = float(double(v466[at[1]]) * double(v468[at[2]]));
-  });
-
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 add
-  meshc::gen::View v471(param20_norm_1_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t470 = float(double(v467[at[1]]) * double(v283[at[2]]));
-    v471[at[0]] = float(double(t470) + double(v469[at[3]]));
-  });
-
   // moe.mesh:119:3 rsqrt
   // moe.mesh:119:3 mul
-  meshc::gen::View v473 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v473.size(); ++i) {
-    float t472 = float(1.0 / std::sqrt(double(v471[i])));
-    v473[i] = float(double(v464[i]) * double(t472));
-  }
-
   // moe.mesh:119:3 square
-  meshc::gen::View v474 = arena_.slot(128, 32);
-  for (size_t i = 0; i < v474.size(); ++i) {
-    v474[i] = float(double(v473[i]) * double(v473[i]));
+  support::View v204 = arena_.view(170240, 32);
+  support::View v289 = arena_.view(98752, 1);
+  support::View v467(param20_norm_1_bias_v); // updated in place
+  support::View v283 = arena_.view(98688, 1);
+  support::View v473 = arena_.view(0, 32);
+  support::View v474 = arena_.view(128, 32);
+  {
+    float *__restrict v467p = v467.data();
+    float *__restrict v473p = v473.data();
+    float *__restrict v474p = v474.data();
+    const float *__restrict v204p = v204.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v283p = v283.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v204p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      const float s4 = v289p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = v467p[i0];
+      const float s7 = v283p[0];
+      const float s8 = (s6 * s7);
+      const float s9 = (s8 + s5);
+      const float s10 = 1.0f / support::fsqrt(s9);
+      const float s11 = v204p[i0];
+      const float s12 = (s11 * s10);
+      const float s13 = s12 * s12;
+      v467p[i0] = s9;
+      v473p[i0] = s12;
+      v474p[i0] = s13;
+    }
   }
 
   // moe.mesh:119:3 mean
-  meshc::gen::View v475 = arena_.slot(256, 1);
-  meshc::gen::reduce(v475.data(), {}, v474.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
+  support::View v475 = arena_.view(256, 1);
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {32};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v475.data(), shape6_1, v474.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.03125);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v478 = arena_.slot(320, 1);
-  for (size_t i = 0; i < v478.size(); ++i) {
-    float t476 = float(std::sqrt(double(v475[i])));
-    float t477 = float(double(t476) * double(v278[i]));
-    v478[i] = float(meshc::gen::maximum(t477, v278[i]));
+  support::View v478 = arena_.view(320, 1);
+  {
+    float *__restrict v478p = v478.data();
+    const float *__restrict v475p = v475.data();
+    const float s0 = v475p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v478p[0] = s5;
+  }
+
+  // moe.mesh:119:3 square
+  support::View v70(param7_norm_1_bias); // updated in place
+  support::View v480 = arena_.view(128, 32);
+  {
+    float *__restrict v480p = v480.data();
+    const float *__restrict v70p = v70.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v70p[i0];
+      const float s1 = s0 * s0;
+      v480p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  support::View v481 = arena_.view(256, 1);
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v481.data(), shape9_1, v480.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 sqrt
+  // moe.mesh:119:3 maximum
+  // moe.mesh:119:3 mul
+  support::View v484 = arena_.view(128, 1);
+  {
+    float *__restrict v484p = v484.data();
+    const float *__restrict v481p = v481.data();
+    const float s0 = v481p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v484p[0] = s5;
   }
 
   // moe.mesh:119:3 div
-  meshc::gen::View v479 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v479[at[0]] = float(double(v473[at[1]]) / double(v478[at[2]]));
-  });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v480 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v480.size(); ++i) {
-    v480[i] = float(double(v70[i]) * double(v70[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v481 = arena_.slot(256, 1);
-  meshc::gen::reduce(v481.data(), {}, v480.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  meshc::gen::View v484 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v484.size(); ++i) {
-    float t482 = float(std::sqrt(double(v481[i])));
-    float t483 = float(meshc::gen::maximum(t482, v301[i]));
-    v484[i] = float(double(t483) * double(v280[i]));
-  }
-
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/norm[1]/bias
-  meshc::gen::View v486(param7_norm_1_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t485 = float(double(v479[at[1]]) * double(v484[at[2]]));
-    v486[at[0]] = float(double(v70[at[3]]) - double(t485));
-  });
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  meshc::gen::View v489 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t488 = float(double(v487[at[1]]) * double(v487[at[1]]));
-                           v489[at[0]] = float(double(t488) + double(v286[at[2]]));
-                         });
-
-  // moe.mesh:119:3 param -> route[1]/w_gate@vr
-  const meshc::gen::Buffer &v490 = param21_route_1_w_gate_vr;
-
-  // moe.mesh:119:3 param -> route[1]/w_gate@vc
-  const meshc::gen::Buffer &v491 = param22_route_1_w_gate_vc;
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v492 = arena_.slot(256, 32);
-  meshc::gen::reduce(v492.data(), {32}, v489.data(), {2}, {2}, {1}, meshc::gen::Reduce::Sum, 0.25);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %458 over model for mul at 119:3)
-  meshc::gen::View v494 = v492;
-  group_model.allReduce(v494.data(), v494.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v493 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v493.size(); ++i) {
-    v493[i] = float(double(v278[i]) - double(v283[i]));
+  {
+    float *__restrict v70p = v70.data();
+    const float *__restrict v473p = v473.data();
+    const float *__restrict v478p = v478.data();
+    const float *__restrict v484p = v484.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v473p[i0];
+      const float s1 = v478p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v484p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v70p[i0];
+      const float s6 = (s5 - s4);
+      v70p[i0] = s6;
+    }
   }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v495 = arena_.slot(384, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v495[at[0]] = float(double(v494[at[1]]) * double(v493[at[2]]));
-  });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v497(param21_route_1_w_gate_vr); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t496 = float(double(v490[at[1]]) * double(v283[at[2]]));
-    v497[at[0]] = float(double(t496) + double(v495[at[3]]));
-  });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v498 = arena_.slot(256, 2);
-  meshc::gen::reduce(v498.data(), {2}, v489.data(), {1}, {32}, {2}, meshc::gen::Reduce::Sum,
-                     0.03125);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v499 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v499.size(); ++i) {
-    v499[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v500 = arena_.slot(0, 2);
-  meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v500[at[0]] = float(double(v498[at[1]]) * double(v499[at[2]]));
-  });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v502(param22_route_1_w_gate_vc); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t501 = float(double(v491[at[1]]) * double(v283[at[2]]));
-    v502[at[0]] = float(double(t501) + double(v500[at[3]]));
-  });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v503 = arena_.slot(0, 1);
-  meshc::gen::reduce(v503.data(), {}, v497.data(), {}, {32}, {1}, meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v505 = arena_.slot(256, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t504 = float(double(v497[at[1]]) / double(v503[at[2]]));
-    v505[at[0]] = float(1.0 / std::sqrt(double(t504)));
-  });
-
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v506 = arena_.slot(384, 2);
-  for (size_t i = 0; i < v506.size(); ++i) {
-    v506[i] = float(1.0 / std::sqrt(double(v502[i])));
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  meshc::gen::View v508 = arena_.slot(0, 64);
-  meshc::gen::forEach<4>({32, 2}, {{{2, 1}, {2, 1}, {1, 0}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t507 = float(double(v487[at[1]]) * double(v505[at[2]]));
-                           v508[at[0]] = float(double(t507) * double(v506[at[3]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v509 = arena_.slot(256, 64);
-  for (size_t i = 0; i < v509.size(); ++i) {
-    v509[i] = float(double(v508[i]) * double(v508[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v510 = arena_.slot(512, 1);
-  meshc::gen::reduce(v510.data(), {}, v509.data(), {}, {32, 2}, {2, 1}, meshc::gen::Reduce::Sum,
-                     0.0078125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %475 over model for sqrt at 119:3)
-  meshc::gen::View v511 = v510;
-  group_model.allReduce(v511.data(), v511.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v514 = arena_.slot(576, 1);
-  for (size_t i = 0; i < v514.size(); ++i) {
-    float t512 = float(std::sqrt(double(v511[i])));
-    float t513 = float(double(t512) * double(v278[i]));
-    v514[i] = float(meshc::gen::maximum(t513, v278[i]));
+  support::View v510 = arena_.view(66304, 1);
+  support::View v514 = arena_.view(0, 1);
+  {
+    float *__restrict v514p = v514.data();
+    const float *__restrict v510p = v510.data();
+    const float s0 = v510p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v514p[0] = s5;
   }
-
-  // moe.mesh:119:3 div
-  meshc::gen::View v515 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v515[at[0]] = float(double(v508[at[1]]) / double(v514[at[2]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v516 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v516.size(); ++i) {
-    v516[i] = float(double(v76[i]) * double(v76[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v517 = arena_.slot(512, 1);
-  meshc::gen::reduce(v517.data(), {}, v516.data(), {}, {32, 2}, {2, 1}, meshc::gen::Reduce::Sum,
-                     0.0078125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %481 over model for sqrt at 119:3)
-  meshc::gen::View v518 = v517;
-  group_model.allReduce(v518.data(), v518.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  meshc::gen::View v521 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v521.size(); ++i) {
-    float t519 = float(std::sqrt(double(v518[i])));
-    float t520 = float(meshc::gen::maximum(t519, v301[i]));
-    v521[i] = float(double(t520) * double(v280[i]));
+  support::View v517 = arena_.view(395584, 1);
+  support::View v521 = arena_.view(64, 1);
+  {
+    float *__restrict v521p = v521.data();
+    const float *__restrict v517p = v517.data();
+    const float s0 = v517p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v521p[0] = s5;
   }
 
+  // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/route[1]/w_gate
-  meshc::gen::View v523(param8_route_1_w_gate); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 2}, {{{2, 1}, {2, 1}, {0, 0}, {2, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t522 = float(double(v515[at[1]]) * double(v521[at[2]]));
-                           v523[at[0]] = float(double(v76[at[3]]) - double(t522));
-                         });
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  meshc::gen::View v526 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t525 = float(double(v524[at[1]]) * double(v524[at[1]]));
-                           v526[at[0]] = float(double(t525) + double(v286[at[2]]));
-                         });
-
-  // moe.mesh:119:3 param -> experts_ffn[1]/w_in@vr
-  const meshc::gen::Buffer &v527 = param23_experts_ffn_1_w_in_vr;
-
-  // moe.mesh:119:3 param -> experts_ffn[1]/w_in@vc
-  const meshc::gen::Buffer &v528 = param24_experts_ffn_1_w_in_vc;
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v529 = arena_.slot(16384, 64);
-  meshc::gen::reduce(v529.data(), {2, 32}, v526.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v530 = arena_.slot(16896, 1);
-  for (size_t i = 0; i < v530.size(); ++i) {
-    v530[i] = float(double(v278[i]) - double(v283[i]));
+  support::View v508 = arena_.view(65792, 64);
+  support::View v76(param8_route_1_w_gate); // updated in place
+  {
+    float *__restrict v76p = v76.data();
+    const float *__restrict v508p = v508.data();
+    const float *__restrict v514p = v514.data();
+    const float *__restrict v521p = v521.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v508p[i0];
+      const float s1 = v514p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v521p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v76p[i0];
+      const float s6 = (s5 - s4);
+      v76p[i0] = s6;
+    }
   }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v531 = arena_.slot(16640, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v531[at[0]] = float(double(v529[at[1]]) * double(v530[at[2]]));
-                         });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v533(param23_experts_ffn_1_w_in_vr); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t532 = float(double(v527[at[1]]) * double(v283[at[2]]));
-                           v533[at[0]] = float(double(t532) + double(v531[at[3]]));
-                         });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v534 = arena_.slot(16384, 128);
-  meshc::gen::reduce(v534.data(), {2, 64}, v526.data(), {2048, 1}, {32}, {64},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v535 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v535.size(); ++i) {
-    v535[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v536 = arena_.slot(0, 128);
-  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v536[at[0]] = float(double(v534[at[1]]) * double(v535[at[2]]));
-                         });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v538(param24_experts_ffn_1_w_in_vc); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t537 = float(double(v528[at[1]]) * double(v283[at[2]]));
-                           v538[at[0]] = float(double(t537) + double(v536[at[3]]));
-                         });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v539 = arena_.slot(0, 2);
-  meshc::gen::reduce(v539.data(), {2}, v533.data(), {32}, {32}, {1}, meshc::gen::Reduce::Sum,
-                     0.03125);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v541 = arena_.slot(16896, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t540 = float(double(v533[at[1]]) / double(v539[at[2]]));
-                           v541[at[0]] = float(1.0 / std::sqrt(double(t540)));
-                         });
-
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v542 = arena_.slot(16384, 128);
-  for (size_t i = 0; i < v542.size(); ++i) {
-    v542[i] = float(1.0 / std::sqrt(double(v538[i])));
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  meshc::gen::View v544 = arena_.slot(0, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {64, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t543 = float(double(v524[at[1]]) * double(v541[at[2]]));
-                           v544[at[0]] = float(double(t543) * double(v542[at[3]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v545 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v545.size(); ++i) {
-    v545[i] = float(double(v544[i]) * double(v544[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v546 = arena_.slot(33088, 1);
-  meshc::gen::reduce(v546.data(), {}, v545.data(), {}, {2, 32, 64}, {2048, 64, 1},
-                     meshc::gen::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %508 over model for sqrt at 119:3)
-  meshc::gen::View v547 = v546;
-  group_model.allReduce(v547.data(), v547.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v550 = arena_.slot(33152, 1);
-  for (size_t i = 0; i < v550.size(); ++i) {
-    float t548 = float(std::sqrt(double(v547[i])));
-    float t549 = float(double(t548) * double(v278[i]));
-    v550[i] = float(meshc::gen::maximum(t549, v278[i]));
+  support::View v546 = arena_.view(83200, 1);
+  support::View v550 = arena_.view(0, 1);
+  {
+    float *__restrict v550p = v550.data();
+    const float *__restrict v546p = v546.data();
+    const float s0 = v546p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v550p[0] = s5;
   }
-
-  // moe.mesh:119:3 div
-  meshc::gen::View v551 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v551[at[0]] = float(double(v544[at[1]]) / double(v550[at[2]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v552 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v552.size(); ++i) {
-    v552[i] = float(double(v90[i]) * double(v90[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v553 = arena_.slot(33088, 1);
-  meshc::gen::reduce(v553.data(), {}, v552.data(), {}, {2, 32, 64}, {2048, 64, 1},
-                     meshc::gen::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %514 over model for sqrt at 119:3)
-  meshc::gen::View v554 = v553;
-  group_model.allReduce(v554.data(), v554.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  meshc::gen::View v557 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v557.size(); ++i) {
-    float t555 = float(std::sqrt(double(v554[i])));
-    float t556 = float(meshc::gen::maximum(t555, v301[i]));
-    v557[i] = float(double(t556) * double(v280[i]));
+  support::View v553 = arena_.view(395648, 1);
+  support::View v557 = arena_.view(64, 1);
+  {
+    float *__restrict v557p = v557.data();
+    const float *__restrict v553p = v553.data();
+    const float s0 = v553p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v557p[0] = s5;
   }
 
+  // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/experts_ffn[1]/w_in
-  meshc::gen::View v559(param9_experts_ffn_1_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 0}, {2048, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t558 = float(double(v551[at[1]]) * double(v557[at[2]]));
-                           v559[at[0]] = float(double(v90[at[3]]) - double(t558));
-                         });
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  meshc::gen::View v562 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t561 = float(double(v560[at[1]]) * double(v560[at[1]]));
-                           v562[at[0]] = float(double(t561) + double(v286[at[2]]));
-                         });
-
-  // moe.mesh:119:3 param -> experts_ffn[1]/w_out@vr
-  const meshc::gen::Buffer &v563 = param25_experts_ffn_1_w_out_vr;
-
-  // moe.mesh:119:3 param -> experts_ffn[1]/w_out@vc
-  const meshc::gen::Buffer &v564 = param26_experts_ffn_1_w_out_vc;
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v565 = arena_.slot(16384, 128);
-  meshc::gen::reduce(v565.data(), {2, 64}, v562.data(), {2048, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v566 = arena_.slot(17408, 1);
-  for (size_t i = 0; i < v566.size(); ++i) {
-    v566[i] = float(double(v278[i]) - double(v283[i]));
+  support::View v544 = arena_.view(32768, 4096);
+  support::View v90(param9_experts_ffn_1_w_in); // updated in place
+  {
+    float *__restrict v90p = v90.data();
+    const float *__restrict v544p = v544.data();
+    const float *__restrict v550p = v550.data();
+    const float *__restrict v557p = v557.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v544p[i0];
+      const float s1 = v550p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v557p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v90p[i0];
+      const float s6 = (s5 - s4);
+      v90p[i0] = s6;
+    }
   }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v567 = arena_.slot(16896, 128);
-  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v567[at[0]] = float(double(v565[at[1]]) * double(v566[at[2]]));
-                         });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v569(
-      param25_experts_ffn_1_w_out_vr); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t568 = float(double(v563[at[1]]) * double(v283[at[2]]));
-                           v569[at[0]] = float(double(t568) + double(v567[at[3]]));
-                         });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v570 = arena_.slot(16384, 64);
-  meshc::gen::reduce(v570.data(), {2, 32}, v562.data(), {2048, 1}, {64}, {32},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 sub
-  meshc::gen::View v571 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v571.size(); ++i) {
-    v571[i] = float(double(v278[i]) - double(v283[i]));
-  }
-
-  // moe.mesh:119:3 mul
-  meshc::gen::View v572 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v572[at[0]] = float(double(v570[at[1]]) * double(v571[at[2]]));
-                         });
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  meshc::gen::View v574(
-      param26_experts_ffn_1_w_out_vc); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t573 = float(double(v564[at[1]]) * double(v283[at[2]]));
-                           v574[at[0]] = float(double(t573) + double(v572[at[3]]));
-                         });
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v575 = arena_.slot(0, 2);
-  meshc::gen::reduce(v575.data(), {2}, v569.data(), {64}, {64}, {1}, meshc::gen::Reduce::Sum,
-                     0.015625);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v577 = arena_.slot(16384, 128);
-  meshc::gen::forEach<3>({2, 64}, {{{64, 1}, {64, 1}, {1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t576 = float(double(v569[at[1]]) / double(v575[at[2]]));
-                           v577[at[0]] = float(1.0 / std::sqrt(double(t576)));
-                         });
-
-  // moe.mesh:119:3 rsqrt
-  meshc::gen::View v578 = arena_.slot(16896, 64);
-  for (size_t i = 0; i < v578.size(); ++i) {
-    v578[i] = float(1.0 / std::sqrt(double(v574[i])));
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  meshc::gen::View v580 = arena_.slot(0, 4096);
-  meshc::gen::forEach<4>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {64, 1, 0}, {32, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t579 = float(double(v560[at[1]]) * double(v577[at[2]]));
-                           v580[at[0]] = float(double(t579) * double(v578[at[3]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v581 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v581.size(); ++i) {
-    v581[i] = float(double(v580[i]) * double(v580[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v582 = arena_.slot(32896, 1);
-  meshc::gen::reduce(v582.data(), {}, v581.data(), {}, {2, 64, 32}, {2048, 32, 1},
-                     meshc::gen::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %541 over model for sqrt at 119:3)
-  meshc::gen::View v583 = v582;
-  group_model.allReduce(v583.data(), v583.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  meshc::gen::View v586 = arena_.slot(32960, 1);
-  for (size_t i = 0; i < v586.size(); ++i) {
-    float t584 = float(std::sqrt(double(v583[i])));
-    float t585 = float(double(t584) * double(v278[i]));
-    v586[i] = float(meshc::gen::maximum(t585, v278[i]));
+  support::View v582 = arena_.view(81920, 1);
+  support::View v586 = arena_.view(0, 1);
+  {
+    float *__restrict v586p = v586.data();
+    const float *__restrict v582p = v582.data();
+    const float s0 = v582p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = (s1 * s2);
+    const float s4 = 1.0f;
+    const float s5 = support::maximum(s3, s4);
+    v586p[0] = s5;
   }
-
-  // moe.mesh:119:3 div
-  meshc::gen::View v587 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v587[at[0]] = float(double(v580[at[1]]) / double(v586[at[2]]));
-                         });
-
-  // moe.mesh:119:3 square
-  meshc::gen::View v588 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v588.size(); ++i) {
-    v588[i] = float(double(v91[i]) * double(v91[i]));
-  }
-
-  // moe.mesh:119:3 mean
-  meshc::gen::View v589 = arena_.slot(32768, 1);
-  meshc::gen::reduce(v589.data(), {}, v588.data(), {}, {2, 64, 32}, {2048, 32, 1},
-                     meshc::gen::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 all_reduce_sum (resolve the partial sum of %547 over model for sqrt at 119:3)
-  meshc::gen::View v590 = v589;
-  group_model.allReduce(v590.data(), v590.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  meshc::gen::View v593 = arena_.slot(0, 1);
-  for (size_t i = 0; i < v593.size(); ++i) {
-    float t591 = float(std::sqrt(double(v590[i])));
-    float t592 = float(meshc::gen::maximum(t591, v301[i]));
-    v593[i] = float(double(t592) * double(v280[i]));
+  support::View v589 = arena_.view(395712, 1);
+  support::View v593 = arena_.view(64, 1);
+  {
+    float *__restrict v593p = v593.data();
+    const float *__restrict v589p = v589.data();
+    const float s0 = v589p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 0.001f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 0.01f;
+    const float s5 = (s3 * s4);
+    v593p[0] = s5;
   }
 
+  // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/experts_ffn[1]/w_out
-  meshc::gen::View v595(param10_experts_ffn_1_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 64, 32}, {{{2048, 32, 1}, {2048, 32, 1}, {0, 0, 0}, {2048, 32, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t594 = float(double(v587[at[1]]) * double(v593[at[2]]));
-                           v595[at[0]] = float(double(v91[at[3]]) - double(t594));
-                         });
-
-  // The step's updates.
-  ++step_;
-
-  Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v141.begin(), v141.end())};
-  return outputs;
+  support::View v580 = arena_.view(49152, 4096);
+  support::View v91(param10_experts_ffn_1_w_out); // updated in place
+  {
+    float *__restrict v91p = v91.data();
+    const float *__restrict v580p = v580.data();
+    const float *__restrict v586p = v586.data();
+    const float *__restrict v593p = v593.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v580p[i0];
+      const float s1 = v586p[0];
+      const float s2 = (s0 / s1);
+      const float s3 = v593p[0];
+      const float s4 = (s2 * s3);
+      const float s5 = v91p[i0];
+      const float s6 = (s5 - s4);
+      v91p[i0] = s6;
+    }
+  }
 }
 
 MoeTrain::Inputs MoeTrain::synthesizeInputs(uint64_t seed) const {
@@ -3758,54 +5066,49 @@ MoeTrain::Inputs MoeTrain::synthesizeInputs(uint64_t seed) const {
   inputs.x.data.resize(2048);
   meshrt::kernels::fillInput(
       inputs.x.data.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 64, 32}},
       seed, "x", meshrt::kernels::ValueType::F32);
   inputs.target.shape = {1, 64, 32};
   inputs.target.data.resize(2048);
   meshrt::kernels::fillInput(
       inputs.target.data.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 64, 32}},
       seed, "target", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
-meshc::gen::Tensor MoeTrain::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &global) {
+support::Tensor MoeTrain::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &global) {
   if (name == "x") {
-    meshc::gen::checkShape("global input", name, global, {2, 64, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {2, 64, 32});
+    return support::Tensor{
         {1, 64, 32},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {1, 64, 32}, {2048, 32, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0,
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0, 0})};
   }
   if (name == "target") {
-    meshc::gen::checkShape("global input", name, global, {2, 64, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {2, 64, 32});
+    return support::Tensor{
         {1, 64, 32},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {1, 64, 32}, {2048, 32, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0,
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0, 0})};
   }
   throw std::invalid_argument("moe_train: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor MoeTrain::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &local) {
+support::Tensor MoeTrain::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &local) {
   if (name == "loss") {
-    meshc::gen::checkShape("local output", name, local, {});
-    return meshc::gen::Tensor{{},
-                              meshc::gen::gatherShards(world, local.data, {}, {}, [&](int rank) {
-                                return meshc::gen::Shape{};
-                              })};
+    support::checkShape("local output", name, local, {});
+    return support::Tensor{{}, support::gatherShards(world, local.data, {}, {}, [&](int rank) {
+                             return support::Shape{};
+                           })};
   }
   throw std::invalid_argument("moe_train: no output named '" + name + "'");
 }
@@ -3853,7 +5156,7 @@ bool MoeTrain::isOptimizerState(const std::string &path) {
   return std::find(states.begin(), states.end(), path) != states.end();
 }
 
-std::vector<meshc::gen::ParamShard> MoeTrain::paramShards() {
+std::vector<support::ParamShard> MoeTrain::paramShards() {
   return {
       {"zero", false, "f32", {}, {}, {}, {}, &param0_zero},
       {"norm[0]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param1_norm_0_gain},
@@ -4011,26 +5314,26 @@ std::vector<meshc::gen::ParamShard> MoeTrain::paramShards() {
   };
 }
 
-meshc::gen::Tensor MoeTrain::getParam(const std::string &path) {
+support::Tensor MoeTrain::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "moe_train"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "moe_train"));
 }
 
-void MoeTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void MoeTrain::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "moe_train"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "moe_train"), global);
 }
 
 void MoeTrain::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {step_, {{"program", "moe_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void MoeTrain::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

@@ -9,17 +9,20 @@
 
 namespace meshc_generated {
 
+/// The support code this target's generated code calls.
+namespace support = meshc::gen;
+
 /// The program `moe` of moe.mesh, planned for the mesh [data=2, model=2] with layout experts:
 /// [model], groups: [data].
 class Moe {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor x; // [groups:[data], tokens, d_model] local {1, 64, 32}
+    support::Tensor x; // [groups:[data], tokens, d_model] local {1, 64, 32}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor y; // [groups:[data], tokens, d_model] local {1, 64, 32}
+    support::Tensor y; // [groups:[data], tokens, d_model] local {1, 64, 32}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -28,7 +31,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -39,9 +42,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 99072;
+  static constexpr size_t kArenaBytes = 99328;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 491552;
+  static constexpr size_t kTemporaryBytes = 409104;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 128;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -49,24 +54,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -79,26 +84,30 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_model;     // the ranks along model
-  meshc::gen::Buffer param0_norm_0_gain; // norm[0]/gain: [d_model] local {32}
-  meshc::gen::Buffer param1_norm_0_bias; // norm[0]/bias: [d_model] local {32}
-  meshc::gen::Buffer
+  meshrt::Communicator &group_model;  // the ranks along model
+  support::Buffer param0_norm_0_gain; // norm[0]/gain: [d_model] local {32}
+  support::Buffer param1_norm_0_bias; // norm[0]/bias: [d_model] local {32}
+  support::Buffer
       param2_route_0_w_gate; // route[0]/w_gate: [d_model, experts:[model]] local {32, 2}
-  meshc::gen::Buffer param3_experts_ffn_0_w_in;  // experts_ffn[0]/w_in: [experts:[model], d_model,
-                                                 // d_ff] local {2, 32, 64}
-  meshc::gen::Buffer param4_experts_ffn_0_w_out; // experts_ffn[0]/w_out: [experts:[model], d_ff,
-                                                 // d_model] local {2, 64, 32}
-  meshc::gen::Buffer param5_norm_1_gain;         // norm[1]/gain: [d_model] local {32}
-  meshc::gen::Buffer param6_norm_1_bias;         // norm[1]/bias: [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer param3_experts_ffn_0_w_in;  // experts_ffn[0]/w_in: [experts:[model], d_model,
+                                              // d_ff] local {2, 32, 64}
+  support::Buffer param4_experts_ffn_0_w_out; // experts_ffn[0]/w_out: [experts:[model], d_ff,
+                                              // d_model] local {2, 64, 32}
+  support::Buffer param5_norm_1_gain;         // norm[1]/gain: [d_model] local {32}
+  support::Buffer param6_norm_1_bias;         // norm[1]/bias: [d_model] local {32}
+  support::Buffer
       param7_route_1_w_gate; // route[1]/w_gate: [d_model, experts:[model]] local {32, 2}
-  meshc::gen::Buffer param8_experts_ffn_1_w_in;  // experts_ffn[1]/w_in: [experts:[model], d_model,
-                                                 // d_ff] local {2, 32, 64}
-  meshc::gen::Buffer param9_experts_ffn_1_w_out; // experts_ffn[1]/w_out: [experts:[model], d_ff,
-                                                 // d_model] local {2, 64, 32}
-  meshc::gen::Arena arena_{kArenaBytes};         // run()'s temporaries
+  support::Buffer param8_experts_ffn_1_w_in;    // experts_ffn[1]/w_in: [experts:[model], d_model,
+                                                // d_ff] local {2, 32, 64}
+  support::Buffer param9_experts_ffn_1_w_out;   // experts_ffn[1]/w_out: [experts:[model], d_ff,
+                                                // d_model] local {2, 64, 32}
+  support::Arena arena_{kArenaBytes};           // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
 };
 
 /// The train block `moe_train` of moe.mesh, planned for the mesh [data=2, model=2] with layout
@@ -107,12 +116,12 @@ class MoeTrain {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor x;      // [groups:[data], tokens, d_model] local {1, 64, 32}
-    meshc::gen::Tensor target; // [groups:[data], tokens, d_model] local {1, 64, 32}
+    support::Tensor x;      // [groups:[data], tokens, d_model] local {1, 64, 32}
+    support::Tensor target; // [groups:[data], tokens, d_model] local {1, 64, 32}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor loss; // [] local {}
+    support::Tensor loss; // [] local {}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -121,7 +130,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -132,9 +141,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 395776;
+  static constexpr size_t kArenaBytes = 395840;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1326748;
+  static constexpr size_t kTemporaryBytes = 1192520;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 9280;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -151,24 +162,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -181,54 +192,63 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
+  void runPart3(const Inputs &inputs);
+  void runPart4(const Inputs &inputs);
+  void runPart5(const Inputs &inputs);
+  void runPart6(const Inputs &inputs);
+  void runPart7(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
   meshrt::Communicator &group_data;       // the ranks along data
   meshrt::Communicator &group_data_model; // the ranks along data, model
   meshrt::Communicator &group_model;      // the ranks along model
-  meshc::gen::Buffer param0_zero;         // zero: [] local {}
-  meshc::gen::Buffer param1_norm_0_gain;  // norm[0]/gain: [d_model] local {32}
-  meshc::gen::Buffer param2_norm_0_bias;  // norm[0]/bias: [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer param0_zero;            // zero: [] local {}
+  support::Buffer param1_norm_0_gain;     // norm[0]/gain: [d_model] local {32}
+  support::Buffer param2_norm_0_bias;     // norm[0]/bias: [d_model] local {32}
+  support::Buffer
       param3_route_0_w_gate; // route[0]/w_gate: [d_model, experts:[model]] local {32, 2}
-  meshc::gen::Buffer param4_experts_ffn_0_w_in;  // experts_ffn[0]/w_in: [experts:[model], d_model,
-                                                 // d_ff] local {2, 32, 64}
-  meshc::gen::Buffer param5_experts_ffn_0_w_out; // experts_ffn[0]/w_out: [experts:[model], d_ff,
-                                                 // d_model] local {2, 64, 32}
-  meshc::gen::Buffer param6_norm_1_gain;         // norm[1]/gain: [d_model] local {32}
-  meshc::gen::Buffer param7_norm_1_bias;         // norm[1]/bias: [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer param4_experts_ffn_0_w_in;  // experts_ffn[0]/w_in: [experts:[model], d_model,
+                                              // d_ff] local {2, 32, 64}
+  support::Buffer param5_experts_ffn_0_w_out; // experts_ffn[0]/w_out: [experts:[model], d_ff,
+                                              // d_model] local {2, 64, 32}
+  support::Buffer param6_norm_1_gain;         // norm[1]/gain: [d_model] local {32}
+  support::Buffer param7_norm_1_bias;         // norm[1]/bias: [d_model] local {32}
+  support::Buffer
       param8_route_1_w_gate; // route[1]/w_gate: [d_model, experts:[model]] local {32, 2}
-  meshc::gen::Buffer param9_experts_ffn_1_w_in;   // experts_ffn[1]/w_in: [experts:[model], d_model,
+  support::Buffer param9_experts_ffn_1_w_in;      // experts_ffn[1]/w_in: [experts:[model], d_model,
                                                   // d_ff] local {2, 32, 64}
-  meshc::gen::Buffer param10_experts_ffn_1_w_out; // experts_ffn[1]/w_out: [experts:[model], d_ff,
+  support::Buffer param10_experts_ffn_1_w_out;    // experts_ffn[1]/w_out: [experts:[model], d_ff,
                                                   // d_model] local {2, 64, 32}
-  meshc::gen::Buffer param11_norm_0_gain_v;       // norm[0]/gain@v: [d_model] local {32}
-  meshc::gen::Buffer param12_norm_0_bias_v;       // norm[0]/bias@v: [d_model] local {32}
-  meshc::gen::Buffer param13_route_0_w_gate_vr;   // route[0]/w_gate@vr: [d_model] local {32}
-  meshc::gen::Buffer param14_route_0_w_gate_vc;   // route[0]/w_gate@vc: [experts:[model]] local {2}
-  meshc::gen::Buffer param15_experts_ffn_0_w_in_vr;  // experts_ffn[0]/w_in@vr: [experts:[model],
-                                                     // d_model] local {2, 32}
-  meshc::gen::Buffer param16_experts_ffn_0_w_in_vc;  // experts_ffn[0]/w_in@vc: [experts:[model],
-                                                     // d_ff] local {2, 64}
-  meshc::gen::Buffer param17_experts_ffn_0_w_out_vr; // experts_ffn[0]/w_out@vr: [experts:[model],
-                                                     // d_ff] local {2, 64}
-  meshc::gen::Buffer param18_experts_ffn_0_w_out_vc; // experts_ffn[0]/w_out@vc: [experts:[model],
-                                                     // d_model] local {2, 32}
-  meshc::gen::Buffer param19_norm_1_gain_v;          // norm[1]/gain@v: [d_model] local {32}
-  meshc::gen::Buffer param20_norm_1_bias_v;          // norm[1]/bias@v: [d_model] local {32}
-  meshc::gen::Buffer param21_route_1_w_gate_vr;      // route[1]/w_gate@vr: [d_model] local {32}
-  meshc::gen::Buffer param22_route_1_w_gate_vc; // route[1]/w_gate@vc: [experts:[model]] local {2}
-  meshc::gen::Buffer param23_experts_ffn_1_w_in_vr;  // experts_ffn[1]/w_in@vr: [experts:[model],
-                                                     // d_model] local {2, 32}
-  meshc::gen::Buffer param24_experts_ffn_1_w_in_vc;  // experts_ffn[1]/w_in@vc: [experts:[model],
-                                                     // d_ff] local {2, 64}
-  meshc::gen::Buffer param25_experts_ffn_1_w_out_vr; // experts_ffn[1]/w_out@vr: [experts:[model],
-                                                     // d_ff] local {2, 64}
-  meshc::gen::Buffer param26_experts_ffn_1_w_out_vc; // experts_ffn[1]/w_out@vc: [experts:[model],
-                                                     // d_model] local {2, 32}
-  meshc::gen::Arena arena_{kArenaBytes};             // run()'s temporaries
+  support::Buffer param11_norm_0_gain_v;          // norm[0]/gain@v: [d_model] local {32}
+  support::Buffer param12_norm_0_bias_v;          // norm[0]/bias@v: [d_model] local {32}
+  support::Buffer param13_route_0_w_gate_vr;      // route[0]/w_gate@vr: [d_model] local {32}
+  support::Buffer param14_route_0_w_gate_vc;      // route[0]/w_gate@vc: [experts:[model]] local {2}
+  support::Buffer param15_experts_ffn_0_w_in_vr;  // experts_ffn[0]/w_in@vr: [experts:[model],
+                                                  // d_model] local {2, 32}
+  support::Buffer param16_experts_ffn_0_w_in_vc;  // experts_ffn[0]/w_in@vc: [experts:[model], d_ff]
+                                                  // local {2, 64}
+  support::Buffer param17_experts_ffn_0_w_out_vr; // experts_ffn[0]/w_out@vr: [experts:[model],
+                                                  // d_ff] local {2, 64}
+  support::Buffer param18_experts_ffn_0_w_out_vc; // experts_ffn[0]/w_out@vc: [experts:[model],
+                                                  // d_model] local {2, 32}
+  support::Buffer param19_norm_1_gain_v;          // norm[1]/gain@v: [d_model] local {32}
+  support::Buffer param20_norm_1_bias_v;          // norm[1]/bias@v: [d_model] local {32}
+  support::Buffer param21_route_1_w_gate_vr;      // route[1]/w_gate@vr: [d_model] local {32}
+  support::Buffer param22_route_1_w_gate_vc;      // route[1]/w_gate@vc: [experts:[model]] local {2}
+  support::Buffer param23_experts_ffn_1_w_in_vr;  // experts_ffn[1]/w_in@vr: [experts:[model],
+                                                  // d_model] local {2, 32}
+  support::Buffer param24_experts_ffn_1_w_in_vc;  // experts_ffn[1]/w_in@vc: [experts:[model], d_ff]
+                                                  // local {2, 64}
+  support::Buffer param25_experts_ffn_1_w_out_vr; // experts_ffn[1]/w_out@vr: [experts:[model],
+                                                  // d_ff] local {2, 64}
+  support::Buffer param26_experts_ffn_1_w_out_vc; // experts_ffn[1]/w_out@vc: [experts:[model],
+                                                  // d_model] local {2, 32}
+  support::Arena arena_{kArenaBytes};             // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};   // computed in the constructor
 };
 
 } // namespace meshc_generated

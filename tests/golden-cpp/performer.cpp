@@ -12,923 +12,1118 @@ meshrt::Mesh Encode::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); 
 std::vector<std::string> Encode::inputNames() { return {"x"}; }
 std::vector<std::string> Encode::outputNames() { return {"y"}; }
 
-meshc::gen::Shape Encode::inputShape(const std::string &name) {
+support::Shape Encode::inputShape(const std::string &name) {
   if (name == "x")
     return {2, 128, 32};
   throw std::invalid_argument("encode: no input named '" + name + "'");
 }
 
 Encode::Encode(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "encode")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "encode")), seed_(seed),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // encoder_layer[0]/random_features: orthogonal (performer.mesh:103)
   param0_encoder_layer_0_random_features.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_encoder_layer_0_random_features.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{64, 16}},
       seed, "encoder_layer[0]/random_features",
       meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/norm/gain: ones (performer.mesh:27)
-  param1_encoder_layer_0_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param1_encoder_layer_0_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder_layer[0]/norm/bias: zeros (performer.mesh:28)
-  param2_encoder_layer_0_norm_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param2_encoder_layer_0_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param3_encoder_layer_0_heads_in_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param3_encoder_layer_0_heads_in_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "encoder_layer[0]/heads_in/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param4_encoder_layer_0_heads_in_1_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param4_encoder_layer_0_heads_in_1_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "encoder_layer[0]/heads_in#1/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param5_encoder_layer_0_heads_in_2_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param5_encoder_layer_0_heads_in_2_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "encoder_layer[0]/heads_in#2/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param6_encoder_layer_0_heads_out_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param6_encoder_layer_0_heads_out_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 16, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 16, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 16, 32}},
       seed, "encoder_layer[0]/heads_out/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
-  param7_encoder_layer_0_norm_1_gain.assign(32,
-                                            meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param7_encoder_layer_0_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder_layer[0]/norm#1/bias: zeros (performer.mesh:28)
-  param8_encoder_layer_0_norm_1_bias.assign(32,
-                                            meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param8_encoder_layer_0_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param9_encoder_layer_0_ffn_w_in.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param9_encoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{32, 64}},
       seed, "encoder_layer[0]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param10_encoder_layer_0_ffn_w_out.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param10_encoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 32}},
       seed, "encoder_layer[0]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/random_features: orthogonal (performer.mesh:103)
   param11_encoder_layer_1_random_features.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param11_encoder_layer_1_random_features.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{64, 16}},
       seed, "encoder_layer[1]/random_features",
       meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/norm/gain: ones (performer.mesh:27)
-  param12_encoder_layer_1_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param12_encoder_layer_1_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder_layer[1]/norm/bias: zeros (performer.mesh:28)
-  param13_encoder_layer_1_norm_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param13_encoder_layer_1_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param14_encoder_layer_1_heads_in_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param14_encoder_layer_1_heads_in_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "encoder_layer[1]/heads_in/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param15_encoder_layer_1_heads_in_1_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param15_encoder_layer_1_heads_in_1_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "encoder_layer[1]/heads_in#1/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param16_encoder_layer_1_heads_in_2_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param16_encoder_layer_1_heads_in_2_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "encoder_layer[1]/heads_in#2/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param17_encoder_layer_1_heads_out_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param17_encoder_layer_1_heads_out_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 16, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 16, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 16, 32}},
       seed, "encoder_layer[1]/heads_out/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
-  param18_encoder_layer_1_norm_1_gain.assign(32,
-                                             meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param18_encoder_layer_1_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // encoder_layer[1]/norm#1/bias: zeros (performer.mesh:28)
-  param19_encoder_layer_1_norm_1_bias.assign(32,
-                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param19_encoder_layer_1_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param20_encoder_layer_1_ffn_w_in.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param20_encoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{32, 64}},
       seed, "encoder_layer[1]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // encoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param21_encoder_layer_1_ffn_w_out.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param21_encoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 32}},
       seed, "encoder_layer[1]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
       meshrt::kernels::ValueType::F32);
   // norm/gain: ones (performer.mesh:27)
-  param22_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param22_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm/bias: zeros (performer.mesh:28)
-  param23_norm_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
-}
+  param23_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
 
-Encode::Outputs Encode::run(const Inputs &inputs) {
-  // Arena: 131584 bytes for 1170036 bytes of temporaries (103 slots, placed by liveness).
-  meshc::gen::checkShape("input", "x", inputs.x, {1, 128, 32});
-
-  // performer.mesh:121:16 input -> x
-  const meshc::gen::Buffer &v0 = inputs.x.data;
+  // Values run() reads that never change, computed once (hoist-invariants).
 
   // performer.mesh:35:23 iota
-  meshc::gen::View v1 = arena_.slot(0, 128);
-  meshc::gen::iota(v1.data(), {128}, {1}, 0);
+  support::View v1 = persistent_.view(0, 128);
+  static const support::Shape shape0_1 = {128};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v1.data(), shape0_1, shape0_2, 0);
 
   // performer.mesh:35:18 cast -> position
-  meshc::gen::View v2 = arena_.slot(2048, 128);
-  for (size_t i = 0; i < v2.size(); ++i) {
-    v2[i] = float(v1[i]);
+  support::View v2 = persistent_.view(512, 128);
+  {
+    float *__restrict v2p = v2.data();
+    const float *__restrict v1p = v1.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v1p[i0];
+      const float s1 = s0;
+      v2p[i0] = s1;
+    }
   }
 
   // performer.mesh:36:36 iota
-  meshc::gen::View v3 = arena_.slot(0, 4);
-  meshc::gen::iota(v3.data(), {4}, {1}, meshc::gen::shardStart(world_, {"data", "model"}, 4));
+  support::View v3 = persistent_.view(1024, 4);
+  static const support::Shape shape2_1 = {4};
+  static const support::Shape shape2_2 = {1};
+  support::iota(v3.data(), shape2_1, shape2_2, support::shardStart(world_, {"data", "model"}, 4));
 
   // performer.mesh:36:31 cast
-  meshc::gen::View v4 = arena_.slot(64, 4);
-  for (size_t i = 0; i < v4.size(); ++i) {
-    v4[i] = float(v3[i]);
+  support::View v4 = persistent_.view(1088, 4);
+  {
+    float *__restrict v4p = v4.data();
+    const float *__restrict v3p = v3.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v3p[i0];
+      const float s1 = s0;
+      v4p[i0] = s1;
+    }
   }
 
-  // performer.mesh:36:55 literal
-  meshc::gen::View v5 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
-
   // performer.mesh:36:53 mul
+  support::View v6 = persistent_.view(1216, 4);
+  {
+    float *__restrict v6p = v6.data();
+    const float *__restrict v4p = v4.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v4p[i0];
+      const float s1 = -0.5756f;
+      const float s2 = (s0 * s1);
+      v6p[i0] = s2;
+    }
+  }
+
   // performer.mesh:36:27 exp -> inverse_frequency
-  meshc::gen::View v7 = arena_.slot(2560, 4);
-  meshc::gen::forEach<3>({4}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t6 = float(double(v4[at[1]]) * double(v5[at[2]]));
-    v7[at[0]] = float(std::exp(double(t6)));
-  });
+  support::View v7 = persistent_.view(1280, 4);
+  {
+    float *__restrict v7p = v7.data();
+    const float *__restrict v6p = v6.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v6p[i0];
+      const float s1 = support::fexp(s0);
+      v7p[i0] = s1;
+    }
+  }
 
   // performer.mesh:37:24 mul -> angle
-  meshc::gen::View v8 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({128, 4}, {{{4, 1}, {1, 0}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v8[at[0]] = float(double(v2[at[1]]) * double(v7[at[2]]));
-                         });
+  support::View v8 = persistent_.view(1344, 512);
+  {
+    float *__restrict v8p = v8.data();
+    const float *__restrict v2p = v2.data();
+    const float *__restrict v7p = v7.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 4; ++i1) {
+        const float s0 = v2p[i0];
+        const float s1 = v7p[i1];
+        const float s2 = (s0 * s1);
+        v8p[i0 * 4 + i1] = s2;
+      }
+    }
+  }
 
   // performer.mesh:38:17 sin
-  meshc::gen::View v9 = arena_.slot(2048, 512);
-  for (size_t i = 0; i < v9.size(); ++i) {
-    v9[i] = float(std::sin(double(v8[i])));
+  support::View v9 = persistent_.view(3392, 512);
+  {
+    float *__restrict v9p = v9.data();
+    const float *__restrict v8p = v8.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v8p[i0];
+      const float s1 = support::fsin(s0);
+      v9p[i0] = s1;
+    }
   }
 
   // performer.mesh:38:29 cos
-  meshc::gen::View v10 = arena_.slot(4096, 512);
-  for (size_t i = 0; i < v10.size(); ++i) {
-    v10[i] = float(std::cos(double(v8[i])));
+  support::View v10 = persistent_.view(5440, 512);
+  {
+    float *__restrict v10p = v10.data();
+    const float *__restrict v8p = v8.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v8p[i0];
+      const float s1 = support::fcos(s0);
+      v10p[i0] = s1;
+    }
   }
+}
+
+Encode::Outputs Encode::run(const Inputs &inputs) {
+  // Arena: 131584 bytes for 995848 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "x", inputs.x, {1, 128, 32});
+  runPart0(inputs);
+  runPart1(inputs);
+  runPart2(inputs);
+  support::View v141 = arena_.view(16384, 4096);
+
+  Outputs outputs;
+  outputs.y = support::Tensor{{1, 128, 32}, support::Buffer(v141.begin(), v141.end())};
+  return outputs;
+}
+
+void Encode::runPart0(const Inputs &inputs) {
+  (void)inputs;
 
   // performer.mesh:38:10 all_gather (reshard %9 for concat at 38:10)
-  meshc::gen::View v11 = arena_.slot(16384, 2048);
-  meshc::gen::allGatherDim(v11, v9, {128, 4}, 1, group_data_model);
+  support::View v9 = persistent_.view(3392, 512);
+  support::View v11 = arena_.view(16384, 2048);
+  static const support::Shape shape0_2 = {128, 4};
+  support::allGatherDim(v11, v9, shape0_2, 1, group_data_model);
 
   // performer.mesh:38:10 all_gather (reshard %10 for concat at 38:10)
-  meshc::gen::View v12 = arena_.slot(24576, 2048);
-  meshc::gen::allGatherDim(v12, v10, {128, 4}, 1, group_data_model);
+  support::View v10 = persistent_.view(5440, 512);
+  support::View v12 = arena_.view(24576, 2048);
+  static const support::Shape shape1_2 = {128, 4};
+  support::allGatherDim(v12, v10, shape1_2, 1, group_data_model);
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
-  meshc::gen::View v13 = arena_.slot(0, 4096);
-  meshc::gen::copyWindow(v13.data(), v11.data(), {128}, {32}, {16}, 1, 1, 32, 16, 0 - 0);
-  meshc::gen::copyWindow(v13.data(), v12.data(), {128}, {32}, {16}, 1, 1, 32, 16, 16 - 0);
+  support::View v13 = arena_.slot(0, 4096);
+  static const support::Shape shape2_2 = {128};
+  static const support::Shape shape2_3 = {32};
+  static const support::Shape shape2_4 = {16};
+  support::copyWindow(v13.data(), v11.data(), shape2_2, shape2_3, shape2_4, 1, 1, 32, 16,
+                      int64_t(0));
+
+  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  static const support::Shape shape3_2 = {128};
+  static const support::Shape shape3_3 = {32};
+  static const support::Shape shape3_4 = {16};
+  support::copyWindow(v13.data(), v12.data(), shape3_2, shape3_3, shape3_4, 1, 1, 32, 16,
+                      int64_t(16));
 
   // performer.mesh:122:39 add -> h
-  meshc::gen::View v14 = arena_.slot(98304, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v14[at[0]] = float(double(v0[at[1]]) + double(v13[at[2]]));
-                         });
-
-  // performer.mesh:103:9 param -> random_features
-  const meshc::gen::Buffer &v15 = param0_encoder_layer_0_random_features;
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v16 = param1_encoder_layer_0_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v17 = param2_encoder_layer_0_norm_bias;
+  const support::Buffer &v0 = inputs.x.data;
+  support::View v14 = arena_.view(98304, 4096);
+  {
+    float *__restrict v14p = v14.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v13p = v13.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v0p[i0];
+      const float s1 = v13p[i0];
+      const float s2 = (s0 + s1);
+      v14p[i0] = s2;
+    }
+  }
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v18 = arena_.slot(0, 4096);
-  meshc::gen::along(v18.data(), v14.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v18 = arena_.view(0, 4096);
+  static const support::Shape shape5_2 = {1, 128};
+  static const support::Shape shape5_3 = {4096, 32};
+  static const support::Shape shape5_4 = {4096, 32};
+  static const support::Shape shape5_5 = {32};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(v18.data(), v14.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::View v20 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t19 = float(double(v18[at[1]]) * double(v16[at[2]]));
-                           v20[at[0]] = float(double(t19) + double(v17[at[3]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v21 = param3_encoder_layer_0_heads_in_w;
+  const support::Buffer &v16 = param1_encoder_layer_0_norm_gain;
+  const support::Buffer &v17 = param2_encoder_layer_0_norm_bias;
+  support::View v20 = arena_.view(114688, 4096);
+  {
+    float *__restrict v20p = v20.data();
+    const float *__restrict v18p = v18.data();
+    const float *__restrict v16p = v16.data();
+    const float *__restrict v17p = v17.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v18p[i0 * 32 + i1];
+        const float s1 = v16p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v17p[i1];
+        const float s4 = (s2 + s3);
+        v20p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v22 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum22(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum22.run(v20.data(), v21.data(), v22.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v23 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v24 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v24[at[0]] = float(double(v22[at[1]]) * double(v23[at[2]]));
-                         });
+  const support::Buffer &v21 = param3_encoder_layer_0_heads_in_w;
+  support::View v22 = arena_.view(32768, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan7.run(v20.data(), v21.data(), v22.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::View v25 = arena_.slot(0, 8192);
+  const support::Buffer &v15 = param0_encoder_layer_0_random_features;
+  support::View v25 = arena_.view(0, 8192);
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum25(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum25.run(v24.data(), v15.data(), v25.data());
+  einsumPlan8.run(v22.data(), v15.data(), v25.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
-  meshc::gen::View v26 = arena_.slot(40960, 2048);
-  for (size_t i = 0; i < v26.size(); ++i) {
-    v26[i] = float(double(v24[i]) * double(v24[i]));
+  support::View v26 = arena_.view(40960, 2048);
+  {
+    float *__restrict v26p = v26.data();
+    const float *__restrict v22p = v22.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v22p[i0];
+      const float s1 = s0 * s0;
+      v26p[i0] = s1;
+    }
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v27 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v27.data(), {1, 128, 1}, v26.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v28 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  support::View v27 = arena_.view(65536, 128);
+  static const support::Shape shape10_1 = {1, 128, 1};
+  static const support::Shape shape10_3 = {2048, 16, 16};
+  static const support::Shape shape10_4 = {16};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v27.data(), shape10_1, v26.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v29 = arena_.slot(65536, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v29[at[0]] = float(double(v27[at[1]]) * double(v28[at[2]]));
-                         });
-
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v30 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v30[at[0]] = float(double(v25[at[1]]) - double(v29[at[2]]));
-                         });
+  support::View v30 = arena_.view(32768, 8192);
+  {
+    float *__restrict v30p = v30.data();
+    const float *__restrict v27p = v27.data();
+    const float *__restrict v25p = v25.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v27p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v25p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v30p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:66:37 max
-  meshc::gen::View v31 = arena_.slot(0, 128);
-  meshc::gen::reduce(v31.data(), {1, 128, 1}, v30.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Max, 1.0);
+  support::View v31 = arena_.view(65536, 128);
+  static const support::Shape shape12_1 = {1, 128, 1};
+  static const support::Shape shape12_3 = {8192, 64, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v31.data(), shape12_1, v30.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::View v32 = arena_.slot(65536, 128);
-  for (size_t i = 0; i < v32.size(); ++i) {
-    v32[i] = float(v31[i]);
-  }
-
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::View v34 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t33 = float(double(v30[at[1]]) - double(v32[at[2]]));
-                           v34[at[0]] = float(std::exp(double(t33)));
-                         });
-
-  // performer.mesh:66:63 literal
-  meshc::gen::View v35 =
-      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::View v36 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v36[at[0]] = float(double(v34[at[1]]) * double(v35[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v37 = param4_encoder_layer_0_heads_in_1_w;
+  support::View v36 = arena_.view(0, 8192);
+  {
+    float *__restrict v36p = v36.data();
+    const float *__restrict v31p = v31.data();
+    const float *__restrict v30p = v30.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v31p[i0];
+        const float s1 = s0;
+        const float s2 = v30p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        v36p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v38 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum38(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum38.run(v20.data(), v37.data(), v38.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v39 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v40 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v40[at[0]] = float(double(v38[at[1]]) * double(v39[at[2]]));
-                         });
+  const support::Buffer &v37 = param4_encoder_layer_0_heads_in_1_w;
+  support::View v38 = arena_.view(65536, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan14.run(v20.data(), v37.data(), v38.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::View v41 = arena_.slot(0, 8192);
+  support::View v41 = arena_.view(32768, 8192);
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum41(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum41.run(v40.data(), v15.data(), v41.data());
+  einsumPlan15.run(v38.data(), v15.data(), v41.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
-  meshc::gen::View v42 = arena_.slot(73728, 2048);
-  for (size_t i = 0; i < v42.size(); ++i) {
-    v42[i] = float(double(v40[i]) * double(v40[i]));
+  support::View v42 = arena_.view(73728, 2048);
+  {
+    float *__restrict v42p = v42.data();
+    const float *__restrict v38p = v38.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v38p[i0];
+      const float s1 = s0 * s0;
+      v42p[i0] = s1;
+    }
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v43 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v43.data(), {1, 128, 1}, v42.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v44 = arena_.fill(66048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  support::View v43 = arena_.view(131072, 128);
+  static const support::Shape shape17_1 = {1, 128, 1};
+  static const support::Shape shape17_3 = {2048, 16, 16};
+  static const support::Shape shape17_4 = {16};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v43.data(), shape17_1, v42.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v45 = arena_.slot(131072, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v45[at[0]] = float(double(v43[at[1]]) * double(v44[at[2]]));
-                         });
-
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v46 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v46[at[0]] = float(double(v41[at[1]]) - double(v45[at[2]]));
-                         });
-
-  // performer.mesh:71:37 max
-  meshc::gen::View v47 = arena_.slot(0, 1);
-  meshc::gen::reduce(v47.data(), {1, 1}, v46.data(), {8192, 64}, {128, 64}, {64, 1},
-                     meshc::gen::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  meshc::gen::View v48 = arena_.slot(131072, 1);
-  for (size_t i = 0; i < v48.size(); ++i) {
-    v48[i] = float(v47[i]);
+  support::View v46 = arena_.view(65536, 8192);
+  {
+    float *__restrict v46p = v46.data();
+    const float *__restrict v43p = v43.data();
+    const float *__restrict v41p = v41.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v43p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v41p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v46p[i0 * 64 + i1] = s4;
+      }
+    }
   }
 
+  // performer.mesh:71:37 max
+  support::View v47 = arena_.view(131072, 1);
+  static const support::Shape shape19_1 = {1, 1};
+  static const support::Shape shape19_3 = {8192, 64};
+  static const support::Shape shape19_4 = {128, 64};
+  static const support::Shape shape19_5 = {64, 1};
+  support::reduce(v47.data(), shape19_1, v46.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:71:23 stop_gradient
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::View v50 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t49 = float(double(v46[at[1]]) - double(v48[at[2]]));
-                           v50[at[0]] = float(std::exp(double(t49)));
-                         });
-
-  // performer.mesh:71:68 literal
-  meshc::gen::View v51 =
-      arena_.fill(131072, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::View v52 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v52[at[0]] = float(double(v50[at[1]]) * double(v51[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v53 = param5_encoder_layer_0_heads_in_2_w;
+  support::View v52 = arena_.view(32768, 8192);
+  {
+    float *__restrict v52p = v52.data();
+    const float *__restrict v47p = v47.data();
+    const float *__restrict v46p = v46.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v47p[0];
+      const float s1 = s0;
+      const float s2 = v46p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      v52p[i0] = s6;
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v54 = arena_.slot(0, 2048);
+  const support::Buffer &v53 = param5_encoder_layer_0_heads_in_2_w;
+  support::View v54 = arena_.view(65536, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum54(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum54.run(v20.data(), v53.data(), v54.data());
+  einsumPlan21.run(v20.data(), v53.data(), v54.data(), 1.0f, 0.0f);
 
   // performer.mesh:77:12 einsum -> kv
-  meshc::gen::View v55 = arena_.slot(8192, 1024);
+  support::View v55 = arena_.view(73728, 1024);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum55(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
-  einsum55.run(v52.data(), v54.data(), v55.data());
+  einsumPlan22.run(v52.data(), v54.data(), v55.data(), 1.0f, 0.0f);
 
   // performer.mesh:78:19 einsum -> numerator
-  meshc::gen::View v56 = arena_.slot(0, 2048);
+  support::View v56 = arena_.view(65536, 2048);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum56(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum56.run(v36.data(), v55.data(), v56.data());
+  einsumPlan23.run(v36.data(), v55.data(), v56.data(), 1.0f, 0.0f);
+}
+
+void Encode::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // performer.mesh:79:31 sum
-  meshc::gen::View v57 = arena_.slot(8704, 64);
-  meshc::gen::reduce(v57.data(), {1, 1, 64}, v52.data(), {8192, 64, 1}, {128}, {64},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v52 = arena_.view(32768, 8192);
+  support::View v57 = arena_.view(73728, 64);
+  static const support::Shape shape0_1 = {1, 1, 64};
+  static const support::Shape shape0_3 = {8192, 64, 1};
+  static const support::Shape shape0_4 = {128};
+  static const support::Shape shape0_5 = {64};
+  support::reduce(v57.data(), shape0_1, v52.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:79:20 einsum -> normalizer
-  meshc::gen::View v58 = arena_.slot(8192, 128);
+  support::View v36 = arena_.view(0, 8192);
+  support::View v58 = arena_.view(32768, 128);
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum58(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsum58.run(v36.data(), v57.data(), v58.data());
+  einsumPlan1.run(v36.data(), v57.data(), v58.data(), 1.0f, 0.0f);
 
   // performer.mesh:80:20 div
-  meshc::gen::View v59 = arena_.slot(16384, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v59[at[0]] = float(double(v56[at[1]]) / double(v58[at[2]]));
-                         });
-
-  // performer.mesh:49:9 param -> w
-  const meshc::gen::Buffer &v60 = param6_encoder_layer_0_heads_out_w;
+  support::View v56 = arena_.view(65536, 2048);
+  support::View v59 = arena_.view(16384, 2048);
+  {
+    float *__restrict v59p = v59.data();
+    const float *__restrict v56p = v56.data();
+    const float *__restrict v58p = v58.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v56p[i0 * 16 + i1];
+        const float s1 = v58p[i0];
+        const float s2 = (s0 / s1);
+        v59p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
 
   // performer.mesh:50:10 einsum
-  meshc::gen::View v61 = arena_.slot(0, 4096);
+  const support::Buffer &v60 = param6_encoder_layer_0_heads_out_w;
+  support::View v61 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum61(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum61.run(v59.data(), v60.data(), v61.data());
+  einsumPlan3.run(v59.data(), v60.data(), v61.data(), 1.0f, 0.0f);
 
   // performer.mesh:107:13 all_reduce_sum (resolve the partial sum of %59 over model for add at
   // 107:13)
-  meshc::gen::View v62 = v61;
-  group_model.allReduce(v62.data(), v62.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v61.data(), v61.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:107:13 add -> h
-  meshc::gen::View v63 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v63.size(); ++i) {
-    v63[i] = float(double(v14[i]) + double(v62[i]));
+  support::View v14 = arena_.view(98304, 4096);
+  support::View v63 = arena_.view(65536, 4096);
+  {
+    float *__restrict v63p = v63.data();
+    const float *__restrict v14p = v14.data();
+    const float *__restrict v61p = v61.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v14p[i0];
+      const float s1 = v61p[i0];
+      const float s2 = (s0 + s1);
+      v63p[i0] = s2;
+    }
   }
 
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v64 = param7_encoder_layer_0_norm_1_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v65 = param8_encoder_layer_0_norm_1_bias;
-
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v66 = arena_.slot(0, 4096);
-  meshc::gen::along(v66.data(), v63.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v66 = arena_.view(0, 4096);
+  static const support::Shape shape6_2 = {1, 128};
+  static const support::Shape shape6_3 = {4096, 32};
+  static const support::Shape shape6_4 = {4096, 32};
+  static const support::Shape shape6_5 = {32};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(v66.data(), v63.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::View v68 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t67 = float(double(v66[at[1]]) * double(v64[at[2]]));
-                           v68[at[0]] = float(double(t67) + double(v65[at[3]]));
-                         });
-
-  // performer.mesh:94:9 param -> w_in
-  const meshc::gen::Buffer &v69 = param9_encoder_layer_0_ffn_w_in;
-
-  // performer.mesh:95:9 param -> w_out
-  const meshc::gen::Buffer &v70 = param10_encoder_layer_0_ffn_w_out;
+  const support::Buffer &v64 = param7_encoder_layer_0_norm_1_gain;
+  const support::Buffer &v65 = param8_encoder_layer_0_norm_1_bias;
+  support::View v68 = arena_.view(32768, 4096);
+  {
+    float *__restrict v68p = v68.data();
+    const float *__restrict v66p = v66.data();
+    const float *__restrict v64p = v64.data();
+    const float *__restrict v65p = v65.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v66p[i0 * 32 + i1];
+        const float s1 = v64p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v65p[i1];
+        const float s4 = (s2 + s3);
+        v68p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:96:22 einsum
-  meshc::gen::View v71 = arena_.slot(0, 8192);
+  const support::Buffer &v69 = param9_encoder_layer_0_ffn_w_in;
+  support::View v71 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum71(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum71.run(v68.data(), v69.data(), v71.data());
+  einsumPlan8.run(v68.data(), v69.data(), v71.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::View v72 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v72.size(); ++i) {
-    v72[i] = float(meshc::gen::gelu(v71[i]));
+  support::View v72 = arena_.view(32768, 8192);
+  {
+    float *__restrict v72p = v72.data();
+    const float *__restrict v71p = v71.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v71p[i0];
+      const float s1 = support::fgelu(s0);
+      v72p[i0] = s1;
+    }
   }
 
   // performer.mesh:96:10 einsum
-  meshc::gen::View v73 = arena_.slot(0, 4096);
+  const support::Buffer &v70 = param10_encoder_layer_0_ffn_w_out;
+  support::View v73 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum73(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum73.run(v72.data(), v70.data(), v73.data());
+  einsumPlan10.run(v72.data(), v70.data(), v73.data(), 1.0f, 0.0f);
 
   // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %70 over model for add at
   // 108:12)
-  meshc::gen::View v74 = v73;
-  group_model.allReduce(v74.data(), v74.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v73.data(), v73.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:108:12 add -> h
-  meshc::gen::View v75 = arena_.slot(98304, 4096);
-  for (size_t i = 0; i < v75.size(); ++i) {
-    v75[i] = float(double(v63[i]) + double(v74[i]));
+  support::View v75 = arena_.view(98304, 4096);
+  {
+    float *__restrict v75p = v75.data();
+    const float *__restrict v63p = v63.data();
+    const float *__restrict v73p = v73.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v63p[i0];
+      const float s1 = v73p[i0];
+      const float s2 = (s0 + s1);
+      v75p[i0] = s2;
+    }
   }
 
-  // performer.mesh:103:9 param -> random_features
-  const meshc::gen::Buffer &v76 = param11_encoder_layer_1_random_features;
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v77 = param12_encoder_layer_1_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v78 = param13_encoder_layer_1_norm_bias;
-
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v79 = arena_.slot(0, 4096);
-  meshc::gen::along(v79.data(), v75.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v79 = arena_.view(0, 4096);
+  static const support::Shape shape13_2 = {1, 128};
+  static const support::Shape shape13_3 = {4096, 32};
+  static const support::Shape shape13_4 = {4096, 32};
+  static const support::Shape shape13_5 = {32};
+  static const support::Shape shape13_6 = {1};
+  static const support::Shape shape13_7 = {1};
+  support::along(v79.data(), v75.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::View v81 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t80 = float(double(v79[at[1]]) * double(v77[at[2]]));
-                           v81[at[0]] = float(double(t80) + double(v78[at[3]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v82 = param14_encoder_layer_1_heads_in_w;
+  const support::Buffer &v77 = param12_encoder_layer_1_norm_gain;
+  const support::Buffer &v78 = param13_encoder_layer_1_norm_bias;
+  support::View v81 = arena_.view(114688, 4096);
+  {
+    float *__restrict v81p = v81.data();
+    const float *__restrict v79p = v79.data();
+    const float *__restrict v77p = v77.data();
+    const float *__restrict v78p = v78.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v79p[i0 * 32 + i1];
+        const float s1 = v77p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v78p[i1];
+        const float s4 = (s2 + s3);
+        v81p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v83 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum83(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum83.run(v81.data(), v82.data(), v83.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v84 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v85 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v85[at[0]] = float(double(v83[at[1]]) * double(v84[at[2]]));
-                         });
+  const support::Buffer &v82 = param14_encoder_layer_1_heads_in_w;
+  support::View v83 = arena_.view(32768, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan15.run(v81.data(), v82.data(), v83.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::View v86 = arena_.slot(0, 8192);
+  const support::Buffer &v76 = param11_encoder_layer_1_random_features;
+  support::View v86 = arena_.view(0, 8192);
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum86(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum86.run(v85.data(), v76.data(), v86.data());
+  einsumPlan16.run(v83.data(), v76.data(), v86.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
-  meshc::gen::View v87 = arena_.slot(40960, 2048);
-  for (size_t i = 0; i < v87.size(); ++i) {
-    v87[i] = float(double(v85[i]) * double(v85[i]));
+  support::View v87 = arena_.view(40960, 2048);
+  {
+    float *__restrict v87p = v87.data();
+    const float *__restrict v83p = v83.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v83p[i0];
+      const float s1 = s0 * s0;
+      v87p[i0] = s1;
+    }
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v88 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v88.data(), {1, 128, 1}, v87.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v89 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  support::View v88 = arena_.view(65536, 128);
+  static const support::Shape shape18_1 = {1, 128, 1};
+  static const support::Shape shape18_3 = {2048, 16, 16};
+  static const support::Shape shape18_4 = {16};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v88.data(), shape18_1, v87.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v90 = arena_.slot(65536, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v90[at[0]] = float(double(v88[at[1]]) * double(v89[at[2]]));
-                         });
-
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v91 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v91[at[0]] = float(double(v86[at[1]]) - double(v90[at[2]]));
-                         });
+  support::View v91 = arena_.view(32768, 8192);
+  {
+    float *__restrict v91p = v91.data();
+    const float *__restrict v88p = v88.data();
+    const float *__restrict v86p = v86.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v88p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v86p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v91p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:66:37 max
-  meshc::gen::View v92 = arena_.slot(0, 128);
-  meshc::gen::reduce(v92.data(), {1, 128, 1}, v91.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Max, 1.0);
+  support::View v92 = arena_.view(65536, 128);
+  static const support::Shape shape20_1 = {1, 128, 1};
+  static const support::Shape shape20_3 = {8192, 64, 64};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v92.data(), shape20_1, v91.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::View v93 = arena_.slot(65536, 128);
-  for (size_t i = 0; i < v93.size(); ++i) {
-    v93[i] = float(v92[i]);
-  }
-
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::View v95 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t94 = float(double(v91[at[1]]) - double(v93[at[2]]));
-                           v95[at[0]] = float(std::exp(double(t94)));
-                         });
-
-  // performer.mesh:66:63 literal
-  meshc::gen::View v96 =
-      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::View v97 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v97[at[0]] = float(double(v95[at[1]]) * double(v96[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v98 = param15_encoder_layer_1_heads_in_1_w;
+  support::View v97 = arena_.view(0, 8192);
+  {
+    float *__restrict v97p = v97.data();
+    const float *__restrict v92p = v92.data();
+    const float *__restrict v91p = v91.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v92p[i0];
+        const float s1 = s0;
+        const float s2 = v91p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        v97p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v99 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum99(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum99.run(v81.data(), v98.data(), v99.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v100 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v101 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v101[at[0]] = float(double(v99[at[1]]) * double(v100[at[2]]));
-                         });
+  const support::Buffer &v98 = param15_encoder_layer_1_heads_in_1_w;
+  support::View v99 = arena_.view(65536, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan22.run(v81.data(), v98.data(), v99.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::View v102 = arena_.slot(0, 8192);
+  support::View v102 = arena_.view(32768, 8192);
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum102(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum102.run(v101.data(), v76.data(), v102.data());
+  einsumPlan23.run(v99.data(), v76.data(), v102.data(), 1.0f, 0.0f);
+}
+
+void Encode::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // performer.mesh:57:65 square
-  meshc::gen::View v103 = arena_.slot(73728, 2048);
-  for (size_t i = 0; i < v103.size(); ++i) {
-    v103[i] = float(double(v101[i]) * double(v101[i]));
+  support::View v99 = arena_.view(65536, 2048);
+  support::View v103 = arena_.view(73728, 2048);
+  {
+    float *__restrict v103p = v103.data();
+    const float *__restrict v99p = v99.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v99p[i0];
+      const float s1 = s0 * s0;
+      v103p[i0] = s1;
+    }
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v104 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v104.data(), {1, 128, 1}, v103.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v105 =
-      arena_.fill(66048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  support::View v104 = arena_.view(131072, 128);
+  static const support::Shape shape1_1 = {1, 128, 1};
+  static const support::Shape shape1_3 = {2048, 16, 16};
+  static const support::Shape shape1_4 = {16};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v104.data(), shape1_1, v103.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v106 = arena_.slot(131072, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v106[at[0]] = float(double(v104[at[1]]) * double(v105[at[2]]));
-                         });
-
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v107 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v107[at[0]] = float(double(v102[at[1]]) - double(v106[at[2]]));
-                         });
-
-  // performer.mesh:71:37 max
-  meshc::gen::View v108 = arena_.slot(0, 1);
-  meshc::gen::reduce(v108.data(), {1, 1}, v107.data(), {8192, 64}, {128, 64}, {64, 1},
-                     meshc::gen::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  meshc::gen::View v109 = arena_.slot(131072, 1);
-  for (size_t i = 0; i < v109.size(); ++i) {
-    v109[i] = float(v108[i]);
+  support::View v102 = arena_.view(32768, 8192);
+  support::View v107 = arena_.view(65536, 8192);
+  {
+    float *__restrict v107p = v107.data();
+    const float *__restrict v104p = v104.data();
+    const float *__restrict v102p = v102.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v104p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v102p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v107p[i0 * 64 + i1] = s4;
+      }
+    }
   }
 
+  // performer.mesh:71:37 max
+  support::View v108 = arena_.view(131072, 1);
+  static const support::Shape shape3_1 = {1, 1};
+  static const support::Shape shape3_3 = {8192, 64};
+  static const support::Shape shape3_4 = {128, 64};
+  static const support::Shape shape3_5 = {64, 1};
+  support::reduce(v108.data(), shape3_1, v107.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:71:23 stop_gradient
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::View v111 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t110 = float(double(v107[at[1]]) - double(v109[at[2]]));
-                           v111[at[0]] = float(std::exp(double(t110)));
-                         });
-
-  // performer.mesh:71:68 literal
-  meshc::gen::View v112 =
-      arena_.fill(131072, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::View v113 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v113[at[0]] = float(double(v111[at[1]]) * double(v112[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v114 = param16_encoder_layer_1_heads_in_2_w;
+  support::View v113 = arena_.view(32768, 8192);
+  {
+    float *__restrict v113p = v113.data();
+    const float *__restrict v108p = v108.data();
+    const float *__restrict v107p = v107.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v108p[0];
+      const float s1 = s0;
+      const float s2 = v107p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      v113p[i0] = s6;
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v115 = arena_.slot(0, 2048);
+  support::View v81 = arena_.view(114688, 4096);
+  const support::Buffer &v114 = param16_encoder_layer_1_heads_in_2_w;
+  support::View v115 = arena_.view(65536, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum115(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum115.run(v81.data(), v114.data(), v115.data());
+  einsumPlan5.run(v81.data(), v114.data(), v115.data(), 1.0f, 0.0f);
 
   // performer.mesh:77:12 einsum -> kv
-  meshc::gen::View v116 = arena_.slot(8192, 1024);
+  support::View v116 = arena_.view(73728, 1024);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum116(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
-  einsum116.run(v113.data(), v115.data(), v116.data());
+  einsumPlan6.run(v113.data(), v115.data(), v116.data(), 1.0f, 0.0f);
 
   // performer.mesh:78:19 einsum -> numerator
-  meshc::gen::View v117 = arena_.slot(0, 2048);
+  support::View v97 = arena_.view(0, 8192);
+  support::View v117 = arena_.view(65536, 2048);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum117(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum117.run(v97.data(), v116.data(), v117.data());
+  einsumPlan7.run(v97.data(), v116.data(), v117.data(), 1.0f, 0.0f);
 
   // performer.mesh:79:31 sum
-  meshc::gen::View v118 = arena_.slot(8704, 64);
-  meshc::gen::reduce(v118.data(), {1, 1, 64}, v113.data(), {8192, 64, 1}, {128}, {64},
-                     meshc::gen::Reduce::Sum, 1.0);
+  support::View v118 = arena_.view(73728, 64);
+  static const support::Shape shape8_1 = {1, 1, 64};
+  static const support::Shape shape8_3 = {8192, 64, 1};
+  static const support::Shape shape8_4 = {128};
+  static const support::Shape shape8_5 = {64};
+  support::reduce(v118.data(), shape8_1, v113.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:79:20 einsum -> normalizer
-  meshc::gen::View v119 = arena_.slot(8192, 128);
+  support::View v119 = arena_.view(32768, 128);
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum119(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsum119.run(v97.data(), v118.data(), v119.data());
+  einsumPlan9.run(v97.data(), v118.data(), v119.data(), 1.0f, 0.0f);
 
   // performer.mesh:80:20 div
-  meshc::gen::View v120 = arena_.slot(16384, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v120[at[0]] = float(double(v117[at[1]]) / double(v119[at[2]]));
-                         });
-
-  // performer.mesh:49:9 param -> w
-  const meshc::gen::Buffer &v121 = param17_encoder_layer_1_heads_out_w;
+  support::View v120 = arena_.view(16384, 2048);
+  {
+    float *__restrict v120p = v120.data();
+    const float *__restrict v117p = v117.data();
+    const float *__restrict v119p = v119.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v117p[i0 * 16 + i1];
+        const float s1 = v119p[i0];
+        const float s2 = (s0 / s1);
+        v120p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
 
   // performer.mesh:50:10 einsum
-  meshc::gen::View v122 = arena_.slot(0, 4096);
+  const support::Buffer &v121 = param17_encoder_layer_1_heads_out_w;
+  support::View v122 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum122(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum122.run(v120.data(), v121.data(), v122.data());
+  einsumPlan11.run(v120.data(), v121.data(), v122.data(), 1.0f, 0.0f);
 
   // performer.mesh:107:13 all_reduce_sum (resolve the partial sum of %118 over model for add at
   // 107:13)
-  meshc::gen::View v123 = v122;
-  group_model.allReduce(v123.data(), v123.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v122.data(), v122.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:107:13 add -> h
-  meshc::gen::View v124 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v124.size(); ++i) {
-    v124[i] = float(double(v75[i]) + double(v123[i]));
+  support::View v75 = arena_.view(98304, 4096);
+  support::View v124 = arena_.view(65536, 4096);
+  {
+    float *__restrict v124p = v124.data();
+    const float *__restrict v75p = v75.data();
+    const float *__restrict v122p = v122.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v75p[i0];
+      const float s1 = v122p[i0];
+      const float s2 = (s0 + s1);
+      v124p[i0] = s2;
+    }
   }
 
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v125 = param18_encoder_layer_1_norm_1_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v126 = param19_encoder_layer_1_norm_1_bias;
-
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v127 = arena_.slot(0, 4096);
-  meshc::gen::along(v127.data(), v124.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v127 = arena_.view(0, 4096);
+  static const support::Shape shape14_2 = {1, 128};
+  static const support::Shape shape14_3 = {4096, 32};
+  static const support::Shape shape14_4 = {4096, 32};
+  static const support::Shape shape14_5 = {32};
+  static const support::Shape shape14_6 = {1};
+  static const support::Shape shape14_7 = {1};
+  support::along(v127.data(), v124.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::View v129 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t128 = float(double(v127[at[1]]) * double(v125[at[2]]));
-                           v129[at[0]] = float(double(t128) + double(v126[at[3]]));
-                         });
-
-  // performer.mesh:94:9 param -> w_in
-  const meshc::gen::Buffer &v130 = param20_encoder_layer_1_ffn_w_in;
-
-  // performer.mesh:95:9 param -> w_out
-  const meshc::gen::Buffer &v131 = param21_encoder_layer_1_ffn_w_out;
+  const support::Buffer &v125 = param18_encoder_layer_1_norm_1_gain;
+  const support::Buffer &v126 = param19_encoder_layer_1_norm_1_bias;
+  support::View v129 = arena_.view(32768, 4096);
+  {
+    float *__restrict v129p = v129.data();
+    const float *__restrict v127p = v127.data();
+    const float *__restrict v125p = v125.data();
+    const float *__restrict v126p = v126.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v127p[i0 * 32 + i1];
+        const float s1 = v125p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v126p[i1];
+        const float s4 = (s2 + s3);
+        v129p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:96:22 einsum
-  meshc::gen::View v132 = arena_.slot(0, 8192);
+  const support::Buffer &v130 = param20_encoder_layer_1_ffn_w_in;
+  support::View v132 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum132(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum132.run(v129.data(), v130.data(), v132.data());
+  einsumPlan16.run(v129.data(), v130.data(), v132.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::View v133 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v133.size(); ++i) {
-    v133[i] = float(meshc::gen::gelu(v132[i]));
+  support::View v133 = arena_.view(32768, 8192);
+  {
+    float *__restrict v133p = v133.data();
+    const float *__restrict v132p = v132.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v132p[i0];
+      const float s1 = support::fgelu(s0);
+      v133p[i0] = s1;
+    }
   }
 
   // performer.mesh:96:10 einsum
-  meshc::gen::View v134 = arena_.slot(0, 4096);
+  const support::Buffer &v131 = param21_encoder_layer_1_ffn_w_out;
+  support::View v134 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum134(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum134.run(v133.data(), v131.data(), v134.data());
+  einsumPlan18.run(v133.data(), v131.data(), v134.data(), 1.0f, 0.0f);
 
   // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %129 over model for add at
   // 108:12)
-  meshc::gen::View v135 = v134;
-  group_model.allReduce(v135.data(), v135.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v134.data(), v134.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:108:12 add -> h
-  meshc::gen::View v136 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v136.size(); ++i) {
-    v136[i] = float(double(v124[i]) + double(v135[i]));
+  support::View v136 = arena_.view(16384, 4096);
+  {
+    float *__restrict v136p = v136.data();
+    const float *__restrict v124p = v124.data();
+    const float *__restrict v134p = v134.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v124p[i0];
+      const float s1 = v134p[i0];
+      const float s2 = (s0 + s1);
+      v136p[i0] = s2;
+    }
   }
 
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v137 = param22_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v138 = param23_norm_bias;
-
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v139 = arena_.slot(0, 4096);
-  meshc::gen::along(v139.data(), v136.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v139 = arena_.view(0, 4096);
+  static const support::Shape shape21_2 = {1, 128};
+  static const support::Shape shape21_3 = {4096, 32};
+  static const support::Shape shape21_4 = {4096, 32};
+  static const support::Shape shape21_5 = {32};
+  static const support::Shape shape21_6 = {1};
+  static const support::Shape shape21_7 = {1};
+  support::along(v139.data(), v136.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
+                 shape21_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> y
-  meshc::gen::View v141 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t140 = float(double(v139[at[1]]) * double(v137[at[2]]));
-                           v141[at[0]] = float(double(t140) + double(v138[at[3]]));
-                         });
-
-  Outputs outputs;
-  outputs.y = meshc::gen::Tensor{{1, 128, 32}, meshc::gen::Buffer(v141.begin(), v141.end())};
-  return outputs;
+  const support::Buffer &v137 = param22_norm_gain;
+  const support::Buffer &v138 = param23_norm_bias;
+  support::View v141 = arena_.view(16384, 4096);
+  {
+    float *__restrict v141p = v141.data();
+    const float *__restrict v139p = v139.data();
+    const float *__restrict v137p = v137.data();
+    const float *__restrict v138p = v138.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v139p[i0 * 32 + i1];
+        const float s1 = v137p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v138p[i1];
+        const float s4 = (s2 + s3);
+        v141p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 }
 
 Encode::Inputs Encode::synthesizeInputs(uint64_t seed) const {
@@ -937,36 +1132,34 @@ Encode::Inputs Encode::synthesizeInputs(uint64_t seed) const {
   inputs.x.data.resize(4096);
   meshrt::kernels::fillInput(
       inputs.x.data.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 128, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 128, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 128, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 128, 32}},
       seed, "x", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
-meshc::gen::Tensor Encode::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                        const meshc::gen::Tensor &global) {
+support::Tensor Encode::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                     const support::Tensor &global) {
   if (name == "x") {
-    meshc::gen::checkShape("global input", name, global, {2, 128, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {2, 128, 32});
+    return support::Tensor{
         {1, 128, 32},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {1, 128, 32}, {4096, 32, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0,
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0, 0})};
   }
   throw std::invalid_argument("encode: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor Encode::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                        const meshc::gen::Tensor &local) {
+support::Tensor Encode::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                     const support::Tensor &local) {
   if (name == "y") {
-    meshc::gen::checkShape("local output", name, local, {1, 128, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("local output", name, local, {1, 128, 32});
+    return support::Tensor{
         {2, 128, 32},
-        meshc::gen::gatherShards(world, local.data, {1, 128, 32}, {2, 128, 32}, [&](int rank) {
-          return meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), rank, {"data"}, 1), 0, 0};
+        support::gatherShards(world, local.data, {1, 128, 32}, {2, 128, 32}, [&](int rank) {
+          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 1), 0, 0};
         })};
   }
   throw std::invalid_argument("encode: no output named '" + name + "'");
@@ -1004,7 +1197,7 @@ bool Encode::isOptimizerState(const std::string &path) {
   return false;
 }
 
-std::vector<meshc::gen::ParamShard> Encode::paramShards() {
+std::vector<support::ParamShard> Encode::paramShards() {
   return {
       {"encoder_layer[0]/random_features",
        false,
@@ -1187,26 +1380,26 @@ std::vector<meshc::gen::ParamShard> Encode::paramShards() {
   };
 }
 
-meshc::gen::Tensor Encode::getParam(const std::string &path) {
+support::Tensor Encode::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "encode"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "encode"));
 }
 
-void Encode::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void Encode::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "encode"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "encode"), global);
 }
 
 void Encode::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {0, {{"program", "encode"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Encode::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -1219,985 +1412,1200 @@ meshrt::Mesh Lm::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
 std::vector<std::string> Lm::inputNames() { return {"tokens"}; }
 std::vector<std::string> Lm::outputNames() { return {"logits"}; }
 
-meshc::gen::Shape Lm::inputShape(const std::string &name) {
+support::Shape Lm::inputShape(const std::string &name) {
   if (name == "tokens")
     return {2, 128};
   throw std::invalid_argument("lm: no input named '" + name + "'");
 }
 
 Lm::Lm(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "lm")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "lm")), seed_(seed),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // causal_lm/embedding: normal (performer.mesh:131)
   param0_causal_lm_embedding.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_causal_lm_embedding.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 32), 0},
-          meshrt::kernels::Dims{32, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
+                             meshrt::kernels::Dims{32, 32}},
       seed, "causal_lm/embedding",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/unembed: normal (performer.mesh:132)
   param1_causal_lm_unembed.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param1_causal_lm_unembed.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 64},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 32)},
-          meshrt::kernels::Dims{32, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
+                             meshrt::kernels::Dims{32, 32}},
       seed, "causal_lm/unembed",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
   param2_causal_lm_decoder_layer_0_random_features.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_causal_lm_decoder_layer_0_random_features.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{64, 16}},
       seed, "causal_lm/decoder_layer[0]/random_features",
       meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/norm/gain: ones (performer.mesh:27)
-  param3_causal_lm_decoder_layer_0_norm_gain.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param3_causal_lm_decoder_layer_0_norm_gain.assign(32,
+                                                    support::roundValue(support::DType::F32, 1.0));
   // causal_lm/decoder_layer[0]/norm/bias: zeros (performer.mesh:28)
-  param4_causal_lm_decoder_layer_0_norm_bias.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param4_causal_lm_decoder_layer_0_norm_bias.assign(32,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param5_causal_lm_decoder_layer_0_heads_in_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param5_causal_lm_decoder_layer_0_heads_in_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[0]/heads_in/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param6_causal_lm_decoder_layer_0_heads_in_1_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param6_causal_lm_decoder_layer_0_heads_in_1_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[0]/heads_in#1/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param7_causal_lm_decoder_layer_0_heads_in_2_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param7_causal_lm_decoder_layer_0_heads_in_2_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[0]/heads_in#2/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param8_causal_lm_decoder_layer_0_heads_out_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param8_causal_lm_decoder_layer_0_heads_out_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 16, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 16, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 16, 32}},
       seed, "causal_lm/decoder_layer[0]/heads_out/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
   param9_causal_lm_decoder_layer_0_norm_1_gain.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+      32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/decoder_layer[0]/norm#1/bias: zeros (performer.mesh:28)
   param10_causal_lm_decoder_layer_0_norm_1_bias.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param11_causal_lm_decoder_layer_0_ffn_w_in.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{32, 64}},
       seed, "causal_lm/decoder_layer[0]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param12_causal_lm_decoder_layer_0_ffn_w_out.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 32}},
       seed, "causal_lm/decoder_layer[0]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
   param13_causal_lm_decoder_layer_1_random_features.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param13_causal_lm_decoder_layer_1_random_features.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{64, 16}},
       seed, "causal_lm/decoder_layer[1]/random_features",
       meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/norm/gain: ones (performer.mesh:27)
-  param14_causal_lm_decoder_layer_1_norm_gain.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param14_causal_lm_decoder_layer_1_norm_gain.assign(32,
+                                                     support::roundValue(support::DType::F32, 1.0));
   // causal_lm/decoder_layer[1]/norm/bias: zeros (performer.mesh:28)
-  param15_causal_lm_decoder_layer_1_norm_bias.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param15_causal_lm_decoder_layer_1_norm_bias.assign(32,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param16_causal_lm_decoder_layer_1_heads_in_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param16_causal_lm_decoder_layer_1_heads_in_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[1]/heads_in/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param17_causal_lm_decoder_layer_1_heads_in_1_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param17_causal_lm_decoder_layer_1_heads_in_1_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[1]/heads_in#1/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param18_causal_lm_decoder_layer_1_heads_in_2_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param18_causal_lm_decoder_layer_1_heads_in_2_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[1]/heads_in#2/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param19_causal_lm_decoder_layer_1_heads_out_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param19_causal_lm_decoder_layer_1_heads_out_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 16, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 16, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 16, 32}},
       seed, "causal_lm/decoder_layer[1]/heads_out/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
   param20_causal_lm_decoder_layer_1_norm_1_gain.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+      32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/decoder_layer[1]/norm#1/bias: zeros (performer.mesh:28)
   param21_causal_lm_decoder_layer_1_norm_1_bias.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param22_causal_lm_decoder_layer_1_ffn_w_in.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{32, 64}},
       seed, "causal_lm/decoder_layer[1]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param23_causal_lm_decoder_layer_1_ffn_w_out.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 32}},
       seed, "causal_lm/decoder_layer[1]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/norm/gain: ones (performer.mesh:27)
-  param24_causal_lm_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
-  param25_causal_lm_norm_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
-}
+  param25_causal_lm_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
 
-Lm::Outputs Lm::run(const Inputs &inputs) {
-  // Arena: 1130496 bytes for 3356788 bytes of temporaries (107 slots, placed by liveness).
-  meshc::gen::checkShape("input", "tokens", inputs.tokens, {1, 128});
-
-  // performer.mesh:140:12 input -> tokens
-  const meshc::gen::Buffer &v0 = inputs.tokens.data;
-
-  // performer.mesh:131:9 param -> embedding
-  const meshc::gen::Buffer &v1 = param0_causal_lm_embedding;
-
-  // performer.mesh:132:9 param -> unembed
-  const meshc::gen::Buffer &v2 = param1_causal_lm_unembed;
-
-  // performer.mesh:133:37 gather (masked local gather: partial sum over model)
-  meshc::gen::View v3 = arena_.slot(0, 4096);
-  meshc::gen::gather(v3.data(), {1, 128, 32}, v1.data(), {0, 0, 1}, v0.data(), {128, 1, 0}, 32, 32,
-                     meshc::gen::shardStart(world_, {"model"}, 32));
+  // Values run() reads that never change, computed once (hoist-invariants).
 
   // performer.mesh:35:23 iota
-  meshc::gen::View v4 = arena_.slot(16384, 128);
-  meshc::gen::iota(v4.data(), {128}, {1}, 0);
+  support::View v4 = persistent_.view(0, 128);
+  static const support::Shape shape0_1 = {128};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v4.data(), shape0_1, shape0_2, 0);
 
   // performer.mesh:35:18 cast -> position
-  meshc::gen::View v5 = arena_.slot(18432, 128);
-  for (size_t i = 0; i < v5.size(); ++i) {
-    v5[i] = float(v4[i]);
+  support::View v5 = persistent_.view(512, 128);
+  {
+    float *__restrict v5p = v5.data();
+    const float *__restrict v4p = v4.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v4p[i0];
+      const float s1 = s0;
+      v5p[i0] = s1;
+    }
   }
 
   // performer.mesh:36:36 iota
-  meshc::gen::View v6 = arena_.slot(16384, 4);
-  meshc::gen::iota(v6.data(), {4}, {1}, meshc::gen::shardStart(world_, {"data", "model"}, 4));
+  support::View v6 = persistent_.view(1024, 4);
+  static const support::Shape shape2_1 = {4};
+  static const support::Shape shape2_2 = {1};
+  support::iota(v6.data(), shape2_1, shape2_2, support::shardStart(world_, {"data", "model"}, 4));
 
   // performer.mesh:36:31 cast
-  meshc::gen::View v7 = arena_.slot(16448, 4);
-  for (size_t i = 0; i < v7.size(); ++i) {
-    v7[i] = float(v6[i]);
+  support::View v7 = persistent_.view(1088, 4);
+  {
+    float *__restrict v7p = v7.data();
+    const float *__restrict v6p = v6.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v6p[i0];
+      const float s1 = s0;
+      v7p[i0] = s1;
+    }
   }
 
-  // performer.mesh:36:55 literal
-  meshc::gen::View v8 =
-      arena_.fill(16384, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
-
   // performer.mesh:36:53 mul
+  support::View v9 = persistent_.view(1216, 4);
+  {
+    float *__restrict v9p = v9.data();
+    const float *__restrict v7p = v7.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v7p[i0];
+      const float s1 = -0.5756f;
+      const float s2 = (s0 * s1);
+      v9p[i0] = s2;
+    }
+  }
+
   // performer.mesh:36:27 exp -> inverse_frequency
-  meshc::gen::View v10 = arena_.slot(18944, 4);
-  meshc::gen::forEach<3>({4}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t9 = float(double(v7[at[1]]) * double(v8[at[2]]));
-    v10[at[0]] = float(std::exp(double(t9)));
-  });
+  support::View v10 = persistent_.view(1280, 4);
+  {
+    float *__restrict v10p = v10.data();
+    const float *__restrict v9p = v9.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v9p[i0];
+      const float s1 = support::fexp(s0);
+      v10p[i0] = s1;
+    }
+  }
 
   // performer.mesh:37:24 mul -> angle
-  meshc::gen::View v11 = arena_.slot(16384, 512);
-  meshc::gen::forEach<3>({128, 4}, {{{4, 1}, {1, 0}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v11[at[0]] = float(double(v5[at[1]]) * double(v10[at[2]]));
-                         });
+  support::View v11 = persistent_.view(1344, 512);
+  {
+    float *__restrict v11p = v11.data();
+    const float *__restrict v5p = v5.data();
+    const float *__restrict v10p = v10.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 4; ++i1) {
+        const float s0 = v5p[i0];
+        const float s1 = v10p[i1];
+        const float s2 = (s0 * s1);
+        v11p[i0 * 4 + i1] = s2;
+      }
+    }
+  }
 
   // performer.mesh:38:17 sin
-  meshc::gen::View v12 = arena_.slot(18432, 512);
-  for (size_t i = 0; i < v12.size(); ++i) {
-    v12[i] = float(std::sin(double(v11[i])));
+  support::View v12 = persistent_.view(3392, 512);
+  {
+    float *__restrict v12p = v12.data();
+    const float *__restrict v11p = v11.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v11p[i0];
+      const float s1 = support::fsin(s0);
+      v12p[i0] = s1;
+    }
   }
 
   // performer.mesh:38:29 cos
-  meshc::gen::View v13 = arena_.slot(20480, 512);
-  for (size_t i = 0; i < v13.size(); ++i) {
-    v13[i] = float(std::cos(double(v11[i])));
+  support::View v13 = persistent_.view(5440, 512);
+  {
+    float *__restrict v13p = v13.data();
+    const float *__restrict v11p = v11.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v11p[i0];
+      const float s1 = support::fcos(s0);
+      v13p[i0] = s1;
+    }
   }
+}
+
+Lm::Outputs Lm::run(const Inputs &inputs) {
+  // Arena: 1130496 bytes for 3182600 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "tokens", inputs.tokens, {1, 128});
+  runPart0(inputs);
+  runPart1(inputs);
+  runPart2(inputs);
+  runPart3(inputs);
+  support::View v148 = arena_.view(0, 4096);
+
+  Outputs outputs;
+  outputs.logits = support::Tensor{{1, 128, 32}, support::Buffer(v148.begin(), v148.end())};
+  return outputs;
+}
+
+void Lm::runPart0(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:133:37 gather (masked local gather: partial sum over model)
+  const support::Buffer &v1 = param0_causal_lm_embedding;
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v3 = arena_.view(0, 4096);
+  static const support::Shape shape0_1 = {1, 128, 32};
+  static const support::Shape shape0_3 = {0, 0, 1};
+  static const support::Shape shape0_5 = {128, 1, 0};
+  support::gather(v3.data(), shape0_1, v1.data(), shape0_3, v0.data(), shape0_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:38:10 all_gather (reshard %12 for concat at 38:10)
-  meshc::gen::View v14 = arena_.slot(32768, 2048);
-  meshc::gen::allGatherDim(v14, v12, {128, 4}, 1, group_data_model);
+  support::View v12 = persistent_.view(3392, 512);
+  support::View v14 = arena_.view(32768, 2048);
+  static const support::Shape shape1_2 = {128, 4};
+  support::allGatherDim(v14, v12, shape1_2, 1, group_data_model);
 
   // performer.mesh:38:10 all_gather (reshard %13 for concat at 38:10)
-  meshc::gen::View v15 = arena_.slot(40960, 2048);
-  meshc::gen::allGatherDim(v15, v13, {128, 4}, 1, group_data_model);
+  support::View v13 = persistent_.view(5440, 512);
+  support::View v15 = arena_.view(40960, 2048);
+  static const support::Shape shape2_2 = {128, 4};
+  support::allGatherDim(v15, v13, shape2_2, 1, group_data_model);
 
   // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
-  meshc::gen::View v16 = arena_.slot(16384, 4096);
-  meshc::gen::copyWindow(v16.data(), v14.data(), {128}, {32}, {16}, 1, 1, 32, 16, 0 - 0);
-  meshc::gen::copyWindow(v16.data(), v15.data(), {128}, {32}, {16}, 1, 1, 32, 16, 16 - 0);
+  support::View v16 = arena_.slot(16384, 4096);
+  static const support::Shape shape3_2 = {128};
+  static const support::Shape shape3_3 = {32};
+  static const support::Shape shape3_4 = {16};
+  support::copyWindow(v16.data(), v14.data(), shape3_2, shape3_3, shape3_4, 1, 1, 32, 16,
+                      int64_t(0));
+
+  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  static const support::Shape shape4_2 = {128};
+  static const support::Shape shape4_3 = {32};
+  static const support::Shape shape4_4 = {16};
+  support::copyWindow(v16.data(), v15.data(), shape4_2, shape4_3, shape4_4, 1, 1, 32, 16,
+                      int64_t(16));
 
   // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %3 over model for add at
   // 133:70)
-  meshc::gen::View v17 = v3;
-  group_model.allReduce(v17.data(), v17.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v3.data(), v3.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:133:70 add -> h
-  meshc::gen::View v18 = arena_.slot(1114112, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v18[at[0]] = float(double(v17[at[1]]) + double(v16[at[2]]));
-                         });
-
-  // performer.mesh:112:9 param -> random_features
-  const meshc::gen::Buffer &v19 = param2_causal_lm_decoder_layer_0_random_features;
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v20 = param3_causal_lm_decoder_layer_0_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v21 = param4_causal_lm_decoder_layer_0_norm_bias;
+  support::View v18 = arena_.view(1114112, 4096);
+  {
+    float *__restrict v18p = v18.data();
+    const float *__restrict v3p = v3.data();
+    const float *__restrict v16p = v16.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v3p[i0];
+      const float s1 = v16p[i0];
+      const float s2 = (s0 + s1);
+      v18p[i0] = s2;
+    }
+  }
 
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v22 = arena_.slot(0, 4096);
-  meshc::gen::along(v22.data(), v18.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v22 = arena_.view(0, 4096);
+  static const support::Shape shape7_2 = {1, 128};
+  static const support::Shape shape7_3 = {4096, 32};
+  static const support::Shape shape7_4 = {4096, 32};
+  static const support::Shape shape7_5 = {32};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(v22.data(), v18.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::View v24 = arena_.slot(65536, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t23 = float(double(v22[at[1]]) * double(v20[at[2]]));
-                           v24[at[0]] = float(double(t23) + double(v21[at[3]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v25 = param5_causal_lm_decoder_layer_0_heads_in_w;
+  const support::Buffer &v20 = param3_causal_lm_decoder_layer_0_norm_gain;
+  const support::Buffer &v21 = param4_causal_lm_decoder_layer_0_norm_bias;
+  support::View v24 = arena_.view(65536, 4096);
+  {
+    float *__restrict v24p = v24.data();
+    const float *__restrict v22p = v22.data();
+    const float *__restrict v20p = v20.data();
+    const float *__restrict v21p = v21.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v22p[i0 * 32 + i1];
+        const float s1 = v20p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v21p[i1];
+        const float s4 = (s2 + s3);
+        v24p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v26 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum26(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum26.run(v24.data(), v25.data(), v26.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v27 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v28 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v28[at[0]] = float(double(v26[at[1]]) * double(v27[at[2]]));
-                         });
+  const support::Buffer &v25 = param5_causal_lm_decoder_layer_0_heads_in_w;
+  support::View v26 = arena_.view(32768, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan9.run(v24.data(), v25.data(), v26.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::View v29 = arena_.slot(0, 8192);
+  const support::Buffer &v19 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v29 = arena_.view(0, 8192);
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum29(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum29.run(v28.data(), v19.data(), v29.data());
+  einsumPlan10.run(v26.data(), v19.data(), v29.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
-  meshc::gen::View v30 = arena_.slot(40960, 2048);
-  for (size_t i = 0; i < v30.size(); ++i) {
-    v30[i] = float(double(v28[i]) * double(v28[i]));
+  support::View v30 = arena_.view(40960, 2048);
+  {
+    float *__restrict v30p = v30.data();
+    const float *__restrict v26p = v26.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v26p[i0];
+      const float s1 = s0 * s0;
+      v30p[i0] = s1;
+    }
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v31 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v31.data(), {1, 128, 1}, v30.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v32 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  support::View v31 = arena_.view(81920, 128);
+  static const support::Shape shape12_1 = {1, 128, 1};
+  static const support::Shape shape12_3 = {2048, 16, 16};
+  static const support::Shape shape12_4 = {16};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v31.data(), shape12_1, v30.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v33 = arena_.slot(81920, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v33[at[0]] = float(double(v31[at[1]]) * double(v32[at[2]]));
-                         });
-
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v34 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v34[at[0]] = float(double(v29[at[1]]) - double(v33[at[2]]));
-                         });
+  support::View v34 = arena_.view(32768, 8192);
+  {
+    float *__restrict v34p = v34.data();
+    const float *__restrict v31p = v31.data();
+    const float *__restrict v29p = v29.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v31p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v29p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v34p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:66:37 max
-  meshc::gen::View v35 = arena_.slot(0, 128);
-  meshc::gen::reduce(v35.data(), {1, 128, 1}, v34.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Max, 1.0);
+  support::View v35 = arena_.view(0, 128);
+  static const support::Shape shape14_1 = {1, 128, 1};
+  static const support::Shape shape14_3 = {8192, 64, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v35.data(), shape14_1, v34.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Max, 1.0);
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::View v36 = arena_.slot(81920, 128);
-  for (size_t i = 0; i < v36.size(); ++i) {
-    v36[i] = float(v35[i]);
-  }
-
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::View v38 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t37 = float(double(v34[at[1]]) - double(v36[at[2]]));
-                           v38[at[0]] = float(std::exp(double(t37)));
-                         });
-
-  // performer.mesh:66:63 literal
-  meshc::gen::View v39 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::View v40 = arena_.slot(1048576, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v40[at[0]] = float(double(v38[at[1]]) * double(v39[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v41 = param6_causal_lm_decoder_layer_0_heads_in_1_w;
+  support::View v40 = arena_.view(1048576, 8192);
+  {
+    float *__restrict v40p = v40.data();
+    const float *__restrict v35p = v35.data();
+    const float *__restrict v34p = v34.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v35p[i0];
+        const float s1 = s0;
+        const float s2 = v34p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        v40p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v42 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum42(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum42.run(v24.data(), v41.data(), v42.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v43 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v44 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v44[at[0]] = float(double(v42[at[1]]) * double(v43[at[2]]));
-                         });
+  const support::Buffer &v41 = param6_causal_lm_decoder_layer_0_heads_in_1_w;
+  support::View v42 = arena_.view(32768, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan16.run(v24.data(), v41.data(), v42.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::View v45 = arena_.slot(0, 8192);
+  support::View v45 = arena_.view(0, 8192);
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum45(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum45.run(v44.data(), v19.data(), v45.data());
+  einsumPlan17.run(v42.data(), v19.data(), v45.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
-  meshc::gen::View v46 = arena_.slot(40960, 2048);
-  for (size_t i = 0; i < v46.size(); ++i) {
-    v46[i] = float(double(v44[i]) * double(v44[i]));
+  support::View v46 = arena_.view(40960, 2048);
+  {
+    float *__restrict v46p = v46.data();
+    const float *__restrict v42p = v42.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v42p[i0];
+      const float s1 = s0 * s0;
+      v46p[i0] = s1;
+    }
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v47 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v47.data(), {1, 128, 1}, v46.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v48 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  support::View v47 = arena_.view(81920, 128);
+  static const support::Shape shape19_1 = {1, 128, 1};
+  static const support::Shape shape19_3 = {2048, 16, 16};
+  static const support::Shape shape19_4 = {16};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v47.data(), shape19_1, v46.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v49 = arena_.slot(81920, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v49[at[0]] = float(double(v47[at[1]]) * double(v48[at[2]]));
-                         });
-
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v50 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v50[at[0]] = float(double(v45[at[1]]) - double(v49[at[2]]));
-                         });
-
-  // performer.mesh:71:37 max
-  meshc::gen::View v51 = arena_.slot(0, 1);
-  meshc::gen::reduce(v51.data(), {1, 1}, v50.data(), {8192, 64}, {128, 64}, {64, 1},
-                     meshc::gen::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  meshc::gen::View v52 = arena_.slot(81920, 1);
-  for (size_t i = 0; i < v52.size(); ++i) {
-    v52[i] = float(v51[i]);
+  support::View v50 = arena_.view(32768, 8192);
+  {
+    float *__restrict v50p = v50.data();
+    const float *__restrict v47p = v47.data();
+    const float *__restrict v45p = v45.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v47p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v45p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v50p[i0 * 64 + i1] = s4;
+      }
+    }
   }
 
+  // performer.mesh:71:37 max
+  support::View v51 = arena_.view(0, 1);
+  static const support::Shape shape21_1 = {1, 1};
+  static const support::Shape shape21_3 = {8192, 64};
+  static const support::Shape shape21_4 = {128, 64};
+  static const support::Shape shape21_5 = {64, 1};
+  support::reduce(v51.data(), shape21_1, v50.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:71:23 stop_gradient
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::View v54 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t53 = float(double(v50[at[1]]) - double(v52[at[2]]));
-                           v54[at[0]] = float(std::exp(double(t53)));
-                         });
-
-  // performer.mesh:71:68 literal
-  meshc::gen::View v55 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::View v56 = arena_.slot(1081344, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v56[at[0]] = float(double(v54[at[1]]) * double(v55[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v57 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
+  support::View v56 = arena_.view(1081344, 8192);
+  {
+    float *__restrict v56p = v56.data();
+    const float *__restrict v51p = v51.data();
+    const float *__restrict v50p = v50.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v51p[0];
+      const float s1 = s0;
+      const float s2 = v50p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      v56p[i0] = s6;
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v58 = arena_.slot(524288, 2048);
+  const support::Buffer &v57 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
+  support::View v58 = arena_.view(524288, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum58(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum58.run(v24.data(), v57.data(), v58.data());
+  einsumPlan23.run(v24.data(), v57.data(), v58.data(), 1.0f, 0.0f);
+}
+
+void Lm::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // performer.mesh:87:19 einsum
-  meshc::gen::View v59 = arena_.slot(0, 131072);
+  support::View v56 = arena_.view(1081344, 8192);
+  support::View v58 = arena_.view(524288, 2048);
+  support::View v59 = arena_.view(0, 131072);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum59(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsum59.run(v56.data(), v58.data(), v59.data());
+  einsumPlan0.run(v56.data(), v58.data(), v59.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::View v60 = arena_.slot(524288, 131072);
-  meshc::gen::along(v60.data(), v59.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
-                    {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
-                    128, nullptr);
+  support::View v60 = arena_.view(524288, 131072);
+  static const support::Shape shape1_2 = {1, 1, 64, 16};
+  static const support::Shape shape1_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape1_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape1_5 = {128};
+  static const support::Shape shape1_6 = {1024};
+  static const support::Shape shape1_7 = {1024};
+  support::along(v60.data(), v59.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::View v61 = arena_.slot(32768, 2048);
+  support::View v40 = arena_.view(1048576, 8192);
+  support::View v61 = arena_.view(32768, 2048);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum61(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum61.run(v40.data(), v60.data(), v61.data());
+  einsumPlan2.run(v40.data(), v60.data(), v61.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 cumsum
-  meshc::gen::View v62 = arena_.slot(0, 8192);
-  meshc::gen::along(v62.data(), v56.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
-                    {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
+  support::View v62 = arena_.view(0, 8192);
+  static const support::Shape shape3_2 = {1, 1, 64};
+  static const support::Shape shape3_3 = {8192, 64, 1};
+  static const support::Shape shape3_4 = {8192, 64, 1};
+  static const support::Shape shape3_5 = {128};
+  static const support::Shape shape3_6 = {64};
+  static const support::Shape shape3_7 = {64};
+  support::along(v62.data(), v56.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
+                 support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::View v63 = arena_.slot(40960, 128);
+  support::View v63 = arena_.view(40960, 128);
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum63(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsum63.run(v40.data(), v62.data(), v63.data());
+  einsumPlan4.run(v40.data(), v62.data(), v63.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
-  meshc::gen::View v64 = arena_.slot(16384, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v64[at[0]] = float(double(v61[at[1]]) / double(v63[at[2]]));
-                         });
-
-  // performer.mesh:49:9 param -> w
-  const meshc::gen::Buffer &v65 = param8_causal_lm_decoder_layer_0_heads_out_w;
+  support::View v64 = arena_.view(16384, 2048);
+  {
+    float *__restrict v64p = v64.data();
+    const float *__restrict v61p = v61.data();
+    const float *__restrict v63p = v63.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v61p[i0 * 16 + i1];
+        const float s1 = v63p[i0];
+        const float s2 = (s0 / s1);
+        v64p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
 
   // performer.mesh:50:10 einsum
-  meshc::gen::View v66 = arena_.slot(0, 4096);
+  const support::Buffer &v65 = param8_causal_lm_decoder_layer_0_heads_out_w;
+  support::View v66 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum66(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum66.run(v64.data(), v65.data(), v66.data());
+  einsumPlan6.run(v64.data(), v65.data(), v66.data(), 1.0f, 0.0f);
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %63 over model for add at
   // 116:13)
-  meshc::gen::View v67 = v66;
-  group_model.allReduce(v67.data(), v67.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v66.data(), v66.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
-  meshc::gen::View v68 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v68.size(); ++i) {
-    v68[i] = float(double(v18[i]) + double(v67[i]));
+  support::View v18 = arena_.view(1114112, 4096);
+  support::View v68 = arena_.view(65536, 4096);
+  {
+    float *__restrict v68p = v68.data();
+    const float *__restrict v18p = v18.data();
+    const float *__restrict v66p = v66.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v18p[i0];
+      const float s1 = v66p[i0];
+      const float s2 = (s0 + s1);
+      v68p[i0] = s2;
+    }
   }
 
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v69 = param9_causal_lm_decoder_layer_0_norm_1_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v70 = param10_causal_lm_decoder_layer_0_norm_1_bias;
-
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v71 = arena_.slot(0, 4096);
-  meshc::gen::along(v71.data(), v68.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v71 = arena_.view(0, 4096);
+  static const support::Shape shape9_2 = {1, 128};
+  static const support::Shape shape9_3 = {4096, 32};
+  static const support::Shape shape9_4 = {4096, 32};
+  static const support::Shape shape9_5 = {32};
+  static const support::Shape shape9_6 = {1};
+  static const support::Shape shape9_7 = {1};
+  support::along(v71.data(), v68.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::View v73 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
-                           v73[at[0]] = float(double(t72) + double(v70[at[3]]));
-                         });
-
-  // performer.mesh:94:9 param -> w_in
-  const meshc::gen::Buffer &v74 = param11_causal_lm_decoder_layer_0_ffn_w_in;
-
-  // performer.mesh:95:9 param -> w_out
-  const meshc::gen::Buffer &v75 = param12_causal_lm_decoder_layer_0_ffn_w_out;
+  const support::Buffer &v69 = param9_causal_lm_decoder_layer_0_norm_1_gain;
+  const support::Buffer &v70 = param10_causal_lm_decoder_layer_0_norm_1_bias;
+  support::View v73 = arena_.view(32768, 4096);
+  {
+    float *__restrict v73p = v73.data();
+    const float *__restrict v71p = v71.data();
+    const float *__restrict v69p = v69.data();
+    const float *__restrict v70p = v70.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v71p[i0 * 32 + i1];
+        const float s1 = v69p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v70p[i1];
+        const float s4 = (s2 + s3);
+        v73p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:96:22 einsum
-  meshc::gen::View v76 = arena_.slot(0, 8192);
+  const support::Buffer &v74 = param11_causal_lm_decoder_layer_0_ffn_w_in;
+  support::View v76 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum76(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum76.run(v73.data(), v74.data(), v76.data());
+  einsumPlan11.run(v73.data(), v74.data(), v76.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::View v77 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v77.size(); ++i) {
-    v77[i] = float(meshc::gen::gelu(v76[i]));
+  support::View v77 = arena_.view(32768, 8192);
+  {
+    float *__restrict v77p = v77.data();
+    const float *__restrict v76p = v76.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v76p[i0];
+      const float s1 = support::fgelu(s0);
+      v77p[i0] = s1;
+    }
   }
 
   // performer.mesh:96:10 einsum
-  meshc::gen::View v78 = arena_.slot(0, 4096);
+  const support::Buffer &v75 = param12_causal_lm_decoder_layer_0_ffn_w_out;
+  support::View v78 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum78(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum78.run(v77.data(), v75.data(), v78.data());
+  einsumPlan13.run(v77.data(), v75.data(), v78.data(), 1.0f, 0.0f);
 
   // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %74 over model for add at
   // 117:12)
-  meshc::gen::View v79 = v78;
-  group_model.allReduce(v79.data(), v79.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v78.data(), v78.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:117:12 add -> h
-  meshc::gen::View v80 = arena_.slot(1114112, 4096);
-  for (size_t i = 0; i < v80.size(); ++i) {
-    v80[i] = float(double(v68[i]) + double(v79[i]));
+  support::View v80 = arena_.view(1114112, 4096);
+  {
+    float *__restrict v80p = v80.data();
+    const float *__restrict v68p = v68.data();
+    const float *__restrict v78p = v78.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v68p[i0];
+      const float s1 = v78p[i0];
+      const float s2 = (s0 + s1);
+      v80p[i0] = s2;
+    }
   }
 
-  // performer.mesh:112:9 param -> random_features
-  const meshc::gen::Buffer &v81 = param13_causal_lm_decoder_layer_1_random_features;
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v82 = param14_causal_lm_decoder_layer_1_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v83 = param15_causal_lm_decoder_layer_1_norm_bias;
-
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v84 = arena_.slot(0, 4096);
-  meshc::gen::along(v84.data(), v80.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v84 = arena_.view(0, 4096);
+  static const support::Shape shape16_2 = {1, 128};
+  static const support::Shape shape16_3 = {4096, 32};
+  static const support::Shape shape16_4 = {4096, 32};
+  static const support::Shape shape16_5 = {32};
+  static const support::Shape shape16_6 = {1};
+  static const support::Shape shape16_7 = {1};
+  support::along(v84.data(), v80.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  meshc::gen::View v86 = arena_.slot(65536, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t85 = float(double(v84[at[1]]) * double(v82[at[2]]));
-                           v86[at[0]] = float(double(t85) + double(v83[at[3]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v87 = param16_causal_lm_decoder_layer_1_heads_in_w;
+  const support::Buffer &v82 = param14_causal_lm_decoder_layer_1_norm_gain;
+  const support::Buffer &v83 = param15_causal_lm_decoder_layer_1_norm_bias;
+  support::View v86 = arena_.view(65536, 4096);
+  {
+    float *__restrict v86p = v86.data();
+    const float *__restrict v84p = v84.data();
+    const float *__restrict v82p = v82.data();
+    const float *__restrict v83p = v83.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v84p[i0 * 32 + i1];
+        const float s1 = v82p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v83p[i1];
+        const float s4 = (s2 + s3);
+        v86p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v88 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum88(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum88.run(v86.data(), v87.data(), v88.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v89 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v90 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v90[at[0]] = float(double(v88[at[1]]) * double(v89[at[2]]));
-                         });
+  const support::Buffer &v87 = param16_causal_lm_decoder_layer_1_heads_in_w;
+  support::View v88 = arena_.view(32768, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan18.run(v86.data(), v87.data(), v88.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::View v91 = arena_.slot(0, 8192);
+  const support::Buffer &v81 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v91 = arena_.view(0, 8192);
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum91(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum91.run(v90.data(), v81.data(), v91.data());
+  einsumPlan19.run(v88.data(), v81.data(), v91.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
-  meshc::gen::View v92 = arena_.slot(40960, 2048);
-  for (size_t i = 0; i < v92.size(); ++i) {
-    v92[i] = float(double(v90[i]) * double(v90[i]));
+  support::View v92 = arena_.view(40960, 2048);
+  {
+    float *__restrict v92p = v92.data();
+    const float *__restrict v88p = v88.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v88p[i0];
+      const float s1 = s0 * s0;
+      v92p[i0] = s1;
+    }
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v93 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v93.data(), {1, 128, 1}, v92.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v94 = arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  support::View v93 = arena_.view(81920, 128);
+  static const support::Shape shape21_1 = {1, 128, 1};
+  static const support::Shape shape21_3 = {2048, 16, 16};
+  static const support::Shape shape21_4 = {16};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v93.data(), shape21_1, v92.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v95 = arena_.slot(81920, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v95[at[0]] = float(double(v93[at[1]]) * double(v94[at[2]]));
-                         });
-
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v96 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v96[at[0]] = float(double(v91[at[1]]) - double(v95[at[2]]));
-                         });
+  support::View v96 = arena_.view(32768, 8192);
+  {
+    float *__restrict v96p = v96.data();
+    const float *__restrict v93p = v93.data();
+    const float *__restrict v91p = v91.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v93p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v91p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v96p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:66:37 max
-  meshc::gen::View v97 = arena_.slot(0, 128);
-  meshc::gen::reduce(v97.data(), {1, 128, 1}, v96.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Max, 1.0);
+  support::View v97 = arena_.view(0, 128);
+  static const support::Shape shape23_1 = {1, 128, 1};
+  static const support::Shape shape23_3 = {8192, 64, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v97.data(), shape23_1, v96.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Max, 1.0);
+}
+
+void Lm::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // performer.mesh:66:23 stop_gradient
-  meshc::gen::View v98 = arena_.slot(81920, 128);
-  for (size_t i = 0; i < v98.size(); ++i) {
-    v98[i] = float(v97[i]);
-  }
-
   // performer.mesh:66:21 sub
   // performer.mesh:66:10 exp
-  meshc::gen::View v100 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t99 = float(double(v96[at[1]]) - double(v98[at[2]]));
-                           v100[at[0]] = float(std::exp(double(t99)));
-                         });
-
-  // performer.mesh:66:63 literal
-  meshc::gen::View v101 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
   // performer.mesh:66:61 mul -> qf
-  meshc::gen::View v102 = arena_.slot(1048576, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v102[at[0]] = float(double(v100[at[1]]) * double(v101[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v103 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
+  support::View v97 = arena_.view(0, 128);
+  support::View v96 = arena_.view(32768, 8192);
+  support::View v102 = arena_.view(1048576, 8192);
+  {
+    float *__restrict v102p = v102.data();
+    const float *__restrict v97p = v97.data();
+    const float *__restrict v96p = v96.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v97p[i0];
+        const float s1 = s0;
+        const float s2 = v96p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        v102p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v104 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum104(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum104.run(v86.data(), v103.data(), v104.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v105 = arena_.fill(8192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v106 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v106[at[0]] = float(double(v104[at[1]]) * double(v105[at[2]]));
-                         });
+  support::View v86 = arena_.view(65536, 4096);
+  const support::Buffer &v103 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
+  support::View v104 = arena_.view(32768, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(v86.data(), v103.data(), v104.data(), 0.5f, 0.0f);
 
   // performer.mesh:57:10 einsum
-  meshc::gen::View v107 = arena_.slot(0, 8192);
+  const support::Buffer &v81 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v107 = arena_.view(0, 8192);
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum107(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum107.run(v106.data(), v81.data(), v107.data());
+  einsumPlan2.run(v104.data(), v81.data(), v107.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
-  meshc::gen::View v108 = arena_.slot(40960, 2048);
-  for (size_t i = 0; i < v108.size(); ++i) {
-    v108[i] = float(double(v106[i]) * double(v106[i]));
+  support::View v108 = arena_.view(40960, 2048);
+  {
+    float *__restrict v108p = v108.data();
+    const float *__restrict v104p = v104.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v104p[i0];
+      const float s1 = s0 * s0;
+      v108p[i0] = s1;
+    }
   }
 
   // performer.mesh:57:61 sum
-  meshc::gen::View v109 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v109.data(), {1, 128, 1}, v108.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v110 =
-      arena_.fill(33280, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
+  support::View v109 = arena_.view(81920, 128);
+  static const support::Shape shape4_1 = {1, 128, 1};
+  static const support::Shape shape4_3 = {2048, 16, 16};
+  static const support::Shape shape4_4 = {16};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v109.data(), shape4_1, v108.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
-  meshc::gen::View v111 = arena_.slot(81920, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v111[at[0]] = float(double(v109[at[1]]) * double(v110[at[2]]));
-                         });
-
   // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v112 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v112[at[0]] = float(double(v107[at[1]]) - double(v111[at[2]]));
-                         });
-
-  // performer.mesh:71:37 max
-  meshc::gen::View v113 = arena_.slot(0, 1);
-  meshc::gen::reduce(v113.data(), {1, 1}, v112.data(), {8192, 64}, {128, 64}, {64, 1},
-                     meshc::gen::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  meshc::gen::View v114 = arena_.slot(81920, 1);
-  for (size_t i = 0; i < v114.size(); ++i) {
-    v114[i] = float(v113[i]);
+  support::View v112 = arena_.view(32768, 8192);
+  {
+    float *__restrict v112p = v112.data();
+    const float *__restrict v109p = v109.data();
+    const float *__restrict v107p = v107.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v109p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v107p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v112p[i0 * 64 + i1] = s4;
+      }
+    }
   }
 
+  // performer.mesh:71:37 max
+  support::View v113 = arena_.view(0, 1);
+  static const support::Shape shape6_1 = {1, 1};
+  static const support::Shape shape6_3 = {8192, 64};
+  static const support::Shape shape6_4 = {128, 64};
+  static const support::Shape shape6_5 = {64, 1};
+  support::reduce(v113.data(), shape6_1, v112.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:71:23 stop_gradient
   // performer.mesh:71:21 sub
   // performer.mesh:71:10 exp
-  meshc::gen::View v116 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t115 = float(double(v112[at[1]]) - double(v114[at[2]]));
-                           v116[at[0]] = float(std::exp(double(t115)));
-                         });
-
-  // performer.mesh:71:68 literal
-  meshc::gen::View v117 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
   // performer.mesh:71:66 mul -> kf
-  meshc::gen::View v118 = arena_.slot(1081344, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v118[at[0]] = float(double(v116[at[1]]) * double(v117[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v119 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
+  support::View v118 = arena_.view(1081344, 8192);
+  {
+    float *__restrict v118p = v118.data();
+    const float *__restrict v113p = v113.data();
+    const float *__restrict v112p = v112.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v113p[0];
+      const float s1 = s0;
+      const float s2 = v112p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      v118p[i0] = s6;
+    }
+  }
 
   // performer.mesh:45:10 einsum
-  meshc::gen::View v120 = arena_.slot(524288, 2048);
+  const support::Buffer &v119 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
+  support::View v120 = arena_.view(524288, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum120(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum120.run(v86.data(), v119.data(), v120.data());
+  einsumPlan8.run(v86.data(), v119.data(), v120.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:19 einsum
-  meshc::gen::View v121 = arena_.slot(0, 131072);
+  support::View v121 = arena_.view(0, 131072);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum121(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsum121.run(v118.data(), v120.data(), v121.data());
+  einsumPlan9.run(v118.data(), v120.data(), v121.data(), 1.0f, 0.0f);
 
   // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::View v122 = arena_.slot(524288, 131072);
-  meshc::gen::along(v122.data(), v121.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
-                    {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
-                    128, nullptr);
+  support::View v122 = arena_.view(524288, 131072);
+  static const support::Shape shape10_2 = {1, 1, 64, 16};
+  static const support::Shape shape10_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape10_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape10_5 = {128};
+  static const support::Shape shape10_6 = {1024};
+  static const support::Shape shape10_7 = {1024};
+  support::along(v122.data(), v121.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
+                 shape10_7, support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::View v123 = arena_.slot(32768, 2048);
+  support::View v123 = arena_.view(32768, 2048);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum123(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum123.run(v102.data(), v122.data(), v123.data());
+  einsumPlan11.run(v102.data(), v122.data(), v123.data(), 1.0f, 0.0f);
 
   // performer.mesh:89:31 cumsum
-  meshc::gen::View v124 = arena_.slot(0, 8192);
-  meshc::gen::along(v124.data(), v118.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
-                    {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
+  support::View v124 = arena_.view(0, 8192);
+  static const support::Shape shape12_2 = {1, 1, 64};
+  static const support::Shape shape12_3 = {8192, 64, 1};
+  static const support::Shape shape12_4 = {8192, 64, 1};
+  static const support::Shape shape12_5 = {128};
+  static const support::Shape shape12_6 = {64};
+  static const support::Shape shape12_7 = {64};
+  support::along(v124.data(), v118.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::Cumsum, 1e-05, 128, nullptr);
 
   // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::View v125 = arena_.slot(40960, 128);
+  support::View v125 = arena_.view(40960, 128);
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum125(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsum125.run(v102.data(), v124.data(), v125.data());
+  einsumPlan13.run(v102.data(), v124.data(), v125.data(), 1.0f, 0.0f);
 
   // performer.mesh:90:20 div
-  meshc::gen::View v126 = arena_.slot(16384, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v126[at[0]] = float(double(v123[at[1]]) / double(v125[at[2]]));
-                         });
-
-  // performer.mesh:49:9 param -> w
-  const meshc::gen::Buffer &v127 = param19_causal_lm_decoder_layer_1_heads_out_w;
+  support::View v126 = arena_.view(16384, 2048);
+  {
+    float *__restrict v126p = v126.data();
+    const float *__restrict v123p = v123.data();
+    const float *__restrict v125p = v125.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v123p[i0 * 16 + i1];
+        const float s1 = v125p[i0];
+        const float s2 = (s0 / s1);
+        v126p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
 
   // performer.mesh:50:10 einsum
-  meshc::gen::View v128 = arena_.slot(0, 4096);
+  const support::Buffer &v127 = param19_causal_lm_decoder_layer_1_heads_out_w;
+  support::View v128 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum128(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum128.run(v126.data(), v127.data(), v128.data());
+  einsumPlan15.run(v126.data(), v127.data(), v128.data(), 1.0f, 0.0f);
 
   // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %123 over model for add at
   // 116:13)
-  meshc::gen::View v129 = v128;
-  group_model.allReduce(v129.data(), v129.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v128.data(), v128.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:116:13 add -> h
-  meshc::gen::View v130 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v130.size(); ++i) {
-    v130[i] = float(double(v80[i]) + double(v129[i]));
+  support::View v80 = arena_.view(1114112, 4096);
+  support::View v130 = arena_.view(65536, 4096);
+  {
+    float *__restrict v130p = v130.data();
+    const float *__restrict v80p = v80.data();
+    const float *__restrict v128p = v128.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v80p[i0];
+      const float s1 = v128p[i0];
+      const float s2 = (s0 + s1);
+      v130p[i0] = s2;
+    }
   }
 
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v131 = param20_causal_lm_decoder_layer_1_norm_1_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v132 = param21_causal_lm_decoder_layer_1_norm_1_bias;
-
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v133 = arena_.slot(0, 4096);
-  meshc::gen::along(v133.data(), v130.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v133 = arena_.view(0, 4096);
+  static const support::Shape shape18_2 = {1, 128};
+  static const support::Shape shape18_3 = {4096, 32};
+  static const support::Shape shape18_4 = {4096, 32};
+  static const support::Shape shape18_5 = {32};
+  static const support::Shape shape18_6 = {1};
+  static const support::Shape shape18_7 = {1};
+  support::along(v133.data(), v130.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::View v135 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t134 = float(double(v133[at[1]]) * double(v131[at[2]]));
-                           v135[at[0]] = float(double(t134) + double(v132[at[3]]));
-                         });
-
-  // performer.mesh:94:9 param -> w_in
-  const meshc::gen::Buffer &v136 = param22_causal_lm_decoder_layer_1_ffn_w_in;
-
-  // performer.mesh:95:9 param -> w_out
-  const meshc::gen::Buffer &v137 = param23_causal_lm_decoder_layer_1_ffn_w_out;
+  const support::Buffer &v131 = param20_causal_lm_decoder_layer_1_norm_1_gain;
+  const support::Buffer &v132 = param21_causal_lm_decoder_layer_1_norm_1_bias;
+  support::View v135 = arena_.view(32768, 4096);
+  {
+    float *__restrict v135p = v135.data();
+    const float *__restrict v133p = v133.data();
+    const float *__restrict v131p = v131.data();
+    const float *__restrict v132p = v132.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v133p[i0 * 32 + i1];
+        const float s1 = v131p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v132p[i1];
+        const float s4 = (s2 + s3);
+        v135p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:96:22 einsum
-  meshc::gen::View v138 = arena_.slot(0, 8192);
+  const support::Buffer &v136 = param22_causal_lm_decoder_layer_1_ffn_w_in;
+  support::View v138 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum138(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum138.run(v135.data(), v136.data(), v138.data());
+  einsumPlan20.run(v135.data(), v136.data(), v138.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
-  meshc::gen::View v139 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v139.size(); ++i) {
-    v139[i] = float(meshc::gen::gelu(v138[i]));
+  support::View v139 = arena_.view(32768, 8192);
+  {
+    float *__restrict v139p = v139.data();
+    const float *__restrict v138p = v138.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v138p[i0];
+      const float s1 = support::fgelu(s0);
+      v139p[i0] = s1;
+    }
   }
 
   // performer.mesh:96:10 einsum
-  meshc::gen::View v140 = arena_.slot(0, 4096);
+  const support::Buffer &v137 = param23_causal_lm_decoder_layer_1_ffn_w_out;
+  support::View v140 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum140(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum140.run(v139.data(), v137.data(), v140.data());
+  einsumPlan22.run(v139.data(), v137.data(), v140.data(), 1.0f, 0.0f);
 
   // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %134 over model for add at
   // 117:12)
-  meshc::gen::View v141 = v140;
-  group_model.allReduce(v141.data(), v141.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v140.data(), v140.size(), meshrt::ReduceOp::Sum);
+}
+
+void Lm::runPart3(const Inputs &inputs) {
+  (void)inputs;
 
   // performer.mesh:117:12 add -> h
-  meshc::gen::View v142 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v142.size(); ++i) {
-    v142[i] = float(double(v130[i]) + double(v141[i]));
+  support::View v130 = arena_.view(65536, 4096);
+  support::View v140 = arena_.view(0, 4096);
+  support::View v142 = arena_.view(16384, 4096);
+  {
+    float *__restrict v142p = v142.data();
+    const float *__restrict v130p = v130.data();
+    const float *__restrict v140p = v140.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v130p[i0];
+      const float s1 = v140p[i0];
+      const float s2 = (s0 + s1);
+      v142p[i0] = s2;
+    }
   }
 
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v143 = param24_causal_lm_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v144 = param25_causal_lm_norm_bias;
-
   // performer.mesh:29:10 layer_norm
-  meshc::gen::View v145 = arena_.slot(0, 4096);
-  meshc::gen::along(v145.data(), v142.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
+  support::View v145 = arena_.view(0, 4096);
+  static const support::Shape shape1_2 = {1, 128};
+  static const support::Shape shape1_3 = {4096, 32};
+  static const support::Shape shape1_4 = {4096, 32};
+  static const support::Shape shape1_5 = {32};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(v145.data(), v142.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6,
+                 shape1_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  meshc::gen::View v147 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t146 = float(double(v145[at[1]]) * double(v143[at[2]]));
-                           v147[at[0]] = float(double(t146) + double(v144[at[3]]));
-                         });
+  const support::Buffer &v143 = param24_causal_lm_norm_gain;
+  const support::Buffer &v144 = param25_causal_lm_norm_bias;
+  support::View v147 = arena_.view(16384, 4096);
+  {
+    float *__restrict v147p = v147.data();
+    const float *__restrict v145p = v145.data();
+    const float *__restrict v143p = v143.data();
+    const float *__restrict v144p = v144.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v145p[i0 * 32 + i1];
+        const float s1 = v143p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v144p[i1];
+        const float s4 = (s2 + s3);
+        v147p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 
   // performer.mesh:137:10 einsum -> logits
-  meshc::gen::View v148 = arena_.slot(0, 4096);
+  const support::Buffer &v2 = param1_causal_lm_unembed;
+  support::View v148 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsum148(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum148.run(v147.data(), v2.data(), v148.data());
-
-  Outputs outputs;
-  outputs.logits = meshc::gen::Tensor{{1, 128, 32}, meshc::gen::Buffer(v148.begin(), v148.end())};
-  return outputs;
+  einsumPlan3.run(v147.data(), v2.data(), v148.data(), 1.0f, 0.0f);
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -2208,39 +2616,37 @@ Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
     std::vector<int32_t> ids(inputs.tokens.data.size());
     meshrt::kernels::fillInput(
         ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{2, 128},
-            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0},
-            meshrt::kernels::Dims{1, 128}},
+        meshrt::kernels::Shard{meshrt::kernels::Dims{2, 128},
+                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0},
+                               meshrt::kernels::Dims{1, 128}},
         seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;
 }
 
-meshc::gen::Tensor Lm::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                    const meshc::gen::Tensor &global) {
+support::Tensor Lm::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                 const support::Tensor &global) {
   if (name == "tokens") {
-    meshc::gen::checkShape("global input", name, global, {2, 128});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {2, 128});
+    return support::Tensor{
         {1, 128},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {1, 128}, {128, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 1),
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0})};
   }
   throw std::invalid_argument("lm: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor Lm::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                    const meshc::gen::Tensor &local) {
+support::Tensor Lm::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                 const support::Tensor &local) {
   if (name == "logits") {
-    meshc::gen::checkShape("local output", name, local, {1, 128, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("local output", name, local, {1, 128, 32});
+    return support::Tensor{
         {2, 128, 64},
-        meshc::gen::gatherShards(world, local.data, {1, 128, 32}, {2, 128, 64}, [&](int rank) {
-          return meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), rank, {"data"}, 1), 0,
-                                   meshc::gen::shardStartOf(world.mesh(), rank, {"model"}, 32)};
+        support::gatherShards(world, local.data, {1, 128, 32}, {2, 128, 64}, [&](int rank) {
+          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 1), 0,
+                                support::shardStartOf(world.mesh(), rank, {"model"}, 32)};
         })};
   }
   throw std::invalid_argument("lm: no output named '" + name + "'");
@@ -2280,7 +2686,7 @@ bool Lm::isOptimizerState(const std::string &path) {
   return false;
 }
 
-std::vector<meshc::gen::ParamShard> Lm::paramShards() {
+std::vector<support::ParamShard> Lm::paramShards() {
   return {
       {"causal_lm/embedding",
        false,
@@ -2493,26 +2899,26 @@ std::vector<meshc::gen::ParamShard> Lm::paramShards() {
   };
 }
 
-meshc::gen::Tensor Lm::getParam(const std::string &path) {
+support::Tensor Lm::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "lm"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "lm"));
 }
 
-void Lm::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void Lm::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "lm"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "lm"), global);
 }
 
 void Lm::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {0, {{"program", "lm"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Lm::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -2525,4893 +2931,5081 @@ meshrt::Mesh LmTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}});
 std::vector<std::string> LmTrain::inputNames() { return {"tokens"}; }
 std::vector<std::string> LmTrain::outputNames() { return {"loss"}; }
 
-meshc::gen::Shape LmTrain::inputShape(const std::string &name) {
+support::Shape LmTrain::inputShape(const std::string &name) {
   if (name == "tokens")
     return {2, 128};
   throw std::invalid_argument("lm_train: no input named '" + name + "'");
 }
 
 LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // causal_lm/embedding: normal (performer.mesh:131)
   param0_causal_lm_embedding.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_causal_lm_embedding.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 32), 0},
-          meshrt::kernels::Dims{32, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 32), 0},
+                             meshrt::kernels::Dims{32, 32}},
       seed, "causal_lm/embedding",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 1.0}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/unembed: normal (performer.mesh:132)
   param1_causal_lm_unembed.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param1_causal_lm_unembed.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 64},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 32)},
-          meshrt::kernels::Dims{32, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 32)},
+                             meshrt::kernels::Dims{32, 32}},
       seed, "causal_lm/unembed",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/random_features: orthogonal (performer.mesh:112)
   param2_causal_lm_decoder_layer_0_random_features.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_causal_lm_decoder_layer_0_random_features.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{64, 16}},
       seed, "causal_lm/decoder_layer[0]/random_features",
       meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/norm/gain: ones (performer.mesh:27)
-  param3_causal_lm_decoder_layer_0_norm_gain.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param3_causal_lm_decoder_layer_0_norm_gain.assign(32,
+                                                    support::roundValue(support::DType::F32, 1.0));
   // causal_lm/decoder_layer[0]/norm/bias: zeros (performer.mesh:28)
-  param4_causal_lm_decoder_layer_0_norm_bias.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param4_causal_lm_decoder_layer_0_norm_bias.assign(32,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in/w: normal (performer.mesh:44)
   param5_causal_lm_decoder_layer_0_heads_in_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param5_causal_lm_decoder_layer_0_heads_in_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[0]/heads_in/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_in#1/w: normal (performer.mesh:44)
   param6_causal_lm_decoder_layer_0_heads_in_1_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param6_causal_lm_decoder_layer_0_heads_in_1_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[0]/heads_in#1/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_in#2/w: normal (performer.mesh:44)
   param7_causal_lm_decoder_layer_0_heads_in_2_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param7_causal_lm_decoder_layer_0_heads_in_2_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[0]/heads_in#2/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/heads_out/w: normal (performer.mesh:49)
   param8_causal_lm_decoder_layer_0_heads_out_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param8_causal_lm_decoder_layer_0_heads_out_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 16, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 16, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 16, 32}},
       seed, "causal_lm/decoder_layer[0]/heads_out/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/norm#1/gain: ones (performer.mesh:27)
   param9_causal_lm_decoder_layer_0_norm_1_gain.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+      32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/decoder_layer[0]/norm#1/bias: zeros (performer.mesh:28)
   param10_causal_lm_decoder_layer_0_norm_1_bias.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in: normal (performer.mesh:94)
   param11_causal_lm_decoder_layer_0_ffn_w_in.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param11_causal_lm_decoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{32, 64}},
       seed, "causal_lm/decoder_layer[0]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[0]/ffn/w_out: normal (performer.mesh:95)
   param12_causal_lm_decoder_layer_0_ffn_w_out.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param12_causal_lm_decoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 32}},
       seed, "causal_lm/decoder_layer[0]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/random_features: orthogonal (performer.mesh:112)
   param13_causal_lm_decoder_layer_1_random_features.resize(1024);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param13_causal_lm_decoder_layer_1_random_features.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{64, 16}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{64, 16}},
       seed, "causal_lm/decoder_layer[1]/random_features",
       meshrt::kernels::makeInit("orthogonal", {{"scale", 1.0}}), meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/norm/gain: ones (performer.mesh:27)
-  param14_causal_lm_decoder_layer_1_norm_gain.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param14_causal_lm_decoder_layer_1_norm_gain.assign(32,
+                                                     support::roundValue(support::DType::F32, 1.0));
   // causal_lm/decoder_layer[1]/norm/bias: zeros (performer.mesh:28)
-  param15_causal_lm_decoder_layer_1_norm_bias.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param15_causal_lm_decoder_layer_1_norm_bias.assign(32,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in/w: normal (performer.mesh:44)
   param16_causal_lm_decoder_layer_1_heads_in_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param16_causal_lm_decoder_layer_1_heads_in_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[1]/heads_in/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_in#1/w: normal (performer.mesh:44)
   param17_causal_lm_decoder_layer_1_heads_in_1_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param17_causal_lm_decoder_layer_1_heads_in_1_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[1]/heads_in#1/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_in#2/w: normal (performer.mesh:44)
   param18_causal_lm_decoder_layer_1_heads_in_2_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param18_causal_lm_decoder_layer_1_heads_in_2_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 2, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 1), 0},
-          meshrt::kernels::Dims{32, 1, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 2, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 1), 0},
+                             meshrt::kernels::Dims{32, 1, 16}},
       seed, "causal_lm/decoder_layer[1]/heads_in#2/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/heads_out/w: normal (performer.mesh:49)
   param19_causal_lm_decoder_layer_1_heads_out_w.resize(512);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param19_causal_lm_decoder_layer_1_heads_out_w.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{2, 16, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 1), 0, 0},
-          meshrt::kernels::Dims{1, 16, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 16, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 16, 32}},
       seed, "causal_lm/decoder_layer[1]/heads_out/w",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/norm#1/gain: ones (performer.mesh:27)
   param20_causal_lm_decoder_layer_1_norm_1_gain.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+      32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/decoder_layer[1]/norm#1/bias: zeros (performer.mesh:28)
   param21_causal_lm_decoder_layer_1_norm_1_bias.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in: normal (performer.mesh:94)
   param22_causal_lm_decoder_layer_1_ffn_w_in.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param22_causal_lm_decoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{32, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{32, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{32, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{32, 64}},
       seed, "causal_lm/decoder_layer[1]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/decoder_layer[1]/ffn/w_out: normal (performer.mesh:95)
   param23_causal_lm_decoder_layer_1_ffn_w_out.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param23_causal_lm_decoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 32},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 32}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 32}},
       seed, "causal_lm/decoder_layer[1]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.09}}),
       meshrt::kernels::ValueType::F32);
   // causal_lm/norm/gain: ones (performer.mesh:27)
-  param24_causal_lm_norm_gain.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
-  param25_causal_lm_norm_bias.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param25_causal_lm_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/embedding@m: zeros (performer.mesh:131)
-  param26_causal_lm_embedding_m.assign(1024, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param26_causal_lm_embedding_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/embedding@v: zeros (performer.mesh:131)
-  param27_causal_lm_embedding_v.assign(1024, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param27_causal_lm_embedding_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/unembed@m: zeros (performer.mesh:132)
-  param28_causal_lm_unembed_m.assign(1024, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param28_causal_lm_unembed_m.assign(1024, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/unembed@v: zeros (performer.mesh:132)
-  param29_causal_lm_unembed_v.assign(1024, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param29_causal_lm_unembed_v.assign(1024, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm/gain@m: zeros (performer.mesh:27)
   param30_causal_lm_decoder_layer_0_norm_gain_m.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm/gain@v: zeros (performer.mesh:27)
   param31_causal_lm_decoder_layer_0_norm_gain_v.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm/bias@m: zeros (performer.mesh:28)
   param32_causal_lm_decoder_layer_0_norm_bias_m.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm/bias@v: zeros (performer.mesh:28)
   param33_causal_lm_decoder_layer_0_norm_bias_v.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in/w@m: zeros (performer.mesh:44)
   param34_causal_lm_decoder_layer_0_heads_in_w_m.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in/w@v: zeros (performer.mesh:44)
   param35_causal_lm_decoder_layer_0_heads_in_w_v.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in#1/w@m: zeros (performer.mesh:44)
   param36_causal_lm_decoder_layer_0_heads_in_1_w_m.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in#1/w@v: zeros (performer.mesh:44)
   param37_causal_lm_decoder_layer_0_heads_in_1_w_v.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in#2/w@m: zeros (performer.mesh:44)
   param38_causal_lm_decoder_layer_0_heads_in_2_w_m.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_in#2/w@v: zeros (performer.mesh:44)
   param39_causal_lm_decoder_layer_0_heads_in_2_w_v.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_out/w@m: zeros (performer.mesh:49)
   param40_causal_lm_decoder_layer_0_heads_out_w_m.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/heads_out/w@v: zeros (performer.mesh:49)
   param41_causal_lm_decoder_layer_0_heads_out_w_v.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm#1/gain@m: zeros (performer.mesh:27)
   param42_causal_lm_decoder_layer_0_norm_1_gain_m.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm#1/gain@v: zeros (performer.mesh:27)
   param43_causal_lm_decoder_layer_0_norm_1_gain_v.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm#1/bias@m: zeros (performer.mesh:28)
   param44_causal_lm_decoder_layer_0_norm_1_bias_m.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/norm#1/bias@v: zeros (performer.mesh:28)
   param45_causal_lm_decoder_layer_0_norm_1_bias_v.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in@m: zeros (performer.mesh:94)
   param46_causal_lm_decoder_layer_0_ffn_w_in_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_in@v: zeros (performer.mesh:94)
   param47_causal_lm_decoder_layer_0_ffn_w_in_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_out@m: zeros (performer.mesh:95)
   param48_causal_lm_decoder_layer_0_ffn_w_out_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[0]/ffn/w_out@v: zeros (performer.mesh:95)
   param49_causal_lm_decoder_layer_0_ffn_w_out_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm/gain@m: zeros (performer.mesh:27)
   param50_causal_lm_decoder_layer_1_norm_gain_m.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm/gain@v: zeros (performer.mesh:27)
   param51_causal_lm_decoder_layer_1_norm_gain_v.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm/bias@m: zeros (performer.mesh:28)
   param52_causal_lm_decoder_layer_1_norm_bias_m.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm/bias@v: zeros (performer.mesh:28)
   param53_causal_lm_decoder_layer_1_norm_bias_v.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in/w@m: zeros (performer.mesh:44)
   param54_causal_lm_decoder_layer_1_heads_in_w_m.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in/w@v: zeros (performer.mesh:44)
   param55_causal_lm_decoder_layer_1_heads_in_w_v.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in#1/w@m: zeros (performer.mesh:44)
   param56_causal_lm_decoder_layer_1_heads_in_1_w_m.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in#1/w@v: zeros (performer.mesh:44)
   param57_causal_lm_decoder_layer_1_heads_in_1_w_v.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in#2/w@m: zeros (performer.mesh:44)
   param58_causal_lm_decoder_layer_1_heads_in_2_w_m.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_in#2/w@v: zeros (performer.mesh:44)
   param59_causal_lm_decoder_layer_1_heads_in_2_w_v.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_out/w@m: zeros (performer.mesh:49)
   param60_causal_lm_decoder_layer_1_heads_out_w_m.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/heads_out/w@v: zeros (performer.mesh:49)
   param61_causal_lm_decoder_layer_1_heads_out_w_v.assign(
-      512, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      512, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm#1/gain@m: zeros (performer.mesh:27)
   param62_causal_lm_decoder_layer_1_norm_1_gain_m.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm#1/gain@v: zeros (performer.mesh:27)
   param63_causal_lm_decoder_layer_1_norm_1_gain_v.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm#1/bias@m: zeros (performer.mesh:28)
   param64_causal_lm_decoder_layer_1_norm_1_bias_m.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/norm#1/bias@v: zeros (performer.mesh:28)
   param65_causal_lm_decoder_layer_1_norm_1_bias_v.assign(
-      32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in@m: zeros (performer.mesh:94)
   param66_causal_lm_decoder_layer_1_ffn_w_in_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_in@v: zeros (performer.mesh:94)
   param67_causal_lm_decoder_layer_1_ffn_w_in_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_out@m: zeros (performer.mesh:95)
   param68_causal_lm_decoder_layer_1_ffn_w_out_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/decoder_layer[1]/ffn/w_out@v: zeros (performer.mesh:95)
   param69_causal_lm_decoder_layer_1_ffn_w_out_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/norm/gain@m: zeros (performer.mesh:27)
-  param70_causal_lm_norm_gain_m.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param70_causal_lm_norm_gain_m.assign(32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/norm/gain@v: zeros (performer.mesh:27)
-  param71_causal_lm_norm_gain_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param71_causal_lm_norm_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/norm/bias@m: zeros (performer.mesh:28)
-  param72_causal_lm_norm_bias_m.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param72_causal_lm_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/norm/bias@v: zeros (performer.mesh:28)
-  param73_causal_lm_norm_bias_v.assign(32, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
-}
+  param73_causal_lm_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
 
-LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
-  // Arena: 2736384 bytes for 10313128 bytes of temporaries (498 slots, placed by liveness).
-  meshc::gen::checkShape("input", "tokens", inputs.tokens, {1, 128});
-
-  // performer.mesh:146:16 input -> tokens
-  const meshc::gen::Buffer &v0 = inputs.tokens.data;
-
-  // performer.mesh:147:17 shift -> targets
-  meshc::gen::View v1 = arena_.slot(1605632, 128);
-  meshc::gen::shift(v1, v0, {1, 128}, 1, -1, nullptr);
-
-  // performer.mesh:148:39 literal
-  meshc::gen::View v2 = arena_.fill(512, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
-
-  // performer.mesh:148:36 ge
-  // performer.mesh:148:24 cast
-  meshc::gen::View v4 = arena_.slot(0, 128);
-  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t3 = (v0[at[1]] >= v2[at[2]] ? 1.0f : 0.0f);
-                           v4[at[0]] = float(t3);
-                         });
-
-  // performer.mesh:148:18 shift -> has_next
-  meshc::gen::View v5 = arena_.slot(1606144, 128);
-  meshc::gen::shift(v5, v4, {1, 128}, 1, -1, nullptr);
-
-  // performer.mesh:131:9 param -> embedding
-  const meshc::gen::Buffer &v6 = param0_causal_lm_embedding;
-
-  // performer.mesh:132:9 param -> unembed
-  const meshc::gen::Buffer &v7 = param1_causal_lm_unembed;
-
-  // performer.mesh:133:37 gather (masked local gather: partial sum over model)
-  meshc::gen::View v8 = arena_.slot(0, 4096);
-  meshc::gen::gather(v8.data(), {1, 128, 32}, v6.data(), {0, 0, 1}, v0.data(), {128, 1, 0}, 32, 32,
-                     meshc::gen::shardStart(world_, {"model"}, 32));
-
-  // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
-  // 133:70)
-  meshc::gen::View v22 = v8;
-  group_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
+  // Values run() reads that never change, computed once (hoist-invariants).
 
   // performer.mesh:35:23 iota
-  meshc::gen::View v9 = arena_.slot(16384, 128);
-  meshc::gen::iota(v9.data(), {128}, {1}, 0);
+  support::View v9 = persistent_.view(64, 128);
+  static const support::Shape shape0_1 = {128};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v9.data(), shape0_1, shape0_2, 0);
 
   // performer.mesh:35:18 cast -> position
-  meshc::gen::View v10 = arena_.slot(18432, 128);
-  for (size_t i = 0; i < v10.size(); ++i) {
-    v10[i] = float(v9[i]);
+  support::View v10 = persistent_.view(576, 128);
+  {
+    float *__restrict v10p = v10.data();
+    const float *__restrict v9p = v9.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v9p[i0];
+      const float s1 = s0;
+      v10p[i0] = s1;
+    }
   }
 
   // performer.mesh:36:36 iota
-  meshc::gen::View v11 = arena_.slot(16384, 4);
-  meshc::gen::iota(v11.data(), {4}, {1}, meshc::gen::shardStart(world_, {"data", "model"}, 4));
+  support::View v11 = persistent_.view(1088, 4);
+  static const support::Shape shape2_1 = {4};
+  static const support::Shape shape2_2 = {1};
+  support::iota(v11.data(), shape2_1, shape2_2, support::shardStart(world_, {"data", "model"}, 4));
 
   // performer.mesh:36:31 cast
-  meshc::gen::View v12 = arena_.slot(16448, 4);
-  for (size_t i = 0; i < v12.size(); ++i) {
-    v12[i] = float(v11[i]);
+  support::View v12 = persistent_.view(1152, 4);
+  {
+    float *__restrict v12p = v12.data();
+    const float *__restrict v11p = v11.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v11p[i0];
+      const float s1 = s0;
+      v12p[i0] = s1;
+    }
   }
 
-  // performer.mesh:36:55 literal
-  meshc::gen::View v13 =
-      arena_.fill(16384, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -0.5756));
-
   // performer.mesh:36:53 mul
+  support::View v14 = persistent_.view(1280, 4);
+  {
+    float *__restrict v14p = v14.data();
+    const float *__restrict v12p = v12.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v12p[i0];
+      const float s1 = -0.5756f;
+      const float s2 = (s0 * s1);
+      v14p[i0] = s2;
+    }
+  }
+
   // performer.mesh:36:27 exp -> inverse_frequency
-  meshc::gen::View v15 = arena_.slot(18944, 4);
-  meshc::gen::forEach<3>({4}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t14 = float(double(v12[at[1]]) * double(v13[at[2]]));
-    v15[at[0]] = float(std::exp(double(t14)));
-  });
+  support::View v15 = persistent_.view(1344, 4);
+  {
+    float *__restrict v15p = v15.data();
+    const float *__restrict v14p = v14.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      const float s0 = v14p[i0];
+      const float s1 = support::fexp(s0);
+      v15p[i0] = s1;
+    }
+  }
 
   // performer.mesh:37:24 mul -> angle
-  meshc::gen::View v16 = arena_.slot(16384, 512);
-  meshc::gen::forEach<3>({128, 4}, {{{4, 1}, {1, 0}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v16[at[0]] = float(double(v10[at[1]]) * double(v15[at[2]]));
-                         });
+  support::View v16 = persistent_.view(1408, 512);
+  {
+    float *__restrict v16p = v16.data();
+    const float *__restrict v10p = v10.data();
+    const float *__restrict v15p = v15.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 4; ++i1) {
+        const float s0 = v10p[i0];
+        const float s1 = v15p[i1];
+        const float s2 = (s0 * s1);
+        v16p[i0 * 4 + i1] = s2;
+      }
+    }
+  }
 
   // performer.mesh:38:17 sin
-  meshc::gen::View v17 = arena_.slot(18432, 512);
-  for (size_t i = 0; i < v17.size(); ++i) {
-    v17[i] = float(std::sin(double(v16[i])));
+  support::View v17 = persistent_.view(3456, 512);
+  {
+    float *__restrict v17p = v17.data();
+    const float *__restrict v16p = v16.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v16p[i0];
+      const float s1 = support::fsin(s0);
+      v17p[i0] = s1;
+    }
   }
 
   // performer.mesh:38:29 cos
-  meshc::gen::View v18 = arena_.slot(20480, 512);
-  for (size_t i = 0; i < v18.size(); ++i) {
-    v18[i] = float(std::cos(double(v16[i])));
-  }
-
-  // performer.mesh:38:10 all_gather (reshard %17 for concat at 38:10)
-  meshc::gen::View v19 = arena_.slot(32768, 2048);
-  meshc::gen::allGatherDim(v19, v17, {128, 4}, 1, group_data_model);
-
-  // performer.mesh:38:10 all_gather (reshard %18 for concat at 38:10)
-  meshc::gen::View v20 = arena_.slot(40960, 2048);
-  meshc::gen::allGatherDim(v20, v18, {128, 4}, 1, group_data_model);
-
-  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
-  meshc::gen::View v21 = arena_.slot(16384, 4096);
-  meshc::gen::copyWindow(v21.data(), v19.data(), {128}, {32}, {16}, 1, 1, 32, 16, 0 - 0);
-  meshc::gen::copyWindow(v21.data(), v20.data(), {128}, {32}, {16}, 1, 1, 32, 16, 16 - 0);
-
-  // performer.mesh:133:70 add -> h
-  meshc::gen::View v23 = arena_.slot(2490368, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v23[at[0]] = float(double(v22[at[1]]) + double(v21[at[2]]));
-                         });
-
-  // performer.mesh:112:9 param -> random_features
-  const meshc::gen::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v25 = param3_causal_lm_decoder_layer_0_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v26 = param4_causal_lm_decoder_layer_0_norm_bias;
-
-  // performer.mesh:29:10 layer_norm
-  meshc::gen::View v27 = arena_.slot(2506752, 4096);
-  meshc::gen::along(v27.data(), v23.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add -> n
-  meshc::gen::View v29 = arena_.slot(2523136, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t28 = float(double(v27[at[1]]) * double(v25[at[2]]));
-                           v29[at[0]] = float(double(t28) + double(v26[at[3]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v30 = param5_causal_lm_decoder_layer_0_heads_in_w;
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v31 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum31(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum31.run(v29.data(), v30.data(), v31.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v32 =
-      arena_.fill(2735104, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v33 = arena_.slot(2654208, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v33[at[0]] = float(double(v31[at[1]]) * double(v32[at[2]]));
-                         });
-
-  // performer.mesh:57:10 einsum
-  meshc::gen::View v34 = arena_.slot(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum34(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum34.run(v33.data(), v24.data(), v34.data());
-
-  // performer.mesh:57:65 square
-  meshc::gen::View v35 = arena_.slot(32768, 2048);
-  for (size_t i = 0; i < v35.size(); ++i) {
-    v35[i] = float(double(v33[i]) * double(v33[i]));
-  }
-
-  // performer.mesh:57:61 sum
-  meshc::gen::View v36 = arena_.slot(40960, 128);
-  meshc::gen::reduce(v36.data(), {1, 128, 1}, v35.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v37 =
-      arena_.fill(2735168, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:57:89 mul
-  meshc::gen::View v38 = arena_.slot(65536, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v38[at[0]] = float(double(v36[at[1]]) * double(v37[at[2]]));
-                         });
-
-  // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v39 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v39[at[0]] = float(double(v34[at[1]]) - double(v38[at[2]]));
-                         });
-
-  // performer.mesh:66:37 max
-  meshc::gen::View v40 = arena_.slot(0, 128);
-  meshc::gen::reduce(v40.data(), {1, 128, 1}, v39.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Max, 1.0);
-
-  // performer.mesh:66:23 stop_gradient
-  meshc::gen::View v41 = arena_.slot(512, 128);
-  for (size_t i = 0; i < v41.size(); ++i) {
-    v41[i] = float(v40[i]);
-  }
-
-  // performer.mesh:66:21 sub
-  // performer.mesh:66:10 exp
-  meshc::gen::View v43 = arena_.slot(2097152, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t42 = float(double(v39[at[1]]) - double(v41[at[2]]));
-                           v43[at[0]] = float(std::exp(double(t42)));
-                         });
-
-  // performer.mesh:66:63 literal
-  meshc::gen::View v44 =
-      arena_.fill(2735232, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
-  // performer.mesh:66:61 mul -> qf
-  meshc::gen::View v45 = arena_.slot(2129920, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v45[at[0]] = float(double(v43[at[1]]) * double(v44[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v46 = param6_causal_lm_decoder_layer_0_heads_in_1_w;
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v47 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum47(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum47.run(v29.data(), v46.data(), v47.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v48 =
-      arena_.fill(2735296, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v49 = arena_.slot(2662400, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v49[at[0]] = float(double(v47[at[1]]) * double(v48[at[2]]));
-                         });
-
-  // performer.mesh:57:10 einsum
-  meshc::gen::View v50 = arena_.slot(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum50(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum50.run(v49.data(), v24.data(), v50.data());
-
-  // performer.mesh:57:65 square
-  meshc::gen::View v51 = arena_.slot(32768, 2048);
-  for (size_t i = 0; i < v51.size(); ++i) {
-    v51[i] = float(double(v49[i]) * double(v49[i]));
-  }
-
-  // performer.mesh:57:61 sum
-  meshc::gen::View v52 = arena_.slot(40960, 128);
-  meshc::gen::reduce(v52.data(), {1, 128, 1}, v51.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v53 =
-      arena_.fill(2735360, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:57:89 mul
-  meshc::gen::View v54 = arena_.slot(65536, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v54[at[0]] = float(double(v52[at[1]]) * double(v53[at[2]]));
-                         });
-
-  // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v55 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v55[at[0]] = float(double(v50[at[1]]) - double(v54[at[2]]));
-                         });
-
-  // performer.mesh:71:37 max
-  meshc::gen::View v56 = arena_.slot(0, 1);
-  meshc::gen::reduce(v56.data(), {1, 1}, v55.data(), {8192, 64}, {128, 64}, {64, 1},
-                     meshc::gen::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  meshc::gen::View v57 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v57.size(); ++i) {
-    v57[i] = float(v56[i]);
-  }
-
-  // performer.mesh:71:21 sub
-  // performer.mesh:71:10 exp
-  meshc::gen::View v59 = arena_.slot(2162688, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t58 = float(double(v55[at[1]]) - double(v57[at[2]]));
-                           v59[at[0]] = float(std::exp(double(t58)));
-                         });
-
-  // performer.mesh:71:68 literal
-  meshc::gen::View v60 =
-      arena_.fill(2735424, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
-  // performer.mesh:71:66 mul -> kf
-  meshc::gen::View v61 = arena_.slot(2195456, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v61[at[0]] = float(double(v59[at[1]]) * double(v60[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v62 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v63 = arena_.slot(2670592, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum63(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum63.run(v29.data(), v62.data(), v63.data());
-
-  // performer.mesh:87:19 einsum
-  meshc::gen::View v64 = arena_.slot(0, 131072);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum64(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsum64.run(v61.data(), v63.data(), v64.data());
-
-  // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::View v65 = arena_.slot(524288, 131072);
-  meshc::gen::along(v65.data(), v64.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
-                    {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
-                    128, nullptr);
-
-  // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::View v66 = arena_.slot(0, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum66(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum66.run(v45.data(), v65.data(), v66.data());
-
-  // performer.mesh:89:31 cumsum
-  meshc::gen::View v67 = arena_.slot(2228224, 8192);
-  meshc::gen::along(v67.data(), v61.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
-                    {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::View v68 = arena_.slot(2734080, 128);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum68(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsum68.run(v45.data(), v67.data(), v68.data());
-
-  // performer.mesh:90:20 div
-  meshc::gen::View v69 = arena_.slot(2678784, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v69[at[0]] = float(double(v66[at[1]]) / double(v68[at[2]]));
-                         });
-
-  // performer.mesh:49:9 param -> w
-  const meshc::gen::Buffer &v70 = param8_causal_lm_decoder_layer_0_heads_out_w;
-
-  // performer.mesh:50:10 einsum
-  meshc::gen::View v71 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum71(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum71.run(v69.data(), v70.data(), v71.data());
-
-  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %68 over model for add at
-  // 116:13)
-  meshc::gen::View v72 = v71;
-  group_model.allReduce(v72.data(), v72.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:116:13 add -> h
-  meshc::gen::View v73 = arena_.slot(2539520, 4096);
-  for (size_t i = 0; i < v73.size(); ++i) {
-    v73[i] = float(double(v23[i]) + double(v72[i]));
-  }
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v74 = param9_causal_lm_decoder_layer_0_norm_1_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v75 = param10_causal_lm_decoder_layer_0_norm_1_bias;
-
-  // performer.mesh:29:10 layer_norm
-  meshc::gen::View v76 = arena_.slot(2555904, 4096);
-  meshc::gen::along(v76.data(), v73.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
-  meshc::gen::View v78 = arena_.slot(2572288, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t77 = float(double(v76[at[1]]) * double(v74[at[2]]));
-                           v78[at[0]] = float(double(t77) + double(v75[at[3]]));
-                         });
-
-  // performer.mesh:94:9 param -> w_in
-  const meshc::gen::Buffer &v79 = param11_causal_lm_decoder_layer_0_ffn_w_in;
-
-  // performer.mesh:95:9 param -> w_out
-  const meshc::gen::Buffer &v80 = param12_causal_lm_decoder_layer_0_ffn_w_out;
-
-  // performer.mesh:96:22 einsum
-  meshc::gen::View v81 = arena_.slot(2260992, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum81(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum81.run(v78.data(), v79.data(), v81.data());
-
-  // performer.mesh:96:17 gelu
-  meshc::gen::View v82 = arena_.slot(2293760, 8192);
-  for (size_t i = 0; i < v82.size(); ++i) {
-    v82[i] = float(meshc::gen::gelu(v81[i]));
-  }
-
-  // performer.mesh:96:10 einsum
-  meshc::gen::View v83 = arena_.slot(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum83(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum83.run(v82.data(), v80.data(), v83.data());
-
-  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %79 over model for add at
-  // 117:12)
-  meshc::gen::View v84 = v83;
-  group_model.allReduce(v84.data(), v84.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:117:12 add -> h
-  meshc::gen::View v85 = arena_.slot(2588672, 4096);
-  for (size_t i = 0; i < v85.size(); ++i) {
-    v85[i] = float(double(v73[i]) + double(v84[i]));
-  }
-
-  // performer.mesh:112:9 param -> random_features
-  const meshc::gen::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v87 = param14_causal_lm_decoder_layer_1_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v88 = param15_causal_lm_decoder_layer_1_norm_bias;
-
-  // performer.mesh:29:10 layer_norm
-  meshc::gen::View v89 = arena_.slot(2605056, 4096);
-  meshc::gen::along(v89.data(), v85.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add -> n
-  meshc::gen::View v91 = arena_.slot(2621440, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t90 = float(double(v89[at[1]]) * double(v87[at[2]]));
-                           v91[at[0]] = float(double(t90) + double(v88[at[3]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v92 = param16_causal_lm_decoder_layer_1_heads_in_w;
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v93 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum93(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum93.run(v91.data(), v92.data(), v93.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v94 =
-      arena_.fill(2735488, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v95 = arena_.slot(2686976, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v95[at[0]] = float(double(v93[at[1]]) * double(v94[at[2]]));
-                         });
-
-  // performer.mesh:57:10 einsum
-  meshc::gen::View v96 = arena_.slot(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum96(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum96.run(v95.data(), v86.data(), v96.data());
-
-  // performer.mesh:57:65 square
-  meshc::gen::View v97 = arena_.slot(32768, 2048);
-  for (size_t i = 0; i < v97.size(); ++i) {
-    v97[i] = float(double(v95[i]) * double(v95[i]));
-  }
-
-  // performer.mesh:57:61 sum
-  meshc::gen::View v98 = arena_.slot(40960, 128);
-  meshc::gen::reduce(v98.data(), {1, 128, 1}, v97.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v99 =
-      arena_.fill(2735552, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:57:89 mul
-  meshc::gen::View v100 = arena_.slot(65536, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v100[at[0]] = float(double(v98[at[1]]) * double(v99[at[2]]));
-                         });
-
-  // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v101 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v101[at[0]] = float(double(v96[at[1]]) - double(v100[at[2]]));
-                         });
-
-  // performer.mesh:66:37 max
-  meshc::gen::View v102 = arena_.slot(0, 128);
-  meshc::gen::reduce(v102.data(), {1, 128, 1}, v101.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Max, 1.0);
-
-  // performer.mesh:66:23 stop_gradient
-  meshc::gen::View v103 = arena_.slot(512, 128);
-  for (size_t i = 0; i < v103.size(); ++i) {
-    v103[i] = float(v102[i]);
-  }
-
-  // performer.mesh:66:21 sub
-  // performer.mesh:66:10 exp
-  meshc::gen::View v105 = arena_.slot(2326528, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t104 = float(double(v101[at[1]]) - double(v103[at[2]]));
-                           v105[at[0]] = float(std::exp(double(t104)));
-                         });
-
-  // performer.mesh:66:63 literal
-  meshc::gen::View v106 =
-      arena_.fill(2735616, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
-  // performer.mesh:66:61 mul -> qf
-  meshc::gen::View v107 = arena_.slot(1572864, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v107[at[0]] = float(double(v105[at[1]]) * double(v106[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v108 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v109 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum109(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum109.run(v91.data(), v108.data(), v109.data());
-
-  // performer.mesh:56:20 literal
-  meshc::gen::View v110 =
-      arena_.fill(2735680, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:56:18 mul -> scaled
-  meshc::gen::View v111 = arena_.slot(2695168, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v111[at[0]] = float(double(v109[at[1]]) * double(v110[at[2]]));
-                         });
-
-  // performer.mesh:57:10 einsum
-  meshc::gen::View v112 = arena_.slot(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum112(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum112.run(v111.data(), v86.data(), v112.data());
-
-  // performer.mesh:57:65 square
-  meshc::gen::View v113 = arena_.slot(32768, 2048);
-  for (size_t i = 0; i < v113.size(); ++i) {
-    v113[i] = float(double(v111[i]) * double(v111[i]));
-  }
-
-  // performer.mesh:57:61 sum
-  meshc::gen::View v114 = arena_.slot(40960, 128);
-  meshc::gen::reduce(v114.data(), {1, 128, 1}, v113.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:91 literal
-  meshc::gen::View v115 =
-      arena_.fill(2735744, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:57:89 mul
-  meshc::gen::View v116 = arena_.slot(65536, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v116[at[0]] = float(double(v114[at[1]]) * double(v115[at[2]]));
-                         });
-
-  // performer.mesh:57:59 sub -> logits
-  meshc::gen::View v117 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v117[at[0]] = float(double(v112[at[1]]) - double(v116[at[2]]));
-                         });
-
-  // performer.mesh:71:37 max
-  meshc::gen::View v118 = arena_.slot(0, 1);
-  meshc::gen::reduce(v118.data(), {1, 1}, v117.data(), {8192, 64}, {128, 64}, {64, 1},
-                     meshc::gen::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  meshc::gen::View v119 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v119.size(); ++i) {
-    v119[i] = float(v118[i]);
-  }
-
-  // performer.mesh:71:21 sub
-  // performer.mesh:71:10 exp
-  meshc::gen::View v121 = arena_.slot(2359296, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {1, 0, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           float t120 = float(double(v117[at[1]]) - double(v119[at[2]]));
-                           v121[at[0]] = float(std::exp(double(t120)));
-                         });
-
-  // performer.mesh:71:68 literal
-  meshc::gen::View v122 =
-      arena_.fill(2735808, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.125));
-
-  // performer.mesh:71:66 mul -> kf
-  meshc::gen::View v123 = arena_.slot(2392064, 8192);
-  meshc::gen::forEach<3>({1, 128, 1, 64}, {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v123[at[0]] = float(double(v121[at[1]]) * double(v122[at[2]]));
-                         });
-
-  // performer.mesh:44:9 param -> w
-  const meshc::gen::Buffer &v124 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v125 = arena_.slot(2703360, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum125(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum125.run(v91.data(), v124.data(), v125.data());
-
-  // performer.mesh:87:19 einsum
-  meshc::gen::View v126 = arena_.slot(0, 131072);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum126(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsum126.run(v123.data(), v125.data(), v126.data());
-
-  // performer.mesh:87:12 cumsum -> kv
-  meshc::gen::View v127 = arena_.slot(1048576, 131072);
-  meshc::gen::along(v127.data(), v126.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
-                    {131072, 1024, 16, 1}, {128}, {1024}, {1024}, meshc::gen::Along::Cumsum, 1e-05,
-                    128, nullptr);
-
-  // performer.mesh:88:19 einsum -> numerator
-  meshc::gen::View v128 = arena_.slot(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum128(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum128.run(v107.data(), v127.data(), v128.data());
-
-  // performer.mesh:89:31 cumsum
-  meshc::gen::View v129 = arena_.slot(0, 8192);
-  meshc::gen::along(v129.data(), v123.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
-                    {64}, meshc::gen::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:89:20 einsum -> normalizer
-  meshc::gen::View v130 = arena_.slot(303104, 128);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum130(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsum130.run(v107.data(), v129.data(), v130.data());
-
-  // performer.mesh:90:20 div
-  meshc::gen::View v131 = arena_.slot(294912, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v131[at[0]] = float(double(v128[at[1]]) / double(v130[at[2]]));
-                         });
-
-  // performer.mesh:49:9 param -> w
-  const meshc::gen::Buffer &v132 = param19_causal_lm_decoder_layer_1_heads_out_w;
-
-  // performer.mesh:50:10 einsum
-  meshc::gen::View v133 = arena_.slot(32768, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum133(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum133.run(v131.data(), v132.data(), v133.data());
-
-  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %128 over model for add at
-  // 116:13)
-  meshc::gen::View v134 = v133;
-  group_model.allReduce(v134.data(), v134.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:116:13 add -> h
-  meshc::gen::View v135 = arena_.slot(229376, 4096);
-  for (size_t i = 0; i < v135.size(); ++i) {
-    v135[i] = float(double(v85[i]) + double(v134[i]));
-  }
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v136 = param20_causal_lm_decoder_layer_1_norm_1_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v137 = param21_causal_lm_decoder_layer_1_norm_1_bias;
-
-  // performer.mesh:29:10 layer_norm
-  meshc::gen::View v138 = arena_.slot(245760, 4096);
-  meshc::gen::along(v138.data(), v135.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
-  meshc::gen::View v140 = arena_.slot(262144, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t139 = float(double(v138[at[1]]) * double(v136[at[2]]));
-                           v140[at[0]] = float(double(t139) + double(v137[at[3]]));
-                         });
-
-  // performer.mesh:94:9 param -> w_in
-  const meshc::gen::Buffer &v141 = param22_causal_lm_decoder_layer_1_ffn_w_in;
-
-  // performer.mesh:95:9 param -> w_out
-  const meshc::gen::Buffer &v142 = param23_causal_lm_decoder_layer_1_ffn_w_out;
-
-  // performer.mesh:96:22 einsum
-  meshc::gen::View v143 = arena_.slot(32768, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum143(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum143.run(v140.data(), v141.data(), v143.data());
-
-  // performer.mesh:96:17 gelu
-  meshc::gen::View v144 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v144.size(); ++i) {
-    v144[i] = float(meshc::gen::gelu(v143[i]));
-  }
-
-  // performer.mesh:96:10 einsum
-  meshc::gen::View v145 = arena_.slot(98304, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum145(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum145.run(v144.data(), v142.data(), v145.data());
-
-  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %139 over model for add at
-  // 117:12)
-  meshc::gen::View v146 = v145;
-  group_model.allReduce(v146.data(), v146.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:117:12 add -> h
-  meshc::gen::View v147 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v147.size(); ++i) {
-    v147[i] = float(double(v135[i]) + double(v146[i]));
-  }
-
-  // performer.mesh:27:9 param -> gain
-  const meshc::gen::Buffer &v148 = param24_causal_lm_norm_gain;
-
-  // performer.mesh:28:9 param -> bias
-  const meshc::gen::Buffer &v149 = param25_causal_lm_norm_bias;
-
-  // performer.mesh:29:10 layer_norm
-  meshc::gen::View v150 = arena_.slot(98304, 4096);
-  meshc::gen::along(v150.data(), v147.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
-  meshc::gen::View v152 = arena_.slot(131072, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t151 = float(double(v150[at[1]]) * double(v148[at[2]]));
-                           v152[at[0]] = float(double(t151) + double(v149[at[3]]));
-                         });
-
-  // performer.mesh:137:10 einsum
-  meshc::gen::View v153 = arena_.slot(147456, 4096);
-  // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsum153(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum153.run(v152.data(), v7.data(), v153.data());
-
-  // performer.mesh:149:25 log_softmax
-  meshc::gen::View v154 = arena_.slot(163840, 4096);
-  meshc::gen::along(v154.data(), v153.data(), {1, 128}, {4096, 32}, {4096, 32}, {32}, {1}, {1},
-                    meshc::gen::Along::LogSoftmax, 1e-05, 64, &group_model);
-
-  // performer.mesh:149:65 one_hot
-  meshc::gen::View v155 = arena_.slot(147456, 4096);
-  meshc::gen::oneHot(v155.data(), {1, 128, 32}, v1.data(), {128, 1, 0}, {0, 0, 1},
-                     meshc::gen::shardStart(world_, {"model"}, 32));
-
-  // performer.mesh:149:63 mul
-  meshc::gen::View v156 = arena_.slot(180224, 4096);
-  for (size_t i = 0; i < v156.size(); ++i) {
-    v156[i] = float(double(v154[i]) * double(v155[i]));
-  }
-
-  // performer.mesh:149:21 sum
-  meshc::gen::View v157 = arena_.slot(196608, 128);
-  meshc::gen::reduce(v157.data(), {1, 128}, v156.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:149:20 neg -> token_loss
-  // performer.mesh:150:29 mul
-  meshc::gen::View v159 = arena_.slot(180224, 128);
-  for (size_t i = 0; i < v159.size(); ++i) {
-    float t158 = float(-v157[i]);
-    v159[i] = float(double(t158) * double(v5[i]));
-  }
-
-  // performer.mesh:150:14 sum
-  meshc::gen::View v160 = arena_.slot(180736, 1);
-  meshc::gen::reduce(v160.data(), {}, v159.data(), {}, {1, 128}, {128, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // performer.mesh:150:41 all_reduce_sum (resolve the partial sum of %153 over data, model for div
-  // at 150:41)
-  meshc::gen::View v162 = v160;
-  group_data_model.allReduce(v162.data(), v162.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:150:43 sum
-  meshc::gen::View v161 = arena_.slot(180224, 1);
-  meshc::gen::reduce(v161.data(), {}, v5.data(), {}, {1, 128}, {128, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // performer.mesh:150:41 all_reduce_sum (resolve the partial sum of %154 over data for div at
-  // 150:41)
-  meshc::gen::View v163 = v161;
-  group_data.allReduce(v163.data(), v163.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:150:41 div -> loss
-  meshc::gen::View v164 = arena_.slot(2735872, 1);
-  for (size_t i = 0; i < v164.size(); ++i) {
-    v164[i] = float(double(v162[i]) / double(v163[i]));
-  }
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v165 =
-      arena_.fill(2735936, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // performer.mesh:150:41 div
-  meshc::gen::View v166 = arena_.slot(180288, 1);
-  for (size_t i = 0; i < v166.size(); ++i) {
-    v166[i] = float(double(v165[i]) / double(v163[i]));
-  }
-
-  // performer.mesh:150:14 broadcast
-  // performer.mesh:150:29 mul
-  // performer.mesh:149:20 neg
-  meshc::gen::View v169 = arena_.slot(196608, 128);
-  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t167 = float(v166[at[1]]);
-                           float t168 = float(double(t167) * double(v5[at[2]]));
-                           v169[at[0]] = float(-t168);
-                         });
-
-  // performer.mesh:149:21 broadcast
-  // performer.mesh:149:63 mul
-  meshc::gen::View v171 = arena_.slot(180224, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t170 = float(v169[at[1]]);
-                           v171[at[0]] = float(double(t170) * double(v155[at[2]]));
-                         });
-
-  // performer.mesh:149:25 sum
-  meshc::gen::View v172 = arena_.slot(196608, 128);
-  meshc::gen::reduce(v172.data(), {1, 128}, v171.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:149:25 all_reduce_sum (resolve the partial sum of %163 over model for mul at
-  // 149:25)
-  meshc::gen::View v174 = v172;
-  group_model.allReduce(v174.data(), v174.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:149:25 exp
-  // performer.mesh:149:25 mul
-  // performer.mesh:149:25 sub
-  meshc::gen::View v176 = arena_.slot(147456, 4096);
-  meshc::gen::forEach<4>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t173 = float(std::exp(double(v154[at[1]])));
-                           float t175 = float(double(t173) * double(v174[at[2]]));
-                           v176[at[0]] = float(double(v171[at[3]]) - double(t175));
-                         });
-
-  // performer.mesh:137:10 einsum
-  meshc::gen::View v177 = arena_.slot(163840, 4096);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsum177(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum177.run(v176.data(), v7.data(), v177.data());
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %167 over model for sum at
-  // 29:40)
-  meshc::gen::View v179 = v177;
-  group_model.allReduce(v179.data(), v179.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
-  meshc::gen::View v178 = arena_.slot(2727936, 1024);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsum178(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum178.run(v176.data(), v152.data(), v178.data());
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
-  meshc::gen::View v180 = arena_.slot(2734592, 32);
-  meshc::gen::reduce(v180.data(), {32}, v179.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v181 = arena_.slot(131072, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v181[at[0]] = float(double(v179[at[1]]) * double(v148[at[2]]));
-                         });
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v182 = arena_.slot(147456, 4096);
-  for (size_t i = 0; i < v182.size(); ++i) {
-    v182[i] = float(double(v179[i]) * double(v150[i]));
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
-  meshc::gen::View v183 = arena_.slot(2734720, 32);
-  meshc::gen::reduce(v183.data(), {32}, v182.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v184 = arena_.slot(163840, 128);
-  meshc::gen::reduce(v184.data(), {1, 128}, v147.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
-  meshc::gen::View v186 = arena_.slot(147456, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t185 = float(double(v147[at[1]]) - double(v184[at[2]]));
-                           v186[at[0]] = float(double(t185) * double(t185));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v187 = arena_.slot(114688, 128);
-  meshc::gen::reduce(v187.data(), {1, 128}, v186.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 literal
-  meshc::gen::View v188 =
-      arena_.fill(2736000, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-05));
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
-  meshc::gen::View v190 = arena_.slot(147456, 128);
-  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t189 = float(double(v187[at[1]]) + double(v188[at[2]]));
-                           v190[at[0]] = float(1.0 / std::sqrt(double(t189)));
-                         });
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v191 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v191.size(); ++i) {
-    v191[i] = float(double(v181[i]) * double(v150[i]));
-  }
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v192 = arena_.slot(147968, 128);
-  meshc::gen::reduce(v192.data(), {1, 128}, v191.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v193 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v193[at[0]] = float(double(v150[at[1]]) * double(v192[at[2]]));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v194 = arena_.slot(98304, 128);
-  meshc::gen::reduce(v194.data(), {1, 128}, v181.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  meshc::gen::View v197 = arena_.slot(278528, 4096);
-  meshc::gen::forEach<5>({1, 128, 32},
-                         {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 5> &at) {
-                           float t195 = float(double(v181[at[1]]) - double(v194[at[2]]));
-                           float t196 = float(double(t195) - double(v193[at[3]]));
-                           v197[at[0]] = float(double(t196) * double(v190[at[4]]));
-                         });
-
-  // performer.mesh:96:10 einsum
-  meshc::gen::View v198 = arena_.slot(98304, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum198(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum198.run(v197.data(), v142.data(), v198.data());
-
-  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
-  meshc::gen::View v199 = arena_.slot(2711552, 2048);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum199(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum199.run(v197.data(), v144.data(), v199.data());
-
-  // performer.mesh:96:17 square
-  meshc::gen::View v200 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v200.size(); ++i) {
-    v200[i] = float(double(v143[i]) * double(v143[i]));
-  }
-
-  // performer.mesh:96:17 mul
-  meshc::gen::View v201 = arena_.slot(131072, 8192);
-  for (size_t i = 0; i < v201.size(); ++i) {
-    v201[i] = float(double(v143[i]) * double(v200[i]));
-  }
-
-  // performer.mesh:96:17 literal
-  meshc::gen::View v202 =
-      arena_.fill(2736064, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.044715));
-
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  meshc::gen::View v204 = arena_.slot(163840, 8192);
-  meshc::gen::forEach<4>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {8192, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t203 = float(double(v201[at[1]]) * double(v202[at[2]]));
-                           v204[at[0]] = float(double(v143[at[3]]) + double(t203));
-                         });
-
-  // performer.mesh:96:17 literal
-  meshc::gen::View v205 =
-      arena_.fill(2736128, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.7978845608028654));
-
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 tanh
-  meshc::gen::View v207 = arena_.slot(131072, 8192);
-  meshc::gen::forEach<3>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t206 = float(double(v204[at[1]]) * double(v205[at[2]]));
-                           v207[at[0]] = float(std::tanh(double(t206)));
-                         });
-
-  // performer.mesh:96:17 add
-  meshc::gen::View v208 = arena_.slot(163840, 8192);
-  meshc::gen::forEach<3>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v208[at[0]] = float(double(v207[at[1]]) + double(v165[at[2]]));
-                         });
-
-  // performer.mesh:96:17 literal
-  meshc::gen::View v209 =
-      arena_.fill(2736192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // performer.mesh:96:17 mul
-  meshc::gen::View v210 = arena_.slot(196608, 8192);
-  meshc::gen::forEach<3>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v210[at[0]] = float(double(v208[at[1]]) * double(v209[at[2]]));
-                         });
-
-  // performer.mesh:96:17 literal
-  meshc::gen::View v211 =
-      arena_.fill(2736256, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.134145));
-
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  meshc::gen::View v213 = arena_.slot(163840, 8192);
-  meshc::gen::forEach<4>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t212 = float(double(v200[at[1]]) * double(v211[at[2]]));
-                           v213[at[0]] = float(double(t212) + double(v165[at[3]]));
-                         });
-
-  // performer.mesh:96:17 square
-  // performer.mesh:96:17 sub
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  meshc::gen::View v217 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<5>({1, 128, 64},
-                         {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {8192, 64, 1}, {8192, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 5> &at) {
-                           float t214 = float(double(v207[at[1]]) * double(v207[at[1]]));
-                           float t215 = float(double(v165[at[2]]) - double(t214));
-                           float t216 = float(double(v143[at[3]]) * double(t215));
-                           v217[at[0]] = float(double(t216) * double(v213[at[4]]));
-                         });
-
-  // performer.mesh:96:17 literal
-  meshc::gen::View v218 =
-      arena_.fill(2736320, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.3989422804014327));
-
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
-  meshc::gen::View v221 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<5>({1, 128, 64},
-                         {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {8192, 64, 1}, {8192, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 5> &at) {
-                           float t219 = float(double(v217[at[1]]) * double(v218[at[2]]));
-                           float t220 = float(double(v210[at[3]]) + double(t219));
-                           v221[at[0]] = float(double(v198[at[4]]) * double(t220));
-                         });
-
-  // performer.mesh:96:22 einsum
-  meshc::gen::View v222 = arena_.slot(65536, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum222(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum222.run(v221.data(), v141.data(), v222.data());
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %211 over model for sum at
-  // 29:40)
-  meshc::gen::View v224 = v222;
-  group_model.allReduce(v224.data(), v224.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
-  meshc::gen::View v223 = arena_.slot(2719744, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum223(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum223.run(v221.data(), v140.data(), v223.data());
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
-  meshc::gen::View v225 = arena_.slot(2734848, 32);
-  meshc::gen::reduce(v225.data(), {32}, v224.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v226 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v226[at[0]] = float(double(v224[at[1]]) * double(v136[at[2]]));
-                         });
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v227 = arena_.slot(49152, 4096);
-  for (size_t i = 0; i < v227.size(); ++i) {
-    v227[i] = float(double(v224[i]) * double(v138[i]));
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
-  meshc::gen::View v228 = arena_.slot(2734976, 32);
-  meshc::gen::reduce(v228.data(), {32}, v227.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v229 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v229.data(), {1, 128}, v135.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
-  meshc::gen::View v231 = arena_.slot(49152, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t230 = float(double(v135[at[1]]) - double(v229[at[2]]));
-                           v231[at[0]] = float(double(t230) * double(t230));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v232 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v232.data(), {1, 128}, v231.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
-  meshc::gen::View v234 = arena_.slot(66048, 128);
-  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t233 = float(double(v232[at[1]]) + double(v188[at[2]]));
-                           v234[at[0]] = float(1.0 / std::sqrt(double(t233)));
-                         });
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v235 = arena_.slot(49152, 4096);
-  for (size_t i = 0; i < v235.size(); ++i) {
-    v235[i] = float(double(v226[i]) * double(v138[i]));
-  }
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v236 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v236.data(), {1, 128}, v235.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v237 = arena_.slot(49152, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v237[at[0]] = float(double(v138[at[1]]) * double(v236[at[2]]));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v238 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v238.data(), {1, 128}, v226.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  meshc::gen::View v242 = arena_.slot(2637824, 4096);
-  meshc::gen::forEach<6>(
-      {1, 128, 32},
-      {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t239 = float(double(v226[at[1]]) - double(v238[at[2]]));
-        float t240 = float(double(t239) - double(v237[at[3]]));
-        float t241 = float(double(t240) * double(v234[at[4]]));
-        v242[at[0]] = float(double(v197[at[5]]) + double(t241));
-      });
-
-  // performer.mesh:50:10 einsum
-  meshc::gen::View v243 = arena_.slot(32768, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum243(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum243.run(v242.data(), v132.data(), v243.data());
-
-  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
-  meshc::gen::View v244 = arena_.slot(2732032, 512);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum244(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsum244.run(v242.data(), v131.data(), v244.data());
-
-  // performer.mesh:90:20 div
-  meshc::gen::View v245 = arena_.slot(1605632, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v245[at[0]] = float(double(v243[at[1]]) / double(v130[at[2]]));
-                         });
-
-  // performer.mesh:90:20 div
-  // performer.mesh:90:20 mul
-  // performer.mesh:90:20 neg
-  meshc::gen::View v248 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<4>(
-      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}, {2048, 16, 16, 1}}},
-      {}, [&](const std::array<int64_t, 4> &at) {
-        float t246 = float(double(v131[at[1]]) / double(v130[at[2]]));
-        float t247 = float(double(v243[at[3]]) * double(t246));
-        v248[at[0]] = float(-t247);
-      });
-
-  // performer.mesh:90:20 sum
-  meshc::gen::View v249 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v249.data(), {1, 128, 1}, v248.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:89:20 einsum
-  meshc::gen::View v250 = arena_.slot(32768, 8192);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum250(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsum250.run(v249.data(), v129.data(), v250.data());
-
-  // performer.mesh:89:20 einsum
-  meshc::gen::View v251 = arena_.slot(0, 8192);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum251(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsum251.run(v249.data(), v107.data(), v251.data());
-
-  // performer.mesh:89:31 sum
-  meshc::gen::View v252 = arena_.slot(98304, 64);
-  meshc::gen::reduce(v252.data(), {1, 1, 64}, v251.data(), {8192, 64, 1}, {128}, {64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:89:31 broadcast
-  meshc::gen::View v253 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<2>(
-      {1, 128, 1, 64}, {{{8192, 64, 64, 1}, {64, 0, 64, 1}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v253[at[0]] = float(v252[at[1]]); });
-
-  // performer.mesh:89:31 cumsum
-  meshc::gen::View v254 = arena_.slot(98304, 8192);
-  meshc::gen::along(v254.data(), v251.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
-                    {64}, meshc::gen::Along::CumsumExclusive, 1e-05, 128, nullptr);
-
-  // performer.mesh:89:31 sub
-  meshc::gen::View v255 = arena_.slot(2424832, 8192);
-  for (size_t i = 0; i < v255.size(); ++i) {
-    v255[i] = float(double(v253[i]) - double(v254[i]));
-  }
-
-  // performer.mesh:88:19 einsum
-  meshc::gen::View v256 = arena_.slot(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum256(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum256.run(v245.data(), v127.data(), v256.data());
-
-  // performer.mesh:88:19 add
-  meshc::gen::View v257 = arena_.slot(2457600, 8192);
-  for (size_t i = 0; i < v257.size(); ++i) {
-    v257[i] = float(double(v250[i]) + double(v256[i]));
-  }
-
-  // performer.mesh:88:19 einsum
-  meshc::gen::View v258 = arena_.slot(0, 131072);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum258(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
-  einsum258.run(v245.data(), v107.data(), v258.data());
-
-  // performer.mesh:87:12 sum
-  meshc::gen::View v259 = arena_.slot(1572864, 1024);
-  meshc::gen::reduce(v259.data(), {1, 1, 64, 16}, v258.data(), {131072, 1024, 16, 1}, {128}, {1024},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:87:12 broadcast
-  meshc::gen::View v260 = arena_.slot(1048576, 131072);
-  meshc::gen::forEach<2>(
-      {1, 128, 1, 64, 16}, {{{131072, 1024, 1024, 16, 1}, {1024, 0, 1024, 16, 1}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v260[at[0]] = float(v259[at[1]]); });
-
-  // performer.mesh:87:12 cumsum
-  meshc::gen::View v261 = arena_.slot(1572864, 131072);
-  meshc::gen::along(v261.data(), v258.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
-                    {131072, 1024, 16, 1}, {128}, {1024}, {1024},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 128, nullptr);
-
-  // performer.mesh:87:12 sub
-  meshc::gen::View v262 = arena_.slot(0, 131072);
-  for (size_t i = 0; i < v262.size(); ++i) {
-    v262[i] = float(double(v260[i]) - double(v261[i]));
-  }
-
-  // performer.mesh:87:19 einsum
-  meshc::gen::View v263 = arena_.slot(1048576, 8192);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum263(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsum263.run(v262.data(), v125.data(), v263.data());
-
-  // performer.mesh:87:19 add
-  meshc::gen::View v264 = arena_.slot(1081344, 8192);
-  for (size_t i = 0; i < v264.size(); ++i) {
-    v264[i] = float(double(v255[i]) + double(v263[i]));
-  }
-
-  // performer.mesh:87:19 einsum
-  meshc::gen::View v265 = arena_.slot(1048576, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum265(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum265.run(v262.data(), v123.data(), v265.data());
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v266 = arena_.slot(65536, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum266(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum266.run(v265.data(), v124.data(), v266.data());
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
-  meshc::gen::View v267 = arena_.slot(1671168, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum267(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum267.run(v265.data(), v91.data(), v267.data());
-
-  // performer.mesh:71:66 mul
-  // performer.mesh:71:10 mul
-  meshc::gen::View v269 = arena_.slot(0, 8192);
-  meshc::gen::forEach<4>({1, 128, 1, 64},
-                         {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}, {8192, 64, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t268 = float(double(v264[at[1]]) * double(v122[at[2]]));
-                           v269[at[0]] = float(double(t268) * double(v121[at[3]]));
-                         });
-
-  // performer.mesh:57:59 neg
-  meshc::gen::View v270 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v270.size(); ++i) {
-    v270[i] = float(-v269[i]);
-  }
-
-  // performer.mesh:57:59 sum
-  meshc::gen::View v271 = arena_.slot(81920, 128);
-  meshc::gen::reduce(v271.data(), {1, 128, 1}, v270.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  meshc::gen::View v272 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v272[at[0]] = float(double(v271[at[1]]) * double(v115[at[2]]));
-                         });
-
-  // performer.mesh:57:61 broadcast
-  meshc::gen::View v273 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<2>(
-      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {128, 1, 1, 0}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v273[at[0]] = float(v272[at[1]]); });
-
-  // performer.mesh:57:65 literal
-  meshc::gen::View v274 =
-      arena_.fill(1679872, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 2.0));
-
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:65 mul
-  meshc::gen::View v276 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<4>({1, 128, 1, 16},
-                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}, {2048, 16, 16, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t275 = float(double(v111[at[1]]) * double(v274[at[2]]));
-                           v276[at[0]] = float(double(v273[at[3]]) * double(t275));
-                         });
-
-  // performer.mesh:57:10 einsum
-  meshc::gen::View v277 = arena_.slot(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum277(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum277.run(v269.data(), v86.data(), v277.data());
-
-  // performer.mesh:57:10 add
-  // performer.mesh:56:18 mul
-  meshc::gen::View v279 = arena_.slot(16384, 2048);
-  meshc::gen::forEach<4>({1, 128, 1, 16},
-                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t278 = float(double(v276[at[1]]) + double(v277[at[2]]));
-                           v279[at[0]] = float(double(t278) * double(v110[at[3]]));
-                         });
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v280 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum280(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum280.run(v279.data(), v108.data(), v280.data());
-
-  // performer.mesh:45:10 add
-  meshc::gen::View v281 = arena_.slot(81920, 4096);
-  for (size_t i = 0; i < v281.size(); ++i) {
-    v281[i] = float(double(v266[i]) + double(v280[i]));
-  }
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
-  meshc::gen::View v282 = arena_.slot(1673216, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum282(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum282.run(v279.data(), v91.data(), v282.data());
-
-  // performer.mesh:66:61 mul
-  // performer.mesh:66:10 mul
-  meshc::gen::View v284 = arena_.slot(0, 8192);
-  meshc::gen::forEach<4>({1, 128, 1, 64},
-                         {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}, {8192, 64, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t283 = float(double(v257[at[1]]) * double(v106[at[2]]));
-                           v284[at[0]] = float(double(t283) * double(v105[at[3]]));
-                         });
-
-  // performer.mesh:57:59 neg
-  meshc::gen::View v285 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v285.size(); ++i) {
-    v285[i] = float(-v284[i]);
-  }
-
-  // performer.mesh:57:59 sum
-  meshc::gen::View v286 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v286.data(), {1, 128, 1}, v285.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  meshc::gen::View v287 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v287[at[0]] = float(double(v286[at[1]]) * double(v99[at[2]]));
-                         });
-
-  // performer.mesh:57:61 broadcast
-  meshc::gen::View v288 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<2>(
-      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {128, 1, 1, 0}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v288[at[0]] = float(v287[at[1]]); });
-
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:65 mul
-  meshc::gen::View v290 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<4>({1, 128, 1, 16},
-                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}, {2048, 16, 16, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t289 = float(double(v95[at[1]]) * double(v274[at[2]]));
-                           v290[at[0]] = float(double(v288[at[3]]) * double(t289));
-                         });
-
-  // performer.mesh:57:10 einsum
-  meshc::gen::View v291 = arena_.slot(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum291(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum291.run(v284.data(), v86.data(), v291.data());
-
-  // performer.mesh:57:10 add
-  // performer.mesh:56:18 mul
-  meshc::gen::View v293 = arena_.slot(49152, 2048);
-  meshc::gen::forEach<4>({1, 128, 1, 16},
-                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t292 = float(double(v290[at[1]]) + double(v291[at[2]]));
-                           v293[at[0]] = float(double(t292) * double(v94[at[3]]));
-                         });
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v294 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum294(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum294.run(v293.data(), v92.data(), v294.data());
-
-  // performer.mesh:45:10 add
-  meshc::gen::View v295 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v295.size(); ++i) {
-    v295[i] = float(double(v281[i]) + double(v294[i]));
-  }
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %283 over model for sum at
-  // 29:40)
-  meshc::gen::View v297 = v295;
-  group_model.allReduce(v297.data(), v297.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
-  meshc::gen::View v296 = arena_.slot(1675264, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum296(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum296.run(v293.data(), v91.data(), v296.data());
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
-  meshc::gen::View v298 = arena_.slot(1679360, 32);
-  meshc::gen::reduce(v298.data(), {32}, v297.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v299 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v299[at[0]] = float(double(v297[at[1]]) * double(v87[at[2]]));
-                         });
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v300 = arena_.slot(32768, 4096);
-  for (size_t i = 0; i < v300.size(); ++i) {
-    v300[i] = float(double(v297[i]) * double(v89[i]));
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
-  meshc::gen::View v301 = arena_.slot(1679488, 32);
-  meshc::gen::reduce(v301.data(), {32}, v300.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v302 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v302.data(), {1, 128}, v85.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
-  meshc::gen::View v304 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t303 = float(double(v85[at[1]]) - double(v302[at[2]]));
-                           v304[at[0]] = float(double(t303) * double(t303));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v305 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v305.data(), {1, 128}, v304.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
-  meshc::gen::View v307 = arena_.slot(33280, 128);
-  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t306 = float(double(v305[at[1]]) + double(v188[at[2]]));
-                           v307[at[0]] = float(1.0 / std::sqrt(double(t306)));
-                         });
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v308 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v308.size(); ++i) {
-    v308[i] = float(double(v299[i]) * double(v89[i]));
-  }
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v309 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v309.data(), {1, 128}, v308.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v310 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v310[at[0]] = float(double(v89[at[1]]) * double(v309[at[2]]));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v311 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v311.data(), {1, 128}, v299.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  meshc::gen::View v315 = arena_.slot(163840, 4096);
-  meshc::gen::forEach<6>(
-      {1, 128, 32},
-      {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t312 = float(double(v299[at[1]]) - double(v311[at[2]]));
-        float t313 = float(double(t312) - double(v310[at[3]]));
-        float t314 = float(double(t313) * double(v307[at[4]]));
-        v315[at[0]] = float(double(v242[at[5]]) + double(t314));
-      });
-
-  // performer.mesh:96:10 einsum
-  meshc::gen::View v316 = arena_.slot(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum316(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum316.run(v315.data(), v80.data(), v316.data());
-
-  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[0]/ffn/w_out
-  meshc::gen::View v317 = arena_.slot(1654784, 2048);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum317(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum317.run(v315.data(), v82.data(), v317.data());
-
-  // performer.mesh:96:17 square
-  meshc::gen::View v318 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v318.size(); ++i) {
-    v318[i] = float(double(v81[i]) * double(v81[i]));
-  }
-
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 tanh
-  meshc::gen::View v323 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<5>({1, 128, 64},
-                         {{{8192, 64, 1}, {8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t319 = float(double(v81[at[1]]) * double(v318[at[2]]));
-                           float t320 = float(double(t319) * double(v202[at[3]]));
-                           float t321 = float(double(v81[at[1]]) + double(t320));
-                           float t322 = float(double(t321) * double(v205[at[4]]));
-                           v323[at[0]] = float(std::tanh(double(t322)));
-                         });
-
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
-  meshc::gen::View v325 = arena_.slot(98304, 8192);
-  meshc::gen::forEach<4>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t324 = float(double(v323[at[1]]) + double(v165[at[2]]));
-                           v325[at[0]] = float(double(t324) * double(v209[at[3]]));
-                         });
-
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  meshc::gen::View v327 = arena_.slot(131072, 8192);
-  meshc::gen::forEach<4>({1, 128, 64}, {{{8192, 64, 1}, {8192, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t326 = float(double(v318[at[1]]) * double(v211[at[2]]));
-                           v327[at[0]] = float(double(t326) + double(v165[at[3]]));
-                         });
-
-  // performer.mesh:96:17 square
-  // performer.mesh:96:17 sub
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
-  meshc::gen::View v334 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<8>({1, 128, 64},
-                         {{{8192, 64, 1},
-                           {8192, 64, 1},
-                           {0, 0, 0},
-                           {8192, 64, 1},
-                           {8192, 64, 1},
-                           {0, 0, 0},
-                           {8192, 64, 1},
-                           {8192, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 8> &at) {
-                           float t328 = float(double(v323[at[1]]) * double(v323[at[1]]));
-                           float t329 = float(double(v165[at[2]]) - double(t328));
-                           float t330 = float(double(v81[at[3]]) * double(t329));
-                           float t331 = float(double(t330) * double(v327[at[4]]));
-                           float t332 = float(double(t331) * double(v218[at[5]]));
-                           float t333 = float(double(v325[at[6]]) + double(t332));
-                           v334[at[0]] = float(double(v316[at[7]]) * double(t333));
-                         });
-
-  // performer.mesh:96:22 einsum
-  meshc::gen::View v335 = arena_.slot(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum335(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum335.run(v334.data(), v79.data(), v335.data());
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %322 over model for sum at
-  // 29:40)
-  meshc::gen::View v337 = v335;
-  group_model.allReduce(v337.data(), v337.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[0]/ffn/w_in
-  meshc::gen::View v336 = arena_.slot(1662976, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum336(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum336.run(v334.data(), v78.data(), v336.data());
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[0]/norm#1/bias
-  meshc::gen::View v338 = arena_.slot(1679616, 32);
-  meshc::gen::reduce(v338.data(), {32}, v337.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v339 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v339[at[0]] = float(double(v337[at[1]]) * double(v74[at[2]]));
-                         });
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v340 = arena_.slot(32768, 4096);
-  for (size_t i = 0; i < v340.size(); ++i) {
-    v340[i] = float(double(v337[i]) * double(v76[i]));
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[0]/norm#1/gain
-  meshc::gen::View v341 = arena_.slot(1679744, 32);
-  meshc::gen::reduce(v341.data(), {32}, v340.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v342 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v342.data(), {1, 128}, v73.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
-  meshc::gen::View v344 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t343 = float(double(v73[at[1]]) - double(v342[at[2]]));
-                           v344[at[0]] = float(double(t343) * double(t343));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v345 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v345.data(), {1, 128}, v344.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
-  meshc::gen::View v347 = arena_.slot(33280, 128);
-  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t346 = float(double(v345[at[1]]) + double(v188[at[2]]));
-                           v347[at[0]] = float(1.0 / std::sqrt(double(t346)));
-                         });
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v348 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v348.size(); ++i) {
-    v348[i] = float(double(v339[i]) * double(v76[i]));
-  }
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v349 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v349.data(), {1, 128}, v348.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v350 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v350[at[0]] = float(double(v76[at[1]]) * double(v349[at[2]]));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v351 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v351.data(), {1, 128}, v339.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  meshc::gen::View v355 = arena_.slot(1638400, 4096);
-  meshc::gen::forEach<6>(
-      {1, 128, 32},
-      {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t352 = float(double(v339[at[1]]) - double(v351[at[2]]));
-        float t353 = float(double(t352) - double(v350[at[3]]));
-        float t354 = float(double(t353) * double(v347[at[4]]));
-        v355[at[0]] = float(double(v315[at[5]]) + double(t354));
-      });
-
-  // performer.mesh:50:10 einsum
-  meshc::gen::View v356 = arena_.slot(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum356(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum356.run(v355.data(), v70.data(), v356.data());
-
-  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_out/w
-  meshc::gen::View v357 = arena_.slot(1677312, 512);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum357(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsum357.run(v355.data(), v69.data(), v357.data());
-
-  // performer.mesh:90:20 div
-  meshc::gen::View v358 = arena_.slot(1048576, 2048);
-  meshc::gen::forEach<3>({1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v358[at[0]] = float(double(v356[at[1]]) / double(v68[at[2]]));
-                         });
-
-  // performer.mesh:90:20 div
-  // performer.mesh:90:20 mul
-  // performer.mesh:90:20 neg
-  meshc::gen::View v361 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<4>(
-      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {128, 1, 1, 0}, {2048, 16, 16, 1}}},
-      {}, [&](const std::array<int64_t, 4> &at) {
-        float t359 = float(double(v69[at[1]]) / double(v68[at[2]]));
-        float t360 = float(double(v356[at[3]]) * double(t359));
-        v361[at[0]] = float(-t360);
-      });
-
-  // performer.mesh:90:20 sum
-  meshc::gen::View v362 = arena_.slot(65536, 128);
-  meshc::gen::reduce(v362.data(), {1, 128, 1}, v361.data(), {2048, 16, 16}, {16}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:89:20 einsum
-  meshc::gen::View v363 = arena_.slot(0, 8192);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum363(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsum363.run(v362.data(), v67.data(), v363.data());
-
-  // performer.mesh:89:20 einsum
-  meshc::gen::View v364 = arena_.slot(32768, 8192);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsum364(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsum364.run(v362.data(), v45.data(), v364.data());
-
-  // performer.mesh:89:31 sum
-  meshc::gen::View v365 = arena_.slot(98304, 64);
-  meshc::gen::reduce(v365.data(), {1, 1, 64}, v364.data(), {8192, 64, 1}, {128}, {64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:89:31 broadcast
-  meshc::gen::View v366 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<2>(
-      {1, 128, 1, 64}, {{{8192, 64, 64, 1}, {64, 0, 64, 1}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v366[at[0]] = float(v365[at[1]]); });
-
-  // performer.mesh:89:31 cumsum
-  meshc::gen::View v367 = arena_.slot(98304, 8192);
-  meshc::gen::along(v367.data(), v364.data(), {1, 1, 64}, {8192, 64, 1}, {8192, 64, 1}, {128}, {64},
-                    {64}, meshc::gen::Along::CumsumExclusive, 1e-05, 128, nullptr);
-
-  // performer.mesh:89:31 sub
-  meshc::gen::View v368 = arena_.slot(1572864, 8192);
-  for (size_t i = 0; i < v368.size(); ++i) {
-    v368[i] = float(double(v366[i]) - double(v367[i]));
-  }
-
-  // performer.mesh:88:19 einsum
-  meshc::gen::View v369 = arena_.slot(32768, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum369(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum369.run(v358.data(), v65.data(), v369.data());
-
-  // performer.mesh:88:19 add
-  meshc::gen::View v370 = arena_.slot(1605632, 8192);
-  for (size_t i = 0; i < v370.size(); ++i) {
-    v370[i] = float(double(v363[i]) + double(v369[i]));
-  }
-
-  // performer.mesh:88:19 einsum
-  meshc::gen::View v371 = arena_.slot(0, 131072);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsum371(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
-  einsum371.run(v358.data(), v45.data(), v371.data());
-
-  // performer.mesh:87:12 sum
-  meshc::gen::View v372 = arena_.slot(1048576, 1024);
-  meshc::gen::reduce(v372.data(), {1, 1, 64, 16}, v371.data(), {131072, 1024, 16, 1}, {128}, {1024},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:87:12 broadcast
-  meshc::gen::View v373 = arena_.slot(524288, 131072);
-  meshc::gen::forEach<2>(
-      {1, 128, 1, 64, 16}, {{{131072, 1024, 1024, 16, 1}, {1024, 0, 1024, 16, 1}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v373[at[0]] = float(v372[at[1]]); });
-
-  // performer.mesh:87:12 cumsum
-  meshc::gen::View v374 = arena_.slot(1048576, 131072);
-  meshc::gen::along(v374.data(), v371.data(), {1, 1, 64, 16}, {131072, 1024, 16, 1},
-                    {131072, 1024, 16, 1}, {128}, {1024}, {1024},
-                    meshc::gen::Along::CumsumExclusive, 1e-05, 128, nullptr);
-
-  // performer.mesh:87:12 sub
-  meshc::gen::View v375 = arena_.slot(0, 131072);
-  for (size_t i = 0; i < v375.size(); ++i) {
-    v375[i] = float(double(v373[i]) - double(v374[i]));
-  }
-
-  // performer.mesh:87:19 einsum
-  meshc::gen::View v376 = arena_.slot(524288, 8192);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum376(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsum376.run(v375.data(), v63.data(), v376.data());
-
-  // performer.mesh:87:19 add
-  meshc::gen::View v377 = arena_.slot(557056, 8192);
-  for (size_t i = 0; i < v377.size(); ++i) {
-    v377[i] = float(double(v368[i]) + double(v376[i]));
-  }
-
-  // performer.mesh:87:19 einsum
-  meshc::gen::View v378 = arena_.slot(524288, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum378(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum378.run(v375.data(), v61.data(), v378.data());
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v379 = arena_.slot(65536, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum379(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum379.run(v378.data(), v62.data(), v379.data());
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in#2/w
-  meshc::gen::View v380 = arena_.slot(98304, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum380(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum380.run(v378.data(), v29.data(), v380.data());
-
-  // performer.mesh:71:66 mul
-  // performer.mesh:71:10 mul
-  meshc::gen::View v382 = arena_.slot(0, 8192);
-  meshc::gen::forEach<4>({1, 128, 1, 64},
-                         {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}, {8192, 64, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t381 = float(double(v377[at[1]]) * double(v60[at[2]]));
-                           v382[at[0]] = float(double(t381) * double(v59[at[3]]));
-                         });
-
-  // performer.mesh:57:59 neg
-  meshc::gen::View v383 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v383.size(); ++i) {
-    v383[i] = float(-v382[i]);
-  }
-
-  // performer.mesh:57:59 sum
-  meshc::gen::View v384 = arena_.slot(81920, 128);
-  meshc::gen::reduce(v384.data(), {1, 128, 1}, v383.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  meshc::gen::View v385 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v385[at[0]] = float(double(v384[at[1]]) * double(v53[at[2]]));
-                         });
-
-  // performer.mesh:57:61 broadcast
-  meshc::gen::View v386 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<2>(
-      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {128, 1, 1, 0}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v386[at[0]] = float(v385[at[1]]); });
-
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:65 mul
-  meshc::gen::View v388 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<4>({1, 128, 1, 16},
-                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}, {2048, 16, 16, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t387 = float(double(v49[at[1]]) * double(v274[at[2]]));
-                           v388[at[0]] = float(double(v386[at[3]]) * double(t387));
-                         });
-
-  // performer.mesh:57:10 einsum
-  meshc::gen::View v389 = arena_.slot(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum389(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum389.run(v382.data(), v24.data(), v389.data());
-
-  // performer.mesh:57:10 add
-  // performer.mesh:56:18 mul
-  meshc::gen::View v391 = arena_.slot(16384, 2048);
-  meshc::gen::forEach<4>({1, 128, 1, 16},
-                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t390 = float(double(v388[at[1]]) + double(v389[at[2]]));
-                           v391[at[0]] = float(double(t390) * double(v48[at[3]]));
-                         });
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v392 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum392(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum392.run(v391.data(), v46.data(), v392.data());
-
-  // performer.mesh:45:10 add
-  meshc::gen::View v393 = arena_.slot(81920, 4096);
-  for (size_t i = 0; i < v393.size(); ++i) {
-    v393[i] = float(double(v379[i]) + double(v392[i]));
-  }
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in#1/w
-  meshc::gen::View v394 = arena_.slot(65536, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum394(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum394.run(v391.data(), v29.data(), v394.data());
-
-  // performer.mesh:66:61 mul
-  // performer.mesh:66:10 mul
-  meshc::gen::View v396 = arena_.slot(0, 8192);
-  meshc::gen::forEach<4>({1, 128, 1, 64},
-                         {{{8192, 64, 64, 1}, {8192, 64, 64, 1}, {0, 0, 0, 0}, {8192, 64, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t395 = float(double(v370[at[1]]) * double(v44[at[2]]));
-                           v396[at[0]] = float(double(t395) * double(v43[at[3]]));
-                         });
-
-  // performer.mesh:57:59 neg
-  meshc::gen::View v397 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v397.size(); ++i) {
-    v397[i] = float(-v396[i]);
-  }
-
-  // performer.mesh:57:59 sum
-  meshc::gen::View v398 = arena_.slot(67584, 128);
-  meshc::gen::reduce(v398.data(), {1, 128, 1}, v397.data(), {8192, 64, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  meshc::gen::View v399 = arena_.slot(40960, 128);
-  meshc::gen::forEach<3>({1, 128, 1}, {{{128, 1, 1}, {128, 1, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v399[at[0]] = float(double(v398[at[1]]) * double(v37[at[2]]));
-                         });
-
-  // performer.mesh:57:61 broadcast
-  meshc::gen::View v400 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<2>(
-      {1, 128, 1, 16}, {{{2048, 16, 16, 1}, {128, 1, 1, 0}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v400[at[0]] = float(v399[at[1]]); });
-
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:65 mul
-  meshc::gen::View v402 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<4>({1, 128, 1, 16},
-                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}, {2048, 16, 16, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t401 = float(double(v33[at[1]]) * double(v274[at[2]]));
-                           v402[at[0]] = float(double(v400[at[3]]) * double(t401));
-                         });
-
-  // performer.mesh:57:10 einsum
-  meshc::gen::View v403 = arena_.slot(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsum403(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsum403.run(v396.data(), v24.data(), v403.data());
-
-  // performer.mesh:57:10 add
-  // performer.mesh:56:18 mul
-  meshc::gen::View v405 = arena_.slot(49152, 2048);
-  meshc::gen::forEach<4>({1, 128, 1, 16},
-                         {{{2048, 16, 16, 1}, {2048, 16, 16, 1}, {2048, 16, 16, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t404 = float(double(v402[at[1]]) + double(v403[at[2]]));
-                           v405[at[0]] = float(double(t404) * double(v32[at[3]]));
-                         });
-
-  // performer.mesh:45:10 einsum
-  meshc::gen::View v406 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum406(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum406.run(v405.data(), v30.data(), v406.data());
-
-  // performer.mesh:45:10 add
-  meshc::gen::View v407 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v407.size(); ++i) {
-    v407[i] = float(double(v393[i]) + double(v406[i]));
-  }
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %393 over model for sum at
-  // 29:40)
-  meshc::gen::View v409 = v407;
-  group_model.allReduce(v409.data(), v409.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in/w
-  meshc::gen::View v408 = arena_.slot(57344, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum408(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum408.run(v405.data(), v29.data(), v408.data());
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[0]/norm/bias
-  meshc::gen::View v410 = arena_.slot(50176, 32);
-  meshc::gen::reduce(v410.data(), {32}, v409.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v411 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v411[at[0]] = float(double(v409[at[1]]) * double(v25[at[2]]));
-                         });
-
-  // performer.mesh:29:33 mul
-  meshc::gen::View v412 = arena_.slot(32768, 4096);
-  for (size_t i = 0; i < v412.size(); ++i) {
-    v412[i] = float(double(v409[i]) * double(v27[i]));
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[0]/norm/gain
-  meshc::gen::View v413 = arena_.slot(50304, 32);
-  meshc::gen::reduce(v413.data(), {32}, v412.data(), {1}, {1, 128}, {4096, 32},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v414 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v414.data(), {1, 128}, v23.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
-  meshc::gen::View v416 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t415 = float(double(v23[at[1]]) - double(v414[at[2]]));
-                           v416[at[0]] = float(double(t415) * double(t415));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v417 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v417.data(), {1, 128}, v416.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
-  meshc::gen::View v419 = arena_.slot(49152, 128);
-  meshc::gen::forEach<3>({1, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t418 = float(double(v417[at[1]]) + double(v188[at[2]]));
-                           v419[at[0]] = float(1.0 / std::sqrt(double(t418)));
-                         });
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v420 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v420.size(); ++i) {
-    v420[i] = float(double(v411[i]) * double(v27[i]));
-  }
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v421 = arena_.slot(32768, 128);
-  meshc::gen::reduce(v421.data(), {1, 128}, v420.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  meshc::gen::View v422 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({1, 128, 32}, {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v422[at[0]] = float(double(v27[at[1]]) * double(v421[at[2]]));
-                         });
-
-  // performer.mesh:29:10 mean
-  meshc::gen::View v423 = arena_.slot(49664, 128);
-  meshc::gen::reduce(v423.data(), {1, 128}, v411.data(), {4096, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  meshc::gen::View v427 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<6>(
-      {1, 128, 32},
-      {{{4096, 32, 1}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}, {128, 1, 0}, {4096, 32, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t424 = float(double(v411[at[1]]) - double(v423[at[2]]));
-        float t425 = float(double(t424) - double(v422[at[3]]));
-        float t426 = float(double(t425) * double(v419[at[4]]));
-        v427[at[0]] = float(double(v355[at[5]]) + double(t426));
-      });
-
-  // performer.mesh:133:37 one_hot
-  meshc::gen::View v428 = arena_.slot(0, 4096);
-  meshc::gen::oneHot(v428.data(), {1, 128, 32}, v0.data(), {128, 1, 0}, {0, 0, 1},
-                     meshc::gen::shardStart(world_, {"model"}, 32));
-
-  // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
-  meshc::gen::View v429 = arena_.slot(16384, 1024);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsum429(
-      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsum429.run(v428.data(), v427.data(), v429.data());
-
-  // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
-  // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
-  // resolved together, 57.2 KiB in one buffer)
-  meshc::gen::View v477 = v178;
-  meshc::gen::View v939 = v180;
-  meshc::gen::View v918 = v183;
-  meshc::gen::View v897 = v199;
-  meshc::gen::View v876 = v223;
-  meshc::gen::View v855 = v225;
-  meshc::gen::View v834 = v228;
-  meshc::gen::View v813 = v244;
-  meshc::gen::View v792 = v267;
-  meshc::gen::View v771 = v282;
-  meshc::gen::View v750 = v296;
-  meshc::gen::View v729 = v298;
-  meshc::gen::View v708 = v301;
-  meshc::gen::View v687 = v317;
-  meshc::gen::View v666 = v336;
-  meshc::gen::View v645 = v338;
-  meshc::gen::View v624 = v341;
-  meshc::gen::View v603 = v357;
-  meshc::gen::View v582 = v380;
-  meshc::gen::View v561 = v394;
-  meshc::gen::View v540 = v408;
-  meshc::gen::View v519 = v410;
-  meshc::gen::View v498 = v413;
-  meshc::gen::View v450 = v429;
-  meshc::gen::allReduceBucket(group_data, {v477, v939, v918, v897, v876, v855, v834, v813,
-                                           v792, v771, v750, v729, v708, v687, v666, v645,
-                                           v624, v603, v582, v561, v540, v519, v498, v450});
-
-  // performer.mesh:151:3 step
-  meshc::gen::View v430 = arena_.fill(0, 1, float(step_));
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v431 =
-      arena_.fill(20480, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // performer.mesh:151:3 add
-  meshc::gen::View v432 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v432.size(); ++i) {
-    v432[i] = float(double(v430[i]) + double(v431[i]));
-  }
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v433 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
-
-  // performer.mesh:151:3 add
-  meshc::gen::View v434 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v434.size(); ++i) {
-    v434[i] = float(double(v430[i]) + double(v431[i]));
-  }
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v435 =
-      arena_.fill(20544, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 minimum
-  // performer.mesh:151:3 mul
-  meshc::gen::View v438 = arena_.slot(192, 1);
-  for (size_t i = 0; i < v438.size(); ++i) {
-    float t436 = float(double(v434[i]) * double(v435[i]));
-    float t437 = float(meshc::gen::minimum(t436, v431[i]));
-    v438[i] = float(double(v433[i]) * double(t437));
-  }
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v439 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 100.0));
-
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 maximum
-  // performer.mesh:151:3 rsqrt
-  meshc::gen::View v442 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v442.size(); ++i) {
-    float t440 = float(double(v430[i]) + double(v431[i]));
-    float t441 = float(meshc::gen::maximum(t440, v439[i]));
-    v442[i] = float(1.0 / std::sqrt(double(t441)));
-  }
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v443 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 10.0));
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul -> learning_rate
-  meshc::gen::View v445 = arena_.slot(20608, 1);
-  for (size_t i = 0; i < v445.size(); ++i) {
-    float t444 = float(double(v442[i]) * double(v443[i]));
-    v445[i] = float(double(v438[i]) * double(t444));
-  }
-
-  // performer.mesh:151:3 param -> causal_lm/embedding@m
-  const meshc::gen::Buffer &v446 = param26_causal_lm_embedding_m;
-
-  // performer.mesh:151:3 param -> causal_lm/embedding@v
-  const meshc::gen::Buffer &v447 = param27_causal_lm_embedding_v;
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v448 =
-      arena_.fill(20672, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v449 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v449.size(); ++i) {
-    v449[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v451 = arena_.slot(0, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v451[at[0]] = float(double(v450[at[1]]) * double(v449[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v453(param26_causal_lm_embedding_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t452 = float(double(v446[at[1]]) * double(v448[at[2]]));
-                           v453[at[0]] = float(double(t452) + double(v451[at[3]]));
-                         });
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v454 =
-      arena_.fill(20736, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.999));
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v455 = arena_.slot(0, 1024);
-  for (size_t i = 0; i < v455.size(); ++i) {
-    v455[i] = float(double(v450[i]) * double(v450[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v456 = arena_.slot(8256, 1);
-  for (size_t i = 0; i < v456.size(); ++i) {
-    v456[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v457 = arena_.slot(4096, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v457[at[0]] = float(double(v455[at[1]]) * double(v456[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v459(param27_causal_lm_embedding_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t458 = float(double(v447[at[1]]) * double(v454[at[2]]));
-                           v459[at[0]] = float(double(t458) + double(v457[at[3]]));
-                         });
-
-  // performer.mesh:151:3 pow
-  // performer.mesh:151:3 sub
-  meshc::gen::View v461 = arena_.slot(16384, 1);
-  for (size_t i = 0; i < v461.size(); ++i) {
-    float t460 = float(std::pow(double(v448[i]), double(v432[i])));
-    v461[i] = float(double(v431[i]) - double(t460));
-  }
-
-  // performer.mesh:151:3 pow
-  // performer.mesh:151:3 sub
-  meshc::gen::View v463 = arena_.slot(16448, 1);
-  for (size_t i = 0; i < v463.size(); ++i) {
-    float t462 = float(std::pow(double(v454[i]), double(v432[i])));
-    v463[i] = float(double(v431[i]) - double(t462));
-  }
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v464 = arena_.slot(0, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v464[at[0]] = float(double(v453[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  meshc::gen::View v466 = arena_.slot(4096, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t465 = float(double(v459[at[1]]) / double(v463[at[2]]));
-                           v466[at[0]] = float(std::sqrt(double(t465)));
-                         });
-
-  // performer.mesh:151:3 literal
-  meshc::gen::View v467 =
-      arena_.fill(16512, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-08));
-
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v469 = arena_.slot(8192, 1024);
-  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t468 = float(double(v466[at[1]]) + double(v467[at[2]]));
-                           v469[at[0]] = float(double(v464[at[3]]) / double(t468));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/embedding
-  meshc::gen::View v473(param0_causal_lm_embedding); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t470 = float(double(v6[at[1]]) * double(v435[at[2]]));
-                           float t471 = float(double(v469[at[3]]) + double(t470));
-                           float t472 = float(double(t471) * double(v445[at[4]]));
-                           v473[at[0]] = float(double(v6[at[1]]) - double(t472));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/unembed@m
-  const meshc::gen::Buffer &v474 = param28_causal_lm_unembed_m;
-
-  // performer.mesh:151:3 param -> causal_lm/unembed@v
-  const meshc::gen::Buffer &v475 = param29_causal_lm_unembed_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v476 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v476.size(); ++i) {
-    v476[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v478 = arena_.slot(0, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v478[at[0]] = float(double(v477[at[1]]) * double(v476[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v480(param28_causal_lm_unembed_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t479 = float(double(v474[at[1]]) * double(v448[at[2]]));
-                           v480[at[0]] = float(double(t479) + double(v478[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v481 = arena_.slot(0, 1024);
-  for (size_t i = 0; i < v481.size(); ++i) {
-    v481[i] = float(double(v477[i]) * double(v477[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v482 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v482.size(); ++i) {
-    v482[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v483 = arena_.slot(4096, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v483[at[0]] = float(double(v481[at[1]]) * double(v482[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v485(param29_causal_lm_unembed_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t484 = float(double(v475[at[1]]) * double(v454[at[2]]));
-                           v485[at[0]] = float(double(t484) + double(v483[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v486 = arena_.slot(0, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v486[at[0]] = float(double(v480[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v490 = arena_.slot(4096, 1024);
-  meshc::gen::forEach<5>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t487 = float(double(v485[at[1]]) / double(v463[at[2]]));
-                           float t488 = float(std::sqrt(double(t487)));
-                           float t489 = float(double(t488) + double(v467[at[3]]));
-                           v490[at[0]] = float(double(v486[at[4]]) / double(t489));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/unembed
-  meshc::gen::View v494(param1_causal_lm_unembed); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t491 = float(double(v7[at[1]]) * double(v435[at[2]]));
-                           float t492 = float(double(v490[at[3]]) + double(t491));
-                           float t493 = float(double(t492) * double(v445[at[4]]));
-                           v494[at[0]] = float(double(v7[at[1]]) - double(t493));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm/gain@m
-  const meshc::gen::Buffer &v495 = param30_causal_lm_decoder_layer_0_norm_gain_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm/gain@v
-  const meshc::gen::Buffer &v496 = param31_causal_lm_decoder_layer_0_norm_gain_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v497 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v497.size(); ++i) {
-    v497[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v499 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v499[at[0]] = float(double(v498[at[1]]) * double(v497[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v501(
-      param30_causal_lm_decoder_layer_0_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t500 = float(double(v495[at[1]]) * double(v448[at[2]]));
-    v501[at[0]] = float(double(t500) + double(v499[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v502 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v502.size(); ++i) {
-    v502[i] = float(double(v498[i]) * double(v498[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v503 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v503.size(); ++i) {
-    v503[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v504 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v504[at[0]] = float(double(v502[at[1]]) * double(v503[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v506(
-      param31_causal_lm_decoder_layer_0_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t505 = float(double(v496[at[1]]) * double(v454[at[2]]));
-    v506[at[0]] = float(double(t505) + double(v504[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v507 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v507[at[0]] = float(double(v501[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v511 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t508 = float(double(v506[at[1]]) / double(v463[at[2]]));
-                           float t509 = float(std::sqrt(double(t508)));
-                           float t510 = float(double(t509) + double(v467[at[3]]));
-                           v511[at[0]] = float(double(v507[at[4]]) / double(t510));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
-  meshc::gen::View v515(
-      param3_causal_lm_decoder_layer_0_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t512 = float(double(v25[at[1]]) * double(v435[at[2]]));
-                           float t513 = float(double(v511[at[3]]) + double(t512));
-                           float t514 = float(double(t513) * double(v445[at[4]]));
-                           v515[at[0]] = float(double(v25[at[1]]) - double(t514));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm/bias@m
-  const meshc::gen::Buffer &v516 = param32_causal_lm_decoder_layer_0_norm_bias_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm/bias@v
-  const meshc::gen::Buffer &v517 = param33_causal_lm_decoder_layer_0_norm_bias_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v518 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v518.size(); ++i) {
-    v518[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v520 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v520[at[0]] = float(double(v519[at[1]]) * double(v518[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v522(
-      param32_causal_lm_decoder_layer_0_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t521 = float(double(v516[at[1]]) * double(v448[at[2]]));
-    v522[at[0]] = float(double(t521) + double(v520[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v523 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v523.size(); ++i) {
-    v523[i] = float(double(v519[i]) * double(v519[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v524 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v524.size(); ++i) {
-    v524[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v525 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v525[at[0]] = float(double(v523[at[1]]) * double(v524[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v527(
-      param33_causal_lm_decoder_layer_0_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t526 = float(double(v517[at[1]]) * double(v454[at[2]]));
-    v527[at[0]] = float(double(t526) + double(v525[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v528 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v528[at[0]] = float(double(v522[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v532 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t529 = float(double(v527[at[1]]) / double(v463[at[2]]));
-                           float t530 = float(std::sqrt(double(t529)));
-                           float t531 = float(double(t530) + double(v467[at[3]]));
-                           v532[at[0]] = float(double(v528[at[4]]) / double(t531));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/bias
-  meshc::gen::View v536(
-      param4_causal_lm_decoder_layer_0_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t533 = float(double(v26[at[1]]) * double(v435[at[2]]));
-                           float t534 = float(double(v532[at[3]]) + double(t533));
-                           float t535 = float(double(t534) * double(v445[at[4]]));
-                           v536[at[0]] = float(double(v26[at[1]]) - double(t535));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in/w@m
-  const meshc::gen::Buffer &v537 = param34_causal_lm_decoder_layer_0_heads_in_w_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in/w@v
-  const meshc::gen::Buffer &v538 = param35_causal_lm_decoder_layer_0_heads_in_w_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v539 = arena_.slot(2048, 1);
-  for (size_t i = 0; i < v539.size(); ++i) {
-    v539[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v541 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v541[at[0]] = float(double(v540[at[1]]) * double(v539[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v543(
-      param34_causal_lm_decoder_layer_0_heads_in_w_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t542 = float(double(v537[at[1]]) * double(v448[at[2]]));
-                           v543[at[0]] = float(double(t542) + double(v541[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v544 = arena_.slot(0, 512);
-  for (size_t i = 0; i < v544.size(); ++i) {
-    v544[i] = float(double(v540[i]) * double(v540[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v545 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v545.size(); ++i) {
-    v545[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v546 = arena_.slot(2048, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v546[at[0]] = float(double(v544[at[1]]) * double(v545[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v548(
-      param35_causal_lm_decoder_layer_0_heads_in_w_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t547 = float(double(v538[at[1]]) * double(v454[at[2]]));
-                           v548[at[0]] = float(double(t547) + double(v546[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v549 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v549[at[0]] = float(double(v543[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v553 = arena_.slot(2048, 512);
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t550 = float(double(v548[at[1]]) / double(v463[at[2]]));
-                           float t551 = float(std::sqrt(double(t550)));
-                           float t552 = float(double(t551) + double(v467[at[3]]));
-                           v553[at[0]] = float(double(v549[at[4]]) / double(t552));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in/w
-  meshc::gen::View v557(
-      param5_causal_lm_decoder_layer_0_heads_in_w); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t554 = float(double(v30[at[1]]) * double(v435[at[2]]));
-                           float t555 = float(double(v553[at[3]]) + double(t554));
-                           float t556 = float(double(t555) * double(v445[at[4]]));
-                           v557[at[0]] = float(double(v30[at[1]]) - double(t556));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in#1/w@m
-  const meshc::gen::Buffer &v558 = param36_causal_lm_decoder_layer_0_heads_in_1_w_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in#1/w@v
-  const meshc::gen::Buffer &v559 = param37_causal_lm_decoder_layer_0_heads_in_1_w_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v560 = arena_.slot(2048, 1);
-  for (size_t i = 0; i < v560.size(); ++i) {
-    v560[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v562 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v562[at[0]] = float(double(v561[at[1]]) * double(v560[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v564(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // the param's new value,
-                                                                           // in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t563 = float(double(v558[at[1]]) * double(v448[at[2]]));
-                           v564[at[0]] = float(double(t563) + double(v562[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v565 = arena_.slot(0, 512);
-  for (size_t i = 0; i < v565.size(); ++i) {
-    v565[i] = float(double(v561[i]) * double(v561[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v566 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v566.size(); ++i) {
-    v566[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v567 = arena_.slot(2048, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v567[at[0]] = float(double(v565[at[1]]) * double(v566[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v569(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // the param's new value,
-                                                                           // in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t568 = float(double(v559[at[1]]) * double(v454[at[2]]));
-                           v569[at[0]] = float(double(t568) + double(v567[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v570 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v570[at[0]] = float(double(v564[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v574 = arena_.slot(2048, 512);
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t571 = float(double(v569[at[1]]) / double(v463[at[2]]));
-                           float t572 = float(std::sqrt(double(t571)));
-                           float t573 = float(double(t572) + double(v467[at[3]]));
-                           v574[at[0]] = float(double(v570[at[4]]) / double(t573));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#1/w
-  meshc::gen::View v578(
-      param6_causal_lm_decoder_layer_0_heads_in_1_w); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t575 = float(double(v46[at[1]]) * double(v435[at[2]]));
-                           float t576 = float(double(v574[at[3]]) + double(t575));
-                           float t577 = float(double(t576) * double(v445[at[4]]));
-                           v578[at[0]] = float(double(v46[at[1]]) - double(t577));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in#2/w@m
-  const meshc::gen::Buffer &v579 = param38_causal_lm_decoder_layer_0_heads_in_2_w_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_in#2/w@v
-  const meshc::gen::Buffer &v580 = param39_causal_lm_decoder_layer_0_heads_in_2_w_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v581 = arena_.slot(2048, 1);
-  for (size_t i = 0; i < v581.size(); ++i) {
-    v581[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v583 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v583[at[0]] = float(double(v582[at[1]]) * double(v581[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v585(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // the param's new value,
-                                                                           // in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t584 = float(double(v579[at[1]]) * double(v448[at[2]]));
-                           v585[at[0]] = float(double(t584) + double(v583[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v586 = arena_.slot(0, 512);
-  for (size_t i = 0; i < v586.size(); ++i) {
-    v586[i] = float(double(v582[i]) * double(v582[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v587 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v587.size(); ++i) {
-    v587[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v588 = arena_.slot(2048, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v588[at[0]] = float(double(v586[at[1]]) * double(v587[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v590(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // the param's new value,
-                                                                           // in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t589 = float(double(v580[at[1]]) * double(v454[at[2]]));
-                           v590[at[0]] = float(double(t589) + double(v588[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v591 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v591[at[0]] = float(double(v585[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v595 = arena_.slot(2048, 512);
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t592 = float(double(v590[at[1]]) / double(v463[at[2]]));
-                           float t593 = float(std::sqrt(double(t592)));
-                           float t594 = float(double(t593) + double(v467[at[3]]));
-                           v595[at[0]] = float(double(v591[at[4]]) / double(t594));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#2/w
-  meshc::gen::View v599(
-      param7_causal_lm_decoder_layer_0_heads_in_2_w); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t596 = float(double(v62[at[1]]) * double(v435[at[2]]));
-                           float t597 = float(double(v595[at[3]]) + double(t596));
-                           float t598 = float(double(t597) * double(v445[at[4]]));
-                           v599[at[0]] = float(double(v62[at[1]]) - double(t598));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_out/w@m
-  const meshc::gen::Buffer &v600 = param40_causal_lm_decoder_layer_0_heads_out_w_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/heads_out/w@v
-  const meshc::gen::Buffer &v601 = param41_causal_lm_decoder_layer_0_heads_out_w_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v602 = arena_.slot(2048, 1);
-  for (size_t i = 0; i < v602.size(); ++i) {
-    v602[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v604 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v604[at[0]] = float(double(v603[at[1]]) * double(v602[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v606(
-      param40_causal_lm_decoder_layer_0_heads_out_w_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t605 = float(double(v600[at[1]]) * double(v448[at[2]]));
-                           v606[at[0]] = float(double(t605) + double(v604[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v607 = arena_.slot(0, 512);
-  for (size_t i = 0; i < v607.size(); ++i) {
-    v607[i] = float(double(v603[i]) * double(v603[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v608 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v608.size(); ++i) {
-    v608[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v609 = arena_.slot(2048, 512);
-  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v609[at[0]] = float(double(v607[at[1]]) * double(v608[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v611(
-      param41_causal_lm_decoder_layer_0_heads_out_w_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t610 = float(double(v601[at[1]]) * double(v454[at[2]]));
-                           v611[at[0]] = float(double(t610) + double(v609[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v612 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v612[at[0]] = float(double(v606[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v616 = arena_.slot(2048, 512);
-  meshc::gen::forEach<5>({1, 16, 32},
-                         {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {0, 0, 0}, {512, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t613 = float(double(v611[at[1]]) / double(v463[at[2]]));
-                           float t614 = float(std::sqrt(double(t613)));
-                           float t615 = float(double(t614) + double(v467[at[3]]));
-                           v616[at[0]] = float(double(v612[at[4]]) / double(t615));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_out/w
-  meshc::gen::View v620(
-      param8_causal_lm_decoder_layer_0_heads_out_w); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({1, 16, 32},
-                         {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t617 = float(double(v70[at[1]]) * double(v435[at[2]]));
-                           float t618 = float(double(v616[at[3]]) + double(t617));
-                           float t619 = float(double(t618) * double(v445[at[4]]));
-                           v620[at[0]] = float(double(v70[at[1]]) - double(t619));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm#1/gain@m
-  const meshc::gen::Buffer &v621 = param42_causal_lm_decoder_layer_0_norm_1_gain_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm#1/gain@v
-  const meshc::gen::Buffer &v622 = param43_causal_lm_decoder_layer_0_norm_1_gain_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v623 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v623.size(); ++i) {
-    v623[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v625 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v625[at[0]] = float(double(v624[at[1]]) * double(v623[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v627(
-      param42_causal_lm_decoder_layer_0_norm_1_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t626 = float(double(v621[at[1]]) * double(v448[at[2]]));
-    v627[at[0]] = float(double(t626) + double(v625[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v628 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v628.size(); ++i) {
-    v628[i] = float(double(v624[i]) * double(v624[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v629 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v629.size(); ++i) {
-    v629[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v630 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v630[at[0]] = float(double(v628[at[1]]) * double(v629[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v632(
-      param43_causal_lm_decoder_layer_0_norm_1_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t631 = float(double(v622[at[1]]) * double(v454[at[2]]));
-    v632[at[0]] = float(double(t631) + double(v630[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v633 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v633[at[0]] = float(double(v627[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v637 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t634 = float(double(v632[at[1]]) / double(v463[at[2]]));
-                           float t635 = float(std::sqrt(double(t634)));
-                           float t636 = float(double(t635) + double(v467[at[3]]));
-                           v637[at[0]] = float(double(v633[at[4]]) / double(t636));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/gain
-  meshc::gen::View v641(
-      param9_causal_lm_decoder_layer_0_norm_1_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t638 = float(double(v74[at[1]]) * double(v435[at[2]]));
-                           float t639 = float(double(v637[at[3]]) + double(t638));
-                           float t640 = float(double(t639) * double(v445[at[4]]));
-                           v641[at[0]] = float(double(v74[at[1]]) - double(t640));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm#1/bias@m
-  const meshc::gen::Buffer &v642 = param44_causal_lm_decoder_layer_0_norm_1_bias_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/norm#1/bias@v
-  const meshc::gen::Buffer &v643 = param45_causal_lm_decoder_layer_0_norm_1_bias_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v644 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v644.size(); ++i) {
-    v644[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v646 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v646[at[0]] = float(double(v645[at[1]]) * double(v644[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v648(
-      param44_causal_lm_decoder_layer_0_norm_1_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t647 = float(double(v642[at[1]]) * double(v448[at[2]]));
-    v648[at[0]] = float(double(t647) + double(v646[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v649 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v649.size(); ++i) {
-    v649[i] = float(double(v645[i]) * double(v645[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v650 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v650.size(); ++i) {
-    v650[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v651 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v651[at[0]] = float(double(v649[at[1]]) * double(v650[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v653(
-      param45_causal_lm_decoder_layer_0_norm_1_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t652 = float(double(v643[at[1]]) * double(v454[at[2]]));
-    v653[at[0]] = float(double(t652) + double(v651[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v654 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v654[at[0]] = float(double(v648[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v658 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t655 = float(double(v653[at[1]]) / double(v463[at[2]]));
-                           float t656 = float(std::sqrt(double(t655)));
-                           float t657 = float(double(t656) + double(v467[at[3]]));
-                           v658[at[0]] = float(double(v654[at[4]]) / double(t657));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/bias
-  meshc::gen::View v662(
-      param10_causal_lm_decoder_layer_0_norm_1_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t659 = float(double(v75[at[1]]) * double(v435[at[2]]));
-                           float t660 = float(double(v658[at[3]]) + double(t659));
-                           float t661 = float(double(t660) * double(v445[at[4]]));
-                           v662[at[0]] = float(double(v75[at[1]]) - double(t661));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/ffn/w_in@m
-  const meshc::gen::Buffer &v663 = param46_causal_lm_decoder_layer_0_ffn_w_in_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/ffn/w_in@v
-  const meshc::gen::Buffer &v664 = param47_causal_lm_decoder_layer_0_ffn_w_in_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v665 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v665.size(); ++i) {
-    v665[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v667 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v667[at[0]] = float(double(v666[at[1]]) * double(v665[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v669(
-      param46_causal_lm_decoder_layer_0_ffn_w_in_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t668 = float(double(v663[at[1]]) * double(v448[at[2]]));
-                           v669[at[0]] = float(double(t668) + double(v667[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v670 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v670.size(); ++i) {
-    v670[i] = float(double(v666[i]) * double(v666[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v671 = arena_.slot(16576, 1);
-  for (size_t i = 0; i < v671.size(); ++i) {
-    v671[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v672 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v672[at[0]] = float(double(v670[at[1]]) * double(v671[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v674(
-      param47_causal_lm_decoder_layer_0_ffn_w_in_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t673 = float(double(v664[at[1]]) * double(v454[at[2]]));
-                           v674[at[0]] = float(double(t673) + double(v672[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v675 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v675[at[0]] = float(double(v669[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v679 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t676 = float(double(v674[at[1]]) / double(v463[at[2]]));
-                           float t677 = float(std::sqrt(double(t676)));
-                           float t678 = float(double(t677) + double(v467[at[3]]));
-                           v679[at[0]] = float(double(v675[at[4]]) / double(t678));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
-  meshc::gen::View v683(
-      param11_causal_lm_decoder_layer_0_ffn_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t680 = float(double(v79[at[1]]) * double(v435[at[2]]));
-                           float t681 = float(double(v679[at[3]]) + double(t680));
-                           float t682 = float(double(t681) * double(v445[at[4]]));
-                           v683[at[0]] = float(double(v79[at[1]]) - double(t682));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/ffn/w_out@m
-  const meshc::gen::Buffer &v684 = param48_causal_lm_decoder_layer_0_ffn_w_out_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[0]/ffn/w_out@v
-  const meshc::gen::Buffer &v685 = param49_causal_lm_decoder_layer_0_ffn_w_out_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v686 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v686.size(); ++i) {
-    v686[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v688 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v688[at[0]] = float(double(v687[at[1]]) * double(v686[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v690(
-      param48_causal_lm_decoder_layer_0_ffn_w_out_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t689 = float(double(v684[at[1]]) * double(v448[at[2]]));
-                           v690[at[0]] = float(double(t689) + double(v688[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v691 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v691.size(); ++i) {
-    v691[i] = float(double(v687[i]) * double(v687[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v692 = arena_.slot(16576, 1);
-  for (size_t i = 0; i < v692.size(); ++i) {
-    v692[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v693 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v693[at[0]] = float(double(v691[at[1]]) * double(v692[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v695(
-      param49_causal_lm_decoder_layer_0_ffn_w_out_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t694 = float(double(v685[at[1]]) * double(v454[at[2]]));
-                           v695[at[0]] = float(double(t694) + double(v693[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v696 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v696[at[0]] = float(double(v690[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v700 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<5>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t697 = float(double(v695[at[1]]) / double(v463[at[2]]));
-                           float t698 = float(std::sqrt(double(t697)));
-                           float t699 = float(double(t698) + double(v467[at[3]]));
-                           v700[at[0]] = float(double(v696[at[4]]) / double(t699));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
-  meshc::gen::View v704(
-      param12_causal_lm_decoder_layer_0_ffn_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t701 = float(double(v80[at[1]]) * double(v435[at[2]]));
-                           float t702 = float(double(v700[at[3]]) + double(t701));
-                           float t703 = float(double(t702) * double(v445[at[4]]));
-                           v704[at[0]] = float(double(v80[at[1]]) - double(t703));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm/gain@m
-  const meshc::gen::Buffer &v705 = param50_causal_lm_decoder_layer_1_norm_gain_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm/gain@v
-  const meshc::gen::Buffer &v706 = param51_causal_lm_decoder_layer_1_norm_gain_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v707 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v707.size(); ++i) {
-    v707[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v709 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v709[at[0]] = float(double(v708[at[1]]) * double(v707[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v711(
-      param50_causal_lm_decoder_layer_1_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t710 = float(double(v705[at[1]]) * double(v448[at[2]]));
-    v711[at[0]] = float(double(t710) + double(v709[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v712 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v712.size(); ++i) {
-    v712[i] = float(double(v708[i]) * double(v708[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v713 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v713.size(); ++i) {
-    v713[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v714 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v714[at[0]] = float(double(v712[at[1]]) * double(v713[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v716(
-      param51_causal_lm_decoder_layer_1_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t715 = float(double(v706[at[1]]) * double(v454[at[2]]));
-    v716[at[0]] = float(double(t715) + double(v714[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v717 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v717[at[0]] = float(double(v711[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v721 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t718 = float(double(v716[at[1]]) / double(v463[at[2]]));
-                           float t719 = float(std::sqrt(double(t718)));
-                           float t720 = float(double(t719) + double(v467[at[3]]));
-                           v721[at[0]] = float(double(v717[at[4]]) / double(t720));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/gain
-  meshc::gen::View v725(
-      param14_causal_lm_decoder_layer_1_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t722 = float(double(v87[at[1]]) * double(v435[at[2]]));
-                           float t723 = float(double(v721[at[3]]) + double(t722));
-                           float t724 = float(double(t723) * double(v445[at[4]]));
-                           v725[at[0]] = float(double(v87[at[1]]) - double(t724));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm/bias@m
-  const meshc::gen::Buffer &v726 = param52_causal_lm_decoder_layer_1_norm_bias_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm/bias@v
-  const meshc::gen::Buffer &v727 = param53_causal_lm_decoder_layer_1_norm_bias_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v728 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v728.size(); ++i) {
-    v728[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v730 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v730[at[0]] = float(double(v729[at[1]]) * double(v728[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v732(
-      param52_causal_lm_decoder_layer_1_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t731 = float(double(v726[at[1]]) * double(v448[at[2]]));
-    v732[at[0]] = float(double(t731) + double(v730[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v733 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v733.size(); ++i) {
-    v733[i] = float(double(v729[i]) * double(v729[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v734 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v734.size(); ++i) {
-    v734[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v735 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v735[at[0]] = float(double(v733[at[1]]) * double(v734[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v737(
-      param53_causal_lm_decoder_layer_1_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t736 = float(double(v727[at[1]]) * double(v454[at[2]]));
-    v737[at[0]] = float(double(t736) + double(v735[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v738 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v738[at[0]] = float(double(v732[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v742 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t739 = float(double(v737[at[1]]) / double(v463[at[2]]));
-                           float t740 = float(std::sqrt(double(t739)));
-                           float t741 = float(double(t740) + double(v467[at[3]]));
-                           v742[at[0]] = float(double(v738[at[4]]) / double(t741));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
-  meshc::gen::View v746(
-      param15_causal_lm_decoder_layer_1_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t743 = float(double(v88[at[1]]) * double(v435[at[2]]));
-                           float t744 = float(double(v742[at[3]]) + double(t743));
-                           float t745 = float(double(t744) * double(v445[at[4]]));
-                           v746[at[0]] = float(double(v88[at[1]]) - double(t745));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in/w@m
-  const meshc::gen::Buffer &v747 = param54_causal_lm_decoder_layer_1_heads_in_w_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in/w@v
-  const meshc::gen::Buffer &v748 = param55_causal_lm_decoder_layer_1_heads_in_w_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v749 = arena_.slot(2048, 1);
-  for (size_t i = 0; i < v749.size(); ++i) {
-    v749[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v751 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v751[at[0]] = float(double(v750[at[1]]) * double(v749[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v753(
-      param54_causal_lm_decoder_layer_1_heads_in_w_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t752 = float(double(v747[at[1]]) * double(v448[at[2]]));
-                           v753[at[0]] = float(double(t752) + double(v751[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v754 = arena_.slot(0, 512);
-  for (size_t i = 0; i < v754.size(); ++i) {
-    v754[i] = float(double(v750[i]) * double(v750[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v755 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v755.size(); ++i) {
-    v755[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v756 = arena_.slot(2048, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v756[at[0]] = float(double(v754[at[1]]) * double(v755[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v758(
-      param55_causal_lm_decoder_layer_1_heads_in_w_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t757 = float(double(v748[at[1]]) * double(v454[at[2]]));
-                           v758[at[0]] = float(double(t757) + double(v756[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v759 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v759[at[0]] = float(double(v753[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v763 = arena_.slot(2048, 512);
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t760 = float(double(v758[at[1]]) / double(v463[at[2]]));
-                           float t761 = float(std::sqrt(double(t760)));
-                           float t762 = float(double(t761) + double(v467[at[3]]));
-                           v763[at[0]] = float(double(v759[at[4]]) / double(t762));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in/w
-  meshc::gen::View v767(
-      param16_causal_lm_decoder_layer_1_heads_in_w); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t764 = float(double(v92[at[1]]) * double(v435[at[2]]));
-                           float t765 = float(double(v763[at[3]]) + double(t764));
-                           float t766 = float(double(t765) * double(v445[at[4]]));
-                           v767[at[0]] = float(double(v92[at[1]]) - double(t766));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in#1/w@m
-  const meshc::gen::Buffer &v768 = param56_causal_lm_decoder_layer_1_heads_in_1_w_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in#1/w@v
-  const meshc::gen::Buffer &v769 = param57_causal_lm_decoder_layer_1_heads_in_1_w_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v770 = arena_.slot(2048, 1);
-  for (size_t i = 0; i < v770.size(); ++i) {
-    v770[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v772 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v772[at[0]] = float(double(v771[at[1]]) * double(v770[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v774(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // the param's new value,
-                                                                           // in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t773 = float(double(v768[at[1]]) * double(v448[at[2]]));
-                           v774[at[0]] = float(double(t773) + double(v772[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v775 = arena_.slot(0, 512);
-  for (size_t i = 0; i < v775.size(); ++i) {
-    v775[i] = float(double(v771[i]) * double(v771[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v776 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v776.size(); ++i) {
-    v776[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v777 = arena_.slot(2048, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v777[at[0]] = float(double(v775[at[1]]) * double(v776[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v779(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // the param's new value,
-                                                                           // in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t778 = float(double(v769[at[1]]) * double(v454[at[2]]));
-                           v779[at[0]] = float(double(t778) + double(v777[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v780 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v780[at[0]] = float(double(v774[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v784 = arena_.slot(2048, 512);
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t781 = float(double(v779[at[1]]) / double(v463[at[2]]));
-                           float t782 = float(std::sqrt(double(t781)));
-                           float t783 = float(double(t782) + double(v467[at[3]]));
-                           v784[at[0]] = float(double(v780[at[4]]) / double(t783));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in#1/w
-  meshc::gen::View v788(
-      param17_causal_lm_decoder_layer_1_heads_in_1_w); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t785 = float(double(v108[at[1]]) * double(v435[at[2]]));
-                           float t786 = float(double(v784[at[3]]) + double(t785));
-                           float t787 = float(double(t786) * double(v445[at[4]]));
-                           v788[at[0]] = float(double(v108[at[1]]) - double(t787));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in#2/w@m
-  const meshc::gen::Buffer &v789 = param58_causal_lm_decoder_layer_1_heads_in_2_w_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_in#2/w@v
-  const meshc::gen::Buffer &v790 = param59_causal_lm_decoder_layer_1_heads_in_2_w_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v791 = arena_.slot(2048, 1);
-  for (size_t i = 0; i < v791.size(); ++i) {
-    v791[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v793 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v793[at[0]] = float(double(v792[at[1]]) * double(v791[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v795(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // the param's new value,
-                                                                           // in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t794 = float(double(v789[at[1]]) * double(v448[at[2]]));
-                           v795[at[0]] = float(double(t794) + double(v793[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v796 = arena_.slot(0, 512);
-  for (size_t i = 0; i < v796.size(); ++i) {
-    v796[i] = float(double(v792[i]) * double(v792[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v797 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v797.size(); ++i) {
-    v797[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v798 = arena_.slot(2048, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v798[at[0]] = float(double(v796[at[1]]) * double(v797[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v800(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // the param's new value,
-                                                                           // in its own storage
-  meshc::gen::forEach<4>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t799 = float(double(v790[at[1]]) * double(v454[at[2]]));
-                           v800[at[0]] = float(double(t799) + double(v798[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v801 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({32, 1, 16}, {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v801[at[0]] = float(double(v795[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v805 = arena_.slot(2048, 512);
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {0, 0, 0}, {16, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t802 = float(double(v800[at[1]]) / double(v463[at[2]]));
-                           float t803 = float(std::sqrt(double(t802)));
-                           float t804 = float(double(t803) + double(v467[at[3]]));
-                           v805[at[0]] = float(double(v801[at[4]]) / double(t804));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in#2/w
-  meshc::gen::View v809(
-      param18_causal_lm_decoder_layer_1_heads_in_2_w); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 1, 16},
-                         {{{16, 16, 1}, {16, 16, 1}, {0, 0, 0}, {16, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t806 = float(double(v124[at[1]]) * double(v435[at[2]]));
-                           float t807 = float(double(v805[at[3]]) + double(t806));
-                           float t808 = float(double(t807) * double(v445[at[4]]));
-                           v809[at[0]] = float(double(v124[at[1]]) - double(t808));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_out/w@m
-  const meshc::gen::Buffer &v810 = param60_causal_lm_decoder_layer_1_heads_out_w_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/heads_out/w@v
-  const meshc::gen::Buffer &v811 = param61_causal_lm_decoder_layer_1_heads_out_w_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v812 = arena_.slot(2048, 1);
-  for (size_t i = 0; i < v812.size(); ++i) {
-    v812[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v814 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v814[at[0]] = float(double(v813[at[1]]) * double(v812[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v816(
-      param60_causal_lm_decoder_layer_1_heads_out_w_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t815 = float(double(v810[at[1]]) * double(v448[at[2]]));
-                           v816[at[0]] = float(double(t815) + double(v814[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v817 = arena_.slot(0, 512);
-  for (size_t i = 0; i < v817.size(); ++i) {
-    v817[i] = float(double(v813[i]) * double(v813[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v818 = arena_.slot(4096, 1);
-  for (size_t i = 0; i < v818.size(); ++i) {
-    v818[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v819 = arena_.slot(2048, 512);
-  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v819[at[0]] = float(double(v817[at[1]]) * double(v818[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v821(
-      param61_causal_lm_decoder_layer_1_heads_out_w_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t820 = float(double(v811[at[1]]) * double(v454[at[2]]));
-                           v821[at[0]] = float(double(t820) + double(v819[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v822 = arena_.slot(0, 512);
-  meshc::gen::forEach<3>({1, 16, 32}, {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v822[at[0]] = float(double(v816[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v826 = arena_.slot(2048, 512);
-  meshc::gen::forEach<5>({1, 16, 32},
-                         {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {0, 0, 0}, {512, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t823 = float(double(v821[at[1]]) / double(v463[at[2]]));
-                           float t824 = float(std::sqrt(double(t823)));
-                           float t825 = float(double(t824) + double(v467[at[3]]));
-                           v826[at[0]] = float(double(v822[at[4]]) / double(t825));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_out/w
-  meshc::gen::View v830(
-      param19_causal_lm_decoder_layer_1_heads_out_w); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({1, 16, 32},
-                         {{{512, 32, 1}, {512, 32, 1}, {0, 0, 0}, {512, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t827 = float(double(v132[at[1]]) * double(v435[at[2]]));
-                           float t828 = float(double(v826[at[3]]) + double(t827));
-                           float t829 = float(double(t828) * double(v445[at[4]]));
-                           v830[at[0]] = float(double(v132[at[1]]) - double(t829));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm#1/gain@m
-  const meshc::gen::Buffer &v831 = param62_causal_lm_decoder_layer_1_norm_1_gain_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm#1/gain@v
-  const meshc::gen::Buffer &v832 = param63_causal_lm_decoder_layer_1_norm_1_gain_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v833 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v833.size(); ++i) {
-    v833[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v835 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v835[at[0]] = float(double(v834[at[1]]) * double(v833[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v837(
-      param62_causal_lm_decoder_layer_1_norm_1_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t836 = float(double(v831[at[1]]) * double(v448[at[2]]));
-    v837[at[0]] = float(double(t836) + double(v835[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v838 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v838.size(); ++i) {
-    v838[i] = float(double(v834[i]) * double(v834[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v839 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v839.size(); ++i) {
-    v839[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v840 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v840[at[0]] = float(double(v838[at[1]]) * double(v839[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v842(
-      param63_causal_lm_decoder_layer_1_norm_1_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t841 = float(double(v832[at[1]]) * double(v454[at[2]]));
-    v842[at[0]] = float(double(t841) + double(v840[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v843 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v843[at[0]] = float(double(v837[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v847 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t844 = float(double(v842[at[1]]) / double(v463[at[2]]));
-                           float t845 = float(std::sqrt(double(t844)));
-                           float t846 = float(double(t845) + double(v467[at[3]]));
-                           v847[at[0]] = float(double(v843[at[4]]) / double(t846));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm#1/gain
-  meshc::gen::View v851(
-      param20_causal_lm_decoder_layer_1_norm_1_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t848 = float(double(v136[at[1]]) * double(v435[at[2]]));
-                           float t849 = float(double(v847[at[3]]) + double(t848));
-                           float t850 = float(double(t849) * double(v445[at[4]]));
-                           v851[at[0]] = float(double(v136[at[1]]) - double(t850));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm#1/bias@m
-  const meshc::gen::Buffer &v852 = param64_causal_lm_decoder_layer_1_norm_1_bias_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/norm#1/bias@v
-  const meshc::gen::Buffer &v853 = param65_causal_lm_decoder_layer_1_norm_1_bias_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v854 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v854.size(); ++i) {
-    v854[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v856 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v856[at[0]] = float(double(v855[at[1]]) * double(v854[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v858(
-      param64_causal_lm_decoder_layer_1_norm_1_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t857 = float(double(v852[at[1]]) * double(v448[at[2]]));
-    v858[at[0]] = float(double(t857) + double(v856[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v859 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v859.size(); ++i) {
-    v859[i] = float(double(v855[i]) * double(v855[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v860 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v860.size(); ++i) {
-    v860[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v861 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v861[at[0]] = float(double(v859[at[1]]) * double(v860[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v863(
-      param65_causal_lm_decoder_layer_1_norm_1_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t862 = float(double(v853[at[1]]) * double(v454[at[2]]));
-    v863[at[0]] = float(double(t862) + double(v861[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v864 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v864[at[0]] = float(double(v858[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v868 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t865 = float(double(v863[at[1]]) / double(v463[at[2]]));
-                           float t866 = float(std::sqrt(double(t865)));
-                           float t867 = float(double(t866) + double(v467[at[3]]));
-                           v868[at[0]] = float(double(v864[at[4]]) / double(t867));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm#1/bias
-  meshc::gen::View v872(
-      param21_causal_lm_decoder_layer_1_norm_1_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t869 = float(double(v137[at[1]]) * double(v435[at[2]]));
-                           float t870 = float(double(v868[at[3]]) + double(t869));
-                           float t871 = float(double(t870) * double(v445[at[4]]));
-                           v872[at[0]] = float(double(v137[at[1]]) - double(t871));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/ffn/w_in@m
-  const meshc::gen::Buffer &v873 = param66_causal_lm_decoder_layer_1_ffn_w_in_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/ffn/w_in@v
-  const meshc::gen::Buffer &v874 = param67_causal_lm_decoder_layer_1_ffn_w_in_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v875 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v875.size(); ++i) {
-    v875[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v877 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v877[at[0]] = float(double(v876[at[1]]) * double(v875[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v879(
-      param66_causal_lm_decoder_layer_1_ffn_w_in_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t878 = float(double(v873[at[1]]) * double(v448[at[2]]));
-                           v879[at[0]] = float(double(t878) + double(v877[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v880 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v880.size(); ++i) {
-    v880[i] = float(double(v876[i]) * double(v876[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v881 = arena_.slot(16576, 1);
-  for (size_t i = 0; i < v881.size(); ++i) {
-    v881[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v882 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v882[at[0]] = float(double(v880[at[1]]) * double(v881[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v884(
-      param67_causal_lm_decoder_layer_1_ffn_w_in_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t883 = float(double(v874[at[1]]) * double(v454[at[2]]));
-                           v884[at[0]] = float(double(t883) + double(v882[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v885 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v885[at[0]] = float(double(v879[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v889 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t886 = float(double(v884[at[1]]) / double(v463[at[2]]));
-                           float t887 = float(std::sqrt(double(t886)));
-                           float t888 = float(double(t887) + double(v467[at[3]]));
-                           v889[at[0]] = float(double(v885[at[4]]) / double(t888));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/ffn/w_in
-  meshc::gen::View v893(
-      param22_causal_lm_decoder_layer_1_ffn_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t890 = float(double(v141[at[1]]) * double(v435[at[2]]));
-                           float t891 = float(double(v889[at[3]]) + double(t890));
-                           float t892 = float(double(t891) * double(v445[at[4]]));
-                           v893[at[0]] = float(double(v141[at[1]]) - double(t892));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/ffn/w_out@m
-  const meshc::gen::Buffer &v894 = param68_causal_lm_decoder_layer_1_ffn_w_out_m;
-
-  // performer.mesh:151:3 param -> causal_lm/decoder_layer[1]/ffn/w_out@v
-  const meshc::gen::Buffer &v895 = param69_causal_lm_decoder_layer_1_ffn_w_out_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v896 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v896.size(); ++i) {
-    v896[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v898 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v898[at[0]] = float(double(v897[at[1]]) * double(v896[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v900(
-      param68_causal_lm_decoder_layer_1_ffn_w_out_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t899 = float(double(v894[at[1]]) * double(v448[at[2]]));
-                           v900[at[0]] = float(double(t899) + double(v898[at[3]]));
-                         });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v901 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v901.size(); ++i) {
-    v901[i] = float(double(v897[i]) * double(v897[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v902 = arena_.slot(16576, 1);
-  for (size_t i = 0; i < v902.size(); ++i) {
-    v902[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v903 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v903[at[0]] = float(double(v901[at[1]]) * double(v902[at[2]]));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v905(
-      param69_causal_lm_decoder_layer_1_ffn_w_out_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t904 = float(double(v895[at[1]]) * double(v454[at[2]]));
-                           v905[at[0]] = float(double(t904) + double(v903[at[3]]));
-                         });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v906 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v906[at[0]] = float(double(v900[at[1]]) / double(v461[at[2]]));
-                         });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v910 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<5>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t907 = float(double(v905[at[1]]) / double(v463[at[2]]));
-                           float t908 = float(std::sqrt(double(t907)));
-                           float t909 = float(double(t908) + double(v467[at[3]]));
-                           v910[at[0]] = float(double(v906[at[4]]) / double(t909));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/ffn/w_out
-  meshc::gen::View v914(
-      param23_causal_lm_decoder_layer_1_ffn_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 32}, {{{32, 1}, {32, 1}, {0, 0}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t911 = float(double(v142[at[1]]) * double(v435[at[2]]));
-                           float t912 = float(double(v910[at[3]]) + double(t911));
-                           float t913 = float(double(t912) * double(v445[at[4]]));
-                           v914[at[0]] = float(double(v142[at[1]]) - double(t913));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/norm/gain@m
-  const meshc::gen::Buffer &v915 = param70_causal_lm_norm_gain_m;
-
-  // performer.mesh:151:3 param -> causal_lm/norm/gain@v
-  const meshc::gen::Buffer &v916 = param71_causal_lm_norm_gain_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v917 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v917.size(); ++i) {
-    v917[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v919 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v919[at[0]] = float(double(v918[at[1]]) * double(v917[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v921(param70_causal_lm_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t920 = float(double(v915[at[1]]) * double(v448[at[2]]));
-    v921[at[0]] = float(double(t920) + double(v919[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v922 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v922.size(); ++i) {
-    v922[i] = float(double(v918[i]) * double(v918[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v923 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v923.size(); ++i) {
-    v923[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v924 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v924[at[0]] = float(double(v922[at[1]]) * double(v923[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v926(param71_causal_lm_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t925 = float(double(v916[at[1]]) * double(v454[at[2]]));
-    v926[at[0]] = float(double(t925) + double(v924[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v927 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v927[at[0]] = float(double(v921[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v931 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t928 = float(double(v926[at[1]]) / double(v463[at[2]]));
-                           float t929 = float(std::sqrt(double(t928)));
-                           float t930 = float(double(t929) + double(v467[at[3]]));
-                           v931[at[0]] = float(double(v927[at[4]]) / double(t930));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/norm/gain
-  meshc::gen::View v935(param24_causal_lm_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t932 = float(double(v148[at[1]]) * double(v435[at[2]]));
-                           float t933 = float(double(v931[at[3]]) + double(t932));
-                           float t934 = float(double(t933) * double(v445[at[4]]));
-                           v935[at[0]] = float(double(v148[at[1]]) - double(t934));
-                         });
-
-  // performer.mesh:151:3 param -> causal_lm/norm/bias@m
-  const meshc::gen::Buffer &v936 = param72_causal_lm_norm_bias_m;
-
-  // performer.mesh:151:3 param -> causal_lm/norm/bias@v
-  const meshc::gen::Buffer &v937 = param73_causal_lm_norm_bias_v;
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v938 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v938.size(); ++i) {
-    v938[i] = float(double(v431[i]) - double(v448[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v940 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v940[at[0]] = float(double(v939[at[1]]) * double(v938[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v942(param72_causal_lm_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t941 = float(double(v936[at[1]]) * double(v448[at[2]]));
-    v942[at[0]] = float(double(t941) + double(v940[at[3]]));
-  });
-
-  // performer.mesh:151:3 square
-  meshc::gen::View v943 = arena_.slot(0, 32);
-  for (size_t i = 0; i < v943.size(); ++i) {
-    v943[i] = float(double(v939[i]) * double(v939[i]));
-  }
-
-  // performer.mesh:151:3 sub
-  meshc::gen::View v944 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v944.size(); ++i) {
-    v944[i] = float(double(v431[i]) - double(v454[i]));
-  }
-
-  // performer.mesh:151:3 mul
-  meshc::gen::View v945 = arena_.slot(128, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v945[at[0]] = float(double(v943[at[1]]) * double(v944[at[2]]));
-  });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  meshc::gen::View v947(param73_causal_lm_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t946 = float(double(v937[at[1]]) * double(v454[at[2]]));
-    v947[at[0]] = float(double(t946) + double(v945[at[3]]));
-  });
-
-  // performer.mesh:151:3 div
-  meshc::gen::View v948 = arena_.slot(0, 32);
-  meshc::gen::forEach<3>({32}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v948[at[0]] = float(double(v942[at[1]]) / double(v461[at[2]]));
-  });
-
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  meshc::gen::View v952 = arena_.slot(128, 32);
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t949 = float(double(v947[at[1]]) / double(v463[at[2]]));
-                           float t950 = float(std::sqrt(double(t949)));
-                           float t951 = float(double(t950) + double(v467[at[3]]));
-                           v952[at[0]] = float(double(v948[at[4]]) / double(t951));
-                         });
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/norm/bias
-  meshc::gen::View v956(param25_causal_lm_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t953 = float(double(v149[at[1]]) * double(v435[at[2]]));
-                           float t954 = float(double(v952[at[3]]) + double(t953));
-                           float t955 = float(double(t954) * double(v445[at[4]]));
-                           v956[at[0]] = float(double(v149[at[1]]) - double(t955));
-                         });
+  support::View v18 = persistent_.view(5504, 512);
+  {
+    float *__restrict v18p = v18.data();
+    const float *__restrict v16p = v16.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v16p[i0];
+      const float s1 = support::fcos(s0);
+      v18p[i0] = s1;
+    }
+  }
+}
+
+LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
+  // Arena: 2284864 bytes for 8086048 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "tokens", inputs.tokens, {1, 128});
+  runPart0(inputs);
+  runPart1(inputs);
+  runPart2(inputs);
+  runPart3(inputs);
+  runPart4(inputs);
+  runPart5(inputs);
+  runPart6(inputs);
+  runPart7(inputs);
+  runPart8(inputs);
+  runPart9(inputs);
+  runPart10(inputs);
+  support::View v165 = arena_.view(2284800, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v164.begin(), v164.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v165.begin(), v165.end())};
   return outputs;
+}
+
+void LmTrain::runPart0(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:147:17 shift -> targets
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v1 = arena_.view(1933312, 128);
+  static const support::Shape shape0_2 = {1, 128};
+  support::shift(v1, v0, shape0_2, 1, -1, nullptr);
+
+  // performer.mesh:148:36 ge
+  // performer.mesh:148:24 cast
+  support::View v4 = arena_.view(0, 128);
+  {
+    float *__restrict v4p = v4.data();
+    const float *__restrict v0p = v0.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v0p[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      const float s3 = s2;
+      v4p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:148:18 shift -> has_next
+  support::View v5 = arena_.view(1933824, 128);
+  static const support::Shape shape2_2 = {1, 128};
+  support::shift(v5, v4, shape2_2, 1, -1, nullptr);
+
+  // performer.mesh:133:37 gather (masked local gather: partial sum over model)
+  support::View v6(param0_causal_lm_embedding); // updated in place
+  support::View v8 = arena_.view(0, 4096);
+  static const support::Shape shape3_1 = {1, 128, 32};
+  static const support::Shape shape3_3 = {0, 0, 1};
+  static const support::Shape shape3_5 = {128, 1, 0};
+  support::gather(v8.data(), shape3_1, v6.data(), shape3_3, v0.data(), shape3_5, 32, 32,
+                  support::shardStart(world_, {"model"}, 32));
+
+  // performer.mesh:133:70 all_reduce_sum (resolve the partial sum of %8 over model for add at
+  // 133:70)
+  auto request0 = support::startAllReduce(group_model, {v8}, meshrt::ReduceOp::Sum);
+
+  // performer.mesh:38:10 all_gather (reshard %17 for concat at 38:10)
+  support::View v17 = persistent_.view(3456, 512);
+  support::View v19 = arena_.view(32768, 2048);
+  static const support::Shape shape5_2 = {128, 4};
+  support::allGatherDim(v19, v17, shape5_2, 1, group_data_model);
+
+  // performer.mesh:38:10 all_gather (reshard %18 for concat at 38:10)
+  support::View v18 = persistent_.view(5504, 512);
+  support::View v20 = arena_.view(40960, 2048);
+  static const support::Shape shape6_2 = {128, 4};
+  support::allGatherDim(v20, v18, shape6_2, 1, group_data_model);
+
+  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  support::View v21 = arena_.slot(16384, 4096);
+  static const support::Shape shape7_2 = {128};
+  static const support::Shape shape7_3 = {32};
+  static const support::Shape shape7_4 = {16};
+  support::copyWindow(v21.data(), v19.data(), shape7_2, shape7_3, shape7_4, 1, 1, 32, 16,
+                      int64_t(0));
+
+  // performer.mesh:38:10 concat ('half' gathered whole; each rank computes its slice of 'd_model')
+  static const support::Shape shape8_2 = {128};
+  static const support::Shape shape8_3 = {32};
+  static const support::Shape shape8_4 = {16};
+  support::copyWindow(v21.data(), v20.data(), shape8_2, shape8_3, shape8_4, 1, 1, 32, 16,
+                      int64_t(16));
+
+  group_model.wait(request0);
+
+  // performer.mesh:133:70 add -> h
+  support::View v23 = arena_.view(2031616, 4096);
+  {
+    float *__restrict v23p = v23.data();
+    const float *__restrict v8p = v8.data();
+    const float *__restrict v21p = v21.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v8p[i0];
+      const float s1 = v21p[i0];
+      const float s2 = (s0 + s1);
+      v23p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  support::View v27 = arena_.view(2048000, 4096);
+  static const support::Shape shape11_2 = {1, 128};
+  static const support::Shape shape11_3 = {4096, 32};
+  static const support::Shape shape11_4 = {4096, 32};
+  static const support::Shape shape11_5 = {32};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(v27.data(), v23.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add -> n
+  support::View v25(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v26(param4_causal_lm_decoder_layer_0_norm_bias); // updated in place
+  support::View v29 = arena_.view(2064384, 4096);
+  {
+    float *__restrict v29p = v29.data();
+    const float *__restrict v27p = v27.data();
+    const float *__restrict v25p = v25.data();
+    const float *__restrict v26p = v26.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v27p[i0 * 32 + i1];
+        const float s1 = v25p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v26p[i1];
+        const float s4 = (s2 + s3);
+        v29p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v31 = arena_.view(2195456, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan13.run(v29.data(), v30.data(), v31.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
+  const support::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v34 = arena_.view(0, 8192);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan14.run(v31.data(), v24.data(), v34.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 square
+  support::View v35 = arena_.view(32768, 2048);
+  {
+    float *__restrict v35p = v35.data();
+    const float *__restrict v31p = v31.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v31p[i0];
+      const float s1 = s0 * s0;
+      v35p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:57:61 sum
+  support::View v36 = arena_.view(65536, 128);
+  static const support::Shape shape16_1 = {1, 128, 1};
+  static const support::Shape shape16_3 = {2048, 16, 16};
+  static const support::Shape shape16_4 = {16};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v36.data(), shape16_1, v35.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
+  support::View v39 = arena_.view(32768, 8192);
+  {
+    float *__restrict v39p = v39.data();
+    const float *__restrict v36p = v36.data();
+    const float *__restrict v34p = v34.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v36p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v34p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v39p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:66:37 max
+  support::View v40 = arena_.view(0, 128);
+  static const support::Shape shape18_1 = {1, 128, 1};
+  static const support::Shape shape18_3 = {8192, 64, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v40.data(), shape18_1, v39.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:66:23 stop_gradient
+  // performer.mesh:66:21 sub
+  // performer.mesh:66:10 exp
+  // performer.mesh:66:61 mul -> qf
+  support::View v43 = arena_.view(1572864, 8192);
+  support::View v45 = arena_.view(1605632, 8192);
+  {
+    float *__restrict v43p = v43.data();
+    float *__restrict v45p = v45.data();
+    const float *__restrict v40p = v40.data();
+    const float *__restrict v39p = v39.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v40p[i0];
+        const float s1 = s0;
+        const float s2 = v39p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        v43p[i0 * 64 + i1] = s4;
+        v45p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v47 = arena_.view(2203648, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan20.run(v29.data(), v46.data(), v47.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
+  support::View v50 = arena_.view(0, 8192);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan21.run(v47.data(), v24.data(), v50.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 square
+  support::View v51 = arena_.view(32768, 2048);
+  {
+    float *__restrict v51p = v51.data();
+    const float *__restrict v47p = v47.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v47p[i0];
+      const float s1 = s0 * s0;
+      v51p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:57:61 sum
+  support::View v52 = arena_.view(65536, 128);
+  static const support::Shape shape23_1 = {1, 128, 1};
+  static const support::Shape shape23_3 = {2048, 16, 16};
+  static const support::Shape shape23_4 = {16};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v52.data(), shape23_1, v51.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
+  support::View v52 = arena_.view(65536, 128);
+  support::View v50 = arena_.view(0, 8192);
+  support::View v55 = arena_.view(32768, 8192);
+  {
+    float *__restrict v55p = v55.data();
+    const float *__restrict v52p = v52.data();
+    const float *__restrict v50p = v50.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v52p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v50p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v55p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:71:37 max
+  support::View v56 = arena_.view(0, 1);
+  static const support::Shape shape1_1 = {1, 1};
+  static const support::Shape shape1_3 = {8192, 64};
+  static const support::Shape shape1_4 = {128, 64};
+  static const support::Shape shape1_5 = {64, 1};
+  support::reduce(v56.data(), shape1_1, v55.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:71:23 stop_gradient
+  // performer.mesh:71:21 sub
+  // performer.mesh:71:10 exp
+  // performer.mesh:71:66 mul -> kf
+  support::View v59 = arena_.view(1638400, 8192);
+  support::View v61 = arena_.view(1671168, 8192);
+  {
+    float *__restrict v59p = v59.data();
+    float *__restrict v61p = v61.data();
+    const float *__restrict v56p = v56.data();
+    const float *__restrict v55p = v55.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v56p[0];
+      const float s1 = s0;
+      const float s2 = v55p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      v59p[i0] = s4;
+      v61p[i0] = s6;
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  support::View v29 = arena_.view(2064384, 4096);
+  support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v63 = arena_.view(2211840, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan3.run(v29.data(), v62.data(), v63.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:19 einsum
+  support::View v64 = arena_.view(0, 131072);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
+  einsumPlan4.run(v61.data(), v63.data(), v64.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:12 cumsum -> kv
+  support::View v65 = arena_.view(524288, 131072);
+  static const support::Shape shape5_2 = {1, 1, 64, 16};
+  static const support::Shape shape5_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape5_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape5_5 = {128};
+  static const support::Shape shape5_6 = {1024};
+  static const support::Shape shape5_7 = {1024};
+  support::along(v65.data(), v64.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+                 support::Along::Cumsum, 1e-05, 128, nullptr);
+
+  // performer.mesh:88:19 einsum -> numerator
+  support::View v45 = arena_.view(1605632, 8192);
+  support::View v66 = arena_.view(0, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan6.run(v45.data(), v65.data(), v66.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 cumsum
+  support::View v67 = arena_.view(1703936, 8192);
+  static const support::Shape shape7_2 = {1, 1, 64};
+  static const support::Shape shape7_3 = {8192, 64, 1};
+  static const support::Shape shape7_4 = {8192, 64, 1};
+  static const support::Shape shape7_5 = {128};
+  static const support::Shape shape7_6 = {64};
+  static const support::Shape shape7_7 = {64};
+  support::along(v67.data(), v61.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+                 support::Along::Cumsum, 1e-05, 128, nullptr);
+
+  // performer.mesh:89:20 einsum -> normalizer
+  support::View v68 = arena_.view(2283520, 128);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
+  einsumPlan8.run(v45.data(), v67.data(), v68.data(), 1.0f, 0.0f);
+
+  // performer.mesh:90:20 div
+  support::View v69 = arena_.view(2220032, 2048);
+  {
+    float *__restrict v69p = v69.data();
+    const float *__restrict v66p = v66.data();
+    const float *__restrict v68p = v68.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v66p[i0 * 16 + i1];
+        const float s1 = v68p[i0];
+        const float s2 = (s0 / s1);
+        v69p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // performer.mesh:50:10 einsum
+  support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v71 = arena_.view(0, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan10.run(v69.data(), v70.data(), v71.data(), 1.0f, 0.0f);
+
+  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %68 over model for add at
+  // 116:13)
+  group_model.allReduce(v71.data(), v71.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:116:13 add -> h
+  support::View v23 = arena_.view(2031616, 4096);
+  support::View v73 = arena_.view(2080768, 4096);
+  {
+    float *__restrict v73p = v73.data();
+    const float *__restrict v23p = v23.data();
+    const float *__restrict v71p = v71.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v23p[i0];
+      const float s1 = v71p[i0];
+      const float s2 = (s0 + s1);
+      v73p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  support::View v76 = arena_.view(2097152, 4096);
+  static const support::Shape shape13_2 = {1, 128};
+  static const support::Shape shape13_3 = {4096, 32};
+  static const support::Shape shape13_4 = {4096, 32};
+  static const support::Shape shape13_5 = {32};
+  static const support::Shape shape13_6 = {1};
+  static const support::Shape shape13_7 = {1};
+  support::along(v76.data(), v73.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add
+  support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain);  // updated in place
+  support::View v75(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
+  support::View v78 = arena_.view(2113536, 4096);
+  {
+    float *__restrict v78p = v78.data();
+    const float *__restrict v76p = v76.data();
+    const float *__restrict v74p = v74.data();
+    const float *__restrict v75p = v75.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v76p[i0 * 32 + i1];
+        const float s1 = v74p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v75p[i1];
+        const float s4 = (s2 + s3);
+        v78p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:96:22 einsum
+  support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v81 = arena_.view(1736704, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan15.run(v78.data(), v79.data(), v81.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:17 gelu
+  support::View v82 = arena_.view(1769472, 8192);
+  {
+    float *__restrict v82p = v82.data();
+    const float *__restrict v81p = v81.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v81p[i0];
+      const float s1 = support::fgelu(s0);
+      v82p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:96:10 einsum
+  support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v83 = arena_.view(0, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan17.run(v82.data(), v80.data(), v83.data(), 1.0f, 0.0f);
+
+  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %79 over model for add at
+  // 117:12)
+  group_model.allReduce(v83.data(), v83.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:117:12 add -> h
+  support::View v85 = arena_.view(2129920, 4096);
+  {
+    float *__restrict v85p = v85.data();
+    const float *__restrict v73p = v73.data();
+    const float *__restrict v83p = v83.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v73p[i0];
+      const float s1 = v83p[i0];
+      const float s2 = (s0 + s1);
+      v85p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  support::View v89 = arena_.view(2146304, 4096);
+  static const support::Shape shape20_2 = {1, 128};
+  static const support::Shape shape20_3 = {4096, 32};
+  static const support::Shape shape20_4 = {4096, 32};
+  static const support::Shape shape20_5 = {32};
+  static const support::Shape shape20_6 = {1};
+  static const support::Shape shape20_7 = {1};
+  support::along(v89.data(), v85.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+                 shape20_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add -> n
+  support::View v87(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v88(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
+  support::View v91 = arena_.view(2162688, 4096);
+  {
+    float *__restrict v91p = v91.data();
+    const float *__restrict v89p = v89.data();
+    const float *__restrict v87p = v87.data();
+    const float *__restrict v88p = v88.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v89p[i0 * 32 + i1];
+        const float s1 = v87p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v88p[i1];
+        const float s4 = (s2 + s3);
+        v91p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v93 = arena_.view(2228224, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan22.run(v91.data(), v92.data(), v93.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
+  const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v96 = arena_.view(0, 8192);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan23.run(v93.data(), v86.data(), v96.data(), 1.0f, 0.0f);
+}
+
+void LmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:57:65 square
+  support::View v93 = arena_.view(2228224, 2048);
+  support::View v97 = arena_.view(32768, 2048);
+  {
+    float *__restrict v97p = v97.data();
+    const float *__restrict v93p = v93.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v93p[i0];
+      const float s1 = s0 * s0;
+      v97p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:57:61 sum
+  support::View v98 = arena_.view(65536, 128);
+  static const support::Shape shape1_1 = {1, 128, 1};
+  static const support::Shape shape1_3 = {2048, 16, 16};
+  static const support::Shape shape1_4 = {16};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v98.data(), shape1_1, v97.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
+  support::View v96 = arena_.view(0, 8192);
+  support::View v101 = arena_.view(32768, 8192);
+  {
+    float *__restrict v101p = v101.data();
+    const float *__restrict v98p = v98.data();
+    const float *__restrict v96p = v96.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v98p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v96p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v101p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:66:37 max
+  support::View v102 = arena_.view(0, 128);
+  static const support::Shape shape3_1 = {1, 128, 1};
+  static const support::Shape shape3_3 = {8192, 64, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v102.data(), shape3_1, v101.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:66:23 stop_gradient
+  // performer.mesh:66:21 sub
+  // performer.mesh:66:10 exp
+  // performer.mesh:66:61 mul -> qf
+  support::View v105 = arena_.view(1802240, 8192);
+  support::View v107 = arena_.view(1835008, 8192);
+  {
+    float *__restrict v105p = v105.data();
+    float *__restrict v107p = v107.data();
+    const float *__restrict v102p = v102.data();
+    const float *__restrict v101p = v101.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v102p[i0];
+        const float s1 = s0;
+        const float s2 = v101p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        v105p[i0 * 64 + i1] = s4;
+        v107p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  support::View v91 = arena_.view(2162688, 4096);
+  support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v109 = arena_.view(2236416, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan5.run(v91.data(), v108.data(), v109.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
+  const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v112 = arena_.view(0, 8192);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan6.run(v109.data(), v86.data(), v112.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 square
+  support::View v113 = arena_.view(32768, 2048);
+  {
+    float *__restrict v113p = v113.data();
+    const float *__restrict v109p = v109.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v109p[i0];
+      const float s1 = s0 * s0;
+      v113p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:57:61 sum
+  support::View v114 = arena_.view(65536, 128);
+  static const support::Shape shape8_1 = {1, 128, 1};
+  static const support::Shape shape8_3 = {2048, 16, 16};
+  static const support::Shape shape8_4 = {16};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v114.data(), shape8_1, v113.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
+  support::View v117 = arena_.view(32768, 8192);
+  {
+    float *__restrict v117p = v117.data();
+    const float *__restrict v114p = v114.data();
+    const float *__restrict v112p = v112.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v114p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = v112p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        v117p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:71:37 max
+  support::View v118 = arena_.view(0, 1);
+  static const support::Shape shape10_1 = {1, 1};
+  static const support::Shape shape10_3 = {8192, 64};
+  static const support::Shape shape10_4 = {128, 64};
+  static const support::Shape shape10_5 = {64, 1};
+  support::reduce(v118.data(), shape10_1, v117.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:71:23 stop_gradient
+  // performer.mesh:71:21 sub
+  // performer.mesh:71:10 exp
+  // performer.mesh:71:66 mul -> kf
+  support::View v121 = arena_.view(1867776, 8192);
+  support::View v123 = arena_.view(1900544, 8192);
+  {
+    float *__restrict v121p = v121.data();
+    float *__restrict v123p = v123.data();
+    const float *__restrict v118p = v118.data();
+    const float *__restrict v117p = v117.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v118p[0];
+      const float s1 = s0;
+      const float s2 = v117p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      v121p[i0] = s4;
+      v123p[i0] = s6;
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v125 = arena_.view(2244608, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan12.run(v91.data(), v124.data(), v125.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:19 einsum
+  support::View v126 = arena_.view(0, 131072);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
+  einsumPlan13.run(v123.data(), v125.data(), v126.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:12 cumsum -> kv
+  support::View v127 = arena_.view(1048576, 131072);
+  static const support::Shape shape14_2 = {1, 1, 64, 16};
+  static const support::Shape shape14_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape14_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape14_5 = {128};
+  static const support::Shape shape14_6 = {1024};
+  static const support::Shape shape14_7 = {1024};
+  support::along(v127.data(), v126.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+
+  // performer.mesh:88:19 einsum -> numerator
+  support::View v128 = arena_.view(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan15.run(v107.data(), v127.data(), v128.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 cumsum
+  support::View v129 = arena_.view(0, 8192);
+  static const support::Shape shape16_2 = {1, 1, 64};
+  static const support::Shape shape16_3 = {8192, 64, 1};
+  static const support::Shape shape16_4 = {8192, 64, 1};
+  static const support::Shape shape16_5 = {128};
+  static const support::Shape shape16_6 = {64};
+  static const support::Shape shape16_7 = {64};
+  support::along(v129.data(), v123.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+
+  // performer.mesh:89:20 einsum -> normalizer
+  support::View v130 = arena_.view(253952, 128);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
+  einsumPlan17.run(v107.data(), v129.data(), v130.data(), 1.0f, 0.0f);
+
+  // performer.mesh:90:20 div
+  support::View v131 = arena_.view(245760, 2048);
+  {
+    float *__restrict v131p = v131.data();
+    const float *__restrict v128p = v128.data();
+    const float *__restrict v130p = v130.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v128p[i0 * 16 + i1];
+        const float s1 = v130p[i0];
+        const float s2 = (s0 / s1);
+        v131p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // performer.mesh:50:10 einsum
+  support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v133 = arena_.view(32768, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan19.run(v131.data(), v132.data(), v133.data(), 1.0f, 0.0f);
+
+  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %128 over model for add at
+  // 116:13)
+  group_model.allReduce(v133.data(), v133.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:116:13 add -> h
+  support::View v85 = arena_.view(2129920, 4096);
+  support::View v135 = arena_.view(131072, 4096);
+  {
+    float *__restrict v135p = v135.data();
+    const float *__restrict v85p = v85.data();
+    const float *__restrict v133p = v133.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v85p[i0];
+      const float s1 = v133p[i0];
+      const float s2 = (s0 + s1);
+      v135p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  support::View v138 = arena_.view(147456, 4096);
+  static const support::Shape shape22_2 = {1, 128};
+  static const support::Shape shape22_3 = {4096, 32};
+  static const support::Shape shape22_4 = {4096, 32};
+  static const support::Shape shape22_5 = {32};
+  static const support::Shape shape22_6 = {1};
+  static const support::Shape shape22_7 = {1};
+  support::along(v138.data(), v135.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
+                 shape22_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add
+  support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v137(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
+  support::View v140 = arena_.view(163840, 4096);
+  {
+    float *__restrict v140p = v140.data();
+    const float *__restrict v138p = v138.data();
+    const float *__restrict v136p = v136.data();
+    const float *__restrict v137p = v137.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v138p[i0 * 32 + i1];
+        const float s1 = v136p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v137p[i1];
+        const float s4 = (s2 + s3);
+        v140p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+}
+
+void LmTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:96:22 einsum
+  support::View v140 = arena_.view(163840, 4096);
+  support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v143 = arena_.view(32768, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan0.run(v140.data(), v141.data(), v143.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:17 gelu
+  support::View v144 = arena_.view(65536, 8192);
+  {
+    float *__restrict v144p = v144.data();
+    const float *__restrict v143p = v143.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v143p[i0];
+      const float s1 = support::fgelu(s0);
+      v144p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:96:10 einsum
+  support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v145 = arena_.view(98304, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan2.run(v144.data(), v142.data(), v145.data(), 1.0f, 0.0f);
+
+  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %139 over model for add at
+  // 117:12)
+  group_model.allReduce(v145.data(), v145.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:117:12 add -> h
+  support::View v135 = arena_.view(131072, 4096);
+  support::View v147 = arena_.view(114688, 4096);
+  {
+    float *__restrict v147p = v147.data();
+    const float *__restrict v135p = v135.data();
+    const float *__restrict v145p = v145.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v135p[i0];
+      const float s1 = v145p[i0];
+      const float s2 = (s0 + s1);
+      v147p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  support::View v150 = arena_.view(98304, 4096);
+  static const support::Shape shape5_2 = {1, 128};
+  static const support::Shape shape5_3 = {4096, 32};
+  static const support::Shape shape5_4 = {4096, 32};
+  static const support::Shape shape5_5 = {32};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(v150.data(), v147.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6,
+                 shape5_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add
+  support::View v148(param24_causal_lm_norm_gain); // updated in place
+  support::View v149(param25_causal_lm_norm_bias); // updated in place
+  support::View v152 = arena_.view(180224, 4096);
+  {
+    float *__restrict v152p = v152.data();
+    const float *__restrict v150p = v150.data();
+    const float *__restrict v148p = v148.data();
+    const float *__restrict v149p = v149.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v150p[i0 * 32 + i1];
+        const float s1 = v148p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v149p[i1];
+        const float s4 = (s2 + s3);
+        v152p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:137:10 einsum
+  support::View v7(param1_causal_lm_unembed); // updated in place
+  support::View v153 = arena_.view(196608, 4096);
+  // dims: batch, seq, d_model, vocab
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan7.run(v152.data(), v7.data(), v153.data(), 1.0f, 0.0f);
+
+  // performer.mesh:149:25 log_softmax
+  support::View v154 = arena_.view(212992, 4096);
+  static const support::Shape shape8_2 = {1, 128};
+  static const support::Shape shape8_3 = {4096, 32};
+  static const support::Shape shape8_4 = {4096, 32};
+  static const support::Shape shape8_5 = {32};
+  static const support::Shape shape8_6 = {1};
+  static const support::Shape shape8_7 = {1};
+  support::along(v154.data(), v153.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6,
+                 shape8_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+
+  // performer.mesh:149:65 one_hot
+  support::View v1 = arena_.view(1933312, 128);
+  support::View v155 = arena_.view(196608, 4096);
+  static const support::Shape shape9_1 = {1, 128, 32};
+  static const support::Shape shape9_3 = {128, 1, 0};
+  static const support::Shape shape9_4 = {0, 0, 1};
+  support::oneHot(v155.data(), shape9_1, v1.data(), shape9_3, shape9_4,
+                  support::shardStart(world_, {"model"}, 32));
+
+  // performer.mesh:149:63 mul
+  support::View v156 = arena_.view(229376, 4096);
+  {
+    float *__restrict v156p = v156.data();
+    const float *__restrict v154p = v154.data();
+    const float *__restrict v155p = v155.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v154p[i0];
+      const float s1 = v155p[i0];
+      const float s2 = (s0 * s1);
+      v156p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:149:21 sum
+  support::View v157 = arena_.view(254464, 128);
+  static const support::Shape shape11_1 = {1, 128};
+  static const support::Shape shape11_3 = {4096, 32};
+  static const support::Shape shape11_4 = {32};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v157.data(), shape11_1, v156.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:149:20 neg -> token_loss
+  // performer.mesh:150:29 mul
+  support::View v5 = arena_.view(1933824, 128);
+  support::View v159 = arena_.view(229376, 128);
+  {
+    float *__restrict v159p = v159.data();
+    const float *__restrict v157p = v157.data();
+    const float *__restrict v5p = v5.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v157p[i0];
+      const float s1 = -s0;
+      const float s2 = v5p[i0];
+      const float s3 = (s1 * s2);
+      v159p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:150:14 sum
+  support::View v160 = arena_.view(229888, 1);
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {1, 128};
+  static const support::Shape shape13_5 = {128, 1};
+  support::reduce(v160.data(), shape13_1, v159.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:150:43 local_slice -> has_next (reshard has_next for sum at 150:43)
+  support::View v161 = arena_.view(229376, 64);
+  static const support::Shape shape14_2 = {1, 128};
+  support::sliceDim(v161, v5, shape14_2, 1, support::blockIndex(world_, {"model"}), 2);
+
+  // performer.mesh:150:43 sum ('seq' sliced over model: partial over data, model as its partner)
+  support::View v162 = arena_.view(254464, 1);
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {1, 64};
+  static const support::Shape shape15_5 = {64, 1};
+  support::reduce(v162.data(), shape15_1, v161.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data, model
+  // resolved together, 8 B in one buffer)
+  support::allReduceBucket(group_data_model, {v160, v162});
+
+  // performer.mesh:150:41 div -> loss
+  support::View v165 = arena_.view(2284800, 1);
+  {
+    float *__restrict v165p = v165.data();
+    const float *__restrict v160p = v160.data();
+    const float *__restrict v162p = v162.data();
+    const float s0 = v160p[0];
+    const float s1 = v162p[0];
+    const float s2 = (s0 / s1);
+    v165p[0] = s2;
+  }
+
+  // performer.mesh:150:41 div
+  // performer.mesh:150:14 broadcast
+  // performer.mesh:150:29 mul
+  // performer.mesh:149:20 neg
+  // performer.mesh:149:21 broadcast
+  // performer.mesh:149:63 mul
+  support::View v172 = arena_.view(229376, 4096);
+  {
+    float *__restrict v172p = v172.data();
+    const float *__restrict v162p = v162.data();
+    const float *__restrict v5p = v5.data();
+    const float *__restrict v155p = v155.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = 1.0f;
+        const float s1 = v162p[0];
+        const float s2 = (s0 / s1);
+        const float s3 = s2;
+        const float s4 = v5p[i0];
+        const float s5 = (s3 * s4);
+        const float s6 = -s5;
+        const float s7 = s6;
+        const float s8 = v155p[i0 * 32 + i1];
+        const float s9 = (s7 * s8);
+        v172p[i0 * 32 + i1] = s9;
+      }
+    }
+  }
+
+  // performer.mesh:149:25 sum
+  support::View v173 = arena_.view(254464, 128);
+  static const support::Shape shape19_1 = {1, 128};
+  static const support::Shape shape19_3 = {4096, 32};
+  static const support::Shape shape19_4 = {32};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v173.data(), shape19_1, v172.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:149:25 all_reduce_sum (resolve the partial sum of %163 over model for mul at
+  // 149:25)
+  group_model.allReduce(v173.data(), v173.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:149:25 exp
+  // performer.mesh:149:25 mul
+  // performer.mesh:149:25 sub
+  support::View v177 = arena_.view(196608, 4096);
+  {
+    float *__restrict v177p = v177.data();
+    const float *__restrict v154p = v154.data();
+    const float *__restrict v173p = v173.data();
+    const float *__restrict v172p = v172.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v154p[i0 * 32 + i1];
+        const float s1 = support::fexp(s0);
+        const float s2 = v173p[i0];
+        const float s3 = (s1 * s2);
+        const float s4 = v172p[i0 * 32 + i1];
+        const float s5 = (s4 - s3);
+        v177p[i0 * 32 + i1] = s5;
+      }
+    }
+  }
+
+  // performer.mesh:137:10 einsum
+  support::View v178 = arena_.view(212992, 4096);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan22.run(v177.data(), v7.data(), v178.data(), 1.0f, 0.0f);
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %167 over model for sum at
+  // 29:40)
+  auto request1 = support::startAllReduce(group_model, {v178}, meshrt::ReduceOp::Sum);
+
+  // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
+  support::View v179 = arena_.view(2277376, 1024);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan24(
+      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan24.run(v177.data(), v152.data(), v179.data(), 1.0f, 0.0f);
+
+  group_model.wait(request1);
+}
+
+void LmTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
+  support::View v178 = arena_.view(212992, 4096);
+  support::View v181 = arena_.view(2284288, 32);
+  static const support::Shape shape0_1 = {32};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {1, 128};
+  static const support::Shape shape0_5 = {4096, 32};
+  support::reduce(v181.data(), shape0_1, v178.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  support::View v150 = arena_.view(98304, 4096);
+  support::View v183 = arena_.view(180224, 4096);
+  {
+    float *__restrict v183p = v183.data();
+    const float *__restrict v178p = v178.data();
+    const float *__restrict v150p = v150.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v178p[i0];
+      const float s1 = v150p[i0];
+      const float s2 = (s0 * s1);
+      v183p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
+  support::View v184 = arena_.view(2284416, 32);
+  static const support::Shape shape2_1 = {32};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {1, 128};
+  static const support::Shape shape2_5 = {4096, 32};
+  support::reduce(v184.data(), shape2_1, v183.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  support::View v147 = arena_.view(114688, 4096);
+  support::View v185 = arena_.view(196608, 128);
+  static const support::Shape shape3_1 = {1, 128};
+  static const support::Shape shape3_3 = {4096, 32};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v185.data(), shape3_1, v147.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  support::View v187 = arena_.view(180224, 4096);
+  {
+    float *__restrict v187p = v187.data();
+    const float *__restrict v147p = v147.data();
+    const float *__restrict v185p = v185.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v147p[i0 * 32 + i1];
+        const float s1 = v185p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v187p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v188 = arena_.view(114688, 128);
+  static const support::Shape shape5_1 = {1, 128};
+  static const support::Shape shape5_3 = {4096, 32};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v188.data(), shape5_1, v187.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  support::View v191 = arena_.view(196608, 128);
+  {
+    float *__restrict v191p = v191.data();
+    const float *__restrict v188p = v188.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v188p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v191p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:10 mul
+  support::View v148(param24_causal_lm_norm_gain); // updated in place
+  support::View v182 = arena_.view(114688, 4096);
+  support::View v192 = arena_.view(180224, 4096);
+  {
+    float *__restrict v182p = v182.data();
+    float *__restrict v192p = v192.data();
+    const float *__restrict v178p = v178.data();
+    const float *__restrict v148p = v148.data();
+    const float *__restrict v150p = v150.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v178p[i0 * 32 + i1];
+        const float s1 = v148p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v150p[i0 * 32 + i1];
+        const float s4 = (s2 * s3);
+        v182p[i0 * 32 + i1] = s2;
+        v192p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v193 = arena_.view(197120, 128);
+  static const support::Shape shape8_1 = {1, 128};
+  static const support::Shape shape8_3 = {4096, 32};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v193.data(), shape8_1, v192.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mean
+  support::View v195 = arena_.view(197632, 128);
+  static const support::Shape shape9_1 = {1, 128};
+  static const support::Shape shape9_3 = {4096, 32};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v195.data(), shape9_1, v182.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  support::View v198 = arena_.view(180224, 4096);
+  {
+    float *__restrict v198p = v198.data();
+    const float *__restrict v150p = v150.data();
+    const float *__restrict v193p = v193.data();
+    const float *__restrict v182p = v182.data();
+    const float *__restrict v195p = v195.data();
+    const float *__restrict v191p = v191.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v150p[i0 * 32 + i1];
+        const float s1 = v193p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v182p[i0 * 32 + i1];
+        const float s4 = v195p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v191p[i0];
+        const float s8 = (s6 * s7);
+        v198p[i0 * 32 + i1] = s8;
+      }
+    }
+  }
+
+  // performer.mesh:96:10 einsum
+  support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v199 = arena_.view(98304, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan11.run(v198.data(), v142.data(), v199.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
+  support::View v144 = arena_.view(65536, 8192);
+  support::View v200 = arena_.view(2252800, 2048);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan12.run(v198.data(), v144.data(), v200.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:17 square
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 tanh
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 square
+  // performer.mesh:96:17 sub
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  support::View v143 = arena_.view(32768, 8192);
+  support::View v222 = arena_.view(65536, 8192);
+  {
+    float *__restrict v222p = v222.data();
+    const float *__restrict v143p = v143.data();
+    const float *__restrict v199p = v199.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v143p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = v143p[i0];
+      const float s3 = (s2 * s1);
+      const float s4 = 0.044715f;
+      const float s5 = (s3 * s4);
+      const float s6 = v143p[i0];
+      const float s7 = (s6 + s5);
+      const float s8 = 0.7978846f;
+      const float s9 = (s7 * s8);
+      const float s10 = support::ftanh(s9);
+      const float s11 = 1.0f;
+      const float s12 = (s10 + s11);
+      const float s13 = 0.5f;
+      const float s14 = (s12 * s13);
+      const float s15 = 0.134145f;
+      const float s16 = (s1 * s15);
+      const float s17 = 1.0f;
+      const float s18 = (s16 + s17);
+      const float s19 = s10 * s10;
+      const float s20 = 1.0f;
+      const float s21 = (s20 - s19);
+      const float s22 = v143p[i0];
+      const float s23 = (s22 * s21);
+      const float s24 = (s23 * s18);
+      const float s25 = 0.3989423f;
+      const float s26 = (s24 * s25);
+      const float s27 = (s14 + s26);
+      const float s28 = v199p[i0];
+      const float s29 = (s28 * s27);
+      v222p[i0] = s29;
+    }
+  }
+
+  // performer.mesh:96:22 einsum
+  support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v223 = arena_.view(32768, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan14.run(v222.data(), v141.data(), v223.data(), 1.0f, 0.0f);
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %211 over model for sum at
+  // 29:40)
+  auto request2 = support::startAllReduce(group_model, {v223}, meshrt::ReduceOp::Sum);
+
+  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
+  support::View v140 = arena_.view(163840, 4096);
+  support::View v224 = arena_.view(2260992, 2048);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan16.run(v222.data(), v140.data(), v224.data(), 1.0f, 0.0f);
+
+  group_model.wait(request2);
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
+  support::View v226 = arena_.view(2284544, 32);
+  static const support::Shape shape18_1 = {32};
+  static const support::Shape shape18_3 = {1};
+  static const support::Shape shape18_4 = {1, 128};
+  static const support::Shape shape18_5 = {4096, 32};
+  support::reduce(v226.data(), shape18_1, v223.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  support::View v138 = arena_.view(147456, 4096);
+  support::View v228 = arena_.view(49152, 4096);
+  {
+    float *__restrict v228p = v228.data();
+    const float *__restrict v223p = v223.data();
+    const float *__restrict v138p = v138.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v223p[i0];
+      const float s1 = v138p[i0];
+      const float s2 = (s0 * s1);
+      v228p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
+  support::View v229 = arena_.view(2284672, 32);
+  static const support::Shape shape20_1 = {32};
+  static const support::Shape shape20_3 = {1};
+  static const support::Shape shape20_4 = {1, 128};
+  static const support::Shape shape20_5 = {4096, 32};
+  support::reduce(v229.data(), shape20_1, v228.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  support::View v135 = arena_.view(131072, 4096);
+  support::View v230 = arena_.view(65536, 128);
+  static const support::Shape shape21_1 = {1, 128};
+  static const support::Shape shape21_3 = {4096, 32};
+  static const support::Shape shape21_4 = {32};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v230.data(), shape21_1, v135.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  support::View v232 = arena_.view(49152, 4096);
+  {
+    float *__restrict v232p = v232.data();
+    const float *__restrict v135p = v135.data();
+    const float *__restrict v230p = v230.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v135p[i0 * 32 + i1];
+        const float s1 = v230p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v232p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v233 = arena_.view(65536, 128);
+  static const support::Shape shape23_1 = {1, 128};
+  static const support::Shape shape23_3 = {4096, 32};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v233.data(), shape23_1, v232.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.03125);
+}
+
+void LmTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  support::View v233 = arena_.view(65536, 128);
+  support::View v235 = arena_.view(81920, 128);
+  {
+    float *__restrict v235p = v235.data();
+    const float *__restrict v233p = v233.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v233p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v235p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:10 mul
+  support::View v223 = arena_.view(32768, 4096);
+  support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v138 = arena_.view(147456, 4096);
+  support::View v227 = arena_.view(49152, 4096);
+  support::View v236 = arena_.view(65536, 4096);
+  {
+    float *__restrict v227p = v227.data();
+    float *__restrict v236p = v236.data();
+    const float *__restrict v223p = v223.data();
+    const float *__restrict v136p = v136.data();
+    const float *__restrict v138p = v138.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v223p[i0 * 32 + i1];
+        const float s1 = v136p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v138p[i0 * 32 + i1];
+        const float s4 = (s2 * s3);
+        v227p[i0 * 32 + i1] = s2;
+        v236p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v237 = arena_.view(32768, 128);
+  static const support::Shape shape2_1 = {1, 128};
+  static const support::Shape shape2_3 = {4096, 32};
+  static const support::Shape shape2_4 = {32};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v237.data(), shape2_1, v236.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mean
+  support::View v239 = arena_.view(33280, 128);
+  static const support::Shape shape3_1 = {1, 128};
+  static const support::Shape shape3_3 = {4096, 32};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v239.data(), shape3_1, v227.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  support::View v198 = arena_.view(180224, 4096);
+  support::View v243 = arena_.view(2179072, 4096);
+  {
+    float *__restrict v243p = v243.data();
+    const float *__restrict v138p = v138.data();
+    const float *__restrict v237p = v237.data();
+    const float *__restrict v227p = v227.data();
+    const float *__restrict v239p = v239.data();
+    const float *__restrict v235p = v235.data();
+    const float *__restrict v198p = v198.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v138p[i0 * 32 + i1];
+        const float s1 = v237p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v227p[i0 * 32 + i1];
+        const float s4 = v239p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v235p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v198p[i0 * 32 + i1];
+        const float s10 = (s9 + s8);
+        v243p[i0 * 32 + i1] = s10;
+      }
+    }
+  }
+
+  // performer.mesh:50:10 einsum
+  support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v244 = arena_.view(32768, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan5.run(v243.data(), v132.data(), v244.data(), 1.0f, 0.0f);
+
+  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
+  support::View v131 = arena_.view(245760, 2048);
+  support::View v245 = arena_.view(2281472, 512);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan6.run(v243.data(), v131.data(), v245.data(), 1.0f, 0.0f);
+
+  // performer.mesh:90:20 div
+  support::View v130 = arena_.view(253952, 128);
+  support::View v246 = arena_.view(2269184, 2048);
+  {
+    float *__restrict v246p = v246.data();
+    const float *__restrict v244p = v244.data();
+    const float *__restrict v130p = v130.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v244p[i0 * 16 + i1];
+        const float s1 = v130p[i0];
+        const float s2 = (s0 / s1);
+        v246p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // performer.mesh:90:20 div
+  // performer.mesh:90:20 mul
+  // performer.mesh:90:20 neg
+  support::View v249 = arena_.view(40960, 2048);
+  {
+    float *__restrict v249p = v249.data();
+    const float *__restrict v131p = v131.data();
+    const float *__restrict v130p = v130.data();
+    const float *__restrict v244p = v244.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v131p[i0 * 16 + i1];
+        const float s1 = v130p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = v244p[i0 * 16 + i1];
+        const float s4 = (s3 * s2);
+        const float s5 = -s4;
+        v249p[i0 * 16 + i1] = s5;
+      }
+    }
+  }
+
+  // performer.mesh:90:20 sum
+  support::View v250 = arena_.view(32768, 128);
+  static const support::Shape shape9_1 = {1, 128, 1};
+  static const support::Shape shape9_3 = {2048, 16, 16};
+  static const support::Shape shape9_4 = {16};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v250.data(), shape9_1, v249.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:20 einsum
+  support::View v129 = arena_.view(0, 8192);
+  support::View v251 = arena_.view(1933312, 8192);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan10.run(v250.data(), v129.data(), v251.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:20 einsum
+  support::View v107 = arena_.view(1835008, 8192);
+  support::View v252 = arena_.view(0, 8192);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan11.run(v250.data(), v107.data(), v252.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 sum
+  support::View v253 = arena_.view(2284032, 64);
+  static const support::Shape shape12_1 = {1, 1, 64};
+  static const support::Shape shape12_3 = {8192, 64, 1};
+  static const support::Shape shape12_4 = {128};
+  static const support::Shape shape12_5 = {64};
+  support::reduce(v253.data(), shape12_1, v252.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:31 cumsum
+  support::View v255 = arena_.view(1966080, 8192);
+  static const support::Shape shape13_2 = {1, 1, 64};
+  static const support::Shape shape13_3 = {8192, 64, 1};
+  static const support::Shape shape13_4 = {8192, 64, 1};
+  static const support::Shape shape13_5 = {128};
+  static const support::Shape shape13_6 = {64};
+  static const support::Shape shape13_7 = {64};
+  support::along(v255.data(), v252.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:88:19 einsum
+  support::View v127 = arena_.view(1048576, 131072);
+  support::View v257 = arena_.view(1998848, 8192);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan14.run(v246.data(), v127.data(), v257.data(), 1.0f, 0.0f);
+
+  // performer.mesh:88:19 einsum
+  support::View v259 = arena_.view(0, 131072);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
+  einsumPlan15.run(v246.data(), v107.data(), v259.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:12 sum
+  support::View v260 = arena_.view(1835008, 1024);
+  static const support::Shape shape16_1 = {1, 1, 64, 16};
+  static const support::Shape shape16_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape16_4 = {128};
+  static const support::Shape shape16_5 = {1024};
+  support::reduce(v260.data(), shape16_1, v259.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:87:12 cumsum
+  support::View v262 = arena_.view(1048576, 131072);
+  static const support::Shape shape17_2 = {1, 1, 64, 16};
+  static const support::Shape shape17_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape17_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape17_5 = {128};
+  static const support::Shape shape17_6 = {1024};
+  static const support::Shape shape17_7 = {1024};
+  support::along(v262.data(), v259.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
+                 shape17_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:87:12 broadcast
+  // performer.mesh:87:12 sub
+  support::View v263 = arena_.view(0, 131072);
+  {
+    float *__restrict v263p = v263.data();
+    const float *__restrict v260p = v260.data();
+    const float *__restrict v262p = v262.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 1024; ++i1) {
+        const float s0 = v260p[i1];
+        const float s1 = s0;
+        const float s2 = v262p[i0 * 1024 + i1];
+        const float s3 = (s1 - s2);
+        v263p[i0 * 1024 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:87:19 einsum
+  support::View v125 = arena_.view(2244608, 2048);
+  support::View v264 = arena_.view(1048576, 8192);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan19.run(v263.data(), v125.data(), v264.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:19 einsum
+  support::View v123 = arena_.view(1900544, 8192);
+  support::View v266 = arena_.view(1081344, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan20.run(v263.data(), v123.data(), v266.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum
+  support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v267 = arena_.view(65536, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan21.run(v266.data(), v124.data(), v267.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
+  support::View v91 = arena_.view(2162688, 4096);
+  support::View v268 = arena_.view(1187840, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan22.run(v266.data(), v91.data(), v268.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 broadcast
+  // performer.mesh:89:31 sub
+  // performer.mesh:87:19 add
+  // performer.mesh:71:66 mul
+  // performer.mesh:71:10 mul
+  // performer.mesh:57:59 neg
+  support::View v121 = arena_.view(1867776, 8192);
+  support::View v270 = arena_.view(0, 8192);
+  support::View v271 = arena_.view(32768, 8192);
+  {
+    float *__restrict v270p = v270.data();
+    float *__restrict v271p = v271.data();
+    const float *__restrict v253p = v253.data();
+    const float *__restrict v255p = v255.data();
+    const float *__restrict v264p = v264.data();
+    const float *__restrict v121p = v121.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v253p[i1];
+        const float s1 = s0;
+        const float s2 = v255p[i0 * 64 + i1];
+        const float s3 = (s1 - s2);
+        const float s4 = v264p[i0 * 64 + i1];
+        const float s5 = (s3 + s4);
+        const float s6 = 0.125f;
+        const float s7 = (s5 * s6);
+        const float s8 = v121p[i0 * 64 + i1];
+        const float s9 = (s7 * s8);
+        const float s10 = -s9;
+        v270p[i0 * 64 + i1] = s9;
+        v271p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+}
+
+void LmTrain::runPart6(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:57:59 sum
+  support::View v271 = arena_.view(32768, 8192);
+  support::View v272 = arena_.view(81920, 128);
+  static const support::Shape shape0_1 = {1, 128, 1};
+  static const support::Shape shape0_3 = {8192, 64, 64};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v272.data(), shape0_1, v271.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:10 einsum
+  support::View v270 = arena_.view(0, 8192);
+  const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
+  support::View v278 = arena_.view(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan1.run(v270.data(), v86.data(), v278.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:61 broadcast
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  support::View v109 = arena_.view(2236416, 2048);
+  support::View v280 = arena_.view(0, 2048);
+  {
+    float *__restrict v280p = v280.data();
+    const float *__restrict v109p = v109.data();
+    const float *__restrict v272p = v272.data();
+    const float *__restrict v278p = v278.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v109p[i0 * 16 + i1];
+        const float s1 = 2.0f;
+        const float s2 = (s0 * s1);
+        const float s3 = v272p[i0];
+        const float s4 = 0.5f;
+        const float s5 = (s3 * s4);
+        const float s6 = s5;
+        const float s7 = (s6 * s2);
+        const float s8 = v278p[i0 * 16 + i1];
+        const float s9 = (s7 + s8);
+        const float s10 = 0.5f;
+        const float s11 = (s9 * s10);
+        v280p[i0 * 16 + i1] = s11;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v281 = arena_.view(81920, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan3.run(v280.data(), v108.data(), v281.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
+  support::View v91 = arena_.view(2162688, 4096);
+  support::View v283 = arena_.view(1189888, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan4.run(v280.data(), v91.data(), v283.data(), 1.0f, 0.0f);
+
+  // performer.mesh:88:19 add
+  // performer.mesh:66:61 mul
+  // performer.mesh:66:10 mul
+  // performer.mesh:57:59 neg
+  support::View v251 = arena_.view(1933312, 8192);
+  support::View v257 = arena_.view(1998848, 8192);
+  support::View v105 = arena_.view(1802240, 8192);
+  support::View v285 = arena_.view(0, 8192);
+  support::View v286 = arena_.view(32768, 8192);
+  {
+    float *__restrict v285p = v285.data();
+    float *__restrict v286p = v286.data();
+    const float *__restrict v251p = v251.data();
+    const float *__restrict v257p = v257.data();
+    const float *__restrict v105p = v105.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v251p[i0];
+      const float s1 = v257p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = 0.125f;
+      const float s4 = (s2 * s3);
+      const float s5 = v105p[i0];
+      const float s6 = (s4 * s5);
+      const float s7 = -s6;
+      v285p[i0] = s6;
+      v286p[i0] = s7;
+    }
+  }
+
+  // performer.mesh:57:59 sum
+  support::View v287 = arena_.view(98304, 128);
+  static const support::Shape shape6_1 = {1, 128, 1};
+  static const support::Shape shape6_3 = {8192, 64, 64};
+  static const support::Shape shape6_4 = {64};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v287.data(), shape6_1, v286.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:10 einsum
+  support::View v292 = arena_.view(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan7.run(v285.data(), v86.data(), v292.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:61 broadcast
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  support::View v93 = arena_.view(2228224, 2048);
+  support::View v294 = arena_.view(40960, 2048);
+  {
+    float *__restrict v294p = v294.data();
+    const float *__restrict v93p = v93.data();
+    const float *__restrict v287p = v287.data();
+    const float *__restrict v292p = v292.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v93p[i0 * 16 + i1];
+        const float s1 = 2.0f;
+        const float s2 = (s0 * s1);
+        const float s3 = v287p[i0];
+        const float s4 = 0.5f;
+        const float s5 = (s3 * s4);
+        const float s6 = s5;
+        const float s7 = (s6 * s2);
+        const float s8 = v292p[i0 * 16 + i1];
+        const float s9 = (s7 + s8);
+        const float s10 = 0.5f;
+        const float s11 = (s9 * s10);
+        v294p[i0 * 16 + i1] = s11;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v295 = arena_.view(0, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan9.run(v294.data(), v92.data(), v295.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 add
+  // performer.mesh:45:10 add
+  support::View v267 = arena_.view(65536, 4096);
+  support::View v296 = arena_.view(16384, 4096);
+  {
+    float *__restrict v296p = v296.data();
+    const float *__restrict v267p = v267.data();
+    const float *__restrict v281p = v281.data();
+    const float *__restrict v295p = v295.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v267p[i0];
+      const float s1 = v281p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v295p[i0];
+      const float s4 = (s2 + s3);
+      v296p[i0] = s4;
+    }
+  }
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %283 over model for sum at
+  // 29:40)
+  auto request3 = support::startAllReduce(group_model, {v296}, meshrt::ReduceOp::Sum);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
+  support::View v297 = arena_.view(1191936, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan12.run(v294.data(), v91.data(), v297.data(), 1.0f, 0.0f);
+
+  group_model.wait(request3);
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
+  support::View v299 = arena_.view(1196288, 32);
+  static const support::Shape shape14_1 = {32};
+  static const support::Shape shape14_3 = {1};
+  static const support::Shape shape14_4 = {1, 128};
+  static const support::Shape shape14_5 = {4096, 32};
+  support::reduce(v299.data(), shape14_1, v296.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  support::View v89 = arena_.view(2146304, 4096);
+  support::View v301 = arena_.view(0, 4096);
+  {
+    float *__restrict v301p = v301.data();
+    const float *__restrict v296p = v296.data();
+    const float *__restrict v89p = v89.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v296p[i0];
+      const float s1 = v89p[i0];
+      const float s2 = (s0 * s1);
+      v301p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
+  support::View v302 = arena_.view(1196416, 32);
+  static const support::Shape shape16_1 = {32};
+  static const support::Shape shape16_3 = {1};
+  static const support::Shape shape16_4 = {1, 128};
+  static const support::Shape shape16_5 = {4096, 32};
+  support::reduce(v302.data(), shape16_1, v301.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  support::View v85 = arena_.view(2129920, 4096);
+  support::View v303 = arena_.view(32768, 128);
+  static const support::Shape shape17_1 = {1, 128};
+  static const support::Shape shape17_3 = {4096, 32};
+  static const support::Shape shape17_4 = {32};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v303.data(), shape17_1, v85.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  support::View v305 = arena_.view(0, 4096);
+  {
+    float *__restrict v305p = v305.data();
+    const float *__restrict v85p = v85.data();
+    const float *__restrict v303p = v303.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v85p[i0 * 32 + i1];
+        const float s1 = v303p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v305p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v306 = arena_.view(32768, 128);
+  static const support::Shape shape19_1 = {1, 128};
+  static const support::Shape shape19_3 = {4096, 32};
+  static const support::Shape shape19_4 = {32};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v306.data(), shape19_1, v305.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  support::View v308 = arena_.view(49152, 128);
+  {
+    float *__restrict v308p = v308.data();
+    const float *__restrict v306p = v306.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v306p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v308p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:10 mul
+  support::View v87(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v300 = arena_.view(0, 4096);
+  support::View v309 = arena_.view(32768, 4096);
+  {
+    float *__restrict v300p = v300.data();
+    float *__restrict v309p = v309.data();
+    const float *__restrict v296p = v296.data();
+    const float *__restrict v87p = v87.data();
+    const float *__restrict v89p = v89.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v296p[i0 * 32 + i1];
+        const float s1 = v87p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v89p[i0 * 32 + i1];
+        const float s4 = (s2 * s3);
+        v300p[i0 * 32 + i1] = s2;
+        v309p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v310 = arena_.view(16384, 128);
+  static const support::Shape shape22_1 = {1, 128};
+  static const support::Shape shape22_3 = {4096, 32};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v310.data(), shape22_1, v309.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mean
+  support::View v312 = arena_.view(16896, 128);
+  static const support::Shape shape23_1 = {1, 128};
+  static const support::Shape shape23_3 = {4096, 32};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v312.data(), shape23_1, v300.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.03125);
+}
+
+void LmTrain::runPart7(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  support::View v89 = arena_.view(2146304, 4096);
+  support::View v310 = arena_.view(16384, 128);
+  support::View v300 = arena_.view(0, 4096);
+  support::View v312 = arena_.view(16896, 128);
+  support::View v308 = arena_.view(49152, 128);
+  support::View v243 = arena_.view(2179072, 4096);
+  support::View v316 = arena_.view(65536, 4096);
+  {
+    float *__restrict v316p = v316.data();
+    const float *__restrict v89p = v89.data();
+    const float *__restrict v310p = v310.data();
+    const float *__restrict v300p = v300.data();
+    const float *__restrict v312p = v312.data();
+    const float *__restrict v308p = v308.data();
+    const float *__restrict v243p = v243.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v89p[i0 * 32 + i1];
+        const float s1 = v310p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v300p[i0 * 32 + i1];
+        const float s4 = v312p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v308p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v243p[i0 * 32 + i1];
+        const float s10 = (s9 + s8);
+        v316p[i0 * 32 + i1] = s10;
+      }
+    }
+  }
+
+  // performer.mesh:96:10 einsum
+  support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v317 = arena_.view(0, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan1.run(v316.data(), v80.data(), v317.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[0]/ffn/w_out
+  support::View v82 = arena_.view(1769472, 8192);
+  support::View v318 = arena_.view(1163264, 2048);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan2.run(v316.data(), v82.data(), v318.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:17 square
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 tanh
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 square
+  // performer.mesh:96:17 sub
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  support::View v81 = arena_.view(1736704, 8192);
+  support::View v335 = arena_.view(32768, 8192);
+  {
+    float *__restrict v335p = v335.data();
+    const float *__restrict v81p = v81.data();
+    const float *__restrict v317p = v317.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v81p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = v81p[i0];
+      const float s3 = (s2 * s1);
+      const float s4 = 0.044715f;
+      const float s5 = (s3 * s4);
+      const float s6 = v81p[i0];
+      const float s7 = (s6 + s5);
+      const float s8 = 0.7978846f;
+      const float s9 = (s7 * s8);
+      const float s10 = support::ftanh(s9);
+      const float s11 = 1.0f;
+      const float s12 = (s10 + s11);
+      const float s13 = 0.5f;
+      const float s14 = (s12 * s13);
+      const float s15 = 0.134145f;
+      const float s16 = (s1 * s15);
+      const float s17 = 1.0f;
+      const float s18 = (s16 + s17);
+      const float s19 = s10 * s10;
+      const float s20 = 1.0f;
+      const float s21 = (s20 - s19);
+      const float s22 = v81p[i0];
+      const float s23 = (s22 * s21);
+      const float s24 = (s23 * s18);
+      const float s25 = 0.3989423f;
+      const float s26 = (s24 * s25);
+      const float s27 = (s14 + s26);
+      const float s28 = v317p[i0];
+      const float s29 = (s28 * s27);
+      v335p[i0] = s29;
+    }
+  }
+
+  // performer.mesh:96:22 einsum
+  support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v336 = arena_.view(0, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan4.run(v335.data(), v79.data(), v336.data(), 1.0f, 0.0f);
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %322 over model for sum at
+  // 29:40)
+  auto request4 = support::startAllReduce(group_model, {v336}, meshrt::ReduceOp::Sum);
+
+  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[0]/ffn/w_in
+  support::View v78 = arena_.view(2113536, 4096);
+  support::View v337 = arena_.view(1171456, 2048);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan6.run(v335.data(), v78.data(), v337.data(), 1.0f, 0.0f);
+
+  group_model.wait(request4);
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[0]/norm#1/bias
+  support::View v339 = arena_.view(1196544, 32);
+  static const support::Shape shape8_1 = {32};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {1, 128};
+  static const support::Shape shape8_5 = {4096, 32};
+  support::reduce(v339.data(), shape8_1, v336.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  support::View v76 = arena_.view(2097152, 4096);
+  support::View v341 = arena_.view(16384, 4096);
+  {
+    float *__restrict v341p = v341.data();
+    const float *__restrict v336p = v336.data();
+    const float *__restrict v76p = v76.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v336p[i0];
+      const float s1 = v76p[i0];
+      const float s2 = (s0 * s1);
+      v341p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[0]/norm#1/gain
+  support::View v342 = arena_.view(1196672, 32);
+  static const support::Shape shape10_1 = {32};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {1, 128};
+  static const support::Shape shape10_5 = {4096, 32};
+  support::reduce(v342.data(), shape10_1, v341.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  support::View v73 = arena_.view(2080768, 4096);
+  support::View v343 = arena_.view(32768, 128);
+  static const support::Shape shape11_1 = {1, 128};
+  static const support::Shape shape11_3 = {4096, 32};
+  static const support::Shape shape11_4 = {32};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v343.data(), shape11_1, v73.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  support::View v345 = arena_.view(16384, 4096);
+  {
+    float *__restrict v345p = v345.data();
+    const float *__restrict v73p = v73.data();
+    const float *__restrict v343p = v343.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v73p[i0 * 32 + i1];
+        const float s1 = v343p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v345p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v346 = arena_.view(32768, 128);
+  static const support::Shape shape13_1 = {1, 128};
+  static const support::Shape shape13_3 = {4096, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v346.data(), shape13_1, v345.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  support::View v348 = arena_.view(49152, 128);
+  {
+    float *__restrict v348p = v348.data();
+    const float *__restrict v346p = v346.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v346p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v348p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:10 mul
+  support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
+  support::View v340 = arena_.view(16384, 4096);
+  support::View v349 = arena_.view(32768, 4096);
+  {
+    float *__restrict v340p = v340.data();
+    float *__restrict v349p = v349.data();
+    const float *__restrict v336p = v336.data();
+    const float *__restrict v74p = v74.data();
+    const float *__restrict v76p = v76.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v336p[i0 * 32 + i1];
+        const float s1 = v74p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v76p[i0 * 32 + i1];
+        const float s4 = (s2 * s3);
+        v340p[i0 * 32 + i1] = s2;
+        v349p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v350 = arena_.view(0, 128);
+  static const support::Shape shape16_1 = {1, 128};
+  static const support::Shape shape16_3 = {4096, 32};
+  static const support::Shape shape16_4 = {32};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v350.data(), shape16_1, v349.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mean
+  support::View v352 = arena_.view(512, 128);
+  static const support::Shape shape17_1 = {1, 128};
+  static const support::Shape shape17_3 = {4096, 32};
+  static const support::Shape shape17_4 = {32};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v352.data(), shape17_1, v340.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  support::View v356 = arena_.view(1146880, 4096);
+  {
+    float *__restrict v356p = v356.data();
+    const float *__restrict v76p = v76.data();
+    const float *__restrict v350p = v350.data();
+    const float *__restrict v340p = v340.data();
+    const float *__restrict v352p = v352.data();
+    const float *__restrict v348p = v348.data();
+    const float *__restrict v316p = v316.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v76p[i0 * 32 + i1];
+        const float s1 = v350p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v340p[i0 * 32 + i1];
+        const float s4 = v352p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v348p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v316p[i0 * 32 + i1];
+        const float s10 = (s9 + s8);
+        v356p[i0 * 32 + i1] = s10;
+      }
+    }
+  }
+
+  // performer.mesh:50:10 einsum
+  support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v357 = arena_.view(0, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan19.run(v356.data(), v70.data(), v357.data(), 1.0f, 0.0f);
+
+  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_out/w
+  support::View v69 = arena_.view(2220032, 2048);
+  support::View v358 = arena_.view(1193984, 512);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan20.run(v356.data(), v69.data(), v358.data(), 1.0f, 0.0f);
+
+  // performer.mesh:90:20 div
+  support::View v68 = arena_.view(2283520, 128);
+  support::View v359 = arena_.view(1179648, 2048);
+  {
+    float *__restrict v359p = v359.data();
+    const float *__restrict v357p = v357.data();
+    const float *__restrict v68p = v68.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v357p[i0 * 16 + i1];
+        const float s1 = v68p[i0];
+        const float s2 = (s0 / s1);
+        v359p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // performer.mesh:90:20 div
+  // performer.mesh:90:20 mul
+  // performer.mesh:90:20 neg
+  support::View v362 = arena_.view(8192, 2048);
+  {
+    float *__restrict v362p = v362.data();
+    const float *__restrict v69p = v69.data();
+    const float *__restrict v68p = v68.data();
+    const float *__restrict v357p = v357.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v69p[i0 * 16 + i1];
+        const float s1 = v68p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = v357p[i0 * 16 + i1];
+        const float s4 = (s3 * s2);
+        const float s5 = -s4;
+        v362p[i0 * 16 + i1] = s5;
+      }
+    }
+  }
+
+  // performer.mesh:90:20 sum
+  support::View v363 = arena_.view(32768, 128);
+  static const support::Shape shape23_1 = {1, 128, 1};
+  static const support::Shape shape23_3 = {2048, 16, 16};
+  static const support::Shape shape23_4 = {16};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v363.data(), shape23_1, v362.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart8(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:89:20 einsum
+  support::View v363 = arena_.view(32768, 128);
+  support::View v67 = arena_.view(1703936, 8192);
+  support::View v364 = arena_.view(1048576, 8192);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan0.run(v363.data(), v67.data(), v364.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:20 einsum
+  support::View v45 = arena_.view(1605632, 8192);
+  support::View v365 = arena_.view(0, 8192);
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan1.run(v363.data(), v45.data(), v365.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 sum
+  support::View v366 = arena_.view(1196032, 64);
+  static const support::Shape shape2_1 = {1, 1, 64};
+  static const support::Shape shape2_3 = {8192, 64, 1};
+  static const support::Shape shape2_4 = {128};
+  static const support::Shape shape2_5 = {64};
+  support::reduce(v366.data(), shape2_1, v365.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:31 cumsum
+  support::View v368 = arena_.view(1081344, 8192);
+  static const support::Shape shape3_2 = {1, 1, 64};
+  static const support::Shape shape3_3 = {8192, 64, 1};
+  static const support::Shape shape3_4 = {8192, 64, 1};
+  static const support::Shape shape3_5 = {128};
+  static const support::Shape shape3_6 = {64};
+  static const support::Shape shape3_7 = {64};
+  support::along(v368.data(), v365.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6,
+                 shape3_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:88:19 einsum
+  support::View v359 = arena_.view(1179648, 2048);
+  support::View v65 = arena_.view(524288, 131072);
+  support::View v370 = arena_.view(1114112, 8192);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan4.run(v359.data(), v65.data(), v370.data(), 1.0f, 0.0f);
+
+  // performer.mesh:88:19 einsum
+  support::View v372 = arena_.view(0, 131072);
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
+  einsumPlan5.run(v359.data(), v45.data(), v372.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:12 sum
+  support::View v373 = arena_.view(1179648, 1024);
+  static const support::Shape shape6_1 = {1, 1, 64, 16};
+  static const support::Shape shape6_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape6_4 = {128};
+  static const support::Shape shape6_5 = {1024};
+  support::reduce(v373.data(), shape6_1, v372.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:87:12 cumsum
+  support::View v375 = arena_.view(524288, 131072);
+  static const support::Shape shape7_2 = {1, 1, 64, 16};
+  static const support::Shape shape7_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape7_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape7_5 = {128};
+  static const support::Shape shape7_6 = {1024};
+  static const support::Shape shape7_7 = {1024};
+  support::along(v375.data(), v372.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6,
+                 shape7_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:87:12 broadcast
+  // performer.mesh:87:12 sub
+  support::View v376 = arena_.view(0, 131072);
+  {
+    float *__restrict v376p = v376.data();
+    const float *__restrict v373p = v373.data();
+    const float *__restrict v375p = v375.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 1024; ++i1) {
+        const float s0 = v373p[i1];
+        const float s1 = s0;
+        const float s2 = v375p[i0 * 1024 + i1];
+        const float s3 = (s1 - s2);
+        v376p[i0 * 1024 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:87:19 einsum
+  support::View v63 = arena_.view(2211840, 2048);
+  support::View v377 = arena_.view(524288, 8192);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan9.run(v376.data(), v63.data(), v377.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:19 einsum
+  support::View v61 = arena_.view(1671168, 8192);
+  support::View v379 = arena_.view(557056, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan10.run(v376.data(), v61.data(), v379.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum
+  support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v380 = arena_.view(65536, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan11.run(v379.data(), v62.data(), v380.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in#2/w
+  support::View v29 = arena_.view(2064384, 4096);
+  support::View v381 = arena_.view(98304, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan12.run(v379.data(), v29.data(), v381.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 broadcast
+  // performer.mesh:89:31 sub
+  // performer.mesh:87:19 add
+  // performer.mesh:71:66 mul
+  // performer.mesh:71:10 mul
+  // performer.mesh:57:59 neg
+  support::View v59 = arena_.view(1638400, 8192);
+  support::View v383 = arena_.view(0, 8192);
+  support::View v384 = arena_.view(32768, 8192);
+  {
+    float *__restrict v383p = v383.data();
+    float *__restrict v384p = v384.data();
+    const float *__restrict v366p = v366.data();
+    const float *__restrict v368p = v368.data();
+    const float *__restrict v377p = v377.data();
+    const float *__restrict v59p = v59.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v366p[i1];
+        const float s1 = s0;
+        const float s2 = v368p[i0 * 64 + i1];
+        const float s3 = (s1 - s2);
+        const float s4 = v377p[i0 * 64 + i1];
+        const float s5 = (s3 + s4);
+        const float s6 = 0.125f;
+        const float s7 = (s5 * s6);
+        const float s8 = v59p[i0 * 64 + i1];
+        const float s9 = (s7 * s8);
+        const float s10 = -s9;
+        v383p[i0 * 64 + i1] = s9;
+        v384p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+
+  // performer.mesh:57:59 sum
+  support::View v385 = arena_.view(81920, 128);
+  static const support::Shape shape14_1 = {1, 128, 1};
+  static const support::Shape shape14_3 = {8192, 64, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v385.data(), shape14_1, v384.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:10 einsum
+  const support::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
+  support::View v390 = arena_.view(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan15.run(v383.data(), v24.data(), v390.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:61 broadcast
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  support::View v47 = arena_.view(2203648, 2048);
+  support::View v392 = arena_.view(0, 2048);
+  {
+    float *__restrict v392p = v392.data();
+    const float *__restrict v47p = v47.data();
+    const float *__restrict v385p = v385.data();
+    const float *__restrict v390p = v390.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v47p[i0 * 16 + i1];
+        const float s1 = 2.0f;
+        const float s2 = (s0 * s1);
+        const float s3 = v385p[i0];
+        const float s4 = 0.5f;
+        const float s5 = (s3 * s4);
+        const float s6 = s5;
+        const float s7 = (s6 * s2);
+        const float s8 = v390p[i0 * 16 + i1];
+        const float s9 = (s7 + s8);
+        const float s10 = 0.5f;
+        const float s11 = (s9 * s10);
+        v392p[i0 * 16 + i1] = s11;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v393 = arena_.view(81920, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan17.run(v392.data(), v46.data(), v393.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in#1/w
+  support::View v395 = arena_.view(100352, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan18.run(v392.data(), v29.data(), v395.data(), 1.0f, 0.0f);
+
+  // performer.mesh:88:19 add
+  // performer.mesh:66:61 mul
+  // performer.mesh:66:10 mul
+  // performer.mesh:57:59 neg
+  support::View v43 = arena_.view(1572864, 8192);
+  support::View v397 = arena_.view(0, 8192);
+  support::View v398 = arena_.view(32768, 8192);
+  {
+    float *__restrict v397p = v397.data();
+    float *__restrict v398p = v398.data();
+    const float *__restrict v364p = v364.data();
+    const float *__restrict v370p = v370.data();
+    const float *__restrict v43p = v43.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v364p[i0];
+      const float s1 = v370p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = 0.125f;
+      const float s4 = (s2 * s3);
+      const float s5 = v43p[i0];
+      const float s6 = (s4 * s5);
+      const float s7 = -s6;
+      v397p[i0] = s6;
+      v398p[i0] = s7;
+    }
+  }
+
+  // performer.mesh:57:59 sum
+  support::View v399 = arena_.view(102400, 128);
+  static const support::Shape shape20_1 = {1, 128, 1};
+  static const support::Shape shape20_3 = {8192, 64, 64};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v399.data(), shape20_1, v398.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:10 einsum
+  support::View v404 = arena_.view(32768, 2048);
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan21.run(v397.data(), v24.data(), v404.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:61 broadcast
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  support::View v31 = arena_.view(2195456, 2048);
+  support::View v406 = arena_.view(40960, 2048);
+  {
+    float *__restrict v406p = v406.data();
+    const float *__restrict v31p = v31.data();
+    const float *__restrict v399p = v399.data();
+    const float *__restrict v404p = v404.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v31p[i0 * 16 + i1];
+        const float s1 = 2.0f;
+        const float s2 = (s0 * s1);
+        const float s3 = v399p[i0];
+        const float s4 = 0.5f;
+        const float s5 = (s3 * s4);
+        const float s6 = s5;
+        const float s7 = (s6 * s2);
+        const float s8 = v404p[i0 * 16 + i1];
+        const float s9 = (s7 + s8);
+        const float s10 = 0.5f;
+        const float s11 = (s9 * s10);
+        v406p[i0 * 16 + i1] = s11;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v407 = arena_.view(0, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan23.run(v406.data(), v30.data(), v407.data(), 1.0f, 0.0f);
+}
+
+void LmTrain::runPart9(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:45:10 add
+  // performer.mesh:45:10 add
+  support::View v380 = arena_.view(65536, 4096);
+  support::View v393 = arena_.view(81920, 4096);
+  support::View v407 = arena_.view(0, 4096);
+  support::View v408 = arena_.view(16384, 4096);
+  {
+    float *__restrict v408p = v408.data();
+    const float *__restrict v380p = v380.data();
+    const float *__restrict v393p = v393.data();
+    const float *__restrict v407p = v407.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v380p[i0];
+      const float s1 = v393p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v407p[i0];
+      const float s4 = (s2 + s3);
+      v408p[i0] = s4;
+    }
+  }
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %393 over model for sum at
+  // 29:40)
+  auto request5 = support::startAllReduce(group_model, {v408}, meshrt::ReduceOp::Sum);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in/w
+  support::View v406 = arena_.view(40960, 2048);
+  support::View v29 = arena_.view(2064384, 4096);
+  support::View v409 = arena_.view(49152, 512);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan2.run(v406.data(), v29.data(), v409.data(), 1.0f, 0.0f);
+
+  group_model.wait(request5);
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[0]/norm/bias
+  support::View v411 = arena_.view(52224, 32);
+  static const support::Shape shape4_1 = {32};
+  static const support::Shape shape4_3 = {1};
+  static const support::Shape shape4_4 = {1, 128};
+  static const support::Shape shape4_5 = {4096, 32};
+  support::reduce(v411.data(), shape4_1, v408.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  support::View v27 = arena_.view(2048000, 4096);
+  support::View v413 = arena_.view(0, 4096);
+  {
+    float *__restrict v413p = v413.data();
+    const float *__restrict v408p = v408.data();
+    const float *__restrict v27p = v27.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v408p[i0];
+      const float s1 = v27p[i0];
+      const float s2 = (s0 * s1);
+      v413p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[0]/norm/gain
+  support::View v414 = arena_.view(52352, 32);
+  static const support::Shape shape6_1 = {32};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {1, 128};
+  static const support::Shape shape6_5 = {4096, 32};
+  support::reduce(v414.data(), shape6_1, v413.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  support::View v23 = arena_.view(2031616, 4096);
+  support::View v415 = arena_.view(32768, 128);
+  static const support::Shape shape7_1 = {1, 128};
+  static const support::Shape shape7_3 = {4096, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v415.data(), shape7_1, v23.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  support::View v417 = arena_.view(0, 4096);
+  {
+    float *__restrict v417p = v417.data();
+    const float *__restrict v23p = v23.data();
+    const float *__restrict v415p = v415.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v23p[i0 * 32 + i1];
+        const float s1 = v415p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v417p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v418 = arena_.view(32768, 128);
+  static const support::Shape shape9_1 = {1, 128};
+  static const support::Shape shape9_3 = {4096, 32};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v418.data(), shape9_1, v417.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  support::View v420 = arena_.view(51200, 128);
+  {
+    float *__restrict v420p = v420.data();
+    const float *__restrict v418p = v418.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v418p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v420p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:10 mul
+  support::View v25(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
+  support::View v412 = arena_.view(0, 4096);
+  support::View v421 = arena_.view(32768, 4096);
+  {
+    float *__restrict v412p = v412.data();
+    float *__restrict v421p = v421.data();
+    const float *__restrict v408p = v408.data();
+    const float *__restrict v25p = v25.data();
+    const float *__restrict v27p = v27.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v408p[i0 * 32 + i1];
+        const float s1 = v25p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v27p[i0 * 32 + i1];
+        const float s4 = (s2 * s3);
+        v412p[i0 * 32 + i1] = s2;
+        v421p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  support::View v422 = arena_.view(51712, 128);
+  static const support::Shape shape12_1 = {1, 128};
+  static const support::Shape shape12_3 = {4096, 32};
+  static const support::Shape shape12_4 = {32};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v422.data(), shape12_1, v421.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mean
+  support::View v424 = arena_.view(32768, 128);
+  static const support::Shape shape13_1 = {1, 128};
+  static const support::Shape shape13_3 = {4096, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v424.data(), shape13_1, v412.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  support::View v356 = arena_.view(1146880, 4096);
+  support::View v428 = arena_.view(16384, 4096);
+  {
+    float *__restrict v428p = v428.data();
+    const float *__restrict v27p = v27.data();
+    const float *__restrict v422p = v422.data();
+    const float *__restrict v412p = v412.data();
+    const float *__restrict v424p = v424.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v27p[i0 * 32 + i1];
+        const float s1 = v422p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v412p[i0 * 32 + i1];
+        const float s4 = v424p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v420p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v356p[i0 * 32 + i1];
+        const float s10 = (s9 + s8);
+        v428p[i0 * 32 + i1] = s10;
+      }
+    }
+  }
+
+  // performer.mesh:133:37 one_hot
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v429 = arena_.view(0, 4096);
+  static const support::Shape shape15_1 = {1, 128, 32};
+  static const support::Shape shape15_3 = {128, 1, 0};
+  static const support::Shape shape15_4 = {0, 0, 1};
+  support::oneHot(v429.data(), shape15_1, v0.data(), shape15_3, shape15_4,
+                  support::shardStart(world_, {"model"}, 32));
+
+  // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
+  support::View v430 = arena_.view(32768, 1024);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
+  einsumPlan16.run(v429.data(), v428.data(), v430.data(), 1.0f, 0.0f);
+
+  // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
+  // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
+  // resolved together, 57.2 KiB in one buffer)
+  support::View v179 = arena_.view(2277376, 1024);
+  support::View v181 = arena_.view(2284288, 32);
+  support::View v184 = arena_.view(2284416, 32);
+  support::View v200 = arena_.view(2252800, 2048);
+  support::View v224 = arena_.view(2260992, 2048);
+  support::View v226 = arena_.view(2284544, 32);
+  support::View v229 = arena_.view(2284672, 32);
+  support::View v245 = arena_.view(2281472, 512);
+  support::View v268 = arena_.view(1187840, 512);
+  support::View v283 = arena_.view(1189888, 512);
+  support::View v297 = arena_.view(1191936, 512);
+  support::View v299 = arena_.view(1196288, 32);
+  support::View v302 = arena_.view(1196416, 32);
+  support::View v318 = arena_.view(1163264, 2048);
+  support::View v337 = arena_.view(1171456, 2048);
+  support::View v339 = arena_.view(1196544, 32);
+  support::View v342 = arena_.view(1196672, 32);
+  support::View v358 = arena_.view(1193984, 512);
+  support::View v381 = arena_.view(98304, 512);
+  support::View v395 = arena_.view(100352, 512);
+  auto request6 = support::startAllReduce(
+      group_data, {v179, v181, v184, v200, v224, v226, v229, v245, v268, v283, v297, v299,
+                   v302, v318, v337, v339, v342, v358, v381, v395, v409, v411, v414, v430},
+      meshrt::ReduceOp::Sum);
+
+  // performer.mesh:151:3 step
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 minimum
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 maximum
+  // performer.mesh:151:3 rsqrt
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul -> learning_rate
+  // performer.mesh:151:3 pow
+  // performer.mesh:151:3 sub
+  // performer.mesh:151:3 pow
+  // performer.mesh:151:3 sub
+  support::View v446 = arena_.view(0, 1);
+  support::View v462 = arena_.view(64, 1);
+  support::View v464 = arena_.view(128, 1);
+  {
+    const float stepValue = float(step_);
+    float *__restrict v446p = v446.data();
+    float *__restrict v462p = v462.data();
+    float *__restrict v464p = v464.data();
+    const float s0 = stepValue;
+    const float s1 = 1.0f;
+    const float s2 = (s0 + s1);
+    const float s3 = 0.01f;
+    const float s4 = (s2 * s3);
+    const float s5 = 1.0f;
+    const float s6 = support::minimum(s4, s5);
+    const float s7 = 0.001f;
+    const float s8 = (s7 * s6);
+    const float s9 = 100.0f;
+    const float s10 = support::maximum(s2, s9);
+    const float s11 = 1.0f / support::fsqrt(s10);
+    const float s12 = 10.0f;
+    const float s13 = (s11 * s12);
+    const float s14 = (s8 * s13);
+    const float s15 = 0.9f;
+    const float s16 = support::fpow(s15, s2);
+    const float s17 = 1.0f;
+    const float s18 = (s17 - s16);
+    const float s19 = 0.999f;
+    const float s20 = support::fpow(s19, s2);
+    const float s21 = 1.0f;
+    const float s22 = (s21 - s20);
+    v446p[0] = s14;
+    v462p[0] = s18;
+    v464p[0] = s22;
+  }
+
+  group_data.wait(request6);
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/embedding
+  support::View v6(param0_causal_lm_embedding);      // updated in place
+  support::View v448(param27_causal_lm_embedding_v); // updated in place
+  support::View v447(param26_causal_lm_embedding_m); // updated in place
+  {
+    float *__restrict v448p = v448.data();
+    float *__restrict v447p = v447.data();
+    float *__restrict v6p = v6.data();
+    const float *__restrict v430p = v430.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v6p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v430p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v448p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v430p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v447p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v6p[i0];
+      const float s30 = (s29 - s28);
+      v448p[i0] = s10;
+      v447p[i0] = s22;
+      v6p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/unembed
+  support::View v7(param1_causal_lm_unembed);      // updated in place
+  support::View v476(param29_causal_lm_unembed_v); // updated in place
+  support::View v475(param28_causal_lm_unembed_m); // updated in place
+  {
+    float *__restrict v476p = v476.data();
+    float *__restrict v475p = v475.data();
+    float *__restrict v7p = v7.data();
+    const float *__restrict v179p = v179.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v7p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v179p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v476p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v179p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v475p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v7p[i0];
+      const float s30 = (s29 - s28);
+      v476p[i0] = s10;
+      v475p[i0] = s22;
+      v7p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
+  support::View v497(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
+  support::View v496(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
+  {
+    float *__restrict v497p = v497.data();
+    float *__restrict v496p = v496.data();
+    float *__restrict v25p = v25.data();
+    const float *__restrict v414p = v414.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v25p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v414p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v497p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v414p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v496p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v25p[i0];
+      const float s30 = (s29 - s28);
+      v497p[i0] = s10;
+      v496p[i0] = s22;
+      v25p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/bias
+  support::View v26(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
+  support::View v518(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
+  support::View v517(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
+  {
+    float *__restrict v518p = v518.data();
+    float *__restrict v517p = v517.data();
+    float *__restrict v26p = v26.data();
+    const float *__restrict v411p = v411.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v26p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v411p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v518p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v411p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v517p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v26p[i0];
+      const float s30 = (s29 - s28);
+      v518p[i0] = s10;
+      v517p[i0] = s22;
+      v26p[i0] = s30;
+    }
+  }
+}
+
+void LmTrain::runPart10(const Inputs &inputs) {
+  (void)inputs;
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in/w
+  support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
+  support::View v409 = arena_.view(49152, 512);
+  support::View v539(param35_causal_lm_decoder_layer_0_heads_in_w_v); // updated in place
+  support::View v464 = arena_.view(128, 1);
+  support::View v538(param34_causal_lm_decoder_layer_0_heads_in_w_m); // updated in place
+  support::View v462 = arena_.view(64, 1);
+  support::View v446 = arena_.view(0, 1);
+  {
+    float *__restrict v539p = v539.data();
+    float *__restrict v538p = v538.data();
+    float *__restrict v30p = v30.data();
+    const float *__restrict v409p = v409.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v30p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v409p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v539p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v409p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v538p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v30p[i0];
+      const float s30 = (s29 - s28);
+      v539p[i0] = s10;
+      v538p[i0] = s22;
+      v30p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#1/w
+  support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
+  support::View v395 = arena_.view(100352, 512);
+  support::View v560(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
+  support::View v559(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
+  {
+    float *__restrict v560p = v560.data();
+    float *__restrict v559p = v559.data();
+    float *__restrict v46p = v46.data();
+    const float *__restrict v395p = v395.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v46p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v395p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v560p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v395p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v559p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v46p[i0];
+      const float s30 = (s29 - s28);
+      v560p[i0] = s10;
+      v559p[i0] = s22;
+      v46p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#2/w
+  support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
+  support::View v381 = arena_.view(98304, 512);
+  support::View v581(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
+  support::View v580(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
+  {
+    float *__restrict v581p = v581.data();
+    float *__restrict v580p = v580.data();
+    float *__restrict v62p = v62.data();
+    const float *__restrict v381p = v381.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v62p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v381p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v581p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v381p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v580p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v62p[i0];
+      const float s30 = (s29 - s28);
+      v581p[i0] = s10;
+      v580p[i0] = s22;
+      v62p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_out/w
+  support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
+  support::View v358 = arena_.view(1193984, 512);
+  support::View v602(param41_causal_lm_decoder_layer_0_heads_out_w_v); // updated in place
+  support::View v601(param40_causal_lm_decoder_layer_0_heads_out_w_m); // updated in place
+  {
+    float *__restrict v602p = v602.data();
+    float *__restrict v601p = v601.data();
+    float *__restrict v70p = v70.data();
+    const float *__restrict v358p = v358.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v70p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v358p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v602p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v358p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v601p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v70p[i0];
+      const float s30 = (s29 - s28);
+      v602p[i0] = s10;
+      v601p[i0] = s22;
+      v70p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/gain
+  support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
+  support::View v342 = arena_.view(1196672, 32);
+  support::View v623(param43_causal_lm_decoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v622(param42_causal_lm_decoder_layer_0_norm_1_gain_m); // updated in place
+  {
+    float *__restrict v623p = v623.data();
+    float *__restrict v622p = v622.data();
+    float *__restrict v74p = v74.data();
+    const float *__restrict v342p = v342.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v74p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v342p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v623p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v342p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v622p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v74p[i0];
+      const float s30 = (s29 - s28);
+      v623p[i0] = s10;
+      v622p[i0] = s22;
+      v74p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/bias
+  support::View v75(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
+  support::View v339 = arena_.view(1196544, 32);
+  support::View v644(param45_causal_lm_decoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v643(param44_causal_lm_decoder_layer_0_norm_1_bias_m); // updated in place
+  {
+    float *__restrict v644p = v644.data();
+    float *__restrict v643p = v643.data();
+    float *__restrict v75p = v75.data();
+    const float *__restrict v339p = v339.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v75p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v339p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v644p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v339p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v643p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v75p[i0];
+      const float s30 = (s29 - s28);
+      v644p[i0] = s10;
+      v643p[i0] = s22;
+      v75p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
+  support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v337 = arena_.view(1171456, 2048);
+  support::View v665(param47_causal_lm_decoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v664(param46_causal_lm_decoder_layer_0_ffn_w_in_m); // updated in place
+  {
+    float *__restrict v665p = v665.data();
+    float *__restrict v664p = v664.data();
+    float *__restrict v79p = v79.data();
+    const float *__restrict v337p = v337.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v79p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v337p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v665p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v337p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v664p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v79p[i0];
+      const float s30 = (s29 - s28);
+      v665p[i0] = s10;
+      v664p[i0] = s22;
+      v79p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
+  support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v318 = arena_.view(1163264, 2048);
+  support::View v686(param49_causal_lm_decoder_layer_0_ffn_w_out_v); // updated in place
+  support::View v685(param48_causal_lm_decoder_layer_0_ffn_w_out_m); // updated in place
+  {
+    float *__restrict v686p = v686.data();
+    float *__restrict v685p = v685.data();
+    float *__restrict v80p = v80.data();
+    const float *__restrict v318p = v318.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v80p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v318p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v686p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v318p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v685p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v80p[i0];
+      const float s30 = (s29 - s28);
+      v686p[i0] = s10;
+      v685p[i0] = s22;
+      v80p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/gain
+  support::View v87(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
+  support::View v302 = arena_.view(1196416, 32);
+  support::View v707(param51_causal_lm_decoder_layer_1_norm_gain_v); // updated in place
+  support::View v706(param50_causal_lm_decoder_layer_1_norm_gain_m); // updated in place
+  {
+    float *__restrict v707p = v707.data();
+    float *__restrict v706p = v706.data();
+    float *__restrict v87p = v87.data();
+    const float *__restrict v302p = v302.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v87p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v302p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v707p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v302p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v706p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v87p[i0];
+      const float s30 = (s29 - s28);
+      v707p[i0] = s10;
+      v706p[i0] = s22;
+      v87p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
+  support::View v88(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
+  support::View v299 = arena_.view(1196288, 32);
+  support::View v728(param53_causal_lm_decoder_layer_1_norm_bias_v); // updated in place
+  support::View v727(param52_causal_lm_decoder_layer_1_norm_bias_m); // updated in place
+  {
+    float *__restrict v728p = v728.data();
+    float *__restrict v727p = v727.data();
+    float *__restrict v88p = v88.data();
+    const float *__restrict v299p = v299.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v88p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v299p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v728p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v299p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v727p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v88p[i0];
+      const float s30 = (s29 - s28);
+      v728p[i0] = s10;
+      v727p[i0] = s22;
+      v88p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in/w
+  support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
+  support::View v297 = arena_.view(1191936, 512);
+  support::View v749(param55_causal_lm_decoder_layer_1_heads_in_w_v); // updated in place
+  support::View v748(param54_causal_lm_decoder_layer_1_heads_in_w_m); // updated in place
+  {
+    float *__restrict v749p = v749.data();
+    float *__restrict v748p = v748.data();
+    float *__restrict v92p = v92.data();
+    const float *__restrict v297p = v297.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v92p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v297p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v749p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v297p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v748p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v92p[i0];
+      const float s30 = (s29 - s28);
+      v749p[i0] = s10;
+      v748p[i0] = s22;
+      v92p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in#1/w
+  support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
+  support::View v283 = arena_.view(1189888, 512);
+  support::View v770(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
+  support::View v769(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
+  {
+    float *__restrict v770p = v770.data();
+    float *__restrict v769p = v769.data();
+    float *__restrict v108p = v108.data();
+    const float *__restrict v283p = v283.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v108p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v283p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v770p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v283p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v769p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v108p[i0];
+      const float s30 = (s29 - s28);
+      v770p[i0] = s10;
+      v769p[i0] = s22;
+      v108p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in#2/w
+  support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
+  support::View v268 = arena_.view(1187840, 512);
+  support::View v791(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
+  support::View v790(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
+  {
+    float *__restrict v791p = v791.data();
+    float *__restrict v790p = v790.data();
+    float *__restrict v124p = v124.data();
+    const float *__restrict v268p = v268.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v124p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v268p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v791p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v268p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v790p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v124p[i0];
+      const float s30 = (s29 - s28);
+      v791p[i0] = s10;
+      v790p[i0] = s22;
+      v124p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_out/w
+  support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
+  support::View v245 = arena_.view(2281472, 512);
+  support::View v812(param61_causal_lm_decoder_layer_1_heads_out_w_v); // updated in place
+  support::View v811(param60_causal_lm_decoder_layer_1_heads_out_w_m); // updated in place
+  {
+    float *__restrict v812p = v812.data();
+    float *__restrict v811p = v811.data();
+    float *__restrict v132p = v132.data();
+    const float *__restrict v245p = v245.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v132p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v245p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v812p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v245p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v811p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v132p[i0];
+      const float s30 = (s29 - s28);
+      v812p[i0] = s10;
+      v811p[i0] = s22;
+      v132p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm#1/gain
+  support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v229 = arena_.view(2284672, 32);
+  support::View v833(param63_causal_lm_decoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v832(param62_causal_lm_decoder_layer_1_norm_1_gain_m); // updated in place
+  {
+    float *__restrict v833p = v833.data();
+    float *__restrict v832p = v832.data();
+    float *__restrict v136p = v136.data();
+    const float *__restrict v229p = v229.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v136p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v229p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v833p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v229p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v832p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v136p[i0];
+      const float s30 = (s29 - s28);
+      v833p[i0] = s10;
+      v832p[i0] = s22;
+      v136p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm#1/bias
+  support::View v137(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
+  support::View v226 = arena_.view(2284544, 32);
+  support::View v854(param65_causal_lm_decoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v853(param64_causal_lm_decoder_layer_1_norm_1_bias_m); // updated in place
+  {
+    float *__restrict v854p = v854.data();
+    float *__restrict v853p = v853.data();
+    float *__restrict v137p = v137.data();
+    const float *__restrict v226p = v226.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v137p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v226p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v854p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v226p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v853p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v137p[i0];
+      const float s30 = (s29 - s28);
+      v854p[i0] = s10;
+      v853p[i0] = s22;
+      v137p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/ffn/w_in
+  support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v224 = arena_.view(2260992, 2048);
+  support::View v875(param67_causal_lm_decoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v874(param66_causal_lm_decoder_layer_1_ffn_w_in_m); // updated in place
+  {
+    float *__restrict v875p = v875.data();
+    float *__restrict v874p = v874.data();
+    float *__restrict v141p = v141.data();
+    const float *__restrict v224p = v224.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v141p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v224p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v875p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v224p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v874p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v141p[i0];
+      const float s30 = (s29 - s28);
+      v875p[i0] = s10;
+      v874p[i0] = s22;
+      v141p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/ffn/w_out
+  support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v200 = arena_.view(2252800, 2048);
+  support::View v896(param69_causal_lm_decoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v895(param68_causal_lm_decoder_layer_1_ffn_w_out_m); // updated in place
+  {
+    float *__restrict v896p = v896.data();
+    float *__restrict v895p = v895.data();
+    float *__restrict v142p = v142.data();
+    const float *__restrict v200p = v200.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v142p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v200p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v896p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v200p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v895p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v142p[i0];
+      const float s30 = (s29 - s28);
+      v896p[i0] = s10;
+      v895p[i0] = s22;
+      v142p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/norm/gain
+  support::View v148(param24_causal_lm_norm_gain); // updated in place
+  support::View v184 = arena_.view(2284416, 32);
+  support::View v917(param71_causal_lm_norm_gain_v); // updated in place
+  support::View v916(param70_causal_lm_norm_gain_m); // updated in place
+  {
+    float *__restrict v917p = v917.data();
+    float *__restrict v916p = v916.data();
+    float *__restrict v148p = v148.data();
+    const float *__restrict v184p = v184.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v148p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v184p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v917p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v184p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v916p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v148p[i0];
+      const float s30 = (s29 - s28);
+      v917p[i0] = s10;
+      v916p[i0] = s22;
+      v148p[i0] = s30;
+    }
+  }
+
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 square
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 sqrt
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 div
+  // performer.mesh:151:3 add
+  // performer.mesh:151:3 mul
+  // performer.mesh:151:3 sub -> next/causal_lm/norm/bias
+  support::View v149(param25_causal_lm_norm_bias); // updated in place
+  support::View v181 = arena_.view(2284288, 32);
+  support::View v938(param73_causal_lm_norm_bias_v); // updated in place
+  support::View v937(param72_causal_lm_norm_bias_m); // updated in place
+  {
+    float *__restrict v938p = v938.data();
+    float *__restrict v937p = v937.data();
+    float *__restrict v149p = v149.data();
+    const float *__restrict v181p = v181.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v462p = v462.data();
+    const float *__restrict v446p = v446.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = v149p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v181p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.001f;
+      const float s6 = (s4 * s5);
+      const float s7 = v938p[i0];
+      const float s8 = 0.999f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v464p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-08f;
+      const float s15 = (s13 + s14);
+      const float s16 = v181p[i0];
+      const float s17 = 0.1f;
+      const float s18 = (s16 * s17);
+      const float s19 = v937p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v462p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v446p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v149p[i0];
+      const float s30 = (s29 - s28);
+      v938p[i0] = s10;
+      v937p[i0] = s22;
+      v149p[i0] = s30;
+    }
+  }
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
@@ -7422,38 +8016,35 @@ LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
     std::vector<int32_t> ids(inputs.tokens.data.size());
     meshrt::kernels::fillInput(
         ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{2, 128},
-            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 1), 0},
-            meshrt::kernels::Dims{1, 128}},
+        meshrt::kernels::Shard{meshrt::kernels::Dims{2, 128},
+                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0},
+                               meshrt::kernels::Dims{1, 128}},
         seed, "tokens", 64);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;
 }
 
-meshc::gen::Tensor LmTrain::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global) {
+support::Tensor LmTrain::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global) {
   if (name == "tokens") {
-    meshc::gen::checkShape("global input", name, global, {2, 128});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {2, 128});
+    return support::Tensor{
         {1, 128},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {1, 128}, {128, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 1),
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 1), 0})};
   }
   throw std::invalid_argument("lm_train: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor LmTrain::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local) {
+support::Tensor LmTrain::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local) {
   if (name == "loss") {
-    meshc::gen::checkShape("local output", name, local, {});
-    return meshc::gen::Tensor{{},
-                              meshc::gen::gatherShards(world, local.data, {}, {}, [&](int rank) {
-                                return meshc::gen::Shape{};
-                              })};
+    support::checkShape("local output", name, local, {});
+    return support::Tensor{{}, support::gatherShards(world, local.data, {}, {}, [&](int rank) {
+                             return support::Shape{};
+                           })};
   }
   throw std::invalid_argument("lm_train: no output named '" + name + "'");
 }
@@ -7589,7 +8180,7 @@ bool LmTrain::isOptimizerState(const std::string &path) {
   return std::find(states.begin(), states.end(), path) != states.end();
 }
 
-std::vector<meshc::gen::ParamShard> LmTrain::paramShards() {
+std::vector<support::ParamShard> LmTrain::paramShards() {
   return {
       {"causal_lm/embedding",
        false,
@@ -8186,26 +8777,26 @@ std::vector<meshc::gen::ParamShard> LmTrain::paramShards() {
   };
 }
 
-meshc::gen::Tensor LmTrain::getParam(const std::string &path) {
+support::Tensor LmTrain::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "lm_train"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "lm_train"));
 }
 
-void LmTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void LmTrain::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "lm_train"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "lm_train"), global);
 }
 
 void LmTrain::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {step_, {{"program", "lm_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void LmTrain::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

@@ -9,17 +9,20 @@
 
 namespace meshc_generated {
 
+/// The support code this target's generated code calls.
+namespace support = meshc::gen;
+
 /// The program `encode` of performer.mesh, planned for the mesh [data=2, model=2] with layout
 /// batch: [data], d_ff: [model], half: [data, model], heads: [model].
 class Encode {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor x; // [batch:[data], seq, d_model] local {1, 128, 32}
+    support::Tensor x; // [batch:[data], seq, d_model] local {1, 128, 32}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor y; // [batch:[data], seq, d_model] local {1, 128, 32}
+    support::Tensor y; // [batch:[data], seq, d_model] local {1, 128, 32}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -28,7 +31,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -41,7 +44,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 131584;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 1170036;
+  static constexpr size_t kTemporaryBytes = 995848;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 7616;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -49,24 +54,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -79,63 +84,63 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_data_model;                    // the ranks along data, model
-  meshrt::Communicator &group_model;                         // the ranks along model
-  meshc::gen::Buffer param0_encoder_layer_0_random_features; // encoder_layer[0]/random_features:
-                                                             // [features, d_head] local {64, 16}
-  meshc::gen::Buffer
+  meshrt::Communicator &group_data_model;                 // the ranks along data, model
+  meshrt::Communicator &group_model;                      // the ranks along model
+  support::Buffer param0_encoder_layer_0_random_features; // encoder_layer[0]/random_features:
+                                                          // [features, d_head] local {64, 16}
+  support::Buffer
       param1_encoder_layer_0_norm_gain; // encoder_layer[0]/norm/gain: [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer
       param2_encoder_layer_0_norm_bias; // encoder_layer[0]/norm/bias: [d_model] local {32}
-  meshc::gen::Buffer param3_encoder_layer_0_heads_in_w; // encoder_layer[0]/heads_in/w: [d_model,
-                                                        // heads:[model], d_head] local {32, 1, 16}
-  meshc::gen::Buffer
-      param4_encoder_layer_0_heads_in_1_w; // encoder_layer[0]/heads_in#1/w: [d_model,
-                                           // heads:[model], d_head] local {32, 1, 16}
-  meshc::gen::Buffer
-      param5_encoder_layer_0_heads_in_2_w; // encoder_layer[0]/heads_in#2/w: [d_model,
-                                           // heads:[model], d_head] local {32, 1, 16}
-  meshc::gen::Buffer
+  support::Buffer param3_encoder_layer_0_heads_in_w;   // encoder_layer[0]/heads_in/w: [d_model,
+                                                       // heads:[model], d_head] local {32, 1, 16}
+  support::Buffer param4_encoder_layer_0_heads_in_1_w; // encoder_layer[0]/heads_in#1/w: [d_model,
+                                                       // heads:[model], d_head] local {32, 1, 16}
+  support::Buffer param5_encoder_layer_0_heads_in_2_w; // encoder_layer[0]/heads_in#2/w: [d_model,
+                                                       // heads:[model], d_head] local {32, 1, 16}
+  support::Buffer
       param6_encoder_layer_0_heads_out_w; // encoder_layer[0]/heads_out/w: [heads:[model], d_head,
                                           // d_model] local {1, 16, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param7_encoder_layer_0_norm_1_gain; // encoder_layer[0]/norm#1/gain: [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer
       param8_encoder_layer_0_norm_1_bias; // encoder_layer[0]/norm#1/bias: [d_model] local {32}
-  meshc::gen::Buffer param9_encoder_layer_0_ffn_w_in;   // encoder_layer[0]/ffn/w_in: [d_model,
-                                                        // d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer param10_encoder_layer_0_ffn_w_out; // encoder_layer[0]/ffn/w_out:
-                                                        // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer param11_encoder_layer_1_random_features; // encoder_layer[1]/random_features:
-                                                              // [features, d_head] local {64, 16}
-  meshc::gen::Buffer
+  support::Buffer param9_encoder_layer_0_ffn_w_in;   // encoder_layer[0]/ffn/w_in: [d_model,
+                                                     // d_ff:[model]] local {32, 64}
+  support::Buffer param10_encoder_layer_0_ffn_w_out; // encoder_layer[0]/ffn/w_out: [d_ff:[model],
+                                                     // d_model] local {64, 32}
+  support::Buffer param11_encoder_layer_1_random_features; // encoder_layer[1]/random_features:
+                                                           // [features, d_head] local {64, 16}
+  support::Buffer
       param12_encoder_layer_1_norm_gain; // encoder_layer[1]/norm/gain: [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer
       param13_encoder_layer_1_norm_bias; // encoder_layer[1]/norm/bias: [d_model] local {32}
-  meshc::gen::Buffer param14_encoder_layer_1_heads_in_w; // encoder_layer[1]/heads_in/w: [d_model,
-                                                         // heads:[model], d_head] local {32, 1, 16}
-  meshc::gen::Buffer
-      param15_encoder_layer_1_heads_in_1_w; // encoder_layer[1]/heads_in#1/w: [d_model,
-                                            // heads:[model], d_head] local {32, 1, 16}
-  meshc::gen::Buffer
-      param16_encoder_layer_1_heads_in_2_w; // encoder_layer[1]/heads_in#2/w: [d_model,
-                                            // heads:[model], d_head] local {32, 1, 16}
-  meshc::gen::Buffer
+  support::Buffer param14_encoder_layer_1_heads_in_w;   // encoder_layer[1]/heads_in/w: [d_model,
+                                                        // heads:[model], d_head] local {32, 1, 16}
+  support::Buffer param15_encoder_layer_1_heads_in_1_w; // encoder_layer[1]/heads_in#1/w: [d_model,
+                                                        // heads:[model], d_head] local {32, 1, 16}
+  support::Buffer param16_encoder_layer_1_heads_in_2_w; // encoder_layer[1]/heads_in#2/w: [d_model,
+                                                        // heads:[model], d_head] local {32, 1, 16}
+  support::Buffer
       param17_encoder_layer_1_heads_out_w; // encoder_layer[1]/heads_out/w: [heads:[model], d_head,
                                            // d_model] local {1, 16, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param18_encoder_layer_1_norm_1_gain; // encoder_layer[1]/norm#1/gain: [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer
       param19_encoder_layer_1_norm_1_bias; // encoder_layer[1]/norm#1/bias: [d_model] local {32}
-  meshc::gen::Buffer param20_encoder_layer_1_ffn_w_in;  // encoder_layer[1]/ffn/w_in: [d_model,
-                                                        // d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer param21_encoder_layer_1_ffn_w_out; // encoder_layer[1]/ffn/w_out:
-                                                        // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer param22_norm_gain;                 // norm/gain: [d_model] local {32}
-  meshc::gen::Buffer param23_norm_bias;                 // norm/bias: [d_model] local {32}
-  meshc::gen::Arena arena_{kArenaBytes};                // run()'s temporaries
+  support::Buffer param20_encoder_layer_1_ffn_w_in;  // encoder_layer[1]/ffn/w_in: [d_model,
+                                                     // d_ff:[model]] local {32, 64}
+  support::Buffer param21_encoder_layer_1_ffn_w_out; // encoder_layer[1]/ffn/w_out: [d_ff:[model],
+                                                     // d_model] local {64, 32}
+  support::Buffer param22_norm_gain;                 // norm/gain: [d_model] local {32}
+  support::Buffer param23_norm_bias;                 // norm/bias: [d_model] local {32}
+  support::Arena arena_{kArenaBytes};                // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};      // computed in the constructor
 };
 
 /// The program `lm` of performer.mesh, planned for the mesh [data=2, model=2] with layout batch:
@@ -144,11 +149,11 @@ class Lm {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor tokens; // [batch:[data], seq] local {1, 128}
+    support::Tensor tokens; // [batch:[data], seq] local {1, 128}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor logits; // [batch:[data], seq, vocab:[model]] local {1, 128, 32}
+    support::Tensor logits; // [batch:[data], seq, vocab:[model]] local {1, 128, 32}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -157,7 +162,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -170,7 +175,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 1130496;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 3356788;
+  static constexpr size_t kTemporaryBytes = 3182600;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 7616;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -178,24 +185,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -208,75 +215,80 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
+  void runPart3(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
   meshrt::Communicator &group_data_model; // the ranks along data, model
   meshrt::Communicator &group_model;      // the ranks along model
-  meshc::gen::Buffer
+  support::Buffer
       param0_causal_lm_embedding; // causal_lm/embedding: [vocab:[model], d_model] local {32, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param1_causal_lm_unembed; // causal_lm/unembed: [d_model, vocab:[model]] local {32, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param2_causal_lm_decoder_layer_0_random_features; // causal_lm/decoder_layer[0]/random_features:
                                                         // [features, d_head] local {64, 16}
-  meshc::gen::Buffer param3_causal_lm_decoder_layer_0_norm_gain; // causal_lm/decoder_layer[0]/norm/gain:
+  support::Buffer param3_causal_lm_decoder_layer_0_norm_gain; // causal_lm/decoder_layer[0]/norm/gain:
+                                                              // [d_model] local {32}
+  support::Buffer param4_causal_lm_decoder_layer_0_norm_bias; // causal_lm/decoder_layer[0]/norm/bias:
+                                                              // [d_model] local {32}
+  support::Buffer param5_causal_lm_decoder_layer_0_heads_in_w; // causal_lm/decoder_layer[0]/heads_in/w:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {32, 1, 16}
+  support::Buffer param6_causal_lm_decoder_layer_0_heads_in_1_w; // causal_lm/decoder_layer[0]/heads_in#1/w:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {32, 1, 16}
+  support::Buffer param7_causal_lm_decoder_layer_0_heads_in_2_w; // causal_lm/decoder_layer[0]/heads_in#2/w:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {32, 1, 16}
+  support::Buffer param8_causal_lm_decoder_layer_0_heads_out_w; // causal_lm/decoder_layer[0]/heads_out/w:
+                                                                // [heads:[model], d_head, d_model]
+                                                                // local {1, 16, 32}
+  support::Buffer param9_causal_lm_decoder_layer_0_norm_1_gain; // causal_lm/decoder_layer[0]/norm#1/gain:
+                                                                // [d_model] local {32}
+  support::Buffer param10_causal_lm_decoder_layer_0_norm_1_bias; // causal_lm/decoder_layer[0]/norm#1/bias:
                                                                  // [d_model] local {32}
-  meshc::gen::Buffer param4_causal_lm_decoder_layer_0_norm_bias; // causal_lm/decoder_layer[0]/norm/bias:
-                                                                 // [d_model] local {32}
-  meshc::gen::Buffer param5_causal_lm_decoder_layer_0_heads_in_w; // causal_lm/decoder_layer[0]/heads_in/w:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param6_causal_lm_decoder_layer_0_heads_in_1_w; // causal_lm/decoder_layer[0]/heads_in#1/w:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param7_causal_lm_decoder_layer_0_heads_in_2_w; // causal_lm/decoder_layer[0]/heads_in#2/w:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param8_causal_lm_decoder_layer_0_heads_out_w; // causal_lm/decoder_layer[0]/heads_out/w:
-                                                                   // [heads:[model], d_head,
-                                                                   // d_model] local {1, 16, 32}
-  meshc::gen::Buffer param9_causal_lm_decoder_layer_0_norm_1_gain; // causal_lm/decoder_layer[0]/norm#1/gain:
-                                                                   // [d_model] local {32}
-  meshc::gen::Buffer param10_causal_lm_decoder_layer_0_norm_1_bias; // causal_lm/decoder_layer[0]/norm#1/bias:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer
       param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in: [d_model,
                                                   // d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
                                                    // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param13_causal_lm_decoder_layer_1_random_features; // causal_lm/decoder_layer[1]/random_features:
                                                          // [features, d_head] local {64, 16}
-  meshc::gen::Buffer param14_causal_lm_decoder_layer_1_norm_gain; // causal_lm/decoder_layer[1]/norm/gain:
-                                                                  // [d_model] local {32}
-  meshc::gen::Buffer param15_causal_lm_decoder_layer_1_norm_bias; // causal_lm/decoder_layer[1]/norm/bias:
-                                                                  // [d_model] local {32}
-  meshc::gen::Buffer param16_causal_lm_decoder_layer_1_heads_in_w; // causal_lm/decoder_layer[1]/heads_in/w:
-                                                                   // [d_model, heads:[model],
-                                                                   // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param17_causal_lm_decoder_layer_1_heads_in_1_w; // causal_lm/decoder_layer[1]/heads_in#1/w:
-                                                                     // [d_model, heads:[model],
-                                                                     // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param18_causal_lm_decoder_layer_1_heads_in_2_w; // causal_lm/decoder_layer[1]/heads_in#2/w:
-                                                                     // [d_model, heads:[model],
-                                                                     // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param19_causal_lm_decoder_layer_1_heads_out_w; // causal_lm/decoder_layer[1]/heads_out/w:
-                                                                    // [heads:[model], d_head,
-                                                                    // d_model] local {1, 16, 32}
-  meshc::gen::Buffer param20_causal_lm_decoder_layer_1_norm_1_gain; // causal_lm/decoder_layer[1]/norm#1/gain:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param21_causal_lm_decoder_layer_1_norm_1_bias; // causal_lm/decoder_layer[1]/norm#1/bias:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer param14_causal_lm_decoder_layer_1_norm_gain; // causal_lm/decoder_layer[1]/norm/gain:
+                                                               // [d_model] local {32}
+  support::Buffer param15_causal_lm_decoder_layer_1_norm_bias; // causal_lm/decoder_layer[1]/norm/bias:
+                                                               // [d_model] local {32}
+  support::Buffer param16_causal_lm_decoder_layer_1_heads_in_w; // causal_lm/decoder_layer[1]/heads_in/w:
+                                                                // [d_model, heads:[model], d_head]
+                                                                // local {32, 1, 16}
+  support::Buffer param17_causal_lm_decoder_layer_1_heads_in_1_w; // causal_lm/decoder_layer[1]/heads_in#1/w:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {32, 1, 16}
+  support::Buffer param18_causal_lm_decoder_layer_1_heads_in_2_w; // causal_lm/decoder_layer[1]/heads_in#2/w:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {32, 1, 16}
+  support::Buffer param19_causal_lm_decoder_layer_1_heads_out_w; // causal_lm/decoder_layer[1]/heads_out/w:
+                                                                 // [heads:[model], d_head, d_model]
+                                                                 // local {1, 16, 32}
+  support::Buffer param20_causal_lm_decoder_layer_1_norm_1_gain; // causal_lm/decoder_layer[1]/norm#1/gain:
+                                                                 // [d_model] local {32}
+  support::Buffer param21_causal_lm_decoder_layer_1_norm_1_bias; // causal_lm/decoder_layer[1]/norm#1/bias:
+                                                                 // [d_model] local {32}
+  support::Buffer
       param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in: [d_model,
                                                   // d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
                                                    // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer param24_causal_lm_norm_gain;  // causal_lm/norm/gain: [d_model] local {32}
-  meshc::gen::Buffer param25_causal_lm_norm_bias;  // causal_lm/norm/bias: [d_model] local {32}
-  meshc::gen::Arena arena_{kArenaBytes};           // run()'s temporaries
+  support::Buffer param24_causal_lm_norm_gain;     // causal_lm/norm/gain: [d_model] local {32}
+  support::Buffer param25_causal_lm_norm_bias;     // causal_lm/norm/bias: [d_model] local {32}
+  support::Arena arena_{kArenaBytes};              // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};    // computed in the constructor
 };
 
 /// The train block `lm_train` of performer.mesh, planned for the mesh [data=2, model=2] with layout
@@ -285,11 +297,11 @@ class LmTrain {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor tokens; // [batch:[data], seq] local {1, 128}
+    support::Tensor tokens; // [batch:[data], seq] local {1, 128}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor loss; // [] local {}
+    support::Tensor loss; // [] local {}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -298,7 +310,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -309,9 +321,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 2736384;
+  static constexpr size_t kArenaBytes = 2284864;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 10313128;
+  static constexpr size_t kTemporaryBytes = 8086048;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 8704;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -328,24 +342,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -358,193 +372,205 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
+  void runPart3(const Inputs &inputs);
+  void runPart4(const Inputs &inputs);
+  void runPart5(const Inputs &inputs);
+  void runPart6(const Inputs &inputs);
+  void runPart7(const Inputs &inputs);
+  void runPart8(const Inputs &inputs);
+  void runPart9(const Inputs &inputs);
+  void runPart10(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
   meshrt::Communicator &group_data;       // the ranks along data
   meshrt::Communicator &group_data_model; // the ranks along data, model
   meshrt::Communicator &group_model;      // the ranks along model
-  meshc::gen::Buffer
+  support::Buffer
       param0_causal_lm_embedding; // causal_lm/embedding: [vocab:[model], d_model] local {32, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param1_causal_lm_unembed; // causal_lm/unembed: [d_model, vocab:[model]] local {32, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param2_causal_lm_decoder_layer_0_random_features; // causal_lm/decoder_layer[0]/random_features:
                                                         // [features, d_head] local {64, 16}
-  meshc::gen::Buffer param3_causal_lm_decoder_layer_0_norm_gain; // causal_lm/decoder_layer[0]/norm/gain:
+  support::Buffer param3_causal_lm_decoder_layer_0_norm_gain; // causal_lm/decoder_layer[0]/norm/gain:
+                                                              // [d_model] local {32}
+  support::Buffer param4_causal_lm_decoder_layer_0_norm_bias; // causal_lm/decoder_layer[0]/norm/bias:
+                                                              // [d_model] local {32}
+  support::Buffer param5_causal_lm_decoder_layer_0_heads_in_w; // causal_lm/decoder_layer[0]/heads_in/w:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {32, 1, 16}
+  support::Buffer param6_causal_lm_decoder_layer_0_heads_in_1_w; // causal_lm/decoder_layer[0]/heads_in#1/w:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {32, 1, 16}
+  support::Buffer param7_causal_lm_decoder_layer_0_heads_in_2_w; // causal_lm/decoder_layer[0]/heads_in#2/w:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {32, 1, 16}
+  support::Buffer param8_causal_lm_decoder_layer_0_heads_out_w; // causal_lm/decoder_layer[0]/heads_out/w:
+                                                                // [heads:[model], d_head, d_model]
+                                                                // local {1, 16, 32}
+  support::Buffer param9_causal_lm_decoder_layer_0_norm_1_gain; // causal_lm/decoder_layer[0]/norm#1/gain:
+                                                                // [d_model] local {32}
+  support::Buffer param10_causal_lm_decoder_layer_0_norm_1_bias; // causal_lm/decoder_layer[0]/norm#1/bias:
                                                                  // [d_model] local {32}
-  meshc::gen::Buffer param4_causal_lm_decoder_layer_0_norm_bias; // causal_lm/decoder_layer[0]/norm/bias:
-                                                                 // [d_model] local {32}
-  meshc::gen::Buffer param5_causal_lm_decoder_layer_0_heads_in_w; // causal_lm/decoder_layer[0]/heads_in/w:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param6_causal_lm_decoder_layer_0_heads_in_1_w; // causal_lm/decoder_layer[0]/heads_in#1/w:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param7_causal_lm_decoder_layer_0_heads_in_2_w; // causal_lm/decoder_layer[0]/heads_in#2/w:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param8_causal_lm_decoder_layer_0_heads_out_w; // causal_lm/decoder_layer[0]/heads_out/w:
-                                                                   // [heads:[model], d_head,
-                                                                   // d_model] local {1, 16, 32}
-  meshc::gen::Buffer param9_causal_lm_decoder_layer_0_norm_1_gain; // causal_lm/decoder_layer[0]/norm#1/gain:
-                                                                   // [d_model] local {32}
-  meshc::gen::Buffer param10_causal_lm_decoder_layer_0_norm_1_bias; // causal_lm/decoder_layer[0]/norm#1/bias:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer
       param11_causal_lm_decoder_layer_0_ffn_w_in; // causal_lm/decoder_layer[0]/ffn/w_in: [d_model,
                                                   // d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param12_causal_lm_decoder_layer_0_ffn_w_out; // causal_lm/decoder_layer[0]/ffn/w_out:
                                                    // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param13_causal_lm_decoder_layer_1_random_features; // causal_lm/decoder_layer[1]/random_features:
                                                          // [features, d_head] local {64, 16}
-  meshc::gen::Buffer param14_causal_lm_decoder_layer_1_norm_gain; // causal_lm/decoder_layer[1]/norm/gain:
-                                                                  // [d_model] local {32}
-  meshc::gen::Buffer param15_causal_lm_decoder_layer_1_norm_bias; // causal_lm/decoder_layer[1]/norm/bias:
-                                                                  // [d_model] local {32}
-  meshc::gen::Buffer param16_causal_lm_decoder_layer_1_heads_in_w; // causal_lm/decoder_layer[1]/heads_in/w:
-                                                                   // [d_model, heads:[model],
-                                                                   // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param17_causal_lm_decoder_layer_1_heads_in_1_w; // causal_lm/decoder_layer[1]/heads_in#1/w:
-                                                                     // [d_model, heads:[model],
-                                                                     // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param18_causal_lm_decoder_layer_1_heads_in_2_w; // causal_lm/decoder_layer[1]/heads_in#2/w:
-                                                                     // [d_model, heads:[model],
-                                                                     // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param19_causal_lm_decoder_layer_1_heads_out_w; // causal_lm/decoder_layer[1]/heads_out/w:
-                                                                    // [heads:[model], d_head,
-                                                                    // d_model] local {1, 16, 32}
-  meshc::gen::Buffer param20_causal_lm_decoder_layer_1_norm_1_gain; // causal_lm/decoder_layer[1]/norm#1/gain:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param21_causal_lm_decoder_layer_1_norm_1_bias; // causal_lm/decoder_layer[1]/norm#1/bias:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer param14_causal_lm_decoder_layer_1_norm_gain; // causal_lm/decoder_layer[1]/norm/gain:
+                                                               // [d_model] local {32}
+  support::Buffer param15_causal_lm_decoder_layer_1_norm_bias; // causal_lm/decoder_layer[1]/norm/bias:
+                                                               // [d_model] local {32}
+  support::Buffer param16_causal_lm_decoder_layer_1_heads_in_w; // causal_lm/decoder_layer[1]/heads_in/w:
+                                                                // [d_model, heads:[model], d_head]
+                                                                // local {32, 1, 16}
+  support::Buffer param17_causal_lm_decoder_layer_1_heads_in_1_w; // causal_lm/decoder_layer[1]/heads_in#1/w:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {32, 1, 16}
+  support::Buffer param18_causal_lm_decoder_layer_1_heads_in_2_w; // causal_lm/decoder_layer[1]/heads_in#2/w:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {32, 1, 16}
+  support::Buffer param19_causal_lm_decoder_layer_1_heads_out_w; // causal_lm/decoder_layer[1]/heads_out/w:
+                                                                 // [heads:[model], d_head, d_model]
+                                                                 // local {1, 16, 32}
+  support::Buffer param20_causal_lm_decoder_layer_1_norm_1_gain; // causal_lm/decoder_layer[1]/norm#1/gain:
+                                                                 // [d_model] local {32}
+  support::Buffer param21_causal_lm_decoder_layer_1_norm_1_bias; // causal_lm/decoder_layer[1]/norm#1/bias:
+                                                                 // [d_model] local {32}
+  support::Buffer
       param22_causal_lm_decoder_layer_1_ffn_w_in; // causal_lm/decoder_layer[1]/ffn/w_in: [d_model,
                                                   // d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer
-      param23_causal_lm_decoder_layer_1_ffn_w_out;  // causal_lm/decoder_layer[1]/ffn/w_out:
-                                                    // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer param24_causal_lm_norm_gain;   // causal_lm/norm/gain: [d_model] local {32}
-  meshc::gen::Buffer param25_causal_lm_norm_bias;   // causal_lm/norm/bias: [d_model] local {32}
-  meshc::gen::Buffer param26_causal_lm_embedding_m; // causal_lm/embedding@m: [vocab:[model],
-                                                    // d_model] local {32, 32}
-  meshc::gen::Buffer param27_causal_lm_embedding_v; // causal_lm/embedding@v: [vocab:[model],
-                                                    // d_model] local {32, 32}
-  meshc::gen::Buffer
+  support::Buffer
+      param23_causal_lm_decoder_layer_1_ffn_w_out; // causal_lm/decoder_layer[1]/ffn/w_out:
+                                                   // [d_ff:[model], d_model] local {64, 32}
+  support::Buffer param24_causal_lm_norm_gain;     // causal_lm/norm/gain: [d_model] local {32}
+  support::Buffer param25_causal_lm_norm_bias;     // causal_lm/norm/bias: [d_model] local {32}
+  support::Buffer param26_causal_lm_embedding_m; // causal_lm/embedding@m: [vocab:[model], d_model]
+                                                 // local {32, 32}
+  support::Buffer param27_causal_lm_embedding_v; // causal_lm/embedding@v: [vocab:[model], d_model]
+                                                 // local {32, 32}
+  support::Buffer
       param28_causal_lm_unembed_m; // causal_lm/unembed@m: [d_model, vocab:[model]] local {32, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param29_causal_lm_unembed_v; // causal_lm/unembed@v: [d_model, vocab:[model]] local {32, 32}
-  meshc::gen::Buffer param30_causal_lm_decoder_layer_0_norm_gain_m; // causal_lm/decoder_layer[0]/norm/gain@m:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param31_causal_lm_decoder_layer_0_norm_gain_v; // causal_lm/decoder_layer[0]/norm/gain@v:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param32_causal_lm_decoder_layer_0_norm_bias_m; // causal_lm/decoder_layer[0]/norm/bias@m:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param33_causal_lm_decoder_layer_0_norm_bias_v; // causal_lm/decoder_layer[0]/norm/bias@v:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param34_causal_lm_decoder_layer_0_heads_in_w_m; // causal_lm/decoder_layer[0]/heads_in/w@m:
-                                                                     // [d_model, heads:[model],
-                                                                     // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param35_causal_lm_decoder_layer_0_heads_in_w_v; // causal_lm/decoder_layer[0]/heads_in/w@v:
-                                                                     // [d_model, heads:[model],
-                                                                     // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param36_causal_lm_decoder_layer_0_heads_in_1_w_m; // causal_lm/decoder_layer[0]/heads_in#1/w@m:
-                                                                       // [d_model, heads:[model],
-                                                                       // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param37_causal_lm_decoder_layer_0_heads_in_1_w_v; // causal_lm/decoder_layer[0]/heads_in#1/w@v:
-                                                                       // [d_model, heads:[model],
-                                                                       // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param38_causal_lm_decoder_layer_0_heads_in_2_w_m; // causal_lm/decoder_layer[0]/heads_in#2/w@m:
-                                                                       // [d_model, heads:[model],
-                                                                       // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param39_causal_lm_decoder_layer_0_heads_in_2_w_v; // causal_lm/decoder_layer[0]/heads_in#2/w@v:
-                                                                       // [d_model, heads:[model],
-                                                                       // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param40_causal_lm_decoder_layer_0_heads_out_w_m; // causal_lm/decoder_layer[0]/heads_out/w@m:
-                                                                      // [heads:[model], d_head,
-                                                                      // d_model] local {1, 16, 32}
-  meshc::gen::Buffer param41_causal_lm_decoder_layer_0_heads_out_w_v; // causal_lm/decoder_layer[0]/heads_out/w@v:
-                                                                      // [heads:[model], d_head,
-                                                                      // d_model] local {1, 16, 32}
-  meshc::gen::Buffer param42_causal_lm_decoder_layer_0_norm_1_gain_m; // causal_lm/decoder_layer[0]/norm#1/gain@m:
-                                                                      // [d_model] local {32}
-  meshc::gen::Buffer param43_causal_lm_decoder_layer_0_norm_1_gain_v; // causal_lm/decoder_layer[0]/norm#1/gain@v:
-                                                                      // [d_model] local {32}
-  meshc::gen::Buffer param44_causal_lm_decoder_layer_0_norm_1_bias_m; // causal_lm/decoder_layer[0]/norm#1/bias@m:
-                                                                      // [d_model] local {32}
-  meshc::gen::Buffer param45_causal_lm_decoder_layer_0_norm_1_bias_v; // causal_lm/decoder_layer[0]/norm#1/bias@v:
-                                                                      // [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer param30_causal_lm_decoder_layer_0_norm_gain_m; // causal_lm/decoder_layer[0]/norm/gain@m:
+                                                                 // [d_model] local {32}
+  support::Buffer param31_causal_lm_decoder_layer_0_norm_gain_v; // causal_lm/decoder_layer[0]/norm/gain@v:
+                                                                 // [d_model] local {32}
+  support::Buffer param32_causal_lm_decoder_layer_0_norm_bias_m; // causal_lm/decoder_layer[0]/norm/bias@m:
+                                                                 // [d_model] local {32}
+  support::Buffer param33_causal_lm_decoder_layer_0_norm_bias_v; // causal_lm/decoder_layer[0]/norm/bias@v:
+                                                                 // [d_model] local {32}
+  support::Buffer param34_causal_lm_decoder_layer_0_heads_in_w_m; // causal_lm/decoder_layer[0]/heads_in/w@m:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {32, 1, 16}
+  support::Buffer param35_causal_lm_decoder_layer_0_heads_in_w_v; // causal_lm/decoder_layer[0]/heads_in/w@v:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {32, 1, 16}
+  support::Buffer param36_causal_lm_decoder_layer_0_heads_in_1_w_m; // causal_lm/decoder_layer[0]/heads_in#1/w@m:
+                                                                    // [d_model, heads:[model],
+                                                                    // d_head] local {32, 1, 16}
+  support::Buffer param37_causal_lm_decoder_layer_0_heads_in_1_w_v; // causal_lm/decoder_layer[0]/heads_in#1/w@v:
+                                                                    // [d_model, heads:[model],
+                                                                    // d_head] local {32, 1, 16}
+  support::Buffer param38_causal_lm_decoder_layer_0_heads_in_2_w_m; // causal_lm/decoder_layer[0]/heads_in#2/w@m:
+                                                                    // [d_model, heads:[model],
+                                                                    // d_head] local {32, 1, 16}
+  support::Buffer param39_causal_lm_decoder_layer_0_heads_in_2_w_v; // causal_lm/decoder_layer[0]/heads_in#2/w@v:
+                                                                    // [d_model, heads:[model],
+                                                                    // d_head] local {32, 1, 16}
+  support::Buffer param40_causal_lm_decoder_layer_0_heads_out_w_m; // causal_lm/decoder_layer[0]/heads_out/w@m:
+                                                                   // [heads:[model], d_head,
+                                                                   // d_model] local {1, 16, 32}
+  support::Buffer param41_causal_lm_decoder_layer_0_heads_out_w_v; // causal_lm/decoder_layer[0]/heads_out/w@v:
+                                                                   // [heads:[model], d_head,
+                                                                   // d_model] local {1, 16, 32}
+  support::Buffer param42_causal_lm_decoder_layer_0_norm_1_gain_m; // causal_lm/decoder_layer[0]/norm#1/gain@m:
+                                                                   // [d_model] local {32}
+  support::Buffer param43_causal_lm_decoder_layer_0_norm_1_gain_v; // causal_lm/decoder_layer[0]/norm#1/gain@v:
+                                                                   // [d_model] local {32}
+  support::Buffer param44_causal_lm_decoder_layer_0_norm_1_bias_m; // causal_lm/decoder_layer[0]/norm#1/bias@m:
+                                                                   // [d_model] local {32}
+  support::Buffer param45_causal_lm_decoder_layer_0_norm_1_bias_v; // causal_lm/decoder_layer[0]/norm#1/bias@v:
+                                                                   // [d_model] local {32}
+  support::Buffer
       param46_causal_lm_decoder_layer_0_ffn_w_in_m; // causal_lm/decoder_layer[0]/ffn/w_in@m:
                                                     // [d_model, d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param47_causal_lm_decoder_layer_0_ffn_w_in_v; // causal_lm/decoder_layer[0]/ffn/w_in@v:
                                                     // [d_model, d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param48_causal_lm_decoder_layer_0_ffn_w_out_m; // causal_lm/decoder_layer[0]/ffn/w_out@m:
                                                      // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param49_causal_lm_decoder_layer_0_ffn_w_out_v; // causal_lm/decoder_layer[0]/ffn/w_out@v:
                                                      // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer param50_causal_lm_decoder_layer_1_norm_gain_m; // causal_lm/decoder_layer[1]/norm/gain@m:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param51_causal_lm_decoder_layer_1_norm_gain_v; // causal_lm/decoder_layer[1]/norm/gain@v:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param52_causal_lm_decoder_layer_1_norm_bias_m; // causal_lm/decoder_layer[1]/norm/bias@m:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param53_causal_lm_decoder_layer_1_norm_bias_v; // causal_lm/decoder_layer[1]/norm/bias@v:
-                                                                    // [d_model] local {32}
-  meshc::gen::Buffer param54_causal_lm_decoder_layer_1_heads_in_w_m; // causal_lm/decoder_layer[1]/heads_in/w@m:
-                                                                     // [d_model, heads:[model],
-                                                                     // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param55_causal_lm_decoder_layer_1_heads_in_w_v; // causal_lm/decoder_layer[1]/heads_in/w@v:
-                                                                     // [d_model, heads:[model],
-                                                                     // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param56_causal_lm_decoder_layer_1_heads_in_1_w_m; // causal_lm/decoder_layer[1]/heads_in#1/w@m:
-                                                                       // [d_model, heads:[model],
-                                                                       // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param57_causal_lm_decoder_layer_1_heads_in_1_w_v; // causal_lm/decoder_layer[1]/heads_in#1/w@v:
-                                                                       // [d_model, heads:[model],
-                                                                       // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param58_causal_lm_decoder_layer_1_heads_in_2_w_m; // causal_lm/decoder_layer[1]/heads_in#2/w@m:
-                                                                       // [d_model, heads:[model],
-                                                                       // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param59_causal_lm_decoder_layer_1_heads_in_2_w_v; // causal_lm/decoder_layer[1]/heads_in#2/w@v:
-                                                                       // [d_model, heads:[model],
-                                                                       // d_head] local {32, 1, 16}
-  meshc::gen::Buffer param60_causal_lm_decoder_layer_1_heads_out_w_m; // causal_lm/decoder_layer[1]/heads_out/w@m:
-                                                                      // [heads:[model], d_head,
-                                                                      // d_model] local {1, 16, 32}
-  meshc::gen::Buffer param61_causal_lm_decoder_layer_1_heads_out_w_v; // causal_lm/decoder_layer[1]/heads_out/w@v:
-                                                                      // [heads:[model], d_head,
-                                                                      // d_model] local {1, 16, 32}
-  meshc::gen::Buffer param62_causal_lm_decoder_layer_1_norm_1_gain_m; // causal_lm/decoder_layer[1]/norm#1/gain@m:
-                                                                      // [d_model] local {32}
-  meshc::gen::Buffer param63_causal_lm_decoder_layer_1_norm_1_gain_v; // causal_lm/decoder_layer[1]/norm#1/gain@v:
-                                                                      // [d_model] local {32}
-  meshc::gen::Buffer param64_causal_lm_decoder_layer_1_norm_1_bias_m; // causal_lm/decoder_layer[1]/norm#1/bias@m:
-                                                                      // [d_model] local {32}
-  meshc::gen::Buffer param65_causal_lm_decoder_layer_1_norm_1_bias_v; // causal_lm/decoder_layer[1]/norm#1/bias@v:
-                                                                      // [d_model] local {32}
-  meshc::gen::Buffer
+  support::Buffer param50_causal_lm_decoder_layer_1_norm_gain_m; // causal_lm/decoder_layer[1]/norm/gain@m:
+                                                                 // [d_model] local {32}
+  support::Buffer param51_causal_lm_decoder_layer_1_norm_gain_v; // causal_lm/decoder_layer[1]/norm/gain@v:
+                                                                 // [d_model] local {32}
+  support::Buffer param52_causal_lm_decoder_layer_1_norm_bias_m; // causal_lm/decoder_layer[1]/norm/bias@m:
+                                                                 // [d_model] local {32}
+  support::Buffer param53_causal_lm_decoder_layer_1_norm_bias_v; // causal_lm/decoder_layer[1]/norm/bias@v:
+                                                                 // [d_model] local {32}
+  support::Buffer param54_causal_lm_decoder_layer_1_heads_in_w_m; // causal_lm/decoder_layer[1]/heads_in/w@m:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {32, 1, 16}
+  support::Buffer param55_causal_lm_decoder_layer_1_heads_in_w_v; // causal_lm/decoder_layer[1]/heads_in/w@v:
+                                                                  // [d_model, heads:[model],
+                                                                  // d_head] local {32, 1, 16}
+  support::Buffer param56_causal_lm_decoder_layer_1_heads_in_1_w_m; // causal_lm/decoder_layer[1]/heads_in#1/w@m:
+                                                                    // [d_model, heads:[model],
+                                                                    // d_head] local {32, 1, 16}
+  support::Buffer param57_causal_lm_decoder_layer_1_heads_in_1_w_v; // causal_lm/decoder_layer[1]/heads_in#1/w@v:
+                                                                    // [d_model, heads:[model],
+                                                                    // d_head] local {32, 1, 16}
+  support::Buffer param58_causal_lm_decoder_layer_1_heads_in_2_w_m; // causal_lm/decoder_layer[1]/heads_in#2/w@m:
+                                                                    // [d_model, heads:[model],
+                                                                    // d_head] local {32, 1, 16}
+  support::Buffer param59_causal_lm_decoder_layer_1_heads_in_2_w_v; // causal_lm/decoder_layer[1]/heads_in#2/w@v:
+                                                                    // [d_model, heads:[model],
+                                                                    // d_head] local {32, 1, 16}
+  support::Buffer param60_causal_lm_decoder_layer_1_heads_out_w_m; // causal_lm/decoder_layer[1]/heads_out/w@m:
+                                                                   // [heads:[model], d_head,
+                                                                   // d_model] local {1, 16, 32}
+  support::Buffer param61_causal_lm_decoder_layer_1_heads_out_w_v; // causal_lm/decoder_layer[1]/heads_out/w@v:
+                                                                   // [heads:[model], d_head,
+                                                                   // d_model] local {1, 16, 32}
+  support::Buffer param62_causal_lm_decoder_layer_1_norm_1_gain_m; // causal_lm/decoder_layer[1]/norm#1/gain@m:
+                                                                   // [d_model] local {32}
+  support::Buffer param63_causal_lm_decoder_layer_1_norm_1_gain_v; // causal_lm/decoder_layer[1]/norm#1/gain@v:
+                                                                   // [d_model] local {32}
+  support::Buffer param64_causal_lm_decoder_layer_1_norm_1_bias_m; // causal_lm/decoder_layer[1]/norm#1/bias@m:
+                                                                   // [d_model] local {32}
+  support::Buffer param65_causal_lm_decoder_layer_1_norm_1_bias_v; // causal_lm/decoder_layer[1]/norm#1/bias@v:
+                                                                   // [d_model] local {32}
+  support::Buffer
       param66_causal_lm_decoder_layer_1_ffn_w_in_m; // causal_lm/decoder_layer[1]/ffn/w_in@m:
                                                     // [d_model, d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param67_causal_lm_decoder_layer_1_ffn_w_in_v; // causal_lm/decoder_layer[1]/ffn/w_in@v:
                                                     // [d_model, d_ff:[model]] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param68_causal_lm_decoder_layer_1_ffn_w_out_m; // causal_lm/decoder_layer[1]/ffn/w_out@m:
                                                      // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer
+  support::Buffer
       param69_causal_lm_decoder_layer_1_ffn_w_out_v; // causal_lm/decoder_layer[1]/ffn/w_out@v:
                                                      // [d_ff:[model], d_model] local {64, 32}
-  meshc::gen::Buffer param70_causal_lm_norm_gain_m;  // causal_lm/norm/gain@m: [d_model] local {32}
-  meshc::gen::Buffer param71_causal_lm_norm_gain_v;  // causal_lm/norm/gain@v: [d_model] local {32}
-  meshc::gen::Buffer param72_causal_lm_norm_bias_m;  // causal_lm/norm/bias@m: [d_model] local {32}
-  meshc::gen::Buffer param73_causal_lm_norm_bias_v;  // causal_lm/norm/bias@v: [d_model] local {32}
-  meshc::gen::Arena arena_{kArenaBytes};             // run()'s temporaries
+  support::Buffer param70_causal_lm_norm_gain_m;     // causal_lm/norm/gain@m: [d_model] local {32}
+  support::Buffer param71_causal_lm_norm_gain_v;     // causal_lm/norm/gain@v: [d_model] local {32}
+  support::Buffer param72_causal_lm_norm_bias_m;     // causal_lm/norm/bias@m: [d_model] local {32}
+  support::Buffer param73_causal_lm_norm_bias_v;     // causal_lm/norm/bias@v: [d_model] local {32}
+  support::Arena arena_{kArenaBytes};                // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};      // computed in the constructor
 };
 
 } // namespace meshc_generated

@@ -13,114 +13,127 @@ meshrt::Mesh SwishMlp::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 std::vector<std::string> SwishMlp::inputNames() { return {"x"}; }
 std::vector<std::string> SwishMlp::outputNames() { return {"y"}; }
 
-meshc::gen::Shape SwishMlp::inputShape(const std::string &name) {
+support::Shape SwishMlp::inputShape(const std::string &name) {
   if (name == "x")
     return {32, 64};
   throw std::invalid_argument("swish_mlp: no input named '" + name + "'");
 }
 
 SwishMlp::SwishMlp(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "swish_mlp")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "swish_mlp")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // limit: uniform (swish_mlp.mesh:29)
   param0_limit.resize(64);
-  meshrt::kernels::fillParam(
-      param0_limit.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{64}, meshrt::kernels::Dims{0},
-                             meshrt::kernels::Dims{64}},
-      seed, "limit", meshrt::kernels::makeInit("uniform", {{"min", 1.0}, {"max", 3.0}}),
-      meshrt::kernels::ValueType::F32);
+  support::fillParam(param0_limit.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{64}, meshrt::kernels::Dims{0},
+                                            meshrt::kernels::Dims{64}},
+                     seed, "limit",
+                     meshrt::kernels::makeInit("uniform", {{"min", 1.0}, {"max", 3.0}}),
+                     meshrt::kernels::ValueType::F32);
   // swish_ffn/w_in: truncated_normal (swish_mlp.mesh:19)
   param1_swish_ffn_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param1_swish_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "swish_ffn/w_in",
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // swish_ffn/b_in: normal (swish_mlp.mesh:20)
   param2_swish_ffn_b_in.resize(64);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_swish_ffn_b_in.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{128},
-                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64)},
                              meshrt::kernels::Dims{64}},
       seed, "swish_ffn/b_in", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
       meshrt::kernels::ValueType::F32);
   // swish_ffn/w_out: truncated_normal (swish_mlp.mesh:21)
   param3_swish_ffn_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param3_swish_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "swish_ffn/w_out",
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.088}}),
       meshrt::kernels::ValueType::F32);
 }
 
 SwishMlp::Outputs SwishMlp::run(const Inputs &inputs) {
-  // Arena: 8192 bytes for 16384 bytes of temporaries (4 slots, placed by liveness).
-  meshc::gen::checkShape("input", "x", inputs.x, {16, 64});
+  // Arena: 8192 bytes for 16384 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "x", inputs.x, {16, 64});
+  runPart0(inputs);
+  support::View v11 = arena_.view(4096, 1024);
 
-  // swish_mlp.mesh:27:19 input -> x
-  const meshc::gen::Buffer &v0 = inputs.x.data;
+  Outputs outputs;
+  outputs.y = support::Tensor{{16, 64}, support::Buffer(v11.begin(), v11.end())};
+  return outputs;
+}
 
-  // swish_mlp.mesh:29:9 param -> limit
-  const meshc::gen::Buffer &v1 = param0_limit;
-
-  // swish_mlp.mesh:19:9 param -> w_in
-  const meshc::gen::Buffer &v2 = param1_swish_ffn_w_in;
-
-  // swish_mlp.mesh:20:9 param -> b_in
-  const meshc::gen::Buffer &v3 = param2_swish_ffn_b_in;
-
-  // swish_mlp.mesh:21:9 param -> w_out
-  const meshc::gen::Buffer &v4 = param3_swish_ffn_w_out;
+void SwishMlp::runPart0(const Inputs &inputs) {
+  (void)inputs;
 
   // swish_mlp.mesh:23:17 einsum
-  meshc::gen::View v5 = arena_.slot(0, 1024);
+  const support::Buffer &v0 = inputs.x.data;
+  const support::Buffer &v2 = param1_swish_ffn_w_in;
+  support::View v5 = arena_.view(0, 1024);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum5(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{16, 64, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsum5.run(v0.data(), v2.data(), v5.data());
+  einsumPlan0.run(v0.data(), v2.data(), v5.data(), 1.0f, 0.0f);
 
   // swish_mlp.mesh:23:48 add
   // swish_mlp.mesh:23:11 call -> h
-  meshc::gen::View v7 = arena_.slot(4096, 1024);
-  meshc::gen::forEach<3>({16, 64}, {{{64, 1}, {64, 1}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t6 = float(double(v5[at[1]]) + double(v3[at[2]]));
-                           v7[at[0]] = float(::swish(t6));
-                         });
+  const support::Buffer &v3 = param2_swish_ffn_b_in;
+  support::View v7 = arena_.view(4096, 1024);
+  {
+    float *__restrict v7p = v7.data();
+    const float *__restrict v5p = v5.data();
+    const float *__restrict v3p = v3.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v5p[i0 * 64 + i1];
+        const float s1 = v3p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = float(::swish(s2));
+        v7p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
 
   // swish_mlp.mesh:24:10 einsum
-  meshc::gen::View v8 = arena_.slot(0, 1024);
+  const support::Buffer &v4 = param3_swish_ffn_w_out;
+  support::View v8 = arena_.view(0, 1024);
   // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum8(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{16, 64, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsum8.run(v7.data(), v4.data(), v8.data());
+  einsumPlan2.run(v7.data(), v4.data(), v8.data(), 1.0f, 0.0f);
 
   // swish_mlp.mesh:30:19 all_reduce_sum (resolve the partial sum of %8 over model for add at 30:19)
-  meshc::gen::View v9 = v8;
-  group_model.allReduce(v9.data(), v9.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v8.data(), v8.size(), meshrt::ReduceOp::Sum);
 
   // swish_mlp.mesh:30:19 add
   // swish_mlp.mesh:30:7 call -> y
-  meshc::gen::View v11 = arena_.slot(4096, 1024);
-  meshc::gen::forEach<4>({16, 64}, {{{64, 1}, {64, 1}, {64, 1}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t10 = float(double(v0[at[1]]) + double(v9[at[2]]));
-                           v11[at[0]] = float(::soft_clip(t10, v1[at[3]]));
-                         });
-
-  Outputs outputs;
-  outputs.y = meshc::gen::Tensor{{16, 64}, meshc::gen::Buffer(v11.begin(), v11.end())};
-  return outputs;
+  const support::Buffer &v1 = param0_limit;
+  support::View v11 = arena_.view(4096, 1024);
+  {
+    float *__restrict v11p = v11.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v8p = v8.data();
+    const float *__restrict v1p = v1.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v0p[i0 * 64 + i1];
+        const float s1 = v8p[i0 * 64 + i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v1p[i1];
+        const float s4 = float(::soft_clip(s2, s3));
+        v11p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 }
 
 SwishMlp::Inputs SwishMlp::synthesizeInputs(uint64_t seed) const {
@@ -130,33 +143,32 @@ SwishMlp::Inputs SwishMlp::synthesizeInputs(uint64_t seed) const {
   meshrt::kernels::fillInput(
       inputs.x.data.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                             meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 16), 0},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 16), 0},
                              meshrt::kernels::Dims{16, 64}},
       seed, "x", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
-meshc::gen::Tensor SwishMlp::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &global) {
+support::Tensor SwishMlp::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &global) {
   if (name == "x") {
-    meshc::gen::checkShape("global input", name, global, {32, 64});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {32, 64});
+    return support::Tensor{
         {16, 64},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {16, 64}, {64, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 16),
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 16), 0})};
   }
   throw std::invalid_argument("swish_mlp: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor SwishMlp::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &local) {
+support::Tensor SwishMlp::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &local) {
   if (name == "y") {
-    meshc::gen::checkShape("local output", name, local, {16, 64});
-    return meshc::gen::Tensor{
-        {32, 64}, meshc::gen::gatherShards(world, local.data, {16, 64}, {32, 64}, [&](int rank) {
-          return meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), rank, {"data"}, 16), 0};
+    support::checkShape("local output", name, local, {16, 64});
+    return support::Tensor{
+        {32, 64}, support::gatherShards(world, local.data, {16, 64}, {32, 64}, [&](int rank) {
+          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 16), 0};
         })};
   }
   throw std::invalid_argument("swish_mlp: no output named '" + name + "'");
@@ -171,7 +183,7 @@ bool SwishMlp::isOptimizerState(const std::string &path) {
   return false;
 }
 
-std::vector<meshc::gen::ParamShard> SwishMlp::paramShards() {
+std::vector<support::ParamShard> SwishMlp::paramShards() {
   return {
       {"limit", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param0_limit},
       {"swish_ffn/w_in",
@@ -194,26 +206,26 @@ std::vector<meshc::gen::ParamShard> SwishMlp::paramShards() {
   };
 }
 
-meshc::gen::Tensor SwishMlp::getParam(const std::string &path) {
+support::Tensor SwishMlp::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "swish_mlp"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "swish_mlp"));
 }
 
-void SwishMlp::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void SwishMlp::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "swish_mlp"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "swish_mlp"), global);
 }
 
 void SwishMlp::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {0, {{"program", "swish_mlp"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void SwishMlp::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

@@ -12,728 +12,809 @@ meshrt::Mesh Lm::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
 std::vector<std::string> Lm::inputNames() { return {"tokens"}; }
 std::vector<std::string> Lm::outputNames() { return {"logits"}; }
 
-meshc::gen::Shape Lm::inputShape(const std::string &name) {
+support::Shape Lm::inputShape(const std::string &name) {
   if (name == "tokens")
     return {4, 32};
   throw std::invalid_argument("lm: no input named '" + name + "'");
 }
 
 Lm::Lm(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "lm")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "lm")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // decoder/token_embedding: normal (transformer.mesh:27)
   param0_decoder_token_embedding.resize(3072);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_decoder_token_embedding.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{96, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 48), 0},
-          meshrt::kernels::Dims{48, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{96, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 48), 0},
+                             meshrt::kernels::Dims{48, 64}},
       seed, "decoder/token_embedding",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
       meshrt::kernels::ValueType::F32);
   // decoder/position_embedding: normal (transformer.mesh:28)
   param1_decoder_position_embedding.resize(2048);
-  meshrt::kernels::fillParam(param1_decoder_position_embedding.data(),
-                             meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                                                    meshrt::kernels::Dims{0, 0},
-                                                    meshrt::kernels::Dims{32, 64}},
-                             seed, "decoder/position_embedding",
-                             meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                             meshrt::kernels::ValueType::F32);
+  support::fillParam(param1_decoder_position_embedding.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 64}},
+                     seed, "decoder/position_embedding",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+                     meshrt::kernels::ValueType::F32);
   // decoder/unembed: normal (transformer.mesh:29)
   param2_decoder_unembed.resize(3072);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_decoder_unembed.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 96},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 48)},
-          meshrt::kernels::Dims{64, 48}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 96},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 48)},
+                             meshrt::kernels::Dims{64, 48}},
       seed, "decoder/unembed",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/norm/gain: ones (layers.mesh:22)
-  param3_decoder_decoder_layer_0_norm_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param3_decoder_decoder_layer_0_norm_gain.assign(64,
+                                                  support::roundValue(support::DType::F32, 1.0));
   // decoder/decoder_layer[0]/norm/bias: zeros (layers.mesh:23)
-  param4_decoder_decoder_layer_0_norm_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param4_decoder_decoder_layer_0_norm_bias.assign(64,
+                                                  support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param5_decoder_decoder_layer_0_attention_w_q.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param5_decoder_decoder_layer_0_attention_w_q.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[0]/attention/w_q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param6_decoder_decoder_layer_0_attention_w_k.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param6_decoder_decoder_layer_0_attention_w_k.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[0]/attention/w_k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param7_decoder_decoder_layer_0_attention_w_v.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param7_decoder_decoder_layer_0_attention_w_v.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[0]/attention/w_v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param8_decoder_decoder_layer_0_attention_w_o.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param8_decoder_decoder_layer_0_attention_w_o.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 16, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 16, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 16, 64}},
       seed, "decoder/decoder_layer[0]/attention/w_o",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
-  param9_decoder_decoder_layer_0_norm_1_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param9_decoder_decoder_layer_0_norm_1_gain.assign(64,
+                                                    support::roundValue(support::DType::F32, 1.0));
   // decoder/decoder_layer[0]/norm#1/bias: zeros (layers.mesh:23)
-  param10_decoder_decoder_layer_0_norm_1_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param10_decoder_decoder_layer_0_norm_1_bias.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param11_decoder_decoder_layer_0_ffn_w_in.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param11_decoder_decoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 256},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
-          meshrt::kernels::Dims{64, 128}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
+                             meshrt::kernels::Dims{64, 128}},
       seed, "decoder/decoder_layer[0]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
-  param12_decoder_decoder_layer_0_ffn_b_in.assign(
-      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param12_decoder_decoder_layer_0_ffn_b_in.assign(128,
+                                                  support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param13_decoder_decoder_layer_0_ffn_w_out.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param13_decoder_decoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{256, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
-          meshrt::kernels::Dims{128, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
+                             meshrt::kernels::Dims{128, 64}},
       seed, "decoder/decoder_layer[0]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
-  param14_decoder_decoder_layer_0_ffn_b_out.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param14_decoder_decoder_layer_0_ffn_b_out.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm/gain: ones (layers.mesh:22)
-  param15_decoder_decoder_layer_1_norm_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param15_decoder_decoder_layer_1_norm_gain.assign(64,
+                                                   support::roundValue(support::DType::F32, 1.0));
   // decoder/decoder_layer[1]/norm/bias: zeros (layers.mesh:23)
-  param16_decoder_decoder_layer_1_norm_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param16_decoder_decoder_layer_1_norm_bias.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param17_decoder_decoder_layer_1_attention_w_q.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param17_decoder_decoder_layer_1_attention_w_q.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[1]/attention/w_q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param18_decoder_decoder_layer_1_attention_w_k.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param18_decoder_decoder_layer_1_attention_w_k.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[1]/attention/w_k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param19_decoder_decoder_layer_1_attention_w_v.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param19_decoder_decoder_layer_1_attention_w_v.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[1]/attention/w_v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param20_decoder_decoder_layer_1_attention_w_o.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param20_decoder_decoder_layer_1_attention_w_o.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 16, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 16, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 16, 64}},
       seed, "decoder/decoder_layer[1]/attention/w_o",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
-  param21_decoder_decoder_layer_1_norm_1_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param21_decoder_decoder_layer_1_norm_1_gain.assign(64,
+                                                     support::roundValue(support::DType::F32, 1.0));
   // decoder/decoder_layer[1]/norm#1/bias: zeros (layers.mesh:23)
-  param22_decoder_decoder_layer_1_norm_1_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param22_decoder_decoder_layer_1_norm_1_bias.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param23_decoder_decoder_layer_1_ffn_w_in.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param23_decoder_decoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 256},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
-          meshrt::kernels::Dims{64, 128}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
+                             meshrt::kernels::Dims{64, 128}},
       seed, "decoder/decoder_layer[1]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
-  param24_decoder_decoder_layer_1_ffn_b_in.assign(
-      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param24_decoder_decoder_layer_1_ffn_b_in.assign(128,
+                                                  support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param25_decoder_decoder_layer_1_ffn_w_out.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param25_decoder_decoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{256, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
-          meshrt::kernels::Dims{128, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
+                             meshrt::kernels::Dims{128, 64}},
       seed, "decoder/decoder_layer[1]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
-  param26_decoder_decoder_layer_1_ffn_b_out.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param26_decoder_decoder_layer_1_ffn_b_out.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/norm/gain: ones (layers.mesh:22)
-  param27_decoder_norm_gain.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param27_decoder_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // decoder/norm/bias: zeros (layers.mesh:23)
-  param28_decoder_norm_bias.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param28_decoder_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
+
+  // Values run() reads that never change, computed once (hoist-invariants).
+
+  // transformer.mesh:38:69 iota
+  // transformer.mesh:38:82 iota
+  support::View v11 = persistent_.view(64, 32);
+  static const support::Shape shape0_1 = {32};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v11.data(), shape0_1, shape0_2, 0);
+
+  // transformer.mesh:38:79 ge
+  support::View v13 = persistent_.view(192, 1024);
+  {
+    float *__restrict v13p = v13.data();
+    const float *__restrict v11p = v11.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v11p[i0];
+        const float s1 = v11p[i1];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        v13p[i0 * 32 + i1] = s2;
+      }
+    }
+  }
+
+  // transformer.mesh:38:64 cast
+  support::View v14 = persistent_.view(4288, 1024);
+  {
+    float *__restrict v14p = v14.data();
+    const float *__restrict v13p = v13.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v13p[i0];
+      const float s1 = s0;
+      v14p[i0] = s1;
+    }
+  }
 }
 
 Lm::Outputs Lm::run(const Inputs &inputs) {
-  // Arena: 90112 bytes for 709148 bytes of temporaries (56 slots, placed by liveness).
-  meshc::gen::checkShape("input", "tokens", inputs.tokens, {2, 32});
+  // Arena: 90112 bytes for 655360 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "tokens", inputs.tokens, {2, 32});
+  runPart0(inputs);
+  runPart1(inputs);
+  support::View v107 = arena_.view(0, 3072);
 
-  // transformer.mesh:46:12 input -> tokens
-  const meshc::gen::Buffer &v0 = inputs.tokens.data;
+  Outputs outputs;
+  outputs.logits = support::Tensor{{2, 32, 48}, support::Buffer(v107.begin(), v107.end())};
+  return outputs;
+}
 
-  // transformer.mesh:27:9 param -> token_embedding
-  const meshc::gen::Buffer &v1 = param0_decoder_token_embedding;
-
-  // transformer.mesh:28:9 param -> position_embedding
-  const meshc::gen::Buffer &v2 = param1_decoder_position_embedding;
-
-  // transformer.mesh:29:9 param -> unembed
-  const meshc::gen::Buffer &v3 = param2_decoder_unembed;
+void Lm::runPart0(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer.mesh:33:44 one_hot
-  meshc::gen::View v4 = arena_.slot(16384, 3072);
-  meshc::gen::oneHot(v4.data(), {2, 32, 48}, v0.data(), {32, 1, 0}, {0, 0, 1},
-                     meshc::gen::shardStart(world_, {"model"}, 48));
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v4 = arena_.view(16384, 3072);
+  static const support::Shape shape0_1 = {2, 32, 48};
+  static const support::Shape shape0_3 = {32, 1, 0};
+  static const support::Shape shape0_4 = {0, 0, 1};
+  support::oneHot(v4.data(), shape0_1, v0.data(), shape0_3, shape0_4,
+                  support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:33:37 einsum
-  meshc::gen::View v5 = arena_.slot(0, 4096);
+  const support::Buffer &v1 = param0_decoder_token_embedding;
+  support::View v5 = arena_.view(0, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsum5(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum5.run(v4.data(), v1.data(), v5.data());
+  einsumPlan1.run(v4.data(), v1.data(), v5.data(), 1.0f, 0.0f);
 
   // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %5 over model for add at
   // 34:37)
-  meshc::gen::View v6 = v5;
-  group_model.allReduce(v6.data(), v6.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v5.data(), v5.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:34:37 add -> x
-  meshc::gen::View v7 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 64, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v7[at[0]] = float(double(v6[at[1]]) + double(v2[at[2]]));
-                         });
+  const support::Buffer &v2 = param1_decoder_position_embedding;
+  support::View v7 = arena_.view(16384, 4096);
+  {
+    float *__restrict v7p = v7.data();
+    const float *__restrict v5p = v5.data();
+    const float *__restrict v2p = v2.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2048; ++i1) {
+        const float s0 = v5p[i0 * 2048 + i1];
+        const float s1 = v2p[i1];
+        const float s2 = (s0 + s1);
+        v7p[i0 * 2048 + i1] = s2;
+      }
+    }
+  }
 
-  // transformer.mesh:38:54 literal
-  meshc::gen::View v8 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
+  // layers.mesh:24:10 layer_norm
+  support::View v18 = arena_.view(0, 4096);
+  static const support::Shape shape4_2 = {2, 32};
+  static const support::Shape shape4_3 = {2048, 64};
+  static const support::Shape shape4_4 = {2048, 64};
+  static const support::Shape shape4_5 = {64};
+  static const support::Shape shape4_6 = {1};
+  static const support::Shape shape4_7 = {1};
+  support::along(v18.data(), v7.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  const support::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
+  const support::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
+  support::View v20 = arena_.view(32768, 4096);
+  {
+    float *__restrict v20p = v20.data();
+    const float *__restrict v18p = v18.data();
+    const float *__restrict v16p = v16.data();
+    const float *__restrict v17p = v17.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v18p[i0 * 64 + i1];
+        const float s1 = v16p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v17p[i1];
+        const float s4 = (s2 + s3);
+        v20p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:36:11 einsum -> q
+  const support::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
+  support::View v25 = arena_.view(49152, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan6.run(v20.data(), v21.data(), v25.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  const support::Buffer &v22 = param6_decoder_decoder_layer_0_attention_w_k;
+  support::View v26 = arena_.view(57344, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan7.run(v20.data(), v22.data(), v26.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  const support::Buffer &v23 = param7_decoder_decoder_layer_0_attention_w_v;
+  support::View v28 = arena_.view(65536, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan8.run(v20.data(), v23.data(), v28.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  // layers.mesh:41:55 mul -> scores
+  support::View v30 = arena_.view(0, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan9.run(v25.data(), v26.data(), v30.data(), 0.25f, 0.0f);
 
   // transformer.mesh:38:51 ge
   // transformer.mesh:38:39 cast
-  meshc::gen::View v10 = arena_.slot(4096, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t9 = (v0[at[1]] >= v8[at[2]] ? 1.0f : 0.0f);
-                           v10[at[0]] = float(t9);
-                         });
-
-  // transformer.mesh:38:69 iota
-  meshc::gen::View v11 = arena_.slot(4352, 32);
-  meshc::gen::iota(v11.data(), {32}, {1}, 0);
-
-  // transformer.mesh:38:82 iota
-  meshc::gen::View v12 = arena_.slot(4480, 32);
-  meshc::gen::iota(v12.data(), {32}, {1}, 0);
-
-  // transformer.mesh:38:79 ge
-  // transformer.mesh:38:64 cast
-  meshc::gen::View v14 = arena_.slot(0, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {1, 0}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t13 = (v11[at[1]] >= v12[at[2]] ? 1.0f : 0.0f);
-                           v14[at[0]] = float(t13);
-                         });
-
   // transformer.mesh:38:62 mul -> allowed
-  meshc::gen::View v15 = arena_.slot(81920, 2048);
-  meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {32, 1, 0}, {0, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v15[at[0]] = float(double(v10[at[1]]) * double(v14[at[2]]));
-                         });
-
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
-
-  // layers.mesh:24:10 layer_norm
-  meshc::gen::View v18 = arena_.slot(0, 4096);
-  meshc::gen::along(v18.data(), v7.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
-  meshc::gen::View v20 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t19 = float(double(v18[at[1]]) * double(v16[at[2]]));
-                           v20[at[0]] = float(double(t19) + double(v17[at[3]]));
-                         });
-
-  // layers.mesh:31:9 param -> w_q
-  const meshc::gen::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
-
-  // layers.mesh:32:9 param -> w_k
-  const meshc::gen::Buffer &v22 = param6_decoder_decoder_layer_0_attention_w_k;
-
-  // layers.mesh:33:9 param -> w_v
-  const meshc::gen::Buffer &v23 = param7_decoder_decoder_layer_0_attention_w_v;
-
-  // layers.mesh:34:9 param -> w_o
-  const meshc::gen::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
-
-  // layers.mesh:36:11 einsum -> q
-  meshc::gen::View v25 = arena_.slot(49152, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum25(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum25.run(v20.data(), v21.data(), v25.data());
-
-  // layers.mesh:38:18 einsum
-  meshc::gen::View v26 = arena_.slot(57344, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum26(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum26.run(v20.data(), v22.data(), v26.data());
-
-  // layers.mesh:38:11 rename -> k
-  meshc::gen::View v27 = v26;
-
-  // layers.mesh:39:18 einsum
-  meshc::gen::View v28 = arena_.slot(65536, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum28(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum28.run(v20.data(), v23.data(), v28.data());
-
-  // layers.mesh:39:11 rename -> v
-  meshc::gen::View v29 = v28;
-
-  // layers.mesh:41:16 einsum
-  meshc::gen::View v30 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum30(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum30.run(v25.data(), v27.data(), v30.data());
-
-  // layers.mesh:41:57 literal
-  meshc::gen::View v31 =
-      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
-  // layers.mesh:41:55 mul -> scores
-  meshc::gen::View v32 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v32[at[0]] = float(double(v30[at[1]]) * double(v31[at[2]]));
-                         });
-
-  // layers.mesh:43:41 literal
-  meshc::gen::View v33 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
   // layers.mesh:43:39 gt
-  meshc::gen::View v34 = arena_.slot(49152, 2048);
-  meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v34[at[0]] = (v15[at[1]] > v33[at[2]] ? 1.0f : 0.0f);
-                         });
-
-  // layers.mesh:43:54 literal
-  meshc::gen::View v35 =
-      arena_.fill(57344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  // layers.mesh:43:39 gt
+  support::View v14 = persistent_.view(4288, 1024);
+  support::View v34 = arena_.view(81920, 2048);
+  {
+    float *__restrict v34p = v34.data();
+    const float *__restrict v0p = v0.data();
+    const float *__restrict v14p = v14.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = v0p[i0 * 32 + i1];
+          const float s1 = support::wrapI32(0.0);
+          const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+          const float s3 = s2;
+          const float s4 = v14p[i1 * 32 + i2];
+          const float s5 = (s3 * s4);
+          const float s6 = 0.5f;
+          const float s7 = (s5 > s6 ? 1.0f : 0.0f);
+          v34p[i0 * 1024 + i1 * 32 + i2] = s7;
+        }
+      }
+    }
+  }
 
   // layers.mesh:43:25 where
-  meshc::gen::View v36 = arena_.slot(0, 4096);
-  meshc::gen::forEach<4>(
-      {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
-      {}, [&](const std::array<int64_t, 4> &at) {
-        v36[at[0]] = float((v34[at[1]] != 0 ? v32[at[2]] : v35[at[3]]));
-      });
+  support::View v36 = arena_.view(32768, 4096);
+  {
+    float *__restrict v36p = v36.data();
+    const float *__restrict v34p = v34.data();
+    const float *__restrict v30p = v30.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 1024; ++i2) {
+          const float s0 = v34p[i0 * 1024 + i2];
+          const float s1 = v30p[i0 * 2048 + i1 * 1024 + i2];
+          const float s2 = -1000000000.0f;
+          const float s3 = (s0 != 0 ? s1 : s2);
+          v36p[i0 * 2048 + i1 * 1024 + i2] = s3;
+        }
+      }
+    }
+  }
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::View v37 = arena_.slot(32768, 4096);
-  meshc::gen::along(v37.data(), v36.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
-                    {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
+  support::View v37 = arena_.view(0, 4096);
+  static const support::Shape shape12_2 = {2, 2, 32};
+  static const support::Shape shape12_3 = {2048, 1024, 32};
+  static const support::Shape shape12_4 = {2048, 1024, 32};
+  static const support::Shape shape12_5 = {32};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(v37.data(), v36.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::View v38 = arena_.slot(49152, 2048);
+  support::View v38 = arena_.view(32768, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum38(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum38.run(v37.data(), v29.data(), v38.data());
+  einsumPlan13.run(v37.data(), v28.data(), v38.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::View v39 = arena_.slot(0, 4096);
+  const support::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
+  support::View v39 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum39(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum39.run(v38.data(), v24.data(), v39.data());
+  einsumPlan14.run(v38.data(), v24.data(), v39.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %38 over model for add at
   // 21:13)
-  meshc::gen::View v40 = v39;
-  group_model.allReduce(v40.data(), v40.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v39.data(), v39.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
-  meshc::gen::View v41 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v41.size(); ++i) {
-    v41[i] = float(double(v7[i]) + double(v40[i]));
+  support::View v41 = arena_.view(65536, 4096);
+  {
+    float *__restrict v41p = v41.data();
+    const float *__restrict v7p = v7.data();
+    const float *__restrict v39p = v39.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v7p[i0];
+      const float s1 = v39p[i0];
+      const float s2 = (s0 + s1);
+      v41p[i0] = s2;
+    }
   }
 
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
-
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v44 = arena_.slot(0, 4096);
-  meshc::gen::along(v44.data(), v41.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
+  support::View v44 = arena_.view(0, 4096);
+  static const support::Shape shape17_2 = {2, 32};
+  static const support::Shape shape17_3 = {2048, 64};
+  static const support::Shape shape17_4 = {2048, 64};
+  static const support::Shape shape17_5 = {64};
+  static const support::Shape shape17_6 = {1};
+  static const support::Shape shape17_7 = {1};
+  support::along(v44.data(), v41.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
+                 shape17_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v46 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t45 = float(double(v44[at[1]]) * double(v42[at[2]]));
-                           v46[at[0]] = float(double(t45) + double(v43[at[3]]));
-                         });
-
-  // layers.mesh:50:9 param -> w_in
-  const meshc::gen::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
-
-  // layers.mesh:51:9 param -> b_in
-  const meshc::gen::Buffer &v48 = param12_decoder_decoder_layer_0_ffn_b_in;
-
-  // layers.mesh:52:9 param -> w_out
-  const meshc::gen::Buffer &v49 = param13_decoder_decoder_layer_0_ffn_w_out;
-
-  // layers.mesh:53:9 param -> b_out
-  const meshc::gen::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
+  const support::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
+  const support::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
+  support::View v46 = arena_.view(32768, 4096);
+  {
+    float *__restrict v46p = v46.data();
+    const float *__restrict v44p = v44.data();
+    const float *__restrict v42p = v42.data();
+    const float *__restrict v43p = v43.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v44p[i0 * 64 + i1];
+        const float s1 = v42p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v43p[i1];
+        const float s4 = (s2 + s3);
+        v46p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // layers.mesh:54:16 einsum
-  meshc::gen::View v51 = arena_.slot(0, 8192);
+  const support::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
+  support::View v51 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum51(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum51.run(v46.data(), v47.data(), v51.data());
+  einsumPlan19.run(v46.data(), v47.data(), v51.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::View v53 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t52 = float(double(v51[at[1]]) + double(v48[at[2]]));
-                           v53[at[0]] = float(meshc::gen::gelu(t52));
-                         });
-
-  // layers.mesh:55:17 dropout
-  // dropout is the identity outside training
-  meshc::gen::View v54 = v53;
+  const support::Buffer &v48 = param12_decoder_decoder_layer_0_ffn_b_in;
+  support::View v53 = arena_.view(32768, 8192);
+  {
+    float *__restrict v53p = v53.data();
+    const float *__restrict v51p = v51.data();
+    const float *__restrict v48p = v48.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v51p[i0 * 128 + i1];
+        const float s1 = v48p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        v53p[i0 * 128 + i1] = s3;
+      }
+    }
+  }
 
   // layers.mesh:55:10 einsum
-  meshc::gen::View v55 = arena_.slot(0, 4096);
+  const support::Buffer &v49 = param13_decoder_decoder_layer_0_ffn_w_out;
+  support::View v55 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum55(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum55.run(v54.data(), v49.data(), v55.data());
+  einsumPlan21.run(v53.data(), v49.data(), v55.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
-  meshc::gen::View v56 = v55;
-  group_model.allReduce(v56.data(), v56.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v55.data(), v55.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
-  meshc::gen::View v58 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t57 = float(double(v56[at[1]]) + double(v50[at[2]]));
-                           v58[at[0]] = float(double(v41[at[3]]) + double(t57));
-                         });
+  const support::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
+  support::View v58 = arena_.view(16384, 4096);
+  {
+    float *__restrict v58p = v58.data();
+    const float *__restrict v55p = v55.data();
+    const float *__restrict v50p = v50.data();
+    const float *__restrict v41p = v41.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v55p[i0 * 64 + i1];
+        const float s1 = v50p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v41p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        v58p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+}
 
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
+void Lm::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v61 = arena_.slot(0, 4096);
-  meshc::gen::along(v61.data(), v58.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
+  support::View v58 = arena_.view(16384, 4096);
+  support::View v61 = arena_.view(0, 4096);
+  static const support::Shape shape0_2 = {2, 32};
+  static const support::Shape shape0_3 = {2048, 64};
+  static const support::Shape shape0_4 = {2048, 64};
+  static const support::Shape shape0_5 = {64};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(v61.data(), v58.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v63 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t62 = float(double(v61[at[1]]) * double(v59[at[2]]));
-                           v63[at[0]] = float(double(t62) + double(v60[at[3]]));
-                         });
-
-  // layers.mesh:31:9 param -> w_q
-  const meshc::gen::Buffer &v64 = param17_decoder_decoder_layer_1_attention_w_q;
-
-  // layers.mesh:32:9 param -> w_k
-  const meshc::gen::Buffer &v65 = param18_decoder_decoder_layer_1_attention_w_k;
-
-  // layers.mesh:33:9 param -> w_v
-  const meshc::gen::Buffer &v66 = param19_decoder_decoder_layer_1_attention_w_v;
-
-  // layers.mesh:34:9 param -> w_o
-  const meshc::gen::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
+  const support::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
+  const support::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
+  support::View v63 = arena_.view(32768, 4096);
+  {
+    float *__restrict v63p = v63.data();
+    const float *__restrict v61p = v61.data();
+    const float *__restrict v59p = v59.data();
+    const float *__restrict v60p = v60.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v61p[i0 * 64 + i1];
+        const float s1 = v59p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v60p[i1];
+        const float s4 = (s2 + s3);
+        v63p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // layers.mesh:36:11 einsum -> q
-  meshc::gen::View v68 = arena_.slot(49152, 2048);
+  const support::Buffer &v64 = param17_decoder_decoder_layer_1_attention_w_q;
+  support::View v68 = arena_.view(49152, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum68(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum68.run(v63.data(), v64.data(), v68.data());
+  einsumPlan2.run(v63.data(), v64.data(), v68.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
-  meshc::gen::View v69 = arena_.slot(57344, 2048);
+  const support::Buffer &v65 = param18_decoder_decoder_layer_1_attention_w_k;
+  support::View v69 = arena_.view(57344, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum69(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum69.run(v63.data(), v65.data(), v69.data());
-
-  // layers.mesh:38:11 rename -> k
-  meshc::gen::View v70 = v69;
+  einsumPlan3.run(v63.data(), v65.data(), v69.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
-  meshc::gen::View v71 = arena_.slot(65536, 2048);
+  const support::Buffer &v66 = param19_decoder_decoder_layer_1_attention_w_v;
+  support::View v71 = arena_.view(65536, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum71(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum71.run(v63.data(), v66.data(), v71.data());
-
-  // layers.mesh:39:11 rename -> v
-  meshc::gen::View v72 = v71;
+  einsumPlan4.run(v63.data(), v66.data(), v71.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
-  meshc::gen::View v73 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum73(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum73.run(v68.data(), v70.data(), v73.data());
-
-  // layers.mesh:41:57 literal
-  meshc::gen::View v74 =
-      arena_.fill(49152, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
   // layers.mesh:41:55 mul -> scores
-  meshc::gen::View v75 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v75[at[0]] = float(double(v73[at[1]]) * double(v74[at[2]]));
-                         });
-
-  // layers.mesh:43:41 literal
-  meshc::gen::View v76 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // layers.mesh:43:39 gt
-  meshc::gen::View v77 = arena_.slot(49152, 2048);
-  meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v77[at[0]] = (v15[at[1]] > v76[at[2]] ? 1.0f : 0.0f);
-                         });
-
-  // layers.mesh:43:54 literal
-  meshc::gen::View v78 =
-      arena_.fill(57344, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
+  support::View v73 = arena_.view(0, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan5.run(v68.data(), v69.data(), v73.data(), 0.25f, 0.0f);
 
   // layers.mesh:43:25 where
-  meshc::gen::View v79 = arena_.slot(0, 4096);
-  meshc::gen::forEach<4>(
-      {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
-      {}, [&](const std::array<int64_t, 4> &at) {
-        v79[at[0]] = float((v77[at[1]] != 0 ? v75[at[2]] : v78[at[3]]));
-      });
+  support::View v34 = arena_.view(81920, 2048);
+  support::View v79 = arena_.view(32768, 4096);
+  {
+    float *__restrict v79p = v79.data();
+    const float *__restrict v34p = v34.data();
+    const float *__restrict v73p = v73.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 1024; ++i2) {
+          const float s0 = v34p[i0 * 1024 + i2];
+          const float s1 = v73p[i0 * 2048 + i1 * 1024 + i2];
+          const float s2 = -1000000000.0f;
+          const float s3 = (s0 != 0 ? s1 : s2);
+          v79p[i0 * 2048 + i1 * 1024 + i2] = s3;
+        }
+      }
+    }
+  }
 
   // layers.mesh:43:17 softmax -> weights
-  meshc::gen::View v80 = arena_.slot(32768, 4096);
-  meshc::gen::along(v80.data(), v79.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
-                    {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
+  support::View v80 = arena_.view(0, 4096);
+  static const support::Shape shape7_2 = {2, 2, 32};
+  static const support::Shape shape7_3 = {2048, 1024, 32};
+  static const support::Shape shape7_4 = {2048, 1024, 32};
+  static const support::Shape shape7_5 = {32};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(v80.data(), v79.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
-  meshc::gen::View v81 = arena_.slot(49152, 2048);
+  support::View v81 = arena_.view(32768, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum81(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum81.run(v80.data(), v72.data(), v81.data());
+  einsumPlan8.run(v80.data(), v71.data(), v81.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
-  meshc::gen::View v82 = arena_.slot(0, 4096);
+  const support::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
+  support::View v82 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum82(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum82.run(v81.data(), v67.data(), v82.data());
+  einsumPlan9.run(v81.data(), v67.data(), v82.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %79 over model for add at
   // 21:13)
-  meshc::gen::View v83 = v82;
-  group_model.allReduce(v83.data(), v83.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v82.data(), v82.size(), meshrt::ReduceOp::Sum);
 
   // transformer.mesh:21:13 add -> h
-  meshc::gen::View v84 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v84.size(); ++i) {
-    v84[i] = float(double(v58[i]) + double(v83[i]));
+  support::View v84 = arena_.view(65536, 4096);
+  {
+    float *__restrict v84p = v84.data();
+    const float *__restrict v58p = v58.data();
+    const float *__restrict v82p = v82.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v58p[i0];
+      const float s1 = v82p[i0];
+      const float s2 = (s0 + s1);
+      v84p[i0] = s2;
+    }
   }
 
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
-
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v87 = arena_.slot(0, 4096);
-  meshc::gen::along(v87.data(), v84.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
+  support::View v87 = arena_.view(0, 4096);
+  static const support::Shape shape12_2 = {2, 32};
+  static const support::Shape shape12_3 = {2048, 64};
+  static const support::Shape shape12_4 = {2048, 64};
+  static const support::Shape shape12_5 = {64};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(v87.data(), v84.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v89 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t88 = float(double(v87[at[1]]) * double(v85[at[2]]));
-                           v89[at[0]] = float(double(t88) + double(v86[at[3]]));
-                         });
-
-  // layers.mesh:50:9 param -> w_in
-  const meshc::gen::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
-
-  // layers.mesh:51:9 param -> b_in
-  const meshc::gen::Buffer &v91 = param24_decoder_decoder_layer_1_ffn_b_in;
-
-  // layers.mesh:52:9 param -> w_out
-  const meshc::gen::Buffer &v92 = param25_decoder_decoder_layer_1_ffn_w_out;
-
-  // layers.mesh:53:9 param -> b_out
-  const meshc::gen::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
+  const support::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
+  const support::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
+  support::View v89 = arena_.view(32768, 4096);
+  {
+    float *__restrict v89p = v89.data();
+    const float *__restrict v87p = v87.data();
+    const float *__restrict v85p = v85.data();
+    const float *__restrict v86p = v86.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v87p[i0 * 64 + i1];
+        const float s1 = v85p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v86p[i1];
+        const float s4 = (s2 + s3);
+        v89p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // layers.mesh:54:16 einsum
-  meshc::gen::View v94 = arena_.slot(0, 8192);
+  const support::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
+  support::View v94 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum94(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum94.run(v89.data(), v90.data(), v94.data());
+  einsumPlan14.run(v89.data(), v90.data(), v94.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
-  meshc::gen::View v96 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t95 = float(double(v94[at[1]]) + double(v91[at[2]]));
-                           v96[at[0]] = float(meshc::gen::gelu(t95));
-                         });
-
-  // layers.mesh:55:17 dropout
-  // dropout is the identity outside training
-  meshc::gen::View v97 = v96;
+  const support::Buffer &v91 = param24_decoder_decoder_layer_1_ffn_b_in;
+  support::View v96 = arena_.view(32768, 8192);
+  {
+    float *__restrict v96p = v96.data();
+    const float *__restrict v94p = v94.data();
+    const float *__restrict v91p = v91.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v94p[i0 * 128 + i1];
+        const float s1 = v91p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        v96p[i0 * 128 + i1] = s3;
+      }
+    }
+  }
 
   // layers.mesh:55:10 einsum
-  meshc::gen::View v98 = arena_.slot(0, 4096);
+  const support::Buffer &v92 = param25_decoder_decoder_layer_1_ffn_w_out;
+  support::View v98 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum98(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum98.run(v97.data(), v92.data(), v98.data());
+  einsumPlan16.run(v96.data(), v92.data(), v98.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %94 over model for add at 55:71)
-  meshc::gen::View v99 = v98;
-  group_model.allReduce(v99.data(), v99.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(v98.data(), v98.size(), meshrt::ReduceOp::Sum);
 
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
-  meshc::gen::View v101 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t100 = float(double(v99[at[1]]) + double(v93[at[2]]));
-                           v101[at[0]] = float(double(v84[at[3]]) + double(t100));
-                         });
-
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v102 = param27_decoder_norm_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v103 = param28_decoder_norm_bias;
+  const support::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
+  support::View v101 = arena_.view(16384, 4096);
+  {
+    float *__restrict v101p = v101.data();
+    const float *__restrict v98p = v98.data();
+    const float *__restrict v93p = v93.data();
+    const float *__restrict v84p = v84.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v98p[i0 * 64 + i1];
+        const float s1 = v93p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v84p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        v101p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // layers.mesh:24:10 layer_norm
-  meshc::gen::View v104 = arena_.slot(0, 4096);
-  meshc::gen::along(v104.data(), v101.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
+  support::View v104 = arena_.view(0, 4096);
+  static const support::Shape shape19_2 = {2, 32};
+  static const support::Shape shape19_3 = {2048, 64};
+  static const support::Shape shape19_4 = {2048, 64};
+  static const support::Shape shape19_5 = {64};
+  static const support::Shape shape19_6 = {1};
+  static const support::Shape shape19_7 = {1};
+  support::along(v104.data(), v101.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+                 shape19_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
-  meshc::gen::View v106 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t105 = float(double(v104[at[1]]) * double(v102[at[2]]));
-                           v106[at[0]] = float(double(t105) + double(v103[at[3]]));
-                         });
+  const support::Buffer &v102 = param27_decoder_norm_gain;
+  const support::Buffer &v103 = param28_decoder_norm_bias;
+  support::View v106 = arena_.view(16384, 4096);
+  {
+    float *__restrict v106p = v106.data();
+    const float *__restrict v104p = v104.data();
+    const float *__restrict v102p = v102.data();
+    const float *__restrict v103p = v103.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v104p[i0 * 64 + i1];
+        const float s1 = v102p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v103p[i1];
+        const float s4 = (s2 + s3);
+        v106p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 
   // transformer.mesh:43:10 einsum -> logits
-  meshc::gen::View v107 = arena_.slot(0, 3072);
+  const support::Buffer &v3 = param2_decoder_unembed;
+  support::View v107 = arena_.view(0, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsum107(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum107.run(v106.data(), v3.data(), v107.data());
-
-  Outputs outputs;
-  outputs.logits = meshc::gen::Tensor{{2, 32, 48}, meshc::gen::Buffer(v107.begin(), v107.end())};
-  return outputs;
+  einsumPlan21.run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -744,39 +825,37 @@ Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
     std::vector<int32_t> ids(inputs.tokens.data.size());
     meshrt::kernels::fillInput(
         ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2), 0},
-            meshrt::kernels::Dims{2, 32}},
+        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32},
+                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
+                               meshrt::kernels::Dims{2, 32}},
         seed, "tokens", 96);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;
 }
 
-meshc::gen::Tensor Lm::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                    const meshc::gen::Tensor &global) {
+support::Tensor Lm::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                 const support::Tensor &global) {
   if (name == "tokens") {
-    meshc::gen::checkShape("global input", name, global, {4, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {4, 32});
+    return support::Tensor{
         {2, 32},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {2, 32}, {32, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 2),
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 2), 0})};
   }
   throw std::invalid_argument("lm: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor Lm::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                    const meshc::gen::Tensor &local) {
+support::Tensor Lm::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                 const support::Tensor &local) {
   if (name == "logits") {
-    meshc::gen::checkShape("local output", name, local, {2, 32, 48});
-    return meshc::gen::Tensor{
+    support::checkShape("local output", name, local, {2, 32, 48});
+    return support::Tensor{
         {4, 32, 96},
-        meshc::gen::gatherShards(world, local.data, {2, 32, 48}, {4, 32, 96}, [&](int rank) {
-          return meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), rank, {"data"}, 2), 0,
-                                   meshc::gen::shardStartOf(world.mesh(), rank, {"model"}, 48)};
+        support::gatherShards(world, local.data, {2, 32, 48}, {4, 32, 96}, [&](int rank) {
+          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 2), 0,
+                                support::shardStartOf(world.mesh(), rank, {"model"}, 48)};
         })};
   }
   throw std::invalid_argument("lm: no output named '" + name + "'");
@@ -819,7 +898,7 @@ bool Lm::isOptimizerState(const std::string &path) {
   return false;
 }
 
-std::vector<meshc::gen::ParamShard> Lm::paramShards() {
+std::vector<support::ParamShard> Lm::paramShards() {
   return {
       {"decoder/token_embedding",
        false,
@@ -1056,26 +1135,26 @@ std::vector<meshc::gen::ParamShard> Lm::paramShards() {
   };
 }
 
-meshc::gen::Tensor Lm::getParam(const std::string &path) {
+support::Tensor Lm::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "lm"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "lm"));
 }
 
-void Lm::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void Lm::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "lm"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "lm"), global);
 }
 
 void Lm::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {0, {{"program", "lm"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Lm::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -1088,5596 +1167,5648 @@ meshrt::Mesh LmTrain::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}});
 std::vector<std::string> LmTrain::inputNames() { return {"tokens"}; }
 std::vector<std::string> LmTrain::outputNames() { return {"loss"}; }
 
-meshc::gen::Shape LmTrain::inputShape(const std::string &name) {
+support::Shape LmTrain::inputShape(const std::string &name) {
   if (name == "tokens")
     return {4, 32};
   throw std::invalid_argument("lm_train: no input named '" + name + "'");
 }
 
 LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "lm_train")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // decoder/token_embedding: normal (transformer.mesh:27)
   param0_decoder_token_embedding.resize(3072);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_decoder_token_embedding.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{96, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 48), 0},
-          meshrt::kernels::Dims{48, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{96, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 48), 0},
+                             meshrt::kernels::Dims{48, 64}},
       seed, "decoder/token_embedding",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
       meshrt::kernels::ValueType::F32);
   // decoder/position_embedding: normal (transformer.mesh:28)
   param1_decoder_position_embedding.resize(2048);
-  meshrt::kernels::fillParam(param1_decoder_position_embedding.data(),
-                             meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
-                                                    meshrt::kernels::Dims{0, 0},
-                                                    meshrt::kernels::Dims{32, 64}},
-                             seed, "decoder/position_embedding",
-                             meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
-                             meshrt::kernels::ValueType::F32);
+  support::fillParam(param1_decoder_position_embedding.data(),
+                     meshrt::kernels::Shard{meshrt::kernels::Dims{32, 64},
+                                            meshrt::kernels::Dims{0, 0},
+                                            meshrt::kernels::Dims{32, 64}},
+                     seed, "decoder/position_embedding",
+                     meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
+                     meshrt::kernels::ValueType::F32);
   // decoder/unembed: normal (transformer.mesh:29)
   param2_decoder_unembed.resize(3072);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_decoder_unembed.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 96},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 48)},
-          meshrt::kernels::Dims{64, 48}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 96},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 48)},
+                             meshrt::kernels::Dims{64, 48}},
       seed, "decoder/unembed",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/norm/gain: ones (layers.mesh:22)
-  param3_decoder_decoder_layer_0_norm_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param3_decoder_decoder_layer_0_norm_gain.assign(64,
+                                                  support::roundValue(support::DType::F32, 1.0));
   // decoder/decoder_layer[0]/norm/bias: zeros (layers.mesh:23)
-  param4_decoder_decoder_layer_0_norm_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param4_decoder_decoder_layer_0_norm_bias.assign(64,
+                                                  support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_q: normal (layers.mesh:31)
   param5_decoder_decoder_layer_0_attention_w_q.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param5_decoder_decoder_layer_0_attention_w_q.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[0]/attention/w_q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_k: normal (layers.mesh:32)
   param6_decoder_decoder_layer_0_attention_w_k.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param6_decoder_decoder_layer_0_attention_w_k.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[0]/attention/w_k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_v: normal (layers.mesh:33)
   param7_decoder_decoder_layer_0_attention_w_v.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param7_decoder_decoder_layer_0_attention_w_v.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[0]/attention/w_v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/attention/w_o: normal (layers.mesh:34)
   param8_decoder_decoder_layer_0_attention_w_o.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param8_decoder_decoder_layer_0_attention_w_o.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 16, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 16, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 16, 64}},
       seed, "decoder/decoder_layer[0]/attention/w_o",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/norm#1/gain: ones (layers.mesh:22)
-  param9_decoder_decoder_layer_0_norm_1_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param9_decoder_decoder_layer_0_norm_1_gain.assign(64,
+                                                    support::roundValue(support::DType::F32, 1.0));
   // decoder/decoder_layer[0]/norm#1/bias: zeros (layers.mesh:23)
-  param10_decoder_decoder_layer_0_norm_1_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param10_decoder_decoder_layer_0_norm_1_bias.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_in: normal (layers.mesh:50)
   param11_decoder_decoder_layer_0_ffn_w_in.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param11_decoder_decoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 256},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
-          meshrt::kernels::Dims{64, 128}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
+                             meshrt::kernels::Dims{64, 128}},
       seed, "decoder/decoder_layer[0]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/ffn/b_in: zeros (layers.mesh:51)
-  param12_decoder_decoder_layer_0_ffn_b_in.assign(
-      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param12_decoder_decoder_layer_0_ffn_b_in.assign(128,
+                                                  support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_out: normal (layers.mesh:52)
   param13_decoder_decoder_layer_0_ffn_w_out.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param13_decoder_decoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{256, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
-          meshrt::kernels::Dims{128, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
+                             meshrt::kernels::Dims{128, 64}},
       seed, "decoder/decoder_layer[0]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[0]/ffn/b_out: zeros (layers.mesh:53)
-  param14_decoder_decoder_layer_0_ffn_b_out.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param14_decoder_decoder_layer_0_ffn_b_out.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm/gain: ones (layers.mesh:22)
-  param15_decoder_decoder_layer_1_norm_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param15_decoder_decoder_layer_1_norm_gain.assign(64,
+                                                   support::roundValue(support::DType::F32, 1.0));
   // decoder/decoder_layer[1]/norm/bias: zeros (layers.mesh:23)
-  param16_decoder_decoder_layer_1_norm_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param16_decoder_decoder_layer_1_norm_bias.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_q: normal (layers.mesh:31)
   param17_decoder_decoder_layer_1_attention_w_q.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param17_decoder_decoder_layer_1_attention_w_q.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[1]/attention/w_q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_k: normal (layers.mesh:32)
   param18_decoder_decoder_layer_1_attention_w_k.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param18_decoder_decoder_layer_1_attention_w_k.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[1]/attention/w_k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_v: normal (layers.mesh:33)
   param19_decoder_decoder_layer_1_attention_w_v.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param19_decoder_decoder_layer_1_attention_w_v.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "decoder/decoder_layer[1]/attention/w_v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/attention/w_o: normal (layers.mesh:34)
   param20_decoder_decoder_layer_1_attention_w_o.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param20_decoder_decoder_layer_1_attention_w_o.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 16, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 16, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 16, 64}},
       seed, "decoder/decoder_layer[1]/attention/w_o",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/norm#1/gain: ones (layers.mesh:22)
-  param21_decoder_decoder_layer_1_norm_1_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param21_decoder_decoder_layer_1_norm_1_gain.assign(64,
+                                                     support::roundValue(support::DType::F32, 1.0));
   // decoder/decoder_layer[1]/norm#1/bias: zeros (layers.mesh:23)
-  param22_decoder_decoder_layer_1_norm_1_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param22_decoder_decoder_layer_1_norm_1_bias.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_in: normal (layers.mesh:50)
   param23_decoder_decoder_layer_1_ffn_w_in.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param23_decoder_decoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 256},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 128)},
-          meshrt::kernels::Dims{64, 128}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 256},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 128)},
+                             meshrt::kernels::Dims{64, 128}},
       seed, "decoder/decoder_layer[1]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/ffn/b_in: zeros (layers.mesh:51)
-  param24_decoder_decoder_layer_1_ffn_b_in.assign(
-      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param24_decoder_decoder_layer_1_ffn_b_in.assign(128,
+                                                  support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_out: normal (layers.mesh:52)
   param25_decoder_decoder_layer_1_ffn_w_out.resize(8192);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param25_decoder_decoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{256, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 128), 0},
-          meshrt::kernels::Dims{128, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{256, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 128), 0},
+                             meshrt::kernels::Dims{128, 64}},
       seed, "decoder/decoder_layer[1]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
   // decoder/decoder_layer[1]/ffn/b_out: zeros (layers.mesh:53)
-  param26_decoder_decoder_layer_1_ffn_b_out.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param26_decoder_decoder_layer_1_ffn_b_out.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // decoder/norm/gain: ones (layers.mesh:22)
-  param27_decoder_norm_gain.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param27_decoder_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // decoder/norm/bias: zeros (layers.mesh:23)
-  param28_decoder_norm_bias.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param28_decoder_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/token_embedding@m: zeros (transformer.mesh:27)
-  param29_decoder_token_embedding_m.assign(3072,
-                                           meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param29_decoder_token_embedding_m.assign(3072, support::roundValue(support::DType::F32, 0.0));
   // decoder/token_embedding@v: zeros (transformer.mesh:27)
-  param30_decoder_token_embedding_v.assign(3072,
-                                           meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param30_decoder_token_embedding_v.assign(3072, support::roundValue(support::DType::F32, 0.0));
   // decoder/position_embedding@m: zeros (transformer.mesh:28)
-  param31_decoder_position_embedding_m.assign(2048,
-                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param31_decoder_position_embedding_m.assign(2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/position_embedding@v: zeros (transformer.mesh:28)
-  param32_decoder_position_embedding_v.assign(2048,
-                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param32_decoder_position_embedding_v.assign(2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/unembed@m: zeros (transformer.mesh:29)
-  param33_decoder_unembed_m.assign(3072, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param33_decoder_unembed_m.assign(3072, support::roundValue(support::DType::F32, 0.0));
   // decoder/unembed@v: zeros (transformer.mesh:29)
-  param34_decoder_unembed_v.assign(3072, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param34_decoder_unembed_v.assign(3072, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/norm/gain@m: zeros (layers.mesh:22)
-  param35_decoder_decoder_layer_0_norm_gain_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param35_decoder_decoder_layer_0_norm_gain_m.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/norm/gain@v: zeros (layers.mesh:22)
-  param36_decoder_decoder_layer_0_norm_gain_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param36_decoder_decoder_layer_0_norm_gain_v.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/norm/bias@m: zeros (layers.mesh:23)
-  param37_decoder_decoder_layer_0_norm_bias_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param37_decoder_decoder_layer_0_norm_bias_m.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/norm/bias@v: zeros (layers.mesh:23)
-  param38_decoder_decoder_layer_0_norm_bias_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param38_decoder_decoder_layer_0_norm_bias_v.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_q@m: zeros (layers.mesh:31)
   param39_decoder_decoder_layer_0_attention_w_q_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_q@v: zeros (layers.mesh:31)
   param40_decoder_decoder_layer_0_attention_w_q_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_k@m: zeros (layers.mesh:32)
   param41_decoder_decoder_layer_0_attention_w_k_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_k@v: zeros (layers.mesh:32)
   param42_decoder_decoder_layer_0_attention_w_k_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_v@m: zeros (layers.mesh:33)
   param43_decoder_decoder_layer_0_attention_w_v_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_v@v: zeros (layers.mesh:33)
   param44_decoder_decoder_layer_0_attention_w_v_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_o@m: zeros (layers.mesh:34)
   param45_decoder_decoder_layer_0_attention_w_o_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/attention/w_o@v: zeros (layers.mesh:34)
   param46_decoder_decoder_layer_0_attention_w_o_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/norm#1/gain@m: zeros (layers.mesh:22)
   param47_decoder_decoder_layer_0_norm_1_gain_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/norm#1/gain@v: zeros (layers.mesh:22)
   param48_decoder_decoder_layer_0_norm_1_gain_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/norm#1/bias@m: zeros (layers.mesh:23)
   param49_decoder_decoder_layer_0_norm_1_bias_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/norm#1/bias@v: zeros (layers.mesh:23)
   param50_decoder_decoder_layer_0_norm_1_bias_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_in@m: zeros (layers.mesh:50)
-  param51_decoder_decoder_layer_0_ffn_w_in_m.assign(
-      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param51_decoder_decoder_layer_0_ffn_w_in_m.assign(8192,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_in@v: zeros (layers.mesh:50)
-  param52_decoder_decoder_layer_0_ffn_w_in_v.assign(
-      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param52_decoder_decoder_layer_0_ffn_w_in_v.assign(8192,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/b_in@m: zeros (layers.mesh:51)
-  param53_decoder_decoder_layer_0_ffn_b_in_m.assign(
-      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param53_decoder_decoder_layer_0_ffn_b_in_m.assign(128,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/b_in@v: zeros (layers.mesh:51)
-  param54_decoder_decoder_layer_0_ffn_b_in_v.assign(
-      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param54_decoder_decoder_layer_0_ffn_b_in_v.assign(128,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_out@m: zeros (layers.mesh:52)
-  param55_decoder_decoder_layer_0_ffn_w_out_m.assign(
-      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param55_decoder_decoder_layer_0_ffn_w_out_m.assign(8192,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/w_out@v: zeros (layers.mesh:52)
-  param56_decoder_decoder_layer_0_ffn_w_out_v.assign(
-      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param56_decoder_decoder_layer_0_ffn_w_out_v.assign(8192,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/b_out@m: zeros (layers.mesh:53)
-  param57_decoder_decoder_layer_0_ffn_b_out_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param57_decoder_decoder_layer_0_ffn_b_out_m.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[0]/ffn/b_out@v: zeros (layers.mesh:53)
-  param58_decoder_decoder_layer_0_ffn_b_out_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param58_decoder_decoder_layer_0_ffn_b_out_v.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm/gain@m: zeros (layers.mesh:22)
-  param59_decoder_decoder_layer_1_norm_gain_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param59_decoder_decoder_layer_1_norm_gain_m.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm/gain@v: zeros (layers.mesh:22)
-  param60_decoder_decoder_layer_1_norm_gain_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param60_decoder_decoder_layer_1_norm_gain_v.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm/bias@m: zeros (layers.mesh:23)
-  param61_decoder_decoder_layer_1_norm_bias_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param61_decoder_decoder_layer_1_norm_bias_m.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm/bias@v: zeros (layers.mesh:23)
-  param62_decoder_decoder_layer_1_norm_bias_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param62_decoder_decoder_layer_1_norm_bias_v.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_q@m: zeros (layers.mesh:31)
   param63_decoder_decoder_layer_1_attention_w_q_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_q@v: zeros (layers.mesh:31)
   param64_decoder_decoder_layer_1_attention_w_q_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_k@m: zeros (layers.mesh:32)
   param65_decoder_decoder_layer_1_attention_w_k_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_k@v: zeros (layers.mesh:32)
   param66_decoder_decoder_layer_1_attention_w_k_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_v@m: zeros (layers.mesh:33)
   param67_decoder_decoder_layer_1_attention_w_v_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_v@v: zeros (layers.mesh:33)
   param68_decoder_decoder_layer_1_attention_w_v_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_o@m: zeros (layers.mesh:34)
   param69_decoder_decoder_layer_1_attention_w_o_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/attention/w_o@v: zeros (layers.mesh:34)
   param70_decoder_decoder_layer_1_attention_w_o_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      2048, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm#1/gain@m: zeros (layers.mesh:22)
   param71_decoder_decoder_layer_1_norm_1_gain_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm#1/gain@v: zeros (layers.mesh:22)
   param72_decoder_decoder_layer_1_norm_1_gain_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm#1/bias@m: zeros (layers.mesh:23)
   param73_decoder_decoder_layer_1_norm_1_bias_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/norm#1/bias@v: zeros (layers.mesh:23)
   param74_decoder_decoder_layer_1_norm_1_bias_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_in@m: zeros (layers.mesh:50)
-  param75_decoder_decoder_layer_1_ffn_w_in_m.assign(
-      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param75_decoder_decoder_layer_1_ffn_w_in_m.assign(8192,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_in@v: zeros (layers.mesh:50)
-  param76_decoder_decoder_layer_1_ffn_w_in_v.assign(
-      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param76_decoder_decoder_layer_1_ffn_w_in_v.assign(8192,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/b_in@m: zeros (layers.mesh:51)
-  param77_decoder_decoder_layer_1_ffn_b_in_m.assign(
-      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param77_decoder_decoder_layer_1_ffn_b_in_m.assign(128,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/b_in@v: zeros (layers.mesh:51)
-  param78_decoder_decoder_layer_1_ffn_b_in_v.assign(
-      128, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param78_decoder_decoder_layer_1_ffn_b_in_v.assign(128,
+                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_out@m: zeros (layers.mesh:52)
-  param79_decoder_decoder_layer_1_ffn_w_out_m.assign(
-      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param79_decoder_decoder_layer_1_ffn_w_out_m.assign(8192,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/w_out@v: zeros (layers.mesh:52)
-  param80_decoder_decoder_layer_1_ffn_w_out_v.assign(
-      8192, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param80_decoder_decoder_layer_1_ffn_w_out_v.assign(8192,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/b_out@m: zeros (layers.mesh:53)
-  param81_decoder_decoder_layer_1_ffn_b_out_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param81_decoder_decoder_layer_1_ffn_b_out_m.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/decoder_layer[1]/ffn/b_out@v: zeros (layers.mesh:53)
-  param82_decoder_decoder_layer_1_ffn_b_out_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param82_decoder_decoder_layer_1_ffn_b_out_v.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // decoder/norm/gain@m: zeros (layers.mesh:22)
-  param83_decoder_norm_gain_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param83_decoder_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/norm/gain@v: zeros (layers.mesh:22)
-  param84_decoder_norm_gain_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param84_decoder_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/norm/bias@m: zeros (layers.mesh:23)
-  param85_decoder_norm_bias_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param85_decoder_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/norm/bias@v: zeros (layers.mesh:23)
-  param86_decoder_norm_bias_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param86_decoder_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
+
+  // Values run() reads that never change, computed once (hoist-invariants).
+
+  // transformer.mesh:38:69 iota
+  // transformer.mesh:38:82 iota
+  support::View v16 = persistent_.view(64, 32);
+  static const support::Shape shape0_1 = {32};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v16.data(), shape0_1, shape0_2, 0);
+
+  // transformer.mesh:38:79 ge
+  support::View v18 = persistent_.view(192, 1024);
+  {
+    float *__restrict v18p = v18.data();
+    const float *__restrict v16p = v16.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = v16p[i0];
+        const float s1 = v16p[i1];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        v18p[i0 * 32 + i1] = s2;
+      }
+    }
+  }
+
+  // transformer.mesh:38:64 cast
+  support::View v19 = persistent_.view(4288, 1024);
+  {
+    float *__restrict v19p = v19.data();
+    const float *__restrict v18p = v18.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v18p[i0];
+      const float s1 = s0;
+      v19p[i0] = s1;
+    }
+  }
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
-  // Arena: 649088 bytes for 4266100 bytes of temporaries (558 slots, placed by liveness).
-  meshc::gen::checkShape("input", "tokens", inputs.tokens, {2, 32});
-
-  // transformer.mesh:53:16 input -> tokens
-  const meshc::gen::Buffer &v0 = inputs.tokens.data;
-
-  // transformer.mesh:54:17 shift -> targets
-  meshc::gen::View v1 = arena_.slot(204800, 64);
-  meshc::gen::shift(v1, v0, {2, 32}, 1, -1, nullptr);
-
-  // transformer.mesh:55:39 literal
-  meshc::gen::View v2 = arena_.fill(256, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
-
-  // transformer.mesh:55:36 ge
-  // transformer.mesh:55:24 cast
-  meshc::gen::View v4 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t3 = (v0[at[1]] >= v2[at[2]] ? 1.0f : 0.0f);
-                           v4[at[0]] = float(t3);
-                         });
-
-  // transformer.mesh:55:18 shift -> has_next
-  meshc::gen::View v5 = arena_.slot(217088, 64);
-  meshc::gen::shift(v5, v4, {2, 32}, 1, -1, nullptr);
-
-  // transformer.mesh:27:9 param -> token_embedding
-  const meshc::gen::Buffer &v6 = param0_decoder_token_embedding;
-
-  // transformer.mesh:28:9 param -> position_embedding
-  const meshc::gen::Buffer &v7 = param1_decoder_position_embedding;
-
-  // transformer.mesh:29:9 param -> unembed
-  const meshc::gen::Buffer &v8 = param2_decoder_unembed;
-
-  // transformer.mesh:33:44 one_hot
-  meshc::gen::View v9 = arena_.slot(540672, 3072);
-  meshc::gen::oneHot(v9.data(), {2, 32, 48}, v0.data(), {32, 1, 0}, {0, 0, 1},
-                     meshc::gen::shardStart(world_, {"model"}, 48));
-
-  // transformer.mesh:33:37 einsum
-  meshc::gen::View v10 = arena_.slot(0, 4096);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsum10(
-      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum10.run(v9.data(), v6.data(), v10.data());
-
-  // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %10 over model for add at
-  // 34:37)
-  meshc::gen::View v11 = v10;
-  group_model.allReduce(v11.data(), v11.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:34:37 add -> x
-  meshc::gen::View v12 = arena_.slot(294912, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 64, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v12[at[0]] = float(double(v11[at[1]]) + double(v7[at[2]]));
-                         });
-
-  // transformer.mesh:38:54 literal
-  meshc::gen::View v13 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
-
-  // transformer.mesh:38:51 ge
-  // transformer.mesh:38:39 cast
-  meshc::gen::View v15 = arena_.slot(4096, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t14 = (v0[at[1]] >= v13[at[2]] ? 1.0f : 0.0f);
-                           v15[at[0]] = float(t14);
-                         });
-
-  // transformer.mesh:38:69 iota
-  meshc::gen::View v16 = arena_.slot(4352, 32);
-  meshc::gen::iota(v16.data(), {32}, {1}, 0);
-
-  // transformer.mesh:38:82 iota
-  meshc::gen::View v17 = arena_.slot(4480, 32);
-  meshc::gen::iota(v17.data(), {32}, {1}, 0);
-
-  // transformer.mesh:38:79 ge
-  // transformer.mesh:38:64 cast
-  meshc::gen::View v19 = arena_.slot(0, 1024);
-  meshc::gen::forEach<3>({32, 32}, {{{32, 1}, {1, 0}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t18 = (v16[at[1]] >= v17[at[2]] ? 1.0f : 0.0f);
-                           v19[at[0]] = float(t18);
-                         });
-
-  // transformer.mesh:38:62 mul -> allowed
-  meshc::gen::View v20 = arena_.slot(98304, 2048);
-  meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {32, 1, 0}, {0, 32, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v20[at[0]] = float(double(v15[at[1]]) * double(v19[at[2]]));
-                         });
-
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v21 = param3_decoder_decoder_layer_0_norm_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v22 = param4_decoder_decoder_layer_0_norm_bias;
-
-  // layers.mesh:24:10 layer_norm
-  meshc::gen::View v23 = arena_.slot(311296, 4096);
-  meshc::gen::along(v23.data(), v12.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
-  meshc::gen::View v25 = arena_.slot(327680, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t24 = float(double(v23[at[1]]) * double(v21[at[2]]));
-                           v25[at[0]] = float(double(t24) + double(v22[at[3]]));
-                         });
-
-  // layers.mesh:31:9 param -> w_q
-  const meshc::gen::Buffer &v26 = param5_decoder_decoder_layer_0_attention_w_q;
-
-  // layers.mesh:32:9 param -> w_k
-  const meshc::gen::Buffer &v27 = param6_decoder_decoder_layer_0_attention_w_k;
-
-  // layers.mesh:33:9 param -> w_v
-  const meshc::gen::Buffer &v28 = param7_decoder_decoder_layer_0_attention_w_v;
-
-  // layers.mesh:34:9 param -> w_o
-  const meshc::gen::Buffer &v29 = param8_decoder_decoder_layer_0_attention_w_o;
-
-  // layers.mesh:36:11 einsum -> q
-  meshc::gen::View v30 = arena_.slot(565248, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum30(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum30.run(v25.data(), v26.data(), v30.data());
-
-  // layers.mesh:38:18 einsum
-  meshc::gen::View v31 = arena_.slot(573440, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum31(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum31.run(v25.data(), v27.data(), v31.data());
-
-  // layers.mesh:38:11 rename -> k
-  meshc::gen::View v32 = v31;
-
-  // layers.mesh:39:18 einsum
-  meshc::gen::View v33 = arena_.slot(581632, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum33(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum33.run(v25.data(), v28.data(), v33.data());
-
-  // layers.mesh:39:11 rename -> v
-  meshc::gen::View v34 = v33;
-
-  // layers.mesh:41:16 einsum
-  meshc::gen::View v35 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum35(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum35.run(v30.data(), v32.data(), v35.data());
-
-  // layers.mesh:41:57 literal
-  meshc::gen::View v36 =
-      arena_.fill(648448, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
-  // layers.mesh:41:55 mul -> scores
-  meshc::gen::View v37 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v37[at[0]] = float(double(v35[at[1]]) * double(v36[at[2]]));
-                         });
-
-  // layers.mesh:43:41 literal
-  meshc::gen::View v38 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // layers.mesh:43:39 gt
-  meshc::gen::View v39 = arena_.slot(589824, 2048);
-  meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v39[at[0]] = (v20[at[1]] > v38[at[2]] ? 1.0f : 0.0f);
-                         });
-
-  // layers.mesh:43:54 literal
-  meshc::gen::View v40 =
-      arena_.fill(32768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
-
-  // layers.mesh:43:25 where
-  meshc::gen::View v41 = arena_.slot(0, 4096);
-  meshc::gen::forEach<4>(
-      {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
-      {}, [&](const std::array<int64_t, 4> &at) {
-        v41[at[0]] = float((v39[at[1]] != 0 ? v37[at[2]] : v40[at[3]]));
-      });
-
-  // layers.mesh:43:17 softmax -> weights
-  meshc::gen::View v42 = arena_.slot(344064, 4096);
-  meshc::gen::along(v42.data(), v41.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
-                    {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
-  meshc::gen::View v43 = arena_.slot(598016, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum43(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum43.run(v42.data(), v34.data(), v43.data());
-
-  // layers.mesh:45:10 einsum
-  meshc::gen::View v44 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum44(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum44.run(v43.data(), v29.data(), v44.data());
-
-  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
-  // 21:13)
-  meshc::gen::View v45 = v44;
-  group_model.allReduce(v45.data(), v45.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:21:13 add -> h
-  meshc::gen::View v46 = arena_.slot(360448, 4096);
-  for (size_t i = 0; i < v46.size(); ++i) {
-    v46[i] = float(double(v12[i]) + double(v45[i]));
-  }
-
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v47 = param9_decoder_decoder_layer_0_norm_1_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v48 = param10_decoder_decoder_layer_0_norm_1_bias;
-
-  // layers.mesh:24:10 layer_norm
-  meshc::gen::View v49 = arena_.slot(376832, 4096);
-  meshc::gen::along(v49.data(), v46.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
-  meshc::gen::View v51 = arena_.slot(393216, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t50 = float(double(v49[at[1]]) * double(v47[at[2]]));
-                           v51[at[0]] = float(double(t50) + double(v48[at[3]]));
-                         });
-
-  // layers.mesh:50:9 param -> w_in
-  const meshc::gen::Buffer &v52 = param11_decoder_decoder_layer_0_ffn_w_in;
-
-  // layers.mesh:51:9 param -> b_in
-  const meshc::gen::Buffer &v53 = param12_decoder_decoder_layer_0_ffn_b_in;
-
-  // layers.mesh:52:9 param -> w_out
-  const meshc::gen::Buffer &v54 = param13_decoder_decoder_layer_0_ffn_w_out;
-
-  // layers.mesh:53:9 param -> b_out
-  const meshc::gen::Buffer &v55 = param14_decoder_decoder_layer_0_ffn_b_out;
-
-  // layers.mesh:54:16 einsum
-  meshc::gen::View v56 = arena_.slot(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum56(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum56.run(v51.data(), v52.data(), v56.data());
-
-  // layers.mesh:54:52 add
-  meshc::gen::View v57 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v57[at[0]] = float(double(v56[at[1]]) + double(v53[at[2]]));
-                         });
-
-  // layers.mesh:54:11 gelu -> h
-  meshc::gen::View v58 = arena_.slot(0, 8192);
-  for (size_t i = 0; i < v58.size(); ++i) {
-    v58[i] = float(meshc::gen::gelu(v57[i]));
-  }
-
-  // layers.mesh:55:17 dropout
-  meshc::gen::View v59 = arena_.slot(65536, 8192);
-  meshc::gen::dropout(
-      v59.data(), {2, 32, 128}, v58.data(), {4096, 128, 1}, {8192, 256, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
-                              meshc::gen::shardStart(world_, {"model"}, 128)},
-                             {8192, 256, 1}),
-      meshrt::streamKey(seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // layers.mesh:55:10 einsum
-  meshc::gen::View v60 = arena_.slot(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum60(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum60.run(v59.data(), v54.data(), v60.data());
-
-  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
-  meshc::gen::View v61 = v60;
-  group_model.allReduce(v61.data(), v61.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:55:71 add
-  // transformer.mesh:22:12 add -> x
-  meshc::gen::View v63 = arena_.slot(409600, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t62 = float(double(v61[at[1]]) + double(v55[at[2]]));
-                           v63[at[0]] = float(double(v46[at[3]]) + double(t62));
-                         });
-
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v64 = param15_decoder_decoder_layer_1_norm_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v65 = param16_decoder_decoder_layer_1_norm_bias;
-
-  // layers.mesh:24:10 layer_norm
-  meshc::gen::View v66 = arena_.slot(425984, 4096);
-  meshc::gen::along(v66.data(), v63.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
-  meshc::gen::View v68 = arena_.slot(442368, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t67 = float(double(v66[at[1]]) * double(v64[at[2]]));
-                           v68[at[0]] = float(double(t67) + double(v65[at[3]]));
-                         });
-
-  // layers.mesh:31:9 param -> w_q
-  const meshc::gen::Buffer &v69 = param17_decoder_decoder_layer_1_attention_w_q;
-
-  // layers.mesh:32:9 param -> w_k
-  const meshc::gen::Buffer &v70 = param18_decoder_decoder_layer_1_attention_w_k;
-
-  // layers.mesh:33:9 param -> w_v
-  const meshc::gen::Buffer &v71 = param19_decoder_decoder_layer_1_attention_w_v;
-
-  // layers.mesh:34:9 param -> w_o
-  const meshc::gen::Buffer &v72 = param20_decoder_decoder_layer_1_attention_w_o;
-
-  // layers.mesh:36:11 einsum -> q
-  meshc::gen::View v73 = arena_.slot(606208, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum73(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum73.run(v68.data(), v69.data(), v73.data());
-
-  // layers.mesh:38:18 einsum
-  meshc::gen::View v74 = arena_.slot(614400, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum74(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum74.run(v68.data(), v70.data(), v74.data());
-
-  // layers.mesh:38:11 rename -> k
-  meshc::gen::View v75 = v74;
-
-  // layers.mesh:39:18 einsum
-  meshc::gen::View v76 = arena_.slot(622592, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum76(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum76.run(v68.data(), v71.data(), v76.data());
-
-  // layers.mesh:39:11 rename -> v
-  meshc::gen::View v77 = v76;
-
-  // layers.mesh:41:16 einsum
-  meshc::gen::View v78 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum78(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum78.run(v73.data(), v75.data(), v78.data());
-
-  // layers.mesh:41:57 literal
-  meshc::gen::View v79 =
-      arena_.fill(648512, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
-  // layers.mesh:41:55 mul -> scores
-  meshc::gen::View v80 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 3> &at) {
-                           v80[at[0]] = float(double(v78[at[1]]) * double(v79[at[2]]));
-                         });
-
-  // layers.mesh:43:41 literal
-  meshc::gen::View v81 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // layers.mesh:43:39 gt
-  meshc::gen::View v82 = arena_.slot(630784, 2048);
-  meshc::gen::forEach<3>({2, 32, 32}, {{{1024, 32, 1}, {1024, 32, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v82[at[0]] = (v20[at[1]] > v81[at[2]] ? 1.0f : 0.0f);
-                         });
-
-  // layers.mesh:43:54 literal
-  meshc::gen::View v83 =
-      arena_.fill(98304, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -1000000000.0));
-
-  // layers.mesh:43:25 where
-  meshc::gen::View v84 = arena_.slot(0, 4096);
-  meshc::gen::forEach<4>(
-      {2, 2, 32, 32}, {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}}},
-      {}, [&](const std::array<int64_t, 4> &at) {
-        v84[at[0]] = float((v82[at[1]] != 0 ? v80[at[2]] : v83[at[3]]));
-      });
-
-  // layers.mesh:43:17 softmax -> weights
-  meshc::gen::View v85 = arena_.slot(458752, 4096);
-  meshc::gen::along(v85.data(), v84.data(), {2, 2, 32}, {2048, 1024, 32}, {2048, 1024, 32}, {32},
-                    {1}, {1}, meshc::gen::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
-  meshc::gen::View v86 = arena_.slot(638976, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum86(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum86.run(v85.data(), v77.data(), v86.data());
-
-  // layers.mesh:45:10 einsum
-  meshc::gen::View v87 = arena_.slot(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum87(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum87.run(v86.data(), v72.data(), v87.data());
-
-  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %84 over model for add at
-  // 21:13)
-  meshc::gen::View v88 = v87;
-  group_model.allReduce(v88.data(), v88.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:21:13 add -> h
-  meshc::gen::View v89 = arena_.slot(475136, 4096);
-  for (size_t i = 0; i < v89.size(); ++i) {
-    v89[i] = float(double(v63[i]) + double(v88[i]));
-  }
-
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v90 = param21_decoder_decoder_layer_1_norm_1_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v91 = param22_decoder_decoder_layer_1_norm_1_bias;
-
-  // layers.mesh:24:10 layer_norm
-  meshc::gen::View v92 = arena_.slot(491520, 4096);
-  meshc::gen::along(v92.data(), v89.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
-  meshc::gen::View v94 = arena_.slot(507904, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t93 = float(double(v92[at[1]]) * double(v90[at[2]]));
-                           v94[at[0]] = float(double(t93) + double(v91[at[3]]));
-                         });
-
-  // layers.mesh:50:9 param -> w_in
-  const meshc::gen::Buffer &v95 = param23_decoder_decoder_layer_1_ffn_w_in;
-
-  // layers.mesh:51:9 param -> b_in
-  const meshc::gen::Buffer &v96 = param24_decoder_decoder_layer_1_ffn_b_in;
-
-  // layers.mesh:52:9 param -> w_out
-  const meshc::gen::Buffer &v97 = param25_decoder_decoder_layer_1_ffn_w_out;
-
-  // layers.mesh:53:9 param -> b_out
-  const meshc::gen::Buffer &v98 = param26_decoder_decoder_layer_1_ffn_b_out;
-
-  // layers.mesh:54:16 einsum
-  meshc::gen::View v99 = arena_.slot(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum99(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum99.run(v94.data(), v95.data(), v99.data());
-
-  // layers.mesh:54:52 add
-  meshc::gen::View v100 = arena_.slot(98304, 8192);
-  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v100[at[0]] = float(double(v99[at[1]]) + double(v96[at[2]]));
-                         });
-
-  // layers.mesh:54:11 gelu -> h
-  meshc::gen::View v101 = arena_.slot(0, 8192);
-  for (size_t i = 0; i < v101.size(); ++i) {
-    v101[i] = float(meshc::gen::gelu(v100[i]));
-  }
-
-  // layers.mesh:55:17 dropout
-  meshc::gen::View v102 = arena_.slot(131072, 8192);
-  meshc::gen::dropout(
-      v102.data(), {2, 32, 128}, v101.data(), {4096, 128, 1}, {8192, 256, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
-                              meshc::gen::shardStart(world_, {"model"}, 128)},
-                             {8192, 256, 1}),
-      meshrt::streamKey(seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // layers.mesh:55:10 einsum
-  meshc::gen::View v103 = arena_.slot(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum103(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum103.run(v102.data(), v97.data(), v103.data());
-
-  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %99 over model for add at 55:71)
-  meshc::gen::View v104 = v103;
-  group_model.allReduce(v104.data(), v104.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:55:71 add
-  // transformer.mesh:22:12 add -> x
-  meshc::gen::View v106 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {2048, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t105 = float(double(v104[at[1]]) + double(v98[at[2]]));
-                           v106[at[0]] = float(double(v89[at[3]]) + double(t105));
-                         });
-
-  // layers.mesh:22:9 param -> gain
-  const meshc::gen::Buffer &v107 = param27_decoder_norm_gain;
-
-  // layers.mesh:23:9 param -> bias
-  const meshc::gen::Buffer &v108 = param28_decoder_norm_bias;
-
-  // layers.mesh:24:10 layer_norm
-  meshc::gen::View v109 = arena_.slot(0, 4096);
-  meshc::gen::along(v109.data(), v106.data(), {2, 32}, {2048, 64}, {2048, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
-  meshc::gen::View v111 = arena_.slot(163840, 4096);
-  meshc::gen::forEach<4>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t110 = float(double(v109[at[1]]) * double(v107[at[2]]));
-                           v111[at[0]] = float(double(t110) + double(v108[at[3]]));
-                         });
-
-  // transformer.mesh:43:10 einsum
-  meshc::gen::View v112 = arena_.slot(180224, 3072);
-  // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsum112(
-      {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsum112.run(v111.data(), v8.data(), v112.data());
-
-  // transformer.mesh:56:14 log_softmax -> logp
-  meshc::gen::View v113 = arena_.slot(192512, 3072);
-  meshc::gen::along(v113.data(), v112.data(), {2, 32}, {1536, 48}, {1536, 48}, {48}, {1}, {1},
-                    meshc::gen::Along::LogSoftmax, 1e-05, 96, &group_model);
-
-  // transformer.mesh:59:32 one_hot
-  meshc::gen::View v114 = arena_.slot(180224, 3072);
-  meshc::gen::oneHot(v114.data(), {2, 32, 48}, v1.data(), {32, 1, 0}, {0, 0, 1},
-                     meshc::gen::shardStart(world_, {"model"}, 48));
-
-  // transformer.mesh:59:30 mul
-  meshc::gen::View v115 = arena_.slot(204800, 3072);
-  for (size_t i = 0; i < v115.size(); ++i) {
-    v115[i] = float(double(v113[i]) * double(v114[i]));
-  }
-
-  // transformer.mesh:59:21 sum
-  meshc::gen::View v116 = arena_.slot(217344, 64);
-  meshc::gen::reduce(v116.data(), {2, 32}, v115.data(), {1536, 48}, {48}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:59:20 neg -> token_loss
-  // transformer.mesh:60:29 mul
-  meshc::gen::View v118 = arena_.slot(204800, 64);
-  for (size_t i = 0; i < v118.size(); ++i) {
-    float t117 = float(-v116[i]);
-    v118[i] = float(double(t117) * double(v5[i]));
-  }
-
-  // transformer.mesh:60:14 sum
-  meshc::gen::View v119 = arena_.slot(205056, 1);
-  meshc::gen::reduce(v119.data(), {}, v118.data(), {}, {2, 32}, {32, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:60:41 all_reduce_sum (resolve the partial sum of %114 over data, model for div
-  // at 60:41)
-  meshc::gen::View v121 = v119;
-  group_data_model.allReduce(v121.data(), v121.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:60:43 sum
-  meshc::gen::View v120 = arena_.slot(204800, 1);
-  meshc::gen::reduce(v120.data(), {}, v5.data(), {}, {2, 32}, {32, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:60:41 all_reduce_sum (resolve the partial sum of %115 over data for div at
-  // 60:41)
-  meshc::gen::View v122 = v120;
-  group_data.allReduce(v122.data(), v122.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:60:41 div -> loss
-  meshc::gen::View v123 = arena_.slot(648576, 1);
-  for (size_t i = 0; i < v123.size(); ++i) {
-    v123[i] = float(double(v121[i]) / double(v122[i]));
-  }
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v124 =
-      arena_.fill(648640, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // transformer.mesh:60:41 div
-  meshc::gen::View v125 = arena_.slot(204864, 1);
-  for (size_t i = 0; i < v125.size(); ++i) {
-    v125[i] = float(double(v124[i]) / double(v122[i]));
-  }
-
-  // transformer.mesh:60:14 broadcast
-  // transformer.mesh:60:29 mul
-  // transformer.mesh:59:20 neg
-  meshc::gen::View v128 = arena_.slot(217344, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {0, 0}, {32, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t126 = float(v125[at[1]]);
-                           float t127 = float(double(t126) * double(v5[at[2]]));
-                           v128[at[0]] = float(-t127);
-                         });
-
-  // transformer.mesh:59:21 broadcast
-  // transformer.mesh:59:30 mul
-  meshc::gen::View v130 = arena_.slot(204800, 3072);
-  meshc::gen::forEach<3>({2, 32, 48}, {{{1536, 48, 1}, {32, 1, 0}, {1536, 48, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t129 = float(v128[at[1]]);
-                           v130[at[0]] = float(double(t129) * double(v114[at[2]]));
-                         });
-
-  // transformer.mesh:56:14 sum
-  meshc::gen::View v131 = arena_.slot(180224, 64);
-  meshc::gen::reduce(v131.data(), {2, 32}, v130.data(), {1536, 48}, {48}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:56:14 all_reduce_sum (resolve the partial sum of %124 over model for mul at
-  // 56:14)
-  meshc::gen::View v133 = v131;
-  group_model.allReduce(v133.data(), v133.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:56:14 exp
-  // transformer.mesh:56:14 mul
-  // transformer.mesh:56:14 sub
-  meshc::gen::View v135 = arena_.slot(217088, 3072);
-  meshc::gen::forEach<4>({2, 32, 48}, {{{1536, 48, 1}, {1536, 48, 1}, {32, 1, 0}, {1536, 48, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t132 = float(std::exp(double(v113[at[1]])));
-                           float t134 = float(double(t132) * double(v133[at[2]]));
-                           v135[at[0]] = float(double(v130[at[3]]) - double(t134));
-                         });
-
-  // transformer.mesh:43:10 einsum
-  meshc::gen::View v136 = arena_.slot(180224, 4096);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsum136(
-      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum136.run(v135.data(), v8.data(), v136.data());
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %128 over model for sum at 24:40)
-  meshc::gen::View v138 = v136;
-  group_model.allReduce(v138.data(), v138.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:43:10 einsum -> grad/decoder/unembed
-  meshc::gen::View v137 = arena_.slot(552960, 3072);
-  // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsum137(
-      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum137.run(v135.data(), v111.data(), v137.data());
-
-  // layers.mesh:24:40 sum -> grad/decoder/norm/bias
-  meshc::gen::View v139 = arena_.slot(647680, 64);
-  meshc::gen::reduce(v139.data(), {64}, v138.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v140 = arena_.slot(163840, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v140[at[0]] = float(double(v138[at[1]]) * double(v107[at[2]]));
-                         });
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v141 = arena_.slot(196608, 4096);
-  for (size_t i = 0; i < v141.size(); ++i) {
-    v141[i] = float(double(v138[i]) * double(v109[i]));
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/norm/gain
-  meshc::gen::View v142 = arena_.slot(647936, 64);
-  meshc::gen::reduce(v142.data(), {64}, v141.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v143 = arena_.slot(196608, 64);
-  meshc::gen::reduce(v143.data(), {2, 32}, v106.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  meshc::gen::View v145 = arena_.slot(180224, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t144 = float(double(v106[at[1]]) - double(v143[at[2]]));
-                           v145[at[0]] = float(double(t144) * double(t144));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v146 = arena_.slot(16384, 64);
-  meshc::gen::reduce(v146.data(), {2, 32}, v145.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 literal
-  meshc::gen::View v147 =
-      arena_.fill(648704, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-05));
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  meshc::gen::View v149 = arena_.slot(180224, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t148 = float(double(v146[at[1]]) + double(v147[at[2]]));
-                           v149[at[0]] = float(1.0 / std::sqrt(double(t148)));
-                         });
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v150 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v150.size(); ++i) {
-    v150[i] = float(double(v140[i]) * double(v109[i]));
-  }
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v151 = arena_.slot(180480, 64);
-  meshc::gen::reduce(v151.data(), {2, 32}, v150.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v152 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v152[at[0]] = float(double(v109[at[1]]) * double(v151[at[2]]));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v153 = arena_.slot(0, 64);
-  meshc::gen::reduce(v153.data(), {2, 32}, v140.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  meshc::gen::View v156 = arena_.slot(524288, 4096);
-  meshc::gen::forEach<5>({2, 32, 64},
-                         {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 5> &at) {
-                           float t154 = float(double(v140[at[1]]) - double(v153[at[2]]));
-                           float t155 = float(double(t154) - double(v152[at[3]]));
-                           v156[at[0]] = float(double(t155) * double(v149[at[4]]));
-                         });
-
-  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
-  meshc::gen::View v157 = arena_.slot(648192, 64);
-  meshc::gen::reduce(v157.data(), {64}, v156.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:55:10 einsum
-  meshc::gen::View v158 = arena_.slot(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum158(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum158.run(v156.data(), v97.data(), v158.data());
-
-  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[1]/ffn/w_out
-  meshc::gen::View v159 = arena_.slot(163840, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum159(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum159.run(v156.data(), v102.data(), v159.data());
-
-  // layers.mesh:55:17 dropout
-  meshc::gen::View v160 = arena_.slot(131072, 8192);
-  meshc::gen::dropout(
-      v160.data(), {2, 32, 128}, v158.data(), {4096, 128, 1}, {8192, 256, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
-                              meshc::gen::shardStart(world_, {"model"}, 128)},
-                             {8192, 256, 1}),
-      meshrt::streamKey(seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // layers.mesh:54:11 square
-  meshc::gen::View v161 = arena_.slot(0, 8192);
-  for (size_t i = 0; i < v161.size(); ++i) {
-    v161[i] = float(double(v100[i]) * double(v100[i]));
-  }
-
-  // layers.mesh:54:11 mul
-  meshc::gen::View v162 = arena_.slot(196608, 8192);
-  for (size_t i = 0; i < v162.size(); ++i) {
-    v162[i] = float(double(v100[i]) * double(v161[i]));
-  }
-
-  // layers.mesh:54:11 literal
-  meshc::gen::View v163 =
-      arena_.fill(648768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.044715));
-
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  meshc::gen::View v165 = arena_.slot(229376, 8192);
-  meshc::gen::forEach<4>({2, 32, 128},
-                         {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {4096, 128, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t164 = float(double(v162[at[1]]) * double(v163[at[2]]));
-                           v165[at[0]] = float(double(v100[at[3]]) + double(t164));
-                         });
-
-  // layers.mesh:54:11 literal
-  meshc::gen::View v166 =
-      arena_.fill(648832, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.7978845608028654));
-
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 tanh
-  meshc::gen::View v168 = arena_.slot(196608, 8192);
-  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t167 = float(double(v165[at[1]]) * double(v166[at[2]]));
-                           v168[at[0]] = float(std::tanh(double(t167)));
-                         });
-
-  // layers.mesh:54:11 add
-  meshc::gen::View v169 = arena_.slot(229376, 8192);
-  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v169[at[0]] = float(double(v168[at[1]]) + double(v124[at[2]]));
-                         });
-
-  // layers.mesh:54:11 literal
-  meshc::gen::View v170 =
-      arena_.fill(648896, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // layers.mesh:54:11 mul
-  meshc::gen::View v171 = arena_.slot(262144, 8192);
-  meshc::gen::forEach<3>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v171[at[0]] = float(double(v169[at[1]]) * double(v170[at[2]]));
-                         });
-
-  // layers.mesh:54:11 literal
-  meshc::gen::View v172 =
-      arena_.fill(648960, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.134145));
-
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  meshc::gen::View v174 = arena_.slot(229376, 8192);
-  meshc::gen::forEach<4>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t173 = float(double(v161[at[1]]) * double(v172[at[2]]));
-                           v174[at[0]] = float(double(t173) + double(v124[at[3]]));
-                         });
-
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 sub
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  meshc::gen::View v178 = arena_.slot(0, 8192);
-  meshc::gen::forEach<5>(
-      {2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {4096, 128, 1}, {4096, 128, 1}}},
-      {}, [&](const std::array<int64_t, 5> &at) {
-        float t175 = float(double(v168[at[1]]) * double(v168[at[1]]));
-        float t176 = float(double(v124[at[2]]) - double(t175));
-        float t177 = float(double(v100[at[3]]) * double(t176));
-        v178[at[0]] = float(double(t177) * double(v174[at[4]]));
-      });
-
-  // layers.mesh:54:11 literal
-  meshc::gen::View v179 =
-      arena_.fill(649024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.3989422804014327));
-
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  meshc::gen::View v182 = arena_.slot(98304, 8192);
-  meshc::gen::forEach<5>(
-      {2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {4096, 128, 1}, {4096, 128, 1}}},
-      {}, [&](const std::array<int64_t, 5> &at) {
-        float t180 = float(double(v178[at[1]]) * double(v179[at[2]]));
-        float t181 = float(double(v171[at[3]]) + double(t180));
-        v182[at[0]] = float(double(v160[at[4]]) * double(t181));
-      });
-
-  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
-  meshc::gen::View v183 = arena_.slot(647168, 128);
-  meshc::gen::reduce(v183.data(), {128}, v182.data(), {1}, {2, 32}, {4096, 128},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:54:16 einsum
-  meshc::gen::View v184 = arena_.slot(131072, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum184(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum184.run(v182.data(), v95.data(), v184.data());
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %175 over model for sum at 24:40)
-  meshc::gen::View v186 = v184;
-  group_model.allReduce(v186.data(), v186.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
-  meshc::gen::View v185 = arena_.slot(0, 8192);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum185(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum185.run(v182.data(), v94.data(), v185.data());
-
-  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
-  meshc::gen::View v187 = arena_.slot(507904, 64);
-  meshc::gen::reduce(v187.data(), {64}, v186.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v188 = arena_.slot(98304, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v188[at[0]] = float(double(v186[at[1]]) * double(v90[at[2]]));
-                         });
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v189 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v189.size(); ++i) {
-    v189[i] = float(double(v186[i]) * double(v92[i]));
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
-  meshc::gen::View v190 = arena_.slot(508160, 64);
-  meshc::gen::reduce(v190.data(), {64}, v189.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v191 = arena_.slot(131072, 64);
-  meshc::gen::reduce(v191.data(), {2, 32}, v89.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  meshc::gen::View v193 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t192 = float(double(v89[at[1]]) - double(v191[at[2]]));
-                           v193[at[0]] = float(double(t192) * double(t192));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v194 = arena_.slot(131072, 64);
-  meshc::gen::reduce(v194.data(), {2, 32}, v193.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  meshc::gen::View v196 = arena_.slot(147456, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t195 = float(double(v194[at[1]]) + double(v147[at[2]]));
-                           v196[at[0]] = float(1.0 / std::sqrt(double(t195)));
-                         });
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v197 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v197.size(); ++i) {
-    v197[i] = float(double(v188[i]) * double(v92[i]));
-  }
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v198 = arena_.slot(131072, 64);
-  meshc::gen::reduce(v198.data(), {2, 32}, v197.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v199 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v199[at[0]] = float(double(v92[at[1]]) * double(v198[at[2]]));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v200 = arena_.slot(147712, 64);
-  meshc::gen::reduce(v200.data(), {2, 32}, v188.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  meshc::gen::View v204 = arena_.slot(131072, 4096);
-  meshc::gen::forEach<6>(
-      {2, 32, 64},
-      {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t201 = float(double(v188[at[1]]) - double(v200[at[2]]));
-        float t202 = float(double(t201) - double(v199[at[3]]));
-        float t203 = float(double(t202) * double(v196[at[4]]));
-        v204[at[0]] = float(double(v156[at[5]]) + double(t203));
-      });
-
-  // layers.mesh:45:10 einsum
-  meshc::gen::View v205 = arena_.slot(114688, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum205(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum205.run(v204.data(), v72.data(), v205.data());
-
-  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
-  meshc::gen::View v206 = arena_.slot(475136, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum206(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsum206.run(v204.data(), v86.data(), v206.data());
-
-  // layers.mesh:44:17 einsum
-  meshc::gen::View v207 = arena_.slot(98304, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum207(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum207.run(v205.data(), v77.data(), v207.data());
-
-  // layers.mesh:44:17 einsum
-  meshc::gen::View v208 = arena_.slot(147456, 2048);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum208(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsum208.run(v205.data(), v85.data(), v208.data());
-
-  // layers.mesh:43:17 mul
-  meshc::gen::View v209 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v209.size(); ++i) {
-    v209[i] = float(double(v207[i]) * double(v85[i]));
-  }
-
-  // layers.mesh:43:17 sum
-  meshc::gen::View v210 = arena_.slot(155648, 128);
-  meshc::gen::reduce(v210.data(), {2, 2, 32}, v209.data(), {2048, 1024, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:43:17 sub
-  // layers.mesh:43:17 mul
-  meshc::gen::View v212 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<4>(
-      {2, 2, 32, 32},
-      {{{2048, 1024, 32, 1}, {2048, 1024, 32, 1}, {64, 32, 1, 0}, {2048, 1024, 32, 1}}}, {},
-      [&](const std::array<int64_t, 4> &at) {
-        float t211 = float(double(v207[at[1]]) - double(v210[at[2]]));
-        v212[at[0]] = float(double(v85[at[3]]) * double(t211));
-      });
-
-  // layers.mesh:43:25 literal
-  meshc::gen::View v213 =
-      arena_.fill(491520, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
-
-  // layers.mesh:43:25 where
-  // layers.mesh:41:55 mul
-  meshc::gen::View v215 = arena_.slot(98304, 4096);
-  meshc::gen::forEach<5>(
-      {2, 2, 32, 32},
-      {{{2048, 1024, 32, 1}, {1024, 0, 32, 1}, {2048, 1024, 32, 1}, {0, 0, 0, 0}, {0, 0, 0, 0}}},
-      {}, [&](const std::array<int64_t, 5> &at) {
-        float t214 = float((v82[at[1]] != 0 ? v212[at[2]] : v213[at[3]]));
-        v215[at[0]] = float(double(t214) * double(v79[at[4]]));
-      });
-
-  // layers.mesh:41:16 einsum
-  meshc::gen::View v216 = arena_.slot(196608, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum216(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum216.run(v215.data(), v75.data(), v216.data());
-
-  // layers.mesh:41:16 einsum
-  meshc::gen::View v217 = arena_.slot(204800, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum217(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsum217.run(v215.data(), v73.data(), v217.data());
-
-  // layers.mesh:39:11 rename
-  meshc::gen::View v218 = v208;
-
-  // layers.mesh:39:18 einsum
-  meshc::gen::View v219 = arena_.slot(98304, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum219(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum219.run(v218.data(), v71.data(), v219.data());
-
-  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
-  meshc::gen::View v220 = arena_.slot(458752, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum220(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum220.run(v218.data(), v68.data(), v220.data());
-
-  // layers.mesh:38:11 rename
-  meshc::gen::View v221 = v217;
-
-  // layers.mesh:38:18 einsum
-  meshc::gen::View v222 = arena_.slot(114688, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum222(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum222.run(v221.data(), v70.data(), v222.data());
-
-  // layers.mesh:38:18 add
-  meshc::gen::View v223 = arena_.slot(147456, 4096);
-  for (size_t i = 0; i < v223.size(); ++i) {
-    v223[i] = float(double(v219[i]) + double(v222[i]));
-  }
-
-  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
-  meshc::gen::View v224 = arena_.slot(466944, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum224(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum224.run(v221.data(), v68.data(), v224.data());
-
-  // layers.mesh:36:11 einsum
-  meshc::gen::View v225 = arena_.slot(98304, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum225(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum225.run(v216.data(), v69.data(), v225.data());
-
-  // layers.mesh:36:11 add
-  meshc::gen::View v226 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v226.size(); ++i) {
-    v226[i] = float(double(v223[i]) + double(v225[i]));
-  }
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %216 over model for sum at 24:40)
-  meshc::gen::View v228 = v226;
-  group_model.allReduce(v228.data(), v228.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
-  meshc::gen::View v227 = arena_.slot(483328, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum227(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum227.run(v216.data(), v68.data(), v227.data());
-
-  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
-  meshc::gen::View v229 = arena_.slot(442368, 64);
-  meshc::gen::reduce(v229.data(), {64}, v228.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v230 = arena_.slot(98304, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v230[at[0]] = float(double(v228[at[1]]) * double(v64[at[2]]));
-                         });
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v231 = arena_.slot(147456, 4096);
-  for (size_t i = 0; i < v231.size(); ++i) {
-    v231[i] = float(double(v228[i]) * double(v66[i]));
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
-  meshc::gen::View v232 = arena_.slot(442624, 64);
-  meshc::gen::reduce(v232.data(), {64}, v231.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v233 = arena_.slot(147456, 64);
-  meshc::gen::reduce(v233.data(), {2, 32}, v63.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  meshc::gen::View v235 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t234 = float(double(v63[at[1]]) - double(v233[at[2]]));
-                           v235[at[0]] = float(double(t234) * double(t234));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v236 = arena_.slot(147456, 64);
-  meshc::gen::reduce(v236.data(), {2, 32}, v235.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  meshc::gen::View v238 = arena_.slot(147712, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t237 = float(double(v236[at[1]]) + double(v147[at[2]]));
-                           v238[at[0]] = float(1.0 / std::sqrt(double(t237)));
-                         });
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v239 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v239.size(); ++i) {
-    v239[i] = float(double(v230[i]) * double(v66[i]));
-  }
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v240 = arena_.slot(147456, 64);
-  meshc::gen::reduce(v240.data(), {2, 32}, v239.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v241 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v241[at[0]] = float(double(v66[at[1]]) * double(v240[at[2]]));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v242 = arena_.slot(147456, 64);
-  meshc::gen::reduce(v242.data(), {2, 32}, v230.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  meshc::gen::View v246 = arena_.slot(409600, 4096);
-  meshc::gen::forEach<6>(
-      {2, 32, 64},
-      {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t243 = float(double(v230[at[1]]) - double(v242[at[2]]));
-        float t244 = float(double(t243) - double(v241[at[3]]));
-        float t245 = float(double(t244) * double(v238[at[4]]));
-        v246[at[0]] = float(double(v204[at[5]]) + double(t245));
-      });
-
-  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[0]/ffn/b_out
-  meshc::gen::View v247 = arena_.slot(425984, 64);
-  meshc::gen::reduce(v247.data(), {64}, v246.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:55:10 einsum
-  meshc::gen::View v248 = arena_.slot(98304, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum248(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum248.run(v246.data(), v54.data(), v248.data());
-
-  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[0]/ffn/w_out
-  meshc::gen::View v249 = arena_.slot(131072, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsum249(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum249.run(v246.data(), v59.data(), v249.data());
-
-  // layers.mesh:55:17 dropout
-  meshc::gen::View v250 = arena_.slot(65536, 8192);
-  meshc::gen::dropout(
-      v250.data(), {2, 32, 128}, v248.data(), {4096, 128, 1}, {8192, 256, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0,
-                              meshc::gen::shardStart(world_, {"model"}, 128)},
-                             {8192, 256, 1}),
-      meshrt::streamKey(seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // layers.mesh:54:11 square
-  meshc::gen::View v251 = arena_.slot(98304, 8192);
-  for (size_t i = 0; i < v251.size(); ++i) {
-    v251[i] = float(double(v57[i]) * double(v57[i]));
-  }
-
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 tanh
-  meshc::gen::View v256 = arena_.slot(196608, 8192);
-  meshc::gen::forEach<5>({2, 32, 128},
-                         {{{4096, 128, 1}, {4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 5> &at) {
-                           float t252 = float(double(v57[at[1]]) * double(v251[at[2]]));
-                           float t253 = float(double(t252) * double(v163[at[3]]));
-                           float t254 = float(double(v57[at[1]]) + double(t253));
-                           float t255 = float(double(t254) * double(v166[at[4]]));
-                           v256[at[0]] = float(std::tanh(double(t255)));
-                         });
-
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  meshc::gen::View v258 = arena_.slot(229376, 8192);
-  meshc::gen::forEach<4>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t257 = float(double(v256[at[1]]) + double(v124[at[2]]));
-                           v258[at[0]] = float(double(t257) * double(v170[at[3]]));
-                         });
-
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  meshc::gen::View v260 = arena_.slot(262144, 8192);
-  meshc::gen::forEach<4>({2, 32, 128}, {{{4096, 128, 1}, {4096, 128, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t259 = float(double(v251[at[1]]) * double(v172[at[2]]));
-                           v260[at[0]] = float(double(t259) + double(v124[at[3]]));
-                         });
-
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 sub
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  meshc::gen::View v267 = arena_.slot(98304, 8192);
-  meshc::gen::forEach<8>({2, 32, 128},
-                         {{{4096, 128, 1},
-                           {4096, 128, 1},
-                           {0, 0, 0},
-                           {4096, 128, 1},
-                           {4096, 128, 1},
-                           {0, 0, 0},
-                           {4096, 128, 1},
-                           {4096, 128, 1}}},
-                         {}, [&](const std::array<int64_t, 8> &at) {
-                           float t261 = float(double(v256[at[1]]) * double(v256[at[1]]));
-                           float t262 = float(double(v124[at[2]]) - double(t261));
-                           float t263 = float(double(v57[at[3]]) * double(t262));
-                           float t264 = float(double(t263) * double(v260[at[4]]));
-                           float t265 = float(double(t264) * double(v179[at[5]]));
-                           float t266 = float(double(v258[at[6]]) + double(t265));
-                           v267[at[0]] = float(double(v250[at[7]]) * double(t266));
-                         });
-
-  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[0]/ffn/b_in
-  meshc::gen::View v268 = arena_.slot(270336, 128);
-  meshc::gen::reduce(v268.data(), {128}, v267.data(), {1}, {2, 32}, {4096, 128},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:54:16 einsum
-  meshc::gen::View v269 = arena_.slot(65536, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum269(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsum269.run(v267.data(), v52.data(), v269.data());
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %258 over model for sum at 24:40)
-  meshc::gen::View v271 = v269;
-  group_model.allReduce(v271.data(), v271.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[0]/ffn/w_in
-  meshc::gen::View v270 = arena_.slot(32768, 8192);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsum270(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum270.run(v267.data(), v51.data(), v270.data());
-
-  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm#1/bias
-  meshc::gen::View v272 = arena_.slot(270848, 64);
-  meshc::gen::reduce(v272.data(), {64}, v271.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v273 = arena_.slot(81920, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v273[at[0]] = float(double(v271[at[1]]) * double(v47[at[2]]));
-                         });
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v274 = arena_.slot(98304, 4096);
-  for (size_t i = 0; i < v274.size(); ++i) {
-    v274[i] = float(double(v271[i]) * double(v49[i]));
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm#1/gain
-  meshc::gen::View v275 = arena_.slot(271104, 64);
-  meshc::gen::reduce(v275.data(), {64}, v274.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v276 = arena_.slot(98304, 64);
-  meshc::gen::reduce(v276.data(), {2, 32}, v46.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  meshc::gen::View v278 = arena_.slot(65536, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t277 = float(double(v46[at[1]]) - double(v276[at[2]]));
-                           v278[at[0]] = float(double(t277) * double(t277));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v279 = arena_.slot(98304, 64);
-  meshc::gen::reduce(v279.data(), {2, 32}, v278.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  meshc::gen::View v281 = arena_.slot(114688, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t280 = float(double(v279[at[1]]) + double(v147[at[2]]));
-                           v281[at[0]] = float(1.0 / std::sqrt(double(t280)));
-                         });
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v282 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v282.size(); ++i) {
-    v282[i] = float(double(v273[i]) * double(v49[i]));
-  }
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v283 = arena_.slot(98304, 64);
-  meshc::gen::reduce(v283.data(), {2, 32}, v282.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v284 = arena_.slot(65536, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v284[at[0]] = float(double(v49[at[1]]) * double(v283[at[2]]));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v285 = arena_.slot(114944, 64);
-  meshc::gen::reduce(v285.data(), {2, 32}, v273.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  meshc::gen::View v289 = arena_.slot(98304, 4096);
-  meshc::gen::forEach<6>(
-      {2, 32, 64},
-      {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t286 = float(double(v273[at[1]]) - double(v285[at[2]]));
-        float t287 = float(double(t286) - double(v284[at[3]]));
-        float t288 = float(double(t287) * double(v281[at[4]]));
-        v289[at[0]] = float(double(v246[at[5]]) + double(t288));
-      });
-
-  // layers.mesh:45:10 einsum
-  meshc::gen::View v290 = arena_.slot(81920, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum290(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum290.run(v289.data(), v29.data(), v290.data());
-
-  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[0]/attention/w_o
-  meshc::gen::View v291 = arena_.slot(221184, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum291(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsum291.run(v289.data(), v43.data(), v291.data());
-
-  // layers.mesh:44:17 einsum
-  meshc::gen::View v292 = arena_.slot(65536, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum292(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum292.run(v290.data(), v34.data(), v292.data());
-
-  // layers.mesh:44:17 einsum
-  meshc::gen::View v293 = arena_.slot(114688, 2048);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum293(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsum293.run(v290.data(), v42.data(), v293.data());
-
-  // layers.mesh:43:17 mul
-  meshc::gen::View v294 = arena_.slot(81920, 4096);
-  for (size_t i = 0; i < v294.size(); ++i) {
-    v294[i] = float(double(v292[i]) * double(v42[i]));
-  }
-
-  // layers.mesh:43:17 sum
-  meshc::gen::View v295 = arena_.slot(122880, 128);
-  meshc::gen::reduce(v295.data(), {2, 2, 32}, v294.data(), {2048, 1024, 32}, {32}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:43:17 sub
-  // layers.mesh:43:17 mul
-  // layers.mesh:43:25 where
-  // layers.mesh:41:55 mul
-  meshc::gen::View v299 = arena_.slot(81920, 4096);
-  meshc::gen::forEach<7>({2, 2, 32, 32},
-                         {{{2048, 1024, 32, 1},
-                           {2048, 1024, 32, 1},
-                           {64, 32, 1, 0},
-                           {2048, 1024, 32, 1},
-                           {1024, 0, 32, 1},
-                           {0, 0, 0, 0},
-                           {0, 0, 0, 0}}},
-                         {}, [&](const std::array<int64_t, 7> &at) {
-                           float t296 = float(double(v292[at[1]]) - double(v295[at[2]]));
-                           float t297 = float(double(v42[at[3]]) * double(t296));
-                           float t298 = float((v39[at[4]] != 0 ? t297 : v213[at[5]]));
-                           v299[at[0]] = float(double(t298) * double(v36[at[6]]));
-                         });
-
-  // layers.mesh:41:16 einsum
-  meshc::gen::View v300 = arena_.slot(196608, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum300(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum300.run(v299.data(), v32.data(), v300.data());
-
-  // layers.mesh:41:16 einsum
-  meshc::gen::View v301 = arena_.slot(204800, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum301(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsum301.run(v299.data(), v30.data(), v301.data());
-
-  // layers.mesh:39:11 rename
-  meshc::gen::View v302 = v293;
-
-  // layers.mesh:39:18 einsum
-  meshc::gen::View v303 = arena_.slot(65536, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum303(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum303.run(v302.data(), v28.data(), v303.data());
-
-  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_v
-  meshc::gen::View v304 = arena_.slot(229376, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum304(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum304.run(v302.data(), v25.data(), v304.data());
-
-  // layers.mesh:38:11 rename
-  meshc::gen::View v305 = v301;
-
-  // layers.mesh:38:18 einsum
-  meshc::gen::View v306 = arena_.slot(81920, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum306(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum306.run(v305.data(), v27.data(), v306.data());
-
-  // layers.mesh:38:18 add
-  meshc::gen::View v307 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v307.size(); ++i) {
-    v307[i] = float(double(v303[i]) + double(v306[i]));
-  }
-
-  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_k
-  meshc::gen::View v308 = arena_.slot(237568, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum308(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum308.run(v305.data(), v25.data(), v308.data());
-
-  // layers.mesh:36:11 einsum
-  meshc::gen::View v309 = arena_.slot(65536, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum309(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum309.run(v300.data(), v26.data(), v309.data());
-
-  // layers.mesh:36:11 add
-  meshc::gen::View v310 = arena_.slot(81920, 4096);
-  for (size_t i = 0; i < v310.size(); ++i) {
-    v310[i] = float(double(v307[i]) + double(v309[i]));
-  }
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %298 over model for sum at 24:40)
-  meshc::gen::View v312 = v310;
-  group_model.allReduce(v312.data(), v312.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[0]/attention/w_q
-  meshc::gen::View v311 = arena_.slot(245760, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum311(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum311.run(v300.data(), v25.data(), v311.data());
-
-  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm/bias
-  meshc::gen::View v313 = arena_.slot(262144, 64);
-  meshc::gen::reduce(v313.data(), {64}, v312.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v314 = arena_.slot(65536, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v314[at[0]] = float(double(v312[at[1]]) * double(v21[at[2]]));
-                         });
-
-  // layers.mesh:24:33 mul
-  meshc::gen::View v315 = arena_.slot(114688, 4096);
-  for (size_t i = 0; i < v315.size(); ++i) {
-    v315[i] = float(double(v312[i]) * double(v23[i]));
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm/gain
-  meshc::gen::View v316 = arena_.slot(262400, 64);
-  meshc::gen::reduce(v316.data(), {64}, v315.data(), {1}, {2, 32}, {2048, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v317 = arena_.slot(114688, 64);
-  meshc::gen::reduce(v317.data(), {2, 32}, v12.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
-  meshc::gen::View v319 = arena_.slot(81920, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t318 = float(double(v12[at[1]]) - double(v317[at[2]]));
-                           v319[at[0]] = float(double(t318) * double(t318));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v320 = arena_.slot(114688, 64);
-  meshc::gen::reduce(v320.data(), {2, 32}, v319.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
-  meshc::gen::View v322 = arena_.slot(196608, 64);
-  meshc::gen::forEach<3>({2, 32}, {{{32, 1}, {32, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t321 = float(double(v320[at[1]]) + double(v147[at[2]]));
-                           v322[at[0]] = float(1.0 / std::sqrt(double(t321)));
-                         });
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v323 = arena_.slot(81920, 4096);
-  for (size_t i = 0; i < v323.size(); ++i) {
-    v323[i] = float(double(v314[i]) * double(v23[i]));
-  }
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v324 = arena_.slot(114688, 64);
-  meshc::gen::reduce(v324.data(), {2, 32}, v323.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  meshc::gen::View v325 = arena_.slot(81920, 4096);
-  meshc::gen::forEach<3>({2, 32, 64}, {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v325[at[0]] = float(double(v23[at[1]]) * double(v324[at[2]]));
-                         });
-
-  // layers.mesh:24:10 mean
-  meshc::gen::View v326 = arena_.slot(196864, 64);
-  meshc::gen::reduce(v326.data(), {2, 32}, v314.data(), {2048, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  meshc::gen::View v330 = arena_.slot(114688, 4096);
-  meshc::gen::forEach<6>(
-      {2, 32, 64},
-      {{{2048, 64, 1}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}, {32, 1, 0}, {2048, 64, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t327 = float(double(v314[at[1]]) - double(v326[at[2]]));
-        float t328 = float(double(t327) - double(v325[at[3]]));
-        float t329 = float(double(t328) * double(v322[at[4]]));
-        v330[at[0]] = float(double(v289[at[5]]) + double(t329));
-      });
-
-  // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
-  meshc::gen::View v331 = arena_.slot(208896, 2048);
-  meshc::gen::reduce(v331.data(), {32, 64}, v330.data(), {64, 1}, {2}, {2048},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
-  meshc::gen::View v332 = arena_.slot(98304, 3072);
-  // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsum332(
-      {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsum332.run(v330.data(), v9.data(), v332.data());
-
-  // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
-  // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
-  // together, 228.0 KiB in one buffer)
-  meshc::gen::View v364 = v137;
-  meshc::gen::View v483 = v139;
-  meshc::gen::View v479 = v142;
-  meshc::gen::View v475 = v157;
-  meshc::gen::View v470 = v159;
-  meshc::gen::View v465 = v183;
-  meshc::gen::View v460 = v185;
-  meshc::gen::View v456 = v187;
-  meshc::gen::View v452 = v190;
-  meshc::gen::View v447 = v206;
-  meshc::gen::View v442 = v220;
-  meshc::gen::View v437 = v224;
-  meshc::gen::View v432 = v227;
-  meshc::gen::View v428 = v229;
-  meshc::gen::View v424 = v232;
-  meshc::gen::View v420 = v247;
-  meshc::gen::View v415 = v249;
-  meshc::gen::View v410 = v268;
-  meshc::gen::View v405 = v270;
-  meshc::gen::View v401 = v272;
-  meshc::gen::View v397 = v275;
-  meshc::gen::View v392 = v291;
-  meshc::gen::View v387 = v304;
-  meshc::gen::View v382 = v308;
-  meshc::gen::View v377 = v311;
-  meshc::gen::View v373 = v313;
-  meshc::gen::View v369 = v316;
-  meshc::gen::View v359 = v331;
-  meshc::gen::View v356 = v332;
-  meshc::gen::allReduceBucket(group_data,
-                              {v364, v483, v479, v475, v470, v465, v460, v456, v452, v447,
-                               v442, v437, v432, v428, v424, v420, v415, v410, v405, v401,
-                               v397, v392, v387, v382, v377, v373, v369, v359, v356});
-
-  // transformer.mesh:61:3 step
-  meshc::gen::View v333 = arena_.fill(65536, 1, float(step_));
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v334 =
-      arena_.fill(298240, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v335 = arena_.slot(298304, 1);
-  for (size_t i = 0; i < v335.size(); ++i) {
-    v335[i] = float(double(v333[i]) + double(v334[i]));
-  }
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v336 =
-      arena_.fill(65600, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0003));
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v337 = arena_.slot(65664, 1);
-  for (size_t i = 0; i < v337.size(); ++i) {
-    v337[i] = float(double(v333[i]) + double(v334[i]));
-  }
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v338 =
-      arena_.fill(65728, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.01));
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 minimum
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v341 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v341.size(); ++i) {
-    float t339 = float(double(v337[i]) * double(v338[i]));
-    float t340 = float(meshc::gen::minimum(t339, v334[i]));
-    v341[i] = float(double(v336[i]) * double(t340));
-  }
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v342 =
-      arena_.fill(65600, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v343 =
-      arena_.fill(65664, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -100.0));
-
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 maximum
-  meshc::gen::View v345 = arena_.slot(65728, 1);
-  for (size_t i = 0; i < v345.size(); ++i) {
-    float t344 = float(double(v333[i]) + double(v343[i]));
-    v345[i] = float(meshc::gen::maximum(t344, v342[i]));
-  }
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v346 =
-      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0001));
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 minimum
-  meshc::gen::View v348 = arena_.slot(65600, 1);
-  for (size_t i = 0; i < v348.size(); ++i) {
-    float t347 = float(double(v345[i]) * double(v346[i]));
-    v348[i] = float(meshc::gen::minimum(t347, v334[i]));
-  }
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v349 =
-      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 3.141592653589793));
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 cos
-  // transformer.mesh:61:3 add
-  meshc::gen::View v352 = arena_.slot(65664, 1);
-  for (size_t i = 0; i < v352.size(); ++i) {
-    float t350 = float(double(v348[i]) * double(v349[i]));
-    float t351 = float(std::cos(double(t350)));
-    v352[i] = float(double(t351) + double(v334[i]));
-  }
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v353 =
-      arena_.fill(65536, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul -> learning_rate
-  meshc::gen::View v355 = arena_.slot(298368, 1);
-  for (size_t i = 0; i < v355.size(); ++i) {
-    float t354 = float(double(v352[i]) * double(v353[i]));
-    v355[i] = float(double(v341[i]) * double(t354));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v357 = arena_.slot(65536, 3072);
-  for (size_t i = 0; i < v357.size(); ++i) {
-    v357[i] = float(double(v356[i]) * double(v356[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v358 = arena_.slot(77824, 1);
-  meshc::gen::reduce(v358.data(), {}, v357.data(), {}, {48, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %344 over model for add at
-  // 61:3)
-  meshc::gen::View v362 = v358;
-  group_model.allReduce(v362.data(), v362.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v360 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v360.size(); ++i) {
-    v360[i] = float(double(v359[i]) * double(v359[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v361 = arena_.slot(73728, 1);
-  meshc::gen::reduce(v361.data(), {}, v360.data(), {}, {32, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v363 = arena_.slot(77888, 1);
-  for (size_t i = 0; i < v363.size(); ++i) {
-    v363[i] = float(double(v362[i]) + double(v361[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v365 = arena_.slot(65536, 3072);
-  for (size_t i = 0; i < v365.size(); ++i) {
-    v365[i] = float(double(v364[i]) * double(v364[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v366 = arena_.slot(77824, 1);
-  meshc::gen::reduce(v366.data(), {}, v365.data(), {}, {64, 48}, {48, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %349 over model for add at
-  // 61:3)
-  meshc::gen::View v367 = v366;
-  group_model.allReduce(v367.data(), v367.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v368 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v368.size(); ++i) {
-    v368[i] = float(double(v363[i]) + double(v367[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v370 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v370.size(); ++i) {
-    v370[i] = float(double(v369[i]) * double(v369[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v371 = arena_.slot(65856, 1);
-  meshc::gen::reduce(v371.data(), {}, v370.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v372 = arena_.slot(65920, 1);
-  for (size_t i = 0; i < v372.size(); ++i) {
-    v372[i] = float(double(v368[i]) + double(v371[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v374 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v374.size(); ++i) {
-    v374[i] = float(double(v373[i]) * double(v373[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v375 = arena_.slot(65792, 1);
-  meshc::gen::reduce(v375.data(), {}, v374.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v376 = arena_.slot(73728, 1);
-  for (size_t i = 0; i < v376.size(); ++i) {
-    v376[i] = float(double(v372[i]) + double(v375[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v378 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v378.size(); ++i) {
-    v378[i] = float(double(v377[i]) * double(v377[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v379 = arena_.slot(73792, 1);
-  meshc::gen::reduce(v379.data(), {}, v378.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %358 over model for add at
-  // 61:3)
-  meshc::gen::View v380 = v379;
-  group_model.allReduce(v380.data(), v380.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v381 = arena_.slot(73856, 1);
-  for (size_t i = 0; i < v381.size(); ++i) {
-    v381[i] = float(double(v376[i]) + double(v380[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v383 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v383.size(); ++i) {
-    v383[i] = float(double(v382[i]) * double(v382[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v384 = arena_.slot(73728, 1);
-  meshc::gen::reduce(v384.data(), {}, v383.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %361 over model for add at
-  // 61:3)
-  meshc::gen::View v385 = v384;
-  group_model.allReduce(v385.data(), v385.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v386 = arena_.slot(73792, 1);
-  for (size_t i = 0; i < v386.size(); ++i) {
-    v386[i] = float(double(v381[i]) + double(v385[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v388 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v388.size(); ++i) {
-    v388[i] = float(double(v387[i]) * double(v387[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v389 = arena_.slot(73728, 1);
-  meshc::gen::reduce(v389.data(), {}, v388.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %364 over model for add at
-  // 61:3)
-  meshc::gen::View v390 = v389;
-  group_model.allReduce(v390.data(), v390.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v391 = arena_.slot(73856, 1);
-  for (size_t i = 0; i < v391.size(); ++i) {
-    v391[i] = float(double(v386[i]) + double(v390[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v393 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v393.size(); ++i) {
-    v393[i] = float(double(v392[i]) * double(v392[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v394 = arena_.slot(73728, 1);
-  meshc::gen::reduce(v394.data(), {}, v393.data(), {}, {2, 16, 64}, {1024, 64, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %367 over model for add at
-  // 61:3)
-  meshc::gen::View v395 = v394;
-  group_model.allReduce(v395.data(), v395.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v396 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v396.size(); ++i) {
-    v396[i] = float(double(v391[i]) + double(v395[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v398 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v398.size(); ++i) {
-    v398[i] = float(double(v397[i]) * double(v397[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v399 = arena_.slot(65856, 1);
-  meshc::gen::reduce(v399.data(), {}, v398.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v400 = arena_.slot(65920, 1);
-  for (size_t i = 0; i < v400.size(); ++i) {
-    v400[i] = float(double(v396[i]) + double(v399[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v402 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v402.size(); ++i) {
-    v402[i] = float(double(v401[i]) * double(v401[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v403 = arena_.slot(65792, 1);
-  meshc::gen::reduce(v403.data(), {}, v402.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v404 = arena_.slot(110592, 1);
-  for (size_t i = 0; i < v404.size(); ++i) {
-    v404[i] = float(double(v400[i]) + double(v403[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v406 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v406.size(); ++i) {
-    v406[i] = float(double(v405[i]) * double(v405[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v407 = arena_.slot(110656, 1);
-  meshc::gen::reduce(v407.data(), {}, v406.data(), {}, {64, 128}, {128, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %376 over model for add at
-  // 61:3)
-  meshc::gen::View v408 = v407;
-  group_model.allReduce(v408.data(), v408.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v409 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v409.size(); ++i) {
-    v409[i] = float(double(v404[i]) + double(v408[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v411 = arena_.slot(65536, 128);
-  for (size_t i = 0; i < v411.size(); ++i) {
-    v411[i] = float(double(v410[i]) * double(v410[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v412 = arena_.slot(66112, 1);
-  meshc::gen::reduce(v412.data(), {}, v411.data(), {}, {128}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %379 over model for add at
-  // 61:3)
-  meshc::gen::View v413 = v412;
-  group_model.allReduce(v413.data(), v413.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v414 = arena_.slot(110592, 1);
-  for (size_t i = 0; i < v414.size(); ++i) {
-    v414[i] = float(double(v409[i]) + double(v413[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v416 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v416.size(); ++i) {
-    v416[i] = float(double(v415[i]) * double(v415[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v417 = arena_.slot(110656, 1);
-  meshc::gen::reduce(v417.data(), {}, v416.data(), {}, {128, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %382 over model for add at
-  // 61:3)
-  meshc::gen::View v418 = v417;
-  group_model.allReduce(v418.data(), v418.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v419 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v419.size(); ++i) {
-    v419[i] = float(double(v414[i]) + double(v418[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v421 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v421.size(); ++i) {
-    v421[i] = float(double(v420[i]) * double(v420[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v422 = arena_.slot(65856, 1);
-  meshc::gen::reduce(v422.data(), {}, v421.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v423 = arena_.slot(65920, 1);
-  for (size_t i = 0; i < v423.size(); ++i) {
-    v423[i] = float(double(v419[i]) + double(v422[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v425 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v425.size(); ++i) {
-    v425[i] = float(double(v424[i]) * double(v424[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v426 = arena_.slot(65792, 1);
-  meshc::gen::reduce(v426.data(), {}, v425.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v427 = arena_.slot(65856, 1);
-  for (size_t i = 0; i < v427.size(); ++i) {
-    v427[i] = float(double(v423[i]) + double(v426[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v429 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v429.size(); ++i) {
-    v429[i] = float(double(v428[i]) * double(v428[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v430 = arena_.slot(65792, 1);
-  meshc::gen::reduce(v430.data(), {}, v429.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v431 = arena_.slot(73728, 1);
-  for (size_t i = 0; i < v431.size(); ++i) {
-    v431[i] = float(double(v427[i]) + double(v430[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v433 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v433.size(); ++i) {
-    v433[i] = float(double(v432[i]) * double(v432[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v434 = arena_.slot(73792, 1);
-  meshc::gen::reduce(v434.data(), {}, v433.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %394 over model for add at
-  // 61:3)
-  meshc::gen::View v435 = v434;
-  group_model.allReduce(v435.data(), v435.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v436 = arena_.slot(73856, 1);
-  for (size_t i = 0; i < v436.size(); ++i) {
-    v436[i] = float(double(v431[i]) + double(v435[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v438 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v438.size(); ++i) {
-    v438[i] = float(double(v437[i]) * double(v437[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v439 = arena_.slot(73728, 1);
-  meshc::gen::reduce(v439.data(), {}, v438.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %397 over model for add at
-  // 61:3)
-  meshc::gen::View v440 = v439;
-  group_model.allReduce(v440.data(), v440.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v441 = arena_.slot(73792, 1);
-  for (size_t i = 0; i < v441.size(); ++i) {
-    v441[i] = float(double(v436[i]) + double(v440[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v443 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v443.size(); ++i) {
-    v443[i] = float(double(v442[i]) * double(v442[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v444 = arena_.slot(73728, 1);
-  meshc::gen::reduce(v444.data(), {}, v443.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %400 over model for add at
-  // 61:3)
-  meshc::gen::View v445 = v444;
-  group_model.allReduce(v445.data(), v445.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v446 = arena_.slot(73856, 1);
-  for (size_t i = 0; i < v446.size(); ++i) {
-    v446[i] = float(double(v441[i]) + double(v445[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v448 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v448.size(); ++i) {
-    v448[i] = float(double(v447[i]) * double(v447[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v449 = arena_.slot(73728, 1);
-  meshc::gen::reduce(v449.data(), {}, v448.data(), {}, {2, 16, 64}, {1024, 64, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %403 over model for add at
-  // 61:3)
-  meshc::gen::View v450 = v449;
-  group_model.allReduce(v450.data(), v450.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v451 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v451.size(); ++i) {
-    v451[i] = float(double(v446[i]) + double(v450[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v453 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v453.size(); ++i) {
-    v453[i] = float(double(v452[i]) * double(v452[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v454 = arena_.slot(65856, 1);
-  meshc::gen::reduce(v454.data(), {}, v453.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v455 = arena_.slot(65920, 1);
-  for (size_t i = 0; i < v455.size(); ++i) {
-    v455[i] = float(double(v451[i]) + double(v454[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v457 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v457.size(); ++i) {
-    v457[i] = float(double(v456[i]) * double(v456[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v458 = arena_.slot(65792, 1);
-  meshc::gen::reduce(v458.data(), {}, v457.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v459 = arena_.slot(110592, 1);
-  for (size_t i = 0; i < v459.size(); ++i) {
-    v459[i] = float(double(v455[i]) + double(v458[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v461 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v461.size(); ++i) {
-    v461[i] = float(double(v460[i]) * double(v460[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v462 = arena_.slot(110656, 1);
-  meshc::gen::reduce(v462.data(), {}, v461.data(), {}, {64, 128}, {128, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %412 over model for add at
-  // 61:3)
-  meshc::gen::View v463 = v462;
-  group_model.allReduce(v463.data(), v463.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v464 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v464.size(); ++i) {
-    v464[i] = float(double(v459[i]) + double(v463[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v466 = arena_.slot(65536, 128);
-  for (size_t i = 0; i < v466.size(); ++i) {
-    v466[i] = float(double(v465[i]) * double(v465[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v467 = arena_.slot(66112, 1);
-  meshc::gen::reduce(v467.data(), {}, v466.data(), {}, {128}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %415 over model for add at
-  // 61:3)
-  meshc::gen::View v468 = v467;
-  group_model.allReduce(v468.data(), v468.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v469 = arena_.slot(110592, 1);
-  for (size_t i = 0; i < v469.size(); ++i) {
-    v469[i] = float(double(v464[i]) + double(v468[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v471 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v471.size(); ++i) {
-    v471[i] = float(double(v470[i]) * double(v470[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v472 = arena_.slot(110656, 1);
-  meshc::gen::reduce(v472.data(), {}, v471.data(), {}, {128, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %418 over model for add at
-  // 61:3)
-  meshc::gen::View v473 = v472;
-  group_model.allReduce(v473.data(), v473.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v474 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v474.size(); ++i) {
-    v474[i] = float(double(v469[i]) + double(v473[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v476 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v476.size(); ++i) {
-    v476[i] = float(double(v475[i]) * double(v475[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v477 = arena_.slot(65856, 1);
-  meshc::gen::reduce(v477.data(), {}, v476.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v478 = arena_.slot(65920, 1);
-  for (size_t i = 0; i < v478.size(); ++i) {
-    v478[i] = float(double(v474[i]) + double(v477[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v480 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v480.size(); ++i) {
-    v480[i] = float(double(v479[i]) * double(v479[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v481 = arena_.slot(65792, 1);
-  meshc::gen::reduce(v481.data(), {}, v480.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  meshc::gen::View v482 = arena_.slot(65856, 1);
-  for (size_t i = 0; i < v482.size(); ++i) {
-    v482[i] = float(double(v478[i]) + double(v481[i]));
-  }
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v484 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v484.size(); ++i) {
-    v484[i] = float(double(v483[i]) * double(v483[i]));
-  }
-
-  // transformer.mesh:61:3 sum
-  meshc::gen::View v485 = arena_.slot(65792, 1);
-  meshc::gen::reduce(v485.data(), {}, v484.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 sqrt -> global_grad_norm
-  // transformer.mesh:61:3 maximum
-  // transformer.mesh:61:3 div
-  meshc::gen::View v489 = arena_.slot(298432, 1);
-  for (size_t i = 0; i < v489.size(); ++i) {
-    float t486 = float(double(v482[i]) + double(v485[i]));
-    float t487 = float(std::sqrt(double(t486)));
-    float t488 = float(meshc::gen::maximum(t487, v334[i]));
-    v489[i] = float(double(v334[i]) / double(t488));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v490 = arena_.slot(196608, 3072);
-  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v490[at[0]] = float(double(v356[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v491 = arena_.slot(253952, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v491[at[0]] = float(double(v359[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v492 = arena_.slot(208896, 3072);
-  meshc::gen::forEach<3>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v492[at[0]] = float(double(v364[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v493 = arena_.slot(295936, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v493[at[0]] = float(double(v369[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v494 = arena_.slot(296192, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v494[at[0]] = float(double(v373[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v495 = arena_.slot(262144, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v495[at[0]] = float(double(v377[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v496 = arena_.slot(245760, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v496[at[0]] = float(double(v382[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v497 = arena_.slot(237568, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v497[at[0]] = float(double(v387[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v498 = arena_.slot(229376, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v498[at[0]] = float(double(v392[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v499 = arena_.slot(296448, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v499[at[0]] = float(double(v397[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v500 = arena_.slot(296704, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v500[at[0]] = float(double(v401[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v501 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v501[at[0]] = float(double(v405[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v502 = arena_.slot(294912, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v502[at[0]] = float(double(v410[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v503 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v503[at[0]] = float(double(v415[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v504 = arena_.slot(296960, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v504[at[0]] = float(double(v420[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v505 = arena_.slot(297216, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v505[at[0]] = float(double(v424[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v506 = arena_.slot(297472, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v506[at[0]] = float(double(v428[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v507 = arena_.slot(221184, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v507[at[0]] = float(double(v432[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v508 = arena_.slot(270336, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v508[at[0]] = float(double(v437[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v509 = arena_.slot(278528, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v509[at[0]] = float(double(v442[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v510 = arena_.slot(286720, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v510[at[0]] = float(double(v447[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v511 = arena_.slot(297728, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v511[at[0]] = float(double(v452[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v512 = arena_.slot(297984, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v512[at[0]] = float(double(v456[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v513 = arena_.slot(98304, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v513[at[0]] = float(double(v460[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v514 = arena_.slot(295424, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v514[at[0]] = float(double(v465[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v515 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v515[at[0]] = float(double(v470[at[1]]) * double(v489[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v516 = arena_.slot(167936, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v516[at[0]] = float(double(v475[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v517 = arena_.slot(168192, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v517[at[0]] = float(double(v479[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v518 = arena_.slot(168448, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v518[at[0]] = float(double(v483[at[1]]) * double(v489[at[2]]));
-  });
-
-  // transformer.mesh:61:3 param -> decoder/token_embedding@m
-  const meshc::gen::Buffer &v519 = param29_decoder_token_embedding_m;
-
-  // transformer.mesh:61:3 param -> decoder/token_embedding@v
-  const meshc::gen::Buffer &v520 = param30_decoder_token_embedding_v;
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v521 =
-      arena_.fill(168704, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v522 = arena_.slot(143360, 1);
-  for (size_t i = 0; i < v522.size(); ++i) {
-    v522[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v523 = arena_.slot(131072, 3072);
-  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v523[at[0]] = float(double(v490[at[1]]) * double(v522[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v525(
-      param29_decoder_token_embedding_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t524 = float(double(v519[at[1]]) * double(v521[at[2]]));
-                           v525[at[0]] = float(double(t524) + double(v523[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v526 =
-      arena_.fill(168768, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.95));
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v527 = arena_.slot(131072, 3072);
-  for (size_t i = 0; i < v527.size(); ++i) {
-    v527[i] = float(double(v490[i]) * double(v490[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v528 = arena_.slot(155648, 1);
-  for (size_t i = 0; i < v528.size(); ++i) {
-    v528[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v529 = arena_.slot(143360, 3072);
-  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v529[at[0]] = float(double(v527[at[1]]) * double(v528[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v531(
-      param30_decoder_token_embedding_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t530 = float(double(v520[at[1]]) * double(v526[at[2]]));
-                           v531[at[0]] = float(double(t530) + double(v529[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 pow
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v533 = arena_.slot(168832, 1);
-  for (size_t i = 0; i < v533.size(); ++i) {
-    float t532 = float(std::pow(double(v521[i]), double(v335[i])));
-    v533[i] = float(double(v334[i]) - double(t532));
-  }
-
-  // transformer.mesh:61:3 pow
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v535 = arena_.slot(168896, 1);
-  for (size_t i = 0; i < v535.size(); ++i) {
-    float t534 = float(std::pow(double(v526[i]), double(v335[i])));
-    v535[i] = float(double(v334[i]) - double(t534));
-  }
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v536 = arena_.slot(131072, 3072);
-  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v536[at[0]] = float(double(v525[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  meshc::gen::View v538 = arena_.slot(143360, 3072);
-  meshc::gen::forEach<3>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t537 = float(double(v531[at[1]]) / double(v535[at[2]]));
-                           v538[at[0]] = float(std::sqrt(double(t537)));
-                         });
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v539 =
-      arena_.fill(168960, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-08));
-
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v541 = arena_.slot(155648, 3072);
-  meshc::gen::forEach<4>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t540 = float(double(v538[at[1]]) + double(v539[at[2]]));
-                           v541[at[0]] = float(double(v536[at[3]]) / double(t540));
-                         });
-
-  // transformer.mesh:61:3 literal
-  meshc::gen::View v542 =
-      arena_.fill(169024, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/token_embedding
-  meshc::gen::View v546(
-      param0_decoder_token_embedding); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({48, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t543 = float(double(v6[at[1]]) * double(v542[at[2]]));
-                           float t544 = float(double(v541[at[3]]) + double(t543));
-                           float t545 = float(double(t544) * double(v355[at[4]]));
-                           v546[at[0]] = float(double(v6[at[1]]) - double(t545));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/position_embedding@m
-  const meshc::gen::Buffer &v547 = param31_decoder_position_embedding_m;
-
-  // transformer.mesh:61:3 param -> decoder/position_embedding@v
-  const meshc::gen::Buffer &v548 = param32_decoder_position_embedding_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v549 = arena_.slot(139264, 1);
-  for (size_t i = 0; i < v549.size(); ++i) {
-    v549[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v550 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v550[at[0]] = float(double(v491[at[1]]) * double(v549[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v552(
-      param31_decoder_position_embedding_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t551 = float(double(v547[at[1]]) * double(v521[at[2]]));
-                           v552[at[0]] = float(double(t551) + double(v550[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v553 = arena_.slot(131072, 2048);
-  for (size_t i = 0; i < v553.size(); ++i) {
-    v553[i] = float(double(v491[i]) * double(v491[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v554 = arena_.slot(147456, 1);
-  for (size_t i = 0; i < v554.size(); ++i) {
-    v554[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v555 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v555[at[0]] = float(double(v553[at[1]]) * double(v554[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v557(
-      param32_decoder_position_embedding_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t556 = float(double(v548[at[1]]) * double(v526[at[2]]));
-                           v557[at[0]] = float(double(t556) + double(v555[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v558 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v558[at[0]] = float(double(v552[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v562 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t559 = float(double(v557[at[1]]) / double(v535[at[2]]));
-                           float t560 = float(std::sqrt(double(t559)));
-                           float t561 = float(double(t560) + double(v539[at[3]]));
-                           v562[at[0]] = float(double(v558[at[4]]) / double(t561));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/position_embedding
-  meshc::gen::View v566(
-      param1_decoder_position_embedding); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({32, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t563 = float(double(v7[at[1]]) * double(v542[at[2]]));
-                           float t564 = float(double(v562[at[3]]) + double(t563));
-                           float t565 = float(double(t564) * double(v355[at[4]]));
-                           v566[at[0]] = float(double(v7[at[1]]) - double(t565));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/unembed@m
-  const meshc::gen::Buffer &v567 = param33_decoder_unembed_m;
-
-  // transformer.mesh:61:3 param -> decoder/unembed@v
-  const meshc::gen::Buffer &v568 = param34_decoder_unembed_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v569 = arena_.slot(143360, 1);
-  for (size_t i = 0; i < v569.size(); ++i) {
-    v569[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v570 = arena_.slot(131072, 3072);
-  meshc::gen::forEach<3>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v570[at[0]] = float(double(v492[at[1]]) * double(v569[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v572(param33_decoder_unembed_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}, {48, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t571 = float(double(v567[at[1]]) * double(v521[at[2]]));
-                           v572[at[0]] = float(double(t571) + double(v570[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v573 = arena_.slot(131072, 3072);
-  for (size_t i = 0; i < v573.size(); ++i) {
-    v573[i] = float(double(v492[i]) * double(v492[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v574 = arena_.slot(155648, 1);
-  for (size_t i = 0; i < v574.size(); ++i) {
-    v574[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v575 = arena_.slot(143360, 3072);
-  meshc::gen::forEach<3>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v575[at[0]] = float(double(v573[at[1]]) * double(v574[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v577(param34_decoder_unembed_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}, {48, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t576 = float(double(v568[at[1]]) * double(v526[at[2]]));
-                           v577[at[0]] = float(double(t576) + double(v575[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v578 = arena_.slot(131072, 3072);
-  meshc::gen::forEach<3>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v578[at[0]] = float(double(v572[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v582 = arena_.slot(143360, 3072);
-  meshc::gen::forEach<5>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}, {0, 0}, {48, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t579 = float(double(v577[at[1]]) / double(v535[at[2]]));
-                           float t580 = float(std::sqrt(double(t579)));
-                           float t581 = float(double(t580) + double(v539[at[3]]));
-                           v582[at[0]] = float(double(v578[at[4]]) / double(t581));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/unembed
-  meshc::gen::View v586(param2_decoder_unembed); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 48}, {{{48, 1}, {48, 1}, {0, 0}, {48, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t583 = float(double(v8[at[1]]) * double(v542[at[2]]));
-                           float t584 = float(double(v582[at[3]]) + double(t583));
-                           float t585 = float(double(t584) * double(v355[at[4]]));
-                           v586[at[0]] = float(double(v8[at[1]]) - double(t585));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm/gain@m
-  const meshc::gen::Buffer &v587 = param35_decoder_decoder_layer_0_norm_gain_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm/gain@v
-  const meshc::gen::Buffer &v588 = param36_decoder_decoder_layer_0_norm_gain_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v589 = arena_.slot(131328, 1);
-  for (size_t i = 0; i < v589.size(); ++i) {
-    v589[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v590 = arena_.slot(131072, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v590[at[0]] = float(double(v493[at[1]]) * double(v589[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v592(
-      param35_decoder_decoder_layer_0_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t591 = float(double(v587[at[1]]) * double(v521[at[2]]));
-    v592[at[0]] = float(double(t591) + double(v590[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v593 = arena_.slot(131072, 64);
-  for (size_t i = 0; i < v593.size(); ++i) {
-    v593[i] = float(double(v493[i]) * double(v493[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v594 = arena_.slot(131584, 1);
-  for (size_t i = 0; i < v594.size(); ++i) {
-    v594[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v595 = arena_.slot(131328, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v595[at[0]] = float(double(v593[at[1]]) * double(v594[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v597(
-      param36_decoder_decoder_layer_0_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t596 = float(double(v588[at[1]]) * double(v526[at[2]]));
-    v597[at[0]] = float(double(t596) + double(v595[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v598 = arena_.slot(131072, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v598[at[0]] = float(double(v592[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v602 = arena_.slot(131328, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t599 = float(double(v597[at[1]]) / double(v535[at[2]]));
-                           float t600 = float(std::sqrt(double(t599)));
-                           float t601 = float(double(t600) + double(v539[at[3]]));
-                           v602[at[0]] = float(double(v598[at[4]]) / double(t601));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
-  meshc::gen::View v606(
-      param3_decoder_decoder_layer_0_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t603 = float(double(v21[at[1]]) * double(v542[at[2]]));
-                           float t604 = float(double(v602[at[3]]) + double(t603));
-                           float t605 = float(double(t604) * double(v355[at[4]]));
-                           v606[at[0]] = float(double(v21[at[1]]) - double(t605));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm/bias@m
-  const meshc::gen::Buffer &v607 = param37_decoder_decoder_layer_0_norm_bias_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm/bias@v
-  const meshc::gen::Buffer &v608 = param38_decoder_decoder_layer_0_norm_bias_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v609 = arena_.slot(131328, 1);
-  for (size_t i = 0; i < v609.size(); ++i) {
-    v609[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v610 = arena_.slot(131072, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v610[at[0]] = float(double(v494[at[1]]) * double(v609[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v612(
-      param37_decoder_decoder_layer_0_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t611 = float(double(v607[at[1]]) * double(v521[at[2]]));
-    v612[at[0]] = float(double(t611) + double(v610[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v613 = arena_.slot(131072, 64);
-  for (size_t i = 0; i < v613.size(); ++i) {
-    v613[i] = float(double(v494[i]) * double(v494[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v614 = arena_.slot(131584, 1);
-  for (size_t i = 0; i < v614.size(); ++i) {
-    v614[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v615 = arena_.slot(131328, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v615[at[0]] = float(double(v613[at[1]]) * double(v614[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v617(
-      param38_decoder_decoder_layer_0_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t616 = float(double(v608[at[1]]) * double(v526[at[2]]));
-    v617[at[0]] = float(double(t616) + double(v615[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v618 = arena_.slot(131072, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v618[at[0]] = float(double(v612[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v622 = arena_.slot(131328, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t619 = float(double(v617[at[1]]) / double(v535[at[2]]));
-                           float t620 = float(std::sqrt(double(t619)));
-                           float t621 = float(double(t620) + double(v539[at[3]]));
-                           v622[at[0]] = float(double(v618[at[4]]) / double(t621));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/bias
-  meshc::gen::View v626(
-      param4_decoder_decoder_layer_0_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t623 = float(double(v22[at[1]]) * double(v542[at[2]]));
-                           float t624 = float(double(v622[at[3]]) + double(t623));
-                           float t625 = float(double(t624) * double(v355[at[4]]));
-                           v626[at[0]] = float(double(v22[at[1]]) - double(t625));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_q@m
-  const meshc::gen::Buffer &v627 = param39_decoder_decoder_layer_0_attention_w_q_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_q@v
-  const meshc::gen::Buffer &v628 = param40_decoder_decoder_layer_0_attention_w_q_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v629 = arena_.slot(139264, 1);
-  for (size_t i = 0; i < v629.size(); ++i) {
-    v629[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v630 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v630[at[0]] = float(double(v495[at[1]]) * double(v629[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v632(
-      param39_decoder_decoder_layer_0_attention_w_q_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t631 = float(double(v627[at[1]]) * double(v521[at[2]]));
-                           v632[at[0]] = float(double(t631) + double(v630[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v633 = arena_.slot(131072, 2048);
-  for (size_t i = 0; i < v633.size(); ++i) {
-    v633[i] = float(double(v495[i]) * double(v495[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v634 = arena_.slot(147456, 1);
-  for (size_t i = 0; i < v634.size(); ++i) {
-    v634[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v635 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v635[at[0]] = float(double(v633[at[1]]) * double(v634[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v637(
-      param40_decoder_decoder_layer_0_attention_w_q_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t636 = float(double(v628[at[1]]) * double(v526[at[2]]));
-                           v637[at[0]] = float(double(t636) + double(v635[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v638 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v638[at[0]] = float(double(v632[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v642 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t639 = float(double(v637[at[1]]) / double(v535[at[2]]));
-                           float t640 = float(std::sqrt(double(t639)));
-                           float t641 = float(double(t640) + double(v539[at[3]]));
-                           v642[at[0]] = float(double(v638[at[4]]) / double(t641));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
-  meshc::gen::View v646(
-      param5_decoder_decoder_layer_0_attention_w_q); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t643 = float(double(v26[at[1]]) * double(v542[at[2]]));
-                           float t644 = float(double(v642[at[3]]) + double(t643));
-                           float t645 = float(double(t644) * double(v355[at[4]]));
-                           v646[at[0]] = float(double(v26[at[1]]) - double(t645));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_k@m
-  const meshc::gen::Buffer &v647 = param41_decoder_decoder_layer_0_attention_w_k_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_k@v
-  const meshc::gen::Buffer &v648 = param42_decoder_decoder_layer_0_attention_w_k_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v649 = arena_.slot(139264, 1);
-  for (size_t i = 0; i < v649.size(); ++i) {
-    v649[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v650 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v650[at[0]] = float(double(v496[at[1]]) * double(v649[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v652(
-      param41_decoder_decoder_layer_0_attention_w_k_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t651 = float(double(v647[at[1]]) * double(v521[at[2]]));
-                           v652[at[0]] = float(double(t651) + double(v650[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v653 = arena_.slot(131072, 2048);
-  for (size_t i = 0; i < v653.size(); ++i) {
-    v653[i] = float(double(v496[i]) * double(v496[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v654 = arena_.slot(147456, 1);
-  for (size_t i = 0; i < v654.size(); ++i) {
-    v654[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v655 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v655[at[0]] = float(double(v653[at[1]]) * double(v654[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v657(
-      param42_decoder_decoder_layer_0_attention_w_k_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t656 = float(double(v648[at[1]]) * double(v526[at[2]]));
-                           v657[at[0]] = float(double(t656) + double(v655[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v658 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v658[at[0]] = float(double(v652[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v662 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t659 = float(double(v657[at[1]]) / double(v535[at[2]]));
-                           float t660 = float(std::sqrt(double(t659)));
-                           float t661 = float(double(t660) + double(v539[at[3]]));
-                           v662[at[0]] = float(double(v658[at[4]]) / double(t661));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
-  meshc::gen::View v666(
-      param6_decoder_decoder_layer_0_attention_w_k); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t663 = float(double(v27[at[1]]) * double(v542[at[2]]));
-                           float t664 = float(double(v662[at[3]]) + double(t663));
-                           float t665 = float(double(t664) * double(v355[at[4]]));
-                           v666[at[0]] = float(double(v27[at[1]]) - double(t665));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_v@m
-  const meshc::gen::Buffer &v667 = param43_decoder_decoder_layer_0_attention_w_v_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_v@v
-  const meshc::gen::Buffer &v668 = param44_decoder_decoder_layer_0_attention_w_v_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v669 = arena_.slot(139264, 1);
-  for (size_t i = 0; i < v669.size(); ++i) {
-    v669[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v670 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v670[at[0]] = float(double(v497[at[1]]) * double(v669[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v672(
-      param43_decoder_decoder_layer_0_attention_w_v_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t671 = float(double(v667[at[1]]) * double(v521[at[2]]));
-                           v672[at[0]] = float(double(t671) + double(v670[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v673 = arena_.slot(131072, 2048);
-  for (size_t i = 0; i < v673.size(); ++i) {
-    v673[i] = float(double(v497[i]) * double(v497[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v674 = arena_.slot(147456, 1);
-  for (size_t i = 0; i < v674.size(); ++i) {
-    v674[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v675 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v675[at[0]] = float(double(v673[at[1]]) * double(v674[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v677(
-      param44_decoder_decoder_layer_0_attention_w_v_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t676 = float(double(v668[at[1]]) * double(v526[at[2]]));
-                           v677[at[0]] = float(double(t676) + double(v675[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v678 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v678[at[0]] = float(double(v672[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v682 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t679 = float(double(v677[at[1]]) / double(v535[at[2]]));
-                           float t680 = float(std::sqrt(double(t679)));
-                           float t681 = float(double(t680) + double(v539[at[3]]));
-                           v682[at[0]] = float(double(v678[at[4]]) / double(t681));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
-  meshc::gen::View v686(
-      param7_decoder_decoder_layer_0_attention_w_v); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t683 = float(double(v28[at[1]]) * double(v542[at[2]]));
-                           float t684 = float(double(v682[at[3]]) + double(t683));
-                           float t685 = float(double(t684) * double(v355[at[4]]));
-                           v686[at[0]] = float(double(v28[at[1]]) - double(t685));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_o@m
-  const meshc::gen::Buffer &v687 = param45_decoder_decoder_layer_0_attention_w_o_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/attention/w_o@v
-  const meshc::gen::Buffer &v688 = param46_decoder_decoder_layer_0_attention_w_o_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v689 = arena_.slot(139264, 1);
-  for (size_t i = 0; i < v689.size(); ++i) {
-    v689[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v690 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v690[at[0]] = float(double(v498[at[1]]) * double(v689[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v692(
-      param45_decoder_decoder_layer_0_attention_w_o_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t691 = float(double(v687[at[1]]) * double(v521[at[2]]));
-                           v692[at[0]] = float(double(t691) + double(v690[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v693 = arena_.slot(131072, 2048);
-  for (size_t i = 0; i < v693.size(); ++i) {
-    v693[i] = float(double(v498[i]) * double(v498[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v694 = arena_.slot(147456, 1);
-  for (size_t i = 0; i < v694.size(); ++i) {
-    v694[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v695 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v695[at[0]] = float(double(v693[at[1]]) * double(v694[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v697(
-      param46_decoder_decoder_layer_0_attention_w_o_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t696 = float(double(v688[at[1]]) * double(v526[at[2]]));
-                           v697[at[0]] = float(double(t696) + double(v695[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v698 = arena_.slot(131072, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v698[at[0]] = float(double(v692[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v702 = arena_.slot(139264, 2048);
-  meshc::gen::forEach<5>({2, 16, 64},
-                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t699 = float(double(v697[at[1]]) / double(v535[at[2]]));
-                           float t700 = float(std::sqrt(double(t699)));
-                           float t701 = float(double(t700) + double(v539[at[3]]));
-                           v702[at[0]] = float(double(v698[at[4]]) / double(t701));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
-  meshc::gen::View v706(
-      param8_decoder_decoder_layer_0_attention_w_o); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({2, 16, 64},
-                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t703 = float(double(v29[at[1]]) * double(v542[at[2]]));
-                           float t704 = float(double(v702[at[3]]) + double(t703));
-                           float t705 = float(double(t704) * double(v355[at[4]]));
-                           v706[at[0]] = float(double(v29[at[1]]) - double(t705));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm#1/gain@m
-  const meshc::gen::Buffer &v707 = param47_decoder_decoder_layer_0_norm_1_gain_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm#1/gain@v
-  const meshc::gen::Buffer &v708 = param48_decoder_decoder_layer_0_norm_1_gain_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v709 = arena_.slot(131328, 1);
-  for (size_t i = 0; i < v709.size(); ++i) {
-    v709[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v710 = arena_.slot(131072, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v710[at[0]] = float(double(v499[at[1]]) * double(v709[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v712(
-      param47_decoder_decoder_layer_0_norm_1_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t711 = float(double(v707[at[1]]) * double(v521[at[2]]));
-    v712[at[0]] = float(double(t711) + double(v710[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v713 = arena_.slot(131072, 64);
-  for (size_t i = 0; i < v713.size(); ++i) {
-    v713[i] = float(double(v499[i]) * double(v499[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v714 = arena_.slot(131584, 1);
-  for (size_t i = 0; i < v714.size(); ++i) {
-    v714[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v715 = arena_.slot(131328, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v715[at[0]] = float(double(v713[at[1]]) * double(v714[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v717(
-      param48_decoder_decoder_layer_0_norm_1_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t716 = float(double(v708[at[1]]) * double(v526[at[2]]));
-    v717[at[0]] = float(double(t716) + double(v715[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v718 = arena_.slot(131072, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v718[at[0]] = float(double(v712[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v722 = arena_.slot(131328, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t719 = float(double(v717[at[1]]) / double(v535[at[2]]));
-                           float t720 = float(std::sqrt(double(t719)));
-                           float t721 = float(double(t720) + double(v539[at[3]]));
-                           v722[at[0]] = float(double(v718[at[4]]) / double(t721));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
-  meshc::gen::View v726(
-      param9_decoder_decoder_layer_0_norm_1_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t723 = float(double(v47[at[1]]) * double(v542[at[2]]));
-                           float t724 = float(double(v722[at[3]]) + double(t723));
-                           float t725 = float(double(t724) * double(v355[at[4]]));
-                           v726[at[0]] = float(double(v47[at[1]]) - double(t725));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm#1/bias@m
-  const meshc::gen::Buffer &v727 = param49_decoder_decoder_layer_0_norm_1_bias_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/norm#1/bias@v
-  const meshc::gen::Buffer &v728 = param50_decoder_decoder_layer_0_norm_1_bias_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v729 = arena_.slot(131328, 1);
-  for (size_t i = 0; i < v729.size(); ++i) {
-    v729[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v730 = arena_.slot(131072, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v730[at[0]] = float(double(v500[at[1]]) * double(v729[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v732(
-      param49_decoder_decoder_layer_0_norm_1_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t731 = float(double(v727[at[1]]) * double(v521[at[2]]));
-    v732[at[0]] = float(double(t731) + double(v730[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v733 = arena_.slot(131072, 64);
-  for (size_t i = 0; i < v733.size(); ++i) {
-    v733[i] = float(double(v500[i]) * double(v500[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v734 = arena_.slot(131584, 1);
-  for (size_t i = 0; i < v734.size(); ++i) {
-    v734[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v735 = arena_.slot(131328, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v735[at[0]] = float(double(v733[at[1]]) * double(v734[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v737(
-      param50_decoder_decoder_layer_0_norm_1_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t736 = float(double(v728[at[1]]) * double(v526[at[2]]));
-    v737[at[0]] = float(double(t736) + double(v735[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v738 = arena_.slot(131072, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v738[at[0]] = float(double(v732[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v742 = arena_.slot(131328, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t739 = float(double(v737[at[1]]) / double(v535[at[2]]));
-                           float t740 = float(std::sqrt(double(t739)));
-                           float t741 = float(double(t740) + double(v539[at[3]]));
-                           v742[at[0]] = float(double(v738[at[4]]) / double(t741));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
-  meshc::gen::View v746(
-      param10_decoder_decoder_layer_0_norm_1_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t743 = float(double(v48[at[1]]) * double(v542[at[2]]));
-                           float t744 = float(double(v742[at[3]]) + double(t743));
-                           float t745 = float(double(t744) * double(v355[at[4]]));
-                           v746[at[0]] = float(double(v48[at[1]]) - double(t745));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/w_in@m
-  const meshc::gen::Buffer &v747 = param51_decoder_decoder_layer_0_ffn_w_in_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/w_in@v
-  const meshc::gen::Buffer &v748 = param52_decoder_decoder_layer_0_ffn_w_in_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v749 = arena_.slot(163840, 1);
-  for (size_t i = 0; i < v749.size(); ++i) {
-    v749[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v750 = arena_.slot(131072, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v750[at[0]] = float(double(v501[at[1]]) * double(v749[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v752(
-      param51_decoder_decoder_layer_0_ffn_w_in_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t751 = float(double(v747[at[1]]) * double(v521[at[2]]));
-                           v752[at[0]] = float(double(t751) + double(v750[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v753 = arena_.slot(131072, 8192);
-  for (size_t i = 0; i < v753.size(); ++i) {
-    v753[i] = float(double(v501[i]) * double(v501[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v754 = arena_.slot(163840, 1);
-  for (size_t i = 0; i < v754.size(); ++i) {
-    v754[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v755 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v755[at[0]] = float(double(v753[at[1]]) * double(v754[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v757(
-      param52_decoder_decoder_layer_0_ffn_w_in_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t756 = float(double(v748[at[1]]) * double(v526[at[2]]));
-                           v757[at[0]] = float(double(t756) + double(v755[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v758 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v758[at[0]] = float(double(v752[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v762 = arena_.slot(131072, 8192);
-  meshc::gen::forEach<5>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t759 = float(double(v757[at[1]]) / double(v535[at[2]]));
-                           float t760 = float(std::sqrt(double(t759)));
-                           float t761 = float(double(t760) + double(v539[at[3]]));
-                           v762[at[0]] = float(double(v758[at[4]]) / double(t761));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
-  meshc::gen::View v766(
-      param11_decoder_decoder_layer_0_ffn_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t763 = float(double(v52[at[1]]) * double(v542[at[2]]));
-                           float t764 = float(double(v762[at[3]]) + double(t763));
-                           float t765 = float(double(t764) * double(v355[at[4]]));
-                           v766[at[0]] = float(double(v52[at[1]]) - double(t765));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/b_in@m
-  const meshc::gen::Buffer &v767 = param53_decoder_decoder_layer_0_ffn_b_in_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/b_in@v
-  const meshc::gen::Buffer &v768 = param54_decoder_decoder_layer_0_ffn_b_in_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v769 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v769.size(); ++i) {
-    v769[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v770 = arena_.slot(65536, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v770[at[0]] = float(double(v502[at[1]]) * double(v769[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v772(
-      param53_decoder_decoder_layer_0_ffn_b_in_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t771 = float(double(v767[at[1]]) * double(v521[at[2]]));
-    v772[at[0]] = float(double(t771) + double(v770[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v773 = arena_.slot(65536, 128);
-  for (size_t i = 0; i < v773.size(); ++i) {
-    v773[i] = float(double(v502[i]) * double(v502[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v774 = arena_.slot(66560, 1);
-  for (size_t i = 0; i < v774.size(); ++i) {
-    v774[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v775 = arena_.slot(66048, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v775[at[0]] = float(double(v773[at[1]]) * double(v774[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v777(
-      param54_decoder_decoder_layer_0_ffn_b_in_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t776 = float(double(v768[at[1]]) * double(v526[at[2]]));
-    v777[at[0]] = float(double(t776) + double(v775[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v778 = arena_.slot(65536, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v778[at[0]] = float(double(v772[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v782 = arena_.slot(66048, 128);
-  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t779 = float(double(v777[at[1]]) / double(v535[at[2]]));
-                           float t780 = float(std::sqrt(double(t779)));
-                           float t781 = float(double(t780) + double(v539[at[3]]));
-                           v782[at[0]] = float(double(v778[at[4]]) / double(t781));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
-  meshc::gen::View v786(
-      param12_decoder_decoder_layer_0_ffn_b_in); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t783 = float(double(v53[at[1]]) * double(v542[at[2]]));
-                           float t784 = float(double(v782[at[3]]) + double(t783));
-                           float t785 = float(double(t784) * double(v355[at[4]]));
-                           v786[at[0]] = float(double(v53[at[1]]) - double(t785));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/w_out@m
-  const meshc::gen::Buffer &v787 = param55_decoder_decoder_layer_0_ffn_w_out_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/w_out@v
-  const meshc::gen::Buffer &v788 = param56_decoder_decoder_layer_0_ffn_w_out_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v789 = arena_.slot(131072, 1);
-  for (size_t i = 0; i < v789.size(); ++i) {
-    v789[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v790 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v790[at[0]] = float(double(v503[at[1]]) * double(v789[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v792(
-      param55_decoder_decoder_layer_0_ffn_w_out_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t791 = float(double(v787[at[1]]) * double(v521[at[2]]));
-                           v792[at[0]] = float(double(t791) + double(v790[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v793 = arena_.slot(65536, 8192);
-  for (size_t i = 0; i < v793.size(); ++i) {
-    v793[i] = float(double(v503[i]) * double(v503[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v794 = arena_.slot(131072, 1);
-  for (size_t i = 0; i < v794.size(); ++i) {
-    v794[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v795 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v795[at[0]] = float(double(v793[at[1]]) * double(v794[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v797(
-      param56_decoder_decoder_layer_0_ffn_w_out_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t796 = float(double(v788[at[1]]) * double(v526[at[2]]));
-                           v797[at[0]] = float(double(t796) + double(v795[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v798 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v798[at[0]] = float(double(v792[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v802 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t799 = float(double(v797[at[1]]) / double(v535[at[2]]));
-                           float t800 = float(std::sqrt(double(t799)));
-                           float t801 = float(double(t800) + double(v539[at[3]]));
-                           v802[at[0]] = float(double(v798[at[4]]) / double(t801));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
-  meshc::gen::View v806(
-      param13_decoder_decoder_layer_0_ffn_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t803 = float(double(v54[at[1]]) * double(v542[at[2]]));
-                           float t804 = float(double(v802[at[3]]) + double(t803));
-                           float t805 = float(double(t804) * double(v355[at[4]]));
-                           v806[at[0]] = float(double(v54[at[1]]) - double(t805));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/b_out@m
-  const meshc::gen::Buffer &v807 = param57_decoder_decoder_layer_0_ffn_b_out_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[0]/ffn/b_out@v
-  const meshc::gen::Buffer &v808 = param58_decoder_decoder_layer_0_ffn_b_out_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v809 = arena_.slot(33024, 1);
-  for (size_t i = 0; i < v809.size(); ++i) {
-    v809[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v810 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v810[at[0]] = float(double(v504[at[1]]) * double(v809[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v812(
-      param57_decoder_decoder_layer_0_ffn_b_out_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t811 = float(double(v807[at[1]]) * double(v521[at[2]]));
-    v812[at[0]] = float(double(t811) + double(v810[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v813 = arena_.slot(32768, 64);
-  for (size_t i = 0; i < v813.size(); ++i) {
-    v813[i] = float(double(v504[i]) * double(v504[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v814 = arena_.slot(33280, 1);
-  for (size_t i = 0; i < v814.size(); ++i) {
-    v814[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v815 = arena_.slot(33024, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v815[at[0]] = float(double(v813[at[1]]) * double(v814[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v817(
-      param58_decoder_decoder_layer_0_ffn_b_out_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t816 = float(double(v808[at[1]]) * double(v526[at[2]]));
-    v817[at[0]] = float(double(t816) + double(v815[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v818 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v818[at[0]] = float(double(v812[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v822 = arena_.slot(33024, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t819 = float(double(v817[at[1]]) / double(v535[at[2]]));
-                           float t820 = float(std::sqrt(double(t819)));
-                           float t821 = float(double(t820) + double(v539[at[3]]));
-                           v822[at[0]] = float(double(v818[at[4]]) / double(t821));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
-  meshc::gen::View v826(
-      param14_decoder_decoder_layer_0_ffn_b_out); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t823 = float(double(v55[at[1]]) * double(v542[at[2]]));
-                           float t824 = float(double(v822[at[3]]) + double(t823));
-                           float t825 = float(double(t824) * double(v355[at[4]]));
-                           v826[at[0]] = float(double(v55[at[1]]) - double(t825));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm/gain@m
-  const meshc::gen::Buffer &v827 = param59_decoder_decoder_layer_1_norm_gain_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm/gain@v
-  const meshc::gen::Buffer &v828 = param60_decoder_decoder_layer_1_norm_gain_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v829 = arena_.slot(33024, 1);
-  for (size_t i = 0; i < v829.size(); ++i) {
-    v829[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v830 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v830[at[0]] = float(double(v505[at[1]]) * double(v829[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v832(
-      param59_decoder_decoder_layer_1_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t831 = float(double(v827[at[1]]) * double(v521[at[2]]));
-    v832[at[0]] = float(double(t831) + double(v830[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v833 = arena_.slot(32768, 64);
-  for (size_t i = 0; i < v833.size(); ++i) {
-    v833[i] = float(double(v505[i]) * double(v505[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v834 = arena_.slot(33280, 1);
-  for (size_t i = 0; i < v834.size(); ++i) {
-    v834[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v835 = arena_.slot(33024, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v835[at[0]] = float(double(v833[at[1]]) * double(v834[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v837(
-      param60_decoder_decoder_layer_1_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t836 = float(double(v828[at[1]]) * double(v526[at[2]]));
-    v837[at[0]] = float(double(t836) + double(v835[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v838 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v838[at[0]] = float(double(v832[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v842 = arena_.slot(33024, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t839 = float(double(v837[at[1]]) / double(v535[at[2]]));
-                           float t840 = float(std::sqrt(double(t839)));
-                           float t841 = float(double(t840) + double(v539[at[3]]));
-                           v842[at[0]] = float(double(v838[at[4]]) / double(t841));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
-  meshc::gen::View v846(
-      param15_decoder_decoder_layer_1_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t843 = float(double(v64[at[1]]) * double(v542[at[2]]));
-                           float t844 = float(double(v842[at[3]]) + double(t843));
-                           float t845 = float(double(t844) * double(v355[at[4]]));
-                           v846[at[0]] = float(double(v64[at[1]]) - double(t845));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm/bias@m
-  const meshc::gen::Buffer &v847 = param61_decoder_decoder_layer_1_norm_bias_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm/bias@v
-  const meshc::gen::Buffer &v848 = param62_decoder_decoder_layer_1_norm_bias_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v849 = arena_.slot(33024, 1);
-  for (size_t i = 0; i < v849.size(); ++i) {
-    v849[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v850 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v850[at[0]] = float(double(v506[at[1]]) * double(v849[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v852(
-      param61_decoder_decoder_layer_1_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t851 = float(double(v847[at[1]]) * double(v521[at[2]]));
-    v852[at[0]] = float(double(t851) + double(v850[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v853 = arena_.slot(32768, 64);
-  for (size_t i = 0; i < v853.size(); ++i) {
-    v853[i] = float(double(v506[i]) * double(v506[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v854 = arena_.slot(33280, 1);
-  for (size_t i = 0; i < v854.size(); ++i) {
-    v854[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v855 = arena_.slot(33024, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v855[at[0]] = float(double(v853[at[1]]) * double(v854[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v857(
-      param62_decoder_decoder_layer_1_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t856 = float(double(v848[at[1]]) * double(v526[at[2]]));
-    v857[at[0]] = float(double(t856) + double(v855[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v858 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v858[at[0]] = float(double(v852[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v862 = arena_.slot(33024, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t859 = float(double(v857[at[1]]) / double(v535[at[2]]));
-                           float t860 = float(std::sqrt(double(t859)));
-                           float t861 = float(double(t860) + double(v539[at[3]]));
-                           v862[at[0]] = float(double(v858[at[4]]) / double(t861));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
-  meshc::gen::View v866(
-      param16_decoder_decoder_layer_1_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t863 = float(double(v65[at[1]]) * double(v542[at[2]]));
-                           float t864 = float(double(v862[at[3]]) + double(t863));
-                           float t865 = float(double(t864) * double(v355[at[4]]));
-                           v866[at[0]] = float(double(v65[at[1]]) - double(t865));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_q@m
-  const meshc::gen::Buffer &v867 = param63_decoder_decoder_layer_1_attention_w_q_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_q@v
-  const meshc::gen::Buffer &v868 = param64_decoder_decoder_layer_1_attention_w_q_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v869 = arena_.slot(40960, 1);
-  for (size_t i = 0; i < v869.size(); ++i) {
-    v869[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v870 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v870[at[0]] = float(double(v507[at[1]]) * double(v869[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v872(
-      param63_decoder_decoder_layer_1_attention_w_q_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t871 = float(double(v867[at[1]]) * double(v521[at[2]]));
-                           v872[at[0]] = float(double(t871) + double(v870[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v873 = arena_.slot(32768, 2048);
-  for (size_t i = 0; i < v873.size(); ++i) {
-    v873[i] = float(double(v507[i]) * double(v507[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v874 = arena_.slot(49152, 1);
-  for (size_t i = 0; i < v874.size(); ++i) {
-    v874[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v875 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v875[at[0]] = float(double(v873[at[1]]) * double(v874[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v877(
-      param64_decoder_decoder_layer_1_attention_w_q_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t876 = float(double(v868[at[1]]) * double(v526[at[2]]));
-                           v877[at[0]] = float(double(t876) + double(v875[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v878 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v878[at[0]] = float(double(v872[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v882 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t879 = float(double(v877[at[1]]) / double(v535[at[2]]));
-                           float t880 = float(std::sqrt(double(t879)));
-                           float t881 = float(double(t880) + double(v539[at[3]]));
-                           v882[at[0]] = float(double(v878[at[4]]) / double(t881));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_q
-  meshc::gen::View v886(
-      param17_decoder_decoder_layer_1_attention_w_q); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t883 = float(double(v69[at[1]]) * double(v542[at[2]]));
-                           float t884 = float(double(v882[at[3]]) + double(t883));
-                           float t885 = float(double(t884) * double(v355[at[4]]));
-                           v886[at[0]] = float(double(v69[at[1]]) - double(t885));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_k@m
-  const meshc::gen::Buffer &v887 = param65_decoder_decoder_layer_1_attention_w_k_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_k@v
-  const meshc::gen::Buffer &v888 = param66_decoder_decoder_layer_1_attention_w_k_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v889 = arena_.slot(40960, 1);
-  for (size_t i = 0; i < v889.size(); ++i) {
-    v889[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v890 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v890[at[0]] = float(double(v508[at[1]]) * double(v889[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v892(
-      param65_decoder_decoder_layer_1_attention_w_k_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t891 = float(double(v887[at[1]]) * double(v521[at[2]]));
-                           v892[at[0]] = float(double(t891) + double(v890[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v893 = arena_.slot(32768, 2048);
-  for (size_t i = 0; i < v893.size(); ++i) {
-    v893[i] = float(double(v508[i]) * double(v508[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v894 = arena_.slot(49152, 1);
-  for (size_t i = 0; i < v894.size(); ++i) {
-    v894[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v895 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v895[at[0]] = float(double(v893[at[1]]) * double(v894[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v897(
-      param66_decoder_decoder_layer_1_attention_w_k_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t896 = float(double(v888[at[1]]) * double(v526[at[2]]));
-                           v897[at[0]] = float(double(t896) + double(v895[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v898 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v898[at[0]] = float(double(v892[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v902 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t899 = float(double(v897[at[1]]) / double(v535[at[2]]));
-                           float t900 = float(std::sqrt(double(t899)));
-                           float t901 = float(double(t900) + double(v539[at[3]]));
-                           v902[at[0]] = float(double(v898[at[4]]) / double(t901));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_k
-  meshc::gen::View v906(
-      param18_decoder_decoder_layer_1_attention_w_k); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t903 = float(double(v70[at[1]]) * double(v542[at[2]]));
-                           float t904 = float(double(v902[at[3]]) + double(t903));
-                           float t905 = float(double(t904) * double(v355[at[4]]));
-                           v906[at[0]] = float(double(v70[at[1]]) - double(t905));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_v@m
-  const meshc::gen::Buffer &v907 = param67_decoder_decoder_layer_1_attention_w_v_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_v@v
-  const meshc::gen::Buffer &v908 = param68_decoder_decoder_layer_1_attention_w_v_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v909 = arena_.slot(40960, 1);
-  for (size_t i = 0; i < v909.size(); ++i) {
-    v909[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v910 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v910[at[0]] = float(double(v509[at[1]]) * double(v909[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v912(
-      param67_decoder_decoder_layer_1_attention_w_v_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t911 = float(double(v907[at[1]]) * double(v521[at[2]]));
-                           v912[at[0]] = float(double(t911) + double(v910[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v913 = arena_.slot(32768, 2048);
-  for (size_t i = 0; i < v913.size(); ++i) {
-    v913[i] = float(double(v509[i]) * double(v509[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v914 = arena_.slot(49152, 1);
-  for (size_t i = 0; i < v914.size(); ++i) {
-    v914[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v915 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v915[at[0]] = float(double(v913[at[1]]) * double(v914[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v917(
-      param68_decoder_decoder_layer_1_attention_w_v_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t916 = float(double(v908[at[1]]) * double(v526[at[2]]));
-                           v917[at[0]] = float(double(t916) + double(v915[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v918 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v918[at[0]] = float(double(v912[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v922 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t919 = float(double(v917[at[1]]) / double(v535[at[2]]));
-                           float t920 = float(std::sqrt(double(t919)));
-                           float t921 = float(double(t920) + double(v539[at[3]]));
-                           v922[at[0]] = float(double(v918[at[4]]) / double(t921));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_v
-  meshc::gen::View v926(
-      param19_decoder_decoder_layer_1_attention_w_v); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t923 = float(double(v71[at[1]]) * double(v542[at[2]]));
-                           float t924 = float(double(v922[at[3]]) + double(t923));
-                           float t925 = float(double(t924) * double(v355[at[4]]));
-                           v926[at[0]] = float(double(v71[at[1]]) - double(t925));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_o@m
-  const meshc::gen::Buffer &v927 = param69_decoder_decoder_layer_1_attention_w_o_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/attention/w_o@v
-  const meshc::gen::Buffer &v928 = param70_decoder_decoder_layer_1_attention_w_o_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v929 = arena_.slot(40960, 1);
-  for (size_t i = 0; i < v929.size(); ++i) {
-    v929[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v930 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v930[at[0]] = float(double(v510[at[1]]) * double(v929[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v932(
-      param69_decoder_decoder_layer_1_attention_w_o_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t931 = float(double(v927[at[1]]) * double(v521[at[2]]));
-                           v932[at[0]] = float(double(t931) + double(v930[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v933 = arena_.slot(32768, 2048);
-  for (size_t i = 0; i < v933.size(); ++i) {
-    v933[i] = float(double(v510[i]) * double(v510[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v934 = arena_.slot(49152, 1);
-  for (size_t i = 0; i < v934.size(); ++i) {
-    v934[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v935 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v935[at[0]] = float(double(v933[at[1]]) * double(v934[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v937(
-      param70_decoder_decoder_layer_1_attention_w_o_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t936 = float(double(v928[at[1]]) * double(v526[at[2]]));
-                           v937[at[0]] = float(double(t936) + double(v935[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v938 = arena_.slot(32768, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v938[at[0]] = float(double(v932[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v942 = arena_.slot(40960, 2048);
-  meshc::gen::forEach<5>({2, 16, 64},
-                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t939 = float(double(v937[at[1]]) / double(v535[at[2]]));
-                           float t940 = float(std::sqrt(double(t939)));
-                           float t941 = float(double(t940) + double(v539[at[3]]));
-                           v942[at[0]] = float(double(v938[at[4]]) / double(t941));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_o
-  meshc::gen::View v946(
-      param20_decoder_decoder_layer_1_attention_w_o); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({2, 16, 64},
-                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t943 = float(double(v72[at[1]]) * double(v542[at[2]]));
-                           float t944 = float(double(v942[at[3]]) + double(t943));
-                           float t945 = float(double(t944) * double(v355[at[4]]));
-                           v946[at[0]] = float(double(v72[at[1]]) - double(t945));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm#1/gain@m
-  const meshc::gen::Buffer &v947 = param71_decoder_decoder_layer_1_norm_1_gain_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm#1/gain@v
-  const meshc::gen::Buffer &v948 = param72_decoder_decoder_layer_1_norm_1_gain_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v949 = arena_.slot(33024, 1);
-  for (size_t i = 0; i < v949.size(); ++i) {
-    v949[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v950 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v950[at[0]] = float(double(v511[at[1]]) * double(v949[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v952(
-      param71_decoder_decoder_layer_1_norm_1_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t951 = float(double(v947[at[1]]) * double(v521[at[2]]));
-    v952[at[0]] = float(double(t951) + double(v950[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v953 = arena_.slot(32768, 64);
-  for (size_t i = 0; i < v953.size(); ++i) {
-    v953[i] = float(double(v511[i]) * double(v511[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v954 = arena_.slot(33280, 1);
-  for (size_t i = 0; i < v954.size(); ++i) {
-    v954[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v955 = arena_.slot(33024, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v955[at[0]] = float(double(v953[at[1]]) * double(v954[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v957(
-      param72_decoder_decoder_layer_1_norm_1_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t956 = float(double(v948[at[1]]) * double(v526[at[2]]));
-    v957[at[0]] = float(double(t956) + double(v955[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v958 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v958[at[0]] = float(double(v952[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v962 = arena_.slot(33024, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t959 = float(double(v957[at[1]]) / double(v535[at[2]]));
-                           float t960 = float(std::sqrt(double(t959)));
-                           float t961 = float(double(t960) + double(v539[at[3]]));
-                           v962[at[0]] = float(double(v958[at[4]]) / double(t961));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm#1/gain
-  meshc::gen::View v966(
-      param21_decoder_decoder_layer_1_norm_1_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t963 = float(double(v90[at[1]]) * double(v542[at[2]]));
-                           float t964 = float(double(v962[at[3]]) + double(t963));
-                           float t965 = float(double(t964) * double(v355[at[4]]));
-                           v966[at[0]] = float(double(v90[at[1]]) - double(t965));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm#1/bias@m
-  const meshc::gen::Buffer &v967 = param73_decoder_decoder_layer_1_norm_1_bias_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/norm#1/bias@v
-  const meshc::gen::Buffer &v968 = param74_decoder_decoder_layer_1_norm_1_bias_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v969 = arena_.slot(33024, 1);
-  for (size_t i = 0; i < v969.size(); ++i) {
-    v969[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v970 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v970[at[0]] = float(double(v512[at[1]]) * double(v969[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v972(
-      param73_decoder_decoder_layer_1_norm_1_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t971 = float(double(v967[at[1]]) * double(v521[at[2]]));
-    v972[at[0]] = float(double(t971) + double(v970[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v973 = arena_.slot(32768, 64);
-  for (size_t i = 0; i < v973.size(); ++i) {
-    v973[i] = float(double(v512[i]) * double(v512[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v974 = arena_.slot(33280, 1);
-  for (size_t i = 0; i < v974.size(); ++i) {
-    v974[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v975 = arena_.slot(33024, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v975[at[0]] = float(double(v973[at[1]]) * double(v974[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v977(
-      param74_decoder_decoder_layer_1_norm_1_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t976 = float(double(v968[at[1]]) * double(v526[at[2]]));
-    v977[at[0]] = float(double(t976) + double(v975[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v978 = arena_.slot(32768, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v978[at[0]] = float(double(v972[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v982 = arena_.slot(33024, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t979 = float(double(v977[at[1]]) / double(v535[at[2]]));
-                           float t980 = float(std::sqrt(double(t979)));
-                           float t981 = float(double(t980) + double(v539[at[3]]));
-                           v982[at[0]] = float(double(v978[at[4]]) / double(t981));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm#1/bias
-  meshc::gen::View v986(
-      param22_decoder_decoder_layer_1_norm_1_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t983 = float(double(v91[at[1]]) * double(v542[at[2]]));
-                           float t984 = float(double(v982[at[3]]) + double(t983));
-                           float t985 = float(double(t984) * double(v355[at[4]]));
-                           v986[at[0]] = float(double(v91[at[1]]) - double(t985));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/w_in@m
-  const meshc::gen::Buffer &v987 = param75_decoder_decoder_layer_1_ffn_w_in_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/w_in@v
-  const meshc::gen::Buffer &v988 = param76_decoder_decoder_layer_1_ffn_w_in_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v989 = arena_.slot(65536, 1);
-  for (size_t i = 0; i < v989.size(); ++i) {
-    v989[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v990 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v990[at[0]] = float(double(v513[at[1]]) * double(v989[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v992(
-      param75_decoder_decoder_layer_1_ffn_w_in_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t991 = float(double(v987[at[1]]) * double(v521[at[2]]));
-                           v992[at[0]] = float(double(t991) + double(v990[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v993 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v993.size(); ++i) {
-    v993[i] = float(double(v513[i]) * double(v513[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v994 = arena_.slot(98304, 1);
-  for (size_t i = 0; i < v994.size(); ++i) {
-    v994[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v995 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v995[at[0]] = float(double(v993[at[1]]) * double(v994[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v997(
-      param76_decoder_decoder_layer_1_ffn_w_in_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t996 = float(double(v988[at[1]]) * double(v526[at[2]]));
-                           v997[at[0]] = float(double(t996) + double(v995[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v998 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v998[at[0]] = float(double(v992[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1002 = arena_.slot(65536, 8192);
-  meshc::gen::forEach<5>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {0, 0}, {128, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t999 = float(double(v997[at[1]]) / double(v535[at[2]]));
-                           float t1000 = float(std::sqrt(double(t999)));
-                           float t1001 = float(double(t1000) + double(v539[at[3]]));
-                           v1002[at[0]] = float(double(v998[at[4]]) / double(t1001));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_in
-  meshc::gen::View v1006(
-      param23_decoder_decoder_layer_1_ffn_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 128}, {{{128, 1}, {128, 1}, {0, 0}, {128, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1003 = float(double(v95[at[1]]) * double(v542[at[2]]));
-                           float t1004 = float(double(v1002[at[3]]) + double(t1003));
-                           float t1005 = float(double(t1004) * double(v355[at[4]]));
-                           v1006[at[0]] = float(double(v95[at[1]]) - double(t1005));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/b_in@m
-  const meshc::gen::Buffer &v1007 = param77_decoder_decoder_layer_1_ffn_b_in_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/b_in@v
-  const meshc::gen::Buffer &v1008 = param78_decoder_decoder_layer_1_ffn_b_in_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1009 = arena_.slot(33280, 1);
-  for (size_t i = 0; i < v1009.size(); ++i) {
-    v1009[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1010 = arena_.slot(32768, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1010[at[0]] = float(double(v514[at[1]]) * double(v1009[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1012(
-      param77_decoder_decoder_layer_1_ffn_b_in_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1011 = float(double(v1007[at[1]]) * double(v521[at[2]]));
-    v1012[at[0]] = float(double(t1011) + double(v1010[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v1013 = arena_.slot(32768, 128);
-  for (size_t i = 0; i < v1013.size(); ++i) {
-    v1013[i] = float(double(v514[i]) * double(v514[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1014 = arena_.slot(33792, 1);
-  for (size_t i = 0; i < v1014.size(); ++i) {
-    v1014[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1015 = arena_.slot(33280, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1015[at[0]] = float(double(v1013[at[1]]) * double(v1014[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1017(
-      param78_decoder_decoder_layer_1_ffn_b_in_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1016 = float(double(v1008[at[1]]) * double(v526[at[2]]));
-    v1017[at[0]] = float(double(t1016) + double(v1015[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1018 = arena_.slot(32768, 128);
-  meshc::gen::forEach<3>({128}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1018[at[0]] = float(double(v1012[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1022 = arena_.slot(33280, 128);
-  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1019 = float(double(v1017[at[1]]) / double(v535[at[2]]));
-                           float t1020 = float(std::sqrt(double(t1019)));
-                           float t1021 = float(double(t1020) + double(v539[at[3]]));
-                           v1022[at[0]] = float(double(v1018[at[4]]) / double(t1021));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/b_in
-  meshc::gen::View v1026(
-      param24_decoder_decoder_layer_1_ffn_b_in); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({128}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1023 = float(double(v96[at[1]]) * double(v542[at[2]]));
-                           float t1024 = float(double(v1022[at[3]]) + double(t1023));
-                           float t1025 = float(double(t1024) * double(v355[at[4]]));
-                           v1026[at[0]] = float(double(v96[at[1]]) - double(t1025));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/w_out@m
-  const meshc::gen::Buffer &v1027 = param79_decoder_decoder_layer_1_ffn_w_out_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/w_out@v
-  const meshc::gen::Buffer &v1028 = param80_decoder_decoder_layer_1_ffn_w_out_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1029 = arena_.slot(65536, 1);
-  for (size_t i = 0; i < v1029.size(); ++i) {
-    v1029[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1030 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1030[at[0]] = float(double(v515[at[1]]) * double(v1029[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1032(
-      param79_decoder_decoder_layer_1_ffn_w_out_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1031 = float(double(v1027[at[1]]) * double(v521[at[2]]));
-                           v1032[at[0]] = float(double(t1031) + double(v1030[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v1033 = arena_.slot(32768, 8192);
-  for (size_t i = 0; i < v1033.size(); ++i) {
-    v1033[i] = float(double(v515[i]) * double(v515[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1034 = arena_.slot(65536, 1);
-  for (size_t i = 0; i < v1034.size(); ++i) {
-    v1034[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1035 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1035[at[0]] = float(double(v1033[at[1]]) * double(v1034[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1037(
-      param80_decoder_decoder_layer_1_ffn_w_out_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1036 = float(double(v1028[at[1]]) * double(v526[at[2]]));
-                           v1037[at[0]] = float(double(t1036) + double(v1035[at[3]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1038 = arena_.slot(0, 8192);
-  meshc::gen::forEach<3>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1038[at[0]] = float(double(v1032[at[1]]) / double(v533[at[2]]));
-                         });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1042 = arena_.slot(32768, 8192);
-  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1039 = float(double(v1037[at[1]]) / double(v535[at[2]]));
-                           float t1040 = float(std::sqrt(double(t1039)));
-                           float t1041 = float(double(t1040) + double(v539[at[3]]));
-                           v1042[at[0]] = float(double(v1038[at[4]]) / double(t1041));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_out
-  meshc::gen::View v1046(
-      param25_decoder_decoder_layer_1_ffn_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({128, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1043 = float(double(v97[at[1]]) * double(v542[at[2]]));
-                           float t1044 = float(double(v1042[at[3]]) + double(t1043));
-                           float t1045 = float(double(t1044) * double(v355[at[4]]));
-                           v1046[at[0]] = float(double(v97[at[1]]) - double(t1045));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/b_out@m
-  const meshc::gen::Buffer &v1047 = param81_decoder_decoder_layer_1_ffn_b_out_m;
-
-  // transformer.mesh:61:3 param -> decoder/decoder_layer[1]/ffn/b_out@v
-  const meshc::gen::Buffer &v1048 = param82_decoder_decoder_layer_1_ffn_b_out_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1049 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v1049.size(); ++i) {
-    v1049[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1050 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1050[at[0]] = float(double(v516[at[1]]) * double(v1049[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1052(
-      param81_decoder_decoder_layer_1_ffn_b_out_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1051 = float(double(v1047[at[1]]) * double(v521[at[2]]));
-    v1052[at[0]] = float(double(t1051) + double(v1050[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v1053 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v1053.size(); ++i) {
-    v1053[i] = float(double(v516[i]) * double(v516[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1054 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v1054.size(); ++i) {
-    v1054[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1055 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1055[at[0]] = float(double(v1053[at[1]]) * double(v1054[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1057(
-      param82_decoder_decoder_layer_1_ffn_b_out_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1056 = float(double(v1048[at[1]]) * double(v526[at[2]]));
-    v1057[at[0]] = float(double(t1056) + double(v1055[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1058 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1058[at[0]] = float(double(v1052[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1062 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1059 = float(double(v1057[at[1]]) / double(v535[at[2]]));
-                           float t1060 = float(std::sqrt(double(t1059)));
-                           float t1061 = float(double(t1060) + double(v539[at[3]]));
-                           v1062[at[0]] = float(double(v1058[at[4]]) / double(t1061));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/b_out
-  meshc::gen::View v1066(
-      param26_decoder_decoder_layer_1_ffn_b_out); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1063 = float(double(v98[at[1]]) * double(v542[at[2]]));
-                           float t1064 = float(double(v1062[at[3]]) + double(t1063));
-                           float t1065 = float(double(t1064) * double(v355[at[4]]));
-                           v1066[at[0]] = float(double(v98[at[1]]) - double(t1065));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/norm/gain@m
-  const meshc::gen::Buffer &v1067 = param83_decoder_norm_gain_m;
-
-  // transformer.mesh:61:3 param -> decoder/norm/gain@v
-  const meshc::gen::Buffer &v1068 = param84_decoder_norm_gain_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1069 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v1069.size(); ++i) {
-    v1069[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1070 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1070[at[0]] = float(double(v517[at[1]]) * double(v1069[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1072(param83_decoder_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1071 = float(double(v1067[at[1]]) * double(v521[at[2]]));
-    v1072[at[0]] = float(double(t1071) + double(v1070[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v1073 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v1073.size(); ++i) {
-    v1073[i] = float(double(v517[i]) * double(v517[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1074 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v1074.size(); ++i) {
-    v1074[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1075 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1075[at[0]] = float(double(v1073[at[1]]) * double(v1074[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1077(param84_decoder_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1076 = float(double(v1068[at[1]]) * double(v526[at[2]]));
-    v1077[at[0]] = float(double(t1076) + double(v1075[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1078 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1078[at[0]] = float(double(v1072[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1082 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1079 = float(double(v1077[at[1]]) / double(v535[at[2]]));
-                           float t1080 = float(std::sqrt(double(t1079)));
-                           float t1081 = float(double(t1080) + double(v539[at[3]]));
-                           v1082[at[0]] = float(double(v1078[at[4]]) / double(t1081));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/norm/gain
-  meshc::gen::View v1086(param27_decoder_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1083 = float(double(v107[at[1]]) * double(v542[at[2]]));
-                           float t1084 = float(double(v1082[at[3]]) + double(t1083));
-                           float t1085 = float(double(t1084) * double(v355[at[4]]));
-                           v1086[at[0]] = float(double(v107[at[1]]) - double(t1085));
-                         });
-
-  // transformer.mesh:61:3 param -> decoder/norm/bias@m
-  const meshc::gen::Buffer &v1087 = param85_decoder_norm_bias_m;
-
-  // transformer.mesh:61:3 param -> decoder/norm/bias@v
-  const meshc::gen::Buffer &v1088 = param86_decoder_norm_bias_v;
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1089 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v1089.size(); ++i) {
-    v1089[i] = float(double(v334[i]) - double(v521[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1090 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1090[at[0]] = float(double(v518[at[1]]) * double(v1089[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1092(param85_decoder_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1091 = float(double(v1087[at[1]]) * double(v521[at[2]]));
-    v1092[at[0]] = float(double(t1091) + double(v1090[at[3]]));
-  });
-
-  // transformer.mesh:61:3 square
-  meshc::gen::View v1093 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v1093.size(); ++i) {
-    v1093[i] = float(double(v518[i]) * double(v518[i]));
-  }
-
-  // transformer.mesh:61:3 sub
-  meshc::gen::View v1094 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v1094.size(); ++i) {
-    v1094[i] = float(double(v334[i]) - double(v526[i]));
-  }
-
-  // transformer.mesh:61:3 mul
-  meshc::gen::View v1095 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1095[at[0]] = float(double(v1093[at[1]]) * double(v1094[at[2]]));
-  });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  meshc::gen::View v1097(param86_decoder_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1096 = float(double(v1088[at[1]]) * double(v526[at[2]]));
-    v1097[at[0]] = float(double(t1096) + double(v1095[at[3]]));
-  });
-
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1098 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1098[at[0]] = float(double(v1092[at[1]]) / double(v533[at[2]]));
-  });
-
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  meshc::gen::View v1102 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1099 = float(double(v1097[at[1]]) / double(v535[at[2]]));
-                           float t1100 = float(std::sqrt(double(t1099)));
-                           float t1101 = float(double(t1100) + double(v539[at[3]]));
-                           v1102[at[0]] = float(double(v1098[at[4]]) / double(t1101));
-                         });
-
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/norm/bias
-  meshc::gen::View v1106(param28_decoder_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1103 = float(double(v108[at[1]]) * double(v542[at[2]]));
-                           float t1104 = float(double(v1102[at[3]]) + double(t1103));
-                           float t1105 = float(double(t1104) * double(v355[at[4]]));
-                           v1106[at[0]] = float(double(v108[at[1]]) - double(t1105));
-                         });
+  // Arena: 553024 bytes for 2279956 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "tokens", inputs.tokens, {2, 32});
+  runPart0(inputs);
+  runPart1(inputs);
+  runPart2(inputs);
+  runPart3(inputs);
+  runPart4(inputs);
+  runPart5(inputs);
+  runPart6(inputs);
+  runPart7(inputs);
+  runPart8(inputs);
+  runPart9(inputs);
+  runPart10(inputs);
+  runPart11(inputs);
+  support::View v124 = arena_.view(552960, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v123.begin(), v123.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v124.begin(), v124.end())};
   return outputs;
+}
+
+void LmTrain::runPart0(const Inputs &inputs) {
+  (void)inputs;
+
+  // transformer.mesh:54:17 shift -> targets
+  const support::Buffer &v0 = inputs.tokens.data;
+  support::View v1 = arena_.view(192512, 64);
+  static const support::Shape shape0_2 = {2, 32};
+  support::shift(v1, v0, shape0_2, 1, -1, nullptr);
+
+  // transformer.mesh:55:36 ge
+  // transformer.mesh:38:51 ge
+  // transformer.mesh:55:24 cast
+  // transformer.mesh:38:39 cast
+  support::View v4 = arena_.view(16384, 64);
+  {
+    float *__restrict v4p = v4.data();
+    const float *__restrict v0p = v0.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v0p[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      const float s3 = s2;
+      v4p[i0] = s3;
+    }
+  }
+
+  // transformer.mesh:55:18 shift -> has_next
+  support::View v5 = arena_.view(192768, 64);
+  static const support::Shape shape2_2 = {2, 32};
+  support::shift(v5, v4, shape2_2, 1, -1, nullptr);
+
+  // transformer.mesh:33:44 one_hot
+  support::View v9 = arena_.view(442368, 3072);
+  static const support::Shape shape3_1 = {2, 32, 48};
+  static const support::Shape shape3_3 = {32, 1, 0};
+  static const support::Shape shape3_4 = {0, 0, 1};
+  support::oneHot(v9.data(), shape3_1, v0.data(), shape3_3, shape3_4,
+                  support::shardStart(world_, {"model"}, 48));
+
+  // transformer.mesh:33:37 einsum
+  support::View v6(param0_decoder_token_embedding); // updated in place
+  support::View v10 = arena_.view(0, 4096);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan4.run(v9.data(), v6.data(), v10.data(), 1.0f, 0.0f);
+
+  // transformer.mesh:34:37 all_reduce_sum (resolve the partial sum of %10 over model for add at
+  // 34:37)
+  group_model.allReduce(v10.data(), v10.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:34:37 add -> x
+  support::View v7(param1_decoder_position_embedding); // updated in place
+  support::View v12 = arena_.view(196608, 4096);
+  {
+    float *__restrict v12p = v12.data();
+    const float *__restrict v10p = v10.data();
+    const float *__restrict v7p = v7.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2048; ++i1) {
+        const float s0 = v10p[i0 * 2048 + i1];
+        const float s1 = v7p[i1];
+        const float s2 = (s0 + s1);
+        v12p[i0 * 2048 + i1] = s2;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  support::View v23 = arena_.view(212992, 4096);
+  static const support::Shape shape7_2 = {2, 32};
+  static const support::Shape shape7_3 = {2048, 64};
+  static const support::Shape shape7_4 = {2048, 64};
+  static const support::Shape shape7_5 = {64};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(v23.data(), v12.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
+  support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
+  support::View v25 = arena_.view(229376, 4096);
+  {
+    float *__restrict v25p = v25.data();
+    const float *__restrict v23p = v23.data();
+    const float *__restrict v21p = v21.data();
+    const float *__restrict v22p = v22.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v23p[i0 * 64 + i1];
+        const float s1 = v21p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v22p[i1];
+        const float s4 = (s2 + s3);
+        v25p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:36:11 einsum -> q
+  support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
+  support::View v30 = arena_.view(479232, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan9.run(v25.data(), v26.data(), v30.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
+  support::View v31 = arena_.view(487424, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan10.run(v25.data(), v27.data(), v31.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
+  support::View v33 = arena_.view(495616, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan11.run(v25.data(), v28.data(), v33.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  // layers.mesh:41:55 mul -> scores
+  support::View v35 = arena_.view(0, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan12.run(v30.data(), v31.data(), v35.data(), 0.25f, 0.0f);
+
+  // transformer.mesh:38:62 mul -> allowed
+  // layers.mesh:43:39 gt
+  // layers.mesh:43:39 gt
+  support::View v19 = persistent_.view(4288, 1024);
+  support::View v39 = arena_.view(503808, 2048);
+  {
+    float *__restrict v39p = v39.data();
+    const float *__restrict v4p = v4.data();
+    const float *__restrict v19p = v19.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = v4p[i0 * 32 + i1];
+          const float s1 = v19p[i1 * 32 + i2];
+          const float s2 = (s0 * s1);
+          const float s3 = 0.5f;
+          const float s4 = (s2 > s3 ? 1.0f : 0.0f);
+          v39p[i0 * 1024 + i1 * 32 + i2] = s4;
+        }
+      }
+    }
+  }
+
+  // layers.mesh:43:25 where
+  support::View v41 = arena_.view(16384, 4096);
+  {
+    float *__restrict v41p = v41.data();
+    const float *__restrict v39p = v39.data();
+    const float *__restrict v35p = v35.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 1024; ++i2) {
+          const float s0 = v39p[i0 * 1024 + i2];
+          const float s1 = v35p[i0 * 2048 + i1 * 1024 + i2];
+          const float s2 = -1000000000.0f;
+          const float s3 = (s0 != 0 ? s1 : s2);
+          v41p[i0 * 2048 + i1 * 1024 + i2] = s3;
+        }
+      }
+    }
+  }
+
+  // layers.mesh:43:17 softmax -> weights
+  support::View v42 = arena_.view(245760, 4096);
+  static const support::Shape shape15_2 = {2, 2, 32};
+  static const support::Shape shape15_3 = {2048, 1024, 32};
+  static const support::Shape shape15_4 = {2048, 1024, 32};
+  static const support::Shape shape15_5 = {32};
+  static const support::Shape shape15_6 = {1};
+  static const support::Shape shape15_7 = {1};
+  support::along(v42.data(), v41.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+                 shape15_7, support::Along::Softmax, 1e-05, 32, nullptr);
+
+  // layers.mesh:44:17 einsum -> context
+  support::View v43 = arena_.view(512000, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan16.run(v42.data(), v33.data(), v43.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum
+  support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
+  support::View v44 = arena_.view(0, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan17.run(v43.data(), v29.data(), v44.data(), 1.0f, 0.0f);
+
+  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
+  // 21:13)
+  group_model.allReduce(v44.data(), v44.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:21:13 add -> h
+  support::View v46 = arena_.view(262144, 4096);
+  {
+    float *__restrict v46p = v46.data();
+    const float *__restrict v12p = v12.data();
+    const float *__restrict v44p = v44.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v12p[i0];
+      const float s1 = v44p[i0];
+      const float s2 = (s0 + s1);
+      v46p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  support::View v49 = arena_.view(278528, 4096);
+  static const support::Shape shape20_2 = {2, 32};
+  static const support::Shape shape20_3 = {2048, 64};
+  static const support::Shape shape20_4 = {2048, 64};
+  static const support::Shape shape20_5 = {64};
+  static const support::Shape shape20_6 = {1};
+  static const support::Shape shape20_7 = {1};
+  support::along(v49.data(), v46.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+                 shape20_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  support::View v47(param9_decoder_decoder_layer_0_norm_1_gain);  // updated in place
+  support::View v48(param10_decoder_decoder_layer_0_norm_1_bias); // updated in place
+  support::View v51 = arena_.view(294912, 4096);
+  {
+    float *__restrict v51p = v51.data();
+    const float *__restrict v49p = v49.data();
+    const float *__restrict v47p = v47.data();
+    const float *__restrict v48p = v48.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v49p[i0 * 64 + i1];
+        const float s1 = v47p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v48p[i1];
+        const float s4 = (s2 + s3);
+        v51p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:54:16 einsum
+  support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v56 = arena_.view(0, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan22.run(v51.data(), v52.data(), v56.data(), 1.0f, 0.0f);
+
+  // layers.mesh:54:52 add
+  // layers.mesh:54:11 gelu -> h
+  support::View v53(param12_decoder_decoder_layer_0_ffn_b_in); // updated in place
+  support::View v57 = arena_.view(32768, 8192);
+  support::View v58 = arena_.view(65536, 8192);
+  {
+    float *__restrict v57p = v57.data();
+    float *__restrict v58p = v58.data();
+    const float *__restrict v56p = v56.data();
+    const float *__restrict v53p = v53.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v56p[i0 * 128 + i1];
+        const float s1 = v53p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        v57p[i0 * 128 + i1] = s2;
+        v58p[i0 * 128 + i1] = s3;
+      }
+    }
+  }
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
+
+  // layers.mesh:55:17 dropout
+  support::View v58 = arena_.view(65536, 8192);
+  support::View v59 = arena_.view(0, 8192);
+  static const support::Shape shape0_1 = {2, 32, 128};
+  static const support::Shape shape0_3 = {4096, 128, 1};
+  static const support::Shape shape0_4 = {8192, 256, 1};
+  support::dropout(v59.data(), shape0_1, v58.data(), shape0_3, shape0_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                           support::shardStart(world_, {"model"}, 128) * 1),
+                   meshrt::streamKey(seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") +
+                                                "#" + std::to_string(step_)),
+                   0.1);
+
+  // layers.mesh:55:10 einsum
+  support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v60 = arena_.view(65536, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan1.run(v59.data(), v54.data(), v60.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
+  group_model.allReduce(v60.data(), v60.size(), meshrt::ReduceOp::Sum);
+
+  // layers.mesh:55:71 add
+  // transformer.mesh:22:12 add -> x
+  support::View v55(param14_decoder_decoder_layer_0_ffn_b_out); // updated in place
+  support::View v46 = arena_.view(262144, 4096);
+  support::View v63 = arena_.view(311296, 4096);
+  {
+    float *__restrict v63p = v63.data();
+    const float *__restrict v60p = v60.data();
+    const float *__restrict v55p = v55.data();
+    const float *__restrict v46p = v46.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v60p[i0 * 64 + i1];
+        const float s1 = v55p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v46p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        v63p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  support::View v66 = arena_.view(327680, 4096);
+  static const support::Shape shape4_2 = {2, 32};
+  static const support::Shape shape4_3 = {2048, 64};
+  static const support::Shape shape4_4 = {2048, 64};
+  static const support::Shape shape4_5 = {64};
+  static const support::Shape shape4_6 = {1};
+  static const support::Shape shape4_7 = {1};
+  support::along(v66.data(), v63.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
+  support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
+  support::View v68 = arena_.view(344064, 4096);
+  {
+    float *__restrict v68p = v68.data();
+    const float *__restrict v66p = v66.data();
+    const float *__restrict v64p = v64.data();
+    const float *__restrict v65p = v65.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v66p[i0 * 64 + i1];
+        const float s1 = v64p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v65p[i1];
+        const float s4 = (s2 + s3);
+        v68p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:36:11 einsum -> q
+  support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
+  support::View v73 = arena_.view(520192, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan6.run(v68.data(), v69.data(), v73.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
+  support::View v74 = arena_.view(528384, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan7.run(v68.data(), v70.data(), v74.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
+  support::View v76 = arena_.view(536576, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan8.run(v68.data(), v71.data(), v76.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  // layers.mesh:41:55 mul -> scores
+  support::View v78 = arena_.view(65536, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan9.run(v73.data(), v74.data(), v78.data(), 0.25f, 0.0f);
+
+  // layers.mesh:43:25 where
+  support::View v39 = arena_.view(503808, 2048);
+  support::View v84 = arena_.view(81920, 4096);
+  {
+    float *__restrict v84p = v84.data();
+    const float *__restrict v39p = v39.data();
+    const float *__restrict v78p = v78.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 1024; ++i2) {
+          const float s0 = v39p[i0 * 1024 + i2];
+          const float s1 = v78p[i0 * 2048 + i1 * 1024 + i2];
+          const float s2 = -1000000000.0f;
+          const float s3 = (s0 != 0 ? s1 : s2);
+          v84p[i0 * 2048 + i1 * 1024 + i2] = s3;
+        }
+      }
+    }
+  }
+
+  // layers.mesh:43:17 softmax -> weights
+  support::View v85 = arena_.view(360448, 4096);
+  static const support::Shape shape11_2 = {2, 2, 32};
+  static const support::Shape shape11_3 = {2048, 1024, 32};
+  static const support::Shape shape11_4 = {2048, 1024, 32};
+  static const support::Shape shape11_5 = {32};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(v85.data(), v84.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::Softmax, 1e-05, 32, nullptr);
+
+  // layers.mesh:44:17 einsum -> context
+  support::View v86 = arena_.view(544768, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan12.run(v85.data(), v76.data(), v86.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum
+  support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
+  support::View v87 = arena_.view(65536, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan13.run(v86.data(), v72.data(), v87.data(), 1.0f, 0.0f);
+
+  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %84 over model for add at
+  // 21:13)
+  group_model.allReduce(v87.data(), v87.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:21:13 add -> h
+  support::View v89 = arena_.view(376832, 4096);
+  {
+    float *__restrict v89p = v89.data();
+    const float *__restrict v63p = v63.data();
+    const float *__restrict v87p = v87.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v63p[i0];
+      const float s1 = v87p[i0];
+      const float s2 = (s0 + s1);
+      v89p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  support::View v92 = arena_.view(393216, 4096);
+  static const support::Shape shape16_2 = {2, 32};
+  static const support::Shape shape16_3 = {2048, 64};
+  static const support::Shape shape16_4 = {2048, 64};
+  static const support::Shape shape16_5 = {64};
+  static const support::Shape shape16_6 = {1};
+  static const support::Shape shape16_7 = {1};
+  support::along(v92.data(), v89.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v91(param22_decoder_decoder_layer_1_norm_1_bias); // updated in place
+  support::View v94 = arena_.view(409600, 4096);
+  {
+    float *__restrict v94p = v94.data();
+    const float *__restrict v92p = v92.data();
+    const float *__restrict v90p = v90.data();
+    const float *__restrict v91p = v91.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v92p[i0 * 64 + i1];
+        const float s1 = v90p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v91p[i1];
+        const float s4 = (s2 + s3);
+        v94p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:54:16 einsum
+  support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v99 = arena_.view(65536, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan18.run(v94.data(), v95.data(), v99.data(), 1.0f, 0.0f);
+
+  // layers.mesh:54:52 add
+  // layers.mesh:54:11 gelu -> h
+  support::View v96(param24_decoder_decoder_layer_1_ffn_b_in); // updated in place
+  support::View v100 = arena_.view(98304, 8192);
+  support::View v101 = arena_.view(131072, 8192);
+  {
+    float *__restrict v100p = v100.data();
+    float *__restrict v101p = v101.data();
+    const float *__restrict v99p = v99.data();
+    const float *__restrict v96p = v96.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v99p[i0 * 128 + i1];
+        const float s1 = v96p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        v100p[i0 * 128 + i1] = s2;
+        v101p[i0 * 128 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:55:17 dropout
+  support::View v102 = arena_.view(65536, 8192);
+  static const support::Shape shape20_1 = {2, 32, 128};
+  static const support::Shape shape20_3 = {4096, 128, 1};
+  static const support::Shape shape20_4 = {8192, 256, 1};
+  support::dropout(v102.data(), shape20_1, v101.data(), shape20_3, shape20_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                           support::shardStart(world_, {"model"}, 128) * 1),
+                   meshrt::streamKey(seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") +
+                                                "#" + std::to_string(step_)),
+                   0.1);
+
+  // layers.mesh:55:10 einsum
+  support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v103 = arena_.view(131072, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan21.run(v102.data(), v97.data(), v103.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %99 over model for add at 55:71)
+  group_model.allReduce(v103.data(), v103.size(), meshrt::ReduceOp::Sum);
+
+  // layers.mesh:55:71 add
+  // transformer.mesh:22:12 add -> x
+  support::View v98(param26_decoder_decoder_layer_1_ffn_b_out); // updated in place
+  support::View v106 = arena_.view(147456, 4096);
+  {
+    float *__restrict v106p = v106.data();
+    const float *__restrict v103p = v103.data();
+    const float *__restrict v98p = v98.data();
+    const float *__restrict v89p = v89.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v103p[i0 * 64 + i1];
+        const float s1 = v98p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = v89p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        v106p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+}
+
+void LmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
+
+  // layers.mesh:24:10 layer_norm
+  support::View v106 = arena_.view(147456, 4096);
+  support::View v109 = arena_.view(131072, 4096);
+  static const support::Shape shape0_2 = {2, 32};
+  static const support::Shape shape0_3 = {2048, 64};
+  static const support::Shape shape0_4 = {2048, 64};
+  static const support::Shape shape0_5 = {64};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(v109.data(), v106.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6,
+                 shape0_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  support::View v107(param27_decoder_norm_gain); // updated in place
+  support::View v108(param28_decoder_norm_bias); // updated in place
+  support::View v111 = arena_.view(163840, 4096);
+  {
+    float *__restrict v111p = v111.data();
+    const float *__restrict v109p = v109.data();
+    const float *__restrict v107p = v107.data();
+    const float *__restrict v108p = v108.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v109p[i0 * 64 + i1];
+        const float s1 = v107p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v108p[i1];
+        const float s4 = (s2 + s3);
+        v111p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // transformer.mesh:43:10 einsum
+  support::View v8(param2_decoder_unembed); // updated in place
+  support::View v112 = arena_.view(180224, 3072);
+  // dims: batch, seq, d_model, vocab
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan2.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
+
+  // transformer.mesh:56:14 log_softmax -> logp
+  support::View v113 = arena_.view(425984, 3072);
+  static const support::Shape shape3_2 = {2, 32};
+  static const support::Shape shape3_3 = {1536, 48};
+  static const support::Shape shape3_4 = {1536, 48};
+  static const support::Shape shape3_5 = {48};
+  static const support::Shape shape3_6 = {1};
+  static const support::Shape shape3_7 = {1};
+  support::along(v113.data(), v112.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6,
+                 shape3_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
+
+  // transformer.mesh:59:32 one_hot
+  support::View v1 = arena_.view(192512, 64);
+  support::View v114 = arena_.view(180224, 3072);
+  static const support::Shape shape4_1 = {2, 32, 48};
+  static const support::Shape shape4_3 = {32, 1, 0};
+  static const support::Shape shape4_4 = {0, 0, 1};
+  support::oneHot(v114.data(), shape4_1, v1.data(), shape4_3, shape4_4,
+                  support::shardStart(world_, {"model"}, 48));
+
+  // transformer.mesh:59:30 mul
+  support::View v115 = arena_.view(454656, 3072);
+  {
+    float *__restrict v115p = v115.data();
+    const float *__restrict v113p = v113.data();
+    const float *__restrict v114p = v114.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v113p[i0];
+      const float s1 = v114p[i0];
+      const float s2 = (s0 * s1);
+      v115p[i0] = s2;
+    }
+  }
+
+  // transformer.mesh:59:21 sum
+  support::View v116 = arena_.view(192512, 64);
+  static const support::Shape shape6_1 = {2, 32};
+  static const support::Shape shape6_3 = {1536, 48};
+  static const support::Shape shape6_4 = {48};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v116.data(), shape6_1, v115.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:59:20 neg -> token_loss
+  // transformer.mesh:60:29 mul
+  support::View v5 = arena_.view(192768, 64);
+  support::View v118 = arena_.view(193024, 64);
+  {
+    float *__restrict v118p = v118.data();
+    const float *__restrict v116p = v116.data();
+    const float *__restrict v5p = v5.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v116p[i0];
+      const float s1 = -s0;
+      const float s2 = v5p[i0];
+      const float s3 = (s1 * s2);
+      v118p[i0] = s3;
+    }
+  }
+
+  // transformer.mesh:60:14 sum
+  support::View v119 = arena_.view(192640, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {2, 32};
+  static const support::Shape shape8_5 = {32, 1};
+  support::reduce(v119.data(), shape8_1, v118.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
+  support::View v120 = arena_.view(192512, 32);
+  static const support::Shape shape9_2 = {2, 32};
+  support::sliceDim(v120, v5, shape9_2, 1, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
+  support::View v121 = arena_.view(192704, 1);
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {2, 16};
+  static const support::Shape shape10_5 = {16, 1};
+  support::reduce(v121.data(), shape10_1, v120.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:60:41 bucketed_all_reduce_sum (2 partial sums (%114, %115) over data, model
+  // resolved together, 8 B in one buffer)
+  support::allReduceBucket(group_data_model, {v119, v121});
+
+  // transformer.mesh:60:41 div -> loss
+  support::View v124 = arena_.view(552960, 1);
+  {
+    float *__restrict v124p = v124.data();
+    const float *__restrict v119p = v119.data();
+    const float *__restrict v121p = v121.data();
+    const float s0 = v119p[0];
+    const float s1 = v121p[0];
+    const float s2 = (s0 / s1);
+    v124p[0] = s2;
+  }
+
+  // transformer.mesh:60:41 div
+  // transformer.mesh:60:14 broadcast
+  // transformer.mesh:60:29 mul
+  // transformer.mesh:59:20 neg
+  // transformer.mesh:59:21 broadcast
+  // transformer.mesh:59:30 mul
+  support::View v131 = arena_.view(454656, 3072);
+  {
+    float *__restrict v131p = v131.data();
+    const float *__restrict v121p = v121.data();
+    const float *__restrict v5p = v5.data();
+    const float *__restrict v114p = v114.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 48; ++i1) {
+        const float s0 = 1.0f;
+        const float s1 = v121p[0];
+        const float s2 = (s0 / s1);
+        const float s3 = s2;
+        const float s4 = v5p[i0];
+        const float s5 = (s3 * s4);
+        const float s6 = -s5;
+        const float s7 = s6;
+        const float s8 = v114p[i0 * 48 + i1];
+        const float s9 = (s7 * s8);
+        v131p[i0 * 48 + i1] = s9;
+      }
+    }
+  }
+
+  // transformer.mesh:56:14 sum
+  support::View v132 = arena_.view(180224, 64);
+  static const support::Shape shape14_1 = {2, 32};
+  static const support::Shape shape14_3 = {1536, 48};
+  static const support::Shape shape14_4 = {48};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v132.data(), shape14_1, v131.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:56:14 all_reduce_sum (resolve the partial sum of %124 over model for mul at
+  // 56:14)
+  group_model.allReduce(v132.data(), v132.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:56:14 exp
+  // transformer.mesh:56:14 mul
+  // transformer.mesh:56:14 sub
+  support::View v136 = arena_.view(466944, 3072);
+  {
+    float *__restrict v136p = v136.data();
+    const float *__restrict v113p = v113.data();
+    const float *__restrict v132p = v132.data();
+    const float *__restrict v131p = v131.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 48; ++i1) {
+        const float s0 = v113p[i0 * 48 + i1];
+        const float s1 = support::fexp(s0);
+        const float s2 = v132p[i0];
+        const float s3 = (s1 * s2);
+        const float s4 = v131p[i0 * 48 + i1];
+        const float s5 = (s4 - s3);
+        v136p[i0 * 48 + i1] = s5;
+      }
+    }
+  }
+
+  // transformer.mesh:43:10 einsum
+  support::View v137 = arena_.view(180224, 4096);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan17.run(v136.data(), v8.data(), v137.data(), 1.0f, 0.0f);
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %128 over model for sum at 24:40)
+  auto request0 = support::startAllReduce(group_model, {v137}, meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:43:10 einsum -> grad/decoder/unembed
+  support::View v138 = arena_.view(454656, 3072);
+  // dims: batch, seq, vocab, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan19.run(v136.data(), v111.data(), v138.data(), 1.0f, 0.0f);
+
+  group_model.wait(request0);
+
+  // layers.mesh:24:40 sum -> grad/decoder/norm/bias
+  support::View v140 = arena_.view(467456, 64);
+  static const support::Shape shape21_1 = {64};
+  static const support::Shape shape21_3 = {1};
+  static const support::Shape shape21_4 = {2, 32};
+  static const support::Shape shape21_5 = {2048, 64};
+  support::reduce(v140.data(), shape21_1, v137.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  support::View v142 = arena_.view(163840, 4096);
+  {
+    float *__restrict v142p = v142.data();
+    const float *__restrict v137p = v137.data();
+    const float *__restrict v109p = v109.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v137p[i0];
+      const float s1 = v109p[i0];
+      const float s2 = (s0 * s1);
+      v142p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/norm/gain
+  support::View v143 = arena_.view(467712, 64);
+  static const support::Shape shape23_1 = {64};
+  static const support::Shape shape23_3 = {1};
+  static const support::Shape shape23_4 = {2, 32};
+  static const support::Shape shape23_5 = {2048, 64};
+  support::reduce(v143.data(), shape23_1, v142.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+
+  // layers.mesh:24:10 mean
+  support::View v106 = arena_.view(147456, 4096);
+  support::View v144 = arena_.view(425984, 64);
+  static const support::Shape shape0_1 = {2, 32};
+  static const support::Shape shape0_3 = {2048, 64};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v144.data(), shape0_1, v106.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  support::View v146 = arena_.view(163840, 4096);
+  {
+    float *__restrict v146p = v146.data();
+    const float *__restrict v106p = v106.data();
+    const float *__restrict v144p = v144.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v106p[i0 * 64 + i1];
+        const float s1 = v144p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v146p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v147 = arena_.view(147456, 64);
+  static const support::Shape shape2_1 = {2, 32};
+  static const support::Shape shape2_3 = {2048, 64};
+  static const support::Shape shape2_4 = {64};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v147.data(), shape2_1, v146.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  support::View v150 = arena_.view(466944, 64);
+  {
+    float *__restrict v150p = v150.data();
+    const float *__restrict v147p = v147.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v147p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v150p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  support::View v137 = arena_.view(180224, 4096);
+  support::View v107(param27_decoder_norm_gain); // updated in place
+  support::View v109 = arena_.view(131072, 4096);
+  support::View v141 = arena_.view(147456, 4096);
+  support::View v151 = arena_.view(163840, 4096);
+  {
+    float *__restrict v141p = v141.data();
+    float *__restrict v151p = v151.data();
+    const float *__restrict v137p = v137.data();
+    const float *__restrict v107p = v107.data();
+    const float *__restrict v109p = v109.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v137p[i0 * 64 + i1];
+        const float s1 = v107p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v109p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v141p[i0 * 64 + i1] = s2;
+        v151p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v152 = arena_.view(180224, 64);
+  static const support::Shape shape5_1 = {2, 32};
+  static const support::Shape shape5_3 = {2048, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v152.data(), shape5_1, v151.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  support::View v154 = arena_.view(163840, 64);
+  static const support::Shape shape6_1 = {2, 32};
+  static const support::Shape shape6_3 = {2048, 64};
+  static const support::Shape shape6_4 = {64};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v154.data(), shape6_1, v141.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  support::View v157 = arena_.view(425984, 4096);
+  {
+    float *__restrict v157p = v157.data();
+    const float *__restrict v109p = v109.data();
+    const float *__restrict v152p = v152.data();
+    const float *__restrict v141p = v141.data();
+    const float *__restrict v154p = v154.data();
+    const float *__restrict v150p = v150.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v109p[i0 * 64 + i1];
+        const float s1 = v152p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v141p[i0 * 64 + i1];
+        const float s4 = v154p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v150p[i0];
+        const float s8 = (s6 * s7);
+        v157p[i0 * 64 + i1] = s8;
+      }
+    }
+  }
+
+  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
+  support::View v158 = arena_.view(467968, 64);
+  static const support::Shape shape8_1 = {64};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {2, 32};
+  static const support::Shape shape8_5 = {2048, 64};
+  support::reduce(v158.data(), shape8_1, v157.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:55:10 einsum
+  support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v159 = arena_.view(131072, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan9.run(v157.data(), v97.data(), v159.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[1]/ffn/w_out
+  support::View v102 = arena_.view(65536, 8192);
+  support::View v160 = arena_.view(163840, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan10.run(v157.data(), v102.data(), v160.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:17 dropout
+  support::View v161 = arena_.view(65536, 8192);
+  static const support::Shape shape11_1 = {2, 32, 128};
+  static const support::Shape shape11_3 = {4096, 128, 1};
+  static const support::Shape shape11_4 = {8192, 256, 1};
+  support::dropout(v161.data(), shape11_1, v159.data(), shape11_3, shape11_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                           support::shardStart(world_, {"model"}, 128) * 1),
+                   meshrt::streamKey(seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") +
+                                                "#" + std::to_string(step_)),
+                   0.1);
+
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 tanh
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 sub
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  support::View v100 = arena_.view(98304, 8192);
+  support::View v183 = arena_.view(131072, 8192);
+  {
+    float *__restrict v183p = v183.data();
+    const float *__restrict v100p = v100.data();
+    const float *__restrict v161p = v161.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v100p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = v100p[i0];
+      const float s3 = (s2 * s1);
+      const float s4 = 0.044715f;
+      const float s5 = (s3 * s4);
+      const float s6 = v100p[i0];
+      const float s7 = (s6 + s5);
+      const float s8 = 0.7978846f;
+      const float s9 = (s7 * s8);
+      const float s10 = support::ftanh(s9);
+      const float s11 = 1.0f;
+      const float s12 = (s10 + s11);
+      const float s13 = 0.5f;
+      const float s14 = (s12 * s13);
+      const float s15 = 0.134145f;
+      const float s16 = (s1 * s15);
+      const float s17 = 1.0f;
+      const float s18 = (s16 + s17);
+      const float s19 = s10 * s10;
+      const float s20 = 1.0f;
+      const float s21 = (s20 - s19);
+      const float s22 = v100p[i0];
+      const float s23 = (s22 * s21);
+      const float s24 = (s23 * s18);
+      const float s25 = 0.3989423f;
+      const float s26 = (s24 * s25);
+      const float s27 = (s14 + s26);
+      const float s28 = v161p[i0];
+      const float s29 = (s28 * s27);
+      v183p[i0] = s29;
+    }
+  }
+
+  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
+  support::View v184 = arena_.view(466944, 128);
+  static const support::Shape shape13_1 = {128};
+  static const support::Shape shape13_3 = {1};
+  static const support::Shape shape13_4 = {2, 32};
+  static const support::Shape shape13_5 = {4096, 128};
+  support::reduce(v184.data(), shape13_1, v183.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:54:16 einsum
+  support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v185 = arena_.view(98304, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan14.run(v183.data(), v95.data(), v185.data(), 1.0f, 0.0f);
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %175 over model for sum at 24:40)
+  auto request1 = support::startAllReduce(group_model, {v185}, meshrt::ReduceOp::Sum);
+
+  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
+  support::View v94 = arena_.view(409600, 4096);
+  support::View v186 = arena_.view(65536, 8192);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan16.run(v183.data(), v94.data(), v186.data(), 1.0f, 0.0f);
+
+  group_model.wait(request1);
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
+  support::View v188 = arena_.view(417792, 64);
+  static const support::Shape shape18_1 = {64};
+  static const support::Shape shape18_3 = {1};
+  static const support::Shape shape18_4 = {2, 32};
+  static const support::Shape shape18_5 = {2048, 64};
+  support::reduce(v188.data(), shape18_1, v185.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  support::View v92 = arena_.view(393216, 4096);
+  support::View v190 = arena_.view(114688, 4096);
+  {
+    float *__restrict v190p = v190.data();
+    const float *__restrict v185p = v185.data();
+    const float *__restrict v92p = v92.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v185p[i0];
+      const float s1 = v92p[i0];
+      const float s2 = (s0 * s1);
+      v190p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
+  support::View v191 = arena_.view(418048, 64);
+  static const support::Shape shape20_1 = {64};
+  static const support::Shape shape20_3 = {1};
+  static const support::Shape shape20_4 = {2, 32};
+  static const support::Shape shape20_5 = {2048, 64};
+  support::reduce(v191.data(), shape20_1, v190.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  support::View v89 = arena_.view(376832, 4096);
+  support::View v192 = arena_.view(131072, 64);
+  static const support::Shape shape21_1 = {2, 32};
+  static const support::Shape shape21_3 = {2048, 64};
+  static const support::Shape shape21_4 = {64};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v192.data(), shape21_1, v89.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  support::View v194 = arena_.view(114688, 4096);
+  {
+    float *__restrict v194p = v194.data();
+    const float *__restrict v89p = v89.data();
+    const float *__restrict v192p = v192.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v89p[i0 * 64 + i1];
+        const float s1 = v192p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v194p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v195 = arena_.view(131072, 64);
+  static const support::Shape shape23_1 = {2, 32};
+  static const support::Shape shape23_3 = {2048, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v195.data(), shape23_1, v194.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.015625);
+}
+
+void LmTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  support::View v195 = arena_.view(131072, 64);
+  support::View v197 = arena_.view(147456, 64);
+  {
+    float *__restrict v197p = v197.data();
+    const float *__restrict v195p = v195.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v195p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v197p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  support::View v185 = arena_.view(98304, 4096);
+  support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v92 = arena_.view(393216, 4096);
+  support::View v189 = arena_.view(114688, 4096);
+  support::View v198 = arena_.view(131072, 4096);
+  {
+    float *__restrict v189p = v189.data();
+    float *__restrict v198p = v198.data();
+    const float *__restrict v185p = v185.data();
+    const float *__restrict v90p = v90.data();
+    const float *__restrict v92p = v92.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v185p[i0 * 64 + i1];
+        const float s1 = v90p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v92p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v189p[i0 * 64 + i1] = s2;
+        v198p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v199 = arena_.view(147712, 64);
+  static const support::Shape shape2_1 = {2, 32};
+  static const support::Shape shape2_3 = {2048, 64};
+  static const support::Shape shape2_4 = {64};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v199.data(), shape2_1, v198.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  support::View v201 = arena_.view(131072, 64);
+  static const support::Shape shape3_1 = {2, 32};
+  static const support::Shape shape3_3 = {2048, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v201.data(), shape3_1, v189.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  support::View v157 = arena_.view(425984, 4096);
+  support::View v205 = arena_.view(98304, 4096);
+  {
+    float *__restrict v205p = v205.data();
+    const float *__restrict v92p = v92.data();
+    const float *__restrict v199p = v199.data();
+    const float *__restrict v189p = v189.data();
+    const float *__restrict v201p = v201.data();
+    const float *__restrict v197p = v197.data();
+    const float *__restrict v157p = v157.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v92p[i0 * 64 + i1];
+        const float s1 = v199p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v189p[i0 * 64 + i1];
+        const float s4 = v201p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v197p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v157p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        v205p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+
+  // layers.mesh:45:10 einsum
+  support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
+  support::View v206 = arena_.view(131072, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan5.run(v205.data(), v72.data(), v206.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
+  support::View v86 = arena_.view(544768, 2048);
+  support::View v207 = arena_.view(376832, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan6.run(v205.data(), v86.data(), v207.data(), 1.0f, 0.0f);
+
+  // layers.mesh:44:17 einsum
+  support::View v76 = arena_.view(536576, 2048);
+  support::View v208 = arena_.view(114688, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan7.run(v206.data(), v76.data(), v208.data(), 1.0f, 0.0f);
+
+  // layers.mesh:44:17 einsum
+  support::View v85 = arena_.view(360448, 4096);
+  support::View v209 = arena_.view(147456, 2048);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsumPlan8.run(v206.data(), v85.data(), v209.data(), 1.0f, 0.0f);
+
+  // layers.mesh:43:17 mul
+  support::View v210 = arena_.view(131072, 4096);
+  {
+    float *__restrict v210p = v210.data();
+    const float *__restrict v208p = v208.data();
+    const float *__restrict v85p = v85.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v208p[i0];
+      const float s1 = v85p[i0];
+      const float s2 = (s0 * s1);
+      v210p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:43:17 sum
+  support::View v211 = arena_.view(155648, 128);
+  static const support::Shape shape10_1 = {2, 2, 32};
+  static const support::Shape shape10_3 = {2048, 1024, 32};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v211.data(), shape10_1, v210.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:43:17 sub
+  // layers.mesh:43:17 mul
+  // layers.mesh:43:25 where
+  // layers.mesh:41:55 mul
+  support::View v39 = arena_.view(503808, 2048);
+  support::View v216 = arena_.view(131072, 4096);
+  {
+    float *__restrict v216p = v216.data();
+    const float *__restrict v208p = v208.data();
+    const float *__restrict v211p = v211.data();
+    const float *__restrict v85p = v85.data();
+    const float *__restrict v39p = v39.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          for (int64_t i3 = 0; i3 < 32; ++i3) {
+            const float s0 = v208p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
+            const float s1 = v211p[i0 * 64 + i1 * 32 + i2];
+            const float s2 = (s0 - s1);
+            const float s3 = v85p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
+            const float s4 = (s3 * s2);
+            const float s5 = v39p[i0 * 1024 + i2 * 32 + i3];
+            const float s6 = 0.0f;
+            const float s7 = (s5 != 0 ? s4 : s6);
+            const float s8 = 0.25f;
+            const float s9 = (s7 * s8);
+            v216p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3] = s9;
+          }
+        }
+      }
+    }
+  }
+
+  // layers.mesh:41:16 einsum
+  support::View v74 = arena_.view(528384, 2048);
+  support::View v217 = arena_.view(385024, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan12.run(v216.data(), v74.data(), v217.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  support::View v73 = arena_.view(520192, 2048);
+  support::View v218 = arena_.view(155648, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan13.run(v216.data(), v73.data(), v218.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
+  support::View v220 = arena_.view(114688, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan14.run(v209.data(), v71.data(), v220.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
+  support::View v68 = arena_.view(344064, 4096);
+  support::View v221 = arena_.view(393216, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan15.run(v209.data(), v68.data(), v221.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
+  support::View v223 = arena_.view(131072, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan16.run(v218.data(), v70.data(), v223.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
+  support::View v225 = arena_.view(401408, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan17.run(v218.data(), v68.data(), v225.data(), 1.0f, 0.0f);
+
+  // layers.mesh:36:11 einsum
+  support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
+  support::View v226 = arena_.view(147456, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan18.run(v217.data(), v69.data(), v226.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 add
+  // layers.mesh:36:11 add
+  support::View v227 = arena_.view(360448, 4096);
+  {
+    float *__restrict v227p = v227.data();
+    const float *__restrict v220p = v220.data();
+    const float *__restrict v223p = v223.data();
+    const float *__restrict v226p = v226.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v220p[i0];
+      const float s1 = v223p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v226p[i0];
+      const float s4 = (s2 + s3);
+      v227p[i0] = s4;
+    }
+  }
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %216 over model for sum at 24:40)
+  auto request2 = support::startAllReduce(group_model, {v227}, meshrt::ReduceOp::Sum);
+
+  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
+  support::View v228 = arena_.view(409600, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan21.run(v217.data(), v68.data(), v228.data(), 1.0f, 0.0f);
+
+  group_model.wait(request2);
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
+  support::View v230 = arena_.view(344064, 64);
+  static const support::Shape shape23_1 = {64};
+  static const support::Shape shape23_3 = {1};
+  static const support::Shape shape23_4 = {2, 32};
+  static const support::Shape shape23_5 = {2048, 64};
+  support::reduce(v230.data(), shape23_1, v227.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
+
+  // layers.mesh:24:33 mul
+  support::View v227 = arena_.view(360448, 4096);
+  support::View v66 = arena_.view(327680, 4096);
+  support::View v232 = arena_.view(114688, 4096);
+  {
+    float *__restrict v232p = v232.data();
+    const float *__restrict v227p = v227.data();
+    const float *__restrict v66p = v66.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v227p[i0];
+      const float s1 = v66p[i0];
+      const float s2 = (s0 * s1);
+      v232p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
+  support::View v233 = arena_.view(344320, 64);
+  static const support::Shape shape1_1 = {64};
+  static const support::Shape shape1_3 = {1};
+  static const support::Shape shape1_4 = {2, 32};
+  static const support::Shape shape1_5 = {2048, 64};
+  support::reduce(v233.data(), shape1_1, v232.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  support::View v63 = arena_.view(311296, 4096);
+  support::View v234 = arena_.view(131072, 64);
+  static const support::Shape shape2_1 = {2, 32};
+  static const support::Shape shape2_3 = {2048, 64};
+  static const support::Shape shape2_4 = {64};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v234.data(), shape2_1, v63.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  support::View v236 = arena_.view(114688, 4096);
+  {
+    float *__restrict v236p = v236.data();
+    const float *__restrict v63p = v63.data();
+    const float *__restrict v234p = v234.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v63p[i0 * 64 + i1];
+        const float s1 = v234p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v236p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v237 = arena_.view(131072, 64);
+  static const support::Shape shape4_1 = {2, 32};
+  static const support::Shape shape4_3 = {2048, 64};
+  static const support::Shape shape4_4 = {64};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v237.data(), shape4_1, v236.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  support::View v239 = arena_.view(147456, 64);
+  {
+    float *__restrict v239p = v239.data();
+    const float *__restrict v237p = v237.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v237p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v239p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
+  support::View v231 = arena_.view(114688, 4096);
+  support::View v240 = arena_.view(131072, 4096);
+  {
+    float *__restrict v231p = v231.data();
+    float *__restrict v240p = v240.data();
+    const float *__restrict v227p = v227.data();
+    const float *__restrict v64p = v64.data();
+    const float *__restrict v66p = v66.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v227p[i0 * 64 + i1];
+        const float s1 = v64p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v66p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v231p[i0 * 64 + i1] = s2;
+        v240p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v241 = arena_.view(147712, 64);
+  static const support::Shape shape7_1 = {2, 32};
+  static const support::Shape shape7_3 = {2048, 64};
+  static const support::Shape shape7_4 = {64};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v241.data(), shape7_1, v240.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  support::View v243 = arena_.view(131072, 64);
+  static const support::Shape shape8_1 = {2, 32};
+  static const support::Shape shape8_3 = {2048, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v243.data(), shape8_1, v231.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  support::View v205 = arena_.view(98304, 4096);
+  support::View v247 = arena_.view(311296, 4096);
+  {
+    float *__restrict v247p = v247.data();
+    const float *__restrict v66p = v66.data();
+    const float *__restrict v241p = v241.data();
+    const float *__restrict v231p = v231.data();
+    const float *__restrict v243p = v243.data();
+    const float *__restrict v239p = v239.data();
+    const float *__restrict v205p = v205.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v66p[i0 * 64 + i1];
+        const float s1 = v241p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v231p[i0 * 64 + i1];
+        const float s4 = v243p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v239p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v205p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        v247p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+
+  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[0]/ffn/b_out
+  support::View v248 = arena_.view(328192, 64);
+  static const support::Shape shape10_1 = {64};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {2, 32};
+  static const support::Shape shape10_5 = {2048, 64};
+  support::reduce(v248.data(), shape10_1, v247.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:55:10 einsum
+  support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v249 = arena_.view(98304, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan11.run(v247.data(), v54.data(), v249.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[0]/ffn/w_out
+  support::View v59 = arena_.view(0, 8192);
+  support::View v250 = arena_.view(131072, 8192);
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan12.run(v247.data(), v59.data(), v250.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:17 dropout
+  support::View v251 = arena_.view(0, 8192);
+  static const support::Shape shape13_1 = {2, 32, 128};
+  static const support::Shape shape13_3 = {4096, 128, 1};
+  static const support::Shape shape13_4 = {8192, 256, 1};
+  support::dropout(v251.data(), shape13_1, v249.data(), shape13_3, shape13_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                           support::shardStart(world_, {"model"}, 128) * 1),
+                   meshrt::streamKey(seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") +
+                                                "#" + std::to_string(step_)),
+                   0.1);
+
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 tanh
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 sub
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  support::View v57 = arena_.view(32768, 8192);
+  support::View v268 = arena_.view(98304, 8192);
+  {
+    float *__restrict v268p = v268.data();
+    const float *__restrict v57p = v57.data();
+    const float *__restrict v251p = v251.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v57p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = v57p[i0];
+      const float s3 = (s2 * s1);
+      const float s4 = 0.044715f;
+      const float s5 = (s3 * s4);
+      const float s6 = v57p[i0];
+      const float s7 = (s6 + s5);
+      const float s8 = 0.7978846f;
+      const float s9 = (s7 * s8);
+      const float s10 = support::ftanh(s9);
+      const float s11 = 1.0f;
+      const float s12 = (s10 + s11);
+      const float s13 = 0.5f;
+      const float s14 = (s12 * s13);
+      const float s15 = 0.134145f;
+      const float s16 = (s1 * s15);
+      const float s17 = 1.0f;
+      const float s18 = (s16 + s17);
+      const float s19 = s10 * s10;
+      const float s20 = 1.0f;
+      const float s21 = (s20 - s19);
+      const float s22 = v57p[i0];
+      const float s23 = (s22 * s21);
+      const float s24 = (s23 * s18);
+      const float s25 = 0.3989423f;
+      const float s26 = (s24 * s25);
+      const float s27 = (s14 + s26);
+      const float s28 = v251p[i0];
+      const float s29 = (s28 * s27);
+      v268p[i0] = s29;
+    }
+  }
+
+  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[0]/ffn/b_in
+  support::View v269 = arena_.view(327680, 128);
+  static const support::Shape shape15_1 = {128};
+  static const support::Shape shape15_3 = {1};
+  static const support::Shape shape15_4 = {2, 32};
+  static const support::Shape shape15_5 = {4096, 128};
+  support::reduce(v269.data(), shape15_1, v268.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:54:16 einsum
+  support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v270 = arena_.view(32768, 4096);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan16.run(v268.data(), v52.data(), v270.data(), 1.0f, 0.0f);
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %258 over model for sum at 24:40)
+  auto request3 = support::startAllReduce(group_model, {v270}, meshrt::ReduceOp::Sum);
+
+  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[0]/ffn/w_in
+  support::View v51 = arena_.view(294912, 4096);
+  support::View v271 = arena_.view(0, 8192);
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan18.run(v268.data(), v51.data(), v271.data(), 1.0f, 0.0f);
+
+  group_model.wait(request3);
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm#1/bias
+  support::View v273 = arena_.view(303104, 64);
+  static const support::Shape shape20_1 = {64};
+  static const support::Shape shape20_3 = {1};
+  static const support::Shape shape20_4 = {2, 32};
+  static const support::Shape shape20_5 = {2048, 64};
+  support::reduce(v273.data(), shape20_1, v270.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  support::View v49 = arena_.view(278528, 4096);
+  support::View v275 = arena_.view(49152, 4096);
+  {
+    float *__restrict v275p = v275.data();
+    const float *__restrict v270p = v270.data();
+    const float *__restrict v49p = v49.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v270p[i0];
+      const float s1 = v49p[i0];
+      const float s2 = (s0 * s1);
+      v275p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm#1/gain
+  support::View v276 = arena_.view(303360, 64);
+  static const support::Shape shape22_1 = {64};
+  static const support::Shape shape22_3 = {1};
+  static const support::Shape shape22_4 = {2, 32};
+  static const support::Shape shape22_5 = {2048, 64};
+  support::reduce(v276.data(), shape22_1, v275.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  support::View v46 = arena_.view(262144, 4096);
+  support::View v277 = arena_.view(98304, 64);
+  static const support::Shape shape23_1 = {2, 32};
+  static const support::Shape shape23_3 = {2048, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v277.data(), shape23_1, v46.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.015625);
+}
+
+void LmTrain::runPart6(const Inputs &inputs) {
+  (void)inputs;
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  support::View v46 = arena_.view(262144, 4096);
+  support::View v277 = arena_.view(98304, 64);
+  support::View v279 = arena_.view(49152, 4096);
+  {
+    float *__restrict v279p = v279.data();
+    const float *__restrict v46p = v46.data();
+    const float *__restrict v277p = v277.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v46p[i0 * 64 + i1];
+        const float s1 = v277p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v279p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v280 = arena_.view(98304, 64);
+  static const support::Shape shape1_1 = {2, 32};
+  static const support::Shape shape1_3 = {2048, 64};
+  static const support::Shape shape1_4 = {64};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v280.data(), shape1_1, v279.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  support::View v282 = arena_.view(114688, 64);
+  {
+    float *__restrict v282p = v282.data();
+    const float *__restrict v280p = v280.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v280p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v282p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  support::View v270 = arena_.view(32768, 4096);
+  support::View v47(param9_decoder_decoder_layer_0_norm_1_gain); // updated in place
+  support::View v49 = arena_.view(278528, 4096);
+  support::View v274 = arena_.view(49152, 4096);
+  support::View v283 = arena_.view(98304, 4096);
+  {
+    float *__restrict v274p = v274.data();
+    float *__restrict v283p = v283.data();
+    const float *__restrict v270p = v270.data();
+    const float *__restrict v47p = v47.data();
+    const float *__restrict v49p = v49.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v270p[i0 * 64 + i1];
+        const float s1 = v47p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v49p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v274p[i0 * 64 + i1] = s2;
+        v283p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v284 = arena_.view(114944, 64);
+  static const support::Shape shape4_1 = {2, 32};
+  static const support::Shape shape4_3 = {2048, 64};
+  static const support::Shape shape4_4 = {64};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v284.data(), shape4_1, v283.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  support::View v286 = arena_.view(98304, 64);
+  static const support::Shape shape5_1 = {2, 32};
+  static const support::Shape shape5_3 = {2048, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v286.data(), shape5_1, v274.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  support::View v247 = arena_.view(311296, 4096);
+  support::View v290 = arena_.view(32768, 4096);
+  {
+    float *__restrict v290p = v290.data();
+    const float *__restrict v49p = v49.data();
+    const float *__restrict v284p = v284.data();
+    const float *__restrict v274p = v274.data();
+    const float *__restrict v286p = v286.data();
+    const float *__restrict v282p = v282.data();
+    const float *__restrict v247p = v247.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v49p[i0 * 64 + i1];
+        const float s1 = v284p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v274p[i0 * 64 + i1];
+        const float s4 = v286p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v282p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v247p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        v290p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+
+  // layers.mesh:45:10 einsum
+  support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
+  support::View v291 = arena_.view(98304, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan7.run(v290.data(), v29.data(), v291.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[0]/attention/w_o
+  support::View v43 = arena_.view(512000, 2048);
+  support::View v292 = arena_.view(262144, 2048);
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan8.run(v290.data(), v43.data(), v292.data(), 1.0f, 0.0f);
+
+  // layers.mesh:44:17 einsum
+  support::View v33 = arena_.view(495616, 2048);
+  support::View v293 = arena_.view(49152, 4096);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan9.run(v291.data(), v33.data(), v293.data(), 1.0f, 0.0f);
+
+  // layers.mesh:44:17 einsum
+  support::View v42 = arena_.view(245760, 4096);
+  support::View v294 = arena_.view(114688, 2048);
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsumPlan10.run(v291.data(), v42.data(), v294.data(), 1.0f, 0.0f);
+
+  // layers.mesh:43:17 mul
+  support::View v295 = arena_.view(98304, 4096);
+  {
+    float *__restrict v295p = v295.data();
+    const float *__restrict v293p = v293.data();
+    const float *__restrict v42p = v42.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v293p[i0];
+      const float s1 = v42p[i0];
+      const float s2 = (s0 * s1);
+      v295p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:43:17 sum
+  support::View v296 = arena_.view(122880, 128);
+  static const support::Shape shape12_1 = {2, 2, 32};
+  static const support::Shape shape12_3 = {2048, 1024, 32};
+  static const support::Shape shape12_4 = {32};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v296.data(), shape12_1, v295.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:43:17 sub
+  // layers.mesh:43:17 mul
+  // layers.mesh:43:25 where
+  // layers.mesh:41:55 mul
+  support::View v39 = arena_.view(503808, 2048);
+  support::View v300 = arena_.view(98304, 4096);
+  {
+    float *__restrict v300p = v300.data();
+    const float *__restrict v293p = v293.data();
+    const float *__restrict v296p = v296.data();
+    const float *__restrict v42p = v42.data();
+    const float *__restrict v39p = v39.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          for (int64_t i3 = 0; i3 < 32; ++i3) {
+            const float s0 = v293p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
+            const float s1 = v296p[i0 * 64 + i1 * 32 + i2];
+            const float s2 = (s0 - s1);
+            const float s3 = v42p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
+            const float s4 = (s3 * s2);
+            const float s5 = v39p[i0 * 1024 + i2 * 32 + i3];
+            const float s6 = 0.0f;
+            const float s7 = (s5 != 0 ? s4 : s6);
+            const float s8 = 0.25f;
+            const float s9 = (s7 * s8);
+            v300p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3] = s9;
+          }
+        }
+      }
+    }
+  }
+
+  // layers.mesh:41:16 einsum
+  support::View v31 = arena_.view(487424, 2048);
+  support::View v301 = arena_.view(270336, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan14.run(v300.data(), v31.data(), v301.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  support::View v30 = arena_.view(479232, 2048);
+  support::View v302 = arena_.view(122880, 2048);
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan15.run(v300.data(), v30.data(), v302.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
+  support::View v304 = arena_.view(49152, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan16.run(v294.data(), v28.data(), v304.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_v
+  support::View v25 = arena_.view(229376, 4096);
+  support::View v305 = arena_.view(278528, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan17.run(v294.data(), v25.data(), v305.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
+  support::View v307 = arena_.view(98304, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan18.run(v302.data(), v27.data(), v307.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_k
+  support::View v309 = arena_.view(286720, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan19.run(v302.data(), v25.data(), v309.data(), 1.0f, 0.0f);
+
+  // layers.mesh:36:11 einsum
+  support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
+  support::View v310 = arena_.view(114688, 4096);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan20.run(v301.data(), v26.data(), v310.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 add
+  // layers.mesh:36:11 add
+  support::View v311 = arena_.view(245760, 4096);
+  {
+    float *__restrict v311p = v311.data();
+    const float *__restrict v304p = v304.data();
+    const float *__restrict v307p = v307.data();
+    const float *__restrict v310p = v310.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v304p[i0];
+      const float s1 = v307p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v310p[i0];
+      const float s4 = (s2 + s3);
+      v311p[i0] = s4;
+    }
+  }
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %298 over model for sum at 24:40)
+  auto request4 = support::startAllReduce(group_model, {v311}, meshrt::ReduceOp::Sum);
+
+  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[0]/attention/w_q
+  support::View v312 = arena_.view(294912, 2048);
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan23.run(v301.data(), v25.data(), v312.data(), 1.0f, 0.0f);
+
+  group_model.wait(request4);
+}
+
+void LmTrain::runPart7(const Inputs &inputs) {
+  (void)inputs;
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm/bias
+  support::View v311 = arena_.view(245760, 4096);
+  support::View v314 = arena_.view(126976, 64);
+  static const support::Shape shape0_1 = {64};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 32};
+  static const support::Shape shape0_5 = {2048, 64};
+  support::reduce(v314.data(), shape0_1, v311.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  support::View v23 = arena_.view(212992, 4096);
+  support::View v316 = arena_.view(49152, 4096);
+  {
+    float *__restrict v316p = v316.data();
+    const float *__restrict v311p = v311.data();
+    const float *__restrict v23p = v23.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v311p[i0];
+      const float s1 = v23p[i0];
+      const float s2 = (s0 * s1);
+      v316p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm/gain
+  support::View v317 = arena_.view(127232, 64);
+  static const support::Shape shape2_1 = {64};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {2, 32};
+  static const support::Shape shape2_5 = {2048, 64};
+  support::reduce(v317.data(), shape2_1, v316.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  support::View v12 = arena_.view(196608, 4096);
+  support::View v318 = arena_.view(98304, 64);
+  static const support::Shape shape3_1 = {2, 32};
+  static const support::Shape shape3_3 = {2048, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v318.data(), shape3_1, v12.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  support::View v320 = arena_.view(49152, 4096);
+  {
+    float *__restrict v320p = v320.data();
+    const float *__restrict v12p = v12.data();
+    const float *__restrict v318p = v318.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v12p[i0 * 64 + i1];
+        const float s1 = v318p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v320p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v321 = arena_.view(98304, 64);
+  static const support::Shape shape5_1 = {2, 32};
+  static const support::Shape shape5_3 = {2048, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v321.data(), shape5_1, v320.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  support::View v323 = arena_.view(114688, 64);
+  {
+    float *__restrict v323p = v323.data();
+    const float *__restrict v321p = v321.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v321p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v323p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
+  support::View v315 = arena_.view(49152, 4096);
+  support::View v324 = arena_.view(98304, 4096);
+  {
+    float *__restrict v315p = v315.data();
+    float *__restrict v324p = v324.data();
+    const float *__restrict v311p = v311.data();
+    const float *__restrict v21p = v21.data();
+    const float *__restrict v23p = v23.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v311p[i0 * 64 + i1];
+        const float s1 = v21p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v23p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v315p[i0 * 64 + i1] = s2;
+        v324p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  support::View v325 = arena_.view(114944, 64);
+  static const support::Shape shape8_1 = {2, 32};
+  static const support::Shape shape8_3 = {2048, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v325.data(), shape8_1, v324.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  support::View v327 = arena_.view(115200, 64);
+  static const support::Shape shape9_1 = {2, 32};
+  static const support::Shape shape9_3 = {2048, 64};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v327.data(), shape9_1, v315.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  support::View v290 = arena_.view(32768, 4096);
+  support::View v331 = arena_.view(98304, 4096);
+  {
+    float *__restrict v331p = v331.data();
+    const float *__restrict v23p = v23.data();
+    const float *__restrict v325p = v325.data();
+    const float *__restrict v315p = v315.data();
+    const float *__restrict v327p = v327.data();
+    const float *__restrict v323p = v323.data();
+    const float *__restrict v290p = v290.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v23p[i0 * 64 + i1];
+        const float s1 = v325p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v315p[i0 * 64 + i1];
+        const float s4 = v327p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v323p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v290p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        v331p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+
+  // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
+  support::View v332 = arena_.view(196608, 2048);
+  static const support::Shape shape11_1 = {32, 64};
+  static const support::Shape shape11_3 = {64, 1};
+  static const support::Shape shape11_4 = {2};
+  static const support::Shape shape11_5 = {2048};
+  support::reduce(v332.data(), shape11_1, v331.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
+  support::View v9 = arena_.view(442368, 3072);
+  support::View v333 = arena_.view(114688, 3072);
+  // dims: batch, seq, d_model, vocab
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan12.run(v331.data(), v9.data(), v333.data(), 1.0f, 0.0f);
+
+  // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
+  // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
+  // together, 228.0 KiB in one buffer)
+  support::View v138 = arena_.view(454656, 3072);
+  support::View v140 = arena_.view(467456, 64);
+  support::View v143 = arena_.view(467712, 64);
+  support::View v158 = arena_.view(467968, 64);
+  support::View v160 = arena_.view(163840, 8192);
+  support::View v184 = arena_.view(466944, 128);
+  support::View v186 = arena_.view(65536, 8192);
+  support::View v188 = arena_.view(417792, 64);
+  support::View v191 = arena_.view(418048, 64);
+  support::View v207 = arena_.view(376832, 2048);
+  support::View v221 = arena_.view(393216, 2048);
+  support::View v225 = arena_.view(401408, 2048);
+  support::View v228 = arena_.view(409600, 2048);
+  support::View v230 = arena_.view(344064, 64);
+  support::View v233 = arena_.view(344320, 64);
+  support::View v248 = arena_.view(328192, 64);
+  support::View v250 = arena_.view(131072, 8192);
+  support::View v269 = arena_.view(327680, 128);
+  support::View v271 = arena_.view(0, 8192);
+  support::View v273 = arena_.view(303104, 64);
+  support::View v276 = arena_.view(303360, 64);
+  support::View v292 = arena_.view(262144, 2048);
+  support::View v305 = arena_.view(278528, 2048);
+  support::View v309 = arena_.view(286720, 2048);
+  support::View v312 = arena_.view(294912, 2048);
+  support::allReduceBucket(group_data, {v138, v140, v143, v158, v160, v184, v186, v188, v191, v207,
+                                        v221, v225, v228, v230, v233, v248, v250, v269, v271, v273,
+                                        v276, v292, v305, v309, v312, v314, v317, v332, v333});
+
+  // transformer.mesh:61:3 square
+  support::View v358 = arena_.view(32768, 3072);
+  {
+    float *__restrict v358p = v358.data();
+    const float *__restrict v333p = v333.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v333p[i0];
+      const float s1 = s0 * s0;
+      v358p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v359 = arena_.view(98304, 1);
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {48, 64};
+  static const support::Shape shape15_5 = {64, 1};
+  support::reduce(v359.data(), shape15_1, v358.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v361 = arena_.view(32768, 2048);
+  {
+    float *__restrict v361p = v361.data();
+    const float *__restrict v332p = v332.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v332p[i0];
+      const float s1 = s0 * s0;
+      v361p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %345 for sum at 61:3)
+  support::View v362 = arena_.view(40960, 1024);
+  static const support::Shape shape17_2 = {32, 64};
+  support::sliceDim(v362, v361, shape17_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
+  support::View v363 = arena_.view(98368, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {16, 64};
+  static const support::Shape shape18_5 = {64, 1};
+  support::reduce(v363.data(), shape18_1, v362.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v366 = arena_.view(32768, 3072);
+  {
+    float *__restrict v366p = v366.data();
+    const float *__restrict v138p = v138.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v138p[i0];
+      const float s1 = s0 * s0;
+      v366p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v367 = arena_.view(98432, 1);
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {64, 48};
+  static const support::Shape shape20_5 = {48, 1};
+  support::reduce(v367.data(), shape20_1, v366.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v370 = arena_.view(32768, 64);
+  {
+    float *__restrict v370p = v370.data();
+    const float *__restrict v317p = v317.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v317p[i0];
+      const float s1 = s0 * s0;
+      v370p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
+  support::View v371 = arena_.view(33024, 32);
+  static const support::Shape shape22_2 = {64};
+  support::sliceDim(v371, v370, shape22_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v372 = arena_.view(98496, 1);
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v372.data(), shape23_1, v371.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart8(const Inputs &inputs) {
+  (void)inputs;
+
+  // transformer.mesh:61:3 square
+  support::View v314 = arena_.view(126976, 64);
+  support::View v375 = arena_.view(32768, 64);
+  {
+    float *__restrict v375p = v375.data();
+    const float *__restrict v314p = v314.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v314p[i0];
+      const float s1 = s0 * s0;
+      v375p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %354 for sum at 61:3)
+  support::View v376 = arena_.view(33024, 32);
+  static const support::Shape shape1_2 = {64};
+  support::sliceDim(v376, v375, shape1_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v377 = arena_.view(98560, 1);
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {32};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v377.data(), shape2_1, v376.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v312 = arena_.view(294912, 2048);
+  support::View v380 = arena_.view(32768, 2048);
+  {
+    float *__restrict v380p = v380.data();
+    const float *__restrict v312p = v312.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v312p[i0];
+      const float s1 = s0 * s0;
+      v380p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v381 = arena_.view(98624, 1);
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {64, 2, 16};
+  static const support::Shape shape4_5 = {32, 16, 1};
+  support::reduce(v381.data(), shape4_1, v380.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v309 = arena_.view(286720, 2048);
+  support::View v384 = arena_.view(32768, 2048);
+  {
+    float *__restrict v384p = v384.data();
+    const float *__restrict v309p = v309.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v309p[i0];
+      const float s1 = s0 * s0;
+      v384p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v385 = arena_.view(98688, 1);
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {64, 2, 16};
+  static const support::Shape shape6_5 = {32, 16, 1};
+  support::reduce(v385.data(), shape6_1, v384.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v305 = arena_.view(278528, 2048);
+  support::View v388 = arena_.view(32768, 2048);
+  {
+    float *__restrict v388p = v388.data();
+    const float *__restrict v305p = v305.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v305p[i0];
+      const float s1 = s0 * s0;
+      v388p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v389 = arena_.view(98752, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {64, 2, 16};
+  static const support::Shape shape8_5 = {32, 16, 1};
+  support::reduce(v389.data(), shape8_1, v388.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v292 = arena_.view(262144, 2048);
+  support::View v392 = arena_.view(32768, 2048);
+  {
+    float *__restrict v392p = v392.data();
+    const float *__restrict v292p = v292.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v292p[i0];
+      const float s1 = s0 * s0;
+      v392p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v393 = arena_.view(98816, 1);
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {2, 16, 64};
+  static const support::Shape shape10_5 = {1024, 64, 1};
+  support::reduce(v393.data(), shape10_1, v392.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v276 = arena_.view(303360, 64);
+  support::View v396 = arena_.view(32768, 64);
+  {
+    float *__restrict v396p = v396.data();
+    const float *__restrict v276p = v276.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v276p[i0];
+      const float s1 = s0 * s0;
+      v396p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %369 for sum at 61:3)
+  support::View v397 = arena_.view(33024, 32);
+  static const support::Shape shape12_2 = {64};
+  support::sliceDim(v397, v396, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v398 = arena_.view(98880, 1);
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v398.data(), shape13_1, v397.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v273 = arena_.view(303104, 64);
+  support::View v401 = arena_.view(32768, 64);
+  {
+    float *__restrict v401p = v401.data();
+    const float *__restrict v273p = v273.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v273p[i0];
+      const float s1 = s0 * s0;
+      v401p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %372 for sum at 61:3)
+  support::View v402 = arena_.view(33024, 32);
+  static const support::Shape shape15_2 = {64};
+  support::sliceDim(v402, v401, shape15_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v403 = arena_.view(98944, 1);
+  static const support::Shape shape16_1 = {};
+  static const support::Shape shape16_3 = {};
+  static const support::Shape shape16_4 = {32};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v403.data(), shape16_1, v402.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v271 = arena_.view(0, 8192);
+  support::View v406 = arena_.view(32768, 8192);
+  {
+    float *__restrict v406p = v406.data();
+    const float *__restrict v271p = v271.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v271p[i0];
+      const float s1 = s0 * s0;
+      v406p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v407 = arena_.view(99008, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {64, 128};
+  static const support::Shape shape18_5 = {128, 1};
+  support::reduce(v407.data(), shape18_1, v406.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v269 = arena_.view(327680, 128);
+  support::View v410 = arena_.view(32768, 128);
+  {
+    float *__restrict v410p = v410.data();
+    const float *__restrict v269p = v269.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v269p[i0];
+      const float s1 = s0 * s0;
+      v410p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v411 = arena_.view(99072, 1);
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {128};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v411.data(), shape20_1, v410.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v250 = arena_.view(131072, 8192);
+  support::View v414 = arena_.view(32768, 8192);
+  {
+    float *__restrict v414p = v414.data();
+    const float *__restrict v250p = v250.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v250p[i0];
+      const float s1 = s0 * s0;
+      v414p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v415 = arena_.view(99136, 1);
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {128, 64};
+  static const support::Shape shape22_5 = {64, 1};
+  support::reduce(v415.data(), shape22_1, v414.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v248 = arena_.view(328192, 64);
+  support::View v418 = arena_.view(32768, 64);
+  {
+    float *__restrict v418p = v418.data();
+    const float *__restrict v248p = v248.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v248p[i0];
+      const float s1 = s0 * s0;
+      v418p[i0] = s1;
+    }
+  }
+}
+
+void LmTrain::runPart9(const Inputs &inputs) {
+  (void)inputs;
+
+  // transformer.mesh:61:3 local_slice (reshard %384 for sum at 61:3)
+  support::View v418 = arena_.view(32768, 64);
+  support::View v419 = arena_.view(33024, 32);
+  static const support::Shape shape0_2 = {64};
+  support::sliceDim(v419, v418, shape0_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v420 = arena_.view(99200, 1);
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v420.data(), shape1_1, v419.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v233 = arena_.view(344320, 64);
+  support::View v423 = arena_.view(32768, 64);
+  {
+    float *__restrict v423p = v423.data();
+    const float *__restrict v233p = v233.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v233p[i0];
+      const float s1 = s0 * s0;
+      v423p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %387 for sum at 61:3)
+  support::View v424 = arena_.view(33024, 32);
+  static const support::Shape shape3_2 = {64};
+  support::sliceDim(v424, v423, shape3_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v425 = arena_.view(99264, 1);
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {32};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v425.data(), shape4_1, v424.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v230 = arena_.view(344064, 64);
+  support::View v428 = arena_.view(32768, 64);
+  {
+    float *__restrict v428p = v428.data();
+    const float *__restrict v230p = v230.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v230p[i0];
+      const float s1 = s0 * s0;
+      v428p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
+  support::View v429 = arena_.view(33024, 32);
+  static const support::Shape shape6_2 = {64};
+  support::sliceDim(v429, v428, shape6_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v430 = arena_.view(99328, 1);
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v430.data(), shape7_1, v429.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v228 = arena_.view(409600, 2048);
+  support::View v433 = arena_.view(32768, 2048);
+  {
+    float *__restrict v433p = v433.data();
+    const float *__restrict v228p = v228.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v228p[i0];
+      const float s1 = s0 * s0;
+      v433p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v434 = arena_.view(99392, 1);
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {64, 2, 16};
+  static const support::Shape shape9_5 = {32, 16, 1};
+  support::reduce(v434.data(), shape9_1, v433.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v225 = arena_.view(401408, 2048);
+  support::View v437 = arena_.view(32768, 2048);
+  {
+    float *__restrict v437p = v437.data();
+    const float *__restrict v225p = v225.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v225p[i0];
+      const float s1 = s0 * s0;
+      v437p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v438 = arena_.view(99456, 1);
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {64, 2, 16};
+  static const support::Shape shape11_5 = {32, 16, 1};
+  support::reduce(v438.data(), shape11_1, v437.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v221 = arena_.view(393216, 2048);
+  support::View v441 = arena_.view(32768, 2048);
+  {
+    float *__restrict v441p = v441.data();
+    const float *__restrict v221p = v221.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v221p[i0];
+      const float s1 = s0 * s0;
+      v441p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v442 = arena_.view(99520, 1);
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {64, 2, 16};
+  static const support::Shape shape13_5 = {32, 16, 1};
+  support::reduce(v442.data(), shape13_1, v441.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v207 = arena_.view(376832, 2048);
+  support::View v445 = arena_.view(32768, 2048);
+  {
+    float *__restrict v445p = v445.data();
+    const float *__restrict v207p = v207.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v207p[i0];
+      const float s1 = s0 * s0;
+      v445p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v446 = arena_.view(99584, 1);
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {2, 16, 64};
+  static const support::Shape shape15_5 = {1024, 64, 1};
+  support::reduce(v446.data(), shape15_1, v445.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v191 = arena_.view(418048, 64);
+  support::View v449 = arena_.view(32768, 64);
+  {
+    float *__restrict v449p = v449.data();
+    const float *__restrict v191p = v191.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v191p[i0];
+      const float s1 = s0 * s0;
+      v449p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %405 for sum at 61:3)
+  support::View v450 = arena_.view(33024, 32);
+  static const support::Shape shape17_2 = {64};
+  support::sliceDim(v450, v449, shape17_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v451 = arena_.view(99648, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {32};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v451.data(), shape18_1, v450.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v188 = arena_.view(417792, 64);
+  support::View v454 = arena_.view(32768, 64);
+  {
+    float *__restrict v454p = v454.data();
+    const float *__restrict v188p = v188.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v188p[i0];
+      const float s1 = s0 * s0;
+      v454p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %408 for sum at 61:3)
+  support::View v455 = arena_.view(33024, 32);
+  static const support::Shape shape20_2 = {64};
+  support::sliceDim(v455, v454, shape20_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v456 = arena_.view(99712, 1);
+  static const support::Shape shape21_1 = {};
+  static const support::Shape shape21_3 = {};
+  static const support::Shape shape21_4 = {32};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v456.data(), shape21_1, v455.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v186 = arena_.view(65536, 8192);
+  support::View v459 = arena_.view(32768, 8192);
+  {
+    float *__restrict v459p = v459.data();
+    const float *__restrict v186p = v186.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v186p[i0];
+      const float s1 = s0 * s0;
+      v459p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v460 = arena_.view(99776, 1);
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {64, 128};
+  static const support::Shape shape23_5 = {128, 1};
+  support::reduce(v460.data(), shape23_1, v459.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart10(const Inputs &inputs) {
+  (void)inputs;
+
+  // transformer.mesh:61:3 square
+  support::View v184 = arena_.view(466944, 128);
+  support::View v463 = arena_.view(32768, 128);
+  {
+    float *__restrict v463p = v463.data();
+    const float *__restrict v184p = v184.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v184p[i0];
+      const float s1 = s0 * s0;
+      v463p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v464 = arena_.view(99840, 1);
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {128};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v464.data(), shape1_1, v463.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v160 = arena_.view(163840, 8192);
+  support::View v467 = arena_.view(32768, 8192);
+  {
+    float *__restrict v467p = v467.data();
+    const float *__restrict v160p = v160.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v160p[i0];
+      const float s1 = s0 * s0;
+      v467p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  support::View v468 = arena_.view(99904, 1);
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {128, 64};
+  static const support::Shape shape3_5 = {64, 1};
+  support::reduce(v468.data(), shape3_1, v467.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v158 = arena_.view(467968, 64);
+  support::View v471 = arena_.view(32768, 64);
+  {
+    float *__restrict v471p = v471.data();
+    const float *__restrict v158p = v158.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v158p[i0];
+      const float s1 = s0 * s0;
+      v471p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %420 for sum at 61:3)
+  support::View v472 = arena_.view(33024, 32);
+  static const support::Shape shape5_2 = {64};
+  support::sliceDim(v472, v471, shape5_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v473 = arena_.view(33152, 1);
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {32};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v473.data(), shape6_1, v472.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v143 = arena_.view(467712, 64);
+  support::View v476 = arena_.view(32768, 64);
+  {
+    float *__restrict v476p = v476.data();
+    const float *__restrict v143p = v143.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v143p[i0];
+      const float s1 = s0 * s0;
+      v476p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %423 for sum at 61:3)
+  support::View v477 = arena_.view(33024, 32);
+  static const support::Shape shape8_2 = {64};
+  support::sliceDim(v477, v476, shape8_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v478 = arena_.view(33216, 1);
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v478.data(), shape9_1, v477.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  support::View v140 = arena_.view(467456, 64);
+  support::View v481 = arena_.view(32768, 64);
+  {
+    float *__restrict v481p = v481.data();
+    const float *__restrict v140p = v140.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v140p[i0];
+      const float s1 = s0 * s0;
+      v481p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %426 for sum at 61:3)
+  support::View v482 = arena_.view(33024, 32);
+  static const support::Shape shape11_2 = {64};
+  support::sliceDim(v482, v481, shape11_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  support::View v483 = arena_.view(32768, 1);
+  static const support::Shape shape12_1 = {};
+  static const support::Shape shape12_3 = {};
+  static const support::Shape shape12_4 = {32};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v483.data(), shape12_1, v482.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  support::View v359 = arena_.view(98304, 1);
+  support::View v363 = arena_.view(98368, 1);
+  support::View v367 = arena_.view(98432, 1);
+  support::View v372 = arena_.view(98496, 1);
+  support::View v377 = arena_.view(98560, 1);
+  support::View v381 = arena_.view(98624, 1);
+  support::View v385 = arena_.view(98688, 1);
+  support::View v389 = arena_.view(98752, 1);
+  support::View v393 = arena_.view(98816, 1);
+  support::View v398 = arena_.view(98880, 1);
+  support::View v403 = arena_.view(98944, 1);
+  support::View v407 = arena_.view(99008, 1);
+  support::View v411 = arena_.view(99072, 1);
+  support::View v415 = arena_.view(99136, 1);
+  support::View v420 = arena_.view(99200, 1);
+  support::View v425 = arena_.view(99264, 1);
+  support::View v430 = arena_.view(99328, 1);
+  support::View v434 = arena_.view(99392, 1);
+  support::View v438 = arena_.view(99456, 1);
+  support::View v442 = arena_.view(99520, 1);
+  support::View v446 = arena_.view(99584, 1);
+  support::View v451 = arena_.view(99648, 1);
+  support::View v456 = arena_.view(99712, 1);
+  support::View v460 = arena_.view(99776, 1);
+  support::View v484 = arena_.view(32832, 1);
+  {
+    float *__restrict v484p = v484.data();
+    const float *__restrict v359p = v359.data();
+    const float *__restrict v363p = v363.data();
+    const float *__restrict v367p = v367.data();
+    const float *__restrict v372p = v372.data();
+    const float *__restrict v377p = v377.data();
+    const float *__restrict v381p = v381.data();
+    const float *__restrict v385p = v385.data();
+    const float *__restrict v389p = v389.data();
+    const float *__restrict v393p = v393.data();
+    const float *__restrict v398p = v398.data();
+    const float *__restrict v403p = v403.data();
+    const float *__restrict v407p = v407.data();
+    const float *__restrict v411p = v411.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v420p = v420.data();
+    const float *__restrict v425p = v425.data();
+    const float *__restrict v430p = v430.data();
+    const float *__restrict v434p = v434.data();
+    const float *__restrict v438p = v438.data();
+    const float *__restrict v442p = v442.data();
+    const float *__restrict v446p = v446.data();
+    const float *__restrict v451p = v451.data();
+    const float *__restrict v456p = v456.data();
+    const float *__restrict v460p = v460.data();
+    const float *__restrict v464p = v464.data();
+    const float *__restrict v468p = v468.data();
+    const float *__restrict v473p = v473.data();
+    const float *__restrict v478p = v478.data();
+    const float *__restrict v483p = v483.data();
+    const float s0 = v359p[0];
+    const float s1 = v363p[0];
+    const float s2 = (s0 + s1);
+    const float s3 = v367p[0];
+    const float s4 = (s2 + s3);
+    const float s5 = v372p[0];
+    const float s6 = (s4 + s5);
+    const float s7 = v377p[0];
+    const float s8 = (s6 + s7);
+    const float s9 = v381p[0];
+    const float s10 = (s8 + s9);
+    const float s11 = v385p[0];
+    const float s12 = (s10 + s11);
+    const float s13 = v389p[0];
+    const float s14 = (s12 + s13);
+    const float s15 = v393p[0];
+    const float s16 = (s14 + s15);
+    const float s17 = v398p[0];
+    const float s18 = (s16 + s17);
+    const float s19 = v403p[0];
+    const float s20 = (s18 + s19);
+    const float s21 = v407p[0];
+    const float s22 = (s20 + s21);
+    const float s23 = v411p[0];
+    const float s24 = (s22 + s23);
+    const float s25 = v415p[0];
+    const float s26 = (s24 + s25);
+    const float s27 = v420p[0];
+    const float s28 = (s26 + s27);
+    const float s29 = v425p[0];
+    const float s30 = (s28 + s29);
+    const float s31 = v430p[0];
+    const float s32 = (s30 + s31);
+    const float s33 = v434p[0];
+    const float s34 = (s32 + s33);
+    const float s35 = v438p[0];
+    const float s36 = (s34 + s35);
+    const float s37 = v442p[0];
+    const float s38 = (s36 + s37);
+    const float s39 = v446p[0];
+    const float s40 = (s38 + s39);
+    const float s41 = v451p[0];
+    const float s42 = (s40 + s41);
+    const float s43 = v456p[0];
+    const float s44 = (s42 + s43);
+    const float s45 = v460p[0];
+    const float s46 = (s44 + s45);
+    const float s47 = v464p[0];
+    const float s48 = (s46 + s47);
+    const float s49 = v468p[0];
+    const float s50 = (s48 + s49);
+    const float s51 = v473p[0];
+    const float s52 = (s50 + s51);
+    const float s53 = v478p[0];
+    const float s54 = (s52 + s53);
+    const float s55 = v483p[0];
+    const float s56 = (s54 + s55);
+    v484p[0] = s56;
+  }
+
+  // transformer.mesh:61:3 all_reduce_sum (resolve the partial sum of %428 over model for sqrt at
+  // 61:3)
+  group_model.allReduce(v484.data(), v484.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:61:3 sqrt -> global_grad_norm
+  // transformer.mesh:61:3 maximum
+  // transformer.mesh:61:3 div
+  support::View v488 = arena_.view(32896, 1);
+  {
+    float *__restrict v488p = v488.data();
+    const float *__restrict v484p = v484.data();
+    const float s0 = v484p[0];
+    const float s1 = support::fsqrt(s0);
+    const float s2 = 1.0f;
+    const float s3 = support::maximum(s1, s2);
+    const float s4 = 1.0f;
+    const float s5 = (s4 / s3);
+    v488p[0] = s5;
+  }
+
+  // transformer.mesh:61:3 step
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 minimum
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 maximum
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 minimum
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 cos
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul -> learning_rate
+  // transformer.mesh:61:3 pow
+  // transformer.mesh:61:3 sub
+  // transformer.mesh:61:3 pow
+  // transformer.mesh:61:3 sub
+  support::View v356 = arena_.view(32768, 1);
+  support::View v532 = arena_.view(32832, 1);
+  support::View v534 = arena_.view(32960, 1);
+  {
+    const float stepValue = float(step_);
+    float *__restrict v356p = v356.data();
+    float *__restrict v532p = v532.data();
+    float *__restrict v534p = v534.data();
+    const float s0 = stepValue;
+    const float s1 = 1.0f;
+    const float s2 = (s0 + s1);
+    const float s3 = 0.01f;
+    const float s4 = (s2 * s3);
+    const float s5 = 1.0f;
+    const float s6 = support::minimum(s4, s5);
+    const float s7 = 0.0003f;
+    const float s8 = (s7 * s6);
+    const float s9 = -100.0f;
+    const float s10 = (s0 + s9);
+    const float s11 = 0.0f;
+    const float s12 = support::maximum(s10, s11);
+    const float s13 = 0.0001f;
+    const float s14 = (s12 * s13);
+    const float s15 = 1.0f;
+    const float s16 = support::minimum(s14, s15);
+    const float s17 = 3.1415927f;
+    const float s18 = (s16 * s17);
+    const float s19 = support::fcos(s18);
+    const float s20 = 1.0f;
+    const float s21 = (s19 + s20);
+    const float s22 = 0.5f;
+    const float s23 = (s21 * s22);
+    const float s24 = (s8 * s23);
+    const float s25 = 0.9f;
+    const float s26 = support::fpow(s25, s2);
+    const float s27 = 1.0f;
+    const float s28 = (s27 - s26);
+    const float s29 = 0.95f;
+    const float s30 = support::fpow(s29, s2);
+    const float s31 = 1.0f;
+    const float s32 = (s31 - s30);
+    v356p[0] = s24;
+    v532p[0] = s28;
+    v534p[0] = s32;
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/token_embedding
+  support::View v6(param0_decoder_token_embedding); // updated in place
+  support::View v333 = arena_.view(114688, 3072);
+  support::View v518(param29_decoder_token_embedding_m); // updated in place
+  support::View v519(param30_decoder_token_embedding_v); // updated in place
+  {
+    float *__restrict v518p = v518.data();
+    float *__restrict v519p = v519.data();
+    float *__restrict v6p = v6.data();
+    const float *__restrict v333p = v333.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v6p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v333p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v518p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v519p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v6p[i0];
+      const float s31 = (s30 - s29);
+      v518p[i0] = s11;
+      v519p[i0] = s18;
+      v6p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/position_embedding
+  support::View v7(param1_decoder_position_embedding); // updated in place
+  support::View v332 = arena_.view(196608, 2048);
+  support::View v546(param31_decoder_position_embedding_m); // updated in place
+  support::View v547(param32_decoder_position_embedding_v); // updated in place
+  {
+    float *__restrict v546p = v546.data();
+    float *__restrict v547p = v547.data();
+    float *__restrict v7p = v7.data();
+    const float *__restrict v332p = v332.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v7p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v332p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v546p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v547p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v7p[i0];
+      const float s31 = (s30 - s29);
+      v546p[i0] = s11;
+      v547p[i0] = s18;
+      v7p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/unembed
+  support::View v8(param2_decoder_unembed); // updated in place
+  support::View v138 = arena_.view(454656, 3072);
+  support::View v566(param33_decoder_unembed_m); // updated in place
+  support::View v567(param34_decoder_unembed_v); // updated in place
+  {
+    float *__restrict v566p = v566.data();
+    float *__restrict v567p = v567.data();
+    float *__restrict v8p = v8.data();
+    const float *__restrict v138p = v138.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v8p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v138p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v566p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v567p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v8p[i0];
+      const float s31 = (s30 - s29);
+      v566p[i0] = s11;
+      v567p[i0] = s18;
+      v8p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
+  support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
+  support::View v317 = arena_.view(127232, 64);
+  support::View v586(param35_decoder_decoder_layer_0_norm_gain_m); // updated in place
+  support::View v587(param36_decoder_decoder_layer_0_norm_gain_v); // updated in place
+  {
+    float *__restrict v586p = v586.data();
+    float *__restrict v587p = v587.data();
+    float *__restrict v21p = v21.data();
+    const float *__restrict v317p = v317.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v21p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v317p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v586p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v587p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v21p[i0];
+      const float s31 = (s30 - s29);
+      v586p[i0] = s11;
+      v587p[i0] = s18;
+      v21p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/bias
+  support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
+  support::View v314 = arena_.view(126976, 64);
+  support::View v606(param37_decoder_decoder_layer_0_norm_bias_m); // updated in place
+  support::View v607(param38_decoder_decoder_layer_0_norm_bias_v); // updated in place
+  {
+    float *__restrict v606p = v606.data();
+    float *__restrict v607p = v607.data();
+    float *__restrict v22p = v22.data();
+    const float *__restrict v314p = v314.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v22p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v314p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v606p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v607p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v22p[i0];
+      const float s31 = (s30 - s29);
+      v606p[i0] = s11;
+      v607p[i0] = s18;
+      v22p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
+  support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
+  support::View v312 = arena_.view(294912, 2048);
+  support::View v626(param39_decoder_decoder_layer_0_attention_w_q_m); // updated in place
+  support::View v627(param40_decoder_decoder_layer_0_attention_w_q_v); // updated in place
+  {
+    float *__restrict v626p = v626.data();
+    float *__restrict v627p = v627.data();
+    float *__restrict v26p = v26.data();
+    const float *__restrict v312p = v312.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v26p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v312p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v626p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v627p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v26p[i0];
+      const float s31 = (s30 - s29);
+      v626p[i0] = s11;
+      v627p[i0] = s18;
+      v26p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
+  support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
+  support::View v309 = arena_.view(286720, 2048);
+  support::View v646(param41_decoder_decoder_layer_0_attention_w_k_m); // updated in place
+  support::View v647(param42_decoder_decoder_layer_0_attention_w_k_v); // updated in place
+  {
+    float *__restrict v646p = v646.data();
+    float *__restrict v647p = v647.data();
+    float *__restrict v27p = v27.data();
+    const float *__restrict v309p = v309.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v27p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v309p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v646p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v647p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v27p[i0];
+      const float s31 = (s30 - s29);
+      v646p[i0] = s11;
+      v647p[i0] = s18;
+      v27p[i0] = s31;
+    }
+  }
+}
+
+void LmTrain::runPart11(const Inputs &inputs) {
+  (void)inputs;
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
+  support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
+  support::View v305 = arena_.view(278528, 2048);
+  support::View v488 = arena_.view(32896, 1);
+  support::View v666(param43_decoder_decoder_layer_0_attention_w_v_m); // updated in place
+  support::View v667(param44_decoder_decoder_layer_0_attention_w_v_v); // updated in place
+  support::View v532 = arena_.view(32832, 1);
+  support::View v534 = arena_.view(32960, 1);
+  support::View v356 = arena_.view(32768, 1);
+  {
+    float *__restrict v666p = v666.data();
+    float *__restrict v667p = v667.data();
+    float *__restrict v28p = v28.data();
+    const float *__restrict v305p = v305.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v28p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v305p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v666p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v667p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v28p[i0];
+      const float s31 = (s30 - s29);
+      v666p[i0] = s11;
+      v667p[i0] = s18;
+      v28p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
+  support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
+  support::View v292 = arena_.view(262144, 2048);
+  support::View v686(param45_decoder_decoder_layer_0_attention_w_o_m); // updated in place
+  support::View v687(param46_decoder_decoder_layer_0_attention_w_o_v); // updated in place
+  {
+    float *__restrict v686p = v686.data();
+    float *__restrict v687p = v687.data();
+    float *__restrict v29p = v29.data();
+    const float *__restrict v292p = v292.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v29p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v292p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v686p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v687p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v29p[i0];
+      const float s31 = (s30 - s29);
+      v686p[i0] = s11;
+      v687p[i0] = s18;
+      v29p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
+  support::View v47(param9_decoder_decoder_layer_0_norm_1_gain); // updated in place
+  support::View v276 = arena_.view(303360, 64);
+  support::View v706(param47_decoder_decoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v707(param48_decoder_decoder_layer_0_norm_1_gain_v); // updated in place
+  {
+    float *__restrict v706p = v706.data();
+    float *__restrict v707p = v707.data();
+    float *__restrict v47p = v47.data();
+    const float *__restrict v276p = v276.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v47p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v276p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v706p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v707p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v47p[i0];
+      const float s31 = (s30 - s29);
+      v706p[i0] = s11;
+      v707p[i0] = s18;
+      v47p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
+  support::View v48(param10_decoder_decoder_layer_0_norm_1_bias); // updated in place
+  support::View v273 = arena_.view(303104, 64);
+  support::View v726(param49_decoder_decoder_layer_0_norm_1_bias_m); // updated in place
+  support::View v727(param50_decoder_decoder_layer_0_norm_1_bias_v); // updated in place
+  {
+    float *__restrict v726p = v726.data();
+    float *__restrict v727p = v727.data();
+    float *__restrict v48p = v48.data();
+    const float *__restrict v273p = v273.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v48p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v273p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v726p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v727p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v48p[i0];
+      const float s31 = (s30 - s29);
+      v726p[i0] = s11;
+      v727p[i0] = s18;
+      v48p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
+  support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
+  support::View v271 = arena_.view(0, 8192);
+  support::View v746(param51_decoder_decoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v747(param52_decoder_decoder_layer_0_ffn_w_in_v); // updated in place
+  {
+    float *__restrict v746p = v746.data();
+    float *__restrict v747p = v747.data();
+    float *__restrict v52p = v52.data();
+    const float *__restrict v271p = v271.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v52p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v271p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v746p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v747p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v52p[i0];
+      const float s31 = (s30 - s29);
+      v746p[i0] = s11;
+      v747p[i0] = s18;
+      v52p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
+  support::View v53(param12_decoder_decoder_layer_0_ffn_b_in); // updated in place
+  support::View v269 = arena_.view(327680, 128);
+  support::View v766(param53_decoder_decoder_layer_0_ffn_b_in_m); // updated in place
+  support::View v767(param54_decoder_decoder_layer_0_ffn_b_in_v); // updated in place
+  {
+    float *__restrict v766p = v766.data();
+    float *__restrict v767p = v767.data();
+    float *__restrict v53p = v53.data();
+    const float *__restrict v269p = v269.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v53p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v269p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v766p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v767p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v53p[i0];
+      const float s31 = (s30 - s29);
+      v766p[i0] = s11;
+      v767p[i0] = s18;
+      v53p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
+  support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
+  support::View v250 = arena_.view(131072, 8192);
+  support::View v786(param55_decoder_decoder_layer_0_ffn_w_out_m); // updated in place
+  support::View v787(param56_decoder_decoder_layer_0_ffn_w_out_v); // updated in place
+  {
+    float *__restrict v786p = v786.data();
+    float *__restrict v787p = v787.data();
+    float *__restrict v54p = v54.data();
+    const float *__restrict v250p = v250.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v54p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v250p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v786p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v787p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v54p[i0];
+      const float s31 = (s30 - s29);
+      v786p[i0] = s11;
+      v787p[i0] = s18;
+      v54p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
+  support::View v55(param14_decoder_decoder_layer_0_ffn_b_out); // updated in place
+  support::View v248 = arena_.view(328192, 64);
+  support::View v806(param57_decoder_decoder_layer_0_ffn_b_out_m); // updated in place
+  support::View v807(param58_decoder_decoder_layer_0_ffn_b_out_v); // updated in place
+  {
+    float *__restrict v806p = v806.data();
+    float *__restrict v807p = v807.data();
+    float *__restrict v55p = v55.data();
+    const float *__restrict v248p = v248.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v55p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v248p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v806p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v807p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v55p[i0];
+      const float s31 = (s30 - s29);
+      v806p[i0] = s11;
+      v807p[i0] = s18;
+      v55p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
+  support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
+  support::View v233 = arena_.view(344320, 64);
+  support::View v826(param59_decoder_decoder_layer_1_norm_gain_m); // updated in place
+  support::View v827(param60_decoder_decoder_layer_1_norm_gain_v); // updated in place
+  {
+    float *__restrict v826p = v826.data();
+    float *__restrict v827p = v827.data();
+    float *__restrict v64p = v64.data();
+    const float *__restrict v233p = v233.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v64p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v233p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v826p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v827p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v64p[i0];
+      const float s31 = (s30 - s29);
+      v826p[i0] = s11;
+      v827p[i0] = s18;
+      v64p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
+  support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
+  support::View v230 = arena_.view(344064, 64);
+  support::View v846(param61_decoder_decoder_layer_1_norm_bias_m); // updated in place
+  support::View v847(param62_decoder_decoder_layer_1_norm_bias_v); // updated in place
+  {
+    float *__restrict v846p = v846.data();
+    float *__restrict v847p = v847.data();
+    float *__restrict v65p = v65.data();
+    const float *__restrict v230p = v230.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v65p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v230p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v846p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v847p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v65p[i0];
+      const float s31 = (s30 - s29);
+      v846p[i0] = s11;
+      v847p[i0] = s18;
+      v65p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_q
+  support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
+  support::View v228 = arena_.view(409600, 2048);
+  support::View v866(param63_decoder_decoder_layer_1_attention_w_q_m); // updated in place
+  support::View v867(param64_decoder_decoder_layer_1_attention_w_q_v); // updated in place
+  {
+    float *__restrict v866p = v866.data();
+    float *__restrict v867p = v867.data();
+    float *__restrict v69p = v69.data();
+    const float *__restrict v228p = v228.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v69p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v228p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v866p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v867p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v69p[i0];
+      const float s31 = (s30 - s29);
+      v866p[i0] = s11;
+      v867p[i0] = s18;
+      v69p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_k
+  support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
+  support::View v225 = arena_.view(401408, 2048);
+  support::View v886(param65_decoder_decoder_layer_1_attention_w_k_m); // updated in place
+  support::View v887(param66_decoder_decoder_layer_1_attention_w_k_v); // updated in place
+  {
+    float *__restrict v886p = v886.data();
+    float *__restrict v887p = v887.data();
+    float *__restrict v70p = v70.data();
+    const float *__restrict v225p = v225.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v70p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v225p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v886p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v887p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v70p[i0];
+      const float s31 = (s30 - s29);
+      v886p[i0] = s11;
+      v887p[i0] = s18;
+      v70p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_v
+  support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
+  support::View v221 = arena_.view(393216, 2048);
+  support::View v906(param67_decoder_decoder_layer_1_attention_w_v_m); // updated in place
+  support::View v907(param68_decoder_decoder_layer_1_attention_w_v_v); // updated in place
+  {
+    float *__restrict v906p = v906.data();
+    float *__restrict v907p = v907.data();
+    float *__restrict v71p = v71.data();
+    const float *__restrict v221p = v221.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v71p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v221p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v906p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v907p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v71p[i0];
+      const float s31 = (s30 - s29);
+      v906p[i0] = s11;
+      v907p[i0] = s18;
+      v71p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_o
+  support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
+  support::View v207 = arena_.view(376832, 2048);
+  support::View v926(param69_decoder_decoder_layer_1_attention_w_o_m); // updated in place
+  support::View v927(param70_decoder_decoder_layer_1_attention_w_o_v); // updated in place
+  {
+    float *__restrict v926p = v926.data();
+    float *__restrict v927p = v927.data();
+    float *__restrict v72p = v72.data();
+    const float *__restrict v207p = v207.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v72p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v207p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v926p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v927p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v72p[i0];
+      const float s31 = (s30 - s29);
+      v926p[i0] = s11;
+      v927p[i0] = s18;
+      v72p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm#1/gain
+  support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
+  support::View v191 = arena_.view(418048, 64);
+  support::View v946(param71_decoder_decoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v947(param72_decoder_decoder_layer_1_norm_1_gain_v); // updated in place
+  {
+    float *__restrict v946p = v946.data();
+    float *__restrict v947p = v947.data();
+    float *__restrict v90p = v90.data();
+    const float *__restrict v191p = v191.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v90p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v191p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v946p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v947p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v90p[i0];
+      const float s31 = (s30 - s29);
+      v946p[i0] = s11;
+      v947p[i0] = s18;
+      v90p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm#1/bias
+  support::View v91(param22_decoder_decoder_layer_1_norm_1_bias); // updated in place
+  support::View v188 = arena_.view(417792, 64);
+  support::View v966(param73_decoder_decoder_layer_1_norm_1_bias_m); // updated in place
+  support::View v967(param74_decoder_decoder_layer_1_norm_1_bias_v); // updated in place
+  {
+    float *__restrict v966p = v966.data();
+    float *__restrict v967p = v967.data();
+    float *__restrict v91p = v91.data();
+    const float *__restrict v188p = v188.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v91p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v188p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v966p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v967p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v91p[i0];
+      const float s31 = (s30 - s29);
+      v966p[i0] = s11;
+      v967p[i0] = s18;
+      v91p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_in
+  support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
+  support::View v186 = arena_.view(65536, 8192);
+  support::View v986(param75_decoder_decoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v987(param76_decoder_decoder_layer_1_ffn_w_in_v); // updated in place
+  {
+    float *__restrict v986p = v986.data();
+    float *__restrict v987p = v987.data();
+    float *__restrict v95p = v95.data();
+    const float *__restrict v186p = v186.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v95p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v186p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v986p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v987p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v95p[i0];
+      const float s31 = (s30 - s29);
+      v986p[i0] = s11;
+      v987p[i0] = s18;
+      v95p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/b_in
+  support::View v96(param24_decoder_decoder_layer_1_ffn_b_in); // updated in place
+  support::View v184 = arena_.view(466944, 128);
+  support::View v1006(param77_decoder_decoder_layer_1_ffn_b_in_m); // updated in place
+  support::View v1007(param78_decoder_decoder_layer_1_ffn_b_in_v); // updated in place
+  {
+    float *__restrict v1006p = v1006.data();
+    float *__restrict v1007p = v1007.data();
+    float *__restrict v96p = v96.data();
+    const float *__restrict v184p = v184.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v96p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v184p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1006p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1007p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v96p[i0];
+      const float s31 = (s30 - s29);
+      v1006p[i0] = s11;
+      v1007p[i0] = s18;
+      v96p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_out
+  support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
+  support::View v160 = arena_.view(163840, 8192);
+  support::View v1026(param79_decoder_decoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v1027(param80_decoder_decoder_layer_1_ffn_w_out_v); // updated in place
+  {
+    float *__restrict v1026p = v1026.data();
+    float *__restrict v1027p = v1027.data();
+    float *__restrict v97p = v97.data();
+    const float *__restrict v160p = v160.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = v97p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v160p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1026p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1027p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v97p[i0];
+      const float s31 = (s30 - s29);
+      v1026p[i0] = s11;
+      v1027p[i0] = s18;
+      v97p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/b_out
+  support::View v98(param26_decoder_decoder_layer_1_ffn_b_out); // updated in place
+  support::View v158 = arena_.view(467968, 64);
+  support::View v1046(param81_decoder_decoder_layer_1_ffn_b_out_m); // updated in place
+  support::View v1047(param82_decoder_decoder_layer_1_ffn_b_out_v); // updated in place
+  {
+    float *__restrict v1046p = v1046.data();
+    float *__restrict v1047p = v1047.data();
+    float *__restrict v98p = v98.data();
+    const float *__restrict v158p = v158.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v98p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v158p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1046p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1047p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v98p[i0];
+      const float s31 = (s30 - s29);
+      v1046p[i0] = s11;
+      v1047p[i0] = s18;
+      v98p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/norm/gain
+  support::View v107(param27_decoder_norm_gain); // updated in place
+  support::View v143 = arena_.view(467712, 64);
+  support::View v1066(param83_decoder_norm_gain_m); // updated in place
+  support::View v1067(param84_decoder_norm_gain_v); // updated in place
+  {
+    float *__restrict v1066p = v1066.data();
+    float *__restrict v1067p = v1067.data();
+    float *__restrict v107p = v107.data();
+    const float *__restrict v143p = v143.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v107p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v143p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1066p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1067p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v107p[i0];
+      const float s31 = (s30 - s29);
+      v1066p[i0] = s11;
+      v1067p[i0] = s18;
+      v107p[i0] = s31;
+    }
+  }
+
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 square
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 sqrt
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 div
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 mul
+  // transformer.mesh:61:3 sub -> next/decoder/norm/bias
+  support::View v108(param28_decoder_norm_bias); // updated in place
+  support::View v140 = arena_.view(467456, 64);
+  support::View v1086(param85_decoder_norm_bias_m); // updated in place
+  support::View v1087(param86_decoder_norm_bias_v); // updated in place
+  {
+    float *__restrict v1086p = v1086.data();
+    float *__restrict v1087p = v1087.data();
+    float *__restrict v108p = v108.data();
+    const float *__restrict v140p = v140.data();
+    const float *__restrict v488p = v488.data();
+    const float *__restrict v532p = v532.data();
+    const float *__restrict v534p = v534.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v108p[i0];
+      const float s1 = 0.1f;
+      const float s2 = (s0 * s1);
+      const float s3 = v140p[i0];
+      const float s4 = v488p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1086p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.05f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1087p[i0];
+      const float s16 = 0.95f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v532p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v534p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v356p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v108p[i0];
+      const float s31 = (s30 - s29);
+      v1086p[i0] = s11;
+      v1087p[i0] = s18;
+      v108p[i0] = s31;
+    }
+  }
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
@@ -6688,38 +6819,35 @@ LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
     std::vector<int32_t> ids(inputs.tokens.data.size());
     meshrt::kernels::fillInput(
         ids.data(),
-        meshrt::kernels::Shard{
-            meshrt::kernels::Dims{4, 32},
-            meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2), 0},
-            meshrt::kernels::Dims{2, 32}},
+        meshrt::kernels::Shard{meshrt::kernels::Dims{4, 32},
+                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
+                               meshrt::kernels::Dims{2, 32}},
         seed, "tokens", 96);
     std::copy(ids.begin(), ids.end(), inputs.tokens.data.begin());
   }
   return inputs;
 }
 
-meshc::gen::Tensor LmTrain::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global) {
+support::Tensor LmTrain::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global) {
   if (name == "tokens") {
-    meshc::gen::checkShape("global input", name, global, {4, 32});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {4, 32});
+    return support::Tensor{
         {2, 32},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {2, 32}, {32, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 2),
-                              0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 2), 0})};
   }
   throw std::invalid_argument("lm_train: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor LmTrain::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local) {
+support::Tensor LmTrain::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local) {
   if (name == "loss") {
-    meshc::gen::checkShape("local output", name, local, {});
-    return meshc::gen::Tensor{{},
-                              meshc::gen::gatherShards(world, local.data, {}, {}, [&](int rank) {
-                                return meshc::gen::Shape{};
-                              })};
+    support::checkShape("local output", name, local, {});
+    return support::Tensor{{}, support::gatherShards(world, local.data, {}, {}, [&](int rank) {
+                             return support::Shape{};
+                           })};
   }
   throw std::invalid_argument("lm_train: no output named '" + name + "'");
 }
@@ -6878,7 +7006,7 @@ bool LmTrain::isOptimizerState(const std::string &path) {
   return std::find(states.begin(), states.end(), path) != states.end();
 }
 
-std::vector<meshc::gen::ParamShard> LmTrain::paramShards() {
+std::vector<support::ParamShard> LmTrain::paramShards() {
   return {
       {"decoder/token_embedding",
        false,
@@ -7579,26 +7707,26 @@ std::vector<meshc::gen::ParamShard> LmTrain::paramShards() {
   };
 }
 
-meshc::gen::Tensor LmTrain::getParam(const std::string &path) {
+support::Tensor LmTrain::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "lm_train"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "lm_train"));
 }
 
-void LmTrain::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void LmTrain::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "lm_train"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "lm_train"), global);
 }
 
 void LmTrain::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {step_, {{"program", "lm_train"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void LmTrain::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

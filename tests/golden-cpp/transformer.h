@@ -9,17 +9,20 @@
 
 namespace meshc_generated {
 
+/// The support code this target's generated code calls.
+namespace support = meshc::gen;
+
 /// The program `lm` of transformer.mesh, planned for the mesh [data=2, model=2] with layout batch:
 /// [data], d_ff: [model], heads: [model], vocab: [model].
 class Lm {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor tokens; // [batch:[data], seq] local {2, 32}
+    support::Tensor tokens; // [batch:[data], seq] local {2, 32}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor logits; // [batch:[data], seq, vocab:[model]] local {2, 32, 48}
+    support::Tensor logits; // [batch:[data], seq, vocab:[model]] local {2, 32, 48}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -28,7 +31,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -41,7 +44,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 90112;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 709148;
+  static constexpr size_t kTemporaryBytes = 655360;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 8576;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -49,24 +54,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -79,78 +84,81 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_model;                    // the ranks along model
-  meshc::gen::Buffer param0_decoder_token_embedding;    // decoder/token_embedding: [vocab:[model],
-                                                        // d_model] local {48, 64}
-  meshc::gen::Buffer param1_decoder_position_embedding; // decoder/position_embedding: [seq,
-                                                        // d_model] local {32, 64}
-  meshc::gen::Buffer
+  meshrt::Communicator &group_model;                 // the ranks along model
+  support::Buffer param0_decoder_token_embedding;    // decoder/token_embedding: [vocab:[model],
+                                                     // d_model] local {48, 64}
+  support::Buffer param1_decoder_position_embedding; // decoder/position_embedding: [seq, d_model]
+                                                     // local {32, 64}
+  support::Buffer
       param2_decoder_unembed; // decoder/unembed: [d_model, vocab:[model]] local {64, 48}
-  meshc::gen::Buffer param3_decoder_decoder_layer_0_norm_gain; // decoder/decoder_layer[0]/norm/gain:
+  support::Buffer param3_decoder_decoder_layer_0_norm_gain; // decoder/decoder_layer[0]/norm/gain:
+                                                            // [d_model] local {64}
+  support::Buffer param4_decoder_decoder_layer_0_norm_bias; // decoder/decoder_layer[0]/norm/bias:
+                                                            // [d_model] local {64}
+  support::Buffer param5_decoder_decoder_layer_0_attention_w_q; // decoder/decoder_layer[0]/attention/w_q:
+                                                                // [d_model, heads:[model], d_head]
+                                                                // local {64, 2, 16}
+  support::Buffer param6_decoder_decoder_layer_0_attention_w_k; // decoder/decoder_layer[0]/attention/w_k:
+                                                                // [d_model, heads:[model], d_head]
+                                                                // local {64, 2, 16}
+  support::Buffer param7_decoder_decoder_layer_0_attention_w_v; // decoder/decoder_layer[0]/attention/w_v:
+                                                                // [d_model, heads:[model], d_head]
+                                                                // local {64, 2, 16}
+  support::Buffer param8_decoder_decoder_layer_0_attention_w_o; // decoder/decoder_layer[0]/attention/w_o:
+                                                                // [heads:[model], d_head, d_model]
+                                                                // local {2, 16, 64}
+  support::Buffer param9_decoder_decoder_layer_0_norm_1_gain; // decoder/decoder_layer[0]/norm#1/gain:
+                                                              // [d_model] local {64}
+  support::Buffer param10_decoder_decoder_layer_0_norm_1_bias; // decoder/decoder_layer[0]/norm#1/bias:
                                                                // [d_model] local {64}
-  meshc::gen::Buffer param4_decoder_decoder_layer_0_norm_bias; // decoder/decoder_layer[0]/norm/bias:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param5_decoder_decoder_layer_0_attention_w_q; // decoder/decoder_layer[0]/attention/w_q:
-                                                                   // [d_model, heads:[model],
-                                                                   // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param6_decoder_decoder_layer_0_attention_w_k; // decoder/decoder_layer[0]/attention/w_k:
-                                                                   // [d_model, heads:[model],
-                                                                   // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param7_decoder_decoder_layer_0_attention_w_v; // decoder/decoder_layer[0]/attention/w_v:
-                                                                   // [d_model, heads:[model],
-                                                                   // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param8_decoder_decoder_layer_0_attention_w_o; // decoder/decoder_layer[0]/attention/w_o:
-                                                                   // [heads:[model], d_head,
-                                                                   // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param9_decoder_decoder_layer_0_norm_1_gain; // decoder/decoder_layer[0]/norm#1/gain:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param10_decoder_decoder_layer_0_norm_1_bias; // decoder/decoder_layer[0]/norm#1/bias:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param11_decoder_decoder_layer_0_ffn_w_in; // decoder/decoder_layer[0]/ffn/w_in: [d_model,
                                                 // d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param12_decoder_decoder_layer_0_ffn_b_in; // decoder/decoder_layer[0]/ffn/b_in:
-                                                               // [d_ff:[model]] local {128}
-  meshc::gen::Buffer
+  support::Buffer param12_decoder_decoder_layer_0_ffn_b_in; // decoder/decoder_layer[0]/ffn/b_in:
+                                                            // [d_ff:[model]] local {128}
+  support::Buffer
       param13_decoder_decoder_layer_0_ffn_w_out; // decoder/decoder_layer[0]/ffn/w_out:
                                                  // [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer param14_decoder_decoder_layer_0_ffn_b_out; // decoder/decoder_layer[0]/ffn/b_out:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param15_decoder_decoder_layer_1_norm_gain; // decoder/decoder_layer[1]/norm/gain:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param16_decoder_decoder_layer_1_norm_bias; // decoder/decoder_layer[1]/norm/bias:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param17_decoder_decoder_layer_1_attention_w_q; // decoder/decoder_layer[1]/attention/w_q:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param18_decoder_decoder_layer_1_attention_w_k; // decoder/decoder_layer[1]/attention/w_k:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param19_decoder_decoder_layer_1_attention_w_v; // decoder/decoder_layer[1]/attention/w_v:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param20_decoder_decoder_layer_1_attention_w_o; // decoder/decoder_layer[1]/attention/w_o:
-                                                                    // [heads:[model], d_head,
-                                                                    // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param21_decoder_decoder_layer_1_norm_1_gain; // decoder/decoder_layer[1]/norm#1/gain:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param22_decoder_decoder_layer_1_norm_1_bias; // decoder/decoder_layer[1]/norm#1/bias:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param14_decoder_decoder_layer_0_ffn_b_out; // decoder/decoder_layer[0]/ffn/b_out:
+                                                             // [d_model] local {64}
+  support::Buffer param15_decoder_decoder_layer_1_norm_gain; // decoder/decoder_layer[1]/norm/gain:
+                                                             // [d_model] local {64}
+  support::Buffer param16_decoder_decoder_layer_1_norm_bias; // decoder/decoder_layer[1]/norm/bias:
+                                                             // [d_model] local {64}
+  support::Buffer param17_decoder_decoder_layer_1_attention_w_q; // decoder/decoder_layer[1]/attention/w_q:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {64, 2, 16}
+  support::Buffer param18_decoder_decoder_layer_1_attention_w_k; // decoder/decoder_layer[1]/attention/w_k:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {64, 2, 16}
+  support::Buffer param19_decoder_decoder_layer_1_attention_w_v; // decoder/decoder_layer[1]/attention/w_v:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {64, 2, 16}
+  support::Buffer param20_decoder_decoder_layer_1_attention_w_o; // decoder/decoder_layer[1]/attention/w_o:
+                                                                 // [heads:[model], d_head, d_model]
+                                                                 // local {2, 16, 64}
+  support::Buffer param21_decoder_decoder_layer_1_norm_1_gain; // decoder/decoder_layer[1]/norm#1/gain:
+                                                               // [d_model] local {64}
+  support::Buffer param22_decoder_decoder_layer_1_norm_1_bias; // decoder/decoder_layer[1]/norm#1/bias:
+                                                               // [d_model] local {64}
+  support::Buffer
       param23_decoder_decoder_layer_1_ffn_w_in; // decoder/decoder_layer[1]/ffn/w_in: [d_model,
                                                 // d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param24_decoder_decoder_layer_1_ffn_b_in; // decoder/decoder_layer[1]/ffn/b_in:
-                                                               // [d_ff:[model]] local {128}
-  meshc::gen::Buffer
+  support::Buffer param24_decoder_decoder_layer_1_ffn_b_in; // decoder/decoder_layer[1]/ffn/b_in:
+                                                            // [d_ff:[model]] local {128}
+  support::Buffer
       param25_decoder_decoder_layer_1_ffn_w_out; // decoder/decoder_layer[1]/ffn/w_out:
                                                  // [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer param26_decoder_decoder_layer_1_ffn_b_out; // decoder/decoder_layer[1]/ffn/b_out:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param27_decoder_norm_gain; // decoder/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer param28_decoder_norm_bias; // decoder/norm/bias: [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes};        // run()'s temporaries
+  support::Buffer param26_decoder_decoder_layer_1_ffn_b_out; // decoder/decoder_layer[1]/ffn/b_out:
+                                                             // [d_model] local {64}
+  support::Buffer param27_decoder_norm_gain;    // decoder/norm/gain: [d_model] local {64}
+  support::Buffer param28_decoder_norm_bias;    // decoder/norm/bias: [d_model] local {64}
+  support::Arena arena_{kArenaBytes};           // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
 };
 
 /// The train block `lm_train` of transformer.mesh, planned for the mesh [data=2, model=2] with
@@ -159,11 +167,11 @@ class LmTrain {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor tokens; // [batch:[data], seq] local {2, 32}
+    support::Tensor tokens; // [batch:[data], seq] local {2, 32}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor loss; // [] local {}
+    support::Tensor loss; // [] local {}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -172,7 +180,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -183,9 +191,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 649088;
+  static constexpr size_t kArenaBytes = 553024;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 4266100;
+  static constexpr size_t kTemporaryBytes = 2279956;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 9728;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -202,24 +212,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -232,217 +242,230 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
+  void runPart3(const Inputs &inputs);
+  void runPart4(const Inputs &inputs);
+  void runPart5(const Inputs &inputs);
+  void runPart6(const Inputs &inputs);
+  void runPart7(const Inputs &inputs);
+  void runPart8(const Inputs &inputs);
+  void runPart9(const Inputs &inputs);
+  void runPart10(const Inputs &inputs);
+  void runPart11(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
-  meshrt::Communicator &group_data;                     // the ranks along data
-  meshrt::Communicator &group_data_model;               // the ranks along data, model
-  meshrt::Communicator &group_model;                    // the ranks along model
-  meshc::gen::Buffer param0_decoder_token_embedding;    // decoder/token_embedding: [vocab:[model],
-                                                        // d_model] local {48, 64}
-  meshc::gen::Buffer param1_decoder_position_embedding; // decoder/position_embedding: [seq,
-                                                        // d_model] local {32, 64}
-  meshc::gen::Buffer
+  meshrt::Communicator &group_data;                  // the ranks along data
+  meshrt::Communicator &group_data_model;            // the ranks along data, model
+  meshrt::Communicator &group_model;                 // the ranks along model
+  support::Buffer param0_decoder_token_embedding;    // decoder/token_embedding: [vocab:[model],
+                                                     // d_model] local {48, 64}
+  support::Buffer param1_decoder_position_embedding; // decoder/position_embedding: [seq, d_model]
+                                                     // local {32, 64}
+  support::Buffer
       param2_decoder_unembed; // decoder/unembed: [d_model, vocab:[model]] local {64, 48}
-  meshc::gen::Buffer param3_decoder_decoder_layer_0_norm_gain; // decoder/decoder_layer[0]/norm/gain:
+  support::Buffer param3_decoder_decoder_layer_0_norm_gain; // decoder/decoder_layer[0]/norm/gain:
+                                                            // [d_model] local {64}
+  support::Buffer param4_decoder_decoder_layer_0_norm_bias; // decoder/decoder_layer[0]/norm/bias:
+                                                            // [d_model] local {64}
+  support::Buffer param5_decoder_decoder_layer_0_attention_w_q; // decoder/decoder_layer[0]/attention/w_q:
+                                                                // [d_model, heads:[model], d_head]
+                                                                // local {64, 2, 16}
+  support::Buffer param6_decoder_decoder_layer_0_attention_w_k; // decoder/decoder_layer[0]/attention/w_k:
+                                                                // [d_model, heads:[model], d_head]
+                                                                // local {64, 2, 16}
+  support::Buffer param7_decoder_decoder_layer_0_attention_w_v; // decoder/decoder_layer[0]/attention/w_v:
+                                                                // [d_model, heads:[model], d_head]
+                                                                // local {64, 2, 16}
+  support::Buffer param8_decoder_decoder_layer_0_attention_w_o; // decoder/decoder_layer[0]/attention/w_o:
+                                                                // [heads:[model], d_head, d_model]
+                                                                // local {2, 16, 64}
+  support::Buffer param9_decoder_decoder_layer_0_norm_1_gain; // decoder/decoder_layer[0]/norm#1/gain:
+                                                              // [d_model] local {64}
+  support::Buffer param10_decoder_decoder_layer_0_norm_1_bias; // decoder/decoder_layer[0]/norm#1/bias:
                                                                // [d_model] local {64}
-  meshc::gen::Buffer param4_decoder_decoder_layer_0_norm_bias; // decoder/decoder_layer[0]/norm/bias:
-                                                               // [d_model] local {64}
-  meshc::gen::Buffer param5_decoder_decoder_layer_0_attention_w_q; // decoder/decoder_layer[0]/attention/w_q:
-                                                                   // [d_model, heads:[model],
-                                                                   // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param6_decoder_decoder_layer_0_attention_w_k; // decoder/decoder_layer[0]/attention/w_k:
-                                                                   // [d_model, heads:[model],
-                                                                   // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param7_decoder_decoder_layer_0_attention_w_v; // decoder/decoder_layer[0]/attention/w_v:
-                                                                   // [d_model, heads:[model],
-                                                                   // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param8_decoder_decoder_layer_0_attention_w_o; // decoder/decoder_layer[0]/attention/w_o:
-                                                                   // [heads:[model], d_head,
-                                                                   // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param9_decoder_decoder_layer_0_norm_1_gain; // decoder/decoder_layer[0]/norm#1/gain:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer param10_decoder_decoder_layer_0_norm_1_bias; // decoder/decoder_layer[0]/norm#1/bias:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param11_decoder_decoder_layer_0_ffn_w_in; // decoder/decoder_layer[0]/ffn/w_in: [d_model,
                                                 // d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param12_decoder_decoder_layer_0_ffn_b_in; // decoder/decoder_layer[0]/ffn/b_in:
-                                                               // [d_ff:[model]] local {128}
-  meshc::gen::Buffer
+  support::Buffer param12_decoder_decoder_layer_0_ffn_b_in; // decoder/decoder_layer[0]/ffn/b_in:
+                                                            // [d_ff:[model]] local {128}
+  support::Buffer
       param13_decoder_decoder_layer_0_ffn_w_out; // decoder/decoder_layer[0]/ffn/w_out:
                                                  // [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer param14_decoder_decoder_layer_0_ffn_b_out; // decoder/decoder_layer[0]/ffn/b_out:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param15_decoder_decoder_layer_1_norm_gain; // decoder/decoder_layer[1]/norm/gain:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param16_decoder_decoder_layer_1_norm_bias; // decoder/decoder_layer[1]/norm/bias:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param17_decoder_decoder_layer_1_attention_w_q; // decoder/decoder_layer[1]/attention/w_q:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param18_decoder_decoder_layer_1_attention_w_k; // decoder/decoder_layer[1]/attention/w_k:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param19_decoder_decoder_layer_1_attention_w_v; // decoder/decoder_layer[1]/attention/w_v:
-                                                                    // [d_model, heads:[model],
-                                                                    // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param20_decoder_decoder_layer_1_attention_w_o; // decoder/decoder_layer[1]/attention/w_o:
-                                                                    // [heads:[model], d_head,
-                                                                    // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param21_decoder_decoder_layer_1_norm_1_gain; // decoder/decoder_layer[1]/norm#1/gain:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param22_decoder_decoder_layer_1_norm_1_bias; // decoder/decoder_layer[1]/norm#1/bias:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param14_decoder_decoder_layer_0_ffn_b_out; // decoder/decoder_layer[0]/ffn/b_out:
+                                                             // [d_model] local {64}
+  support::Buffer param15_decoder_decoder_layer_1_norm_gain; // decoder/decoder_layer[1]/norm/gain:
+                                                             // [d_model] local {64}
+  support::Buffer param16_decoder_decoder_layer_1_norm_bias; // decoder/decoder_layer[1]/norm/bias:
+                                                             // [d_model] local {64}
+  support::Buffer param17_decoder_decoder_layer_1_attention_w_q; // decoder/decoder_layer[1]/attention/w_q:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {64, 2, 16}
+  support::Buffer param18_decoder_decoder_layer_1_attention_w_k; // decoder/decoder_layer[1]/attention/w_k:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {64, 2, 16}
+  support::Buffer param19_decoder_decoder_layer_1_attention_w_v; // decoder/decoder_layer[1]/attention/w_v:
+                                                                 // [d_model, heads:[model], d_head]
+                                                                 // local {64, 2, 16}
+  support::Buffer param20_decoder_decoder_layer_1_attention_w_o; // decoder/decoder_layer[1]/attention/w_o:
+                                                                 // [heads:[model], d_head, d_model]
+                                                                 // local {2, 16, 64}
+  support::Buffer param21_decoder_decoder_layer_1_norm_1_gain; // decoder/decoder_layer[1]/norm#1/gain:
+                                                               // [d_model] local {64}
+  support::Buffer param22_decoder_decoder_layer_1_norm_1_bias; // decoder/decoder_layer[1]/norm#1/bias:
+                                                               // [d_model] local {64}
+  support::Buffer
       param23_decoder_decoder_layer_1_ffn_w_in; // decoder/decoder_layer[1]/ffn/w_in: [d_model,
                                                 // d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param24_decoder_decoder_layer_1_ffn_b_in; // decoder/decoder_layer[1]/ffn/b_in:
-                                                               // [d_ff:[model]] local {128}
-  meshc::gen::Buffer
+  support::Buffer param24_decoder_decoder_layer_1_ffn_b_in; // decoder/decoder_layer[1]/ffn/b_in:
+                                                            // [d_ff:[model]] local {128}
+  support::Buffer
       param25_decoder_decoder_layer_1_ffn_w_out; // decoder/decoder_layer[1]/ffn/w_out:
                                                  // [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer param26_decoder_decoder_layer_1_ffn_b_out; // decoder/decoder_layer[1]/ffn/b_out:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param27_decoder_norm_gain;         // decoder/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer param28_decoder_norm_bias;         // decoder/norm/bias: [d_model] local {64}
-  meshc::gen::Buffer param29_decoder_token_embedding_m; // decoder/token_embedding@m:
-                                                        // [vocab:[model], d_model] local {48, 64}
-  meshc::gen::Buffer param30_decoder_token_embedding_v; // decoder/token_embedding@v:
-                                                        // [vocab:[model], d_model] local {48, 64}
-  meshc::gen::Buffer param31_decoder_position_embedding_m; // decoder/position_embedding@m: [seq,
-                                                           // d_model] local {32, 64}
-  meshc::gen::Buffer param32_decoder_position_embedding_v; // decoder/position_embedding@v: [seq,
-                                                           // d_model] local {32, 64}
-  meshc::gen::Buffer
+  support::Buffer param26_decoder_decoder_layer_1_ffn_b_out; // decoder/decoder_layer[1]/ffn/b_out:
+                                                             // [d_model] local {64}
+  support::Buffer param27_decoder_norm_gain;         // decoder/norm/gain: [d_model] local {64}
+  support::Buffer param28_decoder_norm_bias;         // decoder/norm/bias: [d_model] local {64}
+  support::Buffer param29_decoder_token_embedding_m; // decoder/token_embedding@m: [vocab:[model],
+                                                     // d_model] local {48, 64}
+  support::Buffer param30_decoder_token_embedding_v; // decoder/token_embedding@v: [vocab:[model],
+                                                     // d_model] local {48, 64}
+  support::Buffer param31_decoder_position_embedding_m; // decoder/position_embedding@m: [seq,
+                                                        // d_model] local {32, 64}
+  support::Buffer param32_decoder_position_embedding_v; // decoder/position_embedding@v: [seq,
+                                                        // d_model] local {32, 64}
+  support::Buffer
       param33_decoder_unembed_m; // decoder/unembed@m: [d_model, vocab:[model]] local {64, 48}
-  meshc::gen::Buffer
+  support::Buffer
       param34_decoder_unembed_v; // decoder/unembed@v: [d_model, vocab:[model]] local {64, 48}
-  meshc::gen::Buffer param35_decoder_decoder_layer_0_norm_gain_m; // decoder/decoder_layer[0]/norm/gain@m:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param36_decoder_decoder_layer_0_norm_gain_v; // decoder/decoder_layer[0]/norm/gain@v:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param37_decoder_decoder_layer_0_norm_bias_m; // decoder/decoder_layer[0]/norm/bias@m:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param38_decoder_decoder_layer_0_norm_bias_v; // decoder/decoder_layer[0]/norm/bias@v:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param39_decoder_decoder_layer_0_attention_w_q_m; // decoder/decoder_layer[0]/attention/w_q@m:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param40_decoder_decoder_layer_0_attention_w_q_v; // decoder/decoder_layer[0]/attention/w_q@v:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param41_decoder_decoder_layer_0_attention_w_k_m; // decoder/decoder_layer[0]/attention/w_k@m:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param42_decoder_decoder_layer_0_attention_w_k_v; // decoder/decoder_layer[0]/attention/w_k@v:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param43_decoder_decoder_layer_0_attention_w_v_m; // decoder/decoder_layer[0]/attention/w_v@m:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param44_decoder_decoder_layer_0_attention_w_v_v; // decoder/decoder_layer[0]/attention/w_v@v:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param45_decoder_decoder_layer_0_attention_w_o_m; // decoder/decoder_layer[0]/attention/w_o@m:
-                                                                      // [heads:[model], d_head,
-                                                                      // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param46_decoder_decoder_layer_0_attention_w_o_v; // decoder/decoder_layer[0]/attention/w_o@v:
-                                                                      // [heads:[model], d_head,
-                                                                      // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param47_decoder_decoder_layer_0_norm_1_gain_m; // decoder/decoder_layer[0]/norm#1/gain@m:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param48_decoder_decoder_layer_0_norm_1_gain_v; // decoder/decoder_layer[0]/norm#1/gain@v:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param49_decoder_decoder_layer_0_norm_1_bias_m; // decoder/decoder_layer[0]/norm#1/bias@m:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param50_decoder_decoder_layer_0_norm_1_bias_v; // decoder/decoder_layer[0]/norm#1/bias@v:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param35_decoder_decoder_layer_0_norm_gain_m; // decoder/decoder_layer[0]/norm/gain@m:
+                                                               // [d_model] local {64}
+  support::Buffer param36_decoder_decoder_layer_0_norm_gain_v; // decoder/decoder_layer[0]/norm/gain@v:
+                                                               // [d_model] local {64}
+  support::Buffer param37_decoder_decoder_layer_0_norm_bias_m; // decoder/decoder_layer[0]/norm/bias@m:
+                                                               // [d_model] local {64}
+  support::Buffer param38_decoder_decoder_layer_0_norm_bias_v; // decoder/decoder_layer[0]/norm/bias@v:
+                                                               // [d_model] local {64}
+  support::Buffer param39_decoder_decoder_layer_0_attention_w_q_m; // decoder/decoder_layer[0]/attention/w_q@m:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param40_decoder_decoder_layer_0_attention_w_q_v; // decoder/decoder_layer[0]/attention/w_q@v:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param41_decoder_decoder_layer_0_attention_w_k_m; // decoder/decoder_layer[0]/attention/w_k@m:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param42_decoder_decoder_layer_0_attention_w_k_v; // decoder/decoder_layer[0]/attention/w_k@v:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param43_decoder_decoder_layer_0_attention_w_v_m; // decoder/decoder_layer[0]/attention/w_v@m:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param44_decoder_decoder_layer_0_attention_w_v_v; // decoder/decoder_layer[0]/attention/w_v@v:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param45_decoder_decoder_layer_0_attention_w_o_m; // decoder/decoder_layer[0]/attention/w_o@m:
+                                                                   // [heads:[model], d_head,
+                                                                   // d_model] local {2, 16, 64}
+  support::Buffer param46_decoder_decoder_layer_0_attention_w_o_v; // decoder/decoder_layer[0]/attention/w_o@v:
+                                                                   // [heads:[model], d_head,
+                                                                   // d_model] local {2, 16, 64}
+  support::Buffer param47_decoder_decoder_layer_0_norm_1_gain_m; // decoder/decoder_layer[0]/norm#1/gain@m:
+                                                                 // [d_model] local {64}
+  support::Buffer param48_decoder_decoder_layer_0_norm_1_gain_v; // decoder/decoder_layer[0]/norm#1/gain@v:
+                                                                 // [d_model] local {64}
+  support::Buffer param49_decoder_decoder_layer_0_norm_1_bias_m; // decoder/decoder_layer[0]/norm#1/bias@m:
+                                                                 // [d_model] local {64}
+  support::Buffer param50_decoder_decoder_layer_0_norm_1_bias_v; // decoder/decoder_layer[0]/norm#1/bias@v:
+                                                                 // [d_model] local {64}
+  support::Buffer
       param51_decoder_decoder_layer_0_ffn_w_in_m; // decoder/decoder_layer[0]/ffn/w_in@m: [d_model,
                                                   // d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer
+  support::Buffer
       param52_decoder_decoder_layer_0_ffn_w_in_v; // decoder/decoder_layer[0]/ffn/w_in@v: [d_model,
                                                   // d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param53_decoder_decoder_layer_0_ffn_b_in_m; // decoder/decoder_layer[0]/ffn/b_in@m:
-                                                                 // [d_ff:[model]] local {128}
-  meshc::gen::Buffer param54_decoder_decoder_layer_0_ffn_b_in_v; // decoder/decoder_layer[0]/ffn/b_in@v:
-                                                                 // [d_ff:[model]] local {128}
-  meshc::gen::Buffer
+  support::Buffer param53_decoder_decoder_layer_0_ffn_b_in_m; // decoder/decoder_layer[0]/ffn/b_in@m:
+                                                              // [d_ff:[model]] local {128}
+  support::Buffer param54_decoder_decoder_layer_0_ffn_b_in_v; // decoder/decoder_layer[0]/ffn/b_in@v:
+                                                              // [d_ff:[model]] local {128}
+  support::Buffer
       param55_decoder_decoder_layer_0_ffn_w_out_m; // decoder/decoder_layer[0]/ffn/w_out@m:
                                                    // [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param56_decoder_decoder_layer_0_ffn_w_out_v; // decoder/decoder_layer[0]/ffn/w_out@v:
                                                    // [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer param57_decoder_decoder_layer_0_ffn_b_out_m; // decoder/decoder_layer[0]/ffn/b_out@m:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param58_decoder_decoder_layer_0_ffn_b_out_v; // decoder/decoder_layer[0]/ffn/b_out@v:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param59_decoder_decoder_layer_1_norm_gain_m; // decoder/decoder_layer[1]/norm/gain@m:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param60_decoder_decoder_layer_1_norm_gain_v; // decoder/decoder_layer[1]/norm/gain@v:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param61_decoder_decoder_layer_1_norm_bias_m; // decoder/decoder_layer[1]/norm/bias@m:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param62_decoder_decoder_layer_1_norm_bias_v; // decoder/decoder_layer[1]/norm/bias@v:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param63_decoder_decoder_layer_1_attention_w_q_m; // decoder/decoder_layer[1]/attention/w_q@m:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param64_decoder_decoder_layer_1_attention_w_q_v; // decoder/decoder_layer[1]/attention/w_q@v:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param65_decoder_decoder_layer_1_attention_w_k_m; // decoder/decoder_layer[1]/attention/w_k@m:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param66_decoder_decoder_layer_1_attention_w_k_v; // decoder/decoder_layer[1]/attention/w_k@v:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param67_decoder_decoder_layer_1_attention_w_v_m; // decoder/decoder_layer[1]/attention/w_v@m:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param68_decoder_decoder_layer_1_attention_w_v_v; // decoder/decoder_layer[1]/attention/w_v@v:
-                                                                      // [d_model, heads:[model],
-                                                                      // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param69_decoder_decoder_layer_1_attention_w_o_m; // decoder/decoder_layer[1]/attention/w_o@m:
-                                                                      // [heads:[model], d_head,
-                                                                      // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param70_decoder_decoder_layer_1_attention_w_o_v; // decoder/decoder_layer[1]/attention/w_o@v:
-                                                                      // [heads:[model], d_head,
-                                                                      // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param71_decoder_decoder_layer_1_norm_1_gain_m; // decoder/decoder_layer[1]/norm#1/gain@m:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param72_decoder_decoder_layer_1_norm_1_gain_v; // decoder/decoder_layer[1]/norm#1/gain@v:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param73_decoder_decoder_layer_1_norm_1_bias_m; // decoder/decoder_layer[1]/norm#1/bias@m:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param74_decoder_decoder_layer_1_norm_1_bias_v; // decoder/decoder_layer[1]/norm#1/bias@v:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param57_decoder_decoder_layer_0_ffn_b_out_m; // decoder/decoder_layer[0]/ffn/b_out@m:
+                                                               // [d_model] local {64}
+  support::Buffer param58_decoder_decoder_layer_0_ffn_b_out_v; // decoder/decoder_layer[0]/ffn/b_out@v:
+                                                               // [d_model] local {64}
+  support::Buffer param59_decoder_decoder_layer_1_norm_gain_m; // decoder/decoder_layer[1]/norm/gain@m:
+                                                               // [d_model] local {64}
+  support::Buffer param60_decoder_decoder_layer_1_norm_gain_v; // decoder/decoder_layer[1]/norm/gain@v:
+                                                               // [d_model] local {64}
+  support::Buffer param61_decoder_decoder_layer_1_norm_bias_m; // decoder/decoder_layer[1]/norm/bias@m:
+                                                               // [d_model] local {64}
+  support::Buffer param62_decoder_decoder_layer_1_norm_bias_v; // decoder/decoder_layer[1]/norm/bias@v:
+                                                               // [d_model] local {64}
+  support::Buffer param63_decoder_decoder_layer_1_attention_w_q_m; // decoder/decoder_layer[1]/attention/w_q@m:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param64_decoder_decoder_layer_1_attention_w_q_v; // decoder/decoder_layer[1]/attention/w_q@v:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param65_decoder_decoder_layer_1_attention_w_k_m; // decoder/decoder_layer[1]/attention/w_k@m:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param66_decoder_decoder_layer_1_attention_w_k_v; // decoder/decoder_layer[1]/attention/w_k@v:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param67_decoder_decoder_layer_1_attention_w_v_m; // decoder/decoder_layer[1]/attention/w_v@m:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param68_decoder_decoder_layer_1_attention_w_v_v; // decoder/decoder_layer[1]/attention/w_v@v:
+                                                                   // [d_model, heads:[model],
+                                                                   // d_head] local {64, 2, 16}
+  support::Buffer param69_decoder_decoder_layer_1_attention_w_o_m; // decoder/decoder_layer[1]/attention/w_o@m:
+                                                                   // [heads:[model], d_head,
+                                                                   // d_model] local {2, 16, 64}
+  support::Buffer param70_decoder_decoder_layer_1_attention_w_o_v; // decoder/decoder_layer[1]/attention/w_o@v:
+                                                                   // [heads:[model], d_head,
+                                                                   // d_model] local {2, 16, 64}
+  support::Buffer param71_decoder_decoder_layer_1_norm_1_gain_m; // decoder/decoder_layer[1]/norm#1/gain@m:
+                                                                 // [d_model] local {64}
+  support::Buffer param72_decoder_decoder_layer_1_norm_1_gain_v; // decoder/decoder_layer[1]/norm#1/gain@v:
+                                                                 // [d_model] local {64}
+  support::Buffer param73_decoder_decoder_layer_1_norm_1_bias_m; // decoder/decoder_layer[1]/norm#1/bias@m:
+                                                                 // [d_model] local {64}
+  support::Buffer param74_decoder_decoder_layer_1_norm_1_bias_v; // decoder/decoder_layer[1]/norm#1/bias@v:
+                                                                 // [d_model] local {64}
+  support::Buffer
       param75_decoder_decoder_layer_1_ffn_w_in_m; // decoder/decoder_layer[1]/ffn/w_in@m: [d_model,
                                                   // d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer
+  support::Buffer
       param76_decoder_decoder_layer_1_ffn_w_in_v; // decoder/decoder_layer[1]/ffn/w_in@v: [d_model,
                                                   // d_ff:[model]] local {64, 128}
-  meshc::gen::Buffer param77_decoder_decoder_layer_1_ffn_b_in_m; // decoder/decoder_layer[1]/ffn/b_in@m:
-                                                                 // [d_ff:[model]] local {128}
-  meshc::gen::Buffer param78_decoder_decoder_layer_1_ffn_b_in_v; // decoder/decoder_layer[1]/ffn/b_in@v:
-                                                                 // [d_ff:[model]] local {128}
-  meshc::gen::Buffer
+  support::Buffer param77_decoder_decoder_layer_1_ffn_b_in_m; // decoder/decoder_layer[1]/ffn/b_in@m:
+                                                              // [d_ff:[model]] local {128}
+  support::Buffer param78_decoder_decoder_layer_1_ffn_b_in_v; // decoder/decoder_layer[1]/ffn/b_in@v:
+                                                              // [d_ff:[model]] local {128}
+  support::Buffer
       param79_decoder_decoder_layer_1_ffn_w_out_m; // decoder/decoder_layer[1]/ffn/w_out@m:
                                                    // [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param80_decoder_decoder_layer_1_ffn_w_out_v; // decoder/decoder_layer[1]/ffn/w_out@v:
                                                    // [d_ff:[model], d_model] local {128, 64}
-  meshc::gen::Buffer param81_decoder_decoder_layer_1_ffn_b_out_m; // decoder/decoder_layer[1]/ffn/b_out@m:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param82_decoder_decoder_layer_1_ffn_b_out_v; // decoder/decoder_layer[1]/ffn/b_out@v:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer param83_decoder_norm_gain_m; // decoder/norm/gain@m: [d_model] local {64}
-  meshc::gen::Buffer param84_decoder_norm_gain_v; // decoder/norm/gain@v: [d_model] local {64}
-  meshc::gen::Buffer param85_decoder_norm_bias_m; // decoder/norm/bias@m: [d_model] local {64}
-  meshc::gen::Buffer param86_decoder_norm_bias_v; // decoder/norm/bias@v: [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes};          // run()'s temporaries
+  support::Buffer param81_decoder_decoder_layer_1_ffn_b_out_m; // decoder/decoder_layer[1]/ffn/b_out@m:
+                                                               // [d_model] local {64}
+  support::Buffer param82_decoder_decoder_layer_1_ffn_b_out_v; // decoder/decoder_layer[1]/ffn/b_out@v:
+                                                               // [d_model] local {64}
+  support::Buffer param83_decoder_norm_gain_m;  // decoder/norm/gain@m: [d_model] local {64}
+  support::Buffer param84_decoder_norm_gain_v;  // decoder/norm/gain@v: [d_model] local {64}
+  support::Buffer param85_decoder_norm_bias_m;  // decoder/norm/bias@m: [d_model] local {64}
+  support::Buffer param86_decoder_norm_bias_v;  // decoder/norm/bias@v: [d_model] local {64}
+  support::Arena arena_{kArenaBytes};           // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
 };
 
 } // namespace meshc_generated

@@ -12,18 +12,18 @@ meshrt::Mesh Classify::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 std::vector<std::string> Classify::inputNames() { return {"image"}; }
 std::vector<std::string> Classify::outputNames() { return {"probs"}; }
 
-meshc::gen::Shape Classify::inputShape(const std::string &name) {
+support::Shape Classify::inputShape(const std::string &name) {
   if (name == "image")
     return {4, 14, 14, 3};
   throw std::invalid_argument("classify: no input named '" + name + "'");
 }
 
 Classify::Classify(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "classify")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "classify")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // vit/class_token: truncated_normal (vit.mesh:85)
   param0_vit_class_token.resize(64);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_vit_class_token.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{1, 64}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{1, 64}},
@@ -32,7 +32,7 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // vit/position_embedding: truncated_normal (vit.mesh:86)
   param1_vit_position_embedding.resize(1088);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param1_vit_position_embedding.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{17, 64}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{17, 64}},
@@ -41,17 +41,17 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // vit/w_head: normal (vit.mesh:87)
   param2_vit_w_head.resize(640);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_vit_w_head.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{64, 10}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{64, 10}},
       seed, "vit/w_head", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
       meshrt::kernels::ValueType::F32);
   // vit/b_head: zeros (vit.mesh:88)
-  param3_vit_b_head.assign(10, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param3_vit_b_head.assign(10, support::roundValue(support::DType::F32, 0.0));
   // vit/embed_patches/w_patch: truncated_normal (vit.mesh:41)
   param4_vit_embed_patches_w_patch.resize(3072);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param4_vit_embed_patches_w_patch.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{4, 4, 3, 64}, meshrt::kernels::Dims{0, 0, 0, 0},
                              meshrt::kernels::Dims{4, 4, 3, 64}},
@@ -59,809 +59,981 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}}),
       meshrt::kernels::ValueType::F32);
   // vit/embed_patches/b_patch: zeros (vit.mesh:42)
-  param5_vit_embed_patches_b_patch.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param5_vit_embed_patches_b_patch.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention_scale: constant (vit.mesh:78)
-  param6_vit_encoder_layer_0_attention_scale.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+  param6_vit_encoder_layer_0_attention_scale.assign(64,
+                                                    support::roundValue(support::DType::F32, 0.1));
   // vit/encoder_layer[0]/ffn_scale: constant (vit.mesh:79)
-  param7_vit_encoder_layer_0_ffn_scale.assign(64,
-                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+  param7_vit_encoder_layer_0_ffn_scale.assign(64, support::roundValue(support::DType::F32, 0.1));
   // vit/encoder_layer[0]/norm/gain: ones (vit.mesh:34)
-  param8_vit_encoder_layer_0_norm_gain.assign(64,
-                                              meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param8_vit_encoder_layer_0_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[0]/norm/bias: zeros (vit.mesh:35)
-  param9_vit_encoder_layer_0_norm_bias.assign(64,
-                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param9_vit_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_q: normal (vit.mesh:55)
   param10_vit_encoder_layer_0_attention_w_q.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param10_vit_encoder_layer_0_attention_w_q.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[0]/attention/w_q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_k: normal (vit.mesh:56)
   param11_vit_encoder_layer_0_attention_w_k.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param11_vit_encoder_layer_0_attention_w_k.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[0]/attention/w_k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_v: normal (vit.mesh:57)
   param12_vit_encoder_layer_0_attention_w_v.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param12_vit_encoder_layer_0_attention_w_v.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[0]/attention/w_v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_o: normal (vit.mesh:58)
   param13_vit_encoder_layer_0_attention_w_o.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param13_vit_encoder_layer_0_attention_w_o.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 16, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 16, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 16, 64}},
       seed, "vit/encoder_layer[0]/attention/w_o",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/norm#1/gain: ones (vit.mesh:34)
-  param14_vit_encoder_layer_0_norm_1_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param14_vit_encoder_layer_0_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[0]/norm#1/bias: zeros (vit.mesh:35)
-  param15_vit_encoder_layer_0_norm_1_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param15_vit_encoder_layer_0_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_in: normal (vit.mesh:69)
   param16_vit_encoder_layer_0_ffn_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param16_vit_encoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "vit/encoder_layer[0]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/ffn/w_out: normal (vit.mesh:70)
   param17_vit_encoder_layer_0_ffn_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param17_vit_encoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "vit/encoder_layer[0]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention_scale: constant (vit.mesh:78)
-  param18_vit_encoder_layer_1_attention_scale.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+  param18_vit_encoder_layer_1_attention_scale.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.1));
   // vit/encoder_layer[1]/ffn_scale: constant (vit.mesh:79)
-  param19_vit_encoder_layer_1_ffn_scale.assign(64,
-                                               meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+  param19_vit_encoder_layer_1_ffn_scale.assign(64, support::roundValue(support::DType::F32, 0.1));
   // vit/encoder_layer[1]/norm/gain: ones (vit.mesh:34)
-  param20_vit_encoder_layer_1_norm_gain.assign(64,
-                                               meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param20_vit_encoder_layer_1_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[1]/norm/bias: zeros (vit.mesh:35)
-  param21_vit_encoder_layer_1_norm_bias.assign(64,
-                                               meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param21_vit_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_q: normal (vit.mesh:55)
   param22_vit_encoder_layer_1_attention_w_q.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param22_vit_encoder_layer_1_attention_w_q.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[1]/attention/w_q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_k: normal (vit.mesh:56)
   param23_vit_encoder_layer_1_attention_w_k.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param23_vit_encoder_layer_1_attention_w_k.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[1]/attention/w_k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_v: normal (vit.mesh:57)
   param24_vit_encoder_layer_1_attention_w_v.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param24_vit_encoder_layer_1_attention_w_v.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[1]/attention/w_v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_o: normal (vit.mesh:58)
   param25_vit_encoder_layer_1_attention_w_o.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param25_vit_encoder_layer_1_attention_w_o.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 16, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 16, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 16, 64}},
       seed, "vit/encoder_layer[1]/attention/w_o",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/norm#1/gain: ones (vit.mesh:34)
-  param26_vit_encoder_layer_1_norm_1_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param26_vit_encoder_layer_1_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[1]/norm#1/bias: zeros (vit.mesh:35)
-  param27_vit_encoder_layer_1_norm_1_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param27_vit_encoder_layer_1_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_in: normal (vit.mesh:69)
   param28_vit_encoder_layer_1_ffn_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param28_vit_encoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "vit/encoder_layer[1]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/ffn/w_out: normal (vit.mesh:70)
   param29_vit_encoder_layer_1_ffn_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param29_vit_encoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "vit/encoder_layer[1]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
       meshrt::kernels::ValueType::F32);
   // vit/norm/gain: ones (vit.mesh:34)
-  param30_vit_norm_gain.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param30_vit_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/norm/bias: zeros (vit.mesh:35)
-  param31_vit_norm_bias.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param31_vit_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
+
+  // Values run() reads that never change, computed once (hoist-invariants).
+
+  // vit.mesh:92:41 iota
+  support::View v14 = persistent_.view(0, 2);
+  static const support::Shape shape0_1 = {2};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v14.data(), shape0_1, shape0_2, support::shardStart(world_, {"data"}, 2));
+
+  // vit.mesh:92:53 ge
+  support::View v16 = persistent_.view(128, 2);
+  {
+    float *__restrict v16p = v16.data();
+    const float *__restrict v14p = v14.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v14p[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      v16p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:92:36 cast
+  support::View v17 = persistent_.view(192, 2);
+  {
+    float *__restrict v17p = v17.data();
+    const float *__restrict v16p = v16.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v16p[i0];
+      const float s1 = s0;
+      v17p[i0] = s1;
+    }
+  }
 }
 
 Classify::Outputs Classify::run(const Inputs &inputs) {
-  // Arena: 43520 bytes for 480876 bytes of temporaries (71 slots, placed by liveness).
-  meshc::gen::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
-
-  // vit.mesh:103:18 input -> image
-  const meshc::gen::Buffer &v0 = inputs.image.data;
-
-  // vit.mesh:85:9 param -> class_token
-  const meshc::gen::Buffer &v1 = param0_vit_class_token;
-
-  // vit.mesh:86:9 param -> position_embedding
-  const meshc::gen::Buffer &v2 = param1_vit_position_embedding;
-
-  // vit.mesh:87:9 param -> w_head
-  const meshc::gen::Buffer &v3 = param2_vit_w_head;
-
-  // vit.mesh:88:9 param -> b_head
-  const meshc::gen::Buffer &v4 = param3_vit_b_head;
-
-  // vit.mesh:41:9 param -> w_patch
-  const meshc::gen::Buffer &v5 = param4_vit_embed_patches_w_patch;
-
-  // vit.mesh:42:9 param -> b_patch
-  const meshc::gen::Buffer &v6 = param5_vit_embed_patches_b_patch;
-
-  // vit.mesh:44:20 pad
-  meshc::gen::View v7 = arena_.slot(6144, 1344);
-  meshc::gen::copyWindow(v7.data(), v0.data(), {2, 14, 3}, {672, 3, 1}, {588, 3, 1}, 42, 42, 16, 14,
-                         1 - 0);
-
-  // vit.mesh:44:16 pad -> padded
-  meshc::gen::View v8 = arena_.slot(0, 1536);
-  meshc::gen::copyWindow(v8.data(), v7.data(), {2, 16, 3}, {768, 48, 1}, {672, 42, 1}, 3, 3, 16, 14,
-                         1 - 0);
-
-  // vit.mesh:46:14 reshape -> rows
-  meshc::gen::View v9 = arena_.slot(6144, 1536);
-  meshc::gen::reshape(v9.data(), {2, 4, 4, 16, 3}, v8.data(), {768, 0, 0, 3, 1}, {0, 4, 1, 0, 0},
-                      {16}, {48}, 0);
-
-  // vit.mesh:47:14 reshape -> grid
-  meshc::gen::View v10 = arena_.slot(0, 1536);
-  meshc::gen::reshape(v10.data(), {2, 4, 4, 4, 4, 3}, v9.data(), {768, 192, 48, 0, 0, 1},
-                      {0, 0, 0, 4, 1, 0}, {16}, {3}, 0);
-
-  // vit.mesh:48:14 reshape -> flat
-  meshc::gen::View v11 = arena_.slot(8192, 1536);
-  meshc::gen::reshape(v11.data(), {2, 16, 4, 4, 3}, v10.data(), {768, 0, 48, 3, 1}, {0, 1, 0, 0, 0},
-                      {4, 4}, {192, 12}, 0);
-
-  // vit.mesh:50:10 einsum
-  meshc::gen::View v12 = arena_.slot(0, 2048);
-  // dims: batch, patches, pixel_row, pixel_col, channels, d_model
-  static const meshrt::kernels::EinsumPlan einsum12(
-      {{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
-  einsum12.run(v11.data(), v5.data(), v12.data());
-
-  // vit.mesh:50:59 add -> patch_embeddings
-  meshc::gen::View v13 = arena_.slot(8704, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v13[at[0]] = float(double(v12[at[1]]) + double(v6[at[2]]));
-                         });
-
-  // vit.mesh:92:41 iota
-  meshc::gen::View v14 = arena_.slot(0, 2);
-  meshc::gen::iota(v14.data(), {2}, {1}, meshc::gen::shardStart(world_, {"data"}, 2));
-
-  // vit.mesh:92:56 literal
-  meshc::gen::View v15 = arena_.fill(128, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
-
-  // vit.mesh:92:53 ge
-  // vit.mesh:92:36 cast
-  meshc::gen::View v17 = arena_.slot(64, 2);
-  meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t16 = (v14[at[1]] >= v15[at[2]] ? 1.0f : 0.0f);
-    v17[at[0]] = float(t16);
-  });
-
-  // vit.mesh:92:34 mul -> class_tokens
-  meshc::gen::View v18 = arena_.slot(16896, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v18[at[0]] = float(double(v1[at[1]]) * double(v17[at[2]]));
-                         });
-
-  // vit.mesh:93:40 concat
-  meshc::gen::View v19 = arena_.slot(0, 2176);
-  meshc::gen::copyWindow(v19.data(), v18.data(), {64, 2}, {2, 1}, {2, 1}, 128, 128, 17, 1, 0 - 0);
-  meshc::gen::copyWindow(v19.data(), v13.data(), {64, 2}, {2, 1}, {1, 1024}, 128, 64, 17, 16,
-                         1 - 0);
-
-  // vit.mesh:94:40 add
-  meshc::gen::View v20 = arena_.slot(8704, 2176);
-  meshc::gen::forEach<3>({17, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v20[at[0]] = float(double(v19[at[1]]) + double(v2[at[2]]));
-                         });
-
-  // vit.mesh:93:40 transpose -> x
-  meshc::gen::View v21 = arena_.slot(0, 2176);
-  meshc::gen::forEach<2>({2, 17, 64}, {{{1088, 64, 1}, {1, 128, 2}}}, {},
-                         [&](const std::array<int64_t, 2> &at) { v21[at[0]] = float(v20[at[1]]); });
-
-  // vit.mesh:78:9 param -> attention_scale
-  const meshc::gen::Buffer &v22 = param6_vit_encoder_layer_0_attention_scale;
-
-  // vit.mesh:79:9 param -> ffn_scale
-  const meshc::gen::Buffer &v23 = param7_vit_encoder_layer_0_ffn_scale;
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v24 = param8_vit_encoder_layer_0_norm_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v25 = param9_vit_encoder_layer_0_norm_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v26 = arena_.slot(8704, 2176);
-  meshc::gen::along(v26.data(), v21.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v28 = arena_.slot(17408, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t27 = float(double(v26[at[1]]) * double(v24[at[2]]));
-                           v28[at[0]] = float(double(t27) + double(v25[at[3]]));
-                         });
-
-  // vit.mesh:55:9 param -> w_q
-  const meshc::gen::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
-
-  // vit.mesh:56:9 param -> w_k
-  const meshc::gen::Buffer &v30 = param11_vit_encoder_layer_0_attention_w_k;
-
-  // vit.mesh:57:9 param -> w_v
-  const meshc::gen::Buffer &v31 = param12_vit_encoder_layer_0_attention_w_v;
-
-  // vit.mesh:58:9 param -> w_o
-  const meshc::gen::Buffer &v32 = param13_vit_encoder_layer_0_attention_w_o;
-
-  // vit.mesh:59:11 einsum -> q
-  meshc::gen::View v33 = arena_.slot(26112, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum33(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum33.run(v28.data(), v29.data(), v33.data());
-
-  // vit.mesh:60:18 rename
-  meshc::gen::View v34 = arena_.copy(8704, v28);
-
-  // vit.mesh:60:11 einsum -> k
-  meshc::gen::View v35 = arena_.slot(30464, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum35(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum35.run(v34.data(), v30.data(), v35.data());
-
-  // vit.mesh:61:18 rename
-  meshc::gen::View v36 = v28;
-
-  // vit.mesh:61:11 einsum -> v
-  meshc::gen::View v37 = arena_.slot(34816, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum37(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum37.run(v36.data(), v31.data(), v37.data());
-
-  // vit.mesh:62:25 einsum
-  meshc::gen::View v38 = arena_.slot(8704, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum38(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum38.run(v33.data(), v35.data(), v38.data());
-
-  // vit.mesh:62:69 literal
-  meshc::gen::View v39 =
-      arena_.fill(18048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
-  // vit.mesh:62:67 mul
-  meshc::gen::View v40 = arena_.slot(13376, 1156);
-  meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v40[at[0]] = float(double(v38[at[1]]) * double(v39[at[2]]));
-                         });
-
-  // vit.mesh:62:17 softmax -> weights
-  meshc::gen::View v41 = arena_.slot(8704, 1156);
-  meshc::gen::along(v41.data(), v40.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
-                    {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
-
-  // vit.mesh:63:17 einsum
-  meshc::gen::View v42 = arena_.slot(17408, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum42(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum42.run(v41.data(), v37.data(), v42.data());
-
-  // vit.mesh:63:10 einsum
-  meshc::gen::View v43 = arena_.slot(8704, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum43(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum43.run(v42.data(), v32.data(), v43.data());
-
-  // vit.mesh:80:15 dropout
-  // dropout is the identity outside training
-  meshc::gen::View v44 = v43;
-
-  // vit.mesh:80:55 mul
-  meshc::gen::View v45 = arena_.slot(17408, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v45[at[0]] = float(double(v44[at[1]]) * double(v22[at[2]]));
-                         });
-
-  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
-  meshc::gen::View v46 = v45;
-  group_model.allReduce(v46.data(), v46.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:80:13 add -> h
-  meshc::gen::View v47 = arena_.slot(26112, 2176);
-  for (size_t i = 0; i < v47.size(); ++i) {
-    v47[i] = float(double(v21[i]) + double(v46[i]));
-  }
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v48 = param14_vit_encoder_layer_0_norm_1_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v49 = param15_vit_encoder_layer_0_norm_1_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v50 = arena_.slot(0, 2176);
-  meshc::gen::along(v50.data(), v47.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v52 = arena_.slot(8704, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t51 = float(double(v50[at[1]]) * double(v48[at[2]]));
-                           v52[at[0]] = float(double(t51) + double(v49[at[3]]));
-                         });
-
-  // vit.mesh:69:9 param -> w_in
-  const meshc::gen::Buffer &v53 = param16_vit_encoder_layer_0_ffn_w_in;
-
-  // vit.mesh:70:9 param -> w_out
-  const meshc::gen::Buffer &v54 = param17_vit_encoder_layer_0_ffn_w_out;
-
-  // vit.mesh:71:23 cast
-  meshc::gen::View v55 = arena_.slot(17408, 2176);
-  for (size_t i = 0; i < v55.size(); ++i) {
-    v55[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v52[i]));
-  }
-
-  // vit.mesh:71:38 cast
-  meshc::gen::View v56 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v56.size(); ++i) {
-    v56[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v53[i]));
-  }
-
-  // vit.mesh:71:16 einsum
-  meshc::gen::View v57 = arena_.slot(34816, 2176);
-  meshc::gen::einsum2Double(v57.data(), v55.data(), v56.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v57);
-
-  // vit.mesh:71:11 gelu -> h
-  meshc::gen::View v58 = arena_.slot(16384, 2176);
-  for (size_t i = 0; i < v58.size(); ++i) {
-    v58[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v57[i])));
-  }
-
-  // vit.mesh:72:25 cast
-  meshc::gen::View v59 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v59.size(); ++i) {
-    v59[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v54[i]));
-  }
-
-  // vit.mesh:72:15 einsum
-  meshc::gen::View v60 = arena_.slot(34816, 2176);
-  meshc::gen::einsum2Double(v60.data(), v58.data(), v59.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v60);
-
-  // vit.mesh:72:10 cast
-  meshc::gen::View v61 = arena_.slot(0, 2176);
-  for (size_t i = 0; i < v61.size(); ++i) {
-    v61[i] = float(v60[i]);
-  }
-
-  // vit.mesh:81:14 dropout
-  // dropout is the identity outside training
-  meshc::gen::View v62 = v61;
-
-  // vit.mesh:81:48 mul
-  meshc::gen::View v63 = arena_.slot(8704, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v63[at[0]] = float(double(v62[at[1]]) * double(v23[at[2]]));
-                         });
-
-  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
-  meshc::gen::View v64 = v63;
-  group_model.allReduce(v64.data(), v64.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:81:12 add -> x
-  meshc::gen::View v65 = arena_.slot(0, 2176);
-  for (size_t i = 0; i < v65.size(); ++i) {
-    v65[i] = float(double(v47[i]) + double(v64[i]));
-  }
-
-  // vit.mesh:78:9 param -> attention_scale
-  const meshc::gen::Buffer &v66 = param18_vit_encoder_layer_1_attention_scale;
-
-  // vit.mesh:79:9 param -> ffn_scale
-  const meshc::gen::Buffer &v67 = param19_vit_encoder_layer_1_ffn_scale;
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v68 = param20_vit_encoder_layer_1_norm_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v69 = param21_vit_encoder_layer_1_norm_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v70 = arena_.slot(8704, 2176);
-  meshc::gen::along(v70.data(), v65.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v72 = arena_.slot(17408, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t71 = float(double(v70[at[1]]) * double(v68[at[2]]));
-                           v72[at[0]] = float(double(t71) + double(v69[at[3]]));
-                         });
-
-  // vit.mesh:55:9 param -> w_q
-  const meshc::gen::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
-
-  // vit.mesh:56:9 param -> w_k
-  const meshc::gen::Buffer &v74 = param23_vit_encoder_layer_1_attention_w_k;
-
-  // vit.mesh:57:9 param -> w_v
-  const meshc::gen::Buffer &v75 = param24_vit_encoder_layer_1_attention_w_v;
-
-  // vit.mesh:58:9 param -> w_o
-  const meshc::gen::Buffer &v76 = param25_vit_encoder_layer_1_attention_w_o;
-
-  // vit.mesh:59:11 einsum -> q
-  meshc::gen::View v77 = arena_.slot(26112, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum77(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum77.run(v72.data(), v73.data(), v77.data());
-
-  // vit.mesh:60:18 rename
-  meshc::gen::View v78 = arena_.copy(8704, v72);
-
-  // vit.mesh:60:11 einsum -> k
-  meshc::gen::View v79 = arena_.slot(30464, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum79(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum79.run(v78.data(), v74.data(), v79.data());
-
-  // vit.mesh:61:18 rename
-  meshc::gen::View v80 = v72;
-
-  // vit.mesh:61:11 einsum -> v
-  meshc::gen::View v81 = arena_.slot(34816, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum81(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum81.run(v80.data(), v75.data(), v81.data());
-
-  // vit.mesh:62:25 einsum
-  meshc::gen::View v82 = arena_.slot(8704, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum82(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum82.run(v77.data(), v79.data(), v82.data());
-
-  // vit.mesh:62:69 literal
-  meshc::gen::View v83 =
-      arena_.fill(18048, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
-  // vit.mesh:62:67 mul
-  meshc::gen::View v84 = arena_.slot(13376, 1156);
-  meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v84[at[0]] = float(double(v82[at[1]]) * double(v83[at[2]]));
-                         });
-
-  // vit.mesh:62:17 softmax -> weights
-  meshc::gen::View v85 = arena_.slot(8704, 1156);
-  meshc::gen::along(v85.data(), v84.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
-                    {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
-
-  // vit.mesh:63:17 einsum
-  meshc::gen::View v86 = arena_.slot(17408, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum86(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum86.run(v85.data(), v81.data(), v86.data());
-
-  // vit.mesh:63:10 einsum
-  meshc::gen::View v87 = arena_.slot(8704, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum87(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum87.run(v86.data(), v76.data(), v87.data());
-
-  // vit.mesh:80:15 dropout
-  // dropout is the identity outside training
-  meshc::gen::View v88 = v87;
-
-  // vit.mesh:80:55 mul
-  meshc::gen::View v89 = arena_.slot(17408, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v89[at[0]] = float(double(v88[at[1]]) * double(v66[at[2]]));
-                         });
-
-  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %87 over model for add at 80:13)
-  meshc::gen::View v90 = v89;
-  group_model.allReduce(v90.data(), v90.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:80:13 add -> h
-  meshc::gen::View v91 = arena_.slot(26112, 2176);
-  for (size_t i = 0; i < v91.size(); ++i) {
-    v91[i] = float(double(v65[i]) + double(v90[i]));
-  }
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v92 = param26_vit_encoder_layer_1_norm_1_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v93 = param27_vit_encoder_layer_1_norm_1_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v94 = arena_.slot(0, 2176);
-  meshc::gen::along(v94.data(), v91.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v96 = arena_.slot(8704, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t95 = float(double(v94[at[1]]) * double(v92[at[2]]));
-                           v96[at[0]] = float(double(t95) + double(v93[at[3]]));
-                         });
-
-  // vit.mesh:69:9 param -> w_in
-  const meshc::gen::Buffer &v97 = param28_vit_encoder_layer_1_ffn_w_in;
-
-  // vit.mesh:70:9 param -> w_out
-  const meshc::gen::Buffer &v98 = param29_vit_encoder_layer_1_ffn_w_out;
-
-  // vit.mesh:71:23 cast
-  meshc::gen::View v99 = arena_.slot(17408, 2176);
-  for (size_t i = 0; i < v99.size(); ++i) {
-    v99[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v96[i]));
-  }
-
-  // vit.mesh:71:38 cast
-  meshc::gen::View v100 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v100.size(); ++i) {
-    v100[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v97[i]));
-  }
-
-  // vit.mesh:71:16 einsum
-  meshc::gen::View v101 = arena_.slot(34816, 2176);
-  meshc::gen::einsum2Double(v101.data(), v99.data(), v100.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v101);
-
-  // vit.mesh:71:11 gelu -> h
-  meshc::gen::View v102 = arena_.slot(16384, 2176);
-  for (size_t i = 0; i < v102.size(); ++i) {
-    v102[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v101[i])));
-  }
-
-  // vit.mesh:72:25 cast
-  meshc::gen::View v103 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v103.size(); ++i) {
-    v103[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v98[i]));
-  }
-
-  // vit.mesh:72:15 einsum
-  meshc::gen::View v104 = arena_.slot(34816, 2176);
-  meshc::gen::einsum2Double(v104.data(), v102.data(), v103.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v104);
-
-  // vit.mesh:72:10 cast
-  meshc::gen::View v105 = arena_.slot(0, 2176);
-  for (size_t i = 0; i < v105.size(); ++i) {
-    v105[i] = float(v104[i]);
-  }
-
-  // vit.mesh:81:14 dropout
-  // dropout is the identity outside training
-  meshc::gen::View v106 = v105;
-
-  // vit.mesh:81:48 mul
-  meshc::gen::View v107 = arena_.slot(8704, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v107[at[0]] = float(double(v106[at[1]]) * double(v67[at[2]]));
-                         });
-
-  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %104 over model for add at 81:12)
-  meshc::gen::View v108 = v107;
-  group_model.allReduce(v108.data(), v108.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:81:12 add -> x
-  meshc::gen::View v109 = arena_.slot(0, 2176);
-  for (size_t i = 0; i < v109.size(); ++i) {
-    v109[i] = float(double(v91[i]) + double(v108[i]));
-  }
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v110 = param30_vit_norm_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v111 = param31_vit_norm_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v112 = arena_.slot(8704, 2176);
-  meshc::gen::along(v112.data(), v109.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v114 = arena_.slot(0, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t113 = float(double(v112[at[1]]) * double(v110[at[2]]));
-                           v114[at[0]] = float(double(t113) + double(v111[at[3]]));
-                         });
-
-  // vit.mesh:99:17 slice
-  meshc::gen::View v115 = arena_.slot(8704, 128);
-  meshc::gen::copyWindow(v115.data(), v114.data(), {2, 64}, {64, 1}, {1088, 1}, 64, 64, 1, 17,
-                         0 - 0);
-
-  // vit.mesh:99:13 sum -> cls
-  meshc::gen::View v116 = arena_.slot(0, 128);
-  meshc::gen::reduce(v116.data(), {2, 64}, v115.data(), {64, 1}, {1}, {64}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:100:10 einsum
-  meshc::gen::View v117 = arena_.slot(512, 20);
-  // dims: batch, d_model, classes
-  static const meshrt::kernels::EinsumPlan einsum117(
-      {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsum117.run(v116.data(), v3.data(), v117.data());
-
-  // vit.mesh:100:48 add
-  meshc::gen::View v118 = arena_.slot(0, 20);
-  meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {10, 1}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v118[at[0]] = float(double(v117[at[1]]) + double(v4[at[2]]));
-                         });
-
-  // vit.mesh:104:11 softmax -> probs
-  meshc::gen::View v119 = arena_.slot(128, 20);
-  meshc::gen::along(v119.data(), v118.data(), {2}, {10}, {10}, {10}, {1}, {1},
-                    meshc::gen::Along::Softmax, 1e-05, 10, nullptr);
+  // Arena: 43520 bytes for 428080 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
+  runPart0(inputs);
+  runPart1(inputs);
+  runPart2(inputs);
+  support::View v119 = arena_.view(0, 20);
 
   Outputs outputs;
-  outputs.probs = meshc::gen::Tensor{{2, 10}, meshc::gen::Buffer(v119.begin(), v119.end())};
+  outputs.probs = support::Tensor{{2, 10}, support::Buffer(v119.begin(), v119.end())};
   return outputs;
+}
+
+void Classify::runPart0(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:44:20 pad
+  const support::Buffer &v0 = inputs.image.data;
+  support::View v7 = arena_.slot(6144, 1344);
+  static const support::Shape shape0_2 = {2, 14, 3};
+  static const support::Shape shape0_3 = {672, 3, 1};
+  static const support::Shape shape0_4 = {588, 3, 1};
+  support::copyWindow(v7.data(), v0.data(), shape0_2, shape0_3, shape0_4, 42, 42, 16, 14,
+                      int64_t(1));
+
+  // vit.mesh:44:16 pad -> padded
+  support::View v8 = arena_.slot(0, 1536);
+  static const support::Shape shape1_2 = {2, 16, 3};
+  static const support::Shape shape1_3 = {768, 48, 1};
+  static const support::Shape shape1_4 = {672, 42, 1};
+  support::copyWindow(v8.data(), v7.data(), shape1_2, shape1_3, shape1_4, 3, 3, 16, 14, int64_t(1));
+
+  // vit.mesh:46:14 reshape -> rows
+  support::View v9 = arena_.view(6144, 1536);
+  static const support::Shape shape2_1 = {2, 4, 4, 16, 3};
+  static const support::Shape shape2_3 = {768, 0, 0, 3, 1};
+  static const support::Shape shape2_4 = {0, 4, 1, 0, 0};
+  static const support::Shape shape2_5 = {16};
+  static const support::Shape shape2_6 = {48};
+  support::reshape(v9.data(), shape2_1, v8.data(), shape2_3, shape2_4, shape2_5, shape2_6,
+                   int64_t(0));
+
+  // vit.mesh:47:14 reshape -> grid
+  support::View v10 = arena_.view(0, 1536);
+  static const support::Shape shape3_1 = {2, 4, 4, 4, 4, 3};
+  static const support::Shape shape3_3 = {768, 192, 48, 0, 0, 1};
+  static const support::Shape shape3_4 = {0, 0, 0, 4, 1, 0};
+  static const support::Shape shape3_5 = {16};
+  static const support::Shape shape3_6 = {3};
+  support::reshape(v10.data(), shape3_1, v9.data(), shape3_3, shape3_4, shape3_5, shape3_6,
+                   int64_t(0));
+
+  // vit.mesh:48:14 reshape -> flat
+  support::View v11 = arena_.view(8192, 1536);
+  static const support::Shape shape4_1 = {2, 16, 4, 4, 3};
+  static const support::Shape shape4_3 = {768, 0, 48, 3, 1};
+  static const support::Shape shape4_4 = {0, 1, 0, 0, 0};
+  static const support::Shape shape4_5 = {4, 4};
+  static const support::Shape shape4_6 = {192, 12};
+  support::reshape(v11.data(), shape4_1, v10.data(), shape4_3, shape4_4, shape4_5, shape4_6,
+                   int64_t(0));
+
+  // vit.mesh:50:10 einsum
+  const support::Buffer &v5 = param4_vit_embed_patches_w_patch;
+  support::View v12 = arena_.view(0, 2048);
+  // dims: batch, patches, pixel_row, pixel_col, channels, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
+  einsumPlan5.run(v11.data(), v5.data(), v12.data(), 1.0f, 0.0f);
+
+  // vit.mesh:50:59 add -> patch_embeddings
+  const support::Buffer &v6 = param5_vit_embed_patches_b_patch;
+  support::View v13 = arena_.view(8704, 2048);
+  {
+    float *__restrict v13p = v13.data();
+    const float *__restrict v12p = v12.data();
+    const float *__restrict v6p = v6.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v12p[i0 * 64 + i1];
+        const float s1 = v6p[i1];
+        const float s2 = (s0 + s1);
+        v13p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:92:34 mul -> class_tokens
+  const support::Buffer &v1 = param0_vit_class_token;
+  support::View v17 = persistent_.view(192, 2);
+  support::View v18 = arena_.view(16896, 128);
+  {
+    float *__restrict v18p = v18.data();
+    const float *__restrict v1p = v1.data();
+    const float *__restrict v17p = v17.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v1p[i0];
+        const float s1 = v17p[i1];
+        const float s2 = (s0 * s1);
+        v18p[i0 * 2 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:93:40 concat
+  support::View v19 = arena_.slot(0, 2176);
+  static const support::Shape shape8_2 = {64, 2};
+  static const support::Shape shape8_3 = {2, 1};
+  static const support::Shape shape8_4 = {2, 1};
+  support::copyWindow(v19.data(), v18.data(), shape8_2, shape8_3, shape8_4, 128, 128, 17, 1,
+                      int64_t(0));
+
+  // vit.mesh:93:40 concat
+  static const support::Shape shape9_2 = {64, 2};
+  static const support::Shape shape9_3 = {2, 1};
+  static const support::Shape shape9_4 = {1, 1024};
+  support::copyWindow(v19.data(), v13.data(), shape9_2, shape9_3, shape9_4, 128, 64, 17, 16,
+                      int64_t(1));
+
+  // vit.mesh:94:40 add
+  // vit.mesh:93:40 transpose -> x
+  const support::Buffer &v2 = param1_vit_position_embedding;
+  support::View v21 = arena_.view(8704, 2176);
+  {
+    float *__restrict v21p = v21.data();
+    const float *__restrict v19p = v19.data();
+    const float *__restrict v2p = v2.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 1088; ++i1) {
+        const float s0 = v19p[i0 + i1 * 2];
+        const float s1 = v2p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = s2;
+        v21p[i0 * 1088 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v26 = arena_.view(0, 2176);
+  static const support::Shape shape11_2 = {2, 17};
+  static const support::Shape shape11_3 = {1088, 64};
+  static const support::Shape shape11_4 = {1088, 64};
+  static const support::Shape shape11_5 = {64};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(v26.data(), v21.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  const support::Buffer &v24 = param8_vit_encoder_layer_0_norm_gain;
+  const support::Buffer &v25 = param9_vit_encoder_layer_0_norm_bias;
+  support::View v28 = arena_.view(17408, 2176);
+  {
+    float *__restrict v28p = v28.data();
+    const float *__restrict v26p = v26.data();
+    const float *__restrict v24p = v24.data();
+    const float *__restrict v25p = v25.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v26p[i0 * 64 + i1];
+        const float s1 = v24p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v25p[i1];
+        const float s4 = (s2 + s3);
+        v28p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:59:11 einsum -> q
+  const support::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
+  support::View v33 = arena_.view(26112, 1088);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan13.run(v28.data(), v29.data(), v33.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 rename
+  support::View v34 = arena_.copy(0, v28);
+
+  // vit.mesh:60:11 einsum -> k
+  const support::Buffer &v30 = param11_vit_encoder_layer_0_attention_w_k;
+  support::View v35 = arena_.view(30464, 1088);
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan15.run(v34.data(), v30.data(), v35.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum -> v
+  const support::Buffer &v31 = param12_vit_encoder_layer_0_attention_w_v;
+  support::View v37 = arena_.view(34816, 1088);
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan16.run(v28.data(), v31.data(), v37.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:25 einsum
+  // vit.mesh:62:67 mul
+  support::View v38 = arena_.view(0, 1156);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan17.run(v33.data(), v35.data(), v38.data(), 0.25f, 0.0f);
+
+  // vit.mesh:62:17 softmax -> weights
+  support::View v41 = arena_.view(17408, 1156);
+  static const support::Shape shape18_2 = {2, 2, 17};
+  static const support::Shape shape18_3 = {578, 289, 17};
+  static const support::Shape shape18_4 = {578, 289, 17};
+  static const support::Shape shape18_5 = {17};
+  static const support::Shape shape18_6 = {1};
+  static const support::Shape shape18_7 = {1};
+  support::along(v41.data(), v38.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::Softmax, 1e-05, 17, nullptr);
+
+  // vit.mesh:63:17 einsum
+  support::View v42 = arena_.view(22080, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan19.run(v41.data(), v37.data(), v42.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum
+  const support::Buffer &v32 = param13_vit_encoder_layer_0_attention_w_o;
+  support::View v43 = arena_.view(0, 2176);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan20.run(v42.data(), v32.data(), v43.data(), 1.0f, 0.0f);
+
+  // vit.mesh:80:55 mul
+  const support::Buffer &v22 = param6_vit_encoder_layer_0_attention_scale;
+  support::View v45 = arena_.view(17408, 2176);
+  {
+    float *__restrict v45p = v45.data();
+    const float *__restrict v43p = v43.data();
+    const float *__restrict v22p = v22.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v43p[i0 * 64 + i1];
+        const float s1 = v22p[i1];
+        const float s2 = (s0 * s1);
+        v45p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
+  group_model.allReduce(v45.data(), v45.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:80:13 add -> h
+  support::View v47 = arena_.view(26112, 2176);
+  {
+    float *__restrict v47p = v47.data();
+    const float *__restrict v21p = v21.data();
+    const float *__restrict v45p = v45.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v21p[i0];
+      const float s1 = v45p[i0];
+      const float s2 = (s0 + s1);
+      v47p[i0] = s2;
+    }
+  }
+}
+
+void Classify::runPart1(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:36:10 layer_norm
+  support::View v47 = arena_.view(26112, 2176);
+  support::View v50 = arena_.view(0, 2176);
+  static const support::Shape shape0_2 = {2, 17};
+  static const support::Shape shape0_3 = {1088, 64};
+  static const support::Shape shape0_4 = {1088, 64};
+  static const support::Shape shape0_5 = {64};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(v50.data(), v47.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  // vit.mesh:71:23 cast
+  const support::Buffer &v48 = param14_vit_encoder_layer_0_norm_1_gain;
+  const support::Buffer &v49 = param15_vit_encoder_layer_0_norm_1_bias;
+  support::View v55 = arena_.view(16384, 2176);
+  {
+    float *__restrict v55p = v55.data();
+    const float *__restrict v50p = v50.data();
+    const float *__restrict v48p = v48.data();
+    const float *__restrict v49p = v49.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v50p[i0 * 64 + i1];
+        const float s1 = v48p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v49p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = support::roundValue(support::DType::BF16, double(s4));
+        v55p[i0 * 64 + i1] = s5;
+      }
+    }
+  }
+
+  // vit.mesh:71:38 cast
+  const support::Buffer &v53 = param16_vit_encoder_layer_0_ffn_w_in;
+  support::View v56 = arena_.view(0, 4096);
+  {
+    float *__restrict v56p = v56.data();
+    const float *__restrict v53p = v53.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v53p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v56p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::View v57 = arena_.view(34816, 2176);
+  support::einsum2Double(v57.data(), v55.data(), v56.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(v57);
+
+  // vit.mesh:71:11 gelu -> h
+  support::View v58 = arena_.view(16384, 2176);
+  {
+    float *__restrict v58p = v58.data();
+    const float *__restrict v57p = v57.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v57p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
+      v58p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:25 cast
+  const support::Buffer &v54 = param17_vit_encoder_layer_0_ffn_w_out;
+  support::View v59 = arena_.view(0, 4096);
+  {
+    float *__restrict v59p = v59.data();
+    const float *__restrict v54p = v54.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v54p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v59p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:15 einsum
+  support::View v60 = arena_.view(34816, 2176);
+  support::einsum2Double(v60.data(), v58.data(), v59.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(v60);
+
+  // vit.mesh:72:10 cast
+  // vit.mesh:81:48 mul
+  const support::Buffer &v23 = param7_vit_encoder_layer_0_ffn_scale;
+  support::View v63 = arena_.view(0, 2176);
+  {
+    float *__restrict v63p = v63.data();
+    const float *__restrict v60p = v60.data();
+    const float *__restrict v23p = v23.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v60p[i0 * 64 + i1];
+        const float s1 = s0;
+        const float s2 = v23p[i1];
+        const float s3 = (s1 * s2);
+        v63p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
+  group_model.allReduce(v63.data(), v63.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:81:12 add -> x
+  support::View v65 = arena_.view(8704, 2176);
+  {
+    float *__restrict v65p = v65.data();
+    const float *__restrict v47p = v47.data();
+    const float *__restrict v63p = v63.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v47p[i0];
+      const float s1 = v63p[i0];
+      const float s2 = (s0 + s1);
+      v65p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v70 = arena_.view(0, 2176);
+  static const support::Shape shape12_2 = {2, 17};
+  static const support::Shape shape12_3 = {1088, 64};
+  static const support::Shape shape12_4 = {1088, 64};
+  static const support::Shape shape12_5 = {64};
+  static const support::Shape shape12_6 = {1};
+  static const support::Shape shape12_7 = {1};
+  support::along(v70.data(), v65.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
+                 shape12_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  const support::Buffer &v68 = param20_vit_encoder_layer_1_norm_gain;
+  const support::Buffer &v69 = param21_vit_encoder_layer_1_norm_bias;
+  support::View v72 = arena_.view(17408, 2176);
+  {
+    float *__restrict v72p = v72.data();
+    const float *__restrict v70p = v70.data();
+    const float *__restrict v68p = v68.data();
+    const float *__restrict v69p = v69.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v70p[i0 * 64 + i1];
+        const float s1 = v68p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v69p[i1];
+        const float s4 = (s2 + s3);
+        v72p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:59:11 einsum -> q
+  const support::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
+  support::View v77 = arena_.view(26112, 1088);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan14.run(v72.data(), v73.data(), v77.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 rename
+  support::View v78 = arena_.copy(0, v72);
+
+  // vit.mesh:60:11 einsum -> k
+  const support::Buffer &v74 = param23_vit_encoder_layer_1_attention_w_k;
+  support::View v79 = arena_.view(30464, 1088);
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan16.run(v78.data(), v74.data(), v79.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum -> v
+  const support::Buffer &v75 = param24_vit_encoder_layer_1_attention_w_v;
+  support::View v81 = arena_.view(34816, 1088);
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan17.run(v72.data(), v75.data(), v81.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:25 einsum
+  // vit.mesh:62:67 mul
+  support::View v82 = arena_.view(0, 1156);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan18.run(v77.data(), v79.data(), v82.data(), 0.25f, 0.0f);
+
+  // vit.mesh:62:17 softmax -> weights
+  support::View v85 = arena_.view(17408, 1156);
+  static const support::Shape shape19_2 = {2, 2, 17};
+  static const support::Shape shape19_3 = {578, 289, 17};
+  static const support::Shape shape19_4 = {578, 289, 17};
+  static const support::Shape shape19_5 = {17};
+  static const support::Shape shape19_6 = {1};
+  static const support::Shape shape19_7 = {1};
+  support::along(v85.data(), v82.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+                 shape19_7, support::Along::Softmax, 1e-05, 17, nullptr);
+
+  // vit.mesh:63:17 einsum
+  support::View v86 = arena_.view(22080, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan20.run(v85.data(), v81.data(), v86.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum
+  const support::Buffer &v76 = param25_vit_encoder_layer_1_attention_w_o;
+  support::View v87 = arena_.view(0, 2176);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan21.run(v86.data(), v76.data(), v87.data(), 1.0f, 0.0f);
+
+  // vit.mesh:80:55 mul
+  const support::Buffer &v66 = param18_vit_encoder_layer_1_attention_scale;
+  support::View v89 = arena_.view(17408, 2176);
+  {
+    float *__restrict v89p = v89.data();
+    const float *__restrict v87p = v87.data();
+    const float *__restrict v66p = v66.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v87p[i0 * 64 + i1];
+        const float s1 = v66p[i1];
+        const float s2 = (s0 * s1);
+        v89p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %87 over model for add at 80:13)
+  group_model.allReduce(v89.data(), v89.size(), meshrt::ReduceOp::Sum);
+}
+
+void Classify::runPart2(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:80:13 add -> h
+  support::View v65 = arena_.view(8704, 2176);
+  support::View v89 = arena_.view(17408, 2176);
+  support::View v91 = arena_.view(26112, 2176);
+  {
+    float *__restrict v91p = v91.data();
+    const float *__restrict v65p = v65.data();
+    const float *__restrict v89p = v89.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v65p[i0];
+      const float s1 = v89p[i0];
+      const float s2 = (s0 + s1);
+      v91p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v94 = arena_.view(0, 2176);
+  static const support::Shape shape1_2 = {2, 17};
+  static const support::Shape shape1_3 = {1088, 64};
+  static const support::Shape shape1_4 = {1088, 64};
+  static const support::Shape shape1_5 = {64};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(v94.data(), v91.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  // vit.mesh:71:23 cast
+  const support::Buffer &v92 = param26_vit_encoder_layer_1_norm_1_gain;
+  const support::Buffer &v93 = param27_vit_encoder_layer_1_norm_1_bias;
+  support::View v99 = arena_.view(16384, 2176);
+  {
+    float *__restrict v99p = v99.data();
+    const float *__restrict v94p = v94.data();
+    const float *__restrict v92p = v92.data();
+    const float *__restrict v93p = v93.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v94p[i0 * 64 + i1];
+        const float s1 = v92p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v93p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = support::roundValue(support::DType::BF16, double(s4));
+        v99p[i0 * 64 + i1] = s5;
+      }
+    }
+  }
+
+  // vit.mesh:71:38 cast
+  const support::Buffer &v97 = param28_vit_encoder_layer_1_ffn_w_in;
+  support::View v100 = arena_.view(0, 4096);
+  {
+    float *__restrict v100p = v100.data();
+    const float *__restrict v97p = v97.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v97p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v100p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::View v101 = arena_.view(34816, 2176);
+  support::einsum2Double(v101.data(), v99.data(), v100.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(v101);
+
+  // vit.mesh:71:11 gelu -> h
+  support::View v102 = arena_.view(16384, 2176);
+  {
+    float *__restrict v102p = v102.data();
+    const float *__restrict v101p = v101.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v101p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
+      v102p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:25 cast
+  const support::Buffer &v98 = param29_vit_encoder_layer_1_ffn_w_out;
+  support::View v103 = arena_.view(0, 4096);
+  {
+    float *__restrict v103p = v103.data();
+    const float *__restrict v98p = v98.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v98p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v103p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:15 einsum
+  support::View v104 = arena_.view(34816, 2176);
+  support::einsum2Double(v104.data(), v102.data(), v103.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(v104);
+
+  // vit.mesh:72:10 cast
+  // vit.mesh:81:48 mul
+  const support::Buffer &v67 = param19_vit_encoder_layer_1_ffn_scale;
+  support::View v107 = arena_.view(0, 2176);
+  {
+    float *__restrict v107p = v107.data();
+    const float *__restrict v104p = v104.data();
+    const float *__restrict v67p = v67.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v104p[i0 * 64 + i1];
+        const float s1 = s0;
+        const float s2 = v67p[i1];
+        const float s3 = (s1 * s2);
+        v107p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %104 over model for add at 81:12)
+  group_model.allReduce(v107.data(), v107.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:81:12 add -> x
+  support::View v109 = arena_.view(8704, 2176);
+  {
+    float *__restrict v109p = v109.data();
+    const float *__restrict v91p = v91.data();
+    const float *__restrict v107p = v107.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v91p[i0];
+      const float s1 = v107p[i0];
+      const float s2 = (s0 + s1);
+      v109p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v112 = arena_.view(0, 2176);
+  static const support::Shape shape13_2 = {2, 17};
+  static const support::Shape shape13_3 = {1088, 64};
+  static const support::Shape shape13_4 = {1088, 64};
+  static const support::Shape shape13_5 = {64};
+  static const support::Shape shape13_6 = {1};
+  static const support::Shape shape13_7 = {1};
+  support::along(v112.data(), v109.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  const support::Buffer &v110 = param30_vit_norm_gain;
+  const support::Buffer &v111 = param31_vit_norm_bias;
+  support::View v114 = arena_.view(8704, 2176);
+  {
+    float *__restrict v114p = v114.data();
+    const float *__restrict v112p = v112.data();
+    const float *__restrict v110p = v110.data();
+    const float *__restrict v111p = v111.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v112p[i0 * 64 + i1];
+        const float s1 = v110p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v111p[i1];
+        const float s4 = (s2 + s3);
+        v114p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:99:17 slice
+  support::View v115 = arena_.slot(0, 128);
+  static const support::Shape shape15_2 = {2, 64};
+  static const support::Shape shape15_3 = {64, 1};
+  static const support::Shape shape15_4 = {1088, 1};
+  support::copyWindow(v115.data(), v114.data(), shape15_2, shape15_3, shape15_4, 64, 64, 1, 17,
+                      int64_t(0));
+
+  // vit.mesh:99:13 sum -> cls
+  support::View v116 = arena_.view(512, 128);
+  static const support::Shape shape16_1 = {2, 64};
+  static const support::Shape shape16_3 = {64, 1};
+  static const support::Shape shape16_4 = {1};
+  static const support::Shape shape16_5 = {64};
+  support::reduce(v116.data(), shape16_1, v115.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:100:10 einsum
+  const support::Buffer &v3 = param2_vit_w_head;
+  support::View v117 = arena_.view(0, 20);
+  // dims: batch, d_model, classes
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+  einsumPlan17.run(v116.data(), v3.data(), v117.data(), 1.0f, 0.0f);
+
+  // vit.mesh:100:48 add
+  const support::Buffer &v4 = param3_vit_b_head;
+  support::View v118 = arena_.view(128, 20);
+  {
+    float *__restrict v118p = v118.data();
+    const float *__restrict v117p = v117.data();
+    const float *__restrict v4p = v4.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 10; ++i1) {
+        const float s0 = v117p[i0 * 10 + i1];
+        const float s1 = v4p[i1];
+        const float s2 = (s0 + s1);
+        v118p[i0 * 10 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:104:11 softmax -> probs
+  support::View v119 = arena_.view(0, 20);
+  static const support::Shape shape19_2 = {2};
+  static const support::Shape shape19_3 = {10};
+  static const support::Shape shape19_4 = {10};
+  static const support::Shape shape19_5 = {10};
+  static const support::Shape shape19_6 = {1};
+  static const support::Shape shape19_7 = {1};
+  support::along(v119.data(), v118.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+                 shape19_7, support::Along::Softmax, 1e-05, 10, nullptr);
 }
 
 Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
@@ -872,33 +1044,33 @@ Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
       inputs.image.data.data(),
       meshrt::kernels::Shard{
           meshrt::kernels::Dims{4, 14, 14, 3},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2), 0, 0, 0},
+          meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0, 0, 0},
           meshrt::kernels::Dims{2, 14, 14, 3}},
       seed, "image", meshrt::kernels::ValueType::F32);
   return inputs;
 }
 
-meshc::gen::Tensor Classify::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &global) {
+support::Tensor Classify::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &global) {
   if (name == "image") {
-    meshc::gen::checkShape("global input", name, global, {4, 14, 14, 3});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {4, 14, 14, 3});
+    return support::Tensor{
         {2, 14, 14, 3},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {2, 14, 14, 3}, {588, 42, 3, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 2), 0,
-                              0, 0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 2), 0, 0,
+                           0})};
   }
   throw std::invalid_argument("classify: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor Classify::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &local) {
+support::Tensor Classify::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &local) {
   if (name == "probs") {
-    meshc::gen::checkShape("local output", name, local, {2, 10});
-    return meshc::gen::Tensor{
-        {4, 10}, meshc::gen::gatherShards(world, local.data, {2, 10}, {4, 10}, [&](int rank) {
-          return meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), rank, {"data"}, 2), 0};
+    support::checkShape("local output", name, local, {2, 10});
+    return support::Tensor{
+        {4, 10}, support::gatherShards(world, local.data, {2, 10}, {4, 10}, [&](int rank) {
+          return support::Shape{support::shardStartOf(world.mesh(), rank, {"data"}, 2), 0};
         })};
   }
   throw std::invalid_argument("classify: no output named '" + name + "'");
@@ -944,7 +1116,7 @@ bool Classify::isOptimizerState(const std::string &path) {
   return false;
 }
 
-std::vector<meshc::gen::ParamShard> Classify::paramShards() {
+std::vector<support::ParamShard> Classify::paramShards() {
   return {
       {"vit/class_token",
        false,
@@ -1184,26 +1356,26 @@ std::vector<meshc::gen::ParamShard> Classify::paramShards() {
   };
 }
 
-meshc::gen::Tensor Classify::getParam(const std::string &path) {
+support::Tensor Classify::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "classify"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "classify"));
 }
 
-void Classify::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void Classify::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "classify"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "classify"), global);
 }
 
 void Classify::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {0, {{"program", "classify"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void Classify::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   (void)info.step; // a program keeps no step count
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);
@@ -1216,7 +1388,7 @@ meshrt::Mesh TrainVit::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}})
 std::vector<std::string> TrainVit::inputNames() { return {"image", "labels"}; }
 std::vector<std::string> TrainVit::outputNames() { return {"loss"}; }
 
-meshc::gen::Shape TrainVit::inputShape(const std::string &name) {
+support::Shape TrainVit::inputShape(const std::string &name) {
   if (name == "image")
     return {4, 14, 14, 3};
   if (name == "labels")
@@ -1225,12 +1397,12 @@ meshc::gen::Shape TrainVit::inputShape(const std::string &name) {
 }
 
 TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
-    : world_(meshc::gen::checkedWorld(world, mesh(), "train_vit")), seed_(seed),
+    : world_(support::checkedWorld(world, mesh(), "train_vit")), seed_(seed),
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
   // vit/class_token: truncated_normal (vit.mesh:85)
   param0_vit_class_token.resize(64);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param0_vit_class_token.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{1, 64}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{1, 64}},
@@ -1239,7 +1411,7 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // vit/position_embedding: truncated_normal (vit.mesh:86)
   param1_vit_position_embedding.resize(1088);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param1_vit_position_embedding.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{17, 64}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{17, 64}},
@@ -1248,17 +1420,17 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // vit/w_head: normal (vit.mesh:87)
   param2_vit_w_head.resize(640);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param2_vit_w_head.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{64, 10}, meshrt::kernels::Dims{0, 0},
                              meshrt::kernels::Dims{64, 10}},
       seed, "vit/w_head", meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.02}}),
       meshrt::kernels::ValueType::F32);
   // vit/b_head: zeros (vit.mesh:88)
-  param3_vit_b_head.assign(10, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param3_vit_b_head.assign(10, support::roundValue(support::DType::F32, 0.0));
   // vit/embed_patches/w_patch: truncated_normal (vit.mesh:41)
   param4_vit_embed_patches_w_patch.resize(3072);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param4_vit_embed_patches_w_patch.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{4, 4, 3, 64}, meshrt::kernels::Dims{0, 0, 0, 0},
                              meshrt::kernels::Dims{4, 4, 3, 64}},
@@ -1266,6222 +1438,6349 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::makeInit("truncated_normal", {{"mean", 0.0}, {"stddev", 0.144}}),
       meshrt::kernels::ValueType::F32);
   // vit/embed_patches/b_patch: zeros (vit.mesh:42)
-  param5_vit_embed_patches_b_patch.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param5_vit_embed_patches_b_patch.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention_scale: constant (vit.mesh:78)
-  param6_vit_encoder_layer_0_attention_scale.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+  param6_vit_encoder_layer_0_attention_scale.assign(64,
+                                                    support::roundValue(support::DType::F32, 0.1));
   // vit/encoder_layer[0]/ffn_scale: constant (vit.mesh:79)
-  param7_vit_encoder_layer_0_ffn_scale.assign(64,
-                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+  param7_vit_encoder_layer_0_ffn_scale.assign(64, support::roundValue(support::DType::F32, 0.1));
   // vit/encoder_layer[0]/norm/gain: ones (vit.mesh:34)
-  param8_vit_encoder_layer_0_norm_gain.assign(64,
-                                              meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param8_vit_encoder_layer_0_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[0]/norm/bias: zeros (vit.mesh:35)
-  param9_vit_encoder_layer_0_norm_bias.assign(64,
-                                              meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param9_vit_encoder_layer_0_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_q: normal (vit.mesh:55)
   param10_vit_encoder_layer_0_attention_w_q.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param10_vit_encoder_layer_0_attention_w_q.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[0]/attention/w_q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_k: normal (vit.mesh:56)
   param11_vit_encoder_layer_0_attention_w_k.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param11_vit_encoder_layer_0_attention_w_k.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[0]/attention/w_k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_v: normal (vit.mesh:57)
   param12_vit_encoder_layer_0_attention_w_v.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param12_vit_encoder_layer_0_attention_w_v.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[0]/attention/w_v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/attention/w_o: normal (vit.mesh:58)
   param13_vit_encoder_layer_0_attention_w_o.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param13_vit_encoder_layer_0_attention_w_o.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 16, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 16, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 16, 64}},
       seed, "vit/encoder_layer[0]/attention/w_o",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/norm#1/gain: ones (vit.mesh:34)
-  param14_vit_encoder_layer_0_norm_1_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param14_vit_encoder_layer_0_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[0]/norm#1/bias: zeros (vit.mesh:35)
-  param15_vit_encoder_layer_0_norm_1_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param15_vit_encoder_layer_0_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_in: normal (vit.mesh:69)
   param16_vit_encoder_layer_0_ffn_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param16_vit_encoder_layer_0_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "vit/encoder_layer[0]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[0]/ffn/w_out: normal (vit.mesh:70)
   param17_vit_encoder_layer_0_ffn_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param17_vit_encoder_layer_0_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "vit/encoder_layer[0]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention_scale: constant (vit.mesh:78)
-  param18_vit_encoder_layer_1_attention_scale.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+  param18_vit_encoder_layer_1_attention_scale.assign(64,
+                                                     support::roundValue(support::DType::F32, 0.1));
   // vit/encoder_layer[1]/ffn_scale: constant (vit.mesh:79)
-  param19_vit_encoder_layer_1_ffn_scale.assign(64,
-                                               meshc::gen::roundValue(meshc::gen::DType::F32, 0.1));
+  param19_vit_encoder_layer_1_ffn_scale.assign(64, support::roundValue(support::DType::F32, 0.1));
   // vit/encoder_layer[1]/norm/gain: ones (vit.mesh:34)
-  param20_vit_encoder_layer_1_norm_gain.assign(64,
-                                               meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param20_vit_encoder_layer_1_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[1]/norm/bias: zeros (vit.mesh:35)
-  param21_vit_encoder_layer_1_norm_bias.assign(64,
-                                               meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param21_vit_encoder_layer_1_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_q: normal (vit.mesh:55)
   param22_vit_encoder_layer_1_attention_w_q.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param22_vit_encoder_layer_1_attention_w_q.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[1]/attention/w_q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_k: normal (vit.mesh:56)
   param23_vit_encoder_layer_1_attention_w_k.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param23_vit_encoder_layer_1_attention_w_k.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[1]/attention/w_k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_v: normal (vit.mesh:57)
   param24_vit_encoder_layer_1_attention_w_v.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param24_vit_encoder_layer_1_attention_w_v.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 4, 16},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 2), 0},
-          meshrt::kernels::Dims{64, 2, 16}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 4, 16},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2), 0},
+                             meshrt::kernels::Dims{64, 2, 16}},
       seed, "vit/encoder_layer[1]/attention/w_v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/attention/w_o: normal (vit.mesh:58)
   param25_vit_encoder_layer_1_attention_w_o.resize(2048);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param25_vit_encoder_layer_1_attention_w_o.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{4, 16, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 2), 0, 0},
-          meshrt::kernels::Dims{2, 16, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 2), 0, 0},
+                             meshrt::kernels::Dims{2, 16, 64}},
       seed, "vit/encoder_layer[1]/attention/w_o",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/norm#1/gain: ones (vit.mesh:34)
-  param26_vit_encoder_layer_1_norm_1_gain.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param26_vit_encoder_layer_1_norm_1_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/encoder_layer[1]/norm#1/bias: zeros (vit.mesh:35)
-  param27_vit_encoder_layer_1_norm_1_bias.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param27_vit_encoder_layer_1_norm_1_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_in: normal (vit.mesh:69)
   param28_vit_encoder_layer_1_ffn_w_in.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param28_vit_encoder_layer_1_ffn_w_in.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{64, 128},
-          meshrt::kernels::Dims{0, meshc::gen::shardStart(world_, {"model"}, 64)},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{64, 128},
+                             meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 64)},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "vit/encoder_layer[1]/ffn/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.125}}),
       meshrt::kernels::ValueType::F32);
   // vit/encoder_layer[1]/ffn/w_out: normal (vit.mesh:70)
   param29_vit_encoder_layer_1_ffn_w_out.resize(4096);
-  meshrt::kernels::fillParam(
+  support::fillParam(
       param29_vit_encoder_layer_1_ffn_w_out.data(),
-      meshrt::kernels::Shard{
-          meshrt::kernels::Dims{128, 64},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"model"}, 64), 0},
-          meshrt::kernels::Dims{64, 64}},
+      meshrt::kernels::Shard{meshrt::kernels::Dims{128, 64},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"model"}, 64), 0},
+                             meshrt::kernels::Dims{64, 64}},
       seed, "vit/encoder_layer[1]/ffn/w_out",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.088}}),
       meshrt::kernels::ValueType::F32);
   // vit/norm/gain: ones (vit.mesh:34)
-  param30_vit_norm_gain.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
+  param30_vit_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/norm/bias: zeros (vit.mesh:35)
-  param31_vit_norm_bias.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param31_vit_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/class_token@m: zeros (vit.mesh:85)
-  param32_vit_class_token_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param32_vit_class_token_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/class_token@v: zeros (vit.mesh:85)
-  param33_vit_class_token_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param33_vit_class_token_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/position_embedding@m: zeros (vit.mesh:86)
-  param34_vit_position_embedding_m.assign(1088,
-                                          meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param34_vit_position_embedding_m.assign(1088, support::roundValue(support::DType::F32, 0.0));
   // vit/position_embedding@v: zeros (vit.mesh:86)
-  param35_vit_position_embedding_v.assign(1088,
-                                          meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param35_vit_position_embedding_v.assign(1088, support::roundValue(support::DType::F32, 0.0));
   // vit/w_head@m: zeros (vit.mesh:87)
-  param36_vit_w_head_m.assign(640, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param36_vit_w_head_m.assign(640, support::roundValue(support::DType::F32, 0.0));
   // vit/w_head@v: zeros (vit.mesh:87)
-  param37_vit_w_head_v.assign(640, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param37_vit_w_head_v.assign(640, support::roundValue(support::DType::F32, 0.0));
   // vit/b_head@m: zeros (vit.mesh:88)
-  param38_vit_b_head_m.assign(10, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param38_vit_b_head_m.assign(10, support::roundValue(support::DType::F32, 0.0));
   // vit/b_head@v: zeros (vit.mesh:88)
-  param39_vit_b_head_v.assign(10, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param39_vit_b_head_v.assign(10, support::roundValue(support::DType::F32, 0.0));
   // vit/embed_patches/w_patch@m: zeros (vit.mesh:41)
-  param40_vit_embed_patches_w_patch_m.assign(3072,
-                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param40_vit_embed_patches_w_patch_m.assign(3072, support::roundValue(support::DType::F32, 0.0));
   // vit/embed_patches/w_patch@v: zeros (vit.mesh:41)
-  param41_vit_embed_patches_w_patch_v.assign(3072,
-                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param41_vit_embed_patches_w_patch_v.assign(3072, support::roundValue(support::DType::F32, 0.0));
   // vit/embed_patches/b_patch@m: zeros (vit.mesh:42)
-  param42_vit_embed_patches_b_patch_m.assign(64,
-                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param42_vit_embed_patches_b_patch_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/embed_patches/b_patch@v: zeros (vit.mesh:42)
-  param43_vit_embed_patches_b_patch_v.assign(64,
-                                             meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param43_vit_embed_patches_b_patch_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention_scale@m: zeros (vit.mesh:78)
   param44_vit_encoder_layer_0_attention_scale_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention_scale@v: zeros (vit.mesh:78)
   param45_vit_encoder_layer_0_attention_scale_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn_scale@m: zeros (vit.mesh:79)
-  param46_vit_encoder_layer_0_ffn_scale_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param46_vit_encoder_layer_0_ffn_scale_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn_scale@v: zeros (vit.mesh:79)
-  param47_vit_encoder_layer_0_ffn_scale_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param47_vit_encoder_layer_0_ffn_scale_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/norm/gain@m: zeros (vit.mesh:34)
-  param48_vit_encoder_layer_0_norm_gain_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param48_vit_encoder_layer_0_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/norm/gain@v: zeros (vit.mesh:34)
-  param49_vit_encoder_layer_0_norm_gain_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param49_vit_encoder_layer_0_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/norm/bias@m: zeros (vit.mesh:35)
-  param50_vit_encoder_layer_0_norm_bias_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param50_vit_encoder_layer_0_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/norm/bias@v: zeros (vit.mesh:35)
-  param51_vit_encoder_layer_0_norm_bias_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param51_vit_encoder_layer_0_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_q@m: zeros (vit.mesh:55)
-  param52_vit_encoder_layer_0_attention_w_q_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param52_vit_encoder_layer_0_attention_w_q_m.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_q@v: zeros (vit.mesh:55)
-  param53_vit_encoder_layer_0_attention_w_q_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param53_vit_encoder_layer_0_attention_w_q_v.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_k@m: zeros (vit.mesh:56)
-  param54_vit_encoder_layer_0_attention_w_k_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param54_vit_encoder_layer_0_attention_w_k_m.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_k@v: zeros (vit.mesh:56)
-  param55_vit_encoder_layer_0_attention_w_k_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param55_vit_encoder_layer_0_attention_w_k_v.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_v@m: zeros (vit.mesh:57)
-  param56_vit_encoder_layer_0_attention_w_v_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param56_vit_encoder_layer_0_attention_w_v_m.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_v@v: zeros (vit.mesh:57)
-  param57_vit_encoder_layer_0_attention_w_v_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param57_vit_encoder_layer_0_attention_w_v_v.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_o@m: zeros (vit.mesh:58)
-  param58_vit_encoder_layer_0_attention_w_o_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param58_vit_encoder_layer_0_attention_w_o_m.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/attention/w_o@v: zeros (vit.mesh:58)
-  param59_vit_encoder_layer_0_attention_w_o_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param59_vit_encoder_layer_0_attention_w_o_v.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/norm#1/gain@m: zeros (vit.mesh:34)
-  param60_vit_encoder_layer_0_norm_1_gain_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param60_vit_encoder_layer_0_norm_1_gain_m.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/norm#1/gain@v: zeros (vit.mesh:34)
-  param61_vit_encoder_layer_0_norm_1_gain_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param61_vit_encoder_layer_0_norm_1_gain_v.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/norm#1/bias@m: zeros (vit.mesh:35)
-  param62_vit_encoder_layer_0_norm_1_bias_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param62_vit_encoder_layer_0_norm_1_bias_m.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/norm#1/bias@v: zeros (vit.mesh:35)
-  param63_vit_encoder_layer_0_norm_1_bias_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param63_vit_encoder_layer_0_norm_1_bias_v.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_in@m: zeros (vit.mesh:69)
-  param64_vit_encoder_layer_0_ffn_w_in_m.assign(
-      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param64_vit_encoder_layer_0_ffn_w_in_m.assign(4096,
+                                                support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_in@v: zeros (vit.mesh:69)
-  param65_vit_encoder_layer_0_ffn_w_in_v.assign(
-      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param65_vit_encoder_layer_0_ffn_w_in_v.assign(4096,
+                                                support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_out@m: zeros (vit.mesh:70)
-  param66_vit_encoder_layer_0_ffn_w_out_m.assign(
-      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param66_vit_encoder_layer_0_ffn_w_out_m.assign(4096,
+                                                 support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[0]/ffn/w_out@v: zeros (vit.mesh:70)
-  param67_vit_encoder_layer_0_ffn_w_out_v.assign(
-      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param67_vit_encoder_layer_0_ffn_w_out_v.assign(4096,
+                                                 support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention_scale@m: zeros (vit.mesh:78)
   param68_vit_encoder_layer_1_attention_scale_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention_scale@v: zeros (vit.mesh:78)
   param69_vit_encoder_layer_1_attention_scale_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+      64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn_scale@m: zeros (vit.mesh:79)
-  param70_vit_encoder_layer_1_ffn_scale_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param70_vit_encoder_layer_1_ffn_scale_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn_scale@v: zeros (vit.mesh:79)
-  param71_vit_encoder_layer_1_ffn_scale_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param71_vit_encoder_layer_1_ffn_scale_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/norm/gain@m: zeros (vit.mesh:34)
-  param72_vit_encoder_layer_1_norm_gain_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param72_vit_encoder_layer_1_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/norm/gain@v: zeros (vit.mesh:34)
-  param73_vit_encoder_layer_1_norm_gain_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param73_vit_encoder_layer_1_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/norm/bias@m: zeros (vit.mesh:35)
-  param74_vit_encoder_layer_1_norm_bias_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param74_vit_encoder_layer_1_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/norm/bias@v: zeros (vit.mesh:35)
-  param75_vit_encoder_layer_1_norm_bias_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param75_vit_encoder_layer_1_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_q@m: zeros (vit.mesh:55)
-  param76_vit_encoder_layer_1_attention_w_q_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param76_vit_encoder_layer_1_attention_w_q_m.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_q@v: zeros (vit.mesh:55)
-  param77_vit_encoder_layer_1_attention_w_q_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param77_vit_encoder_layer_1_attention_w_q_v.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_k@m: zeros (vit.mesh:56)
-  param78_vit_encoder_layer_1_attention_w_k_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param78_vit_encoder_layer_1_attention_w_k_m.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_k@v: zeros (vit.mesh:56)
-  param79_vit_encoder_layer_1_attention_w_k_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param79_vit_encoder_layer_1_attention_w_k_v.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_v@m: zeros (vit.mesh:57)
-  param80_vit_encoder_layer_1_attention_w_v_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param80_vit_encoder_layer_1_attention_w_v_m.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_v@v: zeros (vit.mesh:57)
-  param81_vit_encoder_layer_1_attention_w_v_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param81_vit_encoder_layer_1_attention_w_v_v.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_o@m: zeros (vit.mesh:58)
-  param82_vit_encoder_layer_1_attention_w_o_m.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param82_vit_encoder_layer_1_attention_w_o_m.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/attention/w_o@v: zeros (vit.mesh:58)
-  param83_vit_encoder_layer_1_attention_w_o_v.assign(
-      2048, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param83_vit_encoder_layer_1_attention_w_o_v.assign(2048,
+                                                     support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/norm#1/gain@m: zeros (vit.mesh:34)
-  param84_vit_encoder_layer_1_norm_1_gain_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param84_vit_encoder_layer_1_norm_1_gain_m.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/norm#1/gain@v: zeros (vit.mesh:34)
-  param85_vit_encoder_layer_1_norm_1_gain_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param85_vit_encoder_layer_1_norm_1_gain_v.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/norm#1/bias@m: zeros (vit.mesh:35)
-  param86_vit_encoder_layer_1_norm_1_bias_m.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param86_vit_encoder_layer_1_norm_1_bias_m.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/norm#1/bias@v: zeros (vit.mesh:35)
-  param87_vit_encoder_layer_1_norm_1_bias_v.assign(
-      64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param87_vit_encoder_layer_1_norm_1_bias_v.assign(64,
+                                                   support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_in@m: zeros (vit.mesh:69)
-  param88_vit_encoder_layer_1_ffn_w_in_m.assign(
-      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param88_vit_encoder_layer_1_ffn_w_in_m.assign(4096,
+                                                support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_in@v: zeros (vit.mesh:69)
-  param89_vit_encoder_layer_1_ffn_w_in_v.assign(
-      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param89_vit_encoder_layer_1_ffn_w_in_v.assign(4096,
+                                                support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_out@m: zeros (vit.mesh:70)
-  param90_vit_encoder_layer_1_ffn_w_out_m.assign(
-      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param90_vit_encoder_layer_1_ffn_w_out_m.assign(4096,
+                                                 support::roundValue(support::DType::F32, 0.0));
   // vit/encoder_layer[1]/ffn/w_out@v: zeros (vit.mesh:70)
-  param91_vit_encoder_layer_1_ffn_w_out_v.assign(
-      4096, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param91_vit_encoder_layer_1_ffn_w_out_v.assign(4096,
+                                                 support::roundValue(support::DType::F32, 0.0));
   // vit/norm/gain@m: zeros (vit.mesh:34)
-  param92_vit_norm_gain_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param92_vit_norm_gain_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/norm/gain@v: zeros (vit.mesh:34)
-  param93_vit_norm_gain_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param93_vit_norm_gain_v.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/norm/bias@m: zeros (vit.mesh:35)
-  param94_vit_norm_bias_m.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param94_vit_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/norm/bias@v: zeros (vit.mesh:35)
-  param95_vit_norm_bias_v.assign(64, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
+  param95_vit_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
+
+  // Values run() reads that never change, computed once (hoist-invariants).
+
+  // vit.mesh:92:41 iota
+  support::View v15 = persistent_.view(0, 2);
+  static const support::Shape shape0_1 = {2};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v15.data(), shape0_1, shape0_2, support::shardStart(world_, {"data"}, 2));
+
+  // vit.mesh:92:53 ge
+  support::View v17 = persistent_.view(128, 2);
+  {
+    float *__restrict v17p = v17.data();
+    const float *__restrict v15p = v15.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v15p[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+      v17p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:92:36 cast
+  support::View v18 = persistent_.view(192, 2);
+  {
+    float *__restrict v18p = v18.data();
+    const float *__restrict v17p = v17.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v17p[i0];
+      const float s1 = s0;
+      v18p[i0] = s1;
+    }
+  }
 }
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
-  // Arena: 379328 bytes for 2573404 bytes of temporaries (629 slots, placed by liveness).
-  meshc::gen::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
-  meshc::gen::checkShape("input", "labels", inputs.labels, {2});
-
-  // vit.mesh:109:17 input -> image
-  const meshc::gen::Buffer &v0 = inputs.image.data;
-
-  // vit.mesh:109:61 input -> labels
-  const meshc::gen::Buffer &v1 = inputs.labels.data;
-
-  // vit.mesh:85:9 param -> class_token
-  const meshc::gen::Buffer &v2 = param0_vit_class_token;
-
-  // vit.mesh:86:9 param -> position_embedding
-  const meshc::gen::Buffer &v3 = param1_vit_position_embedding;
-
-  // vit.mesh:87:9 param -> w_head
-  const meshc::gen::Buffer &v4 = param2_vit_w_head;
-
-  // vit.mesh:88:9 param -> b_head
-  const meshc::gen::Buffer &v5 = param3_vit_b_head;
-
-  // vit.mesh:41:9 param -> w_patch
-  const meshc::gen::Buffer &v6 = param4_vit_embed_patches_w_patch;
-
-  // vit.mesh:42:9 param -> b_patch
-  const meshc::gen::Buffer &v7 = param5_vit_embed_patches_b_patch;
-
-  // vit.mesh:44:20 pad
-  meshc::gen::View v8 = arena_.slot(6144, 1344);
-  meshc::gen::copyWindow(v8.data(), v0.data(), {2, 14, 3}, {672, 3, 1}, {588, 3, 1}, 42, 42, 16, 14,
-                         1 - 0);
-
-  // vit.mesh:44:16 pad -> padded
-  meshc::gen::View v9 = arena_.slot(0, 1536);
-  meshc::gen::copyWindow(v9.data(), v8.data(), {2, 16, 3}, {768, 48, 1}, {672, 42, 1}, 3, 3, 16, 14,
-                         1 - 0);
-
-  // vit.mesh:46:14 reshape -> rows
-  meshc::gen::View v10 = arena_.slot(6144, 1536);
-  meshc::gen::reshape(v10.data(), {2, 4, 4, 16, 3}, v9.data(), {768, 0, 0, 3, 1}, {0, 4, 1, 0, 0},
-                      {16}, {48}, 0);
-
-  // vit.mesh:47:14 reshape -> grid
-  meshc::gen::View v11 = arena_.slot(0, 1536);
-  meshc::gen::reshape(v11.data(), {2, 4, 4, 4, 4, 3}, v10.data(), {768, 192, 48, 0, 0, 1},
-                      {0, 0, 0, 4, 1, 0}, {16}, {3}, 0);
-
-  // vit.mesh:48:14 reshape -> flat
-  meshc::gen::View v12 = arena_.slot(325632, 1536);
-  meshc::gen::reshape(v12.data(), {2, 16, 4, 4, 3}, v11.data(), {768, 0, 48, 3, 1}, {0, 1, 0, 0, 0},
-                      {4, 4}, {192, 12}, 0);
-
-  // vit.mesh:50:10 einsum
-  meshc::gen::View v13 = arena_.slot(0, 2048);
-  // dims: batch, patches, pixel_row, pixel_col, channels, d_model
-  static const meshrt::kernels::EinsumPlan einsum13(
-      {{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
-  einsum13.run(v12.data(), v6.data(), v13.data());
-
-  // vit.mesh:50:59 add -> patch_embeddings
-  meshc::gen::View v14 = arena_.slot(8704, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v14[at[0]] = float(double(v13[at[1]]) + double(v7[at[2]]));
-                         });
-
-  // vit.mesh:92:41 iota
-  meshc::gen::View v15 = arena_.slot(0, 2);
-  meshc::gen::iota(v15.data(), {2}, {1}, meshc::gen::shardStart(world_, {"data"}, 2));
-
-  // vit.mesh:92:56 literal
-  meshc::gen::View v16 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::I32, 0.0));
-
-  // vit.mesh:92:53 ge
-  // vit.mesh:92:36 cast
-  meshc::gen::View v18 = arena_.slot(379072, 2);
-  meshc::gen::forEach<3>({2}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    float t17 = (v15[at[1]] >= v16[at[2]] ? 1.0f : 0.0f);
-    v18[at[0]] = float(t17);
-  });
-
-  // vit.mesh:92:34 mul -> class_tokens
-  meshc::gen::View v19 = arena_.slot(16896, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {64, 1, 0}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v19[at[0]] = float(double(v2[at[1]]) * double(v18[at[2]]));
-                         });
-
-  // vit.mesh:93:40 concat
-  meshc::gen::View v20 = arena_.slot(0, 2176);
-  meshc::gen::copyWindow(v20.data(), v19.data(), {64, 2}, {2, 1}, {2, 1}, 128, 128, 17, 1, 0 - 0);
-  meshc::gen::copyWindow(v20.data(), v14.data(), {64, 2}, {2, 1}, {1, 1024}, 128, 64, 17, 16,
-                         1 - 0);
-
-  // vit.mesh:94:40 add
-  meshc::gen::View v21 = arena_.slot(8704, 2176);
-  meshc::gen::forEach<3>({17, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {64, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v21[at[0]] = float(double(v20[at[1]]) + double(v3[at[2]]));
-                         });
-
-  // vit.mesh:93:40 transpose -> x
-  meshc::gen::View v22 = arena_.slot(81920, 2176);
-  meshc::gen::forEach<2>({2, 17, 64}, {{{1088, 64, 1}, {1, 128, 2}}}, {},
-                         [&](const std::array<int64_t, 2> &at) { v22[at[0]] = float(v21[at[1]]); });
-
-  // vit.mesh:78:9 param -> attention_scale
-  const meshc::gen::Buffer &v23 = param6_vit_encoder_layer_0_attention_scale;
-
-  // vit.mesh:79:9 param -> ffn_scale
-  const meshc::gen::Buffer &v24 = param7_vit_encoder_layer_0_ffn_scale;
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v25 = param8_vit_encoder_layer_0_norm_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v26 = param9_vit_encoder_layer_0_norm_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v27 = arena_.slot(90624, 2176);
-  meshc::gen::along(v27.data(), v22.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v29 = arena_.slot(99328, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t28 = float(double(v27[at[1]]) * double(v25[at[2]]));
-                           v29[at[0]] = float(double(t28) + double(v26[at[3]]));
-                         });
-
-  // vit.mesh:55:9 param -> w_q
-  const meshc::gen::Buffer &v30 = param10_vit_encoder_layer_0_attention_w_q;
-
-  // vit.mesh:56:9 param -> w_k
-  const meshc::gen::Buffer &v31 = param11_vit_encoder_layer_0_attention_w_k;
-
-  // vit.mesh:57:9 param -> w_v
-  const meshc::gen::Buffer &v32 = param12_vit_encoder_layer_0_attention_w_v;
-
-  // vit.mesh:58:9 param -> w_o
-  const meshc::gen::Buffer &v33 = param13_vit_encoder_layer_0_attention_w_o;
-
-  // vit.mesh:59:11 einsum -> q
-  meshc::gen::View v34 = arena_.slot(341120, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum34(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum34.run(v29.data(), v30.data(), v34.data());
-
-  // vit.mesh:60:18 rename
-  meshc::gen::View v35 = arena_.copy(108032, v29);
-
-  // vit.mesh:60:11 einsum -> k
-  meshc::gen::View v36 = arena_.slot(345472, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum36(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum36.run(v35.data(), v31.data(), v36.data());
-
-  // vit.mesh:61:18 rename
-  meshc::gen::View v37 = arena_.copy(116736, v29);
-
-  // vit.mesh:61:11 einsum -> v
-  meshc::gen::View v38 = arena_.slot(349824, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum38(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum38.run(v37.data(), v32.data(), v38.data());
-
-  // vit.mesh:62:25 einsum
-  meshc::gen::View v39 = arena_.slot(0, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum39(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum39.run(v34.data(), v36.data(), v39.data());
-
-  // vit.mesh:62:69 literal
-  meshc::gen::View v40 =
-      arena_.fill(379136, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
-  // vit.mesh:62:67 mul
-  meshc::gen::View v41 = arena_.slot(4672, 1156);
-  meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v41[at[0]] = float(double(v39[at[1]]) * double(v40[at[2]]));
-                         });
-
-  // vit.mesh:62:17 softmax -> weights
-  meshc::gen::View v42 = arena_.slot(331776, 1156);
-  meshc::gen::along(v42.data(), v41.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
-                    {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
-
-  // vit.mesh:63:17 einsum
-  meshc::gen::View v43 = arena_.slot(354176, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum43(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum43.run(v42.data(), v38.data(), v43.data());
-
-  // vit.mesh:63:10 einsum
-  meshc::gen::View v44 = arena_.slot(0, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum44(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum44.run(v43.data(), v33.data(), v44.data());
-
-  // vit.mesh:80:15 dropout
-  meshc::gen::View v45 = arena_.slot(125440, 2176);
-  meshc::gen::dropout(
-      v45.data(), {2, 17, 64}, v44.data(), {1088, 64, 1}, {1088, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
-      meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // vit.mesh:80:55 mul
-  meshc::gen::View v46 = arena_.slot(0, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v46[at[0]] = float(double(v45[at[1]]) * double(v23[at[2]]));
-                         });
-
-  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%45, %46) over model resolved
-  // together, 17.0 KiB in one buffer)
-  meshc::gen::View v311 = v45;
-  meshc::gen::View v47 = v46;
-  meshc::gen::allReduceBucket(group_model, {v311, v47});
-
-  // vit.mesh:80:13 add -> h
-  meshc::gen::View v48 = arena_.slot(134144, 2176);
-  for (size_t i = 0; i < v48.size(); ++i) {
-    v48[i] = float(double(v22[i]) + double(v47[i]));
-  }
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v49 = param14_vit_encoder_layer_0_norm_1_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v50 = param15_vit_encoder_layer_0_norm_1_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v51 = arena_.slot(142848, 2176);
-  meshc::gen::along(v51.data(), v48.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v53 = arena_.slot(0, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t52 = float(double(v51[at[1]]) * double(v49[at[2]]));
-                           v53[at[0]] = float(double(t52) + double(v50[at[3]]));
-                         });
-
-  // vit.mesh:69:9 param -> w_in
-  const meshc::gen::Buffer &v54 = param16_vit_encoder_layer_0_ffn_w_in;
-
-  // vit.mesh:70:9 param -> w_out
-  const meshc::gen::Buffer &v55 = param17_vit_encoder_layer_0_ffn_w_out;
-
-  // vit.mesh:71:23 cast
-  meshc::gen::View v56 = arena_.slot(151552, 2176);
-  for (size_t i = 0; i < v56.size(); ++i) {
-    v56[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v53[i]));
-  }
-
-  // vit.mesh:71:38 cast
-  meshc::gen::View v57 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v57.size(); ++i) {
-    v57[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v54[i]));
-  }
-
-  // vit.mesh:71:16 einsum
-  meshc::gen::View v58 = arena_.slot(160256, 2176);
-  meshc::gen::einsum2Double(v58.data(), v56.data(), v57.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v58);
-
-  // vit.mesh:71:11 gelu -> h
-  meshc::gen::View v59 = arena_.slot(168960, 2176);
-  for (size_t i = 0; i < v59.size(); ++i) {
-    v59[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v58[i])));
-  }
-
-  // vit.mesh:72:25 cast
-  meshc::gen::View v60 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v60.size(); ++i) {
-    v60[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v55[i]));
-  }
-
-  // vit.mesh:72:15 einsum
-  meshc::gen::View v61 = arena_.slot(32768, 2176);
-  meshc::gen::einsum2Double(v61.data(), v59.data(), v60.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v61);
-
-  // vit.mesh:72:10 cast
-  meshc::gen::View v62 = arena_.slot(41472, 2176);
-  for (size_t i = 0; i < v62.size(); ++i) {
-    v62[i] = float(v61[i]);
-  }
-
-  // vit.mesh:81:14 dropout
-  meshc::gen::View v63 = arena_.slot(177664, 2176);
-  meshc::gen::dropout(
-      v63.data(), {2, 17, 64}, v62.data(), {1088, 64, 1}, {1088, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
-      meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // vit.mesh:81:48 mul
-  meshc::gen::View v64 = arena_.slot(32768, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v64[at[0]] = float(double(v63[at[1]]) * double(v24[at[2]]));
-                         });
-
-  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%62, %63) over model resolved
-  // together, 17.0 KiB in one buffer)
-  meshc::gen::View v262 = v63;
-  meshc::gen::View v65 = v64;
-  meshc::gen::allReduceBucket(group_model, {v262, v65});
-
-  // vit.mesh:81:12 add -> x
-  meshc::gen::View v66 = arena_.slot(186368, 2176);
-  for (size_t i = 0; i < v66.size(); ++i) {
-    v66[i] = float(double(v48[i]) + double(v65[i]));
-  }
-
-  // vit.mesh:78:9 param -> attention_scale
-  const meshc::gen::Buffer &v67 = param18_vit_encoder_layer_1_attention_scale;
-
-  // vit.mesh:79:9 param -> ffn_scale
-  const meshc::gen::Buffer &v68 = param19_vit_encoder_layer_1_ffn_scale;
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v69 = param20_vit_encoder_layer_1_norm_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v70 = param21_vit_encoder_layer_1_norm_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v71 = arena_.slot(195072, 2176);
-  meshc::gen::along(v71.data(), v66.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v73 = arena_.slot(203776, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t72 = float(double(v71[at[1]]) * double(v69[at[2]]));
-                           v73[at[0]] = float(double(t72) + double(v70[at[3]]));
-                         });
-
-  // vit.mesh:55:9 param -> w_q
-  const meshc::gen::Buffer &v74 = param22_vit_encoder_layer_1_attention_w_q;
-
-  // vit.mesh:56:9 param -> w_k
-  const meshc::gen::Buffer &v75 = param23_vit_encoder_layer_1_attention_w_k;
-
-  // vit.mesh:57:9 param -> w_v
-  const meshc::gen::Buffer &v76 = param24_vit_encoder_layer_1_attention_w_v;
-
-  // vit.mesh:58:9 param -> w_o
-  const meshc::gen::Buffer &v77 = param25_vit_encoder_layer_1_attention_w_o;
-
-  // vit.mesh:59:11 einsum -> q
-  meshc::gen::View v78 = arena_.slot(358528, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum78(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum78.run(v73.data(), v74.data(), v78.data());
-
-  // vit.mesh:60:18 rename
-  meshc::gen::View v79 = arena_.copy(212480, v73);
-
-  // vit.mesh:60:11 einsum -> k
-  meshc::gen::View v80 = arena_.slot(362880, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum80(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum80.run(v79.data(), v75.data(), v80.data());
-
-  // vit.mesh:61:18 rename
-  meshc::gen::View v81 = arena_.copy(221184, v73);
-
-  // vit.mesh:61:11 einsum -> v
-  meshc::gen::View v82 = arena_.slot(367232, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum82(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum82.run(v81.data(), v76.data(), v82.data());
-
-  // vit.mesh:62:25 einsum
-  meshc::gen::View v83 = arena_.slot(32768, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum83(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum83.run(v78.data(), v80.data(), v83.data());
-
-  // vit.mesh:62:69 literal
-  meshc::gen::View v84 =
-      arena_.fill(379200, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
-  // vit.mesh:62:67 mul
-  meshc::gen::View v85 = arena_.slot(37440, 1156);
-  meshc::gen::forEach<3>({2, 2, 17, 17}, {{{578, 289, 17, 1}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v85[at[0]] = float(double(v83[at[1]]) * double(v84[at[2]]));
-                         });
-
-  // vit.mesh:62:17 softmax -> weights
-  meshc::gen::View v86 = arena_.slot(336448, 1156);
-  meshc::gen::along(v86.data(), v85.data(), {2, 2, 17}, {578, 289, 17}, {578, 289, 17}, {17}, {1},
-                    {1}, meshc::gen::Along::Softmax, 1e-05, 17, nullptr);
-
-  // vit.mesh:63:17 einsum
-  meshc::gen::View v87 = arena_.slot(371584, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum87(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum87.run(v86.data(), v82.data(), v87.data());
-
-  // vit.mesh:63:10 einsum
-  meshc::gen::View v88 = arena_.slot(32768, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum88(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsum88.run(v87.data(), v77.data(), v88.data());
-
-  // vit.mesh:80:15 dropout
-  meshc::gen::View v89 = arena_.slot(229888, 2176);
-  meshc::gen::dropout(
-      v89.data(), {2, 17, 64}, v88.data(), {1088, 64, 1}, {1088, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
-      meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // vit.mesh:80:55 mul
-  meshc::gen::View v90 = arena_.slot(32768, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v90[at[0]] = float(double(v89[at[1]]) * double(v67[at[2]]));
-                         });
-
-  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%87, %88) over model resolved
-  // together, 17.0 KiB in one buffer)
-  meshc::gen::View v217 = v89;
-  meshc::gen::View v91 = v90;
-  meshc::gen::allReduceBucket(group_model, {v217, v91});
-
-  // vit.mesh:80:13 add -> h
-  meshc::gen::View v92 = arena_.slot(238592, 2176);
-  for (size_t i = 0; i < v92.size(); ++i) {
-    v92[i] = float(double(v66[i]) + double(v91[i]));
-  }
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v93 = param26_vit_encoder_layer_1_norm_1_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v94 = param27_vit_encoder_layer_1_norm_1_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v95 = arena_.slot(247296, 2176);
-  meshc::gen::along(v95.data(), v92.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v97 = arena_.slot(32768, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t96 = float(double(v95[at[1]]) * double(v93[at[2]]));
-                           v97[at[0]] = float(double(t96) + double(v94[at[3]]));
-                         });
-
-  // vit.mesh:69:9 param -> w_in
-  const meshc::gen::Buffer &v98 = param28_vit_encoder_layer_1_ffn_w_in;
-
-  // vit.mesh:70:9 param -> w_out
-  const meshc::gen::Buffer &v99 = param29_vit_encoder_layer_1_ffn_w_out;
-
-  // vit.mesh:71:23 cast
-  meshc::gen::View v100 = arena_.slot(256000, 2176);
-  for (size_t i = 0; i < v100.size(); ++i) {
-    v100[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v97[i]));
-  }
-
-  // vit.mesh:71:38 cast
-  meshc::gen::View v101 = arena_.slot(32768, 4096);
-  for (size_t i = 0; i < v101.size(); ++i) {
-    v101[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v98[i]));
-  }
-
-  // vit.mesh:71:16 einsum
-  meshc::gen::View v102 = arena_.slot(264704, 2176);
-  meshc::gen::einsum2Double(v102.data(), v100.data(), v101.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v102);
-
-  // vit.mesh:71:11 gelu -> h
-  meshc::gen::View v103 = arena_.slot(65536, 2176);
-  for (size_t i = 0; i < v103.size(); ++i) {
-    v103[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(meshc::gen::gelu(v102[i])));
-  }
-
-  // vit.mesh:72:25 cast
-  meshc::gen::View v104 = arena_.slot(49152, 4096);
-  for (size_t i = 0; i < v104.size(); ++i) {
-    v104[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v99[i]));
-  }
-
-  // vit.mesh:72:15 einsum
-  meshc::gen::View v105 = arena_.slot(273408, 2176);
-  meshc::gen::einsum2Double(v105.data(), v103.data(), v104.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v105);
-
-  // vit.mesh:72:10 cast
-  meshc::gen::View v106 = arena_.slot(282112, 2176);
-  for (size_t i = 0; i < v106.size(); ++i) {
-    v106[i] = float(v105[i]);
-  }
-
-  // vit.mesh:81:14 dropout
-  meshc::gen::View v107 = arena_.slot(273408, 2176);
-  meshc::gen::dropout(
-      v107.data(), {2, 17, 64}, v106.data(), {1088, 64, 1}, {1088, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
-      meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // vit.mesh:81:48 mul
-  meshc::gen::View v108 = arena_.slot(282112, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v108[at[0]] = float(double(v107[at[1]]) * double(v68[at[2]]));
-                         });
-
-  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%104, %105) over model resolved
-  // together, 17.0 KiB in one buffer)
-  meshc::gen::View v162 = v107;
-  meshc::gen::View v109 = v108;
-  meshc::gen::allReduceBucket(group_model, {v162, v109});
-
-  // vit.mesh:81:12 add -> x
-  meshc::gen::View v110 = arena_.slot(290816, 2176);
-  for (size_t i = 0; i < v110.size(); ++i) {
-    v110[i] = float(double(v92[i]) + double(v109[i]));
-  }
-
-  // vit.mesh:34:9 param -> gain
-  const meshc::gen::Buffer &v111 = param30_vit_norm_gain;
-
-  // vit.mesh:35:9 param -> bias
-  const meshc::gen::Buffer &v112 = param31_vit_norm_bias;
-
-  // vit.mesh:36:10 layer_norm
-  meshc::gen::View v113 = arena_.slot(282112, 2176);
-  meshc::gen::along(v113.data(), v110.data(), {2, 17}, {1088, 64}, {1088, 64}, {64}, {1}, {1},
-                    meshc::gen::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  meshc::gen::View v115 = arena_.slot(299520, 2176);
-  meshc::gen::forEach<4>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t114 = float(double(v113[at[1]]) * double(v111[at[2]]));
-                           v115[at[0]] = float(double(t114) + double(v112[at[3]]));
-                         });
-
-  // vit.mesh:99:17 slice
-  meshc::gen::View v116 = arena_.slot(74240, 128);
-  meshc::gen::copyWindow(v116.data(), v115.data(), {2, 64}, {64, 1}, {1088, 1}, 64, 64, 1, 17,
-                         0 - 0);
-
-  // vit.mesh:99:13 sum -> cls
-  meshc::gen::View v117 = arena_.slot(74752, 128);
-  meshc::gen::reduce(v117.data(), {2, 64}, v116.data(), {64, 1}, {1}, {64}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:100:10 einsum
-  meshc::gen::View v118 = arena_.slot(74240, 20);
-  // dims: batch, d_model, classes
-  static const meshrt::kernels::EinsumPlan einsum118(
-      {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsum118.run(v117.data(), v4.data(), v118.data());
-
-  // vit.mesh:100:48 add -> logits
-  meshc::gen::View v119 = arena_.slot(74368, 20);
-  meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {10, 1}, {0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v119[at[0]] = float(double(v118[at[1]]) + double(v5[at[2]]));
-                         });
-
-  // vit.mesh:111:19 logsumexp
-  meshc::gen::View v120 = arena_.slot(74624, 2);
-  meshc::gen::reduce(v120.data(), {2}, v119.data(), {10}, {10}, {1}, meshc::gen::Reduce::LogSumExp,
-                     1.0);
-
-  // vit.mesh:111:61 one_hot
-  meshc::gen::View v121 = arena_.slot(74240, 20);
-  meshc::gen::oneHot(v121.data(), {2, 10}, v1.data(), {1, 0}, {0, 1}, 0);
-
-  // vit.mesh:111:59 mul
-  meshc::gen::View v122 = arena_.slot(74496, 20);
-  for (size_t i = 0; i < v122.size(); ++i) {
-    v122[i] = float(double(v119[i]) * double(v121[i]));
-  }
-
-  // vit.mesh:111:48 sum
-  meshc::gen::View v123 = arena_.slot(74688, 2);
-  meshc::gen::reduce(v123.data(), {2}, v122.data(), {10}, {10}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:111:46 sub
-  meshc::gen::View v124 = arena_.slot(74496, 2);
-  for (size_t i = 0; i < v124.size(); ++i) {
-    v124[i] = float(double(v120[i]) - double(v123[i]));
-  }
-
-  // vit.mesh:111:14 mean -> loss
-  meshc::gen::View v125 = arena_.slot(379264, 1);
-  meshc::gen::reduce(v125.data(), {}, v124.data(), {}, {2}, {1}, meshc::gen::Reduce::Sum, 0.25);
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v126 =
-      arena_.fill(74496, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // vit.mesh:111:14 literal
-  meshc::gen::View v127 =
-      arena_.fill(74560, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.25));
-
-  // vit.mesh:111:14 mul
-  meshc::gen::View v128 = arena_.slot(75264, 1);
-  for (size_t i = 0; i < v128.size(); ++i) {
-    v128[i] = float(double(v126[i]) * double(v127[i]));
-  }
-
-  // vit.mesh:111:14 broadcast
-  meshc::gen::View v129 = arena_.slot(74688, 2);
-  meshc::gen::forEach<2>({2}, {{{1}, {0}}}, {}, [&](const std::array<int64_t, 2> &at) {
-    v129[at[0]] = float(v128[at[1]]);
-  });
-
-  // vit.mesh:111:46 neg
-  meshc::gen::View v130 = arena_.slot(75264, 2);
-  for (size_t i = 0; i < v130.size(); ++i) {
-    v130[i] = float(-v129[i]);
-  }
-
-  // vit.mesh:111:48 broadcast
-  // vit.mesh:111:59 mul
-  meshc::gen::View v132 = arena_.slot(74496, 20);
-  meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {1, 0}, {10, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t131 = float(v130[at[1]]);
-                           v132[at[0]] = float(double(t131) * double(v121[at[2]]));
-                         });
-
-  // vit.mesh:111:19 sub
-  // vit.mesh:111:19 exp
-  meshc::gen::View v134 = arena_.slot(74240, 20);
-  meshc::gen::forEach<3>({2, 10}, {{{10, 1}, {10, 1}, {1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t133 = float(double(v119[at[1]]) - double(v120[at[2]]));
-                           v134[at[0]] = float(std::exp(double(t133)));
-                         });
-
-  // vit.mesh:111:19 broadcast
-  // vit.mesh:111:19 mul
-  // vit.mesh:111:19 add
-  meshc::gen::View v137 = arena_.slot(75264, 20);
-  meshc::gen::forEach<4>({2, 10}, {{{10, 1}, {1, 0}, {10, 1}, {10, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t135 = float(v129[at[1]]);
-                           float t136 = float(double(t135) * double(v134[at[2]]));
-                           v137[at[0]] = float(double(v132[at[3]]) + double(t136));
-                         });
-
-  // vit.mesh:100:48 sum -> grad/vit/b_head
-  meshc::gen::View v138 = arena_.slot(379008, 10);
-  meshc::gen::reduce(v138.data(), {10}, v137.data(), {1}, {2}, {10}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:100:10 einsum
-  meshc::gen::View v139 = arena_.slot(74240, 128);
-  // dims: batch, classes, d_model
-  static const meshrt::kernels::EinsumPlan einsum139(
-      {{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsum139.run(v137.data(), v4.data(), v139.data());
-
-  // vit.mesh:100:10 einsum -> grad/vit/w_head
-  meshc::gen::View v140 = arena_.slot(375936, 640);
-  // dims: batch, classes, d_model
-  static const meshrt::kernels::EinsumPlan einsum140(
-      {{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsum140.run(v137.data(), v117.data(), v140.data());
-
-  // vit.mesh:99:13 broadcast
-  meshc::gen::View v141 = arena_.slot(74752, 128);
-  meshc::gen::forEach<2>(
-      {2, 1, 64}, {{{64, 64, 1}, {64, 0, 1}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v141[at[0]] = float(v139[at[1]]); });
-
-  // vit.mesh:99:17 pad
-  meshc::gen::View v142 = arena_.slot(299520, 2176);
-  meshc::gen::copyWindow(v142.data(), v141.data(), {2, 64}, {1088, 1}, {64, 1}, 64, 64, 17, 1,
-                         0 - 0);
-
-  // vit.mesh:36:52 sum -> grad/vit/norm/bias
-  meshc::gen::View v143 = arena_.slot(378496, 64);
-  meshc::gen::reduce(v143.data(), {64}, v142.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v144 = arena_.slot(308224, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v144[at[0]] = float(double(v142[at[1]]) * double(v111[at[2]]));
-                         });
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v145 = arena_.slot(316928, 2176);
-  for (size_t i = 0; i < v145.size(); ++i) {
-    v145[i] = float(double(v142[i]) * double(v113[i]));
-  }
-
-  // vit.mesh:36:45 sum -> grad/vit/norm/gain
-  meshc::gen::View v146 = arena_.slot(378752, 64);
-  meshc::gen::reduce(v146.data(), {64}, v145.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v147 = arena_.slot(74240, 34);
-  meshc::gen::reduce(v147.data(), {2, 17}, v110.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
-  meshc::gen::View v149 = arena_.slot(299520, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t148 = float(double(v110[at[1]]) - double(v147[at[2]]));
-                           v149[at[0]] = float(double(t148) * double(t148));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v150 = arena_.slot(74240, 34);
-  meshc::gen::reduce(v150.data(), {2, 17}, v149.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 literal
-  meshc::gen::View v151 =
-      arena_.fill(317184, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-06));
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  meshc::gen::View v153 = arena_.slot(74432, 34);
-  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t152 = float(double(v150[at[1]]) + double(v151[at[2]]));
-                           v153[at[0]] = float(1.0 / std::sqrt(double(t152)));
-                         });
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v154 = arena_.slot(290816, 2176);
-  for (size_t i = 0; i < v154.size(); ++i) {
-    v154[i] = float(double(v144[i]) * double(v113[i]));
-  }
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v155 = arena_.slot(74240, 34);
-  meshc::gen::reduce(v155.data(), {2, 17}, v154.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v156 = arena_.slot(290816, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v156[at[0]] = float(double(v113[at[1]]) * double(v155[at[2]]));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v157 = arena_.slot(74240, 34);
-  meshc::gen::reduce(v157.data(), {2, 17}, v144.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
-  meshc::gen::View v160 = arena_.slot(282112, 2176);
-  meshc::gen::forEach<5>({2, 17, 64},
-                         {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}}},
-                         {}, [&](const std::array<int64_t, 5> &at) {
-                           float t158 = float(double(v144[at[1]]) - double(v157[at[2]]));
-                           float t159 = float(double(t158) - double(v156[at[3]]));
-                           v160[at[0]] = float(double(t159) * double(v153[at[4]]));
-                         });
-
-  // vit.mesh:81:48 mul
-  meshc::gen::View v161 = arena_.slot(290816, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v161[at[0]] = float(double(v160[at[1]]) * double(v68[at[2]]));
-                         });
-
-  // vit.mesh:81:48 mul
-  meshc::gen::View v163 = arena_.slot(299520, 2176);
-  for (size_t i = 0; i < v163.size(); ++i) {
-    v163[i] = float(double(v160[i]) * double(v162[i]));
-  }
-
-  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
-  meshc::gen::View v164 = arena_.slot(316928, 64);
-  meshc::gen::reduce(v164.data(), {64}, v163.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:81:14 dropout
-  meshc::gen::View v165 = arena_.slot(273408, 2176);
-  meshc::gen::dropout(
-      v165.data(), {2, 17, 64}, v161.data(), {1088, 64, 1}, {1088, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
-      meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // vit.mesh:72:10 cast
-  meshc::gen::View v166 = arena_.slot(290816, 2176);
-  for (size_t i = 0; i < v166.size(); ++i) {
-    v166[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v165[i]));
-  }
-
-  // vit.mesh:72:15 einsum
-  meshc::gen::View v167 = arena_.slot(273408, 2176);
-  meshc::gen::einsum2Double(v167.data(), v166.data(), v104.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {1},
-                             .bN = {64},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v167);
-
-  // vit.mesh:72:15 einsum
-  meshc::gen::View v168 = arena_.slot(49152, 4096);
-  meshc::gen::einsum2Double(v168.data(), v166.data(), v103.data(),
-                            {.batch = {},
-                             .m = {64},
-                             .n = {64},
-                             .k = {2, 17},
-                             .aBatch = {},
-                             .aM = {1},
-                             .aK = {1088, 64},
-                             .bBatch = {},
-                             .bK = {1088, 64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1},
-                             .outN = {64}});
-  meshc::gen::roundBufferBF16(v168);
-
-  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
-  meshc::gen::View v169 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v169.size(); ++i) {
-    v169[i] = float(v168[i]);
-  }
-
-  // vit.mesh:71:11 square
-  meshc::gen::View v170 = arena_.slot(49152, 2176);
-  for (size_t i = 0; i < v170.size(); ++i) {
-    v170[i] =
-        meshc::gen::roundValue(meshc::gen::DType::BF16, double(double(v102[i]) * double(v102[i])));
-  }
-
-  // vit.mesh:71:11 mul
-  meshc::gen::View v171 = arena_.slot(290816, 2176);
-  for (size_t i = 0; i < v171.size(); ++i) {
-    v171[i] =
-        meshc::gen::roundValue(meshc::gen::DType::BF16, double(double(v102[i]) * double(v170[i])));
-  }
-
-  // vit.mesh:71:11 literal
-  meshc::gen::View v172 =
-      arena_.fill(317248, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.044715));
-
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  meshc::gen::View v174 = arena_.slot(299520, 2176);
-  meshc::gen::forEach<4>(
-      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {1088, 64, 1}}}, {},
-      [&](const std::array<int64_t, 4> &at) {
-        float t173 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v171[at[1]]) * double(v172[at[2]])));
-        v174[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                             double(double(v102[at[3]]) + double(t173)));
-      });
-
-  // vit.mesh:71:11 literal
-  meshc::gen::View v175 =
-      arena_.fill(317312, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.7978845608028654));
-
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 tanh
-  meshc::gen::View v177 = arena_.slot(290816, 2176);
-  meshc::gen::forEach<3>(
-      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 3> &at) {
-        float t176 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v174[at[1]]) * double(v175[at[2]])));
-        v177[at[0]] =
-            meshc::gen::roundValue(meshc::gen::DType::BF16, double(std::tanh(double(t176))));
-      });
-
-  // vit.mesh:71:11 literal
-  meshc::gen::View v178 =
-      arena_.fill(317376, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 1.0));
-
-  // vit.mesh:71:11 add
-  meshc::gen::View v179 = arena_.slot(299520, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v179[at[0]] = meshc::gen::roundValue(
-                               meshc::gen::DType::BF16,
-                               double(double(v177[at[1]]) + double(v178[at[2]])));
-                         });
-
-  // vit.mesh:71:11 literal
-  meshc::gen::View v180 =
-      arena_.fill(317440, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.5));
-
-  // vit.mesh:71:11 mul
-  meshc::gen::View v181 = arena_.slot(308224, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v181[at[0]] = meshc::gen::roundValue(
-                               meshc::gen::DType::BF16,
-                               double(double(v179[at[1]]) * double(v180[at[2]])));
-                         });
-
-  // vit.mesh:71:11 literal
-  meshc::gen::View v182 =
-      arena_.fill(317504, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.134145));
-
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  meshc::gen::View v184 = arena_.slot(299520, 2176);
-  meshc::gen::forEach<4>(
-      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 4> &at) {
-        float t183 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v170[at[1]]) * double(v182[at[2]])));
-        v184[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                             double(double(t183) + double(v178[at[3]])));
-      });
-
-  // vit.mesh:71:11 square
-  // vit.mesh:71:11 sub
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  meshc::gen::View v188 = arena_.slot(49152, 2176);
-  meshc::gen::forEach<5>(
-      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {1088, 64, 1}, {1088, 64, 1}}}, {},
-      [&](const std::array<int64_t, 5> &at) {
-        float t185 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v177[at[1]]) * double(v177[at[1]])));
-        float t186 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v178[at[2]]) - double(t185)));
-        float t187 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v102[at[3]]) * double(t186)));
-        v188[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                             double(double(t187) * double(v184[at[4]])));
-      });
-
-  // vit.mesh:71:11 literal
-  meshc::gen::View v189 =
-      arena_.fill(290816, 1, meshc::gen::roundValue(meshc::gen::DType::BF16, 0.3989422804014327));
-
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
-  meshc::gen::View v192 = arena_.slot(264704, 2176);
-  meshc::gen::forEach<5>(
-      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {1088, 64, 1}, {1088, 64, 1}}}, {},
-      [&](const std::array<int64_t, 5> &at) {
-        float t190 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v188[at[1]]) * double(v189[at[2]])));
-        float t191 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v181[at[3]]) + double(t190)));
-        v192[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                             double(double(v167[at[4]]) * double(t191)));
-      });
-
-  // vit.mesh:71:16 einsum
-  meshc::gen::View v193 = arena_.slot(273408, 2176);
-  meshc::gen::einsum2Double(v193.data(), v192.data(), v101.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {1},
-                             .bN = {64},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v193);
-
-  // vit.mesh:71:16 einsum
-  meshc::gen::View v194 = arena_.slot(32768, 4096);
-  meshc::gen::einsum2Double(v194.data(), v192.data(), v100.data(),
-                            {.batch = {},
-                             .m = {64},
-                             .n = {64},
-                             .k = {2, 17},
-                             .aBatch = {},
-                             .aM = {1},
-                             .aK = {1088, 64},
-                             .bBatch = {},
-                             .bK = {1088, 64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1},
-                             .outN = {64}});
-  meshc::gen::roundBufferBF16(v194);
-
-  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
-  meshc::gen::View v195 = arena_.slot(49152, 4096);
-  for (size_t i = 0; i < v195.size(); ++i) {
-    v195[i] = float(v194[i]);
-  }
-
-  // vit.mesh:71:23 cast
-  meshc::gen::View v196 = arena_.slot(32768, 2176);
-  for (size_t i = 0; i < v196.size(); ++i) {
-    v196[i] = float(v193[i]);
-  }
-
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
-  meshc::gen::View v197 = v196;
-  group_model.allReduce(v197.data(), v197.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
-  meshc::gen::View v198 = arena_.slot(273408, 64);
-  meshc::gen::reduce(v198.data(), {64}, v197.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v199 = arena_.slot(256000, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v199[at[0]] = float(double(v197[at[1]]) * double(v93[at[2]]));
-                         });
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v200 = arena_.slot(264704, 2176);
-  for (size_t i = 0; i < v200.size(); ++i) {
-    v200[i] = float(double(v197[i]) * double(v95[i]));
-  }
-
-  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
-  meshc::gen::View v201 = arena_.slot(273664, 64);
-  meshc::gen::reduce(v201.data(), {64}, v200.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v202 = arena_.slot(41472, 34);
-  meshc::gen::reduce(v202.data(), {2, 17}, v92.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
-  meshc::gen::View v204 = arena_.slot(32768, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t203 = float(double(v92[at[1]]) - double(v202[at[2]]));
-                           v204[at[0]] = float(double(t203) * double(t203));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v205 = arena_.slot(41472, 34);
-  meshc::gen::reduce(v205.data(), {2, 17}, v204.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  meshc::gen::View v207 = arena_.slot(41664, 34);
-  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t206 = float(double(v205[at[1]]) + double(v151[at[2]]));
-                           v207[at[0]] = float(1.0 / std::sqrt(double(t206)));
-                         });
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v208 = arena_.slot(32768, 2176);
-  for (size_t i = 0; i < v208.size(); ++i) {
-    v208[i] = float(double(v199[i]) * double(v95[i]));
-  }
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v209 = arena_.slot(41472, 34);
-  meshc::gen::reduce(v209.data(), {2, 17}, v208.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v210 = arena_.slot(32768, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v210[at[0]] = float(double(v95[at[1]]) * double(v209[at[2]]));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v211 = arena_.slot(41472, 34);
-  meshc::gen::reduce(v211.data(), {2, 17}, v199.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 add
-  meshc::gen::View v215 = arena_.slot(238592, 2176);
-  meshc::gen::forEach<6>(
-      {2, 17, 64},
-      {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t212 = float(double(v199[at[1]]) - double(v211[at[2]]));
-        float t213 = float(double(t212) - double(v210[at[3]]));
-        float t214 = float(double(t213) * double(v207[at[4]]));
-        v215[at[0]] = float(double(v160[at[5]]) + double(t214));
-      });
-
-  // vit.mesh:80:55 mul
-  meshc::gen::View v216 = arena_.slot(32768, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v216[at[0]] = float(double(v215[at[1]]) * double(v67[at[2]]));
-                         });
-
-  // vit.mesh:80:55 mul
-  meshc::gen::View v218 = arena_.slot(247296, 2176);
-  for (size_t i = 0; i < v218.size(); ++i) {
-    v218[i] = float(double(v215[i]) * double(v217[i]));
-  }
-
-  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
-  meshc::gen::View v219 = arena_.slot(272384, 64);
-  meshc::gen::reduce(v219.data(), {64}, v218.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:80:15 dropout
-  meshc::gen::View v220 = arena_.slot(229888, 2176);
-  meshc::gen::dropout(
-      v220.data(), {2, 17, 64}, v216.data(), {1088, 64, 1}, {1088, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
-      meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // vit.mesh:63:10 einsum
-  meshc::gen::View v221 = arena_.slot(37440, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum221(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum221.run(v220.data(), v77.data(), v221.data());
-
-  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
-  meshc::gen::View v222 = arena_.slot(247296, 2048);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum222(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsum222.run(v220.data(), v87.data(), v222.data());
-
-  // vit.mesh:63:17 einsum
-  meshc::gen::View v223 = arena_.slot(32768, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum223(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum223.run(v221.data(), v82.data(), v223.data());
-
-  // vit.mesh:63:17 einsum
-  meshc::gen::View v224 = arena_.slot(42112, 1088);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum224(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsum224.run(v221.data(), v86.data(), v224.data());
-
-  // vit.mesh:62:17 mul
-  meshc::gen::View v225 = arena_.slot(37440, 1156);
-  for (size_t i = 0; i < v225.size(); ++i) {
-    v225[i] = float(double(v223[i]) * double(v86[i]));
-  }
-
-  // vit.mesh:62:17 sum
-  meshc::gen::View v226 = arena_.slot(46464, 68);
-  meshc::gen::reduce(v226.data(), {2, 2, 17}, v225.data(), {578, 289, 17}, {17}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:62:17 sub
-  // vit.mesh:62:17 mul
-  // vit.mesh:62:67 mul
-  meshc::gen::View v229 = arena_.slot(37440, 1156);
-  meshc::gen::forEach<5>(
-      {2, 2, 17, 17},
-      {{{578, 289, 17, 1}, {578, 289, 17, 1}, {34, 17, 1, 0}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 5> &at) {
-        float t227 = float(double(v223[at[1]]) - double(v226[at[2]]));
-        float t228 = float(double(v86[at[3]]) * double(t227));
-        v229[at[0]] = float(double(t228) * double(v84[at[4]]));
-      });
-
-  // vit.mesh:62:25 einsum
-  meshc::gen::View v230 = arena_.slot(263680, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum230(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum230.run(v229.data(), v80.data(), v230.data());
-
-  // vit.mesh:62:25 einsum
-  meshc::gen::View v231 = arena_.slot(268032, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum231(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsum231.run(v229.data(), v78.data(), v231.data());
-
-  // vit.mesh:61:11 einsum
-  meshc::gen::View v232 = arena_.slot(32768, 2176);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum232(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum232.run(v224.data(), v76.data(), v232.data());
-
-  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
-  meshc::gen::View v233 = arena_.slot(229888, 2048);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum233(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum233.run(v224.data(), v81.data(), v233.data());
-
-  // vit.mesh:61:18 rename
-  meshc::gen::View v234 = v232;
-
-  // vit.mesh:60:11 einsum
-  meshc::gen::View v235 = arena_.slot(221184, 2176);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum235(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum235.run(v231.data(), v75.data(), v235.data());
-
-  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
-  meshc::gen::View v236 = arena_.slot(255488, 2048);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum236(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum236.run(v231.data(), v79.data(), v236.data());
-
-  // vit.mesh:60:18 rename
-  meshc::gen::View v237 = v235;
-
-  // vit.mesh:60:18 add
-  meshc::gen::View v238 = arena_.slot(212480, 2176);
-  for (size_t i = 0; i < v238.size(); ++i) {
-    v238[i] = float(double(v234[i]) + double(v237[i]));
-  }
-
-  // vit.mesh:59:11 einsum
-  meshc::gen::View v239 = arena_.slot(32768, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum239(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum239.run(v230.data(), v74.data(), v239.data());
-
-  // vit.mesh:59:11 add
-  meshc::gen::View v240 = arena_.slot(221184, 2176);
-  for (size_t i = 0; i < v240.size(); ++i) {
-    v240[i] = float(double(v238[i]) + double(v239[i]));
-  }
-
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
-  meshc::gen::View v242 = v240;
-  group_model.allReduce(v242.data(), v242.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
-  meshc::gen::View v241 = arena_.slot(212480, 2048);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum241(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum241.run(v230.data(), v73.data(), v241.data());
-
-  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
-  meshc::gen::View v243 = arena_.slot(220672, 64);
-  meshc::gen::reduce(v243.data(), {64}, v242.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v244 = arena_.slot(32768, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v244[at[0]] = float(double(v242[at[1]]) * double(v69[at[2]]));
-                         });
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v245 = arena_.slot(203776, 2176);
-  for (size_t i = 0; i < v245.size(); ++i) {
-    v245[i] = float(double(v242[i]) * double(v71[i]));
-  }
-
-  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
-  meshc::gen::View v246 = arena_.slot(220928, 64);
-  meshc::gen::reduce(v246.data(), {64}, v245.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v247 = arena_.slot(41472, 34);
-  meshc::gen::reduce(v247.data(), {2, 17}, v66.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
-  meshc::gen::View v249 = arena_.slot(203776, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t248 = float(double(v66[at[1]]) - double(v247[at[2]]));
-                           v249[at[0]] = float(double(t248) * double(t248));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v250 = arena_.slot(41472, 34);
-  meshc::gen::reduce(v250.data(), {2, 17}, v249.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  meshc::gen::View v252 = arena_.slot(41664, 34);
-  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t251 = float(double(v250[at[1]]) + double(v151[at[2]]));
-                           v252[at[0]] = float(1.0 / std::sqrt(double(t251)));
-                         });
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v253 = arena_.slot(186368, 2176);
-  for (size_t i = 0; i < v253.size(); ++i) {
-    v253[i] = float(double(v244[i]) * double(v71[i]));
-  }
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v254 = arena_.slot(41472, 34);
-  meshc::gen::reduce(v254.data(), {2, 17}, v253.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v255 = arena_.slot(186368, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v255[at[0]] = float(double(v71[at[1]]) * double(v254[at[2]]));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v256 = arena_.slot(41472, 34);
-  meshc::gen::reduce(v256.data(), {2, 17}, v244.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 add
-  meshc::gen::View v260 = arena_.slot(195072, 2176);
-  meshc::gen::forEach<6>(
-      {2, 17, 64},
-      {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t257 = float(double(v244[at[1]]) - double(v256[at[2]]));
-        float t258 = float(double(t257) - double(v255[at[3]]));
-        float t259 = float(double(t258) * double(v252[at[4]]));
-        v260[at[0]] = float(double(v215[at[5]]) + double(t259));
-      });
-
-  // vit.mesh:81:48 mul
-  meshc::gen::View v261 = arena_.slot(32768, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v261[at[0]] = float(double(v260[at[1]]) * double(v24[at[2]]));
-                         });
-
-  // vit.mesh:81:48 mul
-  meshc::gen::View v263 = arena_.slot(186368, 2176);
-  for (size_t i = 0; i < v263.size(); ++i) {
-    v263[i] = float(double(v260[i]) * double(v262[i]));
-  }
-
-  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[0]/ffn_scale
-  meshc::gen::View v264 = arena_.slot(221184, 64);
-  meshc::gen::reduce(v264.data(), {64}, v263.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:81:14 dropout
-  meshc::gen::View v265 = arena_.slot(177664, 2176);
-  meshc::gen::dropout(
-      v265.data(), {2, 17, 64}, v261.data(), {1088, 64, 1}, {1088, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
-      meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // vit.mesh:72:10 cast
-  meshc::gen::View v266 = arena_.slot(32768, 2176);
-  for (size_t i = 0; i < v266.size(); ++i) {
-    v266[i] = meshc::gen::roundValue(meshc::gen::DType::BF16, double(v265[i]));
-  }
-
-  // vit.mesh:72:15 einsum
-  meshc::gen::View v267 = arena_.slot(177664, 2176);
-  meshc::gen::einsum2Double(v267.data(), v266.data(), v60.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {1},
-                             .bN = {64},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v267);
-
-  // vit.mesh:72:15 einsum
-  meshc::gen::View v268 = arena_.slot(16384, 4096);
-  meshc::gen::einsum2Double(v268.data(), v266.data(), v59.data(),
-                            {.batch = {},
-                             .m = {64},
-                             .n = {64},
-                             .k = {2, 17},
-                             .aBatch = {},
-                             .aM = {1},
-                             .aK = {1088, 64},
-                             .bBatch = {},
-                             .bK = {1088, 64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1},
-                             .outN = {64}});
-  meshc::gen::roundBufferBF16(v268);
-
-  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[0]/ffn/w_out
-  meshc::gen::View v269 = arena_.slot(32768, 4096);
-  for (size_t i = 0; i < v269.size(); ++i) {
-    v269[i] = float(v268[i]);
-  }
-
-  // vit.mesh:71:11 square
-  meshc::gen::View v270 = arena_.slot(16384, 2176);
-  for (size_t i = 0; i < v270.size(); ++i) {
-    v270[i] =
-        meshc::gen::roundValue(meshc::gen::DType::BF16, double(double(v58[i]) * double(v58[i])));
-  }
-
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 tanh
-  meshc::gen::View v275 = arena_.slot(168960, 2176);
-  meshc::gen::forEach<5>(
-      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 5> &at) {
-        float t271 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v58[at[1]]) * double(v270[at[2]])));
-        float t272 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(t271) * double(v172[at[3]])));
-        float t273 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v58[at[1]]) + double(t272)));
-        float t274 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(t273) * double(v175[at[4]])));
-        v275[at[0]] =
-            meshc::gen::roundValue(meshc::gen::DType::BF16, double(std::tanh(double(t274))));
-      });
-
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
-  meshc::gen::View v277 = arena_.slot(186368, 2176);
-  meshc::gen::forEach<4>(
-      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 4> &at) {
-        float t276 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v275[at[1]]) + double(v178[at[2]])));
-        v277[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                             double(double(t276) * double(v180[at[3]])));
-      });
-
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  meshc::gen::View v279 = arena_.slot(203776, 2176);
-  meshc::gen::forEach<4>(
-      {2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 0}, {0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 4> &at) {
-        float t278 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v270[at[1]]) * double(v182[at[2]])));
-        v279[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                             double(double(t278) + double(v178[at[3]])));
-      });
-
-  // vit.mesh:71:11 square
-  // vit.mesh:71:11 sub
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
-  meshc::gen::View v286 = arena_.slot(16384, 2176);
-  meshc::gen::forEach<8>(
-      {2, 17, 64},
-      {{{1088, 64, 1},
-        {1088, 64, 1},
-        {0, 0, 0},
-        {1088, 64, 1},
-        {1088, 64, 1},
-        {0, 0, 0},
-        {1088, 64, 1},
-        {1088, 64, 1}}},
-      {}, [&](const std::array<int64_t, 8> &at) {
-        float t280 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v275[at[1]]) * double(v275[at[1]])));
-        float t281 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v178[at[2]]) - double(t280)));
-        float t282 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v58[at[3]]) * double(t281)));
-        float t283 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(t282) * double(v279[at[4]])));
-        float t284 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(t283) * double(v189[at[5]])));
-        float t285 = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                            double(double(v277[at[6]]) + double(t284)));
-        v286[at[0]] = meshc::gen::roundValue(meshc::gen::DType::BF16,
-                                             double(double(v267[at[7]]) * double(t285)));
-      });
-
-  // vit.mesh:71:16 einsum
-  meshc::gen::View v287 = arena_.slot(160256, 2176);
-  meshc::gen::einsum2Double(v287.data(), v286.data(), v57.data(),
-                            {.batch = {},
-                             .m = {2, 17},
-                             .n = {64},
-                             .k = {64},
-                             .aBatch = {},
-                             .aM = {1088, 64},
-                             .aK = {1},
-                             .bBatch = {},
-                             .bK = {1},
-                             .bN = {64},
-                             .outBatch = {},
-                             .outM = {1088, 64},
-                             .outN = {1}});
-  meshc::gen::roundBufferBF16(v287);
-
-  // vit.mesh:71:16 einsum
-  meshc::gen::View v288 = arena_.slot(0, 4096);
-  meshc::gen::einsum2Double(v288.data(), v286.data(), v56.data(),
-                            {.batch = {},
-                             .m = {64},
-                             .n = {64},
-                             .k = {2, 17},
-                             .aBatch = {},
-                             .aM = {1},
-                             .aK = {1088, 64},
-                             .bBatch = {},
-                             .bK = {1088, 64},
-                             .bN = {1},
-                             .outBatch = {},
-                             .outM = {1},
-                             .outN = {64}});
-  meshc::gen::roundBufferBF16(v288);
-
-  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[0]/ffn/w_in
-  meshc::gen::View v289 = arena_.slot(16384, 4096);
-  for (size_t i = 0; i < v289.size(); ++i) {
-    v289[i] = float(v288[i]);
-  }
-
-  // vit.mesh:71:23 cast
-  meshc::gen::View v290 = arena_.slot(0, 2176);
-  for (size_t i = 0; i < v290.size(); ++i) {
-    v290[i] = float(v287[i]);
-  }
-
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %281 over model for sum at 36:52)
-  meshc::gen::View v291 = v290;
-  group_model.allReduce(v291.data(), v291.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm#1/bias
-  meshc::gen::View v292 = arena_.slot(168960, 64);
-  meshc::gen::reduce(v292.data(), {64}, v291.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v293 = arena_.slot(151552, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v293[at[0]] = float(double(v291[at[1]]) * double(v49[at[2]]));
-                         });
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v294 = arena_.slot(160256, 2176);
-  for (size_t i = 0; i < v294.size(); ++i) {
-    v294[i] = float(double(v291[i]) * double(v51[i]));
-  }
-
-  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm#1/gain
-  meshc::gen::View v295 = arena_.slot(169216, 64);
-  meshc::gen::reduce(v295.data(), {64}, v294.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v296 = arena_.slot(8704, 34);
-  meshc::gen::reduce(v296.data(), {2, 17}, v48.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
-  meshc::gen::View v298 = arena_.slot(0, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t297 = float(double(v48[at[1]]) - double(v296[at[2]]));
-                           v298[at[0]] = float(double(t297) * double(t297));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v299 = arena_.slot(8704, 34);
-  meshc::gen::reduce(v299.data(), {2, 17}, v298.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  meshc::gen::View v301 = arena_.slot(8896, 34);
-  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t300 = float(double(v299[at[1]]) + double(v151[at[2]]));
-                           v301[at[0]] = float(1.0 / std::sqrt(double(t300)));
-                         });
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v302 = arena_.slot(0, 2176);
-  for (size_t i = 0; i < v302.size(); ++i) {
-    v302[i] = float(double(v293[i]) * double(v51[i]));
-  }
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v303 = arena_.slot(8704, 34);
-  meshc::gen::reduce(v303.data(), {2, 17}, v302.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v304 = arena_.slot(0, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v304[at[0]] = float(double(v51[at[1]]) * double(v303[at[2]]));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v305 = arena_.slot(8704, 34);
-  meshc::gen::reduce(v305.data(), {2, 17}, v293.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 add
-  meshc::gen::View v309 = arena_.slot(134144, 2176);
-  meshc::gen::forEach<6>(
-      {2, 17, 64},
-      {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t306 = float(double(v293[at[1]]) - double(v305[at[2]]));
-        float t307 = float(double(t306) - double(v304[at[3]]));
-        float t308 = float(double(t307) * double(v301[at[4]]));
-        v309[at[0]] = float(double(v260[at[5]]) + double(t308));
-      });
-
-  // vit.mesh:80:55 mul
-  meshc::gen::View v310 = arena_.slot(0, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v310[at[0]] = float(double(v309[at[1]]) * double(v23[at[2]]));
-                         });
-
-  // vit.mesh:80:55 mul
-  meshc::gen::View v312 = arena_.slot(142848, 2176);
-  for (size_t i = 0; i < v312.size(); ++i) {
-    v312[i] = float(double(v309[i]) * double(v311[i]));
-  }
-
-  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[0]/attention_scale
-  meshc::gen::View v313 = arena_.slot(167936, 64);
-  meshc::gen::reduce(v313.data(), {64}, v312.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:80:15 dropout
-  meshc::gen::View v314 = arena_.slot(125440, 2176);
-  meshc::gen::dropout(
-      v314.data(), {2, 17, 64}, v310.data(), {1088, 64, 1}, {1088, 64, 1},
-      meshc::gen::globalBase({meshc::gen::shardStart(world_, {"data"}, 2), 0, 0}, {1088, 64, 1}),
-      meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
-                                   std::to_string(step_)),
-      0.1);
-
-  // vit.mesh:63:10 einsum
-  meshc::gen::View v315 = arena_.slot(4672, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum315(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsum315.run(v314.data(), v33.data(), v315.data());
-
-  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[0]/attention/w_o
-  meshc::gen::View v316 = arena_.slot(142848, 2048);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsum316(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsum316.run(v314.data(), v43.data(), v316.data());
-
-  // vit.mesh:63:17 einsum
-  meshc::gen::View v317 = arena_.slot(0, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum317(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum317.run(v315.data(), v38.data(), v317.data());
-
-  // vit.mesh:63:17 einsum
-  meshc::gen::View v318 = arena_.slot(9344, 1088);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsum318(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsum318.run(v315.data(), v42.data(), v318.data());
-
-  // vit.mesh:62:17 mul
-  meshc::gen::View v319 = arena_.slot(4672, 1156);
-  for (size_t i = 0; i < v319.size(); ++i) {
-    v319[i] = float(double(v317[i]) * double(v42[i]));
-  }
-
-  // vit.mesh:62:17 sum
-  meshc::gen::View v320 = arena_.slot(13696, 68);
-  meshc::gen::reduce(v320.data(), {2, 2, 17}, v319.data(), {578, 289, 17}, {17}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:62:17 sub
-  // vit.mesh:62:17 mul
-  // vit.mesh:62:67 mul
-  meshc::gen::View v323 = arena_.slot(4672, 1156);
-  meshc::gen::forEach<5>(
-      {2, 2, 17, 17},
-      {{{578, 289, 17, 1}, {578, 289, 17, 1}, {34, 17, 1, 0}, {578, 289, 17, 1}, {0, 0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 5> &at) {
-        float t321 = float(double(v317[at[1]]) - double(v320[at[2]]));
-        float t322 = float(double(v42[at[3]]) * double(t321));
-        v323[at[0]] = float(double(t322) * double(v40[at[4]]));
-      });
-
-  // vit.mesh:62:25 einsum
-  meshc::gen::View v324 = arena_.slot(159232, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum324(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsum324.run(v323.data(), v36.data(), v324.data());
-
-  // vit.mesh:62:25 einsum
-  meshc::gen::View v325 = arena_.slot(163584, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsum325(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsum325.run(v323.data(), v34.data(), v325.data());
-
-  // vit.mesh:61:11 einsum
-  meshc::gen::View v326 = arena_.slot(0, 2176);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum326(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum326.run(v318.data(), v32.data(), v326.data());
-
-  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[0]/attention/w_v
-  meshc::gen::View v327 = arena_.slot(125440, 2048);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum327(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum327.run(v318.data(), v37.data(), v327.data());
-
-  // vit.mesh:61:18 rename
-  meshc::gen::View v328 = v326;
-
-  // vit.mesh:60:11 einsum
-  meshc::gen::View v329 = arena_.slot(116736, 2176);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum329(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum329.run(v325.data(), v31.data(), v329.data());
-
-  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[0]/attention/w_k
-  meshc::gen::View v330 = arena_.slot(151040, 2048);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum330(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum330.run(v325.data(), v35.data(), v330.data());
-
-  // vit.mesh:60:18 rename
-  meshc::gen::View v331 = v329;
-
-  // vit.mesh:60:18 add
-  meshc::gen::View v332 = arena_.slot(108032, 2176);
-  for (size_t i = 0; i < v332.size(); ++i) {
-    v332[i] = float(double(v328[i]) + double(v331[i]));
-  }
-
-  // vit.mesh:59:11 einsum
-  meshc::gen::View v333 = arena_.slot(0, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum333(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsum333.run(v324.data(), v30.data(), v333.data());
-
-  // vit.mesh:59:11 add
-  meshc::gen::View v334 = arena_.slot(116736, 2176);
-  for (size_t i = 0; i < v334.size(); ++i) {
-    v334[i] = float(double(v332[i]) + double(v333[i]));
-  }
-
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %323 over model for sum at 36:52)
-  meshc::gen::View v336 = v334;
-  group_model.allReduce(v336.data(), v336.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[0]/attention/w_q
-  meshc::gen::View v335 = arena_.slot(108032, 2048);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsum335(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsum335.run(v324.data(), v29.data(), v335.data());
-
-  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm/bias
-  meshc::gen::View v337 = arena_.slot(116224, 64);
-  meshc::gen::reduce(v337.data(), {64}, v336.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v338 = arena_.slot(0, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v338[at[0]] = float(double(v336[at[1]]) * double(v25[at[2]]));
-                         });
-
-  // vit.mesh:36:45 mul
-  meshc::gen::View v339 = arena_.slot(99328, 2176);
-  for (size_t i = 0; i < v339.size(); ++i) {
-    v339[i] = float(double(v336[i]) * double(v27[i]));
-  }
-
-  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm/gain
-  meshc::gen::View v340 = arena_.slot(116480, 64);
-  meshc::gen::reduce(v340.data(), {64}, v339.data(), {1}, {2, 17}, {1088, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v341 = arena_.slot(8704, 34);
-  meshc::gen::reduce(v341.data(), {2, 17}, v22.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
-  meshc::gen::View v343 = arena_.slot(99328, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t342 = float(double(v22[at[1]]) - double(v341[at[2]]));
-                           v343[at[0]] = float(double(t342) * double(t342));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v344 = arena_.slot(8704, 34);
-  meshc::gen::reduce(v344.data(), {2, 17}, v343.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  meshc::gen::View v346 = arena_.slot(8896, 34);
-  meshc::gen::forEach<3>({2, 17}, {{{17, 1}, {17, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t345 = float(double(v344[at[1]]) + double(v151[at[2]]));
-                           v346[at[0]] = float(1.0 / std::sqrt(double(t345)));
-                         });
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v347 = arena_.slot(81920, 2176);
-  for (size_t i = 0; i < v347.size(); ++i) {
-    v347[i] = float(double(v338[i]) * double(v27[i]));
-  }
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v348 = arena_.slot(8704, 34);
-  meshc::gen::reduce(v348.data(), {2, 17}, v347.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  meshc::gen::View v349 = arena_.slot(81920, 2176);
-  meshc::gen::forEach<3>({2, 17, 64}, {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v349[at[0]] = float(double(v27[at[1]]) * double(v348[at[2]]));
-                         });
-
-  // vit.mesh:36:10 mean
-  meshc::gen::View v350 = arena_.slot(8704, 34);
-  meshc::gen::reduce(v350.data(), {2, 17}, v338.data(), {1088, 64}, {64}, {1},
-                     meshc::gen::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 add
-  meshc::gen::View v354 = arena_.slot(90624, 2176);
-  meshc::gen::forEach<6>(
-      {2, 17, 64},
-      {{{1088, 64, 1}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}, {17, 1, 0}, {1088, 64, 1}}}, {},
-      [&](const std::array<int64_t, 6> &at) {
-        float t351 = float(double(v338[at[1]]) - double(v350[at[2]]));
-        float t352 = float(double(t351) - double(v349[at[3]]));
-        float t353 = float(double(t352) * double(v346[at[4]]));
-        v354[at[0]] = float(double(v309[at[5]]) + double(t353));
-      });
-
-  // vit.mesh:93:40 transpose
-  meshc::gen::View v355 = arena_.slot(0, 2176);
-  meshc::gen::forEach<2>(
-      {17, 64, 2}, {{{128, 2, 1}, {64, 1, 1088}}}, {},
-      [&](const std::array<int64_t, 2> &at) { v355[at[0]] = float(v354[at[1]]); });
-
-  // vit.mesh:94:40 sum -> grad/vit/position_embedding
-  meshc::gen::View v356 = arena_.slot(102400, 1088);
-  meshc::gen::reduce(v356.data(), {17, 64}, v355.data(), {128, 2}, {2}, {1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:93:40 slice
-  meshc::gen::View v357 = arena_.slot(8704, 128);
-  meshc::gen::copyWindow(v357.data(), v355.data(), {64, 2}, {2, 1}, {2, 1}, 128, 128, 1, 17, 0 - 0);
-
-  // vit.mesh:93:40 slice
-  meshc::gen::View v358 = arena_.slot(94208, 2048);
-  meshc::gen::copyWindow(v358.data(), v355.data(), {2, 64}, {1024, 1}, {1, 2}, 64, 128, 16, 17,
-                         -1 - 0);
-
-  // vit.mesh:92:34 mul
-  meshc::gen::View v359 = arena_.slot(0, 128);
-  meshc::gen::forEach<3>({1, 64, 2}, {{{128, 2, 1}, {128, 2, 1}, {0, 0, 1}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v359[at[0]] = float(double(v357[at[1]]) * double(v18[at[2]]));
-                         });
-
-  // vit.mesh:92:34 sum -> grad/vit/class_token
-  meshc::gen::View v360 = arena_.slot(106752, 64);
-  meshc::gen::reduce(v360.data(), {1, 64}, v359.data(), {128, 2}, {2}, {1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
-  meshc::gen::View v361 = arena_.slot(107008, 64);
-  meshc::gen::reduce(v361.data(), {64}, v358.data(), {1}, {2, 16}, {1024, 64},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
-  meshc::gen::View v362 = arena_.slot(81920, 3072);
-  // dims: batch, patches, d_model, pixel_row, pixel_col, channels
-  static const meshrt::kernels::EinsumPlan einsum362(
-      {{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
-  einsum362.run(v358.data(), v12.data(), v362.data());
-
-  // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
-  // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
-  meshc::gen::View v1208 = v125;
-  meshc::gen::View v397 = v138;
-  meshc::gen::View v393 = v140;
-  meshc::gen::View v521 = v143;
-  meshc::gen::View v517 = v146;
-  meshc::gen::View v467 = v164;
-  meshc::gen::View v512 = v169;
-  meshc::gen::View v507 = v195;
-  meshc::gen::View v503 = v198;
-  meshc::gen::View v499 = v201;
-  meshc::gen::View v463 = v219;
-  meshc::gen::View v494 = v222;
-  meshc::gen::View v489 = v233;
-  meshc::gen::View v484 = v236;
-  meshc::gen::View v479 = v241;
-  meshc::gen::View v475 = v243;
-  meshc::gen::View v471 = v246;
-  meshc::gen::View v413 = v264;
-  meshc::gen::View v458 = v269;
-  meshc::gen::View v453 = v289;
-  meshc::gen::View v449 = v292;
-  meshc::gen::View v445 = v295;
-  meshc::gen::View v409 = v313;
-  meshc::gen::View v440 = v316;
-  meshc::gen::View v435 = v327;
-  meshc::gen::View v430 = v330;
-  meshc::gen::View v425 = v335;
-  meshc::gen::View v421 = v337;
-  meshc::gen::View v417 = v340;
-  meshc::gen::View v389 = v356;
-  meshc::gen::View v386 = v360;
-  meshc::gen::View v405 = v361;
-  meshc::gen::View v401 = v362;
-  meshc::gen::allReduceBucket(group_data,
-                              {v1208, v397, v393, v521, v517, v467, v512, v507, v503, v499, v463,
-                               v494,  v489, v484, v479, v475, v471, v413, v458, v453, v449, v445,
-                               v409,  v440, v435, v430, v425, v421, v417, v389, v386, v405, v401});
-
-  // vit.mesh:112:3 step
-  meshc::gen::View v363 = arena_.fill(0, 1, float(step_));
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v364 =
-      arena_.fill(181824, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1.0));
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v365 = arena_.slot(181888, 1);
-  for (size_t i = 0; i < v365.size(); ++i) {
-    v365[i] = float(double(v363[i]) + double(v364[i]));
-  }
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v366 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.001));
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v367 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v367.size(); ++i) {
-    v367[i] = float(double(v363[i]) + double(v364[i]));
-  }
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v368 =
-      arena_.fill(192, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.002));
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 minimum
-  // vit.mesh:112:3 mul
-  meshc::gen::View v371 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v371.size(); ++i) {
-    float t369 = float(double(v367[i]) * double(v368[i]));
-    float t370 = float(meshc::gen::minimum(t369, v364[i]));
-    v371[i] = float(double(v366[i]) * double(t370));
-  }
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v372 = arena_.fill(64, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.0));
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v373 =
-      arena_.fill(128, 1, meshc::gen::roundValue(meshc::gen::DType::F32, -500.0));
-
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 maximum
-  meshc::gen::View v375 = arena_.slot(192, 1);
-  for (size_t i = 0; i < v375.size(); ++i) {
-    float t374 = float(double(v363[i]) + double(v373[i]));
-    v375[i] = float(meshc::gen::maximum(t374, v372[i]));
-  }
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v376 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 5e-05));
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 minimum
-  meshc::gen::View v378 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v378.size(); ++i) {
-    float t377 = float(double(v375[i]) * double(v376[i]));
-    v378[i] = float(meshc::gen::minimum(t377, v364[i]));
-  }
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v379 =
-      arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 3.141592653589793));
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 cos
-  // vit.mesh:112:3 add
-  meshc::gen::View v382 = arena_.slot(128, 1);
-  for (size_t i = 0; i < v382.size(); ++i) {
-    float t380 = float(double(v378[i]) * double(v379[i]));
-    float t381 = float(std::cos(double(t380)));
-    v382[i] = float(double(t381) + double(v364[i]));
-  }
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v383 = arena_.fill(0, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.5));
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul -> learning_rate
-  meshc::gen::View v385 = arena_.slot(181952, 1);
-  for (size_t i = 0; i < v385.size(); ++i) {
-    float t384 = float(double(v382[i]) * double(v383[i]));
-    v385[i] = float(double(v371[i]) * double(t384));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v387 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v387.size(); ++i) {
-    v387[i] = float(double(v386[i]) * double(v386[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v388 = arena_.slot(4352, 1);
-  meshc::gen::reduce(v388.data(), {}, v387.data(), {}, {1, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v390 = arena_.slot(0, 1088);
-  for (size_t i = 0; i < v390.size(); ++i) {
-    v390[i] = float(double(v389[i]) * double(v389[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v391 = arena_.slot(4416, 1);
-  meshc::gen::reduce(v391.data(), {}, v390.data(), {}, {17, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v392 = arena_.slot(2560, 1);
-  for (size_t i = 0; i < v392.size(); ++i) {
-    v392[i] = float(double(v388[i]) + double(v391[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v394 = arena_.slot(0, 640);
-  for (size_t i = 0; i < v394.size(); ++i) {
-    v394[i] = float(double(v393[i]) * double(v393[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v395 = arena_.slot(2624, 1);
-  meshc::gen::reduce(v395.data(), {}, v394.data(), {}, {64, 10}, {10, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v396 = arena_.slot(64, 1);
-  for (size_t i = 0; i < v396.size(); ++i) {
-    v396[i] = float(double(v392[i]) + double(v395[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v398 = arena_.slot(0, 10);
-  for (size_t i = 0; i < v398.size(); ++i) {
-    v398[i] = float(double(v397[i]) * double(v397[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v399 = arena_.slot(128, 1);
-  meshc::gen::reduce(v399.data(), {}, v398.data(), {}, {10}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v400 = arena_.slot(12288, 1);
-  for (size_t i = 0; i < v400.size(); ++i) {
-    v400[i] = float(double(v396[i]) + double(v399[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v402 = arena_.slot(0, 3072);
-  for (size_t i = 0; i < v402.size(); ++i) {
-    v402[i] = float(double(v401[i]) * double(v401[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v403 = arena_.slot(12352, 1);
-  meshc::gen::reduce(v403.data(), {}, v402.data(), {}, {4, 4, 3, 64}, {768, 192, 64, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v404 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v404.size(); ++i) {
-    v404[i] = float(double(v400[i]) + double(v403[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v406 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v406.size(); ++i) {
-    v406[i] = float(double(v405[i]) * double(v405[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v407 = arena_.slot(320, 1);
-  meshc::gen::reduce(v407.data(), {}, v406.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v408 = arena_.slot(384, 1);
-  for (size_t i = 0; i < v408.size(); ++i) {
-    v408[i] = float(double(v404[i]) + double(v407[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v410 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v410.size(); ++i) {
-    v410[i] = float(double(v409[i]) * double(v409[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v411 = arena_.slot(256, 1);
-  meshc::gen::reduce(v411.data(), {}, v410.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v412 = arena_.slot(320, 1);
-  for (size_t i = 0; i < v412.size(); ++i) {
-    v412[i] = float(double(v408[i]) + double(v411[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v414 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v414.size(); ++i) {
-    v414[i] = float(double(v413[i]) * double(v413[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v415 = arena_.slot(256, 1);
-  meshc::gen::reduce(v415.data(), {}, v414.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v416 = arena_.slot(384, 1);
-  for (size_t i = 0; i < v416.size(); ++i) {
-    v416[i] = float(double(v412[i]) + double(v415[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v418 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v418.size(); ++i) {
-    v418[i] = float(double(v417[i]) * double(v417[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v419 = arena_.slot(256, 1);
-  meshc::gen::reduce(v419.data(), {}, v418.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v420 = arena_.slot(320, 1);
-  for (size_t i = 0; i < v420.size(); ++i) {
-    v420[i] = float(double(v416[i]) + double(v419[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v422 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v422.size(); ++i) {
-    v422[i] = float(double(v421[i]) * double(v421[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v423 = arena_.slot(256, 1);
-  meshc::gen::reduce(v423.data(), {}, v422.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v424 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v424.size(); ++i) {
-    v424[i] = float(double(v420[i]) + double(v423[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v426 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v426.size(); ++i) {
-    v426[i] = float(double(v425[i]) * double(v425[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v427 = arena_.slot(8256, 1);
-  meshc::gen::reduce(v427.data(), {}, v426.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %404 over model for add at 112:3)
-  meshc::gen::View v428 = v427;
-  group_model.allReduce(v428.data(), v428.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v429 = arena_.slot(8320, 1);
-  for (size_t i = 0; i < v429.size(); ++i) {
-    v429[i] = float(double(v424[i]) + double(v428[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v431 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v431.size(); ++i) {
-    v431[i] = float(double(v430[i]) * double(v430[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v432 = arena_.slot(8192, 1);
-  meshc::gen::reduce(v432.data(), {}, v431.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %407 over model for add at 112:3)
-  meshc::gen::View v433 = v432;
-  group_model.allReduce(v433.data(), v433.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v434 = arena_.slot(8256, 1);
-  for (size_t i = 0; i < v434.size(); ++i) {
-    v434[i] = float(double(v429[i]) + double(v433[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v436 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v436.size(); ++i) {
-    v436[i] = float(double(v435[i]) * double(v435[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v437 = arena_.slot(8192, 1);
-  meshc::gen::reduce(v437.data(), {}, v436.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %410 over model for add at 112:3)
-  meshc::gen::View v438 = v437;
-  group_model.allReduce(v438.data(), v438.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v439 = arena_.slot(8320, 1);
-  for (size_t i = 0; i < v439.size(); ++i) {
-    v439[i] = float(double(v434[i]) + double(v438[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v441 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v441.size(); ++i) {
-    v441[i] = float(double(v440[i]) * double(v440[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v442 = arena_.slot(8192, 1);
-  meshc::gen::reduce(v442.data(), {}, v441.data(), {}, {2, 16, 64}, {1024, 64, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %413 over model for add at 112:3)
-  meshc::gen::View v443 = v442;
-  group_model.allReduce(v443.data(), v443.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v444 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v444.size(); ++i) {
-    v444[i] = float(double(v439[i]) + double(v443[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v446 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v446.size(); ++i) {
-    v446[i] = float(double(v445[i]) * double(v445[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v447 = arena_.slot(320, 1);
-  meshc::gen::reduce(v447.data(), {}, v446.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v448 = arena_.slot(384, 1);
-  for (size_t i = 0; i < v448.size(); ++i) {
-    v448[i] = float(double(v444[i]) + double(v447[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v450 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v450.size(); ++i) {
-    v450[i] = float(double(v449[i]) * double(v449[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v451 = arena_.slot(256, 1);
-  meshc::gen::reduce(v451.data(), {}, v450.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v452 = arena_.slot(94208, 1);
-  for (size_t i = 0; i < v452.size(); ++i) {
-    v452[i] = float(double(v448[i]) + double(v451[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v454 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v454.size(); ++i) {
-    v454[i] = float(double(v453[i]) * double(v453[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v455 = arena_.slot(94272, 1);
-  meshc::gen::reduce(v455.data(), {}, v454.data(), {}, {64, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %422 over model for add at 112:3)
-  meshc::gen::View v456 = v455;
-  group_model.allReduce(v456.data(), v456.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v457 = arena_.slot(94336, 1);
-  for (size_t i = 0; i < v457.size(); ++i) {
-    v457[i] = float(double(v452[i]) + double(v456[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v459 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v459.size(); ++i) {
-    v459[i] = float(double(v458[i]) * double(v458[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v460 = arena_.slot(94208, 1);
-  meshc::gen::reduce(v460.data(), {}, v459.data(), {}, {64, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %425 over model for add at 112:3)
-  meshc::gen::View v461 = v460;
-  group_model.allReduce(v461.data(), v461.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v462 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v462.size(); ++i) {
-    v462[i] = float(double(v457[i]) + double(v461[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v464 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v464.size(); ++i) {
-    v464[i] = float(double(v463[i]) * double(v463[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v465 = arena_.slot(320, 1);
-  meshc::gen::reduce(v465.data(), {}, v464.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v466 = arena_.slot(384, 1);
-  for (size_t i = 0; i < v466.size(); ++i) {
-    v466[i] = float(double(v462[i]) + double(v465[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v468 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v468.size(); ++i) {
-    v468[i] = float(double(v467[i]) * double(v467[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v469 = arena_.slot(256, 1);
-  meshc::gen::reduce(v469.data(), {}, v468.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v470 = arena_.slot(320, 1);
-  for (size_t i = 0; i < v470.size(); ++i) {
-    v470[i] = float(double(v466[i]) + double(v469[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v472 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v472.size(); ++i) {
-    v472[i] = float(double(v471[i]) * double(v471[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v473 = arena_.slot(256, 1);
-  meshc::gen::reduce(v473.data(), {}, v472.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v474 = arena_.slot(384, 1);
-  for (size_t i = 0; i < v474.size(); ++i) {
-    v474[i] = float(double(v470[i]) + double(v473[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v476 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v476.size(); ++i) {
-    v476[i] = float(double(v475[i]) * double(v475[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v477 = arena_.slot(256, 1);
-  meshc::gen::reduce(v477.data(), {}, v476.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v478 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v478.size(); ++i) {
-    v478[i] = float(double(v474[i]) + double(v477[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v480 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v480.size(); ++i) {
-    v480[i] = float(double(v479[i]) * double(v479[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v481 = arena_.slot(8256, 1);
-  meshc::gen::reduce(v481.data(), {}, v480.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %440 over model for add at 112:3)
-  meshc::gen::View v482 = v481;
-  group_model.allReduce(v482.data(), v482.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v483 = arena_.slot(8320, 1);
-  for (size_t i = 0; i < v483.size(); ++i) {
-    v483[i] = float(double(v478[i]) + double(v482[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v485 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v485.size(); ++i) {
-    v485[i] = float(double(v484[i]) * double(v484[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v486 = arena_.slot(8192, 1);
-  meshc::gen::reduce(v486.data(), {}, v485.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %443 over model for add at 112:3)
-  meshc::gen::View v487 = v486;
-  group_model.allReduce(v487.data(), v487.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v488 = arena_.slot(8256, 1);
-  for (size_t i = 0; i < v488.size(); ++i) {
-    v488[i] = float(double(v483[i]) + double(v487[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v490 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v490.size(); ++i) {
-    v490[i] = float(double(v489[i]) * double(v489[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v491 = arena_.slot(8192, 1);
-  meshc::gen::reduce(v491.data(), {}, v490.data(), {}, {64, 2, 16}, {32, 16, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %446 over model for add at 112:3)
-  meshc::gen::View v492 = v491;
-  group_model.allReduce(v492.data(), v492.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v493 = arena_.slot(8320, 1);
-  for (size_t i = 0; i < v493.size(); ++i) {
-    v493[i] = float(double(v488[i]) + double(v492[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v495 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v495.size(); ++i) {
-    v495[i] = float(double(v494[i]) * double(v494[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v496 = arena_.slot(8192, 1);
-  meshc::gen::reduce(v496.data(), {}, v495.data(), {}, {2, 16, 64}, {1024, 64, 1},
-                     meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %449 over model for add at 112:3)
-  meshc::gen::View v497 = v496;
-  group_model.allReduce(v497.data(), v497.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v498 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v498.size(); ++i) {
-    v498[i] = float(double(v493[i]) + double(v497[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v500 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v500.size(); ++i) {
-    v500[i] = float(double(v499[i]) * double(v499[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v501 = arena_.slot(320, 1);
-  meshc::gen::reduce(v501.data(), {}, v500.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v502 = arena_.slot(384, 1);
-  for (size_t i = 0; i < v502.size(); ++i) {
-    v502[i] = float(double(v498[i]) + double(v501[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v504 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v504.size(); ++i) {
-    v504[i] = float(double(v503[i]) * double(v503[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v505 = arena_.slot(256, 1);
-  meshc::gen::reduce(v505.data(), {}, v504.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v506 = arena_.slot(94208, 1);
-  for (size_t i = 0; i < v506.size(); ++i) {
-    v506[i] = float(double(v502[i]) + double(v505[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v508 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v508.size(); ++i) {
-    v508[i] = float(double(v507[i]) * double(v507[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v509 = arena_.slot(94272, 1);
-  meshc::gen::reduce(v509.data(), {}, v508.data(), {}, {64, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %458 over model for add at 112:3)
-  meshc::gen::View v510 = v509;
-  group_model.allReduce(v510.data(), v510.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v511 = arena_.slot(94336, 1);
-  for (size_t i = 0; i < v511.size(); ++i) {
-    v511[i] = float(double(v506[i]) + double(v510[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v513 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v513.size(); ++i) {
-    v513[i] = float(double(v512[i]) * double(v512[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v514 = arena_.slot(94208, 1);
-  meshc::gen::reduce(v514.data(), {}, v513.data(), {}, {64, 64}, {64, 1}, meshc::gen::Reduce::Sum,
-                     1.0);
-
-  // vit.mesh:112:3 all_reduce_sum (resolve the partial sum of %461 over model for add at 112:3)
-  meshc::gen::View v515 = v514;
-  group_model.allReduce(v515.data(), v515.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v516 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v516.size(); ++i) {
-    v516[i] = float(double(v511[i]) + double(v515[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v518 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v518.size(); ++i) {
-    v518[i] = float(double(v517[i]) * double(v517[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v519 = arena_.slot(320, 1);
-  meshc::gen::reduce(v519.data(), {}, v518.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  meshc::gen::View v520 = arena_.slot(384, 1);
-  for (size_t i = 0; i < v520.size(); ++i) {
-    v520[i] = float(double(v516[i]) + double(v519[i]));
-  }
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v522 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v522.size(); ++i) {
-    v522[i] = float(double(v521[i]) * double(v521[i]));
-  }
-
-  // vit.mesh:112:3 sum
-  meshc::gen::View v523 = arena_.slot(256, 1);
-  meshc::gen::reduce(v523.data(), {}, v522.data(), {}, {64}, {1}, meshc::gen::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 sqrt -> global_grad_norm
-  // vit.mesh:112:3 maximum
-  // vit.mesh:112:3 div
-  meshc::gen::View v527 = arena_.slot(182016, 1);
-  for (size_t i = 0; i < v527.size(); ++i) {
-    float t524 = float(double(v520[i]) + double(v523[i]));
-    float t525 = float(std::sqrt(double(t524)));
-    float t526 = float(meshc::gen::maximum(t525, v364[i]));
-    v527[i] = float(double(v364[i]) / double(t526));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v528 = arena_.slot(181504, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v528[at[0]] = float(double(v386[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v529 = arena_.slot(174592, 1088);
-  meshc::gen::forEach<3>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v529[at[0]] = float(double(v389[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v530 = arena_.slot(178944, 640);
-  meshc::gen::forEach<3>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v530[at[0]] = float(double(v393[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v531 = arena_.slot(181760, 10);
-  meshc::gen::forEach<3>({10}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v531[at[0]] = float(double(v397[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v532 = arena_.slot(94208, 3072);
-  meshc::gen::forEach<3>({4, 4, 3, 64}, {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v532[at[0]] = float(double(v401[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v533 = arena_.slot(90112, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v533[at[0]] = float(double(v405[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v534 = arena_.slot(90368, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v534[at[0]] = float(double(v409[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v535 = arena_.slot(90624, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v535[at[0]] = float(double(v413[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v536 = arena_.slot(90880, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v536[at[0]] = float(double(v417[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v537 = arena_.slot(91136, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v537[at[0]] = float(double(v421[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v538 = arena_.slot(116224, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v538[at[0]] = float(double(v425[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v539 = arena_.slot(106496, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v539[at[0]] = float(double(v430[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v540 = arena_.slot(133632, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v540[at[0]] = float(double(v435[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v541 = arena_.slot(124416, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v541[at[0]] = float(double(v440[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v542 = arena_.slot(91392, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v542[at[0]] = float(double(v445[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v543 = arena_.slot(91648, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v543[at[0]] = float(double(v449[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v544 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v544[at[0]] = float(double(v453[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v545 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v545[at[0]] = float(double(v458[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v546 = arena_.slot(91904, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v546[at[0]] = float(double(v463[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v547 = arena_.slot(92160, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v547[at[0]] = float(double(v467[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v548 = arena_.slot(92416, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v548[at[0]] = float(double(v471[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v549 = arena_.slot(92672, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v549[at[0]] = float(double(v475[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v550 = arena_.slot(141824, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v550[at[0]] = float(double(v479[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v551 = arena_.slot(150016, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v551[at[0]] = float(double(v484[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v552 = arena_.slot(158208, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v552[at[0]] = float(double(v489[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v553 = arena_.slot(166400, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v553[at[0]] = float(double(v494[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v554 = arena_.slot(92928, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v554[at[0]] = float(double(v499[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v555 = arena_.slot(93184, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v555[at[0]] = float(double(v503[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v556 = arena_.slot(32768, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v556[at[0]] = float(double(v507[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v557 = arena_.slot(49152, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v557[at[0]] = float(double(v512[at[1]]) * double(v527[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v558 = arena_.slot(93440, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v558[at[0]] = float(double(v517[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v559 = arena_.slot(93696, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v559[at[0]] = float(double(v521[at[1]]) * double(v527[at[2]]));
-  });
-
-  // vit.mesh:112:3 param -> vit/class_token@m
-  const meshc::gen::Buffer &v560 = param32_vit_class_token_m;
-
-  // vit.mesh:112:3 param -> vit/class_token@v
-  const meshc::gen::Buffer &v561 = param33_vit_class_token_v;
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v562 =
-      arena_.fill(93952, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.9));
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v563 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v563.size(); ++i) {
-    v563[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v564 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v564[at[0]] = float(double(v528[at[1]]) * double(v563[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v566(param32_vit_class_token_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t565 = float(double(v560[at[1]]) * double(v562[at[2]]));
-                           v566[at[0]] = float(double(t565) + double(v564[at[3]]));
-                         });
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v567 =
-      arena_.fill(94016, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.999));
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v568 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v568.size(); ++i) {
-    v568[i] = float(double(v528[i]) * double(v528[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v569 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v569.size(); ++i) {
-    v569[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v570 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v570[at[0]] = float(double(v568[at[1]]) * double(v569[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v572(param33_vit_class_token_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t571 = float(double(v561[at[1]]) * double(v567[at[2]]));
-                           v572[at[0]] = float(double(t571) + double(v570[at[3]]));
-                         });
-
-  // vit.mesh:112:3 pow
-  // vit.mesh:112:3 sub
-  meshc::gen::View v574 = arena_.slot(94080, 1);
-  for (size_t i = 0; i < v574.size(); ++i) {
-    float t573 = float(std::pow(double(v562[i]), double(v365[i])));
-    v574[i] = float(double(v364[i]) - double(t573));
-  }
-
-  // vit.mesh:112:3 pow
-  // vit.mesh:112:3 sub
-  meshc::gen::View v576 = arena_.slot(94144, 1);
-  for (size_t i = 0; i < v576.size(); ++i) {
-    float t575 = float(std::pow(double(v567[i]), double(v365[i])));
-    v576[i] = float(double(v364[i]) - double(t575));
-  }
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v577 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v577[at[0]] = float(double(v566[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  meshc::gen::View v579 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           float t578 = float(double(v572[at[1]]) / double(v576[at[2]]));
-                           v579[at[0]] = float(std::sqrt(double(t578)));
-                         });
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v580 =
-      arena_.fill(114688, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 1e-08));
-
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v582 = arena_.slot(66048, 64);
-  meshc::gen::forEach<4>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t581 = float(double(v579[at[1]]) + double(v580[at[2]]));
-                           v582[at[0]] = float(double(v577[at[3]]) / double(t581));
-                         });
-
-  // vit.mesh:112:3 literal
-  meshc::gen::View v583 =
-      arena_.fill(114752, 1, meshc::gen::roundValue(meshc::gen::DType::F32, 0.05));
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/class_token
-  meshc::gen::View v587(param0_vit_class_token); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({1, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t584 = float(double(v2[at[1]]) * double(v583[at[2]]));
-                           float t585 = float(double(v582[at[3]]) + double(t584));
-                           float t586 = float(double(t585) * double(v385[at[4]]));
-                           v587[at[0]] = float(double(v2[at[1]]) - double(t586));
-                         });
-
-  // vit.mesh:112:3 param -> vit/position_embedding@m
-  const meshc::gen::Buffer &v588 = param34_vit_position_embedding_m;
-
-  // vit.mesh:112:3 param -> vit/position_embedding@v
-  const meshc::gen::Buffer &v589 = param35_vit_position_embedding_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v590 = arena_.slot(69888, 1);
-  for (size_t i = 0; i < v590.size(); ++i) {
-    v590[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v591 = arena_.slot(65536, 1088);
-  meshc::gen::forEach<3>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v591[at[0]] = float(double(v529[at[1]]) * double(v590[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v593(
-      param34_vit_position_embedding_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t592 = float(double(v588[at[1]]) * double(v562[at[2]]));
-                           v593[at[0]] = float(double(t592) + double(v591[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v594 = arena_.slot(65536, 1088);
-  for (size_t i = 0; i < v594.size(); ++i) {
-    v594[i] = float(double(v529[i]) * double(v529[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v595 = arena_.slot(74240, 1);
-  for (size_t i = 0; i < v595.size(); ++i) {
-    v595[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v596 = arena_.slot(69888, 1088);
-  meshc::gen::forEach<3>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v596[at[0]] = float(double(v594[at[1]]) * double(v595[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v598(
-      param35_vit_position_embedding_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t597 = float(double(v589[at[1]]) * double(v567[at[2]]));
-                           v598[at[0]] = float(double(t597) + double(v596[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v599 = arena_.slot(65536, 1088);
-  meshc::gen::forEach<3>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v599[at[0]] = float(double(v593[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v603 = arena_.slot(69888, 1088);
-  meshc::gen::forEach<5>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t600 = float(double(v598[at[1]]) / double(v576[at[2]]));
-                           float t601 = float(std::sqrt(double(t600)));
-                           float t602 = float(double(t601) + double(v580[at[3]]));
-                           v603[at[0]] = float(double(v599[at[4]]) / double(t602));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/position_embedding
-  meshc::gen::View v607(param1_vit_position_embedding); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({17, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t604 = float(double(v3[at[1]]) * double(v583[at[2]]));
-                           float t605 = float(double(v603[at[3]]) + double(t604));
-                           float t606 = float(double(t605) * double(v385[at[4]]));
-                           v607[at[0]] = float(double(v3[at[1]]) - double(t606));
-                         });
-
-  // vit.mesh:112:3 param -> vit/w_head@m
-  const meshc::gen::Buffer &v608 = param36_vit_w_head_m;
-
-  // vit.mesh:112:3 param -> vit/w_head@v
-  const meshc::gen::Buffer &v609 = param37_vit_w_head_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v610 = arena_.slot(68096, 1);
-  for (size_t i = 0; i < v610.size(); ++i) {
-    v610[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v611 = arena_.slot(65536, 640);
-  meshc::gen::forEach<3>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v611[at[0]] = float(double(v530[at[1]]) * double(v610[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v613(param36_vit_w_head_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}, {10, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t612 = float(double(v608[at[1]]) * double(v562[at[2]]));
-                           v613[at[0]] = float(double(t612) + double(v611[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v614 = arena_.slot(65536, 640);
-  for (size_t i = 0; i < v614.size(); ++i) {
-    v614[i] = float(double(v530[i]) * double(v530[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v615 = arena_.slot(70656, 1);
-  for (size_t i = 0; i < v615.size(); ++i) {
-    v615[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v616 = arena_.slot(68096, 640);
-  meshc::gen::forEach<3>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v616[at[0]] = float(double(v614[at[1]]) * double(v615[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v618(param37_vit_w_head_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}, {10, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t617 = float(double(v609[at[1]]) * double(v567[at[2]]));
-                           v618[at[0]] = float(double(t617) + double(v616[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v619 = arena_.slot(65536, 640);
-  meshc::gen::forEach<3>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v619[at[0]] = float(double(v613[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v623 = arena_.slot(68096, 640);
-  meshc::gen::forEach<5>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}, {0, 0}, {10, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t620 = float(double(v618[at[1]]) / double(v576[at[2]]));
-                           float t621 = float(std::sqrt(double(t620)));
-                           float t622 = float(double(t621) + double(v580[at[3]]));
-                           v623[at[0]] = float(double(v619[at[4]]) / double(t622));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/w_head
-  meshc::gen::View v627(param2_vit_w_head); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 10}, {{{10, 1}, {10, 1}, {0, 0}, {10, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t624 = float(double(v4[at[1]]) * double(v583[at[2]]));
-                           float t625 = float(double(v623[at[3]]) + double(t624));
-                           float t626 = float(double(t625) * double(v385[at[4]]));
-                           v627[at[0]] = float(double(v4[at[1]]) - double(t626));
-                         });
-
-  // vit.mesh:112:3 param -> vit/b_head@m
-  const meshc::gen::Buffer &v628 = param38_vit_b_head_m;
-
-  // vit.mesh:112:3 param -> vit/b_head@v
-  const meshc::gen::Buffer &v629 = param39_vit_b_head_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v630 = arena_.slot(65600, 1);
-  for (size_t i = 0; i < v630.size(); ++i) {
-    v630[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v631 = arena_.slot(65536, 10);
-  meshc::gen::forEach<3>({10}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v631[at[0]] = float(double(v531[at[1]]) * double(v630[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v633(param38_vit_b_head_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({10}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t632 = float(double(v628[at[1]]) * double(v562[at[2]]));
-    v633[at[0]] = float(double(t632) + double(v631[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v634 = arena_.slot(65536, 10);
-  for (size_t i = 0; i < v634.size(); ++i) {
-    v634[i] = float(double(v531[i]) * double(v531[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v635 = arena_.slot(65664, 1);
-  for (size_t i = 0; i < v635.size(); ++i) {
-    v635[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v636 = arena_.slot(65600, 10);
-  meshc::gen::forEach<3>({10}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v636[at[0]] = float(double(v634[at[1]]) * double(v635[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v638(param39_vit_b_head_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({10}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t637 = float(double(v629[at[1]]) * double(v567[at[2]]));
-    v638[at[0]] = float(double(t637) + double(v636[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v639 = arena_.slot(65536, 10);
-  meshc::gen::forEach<3>({10}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v639[at[0]] = float(double(v633[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v643 = arena_.slot(65600, 10);
-  meshc::gen::forEach<5>({10}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t640 = float(double(v638[at[1]]) / double(v576[at[2]]));
-                           float t641 = float(std::sqrt(double(t640)));
-                           float t642 = float(double(t641) + double(v580[at[3]]));
-                           v643[at[0]] = float(double(v639[at[4]]) / double(t642));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/b_head
-  meshc::gen::View v647(param3_vit_b_head); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({10}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t644 = float(double(v5[at[1]]) * double(v583[at[2]]));
-                           float t645 = float(double(v643[at[3]]) + double(t644));
-                           float t646 = float(double(t645) * double(v385[at[4]]));
-                           v647[at[0]] = float(double(v5[at[1]]) - double(t646));
-                         });
-
-  // vit.mesh:112:3 param -> vit/embed_patches/w_patch@m
-  const meshc::gen::Buffer &v648 = param40_vit_embed_patches_w_patch_m;
-
-  // vit.mesh:112:3 param -> vit/embed_patches/w_patch@v
-  const meshc::gen::Buffer &v649 = param41_vit_embed_patches_w_patch_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v650 = arena_.slot(77824, 1);
-  for (size_t i = 0; i < v650.size(); ++i) {
-    v650[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v651 = arena_.slot(65536, 3072);
-  meshc::gen::forEach<3>({4, 4, 3, 64}, {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v651[at[0]] = float(double(v532[at[1]]) * double(v650[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v653(
-      param40_vit_embed_patches_w_patch_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({4, 4, 3, 64},
-                         {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}, {768, 192, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t652 = float(double(v648[at[1]]) * double(v562[at[2]]));
-                           v653[at[0]] = float(double(t652) + double(v651[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v654 = arena_.slot(65536, 3072);
-  for (size_t i = 0; i < v654.size(); ++i) {
-    v654[i] = float(double(v532[i]) * double(v532[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v655 = arena_.slot(94208, 1);
-  for (size_t i = 0; i < v655.size(); ++i) {
-    v655[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v656 = arena_.slot(77824, 3072);
-  meshc::gen::forEach<3>({4, 4, 3, 64}, {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v656[at[0]] = float(double(v654[at[1]]) * double(v655[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v658(
-      param41_vit_embed_patches_w_patch_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({4, 4, 3, 64},
-                         {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}, {768, 192, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t657 = float(double(v649[at[1]]) * double(v567[at[2]]));
-                           v658[at[0]] = float(double(t657) + double(v656[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v659 = arena_.slot(65536, 3072);
-  meshc::gen::forEach<3>({4, 4, 3, 64}, {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v659[at[0]] = float(double(v653[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v663 = arena_.slot(77824, 3072);
-  meshc::gen::forEach<5>(
-      {4, 4, 3, 64},
-      {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}, {0, 0, 0, 0}, {768, 192, 64, 1}}}, {},
-      [&](const std::array<int64_t, 5> &at) {
-        float t660 = float(double(v658[at[1]]) / double(v576[at[2]]));
-        float t661 = float(std::sqrt(double(t660)));
-        float t662 = float(double(t661) + double(v580[at[3]]));
-        v663[at[0]] = float(double(v659[at[4]]) / double(t662));
-      });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/embed_patches/w_patch
-  meshc::gen::View v667(
-      param4_vit_embed_patches_w_patch); // the param's new value, in its own storage
-  meshc::gen::forEach<5>(
-      {4, 4, 3, 64},
-      {{{768, 192, 64, 1}, {768, 192, 64, 1}, {0, 0, 0, 0}, {768, 192, 64, 1}, {0, 0, 0, 0}}}, {},
-      [&](const std::array<int64_t, 5> &at) {
-        float t664 = float(double(v6[at[1]]) * double(v583[at[2]]));
-        float t665 = float(double(v663[at[3]]) + double(t664));
-        float t666 = float(double(t665) * double(v385[at[4]]));
-        v667[at[0]] = float(double(v6[at[1]]) - double(t666));
-      });
-
-  // vit.mesh:112:3 param -> vit/embed_patches/b_patch@m
-  const meshc::gen::Buffer &v668 = param42_vit_embed_patches_b_patch_m;
-
-  // vit.mesh:112:3 param -> vit/embed_patches/b_patch@v
-  const meshc::gen::Buffer &v669 = param43_vit_embed_patches_b_patch_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v670 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v670.size(); ++i) {
-    v670[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v671 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v671[at[0]] = float(double(v533[at[1]]) * double(v670[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v673(
-      param42_vit_embed_patches_b_patch_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t672 = float(double(v668[at[1]]) * double(v562[at[2]]));
-    v673[at[0]] = float(double(t672) + double(v671[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v674 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v674.size(); ++i) {
-    v674[i] = float(double(v533[i]) * double(v533[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v675 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v675.size(); ++i) {
-    v675[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v676 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v676[at[0]] = float(double(v674[at[1]]) * double(v675[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v678(
-      param43_vit_embed_patches_b_patch_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t677 = float(double(v669[at[1]]) * double(v567[at[2]]));
-    v678[at[0]] = float(double(t677) + double(v676[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v679 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v679[at[0]] = float(double(v673[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v683 = arena_.slot(65792, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t680 = float(double(v678[at[1]]) / double(v576[at[2]]));
-                           float t681 = float(std::sqrt(double(t680)));
-                           float t682 = float(double(t681) + double(v580[at[3]]));
-                           v683[at[0]] = float(double(v679[at[4]]) / double(t682));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
-  meshc::gen::View v687(
-      param5_vit_embed_patches_b_patch); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t684 = float(double(v7[at[1]]) * double(v583[at[2]]));
-                           float t685 = float(double(v683[at[3]]) + double(t684));
-                           float t686 = float(double(t685) * double(v385[at[4]]));
-                           v687[at[0]] = float(double(v7[at[1]]) - double(t686));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention_scale@m
-  const meshc::gen::Buffer &v688 = param44_vit_encoder_layer_0_attention_scale_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention_scale@v
-  const meshc::gen::Buffer &v689 = param45_vit_encoder_layer_0_attention_scale_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v690 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v690.size(); ++i) {
-    v690[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v691 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v691[at[0]] = float(double(v534[at[1]]) * double(v690[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v693(
-      param44_vit_encoder_layer_0_attention_scale_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t692 = float(double(v688[at[1]]) * double(v562[at[2]]));
-    v693[at[0]] = float(double(t692) + double(v691[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v694 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v694.size(); ++i) {
-    v694[i] = float(double(v534[i]) * double(v534[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v695 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v695.size(); ++i) {
-    v695[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v696 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v696[at[0]] = float(double(v694[at[1]]) * double(v695[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v698(
-      param45_vit_encoder_layer_0_attention_scale_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t697 = float(double(v689[at[1]]) * double(v567[at[2]]));
-    v698[at[0]] = float(double(t697) + double(v696[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v699 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v699[at[0]] = float(double(v693[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v703 = arena_.slot(65792, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t700 = float(double(v698[at[1]]) / double(v576[at[2]]));
-                           float t701 = float(std::sqrt(double(t700)));
-                           float t702 = float(double(t701) + double(v580[at[3]]));
-                           v703[at[0]] = float(double(v699[at[4]]) / double(t702));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention_scale
-  meshc::gen::View v707(
-      param6_vit_encoder_layer_0_attention_scale); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t704 = float(double(v23[at[1]]) * double(v583[at[2]]));
-                           float t705 = float(double(v703[at[3]]) + double(t704));
-                           float t706 = float(double(t705) * double(v385[at[4]]));
-                           v707[at[0]] = float(double(v23[at[1]]) - double(t706));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn_scale@m
-  const meshc::gen::Buffer &v708 = param46_vit_encoder_layer_0_ffn_scale_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn_scale@v
-  const meshc::gen::Buffer &v709 = param47_vit_encoder_layer_0_ffn_scale_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v710 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v710.size(); ++i) {
-    v710[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v711 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v711[at[0]] = float(double(v535[at[1]]) * double(v710[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v713(
-      param46_vit_encoder_layer_0_ffn_scale_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t712 = float(double(v708[at[1]]) * double(v562[at[2]]));
-    v713[at[0]] = float(double(t712) + double(v711[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v714 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v714.size(); ++i) {
-    v714[i] = float(double(v535[i]) * double(v535[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v715 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v715.size(); ++i) {
-    v715[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v716 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v716[at[0]] = float(double(v714[at[1]]) * double(v715[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v718(
-      param47_vit_encoder_layer_0_ffn_scale_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t717 = float(double(v709[at[1]]) * double(v567[at[2]]));
-    v718[at[0]] = float(double(t717) + double(v716[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v719 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v719[at[0]] = float(double(v713[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v723 = arena_.slot(65792, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t720 = float(double(v718[at[1]]) / double(v576[at[2]]));
-                           float t721 = float(std::sqrt(double(t720)));
-                           float t722 = float(double(t721) + double(v580[at[3]]));
-                           v723[at[0]] = float(double(v719[at[4]]) / double(t722));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn_scale
-  meshc::gen::View v727(
-      param7_vit_encoder_layer_0_ffn_scale); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t724 = float(double(v24[at[1]]) * double(v583[at[2]]));
-                           float t725 = float(double(v723[at[3]]) + double(t724));
-                           float t726 = float(double(t725) * double(v385[at[4]]));
-                           v727[at[0]] = float(double(v24[at[1]]) - double(t726));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm/gain@m
-  const meshc::gen::Buffer &v728 = param48_vit_encoder_layer_0_norm_gain_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm/gain@v
-  const meshc::gen::Buffer &v729 = param49_vit_encoder_layer_0_norm_gain_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v730 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v730.size(); ++i) {
-    v730[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v731 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v731[at[0]] = float(double(v536[at[1]]) * double(v730[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v733(
-      param48_vit_encoder_layer_0_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t732 = float(double(v728[at[1]]) * double(v562[at[2]]));
-    v733[at[0]] = float(double(t732) + double(v731[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v734 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v734.size(); ++i) {
-    v734[i] = float(double(v536[i]) * double(v536[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v735 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v735.size(); ++i) {
-    v735[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v736 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v736[at[0]] = float(double(v734[at[1]]) * double(v735[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v738(
-      param49_vit_encoder_layer_0_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t737 = float(double(v729[at[1]]) * double(v567[at[2]]));
-    v738[at[0]] = float(double(t737) + double(v736[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v739 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v739[at[0]] = float(double(v733[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v743 = arena_.slot(65792, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t740 = float(double(v738[at[1]]) / double(v576[at[2]]));
-                           float t741 = float(std::sqrt(double(t740)));
-                           float t742 = float(double(t741) + double(v580[at[3]]));
-                           v743[at[0]] = float(double(v739[at[4]]) / double(t742));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
-  meshc::gen::View v747(
-      param8_vit_encoder_layer_0_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t744 = float(double(v25[at[1]]) * double(v583[at[2]]));
-                           float t745 = float(double(v743[at[3]]) + double(t744));
-                           float t746 = float(double(t745) * double(v385[at[4]]));
-                           v747[at[0]] = float(double(v25[at[1]]) - double(t746));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm/bias@m
-  const meshc::gen::Buffer &v748 = param50_vit_encoder_layer_0_norm_bias_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm/bias@v
-  const meshc::gen::Buffer &v749 = param51_vit_encoder_layer_0_norm_bias_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v750 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v750.size(); ++i) {
-    v750[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v751 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v751[at[0]] = float(double(v537[at[1]]) * double(v750[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v753(
-      param50_vit_encoder_layer_0_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t752 = float(double(v748[at[1]]) * double(v562[at[2]]));
-    v753[at[0]] = float(double(t752) + double(v751[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v754 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v754.size(); ++i) {
-    v754[i] = float(double(v537[i]) * double(v537[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v755 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v755.size(); ++i) {
-    v755[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v756 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v756[at[0]] = float(double(v754[at[1]]) * double(v755[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v758(
-      param51_vit_encoder_layer_0_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t757 = float(double(v749[at[1]]) * double(v567[at[2]]));
-    v758[at[0]] = float(double(t757) + double(v756[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v759 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v759[at[0]] = float(double(v753[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v763 = arena_.slot(65792, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t760 = float(double(v758[at[1]]) / double(v576[at[2]]));
-                           float t761 = float(std::sqrt(double(t760)));
-                           float t762 = float(double(t761) + double(v580[at[3]]));
-                           v763[at[0]] = float(double(v759[at[4]]) / double(t762));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
-  meshc::gen::View v767(
-      param9_vit_encoder_layer_0_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t764 = float(double(v26[at[1]]) * double(v583[at[2]]));
-                           float t765 = float(double(v763[at[3]]) + double(t764));
-                           float t766 = float(double(t765) * double(v385[at[4]]));
-                           v767[at[0]] = float(double(v26[at[1]]) - double(t766));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_q@m
-  const meshc::gen::Buffer &v768 = param52_vit_encoder_layer_0_attention_w_q_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_q@v
-  const meshc::gen::Buffer &v769 = param53_vit_encoder_layer_0_attention_w_q_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v770 = arena_.slot(73728, 1);
-  for (size_t i = 0; i < v770.size(); ++i) {
-    v770[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v771 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v771[at[0]] = float(double(v538[at[1]]) * double(v770[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v773(
-      param52_vit_encoder_layer_0_attention_w_q_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t772 = float(double(v768[at[1]]) * double(v562[at[2]]));
-                           v773[at[0]] = float(double(t772) + double(v771[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v774 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v774.size(); ++i) {
-    v774[i] = float(double(v538[i]) * double(v538[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v775 = arena_.slot(81920, 1);
-  for (size_t i = 0; i < v775.size(); ++i) {
-    v775[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v776 = arena_.slot(73728, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v776[at[0]] = float(double(v774[at[1]]) * double(v775[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v778(
-      param53_vit_encoder_layer_0_attention_w_q_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t777 = float(double(v769[at[1]]) * double(v567[at[2]]));
-                           v778[at[0]] = float(double(t777) + double(v776[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v779 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v779[at[0]] = float(double(v773[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v783 = arena_.slot(73728, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t780 = float(double(v778[at[1]]) / double(v576[at[2]]));
-                           float t781 = float(std::sqrt(double(t780)));
-                           float t782 = float(double(t781) + double(v580[at[3]]));
-                           v783[at[0]] = float(double(v779[at[4]]) / double(t782));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
-  meshc::gen::View v787(
-      param10_vit_encoder_layer_0_attention_w_q); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t784 = float(double(v30[at[1]]) * double(v583[at[2]]));
-                           float t785 = float(double(v783[at[3]]) + double(t784));
-                           float t786 = float(double(t785) * double(v385[at[4]]));
-                           v787[at[0]] = float(double(v30[at[1]]) - double(t786));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_k@m
-  const meshc::gen::Buffer &v788 = param54_vit_encoder_layer_0_attention_w_k_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_k@v
-  const meshc::gen::Buffer &v789 = param55_vit_encoder_layer_0_attention_w_k_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v790 = arena_.slot(73728, 1);
-  for (size_t i = 0; i < v790.size(); ++i) {
-    v790[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v791 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v791[at[0]] = float(double(v539[at[1]]) * double(v790[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v793(
-      param54_vit_encoder_layer_0_attention_w_k_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t792 = float(double(v788[at[1]]) * double(v562[at[2]]));
-                           v793[at[0]] = float(double(t792) + double(v791[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v794 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v794.size(); ++i) {
-    v794[i] = float(double(v539[i]) * double(v539[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v795 = arena_.slot(81920, 1);
-  for (size_t i = 0; i < v795.size(); ++i) {
-    v795[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v796 = arena_.slot(73728, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v796[at[0]] = float(double(v794[at[1]]) * double(v795[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v798(
-      param55_vit_encoder_layer_0_attention_w_k_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t797 = float(double(v789[at[1]]) * double(v567[at[2]]));
-                           v798[at[0]] = float(double(t797) + double(v796[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v799 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v799[at[0]] = float(double(v793[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v803 = arena_.slot(73728, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t800 = float(double(v798[at[1]]) / double(v576[at[2]]));
-                           float t801 = float(std::sqrt(double(t800)));
-                           float t802 = float(double(t801) + double(v580[at[3]]));
-                           v803[at[0]] = float(double(v799[at[4]]) / double(t802));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
-  meshc::gen::View v807(
-      param11_vit_encoder_layer_0_attention_w_k); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t804 = float(double(v31[at[1]]) * double(v583[at[2]]));
-                           float t805 = float(double(v803[at[3]]) + double(t804));
-                           float t806 = float(double(t805) * double(v385[at[4]]));
-                           v807[at[0]] = float(double(v31[at[1]]) - double(t806));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_v@m
-  const meshc::gen::Buffer &v808 = param56_vit_encoder_layer_0_attention_w_v_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_v@v
-  const meshc::gen::Buffer &v809 = param57_vit_encoder_layer_0_attention_w_v_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v810 = arena_.slot(73728, 1);
-  for (size_t i = 0; i < v810.size(); ++i) {
-    v810[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v811 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v811[at[0]] = float(double(v540[at[1]]) * double(v810[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v813(
-      param56_vit_encoder_layer_0_attention_w_v_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t812 = float(double(v808[at[1]]) * double(v562[at[2]]));
-                           v813[at[0]] = float(double(t812) + double(v811[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v814 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v814.size(); ++i) {
-    v814[i] = float(double(v540[i]) * double(v540[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v815 = arena_.slot(81920, 1);
-  for (size_t i = 0; i < v815.size(); ++i) {
-    v815[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v816 = arena_.slot(73728, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v816[at[0]] = float(double(v814[at[1]]) * double(v815[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v818(
-      param57_vit_encoder_layer_0_attention_w_v_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t817 = float(double(v809[at[1]]) * double(v567[at[2]]));
-                           v818[at[0]] = float(double(t817) + double(v816[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v819 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v819[at[0]] = float(double(v813[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v823 = arena_.slot(73728, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t820 = float(double(v818[at[1]]) / double(v576[at[2]]));
-                           float t821 = float(std::sqrt(double(t820)));
-                           float t822 = float(double(t821) + double(v580[at[3]]));
-                           v823[at[0]] = float(double(v819[at[4]]) / double(t822));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
-  meshc::gen::View v827(
-      param12_vit_encoder_layer_0_attention_w_v); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t824 = float(double(v32[at[1]]) * double(v583[at[2]]));
-                           float t825 = float(double(v823[at[3]]) + double(t824));
-                           float t826 = float(double(t825) * double(v385[at[4]]));
-                           v827[at[0]] = float(double(v32[at[1]]) - double(t826));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_o@m
-  const meshc::gen::Buffer &v828 = param58_vit_encoder_layer_0_attention_w_o_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/attention/w_o@v
-  const meshc::gen::Buffer &v829 = param59_vit_encoder_layer_0_attention_w_o_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v830 = arena_.slot(73728, 1);
-  for (size_t i = 0; i < v830.size(); ++i) {
-    v830[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v831 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v831[at[0]] = float(double(v541[at[1]]) * double(v830[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v833(
-      param58_vit_encoder_layer_0_attention_w_o_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t832 = float(double(v828[at[1]]) * double(v562[at[2]]));
-                           v833[at[0]] = float(double(t832) + double(v831[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v834 = arena_.slot(65536, 2048);
-  for (size_t i = 0; i < v834.size(); ++i) {
-    v834[i] = float(double(v541[i]) * double(v541[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v835 = arena_.slot(81920, 1);
-  for (size_t i = 0; i < v835.size(); ++i) {
-    v835[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v836 = arena_.slot(73728, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v836[at[0]] = float(double(v834[at[1]]) * double(v835[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v838(
-      param59_vit_encoder_layer_0_attention_w_o_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t837 = float(double(v829[at[1]]) * double(v567[at[2]]));
-                           v838[at[0]] = float(double(t837) + double(v836[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v839 = arena_.slot(65536, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v839[at[0]] = float(double(v833[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v843 = arena_.slot(73728, 2048);
-  meshc::gen::forEach<5>({2, 16, 64},
-                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t840 = float(double(v838[at[1]]) / double(v576[at[2]]));
-                           float t841 = float(std::sqrt(double(t840)));
-                           float t842 = float(double(t841) + double(v580[at[3]]));
-                           v843[at[0]] = float(double(v839[at[4]]) / double(t842));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
-  meshc::gen::View v847(
-      param13_vit_encoder_layer_0_attention_w_o); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({2, 16, 64},
-                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t844 = float(double(v33[at[1]]) * double(v583[at[2]]));
-                           float t845 = float(double(v843[at[3]]) + double(t844));
-                           float t846 = float(double(t845) * double(v385[at[4]]));
-                           v847[at[0]] = float(double(v33[at[1]]) - double(t846));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm#1/gain@m
-  const meshc::gen::Buffer &v848 = param60_vit_encoder_layer_0_norm_1_gain_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm#1/gain@v
-  const meshc::gen::Buffer &v849 = param61_vit_encoder_layer_0_norm_1_gain_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v850 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v850.size(); ++i) {
-    v850[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v851 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v851[at[0]] = float(double(v542[at[1]]) * double(v850[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v853(
-      param60_vit_encoder_layer_0_norm_1_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t852 = float(double(v848[at[1]]) * double(v562[at[2]]));
-    v853[at[0]] = float(double(t852) + double(v851[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v854 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v854.size(); ++i) {
-    v854[i] = float(double(v542[i]) * double(v542[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v855 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v855.size(); ++i) {
-    v855[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v856 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v856[at[0]] = float(double(v854[at[1]]) * double(v855[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v858(
-      param61_vit_encoder_layer_0_norm_1_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t857 = float(double(v849[at[1]]) * double(v567[at[2]]));
-    v858[at[0]] = float(double(t857) + double(v856[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v859 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v859[at[0]] = float(double(v853[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v863 = arena_.slot(65792, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t860 = float(double(v858[at[1]]) / double(v576[at[2]]));
-                           float t861 = float(std::sqrt(double(t860)));
-                           float t862 = float(double(t861) + double(v580[at[3]]));
-                           v863[at[0]] = float(double(v859[at[4]]) / double(t862));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
-  meshc::gen::View v867(
-      param14_vit_encoder_layer_0_norm_1_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t864 = float(double(v49[at[1]]) * double(v583[at[2]]));
-                           float t865 = float(double(v863[at[3]]) + double(t864));
-                           float t866 = float(double(t865) * double(v385[at[4]]));
-                           v867[at[0]] = float(double(v49[at[1]]) - double(t866));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm#1/bias@m
-  const meshc::gen::Buffer &v868 = param62_vit_encoder_layer_0_norm_1_bias_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/norm#1/bias@v
-  const meshc::gen::Buffer &v869 = param63_vit_encoder_layer_0_norm_1_bias_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v870 = arena_.slot(65792, 1);
-  for (size_t i = 0; i < v870.size(); ++i) {
-    v870[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v871 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v871[at[0]] = float(double(v543[at[1]]) * double(v870[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v873(
-      param62_vit_encoder_layer_0_norm_1_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t872 = float(double(v868[at[1]]) * double(v562[at[2]]));
-    v873[at[0]] = float(double(t872) + double(v871[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v874 = arena_.slot(65536, 64);
-  for (size_t i = 0; i < v874.size(); ++i) {
-    v874[i] = float(double(v543[i]) * double(v543[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v875 = arena_.slot(66048, 1);
-  for (size_t i = 0; i < v875.size(); ++i) {
-    v875[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v876 = arena_.slot(65792, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v876[at[0]] = float(double(v874[at[1]]) * double(v875[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v878(
-      param63_vit_encoder_layer_0_norm_1_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t877 = float(double(v869[at[1]]) * double(v567[at[2]]));
-    v878[at[0]] = float(double(t877) + double(v876[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v879 = arena_.slot(65536, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v879[at[0]] = float(double(v873[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v883 = arena_.slot(65792, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t880 = float(double(v878[at[1]]) / double(v576[at[2]]));
-                           float t881 = float(std::sqrt(double(t880)));
-                           float t882 = float(double(t881) + double(v580[at[3]]));
-                           v883[at[0]] = float(double(v879[at[4]]) / double(t882));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
-  meshc::gen::View v887(
-      param15_vit_encoder_layer_0_norm_1_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t884 = float(double(v50[at[1]]) * double(v583[at[2]]));
-                           float t885 = float(double(v883[at[3]]) + double(t884));
-                           float t886 = float(double(t885) * double(v385[at[4]]));
-                           v887[at[0]] = float(double(v50[at[1]]) - double(t886));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn/w_in@m
-  const meshc::gen::Buffer &v888 = param64_vit_encoder_layer_0_ffn_w_in_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn/w_in@v
-  const meshc::gen::Buffer &v889 = param65_vit_encoder_layer_0_ffn_w_in_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v890 = arena_.slot(81920, 1);
-  for (size_t i = 0; i < v890.size(); ++i) {
-    v890[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v891 = arena_.slot(65536, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v891[at[0]] = float(double(v544[at[1]]) * double(v890[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v893(
-      param64_vit_encoder_layer_0_ffn_w_in_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t892 = float(double(v888[at[1]]) * double(v562[at[2]]));
-                           v893[at[0]] = float(double(t892) + double(v891[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v894 = arena_.slot(65536, 4096);
-  for (size_t i = 0; i < v894.size(); ++i) {
-    v894[i] = float(double(v544[i]) * double(v544[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v895 = arena_.slot(81920, 1);
-  for (size_t i = 0; i < v895.size(); ++i) {
-    v895[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v896 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v896[at[0]] = float(double(v894[at[1]]) * double(v895[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v898(
-      param65_vit_encoder_layer_0_ffn_w_in_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t897 = float(double(v889[at[1]]) * double(v567[at[2]]));
-                           v898[at[0]] = float(double(t897) + double(v896[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v899 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v899[at[0]] = float(double(v893[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v903 = arena_.slot(65536, 4096);
-  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t900 = float(double(v898[at[1]]) / double(v576[at[2]]));
-                           float t901 = float(std::sqrt(double(t900)));
-                           float t902 = float(double(t901) + double(v580[at[3]]));
-                           v903[at[0]] = float(double(v899[at[4]]) / double(t902));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
-  meshc::gen::View v907(
-      param16_vit_encoder_layer_0_ffn_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t904 = float(double(v54[at[1]]) * double(v583[at[2]]));
-                           float t905 = float(double(v903[at[3]]) + double(t904));
-                           float t906 = float(double(t905) * double(v385[at[4]]));
-                           v907[at[0]] = float(double(v54[at[1]]) - double(t906));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn/w_out@m
-  const meshc::gen::Buffer &v908 = param66_vit_encoder_layer_0_ffn_w_out_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[0]/ffn/w_out@v
-  const meshc::gen::Buffer &v909 = param67_vit_encoder_layer_0_ffn_w_out_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v910 = arena_.slot(65536, 1);
-  for (size_t i = 0; i < v910.size(); ++i) {
-    v910[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v911 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v911[at[0]] = float(double(v545[at[1]]) * double(v910[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v913(
-      param66_vit_encoder_layer_0_ffn_w_out_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t912 = float(double(v908[at[1]]) * double(v562[at[2]]));
-                           v913[at[0]] = float(double(t912) + double(v911[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v914 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v914.size(); ++i) {
-    v914[i] = float(double(v545[i]) * double(v545[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v915 = arena_.slot(65536, 1);
-  for (size_t i = 0; i < v915.size(); ++i) {
-    v915[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v916 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v916[at[0]] = float(double(v914[at[1]]) * double(v915[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v918(
-      param67_vit_encoder_layer_0_ffn_w_out_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t917 = float(double(v909[at[1]]) * double(v567[at[2]]));
-                           v918[at[0]] = float(double(t917) + double(v916[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v919 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v919[at[0]] = float(double(v913[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v923 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t920 = float(double(v918[at[1]]) / double(v576[at[2]]));
-                           float t921 = float(std::sqrt(double(t920)));
-                           float t922 = float(double(t921) + double(v580[at[3]]));
-                           v923[at[0]] = float(double(v919[at[4]]) / double(t922));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
-  meshc::gen::View v927(
-      param17_vit_encoder_layer_0_ffn_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t924 = float(double(v55[at[1]]) * double(v583[at[2]]));
-                           float t925 = float(double(v923[at[3]]) + double(t924));
-                           float t926 = float(double(t925) * double(v385[at[4]]));
-                           v927[at[0]] = float(double(v55[at[1]]) - double(t926));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention_scale@m
-  const meshc::gen::Buffer &v928 = param68_vit_encoder_layer_1_attention_scale_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention_scale@v
-  const meshc::gen::Buffer &v929 = param69_vit_encoder_layer_1_attention_scale_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v930 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v930.size(); ++i) {
-    v930[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v931 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v931[at[0]] = float(double(v546[at[1]]) * double(v930[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v933(
-      param68_vit_encoder_layer_1_attention_scale_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t932 = float(double(v928[at[1]]) * double(v562[at[2]]));
-    v933[at[0]] = float(double(t932) + double(v931[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v934 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v934.size(); ++i) {
-    v934[i] = float(double(v546[i]) * double(v546[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v935 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v935.size(); ++i) {
-    v935[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v936 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v936[at[0]] = float(double(v934[at[1]]) * double(v935[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v938(
-      param69_vit_encoder_layer_1_attention_scale_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t937 = float(double(v929[at[1]]) * double(v567[at[2]]));
-    v938[at[0]] = float(double(t937) + double(v936[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v939 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v939[at[0]] = float(double(v933[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v943 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t940 = float(double(v938[at[1]]) / double(v576[at[2]]));
-                           float t941 = float(std::sqrt(double(t940)));
-                           float t942 = float(double(t941) + double(v580[at[3]]));
-                           v943[at[0]] = float(double(v939[at[4]]) / double(t942));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
-  meshc::gen::View v947(
-      param18_vit_encoder_layer_1_attention_scale); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t944 = float(double(v67[at[1]]) * double(v583[at[2]]));
-                           float t945 = float(double(v943[at[3]]) + double(t944));
-                           float t946 = float(double(t945) * double(v385[at[4]]));
-                           v947[at[0]] = float(double(v67[at[1]]) - double(t946));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn_scale@m
-  const meshc::gen::Buffer &v948 = param70_vit_encoder_layer_1_ffn_scale_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn_scale@v
-  const meshc::gen::Buffer &v949 = param71_vit_encoder_layer_1_ffn_scale_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v950 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v950.size(); ++i) {
-    v950[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v951 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v951[at[0]] = float(double(v547[at[1]]) * double(v950[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v953(
-      param70_vit_encoder_layer_1_ffn_scale_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t952 = float(double(v948[at[1]]) * double(v562[at[2]]));
-    v953[at[0]] = float(double(t952) + double(v951[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v954 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v954.size(); ++i) {
-    v954[i] = float(double(v547[i]) * double(v547[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v955 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v955.size(); ++i) {
-    v955[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v956 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v956[at[0]] = float(double(v954[at[1]]) * double(v955[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v958(
-      param71_vit_encoder_layer_1_ffn_scale_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t957 = float(double(v949[at[1]]) * double(v567[at[2]]));
-    v958[at[0]] = float(double(t957) + double(v956[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v959 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v959[at[0]] = float(double(v953[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v963 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t960 = float(double(v958[at[1]]) / double(v576[at[2]]));
-                           float t961 = float(std::sqrt(double(t960)));
-                           float t962 = float(double(t961) + double(v580[at[3]]));
-                           v963[at[0]] = float(double(v959[at[4]]) / double(t962));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
-  meshc::gen::View v967(
-      param19_vit_encoder_layer_1_ffn_scale); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t964 = float(double(v68[at[1]]) * double(v583[at[2]]));
-                           float t965 = float(double(v963[at[3]]) + double(t964));
-                           float t966 = float(double(t965) * double(v385[at[4]]));
-                           v967[at[0]] = float(double(v68[at[1]]) - double(t966));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm/gain@m
-  const meshc::gen::Buffer &v968 = param72_vit_encoder_layer_1_norm_gain_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm/gain@v
-  const meshc::gen::Buffer &v969 = param73_vit_encoder_layer_1_norm_gain_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v970 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v970.size(); ++i) {
-    v970[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v971 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v971[at[0]] = float(double(v548[at[1]]) * double(v970[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v973(
-      param72_vit_encoder_layer_1_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t972 = float(double(v968[at[1]]) * double(v562[at[2]]));
-    v973[at[0]] = float(double(t972) + double(v971[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v974 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v974.size(); ++i) {
-    v974[i] = float(double(v548[i]) * double(v548[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v975 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v975.size(); ++i) {
-    v975[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v976 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v976[at[0]] = float(double(v974[at[1]]) * double(v975[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v978(
-      param73_vit_encoder_layer_1_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t977 = float(double(v969[at[1]]) * double(v567[at[2]]));
-    v978[at[0]] = float(double(t977) + double(v976[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v979 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v979[at[0]] = float(double(v973[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v983 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t980 = float(double(v978[at[1]]) / double(v576[at[2]]));
-                           float t981 = float(std::sqrt(double(t980)));
-                           float t982 = float(double(t981) + double(v580[at[3]]));
-                           v983[at[0]] = float(double(v979[at[4]]) / double(t982));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm/gain
-  meshc::gen::View v987(
-      param20_vit_encoder_layer_1_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t984 = float(double(v69[at[1]]) * double(v583[at[2]]));
-                           float t985 = float(double(v983[at[3]]) + double(t984));
-                           float t986 = float(double(t985) * double(v385[at[4]]));
-                           v987[at[0]] = float(double(v69[at[1]]) - double(t986));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm/bias@m
-  const meshc::gen::Buffer &v988 = param74_vit_encoder_layer_1_norm_bias_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm/bias@v
-  const meshc::gen::Buffer &v989 = param75_vit_encoder_layer_1_norm_bias_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v990 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v990.size(); ++i) {
-    v990[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v991 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v991[at[0]] = float(double(v549[at[1]]) * double(v990[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v993(
-      param74_vit_encoder_layer_1_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t992 = float(double(v988[at[1]]) * double(v562[at[2]]));
-    v993[at[0]] = float(double(t992) + double(v991[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v994 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v994.size(); ++i) {
-    v994[i] = float(double(v549[i]) * double(v549[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v995 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v995.size(); ++i) {
-    v995[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v996 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v996[at[0]] = float(double(v994[at[1]]) * double(v995[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v998(
-      param75_vit_encoder_layer_1_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t997 = float(double(v989[at[1]]) * double(v567[at[2]]));
-    v998[at[0]] = float(double(t997) + double(v996[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v999 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v999[at[0]] = float(double(v993[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1003 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1000 = float(double(v998[at[1]]) / double(v576[at[2]]));
-                           float t1001 = float(std::sqrt(double(t1000)));
-                           float t1002 = float(double(t1001) + double(v580[at[3]]));
-                           v1003[at[0]] = float(double(v999[at[4]]) / double(t1002));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm/bias
-  meshc::gen::View v1007(
-      param21_vit_encoder_layer_1_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1004 = float(double(v70[at[1]]) * double(v583[at[2]]));
-                           float t1005 = float(double(v1003[at[3]]) + double(t1004));
-                           float t1006 = float(double(t1005) * double(v385[at[4]]));
-                           v1007[at[0]] = float(double(v70[at[1]]) - double(t1006));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_q@m
-  const meshc::gen::Buffer &v1008 = param76_vit_encoder_layer_1_attention_w_q_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_q@v
-  const meshc::gen::Buffer &v1009 = param77_vit_encoder_layer_1_attention_w_q_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1010 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v1010.size(); ++i) {
-    v1010[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1011 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1011[at[0]] = float(double(v550[at[1]]) * double(v1010[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1013(
-      param76_vit_encoder_layer_1_attention_w_q_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1012 = float(double(v1008[at[1]]) * double(v562[at[2]]));
-                           v1013[at[0]] = float(double(t1012) + double(v1011[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1014 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v1014.size(); ++i) {
-    v1014[i] = float(double(v550[i]) * double(v550[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1015 = arena_.slot(16384, 1);
-  for (size_t i = 0; i < v1015.size(); ++i) {
-    v1015[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1016 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1016[at[0]] = float(double(v1014[at[1]]) * double(v1015[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1018(
-      param77_vit_encoder_layer_1_attention_w_q_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1017 = float(double(v1009[at[1]]) * double(v567[at[2]]));
-                           v1018[at[0]] = float(double(t1017) + double(v1016[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1019 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1019[at[0]] = float(double(v1013[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1023 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1020 = float(double(v1018[at[1]]) / double(v576[at[2]]));
-                           float t1021 = float(std::sqrt(double(t1020)));
-                           float t1022 = float(double(t1021) + double(v580[at[3]]));
-                           v1023[at[0]] = float(double(v1019[at[4]]) / double(t1022));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_q
-  meshc::gen::View v1027(
-      param22_vit_encoder_layer_1_attention_w_q); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1024 = float(double(v74[at[1]]) * double(v583[at[2]]));
-                           float t1025 = float(double(v1023[at[3]]) + double(t1024));
-                           float t1026 = float(double(t1025) * double(v385[at[4]]));
-                           v1027[at[0]] = float(double(v74[at[1]]) - double(t1026));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_k@m
-  const meshc::gen::Buffer &v1028 = param78_vit_encoder_layer_1_attention_w_k_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_k@v
-  const meshc::gen::Buffer &v1029 = param79_vit_encoder_layer_1_attention_w_k_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1030 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v1030.size(); ++i) {
-    v1030[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1031 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1031[at[0]] = float(double(v551[at[1]]) * double(v1030[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1033(
-      param78_vit_encoder_layer_1_attention_w_k_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1032 = float(double(v1028[at[1]]) * double(v562[at[2]]));
-                           v1033[at[0]] = float(double(t1032) + double(v1031[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1034 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v1034.size(); ++i) {
-    v1034[i] = float(double(v551[i]) * double(v551[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1035 = arena_.slot(16384, 1);
-  for (size_t i = 0; i < v1035.size(); ++i) {
-    v1035[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1036 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1036[at[0]] = float(double(v1034[at[1]]) * double(v1035[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1038(
-      param79_vit_encoder_layer_1_attention_w_k_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1037 = float(double(v1029[at[1]]) * double(v567[at[2]]));
-                           v1038[at[0]] = float(double(t1037) + double(v1036[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1039 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1039[at[0]] = float(double(v1033[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1043 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1040 = float(double(v1038[at[1]]) / double(v576[at[2]]));
-                           float t1041 = float(std::sqrt(double(t1040)));
-                           float t1042 = float(double(t1041) + double(v580[at[3]]));
-                           v1043[at[0]] = float(double(v1039[at[4]]) / double(t1042));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_k
-  meshc::gen::View v1047(
-      param23_vit_encoder_layer_1_attention_w_k); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1044 = float(double(v75[at[1]]) * double(v583[at[2]]));
-                           float t1045 = float(double(v1043[at[3]]) + double(t1044));
-                           float t1046 = float(double(t1045) * double(v385[at[4]]));
-                           v1047[at[0]] = float(double(v75[at[1]]) - double(t1046));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_v@m
-  const meshc::gen::Buffer &v1048 = param80_vit_encoder_layer_1_attention_w_v_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_v@v
-  const meshc::gen::Buffer &v1049 = param81_vit_encoder_layer_1_attention_w_v_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1050 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v1050.size(); ++i) {
-    v1050[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1051 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1051[at[0]] = float(double(v552[at[1]]) * double(v1050[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1053(
-      param80_vit_encoder_layer_1_attention_w_v_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1052 = float(double(v1048[at[1]]) * double(v562[at[2]]));
-                           v1053[at[0]] = float(double(t1052) + double(v1051[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1054 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v1054.size(); ++i) {
-    v1054[i] = float(double(v552[i]) * double(v552[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1055 = arena_.slot(16384, 1);
-  for (size_t i = 0; i < v1055.size(); ++i) {
-    v1055[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1056 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1056[at[0]] = float(double(v1054[at[1]]) * double(v1055[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1058(
-      param81_vit_encoder_layer_1_attention_w_v_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1057 = float(double(v1049[at[1]]) * double(v567[at[2]]));
-                           v1058[at[0]] = float(double(t1057) + double(v1056[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1059 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({64, 2, 16}, {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1059[at[0]] = float(double(v1053[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1063 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {0, 0, 0}, {32, 16, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1060 = float(double(v1058[at[1]]) / double(v576[at[2]]));
-                           float t1061 = float(std::sqrt(double(t1060)));
-                           float t1062 = float(double(t1061) + double(v580[at[3]]));
-                           v1063[at[0]] = float(double(v1059[at[4]]) / double(t1062));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_v
-  meshc::gen::View v1067(
-      param24_vit_encoder_layer_1_attention_w_v); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 2, 16},
-                         {{{32, 16, 1}, {32, 16, 1}, {0, 0, 0}, {32, 16, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1064 = float(double(v76[at[1]]) * double(v583[at[2]]));
-                           float t1065 = float(double(v1063[at[3]]) + double(t1064));
-                           float t1066 = float(double(t1065) * double(v385[at[4]]));
-                           v1067[at[0]] = float(double(v76[at[1]]) - double(t1066));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_o@m
-  const meshc::gen::Buffer &v1068 = param82_vit_encoder_layer_1_attention_w_o_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/attention/w_o@v
-  const meshc::gen::Buffer &v1069 = param83_vit_encoder_layer_1_attention_w_o_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1070 = arena_.slot(8192, 1);
-  for (size_t i = 0; i < v1070.size(); ++i) {
-    v1070[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1071 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1071[at[0]] = float(double(v553[at[1]]) * double(v1070[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1073(
-      param82_vit_encoder_layer_1_attention_w_o_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t1072 = float(double(v1068[at[1]]) * double(v562[at[2]]));
-                           v1073[at[0]] = float(double(t1072) + double(v1071[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1074 = arena_.slot(0, 2048);
-  for (size_t i = 0; i < v1074.size(); ++i) {
-    v1074[i] = float(double(v553[i]) * double(v553[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1075 = arena_.slot(16384, 1);
-  for (size_t i = 0; i < v1075.size(); ++i) {
-    v1075[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1076 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1076[at[0]] = float(double(v1074[at[1]]) * double(v1075[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1078(
-      param83_vit_encoder_layer_1_attention_w_o_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}}},
-                         {}, [&](const std::array<int64_t, 4> &at) {
-                           float t1077 = float(double(v1069[at[1]]) * double(v567[at[2]]));
-                           v1078[at[0]] = float(double(t1077) + double(v1076[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1079 = arena_.slot(0, 2048);
-  meshc::gen::forEach<3>({2, 16, 64}, {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1079[at[0]] = float(double(v1073[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1083 = arena_.slot(8192, 2048);
-  meshc::gen::forEach<5>({2, 16, 64},
-                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {0, 0, 0}, {1024, 64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1080 = float(double(v1078[at[1]]) / double(v576[at[2]]));
-                           float t1081 = float(std::sqrt(double(t1080)));
-                           float t1082 = float(double(t1081) + double(v580[at[3]]));
-                           v1083[at[0]] = float(double(v1079[at[4]]) / double(t1082));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_o
-  meshc::gen::View v1087(
-      param25_vit_encoder_layer_1_attention_w_o); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({2, 16, 64},
-                         {{{1024, 64, 1}, {1024, 64, 1}, {0, 0, 0}, {1024, 64, 1}, {0, 0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1084 = float(double(v77[at[1]]) * double(v583[at[2]]));
-                           float t1085 = float(double(v1083[at[3]]) + double(t1084));
-                           float t1086 = float(double(t1085) * double(v385[at[4]]));
-                           v1087[at[0]] = float(double(v77[at[1]]) - double(t1086));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm#1/gain@m
-  const meshc::gen::Buffer &v1088 = param84_vit_encoder_layer_1_norm_1_gain_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm#1/gain@v
-  const meshc::gen::Buffer &v1089 = param85_vit_encoder_layer_1_norm_1_gain_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1090 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v1090.size(); ++i) {
-    v1090[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1091 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1091[at[0]] = float(double(v554[at[1]]) * double(v1090[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1093(
-      param84_vit_encoder_layer_1_norm_1_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1092 = float(double(v1088[at[1]]) * double(v562[at[2]]));
-    v1093[at[0]] = float(double(t1092) + double(v1091[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1094 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v1094.size(); ++i) {
-    v1094[i] = float(double(v554[i]) * double(v554[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1095 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v1095.size(); ++i) {
-    v1095[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1096 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1096[at[0]] = float(double(v1094[at[1]]) * double(v1095[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1098(
-      param85_vit_encoder_layer_1_norm_1_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1097 = float(double(v1089[at[1]]) * double(v567[at[2]]));
-    v1098[at[0]] = float(double(t1097) + double(v1096[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1099 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1099[at[0]] = float(double(v1093[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1103 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1100 = float(double(v1098[at[1]]) / double(v576[at[2]]));
-                           float t1101 = float(std::sqrt(double(t1100)));
-                           float t1102 = float(double(t1101) + double(v580[at[3]]));
-                           v1103[at[0]] = float(double(v1099[at[4]]) / double(t1102));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm#1/gain
-  meshc::gen::View v1107(
-      param26_vit_encoder_layer_1_norm_1_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1104 = float(double(v93[at[1]]) * double(v583[at[2]]));
-                           float t1105 = float(double(v1103[at[3]]) + double(t1104));
-                           float t1106 = float(double(t1105) * double(v385[at[4]]));
-                           v1107[at[0]] = float(double(v93[at[1]]) - double(t1106));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm#1/bias@m
-  const meshc::gen::Buffer &v1108 = param86_vit_encoder_layer_1_norm_1_bias_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/norm#1/bias@v
-  const meshc::gen::Buffer &v1109 = param87_vit_encoder_layer_1_norm_1_bias_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1110 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v1110.size(); ++i) {
-    v1110[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1111 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1111[at[0]] = float(double(v555[at[1]]) * double(v1110[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1113(
-      param86_vit_encoder_layer_1_norm_1_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1112 = float(double(v1108[at[1]]) * double(v562[at[2]]));
-    v1113[at[0]] = float(double(t1112) + double(v1111[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1114 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v1114.size(); ++i) {
-    v1114[i] = float(double(v555[i]) * double(v555[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1115 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v1115.size(); ++i) {
-    v1115[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1116 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1116[at[0]] = float(double(v1114[at[1]]) * double(v1115[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1118(
-      param87_vit_encoder_layer_1_norm_1_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1117 = float(double(v1109[at[1]]) * double(v567[at[2]]));
-    v1118[at[0]] = float(double(t1117) + double(v1116[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1119 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1119[at[0]] = float(double(v1113[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1123 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1120 = float(double(v1118[at[1]]) / double(v576[at[2]]));
-                           float t1121 = float(std::sqrt(double(t1120)));
-                           float t1122 = float(double(t1121) + double(v580[at[3]]));
-                           v1123[at[0]] = float(double(v1119[at[4]]) / double(t1122));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm#1/bias
-  meshc::gen::View v1127(
-      param27_vit_encoder_layer_1_norm_1_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1124 = float(double(v94[at[1]]) * double(v583[at[2]]));
-                           float t1125 = float(double(v1123[at[3]]) + double(t1124));
-                           float t1126 = float(double(t1125) * double(v385[at[4]]));
-                           v1127[at[0]] = float(double(v94[at[1]]) - double(t1126));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn/w_in@m
-  const meshc::gen::Buffer &v1128 = param88_vit_encoder_layer_1_ffn_w_in_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn/w_in@v
-  const meshc::gen::Buffer &v1129 = param89_vit_encoder_layer_1_ffn_w_in_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1130 = arena_.slot(16384, 1);
-  for (size_t i = 0; i < v1130.size(); ++i) {
-    v1130[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1131 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1131[at[0]] = float(double(v556[at[1]]) * double(v1130[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1133(
-      param88_vit_encoder_layer_1_ffn_w_in_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1132 = float(double(v1128[at[1]]) * double(v562[at[2]]));
-                           v1133[at[0]] = float(double(t1132) + double(v1131[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1134 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v1134.size(); ++i) {
-    v1134[i] = float(double(v556[i]) * double(v556[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1135 = arena_.slot(32768, 1);
-  for (size_t i = 0; i < v1135.size(); ++i) {
-    v1135[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1136 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1136[at[0]] = float(double(v1134[at[1]]) * double(v1135[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1138(
-      param89_vit_encoder_layer_1_ffn_w_in_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1137 = float(double(v1129[at[1]]) * double(v567[at[2]]));
-                           v1138[at[0]] = float(double(t1137) + double(v1136[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1139 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1139[at[0]] = float(double(v1133[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1143 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1140 = float(double(v1138[at[1]]) / double(v576[at[2]]));
-                           float t1141 = float(std::sqrt(double(t1140)));
-                           float t1142 = float(double(t1141) + double(v580[at[3]]));
-                           v1143[at[0]] = float(double(v1139[at[4]]) / double(t1142));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn/w_in
-  meshc::gen::View v1147(
-      param28_vit_encoder_layer_1_ffn_w_in); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1144 = float(double(v98[at[1]]) * double(v583[at[2]]));
-                           float t1145 = float(double(v1143[at[3]]) + double(t1144));
-                           float t1146 = float(double(t1145) * double(v385[at[4]]));
-                           v1147[at[0]] = float(double(v98[at[1]]) - double(t1146));
-                         });
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn/w_out@m
-  const meshc::gen::Buffer &v1148 = param90_vit_encoder_layer_1_ffn_w_out_m;
-
-  // vit.mesh:112:3 param -> vit/encoder_layer[1]/ffn/w_out@v
-  const meshc::gen::Buffer &v1149 = param91_vit_encoder_layer_1_ffn_w_out_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1150 = arena_.slot(16384, 1);
-  for (size_t i = 0; i < v1150.size(); ++i) {
-    v1150[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1151 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1151[at[0]] = float(double(v557[at[1]]) * double(v1150[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1153(
-      param90_vit_encoder_layer_1_ffn_w_out_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1152 = float(double(v1148[at[1]]) * double(v562[at[2]]));
-                           v1153[at[0]] = float(double(t1152) + double(v1151[at[3]]));
-                         });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1154 = arena_.slot(0, 4096);
-  for (size_t i = 0; i < v1154.size(); ++i) {
-    v1154[i] = float(double(v557[i]) * double(v557[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1155 = arena_.slot(32768, 1);
-  for (size_t i = 0; i < v1155.size(); ++i) {
-    v1155[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1156 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1156[at[0]] = float(double(v1154[at[1]]) * double(v1155[at[2]]));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1158(
-      param91_vit_encoder_layer_1_ffn_w_out_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 4> &at) {
-                           float t1157 = float(double(v1149[at[1]]) * double(v567[at[2]]));
-                           v1158[at[0]] = float(double(t1157) + double(v1156[at[3]]));
-                         });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1159 = arena_.slot(0, 4096);
-  meshc::gen::forEach<3>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 3> &at) {
-                           v1159[at[0]] = float(double(v1153[at[1]]) / double(v574[at[2]]));
-                         });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1163 = arena_.slot(16384, 4096);
-  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {0, 0}, {64, 1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1160 = float(double(v1158[at[1]]) / double(v576[at[2]]));
-                           float t1161 = float(std::sqrt(double(t1160)));
-                           float t1162 = float(double(t1161) + double(v580[at[3]]));
-                           v1163[at[0]] = float(double(v1159[at[4]]) / double(t1162));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn/w_out
-  meshc::gen::View v1167(
-      param29_vit_encoder_layer_1_ffn_w_out); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64, 64}, {{{64, 1}, {64, 1}, {0, 0}, {64, 1}, {0, 0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1164 = float(double(v99[at[1]]) * double(v583[at[2]]));
-                           float t1165 = float(double(v1163[at[3]]) + double(t1164));
-                           float t1166 = float(double(t1165) * double(v385[at[4]]));
-                           v1167[at[0]] = float(double(v99[at[1]]) - double(t1166));
-                         });
-
-  // vit.mesh:112:3 param -> vit/norm/gain@m
-  const meshc::gen::Buffer &v1168 = param92_vit_norm_gain_m;
-
-  // vit.mesh:112:3 param -> vit/norm/gain@v
-  const meshc::gen::Buffer &v1169 = param93_vit_norm_gain_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1170 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v1170.size(); ++i) {
-    v1170[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1171 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1171[at[0]] = float(double(v558[at[1]]) * double(v1170[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1173(param92_vit_norm_gain_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1172 = float(double(v1168[at[1]]) * double(v562[at[2]]));
-    v1173[at[0]] = float(double(t1172) + double(v1171[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1174 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v1174.size(); ++i) {
-    v1174[i] = float(double(v558[i]) * double(v558[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1175 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v1175.size(); ++i) {
-    v1175[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1176 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1176[at[0]] = float(double(v1174[at[1]]) * double(v1175[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1178(param93_vit_norm_gain_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1177 = float(double(v1169[at[1]]) * double(v567[at[2]]));
-    v1178[at[0]] = float(double(t1177) + double(v1176[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1179 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1179[at[0]] = float(double(v1173[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1183 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1180 = float(double(v1178[at[1]]) / double(v576[at[2]]));
-                           float t1181 = float(std::sqrt(double(t1180)));
-                           float t1182 = float(double(t1181) + double(v580[at[3]]));
-                           v1183[at[0]] = float(double(v1179[at[4]]) / double(t1182));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/norm/gain
-  meshc::gen::View v1187(param30_vit_norm_gain); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1184 = float(double(v111[at[1]]) * double(v583[at[2]]));
-                           float t1185 = float(double(v1183[at[3]]) + double(t1184));
-                           float t1186 = float(double(t1185) * double(v385[at[4]]));
-                           v1187[at[0]] = float(double(v111[at[1]]) - double(t1186));
-                         });
-
-  // vit.mesh:112:3 param -> vit/norm/bias@m
-  const meshc::gen::Buffer &v1188 = param94_vit_norm_bias_m;
-
-  // vit.mesh:112:3 param -> vit/norm/bias@v
-  const meshc::gen::Buffer &v1189 = param95_vit_norm_bias_v;
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1190 = arena_.slot(256, 1);
-  for (size_t i = 0; i < v1190.size(); ++i) {
-    v1190[i] = float(double(v364[i]) - double(v562[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1191 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1191[at[0]] = float(double(v559[at[1]]) * double(v1190[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1193(param94_vit_norm_bias_m); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1192 = float(double(v1188[at[1]]) * double(v562[at[2]]));
-    v1193[at[0]] = float(double(t1192) + double(v1191[at[3]]));
-  });
-
-  // vit.mesh:112:3 square
-  meshc::gen::View v1194 = arena_.slot(0, 64);
-  for (size_t i = 0; i < v1194.size(); ++i) {
-    v1194[i] = float(double(v559[i]) * double(v559[i]));
-  }
-
-  // vit.mesh:112:3 sub
-  meshc::gen::View v1195 = arena_.slot(512, 1);
-  for (size_t i = 0; i < v1195.size(); ++i) {
-    v1195[i] = float(double(v364[i]) - double(v567[i]));
-  }
-
-  // vit.mesh:112:3 mul
-  meshc::gen::View v1196 = arena_.slot(256, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1196[at[0]] = float(double(v1194[at[1]]) * double(v1195[at[2]]));
-  });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  meshc::gen::View v1198(param95_vit_norm_bias_v); // the param's new value, in its own storage
-  meshc::gen::forEach<4>({64}, {{{1}, {1}, {0}, {1}}}, {}, [&](const std::array<int64_t, 4> &at) {
-    float t1197 = float(double(v1189[at[1]]) * double(v567[at[2]]));
-    v1198[at[0]] = float(double(t1197) + double(v1196[at[3]]));
-  });
-
-  // vit.mesh:112:3 div
-  meshc::gen::View v1199 = arena_.slot(0, 64);
-  meshc::gen::forEach<3>({64}, {{{1}, {1}, {0}}}, {}, [&](const std::array<int64_t, 3> &at) {
-    v1199[at[0]] = float(double(v1193[at[1]]) / double(v574[at[2]]));
-  });
-
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  meshc::gen::View v1203 = arena_.slot(256, 64);
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {0}, {1}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1200 = float(double(v1198[at[1]]) / double(v576[at[2]]));
-                           float t1201 = float(std::sqrt(double(t1200)));
-                           float t1202 = float(double(t1201) + double(v580[at[3]]));
-                           v1203[at[0]] = float(double(v1199[at[4]]) / double(t1202));
-                         });
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/norm/bias
-  meshc::gen::View v1207(param31_vit_norm_bias); // the param's new value, in its own storage
-  meshc::gen::forEach<5>({64}, {{{1}, {1}, {0}, {1}, {0}}}, {},
-                         [&](const std::array<int64_t, 5> &at) {
-                           float t1204 = float(double(v112[at[1]]) * double(v583[at[2]]));
-                           float t1205 = float(double(v1203[at[3]]) + double(t1204));
-                           float t1206 = float(double(t1205) * double(v385[at[4]]));
-                           v1207[at[0]] = float(double(v112[at[1]]) - double(t1206));
-                         });
+  // Arena: 379136 bytes for 1436564 bytes of temporaries (placed by liveness).
+  support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
+  support::checkShape("input", "labels", inputs.labels, {2});
+  runPart0(inputs);
+  runPart1(inputs);
+  runPart2(inputs);
+  runPart3(inputs);
+  runPart4(inputs);
+  runPart5(inputs);
+  runPart6(inputs);
+  runPart7(inputs);
+  runPart8(inputs);
+  runPart9(inputs);
+  runPart10(inputs);
+  runPart11(inputs);
+  runPart12(inputs);
+  runPart13(inputs);
+  support::View v125 = arena_.view(379072, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = meshc::gen::Tensor{{}, meshc::gen::Buffer(v1208.begin(), v1208.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v125.begin(), v125.end())};
   return outputs;
+}
+
+void TrainVit::runPart0(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:44:20 pad
+  const support::Buffer &v0 = inputs.image.data;
+  support::View v8 = arena_.slot(6144, 1344);
+  static const support::Shape shape0_2 = {2, 14, 3};
+  static const support::Shape shape0_3 = {672, 3, 1};
+  static const support::Shape shape0_4 = {588, 3, 1};
+  support::copyWindow(v8.data(), v0.data(), shape0_2, shape0_3, shape0_4, 42, 42, 16, 14,
+                      int64_t(1));
+
+  // vit.mesh:44:16 pad -> padded
+  support::View v9 = arena_.slot(0, 1536);
+  static const support::Shape shape1_2 = {2, 16, 3};
+  static const support::Shape shape1_3 = {768, 48, 1};
+  static const support::Shape shape1_4 = {672, 42, 1};
+  support::copyWindow(v9.data(), v8.data(), shape1_2, shape1_3, shape1_4, 3, 3, 16, 14, int64_t(1));
+
+  // vit.mesh:46:14 reshape -> rows
+  support::View v10 = arena_.view(6144, 1536);
+  static const support::Shape shape2_1 = {2, 4, 4, 16, 3};
+  static const support::Shape shape2_3 = {768, 0, 0, 3, 1};
+  static const support::Shape shape2_4 = {0, 4, 1, 0, 0};
+  static const support::Shape shape2_5 = {16};
+  static const support::Shape shape2_6 = {48};
+  support::reshape(v10.data(), shape2_1, v9.data(), shape2_3, shape2_4, shape2_5, shape2_6,
+                   int64_t(0));
+
+  // vit.mesh:47:14 reshape -> grid
+  support::View v11 = arena_.view(0, 1536);
+  static const support::Shape shape3_1 = {2, 4, 4, 4, 4, 3};
+  static const support::Shape shape3_3 = {768, 192, 48, 0, 0, 1};
+  static const support::Shape shape3_4 = {0, 0, 0, 4, 1, 0};
+  static const support::Shape shape3_5 = {16};
+  static const support::Shape shape3_6 = {3};
+  support::reshape(v11.data(), shape3_1, v10.data(), shape3_3, shape3_4, shape3_5, shape3_6,
+                   int64_t(0));
+
+  // vit.mesh:48:14 reshape -> flat
+  support::View v12 = arena_.view(325632, 1536);
+  static const support::Shape shape4_1 = {2, 16, 4, 4, 3};
+  static const support::Shape shape4_3 = {768, 0, 48, 3, 1};
+  static const support::Shape shape4_4 = {0, 1, 0, 0, 0};
+  static const support::Shape shape4_5 = {4, 4};
+  static const support::Shape shape4_6 = {192, 12};
+  support::reshape(v12.data(), shape4_1, v11.data(), shape4_3, shape4_4, shape4_5, shape4_6,
+                   int64_t(0));
+
+  // vit.mesh:50:10 einsum
+  support::View v6(param4_vit_embed_patches_w_patch); // updated in place
+  support::View v13 = arena_.view(0, 2048);
+  // dims: batch, patches, pixel_row, pixel_col, channels, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 16, 4, 4, 3, 64}, {{{0, 1, 2, 3, 4}, {}}, {{2, 3, 4, 5}, {}}}, {{0, 1, 5}, {}}});
+  einsumPlan5.run(v12.data(), v6.data(), v13.data(), 1.0f, 0.0f);
+
+  // vit.mesh:50:59 add -> patch_embeddings
+  support::View v7(param5_vit_embed_patches_b_patch); // updated in place
+  support::View v14 = arena_.view(8704, 2048);
+  {
+    float *__restrict v14p = v14.data();
+    const float *__restrict v13p = v13.data();
+    const float *__restrict v7p = v7.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v13p[i0 * 64 + i1];
+        const float s1 = v7p[i1];
+        const float s2 = (s0 + s1);
+        v14p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:92:34 mul -> class_tokens
+  support::View v2(param0_vit_class_token); // updated in place
+  support::View v18 = persistent_.view(192, 2);
+  support::View v19 = arena_.view(16896, 128);
+  {
+    float *__restrict v19p = v19.data();
+    const float *__restrict v2p = v2.data();
+    const float *__restrict v18p = v18.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v2p[i0];
+        const float s1 = v18p[i1];
+        const float s2 = (s0 * s1);
+        v19p[i0 * 2 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:93:40 concat
+  support::View v20 = arena_.slot(0, 2176);
+  static const support::Shape shape8_2 = {64, 2};
+  static const support::Shape shape8_3 = {2, 1};
+  static const support::Shape shape8_4 = {2, 1};
+  support::copyWindow(v20.data(), v19.data(), shape8_2, shape8_3, shape8_4, 128, 128, 17, 1,
+                      int64_t(0));
+
+  // vit.mesh:93:40 concat
+  static const support::Shape shape9_2 = {64, 2};
+  static const support::Shape shape9_3 = {2, 1};
+  static const support::Shape shape9_4 = {1, 1024};
+  support::copyWindow(v20.data(), v14.data(), shape9_2, shape9_3, shape9_4, 128, 64, 17, 16,
+                      int64_t(1));
+
+  // vit.mesh:94:40 add
+  // vit.mesh:93:40 transpose -> x
+  support::View v3(param1_vit_position_embedding); // updated in place
+  support::View v22 = arena_.view(81920, 2176);
+  {
+    float *__restrict v22p = v22.data();
+    const float *__restrict v20p = v20.data();
+    const float *__restrict v3p = v3.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 1088; ++i1) {
+        const float s0 = v20p[i0 + i1 * 2];
+        const float s1 = v3p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = s2;
+        v22p[i0 * 1088 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v27 = arena_.view(90624, 2176);
+  static const support::Shape shape11_2 = {2, 17};
+  static const support::Shape shape11_3 = {1088, 64};
+  static const support::Shape shape11_4 = {1088, 64};
+  static const support::Shape shape11_5 = {64};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(v27.data(), v22.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
+  support::View v26(param9_vit_encoder_layer_0_norm_bias); // updated in place
+  support::View v29 = arena_.view(99328, 2176);
+  {
+    float *__restrict v29p = v29.data();
+    const float *__restrict v27p = v27.data();
+    const float *__restrict v25p = v25.data();
+    const float *__restrict v26p = v26.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v27p[i0 * 64 + i1];
+        const float s1 = v25p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v26p[i1];
+        const float s4 = (s2 + s3);
+        v29p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:59:11 einsum -> q
+  support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
+  support::View v34 = arena_.view(341120, 1088);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan13.run(v29.data(), v30.data(), v34.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 rename
+  support::View v35 = arena_.copy(108032, v29);
+
+  // vit.mesh:60:11 einsum -> k
+  support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
+  support::View v36 = arena_.view(345472, 1088);
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan15.run(v35.data(), v31.data(), v36.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:18 rename
+  support::View v37 = arena_.copy(116736, v29);
+
+  // vit.mesh:61:11 einsum -> v
+  support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
+  support::View v38 = arena_.view(349824, 1088);
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan17.run(v37.data(), v32.data(), v38.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:25 einsum
+  // vit.mesh:62:67 mul
+  support::View v39 = arena_.view(0, 1156);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan18.run(v34.data(), v36.data(), v39.data(), 0.25f, 0.0f);
+
+  // vit.mesh:62:17 softmax -> weights
+  support::View v42 = arena_.view(331776, 1156);
+  static const support::Shape shape19_2 = {2, 2, 17};
+  static const support::Shape shape19_3 = {578, 289, 17};
+  static const support::Shape shape19_4 = {578, 289, 17};
+  static const support::Shape shape19_5 = {17};
+  static const support::Shape shape19_6 = {1};
+  static const support::Shape shape19_7 = {1};
+  support::along(v42.data(), v39.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+                 shape19_7, support::Along::Softmax, 1e-05, 17, nullptr);
+
+  // vit.mesh:63:17 einsum
+  support::View v43 = arena_.view(354176, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan20.run(v42.data(), v38.data(), v43.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum
+  support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
+  support::View v44 = arena_.view(0, 2176);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan21.run(v43.data(), v33.data(), v44.data(), 1.0f, 0.0f);
+
+  // vit.mesh:80:15 dropout
+  support::View v45 = arena_.view(125440, 2176);
+  static const support::Shape shape22_1 = {2, 17, 64};
+  static const support::Shape shape22_3 = {1088, 64, 1};
+  static const support::Shape shape22_4 = {1088, 64, 1};
+  support::dropout(v45.data(), shape22_1, v44.data(), shape22_3, shape22_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
+                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
+                                                std::to_string(step_)),
+                   0.1);
+
+  // vit.mesh:80:55 mul
+  support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
+  support::View v46 = arena_.view(0, 2176);
+  {
+    float *__restrict v46p = v46.data();
+    const float *__restrict v45p = v45.data();
+    const float *__restrict v23p = v23.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v45p[i0 * 64 + i1];
+        const float s1 = v23p[i1];
+        const float s2 = (s0 * s1);
+        v46p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+}
+
+void TrainVit::runPart1(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%45, %46) over model resolved
+  // together, 17.0 KiB in one buffer)
+  support::View v45 = arena_.view(125440, 2176);
+  support::View v46 = arena_.view(0, 2176);
+  support::allReduceBucket(group_model, {v45, v46});
+
+  // vit.mesh:80:13 add -> h
+  support::View v22 = arena_.view(81920, 2176);
+  support::View v48 = arena_.view(134144, 2176);
+  {
+    float *__restrict v48p = v48.data();
+    const float *__restrict v22p = v22.data();
+    const float *__restrict v46p = v46.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v22p[i0];
+      const float s1 = v46p[i0];
+      const float s2 = (s0 + s1);
+      v48p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v51 = arena_.view(142848, 2176);
+  static const support::Shape shape2_2 = {2, 17};
+  static const support::Shape shape2_3 = {1088, 64};
+  static const support::Shape shape2_4 = {1088, 64};
+  static const support::Shape shape2_5 = {64};
+  static const support::Shape shape2_6 = {1};
+  static const support::Shape shape2_7 = {1};
+  support::along(v51.data(), v48.data(), shape2_2, shape2_3, shape2_4, shape2_5, shape2_6, shape2_7,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  // vit.mesh:71:23 cast
+  support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
+  support::View v50(param15_vit_encoder_layer_0_norm_1_bias); // updated in place
+  support::View v56 = arena_.view(151552, 2176);
+  {
+    float *__restrict v56p = v56.data();
+    const float *__restrict v51p = v51.data();
+    const float *__restrict v49p = v49.data();
+    const float *__restrict v50p = v50.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v51p[i0 * 64 + i1];
+        const float s1 = v49p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v50p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = support::roundValue(support::DType::BF16, double(s4));
+        v56p[i0 * 64 + i1] = s5;
+      }
+    }
+  }
+
+  // vit.mesh:71:38 cast
+  support::View v54(param16_vit_encoder_layer_0_ffn_w_in); // updated in place
+  support::View v57 = arena_.view(0, 4096);
+  {
+    float *__restrict v57p = v57.data();
+    const float *__restrict v54p = v54.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v54p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v57p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::View v58 = arena_.view(160256, 2176);
+  support::einsum2Double(v58.data(), v56.data(), v57.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(v58);
+
+  // vit.mesh:71:11 gelu -> h
+  support::View v59 = arena_.view(168960, 2176);
+  {
+    float *__restrict v59p = v59.data();
+    const float *__restrict v58p = v58.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v58p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
+      v59p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:25 cast
+  support::View v55(param17_vit_encoder_layer_0_ffn_w_out); // updated in place
+  support::View v60 = arena_.view(16384, 4096);
+  {
+    float *__restrict v60p = v60.data();
+    const float *__restrict v55p = v55.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v55p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v60p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:15 einsum
+  support::View v61 = arena_.view(32768, 2176);
+  support::einsum2Double(v61.data(), v59.data(), v60.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(v61);
+
+  // vit.mesh:72:10 cast
+  support::View v62 = arena_.view(41472, 2176);
+  {
+    float *__restrict v62p = v62.data();
+    const float *__restrict v61p = v61.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v61p[i0];
+      const float s1 = s0;
+      v62p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:81:14 dropout
+  support::View v63 = arena_.view(177664, 2176);
+  static const support::Shape shape12_1 = {2, 17, 64};
+  static const support::Shape shape12_3 = {1088, 64, 1};
+  static const support::Shape shape12_4 = {1088, 64, 1};
+  support::dropout(v63.data(), shape12_1, v62.data(), shape12_3, shape12_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
+                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
+                                                std::to_string(step_)),
+                   0.1);
+
+  // vit.mesh:81:48 mul
+  support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
+  support::View v64 = arena_.view(32768, 2176);
+  {
+    float *__restrict v64p = v64.data();
+    const float *__restrict v63p = v63.data();
+    const float *__restrict v24p = v24.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v63p[i0 * 64 + i1];
+        const float s1 = v24p[i1];
+        const float s2 = (s0 * s1);
+        v64p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%62, %63) over model resolved
+  // together, 17.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {v63, v64});
+
+  // vit.mesh:81:12 add -> x
+  support::View v66 = arena_.view(186368, 2176);
+  {
+    float *__restrict v66p = v66.data();
+    const float *__restrict v48p = v48.data();
+    const float *__restrict v64p = v64.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v48p[i0];
+      const float s1 = v64p[i0];
+      const float s2 = (s0 + s1);
+      v66p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v71 = arena_.view(195072, 2176);
+  static const support::Shape shape16_2 = {2, 17};
+  static const support::Shape shape16_3 = {1088, 64};
+  static const support::Shape shape16_4 = {1088, 64};
+  static const support::Shape shape16_5 = {64};
+  static const support::Shape shape16_6 = {1};
+  static const support::Shape shape16_7 = {1};
+  support::along(v71.data(), v66.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
+  support::View v70(param21_vit_encoder_layer_1_norm_bias); // updated in place
+  support::View v73 = arena_.view(203776, 2176);
+  {
+    float *__restrict v73p = v73.data();
+    const float *__restrict v71p = v71.data();
+    const float *__restrict v69p = v69.data();
+    const float *__restrict v70p = v70.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v71p[i0 * 64 + i1];
+        const float s1 = v69p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v70p[i1];
+        const float s4 = (s2 + s3);
+        v73p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:59:11 einsum -> q
+  support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
+  support::View v78 = arena_.view(358528, 1088);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan18.run(v73.data(), v74.data(), v78.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 rename
+  support::View v79 = arena_.copy(212480, v73);
+
+  // vit.mesh:60:11 einsum -> k
+  support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
+  support::View v80 = arena_.view(362880, 1088);
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan20.run(v79.data(), v75.data(), v80.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:18 rename
+  support::View v81 = arena_.copy(221184, v73);
+
+  // vit.mesh:61:11 einsum -> v
+  support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
+  support::View v82 = arena_.view(367232, 1088);
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan22.run(v81.data(), v76.data(), v82.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:25 einsum
+  // vit.mesh:62:67 mul
+  support::View v83 = arena_.view(32768, 1156);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan23.run(v78.data(), v80.data(), v83.data(), 0.25f, 0.0f);
+}
+
+void TrainVit::runPart2(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:62:17 softmax -> weights
+  support::View v83 = arena_.view(32768, 1156);
+  support::View v86 = arena_.view(336448, 1156);
+  static const support::Shape shape0_2 = {2, 2, 17};
+  static const support::Shape shape0_3 = {578, 289, 17};
+  static const support::Shape shape0_4 = {578, 289, 17};
+  static const support::Shape shape0_5 = {17};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(v86.data(), v83.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::Softmax, 1e-05, 17, nullptr);
+
+  // vit.mesh:63:17 einsum
+  support::View v82 = arena_.view(367232, 1088);
+  support::View v87 = arena_.view(371584, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan1.run(v86.data(), v82.data(), v87.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum
+  support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
+  support::View v88 = arena_.view(32768, 2176);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan2.run(v87.data(), v77.data(), v88.data(), 1.0f, 0.0f);
+
+  // vit.mesh:80:15 dropout
+  support::View v89 = arena_.view(229888, 2176);
+  static const support::Shape shape3_1 = {2, 17, 64};
+  static const support::Shape shape3_3 = {1088, 64, 1};
+  static const support::Shape shape3_4 = {1088, 64, 1};
+  support::dropout(v89.data(), shape3_1, v88.data(), shape3_3, shape3_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
+                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
+                                                std::to_string(step_)),
+                   0.1);
+
+  // vit.mesh:80:55 mul
+  support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
+  support::View v90 = arena_.view(32768, 2176);
+  {
+    float *__restrict v90p = v90.data();
+    const float *__restrict v89p = v89.data();
+    const float *__restrict v67p = v67.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v89p[i0 * 64 + i1];
+        const float s1 = v67p[i1];
+        const float s2 = (s0 * s1);
+        v90p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%87, %88) over model resolved
+  // together, 17.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {v89, v90});
+
+  // vit.mesh:80:13 add -> h
+  support::View v66 = arena_.view(186368, 2176);
+  support::View v92 = arena_.view(238592, 2176);
+  {
+    float *__restrict v92p = v92.data();
+    const float *__restrict v66p = v66.data();
+    const float *__restrict v90p = v90.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v66p[i0];
+      const float s1 = v90p[i0];
+      const float s2 = (s0 + s1);
+      v92p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v95 = arena_.view(247296, 2176);
+  static const support::Shape shape7_2 = {2, 17};
+  static const support::Shape shape7_3 = {1088, 64};
+  static const support::Shape shape7_4 = {1088, 64};
+  static const support::Shape shape7_5 = {64};
+  static const support::Shape shape7_6 = {1};
+  static const support::Shape shape7_7 = {1};
+  support::along(v95.data(), v92.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+                 support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  // vit.mesh:71:23 cast
+  support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v94(param27_vit_encoder_layer_1_norm_1_bias); // updated in place
+  support::View v100 = arena_.view(256000, 2176);
+  {
+    float *__restrict v100p = v100.data();
+    const float *__restrict v95p = v95.data();
+    const float *__restrict v93p = v93.data();
+    const float *__restrict v94p = v94.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v95p[i0 * 64 + i1];
+        const float s1 = v93p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v94p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = support::roundValue(support::DType::BF16, double(s4));
+        v100p[i0 * 64 + i1] = s5;
+      }
+    }
+  }
+
+  // vit.mesh:71:38 cast
+  support::View v98(param28_vit_encoder_layer_1_ffn_w_in); // updated in place
+  support::View v101 = arena_.view(32768, 4096);
+  {
+    float *__restrict v101p = v101.data();
+    const float *__restrict v98p = v98.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v98p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v101p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::View v102 = arena_.view(264704, 2176);
+  support::einsum2Double(v102.data(), v100.data(), v101.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(v102);
+
+  // vit.mesh:71:11 gelu -> h
+  support::View v103 = arena_.view(65536, 2176);
+  {
+    float *__restrict v103p = v103.data();
+    const float *__restrict v102p = v102.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v102p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
+      v103p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:25 cast
+  support::View v99(param29_vit_encoder_layer_1_ffn_w_out); // updated in place
+  support::View v104 = arena_.view(49152, 4096);
+  {
+    float *__restrict v104p = v104.data();
+    const float *__restrict v99p = v99.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v99p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v104p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:15 einsum
+  support::View v105 = arena_.view(273408, 2176);
+  support::einsum2Double(v105.data(), v103.data(), v104.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(v105);
+
+  // vit.mesh:72:10 cast
+  support::View v106 = arena_.view(282112, 2176);
+  {
+    float *__restrict v106p = v106.data();
+    const float *__restrict v105p = v105.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v105p[i0];
+      const float s1 = s0;
+      v106p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:81:14 dropout
+  support::View v107 = arena_.view(273408, 2176);
+  static const support::Shape shape17_1 = {2, 17, 64};
+  static const support::Shape shape17_3 = {1088, 64, 1};
+  static const support::Shape shape17_4 = {1088, 64, 1};
+  support::dropout(v107.data(), shape17_1, v106.data(), shape17_3, shape17_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
+                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
+                                                std::to_string(step_)),
+                   0.1);
+
+  // vit.mesh:81:48 mul
+  support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
+  support::View v108 = arena_.view(282112, 2176);
+  {
+    float *__restrict v108p = v108.data();
+    const float *__restrict v107p = v107.data();
+    const float *__restrict v68p = v68.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v107p[i0 * 64 + i1];
+        const float s1 = v68p[i1];
+        const float s2 = (s0 * s1);
+        v108p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%104, %105) over model resolved
+  // together, 17.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {v107, v108});
+
+  // vit.mesh:81:12 add -> x
+  support::View v110 = arena_.view(290816, 2176);
+  {
+    float *__restrict v110p = v110.data();
+    const float *__restrict v92p = v92.data();
+    const float *__restrict v108p = v108.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v92p[i0];
+      const float s1 = v108p[i0];
+      const float s2 = (s0 + s1);
+      v110p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  support::View v113 = arena_.view(282112, 2176);
+  static const support::Shape shape21_2 = {2, 17};
+  static const support::Shape shape21_3 = {1088, 64};
+  static const support::Shape shape21_4 = {1088, 64};
+  static const support::Shape shape21_5 = {64};
+  static const support::Shape shape21_6 = {1};
+  static const support::Shape shape21_7 = {1};
+  support::along(v113.data(), v110.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
+                 shape21_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  support::View v111(param30_vit_norm_gain); // updated in place
+  support::View v112(param31_vit_norm_bias); // updated in place
+  support::View v115 = arena_.view(299520, 2176);
+  {
+    float *__restrict v115p = v115.data();
+    const float *__restrict v113p = v113.data();
+    const float *__restrict v111p = v111.data();
+    const float *__restrict v112p = v112.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v113p[i0 * 64 + i1];
+        const float s1 = v111p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v112p[i1];
+        const float s4 = (s2 + s3);
+        v115p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:99:17 slice
+  support::View v116 = arena_.slot(74240, 128);
+  static const support::Shape shape23_2 = {2, 64};
+  static const support::Shape shape23_3 = {64, 1};
+  static const support::Shape shape23_4 = {1088, 1};
+  support::copyWindow(v116.data(), v115.data(), shape23_2, shape23_3, shape23_4, 64, 64, 1, 17,
+                      int64_t(0));
+}
+
+void TrainVit::runPart3(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:99:13 sum -> cls
+  support::View v116 = arena_.view(74240, 128);
+  support::View v117 = arena_.view(74752, 128);
+  static const support::Shape shape0_1 = {2, 64};
+  static const support::Shape shape0_3 = {64, 1};
+  static const support::Shape shape0_4 = {1};
+  static const support::Shape shape0_5 = {64};
+  support::reduce(v117.data(), shape0_1, v116.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:100:10 einsum
+  support::View v4(param2_vit_w_head); // updated in place
+  support::View v118 = arena_.view(74240, 20);
+  // dims: batch, d_model, classes
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
+  einsumPlan1.run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
+
+  // vit.mesh:100:48 add -> logits
+  support::View v5(param3_vit_b_head); // updated in place
+  support::View v119 = arena_.view(74368, 20);
+  {
+    float *__restrict v119p = v119.data();
+    const float *__restrict v118p = v118.data();
+    const float *__restrict v5p = v5.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 10; ++i1) {
+        const float s0 = v118p[i0 * 10 + i1];
+        const float s1 = v5p[i1];
+        const float s2 = (s0 + s1);
+        v119p[i0 * 10 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:111:19 logsumexp
+  support::View v120 = arena_.view(74624, 2);
+  static const support::Shape shape3_1 = {2};
+  static const support::Shape shape3_3 = {10};
+  static const support::Shape shape3_4 = {10};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v120.data(), shape3_1, v119.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::LogSumExp, 1.0);
+
+  // vit.mesh:111:61 one_hot
+  const support::Buffer &v1 = inputs.labels.data;
+  support::View v121 = arena_.view(74240, 20);
+  static const support::Shape shape4_1 = {2, 10};
+  static const support::Shape shape4_3 = {1, 0};
+  static const support::Shape shape4_4 = {0, 1};
+  support::oneHot(v121.data(), shape4_1, v1.data(), shape4_3, shape4_4, 0);
+
+  // vit.mesh:111:59 mul
+  support::View v122 = arena_.view(74496, 20);
+  {
+    float *__restrict v122p = v122.data();
+    const float *__restrict v119p = v119.data();
+    const float *__restrict v121p = v121.data();
+    for (int64_t i0 = 0; i0 < 20; ++i0) {
+      const float s0 = v119p[i0];
+      const float s1 = v121p[i0];
+      const float s2 = (s0 * s1);
+      v122p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:111:48 sum
+  support::View v123 = arena_.view(74688, 2);
+  static const support::Shape shape6_1 = {2};
+  static const support::Shape shape6_3 = {10};
+  static const support::Shape shape6_4 = {10};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v123.data(), shape6_1, v122.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:111:46 sub
+  support::View v124 = arena_.view(74496, 2);
+  {
+    float *__restrict v124p = v124.data();
+    const float *__restrict v120p = v120.data();
+    const float *__restrict v123p = v123.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = v120p[i0];
+      const float s1 = v123p[i0];
+      const float s2 = (s0 - s1);
+      v124p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:111:14 mean -> loss
+  support::View v125 = arena_.view(379072, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {2};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v125.data(), shape8_1, v124.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.25);
+
+  // vit.mesh:111:19 sub
+  // vit.mesh:111:19 exp
+  // vit.mesh:111:19 mul
+  // vit.mesh:111:59 mul
+  // vit.mesh:111:19 add
+  support::View v137 = arena_.view(75264, 20);
+  {
+    float *__restrict v137p = v137.data();
+    const float *__restrict v119p = v119.data();
+    const float *__restrict v120p = v120.data();
+    const float *__restrict v121p = v121.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 10; ++i1) {
+        const float s0 = v119p[i0 * 10 + i1];
+        const float s1 = v120p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = support::fexp(s2);
+        const float s4 = 0.25f;
+        const float s5 = (s4 * s3);
+        const float s6 = -0.25f;
+        const float s7 = v121p[i0 * 10 + i1];
+        const float s8 = (s6 * s7);
+        const float s9 = (s8 + s5);
+        v137p[i0 * 10 + i1] = s9;
+      }
+    }
+  }
+
+  // vit.mesh:100:48 sum -> grad/vit/b_head
+  support::View v138 = arena_.view(379008, 10);
+  static const support::Shape shape10_1 = {10};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {2};
+  static const support::Shape shape10_5 = {10};
+  support::reduce(v138.data(), shape10_1, v137.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:100:10 einsum
+  support::View v139 = arena_.view(74240, 128);
+  // dims: batch, classes, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
+      {{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
+  einsumPlan11.run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
+
+  // vit.mesh:100:10 einsum -> grad/vit/w_head
+  support::View v140 = arena_.view(375936, 640);
+  // dims: batch, classes, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
+      {{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
+  einsumPlan12.run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
+
+  // vit.mesh:99:13 broadcast
+  support::View v141 = arena_.view(74752, 128);
+  {
+    float *__restrict v141p = v141.data();
+    const float *__restrict v139p = v139.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = v139p[i0];
+      const float s1 = s0;
+      v141p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:99:17 pad
+  support::View v142 = arena_.slot(299520, 2176);
+  static const support::Shape shape14_2 = {2, 64};
+  static const support::Shape shape14_3 = {1088, 1};
+  static const support::Shape shape14_4 = {64, 1};
+  support::copyWindow(v142.data(), v141.data(), shape14_2, shape14_3, shape14_4, 64, 64, 17, 1,
+                      int64_t(0));
+
+  // vit.mesh:36:52 sum -> grad/vit/norm/bias
+  support::View v143 = arena_.view(378496, 64);
+  static const support::Shape shape15_1 = {64};
+  static const support::Shape shape15_3 = {1};
+  static const support::Shape shape15_4 = {2, 17};
+  static const support::Shape shape15_5 = {1088, 64};
+  support::reduce(v143.data(), shape15_1, v142.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  support::View v113 = arena_.view(282112, 2176);
+  support::View v145 = arena_.view(308224, 2176);
+  {
+    float *__restrict v145p = v145.data();
+    const float *__restrict v142p = v142.data();
+    const float *__restrict v113p = v113.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v142p[i0];
+      const float s1 = v113p[i0];
+      const float s2 = (s0 * s1);
+      v145p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/norm/gain
+  support::View v146 = arena_.view(378752, 64);
+  static const support::Shape shape17_1 = {64};
+  static const support::Shape shape17_3 = {1};
+  static const support::Shape shape17_4 = {2, 17};
+  static const support::Shape shape17_5 = {1088, 64};
+  support::reduce(v146.data(), shape17_1, v145.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  support::View v110 = arena_.view(290816, 2176);
+  support::View v147 = arena_.view(74240, 34);
+  static const support::Shape shape18_1 = {2, 17};
+  static const support::Shape shape18_3 = {1088, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v147.data(), shape18_1, v110.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  support::View v149 = arena_.view(308224, 2176);
+  {
+    float *__restrict v149p = v149.data();
+    const float *__restrict v110p = v110.data();
+    const float *__restrict v147p = v147.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v110p[i0 * 64 + i1];
+        const float s1 = v147p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v149p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v150 = arena_.view(74240, 34);
+  static const support::Shape shape20_1 = {2, 17};
+  static const support::Shape shape20_3 = {1088, 64};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v150.data(), shape20_1, v149.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  support::View v153 = arena_.view(74432, 34);
+  {
+    float *__restrict v153p = v153.data();
+    const float *__restrict v150p = v150.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      const float s0 = v150p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v153p[i0] = s3;
+    }
+  }
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:10 mul
+  support::View v111(param30_vit_norm_gain); // updated in place
+  support::View v144 = arena_.view(290816, 2176);
+  support::View v154 = arena_.view(308224, 2176);
+  {
+    float *__restrict v144p = v144.data();
+    float *__restrict v154p = v154.data();
+    const float *__restrict v142p = v142.data();
+    const float *__restrict v111p = v111.data();
+    const float *__restrict v113p = v113.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v142p[i0 * 64 + i1];
+        const float s1 = v111p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v113p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v144p[i0 * 64 + i1] = s2;
+        v154p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v155 = arena_.view(74240, 34);
+  static const support::Shape shape23_1 = {2, 17};
+  static const support::Shape shape23_3 = {1088, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v155.data(), shape23_1, v154.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.015625);
+}
+
+void TrainVit::runPart4(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:36:10 mean
+  support::View v144 = arena_.view(290816, 2176);
+  support::View v157 = arena_.view(74624, 34);
+  static const support::Shape shape0_1 = {2, 17};
+  static const support::Shape shape0_3 = {1088, 64};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v157.data(), shape0_1, v144.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:81:48 mul
+  // vit.mesh:81:48 mul
+  support::View v113 = arena_.view(282112, 2176);
+  support::View v155 = arena_.view(74240, 34);
+  support::View v153 = arena_.view(74432, 34);
+  support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
+  support::View v107 = arena_.view(273408, 2176);
+  support::View v160 = arena_.view(299520, 2176);
+  support::View v161 = arena_.view(308224, 2176);
+  support::View v163 = arena_.view(316928, 2176);
+  {
+    float *__restrict v160p = v160.data();
+    float *__restrict v161p = v161.data();
+    float *__restrict v163p = v163.data();
+    const float *__restrict v113p = v113.data();
+    const float *__restrict v155p = v155.data();
+    const float *__restrict v144p = v144.data();
+    const float *__restrict v157p = v157.data();
+    const float *__restrict v153p = v153.data();
+    const float *__restrict v68p = v68.data();
+    const float *__restrict v107p = v107.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v113p[i0 * 64 + i1];
+        const float s1 = v155p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v144p[i0 * 64 + i1];
+        const float s4 = v157p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v153p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v68p[i1];
+        const float s10 = (s8 * s9);
+        const float s11 = v107p[i0 * 64 + i1];
+        const float s12 = (s8 * s11);
+        v160p[i0 * 64 + i1] = s8;
+        v161p[i0 * 64 + i1] = s10;
+        v163p[i0 * 64 + i1] = s12;
+      }
+    }
+  }
+
+  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
+  support::View v164 = arena_.view(290816, 64);
+  static const support::Shape shape2_1 = {64};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {2, 17};
+  static const support::Shape shape2_5 = {1088, 64};
+  support::reduce(v164.data(), shape2_1, v163.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:81:14 dropout
+  support::View v165 = arena_.view(273408, 2176);
+  static const support::Shape shape3_1 = {2, 17, 64};
+  static const support::Shape shape3_3 = {1088, 64, 1};
+  static const support::Shape shape3_4 = {1088, 64, 1};
+  support::dropout(v165.data(), shape3_1, v161.data(), shape3_3, shape3_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
+                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
+                                                std::to_string(step_)),
+                   0.1);
+
+  // vit.mesh:72:10 cast
+  support::View v166 = arena_.view(282112, 2176);
+  {
+    float *__restrict v166p = v166.data();
+    const float *__restrict v165p = v165.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v165p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v166p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:15 einsum
+  support::View v104 = arena_.view(49152, 4096);
+  support::View v167 = arena_.view(273408, 2176);
+  support::einsum2Double(v167.data(), v166.data(), v104.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {1},
+                          .bN = {64},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(v167);
+
+  // vit.mesh:72:15 einsum
+  support::View v103 = arena_.view(65536, 2176);
+  support::View v168 = arena_.view(49152, 4096);
+  support::einsum2Double(v168.data(), v166.data(), v103.data(),
+                         {.batch = {},
+                          .m = {64},
+                          .n = {64},
+                          .k = {2, 17},
+                          .aBatch = {},
+                          .aM = {1},
+                          .aK = {1088, 64},
+                          .bBatch = {},
+                          .bK = {1088, 64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1},
+                          .outN = {64}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(v168);
+
+  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
+  support::View v169 = arena_.view(65536, 4096);
+  {
+    float *__restrict v169p = v169.data();
+    const float *__restrict v168p = v168.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v168p[i0];
+      const float s1 = s0;
+      v169p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:11 square
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 tanh
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 square
+  // vit.mesh:71:11 sub
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  support::View v102 = arena_.view(264704, 2176);
+  support::View v192 = arena_.view(49152, 2176);
+  {
+    float *__restrict v192p = v192.data();
+    const float *__restrict v102p = v102.data();
+    const float *__restrict v167p = v167.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v102p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(double(s0) * double(s0)));
+      const float s2 = v102p[i0];
+      const float s3 = support::roundValue(support::DType::BF16, double((double(s2) * double(s1))));
+      const float s4 = support::roundValue(support::DType::BF16, 0.044715);
+      const float s5 = support::roundValue(support::DType::BF16, double((double(s3) * double(s4))));
+      const float s6 = v102p[i0];
+      const float s7 = support::roundValue(support::DType::BF16, double((double(s6) + double(s5))));
+      const float s8 = support::roundValue(support::DType::BF16, 0.7978845608028654);
+      const float s9 = support::roundValue(support::DType::BF16, double((double(s7) * double(s8))));
+      const float s10 = support::roundValue(support::DType::BF16, double(std::tanh(double(s9))));
+      const float s11 = support::roundValue(support::DType::BF16, 1.0);
+      const float s12 =
+          support::roundValue(support::DType::BF16, double((double(s10) + double(s11))));
+      const float s13 = support::roundValue(support::DType::BF16, 0.5);
+      const float s14 =
+          support::roundValue(support::DType::BF16, double((double(s12) * double(s13))));
+      const float s15 = support::roundValue(support::DType::BF16, 0.134145);
+      const float s16 =
+          support::roundValue(support::DType::BF16, double((double(s1) * double(s15))));
+      const float s17 = support::roundValue(support::DType::BF16, 1.0);
+      const float s18 =
+          support::roundValue(support::DType::BF16, double((double(s16) + double(s17))));
+      const float s19 =
+          support::roundValue(support::DType::BF16, double(double(s10) * double(s10)));
+      const float s20 = support::roundValue(support::DType::BF16, 1.0);
+      const float s21 =
+          support::roundValue(support::DType::BF16, double((double(s20) - double(s19))));
+      const float s22 = v102p[i0];
+      const float s23 =
+          support::roundValue(support::DType::BF16, double((double(s22) * double(s21))));
+      const float s24 =
+          support::roundValue(support::DType::BF16, double((double(s23) * double(s18))));
+      const float s25 = support::roundValue(support::DType::BF16, 0.3989422804014327);
+      const float s26 =
+          support::roundValue(support::DType::BF16, double((double(s24) * double(s25))));
+      const float s27 =
+          support::roundValue(support::DType::BF16, double((double(s14) + double(s26))));
+      const float s28 = v167p[i0];
+      const float s29 =
+          support::roundValue(support::DType::BF16, double((double(s28) * double(s27))));
+      v192p[i0] = s29;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::View v101 = arena_.view(32768, 4096);
+  support::View v193 = arena_.view(264704, 2176);
+  support::einsum2Double(v193.data(), v192.data(), v101.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {1},
+                          .bN = {64},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(v193);
+
+  // vit.mesh:71:16 einsum
+  support::View v100 = arena_.view(256000, 2176);
+  support::View v194 = arena_.view(32768, 4096);
+  support::einsum2Double(v194.data(), v192.data(), v100.data(),
+                         {.batch = {},
+                          .m = {64},
+                          .n = {64},
+                          .k = {2, 17},
+                          .aBatch = {},
+                          .aM = {1},
+                          .aK = {1088, 64},
+                          .bBatch = {},
+                          .bK = {1088, 64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1},
+                          .outN = {64}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(v194);
+
+  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
+  support::View v195 = arena_.view(49152, 4096);
+  {
+    float *__restrict v195p = v195.data();
+    const float *__restrict v194p = v194.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v194p[i0];
+      const float s1 = s0;
+      v195p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:23 cast
+  support::View v196 = arena_.view(32768, 2176);
+  {
+    float *__restrict v196p = v196.data();
+    const float *__restrict v193p = v193.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v193p[i0];
+      const float s1 = s0;
+      v196p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
+  group_model.allReduce(v196.data(), v196.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
+  support::View v198 = arena_.view(273408, 64);
+  static const support::Shape shape18_1 = {64};
+  static const support::Shape shape18_3 = {1};
+  static const support::Shape shape18_4 = {2, 17};
+  static const support::Shape shape18_5 = {1088, 64};
+  support::reduce(v198.data(), shape18_1, v196.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  support::View v95 = arena_.view(247296, 2176);
+  support::View v200 = arena_.view(256000, 2176);
+  {
+    float *__restrict v200p = v200.data();
+    const float *__restrict v196p = v196.data();
+    const float *__restrict v95p = v95.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v196p[i0];
+      const float s1 = v95p[i0];
+      const float s2 = (s0 * s1);
+      v200p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
+  support::View v201 = arena_.view(273664, 64);
+  static const support::Shape shape20_1 = {64};
+  static const support::Shape shape20_3 = {1};
+  static const support::Shape shape20_4 = {2, 17};
+  static const support::Shape shape20_5 = {1088, 64};
+  support::reduce(v201.data(), shape20_1, v200.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  support::View v92 = arena_.view(238592, 2176);
+  support::View v202 = arena_.view(41472, 34);
+  static const support::Shape shape21_1 = {2, 17};
+  static const support::Shape shape21_3 = {1088, 64};
+  static const support::Shape shape21_4 = {64};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v202.data(), shape21_1, v92.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  support::View v204 = arena_.view(256000, 2176);
+  {
+    float *__restrict v204p = v204.data();
+    const float *__restrict v92p = v92.data();
+    const float *__restrict v202p = v202.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v92p[i0 * 64 + i1];
+        const float s1 = v202p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v204p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v205 = arena_.view(41472, 34);
+  static const support::Shape shape23_1 = {2, 17};
+  static const support::Shape shape23_3 = {1088, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v205.data(), shape23_1, v204.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.015625);
+}
+
+void TrainVit::runPart5(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  support::View v205 = arena_.view(41472, 34);
+  support::View v207 = arena_.view(41664, 34);
+  {
+    float *__restrict v207p = v207.data();
+    const float *__restrict v205p = v205.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      const float s0 = v205p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v207p[i0] = s3;
+    }
+  }
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:10 mul
+  support::View v196 = arena_.view(32768, 2176);
+  support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v95 = arena_.view(247296, 2176);
+  support::View v199 = arena_.view(238592, 2176);
+  support::View v208 = arena_.view(256000, 2176);
+  {
+    float *__restrict v199p = v199.data();
+    float *__restrict v208p = v208.data();
+    const float *__restrict v196p = v196.data();
+    const float *__restrict v93p = v93.data();
+    const float *__restrict v95p = v95.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v196p[i0 * 64 + i1];
+        const float s1 = v93p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v95p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v199p[i0 * 64 + i1] = s2;
+        v208p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v209 = arena_.view(41472, 34);
+  static const support::Shape shape2_1 = {2, 17};
+  static const support::Shape shape2_3 = {1088, 64};
+  static const support::Shape shape2_4 = {64};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v209.data(), shape2_1, v208.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mean
+  support::View v211 = arena_.view(41856, 34);
+  static const support::Shape shape3_1 = {2, 17};
+  static const support::Shape shape3_3 = {1088, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v211.data(), shape3_1, v199.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  // vit.mesh:80:55 mul
+  // vit.mesh:80:55 mul
+  support::View v160 = arena_.view(299520, 2176);
+  support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
+  support::View v89 = arena_.view(229888, 2176);
+  support::View v215 = arena_.view(32768, 2176);
+  support::View v216 = arena_.view(256000, 2176);
+  support::View v218 = arena_.view(264704, 2176);
+  {
+    float *__restrict v215p = v215.data();
+    float *__restrict v216p = v216.data();
+    float *__restrict v218p = v218.data();
+    const float *__restrict v95p = v95.data();
+    const float *__restrict v209p = v209.data();
+    const float *__restrict v199p = v199.data();
+    const float *__restrict v211p = v211.data();
+    const float *__restrict v207p = v207.data();
+    const float *__restrict v160p = v160.data();
+    const float *__restrict v67p = v67.data();
+    const float *__restrict v89p = v89.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v95p[i0 * 64 + i1];
+        const float s1 = v209p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v199p[i0 * 64 + i1];
+        const float s4 = v211p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v207p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v160p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        const float s11 = v67p[i1];
+        const float s12 = (s10 * s11);
+        const float s13 = v89p[i0 * 64 + i1];
+        const float s14 = (s10 * s13);
+        v215p[i0 * 64 + i1] = s10;
+        v216p[i0 * 64 + i1] = s12;
+        v218p[i0 * 64 + i1] = s14;
+      }
+    }
+  }
+
+  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
+  support::View v219 = arena_.view(273920, 64);
+  static const support::Shape shape5_1 = {64};
+  static const support::Shape shape5_3 = {1};
+  static const support::Shape shape5_4 = {2, 17};
+  static const support::Shape shape5_5 = {1088, 64};
+  support::reduce(v219.data(), shape5_1, v218.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:80:15 dropout
+  support::View v220 = arena_.view(229888, 2176);
+  static const support::Shape shape6_1 = {2, 17, 64};
+  static const support::Shape shape6_3 = {1088, 64, 1};
+  static const support::Shape shape6_4 = {1088, 64, 1};
+  support::dropout(v220.data(), shape6_1, v216.data(), shape6_3, shape6_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
+                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
+                                                std::to_string(step_)),
+                   0.1);
+
+  // vit.mesh:63:10 einsum
+  support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
+  support::View v221 = arena_.view(238592, 1088);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan7.run(v220.data(), v77.data(), v221.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
+  support::View v87 = arena_.view(371584, 1088);
+  support::View v222 = arena_.view(247296, 2048);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan8.run(v220.data(), v87.data(), v222.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:17 einsum
+  support::View v82 = arena_.view(367232, 1088);
+  support::View v223 = arena_.view(41472, 1156);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan9.run(v221.data(), v82.data(), v223.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:17 einsum
+  support::View v86 = arena_.view(336448, 1156);
+  support::View v224 = arena_.view(242944, 1088);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsumPlan10.run(v221.data(), v86.data(), v224.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:17 mul
+  support::View v225 = arena_.view(229888, 1156);
+  {
+    float *__restrict v225p = v225.data();
+    const float *__restrict v223p = v223.data();
+    const float *__restrict v86p = v86.data();
+    for (int64_t i0 = 0; i0 < 1156; ++i0) {
+      const float s0 = v223p[i0];
+      const float s1 = v86p[i0];
+      const float s2 = (s0 * s1);
+      v225p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:62:17 sum
+  support::View v226 = arena_.view(46144, 68);
+  static const support::Shape shape12_1 = {2, 2, 17};
+  static const support::Shape shape12_3 = {578, 289, 17};
+  static const support::Shape shape12_4 = {17};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v226.data(), shape12_1, v225.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:62:17 sub
+  // vit.mesh:62:17 mul
+  // vit.mesh:62:67 mul
+  support::View v229 = arena_.view(229888, 1156);
+  {
+    float *__restrict v229p = v229.data();
+    const float *__restrict v223p = v223.data();
+    const float *__restrict v226p = v226.data();
+    const float *__restrict v86p = v86.data();
+    for (int64_t i0 = 0; i0 < 68; ++i0) {
+      for (int64_t i1 = 0; i1 < 17; ++i1) {
+        const float s0 = v223p[i0 * 17 + i1];
+        const float s1 = v226p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = v86p[i0 * 17 + i1];
+        const float s4 = (s3 * s2);
+        const float s5 = 0.25f;
+        const float s6 = (s4 * s5);
+        v229p[i0 * 17 + i1] = s6;
+      }
+    }
+  }
+
+  // vit.mesh:62:25 einsum
+  support::View v80 = arena_.view(362880, 1088);
+  support::View v230 = arena_.view(41472, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan14.run(v229.data(), v80.data(), v230.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:25 einsum
+  support::View v78 = arena_.view(358528, 1088);
+  support::View v231 = arena_.view(238592, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan15.run(v229.data(), v78.data(), v231.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum
+  support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
+  support::View v232 = arena_.view(229888, 2176);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan16.run(v224.data(), v76.data(), v232.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
+  support::View v81 = arena_.view(221184, 2176);
+  support::View v233 = arena_.view(255488, 2048);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan17.run(v224.data(), v81.data(), v233.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:11 einsum
+  support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
+  support::View v235 = arena_.view(221184, 2176);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan18.run(v231.data(), v75.data(), v235.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
+  support::View v79 = arena_.view(212480, 2176);
+  support::View v236 = arena_.view(263680, 2048);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan19.run(v231.data(), v79.data(), v236.data(), 1.0f, 0.0f);
+
+  // vit.mesh:59:11 einsum
+  support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
+  support::View v239 = arena_.view(212480, 2176);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan20.run(v230.data(), v74.data(), v239.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 add
+  // vit.mesh:59:11 add
+  support::View v240 = arena_.view(238592, 2176);
+  {
+    float *__restrict v240p = v240.data();
+    const float *__restrict v232p = v232.data();
+    const float *__restrict v235p = v235.data();
+    const float *__restrict v239p = v239.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v232p[i0];
+      const float s1 = v235p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v239p[i0];
+      const float s4 = (s2 + s3);
+      v240p[i0] = s4;
+    }
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
+  auto request0 = support::startAllReduce(group_model, {v240}, meshrt::ReduceOp::Sum);
+
+  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
+  support::View v73 = arena_.view(203776, 2176);
+  support::View v241 = arena_.view(229888, 2048);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan23.run(v230.data(), v73.data(), v241.data(), 1.0f, 0.0f);
+
+  group_model.wait(request0);
+}
+
+void TrainVit::runPart6(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
+  support::View v240 = arena_.view(238592, 2176);
+  support::View v243 = arena_.view(238080, 64);
+  static const support::Shape shape0_1 = {64};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 17};
+  static const support::Shape shape0_5 = {1088, 64};
+  support::reduce(v243.data(), shape0_1, v240.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  support::View v71 = arena_.view(195072, 2176);
+  support::View v245 = arena_.view(203776, 2176);
+  {
+    float *__restrict v245p = v245.data();
+    const float *__restrict v240p = v240.data();
+    const float *__restrict v71p = v71.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v240p[i0];
+      const float s1 = v71p[i0];
+      const float s2 = (s0 * s1);
+      v245p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
+  support::View v246 = arena_.view(238336, 64);
+  static const support::Shape shape2_1 = {64};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {2, 17};
+  static const support::Shape shape2_5 = {1088, 64};
+  support::reduce(v246.data(), shape2_1, v245.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  support::View v66 = arena_.view(186368, 2176);
+  support::View v247 = arena_.view(41472, 34);
+  static const support::Shape shape3_1 = {2, 17};
+  static const support::Shape shape3_3 = {1088, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v247.data(), shape3_1, v66.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  support::View v249 = arena_.view(203776, 2176);
+  {
+    float *__restrict v249p = v249.data();
+    const float *__restrict v66p = v66.data();
+    const float *__restrict v247p = v247.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v66p[i0 * 64 + i1];
+        const float s1 = v247p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v249p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v250 = arena_.view(41472, 34);
+  static const support::Shape shape5_1 = {2, 17};
+  static const support::Shape shape5_3 = {1088, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v250.data(), shape5_1, v249.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  support::View v252 = arena_.view(41664, 34);
+  {
+    float *__restrict v252p = v252.data();
+    const float *__restrict v250p = v250.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      const float s0 = v250p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v252p[i0] = s3;
+    }
+  }
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:10 mul
+  support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
+  support::View v244 = arena_.view(186368, 2176);
+  support::View v253 = arena_.view(203776, 2176);
+  {
+    float *__restrict v244p = v244.data();
+    float *__restrict v253p = v253.data();
+    const float *__restrict v240p = v240.data();
+    const float *__restrict v69p = v69.data();
+    const float *__restrict v71p = v71.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v240p[i0 * 64 + i1];
+        const float s1 = v69p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v71p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v244p[i0 * 64 + i1] = s2;
+        v253p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v254 = arena_.view(41472, 34);
+  static const support::Shape shape8_1 = {2, 17};
+  static const support::Shape shape8_3 = {1088, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v254.data(), shape8_1, v253.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mean
+  support::View v256 = arena_.view(41856, 34);
+  static const support::Shape shape9_1 = {2, 17};
+  static const support::Shape shape9_3 = {1088, 64};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v256.data(), shape9_1, v244.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  // vit.mesh:81:48 mul
+  // vit.mesh:81:48 mul
+  support::View v215 = arena_.view(32768, 2176);
+  support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
+  support::View v63 = arena_.view(177664, 2176);
+  support::View v260 = arena_.view(203776, 2176);
+  support::View v261 = arena_.view(212480, 2176);
+  support::View v263 = arena_.view(221184, 2176);
+  {
+    float *__restrict v260p = v260.data();
+    float *__restrict v261p = v261.data();
+    float *__restrict v263p = v263.data();
+    const float *__restrict v71p = v71.data();
+    const float *__restrict v254p = v254.data();
+    const float *__restrict v244p = v244.data();
+    const float *__restrict v256p = v256.data();
+    const float *__restrict v252p = v252.data();
+    const float *__restrict v215p = v215.data();
+    const float *__restrict v24p = v24.data();
+    const float *__restrict v63p = v63.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v71p[i0 * 64 + i1];
+        const float s1 = v254p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v244p[i0 * 64 + i1];
+        const float s4 = v256p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v252p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v215p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        const float s11 = v24p[i1];
+        const float s12 = (s10 * s11);
+        const float s13 = v63p[i0 * 64 + i1];
+        const float s14 = (s10 * s13);
+        v260p[i0 * 64 + i1] = s10;
+        v261p[i0 * 64 + i1] = s12;
+        v263p[i0 * 64 + i1] = s14;
+      }
+    }
+  }
+
+  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[0]/ffn_scale
+  support::View v264 = arena_.view(195072, 64);
+  static const support::Shape shape11_1 = {64};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {2, 17};
+  static const support::Shape shape11_5 = {1088, 64};
+  support::reduce(v264.data(), shape11_1, v263.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:81:14 dropout
+  support::View v265 = arena_.view(32768, 2176);
+  static const support::Shape shape12_1 = {2, 17, 64};
+  static const support::Shape shape12_3 = {1088, 64, 1};
+  static const support::Shape shape12_4 = {1088, 64, 1};
+  support::dropout(v265.data(), shape12_1, v261.data(), shape12_3, shape12_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
+                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
+                                                std::to_string(step_)),
+                   0.1);
+
+  // vit.mesh:72:10 cast
+  support::View v266 = arena_.view(177664, 2176);
+  {
+    float *__restrict v266p = v266.data();
+    const float *__restrict v265p = v265.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v265p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      v266p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:15 einsum
+  support::View v60 = arena_.view(16384, 4096);
+  support::View v267 = arena_.view(186368, 2176);
+  support::einsum2Double(v267.data(), v266.data(), v60.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {1},
+                          .bN = {64},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(v267);
+
+  // vit.mesh:72:15 einsum
+  support::View v59 = arena_.view(168960, 2176);
+  support::View v268 = arena_.view(16384, 4096);
+  support::einsum2Double(v268.data(), v266.data(), v59.data(),
+                         {.batch = {},
+                          .m = {64},
+                          .n = {64},
+                          .k = {2, 17},
+                          .aBatch = {},
+                          .aM = {1},
+                          .aK = {1088, 64},
+                          .bBatch = {},
+                          .bK = {1088, 64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1},
+                          .outN = {64}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(v268);
+
+  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[0]/ffn/w_out
+  support::View v269 = arena_.view(32768, 4096);
+  {
+    float *__restrict v269p = v269.data();
+    const float *__restrict v268p = v268.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v268p[i0];
+      const float s1 = s0;
+      v269p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:11 square
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 tanh
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 square
+  // vit.mesh:71:11 sub
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  support::View v58 = arena_.view(160256, 2176);
+  support::View v286 = arena_.view(16384, 2176);
+  {
+    float *__restrict v286p = v286.data();
+    const float *__restrict v58p = v58.data();
+    const float *__restrict v267p = v267.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v58p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(double(s0) * double(s0)));
+      const float s2 = v58p[i0];
+      const float s3 = support::roundValue(support::DType::BF16, double((double(s2) * double(s1))));
+      const float s4 = support::roundValue(support::DType::BF16, 0.044715);
+      const float s5 = support::roundValue(support::DType::BF16, double((double(s3) * double(s4))));
+      const float s6 = v58p[i0];
+      const float s7 = support::roundValue(support::DType::BF16, double((double(s6) + double(s5))));
+      const float s8 = support::roundValue(support::DType::BF16, 0.7978845608028654);
+      const float s9 = support::roundValue(support::DType::BF16, double((double(s7) * double(s8))));
+      const float s10 = support::roundValue(support::DType::BF16, double(std::tanh(double(s9))));
+      const float s11 = support::roundValue(support::DType::BF16, 1.0);
+      const float s12 =
+          support::roundValue(support::DType::BF16, double((double(s10) + double(s11))));
+      const float s13 = support::roundValue(support::DType::BF16, 0.5);
+      const float s14 =
+          support::roundValue(support::DType::BF16, double((double(s12) * double(s13))));
+      const float s15 = support::roundValue(support::DType::BF16, 0.134145);
+      const float s16 =
+          support::roundValue(support::DType::BF16, double((double(s1) * double(s15))));
+      const float s17 = support::roundValue(support::DType::BF16, 1.0);
+      const float s18 =
+          support::roundValue(support::DType::BF16, double((double(s16) + double(s17))));
+      const float s19 =
+          support::roundValue(support::DType::BF16, double(double(s10) * double(s10)));
+      const float s20 = support::roundValue(support::DType::BF16, 1.0);
+      const float s21 =
+          support::roundValue(support::DType::BF16, double((double(s20) - double(s19))));
+      const float s22 = v58p[i0];
+      const float s23 =
+          support::roundValue(support::DType::BF16, double((double(s22) * double(s21))));
+      const float s24 =
+          support::roundValue(support::DType::BF16, double((double(s23) * double(s18))));
+      const float s25 = support::roundValue(support::DType::BF16, 0.3989422804014327);
+      const float s26 =
+          support::roundValue(support::DType::BF16, double((double(s24) * double(s25))));
+      const float s27 =
+          support::roundValue(support::DType::BF16, double((double(s14) + double(s26))));
+      const float s28 = v267p[i0];
+      const float s29 =
+          support::roundValue(support::DType::BF16, double((double(s28) * double(s27))));
+      v286p[i0] = s29;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::View v57 = arena_.view(0, 4096);
+  support::View v287 = arena_.view(160256, 2176);
+  support::einsum2Double(v287.data(), v286.data(), v57.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {1},
+                          .bN = {64},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(v287);
+
+  // vit.mesh:71:16 einsum
+  support::View v56 = arena_.view(151552, 2176);
+  support::View v288 = arena_.view(0, 4096);
+  support::einsum2Double(v288.data(), v286.data(), v56.data(),
+                         {.batch = {},
+                          .m = {64},
+                          .n = {64},
+                          .k = {2, 17},
+                          .aBatch = {},
+                          .aM = {1},
+                          .aK = {1088, 64},
+                          .bBatch = {},
+                          .bK = {1088, 64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1},
+                          .outN = {64}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(v288);
+}
+
+void TrainVit::runPart7(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[0]/ffn/w_in
+  support::View v288 = arena_.view(0, 4096);
+  support::View v289 = arena_.view(16384, 4096);
+  {
+    float *__restrict v289p = v289.data();
+    const float *__restrict v288p = v288.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v288p[i0];
+      const float s1 = s0;
+      v289p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:23 cast
+  support::View v287 = arena_.view(160256, 2176);
+  support::View v290 = arena_.view(0, 2176);
+  {
+    float *__restrict v290p = v290.data();
+    const float *__restrict v287p = v287.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v287p[i0];
+      const float s1 = s0;
+      v290p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %281 over model for sum at 36:52)
+  group_model.allReduce(v290.data(), v290.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm#1/bias
+  support::View v292 = arena_.view(168960, 64);
+  static const support::Shape shape3_1 = {64};
+  static const support::Shape shape3_3 = {1};
+  static const support::Shape shape3_4 = {2, 17};
+  static const support::Shape shape3_5 = {1088, 64};
+  support::reduce(v292.data(), shape3_1, v290.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  support::View v51 = arena_.view(142848, 2176);
+  support::View v294 = arena_.view(151552, 2176);
+  {
+    float *__restrict v294p = v294.data();
+    const float *__restrict v290p = v290.data();
+    const float *__restrict v51p = v51.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v290p[i0];
+      const float s1 = v51p[i0];
+      const float s2 = (s0 * s1);
+      v294p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm#1/gain
+  support::View v295 = arena_.view(169216, 64);
+  static const support::Shape shape5_1 = {64};
+  static const support::Shape shape5_3 = {1};
+  static const support::Shape shape5_4 = {2, 17};
+  static const support::Shape shape5_5 = {1088, 64};
+  support::reduce(v295.data(), shape5_1, v294.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  support::View v48 = arena_.view(134144, 2176);
+  support::View v296 = arena_.view(8704, 34);
+  static const support::Shape shape6_1 = {2, 17};
+  static const support::Shape shape6_3 = {1088, 64};
+  static const support::Shape shape6_4 = {64};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v296.data(), shape6_1, v48.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  support::View v298 = arena_.view(151552, 2176);
+  {
+    float *__restrict v298p = v298.data();
+    const float *__restrict v48p = v48.data();
+    const float *__restrict v296p = v296.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v48p[i0 * 64 + i1];
+        const float s1 = v296p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v298p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v299 = arena_.view(8704, 34);
+  static const support::Shape shape8_1 = {2, 17};
+  static const support::Shape shape8_3 = {1088, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v299.data(), shape8_1, v298.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  support::View v301 = arena_.view(8896, 34);
+  {
+    float *__restrict v301p = v301.data();
+    const float *__restrict v299p = v299.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      const float s0 = v299p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v301p[i0] = s3;
+    }
+  }
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:10 mul
+  support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
+  support::View v293 = arena_.view(134144, 2176);
+  support::View v302 = arena_.view(151552, 2176);
+  {
+    float *__restrict v293p = v293.data();
+    float *__restrict v302p = v302.data();
+    const float *__restrict v290p = v290.data();
+    const float *__restrict v49p = v49.data();
+    const float *__restrict v51p = v51.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v290p[i0 * 64 + i1];
+        const float s1 = v49p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v51p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v293p[i0 * 64 + i1] = s2;
+        v302p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v303 = arena_.view(8704, 34);
+  static const support::Shape shape11_1 = {2, 17};
+  static const support::Shape shape11_3 = {1088, 64};
+  static const support::Shape shape11_4 = {64};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v303.data(), shape11_1, v302.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mean
+  support::View v305 = arena_.view(9088, 34);
+  static const support::Shape shape12_1 = {2, 17};
+  static const support::Shape shape12_3 = {1088, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v305.data(), shape12_1, v293.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  // vit.mesh:80:55 mul
+  // vit.mesh:80:55 mul
+  support::View v260 = arena_.view(203776, 2176);
+  support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
+  support::View v45 = arena_.view(125440, 2176);
+  support::View v309 = arena_.view(0, 2176);
+  support::View v310 = arena_.view(151552, 2176);
+  support::View v312 = arena_.view(160256, 2176);
+  {
+    float *__restrict v309p = v309.data();
+    float *__restrict v310p = v310.data();
+    float *__restrict v312p = v312.data();
+    const float *__restrict v51p = v51.data();
+    const float *__restrict v303p = v303.data();
+    const float *__restrict v293p = v293.data();
+    const float *__restrict v305p = v305.data();
+    const float *__restrict v301p = v301.data();
+    const float *__restrict v260p = v260.data();
+    const float *__restrict v23p = v23.data();
+    const float *__restrict v45p = v45.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v51p[i0 * 64 + i1];
+        const float s1 = v303p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = v293p[i0 * 64 + i1];
+        const float s4 = v305p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = v301p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = v260p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        const float s11 = v23p[i1];
+        const float s12 = (s10 * s11);
+        const float s13 = v45p[i0 * 64 + i1];
+        const float s14 = (s10 * s13);
+        v309p[i0 * 64 + i1] = s10;
+        v310p[i0 * 64 + i1] = s12;
+        v312p[i0 * 64 + i1] = s14;
+      }
+    }
+  }
+
+  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[0]/attention_scale
+  support::View v313 = arena_.view(169472, 64);
+  static const support::Shape shape14_1 = {64};
+  static const support::Shape shape14_3 = {1};
+  static const support::Shape shape14_4 = {2, 17};
+  static const support::Shape shape14_5 = {1088, 64};
+  support::reduce(v313.data(), shape14_1, v312.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:80:15 dropout
+  support::View v314 = arena_.view(125440, 2176);
+  static const support::Shape shape15_1 = {2, 17, 64};
+  static const support::Shape shape15_3 = {1088, 64, 1};
+  static const support::Shape shape15_4 = {1088, 64, 1};
+  support::dropout(v314.data(), shape15_1, v310.data(), shape15_3, shape15_4,
+                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
+                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
+                                                std::to_string(step_)),
+                   0.1);
+
+  // vit.mesh:63:10 einsum
+  support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
+  support::View v315 = arena_.view(134144, 1088);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan16.run(v314.data(), v33.data(), v315.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[0]/attention/w_o
+  support::View v43 = arena_.view(354176, 1088);
+  support::View v316 = arena_.view(142848, 2048);
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan17.run(v314.data(), v43.data(), v316.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:17 einsum
+  support::View v38 = arena_.view(349824, 1088);
+  support::View v317 = arena_.view(8704, 1156);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan18.run(v315.data(), v38.data(), v317.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:17 einsum
+  support::View v42 = arena_.view(331776, 1156);
+  support::View v318 = arena_.view(138496, 1088);
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsumPlan19.run(v315.data(), v42.data(), v318.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:17 mul
+  support::View v319 = arena_.view(125440, 1156);
+  {
+    float *__restrict v319p = v319.data();
+    const float *__restrict v317p = v317.data();
+    const float *__restrict v42p = v42.data();
+    for (int64_t i0 = 0; i0 < 1156; ++i0) {
+      const float s0 = v317p[i0];
+      const float s1 = v42p[i0];
+      const float s2 = (s0 * s1);
+      v319p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:62:17 sum
+  support::View v320 = arena_.view(13376, 68);
+  static const support::Shape shape21_1 = {2, 2, 17};
+  static const support::Shape shape21_3 = {578, 289, 17};
+  static const support::Shape shape21_4 = {17};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v320.data(), shape21_1, v319.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:62:17 sub
+  // vit.mesh:62:17 mul
+  // vit.mesh:62:67 mul
+  support::View v323 = arena_.view(125440, 1156);
+  {
+    float *__restrict v323p = v323.data();
+    const float *__restrict v317p = v317.data();
+    const float *__restrict v320p = v320.data();
+    const float *__restrict v42p = v42.data();
+    for (int64_t i0 = 0; i0 < 68; ++i0) {
+      for (int64_t i1 = 0; i1 < 17; ++i1) {
+        const float s0 = v317p[i0 * 17 + i1];
+        const float s1 = v320p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = v42p[i0 * 17 + i1];
+        const float s4 = (s3 * s2);
+        const float s5 = 0.25f;
+        const float s6 = (s4 * s5);
+        v323p[i0 * 17 + i1] = s6;
+      }
+    }
+  }
+
+  // vit.mesh:62:25 einsum
+  support::View v36 = arena_.view(345472, 1088);
+  support::View v324 = arena_.view(8704, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan23.run(v323.data(), v36.data(), v324.data(), 1.0f, 0.0f);
+}
+
+void TrainVit::runPart8(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:62:25 einsum
+  support::View v323 = arena_.view(125440, 1156);
+  support::View v34 = arena_.view(341120, 1088);
+  support::View v325 = arena_.view(134144, 1088);
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan0.run(v323.data(), v34.data(), v325.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum
+  support::View v318 = arena_.view(138496, 1088);
+  support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
+  support::View v326 = arena_.view(125440, 2176);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan1.run(v318.data(), v32.data(), v326.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[0]/attention/w_v
+  support::View v37 = arena_.view(116736, 2176);
+  support::View v327 = arena_.view(151040, 2048);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan2.run(v318.data(), v37.data(), v327.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:11 einsum
+  support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
+  support::View v329 = arena_.view(116736, 2176);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan3.run(v325.data(), v31.data(), v329.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[0]/attention/w_k
+  support::View v35 = arena_.view(108032, 2176);
+  support::View v330 = arena_.view(159232, 2048);
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan4.run(v325.data(), v35.data(), v330.data(), 1.0f, 0.0f);
+
+  // vit.mesh:59:11 einsum
+  support::View v324 = arena_.view(8704, 1088);
+  support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
+  support::View v333 = arena_.view(108032, 2176);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan5.run(v324.data(), v30.data(), v333.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 add
+  // vit.mesh:59:11 add
+  support::View v334 = arena_.view(134144, 2176);
+  {
+    float *__restrict v334p = v334.data();
+    const float *__restrict v326p = v326.data();
+    const float *__restrict v329p = v329.data();
+    const float *__restrict v333p = v333.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v326p[i0];
+      const float s1 = v329p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = v333p[i0];
+      const float s4 = (s2 + s3);
+      v334p[i0] = s4;
+    }
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %323 over model for sum at 36:52)
+  auto request1 = support::startAllReduce(group_model, {v334}, meshrt::ReduceOp::Sum);
+
+  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[0]/attention/w_q
+  support::View v29 = arena_.view(99328, 2176);
+  support::View v335 = arena_.view(108032, 2048);
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan8.run(v324.data(), v29.data(), v335.data(), 1.0f, 0.0f);
+
+  group_model.wait(request1);
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm/bias
+  support::View v337 = arena_.view(116224, 64);
+  static const support::Shape shape10_1 = {64};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {2, 17};
+  static const support::Shape shape10_5 = {1088, 64};
+  support::reduce(v337.data(), shape10_1, v334.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  support::View v27 = arena_.view(90624, 2176);
+  support::View v339 = arena_.view(99328, 2176);
+  {
+    float *__restrict v339p = v339.data();
+    const float *__restrict v334p = v334.data();
+    const float *__restrict v27p = v27.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v334p[i0];
+      const float s1 = v27p[i0];
+      const float s2 = (s0 * s1);
+      v339p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm/gain
+  support::View v340 = arena_.view(116480, 64);
+  static const support::Shape shape12_1 = {64};
+  static const support::Shape shape12_3 = {1};
+  static const support::Shape shape12_4 = {2, 17};
+  static const support::Shape shape12_5 = {1088, 64};
+  support::reduce(v340.data(), shape12_1, v339.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  support::View v22 = arena_.view(81920, 2176);
+  support::View v341 = arena_.view(8704, 34);
+  static const support::Shape shape13_1 = {2, 17};
+  static const support::Shape shape13_3 = {1088, 64};
+  static const support::Shape shape13_4 = {64};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v341.data(), shape13_1, v22.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  support::View v343 = arena_.view(99328, 2176);
+  {
+    float *__restrict v343p = v343.data();
+    const float *__restrict v22p = v22.data();
+    const float *__restrict v341p = v341.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v22p[i0 * 64 + i1];
+        const float s1 = v341p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        v343p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v344 = arena_.view(8704, 34);
+  static const support::Shape shape15_1 = {2, 17};
+  static const support::Shape shape15_3 = {1088, 64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v344.data(), shape15_1, v343.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  support::View v346 = arena_.view(8896, 34);
+  {
+    float *__restrict v346p = v346.data();
+    const float *__restrict v344p = v344.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      const float s0 = v344p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      v346p[i0] = s3;
+    }
+  }
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:10 mul
+  support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
+  support::View v338 = arena_.view(81920, 2176);
+  support::View v347 = arena_.view(99328, 2176);
+  {
+    float *__restrict v338p = v338.data();
+    float *__restrict v347p = v347.data();
+    const float *__restrict v334p = v334.data();
+    const float *__restrict v25p = v25.data();
+    const float *__restrict v27p = v27.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = v334p[i0 * 64 + i1];
+        const float s1 = v25p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = v27p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        v338p[i0 * 64 + i1] = s2;
+        v347p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  support::View v348 = arena_.view(8704, 34);
+  static const support::Shape shape18_1 = {2, 17};
+  static const support::Shape shape18_3 = {1088, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v348.data(), shape18_1, v347.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mean
+  support::View v350 = arena_.view(9088, 34);
+  static const support::Shape shape19_1 = {2, 17};
+  static const support::Shape shape19_3 = {1088, 64};
+  static const support::Shape shape19_4 = {64};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v350.data(), shape19_1, v338.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  // vit.mesh:93:40 transpose
+  support::View v309 = arena_.view(0, 2176);
+  support::View v355 = arena_.view(99328, 2176);
+  {
+    float *__restrict v355p = v355.data();
+    const float *__restrict v27p = v27.data();
+    const float *__restrict v348p = v348.data();
+    const float *__restrict v338p = v338.data();
+    const float *__restrict v350p = v350.data();
+    const float *__restrict v346p = v346.data();
+    const float *__restrict v309p = v309.data();
+    for (int64_t i0 = 0; i0 < 17; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        for (int64_t i2 = 0; i2 < 2; ++i2) {
+          const float s0 = v27p[i0 * 64 + i1 + i2 * 1088];
+          const float s1 = v348p[i0 + i2 * 17];
+          const float s2 = (s0 * s1);
+          const float s3 = v338p[i0 * 64 + i1 + i2 * 1088];
+          const float s4 = v350p[i0 + i2 * 17];
+          const float s5 = (s3 - s4);
+          const float s6 = (s5 - s2);
+          const float s7 = v346p[i0 + i2 * 17];
+          const float s8 = (s6 * s7);
+          const float s9 = v309p[i0 * 64 + i1 + i2 * 1088];
+          const float s10 = (s9 + s8);
+          const float s11 = s10;
+          v355p[i0 * 128 + i1 * 2 + i2] = s11;
+        }
+      }
+    }
+  }
+
+  // vit.mesh:94:40 sum -> grad/vit/position_embedding
+  support::View v356 = arena_.view(94208, 1088);
+  static const support::Shape shape21_1 = {17, 64};
+  static const support::Shape shape21_3 = {128, 2};
+  static const support::Shape shape21_4 = {2};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v356.data(), shape21_1, v355.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:93:40 slice
+  support::View v357 = arena_.slot(8192, 128);
+  static const support::Shape shape22_2 = {64, 2};
+  static const support::Shape shape22_3 = {2, 1};
+  static const support::Shape shape22_4 = {2, 1};
+  support::copyWindow(v357.data(), v355.data(), shape22_2, shape22_3, shape22_4, 128, 128, 1, 17,
+                      int64_t(0));
+
+  // vit.mesh:93:40 slice
+  support::View v358 = arena_.slot(0, 2048);
+  static const support::Shape shape23_2 = {2, 64};
+  static const support::Shape shape23_3 = {1024, 1};
+  static const support::Shape shape23_4 = {1, 2};
+  support::copyWindow(v358.data(), v355.data(), shape23_2, shape23_3, shape23_4, 64, 128, 16, 17,
+                      int64_t(-1));
+}
+
+void TrainVit::runPart9(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:92:34 mul
+  support::View v357 = arena_.view(8192, 128);
+  support::View v18 = persistent_.view(192, 2);
+  support::View v359 = arena_.view(8704, 128);
+  {
+    float *__restrict v359p = v359.data();
+    const float *__restrict v357p = v357.data();
+    const float *__restrict v18p = v18.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = v357p[i0 * 2 + i1];
+        const float s1 = v18p[i1];
+        const float s2 = (s0 * s1);
+        v359p[i0 * 2 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:92:34 sum -> grad/vit/class_token
+  support::View v360 = arena_.view(98560, 64);
+  static const support::Shape shape1_1 = {1, 64};
+  static const support::Shape shape1_3 = {128, 2};
+  static const support::Shape shape1_4 = {2};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v360.data(), shape1_1, v359.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
+  support::View v358 = arena_.view(0, 2048);
+  support::View v361 = arena_.view(98816, 64);
+  static const support::Shape shape2_1 = {64};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {2, 16};
+  static const support::Shape shape2_5 = {1024, 64};
+  support::reduce(v361.data(), shape2_1, v358.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
+  support::View v12 = arena_.view(325632, 1536);
+  support::View v362 = arena_.view(81920, 3072);
+  // dims: batch, patches, d_model, pixel_row, pixel_col, channels
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
+  einsumPlan3.run(v358.data(), v12.data(), v362.data(), 1.0f, 0.0f);
+
+  // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
+  // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
+  support::View v125 = arena_.view(379072, 1);
+  support::View v138 = arena_.view(379008, 10);
+  support::View v140 = arena_.view(375936, 640);
+  support::View v143 = arena_.view(378496, 64);
+  support::View v146 = arena_.view(378752, 64);
+  support::View v164 = arena_.view(290816, 64);
+  support::View v169 = arena_.view(65536, 4096);
+  support::View v195 = arena_.view(49152, 4096);
+  support::View v198 = arena_.view(273408, 64);
+  support::View v201 = arena_.view(273664, 64);
+  support::View v219 = arena_.view(273920, 64);
+  support::View v222 = arena_.view(247296, 2048);
+  support::View v233 = arena_.view(255488, 2048);
+  support::View v236 = arena_.view(263680, 2048);
+  support::View v241 = arena_.view(229888, 2048);
+  support::View v243 = arena_.view(238080, 64);
+  support::View v246 = arena_.view(238336, 64);
+  support::View v264 = arena_.view(195072, 64);
+  support::View v269 = arena_.view(32768, 4096);
+  support::View v289 = arena_.view(16384, 4096);
+  support::View v292 = arena_.view(168960, 64);
+  support::View v295 = arena_.view(169216, 64);
+  support::View v313 = arena_.view(169472, 64);
+  support::View v316 = arena_.view(142848, 2048);
+  support::View v327 = arena_.view(151040, 2048);
+  support::View v330 = arena_.view(159232, 2048);
+  support::View v335 = arena_.view(108032, 2048);
+  support::View v337 = arena_.view(116224, 64);
+  support::View v340 = arena_.view(116480, 64);
+  support::View v356 = arena_.view(94208, 1088);
+  support::allReduceBucket(group_data,
+                           {v125, v138, v140, v143, v146, v164, v169, v195, v198, v201, v219,
+                            v222, v233, v236, v241, v243, v246, v264, v269, v289, v292, v295,
+                            v313, v316, v327, v330, v335, v337, v340, v356, v360, v361, v362});
+
+  // vit.mesh:112:3 square
+  support::View v387 = arena_.view(0, 64);
+  {
+    float *__restrict v387p = v387.data();
+    const float *__restrict v360p = v360.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v360p[i0];
+      const float s1 = s0 * s0;
+      v387p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v388 = arena_.view(99072, 1);
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {1, 64};
+  static const support::Shape shape6_5 = {64, 1};
+  support::reduce(v388.data(), shape6_1, v387.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v390 = arena_.view(0, 1088);
+  {
+    float *__restrict v390p = v390.data();
+    const float *__restrict v356p = v356.data();
+    for (int64_t i0 = 0; i0 < 1088; ++i0) {
+      const float s0 = v356p[i0];
+      const float s1 = s0 * s0;
+      v390p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v391 = arena_.view(99136, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {17, 64};
+  static const support::Shape shape8_5 = {64, 1};
+  support::reduce(v391.data(), shape8_1, v390.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v394 = arena_.view(0, 640);
+  {
+    float *__restrict v394p = v394.data();
+    const float *__restrict v140p = v140.data();
+    for (int64_t i0 = 0; i0 < 640; ++i0) {
+      const float s0 = v140p[i0];
+      const float s1 = s0 * s0;
+      v394p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v395 = arena_.view(99200, 1);
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {64, 10};
+  static const support::Shape shape10_5 = {10, 1};
+  support::reduce(v395.data(), shape10_1, v394.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v398 = arena_.view(0, 10);
+  {
+    float *__restrict v398p = v398.data();
+    const float *__restrict v138p = v138.data();
+    for (int64_t i0 = 0; i0 < 10; ++i0) {
+      const float s0 = v138p[i0];
+      const float s1 = s0 * s0;
+      v398p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v399 = arena_.view(99264, 1);
+  static const support::Shape shape12_1 = {};
+  static const support::Shape shape12_3 = {};
+  static const support::Shape shape12_4 = {10};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v399.data(), shape12_1, v398.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v402 = arena_.view(0, 3072);
+  {
+    float *__restrict v402p = v402.data();
+    const float *__restrict v362p = v362.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v362p[i0];
+      const float s1 = s0 * s0;
+      v402p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v403 = arena_.view(99328, 1);
+  static const support::Shape shape14_1 = {};
+  static const support::Shape shape14_3 = {};
+  static const support::Shape shape14_4 = {4, 4, 3, 64};
+  static const support::Shape shape14_5 = {768, 192, 64, 1};
+  support::reduce(v403.data(), shape14_1, v402.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v406 = arena_.view(0, 64);
+  {
+    float *__restrict v406p = v406.data();
+    const float *__restrict v361p = v361.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v361p[i0];
+      const float s1 = s0 * s0;
+      v406p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v407 = arena_.view(99392, 1);
+  static const support::Shape shape16_1 = {};
+  static const support::Shape shape16_3 = {};
+  static const support::Shape shape16_4 = {64};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v407.data(), shape16_1, v406.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v410 = arena_.view(0, 64);
+  {
+    float *__restrict v410p = v410.data();
+    const float *__restrict v313p = v313.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v313p[i0];
+      const float s1 = s0 * s0;
+      v410p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v411 = arena_.view(99456, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v411.data(), shape18_1, v410.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v414 = arena_.view(0, 64);
+  {
+    float *__restrict v414p = v414.data();
+    const float *__restrict v264p = v264.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v264p[i0];
+      const float s1 = s0 * s0;
+      v414p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v415 = arena_.view(99520, 1);
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v415.data(), shape20_1, v414.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v418 = arena_.view(0, 64);
+  {
+    float *__restrict v418p = v418.data();
+    const float *__restrict v340p = v340.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v340p[i0];
+      const float s1 = s0 * s0;
+      v418p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v419 = arena_.view(99584, 1);
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {64};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v419.data(), shape22_1, v418.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v422 = arena_.view(0, 64);
+  {
+    float *__restrict v422p = v422.data();
+    const float *__restrict v337p = v337.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v337p[i0];
+      const float s1 = s0 * s0;
+      v422p[i0] = s1;
+    }
+  }
+}
+
+void TrainVit::runPart10(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:112:3 sum
+  support::View v422 = arena_.view(0, 64);
+  support::View v423 = arena_.view(99648, 1);
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v423.data(), shape0_1, v422.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v335 = arena_.view(108032, 2048);
+  support::View v426 = arena_.view(0, 2048);
+  {
+    float *__restrict v426p = v426.data();
+    const float *__restrict v335p = v335.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v335p[i0];
+      const float s1 = s0 * s0;
+      v426p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v427 = arena_.view(99712, 1);
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {64, 2, 16};
+  static const support::Shape shape2_5 = {32, 16, 1};
+  support::reduce(v427.data(), shape2_1, v426.data(), shape2_3, shape2_4, shape2_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v330 = arena_.view(159232, 2048);
+  support::View v431 = arena_.view(0, 2048);
+  {
+    float *__restrict v431p = v431.data();
+    const float *__restrict v330p = v330.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v330p[i0];
+      const float s1 = s0 * s0;
+      v431p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v432 = arena_.view(99776, 1);
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {64, 2, 16};
+  static const support::Shape shape4_5 = {32, 16, 1};
+  support::reduce(v432.data(), shape4_1, v431.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v327 = arena_.view(151040, 2048);
+  support::View v436 = arena_.view(0, 2048);
+  {
+    float *__restrict v436p = v436.data();
+    const float *__restrict v327p = v327.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v327p[i0];
+      const float s1 = s0 * s0;
+      v436p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v437 = arena_.view(99840, 1);
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {64, 2, 16};
+  static const support::Shape shape6_5 = {32, 16, 1};
+  support::reduce(v437.data(), shape6_1, v436.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v316 = arena_.view(142848, 2048);
+  support::View v441 = arena_.view(0, 2048);
+  {
+    float *__restrict v441p = v441.data();
+    const float *__restrict v316p = v316.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v316p[i0];
+      const float s1 = s0 * s0;
+      v441p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v442 = arena_.view(99904, 1);
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {2, 16, 64};
+  static const support::Shape shape8_5 = {1024, 64, 1};
+  support::reduce(v442.data(), shape8_1, v441.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v289 = arena_.view(16384, 4096);
+  support::View v454 = arena_.view(0, 4096);
+  {
+    float *__restrict v454p = v454.data();
+    const float *__restrict v289p = v289.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v289p[i0];
+      const float s1 = s0 * s0;
+      v454p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v455 = arena_.view(99968, 1);
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {64, 64};
+  static const support::Shape shape10_5 = {64, 1};
+  support::reduce(v455.data(), shape10_1, v454.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v269 = arena_.view(32768, 4096);
+  support::View v459 = arena_.view(0, 4096);
+  {
+    float *__restrict v459p = v459.data();
+    const float *__restrict v269p = v269.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v269p[i0];
+      const float s1 = s0 * s0;
+      v459p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v460 = arena_.view(100032, 1);
+  static const support::Shape shape12_1 = {};
+  static const support::Shape shape12_3 = {};
+  static const support::Shape shape12_4 = {64, 64};
+  static const support::Shape shape12_5 = {64, 1};
+  support::reduce(v460.data(), shape12_1, v459.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v241 = arena_.view(229888, 2048);
+  support::View v480 = arena_.view(0, 2048);
+  {
+    float *__restrict v480p = v480.data();
+    const float *__restrict v241p = v241.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v241p[i0];
+      const float s1 = s0 * s0;
+      v480p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v481 = arena_.view(100096, 1);
+  static const support::Shape shape14_1 = {};
+  static const support::Shape shape14_3 = {};
+  static const support::Shape shape14_4 = {64, 2, 16};
+  static const support::Shape shape14_5 = {32, 16, 1};
+  support::reduce(v481.data(), shape14_1, v480.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v236 = arena_.view(263680, 2048);
+  support::View v485 = arena_.view(0, 2048);
+  {
+    float *__restrict v485p = v485.data();
+    const float *__restrict v236p = v236.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v236p[i0];
+      const float s1 = s0 * s0;
+      v485p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v486 = arena_.view(100160, 1);
+  static const support::Shape shape16_1 = {};
+  static const support::Shape shape16_3 = {};
+  static const support::Shape shape16_4 = {64, 2, 16};
+  static const support::Shape shape16_5 = {32, 16, 1};
+  support::reduce(v486.data(), shape16_1, v485.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v233 = arena_.view(255488, 2048);
+  support::View v490 = arena_.view(0, 2048);
+  {
+    float *__restrict v490p = v490.data();
+    const float *__restrict v233p = v233.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v233p[i0];
+      const float s1 = s0 * s0;
+      v490p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v491 = arena_.view(100224, 1);
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {64, 2, 16};
+  static const support::Shape shape18_5 = {32, 16, 1};
+  support::reduce(v491.data(), shape18_1, v490.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v222 = arena_.view(247296, 2048);
+  support::View v495 = arena_.view(0, 2048);
+  {
+    float *__restrict v495p = v495.data();
+    const float *__restrict v222p = v222.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v222p[i0];
+      const float s1 = s0 * s0;
+      v495p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v496 = arena_.view(100288, 1);
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {2, 16, 64};
+  static const support::Shape shape20_5 = {1024, 64, 1};
+  support::reduce(v496.data(), shape20_1, v495.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v195 = arena_.view(49152, 4096);
+  support::View v508 = arena_.view(0, 4096);
+  {
+    float *__restrict v508p = v508.data();
+    const float *__restrict v195p = v195.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v195p[i0];
+      const float s1 = s0 * s0;
+      v508p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v509 = arena_.view(100352, 1);
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {64, 64};
+  static const support::Shape shape22_5 = {64, 1};
+  support::reduce(v509.data(), shape22_1, v508.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v169 = arena_.view(65536, 4096);
+  support::View v513 = arena_.view(0, 4096);
+  {
+    float *__restrict v513p = v513.data();
+    const float *__restrict v169p = v169.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v169p[i0];
+      const float s1 = s0 * s0;
+      v513p[i0] = s1;
+    }
+  }
+}
+
+void TrainVit::runPart11(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:112:3 sum
+  support::View v513 = arena_.view(0, 4096);
+  support::View v514 = arena_.view(100416, 1);
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {64, 64};
+  static const support::Shape shape0_5 = {64, 1};
+  support::reduce(v514.data(), shape0_1, v513.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 bucketed_all_reduce_sum (resolve the partial sum of %404 over model for add at
+  // 112:3; merged with 11 more partial sums over model (%433, %438, %443, ...): 48 B in one buffer)
+  support::View v427 = arena_.view(99712, 1);
+  support::View v432 = arena_.view(99776, 1);
+  support::View v437 = arena_.view(99840, 1);
+  support::View v442 = arena_.view(99904, 1);
+  support::View v455 = arena_.view(99968, 1);
+  support::View v460 = arena_.view(100032, 1);
+  support::View v481 = arena_.view(100096, 1);
+  support::View v486 = arena_.view(100160, 1);
+  support::View v491 = arena_.view(100224, 1);
+  support::View v496 = arena_.view(100288, 1);
+  support::View v509 = arena_.view(100352, 1);
+  auto request2 = support::startAllReduce(
+      group_model, {v427, v432, v437, v442, v455, v460, v481, v486, v491, v496, v509, v514},
+      meshrt::ReduceOp::Sum);
+
+  // vit.mesh:112:3 square
+  support::View v295 = arena_.view(169216, 64);
+  support::View v446 = arena_.view(0, 64);
+  {
+    float *__restrict v446p = v446.data();
+    const float *__restrict v295p = v295.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v295p[i0];
+      const float s1 = s0 * s0;
+      v446p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v447 = arena_.view(256, 1);
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v447.data(), shape3_1, v446.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v292 = arena_.view(168960, 64);
+  support::View v450 = arena_.view(0, 64);
+  {
+    float *__restrict v450p = v450.data();
+    const float *__restrict v292p = v292.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v292p[i0];
+      const float s1 = s0 * s0;
+      v450p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v451 = arena_.view(320, 1);
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v451.data(), shape5_1, v450.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v219 = arena_.view(273920, 64);
+  support::View v464 = arena_.view(0, 64);
+  {
+    float *__restrict v464p = v464.data();
+    const float *__restrict v219p = v219.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v219p[i0];
+      const float s1 = s0 * s0;
+      v464p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v465 = arena_.view(384, 1);
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {64};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v465.data(), shape7_1, v464.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v164 = arena_.view(290816, 64);
+  support::View v468 = arena_.view(0, 64);
+  {
+    float *__restrict v468p = v468.data();
+    const float *__restrict v164p = v164.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v164p[i0];
+      const float s1 = s0 * s0;
+      v468p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v469 = arena_.view(448, 1);
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v469.data(), shape9_1, v468.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v246 = arena_.view(238336, 64);
+  support::View v472 = arena_.view(0, 64);
+  {
+    float *__restrict v472p = v472.data();
+    const float *__restrict v246p = v246.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v246p[i0];
+      const float s1 = s0 * s0;
+      v472p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v473 = arena_.view(512, 1);
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {64};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v473.data(), shape11_1, v472.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v243 = arena_.view(238080, 64);
+  support::View v476 = arena_.view(0, 64);
+  {
+    float *__restrict v476p = v476.data();
+    const float *__restrict v243p = v243.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v243p[i0];
+      const float s1 = s0 * s0;
+      v476p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v477 = arena_.view(576, 1);
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {64};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v477.data(), shape13_1, v476.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v201 = arena_.view(273664, 64);
+  support::View v500 = arena_.view(0, 64);
+  {
+    float *__restrict v500p = v500.data();
+    const float *__restrict v201p = v201.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v201p[i0];
+      const float s1 = s0 * s0;
+      v500p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v501 = arena_.view(640, 1);
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v501.data(), shape15_1, v500.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v198 = arena_.view(273408, 64);
+  support::View v504 = arena_.view(0, 64);
+  {
+    float *__restrict v504p = v504.data();
+    const float *__restrict v198p = v198.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v198p[i0];
+      const float s1 = s0 * s0;
+      v504p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v505 = arena_.view(704, 1);
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {64};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v505.data(), shape17_1, v504.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v146 = arena_.view(378752, 64);
+  support::View v518 = arena_.view(0, 64);
+  {
+    float *__restrict v518p = v518.data();
+    const float *__restrict v146p = v146.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v146p[i0];
+      const float s1 = s0 * s0;
+      v518p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v519 = arena_.view(768, 1);
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {64};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v519.data(), shape19_1, v518.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  support::View v143 = arena_.view(378496, 64);
+  support::View v522 = arena_.view(0, 64);
+  {
+    float *__restrict v522p = v522.data();
+    const float *__restrict v143p = v143.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v143p[i0];
+      const float s1 = s0 * s0;
+      v522p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  support::View v523 = arena_.view(832, 1);
+  static const support::Shape shape21_1 = {};
+  static const support::Shape shape21_3 = {};
+  static const support::Shape shape21_4 = {64};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v523.data(), shape21_1, v522.data(), shape21_3, shape21_4, shape21_5,
+                  support::Reduce::Sum, 1.0);
+
+  group_model.wait(request2);
+
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 sqrt -> global_grad_norm
+  // vit.mesh:112:3 maximum
+  // vit.mesh:112:3 div
+  support::View v388 = arena_.view(99072, 1);
+  support::View v391 = arena_.view(99136, 1);
+  support::View v395 = arena_.view(99200, 1);
+  support::View v399 = arena_.view(99264, 1);
+  support::View v403 = arena_.view(99328, 1);
+  support::View v407 = arena_.view(99392, 1);
+  support::View v411 = arena_.view(99456, 1);
+  support::View v415 = arena_.view(99520, 1);
+  support::View v419 = arena_.view(99584, 1);
+  support::View v423 = arena_.view(99648, 1);
+  support::View v527 = arena_.view(64, 1);
+  {
+    float *__restrict v527p = v527.data();
+    const float *__restrict v388p = v388.data();
+    const float *__restrict v391p = v391.data();
+    const float *__restrict v395p = v395.data();
+    const float *__restrict v399p = v399.data();
+    const float *__restrict v403p = v403.data();
+    const float *__restrict v407p = v407.data();
+    const float *__restrict v411p = v411.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v419p = v419.data();
+    const float *__restrict v423p = v423.data();
+    const float *__restrict v427p = v427.data();
+    const float *__restrict v432p = v432.data();
+    const float *__restrict v437p = v437.data();
+    const float *__restrict v442p = v442.data();
+    const float *__restrict v447p = v447.data();
+    const float *__restrict v451p = v451.data();
+    const float *__restrict v455p = v455.data();
+    const float *__restrict v460p = v460.data();
+    const float *__restrict v465p = v465.data();
+    const float *__restrict v469p = v469.data();
+    const float *__restrict v473p = v473.data();
+    const float *__restrict v477p = v477.data();
+    const float *__restrict v481p = v481.data();
+    const float *__restrict v486p = v486.data();
+    const float *__restrict v491p = v491.data();
+    const float *__restrict v496p = v496.data();
+    const float *__restrict v501p = v501.data();
+    const float *__restrict v505p = v505.data();
+    const float *__restrict v509p = v509.data();
+    const float *__restrict v514p = v514.data();
+    const float *__restrict v519p = v519.data();
+    const float *__restrict v523p = v523.data();
+    const float s0 = v388p[0];
+    const float s1 = v391p[0];
+    const float s2 = (s0 + s1);
+    const float s3 = v395p[0];
+    const float s4 = (s2 + s3);
+    const float s5 = v399p[0];
+    const float s6 = (s4 + s5);
+    const float s7 = v403p[0];
+    const float s8 = (s6 + s7);
+    const float s9 = v407p[0];
+    const float s10 = (s8 + s9);
+    const float s11 = v411p[0];
+    const float s12 = (s10 + s11);
+    const float s13 = v415p[0];
+    const float s14 = (s12 + s13);
+    const float s15 = v419p[0];
+    const float s16 = (s14 + s15);
+    const float s17 = v423p[0];
+    const float s18 = (s16 + s17);
+    const float s19 = v427p[0];
+    const float s20 = (s18 + s19);
+    const float s21 = v432p[0];
+    const float s22 = (s20 + s21);
+    const float s23 = v437p[0];
+    const float s24 = (s22 + s23);
+    const float s25 = v442p[0];
+    const float s26 = (s24 + s25);
+    const float s27 = v447p[0];
+    const float s28 = (s26 + s27);
+    const float s29 = v451p[0];
+    const float s30 = (s28 + s29);
+    const float s31 = v455p[0];
+    const float s32 = (s30 + s31);
+    const float s33 = v460p[0];
+    const float s34 = (s32 + s33);
+    const float s35 = v465p[0];
+    const float s36 = (s34 + s35);
+    const float s37 = v469p[0];
+    const float s38 = (s36 + s37);
+    const float s39 = v473p[0];
+    const float s40 = (s38 + s39);
+    const float s41 = v477p[0];
+    const float s42 = (s40 + s41);
+    const float s43 = v481p[0];
+    const float s44 = (s42 + s43);
+    const float s45 = v486p[0];
+    const float s46 = (s44 + s45);
+    const float s47 = v491p[0];
+    const float s48 = (s46 + s47);
+    const float s49 = v496p[0];
+    const float s50 = (s48 + s49);
+    const float s51 = v501p[0];
+    const float s52 = (s50 + s51);
+    const float s53 = v505p[0];
+    const float s54 = (s52 + s53);
+    const float s55 = v509p[0];
+    const float s56 = (s54 + s55);
+    const float s57 = v514p[0];
+    const float s58 = (s56 + s57);
+    const float s59 = v519p[0];
+    const float s60 = (s58 + s59);
+    const float s61 = v523p[0];
+    const float s62 = (s60 + s61);
+    const float s63 = support::fsqrt(s62);
+    const float s64 = 1.0f;
+    const float s65 = support::maximum(s63, s64);
+    const float s66 = 1.0f;
+    const float s67 = (s66 / s65);
+    v527p[0] = s67;
+  }
+}
+
+void TrainVit::runPart12(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:112:3 step
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 minimum
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 maximum
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 minimum
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 cos
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul -> learning_rate
+  // vit.mesh:112:3 pow
+  // vit.mesh:112:3 sub
+  // vit.mesh:112:3 pow
+  // vit.mesh:112:3 sub
+  support::View v385 = arena_.view(0, 1);
+  support::View v574 = arena_.view(128, 1);
+  support::View v576 = arena_.view(192, 1);
+  {
+    const float stepValue = float(step_);
+    float *__restrict v385p = v385.data();
+    float *__restrict v574p = v574.data();
+    float *__restrict v576p = v576.data();
+    const float s0 = stepValue;
+    const float s1 = 1.0f;
+    const float s2 = (s0 + s1);
+    const float s3 = 0.002f;
+    const float s4 = (s2 * s3);
+    const float s5 = 1.0f;
+    const float s6 = support::minimum(s4, s5);
+    const float s7 = 0.001f;
+    const float s8 = (s7 * s6);
+    const float s9 = -500.0f;
+    const float s10 = (s0 + s9);
+    const float s11 = 0.0f;
+    const float s12 = support::maximum(s10, s11);
+    const float s13 = 5e-05f;
+    const float s14 = (s12 * s13);
+    const float s15 = 1.0f;
+    const float s16 = support::minimum(s14, s15);
+    const float s17 = 3.1415927f;
+    const float s18 = (s16 * s17);
+    const float s19 = support::fcos(s18);
+    const float s20 = 1.0f;
+    const float s21 = (s19 + s20);
+    const float s22 = 0.5f;
+    const float s23 = (s21 * s22);
+    const float s24 = (s8 * s23);
+    const float s25 = 0.9f;
+    const float s26 = support::fpow(s25, s2);
+    const float s27 = 1.0f;
+    const float s28 = (s27 - s26);
+    const float s29 = 0.999f;
+    const float s30 = support::fpow(s29, s2);
+    const float s31 = 1.0f;
+    const float s32 = (s31 - s30);
+    v385p[0] = s24;
+    v574p[0] = s28;
+    v576p[0] = s32;
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/class_token
+  support::View v2(param0_vit_class_token); // updated in place
+  support::View v360 = arena_.view(98560, 64);
+  support::View v527 = arena_.view(64, 1);
+  support::View v560(param32_vit_class_token_m); // updated in place
+  support::View v561(param33_vit_class_token_v); // updated in place
+  {
+    float *__restrict v560p = v560.data();
+    float *__restrict v561p = v561.data();
+    float *__restrict v2p = v2.data();
+    const float *__restrict v360p = v360.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v2p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v360p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v560p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v561p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v2p[i0];
+      const float s31 = (s30 - s29);
+      v560p[i0] = s11;
+      v561p[i0] = s18;
+      v2p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/position_embedding
+  support::View v3(param1_vit_position_embedding); // updated in place
+  support::View v356 = arena_.view(94208, 1088);
+  support::View v588(param34_vit_position_embedding_m); // updated in place
+  support::View v589(param35_vit_position_embedding_v); // updated in place
+  {
+    float *__restrict v588p = v588.data();
+    float *__restrict v589p = v589.data();
+    float *__restrict v3p = v3.data();
+    const float *__restrict v356p = v356.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 1088; ++i0) {
+      const float s0 = v3p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v356p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v588p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v589p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v3p[i0];
+      const float s31 = (s30 - s29);
+      v588p[i0] = s11;
+      v589p[i0] = s18;
+      v3p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/w_head
+  support::View v4(param2_vit_w_head); // updated in place
+  support::View v140 = arena_.view(375936, 640);
+  support::View v608(param36_vit_w_head_m); // updated in place
+  support::View v609(param37_vit_w_head_v); // updated in place
+  {
+    float *__restrict v608p = v608.data();
+    float *__restrict v609p = v609.data();
+    float *__restrict v4p = v4.data();
+    const float *__restrict v140p = v140.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 640; ++i0) {
+      const float s0 = v4p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v140p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v608p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v609p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v4p[i0];
+      const float s31 = (s30 - s29);
+      v608p[i0] = s11;
+      v609p[i0] = s18;
+      v4p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/b_head
+  support::View v5(param3_vit_b_head); // updated in place
+  support::View v138 = arena_.view(379008, 10);
+  support::View v628(param38_vit_b_head_m); // updated in place
+  support::View v629(param39_vit_b_head_v); // updated in place
+  {
+    float *__restrict v628p = v628.data();
+    float *__restrict v629p = v629.data();
+    float *__restrict v5p = v5.data();
+    const float *__restrict v138p = v138.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 10; ++i0) {
+      const float s0 = v5p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v138p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v628p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v629p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v5p[i0];
+      const float s31 = (s30 - s29);
+      v628p[i0] = s11;
+      v629p[i0] = s18;
+      v5p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/embed_patches/w_patch
+  support::View v6(param4_vit_embed_patches_w_patch); // updated in place
+  support::View v362 = arena_.view(81920, 3072);
+  support::View v648(param40_vit_embed_patches_w_patch_m); // updated in place
+  support::View v649(param41_vit_embed_patches_w_patch_v); // updated in place
+  {
+    float *__restrict v648p = v648.data();
+    float *__restrict v649p = v649.data();
+    float *__restrict v6p = v6.data();
+    const float *__restrict v362p = v362.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+      const float s0 = v6p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v362p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v648p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v649p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v6p[i0];
+      const float s31 = (s30 - s29);
+      v648p[i0] = s11;
+      v649p[i0] = s18;
+      v6p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
+  support::View v7(param5_vit_embed_patches_b_patch); // updated in place
+  support::View v361 = arena_.view(98816, 64);
+  support::View v668(param42_vit_embed_patches_b_patch_m); // updated in place
+  support::View v669(param43_vit_embed_patches_b_patch_v); // updated in place
+  {
+    float *__restrict v668p = v668.data();
+    float *__restrict v669p = v669.data();
+    float *__restrict v7p = v7.data();
+    const float *__restrict v361p = v361.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v7p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v361p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v668p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v669p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v7p[i0];
+      const float s31 = (s30 - s29);
+      v668p[i0] = s11;
+      v669p[i0] = s18;
+      v7p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention_scale
+  support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
+  support::View v313 = arena_.view(169472, 64);
+  support::View v688(param44_vit_encoder_layer_0_attention_scale_m); // updated in place
+  support::View v689(param45_vit_encoder_layer_0_attention_scale_v); // updated in place
+  {
+    float *__restrict v688p = v688.data();
+    float *__restrict v689p = v689.data();
+    float *__restrict v23p = v23.data();
+    const float *__restrict v313p = v313.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v23p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v313p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v688p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v689p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v23p[i0];
+      const float s31 = (s30 - s29);
+      v688p[i0] = s11;
+      v689p[i0] = s18;
+      v23p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn_scale
+  support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
+  support::View v264 = arena_.view(195072, 64);
+  support::View v708(param46_vit_encoder_layer_0_ffn_scale_m); // updated in place
+  support::View v709(param47_vit_encoder_layer_0_ffn_scale_v); // updated in place
+  {
+    float *__restrict v708p = v708.data();
+    float *__restrict v709p = v709.data();
+    float *__restrict v24p = v24.data();
+    const float *__restrict v264p = v264.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v24p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v264p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v708p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v709p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v24p[i0];
+      const float s31 = (s30 - s29);
+      v708p[i0] = s11;
+      v709p[i0] = s18;
+      v24p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
+  support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
+  support::View v340 = arena_.view(116480, 64);
+  support::View v728(param48_vit_encoder_layer_0_norm_gain_m); // updated in place
+  support::View v729(param49_vit_encoder_layer_0_norm_gain_v); // updated in place
+  {
+    float *__restrict v728p = v728.data();
+    float *__restrict v729p = v729.data();
+    float *__restrict v25p = v25.data();
+    const float *__restrict v340p = v340.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v25p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v340p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v728p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v729p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v25p[i0];
+      const float s31 = (s30 - s29);
+      v728p[i0] = s11;
+      v729p[i0] = s18;
+      v25p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
+  support::View v26(param9_vit_encoder_layer_0_norm_bias); // updated in place
+  support::View v337 = arena_.view(116224, 64);
+  support::View v748(param50_vit_encoder_layer_0_norm_bias_m); // updated in place
+  support::View v749(param51_vit_encoder_layer_0_norm_bias_v); // updated in place
+  {
+    float *__restrict v748p = v748.data();
+    float *__restrict v749p = v749.data();
+    float *__restrict v26p = v26.data();
+    const float *__restrict v337p = v337.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v26p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v337p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v748p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v749p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v26p[i0];
+      const float s31 = (s30 - s29);
+      v748p[i0] = s11;
+      v749p[i0] = s18;
+      v26p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
+  support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
+  support::View v335 = arena_.view(108032, 2048);
+  support::View v768(param52_vit_encoder_layer_0_attention_w_q_m); // updated in place
+  support::View v769(param53_vit_encoder_layer_0_attention_w_q_v); // updated in place
+  {
+    float *__restrict v768p = v768.data();
+    float *__restrict v769p = v769.data();
+    float *__restrict v30p = v30.data();
+    const float *__restrict v335p = v335.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v30p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v335p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v768p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v769p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v30p[i0];
+      const float s31 = (s30 - s29);
+      v768p[i0] = s11;
+      v769p[i0] = s18;
+      v30p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
+  support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
+  support::View v330 = arena_.view(159232, 2048);
+  support::View v788(param54_vit_encoder_layer_0_attention_w_k_m); // updated in place
+  support::View v789(param55_vit_encoder_layer_0_attention_w_k_v); // updated in place
+  {
+    float *__restrict v788p = v788.data();
+    float *__restrict v789p = v789.data();
+    float *__restrict v31p = v31.data();
+    const float *__restrict v330p = v330.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v31p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v330p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v788p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v789p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v31p[i0];
+      const float s31 = (s30 - s29);
+      v788p[i0] = s11;
+      v789p[i0] = s18;
+      v31p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
+  support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
+  support::View v327 = arena_.view(151040, 2048);
+  support::View v808(param56_vit_encoder_layer_0_attention_w_v_m); // updated in place
+  support::View v809(param57_vit_encoder_layer_0_attention_w_v_v); // updated in place
+  {
+    float *__restrict v808p = v808.data();
+    float *__restrict v809p = v809.data();
+    float *__restrict v32p = v32.data();
+    const float *__restrict v327p = v327.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v32p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v327p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v808p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v809p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v32p[i0];
+      const float s31 = (s30 - s29);
+      v808p[i0] = s11;
+      v809p[i0] = s18;
+      v32p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
+  support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
+  support::View v316 = arena_.view(142848, 2048);
+  support::View v828(param58_vit_encoder_layer_0_attention_w_o_m); // updated in place
+  support::View v829(param59_vit_encoder_layer_0_attention_w_o_v); // updated in place
+  {
+    float *__restrict v828p = v828.data();
+    float *__restrict v829p = v829.data();
+    float *__restrict v33p = v33.data();
+    const float *__restrict v316p = v316.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v33p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v316p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v828p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v829p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v33p[i0];
+      const float s31 = (s30 - s29);
+      v828p[i0] = s11;
+      v829p[i0] = s18;
+      v33p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
+  support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
+  support::View v295 = arena_.view(169216, 64);
+  support::View v848(param60_vit_encoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v849(param61_vit_encoder_layer_0_norm_1_gain_v); // updated in place
+  {
+    float *__restrict v848p = v848.data();
+    float *__restrict v849p = v849.data();
+    float *__restrict v49p = v49.data();
+    const float *__restrict v295p = v295.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v49p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v295p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v848p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v849p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v49p[i0];
+      const float s31 = (s30 - s29);
+      v848p[i0] = s11;
+      v849p[i0] = s18;
+      v49p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
+  support::View v50(param15_vit_encoder_layer_0_norm_1_bias); // updated in place
+  support::View v292 = arena_.view(168960, 64);
+  support::View v868(param62_vit_encoder_layer_0_norm_1_bias_m); // updated in place
+  support::View v869(param63_vit_encoder_layer_0_norm_1_bias_v); // updated in place
+  {
+    float *__restrict v868p = v868.data();
+    float *__restrict v869p = v869.data();
+    float *__restrict v50p = v50.data();
+    const float *__restrict v292p = v292.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v50p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v292p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v868p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v869p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v50p[i0];
+      const float s31 = (s30 - s29);
+      v868p[i0] = s11;
+      v869p[i0] = s18;
+      v50p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
+  support::View v54(param16_vit_encoder_layer_0_ffn_w_in); // updated in place
+  support::View v289 = arena_.view(16384, 4096);
+  support::View v888(param64_vit_encoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v889(param65_vit_encoder_layer_0_ffn_w_in_v); // updated in place
+  {
+    float *__restrict v888p = v888.data();
+    float *__restrict v889p = v889.data();
+    float *__restrict v54p = v54.data();
+    const float *__restrict v289p = v289.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v54p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v289p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v888p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v889p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v54p[i0];
+      const float s31 = (s30 - s29);
+      v888p[i0] = s11;
+      v889p[i0] = s18;
+      v54p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
+  support::View v55(param17_vit_encoder_layer_0_ffn_w_out); // updated in place
+  support::View v269 = arena_.view(32768, 4096);
+  support::View v908(param66_vit_encoder_layer_0_ffn_w_out_m); // updated in place
+  support::View v909(param67_vit_encoder_layer_0_ffn_w_out_v); // updated in place
+  {
+    float *__restrict v908p = v908.data();
+    float *__restrict v909p = v909.data();
+    float *__restrict v55p = v55.data();
+    const float *__restrict v269p = v269.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v55p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v269p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v908p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v909p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v55p[i0];
+      const float s31 = (s30 - s29);
+      v908p[i0] = s11;
+      v909p[i0] = s18;
+      v55p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
+  support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
+  support::View v219 = arena_.view(273920, 64);
+  support::View v928(param68_vit_encoder_layer_1_attention_scale_m); // updated in place
+  support::View v929(param69_vit_encoder_layer_1_attention_scale_v); // updated in place
+  {
+    float *__restrict v928p = v928.data();
+    float *__restrict v929p = v929.data();
+    float *__restrict v67p = v67.data();
+    const float *__restrict v219p = v219.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v67p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v219p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v928p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v929p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v67p[i0];
+      const float s31 = (s30 - s29);
+      v928p[i0] = s11;
+      v929p[i0] = s18;
+      v67p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
+  support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
+  support::View v164 = arena_.view(290816, 64);
+  support::View v948(param70_vit_encoder_layer_1_ffn_scale_m); // updated in place
+  support::View v949(param71_vit_encoder_layer_1_ffn_scale_v); // updated in place
+  {
+    float *__restrict v948p = v948.data();
+    float *__restrict v949p = v949.data();
+    float *__restrict v68p = v68.data();
+    const float *__restrict v164p = v164.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v68p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v164p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v948p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v949p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v68p[i0];
+      const float s31 = (s30 - s29);
+      v948p[i0] = s11;
+      v949p[i0] = s18;
+      v68p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm/gain
+  support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
+  support::View v246 = arena_.view(238336, 64);
+  support::View v968(param72_vit_encoder_layer_1_norm_gain_m); // updated in place
+  support::View v969(param73_vit_encoder_layer_1_norm_gain_v); // updated in place
+  {
+    float *__restrict v968p = v968.data();
+    float *__restrict v969p = v969.data();
+    float *__restrict v69p = v69.data();
+    const float *__restrict v246p = v246.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v69p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v246p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v968p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v969p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v69p[i0];
+      const float s31 = (s30 - s29);
+      v968p[i0] = s11;
+      v969p[i0] = s18;
+      v69p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm/bias
+  support::View v70(param21_vit_encoder_layer_1_norm_bias); // updated in place
+  support::View v243 = arena_.view(238080, 64);
+  support::View v988(param74_vit_encoder_layer_1_norm_bias_m); // updated in place
+  support::View v989(param75_vit_encoder_layer_1_norm_bias_v); // updated in place
+  {
+    float *__restrict v988p = v988.data();
+    float *__restrict v989p = v989.data();
+    float *__restrict v70p = v70.data();
+    const float *__restrict v243p = v243.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v70p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v243p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v988p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v989p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v70p[i0];
+      const float s31 = (s30 - s29);
+      v988p[i0] = s11;
+      v989p[i0] = s18;
+      v70p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_q
+  support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
+  support::View v241 = arena_.view(229888, 2048);
+  support::View v1008(param76_vit_encoder_layer_1_attention_w_q_m); // updated in place
+  support::View v1009(param77_vit_encoder_layer_1_attention_w_q_v); // updated in place
+  {
+    float *__restrict v1008p = v1008.data();
+    float *__restrict v1009p = v1009.data();
+    float *__restrict v74p = v74.data();
+    const float *__restrict v241p = v241.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v74p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v241p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1008p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1009p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v74p[i0];
+      const float s31 = (s30 - s29);
+      v1008p[i0] = s11;
+      v1009p[i0] = s18;
+      v74p[i0] = s31;
+    }
+  }
+}
+
+void TrainVit::runPart13(const Inputs &inputs) {
+  (void)inputs;
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_k
+  support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
+  support::View v236 = arena_.view(263680, 2048);
+  support::View v527 = arena_.view(64, 1);
+  support::View v1028(param78_vit_encoder_layer_1_attention_w_k_m); // updated in place
+  support::View v1029(param79_vit_encoder_layer_1_attention_w_k_v); // updated in place
+  support::View v574 = arena_.view(128, 1);
+  support::View v576 = arena_.view(192, 1);
+  support::View v385 = arena_.view(0, 1);
+  {
+    float *__restrict v1028p = v1028.data();
+    float *__restrict v1029p = v1029.data();
+    float *__restrict v75p = v75.data();
+    const float *__restrict v236p = v236.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v75p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v236p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1028p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1029p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v75p[i0];
+      const float s31 = (s30 - s29);
+      v1028p[i0] = s11;
+      v1029p[i0] = s18;
+      v75p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_v
+  support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
+  support::View v233 = arena_.view(255488, 2048);
+  support::View v1048(param80_vit_encoder_layer_1_attention_w_v_m); // updated in place
+  support::View v1049(param81_vit_encoder_layer_1_attention_w_v_v); // updated in place
+  {
+    float *__restrict v1048p = v1048.data();
+    float *__restrict v1049p = v1049.data();
+    float *__restrict v76p = v76.data();
+    const float *__restrict v233p = v233.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v76p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v233p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1048p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1049p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v76p[i0];
+      const float s31 = (s30 - s29);
+      v1048p[i0] = s11;
+      v1049p[i0] = s18;
+      v76p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_o
+  support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
+  support::View v222 = arena_.view(247296, 2048);
+  support::View v1068(param82_vit_encoder_layer_1_attention_w_o_m); // updated in place
+  support::View v1069(param83_vit_encoder_layer_1_attention_w_o_v); // updated in place
+  {
+    float *__restrict v1068p = v1068.data();
+    float *__restrict v1069p = v1069.data();
+    float *__restrict v77p = v77.data();
+    const float *__restrict v222p = v222.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = v77p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v222p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1068p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1069p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v77p[i0];
+      const float s31 = (s30 - s29);
+      v1068p[i0] = s11;
+      v1069p[i0] = s18;
+      v77p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm#1/gain
+  support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v201 = arena_.view(273664, 64);
+  support::View v1088(param84_vit_encoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v1089(param85_vit_encoder_layer_1_norm_1_gain_v); // updated in place
+  {
+    float *__restrict v1088p = v1088.data();
+    float *__restrict v1089p = v1089.data();
+    float *__restrict v93p = v93.data();
+    const float *__restrict v201p = v201.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v93p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v201p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1088p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1089p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v93p[i0];
+      const float s31 = (s30 - s29);
+      v1088p[i0] = s11;
+      v1089p[i0] = s18;
+      v93p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm#1/bias
+  support::View v94(param27_vit_encoder_layer_1_norm_1_bias); // updated in place
+  support::View v198 = arena_.view(273408, 64);
+  support::View v1108(param86_vit_encoder_layer_1_norm_1_bias_m); // updated in place
+  support::View v1109(param87_vit_encoder_layer_1_norm_1_bias_v); // updated in place
+  {
+    float *__restrict v1108p = v1108.data();
+    float *__restrict v1109p = v1109.data();
+    float *__restrict v94p = v94.data();
+    const float *__restrict v198p = v198.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v94p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v198p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1108p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1109p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v94p[i0];
+      const float s31 = (s30 - s29);
+      v1108p[i0] = s11;
+      v1109p[i0] = s18;
+      v94p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn/w_in
+  support::View v98(param28_vit_encoder_layer_1_ffn_w_in); // updated in place
+  support::View v195 = arena_.view(49152, 4096);
+  support::View v1128(param88_vit_encoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v1129(param89_vit_encoder_layer_1_ffn_w_in_v); // updated in place
+  {
+    float *__restrict v1128p = v1128.data();
+    float *__restrict v1129p = v1129.data();
+    float *__restrict v98p = v98.data();
+    const float *__restrict v195p = v195.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v98p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v195p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1128p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1129p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v98p[i0];
+      const float s31 = (s30 - s29);
+      v1128p[i0] = s11;
+      v1129p[i0] = s18;
+      v98p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn/w_out
+  support::View v99(param29_vit_encoder_layer_1_ffn_w_out); // updated in place
+  support::View v169 = arena_.view(65536, 4096);
+  support::View v1148(param90_vit_encoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v1149(param91_vit_encoder_layer_1_ffn_w_out_v); // updated in place
+  {
+    float *__restrict v1148p = v1148.data();
+    float *__restrict v1149p = v1149.data();
+    float *__restrict v99p = v99.data();
+    const float *__restrict v169p = v169.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = v99p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v169p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1148p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1149p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v99p[i0];
+      const float s31 = (s30 - s29);
+      v1148p[i0] = s11;
+      v1149p[i0] = s18;
+      v99p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/norm/gain
+  support::View v111(param30_vit_norm_gain); // updated in place
+  support::View v146 = arena_.view(378752, 64);
+  support::View v1168(param92_vit_norm_gain_m); // updated in place
+  support::View v1169(param93_vit_norm_gain_v); // updated in place
+  {
+    float *__restrict v1168p = v1168.data();
+    float *__restrict v1169p = v1169.data();
+    float *__restrict v111p = v111.data();
+    const float *__restrict v146p = v146.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v111p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v146p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1168p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1169p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v111p[i0];
+      const float s31 = (s30 - s29);
+      v1168p[i0] = s11;
+      v1169p[i0] = s18;
+      v111p[i0] = s31;
+    }
+  }
+
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 square
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 sqrt
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 div
+  // vit.mesh:112:3 add
+  // vit.mesh:112:3 mul
+  // vit.mesh:112:3 sub -> next/vit/norm/bias
+  support::View v112(param31_vit_norm_bias); // updated in place
+  support::View v143 = arena_.view(378496, 64);
+  support::View v1188(param94_vit_norm_bias_m); // updated in place
+  support::View v1189(param95_vit_norm_bias_v); // updated in place
+  {
+    float *__restrict v1188p = v1188.data();
+    float *__restrict v1189p = v1189.data();
+    float *__restrict v112p = v112.data();
+    const float *__restrict v143p = v143.data();
+    const float *__restrict v527p = v527.data();
+    const float *__restrict v574p = v574.data();
+    const float *__restrict v576p = v576.data();
+    const float *__restrict v385p = v385.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v112p[i0];
+      const float s1 = 0.05f;
+      const float s2 = (s0 * s1);
+      const float s3 = v143p[i0];
+      const float s4 = v527p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = 0.1f;
+      const float s7 = (s5 * s6);
+      const float s8 = v1188p[i0];
+      const float s9 = 0.9f;
+      const float s10 = (s8 * s9);
+      const float s11 = (s10 + s7);
+      const float s12 = s5 * s5;
+      const float s13 = 0.001f;
+      const float s14 = (s12 * s13);
+      const float s15 = v1189p[i0];
+      const float s16 = 0.999f;
+      const float s17 = (s15 * s16);
+      const float s18 = (s17 + s14);
+      const float s19 = v574p[0];
+      const float s20 = (s11 / s19);
+      const float s21 = v576p[0];
+      const float s22 = (s18 / s21);
+      const float s23 = support::fsqrt(s22);
+      const float s24 = 1e-08f;
+      const float s25 = (s23 + s24);
+      const float s26 = (s20 / s25);
+      const float s27 = (s26 + s2);
+      const float s28 = v385p[0];
+      const float s29 = (s27 * s28);
+      const float s30 = v112p[i0];
+      const float s31 = (s30 - s29);
+      v1188p[i0] = s11;
+      v1189p[i0] = s18;
+      v112p[i0] = s31;
+    }
+  }
 }
 
 TrainVit::Inputs TrainVit::synthesizeInputs(uint64_t seed) const {
@@ -7492,7 +7791,7 @@ TrainVit::Inputs TrainVit::synthesizeInputs(uint64_t seed) const {
       inputs.image.data.data(),
       meshrt::kernels::Shard{
           meshrt::kernels::Dims{4, 14, 14, 3},
-          meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2), 0, 0, 0},
+          meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0, 0, 0},
           meshrt::kernels::Dims{2, 14, 14, 3}},
       seed, "image", meshrt::kernels::ValueType::F32);
   inputs.labels.shape = {2};
@@ -7502,7 +7801,7 @@ TrainVit::Inputs TrainVit::synthesizeInputs(uint64_t seed) const {
     meshrt::kernels::fillInput(
         ids.data(),
         meshrt::kernels::Shard{meshrt::kernels::Dims{4},
-                               meshrt::kernels::Dims{meshc::gen::shardStart(world_, {"data"}, 2)},
+                               meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2)},
                                meshrt::kernels::Dims{2}},
         seed, "labels", 10);
     std::copy(ids.begin(), ids.end(), inputs.labels.data.begin());
@@ -7510,36 +7809,34 @@ TrainVit::Inputs TrainVit::synthesizeInputs(uint64_t seed) const {
   return inputs;
 }
 
-meshc::gen::Tensor TrainVit::scatterInput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &global) {
+support::Tensor TrainVit::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &global) {
   if (name == "image") {
-    meshc::gen::checkShape("global input", name, global, {4, 14, 14, 3});
-    return meshc::gen::Tensor{
+    support::checkShape("global input", name, global, {4, 14, 14, 3});
+    return support::Tensor{
         {2, 14, 14, 3},
-        meshc::gen::sliceShard(
+        support::sliceShard(
             global.data, {2, 14, 14, 3}, {588, 42, 3, 1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 2), 0,
-                              0, 0})};
+            support::Shape{support::shardStartOf(world.mesh(), world.rank(), {"data"}, 2), 0, 0,
+                           0})};
   }
   if (name == "labels") {
-    meshc::gen::checkShape("global input", name, global, {4});
-    return meshc::gen::Tensor{
-        {2},
-        meshc::gen::sliceShard(
-            global.data, {2}, {1},
-            meshc::gen::Shape{meshc::gen::shardStartOf(world.mesh(), world.rank(), {"data"}, 2)})};
+    support::checkShape("global input", name, global, {4});
+    return support::Tensor{{2},
+                           support::sliceShard(global.data, {2}, {1},
+                                               support::Shape{support::shardStartOf(
+                                                   world.mesh(), world.rank(), {"data"}, 2)})};
   }
   throw std::invalid_argument("train_vit: no input named '" + name + "'");
 }
 
-meshc::gen::Tensor TrainVit::gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                          const meshc::gen::Tensor &local) {
+support::Tensor TrainVit::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                       const support::Tensor &local) {
   if (name == "loss") {
-    meshc::gen::checkShape("local output", name, local, {});
-    return meshc::gen::Tensor{{},
-                              meshc::gen::gatherShards(world, local.data, {}, {}, [&](int rank) {
-                                return meshc::gen::Shape{};
-                              })};
+    support::checkShape("local output", name, local, {});
+    return support::Tensor{{}, support::gatherShards(world, local.data, {}, {}, [&](int rank) {
+                             return support::Shape{};
+                           })};
   }
   throw std::invalid_argument("train_vit: no output named '" + name + "'");
 }
@@ -7713,7 +8010,7 @@ bool TrainVit::isOptimizerState(const std::string &path) {
   return std::find(states.begin(), states.end(), path) != states.end();
 }
 
-std::vector<meshc::gen::ParamShard> TrainVit::paramShards() {
+std::vector<support::ParamShard> TrainVit::paramShards() {
   return {
       {"vit/class_token",
        false,
@@ -8423,26 +8720,26 @@ std::vector<meshc::gen::ParamShard> TrainVit::paramShards() {
   };
 }
 
-meshc::gen::Tensor TrainVit::getParam(const std::string &path) {
+support::Tensor TrainVit::getParam(const std::string &path) {
   auto shards = paramShards();
-  return meshc::gen::gatherParam(world_, meshc::gen::findParamShard(shards, path, "train_vit"));
+  return support::gatherParam(world_, support::findParamShard(shards, path, "train_vit"));
 }
 
-void TrainVit::setParam(const std::string &path, const meshc::gen::Tensor &global) {
+void TrainVit::setParam(const std::string &path, const support::Tensor &global) {
   auto shards = paramShards();
-  meshc::gen::scatterParam(world_, meshc::gen::findParamShard(shards, path, "train_vit"), global);
+  support::scatterParam(world_, support::findParamShard(shards, path, "train_vit"), global);
 }
 
 void TrainVit::save(const std::string &dir) {
   auto shards = paramShards();
-  meshc::gen::saveParams(
+  support::saveParams(
       world_, dir, shards,
       {step_, {{"program", "train_vit"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
 }
 
 void TrainVit::load(const std::string &dir) {
   auto shards = paramShards();
-  meshrt::CheckpointInfo info = meshc::gen::loadParams(world_, dir, shards);
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
   step_ = info.step;
   if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
     seed_ = std::stoull(seed->second);

@@ -9,17 +9,20 @@
 
 namespace meshc_generated {
 
+/// The support code this target's generated code calls.
+namespace support = meshc::gen;
+
 /// The program `classify` of vit.mesh, planned for the mesh [data=2, model=2] with layout batch:
 /// [data], d_ff: [model], heads: [model].
 class Classify {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor image; // [batch:[data], height, width, channels] local {2, 14, 14, 3}
+    support::Tensor image; // [batch:[data], height, width, channels] local {2, 14, 14, 3}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor probs; // [batch:[data], classes] local {2, 10}
+    support::Tensor probs; // [batch:[data], classes] local {2, 10}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -28,7 +31,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -41,7 +44,9 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 43520;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 480876;
+  static constexpr size_t kTemporaryBytes = 428080;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 320;
 
   /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
   /// order.
@@ -49,24 +54,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -79,80 +84,82 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_model;         // the ranks along model
-  meshc::gen::Buffer param0_vit_class_token; // vit/class_token: [one, d_model] local {1, 64}
-  meshc::gen::Buffer
-      param1_vit_position_embedding;    // vit/position_embedding: [tokens, d_model] local {17, 64}
-  meshc::gen::Buffer param2_vit_w_head; // vit/w_head: [d_model, classes] local {64, 10}
-  meshc::gen::Buffer param3_vit_b_head; // vit/b_head: [classes] local {10}
-  meshc::gen::Buffer
+  meshrt::Communicator &group_model;      // the ranks along model
+  support::Buffer param0_vit_class_token; // vit/class_token: [one, d_model] local {1, 64}
+  support::Buffer
+      param1_vit_position_embedding; // vit/position_embedding: [tokens, d_model] local {17, 64}
+  support::Buffer param2_vit_w_head; // vit/w_head: [d_model, classes] local {64, 10}
+  support::Buffer param3_vit_b_head; // vit/b_head: [classes] local {10}
+  support::Buffer
       param4_vit_embed_patches_w_patch; // vit/embed_patches/w_patch: [pixel_row, pixel_col,
                                         // channels, d_model] local {4, 4, 3, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param5_vit_embed_patches_b_patch; // vit/embed_patches/b_patch: [d_model] local {64}
-  meshc::gen::Buffer param6_vit_encoder_layer_0_attention_scale; // vit/encoder_layer[0]/attention_scale:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param6_vit_encoder_layer_0_attention_scale; // vit/encoder_layer[0]/attention_scale:
+                                                              // [d_model] local {64}
+  support::Buffer
       param7_vit_encoder_layer_0_ffn_scale; // vit/encoder_layer[0]/ffn_scale: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param8_vit_encoder_layer_0_norm_gain; // vit/encoder_layer[0]/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param9_vit_encoder_layer_0_norm_bias; // vit/encoder_layer[0]/norm/bias: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param10_vit_encoder_layer_0_attention_w_q; // vit/encoder_layer[0]/attention/w_q: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param11_vit_encoder_layer_0_attention_w_k; // vit/encoder_layer[0]/attention/w_k: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param12_vit_encoder_layer_0_attention_w_v; // vit/encoder_layer[0]/attention/w_v: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer param13_vit_encoder_layer_0_attention_w_o; // vit/encoder_layer[0]/attention/w_o:
-                                                                // [heads:[model], d_head, d_model]
-                                                                // local {2, 16, 64}
-  meshc::gen::Buffer param14_vit_encoder_layer_0_norm_1_gain; // vit/encoder_layer[0]/norm#1/gain:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param15_vit_encoder_layer_0_norm_1_bias; // vit/encoder_layer[0]/norm#1/bias:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param16_vit_encoder_layer_0_ffn_w_in;    // vit/encoder_layer[0]/ffn/w_in:
-                                                           // [d_model, d_ff:[model]] local {64, 64}
-  meshc::gen::Buffer
-      param17_vit_encoder_layer_0_ffn_w_out; // vit/encoder_layer[0]/ffn/w_out: [d_ff:[model],
-                                             // d_model] local {64, 64}
-  meshc::gen::Buffer param18_vit_encoder_layer_1_attention_scale; // vit/encoder_layer[1]/attention_scale:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param13_vit_encoder_layer_0_attention_w_o; // vit/encoder_layer[0]/attention/w_o:
+                                                             // [heads:[model], d_head, d_model]
+                                                             // local {2, 16, 64}
+  support::Buffer param14_vit_encoder_layer_0_norm_1_gain;   // vit/encoder_layer[0]/norm#1/gain:
+                                                             // [d_model] local {64}
+  support::Buffer param15_vit_encoder_layer_0_norm_1_bias;   // vit/encoder_layer[0]/norm#1/bias:
+                                                             // [d_model] local {64}
+  support::Buffer param16_vit_encoder_layer_0_ffn_w_in;  // vit/encoder_layer[0]/ffn/w_in: [d_model,
+                                                         // d_ff:[model]] local {64, 64}
+  support::Buffer param17_vit_encoder_layer_0_ffn_w_out; // vit/encoder_layer[0]/ffn/w_out:
+                                                         // [d_ff:[model], d_model] local {64, 64}
+  support::Buffer param18_vit_encoder_layer_1_attention_scale; // vit/encoder_layer[1]/attention_scale:
+                                                               // [d_model] local {64}
+  support::Buffer
       param19_vit_encoder_layer_1_ffn_scale; // vit/encoder_layer[1]/ffn_scale: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param20_vit_encoder_layer_1_norm_gain; // vit/encoder_layer[1]/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param21_vit_encoder_layer_1_norm_bias; // vit/encoder_layer[1]/norm/bias: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param22_vit_encoder_layer_1_attention_w_q; // vit/encoder_layer[1]/attention/w_q: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param23_vit_encoder_layer_1_attention_w_k; // vit/encoder_layer[1]/attention/w_k: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param24_vit_encoder_layer_1_attention_w_v; // vit/encoder_layer[1]/attention/w_v: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer param25_vit_encoder_layer_1_attention_w_o; // vit/encoder_layer[1]/attention/w_o:
-                                                                // [heads:[model], d_head, d_model]
-                                                                // local {2, 16, 64}
-  meshc::gen::Buffer param26_vit_encoder_layer_1_norm_1_gain; // vit/encoder_layer[1]/norm#1/gain:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param27_vit_encoder_layer_1_norm_1_bias; // vit/encoder_layer[1]/norm#1/bias:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param28_vit_encoder_layer_1_ffn_w_in;    // vit/encoder_layer[1]/ffn/w_in:
-                                                           // [d_model, d_ff:[model]] local {64, 64}
-  meshc::gen::Buffer
-      param29_vit_encoder_layer_1_ffn_w_out; // vit/encoder_layer[1]/ffn/w_out: [d_ff:[model],
-                                             // d_model] local {64, 64}
-  meshc::gen::Buffer param30_vit_norm_gain;  // vit/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer param31_vit_norm_bias;  // vit/norm/bias: [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes};     // run()'s temporaries
+  support::Buffer param25_vit_encoder_layer_1_attention_w_o; // vit/encoder_layer[1]/attention/w_o:
+                                                             // [heads:[model], d_head, d_model]
+                                                             // local {2, 16, 64}
+  support::Buffer param26_vit_encoder_layer_1_norm_1_gain;   // vit/encoder_layer[1]/norm#1/gain:
+                                                             // [d_model] local {64}
+  support::Buffer param27_vit_encoder_layer_1_norm_1_bias;   // vit/encoder_layer[1]/norm#1/bias:
+                                                             // [d_model] local {64}
+  support::Buffer param28_vit_encoder_layer_1_ffn_w_in;  // vit/encoder_layer[1]/ffn/w_in: [d_model,
+                                                         // d_ff:[model]] local {64, 64}
+  support::Buffer param29_vit_encoder_layer_1_ffn_w_out; // vit/encoder_layer[1]/ffn/w_out:
+                                                         // [d_ff:[model], d_model] local {64, 64}
+  support::Buffer param30_vit_norm_gain;                 // vit/norm/gain: [d_model] local {64}
+  support::Buffer param31_vit_norm_bias;                 // vit/norm/bias: [d_model] local {64}
+  support::Arena arena_{kArenaBytes};                    // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};          // computed in the constructor
 };
 
 /// The train block `train_vit` of vit.mesh, planned for the mesh [data=2, model=2] with layout
@@ -161,12 +168,12 @@ class TrainVit {
 public:
   /// This rank's local shards of the inputs (row-major over the local shape).
   struct Inputs {
-    meshc::gen::Tensor image;  // [batch:[data], height, width, channels] local {2, 14, 14, 3}
-    meshc::gen::Tensor labels; // [batch:[data]] local {2}
+    support::Tensor image;  // [batch:[data], height, width, channels] local {2, 14, 14, 3}
+    support::Tensor labels; // [batch:[data]] local {2}
   };
   /// This rank's local shards of the outputs.
   struct Outputs {
-    meshc::gen::Tensor loss; // [] local {}
+    support::Tensor loss; // [] local {}
   };
 
   /// The mesh the plan was made for; the communicator must be over it.
@@ -175,7 +182,7 @@ public:
   static std::vector<std::string> inputNames();
   static std::vector<std::string> outputNames();
   /// The global shape of the input `name` (what scatterInput takes).
-  static meshc::gen::Shape inputShape(const std::string &name);
+  static support::Shape inputShape(const std::string &name);
 
   /// Creates the subgroups this program uses and initializes this rank's parameter shards from
   /// `seed` (the same global values on every mesh).
@@ -186,9 +193,11 @@ public:
   Outputs run(const Inputs &inputs);
 
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
-  static constexpr size_t kArenaBytes = 379328;
+  static constexpr size_t kArenaBytes = 379136;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 2573404;
+  static constexpr size_t kTemporaryBytes = 1436564;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 2048;
 
   /// One training step on this rank's shards (collective): forward, backward and the optimizer's
   /// update, applied to the params; increments the step counter. Returns the global loss (every
@@ -205,24 +214,24 @@ public:
   /// Whether `path` is a slot of optimizer state (not a weight of the model).
   static bool isOptimizerState(const std::string &path);
   /// This rank's param shards with their global shapes and layouts (for checkpoints).
-  std::vector<meshc::gen::ParamShard> paramShards();
+  std::vector<support::ParamShard> paramShards();
   /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
-  meshc::gen::Tensor getParam(const std::string &path);
+  support::Tensor getParam(const std::string &path);
   /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
   /// std::invalid_argument on an unknown path or a wrong shape.
-  void setParam(const std::string &path, const meshc::gen::Tensor &global);
+  void setParam(const std::string &path, const support::Tensor &global);
 
   /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
   /// by global element index).
   Inputs synthesizeInputs(uint64_t seed) const;
 
   /// This rank's shard of the global input `name` (no communication).
-  static meshc::gen::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &global);
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
   /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
   /// whole tensor).
-  static meshc::gen::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
-                                         const meshc::gen::Tensor &local);
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
 
   /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
   /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
@@ -235,226 +244,231 @@ public:
   void load(const std::string &dir);
 
 private:
+  void runPart0(const Inputs &inputs);
+  void runPart1(const Inputs &inputs);
+  void runPart2(const Inputs &inputs);
+  void runPart3(const Inputs &inputs);
+  void runPart4(const Inputs &inputs);
+  void runPart5(const Inputs &inputs);
+  void runPart6(const Inputs &inputs);
+  void runPart7(const Inputs &inputs);
+  void runPart8(const Inputs &inputs);
+  void runPart9(const Inputs &inputs);
+  void runPart10(const Inputs &inputs);
+  void runPart11(const Inputs &inputs);
+  void runPart12(const Inputs &inputs);
+  void runPart13(const Inputs &inputs);
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
-  meshrt::Communicator &group_data;          // the ranks along data
-  meshrt::Communicator &group_model;         // the ranks along model
-  meshc::gen::Buffer param0_vit_class_token; // vit/class_token: [one, d_model] local {1, 64}
-  meshc::gen::Buffer
-      param1_vit_position_embedding;    // vit/position_embedding: [tokens, d_model] local {17, 64}
-  meshc::gen::Buffer param2_vit_w_head; // vit/w_head: [d_model, classes] local {64, 10}
-  meshc::gen::Buffer param3_vit_b_head; // vit/b_head: [classes] local {10}
-  meshc::gen::Buffer
+  meshrt::Communicator &group_data;       // the ranks along data
+  meshrt::Communicator &group_model;      // the ranks along model
+  support::Buffer param0_vit_class_token; // vit/class_token: [one, d_model] local {1, 64}
+  support::Buffer
+      param1_vit_position_embedding; // vit/position_embedding: [tokens, d_model] local {17, 64}
+  support::Buffer param2_vit_w_head; // vit/w_head: [d_model, classes] local {64, 10}
+  support::Buffer param3_vit_b_head; // vit/b_head: [classes] local {10}
+  support::Buffer
       param4_vit_embed_patches_w_patch; // vit/embed_patches/w_patch: [pixel_row, pixel_col,
                                         // channels, d_model] local {4, 4, 3, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param5_vit_embed_patches_b_patch; // vit/embed_patches/b_patch: [d_model] local {64}
-  meshc::gen::Buffer param6_vit_encoder_layer_0_attention_scale; // vit/encoder_layer[0]/attention_scale:
-                                                                 // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param6_vit_encoder_layer_0_attention_scale; // vit/encoder_layer[0]/attention_scale:
+                                                              // [d_model] local {64}
+  support::Buffer
       param7_vit_encoder_layer_0_ffn_scale; // vit/encoder_layer[0]/ffn_scale: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param8_vit_encoder_layer_0_norm_gain; // vit/encoder_layer[0]/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param9_vit_encoder_layer_0_norm_bias; // vit/encoder_layer[0]/norm/bias: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param10_vit_encoder_layer_0_attention_w_q; // vit/encoder_layer[0]/attention/w_q: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param11_vit_encoder_layer_0_attention_w_k; // vit/encoder_layer[0]/attention/w_k: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param12_vit_encoder_layer_0_attention_w_v; // vit/encoder_layer[0]/attention/w_v: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer param13_vit_encoder_layer_0_attention_w_o; // vit/encoder_layer[0]/attention/w_o:
-                                                                // [heads:[model], d_head, d_model]
-                                                                // local {2, 16, 64}
-  meshc::gen::Buffer param14_vit_encoder_layer_0_norm_1_gain; // vit/encoder_layer[0]/norm#1/gain:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param15_vit_encoder_layer_0_norm_1_bias; // vit/encoder_layer[0]/norm#1/bias:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param16_vit_encoder_layer_0_ffn_w_in;    // vit/encoder_layer[0]/ffn/w_in:
-                                                           // [d_model, d_ff:[model]] local {64, 64}
-  meshc::gen::Buffer
-      param17_vit_encoder_layer_0_ffn_w_out; // vit/encoder_layer[0]/ffn/w_out: [d_ff:[model],
-                                             // d_model] local {64, 64}
-  meshc::gen::Buffer param18_vit_encoder_layer_1_attention_scale; // vit/encoder_layer[1]/attention_scale:
-                                                                  // [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer param13_vit_encoder_layer_0_attention_w_o; // vit/encoder_layer[0]/attention/w_o:
+                                                             // [heads:[model], d_head, d_model]
+                                                             // local {2, 16, 64}
+  support::Buffer param14_vit_encoder_layer_0_norm_1_gain;   // vit/encoder_layer[0]/norm#1/gain:
+                                                             // [d_model] local {64}
+  support::Buffer param15_vit_encoder_layer_0_norm_1_bias;   // vit/encoder_layer[0]/norm#1/bias:
+                                                             // [d_model] local {64}
+  support::Buffer param16_vit_encoder_layer_0_ffn_w_in;  // vit/encoder_layer[0]/ffn/w_in: [d_model,
+                                                         // d_ff:[model]] local {64, 64}
+  support::Buffer param17_vit_encoder_layer_0_ffn_w_out; // vit/encoder_layer[0]/ffn/w_out:
+                                                         // [d_ff:[model], d_model] local {64, 64}
+  support::Buffer param18_vit_encoder_layer_1_attention_scale; // vit/encoder_layer[1]/attention_scale:
+                                                               // [d_model] local {64}
+  support::Buffer
       param19_vit_encoder_layer_1_ffn_scale; // vit/encoder_layer[1]/ffn_scale: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param20_vit_encoder_layer_1_norm_gain; // vit/encoder_layer[1]/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param21_vit_encoder_layer_1_norm_bias; // vit/encoder_layer[1]/norm/bias: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param22_vit_encoder_layer_1_attention_w_q; // vit/encoder_layer[1]/attention/w_q: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param23_vit_encoder_layer_1_attention_w_k; // vit/encoder_layer[1]/attention/w_k: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer
+  support::Buffer
       param24_vit_encoder_layer_1_attention_w_v; // vit/encoder_layer[1]/attention/w_v: [d_model,
                                                  // heads:[model], d_head] local {64, 2, 16}
-  meshc::gen::Buffer param25_vit_encoder_layer_1_attention_w_o; // vit/encoder_layer[1]/attention/w_o:
-                                                                // [heads:[model], d_head, d_model]
-                                                                // local {2, 16, 64}
-  meshc::gen::Buffer param26_vit_encoder_layer_1_norm_1_gain; // vit/encoder_layer[1]/norm#1/gain:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param27_vit_encoder_layer_1_norm_1_bias; // vit/encoder_layer[1]/norm#1/bias:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param28_vit_encoder_layer_1_ffn_w_in;    // vit/encoder_layer[1]/ffn/w_in:
-                                                           // [d_model, d_ff:[model]] local {64, 64}
-  meshc::gen::Buffer
-      param29_vit_encoder_layer_1_ffn_w_out;    // vit/encoder_layer[1]/ffn/w_out: [d_ff:[model],
-                                                // d_model] local {64, 64}
-  meshc::gen::Buffer param30_vit_norm_gain;     // vit/norm/gain: [d_model] local {64}
-  meshc::gen::Buffer param31_vit_norm_bias;     // vit/norm/bias: [d_model] local {64}
-  meshc::gen::Buffer param32_vit_class_token_m; // vit/class_token@m: [one, d_model] local {1, 64}
-  meshc::gen::Buffer param33_vit_class_token_v; // vit/class_token@v: [one, d_model] local {1, 64}
-  meshc::gen::Buffer param34_vit_position_embedding_m; // vit/position_embedding@m: [tokens,
-                                                       // d_model] local {17, 64}
-  meshc::gen::Buffer param35_vit_position_embedding_v; // vit/position_embedding@v: [tokens,
-                                                       // d_model] local {17, 64}
-  meshc::gen::Buffer param36_vit_w_head_m; // vit/w_head@m: [d_model, classes] local {64, 10}
-  meshc::gen::Buffer param37_vit_w_head_v; // vit/w_head@v: [d_model, classes] local {64, 10}
-  meshc::gen::Buffer param38_vit_b_head_m; // vit/b_head@m: [classes] local {10}
-  meshc::gen::Buffer param39_vit_b_head_v; // vit/b_head@v: [classes] local {10}
-  meshc::gen::Buffer
+  support::Buffer param25_vit_encoder_layer_1_attention_w_o; // vit/encoder_layer[1]/attention/w_o:
+                                                             // [heads:[model], d_head, d_model]
+                                                             // local {2, 16, 64}
+  support::Buffer param26_vit_encoder_layer_1_norm_1_gain;   // vit/encoder_layer[1]/norm#1/gain:
+                                                             // [d_model] local {64}
+  support::Buffer param27_vit_encoder_layer_1_norm_1_bias;   // vit/encoder_layer[1]/norm#1/bias:
+                                                             // [d_model] local {64}
+  support::Buffer param28_vit_encoder_layer_1_ffn_w_in;  // vit/encoder_layer[1]/ffn/w_in: [d_model,
+                                                         // d_ff:[model]] local {64, 64}
+  support::Buffer param29_vit_encoder_layer_1_ffn_w_out; // vit/encoder_layer[1]/ffn/w_out:
+                                                         // [d_ff:[model], d_model] local {64, 64}
+  support::Buffer param30_vit_norm_gain;                 // vit/norm/gain: [d_model] local {64}
+  support::Buffer param31_vit_norm_bias;                 // vit/norm/bias: [d_model] local {64}
+  support::Buffer param32_vit_class_token_m; // vit/class_token@m: [one, d_model] local {1, 64}
+  support::Buffer param33_vit_class_token_v; // vit/class_token@v: [one, d_model] local {1, 64}
+  support::Buffer param34_vit_position_embedding_m; // vit/position_embedding@m: [tokens, d_model]
+                                                    // local {17, 64}
+  support::Buffer param35_vit_position_embedding_v; // vit/position_embedding@v: [tokens, d_model]
+                                                    // local {17, 64}
+  support::Buffer param36_vit_w_head_m; // vit/w_head@m: [d_model, classes] local {64, 10}
+  support::Buffer param37_vit_w_head_v; // vit/w_head@v: [d_model, classes] local {64, 10}
+  support::Buffer param38_vit_b_head_m; // vit/b_head@m: [classes] local {10}
+  support::Buffer param39_vit_b_head_v; // vit/b_head@v: [classes] local {10}
+  support::Buffer
       param40_vit_embed_patches_w_patch_m; // vit/embed_patches/w_patch@m: [pixel_row, pixel_col,
                                            // channels, d_model] local {4, 4, 3, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param41_vit_embed_patches_w_patch_v; // vit/embed_patches/w_patch@v: [pixel_row, pixel_col,
                                            // channels, d_model] local {4, 4, 3, 64}
-  meshc::gen::Buffer
+  support::Buffer
       param42_vit_embed_patches_b_patch_m; // vit/embed_patches/b_patch@m: [d_model] local {64}
-  meshc::gen::Buffer
+  support::Buffer
       param43_vit_embed_patches_b_patch_v; // vit/embed_patches/b_patch@v: [d_model] local {64}
-  meshc::gen::Buffer param44_vit_encoder_layer_0_attention_scale_m; // vit/encoder_layer[0]/attention_scale@m:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param45_vit_encoder_layer_0_attention_scale_v; // vit/encoder_layer[0]/attention_scale@v:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param46_vit_encoder_layer_0_ffn_scale_m; // vit/encoder_layer[0]/ffn_scale@m:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param47_vit_encoder_layer_0_ffn_scale_v; // vit/encoder_layer[0]/ffn_scale@v:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param48_vit_encoder_layer_0_norm_gain_m; // vit/encoder_layer[0]/norm/gain@m:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param49_vit_encoder_layer_0_norm_gain_v; // vit/encoder_layer[0]/norm/gain@v:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param50_vit_encoder_layer_0_norm_bias_m; // vit/encoder_layer[0]/norm/bias@m:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param51_vit_encoder_layer_0_norm_bias_v; // vit/encoder_layer[0]/norm/bias@v:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param52_vit_encoder_layer_0_attention_w_q_m; // vit/encoder_layer[0]/attention/w_q@m:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param53_vit_encoder_layer_0_attention_w_q_v; // vit/encoder_layer[0]/attention/w_q@v:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param54_vit_encoder_layer_0_attention_w_k_m; // vit/encoder_layer[0]/attention/w_k@m:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param55_vit_encoder_layer_0_attention_w_k_v; // vit/encoder_layer[0]/attention/w_k@v:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param56_vit_encoder_layer_0_attention_w_v_m; // vit/encoder_layer[0]/attention/w_v@m:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param57_vit_encoder_layer_0_attention_w_v_v; // vit/encoder_layer[0]/attention/w_v@v:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param58_vit_encoder_layer_0_attention_w_o_m; // vit/encoder_layer[0]/attention/w_o@m:
-                                                                  // [heads:[model], d_head,
-                                                                  // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param59_vit_encoder_layer_0_attention_w_o_v; // vit/encoder_layer[0]/attention/w_o@v:
-                                                                  // [heads:[model], d_head,
-                                                                  // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param60_vit_encoder_layer_0_norm_1_gain_m; // vit/encoder_layer[0]/norm#1/gain@m:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param61_vit_encoder_layer_0_norm_1_gain_v; // vit/encoder_layer[0]/norm#1/gain@v:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param62_vit_encoder_layer_0_norm_1_bias_m; // vit/encoder_layer[0]/norm#1/bias@m:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param63_vit_encoder_layer_0_norm_1_bias_v; // vit/encoder_layer[0]/norm#1/bias@v:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer
-      param64_vit_encoder_layer_0_ffn_w_in_m; // vit/encoder_layer[0]/ffn/w_in@m: [d_model,
-                                              // d_ff:[model]] local {64, 64}
-  meshc::gen::Buffer
-      param65_vit_encoder_layer_0_ffn_w_in_v; // vit/encoder_layer[0]/ffn/w_in@v: [d_model,
-                                              // d_ff:[model]] local {64, 64}
-  meshc::gen::Buffer
-      param66_vit_encoder_layer_0_ffn_w_out_m; // vit/encoder_layer[0]/ffn/w_out@m: [d_ff:[model],
-                                               // d_model] local {64, 64}
-  meshc::gen::Buffer
-      param67_vit_encoder_layer_0_ffn_w_out_v; // vit/encoder_layer[0]/ffn/w_out@v: [d_ff:[model],
-                                               // d_model] local {64, 64}
-  meshc::gen::Buffer param68_vit_encoder_layer_1_attention_scale_m; // vit/encoder_layer[1]/attention_scale@m:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param69_vit_encoder_layer_1_attention_scale_v; // vit/encoder_layer[1]/attention_scale@v:
-                                                                    // [d_model] local {64}
-  meshc::gen::Buffer param70_vit_encoder_layer_1_ffn_scale_m; // vit/encoder_layer[1]/ffn_scale@m:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param71_vit_encoder_layer_1_ffn_scale_v; // vit/encoder_layer[1]/ffn_scale@v:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param72_vit_encoder_layer_1_norm_gain_m; // vit/encoder_layer[1]/norm/gain@m:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param73_vit_encoder_layer_1_norm_gain_v; // vit/encoder_layer[1]/norm/gain@v:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param74_vit_encoder_layer_1_norm_bias_m; // vit/encoder_layer[1]/norm/bias@m:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param75_vit_encoder_layer_1_norm_bias_v; // vit/encoder_layer[1]/norm/bias@v:
-                                                              // [d_model] local {64}
-  meshc::gen::Buffer param76_vit_encoder_layer_1_attention_w_q_m; // vit/encoder_layer[1]/attention/w_q@m:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param77_vit_encoder_layer_1_attention_w_q_v; // vit/encoder_layer[1]/attention/w_q@v:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param78_vit_encoder_layer_1_attention_w_k_m; // vit/encoder_layer[1]/attention/w_k@m:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param79_vit_encoder_layer_1_attention_w_k_v; // vit/encoder_layer[1]/attention/w_k@v:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param80_vit_encoder_layer_1_attention_w_v_m; // vit/encoder_layer[1]/attention/w_v@m:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param81_vit_encoder_layer_1_attention_w_v_v; // vit/encoder_layer[1]/attention/w_v@v:
-                                                                  // [d_model, heads:[model],
-                                                                  // d_head] local {64, 2, 16}
-  meshc::gen::Buffer param82_vit_encoder_layer_1_attention_w_o_m; // vit/encoder_layer[1]/attention/w_o@m:
-                                                                  // [heads:[model], d_head,
-                                                                  // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param83_vit_encoder_layer_1_attention_w_o_v; // vit/encoder_layer[1]/attention/w_o@v:
-                                                                  // [heads:[model], d_head,
-                                                                  // d_model] local {2, 16, 64}
-  meshc::gen::Buffer param84_vit_encoder_layer_1_norm_1_gain_m; // vit/encoder_layer[1]/norm#1/gain@m:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param85_vit_encoder_layer_1_norm_1_gain_v; // vit/encoder_layer[1]/norm#1/gain@v:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param86_vit_encoder_layer_1_norm_1_bias_m; // vit/encoder_layer[1]/norm#1/bias@m:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer param87_vit_encoder_layer_1_norm_1_bias_v; // vit/encoder_layer[1]/norm#1/bias@v:
-                                                                // [d_model] local {64}
-  meshc::gen::Buffer
-      param88_vit_encoder_layer_1_ffn_w_in_m; // vit/encoder_layer[1]/ffn/w_in@m: [d_model,
-                                              // d_ff:[model]] local {64, 64}
-  meshc::gen::Buffer
-      param89_vit_encoder_layer_1_ffn_w_in_v; // vit/encoder_layer[1]/ffn/w_in@v: [d_model,
-                                              // d_ff:[model]] local {64, 64}
-  meshc::gen::Buffer
-      param90_vit_encoder_layer_1_ffn_w_out_m; // vit/encoder_layer[1]/ffn/w_out@m: [d_ff:[model],
-                                               // d_model] local {64, 64}
-  meshc::gen::Buffer
-      param91_vit_encoder_layer_1_ffn_w_out_v; // vit/encoder_layer[1]/ffn/w_out@v: [d_ff:[model],
-                                               // d_model] local {64, 64}
-  meshc::gen::Buffer param92_vit_norm_gain_m;  // vit/norm/gain@m: [d_model] local {64}
-  meshc::gen::Buffer param93_vit_norm_gain_v;  // vit/norm/gain@v: [d_model] local {64}
-  meshc::gen::Buffer param94_vit_norm_bias_m;  // vit/norm/bias@m: [d_model] local {64}
-  meshc::gen::Buffer param95_vit_norm_bias_v;  // vit/norm/bias@v: [d_model] local {64}
-  meshc::gen::Arena arena_{kArenaBytes};       // run()'s temporaries
+  support::Buffer param44_vit_encoder_layer_0_attention_scale_m; // vit/encoder_layer[0]/attention_scale@m:
+                                                                 // [d_model] local {64}
+  support::Buffer param45_vit_encoder_layer_0_attention_scale_v; // vit/encoder_layer[0]/attention_scale@v:
+                                                                 // [d_model] local {64}
+  support::Buffer param46_vit_encoder_layer_0_ffn_scale_m;     // vit/encoder_layer[0]/ffn_scale@m:
+                                                               // [d_model] local {64}
+  support::Buffer param47_vit_encoder_layer_0_ffn_scale_v;     // vit/encoder_layer[0]/ffn_scale@v:
+                                                               // [d_model] local {64}
+  support::Buffer param48_vit_encoder_layer_0_norm_gain_m;     // vit/encoder_layer[0]/norm/gain@m:
+                                                               // [d_model] local {64}
+  support::Buffer param49_vit_encoder_layer_0_norm_gain_v;     // vit/encoder_layer[0]/norm/gain@v:
+                                                               // [d_model] local {64}
+  support::Buffer param50_vit_encoder_layer_0_norm_bias_m;     // vit/encoder_layer[0]/norm/bias@m:
+                                                               // [d_model] local {64}
+  support::Buffer param51_vit_encoder_layer_0_norm_bias_v;     // vit/encoder_layer[0]/norm/bias@v:
+                                                               // [d_model] local {64}
+  support::Buffer param52_vit_encoder_layer_0_attention_w_q_m; // vit/encoder_layer[0]/attention/w_q@m:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param53_vit_encoder_layer_0_attention_w_q_v; // vit/encoder_layer[0]/attention/w_q@v:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param54_vit_encoder_layer_0_attention_w_k_m; // vit/encoder_layer[0]/attention/w_k@m:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param55_vit_encoder_layer_0_attention_w_k_v; // vit/encoder_layer[0]/attention/w_k@v:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param56_vit_encoder_layer_0_attention_w_v_m; // vit/encoder_layer[0]/attention/w_v@m:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param57_vit_encoder_layer_0_attention_w_v_v; // vit/encoder_layer[0]/attention/w_v@v:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param58_vit_encoder_layer_0_attention_w_o_m; // vit/encoder_layer[0]/attention/w_o@m:
+                                                               // [heads:[model], d_head, d_model]
+                                                               // local {2, 16, 64}
+  support::Buffer param59_vit_encoder_layer_0_attention_w_o_v; // vit/encoder_layer[0]/attention/w_o@v:
+                                                               // [heads:[model], d_head, d_model]
+                                                               // local {2, 16, 64}
+  support::Buffer param60_vit_encoder_layer_0_norm_1_gain_m; // vit/encoder_layer[0]/norm#1/gain@m:
+                                                             // [d_model] local {64}
+  support::Buffer param61_vit_encoder_layer_0_norm_1_gain_v; // vit/encoder_layer[0]/norm#1/gain@v:
+                                                             // [d_model] local {64}
+  support::Buffer param62_vit_encoder_layer_0_norm_1_bias_m; // vit/encoder_layer[0]/norm#1/bias@m:
+                                                             // [d_model] local {64}
+  support::Buffer param63_vit_encoder_layer_0_norm_1_bias_v; // vit/encoder_layer[0]/norm#1/bias@v:
+                                                             // [d_model] local {64}
+  support::Buffer param64_vit_encoder_layer_0_ffn_w_in_m;    // vit/encoder_layer[0]/ffn/w_in@m:
+                                                          // [d_model, d_ff:[model]] local {64, 64}
+  support::Buffer param65_vit_encoder_layer_0_ffn_w_in_v;  // vit/encoder_layer[0]/ffn/w_in@v:
+                                                           // [d_model, d_ff:[model]] local {64, 64}
+  support::Buffer param66_vit_encoder_layer_0_ffn_w_out_m; // vit/encoder_layer[0]/ffn/w_out@m:
+                                                           // [d_ff:[model], d_model] local {64, 64}
+  support::Buffer param67_vit_encoder_layer_0_ffn_w_out_v; // vit/encoder_layer[0]/ffn/w_out@v:
+                                                           // [d_ff:[model], d_model] local {64, 64}
+  support::Buffer param68_vit_encoder_layer_1_attention_scale_m; // vit/encoder_layer[1]/attention_scale@m:
+                                                                 // [d_model] local {64}
+  support::Buffer param69_vit_encoder_layer_1_attention_scale_v; // vit/encoder_layer[1]/attention_scale@v:
+                                                                 // [d_model] local {64}
+  support::Buffer param70_vit_encoder_layer_1_ffn_scale_m;     // vit/encoder_layer[1]/ffn_scale@m:
+                                                               // [d_model] local {64}
+  support::Buffer param71_vit_encoder_layer_1_ffn_scale_v;     // vit/encoder_layer[1]/ffn_scale@v:
+                                                               // [d_model] local {64}
+  support::Buffer param72_vit_encoder_layer_1_norm_gain_m;     // vit/encoder_layer[1]/norm/gain@m:
+                                                               // [d_model] local {64}
+  support::Buffer param73_vit_encoder_layer_1_norm_gain_v;     // vit/encoder_layer[1]/norm/gain@v:
+                                                               // [d_model] local {64}
+  support::Buffer param74_vit_encoder_layer_1_norm_bias_m;     // vit/encoder_layer[1]/norm/bias@m:
+                                                               // [d_model] local {64}
+  support::Buffer param75_vit_encoder_layer_1_norm_bias_v;     // vit/encoder_layer[1]/norm/bias@v:
+                                                               // [d_model] local {64}
+  support::Buffer param76_vit_encoder_layer_1_attention_w_q_m; // vit/encoder_layer[1]/attention/w_q@m:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param77_vit_encoder_layer_1_attention_w_q_v; // vit/encoder_layer[1]/attention/w_q@v:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param78_vit_encoder_layer_1_attention_w_k_m; // vit/encoder_layer[1]/attention/w_k@m:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param79_vit_encoder_layer_1_attention_w_k_v; // vit/encoder_layer[1]/attention/w_k@v:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param80_vit_encoder_layer_1_attention_w_v_m; // vit/encoder_layer[1]/attention/w_v@m:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param81_vit_encoder_layer_1_attention_w_v_v; // vit/encoder_layer[1]/attention/w_v@v:
+                                                               // [d_model, heads:[model], d_head]
+                                                               // local {64, 2, 16}
+  support::Buffer param82_vit_encoder_layer_1_attention_w_o_m; // vit/encoder_layer[1]/attention/w_o@m:
+                                                               // [heads:[model], d_head, d_model]
+                                                               // local {2, 16, 64}
+  support::Buffer param83_vit_encoder_layer_1_attention_w_o_v; // vit/encoder_layer[1]/attention/w_o@v:
+                                                               // [heads:[model], d_head, d_model]
+                                                               // local {2, 16, 64}
+  support::Buffer param84_vit_encoder_layer_1_norm_1_gain_m; // vit/encoder_layer[1]/norm#1/gain@m:
+                                                             // [d_model] local {64}
+  support::Buffer param85_vit_encoder_layer_1_norm_1_gain_v; // vit/encoder_layer[1]/norm#1/gain@v:
+                                                             // [d_model] local {64}
+  support::Buffer param86_vit_encoder_layer_1_norm_1_bias_m; // vit/encoder_layer[1]/norm#1/bias@m:
+                                                             // [d_model] local {64}
+  support::Buffer param87_vit_encoder_layer_1_norm_1_bias_v; // vit/encoder_layer[1]/norm#1/bias@v:
+                                                             // [d_model] local {64}
+  support::Buffer param88_vit_encoder_layer_1_ffn_w_in_m;    // vit/encoder_layer[1]/ffn/w_in@m:
+                                                          // [d_model, d_ff:[model]] local {64, 64}
+  support::Buffer param89_vit_encoder_layer_1_ffn_w_in_v;  // vit/encoder_layer[1]/ffn/w_in@v:
+                                                           // [d_model, d_ff:[model]] local {64, 64}
+  support::Buffer param90_vit_encoder_layer_1_ffn_w_out_m; // vit/encoder_layer[1]/ffn/w_out@m:
+                                                           // [d_ff:[model], d_model] local {64, 64}
+  support::Buffer param91_vit_encoder_layer_1_ffn_w_out_v; // vit/encoder_layer[1]/ffn/w_out@v:
+                                                           // [d_ff:[model], d_model] local {64, 64}
+  support::Buffer param92_vit_norm_gain_m;                 // vit/norm/gain@m: [d_model] local {64}
+  support::Buffer param93_vit_norm_gain_v;                 // vit/norm/gain@v: [d_model] local {64}
+  support::Buffer param94_vit_norm_bias_m;                 // vit/norm/bias@m: [d_model] local {64}
+  support::Buffer param95_vit_norm_bias_v;                 // vit/norm/bias@v: [d_model] local {64}
+  support::Arena arena_{kArenaBytes};                      // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes};            // computed in the constructor
 };
 
 } // namespace meshc_generated
