@@ -97,12 +97,16 @@ MESHRT_HD inline double bitsToUnit(uint32_t bits) {
   return (double(bits >> 9) + 0.5) * (1.0 / 8388608.0);
 }
 
-/// One Box-Muller output from a word pair: the cosine branch for even elements, the sine branch
-/// for odd ones. The one formula used by both the per-element and the run paths, so that they
-/// agree bit for bit.
-MESHRT_HD inline double boxMuller(uint32_t radiusBits, uint32_t angleBits, bool sine) {
-  double radius = std::sqrt(-2.0 * std::log(bitsToUnit(radiusBits)));
-  double angle = 6.283185307179586476925 * bitsToUnit(angleBits);
+/// Box-Muller from a word pair: radius from the first word, angle from the second; the cosine
+/// branch is the even element's value, the sine branch the odd one's. The one formula of both
+/// the per-element and the run paths, so that they agree bit for bit.
+MESHRT_HD inline double boxMullerRadius(uint32_t bits) {
+  return std::sqrt(-2.0 * std::log(bitsToUnit(bits)));
+}
+MESHRT_HD inline double boxMullerAngle(uint32_t bits) {
+  return 6.283185307179586476925 * bitsToUnit(bits);
+}
+MESHRT_HD inline double boxMullerBranch(double radius, double angle, bool sine) {
   return radius * (sine ? std::sin(angle) : std::cos(angle));
 }
 
@@ -115,7 +119,8 @@ MESHRT_HD inline double uniform01(uint64_t key, uint64_t index, uint32_t draw = 
 MESHRT_HD inline double normal(uint64_t key, uint64_t index, uint32_t draw = 0) {
   Philox4x32 bits = randomBlock(key, index >> 2, draw);
   unsigned pair = unsigned(index & 2);
-  return boxMuller(bits.v[pair], bits.v[pair + 1], (index & 1) != 0);
+  return boxMullerBranch(boxMullerRadius(bits.v[pair]), boxMullerAngle(bits.v[pair + 1]),
+                         (index & 1) != 0);
 }
 
 /// A uniform integer in [0, bound) for 0 < bound <= 2^32 (multiply-shift; bias < bound/2^32).
@@ -188,18 +193,19 @@ inline void forEachUniformIndex(uint64_t key, uint64_t first, uint64_t count, ui
   });
 }
 
-/// fn(k, normal(key, first + k, draw)).
+/// fn(k, normal(key, first + k, draw)): one radius and angle per pair of elements.
 template <typename Fn>
 inline void forEachNormal(uint64_t key, uint64_t first, uint64_t count, Fn&& fn,
                           uint32_t draw = 0) {
-  uint64_t index = first, end = first + count;
-  while (index < end) {
-    Philox4x32 bits = randomBlock(key, index >> 2, draw);
-    uint64_t blockEnd = (index | 3) + 1;
-    if (blockEnd > end) blockEnd = end;
-    for (; index < blockEnd; ++index) {
-      unsigned pair = unsigned(index & 2);
-      fn(index - first, boxMuller(bits.v[pair], bits.v[pair + 1], (index & 1) != 0));
+  uint64_t end = first + count;
+  for (uint64_t pairStart = first & ~uint64_t(1); pairStart < end; pairStart += 2) {
+    Philox4x32 bits = randomBlock(key, pairStart >> 2, draw);
+    for (; pairStart < end; pairStart += 2) {
+      unsigned pair = unsigned(pairStart & 2);
+      double radius = boxMullerRadius(bits.v[pair]), angle = boxMullerAngle(bits.v[pair + 1]);
+      if (pairStart >= first) fn(pairStart - first, boxMullerBranch(radius, angle, false));
+      if (pairStart + 1 < end) fn(pairStart + 1 - first, boxMullerBranch(radius, angle, true));
+      if (pair == 2) break; // the call's last pair: the next pair needs the next call
     }
   }
 }
