@@ -7,6 +7,7 @@
 // and built with nvcc instead, and runs on one GPU per rank.
 #include "driver/Driver.h"
 #include "driver/Toolchain.h"
+#include "interp/Tolerance.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/SmallString.h>
@@ -74,11 +75,14 @@ cl::opt<std::string> runCudaMath("cuda-math",
                                  cl::value_desc("mode"), cl::init("fp32"), cl::sub(runSubcommand),
                                  cl::cat(runCategory));
 cl::opt<bool> runCheck("check",
-                       cl::desc("Compare the outputs with the reference interpreter's "
-                                "(f32: relative error <= --tol; bf16/f16: <= 1e-2)"),
+                       cl::desc("Compare the outputs with the reference interpreter's: every "
+                                "element within atol + rtol |expected|, rtol per dtype, atol = "
+                                "rtol x the tensor's RMS (docs/tool.md)"),
                        cl::sub(runSubcommand), cl::cat(runCategory));
-cl::opt<double> runTolerance("tol", cl::desc("The f32 tolerance of --check (default 1e-4)"),
-                             cl::init(1e-4), cl::sub(runSubcommand), cl::cat(runCategory));
+cl::opt<double> runTolerance("tol",
+                             cl::desc("Replaces the f32 rtol of --check (default 1024 x 2^-24 "
+                                      "= 6.1e-5, times 1 + steps)"),
+                             cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<std::string> runData("data",
                              cl::desc("Read the inputs from <file> (tensors named "
                                       "<function>.<input> in the format of --dump-outputs); "
@@ -214,15 +218,43 @@ bool readOutputs(const std::string& path, std::map<std::string, OutputTensor>& t
   return true;
 }
 
-/// compare_outputs.py's rule: the error of a tensor is max|actual - expected| over the largest
-/// finite |expected|; NaN and infinities must match exactly.
-bool compareOutputs(const std::string& actualPath, const std::string& expectedPath) {
+/// The narrowest float dtype the run computes in, whose rounding all outputs carry: bf16 or f16
+/// when the program's IR has values of that dtype, or when the CUDA einsums run in bf16 / tf32
+/// (tf32 keeps f16's 10 mantissa bits); empty for f32 throughout.
+std::string computeDtype(const std::string& meshc, const std::string& workDir) {
+  std::vector<std::string> args = programArgs(meshc);
+  args.push_back("--emit=ir");
+  std::string out = pathIn(workDir, "program.ir"), error;
+  std::string ir = execute(args, out, "", error) == 0 ? readFile(out) : std::string();
+  auto computes = [&](llvm::StringRef dtype) {
+    for (size_t at = ir.find((dtype + "[").str()); at != std::string::npos;
+         at = ir.find((dtype + "[").str(), at + 1))
+      if (at == 0 || !llvm::isAlnum(ir[at - 1])) return true;
+    return false;
+  };
+  bool onGpus = runBackend == Backend::Nccl;
+  if (computes("bf16") || (onGpus && runCudaMath == "bf16")) return "bf16";
+  if (computes("f16") || (onGpus && runCudaMath == "tf32")) return "f16";
+  return "";
+}
+
+/// tests/e2e/compare_outputs.py's rule (interp/Tolerance.h): every element within
+/// atol + rtol |expected|; NaN and infinities must match exactly.
+bool compareOutputs(const std::string& actualPath, const std::string& expectedPath,
+                    const std::string& compute) {
   std::map<std::string, OutputTensor> actual, expected;
   if (!readOutputs(actualPath, actual) || !readOutputs(expectedPath, expected)) {
     fail(kExitInternalError,
          "malformed output files '" + actualPath + "' / '" + expectedPath + "'");
     return false;
   }
+  std::optional<double> f32Rtol;
+  if (runTolerance.getNumOccurrences()) f32Rtol = runTolerance;
+  std::vector<double> floats;
+  for (const auto& [name, tensor] : expected)
+    if (interp::unitRoundoff(tensor.dtype))
+      floats.insert(floats.end(), tensor.values.begin(), tensor.values.end());
+  double typicalScale = interp::rootMeanSquare(floats);
   bool ok = true;
   for (const auto& [name, want] : expected) {
     auto got = actual.find(name);
@@ -231,23 +263,17 @@ bool compareOutputs(const std::string& actualPath, const std::string& expectedPa
       ok = false;
       continue;
     }
-    double scale = 1e-30, error = 0;
-    for (double w : want.values)
-      if (std::isfinite(w)) scale = std::max(scale, std::fabs(w));
-    for (size_t i = 0; i < want.values.size(); ++i) {
-      double g = got->second.values[i], w = want.values[i];
-      if (!std::isfinite(g) || !std::isfinite(w)) {
-        if (!(g == w || (std::isnan(g) && std::isnan(w)))) error = INFINITY;
-        continue;
-      }
-      error = std::max(error, std::fabs(g - w) / scale);
-    }
-    double tolerance = want.dtype == "bf16" || want.dtype == "f16" ? 1e-2 : runTolerance;
-    bool pass = error <= tolerance;
-    ok = ok && pass;
-    llvm::outs() << fmt::format("  {} {} {}[{}]: max relative error {:.3g} (tolerance {:g})\n",
-                                pass ? "ok  " : "FAIL", name, want.dtype,
-                                fmt::join(want.shape, ", "), error, tolerance);
+    interp::Comparison c = interp::compareWithTolerance(got->second.values, want.values, want.dtype,
+                                                        runSteps, compute, typicalScale, f32Rtol);
+    ok = ok && c.pass;
+    llvm::outs() << fmt::format("  {} {} {}[{}]: error/tolerance {:.3g} (rtol {:.3g}, atol "
+                                "{:.3g}; passes from rtol {:.3g})",
+                                c.pass ? "ok  " : "FAIL", name, want.dtype,
+                                fmt::join(want.shape, ", "), c.ratio, c.rtol, c.atol, c.neededRtol);
+    if (c.ratio > 0)
+      llvm::outs() << fmt::format("; worst at [{}]: {:.9g} vs {:.9g}", c.worstIndex, c.worstActual,
+                                  c.worstExpected);
+    llvm::outs() << "\n";
   }
   return ok;
 }
@@ -445,7 +471,7 @@ int runCommand(const char* argv0) {
     if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
     checkSeconds = secondsSince(start);
     llvm::outs() << "check against the reference interpreter:\n";
-    matches = compareOutputs(actual, expected);
+    matches = compareOutputs(actual, expected, computeDtype(toolchain.meshc, workDir));
   }
   llvm::outs() << fmt::format("meshc run: compile {:.2f} s, build {:.2f} s{}, run {:.2f} s",
                               compileSeconds, buildSeconds, cached ? " (cached)" : "", runSeconds);

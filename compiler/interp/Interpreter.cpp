@@ -215,16 +215,6 @@ llvm::Error opError(const Op& op, fmt::format_string<Args...> format, Args&&... 
 // Random sources
 //===------------------------------------------------------------------------------------------===//
 
-/// Standard normal conditioned on |z| <= 2: redraws with draw numbers 1, 2, ... (no rejection
-/// of other elements' counters, so it stays element-local and layout-invariant).
-double truncatedNormal(uint64_t key, uint64_t index) {
-  for (uint32_t draw = 0; draw < 1000; ++draw) {
-    double z = meshrt::normal(key, index, draw);
-    if (std::fabs(z) <= 2.0) return z;
-  }
-  return 0;
-}
-
 /// Performer's positive orthogonal random features: rows in blocks of `cols` are orthonormalized
 /// Gaussian rows (modified Gram-Schmidt, two passes), each scaled to the norm of an independent
 /// Gaussian vector (draw 1), so rows are marginally Gaussian yet orthogonal within a block.
@@ -238,8 +228,8 @@ void fillOrthogonal(std::vector<double>& data, int64_t rows, int64_t cols, uint6
     for (int64_t r = 0; r < blockRows; ++r) {
       std::vector<double>& row = block[r];
       int64_t base = (blockStart + r) * cols;
-      for (int64_t c = 0; c < cols; ++c)
-        row[c] = meshrt::normal(key, uint64_t(base + c));
+      meshrt::forEachNormal(key, uint64_t(base), uint64_t(cols),
+                            [&](uint64_t c, double z) { row[c] = z; });
       for (int pass = 0; pass < 2; ++pass) {
         for (int64_t prev = 0; prev < r; ++prev) {
           double dot = 0;
@@ -257,10 +247,8 @@ void fillOrthogonal(std::vector<double>& data, int64_t rows, int64_t cols, uint6
         for (double& x : row)
           x /= norm;
       double chi = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        double z = meshrt::normal(key, uint64_t(base + c), 1);
-        chi += z * z;
-      }
+      meshrt::forEachNormal(
+          key, uint64_t(base), uint64_t(cols), [&](uint64_t, double z) { chi += z * z; }, 1);
       chi = std::sqrt(chi);
       for (int64_t c = 0; c < cols; ++c)
         data[base + c] = row[c] * chi * scale;
@@ -286,16 +274,16 @@ llvm::Expected<Tensor> initialize(const ir::ParamInfo& param, uint64_t seed) {
     std::fill(data.begin(), data.end(), arg("value", 0));
   } else if (init.kind == "normal") {
     double mean = arg("mean", 0), stddev = arg("stddev", 1);
-    for (int64_t i = 0; i < count; ++i)
-      data[i] = mean + stddev * meshrt::normal(key, uint64_t(i));
+    meshrt::forEachNormal(key, 0, uint64_t(count),
+                          [&](uint64_t i, double z) { data[i] = mean + stddev * z; });
   } else if (init.kind == "truncated_normal") {
     double mean = arg("mean", 0), stddev = arg("stddev", 1);
-    for (int64_t i = 0; i < count; ++i)
-      data[i] = mean + stddev * truncatedNormal(key, uint64_t(i));
+    meshrt::forEachTruncatedNormal(key, 0, uint64_t(count),
+                                   [&](uint64_t i, double z) { data[i] = mean + stddev * z; });
   } else if (init.kind == "uniform") {
     double low = arg("min", 0), high = arg("max", 1);
-    for (int64_t i = 0; i < count; ++i)
-      data[i] = low + (high - low) * meshrt::uniform01(key, uint64_t(i));
+    meshrt::forEachUniform01(key, 0, uint64_t(count),
+                             [&](uint64_t i, double u) { data[i] = low + (high - low) * u; });
   } else if (init.kind == "orthogonal") {
     int64_t rows = param.type.dims.empty() ? 1 : param.type.dims.front().size;
     int64_t cols = rows > 0 ? count / rows : 0;
@@ -841,14 +829,15 @@ llvm::Error Interpreter::random(const Op& op, Tensor& out) {
     auto mean = number(op, "mean"), stddev = number(op, "stddev");
     if (!mean) return mean.takeError();
     if (!stddev) return stddev.takeError();
-    for (int64_t i = 0; i < count; ++i)
-      out.data[i] = *mean + *stddev * meshrt::normal(key, uint64_t(i));
+    meshrt::forEachNormal(key, 0, uint64_t(count),
+                          [&](uint64_t i, double z) { out.data[i] = *mean + *stddev * z; });
   } else {
     auto low = number(op, "min"), high = number(op, "max");
     if (!low) return low.takeError();
     if (!high) return high.takeError();
-    for (int64_t i = 0; i < count; ++i)
-      out.data[i] = *low + (*high - *low) * meshrt::uniform01(key, uint64_t(i));
+    meshrt::forEachUniform01(key, 0, uint64_t(count), [&](uint64_t i, double u) {
+      out.data[i] = *low + (*high - *low) * u;
+    });
   }
   return llvm::Error::success();
 }
@@ -1337,7 +1326,7 @@ llvm::Error Interpreter::dropout(const Op& op, Tensor& out) {
   double scale = *rate < 1 ? 1 / (1 - *rate) : 0.0;
   forEachIndex<2>(out.type.dims, {&outStrides, &inStrides}, {0, 0},
                   [&](const std::array<int64_t, 2>& at) {
-                    bool keep = meshrt::uniform01(key, uint64_t(at[0])) >= *rate;
+                    bool keep = meshrt::dropoutKeep(key, uint64_t(at[0]), *rate);
                     out.data[at[0]] = keep ? in.data[at[1]] * scale : 0.0;
                   });
   return llvm::Error::success();
@@ -1352,11 +1341,11 @@ Tensor synthesizeInput(const ir::InputInfo& input, uint64_t seed) {
   if (input.type.dtype == DType::I32) {
     uint64_t bound = input.indexBound > 0 ? uint64_t(input.indexBound) : 2;
     bound = std::min<uint64_t>(bound, uint64_t(1) << 31);
-    for (int64_t i = 0; i < count; ++i)
-      tensor.data[i] = double(meshrt::uniformIndex(key, uint64_t(i), bound));
+    meshrt::forEachUniformIndex(key, 0, uint64_t(count), bound,
+                                [&](uint64_t i, uint32_t value) { tensor.data[i] = value; });
   } else {
-    for (int64_t i = 0; i < count; ++i)
-      tensor.data[i] = meshrt::normal(key, uint64_t(i));
+    meshrt::forEachNormal(key, 0, uint64_t(count),
+                          [&](uint64_t i, double z) { tensor.data[i] = z; });
   }
   roundToType(tensor);
   return tensor;

@@ -234,3 +234,38 @@ TEST_CASE("arena slots are aligned, zeroed, filled or copied, and bounds-checked
   CHECK_THROWS_AS(arena.slot(4, 1), std::logic_error);    // misaligned
   CHECK_NOTHROW(arena.slot(192, 16));
 }
+
+TEST_CASE("dropout keeps exactly meshrt::dropoutKeep's elements on any shard",
+          "[codegen][support]") {
+  // A [4, 6] shard of a global [8, 10] tensor at offset (2, 3): its rows are runs of global
+  // indices that start and end inside Philox calls. The input is read transposed (strides
+  // {1, 4}), and a permuted output (global strides {1, 8}: no unit stride innermost) takes the
+  // per-element path. Both must keep element i iff meshrt::dropoutKeep(key, i, rate).
+  const int64_t rows = 4, cols = 6, globalCols = 10;
+  const double rate = 0.4, scale = 1 / (1 - rate);
+  uint64_t key = meshrt::streamKey(3, "ffn/dropout#0#5");
+  Buffer in = randomBuffer(size_t(rows * cols), 9);
+  int64_t base = 2 * globalCols + 3;
+  Buffer out(size_t(rows * cols));
+  meshc::gen::dropout(out.data(), {rows, cols}, in.data(), {1, rows}, {globalCols, 1}, base, key,
+                      rate);
+  int kept = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      INFO("row " << r << " col " << c);
+      float x = in[size_t(c * rows + r)];
+      bool keep = meshrt::dropoutKeep(key, uint64_t(base + r * globalCols + c), rate);
+      kept += keep;
+      CHECK(out[size_t(r * cols + c)] == (keep ? float(double(x) * scale) : 0.0f));
+    }
+  CHECK(kept > 0);
+  CHECK(kept < rows * cols);
+  Buffer permuted(size_t(rows * cols));
+  meshc::gen::dropout(permuted.data(), {cols, rows}, in.data(), {rows, 1}, {1, 8}, 5, key, rate);
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      bool keep = meshrt::dropoutKeep(key, uint64_t(5 + c + r * 8), rate);
+      CHECK(permuted[size_t(c * rows + r)] ==
+            (keep ? float(double(in[size_t(c * rows + r)]) * scale) : 0.0f));
+    }
+}

@@ -7,16 +7,18 @@ tests/e2e/CheckpointDriver.cpp against each, and runs them on the threads backen
 
 Programs (--output NAME): the first configuration, constructed with seed 0, runs and saves; every
 configuration, constructed with seed 99 (other parameters) and loading the checkpoint, must then
-compute the same output: bit for bit on the saving mesh and layout, within --tol on the others. A
-control run with seed 99 that loads nothing must differ (so the load is what makes them equal).
+compute the same output: bit for bit on the saving mesh and layout, within tolerance.py's rule on
+the others (against another mesh's run: both_approximate). A control run with seed 99 that loads
+nothing must differ (so the load is what makes them equal).
 
 Train blocks (--train): the first configuration trains 2N steps uninterrupted (losses U), and N
 steps then saves (its losses must be U's first N, bit for bit); every configuration, constructed
 with seed 99 and loading the checkpoint, trains N more steps: bit for bit U's last N on the saving
-mesh and layout, within --tol on the others.
+mesh and layout, within tolerance.py's rule on the others (the k-th resumed loss has been through
+k updates on another mesh than U's).
 
 Usage: checkpoint_case.py --meshc M --example X.mesh --class C (--output NAME | --train) --workdir
-       DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT... [--steps N] [--tol X]"""
+       DIR --cxx C++ --include DIR... --lib LIB... --config MESH|LAYOUT... [--steps N]"""
 import argparse
 import os
 import shutil
@@ -26,16 +28,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from checked_run import run  # noqa: E402
 from compare_outputs import read_outputs  # noqa: E402
+from tolerance import compare_values, compute_dtype_of, typical_scale  # noqa: E402
+
+
+def overrides_of(config):
+    """meshc's options for a configuration `mesh|layout` ("own": the file's layout)."""
+    mesh, layout = config.split("|")
+    return ["--mesh", mesh] + ([] if layout == "own" else ["--layout", layout])
 
 
 def build(args, index, config):
-    mesh, layout = config.split("|")
     stem = os.path.splitext(os.path.basename(args.example))[0]
     workdir = os.path.join(args.workdir, f"config{index}")
     os.makedirs(workdir, exist_ok=True)
     base = os.path.join(workdir, stem)
-    overrides = ["--mesh", mesh] + ([] if layout == "own" else ["--layout", layout])
-    run([args.meshc, args.example, "--emit=cpp", "-o", base] + overrides)
+    run([args.meshc, args.example, "--emit=cpp", "-o", base] + overrides_of(config))
     unity = base + ".ckpt.cpp"
     with open(unity, "w") as f:
         f.write(f'#include "{stem}.cpp"\n#include "{os.path.join(HERE, "CheckpointDriver.cpp")}"\n')
@@ -57,15 +64,23 @@ def values(tensors):
     return {name: list(values) for name, (_, _, values) in tensors.items()}
 
 
-def max_relative_error(actual, expected):
-    worst = 0.0
-    for name, want in expected.items():
-        got = actual[name]
+def compare_resumed(actual, expected, train, compute):
+    """tolerance.py's rule against the saving mesh's run: a train block's losses one by one (the
+    k-th after k updates on the other mesh), a program's outputs after none. Returns (ok, the
+    worst verdict's description)."""
+    verdicts = []
+    file_rms = typical_scale(expected)
+    for name, (dtype, _, want) in expected.items():
+        got = actual[name][2] if name in actual else []
         if len(got) != len(want):
-            return float("inf")
-        scale = max(max((abs(v) for v in want), default=0.0), 1e-30)
-        worst = max(worst, max((abs(a - b) / scale for a, b in zip(got, want)), default=0.0))
-    return worst
+            return False, f"{name}: {len(got)} values, expected {len(want)}"
+        if train:
+            verdicts += [(name, compare_values([g], [w], dtype, k, compute, True, file_rms))
+                         for k, (g, w) in enumerate(zip(got, want))]
+        else:
+            verdicts.append((name, compare_values(got, want, dtype, 0, compute, True, file_rms)))
+    name, worst = max(verdicts, key=lambda item: item[1].ratio)
+    return all(v.ok for _, v in verdicts), f"worst {name}: {worst.describe()}"
 
 
 def main():
@@ -81,12 +96,12 @@ def main():
     parser.add_argument("--lib", action="append", default=[])
     parser.add_argument("--config", action="append", required=True)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--tol", type=float, default=1e-5)
     args = parser.parse_args()
     if not args.train and not args.output:
         parser.error("give --output NAME (a program) or --train")
     os.makedirs(args.workdir, exist_ok=True)
     binaries = [build(args, i, config) for i, config in enumerate(args.config)]
+    compute = compute_dtype_of(args.meshc, args.example, overrides_of(args.config[0]))
     checkpoint = os.path.join(args.workdir, "checkpoint")
     shutil.rmtree(checkpoint, ignore_errors=True)
     out = lambda name: os.path.join(args.workdir, name + ".out")  # noqa: E731
@@ -97,30 +112,28 @@ def main():
         whole, text = outputs(binaries[0], 0, None, 2 * n, None, out("uninterrupted"))
         print(f"{args.config[0]}, {2 * n} steps uninterrupted:\n{text}", end="")
         first, _ = outputs(binaries[0], 0, None, n, checkpoint, out("first"))
-        expected_first = whole["losses"][2][:n]
-        expected_rest = {"losses": list(whole["losses"][2][n:])}
-        if list(first["losses"][2]) != list(expected_first):
+        dtype, _, losses = whole["losses"]
+        expected_rest = {"losses": (dtype, [n], list(losses[n:]))}
+        if list(first["losses"][2]) != list(losses[:n]):
             failures.append(f"the first {n} steps differ from the uninterrupted run's")
     else:
         reference, _ = outputs(binaries[0], 0, None, 0, checkpoint, out("reference"))
         control, _ = outputs(binaries[0], 99, None, 0, None, out("control"))
-        expected_rest = values(reference)
-        if max_relative_error(values(control), expected_rest) == 0:
+        expected_rest = reference
+        if values(control) == values(reference):
             failures.append("seed 99 computes the same output as seed 0: the test shows nothing")
 
     for i, (config, binary) in enumerate(zip(args.config, binaries)):
         resumed, text = outputs(binary, 99, checkpoint, args.steps if args.train else 0, None,
                                 out(f"resumed{i}"))
-        got = values(resumed)
-        error = max_relative_error(got, expected_rest)
+        ok, verdict = compare_resumed(resumed, expected_rest, args.train, compute)
         if i == 0:
-            verdict = "bit-identical" if got == expected_rest else f"DIFFERS (max rel {error:.3g})"
-            if got != expected_rest:
+            identical = values(resumed) == values(expected_rest)
+            verdict = "bit-identical" if identical else f"DIFFERS ({verdict})"
+            if not identical:
                 failures.append(f"{config}: the resumed run is not bit-identical")
-        else:
-            verdict = f"max relative error {error:.3g} (tolerance {args.tol})"
-            if error > args.tol:
-                failures.append(f"{config}: {verdict}")
+        elif not ok:
+            failures.append(f"{config}: {verdict}")
         print(f"loaded on {config}: {verdict}")
         if args.train:
             print(text, end="")

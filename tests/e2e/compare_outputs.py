@@ -3,15 +3,19 @@
 `meshc --emit=run --dump-outputs`. Format, per tensor: a text line
 "tensor <name> <dtype> <rank> <sizes...>\\n" followed by prod(sizes) little-endian float64s.
 
-The error of a tensor is max|actual - expected| / max(max|expected|, 1e-30) (relative to the
-tensor's largest magnitude, so values near zero after cancellation do not blow it up); a tensor
-passes when that is <= its tolerance. Usage: compare_outputs.py ACTUAL EXPECTED [--tol X]
-[--tol-bf16 X]. Exit status 0 when every tensor of EXPECTED is in ACTUAL with the same shape and
-passes."""
+Each element must satisfy tolerance.py's rule |a - e| <= atol + rtol |e| (rtol per dtype, atol
+= rtol times the expected tensor's RMS). Usage: compare_outputs.py ACTUAL EXPECTED
+[--compute-dtype bf16|f16]
+[--steps N]. Exit status 0 when every tensor of
+EXPECTED is in ACTUAL with the same shape and passes."""
 import argparse
 import math
+import os
 import struct
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tolerance import compare_values, typical_scale  # noqa: E402
 
 
 def read_outputs(path):
@@ -34,19 +38,15 @@ def read_outputs(path):
     return tensors
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("actual")
-    parser.add_argument("expected")
-    parser.add_argument("--tol", type=float, default=1e-4)
-    parser.add_argument("--tol-bf16", type=float, default=1e-2)
-    args = parser.parse_args()
-    actual, expected = read_outputs(args.actual), read_outputs(args.expected)
+def compare_files(actual_path, expected_path, steps=0, compute_dtype=None,
+                  both_approximate=False):
+    """Prints one line per tensor of EXPECTED; returns whether all pass."""
+    actual, expected = read_outputs(actual_path), read_outputs(expected_path)
+    file_rms = typical_scale(expected)
     ok = True
-    worst = 0.0
     for name, (dtype, shape, want) in expected.items():
         if name not in actual:
-            print(f"FAIL {name}: missing from {args.actual}")
+            print(f"FAIL {name}: missing from {actual_path}")
             ok = False
             continue
         got_dtype, got_shape, got = actual[name]
@@ -54,20 +54,23 @@ def main():
             print(f"FAIL {name}: shape {got_shape}, expected {shape}")
             ok = False
             continue
-        scale = max([abs(v) for v in want if math.isfinite(v)] + [1e-30])
-        error = 0.0
-        for g, w in zip(got, want):
-            if math.isnan(w) or math.isnan(g) or math.isinf(w) or math.isinf(g):
-                if not (g == w or (math.isnan(g) and math.isnan(w))):
-                    error = math.inf
-                continue
-            error = max(error, abs(g - w) / scale)
-        tol = args.tol_bf16 if dtype in ("bf16", "f16") else args.tol
-        status = "ok  " if error <= tol else "FAIL"
-        ok = ok and error <= tol
-        worst = max(worst, error)
-        print(f"{status} {name} {dtype}{shape}: max relative error {error:.3g} (tolerance {tol:g})")
-    print(f"max relative error {worst:.3g}")
+        verdict = compare_values(got, want, dtype, steps, compute_dtype, both_approximate,
+                                 file_rms)
+        ok = ok and verdict.ok
+        print(f"{'ok  ' if verdict.ok else 'FAIL'} {name} {dtype}{shape}: {verdict.describe()}")
+    return ok
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("actual")
+    parser.add_argument("expected")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="optimizer updates the values went through")
+    parser.add_argument("--compute-dtype", choices=["bf16", "f16"],
+                        help="the narrowest float dtype the program computes in")
+    args = parser.parse_args()
+    ok = compare_files(args.actual, args.expected, args.steps, args.compute_dtype)
     return 0 if ok else 1
 
 

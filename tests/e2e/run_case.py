@@ -3,7 +3,7 @@
 a mesh and layout, build the generated code (one translation unit, -O1), run it (on the threads
 backend, or as MPI processes with --launcher "mpirun -np 4" --backend mpi), and compare its
 gathered outputs with the reference interpreter's (`meshc --emit=run --dump-outputs`) through
-compare_outputs.py.
+compare_outputs.py (the rule of tolerance.py).
 
 Usage: run_case.py --meshc M --example X.mesh --workdir DIR --cxx C++ --include DIR... --lib LIB...
        [--mesh data=2,model=2] [--layout auto] [--seed N] [--print-plan] [--meshc-arg=OPT]...
@@ -17,13 +17,13 @@ meshrt_kernels, meshrt, OpenBLAS.
 Exit status 0 when every output matches within tolerance."""
 import argparse
 import os
-import re
 import shlex
-import subprocess
 import sys
 import time
 
 from checked_run import run
+from compare_outputs import compare_files
+from tolerance import compute_dtype_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,8 +44,6 @@ def main():
     parser.add_argument("--seed", default="0")
     parser.add_argument("--opt", default="-O1")
     parser.add_argument("--print-plan", action="store_true")
-    parser.add_argument("--tol", default="1e-4")
-    parser.add_argument("--tol-narrow", default="1e-2")
     parser.add_argument("--backend", choices=["threads", "mpi"],
                         help="the generated runner's --backend (default: its own choice)")
     parser.add_argument("--expect-backend", choices=["threads", "mpi"],
@@ -109,21 +107,13 @@ def main():
     print(run([args.meshc, args.example, "--emit=run", "--seed", args.seed, "--dump-outputs",
                expected] + overrides), end="")
     print(f"meshc {compile_s:.2f} s, c++ {build_s:.2f} s, run {run_s:.2f} s")
-    # Programs that compute in bf16/f16 get a looser tolerance: a contraction over a split dim
-    # rounds each rank's partial sum to the narrow dtype before the all-reduce (as on real
-    # hardware), where the interpreter rounds the whole sum once; each rounding is up to 2^-9
-    # (bf16) relative, so outputs may differ by a few bf16 ulps of the partials.
-    ir = run([args.meshc, args.example, "--emit=ir"] + overrides)
-    narrow = re.search(r"\b(bf16|f16)\[", ir) is not None
-    tol = args.tol_narrow if narrow else args.tol
-    if narrow:
-        print(f"the program computes in bf16/f16: tolerance {tol}")
-    result = subprocess.run([sys.executable, os.path.join(HERE, "compare_outputs.py"), actual,
-                             expected, "--tol", tol, "--tol-bf16", args.tol_narrow],
-                            capture_output=True, text=True)
-    sys.stdout.write(result.stdout)
-    return result.returncode
-
+    # A program that computes in bf16/f16 rounds each op's result to that dtype (and each rank's
+    # partial sums before an all-reduce, where the interpreter rounds the whole sum once), so all
+    # its outputs, f32 ones included, carry that dtype's rounding: tolerance.py's compute dtype.
+    compute = compute_dtype_of(args.meshc, args.example, overrides)
+    if compute:
+        print(f"the program computes in {compute}: its tolerance applies to every output")
+    return 0 if compare_files(actual, expected, compute_dtype=compute) else 1
 
 if __name__ == "__main__":
     sys.exit(main())

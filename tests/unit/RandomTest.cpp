@@ -1,4 +1,6 @@
-// The layout-invariant RNG: Philox4x32-10 known answers, distribution statistics, stream keys.
+// The layout-invariant RNG: Philox4x32-10 known answers, the stream definition (element i takes
+// word i mod 4 of the call with counter i / 4), the run helpers against the per-element
+// functions, distribution statistics, stream keys.
 #include "meshrt/Random.h"
 
 #include <catch2/catch.hpp>
@@ -46,13 +48,102 @@ TEST_CASE("philox4x32-10 matches the Random123 known answers", "[random]") {
               {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}});
 }
 
-TEST_CASE("randomBits lays the index and draw into the counter", "[random]") {
+TEST_CASE("randomBlock lays the block number and draw into the counter", "[random]") {
   uint64_t key = 0x0123456789abcdefull;
-  uint64_t index = 0x0000000500000007ull;
+  uint64_t block = 0x0000000500000007ull;
   Philox4x32 direct = philox4x32({{7, 5, 3, 0}}, 0x89abcdef, 0x01234567);
-  Philox4x32 viaIndex = randomBits(key, index, 3);
+  Philox4x32 viaBlock = randomBlock(key, block, 3);
   for (int i = 0; i < 4; ++i)
-    CHECK(direct.v[i] == viaIndex.v[i]);
+    CHECK(direct.v[i] == viaBlock.v[i]);
+}
+
+TEST_CASE("element i takes word i mod 4 of the call with counter i / 4", "[random]") {
+  uint64_t key = streamKey(5, "input/x");
+  for (uint64_t index : {0ull, 1ull, 2ull, 3ull, 4ull, 7ull, 1001ull, 0x0000000500000007ull,
+                         0xfffffffffffffffeull}) {
+    for (uint32_t draw : {0u, 2u}) {
+      INFO("index " << index << " draw " << draw);
+      Philox4x32 call = philox4x32({{uint32_t(index / 4), uint32_t((index / 4) >> 32), draw, 0}},
+                                   uint32_t(key), uint32_t(key >> 32));
+      uint32_t word = call.v[index % 4];
+      CHECK(randomWord(key, index, draw) == word);
+      CHECK(uniform01(key, index, draw) == bitsToUnit(word));
+      CHECK(uniformIndex(key, index, 1000, draw) == uint32_t((uint64_t(word) * 1000) >> 32));
+      // Box-Muller on the word pair of the element's half of the call: cos for even, sin for odd.
+      uint32_t pair = uint32_t(index % 4) & 2u;
+      double radius = std::sqrt(-2.0 * std::log(bitsToUnit(call.v[pair])));
+      double angle = 6.283185307179586476925 * bitsToUnit(call.v[pair + 1]);
+      CHECK(normal(key, index, draw) == radius * (index % 2 ? std::sin(angle) : std::cos(angle)));
+    }
+  }
+  // The four elements of one call see four different words.
+  std::set<uint32_t> words;
+  for (uint64_t i = 8; i < 12; ++i)
+    words.insert(randomWord(key, i));
+  CHECK(words.size() == 4);
+}
+
+TEST_CASE("truncated normal redraws an element alone until |z| <= 2", "[random]") {
+  uint64_t key = streamKey(9, "param/w");
+  int redrawn = 0;
+  for (uint64_t i = 0; i < 20000; ++i) {
+    double first = normal(key, i);
+    double z = truncatedNormal(key, i);
+    REQUIRE(std::fabs(z) <= 2.0);
+    if (std::fabs(first) <= 2.0) {
+      REQUIRE(z == first);
+    } else {
+      ++redrawn;
+      // The first redraw that lands inside, by draw number.
+      double expected = 0;
+      for (uint32_t draw = 1; draw < 1000; ++draw)
+        if (std::fabs(expected = normal(key, i, draw)) <= 2.0) break;
+      REQUIRE(z == expected);
+    }
+  }
+  CHECK(redrawn == Approx(910).margin(150)); // P(|z| > 2) = 4.55%
+  Moments m = moments(100000, [&](uint64_t i) { return truncatedNormal(key, i); });
+  CHECK(m.mean == Approx(0.0).margin(0.01));
+  CHECK(m.variance == Approx(0.7737).margin(0.015)); // 1 - 4 phi(2) / (Phi(2) - Phi(-2))
+}
+
+TEST_CASE("runs reproduce the per-element values bit for bit from any start", "[random]") {
+  uint64_t key = streamKey(1, "param/block[0]/w");
+  // Starts and lengths that cut calls anywhere (a shard's rows start at any global index).
+  for (uint64_t first : {0ull, 1ull, 2ull, 3ull, 6ull, 0xfffffffdull}) {
+    for (uint64_t count : {0ull, 1ull, 2ull, 3ull, 5ull, 9ull, 64ull}) {
+      INFO("first " << first << " count " << count);
+      std::vector<uint64_t> seen;
+      forEachRandomWord(key, first, count, [&](uint64_t k, uint32_t word) {
+        seen.push_back(k);
+        CHECK(word == randomWord(key, first + k));
+      });
+      std::vector<uint64_t> inOrder(count);
+      for (uint64_t k = 0; k < count; ++k)
+        inOrder[k] = k;
+      CHECK(seen == inOrder);
+      forEachRandomWord(
+          key, first, count,
+          [&](uint64_t k, uint32_t word) { CHECK(word == randomWord(key, first + k, 4)); }, 4);
+      forEachUniform01(key, first, count,
+                       [&](uint64_t k, double u) { CHECK(u == uniform01(key, first + k)); });
+      forEachUniformIndex(key, first, count, 7, [&](uint64_t k, uint32_t value) {
+        CHECK(value == uniformIndex(key, first + k, 7));
+      });
+      forEachNormal(key, first, count,
+                    [&](uint64_t k, double z) { CHECK(z == normal(key, first + k)); });
+      forEachNormal(
+          key, first, count, [&](uint64_t k, double z) { CHECK(z == normal(key, first + k, 1)); },
+          1);
+      forEachTruncatedNormal(key, first, count, [&](uint64_t k, double z) {
+        CHECK(z == truncatedNormal(key, first + k));
+      });
+      forEachDropoutKeep(key, first, count, 0.3, [&](uint64_t k, bool keep) {
+        CHECK(keep == dropoutKeep(key, first + k, 0.3));
+        CHECK(keep == (uniform01(key, first + k) >= 0.3));
+      });
+    }
+  }
 }
 
 TEST_CASE("stream keys are deterministic and distinct", "[random]") {
@@ -114,6 +205,14 @@ TEST_CASE("different streams, draws and indices are uncorrelated", "[random]") {
                     [&](uint64_t i) { return normal(keyA, i, 1); }) == Approx(0).margin(0.015));
   CHECK(correlation([&](uint64_t i) { return normal(keyA, i); },
                     [&](uint64_t i) { return normal(keyA, i + 1); }) == Approx(0).margin(0.015));
+  // The two branches of one Box-Muller pair (elements 2j and 2j + 1) are independent: their
+  // squares are uncorrelated too (E[z0^2 z1^2] = 1 for independent standard normals).
+  CHECK(correlation([&](uint64_t i) { return normal(keyA, 2 * i); },
+                    [&](uint64_t i) { return normal(keyA, 2 * i + 1); }) ==
+        Approx(0).margin(0.015));
+  CHECK(correlation([&](uint64_t i) { return std::pow(normal(keyA, 2 * i), 2); },
+                    [&](uint64_t i) { return std::pow(normal(keyA, 2 * i + 1), 2); }) ==
+        Approx(1).margin(0.05));
   CHECK(normal(keyA, 5) == normal(keyA, 5));
 }
 

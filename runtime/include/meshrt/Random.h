@@ -2,17 +2,26 @@
 // CUDA). Every random value is a pure function of (stream key, global element index, draw), so
 // any shard of any layout reproduces exactly the values of the unsharded tensor.
 //
-// Keying scheme (generated code must reproduce it bit for bit):
-//   key     = streamKey(seed, name) = mix64(fnv1a64(name) ^ mix64(seed + 0x9E3779B97F4A7C15))
-//   counter = {lo32(index), hi32(index), draw, 0}, Philox4x32-10 with key {lo32(key), hi32(key)}
-//   uniform01(key, index, draw) = ((out[0] >> 9) + 0.5) * 2^-23, in (0, 1), exact in float
-//   normal(key, index, draw)    = sqrt(-2 ln u0) * cos(2 pi u1), u0/u1 from out[0]/out[1]
-//   uniformIndex(key, index, bound) = (uint64(out[0]) * bound) >> 32, in [0, bound)
+// Stream definition (generated code must reproduce it bit for bit):
+//   key          = streamKey(seed, name) = mix64(fnv1a64(name) ^ mix64(seed + 0x9E3779B97F4A7C15))
+//   block(b, d)  = Philox4x32-10 of counter {lo32(b), hi32(b), d, 0}, key {lo32(key), hi32(key)}
+//   word(i, d)   = block(i / 4, d).v[i % 4]: the element with global index i takes word i mod 4
+//                  of the call with counter i / 4, so one call serves four consecutive elements
+//   uniform01(i, d)       = ((word(i, d) >> 9) + 0.5) * 2^-23, in (0, 1), exact in float
+//   uniformIndex(i, bound) = (uint64(word(i, 0)) * bound) >> 32, in [0, bound)
+//   normal(i, d): Box-Muller on the word pair of i's half of its call, p = i & ~1:
+//                  r = sqrt(-2 ln uniform01(p, d)), t = 2 pi uniform01(p + 1, d);
+//                  even i: r cos t, odd i: r sin t (the two are independent standard normals)
+//   truncatedNormal(i)    = normal(i, d) for the first d = 0, 1, ... with |normal(i, d)| <= 2
+//                  (a redraw recomputes i's own call at draw d; the values of other elements
+//                  never depend on whether i was redrawn)
+//   dropout keeps element i iff uniform01(i, 0) >= rate (dropoutKeep)
 // `index` is the element's row-major index over its tensor type's dims at global sizes.
 // Streams: inputs "input/<name>"; params "param/<path>"; random ops their `stream` attribute;
-// dropout "<stream>#<step>" (keep iff uniform01 >= rate). Draw numbers: truncated_normal redraws
-// with draw 1, 2, ... until |z| <= 2; orthogonal takes its Gaussian matrix from draw 0 and its
-// chi norms from draw 1 (same index).
+// dropout "<stream>#<step>". Orthogonal init takes its Gaussian matrix from draw 0 and its chi
+// norms from draw 1 (same index).
+// A contiguous run of global indices is filled with one Philox call per 4 elements by the
+// forEach* helpers below (host code); a lone element (a CUDA thread) computes its own call.
 #pragma once
 
 #include <cmath>
@@ -72,10 +81,15 @@ constexpr uint64_t streamKey(uint64_t seed, std::string_view name) {
   return mix64(fnv1a64(name) ^ mix64(seed + 0x9E3779B97F4A7C15ull));
 }
 
-/// The four 32-bit outputs for element `index` of a stream; `draw` numbers redraws.
-MESHRT_HD inline Philox4x32 randomBits(uint64_t key, uint64_t index, uint32_t draw = 0) {
-  return philox4x32(Philox4x32{{uint32_t(index), uint32_t(index >> 32), draw, 0u}}, uint32_t(key),
+/// The four 32-bit words of call `block` of a stream; `draw` numbers redraws.
+MESHRT_HD inline Philox4x32 randomBlock(uint64_t key, uint64_t block, uint32_t draw = 0) {
+  return philox4x32(Philox4x32{{uint32_t(block), uint32_t(block >> 32), draw, 0u}}, uint32_t(key),
                     uint32_t(key >> 32));
+}
+
+/// The 32 random bits of element `index`: word index % 4 of call index / 4.
+MESHRT_HD inline uint32_t randomWord(uint64_t key, uint64_t index, uint32_t draw = 0) {
+  return randomBlock(key, index >> 2, draw).v[index & 3];
 }
 
 /// Maps 32 random bits to (0, 1): 23 bits plus a half step, exactly representable in float.
@@ -83,21 +97,131 @@ MESHRT_HD inline double bitsToUnit(uint32_t bits) {
   return (double(bits >> 9) + 0.5) * (1.0 / 8388608.0);
 }
 
-MESHRT_HD inline double uniform01(uint64_t key, uint64_t index, uint32_t draw = 0) {
-  return bitsToUnit(randomBits(key, index, draw).v[0]);
+/// Box-Muller from a word pair: radius from the first word, angle from the second; the cosine
+/// branch is the even element's value, the sine branch the odd one's. The one formula of both
+/// the per-element and the run paths, so that they agree bit for bit.
+MESHRT_HD inline double boxMullerRadius(uint32_t bits) {
+  return std::sqrt(-2.0 * std::log(bitsToUnit(bits)));
+}
+MESHRT_HD inline double boxMullerAngle(uint32_t bits) {
+  return 6.283185307179586476925 * bitsToUnit(bits);
+}
+MESHRT_HD inline double boxMullerBranch(double radius, double angle, bool sine) {
+  return radius * (sine ? std::sin(angle) : std::cos(angle));
 }
 
-/// A standard normal sample (Box-Muller, one sample per element: element-local by design).
+MESHRT_HD inline double uniform01(uint64_t key, uint64_t index, uint32_t draw = 0) {
+  return bitsToUnit(randomWord(key, index, draw));
+}
+
+/// A standard normal sample: element `index`'s branch of the Box-Muller pair it shares with its
+/// neighbour (index ^ 1).
 MESHRT_HD inline double normal(uint64_t key, uint64_t index, uint32_t draw = 0) {
-  Philox4x32 bits = randomBits(key, index, draw);
-  double radius = std::sqrt(-2.0 * std::log(bitsToUnit(bits.v[0])));
-  return radius * std::cos(6.283185307179586476925 * bitsToUnit(bits.v[1]));
+  Philox4x32 bits = randomBlock(key, index >> 2, draw);
+  unsigned pair = unsigned(index & 2);
+  return boxMullerBranch(boxMullerRadius(bits.v[pair]), boxMullerAngle(bits.v[pair + 1]),
+                         (index & 1) != 0);
 }
 
 /// A uniform integer in [0, bound) for 0 < bound <= 2^32 (multiply-shift; bias < bound/2^32).
 MESHRT_HD inline uint32_t uniformIndex(uint64_t key, uint64_t index, uint64_t bound,
                                        uint32_t draw = 0) {
-  return uint32_t((uint64_t(randomBits(key, index, draw).v[0]) * bound) >> 32);
+  return uint32_t((uint64_t(randomWord(key, index, draw)) * bound) >> 32);
+}
+
+/// The truncation bound of truncated_normal (in standard deviations).
+constexpr double kTruncation = 2.0;
+/// Redraws give up after this many draws (P(|z| > 2)^1000 is 0 in double).
+constexpr uint32_t kMaxDraws = 1000;
+
+/// A standard normal conditioned on |z| <= 2: redraws element `index` alone with draw numbers
+/// 1, 2, ..., starting from its draw-0 value `first`.
+MESHRT_HD inline double truncateNormal(uint64_t key, uint64_t index, double first) {
+  double z = first;
+  for (uint32_t draw = 1; !(std::fabs(z) <= kTruncation); ++draw) {
+    if (draw == kMaxDraws) return 0;
+    z = normal(key, index, draw);
+  }
+  return z;
+}
+
+MESHRT_HD inline double truncatedNormal(uint64_t key, uint64_t index) {
+  return truncateNormal(key, index, normal(key, index));
+}
+
+/// Dropout's mask from an element's word: keep iff its uniform01 >= rate.
+MESHRT_HD inline bool dropoutKeepsWord(uint32_t word, double rate) {
+  return bitsToUnit(word) >= rate;
+}
+
+/// Whether dropout keeps element `index` (key: streamKey(seed, "<stream>#<step>")).
+MESHRT_HD inline bool dropoutKeep(uint64_t key, uint64_t index, double rate) {
+  return dropoutKeepsWord(randomWord(key, index), rate);
+}
+
+//===------------------------------------------------------------------------------------------===//
+// Runs: the same values for the global indices [first, first + count), one Philox call per four
+// elements (host code; fn(k, value) for k = 0 .. count - 1, in order).
+//===------------------------------------------------------------------------------------------===//
+
+/// fn(k, word(first + k, draw)).
+template <typename Fn>
+inline void forEachRandomWord(uint64_t key, uint64_t first, uint64_t count, Fn&& fn,
+                              uint32_t draw = 0) {
+  uint64_t index = first, end = first + count;
+  while (index < end) {
+    Philox4x32 bits = randomBlock(key, index >> 2, draw);
+    uint64_t blockEnd = (index | 3) + 1;
+    if (blockEnd > end) blockEnd = end;
+    for (; index < blockEnd; ++index)
+      fn(index - first, bits.v[index & 3]);
+  }
+}
+
+/// fn(k, uniform01(key, first + k)).
+template <typename Fn>
+inline void forEachUniform01(uint64_t key, uint64_t first, uint64_t count, Fn&& fn) {
+  forEachRandomWord(key, first, count, [&](uint64_t k, uint32_t word) { fn(k, bitsToUnit(word)); });
+}
+
+/// fn(k, uniformIndex(key, first + k, bound)).
+template <typename Fn>
+inline void forEachUniformIndex(uint64_t key, uint64_t first, uint64_t count, uint64_t bound,
+                                Fn&& fn) {
+  forEachRandomWord(key, first, count, [&](uint64_t k, uint32_t word) {
+    fn(k, uint32_t((uint64_t(word) * bound) >> 32));
+  });
+}
+
+/// fn(k, normal(key, first + k, draw)): one radius and angle per pair of elements.
+template <typename Fn>
+inline void forEachNormal(uint64_t key, uint64_t first, uint64_t count, Fn&& fn,
+                          uint32_t draw = 0) {
+  uint64_t end = first + count;
+  for (uint64_t pairStart = first & ~uint64_t(1); pairStart < end; pairStart += 2) {
+    Philox4x32 bits = randomBlock(key, pairStart >> 2, draw);
+    for (; pairStart < end; pairStart += 2) {
+      unsigned pair = unsigned(pairStart & 2);
+      double radius = boxMullerRadius(bits.v[pair]), angle = boxMullerAngle(bits.v[pair + 1]);
+      if (pairStart >= first) fn(pairStart - first, boxMullerBranch(radius, angle, false));
+      if (pairStart + 1 < end) fn(pairStart + 1 - first, boxMullerBranch(radius, angle, true));
+      if (pair == 2) break; // the call's last pair: the next pair needs the next call
+    }
+  }
+}
+
+/// fn(k, truncatedNormal(key, first + k)).
+template <typename Fn>
+inline void forEachTruncatedNormal(uint64_t key, uint64_t first, uint64_t count, Fn&& fn) {
+  forEachNormal(key, first, count,
+                [&](uint64_t k, double z) { fn(k, truncateNormal(key, first + k, z)); });
+}
+
+/// fn(k, dropoutKeep(key, first + k, rate)).
+template <typename Fn>
+inline void forEachDropoutKeep(uint64_t key, uint64_t first, uint64_t count, double rate, Fn&& fn) {
+  forEachRandomWord(key, first, count,
+                    [&](uint64_t k, uint32_t word) { fn(k, dropoutKeepsWord(word, rate)); });
 }
 
 } // namespace meshrt

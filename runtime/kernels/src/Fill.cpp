@@ -19,20 +19,56 @@ uint64_t keyOf(uint64_t seed, std::string_view prefix, std::string_view name) {
   return streamKey(seed, stream);
 }
 
-/// Fills out[local] = roundTo(type, value(global)).
-template <typename Fn> void fillWith(float* out, const Shard& shard, ValueType type, Fn&& value) {
-  forEachGlobalIndex(shard, [&](int64_t local, int64_t global) {
-    out[local] = roundTo(type, double(value(uint64_t(global))));
+/// fn(local, global, count) for each run of `count` elements that are consecutive in both the
+/// local and the global row-major order: the innermost dim, widened over the dims that the shard
+/// holds whole (so that the RNG's runs, one Philox call per 4 elements, are as long as possible).
+template <typename Fn> void forEachGlobalRun(const Shard& shard, Fn&& fn) {
+  int rank = shard.globalShape.rank;
+  if (rank == 0) {
+    fn(int64_t(0), int64_t(0), int64_t(1));
+    return;
+  }
+  int inner = rank - 1;
+  int64_t run = shard.localShape[inner];
+  while (inner > 0 && shard.localShape[inner] == shard.globalShape[inner]) {
+    --inner;
+    run *= shard.localShape[inner];
+  }
+  if (run == 0) return;
+  Shard rows = shard;
+  for (int d = inner; d < rank; ++d)
+    rows.localShape[d] = 1;
+  forEachGlobalIndex(rows, [&](int64_t row, int64_t global) { fn(row * run, global, run); });
+}
+
+/// Fills out[local] = roundTo(type, value) run by run: draw(first, count, write) calls
+/// write(k, value) for the global indices first + k, k < count.
+template <typename Draw>
+void fillRuns(float* out, const Shard& shard, ValueType type, Draw&& draw) {
+  forEachGlobalRun(shard, [&](int64_t local, int64_t global, int64_t count) {
+    float* run = out + local;
+    draw(uint64_t(global), uint64_t(count),
+         [&](uint64_t k, double value) { run[k] = roundTo(type, value); });
   });
 }
 
-/// Standard normal conditioned on |z| <= 2 (redraws with draw numbers 1, 2, ...).
-double truncatedNormal(uint64_t key, uint64_t index) {
-  for (uint32_t draw = 0; draw < 1000; ++draw) {
-    double z = normal(key, index, draw);
-    if (std::fabs(z) <= 2.0) return z;
-  }
-  return 0;
+void fillConstant(float* out, const Shard& shard, ValueType type, double value) {
+  std::fill_n(out, shard.localShape.product(), roundTo(type, value));
+}
+
+void fillNormal(float* out, const Shard& shard, ValueType type, uint64_t key, double mean,
+                double stddev) {
+  fillRuns(out, shard, type, [&](uint64_t first, uint64_t count, auto write) {
+    forEachNormal(key, first, count, [&](uint64_t k, double z) { write(k, mean + stddev * z); });
+  });
+}
+
+void fillUniform(float* out, const Shard& shard, ValueType type, uint64_t key, double min,
+                 double max) {
+  fillRuns(out, shard, type, [&](uint64_t first, uint64_t count, auto write) {
+    forEachUniform01(key, first, count,
+                     [&](uint64_t k, double u) { write(k, min + (max - min) * u); });
+  });
 }
 
 /// Rows [blockStart, blockStart + blockRows) of the interpreter's orthogonal init, written to
@@ -45,8 +81,7 @@ void orthogonalBlock(int64_t blockStart, int64_t blockRows, int64_t cols, uint64
   for (int64_t r = 0; r < blockRows; ++r) {
     std::vector<double>& row = block[size_t(r)];
     int64_t base = (blockStart + r) * cols;
-    for (int64_t c = 0; c < cols; ++c)
-      row[size_t(c)] = normal(key, uint64_t(base + c));
+    forEachNormal(key, uint64_t(base), uint64_t(cols), [&](uint64_t c, double z) { row[c] = z; });
     for (int pass = 0; pass < 2; ++pass) {
       for (int64_t prev = 0; prev < r; ++prev) {
         const std::vector<double>& other = block[size_t(prev)];
@@ -65,10 +100,8 @@ void orthogonalBlock(int64_t blockStart, int64_t blockRows, int64_t cols, uint64
       for (double& x : row)
         x /= norm;
     double chi = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      double z = normal(key, uint64_t(base + c), 1);
-      chi += z * z;
-    }
+    forEachNormal(
+        key, uint64_t(base), uint64_t(cols), [&](uint64_t, double z) { chi += z * z; }, 1);
     chi = std::sqrt(chi);
     for (int64_t c = 0; c < cols; ++c)
       rowsOut[r * cols + c] = row[size_t(c)] * chi * scale;
@@ -99,7 +132,7 @@ void fillOrthogonal(float* out, const Shard& shard, uint64_t key, double scale, 
 void fillInput(float* out, const Shard& shard, uint64_t seed, std::string_view name,
                ValueType type) {
   uint64_t key = keyOf(seed, "input/", name);
-  fillWith(out, shard, type, [&](uint64_t index) { return normal(key, index); });
+  fillNormal(out, shard, type, key, 0.0, 1.0);
 }
 
 void fillInput(int32_t* out, const Shard& shard, uint64_t seed, std::string_view name,
@@ -107,8 +140,10 @@ void fillInput(int32_t* out, const Shard& shard, uint64_t seed, std::string_view
   uint64_t key = keyOf(seed, "input/", name);
   uint64_t bound = indexBound > 0 ? uint64_t(indexBound) : 2;
   bound = std::min<uint64_t>(bound, uint64_t(1) << 31);
-  forEachGlobalIndex(shard, [&](int64_t local, int64_t global) {
-    out[local] = int32_t(uniformIndex(key, uint64_t(global), bound));
+  forEachGlobalRun(shard, [&](int64_t local, int64_t global, int64_t count) {
+    int32_t* run = out + local;
+    forEachUniformIndex(key, uint64_t(global), uint64_t(count), bound,
+                        [&](uint64_t k, uint32_t value) { run[k] = int32_t(value); });
   });
 }
 
@@ -156,29 +191,28 @@ void fillParam(float* out, const Shard& shard, uint64_t seed, std::string_view p
   uint64_t key = keyOf(seed, "param/", path);
   switch (init.kind) {
   case InitKind::Zeros:
-    fillWith(out, shard, type, [](uint64_t) { return 0.0; });
+    fillConstant(out, shard, type, 0.0);
     return;
   case InitKind::Ones:
-    fillWith(out, shard, type, [](uint64_t) { return 1.0; });
+    fillConstant(out, shard, type, 1.0);
     return;
   case InitKind::Constant:
-    fillWith(out, shard, type, [&](uint64_t) { return init.value; });
+    fillConstant(out, shard, type, init.value);
     return;
   case InitKind::Normal:
-    fillWith(out, shard, type,
-             [&](uint64_t index) { return init.mean + init.stddev * normal(key, index); });
+    fillNormal(out, shard, type, key, init.mean, init.stddev);
     return;
   case InitKind::TruncatedNormal:
-    fillWith(out, shard, type,
-             [&](uint64_t index) { return init.mean + init.stddev * truncatedNormal(key, index); });
-    return;
-  case InitKind::Uniform:
-    fillWith(out, shard, type, [&](uint64_t index) {
-      return init.min + (init.max - init.min) * uniform01(key, index);
+    fillRuns(out, shard, type, [&](uint64_t first, uint64_t count, auto write) {
+      forEachTruncatedNormal(key, first, count,
+                             [&](uint64_t k, double z) { write(k, init.mean + init.stddev * z); });
     });
     return;
+  case InitKind::Uniform:
+    fillUniform(out, shard, type, key, init.min, init.max);
+    return;
   case InitKind::Orthogonal:
-    fillWith(out, shard, type, [](uint64_t) { return 0.0; });
+    fillConstant(out, shard, type, 0.0);
     fillOrthogonal(out, shard, key, init.scale, type);
     return;
   }
@@ -186,15 +220,12 @@ void fillParam(float* out, const Shard& shard, uint64_t seed, std::string_view p
 
 void fillRandomNormal(float* out, const Shard& shard, uint64_t seed, std::string_view stream,
                       double mean, double stddev, ValueType type) {
-  uint64_t key = streamKey(seed, stream);
-  fillWith(out, shard, type, [&](uint64_t index) { return mean + stddev * normal(key, index); });
+  fillNormal(out, shard, type, streamKey(seed, stream), mean, stddev);
 }
 
 void fillRandomUniform(float* out, const Shard& shard, uint64_t seed, std::string_view stream,
                        double min, double max, ValueType type) {
-  uint64_t key = streamKey(seed, stream);
-  fillWith(out, shard, type,
-           [&](uint64_t index) { return min + (max - min) * uniform01(key, index); });
+  fillUniform(out, shard, type, streamKey(seed, stream), min, max);
 }
 
 uint64_t dropoutKey(uint64_t seed, std::string_view stream, uint64_t step) {
@@ -207,9 +238,12 @@ uint64_t dropoutKey(uint64_t seed, std::string_view stream, uint64_t step) {
 void dropout(const float* in, float* out, const Shard& shard, uint64_t key, double rate,
              ValueType type) {
   double scale = rate < 1 ? 1 / (1 - rate) : 0.0;
-  forEachGlobalIndex(shard, [&](int64_t local, int64_t global) {
-    bool keep = dropoutKeep(key, uint64_t(global), rate);
-    out[local] = keep ? roundTo(type, double(in[local]) * scale) : 0.0f;
+  forEachGlobalRun(shard, [&](int64_t local, int64_t global, int64_t count) {
+    const float* inRun = in + local;
+    float* outRun = out + local;
+    forEachDropoutKeep(key, uint64_t(global), uint64_t(count), rate, [&](uint64_t k, bool keep) {
+      outRun[k] = keep ? roundTo(type, double(inRun[k]) * scale) : 0.0f;
+    });
   });
 }
 

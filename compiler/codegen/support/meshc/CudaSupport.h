@@ -413,7 +413,7 @@ inline void dropout(float* out, const Shape& outSizes, const float* in, const Sh
   double scale = rate < 1 ? 1 / (1 - rate) : 0.0;
   forEach<3>(outSizes, {rowMajorStrides(outSizes), inStrides, globalStrides}, {0, 0, base},
              [=] __device__(const std::array<int64_t, 3>& at) {
-               bool keep = meshrt::uniform01(key, uint64_t(at[2])) >= rate;
+               bool keep = meshrt::dropoutKeep(key, uint64_t(at[2]), rate);
                out[at[0]] = keep ? float(double(in[at[1]]) * scale) : 0.0f;
              });
 }

@@ -1003,14 +1003,31 @@ inline void iota(float* out, const Shape& outSizes, const Shape& positionStrides
              [&](const std::array<int64_t, 2>& at) { out[at[0]] = float(at[1]); });
 }
 
-/// dropout when training: keep iff uniform01(key, global index) >= rate, scaled by 1/(1-rate).
+/// dropout when training: keep iff meshrt::dropoutKeep(key, global index, rate), scaled by
+/// 1/(1-rate).
 inline void dropout(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
                     const Shape& globalStrides, int64_t base, uint64_t key, double rate) {
   double scale = rate < 1 ? 1 / (1 - rate) : 0.0;
-  forEach<3>(outSizes, {rowMajorStrides(outSizes), inStrides, globalStrides}, {0, 0, base},
+  size_t rank = outSizes.size();
+  if (rank == 0 || globalStrides[rank - 1] != 1) {
+    forEach<3>(outSizes, {rowMajorStrides(outSizes), inStrides, globalStrides}, {0, 0, base},
+               [&](const std::array<int64_t, 3>& at) {
+                 bool keep = meshrt::dropoutKeep(key, uint64_t(at[2]), rate);
+                 out[at[0]] = keep ? float(double(in[at[1]]) * scale) : 0.0f;
+               });
+    return;
+  }
+  // The innermost dim is a run of consecutive global indices: one Philox call per 4 elements.
+  Shape rows = outSizes;
+  int64_t run = rows[rank - 1], inStep = inStrides[rank - 1];
+  rows[rank - 1] = 1;
+  forEach<3>(rows, {rowMajorStrides(outSizes), inStrides, globalStrides}, {0, 0, base},
              [&](const std::array<int64_t, 3>& at) {
-               bool keep = meshrt::uniform01(key, uint64_t(at[2])) >= rate;
-               out[at[0]] = keep ? float(double(in[at[1]]) * scale) : 0.0f;
+               meshrt::forEachDropoutKeep(
+                   key, uint64_t(at[2]), uint64_t(run), rate, [&](uint64_t k, bool keep) {
+                     float x = in[at[1] + int64_t(k) * inStep];
+                     out[at[0] + int64_t(k)] = keep ? float(double(x) * scale) : 0.0f;
+                   });
              });
 }
 

@@ -287,12 +287,6 @@ MESHRT_HD inline float softmaxShift(float max) {
   return std::isfinite(max) ? max : 0.0f;
 }
 
-/// Dropout keeps an element iff its uniform draw is >= rate (index: global row-major index
-/// of the output element; key: streamKey(seed, "<stream>#<step>")).
-MESHRT_HD inline bool dropoutKeep(uint64_t key, uint64_t index, double rate) {
-  return uniform01(key, index) >= rate;
-}
-
 /// The kept value: x / (1 - rate) computed in double and rounded once, as the interpreter does.
 MESHRT_HD inline float dropoutScale(float x, double rate) {
   return float(double(x) * (rate < 1 ? 1 / (1 - rate) : 0.0));
