@@ -9,6 +9,8 @@
 // op describe exactly that communication and are absorbed into it).
 #include "codegen/LowerToKernels.h"
 
+#include "interp/Interpreter.h"
+
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 
@@ -340,9 +342,15 @@ void Lowerer::lowerElementwise(const SpmdOp& op) {
   }
   Scalar result{.kind = Scalar::Kind::Compute, .op = op.computeKind, .args = args,
                 .dtype = space.dtype};
-  if (op.computeKind == OpKind::Literal)
-    result = Scalar{.kind = Scalar::Kind::Const, .value = numberAttr(op, "value", 0),
+  if (op.computeKind == OpKind::Literal) {
+    // The literal's value in its dtype, as the interpreter holds it.
+    double value = numberAttr(op, "value", 0);
+    result = Scalar{.kind = Scalar::Kind::Const,
+                    .value = interp::evaluateElementwise(OpKind::StopGradient, {value},
+                                                         {space.dtype}, space.dtype)
+                                 .value_or(value),
                     .dtype = space.dtype};
+  }
   if (op.computeKind == OpKind::TrainStep)
     result = Scalar{.kind = Scalar::Kind::Step, .dtype = space.dtype};
   if (op.computeKind == OpKind::Call) result.function = stringAttr(op, "function");

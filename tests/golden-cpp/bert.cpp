@@ -4025,7 +4025,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v331p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v351p[i0];
       const float s8 = 0.999f;
@@ -4037,7 +4037,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v331p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v350p[i0];
       const float s20 = 0.9f;
@@ -4090,7 +4090,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v328p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v380p[i0];
       const float s8 = 0.999f;
@@ -4102,7 +4102,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v328p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v379p[i0];
       const float s20 = 0.9f;
@@ -4155,7 +4155,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v327p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v401p[i0];
       const float s8 = 0.999f;
@@ -4167,7 +4167,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v327p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v400p[i0];
       const float s20 = 0.9f;
@@ -4220,7 +4220,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v135p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v422p[i0];
       const float s8 = 0.999f;
@@ -4232,7 +4232,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v135p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v421p[i0];
       const float s20 = 0.9f;
@@ -4285,7 +4285,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v312p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v443p[i0];
       const float s8 = 0.999f;
@@ -4297,7 +4297,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v312p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v442p[i0];
       const float s20 = 0.9f;
@@ -4350,7 +4350,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v309p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v464p[i0];
       const float s8 = 0.999f;
@@ -4362,7 +4362,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v309p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v463p[i0];
       const float s20 = 0.9f;
@@ -4415,7 +4415,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v308p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v485p[i0];
       const float s8 = 0.999f;
@@ -4427,7 +4427,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v308p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v484p[i0];
       const float s20 = 0.9f;
@@ -4480,7 +4480,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v305p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v506p[i0];
       const float s8 = 0.999f;
@@ -4492,7 +4492,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v305p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v505p[i0];
       const float s20 = 0.9f;
@@ -4545,7 +4545,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v301p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v527p[i0];
       const float s8 = 0.999f;
@@ -4557,7 +4557,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v301p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v526p[i0];
       const float s20 = 0.9f;
@@ -4610,7 +4610,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v287p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v548p[i0];
       const float s8 = 0.999f;
@@ -4622,7 +4622,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v287p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v547p[i0];
       const float s20 = 0.9f;
@@ -4675,7 +4675,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v272p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v569p[i0];
       const float s8 = 0.999f;
@@ -4687,7 +4687,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v272p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v568p[i0];
       const float s20 = 0.9f;
@@ -4740,7 +4740,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v269p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v590p[i0];
       const float s8 = 0.999f;
@@ -4752,7 +4752,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v269p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v589p[i0];
       const float s20 = 0.9f;
@@ -4805,7 +4805,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v268p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v611p[i0];
       const float s8 = 0.999f;
@@ -4817,7 +4817,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v268p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v610p[i0];
       const float s20 = 0.9f;
@@ -4870,7 +4870,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v265p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v632p[i0];
       const float s8 = 0.999f;
@@ -4882,7 +4882,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v265p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v631p[i0];
       const float s20 = 0.9f;
@@ -4935,7 +4935,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v246p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v653p[i0];
       const float s8 = 0.999f;
@@ -4947,7 +4947,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v246p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v652p[i0];
       const float s20 = 0.9f;
@@ -5000,7 +5000,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v244p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v674p[i0];
       const float s8 = 0.999f;
@@ -5012,7 +5012,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v244p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v673p[i0];
       const float s20 = 0.9f;
@@ -5065,7 +5065,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v230p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v695p[i0];
       const float s8 = 0.999f;
@@ -5077,7 +5077,7 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v230p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v694p[i0];
       const float s20 = 0.9f;
@@ -5138,7 +5138,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v227p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v716p[i0];
       const float s8 = 0.999f;
@@ -5150,7 +5150,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v227p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v715p[i0];
       const float s20 = 0.9f;
@@ -5204,7 +5204,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v226p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v737p[i0];
       const float s8 = 0.999f;
@@ -5216,7 +5216,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v226p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v736p[i0];
       const float s20 = 0.9f;
@@ -5270,7 +5270,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v223p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v758p[i0];
       const float s8 = 0.999f;
@@ -5282,7 +5282,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v223p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v757p[i0];
       const float s20 = 0.9f;
@@ -5336,7 +5336,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v219p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v779p[i0];
       const float s8 = 0.999f;
@@ -5348,7 +5348,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v219p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v778p[i0];
       const float s20 = 0.9f;
@@ -5402,7 +5402,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v204p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v800p[i0];
       const float s8 = 0.999f;
@@ -5414,7 +5414,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v204p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v799p[i0];
       const float s20 = 0.9f;
@@ -5468,7 +5468,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v189p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v821p[i0];
       const float s8 = 0.999f;
@@ -5480,7 +5480,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v189p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v820p[i0];
       const float s20 = 0.9f;
@@ -5534,7 +5534,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v186p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v842p[i0];
       const float s8 = 0.999f;
@@ -5546,7 +5546,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v186p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v841p[i0];
       const float s20 = 0.9f;
@@ -5600,7 +5600,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v185p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v863p[i0];
       const float s8 = 0.999f;
@@ -5612,7 +5612,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v185p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v862p[i0];
       const float s20 = 0.9f;
@@ -5666,7 +5666,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v182p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v884p[i0];
       const float s8 = 0.999f;
@@ -5678,7 +5678,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v182p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v883p[i0];
       const float s20 = 0.9f;
@@ -5732,7 +5732,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v158p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v905p[i0];
       const float s8 = 0.999f;
@@ -5744,7 +5744,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v158p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v904p[i0];
       const float s20 = 0.9f;
@@ -5798,7 +5798,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v156p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v926p[i0];
       const float s8 = 0.999f;
@@ -5810,7 +5810,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v156p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v925p[i0];
       const float s20 = 0.9f;
@@ -5864,7 +5864,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v141p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v947p[i0];
       const float s8 = 0.999f;
@@ -5876,7 +5876,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v141p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v946p[i0];
       const float s20 = 0.9f;
@@ -5930,7 +5930,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v138p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v968p[i0];
       const float s8 = 0.999f;
@@ -5942,7 +5942,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v138p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v967p[i0];
       const float s20 = 0.9f;

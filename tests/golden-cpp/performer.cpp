@@ -6454,7 +6454,7 @@ void LmTrain::runPart9(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v430p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v448p[i0];
       const float s8 = 0.999f;
@@ -6466,7 +6466,7 @@ void LmTrain::runPart9(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v430p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v447p[i0];
       const float s20 = 0.9f;
@@ -6519,7 +6519,7 @@ void LmTrain::runPart9(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v179p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v476p[i0];
       const float s8 = 0.999f;
@@ -6531,7 +6531,7 @@ void LmTrain::runPart9(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v179p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v475p[i0];
       const float s20 = 0.9f;
@@ -6583,7 +6583,7 @@ void LmTrain::runPart9(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v414p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v497p[i0];
       const float s8 = 0.999f;
@@ -6595,7 +6595,7 @@ void LmTrain::runPart9(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v414p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v496p[i0];
       const float s20 = 0.9f;
@@ -6648,7 +6648,7 @@ void LmTrain::runPart9(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v411p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v518p[i0];
       const float s8 = 0.999f;
@@ -6660,7 +6660,7 @@ void LmTrain::runPart9(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v411p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v517p[i0];
       const float s20 = 0.9f;
@@ -6721,7 +6721,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v409p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v539p[i0];
       const float s8 = 0.999f;
@@ -6733,7 +6733,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v409p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v538p[i0];
       const float s20 = 0.9f;
@@ -6787,7 +6787,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v395p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v560p[i0];
       const float s8 = 0.999f;
@@ -6799,7 +6799,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v395p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v559p[i0];
       const float s20 = 0.9f;
@@ -6853,7 +6853,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v381p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v581p[i0];
       const float s8 = 0.999f;
@@ -6865,7 +6865,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v381p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v580p[i0];
       const float s20 = 0.9f;
@@ -6919,7 +6919,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v358p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v602p[i0];
       const float s8 = 0.999f;
@@ -6931,7 +6931,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v358p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v601p[i0];
       const float s20 = 0.9f;
@@ -6985,7 +6985,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v342p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v623p[i0];
       const float s8 = 0.999f;
@@ -6997,7 +6997,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v342p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v622p[i0];
       const float s20 = 0.9f;
@@ -7051,7 +7051,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v339p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v644p[i0];
       const float s8 = 0.999f;
@@ -7063,7 +7063,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v339p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v643p[i0];
       const float s20 = 0.9f;
@@ -7117,7 +7117,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v337p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v665p[i0];
       const float s8 = 0.999f;
@@ -7129,7 +7129,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v337p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v664p[i0];
       const float s20 = 0.9f;
@@ -7183,7 +7183,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v318p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v686p[i0];
       const float s8 = 0.999f;
@@ -7195,7 +7195,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v318p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v685p[i0];
       const float s20 = 0.9f;
@@ -7249,7 +7249,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v302p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v707p[i0];
       const float s8 = 0.999f;
@@ -7261,7 +7261,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v302p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v706p[i0];
       const float s20 = 0.9f;
@@ -7315,7 +7315,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v299p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v728p[i0];
       const float s8 = 0.999f;
@@ -7327,7 +7327,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v299p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v727p[i0];
       const float s20 = 0.9f;
@@ -7381,7 +7381,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v297p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v749p[i0];
       const float s8 = 0.999f;
@@ -7393,7 +7393,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v297p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v748p[i0];
       const float s20 = 0.9f;
@@ -7447,7 +7447,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v283p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v770p[i0];
       const float s8 = 0.999f;
@@ -7459,7 +7459,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v283p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v769p[i0];
       const float s20 = 0.9f;
@@ -7513,7 +7513,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v268p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v791p[i0];
       const float s8 = 0.999f;
@@ -7525,7 +7525,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v268p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v790p[i0];
       const float s20 = 0.9f;
@@ -7579,7 +7579,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v245p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v812p[i0];
       const float s8 = 0.999f;
@@ -7591,7 +7591,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v245p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v811p[i0];
       const float s20 = 0.9f;
@@ -7645,7 +7645,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v229p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v833p[i0];
       const float s8 = 0.999f;
@@ -7657,7 +7657,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v229p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v832p[i0];
       const float s20 = 0.9f;
@@ -7711,7 +7711,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v226p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v854p[i0];
       const float s8 = 0.999f;
@@ -7723,7 +7723,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v226p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v853p[i0];
       const float s20 = 0.9f;
@@ -7777,7 +7777,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v224p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v875p[i0];
       const float s8 = 0.999f;
@@ -7789,7 +7789,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v224p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v874p[i0];
       const float s20 = 0.9f;
@@ -7843,7 +7843,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v200p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v896p[i0];
       const float s8 = 0.999f;
@@ -7855,7 +7855,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v200p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v895p[i0];
       const float s20 = 0.9f;
@@ -7909,7 +7909,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v184p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v917p[i0];
       const float s8 = 0.999f;
@@ -7921,7 +7921,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v184p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v916p[i0];
       const float s20 = 0.9f;
@@ -7975,7 +7975,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s2 = (s0 * s1);
       const float s3 = v181p[i0];
       const float s4 = s3 * s3;
-      const float s5 = 0.001f;
+      const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
       const float s7 = v938p[i0];
       const float s8 = 0.999f;
@@ -7987,7 +7987,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
       const float s16 = v181p[i0];
-      const float s17 = 0.1f;
+      const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
       const float s19 = v937p[i0];
       const float s20 = 0.9f;

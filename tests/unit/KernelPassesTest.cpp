@@ -52,8 +52,8 @@ struct Builder {
       args.push_back(int(loop.body.size()));
       loop.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = int(loop.reads.size() - 1)});
     }
-    if (op == ir::OpKind::Literal)
-      loop.body.push_back(Scalar{.kind = Scalar::Kind::Const, .value = value});
+    if (op == ir::OpKind::Literal) // held in f32, as lowerToKernels rounds literals
+      loop.body.push_back(Scalar{.kind = Scalar::Kind::Const, .value = double(float(value))});
     else
       loop.body.push_back(Scalar{.kind = Scalar::Kind::Compute, .op = op, .args = args});
     loop.stores.push_back(Store{Access{out, {1}}, int(loop.body.size() - 1)});
