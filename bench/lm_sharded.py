@@ -137,7 +137,10 @@ else:
 hlo = compiled.as_text()
 found = re.findall(r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
                    r"(?:-start)?\(", hlo)
-scalars = len(re.findall(r"= f32\[\] all-reduce(?:-start)?\(", hlo))
+# Scalar ones: every result a f32[] (a tuple of scalars is one collective, as meshc would merge).
+scalar = r"(?:/\*index=\d+\*/)?f32\[\]"
+scalars = len(re.findall(rf"= (?:{scalar}|\({scalar}(?:, {scalar})*\)) all-reduce(?:-start)?\(",
+                         hlo))
 serve(one_step, f"collectives={len(found)} scalar={scalars} jax {jax.__version__}")
 """
 
