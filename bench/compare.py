@@ -21,13 +21,16 @@ import lm_sharded
 import train_step
 
 
-def failures_and_losses(part, results):
-    """Why a contender has no time, and the train steps' losses (first step -> last timed step:
-    a check that every contender trains the same model from the same start)."""
+def part_notes(part, results):
+    """Every contender's time, or why it has none, and the train steps' losses (first step ->
+    last timed step: a check that the contenders train the same model from the same start)."""
     notes = [f"({part}) {name} failed: {value}" for name, value in results.items()
              if not isinstance(value, tuple)]
-    losses = [f"{name} {value[1]} -> {value[2]}" for name, value in results.items()
-              if isinstance(value, tuple) and float(value[1]) != 0]
+    timed = {name: value for name, value in results.items() if isinstance(value, tuple)}
+    notes.append(f"({part}) medians: " + ", ".join(f"{name} {value[0]:.1f} ms"
+                                                  for name, value in timed.items()))
+    losses = [f"{name} {value[1]} -> {value[2]}" for name, value in timed.items()
+              if float(value[1]) != 0]
     return notes + ([f"({part}) losses: " + ", ".join(losses)] if losses else [])
 
 
@@ -53,13 +56,13 @@ def main():
                                      args.steps)
         rows += benchlib.ratio_rows(f"({part}) train step, 1 rank, {threads} thread(s)", results,
                                     "meshc", ["pytorch", "jax"])
-        notes += failures_and_losses(part, results)
+        notes += part_notes(part, results)
     if "c" in parts:
         print(f"(c) lm and lm_train on [{lm_sharded.MESH}], sizes {lm_sharded.SIZES}", flush=True)
         runners = lm_sharded.contenders(build, os.path.join(build, "bench-lm-sharded"))
         results = benchlib.alternate(runners, args.rounds, args.steps)
         rows += [("(c) " + row[0],) + row[1:] for row in lm_sharded.rows(results)]
-        notes += failures_and_losses("c", results)
+        notes += part_notes("c", results)
         notes.append(lm_sharded.collective_line(build, runners[-1]))
     print()
     benchlib.print_table(rows)
