@@ -11,53 +11,28 @@ dropout 0.1, final norm, unembedding, log-softmax cross-entropy; AdamW lr 3e-4, 
 weight decay 0.1, clip_norm 1; the PyTorch and JAX versions use a constant learning rate where
 meshc's follows the example's warmup and cosine schedule, which changes the losses printed, not
 the work per step). Every framework is pinned to the same cores (taskset) and told
-to use that many threads (meshc: OpenBLAS; PyTorch: set_num_threads; JAX: XLA's CPU flags).
+to use that many threads (meshc: oneDNN's OpenMP threads; PyTorch: set_num_threads; JAX: XLA's
+Eigen pool off for one thread, its default for more). The contenders stay up and alternate round
+by round (bench/benchlib.py); each round's figure is the median of --steps steps, the result the
+median over --rounds rounds. bench/compare.py runs this with the other comparisons.
 
-usage: bench/train_step.py [--build-dir build] [--threads 1] [--steps 10]
+usage: bench/train_step.py [--build-dir build] [--threads 1] [--rounds 5] [--steps 10]
        (needs meshc, meshrt and meshrt_kernels built; scripts/install-deps --bench installs
        python3-torch and JAX)"""
 import argparse
 import os
-import shutil
-import subprocess
 import sys
-import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import benchlib
+
+ROOT = benchlib.ROOT
 SIZES = {"batch": 8, "seq": 128, "mem": 128, "d_model": 256, "heads": 4, "d_head": 64,
          "d_ff": 1024, "vocab": 512, "layers": 1}
 
-BENCH_MAIN = r"""
-#include "lm.h"
-#include "meshrt/Threads.h"
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-using meshc_generated::LmTrain;
-int main(int argc, char** argv) {
-  int steps = argc > 1 ? std::atoi(argv[1]) : 10;
-  std::vector<double> ms;
-  float first = 0, last = 0;
-  meshrt::runThreads(LmTrain::mesh(), [&](meshrt::Communicator& world) {
-    LmTrain train(world, 0);
-    auto inputs = train.synthesizeInputs(0);
-    first = train.step(inputs); // warm-up (arena, BLAS buffers)
-    for (int i = 0; i < steps; ++i) {
-      auto start = std::chrono::steady_clock::now();
-      last = train.step(inputs);
-      ms.push_back(std::chrono::duration<double, std::milli>(
-                       std::chrono::steady_clock::now() - start).count());
-    }
-  });
-  std::sort(ms.begin(), ms.end());
-  std::printf("%.3f %g %g\n", ms[ms.size() / 2], first, last);
-}
-"""
-
 TORCH = r"""
-import sys, time, math, torch
-B, S, D, H, DH, F, V, THREADS, STEPS = map(int, sys.argv[1:10])
+import sys, torch
+from benchlib import serve
+B, S, D, H, DH, F, V, THREADS = map(int, sys.argv[1:9])
 torch.set_num_threads(THREADS)
 torch.manual_seed(0)
 g = lambda *shape, std: torch.nn.Parameter(torch.randn(*shape) * std)
@@ -93,17 +68,13 @@ def step():
     torch.nn.utils.clip_grad_norm_(p.values(), 1.0)
     opt.step()
     return loss.item()
-first = step()
-ms = []
-for _ in range(STEPS):
-    start = time.perf_counter(); last = step(); ms.append((time.perf_counter() - start) * 1e3)
-ms.sort()
-print(f"{ms[len(ms) // 2]:.3f} {first:g} {last:g} torch {torch.__version__}")
+serve(step, f"torch {torch.__version__}")
 """
 
 JAX = r"""
-import sys, time
-B, S, D, H, DH, F, V, THREADS, STEPS = map(int, sys.argv[1:10])
+import sys
+from benchlib import serve
+B, S, D, H, DH, F, V, THREADS = map(int, sys.argv[1:9])
 import jax, jax.numpy as jnp
 key = jax.random.PRNGKey(0)
 ks = jax.random.split(key, 12)
@@ -148,86 +119,56 @@ def step(p, m, v, t, tokens, dkey):
     out = {k: upd(p[k], grads[k], m[k], v[k]) for k in p}
     return loss, {k: o[0] for k, o in out.items()}, {k: o[1] for k, o in out.items()}, \
         {k: o[2] for k, o in out.items()}, t
-m = {k: jnp.zeros_like(w) for k, w in p.items()}; v = dict(m); t = 0
-loss, p, m, v, t = step(p, m, v, t, tokens, ks[10]); first = float(loss)
-ms = []
-for i in range(STEPS):
-    start = time.perf_counter()
-    loss, p, m, v, t = step(p, m, v, t, tokens, jax.random.fold_in(ks[11], i))
-    loss.block_until_ready(); ms.append((time.perf_counter() - start) * 1e3)
-ms.sort()
-print(f"{ms[len(ms) // 2]:.3f} {first:g} {float(loss):g} jax {jax.__version__}")
+m = {k: jnp.zeros_like(w) for k, w in p.items()}
+state, count = [p, m, dict(m), 0], [0]
+def one_step():
+    count[0] += 1
+    loss, *state[:] = step(*state, tokens, jax.random.fold_in(ks[11], count[0]))
+    jax.block_until_ready(state)
+    return float(loss)
+serve(one_step, f"jax {jax.__version__}")
 """
 
 
-def run(cmd, env=None):
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        return None, (result.stdout + result.stderr).strip().splitlines()[-3:]
-    return result.stdout.strip().splitlines()[-1], None
+def contenders(build_dir, threads, log_dir):
+    """meshc's generated lm_train (one rank), PyTorch and JAX, each pinned to `threads` cores and
+    told to use that many threads."""
+    work = os.path.join(build_dir, "bench-train-step")
+    binary = benchlib.build_server(
+        build_dir, work, ["--mesh", "data=1", "--layout", "auto", "--function", "lm_train"]
+        + benchlib.dim_args(SIZES), "LmTrain")
+    # One thread: XLA's Eigen pool off. More: XLA's defaults, held to the pinned cores.
+    xla = "--xla_cpu_multi_thread_eigen=false" if threads == 1 else ""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               XLA_FLAGS=xla, PYTHONPATH=benchlib.BENCH)
+    shape = [str(SIZES[k]) for k in ("batch", "seq", "d_model", "heads", "d_head", "d_ff",
+                                     "vocab")] + [str(threads)]
+    pin = benchlib.pin(threads)
+    return [benchlib.Contender("meshc", pin + [binary], env, log_dir),
+            benchlib.Contender("pytorch", pin + [benchlib.TORCH_PYTHON, "-c", TORCH] + shape, env,
+                               log_dir),
+            benchlib.Contender("jax", pin + [sys.executable, "-c", JAX] + shape, env, log_dir)]
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    work = os.path.join(args.build_dir, "bench-train-step")
-    os.makedirs(work, exist_ok=True)
-    cores = ",".join(str(c) for c in range(args.threads))
-    pin = ["taskset", "-c", cores] if shutil.which("taskset") else []
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads),
-               OMP_NUM_THREADS=str(args.threads),
-               XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads="
-               + str(args.threads))
-    dims = [f"--dim={name}={size}" for name, size in SIZES.items()]
-    meshc = os.path.join(args.build_dir, "compiler", "tools", "meshc")
-    base = os.path.join(work, "lm")
-    subprocess.run([meshc, os.path.join(ROOT, "dsl-examples", "transformer.mesh"), "--emit=cpp",
-                    "-o", base, "--mesh", "data=1", "--layout", "auto", "--function", "lm_train"]
-                   + dims, check=True)
-    with open(os.path.join(work, "bench.cpp"), "w") as f:
-        f.write('#include "lm.cpp"\n' + BENCH_MAIN)
-    binary = os.path.join(work, "bench")
-    blas = subprocess.run(["pkg-config", "--variable=includedir", "openblas"], capture_output=True,
-                          text=True).stdout.strip()
-    subprocess.run(["c++", "-O2", "-march=native", "-std=c++20", "-w", "-I", work,
-                    "-I", os.path.join(ROOT, "runtime", "include"),
-                    "-I", os.path.join(ROOT, "runtime", "kernels", "include"),
-                    "-I", os.path.join(ROOT, "compiler", "codegen", "support")]
-                   + (["-I", blas] if blas else ["-I", "/usr/include/x86_64-linux-gnu/openblas-pthread"])
-                   + [os.path.join(work, "bench.cpp"), "-o", binary,
-                      os.path.join(args.build_dir, "runtime", "kernels", "libmeshrt_kernels.a"),
-                      os.path.join(args.build_dir, "runtime", "libmeshrt.a"), "-lopenblas",
-                      "-lpthread"], check=True)
-
-    shape = [str(SIZES[k]) for k in ("batch", "seq", "d_model", "heads", "d_head", "d_ff",
-                                     "vocab")] + [str(args.threads), str(args.steps)]
-    results = {}
-    line, error = run(pin + [binary, str(args.steps)], env)
-    results["meshc"] = line or error
-    torch_python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    line, error = run(pin + [torch_python, "-c", TORCH] + shape, env)
-    results["pytorch"] = line or error
-    line, error = run(pin + [sys.executable, "-c", JAX] + shape, env)
-    results["jax"] = line or error
-
     print(f"transformer-layer training step (forward, backward, AdamW), one rank, "
-          f"{args.threads} thread(s), sizes {SIZES}")
-    times = {}
+          f"{args.threads} thread(s), sizes {SIZES}; {args.rounds} rounds of {args.steps} steps")
+    log_dir = os.path.join(args.build_dir, "bench-train-step")
+    results = benchlib.alternate(contenders(args.build_dir, args.threads, log_dir), args.rounds,
+                                 args.steps)
     for name, value in results.items():
-        if isinstance(value, str):
-            fields = value.split()
-            times[name] = float(fields[0])
-            print(f"  {name:8} {times[name]:9.2f} ms/step  (loss {fields[1]} -> {fields[2]}; "
-                  f"{' '.join(fields[3:])})")
+        if isinstance(value, tuple):
+            print(f"  {name:8} {value[0]:9.2f} ms/step  (loss {value[1]} -> {value[2]})")
         else:
-            print(f"  {name:8} unavailable: {' | '.join(value)}")
-    if "meshc" in times:
-        for name, ms in times.items():
-            if name != "meshc":
-                print(f"  {name} / meshc = {ms / times['meshc']:.2f}  (> 1: meshc is faster)")
+            print(f"  {name:8} unavailable: {value}")
+    benchlib.print_table(benchlib.ratio_rows(f"train step, 1 rank, {args.threads} thread(s)",
+                                             results, "meshc", ["pytorch", "jax"]))
     return 0
 
 
