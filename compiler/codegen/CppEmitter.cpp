@@ -357,10 +357,15 @@ llvm::Error FunctionEmitter::emit() {
        "name, const support::Tensor& local);\n\n";
   std::string checkpointDefinitions;
   emitCheckpointApi(h, checkpointDefinitions);
-  h += "private:\n";
+  // Public only because CUDA's device lambdas need a public enclosing function (and one that
+  // is not a constructor).
+  h += "/// run()'s statements, in parts (run() calls them in order).\n";
   for (size_t k = 0; k < parts.size(); ++k)
     h += fmt::format("void runPart{}(const Inputs& inputs);\n", k);
-  h += "meshrt::Communicator& world_;\nuint64_t seed_;\n";
+  if (!kernels.init.empty())
+    h += "/// Computes the values run() reads that never change (the constructor calls it).\n"
+         "void computeInvariants();\n";
+  h += "\nprivate:\nmeshrt::Communicator& world_;\nuint64_t seed_;\n";
   if (fn.kind == ir::Function::Kind::Train) h += "int64_t step_ = 0;\n";
   for (const plan::AxisList& axes : groups)
     h += fmt::format("meshrt::Communicator& {}; // the ranks along {}\n", groupMember(axes),
@@ -471,9 +476,11 @@ void FunctionEmitter::emitConstructor(std::string& s, const std::string& hoisted
                        quote(init.kind), fmt::join(args, ", "), valueTypeEnum(dtype));
     }
   }
-  if (!hoisted.empty())
-    s += "\n// Values run() reads that never change, computed once (hoist-invariants).\n" + hoisted;
+  if (!hoisted.empty()) s += "computeInvariants();\n";
   s += "}\n\n";
+  if (!hoisted.empty())
+    s += fmt::format("void {}::computeInvariants() {{\n{}{}}}\n\n", name, target->prologue(),
+                     hoisted);
 }
 
 void FunctionEmitter::emitHelpers(std::string& s) {
@@ -615,12 +622,13 @@ void FunctionEmitter::emitCheckpointApi(std::string& h, std::string& s) const {
        "std::stoull(seed->second);\n}\n\n";
 }
 
+// The runner runs on the host on every target: its own values are meshc::gen's host types.
 std::string FunctionEmitter::inputsOfStep(const std::string& step) const {
   std::string s =
       fmt::format("auto inputs = program.synthesizeInputs(seed + uint64_t({}));\n", step);
   for (const ir::InputInfo& input : irFn.inputs)
     s += fmt::format("if (auto given = givenInputs.find({0}); given != givenInputs.end())\n"
-                     "inputs.{1} = {2}::scatterInput(world, {3}, support::batchOfStep({0}, "
+                     "inputs.{1} = {2}::scatterInput(world, {3}, meshc::gen::batchOfStep({0}, "
                      "given->second, {2}::inputShape({3}), {4}));\n",
                      quote(fn.name + "." + input.name), identifier(input.name), name,
                      quote(input.name), step);
@@ -765,7 +773,7 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
                      "<exception>\n\n",
                      options.headerInclude, target.launchInclude());
     r += fmt::format("using namespace {};\n\n", options.cppNamespace);
-    r += "struct Result {\nstd::string name, dtype;\nsupport::Shape shape;\nsupport::Buffer "
+    r += "struct Result {\nstd::string name, dtype;\nmeshc::gen::Shape shape;\nmeshc::gen::Buffer "
          "data;\n};\n\n";
     r += "constexpr int kTimedRuns = 5;\n\n"
          "/// Prints the median and best of the timed runs (each: its slowest rank).\n"
@@ -794,10 +802,10 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
         "argv[0]);\nreturn "
         "2;\n}\n"
         "uint64_t seed = positional.size() > 1 ? std::strtoull(positional[1].c_str(), nullptr, 10) "
-        ": 0;\n(void)steps;\nsupport::useSingleThreadedBlas();\n"
+        ": 0;\n(void)steps;\nmeshc::gen::useSingleThreadedBlas();\n"
         "// Inputs from a file (`meshc run --data`) replace the synthesized ones, by name.\n"
-        "const std::map<std::string, support::Tensor> givenInputs = positional.size() > 2 ? "
-        "support::readTensors(positional[2]) : std::map<std::string, support::Tensor>();\n";
+        "const std::map<std::string, meshc::gen::Tensor> givenInputs = positional.size() > 2 ? "
+        "meshc::gen::readTensors(positional[2]) : std::map<std::string, meshc::gen::Tensor>();\n";
     for (const auto& emitter : emitters)
       r += emitter->runnerBody();
     r += "} catch (const std::exception& error) {\nstd::fprintf(stderr, \"error: %s\\n\", "
@@ -806,7 +814,7 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
     r += "std::FILE* file = std::fopen(positional[0].c_str(), \"wb\");\nif (!file) {\n"
          "std::fprintf(stderr, \"error: cannot open '%s'\\n\", positional[0].c_str());\nreturn "
          "2;\n}\n"
-         "for (const Result& result : results)\nsupport::writeTensor(file, result.name, "
+         "for (const Result& result : results)\nmeshc::gen::writeTensor(file, result.name, "
          "result.dtype.c_str(), result.shape, result.data);\nstd::fclose(file);\nreturn 0;\n}\n";
   }
   if (options.runner) output.runner = formatCpp(output.runner, "runner.cpp");

@@ -20,7 +20,8 @@ public:
   const char* supportHeader() const override { return "meshc/GeneratedSupport.h"; }
   const char* description() const override { return "SPMD C++ over meshrt"; }
 
-  std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn) const override {
+  std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn,
+                   const std::string& invariants) const override {
     CollapsedLoop collapsed = collapseLoop(loop);
     // One pointer per buffer (a buffer read and stored in place has one, writable): distinct
     // buffers never share bytes, so each pointer is __restrict.
@@ -32,7 +33,7 @@ public:
     for (const kir::Access& read : loop.reads)
       if (!llvm::is_contained(buffers, read.buffer)) buffers.push_back(read.buffer);
     auto pointer = [&](kir::BufferId id) { return fn.buffers[size_t(id)].name + "p"; };
-    std::string out = "{\n" + stepDeclaration(loop);
+    std::string out = "{\n" + invariants + stepDeclaration(loop);
     for (kir::BufferId id : buffers)
       out += fmt::format("{}float* __restrict {} = {}.data();\n",
                          llvm::is_contained(stored, id) ? "" : "const ", pointer(id),

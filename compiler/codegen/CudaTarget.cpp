@@ -21,7 +21,8 @@ public:
     return "SPMD CUDA over meshrt (meshrt_cuda, NCCL)";
   }
 
-  std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn) const override {
+  std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn,
+                   const std::string& invariants) const override {
     CollapsedLoop collapsed = collapseLoop(loop);
     // The lambda captures every buffer as a device span, by value.
     std::vector<kir::BufferId> buffers;
@@ -35,7 +36,7 @@ public:
     int64_t count = 1;
     for (int64_t extent : collapsed.extents)
       count *= extent;
-    std::string out = "{\n" + stepDeclaration(loop);
+    std::string out = "{\n" + invariants + stepDeclaration(loop);
     out += fmt::format("support::forEachIndex({}, [{}] __device__(int64_t i) {{\n", count, captures);
     // The point's index per collapsed dim, innermost fastest.
     std::string rest = "i";

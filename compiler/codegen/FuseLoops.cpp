@@ -10,6 +10,7 @@ namespace {
 
 /// Ops worth recomputing at every point of a broadcast rather than storing once.
 bool isCheap(const Scalar& scalar) {
+  if (scalar.kind == Scalar::Kind::Dropout) return false; // a Philox call
   if (scalar.kind != Scalar::Kind::Compute) return true;
   switch (scalar.op) {
   case ir::OpKind::Exp:
@@ -142,6 +143,9 @@ private:
     Loop merged;
     merged.dims = consumer.dims;
     merged.extents = consumer.extents;
+    merged.invariants = producer.invariants;
+    merged.invariants.insert(merged.invariants.end(), consumer.invariants.begin(),
+                             consumer.invariants.end());
     auto readIndex = [&](BufferId id, const Shape& strides) {
       for (size_t r = 0; r < merged.reads.size(); ++r)
         if (merged.reads[r].buffer == id && merged.reads[r].strides == strides) return int(r);
@@ -171,6 +175,7 @@ private:
       if (copy.kind == Scalar::Kind::Load)
         copy.read = readIndex(consumer.reads[size_t(scalar.read)].buffer,
                               consumer.reads[size_t(scalar.read)].strides);
+      if (copy.kind == Scalar::Kind::Dropout) copy.read += int(producer.invariants.size());
       for (int& arg : copy.args)
         arg = consumerIndex[size_t(arg)];
       consumerIndex[k] = int(merged.body.size());

@@ -18,7 +18,8 @@ void hoistInvariants(KernelFunction& fn) {
       invariant = invariant && fn.buffers[size_t(id)].storage == Storage::Persistent;
     if (const Loop* loop = std::get_if<Loop>(&stmt.node))
       invariant = invariant && llvm::none_of(loop->body, [](const Scalar& scalar) {
-                    return scalar.kind == Scalar::Kind::Step;
+                    return scalar.kind == Scalar::Kind::Step ||
+                           scalar.kind == Scalar::Kind::Dropout; // keyed by seed and step
                   });
     if (!invariant) {
       kept.push_back(std::move(stmt));

@@ -255,6 +255,11 @@ private:
       case Scalar::Kind::Step:
         text = "step";
         break;
+      case Scalar::Kind::Dropout:
+        text = fmt::format("dropout %{} rate {} key {} index {} + i.{}", s.args.empty() ? -1 : s.args[0],
+                           s.value, argumentAt(loop, s.read), argumentAt(loop, s.read + 1),
+                           ints(s.strides));
+        break;
       case Scalar::Kind::Compute: {
         std::vector<std::string> args;
         for (int a : s.args)
@@ -269,6 +274,11 @@ private:
     for (const Store& store : loop.stores)
       out += fmt::format("    store {}{} = %{}\n", name(store.at.buffer), ints(store.at.strides),
                          store.value);
+  }
+
+  std::string argumentAt(const Loop& loop, int index) const {
+    return index >= 0 && size_t(index) < loop.invariants.size() ? argument(loop.invariants[size_t(index)])
+                                                               : "<bad invariant>";
   }
 
   void print(const Gemm& gemm, const Stmt&) {

@@ -41,6 +41,36 @@ struct Buffer {
   int64_t offset = -1; // Arena / Persistent: byte offset, assigned by planBuffers
 };
 
+/// One argument of a kernel call; the printers spell each kind for their target.
+struct Arg {
+  enum class Kind {
+    Data,       // buffer's element pointer
+    View,       // buffer as a span
+    Ints,       // {a, b, ...}
+    Int,        // an integer
+    Real,       // a double literal
+    ShardStart, // this rank's shard start along a dim split over `names` of global size `value`
+    GlobalBase, // `value` + sum over the shard starts of `starts` times the strides `ints`
+    Shard,      // meshrt::kernels::Shard{global sizes `ints`, starts, local sizes `ints2`}
+    BlockIndex, // this rank's block index along the axes `names`
+    Group,      // the subgroup communicator over `names` (a reference)
+    GroupPointer, // the same as a pointer, nullptr when `names` is empty (the lane is whole)
+    Stream,     // the RNG stream name `text` (keyed by the train step when `value` != 0)
+    StreamKey,  // the same, as the stream key made with the seed (meshrt::streamKey)
+    Enum,       // a support enumerator, e.g. "Reduce::Sum" (target namespace prefixed)
+    Text,       // a C++ token the same on every target (a ValueType enumerator, a string)
+  };
+  Kind kind = Kind::Int;
+  BufferId buffer = kNoBuffer;
+  Shape ints, ints2;
+  double value = 0;
+  std::string text;
+  std::vector<std::string> names;
+  /// GlobalBase / Shard: per dim, the axes its shard start comes from and the local size.
+  std::vector<std::pair<std::vector<std::string>, int64_t>> starts;
+  bool operator==(const Arg&) const = default;
+};
+
 //===------------------------------------------------------------------------------------------===//
 // Fused loop nests
 //===------------------------------------------------------------------------------------------===//
@@ -60,6 +90,9 @@ struct Scalar {
     Const,   // `value`
     Compute, // `op` (an elementwise IR op) of `args`
     Step,    // the train step counter (steps taken before this one), as f32
+    Dropout, // args[0] kept with probability 1 - `value` (the rate) and scaled by 1 / (1 - rate),
+             // by the layout-invariant RNG: key loop.invariants[read] (a stream key), global
+             // index loop.invariants[read + 1] (a global base) + sum of index * `strides`
   };
   Kind kind = Kind::Const;
   ir::OpKind op = ir::OpKind::Add;
@@ -68,6 +101,7 @@ struct Scalar {
   double value = 0;
   DType dtype = DType::F32;
   std::string function; // op == Call: the user's C++ function
+  Shape strides;        // Dropout: the global index's strides over the loop dims
   bool operator==(const Scalar&) const = default;
 };
 
@@ -86,6 +120,9 @@ struct Loop {
   std::vector<Access> reads;
   std::vector<Store> stores;
   std::vector<Scalar> body;
+  /// Values computed once before the loop (RNG stream keys, global bases), printed as kernel
+  /// arguments are.
+  std::vector<Arg> invariants;
   bool operator==(const Loop&) const = default;
 };
 
@@ -123,36 +160,6 @@ enum KernelTrait : unsigned {
 const char* calleeSpelling(Callee callee);
 unsigned calleeTraits(Callee callee);
 const char* calleeDescription(Callee callee);
-
-/// One argument of a kernel call; the printers spell each kind for their target.
-struct Arg {
-  enum class Kind {
-    Data,       // buffer's element pointer
-    View,       // buffer as a span
-    Ints,       // {a, b, ...}
-    Int,        // an integer
-    Real,       // a double literal
-    ShardStart, // this rank's shard start along a dim split over `names` of global size `value`
-    GlobalBase, // `value` + sum over the shard starts of `starts` times the strides `ints`
-    Shard,      // meshrt::kernels::Shard{global sizes `ints`, starts, local sizes `ints2`}
-    BlockIndex, // this rank's block index along the axes `names`
-    Group,      // the subgroup communicator over `names` (a reference)
-    GroupPointer, // the same as a pointer, nullptr when `names` is empty (the lane is whole)
-    Stream,     // the RNG stream name `text` (keyed by the train step when `value` != 0)
-    StreamKey,  // the same, as the stream key made with the seed (meshrt::streamKey)
-    Enum,       // a support enumerator, e.g. "Reduce::Sum" (target namespace prefixed)
-    Text,       // a C++ token the same on every target (a ValueType enumerator, a string)
-  };
-  Kind kind = Kind::Int;
-  BufferId buffer = kNoBuffer;
-  Shape ints, ints2;
-  double value = 0;
-  std::string text;
-  std::vector<std::string> names;
-  /// GlobalBase / Shard: per dim, the axes its shard start comes from and the local size.
-  std::vector<std::pair<std::vector<std::string>, int64_t>> starts;
-  bool operator==(const Arg&) const = default;
-};
 
 struct Call {
   Callee callee = Callee::Reduce;

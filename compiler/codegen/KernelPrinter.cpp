@@ -141,6 +141,7 @@ std::string scalarExpression(const Scalar& s, const std::vector<std::string>& ar
                              const std::vector<DType>& argTypes) {
   switch (s.kind) {
   case Scalar::Kind::Load:
+  case Scalar::Kind::Dropout:
     return "0.0f"; // spelled by loopBody
   case Scalar::Kind::Step:
     return "stepValue"; // float(step_), declared before the loop
@@ -188,9 +189,14 @@ CollapsedLoop collapseLoop(const kir::Loop& loop) {
     c.reads.push_back(read.strides);
   for (const kir::Store& store : loop.stores)
     c.stores.push_back(store.at.strides);
+  for (const Scalar& scalar : loop.body)
+    c.scalars.push_back(scalar.kind == Scalar::Kind::Dropout ? scalar.strides
+                                                             : kir::Shape(loop.extents.size(), 0));
   for (kir::Shape& s : c.reads)
     all.push_back(&s);
   for (kir::Shape& s : c.stores)
+    all.push_back(&s);
+  for (kir::Shape& s : c.scalars)
     all.push_back(&s);
   c.extents = loop.extents;
   // Size-1 dims first, then adjacent dims every access walks as one.
@@ -232,6 +238,13 @@ std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
     std::string expr;
     if (s.kind == Scalar::Kind::Load) {
       expr = element(size_t(s.read), offsetExpression(collapsed.reads[size_t(s.read)]));
+    } else if (s.kind == Scalar::Kind::Dropout) {
+      // As the dropout kernel: keep ? x * (1 / (1 - rate)) in double, rounded once : 0.
+      double scale = s.value < 1 ? 1 / (1 - s.value) : 0.0;
+      expr = fmt::format("(meshrt::dropoutKeep(inv{}, uint64_t(inv{} + {}), {}) ? float(double(s{}) "
+                         "* {}) : 0.0f)",
+                         s.read, s.read + 1, offsetExpression(collapsed.scalars[k]),
+                         doubleLiteral(s.value), s.args[0], doubleLiteral(scale));
     } else {
       std::vector<std::string> args;
       std::vector<DType> types;
@@ -410,7 +423,13 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
   struct Visitor {
     StatementPrinter& p;
     size_t index;
-    std::string operator()(const kir::Loop& loop) const { return p.target.loop(loop, p.fn); }
+    std::string operator()(const kir::Loop& loop) const {
+      std::string invariants;
+      for (size_t k = 0; k < loop.invariants.size(); ++k)
+        invariants += fmt::format("const auto inv{} = {};\n", k,
+                                  p.argument(loop.invariants[k], index, 1000 + k));
+      return p.target.loop(loop, p.fn, invariants);
+    }
     std::string operator()(const kir::Gemm& gemm) const {
       return p.target.gemm(gemm, p.fn, index);
     }
@@ -466,6 +485,7 @@ std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t
       if (!arg.starts[d].first.empty() && arg.ints[d] != 0)
         terms.push_back(fmt::format("{} * {}", start(arg.starts[d].first, arg.starts[d].second),
                                     arg.ints[d]));
+    if (terms.empty()) terms.push_back("0");
     return fmt::format("int64_t({})", fmt::join(terms, " + "));
   }
   case kir::Arg::Kind::Shard: {

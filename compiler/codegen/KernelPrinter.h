@@ -20,6 +20,7 @@ class Target;
 struct CollapsedLoop {
   kir::Shape extents;
   std::vector<kir::Shape> reads, stores; // strides per read / per store
+  std::vector<kir::Shape> scalars;       // per body scalar: its strides (dropout's global index)
 };
 CollapsedLoop collapseLoop(const kir::Loop& loop);
 

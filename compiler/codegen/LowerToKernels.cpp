@@ -537,12 +537,25 @@ llvm::Error Lowerer::lowerOther(size_t index) {
   case OpKind::Dropout: {
     SpmdValueId operand = op.operands[0];
     if (fn.kind == ir::Function::Kind::Train) {
+      // A loop (fused with its neighbours; backward redraws the mask in its own loop): keep
+      // element i iff uniform01(key, global index of i) >= rate, as meshrt::dropoutKeep.
+      Loop loop;
+      for (const ir::Dim& dim : result.dims) {
+        loop.dims.push_back(dim.name);
+        loop.extents.push_back(dim.size);
+      }
+      loop.reads.push_back(Access{bufferOf[operand], stridesOver(local(operand), result.dims)});
+      loop.invariants = {streamKey(op), globalBase(op.result)};
+      loop.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = 0, .dtype = local(operand).dtype});
+      loop.body.push_back(Scalar{.kind = Scalar::Kind::Dropout,
+                                 .args = {0},
+                                 .read = 0,
+                                 .value = numberAttr(op, "rate", 0),
+                                 .dtype = result.dtype,
+                                 .strides = rowMajorStrides(global(op.result))});
       BufferId written = allocate(op.result);
-      call(Callee::Dropout,
-           {data(op.result), ints(sizesOf(result.dims)), data(operand),
-            ints(stridesOver(local(operand), result.dims)), ints(rowMajorStrides(global(op.result))),
-            globalBase(op.result), streamKey(op), real(numberAttr(op, "rate", 0))},
-           written, {operand});
+      loop.stores.push_back(Store{Access{written, rowMajorStrides(result)}, 1});
+      emit(Stmt{.node = std::move(loop)});
       rounding(op.result);
     } else if (local(operand).dims == result.dims) {
       bindCopy(op.result, operand, index); // dropout is the identity outside training

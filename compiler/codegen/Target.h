@@ -21,8 +21,10 @@ public:
   virtual const char* supportHeader() const = 0;
   /// What the files hold, for their first comment ("SPMD C++ over meshrt").
   virtual const char* description() const = 0;
-  /// A fused loop nest, as a block of statements.
-  virtual std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn) const = 0;
+  /// A fused loop nest, as a block of statements; `invariants` declares the loop's invariant
+  /// values (`inv0`, `inv1`, ...) and goes first in the block.
+  virtual std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn,
+                           const std::string& invariants) const = 0;
   /// A GEMM; `id` is unique in the function (for a static plan's name).
   virtual std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn,
                            size_t id) const = 0;

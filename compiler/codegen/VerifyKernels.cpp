@@ -94,6 +94,10 @@ private:
           if (arg < 0 || size_t(arg) >= k)
             fail(where, fmt::format("scalar %{} uses %{}, not defined before it", k, arg));
         if (s.kind == Scalar::Kind::Step && init) fail(where, "the step counter in the constructor");
+        if (s.kind == Scalar::Kind::Dropout &&
+            (s.args.size() != 1 || s.read < 0 || size_t(s.read) + 1 >= loop->invariants.size() ||
+             s.strides.size() != loop->extents.size()))
+          fail(where, fmt::format("dropout scalar %{} without its key, base or strides", k));
       }
     } else if (const Gemm* gemm = std::get_if<Gemm>(&stmt.node)) {
       if (gemm->operands.size() != gemm->operandDims.size() || gemm->operands.empty())

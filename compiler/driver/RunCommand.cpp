@@ -115,6 +115,12 @@ cl::opt<bool> runNoPlan("no-plan", cl::desc("Do not print the plan"), cl::sub(ru
 
 using Clock = std::chrono::steady_clock;
 
+/// Says on stderr which stage starts (a build can take a while; stdout keeps the results).
+void stage(const std::string& what) {
+  llvm::errs() << "meshc run: " << what << "\n";
+  llvm::errs().flush();
+}
+
 double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -352,6 +358,7 @@ int runCommand(const char* argv0) {
                                  "without CUDA (MESHC_CUDA=OFF); use --backend threads or mpi");
 
   // 1. compile: the generated classes and their runner (C++, or CUDA for the GPUs).
+  stage(fmt::format("compiling {} to {}", std::string(runInput), onGpus ? "CUDA" : "C++"));
   auto start = Clock::now();
   std::string base = pathIn(workDir, stem);
   std::string source = onGpus ? ".cu" : ".cpp";
@@ -385,6 +392,9 @@ int runCommand(const char* argv0) {
                      toolchain.cuda->libraries.end());
     libraries.insert(libraries.end(), toolchain.cuda->systemLibraries.begin(),
                      toolchain.cuda->systemLibraries.end());
+    // Host compiler flags among the libraries (OpenMP's -fopenmp) go through nvcc's -Xcompiler.
+    for (std::string& library : libraries)
+      if (llvm::StringRef(library).startswith("-f")) library = "-Xcompiler=" + library;
   }
   for (const std::string& dir : toolchain.includeDirs)
     build.insert(build.end(), {"-I", dir});
@@ -398,6 +408,8 @@ int runCommand(const char* argv0) {
       key += readFile(llvm::sys::path::is_absolute(line) ? line.str() : pathIn(mainDir, line));
   std::string binary = fmt::format("{}-{:016x}.bin", base, llvm::xxHash64(key));
   bool cached = llvm::sys::fs::exists(binary);
+  stage(cached ? std::string("building: the cache has this binary")
+               : fmt::format("building the generated code ({})", build.front()));
   if (!cached) {
     {
       std::error_code ec;
@@ -448,6 +460,9 @@ int runCommand(const char* argv0) {
     if (::geteuid() == 0) run.insert(run.begin() + 1, "--allow-run-as-root");
     env.push_back("MESHRT_BACKEND=mpi");
   }
+  stage(fmt::format("running on the {} backend", runBackend == Backend::Mpi ? "mpi"
+                                                  : onGpus                  ? "nccl"
+                                                                            : "threads"));
   start = Clock::now();
   int rc = execute(run, "", "", error, env.empty() ? nullptr : &env);
   if (rc != 0)
@@ -460,6 +475,7 @@ int runCommand(const char* argv0) {
   double checkSeconds = 0;
   bool matches = true;
   if (runCheck) {
+    stage("checking against the reference interpreter");
     start = Clock::now();
     std::string expected = base + ".expected", log = base + ".interp.log";
     std::vector<std::string> args = overrides;

@@ -186,6 +186,12 @@ def run_check():
                      "meshc run: compile", "build", "check"]:
             expect(text in proc.stdout, f"meshc run prints '{text}'", proc)
         expect("mlp_train" not in proc.stdout, "--function builds only mlp", proc)
+        stages = ["meshc run: compiling", "meshc run: building the generated code",
+                  "meshc run: running on the threads backend",
+                  "meshc run: checking against the reference interpreter"]
+        positions = [proc.stderr.find(stage) for stage in stages]
+        expect(all(p >= 0 for p in positions) and positions == sorted(positions),
+               "meshc run announces its stages on stderr, in order", proc)
         again = run_command(MLP, "--mesh", "data=2,model=2", "--check", "--function", "mlp",
                             "--no-plan", cache=cache)
         expect(again.returncode == 0 and "(cached)" in again.stdout and

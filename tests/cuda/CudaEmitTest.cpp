@@ -59,31 +59,36 @@ TEST_CASE("the CUDA target retargets the one emitter's output", "[cuda][codegen]
   llvm::Expected<codegen::CppOutput> cpu = codegen::emitCpp(*mlp.module, *mlp.plans, options.cpp);
   REQUIRE(succeeded(cpu));
 
-  // No CPU support name is left; the device support header and the NCCL runner are used.
+  // The generated code names its support through the alias `support`: the device support
+  // header and namespace here, no CPU support name; the NCCL runner.
   for (const std::string* text : {&cuda->header, &cuda->source})
-    REQUIRE(count(*text, "meshc::gen::") == 0);
+    REQUIRE(count(*text, "meshc::gen") == 0);
   REQUIRE(count(cuda->header, "#include \"meshc/CudaSupport.h\"") == 1);
-  REQUIRE(count(cuda->header, "meshc::cuda::Buffer param") ==
-          count(cpu->header, "meshc::gen::Buffer param"));
+  REQUIRE(count(cuda->header, "namespace support = meshc::cuda;") == 1);
+  REQUIRE(count(cpu->header, "namespace support = meshc::gen;") == 1);
+  REQUIRE(count(cuda->header, "support::Buffer param") ==
+          count(cpu->header, "support::Buffer param"));
   REQUIRE(count(cuda->runner, "meshrt::nccl::launch(") == 2);
   REQUIRE(count(cuda->runner, "meshrt::launch(") == 0);
   REQUIRE(count(cuda->runner, "meshrt::LaunchOptions") == 0);
   // The host param API and checkpoints on both targets, over the target's shards.
   for (const char* api : {"paramShards()", "getParam(", "setParam(", "void save(", "void load("})
     REQUIRE(count(cuda->header, api) == count(cpu->header, api));
-  REQUIRE(count(cuda->source, "meshc::cuda::saveParams(") == mlp.plans->size());
-  REQUIRE(count(cuda->source, "std::vector<meshc::cuda::ParamShard>") == mlp.plans->size());
+  REQUIRE(count(cuda->source, "support::saveParams(") == mlp.plans->size());
+  REQUIRE(count(cuda->source, "std::vector<support::ParamShard>") == mlp.plans->size());
 
-  // Every fused loop of the CPU code is one device lambda; f32 einsums go to cuBLAS (einsum2).
-  size_t cpuLoops =
-      count(cpu->source, "for (size_t i = 0;") + count(cpu->source, "meshc::gen::forEach<");
+  // Every loop nest of the kernel IR is one device lambda (each starts with its scalar s0);
+  // f32 einsums go to cuBLAS (einsum2).
+  size_t cpuLoops = count(cpu->source, "const float s0 = ");
   REQUIRE(cpuLoops > 0);
-  REQUIRE(count(cuda->source, "__device__") == cpuLoops);
-  REQUIRE(count(cuda->source, "meshc::cuda::einsum2(") == count(cpu->source, "EinsumPlan einsum"));
+  REQUIRE(count(cuda->source, "const float s0 = ") == cpuLoops);
+  REQUIRE(count(cuda->source, "__device__(int64_t i)") == cpuLoops);
+  REQUIRE(count(cuda->source, "support::einsum2(") ==
+          count(cpu->source, "meshrt::kernels::EinsumPlan einsumPlan"));
   REQUIRE(count(cuda->source, "meshrt::kernels::EinsumPlan") == 0);
-  // The parameters' random init runs through the host fills, then to the device.
-  REQUIRE(count(cuda->source, "meshc::cuda::fillParam(") ==
-          count(cpu->source, "meshrt::kernels::fillParam("));
+  // The parameters' random init runs through the target's fills (on CUDA: host, then device).
+  REQUIRE(count(cuda->source, "support::fillParam(") == count(cpu->source, "support::fillParam("));
+  REQUIRE(count(cuda->source, "support::fillParam(") > 0);
   // One context prologue per constructor and per run(), in the default precision.
   REQUIRE(
       count(cuda->source, "meshc::cuda::Scope cudaScope(world_, meshc::cuda::MathMode::FP32)") ==
@@ -116,12 +121,11 @@ TEST_CASE("the CUDA target emits train blocks: backward, updates and step() on t
   REQUIRE(succeeded(cpu));
   REQUIRE(count(cuda->header, "float step(const Inputs &inputs);") == 1);
   // Updates not computed in place are device copies (never a host std::copy of device memory).
-  REQUIRE(count(cuda->source, "meshc::cuda::copyValues(") ==
-          count(cpu->source, "meshc::gen::copyValues("));
+  REQUIRE(count(cuda->source, "support::copyValues(") ==
+          count(cpu->source, "support::copyValues("));
   REQUIRE(count(cuda->source, "std::copy(") == count(cpu->source, "std::copy("));
   REQUIRE(count(cuda->source, "++step_;") == 1);
   // The backward's fused loops are device lambdas too.
-  size_t cpuLoops =
-      count(cpu->source, "for (size_t i = 0;") + count(cpu->source, "meshc::gen::forEach<");
-  REQUIRE(count(cuda->source, "__device__") == cpuLoops);
+  size_t cpuLoops = count(cpu->source, "const float s0 = ");
+  REQUIRE(count(cuda->source, "__device__(int64_t i)") == cpuLoops);
 }

@@ -193,8 +193,10 @@ Mlm::Mlm(meshrt::Communicator &world, uint64_t seed)
   // bert/encoder_layer[1]/norm#1/bias: zeros (layers.mesh:23)
   param29_bert_encoder_layer_1_norm_1_bias.assign(64,
                                                   support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void Mlm::computeInvariants() {
 
   // bert.mesh:41:58 iota
   support::View v18 = persistent_.view(0, 32);
@@ -1572,8 +1574,10 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
   // bert/encoder_layer[1]/norm#1/bias@v: zeros (layers.mesh:23)
   param89_bert_encoder_layer_1_norm_1_bias_v.assign(64,
                                                     support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void MlmTrain::computeInvariants() {
 
   // bert.mesh:41:58 iota
   support::View v20 = persistent_.view(0, 32);
@@ -1608,7 +1612,7 @@ MlmTrain::MlmTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
-  // Arena: 517184 bytes for 1920028 bytes of temporaries (placed by liveness).
+  // Arena: 541248 bytes for 1788956 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 32});
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
@@ -1623,7 +1627,7 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   runPart6(inputs);
   runPart7(inputs);
   runPart8(inputs);
-  support::View v123 = arena_.view(517120, 1);
+  support::View v123 = arena_.view(541184, 1);
 
   // The step's updates.
   ++step_;
@@ -1657,7 +1661,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:34:76 add
   // bert.mesh:35:37 add -> x
   support::View v6(param1_bert_position_embedding); // updated in place
-  support::View v12 = arena_.view(344064, 2048);
+  support::View v12 = arena_.view(491520, 2048);
   {
     float *__restrict v12p = v12.data();
     const float *__restrict v9p = v9.data();
@@ -1674,7 +1678,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
-  support::View v15 = arena_.view(352256, 2048);
+  support::View v15 = arena_.view(499712, 2048);
   static const support::Shape shape3_2 = {1, 32};
   static const support::Shape shape3_3 = {2048, 64};
   static const support::Shape shape3_4 = {2048, 64};
@@ -1688,7 +1692,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:24:40 add -> x
   support::View v13(param4_bert_norm_gain); // updated in place
   support::View v14(param5_bert_norm_bias); // updated in place
-  support::View v17 = arena_.view(491520, 2048);
+  support::View v17 = arena_.view(507904, 2048);
   {
     float *__restrict v17p = v17.data();
     const float *__restrict v15p = v15.data();
@@ -1731,7 +1735,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // layers.mesh:36:11 einsum -> q
   support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
-  support::View v30 = arena_.view(442368, 2048);
+  support::View v30 = arena_.view(458752, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1739,7 +1743,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // layers.mesh:38:18 einsum
   support::View v27(param7_bert_encoder_layer_0_attention_w_k); // updated in place
-  support::View v31 = arena_.view(450560, 2048);
+  support::View v31 = arena_.view(466944, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1747,7 +1751,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // layers.mesh:39:18 einsum
   support::View v28(param8_bert_encoder_layer_0_attention_w_v); // updated in place
-  support::View v33 = arena_.view(458752, 2048);
+  support::View v33 = arena_.view(475136, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
@@ -1764,7 +1768,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:41:39 transpose -> allowed
   // layers.mesh:43:39 gt
   // layers.mesh:43:39 gt
-  support::View v39 = arena_.view(507904, 1024);
+  support::View v39 = arena_.view(532480, 1024);
   {
     float *__restrict v39p = v39.data();
     const float *__restrict v24p = v24.data();
@@ -1797,7 +1801,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:43:17 softmax -> weights
-  support::View v42 = arena_.view(327680, 4096);
+  support::View v42 = arena_.view(360448, 4096);
   static const support::Shape shape13_2 = {1, 4, 32};
   static const support::Shape shape13_3 = {4096, 1024, 32};
   static const support::Shape shape13_4 = {4096, 1024, 32};
@@ -1808,7 +1812,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
                  shape13_7, support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
-  support::View v43 = arena_.view(466944, 2048);
+  support::View v43 = arena_.view(483328, 2048);
   // dims: batch, heads, seq, mem, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
@@ -1823,7 +1827,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   einsumPlan15.run(v43.data(), v29.data(), v44.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
-  support::View v45 = arena_.view(425984, 2048);
+  support::View v45 = arena_.view(442368, 2048);
   {
     float *__restrict v45p = v45.data();
     const float *__restrict v17p = v17.data();
@@ -1837,7 +1841,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
-  support::View v48 = arena_.view(434176, 2048);
+  support::View v48 = arena_.view(450560, 2048);
   static const support::Shape shape17_2 = {1, 32};
   static const support::Shape shape17_3 = {2048, 64};
   static const support::Shape shape17_4 = {2048, 64};
@@ -1851,7 +1855,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // layers.mesh:24:40 add -> h
   support::View v46(param10_bert_encoder_layer_0_norm_gain); // updated in place
   support::View v47(param11_bert_encoder_layer_0_norm_bias); // updated in place
-  support::View v50 = arena_.view(475136, 2048);
+  support::View v50 = arena_.view(516096, 2048);
   {
     float *__restrict v50p = v50.data();
     const float *__restrict v48p = v48.data();
@@ -1879,12 +1883,16 @@ void MlmTrain::runPart0(const Inputs &inputs) {
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
+  // layers.mesh:55:17 dropout
   support::View v52(param13_bert_encoder_layer_0_ffn_b_in); // updated in place
   support::View v56 = arena_.view(196608, 8192);
-  support::View v57 = arena_.view(32768, 8192);
+  support::View v58 = arena_.view(229376, 8192);
   {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("bert/encoder_layer[0]/ffn/dropout#0") +
+                                                   "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
     float *__restrict v56p = v56.data();
-    float *__restrict v57p = v57.data();
+    float *__restrict v58p = v58.data();
     const float *__restrict v55p = v55.data();
     const float *__restrict v52p = v52.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -1893,35 +1901,27 @@ void MlmTrain::runPart0(const Inputs &inputs) {
         const float s1 = v52p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
+        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
+                              ? float(double(s3) * 1.1111111111111112)
+                              : 0.0f);
         v56p[i0 * 256 + i1] = s2;
-        v57p[i0 * 256 + i1] = s3;
+        v58p[i0 * 256 + i1] = s4;
       }
     }
   }
-
-  // layers.mesh:55:17 dropout
-  support::View v58 = arena_.view(229376, 8192);
-  static const support::Shape shape21_1 = {1, 32, 256};
-  static const support::Shape shape21_3 = {8192, 256, 1};
-  static const support::Shape shape21_4 = {8192, 256, 1};
-  support::dropout(v58.data(), shape21_1, v57.data(), shape21_3, shape21_4,
-                   int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192),
-                   meshrt::streamKey(seed_, std::string("bert/encoder_layer[0]/ffn/dropout#0") +
-                                                "#" + std::to_string(step_)),
-                   0.1);
 
   // layers.mesh:55:10 einsum
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out); // updated in place
   support::View v59 = arena_.view(0, 2048);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v58.data(), v53.data(), v59.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v58.data(), v53.data(), v59.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
   support::View v54(param15_bert_encoder_layer_0_ffn_b_out); // updated in place
-  support::View v61 = arena_.view(180224, 2048);
+  support::View v61 = arena_.view(311296, 2048);
   {
     float *__restrict v61p = v61.data();
     const float *__restrict v59p = v59.data();
@@ -1938,28 +1938,28 @@ void MlmTrain::runPart0(const Inputs &inputs) {
       }
     }
   }
+
+  // layers.mesh:24:10 layer_norm
+  support::View v64 = arena_.view(319488, 2048);
+  static const support::Shape shape23_2 = {1, 32};
+  static const support::Shape shape23_3 = {2048, 64};
+  static const support::Shape shape23_4 = {2048, 64};
+  static const support::Shape shape23_5 = {64};
+  static const support::Shape shape23_6 = {1};
+  static const support::Shape shape23_7 = {1};
+  support::along(v64.data(), v61.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
+                 shape23_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
 
-  // layers.mesh:24:10 layer_norm
-  support::View v61 = arena_.view(180224, 2048);
-  support::View v64 = arena_.view(188416, 2048);
-  static const support::Shape shape0_2 = {1, 32};
-  static const support::Shape shape0_3 = {2048, 64};
-  static const support::Shape shape0_4 = {2048, 64};
-  static const support::Shape shape0_5 = {64};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v64.data(), v61.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
+  support::View v64 = arena_.view(319488, 2048);
   support::View v62(param16_bert_encoder_layer_0_norm_1_gain); // updated in place
   support::View v63(param17_bert_encoder_layer_0_norm_1_bias); // updated in place
-  support::View v66 = arena_.view(294912, 2048);
+  support::View v66 = arena_.view(327680, 2048);
   {
     float *__restrict v66p = v66.data();
     const float *__restrict v64p = v64.data();
@@ -1979,38 +1979,38 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:36:11 einsum -> q
   support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
-  support::View v71 = arena_.view(303104, 2048);
+  support::View v71 = arena_.view(335872, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(v66.data(), v67.data(), v71.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v66.data(), v67.data(), v71.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   support::View v68(param19_bert_encoder_layer_1_attention_w_k); // updated in place
-  support::View v72 = arena_.view(311296, 2048);
+  support::View v72 = arena_.view(344064, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(v66.data(), v68.data(), v72.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v66.data(), v68.data(), v72.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   support::View v69(param20_bert_encoder_layer_1_attention_w_v); // updated in place
-  support::View v74 = arena_.view(319488, 2048);
+  support::View v74 = arena_.view(352256, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(v66.data(), v69.data(), v74.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v66.data(), v69.data(), v74.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
   support::View v76 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(v71.data(), v72.data(), v76.data(), 0.25f, 0.0f);
+  einsumPlan4.run(v71.data(), v72.data(), v76.data(), 0.25f, 0.0f);
 
   // layers.mesh:43:25 where
-  support::View v39 = arena_.view(507904, 1024);
+  support::View v39 = arena_.view(532480, 1024);
   support::View v82 = arena_.view(16384, 4096);
   {
     float *__restrict v82p = v82.data();
@@ -2028,33 +2028,33 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // layers.mesh:43:17 softmax -> weights
-  support::View v83 = arena_.view(163840, 4096);
-  static const support::Shape shape7_2 = {1, 4, 32};
-  static const support::Shape shape7_3 = {4096, 1024, 32};
-  static const support::Shape shape7_4 = {4096, 1024, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v83.data(), v82.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+  support::View v83 = arena_.view(294912, 4096);
+  static const support::Shape shape6_2 = {1, 4, 32};
+  static const support::Shape shape6_3 = {4096, 1024, 32};
+  static const support::Shape shape6_4 = {4096, 1024, 32};
+  static const support::Shape shape6_5 = {32};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(v83.data(), v82.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
                  support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
-  support::View v84 = arena_.view(376832, 2048);
+  support::View v84 = arena_.view(393216, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan8.run(v83.data(), v74.data(), v84.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v83.data(), v74.data(), v84.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
   support::View v85 = arena_.view(0, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan9.run(v84.data(), v70.data(), v85.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v84.data(), v70.data(), v85.data(), 1.0f, 0.0f);
 
   // bert.mesh:20:18 add
-  support::View v86 = arena_.view(360448, 2048);
+  support::View v86 = arena_.view(376832, 2048);
   {
     float *__restrict v86p = v86.data();
     const float *__restrict v66p = v66.data();
@@ -2068,21 +2068,21 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 layer_norm
-  support::View v89 = arena_.view(368640, 2048);
-  static const support::Shape shape11_2 = {1, 32};
-  static const support::Shape shape11_3 = {2048, 64};
-  static const support::Shape shape11_4 = {2048, 64};
-  static const support::Shape shape11_5 = {64};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v89.data(), v86.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+  support::View v89 = arena_.view(385024, 2048);
+  static const support::Shape shape10_2 = {1, 32};
+  static const support::Shape shape10_3 = {2048, 64};
+  static const support::Shape shape10_4 = {2048, 64};
+  static const support::Shape shape10_5 = {64};
+  static const support::Shape shape10_6 = {1};
+  static const support::Shape shape10_7 = {1};
+  support::along(v89.data(), v86.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
+                 shape10_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> h
   support::View v87(param22_bert_encoder_layer_1_norm_gain); // updated in place
   support::View v88(param23_bert_encoder_layer_1_norm_bias); // updated in place
-  support::View v91 = arena_.view(385024, 2048);
+  support::View v91 = arena_.view(401408, 2048);
   {
     float *__restrict v91p = v91.data();
     const float *__restrict v89p = v89.data();
@@ -2104,18 +2104,22 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v92(param24_bert_encoder_layer_1_ffn_w_in); // updated in place
   support::View v96 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v91.data(), v92.data(), v96.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v91.data(), v92.data(), v96.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
+  // layers.mesh:55:17 dropout
   support::View v93(param25_bert_encoder_layer_1_ffn_b_in); // updated in place
   support::View v97 = arena_.view(65536, 8192);
-  support::View v98 = arena_.view(32768, 8192);
+  support::View v99 = arena_.view(98304, 8192);
   {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("bert/encoder_layer[1]/ffn/dropout#0") +
+                                                   "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
     float *__restrict v97p = v97.data();
-    float *__restrict v98p = v98.data();
+    float *__restrict v99p = v99.data();
     const float *__restrict v96p = v96.data();
     const float *__restrict v93p = v93.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
@@ -2124,30 +2128,22 @@ void MlmTrain::runPart1(const Inputs &inputs) {
         const float s1 = v93p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
+        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
+                              ? float(double(s3) * 1.1111111111111112)
+                              : 0.0f);
         v97p[i0 * 256 + i1] = s2;
-        v98p[i0 * 256 + i1] = s3;
+        v99p[i0 * 256 + i1] = s4;
       }
     }
   }
-
-  // layers.mesh:55:17 dropout
-  support::View v99 = arena_.view(98304, 8192);
-  static const support::Shape shape15_1 = {1, 32, 256};
-  static const support::Shape shape15_3 = {8192, 256, 1};
-  static const support::Shape shape15_4 = {8192, 256, 1};
-  support::dropout(v99.data(), shape15_1, v98.data(), shape15_3, shape15_4,
-                   int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192),
-                   meshrt::streamKey(seed_, std::string("bert/encoder_layer[1]/ffn/dropout#0") +
-                                                "#" + std::to_string(step_)),
-                   0.1);
 
   // layers.mesh:55:10 einsum
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
   support::View v100 = arena_.view(0, 2048);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v99.data(), v94.data(), v100.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v99.data(), v94.data(), v100.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 add
   // bert.mesh:21:17 add
@@ -2172,14 +2168,14 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:10 layer_norm
   support::View v105 = arena_.view(57344, 2048);
-  static const support::Shape shape18_2 = {1, 32};
-  static const support::Shape shape18_3 = {2048, 64};
-  static const support::Shape shape18_4 = {2048, 64};
-  static const support::Shape shape18_5 = {64};
-  static const support::Shape shape18_6 = {1};
-  static const support::Shape shape18_7 = {1};
-  support::along(v105.data(), v102.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+  static const support::Shape shape16_2 = {1, 32};
+  static const support::Shape shape16_3 = {2048, 64};
+  static const support::Shape shape16_4 = {2048, 64};
+  static const support::Shape shape16_5 = {64};
+  static const support::Shape shape16_6 = {1};
+  static const support::Shape shape16_7 = {1};
+  support::along(v105.data(), v102.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add -> x
@@ -2207,9 +2203,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v5(param0_bert_token_embedding); // updated in place
   support::View v108 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan20.run(v107.data(), v5.data(), v108.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v107.data(), v5.data(), v108.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:58 add
   support::View v8(param3_bert_output_bias); // updated in place
@@ -2230,30 +2226,24 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // bert.mesh:60:14 log_softmax -> logp
   support::View v110 = arena_.view(0, 4096);
-  static const support::Shape shape22_2 = {1, 32};
-  static const support::Shape shape22_3 = {4096, 128};
-  static const support::Shape shape22_4 = {4096, 128};
-  static const support::Shape shape22_5 = {128};
-  static const support::Shape shape22_6 = {1};
-  static const support::Shape shape22_7 = {1};
-  support::along(v110.data(), v109.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
-                 shape22_7, support::Along::LogSoftmax, 1e-05, 128, nullptr);
+  static const support::Shape shape20_2 = {1, 32};
+  static const support::Shape shape20_3 = {4096, 128};
+  static const support::Shape shape20_4 = {4096, 128};
+  static const support::Shape shape20_5 = {128};
+  static const support::Shape shape20_6 = {1};
+  static const support::Shape shape20_7 = {1};
+  support::along(v110.data(), v109.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+                 shape20_7, support::Along::LogSoftmax, 1e-05, 128, nullptr);
 
   // bert.mesh:61:32 one_hot
   const support::Buffer &v4 = inputs.targets.data;
   support::View v111 = arena_.view(16384, 4096);
-  static const support::Shape shape23_1 = {1, 32, 128};
-  static const support::Shape shape23_3 = {32, 1, 0};
-  static const support::Shape shape23_4 = {0, 0, 1};
-  support::oneHot(v111.data(), shape23_1, v4.data(), shape23_3, shape23_4, 0);
-}
-
-void MlmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
+  static const support::Shape shape21_1 = {1, 32, 128};
+  static const support::Shape shape21_3 = {32, 1, 0};
+  static const support::Shape shape21_4 = {0, 0, 1};
+  support::oneHot(v111.data(), shape21_1, v4.data(), shape21_3, shape21_4, 0);
 
   // bert.mesh:61:30 mul
-  support::View v110 = arena_.view(0, 4096);
-  support::View v111 = arena_.view(16384, 4096);
   support::View v112 = arena_.view(32768, 4096);
   {
     float *__restrict v112p = v112.data();
@@ -2269,12 +2259,16 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // bert.mesh:61:21 sum
   support::View v113 = arena_.view(139264, 32);
-  static const support::Shape shape1_1 = {1, 32};
-  static const support::Shape shape1_3 = {4096, 128};
-  static const support::Shape shape1_4 = {128};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v113.data(), shape1_1, v112.data(), shape1_3, shape1_4, shape1_5,
+  static const support::Shape shape23_1 = {1, 32};
+  static const support::Shape shape23_3 = {4096, 128};
+  static const support::Shape shape23_4 = {128};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v113.data(), shape23_1, v112.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void MlmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // bert.mesh:62:28 mul
   // bert.mesh:62:16 cast -> weight
@@ -2282,6 +2276,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:64:29 mul
   const support::Buffer &v3 = inputs.masked.data;
   const support::Buffer &v2 = inputs.padding.data;
+  support::View v113 = arena_.view(139264, 32);
   support::View v116 = arena_.view(139392, 32);
   support::View v117 = arena_.view(32768, 32);
   {
@@ -2305,20 +2300,20 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // bert.mesh:64:14 sum
   support::View v118 = arena_.view(32896, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {1, 32};
-  static const support::Shape shape3_5 = {32, 1};
-  support::reduce(v118.data(), shape3_1, v117.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {1, 32};
+  static const support::Shape shape1_5 = {32, 1};
+  support::reduce(v118.data(), shape1_1, v117.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:42 sum
   support::View v119 = arena_.view(32768, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {1, 32};
-  static const support::Shape shape4_5 = {32, 1};
-  support::reduce(v119.data(), shape4_1, v116.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {1, 32};
+  static const support::Shape shape2_5 = {32, 1};
+  support::reduce(v119.data(), shape2_1, v116.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:54 all_reduce_sum (resolve the partial sum of %119 over data, model for add at
@@ -2328,7 +2323,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:64:54 add
   // bert.mesh:64:39 div -> loss
   // bert.mesh:64:39 div
-  support::View v123 = arena_.view(517120, 1);
+  support::View v123 = arena_.view(541184, 1);
   support::View v125 = arena_.view(139264, 1);
   {
     float *__restrict v123p = v123.data();
@@ -2351,6 +2346,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:61:20 neg
   // bert.mesh:61:21 broadcast
   // bert.mesh:61:30 mul
+  support::View v111 = arena_.view(16384, 4096);
   support::View v130 = arena_.view(32768, 4096);
   {
     float *__restrict v130p = v130.data();
@@ -2374,16 +2370,17 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // bert.mesh:60:14 sum
   support::View v131 = arena_.view(139264, 32);
-  static const support::Shape shape8_1 = {1, 32};
-  static const support::Shape shape8_3 = {4096, 128};
-  static const support::Shape shape8_4 = {128};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v131.data(), shape8_1, v130.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape6_1 = {1, 32};
+  static const support::Shape shape6_3 = {4096, 128};
+  static const support::Shape shape6_4 = {128};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v131.data(), shape6_1, v130.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:60:14 exp
   // bert.mesh:60:14 mul
   // bert.mesh:60:14 sub
+  support::View v110 = arena_.view(0, 4096);
   support::View v134 = arena_.view(16384, 4096);
   {
     float *__restrict v134p = v134.data();
@@ -2404,37 +2401,37 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   }
 
   // bert.mesh:46:58 sum -> grad/bert/output_bias
-  support::View v135 = arena_.view(514048, 128);
-  static const support::Shape shape10_1 = {128};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {1, 32};
-  static const support::Shape shape10_5 = {4096, 128};
-  support::reduce(v135.data(), shape10_1, v134.data(), shape10_3, shape10_4, shape10_5,
+  support::View v135 = arena_.view(538624, 128);
+  static const support::Shape shape8_1 = {128};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {1, 32};
+  static const support::Shape shape8_5 = {4096, 128};
+  support::reduce(v135.data(), shape8_1, v134.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:46:10 einsum
   support::View v5(param0_bert_token_embedding); // updated in place
   support::View v136 = arena_.view(0, 2048);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v134.data(), v5.data(), v136.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v134.data(), v5.data(), v136.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:10 einsum
   support::View v107 = arena_.view(131072, 2048);
   support::View v137 = arena_.view(262144, 8192);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan12.run(v134.data(), v107.data(), v137.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v134.data(), v107.data(), v137.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
-  support::View v138 = arena_.view(514560, 64);
-  static const support::Shape shape13_1 = {64};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {1, 32};
-  static const support::Shape shape13_5 = {2048, 64};
-  support::reduce(v138.data(), shape13_1, v136.data(), shape13_3, shape13_4, shape13_5,
+  support::View v138 = arena_.view(539136, 64);
+  static const support::Shape shape11_1 = {64};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {1, 32};
+  static const support::Shape shape11_5 = {2048, 64};
+  support::reduce(v138.data(), shape11_1, v136.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
@@ -2453,22 +2450,22 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   }
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
-  support::View v141 = arena_.view(514816, 64);
-  static const support::Shape shape15_1 = {64};
-  static const support::Shape shape15_3 = {1};
-  static const support::Shape shape15_4 = {1, 32};
-  static const support::Shape shape15_5 = {2048, 64};
-  support::reduce(v141.data(), shape15_1, v140.data(), shape15_3, shape15_4, shape15_5,
+  support::View v141 = arena_.view(539392, 64);
+  static const support::Shape shape13_1 = {64};
+  static const support::Shape shape13_3 = {1};
+  static const support::Shape shape13_4 = {1, 32};
+  static const support::Shape shape13_5 = {2048, 64};
+  support::reduce(v141.data(), shape13_1, v140.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   support::View v102 = arena_.view(49152, 2048);
   support::View v142 = arena_.view(16384, 32);
-  static const support::Shape shape16_1 = {1, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v142.data(), shape16_1, v102.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape14_1 = {1, 32};
+  static const support::Shape shape14_3 = {2048, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v142.data(), shape14_1, v102.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
@@ -2491,11 +2488,11 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v145 = arena_.view(16384, 32);
-  static const support::Shape shape18_1 = {1, 32};
-  static const support::Shape shape18_3 = {2048, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v145.data(), shape18_1, v144.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape16_1 = {1, 32};
+  static const support::Shape shape16_3 = {2048, 64};
+  static const support::Shape shape16_4 = {64};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v145.data(), shape16_1, v144.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -2539,27 +2536,27 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v150 = arena_.view(0, 32);
-  static const support::Shape shape21_1 = {1, 32};
-  static const support::Shape shape21_3 = {2048, 64};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v150.data(), shape21_1, v149.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape19_1 = {1, 32};
+  static const support::Shape shape19_3 = {2048, 64};
+  static const support::Shape shape19_4 = {64};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v150.data(), shape19_1, v149.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   support::View v152 = arena_.view(128, 32);
-  static const support::Shape shape22_1 = {1, 32};
-  static const support::Shape shape22_3 = {2048, 64};
-  static const support::Shape shape22_4 = {64};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v152.data(), shape22_1, v139.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape20_1 = {1, 32};
+  static const support::Shape shape20_3 = {2048, 64};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v152.data(), shape20_1, v139.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
-  support::View v155 = arena_.view(393216, 2048);
+  support::View v155 = arena_.view(409600, 2048);
   {
     float *__restrict v155p = v155.data();
     const float *__restrict v105p = v105.data();
@@ -2582,47 +2579,36 @@ void MlmTrain::runPart2(const Inputs &inputs) {
       }
     }
   }
-}
-
-void MlmTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
-  support::View v155 = arena_.view(393216, 2048);
-  support::View v156 = arena_.view(515072, 64);
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {1, 32};
-  static const support::Shape shape0_5 = {2048, 64};
-  support::reduce(v156.data(), shape0_1, v155.data(), shape0_3, shape0_4, shape0_5,
+  support::View v156 = arena_.view(539648, 64);
+  static const support::Shape shape22_1 = {64};
+  static const support::Shape shape22_3 = {1};
+  static const support::Shape shape22_4 = {1, 32};
+  static const support::Shape shape22_5 = {2048, 64};
+  support::reduce(v156.data(), shape22_1, v155.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:55:10 einsum
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
   support::View v157 = arena_.view(131072, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v155.data(), v94.data(), v157.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v155.data(), v94.data(), v157.data(), 1.0f, 0.0f);
+}
+
+void MlmTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[1]/ffn/w_out
+  support::View v155 = arena_.view(409600, 2048);
   support::View v99 = arena_.view(98304, 8192);
   support::View v158 = arena_.view(0, 16384);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(v155.data(), v99.data(), v158.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:17 dropout
-  support::View v159 = arena_.view(98304, 8192);
-  static const support::Shape shape3_1 = {1, 32, 256};
-  static const support::Shape shape3_3 = {8192, 256, 1};
-  static const support::Shape shape3_4 = {8192, 256, 1};
-  support::dropout(v159.data(), shape3_1, v157.data(), shape3_3, shape3_4,
-                   int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192),
-                   meshrt::streamKey(seed_, std::string("bert/encoder_layer[1]/ffn/dropout#0") +
-                                                "#" + std::to_string(step_)),
-                   0.1);
+  einsumPlan0.run(v155.data(), v99.data(), v158.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:11 square
   // layers.mesh:54:11 mul
@@ -2640,13 +2626,18 @@ void MlmTrain::runPart3(const Inputs &inputs) {
   // layers.mesh:54:11 mul
   // layers.mesh:54:11 mul
   // layers.mesh:54:11 add
+  // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   support::View v97 = arena_.view(65536, 8192);
-  support::View v181 = arena_.view(131072, 8192);
+  support::View v157 = arena_.view(131072, 8192);
+  support::View v181 = arena_.view(163840, 8192);
   {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("bert/encoder_layer[1]/ffn/dropout#0") +
+                                                   "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
     float *__restrict v181p = v181.data();
     const float *__restrict v97p = v97.data();
-    const float *__restrict v159p = v159.data();
+    const float *__restrict v157p = v157.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
       const float s0 = v97p[i0];
       const float s1 = s0 * s0;
@@ -2676,31 +2667,34 @@ void MlmTrain::runPart3(const Inputs &inputs) {
       const float s25 = 0.3989423f;
       const float s26 = (s24 * s25);
       const float s27 = (s14 + s26);
-      const float s28 = v159p[i0];
-      const float s29 = (s28 * s27);
-      v181p[i0] = s29;
+      const float s28 = v157p[i0];
+      const float s29 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                             ? float(double(s28) * 1.1111111111111112)
+                             : 0.0f);
+      const float s30 = (s29 * s27);
+      v181p[i0] = s30;
     }
   }
 
   // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
-  support::View v182 = arena_.view(512000, 256);
-  static const support::Shape shape5_1 = {256};
-  static const support::Shape shape5_3 = {1};
-  static const support::Shape shape5_4 = {1, 32};
-  static const support::Shape shape5_5 = {8192, 256};
-  support::reduce(v182.data(), shape5_1, v181.data(), shape5_3, shape5_4, shape5_5,
+  support::View v182 = arena_.view(536576, 256);
+  static const support::Shape shape2_1 = {256};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {1, 32};
+  static const support::Shape shape2_5 = {8192, 256};
+  support::reduce(v182.data(), shape2_1, v181.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:54:16 einsum
   support::View v92(param24_bert_encoder_layer_1_ffn_w_in); // updated in place
   support::View v183 = arena_.view(65536, 2048);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan6.run(v181.data(), v92.data(), v183.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v181.data(), v92.data(), v183.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:16 add
-  support::View v184 = arena_.view(401408, 2048);
+  support::View v184 = arena_.view(131072, 2048);
   {
     float *__restrict v184p = v184.data();
     const float *__restrict v155p = v155.data();
@@ -2714,25 +2708,25 @@ void MlmTrain::runPart3(const Inputs &inputs) {
   }
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
-  support::View v91 = arena_.view(385024, 2048);
+  support::View v91 = arena_.view(401408, 2048);
   support::View v185 = arena_.view(65536, 16384);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan8.run(v181.data(), v91.data(), v185.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v181.data(), v91.data(), v185.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
-  support::View v186 = arena_.view(515328, 64);
-  static const support::Shape shape9_1 = {64};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {1, 32};
-  static const support::Shape shape9_5 = {2048, 64};
-  support::reduce(v186.data(), shape9_1, v184.data(), shape9_3, shape9_4, shape9_5,
+  support::View v186 = arena_.view(539904, 64);
+  static const support::Shape shape6_1 = {64};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {1, 32};
+  static const support::Shape shape6_5 = {2048, 64};
+  support::reduce(v186.data(), shape6_1, v184.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
-  support::View v89 = arena_.view(368640, 2048);
-  support::View v188 = arena_.view(131072, 2048);
+  support::View v89 = arena_.view(385024, 2048);
+  support::View v188 = arena_.view(139264, 2048);
   {
     float *__restrict v188p = v188.data();
     const float *__restrict v184p = v184.data();
@@ -2746,27 +2740,27 @@ void MlmTrain::runPart3(const Inputs &inputs) {
   }
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
-  support::View v189 = arena_.view(515584, 64);
-  static const support::Shape shape11_1 = {64};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {1, 32};
-  static const support::Shape shape11_5 = {2048, 64};
-  support::reduce(v189.data(), shape11_1, v188.data(), shape11_3, shape11_4, shape11_5,
+  support::View v189 = arena_.view(540160, 64);
+  static const support::Shape shape8_1 = {64};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {1, 32};
+  static const support::Shape shape8_5 = {2048, 64};
+  support::reduce(v189.data(), shape8_1, v188.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
-  support::View v86 = arena_.view(360448, 2048);
-  support::View v190 = arena_.view(139264, 32);
-  static const support::Shape shape12_1 = {1, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v190.data(), shape12_1, v86.data(), shape12_3, shape12_4, shape12_5,
+  support::View v86 = arena_.view(376832, 2048);
+  support::View v190 = arena_.view(147456, 32);
+  static const support::Shape shape9_1 = {1, 32};
+  static const support::Shape shape9_3 = {2048, 64};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v190.data(), shape9_1, v86.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
-  support::View v192 = arena_.view(131072, 2048);
+  support::View v192 = arena_.view(139264, 2048);
   {
     float *__restrict v192p = v192.data();
     const float *__restrict v86p = v86.data();
@@ -2783,17 +2777,17 @@ void MlmTrain::runPart3(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
-  support::View v193 = arena_.view(139264, 32);
-  static const support::Shape shape14_1 = {1, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v193.data(), shape14_1, v192.data(), shape14_3, shape14_4, shape14_5,
+  support::View v193 = arena_.view(147456, 32);
+  static const support::Shape shape11_1 = {1, 32};
+  static const support::Shape shape11_3 = {2048, 64};
+  static const support::Shape shape11_4 = {64};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(v193.data(), shape11_1, v192.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
-  support::View v195 = arena_.view(147456, 32);
+  support::View v195 = arena_.view(155648, 32);
   {
     float *__restrict v195p = v195.data();
     const float *__restrict v193p = v193.data();
@@ -2809,8 +2803,8 @@ void MlmTrain::runPart3(const Inputs &inputs) {
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   support::View v87(param22_bert_encoder_layer_1_norm_gain); // updated in place
-  support::View v187 = arena_.view(131072, 2048);
-  support::View v196 = arena_.view(139264, 2048);
+  support::View v187 = arena_.view(139264, 2048);
+  support::View v196 = arena_.view(147456, 2048);
   {
     float *__restrict v187p = v187.data();
     float *__restrict v196p = v196.data();
@@ -2831,28 +2825,28 @@ void MlmTrain::runPart3(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
-  support::View v197 = arena_.view(147584, 32);
-  static const support::Shape shape17_1 = {1, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v197.data(), shape17_1, v196.data(), shape17_3, shape17_4, shape17_5,
+  support::View v197 = arena_.view(131072, 32);
+  static const support::Shape shape14_1 = {1, 32};
+  static const support::Shape shape14_3 = {2048, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v197.data(), shape14_1, v196.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
-  support::View v199 = arena_.view(139264, 32);
-  static const support::Shape shape18_1 = {1, 32};
-  static const support::Shape shape18_3 = {2048, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v199.data(), shape18_1, v187.data(), shape18_3, shape18_4, shape18_5,
+  support::View v199 = arena_.view(131200, 32);
+  static const support::Shape shape15_1 = {1, 32};
+  static const support::Shape shape15_3 = {2048, 64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v199.data(), shape15_1, v187.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
-  support::View v202 = arena_.view(409600, 2048);
+  support::View v202 = arena_.view(163840, 2048);
   {
     float *__restrict v202p = v202.data();
     const float *__restrict v89p = v89.data();
@@ -2880,41 +2874,35 @@ void MlmTrain::runPart3(const Inputs &inputs) {
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
   support::View v203 = arena_.view(147456, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan20.run(v202.data(), v70.data(), v203.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v202.data(), v70.data(), v203.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[1]/attention/w_o
-  support::View v84 = arena_.view(376832, 2048);
-  support::View v204 = arena_.view(360448, 4096);
+  support::View v84 = arena_.view(393216, 2048);
+  support::View v204 = arena_.view(376832, 4096);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan21.run(v202.data(), v84.data(), v204.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v202.data(), v84.data(), v204.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
-  support::View v74 = arena_.view(319488, 2048);
+  support::View v74 = arena_.view(352256, 2048);
   support::View v205 = arena_.view(131072, 4096);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan22.run(v203.data(), v74.data(), v205.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v203.data(), v74.data(), v205.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
-  support::View v83 = arena_.view(163840, 4096);
-  support::View v206 = arena_.view(319488, 2048);
+  support::View v83 = arena_.view(294912, 4096);
+  support::View v206 = arena_.view(172032, 2048);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan23.run(v203.data(), v83.data(), v206.data(), 1.0f, 0.0f);
-}
-
-void MlmTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
+  einsumPlan20.run(v203.data(), v83.data(), v206.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
-  support::View v205 = arena_.view(131072, 4096);
-  support::View v83 = arena_.view(163840, 4096);
   support::View v207 = arena_.view(147456, 4096);
   {
     float *__restrict v207p = v207.data();
@@ -2929,19 +2917,19 @@ void MlmTrain::runPart4(const Inputs &inputs) {
   }
 
   // layers.mesh:43:17 sum
-  support::View v208 = arena_.view(376832, 128);
-  static const support::Shape shape1_1 = {1, 4, 32};
-  static const support::Shape shape1_3 = {4096, 1024, 32};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v208.data(), shape1_1, v207.data(), shape1_3, shape1_4, shape1_5,
+  support::View v208 = arena_.view(180224, 128);
+  static const support::Shape shape22_1 = {1, 4, 32};
+  static const support::Shape shape22_3 = {4096, 1024, 32};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v208.data(), shape22_1, v207.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
-  support::View v39 = arena_.view(507904, 1024);
+  support::View v39 = arena_.view(532480, 1024);
   support::View v213 = arena_.view(147456, 4096);
   {
     float *__restrict v213p = v213.data();
@@ -2967,68 +2955,73 @@ void MlmTrain::runPart4(const Inputs &inputs) {
       }
     }
   }
+}
+
+void MlmTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:41:16 einsum
-  support::View v72 = arena_.view(311296, 2048);
+  support::View v213 = arena_.view(147456, 4096);
+  support::View v72 = arena_.view(344064, 2048);
   support::View v214 = arena_.view(131072, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan3.run(v213.data(), v72.data(), v214.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v213.data(), v72.data(), v214.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
-  support::View v71 = arena_.view(303104, 2048);
+  support::View v71 = arena_.view(335872, 2048);
   support::View v215 = arena_.view(139264, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan4.run(v213.data(), v71.data(), v215.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v213.data(), v71.data(), v215.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
-  support::View v206 = arena_.view(319488, 2048);
+  support::View v206 = arena_.view(172032, 2048);
   support::View v69(param20_bert_encoder_layer_1_attention_w_v); // updated in place
   support::View v217 = arena_.view(147456, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan5.run(v206.data(), v69.data(), v217.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v206.data(), v69.data(), v217.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
-  support::View v66 = arena_.view(294912, 2048);
-  support::View v219 = arena_.view(376832, 4096);
+  support::View v66 = arena_.view(327680, 2048);
+  support::View v219 = arena_.view(393216, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan6.run(v206.data(), v66.data(), v219.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v206.data(), v66.data(), v219.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   support::View v68(param19_bert_encoder_layer_1_attention_w_k); // updated in place
   support::View v221 = arena_.view(155648, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan7.run(v215.data(), v68.data(), v221.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v215.data(), v68.data(), v221.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
-  support::View v223 = arena_.view(393216, 4096);
+  support::View v223 = arena_.view(409600, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan8.run(v215.data(), v66.data(), v223.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v215.data(), v66.data(), v223.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
   support::View v224 = arena_.view(139264, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan9.run(v214.data(), v67.data(), v224.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v214.data(), v67.data(), v224.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 add
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
-  support::View v202 = arena_.view(409600, 2048);
-  support::View v225 = arena_.view(163840, 2048);
+  support::View v202 = arena_.view(163840, 2048);
+  support::View v225 = arena_.view(172032, 2048);
   {
     float *__restrict v225p = v225.data();
     const float *__restrict v202p = v202.data();
@@ -3048,23 +3041,23 @@ void MlmTrain::runPart4(const Inputs &inputs) {
   }
 
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
-  support::View v226 = arena_.view(409600, 4096);
+  support::View v226 = arena_.view(425984, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan11.run(v214.data(), v66.data(), v226.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v214.data(), v66.data(), v226.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
-  support::View v227 = arena_.view(515840, 64);
-  static const support::Shape shape12_1 = {64};
-  static const support::Shape shape12_3 = {1};
-  static const support::Shape shape12_4 = {1, 32};
-  static const support::Shape shape12_5 = {2048, 64};
-  support::reduce(v227.data(), shape12_1, v225.data(), shape12_3, shape12_4, shape12_5,
+  support::View v227 = arena_.view(540416, 64);
+  static const support::Shape shape9_1 = {64};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {1, 32};
+  static const support::Shape shape9_5 = {2048, 64};
+  support::reduce(v227.data(), shape9_1, v225.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
-  support::View v64 = arena_.view(188416, 2048);
+  support::View v64 = arena_.view(319488, 2048);
   support::View v229 = arena_.view(131072, 2048);
   {
     float *__restrict v229p = v229.data();
@@ -3079,22 +3072,22 @@ void MlmTrain::runPart4(const Inputs &inputs) {
   }
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
-  support::View v230 = arena_.view(516096, 64);
-  static const support::Shape shape14_1 = {64};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {1, 32};
-  static const support::Shape shape14_5 = {2048, 64};
-  support::reduce(v230.data(), shape14_1, v229.data(), shape14_3, shape14_4, shape14_5,
+  support::View v230 = arena_.view(540672, 64);
+  static const support::Shape shape11_1 = {64};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {1, 32};
+  static const support::Shape shape11_5 = {2048, 64};
+  support::reduce(v230.data(), shape11_1, v229.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
-  support::View v61 = arena_.view(180224, 2048);
+  support::View v61 = arena_.view(311296, 2048);
   support::View v231 = arena_.view(139264, 32);
-  static const support::Shape shape15_1 = {1, 32};
-  static const support::Shape shape15_3 = {2048, 64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v231.data(), shape15_1, v61.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape12_1 = {1, 32};
+  static const support::Shape shape12_3 = {2048, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v231.data(), shape12_1, v61.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
@@ -3117,11 +3110,11 @@ void MlmTrain::runPart4(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v234 = arena_.view(139264, 32);
-  static const support::Shape shape17_1 = {1, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v234.data(), shape17_1, v233.data(), shape17_3, shape17_4, shape17_5,
+  static const support::Shape shape14_1 = {1, 32};
+  static const support::Shape shape14_3 = {2048, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v234.data(), shape14_1, v233.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -3165,27 +3158,27 @@ void MlmTrain::runPart4(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v238 = arena_.view(147584, 32);
-  static const support::Shape shape20_1 = {1, 32};
-  static const support::Shape shape20_3 = {2048, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v238.data(), shape20_1, v237.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape17_1 = {1, 32};
+  static const support::Shape shape17_3 = {2048, 64};
+  static const support::Shape shape17_4 = {64};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v238.data(), shape17_1, v237.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   support::View v240 = arena_.view(139264, 32);
-  static const support::Shape shape21_1 = {1, 32};
-  static const support::Shape shape21_3 = {2048, 64};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v240.data(), shape21_1, v228.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape18_1 = {1, 32};
+  static const support::Shape shape18_3 = {2048, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v240.data(), shape18_1, v228.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
-  support::View v243 = arena_.view(483328, 2048);
+  support::View v243 = arena_.view(524288, 2048);
   {
     float *__restrict v243p = v243.data();
     const float *__restrict v64p = v64.data();
@@ -3210,45 +3203,29 @@ void MlmTrain::runPart4(const Inputs &inputs) {
   }
 
   // layers.mesh:55:71 sum -> grad/bert/encoder_layer[0]/ffn/b_out
-  support::View v244 = arena_.view(516352, 64);
-  static const support::Shape shape23_1 = {64};
-  static const support::Shape shape23_3 = {1};
-  static const support::Shape shape23_4 = {1, 32};
-  static const support::Shape shape23_5 = {2048, 64};
-  support::reduce(v244.data(), shape23_1, v243.data(), shape23_3, shape23_4, shape23_5,
+  support::View v244 = arena_.view(540928, 64);
+  static const support::Shape shape20_1 = {64};
+  static const support::Shape shape20_3 = {1};
+  static const support::Shape shape20_4 = {1, 32};
+  static const support::Shape shape20_5 = {2048, 64};
+  support::reduce(v244.data(), shape20_1, v243.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void MlmTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:55:10 einsum
-  support::View v243 = arena_.view(483328, 2048);
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out); // updated in place
   support::View v245 = arena_.view(294912, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v243.data(), v53.data(), v245.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v243.data(), v53.data(), v245.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[0]/ffn/w_out
   support::View v58 = arena_.view(229376, 8192);
   support::View v246 = arena_.view(131072, 16384);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan1.run(v243.data(), v58.data(), v246.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:17 dropout
-  support::View v247 = arena_.view(229376, 8192);
-  static const support::Shape shape2_1 = {1, 32, 256};
-  static const support::Shape shape2_3 = {8192, 256, 1};
-  static const support::Shape shape2_4 = {8192, 256, 1};
-  support::dropout(v247.data(), shape2_1, v245.data(), shape2_3, shape2_4,
-                   int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192),
-                   meshrt::streamKey(seed_, std::string("bert/encoder_layer[0]/ffn/dropout#0") +
-                                                "#" + std::to_string(step_)),
-                   0.1);
+  einsumPlan22.run(v243.data(), v58.data(), v246.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:11 square
   // layers.mesh:54:11 mul
@@ -3266,13 +3243,17 @@ void MlmTrain::runPart5(const Inputs &inputs) {
   // layers.mesh:54:11 mul
   // layers.mesh:54:11 mul
   // layers.mesh:54:11 add
+  // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   support::View v56 = arena_.view(196608, 8192);
-  support::View v264 = arena_.view(294912, 8192);
+  support::View v264 = arena_.view(327680, 8192);
   {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("bert/encoder_layer[0]/ffn/dropout#0") +
+                                                   "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
     float *__restrict v264p = v264.data();
     const float *__restrict v56p = v56.data();
-    const float *__restrict v247p = v247.data();
+    const float *__restrict v245p = v245.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
       const float s0 = v56p[i0];
       const float s1 = s0 * s0;
@@ -3302,31 +3283,40 @@ void MlmTrain::runPart5(const Inputs &inputs) {
       const float s25 = 0.3989423f;
       const float s26 = (s24 * s25);
       const float s27 = (s14 + s26);
-      const float s28 = v247p[i0];
-      const float s29 = (s28 * s27);
-      v264p[i0] = s29;
+      const float s28 = v245p[i0];
+      const float s29 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                             ? float(double(s28) * 1.1111111111111112)
+                             : 0.0f);
+      const float s30 = (s29 * s27);
+      v264p[i0] = s30;
     }
   }
+}
+
+void MlmTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:54:52 sum -> grad/bert/encoder_layer[0]/ffn/b_in
-  support::View v265 = arena_.view(513024, 256);
-  static const support::Shape shape4_1 = {256};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {1, 32};
-  static const support::Shape shape4_5 = {8192, 256};
-  support::reduce(v265.data(), shape4_1, v264.data(), shape4_3, shape4_4, shape4_5,
+  support::View v264 = arena_.view(327680, 8192);
+  support::View v265 = arena_.view(537600, 256);
+  static const support::Shape shape0_1 = {256};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {1, 32};
+  static const support::Shape shape0_5 = {8192, 256};
+  support::reduce(v265.data(), shape0_1, v264.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:54:16 einsum
   support::View v51(param12_bert_encoder_layer_0_ffn_w_in); // updated in place
   support::View v266 = arena_.view(196608, 2048);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(v264.data(), v51.data(), v266.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v264.data(), v51.data(), v266.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:16 add
-  support::View v267 = arena_.view(499712, 2048);
+  support::View v243 = arena_.view(524288, 2048);
+  support::View v267 = arena_.view(294912, 2048);
   {
     float *__restrict v267p = v267.data();
     const float *__restrict v243p = v243.data();
@@ -3340,25 +3330,25 @@ void MlmTrain::runPart5(const Inputs &inputs) {
   }
 
   // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[0]/ffn/w_in
-  support::View v50 = arena_.view(475136, 2048);
+  support::View v50 = arena_.view(516096, 2048);
   support::View v268 = arena_.view(196608, 16384);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan7.run(v264.data(), v50.data(), v268.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v264.data(), v50.data(), v268.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm/bias
-  support::View v269 = arena_.view(516608, 64);
-  static const support::Shape shape8_1 = {64};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {1, 32};
-  static const support::Shape shape8_5 = {2048, 64};
-  support::reduce(v269.data(), shape8_1, v267.data(), shape8_3, shape8_4, shape8_5,
+  support::View v269 = arena_.view(516096, 64);
+  static const support::Shape shape4_1 = {64};
+  static const support::Shape shape4_3 = {1};
+  static const support::Shape shape4_4 = {1, 32};
+  static const support::Shape shape4_5 = {2048, 64};
+  support::reduce(v269.data(), shape4_1, v267.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
-  support::View v48 = arena_.view(434176, 2048);
-  support::View v271 = arena_.view(294912, 2048);
+  support::View v48 = arena_.view(450560, 2048);
+  support::View v271 = arena_.view(303104, 2048);
   {
     float *__restrict v271p = v271.data();
     const float *__restrict v267p = v267.data();
@@ -3372,27 +3362,27 @@ void MlmTrain::runPart5(const Inputs &inputs) {
   }
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm/gain
-  support::View v272 = arena_.view(516864, 64);
-  static const support::Shape shape10_1 = {64};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {1, 32};
-  static const support::Shape shape10_5 = {2048, 64};
-  support::reduce(v272.data(), shape10_1, v271.data(), shape10_3, shape10_4, shape10_5,
+  support::View v272 = arena_.view(516352, 64);
+  static const support::Shape shape6_1 = {64};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {1, 32};
+  static const support::Shape shape6_5 = {2048, 64};
+  support::reduce(v272.data(), shape6_1, v271.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
-  support::View v45 = arena_.view(425984, 2048);
-  support::View v273 = arena_.view(303104, 32);
-  static const support::Shape shape11_1 = {1, 32};
-  static const support::Shape shape11_3 = {2048, 64};
-  static const support::Shape shape11_4 = {64};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v273.data(), shape11_1, v45.data(), shape11_3, shape11_4, shape11_5,
+  support::View v45 = arena_.view(442368, 2048);
+  support::View v273 = arena_.view(311296, 32);
+  static const support::Shape shape7_1 = {1, 32};
+  static const support::Shape shape7_3 = {2048, 64};
+  static const support::Shape shape7_4 = {64};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v273.data(), shape7_1, v45.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
-  support::View v275 = arena_.view(294912, 2048);
+  support::View v275 = arena_.view(303104, 2048);
   {
     float *__restrict v275p = v275.data();
     const float *__restrict v45p = v45.data();
@@ -3409,17 +3399,17 @@ void MlmTrain::runPart5(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
-  support::View v276 = arena_.view(303104, 32);
-  static const support::Shape shape13_1 = {1, 32};
-  static const support::Shape shape13_3 = {2048, 64};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v276.data(), shape13_1, v275.data(), shape13_3, shape13_4, shape13_5,
+  support::View v276 = arena_.view(311296, 32);
+  static const support::Shape shape9_1 = {1, 32};
+  static const support::Shape shape9_3 = {2048, 64};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v276.data(), shape9_1, v275.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
-  support::View v278 = arena_.view(311296, 32);
+  support::View v278 = arena_.view(319488, 32);
   {
     float *__restrict v278p = v278.data();
     const float *__restrict v276p = v276.data();
@@ -3435,8 +3425,8 @@ void MlmTrain::runPart5(const Inputs &inputs) {
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
   support::View v46(param10_bert_encoder_layer_0_norm_gain); // updated in place
-  support::View v270 = arena_.view(294912, 2048);
-  support::View v279 = arena_.view(303104, 2048);
+  support::View v270 = arena_.view(303104, 2048);
+  support::View v279 = arena_.view(311296, 2048);
   {
     float *__restrict v270p = v270.data();
     float *__restrict v279p = v279.data();
@@ -3457,28 +3447,28 @@ void MlmTrain::runPart5(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
-  support::View v280 = arena_.view(311424, 32);
-  static const support::Shape shape16_1 = {1, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v280.data(), shape16_1, v279.data(), shape16_3, shape16_4, shape16_5,
+  support::View v280 = arena_.view(294912, 32);
+  static const support::Shape shape12_1 = {1, 32};
+  static const support::Shape shape12_3 = {2048, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v280.data(), shape12_1, v279.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
-  support::View v282 = arena_.view(303104, 32);
-  static const support::Shape shape17_1 = {1, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v282.data(), shape17_1, v270.data(), shape17_3, shape17_4, shape17_5,
+  support::View v282 = arena_.view(295040, 32);
+  static const support::Shape shape13_1 = {1, 32};
+  static const support::Shape shape13_3 = {2048, 64};
+  static const support::Shape shape13_4 = {64};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v282.data(), shape13_1, v270.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
-  support::View v285 = arena_.view(475136, 2048);
+  support::View v285 = arena_.view(327680, 2048);
   {
     float *__restrict v285p = v285.data();
     const float *__restrict v48p = v48.data();
@@ -3506,33 +3496,33 @@ void MlmTrain::runPart5(const Inputs &inputs) {
   support::View v29(param9_bert_encoder_layer_0_attention_w_o); // updated in place
   support::View v286 = arena_.view(311296, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan19.run(v285.data(), v29.data(), v286.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v285.data(), v29.data(), v286.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[0]/attention/w_o
-  support::View v43 = arena_.view(466944, 2048);
-  support::View v287 = arena_.view(425984, 4096);
+  support::View v43 = arena_.view(483328, 2048);
+  support::View v287 = arena_.view(442368, 4096);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan20.run(v285.data(), v43.data(), v287.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v285.data(), v43.data(), v287.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
-  support::View v33 = arena_.view(458752, 2048);
+  support::View v33 = arena_.view(475136, 2048);
   support::View v288 = arena_.view(294912, 4096);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan21.run(v286.data(), v33.data(), v288.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v286.data(), v33.data(), v288.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
-  support::View v42 = arena_.view(327680, 4096);
-  support::View v289 = arena_.view(458752, 2048);
+  support::View v42 = arena_.view(360448, 4096);
+  support::View v289 = arena_.view(335872, 2048);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan22.run(v286.data(), v42.data(), v289.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v286.data(), v42.data(), v289.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
   support::View v290 = arena_.view(311296, 4096);
@@ -3547,28 +3537,21 @@ void MlmTrain::runPart5(const Inputs &inputs) {
       v290p[i0] = s2;
     }
   }
-}
-
-void MlmTrain::runPart6(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:43:17 sum
-  support::View v290 = arena_.view(311296, 4096);
-  support::View v291 = arena_.view(466944, 128);
-  static const support::Shape shape0_1 = {1, 4, 32};
-  static const support::Shape shape0_3 = {4096, 1024, 32};
-  static const support::Shape shape0_4 = {32};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v291.data(), shape0_1, v290.data(), shape0_3, shape0_4, shape0_5,
+  support::View v291 = arena_.view(344064, 128);
+  static const support::Shape shape20_1 = {1, 4, 32};
+  static const support::Shape shape20_3 = {4096, 1024, 32};
+  static const support::Shape shape20_4 = {32};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v291.data(), shape20_1, v290.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:43:17 sub
   // layers.mesh:43:17 mul
   // layers.mesh:43:25 where
   // layers.mesh:41:55 mul
-  support::View v288 = arena_.view(294912, 4096);
-  support::View v42 = arena_.view(327680, 4096);
-  support::View v39 = arena_.view(507904, 1024);
+  support::View v39 = arena_.view(532480, 1024);
   support::View v295 = arena_.view(311296, 4096);
   {
     float *__restrict v295p = v295.data();
@@ -3596,66 +3579,72 @@ void MlmTrain::runPart6(const Inputs &inputs) {
   }
 
   // layers.mesh:41:16 einsum
-  support::View v31 = arena_.view(450560, 2048);
+  support::View v31 = arena_.view(466944, 2048);
   support::View v296 = arena_.view(294912, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan2.run(v295.data(), v31.data(), v296.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v295.data(), v31.data(), v296.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
-  support::View v30 = arena_.view(442368, 2048);
+  support::View v30 = arena_.view(458752, 2048);
   support::View v297 = arena_.view(303104, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan3.run(v295.data(), v30.data(), v297.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v295.data(), v30.data(), v297.data(), 1.0f, 0.0f);
+}
+
+void MlmTrain::runPart6(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:39:18 einsum
-  support::View v289 = arena_.view(458752, 2048);
+  support::View v289 = arena_.view(335872, 2048);
   support::View v28(param8_bert_encoder_layer_0_attention_w_v); // updated in place
   support::View v299 = arena_.view(311296, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan4.run(v289.data(), v28.data(), v299.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v289.data(), v28.data(), v299.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[0]/attention/w_v
-  support::View v17 = arena_.view(491520, 2048);
-  support::View v301 = arena_.view(442368, 4096);
+  support::View v17 = arena_.view(507904, 2048);
+  support::View v301 = arena_.view(360448, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan5.run(v289.data(), v17.data(), v301.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v289.data(), v17.data(), v301.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
+  support::View v297 = arena_.view(303104, 2048);
   support::View v27(param7_bert_encoder_layer_0_attention_w_k); // updated in place
   support::View v303 = arena_.view(319488, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan6.run(v297.data(), v27.data(), v303.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v297.data(), v27.data(), v303.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[0]/attention/w_k
   support::View v305 = arena_.view(458752, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan7.run(v297.data(), v17.data(), v305.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v297.data(), v17.data(), v305.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
+  support::View v296 = arena_.view(294912, 2048);
   support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
   support::View v306 = arena_.view(303104, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan8.run(v296.data(), v26.data(), v306.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v296.data(), v26.data(), v306.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 add
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
-  support::View v285 = arena_.view(475136, 2048);
-  support::View v307 = arena_.view(327680, 2048);
+  support::View v285 = arena_.view(327680, 2048);
+  support::View v307 = arena_.view(335872, 2048);
   {
     float *__restrict v307p = v307.data();
     const float *__restrict v285p = v285.data();
@@ -3677,21 +3666,21 @@ void MlmTrain::runPart6(const Inputs &inputs) {
   // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[0]/attention/w_q
   support::View v308 = arena_.view(475136, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan10.run(v296.data(), v17.data(), v308.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v296.data(), v17.data(), v308.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/norm/bias
-  support::View v309 = arena_.view(500224, 64);
-  static const support::Shape shape11_1 = {64};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {1, 32};
-  static const support::Shape shape11_5 = {2048, 64};
-  support::reduce(v309.data(), shape11_1, v307.data(), shape11_3, shape11_4, shape11_5,
+  support::View v309 = arena_.view(507904, 64);
+  static const support::Shape shape7_1 = {64};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {1, 32};
+  static const support::Shape shape7_5 = {2048, 64};
+  support::reduce(v309.data(), shape7_1, v307.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
-  support::View v15 = arena_.view(352256, 2048);
+  support::View v15 = arena_.view(499712, 2048);
   support::View v311 = arena_.view(294912, 2048);
   {
     float *__restrict v311p = v311.data();
@@ -3706,22 +3695,22 @@ void MlmTrain::runPart6(const Inputs &inputs) {
   }
 
   // layers.mesh:24:33 sum -> grad/bert/norm/gain
-  support::View v312 = arena_.view(500480, 64);
-  static const support::Shape shape13_1 = {64};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {1, 32};
-  static const support::Shape shape13_5 = {2048, 64};
-  support::reduce(v312.data(), shape13_1, v311.data(), shape13_3, shape13_4, shape13_5,
+  support::View v312 = arena_.view(508160, 64);
+  static const support::Shape shape9_1 = {64};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {1, 32};
+  static const support::Shape shape9_5 = {2048, 64};
+  support::reduce(v312.data(), shape9_1, v311.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
-  support::View v12 = arena_.view(344064, 2048);
+  support::View v12 = arena_.view(491520, 2048);
   support::View v313 = arena_.view(303104, 32);
-  static const support::Shape shape14_1 = {1, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v313.data(), shape14_1, v12.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape10_1 = {1, 32};
+  static const support::Shape shape10_3 = {2048, 64};
+  static const support::Shape shape10_4 = {64};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v313.data(), shape10_1, v12.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
@@ -3744,11 +3733,11 @@ void MlmTrain::runPart6(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v316 = arena_.view(303104, 32);
-  static const support::Shape shape16_1 = {1, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v316.data(), shape16_1, v315.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape12_1 = {1, 32};
+  static const support::Shape shape12_3 = {2048, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v316.data(), shape12_1, v315.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -3792,20 +3781,20 @@ void MlmTrain::runPart6(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v320 = arena_.view(311424, 32);
-  static const support::Shape shape19_1 = {1, 32};
-  static const support::Shape shape19_3 = {2048, 64};
-  static const support::Shape shape19_4 = {64};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v320.data(), shape19_1, v319.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape15_1 = {1, 32};
+  static const support::Shape shape15_3 = {2048, 64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v320.data(), shape15_1, v319.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   support::View v322 = arena_.view(303104, 32);
-  static const support::Shape shape20_1 = {1, 32};
-  static const support::Shape shape20_3 = {2048, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v322.data(), shape20_1, v310.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape16_1 = {1, 32};
+  static const support::Shape shape16_3 = {2048, 64};
+  static const support::Shape shape16_4 = {64};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v322.data(), shape16_1, v310.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -3839,46 +3828,41 @@ void MlmTrain::runPart6(const Inputs &inputs) {
   // bert.mesh:35:39 one_hot
   const support::Buffer &v1 = inputs.segment_ids.data;
   support::View v326 = arena_.view(294912, 64);
-  static const support::Shape shape22_1 = {1, 32, 2};
-  static const support::Shape shape22_3 = {32, 1, 0};
-  static const support::Shape shape22_4 = {0, 0, 1};
-  support::oneHot(v326.data(), shape22_1, v1.data(), shape22_3, shape22_4, 0);
+  static const support::Shape shape18_1 = {1, 32, 2};
+  static const support::Shape shape18_3 = {32, 1, 0};
+  static const support::Shape shape18_4 = {0, 0, 1};
+  support::oneHot(v326.data(), shape18_1, v1.data(), shape18_3, shape18_4, 0);
 
   // bert.mesh:35:39 einsum -> grad/bert/segment_embedding
   support::View v327 = arena_.view(499712, 128);
   // dims: batch, seq, segments, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 32, 2, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan23.run(v326.data(), v325.data(), v327.data(), 1.0f, 0.0f);
-}
-
-void MlmTrain::runPart7(const Inputs &inputs) {
-  (void)inputs;
+  einsumPlan19.run(v326.data(), v325.data(), v327.data(), 1.0f, 0.0f);
 
   // bert.mesh:34:76 sum -> grad/bert/position_embedding
-  support::View v325 = arena_.view(344064, 2048);
   support::View v328 = arena_.view(491520, 2048);
-  static const support::Shape shape0_1 = {32, 64};
-  static const support::Shape shape0_3 = {64, 1};
-  static const support::Shape shape0_4 = {1};
-  static const support::Shape shape0_5 = {2048};
-  support::reduce(v328.data(), shape0_1, v325.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape20_1 = {32, 64};
+  static const support::Shape shape20_3 = {64, 1};
+  static const support::Shape shape20_4 = {1};
+  static const support::Shape shape20_5 = {2048};
+  support::reduce(v328.data(), shape20_1, v325.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:34:37 one_hot
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v329 = arena_.view(327680, 4096);
-  static const support::Shape shape1_1 = {1, 32, 128};
-  static const support::Shape shape1_3 = {32, 1, 0};
-  static const support::Shape shape1_4 = {0, 0, 1};
-  support::oneHot(v329.data(), shape1_1, v0.data(), shape1_3, shape1_4, 0);
+  static const support::Shape shape21_1 = {1, 32, 128};
+  static const support::Shape shape21_3 = {32, 1, 0};
+  static const support::Shape shape21_4 = {0, 0, 1};
+  support::oneHot(v329.data(), shape21_1, v0.data(), shape21_3, shape21_4, 0);
 
   // bert.mesh:34:37 einsum
   support::View v330 = arena_.view(294912, 8192);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan2.run(v329.data(), v325.data(), v330.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v329.data(), v325.data(), v330.data(), 1.0f, 0.0f);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
   support::View v137 = arena_.view(262144, 8192);
@@ -3894,39 +3878,45 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       v331p[i0] = s2;
     }
   }
+}
+
+void MlmTrain::runPart7(const Inputs &inputs) {
+  (void)inputs;
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
   // grad/bert/encoder_layer[1]/norm#1/bias, ...) over data, model resolved together, 430.0 KiB in
   // one buffer)
-  support::View v123 = arena_.view(517120, 1);
-  support::View v135 = arena_.view(514048, 128);
-  support::View v138 = arena_.view(514560, 64);
-  support::View v141 = arena_.view(514816, 64);
-  support::View v156 = arena_.view(515072, 64);
+  support::View v123 = arena_.view(541184, 1);
+  support::View v135 = arena_.view(538624, 128);
+  support::View v138 = arena_.view(539136, 64);
+  support::View v141 = arena_.view(539392, 64);
+  support::View v156 = arena_.view(539648, 64);
   support::View v158 = arena_.view(0, 16384);
-  support::View v182 = arena_.view(512000, 256);
+  support::View v182 = arena_.view(536576, 256);
   support::View v185 = arena_.view(65536, 16384);
-  support::View v186 = arena_.view(515328, 64);
-  support::View v189 = arena_.view(515584, 64);
-  support::View v204 = arena_.view(360448, 4096);
-  support::View v219 = arena_.view(376832, 4096);
-  support::View v223 = arena_.view(393216, 4096);
-  support::View v226 = arena_.view(409600, 4096);
-  support::View v227 = arena_.view(515840, 64);
-  support::View v230 = arena_.view(516096, 64);
-  support::View v244 = arena_.view(516352, 64);
+  support::View v186 = arena_.view(539904, 64);
+  support::View v189 = arena_.view(540160, 64);
+  support::View v204 = arena_.view(376832, 4096);
+  support::View v219 = arena_.view(393216, 4096);
+  support::View v223 = arena_.view(409600, 4096);
+  support::View v226 = arena_.view(425984, 4096);
+  support::View v227 = arena_.view(540416, 64);
+  support::View v230 = arena_.view(540672, 64);
+  support::View v244 = arena_.view(540928, 64);
   support::View v246 = arena_.view(131072, 16384);
-  support::View v265 = arena_.view(513024, 256);
+  support::View v265 = arena_.view(537600, 256);
   support::View v268 = arena_.view(196608, 16384);
-  support::View v269 = arena_.view(516608, 64);
-  support::View v272 = arena_.view(516864, 64);
-  support::View v287 = arena_.view(425984, 4096);
-  support::View v301 = arena_.view(442368, 4096);
+  support::View v269 = arena_.view(516096, 64);
+  support::View v272 = arena_.view(516352, 64);
+  support::View v287 = arena_.view(442368, 4096);
+  support::View v301 = arena_.view(360448, 4096);
   support::View v305 = arena_.view(458752, 4096);
   support::View v308 = arena_.view(475136, 4096);
-  support::View v309 = arena_.view(500224, 64);
-  support::View v312 = arena_.view(500480, 64);
+  support::View v309 = arena_.view(507904, 64);
+  support::View v312 = arena_.view(508160, 64);
   support::View v327 = arena_.view(499712, 128);
+  support::View v328 = arena_.view(491520, 2048);
+  support::View v331 = arena_.view(327680, 8192);
   auto request0 = support::startAllReduce(
       group_data_model, {v123, v135, v138, v141, v156, v158, v182, v185, v186, v189, v204,
                          v219, v223, v226, v227, v230, v244, v246, v265, v268, v269, v272,
@@ -5096,10 +5086,6 @@ void MlmTrain::runPart7(const Inputs &inputs) {
       v62p[i0] = s30;
     }
   }
-}
-
-void MlmTrain::runPart8(const Inputs &inputs) {
-  (void)inputs;
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -5117,13 +5103,9 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
-  support::View v63(param17_bert_encoder_layer_0_norm_1_bias); // updated in place
-  support::View v227 = arena_.view(515840, 64);
+  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);    // updated in place
   support::View v716(param65_bert_encoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v367 = arena_.view(262272, 1);
   support::View v715(param64_bert_encoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v365 = arena_.view(262208, 1);
-  support::View v349 = arena_.view(262144, 1);
   {
     float *__restrict v716p = v716.data();
     float *__restrict v715p = v715.data();
@@ -5186,8 +5168,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_q
-  support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
-  support::View v226 = arena_.view(409600, 4096);
+  support::View v67(param18_bert_encoder_layer_1_attention_w_q);    // updated in place
   support::View v737(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
   support::View v736(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
   {
@@ -5252,8 +5233,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_k
-  support::View v68(param19_bert_encoder_layer_1_attention_w_k); // updated in place
-  support::View v223 = arena_.view(393216, 4096);
+  support::View v68(param19_bert_encoder_layer_1_attention_w_k);    // updated in place
   support::View v758(param69_bert_encoder_layer_1_attention_w_k_v); // updated in place
   support::View v757(param68_bert_encoder_layer_1_attention_w_k_m); // updated in place
   {
@@ -5318,8 +5298,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_v
-  support::View v69(param20_bert_encoder_layer_1_attention_w_v); // updated in place
-  support::View v219 = arena_.view(376832, 4096);
+  support::View v69(param20_bert_encoder_layer_1_attention_w_v);    // updated in place
   support::View v779(param71_bert_encoder_layer_1_attention_w_v_v); // updated in place
   support::View v778(param70_bert_encoder_layer_1_attention_w_v_m); // updated in place
   {
@@ -5367,6 +5346,10 @@ void MlmTrain::runPart8(const Inputs &inputs) {
       v69p[i0] = s30;
     }
   }
+}
+
+void MlmTrain::runPart8(const Inputs &inputs) {
+  (void)inputs;
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -5385,9 +5368,12 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_o
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
-  support::View v204 = arena_.view(360448, 4096);
+  support::View v204 = arena_.view(376832, 4096);
   support::View v800(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
+  support::View v367 = arena_.view(262272, 1);
   support::View v799(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
+  support::View v365 = arena_.view(262208, 1);
+  support::View v349 = arena_.view(262144, 1);
   {
     float *__restrict v800p = v800.data();
     float *__restrict v799p = v799.data();
@@ -5451,7 +5437,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm/gain
   support::View v87(param22_bert_encoder_layer_1_norm_gain); // updated in place
-  support::View v189 = arena_.view(515584, 64);
+  support::View v189 = arena_.view(540160, 64);
   support::View v821(param75_bert_encoder_layer_1_norm_gain_v); // updated in place
   support::View v820(param74_bert_encoder_layer_1_norm_gain_m); // updated in place
   {
@@ -5517,7 +5503,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm/bias
   support::View v88(param23_bert_encoder_layer_1_norm_bias); // updated in place
-  support::View v186 = arena_.view(515328, 64);
+  support::View v186 = arena_.view(539904, 64);
   support::View v842(param77_bert_encoder_layer_1_norm_bias_v); // updated in place
   support::View v841(param76_bert_encoder_layer_1_norm_bias_m); // updated in place
   {
@@ -5649,7 +5635,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/b_in
   support::View v93(param25_bert_encoder_layer_1_ffn_b_in); // updated in place
-  support::View v182 = arena_.view(512000, 256);
+  support::View v182 = arena_.view(536576, 256);
   support::View v884(param81_bert_encoder_layer_1_ffn_b_in_v); // updated in place
   support::View v883(param80_bert_encoder_layer_1_ffn_b_in_m); // updated in place
   {
@@ -5781,7 +5767,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/b_out
   support::View v95(param27_bert_encoder_layer_1_ffn_b_out); // updated in place
-  support::View v156 = arena_.view(515072, 64);
+  support::View v156 = arena_.view(539648, 64);
   support::View v926(param85_bert_encoder_layer_1_ffn_b_out_v); // updated in place
   support::View v925(param84_bert_encoder_layer_1_ffn_b_out_m); // updated in place
   {
@@ -5847,7 +5833,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm#1/gain
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v141 = arena_.view(514816, 64);
+  support::View v141 = arena_.view(539392, 64);
   support::View v947(param87_bert_encoder_layer_1_norm_1_gain_v); // updated in place
   support::View v946(param86_bert_encoder_layer_1_norm_1_gain_m); // updated in place
   {
@@ -5913,7 +5899,7 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm#1/bias
   support::View v104(param29_bert_encoder_layer_1_norm_1_bias); // updated in place
-  support::View v138 = arena_.view(514560, 64);
+  support::View v138 = arena_.view(539136, 64);
   support::View v968(param89_bert_encoder_layer_1_norm_1_bias_v); // updated in place
   support::View v967(param88_bert_encoder_layer_1_norm_1_bias_m); // updated in place
   {

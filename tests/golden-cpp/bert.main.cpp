@@ -20,8 +20,8 @@ using namespace meshc_generated;
 
 struct Result {
   std::string name, dtype;
-  support::Shape shape;
-  support::Buffer data;
+  meshc::gen::Shape shape;
+  meshc::gen::Buffer data;
 };
 
 constexpr int kTimedRuns = 5;
@@ -61,11 +61,11 @@ int main(int argc, char **argv) {
     }
     uint64_t seed = positional.size() > 1 ? std::strtoull(positional[1].c_str(), nullptr, 10) : 0;
     (void)steps;
-    support::useSingleThreadedBlas();
+    meshc::gen::useSingleThreadedBlas();
     // Inputs from a file (`meshc run --data`) replace the synthesized ones, by name.
-    const std::map<std::string, support::Tensor> givenInputs =
-        positional.size() > 2 ? support::readTensors(positional[2])
-                              : std::map<std::string, support::Tensor>();
+    const std::map<std::string, meshc::gen::Tensor> givenInputs =
+        positional.size() > 2 ? meshc::gen::readTensors(positional[2])
+                              : std::map<std::string, meshc::gen::Tensor>();
     {
       // program mlm
       std::vector<double> milliseconds;
@@ -78,16 +78,16 @@ int main(int argc, char **argv) {
         if (auto given = givenInputs.find("mlm.tokens"); given != givenInputs.end())
           inputs.tokens = Mlm::scatterInput(
               world, "tokens",
-              support::batchOfStep("mlm.tokens", given->second, Mlm::inputShape("tokens"), 0));
+              meshc::gen::batchOfStep("mlm.tokens", given->second, Mlm::inputShape("tokens"), 0));
         if (auto given = givenInputs.find("mlm.segment_ids"); given != givenInputs.end())
           inputs.segment_ids =
               Mlm::scatterInput(world, "segment_ids",
-                                support::batchOfStep("mlm.segment_ids", given->second,
-                                                     Mlm::inputShape("segment_ids"), 0));
+                                meshc::gen::batchOfStep("mlm.segment_ids", given->second,
+                                                        Mlm::inputShape("segment_ids"), 0));
         if (auto given = givenInputs.find("mlm.padding"); given != givenInputs.end())
           inputs.padding = Mlm::scatterInput(
               world, "padding",
-              support::batchOfStep("mlm.padding", given->second, Mlm::inputShape("padding"), 0));
+              meshc::gen::batchOfStep("mlm.padding", given->second, Mlm::inputShape("padding"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -130,30 +130,30 @@ int main(int argc, char **argv) {
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
             auto inputs = program.synthesizeInputs(seed + uint64_t(s));
             if (auto given = givenInputs.find("mlm_train.tokens"); given != givenInputs.end())
-              inputs.tokens =
-                  MlmTrain::scatterInput(world, "tokens",
-                                         support::batchOfStep("mlm_train.tokens", given->second,
-                                                              MlmTrain::inputShape("tokens"), s));
+              inputs.tokens = MlmTrain::scatterInput(
+                  world, "tokens",
+                  meshc::gen::batchOfStep("mlm_train.tokens", given->second,
+                                          MlmTrain::inputShape("tokens"), s));
             if (auto given = givenInputs.find("mlm_train.segment_ids"); given != givenInputs.end())
               inputs.segment_ids = MlmTrain::scatterInput(
                   world, "segment_ids",
-                  support::batchOfStep("mlm_train.segment_ids", given->second,
-                                       MlmTrain::inputShape("segment_ids"), s));
+                  meshc::gen::batchOfStep("mlm_train.segment_ids", given->second,
+                                          MlmTrain::inputShape("segment_ids"), s));
             if (auto given = givenInputs.find("mlm_train.padding"); given != givenInputs.end())
-              inputs.padding =
-                  MlmTrain::scatterInput(world, "padding",
-                                         support::batchOfStep("mlm_train.padding", given->second,
-                                                              MlmTrain::inputShape("padding"), s));
+              inputs.padding = MlmTrain::scatterInput(
+                  world, "padding",
+                  meshc::gen::batchOfStep("mlm_train.padding", given->second,
+                                          MlmTrain::inputShape("padding"), s));
             if (auto given = givenInputs.find("mlm_train.masked"); given != givenInputs.end())
-              inputs.masked =
-                  MlmTrain::scatterInput(world, "masked",
-                                         support::batchOfStep("mlm_train.masked", given->second,
-                                                              MlmTrain::inputShape("masked"), s));
+              inputs.masked = MlmTrain::scatterInput(
+                  world, "masked",
+                  meshc::gen::batchOfStep("mlm_train.masked", given->second,
+                                          MlmTrain::inputShape("masked"), s));
             if (auto given = givenInputs.find("mlm_train.targets"); given != givenInputs.end())
-              inputs.targets =
-                  MlmTrain::scatterInput(world, "targets",
-                                         support::batchOfStep("mlm_train.targets", given->second,
-                                                              MlmTrain::inputShape("targets"), s));
+              inputs.targets = MlmTrain::scatterInput(
+                  world, "targets",
+                  meshc::gen::batchOfStep("mlm_train.targets", given->second,
+                                          MlmTrain::inputShape("targets"), s));
             loss = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
@@ -174,28 +174,28 @@ int main(int argc, char **argv) {
         if (auto given = givenInputs.find("mlm_train.tokens"); given != givenInputs.end())
           inputs.tokens =
               MlmTrain::scatterInput(world, "tokens",
-                                     support::batchOfStep("mlm_train.tokens", given->second,
-                                                          MlmTrain::inputShape("tokens"), 0));
+                                     meshc::gen::batchOfStep("mlm_train.tokens", given->second,
+                                                             MlmTrain::inputShape("tokens"), 0));
         if (auto given = givenInputs.find("mlm_train.segment_ids"); given != givenInputs.end())
-          inputs.segment_ids =
-              MlmTrain::scatterInput(world, "segment_ids",
-                                     support::batchOfStep("mlm_train.segment_ids", given->second,
-                                                          MlmTrain::inputShape("segment_ids"), 0));
+          inputs.segment_ids = MlmTrain::scatterInput(
+              world, "segment_ids",
+              meshc::gen::batchOfStep("mlm_train.segment_ids", given->second,
+                                      MlmTrain::inputShape("segment_ids"), 0));
         if (auto given = givenInputs.find("mlm_train.padding"); given != givenInputs.end())
           inputs.padding =
               MlmTrain::scatterInput(world, "padding",
-                                     support::batchOfStep("mlm_train.padding", given->second,
-                                                          MlmTrain::inputShape("padding"), 0));
+                                     meshc::gen::batchOfStep("mlm_train.padding", given->second,
+                                                             MlmTrain::inputShape("padding"), 0));
         if (auto given = givenInputs.find("mlm_train.masked"); given != givenInputs.end())
           inputs.masked =
               MlmTrain::scatterInput(world, "masked",
-                                     support::batchOfStep("mlm_train.masked", given->second,
-                                                          MlmTrain::inputShape("masked"), 0));
+                                     meshc::gen::batchOfStep("mlm_train.masked", given->second,
+                                                             MlmTrain::inputShape("masked"), 0));
         if (auto given = givenInputs.find("mlm_train.targets"); given != givenInputs.end())
           inputs.targets =
               MlmTrain::scatterInput(world, "targets",
-                                     support::batchOfStep("mlm_train.targets", given->second,
-                                                          MlmTrain::inputShape("targets"), 0));
+                                     meshc::gen::batchOfStep("mlm_train.targets", given->second,
+                                                             MlmTrain::inputShape("targets"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -233,7 +233,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (const Result &result : results)
-    support::writeTensor(file, result.name, result.dtype.c_str(), result.shape, result.data);
+    meshc::gen::writeTensor(file, result.name, result.dtype.c_str(), result.shape, result.data);
   std::fclose(file);
   return 0;
 }

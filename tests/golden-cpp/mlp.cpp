@@ -255,7 +255,7 @@ MlpTrain::MlpTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 MlpTrain::Outputs MlpTrain::run(const Inputs &inputs) {
-  // Arena: 99136 bytes for 214044 bytes of temporaries (placed by liveness).
+  // Arena: 99136 bytes for 197660 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {16, 64});
   support::checkShape("input", "target", inputs.target, {16, 64});
   runPart0(inputs);
@@ -308,12 +308,17 @@ void MlpTrain::runPart0(const Inputs &inputs) {
 
   // mlp.mesh:27:47 add
   // mlp.mesh:27:11 relu -> h
+  // mlp.mesh:29:17 dropout
   support::View v5(param1_ffn_b_in); // updated in place
   support::View v8 = arena_.view(32768, 2048);
-  support::View v9 = arena_.view(8192, 2048);
+  support::View v10 = arena_.view(40960, 2048);
   {
+    const auto inv0 =
+        meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
+                              support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v8p = v8.data();
-    float *__restrict v9p = v9.data();
+    float *__restrict v10p = v10.data();
     const float *__restrict v7p = v7.data();
     const float *__restrict v5p = v5.data();
     for (int64_t i0 = 0; i0 < 16; ++i0) {
@@ -322,30 +327,22 @@ void MlpTrain::runPart0(const Inputs &inputs) {
         const float s1 = v5p[i1];
         const float s2 = (s0 + s1);
         const float s3 = (s2 > 0 ? s2 : 0.0f);
+        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
+                              ? float(double(s3) * 1.1111111111111112)
+                              : 0.0f);
         v8p[i0 * 128 + i1] = s2;
-        v9p[i0 * 128 + i1] = s3;
+        v10p[i0 * 128 + i1] = s4;
       }
     }
   }
-
-  // mlp.mesh:29:17 dropout
-  support::View v10 = arena_.view(40960, 2048);
-  static const support::Shape shape4_1 = {16, 128};
-  static const support::Shape shape4_3 = {128, 1};
-  static const support::Shape shape4_4 = {256, 1};
-  support::dropout(
-      v10.data(), shape4_1, v9.data(), shape4_3, shape4_4,
-      int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
-              support::shardStart(world_, {"model"}, 128) * 1),
-      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
 
   // mlp.mesh:29:10 einsum
   support::View v6(param2_ffn_w_out); // updated in place
   support::View v11 = arena_.view(0, 1024);
   // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{16, 128, 64}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan5.run(v10.data(), v6.data(), v11.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v10.data(), v6.data(), v11.data(), 1.0f, 0.0f);
 
   // mlp.mesh:41:32 all_reduce_sum (resolve the partial sum of %11 over model for add at 41:32)
   group_model.allReduce(v11.data(), v11.size(), meshrt::ReduceOp::Sum);
@@ -376,11 +373,11 @@ void MlpTrain::runPart0(const Inputs &inputs) {
 
   // mlp.mesh:41:14 mean -> loss
   support::View v16 = arena_.view(98816, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {16, 64};
-  static const support::Shape shape8_5 = {64, 1};
-  support::reduce(v16.data(), shape8_1, v15.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {16, 64};
+  static const support::Shape shape7_5 = {64, 1};
+  support::reduce(v16.data(), shape7_1, v15.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.00048828125);
 
   // mlp.mesh:41:19 mul
@@ -402,61 +399,60 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:29:10 einsum
   support::View v24 = arena_.view(49152, 2048);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{16, 64, 128}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan10.run(v23.data(), v6.data(), v24.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v23.data(), v6.data(), v24.data(), 1.0f, 0.0f);
 
   // mlp.mesh:29:10 einsum -> grad/ffn/w_out
   support::View v25 = arena_.view(0, 8192);
   // dims: batch, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{16, 64, 128}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan11.run(v23.data(), v10.data(), v25.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v23.data(), v10.data(), v25.data(), 1.0f, 0.0f);
 
   // mlp.mesh:29:17 dropout
-  support::View v26 = arena_.view(40960, 2048);
-  static const support::Shape shape12_1 = {16, 128};
-  static const support::Shape shape12_3 = {128, 1};
-  static const support::Shape shape12_4 = {256, 1};
-  support::dropout(
-      v26.data(), shape12_1, v24.data(), shape12_3, shape12_4,
-      int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
-              support::shardStart(world_, {"model"}, 128) * 1),
-      meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_)), 0.1);
-
   // mlp.mesh:27:11 gt
   // mlp.mesh:27:11 where
   support::View v29 = arena_.view(65536, 2048);
   {
+    const auto inv0 =
+        meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
+                              support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v29p = v29.data();
+    const float *__restrict v24p = v24.data();
     const float *__restrict v8p = v8.data();
-    const float *__restrict v26p = v26.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v26p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      v29p[i0] = s5;
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v24p[i0 * 128 + i1];
+        const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
+                              ? float(double(s0) * 1.1111111111111112)
+                              : 0.0f);
+        const float s2 = v8p[i0 * 128 + i1];
+        const float s3 = 0.0f;
+        const float s4 = (s2 > s3 ? 1.0f : 0.0f);
+        const float s5 = 0.0f;
+        const float s6 = (s4 != 0 ? s1 : s5);
+        v29p[i0 * 128 + i1] = s6;
+      }
     }
   }
 
   // mlp.mesh:27:47 sum -> grad/ffn/b_in
   support::View v30 = arena_.view(98304, 128);
-  static const support::Shape shape14_1 = {128};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {16};
-  static const support::Shape shape14_5 = {128};
-  support::reduce(v30.data(), shape14_1, v29.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape12_1 = {128};
+  static const support::Shape shape12_3 = {1};
+  static const support::Shape shape12_4 = {16};
+  static const support::Shape shape12_5 = {128};
+  support::reduce(v30.data(), shape12_1, v29.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // mlp.mesh:27:16 einsum -> grad/ffn/w_in
   support::View v31 = arena_.view(32768, 8192);
   // dims: batch, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{16, 128, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan15.run(v29.data(), v3.data(), v31.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v29.data(), v3.data(), v31.data(), 1.0f, 0.0f);
 
   // mlp.mesh:42:3 bucketed_all_reduce_sum -> loss (4 partial sums (loss, grad/ffn/w_out,
   // grad/ffn/b_in, ...) over data resolved together, 64.5 KiB in one buffer)
@@ -517,11 +513,11 @@ void MlpTrain::runPart0(const Inputs &inputs) {
 
   // mlp.mesh:42:3 sum
   support::View v52 = arena_.view(98944, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {64, 128};
-  static const support::Shape shape20_5 = {128, 1};
-  support::reduce(v52.data(), shape20_1, v51.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {64, 128};
+  static const support::Shape shape18_5 = {128, 1};
+  support::reduce(v52.data(), shape18_1, v51.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // mlp.mesh:42:3 square
@@ -538,11 +534,11 @@ void MlpTrain::runPart0(const Inputs &inputs) {
 
   // mlp.mesh:42:3 sum
   support::View v55 = arena_.view(99008, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {128};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v55.data(), shape22_1, v54.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {128};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v55.data(), shape20_1, v54.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // mlp.mesh:42:3 square
@@ -556,25 +552,18 @@ void MlpTrain::runPart0(const Inputs &inputs) {
       v58p[i0] = s1;
     }
   }
-}
-
-void MlpTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
 
   // mlp.mesh:42:3 sum
-  support::View v58 = arena_.view(65536, 8192);
   support::View v59 = arena_.view(99072, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {128, 64};
-  static const support::Shape shape0_5 = {64, 1};
-  support::reduce(v59.data(), shape0_1, v58.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {128, 64};
+  static const support::Shape shape22_5 = {64, 1};
+  support::reduce(v59.data(), shape22_1, v58.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 add
-  support::View v52 = arena_.view(98944, 1);
-  support::View v55 = arena_.view(99008, 1);
   support::View v60 = arena_.view(65536, 1);
   {
     float *__restrict v60p = v60.data();
@@ -588,8 +577,13 @@ void MlpTrain::runPart1(const Inputs &inputs) {
     const float s4 = (s2 + s3);
     v60p[0] = s4;
   }
+}
+
+void MlpTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // mlp.mesh:42:3 all_reduce_sum (resolve the partial sum of %56 over model for sqrt at 42:3)
+  support::View v60 = arena_.view(65536, 1);
   group_model.allReduce(v60.data(), v60.size(), meshrt::ReduceOp::Sum);
 
   // mlp.mesh:42:3 sqrt -> global_grad_norm

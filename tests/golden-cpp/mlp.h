@@ -83,8 +83,10 @@ public:
   /// checksum error.
   void load(const std::string &dir);
 
-private:
+  /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
+
+private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   meshrt::Communicator &group_model;  // the ranks along model
@@ -128,7 +130,7 @@ public:
   /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
   static constexpr size_t kArenaBytes = 99136;
   /// The bytes of all of run()'s temporaries together (one buffer each).
-  static constexpr size_t kTemporaryBytes = 214044;
+  static constexpr size_t kTemporaryBytes = 197660;
   /// The bytes of the values computed once, in the constructor (constants, masks).
   static constexpr size_t kPersistentBytes = 4672;
 
@@ -176,9 +178,11 @@ public:
   /// checksum error.
   void load(const std::string &dir);
 
-private:
+  /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
+
+private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;

@@ -20,8 +20,8 @@ using namespace meshc_generated;
 
 struct Result {
   std::string name, dtype;
-  support::Shape shape;
-  support::Buffer data;
+  meshc::gen::Shape shape;
+  meshc::gen::Buffer data;
 };
 
 constexpr int kTimedRuns = 5;
@@ -61,11 +61,11 @@ int main(int argc, char **argv) {
     }
     uint64_t seed = positional.size() > 1 ? std::strtoull(positional[1].c_str(), nullptr, 10) : 0;
     (void)steps;
-    support::useSingleThreadedBlas();
+    meshc::gen::useSingleThreadedBlas();
     // Inputs from a file (`meshc run --data`) replace the synthesized ones, by name.
-    const std::map<std::string, support::Tensor> givenInputs =
-        positional.size() > 2 ? support::readTensors(positional[2])
-                              : std::map<std::string, support::Tensor>();
+    const std::map<std::string, meshc::gen::Tensor> givenInputs =
+        positional.size() > 2 ? meshc::gen::readTensors(positional[2])
+                              : std::map<std::string, meshc::gen::Tensor>();
     {
       // program mlp
       std::vector<double> milliseconds;
@@ -77,7 +77,7 @@ int main(int argc, char **argv) {
         auto inputs = program.synthesizeInputs(seed + uint64_t(0));
         if (auto given = givenInputs.find("mlp.x"); given != givenInputs.end())
           inputs.x = Mlp::scatterInput(
-              world, "x", support::batchOfStep("mlp.x", given->second, Mlp::inputShape("x"), 0));
+              world, "x", meshc::gen::batchOfStep("mlp.x", given->second, Mlp::inputShape("x"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -116,14 +116,15 @@ int main(int argc, char **argv) {
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
             auto inputs = program.synthesizeInputs(seed + uint64_t(s));
             if (auto given = givenInputs.find("mlp_train.x"); given != givenInputs.end())
-              inputs.x = MlpTrain::scatterInput(
-                  world, "x",
-                  support::batchOfStep("mlp_train.x", given->second, MlpTrain::inputShape("x"), s));
+              inputs.x =
+                  MlpTrain::scatterInput(world, "x",
+                                         meshc::gen::batchOfStep("mlp_train.x", given->second,
+                                                                 MlpTrain::inputShape("x"), s));
             if (auto given = givenInputs.find("mlp_train.target"); given != givenInputs.end())
-              inputs.target =
-                  MlpTrain::scatterInput(world, "target",
-                                         support::batchOfStep("mlp_train.target", given->second,
-                                                              MlpTrain::inputShape("target"), s));
+              inputs.target = MlpTrain::scatterInput(
+                  world, "target",
+                  meshc::gen::batchOfStep("mlp_train.target", given->second,
+                                          MlpTrain::inputShape("target"), s));
             loss = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
@@ -144,12 +145,12 @@ int main(int argc, char **argv) {
         if (auto given = givenInputs.find("mlp_train.x"); given != givenInputs.end())
           inputs.x = MlpTrain::scatterInput(
               world, "x",
-              support::batchOfStep("mlp_train.x", given->second, MlpTrain::inputShape("x"), 0));
+              meshc::gen::batchOfStep("mlp_train.x", given->second, MlpTrain::inputShape("x"), 0));
         if (auto given = givenInputs.find("mlp_train.target"); given != givenInputs.end())
           inputs.target =
               MlpTrain::scatterInput(world, "target",
-                                     support::batchOfStep("mlp_train.target", given->second,
-                                                          MlpTrain::inputShape("target"), 0));
+                                     meshc::gen::batchOfStep("mlp_train.target", given->second,
+                                                             MlpTrain::inputShape("target"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -187,7 +188,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (const Result &result : results)
-    support::writeTensor(file, result.name, result.dtype.c_str(), result.shape, result.data);
+    meshc::gen::writeTensor(file, result.name, result.dtype.c_str(), result.shape, result.data);
   std::fclose(file);
   return 0;
 }

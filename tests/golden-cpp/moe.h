@@ -83,10 +83,12 @@ public:
   /// checksum error.
   void load(const std::string &dir);
 
-private:
+  /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   void runPart2(const Inputs &inputs);
+
+private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   meshrt::Communicator &group_model;  // the ranks along model
@@ -191,7 +193,7 @@ public:
   /// checksum error.
   void load(const std::string &dir);
 
-private:
+  /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   void runPart2(const Inputs &inputs);
@@ -200,6 +202,8 @@ private:
   void runPart5(const Inputs &inputs);
   void runPart6(const Inputs &inputs);
   void runPart7(const Inputs &inputs);
+
+private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;

@@ -178,8 +178,10 @@ Encode::Encode(meshrt::Communicator &world, uint64_t seed)
   param22_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm/bias: zeros (performer.mesh:28)
   param23_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void Encode::computeInvariants() {
 
   // performer.mesh:35:23 iota
   support::View v1 = persistent_.view(0, 128);
@@ -1606,8 +1608,10 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
   param24_causal_lm_norm_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // causal_lm/norm/bias: zeros (performer.mesh:28)
   param25_causal_lm_norm_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void Lm::computeInvariants() {
 
   // performer.mesh:35:23 iota
   support::View v4 = persistent_.view(0, 128);
@@ -3262,8 +3266,10 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
   param72_causal_lm_norm_bias_m.assign(32, support::roundValue(support::DType::F32, 0.0));
   // causal_lm/norm/bias@v: zeros (performer.mesh:28)
   param73_causal_lm_norm_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void LmTrain::computeInvariants() {
 
   // performer.mesh:35:23 iota
   support::View v9 = persistent_.view(64, 128);

@@ -83,10 +83,14 @@ public:
   /// checksum error.
   void load(const std::string &dir);
 
-private:
+  /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   void runPart2(const Inputs &inputs);
+  /// Computes the values run() reads that never change (the constructor calls it).
+  void computeInvariants();
+
+private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   meshrt::Communicator &group_data_model;                 // the ranks along data, model
@@ -214,11 +218,15 @@ public:
   /// checksum error.
   void load(const std::string &dir);
 
-private:
+  /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   void runPart2(const Inputs &inputs);
   void runPart3(const Inputs &inputs);
+  /// Computes the values run() reads that never change (the constructor calls it).
+  void computeInvariants();
+
+private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   meshrt::Communicator &group_data_model; // the ranks along data, model
@@ -371,7 +379,7 @@ public:
   /// checksum error.
   void load(const std::string &dir);
 
-private:
+  /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
   void runPart2(const Inputs &inputs);
@@ -383,6 +391,10 @@ private:
   void runPart8(const Inputs &inputs);
   void runPart9(const Inputs &inputs);
   void runPart10(const Inputs &inputs);
+  /// Computes the values run() reads that never change (the constructor calls it).
+  void computeInvariants();
+
+private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;

@@ -83,8 +83,10 @@ public:
   /// checksum error.
   void load(const std::string &dir);
 
-private:
+  /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
+
+private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   meshrt::Communicator &group_model;      // the ranks along model

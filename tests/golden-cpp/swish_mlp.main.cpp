@@ -20,8 +20,8 @@ using namespace meshc_generated;
 
 struct Result {
   std::string name, dtype;
-  support::Shape shape;
-  support::Buffer data;
+  meshc::gen::Shape shape;
+  meshc::gen::Buffer data;
 };
 
 constexpr int kTimedRuns = 5;
@@ -61,11 +61,11 @@ int main(int argc, char **argv) {
     }
     uint64_t seed = positional.size() > 1 ? std::strtoull(positional[1].c_str(), nullptr, 10) : 0;
     (void)steps;
-    support::useSingleThreadedBlas();
+    meshc::gen::useSingleThreadedBlas();
     // Inputs from a file (`meshc run --data`) replace the synthesized ones, by name.
-    const std::map<std::string, support::Tensor> givenInputs =
-        positional.size() > 2 ? support::readTensors(positional[2])
-                              : std::map<std::string, support::Tensor>();
+    const std::map<std::string, meshc::gen::Tensor> givenInputs =
+        positional.size() > 2 ? meshc::gen::readTensors(positional[2])
+                              : std::map<std::string, meshc::gen::Tensor>();
     {
       // program swish_mlp
       std::vector<double> milliseconds;
@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
         if (auto given = givenInputs.find("swish_mlp.x"); given != givenInputs.end())
           inputs.x = SwishMlp::scatterInput(
               world, "x",
-              support::batchOfStep("swish_mlp.x", given->second, SwishMlp::inputShape("x"), 0));
+              meshc::gen::batchOfStep("swish_mlp.x", given->second, SwishMlp::inputShape("x"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (const Result &result : results)
-    support::writeTensor(file, result.name, result.dtype.c_str(), result.shape, result.data);
+    meshc::gen::writeTensor(file, result.name, result.dtype.c_str(), result.shape, result.data);
   std::fclose(file);
   return 0;
 }

@@ -210,8 +210,10 @@ Lm::Lm(meshrt::Communicator &world, uint64_t seed)
   param27_decoder_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // decoder/norm/bias: zeros (layers.mesh:23)
   param28_decoder_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void Lm::computeInvariants() {
 
   // transformer.mesh:38:69 iota
   // transformer.mesh:38:82 iota
@@ -1531,8 +1533,10 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
   param85_decoder_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/norm/bias@v: zeros (layers.mesh:23)
   param86_decoder_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void LmTrain::computeInvariants() {
 
   // transformer.mesh:38:69 iota
   // transformer.mesh:38:82 iota
@@ -1570,7 +1574,7 @@ LmTrain::LmTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
-  // Arena: 553024 bytes for 2279956 bytes of temporaries (placed by liveness).
+  // Arena: 553024 bytes for 2148884 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
   runPart1(inputs);
@@ -1856,12 +1860,17 @@ void LmTrain::runPart0(const Inputs &inputs) {
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
+  // layers.mesh:55:17 dropout
   support::View v53(param12_decoder_decoder_layer_0_ffn_b_in); // updated in place
   support::View v57 = arena_.view(32768, 8192);
-  support::View v58 = arena_.view(65536, 8192);
+  support::View v59 = arena_.view(65536, 8192);
   {
+    const auto inv0 = meshrt::streamKey(
+        seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                              support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v57p = v57.data();
-    float *__restrict v58p = v58.data();
+    float *__restrict v59p = v59.data();
     const float *__restrict v56p = v56.data();
     const float *__restrict v53p = v53.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -1870,8 +1879,11 @@ void LmTrain::runPart0(const Inputs &inputs) {
         const float s1 = v53p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
+        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
+                              ? float(double(s3) * 1.1111111111111112)
+                              : 0.0f);
         v57p[i0 * 128 + i1] = s2;
-        v58p[i0 * 128 + i1] = s3;
+        v59p[i0 * 128 + i1] = s4;
       }
     }
   }
@@ -1880,26 +1892,14 @@ void LmTrain::runPart0(const Inputs &inputs) {
 void LmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
 
-  // layers.mesh:55:17 dropout
-  support::View v58 = arena_.view(65536, 8192);
-  support::View v59 = arena_.view(0, 8192);
-  static const support::Shape shape0_1 = {2, 32, 128};
-  static const support::Shape shape0_3 = {4096, 128, 1};
-  static const support::Shape shape0_4 = {8192, 256, 1};
-  support::dropout(v59.data(), shape0_1, v58.data(), shape0_3, shape0_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                           support::shardStart(world_, {"model"}, 128) * 1),
-                   meshrt::streamKey(seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") +
-                                                "#" + std::to_string(step_)),
-                   0.1);
-
   // layers.mesh:55:10 einsum
+  support::View v59 = arena_.view(65536, 8192);
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v60 = arena_.view(65536, 4096);
+  support::View v60 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v59.data(), v54.data(), v60.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v59.data(), v54.data(), v60.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
   group_model.allReduce(v60.data(), v60.size(), meshrt::ReduceOp::Sum);
@@ -1928,13 +1928,13 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:10 layer_norm
   support::View v66 = arena_.view(327680, 4096);
-  static const support::Shape shape4_2 = {2, 32};
-  static const support::Shape shape4_3 = {2048, 64};
-  static const support::Shape shape4_4 = {2048, 64};
-  static const support::Shape shape4_5 = {64};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(v66.data(), v63.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+  static const support::Shape shape3_2 = {2, 32};
+  static const support::Shape shape3_3 = {2048, 64};
+  static const support::Shape shape3_4 = {2048, 64};
+  static const support::Shape shape3_5 = {64};
+  static const support::Shape shape3_6 = {1};
+  static const support::Shape shape3_7 = {1};
+  support::along(v66.data(), v63.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
@@ -1963,37 +1963,37 @@ void LmTrain::runPart1(const Inputs &inputs) {
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
   support::View v73 = arena_.view(520192, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan6.run(v68.data(), v69.data(), v73.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v68.data(), v69.data(), v73.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
   support::View v74 = arena_.view(528384, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(v68.data(), v70.data(), v74.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v68.data(), v70.data(), v74.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
   support::View v76 = arena_.view(536576, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan8.run(v68.data(), v71.data(), v76.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v68.data(), v71.data(), v76.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   // layers.mesh:41:55 mul -> scores
-  support::View v78 = arena_.view(65536, 4096);
+  support::View v78 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan9.run(v73.data(), v74.data(), v78.data(), 0.25f, 0.0f);
+  einsumPlan8.run(v73.data(), v74.data(), v78.data(), 0.25f, 0.0f);
 
   // layers.mesh:43:25 where
   support::View v39 = arena_.view(503808, 2048);
-  support::View v84 = arena_.view(81920, 4096);
+  support::View v84 = arena_.view(16384, 4096);
   {
     float *__restrict v84p = v84.data();
     const float *__restrict v39p = v39.data();
@@ -2013,29 +2013,29 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:43:17 softmax -> weights
   support::View v85 = arena_.view(360448, 4096);
-  static const support::Shape shape11_2 = {2, 2, 32};
-  static const support::Shape shape11_3 = {2048, 1024, 32};
-  static const support::Shape shape11_4 = {2048, 1024, 32};
-  static const support::Shape shape11_5 = {32};
-  static const support::Shape shape11_6 = {1};
-  static const support::Shape shape11_7 = {1};
-  support::along(v85.data(), v84.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
-                 shape11_7, support::Along::Softmax, 1e-05, 32, nullptr);
+  static const support::Shape shape10_2 = {2, 2, 32};
+  static const support::Shape shape10_3 = {2048, 1024, 32};
+  static const support::Shape shape10_4 = {2048, 1024, 32};
+  static const support::Shape shape10_5 = {32};
+  static const support::Shape shape10_6 = {1};
+  static const support::Shape shape10_7 = {1};
+  support::along(v85.data(), v84.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
+                 shape10_7, support::Along::Softmax, 1e-05, 32, nullptr);
 
   // layers.mesh:44:17 einsum -> context
   support::View v86 = arena_.view(544768, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan12.run(v85.data(), v76.data(), v86.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v85.data(), v76.data(), v86.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
-  support::View v87 = arena_.view(65536, 4096);
+  support::View v87 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan13.run(v86.data(), v72.data(), v87.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v86.data(), v72.data(), v87.data(), 1.0f, 0.0f);
 
   // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %84 over model for add at
   // 21:13)
@@ -2057,14 +2057,14 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:24:10 layer_norm
   support::View v92 = arena_.view(393216, 4096);
-  static const support::Shape shape16_2 = {2, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {2048, 64};
-  static const support::Shape shape16_5 = {64};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(v92.data(), v89.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+  static const support::Shape shape15_2 = {2, 32};
+  static const support::Shape shape15_3 = {2048, 64};
+  static const support::Shape shape15_4 = {2048, 64};
+  static const support::Shape shape15_5 = {64};
+  static const support::Shape shape15_6 = {1};
+  static const support::Shape shape15_7 = {1};
+  support::along(v92.data(), v89.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+                 shape15_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
@@ -2090,20 +2090,25 @@ void LmTrain::runPart1(const Inputs &inputs) {
 
   // layers.mesh:54:16 einsum
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v99 = arena_.view(65536, 8192);
+  support::View v99 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(v94.data(), v95.data(), v99.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v94.data(), v95.data(), v99.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:52 add
   // layers.mesh:54:11 gelu -> h
+  // layers.mesh:55:17 dropout
   support::View v96(param24_decoder_decoder_layer_1_ffn_b_in); // updated in place
   support::View v100 = arena_.view(98304, 8192);
-  support::View v101 = arena_.view(131072, 8192);
+  support::View v102 = arena_.view(131072, 8192);
   {
+    const auto inv0 = meshrt::streamKey(
+        seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                              support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v100p = v100.data();
-    float *__restrict v101p = v101.data();
+    float *__restrict v102p = v102.data();
     const float *__restrict v99p = v99.data();
     const float *__restrict v96p = v96.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
@@ -2112,31 +2117,22 @@ void LmTrain::runPart1(const Inputs &inputs) {
         const float s1 = v96p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
+        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
+                              ? float(double(s3) * 1.1111111111111112)
+                              : 0.0f);
         v100p[i0 * 128 + i1] = s2;
-        v101p[i0 * 128 + i1] = s3;
+        v102p[i0 * 128 + i1] = s4;
       }
     }
   }
 
-  // layers.mesh:55:17 dropout
-  support::View v102 = arena_.view(65536, 8192);
-  static const support::Shape shape20_1 = {2, 32, 128};
-  static const support::Shape shape20_3 = {4096, 128, 1};
-  static const support::Shape shape20_4 = {8192, 256, 1};
-  support::dropout(v102.data(), shape20_1, v101.data(), shape20_3, shape20_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                           support::shardStart(world_, {"model"}, 128) * 1),
-                   meshrt::streamKey(seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") +
-                                                "#" + std::to_string(step_)),
-                   0.1);
-
   // layers.mesh:55:10 einsum
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v103 = arena_.view(131072, 4096);
+  support::View v103 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(v102.data(), v97.data(), v103.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v102.data(), v97.data(), v103.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %99 over model for add at 55:71)
   group_model.allReduce(v103.data(), v103.size(), meshrt::ReduceOp::Sum);
@@ -2144,7 +2140,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
   // layers.mesh:55:71 add
   // transformer.mesh:22:12 add -> x
   support::View v98(param26_decoder_decoder_layer_1_ffn_b_out); // updated in place
-  support::View v106 = arena_.view(147456, 4096);
+  support::View v106 = arena_.view(16384, 4096);
   {
     float *__restrict v106p = v106.data();
     const float *__restrict v103p = v103.data();
@@ -2161,22 +2157,17 @@ void LmTrain::runPart1(const Inputs &inputs) {
       }
     }
   }
-}
-
-void LmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:24:10 layer_norm
-  support::View v106 = arena_.view(147456, 4096);
-  support::View v109 = arena_.view(131072, 4096);
-  static const support::Shape shape0_2 = {2, 32};
-  static const support::Shape shape0_3 = {2048, 64};
-  static const support::Shape shape0_4 = {2048, 64};
-  static const support::Shape shape0_5 = {64};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v109.data(), v106.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6,
-                 shape0_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+  support::View v109 = arena_.view(0, 4096);
+  static const support::Shape shape22_2 = {2, 32};
+  static const support::Shape shape22_3 = {2048, 64};
+  static const support::Shape shape22_4 = {2048, 64};
+  static const support::Shape shape22_5 = {64};
+  static const support::Shape shape22_6 = {1};
+  static const support::Shape shape22_7 = {1};
+  support::along(v109.data(), v106.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
+                 shape22_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:40 add
@@ -2199,33 +2190,38 @@ void LmTrain::runPart2(const Inputs &inputs) {
       }
     }
   }
+}
+
+void LmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer.mesh:43:10 einsum
+  support::View v111 = arena_.view(163840, 4096);
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v112 = arena_.view(180224, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
 
   // transformer.mesh:56:14 log_softmax -> logp
   support::View v113 = arena_.view(425984, 3072);
-  static const support::Shape shape3_2 = {2, 32};
-  static const support::Shape shape3_3 = {1536, 48};
-  static const support::Shape shape3_4 = {1536, 48};
-  static const support::Shape shape3_5 = {48};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(v113.data(), v112.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6,
-                 shape3_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
+  static const support::Shape shape1_2 = {2, 32};
+  static const support::Shape shape1_3 = {1536, 48};
+  static const support::Shape shape1_4 = {1536, 48};
+  static const support::Shape shape1_5 = {48};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(v113.data(), v112.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6,
+                 shape1_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
 
   // transformer.mesh:59:32 one_hot
   support::View v1 = arena_.view(192512, 64);
   support::View v114 = arena_.view(180224, 3072);
-  static const support::Shape shape4_1 = {2, 32, 48};
-  static const support::Shape shape4_3 = {32, 1, 0};
-  static const support::Shape shape4_4 = {0, 0, 1};
-  support::oneHot(v114.data(), shape4_1, v1.data(), shape4_3, shape4_4,
+  static const support::Shape shape2_1 = {2, 32, 48};
+  static const support::Shape shape2_3 = {32, 1, 0};
+  static const support::Shape shape2_4 = {0, 0, 1};
+  support::oneHot(v114.data(), shape2_1, v1.data(), shape2_3, shape2_4,
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:59:30 mul
@@ -2244,11 +2240,11 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // transformer.mesh:59:21 sum
   support::View v116 = arena_.view(192512, 64);
-  static const support::Shape shape6_1 = {2, 32};
-  static const support::Shape shape6_3 = {1536, 48};
-  static const support::Shape shape6_4 = {48};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v116.data(), shape6_1, v115.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape4_1 = {2, 32};
+  static const support::Shape shape4_3 = {1536, 48};
+  static const support::Shape shape4_4 = {48};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v116.data(), shape4_1, v115.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:59:20 neg -> token_loss
@@ -2270,25 +2266,25 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // transformer.mesh:60:14 sum
   support::View v119 = arena_.view(192640, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {2, 32};
-  static const support::Shape shape8_5 = {32, 1};
-  support::reduce(v119.data(), shape8_1, v118.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {2, 32};
+  static const support::Shape shape6_5 = {32, 1};
+  support::reduce(v119.data(), shape6_1, v118.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
   support::View v120 = arena_.view(192512, 32);
-  static const support::Shape shape9_2 = {2, 32};
-  support::sliceDim(v120, v5, shape9_2, 1, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape7_2 = {2, 32};
+  support::sliceDim(v120, v5, shape7_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
   support::View v121 = arena_.view(192704, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {2, 16};
-  static const support::Shape shape10_5 = {16, 1};
-  support::reduce(v121.data(), shape10_1, v120.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {2, 16};
+  static const support::Shape shape8_5 = {16, 1};
+  support::reduce(v121.data(), shape8_1, v120.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:41 bucketed_all_reduce_sum (2 partial sums (%114, %115) over data, model
@@ -2338,11 +2334,11 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // transformer.mesh:56:14 sum
   support::View v132 = arena_.view(180224, 64);
-  static const support::Shape shape14_1 = {2, 32};
-  static const support::Shape shape14_3 = {1536, 48};
-  static const support::Shape shape14_4 = {48};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v132.data(), shape14_1, v131.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape12_1 = {2, 32};
+  static const support::Shape shape12_3 = {1536, 48};
+  static const support::Shape shape12_4 = {48};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v132.data(), shape12_1, v131.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:56:14 all_reduce_sum (resolve the partial sum of %124 over model for mul at
@@ -2374,9 +2370,9 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:43:10 einsum
   support::View v137 = arena_.view(180224, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(v136.data(), v8.data(), v137.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v136.data(), v8.data(), v137.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %128 over model for sum at 24:40)
   auto request0 = support::startAllReduce(group_model, {v137}, meshrt::ReduceOp::Sum);
@@ -2384,22 +2380,23 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:43:10 einsum -> grad/decoder/unembed
   support::View v138 = arena_.view(454656, 3072);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan19.run(v136.data(), v111.data(), v138.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v136.data(), v111.data(), v138.data(), 1.0f, 0.0f);
 
   group_model.wait(request0);
 
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
   support::View v140 = arena_.view(467456, 64);
-  static const support::Shape shape21_1 = {64};
-  static const support::Shape shape21_3 = {1};
-  static const support::Shape shape21_4 = {2, 32};
-  static const support::Shape shape21_5 = {2048, 64};
-  support::reduce(v140.data(), shape21_1, v137.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape19_1 = {64};
+  static const support::Shape shape19_3 = {1};
+  static const support::Shape shape19_4 = {2, 32};
+  static const support::Shape shape19_5 = {2048, 64};
+  support::reduce(v140.data(), shape19_1, v137.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
+  support::View v109 = arena_.view(0, 4096);
   support::View v142 = arena_.view(163840, 4096);
   {
     float *__restrict v142p = v142.data();
@@ -2415,25 +2412,21 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   support::View v143 = arena_.view(467712, 64);
-  static const support::Shape shape23_1 = {64};
-  static const support::Shape shape23_3 = {1};
-  static const support::Shape shape23_4 = {2, 32};
-  static const support::Shape shape23_5 = {2048, 64};
-  support::reduce(v143.data(), shape23_1, v142.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape21_1 = {64};
+  static const support::Shape shape21_3 = {1};
+  static const support::Shape shape21_4 = {2, 32};
+  static const support::Shape shape21_5 = {2048, 64};
+  support::reduce(v143.data(), shape21_1, v142.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:24:10 mean
-  support::View v106 = arena_.view(147456, 4096);
+  support::View v106 = arena_.view(16384, 4096);
   support::View v144 = arena_.view(425984, 64);
-  static const support::Shape shape0_1 = {2, 32};
-  static const support::Shape shape0_3 = {2048, 64};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v144.data(), shape0_1, v106.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape22_1 = {2, 32};
+  static const support::Shape shape22_3 = {2048, 64};
+  static const support::Shape shape22_4 = {64};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v144.data(), shape22_1, v106.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
@@ -2453,14 +2446,19 @@ void LmTrain::runPart3(const Inputs &inputs) {
       }
     }
   }
+}
+
+void LmTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:24:10 mean
-  support::View v147 = arena_.view(147456, 64);
-  static const support::Shape shape2_1 = {2, 32};
-  static const support::Shape shape2_3 = {2048, 64};
-  static const support::Shape shape2_4 = {64};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v147.data(), shape2_1, v146.data(), shape2_3, shape2_4, shape2_5,
+  support::View v146 = arena_.view(163840, 4096);
+  support::View v147 = arena_.view(16384, 64);
+  static const support::Shape shape0_1 = {2, 32};
+  static const support::Shape shape0_3 = {2048, 64};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v147.data(), shape0_1, v146.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -2482,8 +2480,8 @@ void LmTrain::runPart3(const Inputs &inputs) {
   // layers.mesh:24:10 mul
   support::View v137 = arena_.view(180224, 4096);
   support::View v107(param27_decoder_norm_gain); // updated in place
-  support::View v109 = arena_.view(131072, 4096);
-  support::View v141 = arena_.view(147456, 4096);
+  support::View v109 = arena_.view(0, 4096);
+  support::View v141 = arena_.view(16384, 4096);
   support::View v151 = arena_.view(163840, 4096);
   {
     float *__restrict v141p = v141.data();
@@ -2506,20 +2504,20 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v152 = arena_.view(180224, 64);
-  static const support::Shape shape5_1 = {2, 32};
-  static const support::Shape shape5_3 = {2048, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v152.data(), shape5_1, v151.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape3_1 = {2, 32};
+  static const support::Shape shape3_3 = {2048, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v152.data(), shape3_1, v151.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   support::View v154 = arena_.view(163840, 64);
-  static const support::Shape shape6_1 = {2, 32};
-  static const support::Shape shape6_3 = {2048, 64};
-  static const support::Shape shape6_4 = {64};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v154.data(), shape6_1, v141.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape4_1 = {2, 32};
+  static const support::Shape shape4_3 = {2048, 64};
+  static const support::Shape shape4_4 = {64};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v154.data(), shape4_1, v141.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -2552,40 +2550,28 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
   support::View v158 = arena_.view(467968, 64);
-  static const support::Shape shape8_1 = {64};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {2, 32};
-  static const support::Shape shape8_5 = {2048, 64};
-  support::reduce(v158.data(), shape8_1, v157.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape6_1 = {64};
+  static const support::Shape shape6_3 = {1};
+  static const support::Shape shape6_4 = {2, 32};
+  static const support::Shape shape6_5 = {2048, 64};
+  support::reduce(v158.data(), shape6_1, v157.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:55:10 einsum
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v159 = arena_.view(131072, 8192);
+  support::View v159 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v157.data(), v97.data(), v159.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v157.data(), v97.data(), v159.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[1]/ffn/w_out
-  support::View v102 = arena_.view(65536, 8192);
+  support::View v102 = arena_.view(131072, 8192);
   support::View v160 = arena_.view(163840, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan10.run(v157.data(), v102.data(), v160.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:17 dropout
-  support::View v161 = arena_.view(65536, 8192);
-  static const support::Shape shape11_1 = {2, 32, 128};
-  static const support::Shape shape11_3 = {4096, 128, 1};
-  static const support::Shape shape11_4 = {8192, 256, 1};
-  support::dropout(v161.data(), shape11_1, v159.data(), shape11_3, shape11_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                           support::shardStart(world_, {"model"}, 128) * 1),
-                   meshrt::streamKey(seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") +
-                                                "#" + std::to_string(step_)),
-                   0.1);
+  einsumPlan8.run(v157.data(), v102.data(), v160.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:11 square
   // layers.mesh:54:11 mul
@@ -2603,85 +2589,95 @@ void LmTrain::runPart3(const Inputs &inputs) {
   // layers.mesh:54:11 mul
   // layers.mesh:54:11 mul
   // layers.mesh:54:11 add
+  // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   support::View v100 = arena_.view(98304, 8192);
   support::View v183 = arena_.view(131072, 8192);
   {
+    const auto inv0 = meshrt::streamKey(
+        seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                              support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v183p = v183.data();
     const float *__restrict v100p = v100.data();
-    const float *__restrict v161p = v161.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v100p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = v100p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = v100p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = v100p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = v161p[i0];
-      const float s29 = (s28 * s27);
-      v183p[i0] = s29;
+    const float *__restrict v159p = v159.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v100p[i0 * 128 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = v100p[i0 * 128 + i1];
+        const float s3 = (s2 * s1);
+        const float s4 = 0.044715f;
+        const float s5 = (s3 * s4);
+        const float s6 = v100p[i0 * 128 + i1];
+        const float s7 = (s6 + s5);
+        const float s8 = 0.7978846f;
+        const float s9 = (s7 * s8);
+        const float s10 = support::ftanh(s9);
+        const float s11 = 1.0f;
+        const float s12 = (s10 + s11);
+        const float s13 = 0.5f;
+        const float s14 = (s12 * s13);
+        const float s15 = 0.134145f;
+        const float s16 = (s1 * s15);
+        const float s17 = 1.0f;
+        const float s18 = (s16 + s17);
+        const float s19 = s10 * s10;
+        const float s20 = 1.0f;
+        const float s21 = (s20 - s19);
+        const float s22 = v100p[i0 * 128 + i1];
+        const float s23 = (s22 * s21);
+        const float s24 = (s23 * s18);
+        const float s25 = 0.3989423f;
+        const float s26 = (s24 * s25);
+        const float s27 = (s14 + s26);
+        const float s28 = v159p[i0 * 128 + i1];
+        const float s29 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
+                               ? float(double(s28) * 1.1111111111111112)
+                               : 0.0f);
+        const float s30 = (s29 * s27);
+        v183p[i0 * 128 + i1] = s30;
+      }
     }
   }
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
   support::View v184 = arena_.view(466944, 128);
-  static const support::Shape shape13_1 = {128};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {2, 32};
-  static const support::Shape shape13_5 = {4096, 128};
-  support::reduce(v184.data(), shape13_1, v183.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape10_1 = {128};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {2, 32};
+  static const support::Shape shape10_5 = {4096, 128};
+  support::reduce(v184.data(), shape10_1, v183.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:54:16 einsum
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
   support::View v185 = arena_.view(98304, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v183.data(), v95.data(), v185.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v183.data(), v95.data(), v185.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %175 over model for sum at 24:40)
   auto request1 = support::startAllReduce(group_model, {v185}, meshrt::ReduceOp::Sum);
 
   // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
   support::View v94 = arena_.view(409600, 4096);
-  support::View v186 = arena_.view(65536, 8192);
+  support::View v186 = arena_.view(0, 8192);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan16.run(v183.data(), v94.data(), v186.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v183.data(), v94.data(), v186.data(), 1.0f, 0.0f);
 
   group_model.wait(request1);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
   support::View v188 = arena_.view(417792, 64);
-  static const support::Shape shape18_1 = {64};
-  static const support::Shape shape18_3 = {1};
-  static const support::Shape shape18_4 = {2, 32};
-  static const support::Shape shape18_5 = {2048, 64};
-  support::reduce(v188.data(), shape18_1, v185.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape15_1 = {64};
+  static const support::Shape shape15_3 = {1};
+  static const support::Shape shape15_4 = {2, 32};
+  static const support::Shape shape15_5 = {2048, 64};
+  support::reduce(v188.data(), shape15_1, v185.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
@@ -2701,21 +2697,21 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
   support::View v191 = arena_.view(418048, 64);
-  static const support::Shape shape20_1 = {64};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {2, 32};
-  static const support::Shape shape20_5 = {2048, 64};
-  support::reduce(v191.data(), shape20_1, v190.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape17_1 = {64};
+  static const support::Shape shape17_3 = {1};
+  static const support::Shape shape17_4 = {2, 32};
+  static const support::Shape shape17_5 = {2048, 64};
+  support::reduce(v191.data(), shape17_1, v190.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   support::View v89 = arena_.view(376832, 4096);
   support::View v192 = arena_.view(131072, 64);
-  static const support::Shape shape21_1 = {2, 32};
-  static const support::Shape shape21_3 = {2048, 64};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v192.data(), shape21_1, v89.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape18_1 = {2, 32};
+  static const support::Shape shape18_3 = {2048, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v192.data(), shape18_1, v89.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
@@ -2738,20 +2734,15 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v195 = arena_.view(131072, 64);
-  static const support::Shape shape23_1 = {2, 32};
-  static const support::Shape shape23_3 = {2048, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v195.data(), shape23_1, v194.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape20_1 = {2, 32};
+  static const support::Shape shape20_3 = {2048, 64};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v195.data(), shape20_1, v194.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 0.015625);
-}
-
-void LmTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:24:10 add
   // layers.mesh:24:10 rsqrt
-  support::View v195 = arena_.view(131072, 64);
   support::View v197 = arena_.view(147456, 64);
   {
     float *__restrict v197p = v197.data();
@@ -2767,9 +2758,7 @@ void LmTrain::runPart4(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
-  support::View v185 = arena_.view(98304, 4096);
   support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v92 = arena_.view(393216, 4096);
   support::View v189 = arena_.view(114688, 4096);
   support::View v198 = arena_.view(131072, 4096);
   {
@@ -2793,20 +2782,25 @@ void LmTrain::runPart4(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v199 = arena_.view(147712, 64);
-  static const support::Shape shape2_1 = {2, 32};
-  static const support::Shape shape2_3 = {2048, 64};
-  static const support::Shape shape2_4 = {64};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v199.data(), shape2_1, v198.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape23_1 = {2, 32};
+  static const support::Shape shape23_3 = {2048, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v199.data(), shape23_1, v198.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.015625);
+}
+
+void LmTrain::runPart4(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:24:10 mean
+  support::View v189 = arena_.view(114688, 4096);
   support::View v201 = arena_.view(131072, 64);
-  static const support::Shape shape3_1 = {2, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v201.data(), shape3_1, v189.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape0_1 = {2, 32};
+  static const support::Shape shape0_3 = {2048, 64};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v201.data(), shape0_1, v189.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -2814,6 +2808,9 @@ void LmTrain::runPart4(const Inputs &inputs) {
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
+  support::View v92 = arena_.view(393216, 4096);
+  support::View v199 = arena_.view(147712, 64);
+  support::View v197 = arena_.view(147456, 64);
   support::View v157 = arena_.view(425984, 4096);
   support::View v205 = arena_.view(98304, 4096);
   {
@@ -2846,33 +2843,33 @@ void LmTrain::runPart4(const Inputs &inputs) {
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
   support::View v206 = arena_.view(131072, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(v205.data(), v72.data(), v206.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v205.data(), v72.data(), v206.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
   support::View v86 = arena_.view(544768, 2048);
   support::View v207 = arena_.view(376832, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan6.run(v205.data(), v86.data(), v207.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v205.data(), v86.data(), v207.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   support::View v76 = arena_.view(536576, 2048);
   support::View v208 = arena_.view(114688, 4096);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan7.run(v206.data(), v76.data(), v208.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v206.data(), v76.data(), v208.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   support::View v85 = arena_.view(360448, 4096);
   support::View v209 = arena_.view(147456, 2048);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan8.run(v206.data(), v85.data(), v209.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v206.data(), v85.data(), v209.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
   support::View v210 = arena_.view(131072, 4096);
@@ -2890,11 +2887,11 @@ void LmTrain::runPart4(const Inputs &inputs) {
 
   // layers.mesh:43:17 sum
   support::View v211 = arena_.view(155648, 128);
-  static const support::Shape shape10_1 = {2, 2, 32};
-  static const support::Shape shape10_3 = {2048, 1024, 32};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v211.data(), shape10_1, v210.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape7_1 = {2, 2, 32};
+  static const support::Shape shape7_3 = {2048, 1024, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v211.data(), shape7_1, v210.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:43:17 sub
@@ -2934,56 +2931,56 @@ void LmTrain::runPart4(const Inputs &inputs) {
   support::View v74 = arena_.view(528384, 2048);
   support::View v217 = arena_.view(385024, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan12.run(v216.data(), v74.data(), v217.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v216.data(), v74.data(), v217.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   support::View v73 = arena_.view(520192, 2048);
   support::View v218 = arena_.view(155648, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan13.run(v216.data(), v73.data(), v218.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v216.data(), v73.data(), v218.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
   support::View v220 = arena_.view(114688, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan14.run(v209.data(), v71.data(), v220.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v209.data(), v71.data(), v220.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
   support::View v68 = arena_.view(344064, 4096);
   support::View v221 = arena_.view(393216, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan15.run(v209.data(), v68.data(), v221.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v209.data(), v68.data(), v221.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
   support::View v223 = arena_.view(131072, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan16.run(v218.data(), v70.data(), v223.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v218.data(), v70.data(), v223.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
   support::View v225 = arena_.view(401408, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(v218.data(), v68.data(), v225.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v218.data(), v68.data(), v225.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
   support::View v226 = arena_.view(147456, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan18.run(v217.data(), v69.data(), v226.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v217.data(), v69.data(), v226.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
@@ -3009,27 +3006,22 @@ void LmTrain::runPart4(const Inputs &inputs) {
   // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
   support::View v228 = arena_.view(409600, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan21.run(v217.data(), v68.data(), v228.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v217.data(), v68.data(), v228.data(), 1.0f, 0.0f);
 
   group_model.wait(request2);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
   support::View v230 = arena_.view(344064, 64);
-  static const support::Shape shape23_1 = {64};
-  static const support::Shape shape23_3 = {1};
-  static const support::Shape shape23_4 = {2, 32};
-  static const support::Shape shape23_5 = {2048, 64};
-  support::reduce(v230.data(), shape23_1, v227.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape20_1 = {64};
+  static const support::Shape shape20_3 = {1};
+  static const support::Shape shape20_4 = {2, 32};
+  static const support::Shape shape20_5 = {2048, 64};
+  support::reduce(v230.data(), shape20_1, v227.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:24:33 mul
-  support::View v227 = arena_.view(360448, 4096);
   support::View v66 = arena_.view(327680, 4096);
   support::View v232 = arena_.view(114688, 4096);
   {
@@ -3046,25 +3038,31 @@ void LmTrain::runPart5(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
   support::View v233 = arena_.view(344320, 64);
-  static const support::Shape shape1_1 = {64};
-  static const support::Shape shape1_3 = {1};
-  static const support::Shape shape1_4 = {2, 32};
-  static const support::Shape shape1_5 = {2048, 64};
-  support::reduce(v233.data(), shape1_1, v232.data(), shape1_3, shape1_4, shape1_5,
+  static const support::Shape shape22_1 = {64};
+  static const support::Shape shape22_3 = {1};
+  static const support::Shape shape22_4 = {2, 32};
+  static const support::Shape shape22_5 = {2048, 64};
+  support::reduce(v233.data(), shape22_1, v232.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   support::View v63 = arena_.view(311296, 4096);
   support::View v234 = arena_.view(131072, 64);
-  static const support::Shape shape2_1 = {2, 32};
-  static const support::Shape shape2_3 = {2048, 64};
-  static const support::Shape shape2_4 = {64};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v234.data(), shape2_1, v63.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape23_1 = {2, 32};
+  static const support::Shape shape23_3 = {2048, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v234.data(), shape23_1, v63.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.015625);
+}
+
+void LmTrain::runPart5(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
+  support::View v63 = arena_.view(311296, 4096);
+  support::View v234 = arena_.view(131072, 64);
   support::View v236 = arena_.view(114688, 4096);
   {
     float *__restrict v236p = v236.data();
@@ -3083,11 +3081,11 @@ void LmTrain::runPart5(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v237 = arena_.view(131072, 64);
-  static const support::Shape shape4_1 = {2, 32};
-  static const support::Shape shape4_3 = {2048, 64};
-  static const support::Shape shape4_4 = {64};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v237.data(), shape4_1, v236.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape1_1 = {2, 32};
+  static const support::Shape shape1_3 = {2048, 64};
+  static const support::Shape shape1_4 = {64};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v237.data(), shape1_1, v236.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -3107,7 +3105,9 @@ void LmTrain::runPart5(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
+  support::View v227 = arena_.view(360448, 4096);
   support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
+  support::View v66 = arena_.view(327680, 4096);
   support::View v231 = arena_.view(114688, 4096);
   support::View v240 = arena_.view(131072, 4096);
   {
@@ -3131,20 +3131,20 @@ void LmTrain::runPart5(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v241 = arena_.view(147712, 64);
-  static const support::Shape shape7_1 = {2, 32};
-  static const support::Shape shape7_3 = {2048, 64};
-  static const support::Shape shape7_4 = {64};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v241.data(), shape7_1, v240.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape4_1 = {2, 32};
+  static const support::Shape shape4_3 = {2048, 64};
+  static const support::Shape shape4_4 = {64};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v241.data(), shape4_1, v240.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   support::View v243 = arena_.view(131072, 64);
-  static const support::Shape shape8_1 = {2, 32};
-  static const support::Shape shape8_3 = {2048, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v243.data(), shape8_1, v231.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape5_1 = {2, 32};
+  static const support::Shape shape5_3 = {2048, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v243.data(), shape5_1, v231.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -3182,40 +3182,28 @@ void LmTrain::runPart5(const Inputs &inputs) {
 
   // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[0]/ffn/b_out
   support::View v248 = arena_.view(328192, 64);
-  static const support::Shape shape10_1 = {64};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 32};
-  static const support::Shape shape10_5 = {2048, 64};
-  support::reduce(v248.data(), shape10_1, v247.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape7_1 = {64};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {2, 32};
+  static const support::Shape shape7_5 = {2048, 64};
+  support::reduce(v248.data(), shape7_1, v247.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:55:10 einsum
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
   support::View v249 = arena_.view(98304, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v247.data(), v54.data(), v249.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v247.data(), v54.data(), v249.data(), 1.0f, 0.0f);
 
   // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[0]/ffn/w_out
-  support::View v59 = arena_.view(0, 8192);
+  support::View v59 = arena_.view(65536, 8192);
   support::View v250 = arena_.view(131072, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(v247.data(), v59.data(), v250.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:17 dropout
-  support::View v251 = arena_.view(0, 8192);
-  static const support::Shape shape13_1 = {2, 32, 128};
-  static const support::Shape shape13_3 = {4096, 128, 1};
-  static const support::Shape shape13_4 = {8192, 256, 1};
-  support::dropout(v251.data(), shape13_1, v249.data(), shape13_3, shape13_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                           support::shardStart(world_, {"model"}, 128) * 1),
-                   meshrt::streamKey(seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") +
-                                                "#" + std::to_string(step_)),
-                   0.1);
+  einsumPlan9.run(v247.data(), v59.data(), v250.data(), 1.0f, 0.0f);
 
   // layers.mesh:54:11 square
   // layers.mesh:54:11 mul
@@ -3233,90 +3221,100 @@ void LmTrain::runPart5(const Inputs &inputs) {
   // layers.mesh:54:11 mul
   // layers.mesh:54:11 mul
   // layers.mesh:54:11 add
+  // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   support::View v57 = arena_.view(32768, 8192);
-  support::View v268 = arena_.view(98304, 8192);
+  support::View v268 = arena_.view(65536, 8192);
   {
+    const auto inv0 = meshrt::streamKey(
+        seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                              support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v268p = v268.data();
     const float *__restrict v57p = v57.data();
-    const float *__restrict v251p = v251.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v57p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = v57p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = v57p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = v57p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = v251p[i0];
-      const float s29 = (s28 * s27);
-      v268p[i0] = s29;
+    const float *__restrict v249p = v249.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = v57p[i0 * 128 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = v57p[i0 * 128 + i1];
+        const float s3 = (s2 * s1);
+        const float s4 = 0.044715f;
+        const float s5 = (s3 * s4);
+        const float s6 = v57p[i0 * 128 + i1];
+        const float s7 = (s6 + s5);
+        const float s8 = 0.7978846f;
+        const float s9 = (s7 * s8);
+        const float s10 = support::ftanh(s9);
+        const float s11 = 1.0f;
+        const float s12 = (s10 + s11);
+        const float s13 = 0.5f;
+        const float s14 = (s12 * s13);
+        const float s15 = 0.134145f;
+        const float s16 = (s1 * s15);
+        const float s17 = 1.0f;
+        const float s18 = (s16 + s17);
+        const float s19 = s10 * s10;
+        const float s20 = 1.0f;
+        const float s21 = (s20 - s19);
+        const float s22 = v57p[i0 * 128 + i1];
+        const float s23 = (s22 * s21);
+        const float s24 = (s23 * s18);
+        const float s25 = 0.3989423f;
+        const float s26 = (s24 * s25);
+        const float s27 = (s14 + s26);
+        const float s28 = v249p[i0 * 128 + i1];
+        const float s29 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
+                               ? float(double(s28) * 1.1111111111111112)
+                               : 0.0f);
+        const float s30 = (s29 * s27);
+        v268p[i0 * 128 + i1] = s30;
+      }
     }
   }
 
   // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[0]/ffn/b_in
   support::View v269 = arena_.view(327680, 128);
-  static const support::Shape shape15_1 = {128};
-  static const support::Shape shape15_3 = {1};
-  static const support::Shape shape15_4 = {2, 32};
-  static const support::Shape shape15_5 = {4096, 128};
-  support::reduce(v269.data(), shape15_1, v268.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape11_1 = {128};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {2, 32};
+  static const support::Shape shape11_5 = {4096, 128};
+  support::reduce(v269.data(), shape11_1, v268.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:54:16 einsum
   support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v270 = arena_.view(32768, 4096);
+  support::View v270 = arena_.view(98304, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v268.data(), v52.data(), v270.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v268.data(), v52.data(), v270.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %258 over model for sum at 24:40)
   auto request3 = support::startAllReduce(group_model, {v270}, meshrt::ReduceOp::Sum);
 
   // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[0]/ffn/w_in
   support::View v51 = arena_.view(294912, 4096);
-  support::View v271 = arena_.view(0, 8192);
+  support::View v271 = arena_.view(32768, 8192);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan18.run(v268.data(), v51.data(), v271.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v268.data(), v51.data(), v271.data(), 1.0f, 0.0f);
 
   group_model.wait(request3);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm#1/bias
   support::View v273 = arena_.view(303104, 64);
-  static const support::Shape shape20_1 = {64};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {2, 32};
-  static const support::Shape shape20_5 = {2048, 64};
-  support::reduce(v273.data(), shape20_1, v270.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape16_1 = {64};
+  static const support::Shape shape16_3 = {1};
+  static const support::Shape shape16_4 = {2, 32};
+  static const support::Shape shape16_5 = {2048, 64};
+  support::reduce(v273.data(), shape16_1, v270.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   support::View v49 = arena_.view(278528, 4096);
-  support::View v275 = arena_.view(49152, 4096);
+  support::View v275 = arena_.view(65536, 4096);
   {
     float *__restrict v275p = v275.data();
     const float *__restrict v270p = v270.data();
@@ -3331,32 +3329,26 @@ void LmTrain::runPart5(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm#1/gain
   support::View v276 = arena_.view(303360, 64);
-  static const support::Shape shape22_1 = {64};
-  static const support::Shape shape22_3 = {1};
-  static const support::Shape shape22_4 = {2, 32};
-  static const support::Shape shape22_5 = {2048, 64};
-  support::reduce(v276.data(), shape22_1, v275.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape18_1 = {64};
+  static const support::Shape shape18_3 = {1};
+  static const support::Shape shape18_4 = {2, 32};
+  static const support::Shape shape18_5 = {2048, 64};
+  support::reduce(v276.data(), shape18_1, v275.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   support::View v46 = arena_.view(262144, 4096);
-  support::View v277 = arena_.view(98304, 64);
-  static const support::Shape shape23_1 = {2, 32};
-  static const support::Shape shape23_3 = {2048, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v277.data(), shape23_1, v46.data(), shape23_3, shape23_4, shape23_5,
+  support::View v277 = arena_.view(81920, 64);
+  static const support::Shape shape19_1 = {2, 32};
+  static const support::Shape shape19_3 = {2048, 64};
+  static const support::Shape shape19_4 = {64};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v277.data(), shape19_1, v46.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 0.015625);
-}
-
-void LmTrain::runPart6(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
-  support::View v46 = arena_.view(262144, 4096);
-  support::View v277 = arena_.view(98304, 64);
-  support::View v279 = arena_.view(49152, 4096);
+  support::View v279 = arena_.view(65536, 4096);
   {
     float *__restrict v279p = v279.data();
     const float *__restrict v46p = v46.data();
@@ -3373,12 +3365,12 @@ void LmTrain::runPart6(const Inputs &inputs) {
   }
 
   // layers.mesh:24:10 mean
-  support::View v280 = arena_.view(98304, 64);
-  static const support::Shape shape1_1 = {2, 32};
-  static const support::Shape shape1_3 = {2048, 64};
-  static const support::Shape shape1_4 = {64};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v280.data(), shape1_1, v279.data(), shape1_3, shape1_4, shape1_5,
+  support::View v280 = arena_.view(81920, 64);
+  static const support::Shape shape21_1 = {2, 32};
+  static const support::Shape shape21_3 = {2048, 64};
+  static const support::Shape shape21_4 = {64};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v280.data(), shape21_1, v279.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -3398,11 +3390,9 @@ void LmTrain::runPart6(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
-  support::View v270 = arena_.view(32768, 4096);
   support::View v47(param9_decoder_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v49 = arena_.view(278528, 4096);
-  support::View v274 = arena_.view(49152, 4096);
-  support::View v283 = arena_.view(98304, 4096);
+  support::View v274 = arena_.view(65536, 4096);
+  support::View v283 = arena_.view(81920, 4096);
   {
     float *__restrict v274p = v274.data();
     float *__restrict v283p = v283.data();
@@ -3421,23 +3411,29 @@ void LmTrain::runPart6(const Inputs &inputs) {
       }
     }
   }
+}
+
+void LmTrain::runPart6(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:24:10 mean
-  support::View v284 = arena_.view(114944, 64);
-  static const support::Shape shape4_1 = {2, 32};
-  static const support::Shape shape4_3 = {2048, 64};
-  static const support::Shape shape4_4 = {64};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v284.data(), shape4_1, v283.data(), shape4_3, shape4_4, shape4_5,
+  support::View v283 = arena_.view(81920, 4096);
+  support::View v284 = arena_.view(98304, 64);
+  static const support::Shape shape0_1 = {2, 32};
+  static const support::Shape shape0_3 = {2048, 64};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v284.data(), shape0_1, v283.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
-  support::View v286 = arena_.view(98304, 64);
-  static const support::Shape shape5_1 = {2, 32};
-  static const support::Shape shape5_3 = {2048, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v286.data(), shape5_1, v274.data(), shape5_3, shape5_4, shape5_5,
+  support::View v274 = arena_.view(65536, 4096);
+  support::View v286 = arena_.view(98560, 64);
+  static const support::Shape shape1_1 = {2, 32};
+  static const support::Shape shape1_3 = {2048, 64};
+  static const support::Shape shape1_4 = {64};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v286.data(), shape1_1, v274.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -3445,8 +3441,10 @@ void LmTrain::runPart6(const Inputs &inputs) {
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
+  support::View v49 = arena_.view(278528, 4096);
+  support::View v282 = arena_.view(114688, 64);
   support::View v247 = arena_.view(311296, 4096);
-  support::View v290 = arena_.view(32768, 4096);
+  support::View v290 = arena_.view(81920, 4096);
   {
     float *__restrict v290p = v290.data();
     const float *__restrict v49p = v49.data();
@@ -3477,33 +3475,33 @@ void LmTrain::runPart6(const Inputs &inputs) {
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
   support::View v291 = arena_.view(98304, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(v290.data(), v29.data(), v291.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v290.data(), v29.data(), v291.data(), 1.0f, 0.0f);
 
   // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[0]/attention/w_o
   support::View v43 = arena_.view(512000, 2048);
   support::View v292 = arena_.view(262144, 2048);
   // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan8.run(v290.data(), v43.data(), v292.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v290.data(), v43.data(), v292.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   support::View v33 = arena_.view(495616, 2048);
-  support::View v293 = arena_.view(49152, 4096);
+  support::View v293 = arena_.view(65536, 4096);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan9.run(v291.data(), v33.data(), v293.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v291.data(), v33.data(), v293.data(), 1.0f, 0.0f);
 
   // layers.mesh:44:17 einsum
   support::View v42 = arena_.view(245760, 4096);
   support::View v294 = arena_.view(114688, 2048);
   // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan10.run(v291.data(), v42.data(), v294.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v291.data(), v42.data(), v294.data(), 1.0f, 0.0f);
 
   // layers.mesh:43:17 mul
   support::View v295 = arena_.view(98304, 4096);
@@ -3521,11 +3519,11 @@ void LmTrain::runPart6(const Inputs &inputs) {
 
   // layers.mesh:43:17 sum
   support::View v296 = arena_.view(122880, 128);
-  static const support::Shape shape12_1 = {2, 2, 32};
-  static const support::Shape shape12_3 = {2048, 1024, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v296.data(), shape12_1, v295.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape8_1 = {2, 2, 32};
+  static const support::Shape shape8_3 = {2048, 1024, 32};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v296.data(), shape8_1, v295.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:43:17 sub
@@ -3565,56 +3563,56 @@ void LmTrain::runPart6(const Inputs &inputs) {
   support::View v31 = arena_.view(487424, 2048);
   support::View v301 = arena_.view(270336, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan14.run(v300.data(), v31.data(), v301.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v300.data(), v31.data(), v301.data(), 1.0f, 0.0f);
 
   // layers.mesh:41:16 einsum
   support::View v30 = arena_.view(479232, 2048);
   support::View v302 = arena_.view(122880, 2048);
   // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan15.run(v300.data(), v30.data(), v302.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v300.data(), v30.data(), v302.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
-  support::View v304 = arena_.view(49152, 4096);
+  support::View v304 = arena_.view(65536, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan16.run(v294.data(), v28.data(), v304.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v294.data(), v28.data(), v304.data(), 1.0f, 0.0f);
 
   // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_v
   support::View v25 = arena_.view(229376, 4096);
   support::View v305 = arena_.view(278528, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(v294.data(), v25.data(), v305.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v294.data(), v25.data(), v305.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
   support::View v307 = arena_.view(98304, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan18.run(v302.data(), v27.data(), v307.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v302.data(), v27.data(), v307.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_k
   support::View v309 = arena_.view(286720, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v302.data(), v25.data(), v309.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v302.data(), v25.data(), v309.data(), 1.0f, 0.0f);
 
   // layers.mesh:36:11 einsum
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
   support::View v310 = arena_.view(114688, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan20.run(v301.data(), v26.data(), v310.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v301.data(), v26.data(), v310.data(), 1.0f, 0.0f);
 
   // layers.mesh:38:18 add
   // layers.mesh:36:11 add
@@ -3640,29 +3638,24 @@ void LmTrain::runPart6(const Inputs &inputs) {
   // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[0]/attention/w_q
   support::View v312 = arena_.view(294912, 2048);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v301.data(), v25.data(), v312.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v301.data(), v25.data(), v312.data(), 1.0f, 0.0f);
 
   group_model.wait(request4);
-}
-
-void LmTrain::runPart7(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm/bias
-  support::View v311 = arena_.view(245760, 4096);
   support::View v314 = arena_.view(126976, 64);
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 32};
-  static const support::Shape shape0_5 = {2048, 64};
-  support::reduce(v314.data(), shape0_1, v311.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape21_1 = {64};
+  static const support::Shape shape21_3 = {1};
+  static const support::Shape shape21_4 = {2, 32};
+  static const support::Shape shape21_5 = {2048, 64};
+  support::reduce(v314.data(), shape21_1, v311.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
   support::View v23 = arena_.view(212992, 4096);
-  support::View v316 = arena_.view(49152, 4096);
+  support::View v316 = arena_.view(65536, 4096);
   {
     float *__restrict v316p = v316.data();
     const float *__restrict v311p = v311.data();
@@ -3677,26 +3670,30 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm/gain
   support::View v317 = arena_.view(127232, 64);
-  static const support::Shape shape2_1 = {64};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 32};
-  static const support::Shape shape2_5 = {2048, 64};
-  support::reduce(v317.data(), shape2_1, v316.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape23_1 = {64};
+  static const support::Shape shape23_3 = {1};
+  static const support::Shape shape23_4 = {2, 32};
+  static const support::Shape shape23_5 = {2048, 64};
+  support::reduce(v317.data(), shape23_1, v316.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart7(const Inputs &inputs) {
+  (void)inputs;
 
   // layers.mesh:24:10 mean
   support::View v12 = arena_.view(196608, 4096);
   support::View v318 = arena_.view(98304, 64);
-  static const support::Shape shape3_1 = {2, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v318.data(), shape3_1, v12.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape0_1 = {2, 32};
+  static const support::Shape shape0_3 = {2048, 64};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v318.data(), shape0_1, v12.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 square
-  support::View v320 = arena_.view(49152, 4096);
+  support::View v320 = arena_.view(65536, 4096);
   {
     float *__restrict v320p = v320.data();
     const float *__restrict v12p = v12.data();
@@ -3714,11 +3711,11 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v321 = arena_.view(98304, 64);
-  static const support::Shape shape5_1 = {2, 32};
-  static const support::Shape shape5_3 = {2048, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v321.data(), shape5_1, v320.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape2_1 = {2, 32};
+  static const support::Shape shape2_3 = {2048, 64};
+  static const support::Shape shape2_4 = {64};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v321.data(), shape2_1, v320.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -3738,8 +3735,10 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
+  support::View v311 = arena_.view(245760, 4096);
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
-  support::View v315 = arena_.view(49152, 4096);
+  support::View v23 = arena_.view(212992, 4096);
+  support::View v315 = arena_.view(65536, 4096);
   support::View v324 = arena_.view(98304, 4096);
   {
     float *__restrict v315p = v315.data();
@@ -3762,20 +3761,20 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v325 = arena_.view(114944, 64);
-  static const support::Shape shape8_1 = {2, 32};
-  static const support::Shape shape8_3 = {2048, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v325.data(), shape8_1, v324.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape5_1 = {2, 32};
+  static const support::Shape shape5_3 = {2048, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v325.data(), shape5_1, v324.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   support::View v327 = arena_.view(115200, 64);
-  static const support::Shape shape9_1 = {2, 32};
-  static const support::Shape shape9_3 = {2048, 64};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v327.data(), shape9_1, v315.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape6_1 = {2, 32};
+  static const support::Shape shape6_3 = {2048, 64};
+  static const support::Shape shape6_4 = {64};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v327.data(), shape6_1, v315.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -3783,7 +3782,7 @@ void LmTrain::runPart7(const Inputs &inputs) {
   // layers.mesh:24:10 sub
   // layers.mesh:24:10 mul
   // layers.mesh:24:10 add
-  support::View v290 = arena_.view(32768, 4096);
+  support::View v290 = arena_.view(81920, 4096);
   support::View v331 = arena_.view(98304, 4096);
   {
     float *__restrict v331p = v331.data();
@@ -3813,20 +3812,20 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   support::View v332 = arena_.view(196608, 2048);
-  static const support::Shape shape11_1 = {32, 64};
-  static const support::Shape shape11_3 = {64, 1};
-  static const support::Shape shape11_4 = {2};
-  static const support::Shape shape11_5 = {2048};
-  support::reduce(v332.data(), shape11_1, v331.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape8_1 = {32, 64};
+  static const support::Shape shape8_3 = {64, 1};
+  static const support::Shape shape8_4 = {2};
+  static const support::Shape shape8_5 = {2048};
+  support::reduce(v332.data(), shape8_1, v331.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
   support::View v9 = arena_.view(442368, 3072);
   support::View v333 = arena_.view(114688, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(v331.data(), v9.data(), v333.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v331.data(), v9.data(), v333.data(), 1.0f, 0.0f);
 
   // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
   // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
@@ -3837,7 +3836,7 @@ void LmTrain::runPart7(const Inputs &inputs) {
   support::View v158 = arena_.view(467968, 64);
   support::View v160 = arena_.view(163840, 8192);
   support::View v184 = arena_.view(466944, 128);
-  support::View v186 = arena_.view(65536, 8192);
+  support::View v186 = arena_.view(0, 8192);
   support::View v188 = arena_.view(417792, 64);
   support::View v191 = arena_.view(418048, 64);
   support::View v207 = arena_.view(376832, 2048);
@@ -3849,19 +3848,21 @@ void LmTrain::runPart7(const Inputs &inputs) {
   support::View v248 = arena_.view(328192, 64);
   support::View v250 = arena_.view(131072, 8192);
   support::View v269 = arena_.view(327680, 128);
-  support::View v271 = arena_.view(0, 8192);
+  support::View v271 = arena_.view(32768, 8192);
   support::View v273 = arena_.view(303104, 64);
   support::View v276 = arena_.view(303360, 64);
   support::View v292 = arena_.view(262144, 2048);
   support::View v305 = arena_.view(278528, 2048);
   support::View v309 = arena_.view(286720, 2048);
   support::View v312 = arena_.view(294912, 2048);
+  support::View v314 = arena_.view(126976, 64);
+  support::View v317 = arena_.view(127232, 64);
   support::allReduceBucket(group_data, {v138, v140, v143, v158, v160, v184, v186, v188, v191, v207,
                                         v221, v225, v228, v230, v233, v248, v250, v269, v271, v273,
                                         v276, v292, v305, v309, v312, v314, v317, v332, v333});
 
   // transformer.mesh:61:3 square
-  support::View v358 = arena_.view(32768, 3072);
+  support::View v358 = arena_.view(65536, 3072);
   {
     float *__restrict v358p = v358.data();
     const float *__restrict v333p = v333.data();
@@ -3874,15 +3875,15 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v359 = arena_.view(98304, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {48, 64};
-  static const support::Shape shape15_5 = {64, 1};
-  support::reduce(v359.data(), shape15_1, v358.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape12_1 = {};
+  static const support::Shape shape12_3 = {};
+  static const support::Shape shape12_4 = {48, 64};
+  static const support::Shape shape12_5 = {64, 1};
+  support::reduce(v359.data(), shape12_1, v358.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
-  support::View v361 = arena_.view(32768, 2048);
+  support::View v361 = arena_.view(65536, 2048);
   {
     float *__restrict v361p = v361.data();
     const float *__restrict v332p = v332.data();
@@ -3894,21 +3895,21 @@ void LmTrain::runPart7(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %345 for sum at 61:3)
-  support::View v362 = arena_.view(40960, 1024);
-  static const support::Shape shape17_2 = {32, 64};
-  support::sliceDim(v362, v361, shape17_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v362 = arena_.view(73728, 1024);
+  static const support::Shape shape14_2 = {32, 64};
+  support::sliceDim(v362, v361, shape14_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
   support::View v363 = arena_.view(98368, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {16, 64};
-  static const support::Shape shape18_5 = {64, 1};
-  support::reduce(v363.data(), shape18_1, v362.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {16, 64};
+  static const support::Shape shape15_5 = {64, 1};
+  support::reduce(v363.data(), shape15_1, v362.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
-  support::View v366 = arena_.view(32768, 3072);
+  support::View v366 = arena_.view(65536, 3072);
   {
     float *__restrict v366p = v366.data();
     const float *__restrict v138p = v138.data();
@@ -3921,15 +3922,15 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v367 = arena_.view(98432, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {64, 48};
-  static const support::Shape shape20_5 = {48, 1};
-  support::reduce(v367.data(), shape20_1, v366.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {64, 48};
+  static const support::Shape shape17_5 = {48, 1};
+  support::reduce(v367.data(), shape17_1, v366.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
-  support::View v370 = arena_.view(32768, 64);
+  support::View v370 = arena_.view(65536, 64);
   {
     float *__restrict v370p = v370.data();
     const float *__restrict v317p = v317.data();
@@ -3941,26 +3942,21 @@ void LmTrain::runPart7(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
-  support::View v371 = arena_.view(33024, 32);
-  static const support::Shape shape22_2 = {64};
-  support::sliceDim(v371, v370, shape22_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v371 = arena_.view(65792, 32);
+  static const support::Shape shape19_2 = {64};
+  support::sliceDim(v371, v370, shape19_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v372 = arena_.view(98496, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v372.data(), shape23_1, v371.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {32};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v372.data(), shape20_1, v371.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart8(const Inputs &inputs) {
-  (void)inputs;
 
   // transformer.mesh:61:3 square
-  support::View v314 = arena_.view(126976, 64);
-  support::View v375 = arena_.view(32768, 64);
+  support::View v375 = arena_.view(65536, 64);
   {
     float *__restrict v375p = v375.data();
     const float *__restrict v314p = v314.data();
@@ -3972,22 +3968,26 @@ void LmTrain::runPart8(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %354 for sum at 61:3)
-  support::View v376 = arena_.view(33024, 32);
-  static const support::Shape shape1_2 = {64};
-  support::sliceDim(v376, v375, shape1_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v376 = arena_.view(65792, 32);
+  static const support::Shape shape22_2 = {64};
+  support::sliceDim(v376, v375, shape22_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v377 = arena_.view(98560, 1);
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v377.data(), shape2_1, v376.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {32};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v377.data(), shape23_1, v376.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart8(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer.mesh:61:3 square
   support::View v312 = arena_.view(294912, 2048);
-  support::View v380 = arena_.view(32768, 2048);
+  support::View v380 = arena_.view(65536, 2048);
   {
     float *__restrict v380p = v380.data();
     const float *__restrict v312p = v312.data();
@@ -4000,16 +4000,16 @@ void LmTrain::runPart8(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v381 = arena_.view(98624, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {64, 2, 16};
-  static const support::Shape shape4_5 = {32, 16, 1};
-  support::reduce(v381.data(), shape4_1, v380.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {64, 2, 16};
+  static const support::Shape shape1_5 = {32, 16, 1};
+  support::reduce(v381.data(), shape1_1, v380.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v309 = arena_.view(286720, 2048);
-  support::View v384 = arena_.view(32768, 2048);
+  support::View v384 = arena_.view(65536, 2048);
   {
     float *__restrict v384p = v384.data();
     const float *__restrict v309p = v309.data();
@@ -4022,16 +4022,16 @@ void LmTrain::runPart8(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v385 = arena_.view(98688, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {64, 2, 16};
-  static const support::Shape shape6_5 = {32, 16, 1};
-  support::reduce(v385.data(), shape6_1, v384.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {64, 2, 16};
+  static const support::Shape shape3_5 = {32, 16, 1};
+  support::reduce(v385.data(), shape3_1, v384.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v305 = arena_.view(278528, 2048);
-  support::View v388 = arena_.view(32768, 2048);
+  support::View v388 = arena_.view(65536, 2048);
   {
     float *__restrict v388p = v388.data();
     const float *__restrict v305p = v305.data();
@@ -4044,16 +4044,16 @@ void LmTrain::runPart8(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v389 = arena_.view(98752, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {64, 2, 16};
-  static const support::Shape shape8_5 = {32, 16, 1};
-  support::reduce(v389.data(), shape8_1, v388.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {64, 2, 16};
+  static const support::Shape shape5_5 = {32, 16, 1};
+  support::reduce(v389.data(), shape5_1, v388.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v292 = arena_.view(262144, 2048);
-  support::View v392 = arena_.view(32768, 2048);
+  support::View v392 = arena_.view(65536, 2048);
   {
     float *__restrict v392p = v392.data();
     const float *__restrict v292p = v292.data();
@@ -4066,16 +4066,16 @@ void LmTrain::runPart8(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v393 = arena_.view(98816, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {2, 16, 64};
-  static const support::Shape shape10_5 = {1024, 64, 1};
-  support::reduce(v393.data(), shape10_1, v392.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {2, 16, 64};
+  static const support::Shape shape7_5 = {1024, 64, 1};
+  support::reduce(v393.data(), shape7_1, v392.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v276 = arena_.view(303360, 64);
-  support::View v396 = arena_.view(32768, 64);
+  support::View v396 = arena_.view(65536, 64);
   {
     float *__restrict v396p = v396.data();
     const float *__restrict v276p = v276.data();
@@ -4087,22 +4087,22 @@ void LmTrain::runPart8(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %369 for sum at 61:3)
-  support::View v397 = arena_.view(33024, 32);
-  static const support::Shape shape12_2 = {64};
-  support::sliceDim(v397, v396, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v397 = arena_.view(65792, 32);
+  static const support::Shape shape9_2 = {64};
+  support::sliceDim(v397, v396, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v398 = arena_.view(98880, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v398.data(), shape13_1, v397.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v398.data(), shape10_1, v397.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v273 = arena_.view(303104, 64);
-  support::View v401 = arena_.view(32768, 64);
+  support::View v401 = arena_.view(65536, 64);
   {
     float *__restrict v401p = v401.data();
     const float *__restrict v273p = v273.data();
@@ -4114,22 +4114,22 @@ void LmTrain::runPart8(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %372 for sum at 61:3)
-  support::View v402 = arena_.view(33024, 32);
-  static const support::Shape shape15_2 = {64};
-  support::sliceDim(v402, v401, shape15_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v402 = arena_.view(65792, 32);
+  static const support::Shape shape12_2 = {64};
+  support::sliceDim(v402, v401, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v403 = arena_.view(98944, 1);
-  static const support::Shape shape16_1 = {};
-  static const support::Shape shape16_3 = {};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v403.data(), shape16_1, v402.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v403.data(), shape13_1, v402.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
-  support::View v271 = arena_.view(0, 8192);
-  support::View v406 = arena_.view(32768, 8192);
+  support::View v271 = arena_.view(32768, 8192);
+  support::View v406 = arena_.view(65536, 8192);
   {
     float *__restrict v406p = v406.data();
     const float *__restrict v271p = v271.data();
@@ -4142,16 +4142,16 @@ void LmTrain::runPart8(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v407 = arena_.view(99008, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {64, 128};
-  static const support::Shape shape18_5 = {128, 1};
-  support::reduce(v407.data(), shape18_1, v406.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {64, 128};
+  static const support::Shape shape15_5 = {128, 1};
+  support::reduce(v407.data(), shape15_1, v406.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v269 = arena_.view(327680, 128);
-  support::View v410 = arena_.view(32768, 128);
+  support::View v410 = arena_.view(65536, 128);
   {
     float *__restrict v410p = v410.data();
     const float *__restrict v269p = v269.data();
@@ -4164,16 +4164,16 @@ void LmTrain::runPart8(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v411 = arena_.view(99072, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {128};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v411.data(), shape20_1, v410.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {128};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v411.data(), shape17_1, v410.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v250 = arena_.view(131072, 8192);
-  support::View v414 = arena_.view(32768, 8192);
+  support::View v414 = arena_.view(65536, 8192);
   {
     float *__restrict v414p = v414.data();
     const float *__restrict v250p = v250.data();
@@ -4186,16 +4186,16 @@ void LmTrain::runPart8(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v415 = arena_.view(99136, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {128, 64};
-  static const support::Shape shape22_5 = {64, 1};
-  support::reduce(v415.data(), shape22_1, v414.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {128, 64};
+  static const support::Shape shape19_5 = {64, 1};
+  support::reduce(v415.data(), shape19_1, v414.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v248 = arena_.view(328192, 64);
-  support::View v418 = arena_.view(32768, 64);
+  support::View v418 = arena_.view(65536, 64);
   {
     float *__restrict v418p = v418.data();
     const float *__restrict v248p = v248.data();
@@ -4205,29 +4205,24 @@ void LmTrain::runPart8(const Inputs &inputs) {
       v418p[i0] = s1;
     }
   }
-}
-
-void LmTrain::runPart9(const Inputs &inputs) {
-  (void)inputs;
 
   // transformer.mesh:61:3 local_slice (reshard %384 for sum at 61:3)
-  support::View v418 = arena_.view(32768, 64);
-  support::View v419 = arena_.view(33024, 32);
-  static const support::Shape shape0_2 = {64};
-  support::sliceDim(v419, v418, shape0_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v419 = arena_.view(65792, 32);
+  static const support::Shape shape21_2 = {64};
+  support::sliceDim(v419, v418, shape21_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v420 = arena_.view(99200, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v420.data(), shape1_1, v419.data(), shape1_3, shape1_4, shape1_5,
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v420.data(), shape22_1, v419.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v233 = arena_.view(344320, 64);
-  support::View v423 = arena_.view(32768, 64);
+  support::View v423 = arena_.view(65536, 64);
   {
     float *__restrict v423p = v423.data();
     const float *__restrict v233p = v233.data();
@@ -4237,24 +4232,29 @@ void LmTrain::runPart9(const Inputs &inputs) {
       v423p[i0] = s1;
     }
   }
+}
+
+void LmTrain::runPart9(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer.mesh:61:3 local_slice (reshard %387 for sum at 61:3)
-  support::View v424 = arena_.view(33024, 32);
-  static const support::Shape shape3_2 = {64};
-  support::sliceDim(v424, v423, shape3_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v423 = arena_.view(65536, 64);
+  support::View v424 = arena_.view(65792, 32);
+  static const support::Shape shape0_2 = {64};
+  support::sliceDim(v424, v423, shape0_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v425 = arena_.view(99264, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v425.data(), shape4_1, v424.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v425.data(), shape1_1, v424.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v230 = arena_.view(344064, 64);
-  support::View v428 = arena_.view(32768, 64);
+  support::View v428 = arena_.view(65536, 64);
   {
     float *__restrict v428p = v428.data();
     const float *__restrict v230p = v230.data();
@@ -4266,22 +4266,22 @@ void LmTrain::runPart9(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
-  support::View v429 = arena_.view(33024, 32);
-  static const support::Shape shape6_2 = {64};
-  support::sliceDim(v429, v428, shape6_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v429 = arena_.view(65792, 32);
+  static const support::Shape shape3_2 = {64};
+  support::sliceDim(v429, v428, shape3_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v430 = arena_.view(99328, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v430.data(), shape7_1, v429.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {32};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v430.data(), shape4_1, v429.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v228 = arena_.view(409600, 2048);
-  support::View v433 = arena_.view(32768, 2048);
+  support::View v433 = arena_.view(65536, 2048);
   {
     float *__restrict v433p = v433.data();
     const float *__restrict v228p = v228.data();
@@ -4294,16 +4294,16 @@ void LmTrain::runPart9(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v434 = arena_.view(99392, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {64, 2, 16};
-  static const support::Shape shape9_5 = {32, 16, 1};
-  support::reduce(v434.data(), shape9_1, v433.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {64, 2, 16};
+  static const support::Shape shape6_5 = {32, 16, 1};
+  support::reduce(v434.data(), shape6_1, v433.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v225 = arena_.view(401408, 2048);
-  support::View v437 = arena_.view(32768, 2048);
+  support::View v437 = arena_.view(65536, 2048);
   {
     float *__restrict v437p = v437.data();
     const float *__restrict v225p = v225.data();
@@ -4316,16 +4316,16 @@ void LmTrain::runPart9(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v438 = arena_.view(99456, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {64, 2, 16};
-  static const support::Shape shape11_5 = {32, 16, 1};
-  support::reduce(v438.data(), shape11_1, v437.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {64, 2, 16};
+  static const support::Shape shape8_5 = {32, 16, 1};
+  support::reduce(v438.data(), shape8_1, v437.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v221 = arena_.view(393216, 2048);
-  support::View v441 = arena_.view(32768, 2048);
+  support::View v441 = arena_.view(65536, 2048);
   {
     float *__restrict v441p = v441.data();
     const float *__restrict v221p = v221.data();
@@ -4338,16 +4338,16 @@ void LmTrain::runPart9(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v442 = arena_.view(99520, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {64, 2, 16};
-  static const support::Shape shape13_5 = {32, 16, 1};
-  support::reduce(v442.data(), shape13_1, v441.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {64, 2, 16};
+  static const support::Shape shape10_5 = {32, 16, 1};
+  support::reduce(v442.data(), shape10_1, v441.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v207 = arena_.view(376832, 2048);
-  support::View v445 = arena_.view(32768, 2048);
+  support::View v445 = arena_.view(65536, 2048);
   {
     float *__restrict v445p = v445.data();
     const float *__restrict v207p = v207.data();
@@ -4360,16 +4360,16 @@ void LmTrain::runPart9(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v446 = arena_.view(99584, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {2, 16, 64};
-  static const support::Shape shape15_5 = {1024, 64, 1};
-  support::reduce(v446.data(), shape15_1, v445.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape12_1 = {};
+  static const support::Shape shape12_3 = {};
+  static const support::Shape shape12_4 = {2, 16, 64};
+  static const support::Shape shape12_5 = {1024, 64, 1};
+  support::reduce(v446.data(), shape12_1, v445.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v191 = arena_.view(418048, 64);
-  support::View v449 = arena_.view(32768, 64);
+  support::View v449 = arena_.view(65536, 64);
   {
     float *__restrict v449p = v449.data();
     const float *__restrict v191p = v191.data();
@@ -4381,22 +4381,22 @@ void LmTrain::runPart9(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %405 for sum at 61:3)
-  support::View v450 = arena_.view(33024, 32);
-  static const support::Shape shape17_2 = {64};
-  support::sliceDim(v450, v449, shape17_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v450 = arena_.view(65792, 32);
+  static const support::Shape shape14_2 = {64};
+  support::sliceDim(v450, v449, shape14_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v451 = arena_.view(99648, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {32};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v451.data(), shape18_1, v450.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {32};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v451.data(), shape15_1, v450.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v188 = arena_.view(417792, 64);
-  support::View v454 = arena_.view(32768, 64);
+  support::View v454 = arena_.view(65536, 64);
   {
     float *__restrict v454p = v454.data();
     const float *__restrict v188p = v188.data();
@@ -4408,22 +4408,22 @@ void LmTrain::runPart9(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %408 for sum at 61:3)
-  support::View v455 = arena_.view(33024, 32);
-  static const support::Shape shape20_2 = {64};
-  support::sliceDim(v455, v454, shape20_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v455 = arena_.view(65792, 32);
+  static const support::Shape shape17_2 = {64};
+  support::sliceDim(v455, v454, shape17_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v456 = arena_.view(99712, 1);
-  static const support::Shape shape21_1 = {};
-  static const support::Shape shape21_3 = {};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v456.data(), shape21_1, v455.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {32};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v456.data(), shape18_1, v455.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
-  support::View v186 = arena_.view(65536, 8192);
-  support::View v459 = arena_.view(32768, 8192);
+  support::View v186 = arena_.view(0, 8192);
+  support::View v459 = arena_.view(65536, 8192);
   {
     float *__restrict v459p = v459.data();
     const float *__restrict v186p = v186.data();
@@ -4436,20 +4436,16 @@ void LmTrain::runPart9(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v460 = arena_.view(99776, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {64, 128};
-  static const support::Shape shape23_5 = {128, 1};
-  support::reduce(v460.data(), shape23_1, v459.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {64, 128};
+  static const support::Shape shape20_5 = {128, 1};
+  support::reduce(v460.data(), shape20_1, v459.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart10(const Inputs &inputs) {
-  (void)inputs;
 
   // transformer.mesh:61:3 square
   support::View v184 = arena_.view(466944, 128);
-  support::View v463 = arena_.view(32768, 128);
+  support::View v463 = arena_.view(65536, 128);
   {
     float *__restrict v463p = v463.data();
     const float *__restrict v184p = v184.data();
@@ -4462,16 +4458,16 @@ void LmTrain::runPart10(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v464 = arena_.view(99840, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {128};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v464.data(), shape1_1, v463.data(), shape1_3, shape1_4, shape1_5,
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {128};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v464.data(), shape22_1, v463.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v160 = arena_.view(163840, 8192);
-  support::View v467 = arena_.view(32768, 8192);
+  support::View v467 = arena_.view(65536, 8192);
   {
     float *__restrict v467p = v467.data();
     const float *__restrict v160p = v160.data();
@@ -4481,19 +4477,24 @@ void LmTrain::runPart10(const Inputs &inputs) {
       v467p[i0] = s1;
     }
   }
+}
+
+void LmTrain::runPart10(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer.mesh:61:3 sum
+  support::View v467 = arena_.view(65536, 8192);
   support::View v468 = arena_.view(99904, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {128, 64};
-  static const support::Shape shape3_5 = {64, 1};
-  support::reduce(v468.data(), shape3_1, v467.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {128, 64};
+  static const support::Shape shape0_5 = {64, 1};
+  support::reduce(v468.data(), shape0_1, v467.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v158 = arena_.view(467968, 64);
-  support::View v471 = arena_.view(32768, 64);
+  support::View v471 = arena_.view(65536, 64);
   {
     float *__restrict v471p = v471.data();
     const float *__restrict v158p = v158.data();
@@ -4505,22 +4506,22 @@ void LmTrain::runPart10(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %420 for sum at 61:3)
-  support::View v472 = arena_.view(33024, 32);
-  static const support::Shape shape5_2 = {64};
-  support::sliceDim(v472, v471, shape5_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v472 = arena_.view(65792, 32);
+  static const support::Shape shape2_2 = {64};
+  support::sliceDim(v472, v471, shape2_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v473 = arena_.view(33152, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v473.data(), shape6_1, v472.data(), shape6_3, shape6_4, shape6_5,
+  support::View v473 = arena_.view(65920, 1);
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v473.data(), shape3_1, v472.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v143 = arena_.view(467712, 64);
-  support::View v476 = arena_.view(32768, 64);
+  support::View v476 = arena_.view(65536, 64);
   {
     float *__restrict v476p = v476.data();
     const float *__restrict v143p = v143.data();
@@ -4532,22 +4533,22 @@ void LmTrain::runPart10(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %423 for sum at 61:3)
-  support::View v477 = arena_.view(33024, 32);
-  static const support::Shape shape8_2 = {64};
-  support::sliceDim(v477, v476, shape8_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v477 = arena_.view(65792, 32);
+  static const support::Shape shape5_2 = {64};
+  support::sliceDim(v477, v476, shape5_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v478 = arena_.view(33216, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v478.data(), shape9_1, v477.data(), shape9_3, shape9_4, shape9_5,
+  support::View v478 = arena_.view(65984, 1);
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {32};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v478.data(), shape6_1, v477.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
   support::View v140 = arena_.view(467456, 64);
-  support::View v481 = arena_.view(32768, 64);
+  support::View v481 = arena_.view(65536, 64);
   {
     float *__restrict v481p = v481.data();
     const float *__restrict v140p = v140.data();
@@ -4559,17 +4560,17 @@ void LmTrain::runPart10(const Inputs &inputs) {
   }
 
   // transformer.mesh:61:3 local_slice (reshard %426 for sum at 61:3)
-  support::View v482 = arena_.view(33024, 32);
-  static const support::Shape shape11_2 = {64};
-  support::sliceDim(v482, v481, shape11_2, 0, support::blockIndex(world_, {"model"}), 2);
+  support::View v482 = arena_.view(65792, 32);
+  static const support::Shape shape8_2 = {64};
+  support::sliceDim(v482, v481, shape8_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v483 = arena_.view(32768, 1);
-  static const support::Shape shape12_1 = {};
-  static const support::Shape shape12_3 = {};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v483.data(), shape12_1, v482.data(), shape12_3, shape12_4, shape12_5,
+  support::View v483 = arena_.view(65536, 1);
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {32};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v483.data(), shape9_1, v482.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 add
@@ -4624,7 +4625,8 @@ void LmTrain::runPart10(const Inputs &inputs) {
   support::View v451 = arena_.view(99648, 1);
   support::View v456 = arena_.view(99712, 1);
   support::View v460 = arena_.view(99776, 1);
-  support::View v484 = arena_.view(32832, 1);
+  support::View v464 = arena_.view(99840, 1);
+  support::View v484 = arena_.view(65600, 1);
   {
     float *__restrict v484p = v484.data();
     const float *__restrict v359p = v359.data();
@@ -4723,7 +4725,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 sqrt -> global_grad_norm
   // transformer.mesh:61:3 maximum
   // transformer.mesh:61:3 div
-  support::View v488 = arena_.view(32896, 1);
+  support::View v488 = arena_.view(65664, 1);
   {
     float *__restrict v488p = v488.data();
     const float *__restrict v484p = v484.data();
@@ -4755,9 +4757,9 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 sub
   // transformer.mesh:61:3 pow
   // transformer.mesh:61:3 sub
-  support::View v356 = arena_.view(32768, 1);
-  support::View v532 = arena_.view(32832, 1);
-  support::View v534 = arena_.view(32960, 1);
+  support::View v356 = arena_.view(65536, 1);
+  support::View v532 = arena_.view(65600, 1);
+  support::View v534 = arena_.view(65728, 1);
   {
     const float stepValue = float(step_);
     float *__restrict v356p = v356.data();
@@ -5283,10 +5285,6 @@ void LmTrain::runPart10(const Inputs &inputs) {
       v27p[i0] = s31;
     }
   }
-}
-
-void LmTrain::runPart11(const Inputs &inputs) {
-  (void)inputs;
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -5307,12 +5305,8 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
   support::View v305 = arena_.view(278528, 2048);
-  support::View v488 = arena_.view(32896, 1);
   support::View v666(param43_decoder_decoder_layer_0_attention_w_v_m); // updated in place
   support::View v667(param44_decoder_decoder_layer_0_attention_w_v_v); // updated in place
-  support::View v532 = arena_.view(32832, 1);
-  support::View v534 = arena_.view(32960, 1);
-  support::View v356 = arena_.view(32768, 1);
   {
     float *__restrict v666p = v666.data();
     float *__restrict v667p = v667.data();
@@ -5498,6 +5492,10 @@ void LmTrain::runPart11(const Inputs &inputs) {
       v47p[i0] = s31;
     }
   }
+}
+
+void LmTrain::runPart11(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -5518,8 +5516,12 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
   support::View v48(param10_decoder_decoder_layer_0_norm_1_bias); // updated in place
   support::View v273 = arena_.view(303104, 64);
+  support::View v488 = arena_.view(65664, 1);
   support::View v726(param49_decoder_decoder_layer_0_norm_1_bias_m); // updated in place
   support::View v727(param50_decoder_decoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v532 = arena_.view(65600, 1);
+  support::View v534 = arena_.view(65728, 1);
+  support::View v356 = arena_.view(65536, 1);
   {
     float *__restrict v726p = v726.data();
     float *__restrict v727p = v727.data();
@@ -5586,7 +5588,7 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
   support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v271 = arena_.view(0, 8192);
+  support::View v271 = arena_.view(32768, 8192);
   support::View v746(param51_decoder_decoder_layer_0_ffn_w_in_m); // updated in place
   support::View v747(param52_decoder_decoder_layer_0_ffn_w_in_v); // updated in place
   {
@@ -6414,7 +6416,7 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_in
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v186 = arena_.view(65536, 8192);
+  support::View v186 = arena_.view(0, 8192);
   support::View v986(param75_decoder_decoder_layer_1_ffn_w_in_m); // updated in place
   support::View v987(param76_decoder_decoder_layer_1_ffn_w_in_v); // updated in place
   {

@@ -210,8 +210,10 @@ Classify::Classify(meshrt::Communicator &world, uint64_t seed)
   param30_vit_norm_gain.assign(64, support::roundValue(support::DType::F32, 1.0));
   // vit/norm/bias: zeros (vit.mesh:35)
   param31_vit_norm_bias.assign(64, support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void Classify::computeInvariants() {
 
   // vit.mesh:92:41 iota
   support::View v14 = persistent_.view(0, 2);
@@ -1753,8 +1755,10 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
   param94_vit_norm_bias_m.assign(64, support::roundValue(support::DType::F32, 0.0));
   // vit/norm/bias@v: zeros (vit.mesh:35)
   param95_vit_norm_bias_v.assign(64, support::roundValue(support::DType::F32, 0.0));
+  computeInvariants();
+}
 
-  // Values run() reads that never change, computed once (hoist-invariants).
+void TrainVit::computeInvariants() {
 
   // vit.mesh:92:41 iota
   support::View v15 = persistent_.view(0, 2);
@@ -1789,7 +1793,7 @@ TrainVit::TrainVit(meshrt::Communicator &world, uint64_t seed)
 }
 
 TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
-  // Arena: 379136 bytes for 1436564 bytes of temporaries (placed by liveness).
+  // Arena: 379136 bytes for 1401748 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   support::checkShape("input", "labels", inputs.labels, {2});
   runPart0(inputs);
@@ -1805,7 +1809,6 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   runPart10(inputs);
   runPart11(inputs);
   runPart12(inputs);
-  runPart13(inputs);
   support::View v125 = arena_.view(379072, 1);
 
   // The step's updates.
@@ -2041,14 +2044,20 @@ void TrainVit::runPart0(const Inputs &inputs) {
 
   // vit.mesh:80:15 dropout
   support::View v45 = arena_.view(125440, 2176);
-  static const support::Shape shape22_1 = {2, 17, 64};
-  static const support::Shape shape22_3 = {1088, 64, 1};
-  static const support::Shape shape22_4 = {1088, 64, 1};
-  support::dropout(v45.data(), shape22_1, v44.data(), shape22_3, shape22_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
-                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
-                                                std::to_string(step_)),
-                   0.1);
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
+                                                   std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict v45p = v45.data();
+    const float *__restrict v44p = v44.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v44p[i0];
+      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                            ? float(double(s0) * 1.1111111111111112)
+                            : 0.0f);
+      v45p[i0] = s1;
+    }
+  }
 
   // vit.mesh:80:55 mul
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
@@ -2206,27 +2215,23 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::roundBufferBF16(v61);
 
   // vit.mesh:72:10 cast
-  support::View v62 = arena_.view(41472, 2176);
+  // vit.mesh:81:14 dropout
+  support::View v63 = arena_.view(177664, 2176);
   {
-    float *__restrict v62p = v62.data();
+    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
+                                                   std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict v63p = v63.data();
     const float *__restrict v61p = v61.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v61p[i0];
       const float s1 = s0;
-      v62p[i0] = s1;
+      const float s2 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                            ? float(double(s1) * 1.1111111111111112)
+                            : 0.0f);
+      v63p[i0] = s2;
     }
   }
-
-  // vit.mesh:81:14 dropout
-  support::View v63 = arena_.view(177664, 2176);
-  static const support::Shape shape12_1 = {2, 17, 64};
-  static const support::Shape shape12_3 = {1088, 64, 1};
-  static const support::Shape shape12_4 = {1088, 64, 1};
-  support::dropout(v63.data(), shape12_1, v62.data(), shape12_3, shape12_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
-                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
-                                                std::to_string(step_)),
-                   0.1);
 
   // vit.mesh:81:48 mul
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
@@ -2265,14 +2270,14 @@ void TrainVit::runPart1(const Inputs &inputs) {
 
   // vit.mesh:36:10 layer_norm
   support::View v71 = arena_.view(195072, 2176);
-  static const support::Shape shape16_2 = {2, 17};
-  static const support::Shape shape16_3 = {1088, 64};
-  static const support::Shape shape16_4 = {1088, 64};
-  static const support::Shape shape16_5 = {64};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(v71.data(), v66.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+  static const support::Shape shape15_2 = {2, 17};
+  static const support::Shape shape15_3 = {1088, 64};
+  static const support::Shape shape15_4 = {1088, 64};
+  static const support::Shape shape15_5 = {64};
+  static const support::Shape shape15_6 = {1};
+  static const support::Shape shape15_7 = {1};
+  support::along(v71.data(), v66.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+                 shape15_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
@@ -2300,9 +2305,9 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
   support::View v78 = arena_.view(358528, 1088);
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan18.run(v73.data(), v74.data(), v78.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v73.data(), v74.data(), v78.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 rename
   support::View v79 = arena_.copy(212480, v73);
@@ -2311,9 +2316,9 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
   support::View v80 = arena_.view(362880, 1088);
   // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan20.run(v79.data(), v75.data(), v80.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v79.data(), v75.data(), v80.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:18 rename
   support::View v81 = arena_.copy(221184, v73);
@@ -2322,60 +2327,66 @@ void TrainVit::runPart1(const Inputs &inputs) {
   support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
   support::View v82 = arena_.view(367232, 1088);
   // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan22.run(v81.data(), v76.data(), v82.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v81.data(), v76.data(), v82.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
   // vit.mesh:62:67 mul
   support::View v83 = arena_.view(32768, 1156);
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan23.run(v78.data(), v80.data(), v83.data(), 0.25f, 0.0f);
+  einsumPlan22.run(v78.data(), v80.data(), v83.data(), 0.25f, 0.0f);
+
+  // vit.mesh:62:17 softmax -> weights
+  support::View v86 = arena_.view(336448, 1156);
+  static const support::Shape shape23_2 = {2, 2, 17};
+  static const support::Shape shape23_3 = {578, 289, 17};
+  static const support::Shape shape23_4 = {578, 289, 17};
+  static const support::Shape shape23_5 = {17};
+  static const support::Shape shape23_6 = {1};
+  static const support::Shape shape23_7 = {1};
+  support::along(v86.data(), v83.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
+                 shape23_7, support::Along::Softmax, 1e-05, 17, nullptr);
 }
 
 void TrainVit::runPart2(const Inputs &inputs) {
   (void)inputs;
 
-  // vit.mesh:62:17 softmax -> weights
-  support::View v83 = arena_.view(32768, 1156);
-  support::View v86 = arena_.view(336448, 1156);
-  static const support::Shape shape0_2 = {2, 2, 17};
-  static const support::Shape shape0_3 = {578, 289, 17};
-  static const support::Shape shape0_4 = {578, 289, 17};
-  static const support::Shape shape0_5 = {17};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v86.data(), v83.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::Softmax, 1e-05, 17, nullptr);
-
   // vit.mesh:63:17 einsum
+  support::View v86 = arena_.view(336448, 1156);
   support::View v82 = arena_.view(367232, 1088);
   support::View v87 = arena_.view(371584, 1088);
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan1.run(v86.data(), v82.data(), v87.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v86.data(), v82.data(), v87.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum
   support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
   support::View v88 = arena_.view(32768, 2176);
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(v87.data(), v77.data(), v88.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v87.data(), v77.data(), v88.data(), 1.0f, 0.0f);
 
   // vit.mesh:80:15 dropout
   support::View v89 = arena_.view(229888, 2176);
-  static const support::Shape shape3_1 = {2, 17, 64};
-  static const support::Shape shape3_3 = {1088, 64, 1};
-  static const support::Shape shape3_4 = {1088, 64, 1};
-  support::dropout(v89.data(), shape3_1, v88.data(), shape3_3, shape3_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
-                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
-                                                std::to_string(step_)),
-                   0.1);
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
+                                                   std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict v89p = v89.data();
+    const float *__restrict v88p = v88.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v88p[i0];
+      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                            ? float(double(s0) * 1.1111111111111112)
+                            : 0.0f);
+      v89p[i0] = s1;
+    }
+  }
 
   // vit.mesh:80:55 mul
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
@@ -2415,13 +2426,13 @@ void TrainVit::runPart2(const Inputs &inputs) {
 
   // vit.mesh:36:10 layer_norm
   support::View v95 = arena_.view(247296, 2176);
-  static const support::Shape shape7_2 = {2, 17};
-  static const support::Shape shape7_3 = {1088, 64};
-  static const support::Shape shape7_4 = {1088, 64};
-  static const support::Shape shape7_5 = {64};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v95.data(), v92.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
+  static const support::Shape shape6_2 = {2, 17};
+  static const support::Shape shape6_3 = {1088, 64};
+  static const support::Shape shape6_4 = {1088, 64};
+  static const support::Shape shape6_5 = {64};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(v95.data(), v92.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
                  support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
@@ -2527,31 +2538,27 @@ void TrainVit::runPart2(const Inputs &inputs) {
   support::roundBufferBF16(v105);
 
   // vit.mesh:72:10 cast
-  support::View v106 = arena_.view(282112, 2176);
+  // vit.mesh:81:14 dropout
+  support::View v107 = arena_.view(282112, 2176);
   {
-    float *__restrict v106p = v106.data();
+    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
+                                                   std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict v107p = v107.data();
     const float *__restrict v105p = v105.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v105p[i0];
       const float s1 = s0;
-      v106p[i0] = s1;
+      const float s2 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                            ? float(double(s1) * 1.1111111111111112)
+                            : 0.0f);
+      v107p[i0] = s2;
     }
   }
 
-  // vit.mesh:81:14 dropout
-  support::View v107 = arena_.view(273408, 2176);
-  static const support::Shape shape17_1 = {2, 17, 64};
-  static const support::Shape shape17_3 = {1088, 64, 1};
-  static const support::Shape shape17_4 = {1088, 64, 1};
-  support::dropout(v107.data(), shape17_1, v106.data(), shape17_3, shape17_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
-                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
-                                                std::to_string(step_)),
-                   0.1);
-
   // vit.mesh:81:48 mul
   support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
-  support::View v108 = arena_.view(282112, 2176);
+  support::View v108 = arena_.view(273408, 2176);
   {
     float *__restrict v108p = v108.data();
     const float *__restrict v107p = v107.data();
@@ -2585,15 +2592,15 @@ void TrainVit::runPart2(const Inputs &inputs) {
   }
 
   // vit.mesh:36:10 layer_norm
-  support::View v113 = arena_.view(282112, 2176);
-  static const support::Shape shape21_2 = {2, 17};
-  static const support::Shape shape21_3 = {1088, 64};
-  static const support::Shape shape21_4 = {1088, 64};
-  static const support::Shape shape21_5 = {64};
-  static const support::Shape shape21_6 = {1};
-  static const support::Shape shape21_7 = {1};
-  support::along(v113.data(), v110.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
-                 shape21_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+  support::View v113 = arena_.view(273408, 2176);
+  static const support::Shape shape19_2 = {2, 17};
+  static const support::Shape shape19_3 = {1088, 64};
+  static const support::Shape shape19_4 = {1088, 64};
+  static const support::Shape shape19_5 = {64};
+  static const support::Shape shape19_6 = {1};
+  static const support::Shape shape19_7 = {1};
+  support::along(v113.data(), v110.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+                 shape19_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:52 add
@@ -2619,35 +2626,35 @@ void TrainVit::runPart2(const Inputs &inputs) {
 
   // vit.mesh:99:17 slice
   support::View v116 = arena_.slot(74240, 128);
-  static const support::Shape shape23_2 = {2, 64};
-  static const support::Shape shape23_3 = {64, 1};
-  static const support::Shape shape23_4 = {1088, 1};
-  support::copyWindow(v116.data(), v115.data(), shape23_2, shape23_3, shape23_4, 64, 64, 1, 17,
+  static const support::Shape shape21_2 = {2, 64};
+  static const support::Shape shape21_3 = {64, 1};
+  static const support::Shape shape21_4 = {1088, 1};
+  support::copyWindow(v116.data(), v115.data(), shape21_2, shape21_3, shape21_4, 64, 64, 1, 17,
                       int64_t(0));
-}
-
-void TrainVit::runPart3(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:99:13 sum -> cls
-  support::View v116 = arena_.view(74240, 128);
   support::View v117 = arena_.view(74752, 128);
-  static const support::Shape shape0_1 = {2, 64};
-  static const support::Shape shape0_3 = {64, 1};
-  static const support::Shape shape0_4 = {1};
-  static const support::Shape shape0_5 = {64};
-  support::reduce(v117.data(), shape0_1, v116.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape22_1 = {2, 64};
+  static const support::Shape shape22_3 = {64, 1};
+  static const support::Shape shape22_4 = {1};
+  static const support::Shape shape22_5 = {64};
+  support::reduce(v117.data(), shape22_1, v116.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
   support::View v4(param2_vit_w_head); // updated in place
   support::View v118 = arena_.view(74240, 20);
   // dims: batch, d_model, classes
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan1.run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
+}
+
+void TrainVit::runPart3(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:100:48 add -> logits
+  support::View v118 = arena_.view(74240, 20);
   support::View v5(param3_vit_b_head); // updated in place
   support::View v119 = arena_.view(74368, 20);
   {
@@ -2666,20 +2673,20 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:111:19 logsumexp
   support::View v120 = arena_.view(74624, 2);
-  static const support::Shape shape3_1 = {2};
-  static const support::Shape shape3_3 = {10};
-  static const support::Shape shape3_4 = {10};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v120.data(), shape3_1, v119.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape1_1 = {2};
+  static const support::Shape shape1_3 = {10};
+  static const support::Shape shape1_4 = {10};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v120.data(), shape1_1, v119.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::LogSumExp, 1.0);
 
   // vit.mesh:111:61 one_hot
   const support::Buffer &v1 = inputs.labels.data;
   support::View v121 = arena_.view(74240, 20);
-  static const support::Shape shape4_1 = {2, 10};
-  static const support::Shape shape4_3 = {1, 0};
-  static const support::Shape shape4_4 = {0, 1};
-  support::oneHot(v121.data(), shape4_1, v1.data(), shape4_3, shape4_4, 0);
+  static const support::Shape shape2_1 = {2, 10};
+  static const support::Shape shape2_3 = {1, 0};
+  static const support::Shape shape2_4 = {0, 1};
+  support::oneHot(v121.data(), shape2_1, v1.data(), shape2_3, shape2_4, 0);
 
   // vit.mesh:111:59 mul
   support::View v122 = arena_.view(74496, 20);
@@ -2697,11 +2704,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:111:48 sum
   support::View v123 = arena_.view(74688, 2);
-  static const support::Shape shape6_1 = {2};
-  static const support::Shape shape6_3 = {10};
-  static const support::Shape shape6_4 = {10};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v123.data(), shape6_1, v122.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape4_1 = {2};
+  static const support::Shape shape4_3 = {10};
+  static const support::Shape shape4_4 = {10};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v123.data(), shape4_1, v122.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:111:46 sub
@@ -2720,11 +2727,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:111:14 mean -> loss
   support::View v125 = arena_.view(379072, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v125.data(), shape8_1, v124.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape6_1 = {};
+  static const support::Shape shape6_3 = {};
+  static const support::Shape shape6_4 = {2};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v125.data(), shape6_1, v124.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.25);
 
   // vit.mesh:111:19 sub
@@ -2757,26 +2764,28 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
   support::View v138 = arena_.view(379008, 10);
-  static const support::Shape shape10_1 = {10};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2};
-  static const support::Shape shape10_5 = {10};
-  support::reduce(v138.data(), shape10_1, v137.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape8_1 = {10};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {2};
+  static const support::Shape shape8_5 = {10};
+  support::reduce(v138.data(), shape8_1, v137.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
+  support::View v4(param2_vit_w_head); // updated in place
   support::View v139 = arena_.view(74240, 128);
   // dims: batch, classes, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
       {{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan11.run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
+  einsumPlan9.run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:10 einsum -> grad/vit/w_head
+  support::View v117 = arena_.view(74752, 128);
   support::View v140 = arena_.view(375936, 640);
   // dims: batch, classes, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
       {{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan12.run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
+  einsumPlan10.run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
 
   // vit.mesh:99:13 broadcast
   support::View v141 = arena_.view(74752, 128);
@@ -2792,23 +2801,23 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:99:17 pad
   support::View v142 = arena_.slot(299520, 2176);
-  static const support::Shape shape14_2 = {2, 64};
-  static const support::Shape shape14_3 = {1088, 1};
-  static const support::Shape shape14_4 = {64, 1};
-  support::copyWindow(v142.data(), v141.data(), shape14_2, shape14_3, shape14_4, 64, 64, 17, 1,
+  static const support::Shape shape12_2 = {2, 64};
+  static const support::Shape shape12_3 = {1088, 1};
+  static const support::Shape shape12_4 = {64, 1};
+  support::copyWindow(v142.data(), v141.data(), shape12_2, shape12_3, shape12_4, 64, 64, 17, 1,
                       int64_t(0));
 
   // vit.mesh:36:52 sum -> grad/vit/norm/bias
   support::View v143 = arena_.view(378496, 64);
-  static const support::Shape shape15_1 = {64};
-  static const support::Shape shape15_3 = {1};
-  static const support::Shape shape15_4 = {2, 17};
-  static const support::Shape shape15_5 = {1088, 64};
-  support::reduce(v143.data(), shape15_1, v142.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape13_1 = {64};
+  static const support::Shape shape13_3 = {1};
+  static const support::Shape shape13_4 = {2, 17};
+  static const support::Shape shape13_5 = {1088, 64};
+  support::reduce(v143.data(), shape13_1, v142.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
-  support::View v113 = arena_.view(282112, 2176);
+  support::View v113 = arena_.view(273408, 2176);
   support::View v145 = arena_.view(308224, 2176);
   {
     float *__restrict v145p = v145.data();
@@ -2824,21 +2833,21 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
   support::View v146 = arena_.view(378752, 64);
-  static const support::Shape shape17_1 = {64};
-  static const support::Shape shape17_3 = {1};
-  static const support::Shape shape17_4 = {2, 17};
-  static const support::Shape shape17_5 = {1088, 64};
-  support::reduce(v146.data(), shape17_1, v145.data(), shape17_3, shape17_4, shape17_5,
+  static const support::Shape shape15_1 = {64};
+  static const support::Shape shape15_3 = {1};
+  static const support::Shape shape15_4 = {2, 17};
+  static const support::Shape shape15_5 = {1088, 64};
+  support::reduce(v146.data(), shape15_1, v145.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   support::View v110 = arena_.view(290816, 2176);
   support::View v147 = arena_.view(74240, 34);
-  static const support::Shape shape18_1 = {2, 17};
-  static const support::Shape shape18_3 = {1088, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v147.data(), shape18_1, v110.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape16_1 = {2, 17};
+  static const support::Shape shape16_3 = {1088, 64};
+  static const support::Shape shape16_4 = {64};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v147.data(), shape16_1, v110.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -2861,11 +2870,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v150 = arena_.view(74240, 34);
-  static const support::Shape shape20_1 = {2, 17};
-  static const support::Shape shape20_3 = {1088, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v150.data(), shape20_1, v149.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape18_1 = {2, 17};
+  static const support::Shape shape18_3 = {1088, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v150.data(), shape18_1, v149.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
@@ -2909,25 +2918,20 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v155 = arena_.view(74240, 34);
-  static const support::Shape shape23_1 = {2, 17};
-  static const support::Shape shape23_3 = {1088, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v155.data(), shape23_1, v154.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape21_1 = {2, 17};
+  static const support::Shape shape21_3 = {1088, 64};
+  static const support::Shape shape21_4 = {64};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v155.data(), shape21_1, v154.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 0.015625);
-}
-
-void TrainVit::runPart4(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:36:10 mean
-  support::View v144 = arena_.view(290816, 2176);
   support::View v157 = arena_.view(74624, 34);
-  static const support::Shape shape0_1 = {2, 17};
-  static const support::Shape shape0_3 = {1088, 64};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v157.data(), shape0_1, v144.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape22_1 = {2, 17};
+  static const support::Shape shape22_3 = {1088, 64};
+  static const support::Shape shape22_4 = {64};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v157.data(), shape22_1, v144.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -2936,11 +2940,8 @@ void TrainVit::runPart4(const Inputs &inputs) {
   // vit.mesh:36:10 mul
   // vit.mesh:81:48 mul
   // vit.mesh:81:48 mul
-  support::View v113 = arena_.view(282112, 2176);
-  support::View v155 = arena_.view(74240, 34);
-  support::View v153 = arena_.view(74432, 34);
   support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
-  support::View v107 = arena_.view(273408, 2176);
+  support::View v107 = arena_.view(282112, 2176);
   support::View v160 = arena_.view(299520, 2176);
   support::View v161 = arena_.view(308224, 2176);
   support::View v163 = arena_.view(316928, 2176);
@@ -2976,42 +2977,44 @@ void TrainVit::runPart4(const Inputs &inputs) {
       }
     }
   }
+}
+
+void TrainVit::runPart4(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
+  support::View v163 = arena_.view(316928, 2176);
   support::View v164 = arena_.view(290816, 64);
-  static const support::Shape shape2_1 = {64};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 17};
-  static const support::Shape shape2_5 = {1088, 64};
-  support::reduce(v164.data(), shape2_1, v163.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape0_1 = {64};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 17};
+  static const support::Shape shape0_5 = {1088, 64};
+  support::reduce(v164.data(), shape0_1, v163.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:81:14 dropout
-  support::View v165 = arena_.view(273408, 2176);
-  static const support::Shape shape3_1 = {2, 17, 64};
-  static const support::Shape shape3_3 = {1088, 64, 1};
-  static const support::Shape shape3_4 = {1088, 64, 1};
-  support::dropout(v165.data(), shape3_1, v161.data(), shape3_3, shape3_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
-                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
-                                                std::to_string(step_)),
-                   0.1);
-
   // vit.mesh:72:10 cast
-  support::View v166 = arena_.view(282112, 2176);
+  support::View v161 = arena_.view(308224, 2176);
+  support::View v166 = arena_.view(273408, 2176);
   {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
+                                                   std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict v166p = v166.data();
-    const float *__restrict v165p = v165.data();
+    const float *__restrict v161p = v161.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v165p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v166p[i0] = s1;
+      const float s0 = v161p[i0];
+      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                            ? float(double(s0) * 1.1111111111111112)
+                            : 0.0f);
+      const float s2 = support::roundValue(support::DType::BF16, double(s1));
+      v166p[i0] = s2;
     }
   }
 
   // vit.mesh:72:15 einsum
   support::View v104 = arena_.view(49152, 4096);
-  support::View v167 = arena_.view(273408, 2176);
+  support::View v167 = arena_.view(282112, 2176);
   support::einsum2Double(v167.data(), v166.data(), v104.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -3203,11 +3206,11 @@ void TrainVit::runPart4(const Inputs &inputs) {
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
   support::View v198 = arena_.view(273408, 64);
-  static const support::Shape shape18_1 = {64};
-  static const support::Shape shape18_3 = {1};
-  static const support::Shape shape18_4 = {2, 17};
-  static const support::Shape shape18_5 = {1088, 64};
-  support::reduce(v198.data(), shape18_1, v196.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape15_1 = {64};
+  static const support::Shape shape15_3 = {1};
+  static const support::Shape shape15_4 = {2, 17};
+  static const support::Shape shape15_5 = {1088, 64};
+  support::reduce(v198.data(), shape15_1, v196.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
@@ -3227,21 +3230,21 @@ void TrainVit::runPart4(const Inputs &inputs) {
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
   support::View v201 = arena_.view(273664, 64);
-  static const support::Shape shape20_1 = {64};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {2, 17};
-  static const support::Shape shape20_5 = {1088, 64};
-  support::reduce(v201.data(), shape20_1, v200.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape17_1 = {64};
+  static const support::Shape shape17_3 = {1};
+  static const support::Shape shape17_4 = {2, 17};
+  static const support::Shape shape17_5 = {1088, 64};
+  support::reduce(v201.data(), shape17_1, v200.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   support::View v92 = arena_.view(238592, 2176);
   support::View v202 = arena_.view(41472, 34);
-  static const support::Shape shape21_1 = {2, 17};
-  static const support::Shape shape21_3 = {1088, 64};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v202.data(), shape21_1, v92.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape18_1 = {2, 17};
+  static const support::Shape shape18_3 = {1088, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v202.data(), shape18_1, v92.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -3264,20 +3267,15 @@ void TrainVit::runPart4(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v205 = arena_.view(41472, 34);
-  static const support::Shape shape23_1 = {2, 17};
-  static const support::Shape shape23_3 = {1088, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v205.data(), shape23_1, v204.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape20_1 = {2, 17};
+  static const support::Shape shape20_3 = {1088, 64};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v205.data(), shape20_1, v204.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 0.015625);
-}
-
-void TrainVit::runPart5(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:36:10 add
   // vit.mesh:36:10 rsqrt
-  support::View v205 = arena_.view(41472, 34);
   support::View v207 = arena_.view(41664, 34);
   {
     float *__restrict v207p = v207.data();
@@ -3293,9 +3291,7 @@ void TrainVit::runPart5(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
-  support::View v196 = arena_.view(32768, 2176);
   support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v95 = arena_.view(247296, 2176);
   support::View v199 = arena_.view(238592, 2176);
   support::View v208 = arena_.view(256000, 2176);
   {
@@ -3319,20 +3315,25 @@ void TrainVit::runPart5(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v209 = arena_.view(41472, 34);
-  static const support::Shape shape2_1 = {2, 17};
-  static const support::Shape shape2_3 = {1088, 64};
-  static const support::Shape shape2_4 = {64};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v209.data(), shape2_1, v208.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape23_1 = {2, 17};
+  static const support::Shape shape23_3 = {1088, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(v209.data(), shape23_1, v208.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.015625);
+}
+
+void TrainVit::runPart5(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:36:10 mean
+  support::View v199 = arena_.view(238592, 2176);
   support::View v211 = arena_.view(41856, 34);
-  static const support::Shape shape3_1 = {2, 17};
-  static const support::Shape shape3_3 = {1088, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v211.data(), shape3_1, v199.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape0_1 = {2, 17};
+  static const support::Shape shape0_3 = {1088, 64};
+  static const support::Shape shape0_4 = {64};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v211.data(), shape0_1, v199.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -3342,6 +3343,9 @@ void TrainVit::runPart5(const Inputs &inputs) {
   // vit.mesh:36:10 add
   // vit.mesh:80:55 mul
   // vit.mesh:80:55 mul
+  support::View v95 = arena_.view(247296, 2176);
+  support::View v209 = arena_.view(41472, 34);
+  support::View v207 = arena_.view(41664, 34);
   support::View v160 = arena_.view(299520, 2176);
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
   support::View v89 = arena_.view(229888, 2176);
@@ -3386,55 +3390,61 @@ void TrainVit::runPart5(const Inputs &inputs) {
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
   support::View v219 = arena_.view(273920, 64);
-  static const support::Shape shape5_1 = {64};
-  static const support::Shape shape5_3 = {1};
-  static const support::Shape shape5_4 = {2, 17};
-  static const support::Shape shape5_5 = {1088, 64};
-  support::reduce(v219.data(), shape5_1, v218.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape2_1 = {64};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {2, 17};
+  static const support::Shape shape2_5 = {1088, 64};
+  support::reduce(v219.data(), shape2_1, v218.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:80:15 dropout
   support::View v220 = arena_.view(229888, 2176);
-  static const support::Shape shape6_1 = {2, 17, 64};
-  static const support::Shape shape6_3 = {1088, 64, 1};
-  static const support::Shape shape6_4 = {1088, 64, 1};
-  support::dropout(v220.data(), shape6_1, v216.data(), shape6_3, shape6_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
-                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
-                                                std::to_string(step_)),
-                   0.1);
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
+                                                   std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict v220p = v220.data();
+    const float *__restrict v216p = v216.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v216p[i0];
+      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                            ? float(double(s0) * 1.1111111111111112)
+                            : 0.0f);
+      v220p[i0] = s1;
+    }
+  }
 
   // vit.mesh:63:10 einsum
   support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
   support::View v221 = arena_.view(238592, 1088);
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(v220.data(), v77.data(), v221.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v220.data(), v77.data(), v221.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
   support::View v87 = arena_.view(371584, 1088);
   support::View v222 = arena_.view(247296, 2048);
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan8.run(v220.data(), v87.data(), v222.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v220.data(), v87.data(), v222.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   support::View v82 = arena_.view(367232, 1088);
   support::View v223 = arena_.view(41472, 1156);
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan9.run(v221.data(), v82.data(), v223.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v221.data(), v82.data(), v223.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   support::View v86 = arena_.view(336448, 1156);
   support::View v224 = arena_.view(242944, 1088);
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan10.run(v221.data(), v86.data(), v224.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v221.data(), v86.data(), v224.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:17 mul
   support::View v225 = arena_.view(229888, 1156);
@@ -3452,11 +3462,11 @@ void TrainVit::runPart5(const Inputs &inputs) {
 
   // vit.mesh:62:17 sum
   support::View v226 = arena_.view(46144, 68);
-  static const support::Shape shape12_1 = {2, 2, 17};
-  static const support::Shape shape12_3 = {578, 289, 17};
-  static const support::Shape shape12_4 = {17};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v226.data(), shape12_1, v225.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape9_1 = {2, 2, 17};
+  static const support::Shape shape9_3 = {578, 289, 17};
+  static const support::Shape shape9_4 = {17};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v226.data(), shape9_1, v225.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:62:17 sub
@@ -3486,57 +3496,57 @@ void TrainVit::runPart5(const Inputs &inputs) {
   support::View v80 = arena_.view(362880, 1088);
   support::View v230 = arena_.view(41472, 1088);
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan14.run(v229.data(), v80.data(), v230.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v229.data(), v80.data(), v230.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
   support::View v78 = arena_.view(358528, 1088);
   support::View v231 = arena_.view(238592, 1088);
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan15.run(v229.data(), v78.data(), v231.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v229.data(), v78.data(), v231.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
   support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
   support::View v232 = arena_.view(229888, 2176);
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan16.run(v224.data(), v76.data(), v232.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v224.data(), v76.data(), v232.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
   support::View v81 = arena_.view(221184, 2176);
   support::View v233 = arena_.view(255488, 2048);
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan17.run(v224.data(), v81.data(), v233.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v224.data(), v81.data(), v233.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum
   support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
   support::View v235 = arena_.view(221184, 2176);
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan18.run(v231.data(), v75.data(), v235.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v231.data(), v75.data(), v235.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
   support::View v79 = arena_.view(212480, 2176);
   support::View v236 = arena_.view(263680, 2048);
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v231.data(), v79.data(), v236.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v231.data(), v79.data(), v236.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
   support::View v239 = arena_.view(212480, 2176);
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan20.run(v230.data(), v74.data(), v239.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v230.data(), v74.data(), v239.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
@@ -3563,24 +3573,19 @@ void TrainVit::runPart5(const Inputs &inputs) {
   support::View v73 = arena_.view(203776, 2176);
   support::View v241 = arena_.view(229888, 2048);
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v230.data(), v73.data(), v241.data(), 1.0f, 0.0f);
+  einsumPlan20.run(v230.data(), v73.data(), v241.data(), 1.0f, 0.0f);
 
   group_model.wait(request0);
-}
-
-void TrainVit::runPart6(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
-  support::View v240 = arena_.view(238592, 2176);
   support::View v243 = arena_.view(238080, 64);
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 17};
-  static const support::Shape shape0_5 = {1088, 64};
-  support::reduce(v243.data(), shape0_1, v240.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape22_1 = {64};
+  static const support::Shape shape22_3 = {1};
+  static const support::Shape shape22_4 = {2, 17};
+  static const support::Shape shape22_5 = {1088, 64};
+  support::reduce(v243.data(), shape22_1, v240.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
@@ -3597,24 +3602,29 @@ void TrainVit::runPart6(const Inputs &inputs) {
       v245p[i0] = s2;
     }
   }
+}
+
+void TrainVit::runPart6(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
+  support::View v245 = arena_.view(203776, 2176);
   support::View v246 = arena_.view(238336, 64);
-  static const support::Shape shape2_1 = {64};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 17};
-  static const support::Shape shape2_5 = {1088, 64};
-  support::reduce(v246.data(), shape2_1, v245.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape0_1 = {64};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 17};
+  static const support::Shape shape0_5 = {1088, 64};
+  support::reduce(v246.data(), shape0_1, v245.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   support::View v66 = arena_.view(186368, 2176);
   support::View v247 = arena_.view(41472, 34);
-  static const support::Shape shape3_1 = {2, 17};
-  static const support::Shape shape3_3 = {1088, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v247.data(), shape3_1, v66.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape1_1 = {2, 17};
+  static const support::Shape shape1_3 = {1088, 64};
+  static const support::Shape shape1_4 = {64};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(v247.data(), shape1_1, v66.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -3637,11 +3647,11 @@ void TrainVit::runPart6(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v250 = arena_.view(41472, 34);
-  static const support::Shape shape5_1 = {2, 17};
-  static const support::Shape shape5_3 = {1088, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v250.data(), shape5_1, v249.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape3_1 = {2, 17};
+  static const support::Shape shape3_3 = {1088, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v250.data(), shape3_1, v249.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
@@ -3661,7 +3671,9 @@ void TrainVit::runPart6(const Inputs &inputs) {
 
   // vit.mesh:36:45 mul
   // vit.mesh:36:10 mul
+  support::View v240 = arena_.view(238592, 2176);
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
+  support::View v71 = arena_.view(195072, 2176);
   support::View v244 = arena_.view(186368, 2176);
   support::View v253 = arena_.view(203776, 2176);
   {
@@ -3685,20 +3697,20 @@ void TrainVit::runPart6(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v254 = arena_.view(41472, 34);
-  static const support::Shape shape8_1 = {2, 17};
-  static const support::Shape shape8_3 = {1088, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v254.data(), shape8_1, v253.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape6_1 = {2, 17};
+  static const support::Shape shape6_3 = {1088, 64};
+  static const support::Shape shape6_4 = {64};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(v254.data(), shape6_1, v253.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   support::View v256 = arena_.view(41856, 34);
-  static const support::Shape shape9_1 = {2, 17};
-  static const support::Shape shape9_3 = {1088, 64};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v256.data(), shape9_1, v244.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape7_1 = {2, 17};
+  static const support::Shape shape7_3 = {1088, 64};
+  static const support::Shape shape7_4 = {64};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v256.data(), shape7_1, v244.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -3751,40 +3763,36 @@ void TrainVit::runPart6(const Inputs &inputs) {
   }
 
   // vit.mesh:81:48 sum -> grad/vit/encoder_layer[0]/ffn_scale
-  support::View v264 = arena_.view(195072, 64);
-  static const support::Shape shape11_1 = {64};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {2, 17};
-  static const support::Shape shape11_5 = {1088, 64};
-  support::reduce(v264.data(), shape11_1, v263.data(), shape11_3, shape11_4, shape11_5,
+  support::View v264 = arena_.view(186368, 64);
+  static const support::Shape shape9_1 = {64};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {2, 17};
+  static const support::Shape shape9_5 = {1088, 64};
+  support::reduce(v264.data(), shape9_1, v263.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:81:14 dropout
-  support::View v265 = arena_.view(32768, 2176);
-  static const support::Shape shape12_1 = {2, 17, 64};
-  static const support::Shape shape12_3 = {1088, 64, 1};
-  static const support::Shape shape12_4 = {1088, 64, 1};
-  support::dropout(v265.data(), shape12_1, v261.data(), shape12_3, shape12_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
-                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
-                                                std::to_string(step_)),
-                   0.1);
-
   // vit.mesh:72:10 cast
-  support::View v266 = arena_.view(177664, 2176);
+  support::View v266 = arena_.view(32768, 2176);
   {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
+                                                   std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict v266p = v266.data();
-    const float *__restrict v265p = v265.data();
+    const float *__restrict v261p = v261.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v265p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v266p[i0] = s1;
+      const float s0 = v261p[i0];
+      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                            ? float(double(s0) * 1.1111111111111112)
+                            : 0.0f);
+      const float s2 = support::roundValue(support::DType::BF16, double(s1));
+      v266p[i0] = s2;
     }
   }
 
   // vit.mesh:72:15 einsum
   support::View v60 = arena_.view(16384, 4096);
-  support::View v267 = arena_.view(186368, 2176);
+  support::View v267 = arena_.view(177664, 2176);
   support::einsum2Double(v267.data(), v266.data(), v60.data(),
                          {.batch = {},
                           .m = {2, 17},
@@ -3946,13 +3954,8 @@ void TrainVit::runPart6(const Inputs &inputs) {
 
   // vit.mesh:71:16 einsum
   support::roundBufferBF16(v288);
-}
-
-void TrainVit::runPart7(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:71:38 cast -> grad/vit/encoder_layer[0]/ffn/w_in
-  support::View v288 = arena_.view(0, 4096);
   support::View v289 = arena_.view(16384, 4096);
   {
     float *__restrict v289p = v289.data();
@@ -3965,7 +3968,6 @@ void TrainVit::runPart7(const Inputs &inputs) {
   }
 
   // vit.mesh:71:23 cast
-  support::View v287 = arena_.view(160256, 2176);
   support::View v290 = arena_.view(0, 2176);
   {
     float *__restrict v290p = v290.data();
@@ -3979,14 +3981,19 @@ void TrainVit::runPart7(const Inputs &inputs) {
 
   // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %281 over model for sum at 36:52)
   group_model.allReduce(v290.data(), v290.size(), meshrt::ReduceOp::Sum);
+}
+
+void TrainVit::runPart7(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm#1/bias
+  support::View v290 = arena_.view(0, 2176);
   support::View v292 = arena_.view(168960, 64);
-  static const support::Shape shape3_1 = {64};
-  static const support::Shape shape3_3 = {1};
-  static const support::Shape shape3_4 = {2, 17};
-  static const support::Shape shape3_5 = {1088, 64};
-  support::reduce(v292.data(), shape3_1, v290.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape0_1 = {64};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 17};
+  static const support::Shape shape0_5 = {1088, 64};
+  support::reduce(v292.data(), shape0_1, v290.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
@@ -4006,21 +4013,21 @@ void TrainVit::runPart7(const Inputs &inputs) {
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm#1/gain
   support::View v295 = arena_.view(169216, 64);
-  static const support::Shape shape5_1 = {64};
-  static const support::Shape shape5_3 = {1};
-  static const support::Shape shape5_4 = {2, 17};
-  static const support::Shape shape5_5 = {1088, 64};
-  support::reduce(v295.data(), shape5_1, v294.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape2_1 = {64};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {2, 17};
+  static const support::Shape shape2_5 = {1088, 64};
+  support::reduce(v295.data(), shape2_1, v294.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   support::View v48 = arena_.view(134144, 2176);
   support::View v296 = arena_.view(8704, 34);
-  static const support::Shape shape6_1 = {2, 17};
-  static const support::Shape shape6_3 = {1088, 64};
-  static const support::Shape shape6_4 = {64};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v296.data(), shape6_1, v48.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape3_1 = {2, 17};
+  static const support::Shape shape3_3 = {1088, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v296.data(), shape3_1, v48.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -4043,11 +4050,11 @@ void TrainVit::runPart7(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v299 = arena_.view(8704, 34);
-  static const support::Shape shape8_1 = {2, 17};
-  static const support::Shape shape8_3 = {1088, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v299.data(), shape8_1, v298.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape5_1 = {2, 17};
+  static const support::Shape shape5_3 = {1088, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(v299.data(), shape5_1, v298.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
@@ -4091,20 +4098,20 @@ void TrainVit::runPart7(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v303 = arena_.view(8704, 34);
-  static const support::Shape shape11_1 = {2, 17};
-  static const support::Shape shape11_3 = {1088, 64};
-  static const support::Shape shape11_4 = {64};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v303.data(), shape11_1, v302.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape8_1 = {2, 17};
+  static const support::Shape shape8_3 = {1088, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v303.data(), shape8_1, v302.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   support::View v305 = arena_.view(9088, 34);
-  static const support::Shape shape12_1 = {2, 17};
-  static const support::Shape shape12_3 = {1088, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v305.data(), shape12_1, v293.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape9_1 = {2, 17};
+  static const support::Shape shape9_3 = {1088, 64};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v305.data(), shape9_1, v293.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -4158,55 +4165,61 @@ void TrainVit::runPart7(const Inputs &inputs) {
 
   // vit.mesh:80:55 sum -> grad/vit/encoder_layer[0]/attention_scale
   support::View v313 = arena_.view(169472, 64);
-  static const support::Shape shape14_1 = {64};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {2, 17};
-  static const support::Shape shape14_5 = {1088, 64};
-  support::reduce(v313.data(), shape14_1, v312.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape11_1 = {64};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {2, 17};
+  static const support::Shape shape11_5 = {1088, 64};
+  support::reduce(v313.data(), shape11_1, v312.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:80:15 dropout
   support::View v314 = arena_.view(125440, 2176);
-  static const support::Shape shape15_1 = {2, 17, 64};
-  static const support::Shape shape15_3 = {1088, 64, 1};
-  static const support::Shape shape15_4 = {1088, 64, 1};
-  support::dropout(v314.data(), shape15_1, v310.data(), shape15_3, shape15_4,
-                   int64_t(support::shardStart(world_, {"data"}, 2) * 1088),
-                   meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
-                                                std::to_string(step_)),
-                   0.1);
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
+                                                   std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict v314p = v314.data();
+    const float *__restrict v310p = v310.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = v310p[i0];
+      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
+                            ? float(double(s0) * 1.1111111111111112)
+                            : 0.0f);
+      v314p[i0] = s1;
+    }
+  }
 
   // vit.mesh:63:10 einsum
   support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
   support::View v315 = arena_.view(134144, 1088);
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan16.run(v314.data(), v33.data(), v315.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v314.data(), v33.data(), v315.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[0]/attention/w_o
   support::View v43 = arena_.view(354176, 1088);
   support::View v316 = arena_.view(142848, 2048);
   // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan17.run(v314.data(), v43.data(), v316.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v314.data(), v43.data(), v316.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   support::View v38 = arena_.view(349824, 1088);
   support::View v317 = arena_.view(8704, 1156);
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan18.run(v315.data(), v38.data(), v317.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v315.data(), v38.data(), v317.data(), 1.0f, 0.0f);
 
   // vit.mesh:63:17 einsum
   support::View v42 = arena_.view(331776, 1156);
   support::View v318 = arena_.view(138496, 1088);
   // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan19.run(v315.data(), v42.data(), v318.data(), 1.0f, 0.0f);
+  einsumPlan16.run(v315.data(), v42.data(), v318.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:17 mul
   support::View v319 = arena_.view(125440, 1156);
@@ -4224,11 +4237,11 @@ void TrainVit::runPart7(const Inputs &inputs) {
 
   // vit.mesh:62:17 sum
   support::View v320 = arena_.view(13376, 68);
-  static const support::Shape shape21_1 = {2, 2, 17};
-  static const support::Shape shape21_3 = {578, 289, 17};
-  static const support::Shape shape21_4 = {17};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v320.data(), shape21_1, v319.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape18_1 = {2, 2, 17};
+  static const support::Shape shape18_3 = {578, 289, 17};
+  static const support::Shape shape18_4 = {17};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v320.data(), shape18_1, v319.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:62:17 sub
@@ -4258,67 +4271,67 @@ void TrainVit::runPart7(const Inputs &inputs) {
   support::View v36 = arena_.view(345472, 1088);
   support::View v324 = arena_.view(8704, 1088);
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan23.run(v323.data(), v36.data(), v324.data(), 1.0f, 0.0f);
-}
-
-void TrainVit::runPart8(const Inputs &inputs) {
-  (void)inputs;
+  einsumPlan20.run(v323.data(), v36.data(), v324.data(), 1.0f, 0.0f);
 
   // vit.mesh:62:25 einsum
-  support::View v323 = arena_.view(125440, 1156);
   support::View v34 = arena_.view(341120, 1088);
   support::View v325 = arena_.view(134144, 1088);
   // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan0.run(v323.data(), v34.data(), v325.data(), 1.0f, 0.0f);
+  einsumPlan21.run(v323.data(), v34.data(), v325.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum
-  support::View v318 = arena_.view(138496, 1088);
   support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
   support::View v326 = arena_.view(125440, 2176);
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan1.run(v318.data(), v32.data(), v326.data(), 1.0f, 0.0f);
+  einsumPlan22.run(v318.data(), v32.data(), v326.data(), 1.0f, 0.0f);
 
   // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[0]/attention/w_v
   support::View v37 = arena_.view(116736, 2176);
   support::View v327 = arena_.view(151040, 2048);
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan2.run(v318.data(), v37.data(), v327.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v318.data(), v37.data(), v327.data(), 1.0f, 0.0f);
+}
+
+void TrainVit::runPart8(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:60:11 einsum
+  support::View v325 = arena_.view(134144, 1088);
   support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
   support::View v329 = arena_.view(116736, 2176);
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan3.run(v325.data(), v31.data(), v329.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v325.data(), v31.data(), v329.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[0]/attention/w_k
   support::View v35 = arena_.view(108032, 2176);
   support::View v330 = arena_.view(159232, 2048);
   // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan4.run(v325.data(), v35.data(), v330.data(), 1.0f, 0.0f);
+  einsumPlan1.run(v325.data(), v35.data(), v330.data(), 1.0f, 0.0f);
 
   // vit.mesh:59:11 einsum
   support::View v324 = arena_.view(8704, 1088);
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
   support::View v333 = arena_.view(108032, 2176);
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan5.run(v324.data(), v30.data(), v333.data(), 1.0f, 0.0f);
+  einsumPlan2.run(v324.data(), v30.data(), v333.data(), 1.0f, 0.0f);
 
   // vit.mesh:60:18 add
   // vit.mesh:59:11 add
+  support::View v326 = arena_.view(125440, 2176);
   support::View v334 = arena_.view(134144, 2176);
   {
     float *__restrict v334p = v334.data();
@@ -4342,19 +4355,19 @@ void TrainVit::runPart8(const Inputs &inputs) {
   support::View v29 = arena_.view(99328, 2176);
   support::View v335 = arena_.view(108032, 2048);
   // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan8.run(v324.data(), v29.data(), v335.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v324.data(), v29.data(), v335.data(), 1.0f, 0.0f);
 
   group_model.wait(request1);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm/bias
   support::View v337 = arena_.view(116224, 64);
-  static const support::Shape shape10_1 = {64};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 17};
-  static const support::Shape shape10_5 = {1088, 64};
-  support::reduce(v337.data(), shape10_1, v334.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape7_1 = {64};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {2, 17};
+  static const support::Shape shape7_5 = {1088, 64};
+  support::reduce(v337.data(), shape7_1, v334.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
@@ -4374,21 +4387,21 @@ void TrainVit::runPart8(const Inputs &inputs) {
 
   // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm/gain
   support::View v340 = arena_.view(116480, 64);
-  static const support::Shape shape12_1 = {64};
-  static const support::Shape shape12_3 = {1};
-  static const support::Shape shape12_4 = {2, 17};
-  static const support::Shape shape12_5 = {1088, 64};
-  support::reduce(v340.data(), shape12_1, v339.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape9_1 = {64};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {2, 17};
+  static const support::Shape shape9_5 = {1088, 64};
+  support::reduce(v340.data(), shape9_1, v339.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   support::View v22 = arena_.view(81920, 2176);
   support::View v341 = arena_.view(8704, 34);
-  static const support::Shape shape13_1 = {2, 17};
-  static const support::Shape shape13_3 = {1088, 64};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v341.data(), shape13_1, v22.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape10_1 = {2, 17};
+  static const support::Shape shape10_3 = {1088, 64};
+  static const support::Shape shape10_4 = {64};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v341.data(), shape10_1, v22.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -4411,11 +4424,11 @@ void TrainVit::runPart8(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v344 = arena_.view(8704, 34);
-  static const support::Shape shape15_1 = {2, 17};
-  static const support::Shape shape15_3 = {1088, 64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v344.data(), shape15_1, v343.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape12_1 = {2, 17};
+  static const support::Shape shape12_3 = {1088, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v344.data(), shape12_1, v343.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
@@ -4459,20 +4472,20 @@ void TrainVit::runPart8(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v348 = arena_.view(8704, 34);
-  static const support::Shape shape18_1 = {2, 17};
-  static const support::Shape shape18_3 = {1088, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v348.data(), shape18_1, v347.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape15_1 = {2, 17};
+  static const support::Shape shape15_3 = {1088, 64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v348.data(), shape15_1, v347.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   support::View v350 = arena_.view(9088, 34);
-  static const support::Shape shape19_1 = {2, 17};
-  static const support::Shape shape19_3 = {1088, 64};
-  static const support::Shape shape19_4 = {64};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v350.data(), shape19_1, v338.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape16_1 = {2, 17};
+  static const support::Shape shape16_3 = {1088, 64};
+  static const support::Shape shape16_4 = {64};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v350.data(), shape16_1, v338.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -4514,35 +4527,30 @@ void TrainVit::runPart8(const Inputs &inputs) {
 
   // vit.mesh:94:40 sum -> grad/vit/position_embedding
   support::View v356 = arena_.view(94208, 1088);
-  static const support::Shape shape21_1 = {17, 64};
-  static const support::Shape shape21_3 = {128, 2};
-  static const support::Shape shape21_4 = {2};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v356.data(), shape21_1, v355.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape18_1 = {17, 64};
+  static const support::Shape shape18_3 = {128, 2};
+  static const support::Shape shape18_4 = {2};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v356.data(), shape18_1, v355.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:93:40 slice
   support::View v357 = arena_.slot(8192, 128);
-  static const support::Shape shape22_2 = {64, 2};
-  static const support::Shape shape22_3 = {2, 1};
-  static const support::Shape shape22_4 = {2, 1};
-  support::copyWindow(v357.data(), v355.data(), shape22_2, shape22_3, shape22_4, 128, 128, 1, 17,
+  static const support::Shape shape19_2 = {64, 2};
+  static const support::Shape shape19_3 = {2, 1};
+  static const support::Shape shape19_4 = {2, 1};
+  support::copyWindow(v357.data(), v355.data(), shape19_2, shape19_3, shape19_4, 128, 128, 1, 17,
                       int64_t(0));
 
   // vit.mesh:93:40 slice
   support::View v358 = arena_.slot(0, 2048);
-  static const support::Shape shape23_2 = {2, 64};
-  static const support::Shape shape23_3 = {1024, 1};
-  static const support::Shape shape23_4 = {1, 2};
-  support::copyWindow(v358.data(), v355.data(), shape23_2, shape23_3, shape23_4, 64, 128, 16, 17,
+  static const support::Shape shape20_2 = {2, 64};
+  static const support::Shape shape20_3 = {1024, 1};
+  static const support::Shape shape20_4 = {1, 2};
+  support::copyWindow(v358.data(), v355.data(), shape20_2, shape20_3, shape20_4, 64, 128, 16, 17,
                       int64_t(-1));
-}
-
-void TrainVit::runPart9(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:92:34 mul
-  support::View v357 = arena_.view(8192, 128);
   support::View v18 = persistent_.view(192, 2);
   support::View v359 = arena_.view(8704, 128);
   {
@@ -4561,30 +4569,34 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:92:34 sum -> grad/vit/class_token
   support::View v360 = arena_.view(98560, 64);
-  static const support::Shape shape1_1 = {1, 64};
-  static const support::Shape shape1_3 = {128, 2};
-  static const support::Shape shape1_4 = {2};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v360.data(), shape1_1, v359.data(), shape1_3, shape1_4, shape1_5,
+  static const support::Shape shape22_1 = {1, 64};
+  static const support::Shape shape22_3 = {128, 2};
+  static const support::Shape shape22_4 = {2};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v360.data(), shape22_1, v359.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
-  support::View v358 = arena_.view(0, 2048);
   support::View v361 = arena_.view(98816, 64);
-  static const support::Shape shape2_1 = {64};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 16};
-  static const support::Shape shape2_5 = {1024, 64};
-  support::reduce(v361.data(), shape2_1, v358.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape23_1 = {64};
+  static const support::Shape shape23_3 = {1};
+  static const support::Shape shape23_4 = {2, 16};
+  static const support::Shape shape23_5 = {1024, 64};
+  support::reduce(v361.data(), shape23_1, v358.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void TrainVit::runPart9(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
+  support::View v358 = arena_.view(0, 2048);
   support::View v12 = arena_.view(325632, 1536);
   support::View v362 = arena_.view(81920, 3072);
   // dims: batch, patches, d_model, pixel_row, pixel_col, channels
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
-  einsumPlan3.run(v358.data(), v12.data(), v362.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v358.data(), v12.data(), v362.data(), 1.0f, 0.0f);
 
   // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
   // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
@@ -4605,7 +4617,7 @@ void TrainVit::runPart9(const Inputs &inputs) {
   support::View v241 = arena_.view(229888, 2048);
   support::View v243 = arena_.view(238080, 64);
   support::View v246 = arena_.view(238336, 64);
-  support::View v264 = arena_.view(195072, 64);
+  support::View v264 = arena_.view(186368, 64);
   support::View v269 = arena_.view(32768, 4096);
   support::View v289 = arena_.view(16384, 4096);
   support::View v292 = arena_.view(168960, 64);
@@ -4618,6 +4630,8 @@ void TrainVit::runPart9(const Inputs &inputs) {
   support::View v337 = arena_.view(116224, 64);
   support::View v340 = arena_.view(116480, 64);
   support::View v356 = arena_.view(94208, 1088);
+  support::View v360 = arena_.view(98560, 64);
+  support::View v361 = arena_.view(98816, 64);
   support::allReduceBucket(group_data,
                            {v125, v138, v140, v143, v146, v164, v169, v195, v198, v201, v219,
                             v222, v233, v236, v241, v243, v246, v264, v269, v289, v292, v295,
@@ -4637,11 +4651,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v388 = arena_.view(99072, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {1, 64};
-  static const support::Shape shape6_5 = {64, 1};
-  support::reduce(v388.data(), shape6_1, v387.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {1, 64};
+  static const support::Shape shape3_5 = {64, 1};
+  support::reduce(v388.data(), shape3_1, v387.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4658,11 +4672,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v391 = arena_.view(99136, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {17, 64};
-  static const support::Shape shape8_5 = {64, 1};
-  support::reduce(v391.data(), shape8_1, v390.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {17, 64};
+  static const support::Shape shape5_5 = {64, 1};
+  support::reduce(v391.data(), shape5_1, v390.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4679,11 +4693,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v395 = arena_.view(99200, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {64, 10};
-  static const support::Shape shape10_5 = {10, 1};
-  support::reduce(v395.data(), shape10_1, v394.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {64, 10};
+  static const support::Shape shape7_5 = {10, 1};
+  support::reduce(v395.data(), shape7_1, v394.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4700,11 +4714,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v399 = arena_.view(99264, 1);
-  static const support::Shape shape12_1 = {};
-  static const support::Shape shape12_3 = {};
-  static const support::Shape shape12_4 = {10};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v399.data(), shape12_1, v398.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {10};
+  static const support::Shape shape9_5 = {1};
+  support::reduce(v399.data(), shape9_1, v398.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4721,11 +4735,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v403 = arena_.view(99328, 1);
-  static const support::Shape shape14_1 = {};
-  static const support::Shape shape14_3 = {};
-  static const support::Shape shape14_4 = {4, 4, 3, 64};
-  static const support::Shape shape14_5 = {768, 192, 64, 1};
-  support::reduce(v403.data(), shape14_1, v402.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {4, 4, 3, 64};
+  static const support::Shape shape11_5 = {768, 192, 64, 1};
+  support::reduce(v403.data(), shape11_1, v402.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4742,11 +4756,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v407 = arena_.view(99392, 1);
-  static const support::Shape shape16_1 = {};
-  static const support::Shape shape16_3 = {};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v407.data(), shape16_1, v406.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {64};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v407.data(), shape13_1, v406.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4763,11 +4777,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v411 = arena_.view(99456, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v411.data(), shape18_1, v410.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v411.data(), shape15_1, v410.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4784,11 +4798,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v415 = arena_.view(99520, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v415.data(), shape20_1, v414.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {64};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v415.data(), shape17_1, v414.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4805,11 +4819,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v419 = arena_.view(99584, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {64};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v419.data(), shape22_1, v418.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {64};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v419.data(), shape19_1, v418.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4823,23 +4837,17 @@ void TrainVit::runPart9(const Inputs &inputs) {
       v422p[i0] = s1;
     }
   }
-}
-
-void TrainVit::runPart10(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:112:3 sum
-  support::View v422 = arena_.view(0, 64);
   support::View v423 = arena_.view(99648, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v423.data(), shape0_1, v422.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape21_1 = {};
+  static const support::Shape shape21_3 = {};
+  static const support::Shape shape21_4 = {64};
+  static const support::Shape shape21_5 = {1};
+  support::reduce(v423.data(), shape21_1, v422.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
-  support::View v335 = arena_.view(108032, 2048);
   support::View v426 = arena_.view(0, 2048);
   {
     float *__restrict v426p = v426.data();
@@ -4853,12 +4861,16 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v427 = arena_.view(99712, 1);
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {64, 2, 16};
-  static const support::Shape shape2_5 = {32, 16, 1};
-  support::reduce(v427.data(), shape2_1, v426.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {64, 2, 16};
+  static const support::Shape shape23_5 = {32, 16, 1};
+  support::reduce(v427.data(), shape23_1, v426.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void TrainVit::runPart10(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:112:3 square
   support::View v330 = arena_.view(159232, 2048);
@@ -4875,11 +4887,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v432 = arena_.view(99776, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {64, 2, 16};
-  static const support::Shape shape4_5 = {32, 16, 1};
-  support::reduce(v432.data(), shape4_1, v431.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {64, 2, 16};
+  static const support::Shape shape1_5 = {32, 16, 1};
+  support::reduce(v432.data(), shape1_1, v431.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4897,11 +4909,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v437 = arena_.view(99840, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {64, 2, 16};
-  static const support::Shape shape6_5 = {32, 16, 1};
-  support::reduce(v437.data(), shape6_1, v436.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {64, 2, 16};
+  static const support::Shape shape3_5 = {32, 16, 1};
+  support::reduce(v437.data(), shape3_1, v436.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4919,11 +4931,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v442 = arena_.view(99904, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {2, 16, 64};
-  static const support::Shape shape8_5 = {1024, 64, 1};
-  support::reduce(v442.data(), shape8_1, v441.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {2, 16, 64};
+  static const support::Shape shape5_5 = {1024, 64, 1};
+  support::reduce(v442.data(), shape5_1, v441.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4941,11 +4953,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v455 = arena_.view(99968, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {64, 64};
-  static const support::Shape shape10_5 = {64, 1};
-  support::reduce(v455.data(), shape10_1, v454.data(), shape10_3, shape10_4, shape10_5,
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {64, 64};
+  static const support::Shape shape7_5 = {64, 1};
+  support::reduce(v455.data(), shape7_1, v454.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4963,11 +4975,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v460 = arena_.view(100032, 1);
-  static const support::Shape shape12_1 = {};
-  static const support::Shape shape12_3 = {};
-  static const support::Shape shape12_4 = {64, 64};
-  static const support::Shape shape12_5 = {64, 1};
-  support::reduce(v460.data(), shape12_1, v459.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {64, 64};
+  static const support::Shape shape9_5 = {64, 1};
+  support::reduce(v460.data(), shape9_1, v459.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4985,11 +4997,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v481 = arena_.view(100096, 1);
-  static const support::Shape shape14_1 = {};
-  static const support::Shape shape14_3 = {};
-  static const support::Shape shape14_4 = {64, 2, 16};
-  static const support::Shape shape14_5 = {32, 16, 1};
-  support::reduce(v481.data(), shape14_1, v480.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {64, 2, 16};
+  static const support::Shape shape11_5 = {32, 16, 1};
+  support::reduce(v481.data(), shape11_1, v480.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5007,11 +5019,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v486 = arena_.view(100160, 1);
-  static const support::Shape shape16_1 = {};
-  static const support::Shape shape16_3 = {};
-  static const support::Shape shape16_4 = {64, 2, 16};
-  static const support::Shape shape16_5 = {32, 16, 1};
-  support::reduce(v486.data(), shape16_1, v485.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {64, 2, 16};
+  static const support::Shape shape13_5 = {32, 16, 1};
+  support::reduce(v486.data(), shape13_1, v485.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5029,11 +5041,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v491 = arena_.view(100224, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {64, 2, 16};
-  static const support::Shape shape18_5 = {32, 16, 1};
-  support::reduce(v491.data(), shape18_1, v490.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {64, 2, 16};
+  static const support::Shape shape15_5 = {32, 16, 1};
+  support::reduce(v491.data(), shape15_1, v490.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5051,11 +5063,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v496 = arena_.view(100288, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {2, 16, 64};
-  static const support::Shape shape20_5 = {1024, 64, 1};
-  support::reduce(v496.data(), shape20_1, v495.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {2, 16, 64};
+  static const support::Shape shape17_5 = {1024, 64, 1};
+  support::reduce(v496.data(), shape17_1, v495.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5073,11 +5085,11 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v509 = arena_.view(100352, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {64, 64};
-  static const support::Shape shape22_5 = {64, 1};
-  support::reduce(v509.data(), shape22_1, v508.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {64, 64};
+  static const support::Shape shape19_5 = {64, 1};
+  support::reduce(v509.data(), shape19_1, v508.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5092,34 +5104,19 @@ void TrainVit::runPart10(const Inputs &inputs) {
       v513p[i0] = s1;
     }
   }
-}
-
-void TrainVit::runPart11(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:112:3 sum
-  support::View v513 = arena_.view(0, 4096);
   support::View v514 = arena_.view(100416, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {64, 64};
-  static const support::Shape shape0_5 = {64, 1};
-  support::reduce(v514.data(), shape0_1, v513.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape21_1 = {};
+  static const support::Shape shape21_3 = {};
+  static const support::Shape shape21_4 = {64, 64};
+  static const support::Shape shape21_5 = {64, 1};
+  support::reduce(v514.data(), shape21_1, v513.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 bucketed_all_reduce_sum (resolve the partial sum of %404 over model for add at
   // 112:3; merged with 11 more partial sums over model (%433, %438, %443, ...): 48 B in one buffer)
   support::View v427 = arena_.view(99712, 1);
-  support::View v432 = arena_.view(99776, 1);
-  support::View v437 = arena_.view(99840, 1);
-  support::View v442 = arena_.view(99904, 1);
-  support::View v455 = arena_.view(99968, 1);
-  support::View v460 = arena_.view(100032, 1);
-  support::View v481 = arena_.view(100096, 1);
-  support::View v486 = arena_.view(100160, 1);
-  support::View v491 = arena_.view(100224, 1);
-  support::View v496 = arena_.view(100288, 1);
-  support::View v509 = arena_.view(100352, 1);
   auto request2 = support::startAllReduce(
       group_model, {v427, v432, v437, v442, v455, v460, v481, v486, v491, v496, v509, v514},
       meshrt::ReduceOp::Sum);
@@ -5139,11 +5136,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v447 = arena_.view(256, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v447.data(), shape3_1, v446.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape24_1 = {};
+  static const support::Shape shape24_3 = {};
+  static const support::Shape shape24_4 = {64};
+  static const support::Shape shape24_5 = {1};
+  support::reduce(v447.data(), shape24_1, v446.data(), shape24_3, shape24_4, shape24_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5161,11 +5158,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v451 = arena_.view(320, 1);
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v451.data(), shape5_1, v450.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape26_1 = {};
+  static const support::Shape shape26_3 = {};
+  static const support::Shape shape26_4 = {64};
+  static const support::Shape shape26_5 = {1};
+  support::reduce(v451.data(), shape26_1, v450.data(), shape26_3, shape26_4, shape26_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5183,11 +5180,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v465 = arena_.view(384, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {64};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v465.data(), shape7_1, v464.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape28_1 = {};
+  static const support::Shape shape28_3 = {};
+  static const support::Shape shape28_4 = {64};
+  static const support::Shape shape28_5 = {1};
+  support::reduce(v465.data(), shape28_1, v464.data(), shape28_3, shape28_4, shape28_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5205,11 +5202,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v469 = arena_.view(448, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v469.data(), shape9_1, v468.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape30_1 = {};
+  static const support::Shape shape30_3 = {};
+  static const support::Shape shape30_4 = {64};
+  static const support::Shape shape30_5 = {1};
+  support::reduce(v469.data(), shape30_1, v468.data(), shape30_3, shape30_4, shape30_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5227,11 +5224,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v473 = arena_.view(512, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {64};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v473.data(), shape11_1, v472.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape32_1 = {};
+  static const support::Shape shape32_3 = {};
+  static const support::Shape shape32_4 = {64};
+  static const support::Shape shape32_5 = {1};
+  support::reduce(v473.data(), shape32_1, v472.data(), shape32_3, shape32_4, shape32_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5249,11 +5246,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v477 = arena_.view(576, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v477.data(), shape13_1, v476.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape34_1 = {};
+  static const support::Shape shape34_3 = {};
+  static const support::Shape shape34_4 = {64};
+  static const support::Shape shape34_5 = {1};
+  support::reduce(v477.data(), shape34_1, v476.data(), shape34_3, shape34_4, shape34_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5271,11 +5268,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v501 = arena_.view(640, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v501.data(), shape15_1, v500.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape36_1 = {};
+  static const support::Shape shape36_3 = {};
+  static const support::Shape shape36_4 = {64};
+  static const support::Shape shape36_5 = {1};
+  support::reduce(v501.data(), shape36_1, v500.data(), shape36_3, shape36_4, shape36_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5293,11 +5290,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v505 = arena_.view(704, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v505.data(), shape17_1, v504.data(), shape17_3, shape17_4, shape17_5,
+  static const support::Shape shape38_1 = {};
+  static const support::Shape shape38_3 = {};
+  static const support::Shape shape38_4 = {64};
+  static const support::Shape shape38_5 = {1};
+  support::reduce(v505.data(), shape38_1, v504.data(), shape38_3, shape38_4, shape38_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5315,11 +5312,11 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v519 = arena_.view(768, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {64};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v519.data(), shape19_1, v518.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape40_1 = {};
+  static const support::Shape shape40_3 = {};
+  static const support::Shape shape40_4 = {64};
+  static const support::Shape shape40_5 = {1};
+  support::reduce(v519.data(), shape40_1, v518.data(), shape40_3, shape40_4, shape40_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -5337,14 +5334,18 @@ void TrainVit::runPart11(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v523 = arena_.view(832, 1);
-  static const support::Shape shape21_1 = {};
-  static const support::Shape shape21_3 = {};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v523.data(), shape21_1, v522.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape42_1 = {};
+  static const support::Shape shape42_3 = {};
+  static const support::Shape shape42_4 = {64};
+  static const support::Shape shape42_5 = {1};
+  support::reduce(v523.data(), shape42_1, v522.data(), shape42_3, shape42_4, shape42_5,
                   support::Reduce::Sum, 1.0);
 
   group_model.wait(request2);
+}
+
+void TrainVit::runPart11(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:112:3 add
   // vit.mesh:112:3 add
@@ -5390,6 +5391,28 @@ void TrainVit::runPart11(const Inputs &inputs) {
   support::View v415 = arena_.view(99520, 1);
   support::View v419 = arena_.view(99584, 1);
   support::View v423 = arena_.view(99648, 1);
+  support::View v427 = arena_.view(99712, 1);
+  support::View v432 = arena_.view(99776, 1);
+  support::View v437 = arena_.view(99840, 1);
+  support::View v442 = arena_.view(99904, 1);
+  support::View v447 = arena_.view(256, 1);
+  support::View v451 = arena_.view(320, 1);
+  support::View v455 = arena_.view(99968, 1);
+  support::View v460 = arena_.view(100032, 1);
+  support::View v465 = arena_.view(384, 1);
+  support::View v469 = arena_.view(448, 1);
+  support::View v473 = arena_.view(512, 1);
+  support::View v477 = arena_.view(576, 1);
+  support::View v481 = arena_.view(100096, 1);
+  support::View v486 = arena_.view(100160, 1);
+  support::View v491 = arena_.view(100224, 1);
+  support::View v496 = arena_.view(100288, 1);
+  support::View v501 = arena_.view(640, 1);
+  support::View v505 = arena_.view(704, 1);
+  support::View v509 = arena_.view(100352, 1);
+  support::View v514 = arena_.view(100416, 1);
+  support::View v519 = arena_.view(768, 1);
+  support::View v523 = arena_.view(832, 1);
   support::View v527 = arena_.view(64, 1);
   {
     float *__restrict v527p = v527.data();
@@ -5495,10 +5518,6 @@ void TrainVit::runPart11(const Inputs &inputs) {
     const float s67 = (s66 / s65);
     v527p[0] = s67;
   }
-}
-
-void TrainVit::runPart12(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:112:3 step
   // vit.mesh:112:3 add
@@ -5584,7 +5603,6 @@ void TrainVit::runPart12(const Inputs &inputs) {
   // vit.mesh:112:3 sub -> next/vit/class_token
   support::View v2(param0_vit_class_token); // updated in place
   support::View v360 = arena_.view(98560, 64);
-  support::View v527 = arena_.view(64, 1);
   support::View v560(param32_vit_class_token_m); // updated in place
   support::View v561(param33_vit_class_token_v); // updated in place
   {
@@ -6067,7 +6085,7 @@ void TrainVit::runPart12(const Inputs &inputs) {
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn_scale
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
-  support::View v264 = arena_.view(195072, 64);
+  support::View v264 = arena_.view(186368, 64);
   support::View v708(param46_vit_encoder_layer_0_ffn_scale_m); // updated in place
   support::View v709(param47_vit_encoder_layer_0_ffn_scale_v); // updated in place
   {
@@ -7083,6 +7101,10 @@ void TrainVit::runPart12(const Inputs &inputs) {
       v70p[i0] = s31;
     }
   }
+}
+
+void TrainVit::runPart12(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -7103,8 +7125,12 @@ void TrainVit::runPart12(const Inputs &inputs) {
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_q
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
   support::View v241 = arena_.view(229888, 2048);
+  support::View v527 = arena_.view(64, 1);
   support::View v1008(param76_vit_encoder_layer_1_attention_w_q_m); // updated in place
   support::View v1009(param77_vit_encoder_layer_1_attention_w_q_v); // updated in place
+  support::View v574 = arena_.view(128, 1);
+  support::View v576 = arena_.view(192, 1);
+  support::View v385 = arena_.view(0, 1);
   {
     float *__restrict v1008p = v1008.data();
     float *__restrict v1009p = v1009.data();
@@ -7152,10 +7178,6 @@ void TrainVit::runPart12(const Inputs &inputs) {
       v74p[i0] = s31;
     }
   }
-}
-
-void TrainVit::runPart13(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -7176,12 +7198,8 @@ void TrainVit::runPart13(const Inputs &inputs) {
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_k
   support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
   support::View v236 = arena_.view(263680, 2048);
-  support::View v527 = arena_.view(64, 1);
   support::View v1028(param78_vit_encoder_layer_1_attention_w_k_m); // updated in place
   support::View v1029(param79_vit_encoder_layer_1_attention_w_k_v); // updated in place
-  support::View v574 = arena_.view(128, 1);
-  support::View v576 = arena_.view(192, 1);
-  support::View v385 = arena_.view(0, 1);
   {
     float *__restrict v1028p = v1028.data();
     float *__restrict v1029p = v1029.data();

@@ -20,8 +20,8 @@ using namespace meshc_generated;
 
 struct Result {
   std::string name, dtype;
-  support::Shape shape;
-  support::Buffer data;
+  meshc::gen::Shape shape;
+  meshc::gen::Buffer data;
 };
 
 constexpr int kTimedRuns = 5;
@@ -61,11 +61,11 @@ int main(int argc, char **argv) {
     }
     uint64_t seed = positional.size() > 1 ? std::strtoull(positional[1].c_str(), nullptr, 10) : 0;
     (void)steps;
-    support::useSingleThreadedBlas();
+    meshc::gen::useSingleThreadedBlas();
     // Inputs from a file (`meshc run --data`) replace the synthesized ones, by name.
-    const std::map<std::string, support::Tensor> givenInputs =
-        positional.size() > 2 ? support::readTensors(positional[2])
-                              : std::map<std::string, support::Tensor>();
+    const std::map<std::string, meshc::gen::Tensor> givenInputs =
+        positional.size() > 2 ? meshc::gen::readTensors(positional[2])
+                              : std::map<std::string, meshc::gen::Tensor>();
     {
       // program classify
       std::vector<double> milliseconds;
@@ -78,8 +78,8 @@ int main(int argc, char **argv) {
         if (auto given = givenInputs.find("classify.image"); given != givenInputs.end())
           inputs.image =
               Classify::scatterInput(world, "image",
-                                     support::batchOfStep("classify.image", given->second,
-                                                          Classify::inputShape("image"), 0));
+                                     meshc::gen::batchOfStep("classify.image", given->second,
+                                                             Classify::inputShape("image"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -120,13 +120,13 @@ int main(int argc, char **argv) {
             if (auto given = givenInputs.find("train_vit.image"); given != givenInputs.end())
               inputs.image =
                   TrainVit::scatterInput(world, "image",
-                                         support::batchOfStep("train_vit.image", given->second,
-                                                              TrainVit::inputShape("image"), s));
+                                         meshc::gen::batchOfStep("train_vit.image", given->second,
+                                                                 TrainVit::inputShape("image"), s));
             if (auto given = givenInputs.find("train_vit.labels"); given != givenInputs.end())
-              inputs.labels =
-                  TrainVit::scatterInput(world, "labels",
-                                         support::batchOfStep("train_vit.labels", given->second,
-                                                              TrainVit::inputShape("labels"), s));
+              inputs.labels = TrainVit::scatterInput(
+                  world, "labels",
+                  meshc::gen::batchOfStep("train_vit.labels", given->second,
+                                          TrainVit::inputShape("labels"), s));
             loss = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
@@ -147,13 +147,13 @@ int main(int argc, char **argv) {
         if (auto given = givenInputs.find("train_vit.image"); given != givenInputs.end())
           inputs.image =
               TrainVit::scatterInput(world, "image",
-                                     support::batchOfStep("train_vit.image", given->second,
-                                                          TrainVit::inputShape("image"), 0));
+                                     meshc::gen::batchOfStep("train_vit.image", given->second,
+                                                             TrainVit::inputShape("image"), 0));
         if (auto given = givenInputs.find("train_vit.labels"); given != givenInputs.end())
           inputs.labels =
               TrainVit::scatterInput(world, "labels",
-                                     support::batchOfStep("train_vit.labels", given->second,
-                                                          TrainVit::inputShape("labels"), 0));
+                                     meshc::gen::batchOfStep("train_vit.labels", given->second,
+                                                             TrainVit::inputShape("labels"), 0));
         auto outputs = program.run(inputs);
         std::vector<double> runs(kTimedRuns);
         for (int i = 0; i < kTimedRuns; ++i) {
@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (const Result &result : results)
-    support::writeTensor(file, result.name, result.dtype.c_str(), result.shape, result.data);
+    meshc::gen::writeTensor(file, result.name, result.dtype.c_str(), result.shape, result.data);
   std::fclose(file);
   return 0;
 }

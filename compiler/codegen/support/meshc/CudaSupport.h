@@ -513,10 +513,12 @@ inline void einsum2(float* out, const float* a, const float* b, const GemmDims& 
   meshrt::cuda::einsum2(out, a, b, gemmOf(d));
 }
 
+#ifdef __CUDACC__
 /// out *= alpha (a GEMM's folded scale: cuBLAS runs with alpha 1 here).
 inline void scaleValues(View out, float alpha) {
   forEachIndex(out.size(), [=] __device__(int64_t i) { out[size_t(i)] *= alpha; });
 }
+#endif
 
 inline void einsum2Double(float* out, const float* a, const float* b, const GemmDims& d) {
   meshrt::cuda::einsum2(out, a, b, gemmOf(d), /*accumulateInDouble=*/true);

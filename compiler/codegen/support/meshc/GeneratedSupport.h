@@ -824,7 +824,7 @@ inline void along(float* out, const float* in, const Shape& outer, const Shape& 
     for (size_t r = 0; r < rows; ++r) {
       float max = std::isfinite(maxima[r]) ? maxima[r] : 0.0f;
       if (softmax) {
-        double inverse = 1 / sums[r];
+        double inverse = 1 / sums[r]; // as meshrt/cuda/RowMath.h's softmaxLane
         for (size_t i = 0; i < size; ++i)
           out[outBase[r] + outOffsets[i]] = float(out[outBase[r] + outOffsets[i]] * inverse);
         continue;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "meshrt/Random.h" // MESHRT_HD
+#include "meshrt/kernels/MathF32.h"
 
 #include <cmath>
 #include <cstdint>
@@ -61,12 +62,14 @@ MESHRT_HD inline double softmaxShift(float max) {
   return std::isfinite(max) ? double(max) : 0.0;
 }
 
-/// sum of exp(x - shift) over the lane, in double.
+/// sum of exp(x - shift) over the lane: each exponential in f32 (meshrt::kernels::f32, as the
+/// CPU kernel), summed in double.
 MESHRT_HD inline double laneSumExp(const float* x, const int64_t* offsets, int64_t count,
                                    double shift) {
   double sum = 0;
+  float s = float(shift);
   for (int64_t i = 0; i < count; ++i)
-    sum += std::exp(double(x[offsets[i]]) - shift);
+    sum += meshrt::kernels::f32::exp(x[offsets[i]] - s);
   return sum;
 }
 
@@ -74,10 +77,12 @@ MESHRT_HD inline double laneSumExp(const float* x, const int64_t* offsets, int64
 MESHRT_HD inline void softmaxLane(float* out, const int64_t* outOffsets, const float* x,
                                   const int64_t* offsets, int64_t count, float max, double sum,
                                   bool logSoftmax) {
-  double shift = softmaxShift(max), logSum = std::log(sum);
+  float shift = float(softmaxShift(max));
+  double logSum = std::log(sum), inverse = 1 / sum;
   for (int64_t i = 0; i < count; ++i) {
-    double v = double(x[offsets[i]]) - shift;
-    out[outOffsets[i]] = float(logSoftmax ? v - logSum : std::exp(v) / sum);
+    float v = x[offsets[i]];
+    out[outOffsets[i]] = logSoftmax ? float(double(v) - double(shift) - logSum)
+                                    : float(double(meshrt::kernels::f32::exp(v - shift)) * inverse);
   }
 }
 
