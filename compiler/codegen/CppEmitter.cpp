@@ -100,40 +100,8 @@ std::string className(const std::string& name) {
   return out;
 }
 
-Shape sizesOf(const TensorType& type) {
-  Shape sizes;
-  for (const ir::Dim& dim : type.dims)
-    sizes.push_back(dim.size);
-  return sizes;
-}
-
-Shape rowMajorStrides(const TensorType& type) {
-  Shape strides(type.dims.size());
-  int64_t stride = 1;
-  for (size_t i = type.dims.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= type.dims[i].size;
-  }
-  return strides;
-}
-
-/// Strides of `operand` over the dims `space` (matched by name, through `rename`: space name
-/// -> operand name); 0 where the operand lacks the dim.
-// The comment of a section of the class.
-
-const char* dtypeEnum(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return "support::DType::F32";
-  case DType::BF16:
-    return "support::DType::BF16";
-  case DType::F16:
-    return "support::DType::F16";
-  case DType::I32:
-    return "support::DType::I32";
-  }
-  return "support::DType::F32";
-}
+using kir::rowMajorStrides;
+using kir::sizesOf;
 
 /// The kernels' name of a dtype (meshrt::kernels::ValueType), for the RNG fills.
 const char* valueTypeEnum(DType dtype) {

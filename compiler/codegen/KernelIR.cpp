@@ -127,6 +127,27 @@ void replaceBuffer(Stmt& stmt, BufferId from, BufferId to) {
   std::visit(Visitor{swap}, stmt.node);
 }
 
+Shape sizesOf(const std::vector<ir::Dim>& dims) {
+  Shape sizes;
+  for (const ir::Dim& dim : dims)
+    sizes.push_back(dim.size);
+  return sizes;
+}
+
+Shape sizesOf(const ir::TensorType& type) {
+  return sizesOf(type.dims);
+}
+
+Shape rowMajorStrides(const ir::TensorType& type) {
+  Shape strides(type.dims.size());
+  int64_t stride = 1;
+  for (size_t i = type.dims.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= type.dims[i].size;
+  }
+  return strides;
+}
+
 std::vector<std::vector<size_t>> readerLists(const std::vector<Stmt>& stmts, size_t buffers) {
   std::vector<std::vector<size_t>> lists(buffers);
   for (size_t k = 0; k < stmts.size(); ++k)

@@ -253,6 +253,12 @@ struct KernelModule {
   std::vector<KernelFunction> functions;
 };
 
+/// The sizes of `dims` / of a type's dims, and a type's row-major strides (its elements'
+/// layout in a buffer).
+Shape sizesOf(const std::vector<ir::Dim>& dims);
+Shape sizesOf(const ir::TensorType& type);
+Shape rowMajorStrides(const ir::TensorType& type);
+
 /// `--emit=kernels`: the readable form of every function.
 std::string printKernels(const KernelModule& module);
 std::string printKernels(const KernelFunction& function);

@@ -3,6 +3,8 @@
 
 #include "codegen/Target.h"
 
+#include "meshrt/Random.h"
+
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 
@@ -13,6 +15,20 @@ namespace meshc::codegen {
 using ir::DType;
 using ir::OpKind;
 using kir::Scalar;
+
+const char* dtypeEnum(DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return "support::DType::F32";
+  case DType::BF16:
+    return "support::DType::BF16";
+  case DType::F16:
+    return "support::DType::F16";
+  case DType::I32:
+    return "support::DType::I32";
+  }
+  return "support::DType::F32";
+}
 
 std::string doubleLiteral(double value) {
   if (std::isinf(value)) return value > 0 ? "INFINITY" : "-INFINITY";
@@ -33,20 +49,6 @@ std::string floatLiteral(double value) {
 }
 
 namespace {
-
-const char* dtypeEnum(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return "support::DType::F32";
-  case DType::BF16:
-    return "support::DType::BF16";
-  case DType::F16:
-    return "support::DType::F16";
-  case DType::I32:
-    return "support::DType::I32";
-  }
-  return "support::DType::F32";
-}
 
 /// The op in f32 (`f32`) or, for the narrow and integer dtypes, in double as the interpreter
 /// computes it (rounded once by the caller).
@@ -125,7 +127,7 @@ std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
     return fmt::format("({} != 0 ? {} : {})", a[0], a[1], a[2]);
   case OpKind::Call: // the user's function (its header is included by the source)
     return fmt::format("::{}({})", s.function, fmt::join(a, ", "));
-  default: // not elementwise: the lowering never puts it in a loop (the verifier's domain)
+  default: // not elementwise: lowerToKernels never puts it in a loop
     return a.empty() ? "0.0f" : a[0];
   }
 }
@@ -241,10 +243,12 @@ std::string loopBody(const kir::Loop& loop, const CollapsedLoop& collapsed,
     } else if (s.kind == Scalar::Kind::Dropout) {
       // As the dropout kernel: keep ? x * (1 / (1 - rate)) in double, rounded once : 0.
       double scale = s.value < 1 ? 1 / (1 - s.value) : 0.0;
-      expr = fmt::format("(meshrt::dropoutKeep(inv{}, uint64_t(inv{} + {}), {}) ? float(double(s{}) "
-                         "* {}) : 0.0f)",
+      // The keep test in integers (meshrt::dropoutThreshold) and the scaled value computed
+      // either way (no floating-point op under a branch): the loop vectorizes.
+      expr = fmt::format("support::keepOrZero(meshrt::dropoutKeepMask(inv{}, uint64_t(inv{} + {}), "
+                         "{}u), float(double(s{}) * {}))",
                          s.read, s.read + 1, offsetExpression(collapsed.scalars[k]),
-                         doubleLiteral(s.value), s.args[0], doubleLiteral(scale));
+                         meshrt::dropoutThreshold(s.value), s.args[0], doubleLiteral(scale));
     } else {
       std::vector<std::string> args;
       std::vector<DType> types;

@@ -49,6 +49,8 @@ std::string einsumGenericArgs(const kir::Gemm& gemm, const kir::KernelFunction& 
 
 /// An f32 literal holding `value` rounded to f32 ("0.125f"; INFINITY / NAN spelled so).
 std::string floatLiteral(double value);
+/// The support enumerator of a dtype ("support::DType::F32").
+const char* dtypeEnum(ir::DType dtype);
 /// A double as a C++ literal that round-trips (INFINITY / NAN spelled so).
 std::string doubleLiteral(double value);
 /// The subgroup member for `axes` ("group_data_model").

@@ -25,23 +25,6 @@ using plan::CollectiveKind;
 using plan::SpmdOp;
 using plan::SpmdValueId;
 
-Shape sizesOf(const std::vector<ir::Dim>& dims) {
-  Shape sizes;
-  for (const ir::Dim& dim : dims)
-    sizes.push_back(dim.size);
-  return sizes;
-}
-
-Shape rowMajorStrides(const TensorType& type) {
-  Shape strides(type.dims.size());
-  int64_t stride = 1;
-  for (size_t i = type.dims.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= type.dims[i].size;
-  }
-  return strides;
-}
-
 /// Strides of `operand` over the dims `space` (matched by name, through `rename`: space name
 /// -> operand name); 0 where the operand lacks the dim.
 Shape stridesOver(const TensorType& operand, const std::vector<ir::Dim>& space,

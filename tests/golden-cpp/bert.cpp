@@ -1901,9 +1901,9 @@ void MlmTrain::runPart0(const Inputs &inputs) {
         const float s1 = v52p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
-                              ? float(double(s3) * 1.1111111111111112)
-                              : 0.0f);
+        const float s4 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s3) * 1.1111111111111112));
         v56p[i0 * 256 + i1] = s2;
         v58p[i0 * 256 + i1] = s4;
       }
@@ -2128,9 +2128,9 @@ void MlmTrain::runPart1(const Inputs &inputs) {
         const float s1 = v93p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
-                              ? float(double(s3) * 1.1111111111111112)
-                              : 0.0f);
+        const float s4 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s3) * 1.1111111111111112));
         v97p[i0 * 256 + i1] = s2;
         v99p[i0 * 256 + i1] = s4;
       }
@@ -2668,9 +2668,9 @@ void MlmTrain::runPart3(const Inputs &inputs) {
       const float s26 = (s24 * s25);
       const float s27 = (s14 + s26);
       const float s28 = v157p[i0];
-      const float s29 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                             ? float(double(s28) * 1.1111111111111112)
-                             : 0.0f);
+      const float s29 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s28) * 1.1111111111111112));
       const float s30 = (s29 * s27);
       v181p[i0] = s30;
     }
@@ -3284,9 +3284,9 @@ void MlmTrain::runPart4(const Inputs &inputs) {
       const float s26 = (s24 * s25);
       const float s27 = (s14 + s26);
       const float s28 = v245p[i0];
-      const float s29 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                             ? float(double(s28) * 1.1111111111111112)
-                             : 0.0f);
+      const float s29 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s28) * 1.1111111111111112));
       const float s30 = (s29 * s27);
       v264p[i0] = s30;
     }

@@ -327,9 +327,9 @@ void MlpTrain::runPart0(const Inputs &inputs) {
         const float s1 = v5p[i1];
         const float s2 = (s0 + s1);
         const float s3 = (s2 > 0 ? s2 : 0.0f);
-        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
-                              ? float(double(s3) * 1.1111111111111112)
-                              : 0.0f);
+        const float s4 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s3) * 1.1111111111111112));
         v8p[i0 * 128 + i1] = s2;
         v10p[i0 * 128 + i1] = s4;
       }
@@ -425,9 +425,9 @@ void MlpTrain::runPart0(const Inputs &inputs) {
     for (int64_t i0 = 0; i0 < 16; ++i0) {
       for (int64_t i1 = 0; i1 < 128; ++i1) {
         const float s0 = v24p[i0 * 128 + i1];
-        const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
-                              ? float(double(s0) * 1.1111111111111112)
-                              : 0.0f);
+        const float s1 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s0) * 1.1111111111111112));
         const float s2 = v8p[i0 * 128 + i1];
         const float s3 = 0.0f;
         const float s4 = (s2 > s3 ? 1.0f : 0.0f);

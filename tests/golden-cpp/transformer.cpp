@@ -1879,9 +1879,9 @@ void LmTrain::runPart0(const Inputs &inputs) {
         const float s1 = v53p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
-                              ? float(double(s3) * 1.1111111111111112)
-                              : 0.0f);
+        const float s4 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s3) * 1.1111111111111112));
         v57p[i0 * 128 + i1] = s2;
         v59p[i0 * 128 + i1] = s4;
       }
@@ -2117,9 +2117,9 @@ void LmTrain::runPart1(const Inputs &inputs) {
         const float s1 = v96p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        const float s4 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
-                              ? float(double(s3) * 1.1111111111111112)
-                              : 0.0f);
+        const float s4 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s3) * 1.1111111111111112));
         v100p[i0 * 128 + i1] = s2;
         v102p[i0 * 128 + i1] = s4;
       }
@@ -2632,9 +2632,9 @@ void LmTrain::runPart3(const Inputs &inputs) {
         const float s26 = (s24 * s25);
         const float s27 = (s14 + s26);
         const float s28 = v159p[i0 * 128 + i1];
-        const float s29 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
-                               ? float(double(s28) * 1.1111111111111112)
-                               : 0.0f);
+        const float s29 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s28) * 1.1111111111111112));
         const float s30 = (s29 * s27);
         v183p[i0 * 128 + i1] = s30;
       }
@@ -3264,9 +3264,9 @@ void LmTrain::runPart5(const Inputs &inputs) {
         const float s26 = (s24 * s25);
         const float s27 = (s14 + s26);
         const float s28 = v249p[i0 * 128 + i1];
-        const float s29 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0 * 256 + i1), 0.1)
-                               ? float(double(s28) * 1.1111111111111112)
-                               : 0.0f);
+        const float s29 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s28) * 1.1111111111111112));
         const float s30 = (s29 * s27);
         v268p[i0 * 128 + i1] = s30;
       }

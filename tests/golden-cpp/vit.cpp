@@ -2052,9 +2052,9 @@ void TrainVit::runPart0(const Inputs &inputs) {
     const float *__restrict v44p = v44.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v44p[i0];
-      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                            ? float(double(s0) * 1.1111111111111112)
-                            : 0.0f);
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
       v45p[i0] = s1;
     }
   }
@@ -2226,9 +2226,9 @@ void TrainVit::runPart1(const Inputs &inputs) {
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v61p[i0];
       const float s1 = s0;
-      const float s2 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                            ? float(double(s1) * 1.1111111111111112)
-                            : 0.0f);
+      const float s2 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s1) * 1.1111111111111112));
       v63p[i0] = s2;
     }
   }
@@ -2381,9 +2381,9 @@ void TrainVit::runPart2(const Inputs &inputs) {
     const float *__restrict v88p = v88.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v88p[i0];
-      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                            ? float(double(s0) * 1.1111111111111112)
-                            : 0.0f);
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
       v89p[i0] = s1;
     }
   }
@@ -2549,9 +2549,9 @@ void TrainVit::runPart2(const Inputs &inputs) {
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v105p[i0];
       const float s1 = s0;
-      const float s2 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                            ? float(double(s1) * 1.1111111111111112)
-                            : 0.0f);
+      const float s2 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s1) * 1.1111111111111112));
       v107p[i0] = s2;
     }
   }
@@ -3004,9 +3004,9 @@ void TrainVit::runPart4(const Inputs &inputs) {
     const float *__restrict v161p = v161.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v161p[i0];
-      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                            ? float(double(s0) * 1.1111111111111112)
-                            : 0.0f);
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
       const float s2 = support::roundValue(support::DType::BF16, double(s1));
       v166p[i0] = s2;
     }
@@ -3407,9 +3407,9 @@ void TrainVit::runPart5(const Inputs &inputs) {
     const float *__restrict v216p = v216.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v216p[i0];
-      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                            ? float(double(s0) * 1.1111111111111112)
-                            : 0.0f);
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
       v220p[i0] = s1;
     }
   }
@@ -3782,9 +3782,9 @@ void TrainVit::runPart6(const Inputs &inputs) {
     const float *__restrict v261p = v261.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v261p[i0];
-      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                            ? float(double(s0) * 1.1111111111111112)
-                            : 0.0f);
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
       const float s2 = support::roundValue(support::DType::BF16, double(s1));
       v266p[i0] = s2;
     }
@@ -4182,9 +4182,9 @@ void TrainVit::runPart7(const Inputs &inputs) {
     const float *__restrict v310p = v310.data();
     for (int64_t i0 = 0; i0 < 2176; ++i0) {
       const float s0 = v310p[i0];
-      const float s1 = (meshrt::dropoutKeep(inv0, uint64_t(inv1 + i0), 0.1)
-                            ? float(double(s0) * 1.1111111111111112)
-                            : 0.0f);
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
       v314p[i0] = s1;
     }
   }

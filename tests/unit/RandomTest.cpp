@@ -229,3 +229,23 @@ TEST_CASE("uniformIndex covers [0, bound) evenly", "[random]") {
   for (uint64_t i = 0; i < 100; ++i)
     CHECK(uniformIndex(key, i, 1) == 0);
 }
+
+TEST_CASE("the vectorizable dropout test keeps exactly the elements dropoutKeep keeps", "[random]") {
+  uint64_t key = streamKey(7, "ffn/dropout#3");
+  // Rates at and around the 2^-23 grid of uniform01, and the ends.
+  for (double rate : {0.0, 0.1, 0.25, 0.5, 0.9, 1.0, 1.5, -0.5, 0.5 / 8388608.0,
+                      1.5 / 8388608.0, 1.0 - 0.5 / 8388608.0, 3.0 / 8388608.0}) {
+    uint32_t threshold = dropoutThreshold(rate);
+    for (uint64_t index = 0; index < 20000; ++index) {
+      REQUIRE(randomWordSelected(key, index) == randomWord(key, index));
+      REQUIRE(dropoutKeepBelow(key, index, threshold) == dropoutKeep(key, index, rate));
+      REQUIRE(dropoutKeepMask(key, index, threshold) == (dropoutKeep(key, index, rate) ? ~0u : 0u));
+    }
+  }
+  // Every word at the threshold's edge: keep iff uniform01(word) >= rate.
+  for (double rate : {0.1, 0.3, 0.7})
+    for (uint32_t high = dropoutThreshold(rate) - 2; high < dropoutThreshold(rate) + 2; ++high) {
+      uint32_t word = high << 9;
+      CHECK((bitsToUnit(word) >= rate) == ((word >> 9) >= dropoutThreshold(rate)));
+    }
+}

@@ -154,6 +154,33 @@ MESHRT_HD inline bool dropoutKeepsWord(uint32_t word, double rate) {
   return bitsToUnit(word) >= rate;
 }
 
+/// randomWord's value with the word chosen by selects instead of an index, so that a loop over
+/// elements calling it vectorizes (generated code's fused dropout loops).
+MESHRT_HD inline uint32_t randomWordSelected(uint64_t key, uint64_t index) {
+  Philox4x32 bits = randomBlock(key, index >> 2);
+  uint32_t odd = uint32_t(index & 1), upper = uint32_t(index & 2);
+  uint32_t low = odd ? bits.v[1] : bits.v[0], high = odd ? bits.v[3] : bits.v[2];
+  return upper ? high : low;
+}
+
+/// dropoutKeep's test in integers: uniform01(word) >= rate exactly when (word >> 9) >= this
+/// threshold ((w + 0.5) 2^-23 >= rate <=> w >= rate 2^23 - 0.5, all exact in double).
+MESHRT_HD inline uint32_t dropoutThreshold(double rate) {
+  double threshold = std::ceil(rate * 8388608.0 - 0.5);
+  return threshold <= 0 ? 0u : threshold >= 8388608.0 ? 8388608u : uint32_t(threshold);
+}
+
+/// dropoutKeep with a threshold from dropoutThreshold(rate): the same mask, vectorizable.
+MESHRT_HD inline bool dropoutKeepBelow(uint64_t key, uint64_t index, uint32_t threshold) {
+  return (randomWordSelected(key, index) >> 9) >= threshold;
+}
+
+/// The same as all ones (keep) or zero bits: a loop that ands a value with it vectorizes, where
+/// a bool stays a branch.
+MESHRT_HD inline uint32_t dropoutKeepMask(uint64_t key, uint64_t index, uint32_t threshold) {
+  return (randomWordSelected(key, index) >> 9) >= threshold ? ~0u : 0u;
+}
+
 /// Whether dropout keeps element `index` (key: streamKey(seed, "<stream>#<step>")).
 MESHRT_HD inline bool dropoutKeep(uint64_t key, uint64_t index, double rate) {
   return dropoutKeepsWord(randomWord(key, index), rate);

@@ -72,6 +72,7 @@ using gen::fsin;
 using gen::fsqrt;
 using gen::ftanh;
 using gen::gelu;
+using gen::keepOrZero;
 using gen::maximum;
 using gen::minimum;
 using gen::powI32;
@@ -751,22 +752,10 @@ inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<V
   allReduceBucket(group, std::span<const View>(values.begin(), values.size()));
 }
 
-/// An all-reduce that schedule-collectives split into this start and a wait placed just before
-/// the first statement that touches its values: meshrt's non-blocking collective (a bucket is
-/// one collective), which progresses while the statements between run.
+/// An all-reduce started by schedule-collectives (meshc::gen::startAllReduceOf), on device spans.
 inline meshrt::Request startAllReduce(meshrt::Communicator& group,
                                       std::initializer_list<View> values, meshrt::ReduceOp op) {
-  std::array<meshrt::Segment<float>, 16> small;
-  std::vector<meshrt::Segment<float>> large;
-  meshrt::Segment<float>* segments = small.data();
-  if (values.size() > small.size()) {
-    large.resize(values.size());
-    segments = large.data();
-  }
-  size_t k = 0;
-  for (View value : values)
-    segments[k++] = meshrt::Segment<float>{value.data(), value.size()};
-  return group.startAllReduce<float>(segments, values.size(), op);
+  return gen::startAllReduceOf<View>(group, values, op);
 }
 
 } // namespace meshc::cuda

@@ -224,6 +224,13 @@ MESHRT_HD inline float fgelu(float x) {
   return meshrt::kernels::f32::gelu(x);
 }
 
+/// `value` where `mask` (meshrt::dropoutKeepMask) keeps the element, else +0: bit operations,
+/// which vectorize where a float ternary or a bool would stay a branch.
+MESHRT_HD inline float keepOrZero(uint32_t mask, float value) {
+  using namespace meshrt::kernels::f32::detail;
+  return fromBits(bits(value) & mask);
+}
+
 MESHRT_HD inline float maximum(float a, float b) {
   return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
 }
@@ -518,9 +525,11 @@ inline void allReduceBucket(meshrt::Communicator& group, std::initializer_list<V
 
 /// An all-reduce that schedule-collectives split into this start and a wait placed just before
 /// the first statement that touches its values: meshrt's non-blocking collective (a bucket is
-/// one collective), which progresses while the statements between run.
-inline meshrt::Request startAllReduce(meshrt::Communicator& group,
-                                      std::initializer_list<View> values, meshrt::ReduceOp op) {
+/// one collective), which progresses while the statements between run. `ViewT`: the target's
+/// span (host here, device in meshc/CudaSupport.h).
+template <typename ViewT>
+inline meshrt::Request startAllReduceOf(meshrt::Communicator& group,
+                                        std::initializer_list<ViewT> values, meshrt::ReduceOp op) {
   std::array<meshrt::Segment<float>, 16> small;
   std::vector<meshrt::Segment<float>> large;
   meshrt::Segment<float>* segments = small.data();
@@ -529,9 +538,14 @@ inline meshrt::Request startAllReduce(meshrt::Communicator& group,
     segments = large.data();
   }
   size_t k = 0;
-  for (View value : values)
+  for (ViewT value : values)
     segments[k++] = meshrt::Segment<float>{value.data(), value.size()};
   return group.startAllReduce<float>(segments, values.size(), op);
+}
+
+inline meshrt::Request startAllReduce(meshrt::Communicator& group,
+                                      std::initializer_list<View> values, meshrt::ReduceOp op) {
+  return startAllReduceOf<View>(group, values, op);
 }
 
 //===------------------------------------------------------------------------------------------===//
@@ -791,14 +805,67 @@ inline void combineLogSumExp(View local, meshrt::Communicator& group) {
 
 enum class Along { Softmax, LogSoftmax, LayerNorm, Cumsum, CumsumExclusive };
 
+/// along() over whole rows of `size` contiguous elements starting at each base: the same
+/// arithmetic as the general path (exp in f32, sums and moments in double), without offsets.
+inline void alongContiguous(float* out, const float* in, const std::vector<int64_t>& inBase,
+                            const std::vector<int64_t>& outBase, int64_t size, Along kind,
+                            double eps, int64_t globalLaneCount) {
+  for (size_t r = 0; r < inBase.size(); ++r) {
+    const float* x = in + inBase[r];
+    float* y = out + outBase[r];
+    if (kind == Along::LayerNorm) {
+      double mean = 0, variance = 0;
+      for (int64_t i = 0; i < size; ++i)
+        mean += x[i];
+      mean /= double(globalLaneCount);
+      for (int64_t i = 0; i < size; ++i) {
+        double centered = x[i] - mean;
+        variance += centered * centered;
+      }
+      variance /= double(globalLaneCount);
+      double scale = 1 / std::sqrt(variance + eps);
+      for (int64_t i = 0; i < size; ++i)
+        y[i] = float((x[i] - mean) * scale);
+      continue;
+    }
+    float max = -INFINITY;
+    for (int64_t i = 0; i < size; ++i)
+      max = std::max(max, x[i]);
+    if (!std::isfinite(max)) max = 0.0f;
+    double sum = 0;
+    if (kind == Along::Softmax) {
+      for (int64_t i = 0; i < size; ++i)
+        y[i] = meshrt::kernels::f32::exp(x[i] - max);
+      for (int64_t i = 0; i < size; ++i)
+        sum += y[i];
+      double inverse = 1 / sum;
+      for (int64_t i = 0; i < size; ++i)
+        y[i] = float(y[i] * inverse);
+    } else {
+      for (int64_t i = 0; i < size; ++i)
+        sum += meshrt::kernels::f32::exp(x[i] - max);
+      double logSum = std::log(sum);
+      for (int64_t i = 0; i < size; ++i)
+        y[i] = float(double(x[i]) - max - logSum);
+    }
+  }
+}
+
 /// Lanes: `outer` sizes with strides `inOuter`/`outOuter`; lane points `lane` with strides
 /// `inLane`/`outLane`. `globalLaneCount`: the lane's global element count (layer_norm).
 inline void along(float* out, const float* in, const Shape& outer, const Shape& inOuter,
                   const Shape& outOuter, const Shape& lane, const Shape& inLane,
                   const Shape& outLane, Along kind, double eps, int64_t globalLaneCount,
                   meshrt::Communicator* group) {
-  std::vector<int64_t> inOffsets = offsetsOf(lane, inLane), outOffsets = offsetsOf(lane, outLane);
   std::vector<int64_t> inBase = offsetsOf(outer, inOuter), outBase = offsetsOf(outer, outOuter);
+  // A whole unit-stride lane (the usual softmax and layer_norm over the innermost dim): rows
+  // of contiguous elements, walked directly so that the compiler vectorizes them.
+  if (!group && lane.size() == 1 && inLane[0] == 1 && outLane[0] == 1 &&
+      (kind == Along::Softmax || kind == Along::LogSoftmax || kind == Along::LayerNorm)) {
+    alongContiguous(out, in, inBase, outBase, lane[0], kind, eps, globalLaneCount);
+    return;
+  }
+  std::vector<int64_t> inOffsets = offsetsOf(lane, inLane), outOffsets = offsetsOf(lane, outLane);
   size_t rows = inBase.size(), size = inOffsets.size();
   if (kind == Along::Softmax || kind == Along::LogSoftmax) {
     Buffer maxima(rows, -INFINITY);
