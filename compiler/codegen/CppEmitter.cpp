@@ -102,21 +102,7 @@ std::string className(const std::string& name) {
 
 using kir::rowMajorStrides;
 using kir::sizesOf;
-
-/// The kernels' name of a dtype (meshrt::kernels::ValueType), for the RNG fills.
-const char* valueTypeEnum(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return "meshrt::kernels::ValueType::F32";
-  case DType::BF16:
-    return "meshrt::kernels::ValueType::BF16";
-  case DType::F16:
-    return "meshrt::kernels::ValueType::F16";
-  case DType::I32:
-    return "meshrt::kernels::ValueType::I32";
-  }
-  return "meshrt::kernels::ValueType::F32";
-}
+using kir::valueTypeEnum;
 
 //===------------------------------------------------------------------------------------------===//
 // One function: the class around its kernel IR
@@ -129,8 +115,7 @@ class FunctionEmitter {
 public:
   FunctionEmitter(const ir::Function& irFunction, const plan::SpmdFunction& spmd,
                   const kir::KernelFunction& kernels, const Target& target)
-      : name(className(spmd.name)), irFn(irFunction), fn(spmd), kernels(kernels),
-        target(&target) {}
+      : name(className(spmd.name)), irFn(irFunction), fn(spmd), kernels(kernels), target(&target) {}
 
   llvm::Error emit();
 
@@ -175,7 +160,6 @@ private:
   const Target* target;
   std::set<plan::AxisList> groups;
 };
-
 
 std::string FunctionEmitter::shardStart(SpmdValueId id, const std::string& dim) const {
   const TensorType& type = local(id);
@@ -284,13 +268,14 @@ llvm::Error FunctionEmitter::emit() {
   h += "/// Runs on this rank's shards (a collective call: every rank of the mesh calls it).\n"
        "/// Throws std::invalid_argument when an input's local shape is wrong.\n"
        "Outputs run(const Inputs& inputs);\n\n";
-  h += fmt::format("/// The bytes of this object's arena: run()'s temporaries share it, placed by "
-                   "liveness.\nstatic constexpr size_t kArenaBytes = {};\n"
-                   "/// The bytes of all of run()'s temporaries together (one buffer each).\n"
-                   "static constexpr size_t kTemporaryBytes = {};\n"
-                   "/// The bytes of the values computed once, in the constructor (constants, masks).\n"
-                   "static constexpr size_t kPersistentBytes = {};\n\n",
-                   kernels.arenaBytes, kernels.temporaryBytes, kernels.persistentBytes);
+  h += fmt::format(
+      "/// The bytes of this object's arena: run()'s temporaries share it, placed by "
+      "liveness.\nstatic constexpr size_t kArenaBytes = {};\n"
+      "/// The bytes of all of run()'s temporaries together (one buffer each).\n"
+      "static constexpr size_t kTemporaryBytes = {};\n"
+      "/// The bytes of the values computed once, in the constructor (constants, masks).\n"
+      "static constexpr size_t kPersistentBytes = {};\n\n",
+      kernels.arenaBytes, kernels.temporaryBytes, kernels.persistentBytes);
   if (fn.kind == ir::Function::Kind::Train) {
     if (hasUpdates())
       h += "/// One training step on this rank's shards (collective): forward, backward and the "
@@ -340,9 +325,9 @@ llvm::Error FunctionEmitter::emit() {
                      fmt::join(axes, ", "));
   for (size_t k = 0; k < irFn.params.size(); ++k) {
     SpmdValueId id = fn.params[k];
-    h += fmt::format("support::Buffer {}; // {}: {} local {}\n", paramMember(k),
-                     irFn.params[k].path, plan::tensorLayoutString(global(id), layout(id)),
-                     list(sizesOf(local(id))));
+    h +=
+        fmt::format("support::Buffer {}; // {}: {} local {}\n", paramMember(k), irFn.params[k].path,
+                    plan::tensorLayoutString(global(id), layout(id)), list(sizesOf(local(id))));
   }
   h += "support::Arena arena_{kArenaBytes}; // run()'s temporaries\n";
   h += "support::Arena persistent_{kPersistentBytes}; // computed in the constructor\n";
@@ -431,8 +416,8 @@ void FunctionEmitter::emitConstructor(std::string& s, const std::string& hoisted
     DType dtype = type.dtype;
     if (init.kind == "zeros" || init.kind == "ones" || init.kind == "constant") {
       double value = init.kind == "zeros" ? 0 : init.kind == "ones" ? 1 : init.arg("value", 0);
-      s += fmt::format("{}.assign({}, support::roundValue({}, {}));\n", member,
-                       type.numElements(), dtypeEnum(dtype), doubleLiteral(value));
+      s += fmt::format("{}.assign({}, support::roundValue({}, {}));\n", member, type.numElements(),
+                       dtypeEnum(dtype), doubleLiteral(value));
     } else {
       // Random initializers come from the kernels' fills, keyed like the interpreter's.
       std::vector<std::string> args;
@@ -478,10 +463,9 @@ void FunctionEmitter::emitHelpers(std::string& s) {
     const TensorType& type = local(id);
     for (size_t d = 0; d < type.dims.size(); ++d) {
       const plan::AxisList& axes = layout(id).dimAxes[d];
-      starts.push_back(axes.empty()
-                           ? "0"
-                           : fmt::format("support::shardStartOf({}, {}, {}, {})", meshExpr, rank,
-                                         stringList(axes), type.dims[d].size));
+      starts.push_back(axes.empty() ? "0"
+                                    : fmt::format("support::shardStartOf({}, {}, {}, {})", meshExpr,
+                                                  rank, stringList(axes), type.dims[d].size));
     }
     return fmt::format("support::Shape{{{}}}", fmt::join(starts, ", "));
   };
@@ -692,8 +676,8 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
   std::vector<std::unique_ptr<FunctionEmitter>> emitters;
   for (size_t k = 0; k < plans.size(); ++k) {
     const ir::Function* irFn = module.findFunction(plans[k].spmd.name);
-    auto emitter = std::make_unique<FunctionEmitter>(*irFn, plans[k].spmd, kernels->functions[k],
-                                                     target);
+    auto emitter =
+        std::make_unique<FunctionEmitter>(*irFn, plans[k].spmd, kernels->functions[k], target);
     if (auto error = emitter->emit()) return error;
     emitters.push_back(std::move(emitter));
   }
@@ -705,8 +689,9 @@ llvm::Expected<CppOutput> emitWithTarget(const ir::Module& module,
                    "#include <string>\n#include <vector>\n\n",
                    target.supportHeader());
   h += fmt::format("namespace {} {{\n\n", options.cppNamespace);
-  h += fmt::format("/// The support code this target's generated code calls.\nnamespace support = {};\n\n",
-                   target.supportNamespace());
+  h += fmt::format(
+      "/// The support code this target's generated code calls.\nnamespace support = {};\n\n",
+      target.supportNamespace());
   for (const auto& emitter : emitters)
     h += emitter->declaration;
   h += fmt::format("}} // namespace {}\n", options.cppNamespace);

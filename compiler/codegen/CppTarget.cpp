@@ -39,7 +39,8 @@ public:
                          llvm::is_contained(stored, id) ? "" : "const ", pointer(id),
                          fn.buffers[size_t(id)].name);
     for (size_t d = 0; d < collapsed.extents.size(); ++d)
-      out += fmt::format("for (int64_t i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, collapsed.extents[d]);
+      out +=
+          fmt::format("for (int64_t i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, collapsed.extents[d]);
     out += loopBody(
         loop, collapsed,
         [&](size_t read, const std::string& offset) {
@@ -53,8 +54,7 @@ public:
     return out + "}\n";
   }
 
-  std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn,
-                   size_t id) const override {
+  std::string gemm(const kir::Gemm& gemm, const kir::KernelFunction& fn, size_t id) const override {
     auto name = [&](kir::BufferId buffer) { return fn.buffers[size_t(buffer)].name; };
     if (gemm.dtype == ir::DType::F32) {
       // meshrt's kernels: classified once (a function-local static, shared by the ranks: every
@@ -66,14 +66,16 @@ public:
       }
       std::string plan = fmt::format("einsumPlan{}", id);
       std::string out = fmt::format("// dims: {}\n", fmt::join(gemm.dims, ", "));
-      out += fmt::format("static const meshrt::kernels::EinsumPlan {}({{{}, {{{}}}, {{{}, {{}}}}}});\n",
-                         plan, list(gemm.sizes), fmt::join(operands, ", "), list(gemm.outDims));
+      out += fmt::format(
+          "static const meshrt::kernels::EinsumPlan {}({{{}, {{{}}}, {{{}, {{}}}}}});\n", plan,
+          list(gemm.sizes), fmt::join(operands, ", "), list(gemm.outDims));
       std::string tail = fmt::format("{}.data(), {}, {}", name(gemm.out), floatLiteral(gemm.alpha),
                                      floatLiteral(gemm.beta));
       if (gemm.operands.size() == 2)
         return out + fmt::format("{}.run({}, {}, {});\n", plan, pointers[0], pointers[1], tail);
-      return out + fmt::format("const float* {0}Operands[] = {{{1}}};\n{0}.run({0}Operands, {2});\n",
-                               plan, fmt::join(pointers, ", "), tail);
+      return out +
+             fmt::format("const float* {0}Operands[] = {{{1}}};\n{0}.run({0}Operands, {2});\n",
+                         plan, fmt::join(pointers, ", "), tail);
     }
     std::string dims = gemmDims(gemm);
     if (!dims.empty())

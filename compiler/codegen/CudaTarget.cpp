@@ -17,9 +17,7 @@ public:
 
   const char* supportNamespace() const override { return "meshc::cuda"; }
   const char* supportHeader() const override { return "meshc/CudaSupport.h"; }
-  const char* description() const override {
-    return "SPMD CUDA over meshrt (meshrt_cuda, NCCL)";
-  }
+  const char* description() const override { return "SPMD CUDA over meshrt (meshrt_cuda, NCCL)"; }
 
   std::string loop(const kir::Loop& loop, const kir::KernelFunction& fn,
                    const std::string& invariants) const override {
@@ -37,7 +35,8 @@ public:
     for (int64_t extent : collapsed.extents)
       count *= extent;
     std::string out = "{\n" + invariants + stepDeclaration(loop);
-    out += fmt::format("support::forEachIndex({}, [{}] __device__(int64_t i) {{\n", count, captures);
+    out +=
+        fmt::format("support::forEachIndex({}, [{}] __device__(int64_t i) {{\n", count, captures);
     // The point's index per collapsed dim, innermost fastest.
     std::string rest = "i";
     for (size_t d = collapsed.extents.size(); d-- > 0;) {
@@ -72,7 +71,8 @@ public:
       out = fmt::format("support::einsumGeneric({}.data(), {});\n", name(gemm.out),
                         einsumGenericArgs(gemm, fn));
     if (gemm.alpha != 1)
-      out += fmt::format("support::scaleValues({}, {});\n", name(gemm.out), floatLiteral(gemm.alpha));
+      out +=
+          fmt::format("support::scaleValues({}, {});\n", name(gemm.out), floatLiteral(gemm.alpha));
     return out;
   }
 

@@ -73,7 +73,8 @@ void foldLoop(Loop& loop, const Constants& constants) {
       types.push_back(arg.dtype);
     }
     if (args.size() != scalar.args.size()) continue;
-    if (std::optional<double> value = interp::evaluateElementwise(scalar.op, args, types, scalar.dtype))
+    if (std::optional<double> value =
+            interp::evaluateElementwise(scalar.op, args, types, scalar.dtype))
       scalar = Scalar{.kind = Scalar::Kind::Const, .value = *value, .dtype = scalar.dtype};
   }
   removeDeadScalars(loop);
@@ -133,12 +134,12 @@ void foldScalesIntoGemms(KernelFunction& fn) {
         break;
       double c = loop->body[size_t(constant)].value;
       bool isMul = op.op == ir::OpKind::Mul;
-      bool isDiv = op.op == ir::OpKind::Div && op.args == std::vector<int>{load, constant} && c != 0;
+      bool isDiv =
+          op.op == ir::OpKind::Div && op.args == std::vector<int>{load, constant} && c != 0;
       if (!isMul && !isDiv) break;
       gemm->alpha *= isMul ? c : 1 / c;
       BufferId scaled = loop->stores[0].at.buffer;
-      fn.body[g].sources.insert(fn.body[g].sources.end(), stmt.sources.begin(),
-                                stmt.sources.end());
+      fn.body[g].sources.insert(fn.body[g].sources.end(), stmt.sources.begin(), stmt.sources.end());
       fn.body.erase(fn.body.begin() + std::ptrdiff_t(l));
       replaceBufferFrom(fn, l, scaled, product);
       readers = readerCounts(fn);

@@ -108,7 +108,8 @@ private:
         if (load && *load != read.strides) return false; // two different reads of x
         load = &read.strides;
       }
-    std::optional<std::vector<Shape>> mapped = mapInto(producer, store->at.strides, consumer, *load);
+    std::optional<std::vector<Shape>> mapped =
+        mapInto(producer, store->at.strides, consumer, *load);
     if (!mapped) return false;
     bool sameSpace = producer.extents == consumer.extents;
     // Every buffer the producer stores is either read by the consumer exactly at the stored
@@ -117,12 +118,14 @@ private:
     for (size_t s = 0; s < producer.stores.size(); ++s) {
       BufferId id = producer.stores[s].at.buffer;
       for (const Access& read : consumer.reads)
-        if (read.buffer == id && (sameSpace ? read.strides != producer.stores[s].at.strides
-                                            : id != x))
+        if (read.buffer == id &&
+            (sameSpace ? read.strides != producer.stores[s].at.strides : id != x))
           return false;
       bool otherReaders = llvm::any_of(readers[size_t(id)], [&](size_t k) { return k != c; });
-      keepStore[s] = otherReaders || fn.isResult(id) || fn.buffers[size_t(id)].storage != Storage::Arena;
-      if (keepStore[s] && !sameSpace) return false; // a broadcast producer is recomputed, not stored
+      keepStore[s] =
+          otherReaders || fn.isResult(id) || fn.buffers[size_t(id)].storage != Storage::Arena;
+      if (keepStore[s] && !sameSpace)
+        return false; // a broadcast producer is recomputed, not stored
     }
     if (!sameSpace && !llvm::all_of(producer.body, isCheap)) return false;
     // Moving the producer down to the consumer: nothing in between may read what it stores or
@@ -155,8 +158,8 @@ private:
     for (const Scalar& scalar : producer.body) {
       Scalar copy = scalar;
       if (copy.kind == Scalar::Kind::Load)
-        copy.read = readIndex(producer.reads[size_t(scalar.read)].buffer,
-                              (*mapped)[size_t(scalar.read)]);
+        copy.read =
+            readIndex(producer.reads[size_t(scalar.read)].buffer, (*mapped)[size_t(scalar.read)]);
       merged.body.push_back(copy);
     }
     std::vector<int> consumerIndex(consumer.body.size(), -1);
@@ -164,8 +167,8 @@ private:
       const Scalar& scalar = consumer.body[k];
       if (scalar.kind == Scalar::Kind::Load) {
         BufferId id = consumer.reads[size_t(scalar.read)].buffer;
-        auto stored = llvm::find_if(producer.stores,
-                                    [&](const Store& s) { return s.at.buffer == id; });
+        auto stored =
+            llvm::find_if(producer.stores, [&](const Store& s) { return s.at.buffer == id; });
         if (stored != producer.stores.end()) {
           consumerIndex[k] = stored->value; // the producer's scalar itself
           continue;
@@ -192,8 +195,7 @@ private:
 
     Stmt fused{.node = std::move(merged)};
     fused.sources = fn.body[p].sources;
-    fused.sources.insert(fused.sources.end(), fn.body[c].sources.begin(),
-                         fn.body[c].sources.end());
+    fused.sources.insert(fused.sources.end(), fn.body[c].sources.begin(), fn.body[c].sources.end());
     fn.body[c] = std::move(fused);
     fn.body.erase(fn.body.begin() + std::ptrdiff_t(p));
     return true;

@@ -127,6 +127,20 @@ void replaceBuffer(Stmt& stmt, BufferId from, BufferId to) {
   std::visit(Visitor{swap}, stmt.node);
 }
 
+const char* valueTypeEnum(DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return "meshrt::kernels::ValueType::F32";
+  case DType::BF16:
+    return "meshrt::kernels::ValueType::BF16";
+  case DType::F16:
+    return "meshrt::kernels::ValueType::F16";
+  case DType::I32:
+    return "meshrt::kernels::ValueType::I32";
+  }
+  return "meshrt::kernels::ValueType::F32";
+}
+
 Shape sizesOf(const std::vector<ir::Dim>& dims) {
   Shape sizes;
   for (const ir::Dim& dim : dims)
@@ -152,7 +166,8 @@ std::vector<std::vector<size_t>> readerLists(const std::vector<Stmt>& stmts, siz
   std::vector<std::vector<size_t>> lists(buffers);
   for (size_t k = 0; k < stmts.size(); ++k)
     for (BufferId id : readsOf(stmts[k]))
-      if (lists[size_t(id)].empty() || lists[size_t(id)].back() != k) lists[size_t(id)].push_back(k);
+      if (lists[size_t(id)].empty() || lists[size_t(id)].back() != k)
+        lists[size_t(id)].push_back(k);
   return lists;
 }
 
@@ -173,8 +188,8 @@ bool isPure(const Stmt& stmt) {
   unsigned traits = calleeTraits(call->callee);
   if (!(traits & kPure) || (traits & (kCommunicates | kStepKeyed))) return false;
   for (const Arg& arg : call->args)
-    if ((arg.kind == Arg::Kind::Stream && arg.value != 0) ||
-        arg.kind == Arg::Kind::StreamKey || (arg.kind == Arg::Kind::Text && arg.text == "seed_"))
+    if ((arg.kind == Arg::Kind::Stream && arg.value != 0) || arg.kind == Arg::Kind::StreamKey ||
+        (arg.kind == Arg::Kind::Text && arg.text == "seed_"))
       return false; // the seed changes on load(); streams keyed by step change every step
   return true;
 }
@@ -237,8 +252,7 @@ public:
     for (BufferId id : fn.outputs)
       outputs.push_back(name(id));
     for (const KernelFunction::Update& update : fn.updates)
-      updates.push_back(
-          fmt::format("{} <- {}", name(fn.params[update.param]), name(update.value)));
+      updates.push_back(fmt::format("{} <- {}", name(fn.params[update.param]), name(update.value)));
     out += fmt::format("outputs: {}\n", fmt::join(outputs, ", "));
     if (!updates.empty()) out += fmt::format("updates: {}\n", fmt::join(updates, ", "));
     return out;
@@ -247,7 +261,7 @@ public:
 private:
   std::string name(BufferId id) const {
     return id >= 0 && size_t(id) < fn.buffers.size() ? fn.buffers[size_t(id)].name
-                                                      : fmt::format("<bad {}>", id);
+                                                     : fmt::format("<bad {}>", id);
   }
 
   void statement(const Stmt& stmt) {
@@ -259,8 +273,8 @@ private:
   void print(const Loop& loop, const Stmt&) {
     std::vector<std::string> dims;
     for (size_t d = 0; d < loop.extents.size(); ++d)
-      dims.push_back(fmt::format("{}={}", d < loop.dims.size() ? loop.dims[d] : "?",
-                                 loop.extents[d]));
+      dims.push_back(
+          fmt::format("{}={}", d < loop.dims.size() ? loop.dims[d] : "?", loop.extents[d]));
     out += fmt::format("  loop [{}]\n", fmt::join(dims, ", "));
     for (size_t k = 0; k < loop.body.size(); ++k) {
       const Scalar& s = loop.body[k];
@@ -277,9 +291,9 @@ private:
         text = "step";
         break;
       case Scalar::Kind::Dropout:
-        text = fmt::format("dropout %{} rate {} key {} index {} + i.{}", s.args.empty() ? -1 : s.args[0],
-                           s.value, argumentAt(loop, s.read), argumentAt(loop, s.read + 1),
-                           ints(s.strides));
+        text = fmt::format("dropout %{} rate {} key {} index {} + i.{}",
+                           s.args.empty() ? -1 : s.args[0], s.value, argumentAt(loop, s.read),
+                           argumentAt(loop, s.read + 1), ints(s.strides));
         break;
       case Scalar::Kind::Compute: {
         std::vector<std::string> args;
@@ -298,8 +312,9 @@ private:
   }
 
   std::string argumentAt(const Loop& loop, int index) const {
-    return index >= 0 && size_t(index) < loop.invariants.size() ? argument(loop.invariants[size_t(index)])
-                                                               : "<bad invariant>";
+    return index >= 0 && size_t(index) < loop.invariants.size()
+               ? argument(loop.invariants[size_t(index)])
+               : "<bad invariant>";
   }
 
   void print(const Gemm& gemm, const Stmt&) {
@@ -368,8 +383,8 @@ private:
     for (BufferId id : c.buffers)
       buffers.push_back(name(id));
     out += fmt::format("  {}{}{} [{}] {}\n", plan::collectiveName(c.kind), phase,
-                       c.request >= 0 ? fmt::format(" #{}", c.request) : "",
-                       fmt::join(c.axes, ","), fmt::join(buffers, " "));
+                       c.request >= 0 ? fmt::format(" #{}", c.request) : "", fmt::join(c.axes, ","),
+                       fmt::join(buffers, " "));
   }
 
   void print(const Copy& copy, const Stmt&) {

@@ -32,8 +32,8 @@ enum class Storage {
 const char* storageName(Storage storage);
 
 struct Buffer {
-  std::string name;    // the C++ variable ("v12")
-  std::string what;    // the value it holds, for comments ("scores", or "" for a temporary)
+  std::string name; // the C++ variable ("v12")
+  std::string what; // the value it holds, for comments ("scores", or "" for a temporary)
   int64_t elements = 0;
   DType dtype = DType::F32; // element values are held as float; dtype says how they round
   Storage storage = Storage::Arena;
@@ -44,21 +44,21 @@ struct Buffer {
 /// One argument of a kernel call; the printers spell each kind for their target.
 struct Arg {
   enum class Kind {
-    Data,       // buffer's element pointer
-    View,       // buffer as a span
-    Ints,       // {a, b, ...}
-    Int,        // an integer
-    Real,       // a double literal
-    ShardStart, // this rank's shard start along a dim split over `names` of global size `value`
-    GlobalBase, // `value` + sum over the shard starts of `starts` times the strides `ints`
-    Shard,      // meshrt::kernels::Shard{global sizes `ints`, starts, local sizes `ints2`}
-    BlockIndex, // this rank's block index along the axes `names`
-    Group,      // the subgroup communicator over `names` (a reference)
+    Data,         // buffer's element pointer
+    View,         // buffer as a span
+    Ints,         // {a, b, ...}
+    Int,          // an integer
+    Real,         // a double literal
+    ShardStart,   // this rank's shard start along a dim split over `names` of global size `value`
+    GlobalBase,   // `value` + sum over the shard starts of `starts` times the strides `ints`
+    Shard,        // meshrt::kernels::Shard{global sizes `ints`, starts, local sizes `ints2`}
+    BlockIndex,   // this rank's block index along the axes `names`
+    Group,        // the subgroup communicator over `names` (a reference)
     GroupPointer, // the same as a pointer, nullptr when `names` is empty (the lane is whole)
-    Stream,     // the RNG stream name `text` (keyed by the train step when `value` != 0)
-    StreamKey,  // the same, as the stream key made with the seed (meshrt::streamKey)
-    Enum,       // a support enumerator, e.g. "Reduce::Sum" (target namespace prefixed)
-    Text,       // a C++ token the same on every target (a ValueType enumerator, a string)
+    Stream,       // the RNG stream name `text` (keyed by the train step when `value` != 0)
+    StreamKey,    // the same, as the stream key made with the seed (meshrt::streamKey)
+    Enum,         // a support enumerator, e.g. "Reduce::Sum" (target namespace prefixed)
+    Text,         // a C++ token the same on every target (a ValueType enumerator, a string)
   };
   Kind kind = Kind::Int;
   BufferId buffer = kNoBuffer;
@@ -152,10 +152,10 @@ enum class Callee {
 };
 /// Traits of a kernel (one table that every pass reads).
 enum KernelTrait : unsigned {
-  kPure = 1u << 0,       // result depends only on its arguments: may be merged (CSE) or hoisted
-  kNeedsZero = 1u << 1,  // writes only part of `out`: the rest must be zero beforehand
+  kPure = 1u << 0,         // result depends only on its arguments: may be merged (CSE) or hoisted
+  kNeedsZero = 1u << 1,    // writes only part of `out`: the rest must be zero beforehand
   kCommunicates = 1u << 2, // calls collectives (every rank runs it, in the same order)
-  kStepKeyed = 1u << 3,  // depends on the train step (RNG streams keyed by step)
+  kStepKeyed = 1u << 3,    // depends on the train step (RNG streams keyed by step)
 };
 const char* calleeSpelling(Callee callee);
 unsigned calleeTraits(Callee callee);
@@ -164,8 +164,8 @@ const char* calleeDescription(Callee callee);
 struct Call {
   Callee callee = Callee::Reduce;
   std::vector<Arg> args;
-  BufferId out = kNoBuffer;     // the buffer it writes (kNoBuffer: in place on `reads`)
-  std::vector<BufferId> reads;  // the buffers it reads (and, for in-place kernels, writes)
+  BufferId out = kNoBuffer;    // the buffer it writes (kNoBuffer: in place on `reads`)
+  std::vector<BufferId> reads; // the buffers it reads (and, for in-place kernels, writes)
   bool operator==(const Call&) const = default;
 };
 
@@ -235,7 +235,7 @@ struct KernelFunction {
     bool sameLayout = false;
   };
   std::vector<Update> updates;
-  std::vector<BufferId> inputs, params;             // per input / param: its buffer
+  std::vector<BufferId> inputs, params; // per input / param: its buffer
   size_t arenaBytes = 0, persistentBytes = 0, temporaryBytes = 0;
 
   /// Per buffer: how many statements of init and body write it.
@@ -258,6 +258,9 @@ struct KernelModule {
 Shape sizesOf(const std::vector<ir::Dim>& dims);
 Shape sizesOf(const ir::TensorType& type);
 Shape rowMajorStrides(const ir::TensorType& type);
+
+/// meshrt::kernels' name of a dtype ("meshrt::kernels::ValueType::F32"), for the RNG fills.
+const char* valueTypeEnum(DType dtype);
 
 /// `--emit=kernels`: the readable form of every function.
 std::string printKernels(const KernelModule& module);

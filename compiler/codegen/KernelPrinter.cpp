@@ -209,9 +209,8 @@ CollapsedLoop collapseLoop(const kir::Loop& loop) {
         s->erase(s->begin() + std::ptrdiff_t(d));
     }
   for (size_t d = c.extents.size(); d-- > 1;) {
-    bool merges = llvm::all_of(all, [&](const kir::Shape* s) {
-      return (*s)[d - 1] == (*s)[d] * c.extents[d];
-    });
+    bool merges = llvm::all_of(
+        all, [&](const kir::Shape* s) { return (*s)[d - 1] == (*s)[d] * c.extents[d]; });
     if (!merges) continue;
     c.extents[d - 1] *= c.extents[d];
     c.extents.erase(c.extents.begin() + std::ptrdiff_t(d));
@@ -227,7 +226,8 @@ std::string offsetExpression(const kir::Shape& strides) {
   std::vector<std::string> terms;
   for (size_t d = 0; d < strides.size(); ++d) {
     if (strides[d] == 0) continue;
-    terms.push_back(strides[d] == 1 ? fmt::format("i{}", d) : fmt::format("i{} * {}", d, strides[d]));
+    terms.push_back(strides[d] == 1 ? fmt::format("i{}", d)
+                                    : fmt::format("i{} * {}", d, strides[d]));
   }
   return terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
 }
@@ -434,9 +434,7 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
                                   p.argument(loop.invariants[k], index, 1000 + k));
       return p.target.loop(loop, p.fn, invariants);
     }
-    std::string operator()(const kir::Gemm& gemm) const {
-      return p.target.gemm(gemm, p.fn, index);
-    }
+    std::string operator()(const kir::Gemm& gemm) const { return p.target.gemm(gemm, p.fn, index); }
     std::string operator()(const kir::Call& call) const { return p.call(call, index); }
     std::string operator()(const kir::Collective& c) const { return p.collective(c); }
     std::string operator()(const kir::Copy& c) const { return p.copy(c); }
@@ -484,11 +482,12 @@ std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t
   }
   case kir::Arg::Kind::GlobalBase: {
     std::vector<std::string> terms;
-    if (arg.value != 0 || arg.starts.empty()) terms.push_back(fmt::format("{}", int64_t(arg.value)));
+    if (arg.value != 0 || arg.starts.empty())
+      terms.push_back(fmt::format("{}", int64_t(arg.value)));
     for (size_t d = 0; d < arg.starts.size() && d < arg.ints.size(); ++d)
       if (!arg.starts[d].first.empty() && arg.ints[d] != 0)
-        terms.push_back(fmt::format("{} * {}", start(arg.starts[d].first, arg.starts[d].second),
-                                    arg.ints[d]));
+        terms.push_back(
+            fmt::format("{} * {}", start(arg.starts[d].first, arg.starts[d].second), arg.ints[d]));
     if (terms.empty()) terms.push_back("0");
     return fmt::format("int64_t({})", fmt::join(terms, " + "));
   }
@@ -533,8 +532,8 @@ std::string StatementPrinter::call(const kir::Call& c, size_t index) {
                          list(c.args[k].ints));
     args.push_back(argument(c.args[k], index, k));
   }
-  return out + fmt::format("support::{}({});\n", kir::calleeSpelling(c.callee),
-                           fmt::join(args, ", "));
+  return out +
+         fmt::format("support::{}({});\n", kir::calleeSpelling(c.callee), fmt::join(args, ", "));
 }
 
 std::string StatementPrinter::collective(const kir::Collective& c) {
@@ -548,8 +547,9 @@ std::string StatementPrinter::collective(const kir::Collective& c) {
     views.push_back(name(id));
   switch (c.phase) {
   case kir::Collective::Phase::Start:
-    return fmt::format("auto request{} = support::startAllReduce({}, {{{}}}, meshrt::ReduceOp::{});\n",
-                       c.request, group, fmt::join(views, ", "), reduceOp);
+    return fmt::format(
+        "auto request{} = support::startAllReduce({}, {{{}}}, meshrt::ReduceOp::{});\n", c.request,
+        group, fmt::join(views, ", "), reduceOp);
   case kir::Collective::Phase::Wait:
     return fmt::format("{}.wait(request{});\n", group, c.request);
   case kir::Collective::Phase::Blocking:

@@ -19,10 +19,12 @@ namespace meshc::kir {
 const std::vector<KernelPass>& kernelPasses() {
   static const std::vector<KernelPass> passes = {
       {"fold-constants",
-       "literals into the loops that read them, constant arithmetic evaluated, scales into GEMM alpha",
+       "literals into the loops that read them, constant arithmetic evaluated, scales into GEMM "
+       "alpha",
        foldConstants},
       {"eliminate-common-subexpressions",
-       "a pure statement identical to an earlier one reuses its result", eliminateCommonSubexpressions},
+       "a pure statement identical to an earlier one reuses its result",
+       eliminateCommonSubexpressions},
       {"hoist-invariants", "statements built only from constants run once, in the constructor",
        hoistInvariants},
       {"fuse-loops",

@@ -155,20 +155,6 @@ Lowering loweringOf(OpKind kind) {
   return Lowering::Other;
 }
 
-const char* valueTypeEnum(DType dtype) {
-  switch (dtype) {
-  case DType::F32:
-    return "meshrt::kernels::ValueType::F32";
-  case DType::BF16:
-    return "meshrt::kernels::ValueType::BF16";
-  case DType::F16:
-    return "meshrt::kernels::ValueType::F16";
-  case DType::I32:
-    return "meshrt::kernels::ValueType::I32";
-  }
-  return "meshrt::kernels::ValueType::F32";
-}
-
 class Lowerer {
 public:
   Lowerer(const ir::Function& irFn, const plan::SpmdFunction& fn) : irFn(irFn), fn(fn) {}
@@ -196,7 +182,9 @@ private:
   static Arg enumerator(std::string text) {
     return Arg{.kind = Arg::Kind::Enum, .text = std::move(text)};
   }
-  static Arg text(std::string text) { return Arg{.kind = Arg::Kind::Text, .text = std::move(text)}; }
+  static Arg text(std::string text) {
+    return Arg{.kind = Arg::Kind::Text, .text = std::move(text)};
+  }
   static Arg group(const plan::AxisList& axes) {
     return Arg{.kind = Arg::Kind::Group, .names = axes};
   }
@@ -224,9 +212,8 @@ private:
                .starts = starts(id)};
   }
   Arg globalBase(SpmdValueId id) const {
-    return Arg{.kind = Arg::Kind::GlobalBase,
-               .ints = rowMajorStrides(global(id)),
-               .starts = starts(id)};
+    return Arg{
+        .kind = Arg::Kind::GlobalBase, .ints = rowMajorStrides(global(id)), .starts = starts(id)};
   }
   Arg streamKey(const SpmdOp& op) const {
     Arg key = stream(op);
@@ -323,8 +310,8 @@ void Lowerer::lowerElementwise(const SpmdOp& op) {
     loop.body.push_back(
         Scalar{.kind = Scalar::Kind::Load, .read = read, .dtype = local(operand).dtype});
   }
-  Scalar result{.kind = Scalar::Kind::Compute, .op = op.computeKind, .args = args,
-                .dtype = space.dtype};
+  Scalar result{
+      .kind = Scalar::Kind::Compute, .op = op.computeKind, .args = args, .dtype = space.dtype};
   if (op.computeKind == OpKind::Literal) {
     // The literal's value in its dtype, as the interpreter holds it.
     double value = numberAttr(op, "value", 0);
@@ -529,7 +516,8 @@ llvm::Error Lowerer::lowerOther(size_t index) {
       }
       loop.reads.push_back(Access{bufferOf[operand], stridesOver(local(operand), result.dims)});
       loop.invariants = {streamKey(op), globalBase(op.result)};
-      loop.body.push_back(Scalar{.kind = Scalar::Kind::Load, .read = 0, .dtype = local(operand).dtype});
+      loop.body.push_back(
+          Scalar{.kind = Scalar::Kind::Load, .read = 0, .dtype = local(operand).dtype});
       loop.body.push_back(Scalar{.kind = Scalar::Kind::Dropout,
                                  .args = {0},
                                  .read = 0,
@@ -564,8 +552,8 @@ llvm::Error Lowerer::lowerOther(size_t index) {
     }
     BufferId written = allocate(op.result);
     call(Callee::CopyStrided,
-         {data(op.result), ints(sizesOf(result.dims)), ints(rowMajorStrides(result)),
-          data(operand), ints(inStrides)},
+         {data(op.result), ints(sizesOf(result.dims)), ints(rowMajorStrides(result)), data(operand),
+          ints(inStrides)},
          written, {operand});
     return llvm::Error::success();
   }
@@ -640,15 +628,16 @@ llvm::Error Lowerer::lowerOther(size_t index) {
         shifted.starts.emplace_back(resultAxes, result.dims[size_t(outAt)].size);
         shifted.ints.push_back(-1);
       }
-      Stmt stmt{.node = Call{.callee = Callee::CopyWindow,
-                             .args = {data(op.result), data(operand), ints(sizesOf(outer)),
-                                      ints(stridesOver(result, outer)), ints(stridesOver(in, outer)),
-                                      integer(rowMajorStrides(result)[size_t(outAt)]),
-                                      integer(rowMajorStrides(in)[size_t(inAt)]),
-                                      integer(result.dims[size_t(outAt)].size),
-                                      integer(in.dims[size_t(inAt)].size), shifted},
-                             .out = written,
-                             .reads = {bufferOf[operand]}}};
+      Stmt stmt{.node =
+                    Call{.callee = Callee::CopyWindow,
+                         .args = {data(op.result), data(operand), ints(sizesOf(outer)),
+                                  ints(stridesOver(result, outer)), ints(stridesOver(in, outer)),
+                                  integer(rowMajorStrides(result)[size_t(outAt)]),
+                                  integer(rowMajorStrides(in)[size_t(inAt)]),
+                                  integer(result.dims[size_t(outAt)].size),
+                                  integer(in.dims[size_t(inAt)].size), shifted},
+                         .out = written,
+                         .reads = {bufferOf[operand]}}};
       // The first window writes into zeros; the later ones add their windows to it.
       stmt.zeroFirst = k == 0;
       if (k > 0) std::get<Call>(stmt.node).reads.push_back(written);
@@ -707,7 +696,8 @@ llvm::Error Lowerer::lowerCollective(size_t index) {
   case CollectiveKind::AllReduceMin:
     if (!inPlace) bindCopy(op.result, operand, index);
     if (!c.axes.empty())
-      emit(Stmt{.node = Collective{.kind = c.kind, .axes = c.axes, .buffers = {bufferOf[op.result]}}});
+      emit(Stmt{.node =
+                    Collective{.kind = c.kind, .axes = c.axes, .buffers = {bufferOf[op.result]}}});
     return llvm::Error::success();
   case CollectiveKind::AllGather:
   case CollectiveKind::ReduceScatter:
@@ -804,8 +794,8 @@ llvm::Expected<KernelFunction> Lowerer::lower() {
     switch (loweringOf(op.computeKind)) {
     case Lowering::Source:
       if (bufferOf[op.result] == kNoBuffer)
-        return unsupported(op, fmt::format("a {} without its declaration",
-                                           ir::opSpelling(op.computeKind)));
+        return unsupported(
+            op, fmt::format("a {} without its declaration", ir::opSpelling(op.computeKind)));
       break;
     case Lowering::Elementwise:
       lowerElementwise(op);
@@ -827,8 +817,9 @@ llvm::Expected<KernelFunction> Lowerer::lower() {
   for (const auto& output : fn.outputs)
     out.outputs.push_back(bufferOf[output.second]);
   for (const auto& [param, id] : fn.updates)
-    out.updates.push_back({param, bufferOf[id], local(fn.params[param]).dims == local(id).dims &&
-                                                    local(fn.params[param]).dtype == local(id).dtype});
+    out.updates.push_back({param, bufferOf[id],
+                           local(fn.params[param]).dims == local(id).dims &&
+                               local(fn.params[param]).dtype == local(id).dtype});
   return std::move(out);
 }
 

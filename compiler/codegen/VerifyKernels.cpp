@@ -25,12 +25,13 @@ public:
     for (size_t k = 0; k < fn.body.size() && error.empty(); ++k)
       statement(fn.body[k], fmt::format("run[{}]", k), false);
     if (!error.empty()) return error;
-    if (!pending.empty()) return fmt::format("collective request #{} is never waited for",
-                                             pending.begin()->first);
+    if (!pending.empty())
+      return fmt::format("collective request #{} is never waited for", pending.begin()->first);
     for (BufferId id : fn.outputs)
       if (!valid(id) || !defined[size_t(id)]) return fmt::format("output {} is never written", id);
     for (const KernelFunction::Update& update : fn.updates)
-      if (!valid(update.value) || !defined[size_t(update.value)] || update.param >= fn.params.size())
+      if (!valid(update.value) || !defined[size_t(update.value)] ||
+          update.param >= fn.params.size())
         return fmt::format("update of param {} is not a written buffer", update.param);
     return overlaps();
   }
@@ -47,7 +48,8 @@ private:
                                      "in the constructor",
                                      fn.buffers[size_t(id)].name));
     if (!defined[size_t(id)])
-      fail(where, fmt::format("reads {} before any statement writes it", fn.buffers[size_t(id)].name));
+      fail(where,
+           fmt::format("reads {} before any statement writes it", fn.buffers[size_t(id)].name));
   }
   void write(BufferId id, const std::string& where, bool init) {
     if (!valid(id)) return fail(where, fmt::format("writes buffer {} that does not exist", id));
@@ -93,7 +95,8 @@ private:
         for (int arg : s.args)
           if (arg < 0 || size_t(arg) >= k)
             fail(where, fmt::format("scalar %{} uses %{}, not defined before it", k, arg));
-        if (s.kind == Scalar::Kind::Step && init) fail(where, "the step counter in the constructor");
+        if (s.kind == Scalar::Kind::Step && init)
+          fail(where, "the step counter in the constructor");
         if (s.kind == Scalar::Kind::Dropout &&
             (s.args.size() != 1 || s.read < 0 || size_t(s.read) + 1 >= loop->invariants.size() ||
              s.strides.size() != loop->extents.size()))
@@ -134,9 +137,11 @@ private:
       const Collective* c = std::get_if<Collective>(&stmt.node);
       if (c && c->request == request) continue;
       for (BufferId id : readsOf(stmt))
-        if (llvm::is_contained(buffers, id)) fail(where, fmt::format("touches a buffer of request #{} in flight", request));
+        if (llvm::is_contained(buffers, id))
+          fail(where, fmt::format("touches a buffer of request #{} in flight", request));
       for (BufferId id : writesOf(stmt))
-        if (llvm::is_contained(buffers, id)) fail(where, fmt::format("touches a buffer of request #{} in flight", request));
+        if (llvm::is_contained(buffers, id))
+          fail(where, fmt::format("touches a buffer of request #{} in flight", request));
     }
     for (BufferId id : readsOf(stmt))
       read(id, where, init);
@@ -163,15 +168,17 @@ private:
     std::vector<size_t> placed;
     for (size_t id = 0; id < fn.buffers.size(); ++id) {
       const Buffer& buffer = fn.buffers[id];
-      if (buffer.storage != Storage::Arena || buffer.offset < 0 || first[id] == ~size_t(0)) continue;
+      if (buffer.storage != Storage::Arena || buffer.offset < 0 || first[id] == ~size_t(0))
+        continue;
       size_t bytes = size_t(buffer.elements) * sizeof(float);
       if (size_t(buffer.offset) % kArenaAlignment || size_t(buffer.offset) + bytes > fn.arenaBytes)
         return fmt::format("{} is placed outside the arena", buffer.name);
       for (size_t other : placed) {
         const Buffer& b = fn.buffers[other];
         bool together = first[id] <= last[other] && first[other] <= last[id];
-        bool share = size_t(buffer.offset) < size_t(b.offset) + size_t(b.elements) * sizeof(float) &&
-                     size_t(b.offset) < size_t(buffer.offset) + bytes;
+        bool share =
+            size_t(buffer.offset) < size_t(b.offset) + size_t(b.elements) * sizeof(float) &&
+            size_t(b.offset) < size_t(buffer.offset) + bytes;
         if (together && share)
           return fmt::format("{} and {} are alive together and share arena bytes", buffer.name,
                              b.name);

@@ -624,8 +624,10 @@ int runMeshc(int argc, char** argv) {
       std::string known;
       for (const kir::KernelPass& each : kir::kernelPasses())
         known += fmt::format("\n  {}: {}", each.name, each.description);
-      optionError("--disable-kernel-pass: no kernel pass named '" + pass + "'; the passes, in "
-                  "order:" + known);
+      optionError("--disable-kernel-pass: no kernel pass named '" + pass +
+                  "'; the passes, in "
+                  "order:" +
+                  known);
       return kExitInputError;
     }
 

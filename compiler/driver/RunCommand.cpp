@@ -461,7 +461,7 @@ int runCommand(const char* argv0) {
     env.push_back("MESHRT_BACKEND=mpi");
   }
   stage(fmt::format("running on the {} backend", runBackend == Backend::Mpi ? "mpi"
-                                                  : onGpus                  ? "nccl"
+                                                 : onGpus                   ? "nccl"
                                                                             : "threads"));
   start = Clock::now();
   int rc = execute(run, "", "", error, env.empty() ? nullptr : &env);

@@ -1441,8 +1441,8 @@ std::optional<double> evaluateElementwise(OpKind kind, const std::vector<double>
   case OpKind::Eq:
   case OpKind::Ne:
     if (args.size() != 2 || argTypes.size() != 2) return std::nullopt;
-    value = applyBinary(kind, args[0], args[1],
-                        argTypes[0] == DType::I32 && argTypes[1] == DType::I32);
+    value =
+        applyBinary(kind, args[0], args[1], argTypes[0] == DType::I32 && argTypes[1] == DType::I32);
     break;
   case OpKind::Where:
     if (args.size() != 3) return std::nullopt;

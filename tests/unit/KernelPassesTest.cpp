@@ -40,8 +40,7 @@ struct Builder {
     return fn.addBuffer(b);
   }
   /// out[i] = op(reads[i]...) over `n` points (contiguous), or a constant when `op` is Literal.
-  void loop(BufferId out, ir::OpKind op, std::vector<BufferId> reads, int64_t n,
-            double value = 0) {
+  void loop(BufferId out, ir::OpKind op, std::vector<BufferId> reads, int64_t n, double value = 0) {
     Loop loop;
     loop.dims = {"i"};
     loop.extents = {n};
@@ -103,7 +102,8 @@ TEST_CASE("fold-constants puts literals into loops and scales into GEMM alpha") 
 
 TEST_CASE("fold-constants evaluates constant arithmetic with the interpreter's rounding") {
   Builder b;
-  BufferId one = b.buffer(1), beta = b.buffer(1), rest = b.buffer(1), x = b.buffer(8, Storage::Input);
+  BufferId one = b.buffer(1), beta = b.buffer(1), rest = b.buffer(1),
+           x = b.buffer(8, Storage::Input);
   BufferId y = b.buffer(8);
   b.loop(one, ir::OpKind::Literal, {}, 1, 1.0);
   b.loop(beta, ir::OpKind::Literal, {}, 1, 0.9);
@@ -154,7 +154,8 @@ TEST_CASE("fuse-loops fuses a chain, keeps stores others read, and respects haza
   }
   SECTION("a statement between that rewrites the producer's input blocks the fusion") {
     Builder b;
-    BufferId x = b.buffer(32), t = b.buffer(32), y = b.buffer(32), in = b.buffer(32, Storage::Input);
+    BufferId x = b.buffer(32), t = b.buffer(32), y = b.buffer(32),
+             in = b.buffer(32, Storage::Input);
     b.loop(x, ir::OpKind::Neg, {in}, 32);
     b.loop(t, ir::OpKind::Exp, {x}, 32);
     b.allReduce({x}); // writes x after t read it
@@ -182,9 +183,10 @@ TEST_CASE("fuse-loops fuses a chain, keeps stores others read, and respects haza
       consumer.dims = {"i", "j"};
       consumer.extents = {8, 4};
       consumer.reads = {Access{t, {0, 1}}, Access{z, {4, 1}}};
-      consumer.body = {Scalar{.kind = Scalar::Kind::Load, .read = 0},
-                       Scalar{.kind = Scalar::Kind::Load, .read = 1},
-                       Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {0, 1}}};
+      consumer.body = {
+          Scalar{.kind = Scalar::Kind::Load, .read = 0},
+          Scalar{.kind = Scalar::Kind::Load, .read = 1},
+          Scalar{.kind = Scalar::Kind::Compute, .op = ir::OpKind::Add, .args = {0, 1}}};
       consumer.stores = {Store{Access{y, {4, 1}}, 2}};
       std::get<Loop>(b.fn.body[0].node).dims = {"j"};
       b.fn.body.push_back(Stmt{.node = consumer});

@@ -230,11 +230,12 @@ TEST_CASE("uniformIndex covers [0, bound) evenly", "[random]") {
     CHECK(uniformIndex(key, i, 1) == 0);
 }
 
-TEST_CASE("the vectorizable dropout test keeps exactly the elements dropoutKeep keeps", "[random]") {
+TEST_CASE("the vectorizable dropout test keeps exactly the elements dropoutKeep keeps",
+          "[random]") {
   uint64_t key = streamKey(7, "ffn/dropout#3");
   // Rates at and around the 2^-23 grid of uniform01, and the ends.
-  for (double rate : {0.0, 0.1, 0.25, 0.5, 0.9, 1.0, 1.5, -0.5, 0.5 / 8388608.0,
-                      1.5 / 8388608.0, 1.0 - 0.5 / 8388608.0, 3.0 / 8388608.0}) {
+  for (double rate : {0.0, 0.1, 0.25, 0.5, 0.9, 1.0, 1.5, -0.5, 0.5 / 8388608.0, 1.5 / 8388608.0,
+                      1.0 - 0.5 / 8388608.0, 3.0 / 8388608.0}) {
     uint32_t threshold = dropoutThreshold(rate);
     for (uint64_t index = 0; index < 20000; ++index) {
       REQUIRE(randomWordSelected(key, index) == randomWord(key, index));

@@ -33,8 +33,8 @@
 
 #include <array>
 #include <cstdint>
-#include <string>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 

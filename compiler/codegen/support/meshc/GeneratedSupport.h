@@ -736,8 +736,8 @@ inline void reduce(float* out, const Shape& outSizes, const float* in, const Sha
     // contiguous run (four accumulators); otherwise (a bias gradient: the lane is the outer
     // dims) every lane point adds its row of outputs, walking the operand once.
     std::vector<int64_t> bases = offsetsOf(outSizes, inOuter);
-    bool innerLane = !laneStrides.empty() && laneStrides.back() == 1 &&
-                     (inOuter.empty() || inOuter.back() != 1);
+    bool innerLane =
+        !laneStrides.empty() && laneStrides.back() == 1 && (inOuter.empty() || inOuter.back() != 1);
     if (innerLane) {
       for (size_t o = 0; o < bases.size(); ++o) {
         const float* x = in + bases[o];
