@@ -1,14 +1,8 @@
 // The C++ emitter. One FunctionEmitter per planned function writes its class declaration (into
-// the header) and definitions (into the source); the module emitter wraps them, adds the runner
-// main when asked, and formats everything with clang-format.
-//
-// Local semantics the generated code relies on (docs/planner.md, "Rules per op"): every compute
-// op of the SPMD IR runs on local shards in their local layout; ops that see global positions
-// (iota, one_hot, gather, slice/pad/concat, RNG fills, dropout) add this rank's shard start;
-// mean divides by the GLOBAL count (its partial sums are resolved later); softmax, log_softmax,
-// layer_norm, logsumexp, cumsum and shift along a split dim communicate inside the op, over the
-// subgroup of that dim's axes (the in-place collectives the lowering lists right after such an
-// op describe exactly that communication and are absorbed into it).
+// the header) and definitions (into the source) around its kernel IR, whose statements the
+// shared StatementPrinter prints (KernelPrinter.h); the module emitter wraps them, adds the
+// runner main when asked, and formats everything with clang-format. What each op computes on
+// local shards is LowerToKernels.cpp's.
 #include "codegen/CppEmitter.h"
 #include "codegen/KernelPrinter.h"
 #include "codegen/Lower.h"
@@ -19,10 +13,7 @@
 #include <fmt/format.h>
 #include <llvm/ADT/STLExtras.h>
 
-#include <cassert>
-#include <map>
 #include <set>
-#include <sstream>
 
 namespace meshc::codegen {
 namespace {
@@ -30,8 +21,6 @@ namespace {
 using ir::DType;
 using ir::OpKind;
 using ir::TensorType;
-using plan::CollectiveKind;
-using plan::SpmdOp;
 using plan::SpmdValueId;
 using Shape = std::vector<int64_t>;
 

@@ -235,7 +235,7 @@ struct KernelFunction {
     bool sameLayout = false;
   };
   std::vector<Update> updates;
-  std::vector<BufferId> inputs, params; // per input / param: its buffer
+  std::vector<BufferId> params; // per param: its buffer
   size_t arenaBytes = 0, persistentBytes = 0, temporaryBytes = 0;
 
   /// Per buffer: how many statements of init and body write it.

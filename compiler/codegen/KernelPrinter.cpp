@@ -377,7 +377,6 @@ std::string groupMember(const std::vector<std::string>& axes) {
 
 std::string StatementPrinter::print(const std::vector<kir::Stmt>& stmts) {
   if (declared.size() != fn.buffers.size()) newScope();
-  writers = fn.writerCounts();
   std::string out;
   for (size_t k = 0; k < stmts.size(); ++k)
     out += statement(stmts[k], k);

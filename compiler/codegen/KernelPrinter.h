@@ -64,7 +64,7 @@ public:
   StatementPrinter(const kir::KernelFunction& fn, const Target& target,
                    std::vector<std::string> paramMembers, std::vector<std::string> inputFields)
       : fn(fn), target(target), paramMembers(std::move(paramMembers)),
-        inputFields(std::move(inputFields)) {}
+        inputFields(std::move(inputFields)), writers(fn.writerCounts()) {}
 
   std::string print(const std::vector<kir::Stmt>& stmts);
   /// Starts a new C++ scope (the constructor, then run()): nothing is declared in it yet.

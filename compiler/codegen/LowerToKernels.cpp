@@ -771,7 +771,6 @@ llvm::Expected<KernelFunction> Lowerer::lower() {
                                         .dtype = local(id).dtype,
                                         .storage = Storage::Input,
                                         .index = int64_t(k)});
-    out.inputs.push_back(bufferOf[id]);
   }
   for (size_t k = 0; k < fn.params.size(); ++k) {
     SpmdValueId id = fn.params[k];

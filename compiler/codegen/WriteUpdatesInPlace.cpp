@@ -4,11 +4,11 @@
 namespace meshc::kir {
 
 void writeUpdatesInPlace(KernelFunction& fn) {
+  std::vector<int> writers = fn.writerCounts();
   for (KernelFunction::Update& update : fn.updates) {
     BufferId param = fn.params[update.param], value = update.value;
     if (value == param || !update.sameLayout || fn.buffers[size_t(value)].storage != Storage::Arena)
       continue;
-    std::vector<int> writers = fn.writerCounts();
     bool output = false;
     for (BufferId id : fn.outputs)
       output = output || id == value || id == param;
@@ -35,6 +35,8 @@ void writeUpdatesInPlace(KernelFunction& fn) {
       safe = safe && (&other == &update || other.value != value);
     if (!safe) continue;
     store->at.buffer = param;
+    --writers[size_t(value)];
+    ++writers[size_t(param)];
     replaceBufferFrom(fn, at + 1, value, param);
     update.value = param;
   }

@@ -29,10 +29,7 @@ struct Builder {
     b.name = "b" + std::to_string(fn.buffers.size());
     b.elements = elements;
     b.storage = storage;
-    if (storage == Storage::Input) {
-      b.index = int64_t(fn.inputs.size());
-      fn.inputs.push_back(BufferId(fn.buffers.size()));
-    }
+    if (storage == Storage::Input) b.index = 0;
     if (storage == Storage::Param) {
       b.index = int64_t(fn.params.size());
       fn.params.push_back(BufferId(fn.buffers.size()));
