@@ -204,6 +204,13 @@ llvm::Error FunctionEmitter::emit() {
       part.clear();
     }
   }
+  // Outlined repeated code (a layer of a `repeat`), one member function each.
+  std::vector<std::string> subroutineSignatures, subroutineBodies;
+  for (const kir::Subroutine& sub : kernels.subroutines) {
+    printer.newScope();
+    subroutineSignatures.push_back(printer.signature(sub));
+    subroutineBodies.push_back(printer.print(sub.body));
+  }
   std::string body;
   for (size_t k = 0; k < parts.size(); ++k)
     body += fmt::format("runPart{}(inputs);\n", k);
@@ -304,6 +311,10 @@ llvm::Error FunctionEmitter::emit() {
   h += "/// run()'s statements, in parts (run() calls them in order).\n";
   for (size_t k = 0; k < parts.size(); ++k)
     h += fmt::format("void runPart{}(const Inputs& inputs);\n", k);
+  if (!subroutineSignatures.empty())
+    h += "/// Code that repeats in run() (the layers of a `repeat`), called once per repetition.\n";
+  for (const std::string& signature : subroutineSignatures)
+    h += fmt::format("void {};\n", signature);
   if (!kernels.init.empty())
     h += "/// Computes the values run() reads that never change (the constructor calls it).\n"
          "void computeInvariants();\n";
@@ -379,6 +390,9 @@ llvm::Error FunctionEmitter::emit() {
   for (size_t k = 0; k < parts.size(); ++k)
     s += fmt::format("void {}::runPart{}(const Inputs& inputs) {{\n(void)inputs;\n{}}}\n\n", name,
                      k, parts[k]);
+  for (size_t k = 0; k < subroutineSignatures.size(); ++k)
+    s +=
+        fmt::format("void {}::{} {{\n{}}}\n\n", name, subroutineSignatures[k], subroutineBodies[k]);
   emitHelpers(s);
   s += checkpointDefinitions;
   return llvm::Error::success();
@@ -512,22 +526,29 @@ void FunctionEmitter::emitParamAccess(std::string& s) {
     s += fmt::format("static const std::vector<std::string> states = {{{}}};\nreturn "
                      "std::find(states.begin(), states.end(), path) != states.end();\n}}\n\n",
                      fmt::join(states, ", "));
-  s += fmt::format("std::vector<support::ParamShard> {}::paramShards() {{\nreturn {{\n", name);
+  // A constant table and one loop (ParamShard initializers cost seconds of compile time).
+  std::vector<std::string> specs, data;
   for (size_t k = 0; k < irFn.params.size(); ++k) {
     const ir::ParamInfo& param = irFn.params[k];
     SpmdValueId id = fn.params[k];
-    std::vector<std::string> dims, axes;
-    for (size_t d = 0; d < global(id).dims.size(); ++d) {
-      dims.push_back(quote(global(id).dims[d].name));
-      axes.push_back(stringList(layout(id).dimAxes[d]));
-    }
-    s += fmt::format("{{{}, {}, {}, {}, {}, {{{}}}, {{{}}}, &{}}},\n", quote(param.path),
-                     param.role == ir::ParamRole::OptimizerState ? "true" : "false",
-                     quote(ir::dtypeName(param.type.dtype)), list(sizesOf(global(id))),
-                     list(sizesOf(local(id))), fmt::join(dims, ", "), fmt::join(axes, ", "),
-                     paramMember(k));
+    std::vector<std::string> dims;
+    for (size_t d = 0; d < global(id).dims.size(); ++d)
+      dims.push_back(fmt::format("{}:{}:{}:{}", global(id).dims[d].name, global(id).dims[d].size,
+                                 local(id).dims[d].size, fmt::join(layout(id).dimAxes[d], "+")));
+    specs.push_back(fmt::format("{{{}, {}, {}, {}}}", quote(param.path),
+                                param.role == ir::ParamRole::OptimizerState ? "true" : "false",
+                                quote(ir::dtypeName(param.type.dtype)),
+                                quote(fmt::format("{}", fmt::join(dims, " ")))));
+    data.push_back("&" + paramMember(k));
   }
-  s += "};\n}\n\n";
+  s += fmt::format("std::vector<support::ParamShard> {}::paramShards() {{\n", name);
+  if (specs.empty())
+    s += "return {};\n}\n\n";
+  else
+    s += fmt::format("static constexpr support::ParamSpec specs[] = {{\n{}}};\n"
+                     "support::Buffer* const data[] = {{{}}};\n"
+                     "return support::paramShardsOf<support::ParamShard>(specs, data);\n}}\n\n",
+                     fmt::join(specs, ",\n"), fmt::join(data, ", "));
   s += fmt::format("support::Tensor {0}::getParam(const std::string& path) {{\nauto shards = "
                    "paramShards();\nreturn support::gatherParam(world_, "
                    "support::findParamShard(shards, path, {1}));\n}}\n\n",

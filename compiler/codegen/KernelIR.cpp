@@ -16,6 +16,8 @@ const char* storageName(Storage storage) {
     return "arena";
   case Storage::Persistent:
     return "persistent";
+  case Storage::Argument:
+    return "argument";
   }
   return "?";
 }
@@ -65,6 +67,7 @@ std::vector<BufferId> readsOf(const Stmt& stmt) {
     std::vector<BufferId> operator()(const Call& call) const { return call.reads; }
     std::vector<BufferId> operator()(const Collective& c) const { return c.buffers; }
     std::vector<BufferId> operator()(const Copy& copy) const { return {copy.from}; }
+    std::vector<BufferId> operator()(const Invoke& invoke) const { return invoke.reads; }
   };
   return std::visit(Visitor{}, stmt.node);
 }
@@ -87,16 +90,14 @@ std::vector<BufferId> writesOf(const Stmt& stmt) {
       return c.buffers;
     }
     std::vector<BufferId> operator()(const Copy& copy) const { return {copy.to}; }
+    std::vector<BufferId> operator()(const Invoke& invoke) const { return invoke.writes; }
   };
   return std::visit(Visitor{}, stmt.node);
 }
 
-void replaceBuffer(Stmt& stmt, BufferId from, BufferId to) {
-  auto swap = [&](BufferId& id) {
-    if (id == from) id = to;
-  };
+void forEachBuffer(Stmt& stmt, const std::function<void(BufferId&)>& visit) {
   struct Visitor {
-    decltype(swap)& apply;
+    const std::function<void(BufferId&)>& apply;
     void operator()(Loop& loop) const {
       for (Access& access : loop.reads)
         apply(access.buffer);
@@ -109,11 +110,11 @@ void replaceBuffer(Stmt& stmt, BufferId from, BufferId to) {
       apply(gemm.out);
     }
     void operator()(Call& call) const {
-      apply(call.out);
+      if (call.out != kNoBuffer) apply(call.out);
       for (BufferId& id : call.reads)
         apply(id);
       for (Arg& arg : call.args)
-        apply(arg.buffer);
+        if (arg.buffer != kNoBuffer) apply(arg.buffer);
     }
     void operator()(Collective& c) const {
       for (BufferId& id : c.buffers)
@@ -123,8 +124,28 @@ void replaceBuffer(Stmt& stmt, BufferId from, BufferId to) {
       apply(copy.to);
       apply(copy.from);
     }
+    void operator()(Invoke& invoke) const {
+      for (std::vector<BufferId>* list : {&invoke.arguments, &invoke.reads, &invoke.writes})
+        for (BufferId& id : *list)
+          apply(id);
+    }
   };
-  std::visit(Visitor{swap}, stmt.node);
+  std::visit(Visitor{visit}, stmt.node);
+}
+
+void forEachStream(Stmt& stmt, const std::function<void(Arg&)>& visit) {
+  std::vector<Arg>* args = nullptr;
+  if (Loop* loop = std::get_if<Loop>(&stmt.node)) args = &loop->invariants;
+  if (Call* call = std::get_if<Call>(&stmt.node)) args = &call->args;
+  if (args)
+    for (Arg& arg : *args)
+      if (arg.kind == Arg::Kind::Stream || arg.kind == Arg::Kind::StreamKey) visit(arg);
+}
+
+void replaceBuffer(Stmt& stmt, BufferId from, BufferId to) {
+  forEachBuffer(stmt, [&](BufferId& id) {
+    if (id == from) id = to;
+  });
 }
 
 const char* valueTypeEnum(DType dtype) {
@@ -203,6 +224,32 @@ std::vector<int> KernelFunction::writerCounts() const {
   return counts;
 }
 
+std::vector<Stmt> KernelFunction::inlinedBody() const {
+  std::vector<Stmt> out;
+  for (const Stmt& stmt : body) {
+    const Invoke* invoke = std::get_if<Invoke>(&stmt.node);
+    if (!invoke) {
+      out.push_back(stmt);
+      continue;
+    }
+    const Subroutine& sub = subroutines.at(size_t(invoke->subroutine));
+    for (Stmt inner : sub.body) {
+      forEachBuffer(inner, [&](BufferId& id) {
+        if (id >= 0 && size_t(id) < buffers.size() &&
+            buffers[size_t(id)].storage == Storage::Argument)
+          id = invoke->arguments.at(size_t(buffers[size_t(id)].index));
+      });
+      forEachStream(inner, [&](Arg& arg) {
+        if (arg.textParameter < 0) return;
+        arg.text = invoke->texts.at(size_t(arg.textParameter));
+        arg.textParameter = -1;
+      });
+      out.push_back(std::move(inner));
+    }
+  }
+  return out;
+}
+
 bool KernelFunction::isResult(BufferId id) const {
   if (llvm::is_contained(outputs, id)) return true;
   for (const Update& update : updates)
@@ -243,6 +290,16 @@ public:
     if (!fn.init.empty()) {
       out += "init:\n";
       for (const Stmt& stmt : fn.init)
+        statement(stmt);
+    }
+    for (const Subroutine& sub : fn.subroutines) {
+      std::vector<std::string> parameters;
+      for (BufferId id : sub.parameters)
+        parameters.push_back(name(id));
+      for (size_t k = 0; k < sub.textParameters; ++k)
+        parameters.push_back(fmt::format("$t{}", k));
+      out += fmt::format("subroutine {}({}):\n", sub.name, fmt::join(parameters, ", "));
+      for (const Stmt& stmt : sub.body)
         statement(stmt);
     }
     out += "run:\n";
@@ -367,7 +424,10 @@ private:
       return fmt::format("group[{}]", fmt::join(arg.names, ","));
     case Arg::Kind::Stream:
     case Arg::Kind::StreamKey:
-      return fmt::format("stream \"{}\"{}", arg.text, arg.value != 0 ? "#step" : "");
+      return fmt::format("stream {}{}",
+                         arg.textParameter >= 0 ? fmt::format("$t{}", arg.textParameter)
+                                                : fmt::format("\"{}\"", arg.text),
+                         arg.value != 0 ? "#step" : "");
     case Arg::Kind::Enum:
     case Arg::Kind::Text:
       return arg.text;
@@ -389,6 +449,19 @@ private:
 
   void print(const Copy& copy, const Stmt&) {
     out += fmt::format("  copy {} <- {}\n", name(copy.to), name(copy.from));
+  }
+
+  void print(const Invoke& invoke, const Stmt&) {
+    std::vector<std::string> arguments;
+    for (BufferId id : invoke.arguments)
+      arguments.push_back(name(id));
+    for (const std::string& text : invoke.texts)
+      arguments.push_back(fmt::format("\"{}\"", text));
+    out += fmt::format("  call {}({})\n",
+                       invoke.subroutine >= 0 && size_t(invoke.subroutine) < fn.subroutines.size()
+                           ? fn.subroutines[size_t(invoke.subroutine)].name
+                           : "<bad subroutine>",
+                       fmt::join(arguments, ", "));
   }
 
   const KernelFunction& fn;

@@ -11,6 +11,7 @@
 #include "planner/SpmdIR.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -28,6 +29,7 @@ enum class Storage {
   Param,      // a parameter member of the generated object
   Arena,      // a slot of run()'s arena, at `offset`, live over the statements that use it
   Persistent, // a member computed once, in the constructor (hoisted step-invariant values)
+  Argument,   // a parameter of a subroutine: the caller's buffer (see Invoke)
 };
 const char* storageName(Storage storage);
 
@@ -37,7 +39,8 @@ struct Buffer {
   int64_t elements = 0;
   DType dtype = DType::F32; // element values are held as float; dtype says how they round
   Storage storage = Storage::Arena;
-  int64_t index = -1;  // Input / Param: which input or param of the function
+  int64_t index = -1;  // Input / Param: which input or param of the function; Argument: which
+                       // parameter of its subroutine
   int64_t offset = -1; // Arena / Persistent: byte offset, assigned by planBuffers
 };
 
@@ -68,6 +71,9 @@ struct Arg {
   std::vector<std::string> names;
   /// GlobalBase / Shard: per dim, the axes its shard start comes from and the local size.
   std::vector<std::pair<std::vector<std::string>, int64_t>> starts;
+  /// Stream / StreamKey in a subroutine: the stream's name is the subroutine's text parameter of
+  /// this index (each repetition of a layer draws from its own stream), not `text`.
+  int textParameter = -1;
   bool operator==(const Arg&) const = default;
 };
 
@@ -191,12 +197,23 @@ struct Copy {
   bool operator==(const Copy&) const = default;
 };
 
+/// A call of the function's subroutine `subroutine` (outlined repeated code): its k-th
+/// parameter is `arguments[k]`, its k-th text parameter (an RNG stream's name) `texts[k]`.
+/// `reads` and `writes` are the arguments its body reads and writes.
+struct Invoke {
+  int subroutine = -1;
+  std::vector<BufferId> arguments;
+  std::vector<std::string> texts;
+  std::vector<BufferId> reads, writes;
+  bool operator==(const Invoke&) const = default;
+};
+
 //===------------------------------------------------------------------------------------------===//
 // Statements and functions
 //===------------------------------------------------------------------------------------------===//
 
 struct Stmt {
-  std::variant<Loop, Gemm, Call, Collective, Copy> node;
+  std::variant<Loop, Gemm, Call, Collective, Copy, Invoke> node;
   /// The .mesh ops it computes, "file:line:col op -> value" each (comments in the output).
   std::vector<std::string> sources;
   /// Zero the written buffer first (kernels that write part of it).
@@ -207,6 +224,10 @@ struct Stmt {
 /// which read and write their buffers).
 std::vector<BufferId> readsOf(const Stmt& stmt);
 std::vector<BufferId> writesOf(const Stmt& stmt);
+/// Calls `visit` on every buffer reference of `stmt` (reads, writes and arguments), in order.
+void forEachBuffer(Stmt& stmt, const std::function<void(BufferId&)>& visit);
+/// Calls `visit` on every RNG stream argument (Stream, StreamKey) of `stmt`, in order.
+void forEachStream(Stmt& stmt, const std::function<void(Arg&)>& visit);
 /// Every buffer reference of `stmt` (reads, writes and arguments) that names `from` names `to`.
 void replaceBuffer(Stmt& stmt, BufferId from, BufferId to);
 /// Per buffer: the indices of the statements of `stmts` that read it (each once, ascending).
@@ -217,6 +238,15 @@ void replaceBufferFrom(KernelFunction& function, size_t first, BufferId from, Bu
 /// Whether `stmt` may be merged with an identical one or moved: a loop, a GEMM, or a kernel
 /// that is pure (KernelCalls.def) and not keyed by the seed or the train step.
 bool isPure(const Stmt& stmt);
+
+/// Code that repeats in run() (the layers of a `repeat`), outlined into one member function:
+/// its parameters are buffers of storage Argument, its body refers to nothing else.
+struct Subroutine {
+  std::string name;
+  std::vector<BufferId> parameters;
+  size_t textParameters = 0;
+  std::vector<Stmt> body;
+};
 
 struct KernelFunction {
   std::string name; // the SPMD function's
@@ -236,10 +266,14 @@ struct KernelFunction {
   };
   std::vector<Update> updates;
   std::vector<BufferId> params; // per param: its buffer
+  std::vector<Subroutine> subroutines;
   size_t arenaBytes = 0, persistentBytes = 0, temporaryBytes = 0;
 
   /// Per buffer: how many statements of init and body write it.
   std::vector<int> writerCounts() const;
+  /// run()'s body with every Invoke replaced by its subroutine's body over the arguments (what
+  /// run() does, statement by statement, for liveness and verification).
+  std::vector<Stmt> inlinedBody() const;
   /// Whether `id` is a result the caller sees after run() (an output or an update).
   bool isResult(BufferId id) const;
 

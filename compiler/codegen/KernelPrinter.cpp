@@ -375,6 +375,20 @@ std::string groupMember(const std::vector<std::string>& axes) {
 // Statements
 //===------------------------------------------------------------------------------------------===//
 
+std::string StatementPrinter::signature(const kir::Subroutine& sub) const {
+  std::vector<bool> written(fn.buffers.size(), false);
+  for (const kir::Stmt& stmt : sub.body)
+    for (kir::BufferId id : kir::writesOf(stmt))
+      written[size_t(id)] = true;
+  std::vector<std::string> parameters;
+  for (kir::BufferId id : sub.parameters)
+    parameters.push_back(
+        fmt::format("support::{} {}", written[size_t(id)] ? "View" : "ConstView", name(id)));
+  for (size_t k = 0; k < sub.textParameters; ++k)
+    parameters.push_back(fmt::format("const char* t{}", k));
+  return fmt::format("{}({})", sub.name, fmt::join(parameters, ", "));
+}
+
 std::string StatementPrinter::print(const std::vector<kir::Stmt>& stmts) {
   if (declared.size() != fn.buffers.size()) newScope();
   std::string out;
@@ -410,6 +424,8 @@ std::string StatementPrinter::declare(kir::BufferId id, bool zero) {
   case kir::Storage::Persistent:
     return fmt::format("support::View {} = persistent_.{}({}, {});\n", buffer.name,
                        zero ? "slot" : "view", buffer.offset, buffer.elements);
+  case kir::Storage::Argument:
+    break; // a parameter of the subroutine being printed
   }
   return "";
 }
@@ -421,8 +437,11 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
   for (kir::BufferId id : kir::readsOf(stmt))
     out += declare(id, false);
   if (const kir::Copy* c = std::get_if<kir::Copy>(&stmt.node)) return out + copy(*c);
-  for (kir::BufferId id : kir::writesOf(stmt))
+  for (kir::BufferId id : kir::writesOf(stmt)) {
+    if (stmt.zeroFirst && fn.buffers[size_t(id)].storage == kir::Storage::Argument)
+      out += fmt::format("support::zero({});\n", name(id)); // the caller's slot, as it was
     out += declare(id, stmt.zeroFirst);
+  }
   struct Visitor {
     StatementPrinter& p;
     size_t index;
@@ -437,6 +456,15 @@ std::string StatementPrinter::statement(const kir::Stmt& stmt, size_t index) {
     std::string operator()(const kir::Call& call) const { return p.call(call, index); }
     std::string operator()(const kir::Collective& c) const { return p.collective(c); }
     std::string operator()(const kir::Copy& c) const { return p.copy(c); }
+    std::string operator()(const kir::Invoke& invoke) const {
+      std::vector<std::string> arguments;
+      for (kir::BufferId id : invoke.arguments)
+        arguments.push_back(p.name(id));
+      for (const std::string& text : invoke.texts)
+        arguments.push_back(fmt::format("\"{}\"", text));
+      return fmt::format("{}({});\n", p.fn.subroutines.at(size_t(invoke.subroutine)).name,
+                         fmt::join(arguments, ", "));
+    }
   };
   return out + std::visit(Visitor{*this, index}, stmt.node);
 }
@@ -507,7 +535,8 @@ std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t
     return "&" + groupMember(arg.names);
   case kir::Arg::Kind::Stream:
   case kir::Arg::Kind::StreamKey: {
-    std::string text = fmt::format("\"{}\"", arg.text);
+    std::string text = arg.textParameter >= 0 ? fmt::format("t{}", arg.textParameter)
+                                              : fmt::format("\"{}\"", arg.text);
     if (arg.value != 0) text = fmt::format("std::string({}) + \"#\" + std::to_string(step_)", text);
     if (arg.kind == kir::Arg::Kind::StreamKey)
       return fmt::format("meshrt::streamKey(seed_, {})", text);

@@ -70,6 +70,10 @@ public:
   /// Starts a new C++ scope (the constructor, then run()): nothing is declared in it yet.
   void newScope() { declared.assign(fn.buffers.size(), false); }
 
+  /// `name(support::View a0, support::ConstView a1, ...)`: a subroutine's name and parameters
+  /// (views of the buffers it writes, read-only views of the others).
+  std::string signature(const kir::Subroutine& sub) const;
+
   /// Declarations of `ids` not yet declared in the current scope.
   std::string declarations(const std::vector<kir::BufferId>& ids);
 

@@ -7,6 +7,7 @@
 #include "codegen/FuseLoops.h"
 #include "codegen/HoistInvariants.h"
 #include "codegen/LowerToKernels.h"
+#include "codegen/OutlineRepeatedCode.h"
 #include "codegen/PlanBuffers.h"
 #include "codegen/ScheduleCollectives.h"
 #include "codegen/VerifyKernels.h"
@@ -39,6 +40,9 @@ const std::vector<KernelPass>& kernelPasses() {
        "all-reduces start when ready and are waited for just before their first reader",
        scheduleCollectives},
       {"plan-buffers", "arena offsets by liveness; hoisted values as members", planBuffers},
+      {"outline-repeated-code",
+       "code that repeats over other buffers (the layers of a repeat) becomes one subroutine",
+       outlineRepeatedCode},
   };
   return passes;
 }

@@ -20,10 +20,13 @@ public:
       defined[id] = storage == Storage::Input || storage == Storage::Param;
       if (fn.buffers[id].elements <= 0) return fmt::format("buffer {} has no elements", id);
     }
+    if (std::string problem = subroutines(); !problem.empty()) return problem;
     for (size_t k = 0; k < fn.init.size() && error.empty(); ++k)
       statement(fn.init[k], fmt::format("init[{}]", k), true);
-    for (size_t k = 0; k < fn.body.size() && error.empty(); ++k)
-      statement(fn.body[k], fmt::format("run[{}]", k), false);
+    // Outlined code is checked where it runs: each call's body over its arguments.
+    body = fn.inlinedBody();
+    for (size_t k = 0; k < body.size() && error.empty(); ++k)
+      statement(body[k], fmt::format("run[{}]", k), false);
     if (!error.empty()) return error;
     if (!pending.empty())
       return fmt::format("collective request #{} is never waited for", pending.begin()->first);
@@ -37,6 +40,50 @@ public:
   }
 
 private:
+  /// Subroutines refer only to their own parameters; calls pass one buffer of the same size
+  /// and dtype per parameter, and nothing outside run() calls them.
+  std::string subroutines() const {
+    for (size_t s = 0; s < fn.subroutines.size(); ++s) {
+      const Subroutine& sub = fn.subroutines[s];
+      for (size_t k = 0; k < sub.parameters.size(); ++k) {
+        BufferId id = sub.parameters[k];
+        if (!valid(id) || fn.buffers[size_t(id)].storage != Storage::Argument ||
+            fn.buffers[size_t(id)].index != int64_t(k))
+          return fmt::format("{}: parameter {} is not its argument buffer", sub.name, k);
+      }
+      for (Stmt stmt : sub.body) {
+        bool foreign = std::holds_alternative<Invoke>(stmt.node);
+        forEachBuffer(stmt, [&](BufferId& id) {
+          foreign = foreign || !llvm::is_contained(sub.parameters, id);
+        });
+        if (foreign)
+          return fmt::format("{}: a statement refers to a buffer it is not passed", sub.name);
+      }
+    }
+    for (const Stmt& stmt : fn.init)
+      if (std::holds_alternative<Invoke>(stmt.node)) return "the constructor calls a subroutine";
+    for (size_t k = 0; k < fn.body.size(); ++k) {
+      const Invoke* invoke = std::get_if<Invoke>(&fn.body[k].node);
+      if (!invoke) continue;
+      if (invoke->subroutine < 0 || size_t(invoke->subroutine) >= fn.subroutines.size())
+        return fmt::format("run[{}]: a call of a subroutine that does not exist", k);
+      const Subroutine& sub = fn.subroutines[size_t(invoke->subroutine)];
+      if (invoke->arguments.size() != sub.parameters.size())
+        return fmt::format("run[{}]: {} arguments for the {} parameters of {}", k,
+                           invoke->arguments.size(), sub.parameters.size(), sub.name);
+      for (size_t a = 0; a < invoke->arguments.size(); ++a) {
+        BufferId id = invoke->arguments[a];
+        const Buffer& parameter = fn.buffers[size_t(sub.parameters[a])];
+        if (!valid(id) || fn.buffers[size_t(id)].storage == Storage::Argument ||
+            fn.buffers[size_t(id)].elements != parameter.elements ||
+            fn.buffers[size_t(id)].dtype != parameter.dtype)
+          return fmt::format("run[{}]: argument {} of {} does not match its parameter", k, a,
+                             sub.name);
+      }
+    }
+    return "";
+  }
+
   bool valid(BufferId id) const { return id >= 0 && size_t(id) < fn.buffers.size(); }
   void fail(const std::string& where, const std::string& what) {
     if (error.empty()) error = fmt::format("{}: {}", where, what);
@@ -152,9 +199,9 @@ private:
   /// Planned arena slots of buffers alive at the same time must not share bytes.
   std::string overlaps() const {
     std::vector<size_t> first(fn.buffers.size(), ~size_t(0)), last(fn.buffers.size(), 0);
-    for (size_t k = 0; k < fn.body.size(); ++k) {
-      std::vector<BufferId> touched = readsOf(fn.body[k]);
-      for (BufferId id : writesOf(fn.body[k]))
+    for (size_t k = 0; k < body.size(); ++k) {
+      std::vector<BufferId> touched = readsOf(body[k]);
+      for (BufferId id : writesOf(body[k]))
         touched.push_back(id);
       for (BufferId id : touched) {
         first[size_t(id)] = std::min(first[size_t(id)], k);
@@ -162,9 +209,9 @@ private:
       }
     }
     for (BufferId id : fn.outputs)
-      last[size_t(id)] = fn.body.size();
+      last[size_t(id)] = body.size();
     for (const KernelFunction::Update& update : fn.updates)
-      last[size_t(update.value)] = fn.body.size();
+      last[size_t(update.value)] = body.size();
     std::vector<size_t> placed;
     for (size_t id = 0; id < fn.buffers.size(); ++id) {
       const Buffer& buffer = fn.buffers[id];
@@ -189,6 +236,7 @@ private:
   }
 
   const KernelFunction& fn;
+  std::vector<Stmt> body; // run()'s, subroutines inlined
   std::vector<bool> defined;
   std::map<int, std::vector<BufferId>> pending;
   std::string error;

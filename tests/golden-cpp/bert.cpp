@@ -236,7 +236,6 @@ Mlm::Outputs Mlm::run(const Inputs &inputs) {
   support::checkShape("input", "segment_ids", inputs.segment_ids, {1, 32});
   support::checkShape("input", "padding", inputs.padding, {1, 32});
   runPart0(inputs);
-  runPart1(inputs);
   support::View v107 = arena_.view(16384, 4096);
   support::View v108 = arena_.view(0, 4096);
 
@@ -342,37 +341,15 @@ void Mlm::runPart0(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:36:11 einsum -> q
+  // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   const support::Buffer &v24 = param6_bert_encoder_layer_0_attention_w_q;
   support::View v28 = arena_.view(16384, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(v15.data(), v24.data(), v28.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   const support::Buffer &v25 = param7_bert_encoder_layer_0_attention_w_k;
   support::View v29 = arena_.view(24576, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan8.run(v15.data(), v25.data(), v29.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   const support::Buffer &v26 = param8_bert_encoder_layer_0_attention_w_v;
   support::View v31 = arena_.view(40960, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan9.run(v15.data(), v26.data(), v31.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
-  // layers.mesh:41:55 mul -> scores
   support::View v33 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan10.run(v28.data(), v29.data(), v33.data(), 0.25f, 0.0f);
+  repeated1(v15, v24, v28, v25, v29, v26, v31, v33);
 
   // bert.mesh:41:39 transpose -> allowed
   // layers.mesh:43:39 gt
@@ -392,409 +369,74 @@ void Mlm::runPart0(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:43:25 where
+  // 13 statements from layers.mesh:43:25 where (1 of 2)
   support::View v39 = arena_.view(16384, 4096);
-  {
-    float *__restrict v39p = v39.data();
-    const float *__restrict v37p = v37.data();
-    const float *__restrict v33p = v33.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = v37p[i1];
-        const float s1 = v33p[i0 * 1024 + i1];
-        const float s2 = -1000000000.0f;
-        const float s3 = (s0 != 0 ? s1 : s2);
-        v39p[i0 * 1024 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:43:17 softmax -> weights
   support::View v40 = arena_.view(0, 4096);
-  static const support::Shape shape13_2 = {1, 4, 32};
-  static const support::Shape shape13_3 = {4096, 1024, 32};
-  static const support::Shape shape13_4 = {4096, 1024, 32};
-  static const support::Shape shape13_5 = {32};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(v40.data(), v39.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
   support::View v41 = arena_.view(16384, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan14.run(v40.data(), v31.data(), v41.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum
   const support::Buffer &v27 = param9_bert_encoder_layer_0_attention_w_o;
   support::View v42 = arena_.view(0, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan15.run(v41.data(), v27.data(), v42.data(), 1.0f, 0.0f);
-
-  // bert.mesh:20:18 add
   support::View v43 = arena_.view(8192, 2048);
-  {
-    float *__restrict v43p = v43.data();
-    const float *__restrict v15p = v15.data();
-    const float *__restrict v42p = v42.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v15p[i0];
-      const float s1 = v42p[i0];
-      const float s2 = (s0 + s1);
-      v43p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v46 = arena_.view(0, 2048);
-  static const support::Shape shape17_2 = {1, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {2048, 64};
-  static const support::Shape shape17_5 = {64};
-  static const support::Shape shape17_6 = {1};
-  static const support::Shape shape17_7 = {1};
-  support::along(v46.data(), v43.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
-                 shape17_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add -> h
   const support::Buffer &v44 = param10_bert_encoder_layer_0_norm_gain;
   const support::Buffer &v45 = param11_bert_encoder_layer_0_norm_bias;
   support::View v48 = arena_.view(65536, 2048);
-  {
-    float *__restrict v48p = v48.data();
-    const float *__restrict v46p = v46.data();
-    const float *__restrict v44p = v44.data();
-    const float *__restrict v45p = v45.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v46p[i0 * 64 + i1];
-        const float s1 = v44p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v45p[i1];
-        const float s4 = (s2 + s3);
-        v48p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:54:16 einsum
   const support::Buffer &v49 = param12_bert_encoder_layer_0_ffn_w_in;
   support::View v53 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(v48.data(), v49.data(), v53.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
   const support::Buffer &v50 = param13_bert_encoder_layer_0_ffn_b_in;
   support::View v55 = arena_.view(32768, 8192);
-  {
-    float *__restrict v55p = v55.data();
-    const float *__restrict v53p = v53.data();
-    const float *__restrict v50p = v50.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v53p[i0 * 256 + i1];
-        const float s1 = v50p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v55p[i0 * 256 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:55:10 einsum
   const support::Buffer &v51 = param14_bert_encoder_layer_0_ffn_w_out;
   support::View v57 = arena_.view(0, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(v55.data(), v51.data(), v57.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:71 add
-  // bert.mesh:21:17 add
   const support::Buffer &v52 = param15_bert_encoder_layer_0_ffn_b_out;
   support::View v59 = arena_.view(8192, 2048);
-  {
-    float *__restrict v59p = v59.data();
-    const float *__restrict v57p = v57.data();
-    const float *__restrict v52p = v52.data();
-    const float *__restrict v48p = v48.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v57p[i0 * 64 + i1];
-        const float s1 = v52p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v48p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        v59p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
-  support::View v62 = arena_.view(0, 2048);
-  static const support::Shape shape23_2 = {1, 32};
-  static const support::Shape shape23_3 = {2048, 64};
-  static const support::Shape shape23_4 = {2048, 64};
-  static const support::Shape shape23_5 = {64};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(v62.data(), v59.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-}
-
-void Mlm::runPart1(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add -> x
   support::View v62 = arena_.view(0, 2048);
   const support::Buffer &v60 = param16_bert_encoder_layer_0_norm_1_gain;
   const support::Buffer &v61 = param17_bert_encoder_layer_0_norm_1_bias;
   support::View v64 = arena_.view(32768, 2048);
-  {
-    float *__restrict v64p = v64.data();
-    const float *__restrict v62p = v62.data();
-    const float *__restrict v60p = v60.data();
-    const float *__restrict v61p = v61.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v62p[i0 * 64 + i1];
-        const float s1 = v60p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v61p[i1];
-        const float s4 = (s2 + s3);
-        v64p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated0(v37, v33, v39, v40, v31, v41, v27, v42, v15, v43, v46, v44, v45, v48, v49, v53, v50,
+            v55, v51, v57, v52, v59, v62, v60, v61, v64);
 
-  // layers.mesh:36:11 einsum -> q
+  // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   const support::Buffer &v65 = param18_bert_encoder_layer_1_attention_w_q;
   support::View v69 = arena_.view(16384, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(v64.data(), v65.data(), v69.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   const support::Buffer &v66 = param19_bert_encoder_layer_1_attention_w_k;
   support::View v70 = arena_.view(24576, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(v64.data(), v66.data(), v70.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   const support::Buffer &v67 = param20_bert_encoder_layer_1_attention_w_v;
   support::View v72 = arena_.view(40960, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(v64.data(), v67.data(), v72.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
-  // layers.mesh:41:55 mul -> scores
   support::View v74 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(v69.data(), v70.data(), v74.data(), 0.25f, 0.0f);
+  repeated1(v64, v65, v69, v66, v70, v67, v72, v74);
 
-  // layers.mesh:43:25 where
-  support::View v37 = arena_.view(73728, 1024);
+  // 13 statements from layers.mesh:43:25 where (2 of 2)
   support::View v80 = arena_.view(16384, 4096);
-  {
-    float *__restrict v80p = v80.data();
-    const float *__restrict v37p = v37.data();
-    const float *__restrict v74p = v74.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = v37p[i1];
-        const float s1 = v74p[i0 * 1024 + i1];
-        const float s2 = -1000000000.0f;
-        const float s3 = (s0 != 0 ? s1 : s2);
-        v80p[i0 * 1024 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:43:17 softmax -> weights
   support::View v81 = arena_.view(0, 4096);
-  static const support::Shape shape6_2 = {1, 4, 32};
-  static const support::Shape shape6_3 = {4096, 1024, 32};
-  static const support::Shape shape6_4 = {4096, 1024, 32};
-  static const support::Shape shape6_5 = {32};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(v81.data(), v80.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
   support::View v82 = arena_.view(16384, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan7.run(v81.data(), v72.data(), v82.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum
   const support::Buffer &v68 = param21_bert_encoder_layer_1_attention_w_o;
   support::View v83 = arena_.view(0, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan8.run(v82.data(), v68.data(), v83.data(), 1.0f, 0.0f);
-
-  // bert.mesh:20:18 add
   support::View v84 = arena_.view(8192, 2048);
-  {
-    float *__restrict v84p = v84.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v83p = v83.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v64p[i0];
-      const float s1 = v83p[i0];
-      const float s2 = (s0 + s1);
-      v84p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v87 = arena_.view(0, 2048);
-  static const support::Shape shape10_2 = {1, 32};
-  static const support::Shape shape10_3 = {2048, 64};
-  static const support::Shape shape10_4 = {2048, 64};
-  static const support::Shape shape10_5 = {64};
-  static const support::Shape shape10_6 = {1};
-  static const support::Shape shape10_7 = {1};
-  support::along(v87.data(), v84.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add -> h
   const support::Buffer &v85 = param22_bert_encoder_layer_1_norm_gain;
   const support::Buffer &v86 = param23_bert_encoder_layer_1_norm_bias;
   support::View v89 = arena_.view(65536, 2048);
-  {
-    float *__restrict v89p = v89.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v85p = v85.data();
-    const float *__restrict v86p = v86.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v87p[i0 * 64 + i1];
-        const float s1 = v85p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v86p[i1];
-        const float s4 = (s2 + s3);
-        v89p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:54:16 einsum
   const support::Buffer &v90 = param24_bert_encoder_layer_1_ffn_w_in;
   support::View v94 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v89.data(), v90.data(), v94.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
   const support::Buffer &v91 = param25_bert_encoder_layer_1_ffn_b_in;
   support::View v96 = arena_.view(32768, 8192);
-  {
-    float *__restrict v96p = v96.data();
-    const float *__restrict v94p = v94.data();
-    const float *__restrict v91p = v91.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v94p[i0 * 256 + i1];
-        const float s1 = v91p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v96p[i0 * 256 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:55:10 einsum
   const support::Buffer &v92 = param26_bert_encoder_layer_1_ffn_w_out;
   support::View v98 = arena_.view(0, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v96.data(), v92.data(), v98.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:71 add
-  // bert.mesh:21:17 add
   const support::Buffer &v93 = param27_bert_encoder_layer_1_ffn_b_out;
   support::View v100 = arena_.view(8192, 2048);
-  {
-    float *__restrict v100p = v100.data();
-    const float *__restrict v98p = v98.data();
-    const float *__restrict v93p = v93.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v98p[i0 * 64 + i1];
-        const float s1 = v93p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v89p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        v100p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v103 = arena_.view(0, 2048);
-  static const support::Shape shape16_2 = {1, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {2048, 64};
-  static const support::Shape shape16_5 = {64};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(v103.data(), v100.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add -> x
   const support::Buffer &v101 = param28_bert_encoder_layer_1_norm_1_gain;
   const support::Buffer &v102 = param29_bert_encoder_layer_1_norm_1_bias;
   support::View v105 = arena_.view(16384, 2048);
-  {
-    float *__restrict v105p = v105.data();
-    const float *__restrict v103p = v103.data();
-    const float *__restrict v101p = v101.data();
-    const float *__restrict v102p = v102.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v103p[i0 * 64 + i1];
-        const float s1 = v101p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v102p[i1];
-        const float s4 = (s2 + s3);
-        v105p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated0(v37, v74, v80, v81, v72, v82, v68, v83, v64, v84, v87, v85, v86, v89, v90, v94, v91,
+            v96, v92, v98, v93, v100, v103, v101, v102, v105);
 
   // bert.mesh:46:10 einsum
-  const support::Buffer &v3 = param0_bert_token_embedding;
   support::View v106 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(v105.data(), v3.data(), v106.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v105.data(), v3.data(), v106.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:58 add -> logits
   const support::Buffer &v6 = param3_bert_output_bias;
@@ -815,14 +457,212 @@ void Mlm::runPart1(const Inputs &inputs) {
 
   // bert.mesh:53:11 softmax -> probs
   support::View v108 = arena_.view(0, 4096);
-  static const support::Shape shape20_2 = {1, 32};
-  static const support::Shape shape20_3 = {4096, 128};
-  static const support::Shape shape20_4 = {4096, 128};
-  static const support::Shape shape20_5 = {128};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v108.data(), v107.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::Softmax, 1e-05, 128, nullptr);
+  static const support::Shape shape14_2 = {1, 32};
+  static const support::Shape shape14_3 = {4096, 128};
+  static const support::Shape shape14_4 = {4096, 128};
+  static const support::Shape shape14_5 = {128};
+  static const support::Shape shape14_6 = {1};
+  static const support::Shape shape14_7 = {1};
+  support::along(v108.data(), v107.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::Softmax, 1e-05, 128, nullptr);
+}
+
+void Mlm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                    support::View a3, support::ConstView a4, support::View a5,
+                    support::ConstView a6, support::View a7, support::ConstView a8,
+                    support::View a9, support::View a10, support::ConstView a11,
+                    support::ConstView a12, support::View a13, support::ConstView a14,
+                    support::View a15, support::ConstView a16, support::View a17,
+                    support::ConstView a18, support::View a19, support::ConstView a20,
+                    support::View a21, support::View a22, support::ConstView a23,
+                    support::ConstView a24, support::View a25) {
+
+  // layers.mesh:43:25 where
+  {
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      for (int64_t i1 = 0; i1 < 1024; ++i1) {
+        const float s0 = a0p[i1];
+        const float s1 = a1p[i0 * 1024 + i1];
+        const float s2 = -1000000000.0f;
+        const float s3 = (s0 != 0 ? s1 : s2);
+        a2p[i0 * 1024 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:43:17 softmax -> weights
+  static const support::Shape shape1_2 = {1, 4, 32};
+  static const support::Shape shape1_3 = {4096, 1024, 32};
+  static const support::Shape shape1_4 = {4096, 1024, 32};
+  static const support::Shape shape1_5 = {32};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(a3.data(), a2.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
+
+  // layers.mesh:44:17 einsum -> context
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // bert.mesh:20:18 add
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a8p[i0];
+      const float s1 = a7p[i0];
+      const float s2 = (s0 + s1);
+      a9p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  static const support::Shape shape5_2 = {1, 32};
+  static const support::Shape shape5_3 = {2048, 64};
+  static const support::Shape shape5_4 = {2048, 64};
+  static const support::Shape shape5_5 = {64};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add -> h
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a10p[i0 * 64 + i1];
+        const float s1 = a11p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a12p[i1];
+        const float s4 = (s2 + s3);
+        a13p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:54:16 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan7.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+
+  // layers.mesh:54:52 add
+  // layers.mesh:54:11 gelu -> h
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 256; ++i1) {
+        const float s0 = a15p[i0 * 256 + i1];
+        const float s1 = a16p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        a17p[i0 * 256 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:55:10 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan9.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:71 add
+  // bert.mesh:21:17 add
+  {
+    float *__restrict a21p = a21.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a19p[i0 * 64 + i1];
+        const float s1 = a20p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = a13p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        a21p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  static const support::Shape shape11_2 = {1, 32};
+  static const support::Shape shape11_3 = {2048, 64};
+  static const support::Shape shape11_4 = {2048, 64};
+  static const support::Shape shape11_5 = {64};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(a22.data(), a21.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add -> x
+  {
+    float *__restrict a25p = a25.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a22p[i0 * 64 + i1];
+        const float s1 = a23p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a24p[i1];
+        const float s4 = (s2 + s3);
+        a25p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+}
+
+void Mlm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
+                    support::ConstView a3, support::View a4, support::ConstView a5,
+                    support::View a6, support::View a7) {
+
+  // layers.mesh:36:11 einsum -> q
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  // layers.mesh:41:55 mul -> scores
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
 }
 
 Mlm::Inputs Mlm::synthesizeInputs(uint64_t seed) const {
@@ -963,227 +803,76 @@ bool Mlm::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Mlm::paramShards() {
-  return {
-      {"bert/token_embedding",
-       false,
-       "f32",
-       {128, 64},
-       {128, 64},
-       {"vocab", "d_model"},
-       {{}, {}},
-       &param0_bert_token_embedding},
-      {"bert/position_embedding",
-       false,
-       "f32",
-       {32, 64},
-       {32, 64},
-       {"seq", "d_model"},
-       {{}, {}},
-       &param1_bert_position_embedding},
-      {"bert/segment_embedding",
-       false,
-       "f32",
-       {2, 64},
-       {2, 64},
-       {"segments", "d_model"},
-       {{}, {}},
-       &param2_bert_segment_embedding},
-      {"bert/output_bias", false, "f32", {128}, {128}, {"vocab"}, {{}}, &param3_bert_output_bias},
-      {"bert/norm/gain", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param4_bert_norm_gain},
-      {"bert/norm/bias", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param5_bert_norm_bias},
-      {"bert/encoder_layer[0]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param6_bert_encoder_layer_0_attention_w_q},
-      {"bert/encoder_layer[0]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param7_bert_encoder_layer_0_attention_w_k},
-      {"bert/encoder_layer[0]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param8_bert_encoder_layer_0_attention_w_v},
-      {"bert/encoder_layer[0]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {4, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{}, {}, {}},
-       &param9_bert_encoder_layer_0_attention_w_o},
-      {"bert/encoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param10_bert_encoder_layer_0_norm_gain},
-      {"bert/encoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param11_bert_encoder_layer_0_norm_bias},
-      {"bert/encoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 256},
-       {"d_model", "d_ff"},
-       {{}, {}},
-       &param12_bert_encoder_layer_0_ffn_w_in},
-      {"bert/encoder_layer[0]/ffn/b_in",
-       false,
-       "f32",
-       {256},
-       {256},
-       {"d_ff"},
-       {{}},
-       &param13_bert_encoder_layer_0_ffn_b_in},
-      {"bert/encoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {256, 64},
-       {"d_ff", "d_model"},
-       {{}, {}},
-       &param14_bert_encoder_layer_0_ffn_w_out},
-      {"bert/encoder_layer[0]/ffn/b_out",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param15_bert_encoder_layer_0_ffn_b_out},
-      {"bert/encoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param16_bert_encoder_layer_0_norm_1_gain},
-      {"bert/encoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param17_bert_encoder_layer_0_norm_1_bias},
-      {"bert/encoder_layer[1]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param18_bert_encoder_layer_1_attention_w_q},
-      {"bert/encoder_layer[1]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param19_bert_encoder_layer_1_attention_w_k},
-      {"bert/encoder_layer[1]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param20_bert_encoder_layer_1_attention_w_v},
-      {"bert/encoder_layer[1]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {4, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{}, {}, {}},
-       &param21_bert_encoder_layer_1_attention_w_o},
-      {"bert/encoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param22_bert_encoder_layer_1_norm_gain},
-      {"bert/encoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param23_bert_encoder_layer_1_norm_bias},
-      {"bert/encoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 256},
-       {"d_model", "d_ff"},
-       {{}, {}},
-       &param24_bert_encoder_layer_1_ffn_w_in},
-      {"bert/encoder_layer[1]/ffn/b_in",
-       false,
-       "f32",
-       {256},
-       {256},
-       {"d_ff"},
-       {{}},
-       &param25_bert_encoder_layer_1_ffn_b_in},
-      {"bert/encoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {256, 64},
-       {"d_ff", "d_model"},
-       {{}, {}},
-       &param26_bert_encoder_layer_1_ffn_w_out},
-      {"bert/encoder_layer[1]/ffn/b_out",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param27_bert_encoder_layer_1_ffn_b_out},
-      {"bert/encoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param28_bert_encoder_layer_1_norm_1_gain},
-      {"bert/encoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param29_bert_encoder_layer_1_norm_1_bias},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"bert/token_embedding", false, "f32", "vocab:128:128: d_model:64:64:"},
+      {"bert/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
+      {"bert/segment_embedding", false, "f32", "segments:2:2: d_model:64:64:"},
+      {"bert/output_bias", false, "f32", "vocab:128:128:"},
+      {"bert/norm/gain", false, "f32", "d_model:64:64:"},
+      {"bert/norm/bias", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_o", false, "f32",
+       "heads:4:4: d_head:16:16: d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
+      {"bert/encoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:256:"},
+      {"bert/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
+      {"bert/encoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_o", false, "f32",
+       "heads:4:4: d_head:16:16: d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
+      {"bert/encoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:256:"},
+      {"bert/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
+      {"bert/encoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_bert_token_embedding,
+                                   &param1_bert_position_embedding,
+                                   &param2_bert_segment_embedding,
+                                   &param3_bert_output_bias,
+                                   &param4_bert_norm_gain,
+                                   &param5_bert_norm_bias,
+                                   &param6_bert_encoder_layer_0_attention_w_q,
+                                   &param7_bert_encoder_layer_0_attention_w_k,
+                                   &param8_bert_encoder_layer_0_attention_w_v,
+                                   &param9_bert_encoder_layer_0_attention_w_o,
+                                   &param10_bert_encoder_layer_0_norm_gain,
+                                   &param11_bert_encoder_layer_0_norm_bias,
+                                   &param12_bert_encoder_layer_0_ffn_w_in,
+                                   &param13_bert_encoder_layer_0_ffn_b_in,
+                                   &param14_bert_encoder_layer_0_ffn_w_out,
+                                   &param15_bert_encoder_layer_0_ffn_b_out,
+                                   &param16_bert_encoder_layer_0_norm_1_gain,
+                                   &param17_bert_encoder_layer_0_norm_1_bias,
+                                   &param18_bert_encoder_layer_1_attention_w_q,
+                                   &param19_bert_encoder_layer_1_attention_w_k,
+                                   &param20_bert_encoder_layer_1_attention_w_v,
+                                   &param21_bert_encoder_layer_1_attention_w_o,
+                                   &param22_bert_encoder_layer_1_norm_gain,
+                                   &param23_bert_encoder_layer_1_norm_bias,
+                                   &param24_bert_encoder_layer_1_ffn_w_in,
+                                   &param25_bert_encoder_layer_1_ffn_b_in,
+                                   &param26_bert_encoder_layer_1_ffn_w_out,
+                                   &param27_bert_encoder_layer_1_ffn_b_out,
+                                   &param28_bert_encoder_layer_1_norm_1_gain,
+                                   &param29_bert_encoder_layer_1_norm_1_bias};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor Mlm::getParam(const std::string &path) {
@@ -1621,12 +1310,6 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
-  runPart3(inputs);
-  runPart4(inputs);
-  runPart5(inputs);
-  runPart6(inputs);
-  runPart7(inputs);
-  runPart8(inputs);
   support::View v123 = arena_.view(541184, 1);
 
   // The step's updates.
@@ -1733,37 +1416,15 @@ void MlmTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:36:11 einsum -> q
+  // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
   support::View v30 = arena_.view(458752, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(v17.data(), v26.data(), v30.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   support::View v27(param7_bert_encoder_layer_0_attention_w_k); // updated in place
   support::View v31 = arena_.view(466944, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan8.run(v17.data(), v27.data(), v31.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   support::View v28(param8_bert_encoder_layer_0_attention_w_v); // updated in place
   support::View v33 = arena_.view(475136, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan9.run(v17.data(), v28.data(), v33.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
-  // layers.mesh:41:55 mul -> scores
   support::View v35 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan10.run(v30.data(), v31.data(), v35.data(), 0.25f, 0.0f);
+  repeated4(v17, v26, v30, v27, v31, v28, v33, v35);
 
   // bert.mesh:41:39 transpose -> allowed
   // layers.mesh:43:39 gt
@@ -1783,429 +1444,78 @@ void MlmTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:43:25 where
+  // 13 statements from layers.mesh:43:25 where (1 of 2)
   support::View v41 = arena_.view(16384, 4096);
-  {
-    float *__restrict v41p = v41.data();
-    const float *__restrict v39p = v39.data();
-    const float *__restrict v35p = v35.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = v39p[i1];
-        const float s1 = v35p[i0 * 1024 + i1];
-        const float s2 = -1000000000.0f;
-        const float s3 = (s0 != 0 ? s1 : s2);
-        v41p[i0 * 1024 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:43:17 softmax -> weights
   support::View v42 = arena_.view(360448, 4096);
-  static const support::Shape shape13_2 = {1, 4, 32};
-  static const support::Shape shape13_3 = {4096, 1024, 32};
-  static const support::Shape shape13_4 = {4096, 1024, 32};
-  static const support::Shape shape13_5 = {32};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(v42.data(), v41.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
   support::View v43 = arena_.view(483328, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan14.run(v42.data(), v33.data(), v43.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum
   support::View v29(param9_bert_encoder_layer_0_attention_w_o); // updated in place
   support::View v44 = arena_.view(0, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan15.run(v43.data(), v29.data(), v44.data(), 1.0f, 0.0f);
-
-  // bert.mesh:20:18 add
   support::View v45 = arena_.view(442368, 2048);
-  {
-    float *__restrict v45p = v45.data();
-    const float *__restrict v17p = v17.data();
-    const float *__restrict v44p = v44.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v17p[i0];
-      const float s1 = v44p[i0];
-      const float s2 = (s0 + s1);
-      v45p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v48 = arena_.view(450560, 2048);
-  static const support::Shape shape17_2 = {1, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {2048, 64};
-  static const support::Shape shape17_5 = {64};
-  static const support::Shape shape17_6 = {1};
-  static const support::Shape shape17_7 = {1};
-  support::along(v48.data(), v45.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
-                 shape17_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add -> h
   support::View v46(param10_bert_encoder_layer_0_norm_gain); // updated in place
   support::View v47(param11_bert_encoder_layer_0_norm_bias); // updated in place
   support::View v50 = arena_.view(516096, 2048);
-  {
-    float *__restrict v50p = v50.data();
-    const float *__restrict v48p = v48.data();
-    const float *__restrict v46p = v46.data();
-    const float *__restrict v47p = v47.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v48p[i0 * 64 + i1];
-        const float s1 = v46p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v47p[i1];
-        const float s4 = (s2 + s3);
-        v50p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:54:16 einsum
   support::View v51(param12_bert_encoder_layer_0_ffn_w_in); // updated in place
   support::View v55 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(v50.data(), v51.data(), v55.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
-  // layers.mesh:55:17 dropout
   support::View v52(param13_bert_encoder_layer_0_ffn_b_in); // updated in place
-  support::View v56 = arena_.view(196608, 8192);
   support::View v58 = arena_.view(229376, 8192);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("bert/encoder_layer[0]/ffn/dropout#0") +
-                                                   "#" + std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
-    float *__restrict v56p = v56.data();
-    float *__restrict v58p = v58.data();
-    const float *__restrict v55p = v55.data();
-    const float *__restrict v52p = v52.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v55p[i0 * 256 + i1];
-        const float s1 = v52p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        const float s4 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s3) * 1.1111111111111112));
-        v56p[i0 * 256 + i1] = s2;
-        v58p[i0 * 256 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:55:10 einsum
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out); // updated in place
   support::View v59 = arena_.view(0, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(v58.data(), v53.data(), v59.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:71 add
-  // bert.mesh:21:17 add
   support::View v54(param15_bert_encoder_layer_0_ffn_b_out); // updated in place
   support::View v61 = arena_.view(311296, 2048);
-  {
-    float *__restrict v61p = v61.data();
-    const float *__restrict v59p = v59.data();
-    const float *__restrict v54p = v54.data();
-    const float *__restrict v50p = v50.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v59p[i0 * 64 + i1];
-        const float s1 = v54p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v50p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        v61p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
-  support::View v64 = arena_.view(319488, 2048);
-  static const support::Shape shape23_2 = {1, 32};
-  static const support::Shape shape23_3 = {2048, 64};
-  static const support::Shape shape23_4 = {2048, 64};
-  static const support::Shape shape23_5 = {64};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(v64.data(), v61.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-}
-
-void MlmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add -> x
   support::View v64 = arena_.view(319488, 2048);
   support::View v62(param16_bert_encoder_layer_0_norm_1_gain); // updated in place
   support::View v63(param17_bert_encoder_layer_0_norm_1_bias); // updated in place
+  support::View v56 = arena_.view(196608, 8192);
   support::View v66 = arena_.view(327680, 2048);
-  {
-    float *__restrict v66p = v66.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v62p = v62.data();
-    const float *__restrict v63p = v63.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v64p[i0 * 64 + i1];
-        const float s1 = v62p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v63p[i1];
-        const float s4 = (s2 + s3);
-        v66p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated2(v39, v35, v41, v42, v33, v43, v29, v44, v17, v45, v48, v46, v47, v50, v51, v55, v52,
+            v56, v58, v53, v59, v54, v61, v64, v62, v63, v66,
+            "bert/encoder_layer[0]/ffn/dropout#0");
 
-  // layers.mesh:36:11 einsum -> q
+  // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
   support::View v71 = arena_.view(335872, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(v66.data(), v67.data(), v71.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   support::View v68(param19_bert_encoder_layer_1_attention_w_k); // updated in place
   support::View v72 = arena_.view(344064, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(v66.data(), v68.data(), v72.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   support::View v69(param20_bert_encoder_layer_1_attention_w_v); // updated in place
   support::View v74 = arena_.view(352256, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(v66.data(), v69.data(), v74.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
-  // layers.mesh:41:55 mul -> scores
   support::View v76 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(v71.data(), v72.data(), v76.data(), 0.25f, 0.0f);
+  repeated4(v66, v67, v71, v68, v72, v69, v74, v76);
 
-  // layers.mesh:43:25 where
-  support::View v39 = arena_.view(532480, 1024);
+  // 13 statements from layers.mesh:43:25 where (2 of 2)
   support::View v82 = arena_.view(16384, 4096);
-  {
-    float *__restrict v82p = v82.data();
-    const float *__restrict v39p = v39.data();
-    const float *__restrict v76p = v76.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = v39p[i1];
-        const float s1 = v76p[i0 * 1024 + i1];
-        const float s2 = -1000000000.0f;
-        const float s3 = (s0 != 0 ? s1 : s2);
-        v82p[i0 * 1024 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:43:17 softmax -> weights
   support::View v83 = arena_.view(294912, 4096);
-  static const support::Shape shape6_2 = {1, 4, 32};
-  static const support::Shape shape6_3 = {4096, 1024, 32};
-  static const support::Shape shape6_4 = {4096, 1024, 32};
-  static const support::Shape shape6_5 = {32};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(v83.data(), v82.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
   support::View v84 = arena_.view(393216, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan7.run(v83.data(), v74.data(), v84.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
   support::View v85 = arena_.view(0, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan8.run(v84.data(), v70.data(), v85.data(), 1.0f, 0.0f);
-
-  // bert.mesh:20:18 add
   support::View v86 = arena_.view(376832, 2048);
-  {
-    float *__restrict v86p = v86.data();
-    const float *__restrict v66p = v66.data();
-    const float *__restrict v85p = v85.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v66p[i0];
-      const float s1 = v85p[i0];
-      const float s2 = (s0 + s1);
-      v86p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v89 = arena_.view(385024, 2048);
-  static const support::Shape shape10_2 = {1, 32};
-  static const support::Shape shape10_3 = {2048, 64};
-  static const support::Shape shape10_4 = {2048, 64};
-  static const support::Shape shape10_5 = {64};
-  static const support::Shape shape10_6 = {1};
-  static const support::Shape shape10_7 = {1};
-  support::along(v89.data(), v86.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add -> h
   support::View v87(param22_bert_encoder_layer_1_norm_gain); // updated in place
   support::View v88(param23_bert_encoder_layer_1_norm_bias); // updated in place
   support::View v91 = arena_.view(401408, 2048);
-  {
-    float *__restrict v91p = v91.data();
-    const float *__restrict v89p = v89.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v88p = v88.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v89p[i0 * 64 + i1];
-        const float s1 = v87p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v88p[i1];
-        const float s4 = (s2 + s3);
-        v91p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:54:16 einsum
   support::View v92(param24_bert_encoder_layer_1_ffn_w_in); // updated in place
   support::View v96 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v91.data(), v92.data(), v96.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
-  // layers.mesh:55:17 dropout
   support::View v93(param25_bert_encoder_layer_1_ffn_b_in); // updated in place
-  support::View v97 = arena_.view(65536, 8192);
   support::View v99 = arena_.view(98304, 8192);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("bert/encoder_layer[1]/ffn/dropout#0") +
-                                                   "#" + std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
-    float *__restrict v97p = v97.data();
-    float *__restrict v99p = v99.data();
-    const float *__restrict v96p = v96.data();
-    const float *__restrict v93p = v93.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 256; ++i1) {
-        const float s0 = v96p[i0 * 256 + i1];
-        const float s1 = v93p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        const float s4 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s3) * 1.1111111111111112));
-        v97p[i0 * 256 + i1] = s2;
-        v99p[i0 * 256 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:55:10 einsum
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
   support::View v100 = arena_.view(0, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v99.data(), v94.data(), v100.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:71 add
-  // bert.mesh:21:17 add
   support::View v95(param27_bert_encoder_layer_1_ffn_b_out); // updated in place
   support::View v102 = arena_.view(49152, 2048);
-  {
-    float *__restrict v102p = v102.data();
-    const float *__restrict v100p = v100.data();
-    const float *__restrict v95p = v95.data();
-    const float *__restrict v91p = v91.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v100p[i0 * 64 + i1];
-        const float s1 = v95p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v91p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        v102p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v105 = arena_.view(57344, 2048);
-  static const support::Shape shape16_2 = {1, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {2048, 64};
-  static const support::Shape shape16_5 = {64};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(v105.data(), v102.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add -> x
   support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
   support::View v104(param29_bert_encoder_layer_1_norm_1_bias); // updated in place
+  support::View v97 = arena_.view(65536, 8192);
   support::View v107 = arena_.view(131072, 2048);
-  {
-    float *__restrict v107p = v107.data();
-    const float *__restrict v105p = v105.data();
-    const float *__restrict v103p = v103.data();
-    const float *__restrict v104p = v104.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v105p[i0 * 64 + i1];
-        const float s1 = v103p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v104p[i1];
-        const float s4 = (s2 + s3);
-        v107p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated2(v39, v76, v82, v83, v74, v84, v70, v85, v66, v86, v89, v87, v88, v91, v92, v96, v93,
+            v97, v99, v94, v100, v95, v102, v105, v103, v104, v107,
+            "bert/encoder_layer[1]/ffn/dropout#0");
 
   // bert.mesh:46:10 einsum
-  support::View v5(param0_bert_token_embedding); // updated in place
   support::View v108 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
+  static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{1, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(v107.data(), v5.data(), v108.data(), 1.0f, 0.0f);
+  einsumPlan12.run(v107.data(), v5.data(), v108.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:58 add
   support::View v8(param3_bert_output_bias); // updated in place
@@ -2226,22 +1536,22 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // bert.mesh:60:14 log_softmax -> logp
   support::View v110 = arena_.view(0, 4096);
-  static const support::Shape shape20_2 = {1, 32};
-  static const support::Shape shape20_3 = {4096, 128};
-  static const support::Shape shape20_4 = {4096, 128};
-  static const support::Shape shape20_5 = {128};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v110.data(), v109.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::LogSoftmax, 1e-05, 128, nullptr);
+  static const support::Shape shape14_2 = {1, 32};
+  static const support::Shape shape14_3 = {4096, 128};
+  static const support::Shape shape14_4 = {4096, 128};
+  static const support::Shape shape14_5 = {128};
+  static const support::Shape shape14_6 = {1};
+  static const support::Shape shape14_7 = {1};
+  support::along(v110.data(), v109.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
+                 shape14_7, support::Along::LogSoftmax, 1e-05, 128, nullptr);
 
   // bert.mesh:61:32 one_hot
   const support::Buffer &v4 = inputs.targets.data;
   support::View v111 = arena_.view(16384, 4096);
-  static const support::Shape shape21_1 = {1, 32, 128};
-  static const support::Shape shape21_3 = {32, 1, 0};
-  static const support::Shape shape21_4 = {0, 0, 1};
-  support::oneHot(v111.data(), shape21_1, v4.data(), shape21_3, shape21_4, 0);
+  static const support::Shape shape15_1 = {1, 32, 128};
+  static const support::Shape shape15_3 = {32, 1, 0};
+  static const support::Shape shape15_4 = {0, 0, 1};
+  support::oneHot(v111.data(), shape15_1, v4.data(), shape15_3, shape15_4, 0);
 
   // bert.mesh:61:30 mul
   support::View v112 = arena_.view(32768, 4096);
@@ -2259,24 +1569,18 @@ void MlmTrain::runPart1(const Inputs &inputs) {
 
   // bert.mesh:61:21 sum
   support::View v113 = arena_.view(139264, 32);
-  static const support::Shape shape23_1 = {1, 32};
-  static const support::Shape shape23_3 = {4096, 128};
-  static const support::Shape shape23_4 = {128};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v113.data(), shape23_1, v112.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape17_1 = {1, 32};
+  static const support::Shape shape17_3 = {4096, 128};
+  static const support::Shape shape17_4 = {128};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v113.data(), shape17_1, v112.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void MlmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
 
   // bert.mesh:62:28 mul
   // bert.mesh:62:16 cast -> weight
   // bert.mesh:61:20 neg -> token_loss
   // bert.mesh:64:29 mul
   const support::Buffer &v3 = inputs.masked.data;
-  const support::Buffer &v2 = inputs.padding.data;
-  support::View v113 = arena_.view(139264, 32);
   support::View v116 = arena_.view(139392, 32);
   support::View v117 = arena_.view(32768, 32);
   {
@@ -2300,20 +1604,20 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // bert.mesh:64:14 sum
   support::View v118 = arena_.view(32896, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {1, 32};
-  static const support::Shape shape1_5 = {32, 1};
-  support::reduce(v118.data(), shape1_1, v117.data(), shape1_3, shape1_4, shape1_5,
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {1, 32};
+  static const support::Shape shape19_5 = {32, 1};
+  support::reduce(v118.data(), shape19_1, v117.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:42 sum
   support::View v119 = arena_.view(32768, 1);
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {1, 32};
-  static const support::Shape shape2_5 = {32, 1};
-  support::reduce(v119.data(), shape2_1, v116.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {1, 32};
+  static const support::Shape shape20_5 = {32, 1};
+  support::reduce(v119.data(), shape20_1, v116.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:64:54 all_reduce_sum (resolve the partial sum of %119 over data, model for add at
@@ -2346,7 +1650,6 @@ void MlmTrain::runPart2(const Inputs &inputs) {
   // bert.mesh:61:20 neg
   // bert.mesh:61:21 broadcast
   // bert.mesh:61:30 mul
-  support::View v111 = arena_.view(16384, 4096);
   support::View v130 = arena_.view(32768, 4096);
   {
     float *__restrict v130p = v130.data();
@@ -2367,14 +1670,19 @@ void MlmTrain::runPart2(const Inputs &inputs) {
       }
     }
   }
+}
+
+void MlmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // bert.mesh:60:14 sum
+  support::View v130 = arena_.view(32768, 4096);
   support::View v131 = arena_.view(139264, 32);
-  static const support::Shape shape6_1 = {1, 32};
-  static const support::Shape shape6_3 = {4096, 128};
-  static const support::Shape shape6_4 = {128};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v131.data(), shape6_1, v130.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape0_1 = {1, 32};
+  static const support::Shape shape0_3 = {4096, 128};
+  static const support::Shape shape0_4 = {128};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v131.data(), shape0_1, v130.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:60:14 exp
@@ -2402,36 +1710,36 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // bert.mesh:46:58 sum -> grad/bert/output_bias
   support::View v135 = arena_.view(538624, 128);
-  static const support::Shape shape8_1 = {128};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {1, 32};
-  static const support::Shape shape8_5 = {4096, 128};
-  support::reduce(v135.data(), shape8_1, v134.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape2_1 = {128};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {1, 32};
+  static const support::Shape shape2_5 = {4096, 128};
+  support::reduce(v135.data(), shape2_1, v134.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // bert.mesh:46:10 einsum
   support::View v5(param0_bert_token_embedding); // updated in place
   support::View v136 = arena_.view(0, 2048);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan9.run(v134.data(), v5.data(), v136.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v134.data(), v5.data(), v136.data(), 1.0f, 0.0f);
 
   // bert.mesh:46:10 einsum
   support::View v107 = arena_.view(131072, 2048);
   support::View v137 = arena_.view(262144, 8192);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{1, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan10.run(v134.data(), v107.data(), v137.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v134.data(), v107.data(), v137.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm#1/bias
   support::View v138 = arena_.view(539136, 64);
-  static const support::Shape shape11_1 = {64};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {1, 32};
-  static const support::Shape shape11_5 = {2048, 64};
-  support::reduce(v138.data(), shape11_1, v136.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape5_1 = {64};
+  static const support::Shape shape5_3 = {1};
+  static const support::Shape shape5_4 = {1, 32};
+  static const support::Shape shape5_5 = {2048, 64};
+  support::reduce(v138.data(), shape5_1, v136.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
@@ -2451,21 +1759,21 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm#1/gain
   support::View v141 = arena_.view(539392, 64);
-  static const support::Shape shape13_1 = {64};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {1, 32};
-  static const support::Shape shape13_5 = {2048, 64};
-  support::reduce(v141.data(), shape13_1, v140.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape7_1 = {64};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {1, 32};
+  static const support::Shape shape7_5 = {2048, 64};
+  support::reduce(v141.data(), shape7_1, v140.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   support::View v102 = arena_.view(49152, 2048);
   support::View v142 = arena_.view(16384, 32);
-  static const support::Shape shape14_1 = {1, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v142.data(), shape14_1, v102.data(), shape14_3, shape14_4, shape14_5,
+  static const support::Shape shape8_1 = {1, 32};
+  static const support::Shape shape8_3 = {2048, 64};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v142.data(), shape8_1, v102.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
@@ -2488,11 +1796,11 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v145 = arena_.view(16384, 32);
-  static const support::Shape shape16_1 = {1, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v145.data(), shape16_1, v144.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape10_1 = {1, 32};
+  static const support::Shape shape10_3 = {2048, 64};
+  static const support::Shape shape10_4 = {64};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v145.data(), shape10_1, v144.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -2536,20 +1844,20 @@ void MlmTrain::runPart2(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v150 = arena_.view(0, 32);
-  static const support::Shape shape19_1 = {1, 32};
-  static const support::Shape shape19_3 = {2048, 64};
-  static const support::Shape shape19_4 = {64};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v150.data(), shape19_1, v149.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape13_1 = {1, 32};
+  static const support::Shape shape13_3 = {2048, 64};
+  static const support::Shape shape13_4 = {64};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v150.data(), shape13_1, v149.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   support::View v152 = arena_.view(128, 32);
-  static const support::Shape shape20_1 = {1, 32};
-  static const support::Shape shape20_3 = {2048, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v152.data(), shape20_1, v139.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape14_1 = {1, 32};
+  static const support::Shape shape14_3 = {2048, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v152.data(), shape14_1, v139.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -2580,1250 +1888,160 @@ void MlmTrain::runPart2(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
-  support::View v156 = arena_.view(539648, 64);
-  static const support::Shape shape22_1 = {64};
-  static const support::Shape shape22_3 = {1};
-  static const support::Shape shape22_4 = {1, 32};
-  static const support::Shape shape22_5 = {2048, 64};
-  support::reduce(v156.data(), shape22_1, v155.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:55:10 einsum
+  // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (1 of 2)
   support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
   support::View v157 = arena_.view(131072, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan23.run(v155.data(), v94.data(), v157.data(), 1.0f, 0.0f);
-}
-
-void MlmTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[1]/ffn/w_out
-  support::View v155 = arena_.view(409600, 2048);
   support::View v99 = arena_.view(98304, 8192);
-  support::View v158 = arena_.view(0, 16384);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan0.run(v155.data(), v99.data(), v158.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 tanh
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 sub
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:55:17 dropout
-  // layers.mesh:54:11 mul
   support::View v97 = arena_.view(65536, 8192);
-  support::View v157 = arena_.view(131072, 8192);
   support::View v181 = arena_.view(163840, 8192);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("bert/encoder_layer[1]/ffn/dropout#0") +
-                                                   "#" + std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
-    float *__restrict v181p = v181.data();
-    const float *__restrict v97p = v97.data();
-    const float *__restrict v157p = v157.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v97p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = v97p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = v97p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = v97p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = v157p[i0];
-      const float s29 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s28) * 1.1111111111111112));
-      const float s30 = (s29 * s27);
-      v181p[i0] = s30;
-    }
-  }
-
-  // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
-  support::View v182 = arena_.view(536576, 256);
-  static const support::Shape shape2_1 = {256};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {1, 32};
-  static const support::Shape shape2_5 = {8192, 256};
-  support::reduce(v182.data(), shape2_1, v181.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:54:16 einsum
   support::View v92(param24_bert_encoder_layer_1_ffn_w_in); // updated in place
   support::View v183 = arena_.view(65536, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v181.data(), v92.data(), v183.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:16 add
   support::View v184 = arena_.view(131072, 2048);
-  {
-    float *__restrict v184p = v184.data();
-    const float *__restrict v155p = v155.data();
-    const float *__restrict v183p = v183.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v155p[i0];
-      const float s1 = v183p[i0];
-      const float s2 = (s0 + s1);
-      v184p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
   support::View v91 = arena_.view(401408, 2048);
-  support::View v185 = arena_.view(65536, 16384);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan5.run(v181.data(), v91.data(), v185.data(), 1.0f, 0.0f);
-
-  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
-  support::View v186 = arena_.view(539904, 64);
-  static const support::Shape shape6_1 = {64};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {1, 32};
-  static const support::Shape shape6_5 = {2048, 64};
-  support::reduce(v186.data(), shape6_1, v184.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
   support::View v89 = arena_.view(385024, 2048);
   support::View v188 = arena_.view(139264, 2048);
-  {
-    float *__restrict v188p = v188.data();
-    const float *__restrict v184p = v184.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v184p[i0];
-      const float s1 = v89p[i0];
-      const float s2 = (s0 * s1);
-      v188p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
-  support::View v189 = arena_.view(540160, 64);
-  static const support::Shape shape8_1 = {64};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {1, 32};
-  static const support::Shape shape8_5 = {2048, 64};
-  support::reduce(v189.data(), shape8_1, v188.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  support::View v86 = arena_.view(376832, 2048);
   support::View v190 = arena_.view(147456, 32);
-  static const support::Shape shape9_1 = {1, 32};
-  static const support::Shape shape9_3 = {2048, 64};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v190.data(), shape9_1, v86.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
+  support::View v86 = arena_.view(376832, 2048);
   support::View v192 = arena_.view(139264, 2048);
-  {
-    float *__restrict v192p = v192.data();
-    const float *__restrict v86p = v86.data();
-    const float *__restrict v190p = v190.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v86p[i0 * 64 + i1];
-        const float s1 = v190p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v192p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v193 = arena_.view(147456, 32);
-  static const support::Shape shape11_1 = {1, 32};
-  static const support::Shape shape11_3 = {2048, 64};
-  static const support::Shape shape11_4 = {64};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v193.data(), shape11_1, v192.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   support::View v195 = arena_.view(155648, 32);
-  {
-    float *__restrict v195p = v195.data();
-    const float *__restrict v193p = v193.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v193p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v195p[i0] = s3;
-    }
-  }
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
   support::View v87(param22_bert_encoder_layer_1_norm_gain); // updated in place
   support::View v187 = arena_.view(139264, 2048);
   support::View v196 = arena_.view(147456, 2048);
-  {
-    float *__restrict v187p = v187.data();
-    float *__restrict v196p = v196.data();
-    const float *__restrict v184p = v184.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v184p[i0 * 64 + i1];
-        const float s1 = v87p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v89p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v187p[i0 * 64 + i1] = s2;
-        v196p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v197 = arena_.view(131072, 32);
-  static const support::Shape shape14_1 = {1, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v197.data(), shape14_1, v196.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
   support::View v199 = arena_.view(131200, 32);
-  static const support::Shape shape15_1 = {1, 32};
-  static const support::Shape shape15_3 = {2048, 64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v199.data(), shape15_1, v187.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
   support::View v202 = arena_.view(163840, 2048);
-  {
-    float *__restrict v202p = v202.data();
-    const float *__restrict v89p = v89.data();
-    const float *__restrict v197p = v197.data();
-    const float *__restrict v187p = v187.data();
-    const float *__restrict v199p = v199.data();
-    const float *__restrict v195p = v195.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v89p[i0 * 64 + i1];
-        const float s1 = v197p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v187p[i0 * 64 + i1];
-        const float s4 = v199p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v195p[i0];
-        const float s8 = (s6 * s7);
-        v202p[i0 * 64 + i1] = s8;
-      }
-    }
-  }
-
-  // layers.mesh:45:10 einsum
   support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
   support::View v203 = arena_.view(147456, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan17.run(v202.data(), v70.data(), v203.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[1]/attention/w_o
   support::View v84 = arena_.view(393216, 2048);
-  support::View v204 = arena_.view(376832, 4096);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan18.run(v202.data(), v84.data(), v204.data(), 1.0f, 0.0f);
-
-  // layers.mesh:44:17 einsum
   support::View v74 = arena_.view(352256, 2048);
   support::View v205 = arena_.view(131072, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan19.run(v203.data(), v74.data(), v205.data(), 1.0f, 0.0f);
-
-  // layers.mesh:44:17 einsum
   support::View v83 = arena_.view(294912, 4096);
   support::View v206 = arena_.view(172032, 2048);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan20.run(v203.data(), v83.data(), v206.data(), 1.0f, 0.0f);
-
-  // layers.mesh:43:17 mul
   support::View v207 = arena_.view(147456, 4096);
-  {
-    float *__restrict v207p = v207.data();
-    const float *__restrict v205p = v205.data();
-    const float *__restrict v83p = v83.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v205p[i0];
-      const float s1 = v83p[i0];
-      const float s2 = (s0 * s1);
-      v207p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:43:17 sum
   support::View v208 = arena_.view(180224, 128);
-  static const support::Shape shape22_1 = {1, 4, 32};
-  static const support::Shape shape22_3 = {4096, 1024, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v208.data(), shape22_1, v207.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:43:17 sub
-  // layers.mesh:43:17 mul
-  // layers.mesh:43:25 where
-  // layers.mesh:41:55 mul
   support::View v39 = arena_.view(532480, 1024);
-  support::View v213 = arena_.view(147456, 4096);
-  {
-    float *__restrict v213p = v213.data();
-    const float *__restrict v205p = v205.data();
-    const float *__restrict v208p = v208.data();
-    const float *__restrict v83p = v83.data();
-    const float *__restrict v39p = v39.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = v205p[i0 * 1024 + i1 * 32 + i2];
-          const float s1 = v208p[i0 * 32 + i1];
-          const float s2 = (s0 - s1);
-          const float s3 = v83p[i0 * 1024 + i1 * 32 + i2];
-          const float s4 = (s3 * s2);
-          const float s5 = v39p[i1 * 32 + i2];
-          const float s6 = 0.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
-          const float s8 = 0.25f;
-          const float s9 = (s7 * s8);
-          v213p[i0 * 1024 + i1 * 32 + i2] = s9;
-        }
-      }
-    }
-  }
-}
-
-void MlmTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:41:16 einsum
   support::View v213 = arena_.view(147456, 4096);
   support::View v72 = arena_.view(344064, 2048);
   support::View v214 = arena_.view(131072, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan0.run(v213.data(), v72.data(), v214.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
   support::View v71 = arena_.view(335872, 2048);
   support::View v215 = arena_.view(139264, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan1.run(v213.data(), v71.data(), v215.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
-  support::View v206 = arena_.view(172032, 2048);
   support::View v69(param20_bert_encoder_layer_1_attention_w_v); // updated in place
   support::View v217 = arena_.view(147456, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(v206.data(), v69.data(), v217.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
   support::View v66 = arena_.view(327680, 2048);
-  support::View v219 = arena_.view(393216, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan3.run(v206.data(), v66.data(), v219.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   support::View v68(param19_bert_encoder_layer_1_attention_w_k); // updated in place
   support::View v221 = arena_.view(155648, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan4.run(v215.data(), v68.data(), v221.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
-  support::View v223 = arena_.view(409600, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan5.run(v215.data(), v66.data(), v223.data(), 1.0f, 0.0f);
-
-  // layers.mesh:36:11 einsum
   support::View v67(param18_bert_encoder_layer_1_attention_w_q); // updated in place
   support::View v224 = arena_.view(139264, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan6.run(v214.data(), v67.data(), v224.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 add
-  // layers.mesh:38:18 add
-  // layers.mesh:36:11 add
-  support::View v202 = arena_.view(163840, 2048);
   support::View v225 = arena_.view(172032, 2048);
-  {
-    float *__restrict v225p = v225.data();
-    const float *__restrict v202p = v202.data();
-    const float *__restrict v217p = v217.data();
-    const float *__restrict v221p = v221.data();
-    const float *__restrict v224p = v224.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v202p[i0];
-      const float s1 = v217p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v221p[i0];
-      const float s4 = (s2 + s3);
-      const float s5 = v224p[i0];
-      const float s6 = (s4 + s5);
-      v225p[i0] = s6;
-    }
-  }
-
-  // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
-  support::View v226 = arena_.view(425984, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan8.run(v214.data(), v66.data(), v226.data(), 1.0f, 0.0f);
-
-  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
-  support::View v227 = arena_.view(540416, 64);
-  static const support::Shape shape9_1 = {64};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {1, 32};
-  static const support::Shape shape9_5 = {2048, 64};
-  support::reduce(v227.data(), shape9_1, v225.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
   support::View v64 = arena_.view(319488, 2048);
   support::View v229 = arena_.view(131072, 2048);
-  {
-    float *__restrict v229p = v229.data();
-    const float *__restrict v225p = v225.data();
-    const float *__restrict v64p = v64.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v225p[i0];
-      const float s1 = v64p[i0];
-      const float s2 = (s0 * s1);
-      v229p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
-  support::View v230 = arena_.view(540672, 64);
-  static const support::Shape shape11_1 = {64};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {1, 32};
-  static const support::Shape shape11_5 = {2048, 64};
-  support::reduce(v230.data(), shape11_1, v229.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  support::View v61 = arena_.view(311296, 2048);
   support::View v231 = arena_.view(139264, 32);
-  static const support::Shape shape12_1 = {1, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v231.data(), shape12_1, v61.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
+  support::View v61 = arena_.view(311296, 2048);
   support::View v233 = arena_.view(131072, 2048);
-  {
-    float *__restrict v233p = v233.data();
-    const float *__restrict v61p = v61.data();
-    const float *__restrict v231p = v231.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v61p[i0 * 64 + i1];
-        const float s1 = v231p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v233p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v234 = arena_.view(139264, 32);
-  static const support::Shape shape14_1 = {1, 32};
-  static const support::Shape shape14_3 = {2048, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v234.data(), shape14_1, v233.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   support::View v236 = arena_.view(147456, 32);
-  {
-    float *__restrict v236p = v236.data();
-    const float *__restrict v234p = v234.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v234p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v236p[i0] = s3;
-    }
-  }
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
   support::View v62(param16_bert_encoder_layer_0_norm_1_gain); // updated in place
   support::View v228 = arena_.view(131072, 2048);
   support::View v237 = arena_.view(139264, 2048);
-  {
-    float *__restrict v228p = v228.data();
-    float *__restrict v237p = v237.data();
-    const float *__restrict v225p = v225.data();
-    const float *__restrict v62p = v62.data();
-    const float *__restrict v64p = v64.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v225p[i0 * 64 + i1];
-        const float s1 = v62p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v64p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v228p[i0 * 64 + i1] = s2;
-        v237p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v238 = arena_.view(147584, 32);
-  static const support::Shape shape17_1 = {1, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v238.data(), shape17_1, v237.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
   support::View v240 = arena_.view(139264, 32);
-  static const support::Shape shape18_1 = {1, 32};
-  static const support::Shape shape18_3 = {2048, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v240.data(), shape18_1, v228.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
+  support::View v156 = arena_.view(539648, 64);
+  support::View v158 = arena_.view(0, 16384);
+  support::View v182 = arena_.view(536576, 256);
+  support::View v185 = arena_.view(65536, 16384);
+  support::View v186 = arena_.view(539904, 64);
+  support::View v189 = arena_.view(540160, 64);
+  support::View v204 = arena_.view(376832, 4096);
+  support::View v219 = arena_.view(393216, 4096);
+  support::View v223 = arena_.view(409600, 4096);
+  support::View v226 = arena_.view(425984, 4096);
+  support::View v227 = arena_.view(540416, 64);
+  support::View v230 = arena_.view(540672, 64);
   support::View v243 = arena_.view(524288, 2048);
-  {
-    float *__restrict v243p = v243.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v238p = v238.data();
-    const float *__restrict v228p = v228.data();
-    const float *__restrict v240p = v240.data();
-    const float *__restrict v236p = v236.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v64p[i0 * 64 + i1];
-        const float s1 = v238p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v228p[i0 * 64 + i1];
-        const float s4 = v240p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v236p[i0];
-        const float s8 = (s6 * s7);
-        v243p[i0 * 64 + i1] = s8;
-      }
-    }
-  }
+  repeated1(v156, v155, v94, v157, v99, v158, v97, v181, v182, v92, v183, v184, v91, v185, v186,
+            v89, v188, v189, v190, v86, v192, v193, v195, v87, v187, v196, v197, v199, v202, v70,
+            v203, v84, v204, v74, v205, v83, v206, v207, v208, v39, v213, v72, v214, v71, v215, v69,
+            v217, v66, v219, v68, v221, v223, v67, v224, v225, v226, v227, v64, v229, v230, v231,
+            v61, v233, v234, v236, v62, v228, v237, v238, v240, v243,
+            "bert/encoder_layer[1]/ffn/dropout#0");
 
-  // layers.mesh:55:71 sum -> grad/bert/encoder_layer[0]/ffn/b_out
-  support::View v244 = arena_.view(540928, 64);
-  static const support::Shape shape20_1 = {64};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {1, 32};
-  static const support::Shape shape20_5 = {2048, 64};
-  support::reduce(v244.data(), shape20_1, v243.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:55:10 einsum
+  // 46 statements from layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out (2 of 2)
   support::View v53(param14_bert_encoder_layer_0_ffn_w_out); // updated in place
   support::View v245 = arena_.view(294912, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(v243.data(), v53.data(), v245.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[0]/ffn/w_out
   support::View v58 = arena_.view(229376, 8192);
-  support::View v246 = arena_.view(131072, 16384);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan22.run(v243.data(), v58.data(), v246.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 tanh
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 sub
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:55:17 dropout
-  // layers.mesh:54:11 mul
   support::View v56 = arena_.view(196608, 8192);
   support::View v264 = arena_.view(327680, 8192);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("bert/encoder_layer[0]/ffn/dropout#0") +
-                                                   "#" + std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
-    float *__restrict v264p = v264.data();
-    const float *__restrict v56p = v56.data();
-    const float *__restrict v245p = v245.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v56p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = v56p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = v56p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = v56p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = v245p[i0];
-      const float s29 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s28) * 1.1111111111111112));
-      const float s30 = (s29 * s27);
-      v264p[i0] = s30;
-    }
-  }
-}
-
-void MlmTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:54:52 sum -> grad/bert/encoder_layer[0]/ffn/b_in
-  support::View v264 = arena_.view(327680, 8192);
-  support::View v265 = arena_.view(537600, 256);
-  static const support::Shape shape0_1 = {256};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {1, 32};
-  static const support::Shape shape0_5 = {8192, 256};
-  support::reduce(v265.data(), shape0_1, v264.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:54:16 einsum
   support::View v51(param12_bert_encoder_layer_0_ffn_w_in); // updated in place
   support::View v266 = arena_.view(196608, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v264.data(), v51.data(), v266.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:16 add
-  support::View v243 = arena_.view(524288, 2048);
   support::View v267 = arena_.view(294912, 2048);
-  {
-    float *__restrict v267p = v267.data();
-    const float *__restrict v243p = v243.data();
-    const float *__restrict v266p = v266.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v243p[i0];
-      const float s1 = v266p[i0];
-      const float s2 = (s0 + s1);
-      v267p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[0]/ffn/w_in
   support::View v50 = arena_.view(516096, 2048);
-  support::View v268 = arena_.view(196608, 16384);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan3.run(v264.data(), v50.data(), v268.data(), 1.0f, 0.0f);
-
-  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm/bias
-  support::View v269 = arena_.view(516096, 64);
-  static const support::Shape shape4_1 = {64};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {1, 32};
-  static const support::Shape shape4_5 = {2048, 64};
-  support::reduce(v269.data(), shape4_1, v267.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
   support::View v48 = arena_.view(450560, 2048);
   support::View v271 = arena_.view(303104, 2048);
-  {
-    float *__restrict v271p = v271.data();
-    const float *__restrict v267p = v267.data();
-    const float *__restrict v48p = v48.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v267p[i0];
-      const float s1 = v48p[i0];
-      const float s2 = (s0 * s1);
-      v271p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm/gain
-  support::View v272 = arena_.view(516352, 64);
-  static const support::Shape shape6_1 = {64};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {1, 32};
-  static const support::Shape shape6_5 = {2048, 64};
-  support::reduce(v272.data(), shape6_1, v271.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  support::View v45 = arena_.view(442368, 2048);
   support::View v273 = arena_.view(311296, 32);
-  static const support::Shape shape7_1 = {1, 32};
-  static const support::Shape shape7_3 = {2048, 64};
-  static const support::Shape shape7_4 = {64};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v273.data(), shape7_1, v45.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
+  support::View v45 = arena_.view(442368, 2048);
   support::View v275 = arena_.view(303104, 2048);
-  {
-    float *__restrict v275p = v275.data();
-    const float *__restrict v45p = v45.data();
-    const float *__restrict v273p = v273.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v45p[i0 * 64 + i1];
-        const float s1 = v273p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v275p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v276 = arena_.view(311296, 32);
-  static const support::Shape shape9_1 = {1, 32};
-  static const support::Shape shape9_3 = {2048, 64};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v276.data(), shape9_1, v275.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   support::View v278 = arena_.view(319488, 32);
-  {
-    float *__restrict v278p = v278.data();
-    const float *__restrict v276p = v276.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v276p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v278p[i0] = s3;
-    }
-  }
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
   support::View v46(param10_bert_encoder_layer_0_norm_gain); // updated in place
   support::View v270 = arena_.view(303104, 2048);
   support::View v279 = arena_.view(311296, 2048);
-  {
-    float *__restrict v270p = v270.data();
-    float *__restrict v279p = v279.data();
-    const float *__restrict v267p = v267.data();
-    const float *__restrict v46p = v46.data();
-    const float *__restrict v48p = v48.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v267p[i0 * 64 + i1];
-        const float s1 = v46p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v48p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v270p[i0 * 64 + i1] = s2;
-        v279p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v280 = arena_.view(294912, 32);
-  static const support::Shape shape12_1 = {1, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v280.data(), shape12_1, v279.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
   support::View v282 = arena_.view(295040, 32);
-  static const support::Shape shape13_1 = {1, 32};
-  static const support::Shape shape13_3 = {2048, 64};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v282.data(), shape13_1, v270.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
   support::View v285 = arena_.view(327680, 2048);
-  {
-    float *__restrict v285p = v285.data();
-    const float *__restrict v48p = v48.data();
-    const float *__restrict v280p = v280.data();
-    const float *__restrict v270p = v270.data();
-    const float *__restrict v282p = v282.data();
-    const float *__restrict v278p = v278.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v48p[i0 * 64 + i1];
-        const float s1 = v280p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v270p[i0 * 64 + i1];
-        const float s4 = v282p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v278p[i0];
-        const float s8 = (s6 * s7);
-        v285p[i0 * 64 + i1] = s8;
-      }
-    }
-  }
-
-  // layers.mesh:45:10 einsum
   support::View v29(param9_bert_encoder_layer_0_attention_w_o); // updated in place
   support::View v286 = arena_.view(311296, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan15.run(v285.data(), v29.data(), v286.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[0]/attention/w_o
   support::View v43 = arena_.view(483328, 2048);
-  support::View v287 = arena_.view(442368, 4096);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan16.run(v285.data(), v43.data(), v287.data(), 1.0f, 0.0f);
-
-  // layers.mesh:44:17 einsum
   support::View v33 = arena_.view(475136, 2048);
   support::View v288 = arena_.view(294912, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan17.run(v286.data(), v33.data(), v288.data(), 1.0f, 0.0f);
-
-  // layers.mesh:44:17 einsum
   support::View v42 = arena_.view(360448, 4096);
   support::View v289 = arena_.view(335872, 2048);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan18.run(v286.data(), v42.data(), v289.data(), 1.0f, 0.0f);
-
-  // layers.mesh:43:17 mul
   support::View v290 = arena_.view(311296, 4096);
-  {
-    float *__restrict v290p = v290.data();
-    const float *__restrict v288p = v288.data();
-    const float *__restrict v42p = v42.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v288p[i0];
-      const float s1 = v42p[i0];
-      const float s2 = (s0 * s1);
-      v290p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:43:17 sum
   support::View v291 = arena_.view(344064, 128);
-  static const support::Shape shape20_1 = {1, 4, 32};
-  static const support::Shape shape20_3 = {4096, 1024, 32};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v291.data(), shape20_1, v290.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:43:17 sub
-  // layers.mesh:43:17 mul
-  // layers.mesh:43:25 where
-  // layers.mesh:41:55 mul
-  support::View v39 = arena_.view(532480, 1024);
   support::View v295 = arena_.view(311296, 4096);
-  {
-    float *__restrict v295p = v295.data();
-    const float *__restrict v288p = v288.data();
-    const float *__restrict v291p = v291.data();
-    const float *__restrict v42p = v42.data();
-    const float *__restrict v39p = v39.data();
-    for (int64_t i0 = 0; i0 < 4; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = v288p[i0 * 1024 + i1 * 32 + i2];
-          const float s1 = v291p[i0 * 32 + i1];
-          const float s2 = (s0 - s1);
-          const float s3 = v42p[i0 * 1024 + i1 * 32 + i2];
-          const float s4 = (s3 * s2);
-          const float s5 = v39p[i1 * 32 + i2];
-          const float s6 = 0.0f;
-          const float s7 = (s5 != 0 ? s4 : s6);
-          const float s8 = 0.25f;
-          const float s9 = (s7 * s8);
-          v295p[i0 * 1024 + i1 * 32 + i2] = s9;
-        }
-      }
-    }
-  }
-
-  // layers.mesh:41:16 einsum
   support::View v31 = arena_.view(466944, 2048);
   support::View v296 = arena_.view(294912, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan22.run(v295.data(), v31.data(), v296.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
   support::View v30 = arena_.view(458752, 2048);
   support::View v297 = arena_.view(303104, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan23.run(v295.data(), v30.data(), v297.data(), 1.0f, 0.0f);
-}
-
-void MlmTrain::runPart6(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:39:18 einsum
-  support::View v289 = arena_.view(335872, 2048);
   support::View v28(param8_bert_encoder_layer_0_attention_w_v); // updated in place
   support::View v299 = arena_.view(311296, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan0.run(v289.data(), v28.data(), v299.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[0]/attention/w_v
   support::View v17 = arena_.view(507904, 2048);
-  support::View v301 = arena_.view(360448, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan1.run(v289.data(), v17.data(), v301.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
-  support::View v297 = arena_.view(303104, 2048);
   support::View v27(param7_bert_encoder_layer_0_attention_w_k); // updated in place
   support::View v303 = arena_.view(319488, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(v297.data(), v27.data(), v303.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[0]/attention/w_k
-  support::View v305 = arena_.view(458752, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan3.run(v297.data(), v17.data(), v305.data(), 1.0f, 0.0f);
-
-  // layers.mesh:36:11 einsum
-  support::View v296 = arena_.view(294912, 2048);
   support::View v26(param6_bert_encoder_layer_0_attention_w_q); // updated in place
   support::View v306 = arena_.view(303104, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan4.run(v296.data(), v26.data(), v306.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 add
-  // layers.mesh:38:18 add
-  // layers.mesh:36:11 add
-  support::View v285 = arena_.view(327680, 2048);
   support::View v307 = arena_.view(335872, 2048);
-  {
-    float *__restrict v307p = v307.data();
-    const float *__restrict v285p = v285.data();
-    const float *__restrict v299p = v299.data();
-    const float *__restrict v303p = v303.data();
-    const float *__restrict v306p = v306.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v285p[i0];
-      const float s1 = v299p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v303p[i0];
-      const float s4 = (s2 + s3);
-      const float s5 = v306p[i0];
-      const float s6 = (s4 + s5);
-      v307p[i0] = s6;
-    }
-  }
-
-  // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[0]/attention/w_q
-  support::View v308 = arena_.view(475136, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan6.run(v296.data(), v17.data(), v308.data(), 1.0f, 0.0f);
-
-  // layers.mesh:24:40 sum -> grad/bert/norm/bias
-  support::View v309 = arena_.view(507904, 64);
-  static const support::Shape shape7_1 = {64};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {1, 32};
-  static const support::Shape shape7_5 = {2048, 64};
-  support::reduce(v309.data(), shape7_1, v307.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
   support::View v15 = arena_.view(499712, 2048);
   support::View v311 = arena_.view(294912, 2048);
-  {
-    float *__restrict v311p = v311.data();
-    const float *__restrict v307p = v307.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v307p[i0];
-      const float s1 = v15p[i0];
-      const float s2 = (s0 * s1);
-      v311p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:33 sum -> grad/bert/norm/gain
-  support::View v312 = arena_.view(508160, 64);
-  static const support::Shape shape9_1 = {64};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {1, 32};
-  static const support::Shape shape9_5 = {2048, 64};
-  support::reduce(v312.data(), shape9_1, v311.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  support::View v12 = arena_.view(491520, 2048);
   support::View v313 = arena_.view(303104, 32);
-  static const support::Shape shape10_1 = {1, 32};
-  static const support::Shape shape10_3 = {2048, 64};
-  static const support::Shape shape10_4 = {64};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v313.data(), shape10_1, v12.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
+  support::View v12 = arena_.view(491520, 2048);
   support::View v315 = arena_.view(294912, 2048);
-  {
-    float *__restrict v315p = v315.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v313p = v313.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v12p[i0 * 64 + i1];
-        const float s1 = v313p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v315p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v316 = arena_.view(303104, 32);
-  static const support::Shape shape12_1 = {1, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v316.data(), shape12_1, v315.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   support::View v318 = arena_.view(311296, 32);
-  {
-    float *__restrict v318p = v318.data();
-    const float *__restrict v316p = v316.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v316p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v318p[i0] = s3;
-    }
-  }
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
   support::View v13(param4_bert_norm_gain); // updated in place
   support::View v310 = arena_.view(294912, 2048);
   support::View v319 = arena_.view(303104, 2048);
-  {
-    float *__restrict v310p = v310.data();
-    float *__restrict v319p = v319.data();
-    const float *__restrict v307p = v307.data();
-    const float *__restrict v13p = v13.data();
-    const float *__restrict v15p = v15.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v307p[i0 * 64 + i1];
-        const float s1 = v13p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v15p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v310p[i0 * 64 + i1] = s2;
-        v319p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v320 = arena_.view(311424, 32);
-  static const support::Shape shape15_1 = {1, 32};
-  static const support::Shape shape15_3 = {2048, 64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v320.data(), shape15_1, v319.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
   support::View v322 = arena_.view(303104, 32);
-  static const support::Shape shape16_1 = {1, 32};
-  static const support::Shape shape16_3 = {2048, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v322.data(), shape16_1, v310.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
+  support::View v244 = arena_.view(540928, 64);
+  support::View v246 = arena_.view(131072, 16384);
+  support::View v265 = arena_.view(537600, 256);
+  support::View v268 = arena_.view(196608, 16384);
+  support::View v269 = arena_.view(516096, 64);
+  support::View v272 = arena_.view(516352, 64);
+  support::View v287 = arena_.view(442368, 4096);
+  support::View v301 = arena_.view(360448, 4096);
+  support::View v305 = arena_.view(458752, 4096);
+  support::View v308 = arena_.view(475136, 4096);
+  support::View v309 = arena_.view(507904, 64);
+  support::View v312 = arena_.view(508160, 64);
   support::View v325 = arena_.view(344064, 2048);
-  {
-    float *__restrict v325p = v325.data();
-    const float *__restrict v15p = v15.data();
-    const float *__restrict v320p = v320.data();
-    const float *__restrict v310p = v310.data();
-    const float *__restrict v322p = v322.data();
-    const float *__restrict v318p = v318.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v15p[i0 * 64 + i1];
-        const float s1 = v320p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v310p[i0 * 64 + i1];
-        const float s4 = v322p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v318p[i0];
-        const float s8 = (s6 * s7);
-        v325p[i0 * 64 + i1] = s8;
-      }
-    }
-  }
+  repeated1(v244, v243, v53, v245, v58, v246, v56, v264, v265, v51, v266, v267, v50, v268, v269,
+            v48, v271, v272, v273, v45, v275, v276, v278, v46, v270, v279, v280, v282, v285, v29,
+            v286, v43, v287, v33, v288, v42, v289, v290, v291, v39, v295, v31, v296, v30, v297, v28,
+            v299, v17, v301, v27, v303, v305, v26, v306, v307, v308, v309, v15, v311, v312, v313,
+            v12, v315, v316, v318, v13, v310, v319, v320, v322, v325,
+            "bert/encoder_layer[0]/ffn/dropout#0");
 
   // bert.mesh:35:39 one_hot
   const support::Buffer &v1 = inputs.segment_ids.data;
@@ -3865,7 +2083,6 @@ void MlmTrain::runPart6(const Inputs &inputs) {
   einsumPlan22.run(v329.data(), v325.data(), v330.data(), 1.0f, 0.0f);
 
   // bert.mesh:34:37 add -> grad/bert/token_embedding
-  support::View v137 = arena_.view(262144, 8192);
   support::View v331 = arena_.view(327680, 8192);
   {
     float *__restrict v331p = v331.data();
@@ -3880,7 +2097,7 @@ void MlmTrain::runPart6(const Inputs &inputs) {
   }
 }
 
-void MlmTrain::runPart7(const Inputs &inputs) {
+void MlmTrain::runPart2(const Inputs &inputs) {
   (void)inputs;
 
   // bert.mesh:65:3 bucketed_all_reduce_sum -> loss (31 partial sums (loss, grad/bert/output_bias,
@@ -4242,135 +2459,117 @@ void MlmTrain::runPart7(const Inputs &inputs) {
     }
   }
 
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/norm/gain
+  // 1 statements from bert.mesh:65:3 mul (1 of 2)
   support::View v13(param4_bert_norm_gain);     // updated in place
   support::View v443(param39_bert_norm_gain_v); // updated in place
   support::View v442(param38_bert_norm_gain_m); // updated in place
-  {
-    float *__restrict v443p = v443.data();
-    float *__restrict v442p = v442.data();
-    float *__restrict v13p = v13.data();
-    const float *__restrict v312p = v312.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v13p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v312p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v443p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v312p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v442p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v13p[i0];
-      const float s30 = (s29 - s28);
-      v443p[i0] = s10;
-      v442p[i0] = s22;
-      v13p[i0] = s30;
-    }
-  }
+  repeated3(v13, v312, v443, v367, v442, v365, v349);
 
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/norm/bias
+  // 1 statements from bert.mesh:65:3 mul (2 of 2)
   support::View v14(param5_bert_norm_bias);     // updated in place
   support::View v464(param41_bert_norm_bias_v); // updated in place
   support::View v463(param40_bert_norm_bias_m); // updated in place
-  {
-    float *__restrict v464p = v464.data();
-    float *__restrict v463p = v463.data();
-    float *__restrict v14p = v14.data();
-    const float *__restrict v309p = v309.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v309p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v464p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v309p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v463p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v14p[i0];
-      const float s30 = (s29 - s28);
-      v464p[i0] = s10;
-      v463p[i0] = s22;
-      v14p[i0] = s30;
-    }
-  }
+  repeated3(v14, v309, v464, v367, v463, v365, v349);
+
+  // 12 statements from bert.mesh:65:3 mul (1 of 2)
+  support::View v26(param6_bert_encoder_layer_0_attention_w_q);     // updated in place
+  support::View v485(param43_bert_encoder_layer_0_attention_w_q_v); // updated in place
+  support::View v484(param42_bert_encoder_layer_0_attention_w_q_m); // updated in place
+  support::View v27(param7_bert_encoder_layer_0_attention_w_k);     // updated in place
+  support::View v506(param45_bert_encoder_layer_0_attention_w_k_v); // updated in place
+  support::View v505(param44_bert_encoder_layer_0_attention_w_k_m); // updated in place
+  support::View v28(param8_bert_encoder_layer_0_attention_w_v);     // updated in place
+  support::View v527(param47_bert_encoder_layer_0_attention_w_v_v); // updated in place
+  support::View v526(param46_bert_encoder_layer_0_attention_w_v_m); // updated in place
+  support::View v29(param9_bert_encoder_layer_0_attention_w_o);     // updated in place
+  support::View v548(param49_bert_encoder_layer_0_attention_w_o_v); // updated in place
+  support::View v547(param48_bert_encoder_layer_0_attention_w_o_m); // updated in place
+  support::View v46(param10_bert_encoder_layer_0_norm_gain);        // updated in place
+  support::View v569(param51_bert_encoder_layer_0_norm_gain_v);     // updated in place
+  support::View v568(param50_bert_encoder_layer_0_norm_gain_m);     // updated in place
+  support::View v47(param11_bert_encoder_layer_0_norm_bias);        // updated in place
+  support::View v590(param53_bert_encoder_layer_0_norm_bias_v);     // updated in place
+  support::View v589(param52_bert_encoder_layer_0_norm_bias_m);     // updated in place
+  support::View v51(param12_bert_encoder_layer_0_ffn_w_in);         // updated in place
+  support::View v611(param55_bert_encoder_layer_0_ffn_w_in_v);      // updated in place
+  support::View v610(param54_bert_encoder_layer_0_ffn_w_in_m);      // updated in place
+  support::View v52(param13_bert_encoder_layer_0_ffn_b_in);         // updated in place
+  support::View v632(param57_bert_encoder_layer_0_ffn_b_in_v);      // updated in place
+  support::View v631(param56_bert_encoder_layer_0_ffn_b_in_m);      // updated in place
+  support::View v53(param14_bert_encoder_layer_0_ffn_w_out);        // updated in place
+  support::View v653(param59_bert_encoder_layer_0_ffn_w_out_v);     // updated in place
+  support::View v652(param58_bert_encoder_layer_0_ffn_w_out_m);     // updated in place
+  support::View v54(param15_bert_encoder_layer_0_ffn_b_out);        // updated in place
+  support::View v674(param61_bert_encoder_layer_0_ffn_b_out_v);     // updated in place
+  support::View v673(param60_bert_encoder_layer_0_ffn_b_out_m);     // updated in place
+  support::View v62(param16_bert_encoder_layer_0_norm_1_gain);      // updated in place
+  support::View v695(param63_bert_encoder_layer_0_norm_1_gain_v);   // updated in place
+  support::View v694(param62_bert_encoder_layer_0_norm_1_gain_m);   // updated in place
+  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);      // updated in place
+  support::View v716(param65_bert_encoder_layer_0_norm_1_bias_v);   // updated in place
+  support::View v715(param64_bert_encoder_layer_0_norm_1_bias_m);   // updated in place
+  repeated0(v26, v308, v485, v367, v484, v365, v349, v27, v305, v506, v505, v28, v301, v527, v526,
+            v29, v287, v548, v547, v46, v272, v569, v568, v47, v269, v590, v589, v51, v268, v611,
+            v610, v52, v265, v632, v631, v53, v246, v653, v652, v54, v244, v674, v673, v62, v230,
+            v695, v694, v63, v227, v716, v715);
+
+  // 12 statements from bert.mesh:65:3 mul (2 of 2)
+  support::View v67(param18_bert_encoder_layer_1_attention_w_q);    // updated in place
+  support::View v737(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
+  support::View v736(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
+  support::View v68(param19_bert_encoder_layer_1_attention_w_k);    // updated in place
+  support::View v758(param69_bert_encoder_layer_1_attention_w_k_v); // updated in place
+  support::View v757(param68_bert_encoder_layer_1_attention_w_k_m); // updated in place
+  support::View v69(param20_bert_encoder_layer_1_attention_w_v);    // updated in place
+  support::View v779(param71_bert_encoder_layer_1_attention_w_v_v); // updated in place
+  support::View v778(param70_bert_encoder_layer_1_attention_w_v_m); // updated in place
+  support::View v70(param21_bert_encoder_layer_1_attention_w_o);    // updated in place
+  support::View v800(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
+  support::View v799(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
+  support::View v87(param22_bert_encoder_layer_1_norm_gain);        // updated in place
+  support::View v821(param75_bert_encoder_layer_1_norm_gain_v);     // updated in place
+  support::View v820(param74_bert_encoder_layer_1_norm_gain_m);     // updated in place
+  support::View v88(param23_bert_encoder_layer_1_norm_bias);        // updated in place
+  support::View v842(param77_bert_encoder_layer_1_norm_bias_v);     // updated in place
+  support::View v841(param76_bert_encoder_layer_1_norm_bias_m);     // updated in place
+  support::View v92(param24_bert_encoder_layer_1_ffn_w_in);         // updated in place
+  support::View v863(param79_bert_encoder_layer_1_ffn_w_in_v);      // updated in place
+  support::View v862(param78_bert_encoder_layer_1_ffn_w_in_m);      // updated in place
+  support::View v93(param25_bert_encoder_layer_1_ffn_b_in);         // updated in place
+  support::View v884(param81_bert_encoder_layer_1_ffn_b_in_v);      // updated in place
+  support::View v883(param80_bert_encoder_layer_1_ffn_b_in_m);      // updated in place
+  support::View v94(param26_bert_encoder_layer_1_ffn_w_out);        // updated in place
+  support::View v905(param83_bert_encoder_layer_1_ffn_w_out_v);     // updated in place
+  support::View v904(param82_bert_encoder_layer_1_ffn_w_out_m);     // updated in place
+  support::View v95(param27_bert_encoder_layer_1_ffn_b_out);        // updated in place
+  support::View v926(param85_bert_encoder_layer_1_ffn_b_out_v);     // updated in place
+  support::View v925(param84_bert_encoder_layer_1_ffn_b_out_m);     // updated in place
+  support::View v103(param28_bert_encoder_layer_1_norm_1_gain);     // updated in place
+  support::View v947(param87_bert_encoder_layer_1_norm_1_gain_v);   // updated in place
+  support::View v946(param86_bert_encoder_layer_1_norm_1_gain_m);   // updated in place
+  support::View v104(param29_bert_encoder_layer_1_norm_1_bias);     // updated in place
+  support::View v968(param89_bert_encoder_layer_1_norm_1_bias_v);   // updated in place
+  support::View v967(param88_bert_encoder_layer_1_norm_1_bias_m);   // updated in place
+  repeated0(v67, v226, v737, v367, v736, v365, v349, v68, v223, v758, v757, v69, v219, v779, v778,
+            v70, v204, v800, v799, v87, v189, v821, v820, v88, v186, v842, v841, v92, v185, v863,
+            v862, v93, v182, v884, v883, v94, v158, v905, v904, v95, v156, v926, v925, v103, v141,
+            v947, v946, v104, v138, v968, v967);
+}
+
+void MlmTrain::repeated0(
+    support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
+    support::View a4, support::ConstView a5, support::ConstView a6, support::View a7,
+    support::ConstView a8, support::View a9, support::View a10, support::View a11,
+    support::ConstView a12, support::View a13, support::View a14, support::View a15,
+    support::ConstView a16, support::View a17, support::View a18, support::View a19,
+    support::ConstView a20, support::View a21, support::View a22, support::View a23,
+    support::ConstView a24, support::View a25, support::View a26, support::View a27,
+    support::ConstView a28, support::View a29, support::View a30, support::View a31,
+    support::ConstView a32, support::View a33, support::View a34, support::View a35,
+    support::ConstView a36, support::View a37, support::View a38, support::View a39,
+    support::ConstView a40, support::View a41, support::View a42, support::View a43,
+    support::ConstView a44, support::View a45, support::View a46, support::View a47,
+    support::ConstView a48, support::View a49, support::View a50) {
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -4388,52 +2587,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_q
-  support::View v26(param6_bert_encoder_layer_0_attention_w_q);     // updated in place
-  support::View v485(param43_bert_encoder_layer_0_attention_w_q_v); // updated in place
-  support::View v484(param42_bert_encoder_layer_0_attention_w_q_m); // updated in place
   {
-    float *__restrict v485p = v485.data();
-    float *__restrict v484p = v484.data();
-    float *__restrict v26p = v26.data();
-    const float *__restrict v308p = v308.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a2p = a2.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v26p[i0];
+      const float s0 = a0p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v308p[i0];
+      const float s3 = a1p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v485p[i0];
+      const float s7 = a2p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v308p[i0];
+      const float s16 = a1p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v484p[i0];
+      const float s19 = a4p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v26p[i0];
+      const float s29 = a0p[i0];
       const float s30 = (s29 - s28);
-      v485p[i0] = s10;
-      v484p[i0] = s22;
-      v26p[i0] = s30;
+      a2p[i0] = s10;
+      a4p[i0] = s22;
+      a0p[i0] = s30;
     }
   }
 
@@ -4453,52 +2649,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_k
-  support::View v27(param7_bert_encoder_layer_0_attention_w_k);     // updated in place
-  support::View v506(param45_bert_encoder_layer_0_attention_w_k_v); // updated in place
-  support::View v505(param44_bert_encoder_layer_0_attention_w_k_m); // updated in place
   {
-    float *__restrict v506p = v506.data();
-    float *__restrict v505p = v505.data();
-    float *__restrict v27p = v27.data();
-    const float *__restrict v305p = v305.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a9p = a9.data();
+    float *__restrict a10p = a10.data();
+    float *__restrict a7p = a7.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v27p[i0];
+      const float s0 = a7p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v305p[i0];
+      const float s3 = a8p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v506p[i0];
+      const float s7 = a9p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v305p[i0];
+      const float s16 = a8p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v505p[i0];
+      const float s19 = a10p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v27p[i0];
+      const float s29 = a7p[i0];
       const float s30 = (s29 - s28);
-      v506p[i0] = s10;
-      v505p[i0] = s22;
-      v27p[i0] = s30;
+      a9p[i0] = s10;
+      a10p[i0] = s22;
+      a7p[i0] = s30;
     }
   }
 
@@ -4518,52 +2711,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_v
-  support::View v28(param8_bert_encoder_layer_0_attention_w_v);     // updated in place
-  support::View v527(param47_bert_encoder_layer_0_attention_w_v_v); // updated in place
-  support::View v526(param46_bert_encoder_layer_0_attention_w_v_m); // updated in place
   {
-    float *__restrict v527p = v527.data();
-    float *__restrict v526p = v526.data();
-    float *__restrict v28p = v28.data();
-    const float *__restrict v301p = v301.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a13p = a13.data();
+    float *__restrict a14p = a14.data();
+    float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v28p[i0];
+      const float s0 = a11p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v301p[i0];
+      const float s3 = a12p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v527p[i0];
+      const float s7 = a13p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v301p[i0];
+      const float s16 = a12p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v526p[i0];
+      const float s19 = a14p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v28p[i0];
+      const float s29 = a11p[i0];
       const float s30 = (s29 - s28);
-      v527p[i0] = s10;
-      v526p[i0] = s22;
-      v28p[i0] = s30;
+      a13p[i0] = s10;
+      a14p[i0] = s22;
+      a11p[i0] = s30;
     }
   }
 
@@ -4583,52 +2773,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/attention/w_o
-  support::View v29(param9_bert_encoder_layer_0_attention_w_o);     // updated in place
-  support::View v548(param49_bert_encoder_layer_0_attention_w_o_v); // updated in place
-  support::View v547(param48_bert_encoder_layer_0_attention_w_o_m); // updated in place
   {
-    float *__restrict v548p = v548.data();
-    float *__restrict v547p = v547.data();
-    float *__restrict v29p = v29.data();
-    const float *__restrict v287p = v287.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a17p = a17.data();
+    float *__restrict a18p = a18.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v29p[i0];
+      const float s0 = a15p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v287p[i0];
+      const float s3 = a16p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v548p[i0];
+      const float s7 = a17p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v287p[i0];
+      const float s16 = a16p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v547p[i0];
+      const float s19 = a18p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v29p[i0];
+      const float s29 = a15p[i0];
       const float s30 = (s29 - s28);
-      v548p[i0] = s10;
-      v547p[i0] = s22;
-      v29p[i0] = s30;
+      a17p[i0] = s10;
+      a18p[i0] = s22;
+      a15p[i0] = s30;
     }
   }
 
@@ -4648,52 +2835,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/gain
-  support::View v46(param10_bert_encoder_layer_0_norm_gain);    // updated in place
-  support::View v569(param51_bert_encoder_layer_0_norm_gain_v); // updated in place
-  support::View v568(param50_bert_encoder_layer_0_norm_gain_m); // updated in place
   {
-    float *__restrict v569p = v569.data();
-    float *__restrict v568p = v568.data();
-    float *__restrict v46p = v46.data();
-    const float *__restrict v272p = v272.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a21p = a21.data();
+    float *__restrict a22p = a22.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v46p[i0];
+      const float s0 = a19p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v272p[i0];
+      const float s3 = a20p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v569p[i0];
+      const float s7 = a21p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v272p[i0];
+      const float s16 = a20p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v568p[i0];
+      const float s19 = a22p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v46p[i0];
+      const float s29 = a19p[i0];
       const float s30 = (s29 - s28);
-      v569p[i0] = s10;
-      v568p[i0] = s22;
-      v46p[i0] = s30;
+      a21p[i0] = s10;
+      a22p[i0] = s22;
+      a19p[i0] = s30;
     }
   }
 
@@ -4713,52 +2897,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm/bias
-  support::View v47(param11_bert_encoder_layer_0_norm_bias);    // updated in place
-  support::View v590(param53_bert_encoder_layer_0_norm_bias_v); // updated in place
-  support::View v589(param52_bert_encoder_layer_0_norm_bias_m); // updated in place
   {
-    float *__restrict v590p = v590.data();
-    float *__restrict v589p = v589.data();
-    float *__restrict v47p = v47.data();
-    const float *__restrict v269p = v269.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a25p = a25.data();
+    float *__restrict a26p = a26.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v47p[i0];
+      const float s0 = a23p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v269p[i0];
+      const float s3 = a24p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v590p[i0];
+      const float s7 = a25p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v269p[i0];
+      const float s16 = a24p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v589p[i0];
+      const float s19 = a26p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v47p[i0];
+      const float s29 = a23p[i0];
       const float s30 = (s29 - s28);
-      v590p[i0] = s10;
-      v589p[i0] = s22;
-      v47p[i0] = s30;
+      a25p[i0] = s10;
+      a26p[i0] = s22;
+      a23p[i0] = s30;
     }
   }
 
@@ -4778,52 +2959,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_in
-  support::View v51(param12_bert_encoder_layer_0_ffn_w_in);    // updated in place
-  support::View v611(param55_bert_encoder_layer_0_ffn_w_in_v); // updated in place
-  support::View v610(param54_bert_encoder_layer_0_ffn_w_in_m); // updated in place
   {
-    float *__restrict v611p = v611.data();
-    float *__restrict v610p = v610.data();
-    float *__restrict v51p = v51.data();
-    const float *__restrict v268p = v268.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a29p = a29.data();
+    float *__restrict a30p = a30.data();
+    float *__restrict a27p = a27.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = v51p[i0];
+      const float s0 = a27p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v268p[i0];
+      const float s3 = a28p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v611p[i0];
+      const float s7 = a29p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v268p[i0];
+      const float s16 = a28p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v610p[i0];
+      const float s19 = a30p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v51p[i0];
+      const float s29 = a27p[i0];
       const float s30 = (s29 - s28);
-      v611p[i0] = s10;
-      v610p[i0] = s22;
-      v51p[i0] = s30;
+      a29p[i0] = s10;
+      a30p[i0] = s22;
+      a27p[i0] = s30;
     }
   }
 
@@ -4843,52 +3021,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_in
-  support::View v52(param13_bert_encoder_layer_0_ffn_b_in);    // updated in place
-  support::View v632(param57_bert_encoder_layer_0_ffn_b_in_v); // updated in place
-  support::View v631(param56_bert_encoder_layer_0_ffn_b_in_m); // updated in place
   {
-    float *__restrict v632p = v632.data();
-    float *__restrict v631p = v631.data();
-    float *__restrict v52p = v52.data();
-    const float *__restrict v265p = v265.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a33p = a33.data();
+    float *__restrict a34p = a34.data();
+    float *__restrict a31p = a31.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v52p[i0];
+      const float s0 = a31p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v265p[i0];
+      const float s3 = a32p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v632p[i0];
+      const float s7 = a33p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v265p[i0];
+      const float s16 = a32p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v631p[i0];
+      const float s19 = a34p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v52p[i0];
+      const float s29 = a31p[i0];
       const float s30 = (s29 - s28);
-      v632p[i0] = s10;
-      v631p[i0] = s22;
-      v52p[i0] = s30;
+      a33p[i0] = s10;
+      a34p[i0] = s22;
+      a31p[i0] = s30;
     }
   }
 
@@ -4908,52 +3083,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/w_out
-  support::View v53(param14_bert_encoder_layer_0_ffn_w_out);    // updated in place
-  support::View v653(param59_bert_encoder_layer_0_ffn_w_out_v); // updated in place
-  support::View v652(param58_bert_encoder_layer_0_ffn_w_out_m); // updated in place
   {
-    float *__restrict v653p = v653.data();
-    float *__restrict v652p = v652.data();
-    float *__restrict v53p = v53.data();
-    const float *__restrict v246p = v246.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a37p = a37.data();
+    float *__restrict a38p = a38.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a36p = a36.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = v53p[i0];
+      const float s0 = a35p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v246p[i0];
+      const float s3 = a36p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v653p[i0];
+      const float s7 = a37p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v246p[i0];
+      const float s16 = a36p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v652p[i0];
+      const float s19 = a38p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v53p[i0];
+      const float s29 = a35p[i0];
       const float s30 = (s29 - s28);
-      v653p[i0] = s10;
-      v652p[i0] = s22;
-      v53p[i0] = s30;
+      a37p[i0] = s10;
+      a38p[i0] = s22;
+      a35p[i0] = s30;
     }
   }
 
@@ -4973,52 +3145,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/ffn/b_out
-  support::View v54(param15_bert_encoder_layer_0_ffn_b_out);    // updated in place
-  support::View v674(param61_bert_encoder_layer_0_ffn_b_out_v); // updated in place
-  support::View v673(param60_bert_encoder_layer_0_ffn_b_out_m); // updated in place
   {
-    float *__restrict v674p = v674.data();
-    float *__restrict v673p = v673.data();
-    float *__restrict v54p = v54.data();
-    const float *__restrict v244p = v244.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a41p = a41.data();
+    float *__restrict a42p = a42.data();
+    float *__restrict a39p = a39.data();
+    const float *__restrict a40p = a40.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v54p[i0];
+      const float s0 = a39p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v244p[i0];
+      const float s3 = a40p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v674p[i0];
+      const float s7 = a41p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v244p[i0];
+      const float s16 = a40p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v673p[i0];
+      const float s19 = a42p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v54p[i0];
+      const float s29 = a39p[i0];
       const float s30 = (s29 - s28);
-      v674p[i0] = s10;
-      v673p[i0] = s22;
-      v54p[i0] = s30;
+      a41p[i0] = s10;
+      a42p[i0] = s22;
+      a39p[i0] = s30;
     }
   }
 
@@ -5038,52 +3207,49 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/gain
-  support::View v62(param16_bert_encoder_layer_0_norm_1_gain);    // updated in place
-  support::View v695(param63_bert_encoder_layer_0_norm_1_gain_v); // updated in place
-  support::View v694(param62_bert_encoder_layer_0_norm_1_gain_m); // updated in place
   {
-    float *__restrict v695p = v695.data();
-    float *__restrict v694p = v694.data();
-    float *__restrict v62p = v62.data();
-    const float *__restrict v230p = v230.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a45p = a45.data();
+    float *__restrict a46p = a46.data();
+    float *__restrict a43p = a43.data();
+    const float *__restrict a44p = a44.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v62p[i0];
+      const float s0 = a43p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v230p[i0];
+      const float s3 = a44p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v695p[i0];
+      const float s7 = a45p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v230p[i0];
+      const float s16 = a44p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v694p[i0];
+      const float s19 = a46p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v62p[i0];
+      const float s29 = a43p[i0];
       const float s30 = (s29 - s28);
-      v695p[i0] = s10;
-      v694p[i0] = s22;
-      v62p[i0] = s30;
+      a45p[i0] = s10;
+      a46p[i0] = s22;
+      a43p[i0] = s30;
     }
   }
 
@@ -5103,322 +3269,792 @@ void MlmTrain::runPart7(const Inputs &inputs) {
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 sub -> next/bert/encoder_layer[0]/norm#1/bias
-  support::View v63(param17_bert_encoder_layer_0_norm_1_bias);    // updated in place
-  support::View v716(param65_bert_encoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v715(param64_bert_encoder_layer_0_norm_1_bias_m); // updated in place
   {
-    float *__restrict v716p = v716.data();
-    float *__restrict v715p = v715.data();
-    float *__restrict v63p = v63.data();
-    const float *__restrict v227p = v227.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a49p = a49.data();
+    float *__restrict a50p = a50.data();
+    float *__restrict a47p = a47.data();
+    const float *__restrict a48p = a48.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v63p[i0];
+      const float s0 = a47p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v227p[i0];
+      const float s3 = a48p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v716p[i0];
+      const float s7 = a49p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v227p[i0];
+      const float s16 = a48p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v715p[i0];
+      const float s19 = a50p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v63p[i0];
+      const float s29 = a47p[i0];
       const float s30 = (s29 - s28);
-      v716p[i0] = s10;
-      v715p[i0] = s22;
-      v63p[i0] = s30;
-    }
-  }
-
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_q
-  support::View v67(param18_bert_encoder_layer_1_attention_w_q);    // updated in place
-  support::View v737(param67_bert_encoder_layer_1_attention_w_q_v); // updated in place
-  support::View v736(param66_bert_encoder_layer_1_attention_w_q_m); // updated in place
-  {
-    float *__restrict v737p = v737.data();
-    float *__restrict v736p = v736.data();
-    float *__restrict v67p = v67.data();
-    const float *__restrict v226p = v226.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v67p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v226p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v737p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v226p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v736p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v67p[i0];
-      const float s30 = (s29 - s28);
-      v737p[i0] = s10;
-      v736p[i0] = s22;
-      v67p[i0] = s30;
-    }
-  }
-
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_k
-  support::View v68(param19_bert_encoder_layer_1_attention_w_k);    // updated in place
-  support::View v758(param69_bert_encoder_layer_1_attention_w_k_v); // updated in place
-  support::View v757(param68_bert_encoder_layer_1_attention_w_k_m); // updated in place
-  {
-    float *__restrict v758p = v758.data();
-    float *__restrict v757p = v757.data();
-    float *__restrict v68p = v68.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v68p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v223p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v758p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v223p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v757p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v68p[i0];
-      const float s30 = (s29 - s28);
-      v758p[i0] = s10;
-      v757p[i0] = s22;
-      v68p[i0] = s30;
-    }
-  }
-
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_v
-  support::View v69(param20_bert_encoder_layer_1_attention_w_v);    // updated in place
-  support::View v779(param71_bert_encoder_layer_1_attention_w_v_v); // updated in place
-  support::View v778(param70_bert_encoder_layer_1_attention_w_v_m); // updated in place
-  {
-    float *__restrict v779p = v779.data();
-    float *__restrict v778p = v778.data();
-    float *__restrict v69p = v69.data();
-    const float *__restrict v219p = v219.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v69p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v219p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v779p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v219p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v778p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v69p[i0];
-      const float s30 = (s29 - s28);
-      v779p[i0] = s10;
-      v778p[i0] = s22;
-      v69p[i0] = s30;
+      a49p[i0] = s10;
+      a50p[i0] = s22;
+      a47p[i0] = s30;
     }
   }
 }
 
-void MlmTrain::runPart8(const Inputs &inputs) {
-  (void)inputs;
+void MlmTrain::repeated1(
+    support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
+    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+    support::View a8, support::ConstView a9, support::View a10, support::View a11,
+    support::ConstView a12, support::View a13, support::View a14, support::ConstView a15,
+    support::View a16, support::View a17, support::View a18, support::ConstView a19,
+    support::View a20, support::View a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::View a27, support::View a28,
+    support::ConstView a29, support::View a30, support::ConstView a31, support::View a32,
+    support::ConstView a33, support::View a34, support::ConstView a35, support::View a36,
+    support::View a37, support::View a38, support::ConstView a39, support::View a40,
+    support::ConstView a41, support::View a42, support::ConstView a43, support::View a44,
+    support::ConstView a45, support::View a46, support::ConstView a47, support::View a48,
+    support::ConstView a49, support::View a50, support::View a51, support::ConstView a52,
+    support::View a53, support::View a54, support::View a55, support::View a56,
+    support::ConstView a57, support::View a58, support::View a59, support::View a60,
+    support::ConstView a61, support::View a62, support::View a63, support::View a64,
+    support::ConstView a65, support::View a66, support::View a67, support::View a68,
+    support::View a69, support::View a70, const char *t0) {
 
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/attention/w_o
-  support::View v70(param21_bert_encoder_layer_1_attention_w_o); // updated in place
-  support::View v204 = arena_.view(376832, 4096);
-  support::View v800(param73_bert_encoder_layer_1_attention_w_o_v); // updated in place
-  support::View v367 = arena_.view(262272, 1);
-  support::View v799(param72_bert_encoder_layer_1_attention_w_o_m); // updated in place
-  support::View v365 = arena_.view(262208, 1);
-  support::View v349 = arena_.view(262144, 1);
+  // layers.mesh:55:71 sum -> grad/bert/encoder_layer[1]/ffn/b_out
+  static const support::Shape shape0_1 = {64};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {1, 32};
+  static const support::Shape shape0_5 = {2048, 64};
+  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:55:10 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:10 einsum -> grad/bert/encoder_layer[1]/ffn/w_out
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 tanh
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 sub
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:55:17 dropout
+  // layers.mesh:54:11 mul
   {
-    float *__restrict v800p = v800.data();
-    float *__restrict v799p = v799.data();
-    float *__restrict v70p = v70.data();
-    const float *__restrict v204p = v204.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = a6p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = a6p[i0];
+      const float s3 = (s2 * s1);
+      const float s4 = 0.044715f;
+      const float s5 = (s3 * s4);
+      const float s6 = a6p[i0];
+      const float s7 = (s6 + s5);
+      const float s8 = 0.7978846f;
+      const float s9 = (s7 * s8);
+      const float s10 = support::ftanh(s9);
+      const float s11 = 1.0f;
+      const float s12 = (s10 + s11);
+      const float s13 = 0.5f;
+      const float s14 = (s12 * s13);
+      const float s15 = 0.134145f;
+      const float s16 = (s1 * s15);
+      const float s17 = 1.0f;
+      const float s18 = (s16 + s17);
+      const float s19 = s10 * s10;
+      const float s20 = 1.0f;
+      const float s21 = (s20 - s19);
+      const float s22 = a6p[i0];
+      const float s23 = (s22 * s21);
+      const float s24 = (s23 * s18);
+      const float s25 = 0.3989423f;
+      const float s26 = (s24 * s25);
+      const float s27 = (s14 + s26);
+      const float s28 = a3p[i0];
+      const float s29 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s28) * 1.1111111111111112));
+      const float s30 = (s29 * s27);
+      a7p[i0] = s30;
+    }
+  }
+
+  // layers.mesh:54:52 sum -> grad/bert/encoder_layer[1]/ffn/b_in
+  static const support::Shape shape4_1 = {256};
+  static const support::Shape shape4_3 = {1};
+  static const support::Shape shape4_4 = {1, 32};
+  static const support::Shape shape4_5 = {8192, 256};
+  support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:54:16 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+
+  // layers.mesh:54:16 add
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a1p[i0];
+      const float s1 = a10p[i0];
+      const float s2 = (s0 + s1);
+      a11p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:54:16 einsum -> grad/bert/encoder_layer[1]/ffn/w_in
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan7.run(a7.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+
+  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[1]/norm/bias
+  static const support::Shape shape8_1 = {64};
+  static const support::Shape shape8_3 = {1};
+  static const support::Shape shape8_4 = {1, 32};
+  static const support::Shape shape8_5 = {2048, 64};
+  support::reduce(a14.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a11p[i0];
+      const float s1 = a15p[i0];
+      const float s2 = (s0 * s1);
+      a16p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[1]/norm/gain
+  static const support::Shape shape10_1 = {64};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {1, 32};
+  static const support::Shape shape10_5 = {2048, 64};
+  support::reduce(a17.data(), shape10_1, a16.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape11_1 = {1, 32};
+  static const support::Shape shape11_3 = {2048, 64};
+  static const support::Shape shape11_4 = {64};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(a18.data(), shape11_1, a19.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a19p[i0 * 64 + i1];
+        const float s1 = a18p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        a20p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape13_1 = {1, 32};
+  static const support::Shape shape13_3 = {2048, 64};
+  static const support::Shape shape13_4 = {64};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(a21.data(), shape13_1, a20.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  {
+    float *__restrict a22p = a22.data();
+    const float *__restrict a21p = a21.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a21p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a22p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  {
+    float *__restrict a24p = a24.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a11p[i0 * 64 + i1];
+        const float s1 = a23p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a15p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        a24p[i0 * 64 + i1] = s2;
+        a25p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape16_1 = {1, 32};
+  static const support::Shape shape16_3 = {2048, 64};
+  static const support::Shape shape16_4 = {64};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(a26.data(), shape16_1, a25.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape17_1 = {1, 32};
+  static const support::Shape shape17_3 = {2048, 64};
+  static const support::Shape shape17_4 = {64};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(a27.data(), shape17_1, a24.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  {
+    float *__restrict a28p = a28.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a15p[i0 * 64 + i1];
+        const float s1 = a26p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a24p[i0 * 64 + i1];
+        const float s4 = a27p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = a22p[i0];
+        const float s8 = (s6 * s7);
+        a28p[i0 * 64 + i1] = s8;
+      }
+    }
+  }
+
+  // layers.mesh:45:10 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan19.run(a28.data(), a29.data(), a30.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum -> grad/bert/encoder_layer[1]/attention/w_o
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan20.run(a28.data(), a31.data(), a32.data(), 1.0f, 0.0f);
+
+  // layers.mesh:44:17 einsum
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan21.run(a30.data(), a33.data(), a34.data(), 1.0f, 0.0f);
+
+  // layers.mesh:44:17 einsum
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsumPlan22.run(a30.data(), a35.data(), a36.data(), 1.0f, 0.0f);
+
+  // layers.mesh:43:17 mul
+  {
+    float *__restrict a37p = a37.data();
+    const float *__restrict a34p = a34.data();
+    const float *__restrict a35p = a35.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v70p[i0];
-      const float s1 = 0.01f;
+      const float s0 = a34p[i0];
+      const float s1 = a35p[i0];
       const float s2 = (s0 * s1);
-      const float s3 = v204p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v800p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v204p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v799p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v70p[i0];
-      const float s30 = (s29 - s28);
-      v800p[i0] = s10;
-      v799p[i0] = s22;
-      v70p[i0] = s30;
+      a37p[i0] = s2;
     }
   }
+
+  // layers.mesh:43:17 sum
+  static const support::Shape shape24_1 = {1, 4, 32};
+  static const support::Shape shape24_3 = {4096, 1024, 32};
+  static const support::Shape shape24_4 = {32};
+  static const support::Shape shape24_5 = {1};
+  support::reduce(a38.data(), shape24_1, a37.data(), shape24_3, shape24_4, shape24_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:43:17 sub
+  // layers.mesh:43:17 mul
+  // layers.mesh:43:25 where
+  // layers.mesh:41:55 mul
+  {
+    float *__restrict a40p = a40.data();
+    const float *__restrict a34p = a34.data();
+    const float *__restrict a38p = a38.data();
+    const float *__restrict a35p = a35.data();
+    const float *__restrict a39p = a39.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a34p[i0 * 1024 + i1 * 32 + i2];
+          const float s1 = a38p[i0 * 32 + i1];
+          const float s2 = (s0 - s1);
+          const float s3 = a35p[i0 * 1024 + i1 * 32 + i2];
+          const float s4 = (s3 * s2);
+          const float s5 = a39p[i1 * 32 + i2];
+          const float s6 = 0.0f;
+          const float s7 = (s5 != 0 ? s4 : s6);
+          const float s8 = 0.25f;
+          const float s9 = (s7 * s8);
+          a40p[i0 * 1024 + i1 * 32 + i2] = s9;
+        }
+      }
+    }
+  }
+
+  // layers.mesh:41:16 einsum
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan26(
+      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan26.run(a40.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan27(
+      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan27.run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan28(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan28.run(a36.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum -> grad/bert/encoder_layer[1]/attention/w_v
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan29(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan29.run(a36.data(), a47.data(), a48.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan30(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan30.run(a44.data(), a49.data(), a50.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum -> grad/bert/encoder_layer[1]/attention/w_k
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan31(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan31.run(a44.data(), a47.data(), a51.data(), 1.0f, 0.0f);
+
+  // layers.mesh:36:11 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan32(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan32.run(a42.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 add
+  // layers.mesh:38:18 add
+  // layers.mesh:36:11 add
+  {
+    float *__restrict a54p = a54.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a46p = a46.data();
+    const float *__restrict a50p = a50.data();
+    const float *__restrict a53p = a53.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a28p[i0];
+      const float s1 = a46p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = a50p[i0];
+      const float s4 = (s2 + s3);
+      const float s5 = a53p[i0];
+      const float s6 = (s4 + s5);
+      a54p[i0] = s6;
+    }
+  }
+
+  // layers.mesh:36:11 einsum -> grad/bert/encoder_layer[1]/attention/w_q
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan34(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan34.run(a42.data(), a47.data(), a55.data(), 1.0f, 0.0f);
+
+  // layers.mesh:24:40 sum -> grad/bert/encoder_layer[0]/norm#1/bias
+  static const support::Shape shape35_1 = {64};
+  static const support::Shape shape35_3 = {1};
+  static const support::Shape shape35_4 = {1, 32};
+  static const support::Shape shape35_5 = {2048, 64};
+  support::reduce(a56.data(), shape35_1, a54.data(), shape35_3, shape35_4, shape35_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  {
+    float *__restrict a58p = a58.data();
+    const float *__restrict a54p = a54.data();
+    const float *__restrict a57p = a57.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a54p[i0];
+      const float s1 = a57p[i0];
+      const float s2 = (s0 * s1);
+      a58p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/bert/encoder_layer[0]/norm#1/gain
+  static const support::Shape shape37_1 = {64};
+  static const support::Shape shape37_3 = {1};
+  static const support::Shape shape37_4 = {1, 32};
+  static const support::Shape shape37_5 = {2048, 64};
+  support::reduce(a59.data(), shape37_1, a58.data(), shape37_3, shape37_4, shape37_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape38_1 = {1, 32};
+  static const support::Shape shape38_3 = {2048, 64};
+  static const support::Shape shape38_4 = {64};
+  static const support::Shape shape38_5 = {1};
+  support::reduce(a60.data(), shape38_1, a61.data(), shape38_3, shape38_4, shape38_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  {
+    float *__restrict a62p = a62.data();
+    const float *__restrict a61p = a61.data();
+    const float *__restrict a60p = a60.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a61p[i0 * 64 + i1];
+        const float s1 = a60p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        a62p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape40_1 = {1, 32};
+  static const support::Shape shape40_3 = {2048, 64};
+  static const support::Shape shape40_4 = {64};
+  static const support::Shape shape40_5 = {1};
+  support::reduce(a63.data(), shape40_1, a62.data(), shape40_3, shape40_4, shape40_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  {
+    float *__restrict a64p = a64.data();
+    const float *__restrict a63p = a63.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      const float s0 = a63p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a64p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  {
+    float *__restrict a66p = a66.data();
+    float *__restrict a67p = a67.data();
+    const float *__restrict a54p = a54.data();
+    const float *__restrict a65p = a65.data();
+    const float *__restrict a57p = a57.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a54p[i0 * 64 + i1];
+        const float s1 = a65p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a57p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        a66p[i0 * 64 + i1] = s2;
+        a67p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape43_1 = {1, 32};
+  static const support::Shape shape43_3 = {2048, 64};
+  static const support::Shape shape43_4 = {64};
+  static const support::Shape shape43_5 = {1};
+  support::reduce(a68.data(), shape43_1, a67.data(), shape43_3, shape43_4, shape43_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape44_1 = {1, 32};
+  static const support::Shape shape44_3 = {2048, 64};
+  static const support::Shape shape44_4 = {64};
+  static const support::Shape shape44_5 = {1};
+  support::reduce(a69.data(), shape44_1, a66.data(), shape44_3, shape44_4, shape44_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  {
+    float *__restrict a70p = a70.data();
+    const float *__restrict a57p = a57.data();
+    const float *__restrict a68p = a68.data();
+    const float *__restrict a66p = a66.data();
+    const float *__restrict a69p = a69.data();
+    const float *__restrict a64p = a64.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a57p[i0 * 64 + i1];
+        const float s1 = a68p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a66p[i0 * 64 + i1];
+        const float s4 = a69p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = a64p[i0];
+        const float s8 = (s6 * s7);
+        a70p[i0 * 64 + i1] = s8;
+      }
+    }
+  }
+}
+
+void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::View a3, support::ConstView a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::ConstView a8,
+                         support::View a9, support::View a10, support::ConstView a11,
+                         support::ConstView a12, support::View a13, support::ConstView a14,
+                         support::View a15, support::ConstView a16, support::View a17,
+                         support::View a18, support::ConstView a19, support::View a20,
+                         support::ConstView a21, support::View a22, support::View a23,
+                         support::ConstView a24, support::ConstView a25, support::View a26,
+                         const char *t0) {
+
+  // layers.mesh:43:25 where
+  {
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      for (int64_t i1 = 0; i1 < 1024; ++i1) {
+        const float s0 = a0p[i1];
+        const float s1 = a1p[i0 * 1024 + i1];
+        const float s2 = -1000000000.0f;
+        const float s3 = (s0 != 0 ? s1 : s2);
+        a2p[i0 * 1024 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:43:17 softmax -> weights
+  static const support::Shape shape1_2 = {1, 4, 32};
+  static const support::Shape shape1_3 = {4096, 1024, 32};
+  static const support::Shape shape1_4 = {4096, 1024, 32};
+  static const support::Shape shape1_5 = {32};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(a3.data(), a2.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
+
+  // layers.mesh:44:17 einsum -> context
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{1, 4, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 32, 4, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // bert.mesh:20:18 add
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a8p[i0];
+      const float s1 = a7p[i0];
+      const float s2 = (s0 + s1);
+      a9p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  static const support::Shape shape5_2 = {1, 32};
+  static const support::Shape shape5_3 = {2048, 64};
+  static const support::Shape shape5_4 = {2048, 64};
+  static const support::Shape shape5_5 = {64};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add -> h
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a10p[i0 * 64 + i1];
+        const float s1 = a11p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a12p[i1];
+        const float s4 = (s2 + s3);
+        a13p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:54:16 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 32, 64, 256}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan7.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+
+  // layers.mesh:54:52 add
+  // layers.mesh:54:11 gelu -> h
+  // layers.mesh:55:17 dropout
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
+    float *__restrict a17p = a17.data();
+    float *__restrict a18p = a18.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 256; ++i1) {
+        const float s0 = a15p[i0 * 256 + i1];
+        const float s1 = a16p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        const float s4 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s3) * 1.1111111111111112));
+        a17p[i0 * 256 + i1] = s2;
+        a18p[i0 * 256 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:55:10 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan9(
+      {{1, 32, 256, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan9.run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:71 add
+  // bert.mesh:21:17 add
+  {
+    float *__restrict a22p = a22.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a20p[i0 * 64 + i1];
+        const float s1 = a21p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = a13p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        a22p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  static const support::Shape shape11_2 = {1, 32};
+  static const support::Shape shape11_3 = {2048, 64};
+  static const support::Shape shape11_4 = {2048, 64};
+  static const support::Shape shape11_5 = {64};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(a23.data(), a22.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add -> x
+  {
+    float *__restrict a26p = a26.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a25p = a25.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a23p[i0 * 64 + i1];
+        const float s1 = a24p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a25p[i1];
+        const float s4 = (s2 + s3);
+        a26p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+}
+
+void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::ConstView a5,
+                         support::ConstView a6) {
 
   // bert.mesh:65:3 mul
   // bert.mesh:65:3 square
@@ -5435,518 +4071,82 @@ void MlmTrain::runPart8(const Inputs &inputs) {
   // bert.mesh:65:3 div
   // bert.mesh:65:3 add
   // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm/gain
-  support::View v87(param22_bert_encoder_layer_1_norm_gain); // updated in place
-  support::View v189 = arena_.view(540160, 64);
-  support::View v821(param75_bert_encoder_layer_1_norm_gain_v); // updated in place
-  support::View v820(param74_bert_encoder_layer_1_norm_gain_m); // updated in place
+  // bert.mesh:65:3 sub -> next/bert/norm/gain
   {
-    float *__restrict v821p = v821.data();
-    float *__restrict v820p = v820.data();
-    float *__restrict v87p = v87.data();
-    const float *__restrict v189p = v189.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
+    float *__restrict a2p = a2.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v87p[i0];
+      const float s0 = a0p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v189p[i0];
+      const float s3 = a1p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v821p[i0];
+      const float s7 = a2p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v189p[i0];
+      const float s16 = a1p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v820p[i0];
+      const float s19 = a4p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v87p[i0];
+      const float s29 = a0p[i0];
       const float s30 = (s29 - s28);
-      v821p[i0] = s10;
-      v820p[i0] = s22;
-      v87p[i0] = s30;
+      a2p[i0] = s10;
+      a4p[i0] = s22;
+      a0p[i0] = s30;
     }
   }
+}
 
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm/bias
-  support::View v88(param23_bert_encoder_layer_1_norm_bias); // updated in place
-  support::View v186 = arena_.view(539904, 64);
-  support::View v842(param77_bert_encoder_layer_1_norm_bias_v); // updated in place
-  support::View v841(param76_bert_encoder_layer_1_norm_bias_m); // updated in place
-  {
-    float *__restrict v842p = v842.data();
-    float *__restrict v841p = v841.data();
-    float *__restrict v88p = v88.data();
-    const float *__restrict v186p = v186.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v88p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v186p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v842p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v186p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v841p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v88p[i0];
-      const float s30 = (s29 - s28);
-      v842p[i0] = s10;
-      v841p[i0] = s22;
-      v88p[i0] = s30;
-    }
-  }
+void MlmTrain::repeated4(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::ConstView a5,
+                         support::View a6, support::View a7) {
 
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/w_in
-  support::View v92(param24_bert_encoder_layer_1_ffn_w_in); // updated in place
-  support::View v185 = arena_.view(65536, 16384);
-  support::View v863(param79_bert_encoder_layer_1_ffn_w_in_v); // updated in place
-  support::View v862(param78_bert_encoder_layer_1_ffn_w_in_m); // updated in place
-  {
-    float *__restrict v863p = v863.data();
-    float *__restrict v862p = v862.data();
-    float *__restrict v92p = v92.data();
-    const float *__restrict v185p = v185.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = v92p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v185p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v863p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v185p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v862p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v92p[i0];
-      const float s30 = (s29 - s28);
-      v863p[i0] = s10;
-      v862p[i0] = s22;
-      v92p[i0] = s30;
-    }
-  }
+  // layers.mesh:36:11 einsum -> q
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/b_in
-  support::View v93(param25_bert_encoder_layer_1_ffn_b_in); // updated in place
-  support::View v182 = arena_.view(536576, 256);
-  support::View v884(param81_bert_encoder_layer_1_ffn_b_in_v); // updated in place
-  support::View v883(param80_bert_encoder_layer_1_ffn_b_in_m); // updated in place
-  {
-    float *__restrict v884p = v884.data();
-    float *__restrict v883p = v883.data();
-    float *__restrict v93p = v93.data();
-    const float *__restrict v182p = v182.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-      const float s0 = v93p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v182p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v884p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v182p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v883p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v93p[i0];
-      const float s30 = (s29 - s28);
-      v884p[i0] = s10;
-      v883p[i0] = s22;
-      v93p[i0] = s30;
-    }
-  }
+  // layers.mesh:38:18 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/w_out
-  support::View v94(param26_bert_encoder_layer_1_ffn_w_out); // updated in place
-  support::View v158 = arena_.view(0, 16384);
-  support::View v905(param83_bert_encoder_layer_1_ffn_w_out_v); // updated in place
-  support::View v904(param82_bert_encoder_layer_1_ffn_w_out_m); // updated in place
-  {
-    float *__restrict v905p = v905.data();
-    float *__restrict v904p = v904.data();
-    float *__restrict v94p = v94.data();
-    const float *__restrict v158p = v158.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 16384; ++i0) {
-      const float s0 = v94p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v158p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v905p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v158p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v904p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v94p[i0];
-      const float s30 = (s29 - s28);
-      v905p[i0] = s10;
-      v904p[i0] = s22;
-      v94p[i0] = s30;
-    }
-  }
+  // layers.mesh:39:18 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{1, 32, 64, 4, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/ffn/b_out
-  support::View v95(param27_bert_encoder_layer_1_ffn_b_out); // updated in place
-  support::View v156 = arena_.view(539648, 64);
-  support::View v926(param85_bert_encoder_layer_1_ffn_b_out_v); // updated in place
-  support::View v925(param84_bert_encoder_layer_1_ffn_b_out_m); // updated in place
-  {
-    float *__restrict v926p = v926.data();
-    float *__restrict v925p = v925.data();
-    float *__restrict v95p = v95.data();
-    const float *__restrict v156p = v156.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v95p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v156p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v926p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v156p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v925p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v95p[i0];
-      const float s30 = (s29 - s28);
-      v926p[i0] = s10;
-      v925p[i0] = s22;
-      v95p[i0] = s30;
-    }
-  }
-
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm#1/gain
-  support::View v103(param28_bert_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v141 = arena_.view(539392, 64);
-  support::View v947(param87_bert_encoder_layer_1_norm_1_gain_v); // updated in place
-  support::View v946(param86_bert_encoder_layer_1_norm_1_gain_m); // updated in place
-  {
-    float *__restrict v947p = v947.data();
-    float *__restrict v946p = v946.data();
-    float *__restrict v103p = v103.data();
-    const float *__restrict v141p = v141.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v103p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v141p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v947p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v141p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v946p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v103p[i0];
-      const float s30 = (s29 - s28);
-      v947p[i0] = s10;
-      v946p[i0] = s22;
-      v103p[i0] = s30;
-    }
-  }
-
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 square
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 sqrt
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 div
-  // bert.mesh:65:3 add
-  // bert.mesh:65:3 mul
-  // bert.mesh:65:3 sub -> next/bert/encoder_layer[1]/norm#1/bias
-  support::View v104(param29_bert_encoder_layer_1_norm_1_bias); // updated in place
-  support::View v138 = arena_.view(539136, 64);
-  support::View v968(param89_bert_encoder_layer_1_norm_1_bias_v); // updated in place
-  support::View v967(param88_bert_encoder_layer_1_norm_1_bias_m); // updated in place
-  {
-    float *__restrict v968p = v968.data();
-    float *__restrict v967p = v967.data();
-    float *__restrict v104p = v104.data();
-    const float *__restrict v138p = v138.data();
-    const float *__restrict v367p = v367.data();
-    const float *__restrict v365p = v365.data();
-    const float *__restrict v349p = v349.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v104p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v138p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v968p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v367p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v138p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v967p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v365p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v349p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v104p[i0];
-      const float s30 = (s29 - s28);
-      v968p[i0] = s10;
-      v967p[i0] = s22;
-      v104p[i0] = s30;
-    }
-  }
+  // layers.mesh:41:16 einsum
+  // layers.mesh:41:55 mul -> scores
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 32, 4, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
 }
 
 MlmTrain::Inputs MlmTrain::synthesizeInputs(uint64_t seed) const {
@@ -6240,679 +4440,212 @@ bool MlmTrain::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> MlmTrain::paramShards() {
-  return {
-      {"bert/token_embedding",
-       false,
-       "f32",
-       {128, 64},
-       {128, 64},
-       {"vocab", "d_model"},
-       {{}, {}},
-       &param0_bert_token_embedding},
-      {"bert/position_embedding",
-       false,
-       "f32",
-       {32, 64},
-       {32, 64},
-       {"seq", "d_model"},
-       {{}, {}},
-       &param1_bert_position_embedding},
-      {"bert/segment_embedding",
-       false,
-       "f32",
-       {2, 64},
-       {2, 64},
-       {"segments", "d_model"},
-       {{}, {}},
-       &param2_bert_segment_embedding},
-      {"bert/output_bias", false, "f32", {128}, {128}, {"vocab"}, {{}}, &param3_bert_output_bias},
-      {"bert/norm/gain", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param4_bert_norm_gain},
-      {"bert/norm/bias", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param5_bert_norm_bias},
-      {"bert/encoder_layer[0]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param6_bert_encoder_layer_0_attention_w_q},
-      {"bert/encoder_layer[0]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param7_bert_encoder_layer_0_attention_w_k},
-      {"bert/encoder_layer[0]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param8_bert_encoder_layer_0_attention_w_v},
-      {"bert/encoder_layer[0]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {4, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{}, {}, {}},
-       &param9_bert_encoder_layer_0_attention_w_o},
-      {"bert/encoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param10_bert_encoder_layer_0_norm_gain},
-      {"bert/encoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param11_bert_encoder_layer_0_norm_bias},
-      {"bert/encoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 256},
-       {"d_model", "d_ff"},
-       {{}, {}},
-       &param12_bert_encoder_layer_0_ffn_w_in},
-      {"bert/encoder_layer[0]/ffn/b_in",
-       false,
-       "f32",
-       {256},
-       {256},
-       {"d_ff"},
-       {{}},
-       &param13_bert_encoder_layer_0_ffn_b_in},
-      {"bert/encoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {256, 64},
-       {"d_ff", "d_model"},
-       {{}, {}},
-       &param14_bert_encoder_layer_0_ffn_w_out},
-      {"bert/encoder_layer[0]/ffn/b_out",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param15_bert_encoder_layer_0_ffn_b_out},
-      {"bert/encoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param16_bert_encoder_layer_0_norm_1_gain},
-      {"bert/encoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param17_bert_encoder_layer_0_norm_1_bias},
-      {"bert/encoder_layer[1]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param18_bert_encoder_layer_1_attention_w_q},
-      {"bert/encoder_layer[1]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param19_bert_encoder_layer_1_attention_w_k},
-      {"bert/encoder_layer[1]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param20_bert_encoder_layer_1_attention_w_v},
-      {"bert/encoder_layer[1]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {4, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{}, {}, {}},
-       &param21_bert_encoder_layer_1_attention_w_o},
-      {"bert/encoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param22_bert_encoder_layer_1_norm_gain},
-      {"bert/encoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param23_bert_encoder_layer_1_norm_bias},
-      {"bert/encoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 256},
-       {"d_model", "d_ff"},
-       {{}, {}},
-       &param24_bert_encoder_layer_1_ffn_w_in},
-      {"bert/encoder_layer[1]/ffn/b_in",
-       false,
-       "f32",
-       {256},
-       {256},
-       {"d_ff"},
-       {{}},
-       &param25_bert_encoder_layer_1_ffn_b_in},
-      {"bert/encoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {256, 64},
-       {"d_ff", "d_model"},
-       {{}, {}},
-       &param26_bert_encoder_layer_1_ffn_w_out},
-      {"bert/encoder_layer[1]/ffn/b_out",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param27_bert_encoder_layer_1_ffn_b_out},
-      {"bert/encoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param28_bert_encoder_layer_1_norm_1_gain},
-      {"bert/encoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param29_bert_encoder_layer_1_norm_1_bias},
-      {"bert/token_embedding@m",
-       true,
-       "f32",
-       {128, 64},
-       {128, 64},
-       {"vocab", "d_model"},
-       {{}, {}},
-       &param30_bert_token_embedding_m},
-      {"bert/token_embedding@v",
-       true,
-       "f32",
-       {128, 64},
-       {128, 64},
-       {"vocab", "d_model"},
-       {{}, {}},
-       &param31_bert_token_embedding_v},
-      {"bert/position_embedding@m",
-       true,
-       "f32",
-       {32, 64},
-       {32, 64},
-       {"seq", "d_model"},
-       {{}, {}},
-       &param32_bert_position_embedding_m},
-      {"bert/position_embedding@v",
-       true,
-       "f32",
-       {32, 64},
-       {32, 64},
-       {"seq", "d_model"},
-       {{}, {}},
-       &param33_bert_position_embedding_v},
-      {"bert/segment_embedding@m",
-       true,
-       "f32",
-       {2, 64},
-       {2, 64},
-       {"segments", "d_model"},
-       {{}, {}},
-       &param34_bert_segment_embedding_m},
-      {"bert/segment_embedding@v",
-       true,
-       "f32",
-       {2, 64},
-       {2, 64},
-       {"segments", "d_model"},
-       {{}, {}},
-       &param35_bert_segment_embedding_v},
-      {"bert/output_bias@m",
-       true,
-       "f32",
-       {128},
-       {128},
-       {"vocab"},
-       {{}},
-       &param36_bert_output_bias_m},
-      {"bert/output_bias@v",
-       true,
-       "f32",
-       {128},
-       {128},
-       {"vocab"},
-       {{}},
-       &param37_bert_output_bias_v},
-      {"bert/norm/gain@m", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param38_bert_norm_gain_m},
-      {"bert/norm/gain@v", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param39_bert_norm_gain_v},
-      {"bert/norm/bias@m", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param40_bert_norm_bias_m},
-      {"bert/norm/bias@v", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param41_bert_norm_bias_v},
-      {"bert/encoder_layer[0]/attention/w_q@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param42_bert_encoder_layer_0_attention_w_q_m},
-      {"bert/encoder_layer[0]/attention/w_q@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param43_bert_encoder_layer_0_attention_w_q_v},
-      {"bert/encoder_layer[0]/attention/w_k@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param44_bert_encoder_layer_0_attention_w_k_m},
-      {"bert/encoder_layer[0]/attention/w_k@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param45_bert_encoder_layer_0_attention_w_k_v},
-      {"bert/encoder_layer[0]/attention/w_v@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param46_bert_encoder_layer_0_attention_w_v_m},
-      {"bert/encoder_layer[0]/attention/w_v@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param47_bert_encoder_layer_0_attention_w_v_v},
-      {"bert/encoder_layer[0]/attention/w_o@m",
-       true,
-       "f32",
-       {4, 16, 64},
-       {4, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{}, {}, {}},
-       &param48_bert_encoder_layer_0_attention_w_o_m},
-      {"bert/encoder_layer[0]/attention/w_o@v",
-       true,
-       "f32",
-       {4, 16, 64},
-       {4, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{}, {}, {}},
-       &param49_bert_encoder_layer_0_attention_w_o_v},
-      {"bert/encoder_layer[0]/norm/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param50_bert_encoder_layer_0_norm_gain_m},
-      {"bert/encoder_layer[0]/norm/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param51_bert_encoder_layer_0_norm_gain_v},
-      {"bert/encoder_layer[0]/norm/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param52_bert_encoder_layer_0_norm_bias_m},
-      {"bert/encoder_layer[0]/norm/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param53_bert_encoder_layer_0_norm_bias_v},
-      {"bert/encoder_layer[0]/ffn/w_in@m",
-       true,
-       "f32",
-       {64, 256},
-       {64, 256},
-       {"d_model", "d_ff"},
-       {{}, {}},
-       &param54_bert_encoder_layer_0_ffn_w_in_m},
-      {"bert/encoder_layer[0]/ffn/w_in@v",
-       true,
-       "f32",
-       {64, 256},
-       {64, 256},
-       {"d_model", "d_ff"},
-       {{}, {}},
-       &param55_bert_encoder_layer_0_ffn_w_in_v},
-      {"bert/encoder_layer[0]/ffn/b_in@m",
-       true,
-       "f32",
-       {256},
-       {256},
-       {"d_ff"},
-       {{}},
-       &param56_bert_encoder_layer_0_ffn_b_in_m},
-      {"bert/encoder_layer[0]/ffn/b_in@v",
-       true,
-       "f32",
-       {256},
-       {256},
-       {"d_ff"},
-       {{}},
-       &param57_bert_encoder_layer_0_ffn_b_in_v},
-      {"bert/encoder_layer[0]/ffn/w_out@m",
-       true,
-       "f32",
-       {256, 64},
-       {256, 64},
-       {"d_ff", "d_model"},
-       {{}, {}},
-       &param58_bert_encoder_layer_0_ffn_w_out_m},
-      {"bert/encoder_layer[0]/ffn/w_out@v",
-       true,
-       "f32",
-       {256, 64},
-       {256, 64},
-       {"d_ff", "d_model"},
-       {{}, {}},
-       &param59_bert_encoder_layer_0_ffn_w_out_v},
-      {"bert/encoder_layer[0]/ffn/b_out@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param60_bert_encoder_layer_0_ffn_b_out_m},
-      {"bert/encoder_layer[0]/ffn/b_out@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param61_bert_encoder_layer_0_ffn_b_out_v},
-      {"bert/encoder_layer[0]/norm#1/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param62_bert_encoder_layer_0_norm_1_gain_m},
-      {"bert/encoder_layer[0]/norm#1/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param63_bert_encoder_layer_0_norm_1_gain_v},
-      {"bert/encoder_layer[0]/norm#1/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param64_bert_encoder_layer_0_norm_1_bias_m},
-      {"bert/encoder_layer[0]/norm#1/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param65_bert_encoder_layer_0_norm_1_bias_v},
-      {"bert/encoder_layer[1]/attention/w_q@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param66_bert_encoder_layer_1_attention_w_q_m},
-      {"bert/encoder_layer[1]/attention/w_q@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param67_bert_encoder_layer_1_attention_w_q_v},
-      {"bert/encoder_layer[1]/attention/w_k@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param68_bert_encoder_layer_1_attention_w_k_m},
-      {"bert/encoder_layer[1]/attention/w_k@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param69_bert_encoder_layer_1_attention_w_k_v},
-      {"bert/encoder_layer[1]/attention/w_v@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param70_bert_encoder_layer_1_attention_w_v_m},
-      {"bert/encoder_layer[1]/attention/w_v@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 4, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {}, {}},
-       &param71_bert_encoder_layer_1_attention_w_v_v},
-      {"bert/encoder_layer[1]/attention/w_o@m",
-       true,
-       "f32",
-       {4, 16, 64},
-       {4, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{}, {}, {}},
-       &param72_bert_encoder_layer_1_attention_w_o_m},
-      {"bert/encoder_layer[1]/attention/w_o@v",
-       true,
-       "f32",
-       {4, 16, 64},
-       {4, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{}, {}, {}},
-       &param73_bert_encoder_layer_1_attention_w_o_v},
-      {"bert/encoder_layer[1]/norm/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param74_bert_encoder_layer_1_norm_gain_m},
-      {"bert/encoder_layer[1]/norm/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param75_bert_encoder_layer_1_norm_gain_v},
-      {"bert/encoder_layer[1]/norm/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param76_bert_encoder_layer_1_norm_bias_m},
-      {"bert/encoder_layer[1]/norm/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param77_bert_encoder_layer_1_norm_bias_v},
-      {"bert/encoder_layer[1]/ffn/w_in@m",
-       true,
-       "f32",
-       {64, 256},
-       {64, 256},
-       {"d_model", "d_ff"},
-       {{}, {}},
-       &param78_bert_encoder_layer_1_ffn_w_in_m},
-      {"bert/encoder_layer[1]/ffn/w_in@v",
-       true,
-       "f32",
-       {64, 256},
-       {64, 256},
-       {"d_model", "d_ff"},
-       {{}, {}},
-       &param79_bert_encoder_layer_1_ffn_w_in_v},
-      {"bert/encoder_layer[1]/ffn/b_in@m",
-       true,
-       "f32",
-       {256},
-       {256},
-       {"d_ff"},
-       {{}},
-       &param80_bert_encoder_layer_1_ffn_b_in_m},
-      {"bert/encoder_layer[1]/ffn/b_in@v",
-       true,
-       "f32",
-       {256},
-       {256},
-       {"d_ff"},
-       {{}},
-       &param81_bert_encoder_layer_1_ffn_b_in_v},
-      {"bert/encoder_layer[1]/ffn/w_out@m",
-       true,
-       "f32",
-       {256, 64},
-       {256, 64},
-       {"d_ff", "d_model"},
-       {{}, {}},
-       &param82_bert_encoder_layer_1_ffn_w_out_m},
-      {"bert/encoder_layer[1]/ffn/w_out@v",
-       true,
-       "f32",
-       {256, 64},
-       {256, 64},
-       {"d_ff", "d_model"},
-       {{}, {}},
-       &param83_bert_encoder_layer_1_ffn_w_out_v},
-      {"bert/encoder_layer[1]/ffn/b_out@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param84_bert_encoder_layer_1_ffn_b_out_m},
-      {"bert/encoder_layer[1]/ffn/b_out@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param85_bert_encoder_layer_1_ffn_b_out_v},
-      {"bert/encoder_layer[1]/norm#1/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param86_bert_encoder_layer_1_norm_1_gain_m},
-      {"bert/encoder_layer[1]/norm#1/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param87_bert_encoder_layer_1_norm_1_gain_v},
-      {"bert/encoder_layer[1]/norm#1/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param88_bert_encoder_layer_1_norm_1_bias_m},
-      {"bert/encoder_layer[1]/norm#1/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param89_bert_encoder_layer_1_norm_1_bias_v},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"bert/token_embedding", false, "f32", "vocab:128:128: d_model:64:64:"},
+      {"bert/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
+      {"bert/segment_embedding", false, "f32", "segments:2:2: d_model:64:64:"},
+      {"bert/output_bias", false, "f32", "vocab:128:128:"},
+      {"bert/norm/gain", false, "f32", "d_model:64:64:"},
+      {"bert/norm/bias", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_o", false, "f32",
+       "heads:4:4: d_head:16:16: d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
+      {"bert/encoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:256:"},
+      {"bert/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
+      {"bert/encoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_o", false, "f32",
+       "heads:4:4: d_head:16:16: d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:256:"},
+      {"bert/encoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:256:"},
+      {"bert/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:256: d_model:64:64:"},
+      {"bert/encoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"bert/token_embedding@m", true, "f32", "vocab:128:128: d_model:64:64:"},
+      {"bert/token_embedding@v", true, "f32", "vocab:128:128: d_model:64:64:"},
+      {"bert/position_embedding@m", true, "f32", "seq:32:32: d_model:64:64:"},
+      {"bert/position_embedding@v", true, "f32", "seq:32:32: d_model:64:64:"},
+      {"bert/segment_embedding@m", true, "f32", "segments:2:2: d_model:64:64:"},
+      {"bert/segment_embedding@v", true, "f32", "segments:2:2: d_model:64:64:"},
+      {"bert/output_bias@m", true, "f32", "vocab:128:128:"},
+      {"bert/output_bias@v", true, "f32", "vocab:128:128:"},
+      {"bert/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"bert/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"bert/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"bert/norm/bias@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/attention/w_q@m", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_q@v", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_k@m", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_k@v", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_v@m", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_v@v", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[0]/attention/w_o@m", true, "f32",
+       "heads:4:4: d_head:16:16: d_model:64:64:"},
+      {"bert/encoder_layer[0]/attention/w_o@v", true, "f32",
+       "heads:4:4: d_head:16:16: d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:256:"},
+      {"bert/encoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:256:"},
+      {"bert/encoder_layer[0]/ffn/b_in@m", true, "f32", "d_ff:256:256:"},
+      {"bert/encoder_layer[0]/ffn/b_in@v", true, "f32", "d_ff:256:256:"},
+      {"bert/encoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:256:256: d_model:64:64:"},
+      {"bert/encoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:256:256: d_model:64:64:"},
+      {"bert/encoder_layer[0]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/attention/w_q@m", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_q@v", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_k@m", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_k@v", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_v@m", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_v@v", true, "f32",
+       "d_model:64:64: heads:4:4: d_head:16:16:"},
+      {"bert/encoder_layer[1]/attention/w_o@m", true, "f32",
+       "heads:4:4: d_head:16:16: d_model:64:64:"},
+      {"bert/encoder_layer[1]/attention/w_o@v", true, "f32",
+       "heads:4:4: d_head:16:16: d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:256:"},
+      {"bert/encoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:256:"},
+      {"bert/encoder_layer[1]/ffn/b_in@m", true, "f32", "d_ff:256:256:"},
+      {"bert/encoder_layer[1]/ffn/b_in@v", true, "f32", "d_ff:256:256:"},
+      {"bert/encoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:256:256: d_model:64:64:"},
+      {"bert/encoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:256:256: d_model:64:64:"},
+      {"bert/encoder_layer[1]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+      {"bert/encoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_bert_token_embedding,
+                                   &param1_bert_position_embedding,
+                                   &param2_bert_segment_embedding,
+                                   &param3_bert_output_bias,
+                                   &param4_bert_norm_gain,
+                                   &param5_bert_norm_bias,
+                                   &param6_bert_encoder_layer_0_attention_w_q,
+                                   &param7_bert_encoder_layer_0_attention_w_k,
+                                   &param8_bert_encoder_layer_0_attention_w_v,
+                                   &param9_bert_encoder_layer_0_attention_w_o,
+                                   &param10_bert_encoder_layer_0_norm_gain,
+                                   &param11_bert_encoder_layer_0_norm_bias,
+                                   &param12_bert_encoder_layer_0_ffn_w_in,
+                                   &param13_bert_encoder_layer_0_ffn_b_in,
+                                   &param14_bert_encoder_layer_0_ffn_w_out,
+                                   &param15_bert_encoder_layer_0_ffn_b_out,
+                                   &param16_bert_encoder_layer_0_norm_1_gain,
+                                   &param17_bert_encoder_layer_0_norm_1_bias,
+                                   &param18_bert_encoder_layer_1_attention_w_q,
+                                   &param19_bert_encoder_layer_1_attention_w_k,
+                                   &param20_bert_encoder_layer_1_attention_w_v,
+                                   &param21_bert_encoder_layer_1_attention_w_o,
+                                   &param22_bert_encoder_layer_1_norm_gain,
+                                   &param23_bert_encoder_layer_1_norm_bias,
+                                   &param24_bert_encoder_layer_1_ffn_w_in,
+                                   &param25_bert_encoder_layer_1_ffn_b_in,
+                                   &param26_bert_encoder_layer_1_ffn_w_out,
+                                   &param27_bert_encoder_layer_1_ffn_b_out,
+                                   &param28_bert_encoder_layer_1_norm_1_gain,
+                                   &param29_bert_encoder_layer_1_norm_1_bias,
+                                   &param30_bert_token_embedding_m,
+                                   &param31_bert_token_embedding_v,
+                                   &param32_bert_position_embedding_m,
+                                   &param33_bert_position_embedding_v,
+                                   &param34_bert_segment_embedding_m,
+                                   &param35_bert_segment_embedding_v,
+                                   &param36_bert_output_bias_m,
+                                   &param37_bert_output_bias_v,
+                                   &param38_bert_norm_gain_m,
+                                   &param39_bert_norm_gain_v,
+                                   &param40_bert_norm_bias_m,
+                                   &param41_bert_norm_bias_v,
+                                   &param42_bert_encoder_layer_0_attention_w_q_m,
+                                   &param43_bert_encoder_layer_0_attention_w_q_v,
+                                   &param44_bert_encoder_layer_0_attention_w_k_m,
+                                   &param45_bert_encoder_layer_0_attention_w_k_v,
+                                   &param46_bert_encoder_layer_0_attention_w_v_m,
+                                   &param47_bert_encoder_layer_0_attention_w_v_v,
+                                   &param48_bert_encoder_layer_0_attention_w_o_m,
+                                   &param49_bert_encoder_layer_0_attention_w_o_v,
+                                   &param50_bert_encoder_layer_0_norm_gain_m,
+                                   &param51_bert_encoder_layer_0_norm_gain_v,
+                                   &param52_bert_encoder_layer_0_norm_bias_m,
+                                   &param53_bert_encoder_layer_0_norm_bias_v,
+                                   &param54_bert_encoder_layer_0_ffn_w_in_m,
+                                   &param55_bert_encoder_layer_0_ffn_w_in_v,
+                                   &param56_bert_encoder_layer_0_ffn_b_in_m,
+                                   &param57_bert_encoder_layer_0_ffn_b_in_v,
+                                   &param58_bert_encoder_layer_0_ffn_w_out_m,
+                                   &param59_bert_encoder_layer_0_ffn_w_out_v,
+                                   &param60_bert_encoder_layer_0_ffn_b_out_m,
+                                   &param61_bert_encoder_layer_0_ffn_b_out_v,
+                                   &param62_bert_encoder_layer_0_norm_1_gain_m,
+                                   &param63_bert_encoder_layer_0_norm_1_gain_v,
+                                   &param64_bert_encoder_layer_0_norm_1_bias_m,
+                                   &param65_bert_encoder_layer_0_norm_1_bias_v,
+                                   &param66_bert_encoder_layer_1_attention_w_q_m,
+                                   &param67_bert_encoder_layer_1_attention_w_q_v,
+                                   &param68_bert_encoder_layer_1_attention_w_k_m,
+                                   &param69_bert_encoder_layer_1_attention_w_k_v,
+                                   &param70_bert_encoder_layer_1_attention_w_v_m,
+                                   &param71_bert_encoder_layer_1_attention_w_v_v,
+                                   &param72_bert_encoder_layer_1_attention_w_o_m,
+                                   &param73_bert_encoder_layer_1_attention_w_o_v,
+                                   &param74_bert_encoder_layer_1_norm_gain_m,
+                                   &param75_bert_encoder_layer_1_norm_gain_v,
+                                   &param76_bert_encoder_layer_1_norm_bias_m,
+                                   &param77_bert_encoder_layer_1_norm_bias_v,
+                                   &param78_bert_encoder_layer_1_ffn_w_in_m,
+                                   &param79_bert_encoder_layer_1_ffn_w_in_v,
+                                   &param80_bert_encoder_layer_1_ffn_b_in_m,
+                                   &param81_bert_encoder_layer_1_ffn_b_in_v,
+                                   &param82_bert_encoder_layer_1_ffn_w_out_m,
+                                   &param83_bert_encoder_layer_1_ffn_w_out_v,
+                                   &param84_bert_encoder_layer_1_ffn_b_out_m,
+                                   &param85_bert_encoder_layer_1_ffn_b_out_v,
+                                   &param86_bert_encoder_layer_1_norm_1_gain_m,
+                                   &param87_bert_encoder_layer_1_norm_1_gain_v,
+                                   &param88_bert_encoder_layer_1_norm_1_bias_m,
+                                   &param89_bert_encoder_layer_1_norm_1_bias_v};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor MlmTrain::getParam(const std::string &path) {

@@ -159,25 +159,12 @@ bool Mlp::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Mlp::paramShards() {
-  return {
-      {"ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param0_ffn_w_in},
-      {"ffn/b_in", false, "f32", {256}, {128}, {"d_ff"}, {{"model"}}, &param1_ffn_b_in},
-      {"ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param2_ffn_w_out},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"ffn/b_in", false, "f32", "d_ff:256:128:model"},
+      {"ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_ffn_w_in, &param1_ffn_b_in, &param2_ffn_w_out};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor Mlp::getParam(const std::string &path) {
@@ -779,49 +766,17 @@ bool MlpTrain::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> MlpTrain::paramShards() {
-  return {
-      {"ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param0_ffn_w_in},
-      {"ffn/b_in", false, "f32", {256}, {128}, {"d_ff"}, {{"model"}}, &param1_ffn_b_in},
-      {"ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param2_ffn_w_out},
-      {"ffn/w_in@momentum",
-       true,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param3_ffn_w_in_momentum},
-      {"ffn/b_in@momentum",
-       true,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param4_ffn_b_in_momentum},
-      {"ffn/w_out@momentum",
-       true,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param5_ffn_w_out_momentum},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"ffn/b_in", false, "f32", "d_ff:256:128:model"},
+      {"ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"ffn/w_in@momentum", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"ffn/b_in@momentum", true, "f32", "d_ff:256:128:model"},
+      {"ffn/w_out@momentum", true, "f32", "d_ff:256:128:model d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_ffn_w_in,          &param1_ffn_b_in,
+                                   &param2_ffn_w_out,         &param3_ffn_w_in_momentum,
+                                   &param4_ffn_b_in_momentum, &param5_ffn_w_out_momentum};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor MlpTrain::getParam(const std::string &path) {

@@ -95,8 +95,6 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
   // Arena: 99328 bytes for 409104 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
-  runPart1(inputs);
-  runPart2(inputs);
   support::View v106 = arena_.view(0, 2048);
 
   Outputs outputs;
@@ -107,829 +105,466 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
 void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
 
-  // moe.mesh:26:10 layer_norm
-  const support::Buffer &v0 = inputs.x.data;
+  // 35 statements from moe.mesh:26:10 layer_norm (1 of 2)
   support::View v3 = arena_.view(0, 2048);
+  const support::Buffer &v0 = inputs.x.data;
+  const support::Buffer &v1 = param0_norm_0_gain;
+  const support::Buffer &v2 = param1_norm_0_bias;
+  support::View v5 = arena_.view(81920, 2048);
+  const support::Buffer &v6 = param2_route_0_w_gate;
+  support::View v7 = arena_.view(0, 128);
+  support::View v8 = arena_.view(512, 128);
+  support::View v11 = arena_.view(1024, 64);
+  support::View v13 = arena_.view(40960, 128);
+  support::View v16 = arena_.view(0, 128);
+  support::View v17 = arena_.view(1536, 64);
+  support::View v20 = arena_.view(1024, 128);
+  support::View v21 = arena_.view(41472, 64);
+  support::View v19 = arena_.view(90112, 128);
+  support::View v22 = arena_.view(512, 128);
+  support::View v23 = arena_.view(41728, 64);
+  support::View v24 = arena_.view(41984, 64);
+  support::View v28 = arena_.view(0, 128);
+  support::View v29 = arena_.view(20480, 128);
+  support::View v30 = arena_.view(0, 5120);
+  support::View v31 = arena_.view(20480, 5120);
+  support::View v32 = arena_.view(0, 128);
+  support::View v33 = arena_.view(512, 128);
+  support::View v34 = arena_.view(1024, 2);
+  support::View v36 = arena_.view(40960, 128);
+  support::View v37 = arena_.view(0, 5120);
+  support::View v40 = arena_.view(90624, 64);
+  support::View v43 = arena_.view(90880, 64);
+  support::View v39 = arena_.view(40960, 5120);
+  support::View v46 = arena_.view(61440, 5120);
+  support::View v47 = arena_.view(20480, 2560);
+  const support::Buffer &v9 = param3_experts_ffn_0_w_in;
+  support::View v48 = arena_.view(0, 5120);
+  support::View v49 = arena_.view(20480, 5120);
+  const support::Buffer &v10 = param4_experts_ffn_0_w_out;
+  support::View v50 = arena_.view(0, 2560);
+  support::View v51 = arena_.view(10240, 2048);
+  support::View v53 = arena_.view(81920, 2048);
+  repeated0(v3, v0, v1, v2, v5, v6, v7, v8, v11, v13, v16, v17, v20, v21, v19, v22, v23, v24, v28,
+            v29, v30, v31, v32, v33, v34, v36, v37, v40, v43, v39, v46, v47, v9, v48, v49, v10, v50,
+            v51, v53);
+
+  // 35 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  support::View v56 = arena_.view(0, 2048);
+  const support::Buffer &v54 = param5_norm_1_gain;
+  const support::Buffer &v55 = param6_norm_1_bias;
+  support::View v58 = arena_.view(90112, 2048);
+  const support::Buffer &v59 = param7_route_1_w_gate;
+  support::View v60 = arena_.view(0, 128);
+  support::View v61 = arena_.view(512, 128);
+  support::View v64 = arena_.view(1024, 64);
+  support::View v66 = arena_.view(40960, 128);
+  support::View v69 = arena_.view(0, 128);
+  support::View v70 = arena_.view(1536, 64);
+  support::View v73 = arena_.view(1024, 128);
+  support::View v74 = arena_.view(41472, 64);
+  support::View v72 = arena_.view(98304, 128);
+  support::View v75 = arena_.view(512, 128);
+  support::View v76 = arena_.view(41728, 64);
+  support::View v77 = arena_.view(41984, 64);
+  support::View v81 = arena_.view(0, 128);
+  support::View v82 = arena_.view(20480, 128);
+  support::View v83 = arena_.view(0, 5120);
+  support::View v84 = arena_.view(20480, 5120);
+  support::View v85 = arena_.view(0, 128);
+  support::View v86 = arena_.view(512, 128);
+  support::View v87 = arena_.view(1024, 2);
+  support::View v89 = arena_.view(40960, 128);
+  support::View v90 = arena_.view(0, 5120);
+  support::View v93 = arena_.view(98816, 64);
+  support::View v96 = arena_.view(99072, 64);
+  support::View v92 = arena_.view(40960, 5120);
+  support::View v99 = arena_.view(61440, 5120);
+  support::View v100 = arena_.view(20480, 2560);
+  const support::Buffer &v62 = param8_experts_ffn_1_w_in;
+  support::View v101 = arena_.view(0, 5120);
+  support::View v102 = arena_.view(20480, 5120);
+  const support::Buffer &v63 = param9_experts_ffn_1_w_out;
+  support::View v103 = arena_.view(0, 2560);
+  support::View v104 = arena_.view(10240, 2048);
+  support::View v106 = arena_.view(0, 2048);
+  repeated0(v56, v53, v54, v55, v58, v59, v60, v61, v64, v66, v69, v70, v73, v74, v72, v75, v76,
+            v77, v81, v82, v83, v84, v85, v86, v87, v89, v90, v93, v96, v92, v99, v100, v62, v101,
+            v102, v63, v103, v104, v106);
+}
+
+void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
+                    support::ConstView a3, support::View a4, support::ConstView a5,
+                    support::View a6, support::View a7, support::View a8, support::View a9,
+                    support::View a10, support::View a11, support::View a12, support::View a13,
+                    support::View a14, support::View a15, support::View a16, support::View a17,
+                    support::View a18, support::View a19, support::View a20, support::View a21,
+                    support::View a22, support::View a23, support::View a24, support::View a25,
+                    support::View a26, support::View a27, support::View a28, support::View a29,
+                    support::View a30, support::View a31, support::ConstView a32, support::View a33,
+                    support::View a34, support::ConstView a35, support::View a36, support::View a37,
+                    support::View a38) {
+
+  // moe.mesh:26:10 layer_norm
   static const support::Shape shape0_2 = {1, 64};
   static const support::Shape shape0_3 = {2048, 32};
   static const support::Shape shape0_4 = {2048, 32};
   static const support::Shape shape0_5 = {32};
   static const support::Shape shape0_6 = {1};
   static const support::Shape shape0_7 = {1};
-  support::along(v3.data(), v0.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  const support::Buffer &v1 = param0_norm_0_gain;
-  const support::Buffer &v2 = param1_norm_0_bias;
-  support::View v5 = arena_.view(81920, 2048);
   {
-    float *__restrict v5p = v5.data();
-    const float *__restrict v3p = v3.data();
-    const float *__restrict v1p = v1.data();
-    const float *__restrict v2p = v2.data();
+    float *__restrict a4p = a4.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v3p[i0 * 32 + i1];
-        const float s1 = v1p[i1];
+        const float s0 = a0p[i0 * 32 + i1];
+        const float s1 = a2p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v2p[i1];
+        const float s3 = a3p[i1];
         const float s4 = (s2 + s3);
-        v5p[i0 * 32 + i1] = s4;
+        a4p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // moe.mesh:32:18 einsum
-  const support::Buffer &v6 = param2_route_0_w_gate;
-  support::View v7 = arena_.view(0, 128);
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(v5.data(), v6.data(), v7.data(), 1.0f, 0.0f);
+  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // moe.mesh:32:10 softmax
-  support::View v8 = arena_.view(512, 128);
   static const support::Shape shape3_2 = {1, 64};
   static const support::Shape shape3_3 = {128, 2};
   static const support::Shape shape3_4 = {128, 2};
   static const support::Shape shape3_5 = {2};
   static const support::Shape shape3_6 = {1};
   static const support::Shape shape3_7 = {1};
-  support::along(v8.data(), v7.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
+  support::along(a7.data(), a6.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:38:24 max
-  support::View v11 = arena_.view(1024, 64);
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {2};
   static const support::Shape shape4_5 = {1};
-  support::reduce(v11.data(), shape4_1, v8.data(), shape4_3, shape4_4, shape4_5,
+  support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v11.data(), v11.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask1
   // moe.mesh:50:32 sub
   // moe.mesh:50:25 mul -> remaining
-  support::View v13 = arena_.view(40960, 128);
-  support::View v16 = arena_.view(0, 128);
   {
-    float *__restrict v13p = v13.data();
-    float *__restrict v16p = v16.data();
-    const float *__restrict v8p = v8.data();
-    const float *__restrict v11p = v11.data();
+    float *__restrict a9p = a9.data();
+    float *__restrict a10p = a10.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a8p = a8.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v8p[i0 * 2 + i1];
-        const float s1 = v11p[i0];
+        const float s0 = a7p[i0 * 2 + i1];
+        const float s1 = a8p[i0];
         const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
         const float s3 = s2;
         const float s4 = 1.0f;
         const float s5 = (s4 - s3);
-        const float s6 = v8p[i0 * 2 + i1];
+        const float s6 = a7p[i0 * 2 + i1];
         const float s7 = (s6 * s5);
-        v13p[i0 * 2 + i1] = s3;
-        v16p[i0 * 2 + i1] = s7;
+        a9p[i0 * 2 + i1] = s3;
+        a10p[i0 * 2 + i1] = s7;
       }
     }
   }
 
   // moe.mesh:38:24 max
-  support::View v17 = arena_.view(1536, 64);
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {128, 2};
   static const support::Shape shape7_4 = {2};
   static const support::Shape shape7_5 = {1};
-  support::reduce(v17.data(), shape7_1, v16.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v17.data(), v17.size(), meshrt::ReduceOp::Max);
+  group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:53:25 mul
-  support::View v20 = arena_.view(1024, 128);
   {
-    float *__restrict v20p = v20.data();
-    const float *__restrict v8p = v8.data();
-    const float *__restrict v13p = v13.data();
+    float *__restrict a12p = a12.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v8p[i0];
-      const float s1 = v13p[i0];
+      const float s0 = a7p[i0];
+      const float s1 = a9p[i0];
       const float s2 = (s0 * s1);
-      v20p[i0] = s2;
+      a12p[i0] = s2;
     }
   }
 
   // moe.mesh:53:15 sum -> gate1
-  support::View v21 = arena_.view(41472, 64);
   static const support::Shape shape10_1 = {1, 64};
   static const support::Shape shape10_3 = {128, 2};
   static const support::Shape shape10_4 = {2};
   static const support::Shape shape10_5 = {1};
-  support::reduce(v21.data(), shape10_1, v20.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a13.data(), shape10_1, a12.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:38:21 ge
   // moe.mesh:38:10 cast -> mask2
   // moe.mesh:54:29 mul
-  support::View v19 = arena_.view(90112, 128);
-  support::View v22 = arena_.view(512, 128);
   {
-    float *__restrict v19p = v19.data();
-    float *__restrict v22p = v22.data();
-    const float *__restrict v16p = v16.data();
-    const float *__restrict v17p = v17.data();
+    float *__restrict a14p = a14.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a11p = a11.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v16p[i0 * 2 + i1];
-        const float s1 = v17p[i0];
+        const float s0 = a10p[i0 * 2 + i1];
+        const float s1 = a11p[i0];
         const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
         const float s3 = s2;
-        const float s4 = v16p[i0 * 2 + i1];
+        const float s4 = a10p[i0 * 2 + i1];
         const float s5 = (s4 * s3);
-        v19p[i0 * 2 + i1] = s3;
-        v22p[i0 * 2 + i1] = s5;
+        a14p[i0 * 2 + i1] = s3;
+        a15p[i0 * 2 + i1] = s5;
       }
     }
   }
 
   // moe.mesh:54:15 sum -> gate2
-  support::View v23 = arena_.view(41728, 64);
   static const support::Shape shape12_1 = {1, 64};
   static const support::Shape shape12_3 = {128, 2};
   static const support::Shape shape12_4 = {2};
   static const support::Shape shape12_5 = {1};
-  support::reduce(v23.data(), shape12_1, v22.data(), shape12_3, shape12_4, shape12_5,
+  support::reduce(a16.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:55:29 add
-  support::View v24 = arena_.view(41984, 64);
   {
-    float *__restrict v24p = v24.data();
-    const float *__restrict v21p = v21.data();
-    const float *__restrict v23p = v23.data();
+    float *__restrict a17p = a17.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v21p[i0];
-      const float s1 = v23p[i0];
+      const float s0 = a13p[i0];
+      const float s1 = a16p[i0];
       const float s2 = (s0 + s1);
-      v24p[i0] = s2;
+      a17p[i0] = s2;
     }
   }
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %24 over model for maximum at 55:15)
-  auto request0 = support::startAllReduce(group_model, {v24}, meshrt::ReduceOp::Sum);
+  auto request0 = support::startAllReduce(group_model, {a17}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:60:19 cumsum -> position1
-  support::View v28 = arena_.view(0, 128);
   static const support::Shape shape15_2 = {1, 2};
   static const support::Shape shape15_3 = {128, 1};
   static const support::Shape shape15_4 = {128, 1};
   static const support::Shape shape15_5 = {64};
   static const support::Shape shape15_6 = {2};
   static const support::Shape shape15_7 = {2};
-  support::along(v28.data(), v13.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+  support::along(a18.data(), a9.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
                  shape15_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:63:27 cast
-  support::View v29 = arena_.view(20480, 128);
   {
-    float *__restrict v29p = v29.data();
-    const float *__restrict v28p = v28.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v28p[i0];
+      const float s0 = a18p[i0];
       const float s1 = support::castToI32(s0);
-      v29p[i0] = s1;
+      a19p[i0] = s1;
     }
   }
 
   // moe.mesh:63:19 one_hot
-  support::View v30 = arena_.view(0, 5120);
   static const support::Shape shape17_1 = {1, 64, 2, 40};
   static const support::Shape shape17_3 = {128, 2, 1, 0};
   static const support::Shape shape17_4 = {0, 0, 0, 1};
-  support::oneHot(v30.data(), shape17_1, v29.data(), shape17_3, shape17_4, 0);
+  support::oneHot(a20.data(), shape17_1, a19.data(), shape17_3, shape17_4, 0);
 
   // moe.mesh:63:59 mul -> dispatch1
-  support::View v31 = arena_.view(20480, 5120);
   {
-    float *__restrict v31p = v31.data();
-    const float *__restrict v30p = v30.data();
-    const float *__restrict v13p = v13.data();
+    float *__restrict a21p = a21.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = v30p[i0 * 40 + i1];
-        const float s1 = v13p[i0];
+        const float s0 = a20p[i0 * 40 + i1];
+        const float s1 = a9p[i0];
         const float s2 = (s0 * s1);
-        v31p[i0 * 40 + i1] = s2;
+        a21p[i0 * 40 + i1] = s2;
       }
     }
   }
 
   // moe.mesh:64:15 sum -> kept1
-  support::View v32 = arena_.view(0, 128);
   static const support::Shape shape19_1 = {1, 64, 2};
   static const support::Shape shape19_3 = {5120, 80, 40};
   static const support::Shape shape19_4 = {40};
   static const support::Shape shape19_5 = {1};
-  support::reduce(v32.data(), shape19_1, v31.data(), shape19_3, shape19_4, shape19_5,
+  support::reduce(a22.data(), shape19_1, a21.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:19 cumsum
-  support::View v33 = arena_.view(512, 128);
   static const support::Shape shape20_2 = {1, 2};
   static const support::Shape shape20_3 = {128, 1};
   static const support::Shape shape20_4 = {128, 1};
   static const support::Shape shape20_5 = {64};
   static const support::Shape shape20_6 = {2};
   static const support::Shape shape20_7 = {2};
-  support::along(v33.data(), v19.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
+  support::along(a23.data(), a14.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
                  shape20_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:65:58 sum
-  support::View v34 = arena_.view(1024, 2);
   static const support::Shape shape21_1 = {1, 2};
   static const support::Shape shape21_3 = {128, 1};
   static const support::Shape shape21_4 = {64};
   static const support::Shape shape21_5 = {2};
-  support::reduce(v34.data(), shape21_1, v32.data(), shape21_3, shape21_4, shape21_5,
+  support::reduce(a24.data(), shape21_1, a22.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:65:56 add -> position2
   // moe.mesh:66:27 cast
-  support::View v36 = arena_.view(40960, 128);
   {
-    float *__restrict v36p = v36.data();
-    const float *__restrict v33p = v33.data();
-    const float *__restrict v34p = v34.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v33p[i0 * 2 + i1];
-        const float s1 = v34p[i1];
+        const float s0 = a23p[i0 * 2 + i1];
+        const float s1 = a24p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::castToI32(s2);
-        v36p[i0 * 2 + i1] = s3;
+        a25p[i0 * 2 + i1] = s3;
       }
     }
   }
 
   // moe.mesh:66:19 one_hot
-  support::View v37 = arena_.view(0, 5120);
   static const support::Shape shape23_1 = {1, 64, 2, 40};
   static const support::Shape shape23_3 = {128, 2, 1, 0};
   static const support::Shape shape23_4 = {0, 0, 0, 1};
-  support::oneHot(v37.data(), shape23_1, v36.data(), shape23_3, shape23_4, 0);
+  support::oneHot(a26.data(), shape23_1, a25.data(), shape23_3, shape23_4, 0);
 
   group_model.wait(request0);
-}
-
-void Moe::runPart1(const Inputs &inputs) {
-  (void)inputs;
 
   // moe.mesh:55:15 maximum -> total
   // moe.mesh:69:36 div
   // moe.mesh:69:66 div
-  support::View v24 = arena_.view(41984, 64);
-  support::View v21 = arena_.view(41472, 64);
-  support::View v23 = arena_.view(41728, 64);
-  support::View v40 = arena_.view(90624, 64);
-  support::View v43 = arena_.view(90880, 64);
   {
-    float *__restrict v40p = v40.data();
-    float *__restrict v43p = v43.data();
-    const float *__restrict v24p = v24.data();
-    const float *__restrict v21p = v21.data();
-    const float *__restrict v23p = v23.data();
+    float *__restrict a27p = a27.data();
+    float *__restrict a28p = a28.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a16p = a16.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v24p[i0];
+      const float s0 = a17p[i0];
       const float s1 = 1e-09f;
       const float s2 = support::maximum(s0, s1);
-      const float s3 = v21p[i0];
+      const float s3 = a13p[i0];
       const float s4 = (s3 / s2);
-      const float s5 = v23p[i0];
+      const float s5 = a16p[i0];
       const float s6 = (s5 / s2);
-      v40p[i0] = s4;
-      v43p[i0] = s6;
+      a27p[i0] = s4;
+      a28p[i0] = s6;
     }
   }
 
   // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %39 over model for mul at
   // 69:27; merged with 1 more partial sum over model (%44): 512 B in one buffer)
-  support::allReduceBucket(group_model, {v40, v43});
+  support::allReduceBucket(group_model, {a27, a28});
 
   // moe.mesh:66:59 mul -> dispatch2
   // moe.mesh:68:28 add -> dispatch
   // moe.mesh:69:57 mul
   // moe.mesh:69:27 mul
   // moe.mesh:69:45 add -> combine
-  support::View v37 = arena_.view(0, 5120);
-  support::View v19 = arena_.view(90112, 128);
-  support::View v31 = arena_.view(20480, 5120);
-  support::View v39 = arena_.view(40960, 5120);
-  support::View v46 = arena_.view(61440, 5120);
   {
-    float *__restrict v39p = v39.data();
-    float *__restrict v46p = v46.data();
-    const float *__restrict v37p = v37.data();
-    const float *__restrict v19p = v19.data();
-    const float *__restrict v31p = v31.data();
-    const float *__restrict v43p = v43.data();
-    const float *__restrict v40p = v40.data();
+    float *__restrict a29p = a29.data();
+    float *__restrict a30p = a30.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a27p = a27.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
       for (int64_t i1 = 0; i1 < 2; ++i1) {
         for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = v37p[i0 * 80 + i1 * 40 + i2];
-          const float s1 = v19p[i0 * 2 + i1];
+          const float s0 = a26p[i0 * 80 + i1 * 40 + i2];
+          const float s1 = a14p[i0 * 2 + i1];
           const float s2 = (s0 * s1);
-          const float s3 = v31p[i0 * 80 + i1 * 40 + i2];
+          const float s3 = a21p[i0 * 80 + i1 * 40 + i2];
           const float s4 = (s3 + s2);
-          const float s5 = v43p[i0];
+          const float s5 = a28p[i0];
           const float s6 = (s2 * s5);
-          const float s7 = v31p[i0 * 80 + i1 * 40 + i2];
-          const float s8 = v40p[i0];
+          const float s7 = a21p[i0 * 80 + i1 * 40 + i2];
+          const float s8 = a27p[i0];
           const float s9 = (s7 * s8);
           const float s10 = (s9 + s6);
-          v39p[i0 * 80 + i1 * 40 + i2] = s4;
-          v46p[i0 * 80 + i1 * 40 + i2] = s10;
+          a29p[i0 * 80 + i1 * 40 + i2] = s4;
+          a30p[i0 * 80 + i1 * 40 + i2] = s10;
         }
       }
     }
   }
 
   // moe.mesh:74:19 einsum -> expert_in
-  support::View v5 = arena_.view(81920, 2048);
-  support::View v47 = arena_.view(20480, 2560);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan3.run(v39.data(), v5.data(), v47.data(), 1.0f, 0.0f);
+  einsumPlan28.run(a29.data(), a4.data(), a31.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:21 einsum
-  const support::Buffer &v9 = param3_experts_ffn_0_w_in;
-  support::View v48 = arena_.view(0, 5120);
   // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
+  static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan4.run(v47.data(), v9.data(), v48.data(), 1.0f, 0.0f);
+  einsumPlan29.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // moe.mesh:75:16 relu -> hidden
-  support::View v49 = arena_.view(20480, 5120);
   {
-    float *__restrict v49p = v49.data();
-    const float *__restrict v48p = v48.data();
+    float *__restrict a34p = a34.data();
+    const float *__restrict a33p = a33.data();
     for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v48p[i0];
+      const float s0 = a33p[i0];
       const float s1 = (s0 > 0 ? s0 : 0.0f);
-      v49p[i0] = s1;
+      a34p[i0] = s1;
     }
   }
 
   // moe.mesh:76:20 einsum -> expert_out
-  const support::Buffer &v10 = param4_experts_ffn_0_w_out;
-  support::View v50 = arena_.view(0, 2560);
   // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
+  static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan6.run(v49.data(), v10.data(), v50.data(), 1.0f, 0.0f);
+  einsumPlan31.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // moe.mesh:78:10 einsum
-  support::View v51 = arena_.view(10240, 2048);
   // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan32(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan7.run(v46.data(), v50.data(), v51.data(), 1.0f, 0.0f);
+  einsumPlan32.run(a30.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // moe.mesh:98:11 all_reduce_sum (resolve the partial sum of %48 over model for add at 98:11)
-  group_model.allReduce(v51.data(), v51.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:98:11 add -> h
-  const support::Buffer &v0 = inputs.x.data;
-  support::View v53 = arena_.view(81920, 2048);
   {
-    float *__restrict v53p = v53.data();
-    const float *__restrict v0p = v0.data();
-    const float *__restrict v51p = v51.data();
+    float *__restrict a38p = a38.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a37p = a37.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v0p[i0];
-      const float s1 = v51p[i0];
+      const float s0 = a1p[i0];
+      const float s1 = a37p[i0];
       const float s2 = (s0 + s1);
-      v53p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:26:10 layer_norm
-  support::View v56 = arena_.view(0, 2048);
-  static const support::Shape shape10_2 = {1, 64};
-  static const support::Shape shape10_3 = {2048, 32};
-  static const support::Shape shape10_4 = {2048, 32};
-  static const support::Shape shape10_5 = {32};
-  static const support::Shape shape10_6 = {1};
-  static const support::Shape shape10_7 = {1};
-  support::along(v56.data(), v53.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // moe.mesh:26:33 mul
-  // moe.mesh:26:40 add -> n
-  const support::Buffer &v54 = param5_norm_1_gain;
-  const support::Buffer &v55 = param6_norm_1_bias;
-  support::View v58 = arena_.view(90112, 2048);
-  {
-    float *__restrict v58p = v58.data();
-    const float *__restrict v56p = v56.data();
-    const float *__restrict v54p = v54.data();
-    const float *__restrict v55p = v55.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v56p[i0 * 32 + i1];
-        const float s1 = v54p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v55p[i1];
-        const float s4 = (s2 + s3);
-        v58p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // moe.mesh:32:18 einsum
-  const support::Buffer &v59 = param7_route_1_w_gate;
-  support::View v60 = arena_.view(0, 128);
-  // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v58.data(), v59.data(), v60.data(), 1.0f, 0.0f);
-
-  // moe.mesh:32:10 softmax
-  support::View v61 = arena_.view(512, 128);
-  static const support::Shape shape13_2 = {1, 64};
-  static const support::Shape shape13_3 = {128, 2};
-  static const support::Shape shape13_4 = {128, 2};
-  static const support::Shape shape13_5 = {2};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(v61.data(), v60.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::Softmax, 1e-05, 4, &group_model);
-
-  // moe.mesh:38:24 max
-  support::View v64 = arena_.view(1024, 64);
-  static const support::Shape shape14_1 = {1, 64};
-  static const support::Shape shape14_3 = {128, 2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v64.data(), shape14_1, v61.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v64.data(), v64.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask1
-  // moe.mesh:50:32 sub
-  // moe.mesh:50:25 mul -> remaining
-  support::View v66 = arena_.view(40960, 128);
-  support::View v69 = arena_.view(0, 128);
-  {
-    float *__restrict v66p = v66.data();
-    float *__restrict v69p = v69.data();
-    const float *__restrict v61p = v61.data();
-    const float *__restrict v64p = v64.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v61p[i0 * 2 + i1];
-        const float s1 = v64p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = 1.0f;
-        const float s5 = (s4 - s3);
-        const float s6 = v61p[i0 * 2 + i1];
-        const float s7 = (s6 * s5);
-        v66p[i0 * 2 + i1] = s3;
-        v69p[i0 * 2 + i1] = s7;
-      }
-    }
-  }
-
-  // moe.mesh:38:24 max
-  support::View v70 = arena_.view(1536, 64);
-  static const support::Shape shape17_1 = {1, 64};
-  static const support::Shape shape17_3 = {128, 2};
-  static const support::Shape shape17_4 = {2};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v70.data(), shape17_1, v69.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v70.data(), v70.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:53:25 mul
-  support::View v73 = arena_.view(1024, 128);
-  {
-    float *__restrict v73p = v73.data();
-    const float *__restrict v61p = v61.data();
-    const float *__restrict v66p = v66.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v61p[i0];
-      const float s1 = v66p[i0];
-      const float s2 = (s0 * s1);
-      v73p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:53:15 sum -> gate1
-  support::View v74 = arena_.view(41472, 64);
-  static const support::Shape shape20_1 = {1, 64};
-  static const support::Shape shape20_3 = {128, 2};
-  static const support::Shape shape20_4 = {2};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v74.data(), shape20_1, v73.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  // moe.mesh:54:29 mul
-  support::View v72 = arena_.view(98304, 128);
-  support::View v75 = arena_.view(512, 128);
-  {
-    float *__restrict v72p = v72.data();
-    float *__restrict v75p = v75.data();
-    const float *__restrict v69p = v69.data();
-    const float *__restrict v70p = v70.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v69p[i0 * 2 + i1];
-        const float s1 = v70p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = v69p[i0 * 2 + i1];
-        const float s5 = (s4 * s3);
-        v72p[i0 * 2 + i1] = s3;
-        v75p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:54:15 sum -> gate2
-  support::View v76 = arena_.view(41728, 64);
-  static const support::Shape shape22_1 = {1, 64};
-  static const support::Shape shape22_3 = {128, 2};
-  static const support::Shape shape22_4 = {2};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v76.data(), shape22_1, v75.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:55:29 add
-  support::View v77 = arena_.view(41984, 64);
-  {
-    float *__restrict v77p = v77.data();
-    const float *__restrict v74p = v74.data();
-    const float *__restrict v76p = v76.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v74p[i0];
-      const float s1 = v76p[i0];
-      const float s2 = (s0 + s1);
-      v77p[i0] = s2;
-    }
-  }
-}
-
-void Moe::runPart2(const Inputs &inputs) {
-  (void)inputs;
-
-  // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %73 over model for maximum at 55:15)
-  support::View v77 = arena_.view(41984, 64);
-  auto request1 = support::startAllReduce(group_model, {v77}, meshrt::ReduceOp::Sum);
-
-  // moe.mesh:60:19 cumsum -> position1
-  support::View v66 = arena_.view(40960, 128);
-  support::View v81 = arena_.view(0, 128);
-  static const support::Shape shape1_2 = {1, 2};
-  static const support::Shape shape1_3 = {128, 1};
-  static const support::Shape shape1_4 = {128, 1};
-  static const support::Shape shape1_5 = {64};
-  static const support::Shape shape1_6 = {2};
-  static const support::Shape shape1_7 = {2};
-  support::along(v81.data(), v66.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:63:27 cast
-  support::View v82 = arena_.view(20480, 128);
-  {
-    float *__restrict v82p = v82.data();
-    const float *__restrict v81p = v81.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v81p[i0];
-      const float s1 = support::castToI32(s0);
-      v82p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:63:19 one_hot
-  support::View v83 = arena_.view(0, 5120);
-  static const support::Shape shape3_1 = {1, 64, 2, 40};
-  static const support::Shape shape3_3 = {128, 2, 1, 0};
-  static const support::Shape shape3_4 = {0, 0, 0, 1};
-  support::oneHot(v83.data(), shape3_1, v82.data(), shape3_3, shape3_4, 0);
-
-  // moe.mesh:63:59 mul -> dispatch1
-  support::View v84 = arena_.view(20480, 5120);
-  {
-    float *__restrict v84p = v84.data();
-    const float *__restrict v83p = v83.data();
-    const float *__restrict v66p = v66.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = v83p[i0 * 40 + i1];
-        const float s1 = v66p[i0];
-        const float s2 = (s0 * s1);
-        v84p[i0 * 40 + i1] = s2;
-      }
-    }
-  }
-
-  // moe.mesh:64:15 sum -> kept1
-  support::View v85 = arena_.view(0, 128);
-  static const support::Shape shape5_1 = {1, 64, 2};
-  static const support::Shape shape5_3 = {5120, 80, 40};
-  static const support::Shape shape5_4 = {40};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v85.data(), shape5_1, v84.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:65:19 cumsum
-  support::View v72 = arena_.view(98304, 128);
-  support::View v86 = arena_.view(512, 128);
-  static const support::Shape shape6_2 = {1, 2};
-  static const support::Shape shape6_3 = {128, 1};
-  static const support::Shape shape6_4 = {128, 1};
-  static const support::Shape shape6_5 = {64};
-  static const support::Shape shape6_6 = {2};
-  static const support::Shape shape6_7 = {2};
-  support::along(v86.data(), v72.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
-                 support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:65:58 sum
-  support::View v87 = arena_.view(1024, 2);
-  static const support::Shape shape7_1 = {1, 2};
-  static const support::Shape shape7_3 = {128, 1};
-  static const support::Shape shape7_4 = {64};
-  static const support::Shape shape7_5 = {2};
-  support::reduce(v87.data(), shape7_1, v85.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:65:56 add -> position2
-  // moe.mesh:66:27 cast
-  support::View v89 = arena_.view(40960, 128);
-  {
-    float *__restrict v89p = v89.data();
-    const float *__restrict v86p = v86.data();
-    const float *__restrict v87p = v87.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v86p[i0 * 2 + i1];
-        const float s1 = v87p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::castToI32(s2);
-        v89p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:66:19 one_hot
-  support::View v90 = arena_.view(0, 5120);
-  static const support::Shape shape9_1 = {1, 64, 2, 40};
-  static const support::Shape shape9_3 = {128, 2, 1, 0};
-  static const support::Shape shape9_4 = {0, 0, 0, 1};
-  support::oneHot(v90.data(), shape9_1, v89.data(), shape9_3, shape9_4, 0);
-
-  group_model.wait(request1);
-
-  // moe.mesh:55:15 maximum -> total
-  // moe.mesh:69:36 div
-  // moe.mesh:69:66 div
-  support::View v74 = arena_.view(41472, 64);
-  support::View v76 = arena_.view(41728, 64);
-  support::View v93 = arena_.view(98816, 64);
-  support::View v96 = arena_.view(99072, 64);
-  {
-    float *__restrict v93p = v93.data();
-    float *__restrict v96p = v96.data();
-    const float *__restrict v77p = v77.data();
-    const float *__restrict v74p = v74.data();
-    const float *__restrict v76p = v76.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v77p[i0];
-      const float s1 = 1e-09f;
-      const float s2 = support::maximum(s0, s1);
-      const float s3 = v74p[i0];
-      const float s4 = (s3 / s2);
-      const float s5 = v76p[i0];
-      const float s6 = (s5 / s2);
-      v93p[i0] = s4;
-      v96p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %88 over model for mul at
-  // 69:27; merged with 1 more partial sum over model (%97): 512 B in one buffer)
-  support::allReduceBucket(group_model, {v93, v96});
-
-  // moe.mesh:66:59 mul -> dispatch2
-  // moe.mesh:68:28 add -> dispatch
-  // moe.mesh:69:57 mul
-  // moe.mesh:69:27 mul
-  // moe.mesh:69:45 add -> combine
-  support::View v92 = arena_.view(40960, 5120);
-  support::View v99 = arena_.view(61440, 5120);
-  {
-    float *__restrict v92p = v92.data();
-    float *__restrict v99p = v99.data();
-    const float *__restrict v90p = v90.data();
-    const float *__restrict v72p = v72.data();
-    const float *__restrict v84p = v84.data();
-    const float *__restrict v96p = v96.data();
-    const float *__restrict v93p = v93.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = v90p[i0 * 80 + i1 * 40 + i2];
-          const float s1 = v72p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = v84p[i0 * 80 + i1 * 40 + i2];
-          const float s4 = (s3 + s2);
-          const float s5 = v96p[i0];
-          const float s6 = (s2 * s5);
-          const float s7 = v84p[i0 * 80 + i1 * 40 + i2];
-          const float s8 = v93p[i0];
-          const float s9 = (s7 * s8);
-          const float s10 = (s9 + s6);
-          v92p[i0 * 80 + i1 * 40 + i2] = s4;
-          v99p[i0 * 80 + i1 * 40 + i2] = s10;
-        }
-      }
-    }
-  }
-
-  // moe.mesh:74:19 einsum -> expert_in
-  support::View v58 = arena_.view(90112, 2048);
-  support::View v100 = arena_.view(20480, 2560);
-  // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan14.run(v92.data(), v58.data(), v100.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:21 einsum
-  const support::Buffer &v62 = param8_experts_ffn_1_w_in;
-  support::View v101 = arena_.view(0, 5120);
-  // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan15.run(v100.data(), v62.data(), v101.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:16 relu -> hidden
-  support::View v102 = arena_.view(20480, 5120);
-  {
-    float *__restrict v102p = v102.data();
-    const float *__restrict v101p = v101.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v101p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      v102p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:76:20 einsum -> expert_out
-  const support::Buffer &v63 = param9_experts_ffn_1_w_out;
-  support::View v103 = arena_.view(0, 2560);
-  // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan17.run(v102.data(), v63.data(), v103.data(), 1.0f, 0.0f);
-
-  // moe.mesh:78:10 einsum
-  support::View v104 = arena_.view(10240, 2048);
-  // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan18.run(v99.data(), v103.data(), v104.data(), 1.0f, 0.0f);
-
-  // moe.mesh:98:11 all_reduce_sum (resolve the partial sum of %97 over model for add at 98:11)
-  group_model.allReduce(v104.data(), v104.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:98:11 add -> h
-  support::View v53 = arena_.view(81920, 2048);
-  support::View v106 = arena_.view(0, 2048);
-  {
-    float *__restrict v106p = v106.data();
-    const float *__restrict v53p = v53.data();
-    const float *__restrict v104p = v104.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v53p[i0];
-      const float s1 = v104p[i0];
-      const float s2 = (s0 + s1);
-      v106p[i0] = s2;
+      a38p[i0] = s2;
     }
   }
 }
@@ -985,60 +620,23 @@ bool Moe::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Moe::paramShards() {
-  return {
-      {"norm[0]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param0_norm_0_gain},
-      {"norm[0]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param1_norm_0_bias},
-      {"route[0]/w_gate",
-       false,
-       "f32",
-       {32, 4},
-       {32, 2},
-       {"d_model", "experts"},
-       {{}, {"model"}},
-       &param2_route_0_w_gate},
-      {"experts_ffn[0]/w_in",
-       false,
-       "f32",
-       {4, 32, 64},
-       {2, 32, 64},
-       {"experts", "d_model", "d_ff"},
-       {{"model"}, {}, {}},
-       &param3_experts_ffn_0_w_in},
-      {"experts_ffn[0]/w_out",
-       false,
-       "f32",
-       {4, 64, 32},
-       {2, 64, 32},
-       {"experts", "d_ff", "d_model"},
-       {{"model"}, {}, {}},
-       &param4_experts_ffn_0_w_out},
-      {"norm[1]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param5_norm_1_gain},
-      {"norm[1]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param6_norm_1_bias},
-      {"route[1]/w_gate",
-       false,
-       "f32",
-       {32, 4},
-       {32, 2},
-       {"d_model", "experts"},
-       {{}, {"model"}},
-       &param7_route_1_w_gate},
-      {"experts_ffn[1]/w_in",
-       false,
-       "f32",
-       {4, 32, 64},
-       {2, 32, 64},
-       {"experts", "d_model", "d_ff"},
-       {{"model"}, {}, {}},
-       &param8_experts_ffn_1_w_in},
-      {"experts_ffn[1]/w_out",
-       false,
-       "f32",
-       {4, 64, 32},
-       {2, 64, 32},
-       {"experts", "d_ff", "d_model"},
-       {{"model"}, {}, {}},
-       &param9_experts_ffn_1_w_out},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"norm[0]/gain", false, "f32", "d_model:32:32:"},
+      {"norm[0]/bias", false, "f32", "d_model:32:32:"},
+      {"route[0]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
+      {"experts_ffn[0]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
+      {"experts_ffn[0]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
+      {"norm[1]/gain", false, "f32", "d_model:32:32:"},
+      {"norm[1]/bias", false, "f32", "d_model:32:32:"},
+      {"route[1]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
+      {"experts_ffn[1]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
+      {"experts_ffn[1]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"}};
+  support::Buffer *const data[] = {&param0_norm_0_gain,         &param1_norm_0_bias,
+                                   &param2_route_0_w_gate,      &param3_experts_ffn_0_w_in,
+                                   &param4_experts_ffn_0_w_out, &param5_norm_1_gain,
+                                   &param6_norm_1_bias,         &param7_route_1_w_gate,
+                                   &param8_experts_ffn_1_w_in,  &param9_experts_ffn_1_w_out};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor Moe::getParam(const std::string &path) {
@@ -1196,12 +794,6 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
   support::checkShape("input", "target", inputs.target, {1, 64, 32});
   runPart0(inputs);
   runPart1(inputs);
-  runPart2(inputs);
-  runPart3(inputs);
-  runPart4(inputs);
-  runPart5(inputs);
-  runPart6(inputs);
-  runPart7(inputs);
   support::View v141 = arena_.view(395776, 1);
 
   // The step's updates.
@@ -1215,416 +807,67 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 void MoeTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
 
-  // moe.mesh:26:10 layer_norm
-  const support::Buffer &v0 = inputs.x.data;
+  // 13 statements from moe.mesh:26:10 layer_norm (1 of 2)
   support::View v5 = arena_.view(323584, 2048);
-  static const support::Shape shape0_2 = {1, 64};
-  static const support::Shape shape0_3 = {2048, 32};
-  static const support::Shape shape0_4 = {2048, 32};
-  static const support::Shape shape0_5 = {32};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v5.data(), v0.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // moe.mesh:114:27 random_uniform
+  const support::Buffer &v0 = inputs.x.data;
   support::View v8 = arena_.view(331776, 2048);
-  support::fillRandomUniform(
-      v8.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 64, 32}},
-      seed_, std::string("uniform[0]#0") + "#" + std::to_string(step_), 0.99, 1.01,
-      meshrt::kernels::ValueType::F32);
-
-  // moe.mesh:26:33 mul
-  // moe.mesh:26:40 add -> n
-  // moe.mesh:114:25 mul
   support::View v3(param1_norm_0_gain); // updated in place
   support::View v4(param2_norm_0_bias); // updated in place
-  support::View v7 = arena_.view(102400, 2048);
   support::View v9 = arena_.view(339968, 2048);
-  {
-    float *__restrict v7p = v7.data();
-    float *__restrict v9p = v9.data();
-    const float *__restrict v5p = v5.data();
-    const float *__restrict v3p = v3.data();
-    const float *__restrict v4p = v4.data();
-    const float *__restrict v8p = v8.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v5p[i0 * 32 + i1];
-        const float s1 = v3p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v4p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = v8p[i0 * 32 + i1];
-        const float s6 = (s4 * s5);
-        v7p[i0 * 32 + i1] = s4;
-        v9p[i0 * 32 + i1] = s6;
-      }
-    }
-  }
-
-  // moe.mesh:32:18 einsum
   support::View v10(param3_route_0_w_gate); // updated in place
   support::View v11 = arena_.view(0, 128);
-  // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v9.data(), v10.data(), v11.data(), 1.0f, 0.0f);
-
-  // moe.mesh:32:10 softmax -> gates
   support::View v12 = arena_.view(389120, 128);
-  static const support::Shape shape4_2 = {1, 64};
-  static const support::Shape shape4_3 = {128, 2};
-  static const support::Shape shape4_4 = {128, 2};
-  static const support::Shape shape4_5 = {2};
-  static const support::Shape shape4_6 = {1};
-  static const support::Shape shape4_7 = {1};
-  support::along(v12.data(), v11.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
-                 support::Along::Softmax, 1e-05, 4, &group_model);
-
-  // moe.mesh:38:24 max
   support::View v13 = arena_.view(512, 64);
-  static const support::Shape shape5_1 = {1, 64};
-  static const support::Shape shape5_3 = {128, 2};
-  static const support::Shape shape5_4 = {2};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v13.data(), shape5_1, v12.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v13.data(), v13.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast
   support::View v15 = arena_.view(0, 128);
-  {
-    float *__restrict v15p = v15.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v13p = v13.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v12p[i0 * 2 + i1];
-        const float s1 = v13p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        v15p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:87:17 mean -> density
   support::View v16 = arena_.view(395264, 2);
-  static const support::Shape shape8_1 = {1, 2};
-  static const support::Shape shape8_3 = {128, 1};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {2};
-  support::reduce(v16.data(), shape8_1, v15.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:88:23 mean -> density_proxy
   support::View v17 = arena_.view(0, 2);
-  static const support::Shape shape9_1 = {1, 2};
-  static const support::Shape shape9_3 = {128, 1};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {2};
-  support::reduce(v17.data(), shape9_1, v12.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:89:23 mul
   support::View v18 = arena_.view(64, 2);
-  {
-    float *__restrict v18p = v18.data();
-    const float *__restrict v16p = v16.data();
-    const float *__restrict v17p = v17.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v16p[i0];
-      const float s1 = v17p[i0];
-      const float s2 = (s0 * s1);
-      v18p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:89:10 mean
   support::View v19 = arena_.view(0, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {1, 2};
-  static const support::Shape shape11_5 = {2, 1};
-  support::reduce(v19.data(), shape11_1, v18.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.125);
-
-  // moe.mesh:89:40 mul
+  support::View v7 = arena_.view(102400, 2048);
   support::View v21 = arena_.view(262144, 1);
-  {
-    float *__restrict v21p = v21.data();
-    const float *__restrict v19p = v19.data();
-    const float s0 = v19p[0];
-    const float s1 = 16.0f;
-    const float s2 = (s0 * s1);
-    v21p[0] = s2;
-  }
+  repeated2(v5, v0, v8, v3, v4, v7, v9, v10, v11, v12, v13, v15, v16, v17, v18, v19, v21,
+            "uniform[0]#0");
 
   // moe.mesh:115:15 all_reduce_sum (resolve the partial sum of %21 over data, model for add at
   // 115:15)
   auto request0 = support::startAllReduce(group_data_model, {v21}, meshrt::ReduceOp::Sum);
 
-  // moe.mesh:38:24 max
+  // 10 statements from moe.mesh:38:24 max (1 of 2)
   support::View v26 = arena_.view(512, 64);
-  static const support::Shape shape14_1 = {1, 64};
-  static const support::Shape shape14_3 = {128, 2};
-  static const support::Shape shape14_4 = {2};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v26.data(), shape14_1, v12.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v26.data(), v26.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask1
-  // moe.mesh:50:32 sub
-  // moe.mesh:50:25 mul -> remaining
   support::View v28 = arena_.view(389632, 128);
-  support::View v30 = arena_.view(390144, 128);
   support::View v31 = arena_.view(0, 128);
-  {
-    float *__restrict v28p = v28.data();
-    float *__restrict v30p = v30.data();
-    float *__restrict v31p = v31.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v26p = v26.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v12p[i0 * 2 + i1];
-        const float s1 = v26p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = 1.0f;
-        const float s5 = (s4 - s3);
-        const float s6 = v12p[i0 * 2 + i1];
-        const float s7 = (s6 * s5);
-        v28p[i0 * 2 + i1] = s3;
-        v30p[i0 * 2 + i1] = s5;
-        v31p[i0 * 2 + i1] = s7;
-      }
-    }
-  }
-
-  // moe.mesh:38:24 max
   support::View v32 = arena_.view(1024, 64);
-  static const support::Shape shape17_1 = {1, 64};
-  static const support::Shape shape17_3 = {128, 2};
-  static const support::Shape shape17_4 = {2};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v32.data(), shape17_1, v31.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v32.data(), v32.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:53:25 mul
   support::View v35 = arena_.view(512, 128);
-  {
-    float *__restrict v35p = v35.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v28p = v28.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v12p[i0];
-      const float s1 = v28p[i0];
-      const float s2 = (s0 * s1);
-      v35p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:53:15 sum -> gate1
   support::View v36 = arena_.view(41472, 64);
-  static const support::Shape shape20_1 = {1, 64};
-  static const support::Shape shape20_3 = {128, 2};
-  static const support::Shape shape20_4 = {2};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v36.data(), shape20_1, v35.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  // moe.mesh:54:29 mul
-  support::View v34 = arena_.view(390656, 128);
   support::View v37 = arena_.view(512, 128);
-  {
-    float *__restrict v34p = v34.data();
-    float *__restrict v37p = v37.data();
-    const float *__restrict v31p = v31.data();
-    const float *__restrict v32p = v32.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v31p[i0 * 2 + i1];
-        const float s1 = v32p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = v31p[i0 * 2 + i1];
-        const float s5 = (s4 * s3);
-        v34p[i0 * 2 + i1] = s3;
-        v37p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:54:15 sum -> gate2
   support::View v38 = arena_.view(41728, 64);
-  static const support::Shape shape22_1 = {1, 64};
-  static const support::Shape shape22_3 = {128, 2};
-  static const support::Shape shape22_4 = {2};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v38.data(), shape22_1, v37.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:55:29 add
+  support::View v30 = arena_.view(390144, 128);
+  support::View v34 = arena_.view(390656, 128);
   support::View v39 = arena_.view(393216, 64);
-  {
-    float *__restrict v39p = v39.data();
-    const float *__restrict v36p = v36.data();
-    const float *__restrict v38p = v38.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v36p[i0];
-      const float s1 = v38p[i0];
-      const float s2 = (s0 + s1);
-      v39p[i0] = s2;
-    }
-  }
+  repeated6(v26, v12, v28, v30, v31, v32, v35, v36, v34, v37, v38, v39);
 
-  // moe.mesh:119:3 square
+  // 6 statements from moe.mesh:119:3 square (1 of 2)
   support::View v361 = arena_.view(0, 64);
-  {
-    float *__restrict v361p = v361.data();
-    const float *__restrict v10p = v10.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v10p[i0];
-      const float s1 = s0 * s0;
-      v361p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v362 = arena_.view(395392, 1);
-  static const support::Shape shape25_1 = {};
-  static const support::Shape shape25_3 = {};
-  static const support::Shape shape25_4 = {32, 2};
-  static const support::Shape shape25_5 = {2, 1};
-  support::reduce(v362.data(), shape25_1, v361.data(), shape25_3, shape25_4, shape25_5,
-                  support::Reduce::Sum, 0.0078125);
-
-  // moe.mesh:119:3 square
   support::View v24(param4_experts_ffn_0_w_in); // updated in place
   support::View v397 = arena_.view(0, 4096);
-  {
-    float *__restrict v397p = v397.data();
-    const float *__restrict v24p = v24.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v24p[i0];
-      const float s1 = s0 * s0;
-      v397p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v398 = arena_.view(395456, 1);
-  static const support::Shape shape27_1 = {};
-  static const support::Shape shape27_3 = {};
-  static const support::Shape shape27_4 = {2, 32, 64};
-  static const support::Shape shape27_5 = {2048, 64, 1};
-  support::reduce(v398.data(), shape27_1, v397.data(), shape27_3, shape27_4, shape27_5,
-                  support::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 square
   support::View v25(param5_experts_ffn_0_w_out); // updated in place
   support::View v433 = arena_.view(0, 4096);
-  {
-    float *__restrict v433p = v433.data();
-    const float *__restrict v25p = v25.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v25p[i0];
-      const float s1 = s0 * s0;
-      v433p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:119:3 mean
+  support::View v362 = arena_.view(395392, 1);
+  support::View v398 = arena_.view(395456, 1);
   support::View v434 = arena_.view(395520, 1);
-  static const support::Shape shape29_1 = {};
-  static const support::Shape shape29_3 = {};
-  static const support::Shape shape29_4 = {2, 64, 32};
-  static const support::Shape shape29_5 = {2048, 32, 1};
-  support::reduce(v434.data(), shape29_1, v433.data(), shape29_3, shape29_4, shape29_5,
-                  support::Reduce::Sum, 0.0001220703125);
+  repeated9(v10, v361, v362, v24, v397, v398, v25, v433, v434);
 
-  // moe.mesh:119:3 square
+  // 6 statements from moe.mesh:119:3 square (2 of 2)
   support::View v76(param8_route_1_w_gate); // updated in place
   support::View v516 = arena_.view(0, 64);
-  {
-    float *__restrict v516p = v516.data();
-    const float *__restrict v76p = v76.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v76p[i0];
-      const float s1 = s0 * s0;
-      v516p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v517 = arena_.view(395584, 1);
-  static const support::Shape shape31_1 = {};
-  static const support::Shape shape31_3 = {};
-  static const support::Shape shape31_4 = {32, 2};
-  static const support::Shape shape31_5 = {2, 1};
-  support::reduce(v517.data(), shape31_1, v516.data(), shape31_3, shape31_4, shape31_5,
-                  support::Reduce::Sum, 0.0078125);
-
-  // moe.mesh:119:3 square
   support::View v90(param9_experts_ffn_1_w_in); // updated in place
   support::View v552 = arena_.view(0, 4096);
-  {
-    float *__restrict v552p = v552.data();
-    const float *__restrict v90p = v90.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v90p[i0];
-      const float s1 = s0 * s0;
-      v552p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v553 = arena_.view(395648, 1);
-  static const support::Shape shape33_1 = {};
-  static const support::Shape shape33_3 = {};
-  static const support::Shape shape33_4 = {2, 32, 64};
-  static const support::Shape shape33_5 = {2048, 64, 1};
-  support::reduce(v553.data(), shape33_1, v552.data(), shape33_3, shape33_4, shape33_5,
-                  support::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 square
   support::View v91(param10_experts_ffn_1_w_out); // updated in place
   support::View v588 = arena_.view(0, 4096);
-  {
-    float *__restrict v588p = v588.data();
-    const float *__restrict v91p = v91.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v91p[i0];
-      const float s1 = s0 * s0;
-      v588p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:119:3 mean
+  support::View v517 = arena_.view(395584, 1);
+  support::View v553 = arena_.view(395648, 1);
   support::View v589 = arena_.view(395712, 1);
-  static const support::Shape shape35_1 = {};
-  static const support::Shape shape35_3 = {};
-  static const support::Shape shape35_4 = {2, 64, 32};
-  static const support::Shape shape35_5 = {2048, 32, 1};
-  support::reduce(v589.data(), shape35_1, v588.data(), shape35_3, shape35_4, shape35_5,
-                  support::Reduce::Sum, 0.0001220703125);
+  repeated9(v76, v516, v517, v90, v552, v553, v91, v588, v589);
 
   // moe.mesh:55:15 bucketed_all_reduce_sum (resolve the partial sum of %38 over model for maximum
   // at 55:15; merged with 6 more partial sums over model (%363, %399, %435, ...): 280 B in one
@@ -1632,220 +875,34 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   auto request1 = support::startAllReduce(group_model, {v39, v362, v398, v434, v517, v553, v589},
                                           meshrt::ReduceOp::Sum);
 
-  // moe.mesh:60:19 cumsum -> position1
+  // 9 statements from moe.mesh:60:19 cumsum -> position1 (1 of 2)
   support::View v43 = arena_.view(0, 128);
-  static const support::Shape shape37_2 = {1, 2};
-  static const support::Shape shape37_3 = {128, 1};
-  static const support::Shape shape37_4 = {128, 1};
-  static const support::Shape shape37_5 = {64};
-  static const support::Shape shape37_6 = {2};
-  static const support::Shape shape37_7 = {2};
-  support::along(v43.data(), v28.data(), shape37_2, shape37_3, shape37_4, shape37_5, shape37_6,
-                 shape37_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:63:27 cast
   support::View v44 = arena_.view(20480, 128);
-  {
-    float *__restrict v44p = v44.data();
-    const float *__restrict v43p = v43.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v43p[i0];
-      const float s1 = support::castToI32(s0);
-      v44p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:63:19 one_hot
   support::View v45 = arena_.view(0, 5120);
-  static const support::Shape shape39_1 = {1, 64, 2, 40};
-  static const support::Shape shape39_3 = {128, 2, 1, 0};
-  static const support::Shape shape39_4 = {0, 0, 0, 1};
-  support::oneHot(v45.data(), shape39_1, v44.data(), shape39_3, shape39_4, 0);
-
-  // moe.mesh:63:59 mul -> dispatch1
   support::View v46 = arena_.view(20480, 5120);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v45p = v45.data();
-    const float *__restrict v28p = v28.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = v45p[i0 * 40 + i1];
-        const float s1 = v28p[i0];
-        const float s2 = (s0 * s1);
-        v46p[i0 * 40 + i1] = s2;
-      }
-    }
-  }
-
-  // moe.mesh:64:15 sum -> kept1
   support::View v47 = arena_.view(0, 128);
-  static const support::Shape shape41_1 = {1, 64, 2};
-  static const support::Shape shape41_3 = {5120, 80, 40};
-  static const support::Shape shape41_4 = {40};
-  static const support::Shape shape41_5 = {1};
-  support::reduce(v47.data(), shape41_1, v46.data(), shape41_3, shape41_4, shape41_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:65:19 cumsum
   support::View v48 = arena_.view(512, 128);
-  static const support::Shape shape42_2 = {1, 2};
-  static const support::Shape shape42_3 = {128, 1};
-  static const support::Shape shape42_4 = {128, 1};
-  static const support::Shape shape42_5 = {64};
-  static const support::Shape shape42_6 = {2};
-  static const support::Shape shape42_7 = {2};
-  support::along(v48.data(), v34.data(), shape42_2, shape42_3, shape42_4, shape42_5, shape42_6,
-                 shape42_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:65:58 sum
   support::View v49 = arena_.view(1024, 2);
-  static const support::Shape shape43_1 = {1, 2};
-  static const support::Shape shape43_3 = {128, 1};
-  static const support::Shape shape43_4 = {64};
-  static const support::Shape shape43_5 = {2};
-  support::reduce(v49.data(), shape43_1, v47.data(), shape43_3, shape43_4, shape43_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:65:56 add -> position2
-  // moe.mesh:66:27 cast
   support::View v51 = arena_.view(40960, 128);
-  {
-    float *__restrict v51p = v51.data();
-    const float *__restrict v48p = v48.data();
-    const float *__restrict v49p = v49.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v48p[i0 * 2 + i1];
-        const float s1 = v49p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::castToI32(s2);
-        v51p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:66:19 one_hot
   support::View v52 = arena_.view(0, 5120);
-  static const support::Shape shape45_1 = {1, 64, 2, 40};
-  static const support::Shape shape45_3 = {128, 2, 1, 0};
-  static const support::Shape shape45_4 = {0, 0, 0, 1};
-  support::oneHot(v52.data(), shape45_1, v51.data(), shape45_3, shape45_4, 0);
+  repeated8(v43, v28, v44, v45, v46, v47, v48, v34, v49, v51, v52);
 
   group_model.wait(request1);
 
-  // moe.mesh:55:15 maximum -> total
-  // moe.mesh:69:36 div
-  // moe.mesh:69:66 div
-  support::View v42 = arena_.view(393472, 64);
+  // 9 statements from moe.mesh:55:15 maximum -> total (1 of 2)
   support::View v55 = arena_.view(393728, 64);
   support::View v58 = arena_.view(393984, 64);
-  {
-    float *__restrict v42p = v42.data();
-    float *__restrict v55p = v55.data();
-    float *__restrict v58p = v58.data();
-    const float *__restrict v39p = v39.data();
-    const float *__restrict v36p = v36.data();
-    const float *__restrict v38p = v38.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v39p[i0];
-      const float s1 = 1e-09f;
-      const float s2 = support::maximum(s0, s1);
-      const float s3 = v36p[i0];
-      const float s4 = (s3 / s2);
-      const float s5 = v38p[i0];
-      const float s6 = (s5 / s2);
-      v42p[i0] = s2;
-      v55p[i0] = s4;
-      v58p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %53 over model for mul at
-  // 69:27; merged with 1 more partial sum over model (%59): 512 B in one buffer)
-  support::allReduceBucket(group_model, {v55, v58});
-
-  // moe.mesh:66:59 mul -> dispatch2
-  // moe.mesh:68:28 add -> dispatch
-  // moe.mesh:69:57 mul
-  // moe.mesh:69:27 mul
-  // moe.mesh:69:45 add -> combine
-  support::View v53 = arena_.view(40960, 5120);
   support::View v54 = arena_.view(61440, 5120);
   support::View v61 = arena_.view(81920, 5120);
-  {
-    float *__restrict v53p = v53.data();
-    float *__restrict v54p = v54.data();
-    float *__restrict v61p = v61.data();
-    const float *__restrict v52p = v52.data();
-    const float *__restrict v34p = v34.data();
-    const float *__restrict v46p = v46.data();
-    const float *__restrict v58p = v58.data();
-    const float *__restrict v55p = v55.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = v52p[i0 * 80 + i1 * 40 + i2];
-          const float s1 = v34p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = v46p[i0 * 80 + i1 * 40 + i2];
-          const float s4 = (s3 + s2);
-          const float s5 = v58p[i0];
-          const float s6 = (s2 * s5);
-          const float s7 = v46p[i0 * 80 + i1 * 40 + i2];
-          const float s8 = v55p[i0];
-          const float s9 = (s7 * s8);
-          const float s10 = (s9 + s6);
-          v53p[i0 * 80 + i1 * 40 + i2] = s2;
-          v54p[i0 * 80 + i1 * 40 + i2] = s4;
-          v61p[i0 * 80 + i1 * 40 + i2] = s10;
-        }
-      }
-    }
-  }
-
-  // moe.mesh:74:19 einsum -> expert_in
   support::View v62 = arena_.view(282624, 2560);
-  // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan50(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan50.run(v54.data(), v7.data(), v62.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:21 einsum
   support::View v63 = arena_.view(0, 5120);
-  // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan51(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan51.run(v62.data(), v24.data(), v63.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:16 relu -> hidden
   support::View v64 = arena_.view(102400, 5120);
-  {
-    float *__restrict v64p = v64.data();
-    const float *__restrict v63p = v63.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v63p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      v64p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:76:20 einsum -> expert_out
   support::View v65 = arena_.view(292864, 2560);
-  // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan53(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan53.run(v64.data(), v25.data(), v65.data(), 1.0f, 0.0f);
-
-  // moe.mesh:78:10 einsum
   support::View v66 = arena_.view(122880, 2048);
-  // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan54(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan54.run(v61.data(), v65.data(), v66.data(), 1.0f, 0.0f);
-
-  // moe.mesh:116:11 all_reduce_sum (resolve the partial sum of %62 over model for add at 116:11)
-  group_model.allReduce(v66.data(), v66.size(), meshrt::ReduceOp::Sum);
+  support::View v42 = arena_.view(393472, 64);
+  support::View v53 = arena_.view(40960, 5120);
+  repeated5(v39, v36, v38, v42, v55, v58, v52, v34, v46, v53, v54, v61, v7, v62, v24, v63, v64, v25,
+            v65, v66);
 
   // moe.mesh:116:11 add -> h
   support::View v68 = arena_.view(348160, 2048);
@@ -1861,501 +918,74 @@ void MoeTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // moe.mesh:26:10 layer_norm
+  // 13 statements from moe.mesh:26:10 layer_norm (2 of 2)
   support::View v71 = arena_.view(356352, 2048);
-  static const support::Shape shape57_2 = {1, 64};
-  static const support::Shape shape57_3 = {2048, 32};
-  static const support::Shape shape57_4 = {2048, 32};
-  static const support::Shape shape57_5 = {32};
-  static const support::Shape shape57_6 = {1};
-  static const support::Shape shape57_7 = {1};
-  support::along(v71.data(), v68.data(), shape57_2, shape57_3, shape57_4, shape57_5, shape57_6,
-                 shape57_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // moe.mesh:114:27 random_uniform
   support::View v74 = arena_.view(364544, 2048);
-  support::fillRandomUniform(
-      v74.data(),
-      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
-                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
-                             meshrt::kernels::Dims{1, 64, 32}},
-      seed_, std::string("uniform[1]#0") + "#" + std::to_string(step_), 0.99, 1.01,
-      meshrt::kernels::ValueType::F32);
-
-  // moe.mesh:26:33 mul
-  // moe.mesh:26:40 add -> n
-  // moe.mesh:114:25 mul
   support::View v69(param6_norm_1_gain); // updated in place
   support::View v70(param7_norm_1_bias); // updated in place
-  support::View v73 = arena_.view(225280, 2048);
   support::View v75 = arena_.view(372736, 2048);
-  {
-    float *__restrict v73p = v73.data();
-    float *__restrict v75p = v75.data();
-    const float *__restrict v71p = v71.data();
-    const float *__restrict v69p = v69.data();
-    const float *__restrict v70p = v70.data();
-    const float *__restrict v74p = v74.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v71p[i0 * 32 + i1];
-        const float s1 = v69p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v70p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = v74p[i0 * 32 + i1];
-        const float s6 = (s4 * s5);
-        v73p[i0 * 32 + i1] = s4;
-        v75p[i0 * 32 + i1] = s6;
-      }
-    }
-  }
-
-  // moe.mesh:32:18 einsum
   support::View v77 = arena_.view(122880, 128);
-  // dims: groups, tokens, d_model, experts
-  static const meshrt::kernels::EinsumPlan einsumPlan60(
-      {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan60.run(v75.data(), v76.data(), v77.data(), 1.0f, 0.0f);
-
-  // moe.mesh:32:10 softmax -> gates
   support::View v78 = arena_.view(391168, 128);
-  static const support::Shape shape61_2 = {1, 64};
-  static const support::Shape shape61_3 = {128, 2};
-  static const support::Shape shape61_4 = {128, 2};
-  static const support::Shape shape61_5 = {2};
-  static const support::Shape shape61_6 = {1};
-  static const support::Shape shape61_7 = {1};
-  support::along(v78.data(), v77.data(), shape61_2, shape61_3, shape61_4, shape61_5, shape61_6,
-                 shape61_7, support::Along::Softmax, 1e-05, 4, &group_model);
-
-  // moe.mesh:38:24 max
   support::View v79 = arena_.view(123392, 64);
-  static const support::Shape shape62_1 = {1, 64};
-  static const support::Shape shape62_3 = {128, 2};
-  static const support::Shape shape62_4 = {2};
-  static const support::Shape shape62_5 = {1};
-  support::reduce(v79.data(), shape62_1, v78.data(), shape62_3, shape62_4, shape62_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v79.data(), v79.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast
   support::View v81 = arena_.view(122880, 128);
-  {
-    float *__restrict v81p = v81.data();
-    const float *__restrict v78p = v78.data();
-    const float *__restrict v79p = v79.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v78p[i0 * 2 + i1];
-        const float s1 = v79p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        v81p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:87:17 mean -> density
   support::View v82 = arena_.view(395328, 2);
-  static const support::Shape shape65_1 = {1, 2};
-  static const support::Shape shape65_3 = {128, 1};
-  static const support::Shape shape65_4 = {64};
-  static const support::Shape shape65_5 = {2};
-  support::reduce(v82.data(), shape65_1, v81.data(), shape65_3, shape65_4, shape65_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:88:23 mean -> density_proxy
   support::View v83 = arena_.view(122880, 2);
-  static const support::Shape shape66_1 = {1, 2};
-  static const support::Shape shape66_3 = {128, 1};
-  static const support::Shape shape66_4 = {64};
-  static const support::Shape shape66_5 = {2};
-  support::reduce(v83.data(), shape66_1, v78.data(), shape66_3, shape66_4, shape66_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:89:23 mul
   support::View v84 = arena_.view(122944, 2);
-  {
-    float *__restrict v84p = v84.data();
-    const float *__restrict v82p = v82.data();
-    const float *__restrict v83p = v83.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v82p[i0];
-      const float s1 = v83p[i0];
-      const float s2 = (s0 * s1);
-      v84p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:89:10 mean
   support::View v85 = arena_.view(122880, 1);
-  static const support::Shape shape68_1 = {};
-  static const support::Shape shape68_3 = {};
-  static const support::Shape shape68_4 = {1, 2};
-  static const support::Shape shape68_5 = {2, 1};
-  support::reduce(v85.data(), shape68_1, v84.data(), shape68_3, shape68_4, shape68_5,
-                  support::Reduce::Sum, 0.125);
-
-  // moe.mesh:89:40 mul
+  support::View v73 = arena_.view(225280, 2048);
   support::View v87 = arena_.view(262208, 1);
-  {
-    float *__restrict v87p = v87.data();
-    const float *__restrict v85p = v85.data();
-    const float s0 = v85p[0];
-    const float s1 = 16.0f;
-    const float s2 = (s0 * s1);
-    v87p[0] = s2;
-  }
+  repeated2(v71, v68, v74, v69, v70, v73, v75, v76, v77, v78, v79, v81, v82, v83, v84, v85, v87,
+            "uniform[1]#0");
 
   // moe.mesh:115:15 all_reduce_sum (resolve the partial sum of %82 over data, model for add at
   // 115:15)
   auto request2 = support::startAllReduce(group_data_model, {v87}, meshrt::ReduceOp::Sum);
 
-  // moe.mesh:38:24 max
+  // 10 statements from moe.mesh:38:24 max (2 of 2)
   support::View v92 = arena_.view(123392, 64);
-  static const support::Shape shape71_1 = {1, 64};
-  static const support::Shape shape71_3 = {128, 2};
-  static const support::Shape shape71_4 = {2};
-  static const support::Shape shape71_5 = {1};
-  support::reduce(v92.data(), shape71_1, v78.data(), shape71_3, shape71_4, shape71_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v92.data(), v92.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask1
-  // moe.mesh:50:32 sub
-  // moe.mesh:50:25 mul -> remaining
   support::View v94 = arena_.view(391680, 128);
-  support::View v96 = arena_.view(392192, 128);
   support::View v97 = arena_.view(122880, 128);
-  {
-    float *__restrict v94p = v94.data();
-    float *__restrict v96p = v96.data();
-    float *__restrict v97p = v97.data();
-    const float *__restrict v78p = v78.data();
-    const float *__restrict v92p = v92.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v78p[i0 * 2 + i1];
-        const float s1 = v92p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = 1.0f;
-        const float s5 = (s4 - s3);
-        const float s6 = v78p[i0 * 2 + i1];
-        const float s7 = (s6 * s5);
-        v94p[i0 * 2 + i1] = s3;
-        v96p[i0 * 2 + i1] = s5;
-        v97p[i0 * 2 + i1] = s7;
-      }
-    }
-  }
-
-  // moe.mesh:38:24 max
   support::View v98 = arena_.view(123904, 64);
-  static const support::Shape shape74_1 = {1, 64};
-  static const support::Shape shape74_3 = {128, 2};
-  static const support::Shape shape74_4 = {2};
-  static const support::Shape shape74_5 = {1};
-  support::reduce(v98.data(), shape74_1, v97.data(), shape74_3, shape74_4, shape74_5,
-                  support::Reduce::Max, 1.0);
-
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
-  group_model.allReduce(v98.data(), v98.size(), meshrt::ReduceOp::Max);
-
-  // moe.mesh:53:25 mul
   support::View v101 = arena_.view(123392, 128);
-  {
-    float *__restrict v101p = v101.data();
-    const float *__restrict v78p = v78.data();
-    const float *__restrict v94p = v94.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v78p[i0];
-      const float s1 = v94p[i0];
-      const float s2 = (s0 * s1);
-      v101p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:53:15 sum -> gate1
   support::View v102 = arena_.view(164352, 64);
-  static const support::Shape shape77_1 = {1, 64};
-  static const support::Shape shape77_3 = {128, 2};
-  static const support::Shape shape77_4 = {2};
-  static const support::Shape shape77_5 = {1};
-  support::reduce(v102.data(), shape77_1, v101.data(), shape77_3, shape77_4, shape77_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  // moe.mesh:54:29 mul
-  support::View v100 = arena_.view(392704, 128);
   support::View v103 = arena_.view(123392, 128);
-  {
-    float *__restrict v100p = v100.data();
-    float *__restrict v103p = v103.data();
-    const float *__restrict v97p = v97.data();
-    const float *__restrict v98p = v98.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v97p[i0 * 2 + i1];
-        const float s1 = v98p[i0];
-        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
-        const float s3 = s2;
-        const float s4 = v97p[i0 * 2 + i1];
-        const float s5 = (s4 * s3);
-        v100p[i0 * 2 + i1] = s3;
-        v103p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:54:15 sum -> gate2
   support::View v104 = arena_.view(164608, 64);
-  static const support::Shape shape79_1 = {1, 64};
-  static const support::Shape shape79_3 = {128, 2};
-  static const support::Shape shape79_4 = {2};
-  static const support::Shape shape79_5 = {1};
-  support::reduce(v104.data(), shape79_1, v103.data(), shape79_3, shape79_4, shape79_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:55:29 add
+  support::View v96 = arena_.view(392192, 128);
+  support::View v100 = arena_.view(392704, 128);
   support::View v105 = arena_.view(394240, 64);
-  {
-    float *__restrict v105p = v105.data();
-    const float *__restrict v102p = v102.data();
-    const float *__restrict v104p = v104.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v102p[i0];
-      const float s1 = v104p[i0];
-      const float s2 = (s0 + s1);
-      v105p[i0] = s2;
-    }
-  }
+  repeated6(v92, v78, v94, v96, v97, v98, v101, v102, v100, v103, v104, v105);
 
   // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 55:15)
   auto request3 = support::startAllReduce(group_model, {v105}, meshrt::ReduceOp::Sum);
 
-  // moe.mesh:60:19 cumsum -> position1
+  // 9 statements from moe.mesh:60:19 cumsum -> position1 (2 of 2)
   support::View v109 = arena_.view(122880, 128);
-  static const support::Shape shape82_2 = {1, 2};
-  static const support::Shape shape82_3 = {128, 1};
-  static const support::Shape shape82_4 = {128, 1};
-  static const support::Shape shape82_5 = {64};
-  static const support::Shape shape82_6 = {2};
-  static const support::Shape shape82_7 = {2};
-  support::along(v109.data(), v94.data(), shape82_2, shape82_3, shape82_4, shape82_5, shape82_6,
-                 shape82_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:63:27 cast
   support::View v110 = arena_.view(143360, 128);
-  {
-    float *__restrict v110p = v110.data();
-    const float *__restrict v109p = v109.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v109p[i0];
-      const float s1 = support::castToI32(s0);
-      v110p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:63:19 one_hot
   support::View v111 = arena_.view(122880, 5120);
-  static const support::Shape shape84_1 = {1, 64, 2, 40};
-  static const support::Shape shape84_3 = {128, 2, 1, 0};
-  static const support::Shape shape84_4 = {0, 0, 0, 1};
-  support::oneHot(v111.data(), shape84_1, v110.data(), shape84_3, shape84_4, 0);
-
-  // moe.mesh:63:59 mul -> dispatch1
   support::View v112 = arena_.view(143360, 5120);
-  {
-    float *__restrict v112p = v112.data();
-    const float *__restrict v111p = v111.data();
-    const float *__restrict v94p = v94.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 40; ++i1) {
-        const float s0 = v111p[i0 * 40 + i1];
-        const float s1 = v94p[i0];
-        const float s2 = (s0 * s1);
-        v112p[i0 * 40 + i1] = s2;
-      }
-    }
-  }
-
-  // moe.mesh:64:15 sum -> kept1
   support::View v113 = arena_.view(122880, 128);
-  static const support::Shape shape86_1 = {1, 64, 2};
-  static const support::Shape shape86_3 = {5120, 80, 40};
-  static const support::Shape shape86_4 = {40};
-  static const support::Shape shape86_5 = {1};
-  support::reduce(v113.data(), shape86_1, v112.data(), shape86_3, shape86_4, shape86_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:65:19 cumsum
   support::View v114 = arena_.view(123392, 128);
-  static const support::Shape shape87_2 = {1, 2};
-  static const support::Shape shape87_3 = {128, 1};
-  static const support::Shape shape87_4 = {128, 1};
-  static const support::Shape shape87_5 = {64};
-  static const support::Shape shape87_6 = {2};
-  static const support::Shape shape87_7 = {2};
-  support::along(v114.data(), v100.data(), shape87_2, shape87_3, shape87_4, shape87_5, shape87_6,
-                 shape87_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
-
-  // moe.mesh:65:58 sum
   support::View v115 = arena_.view(123904, 2);
-  static const support::Shape shape88_1 = {1, 2};
-  static const support::Shape shape88_3 = {128, 1};
-  static const support::Shape shape88_4 = {64};
-  static const support::Shape shape88_5 = {2};
-  support::reduce(v115.data(), shape88_1, v113.data(), shape88_3, shape88_4, shape88_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:65:56 add -> position2
-  // moe.mesh:66:27 cast
   support::View v117 = arena_.view(163840, 128);
-  {
-    float *__restrict v117p = v117.data();
-    const float *__restrict v114p = v114.data();
-    const float *__restrict v115p = v115.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v114p[i0 * 2 + i1];
-        const float s1 = v115p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::castToI32(s2);
-        v117p[i0 * 2 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:66:19 one_hot
   support::View v118 = arena_.view(122880, 5120);
-  static const support::Shape shape90_1 = {1, 64, 2, 40};
-  static const support::Shape shape90_3 = {128, 2, 1, 0};
-  static const support::Shape shape90_4 = {0, 0, 0, 1};
-  support::oneHot(v118.data(), shape90_1, v117.data(), shape90_3, shape90_4, 0);
+  repeated8(v109, v94, v110, v111, v112, v113, v114, v100, v115, v117, v118);
 
   group_model.wait(request3);
 
-  // moe.mesh:55:15 maximum -> total
-  // moe.mesh:69:36 div
-  // moe.mesh:69:66 div
-  support::View v108 = arena_.view(394496, 64);
+  // 9 statements from moe.mesh:55:15 maximum -> total (2 of 2)
   support::View v121 = arena_.view(394752, 64);
   support::View v124 = arena_.view(395008, 64);
-  {
-    float *__restrict v108p = v108.data();
-    float *__restrict v121p = v121.data();
-    float *__restrict v124p = v124.data();
-    const float *__restrict v105p = v105.data();
-    const float *__restrict v102p = v102.data();
-    const float *__restrict v104p = v104.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v105p[i0];
-      const float s1 = 1e-09f;
-      const float s2 = support::maximum(s0, s1);
-      const float s3 = v102p[i0];
-      const float s4 = (s3 / s2);
-      const float s5 = v104p[i0];
-      const float s6 = (s5 / s2);
-      v108p[i0] = s2;
-      v121p[i0] = s4;
-      v124p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %114 over model for mul at
-  // 69:27; merged with 1 more partial sum over model (%125): 512 B in one buffer)
-  support::allReduceBucket(group_model, {v121, v124});
-
-  // moe.mesh:66:59 mul -> dispatch2
-  // moe.mesh:68:28 add -> dispatch
-  // moe.mesh:69:57 mul
-  // moe.mesh:69:27 mul
-  // moe.mesh:69:45 add -> combine
-  support::View v119 = arena_.view(163840, 5120);
   support::View v120 = arena_.view(184320, 5120);
   support::View v127 = arena_.view(204800, 5120);
-  {
-    float *__restrict v119p = v119.data();
-    float *__restrict v120p = v120.data();
-    float *__restrict v127p = v127.data();
-    const float *__restrict v118p = v118.data();
-    const float *__restrict v100p = v100.data();
-    const float *__restrict v112p = v112.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v121p = v121.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 40; ++i2) {
-          const float s0 = v118p[i0 * 80 + i1 * 40 + i2];
-          const float s1 = v100p[i0 * 2 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = v112p[i0 * 80 + i1 * 40 + i2];
-          const float s4 = (s3 + s2);
-          const float s5 = v124p[i0];
-          const float s6 = (s2 * s5);
-          const float s7 = v112p[i0 * 80 + i1 * 40 + i2];
-          const float s8 = v121p[i0];
-          const float s9 = (s7 * s8);
-          const float s10 = (s9 + s6);
-          v119p[i0 * 80 + i1 * 40 + i2] = s2;
-          v120p[i0 * 80 + i1 * 40 + i2] = s4;
-          v127p[i0 * 80 + i1 * 40 + i2] = s10;
-        }
-      }
-    }
-  }
-
-  // moe.mesh:74:19 einsum -> expert_in
   support::View v128 = arena_.view(303104, 2560);
-  // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan95(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
-  einsumPlan95.run(v120.data(), v73.data(), v128.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:21 einsum
   support::View v129 = arena_.view(122880, 5120);
-  // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan96(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan96.run(v128.data(), v90.data(), v129.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:16 relu -> hidden
   support::View v130 = arena_.view(225280, 5120);
-  {
-    float *__restrict v130p = v130.data();
-    const float *__restrict v129p = v129.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v129p[i0];
-      const float s1 = (s0 > 0 ? s0 : 0.0f);
-      v130p[i0] = s1;
-    }
-  }
-
-  // moe.mesh:76:20 einsum -> expert_out
   support::View v131 = arena_.view(266240, 2560);
-  // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan98(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan98.run(v130.data(), v91.data(), v131.data(), 1.0f, 0.0f);
-
-  // moe.mesh:78:10 einsum
   support::View v132 = arena_.view(245760, 2048);
-  // dims: groups, tokens, experts, capacity, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan99(
-      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan99.run(v127.data(), v131.data(), v132.data(), 1.0f, 0.0f);
-
-  // moe.mesh:116:11 all_reduce_sum (resolve the partial sum of %123 over model for add at 116:11)
-  group_model.allReduce(v132.data(), v132.size(), meshrt::ReduceOp::Sum);
+  support::View v108 = arena_.view(394496, 64);
+  support::View v119 = arena_.view(163840, 5120);
+  repeated5(v105, v102, v104, v108, v121, v124, v118, v100, v112, v119, v120, v127, v73, v128, v90,
+            v129, v130, v91, v131, v132);
 
   // moe.mesh:116:11 add -> h
   // moe.mesh:118:28 sub
@@ -2383,11 +1013,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   // moe.mesh:118:14 mean
   support::View v137 = arena_.view(245760, 1);
-  static const support::Shape shape102_1 = {};
-  static const support::Shape shape102_3 = {};
-  static const support::Shape shape102_4 = {1, 64, 32};
-  static const support::Shape shape102_5 = {2048, 32, 1};
-  support::reduce(v137.data(), shape102_1, v136.data(), shape102_3, shape102_4, shape102_5,
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {1, 64, 32};
+  static const support::Shape shape18_5 = {2048, 32, 1};
+  support::reduce(v137.data(), shape18_1, v136.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.000244140625);
 
   // moe.mesh:118:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 118:39)
@@ -2398,19 +1028,12 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   group_data_model.wait(request2);
 
   group_data.wait(request4);
-}
-
-void MoeTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
 
   // moe.mesh:115:15 add -> aux
   // moe.mesh:115:15 add -> aux
   // moe.mesh:118:46 mul
   // moe.mesh:118:39 add -> loss
   const support::Buffer &v2 = param0_zero;
-  support::View v21 = arena_.view(262144, 1);
-  support::View v87 = arena_.view(262208, 1);
-  support::View v137 = arena_.view(245760, 1);
   support::View v141 = arena_.view(395776, 1);
   {
     float *__restrict v141p = v141.data();
@@ -2429,6 +1052,10 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     const float s8 = (s7 + s6);
     v141p[0] = s8;
   }
+}
+
+void MoeTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // moe.mesh:118:19 mul
   // moe.mesh:118:19 mul
@@ -2447,204 +1074,33 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     }
   }
 
-  // moe.mesh:78:10 einsum
+  // 25 statements from moe.mesh:78:10 einsum (1 of 2)
   support::View v131 = arena_.view(266240, 2560);
   support::View v150 = arena_.view(245760, 5120);
-  // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(v149.data(), v131.data(), v150.data(), 1.0f, 0.0f);
-
-  // moe.mesh:78:10 einsum
   support::View v127 = arena_.view(204800, 5120);
   support::View v151 = arena_.view(313344, 2560);
-  // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
-  einsumPlan3.run(v149.data(), v127.data(), v151.data(), 1.0f, 0.0f);
-
-  // moe.mesh:76:20 einsum
   support::View v91(param10_experts_ffn_1_w_out); // updated in place
   support::View v152 = arena_.view(204800, 5120);
-  // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan4.run(v151.data(), v91.data(), v152.data(), 1.0f, 0.0f);
-
-  // moe.mesh:76:20 einsum -> grad/experts_ffn[1]/w_out
   support::View v130 = arena_.view(225280, 5120);
-  support::View v153 = arena_.view(266240, 4096);
-  // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsumPlan5.run(v151.data(), v130.data(), v153.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:16 gt
-  // moe.mesh:75:16 where
   support::View v129 = arena_.view(122880, 5120);
   support::View v156 = arena_.view(225280, 5120);
-  {
-    float *__restrict v156p = v156.data();
-    const float *__restrict v129p = v129.data();
-    const float *__restrict v152p = v152.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v129p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v152p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      v156p[i0] = s5;
-    }
-  }
-
-  // moe.mesh:75:21 einsum
   support::View v90(param9_experts_ffn_1_w_in); // updated in place
   support::View v157 = arena_.view(122880, 2560);
-  // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan7.run(v156.data(), v90.data(), v157.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:21 einsum -> grad/experts_ffn[1]/w_in
   support::View v128 = arena_.view(303104, 2560);
-  support::View v158 = arena_.view(204800, 4096);
-  // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsumPlan8.run(v156.data(), v128.data(), v158.data(), 1.0f, 0.0f);
-
-  // moe.mesh:74:19 einsum
   support::View v120 = arena_.view(184320, 5120);
   support::View v159 = arena_.view(221184, 2048);
-  // dims: experts, groups, capacity, d_model, tokens
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
-  einsumPlan9.run(v157.data(), v120.data(), v159.data(), 1.0f, 0.0f);
-
-  // moe.mesh:69:57 mul
   support::View v119 = arena_.view(163840, 5120);
   support::View v160 = arena_.view(122880, 5120);
-  {
-    float *__restrict v160p = v160.data();
-    const float *__restrict v150p = v150.data();
-    const float *__restrict v119p = v119.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v150p[i0];
-      const float s1 = v119p[i0];
-      const float s2 = (s0 * s1);
-      v160p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:69:57 sum
   support::View v161 = arena_.view(163840, 64);
-  static const support::Shape shape11_1 = {1, 64};
-  static const support::Shape shape11_3 = {5120, 80};
-  static const support::Shape shape11_4 = {2, 40};
-  static const support::Shape shape11_5 = {40, 1};
-  support::reduce(v161.data(), shape11_1, v160.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:27 mul
   support::View v112 = arena_.view(143360, 5120);
   support::View v167 = arena_.view(122880, 5120);
-  {
-    float *__restrict v167p = v167.data();
-    const float *__restrict v150p = v150.data();
-    const float *__restrict v112p = v112.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v150p[i0];
-      const float s1 = v112p[i0];
-      const float s2 = (s0 * s1);
-      v167p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:69:27 sum
   support::View v168 = arena_.view(143360, 64);
-  static const support::Shape shape13_1 = {1, 64};
-  static const support::Shape shape13_3 = {5120, 80};
-  static const support::Shape shape13_4 = {2, 40};
-  static const support::Shape shape13_5 = {40, 1};
-  support::reduce(v168.data(), shape13_1, v167.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:66 bucketed_all_reduce_sum (resolve the partial sum of %150 over model for div at
-  // 69:66; merged with 1 more partial sum over model (%169): 512 B in one buffer)
-  support::allReduceBucket(group_model, {v161, v168});
-
-  // moe.mesh:69:36 div
-  // moe.mesh:69:36 mul
-  // moe.mesh:69:36 neg
-  // moe.mesh:69:66 div
-  // moe.mesh:69:66 mul
-  // moe.mesh:69:66 neg
-  // moe.mesh:69:36 add
-  // moe.mesh:55:15 ge
-  // moe.mesh:55:15 where
-  // moe.mesh:69:36 div
-  // moe.mesh:55:29 add
-  // moe.mesh:69:66 div
-  // moe.mesh:55:29 add
   support::View v121 = arena_.view(394752, 64);
   support::View v108 = arena_.view(394496, 64);
   support::View v124 = arena_.view(395008, 64);
   support::View v105 = arena_.view(394240, 64);
   support::View v177 = arena_.view(123904, 64);
   support::View v178 = arena_.view(124160, 64);
-  {
-    float *__restrict v177p = v177.data();
-    float *__restrict v178p = v178.data();
-    const float *__restrict v121p = v121.data();
-    const float *__restrict v108p = v108.data();
-    const float *__restrict v168p = v168.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v161p = v161.data();
-    const float *__restrict v105p = v105.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v121p[i0];
-      const float s1 = v108p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = v168p[i0];
-      const float s4 = (s3 * s2);
-      const float s5 = -s4;
-      const float s6 = v124p[i0];
-      const float s7 = v108p[i0];
-      const float s8 = (s6 / s7);
-      const float s9 = v161p[i0];
-      const float s10 = (s9 * s8);
-      const float s11 = -s10;
-      const float s12 = (s11 + s5);
-      const float s13 = v105p[i0];
-      const float s14 = 1e-09f;
-      const float s15 = (s13 >= s14 ? 1.0f : 0.0f);
-      const float s16 = 0.0f;
-      const float s17 = (s15 != 0 ? s12 : s16);
-      const float s18 = v168p[i0];
-      const float s19 = v108p[i0];
-      const float s20 = (s18 / s19);
-      const float s21 = (s20 + s17);
-      const float s22 = v161p[i0];
-      const float s23 = v108p[i0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 + s17);
-      v177p[i0] = s21;
-      v178p[i0] = s25;
-    }
-  }
-
-  // moe.mesh:89:23 mul
-  // moe.mesh:88:23 mul
-  // moe.mesh:88:23 broadcast
-  // moe.mesh:54:15 broadcast
-  // moe.mesh:54:29 mul
-  // moe.mesh:50:25 mul
-  // moe.mesh:53:15 broadcast
-  // moe.mesh:53:25 mul
-  // moe.mesh:50:25 add
-  // moe.mesh:88:23 add
-  // moe.mesh:32:10 mul
   support::View v82 = arena_.view(395328, 2);
   support::View v100 = arena_.view(392704, 128);
   support::View v96 = arena_.view(392192, 128);
@@ -2652,160 +1108,33 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v78 = arena_.view(391168, 128);
   support::View v193 = arena_.view(122880, 128);
   support::View v194 = arena_.view(123392, 128);
-  {
-    float *__restrict v193p = v193.data();
-    float *__restrict v194p = v194.data();
-    const float *__restrict v82p = v82.data();
-    const float *__restrict v178p = v178.data();
-    const float *__restrict v100p = v100.data();
-    const float *__restrict v96p = v96.data();
-    const float *__restrict v177p = v177.data();
-    const float *__restrict v94p = v94.data();
-    const float *__restrict v78p = v78.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = 0.02f;
-        const float s1 = v82p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = 0.015625f;
-        const float s4 = (s2 * s3);
-        const float s5 = s4;
-        const float s6 = v178p[i0];
-        const float s7 = s6;
-        const float s8 = v100p[i0 * 2 + i1];
-        const float s9 = (s7 * s8);
-        const float s10 = v96p[i0 * 2 + i1];
-        const float s11 = (s9 * s10);
-        const float s12 = v177p[i0];
-        const float s13 = s12;
-        const float s14 = v94p[i0 * 2 + i1];
-        const float s15 = (s13 * s14);
-        const float s16 = (s15 + s11);
-        const float s17 = (s16 + s5);
-        const float s18 = v78p[i0 * 2 + i1];
-        const float s19 = (s17 * s18);
-        v193p[i0 * 2 + i1] = s17;
-        v194p[i0 * 2 + i1] = s19;
-      }
-    }
-  }
-
-  // moe.mesh:32:10 sum
   support::View v195 = arena_.view(123904, 64);
-  static const support::Shape shape17_1 = {1, 64};
-  static const support::Shape shape17_3 = {128, 2};
-  static const support::Shape shape17_4 = {2};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v195.data(), shape17_1, v194.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:32:10 all_reduce_sum (resolve the partial sum of %182 over model for sub at 32:10)
-  group_model.allReduce(v195.data(), v195.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:32:10 sub
-  // moe.mesh:32:10 mul
   support::View v198 = arena_.view(131072, 128);
-  {
-    float *__restrict v198p = v198.data();
-    const float *__restrict v193p = v193.data();
-    const float *__restrict v195p = v195.data();
-    const float *__restrict v78p = v78.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v193p[i0 * 2 + i1];
-        const float s1 = v195p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = v78p[i0 * 2 + i1];
-        const float s4 = (s3 * s2);
-        v198p[i0 * 2 + i1] = s4;
-      }
-    }
-  }
-
-  // moe.mesh:32:18 einsum
   support::View v76(param8_route_1_w_gate); // updated in place
   support::View v199 = arena_.view(122880, 2048);
-  // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan20.run(v198.data(), v76.data(), v199.data(), 1.0f, 0.0f);
-
-  // moe.mesh:32:18 einsum -> grad/route[1]/w_gate
   support::View v75 = arena_.view(372736, 2048);
-  support::View v200 = arena_.view(169984, 64);
-  // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan21.run(v198.data(), v75.data(), v200.data(), 1.0f, 0.0f);
-
-  // moe.mesh:114:25 mul
-  // moe.mesh:114:25 add
   support::View v74 = arena_.view(364544, 2048);
   support::View v202 = arena_.view(131072, 2048);
-  {
-    float *__restrict v202p = v202.data();
-    const float *__restrict v199p = v199.data();
-    const float *__restrict v74p = v74.data();
-    const float *__restrict v159p = v159.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v199p[i0];
-      const float s1 = v74p[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = v159p[i0];
-      const float s4 = (s3 + s2);
-      v202p[i0] = s4;
-    }
-  }
-
-  // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %188 over model for sum at 26:40)
-  group_model.allReduce(v202.data(), v202.size(), meshrt::ReduceOp::Sum);
-}
-
-void MoeTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-
-  // moe.mesh:26:40 sum -> grad/norm[1]/bias
-  support::View v202 = arena_.view(131072, 2048);
-  support::View v204 = arena_.view(170240, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {1, 64};
-  static const support::Shape shape0_5 = {2048, 32};
-  support::reduce(v204.data(), shape0_1, v202.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:26:33 mul
   support::View v71 = arena_.view(356352, 2048);
   support::View v206 = arena_.view(122880, 2048);
-  {
-    float *__restrict v206p = v206.data();
-    const float *__restrict v202p = v202.data();
-    const float *__restrict v71p = v71.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v202p[i0];
-      const float s1 = v71p[i0];
-      const float s2 = (s0 * s1);
-      v206p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:26:33 sum -> grad/norm[1]/gain
+  support::View v153 = arena_.view(266240, 4096);
+  support::View v158 = arena_.view(204800, 4096);
+  support::View v200 = arena_.view(169984, 64);
+  support::View v204 = arena_.view(170240, 32);
   support::View v207 = arena_.view(170368, 32);
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {1, 64};
-  static const support::Shape shape2_5 = {2048, 32};
-  support::reduce(v207.data(), shape2_1, v206.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
+  repeated0(v149, v131, v150, v127, v151, v91, v152, v130, v153, v129, v156, v90, v157, v128, v158,
+            v120, v159, v119, v160, v161, v112, v167, v168, v121, v108, v124, v105, v177, v178, v82,
+            v100, v96, v94, v78, v193, v194, v195, v198, v76, v199, v75, v200, v74, v202, v204, v71,
+            v206, v207);
 
   // moe.mesh:26:10 mean
   support::View v68 = arena_.view(348160, 2048);
   support::View v208 = arena_.view(139264, 64);
-  static const support::Shape shape3_1 = {1, 64};
-  static const support::Shape shape3_3 = {2048, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v208.data(), shape3_1, v68.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape2_1 = {1, 64};
+  static const support::Shape shape2_3 = {2048, 32};
+  static const support::Shape shape2_4 = {32};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v208.data(), shape2_1, v68.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 sub
@@ -2828,11 +1157,11 @@ void MoeTrain::runPart2(const Inputs &inputs) {
 
   // moe.mesh:26:10 mean
   support::View v211 = arena_.view(139264, 64);
-  static const support::Shape shape5_1 = {1, 64};
-  static const support::Shape shape5_3 = {2048, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v211.data(), shape5_1, v210.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape4_1 = {1, 64};
+  static const support::Shape shape4_3 = {2048, 32};
+  static const support::Shape shape4_4 = {32};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(v211.data(), shape4_1, v210.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 add
@@ -2876,20 +1205,20 @@ void MoeTrain::runPart2(const Inputs &inputs) {
 
   // moe.mesh:26:10 mean
   support::View v216 = arena_.view(131072, 64);
-  static const support::Shape shape8_1 = {1, 64};
-  static const support::Shape shape8_3 = {2048, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v216.data(), shape8_1, v215.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape7_1 = {1, 64};
+  static const support::Shape shape7_3 = {2048, 32};
+  static const support::Shape shape7_4 = {32};
+  static const support::Shape shape7_5 = {1};
+  support::reduce(v216.data(), shape7_1, v215.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
   support::View v218 = arena_.view(131328, 64);
-  static const support::Shape shape9_1 = {1, 64};
-  static const support::Shape shape9_3 = {2048, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v218.data(), shape9_1, v205.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape8_1 = {1, 64};
+  static const support::Shape shape8_3 = {2048, 32};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(v218.data(), shape8_1, v205.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mul
@@ -2897,7 +1226,6 @@ void MoeTrain::runPart2(const Inputs &inputs) {
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 mul
   // moe.mesh:26:10 add
-  support::View v149 = arena_.view(380928, 2048);
   support::View v222 = arena_.view(143360, 2048);
   {
     float *__restrict v222p = v222.data();
@@ -2925,210 +1253,33 @@ void MoeTrain::runPart2(const Inputs &inputs) {
     }
   }
 
-  // moe.mesh:78:10 einsum
+  // 25 statements from moe.mesh:78:10 einsum (2 of 2)
   support::View v65 = arena_.view(292864, 2560);
   support::View v223 = arena_.view(122880, 5120);
-  // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan11.run(v222.data(), v65.data(), v223.data(), 1.0f, 0.0f);
-
-  // moe.mesh:78:10 einsum
   support::View v61 = arena_.view(81920, 5120);
   support::View v224 = arena_.view(159744, 2560);
-  // dims: groups, tokens, d_model, experts, capacity
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
-  einsumPlan12.run(v222.data(), v61.data(), v224.data(), 1.0f, 0.0f);
-
-  // moe.mesh:76:20 einsum
   support::View v25(param5_experts_ffn_0_w_out); // updated in place
   support::View v225 = arena_.view(81920, 5120);
-  // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan13.run(v224.data(), v25.data(), v225.data(), 1.0f, 0.0f);
-
-  // moe.mesh:76:20 einsum -> grad/experts_ffn[0]/w_out
   support::View v64 = arena_.view(102400, 5120);
-  support::View v226 = arena_.view(143360, 4096);
-  // dims: experts, groups, capacity, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsumPlan14.run(v224.data(), v64.data(), v226.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:16 gt
-  // moe.mesh:75:16 where
   support::View v63 = arena_.view(0, 5120);
   support::View v228 = arena_.view(102400, 5120);
-  {
-    float *__restrict v228p = v228.data();
-    const float *__restrict v63p = v63.data();
-    const float *__restrict v225p = v225.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v63p[i0];
-      const float s1 = 0.0f;
-      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
-      const float s3 = v225p[i0];
-      const float s4 = 0.0f;
-      const float s5 = (s2 != 0 ? s3 : s4);
-      v228p[i0] = s5;
-    }
-  }
-
-  // moe.mesh:75:21 einsum
   support::View v24(param4_experts_ffn_0_w_in); // updated in place
   support::View v229 = arena_.view(0, 2560);
-  // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan16.run(v228.data(), v24.data(), v229.data(), 1.0f, 0.0f);
-
-  // moe.mesh:75:21 einsum -> grad/experts_ffn[0]/w_in
   support::View v62 = arena_.view(282624, 2560);
-  support::View v230 = arena_.view(81920, 4096);
-  // dims: experts, groups, capacity, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
-  einsumPlan17.run(v228.data(), v62.data(), v230.data(), 1.0f, 0.0f);
-
-  // moe.mesh:74:19 einsum
   support::View v54 = arena_.view(61440, 5120);
   support::View v231 = arena_.view(98304, 2048);
-  // dims: experts, groups, capacity, d_model, tokens
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
-  einsumPlan18.run(v229.data(), v54.data(), v231.data(), 1.0f, 0.0f);
-
-  // moe.mesh:69:57 mul
   support::View v53 = arena_.view(40960, 5120);
   support::View v232 = arena_.view(0, 5120);
-  {
-    float *__restrict v232p = v232.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v53p = v53.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v223p[i0];
-      const float s1 = v53p[i0];
-      const float s2 = (s0 * s1);
-      v232p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:69:57 sum
   support::View v233 = arena_.view(40960, 64);
-  static const support::Shape shape20_1 = {1, 64};
-  static const support::Shape shape20_3 = {5120, 80};
-  static const support::Shape shape20_4 = {2, 40};
-  static const support::Shape shape20_5 = {40, 1};
-  support::reduce(v233.data(), shape20_1, v232.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:27 mul
   support::View v46 = arena_.view(20480, 5120);
   support::View v239 = arena_.view(0, 5120);
-  {
-    float *__restrict v239p = v239.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v46p = v46.data();
-    for (int64_t i0 = 0; i0 < 5120; ++i0) {
-      const float s0 = v223p[i0];
-      const float s1 = v46p[i0];
-      const float s2 = (s0 * s1);
-      v239p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:69:27 sum
   support::View v240 = arena_.view(20480, 64);
-  static const support::Shape shape22_1 = {1, 64};
-  static const support::Shape shape22_3 = {5120, 80};
-  static const support::Shape shape22_4 = {2, 40};
-  static const support::Shape shape22_5 = {40, 1};
-  support::reduce(v240.data(), shape22_1, v239.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:69:66 bucketed_all_reduce_sum (resolve the partial sum of %218 over model for div at
-  // 69:66; merged with 1 more partial sum over model (%241): 512 B in one buffer)
-  support::allReduceBucket(group_model, {v233, v240});
-}
-
-void MoeTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-
-  // moe.mesh:69:36 div
-  // moe.mesh:69:36 mul
-  // moe.mesh:69:36 neg
-  // moe.mesh:69:66 div
-  // moe.mesh:69:66 mul
-  // moe.mesh:69:66 neg
-  // moe.mesh:69:36 add
-  // moe.mesh:55:15 ge
-  // moe.mesh:55:15 where
-  // moe.mesh:69:36 div
-  // moe.mesh:55:29 add
-  // moe.mesh:69:66 div
-  // moe.mesh:55:29 add
   support::View v55 = arena_.view(393728, 64);
   support::View v42 = arena_.view(393472, 64);
-  support::View v240 = arena_.view(20480, 64);
   support::View v58 = arena_.view(393984, 64);
-  support::View v233 = arena_.view(40960, 64);
   support::View v39 = arena_.view(393216, 64);
   support::View v249 = arena_.view(1024, 64);
   support::View v250 = arena_.view(1280, 64);
-  {
-    float *__restrict v249p = v249.data();
-    float *__restrict v250p = v250.data();
-    const float *__restrict v55p = v55.data();
-    const float *__restrict v42p = v42.data();
-    const float *__restrict v240p = v240.data();
-    const float *__restrict v58p = v58.data();
-    const float *__restrict v233p = v233.data();
-    const float *__restrict v39p = v39.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v55p[i0];
-      const float s1 = v42p[i0];
-      const float s2 = (s0 / s1);
-      const float s3 = v240p[i0];
-      const float s4 = (s3 * s2);
-      const float s5 = -s4;
-      const float s6 = v58p[i0];
-      const float s7 = v42p[i0];
-      const float s8 = (s6 / s7);
-      const float s9 = v233p[i0];
-      const float s10 = (s9 * s8);
-      const float s11 = -s10;
-      const float s12 = (s11 + s5);
-      const float s13 = v39p[i0];
-      const float s14 = 1e-09f;
-      const float s15 = (s13 >= s14 ? 1.0f : 0.0f);
-      const float s16 = 0.0f;
-      const float s17 = (s15 != 0 ? s12 : s16);
-      const float s18 = v240p[i0];
-      const float s19 = v42p[i0];
-      const float s20 = (s18 / s19);
-      const float s21 = (s20 + s17);
-      const float s22 = v233p[i0];
-      const float s23 = v42p[i0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 + s17);
-      v249p[i0] = s21;
-      v250p[i0] = s25;
-    }
-  }
-
-  // moe.mesh:89:23 mul
-  // moe.mesh:88:23 mul
-  // moe.mesh:88:23 broadcast
-  // moe.mesh:54:15 broadcast
-  // moe.mesh:54:29 mul
-  // moe.mesh:50:25 mul
-  // moe.mesh:53:15 broadcast
-  // moe.mesh:53:25 mul
-  // moe.mesh:50:25 add
-  // moe.mesh:88:23 add
-  // moe.mesh:32:10 mul
   support::View v16 = arena_.view(395264, 2);
   support::View v34 = arena_.view(390656, 128);
   support::View v30 = arena_.view(390144, 128);
@@ -3136,158 +1287,27 @@ void MoeTrain::runPart3(const Inputs &inputs) {
   support::View v12 = arena_.view(389120, 128);
   support::View v263 = arena_.view(0, 128);
   support::View v264 = arena_.view(512, 128);
-  {
-    float *__restrict v263p = v263.data();
-    float *__restrict v264p = v264.data();
-    const float *__restrict v16p = v16.data();
-    const float *__restrict v250p = v250.data();
-    const float *__restrict v34p = v34.data();
-    const float *__restrict v30p = v30.data();
-    const float *__restrict v249p = v249.data();
-    const float *__restrict v28p = v28.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = 0.02f;
-        const float s1 = v16p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = 0.015625f;
-        const float s4 = (s2 * s3);
-        const float s5 = s4;
-        const float s6 = v250p[i0];
-        const float s7 = s6;
-        const float s8 = v34p[i0 * 2 + i1];
-        const float s9 = (s7 * s8);
-        const float s10 = v30p[i0 * 2 + i1];
-        const float s11 = (s9 * s10);
-        const float s12 = v249p[i0];
-        const float s13 = s12;
-        const float s14 = v28p[i0 * 2 + i1];
-        const float s15 = (s13 * s14);
-        const float s16 = (s15 + s11);
-        const float s17 = (s16 + s5);
-        const float s18 = v12p[i0 * 2 + i1];
-        const float s19 = (s17 * s18);
-        v263p[i0 * 2 + i1] = s17;
-        v264p[i0 * 2 + i1] = s19;
-      }
-    }
-  }
-
-  // moe.mesh:32:10 sum
   support::View v265 = arena_.view(1024, 64);
-  static const support::Shape shape2_1 = {1, 64};
-  static const support::Shape shape2_3 = {128, 2};
-  static const support::Shape shape2_4 = {2};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v265.data(), shape2_1, v264.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:32:10 all_reduce_sum (resolve the partial sum of %248 over model for sub at 32:10)
-  group_model.allReduce(v265.data(), v265.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:32:10 sub
-  // moe.mesh:32:10 mul
   support::View v268 = arena_.view(8192, 128);
-  {
-    float *__restrict v268p = v268.data();
-    const float *__restrict v263p = v263.data();
-    const float *__restrict v265p = v265.data();
-    const float *__restrict v12p = v12.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v263p[i0 * 2 + i1];
-        const float s1 = v265p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = v12p[i0 * 2 + i1];
-        const float s4 = (s3 * s2);
-        v268p[i0 * 2 + i1] = s4;
-      }
-    }
-  }
-
-  // moe.mesh:32:18 einsum
   support::View v10(param3_route_0_w_gate); // updated in place
   support::View v269 = arena_.view(0, 2048);
-  // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(v268.data(), v10.data(), v269.data(), 1.0f, 0.0f);
-
-  // moe.mesh:32:18 einsum -> grad/route[0]/w_gate
   support::View v9 = arena_.view(339968, 2048);
-  support::View v270 = arena_.view(106496, 64);
-  // dims: groups, tokens, experts, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan6.run(v268.data(), v9.data(), v270.data(), 1.0f, 0.0f);
-
-  // moe.mesh:114:25 mul
-  // moe.mesh:114:25 add
   support::View v8 = arena_.view(331776, 2048);
-  support::View v231 = arena_.view(98304, 2048);
   support::View v272 = arena_.view(8192, 2048);
-  {
-    float *__restrict v272p = v272.data();
-    const float *__restrict v269p = v269.data();
-    const float *__restrict v8p = v8.data();
-    const float *__restrict v231p = v231.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v269p[i0];
-      const float s1 = v8p[i0];
-      const float s2 = (s0 * s1);
-      const float s3 = v231p[i0];
-      const float s4 = (s3 + s2);
-      v272p[i0] = s4;
-    }
-  }
-
-  // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %254 over model for sum at 26:40)
-  group_model.allReduce(v272.data(), v272.size(), meshrt::ReduceOp::Sum);
-
-  // moe.mesh:26:40 sum -> grad/norm[0]/bias
-  support::View v274 = arena_.view(16384, 32);
-  static const support::Shape shape9_1 = {32};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {1, 64};
-  static const support::Shape shape9_5 = {2048, 32};
-  support::reduce(v274.data(), shape9_1, v272.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
-  // moe.mesh:26:33 mul
   support::View v5 = arena_.view(323584, 2048);
   support::View v275 = arena_.view(0, 2048);
-  {
-    float *__restrict v275p = v275.data();
-    const float *__restrict v272p = v272.data();
-    const float *__restrict v5p = v5.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v272p[i0];
-      const float s1 = v5p[i0];
-      const float s2 = (s0 * s1);
-      v275p[i0] = s2;
-    }
-  }
-
-  // moe.mesh:26:33 sum -> grad/norm[0]/gain
+  support::View v226 = arena_.view(143360, 4096);
+  support::View v230 = arena_.view(81920, 4096);
+  support::View v270 = arena_.view(106496, 64);
+  support::View v274 = arena_.view(16384, 32);
   support::View v276 = arena_.view(8192, 32);
-  static const support::Shape shape11_1 = {32};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {1, 64};
-  static const support::Shape shape11_5 = {2048, 32};
-  support::reduce(v276.data(), shape11_1, v275.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
+  repeated0(v222, v65, v223, v61, v224, v25, v225, v64, v226, v63, v228, v24, v229, v62, v230, v54,
+            v231, v53, v232, v233, v46, v239, v240, v55, v42, v58, v39, v249, v250, v16, v34, v30,
+            v28, v12, v263, v264, v265, v268, v10, v269, v9, v270, v8, v272, v274, v5, v275, v276);
 
   // moe.mesh:119:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
   // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
   // resolved together, 65.0 KiB in one buffer)
-  support::View v153 = arena_.view(266240, 4096);
-  support::View v158 = arena_.view(204800, 4096);
-  support::View v200 = arena_.view(169984, 64);
-  support::View v204 = arena_.view(170240, 32);
-  support::View v207 = arena_.view(170368, 32);
-  support::View v226 = arena_.view(143360, 4096);
-  support::View v230 = arena_.view(81920, 4096);
   auto request5 = support::startAllReduce(
       group_data, {v153, v158, v200, v204, v207, v226, v230, v270, v274, v276},
       meshrt::ReduceOp::Sum);
@@ -3333,6 +1353,928 @@ void MoeTrain::runPart3(const Inputs &inputs) {
 
   group_data.wait(request5);
 
+  // 14 statements from moe.mesh:119:3 square (1 of 2)
+  support::View v288(param11_norm_0_gain_v); // updated in place
+  support::View v294 = arena_.view(0, 32);
+  support::View v295 = arena_.view(128, 32);
+  support::View v296 = arena_.view(256, 1);
+  support::View v299 = arena_.view(320, 1);
+  support::View v3(param1_norm_0_gain); // updated in place
+  support::View v302 = arena_.view(128, 32);
+  support::View v303 = arena_.view(256, 1);
+  support::View v306 = arena_.view(128, 1);
+  support::View v312(param12_norm_0_bias_v); // updated in place
+  support::View v318 = arena_.view(0, 32);
+  support::View v319 = arena_.view(128, 32);
+  support::View v320 = arena_.view(256, 1);
+  support::View v323 = arena_.view(320, 1);
+  support::View v4(param2_norm_0_bias); // updated in place
+  support::View v325 = arena_.view(128, 32);
+  support::View v326 = arena_.view(256, 1);
+  support::View v329 = arena_.view(128, 1);
+  repeated3(v276, v289, v288, v283, v294, v295, v296, v299, v3, v302, v303, v306, v274, v312, v318,
+            v319, v320, v323, v4, v325, v326, v329);
+
+  // 20 statements from moe.mesh:119:3 square (1 of 2)
+  support::View v334 = arena_.view(98304, 64);
+  support::View v371 = arena_.view(0, 4096);
+  support::View v374 = arena_.view(16384, 64);
+  support::View v372(param15_experts_ffn_0_w_in_vr); // updated in place
+  support::View v379 = arena_.view(16384, 128);
+  support::View v384 = arena_.view(0, 2);
+  support::View v386 = arena_.view(33280, 64);
+  support::View v373(param16_experts_ffn_0_w_in_vc); // updated in place
+  support::View v387 = arena_.view(32768, 128);
+  support::View v390 = arena_.view(16384, 4096);
+  support::View v407 = arena_.view(16384, 4096);
+  support::View v410 = arena_.view(32768, 128);
+  support::View v408(param17_experts_ffn_0_w_out_vr); // updated in place
+  support::View v415 = arena_.view(32768, 64);
+  support::View v420 = arena_.view(16384, 2);
+  support::View v422 = arena_.view(49152, 128);
+  support::View v409(param18_experts_ffn_0_w_out_vc); // updated in place
+  support::View v423 = arena_.view(49664, 64);
+  support::View v426 = arena_.view(32768, 4096);
+  support::View v337 = arena_.view(98560, 32);
+  support::View v389 = arena_.view(0, 4096);
+  support::View v391 = arena_.view(83072, 1);
+  support::View v425 = arena_.view(16384, 4096);
+  support::View v427 = arena_.view(83136, 1);
+  repeated1(v270, v334, v337, v230, v371, v374, v289, v372, v283, v379, v384, v386, v373, v387,
+            v389, v390, v391, v226, v407, v410, v408, v415, v420, v422, v409, v423, v425, v426,
+            v427);
+
+  // 20 statements from moe.mesh:119:3 square (2 of 2)
+  support::View v489 = arena_.view(82432, 64);
+  support::View v526 = arena_.view(32768, 4096);
+  support::View v529 = arena_.view(49152, 64);
+  support::View v527(param23_experts_ffn_1_w_in_vr); // updated in place
+  support::View v534 = arena_.view(49152, 128);
+  support::View v539 = arena_.view(32768, 2);
+  support::View v541 = arena_.view(66048, 64);
+  support::View v528(param24_experts_ffn_1_w_in_vc); // updated in place
+  support::View v542 = arena_.view(65536, 128);
+  support::View v545 = arena_.view(49152, 4096);
+  support::View v562 = arena_.view(49152, 4096);
+  support::View v565 = arena_.view(65536, 128);
+  support::View v563(param25_experts_ffn_1_w_out_vr); // updated in place
+  support::View v570 = arena_.view(65536, 64);
+  support::View v575 = arena_.view(49152, 2);
+  support::View v577 = arena_.view(81920, 128);
+  support::View v564(param26_experts_ffn_1_w_out_vc); // updated in place
+  support::View v578 = arena_.view(82688, 64);
+  support::View v581 = arena_.view(65536, 4096);
+  support::View v492 = arena_.view(82944, 32);
+  support::View v544 = arena_.view(32768, 4096);
+  support::View v546 = arena_.view(83200, 1);
+  support::View v580 = arena_.view(49152, 4096);
+  support::View v582 = arena_.view(81920, 1);
+  repeated1(v200, v489, v492, v158, v526, v529, v289, v527, v283, v534, v539, v541, v528, v542,
+            v544, v545, v546, v153, v562, v565, v563, v570, v575, v577, v564, v578, v580, v581,
+            v582);
+
+  // moe.mesh:119:3 bucketed_all_reduce_sum (resolve the partial sum of %315 over model for mul at
+  // 119:3; merged with 5 more partial sums over model (%392, %428, %494, ...): 272 B in one buffer)
+  support::allReduceBucket(group_model, {v337, v391, v427, v492, v546, v582});
+
+  // 7 statements from moe.mesh:119:3 mul (1 of 2)
+  support::View v335(param13_route_0_w_gate_vr); // updated in place
+  support::View v343 = arena_.view(65536, 2);
+  support::View v348 = arena_.view(65600, 1);
+  support::View v350 = arena_.view(66048, 32);
+  support::View v336(param14_route_0_w_gate_vc); // updated in place
+  support::View v351 = arena_.view(66176, 2);
+  support::View v354 = arena_.view(65792, 64);
+  support::View v353 = arena_.view(65536, 64);
+  support::View v355 = arena_.view(66496, 1);
+  repeated7(v337, v289, v335, v283, v343, v334, v348, v350, v336, v351, v270, v353, v354, v355);
+
+  // 7 statements from moe.mesh:119:3 mul (2 of 2)
+  support::View v490(param21_route_1_w_gate_vr); // updated in place
+  support::View v498 = arena_.view(65792, 2);
+  support::View v503 = arena_.view(65856, 1);
+  support::View v505 = arena_.view(66304, 32);
+  support::View v491(param22_route_1_w_gate_vc); // updated in place
+  support::View v506 = arena_.view(66432, 2);
+  support::View v509 = arena_.view(66048, 64);
+  support::View v508 = arena_.view(65792, 64);
+  support::View v510 = arena_.view(66304, 1);
+  repeated7(v492, v289, v490, v283, v498, v489, v503, v505, v491, v506, v200, v508, v509, v510);
+
+  // moe.mesh:119:3 bucketed_all_reduce_sum (resolve the partial sum of %332 over model for sqrt at
+  // 119:3; merged with 1 more partial sum over model (%511): 8 B in one buffer)
+  support::allReduceBucket(group_model, {v355, v510});
+
+  // 9 statements from moe.mesh:119:3 sqrt (1 of 2)
+  support::View v359 = arena_.view(66048, 1);
+  support::View v362 = arena_.view(395392, 1);
+  support::View v366 = arena_.view(66112, 1);
+  support::View v395 = arena_.view(65536, 1);
+  support::View v398 = arena_.view(395456, 1);
+  support::View v402 = arena_.view(65600, 1);
+  support::View v431 = arena_.view(0, 1);
+  support::View v434 = arena_.view(395520, 1);
+  support::View v438 = arena_.view(64, 1);
+  repeated4(v355, v359, v362, v366, v353, v10, v391, v395, v398, v402, v389, v24, v427, v431, v434,
+            v438, v425, v25);
+
+  // 14 statements from moe.mesh:119:3 square (2 of 2)
+  support::View v444(param19_norm_1_gain_v); // updated in place
+  support::View v450 = arena_.view(0, 32);
+  support::View v451 = arena_.view(128, 32);
+  support::View v452 = arena_.view(256, 1);
+  support::View v455 = arena_.view(320, 1);
+  support::View v457 = arena_.view(128, 32);
+  support::View v458 = arena_.view(256, 1);
+  support::View v461 = arena_.view(128, 1);
+  support::View v467(param20_norm_1_bias_v); // updated in place
+  support::View v473 = arena_.view(0, 32);
+  support::View v474 = arena_.view(128, 32);
+  support::View v475 = arena_.view(256, 1);
+  support::View v478 = arena_.view(320, 1);
+  support::View v70(param7_norm_1_bias); // updated in place
+  support::View v480 = arena_.view(128, 32);
+  support::View v481 = arena_.view(256, 1);
+  support::View v484 = arena_.view(128, 1);
+  repeated3(v207, v289, v444, v283, v450, v451, v452, v455, v69, v457, v458, v461, v204, v467, v473,
+            v474, v475, v478, v70, v480, v481, v484);
+
+  // 9 statements from moe.mesh:119:3 sqrt (2 of 2)
+  support::View v514 = arena_.view(0, 1);
+  support::View v517 = arena_.view(395584, 1);
+  support::View v521 = arena_.view(64, 1);
+  support::View v550 = arena_.view(0, 1);
+  support::View v553 = arena_.view(395648, 1);
+  support::View v557 = arena_.view(64, 1);
+  support::View v586 = arena_.view(0, 1);
+  support::View v589 = arena_.view(395712, 1);
+  support::View v593 = arena_.view(64, 1);
+  repeated4(v510, v514, v517, v521, v508, v76, v546, v550, v553, v557, v544, v90, v582, v586, v589,
+            v593, v580, v91);
+}
+
+void MoeTrain::repeated0(
+    support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
+    support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
+    support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,
+    support::View a12, support::ConstView a13, support::View a14, support::ConstView a15,
+    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+    support::ConstView a20, support::View a21, support::View a22, support::ConstView a23,
+    support::ConstView a24, support::ConstView a25, support::ConstView a26, support::View a27,
+    support::View a28, support::ConstView a29, support::ConstView a30, support::ConstView a31,
+    support::ConstView a32, support::ConstView a33, support::View a34, support::View a35,
+    support::View a36, support::View a37, support::ConstView a38, support::View a39,
+    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+    support::View a44, support::ConstView a45, support::View a46, support::View a47) {
+
+  // moe.mesh:78:10 einsum
+  // dims: groups, tokens, d_model, experts, capacity
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // moe.mesh:78:10 einsum
+  // dims: groups, tokens, d_model, experts, capacity
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+
+  // moe.mesh:76:20 einsum
+  // dims: experts, groups, capacity, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+
+  // moe.mesh:76:20 einsum -> grad/experts_ffn[1]/w_out
+  // dims: experts, groups, capacity, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
+  einsumPlan3.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+
+  // moe.mesh:75:16 gt
+  // moe.mesh:75:16 where
+  {
+    float *__restrict a10p = a10.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = a9p[i0];
+      const float s1 = 0.0f;
+      const float s2 = (s0 > s1 ? 1.0f : 0.0f);
+      const float s3 = a6p[i0];
+      const float s4 = 0.0f;
+      const float s5 = (s2 != 0 ? s3 : s4);
+      a10p[i0] = s5;
+    }
+  }
+
+  // moe.mesh:75:21 einsum
+  // dims: experts, groups, capacity, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+
+  // moe.mesh:75:21 einsum -> grad/experts_ffn[1]/w_in
+  // dims: experts, groups, capacity, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
+  einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
+
+  // moe.mesh:74:19 einsum
+  // dims: experts, groups, capacity, d_model, tokens
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
+  einsumPlan7.run(a12.data(), a15.data(), a16.data(), 1.0f, 0.0f);
+
+  // moe.mesh:69:57 mul
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a17p = a17.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 = a17p[i0];
+      const float s2 = (s0 * s1);
+      a18p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:69:57 sum
+  static const support::Shape shape9_1 = {1, 64};
+  static const support::Shape shape9_3 = {5120, 80};
+  static const support::Shape shape9_4 = {2, 40};
+  static const support::Shape shape9_5 = {40, 1};
+  support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:69:27 mul
+  {
+    float *__restrict a21p = a21.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a20p = a20.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 = a20p[i0];
+      const float s2 = (s0 * s1);
+      a21p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:69:27 sum
+  static const support::Shape shape11_1 = {1, 64};
+  static const support::Shape shape11_3 = {5120, 80};
+  static const support::Shape shape11_4 = {2, 40};
+  static const support::Shape shape11_5 = {40, 1};
+  support::reduce(a22.data(), shape11_1, a21.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:69:66 bucketed_all_reduce_sum (resolve the partial sum of %150 over model for div at
+  // 69:66; merged with 1 more partial sum over model (%169): 512 B in one buffer)
+  support::allReduceBucket(group_model, {a19, a22});
+
+  // moe.mesh:69:36 div
+  // moe.mesh:69:36 mul
+  // moe.mesh:69:36 neg
+  // moe.mesh:69:66 div
+  // moe.mesh:69:66 mul
+  // moe.mesh:69:66 neg
+  // moe.mesh:69:36 add
+  // moe.mesh:55:15 ge
+  // moe.mesh:55:15 where
+  // moe.mesh:69:36 div
+  // moe.mesh:55:29 add
+  // moe.mesh:69:66 div
+  // moe.mesh:55:29 add
+  {
+    float *__restrict a27p = a27.data();
+    float *__restrict a28p = a28.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a26p = a26.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a23p[i0];
+      const float s1 = a24p[i0];
+      const float s2 = (s0 / s1);
+      const float s3 = a22p[i0];
+      const float s4 = (s3 * s2);
+      const float s5 = -s4;
+      const float s6 = a25p[i0];
+      const float s7 = a24p[i0];
+      const float s8 = (s6 / s7);
+      const float s9 = a19p[i0];
+      const float s10 = (s9 * s8);
+      const float s11 = -s10;
+      const float s12 = (s11 + s5);
+      const float s13 = a26p[i0];
+      const float s14 = 1e-09f;
+      const float s15 = (s13 >= s14 ? 1.0f : 0.0f);
+      const float s16 = 0.0f;
+      const float s17 = (s15 != 0 ? s12 : s16);
+      const float s18 = a22p[i0];
+      const float s19 = a24p[i0];
+      const float s20 = (s18 / s19);
+      const float s21 = (s20 + s17);
+      const float s22 = a19p[i0];
+      const float s23 = a24p[i0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 + s17);
+      a27p[i0] = s21;
+      a28p[i0] = s25;
+    }
+  }
+
+  // moe.mesh:89:23 mul
+  // moe.mesh:88:23 mul
+  // moe.mesh:88:23 broadcast
+  // moe.mesh:54:15 broadcast
+  // moe.mesh:54:29 mul
+  // moe.mesh:50:25 mul
+  // moe.mesh:53:15 broadcast
+  // moe.mesh:53:25 mul
+  // moe.mesh:50:25 add
+  // moe.mesh:88:23 add
+  // moe.mesh:32:10 mul
+  {
+    float *__restrict a34p = a34.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a33p = a33.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = 0.02f;
+        const float s1 = a29p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = 0.015625f;
+        const float s4 = (s2 * s3);
+        const float s5 = s4;
+        const float s6 = a28p[i0];
+        const float s7 = s6;
+        const float s8 = a30p[i0 * 2 + i1];
+        const float s9 = (s7 * s8);
+        const float s10 = a31p[i0 * 2 + i1];
+        const float s11 = (s9 * s10);
+        const float s12 = a27p[i0];
+        const float s13 = s12;
+        const float s14 = a32p[i0 * 2 + i1];
+        const float s15 = (s13 * s14);
+        const float s16 = (s15 + s11);
+        const float s17 = (s16 + s5);
+        const float s18 = a33p[i0 * 2 + i1];
+        const float s19 = (s17 * s18);
+        a34p[i0 * 2 + i1] = s17;
+        a35p[i0 * 2 + i1] = s19;
+      }
+    }
+  }
+
+  // moe.mesh:32:10 sum
+  static const support::Shape shape15_1 = {1, 64};
+  static const support::Shape shape15_3 = {128, 2};
+  static const support::Shape shape15_4 = {2};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(a36.data(), shape15_1, a35.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:32:10 all_reduce_sum (resolve the partial sum of %182 over model for sub at 32:10)
+  group_model.allReduce(a36.data(), a36.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:32:10 sub
+  // moe.mesh:32:10 mul
+  {
+    float *__restrict a37p = a37.data();
+    const float *__restrict a34p = a34.data();
+    const float *__restrict a36p = a36.data();
+    const float *__restrict a33p = a33.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a34p[i0 * 2 + i1];
+        const float s1 = a36p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = a33p[i0 * 2 + i1];
+        const float s4 = (s3 * s2);
+        a37p[i0 * 2 + i1] = s4;
+      }
+    }
+  }
+
+  // moe.mesh:32:18 einsum
+  // dims: groups, tokens, experts, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan18.run(a37.data(), a38.data(), a39.data(), 1.0f, 0.0f);
+
+  // moe.mesh:32:18 einsum -> grad/route[1]/w_gate
+  // dims: groups, tokens, experts, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan19.run(a37.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+
+  // moe.mesh:114:25 mul
+  // moe.mesh:114:25 add
+  {
+    float *__restrict a43p = a43.data();
+    const float *__restrict a39p = a39.data();
+    const float *__restrict a42p = a42.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a39p[i0];
+      const float s1 = a42p[i0];
+      const float s2 = (s0 * s1);
+      const float s3 = a16p[i0];
+      const float s4 = (s3 + s2);
+      a43p[i0] = s4;
+    }
+  }
+
+  // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %188 over model for sum at 26:40)
+  group_model.allReduce(a43.data(), a43.size(), meshrt::ReduceOp::Sum);
+
+  // moe.mesh:26:40 sum -> grad/norm[1]/bias
+  static const support::Shape shape22_1 = {32};
+  static const support::Shape shape22_3 = {1};
+  static const support::Shape shape22_4 = {1, 64};
+  static const support::Shape shape22_5 = {2048, 32};
+  support::reduce(a44.data(), shape22_1, a43.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:26:33 mul
+  {
+    float *__restrict a46p = a46.data();
+    const float *__restrict a43p = a43.data();
+    const float *__restrict a45p = a45.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a43p[i0];
+      const float s1 = a45p[i0];
+      const float s2 = (s0 * s1);
+      a46p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:26:33 sum -> grad/norm[1]/gain
+  static const support::Shape shape24_1 = {32};
+  static const support::Shape shape24_3 = {1};
+  static const support::Shape shape24_4 = {1, 64};
+  static const support::Shape shape24_5 = {2048, 32};
+  support::reduce(a47.data(), shape24_1, a46.data(), shape24_3, shape24_4, shape24_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::ConstView a8,
+                         support::View a9, support::View a10, support::View a11, support::View a12,
+                         support::View a13, support::View a14, support::View a15, support::View a16,
+                         support::ConstView a17, support::View a18, support::View a19,
+                         support::View a20, support::View a21, support::View a22, support::View a23,
+                         support::View a24, support::View a25, support::View a26, support::View a27,
+                         support::View a28) {
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  {
+    float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a1p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape1_1 = {32};
+  static const support::Shape shape1_3 = {2};
+  static const support::Shape shape1_4 = {2};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.25);
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  {
+    float *__restrict a4p = a4.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a3p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a4p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape3_1 = {2, 32};
+  static const support::Shape shape3_3 = {2048, 64};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a5p[i0];
+      const float s1 = a6p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a7p[i0];
+      const float s4 = a8p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a7p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape5_1 = {2, 64};
+  static const support::Shape shape5_3 = {2048, 1};
+  static const support::Shape shape5_4 = {32};
+  static const support::Shape shape5_5 = {64};
+  support::reduce(a9.data(), shape5_1, a4.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape6_1 = {2};
+  static const support::Shape shape6_3 = {32};
+  static const support::Shape shape6_4 = {32};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(a10.data(), shape6_1, a7.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a7p[i0 * 32 + i1];
+        const float s1 = a10p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a11p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  // moe.mesh:119:3 rsqrt
+  {
+    float *__restrict a12p = a12.data();
+    float *__restrict a13p = a13.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a9p[i0];
+      const float s1 = a6p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a12p[i0];
+      const float s4 = a8p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a12p[i0] = s6;
+      a13p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 square
+  {
+    float *__restrict a14p = a14.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        for (int64_t i2 = 0; i2 < 64; ++i2) {
+          const float s0 = a3p[i0 * 2048 + i1 * 64 + i2];
+          const float s1 = a11p[i0 * 32 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a13p[i0 * 64 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = s4 * s4;
+          a14p[i0 * 2048 + i1 * 64 + i2] = s4;
+          a15p[i0 * 2048 + i1 * 64 + i2] = s5;
+        }
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {2, 32, 64};
+  static const support::Shape shape10_5 = {2048, 64, 1};
+  support::reduce(a16.data(), shape10_1, a15.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 0.0001220703125);
+
+  // moe.mesh:119:3 square
+  // moe.mesh:119:3 add
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a17p = a17.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a17p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = 1e-30f;
+      const float s3 = (s1 + s2);
+      a18p[i0] = s3;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape12_1 = {2, 64};
+  static const support::Shape shape12_3 = {2048, 32};
+  static const support::Shape shape12_4 = {32};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(a19.data(), shape12_1, a18.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a19p[i0];
+      const float s1 = a6p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a20p[i0];
+      const float s4 = a8p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a20p[i0] = s6;
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape14_1 = {2, 32};
+  static const support::Shape shape14_3 = {2048, 1};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {32};
+  support::reduce(a21.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape15_1 = {2};
+  static const support::Shape shape15_3 = {64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(a22.data(), shape15_1, a20.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:119:3 div
+  // moe.mesh:119:3 rsqrt
+  {
+    float *__restrict a23p = a23.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a22p = a22.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a20p[i0 * 64 + i1];
+        const float s1 = a22p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = 1.0f / support::fsqrt(s2);
+        a23p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  // moe.mesh:119:3 rsqrt
+  {
+    float *__restrict a24p = a24.data();
+    float *__restrict a25p = a25.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a21p[i0];
+      const float s1 = a6p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a24p[i0];
+      const float s4 = a8p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a24p[i0] = s6;
+      a25p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 square
+  {
+    float *__restrict a26p = a26.data();
+    float *__restrict a27p = a27.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a25p = a25.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          const float s0 = a17p[i0 * 2048 + i1 * 32 + i2];
+          const float s1 = a23p[i0 * 64 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a25p[i0 * 32 + i2];
+          const float s4 = (s2 * s3);
+          const float s5 = s4 * s4;
+          a26p[i0 * 2048 + i1 * 32 + i2] = s4;
+          a27p[i0 * 2048 + i1 * 32 + i2] = s5;
+        }
+      }
+    }
+  }
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {2, 64, 32};
+  static const support::Shape shape19_5 = {2048, 32, 1};
+  support::reduce(a28.data(), shape19_1, a27.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 0.0001220703125);
+}
+
+void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::ConstView a4, support::View a5,
+                         support::View a6, support::ConstView a7, support::View a8,
+                         support::View a9, support::View a10, support::View a11, support::View a12,
+                         support::View a13, support::View a14, support::View a15, support::View a16,
+                         const char *t0) {
+
+  // moe.mesh:26:10 layer_norm
+  static const support::Shape shape0_2 = {1, 64};
+  static const support::Shape shape0_3 = {2048, 32};
+  static const support::Shape shape0_4 = {2048, 32};
+  static const support::Shape shape0_5 = {32};
+  static const support::Shape shape0_6 = {1};
+  static const support::Shape shape0_7 = {1};
+  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // moe.mesh:114:27 random_uniform
+  support::fillRandomUniform(
+      a2.data(),
+      meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
+                             meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 1), 0, 0},
+                             meshrt::kernels::Dims{1, 64, 32}},
+      seed_, std::string(t0) + "#" + std::to_string(step_), 0.99, 1.01,
+      meshrt::kernels::ValueType::F32);
+
+  // moe.mesh:26:33 mul
+  // moe.mesh:26:40 add -> n
+  // moe.mesh:114:25 mul
+  {
+    float *__restrict a5p = a5.data();
+    float *__restrict a6p = a6.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a0p[i0 * 32 + i1];
+        const float s1 = a3p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a4p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = a2p[i0 * 32 + i1];
+        const float s6 = (s4 * s5);
+        a5p[i0 * 32 + i1] = s4;
+        a6p[i0 * 32 + i1] = s6;
+      }
+    }
+  }
+
+  // moe.mesh:32:18 einsum
+  // dims: groups, tokens, d_model, experts
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+
+  // moe.mesh:32:10 softmax -> gates
+  static const support::Shape shape4_2 = {1, 64};
+  static const support::Shape shape4_3 = {128, 2};
+  static const support::Shape shape4_4 = {128, 2};
+  static const support::Shape shape4_5 = {2};
+  static const support::Shape shape4_6 = {1};
+  static const support::Shape shape4_7 = {1};
+  support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
+                 support::Along::Softmax, 1e-05, 4, &group_model);
+
+  // moe.mesh:38:24 max
+  static const support::Shape shape5_1 = {1, 64};
+  static const support::Shape shape5_3 = {128, 2};
+  static const support::Shape shape5_4 = {2};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Max, 1.0);
+
+  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:38:21 ge
+  // moe.mesh:38:10 cast
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a9p[i0 * 2 + i1];
+        const float s1 = a10p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        a11p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:87:17 mean -> density
+  static const support::Shape shape8_1 = {1, 2};
+  static const support::Shape shape8_3 = {128, 1};
+  static const support::Shape shape8_4 = {64};
+  static const support::Shape shape8_5 = {2};
+  support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:88:23 mean -> density_proxy
+  static const support::Shape shape9_1 = {1, 2};
+  static const support::Shape shape9_3 = {128, 1};
+  static const support::Shape shape9_4 = {64};
+  static const support::Shape shape9_5 = {2};
+  support::reduce(a13.data(), shape9_1, a9.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // moe.mesh:89:23 mul
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = a12p[i0];
+      const float s1 = a13p[i0];
+      const float s2 = (s0 * s1);
+      a14p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:89:10 mean
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {1, 2};
+  static const support::Shape shape11_5 = {2, 1};
+  support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 0.125);
+
+  // moe.mesh:89:40 mul
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    const float s0 = a15p[0];
+    const float s1 = 16.0f;
+    const float s2 = (s0 * s1);
+    a16p[0] = s2;
+  }
+}
+
+void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::View a6, support::View a7, support::View a8, support::View a9,
+                         support::View a10, support::View a11, support::ConstView a12,
+                         support::View a13, support::View a14, support::View a15, support::View a16,
+                         support::View a17, support::View a18, support::View a19, support::View a20,
+                         support::View a21) {
+
   // moe.mesh:119:3 square
   // moe.mesh:119:3 add
   // moe.mesh:119:3 mul
@@ -3341,117 +2283,108 @@ void MoeTrain::runPart3(const Inputs &inputs) {
   // moe.mesh:119:3 rsqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 square
-  support::View v288(param11_norm_0_gain_v); // updated in place
-  support::View v294 = arena_.view(0, 32);
-  support::View v295 = arena_.view(128, 32);
   {
-    float *__restrict v288p = v288.data();
-    float *__restrict v294p = v294.data();
-    float *__restrict v295p = v295.data();
-    const float *__restrict v276p = v276.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
+    float *__restrict a2p = a2.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a5p = a5.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v276p[i0];
+      const float s0 = a0p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      const float s4 = v289p[0];
+      const float s4 = a1p[0];
       const float s5 = (s3 * s4);
-      const float s6 = v288p[i0];
-      const float s7 = v283p[0];
+      const float s6 = a2p[i0];
+      const float s7 = a3p[0];
       const float s8 = (s6 * s7);
       const float s9 = (s8 + s5);
       const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = v276p[i0];
+      const float s11 = a0p[i0];
       const float s12 = (s11 * s10);
       const float s13 = s12 * s12;
-      v288p[i0] = s9;
-      v294p[i0] = s12;
-      v295p[i0] = s13;
+      a2p[i0] = s9;
+      a4p[i0] = s12;
+      a5p[i0] = s13;
     }
   }
 
   // moe.mesh:119:3 mean
-  support::View v296 = arena_.view(256, 1);
-  static const support::Shape shape16_1 = {};
-  static const support::Shape shape16_3 = {};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v296.data(), shape16_1, v295.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  support::View v299 = arena_.view(320, 1);
   {
-    float *__restrict v299p = v299.data();
-    const float *__restrict v296p = v296.data();
-    const float s0 = v296p[0];
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float s0 = a6p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    v299p[0] = s5;
+    a7p[0] = s5;
   }
 
   // moe.mesh:119:3 square
-  support::View v3(param1_norm_0_gain); // updated in place
-  support::View v302 = arena_.view(128, 32);
   {
-    float *__restrict v302p = v302.data();
-    const float *__restrict v3p = v3.data();
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v3p[i0];
+      const float s0 = a8p[i0];
       const float s1 = s0 * s0;
-      v302p[i0] = s1;
+      a9p[i0] = s1;
     }
   }
 
   // moe.mesh:119:3 mean
-  support::View v303 = arena_.view(256, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v303.data(), shape19_1, v302.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape4_1 = {};
+  static const support::Shape shape4_3 = {};
+  static const support::Shape shape4_4 = {32};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  support::View v306 = arena_.view(128, 1);
   {
-    float *__restrict v306p = v306.data();
-    const float *__restrict v303p = v303.data();
-    const float s0 = v303p[0];
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float s0 = a10p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 0.01f;
     const float s5 = (s3 * s4);
-    v306p[0] = s5;
+    a11p[0] = s5;
   }
 
   // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/norm[0]/gain
   {
-    float *__restrict v3p = v3.data();
-    const float *__restrict v294p = v294.data();
-    const float *__restrict v299p = v299.data();
-    const float *__restrict v306p = v306.data();
+    float *__restrict a8p = a8.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a11p = a11.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v294p[i0];
-      const float s1 = v299p[0];
+      const float s0 = a4p[i0];
+      const float s1 = a7p[0];
       const float s2 = (s0 / s1);
-      const float s3 = v306p[0];
+      const float s3 = a11p[0];
       const float s4 = (s2 * s3);
-      const float s5 = v3p[i0];
+      const float s5 = a8p[i0];
       const float s6 = (s5 - s4);
-      v3p[i0] = s6;
+      a8p[i0] = s6;
     }
   }
 
@@ -3463,1601 +2396,770 @@ void MoeTrain::runPart3(const Inputs &inputs) {
   // moe.mesh:119:3 rsqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 square
-  support::View v312(param12_norm_0_bias_v); // updated in place
-  support::View v318 = arena_.view(0, 32);
-  support::View v319 = arena_.view(128, 32);
   {
-    float *__restrict v312p = v312.data();
-    float *__restrict v318p = v318.data();
-    float *__restrict v319p = v319.data();
-    const float *__restrict v274p = v274.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
+    float *__restrict a13p = a13.data();
+    float *__restrict a14p = a14.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v274p[i0];
+      const float s0 = a12p[i0];
       const float s1 = s0 * s0;
       const float s2 = 1e-30f;
       const float s3 = (s1 + s2);
-      const float s4 = v289p[0];
+      const float s4 = a1p[0];
       const float s5 = (s3 * s4);
-      const float s6 = v312p[i0];
-      const float s7 = v283p[0];
+      const float s6 = a13p[i0];
+      const float s7 = a3p[0];
       const float s8 = (s6 * s7);
       const float s9 = (s8 + s5);
       const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = v274p[i0];
+      const float s11 = a12p[i0];
       const float s12 = (s11 * s10);
       const float s13 = s12 * s12;
-      v312p[i0] = s9;
-      v318p[i0] = s12;
-      v319p[i0] = s13;
+      a13p[i0] = s9;
+      a14p[i0] = s12;
+      a15p[i0] = s13;
     }
   }
 
   // moe.mesh:119:3 mean
-  support::View v320 = arena_.view(256, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v320.data(), shape23_1, v319.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape8_1 = {};
+  static const support::Shape shape8_3 = {};
+  static const support::Shape shape8_4 = {32};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(a16.data(), shape8_1, a15.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
-}
-
-void MoeTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  support::View v320 = arena_.view(256, 1);
-  support::View v323 = arena_.view(320, 1);
   {
-    float *__restrict v323p = v323.data();
-    const float *__restrict v320p = v320.data();
-    const float s0 = v320p[0];
+    float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    const float s0 = a16p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    v323p[0] = s5;
+    a17p[0] = s5;
   }
 
   // moe.mesh:119:3 square
-  support::View v4(param2_norm_0_bias); // updated in place
-  support::View v325 = arena_.view(128, 32);
   {
-    float *__restrict v325p = v325.data();
-    const float *__restrict v4p = v4.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v4p[i0];
+      const float s0 = a18p[i0];
       const float s1 = s0 * s0;
-      v325p[i0] = s1;
+      a19p[i0] = s1;
     }
   }
 
   // moe.mesh:119:3 mean
-  support::View v326 = arena_.view(256, 1);
-  static const support::Shape shape2_1 = {};
-  static const support::Shape shape2_3 = {};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v326.data(), shape2_1, v325.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {32};
+  static const support::Shape shape11_5 = {1};
+  support::reduce(a20.data(), shape11_1, a19.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  support::View v329 = arena_.view(128, 1);
   {
-    float *__restrict v329p = v329.data();
-    const float *__restrict v326p = v326.data();
-    const float s0 = v326p[0];
+    float *__restrict a21p = a21.data();
+    const float *__restrict a20p = a20.data();
+    const float s0 = a20p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 0.01f;
     const float s5 = (s3 * s4);
-    v329p[0] = s5;
+    a21p[0] = s5;
   }
 
   // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/norm[0]/bias
-  support::View v318 = arena_.view(0, 32);
   {
-    float *__restrict v4p = v4.data();
-    const float *__restrict v318p = v318.data();
-    const float *__restrict v323p = v323.data();
-    const float *__restrict v329p = v329.data();
+    float *__restrict a18p = a18.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a21p = a21.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v318p[i0];
-      const float s1 = v323p[0];
+      const float s0 = a14p[i0];
+      const float s1 = a17p[0];
       const float s2 = (s0 / s1);
-      const float s3 = v329p[0];
+      const float s3 = a21p[0];
       const float s4 = (s2 * s3);
-      const float s5 = v4p[i0];
+      const float s5 = a18p[i0];
       const float s6 = (s5 - s4);
-      v4p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  support::View v270 = arena_.view(106496, 64);
-  support::View v334 = arena_.view(98304, 64);
-  {
-    float *__restrict v334p = v334.data();
-    const float *__restrict v270p = v270.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v270p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v334p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v337 = arena_.view(98560, 32);
-  static const support::Shape shape6_1 = {32};
-  static const support::Shape shape6_3 = {2};
-  static const support::Shape shape6_4 = {2};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v337.data(), shape6_1, v334.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.25);
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  support::View v230 = arena_.view(81920, 4096);
-  support::View v371 = arena_.view(0, 4096);
-  {
-    float *__restrict v371p = v371.data();
-    const float *__restrict v230p = v230.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v230p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v371p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v374 = arena_.view(16384, 64);
-  static const support::Shape shape8_1 = {2, 32};
-  static const support::Shape shape8_3 = {2048, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v374.data(), shape8_1, v371.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  support::View v289 = arena_.view(98752, 1);
-  support::View v372(param15_experts_ffn_0_w_in_vr); // updated in place
-  support::View v283 = arena_.view(98688, 1);
-  {
-    float *__restrict v372p = v372.data();
-    const float *__restrict v374p = v374.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v374p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v372p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      v372p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v379 = arena_.view(16384, 128);
-  static const support::Shape shape10_1 = {2, 64};
-  static const support::Shape shape10_3 = {2048, 1};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {64};
-  support::reduce(v379.data(), shape10_1, v371.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 mean
-  support::View v384 = arena_.view(0, 2);
-  static const support::Shape shape11_1 = {2};
-  static const support::Shape shape11_3 = {32};
-  static const support::Shape shape11_4 = {32};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v384.data(), shape11_1, v372.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  support::View v386 = arena_.view(33280, 64);
-  {
-    float *__restrict v386p = v386.data();
-    const float *__restrict v372p = v372.data();
-    const float *__restrict v384p = v384.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v372p[i0 * 32 + i1];
-        const float s1 = v384p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        v386p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  support::View v373(param16_experts_ffn_0_w_in_vc); // updated in place
-  support::View v387 = arena_.view(32768, 128);
-  {
-    float *__restrict v373p = v373.data();
-    float *__restrict v387p = v387.data();
-    const float *__restrict v379p = v379.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v379p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v373p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      v373p[i0] = s6;
-      v387p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
-  support::View v389 = arena_.view(0, 4096);
-  support::View v390 = arena_.view(16384, 4096);
-  {
-    float *__restrict v389p = v389.data();
-    float *__restrict v390p = v390.data();
-    const float *__restrict v230p = v230.data();
-    const float *__restrict v386p = v386.data();
-    const float *__restrict v387p = v387.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 64; ++i2) {
-          const float s0 = v230p[i0 * 2048 + i1 * 64 + i2];
-          const float s1 = v386p[i0 * 32 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = v387p[i0 * 64 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          v389p[i0 * 2048 + i1 * 64 + i2] = s4;
-          v390p[i0 * 2048 + i1 * 64 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v391 = arena_.view(83072, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {2, 32, 64};
-  static const support::Shape shape15_5 = {2048, 64, 1};
-  support::reduce(v391.data(), shape15_1, v390.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  support::View v226 = arena_.view(143360, 4096);
-  support::View v407 = arena_.view(16384, 4096);
-  {
-    float *__restrict v407p = v407.data();
-    const float *__restrict v226p = v226.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v226p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v407p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v410 = arena_.view(32768, 128);
-  static const support::Shape shape17_1 = {2, 64};
-  static const support::Shape shape17_3 = {2048, 32};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v410.data(), shape17_1, v407.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  support::View v408(param17_experts_ffn_0_w_out_vr); // updated in place
-  {
-    float *__restrict v408p = v408.data();
-    const float *__restrict v410p = v410.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v410p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v408p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      v408p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v415 = arena_.view(32768, 64);
-  static const support::Shape shape19_1 = {2, 32};
-  static const support::Shape shape19_3 = {2048, 1};
-  static const support::Shape shape19_4 = {64};
-  static const support::Shape shape19_5 = {32};
-  support::reduce(v415.data(), shape19_1, v407.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 mean
-  support::View v420 = arena_.view(16384, 2);
-  static const support::Shape shape20_1 = {2};
-  static const support::Shape shape20_3 = {64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v420.data(), shape20_1, v408.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  support::View v422 = arena_.view(49152, 128);
-  {
-    float *__restrict v422p = v422.data();
-    const float *__restrict v408p = v408.data();
-    const float *__restrict v420p = v420.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v408p[i0 * 64 + i1];
-        const float s1 = v420p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        v422p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  support::View v409(param18_experts_ffn_0_w_out_vc); // updated in place
-  support::View v423 = arena_.view(49664, 64);
-  {
-    float *__restrict v409p = v409.data();
-    float *__restrict v423p = v423.data();
-    const float *__restrict v415p = v415.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v415p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v409p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      v409p[i0] = s6;
-      v423p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
-  support::View v425 = arena_.view(16384, 4096);
-  support::View v426 = arena_.view(32768, 4096);
-  {
-    float *__restrict v425p = v425.data();
-    float *__restrict v426p = v426.data();
-    const float *__restrict v226p = v226.data();
-    const float *__restrict v422p = v422.data();
-    const float *__restrict v423p = v423.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = v226p[i0 * 2048 + i1 * 32 + i2];
-          const float s1 = v422p[i0 * 64 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = v423p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          v425p[i0 * 2048 + i1 * 32 + i2] = s4;
-          v426p[i0 * 2048 + i1 * 32 + i2] = s5;
-        }
-      }
+      a18p[i0] = s6;
     }
   }
 }
 
-void MoeTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-
-  // moe.mesh:119:3 mean
-  support::View v426 = arena_.view(32768, 4096);
-  support::View v427 = arena_.view(83136, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {2, 64, 32};
-  static const support::Shape shape0_5 = {2048, 32, 1};
-  support::reduce(v427.data(), shape0_1, v426.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  support::View v200 = arena_.view(169984, 64);
-  support::View v489 = arena_.view(82432, 64);
-  {
-    float *__restrict v489p = v489.data();
-    const float *__restrict v200p = v200.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v200p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v489p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v492 = arena_.view(82944, 32);
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {2};
-  static const support::Shape shape2_4 = {2};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v492.data(), shape2_1, v489.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.25);
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  support::View v158 = arena_.view(204800, 4096);
-  support::View v526 = arena_.view(32768, 4096);
-  {
-    float *__restrict v526p = v526.data();
-    const float *__restrict v158p = v158.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v158p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v526p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v529 = arena_.view(49152, 64);
-  static const support::Shape shape4_1 = {2, 32};
-  static const support::Shape shape4_3 = {2048, 64};
-  static const support::Shape shape4_4 = {64};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v529.data(), shape4_1, v526.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  support::View v289 = arena_.view(98752, 1);
-  support::View v527(param23_experts_ffn_1_w_in_vr); // updated in place
-  support::View v283 = arena_.view(98688, 1);
-  {
-    float *__restrict v527p = v527.data();
-    const float *__restrict v529p = v529.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v529p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v527p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      v527p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v534 = arena_.view(49152, 128);
-  static const support::Shape shape6_1 = {2, 64};
-  static const support::Shape shape6_3 = {2048, 1};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {64};
-  support::reduce(v534.data(), shape6_1, v526.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 mean
-  support::View v539 = arena_.view(32768, 2);
-  static const support::Shape shape7_1 = {2};
-  static const support::Shape shape7_3 = {32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v539.data(), shape7_1, v527.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  support::View v541 = arena_.view(66048, 64);
-  {
-    float *__restrict v541p = v541.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v539p = v539.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v527p[i0 * 32 + i1];
-        const float s1 = v539p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        v541p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  support::View v528(param24_experts_ffn_1_w_in_vc); // updated in place
-  support::View v542 = arena_.view(65536, 128);
-  {
-    float *__restrict v528p = v528.data();
-    float *__restrict v542p = v542.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v534p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v528p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      v528p[i0] = s6;
-      v542p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
-  support::View v544 = arena_.view(32768, 4096);
-  support::View v545 = arena_.view(49152, 4096);
-  {
-    float *__restrict v544p = v544.data();
-    float *__restrict v545p = v545.data();
-    const float *__restrict v158p = v158.data();
-    const float *__restrict v541p = v541.data();
-    const float *__restrict v542p = v542.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        for (int64_t i2 = 0; i2 < 64; ++i2) {
-          const float s0 = v158p[i0 * 2048 + i1 * 64 + i2];
-          const float s1 = v541p[i0 * 32 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = v542p[i0 * 64 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          v544p[i0 * 2048 + i1 * 64 + i2] = s4;
-          v545p[i0 * 2048 + i1 * 64 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v546 = arena_.view(83200, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {2, 32, 64};
-  static const support::Shape shape11_5 = {2048, 64, 1};
-  support::reduce(v546.data(), shape11_1, v545.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  support::View v153 = arena_.view(266240, 4096);
-  support::View v562 = arena_.view(49152, 4096);
-  {
-    float *__restrict v562p = v562.data();
-    const float *__restrict v153p = v153.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v153p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      v562p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v565 = arena_.view(65536, 128);
-  static const support::Shape shape13_1 = {2, 64};
-  static const support::Shape shape13_3 = {2048, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v565.data(), shape13_1, v562.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  support::View v563(param25_experts_ffn_1_w_out_vr); // updated in place
-  {
-    float *__restrict v563p = v563.data();
-    const float *__restrict v565p = v565.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v565p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v563p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      v563p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v570 = arena_.view(65536, 64);
-  static const support::Shape shape15_1 = {2, 32};
-  static const support::Shape shape15_3 = {2048, 1};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {32};
-  support::reduce(v570.data(), shape15_1, v562.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 mean
-  support::View v575 = arena_.view(49152, 2);
-  static const support::Shape shape16_1 = {2};
-  static const support::Shape shape16_3 = {64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v575.data(), shape16_1, v563.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  support::View v577 = arena_.view(81920, 128);
-  {
-    float *__restrict v577p = v577.data();
-    const float *__restrict v563p = v563.data();
-    const float *__restrict v575p = v575.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v563p[i0 * 64 + i1];
-        const float s1 = v575p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = 1.0f / support::fsqrt(s2);
-        v577p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  support::View v564(param26_experts_ffn_1_w_out_vc); // updated in place
-  support::View v578 = arena_.view(82688, 64);
-  {
-    float *__restrict v564p = v564.data();
-    float *__restrict v578p = v578.data();
-    const float *__restrict v570p = v570.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v570p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v564p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      v564p[i0] = s6;
-      v578p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
-  support::View v580 = arena_.view(49152, 4096);
-  support::View v581 = arena_.view(65536, 4096);
-  {
-    float *__restrict v580p = v580.data();
-    float *__restrict v581p = v581.data();
-    const float *__restrict v153p = v153.data();
-    const float *__restrict v577p = v577.data();
-    const float *__restrict v578p = v578.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          const float s0 = v153p[i0 * 2048 + i1 * 32 + i2];
-          const float s1 = v577p[i0 * 64 + i1];
-          const float s2 = (s0 * s1);
-          const float s3 = v578p[i0 * 32 + i2];
-          const float s4 = (s2 * s3);
-          const float s5 = s4 * s4;
-          v580p[i0 * 2048 + i1 * 32 + i2] = s4;
-          v581p[i0 * 2048 + i1 * 32 + i2] = s5;
-        }
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v582 = arena_.view(81920, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {2, 64, 32};
-  static const support::Shape shape20_5 = {2048, 32, 1};
-  support::reduce(v582.data(), shape20_1, v581.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 0.0001220703125);
-
-  // moe.mesh:119:3 bucketed_all_reduce_sum (resolve the partial sum of %315 over model for mul at
-  // 119:3; merged with 5 more partial sums over model (%392, %428, %494, ...): 272 B in one buffer)
-  support::View v337 = arena_.view(98560, 32);
-  support::View v391 = arena_.view(83072, 1);
-  support::allReduceBucket(group_model, {v337, v391, v427, v492, v546, v582});
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  support::View v335(param13_route_0_w_gate_vr); // updated in place
-  {
-    float *__restrict v335p = v335.data();
-    const float *__restrict v337p = v337.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v337p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v335p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      v335p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v334 = arena_.view(98304, 64);
-  support::View v343 = arena_.view(65536, 2);
-  static const support::Shape shape23_1 = {2};
-  static const support::Shape shape23_3 = {1};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {2};
-  support::reduce(v343.data(), shape23_1, v334.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.03125);
-}
-
-void MoeTrain::runPart6(const Inputs &inputs) {
-  (void)inputs;
-
-  // moe.mesh:119:3 mean
-  support::View v335(param13_route_0_w_gate_vr); // updated in place
-  support::View v348 = arena_.view(65600, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {32};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v348.data(), shape0_1, v335.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  support::View v350 = arena_.view(66048, 32);
-  {
-    float *__restrict v350p = v350.data();
-    const float *__restrict v335p = v335.data();
-    const float *__restrict v348p = v348.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v335p[i0];
-      const float s1 = v348p[0];
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v350p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  support::View v343 = arena_.view(65536, 2);
-  support::View v289 = arena_.view(98752, 1);
-  support::View v336(param14_route_0_w_gate_vc); // updated in place
-  support::View v283 = arena_.view(98688, 1);
-  support::View v351 = arena_.view(66176, 2);
-  {
-    float *__restrict v336p = v336.data();
-    float *__restrict v351p = v351.data();
-    const float *__restrict v343p = v343.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v343p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v336p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      v336p[i0] = s6;
-      v351p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
-  support::View v270 = arena_.view(106496, 64);
-  support::View v353 = arena_.view(65536, 64);
-  support::View v354 = arena_.view(65792, 64);
-  {
-    float *__restrict v353p = v353.data();
-    float *__restrict v354p = v354.data();
-    const float *__restrict v270p = v270.data();
-    const float *__restrict v350p = v350.data();
-    const float *__restrict v351p = v351.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v270p[i0 * 2 + i1];
-        const float s1 = v350p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v351p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        v353p[i0 * 2 + i1] = s4;
-        v354p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v355 = arena_.view(66496, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {32, 2};
-  static const support::Shape shape4_5 = {2, 1};
-  support::reduce(v355.data(), shape4_1, v354.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.0078125);
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  support::View v492 = arena_.view(82944, 32);
-  support::View v490(param21_route_1_w_gate_vr); // updated in place
-  {
-    float *__restrict v490p = v490.data();
-    const float *__restrict v492p = v492.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v492p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v490p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      v490p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v489 = arena_.view(82432, 64);
-  support::View v498 = arena_.view(65792, 2);
-  static const support::Shape shape6_1 = {2};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {2};
-  support::reduce(v498.data(), shape6_1, v489.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 mean
-  support::View v503 = arena_.view(65856, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v503.data(), shape7_1, v490.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
-  support::View v505 = arena_.view(66304, 32);
-  {
-    float *__restrict v505p = v505.data();
-    const float *__restrict v490p = v490.data();
-    const float *__restrict v503p = v503.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v490p[i0];
-      const float s1 = v503p[0];
-      const float s2 = (s0 / s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v505p[i0] = s3;
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  support::View v491(param22_route_1_w_gate_vc); // updated in place
-  support::View v506 = arena_.view(66432, 2);
-  {
-    float *__restrict v491p = v491.data();
-    float *__restrict v506p = v506.data();
-    const float *__restrict v498p = v498.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      const float s0 = v498p[i0];
-      const float s1 = v289p[0];
-      const float s2 = (s0 * s1);
-      const float s3 = v491p[i0];
-      const float s4 = v283p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = (s5 + s2);
-      const float s7 = 1.0f / support::fsqrt(s6);
-      v491p[i0] = s6;
-      v506p[i0] = s7;
-    }
-  }
-
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
-  support::View v200 = arena_.view(169984, 64);
-  support::View v508 = arena_.view(65792, 64);
-  support::View v509 = arena_.view(66048, 64);
-  {
-    float *__restrict v508p = v508.data();
-    float *__restrict v509p = v509.data();
-    const float *__restrict v200p = v200.data();
-    const float *__restrict v505p = v505.data();
-    const float *__restrict v506p = v506.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        const float s0 = v200p[i0 * 2 + i1];
-        const float s1 = v505p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v506p[i1];
-        const float s4 = (s2 * s3);
-        const float s5 = s4 * s4;
-        v508p[i0 * 2 + i1] = s4;
-        v509p[i0 * 2 + i1] = s5;
-      }
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v510 = arena_.view(66304, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {32, 2};
-  static const support::Shape shape11_5 = {2, 1};
-  support::reduce(v510.data(), shape11_1, v509.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.0078125);
-
-  // moe.mesh:119:3 bucketed_all_reduce_sum (resolve the partial sum of %332 over model for sqrt at
-  // 119:3; merged with 1 more partial sum over model (%511): 8 B in one buffer)
-  support::allReduceBucket(group_model, {v355, v510});
+void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::ConstView a2,
+                         support::View a3, support::ConstView a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::ConstView a8,
+                         support::View a9, support::ConstView a10, support::View a11,
+                         support::ConstView a12, support::View a13, support::ConstView a14,
+                         support::View a15, support::ConstView a16, support::View a17) {
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  support::View v359 = arena_.view(66048, 1);
   {
-    float *__restrict v359p = v359.data();
-    const float *__restrict v355p = v355.data();
-    const float s0 = v355p[0];
+    float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    const float s0 = a0p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    v359p[0] = s5;
+    a1p[0] = s5;
   }
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  support::View v362 = arena_.view(395392, 1);
-  support::View v366 = arena_.view(66112, 1);
   {
-    float *__restrict v366p = v366.data();
-    const float *__restrict v362p = v362.data();
-    const float s0 = v362p[0];
+    float *__restrict a3p = a3.data();
+    const float *__restrict a2p = a2.data();
+    const float s0 = a2p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 0.01f;
     const float s5 = (s3 * s4);
-    v366p[0] = s5;
+    a3p[0] = s5;
   }
 
   // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/route[0]/w_gate
-  support::View v10(param3_route_0_w_gate); // updated in place
   {
-    float *__restrict v10p = v10.data();
-    const float *__restrict v353p = v353.data();
-    const float *__restrict v359p = v359.data();
-    const float *__restrict v366p = v366.data();
+    float *__restrict a5p = a5.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v353p[i0];
-      const float s1 = v359p[0];
+      const float s0 = a4p[i0];
+      const float s1 = a1p[0];
       const float s2 = (s0 / s1);
-      const float s3 = v366p[0];
+      const float s3 = a3p[0];
       const float s4 = (s2 * s3);
-      const float s5 = v10p[i0];
+      const float s5 = a5p[i0];
       const float s6 = (s5 - s4);
-      v10p[i0] = s6;
+      a5p[i0] = s6;
     }
   }
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  support::View v391 = arena_.view(83072, 1);
-  support::View v395 = arena_.view(65536, 1);
   {
-    float *__restrict v395p = v395.data();
-    const float *__restrict v391p = v391.data();
-    const float s0 = v391p[0];
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float s0 = a6p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    v395p[0] = s5;
+    a7p[0] = s5;
   }
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  support::View v398 = arena_.view(395456, 1);
-  support::View v402 = arena_.view(65600, 1);
   {
-    float *__restrict v402p = v402.data();
-    const float *__restrict v398p = v398.data();
-    const float s0 = v398p[0];
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
+    const float s0 = a8p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 0.01f;
     const float s5 = (s3 * s4);
-    v402p[0] = s5;
+    a9p[0] = s5;
   }
 
   // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/experts_ffn[0]/w_in
-  support::View v389 = arena_.view(0, 4096);
-  support::View v24(param4_experts_ffn_0_w_in); // updated in place
   {
-    float *__restrict v24p = v24.data();
-    const float *__restrict v389p = v389.data();
-    const float *__restrict v395p = v395.data();
-    const float *__restrict v402p = v402.data();
+    float *__restrict a11p = a11.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v389p[i0];
-      const float s1 = v395p[0];
+      const float s0 = a10p[i0];
+      const float s1 = a7p[0];
       const float s2 = (s0 / s1);
-      const float s3 = v402p[0];
+      const float s3 = a9p[0];
       const float s4 = (s2 * s3);
-      const float s5 = v24p[i0];
+      const float s5 = a11p[i0];
       const float s6 = (s5 - s4);
-      v24p[i0] = s6;
+      a11p[i0] = s6;
     }
   }
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 maximum
-  support::View v427 = arena_.view(83136, 1);
-  support::View v431 = arena_.view(0, 1);
   {
-    float *__restrict v431p = v431.data();
-    const float *__restrict v427p = v427.data();
-    const float s0 = v427p[0];
+    float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
+    const float s0 = a12p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 1.0f;
     const float s3 = (s1 * s2);
     const float s4 = 1.0f;
     const float s5 = support::maximum(s3, s4);
-    v431p[0] = s5;
+    a13p[0] = s5;
   }
 
   // moe.mesh:119:3 sqrt
   // moe.mesh:119:3 maximum
   // moe.mesh:119:3 mul
-  support::View v434 = arena_.view(395520, 1);
-  support::View v438 = arena_.view(64, 1);
   {
-    float *__restrict v438p = v438.data();
-    const float *__restrict v434p = v434.data();
-    const float s0 = v434p[0];
+    float *__restrict a15p = a15.data();
+    const float *__restrict a14p = a14.data();
+    const float s0 = a14p[0];
     const float s1 = support::fsqrt(s0);
     const float s2 = 0.001f;
     const float s3 = support::maximum(s1, s2);
     const float s4 = 0.01f;
     const float s5 = (s3 * s4);
-    v438p[0] = s5;
+    a15p[0] = s5;
   }
 
   // moe.mesh:119:3 div
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 sub -> next/experts_ffn[0]/w_out
-  support::View v425 = arena_.view(16384, 4096);
-  support::View v25(param5_experts_ffn_0_w_out); // updated in place
   {
-    float *__restrict v25p = v25.data();
-    const float *__restrict v425p = v425.data();
-    const float *__restrict v431p = v431.data();
-    const float *__restrict v438p = v438.data();
+    float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a15p = a15.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v425p[i0];
-      const float s1 = v431p[0];
+      const float s0 = a16p[i0];
+      const float s1 = a13p[0];
       const float s2 = (s0 / s1);
-      const float s3 = v438p[0];
+      const float s3 = a15p[0];
       const float s4 = (s2 * s3);
-      const float s5 = v25p[i0];
+      const float s5 = a17p[i0];
       const float s6 = (s5 - s4);
-      v25p[i0] = s6;
+      a17p[i0] = s6;
     }
   }
-
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
-  support::View v207 = arena_.view(170368, 32);
-  support::View v444(param19_norm_1_gain_v); // updated in place
-  support::View v450 = arena_.view(0, 32);
-  support::View v451 = arena_.view(128, 32);
-  {
-    float *__restrict v444p = v444.data();
-    float *__restrict v450p = v450.data();
-    float *__restrict v451p = v451.data();
-    const float *__restrict v207p = v207.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v207p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = v289p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = v444p[i0];
-      const float s7 = v283p[0];
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = v207p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      v444p[i0] = s9;
-      v450p[i0] = s12;
-      v451p[i0] = s13;
-    }
-  }
-
-  // moe.mesh:119:3 mean
-  support::View v452 = arena_.view(256, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v452.data(), shape23_1, v451.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.03125);
 }
 
-void MoeTrain::runPart7(const Inputs &inputs) {
-  (void)inputs;
+void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                         support::View a3, support::View a4, support::View a5,
+                         support::ConstView a6, support::ConstView a7, support::ConstView a8,
+                         support::View a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::View a13, support::ConstView a14,
+                         support::View a15, support::View a16, support::ConstView a17,
+                         support::View a18, support::View a19) {
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
-  support::View v452 = arena_.view(256, 1);
-  support::View v455 = arena_.view(320, 1);
+  // moe.mesh:55:15 maximum -> total
+  // moe.mesh:69:36 div
+  // moe.mesh:69:66 div
   {
-    float *__restrict v455p = v455.data();
-    const float *__restrict v452p = v452.data();
-    const float s0 = v452p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    v455p[0] = s5;
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a5p = a5.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = 1e-09f;
+      const float s2 = support::maximum(s0, s1);
+      const float s3 = a1p[i0];
+      const float s4 = (s3 / s2);
+      const float s5 = a2p[i0];
+      const float s6 = (s5 / s2);
+      a3p[i0] = s2;
+      a4p[i0] = s4;
+      a5p[i0] = s6;
+    }
   }
 
-  // moe.mesh:119:3 square
-  support::View v69(param6_norm_1_gain); // updated in place
-  support::View v457 = arena_.view(128, 32);
+  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %53 over model for mul at
+  // 69:27; merged with 1 more partial sum over model (%59): 512 B in one buffer)
+  support::allReduceBucket(group_model, {a4, a5});
+
+  // moe.mesh:66:59 mul -> dispatch2
+  // moe.mesh:68:28 add -> dispatch
+  // moe.mesh:69:57 mul
+  // moe.mesh:69:27 mul
+  // moe.mesh:69:45 add -> combine
   {
-    float *__restrict v457p = v457.data();
-    const float *__restrict v69p = v69.data();
+    float *__restrict a9p = a9.data();
+    float *__restrict a10p = a10.data();
+    float *__restrict a11p = a11.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 40; ++i2) {
+          const float s0 = a6p[i0 * 80 + i1 * 40 + i2];
+          const float s1 = a7p[i0 * 2 + i1];
+          const float s2 = (s0 * s1);
+          const float s3 = a8p[i0 * 80 + i1 * 40 + i2];
+          const float s4 = (s3 + s2);
+          const float s5 = a5p[i0];
+          const float s6 = (s2 * s5);
+          const float s7 = a8p[i0 * 80 + i1 * 40 + i2];
+          const float s8 = a4p[i0];
+          const float s9 = (s7 * s8);
+          const float s10 = (s9 + s6);
+          a9p[i0 * 80 + i1 * 40 + i2] = s2;
+          a10p[i0 * 80 + i1 * 40 + i2] = s4;
+          a11p[i0 * 80 + i1 * 40 + i2] = s10;
+        }
+      }
+    }
+  }
+
+  // moe.mesh:74:19 einsum -> expert_in
+  // dims: groups, tokens, experts, capacity, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
+  einsumPlan3.run(a10.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+
+  // moe.mesh:75:21 einsum
+  // dims: experts, groups, capacity, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan4.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+
+  // moe.mesh:75:16 relu -> hidden
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 5120; ++i0) {
+      const float s0 = a15p[i0];
+      const float s1 = (s0 > 0 ? s0 : 0.0f);
+      a16p[i0] = s1;
+    }
+  }
+
+  // moe.mesh:76:20 einsum -> expert_out
+  // dims: experts, groups, capacity, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan6.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
+
+  // moe.mesh:78:10 einsum
+  // dims: groups, tokens, experts, capacity, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan7.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+
+  // moe.mesh:116:11 all_reduce_sum (resolve the partial sum of %62 over model for add at 116:11)
+  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
+}
+
+void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View a2,
+                         support::View a3, support::View a4, support::View a5, support::View a6,
+                         support::View a7, support::View a8, support::View a9, support::View a10,
+                         support::View a11) {
+
+  // moe.mesh:38:24 max
+  static const support::Shape shape0_1 = {1, 64};
+  static const support::Shape shape0_3 = {128, 2};
+  static const support::Shape shape0_4 = {2};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Max, 1.0);
+
+  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a0.data(), a0.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:38:21 ge
+  // moe.mesh:38:10 cast -> mask1
+  // moe.mesh:50:32 sub
+  // moe.mesh:50:25 mul -> remaining
+  {
+    float *__restrict a2p = a2.data();
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a1p[i0 * 2 + i1];
+        const float s1 = a0p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = 1.0f;
+        const float s5 = (s4 - s3);
+        const float s6 = a1p[i0 * 2 + i1];
+        const float s7 = (s6 * s5);
+        a2p[i0 * 2 + i1] = s3;
+        a3p[i0 * 2 + i1] = s5;
+        a4p[i0 * 2 + i1] = s7;
+      }
+    }
+  }
+
+  // moe.mesh:38:24 max
+  static const support::Shape shape3_1 = {1, 64};
+  static const support::Shape shape3_3 = {128, 2};
+  static const support::Shape shape3_4 = {2};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Max, 1.0);
+
+  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  group_model.allReduce(a5.data(), a5.size(), meshrt::ReduceOp::Max);
+
+  // moe.mesh:53:25 mul
+  {
+    float *__restrict a6p = a6.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a1p[i0];
+      const float s1 = a2p[i0];
+      const float s2 = (s0 * s1);
+      a6p[i0] = s2;
+    }
+  }
+
+  // moe.mesh:53:15 sum -> gate1
+  static const support::Shape shape6_1 = {1, 64};
+  static const support::Shape shape6_3 = {128, 2};
+  static const support::Shape shape6_4 = {2};
+  static const support::Shape shape6_5 = {1};
+  support::reduce(a7.data(), shape6_1, a6.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:38:21 ge
+  // moe.mesh:38:10 cast -> mask2
+  // moe.mesh:54:29 mul
+  {
+    float *__restrict a8p = a8.data();
+    float *__restrict a9p = a9.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a5p = a5.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a4p[i0 * 2 + i1];
+        const float s1 = a5p[i0];
+        const float s2 = (s0 >= s1 ? 1.0f : 0.0f);
+        const float s3 = s2;
+        const float s4 = a4p[i0 * 2 + i1];
+        const float s5 = (s4 * s3);
+        a8p[i0 * 2 + i1] = s3;
+        a9p[i0 * 2 + i1] = s5;
+      }
+    }
+  }
+
+  // moe.mesh:54:15 sum -> gate2
+  static const support::Shape shape8_1 = {1, 64};
+  static const support::Shape shape8_3 = {128, 2};
+  static const support::Shape shape8_4 = {2};
+  static const support::Shape shape8_5 = {1};
+  support::reduce(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, shape8_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:55:29 add
+  {
+    float *__restrict a11p = a11.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a10p = a10.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a7p[i0];
+      const float s1 = a10p[i0];
+      const float s2 = (s0 + s1);
+      a11p[i0] = s2;
+    }
+  }
+}
+
+void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::ConstView a5,
+                         support::View a6, support::View a7, support::View a8, support::View a9,
+                         support::ConstView a10, support::View a11, support::View a12,
+                         support::View a13) {
+
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 mul
+  // moe.mesh:119:3 add
+  {
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v69p[i0];
-      const float s1 = s0 * s0;
-      v457p[i0] = s1;
+      const float s0 = a0p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a2p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      a2p[i0] = s6;
     }
   }
 
   // moe.mesh:119:3 mean
-  support::View v458 = arena_.view(256, 1);
+  static const support::Shape shape1_1 = {2};
+  static const support::Shape shape1_3 = {1};
+  static const support::Shape shape1_4 = {32};
+  static const support::Shape shape1_5 = {2};
+  support::reduce(a4.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // moe.mesh:119:3 mean
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {32};
   static const support::Shape shape2_5 = {1};
-  support::reduce(v458.data(), shape2_1, v457.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(a6.data(), shape2_1, a2.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  support::View v461 = arena_.view(128, 1);
-  {
-    float *__restrict v461p = v461.data();
-    const float *__restrict v458p = v458.data();
-    const float s0 = v458p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = 0.01f;
-    const float s5 = (s3 * s4);
-    v461p[0] = s5;
-  }
-
   // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/norm[1]/gain
-  support::View v450 = arena_.view(0, 32);
+  // moe.mesh:119:3 rsqrt
   {
-    float *__restrict v69p = v69.data();
-    const float *__restrict v450p = v450.data();
-    const float *__restrict v455p = v455.data();
-    const float *__restrict v461p = v461.data();
+    float *__restrict a7p = a7.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v450p[i0];
-      const float s1 = v455p[0];
+      const float s0 = a2p[i0];
+      const float s1 = a6p[0];
       const float s2 = (s0 / s1);
-      const float s3 = v461p[0];
-      const float s4 = (s2 * s3);
-      const float s5 = v69p[i0];
-      const float s6 = (s5 - s4);
-      v69p[i0] = s6;
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a7p[i0] = s3;
     }
   }
 
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 add
   // moe.mesh:119:3 rsqrt
+  {
+    float *__restrict a8p = a8.data();
+    float *__restrict a9p = a9.data();
+    const float *__restrict a4p = a4.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      const float s0 = a4p[i0];
+      const float s1 = a1p[0];
+      const float s2 = (s0 * s1);
+      const float s3 = a8p[i0];
+      const float s4 = a3p[0];
+      const float s5 = (s3 * s4);
+      const float s6 = (s5 + s2);
+      const float s7 = 1.0f / support::fsqrt(s6);
+      a8p[i0] = s6;
+      a9p[i0] = s7;
+    }
+  }
+
+  // moe.mesh:119:3 mul
   // moe.mesh:119:3 mul
   // moe.mesh:119:3 square
-  support::View v204 = arena_.view(170240, 32);
-  support::View v289 = arena_.view(98752, 1);
-  support::View v467(param20_norm_1_bias_v); // updated in place
-  support::View v283 = arena_.view(98688, 1);
-  support::View v473 = arena_.view(0, 32);
-  support::View v474 = arena_.view(128, 32);
   {
-    float *__restrict v467p = v467.data();
-    float *__restrict v473p = v473.data();
-    float *__restrict v474p = v474.data();
-    const float *__restrict v204p = v204.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v283p = v283.data();
+    float *__restrict a11p = a11.data();
+    float *__restrict a12p = a12.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a7p = a7.data();
+    const float *__restrict a9p = a9.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v204p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = 1e-30f;
-      const float s3 = (s1 + s2);
-      const float s4 = v289p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = v467p[i0];
-      const float s7 = v283p[0];
-      const float s8 = (s6 * s7);
-      const float s9 = (s8 + s5);
-      const float s10 = 1.0f / support::fsqrt(s9);
-      const float s11 = v204p[i0];
-      const float s12 = (s11 * s10);
-      const float s13 = s12 * s12;
-      v467p[i0] = s9;
-      v473p[i0] = s12;
-      v474p[i0] = s13;
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a10p[i0 * 2 + i1];
+        const float s1 = a7p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a9p[i1];
+        const float s4 = (s2 * s3);
+        const float s5 = s4 * s4;
+        a11p[i0 * 2 + i1] = s4;
+        a12p[i0 * 2 + i1] = s5;
+      }
     }
   }
 
   // moe.mesh:119:3 mean
-  support::View v475 = arena_.view(256, 1);
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v475.data(), shape6_1, v474.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.03125);
+  static const support::Shape shape6_4 = {32, 2};
+  static const support::Shape shape6_5 = {2, 1};
+  support::reduce(a13.data(), shape6_1, a12.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 0.0078125);
+}
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
-  support::View v478 = arena_.view(320, 1);
+void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View a2,
+                         support::View a3, support::View a4, support::View a5, support::View a6,
+                         support::ConstView a7, support::View a8, support::View a9,
+                         support::View a10) {
+
+  // moe.mesh:60:19 cumsum -> position1
+  static const support::Shape shape0_2 = {1, 2};
+  static const support::Shape shape0_3 = {128, 1};
+  static const support::Shape shape0_4 = {128, 1};
+  static const support::Shape shape0_5 = {64};
+  static const support::Shape shape0_6 = {2};
+  static const support::Shape shape0_7 = {2};
+  support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
+                 support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+
+  // moe.mesh:63:27 cast
   {
-    float *__restrict v478p = v478.data();
-    const float *__restrict v475p = v475.data();
-    const float s0 = v475p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    v478p[0] = s5;
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = support::castToI32(s0);
+      a2p[i0] = s1;
+    }
   }
 
-  // moe.mesh:119:3 square
-  support::View v70(param7_norm_1_bias); // updated in place
-  support::View v480 = arena_.view(128, 32);
+  // moe.mesh:63:19 one_hot
+  static const support::Shape shape2_1 = {1, 64, 2, 40};
+  static const support::Shape shape2_3 = {128, 2, 1, 0};
+  static const support::Shape shape2_4 = {0, 0, 0, 1};
+  support::oneHot(a3.data(), shape2_1, a2.data(), shape2_3, shape2_4, 0);
+
+  // moe.mesh:63:59 mul -> dispatch1
   {
-    float *__restrict v480p = v480.data();
-    const float *__restrict v70p = v70.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v70p[i0];
+    float *__restrict a4p = a4.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 40; ++i1) {
+        const float s0 = a3p[i0 * 40 + i1];
+        const float s1 = a1p[i0];
+        const float s2 = (s0 * s1);
+        a4p[i0 * 40 + i1] = s2;
+      }
+    }
+  }
+
+  // moe.mesh:64:15 sum -> kept1
+  static const support::Shape shape4_1 = {1, 64, 2};
+  static const support::Shape shape4_3 = {5120, 80, 40};
+  static const support::Shape shape4_4 = {40};
+  static const support::Shape shape4_5 = {1};
+  support::reduce(a5.data(), shape4_1, a4.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:65:19 cumsum
+  static const support::Shape shape5_2 = {1, 2};
+  static const support::Shape shape5_3 = {128, 1};
+  static const support::Shape shape5_4 = {128, 1};
+  static const support::Shape shape5_5 = {64};
+  static const support::Shape shape5_6 = {2};
+  static const support::Shape shape5_7 = {2};
+  support::along(a6.data(), a7.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+                 support::Along::CumsumExclusive, 1e-05, 64, nullptr);
+
+  // moe.mesh:65:58 sum
+  static const support::Shape shape6_1 = {1, 2};
+  static const support::Shape shape6_3 = {128, 1};
+  static const support::Shape shape6_4 = {64};
+  static const support::Shape shape6_5 = {2};
+  support::reduce(a8.data(), shape6_1, a5.data(), shape6_3, shape6_4, shape6_5,
+                  support::Reduce::Sum, 1.0);
+
+  // moe.mesh:65:56 add -> position2
+  // moe.mesh:66:27 cast
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a8p = a8.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        const float s0 = a6p[i0 * 2 + i1];
+        const float s1 = a8p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::castToI32(s2);
+        a9p[i0 * 2 + i1] = s3;
+      }
+    }
+  }
+
+  // moe.mesh:66:19 one_hot
+  static const support::Shape shape8_1 = {1, 64, 2, 40};
+  static const support::Shape shape8_3 = {128, 2, 1, 0};
+  static const support::Shape shape8_4 = {0, 0, 0, 1};
+  support::oneHot(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, 0);
+}
+
+void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::View a8) {
+
+  // moe.mesh:119:3 square
+  {
+    float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a0p[i0];
       const float s1 = s0 * s0;
-      v480p[i0] = s1;
+      a1p[i0] = s1;
     }
   }
 
   // moe.mesh:119:3 mean
-  support::View v481 = arena_.view(256, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v481.data(), shape9_1, v480.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.03125);
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {32, 2};
+  static const support::Shape shape1_5 = {2, 1};
+  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 0.0078125);
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  support::View v484 = arena_.view(128, 1);
+  // moe.mesh:119:3 square
   {
-    float *__restrict v484p = v484.data();
-    const float *__restrict v481p = v481.data();
-    const float s0 = v481p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = 0.01f;
-    const float s5 = (s3 * s4);
-    v484p[0] = s5;
-  }
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/norm[1]/bias
-  {
-    float *__restrict v70p = v70.data();
-    const float *__restrict v473p = v473.data();
-    const float *__restrict v478p = v478.data();
-    const float *__restrict v484p = v484.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v473p[i0];
-      const float s1 = v478p[0];
-      const float s2 = (s0 / s1);
-      const float s3 = v484p[0];
-      const float s4 = (s2 * s3);
-      const float s5 = v70p[i0];
-      const float s6 = (s5 - s4);
-      v70p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
-  support::View v510 = arena_.view(66304, 1);
-  support::View v514 = arena_.view(0, 1);
-  {
-    float *__restrict v514p = v514.data();
-    const float *__restrict v510p = v510.data();
-    const float s0 = v510p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    v514p[0] = s5;
-  }
-
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  support::View v517 = arena_.view(395584, 1);
-  support::View v521 = arena_.view(64, 1);
-  {
-    float *__restrict v521p = v521.data();
-    const float *__restrict v517p = v517.data();
-    const float s0 = v517p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = 0.01f;
-    const float s5 = (s3 * s4);
-    v521p[0] = s5;
-  }
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/route[1]/w_gate
-  support::View v508 = arena_.view(65792, 64);
-  support::View v76(param8_route_1_w_gate); // updated in place
-  {
-    float *__restrict v76p = v76.data();
-    const float *__restrict v508p = v508.data();
-    const float *__restrict v514p = v514.data();
-    const float *__restrict v521p = v521.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v508p[i0];
-      const float s1 = v514p[0];
-      const float s2 = (s0 / s1);
-      const float s3 = v521p[0];
-      const float s4 = (s2 * s3);
-      const float s5 = v76p[i0];
-      const float s6 = (s5 - s4);
-      v76p[i0] = s6;
-    }
-  }
-
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
-  support::View v546 = arena_.view(83200, 1);
-  support::View v550 = arena_.view(0, 1);
-  {
-    float *__restrict v550p = v550.data();
-    const float *__restrict v546p = v546.data();
-    const float s0 = v546p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    v550p[0] = s5;
-  }
-
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  support::View v553 = arena_.view(395648, 1);
-  support::View v557 = arena_.view(64, 1);
-  {
-    float *__restrict v557p = v557.data();
-    const float *__restrict v553p = v553.data();
-    const float s0 = v553p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = 0.01f;
-    const float s5 = (s3 * s4);
-    v557p[0] = s5;
-  }
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/experts_ffn[1]/w_in
-  support::View v544 = arena_.view(32768, 4096);
-  support::View v90(param9_experts_ffn_1_w_in); // updated in place
-  {
-    float *__restrict v90p = v90.data();
-    const float *__restrict v544p = v544.data();
-    const float *__restrict v550p = v550.data();
-    const float *__restrict v557p = v557.data();
+    float *__restrict a4p = a4.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v544p[i0];
-      const float s1 = v550p[0];
-      const float s2 = (s0 / s1);
-      const float s3 = v557p[0];
-      const float s4 = (s2 * s3);
-      const float s5 = v90p[i0];
-      const float s6 = (s5 - s4);
-      v90p[i0] = s6;
+      const float s0 = a3p[i0];
+      const float s1 = s0 * s0;
+      a4p[i0] = s1;
     }
   }
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
-  support::View v582 = arena_.view(81920, 1);
-  support::View v586 = arena_.view(0, 1);
-  {
-    float *__restrict v586p = v586.data();
-    const float *__restrict v582p = v582.data();
-    const float s0 = v582p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 1.0f;
-    const float s3 = (s1 * s2);
-    const float s4 = 1.0f;
-    const float s5 = support::maximum(s3, s4);
-    v586p[0] = s5;
-  }
+  // moe.mesh:119:3 mean
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {2, 32, 64};
+  static const support::Shape shape3_5 = {2048, 64, 1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 0.0001220703125);
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
-  support::View v589 = arena_.view(395712, 1);
-  support::View v593 = arena_.view(64, 1);
+  // moe.mesh:119:3 square
   {
-    float *__restrict v593p = v593.data();
-    const float *__restrict v589p = v589.data();
-    const float s0 = v589p[0];
-    const float s1 = support::fsqrt(s0);
-    const float s2 = 0.001f;
-    const float s3 = support::maximum(s1, s2);
-    const float s4 = 0.01f;
-    const float s5 = (s3 * s4);
-    v593p[0] = s5;
-  }
-
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/experts_ffn[1]/w_out
-  support::View v580 = arena_.view(49152, 4096);
-  support::View v91(param10_experts_ffn_1_w_out); // updated in place
-  {
-    float *__restrict v91p = v91.data();
-    const float *__restrict v580p = v580.data();
-    const float *__restrict v586p = v586.data();
-    const float *__restrict v593p = v593.data();
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v580p[i0];
-      const float s1 = v586p[0];
-      const float s2 = (s0 / s1);
-      const float s3 = v593p[0];
-      const float s4 = (s2 * s3);
-      const float s5 = v91p[i0];
-      const float s6 = (s5 - s4);
-      v91p[i0] = s6;
+      const float s0 = a6p[i0];
+      const float s1 = s0 * s0;
+      a7p[i0] = s1;
     }
   }
+
+  // moe.mesh:119:3 mean
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {2, 64, 32};
+  static const support::Shape shape5_5 = {2048, 32, 1};
+  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 0.0001220703125);
 }
 
 MoeTrain::Inputs MoeTrain::synthesizeInputs(uint64_t seed) const {
@@ -5157,161 +3259,62 @@ bool MoeTrain::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> MoeTrain::paramShards() {
-  return {
-      {"zero", false, "f32", {}, {}, {}, {}, &param0_zero},
-      {"norm[0]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param1_norm_0_gain},
-      {"norm[0]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param2_norm_0_bias},
-      {"route[0]/w_gate",
-       false,
-       "f32",
-       {32, 4},
-       {32, 2},
-       {"d_model", "experts"},
-       {{}, {"model"}},
-       &param3_route_0_w_gate},
-      {"experts_ffn[0]/w_in",
-       false,
-       "f32",
-       {4, 32, 64},
-       {2, 32, 64},
-       {"experts", "d_model", "d_ff"},
-       {{"model"}, {}, {}},
-       &param4_experts_ffn_0_w_in},
-      {"experts_ffn[0]/w_out",
-       false,
-       "f32",
-       {4, 64, 32},
-       {2, 64, 32},
-       {"experts", "d_ff", "d_model"},
-       {{"model"}, {}, {}},
-       &param5_experts_ffn_0_w_out},
-      {"norm[1]/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param6_norm_1_gain},
-      {"norm[1]/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param7_norm_1_bias},
-      {"route[1]/w_gate",
-       false,
-       "f32",
-       {32, 4},
-       {32, 2},
-       {"d_model", "experts"},
-       {{}, {"model"}},
-       &param8_route_1_w_gate},
-      {"experts_ffn[1]/w_in",
-       false,
-       "f32",
-       {4, 32, 64},
-       {2, 32, 64},
-       {"experts", "d_model", "d_ff"},
-       {{"model"}, {}, {}},
-       &param9_experts_ffn_1_w_in},
-      {"experts_ffn[1]/w_out",
-       false,
-       "f32",
-       {4, 64, 32},
-       {2, 64, 32},
-       {"experts", "d_ff", "d_model"},
-       {{"model"}, {}, {}},
-       &param10_experts_ffn_1_w_out},
-      {"norm[0]/gain@v", true, "f32", {32}, {32}, {"d_model"}, {{}}, &param11_norm_0_gain_v},
-      {"norm[0]/bias@v", true, "f32", {32}, {32}, {"d_model"}, {{}}, &param12_norm_0_bias_v},
-      {"route[0]/w_gate@vr",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param13_route_0_w_gate_vr},
-      {"route[0]/w_gate@vc",
-       true,
-       "f32",
-       {4},
-       {2},
-       {"experts"},
-       {{"model"}},
-       &param14_route_0_w_gate_vc},
-      {"experts_ffn[0]/w_in@vr",
-       true,
-       "f32",
-       {4, 32},
-       {2, 32},
-       {"experts", "d_model"},
-       {{"model"}, {}},
-       &param15_experts_ffn_0_w_in_vr},
-      {"experts_ffn[0]/w_in@vc",
-       true,
-       "f32",
-       {4, 64},
-       {2, 64},
-       {"experts", "d_ff"},
-       {{"model"}, {}},
-       &param16_experts_ffn_0_w_in_vc},
-      {"experts_ffn[0]/w_out@vr",
-       true,
-       "f32",
-       {4, 64},
-       {2, 64},
-       {"experts", "d_ff"},
-       {{"model"}, {}},
-       &param17_experts_ffn_0_w_out_vr},
-      {"experts_ffn[0]/w_out@vc",
-       true,
-       "f32",
-       {4, 32},
-       {2, 32},
-       {"experts", "d_model"},
-       {{"model"}, {}},
-       &param18_experts_ffn_0_w_out_vc},
-      {"norm[1]/gain@v", true, "f32", {32}, {32}, {"d_model"}, {{}}, &param19_norm_1_gain_v},
-      {"norm[1]/bias@v", true, "f32", {32}, {32}, {"d_model"}, {{}}, &param20_norm_1_bias_v},
-      {"route[1]/w_gate@vr",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param21_route_1_w_gate_vr},
-      {"route[1]/w_gate@vc",
-       true,
-       "f32",
-       {4},
-       {2},
-       {"experts"},
-       {{"model"}},
-       &param22_route_1_w_gate_vc},
-      {"experts_ffn[1]/w_in@vr",
-       true,
-       "f32",
-       {4, 32},
-       {2, 32},
-       {"experts", "d_model"},
-       {{"model"}, {}},
-       &param23_experts_ffn_1_w_in_vr},
-      {"experts_ffn[1]/w_in@vc",
-       true,
-       "f32",
-       {4, 64},
-       {2, 64},
-       {"experts", "d_ff"},
-       {{"model"}, {}},
-       &param24_experts_ffn_1_w_in_vc},
-      {"experts_ffn[1]/w_out@vr",
-       true,
-       "f32",
-       {4, 64},
-       {2, 64},
-       {"experts", "d_ff"},
-       {{"model"}, {}},
-       &param25_experts_ffn_1_w_out_vr},
-      {"experts_ffn[1]/w_out@vc",
-       true,
-       "f32",
-       {4, 32},
-       {2, 32},
-       {"experts", "d_model"},
-       {{"model"}, {}},
-       &param26_experts_ffn_1_w_out_vc},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"zero", false, "f32", ""},
+      {"norm[0]/gain", false, "f32", "d_model:32:32:"},
+      {"norm[0]/bias", false, "f32", "d_model:32:32:"},
+      {"route[0]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
+      {"experts_ffn[0]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
+      {"experts_ffn[0]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
+      {"norm[1]/gain", false, "f32", "d_model:32:32:"},
+      {"norm[1]/bias", false, "f32", "d_model:32:32:"},
+      {"route[1]/w_gate", false, "f32", "d_model:32:32: experts:4:2:model"},
+      {"experts_ffn[1]/w_in", false, "f32", "experts:4:2:model d_model:32:32: d_ff:64:64:"},
+      {"experts_ffn[1]/w_out", false, "f32", "experts:4:2:model d_ff:64:64: d_model:32:32:"},
+      {"norm[0]/gain@v", true, "f32", "d_model:32:32:"},
+      {"norm[0]/bias@v", true, "f32", "d_model:32:32:"},
+      {"route[0]/w_gate@vr", true, "f32", "d_model:32:32:"},
+      {"route[0]/w_gate@vc", true, "f32", "experts:4:2:model"},
+      {"experts_ffn[0]/w_in@vr", true, "f32", "experts:4:2:model d_model:32:32:"},
+      {"experts_ffn[0]/w_in@vc", true, "f32", "experts:4:2:model d_ff:64:64:"},
+      {"experts_ffn[0]/w_out@vr", true, "f32", "experts:4:2:model d_ff:64:64:"},
+      {"experts_ffn[0]/w_out@vc", true, "f32", "experts:4:2:model d_model:32:32:"},
+      {"norm[1]/gain@v", true, "f32", "d_model:32:32:"},
+      {"norm[1]/bias@v", true, "f32", "d_model:32:32:"},
+      {"route[1]/w_gate@vr", true, "f32", "d_model:32:32:"},
+      {"route[1]/w_gate@vc", true, "f32", "experts:4:2:model"},
+      {"experts_ffn[1]/w_in@vr", true, "f32", "experts:4:2:model d_model:32:32:"},
+      {"experts_ffn[1]/w_in@vc", true, "f32", "experts:4:2:model d_ff:64:64:"},
+      {"experts_ffn[1]/w_out@vr", true, "f32", "experts:4:2:model d_ff:64:64:"},
+      {"experts_ffn[1]/w_out@vc", true, "f32", "experts:4:2:model d_model:32:32:"}};
+  support::Buffer *const data[] = {&param0_zero,
+                                   &param1_norm_0_gain,
+                                   &param2_norm_0_bias,
+                                   &param3_route_0_w_gate,
+                                   &param4_experts_ffn_0_w_in,
+                                   &param5_experts_ffn_0_w_out,
+                                   &param6_norm_1_gain,
+                                   &param7_norm_1_bias,
+                                   &param8_route_1_w_gate,
+                                   &param9_experts_ffn_1_w_in,
+                                   &param10_experts_ffn_1_w_out,
+                                   &param11_norm_0_gain_v,
+                                   &param12_norm_0_bias_v,
+                                   &param13_route_0_w_gate_vr,
+                                   &param14_route_0_w_gate_vc,
+                                   &param15_experts_ffn_0_w_in_vr,
+                                   &param16_experts_ffn_0_w_in_vc,
+                                   &param17_experts_ffn_0_w_out_vr,
+                                   &param18_experts_ffn_0_w_out_vc,
+                                   &param19_norm_1_gain_v,
+                                   &param20_norm_1_bias_v,
+                                   &param21_route_1_w_gate_vr,
+                                   &param22_route_1_w_gate_vc,
+                                   &param23_experts_ffn_1_w_in_vr,
+                                   &param24_experts_ffn_1_w_in_vc,
+                                   &param25_experts_ffn_1_w_out_vr,
+                                   &param26_experts_ffn_1_w_out_vc};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor MoeTrain::getParam(const std::string &path) {

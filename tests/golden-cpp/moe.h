@@ -85,8 +85,17 @@ public:
 
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
-  void runPart1(const Inputs &inputs);
-  void runPart2(const Inputs &inputs);
+  /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
+  void repeated0(support::View a0, support::ConstView a1, support::ConstView a2,
+                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                 support::View a7, support::View a8, support::View a9, support::View a10,
+                 support::View a11, support::View a12, support::View a13, support::View a14,
+                 support::View a15, support::View a16, support::View a17, support::View a18,
+                 support::View a19, support::View a20, support::View a21, support::View a22,
+                 support::View a23, support::View a24, support::View a25, support::View a26,
+                 support::View a27, support::View a28, support::View a29, support::View a30,
+                 support::View a31, support::ConstView a32, support::View a33, support::View a34,
+                 support::ConstView a35, support::View a36, support::View a37, support::View a38);
 
 private:
   meshrt::Communicator &world_;
@@ -196,12 +205,65 @@ public:
   /// run()'s statements, in parts (run() calls them in order).
   void runPart0(const Inputs &inputs);
   void runPart1(const Inputs &inputs);
-  void runPart2(const Inputs &inputs);
-  void runPart3(const Inputs &inputs);
-  void runPart4(const Inputs &inputs);
-  void runPart5(const Inputs &inputs);
-  void runPart6(const Inputs &inputs);
-  void runPart7(const Inputs &inputs);
+  /// Code that repeats in run() (the layers of a `repeat`), called once per repetition.
+  void repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                 support::ConstView a7, support::View a8, support::ConstView a9, support::View a10,
+                 support::ConstView a11, support::View a12, support::ConstView a13,
+                 support::View a14, support::ConstView a15, support::View a16,
+                 support::ConstView a17, support::View a18, support::View a19,
+                 support::ConstView a20, support::View a21, support::View a22,
+                 support::ConstView a23, support::ConstView a24, support::ConstView a25,
+                 support::ConstView a26, support::View a27, support::View a28,
+                 support::ConstView a29, support::ConstView a30, support::ConstView a31,
+                 support::ConstView a32, support::ConstView a33, support::View a34,
+                 support::View a35, support::View a36, support::View a37, support::ConstView a38,
+                 support::View a39, support::ConstView a40, support::View a41,
+                 support::ConstView a42, support::View a43, support::View a44,
+                 support::ConstView a45, support::View a46, support::View a47);
+  void repeated1(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
+                 support::View a4, support::View a5, support::ConstView a6, support::View a7,
+                 support::ConstView a8, support::View a9, support::View a10, support::View a11,
+                 support::View a12, support::View a13, support::View a14, support::View a15,
+                 support::View a16, support::ConstView a17, support::View a18, support::View a19,
+                 support::View a20, support::View a21, support::View a22, support::View a23,
+                 support::View a24, support::View a25, support::View a26, support::View a27,
+                 support::View a28);
+  void repeated2(support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
+                 support::ConstView a4, support::View a5, support::View a6, support::ConstView a7,
+                 support::View a8, support::View a9, support::View a10, support::View a11,
+                 support::View a12, support::View a13, support::View a14, support::View a15,
+                 support::View a16, const char *t0);
+  void repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
+                 support::ConstView a3, support::View a4, support::View a5, support::View a6,
+                 support::View a7, support::View a8, support::View a9, support::View a10,
+                 support::View a11, support::ConstView a12, support::View a13, support::View a14,
+                 support::View a15, support::View a16, support::View a17, support::View a18,
+                 support::View a19, support::View a20, support::View a21);
+  void repeated4(support::ConstView a0, support::View a1, support::ConstView a2, support::View a3,
+                 support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+                 support::ConstView a8, support::View a9, support::ConstView a10, support::View a11,
+                 support::ConstView a12, support::View a13, support::ConstView a14,
+                 support::View a15, support::ConstView a16, support::View a17);
+  void repeated5(support::ConstView a0, support::ConstView a1, support::ConstView a2,
+                 support::View a3, support::View a4, support::View a5, support::ConstView a6,
+                 support::ConstView a7, support::ConstView a8, support::View a9, support::View a10,
+                 support::View a11, support::ConstView a12, support::View a13,
+                 support::ConstView a14, support::View a15, support::View a16,
+                 support::ConstView a17, support::View a18, support::View a19);
+  void repeated6(support::View a0, support::ConstView a1, support::View a2, support::View a3,
+                 support::View a4, support::View a5, support::View a6, support::View a7,
+                 support::View a8, support::View a9, support::View a10, support::View a11);
+  void repeated7(support::ConstView a0, support::ConstView a1, support::View a2,
+                 support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                 support::View a7, support::View a8, support::View a9, support::ConstView a10,
+                 support::View a11, support::View a12, support::View a13);
+  void repeated8(support::View a0, support::ConstView a1, support::View a2, support::View a3,
+                 support::View a4, support::View a5, support::View a6, support::ConstView a7,
+                 support::View a8, support::View a9, support::View a10);
+  void repeated9(support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
+                 support::View a4, support::View a5, support::ConstView a6, support::View a7,
+                 support::View a8);
 
 private:
   meshrt::Communicator &world_;

@@ -289,8 +289,6 @@ Encode::Outputs Encode::run(const Inputs &inputs) {
   // Arena: 131584 bytes for 995848 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 128, 32});
   runPart0(inputs);
-  runPart1(inputs);
-  runPart2(inputs);
   support::View v141 = arena_.view(16384, 4096);
 
   Outputs outputs;
@@ -376,753 +374,435 @@ void Encode::runPart0(const Inputs &inputs) {
     }
   }
 
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
+  // 32 statements from performer.mesh:45:10 einsum (1 of 2)
   const support::Buffer &v21 = param3_encoder_layer_0_heads_in_w;
   support::View v22 = arena_.view(32768, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(v20.data(), v21.data(), v22.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
   const support::Buffer &v15 = param0_encoder_layer_0_random_features;
   support::View v25 = arena_.view(0, 8192);
+  support::View v26 = arena_.view(40960, 2048);
+  support::View v27 = arena_.view(65536, 128);
+  support::View v30 = arena_.view(32768, 8192);
+  support::View v31 = arena_.view(65536, 128);
+  support::View v36 = arena_.view(0, 8192);
+  const support::Buffer &v37 = param4_encoder_layer_0_heads_in_1_w;
+  support::View v38 = arena_.view(65536, 2048);
+  support::View v41 = arena_.view(32768, 8192);
+  support::View v42 = arena_.view(73728, 2048);
+  support::View v43 = arena_.view(131072, 128);
+  support::View v46 = arena_.view(65536, 8192);
+  support::View v47 = arena_.view(131072, 1);
+  support::View v52 = arena_.view(32768, 8192);
+  const support::Buffer &v53 = param5_encoder_layer_0_heads_in_2_w;
+  support::View v54 = arena_.view(65536, 2048);
+  support::View v55 = arena_.view(73728, 1024);
+  support::View v56 = arena_.view(65536, 2048);
+  support::View v57 = arena_.view(73728, 64);
+  support::View v58 = arena_.view(32768, 128);
+  support::View v59 = arena_.view(16384, 2048);
+  const support::Buffer &v60 = param6_encoder_layer_0_heads_out_w;
+  support::View v61 = arena_.view(0, 4096);
+  support::View v63 = arena_.view(65536, 4096);
+  support::View v66 = arena_.view(0, 4096);
+  const support::Buffer &v64 = param7_encoder_layer_0_norm_1_gain;
+  const support::Buffer &v65 = param8_encoder_layer_0_norm_1_bias;
+  support::View v68 = arena_.view(32768, 4096);
+  const support::Buffer &v69 = param9_encoder_layer_0_ffn_w_in;
+  support::View v71 = arena_.view(0, 8192);
+  support::View v72 = arena_.view(32768, 8192);
+  const support::Buffer &v70 = param10_encoder_layer_0_ffn_w_out;
+  support::View v73 = arena_.view(0, 4096);
+  support::View v75 = arena_.view(98304, 4096);
+  support::View v79 = arena_.view(0, 4096);
+  const support::Buffer &v77 = param12_encoder_layer_1_norm_gain;
+  const support::Buffer &v78 = param13_encoder_layer_1_norm_bias;
+  support::View v81 = arena_.view(114688, 4096);
+  repeated0(v20, v21, v22, v15, v25, v26, v27, v30, v31, v36, v37, v38, v41, v42, v43, v46, v47,
+            v52, v53, v54, v55, v56, v57, v58, v59, v60, v61, v14, v63, v66, v64, v65, v68, v69,
+            v71, v72, v70, v73, v75, v79, v77, v78, v81);
+
+  // 32 statements from performer.mesh:45:10 einsum (2 of 2)
+  const support::Buffer &v82 = param14_encoder_layer_1_heads_in_w;
+  support::View v83 = arena_.view(32768, 2048);
+  const support::Buffer &v76 = param11_encoder_layer_1_random_features;
+  support::View v86 = arena_.view(0, 8192);
+  support::View v87 = arena_.view(40960, 2048);
+  support::View v88 = arena_.view(65536, 128);
+  support::View v91 = arena_.view(32768, 8192);
+  support::View v92 = arena_.view(65536, 128);
+  support::View v97 = arena_.view(0, 8192);
+  const support::Buffer &v98 = param15_encoder_layer_1_heads_in_1_w;
+  support::View v99 = arena_.view(65536, 2048);
+  support::View v102 = arena_.view(32768, 8192);
+  support::View v103 = arena_.view(73728, 2048);
+  support::View v104 = arena_.view(131072, 128);
+  support::View v107 = arena_.view(65536, 8192);
+  support::View v108 = arena_.view(131072, 1);
+  support::View v113 = arena_.view(32768, 8192);
+  const support::Buffer &v114 = param16_encoder_layer_1_heads_in_2_w;
+  support::View v115 = arena_.view(65536, 2048);
+  support::View v116 = arena_.view(73728, 1024);
+  support::View v117 = arena_.view(65536, 2048);
+  support::View v118 = arena_.view(73728, 64);
+  support::View v119 = arena_.view(32768, 128);
+  support::View v120 = arena_.view(16384, 2048);
+  const support::Buffer &v121 = param17_encoder_layer_1_heads_out_w;
+  support::View v122 = arena_.view(0, 4096);
+  support::View v124 = arena_.view(65536, 4096);
+  support::View v127 = arena_.view(0, 4096);
+  const support::Buffer &v125 = param18_encoder_layer_1_norm_1_gain;
+  const support::Buffer &v126 = param19_encoder_layer_1_norm_1_bias;
+  support::View v129 = arena_.view(32768, 4096);
+  const support::Buffer &v130 = param20_encoder_layer_1_ffn_w_in;
+  support::View v132 = arena_.view(0, 8192);
+  support::View v133 = arena_.view(32768, 8192);
+  const support::Buffer &v131 = param21_encoder_layer_1_ffn_w_out;
+  support::View v134 = arena_.view(0, 4096);
+  support::View v136 = arena_.view(16384, 4096);
+  support::View v139 = arena_.view(0, 4096);
+  const support::Buffer &v137 = param22_norm_gain;
+  const support::Buffer &v138 = param23_norm_bias;
+  support::View v141 = arena_.view(16384, 4096);
+  repeated0(v81, v82, v83, v76, v86, v87, v88, v91, v92, v97, v98, v99, v102, v103, v104, v107,
+            v108, v113, v114, v115, v116, v117, v118, v119, v120, v121, v122, v75, v124, v127, v125,
+            v126, v129, v130, v132, v133, v131, v134, v136, v139, v137, v138, v141);
+}
+
+void Encode::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                       support::ConstView a3, support::View a4, support::View a5, support::View a6,
+                       support::View a7, support::View a8, support::View a9, support::ConstView a10,
+                       support::View a11, support::View a12, support::View a13, support::View a14,
+                       support::View a15, support::View a16, support::View a17,
+                       support::ConstView a18, support::View a19, support::View a20,
+                       support::View a21, support::View a22, support::View a23, support::View a24,
+                       support::ConstView a25, support::View a26, support::ConstView a27,
+                       support::View a28, support::View a29, support::ConstView a30,
+                       support::ConstView a31, support::View a32, support::ConstView a33,
+                       support::View a34, support::View a35, support::ConstView a36,
+                       support::View a37, support::View a38, support::View a39,
+                       support::ConstView a40, support::ConstView a41, support::View a42) {
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
   // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan8.run(v22.data(), v15.data(), v25.data(), 1.0f, 0.0f);
+  einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // performer.mesh:57:65 square
-  support::View v26 = arena_.view(40960, 2048);
   {
-    float *__restrict v26p = v26.data();
-    const float *__restrict v22p = v22.data();
+    float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v22p[i0];
+      const float s0 = a2p[i0];
       const float s1 = s0 * s0;
-      v26p[i0] = s1;
+      a5p[i0] = s1;
     }
   }
 
   // performer.mesh:57:61 sum
-  support::View v27 = arena_.view(65536, 128);
+  static const support::Shape shape3_1 = {1, 128, 1};
+  static const support::Shape shape3_3 = {2048, 16, 16};
+  static const support::Shape shape3_4 = {16};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a6.data(), shape3_1, a5.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a6p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = a4p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        a7p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:66:37 max
+  static const support::Shape shape5_1 = {1, 128, 1};
+  static const support::Shape shape5_3 = {8192, 64, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:66:23 stop_gradient
+  // performer.mesh:66:21 sub
+  // performer.mesh:66:10 exp
+  // performer.mesh:66:61 mul -> qf
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a8p[i0];
+        const float s1 = s0;
+        const float s2 = a7p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        a9p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan7.run(a0.data(), a10.data(), a11.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan8.run(a11.data(), a3.data(), a12.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 square
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a11p = a11.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a11p[i0];
+      const float s1 = s0 * s0;
+      a13p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:57:61 sum
   static const support::Shape shape10_1 = {1, 128, 1};
   static const support::Shape shape10_3 = {2048, 16, 16};
   static const support::Shape shape10_4 = {16};
   static const support::Shape shape10_5 = {1};
-  support::reduce(v27.data(), shape10_1, v26.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(a14.data(), shape10_1, a13.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:57:89 mul
   // performer.mesh:57:59 sub -> logits
-  support::View v30 = arena_.view(32768, 8192);
   {
-    float *__restrict v30p = v30.data();
-    const float *__restrict v27p = v27.data();
-    const float *__restrict v25p = v25.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v27p[i0];
+        const float s0 = a14p[i0];
         const float s1 = 0.5f;
         const float s2 = (s0 * s1);
-        const float s3 = v25p[i0 * 64 + i1];
+        const float s3 = a12p[i0 * 64 + i1];
         const float s4 = (s3 - s2);
-        v30p[i0 * 64 + i1] = s4;
+        a15p[i0 * 64 + i1] = s4;
       }
     }
   }
 
-  // performer.mesh:66:37 max
-  support::View v31 = arena_.view(65536, 128);
-  static const support::Shape shape12_1 = {1, 128, 1};
-  static const support::Shape shape12_3 = {8192, 64, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v31.data(), shape12_1, v30.data(), shape12_3, shape12_4, shape12_5,
+  // performer.mesh:71:37 max
+  static const support::Shape shape12_1 = {1, 1};
+  static const support::Shape shape12_3 = {8192, 64};
+  static const support::Shape shape12_4 = {128, 64};
+  static const support::Shape shape12_5 = {64, 1};
+  support::reduce(a16.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Max, 1.0);
 
-  // performer.mesh:66:23 stop_gradient
-  // performer.mesh:66:21 sub
-  // performer.mesh:66:10 exp
-  // performer.mesh:66:61 mul -> qf
-  support::View v36 = arena_.view(0, 8192);
+  // performer.mesh:71:23 stop_gradient
+  // performer.mesh:71:21 sub
+  // performer.mesh:71:10 exp
+  // performer.mesh:71:66 mul -> kf
   {
-    float *__restrict v36p = v36.data();
-    const float *__restrict v31p = v31.data();
-    const float *__restrict v30p = v30.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v31p[i0];
-        const float s1 = s0;
-        const float s2 = v30p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        v36p[i0 * 64 + i1] = s6;
-      }
+    float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = a16p[0];
+      const float s1 = s0;
+      const float s2 = a15p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      a17p[i0] = s6;
     }
   }
 
   // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
-  const support::Buffer &v37 = param4_encoder_layer_0_heads_in_1_w;
-  support::View v38 = arena_.view(65536, 2048);
   // dims: batch, seq, d_model, heads, d_head
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan14.run(v20.data(), v37.data(), v38.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
-  support::View v41 = arena_.view(32768, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan15.run(v38.data(), v15.data(), v41.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
-  support::View v42 = arena_.view(73728, 2048);
-  {
-    float *__restrict v42p = v42.data();
-    const float *__restrict v38p = v38.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v38p[i0];
-      const float s1 = s0 * s0;
-      v42p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
-  support::View v43 = arena_.view(131072, 128);
-  static const support::Shape shape17_1 = {1, 128, 1};
-  static const support::Shape shape17_3 = {2048, 16, 16};
-  static const support::Shape shape17_4 = {16};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v43.data(), shape17_1, v42.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
-  support::View v46 = arena_.view(65536, 8192);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v43p = v43.data();
-    const float *__restrict v41p = v41.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v43p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v41p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v46p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:71:37 max
-  support::View v47 = arena_.view(131072, 1);
-  static const support::Shape shape19_1 = {1, 1};
-  static const support::Shape shape19_3 = {8192, 64};
-  static const support::Shape shape19_4 = {128, 64};
-  static const support::Shape shape19_5 = {64, 1};
-  support::reduce(v47.data(), shape19_1, v46.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  // performer.mesh:71:21 sub
-  // performer.mesh:71:10 exp
-  // performer.mesh:71:66 mul -> kf
-  support::View v52 = arena_.view(32768, 8192);
-  {
-    float *__restrict v52p = v52.data();
-    const float *__restrict v47p = v47.data();
-    const float *__restrict v46p = v46.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v47p[0];
-      const float s1 = s0;
-      const float s2 = v46p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      v52p[i0] = s6;
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  const support::Buffer &v53 = param5_encoder_layer_0_heads_in_2_w;
-  support::View v54 = arena_.view(65536, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan21.run(v20.data(), v53.data(), v54.data(), 1.0f, 0.0f);
+  einsumPlan14.run(a0.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // performer.mesh:77:12 einsum -> kv
-  support::View v55 = arena_.view(73728, 1024);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
-  einsumPlan22.run(v52.data(), v54.data(), v55.data(), 1.0f, 0.0f);
+  einsumPlan15.run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
 
   // performer.mesh:78:19 einsum -> numerator
-  support::View v56 = arena_.view(65536, 2048);
   // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan23.run(v36.data(), v55.data(), v56.data(), 1.0f, 0.0f);
-}
-
-void Encode::runPart1(const Inputs &inputs) {
-  (void)inputs;
+  einsumPlan16.run(a9.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
   // performer.mesh:79:31 sum
-  support::View v52 = arena_.view(32768, 8192);
-  support::View v57 = arena_.view(73728, 64);
-  static const support::Shape shape0_1 = {1, 1, 64};
-  static const support::Shape shape0_3 = {8192, 64, 1};
-  static const support::Shape shape0_4 = {128};
-  static const support::Shape shape0_5 = {64};
-  support::reduce(v57.data(), shape0_1, v52.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape17_1 = {1, 1, 64};
+  static const support::Shape shape17_3 = {8192, 64, 1};
+  static const support::Shape shape17_4 = {128};
+  static const support::Shape shape17_5 = {64};
+  support::reduce(a22.data(), shape17_1, a17.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:79:20 einsum -> normalizer
-  support::View v36 = arena_.view(0, 8192);
-  support::View v58 = arena_.view(32768, 128);
   // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan1.run(v36.data(), v57.data(), v58.data(), 1.0f, 0.0f);
+  einsumPlan18.run(a9.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
   // performer.mesh:80:20 div
-  support::View v56 = arena_.view(65536, 2048);
-  support::View v59 = arena_.view(16384, 2048);
   {
-    float *__restrict v59p = v59.data();
-    const float *__restrict v56p = v56.data();
-    const float *__restrict v58p = v58.data();
+    float *__restrict a24p = a24.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a23p = a23.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v56p[i0 * 16 + i1];
-        const float s1 = v58p[i0];
+        const float s0 = a21p[i0 * 16 + i1];
+        const float s1 = a23p[i0];
         const float s2 = (s0 / s1);
-        v59p[i0 * 16 + i1] = s2;
+        a24p[i0 * 16 + i1] = s2;
       }
     }
   }
 
   // performer.mesh:50:10 einsum
-  const support::Buffer &v60 = param6_encoder_layer_0_heads_out_w;
-  support::View v61 = arena_.view(0, 4096);
   // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan3.run(v59.data(), v60.data(), v61.data(), 1.0f, 0.0f);
+  einsumPlan20.run(a24.data(), a25.data(), a26.data(), 1.0f, 0.0f);
 
   // performer.mesh:107:13 all_reduce_sum (resolve the partial sum of %59 over model for add at
   // 107:13)
-  group_model.allReduce(v61.data(), v61.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a26.data(), a26.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:107:13 add -> h
-  support::View v14 = arena_.view(98304, 4096);
-  support::View v63 = arena_.view(65536, 4096);
   {
-    float *__restrict v63p = v63.data();
-    const float *__restrict v14p = v14.data();
-    const float *__restrict v61p = v61.data();
+    float *__restrict a28p = a28.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a26p = a26.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v14p[i0];
-      const float s1 = v61p[i0];
+      const float s0 = a27p[i0];
+      const float s1 = a26p[i0];
       const float s2 = (s0 + s1);
-      v63p[i0] = s2;
+      a28p[i0] = s2;
     }
   }
 
   // performer.mesh:29:10 layer_norm
-  support::View v66 = arena_.view(0, 4096);
-  static const support::Shape shape6_2 = {1, 128};
-  static const support::Shape shape6_3 = {4096, 32};
-  static const support::Shape shape6_4 = {4096, 32};
-  static const support::Shape shape6_5 = {32};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(v66.data(), v63.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape23_2 = {1, 128};
+  static const support::Shape shape23_3 = {4096, 32};
+  static const support::Shape shape23_4 = {4096, 32};
+  static const support::Shape shape23_5 = {32};
+  static const support::Shape shape23_6 = {1};
+  static const support::Shape shape23_7 = {1};
+  support::along(a29.data(), a28.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
+                 shape23_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add
-  const support::Buffer &v64 = param7_encoder_layer_0_norm_1_gain;
-  const support::Buffer &v65 = param8_encoder_layer_0_norm_1_bias;
-  support::View v68 = arena_.view(32768, 4096);
   {
-    float *__restrict v68p = v68.data();
-    const float *__restrict v66p = v66.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v65p = v65.data();
+    float *__restrict a32p = a32.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a31p = a31.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v66p[i0 * 32 + i1];
-        const float s1 = v64p[i1];
+        const float s0 = a29p[i0 * 32 + i1];
+        const float s1 = a30p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v65p[i1];
+        const float s3 = a31p[i1];
         const float s4 = (s2 + s3);
-        v68p[i0 * 32 + i1] = s4;
+        a32p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // performer.mesh:96:22 einsum
-  const support::Buffer &v69 = param9_encoder_layer_0_ffn_w_in;
-  support::View v71 = arena_.view(0, 8192);
   // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
+  static const meshrt::kernels::EinsumPlan einsumPlan25(
       {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(v68.data(), v69.data(), v71.data(), 1.0f, 0.0f);
+  einsumPlan25.run(a32.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
   // performer.mesh:96:17 gelu
-  support::View v72 = arena_.view(32768, 8192);
   {
-    float *__restrict v72p = v72.data();
-    const float *__restrict v71p = v71.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a34p = a34.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v71p[i0];
+      const float s0 = a34p[i0];
       const float s1 = support::fgelu(s0);
-      v72p[i0] = s1;
+      a35p[i0] = s1;
     }
   }
 
   // performer.mesh:96:10 einsum
-  const support::Buffer &v70 = param10_encoder_layer_0_ffn_w_out;
-  support::View v73 = arena_.view(0, 4096);
   // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan27(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan10.run(v72.data(), v70.data(), v73.data(), 1.0f, 0.0f);
+  einsumPlan27.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %70 over model for add at
   // 108:12)
-  group_model.allReduce(v73.data(), v73.size(), meshrt::ReduceOp::Sum);
+  group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
 
   // performer.mesh:108:12 add -> h
-  support::View v75 = arena_.view(98304, 4096);
   {
-    float *__restrict v75p = v75.data();
-    const float *__restrict v63p = v63.data();
-    const float *__restrict v73p = v73.data();
+    float *__restrict a38p = a38.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a37p = a37.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v63p[i0];
-      const float s1 = v73p[i0];
+      const float s0 = a28p[i0];
+      const float s1 = a37p[i0];
       const float s2 = (s0 + s1);
-      v75p[i0] = s2;
+      a38p[i0] = s2;
     }
   }
 
   // performer.mesh:29:10 layer_norm
-  support::View v79 = arena_.view(0, 4096);
-  static const support::Shape shape13_2 = {1, 128};
-  static const support::Shape shape13_3 = {4096, 32};
-  static const support::Shape shape13_4 = {4096, 32};
-  static const support::Shape shape13_5 = {32};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(v79.data(), v75.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+  static const support::Shape shape30_2 = {1, 128};
+  static const support::Shape shape30_3 = {4096, 32};
+  static const support::Shape shape30_4 = {4096, 32};
+  static const support::Shape shape30_5 = {32};
+  static const support::Shape shape30_6 = {1};
+  static const support::Shape shape30_7 = {1};
+  support::along(a39.data(), a38.data(), shape30_2, shape30_3, shape30_4, shape30_5, shape30_6,
+                 shape30_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // performer.mesh:29:33 mul
   // performer.mesh:29:40 add -> n
-  const support::Buffer &v77 = param12_encoder_layer_1_norm_gain;
-  const support::Buffer &v78 = param13_encoder_layer_1_norm_bias;
-  support::View v81 = arena_.view(114688, 4096);
   {
-    float *__restrict v81p = v81.data();
-    const float *__restrict v79p = v79.data();
-    const float *__restrict v77p = v77.data();
-    const float *__restrict v78p = v78.data();
+    float *__restrict a42p = a42.data();
+    const float *__restrict a39p = a39.data();
+    const float *__restrict a40p = a40.data();
+    const float *__restrict a41p = a41.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v79p[i0 * 32 + i1];
-        const float s1 = v77p[i1];
+        const float s0 = a39p[i0 * 32 + i1];
+        const float s1 = a40p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v78p[i1];
+        const float s3 = a41p[i1];
         const float s4 = (s2 + s3);
-        v81p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
-  const support::Buffer &v82 = param14_encoder_layer_1_heads_in_w;
-  support::View v83 = arena_.view(32768, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan15.run(v81.data(), v82.data(), v83.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
-  const support::Buffer &v76 = param11_encoder_layer_1_random_features;
-  support::View v86 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan16.run(v83.data(), v76.data(), v86.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
-  support::View v87 = arena_.view(40960, 2048);
-  {
-    float *__restrict v87p = v87.data();
-    const float *__restrict v83p = v83.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v83p[i0];
-      const float s1 = s0 * s0;
-      v87p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
-  support::View v88 = arena_.view(65536, 128);
-  static const support::Shape shape18_1 = {1, 128, 1};
-  static const support::Shape shape18_3 = {2048, 16, 16};
-  static const support::Shape shape18_4 = {16};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v88.data(), shape18_1, v87.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
-  support::View v91 = arena_.view(32768, 8192);
-  {
-    float *__restrict v91p = v91.data();
-    const float *__restrict v88p = v88.data();
-    const float *__restrict v86p = v86.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v88p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v86p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v91p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:66:37 max
-  support::View v92 = arena_.view(65536, 128);
-  static const support::Shape shape20_1 = {1, 128, 1};
-  static const support::Shape shape20_3 = {8192, 64, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v92.data(), shape20_1, v91.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:66:23 stop_gradient
-  // performer.mesh:66:21 sub
-  // performer.mesh:66:10 exp
-  // performer.mesh:66:61 mul -> qf
-  support::View v97 = arena_.view(0, 8192);
-  {
-    float *__restrict v97p = v97.data();
-    const float *__restrict v92p = v92.data();
-    const float *__restrict v91p = v91.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v92p[i0];
-        const float s1 = s0;
-        const float s2 = v91p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        v97p[i0 * 64 + i1] = s6;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
-  const support::Buffer &v98 = param15_encoder_layer_1_heads_in_1_w;
-  support::View v99 = arena_.view(65536, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan22.run(v81.data(), v98.data(), v99.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
-  support::View v102 = arena_.view(32768, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan23.run(v99.data(), v76.data(), v102.data(), 1.0f, 0.0f);
-}
-
-void Encode::runPart2(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:57:65 square
-  support::View v99 = arena_.view(65536, 2048);
-  support::View v103 = arena_.view(73728, 2048);
-  {
-    float *__restrict v103p = v103.data();
-    const float *__restrict v99p = v99.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v99p[i0];
-      const float s1 = s0 * s0;
-      v103p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
-  support::View v104 = arena_.view(131072, 128);
-  static const support::Shape shape1_1 = {1, 128, 1};
-  static const support::Shape shape1_3 = {2048, 16, 16};
-  static const support::Shape shape1_4 = {16};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v104.data(), shape1_1, v103.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
-  support::View v102 = arena_.view(32768, 8192);
-  support::View v107 = arena_.view(65536, 8192);
-  {
-    float *__restrict v107p = v107.data();
-    const float *__restrict v104p = v104.data();
-    const float *__restrict v102p = v102.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v104p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v102p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v107p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:71:37 max
-  support::View v108 = arena_.view(131072, 1);
-  static const support::Shape shape3_1 = {1, 1};
-  static const support::Shape shape3_3 = {8192, 64};
-  static const support::Shape shape3_4 = {128, 64};
-  static const support::Shape shape3_5 = {64, 1};
-  support::reduce(v108.data(), shape3_1, v107.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  // performer.mesh:71:21 sub
-  // performer.mesh:71:10 exp
-  // performer.mesh:71:66 mul -> kf
-  support::View v113 = arena_.view(32768, 8192);
-  {
-    float *__restrict v113p = v113.data();
-    const float *__restrict v108p = v108.data();
-    const float *__restrict v107p = v107.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v108p[0];
-      const float s1 = s0;
-      const float s2 = v107p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      v113p[i0] = s6;
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  support::View v81 = arena_.view(114688, 4096);
-  const support::Buffer &v114 = param16_encoder_layer_1_heads_in_2_w;
-  support::View v115 = arena_.view(65536, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(v81.data(), v114.data(), v115.data(), 1.0f, 0.0f);
-
-  // performer.mesh:77:12 einsum -> kv
-  support::View v116 = arena_.view(73728, 1024);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 2, 3, 4}, {}}});
-  einsumPlan6.run(v113.data(), v115.data(), v116.data(), 1.0f, 0.0f);
-
-  // performer.mesh:78:19 einsum -> numerator
-  support::View v97 = arena_.view(0, 8192);
-  support::View v117 = arena_.view(65536, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan7.run(v97.data(), v116.data(), v117.data(), 1.0f, 0.0f);
-
-  // performer.mesh:79:31 sum
-  support::View v118 = arena_.view(73728, 64);
-  static const support::Shape shape8_1 = {1, 1, 64};
-  static const support::Shape shape8_3 = {8192, 64, 1};
-  static const support::Shape shape8_4 = {128};
-  static const support::Shape shape8_5 = {64};
-  support::reduce(v118.data(), shape8_1, v113.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:79:20 einsum -> normalizer
-  support::View v119 = arena_.view(32768, 128);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan9.run(v97.data(), v118.data(), v119.data(), 1.0f, 0.0f);
-
-  // performer.mesh:80:20 div
-  support::View v120 = arena_.view(16384, 2048);
-  {
-    float *__restrict v120p = v120.data();
-    const float *__restrict v117p = v117.data();
-    const float *__restrict v119p = v119.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v117p[i0 * 16 + i1];
-        const float s1 = v119p[i0];
-        const float s2 = (s0 / s1);
-        v120p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // performer.mesh:50:10 einsum
-  const support::Buffer &v121 = param17_encoder_layer_1_heads_out_w;
-  support::View v122 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan11.run(v120.data(), v121.data(), v122.data(), 1.0f, 0.0f);
-
-  // performer.mesh:107:13 all_reduce_sum (resolve the partial sum of %118 over model for add at
-  // 107:13)
-  group_model.allReduce(v122.data(), v122.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:107:13 add -> h
-  support::View v75 = arena_.view(98304, 4096);
-  support::View v124 = arena_.view(65536, 4096);
-  {
-    float *__restrict v124p = v124.data();
-    const float *__restrict v75p = v75.data();
-    const float *__restrict v122p = v122.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v75p[i0];
-      const float s1 = v122p[i0];
-      const float s2 = (s0 + s1);
-      v124p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
-  support::View v127 = arena_.view(0, 4096);
-  static const support::Shape shape14_2 = {1, 128};
-  static const support::Shape shape14_3 = {4096, 32};
-  static const support::Shape shape14_4 = {4096, 32};
-  static const support::Shape shape14_5 = {32};
-  static const support::Shape shape14_6 = {1};
-  static const support::Shape shape14_7 = {1};
-  support::along(v127.data(), v124.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
-  const support::Buffer &v125 = param18_encoder_layer_1_norm_1_gain;
-  const support::Buffer &v126 = param19_encoder_layer_1_norm_1_bias;
-  support::View v129 = arena_.view(32768, 4096);
-  {
-    float *__restrict v129p = v129.data();
-    const float *__restrict v127p = v127.data();
-    const float *__restrict v125p = v125.data();
-    const float *__restrict v126p = v126.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v127p[i0 * 32 + i1];
-        const float s1 = v125p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v126p[i1];
-        const float s4 = (s2 + s3);
-        v129p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:96:22 einsum
-  const support::Buffer &v130 = param20_encoder_layer_1_ffn_w_in;
-  support::View v132 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v129.data(), v130.data(), v132.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:17 gelu
-  support::View v133 = arena_.view(32768, 8192);
-  {
-    float *__restrict v133p = v133.data();
-    const float *__restrict v132p = v132.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v132p[i0];
-      const float s1 = support::fgelu(s0);
-      v133p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:96:10 einsum
-  const support::Buffer &v131 = param21_encoder_layer_1_ffn_w_out;
-  support::View v134 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(v133.data(), v131.data(), v134.data(), 1.0f, 0.0f);
-
-  // performer.mesh:108:12 all_reduce_sum (resolve the partial sum of %129 over model for add at
-  // 108:12)
-  group_model.allReduce(v134.data(), v134.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:108:12 add -> h
-  support::View v136 = arena_.view(16384, 4096);
-  {
-    float *__restrict v136p = v136.data();
-    const float *__restrict v124p = v124.data();
-    const float *__restrict v134p = v134.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v124p[i0];
-      const float s1 = v134p[i0];
-      const float s2 = (s0 + s1);
-      v136p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
-  support::View v139 = arena_.view(0, 4096);
-  static const support::Shape shape21_2 = {1, 128};
-  static const support::Shape shape21_3 = {4096, 32};
-  static const support::Shape shape21_4 = {4096, 32};
-  static const support::Shape shape21_5 = {32};
-  static const support::Shape shape21_6 = {1};
-  static const support::Shape shape21_7 = {1};
-  support::along(v139.data(), v136.data(), shape21_2, shape21_3, shape21_4, shape21_5, shape21_6,
-                 shape21_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add -> y
-  const support::Buffer &v137 = param22_norm_gain;
-  const support::Buffer &v138 = param23_norm_bias;
-  support::View v141 = arena_.view(16384, 4096);
-  {
-    float *__restrict v141p = v141.data();
-    const float *__restrict v139p = v139.data();
-    const float *__restrict v137p = v137.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v139p[i0 * 32 + i1];
-        const float s1 = v137p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v138p[i1];
-        const float s4 = (s2 + s3);
-        v141p[i0 * 32 + i1] = s4;
+        a42p[i0 * 32 + i1] = s4;
       }
     }
   }
@@ -1200,186 +880,62 @@ bool Encode::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Encode::paramShards() {
-  return {
-      {"encoder_layer[0]/random_features",
-       false,
-       "f32",
-       {64, 16},
-       {64, 16},
-       {"features", "d_head"},
-       {{}, {}},
-       &param0_encoder_layer_0_random_features},
-      {"encoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param1_encoder_layer_0_norm_gain},
-      {"encoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param2_encoder_layer_0_norm_bias},
-      {"encoder_layer[0]/heads_in/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param3_encoder_layer_0_heads_in_w},
-      {"encoder_layer[0]/heads_in#1/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param4_encoder_layer_0_heads_in_1_w},
-      {"encoder_layer[0]/heads_in#2/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param5_encoder_layer_0_heads_in_2_w},
-      {"encoder_layer[0]/heads_out/w",
-       false,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param6_encoder_layer_0_heads_out_w},
-      {"encoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param7_encoder_layer_0_norm_1_gain},
-      {"encoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param8_encoder_layer_0_norm_1_bias},
-      {"encoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param9_encoder_layer_0_ffn_w_in},
-      {"encoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param10_encoder_layer_0_ffn_w_out},
-      {"encoder_layer[1]/random_features",
-       false,
-       "f32",
-       {64, 16},
-       {64, 16},
-       {"features", "d_head"},
-       {{}, {}},
-       &param11_encoder_layer_1_random_features},
-      {"encoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param12_encoder_layer_1_norm_gain},
-      {"encoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param13_encoder_layer_1_norm_bias},
-      {"encoder_layer[1]/heads_in/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param14_encoder_layer_1_heads_in_w},
-      {"encoder_layer[1]/heads_in#1/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param15_encoder_layer_1_heads_in_1_w},
-      {"encoder_layer[1]/heads_in#2/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param16_encoder_layer_1_heads_in_2_w},
-      {"encoder_layer[1]/heads_out/w",
-       false,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param17_encoder_layer_1_heads_out_w},
-      {"encoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param18_encoder_layer_1_norm_1_gain},
-      {"encoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param19_encoder_layer_1_norm_1_bias},
-      {"encoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param20_encoder_layer_1_ffn_w_in},
-      {"encoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param21_encoder_layer_1_ffn_w_out},
-      {"norm/gain", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param22_norm_gain},
-      {"norm/bias", false, "f32", {32}, {32}, {"d_model"}, {{}}, &param23_norm_bias},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"encoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+      {"encoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+      {"encoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+      {"encoder_layer[0]/heads_in/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"encoder_layer[0]/heads_in#1/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"encoder_layer[0]/heads_in#2/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"encoder_layer[0]/heads_out/w", false, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"encoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+      {"encoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+      {"encoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"encoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+      {"encoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+      {"encoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+      {"encoder_layer[1]/heads_in/w", false, "f32", "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"encoder_layer[1]/heads_in#1/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"encoder_layer[1]/heads_in#2/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"encoder_layer[1]/heads_out/w", false, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"encoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+      {"encoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+      {"encoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"norm/gain", false, "f32", "d_model:32:32:"},
+      {"norm/bias", false, "f32", "d_model:32:32:"}};
+  support::Buffer *const data[] = {&param0_encoder_layer_0_random_features,
+                                   &param1_encoder_layer_0_norm_gain,
+                                   &param2_encoder_layer_0_norm_bias,
+                                   &param3_encoder_layer_0_heads_in_w,
+                                   &param4_encoder_layer_0_heads_in_1_w,
+                                   &param5_encoder_layer_0_heads_in_2_w,
+                                   &param6_encoder_layer_0_heads_out_w,
+                                   &param7_encoder_layer_0_norm_1_gain,
+                                   &param8_encoder_layer_0_norm_1_bias,
+                                   &param9_encoder_layer_0_ffn_w_in,
+                                   &param10_encoder_layer_0_ffn_w_out,
+                                   &param11_encoder_layer_1_random_features,
+                                   &param12_encoder_layer_1_norm_gain,
+                                   &param13_encoder_layer_1_norm_bias,
+                                   &param14_encoder_layer_1_heads_in_w,
+                                   &param15_encoder_layer_1_heads_in_1_w,
+                                   &param16_encoder_layer_1_heads_in_2_w,
+                                   &param17_encoder_layer_1_heads_out_w,
+                                   &param18_encoder_layer_1_norm_1_gain,
+                                   &param19_encoder_layer_1_norm_1_bias,
+                                   &param20_encoder_layer_1_ffn_w_in,
+                                   &param21_encoder_layer_1_ffn_w_out,
+                                   &param22_norm_gain,
+                                   &param23_norm_bias};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor Encode::getParam(const std::string &path) {
@@ -1719,9 +1275,6 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   // Arena: 1130496 bytes for 3182600 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {1, 128});
   runPart0(inputs);
-  runPart1(inputs);
-  runPart2(inputs);
-  runPart3(inputs);
   support::View v148 = arena_.view(0, 4096);
 
   Outputs outputs;
@@ -1820,796 +1373,459 @@ void Lm::runPart0(const Inputs &inputs) {
     }
   }
 
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
+  // 33 statements from performer.mesh:45:10 einsum (1 of 2)
   const support::Buffer &v25 = param5_causal_lm_decoder_layer_0_heads_in_w;
   support::View v26 = arena_.view(32768, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan9.run(v24.data(), v25.data(), v26.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
   const support::Buffer &v19 = param2_causal_lm_decoder_layer_0_random_features;
   support::View v29 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan10.run(v26.data(), v19.data(), v29.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
   support::View v30 = arena_.view(40960, 2048);
-  {
-    float *__restrict v30p = v30.data();
-    const float *__restrict v26p = v26.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v26p[i0];
-      const float s1 = s0 * s0;
-      v30p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
   support::View v31 = arena_.view(81920, 128);
-  static const support::Shape shape12_1 = {1, 128, 1};
-  static const support::Shape shape12_3 = {2048, 16, 16};
-  static const support::Shape shape12_4 = {16};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v31.data(), shape12_1, v30.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
   support::View v34 = arena_.view(32768, 8192);
-  {
-    float *__restrict v34p = v34.data();
-    const float *__restrict v31p = v31.data();
-    const float *__restrict v29p = v29.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v31p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v29p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v34p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:66:37 max
   support::View v35 = arena_.view(0, 128);
-  static const support::Shape shape14_1 = {1, 128, 1};
-  static const support::Shape shape14_3 = {8192, 64, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v35.data(), shape14_1, v34.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:66:23 stop_gradient
-  // performer.mesh:66:21 sub
-  // performer.mesh:66:10 exp
-  // performer.mesh:66:61 mul -> qf
   support::View v40 = arena_.view(1048576, 8192);
-  {
-    float *__restrict v40p = v40.data();
-    const float *__restrict v35p = v35.data();
-    const float *__restrict v34p = v34.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v35p[i0];
-        const float s1 = s0;
-        const float s2 = v34p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        v40p[i0 * 64 + i1] = s6;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
   const support::Buffer &v41 = param6_causal_lm_decoder_layer_0_heads_in_1_w;
   support::View v42 = arena_.view(32768, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan16.run(v24.data(), v41.data(), v42.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
   support::View v45 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan17.run(v42.data(), v19.data(), v45.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
   support::View v46 = arena_.view(40960, 2048);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v42p = v42.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v42p[i0];
-      const float s1 = s0 * s0;
-      v46p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
   support::View v47 = arena_.view(81920, 128);
-  static const support::Shape shape19_1 = {1, 128, 1};
-  static const support::Shape shape19_3 = {2048, 16, 16};
-  static const support::Shape shape19_4 = {16};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v47.data(), shape19_1, v46.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
   support::View v50 = arena_.view(32768, 8192);
-  {
-    float *__restrict v50p = v50.data();
-    const float *__restrict v47p = v47.data();
-    const float *__restrict v45p = v45.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v47p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v45p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v50p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:71:37 max
   support::View v51 = arena_.view(0, 1);
-  static const support::Shape shape21_1 = {1, 1};
-  static const support::Shape shape21_3 = {8192, 64};
-  static const support::Shape shape21_4 = {128, 64};
-  static const support::Shape shape21_5 = {64, 1};
-  support::reduce(v51.data(), shape21_1, v50.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  // performer.mesh:71:21 sub
-  // performer.mesh:71:10 exp
-  // performer.mesh:71:66 mul -> kf
   support::View v56 = arena_.view(1081344, 8192);
-  {
-    float *__restrict v56p = v56.data();
-    const float *__restrict v51p = v51.data();
-    const float *__restrict v50p = v50.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v51p[0];
-      const float s1 = s0;
-      const float s2 = v50p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      v56p[i0] = s6;
-    }
-  }
-
-  // performer.mesh:45:10 einsum
   const support::Buffer &v57 = param7_causal_lm_decoder_layer_0_heads_in_2_w;
   support::View v58 = arena_.view(524288, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan23.run(v24.data(), v57.data(), v58.data(), 1.0f, 0.0f);
-}
-
-void Lm::runPart1(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:87:19 einsum
-  support::View v56 = arena_.view(1081344, 8192);
-  support::View v58 = arena_.view(524288, 2048);
   support::View v59 = arena_.view(0, 131072);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsumPlan0.run(v56.data(), v58.data(), v59.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:12 cumsum -> kv
   support::View v60 = arena_.view(524288, 131072);
-  static const support::Shape shape1_2 = {1, 1, 64, 16};
-  static const support::Shape shape1_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape1_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape1_5 = {128};
-  static const support::Shape shape1_6 = {1024};
-  static const support::Shape shape1_7 = {1024};
-  support::along(v60.data(), v59.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:88:19 einsum -> numerator
-  support::View v40 = arena_.view(1048576, 8192);
   support::View v61 = arena_.view(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan2.run(v40.data(), v60.data(), v61.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:31 cumsum
   support::View v62 = arena_.view(0, 8192);
-  static const support::Shape shape3_2 = {1, 1, 64};
-  static const support::Shape shape3_3 = {8192, 64, 1};
-  static const support::Shape shape3_4 = {8192, 64, 1};
-  static const support::Shape shape3_5 = {128};
-  static const support::Shape shape3_6 = {64};
-  static const support::Shape shape3_7 = {64};
-  support::along(v62.data(), v56.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
-                 support::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:89:20 einsum -> normalizer
   support::View v63 = arena_.view(40960, 128);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan4.run(v40.data(), v62.data(), v63.data(), 1.0f, 0.0f);
-
-  // performer.mesh:90:20 div
   support::View v64 = arena_.view(16384, 2048);
-  {
-    float *__restrict v64p = v64.data();
-    const float *__restrict v61p = v61.data();
-    const float *__restrict v63p = v63.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v61p[i0 * 16 + i1];
-        const float s1 = v63p[i0];
-        const float s2 = (s0 / s1);
-        v64p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // performer.mesh:50:10 einsum
   const support::Buffer &v65 = param8_causal_lm_decoder_layer_0_heads_out_w;
   support::View v66 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan6.run(v64.data(), v65.data(), v66.data(), 1.0f, 0.0f);
-
-  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %63 over model for add at
-  // 116:13)
-  group_model.allReduce(v66.data(), v66.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:116:13 add -> h
-  support::View v18 = arena_.view(1114112, 4096);
   support::View v68 = arena_.view(65536, 4096);
-  {
-    float *__restrict v68p = v68.data();
-    const float *__restrict v18p = v18.data();
-    const float *__restrict v66p = v66.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v18p[i0];
-      const float s1 = v66p[i0];
-      const float s2 = (s0 + s1);
-      v68p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
   support::View v71 = arena_.view(0, 4096);
-  static const support::Shape shape9_2 = {1, 128};
-  static const support::Shape shape9_3 = {4096, 32};
-  static const support::Shape shape9_4 = {4096, 32};
-  static const support::Shape shape9_5 = {32};
-  static const support::Shape shape9_6 = {1};
-  static const support::Shape shape9_7 = {1};
-  support::along(v71.data(), v68.data(), shape9_2, shape9_3, shape9_4, shape9_5, shape9_6, shape9_7,
-                 support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
   const support::Buffer &v69 = param9_causal_lm_decoder_layer_0_norm_1_gain;
   const support::Buffer &v70 = param10_causal_lm_decoder_layer_0_norm_1_bias;
   support::View v73 = arena_.view(32768, 4096);
-  {
-    float *__restrict v73p = v73.data();
-    const float *__restrict v71p = v71.data();
-    const float *__restrict v69p = v69.data();
-    const float *__restrict v70p = v70.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v71p[i0 * 32 + i1];
-        const float s1 = v69p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v70p[i1];
-        const float s4 = (s2 + s3);
-        v73p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:96:22 einsum
   const support::Buffer &v74 = param11_causal_lm_decoder_layer_0_ffn_w_in;
   support::View v76 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v73.data(), v74.data(), v76.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:17 gelu
   support::View v77 = arena_.view(32768, 8192);
-  {
-    float *__restrict v77p = v77.data();
-    const float *__restrict v76p = v76.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v76p[i0];
-      const float s1 = support::fgelu(s0);
-      v77p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:96:10 einsum
   const support::Buffer &v75 = param12_causal_lm_decoder_layer_0_ffn_w_out;
   support::View v78 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v77.data(), v75.data(), v78.data(), 1.0f, 0.0f);
-
-  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %74 over model for add at
-  // 117:12)
-  group_model.allReduce(v78.data(), v78.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:117:12 add -> h
   support::View v80 = arena_.view(1114112, 4096);
-  {
-    float *__restrict v80p = v80.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v78p = v78.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v68p[i0];
-      const float s1 = v78p[i0];
-      const float s2 = (s0 + s1);
-      v80p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
   support::View v84 = arena_.view(0, 4096);
-  static const support::Shape shape16_2 = {1, 128};
-  static const support::Shape shape16_3 = {4096, 32};
-  static const support::Shape shape16_4 = {4096, 32};
-  static const support::Shape shape16_5 = {32};
-  static const support::Shape shape16_6 = {1};
-  static const support::Shape shape16_7 = {1};
-  support::along(v84.data(), v80.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add -> n
   const support::Buffer &v82 = param14_causal_lm_decoder_layer_1_norm_gain;
   const support::Buffer &v83 = param15_causal_lm_decoder_layer_1_norm_bias;
   support::View v86 = arena_.view(65536, 4096);
-  {
-    float *__restrict v86p = v86.data();
-    const float *__restrict v84p = v84.data();
-    const float *__restrict v82p = v82.data();
-    const float *__restrict v83p = v83.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v84p[i0 * 32 + i1];
-        const float s1 = v82p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v83p[i1];
-        const float s4 = (s2 + s3);
-        v86p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  repeated0(v24, v25, v26, v19, v29, v30, v31, v34, v35, v40, v41, v42, v45, v46, v47, v50, v51,
+            v56, v57, v58, v59, v60, v61, v62, v63, v64, v65, v66, v18, v68, v71, v69, v70, v73,
+            v74, v76, v77, v75, v78, v80, v84, v82, v83, v86);
 
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
+  // 33 statements from performer.mesh:45:10 einsum (2 of 2)
   const support::Buffer &v87 = param16_causal_lm_decoder_layer_1_heads_in_w;
   support::View v88 = arena_.view(32768, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan18.run(v86.data(), v87.data(), v88.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
   const support::Buffer &v81 = param13_causal_lm_decoder_layer_1_random_features;
   support::View v91 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan19.run(v88.data(), v81.data(), v91.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
   support::View v92 = arena_.view(40960, 2048);
-  {
-    float *__restrict v92p = v92.data();
-    const float *__restrict v88p = v88.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v88p[i0];
-      const float s1 = s0 * s0;
-      v92p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
   support::View v93 = arena_.view(81920, 128);
-  static const support::Shape shape21_1 = {1, 128, 1};
-  static const support::Shape shape21_3 = {2048, 16, 16};
-  static const support::Shape shape21_4 = {16};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v93.data(), shape21_1, v92.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
   support::View v96 = arena_.view(32768, 8192);
-  {
-    float *__restrict v96p = v96.data();
-    const float *__restrict v93p = v93.data();
-    const float *__restrict v91p = v91.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v93p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v91p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v96p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:66:37 max
   support::View v97 = arena_.view(0, 128);
-  static const support::Shape shape23_1 = {1, 128, 1};
-  static const support::Shape shape23_3 = {8192, 64, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v97.data(), shape23_1, v96.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Max, 1.0);
-}
-
-void Lm::runPart2(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:66:23 stop_gradient
-  // performer.mesh:66:21 sub
-  // performer.mesh:66:10 exp
-  // performer.mesh:66:61 mul -> qf
-  support::View v97 = arena_.view(0, 128);
-  support::View v96 = arena_.view(32768, 8192);
   support::View v102 = arena_.view(1048576, 8192);
-  {
-    float *__restrict v102p = v102.data();
-    const float *__restrict v97p = v97.data();
-    const float *__restrict v96p = v96.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v97p[i0];
-        const float s1 = s0;
-        const float s2 = v96p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        v102p[i0 * 64 + i1] = s6;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
-  support::View v86 = arena_.view(65536, 4096);
   const support::Buffer &v103 = param17_causal_lm_decoder_layer_1_heads_in_1_w;
   support::View v104 = arena_.view(32768, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan1.run(v86.data(), v103.data(), v104.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
-  const support::Buffer &v81 = param13_causal_lm_decoder_layer_1_random_features;
   support::View v107 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan2.run(v104.data(), v81.data(), v107.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
   support::View v108 = arena_.view(40960, 2048);
-  {
-    float *__restrict v108p = v108.data();
-    const float *__restrict v104p = v104.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v104p[i0];
-      const float s1 = s0 * s0;
-      v108p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
   support::View v109 = arena_.view(81920, 128);
-  static const support::Shape shape4_1 = {1, 128, 1};
-  static const support::Shape shape4_3 = {2048, 16, 16};
-  static const support::Shape shape4_4 = {16};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v109.data(), shape4_1, v108.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
   support::View v112 = arena_.view(32768, 8192);
-  {
-    float *__restrict v112p = v112.data();
-    const float *__restrict v109p = v109.data();
-    const float *__restrict v107p = v107.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v109p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v107p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v112p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:71:37 max
   support::View v113 = arena_.view(0, 1);
-  static const support::Shape shape6_1 = {1, 1};
-  static const support::Shape shape6_3 = {8192, 64};
-  static const support::Shape shape6_4 = {128, 64};
-  static const support::Shape shape6_5 = {64, 1};
-  support::reduce(v113.data(), shape6_1, v112.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  // performer.mesh:71:21 sub
-  // performer.mesh:71:10 exp
-  // performer.mesh:71:66 mul -> kf
   support::View v118 = arena_.view(1081344, 8192);
-  {
-    float *__restrict v118p = v118.data();
-    const float *__restrict v113p = v113.data();
-    const float *__restrict v112p = v112.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v113p[0];
-      const float s1 = s0;
-      const float s2 = v112p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      v118p[i0] = s6;
-    }
-  }
-
-  // performer.mesh:45:10 einsum
   const support::Buffer &v119 = param18_causal_lm_decoder_layer_1_heads_in_2_w;
   support::View v120 = arena_.view(524288, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan8.run(v86.data(), v119.data(), v120.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:19 einsum
   support::View v121 = arena_.view(0, 131072);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsumPlan9.run(v118.data(), v120.data(), v121.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:12 cumsum -> kv
   support::View v122 = arena_.view(524288, 131072);
-  static const support::Shape shape10_2 = {1, 1, 64, 16};
-  static const support::Shape shape10_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape10_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape10_5 = {128};
-  static const support::Shape shape10_6 = {1024};
-  static const support::Shape shape10_7 = {1024};
-  support::along(v122.data(), v121.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:88:19 einsum -> numerator
   support::View v123 = arena_.view(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan11.run(v102.data(), v122.data(), v123.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:31 cumsum
   support::View v124 = arena_.view(0, 8192);
-  static const support::Shape shape12_2 = {1, 1, 64};
-  static const support::Shape shape12_3 = {8192, 64, 1};
-  static const support::Shape shape12_4 = {8192, 64, 1};
-  static const support::Shape shape12_5 = {128};
-  static const support::Shape shape12_6 = {64};
-  static const support::Shape shape12_7 = {64};
-  support::along(v124.data(), v118.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:89:20 einsum -> normalizer
   support::View v125 = arena_.view(40960, 128);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan13.run(v102.data(), v124.data(), v125.data(), 1.0f, 0.0f);
-
-  // performer.mesh:90:20 div
   support::View v126 = arena_.view(16384, 2048);
-  {
-    float *__restrict v126p = v126.data();
-    const float *__restrict v123p = v123.data();
-    const float *__restrict v125p = v125.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v123p[i0 * 16 + i1];
-        const float s1 = v125p[i0];
-        const float s2 = (s0 / s1);
-        v126p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // performer.mesh:50:10 einsum
   const support::Buffer &v127 = param19_causal_lm_decoder_layer_1_heads_out_w;
   support::View v128 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan15.run(v126.data(), v127.data(), v128.data(), 1.0f, 0.0f);
-
-  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %123 over model for add at
-  // 116:13)
-  group_model.allReduce(v128.data(), v128.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:116:13 add -> h
-  support::View v80 = arena_.view(1114112, 4096);
   support::View v130 = arena_.view(65536, 4096);
-  {
-    float *__restrict v130p = v130.data();
-    const float *__restrict v80p = v80.data();
-    const float *__restrict v128p = v128.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v80p[i0];
-      const float s1 = v128p[i0];
-      const float s2 = (s0 + s1);
-      v130p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
   support::View v133 = arena_.view(0, 4096);
-  static const support::Shape shape18_2 = {1, 128};
-  static const support::Shape shape18_3 = {4096, 32};
-  static const support::Shape shape18_4 = {4096, 32};
-  static const support::Shape shape18_5 = {32};
-  static const support::Shape shape18_6 = {1};
-  static const support::Shape shape18_7 = {1};
-  support::along(v133.data(), v130.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
   const support::Buffer &v131 = param20_causal_lm_decoder_layer_1_norm_1_gain;
   const support::Buffer &v132 = param21_causal_lm_decoder_layer_1_norm_1_bias;
   support::View v135 = arena_.view(32768, 4096);
-  {
-    float *__restrict v135p = v135.data();
-    const float *__restrict v133p = v133.data();
-    const float *__restrict v131p = v131.data();
-    const float *__restrict v132p = v132.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v133p[i0 * 32 + i1];
-        const float s1 = v131p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v132p[i1];
-        const float s4 = (s2 + s3);
-        v135p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:96:22 einsum
   const support::Buffer &v136 = param22_causal_lm_decoder_layer_1_ffn_w_in;
   support::View v138 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan20.run(v135.data(), v136.data(), v138.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:17 gelu
   support::View v139 = arena_.view(32768, 8192);
-  {
-    float *__restrict v139p = v139.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v138p[i0];
-      const float s1 = support::fgelu(s0);
-      v139p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:96:10 einsum
   const support::Buffer &v137 = param23_causal_lm_decoder_layer_1_ffn_w_out;
   support::View v140 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v139.data(), v137.data(), v140.data(), 1.0f, 0.0f);
-
-  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %134 over model for add at
-  // 117:12)
-  group_model.allReduce(v140.data(), v140.size(), meshrt::ReduceOp::Sum);
-}
-
-void Lm::runPart3(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:117:12 add -> h
-  support::View v130 = arena_.view(65536, 4096);
-  support::View v140 = arena_.view(0, 4096);
   support::View v142 = arena_.view(16384, 4096);
-  {
-    float *__restrict v142p = v142.data();
-    const float *__restrict v130p = v130.data();
-    const float *__restrict v140p = v140.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v130p[i0];
-      const float s1 = v140p[i0];
-      const float s2 = (s0 + s1);
-      v142p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
   support::View v145 = arena_.view(0, 4096);
-  static const support::Shape shape1_2 = {1, 128};
-  static const support::Shape shape1_3 = {4096, 32};
-  static const support::Shape shape1_4 = {4096, 32};
-  static const support::Shape shape1_5 = {32};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(v145.data(), v142.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6,
-                 shape1_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
   const support::Buffer &v143 = param24_causal_lm_norm_gain;
   const support::Buffer &v144 = param25_causal_lm_norm_bias;
   support::View v147 = arena_.view(16384, 4096);
-  {
-    float *__restrict v147p = v147.data();
-    const float *__restrict v145p = v145.data();
-    const float *__restrict v143p = v143.data();
-    const float *__restrict v144p = v144.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v145p[i0 * 32 + i1];
-        const float s1 = v143p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v144p[i1];
-        const float s4 = (s2 + s3);
-        v147p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  repeated0(v86, v87, v88, v81, v91, v92, v93, v96, v97, v102, v103, v104, v107, v108, v109, v112,
+            v113, v118, v119, v120, v121, v122, v123, v124, v125, v126, v127, v128, v80, v130, v133,
+            v131, v132, v135, v136, v138, v139, v137, v140, v142, v145, v143, v144, v147);
 
   // performer.mesh:137:10 einsum -> logits
   const support::Buffer &v2 = param1_causal_lm_unembed;
   support::View v148 = arena_.view(0, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan3.run(v147.data(), v2.data(), v148.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v147.data(), v2.data(), v148.data(), 1.0f, 0.0f);
+}
+
+void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                   support::ConstView a3, support::View a4, support::View a5, support::View a6,
+                   support::View a7, support::View a8, support::View a9, support::ConstView a10,
+                   support::View a11, support::View a12, support::View a13, support::View a14,
+                   support::View a15, support::View a16, support::View a17, support::ConstView a18,
+                   support::View a19, support::View a20, support::View a21, support::View a22,
+                   support::View a23, support::View a24, support::View a25, support::ConstView a26,
+                   support::View a27, support::ConstView a28, support::View a29, support::View a30,
+                   support::ConstView a31, support::ConstView a32, support::View a33,
+                   support::ConstView a34, support::View a35, support::View a36,
+                   support::ConstView a37, support::View a38, support::View a39, support::View a40,
+                   support::ConstView a41, support::ConstView a42, support::View a43) {
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 square
+  {
+    float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 = s0 * s0;
+      a5p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:57:61 sum
+  static const support::Shape shape3_1 = {1, 128, 1};
+  static const support::Shape shape3_3 = {2048, 16, 16};
+  static const support::Shape shape3_4 = {16};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a6.data(), shape3_1, a5.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a6p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = a4p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        a7p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:66:37 max
+  static const support::Shape shape5_1 = {1, 128, 1};
+  static const support::Shape shape5_3 = {8192, 64, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:66:23 stop_gradient
+  // performer.mesh:66:21 sub
+  // performer.mesh:66:10 exp
+  // performer.mesh:66:61 mul -> qf
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a8p[i0];
+        const float s1 = s0;
+        const float s2 = a7p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        a9p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan7.run(a0.data(), a10.data(), a11.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan8.run(a11.data(), a3.data(), a12.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 square
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a11p = a11.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a11p[i0];
+      const float s1 = s0 * s0;
+      a13p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:57:61 sum
+  static const support::Shape shape10_1 = {1, 128, 1};
+  static const support::Shape shape10_3 = {2048, 16, 16};
+  static const support::Shape shape10_4 = {16};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a14.data(), shape10_1, a13.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
+  {
+    float *__restrict a15p = a15.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a14p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = a12p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        a15p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:71:37 max
+  static const support::Shape shape12_1 = {1, 1};
+  static const support::Shape shape12_3 = {8192, 64};
+  static const support::Shape shape12_4 = {128, 64};
+  static const support::Shape shape12_5 = {64, 1};
+  support::reduce(a16.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:71:23 stop_gradient
+  // performer.mesh:71:21 sub
+  // performer.mesh:71:10 exp
+  // performer.mesh:71:66 mul -> kf
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = a16p[0];
+      const float s1 = s0;
+      const float s2 = a15p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      a17p[i0] = s6;
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan14.run(a0.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:19 einsum
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
+  einsumPlan15.run(a17.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:12 cumsum -> kv
+  static const support::Shape shape16_2 = {1, 1, 64, 16};
+  static const support::Shape shape16_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape16_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape16_5 = {128};
+  static const support::Shape shape16_6 = {1024};
+  static const support::Shape shape16_7 = {1024};
+  support::along(a21.data(), a20.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+
+  // performer.mesh:88:19 einsum -> numerator
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan17.run(a9.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 cumsum
+  static const support::Shape shape18_2 = {1, 1, 64};
+  static const support::Shape shape18_3 = {8192, 64, 1};
+  static const support::Shape shape18_4 = {8192, 64, 1};
+  static const support::Shape shape18_5 = {128};
+  static const support::Shape shape18_6 = {64};
+  static const support::Shape shape18_7 = {64};
+  support::along(a23.data(), a17.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+
+  // performer.mesh:89:20 einsum -> normalizer
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
+  einsumPlan19.run(a9.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+
+  // performer.mesh:90:20 div
+  {
+    float *__restrict a25p = a25.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a24p = a24.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a22p[i0 * 16 + i1];
+        const float s1 = a24p[i0];
+        const float s2 = (s0 / s1);
+        a25p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // performer.mesh:50:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan21.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+
+  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %63 over model for add at
+  // 116:13)
+  group_model.allReduce(a27.data(), a27.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:116:13 add -> h
+  {
+    float *__restrict a29p = a29.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a27p = a27.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a28p[i0];
+      const float s1 = a27p[i0];
+      const float s2 = (s0 + s1);
+      a29p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  static const support::Shape shape24_2 = {1, 128};
+  static const support::Shape shape24_3 = {4096, 32};
+  static const support::Shape shape24_4 = {4096, 32};
+  static const support::Shape shape24_5 = {32};
+  static const support::Shape shape24_6 = {1};
+  static const support::Shape shape24_7 = {1};
+  support::along(a30.data(), a29.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
+                 shape24_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add
+  {
+    float *__restrict a33p = a33.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a32p = a32.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a30p[i0 * 32 + i1];
+        const float s1 = a31p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a32p[i1];
+        const float s4 = (s2 + s3);
+        a33p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:96:22 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan26(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan26.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:17 gelu
+  {
+    float *__restrict a36p = a36.data();
+    const float *__restrict a35p = a35.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = a35p[i0];
+      const float s1 = support::fgelu(s0);
+      a36p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:96:10 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan28(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan28.run(a36.data(), a37.data(), a38.data(), 1.0f, 0.0f);
+
+  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %74 over model for add at
+  // 117:12)
+  group_model.allReduce(a38.data(), a38.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:117:12 add -> h
+  {
+    float *__restrict a39p = a39.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a38p = a38.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a29p[i0];
+      const float s1 = a38p[i0];
+      const float s2 = (s0 + s1);
+      a39p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  static const support::Shape shape31_2 = {1, 128};
+  static const support::Shape shape31_3 = {4096, 32};
+  static const support::Shape shape31_4 = {4096, 32};
+  static const support::Shape shape31_5 = {32};
+  static const support::Shape shape31_6 = {1};
+  static const support::Shape shape31_7 = {1};
+  support::along(a40.data(), a39.data(), shape31_2, shape31_3, shape31_4, shape31_5, shape31_6,
+                 shape31_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add -> n
+  {
+    float *__restrict a43p = a43.data();
+    const float *__restrict a40p = a40.data();
+    const float *__restrict a41p = a41.data();
+    const float *__restrict a42p = a42.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a40p[i0 * 32 + i1];
+        const float s1 = a41p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a42p[i1];
+        const float s4 = (s2 + s3);
+        a43p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -2691,216 +1907,68 @@ bool Lm::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Lm::paramShards() {
-  return {
-      {"causal_lm/embedding",
-       false,
-       "f32",
-       {64, 32},
-       {32, 32},
-       {"vocab", "d_model"},
-       {{"model"}, {}},
-       &param0_causal_lm_embedding},
-      {"causal_lm/unembed",
-       false,
-       "f32",
-       {32, 64},
-       {32, 32},
-       {"d_model", "vocab"},
-       {{}, {"model"}},
-       &param1_causal_lm_unembed},
-      {"causal_lm/decoder_layer[0]/random_features",
-       false,
-       "f32",
-       {64, 16},
-       {64, 16},
-       {"features", "d_head"},
-       {{}, {}},
-       &param2_causal_lm_decoder_layer_0_random_features},
-      {"causal_lm/decoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param3_causal_lm_decoder_layer_0_norm_gain},
-      {"causal_lm/decoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param4_causal_lm_decoder_layer_0_norm_bias},
-      {"causal_lm/decoder_layer[0]/heads_in/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param5_causal_lm_decoder_layer_0_heads_in_w},
-      {"causal_lm/decoder_layer[0]/heads_in#1/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param6_causal_lm_decoder_layer_0_heads_in_1_w},
-      {"causal_lm/decoder_layer[0]/heads_in#2/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param7_causal_lm_decoder_layer_0_heads_in_2_w},
-      {"causal_lm/decoder_layer[0]/heads_out/w",
-       false,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param8_causal_lm_decoder_layer_0_heads_out_w},
-      {"causal_lm/decoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param9_causal_lm_decoder_layer_0_norm_1_gain},
-      {"causal_lm/decoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param10_causal_lm_decoder_layer_0_norm_1_bias},
-      {"causal_lm/decoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param11_causal_lm_decoder_layer_0_ffn_w_in},
-      {"causal_lm/decoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param12_causal_lm_decoder_layer_0_ffn_w_out},
-      {"causal_lm/decoder_layer[1]/random_features",
-       false,
-       "f32",
-       {64, 16},
-       {64, 16},
-       {"features", "d_head"},
-       {{}, {}},
-       &param13_causal_lm_decoder_layer_1_random_features},
-      {"causal_lm/decoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param14_causal_lm_decoder_layer_1_norm_gain},
-      {"causal_lm/decoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param15_causal_lm_decoder_layer_1_norm_bias},
-      {"causal_lm/decoder_layer[1]/heads_in/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param16_causal_lm_decoder_layer_1_heads_in_w},
-      {"causal_lm/decoder_layer[1]/heads_in#1/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param17_causal_lm_decoder_layer_1_heads_in_1_w},
-      {"causal_lm/decoder_layer[1]/heads_in#2/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param18_causal_lm_decoder_layer_1_heads_in_2_w},
-      {"causal_lm/decoder_layer[1]/heads_out/w",
-       false,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param19_causal_lm_decoder_layer_1_heads_out_w},
-      {"causal_lm/decoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param20_causal_lm_decoder_layer_1_norm_1_gain},
-      {"causal_lm/decoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param21_causal_lm_decoder_layer_1_norm_1_bias},
-      {"causal_lm/decoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param22_causal_lm_decoder_layer_1_ffn_w_in},
-      {"causal_lm/decoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param23_causal_lm_decoder_layer_1_ffn_w_out},
-      {"causal_lm/norm/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param24_causal_lm_norm_gain},
-      {"causal_lm/norm/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param25_causal_lm_norm_bias},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"causal_lm/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+      {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:32:model"},
+      {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/heads_in/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in#1/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in#2/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_out/w", false, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/heads_in/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in#1/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in#2/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_out/w", false, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"}};
+  support::Buffer *const data[] = {&param0_causal_lm_embedding,
+                                   &param1_causal_lm_unembed,
+                                   &param2_causal_lm_decoder_layer_0_random_features,
+                                   &param3_causal_lm_decoder_layer_0_norm_gain,
+                                   &param4_causal_lm_decoder_layer_0_norm_bias,
+                                   &param5_causal_lm_decoder_layer_0_heads_in_w,
+                                   &param6_causal_lm_decoder_layer_0_heads_in_1_w,
+                                   &param7_causal_lm_decoder_layer_0_heads_in_2_w,
+                                   &param8_causal_lm_decoder_layer_0_heads_out_w,
+                                   &param9_causal_lm_decoder_layer_0_norm_1_gain,
+                                   &param10_causal_lm_decoder_layer_0_norm_1_bias,
+                                   &param11_causal_lm_decoder_layer_0_ffn_w_in,
+                                   &param12_causal_lm_decoder_layer_0_ffn_w_out,
+                                   &param13_causal_lm_decoder_layer_1_random_features,
+                                   &param14_causal_lm_decoder_layer_1_norm_gain,
+                                   &param15_causal_lm_decoder_layer_1_norm_bias,
+                                   &param16_causal_lm_decoder_layer_1_heads_in_w,
+                                   &param17_causal_lm_decoder_layer_1_heads_in_1_w,
+                                   &param18_causal_lm_decoder_layer_1_heads_in_2_w,
+                                   &param19_causal_lm_decoder_layer_1_heads_out_w,
+                                   &param20_causal_lm_decoder_layer_1_norm_1_gain,
+                                   &param21_causal_lm_decoder_layer_1_norm_1_bias,
+                                   &param22_causal_lm_decoder_layer_1_ffn_w_in,
+                                   &param23_causal_lm_decoder_layer_1_ffn_w_out,
+                                   &param24_causal_lm_norm_gain,
+                                   &param25_causal_lm_norm_bias};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor Lm::getParam(const std::string &path) {
@@ -3379,14 +2447,6 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   runPart0(inputs);
   runPart1(inputs);
   runPart2(inputs);
-  runPart3(inputs);
-  runPart4(inputs);
-  runPart5(inputs);
-  runPart6(inputs);
-  runPart7(inputs);
-  runPart8(inputs);
-  runPart9(inputs);
-  runPart10(inputs);
   support::View v165 = arena_.view(2284800, 1);
 
   // The step's updates.
@@ -3515,828 +2575,130 @@ void LmTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
+  // 33 statements from performer.mesh:45:10 einsum (1 of 2)
   support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
   support::View v31 = arena_.view(2195456, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan13.run(v29.data(), v30.data(), v31.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
   const support::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
   support::View v34 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan14.run(v31.data(), v24.data(), v34.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
   support::View v35 = arena_.view(32768, 2048);
-  {
-    float *__restrict v35p = v35.data();
-    const float *__restrict v31p = v31.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v31p[i0];
-      const float s1 = s0 * s0;
-      v35p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
   support::View v36 = arena_.view(65536, 128);
-  static const support::Shape shape16_1 = {1, 128, 1};
-  static const support::Shape shape16_3 = {2048, 16, 16};
-  static const support::Shape shape16_4 = {16};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v36.data(), shape16_1, v35.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
   support::View v39 = arena_.view(32768, 8192);
-  {
-    float *__restrict v39p = v39.data();
-    const float *__restrict v36p = v36.data();
-    const float *__restrict v34p = v34.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v36p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v34p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v39p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:66:37 max
   support::View v40 = arena_.view(0, 128);
-  static const support::Shape shape18_1 = {1, 128, 1};
-  static const support::Shape shape18_3 = {8192, 64, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v40.data(), shape18_1, v39.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:66:23 stop_gradient
-  // performer.mesh:66:21 sub
-  // performer.mesh:66:10 exp
-  // performer.mesh:66:61 mul -> qf
-  support::View v43 = arena_.view(1572864, 8192);
   support::View v45 = arena_.view(1605632, 8192);
-  {
-    float *__restrict v43p = v43.data();
-    float *__restrict v45p = v45.data();
-    const float *__restrict v40p = v40.data();
-    const float *__restrict v39p = v39.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v40p[i0];
-        const float s1 = s0;
-        const float s2 = v39p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        v43p[i0 * 64 + i1] = s4;
-        v45p[i0 * 64 + i1] = s6;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
   support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
   support::View v47 = arena_.view(2203648, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan20.run(v29.data(), v46.data(), v47.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
   support::View v50 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan21.run(v47.data(), v24.data(), v50.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
   support::View v51 = arena_.view(32768, 2048);
-  {
-    float *__restrict v51p = v51.data();
-    const float *__restrict v47p = v47.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v47p[i0];
-      const float s1 = s0 * s0;
-      v51p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
   support::View v52 = arena_.view(65536, 128);
-  static const support::Shape shape23_1 = {1, 128, 1};
-  static const support::Shape shape23_3 = {2048, 16, 16};
-  static const support::Shape shape23_4 = {16};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v52.data(), shape23_1, v51.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
-  support::View v52 = arena_.view(65536, 128);
-  support::View v50 = arena_.view(0, 8192);
   support::View v55 = arena_.view(32768, 8192);
-  {
-    float *__restrict v55p = v55.data();
-    const float *__restrict v52p = v52.data();
-    const float *__restrict v50p = v50.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v52p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v50p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v55p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:71:37 max
   support::View v56 = arena_.view(0, 1);
-  static const support::Shape shape1_1 = {1, 1};
-  static const support::Shape shape1_3 = {8192, 64};
-  static const support::Shape shape1_4 = {128, 64};
-  static const support::Shape shape1_5 = {64, 1};
-  support::reduce(v56.data(), shape1_1, v55.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  // performer.mesh:71:21 sub
-  // performer.mesh:71:10 exp
-  // performer.mesh:71:66 mul -> kf
-  support::View v59 = arena_.view(1638400, 8192);
   support::View v61 = arena_.view(1671168, 8192);
-  {
-    float *__restrict v59p = v59.data();
-    float *__restrict v61p = v61.data();
-    const float *__restrict v56p = v56.data();
-    const float *__restrict v55p = v55.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v56p[0];
-      const float s1 = s0;
-      const float s2 = v55p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      v59p[i0] = s4;
-      v61p[i0] = s6;
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  support::View v29 = arena_.view(2064384, 4096);
   support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
   support::View v63 = arena_.view(2211840, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(v29.data(), v62.data(), v63.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:19 einsum
   support::View v64 = arena_.view(0, 131072);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsumPlan4.run(v61.data(), v63.data(), v64.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:12 cumsum -> kv
   support::View v65 = arena_.view(524288, 131072);
-  static const support::Shape shape5_2 = {1, 1, 64, 16};
-  static const support::Shape shape5_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape5_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape5_5 = {128};
-  static const support::Shape shape5_6 = {1024};
-  static const support::Shape shape5_7 = {1024};
-  support::along(v65.data(), v64.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
-                 support::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:88:19 einsum -> numerator
-  support::View v45 = arena_.view(1605632, 8192);
   support::View v66 = arena_.view(0, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan6.run(v45.data(), v65.data(), v66.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:31 cumsum
   support::View v67 = arena_.view(1703936, 8192);
-  static const support::Shape shape7_2 = {1, 1, 64};
-  static const support::Shape shape7_3 = {8192, 64, 1};
-  static const support::Shape shape7_4 = {8192, 64, 1};
-  static const support::Shape shape7_5 = {128};
-  static const support::Shape shape7_6 = {64};
-  static const support::Shape shape7_7 = {64};
-  support::along(v67.data(), v61.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
-                 support::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:89:20 einsum -> normalizer
   support::View v68 = arena_.view(2283520, 128);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan8.run(v45.data(), v67.data(), v68.data(), 1.0f, 0.0f);
-
-  // performer.mesh:90:20 div
   support::View v69 = arena_.view(2220032, 2048);
-  {
-    float *__restrict v69p = v69.data();
-    const float *__restrict v66p = v66.data();
-    const float *__restrict v68p = v68.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v66p[i0 * 16 + i1];
-        const float s1 = v68p[i0];
-        const float s2 = (s0 / s1);
-        v69p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // performer.mesh:50:10 einsum
   support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
   support::View v71 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan10.run(v69.data(), v70.data(), v71.data(), 1.0f, 0.0f);
-
-  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %68 over model for add at
-  // 116:13)
-  group_model.allReduce(v71.data(), v71.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:116:13 add -> h
-  support::View v23 = arena_.view(2031616, 4096);
   support::View v73 = arena_.view(2080768, 4096);
-  {
-    float *__restrict v73p = v73.data();
-    const float *__restrict v23p = v23.data();
-    const float *__restrict v71p = v71.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v23p[i0];
-      const float s1 = v71p[i0];
-      const float s2 = (s0 + s1);
-      v73p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
   support::View v76 = arena_.view(2097152, 4096);
-  static const support::Shape shape13_2 = {1, 128};
-  static const support::Shape shape13_3 = {4096, 32};
-  static const support::Shape shape13_4 = {4096, 32};
-  static const support::Shape shape13_5 = {32};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(v76.data(), v73.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
   support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain);  // updated in place
   support::View v75(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
   support::View v78 = arena_.view(2113536, 4096);
-  {
-    float *__restrict v78p = v78.data();
-    const float *__restrict v76p = v76.data();
-    const float *__restrict v74p = v74.data();
-    const float *__restrict v75p = v75.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v76p[i0 * 32 + i1];
-        const float s1 = v74p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v75p[i1];
-        const float s4 = (s2 + s3);
-        v78p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:96:22 einsum
   support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
   support::View v81 = arena_.view(1736704, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan15.run(v78.data(), v79.data(), v81.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:17 gelu
   support::View v82 = arena_.view(1769472, 8192);
-  {
-    float *__restrict v82p = v82.data();
-    const float *__restrict v81p = v81.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v81p[i0];
-      const float s1 = support::fgelu(s0);
-      v82p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:96:10 einsum
   support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
   support::View v83 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(v82.data(), v80.data(), v83.data(), 1.0f, 0.0f);
-
-  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %79 over model for add at
-  // 117:12)
-  group_model.allReduce(v83.data(), v83.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:117:12 add -> h
   support::View v85 = arena_.view(2129920, 4096);
-  {
-    float *__restrict v85p = v85.data();
-    const float *__restrict v73p = v73.data();
-    const float *__restrict v83p = v83.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v73p[i0];
-      const float s1 = v83p[i0];
-      const float s2 = (s0 + s1);
-      v85p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
   support::View v89 = arena_.view(2146304, 4096);
-  static const support::Shape shape20_2 = {1, 128};
-  static const support::Shape shape20_3 = {4096, 32};
-  static const support::Shape shape20_4 = {4096, 32};
-  static const support::Shape shape20_5 = {32};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v89.data(), v85.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add -> n
   support::View v87(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
   support::View v88(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
+  support::View v43 = arena_.view(1572864, 8192);
+  support::View v59 = arena_.view(1638400, 8192);
   support::View v91 = arena_.view(2162688, 4096);
-  {
-    float *__restrict v91p = v91.data();
-    const float *__restrict v89p = v89.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v88p = v88.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v89p[i0 * 32 + i1];
-        const float s1 = v87p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v88p[i1];
-        const float s4 = (s2 + s3);
-        v91p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  repeated2(v29, v30, v31, v24, v34, v35, v36, v39, v40, v43, v45, v46, v47, v50, v51, v52, v55,
+            v56, v59, v61, v62, v63, v64, v65, v66, v67, v68, v69, v70, v71, v23, v73, v76, v74,
+            v75, v78, v79, v81, v82, v80, v83, v85, v89, v87, v88, v91);
 
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
+  // 33 statements from performer.mesh:45:10 einsum (2 of 2)
   support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
   support::View v93 = arena_.view(2228224, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan22.run(v91.data(), v92.data(), v93.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
   const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
   support::View v96 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan23.run(v93.data(), v86.data(), v96.data(), 1.0f, 0.0f);
-}
-
-void LmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:57:65 square
-  support::View v93 = arena_.view(2228224, 2048);
   support::View v97 = arena_.view(32768, 2048);
-  {
-    float *__restrict v97p = v97.data();
-    const float *__restrict v93p = v93.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v93p[i0];
-      const float s1 = s0 * s0;
-      v97p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
   support::View v98 = arena_.view(65536, 128);
-  static const support::Shape shape1_1 = {1, 128, 1};
-  static const support::Shape shape1_3 = {2048, 16, 16};
-  static const support::Shape shape1_4 = {16};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v98.data(), shape1_1, v97.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
-  support::View v96 = arena_.view(0, 8192);
   support::View v101 = arena_.view(32768, 8192);
-  {
-    float *__restrict v101p = v101.data();
-    const float *__restrict v98p = v98.data();
-    const float *__restrict v96p = v96.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v98p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v96p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v101p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:66:37 max
   support::View v102 = arena_.view(0, 128);
-  static const support::Shape shape3_1 = {1, 128, 1};
-  static const support::Shape shape3_3 = {8192, 64, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v102.data(), shape3_1, v101.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:66:23 stop_gradient
-  // performer.mesh:66:21 sub
-  // performer.mesh:66:10 exp
-  // performer.mesh:66:61 mul -> qf
-  support::View v105 = arena_.view(1802240, 8192);
   support::View v107 = arena_.view(1835008, 8192);
-  {
-    float *__restrict v105p = v105.data();
-    float *__restrict v107p = v107.data();
-    const float *__restrict v102p = v102.data();
-    const float *__restrict v101p = v101.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v102p[i0];
-        const float s1 = s0;
-        const float s2 = v101p[i0 * 64 + i1];
-        const float s3 = (s2 - s1);
-        const float s4 = support::fexp(s3);
-        const float s5 = 0.125f;
-        const float s6 = (s4 * s5);
-        v105p[i0 * 64 + i1] = s4;
-        v107p[i0 * 64 + i1] = s6;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
-  // performer.mesh:56:18 mul -> scaled
-  support::View v91 = arena_.view(2162688, 4096);
   support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
   support::View v109 = arena_.view(2236416, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(v91.data(), v108.data(), v109.data(), 0.5f, 0.0f);
-
-  // performer.mesh:57:10 einsum
-  const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
   support::View v112 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan6.run(v109.data(), v86.data(), v112.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 square
   support::View v113 = arena_.view(32768, 2048);
-  {
-    float *__restrict v113p = v113.data();
-    const float *__restrict v109p = v109.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v109p[i0];
-      const float s1 = s0 * s0;
-      v113p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:57:61 sum
   support::View v114 = arena_.view(65536, 128);
-  static const support::Shape shape8_1 = {1, 128, 1};
-  static const support::Shape shape8_3 = {2048, 16, 16};
-  static const support::Shape shape8_4 = {16};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v114.data(), shape8_1, v113.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:59 sub -> logits
   support::View v117 = arena_.view(32768, 8192);
-  {
-    float *__restrict v117p = v117.data();
-    const float *__restrict v114p = v114.data();
-    const float *__restrict v112p = v112.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v114p[i0];
-        const float s1 = 0.5f;
-        const float s2 = (s0 * s1);
-        const float s3 = v112p[i0 * 64 + i1];
-        const float s4 = (s3 - s2);
-        v117p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:71:37 max
   support::View v118 = arena_.view(0, 1);
-  static const support::Shape shape10_1 = {1, 1};
-  static const support::Shape shape10_3 = {8192, 64};
-  static const support::Shape shape10_4 = {128, 64};
-  static const support::Shape shape10_5 = {64, 1};
-  support::reduce(v118.data(), shape10_1, v117.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Max, 1.0);
-
-  // performer.mesh:71:23 stop_gradient
-  // performer.mesh:71:21 sub
-  // performer.mesh:71:10 exp
-  // performer.mesh:71:66 mul -> kf
-  support::View v121 = arena_.view(1867776, 8192);
   support::View v123 = arena_.view(1900544, 8192);
-  {
-    float *__restrict v121p = v121.data();
-    float *__restrict v123p = v123.data();
-    const float *__restrict v118p = v118.data();
-    const float *__restrict v117p = v117.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v118p[0];
-      const float s1 = s0;
-      const float s2 = v117p[i0];
-      const float s3 = (s2 - s1);
-      const float s4 = support::fexp(s3);
-      const float s5 = 0.125f;
-      const float s6 = (s4 * s5);
-      v121p[i0] = s4;
-      v123p[i0] = s6;
-    }
-  }
-
-  // performer.mesh:45:10 einsum
   support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
   support::View v125 = arena_.view(2244608, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan12.run(v91.data(), v124.data(), v125.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:19 einsum
   support::View v126 = arena_.view(0, 131072);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
-  einsumPlan13.run(v123.data(), v125.data(), v126.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:12 cumsum -> kv
   support::View v127 = arena_.view(1048576, 131072);
-  static const support::Shape shape14_2 = {1, 1, 64, 16};
-  static const support::Shape shape14_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape14_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape14_5 = {128};
-  static const support::Shape shape14_6 = {1024};
-  static const support::Shape shape14_7 = {1024};
-  support::along(v127.data(), v126.data(), shape14_2, shape14_3, shape14_4, shape14_5, shape14_6,
-                 shape14_7, support::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:88:19 einsum -> numerator
   support::View v128 = arena_.view(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan15.run(v107.data(), v127.data(), v128.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:31 cumsum
   support::View v129 = arena_.view(0, 8192);
-  static const support::Shape shape16_2 = {1, 1, 64};
-  static const support::Shape shape16_3 = {8192, 64, 1};
-  static const support::Shape shape16_4 = {8192, 64, 1};
-  static const support::Shape shape16_5 = {128};
-  static const support::Shape shape16_6 = {64};
-  static const support::Shape shape16_7 = {64};
-  support::along(v129.data(), v123.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
-                 shape16_7, support::Along::Cumsum, 1e-05, 128, nullptr);
-
-  // performer.mesh:89:20 einsum -> normalizer
   support::View v130 = arena_.view(253952, 128);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
-  einsumPlan17.run(v107.data(), v129.data(), v130.data(), 1.0f, 0.0f);
-
-  // performer.mesh:90:20 div
   support::View v131 = arena_.view(245760, 2048);
-  {
-    float *__restrict v131p = v131.data();
-    const float *__restrict v128p = v128.data();
-    const float *__restrict v130p = v130.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v128p[i0 * 16 + i1];
-        const float s1 = v130p[i0];
-        const float s2 = (s0 / s1);
-        v131p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // performer.mesh:50:10 einsum
   support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
   support::View v133 = arena_.view(32768, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan19.run(v131.data(), v132.data(), v133.data(), 1.0f, 0.0f);
-
-  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %128 over model for add at
-  // 116:13)
-  group_model.allReduce(v133.data(), v133.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:116:13 add -> h
-  support::View v85 = arena_.view(2129920, 4096);
   support::View v135 = arena_.view(131072, 4096);
-  {
-    float *__restrict v135p = v135.data();
-    const float *__restrict v85p = v85.data();
-    const float *__restrict v133p = v133.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v85p[i0];
-      const float s1 = v133p[i0];
-      const float s2 = (s0 + s1);
-      v135p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
   support::View v138 = arena_.view(147456, 4096);
-  static const support::Shape shape22_2 = {1, 128};
-  static const support::Shape shape22_3 = {4096, 32};
-  static const support::Shape shape22_4 = {4096, 32};
-  static const support::Shape shape22_5 = {32};
-  static const support::Shape shape22_6 = {1};
-  static const support::Shape shape22_7 = {1};
-  support::along(v138.data(), v135.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
-                 shape22_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
   support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
   support::View v137(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
   support::View v140 = arena_.view(163840, 4096);
-  {
-    float *__restrict v140p = v140.data();
-    const float *__restrict v138p = v138.data();
-    const float *__restrict v136p = v136.data();
-    const float *__restrict v137p = v137.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v138p[i0 * 32 + i1];
-        const float s1 = v136p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v137p[i1];
-        const float s4 = (s2 + s3);
-        v140p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-}
-
-void LmTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:96:22 einsum
-  support::View v140 = arena_.view(163840, 4096);
   support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
   support::View v143 = arena_.view(32768, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v140.data(), v141.data(), v143.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:17 gelu
   support::View v144 = arena_.view(65536, 8192);
-  {
-    float *__restrict v144p = v144.data();
-    const float *__restrict v143p = v143.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v143p[i0];
-      const float s1 = support::fgelu(s0);
-      v144p[i0] = s1;
-    }
-  }
-
-  // performer.mesh:96:10 einsum
   support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
   support::View v145 = arena_.view(98304, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan2.run(v144.data(), v142.data(), v145.data(), 1.0f, 0.0f);
-
-  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %139 over model for add at
-  // 117:12)
-  group_model.allReduce(v145.data(), v145.size(), meshrt::ReduceOp::Sum);
-
-  // performer.mesh:117:12 add -> h
-  support::View v135 = arena_.view(131072, 4096);
   support::View v147 = arena_.view(114688, 4096);
-  {
-    float *__restrict v147p = v147.data();
-    const float *__restrict v135p = v135.data();
-    const float *__restrict v145p = v145.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v135p[i0];
-      const float s1 = v145p[i0];
-      const float s2 = (s0 + s1);
-      v147p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:10 layer_norm
   support::View v150 = arena_.view(98304, 4096);
-  static const support::Shape shape5_2 = {1, 128};
-  static const support::Shape shape5_3 = {4096, 32};
-  static const support::Shape shape5_4 = {4096, 32};
-  static const support::Shape shape5_5 = {32};
-  static const support::Shape shape5_6 = {1};
-  static const support::Shape shape5_7 = {1};
-  support::along(v150.data(), v147.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6,
-                 shape5_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:40 add
   support::View v148(param24_causal_lm_norm_gain); // updated in place
   support::View v149(param25_causal_lm_norm_bias); // updated in place
+  support::View v105 = arena_.view(1802240, 8192);
+  support::View v121 = arena_.view(1867776, 8192);
   support::View v152 = arena_.view(180224, 4096);
-  {
-    float *__restrict v152p = v152.data();
-    const float *__restrict v150p = v150.data();
-    const float *__restrict v148p = v148.data();
-    const float *__restrict v149p = v149.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v150p[i0 * 32 + i1];
-        const float s1 = v148p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v149p[i1];
-        const float s4 = (s2 + s3);
-        v152p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
+  repeated2(v91, v92, v93, v86, v96, v97, v98, v101, v102, v105, v107, v108, v109, v112, v113, v114,
+            v117, v118, v121, v123, v124, v125, v126, v127, v128, v129, v130, v131, v132, v133, v85,
+            v135, v138, v136, v137, v140, v141, v143, v144, v142, v145, v147, v150, v148, v149,
+            v152);
 
   // performer.mesh:137:10 einsum
   support::View v7(param1_causal_lm_unembed); // updated in place
   support::View v153 = arena_.view(196608, 4096);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v152.data(), v7.data(), v153.data(), 1.0f, 0.0f);
+  einsumPlan15.run(v152.data(), v7.data(), v153.data(), 1.0f, 0.0f);
 
   // performer.mesh:149:25 log_softmax
   support::View v154 = arena_.view(212992, 4096);
-  static const support::Shape shape8_2 = {1, 128};
-  static const support::Shape shape8_3 = {4096, 32};
-  static const support::Shape shape8_4 = {4096, 32};
-  static const support::Shape shape8_5 = {32};
-  static const support::Shape shape8_6 = {1};
-  static const support::Shape shape8_7 = {1};
-  support::along(v154.data(), v153.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6,
-                 shape8_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
+  static const support::Shape shape16_2 = {1, 128};
+  static const support::Shape shape16_3 = {4096, 32};
+  static const support::Shape shape16_4 = {4096, 32};
+  static const support::Shape shape16_5 = {32};
+  static const support::Shape shape16_6 = {1};
+  static const support::Shape shape16_7 = {1};
+  support::along(v154.data(), v153.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
   // performer.mesh:149:65 one_hot
-  support::View v1 = arena_.view(1933312, 128);
   support::View v155 = arena_.view(196608, 4096);
-  static const support::Shape shape9_1 = {1, 128, 32};
-  static const support::Shape shape9_3 = {128, 1, 0};
-  static const support::Shape shape9_4 = {0, 0, 1};
-  support::oneHot(v155.data(), shape9_1, v1.data(), shape9_3, shape9_4,
+  static const support::Shape shape17_1 = {1, 128, 32};
+  static const support::Shape shape17_3 = {128, 1, 0};
+  static const support::Shape shape17_4 = {0, 0, 1};
+  support::oneHot(v155.data(), shape17_1, v1.data(), shape17_3, shape17_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // performer.mesh:149:63 mul
@@ -4355,16 +2717,15 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // performer.mesh:149:21 sum
   support::View v157 = arena_.view(254464, 128);
-  static const support::Shape shape11_1 = {1, 128};
-  static const support::Shape shape11_3 = {4096, 32};
-  static const support::Shape shape11_4 = {32};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v157.data(), shape11_1, v156.data(), shape11_3, shape11_4, shape11_5,
+  static const support::Shape shape19_1 = {1, 128};
+  static const support::Shape shape19_3 = {4096, 32};
+  static const support::Shape shape19_4 = {32};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v157.data(), shape19_1, v156.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:149:20 neg -> token_loss
   // performer.mesh:150:29 mul
-  support::View v5 = arena_.view(1933824, 128);
   support::View v159 = arena_.view(229376, 128);
   {
     float *__restrict v159p = v159.data();
@@ -4381,29 +2742,35 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // performer.mesh:150:14 sum
   support::View v160 = arena_.view(229888, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {1, 128};
-  static const support::Shape shape13_5 = {128, 1};
-  support::reduce(v160.data(), shape13_1, v159.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape21_1 = {};
+  static const support::Shape shape21_3 = {};
+  static const support::Shape shape21_4 = {1, 128};
+  static const support::Shape shape21_5 = {128, 1};
+  support::reduce(v160.data(), shape21_1, v159.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:150:43 local_slice -> has_next (reshard has_next for sum at 150:43)
   support::View v161 = arena_.view(229376, 64);
-  static const support::Shape shape14_2 = {1, 128};
-  support::sliceDim(v161, v5, shape14_2, 1, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape22_2 = {1, 128};
+  support::sliceDim(v161, v5, shape22_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // performer.mesh:150:43 sum ('seq' sliced over model: partial over data, model as its partner)
   support::View v162 = arena_.view(254464, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {1, 64};
-  static const support::Shape shape15_5 = {64, 1};
-  support::reduce(v162.data(), shape15_1, v161.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape23_1 = {};
+  static const support::Shape shape23_3 = {};
+  static const support::Shape shape23_4 = {1, 64};
+  static const support::Shape shape23_5 = {64, 1};
+  support::reduce(v162.data(), shape23_1, v161.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // performer.mesh:150:41 bucketed_all_reduce_sum (2 partial sums (%153, %154) over data, model
   // resolved together, 8 B in one buffer)
+  support::View v160 = arena_.view(229888, 1);
+  support::View v162 = arena_.view(254464, 1);
   support::allReduceBucket(group_data_model, {v160, v162});
 
   // performer.mesh:150:41 div -> loss
@@ -4424,6 +2791,8 @@ void LmTrain::runPart3(const Inputs &inputs) {
   // performer.mesh:149:20 neg
   // performer.mesh:149:21 broadcast
   // performer.mesh:149:63 mul
+  support::View v5 = arena_.view(1933824, 128);
+  support::View v155 = arena_.view(196608, 4096);
   support::View v172 = arena_.view(229376, 4096);
   {
     float *__restrict v172p = v172.data();
@@ -4449,11 +2818,11 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // performer.mesh:149:25 sum
   support::View v173 = arena_.view(254464, 128);
-  static const support::Shape shape19_1 = {1, 128};
-  static const support::Shape shape19_3 = {4096, 32};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v173.data(), shape19_1, v172.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape3_1 = {1, 128};
+  static const support::Shape shape3_3 = {4096, 32};
+  static const support::Shape shape3_4 = {32};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(v173.data(), shape3_1, v172.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:149:25 all_reduce_sum (resolve the partial sum of %163 over model for mul at
@@ -4463,6 +2832,7 @@ void LmTrain::runPart3(const Inputs &inputs) {
   // performer.mesh:149:25 exp
   // performer.mesh:149:25 mul
   // performer.mesh:149:25 sub
+  support::View v154 = arena_.view(212992, 4096);
   support::View v177 = arena_.view(196608, 4096);
   {
     float *__restrict v177p = v177.data();
@@ -4483,37 +2853,34 @@ void LmTrain::runPart3(const Inputs &inputs) {
   }
 
   // performer.mesh:137:10 einsum
+  support::View v7(param1_causal_lm_unembed); // updated in place
   support::View v178 = arena_.view(212992, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v177.data(), v7.data(), v178.data(), 1.0f, 0.0f);
+  einsumPlan6.run(v177.data(), v7.data(), v178.data(), 1.0f, 0.0f);
 
   // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %167 over model for sum at
   // 29:40)
   auto request1 = support::startAllReduce(group_model, {v178}, meshrt::ReduceOp::Sum);
 
   // performer.mesh:137:10 einsum -> grad/causal_lm/unembed
+  support::View v152 = arena_.view(180224, 4096);
   support::View v179 = arena_.view(2277376, 1024);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan24(
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan24.run(v177.data(), v152.data(), v179.data(), 1.0f, 0.0f);
+  einsumPlan8.run(v177.data(), v152.data(), v179.data(), 1.0f, 0.0f);
 
   group_model.wait(request1);
-}
-
-void LmTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
 
   // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
-  support::View v178 = arena_.view(212992, 4096);
   support::View v181 = arena_.view(2284288, 32);
-  static const support::Shape shape0_1 = {32};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {1, 128};
-  static const support::Shape shape0_5 = {4096, 32};
-  support::reduce(v181.data(), shape0_1, v178.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape10_1 = {32};
+  static const support::Shape shape10_3 = {1};
+  static const support::Shape shape10_4 = {1, 128};
+  static const support::Shape shape10_5 = {4096, 32};
+  support::reduce(v181.data(), shape10_1, v178.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:33 mul
@@ -4533,21 +2900,21 @@ void LmTrain::runPart4(const Inputs &inputs) {
 
   // performer.mesh:29:33 sum -> grad/causal_lm/norm/gain
   support::View v184 = arena_.view(2284416, 32);
-  static const support::Shape shape2_1 = {32};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {1, 128};
-  static const support::Shape shape2_5 = {4096, 32};
-  support::reduce(v184.data(), shape2_1, v183.data(), shape2_3, shape2_4, shape2_5,
+  static const support::Shape shape12_1 = {32};
+  static const support::Shape shape12_3 = {1};
+  static const support::Shape shape12_4 = {1, 128};
+  static const support::Shape shape12_5 = {4096, 32};
+  support::reduce(v184.data(), shape12_1, v183.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
   // performer.mesh:29:10 mean
   support::View v147 = arena_.view(114688, 4096);
   support::View v185 = arena_.view(196608, 128);
-  static const support::Shape shape3_1 = {1, 128};
-  static const support::Shape shape3_3 = {4096, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v185.data(), shape3_1, v147.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape13_1 = {1, 128};
+  static const support::Shape shape13_3 = {4096, 32};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v185.data(), shape13_1, v147.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 sub
@@ -4570,11 +2937,11 @@ void LmTrain::runPart4(const Inputs &inputs) {
 
   // performer.mesh:29:10 mean
   support::View v188 = arena_.view(114688, 128);
-  static const support::Shape shape5_1 = {1, 128};
-  static const support::Shape shape5_3 = {4096, 32};
-  static const support::Shape shape5_4 = {32};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v188.data(), shape5_1, v187.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape15_1 = {1, 128};
+  static const support::Shape shape15_3 = {4096, 32};
+  static const support::Shape shape15_4 = {32};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v188.data(), shape15_1, v187.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 add
@@ -4618,20 +2985,20 @@ void LmTrain::runPart4(const Inputs &inputs) {
 
   // performer.mesh:29:10 mean
   support::View v193 = arena_.view(197120, 128);
-  static const support::Shape shape8_1 = {1, 128};
-  static const support::Shape shape8_3 = {4096, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v193.data(), shape8_1, v192.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape18_1 = {1, 128};
+  static const support::Shape shape18_3 = {4096, 32};
+  static const support::Shape shape18_4 = {32};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v193.data(), shape18_1, v192.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mean
   support::View v195 = arena_.view(197632, 128);
-  static const support::Shape shape9_1 = {1, 128};
-  static const support::Shape shape9_3 = {4096, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v195.data(), shape9_1, v182.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape19_1 = {1, 128};
+  static const support::Shape shape19_3 = {4096, 32};
+  static const support::Shape shape19_4 = {32};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v195.data(), shape19_1, v182.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 0.03125);
 
   // performer.mesh:29:10 mul
@@ -4662,1689 +3029,224 @@ void LmTrain::runPart4(const Inputs &inputs) {
     }
   }
 
-  // performer.mesh:96:10 einsum
+  // 62 statements from performer.mesh:96:10 einsum (1 of 2)
   support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
   support::View v199 = arena_.view(98304, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v198.data(), v142.data(), v199.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
   support::View v144 = arena_.view(65536, 8192);
-  support::View v200 = arena_.view(2252800, 2048);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan12.run(v198.data(), v144.data(), v200.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:17 square
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 tanh
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 square
-  // performer.mesh:96:17 sub
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
   support::View v143 = arena_.view(32768, 8192);
   support::View v222 = arena_.view(65536, 8192);
-  {
-    float *__restrict v222p = v222.data();
-    const float *__restrict v143p = v143.data();
-    const float *__restrict v199p = v199.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v143p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = v143p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = v143p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = v143p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = v199p[i0];
-      const float s29 = (s28 * s27);
-      v222p[i0] = s29;
-    }
-  }
-
-  // performer.mesh:96:22 einsum
   support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
   support::View v223 = arena_.view(32768, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v222.data(), v141.data(), v223.data(), 1.0f, 0.0f);
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %211 over model for sum at
-  // 29:40)
-  auto request2 = support::startAllReduce(group_model, {v223}, meshrt::ReduceOp::Sum);
-
-  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
   support::View v140 = arena_.view(163840, 4096);
-  support::View v224 = arena_.view(2260992, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan16.run(v222.data(), v140.data(), v224.data(), 1.0f, 0.0f);
-
-  group_model.wait(request2);
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
-  support::View v226 = arena_.view(2284544, 32);
-  static const support::Shape shape18_1 = {32};
-  static const support::Shape shape18_3 = {1};
-  static const support::Shape shape18_4 = {1, 128};
-  static const support::Shape shape18_5 = {4096, 32};
-  support::reduce(v226.data(), shape18_1, v223.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
   support::View v138 = arena_.view(147456, 4096);
   support::View v228 = arena_.view(49152, 4096);
-  {
-    float *__restrict v228p = v228.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v223p[i0];
-      const float s1 = v138p[i0];
-      const float s2 = (s0 * s1);
-      v228p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
-  support::View v229 = arena_.view(2284672, 32);
-  static const support::Shape shape20_1 = {32};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {1, 128};
-  static const support::Shape shape20_5 = {4096, 32};
-  support::reduce(v229.data(), shape20_1, v228.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  support::View v135 = arena_.view(131072, 4096);
   support::View v230 = arena_.view(65536, 128);
-  static const support::Shape shape21_1 = {1, 128};
-  static const support::Shape shape21_3 = {4096, 32};
-  static const support::Shape shape21_4 = {32};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v230.data(), shape21_1, v135.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
+  support::View v135 = arena_.view(131072, 4096);
   support::View v232 = arena_.view(49152, 4096);
-  {
-    float *__restrict v232p = v232.data();
-    const float *__restrict v135p = v135.data();
-    const float *__restrict v230p = v230.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v135p[i0 * 32 + i1];
-        const float s1 = v230p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v232p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // performer.mesh:29:10 mean
-  support::View v233 = arena_.view(65536, 128);
-  static const support::Shape shape23_1 = {1, 128};
-  static const support::Shape shape23_3 = {4096, 32};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v233.data(), shape23_1, v232.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.03125);
-}
-
-void LmTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
   support::View v233 = arena_.view(65536, 128);
   support::View v235 = arena_.view(81920, 128);
-  {
-    float *__restrict v235p = v235.data();
-    const float *__restrict v233p = v233.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v233p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v235p[i0] = s3;
-    }
-  }
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:10 mul
-  support::View v223 = arena_.view(32768, 4096);
   support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v138 = arena_.view(147456, 4096);
   support::View v227 = arena_.view(49152, 4096);
   support::View v236 = arena_.view(65536, 4096);
-  {
-    float *__restrict v227p = v227.data();
-    float *__restrict v236p = v236.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v136p = v136.data();
-    const float *__restrict v138p = v138.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v223p[i0 * 32 + i1];
-        const float s1 = v136p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v138p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        v227p[i0 * 32 + i1] = s2;
-        v236p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:29:10 mean
   support::View v237 = arena_.view(32768, 128);
-  static const support::Shape shape2_1 = {1, 128};
-  static const support::Shape shape2_3 = {4096, 32};
-  static const support::Shape shape2_4 = {32};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v237.data(), shape2_1, v236.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mean
   support::View v239 = arena_.view(33280, 128);
-  static const support::Shape shape3_1 = {1, 128};
-  static const support::Shape shape3_3 = {4096, 32};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v239.data(), shape3_1, v227.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  support::View v198 = arena_.view(180224, 4096);
   support::View v243 = arena_.view(2179072, 4096);
-  {
-    float *__restrict v243p = v243.data();
-    const float *__restrict v138p = v138.data();
-    const float *__restrict v237p = v237.data();
-    const float *__restrict v227p = v227.data();
-    const float *__restrict v239p = v239.data();
-    const float *__restrict v235p = v235.data();
-    const float *__restrict v198p = v198.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v138p[i0 * 32 + i1];
-        const float s1 = v237p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v227p[i0 * 32 + i1];
-        const float s4 = v239p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v235p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v198p[i0 * 32 + i1];
-        const float s10 = (s9 + s8);
-        v243p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
-
-  // performer.mesh:50:10 einsum
   support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
   support::View v244 = arena_.view(32768, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(v243.data(), v132.data(), v244.data(), 1.0f, 0.0f);
-
-  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
   support::View v131 = arena_.view(245760, 2048);
-  support::View v245 = arena_.view(2281472, 512);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan6.run(v243.data(), v131.data(), v245.data(), 1.0f, 0.0f);
-
-  // performer.mesh:90:20 div
   support::View v130 = arena_.view(253952, 128);
   support::View v246 = arena_.view(2269184, 2048);
-  {
-    float *__restrict v246p = v246.data();
-    const float *__restrict v244p = v244.data();
-    const float *__restrict v130p = v130.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v244p[i0 * 16 + i1];
-        const float s1 = v130p[i0];
-        const float s2 = (s0 / s1);
-        v246p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // performer.mesh:90:20 div
-  // performer.mesh:90:20 mul
-  // performer.mesh:90:20 neg
   support::View v249 = arena_.view(40960, 2048);
-  {
-    float *__restrict v249p = v249.data();
-    const float *__restrict v131p = v131.data();
-    const float *__restrict v130p = v130.data();
-    const float *__restrict v244p = v244.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v131p[i0 * 16 + i1];
-        const float s1 = v130p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = v244p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = -s4;
-        v249p[i0 * 16 + i1] = s5;
-      }
-    }
-  }
-
-  // performer.mesh:90:20 sum
   support::View v250 = arena_.view(32768, 128);
-  static const support::Shape shape9_1 = {1, 128, 1};
-  static const support::Shape shape9_3 = {2048, 16, 16};
-  static const support::Shape shape9_4 = {16};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v250.data(), shape9_1, v249.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:89:20 einsum
   support::View v129 = arena_.view(0, 8192);
   support::View v251 = arena_.view(1933312, 8192);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan10.run(v250.data(), v129.data(), v251.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:20 einsum
   support::View v107 = arena_.view(1835008, 8192);
   support::View v252 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan11.run(v250.data(), v107.data(), v252.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:31 sum
   support::View v253 = arena_.view(2284032, 64);
-  static const support::Shape shape12_1 = {1, 1, 64};
-  static const support::Shape shape12_3 = {8192, 64, 1};
-  static const support::Shape shape12_4 = {128};
-  static const support::Shape shape12_5 = {64};
-  support::reduce(v253.data(), shape12_1, v252.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:89:31 cumsum
   support::View v255 = arena_.view(1966080, 8192);
-  static const support::Shape shape13_2 = {1, 1, 64};
-  static const support::Shape shape13_3 = {8192, 64, 1};
-  static const support::Shape shape13_4 = {8192, 64, 1};
-  static const support::Shape shape13_5 = {128};
-  static const support::Shape shape13_6 = {64};
-  static const support::Shape shape13_7 = {64};
-  support::along(v255.data(), v252.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
-
-  // performer.mesh:88:19 einsum
   support::View v127 = arena_.view(1048576, 131072);
   support::View v257 = arena_.view(1998848, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan14.run(v246.data(), v127.data(), v257.data(), 1.0f, 0.0f);
-
-  // performer.mesh:88:19 einsum
   support::View v259 = arena_.view(0, 131072);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
-  einsumPlan15.run(v246.data(), v107.data(), v259.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:12 sum
   support::View v260 = arena_.view(1835008, 1024);
-  static const support::Shape shape16_1 = {1, 1, 64, 16};
-  static const support::Shape shape16_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape16_4 = {128};
-  static const support::Shape shape16_5 = {1024};
-  support::reduce(v260.data(), shape16_1, v259.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:87:12 cumsum
   support::View v262 = arena_.view(1048576, 131072);
-  static const support::Shape shape17_2 = {1, 1, 64, 16};
-  static const support::Shape shape17_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape17_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape17_5 = {128};
-  static const support::Shape shape17_6 = {1024};
-  static const support::Shape shape17_7 = {1024};
-  support::along(v262.data(), v259.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
-                 shape17_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
-
-  // performer.mesh:87:12 broadcast
-  // performer.mesh:87:12 sub
   support::View v263 = arena_.view(0, 131072);
-  {
-    float *__restrict v263p = v263.data();
-    const float *__restrict v260p = v260.data();
-    const float *__restrict v262p = v262.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = v260p[i1];
-        const float s1 = s0;
-        const float s2 = v262p[i0 * 1024 + i1];
-        const float s3 = (s1 - s2);
-        v263p[i0 * 1024 + i1] = s3;
-      }
-    }
-  }
-
-  // performer.mesh:87:19 einsum
   support::View v125 = arena_.view(2244608, 2048);
   support::View v264 = arena_.view(1048576, 8192);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan19.run(v263.data(), v125.data(), v264.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:19 einsum
   support::View v123 = arena_.view(1900544, 8192);
   support::View v266 = arena_.view(1081344, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan20.run(v263.data(), v123.data(), v266.data(), 1.0f, 0.0f);
-
-  // performer.mesh:45:10 einsum
   support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
   support::View v267 = arena_.view(65536, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan21.run(v266.data(), v124.data(), v267.data(), 1.0f, 0.0f);
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
   support::View v91 = arena_.view(2162688, 4096);
-  support::View v268 = arena_.view(1187840, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan22.run(v266.data(), v91.data(), v268.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:31 broadcast
-  // performer.mesh:89:31 sub
-  // performer.mesh:87:19 add
-  // performer.mesh:71:66 mul
-  // performer.mesh:71:10 mul
-  // performer.mesh:57:59 neg
   support::View v121 = arena_.view(1867776, 8192);
   support::View v270 = arena_.view(0, 8192);
   support::View v271 = arena_.view(32768, 8192);
-  {
-    float *__restrict v270p = v270.data();
-    float *__restrict v271p = v271.data();
-    const float *__restrict v253p = v253.data();
-    const float *__restrict v255p = v255.data();
-    const float *__restrict v264p = v264.data();
-    const float *__restrict v121p = v121.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v253p[i1];
-        const float s1 = s0;
-        const float s2 = v255p[i0 * 64 + i1];
-        const float s3 = (s1 - s2);
-        const float s4 = v264p[i0 * 64 + i1];
-        const float s5 = (s3 + s4);
-        const float s6 = 0.125f;
-        const float s7 = (s5 * s6);
-        const float s8 = v121p[i0 * 64 + i1];
-        const float s9 = (s7 * s8);
-        const float s10 = -s9;
-        v270p[i0 * 64 + i1] = s9;
-        v271p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
-}
-
-void LmTrain::runPart6(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:57:59 sum
-  support::View v271 = arena_.view(32768, 8192);
   support::View v272 = arena_.view(81920, 128);
-  static const support::Shape shape0_1 = {1, 128, 1};
-  static const support::Shape shape0_3 = {8192, 64, 64};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v272.data(), shape0_1, v271.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:10 einsum
-  support::View v270 = arena_.view(0, 8192);
   const support::Buffer &v86 = param13_causal_lm_decoder_layer_1_random_features;
   support::View v278 = arena_.view(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan1.run(v270.data(), v86.data(), v278.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:61 broadcast
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:10 add
-  // performer.mesh:56:18 mul
   support::View v109 = arena_.view(2236416, 2048);
   support::View v280 = arena_.view(0, 2048);
-  {
-    float *__restrict v280p = v280.data();
-    const float *__restrict v109p = v109.data();
-    const float *__restrict v272p = v272.data();
-    const float *__restrict v278p = v278.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v109p[i0 * 16 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = v272p[i0];
-        const float s4 = 0.5f;
-        const float s5 = (s3 * s4);
-        const float s6 = s5;
-        const float s7 = (s6 * s2);
-        const float s8 = v278p[i0 * 16 + i1];
-        const float s9 = (s7 + s8);
-        const float s10 = 0.5f;
-        const float s11 = (s9 * s10);
-        v280p[i0 * 16 + i1] = s11;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
   support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
   support::View v281 = arena_.view(81920, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan3.run(v280.data(), v108.data(), v281.data(), 1.0f, 0.0f);
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
-  support::View v91 = arena_.view(2162688, 4096);
-  support::View v283 = arena_.view(1189888, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan4.run(v280.data(), v91.data(), v283.data(), 1.0f, 0.0f);
-
-  // performer.mesh:88:19 add
-  // performer.mesh:66:61 mul
-  // performer.mesh:66:10 mul
-  // performer.mesh:57:59 neg
-  support::View v251 = arena_.view(1933312, 8192);
-  support::View v257 = arena_.view(1998848, 8192);
   support::View v105 = arena_.view(1802240, 8192);
   support::View v285 = arena_.view(0, 8192);
   support::View v286 = arena_.view(32768, 8192);
-  {
-    float *__restrict v285p = v285.data();
-    float *__restrict v286p = v286.data();
-    const float *__restrict v251p = v251.data();
-    const float *__restrict v257p = v257.data();
-    const float *__restrict v105p = v105.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v251p[i0];
-      const float s1 = v257p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = 0.125f;
-      const float s4 = (s2 * s3);
-      const float s5 = v105p[i0];
-      const float s6 = (s4 * s5);
-      const float s7 = -s6;
-      v285p[i0] = s6;
-      v286p[i0] = s7;
-    }
-  }
-
-  // performer.mesh:57:59 sum
   support::View v287 = arena_.view(98304, 128);
-  static const support::Shape shape6_1 = {1, 128, 1};
-  static const support::Shape shape6_3 = {8192, 64, 64};
-  static const support::Shape shape6_4 = {64};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v287.data(), shape6_1, v286.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:10 einsum
   support::View v292 = arena_.view(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan7.run(v285.data(), v86.data(), v292.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:61 broadcast
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:10 add
-  // performer.mesh:56:18 mul
   support::View v93 = arena_.view(2228224, 2048);
   support::View v294 = arena_.view(40960, 2048);
-  {
-    float *__restrict v294p = v294.data();
-    const float *__restrict v93p = v93.data();
-    const float *__restrict v287p = v287.data();
-    const float *__restrict v292p = v292.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v93p[i0 * 16 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = v287p[i0];
-        const float s4 = 0.5f;
-        const float s5 = (s3 * s4);
-        const float s6 = s5;
-        const float s7 = (s6 * s2);
-        const float s8 = v292p[i0 * 16 + i1];
-        const float s9 = (s7 + s8);
-        const float s10 = 0.5f;
-        const float s11 = (s9 * s10);
-        v294p[i0 * 16 + i1] = s11;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
   support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
   support::View v295 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan9.run(v294.data(), v92.data(), v295.data(), 1.0f, 0.0f);
-
-  // performer.mesh:45:10 add
-  // performer.mesh:45:10 add
-  support::View v267 = arena_.view(65536, 4096);
   support::View v296 = arena_.view(16384, 4096);
-  {
-    float *__restrict v296p = v296.data();
-    const float *__restrict v267p = v267.data();
-    const float *__restrict v281p = v281.data();
-    const float *__restrict v295p = v295.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v267p[i0];
-      const float s1 = v281p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v295p[i0];
-      const float s4 = (s2 + s3);
-      v296p[i0] = s4;
-    }
-  }
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %283 over model for sum at
-  // 29:40)
-  auto request3 = support::startAllReduce(group_model, {v296}, meshrt::ReduceOp::Sum);
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
-  support::View v297 = arena_.view(1191936, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan12.run(v294.data(), v91.data(), v297.data(), 1.0f, 0.0f);
-
-  group_model.wait(request3);
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
-  support::View v299 = arena_.view(1196288, 32);
-  static const support::Shape shape14_1 = {32};
-  static const support::Shape shape14_3 = {1};
-  static const support::Shape shape14_4 = {1, 128};
-  static const support::Shape shape14_5 = {4096, 32};
-  support::reduce(v299.data(), shape14_1, v296.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
   support::View v89 = arena_.view(2146304, 4096);
   support::View v301 = arena_.view(0, 4096);
-  {
-    float *__restrict v301p = v301.data();
-    const float *__restrict v296p = v296.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v296p[i0];
-      const float s1 = v89p[i0];
-      const float s2 = (s0 * s1);
-      v301p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
-  support::View v302 = arena_.view(1196416, 32);
-  static const support::Shape shape16_1 = {32};
-  static const support::Shape shape16_3 = {1};
-  static const support::Shape shape16_4 = {1, 128};
-  static const support::Shape shape16_5 = {4096, 32};
-  support::reduce(v302.data(), shape16_1, v301.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  support::View v85 = arena_.view(2129920, 4096);
   support::View v303 = arena_.view(32768, 128);
-  static const support::Shape shape17_1 = {1, 128};
-  static const support::Shape shape17_3 = {4096, 32};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v303.data(), shape17_1, v85.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
+  support::View v85 = arena_.view(2129920, 4096);
   support::View v305 = arena_.view(0, 4096);
-  {
-    float *__restrict v305p = v305.data();
-    const float *__restrict v85p = v85.data();
-    const float *__restrict v303p = v303.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v85p[i0 * 32 + i1];
-        const float s1 = v303p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v305p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // performer.mesh:29:10 mean
   support::View v306 = arena_.view(32768, 128);
-  static const support::Shape shape19_1 = {1, 128};
-  static const support::Shape shape19_3 = {4096, 32};
-  static const support::Shape shape19_4 = {32};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v306.data(), shape19_1, v305.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
   support::View v308 = arena_.view(49152, 128);
-  {
-    float *__restrict v308p = v308.data();
-    const float *__restrict v306p = v306.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v306p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v308p[i0] = s3;
-    }
-  }
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:10 mul
   support::View v87(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
   support::View v300 = arena_.view(0, 4096);
   support::View v309 = arena_.view(32768, 4096);
-  {
-    float *__restrict v300p = v300.data();
-    float *__restrict v309p = v309.data();
-    const float *__restrict v296p = v296.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v296p[i0 * 32 + i1];
-        const float s1 = v87p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v89p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        v300p[i0 * 32 + i1] = s2;
-        v309p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:29:10 mean
   support::View v310 = arena_.view(16384, 128);
-  static const support::Shape shape22_1 = {1, 128};
-  static const support::Shape shape22_3 = {4096, 32};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v310.data(), shape22_1, v309.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mean
   support::View v312 = arena_.view(16896, 128);
-  static const support::Shape shape23_1 = {1, 128};
-  static const support::Shape shape23_3 = {4096, 32};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v312.data(), shape23_1, v300.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.03125);
-}
-
-void LmTrain::runPart7(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  support::View v89 = arena_.view(2146304, 4096);
-  support::View v310 = arena_.view(16384, 128);
-  support::View v300 = arena_.view(0, 4096);
-  support::View v312 = arena_.view(16896, 128);
-  support::View v308 = arena_.view(49152, 128);
-  support::View v243 = arena_.view(2179072, 4096);
+  support::View v200 = arena_.view(2252800, 2048);
+  support::View v224 = arena_.view(2260992, 2048);
+  support::View v226 = arena_.view(2284544, 32);
+  support::View v229 = arena_.view(2284672, 32);
+  support::View v245 = arena_.view(2281472, 512);
+  support::View v268 = arena_.view(1187840, 512);
+  support::View v283 = arena_.view(1189888, 512);
+  support::View v297 = arena_.view(1191936, 512);
+  support::View v299 = arena_.view(1196288, 32);
+  support::View v302 = arena_.view(1196416, 32);
   support::View v316 = arena_.view(65536, 4096);
-  {
-    float *__restrict v316p = v316.data();
-    const float *__restrict v89p = v89.data();
-    const float *__restrict v310p = v310.data();
-    const float *__restrict v300p = v300.data();
-    const float *__restrict v312p = v312.data();
-    const float *__restrict v308p = v308.data();
-    const float *__restrict v243p = v243.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v89p[i0 * 32 + i1];
-        const float s1 = v310p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v300p[i0 * 32 + i1];
-        const float s4 = v312p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v308p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v243p[i0 * 32 + i1];
-        const float s10 = (s9 + s8);
-        v316p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  repeated0(v198, v142, v199, v144, v200, v143, v222, v141, v223, v140, v224, v226, v138, v228,
+            v229, v230, v135, v232, v233, v235, v136, v227, v236, v237, v239, v243, v132, v244,
+            v131, v245, v130, v246, v249, v250, v129, v251, v107, v252, v253, v255, v127, v257,
+            v259, v260, v262, v263, v125, v264, v123, v266, v124, v267, v91, v268, v121, v270, v271,
+            v272, v86, v278, v109, v280, v108, v281, v283, v105, v285, v286, v287, v292, v93, v294,
+            v92, v295, v296, v297, v299, v89, v301, v302, v303, v85, v305, v306, v308, v87, v300,
+            v309, v310, v312, v316);
 
-  // performer.mesh:96:10 einsum
+  // 62 statements from performer.mesh:96:10 einsum (2 of 2)
   support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
   support::View v317 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan1.run(v316.data(), v80.data(), v317.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[0]/ffn/w_out
   support::View v82 = arena_.view(1769472, 8192);
-  support::View v318 = arena_.view(1163264, 2048);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan2.run(v316.data(), v82.data(), v318.data(), 1.0f, 0.0f);
-
-  // performer.mesh:96:17 square
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 tanh
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 square
-  // performer.mesh:96:17 sub
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 mul
-  // performer.mesh:96:17 add
-  // performer.mesh:96:17 mul
   support::View v81 = arena_.view(1736704, 8192);
   support::View v335 = arena_.view(32768, 8192);
-  {
-    float *__restrict v335p = v335.data();
-    const float *__restrict v81p = v81.data();
-    const float *__restrict v317p = v317.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v81p[i0];
-      const float s1 = s0 * s0;
-      const float s2 = v81p[i0];
-      const float s3 = (s2 * s1);
-      const float s4 = 0.044715f;
-      const float s5 = (s3 * s4);
-      const float s6 = v81p[i0];
-      const float s7 = (s6 + s5);
-      const float s8 = 0.7978846f;
-      const float s9 = (s7 * s8);
-      const float s10 = support::ftanh(s9);
-      const float s11 = 1.0f;
-      const float s12 = (s10 + s11);
-      const float s13 = 0.5f;
-      const float s14 = (s12 * s13);
-      const float s15 = 0.134145f;
-      const float s16 = (s1 * s15);
-      const float s17 = 1.0f;
-      const float s18 = (s16 + s17);
-      const float s19 = s10 * s10;
-      const float s20 = 1.0f;
-      const float s21 = (s20 - s19);
-      const float s22 = v81p[i0];
-      const float s23 = (s22 * s21);
-      const float s24 = (s23 * s18);
-      const float s25 = 0.3989423f;
-      const float s26 = (s24 * s25);
-      const float s27 = (s14 + s26);
-      const float s28 = v317p[i0];
-      const float s29 = (s28 * s27);
-      v335p[i0] = s29;
-    }
-  }
-
-  // performer.mesh:96:22 einsum
   support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
   support::View v336 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan4.run(v335.data(), v79.data(), v336.data(), 1.0f, 0.0f);
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %322 over model for sum at
-  // 29:40)
-  auto request4 = support::startAllReduce(group_model, {v336}, meshrt::ReduceOp::Sum);
-
-  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[0]/ffn/w_in
   support::View v78 = arena_.view(2113536, 4096);
-  support::View v337 = arena_.view(1171456, 2048);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan6.run(v335.data(), v78.data(), v337.data(), 1.0f, 0.0f);
-
-  group_model.wait(request4);
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[0]/norm#1/bias
-  support::View v339 = arena_.view(1196544, 32);
-  static const support::Shape shape8_1 = {32};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {1, 128};
-  static const support::Shape shape8_5 = {4096, 32};
-  support::reduce(v339.data(), shape8_1, v336.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
   support::View v76 = arena_.view(2097152, 4096);
   support::View v341 = arena_.view(16384, 4096);
-  {
-    float *__restrict v341p = v341.data();
-    const float *__restrict v336p = v336.data();
-    const float *__restrict v76p = v76.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v336p[i0];
-      const float s1 = v76p[i0];
-      const float s2 = (s0 * s1);
-      v341p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[0]/norm#1/gain
-  support::View v342 = arena_.view(1196672, 32);
-  static const support::Shape shape10_1 = {32};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {1, 128};
-  static const support::Shape shape10_5 = {4096, 32};
-  support::reduce(v342.data(), shape10_1, v341.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  support::View v73 = arena_.view(2080768, 4096);
   support::View v343 = arena_.view(32768, 128);
-  static const support::Shape shape11_1 = {1, 128};
-  static const support::Shape shape11_3 = {4096, 32};
-  static const support::Shape shape11_4 = {32};
-  static const support::Shape shape11_5 = {1};
-  support::reduce(v343.data(), shape11_1, v73.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
+  support::View v73 = arena_.view(2080768, 4096);
   support::View v345 = arena_.view(16384, 4096);
-  {
-    float *__restrict v345p = v345.data();
-    const float *__restrict v73p = v73.data();
-    const float *__restrict v343p = v343.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v73p[i0 * 32 + i1];
-        const float s1 = v343p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v345p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // performer.mesh:29:10 mean
   support::View v346 = arena_.view(32768, 128);
-  static const support::Shape shape13_1 = {1, 128};
-  static const support::Shape shape13_3 = {4096, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v346.data(), shape13_1, v345.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
   support::View v348 = arena_.view(49152, 128);
-  {
-    float *__restrict v348p = v348.data();
-    const float *__restrict v346p = v346.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v346p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v348p[i0] = s3;
-    }
-  }
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:10 mul
   support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
   support::View v340 = arena_.view(16384, 4096);
   support::View v349 = arena_.view(32768, 4096);
-  {
-    float *__restrict v340p = v340.data();
-    float *__restrict v349p = v349.data();
-    const float *__restrict v336p = v336.data();
-    const float *__restrict v74p = v74.data();
-    const float *__restrict v76p = v76.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v336p[i0 * 32 + i1];
-        const float s1 = v74p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v76p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        v340p[i0 * 32 + i1] = s2;
-        v349p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:29:10 mean
   support::View v350 = arena_.view(0, 128);
-  static const support::Shape shape16_1 = {1, 128};
-  static const support::Shape shape16_3 = {4096, 32};
-  static const support::Shape shape16_4 = {32};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v350.data(), shape16_1, v349.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mean
   support::View v352 = arena_.view(512, 128);
-  static const support::Shape shape17_1 = {1, 128};
-  static const support::Shape shape17_3 = {4096, 32};
-  static const support::Shape shape17_4 = {32};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v352.data(), shape17_1, v340.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
   support::View v356 = arena_.view(1146880, 4096);
-  {
-    float *__restrict v356p = v356.data();
-    const float *__restrict v76p = v76.data();
-    const float *__restrict v350p = v350.data();
-    const float *__restrict v340p = v340.data();
-    const float *__restrict v352p = v352.data();
-    const float *__restrict v348p = v348.data();
-    const float *__restrict v316p = v316.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v76p[i0 * 32 + i1];
-        const float s1 = v350p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v340p[i0 * 32 + i1];
-        const float s4 = v352p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v348p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v316p[i0 * 32 + i1];
-        const float s10 = (s9 + s8);
-        v356p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
-
-  // performer.mesh:50:10 einsum
   support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
   support::View v357 = arena_.view(0, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan19.run(v356.data(), v70.data(), v357.data(), 1.0f, 0.0f);
-
-  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_out/w
   support::View v69 = arena_.view(2220032, 2048);
-  support::View v358 = arena_.view(1193984, 512);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan20.run(v356.data(), v69.data(), v358.data(), 1.0f, 0.0f);
-
-  // performer.mesh:90:20 div
   support::View v68 = arena_.view(2283520, 128);
   support::View v359 = arena_.view(1179648, 2048);
-  {
-    float *__restrict v359p = v359.data();
-    const float *__restrict v357p = v357.data();
-    const float *__restrict v68p = v68.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v357p[i0 * 16 + i1];
-        const float s1 = v68p[i0];
-        const float s2 = (s0 / s1);
-        v359p[i0 * 16 + i1] = s2;
-      }
-    }
-  }
-
-  // performer.mesh:90:20 div
-  // performer.mesh:90:20 mul
-  // performer.mesh:90:20 neg
   support::View v362 = arena_.view(8192, 2048);
-  {
-    float *__restrict v362p = v362.data();
-    const float *__restrict v69p = v69.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v357p = v357.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v69p[i0 * 16 + i1];
-        const float s1 = v68p[i0];
-        const float s2 = (s0 / s1);
-        const float s3 = v357p[i0 * 16 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = -s4;
-        v362p[i0 * 16 + i1] = s5;
-      }
-    }
-  }
-
-  // performer.mesh:90:20 sum
-  support::View v363 = arena_.view(32768, 128);
-  static const support::Shape shape23_1 = {1, 128, 1};
-  static const support::Shape shape23_3 = {2048, 16, 16};
-  static const support::Shape shape23_4 = {16};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v363.data(), shape23_1, v362.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart8(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:89:20 einsum
   support::View v363 = arena_.view(32768, 128);
   support::View v67 = arena_.view(1703936, 8192);
   support::View v364 = arena_.view(1048576, 8192);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan0.run(v363.data(), v67.data(), v364.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:20 einsum
   support::View v45 = arena_.view(1605632, 8192);
   support::View v365 = arena_.view(0, 8192);
-  // dims: batch, seq, heads, features
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan1.run(v363.data(), v45.data(), v365.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:31 sum
   support::View v366 = arena_.view(1196032, 64);
-  static const support::Shape shape2_1 = {1, 1, 64};
-  static const support::Shape shape2_3 = {8192, 64, 1};
-  static const support::Shape shape2_4 = {128};
-  static const support::Shape shape2_5 = {64};
-  support::reduce(v366.data(), shape2_1, v365.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:89:31 cumsum
   support::View v368 = arena_.view(1081344, 8192);
-  static const support::Shape shape3_2 = {1, 1, 64};
-  static const support::Shape shape3_3 = {8192, 64, 1};
-  static const support::Shape shape3_4 = {8192, 64, 1};
-  static const support::Shape shape3_5 = {128};
-  static const support::Shape shape3_6 = {64};
-  static const support::Shape shape3_7 = {64};
-  support::along(v368.data(), v365.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6,
-                 shape3_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
-
-  // performer.mesh:88:19 einsum
-  support::View v359 = arena_.view(1179648, 2048);
   support::View v65 = arena_.view(524288, 131072);
   support::View v370 = arena_.view(1114112, 8192);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan4.run(v359.data(), v65.data(), v370.data(), 1.0f, 0.0f);
-
-  // performer.mesh:88:19 einsum
   support::View v372 = arena_.view(0, 131072);
-  // dims: batch, seq, heads, d_head, features
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
-  einsumPlan5.run(v359.data(), v45.data(), v372.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:12 sum
   support::View v373 = arena_.view(1179648, 1024);
-  static const support::Shape shape6_1 = {1, 1, 64, 16};
-  static const support::Shape shape6_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape6_4 = {128};
-  static const support::Shape shape6_5 = {1024};
-  support::reduce(v373.data(), shape6_1, v372.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:87:12 cumsum
   support::View v375 = arena_.view(524288, 131072);
-  static const support::Shape shape7_2 = {1, 1, 64, 16};
-  static const support::Shape shape7_3 = {131072, 1024, 16, 1};
-  static const support::Shape shape7_4 = {131072, 1024, 16, 1};
-  static const support::Shape shape7_5 = {128};
-  static const support::Shape shape7_6 = {1024};
-  static const support::Shape shape7_7 = {1024};
-  support::along(v375.data(), v372.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6,
-                 shape7_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
-
-  // performer.mesh:87:12 broadcast
-  // performer.mesh:87:12 sub
   support::View v376 = arena_.view(0, 131072);
-  {
-    float *__restrict v376p = v376.data();
-    const float *__restrict v373p = v373.data();
-    const float *__restrict v375p = v375.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 1024; ++i1) {
-        const float s0 = v373p[i1];
-        const float s1 = s0;
-        const float s2 = v375p[i0 * 1024 + i1];
-        const float s3 = (s1 - s2);
-        v376p[i0 * 1024 + i1] = s3;
-      }
-    }
-  }
-
-  // performer.mesh:87:19 einsum
   support::View v63 = arena_.view(2211840, 2048);
   support::View v377 = arena_.view(524288, 8192);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
-  einsumPlan9.run(v376.data(), v63.data(), v377.data(), 1.0f, 0.0f);
-
-  // performer.mesh:87:19 einsum
   support::View v61 = arena_.view(1671168, 8192);
   support::View v379 = arena_.view(557056, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan10.run(v376.data(), v61.data(), v379.data(), 1.0f, 0.0f);
-
-  // performer.mesh:45:10 einsum
   support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
   support::View v380 = arena_.view(65536, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan11.run(v379.data(), v62.data(), v380.data(), 1.0f, 0.0f);
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in#2/w
   support::View v29 = arena_.view(2064384, 4096);
-  support::View v381 = arena_.view(98304, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan12.run(v379.data(), v29.data(), v381.data(), 1.0f, 0.0f);
-
-  // performer.mesh:89:31 broadcast
-  // performer.mesh:89:31 sub
-  // performer.mesh:87:19 add
-  // performer.mesh:71:66 mul
-  // performer.mesh:71:10 mul
-  // performer.mesh:57:59 neg
   support::View v59 = arena_.view(1638400, 8192);
   support::View v383 = arena_.view(0, 8192);
   support::View v384 = arena_.view(32768, 8192);
-  {
-    float *__restrict v383p = v383.data();
-    float *__restrict v384p = v384.data();
-    const float *__restrict v366p = v366.data();
-    const float *__restrict v368p = v368.data();
-    const float *__restrict v377p = v377.data();
-    const float *__restrict v59p = v59.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v366p[i1];
-        const float s1 = s0;
-        const float s2 = v368p[i0 * 64 + i1];
-        const float s3 = (s1 - s2);
-        const float s4 = v377p[i0 * 64 + i1];
-        const float s5 = (s3 + s4);
-        const float s6 = 0.125f;
-        const float s7 = (s5 * s6);
-        const float s8 = v59p[i0 * 64 + i1];
-        const float s9 = (s7 * s8);
-        const float s10 = -s9;
-        v383p[i0 * 64 + i1] = s9;
-        v384p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
-
-  // performer.mesh:57:59 sum
   support::View v385 = arena_.view(81920, 128);
-  static const support::Shape shape14_1 = {1, 128, 1};
-  static const support::Shape shape14_3 = {8192, 64, 64};
-  static const support::Shape shape14_4 = {64};
-  static const support::Shape shape14_5 = {1};
-  support::reduce(v385.data(), shape14_1, v384.data(), shape14_3, shape14_4, shape14_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:10 einsum
   const support::Buffer &v24 = param2_causal_lm_decoder_layer_0_random_features;
   support::View v390 = arena_.view(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan15.run(v383.data(), v24.data(), v390.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:61 broadcast
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:10 add
-  // performer.mesh:56:18 mul
   support::View v47 = arena_.view(2203648, 2048);
   support::View v392 = arena_.view(0, 2048);
-  {
-    float *__restrict v392p = v392.data();
-    const float *__restrict v47p = v47.data();
-    const float *__restrict v385p = v385.data();
-    const float *__restrict v390p = v390.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v47p[i0 * 16 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = v385p[i0];
-        const float s4 = 0.5f;
-        const float s5 = (s3 * s4);
-        const float s6 = s5;
-        const float s7 = (s6 * s2);
-        const float s8 = v390p[i0 * 16 + i1];
-        const float s9 = (s7 + s8);
-        const float s10 = 0.5f;
-        const float s11 = (s9 * s10);
-        v392p[i0 * 16 + i1] = s11;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
   support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
   support::View v393 = arena_.view(81920, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan17.run(v392.data(), v46.data(), v393.data(), 1.0f, 0.0f);
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in#1/w
-  support::View v395 = arena_.view(100352, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(v392.data(), v29.data(), v395.data(), 1.0f, 0.0f);
-
-  // performer.mesh:88:19 add
-  // performer.mesh:66:61 mul
-  // performer.mesh:66:10 mul
-  // performer.mesh:57:59 neg
   support::View v43 = arena_.view(1572864, 8192);
   support::View v397 = arena_.view(0, 8192);
   support::View v398 = arena_.view(32768, 8192);
-  {
-    float *__restrict v397p = v397.data();
-    float *__restrict v398p = v398.data();
-    const float *__restrict v364p = v364.data();
-    const float *__restrict v370p = v370.data();
-    const float *__restrict v43p = v43.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v364p[i0];
-      const float s1 = v370p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = 0.125f;
-      const float s4 = (s2 * s3);
-      const float s5 = v43p[i0];
-      const float s6 = (s4 * s5);
-      const float s7 = -s6;
-      v397p[i0] = s6;
-      v398p[i0] = s7;
-    }
-  }
-
-  // performer.mesh:57:59 sum
   support::View v399 = arena_.view(102400, 128);
-  static const support::Shape shape20_1 = {1, 128, 1};
-  static const support::Shape shape20_3 = {8192, 64, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v399.data(), shape20_1, v398.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:57:10 einsum
   support::View v404 = arena_.view(32768, 2048);
-  // dims: batch, seq, heads, features, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
-  einsumPlan21.run(v397.data(), v24.data(), v404.data(), 1.0f, 0.0f);
-
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:89 mul
-  // performer.mesh:57:61 broadcast
-  // performer.mesh:57:65 mul
-  // performer.mesh:57:10 add
-  // performer.mesh:56:18 mul
   support::View v31 = arena_.view(2195456, 2048);
   support::View v406 = arena_.view(40960, 2048);
-  {
-    float *__restrict v406p = v406.data();
-    const float *__restrict v31p = v31.data();
-    const float *__restrict v399p = v399.data();
-    const float *__restrict v404p = v404.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 16; ++i1) {
-        const float s0 = v31p[i0 * 16 + i1];
-        const float s1 = 2.0f;
-        const float s2 = (s0 * s1);
-        const float s3 = v399p[i0];
-        const float s4 = 0.5f;
-        const float s5 = (s3 * s4);
-        const float s6 = s5;
-        const float s7 = (s6 * s2);
-        const float s8 = v404p[i0 * 16 + i1];
-        const float s9 = (s7 + s8);
-        const float s10 = 0.5f;
-        const float s11 = (s9 * s10);
-        v406p[i0 * 16 + i1] = s11;
-      }
-    }
-  }
-
-  // performer.mesh:45:10 einsum
   support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
   support::View v407 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan23.run(v406.data(), v30.data(), v407.data(), 1.0f, 0.0f);
-}
-
-void LmTrain::runPart9(const Inputs &inputs) {
-  (void)inputs;
-
-  // performer.mesh:45:10 add
-  // performer.mesh:45:10 add
-  support::View v380 = arena_.view(65536, 4096);
-  support::View v393 = arena_.view(81920, 4096);
-  support::View v407 = arena_.view(0, 4096);
   support::View v408 = arena_.view(16384, 4096);
-  {
-    float *__restrict v408p = v408.data();
-    const float *__restrict v380p = v380.data();
-    const float *__restrict v393p = v393.data();
-    const float *__restrict v407p = v407.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v380p[i0];
-      const float s1 = v393p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v407p[i0];
-      const float s4 = (s2 + s3);
-      v408p[i0] = s4;
-    }
-  }
-
-  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %393 over model for sum at
-  // 29:40)
-  auto request5 = support::startAllReduce(group_model, {v408}, meshrt::ReduceOp::Sum);
-
-  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[0]/heads_in/w
-  support::View v406 = arena_.view(40960, 2048);
-  support::View v29 = arena_.view(2064384, 4096);
-  support::View v409 = arena_.view(49152, 512);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan2.run(v406.data(), v29.data(), v409.data(), 1.0f, 0.0f);
-
-  group_model.wait(request5);
-
-  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[0]/norm/bias
-  support::View v411 = arena_.view(52224, 32);
-  static const support::Shape shape4_1 = {32};
-  static const support::Shape shape4_3 = {1};
-  static const support::Shape shape4_4 = {1, 128};
-  static const support::Shape shape4_5 = {4096, 32};
-  support::reduce(v411.data(), shape4_1, v408.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:33 mul
   support::View v27 = arena_.view(2048000, 4096);
   support::View v413 = arena_.view(0, 4096);
-  {
-    float *__restrict v413p = v413.data();
-    const float *__restrict v408p = v408.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v408p[i0];
-      const float s1 = v27p[i0];
-      const float s2 = (s0 * s1);
-      v413p[i0] = s2;
-    }
-  }
-
-  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[0]/norm/gain
-  support::View v414 = arena_.view(52352, 32);
-  static const support::Shape shape6_1 = {32};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {1, 128};
-  static const support::Shape shape6_5 = {4096, 32};
-  support::reduce(v414.data(), shape6_1, v413.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // performer.mesh:29:10 mean
-  support::View v23 = arena_.view(2031616, 4096);
   support::View v415 = arena_.view(32768, 128);
-  static const support::Shape shape7_1 = {1, 128};
-  static const support::Shape shape7_3 = {4096, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v415.data(), shape7_1, v23.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 square
+  support::View v23 = arena_.view(2031616, 4096);
   support::View v417 = arena_.view(0, 4096);
-  {
-    float *__restrict v417p = v417.data();
-    const float *__restrict v23p = v23.data();
-    const float *__restrict v415p = v415.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v23p[i0 * 32 + i1];
-        const float s1 = v415p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v417p[i0 * 32 + i1] = s3;
-      }
-    }
-  }
-
-  // performer.mesh:29:10 mean
   support::View v418 = arena_.view(32768, 128);
-  static const support::Shape shape9_1 = {1, 128};
-  static const support::Shape shape9_3 = {4096, 32};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v418.data(), shape9_1, v417.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 add
-  // performer.mesh:29:10 rsqrt
   support::View v420 = arena_.view(51200, 128);
-  {
-    float *__restrict v420p = v420.data();
-    const float *__restrict v418p = v418.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v418p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v420p[i0] = s3;
-    }
-  }
-
-  // performer.mesh:29:33 mul
-  // performer.mesh:29:10 mul
   support::View v25(param3_causal_lm_decoder_layer_0_norm_gain); // updated in place
   support::View v412 = arena_.view(0, 4096);
   support::View v421 = arena_.view(32768, 4096);
-  {
-    float *__restrict v412p = v412.data();
-    float *__restrict v421p = v421.data();
-    const float *__restrict v408p = v408.data();
-    const float *__restrict v25p = v25.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v408p[i0 * 32 + i1];
-        const float s1 = v25p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v27p[i0 * 32 + i1];
-        const float s4 = (s2 * s3);
-        v412p[i0 * 32 + i1] = s2;
-        v421p[i0 * 32 + i1] = s4;
-      }
-    }
-  }
-
-  // performer.mesh:29:10 mean
   support::View v422 = arena_.view(51712, 128);
-  static const support::Shape shape12_1 = {1, 128};
-  static const support::Shape shape12_3 = {4096, 32};
-  static const support::Shape shape12_4 = {32};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v422.data(), shape12_1, v421.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mean
   support::View v424 = arena_.view(32768, 128);
-  static const support::Shape shape13_1 = {1, 128};
-  static const support::Shape shape13_3 = {4096, 32};
-  static const support::Shape shape13_4 = {32};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v424.data(), shape13_1, v412.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 0.03125);
-
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 sub
-  // performer.mesh:29:10 mul
-  // performer.mesh:29:10 add
-  support::View v356 = arena_.view(1146880, 4096);
+  support::View v318 = arena_.view(1163264, 2048);
+  support::View v337 = arena_.view(1171456, 2048);
+  support::View v339 = arena_.view(1196544, 32);
+  support::View v342 = arena_.view(1196672, 32);
+  support::View v358 = arena_.view(1193984, 512);
+  support::View v381 = arena_.view(98304, 512);
+  support::View v395 = arena_.view(100352, 512);
+  support::View v409 = arena_.view(49152, 512);
+  support::View v411 = arena_.view(52224, 32);
+  support::View v414 = arena_.view(52352, 32);
   support::View v428 = arena_.view(16384, 4096);
-  {
-    float *__restrict v428p = v428.data();
-    const float *__restrict v27p = v27.data();
-    const float *__restrict v422p = v422.data();
-    const float *__restrict v412p = v412.data();
-    const float *__restrict v424p = v424.data();
-    const float *__restrict v420p = v420.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v27p[i0 * 32 + i1];
-        const float s1 = v422p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v412p[i0 * 32 + i1];
-        const float s4 = v424p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v420p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v356p[i0 * 32 + i1];
-        const float s10 = (s9 + s8);
-        v428p[i0 * 32 + i1] = s10;
-      }
-    }
-  }
+  repeated0(v316, v80, v317, v82, v318, v81, v335, v79, v336, v78, v337, v339, v76, v341, v342,
+            v343, v73, v345, v346, v348, v74, v340, v349, v350, v352, v356, v70, v357, v69, v358,
+            v68, v359, v362, v363, v67, v364, v45, v365, v366, v368, v65, v370, v372, v373, v375,
+            v376, v63, v377, v61, v379, v62, v380, v29, v381, v59, v383, v384, v385, v24, v390, v47,
+            v392, v46, v393, v395, v43, v397, v398, v399, v404, v31, v406, v30, v407, v408, v409,
+            v411, v27, v413, v414, v415, v23, v417, v418, v420, v25, v412, v421, v422, v424, v428);
 
   // performer.mesh:133:37 one_hot
   const support::Buffer &v0 = inputs.tokens.data;
   support::View v429 = arena_.view(0, 4096);
-  static const support::Shape shape15_1 = {1, 128, 32};
-  static const support::Shape shape15_3 = {128, 1, 0};
-  static const support::Shape shape15_4 = {0, 0, 1};
-  support::oneHot(v429.data(), shape15_1, v0.data(), shape15_3, shape15_4,
+  static const support::Shape shape23_1 = {1, 128, 32};
+  static const support::Shape shape23_3 = {128, 1, 0};
+  static const support::Shape shape23_4 = {0, 0, 1};
+  support::oneHot(v429.data(), shape23_1, v0.data(), shape23_3, shape23_4,
                   support::shardStart(world_, {"model"}, 32));
+}
+
+void LmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // performer.mesh:133:37 einsum -> grad/causal_lm/embedding
+  support::View v429 = arena_.view(0, 4096);
+  support::View v428 = arena_.view(16384, 4096);
   support::View v430 = arena_.view(32768, 1024);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
-  einsumPlan16.run(v429.data(), v428.data(), v430.data(), 1.0f, 0.0f);
+  einsumPlan0.run(v429.data(), v428.data(), v430.data(), 1.0f, 0.0f);
 
   // performer.mesh:151:3 bucketed_all_reduce_sum -> grad/causal_lm/unembed (24 partial sums
   // (grad/causal_lm/unembed, grad/causal_lm/norm/bias, grad/causal_lm/norm/gain, ...) over data
@@ -6369,6 +3271,9 @@ void LmTrain::runPart9(const Inputs &inputs) {
   support::View v358 = arena_.view(1193984, 512);
   support::View v381 = arena_.view(98304, 512);
   support::View v395 = arena_.view(100352, 512);
+  support::View v409 = arena_.view(49152, 512);
+  support::View v411 = arena_.view(52224, 32);
+  support::View v414 = arena_.view(52352, 32);
   auto request6 = support::startAllReduce(
       group_data, {v179, v181, v184, v200, v224, v226, v229, v245, v268, v283, v297, v299,
                    v302, v318, v337, v339, v342, v358, v381, v395, v409, v411, v414, v430},
@@ -6557,138 +3462,849 @@ void LmTrain::runPart9(const Inputs &inputs) {
     }
   }
 
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
+  // 1 statements from performer.mesh:151:3 mul (1 of 2)
+  support::View v25(param3_causal_lm_decoder_layer_0_norm_gain);     // updated in place
   support::View v497(param31_causal_lm_decoder_layer_0_norm_gain_v); // updated in place
   support::View v496(param30_causal_lm_decoder_layer_0_norm_gain_m); // updated in place
-  {
-    float *__restrict v497p = v497.data();
-    float *__restrict v496p = v496.data();
-    float *__restrict v25p = v25.data();
-    const float *__restrict v414p = v414.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v25p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v414p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v497p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v414p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v496p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v25p[i0];
-      const float s30 = (s29 - s28);
-      v497p[i0] = s10;
-      v496p[i0] = s22;
-      v25p[i0] = s30;
-    }
-  }
+  repeated3(v25, v414, v497, v464, v496, v462, v446);
 
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/bias
+  // 1 statements from performer.mesh:151:3 mul (2 of 2)
   support::View v26(param4_causal_lm_decoder_layer_0_norm_bias);     // updated in place
   support::View v518(param33_causal_lm_decoder_layer_0_norm_bias_v); // updated in place
   support::View v517(param32_causal_lm_decoder_layer_0_norm_bias_m); // updated in place
+  repeated3(v26, v411, v518, v464, v517, v462, v446);
+
+  // 10 statements from performer.mesh:151:3 mul (1 of 2)
+  support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w);       // updated in place
+  support::View v539(param35_causal_lm_decoder_layer_0_heads_in_w_v);   // updated in place
+  support::View v538(param34_causal_lm_decoder_layer_0_heads_in_w_m);   // updated in place
+  support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w);     // updated in place
+  support::View v560(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
+  support::View v559(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
+  support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w);     // updated in place
+  support::View v581(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
+  support::View v580(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
+  support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w);      // updated in place
+  support::View v602(param41_causal_lm_decoder_layer_0_heads_out_w_v);  // updated in place
+  support::View v601(param40_causal_lm_decoder_layer_0_heads_out_w_m);  // updated in place
+  support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain);      // updated in place
+  support::View v623(param43_causal_lm_decoder_layer_0_norm_1_gain_v);  // updated in place
+  support::View v622(param42_causal_lm_decoder_layer_0_norm_1_gain_m);  // updated in place
+  support::View v75(param10_causal_lm_decoder_layer_0_norm_1_bias);     // updated in place
+  support::View v644(param45_causal_lm_decoder_layer_0_norm_1_bias_v);  // updated in place
+  support::View v643(param44_causal_lm_decoder_layer_0_norm_1_bias_m);  // updated in place
+  support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in);        // updated in place
+  support::View v665(param47_causal_lm_decoder_layer_0_ffn_w_in_v);     // updated in place
+  support::View v664(param46_causal_lm_decoder_layer_0_ffn_w_in_m);     // updated in place
+  support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out);       // updated in place
+  support::View v686(param49_causal_lm_decoder_layer_0_ffn_w_out_v);    // updated in place
+  support::View v685(param48_causal_lm_decoder_layer_0_ffn_w_out_m);    // updated in place
+  support::View v87(param14_causal_lm_decoder_layer_1_norm_gain);       // updated in place
+  support::View v707(param51_causal_lm_decoder_layer_1_norm_gain_v);    // updated in place
+  support::View v706(param50_causal_lm_decoder_layer_1_norm_gain_m);    // updated in place
+  support::View v88(param15_causal_lm_decoder_layer_1_norm_bias);       // updated in place
+  support::View v728(param53_causal_lm_decoder_layer_1_norm_bias_v);    // updated in place
+  support::View v727(param52_causal_lm_decoder_layer_1_norm_bias_m);    // updated in place
+  repeated1(v30, v409, v539, v464, v538, v462, v446, v46, v395, v560, v559, v62, v381, v581, v580,
+            v70, v358, v602, v601, v74, v342, v623, v622, v75, v339, v644, v643, v79, v337, v665,
+            v664, v80, v318, v686, v685, v87, v302, v707, v706, v88, v299, v728, v727);
+
+  // 10 statements from performer.mesh:151:3 mul (2 of 2)
+  support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w);      // updated in place
+  support::View v749(param55_causal_lm_decoder_layer_1_heads_in_w_v);   // updated in place
+  support::View v748(param54_causal_lm_decoder_layer_1_heads_in_w_m);   // updated in place
+  support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w);   // updated in place
+  support::View v770(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
+  support::View v769(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
+  support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w);   // updated in place
+  support::View v791(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
+  support::View v790(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
+  support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w);    // updated in place
+  support::View v812(param61_causal_lm_decoder_layer_1_heads_out_w_v);  // updated in place
+  support::View v811(param60_causal_lm_decoder_layer_1_heads_out_w_m);  // updated in place
+  support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain);    // updated in place
+  support::View v833(param63_causal_lm_decoder_layer_1_norm_1_gain_v);  // updated in place
+  support::View v832(param62_causal_lm_decoder_layer_1_norm_1_gain_m);  // updated in place
+  support::View v137(param21_causal_lm_decoder_layer_1_norm_1_bias);    // updated in place
+  support::View v854(param65_causal_lm_decoder_layer_1_norm_1_bias_v);  // updated in place
+  support::View v853(param64_causal_lm_decoder_layer_1_norm_1_bias_m);  // updated in place
+  support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in);       // updated in place
+  support::View v875(param67_causal_lm_decoder_layer_1_ffn_w_in_v);     // updated in place
+  support::View v874(param66_causal_lm_decoder_layer_1_ffn_w_in_m);     // updated in place
+  support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out);      // updated in place
+  support::View v896(param69_causal_lm_decoder_layer_1_ffn_w_out_v);    // updated in place
+  support::View v895(param68_causal_lm_decoder_layer_1_ffn_w_out_m);    // updated in place
+  support::View v148(param24_causal_lm_norm_gain);                      // updated in place
+  support::View v917(param71_causal_lm_norm_gain_v);                    // updated in place
+  support::View v916(param70_causal_lm_norm_gain_m);                    // updated in place
+  support::View v149(param25_causal_lm_norm_bias);                      // updated in place
+  support::View v938(param73_causal_lm_norm_bias_v);                    // updated in place
+  support::View v937(param72_causal_lm_norm_bias_m);                    // updated in place
+  repeated1(v92, v297, v749, v464, v748, v462, v446, v108, v283, v770, v769, v124, v268, v791, v790,
+            v132, v245, v812, v811, v136, v229, v833, v832, v137, v226, v854, v853, v141, v224,
+            v875, v874, v142, v200, v896, v895, v148, v184, v917, v916, v149, v181, v938, v937);
+}
+
+void LmTrain::repeated0(
+    support::ConstView a0, support::ConstView a1, support::View a2, support::ConstView a3,
+    support::View a4, support::ConstView a5, support::View a6, support::ConstView a7,
+    support::View a8, support::ConstView a9, support::View a10, support::View a11,
+    support::ConstView a12, support::View a13, support::View a14, support::View a15,
+    support::ConstView a16, support::View a17, support::View a18, support::View a19,
+    support::ConstView a20, support::View a21, support::View a22, support::View a23,
+    support::View a24, support::View a25, support::ConstView a26, support::View a27,
+    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+    support::View a32, support::View a33, support::ConstView a34, support::View a35,
+    support::ConstView a36, support::View a37, support::View a38, support::View a39,
+    support::ConstView a40, support::View a41, support::View a42, support::View a43,
+    support::View a44, support::View a45, support::ConstView a46, support::View a47,
+    support::ConstView a48, support::View a49, support::ConstView a50, support::View a51,
+    support::ConstView a52, support::View a53, support::ConstView a54, support::View a55,
+    support::View a56, support::View a57, support::ConstView a58, support::View a59,
+    support::ConstView a60, support::View a61, support::ConstView a62, support::View a63,
+    support::View a64, support::ConstView a65, support::View a66, support::View a67,
+    support::View a68, support::View a69, support::ConstView a70, support::View a71,
+    support::ConstView a72, support::View a73, support::View a74, support::View a75,
+    support::View a76, support::ConstView a77, support::View a78, support::View a79,
+    support::View a80, support::ConstView a81, support::View a82, support::View a83,
+    support::View a84, support::ConstView a85, support::View a86, support::View a87,
+    support::View a88, support::View a89, support::View a90) {
+
+  // performer.mesh:96:10 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:10 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_out
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:17 square
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 tanh
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 square
+  // performer.mesh:96:17 sub
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 mul
+  // performer.mesh:96:17 add
+  // performer.mesh:96:17 mul
   {
-    float *__restrict v518p = v518.data();
-    float *__restrict v517p = v517.data();
-    float *__restrict v26p = v26.data();
-    const float *__restrict v411p = v411.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v26p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v411p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v518p[i0];
-      const float s8 = 0.999f;
+    float *__restrict a6p = a6.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = a5p[i0];
+      const float s1 = s0 * s0;
+      const float s2 = a5p[i0];
+      const float s3 = (s2 * s1);
+      const float s4 = 0.044715f;
+      const float s5 = (s3 * s4);
+      const float s6 = a5p[i0];
+      const float s7 = (s6 + s5);
+      const float s8 = 0.7978846f;
       const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v411p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v517p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v26p[i0];
-      const float s30 = (s29 - s28);
-      v518p[i0] = s10;
-      v517p[i0] = s22;
-      v26p[i0] = s30;
+      const float s10 = support::ftanh(s9);
+      const float s11 = 1.0f;
+      const float s12 = (s10 + s11);
+      const float s13 = 0.5f;
+      const float s14 = (s12 * s13);
+      const float s15 = 0.134145f;
+      const float s16 = (s1 * s15);
+      const float s17 = 1.0f;
+      const float s18 = (s16 + s17);
+      const float s19 = s10 * s10;
+      const float s20 = 1.0f;
+      const float s21 = (s20 - s19);
+      const float s22 = a5p[i0];
+      const float s23 = (s22 * s21);
+      const float s24 = (s23 * s18);
+      const float s25 = 0.3989423f;
+      const float s26 = (s24 * s25);
+      const float s27 = (s14 + s26);
+      const float s28 = a2p[i0];
+      const float s29 = (s28 * s27);
+      a6p[i0] = s29;
+    }
+  }
+
+  // performer.mesh:96:22 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %211 over model for sum at
+  // 29:40)
+  auto request2 = support::startAllReduce(group_model, {a8}, meshrt::ReduceOp::Sum);
+
+  // performer.mesh:96:22 einsum -> grad/causal_lm/decoder_layer[1]/ffn/w_in
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan5.run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+
+  group_model.wait(request2);
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
+  static const support::Shape shape7_1 = {32};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {1, 128};
+  static const support::Shape shape7_5 = {4096, 32};
+  support::reduce(a11.data(), shape7_1, a8.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a8p[i0];
+      const float s1 = a12p[i0];
+      const float s2 = (s0 * s1);
+      a13p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm#1/gain
+  static const support::Shape shape9_1 = {32};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {1, 128};
+  static const support::Shape shape9_5 = {4096, 32};
+  support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  static const support::Shape shape10_1 = {1, 128};
+  static const support::Shape shape10_3 = {4096, 32};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a15.data(), shape10_1, a16.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a16p[i0 * 32 + i1];
+        const float s1 = a15p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        a17p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  static const support::Shape shape12_1 = {1, 128};
+  static const support::Shape shape12_3 = {4096, 32};
+  static const support::Shape shape12_4 = {32};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(a18.data(), shape12_1, a17.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a18p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a19p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:10 mul
+  {
+    float *__restrict a21p = a21.data();
+    float *__restrict a22p = a22.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a8p[i0 * 32 + i1];
+        const float s1 = a20p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a12p[i0 * 32 + i1];
+        const float s4 = (s2 * s3);
+        a21p[i0 * 32 + i1] = s2;
+        a22p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  static const support::Shape shape15_1 = {1, 128};
+  static const support::Shape shape15_3 = {4096, 32};
+  static const support::Shape shape15_4 = {32};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(a23.data(), shape15_1, a22.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mean
+  static const support::Shape shape16_1 = {1, 128};
+  static const support::Shape shape16_3 = {4096, 32};
+  static const support::Shape shape16_4 = {32};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(a24.data(), shape16_1, a21.data(), shape16_3, shape16_4, shape16_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  {
+    float *__restrict a25p = a25.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a12p[i0 * 32 + i1];
+        const float s1 = a23p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a21p[i0 * 32 + i1];
+        const float s4 = a24p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = a19p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = a0p[i0 * 32 + i1];
+        const float s10 = (s9 + s8);
+        a25p[i0 * 32 + i1] = s10;
+      }
+    }
+  }
+
+  // performer.mesh:50:10 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan18(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan18.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
+
+  // performer.mesh:50:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_out/w
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan19.run(a25.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+
+  // performer.mesh:90:20 div
+  {
+    float *__restrict a31p = a31.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a30p = a30.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a27p[i0 * 16 + i1];
+        const float s1 = a30p[i0];
+        const float s2 = (s0 / s1);
+        a31p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // performer.mesh:90:20 div
+  // performer.mesh:90:20 mul
+  // performer.mesh:90:20 neg
+  {
+    float *__restrict a32p = a32.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a27p = a27.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a28p[i0 * 16 + i1];
+        const float s1 = a30p[i0];
+        const float s2 = (s0 / s1);
+        const float s3 = a27p[i0 * 16 + i1];
+        const float s4 = (s3 * s2);
+        const float s5 = -s4;
+        a32p[i0 * 16 + i1] = s5;
+      }
+    }
+  }
+
+  // performer.mesh:90:20 sum
+  static const support::Shape shape22_1 = {1, 128, 1};
+  static const support::Shape shape22_3 = {2048, 16, 16};
+  static const support::Shape shape22_4 = {16};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(a33.data(), shape22_1, a32.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:20 einsum
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan23.run(a33.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:20 einsum
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan24(
+      {{1, 128, 1, 64}, {{{0, 1, 2}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan24.run(a33.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 sum
+  static const support::Shape shape25_1 = {1, 1, 64};
+  static const support::Shape shape25_3 = {8192, 64, 1};
+  static const support::Shape shape25_4 = {128};
+  static const support::Shape shape25_5 = {64};
+  support::reduce(a38.data(), shape25_1, a37.data(), shape25_3, shape25_4, shape25_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:89:31 cumsum
+  static const support::Shape shape26_2 = {1, 1, 64};
+  static const support::Shape shape26_3 = {8192, 64, 1};
+  static const support::Shape shape26_4 = {8192, 64, 1};
+  static const support::Shape shape26_5 = {128};
+  static const support::Shape shape26_6 = {64};
+  static const support::Shape shape26_7 = {64};
+  support::along(a39.data(), a37.data(), shape26_2, shape26_3, shape26_4, shape26_5, shape26_6,
+                 shape26_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:88:19 einsum
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan27(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan27.run(a31.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+
+  // performer.mesh:88:19 einsum
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan28(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 4, 3}, {}}});
+  einsumPlan28.run(a31.data(), a36.data(), a42.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:12 sum
+  static const support::Shape shape29_1 = {1, 1, 64, 16};
+  static const support::Shape shape29_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape29_4 = {128};
+  static const support::Shape shape29_5 = {1024};
+  support::reduce(a43.data(), shape29_1, a42.data(), shape29_3, shape29_4, shape29_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:87:12 cumsum
+  static const support::Shape shape30_2 = {1, 1, 64, 16};
+  static const support::Shape shape30_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape30_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape30_5 = {128};
+  static const support::Shape shape30_6 = {1024};
+  static const support::Shape shape30_7 = {1024};
+  support::along(a44.data(), a42.data(), shape30_2, shape30_3, shape30_4, shape30_5, shape30_6,
+                 shape30_7, support::Along::CumsumExclusive, 1e-05, 128, nullptr);
+
+  // performer.mesh:87:12 broadcast
+  // performer.mesh:87:12 sub
+  {
+    float *__restrict a45p = a45.data();
+    const float *__restrict a43p = a43.data();
+    const float *__restrict a44p = a44.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 1024; ++i1) {
+        const float s0 = a43p[i1];
+        const float s1 = s0;
+        const float s2 = a44p[i0 * 1024 + i1];
+        const float s3 = (s1 - s2);
+        a45p[i0 * 1024 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:87:19 einsum
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan32(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3}, {}}});
+  einsumPlan32.run(a45.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:19 einsum
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan33(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3, 4}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan33.run(a45.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan34(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan34.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#2/w
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan35(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan35.run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 broadcast
+  // performer.mesh:89:31 sub
+  // performer.mesh:87:19 add
+  // performer.mesh:71:66 mul
+  // performer.mesh:71:10 mul
+  // performer.mesh:57:59 neg
+  {
+    float *__restrict a55p = a55.data();
+    float *__restrict a56p = a56.data();
+    const float *__restrict a38p = a38.data();
+    const float *__restrict a39p = a39.data();
+    const float *__restrict a47p = a47.data();
+    const float *__restrict a54p = a54.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a38p[i1];
+        const float s1 = s0;
+        const float s2 = a39p[i0 * 64 + i1];
+        const float s3 = (s1 - s2);
+        const float s4 = a47p[i0 * 64 + i1];
+        const float s5 = (s3 + s4);
+        const float s6 = 0.125f;
+        const float s7 = (s5 * s6);
+        const float s8 = a54p[i0 * 64 + i1];
+        const float s9 = (s7 * s8);
+        const float s10 = -s9;
+        a55p[i0 * 64 + i1] = s9;
+        a56p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+
+  // performer.mesh:57:59 sum
+  static const support::Shape shape37_1 = {1, 128, 1};
+  static const support::Shape shape37_3 = {8192, 64, 64};
+  static const support::Shape shape37_4 = {64};
+  static const support::Shape shape37_5 = {1};
+  support::reduce(a57.data(), shape37_1, a56.data(), shape37_3, shape37_4, shape37_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:10 einsum
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan38(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan38.run(a55.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:61 broadcast
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  {
+    float *__restrict a61p = a61.data();
+    const float *__restrict a60p = a60.data();
+    const float *__restrict a57p = a57.data();
+    const float *__restrict a59p = a59.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a60p[i0 * 16 + i1];
+        const float s1 = 2.0f;
+        const float s2 = (s0 * s1);
+        const float s3 = a57p[i0];
+        const float s4 = 0.5f;
+        const float s5 = (s3 * s4);
+        const float s6 = s5;
+        const float s7 = (s6 * s2);
+        const float s8 = a59p[i0 * 16 + i1];
+        const float s9 = (s7 + s8);
+        const float s10 = 0.5f;
+        const float s11 = (s9 * s10);
+        a61p[i0 * 16 + i1] = s11;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan40(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan40.run(a61.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in#1/w
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan41(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan41.run(a61.data(), a52.data(), a64.data(), 1.0f, 0.0f);
+
+  // performer.mesh:88:19 add
+  // performer.mesh:66:61 mul
+  // performer.mesh:66:10 mul
+  // performer.mesh:57:59 neg
+  {
+    float *__restrict a66p = a66.data();
+    float *__restrict a67p = a67.data();
+    const float *__restrict a35p = a35.data();
+    const float *__restrict a41p = a41.data();
+    const float *__restrict a65p = a65.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = a35p[i0];
+      const float s1 = a41p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = 0.125f;
+      const float s4 = (s2 * s3);
+      const float s5 = a65p[i0];
+      const float s6 = (s4 * s5);
+      const float s7 = -s6;
+      a66p[i0] = s6;
+      a67p[i0] = s7;
+    }
+  }
+
+  // performer.mesh:57:59 sum
+  static const support::Shape shape43_1 = {1, 128, 1};
+  static const support::Shape shape43_3 = {8192, 64, 64};
+  static const support::Shape shape43_4 = {64};
+  static const support::Shape shape43_5 = {1};
+  support::reduce(a68.data(), shape43_1, a67.data(), shape43_3, shape43_4, shape43_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:10 einsum
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan44(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan44.run(a66.data(), a58.data(), a69.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:61 broadcast
+  // performer.mesh:57:65 mul
+  // performer.mesh:57:10 add
+  // performer.mesh:56:18 mul
+  {
+    float *__restrict a71p = a71.data();
+    const float *__restrict a70p = a70.data();
+    const float *__restrict a68p = a68.data();
+    const float *__restrict a69p = a69.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a70p[i0 * 16 + i1];
+        const float s1 = 2.0f;
+        const float s2 = (s0 * s1);
+        const float s3 = a68p[i0];
+        const float s4 = 0.5f;
+        const float s5 = (s3 * s4);
+        const float s6 = s5;
+        const float s7 = (s6 * s2);
+        const float s8 = a69p[i0 * 16 + i1];
+        const float s9 = (s7 + s8);
+        const float s10 = 0.5f;
+        const float s11 = (s9 * s10);
+        a71p[i0 * 16 + i1] = s11;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan46(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan46.run(a71.data(), a72.data(), a73.data(), 1.0f, 0.0f);
+
+  // performer.mesh:45:10 add
+  // performer.mesh:45:10 add
+  {
+    float *__restrict a74p = a74.data();
+    const float *__restrict a51p = a51.data();
+    const float *__restrict a63p = a63.data();
+    const float *__restrict a73p = a73.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a51p[i0];
+      const float s1 = a63p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = a73p[i0];
+      const float s4 = (s2 + s3);
+      a74p[i0] = s4;
+    }
+  }
+
+  // performer.mesh:29:40 all_reduce_sum (resolve the partial sum of %283 over model for sum at
+  // 29:40)
+  auto request3 = support::startAllReduce(group_model, {a74}, meshrt::ReduceOp::Sum);
+
+  // performer.mesh:45:10 einsum -> grad/causal_lm/decoder_layer[1]/heads_in/w
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan49(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan49.run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
+
+  group_model.wait(request3);
+
+  // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias
+  static const support::Shape shape51_1 = {32};
+  static const support::Shape shape51_3 = {1};
+  static const support::Shape shape51_4 = {1, 128};
+  static const support::Shape shape51_5 = {4096, 32};
+  support::reduce(a76.data(), shape51_1, a74.data(), shape51_3, shape51_4, shape51_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:33 mul
+  {
+    float *__restrict a78p = a78.data();
+    const float *__restrict a74p = a74.data();
+    const float *__restrict a77p = a77.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a74p[i0];
+      const float s1 = a77p[i0];
+      const float s2 = (s0 * s1);
+      a78p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:33 sum -> grad/causal_lm/decoder_layer[1]/norm/gain
+  static const support::Shape shape53_1 = {32};
+  static const support::Shape shape53_3 = {1};
+  static const support::Shape shape53_4 = {1, 128};
+  static const support::Shape shape53_5 = {4096, 32};
+  support::reduce(a79.data(), shape53_1, a78.data(), shape53_3, shape53_4, shape53_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:29:10 mean
+  static const support::Shape shape54_1 = {1, 128};
+  static const support::Shape shape54_3 = {4096, 32};
+  static const support::Shape shape54_4 = {32};
+  static const support::Shape shape54_5 = {1};
+  support::reduce(a80.data(), shape54_1, a81.data(), shape54_3, shape54_4, shape54_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 square
+  {
+    float *__restrict a82p = a82.data();
+    const float *__restrict a81p = a81.data();
+    const float *__restrict a80p = a80.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a81p[i0 * 32 + i1];
+        const float s1 = a80p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        a82p[i0 * 32 + i1] = s3;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  static const support::Shape shape56_1 = {1, 128};
+  static const support::Shape shape56_3 = {4096, 32};
+  static const support::Shape shape56_4 = {32};
+  static const support::Shape shape56_5 = {1};
+  support::reduce(a83.data(), shape56_1, a82.data(), shape56_3, shape56_4, shape56_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 add
+  // performer.mesh:29:10 rsqrt
+  {
+    float *__restrict a84p = a84.data();
+    const float *__restrict a83p = a83.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      const float s0 = a83p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a84p[i0] = s3;
+    }
+  }
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:10 mul
+  {
+    float *__restrict a86p = a86.data();
+    float *__restrict a87p = a87.data();
+    const float *__restrict a74p = a74.data();
+    const float *__restrict a85p = a85.data();
+    const float *__restrict a77p = a77.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a74p[i0 * 32 + i1];
+        const float s1 = a85p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a77p[i0 * 32 + i1];
+        const float s4 = (s2 * s3);
+        a86p[i0 * 32 + i1] = s2;
+        a87p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:29:10 mean
+  static const support::Shape shape59_1 = {1, 128};
+  static const support::Shape shape59_3 = {4096, 32};
+  static const support::Shape shape59_4 = {32};
+  static const support::Shape shape59_5 = {1};
+  support::reduce(a88.data(), shape59_1, a87.data(), shape59_3, shape59_4, shape59_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mean
+  static const support::Shape shape60_1 = {1, 128};
+  static const support::Shape shape60_3 = {4096, 32};
+  static const support::Shape shape60_4 = {32};
+  static const support::Shape shape60_5 = {1};
+  support::reduce(a89.data(), shape60_1, a86.data(), shape60_3, shape60_4, shape60_5,
+                  support::Reduce::Sum, 0.03125);
+
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 sub
+  // performer.mesh:29:10 mul
+  // performer.mesh:29:10 add
+  {
+    float *__restrict a90p = a90.data();
+    const float *__restrict a77p = a77.data();
+    const float *__restrict a88p = a88.data();
+    const float *__restrict a86p = a86.data();
+    const float *__restrict a89p = a89.data();
+    const float *__restrict a84p = a84.data();
+    const float *__restrict a25p = a25.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a77p[i0 * 32 + i1];
+        const float s1 = a88p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a86p[i0 * 32 + i1];
+        const float s4 = a89p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = a84p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = a25p[i0 * 32 + i1];
+        const float s10 = (s9 + s8);
+        a90p[i0 * 32 + i1] = s10;
+      }
     }
   }
 }
 
-void LmTrain::runPart10(const Inputs &inputs) {
-  (void)inputs;
+void LmTrain::repeated1(
+    support::View a0, support::ConstView a1, support::View a2, support::ConstView a3,
+    support::View a4, support::ConstView a5, support::ConstView a6, support::View a7,
+    support::ConstView a8, support::View a9, support::View a10, support::View a11,
+    support::ConstView a12, support::View a13, support::View a14, support::View a15,
+    support::ConstView a16, support::View a17, support::View a18, support::View a19,
+    support::ConstView a20, support::View a21, support::View a22, support::View a23,
+    support::ConstView a24, support::View a25, support::View a26, support::View a27,
+    support::ConstView a28, support::View a29, support::View a30, support::View a31,
+    support::ConstView a32, support::View a33, support::View a34, support::View a35,
+    support::ConstView a36, support::View a37, support::View a38, support::View a39,
+    support::ConstView a40, support::View a41, support::View a42) {
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -6706,56 +4322,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in/w
-  support::View v30(param5_causal_lm_decoder_layer_0_heads_in_w); // updated in place
-  support::View v409 = arena_.view(49152, 512);
-  support::View v539(param35_causal_lm_decoder_layer_0_heads_in_w_v); // updated in place
-  support::View v464 = arena_.view(128, 1);
-  support::View v538(param34_causal_lm_decoder_layer_0_heads_in_w_m); // updated in place
-  support::View v462 = arena_.view(64, 1);
-  support::View v446 = arena_.view(0, 1);
   {
-    float *__restrict v539p = v539.data();
-    float *__restrict v538p = v538.data();
-    float *__restrict v30p = v30.data();
-    const float *__restrict v409p = v409.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a2p = a2.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v30p[i0];
+      const float s0 = a0p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v409p[i0];
+      const float s3 = a1p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v539p[i0];
+      const float s7 = a2p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v409p[i0];
+      const float s16 = a1p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v538p[i0];
+      const float s19 = a4p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v30p[i0];
+      const float s29 = a0p[i0];
       const float s30 = (s29 - s28);
-      v539p[i0] = s10;
-      v538p[i0] = s22;
-      v30p[i0] = s30;
+      a2p[i0] = s10;
+      a4p[i0] = s22;
+      a0p[i0] = s30;
     }
   }
 
@@ -6775,53 +4384,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#1/w
-  support::View v46(param6_causal_lm_decoder_layer_0_heads_in_1_w); // updated in place
-  support::View v395 = arena_.view(100352, 512);
-  support::View v560(param37_causal_lm_decoder_layer_0_heads_in_1_w_v); // updated in place
-  support::View v559(param36_causal_lm_decoder_layer_0_heads_in_1_w_m); // updated in place
   {
-    float *__restrict v560p = v560.data();
-    float *__restrict v559p = v559.data();
-    float *__restrict v46p = v46.data();
-    const float *__restrict v395p = v395.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a9p = a9.data();
+    float *__restrict a10p = a10.data();
+    float *__restrict a7p = a7.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v46p[i0];
+      const float s0 = a7p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v395p[i0];
+      const float s3 = a8p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v560p[i0];
+      const float s7 = a9p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v395p[i0];
+      const float s16 = a8p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v559p[i0];
+      const float s19 = a10p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v46p[i0];
+      const float s29 = a7p[i0];
       const float s30 = (s29 - s28);
-      v560p[i0] = s10;
-      v559p[i0] = s22;
-      v46p[i0] = s30;
+      a9p[i0] = s10;
+      a10p[i0] = s22;
+      a7p[i0] = s30;
     }
   }
 
@@ -6841,53 +4446,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_in#2/w
-  support::View v62(param7_causal_lm_decoder_layer_0_heads_in_2_w); // updated in place
-  support::View v381 = arena_.view(98304, 512);
-  support::View v581(param39_causal_lm_decoder_layer_0_heads_in_2_w_v); // updated in place
-  support::View v580(param38_causal_lm_decoder_layer_0_heads_in_2_w_m); // updated in place
   {
-    float *__restrict v581p = v581.data();
-    float *__restrict v580p = v580.data();
-    float *__restrict v62p = v62.data();
-    const float *__restrict v381p = v381.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a13p = a13.data();
+    float *__restrict a14p = a14.data();
+    float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v62p[i0];
+      const float s0 = a11p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v381p[i0];
+      const float s3 = a12p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v581p[i0];
+      const float s7 = a13p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v381p[i0];
+      const float s16 = a12p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v580p[i0];
+      const float s19 = a14p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v62p[i0];
+      const float s29 = a11p[i0];
       const float s30 = (s29 - s28);
-      v581p[i0] = s10;
-      v580p[i0] = s22;
-      v62p[i0] = s30;
+      a13p[i0] = s10;
+      a14p[i0] = s22;
+      a11p[i0] = s30;
     }
   }
 
@@ -6907,53 +4508,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/heads_out/w
-  support::View v70(param8_causal_lm_decoder_layer_0_heads_out_w); // updated in place
-  support::View v358 = arena_.view(1193984, 512);
-  support::View v602(param41_causal_lm_decoder_layer_0_heads_out_w_v); // updated in place
-  support::View v601(param40_causal_lm_decoder_layer_0_heads_out_w_m); // updated in place
   {
-    float *__restrict v602p = v602.data();
-    float *__restrict v601p = v601.data();
-    float *__restrict v70p = v70.data();
-    const float *__restrict v358p = v358.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a17p = a17.data();
+    float *__restrict a18p = a18.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v70p[i0];
+      const float s0 = a15p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v358p[i0];
+      const float s3 = a16p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v602p[i0];
+      const float s7 = a17p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v358p[i0];
+      const float s16 = a16p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v601p[i0];
+      const float s19 = a18p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v70p[i0];
+      const float s29 = a15p[i0];
       const float s30 = (s29 - s28);
-      v602p[i0] = s10;
-      v601p[i0] = s22;
-      v70p[i0] = s30;
+      a17p[i0] = s10;
+      a18p[i0] = s22;
+      a15p[i0] = s30;
     }
   }
 
@@ -6973,53 +4570,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/gain
-  support::View v74(param9_causal_lm_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v342 = arena_.view(1196672, 32);
-  support::View v623(param43_causal_lm_decoder_layer_0_norm_1_gain_v); // updated in place
-  support::View v622(param42_causal_lm_decoder_layer_0_norm_1_gain_m); // updated in place
   {
-    float *__restrict v623p = v623.data();
-    float *__restrict v622p = v622.data();
-    float *__restrict v74p = v74.data();
-    const float *__restrict v342p = v342.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a21p = a21.data();
+    float *__restrict a22p = a22.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v74p[i0];
+      const float s0 = a19p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v342p[i0];
+      const float s3 = a20p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v623p[i0];
+      const float s7 = a21p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v342p[i0];
+      const float s16 = a20p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v622p[i0];
+      const float s19 = a22p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v74p[i0];
+      const float s29 = a19p[i0];
       const float s30 = (s29 - s28);
-      v623p[i0] = s10;
-      v622p[i0] = s22;
-      v74p[i0] = s30;
+      a21p[i0] = s10;
+      a22p[i0] = s22;
+      a19p[i0] = s30;
     }
   }
 
@@ -7039,53 +4632,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm#1/bias
-  support::View v75(param10_causal_lm_decoder_layer_0_norm_1_bias); // updated in place
-  support::View v339 = arena_.view(1196544, 32);
-  support::View v644(param45_causal_lm_decoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v643(param44_causal_lm_decoder_layer_0_norm_1_bias_m); // updated in place
   {
-    float *__restrict v644p = v644.data();
-    float *__restrict v643p = v643.data();
-    float *__restrict v75p = v75.data();
-    const float *__restrict v339p = v339.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a25p = a25.data();
+    float *__restrict a26p = a26.data();
+    float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v75p[i0];
+      const float s0 = a23p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v339p[i0];
+      const float s3 = a24p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v644p[i0];
+      const float s7 = a25p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v339p[i0];
+      const float s16 = a24p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v643p[i0];
+      const float s19 = a26p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v75p[i0];
+      const float s29 = a23p[i0];
       const float s30 = (s29 - s28);
-      v644p[i0] = s10;
-      v643p[i0] = s22;
-      v75p[i0] = s30;
+      a25p[i0] = s10;
+      a26p[i0] = s22;
+      a23p[i0] = s30;
     }
   }
 
@@ -7105,53 +4694,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_in
-  support::View v79(param11_causal_lm_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v337 = arena_.view(1171456, 2048);
-  support::View v665(param47_causal_lm_decoder_layer_0_ffn_w_in_v); // updated in place
-  support::View v664(param46_causal_lm_decoder_layer_0_ffn_w_in_m); // updated in place
   {
-    float *__restrict v665p = v665.data();
-    float *__restrict v664p = v664.data();
-    float *__restrict v79p = v79.data();
-    const float *__restrict v337p = v337.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a29p = a29.data();
+    float *__restrict a30p = a30.data();
+    float *__restrict a27p = a27.data();
+    const float *__restrict a28p = a28.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v79p[i0];
+      const float s0 = a27p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v337p[i0];
+      const float s3 = a28p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v665p[i0];
+      const float s7 = a29p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v337p[i0];
+      const float s16 = a28p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v664p[i0];
+      const float s19 = a30p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v79p[i0];
+      const float s29 = a27p[i0];
       const float s30 = (s29 - s28);
-      v665p[i0] = s10;
-      v664p[i0] = s22;
-      v79p[i0] = s30;
+      a29p[i0] = s10;
+      a30p[i0] = s22;
+      a27p[i0] = s30;
     }
   }
 
@@ -7171,53 +4756,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/ffn/w_out
-  support::View v80(param12_causal_lm_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v318 = arena_.view(1163264, 2048);
-  support::View v686(param49_causal_lm_decoder_layer_0_ffn_w_out_v); // updated in place
-  support::View v685(param48_causal_lm_decoder_layer_0_ffn_w_out_m); // updated in place
   {
-    float *__restrict v686p = v686.data();
-    float *__restrict v685p = v685.data();
-    float *__restrict v80p = v80.data();
-    const float *__restrict v318p = v318.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a33p = a33.data();
+    float *__restrict a34p = a34.data();
+    float *__restrict a31p = a31.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v80p[i0];
+      const float s0 = a31p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v318p[i0];
+      const float s3 = a32p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v686p[i0];
+      const float s7 = a33p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v318p[i0];
+      const float s16 = a32p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v685p[i0];
+      const float s19 = a34p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v80p[i0];
+      const float s29 = a31p[i0];
       const float s30 = (s29 - s28);
-      v686p[i0] = s10;
-      v685p[i0] = s22;
-      v80p[i0] = s30;
+      a33p[i0] = s10;
+      a34p[i0] = s22;
+      a31p[i0] = s30;
     }
   }
 
@@ -7237,53 +4818,49 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/gain
-  support::View v87(param14_causal_lm_decoder_layer_1_norm_gain); // updated in place
-  support::View v302 = arena_.view(1196416, 32);
-  support::View v707(param51_causal_lm_decoder_layer_1_norm_gain_v); // updated in place
-  support::View v706(param50_causal_lm_decoder_layer_1_norm_gain_m); // updated in place
   {
-    float *__restrict v707p = v707.data();
-    float *__restrict v706p = v706.data();
-    float *__restrict v87p = v87.data();
-    const float *__restrict v302p = v302.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a37p = a37.data();
+    float *__restrict a38p = a38.data();
+    float *__restrict a35p = a35.data();
+    const float *__restrict a36p = a36.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v87p[i0];
+      const float s0 = a35p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v302p[i0];
+      const float s3 = a36p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v707p[i0];
+      const float s7 = a37p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v302p[i0];
+      const float s16 = a36p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v706p[i0];
+      const float s19 = a38p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v87p[i0];
+      const float s29 = a35p[i0];
       const float s30 = (s29 - s28);
-      v707p[i0] = s10;
-      v706p[i0] = s22;
-      v87p[i0] = s30;
+      a37p[i0] = s10;
+      a38p[i0] = s22;
+      a35p[i0] = s30;
     }
   }
 
@@ -7303,583 +4880,414 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm/bias
-  support::View v88(param15_causal_lm_decoder_layer_1_norm_bias); // updated in place
-  support::View v299 = arena_.view(1196288, 32);
-  support::View v728(param53_causal_lm_decoder_layer_1_norm_bias_v); // updated in place
-  support::View v727(param52_causal_lm_decoder_layer_1_norm_bias_m); // updated in place
   {
-    float *__restrict v728p = v728.data();
-    float *__restrict v727p = v727.data();
-    float *__restrict v88p = v88.data();
-    const float *__restrict v299p = v299.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a41p = a41.data();
+    float *__restrict a42p = a42.data();
+    float *__restrict a39p = a39.data();
+    const float *__restrict a40p = a40.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v88p[i0];
+      const float s0 = a39p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v299p[i0];
+      const float s3 = a40p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v728p[i0];
+      const float s7 = a41p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v299p[i0];
+      const float s16 = a40p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v727p[i0];
+      const float s19 = a42p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v88p[i0];
+      const float s29 = a39p[i0];
       const float s30 = (s29 - s28);
-      v728p[i0] = s10;
-      v727p[i0] = s22;
-      v88p[i0] = s30;
+      a41p[i0] = s10;
+      a42p[i0] = s22;
+      a39p[i0] = s30;
     }
   }
+}
 
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in/w
-  support::View v92(param16_causal_lm_decoder_layer_1_heads_in_w); // updated in place
-  support::View v297 = arena_.view(1191936, 512);
-  support::View v749(param55_causal_lm_decoder_layer_1_heads_in_w_v); // updated in place
-  support::View v748(param54_causal_lm_decoder_layer_1_heads_in_w_m); // updated in place
-  {
-    float *__restrict v749p = v749.data();
-    float *__restrict v748p = v748.data();
-    float *__restrict v92p = v92.data();
-    const float *__restrict v297p = v297.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v92p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v297p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v749p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v297p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v748p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v92p[i0];
-      const float s30 = (s29 - s28);
-      v749p[i0] = s10;
-      v748p[i0] = s22;
-      v92p[i0] = s30;
-    }
-  }
+void LmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::View a2,
+                        support::ConstView a3, support::View a4, support::View a5, support::View a6,
+                        support::View a7, support::View a8, support::View a9, support::View a10,
+                        support::ConstView a11, support::View a12, support::View a13,
+                        support::View a14, support::View a15, support::View a16, support::View a17,
+                        support::View a18, support::View a19, support::ConstView a20,
+                        support::View a21, support::View a22, support::View a23, support::View a24,
+                        support::View a25, support::View a26, support::View a27,
+                        support::ConstView a28, support::View a29, support::ConstView a30,
+                        support::View a31, support::View a32, support::ConstView a33,
+                        support::ConstView a34, support::View a35, support::ConstView a36,
+                        support::View a37, support::View a38, support::ConstView a39,
+                        support::View a40, support::View a41, support::View a42,
+                        support::ConstView a43, support::ConstView a44, support::View a45) {
 
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in#1/w
-  support::View v108(param17_causal_lm_decoder_layer_1_heads_in_1_w); // updated in place
-  support::View v283 = arena_.view(1189888, 512);
-  support::View v770(param57_causal_lm_decoder_layer_1_heads_in_1_w_v); // updated in place
-  support::View v769(param56_causal_lm_decoder_layer_1_heads_in_1_w_m); // updated in place
-  {
-    float *__restrict v770p = v770.data();
-    float *__restrict v769p = v769.data();
-    float *__restrict v108p = v108.data();
-    const float *__restrict v283p = v283.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v108p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v283p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v770p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v283p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v769p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v108p[i0];
-      const float s30 = (s29 - s28);
-      v770p[i0] = s10;
-      v769p[i0] = s22;
-      v108p[i0] = s30;
-    }
-  }
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 0.5f, 0.0f);
 
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_in#2/w
-  support::View v124(param18_causal_lm_decoder_layer_1_heads_in_2_w); // updated in place
-  support::View v268 = arena_.view(1187840, 512);
-  support::View v791(param59_causal_lm_decoder_layer_1_heads_in_2_w_v); // updated in place
-  support::View v790(param58_causal_lm_decoder_layer_1_heads_in_2_w_m); // updated in place
-  {
-    float *__restrict v791p = v791.data();
-    float *__restrict v790p = v790.data();
-    float *__restrict v124p = v124.data();
-    const float *__restrict v268p = v268.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v124p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v268p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v791p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v268p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v790p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v124p[i0];
-      const float s30 = (s29 - s28);
-      v791p[i0] = s10;
-      v790p[i0] = s22;
-      v124p[i0] = s30;
-    }
-  }
+  // performer.mesh:57:10 einsum
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan1.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/heads_out/w
-  support::View v132(param19_causal_lm_decoder_layer_1_heads_out_w); // updated in place
-  support::View v245 = arena_.view(2281472, 512);
-  support::View v812(param61_causal_lm_decoder_layer_1_heads_out_w_v); // updated in place
-  support::View v811(param60_causal_lm_decoder_layer_1_heads_out_w_m); // updated in place
+  // performer.mesh:57:65 square
   {
-    float *__restrict v812p = v812.data();
-    float *__restrict v811p = v811.data();
-    float *__restrict v132p = v132.data();
-    const float *__restrict v245p = v245.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v132p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v245p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v812p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v245p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v811p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v132p[i0];
-      const float s30 = (s29 - s28);
-      v812p[i0] = s10;
-      v811p[i0] = s22;
-      v132p[i0] = s30;
-    }
-  }
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm#1/gain
-  support::View v136(param20_causal_lm_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v229 = arena_.view(2284672, 32);
-  support::View v833(param63_causal_lm_decoder_layer_1_norm_1_gain_v); // updated in place
-  support::View v832(param62_causal_lm_decoder_layer_1_norm_1_gain_m); // updated in place
-  {
-    float *__restrict v833p = v833.data();
-    float *__restrict v832p = v832.data();
-    float *__restrict v136p = v136.data();
-    const float *__restrict v229p = v229.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v136p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v229p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v833p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v229p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v832p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v136p[i0];
-      const float s30 = (s29 - s28);
-      v833p[i0] = s10;
-      v832p[i0] = s22;
-      v136p[i0] = s30;
-    }
-  }
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/norm#1/bias
-  support::View v137(param21_causal_lm_decoder_layer_1_norm_1_bias); // updated in place
-  support::View v226 = arena_.view(2284544, 32);
-  support::View v854(param65_causal_lm_decoder_layer_1_norm_1_bias_v); // updated in place
-  support::View v853(param64_causal_lm_decoder_layer_1_norm_1_bias_m); // updated in place
-  {
-    float *__restrict v854p = v854.data();
-    float *__restrict v853p = v853.data();
-    float *__restrict v137p = v137.data();
-    const float *__restrict v226p = v226.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v137p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v226p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v854p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v226p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v853p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v137p[i0];
-      const float s30 = (s29 - s28);
-      v854p[i0] = s10;
-      v853p[i0] = s22;
-      v137p[i0] = s30;
-    }
-  }
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/ffn/w_in
-  support::View v141(param22_causal_lm_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v224 = arena_.view(2260992, 2048);
-  support::View v875(param67_causal_lm_decoder_layer_1_ffn_w_in_v); // updated in place
-  support::View v874(param66_causal_lm_decoder_layer_1_ffn_w_in_m); // updated in place
-  {
-    float *__restrict v875p = v875.data();
-    float *__restrict v874p = v874.data();
-    float *__restrict v141p = v141.data();
-    const float *__restrict v224p = v224.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a5p = a5.data();
+    const float *__restrict a2p = a2.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v141p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v224p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v875p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v224p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v874p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v141p[i0];
-      const float s30 = (s29 - s28);
-      v875p[i0] = s10;
-      v874p[i0] = s22;
-      v141p[i0] = s30;
+      const float s0 = a2p[i0];
+      const float s1 = s0 * s0;
+      a5p[i0] = s1;
     }
   }
 
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[1]/ffn/w_out
-  support::View v142(param23_causal_lm_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v200 = arena_.view(2252800, 2048);
-  support::View v896(param69_causal_lm_decoder_layer_1_ffn_w_out_v); // updated in place
-  support::View v895(param68_causal_lm_decoder_layer_1_ffn_w_out_m); // updated in place
+  // performer.mesh:57:61 sum
+  static const support::Shape shape3_1 = {1, 128, 1};
+  static const support::Shape shape3_3 = {2048, 16, 16};
+  static const support::Shape shape3_4 = {16};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a6.data(), shape3_1, a5.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
   {
-    float *__restrict v896p = v896.data();
-    float *__restrict v895p = v895.data();
-    float *__restrict v142p = v142.data();
-    const float *__restrict v200p = v200.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a4p = a4.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a6p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = a4p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        a7p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:66:37 max
+  static const support::Shape shape5_1 = {1, 128, 1};
+  static const support::Shape shape5_3 = {8192, 64, 64};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:66:23 stop_gradient
+  // performer.mesh:66:21 sub
+  // performer.mesh:66:10 exp
+  // performer.mesh:66:61 mul -> qf
+  {
+    float *__restrict a9p = a9.data();
+    float *__restrict a10p = a10.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a8p[i0];
+        const float s1 = s0;
+        const float s2 = a7p[i0 * 64 + i1];
+        const float s3 = (s2 - s1);
+        const float s4 = support::fexp(s3);
+        const float s5 = 0.125f;
+        const float s6 = (s4 * s5);
+        a9p[i0 * 64 + i1] = s4;
+        a10p[i0 * 64 + i1] = s6;
+      }
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // performer.mesh:56:18 mul -> scaled
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan7.run(a0.data(), a11.data(), a12.data(), 0.5f, 0.0f);
+
+  // performer.mesh:57:10 einsum
+  // dims: batch, seq, heads, d_head, features
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{1, 128, 1, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan8.run(a12.data(), a3.data(), a13.data(), 1.0f, 0.0f);
+
+  // performer.mesh:57:65 square
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v142p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v200p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v896p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v200p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v895p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v142p[i0];
-      const float s30 = (s29 - s28);
-      v896p[i0] = s10;
-      v895p[i0] = s22;
-      v142p[i0] = s30;
+      const float s0 = a12p[i0];
+      const float s1 = s0 * s0;
+      a14p[i0] = s1;
     }
   }
+
+  // performer.mesh:57:61 sum
+  static const support::Shape shape10_1 = {1, 128, 1};
+  static const support::Shape shape10_3 = {2048, 16, 16};
+  static const support::Shape shape10_4 = {16};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a15.data(), shape10_1, a14.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // performer.mesh:57:89 mul
+  // performer.mesh:57:59 sub -> logits
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a15p[i0];
+        const float s1 = 0.5f;
+        const float s2 = (s0 * s1);
+        const float s3 = a13p[i0 * 64 + i1];
+        const float s4 = (s3 - s2);
+        a16p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:71:37 max
+  static const support::Shape shape12_1 = {1, 1};
+  static const support::Shape shape12_3 = {8192, 64};
+  static const support::Shape shape12_4 = {128, 64};
+  static const support::Shape shape12_5 = {64, 1};
+  support::reduce(a17.data(), shape12_1, a16.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Max, 1.0);
+
+  // performer.mesh:71:23 stop_gradient
+  // performer.mesh:71:21 sub
+  // performer.mesh:71:10 exp
+  // performer.mesh:71:66 mul -> kf
+  {
+    float *__restrict a18p = a18.data();
+    float *__restrict a19p = a19.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = a17p[0];
+      const float s1 = s0;
+      const float s2 = a16p[i0];
+      const float s3 = (s2 - s1);
+      const float s4 = support::fexp(s3);
+      const float s5 = 0.125f;
+      const float s6 = (s4 * s5);
+      a18p[i0] = s4;
+      a19p[i0] = s6;
+    }
+  }
+
+  // performer.mesh:45:10 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
+      {{1, 128, 32, 1, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan14.run(a0.data(), a20.data(), a21.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:19 einsum
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan15(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 1, 2, 3, 4}, {}}});
+  einsumPlan15.run(a19.data(), a21.data(), a22.data(), 1.0f, 0.0f);
+
+  // performer.mesh:87:12 cumsum -> kv
+  static const support::Shape shape16_2 = {1, 1, 64, 16};
+  static const support::Shape shape16_3 = {131072, 1024, 16, 1};
+  static const support::Shape shape16_4 = {131072, 1024, 16, 1};
+  static const support::Shape shape16_5 = {128};
+  static const support::Shape shape16_6 = {1024};
+  static const support::Shape shape16_7 = {1024};
+  support::along(a23.data(), a22.data(), shape16_2, shape16_3, shape16_4, shape16_5, shape16_6,
+                 shape16_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+
+  // performer.mesh:88:19 einsum -> numerator
+  // dims: batch, seq, heads, features, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
+      {{1, 128, 1, 64, 16}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
+  einsumPlan17.run(a10.data(), a23.data(), a24.data(), 1.0f, 0.0f);
+
+  // performer.mesh:89:31 cumsum
+  static const support::Shape shape18_2 = {1, 1, 64};
+  static const support::Shape shape18_3 = {8192, 64, 1};
+  static const support::Shape shape18_4 = {8192, 64, 1};
+  static const support::Shape shape18_5 = {128};
+  static const support::Shape shape18_6 = {64};
+  static const support::Shape shape18_7 = {64};
+  support::along(a25.data(), a19.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
+                 shape18_7, support::Along::Cumsum, 1e-05, 128, nullptr);
+
+  // performer.mesh:89:20 einsum -> normalizer
+  // dims: batch, seq, heads, features
+  static const meshrt::kernels::EinsumPlan einsumPlan19(
+      {{1, 128, 1, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 3}, {}}}, {{0, 1, 2}, {}}});
+  einsumPlan19.run(a10.data(), a25.data(), a26.data(), 1.0f, 0.0f);
+
+  // performer.mesh:90:20 div
+  {
+    float *__restrict a27p = a27.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a26p = a26.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = a24p[i0 * 16 + i1];
+        const float s1 = a26p[i0];
+        const float s2 = (s0 / s1);
+        a27p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // performer.mesh:50:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan21.run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+
+  // performer.mesh:116:13 all_reduce_sum (resolve the partial sum of %68 over model for add at
+  // 116:13)
+  group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:116:13 add -> h
+  {
+    float *__restrict a31p = a31.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a29p = a29.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a30p[i0];
+      const float s1 = a29p[i0];
+      const float s2 = (s0 + s1);
+      a31p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  static const support::Shape shape24_2 = {1, 128};
+  static const support::Shape shape24_3 = {4096, 32};
+  static const support::Shape shape24_4 = {4096, 32};
+  static const support::Shape shape24_5 = {32};
+  static const support::Shape shape24_6 = {1};
+  static const support::Shape shape24_7 = {1};
+  support::along(a32.data(), a31.data(), shape24_2, shape24_3, shape24_4, shape24_5, shape24_6,
+                 shape24_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add
+  {
+    float *__restrict a35p = a35.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a34p = a34.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a32p[i0 * 32 + i1];
+        const float s1 = a33p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a34p[i1];
+        const float s4 = (s2 + s3);
+        a35p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+
+  // performer.mesh:96:22 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan26(
+      {{1, 128, 32, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan26.run(a35.data(), a36.data(), a37.data(), 1.0f, 0.0f);
+
+  // performer.mesh:96:17 gelu
+  {
+    float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
+    for (int64_t i0 = 0; i0 < 8192; ++i0) {
+      const float s0 = a37p[i0];
+      const float s1 = support::fgelu(s0);
+      a38p[i0] = s1;
+    }
+  }
+
+  // performer.mesh:96:10 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan28(
+      {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan28.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+
+  // performer.mesh:117:12 all_reduce_sum (resolve the partial sum of %79 over model for add at
+  // 117:12)
+  group_model.allReduce(a40.data(), a40.size(), meshrt::ReduceOp::Sum);
+
+  // performer.mesh:117:12 add -> h
+  {
+    float *__restrict a41p = a41.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a40p = a40.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a31p[i0];
+      const float s1 = a40p[i0];
+      const float s2 = (s0 + s1);
+      a41p[i0] = s2;
+    }
+  }
+
+  // performer.mesh:29:10 layer_norm
+  static const support::Shape shape31_2 = {1, 128};
+  static const support::Shape shape31_3 = {4096, 32};
+  static const support::Shape shape31_4 = {4096, 32};
+  static const support::Shape shape31_5 = {32};
+  static const support::Shape shape31_6 = {1};
+  static const support::Shape shape31_7 = {1};
+  support::along(a42.data(), a41.data(), shape31_2, shape31_3, shape31_4, shape31_5, shape31_6,
+                 shape31_7, support::Along::LayerNorm, 1e-05, 32, nullptr);
+
+  // performer.mesh:29:33 mul
+  // performer.mesh:29:40 add -> n
+  {
+    float *__restrict a45p = a45.data();
+    const float *__restrict a42p = a42.data();
+    const float *__restrict a43p = a43.data();
+    const float *__restrict a44p = a44.data();
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+      for (int64_t i1 = 0; i1 < 32; ++i1) {
+        const float s0 = a42p[i0 * 32 + i1];
+        const float s1 = a43p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a44p[i1];
+        const float s4 = (s2 + s3);
+        a45p[i0 * 32 + i1] = s4;
+      }
+    }
+  }
+}
+
+void LmTrain::repeated3(support::View a0, support::ConstView a1, support::View a2,
+                        support::ConstView a3, support::View a4, support::ConstView a5,
+                        support::ConstView a6) {
 
   // performer.mesh:151:3 mul
   // performer.mesh:151:3 square
@@ -7896,120 +5304,50 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // performer.mesh:151:3 div
   // performer.mesh:151:3 add
   // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/norm/gain
-  support::View v148(param24_causal_lm_norm_gain); // updated in place
-  support::View v184 = arena_.view(2284416, 32);
-  support::View v917(param71_causal_lm_norm_gain_v); // updated in place
-  support::View v916(param70_causal_lm_norm_gain_m); // updated in place
+  // performer.mesh:151:3 sub -> next/causal_lm/decoder_layer[0]/norm/gain
   {
-    float *__restrict v917p = v917.data();
-    float *__restrict v916p = v916.data();
-    float *__restrict v148p = v148.data();
-    const float *__restrict v184p = v184.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
+    float *__restrict a2p = a2.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a3p = a3.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v148p[i0];
+      const float s0 = a0p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v184p[i0];
+      const float s3 = a1p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.0009999871f;
       const float s6 = (s4 * s5);
-      const float s7 = v917p[i0];
+      const float s7 = a2p[i0];
       const float s8 = 0.999f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
+      const float s11 = a3p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-08f;
       const float s15 = (s13 + s14);
-      const float s16 = v184p[i0];
+      const float s16 = a1p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v916p[i0];
+      const float s19 = a4p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
+      const float s23 = a5p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
+      const float s27 = a6p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v148p[i0];
+      const float s29 = a0p[i0];
       const float s30 = (s29 - s28);
-      v917p[i0] = s10;
-      v916p[i0] = s22;
-      v148p[i0] = s30;
-    }
-  }
-
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 square
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 sqrt
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 div
-  // performer.mesh:151:3 add
-  // performer.mesh:151:3 mul
-  // performer.mesh:151:3 sub -> next/causal_lm/norm/bias
-  support::View v149(param25_causal_lm_norm_bias); // updated in place
-  support::View v181 = arena_.view(2284288, 32);
-  support::View v938(param73_causal_lm_norm_bias_v); // updated in place
-  support::View v937(param72_causal_lm_norm_bias_m); // updated in place
-  {
-    float *__restrict v938p = v938.data();
-    float *__restrict v937p = v937.data();
-    float *__restrict v149p = v149.data();
-    const float *__restrict v181p = v181.data();
-    const float *__restrict v464p = v464.data();
-    const float *__restrict v462p = v462.data();
-    const float *__restrict v446p = v446.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v149p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v181p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.0009999871f;
-      const float s6 = (s4 * s5);
-      const float s7 = v938p[i0];
-      const float s8 = 0.999f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v464p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-08f;
-      const float s15 = (s13 + s14);
-      const float s16 = v181p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v937p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v462p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v446p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v149p[i0];
-      const float s30 = (s29 - s28);
-      v938p[i0] = s10;
-      v937p[i0] = s22;
-      v149p[i0] = s30;
+      a2p[i0] = s10;
+      a4p[i0] = s22;
+      a0p[i0] = s30;
     }
   }
 }
@@ -8187,600 +5525,180 @@ bool LmTrain::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> LmTrain::paramShards() {
-  return {
-      {"causal_lm/embedding",
-       false,
-       "f32",
-       {64, 32},
-       {32, 32},
-       {"vocab", "d_model"},
-       {{"model"}, {}},
-       &param0_causal_lm_embedding},
-      {"causal_lm/unembed",
-       false,
-       "f32",
-       {32, 64},
-       {32, 32},
-       {"d_model", "vocab"},
-       {{}, {"model"}},
-       &param1_causal_lm_unembed},
-      {"causal_lm/decoder_layer[0]/random_features",
-       false,
-       "f32",
-       {64, 16},
-       {64, 16},
-       {"features", "d_head"},
-       {{}, {}},
-       &param2_causal_lm_decoder_layer_0_random_features},
-      {"causal_lm/decoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param3_causal_lm_decoder_layer_0_norm_gain},
-      {"causal_lm/decoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param4_causal_lm_decoder_layer_0_norm_bias},
-      {"causal_lm/decoder_layer[0]/heads_in/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param5_causal_lm_decoder_layer_0_heads_in_w},
-      {"causal_lm/decoder_layer[0]/heads_in#1/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param6_causal_lm_decoder_layer_0_heads_in_1_w},
-      {"causal_lm/decoder_layer[0]/heads_in#2/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param7_causal_lm_decoder_layer_0_heads_in_2_w},
-      {"causal_lm/decoder_layer[0]/heads_out/w",
-       false,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param8_causal_lm_decoder_layer_0_heads_out_w},
-      {"causal_lm/decoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param9_causal_lm_decoder_layer_0_norm_1_gain},
-      {"causal_lm/decoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param10_causal_lm_decoder_layer_0_norm_1_bias},
-      {"causal_lm/decoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param11_causal_lm_decoder_layer_0_ffn_w_in},
-      {"causal_lm/decoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param12_causal_lm_decoder_layer_0_ffn_w_out},
-      {"causal_lm/decoder_layer[1]/random_features",
-       false,
-       "f32",
-       {64, 16},
-       {64, 16},
-       {"features", "d_head"},
-       {{}, {}},
-       &param13_causal_lm_decoder_layer_1_random_features},
-      {"causal_lm/decoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param14_causal_lm_decoder_layer_1_norm_gain},
-      {"causal_lm/decoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param15_causal_lm_decoder_layer_1_norm_bias},
-      {"causal_lm/decoder_layer[1]/heads_in/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param16_causal_lm_decoder_layer_1_heads_in_w},
-      {"causal_lm/decoder_layer[1]/heads_in#1/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param17_causal_lm_decoder_layer_1_heads_in_1_w},
-      {"causal_lm/decoder_layer[1]/heads_in#2/w",
-       false,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param18_causal_lm_decoder_layer_1_heads_in_2_w},
-      {"causal_lm/decoder_layer[1]/heads_out/w",
-       false,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param19_causal_lm_decoder_layer_1_heads_out_w},
-      {"causal_lm/decoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param20_causal_lm_decoder_layer_1_norm_1_gain},
-      {"causal_lm/decoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param21_causal_lm_decoder_layer_1_norm_1_bias},
-      {"causal_lm/decoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param22_causal_lm_decoder_layer_1_ffn_w_in},
-      {"causal_lm/decoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param23_causal_lm_decoder_layer_1_ffn_w_out},
-      {"causal_lm/norm/gain",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param24_causal_lm_norm_gain},
-      {"causal_lm/norm/bias",
-       false,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param25_causal_lm_norm_bias},
-      {"causal_lm/embedding@m",
-       true,
-       "f32",
-       {64, 32},
-       {32, 32},
-       {"vocab", "d_model"},
-       {{"model"}, {}},
-       &param26_causal_lm_embedding_m},
-      {"causal_lm/embedding@v",
-       true,
-       "f32",
-       {64, 32},
-       {32, 32},
-       {"vocab", "d_model"},
-       {{"model"}, {}},
-       &param27_causal_lm_embedding_v},
-      {"causal_lm/unembed@m",
-       true,
-       "f32",
-       {32, 64},
-       {32, 32},
-       {"d_model", "vocab"},
-       {{}, {"model"}},
-       &param28_causal_lm_unembed_m},
-      {"causal_lm/unembed@v",
-       true,
-       "f32",
-       {32, 64},
-       {32, 32},
-       {"d_model", "vocab"},
-       {{}, {"model"}},
-       &param29_causal_lm_unembed_v},
-      {"causal_lm/decoder_layer[0]/norm/gain@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param30_causal_lm_decoder_layer_0_norm_gain_m},
-      {"causal_lm/decoder_layer[0]/norm/gain@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param31_causal_lm_decoder_layer_0_norm_gain_v},
-      {"causal_lm/decoder_layer[0]/norm/bias@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param32_causal_lm_decoder_layer_0_norm_bias_m},
-      {"causal_lm/decoder_layer[0]/norm/bias@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param33_causal_lm_decoder_layer_0_norm_bias_v},
-      {"causal_lm/decoder_layer[0]/heads_in/w@m",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param34_causal_lm_decoder_layer_0_heads_in_w_m},
-      {"causal_lm/decoder_layer[0]/heads_in/w@v",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param35_causal_lm_decoder_layer_0_heads_in_w_v},
-      {"causal_lm/decoder_layer[0]/heads_in#1/w@m",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param36_causal_lm_decoder_layer_0_heads_in_1_w_m},
-      {"causal_lm/decoder_layer[0]/heads_in#1/w@v",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param37_causal_lm_decoder_layer_0_heads_in_1_w_v},
-      {"causal_lm/decoder_layer[0]/heads_in#2/w@m",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param38_causal_lm_decoder_layer_0_heads_in_2_w_m},
-      {"causal_lm/decoder_layer[0]/heads_in#2/w@v",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param39_causal_lm_decoder_layer_0_heads_in_2_w_v},
-      {"causal_lm/decoder_layer[0]/heads_out/w@m",
-       true,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param40_causal_lm_decoder_layer_0_heads_out_w_m},
-      {"causal_lm/decoder_layer[0]/heads_out/w@v",
-       true,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param41_causal_lm_decoder_layer_0_heads_out_w_v},
-      {"causal_lm/decoder_layer[0]/norm#1/gain@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param42_causal_lm_decoder_layer_0_norm_1_gain_m},
-      {"causal_lm/decoder_layer[0]/norm#1/gain@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param43_causal_lm_decoder_layer_0_norm_1_gain_v},
-      {"causal_lm/decoder_layer[0]/norm#1/bias@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param44_causal_lm_decoder_layer_0_norm_1_bias_m},
-      {"causal_lm/decoder_layer[0]/norm#1/bias@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param45_causal_lm_decoder_layer_0_norm_1_bias_v},
-      {"causal_lm/decoder_layer[0]/ffn/w_in@m",
-       true,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param46_causal_lm_decoder_layer_0_ffn_w_in_m},
-      {"causal_lm/decoder_layer[0]/ffn/w_in@v",
-       true,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param47_causal_lm_decoder_layer_0_ffn_w_in_v},
-      {"causal_lm/decoder_layer[0]/ffn/w_out@m",
-       true,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param48_causal_lm_decoder_layer_0_ffn_w_out_m},
-      {"causal_lm/decoder_layer[0]/ffn/w_out@v",
-       true,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param49_causal_lm_decoder_layer_0_ffn_w_out_v},
-      {"causal_lm/decoder_layer[1]/norm/gain@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param50_causal_lm_decoder_layer_1_norm_gain_m},
-      {"causal_lm/decoder_layer[1]/norm/gain@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param51_causal_lm_decoder_layer_1_norm_gain_v},
-      {"causal_lm/decoder_layer[1]/norm/bias@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param52_causal_lm_decoder_layer_1_norm_bias_m},
-      {"causal_lm/decoder_layer[1]/norm/bias@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param53_causal_lm_decoder_layer_1_norm_bias_v},
-      {"causal_lm/decoder_layer[1]/heads_in/w@m",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param54_causal_lm_decoder_layer_1_heads_in_w_m},
-      {"causal_lm/decoder_layer[1]/heads_in/w@v",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param55_causal_lm_decoder_layer_1_heads_in_w_v},
-      {"causal_lm/decoder_layer[1]/heads_in#1/w@m",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param56_causal_lm_decoder_layer_1_heads_in_1_w_m},
-      {"causal_lm/decoder_layer[1]/heads_in#1/w@v",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param57_causal_lm_decoder_layer_1_heads_in_1_w_v},
-      {"causal_lm/decoder_layer[1]/heads_in#2/w@m",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param58_causal_lm_decoder_layer_1_heads_in_2_w_m},
-      {"causal_lm/decoder_layer[1]/heads_in#2/w@v",
-       true,
-       "f32",
-       {32, 2, 16},
-       {32, 1, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param59_causal_lm_decoder_layer_1_heads_in_2_w_v},
-      {"causal_lm/decoder_layer[1]/heads_out/w@m",
-       true,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param60_causal_lm_decoder_layer_1_heads_out_w_m},
-      {"causal_lm/decoder_layer[1]/heads_out/w@v",
-       true,
-       "f32",
-       {2, 16, 32},
-       {1, 16, 32},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param61_causal_lm_decoder_layer_1_heads_out_w_v},
-      {"causal_lm/decoder_layer[1]/norm#1/gain@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param62_causal_lm_decoder_layer_1_norm_1_gain_m},
-      {"causal_lm/decoder_layer[1]/norm#1/gain@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param63_causal_lm_decoder_layer_1_norm_1_gain_v},
-      {"causal_lm/decoder_layer[1]/norm#1/bias@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param64_causal_lm_decoder_layer_1_norm_1_bias_m},
-      {"causal_lm/decoder_layer[1]/norm#1/bias@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param65_causal_lm_decoder_layer_1_norm_1_bias_v},
-      {"causal_lm/decoder_layer[1]/ffn/w_in@m",
-       true,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param66_causal_lm_decoder_layer_1_ffn_w_in_m},
-      {"causal_lm/decoder_layer[1]/ffn/w_in@v",
-       true,
-       "f32",
-       {32, 128},
-       {32, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param67_causal_lm_decoder_layer_1_ffn_w_in_v},
-      {"causal_lm/decoder_layer[1]/ffn/w_out@m",
-       true,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param68_causal_lm_decoder_layer_1_ffn_w_out_m},
-      {"causal_lm/decoder_layer[1]/ffn/w_out@v",
-       true,
-       "f32",
-       {128, 32},
-       {64, 32},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param69_causal_lm_decoder_layer_1_ffn_w_out_v},
-      {"causal_lm/norm/gain@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param70_causal_lm_norm_gain_m},
-      {"causal_lm/norm/gain@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param71_causal_lm_norm_gain_v},
-      {"causal_lm/norm/bias@m",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param72_causal_lm_norm_bias_m},
-      {"causal_lm/norm/bias@v",
-       true,
-       "f32",
-       {32},
-       {32},
-       {"d_model"},
-       {{}},
-       &param73_causal_lm_norm_bias_v},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"causal_lm/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
+      {"causal_lm/unembed", false, "f32", "d_model:32:32: vocab:64:32:model"},
+      {"causal_lm/decoder_layer[0]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/norm/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/heads_in/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in#1/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in#2/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_out/w", false, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"causal_lm/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/random_features", false, "f32", "features:64:64: d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/norm/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/heads_in/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in#1/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in#2/w", false, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_out/w", false, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"causal_lm/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/norm/gain", false, "f32", "d_model:32:32:"},
+      {"causal_lm/norm/bias", false, "f32", "d_model:32:32:"},
+      {"causal_lm/embedding@m", true, "f32", "vocab:64:32:model d_model:32:32:"},
+      {"causal_lm/embedding@v", true, "f32", "vocab:64:32:model d_model:32:32:"},
+      {"causal_lm/unembed@m", true, "f32", "d_model:32:32: vocab:64:32:model"},
+      {"causal_lm/unembed@v", true, "f32", "d_model:32:32: vocab:64:32:model"},
+      {"causal_lm/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm/bias@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/heads_in/w@m", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in/w@v", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in#1/w@m", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in#1/w@v", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in#2/w@m", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_in#2/w@v", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[0]/heads_out/w@m", true, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/heads_out/w@v", true, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"causal_lm/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"causal_lm/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm/gain@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm/gain@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm/bias@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm/bias@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/heads_in/w@m", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in/w@v", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in#1/w@m", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in#1/w@v", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in#2/w@m", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_in#2/w@v", true, "f32",
+       "d_model:32:32: heads:2:1:model d_head:16:16:"},
+      {"causal_lm/decoder_layer[1]/heads_out/w@m", true, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/heads_out/w@v", true, "f32",
+       "heads:2:1:model d_head:16:16: d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"causal_lm/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:32:32: d_ff:128:64:model"},
+      {"causal_lm/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:32:32:"},
+      {"causal_lm/norm/gain@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/norm/gain@v", true, "f32", "d_model:32:32:"},
+      {"causal_lm/norm/bias@m", true, "f32", "d_model:32:32:"},
+      {"causal_lm/norm/bias@v", true, "f32", "d_model:32:32:"}};
+  support::Buffer *const data[] = {&param0_causal_lm_embedding,
+                                   &param1_causal_lm_unembed,
+                                   &param2_causal_lm_decoder_layer_0_random_features,
+                                   &param3_causal_lm_decoder_layer_0_norm_gain,
+                                   &param4_causal_lm_decoder_layer_0_norm_bias,
+                                   &param5_causal_lm_decoder_layer_0_heads_in_w,
+                                   &param6_causal_lm_decoder_layer_0_heads_in_1_w,
+                                   &param7_causal_lm_decoder_layer_0_heads_in_2_w,
+                                   &param8_causal_lm_decoder_layer_0_heads_out_w,
+                                   &param9_causal_lm_decoder_layer_0_norm_1_gain,
+                                   &param10_causal_lm_decoder_layer_0_norm_1_bias,
+                                   &param11_causal_lm_decoder_layer_0_ffn_w_in,
+                                   &param12_causal_lm_decoder_layer_0_ffn_w_out,
+                                   &param13_causal_lm_decoder_layer_1_random_features,
+                                   &param14_causal_lm_decoder_layer_1_norm_gain,
+                                   &param15_causal_lm_decoder_layer_1_norm_bias,
+                                   &param16_causal_lm_decoder_layer_1_heads_in_w,
+                                   &param17_causal_lm_decoder_layer_1_heads_in_1_w,
+                                   &param18_causal_lm_decoder_layer_1_heads_in_2_w,
+                                   &param19_causal_lm_decoder_layer_1_heads_out_w,
+                                   &param20_causal_lm_decoder_layer_1_norm_1_gain,
+                                   &param21_causal_lm_decoder_layer_1_norm_1_bias,
+                                   &param22_causal_lm_decoder_layer_1_ffn_w_in,
+                                   &param23_causal_lm_decoder_layer_1_ffn_w_out,
+                                   &param24_causal_lm_norm_gain,
+                                   &param25_causal_lm_norm_bias,
+                                   &param26_causal_lm_embedding_m,
+                                   &param27_causal_lm_embedding_v,
+                                   &param28_causal_lm_unembed_m,
+                                   &param29_causal_lm_unembed_v,
+                                   &param30_causal_lm_decoder_layer_0_norm_gain_m,
+                                   &param31_causal_lm_decoder_layer_0_norm_gain_v,
+                                   &param32_causal_lm_decoder_layer_0_norm_bias_m,
+                                   &param33_causal_lm_decoder_layer_0_norm_bias_v,
+                                   &param34_causal_lm_decoder_layer_0_heads_in_w_m,
+                                   &param35_causal_lm_decoder_layer_0_heads_in_w_v,
+                                   &param36_causal_lm_decoder_layer_0_heads_in_1_w_m,
+                                   &param37_causal_lm_decoder_layer_0_heads_in_1_w_v,
+                                   &param38_causal_lm_decoder_layer_0_heads_in_2_w_m,
+                                   &param39_causal_lm_decoder_layer_0_heads_in_2_w_v,
+                                   &param40_causal_lm_decoder_layer_0_heads_out_w_m,
+                                   &param41_causal_lm_decoder_layer_0_heads_out_w_v,
+                                   &param42_causal_lm_decoder_layer_0_norm_1_gain_m,
+                                   &param43_causal_lm_decoder_layer_0_norm_1_gain_v,
+                                   &param44_causal_lm_decoder_layer_0_norm_1_bias_m,
+                                   &param45_causal_lm_decoder_layer_0_norm_1_bias_v,
+                                   &param46_causal_lm_decoder_layer_0_ffn_w_in_m,
+                                   &param47_causal_lm_decoder_layer_0_ffn_w_in_v,
+                                   &param48_causal_lm_decoder_layer_0_ffn_w_out_m,
+                                   &param49_causal_lm_decoder_layer_0_ffn_w_out_v,
+                                   &param50_causal_lm_decoder_layer_1_norm_gain_m,
+                                   &param51_causal_lm_decoder_layer_1_norm_gain_v,
+                                   &param52_causal_lm_decoder_layer_1_norm_bias_m,
+                                   &param53_causal_lm_decoder_layer_1_norm_bias_v,
+                                   &param54_causal_lm_decoder_layer_1_heads_in_w_m,
+                                   &param55_causal_lm_decoder_layer_1_heads_in_w_v,
+                                   &param56_causal_lm_decoder_layer_1_heads_in_1_w_m,
+                                   &param57_causal_lm_decoder_layer_1_heads_in_1_w_v,
+                                   &param58_causal_lm_decoder_layer_1_heads_in_2_w_m,
+                                   &param59_causal_lm_decoder_layer_1_heads_in_2_w_v,
+                                   &param60_causal_lm_decoder_layer_1_heads_out_w_m,
+                                   &param61_causal_lm_decoder_layer_1_heads_out_w_v,
+                                   &param62_causal_lm_decoder_layer_1_norm_1_gain_m,
+                                   &param63_causal_lm_decoder_layer_1_norm_1_gain_v,
+                                   &param64_causal_lm_decoder_layer_1_norm_1_bias_m,
+                                   &param65_causal_lm_decoder_layer_1_norm_1_bias_v,
+                                   &param66_causal_lm_decoder_layer_1_ffn_w_in_m,
+                                   &param67_causal_lm_decoder_layer_1_ffn_w_in_v,
+                                   &param68_causal_lm_decoder_layer_1_ffn_w_out_m,
+                                   &param69_causal_lm_decoder_layer_1_ffn_w_out_v,
+                                   &param70_causal_lm_norm_gain_m,
+                                   &param71_causal_lm_norm_gain_v,
+                                   &param72_causal_lm_norm_bias_m,
+                                   &param73_causal_lm_norm_bias_v};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor LmTrain::getParam(const std::string &path) {

@@ -184,26 +184,14 @@ bool SwishMlp::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> SwishMlp::paramShards() {
-  return {
-      {"limit", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param0_limit},
-      {"swish_ffn/w_in",
-       false,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param1_swish_ffn_w_in},
-      {"swish_ffn/b_in", false, "f32", {128}, {64}, {"d_ff"}, {{"model"}}, &param2_swish_ffn_b_in},
-      {"swish_ffn/w_out",
-       false,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param3_swish_ffn_w_out},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"limit", false, "f32", "d_model:64:64:"},
+      {"swish_ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"swish_ffn/b_in", false, "f32", "d_ff:128:64:model"},
+      {"swish_ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_limit, &param1_swish_ffn_w_in, &param2_swish_ffn_b_in,
+                                   &param3_swish_ffn_w_out};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor SwishMlp::getParam(const std::string &path) {

@@ -254,7 +254,6 @@ Lm::Outputs Lm::run(const Inputs &inputs) {
   // Arena: 90112 bytes for 655360 bytes of temporaries (placed by liveness).
   support::checkShape("input", "tokens", inputs.tokens, {2, 32});
   runPart0(inputs);
-  runPart1(inputs);
   support::View v107 = arena_.view(0, 3072);
 
   Outputs outputs;
@@ -336,37 +335,15 @@ void Lm::runPart0(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:36:11 einsum -> q
+  // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   const support::Buffer &v21 = param5_decoder_decoder_layer_0_attention_w_q;
   support::View v25 = arena_.view(49152, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan6.run(v20.data(), v21.data(), v25.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   const support::Buffer &v22 = param6_decoder_decoder_layer_0_attention_w_k;
   support::View v26 = arena_.view(57344, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(v20.data(), v22.data(), v26.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   const support::Buffer &v23 = param7_decoder_decoder_layer_0_attention_w_v;
   support::View v28 = arena_.view(65536, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan8.run(v20.data(), v23.data(), v28.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
-  // layers.mesh:41:55 mul -> scores
   support::View v30 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan9.run(v25.data(), v26.data(), v30.data(), 0.25f, 0.0f);
+  repeated1(v20, v21, v25, v22, v26, v23, v28, v30);
 
   // transformer.mesh:38:51 ge
   // transformer.mesh:38:39 cast
@@ -396,427 +373,281 @@ void Lm::runPart0(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:43:25 where
+  // 15 statements from layers.mesh:43:25 where (1 of 2)
   support::View v36 = arena_.view(32768, 4096);
-  {
-    float *__restrict v36p = v36.data();
-    const float *__restrict v34p = v34.data();
-    const float *__restrict v30p = v30.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 1024; ++i2) {
-          const float s0 = v34p[i0 * 1024 + i2];
-          const float s1 = v30p[i0 * 2048 + i1 * 1024 + i2];
-          const float s2 = -1000000000.0f;
-          const float s3 = (s0 != 0 ? s1 : s2);
-          v36p[i0 * 2048 + i1 * 1024 + i2] = s3;
-        }
-      }
-    }
-  }
-
-  // layers.mesh:43:17 softmax -> weights
   support::View v37 = arena_.view(0, 4096);
-  static const support::Shape shape12_2 = {2, 2, 32};
-  static const support::Shape shape12_3 = {2048, 1024, 32};
-  static const support::Shape shape12_4 = {2048, 1024, 32};
-  static const support::Shape shape12_5 = {32};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(v37.data(), v36.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
   support::View v38 = arena_.view(32768, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan13.run(v37.data(), v28.data(), v38.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum
   const support::Buffer &v24 = param8_decoder_decoder_layer_0_attention_w_o;
   support::View v39 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan14.run(v38.data(), v24.data(), v39.data(), 1.0f, 0.0f);
-
-  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %38 over model for add at
-  // 21:13)
-  group_model.allReduce(v39.data(), v39.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:21:13 add -> h
   support::View v41 = arena_.view(65536, 4096);
-  {
-    float *__restrict v41p = v41.data();
-    const float *__restrict v7p = v7.data();
-    const float *__restrict v39p = v39.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = v39p[i0];
-      const float s2 = (s0 + s1);
-      v41p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v44 = arena_.view(0, 4096);
-  static const support::Shape shape17_2 = {2, 32};
-  static const support::Shape shape17_3 = {2048, 64};
-  static const support::Shape shape17_4 = {2048, 64};
-  static const support::Shape shape17_5 = {64};
-  static const support::Shape shape17_6 = {1};
-  static const support::Shape shape17_7 = {1};
-  support::along(v44.data(), v41.data(), shape17_2, shape17_3, shape17_4, shape17_5, shape17_6,
-                 shape17_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
   const support::Buffer &v42 = param9_decoder_decoder_layer_0_norm_1_gain;
   const support::Buffer &v43 = param10_decoder_decoder_layer_0_norm_1_bias;
   support::View v46 = arena_.view(32768, 4096);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v44p = v44.data();
-    const float *__restrict v42p = v42.data();
-    const float *__restrict v43p = v43.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v44p[i0 * 64 + i1];
-        const float s1 = v42p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v43p[i1];
-        const float s4 = (s2 + s3);
-        v46p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:54:16 einsum
   const support::Buffer &v47 = param11_decoder_decoder_layer_0_ffn_w_in;
   support::View v51 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(v46.data(), v47.data(), v51.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
   const support::Buffer &v48 = param12_decoder_decoder_layer_0_ffn_b_in;
   support::View v53 = arena_.view(32768, 8192);
-  {
-    float *__restrict v53p = v53.data();
-    const float *__restrict v51p = v51.data();
-    const float *__restrict v48p = v48.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v51p[i0 * 128 + i1];
-        const float s1 = v48p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v53p[i0 * 128 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:55:10 einsum
   const support::Buffer &v49 = param13_decoder_decoder_layer_0_ffn_w_out;
   support::View v55 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(v53.data(), v49.data(), v55.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
-  group_model.allReduce(v55.data(), v55.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:55:71 add
-  // transformer.mesh:22:12 add -> x
   const support::Buffer &v50 = param14_decoder_decoder_layer_0_ffn_b_out;
   support::View v58 = arena_.view(16384, 4096);
-  {
-    float *__restrict v58p = v58.data();
-    const float *__restrict v55p = v55.data();
-    const float *__restrict v50p = v50.data();
-    const float *__restrict v41p = v41.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v55p[i0 * 64 + i1];
-        const float s1 = v50p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v41p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        v58p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-}
-
-void Lm::runPart1(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:24:10 layer_norm
-  support::View v58 = arena_.view(16384, 4096);
   support::View v61 = arena_.view(0, 4096);
-  static const support::Shape shape0_2 = {2, 32};
-  static const support::Shape shape0_3 = {2048, 64};
-  static const support::Shape shape0_4 = {2048, 64};
-  static const support::Shape shape0_5 = {64};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v61.data(), v58.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
   const support::Buffer &v59 = param15_decoder_decoder_layer_1_norm_gain;
   const support::Buffer &v60 = param16_decoder_decoder_layer_1_norm_bias;
   support::View v63 = arena_.view(32768, 4096);
-  {
-    float *__restrict v63p = v63.data();
-    const float *__restrict v61p = v61.data();
-    const float *__restrict v59p = v59.data();
-    const float *__restrict v60p = v60.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v61p[i0 * 64 + i1];
-        const float s1 = v59p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v60p[i1];
-        const float s4 = (s2 + s3);
-        v63p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated0(v34, v30, v36, v37, v28, v38, v24, v39, v7, v41, v44, v42, v43, v46, v47, v51, v48, v53,
+            v49, v55, v50, v58, v61, v59, v60, v63);
 
-  // layers.mesh:36:11 einsum -> q
+  // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   const support::Buffer &v64 = param17_decoder_decoder_layer_1_attention_w_q;
   support::View v68 = arena_.view(49152, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(v63.data(), v64.data(), v68.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   const support::Buffer &v65 = param18_decoder_decoder_layer_1_attention_w_k;
   support::View v69 = arena_.view(57344, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(v63.data(), v65.data(), v69.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   const support::Buffer &v66 = param19_decoder_decoder_layer_1_attention_w_v;
   support::View v71 = arena_.view(65536, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(v63.data(), v66.data(), v71.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
-  // layers.mesh:41:55 mul -> scores
   support::View v73 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(v68.data(), v69.data(), v73.data(), 0.25f, 0.0f);
+  repeated1(v63, v64, v68, v65, v69, v66, v71, v73);
 
-  // layers.mesh:43:25 where
-  support::View v34 = arena_.view(81920, 2048);
+  // 15 statements from layers.mesh:43:25 where (2 of 2)
   support::View v79 = arena_.view(32768, 4096);
-  {
-    float *__restrict v79p = v79.data();
-    const float *__restrict v34p = v34.data();
-    const float *__restrict v73p = v73.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 1024; ++i2) {
-          const float s0 = v34p[i0 * 1024 + i2];
-          const float s1 = v73p[i0 * 2048 + i1 * 1024 + i2];
-          const float s2 = -1000000000.0f;
-          const float s3 = (s0 != 0 ? s1 : s2);
-          v79p[i0 * 2048 + i1 * 1024 + i2] = s3;
-        }
-      }
-    }
-  }
-
-  // layers.mesh:43:17 softmax -> weights
   support::View v80 = arena_.view(0, 4096);
-  static const support::Shape shape7_2 = {2, 2, 32};
-  static const support::Shape shape7_3 = {2048, 1024, 32};
-  static const support::Shape shape7_4 = {2048, 1024, 32};
-  static const support::Shape shape7_5 = {32};
-  static const support::Shape shape7_6 = {1};
-  static const support::Shape shape7_7 = {1};
-  support::along(v80.data(), v79.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
-                 support::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
   support::View v81 = arena_.view(32768, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan8.run(v80.data(), v71.data(), v81.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum
   const support::Buffer &v67 = param20_decoder_decoder_layer_1_attention_w_o;
   support::View v82 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan9.run(v81.data(), v67.data(), v82.data(), 1.0f, 0.0f);
-
-  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %79 over model for add at
-  // 21:13)
-  group_model.allReduce(v82.data(), v82.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:21:13 add -> h
   support::View v84 = arena_.view(65536, 4096);
-  {
-    float *__restrict v84p = v84.data();
-    const float *__restrict v58p = v58.data();
-    const float *__restrict v82p = v82.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v58p[i0];
-      const float s1 = v82p[i0];
-      const float s2 = (s0 + s1);
-      v84p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v87 = arena_.view(0, 4096);
-  static const support::Shape shape12_2 = {2, 32};
-  static const support::Shape shape12_3 = {2048, 64};
-  static const support::Shape shape12_4 = {2048, 64};
-  static const support::Shape shape12_5 = {64};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(v87.data(), v84.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
   const support::Buffer &v85 = param21_decoder_decoder_layer_1_norm_1_gain;
   const support::Buffer &v86 = param22_decoder_decoder_layer_1_norm_1_bias;
   support::View v89 = arena_.view(32768, 4096);
-  {
-    float *__restrict v89p = v89.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v85p = v85.data();
-    const float *__restrict v86p = v86.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v87p[i0 * 64 + i1];
-        const float s1 = v85p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v86p[i1];
-        const float s4 = (s2 + s3);
-        v89p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:54:16 einsum
   const support::Buffer &v90 = param23_decoder_decoder_layer_1_ffn_w_in;
   support::View v94 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan14.run(v89.data(), v90.data(), v94.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
   const support::Buffer &v91 = param24_decoder_decoder_layer_1_ffn_b_in;
   support::View v96 = arena_.view(32768, 8192);
-  {
-    float *__restrict v96p = v96.data();
-    const float *__restrict v94p = v94.data();
-    const float *__restrict v91p = v91.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v94p[i0 * 128 + i1];
-        const float s1 = v91p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        v96p[i0 * 128 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:55:10 einsum
   const support::Buffer &v92 = param25_decoder_decoder_layer_1_ffn_w_out;
   support::View v98 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan16.run(v96.data(), v92.data(), v98.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %94 over model for add at 55:71)
-  group_model.allReduce(v98.data(), v98.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:55:71 add
-  // transformer.mesh:22:12 add -> x
   const support::Buffer &v93 = param26_decoder_decoder_layer_1_ffn_b_out;
   support::View v101 = arena_.view(16384, 4096);
-  {
-    float *__restrict v101p = v101.data();
-    const float *__restrict v98p = v98.data();
-    const float *__restrict v93p = v93.data();
-    const float *__restrict v84p = v84.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v98p[i0 * 64 + i1];
-        const float s1 = v93p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v84p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        v101p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v104 = arena_.view(0, 4096);
-  static const support::Shape shape19_2 = {2, 32};
-  static const support::Shape shape19_3 = {2048, 64};
-  static const support::Shape shape19_4 = {2048, 64};
-  static const support::Shape shape19_5 = {64};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v104.data(), v101.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
   const support::Buffer &v102 = param27_decoder_norm_gain;
   const support::Buffer &v103 = param28_decoder_norm_bias;
   support::View v106 = arena_.view(16384, 4096);
-  {
-    float *__restrict v106p = v106.data();
-    const float *__restrict v104p = v104.data();
-    const float *__restrict v102p = v102.data();
-    const float *__restrict v103p = v103.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v104p[i0 * 64 + i1];
-        const float s1 = v102p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v103p[i1];
-        const float s4 = (s2 + s3);
-        v106p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated0(v34, v73, v79, v80, v71, v81, v67, v82, v58, v84, v87, v85, v86, v89, v90, v94, v91,
+            v96, v92, v98, v93, v101, v104, v102, v103, v106);
 
   // transformer.mesh:43:10 einsum -> logits
   const support::Buffer &v3 = param2_decoder_unembed;
   support::View v107 = arena_.view(0, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
+  static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan21.run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v106.data(), v3.data(), v107.data(), 1.0f, 0.0f);
+}
+
+void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+                   support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+                   support::ConstView a8, support::View a9, support::View a10,
+                   support::ConstView a11, support::ConstView a12, support::View a13,
+                   support::ConstView a14, support::View a15, support::ConstView a16,
+                   support::View a17, support::ConstView a18, support::View a19,
+                   support::ConstView a20, support::View a21, support::View a22,
+                   support::ConstView a23, support::ConstView a24, support::View a25) {
+
+  // layers.mesh:43:25 where
+  {
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 1024; ++i2) {
+          const float s0 = a0p[i0 * 1024 + i2];
+          const float s1 = a1p[i0 * 2048 + i1 * 1024 + i2];
+          const float s2 = -1000000000.0f;
+          const float s3 = (s0 != 0 ? s1 : s2);
+          a2p[i0 * 2048 + i1 * 1024 + i2] = s3;
+        }
+      }
+    }
+  }
+
+  // layers.mesh:43:17 softmax -> weights
+  static const support::Shape shape1_2 = {2, 2, 32};
+  static const support::Shape shape1_3 = {2048, 1024, 32};
+  static const support::Shape shape1_4 = {2048, 1024, 32};
+  static const support::Shape shape1_5 = {32};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(a3.data(), a2.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
+
+  // layers.mesh:44:17 einsum -> context
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %38 over model for add at
+  // 21:13)
+  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:21:13 add -> h
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a8p[i0];
+      const float s1 = a7p[i0];
+      const float s2 = (s0 + s1);
+      a9p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  static const support::Shape shape6_2 = {2, 32};
+  static const support::Shape shape6_3 = {2048, 64};
+  static const support::Shape shape6_4 = {2048, 64};
+  static const support::Shape shape6_5 = {64};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(a10.data(), a9.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a10p[i0 * 64 + i1];
+        const float s1 = a11p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a12p[i1];
+        const float s4 = (s2 + s3);
+        a13p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:54:16 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan8.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+
+  // layers.mesh:54:52 add
+  // layers.mesh:54:11 gelu -> h
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = a15p[i0 * 128 + i1];
+        const float s1 = a16p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        a17p[i0 * 128 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:55:10 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan10.run(a17.data(), a18.data(), a19.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %53 over model for add at 55:71)
+  group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
+
+  // layers.mesh:55:71 add
+  // transformer.mesh:22:12 add -> x
+  {
+    float *__restrict a21p = a21.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a19p[i0 * 64 + i1];
+        const float s1 = a20p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = a9p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        a21p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  static const support::Shape shape13_2 = {2, 32};
+  static const support::Shape shape13_3 = {2048, 64};
+  static const support::Shape shape13_4 = {2048, 64};
+  static const support::Shape shape13_5 = {64};
+  static const support::Shape shape13_6 = {1};
+  static const support::Shape shape13_7 = {1};
+  support::along(a22.data(), a21.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  {
+    float *__restrict a25p = a25.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a22p[i0 * 64 + i1];
+        const float s1 = a23p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a24p[i1];
+        const float s4 = (s2 + s3);
+        a25p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+}
+
+void Lm::repeated1(support::ConstView a0, support::ConstView a1, support::View a2,
+                   support::ConstView a3, support::View a4, support::ConstView a5, support::View a6,
+                   support::View a7) {
+
+  // layers.mesh:36:11 einsum -> q
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  // layers.mesh:41:55 mul -> scores
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
 }
 
 Lm::Inputs Lm::synthesizeInputs(uint64_t seed) const {
@@ -901,240 +732,74 @@ bool Lm::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Lm::paramShards() {
-  return {
-      {"decoder/token_embedding",
-       false,
-       "f32",
-       {96, 64},
-       {48, 64},
-       {"vocab", "d_model"},
-       {{"model"}, {}},
-       &param0_decoder_token_embedding},
-      {"decoder/position_embedding",
-       false,
-       "f32",
-       {32, 64},
-       {32, 64},
-       {"seq", "d_model"},
-       {{}, {}},
-       &param1_decoder_position_embedding},
-      {"decoder/unembed",
-       false,
-       "f32",
-       {64, 96},
-       {64, 48},
-       {"d_model", "vocab"},
-       {{}, {"model"}},
-       &param2_decoder_unembed},
-      {"decoder/decoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param3_decoder_decoder_layer_0_norm_gain},
-      {"decoder/decoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param4_decoder_decoder_layer_0_norm_bias},
-      {"decoder/decoder_layer[0]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param5_decoder_decoder_layer_0_attention_w_q},
-      {"decoder/decoder_layer[0]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param6_decoder_decoder_layer_0_attention_w_k},
-      {"decoder/decoder_layer[0]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param7_decoder_decoder_layer_0_attention_w_v},
-      {"decoder/decoder_layer[0]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param8_decoder_decoder_layer_0_attention_w_o},
-      {"decoder/decoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param9_decoder_decoder_layer_0_norm_1_gain},
-      {"decoder/decoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param10_decoder_decoder_layer_0_norm_1_bias},
-      {"decoder/decoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param11_decoder_decoder_layer_0_ffn_w_in},
-      {"decoder/decoder_layer[0]/ffn/b_in",
-       false,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param12_decoder_decoder_layer_0_ffn_b_in},
-      {"decoder/decoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param13_decoder_decoder_layer_0_ffn_w_out},
-      {"decoder/decoder_layer[0]/ffn/b_out",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param14_decoder_decoder_layer_0_ffn_b_out},
-      {"decoder/decoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param15_decoder_decoder_layer_1_norm_gain},
-      {"decoder/decoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param16_decoder_decoder_layer_1_norm_bias},
-      {"decoder/decoder_layer[1]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param17_decoder_decoder_layer_1_attention_w_q},
-      {"decoder/decoder_layer[1]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param18_decoder_decoder_layer_1_attention_w_k},
-      {"decoder/decoder_layer[1]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param19_decoder_decoder_layer_1_attention_w_v},
-      {"decoder/decoder_layer[1]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param20_decoder_decoder_layer_1_attention_w_o},
-      {"decoder/decoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param21_decoder_decoder_layer_1_norm_1_gain},
-      {"decoder/decoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param22_decoder_decoder_layer_1_norm_1_bias},
-      {"decoder/decoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param23_decoder_decoder_layer_1_ffn_w_in},
-      {"decoder/decoder_layer[1]/ffn/b_in",
-       false,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param24_decoder_decoder_layer_1_ffn_b_in},
-      {"decoder/decoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param25_decoder_decoder_layer_1_ffn_w_out},
-      {"decoder/decoder_layer[1]/ffn/b_out",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param26_decoder_decoder_layer_1_ffn_b_out},
-      {"decoder/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param27_decoder_norm_gain},
-      {"decoder/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param28_decoder_norm_bias},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"decoder/token_embedding", false, "f32", "vocab:96:48:model d_model:64:64:"},
+      {"decoder/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
+      {"decoder/unembed", false, "f32", "d_model:64:64: vocab:96:48:model"},
+      {"decoder/decoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_o", false, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"decoder/decoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
+      {"decoder/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"decoder/decoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_o", false, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"decoder/decoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
+      {"decoder/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"decoder/decoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
+      {"decoder/norm/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/norm/bias", false, "f32", "d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_decoder_token_embedding,
+                                   &param1_decoder_position_embedding,
+                                   &param2_decoder_unembed,
+                                   &param3_decoder_decoder_layer_0_norm_gain,
+                                   &param4_decoder_decoder_layer_0_norm_bias,
+                                   &param5_decoder_decoder_layer_0_attention_w_q,
+                                   &param6_decoder_decoder_layer_0_attention_w_k,
+                                   &param7_decoder_decoder_layer_0_attention_w_v,
+                                   &param8_decoder_decoder_layer_0_attention_w_o,
+                                   &param9_decoder_decoder_layer_0_norm_1_gain,
+                                   &param10_decoder_decoder_layer_0_norm_1_bias,
+                                   &param11_decoder_decoder_layer_0_ffn_w_in,
+                                   &param12_decoder_decoder_layer_0_ffn_b_in,
+                                   &param13_decoder_decoder_layer_0_ffn_w_out,
+                                   &param14_decoder_decoder_layer_0_ffn_b_out,
+                                   &param15_decoder_decoder_layer_1_norm_gain,
+                                   &param16_decoder_decoder_layer_1_norm_bias,
+                                   &param17_decoder_decoder_layer_1_attention_w_q,
+                                   &param18_decoder_decoder_layer_1_attention_w_k,
+                                   &param19_decoder_decoder_layer_1_attention_w_v,
+                                   &param20_decoder_decoder_layer_1_attention_w_o,
+                                   &param21_decoder_decoder_layer_1_norm_1_gain,
+                                   &param22_decoder_decoder_layer_1_norm_1_bias,
+                                   &param23_decoder_decoder_layer_1_ffn_w_in,
+                                   &param24_decoder_decoder_layer_1_ffn_b_in,
+                                   &param25_decoder_decoder_layer_1_ffn_w_out,
+                                   &param26_decoder_decoder_layer_1_ffn_b_out,
+                                   &param27_decoder_norm_gain,
+                                   &param28_decoder_norm_bias};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor Lm::getParam(const std::string &path) {
@@ -1580,14 +1245,6 @@ LmTrain::Outputs LmTrain::run(const Inputs &inputs) {
   runPart1(inputs);
   runPart2(inputs);
   runPart3(inputs);
-  runPart4(inputs);
-  runPart5(inputs);
-  runPart6(inputs);
-  runPart7(inputs);
-  runPart8(inputs);
-  runPart9(inputs);
-  runPart10(inputs);
-  runPart11(inputs);
   support::View v124 = arena_.view(552960, 1);
 
   // The step's updates.
@@ -1699,37 +1356,15 @@ void LmTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:36:11 einsum -> q
+  // 4 statements from layers.mesh:36:11 einsum -> q (1 of 2)
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
   support::View v30 = arena_.view(479232, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan9.run(v25.data(), v26.data(), v30.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
   support::View v31 = arena_.view(487424, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan10.run(v25.data(), v27.data(), v31.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
   support::View v33 = arena_.view(495616, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan11.run(v25.data(), v28.data(), v33.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
-  // layers.mesh:41:55 mul -> scores
   support::View v35 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan12.run(v30.data(), v31.data(), v35.data(), 0.25f, 0.0f);
+  repeated5(v25, v26, v30, v27, v31, v28, v33, v35);
 
   // transformer.mesh:38:62 mul -> allowed
   // layers.mesh:43:39 gt
@@ -1754,474 +1389,97 @@ void LmTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:43:25 where
+  // 15 statements from layers.mesh:43:25 where (1 of 2)
   support::View v41 = arena_.view(16384, 4096);
-  {
-    float *__restrict v41p = v41.data();
-    const float *__restrict v39p = v39.data();
-    const float *__restrict v35p = v35.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 1024; ++i2) {
-          const float s0 = v39p[i0 * 1024 + i2];
-          const float s1 = v35p[i0 * 2048 + i1 * 1024 + i2];
-          const float s2 = -1000000000.0f;
-          const float s3 = (s0 != 0 ? s1 : s2);
-          v41p[i0 * 2048 + i1 * 1024 + i2] = s3;
-        }
-      }
-    }
-  }
-
-  // layers.mesh:43:17 softmax -> weights
   support::View v42 = arena_.view(245760, 4096);
-  static const support::Shape shape15_2 = {2, 2, 32};
-  static const support::Shape shape15_3 = {2048, 1024, 32};
-  static const support::Shape shape15_4 = {2048, 1024, 32};
-  static const support::Shape shape15_5 = {32};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v42.data(), v41.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
   support::View v43 = arena_.view(512000, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan16.run(v42.data(), v33.data(), v43.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
   support::View v44 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan17.run(v43.data(), v29.data(), v44.data(), 1.0f, 0.0f);
-
-  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
-  // 21:13)
-  group_model.allReduce(v44.data(), v44.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:21:13 add -> h
   support::View v46 = arena_.view(262144, 4096);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v44p = v44.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v12p[i0];
-      const float s1 = v44p[i0];
-      const float s2 = (s0 + s1);
-      v46p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v49 = arena_.view(278528, 4096);
-  static const support::Shape shape20_2 = {2, 32};
-  static const support::Shape shape20_3 = {2048, 64};
-  static const support::Shape shape20_4 = {2048, 64};
-  static const support::Shape shape20_5 = {64};
-  static const support::Shape shape20_6 = {1};
-  static const support::Shape shape20_7 = {1};
-  support::along(v49.data(), v46.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
-                 shape20_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
   support::View v47(param9_decoder_decoder_layer_0_norm_1_gain);  // updated in place
   support::View v48(param10_decoder_decoder_layer_0_norm_1_bias); // updated in place
   support::View v51 = arena_.view(294912, 4096);
-  {
-    float *__restrict v51p = v51.data();
-    const float *__restrict v49p = v49.data();
-    const float *__restrict v47p = v47.data();
-    const float *__restrict v48p = v48.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v49p[i0 * 64 + i1];
-        const float s1 = v47p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v48p[i1];
-        const float s4 = (s2 + s3);
-        v51p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:54:16 einsum
   support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
   support::View v56 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan22.run(v51.data(), v52.data(), v56.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
-  // layers.mesh:55:17 dropout
   support::View v53(param12_decoder_decoder_layer_0_ffn_b_in); // updated in place
-  support::View v57 = arena_.view(32768, 8192);
-  support::View v59 = arena_.view(65536, 8192);
-  {
-    const auto inv0 = meshrt::streamKey(
-        seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") + "#" + std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                              support::shardStart(world_, {"model"}, 128) * 1);
-    float *__restrict v57p = v57.data();
-    float *__restrict v59p = v59.data();
-    const float *__restrict v56p = v56.data();
-    const float *__restrict v53p = v53.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v56p[i0 * 128 + i1];
-        const float s1 = v53p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        const float s4 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s3) * 1.1111111111111112));
-        v57p[i0 * 128 + i1] = s2;
-        v59p[i0 * 128 + i1] = s4;
-      }
-    }
-  }
-}
-
-void LmTrain::runPart1(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:55:10 einsum
   support::View v59 = arena_.view(65536, 8192);
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
   support::View v60 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v59.data(), v54.data(), v60.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
-  group_model.allReduce(v60.data(), v60.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:55:71 add
-  // transformer.mesh:22:12 add -> x
   support::View v55(param14_decoder_decoder_layer_0_ffn_b_out); // updated in place
-  support::View v46 = arena_.view(262144, 4096);
   support::View v63 = arena_.view(311296, 4096);
-  {
-    float *__restrict v63p = v63.data();
-    const float *__restrict v60p = v60.data();
-    const float *__restrict v55p = v55.data();
-    const float *__restrict v46p = v46.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v60p[i0 * 64 + i1];
-        const float s1 = v55p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v46p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        v63p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v66 = arena_.view(327680, 4096);
-  static const support::Shape shape3_2 = {2, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {2048, 64};
-  static const support::Shape shape3_5 = {64};
-  static const support::Shape shape3_6 = {1};
-  static const support::Shape shape3_7 = {1};
-  support::along(v66.data(), v63.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
-                 support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
   support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
   support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
+  support::View v57 = arena_.view(32768, 8192);
   support::View v68 = arena_.view(344064, 4096);
-  {
-    float *__restrict v68p = v68.data();
-    const float *__restrict v66p = v66.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v65p = v65.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v66p[i0 * 64 + i1];
-        const float s1 = v64p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v65p[i1];
-        const float s4 = (s2 + s3);
-        v68p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated3(v39, v35, v41, v42, v33, v43, v29, v44, v12, v46, v49, v47, v48, v51, v52, v56, v53,
+            v57, v59, v54, v60, v55, v63, v66, v64, v65, v68,
+            "decoder/decoder_layer[0]/ffn/dropout#0");
 
-  // layers.mesh:36:11 einsum -> q
+  // 4 statements from layers.mesh:36:11 einsum -> q (2 of 2)
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
   support::View v73 = arena_.view(520192, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan5.run(v68.data(), v69.data(), v73.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
   support::View v74 = arena_.view(528384, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan6.run(v68.data(), v70.data(), v74.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
   support::View v76 = arena_.view(536576, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan7.run(v68.data(), v71.data(), v76.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
-  // layers.mesh:41:55 mul -> scores
   support::View v78 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan8.run(v73.data(), v74.data(), v78.data(), 0.25f, 0.0f);
+  repeated5(v68, v69, v73, v70, v74, v71, v76, v78);
 
-  // layers.mesh:43:25 where
-  support::View v39 = arena_.view(503808, 2048);
+  // 15 statements from layers.mesh:43:25 where (2 of 2)
   support::View v84 = arena_.view(16384, 4096);
-  {
-    float *__restrict v84p = v84.data();
-    const float *__restrict v39p = v39.data();
-    const float *__restrict v78p = v78.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 1024; ++i2) {
-          const float s0 = v39p[i0 * 1024 + i2];
-          const float s1 = v78p[i0 * 2048 + i1 * 1024 + i2];
-          const float s2 = -1000000000.0f;
-          const float s3 = (s0 != 0 ? s1 : s2);
-          v84p[i0 * 2048 + i1 * 1024 + i2] = s3;
-        }
-      }
-    }
-  }
-
-  // layers.mesh:43:17 softmax -> weights
   support::View v85 = arena_.view(360448, 4096);
-  static const support::Shape shape10_2 = {2, 2, 32};
-  static const support::Shape shape10_3 = {2048, 1024, 32};
-  static const support::Shape shape10_4 = {2048, 1024, 32};
-  static const support::Shape shape10_5 = {32};
-  static const support::Shape shape10_6 = {1};
-  static const support::Shape shape10_7 = {1};
-  support::along(v85.data(), v84.data(), shape10_2, shape10_3, shape10_4, shape10_5, shape10_6,
-                 shape10_7, support::Along::Softmax, 1e-05, 32, nullptr);
-
-  // layers.mesh:44:17 einsum -> context
   support::View v86 = arena_.view(544768, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan11.run(v85.data(), v76.data(), v86.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
   support::View v87 = arena_.view(0, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan12.run(v86.data(), v72.data(), v87.data(), 1.0f, 0.0f);
-
-  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %84 over model for add at
-  // 21:13)
-  group_model.allReduce(v87.data(), v87.size(), meshrt::ReduceOp::Sum);
-
-  // transformer.mesh:21:13 add -> h
   support::View v89 = arena_.view(376832, 4096);
-  {
-    float *__restrict v89p = v89.data();
-    const float *__restrict v63p = v63.data();
-    const float *__restrict v87p = v87.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v63p[i0];
-      const float s1 = v87p[i0];
-      const float s2 = (s0 + s1);
-      v89p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v92 = arena_.view(393216, 4096);
-  static const support::Shape shape15_2 = {2, 32};
-  static const support::Shape shape15_3 = {2048, 64};
-  static const support::Shape shape15_4 = {2048, 64};
-  static const support::Shape shape15_5 = {64};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v92.data(), v89.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
   support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
   support::View v91(param22_decoder_decoder_layer_1_norm_1_bias); // updated in place
   support::View v94 = arena_.view(409600, 4096);
-  {
-    float *__restrict v94p = v94.data();
-    const float *__restrict v92p = v92.data();
-    const float *__restrict v90p = v90.data();
-    const float *__restrict v91p = v91.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v92p[i0 * 64 + i1];
-        const float s1 = v90p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v91p[i1];
-        const float s4 = (s2 + s3);
-        v94p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:54:16 einsum
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
   support::View v99 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(v94.data(), v95.data(), v99.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:52 add
-  // layers.mesh:54:11 gelu -> h
-  // layers.mesh:55:17 dropout
   support::View v96(param24_decoder_decoder_layer_1_ffn_b_in); // updated in place
-  support::View v100 = arena_.view(98304, 8192);
   support::View v102 = arena_.view(131072, 8192);
-  {
-    const auto inv0 = meshrt::streamKey(
-        seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") + "#" + std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                              support::shardStart(world_, {"model"}, 128) * 1);
-    float *__restrict v100p = v100.data();
-    float *__restrict v102p = v102.data();
-    const float *__restrict v99p = v99.data();
-    const float *__restrict v96p = v96.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v99p[i0 * 128 + i1];
-        const float s1 = v96p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = support::fgelu(s2);
-        const float s4 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s3) * 1.1111111111111112));
-        v100p[i0 * 128 + i1] = s2;
-        v102p[i0 * 128 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:55:10 einsum
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
   support::View v103 = arena_.view(0, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan19.run(v102.data(), v97.data(), v103.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %99 over model for add at 55:71)
-  group_model.allReduce(v103.data(), v103.size(), meshrt::ReduceOp::Sum);
-
-  // layers.mesh:55:71 add
-  // transformer.mesh:22:12 add -> x
   support::View v98(param26_decoder_decoder_layer_1_ffn_b_out); // updated in place
   support::View v106 = arena_.view(16384, 4096);
-  {
-    float *__restrict v106p = v106.data();
-    const float *__restrict v103p = v103.data();
-    const float *__restrict v98p = v98.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v103p[i0 * 64 + i1];
-        const float s1 = v98p[i1];
-        const float s2 = (s0 + s1);
-        const float s3 = v89p[i0 * 64 + i1];
-        const float s4 = (s3 + s2);
-        v106p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 layer_norm
   support::View v109 = arena_.view(0, 4096);
-  static const support::Shape shape22_2 = {2, 32};
-  static const support::Shape shape22_3 = {2048, 64};
-  static const support::Shape shape22_4 = {2048, 64};
-  static const support::Shape shape22_5 = {64};
-  static const support::Shape shape22_6 = {1};
-  static const support::Shape shape22_7 = {1};
-  support::along(v109.data(), v106.data(), shape22_2, shape22_3, shape22_4, shape22_5, shape22_6,
-                 shape22_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
   support::View v107(param27_decoder_norm_gain); // updated in place
   support::View v108(param28_decoder_norm_bias); // updated in place
+  support::View v100 = arena_.view(98304, 8192);
   support::View v111 = arena_.view(163840, 4096);
-  {
-    float *__restrict v111p = v111.data();
-    const float *__restrict v109p = v109.data();
-    const float *__restrict v107p = v107.data();
-    const float *__restrict v108p = v108.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v109p[i0 * 64 + i1];
-        const float s1 = v107p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v108p[i1];
-        const float s4 = (s2 + s3);
-        v111p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-}
-
-void LmTrain::runPart2(const Inputs &inputs) {
-  (void)inputs;
+  repeated3(v39, v78, v84, v85, v76, v86, v72, v87, v63, v89, v92, v90, v91, v94, v95, v99, v96,
+            v100, v102, v97, v103, v98, v106, v109, v107, v108, v111,
+            "decoder/decoder_layer[1]/ffn/dropout#0");
 
   // transformer.mesh:43:10 einsum
-  support::View v111 = arena_.view(163840, 4096);
   support::View v8(param2_decoder_unembed); // updated in place
   support::View v112 = arena_.view(180224, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
+  static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan0.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
+  einsumPlan14.run(v111.data(), v8.data(), v112.data(), 1.0f, 0.0f);
 
   // transformer.mesh:56:14 log_softmax -> logp
   support::View v113 = arena_.view(425984, 3072);
-  static const support::Shape shape1_2 = {2, 32};
-  static const support::Shape shape1_3 = {1536, 48};
-  static const support::Shape shape1_4 = {1536, 48};
-  static const support::Shape shape1_5 = {48};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(v113.data(), v112.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6,
-                 shape1_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
+  static const support::Shape shape15_2 = {2, 32};
+  static const support::Shape shape15_3 = {1536, 48};
+  static const support::Shape shape15_4 = {1536, 48};
+  static const support::Shape shape15_5 = {48};
+  static const support::Shape shape15_6 = {1};
+  static const support::Shape shape15_7 = {1};
+  support::along(v113.data(), v112.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+                 shape15_7, support::Along::LogSoftmax, 1e-05, 96, &group_model);
 
   // transformer.mesh:59:32 one_hot
-  support::View v1 = arena_.view(192512, 64);
   support::View v114 = arena_.view(180224, 3072);
-  static const support::Shape shape2_1 = {2, 32, 48};
-  static const support::Shape shape2_3 = {32, 1, 0};
-  static const support::Shape shape2_4 = {0, 0, 1};
-  support::oneHot(v114.data(), shape2_1, v1.data(), shape2_3, shape2_4,
+  static const support::Shape shape16_1 = {2, 32, 48};
+  static const support::Shape shape16_3 = {32, 1, 0};
+  static const support::Shape shape16_4 = {0, 0, 1};
+  support::oneHot(v114.data(), shape16_1, v1.data(), shape16_3, shape16_4,
                   support::shardStart(world_, {"model"}, 48));
 
   // transformer.mesh:59:30 mul
@@ -2240,16 +1498,15 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // transformer.mesh:59:21 sum
   support::View v116 = arena_.view(192512, 64);
-  static const support::Shape shape4_1 = {2, 32};
-  static const support::Shape shape4_3 = {1536, 48};
-  static const support::Shape shape4_4 = {48};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v116.data(), shape4_1, v115.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape18_1 = {2, 32};
+  static const support::Shape shape18_3 = {1536, 48};
+  static const support::Shape shape18_4 = {48};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v116.data(), shape18_1, v115.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:59:20 neg -> token_loss
   // transformer.mesh:60:29 mul
-  support::View v5 = arena_.view(192768, 64);
   support::View v118 = arena_.view(193024, 64);
   {
     float *__restrict v118p = v118.data();
@@ -2266,32 +1523,38 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // transformer.mesh:60:14 sum
   support::View v119 = arena_.view(192640, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {2, 32};
-  static const support::Shape shape6_5 = {32, 1};
-  support::reduce(v119.data(), shape6_1, v118.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {2, 32};
+  static const support::Shape shape20_5 = {32, 1};
+  support::reduce(v119.data(), shape20_1, v118.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:43 local_slice -> has_next (reshard has_next for sum at 60:43)
   support::View v120 = arena_.view(192512, 32);
-  static const support::Shape shape7_2 = {2, 32};
-  support::sliceDim(v120, v5, shape7_2, 1, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape21_2 = {2, 32};
+  support::sliceDim(v120, v5, shape21_2, 1, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:60:43 sum ('seq' sliced over model: partial over data, model as its partner)
   support::View v121 = arena_.view(192704, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {2, 16};
-  static const support::Shape shape8_5 = {16, 1};
-  support::reduce(v121.data(), shape8_1, v120.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {2, 16};
+  static const support::Shape shape22_5 = {16, 1};
+  support::reduce(v121.data(), shape22_1, v120.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:60:41 bucketed_all_reduce_sum (2 partial sums (%114, %115) over data, model
   // resolved together, 8 B in one buffer)
   support::allReduceBucket(group_data_model, {v119, v121});
+}
+
+void LmTrain::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer.mesh:60:41 div -> loss
+  support::View v119 = arena_.view(192640, 1);
+  support::View v121 = arena_.view(192704, 1);
   support::View v124 = arena_.view(552960, 1);
   {
     float *__restrict v124p = v124.data();
@@ -2309,6 +1572,8 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:59:20 neg
   // transformer.mesh:59:21 broadcast
   // transformer.mesh:59:30 mul
+  support::View v5 = arena_.view(192768, 64);
+  support::View v114 = arena_.view(180224, 3072);
   support::View v131 = arena_.view(454656, 3072);
   {
     float *__restrict v131p = v131.data();
@@ -2334,11 +1599,11 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // transformer.mesh:56:14 sum
   support::View v132 = arena_.view(180224, 64);
-  static const support::Shape shape12_1 = {2, 32};
-  static const support::Shape shape12_3 = {1536, 48};
-  static const support::Shape shape12_4 = {48};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v132.data(), shape12_1, v131.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape2_1 = {2, 32};
+  static const support::Shape shape2_3 = {1536, 48};
+  static const support::Shape shape2_4 = {48};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v132.data(), shape2_1, v131.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:56:14 all_reduce_sum (resolve the partial sum of %124 over model for mul at
@@ -2348,6 +1613,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
   // transformer.mesh:56:14 exp
   // transformer.mesh:56:14 mul
   // transformer.mesh:56:14 sub
+  support::View v113 = arena_.view(425984, 3072);
   support::View v136 = arena_.view(466944, 3072);
   {
     float *__restrict v136p = v136.data();
@@ -2368,31 +1634,33 @@ void LmTrain::runPart2(const Inputs &inputs) {
   }
 
   // transformer.mesh:43:10 einsum
+  support::View v8(param2_decoder_unembed); // updated in place
   support::View v137 = arena_.view(180224, 4096);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan15.run(v136.data(), v8.data(), v137.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v136.data(), v8.data(), v137.data(), 1.0f, 0.0f);
 
   // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %128 over model for sum at 24:40)
   auto request0 = support::startAllReduce(group_model, {v137}, meshrt::ReduceOp::Sum);
 
   // transformer.mesh:43:10 einsum -> grad/decoder/unembed
+  support::View v111 = arena_.view(163840, 4096);
   support::View v138 = arena_.view(454656, 3072);
   // dims: batch, seq, vocab, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan17.run(v136.data(), v111.data(), v138.data(), 1.0f, 0.0f);
+  einsumPlan7.run(v136.data(), v111.data(), v138.data(), 1.0f, 0.0f);
 
   group_model.wait(request0);
 
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
   support::View v140 = arena_.view(467456, 64);
-  static const support::Shape shape19_1 = {64};
-  static const support::Shape shape19_3 = {1};
-  static const support::Shape shape19_4 = {2, 32};
-  static const support::Shape shape19_5 = {2048, 64};
-  support::reduce(v140.data(), shape19_1, v137.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape9_1 = {64};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {2, 32};
+  static const support::Shape shape9_5 = {2048, 64};
+  support::reduce(v140.data(), shape9_1, v137.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:33 mul
@@ -2412,21 +1680,21 @@ void LmTrain::runPart2(const Inputs &inputs) {
 
   // layers.mesh:24:33 sum -> grad/decoder/norm/gain
   support::View v143 = arena_.view(467712, 64);
-  static const support::Shape shape21_1 = {64};
-  static const support::Shape shape21_3 = {1};
-  static const support::Shape shape21_4 = {2, 32};
-  static const support::Shape shape21_5 = {2048, 64};
-  support::reduce(v143.data(), shape21_1, v142.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape11_1 = {64};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {2, 32};
+  static const support::Shape shape11_5 = {2048, 64};
+  support::reduce(v143.data(), shape11_1, v142.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // layers.mesh:24:10 mean
   support::View v106 = arena_.view(16384, 4096);
   support::View v144 = arena_.view(425984, 64);
-  static const support::Shape shape22_1 = {2, 32};
-  static const support::Shape shape22_3 = {2048, 64};
-  static const support::Shape shape22_4 = {64};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v144.data(), shape22_1, v106.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape12_1 = {2, 32};
+  static const support::Shape shape12_3 = {2048, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v144.data(), shape12_1, v106.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 sub
@@ -2446,19 +1714,14 @@ void LmTrain::runPart2(const Inputs &inputs) {
       }
     }
   }
-}
-
-void LmTrain::runPart3(const Inputs &inputs) {
-  (void)inputs;
 
   // layers.mesh:24:10 mean
-  support::View v146 = arena_.view(163840, 4096);
   support::View v147 = arena_.view(16384, 64);
-  static const support::Shape shape0_1 = {2, 32};
-  static const support::Shape shape0_3 = {2048, 64};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v147.data(), shape0_1, v146.data(), shape0_3, shape0_4, shape0_5,
+  static const support::Shape shape14_1 = {2, 32};
+  static const support::Shape shape14_3 = {2048, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(v147.data(), shape14_1, v146.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 add
@@ -2478,9 +1741,7 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // layers.mesh:24:33 mul
   // layers.mesh:24:10 mul
-  support::View v137 = arena_.view(180224, 4096);
   support::View v107(param27_decoder_norm_gain); // updated in place
-  support::View v109 = arena_.view(0, 4096);
   support::View v141 = arena_.view(16384, 4096);
   support::View v151 = arena_.view(163840, 4096);
   {
@@ -2504,20 +1765,20 @@ void LmTrain::runPart3(const Inputs &inputs) {
 
   // layers.mesh:24:10 mean
   support::View v152 = arena_.view(180224, 64);
-  static const support::Shape shape3_1 = {2, 32};
-  static const support::Shape shape3_3 = {2048, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v152.data(), shape3_1, v151.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape17_1 = {2, 32};
+  static const support::Shape shape17_3 = {2048, 64};
+  static const support::Shape shape17_4 = {64};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(v152.data(), shape17_1, v151.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mean
   support::View v154 = arena_.view(163840, 64);
-  static const support::Shape shape4_1 = {2, 32};
-  static const support::Shape shape4_3 = {2048, 64};
-  static const support::Shape shape4_4 = {64};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v154.data(), shape4_1, v141.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape18_1 = {2, 32};
+  static const support::Shape shape18_3 = {2048, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v154.data(), shape18_1, v141.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.015625);
 
   // layers.mesh:24:10 mul
@@ -2548,1284 +1809,179 @@ void LmTrain::runPart3(const Inputs &inputs) {
     }
   }
 
-  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
-  support::View v158 = arena_.view(467968, 64);
-  static const support::Shape shape6_1 = {64};
-  static const support::Shape shape6_3 = {1};
-  static const support::Shape shape6_4 = {2, 32};
-  static const support::Shape shape6_5 = {2048, 64};
-  support::reduce(v158.data(), shape6_1, v157.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:55:10 einsum
+  // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (1 of 2)
   support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
   support::View v159 = arena_.view(0, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan7.run(v157.data(), v97.data(), v159.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[1]/ffn/w_out
   support::View v102 = arena_.view(131072, 8192);
-  support::View v160 = arena_.view(163840, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan8.run(v157.data(), v102.data(), v160.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 tanh
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 sub
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:55:17 dropout
-  // layers.mesh:54:11 mul
   support::View v100 = arena_.view(98304, 8192);
   support::View v183 = arena_.view(131072, 8192);
-  {
-    const auto inv0 = meshrt::streamKey(
-        seed_, std::string("decoder/decoder_layer[1]/ffn/dropout#0") + "#" + std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                              support::shardStart(world_, {"model"}, 128) * 1);
-    float *__restrict v183p = v183.data();
-    const float *__restrict v100p = v100.data();
-    const float *__restrict v159p = v159.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v100p[i0 * 128 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = v100p[i0 * 128 + i1];
-        const float s3 = (s2 * s1);
-        const float s4 = 0.044715f;
-        const float s5 = (s3 * s4);
-        const float s6 = v100p[i0 * 128 + i1];
-        const float s7 = (s6 + s5);
-        const float s8 = 0.7978846f;
-        const float s9 = (s7 * s8);
-        const float s10 = support::ftanh(s9);
-        const float s11 = 1.0f;
-        const float s12 = (s10 + s11);
-        const float s13 = 0.5f;
-        const float s14 = (s12 * s13);
-        const float s15 = 0.134145f;
-        const float s16 = (s1 * s15);
-        const float s17 = 1.0f;
-        const float s18 = (s16 + s17);
-        const float s19 = s10 * s10;
-        const float s20 = 1.0f;
-        const float s21 = (s20 - s19);
-        const float s22 = v100p[i0 * 128 + i1];
-        const float s23 = (s22 * s21);
-        const float s24 = (s23 * s18);
-        const float s25 = 0.3989423f;
-        const float s26 = (s24 * s25);
-        const float s27 = (s14 + s26);
-        const float s28 = v159p[i0 * 128 + i1];
-        const float s29 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s28) * 1.1111111111111112));
-        const float s30 = (s29 * s27);
-        v183p[i0 * 128 + i1] = s30;
-      }
-    }
-  }
-
-  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
-  support::View v184 = arena_.view(466944, 128);
-  static const support::Shape shape10_1 = {128};
-  static const support::Shape shape10_3 = {1};
-  static const support::Shape shape10_4 = {2, 32};
-  static const support::Shape shape10_5 = {4096, 128};
-  support::reduce(v184.data(), shape10_1, v183.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:54:16 einsum
   support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
   support::View v185 = arena_.view(98304, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v183.data(), v95.data(), v185.data(), 1.0f, 0.0f);
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %175 over model for sum at 24:40)
-  auto request1 = support::startAllReduce(group_model, {v185}, meshrt::ReduceOp::Sum);
-
-  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
   support::View v94 = arena_.view(409600, 4096);
-  support::View v186 = arena_.view(0, 8192);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan13.run(v183.data(), v94.data(), v186.data(), 1.0f, 0.0f);
-
-  group_model.wait(request1);
-
-  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
-  support::View v188 = arena_.view(417792, 64);
-  static const support::Shape shape15_1 = {64};
-  static const support::Shape shape15_3 = {1};
-  static const support::Shape shape15_4 = {2, 32};
-  static const support::Shape shape15_5 = {2048, 64};
-  support::reduce(v188.data(), shape15_1, v185.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
   support::View v92 = arena_.view(393216, 4096);
   support::View v190 = arena_.view(114688, 4096);
-  {
-    float *__restrict v190p = v190.data();
-    const float *__restrict v185p = v185.data();
-    const float *__restrict v92p = v92.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v185p[i0];
-      const float s1 = v92p[i0];
-      const float s2 = (s0 * s1);
-      v190p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
-  support::View v191 = arena_.view(418048, 64);
-  static const support::Shape shape17_1 = {64};
-  static const support::Shape shape17_3 = {1};
-  static const support::Shape shape17_4 = {2, 32};
-  static const support::Shape shape17_5 = {2048, 64};
-  support::reduce(v191.data(), shape17_1, v190.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  support::View v89 = arena_.view(376832, 4096);
   support::View v192 = arena_.view(131072, 64);
-  static const support::Shape shape18_1 = {2, 32};
-  static const support::Shape shape18_3 = {2048, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v192.data(), shape18_1, v89.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
+  support::View v89 = arena_.view(376832, 4096);
   support::View v194 = arena_.view(114688, 4096);
-  {
-    float *__restrict v194p = v194.data();
-    const float *__restrict v89p = v89.data();
-    const float *__restrict v192p = v192.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v89p[i0 * 64 + i1];
-        const float s1 = v192p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v194p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v195 = arena_.view(131072, 64);
-  static const support::Shape shape20_1 = {2, 32};
-  static const support::Shape shape20_3 = {2048, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v195.data(), shape20_1, v194.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   support::View v197 = arena_.view(147456, 64);
-  {
-    float *__restrict v197p = v197.data();
-    const float *__restrict v195p = v195.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v195p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v197p[i0] = s3;
-    }
-  }
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
   support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
   support::View v189 = arena_.view(114688, 4096);
   support::View v198 = arena_.view(131072, 4096);
-  {
-    float *__restrict v189p = v189.data();
-    float *__restrict v198p = v198.data();
-    const float *__restrict v185p = v185.data();
-    const float *__restrict v90p = v90.data();
-    const float *__restrict v92p = v92.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v185p[i0 * 64 + i1];
-        const float s1 = v90p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v92p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v189p[i0 * 64 + i1] = s2;
-        v198p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v199 = arena_.view(147712, 64);
-  static const support::Shape shape23_1 = {2, 32};
-  static const support::Shape shape23_3 = {2048, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v199.data(), shape23_1, v198.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.015625);
-}
-
-void LmTrain::runPart4(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:24:10 mean
-  support::View v189 = arena_.view(114688, 4096);
   support::View v201 = arena_.view(131072, 64);
-  static const support::Shape shape0_1 = {2, 32};
-  static const support::Shape shape0_3 = {2048, 64};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v201.data(), shape0_1, v189.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  support::View v92 = arena_.view(393216, 4096);
-  support::View v199 = arena_.view(147712, 64);
-  support::View v197 = arena_.view(147456, 64);
-  support::View v157 = arena_.view(425984, 4096);
   support::View v205 = arena_.view(98304, 4096);
-  {
-    float *__restrict v205p = v205.data();
-    const float *__restrict v92p = v92.data();
-    const float *__restrict v199p = v199.data();
-    const float *__restrict v189p = v189.data();
-    const float *__restrict v201p = v201.data();
-    const float *__restrict v197p = v197.data();
-    const float *__restrict v157p = v157.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v92p[i0 * 64 + i1];
-        const float s1 = v199p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v189p[i0 * 64 + i1];
-        const float s4 = v201p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v197p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v157p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        v205p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
-
-  // layers.mesh:45:10 einsum
   support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
   support::View v206 = arena_.view(131072, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan2.run(v205.data(), v72.data(), v206.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
   support::View v86 = arena_.view(544768, 2048);
-  support::View v207 = arena_.view(376832, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan3.run(v205.data(), v86.data(), v207.data(), 1.0f, 0.0f);
-
-  // layers.mesh:44:17 einsum
   support::View v76 = arena_.view(536576, 2048);
   support::View v208 = arena_.view(114688, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan4.run(v206.data(), v76.data(), v208.data(), 1.0f, 0.0f);
-
-  // layers.mesh:44:17 einsum
   support::View v85 = arena_.view(360448, 4096);
   support::View v209 = arena_.view(147456, 2048);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan5.run(v206.data(), v85.data(), v209.data(), 1.0f, 0.0f);
-
-  // layers.mesh:43:17 mul
   support::View v210 = arena_.view(131072, 4096);
-  {
-    float *__restrict v210p = v210.data();
-    const float *__restrict v208p = v208.data();
-    const float *__restrict v85p = v85.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v208p[i0];
-      const float s1 = v85p[i0];
-      const float s2 = (s0 * s1);
-      v210p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:43:17 sum
   support::View v211 = arena_.view(155648, 128);
-  static const support::Shape shape7_1 = {2, 2, 32};
-  static const support::Shape shape7_3 = {2048, 1024, 32};
-  static const support::Shape shape7_4 = {32};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v211.data(), shape7_1, v210.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:43:17 sub
-  // layers.mesh:43:17 mul
-  // layers.mesh:43:25 where
-  // layers.mesh:41:55 mul
   support::View v39 = arena_.view(503808, 2048);
   support::View v216 = arena_.view(131072, 4096);
-  {
-    float *__restrict v216p = v216.data();
-    const float *__restrict v208p = v208.data();
-    const float *__restrict v211p = v211.data();
-    const float *__restrict v85p = v85.data();
-    const float *__restrict v39p = v39.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          for (int64_t i3 = 0; i3 < 32; ++i3) {
-            const float s0 = v208p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
-            const float s1 = v211p[i0 * 64 + i1 * 32 + i2];
-            const float s2 = (s0 - s1);
-            const float s3 = v85p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
-            const float s4 = (s3 * s2);
-            const float s5 = v39p[i0 * 1024 + i2 * 32 + i3];
-            const float s6 = 0.0f;
-            const float s7 = (s5 != 0 ? s4 : s6);
-            const float s8 = 0.25f;
-            const float s9 = (s7 * s8);
-            v216p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3] = s9;
-          }
-        }
-      }
-    }
-  }
-
-  // layers.mesh:41:16 einsum
   support::View v74 = arena_.view(528384, 2048);
   support::View v217 = arena_.view(385024, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan9.run(v216.data(), v74.data(), v217.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
   support::View v73 = arena_.view(520192, 2048);
   support::View v218 = arena_.view(155648, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan10.run(v216.data(), v73.data(), v218.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
   support::View v220 = arena_.view(114688, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan11.run(v209.data(), v71.data(), v220.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
   support::View v68 = arena_.view(344064, 4096);
-  support::View v221 = arena_.view(393216, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan12.run(v209.data(), v68.data(), v221.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
   support::View v223 = arena_.view(131072, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan13.run(v218.data(), v70.data(), v223.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
-  support::View v225 = arena_.view(401408, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan14.run(v218.data(), v68.data(), v225.data(), 1.0f, 0.0f);
-
-  // layers.mesh:36:11 einsum
   support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
   support::View v226 = arena_.view(147456, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan15.run(v217.data(), v69.data(), v226.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 add
-  // layers.mesh:36:11 add
   support::View v227 = arena_.view(360448, 4096);
-  {
-    float *__restrict v227p = v227.data();
-    const float *__restrict v220p = v220.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v226p = v226.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v220p[i0];
-      const float s1 = v223p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v226p[i0];
-      const float s4 = (s2 + s3);
-      v227p[i0] = s4;
-    }
-  }
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %216 over model for sum at 24:40)
-  auto request2 = support::startAllReduce(group_model, {v227}, meshrt::ReduceOp::Sum);
-
-  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
-  support::View v228 = arena_.view(409600, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan18.run(v217.data(), v68.data(), v228.data(), 1.0f, 0.0f);
-
-  group_model.wait(request2);
-
-  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
-  support::View v230 = arena_.view(344064, 64);
-  static const support::Shape shape20_1 = {64};
-  static const support::Shape shape20_3 = {1};
-  static const support::Shape shape20_4 = {2, 32};
-  static const support::Shape shape20_5 = {2048, 64};
-  support::reduce(v230.data(), shape20_1, v227.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
   support::View v66 = arena_.view(327680, 4096);
   support::View v232 = arena_.view(114688, 4096);
-  {
-    float *__restrict v232p = v232.data();
-    const float *__restrict v227p = v227.data();
-    const float *__restrict v66p = v66.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v227p[i0];
-      const float s1 = v66p[i0];
-      const float s2 = (s0 * s1);
-      v232p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
-  support::View v233 = arena_.view(344320, 64);
-  static const support::Shape shape22_1 = {64};
-  static const support::Shape shape22_3 = {1};
-  static const support::Shape shape22_4 = {2, 32};
-  static const support::Shape shape22_5 = {2048, 64};
-  support::reduce(v233.data(), shape22_1, v232.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  support::View v63 = arena_.view(311296, 4096);
   support::View v234 = arena_.view(131072, 64);
-  static const support::Shape shape23_1 = {2, 32};
-  static const support::Shape shape23_3 = {2048, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v234.data(), shape23_1, v63.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.015625);
-}
-
-void LmTrain::runPart5(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
   support::View v63 = arena_.view(311296, 4096);
-  support::View v234 = arena_.view(131072, 64);
   support::View v236 = arena_.view(114688, 4096);
-  {
-    float *__restrict v236p = v236.data();
-    const float *__restrict v63p = v63.data();
-    const float *__restrict v234p = v234.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v63p[i0 * 64 + i1];
-        const float s1 = v234p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v236p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v237 = arena_.view(131072, 64);
-  static const support::Shape shape1_1 = {2, 32};
-  static const support::Shape shape1_3 = {2048, 64};
-  static const support::Shape shape1_4 = {64};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v237.data(), shape1_1, v236.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   support::View v239 = arena_.view(147456, 64);
-  {
-    float *__restrict v239p = v239.data();
-    const float *__restrict v237p = v237.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v237p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v239p[i0] = s3;
-    }
-  }
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
-  support::View v227 = arena_.view(360448, 4096);
   support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
-  support::View v66 = arena_.view(327680, 4096);
   support::View v231 = arena_.view(114688, 4096);
   support::View v240 = arena_.view(131072, 4096);
-  {
-    float *__restrict v231p = v231.data();
-    float *__restrict v240p = v240.data();
-    const float *__restrict v227p = v227.data();
-    const float *__restrict v64p = v64.data();
-    const float *__restrict v66p = v66.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v227p[i0 * 64 + i1];
-        const float s1 = v64p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v66p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v231p[i0 * 64 + i1] = s2;
-        v240p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v241 = arena_.view(147712, 64);
-  static const support::Shape shape4_1 = {2, 32};
-  static const support::Shape shape4_3 = {2048, 64};
-  static const support::Shape shape4_4 = {64};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v241.data(), shape4_1, v240.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
   support::View v243 = arena_.view(131072, 64);
-  static const support::Shape shape5_1 = {2, 32};
-  static const support::Shape shape5_3 = {2048, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v243.data(), shape5_1, v231.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  support::View v205 = arena_.view(98304, 4096);
+  support::View v158 = arena_.view(467968, 64);
+  support::View v160 = arena_.view(163840, 8192);
+  support::View v184 = arena_.view(466944, 128);
+  support::View v186 = arena_.view(0, 8192);
+  support::View v188 = arena_.view(417792, 64);
+  support::View v191 = arena_.view(418048, 64);
+  support::View v207 = arena_.view(376832, 2048);
+  support::View v221 = arena_.view(393216, 2048);
+  support::View v225 = arena_.view(401408, 2048);
+  support::View v228 = arena_.view(409600, 2048);
+  support::View v230 = arena_.view(344064, 64);
+  support::View v233 = arena_.view(344320, 64);
   support::View v247 = arena_.view(311296, 4096);
-  {
-    float *__restrict v247p = v247.data();
-    const float *__restrict v66p = v66.data();
-    const float *__restrict v241p = v241.data();
-    const float *__restrict v231p = v231.data();
-    const float *__restrict v243p = v243.data();
-    const float *__restrict v239p = v239.data();
-    const float *__restrict v205p = v205.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v66p[i0 * 64 + i1];
-        const float s1 = v241p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v231p[i0 * 64 + i1];
-        const float s4 = v243p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v239p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v205p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        v247p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
+  repeated1(v158, v157, v97, v159, v102, v160, v100, v183, v184, v95, v185, v94, v186, v188, v92,
+            v190, v191, v192, v89, v194, v195, v197, v90, v189, v198, v199, v201, v205, v72, v206,
+            v86, v207, v76, v208, v85, v209, v210, v211, v39, v216, v74, v217, v73, v218, v71, v220,
+            v68, v221, v70, v223, v225, v69, v226, v227, v228, v230, v66, v232, v233, v234, v63,
+            v236, v237, v239, v64, v231, v240, v241, v243, v247,
+            "decoder/decoder_layer[1]/ffn/dropout#0");
 
-  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[0]/ffn/b_out
-  support::View v248 = arena_.view(328192, 64);
-  static const support::Shape shape7_1 = {64};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {2, 32};
-  static const support::Shape shape7_5 = {2048, 64};
-  support::reduce(v248.data(), shape7_1, v247.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:55:10 einsum
+  // 49 statements from layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out (2 of 2)
   support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
   support::View v249 = arena_.view(98304, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan8(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan8.run(v247.data(), v54.data(), v249.data(), 1.0f, 0.0f);
-
-  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[0]/ffn/w_out
   support::View v59 = arena_.view(65536, 8192);
-  support::View v250 = arena_.view(131072, 8192);
-  // dims: batch, seq, d_model, d_ff
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
-      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan9.run(v247.data(), v59.data(), v250.data(), 1.0f, 0.0f);
-
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 tanh
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:54:11 square
-  // layers.mesh:54:11 sub
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 mul
-  // layers.mesh:54:11 add
-  // layers.mesh:55:17 dropout
-  // layers.mesh:54:11 mul
   support::View v57 = arena_.view(32768, 8192);
   support::View v268 = arena_.view(65536, 8192);
-  {
-    const auto inv0 = meshrt::streamKey(
-        seed_, std::string("decoder/decoder_layer[0]/ffn/dropout#0") + "#" + std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
-                              support::shardStart(world_, {"model"}, 128) * 1);
-    float *__restrict v268p = v268.data();
-    const float *__restrict v57p = v57.data();
-    const float *__restrict v249p = v249.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 128; ++i1) {
-        const float s0 = v57p[i0 * 128 + i1];
-        const float s1 = s0 * s0;
-        const float s2 = v57p[i0 * 128 + i1];
-        const float s3 = (s2 * s1);
-        const float s4 = 0.044715f;
-        const float s5 = (s3 * s4);
-        const float s6 = v57p[i0 * 128 + i1];
-        const float s7 = (s6 + s5);
-        const float s8 = 0.7978846f;
-        const float s9 = (s7 * s8);
-        const float s10 = support::ftanh(s9);
-        const float s11 = 1.0f;
-        const float s12 = (s10 + s11);
-        const float s13 = 0.5f;
-        const float s14 = (s12 * s13);
-        const float s15 = 0.134145f;
-        const float s16 = (s1 * s15);
-        const float s17 = 1.0f;
-        const float s18 = (s16 + s17);
-        const float s19 = s10 * s10;
-        const float s20 = 1.0f;
-        const float s21 = (s20 - s19);
-        const float s22 = v57p[i0 * 128 + i1];
-        const float s23 = (s22 * s21);
-        const float s24 = (s23 * s18);
-        const float s25 = 0.3989423f;
-        const float s26 = (s24 * s25);
-        const float s27 = (s14 + s26);
-        const float s28 = v249p[i0 * 128 + i1];
-        const float s29 = support::keepOrZero(
-            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
-            float(double(s28) * 1.1111111111111112));
-        const float s30 = (s29 * s27);
-        v268p[i0 * 128 + i1] = s30;
-      }
-    }
-  }
-
-  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[0]/ffn/b_in
-  support::View v269 = arena_.view(327680, 128);
-  static const support::Shape shape11_1 = {128};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {2, 32};
-  static const support::Shape shape11_5 = {4096, 128};
-  support::reduce(v269.data(), shape11_1, v268.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:54:16 einsum
   support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
   support::View v270 = arena_.view(98304, 4096);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan12.run(v268.data(), v52.data(), v270.data(), 1.0f, 0.0f);
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %258 over model for sum at 24:40)
-  auto request3 = support::startAllReduce(group_model, {v270}, meshrt::ReduceOp::Sum);
-
-  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[0]/ffn/w_in
   support::View v51 = arena_.view(294912, 4096);
-  support::View v271 = arena_.view(32768, 8192);
-  // dims: batch, seq, d_ff, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan14.run(v268.data(), v51.data(), v271.data(), 1.0f, 0.0f);
-
-  group_model.wait(request3);
-
-  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm#1/bias
-  support::View v273 = arena_.view(303104, 64);
-  static const support::Shape shape16_1 = {64};
-  static const support::Shape shape16_3 = {1};
-  static const support::Shape shape16_4 = {2, 32};
-  static const support::Shape shape16_5 = {2048, 64};
-  support::reduce(v273.data(), shape16_1, v270.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
   support::View v49 = arena_.view(278528, 4096);
   support::View v275 = arena_.view(65536, 4096);
-  {
-    float *__restrict v275p = v275.data();
-    const float *__restrict v270p = v270.data();
-    const float *__restrict v49p = v49.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v270p[i0];
-      const float s1 = v49p[i0];
-      const float s2 = (s0 * s1);
-      v275p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm#1/gain
-  support::View v276 = arena_.view(303360, 64);
-  static const support::Shape shape18_1 = {64};
-  static const support::Shape shape18_3 = {1};
-  static const support::Shape shape18_4 = {2, 32};
-  static const support::Shape shape18_5 = {2048, 64};
-  support::reduce(v276.data(), shape18_1, v275.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:10 mean
-  support::View v46 = arena_.view(262144, 4096);
   support::View v277 = arena_.view(81920, 64);
-  static const support::Shape shape19_1 = {2, 32};
-  static const support::Shape shape19_3 = {2048, 64};
-  static const support::Shape shape19_4 = {64};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v277.data(), shape19_1, v46.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
+  support::View v46 = arena_.view(262144, 4096);
   support::View v279 = arena_.view(65536, 4096);
-  {
-    float *__restrict v279p = v279.data();
-    const float *__restrict v46p = v46.data();
-    const float *__restrict v277p = v277.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v46p[i0 * 64 + i1];
-        const float s1 = v277p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v279p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v280 = arena_.view(81920, 64);
-  static const support::Shape shape21_1 = {2, 32};
-  static const support::Shape shape21_3 = {2048, 64};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v280.data(), shape21_1, v279.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   support::View v282 = arena_.view(114688, 64);
-  {
-    float *__restrict v282p = v282.data();
-    const float *__restrict v280p = v280.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v280p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v282p[i0] = s3;
-    }
-  }
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
   support::View v47(param9_decoder_decoder_layer_0_norm_1_gain); // updated in place
   support::View v274 = arena_.view(65536, 4096);
   support::View v283 = arena_.view(81920, 4096);
-  {
-    float *__restrict v274p = v274.data();
-    float *__restrict v283p = v283.data();
-    const float *__restrict v270p = v270.data();
-    const float *__restrict v47p = v47.data();
-    const float *__restrict v49p = v49.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v270p[i0 * 64 + i1];
-        const float s1 = v47p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v49p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v274p[i0 * 64 + i1] = s2;
-        v283p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-}
-
-void LmTrain::runPart6(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:24:10 mean
-  support::View v283 = arena_.view(81920, 4096);
   support::View v284 = arena_.view(98304, 64);
-  static const support::Shape shape0_1 = {2, 32};
-  static const support::Shape shape0_3 = {2048, 64};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v284.data(), shape0_1, v283.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
-  support::View v274 = arena_.view(65536, 4096);
   support::View v286 = arena_.view(98560, 64);
-  static const support::Shape shape1_1 = {2, 32};
-  static const support::Shape shape1_3 = {2048, 64};
-  static const support::Shape shape1_4 = {64};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v286.data(), shape1_1, v274.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  support::View v49 = arena_.view(278528, 4096);
-  support::View v282 = arena_.view(114688, 64);
-  support::View v247 = arena_.view(311296, 4096);
   support::View v290 = arena_.view(81920, 4096);
-  {
-    float *__restrict v290p = v290.data();
-    const float *__restrict v49p = v49.data();
-    const float *__restrict v284p = v284.data();
-    const float *__restrict v274p = v274.data();
-    const float *__restrict v286p = v286.data();
-    const float *__restrict v282p = v282.data();
-    const float *__restrict v247p = v247.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v49p[i0 * 64 + i1];
-        const float s1 = v284p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v274p[i0 * 64 + i1];
-        const float s4 = v286p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v282p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v247p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        v290p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
-
-  // layers.mesh:45:10 einsum
   support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
   support::View v291 = arena_.view(98304, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan3(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan3.run(v290.data(), v29.data(), v291.data(), 1.0f, 0.0f);
-
-  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[0]/attention/w_o
   support::View v43 = arena_.view(512000, 2048);
-  support::View v292 = arena_.view(262144, 2048);
-  // dims: batch, seq, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan4.run(v290.data(), v43.data(), v292.data(), 1.0f, 0.0f);
-
-  // layers.mesh:44:17 einsum
   support::View v33 = arena_.view(495616, 2048);
   support::View v293 = arena_.view(65536, 4096);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan5.run(v291.data(), v33.data(), v293.data(), 1.0f, 0.0f);
-
-  // layers.mesh:44:17 einsum
   support::View v42 = arena_.view(245760, 4096);
   support::View v294 = arena_.view(114688, 2048);
-  // dims: batch, seq, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan6.run(v291.data(), v42.data(), v294.data(), 1.0f, 0.0f);
-
-  // layers.mesh:43:17 mul
   support::View v295 = arena_.view(98304, 4096);
-  {
-    float *__restrict v295p = v295.data();
-    const float *__restrict v293p = v293.data();
-    const float *__restrict v42p = v42.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v293p[i0];
-      const float s1 = v42p[i0];
-      const float s2 = (s0 * s1);
-      v295p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:43:17 sum
   support::View v296 = arena_.view(122880, 128);
-  static const support::Shape shape8_1 = {2, 2, 32};
-  static const support::Shape shape8_3 = {2048, 1024, 32};
-  static const support::Shape shape8_4 = {32};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v296.data(), shape8_1, v295.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:43:17 sub
-  // layers.mesh:43:17 mul
-  // layers.mesh:43:25 where
-  // layers.mesh:41:55 mul
-  support::View v39 = arena_.view(503808, 2048);
   support::View v300 = arena_.view(98304, 4096);
-  {
-    float *__restrict v300p = v300.data();
-    const float *__restrict v293p = v293.data();
-    const float *__restrict v296p = v296.data();
-    const float *__restrict v42p = v42.data();
-    const float *__restrict v39p = v39.data();
-    for (int64_t i0 = 0; i0 < 2; ++i0) {
-      for (int64_t i1 = 0; i1 < 2; ++i1) {
-        for (int64_t i2 = 0; i2 < 32; ++i2) {
-          for (int64_t i3 = 0; i3 < 32; ++i3) {
-            const float s0 = v293p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
-            const float s1 = v296p[i0 * 64 + i1 * 32 + i2];
-            const float s2 = (s0 - s1);
-            const float s3 = v42p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
-            const float s4 = (s3 * s2);
-            const float s5 = v39p[i0 * 1024 + i2 * 32 + i3];
-            const float s6 = 0.0f;
-            const float s7 = (s5 != 0 ? s4 : s6);
-            const float s8 = 0.25f;
-            const float s9 = (s7 * s8);
-            v300p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3] = s9;
-          }
-        }
-      }
-    }
-  }
-
-  // layers.mesh:41:16 einsum
   support::View v31 = arena_.view(487424, 2048);
   support::View v301 = arena_.view(270336, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan10.run(v300.data(), v31.data(), v301.data(), 1.0f, 0.0f);
-
-  // layers.mesh:41:16 einsum
   support::View v30 = arena_.view(479232, 2048);
   support::View v302 = arena_.view(122880, 2048);
-  // dims: batch, heads, seq, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan11.run(v300.data(), v30.data(), v302.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum
   support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
   support::View v304 = arena_.view(65536, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan12.run(v294.data(), v28.data(), v304.data(), 1.0f, 0.0f);
-
-  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_v
   support::View v25 = arena_.view(229376, 4096);
-  support::View v305 = arena_.view(278528, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan13.run(v294.data(), v25.data(), v305.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum
   support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
   support::View v307 = arena_.view(98304, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan14.run(v302.data(), v27.data(), v307.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[0]/attention/w_k
-  support::View v309 = arena_.view(286720, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan15.run(v302.data(), v25.data(), v309.data(), 1.0f, 0.0f);
-
-  // layers.mesh:36:11 einsum
   support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
   support::View v310 = arena_.view(114688, 4096);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan16.run(v301.data(), v26.data(), v310.data(), 1.0f, 0.0f);
-
-  // layers.mesh:38:18 add
-  // layers.mesh:36:11 add
   support::View v311 = arena_.view(245760, 4096);
-  {
-    float *__restrict v311p = v311.data();
-    const float *__restrict v304p = v304.data();
-    const float *__restrict v307p = v307.data();
-    const float *__restrict v310p = v310.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v304p[i0];
-      const float s1 = v307p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v310p[i0];
-      const float s4 = (s2 + s3);
-      v311p[i0] = s4;
-    }
-  }
-
-  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %298 over model for sum at 24:40)
-  auto request4 = support::startAllReduce(group_model, {v311}, meshrt::ReduceOp::Sum);
-
-  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[0]/attention/w_q
-  support::View v312 = arena_.view(294912, 2048);
-  // dims: batch, seq, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan19.run(v301.data(), v25.data(), v312.data(), 1.0f, 0.0f);
-
-  group_model.wait(request4);
-
-  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[0]/norm/bias
-  support::View v314 = arena_.view(126976, 64);
-  static const support::Shape shape21_1 = {64};
-  static const support::Shape shape21_3 = {1};
-  static const support::Shape shape21_4 = {2, 32};
-  static const support::Shape shape21_5 = {2048, 64};
-  support::reduce(v314.data(), shape21_1, v311.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Sum, 1.0);
-
-  // layers.mesh:24:33 mul
   support::View v23 = arena_.view(212992, 4096);
   support::View v316 = arena_.view(65536, 4096);
-  {
-    float *__restrict v316p = v316.data();
-    const float *__restrict v311p = v311.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v311p[i0];
-      const float s1 = v23p[i0];
-      const float s2 = (s0 * s1);
-      v316p[i0] = s2;
-    }
-  }
-
-  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[0]/norm/gain
-  support::View v317 = arena_.view(127232, 64);
-  static const support::Shape shape23_1 = {64};
-  static const support::Shape shape23_3 = {1};
-  static const support::Shape shape23_4 = {2, 32};
-  static const support::Shape shape23_5 = {2048, 64};
-  support::reduce(v317.data(), shape23_1, v316.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart7(const Inputs &inputs) {
-  (void)inputs;
-
-  // layers.mesh:24:10 mean
-  support::View v12 = arena_.view(196608, 4096);
   support::View v318 = arena_.view(98304, 64);
-  static const support::Shape shape0_1 = {2, 32};
-  static const support::Shape shape0_3 = {2048, 64};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v318.data(), shape0_1, v12.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 square
+  support::View v12 = arena_.view(196608, 4096);
   support::View v320 = arena_.view(65536, 4096);
-  {
-    float *__restrict v320p = v320.data();
-    const float *__restrict v12p = v12.data();
-    const float *__restrict v318p = v318.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v12p[i0 * 64 + i1];
-        const float s1 = v318p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v320p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v321 = arena_.view(98304, 64);
-  static const support::Shape shape2_1 = {2, 32};
-  static const support::Shape shape2_3 = {2048, 64};
-  static const support::Shape shape2_4 = {64};
-  static const support::Shape shape2_5 = {1};
-  support::reduce(v321.data(), shape2_1, v320.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 add
-  // layers.mesh:24:10 rsqrt
   support::View v323 = arena_.view(114688, 64);
-  {
-    float *__restrict v323p = v323.data();
-    const float *__restrict v321p = v321.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v321p[i0];
-      const float s1 = 1e-05f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v323p[i0] = s3;
-    }
-  }
-
-  // layers.mesh:24:33 mul
-  // layers.mesh:24:10 mul
-  support::View v311 = arena_.view(245760, 4096);
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
-  support::View v23 = arena_.view(212992, 4096);
   support::View v315 = arena_.view(65536, 4096);
   support::View v324 = arena_.view(98304, 4096);
-  {
-    float *__restrict v315p = v315.data();
-    float *__restrict v324p = v324.data();
-    const float *__restrict v311p = v311.data();
-    const float *__restrict v21p = v21.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v311p[i0 * 64 + i1];
-        const float s1 = v21p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v23p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v315p[i0 * 64 + i1] = s2;
-        v324p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // layers.mesh:24:10 mean
   support::View v325 = arena_.view(114944, 64);
-  static const support::Shape shape5_1 = {2, 32};
-  static const support::Shape shape5_3 = {2048, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v325.data(), shape5_1, v324.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mean
   support::View v327 = arena_.view(115200, 64);
-  static const support::Shape shape6_1 = {2, 32};
-  static const support::Shape shape6_3 = {2048, 64};
-  static const support::Shape shape6_4 = {64};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v327.data(), shape6_1, v315.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 sub
-  // layers.mesh:24:10 mul
-  // layers.mesh:24:10 add
-  support::View v290 = arena_.view(81920, 4096);
+  support::View v248 = arena_.view(328192, 64);
+  support::View v250 = arena_.view(131072, 8192);
+  support::View v269 = arena_.view(327680, 128);
+  support::View v271 = arena_.view(32768, 8192);
+  support::View v273 = arena_.view(303104, 64);
+  support::View v276 = arena_.view(303360, 64);
+  support::View v292 = arena_.view(262144, 2048);
+  support::View v305 = arena_.view(278528, 2048);
+  support::View v309 = arena_.view(286720, 2048);
+  support::View v312 = arena_.view(294912, 2048);
+  support::View v314 = arena_.view(126976, 64);
+  support::View v317 = arena_.view(127232, 64);
   support::View v331 = arena_.view(98304, 4096);
-  {
-    float *__restrict v331p = v331.data();
-    const float *__restrict v23p = v23.data();
-    const float *__restrict v325p = v325.data();
-    const float *__restrict v315p = v315.data();
-    const float *__restrict v327p = v327.data();
-    const float *__restrict v323p = v323.data();
-    const float *__restrict v290p = v290.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v23p[i0 * 64 + i1];
-        const float s1 = v325p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v315p[i0 * 64 + i1];
-        const float s4 = v327p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v323p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v290p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        v331p[i0 * 64 + i1] = s10;
-      }
-    }
-  }
+  repeated1(v248, v247, v54, v249, v59, v250, v57, v268, v269, v52, v270, v51, v271, v273, v49,
+            v275, v276, v277, v46, v279, v280, v282, v47, v274, v283, v284, v286, v290, v29, v291,
+            v43, v292, v33, v293, v42, v294, v295, v296, v39, v300, v31, v301, v30, v302, v28, v304,
+            v25, v305, v27, v307, v309, v26, v310, v311, v312, v314, v23, v316, v317, v318, v12,
+            v320, v321, v323, v21, v315, v324, v325, v327, v331,
+            "decoder/decoder_layer[0]/ffn/dropout#0");
 
   // transformer.mesh:34:37 sum -> grad/decoder/position_embedding
   support::View v332 = arena_.view(196608, 2048);
-  static const support::Shape shape8_1 = {32, 64};
-  static const support::Shape shape8_3 = {64, 1};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {2048};
-  support::reduce(v332.data(), shape8_1, v331.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape22_1 = {32, 64};
+  static const support::Shape shape22_3 = {64, 1};
+  static const support::Shape shape22_4 = {2};
+  static const support::Shape shape22_5 = {2048};
+  support::reduce(v332.data(), shape22_1, v331.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:33:37 einsum -> grad/decoder/token_embedding
   support::View v9 = arena_.view(442368, 3072);
   support::View v333 = arena_.view(114688, 3072);
   // dims: batch, seq, d_model, vocab
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 32, 64, 48}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan9.run(v331.data(), v9.data(), v333.data(), 1.0f, 0.0f);
+  einsumPlan23.run(v331.data(), v9.data(), v333.data(), 1.0f, 0.0f);
+}
+
+void LmTrain::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // transformer.mesh:61:3 bucketed_all_reduce_sum -> grad/decoder/unembed (29 partial sums
   // (grad/decoder/unembed, grad/decoder/norm/bias, grad/decoder/norm/gain, ...) over data resolved
@@ -3857,6 +2013,8 @@ void LmTrain::runPart7(const Inputs &inputs) {
   support::View v312 = arena_.view(294912, 2048);
   support::View v314 = arena_.view(126976, 64);
   support::View v317 = arena_.view(127232, 64);
+  support::View v332 = arena_.view(196608, 2048);
+  support::View v333 = arena_.view(114688, 3072);
   support::allReduceBucket(group_data, {v138, v140, v143, v158, v160, v184, v186, v188, v191, v207,
                                         v221, v225, v228, v230, v233, v248, v250, v269, v271, v273,
                                         v276, v292, v305, v309, v312, v314, v317, v332, v333});
@@ -3875,11 +2033,11 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v359 = arena_.view(98304, 1);
-  static const support::Shape shape12_1 = {};
-  static const support::Shape shape12_3 = {};
-  static const support::Shape shape12_4 = {48, 64};
-  static const support::Shape shape12_5 = {64, 1};
-  support::reduce(v359.data(), shape12_1, v358.data(), shape12_3, shape12_4, shape12_5,
+  static const support::Shape shape2_1 = {};
+  static const support::Shape shape2_3 = {};
+  static const support::Shape shape2_4 = {48, 64};
+  static const support::Shape shape2_5 = {64, 1};
+  support::reduce(v359.data(), shape2_1, v358.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
@@ -3896,16 +2054,16 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // transformer.mesh:61:3 local_slice (reshard %345 for sum at 61:3)
   support::View v362 = arena_.view(73728, 1024);
-  static const support::Shape shape14_2 = {32, 64};
-  support::sliceDim(v362, v361, shape14_2, 0, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape4_2 = {32, 64};
+  support::sliceDim(v362, v361, shape4_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('seq' sliced over model: partial over model as its partner)
   support::View v363 = arena_.view(98368, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {16, 64};
-  static const support::Shape shape15_5 = {64, 1};
-  support::reduce(v363.data(), shape15_1, v362.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {16, 64};
+  static const support::Shape shape5_5 = {64, 1};
+  support::reduce(v363.data(), shape5_1, v362.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
@@ -3922,11 +2080,11 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // transformer.mesh:61:3 sum
   support::View v367 = arena_.view(98432, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {64, 48};
-  static const support::Shape shape17_5 = {48, 1};
-  support::reduce(v367.data(), shape17_1, v366.data(), shape17_3, shape17_4, shape17_5,
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {64, 48};
+  static const support::Shape shape7_5 = {48, 1};
+  support::reduce(v367.data(), shape7_1, v366.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
@@ -3943,16 +2101,16 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // transformer.mesh:61:3 local_slice (reshard %351 for sum at 61:3)
   support::View v371 = arena_.view(65792, 32);
-  static const support::Shape shape19_2 = {64};
-  support::sliceDim(v371, v370, shape19_2, 0, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape9_2 = {64};
+  support::sliceDim(v371, v370, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v372 = arena_.view(98496, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {32};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v372.data(), shape20_1, v371.data(), shape20_3, shape20_4, shape20_5,
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v372.data(), shape10_1, v371.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // transformer.mesh:61:3 square
@@ -3969,643 +2127,36 @@ void LmTrain::runPart7(const Inputs &inputs) {
 
   // transformer.mesh:61:3 local_slice (reshard %354 for sum at 61:3)
   support::View v376 = arena_.view(65792, 32);
-  static const support::Shape shape22_2 = {64};
-  support::sliceDim(v376, v375, shape22_2, 0, support::blockIndex(world_, {"model"}), 2);
+  static const support::Shape shape12_2 = {64};
+  support::sliceDim(v376, v375, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
 
   // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
   support::View v377 = arena_.view(98560, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {32};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v377.data(), shape23_1, v376.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 1.0);
-}
-
-void LmTrain::runPart8(const Inputs &inputs) {
-  (void)inputs;
-
-  // transformer.mesh:61:3 square
-  support::View v312 = arena_.view(294912, 2048);
-  support::View v380 = arena_.view(65536, 2048);
-  {
-    float *__restrict v380p = v380.data();
-    const float *__restrict v312p = v312.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v312p[i0];
-      const float s1 = s0 * s0;
-      v380p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v381 = arena_.view(98624, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {64, 2, 16};
-  static const support::Shape shape1_5 = {32, 16, 1};
-  support::reduce(v381.data(), shape1_1, v380.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v309 = arena_.view(286720, 2048);
-  support::View v384 = arena_.view(65536, 2048);
-  {
-    float *__restrict v384p = v384.data();
-    const float *__restrict v309p = v309.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v309p[i0];
-      const float s1 = s0 * s0;
-      v384p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v385 = arena_.view(98688, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {64, 2, 16};
-  static const support::Shape shape3_5 = {32, 16, 1};
-  support::reduce(v385.data(), shape3_1, v384.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v305 = arena_.view(278528, 2048);
-  support::View v388 = arena_.view(65536, 2048);
-  {
-    float *__restrict v388p = v388.data();
-    const float *__restrict v305p = v305.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v305p[i0];
-      const float s1 = s0 * s0;
-      v388p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v389 = arena_.view(98752, 1);
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {64, 2, 16};
-  static const support::Shape shape5_5 = {32, 16, 1};
-  support::reduce(v389.data(), shape5_1, v388.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v292 = arena_.view(262144, 2048);
-  support::View v392 = arena_.view(65536, 2048);
-  {
-    float *__restrict v392p = v392.data();
-    const float *__restrict v292p = v292.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v292p[i0];
-      const float s1 = s0 * s0;
-      v392p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v393 = arena_.view(98816, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {2, 16, 64};
-  static const support::Shape shape7_5 = {1024, 64, 1};
-  support::reduce(v393.data(), shape7_1, v392.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v276 = arena_.view(303360, 64);
-  support::View v396 = arena_.view(65536, 64);
-  {
-    float *__restrict v396p = v396.data();
-    const float *__restrict v276p = v276.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v276p[i0];
-      const float s1 = s0 * s0;
-      v396p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %369 for sum at 61:3)
-  support::View v397 = arena_.view(65792, 32);
-  static const support::Shape shape9_2 = {64};
-  support::sliceDim(v397, v396, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v398 = arena_.view(98880, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {32};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v398.data(), shape10_1, v397.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v273 = arena_.view(303104, 64);
-  support::View v401 = arena_.view(65536, 64);
-  {
-    float *__restrict v401p = v401.data();
-    const float *__restrict v273p = v273.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v273p[i0];
-      const float s1 = s0 * s0;
-      v401p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %372 for sum at 61:3)
-  support::View v402 = arena_.view(65792, 32);
-  static const support::Shape shape12_2 = {64};
-  support::sliceDim(v402, v401, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v403 = arena_.view(98944, 1);
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {32};
   static const support::Shape shape13_5 = {1};
-  support::reduce(v403.data(), shape13_1, v402.data(), shape13_3, shape13_4, shape13_5,
+  support::reduce(v377.data(), shape13_1, v376.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
-  // transformer.mesh:61:3 square
-  support::View v271 = arena_.view(32768, 8192);
+  // 29 statements from transformer.mesh:61:3 square (1 of 2)
+  support::View v380 = arena_.view(65536, 2048);
+  support::View v384 = arena_.view(65536, 2048);
+  support::View v388 = arena_.view(65536, 2048);
+  support::View v392 = arena_.view(65536, 2048);
+  support::View v396 = arena_.view(65536, 64);
+  support::View v397 = arena_.view(65792, 32);
+  support::View v401 = arena_.view(65536, 64);
+  support::View v402 = arena_.view(65792, 32);
   support::View v406 = arena_.view(65536, 8192);
-  {
-    float *__restrict v406p = v406.data();
-    const float *__restrict v271p = v271.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v271p[i0];
-      const float s1 = s0 * s0;
-      v406p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v407 = arena_.view(99008, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {64, 128};
-  static const support::Shape shape15_5 = {128, 1};
-  support::reduce(v407.data(), shape15_1, v406.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v269 = arena_.view(327680, 128);
   support::View v410 = arena_.view(65536, 128);
-  {
-    float *__restrict v410p = v410.data();
-    const float *__restrict v269p = v269.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v269p[i0];
-      const float s1 = s0 * s0;
-      v410p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v411 = arena_.view(99072, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {128};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v411.data(), shape17_1, v410.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v250 = arena_.view(131072, 8192);
   support::View v414 = arena_.view(65536, 8192);
-  {
-    float *__restrict v414p = v414.data();
-    const float *__restrict v250p = v250.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v250p[i0];
-      const float s1 = s0 * s0;
-      v414p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v415 = arena_.view(99136, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {128, 64};
-  static const support::Shape shape19_5 = {64, 1};
-  support::reduce(v415.data(), shape19_1, v414.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v248 = arena_.view(328192, 64);
   support::View v418 = arena_.view(65536, 64);
-  {
-    float *__restrict v418p = v418.data();
-    const float *__restrict v248p = v248.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v248p[i0];
-      const float s1 = s0 * s0;
-      v418p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %384 for sum at 61:3)
   support::View v419 = arena_.view(65792, 32);
-  static const support::Shape shape21_2 = {64};
-  support::sliceDim(v419, v418, shape21_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v420 = arena_.view(99200, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {32};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v420.data(), shape22_1, v419.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v233 = arena_.view(344320, 64);
-  support::View v423 = arena_.view(65536, 64);
-  {
-    float *__restrict v423p = v423.data();
-    const float *__restrict v233p = v233.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v233p[i0];
-      const float s1 = s0 * s0;
-      v423p[i0] = s1;
-    }
-  }
-}
-
-void LmTrain::runPart9(const Inputs &inputs) {
-  (void)inputs;
-
-  // transformer.mesh:61:3 local_slice (reshard %387 for sum at 61:3)
   support::View v423 = arena_.view(65536, 64);
   support::View v424 = arena_.view(65792, 32);
-  static const support::Shape shape0_2 = {64};
-  support::sliceDim(v424, v423, shape0_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v425 = arena_.view(99264, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {32};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v425.data(), shape1_1, v424.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v230 = arena_.view(344064, 64);
   support::View v428 = arena_.view(65536, 64);
-  {
-    float *__restrict v428p = v428.data();
-    const float *__restrict v230p = v230.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v230p[i0];
-      const float s1 = s0 * s0;
-      v428p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
   support::View v429 = arena_.view(65792, 32);
-  static const support::Shape shape3_2 = {64};
-  support::sliceDim(v429, v428, shape3_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v430 = arena_.view(99328, 1);
-  static const support::Shape shape4_1 = {};
-  static const support::Shape shape4_3 = {};
-  static const support::Shape shape4_4 = {32};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v430.data(), shape4_1, v429.data(), shape4_3, shape4_4, shape4_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v228 = arena_.view(409600, 2048);
-  support::View v433 = arena_.view(65536, 2048);
-  {
-    float *__restrict v433p = v433.data();
-    const float *__restrict v228p = v228.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v228p[i0];
-      const float s1 = s0 * s0;
-      v433p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v434 = arena_.view(99392, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {64, 2, 16};
-  static const support::Shape shape6_5 = {32, 16, 1};
-  support::reduce(v434.data(), shape6_1, v433.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v225 = arena_.view(401408, 2048);
-  support::View v437 = arena_.view(65536, 2048);
-  {
-    float *__restrict v437p = v437.data();
-    const float *__restrict v225p = v225.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v225p[i0];
-      const float s1 = s0 * s0;
-      v437p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v438 = arena_.view(99456, 1);
-  static const support::Shape shape8_1 = {};
-  static const support::Shape shape8_3 = {};
-  static const support::Shape shape8_4 = {64, 2, 16};
-  static const support::Shape shape8_5 = {32, 16, 1};
-  support::reduce(v438.data(), shape8_1, v437.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v221 = arena_.view(393216, 2048);
-  support::View v441 = arena_.view(65536, 2048);
-  {
-    float *__restrict v441p = v441.data();
-    const float *__restrict v221p = v221.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v221p[i0];
-      const float s1 = s0 * s0;
-      v441p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v442 = arena_.view(99520, 1);
-  static const support::Shape shape10_1 = {};
-  static const support::Shape shape10_3 = {};
-  static const support::Shape shape10_4 = {64, 2, 16};
-  static const support::Shape shape10_5 = {32, 16, 1};
-  support::reduce(v442.data(), shape10_1, v441.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v207 = arena_.view(376832, 2048);
-  support::View v445 = arena_.view(65536, 2048);
-  {
-    float *__restrict v445p = v445.data();
-    const float *__restrict v207p = v207.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v207p[i0];
-      const float s1 = s0 * s0;
-      v445p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v446 = arena_.view(99584, 1);
-  static const support::Shape shape12_1 = {};
-  static const support::Shape shape12_3 = {};
-  static const support::Shape shape12_4 = {2, 16, 64};
-  static const support::Shape shape12_5 = {1024, 64, 1};
-  support::reduce(v446.data(), shape12_1, v445.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v191 = arena_.view(418048, 64);
-  support::View v449 = arena_.view(65536, 64);
-  {
-    float *__restrict v449p = v449.data();
-    const float *__restrict v191p = v191.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v191p[i0];
-      const float s1 = s0 * s0;
-      v449p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %405 for sum at 61:3)
-  support::View v450 = arena_.view(65792, 32);
-  static const support::Shape shape14_2 = {64};
-  support::sliceDim(v450, v449, shape14_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v451 = arena_.view(99648, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {32};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v451.data(), shape15_1, v450.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v188 = arena_.view(417792, 64);
-  support::View v454 = arena_.view(65536, 64);
-  {
-    float *__restrict v454p = v454.data();
-    const float *__restrict v188p = v188.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v188p[i0];
-      const float s1 = s0 * s0;
-      v454p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %408 for sum at 61:3)
-  support::View v455 = arena_.view(65792, 32);
-  static const support::Shape shape17_2 = {64};
-  support::sliceDim(v455, v454, shape17_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v456 = arena_.view(99712, 1);
-  static const support::Shape shape18_1 = {};
-  static const support::Shape shape18_3 = {};
-  static const support::Shape shape18_4 = {32};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v456.data(), shape18_1, v455.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v186 = arena_.view(0, 8192);
-  support::View v459 = arena_.view(65536, 8192);
-  {
-    float *__restrict v459p = v459.data();
-    const float *__restrict v186p = v186.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v186p[i0];
-      const float s1 = s0 * s0;
-      v459p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v460 = arena_.view(99776, 1);
-  static const support::Shape shape20_1 = {};
-  static const support::Shape shape20_3 = {};
-  static const support::Shape shape20_4 = {64, 128};
-  static const support::Shape shape20_5 = {128, 1};
-  support::reduce(v460.data(), shape20_1, v459.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v184 = arena_.view(466944, 128);
-  support::View v463 = arena_.view(65536, 128);
-  {
-    float *__restrict v463p = v463.data();
-    const float *__restrict v184p = v184.data();
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v184p[i0];
-      const float s1 = s0 * s0;
-      v463p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 sum
-  support::View v464 = arena_.view(99840, 1);
-  static const support::Shape shape22_1 = {};
-  static const support::Shape shape22_3 = {};
-  static const support::Shape shape22_4 = {128};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v464.data(), shape22_1, v463.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v160 = arena_.view(163840, 8192);
-  support::View v467 = arena_.view(65536, 8192);
-  {
-    float *__restrict v467p = v467.data();
-    const float *__restrict v160p = v160.data();
-    for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v160p[i0];
-      const float s1 = s0 * s0;
-      v467p[i0] = s1;
-    }
-  }
-}
-
-void LmTrain::runPart10(const Inputs &inputs) {
-  (void)inputs;
-
-  // transformer.mesh:61:3 sum
-  support::View v467 = arena_.view(65536, 8192);
-  support::View v468 = arena_.view(99904, 1);
-  static const support::Shape shape0_1 = {};
-  static const support::Shape shape0_3 = {};
-  static const support::Shape shape0_4 = {128, 64};
-  static const support::Shape shape0_5 = {64, 1};
-  support::reduce(v468.data(), shape0_1, v467.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v158 = arena_.view(467968, 64);
-  support::View v471 = arena_.view(65536, 64);
-  {
-    float *__restrict v471p = v471.data();
-    const float *__restrict v158p = v158.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v158p[i0];
-      const float s1 = s0 * s0;
-      v471p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %420 for sum at 61:3)
-  support::View v472 = arena_.view(65792, 32);
-  static const support::Shape shape2_2 = {64};
-  support::sliceDim(v472, v471, shape2_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v473 = arena_.view(65920, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {32};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v473.data(), shape3_1, v472.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v143 = arena_.view(467712, 64);
-  support::View v476 = arena_.view(65536, 64);
-  {
-    float *__restrict v476p = v476.data();
-    const float *__restrict v143p = v143.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v143p[i0];
-      const float s1 = s0 * s0;
-      v476p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %423 for sum at 61:3)
-  support::View v477 = arena_.view(65792, 32);
-  static const support::Shape shape5_2 = {64};
-  support::sliceDim(v477, v476, shape5_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v478 = arena_.view(65984, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {32};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v478.data(), shape6_1, v477.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 square
-  support::View v140 = arena_.view(467456, 64);
-  support::View v481 = arena_.view(65536, 64);
-  {
-    float *__restrict v481p = v481.data();
-    const float *__restrict v140p = v140.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v140p[i0];
-      const float s1 = s0 * s0;
-      v481p[i0] = s1;
-    }
-  }
-
-  // transformer.mesh:61:3 local_slice (reshard %426 for sum at 61:3)
-  support::View v482 = arena_.view(65792, 32);
-  static const support::Shape shape8_2 = {64};
-  support::sliceDim(v482, v481, shape8_2, 0, support::blockIndex(world_, {"model"}), 2);
-
-  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
-  support::View v483 = arena_.view(65536, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {32};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v483.data(), shape9_1, v482.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 add
-  support::View v359 = arena_.view(98304, 1);
-  support::View v363 = arena_.view(98368, 1);
-  support::View v367 = arena_.view(98432, 1);
-  support::View v372 = arena_.view(98496, 1);
-  support::View v377 = arena_.view(98560, 1);
   support::View v381 = arena_.view(98624, 1);
   support::View v385 = arena_.view(98688, 1);
   support::View v389 = arena_.view(98752, 1);
@@ -4618,6 +2169,28 @@ void LmTrain::runPart10(const Inputs &inputs) {
   support::View v420 = arena_.view(99200, 1);
   support::View v425 = arena_.view(99264, 1);
   support::View v430 = arena_.view(99328, 1);
+  repeated2(v312, v380, v381, v309, v384, v385, v305, v388, v389, v292, v392, v393, v276, v396,
+            v397, v398, v273, v401, v402, v403, v271, v406, v407, v269, v410, v411, v250, v414,
+            v415, v248, v418, v419, v420, v233, v423, v424, v425, v230, v428, v429, v430);
+
+  // 29 statements from transformer.mesh:61:3 square (2 of 2)
+  support::View v433 = arena_.view(65536, 2048);
+  support::View v437 = arena_.view(65536, 2048);
+  support::View v441 = arena_.view(65536, 2048);
+  support::View v445 = arena_.view(65536, 2048);
+  support::View v449 = arena_.view(65536, 64);
+  support::View v450 = arena_.view(65792, 32);
+  support::View v454 = arena_.view(65536, 64);
+  support::View v455 = arena_.view(65792, 32);
+  support::View v459 = arena_.view(65536, 8192);
+  support::View v463 = arena_.view(65536, 128);
+  support::View v467 = arena_.view(65536, 8192);
+  support::View v471 = arena_.view(65536, 64);
+  support::View v472 = arena_.view(65792, 32);
+  support::View v476 = arena_.view(65536, 64);
+  support::View v477 = arena_.view(65792, 32);
+  support::View v481 = arena_.view(65536, 64);
+  support::View v482 = arena_.view(65792, 32);
   support::View v434 = arena_.view(99392, 1);
   support::View v438 = arena_.view(99456, 1);
   support::View v442 = arena_.view(99520, 1);
@@ -4626,6 +2199,42 @@ void LmTrain::runPart10(const Inputs &inputs) {
   support::View v456 = arena_.view(99712, 1);
   support::View v460 = arena_.view(99776, 1);
   support::View v464 = arena_.view(99840, 1);
+  support::View v468 = arena_.view(99904, 1);
+  support::View v473 = arena_.view(65920, 1);
+  support::View v478 = arena_.view(65984, 1);
+  support::View v483 = arena_.view(65536, 1);
+  repeated2(v228, v433, v434, v225, v437, v438, v221, v441, v442, v207, v445, v446, v191, v449,
+            v450, v451, v188, v454, v455, v456, v186, v459, v460, v184, v463, v464, v160, v467,
+            v468, v158, v471, v472, v473, v143, v476, v477, v478, v140, v481, v482, v483);
+
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 add
   support::View v484 = arena_.view(65600, 1);
   {
     float *__restrict v484p = v484.data();
@@ -4820,8 +2429,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/token_embedding
-  support::View v6(param0_decoder_token_embedding); // updated in place
-  support::View v333 = arena_.view(114688, 3072);
+  support::View v6(param0_decoder_token_embedding);      // updated in place
   support::View v518(param29_decoder_token_embedding_m); // updated in place
   support::View v519(param30_decoder_token_embedding_v); // updated in place
   {
@@ -4889,8 +2497,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/position_embedding
-  support::View v7(param1_decoder_position_embedding); // updated in place
-  support::View v332 = arena_.view(196608, 2048);
+  support::View v7(param1_decoder_position_embedding);      // updated in place
   support::View v546(param31_decoder_position_embedding_m); // updated in place
   support::View v547(param32_decoder_position_embedding_v); // updated in place
   {
@@ -4958,8 +2565,7 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/unembed
-  support::View v8(param2_decoder_unembed); // updated in place
-  support::View v138 = arena_.view(454656, 3072);
+  support::View v8(param2_decoder_unembed);      // updated in place
   support::View v566(param33_decoder_unembed_m); // updated in place
   support::View v567(param34_decoder_unembed_v); // updated in place
   {
@@ -5010,143 +2616,150 @@ void LmTrain::runPart10(const Inputs &inputs) {
     }
   }
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
-  support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
-  support::View v317 = arena_.view(127232, 64);
+  // 1 statements from transformer.mesh:61:3 mul (1 of 2)
+  support::View v21(param3_decoder_decoder_layer_0_norm_gain);     // updated in place
   support::View v586(param35_decoder_decoder_layer_0_norm_gain_m); // updated in place
   support::View v587(param36_decoder_decoder_layer_0_norm_gain_v); // updated in place
-  {
-    float *__restrict v586p = v586.data();
-    float *__restrict v587p = v587.data();
-    float *__restrict v21p = v21.data();
-    const float *__restrict v317p = v317.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v21p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v317p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v586p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v587p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v21p[i0];
-      const float s31 = (s30 - s29);
-      v586p[i0] = s11;
-      v587p[i0] = s18;
-      v21p[i0] = s31;
-    }
-  }
+  repeated4(v21, v317, v488, v586, v587, v532, v534, v356);
+}
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/bias
+void LmTrain::runPart3(const Inputs &inputs) {
+  (void)inputs;
+
+  // 1 statements from transformer.mesh:61:3 mul (2 of 2)
   support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
   support::View v314 = arena_.view(126976, 64);
+  support::View v488 = arena_.view(65664, 1);
   support::View v606(param37_decoder_decoder_layer_0_norm_bias_m); // updated in place
   support::View v607(param38_decoder_decoder_layer_0_norm_bias_v); // updated in place
-  {
-    float *__restrict v606p = v606.data();
-    float *__restrict v607p = v607.data();
-    float *__restrict v22p = v22.data();
-    const float *__restrict v314p = v314.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v22p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v314p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v606p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v607p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v22p[i0];
-      const float s31 = (s30 - s29);
-      v606p[i0] = s11;
-      v607p[i0] = s18;
-      v22p[i0] = s31;
-    }
-  }
+  support::View v532 = arena_.view(65600, 1);
+  support::View v534 = arena_.view(65728, 1);
+  support::View v356 = arena_.view(65536, 1);
+  repeated4(v22, v314, v488, v606, v607, v532, v534, v356);
+
+  // 12 statements from transformer.mesh:61:3 mul (1 of 2)
+  support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
+  support::View v312 = arena_.view(294912, 2048);
+  support::View v626(param39_decoder_decoder_layer_0_attention_w_q_m); // updated in place
+  support::View v627(param40_decoder_decoder_layer_0_attention_w_q_v); // updated in place
+  support::View v27(param6_decoder_decoder_layer_0_attention_w_k);     // updated in place
+  support::View v309 = arena_.view(286720, 2048);
+  support::View v646(param41_decoder_decoder_layer_0_attention_w_k_m); // updated in place
+  support::View v647(param42_decoder_decoder_layer_0_attention_w_k_v); // updated in place
+  support::View v28(param7_decoder_decoder_layer_0_attention_w_v);     // updated in place
+  support::View v305 = arena_.view(278528, 2048);
+  support::View v666(param43_decoder_decoder_layer_0_attention_w_v_m); // updated in place
+  support::View v667(param44_decoder_decoder_layer_0_attention_w_v_v); // updated in place
+  support::View v29(param8_decoder_decoder_layer_0_attention_w_o);     // updated in place
+  support::View v292 = arena_.view(262144, 2048);
+  support::View v686(param45_decoder_decoder_layer_0_attention_w_o_m); // updated in place
+  support::View v687(param46_decoder_decoder_layer_0_attention_w_o_v); // updated in place
+  support::View v47(param9_decoder_decoder_layer_0_norm_1_gain);       // updated in place
+  support::View v276 = arena_.view(303360, 64);
+  support::View v706(param47_decoder_decoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v707(param48_decoder_decoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v48(param10_decoder_decoder_layer_0_norm_1_bias);    // updated in place
+  support::View v273 = arena_.view(303104, 64);
+  support::View v726(param49_decoder_decoder_layer_0_norm_1_bias_m); // updated in place
+  support::View v727(param50_decoder_decoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v52(param11_decoder_decoder_layer_0_ffn_w_in);       // updated in place
+  support::View v271 = arena_.view(32768, 8192);
+  support::View v746(param51_decoder_decoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v747(param52_decoder_decoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v53(param12_decoder_decoder_layer_0_ffn_b_in);    // updated in place
+  support::View v269 = arena_.view(327680, 128);
+  support::View v766(param53_decoder_decoder_layer_0_ffn_b_in_m); // updated in place
+  support::View v767(param54_decoder_decoder_layer_0_ffn_b_in_v); // updated in place
+  support::View v54(param13_decoder_decoder_layer_0_ffn_w_out);   // updated in place
+  support::View v250 = arena_.view(131072, 8192);
+  support::View v786(param55_decoder_decoder_layer_0_ffn_w_out_m); // updated in place
+  support::View v787(param56_decoder_decoder_layer_0_ffn_w_out_v); // updated in place
+  support::View v55(param14_decoder_decoder_layer_0_ffn_b_out);    // updated in place
+  support::View v248 = arena_.view(328192, 64);
+  support::View v806(param57_decoder_decoder_layer_0_ffn_b_out_m); // updated in place
+  support::View v807(param58_decoder_decoder_layer_0_ffn_b_out_v); // updated in place
+  support::View v64(param15_decoder_decoder_layer_1_norm_gain);    // updated in place
+  support::View v233 = arena_.view(344320, 64);
+  support::View v826(param59_decoder_decoder_layer_1_norm_gain_m); // updated in place
+  support::View v827(param60_decoder_decoder_layer_1_norm_gain_v); // updated in place
+  support::View v65(param16_decoder_decoder_layer_1_norm_bias);    // updated in place
+  support::View v230 = arena_.view(344064, 64);
+  support::View v846(param61_decoder_decoder_layer_1_norm_bias_m); // updated in place
+  support::View v847(param62_decoder_decoder_layer_1_norm_bias_v); // updated in place
+  repeated0(v26, v312, v488, v626, v627, v532, v534, v356, v27, v309, v646, v647, v28, v305, v666,
+            v667, v29, v292, v686, v687, v47, v276, v706, v707, v48, v273, v726, v727, v52, v271,
+            v746, v747, v53, v269, v766, v767, v54, v250, v786, v787, v55, v248, v806, v807, v64,
+            v233, v826, v827, v65, v230, v846, v847);
+
+  // 12 statements from transformer.mesh:61:3 mul (2 of 2)
+  support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
+  support::View v228 = arena_.view(409600, 2048);
+  support::View v866(param63_decoder_decoder_layer_1_attention_w_q_m); // updated in place
+  support::View v867(param64_decoder_decoder_layer_1_attention_w_q_v); // updated in place
+  support::View v70(param18_decoder_decoder_layer_1_attention_w_k);    // updated in place
+  support::View v225 = arena_.view(401408, 2048);
+  support::View v886(param65_decoder_decoder_layer_1_attention_w_k_m); // updated in place
+  support::View v887(param66_decoder_decoder_layer_1_attention_w_k_v); // updated in place
+  support::View v71(param19_decoder_decoder_layer_1_attention_w_v);    // updated in place
+  support::View v221 = arena_.view(393216, 2048);
+  support::View v906(param67_decoder_decoder_layer_1_attention_w_v_m); // updated in place
+  support::View v907(param68_decoder_decoder_layer_1_attention_w_v_v); // updated in place
+  support::View v72(param20_decoder_decoder_layer_1_attention_w_o);    // updated in place
+  support::View v207 = arena_.view(376832, 2048);
+  support::View v926(param69_decoder_decoder_layer_1_attention_w_o_m); // updated in place
+  support::View v927(param70_decoder_decoder_layer_1_attention_w_o_v); // updated in place
+  support::View v90(param21_decoder_decoder_layer_1_norm_1_gain);      // updated in place
+  support::View v191 = arena_.view(418048, 64);
+  support::View v946(param71_decoder_decoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v947(param72_decoder_decoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v91(param22_decoder_decoder_layer_1_norm_1_bias);    // updated in place
+  support::View v188 = arena_.view(417792, 64);
+  support::View v966(param73_decoder_decoder_layer_1_norm_1_bias_m); // updated in place
+  support::View v967(param74_decoder_decoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v95(param23_decoder_decoder_layer_1_ffn_w_in);       // updated in place
+  support::View v186 = arena_.view(0, 8192);
+  support::View v986(param75_decoder_decoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v987(param76_decoder_decoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v96(param24_decoder_decoder_layer_1_ffn_b_in);    // updated in place
+  support::View v184 = arena_.view(466944, 128);
+  support::View v1006(param77_decoder_decoder_layer_1_ffn_b_in_m); // updated in place
+  support::View v1007(param78_decoder_decoder_layer_1_ffn_b_in_v); // updated in place
+  support::View v97(param25_decoder_decoder_layer_1_ffn_w_out);    // updated in place
+  support::View v160 = arena_.view(163840, 8192);
+  support::View v1026(param79_decoder_decoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v1027(param80_decoder_decoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v98(param26_decoder_decoder_layer_1_ffn_b_out);     // updated in place
+  support::View v158 = arena_.view(467968, 64);
+  support::View v1046(param81_decoder_decoder_layer_1_ffn_b_out_m); // updated in place
+  support::View v1047(param82_decoder_decoder_layer_1_ffn_b_out_v); // updated in place
+  support::View v107(param27_decoder_norm_gain);                    // updated in place
+  support::View v143 = arena_.view(467712, 64);
+  support::View v1066(param83_decoder_norm_gain_m); // updated in place
+  support::View v1067(param84_decoder_norm_gain_v); // updated in place
+  support::View v108(param28_decoder_norm_bias);    // updated in place
+  support::View v140 = arena_.view(467456, 64);
+  support::View v1086(param85_decoder_norm_bias_m); // updated in place
+  support::View v1087(param86_decoder_norm_bias_v); // updated in place
+  repeated0(v69, v228, v488, v866, v867, v532, v534, v356, v70, v225, v886, v887, v71, v221, v906,
+            v907, v72, v207, v926, v927, v90, v191, v946, v947, v91, v188, v966, v967, v95, v186,
+            v986, v987, v96, v184, v1006, v1007, v97, v160, v1026, v1027, v98, v158, v1046, v1047,
+            v107, v143, v1066, v1067, v108, v140, v1086, v1087);
+}
+
+void LmTrain::repeated0(
+    support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
+    support::View a4, support::ConstView a5, support::ConstView a6, support::ConstView a7,
+    support::View a8, support::ConstView a9, support::View a10, support::View a11,
+    support::View a12, support::ConstView a13, support::View a14, support::View a15,
+    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+    support::View a20, support::ConstView a21, support::View a22, support::View a23,
+    support::View a24, support::ConstView a25, support::View a26, support::View a27,
+    support::View a28, support::ConstView a29, support::View a30, support::View a31,
+    support::View a32, support::ConstView a33, support::View a34, support::View a35,
+    support::View a36, support::ConstView a37, support::View a38, support::View a39,
+    support::View a40, support::ConstView a41, support::View a42, support::View a43,
+    support::View a44, support::ConstView a45, support::View a46, support::View a47,
+    support::View a48, support::ConstView a49, support::View a50, support::View a51) {
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -5165,55 +2778,51 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_q
-  support::View v26(param5_decoder_decoder_layer_0_attention_w_q); // updated in place
-  support::View v312 = arena_.view(294912, 2048);
-  support::View v626(param39_decoder_decoder_layer_0_attention_w_q_m); // updated in place
-  support::View v627(param40_decoder_decoder_layer_0_attention_w_q_v); // updated in place
   {
-    float *__restrict v626p = v626.data();
-    float *__restrict v627p = v627.data();
-    float *__restrict v26p = v26.data();
-    const float *__restrict v312p = v312.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v26p[i0];
+      const float s0 = a0p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v312p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a1p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v626p[i0];
+      const float s8 = a3p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v627p[i0];
+      const float s15 = a4p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v26p[i0];
+      const float s30 = a0p[i0];
       const float s31 = (s30 - s29);
-      v626p[i0] = s11;
-      v627p[i0] = s18;
-      v26p[i0] = s31;
+      a3p[i0] = s11;
+      a4p[i0] = s18;
+      a0p[i0] = s31;
     }
   }
 
@@ -5234,55 +2843,51 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_k
-  support::View v27(param6_decoder_decoder_layer_0_attention_w_k); // updated in place
-  support::View v309 = arena_.view(286720, 2048);
-  support::View v646(param41_decoder_decoder_layer_0_attention_w_k_m); // updated in place
-  support::View v647(param42_decoder_decoder_layer_0_attention_w_k_v); // updated in place
   {
-    float *__restrict v646p = v646.data();
-    float *__restrict v647p = v647.data();
-    float *__restrict v27p = v27.data();
-    const float *__restrict v309p = v309.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a10p = a10.data();
+    float *__restrict a11p = a11.data();
+    float *__restrict a8p = a8.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v27p[i0];
+      const float s0 = a8p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v309p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a9p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v646p[i0];
+      const float s8 = a10p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v647p[i0];
+      const float s15 = a11p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v27p[i0];
+      const float s30 = a8p[i0];
       const float s31 = (s30 - s29);
-      v646p[i0] = s11;
-      v647p[i0] = s18;
-      v27p[i0] = s31;
+      a10p[i0] = s11;
+      a11p[i0] = s18;
+      a8p[i0] = s31;
     }
   }
 
@@ -5303,55 +2908,51 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_v
-  support::View v28(param7_decoder_decoder_layer_0_attention_w_v); // updated in place
-  support::View v305 = arena_.view(278528, 2048);
-  support::View v666(param43_decoder_decoder_layer_0_attention_w_v_m); // updated in place
-  support::View v667(param44_decoder_decoder_layer_0_attention_w_v_v); // updated in place
   {
-    float *__restrict v666p = v666.data();
-    float *__restrict v667p = v667.data();
-    float *__restrict v28p = v28.data();
-    const float *__restrict v305p = v305.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a14p = a14.data();
+    float *__restrict a15p = a15.data();
+    float *__restrict a12p = a12.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v28p[i0];
+      const float s0 = a12p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v305p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a13p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v666p[i0];
+      const float s8 = a14p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v667p[i0];
+      const float s15 = a15p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v28p[i0];
+      const float s30 = a12p[i0];
       const float s31 = (s30 - s29);
-      v666p[i0] = s11;
-      v667p[i0] = s18;
-      v28p[i0] = s31;
+      a14p[i0] = s11;
+      a15p[i0] = s18;
+      a12p[i0] = s31;
     }
   }
 
@@ -5372,55 +2973,51 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/attention/w_o
-  support::View v29(param8_decoder_decoder_layer_0_attention_w_o); // updated in place
-  support::View v292 = arena_.view(262144, 2048);
-  support::View v686(param45_decoder_decoder_layer_0_attention_w_o_m); // updated in place
-  support::View v687(param46_decoder_decoder_layer_0_attention_w_o_v); // updated in place
   {
-    float *__restrict v686p = v686.data();
-    float *__restrict v687p = v687.data();
-    float *__restrict v29p = v29.data();
-    const float *__restrict v292p = v292.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a18p = a18.data();
+    float *__restrict a19p = a19.data();
+    float *__restrict a16p = a16.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v29p[i0];
+      const float s0 = a16p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v292p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a17p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v686p[i0];
+      const float s8 = a18p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v687p[i0];
+      const float s15 = a19p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v29p[i0];
+      const float s30 = a16p[i0];
       const float s31 = (s30 - s29);
-      v686p[i0] = s11;
-      v687p[i0] = s18;
-      v29p[i0] = s31;
+      a18p[i0] = s11;
+      a19p[i0] = s18;
+      a16p[i0] = s31;
     }
   }
 
@@ -5441,61 +3038,53 @@ void LmTrain::runPart10(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/gain
-  support::View v47(param9_decoder_decoder_layer_0_norm_1_gain); // updated in place
-  support::View v276 = arena_.view(303360, 64);
-  support::View v706(param47_decoder_decoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v707(param48_decoder_decoder_layer_0_norm_1_gain_v); // updated in place
   {
-    float *__restrict v706p = v706.data();
-    float *__restrict v707p = v707.data();
-    float *__restrict v47p = v47.data();
-    const float *__restrict v276p = v276.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a22p = a22.data();
+    float *__restrict a23p = a23.data();
+    float *__restrict a20p = a20.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v47p[i0];
+      const float s0 = a20p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v276p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a21p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v706p[i0];
+      const float s8 = a22p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v707p[i0];
+      const float s15 = a23p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v47p[i0];
+      const float s30 = a20p[i0];
       const float s31 = (s30 - s29);
-      v706p[i0] = s11;
-      v707p[i0] = s18;
-      v47p[i0] = s31;
+      a22p[i0] = s11;
+      a23p[i0] = s18;
+      a20p[i0] = s31;
     }
   }
-}
-
-void LmTrain::runPart11(const Inputs &inputs) {
-  (void)inputs;
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -5514,59 +3103,51 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm#1/bias
-  support::View v48(param10_decoder_decoder_layer_0_norm_1_bias); // updated in place
-  support::View v273 = arena_.view(303104, 64);
-  support::View v488 = arena_.view(65664, 1);
-  support::View v726(param49_decoder_decoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v727(param50_decoder_decoder_layer_0_norm_1_bias_v); // updated in place
-  support::View v532 = arena_.view(65600, 1);
-  support::View v534 = arena_.view(65728, 1);
-  support::View v356 = arena_.view(65536, 1);
   {
-    float *__restrict v726p = v726.data();
-    float *__restrict v727p = v727.data();
-    float *__restrict v48p = v48.data();
-    const float *__restrict v273p = v273.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a26p = a26.data();
+    float *__restrict a27p = a27.data();
+    float *__restrict a24p = a24.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v48p[i0];
+      const float s0 = a24p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v273p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a25p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v726p[i0];
+      const float s8 = a26p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v727p[i0];
+      const float s15 = a27p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v48p[i0];
+      const float s30 = a24p[i0];
       const float s31 = (s30 - s29);
-      v726p[i0] = s11;
-      v727p[i0] = s18;
-      v48p[i0] = s31;
+      a26p[i0] = s11;
+      a27p[i0] = s18;
+      a24p[i0] = s31;
     }
   }
 
@@ -5587,55 +3168,51 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_in
-  support::View v52(param11_decoder_decoder_layer_0_ffn_w_in); // updated in place
-  support::View v271 = arena_.view(32768, 8192);
-  support::View v746(param51_decoder_decoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v747(param52_decoder_decoder_layer_0_ffn_w_in_v); // updated in place
   {
-    float *__restrict v746p = v746.data();
-    float *__restrict v747p = v747.data();
-    float *__restrict v52p = v52.data();
-    const float *__restrict v271p = v271.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a30p = a30.data();
+    float *__restrict a31p = a31.data();
+    float *__restrict a28p = a28.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v52p[i0];
+      const float s0 = a28p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v271p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a29p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v746p[i0];
+      const float s8 = a30p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v747p[i0];
+      const float s15 = a31p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v52p[i0];
+      const float s30 = a28p[i0];
       const float s31 = (s30 - s29);
-      v746p[i0] = s11;
-      v747p[i0] = s18;
-      v52p[i0] = s31;
+      a30p[i0] = s11;
+      a31p[i0] = s18;
+      a28p[i0] = s31;
     }
   }
 
@@ -5656,55 +3233,51 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_in
-  support::View v53(param12_decoder_decoder_layer_0_ffn_b_in); // updated in place
-  support::View v269 = arena_.view(327680, 128);
-  support::View v766(param53_decoder_decoder_layer_0_ffn_b_in_m); // updated in place
-  support::View v767(param54_decoder_decoder_layer_0_ffn_b_in_v); // updated in place
   {
-    float *__restrict v766p = v766.data();
-    float *__restrict v767p = v767.data();
-    float *__restrict v53p = v53.data();
-    const float *__restrict v269p = v269.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a34p = a34.data();
+    float *__restrict a35p = a35.data();
+    float *__restrict a32p = a32.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v53p[i0];
+      const float s0 = a32p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v269p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a33p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v766p[i0];
+      const float s8 = a34p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v767p[i0];
+      const float s15 = a35p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v53p[i0];
+      const float s30 = a32p[i0];
       const float s31 = (s30 - s29);
-      v766p[i0] = s11;
-      v767p[i0] = s18;
-      v53p[i0] = s31;
+      a34p[i0] = s11;
+      a35p[i0] = s18;
+      a32p[i0] = s31;
     }
   }
 
@@ -5725,55 +3298,51 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/w_out
-  support::View v54(param13_decoder_decoder_layer_0_ffn_w_out); // updated in place
-  support::View v250 = arena_.view(131072, 8192);
-  support::View v786(param55_decoder_decoder_layer_0_ffn_w_out_m); // updated in place
-  support::View v787(param56_decoder_decoder_layer_0_ffn_w_out_v); // updated in place
   {
-    float *__restrict v786p = v786.data();
-    float *__restrict v787p = v787.data();
-    float *__restrict v54p = v54.data();
-    const float *__restrict v250p = v250.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a38p = a38.data();
+    float *__restrict a39p = a39.data();
+    float *__restrict a36p = a36.data();
+    const float *__restrict a37p = a37.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v54p[i0];
+      const float s0 = a36p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v250p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a37p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v786p[i0];
+      const float s8 = a38p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v787p[i0];
+      const float s15 = a39p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v54p[i0];
+      const float s30 = a36p[i0];
       const float s31 = (s30 - s29);
-      v786p[i0] = s11;
-      v787p[i0] = s18;
-      v54p[i0] = s31;
+      a38p[i0] = s11;
+      a39p[i0] = s18;
+      a36p[i0] = s31;
     }
   }
 
@@ -5794,55 +3363,51 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/ffn/b_out
-  support::View v55(param14_decoder_decoder_layer_0_ffn_b_out); // updated in place
-  support::View v248 = arena_.view(328192, 64);
-  support::View v806(param57_decoder_decoder_layer_0_ffn_b_out_m); // updated in place
-  support::View v807(param58_decoder_decoder_layer_0_ffn_b_out_v); // updated in place
   {
-    float *__restrict v806p = v806.data();
-    float *__restrict v807p = v807.data();
-    float *__restrict v55p = v55.data();
-    const float *__restrict v248p = v248.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a42p = a42.data();
+    float *__restrict a43p = a43.data();
+    float *__restrict a40p = a40.data();
+    const float *__restrict a41p = a41.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v55p[i0];
+      const float s0 = a40p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v248p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a41p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v806p[i0];
+      const float s8 = a42p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v807p[i0];
+      const float s15 = a43p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v55p[i0];
+      const float s30 = a40p[i0];
       const float s31 = (s30 - s29);
-      v806p[i0] = s11;
-      v807p[i0] = s18;
-      v55p[i0] = s31;
+      a42p[i0] = s11;
+      a43p[i0] = s18;
+      a40p[i0] = s31;
     }
   }
 
@@ -5863,55 +3428,51 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/gain
-  support::View v64(param15_decoder_decoder_layer_1_norm_gain); // updated in place
-  support::View v233 = arena_.view(344320, 64);
-  support::View v826(param59_decoder_decoder_layer_1_norm_gain_m); // updated in place
-  support::View v827(param60_decoder_decoder_layer_1_norm_gain_v); // updated in place
   {
-    float *__restrict v826p = v826.data();
-    float *__restrict v827p = v827.data();
-    float *__restrict v64p = v64.data();
-    const float *__restrict v233p = v233.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a46p = a46.data();
+    float *__restrict a47p = a47.data();
+    float *__restrict a44p = a44.data();
+    const float *__restrict a45p = a45.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v64p[i0];
+      const float s0 = a44p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v233p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a45p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v826p[i0];
+      const float s8 = a46p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v827p[i0];
+      const float s15 = a47p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v64p[i0];
+      const float s30 = a44p[i0];
       const float s31 = (s30 - s29);
-      v826p[i0] = s11;
-      v827p[i0] = s18;
-      v64p[i0] = s31;
+      a46p[i0] = s11;
+      a47p[i0] = s18;
+      a44p[i0] = s31;
     }
   }
 
@@ -5932,678 +3493,1071 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm/bias
-  support::View v65(param16_decoder_decoder_layer_1_norm_bias); // updated in place
-  support::View v230 = arena_.view(344064, 64);
-  support::View v846(param61_decoder_decoder_layer_1_norm_bias_m); // updated in place
-  support::View v847(param62_decoder_decoder_layer_1_norm_bias_v); // updated in place
   {
-    float *__restrict v846p = v846.data();
-    float *__restrict v847p = v847.data();
-    float *__restrict v65p = v65.data();
-    const float *__restrict v230p = v230.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a50p = a50.data();
+    float *__restrict a51p = a51.data();
+    float *__restrict a48p = a48.data();
+    const float *__restrict a49p = a49.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v65p[i0];
+      const float s0 = a48p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v230p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a49p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v846p[i0];
+      const float s8 = a50p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v847p[i0];
+      const float s15 = a51p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v65p[i0];
+      const float s30 = a48p[i0];
       const float s31 = (s30 - s29);
-      v846p[i0] = s11;
-      v847p[i0] = s18;
-      v65p[i0] = s31;
+      a50p[i0] = s11;
+      a51p[i0] = s18;
+      a48p[i0] = s31;
     }
   }
+}
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_q
-  support::View v69(param17_decoder_decoder_layer_1_attention_w_q); // updated in place
-  support::View v228 = arena_.view(409600, 2048);
-  support::View v866(param63_decoder_decoder_layer_1_attention_w_q_m); // updated in place
-  support::View v867(param64_decoder_decoder_layer_1_attention_w_q_v); // updated in place
-  {
-    float *__restrict v866p = v866.data();
-    float *__restrict v867p = v867.data();
-    float *__restrict v69p = v69.data();
-    const float *__restrict v228p = v228.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v69p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v228p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v866p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v867p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v69p[i0];
-      const float s31 = (s30 - s29);
-      v866p[i0] = s11;
-      v867p[i0] = s18;
-      v69p[i0] = s31;
-    }
-  }
+void LmTrain::repeated1(
+    support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
+    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+    support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,
+    support::View a12, support::View a13, support::ConstView a14, support::View a15,
+    support::View a16, support::View a17, support::ConstView a18, support::View a19,
+    support::View a20, support::View a21, support::ConstView a22, support::View a23,
+    support::View a24, support::View a25, support::View a26, support::View a27,
+    support::ConstView a28, support::View a29, support::ConstView a30, support::View a31,
+    support::ConstView a32, support::View a33, support::ConstView a34, support::View a35,
+    support::View a36, support::View a37, support::ConstView a38, support::View a39,
+    support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
+    support::ConstView a44, support::View a45, support::ConstView a46, support::View a47,
+    support::ConstView a48, support::View a49, support::View a50, support::ConstView a51,
+    support::View a52, support::View a53, support::View a54, support::View a55,
+    support::ConstView a56, support::View a57, support::View a58, support::View a59,
+    support::ConstView a60, support::View a61, support::View a62, support::View a63,
+    support::ConstView a64, support::View a65, support::View a66, support::View a67,
+    support::View a68, support::View a69, const char *t0) {
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_k
-  support::View v70(param18_decoder_decoder_layer_1_attention_w_k); // updated in place
-  support::View v225 = arena_.view(401408, 2048);
-  support::View v886(param65_decoder_decoder_layer_1_attention_w_k_m); // updated in place
-  support::View v887(param66_decoder_decoder_layer_1_attention_w_k_v); // updated in place
-  {
-    float *__restrict v886p = v886.data();
-    float *__restrict v887p = v887.data();
-    float *__restrict v70p = v70.data();
-    const float *__restrict v225p = v225.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v70p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v225p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v886p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v887p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v70p[i0];
-      const float s31 = (s30 - s29);
-      v886p[i0] = s11;
-      v887p[i0] = s18;
-      v70p[i0] = s31;
-    }
-  }
+  // layers.mesh:55:71 sum -> grad/decoder/decoder_layer[1]/ffn/b_out
+  static const support::Shape shape0_1 = {64};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 32};
+  static const support::Shape shape0_5 = {2048, 64};
+  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_v
-  support::View v71(param19_decoder_decoder_layer_1_attention_w_v); // updated in place
-  support::View v221 = arena_.view(393216, 2048);
-  support::View v906(param67_decoder_decoder_layer_1_attention_w_v_m); // updated in place
-  support::View v907(param68_decoder_decoder_layer_1_attention_w_v_v); // updated in place
-  {
-    float *__restrict v906p = v906.data();
-    float *__restrict v907p = v907.data();
-    float *__restrict v71p = v71.data();
-    const float *__restrict v221p = v221.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v71p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v221p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v906p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v907p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v71p[i0];
-      const float s31 = (s30 - s29);
-      v906p[i0] = s11;
-      v907p[i0] = s18;
-      v71p[i0] = s31;
-    }
-  }
+  // layers.mesh:55:10 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/attention/w_o
-  support::View v72(param20_decoder_decoder_layer_1_attention_w_o); // updated in place
-  support::View v207 = arena_.view(376832, 2048);
-  support::View v926(param69_decoder_decoder_layer_1_attention_w_o_m); // updated in place
-  support::View v927(param70_decoder_decoder_layer_1_attention_w_o_v); // updated in place
-  {
-    float *__restrict v926p = v926.data();
-    float *__restrict v927p = v927.data();
-    float *__restrict v72p = v72.data();
-    const float *__restrict v207p = v207.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v72p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v207p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v926p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v927p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v72p[i0];
-      const float s31 = (s30 - s29);
-      v926p[i0] = s11;
-      v927p[i0] = s18;
-      v72p[i0] = s31;
-    }
-  }
+  // layers.mesh:55:10 einsum -> grad/decoder/decoder_layer[1]/ffn/w_out
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm#1/gain
-  support::View v90(param21_decoder_decoder_layer_1_norm_1_gain); // updated in place
-  support::View v191 = arena_.view(418048, 64);
-  support::View v946(param71_decoder_decoder_layer_1_norm_1_gain_m); // updated in place
-  support::View v947(param72_decoder_decoder_layer_1_norm_1_gain_v); // updated in place
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 tanh
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:54:11 square
+  // layers.mesh:54:11 sub
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 mul
+  // layers.mesh:54:11 add
+  // layers.mesh:55:17 dropout
+  // layers.mesh:54:11 mul
   {
-    float *__restrict v946p = v946.data();
-    float *__restrict v947p = v947.data();
-    float *__restrict v90p = v90.data();
-    const float *__restrict v191p = v191.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                              support::shardStart(world_, {"model"}, 128) * 1);
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v90p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v191p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v946p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v947p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v90p[i0];
-      const float s31 = (s30 - s29);
-      v946p[i0] = s11;
-      v947p[i0] = s18;
-      v90p[i0] = s31;
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = a6p[i0 * 128 + i1];
+        const float s1 = s0 * s0;
+        const float s2 = a6p[i0 * 128 + i1];
+        const float s3 = (s2 * s1);
+        const float s4 = 0.044715f;
+        const float s5 = (s3 * s4);
+        const float s6 = a6p[i0 * 128 + i1];
+        const float s7 = (s6 + s5);
+        const float s8 = 0.7978846f;
+        const float s9 = (s7 * s8);
+        const float s10 = support::ftanh(s9);
+        const float s11 = 1.0f;
+        const float s12 = (s10 + s11);
+        const float s13 = 0.5f;
+        const float s14 = (s12 * s13);
+        const float s15 = 0.134145f;
+        const float s16 = (s1 * s15);
+        const float s17 = 1.0f;
+        const float s18 = (s16 + s17);
+        const float s19 = s10 * s10;
+        const float s20 = 1.0f;
+        const float s21 = (s20 - s19);
+        const float s22 = a6p[i0 * 128 + i1];
+        const float s23 = (s22 * s21);
+        const float s24 = (s23 * s18);
+        const float s25 = 0.3989423f;
+        const float s26 = (s24 * s25);
+        const float s27 = (s14 + s26);
+        const float s28 = a3p[i0 * 128 + i1];
+        const float s29 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s28) * 1.1111111111111112));
+        const float s30 = (s29 * s27);
+        a7p[i0 * 128 + i1] = s30;
+      }
     }
   }
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/norm#1/bias
-  support::View v91(param22_decoder_decoder_layer_1_norm_1_bias); // updated in place
-  support::View v188 = arena_.view(417792, 64);
-  support::View v966(param73_decoder_decoder_layer_1_norm_1_bias_m); // updated in place
-  support::View v967(param74_decoder_decoder_layer_1_norm_1_bias_v); // updated in place
+  // layers.mesh:54:52 sum -> grad/decoder/decoder_layer[1]/ffn/b_in
+  static const support::Shape shape4_1 = {128};
+  static const support::Shape shape4_3 = {1};
+  static const support::Shape shape4_4 = {2, 32};
+  static const support::Shape shape4_5 = {4096, 128};
+  support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:54:16 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %175 over model for sum at 24:40)
+  auto request1 = support::startAllReduce(group_model, {a10}, meshrt::ReduceOp::Sum);
+
+  // layers.mesh:54:16 einsum -> grad/decoder/decoder_layer[1]/ffn/w_in
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
+  einsumPlan7.run(a7.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+
+  group_model.wait(request1);
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
+  static const support::Shape shape9_1 = {64};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {2, 32};
+  static const support::Shape shape9_5 = {2048, 64};
+  support::reduce(a13.data(), shape9_1, a10.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
   {
-    float *__restrict v966p = v966.data();
-    float *__restrict v967p = v967.data();
-    float *__restrict v91p = v91.data();
-    const float *__restrict v188p = v188.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a15p = a15.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a10p[i0];
+      const float s1 = a14p[i0];
+      const float s2 = (s0 * s1);
+      a15p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm#1/gain
+  static const support::Shape shape11_1 = {64};
+  static const support::Shape shape11_3 = {1};
+  static const support::Shape shape11_4 = {2, 32};
+  static const support::Shape shape11_5 = {2048, 64};
+  support::reduce(a16.data(), shape11_1, a15.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape12_1 = {2, 32};
+  static const support::Shape shape12_3 = {2048, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(a17.data(), shape12_1, a18.data(), shape12_3, shape12_4, shape12_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a17p = a17.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v91p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v188p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v966p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v967p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v91p[i0];
-      const float s31 = (s30 - s29);
-      v966p[i0] = s11;
-      v967p[i0] = s18;
-      v91p[i0] = s31;
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a18p[i0 * 64 + i1];
+        const float s1 = a17p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        a19p[i0 * 64 + i1] = s3;
+      }
     }
   }
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_in
-  support::View v95(param23_decoder_decoder_layer_1_ffn_w_in); // updated in place
-  support::View v186 = arena_.view(0, 8192);
-  support::View v986(param75_decoder_decoder_layer_1_ffn_w_in_m); // updated in place
-  support::View v987(param76_decoder_decoder_layer_1_ffn_w_in_v); // updated in place
+  // layers.mesh:24:10 mean
+  static const support::Shape shape14_1 = {2, 32};
+  static const support::Shape shape14_3 = {2048, 64};
+  static const support::Shape shape14_4 = {64};
+  static const support::Shape shape14_5 = {1};
+  support::reduce(a20.data(), shape14_1, a19.data(), shape14_3, shape14_4, shape14_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
   {
-    float *__restrict v986p = v986.data();
-    float *__restrict v987p = v987.data();
-    float *__restrict v95p = v95.data();
-    const float *__restrict v186p = v186.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a21p = a21.data();
+    const float *__restrict a20p = a20.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a20p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a21p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  {
+    float *__restrict a23p = a23.data();
+    float *__restrict a24p = a24.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a10p[i0 * 64 + i1];
+        const float s1 = a22p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a14p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        a23p[i0 * 64 + i1] = s2;
+        a24p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape17_1 = {2, 32};
+  static const support::Shape shape17_3 = {2048, 64};
+  static const support::Shape shape17_4 = {64};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(a25.data(), shape17_1, a24.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape18_1 = {2, 32};
+  static const support::Shape shape18_3 = {2048, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(a26.data(), shape18_1, a23.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  {
+    float *__restrict a27p = a27.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a14p[i0 * 64 + i1];
+        const float s1 = a25p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a23p[i0 * 64 + i1];
+        const float s4 = a26p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = a21p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = a1p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        a27p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+
+  // layers.mesh:45:10 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan20(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan20.run(a27.data(), a28.data(), a29.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum -> grad/decoder/decoder_layer[1]/attention/w_o
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan21(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan21.run(a27.data(), a30.data(), a31.data(), 1.0f, 0.0f);
+
+  // layers.mesh:44:17 einsum
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan22(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan22.run(a29.data(), a32.data(), a33.data(), 1.0f, 0.0f);
+
+  // layers.mesh:44:17 einsum
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan23(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsumPlan23.run(a29.data(), a34.data(), a35.data(), 1.0f, 0.0f);
+
+  // layers.mesh:43:17 mul
+  {
+    float *__restrict a36p = a36.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a34p = a34.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a33p[i0];
+      const float s1 = a34p[i0];
+      const float s2 = (s0 * s1);
+      a36p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:43:17 sum
+  static const support::Shape shape25_1 = {2, 2, 32};
+  static const support::Shape shape25_3 = {2048, 1024, 32};
+  static const support::Shape shape25_4 = {32};
+  static const support::Shape shape25_5 = {1};
+  support::reduce(a37.data(), shape25_1, a36.data(), shape25_3, shape25_4, shape25_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:43:17 sub
+  // layers.mesh:43:17 mul
+  // layers.mesh:43:25 where
+  // layers.mesh:41:55 mul
+  {
+    float *__restrict a39p = a39.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a37p = a37.data();
+    const float *__restrict a34p = a34.data();
+    const float *__restrict a38p = a38.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 32; ++i2) {
+          for (int64_t i3 = 0; i3 < 32; ++i3) {
+            const float s0 = a33p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
+            const float s1 = a37p[i0 * 64 + i1 * 32 + i2];
+            const float s2 = (s0 - s1);
+            const float s3 = a34p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3];
+            const float s4 = (s3 * s2);
+            const float s5 = a38p[i0 * 1024 + i2 * 32 + i3];
+            const float s6 = 0.0f;
+            const float s7 = (s5 != 0 ? s4 : s6);
+            const float s8 = 0.25f;
+            const float s9 = (s7 * s8);
+            a39p[i0 * 2048 + i1 * 1024 + i2 * 32 + i3] = s9;
+          }
+        }
+      }
+    }
+  }
+
+  // layers.mesh:41:16 einsum
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan27(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan27.run(a39.data(), a40.data(), a41.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan28(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan28.run(a39.data(), a42.data(), a43.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan29(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan29.run(a35.data(), a44.data(), a45.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_v
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan30(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan30.run(a35.data(), a46.data(), a47.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan31(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan31.run(a43.data(), a48.data(), a49.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum -> grad/decoder/decoder_layer[1]/attention/w_k
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan32(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan32.run(a43.data(), a46.data(), a50.data(), 1.0f, 0.0f);
+
+  // layers.mesh:36:11 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan33(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan33.run(a41.data(), a51.data(), a52.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 add
+  // layers.mesh:36:11 add
+  {
+    float *__restrict a53p = a53.data();
+    const float *__restrict a45p = a45.data();
+    const float *__restrict a49p = a49.data();
+    const float *__restrict a52p = a52.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a45p[i0];
+      const float s1 = a49p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = a52p[i0];
+      const float s4 = (s2 + s3);
+      a53p[i0] = s4;
+    }
+  }
+
+  // layers.mesh:24:40 all_reduce_sum (resolve the partial sum of %216 over model for sum at 24:40)
+  auto request2 = support::startAllReduce(group_model, {a53}, meshrt::ReduceOp::Sum);
+
+  // layers.mesh:36:11 einsum -> grad/decoder/decoder_layer[1]/attention/w_q
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan36(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan36.run(a41.data(), a46.data(), a54.data(), 1.0f, 0.0f);
+
+  group_model.wait(request2);
+
+  // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias
+  static const support::Shape shape38_1 = {64};
+  static const support::Shape shape38_3 = {1};
+  static const support::Shape shape38_4 = {2, 32};
+  static const support::Shape shape38_5 = {2048, 64};
+  support::reduce(a55.data(), shape38_1, a53.data(), shape38_3, shape38_4, shape38_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:33 mul
+  {
+    float *__restrict a57p = a57.data();
+    const float *__restrict a53p = a53.data();
+    const float *__restrict a56p = a56.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a53p[i0];
+      const float s1 = a56p[i0];
+      const float s2 = (s0 * s1);
+      a57p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:33 sum -> grad/decoder/decoder_layer[1]/norm/gain
+  static const support::Shape shape40_1 = {64};
+  static const support::Shape shape40_3 = {1};
+  static const support::Shape shape40_4 = {2, 32};
+  static const support::Shape shape40_5 = {2048, 64};
+  support::reduce(a58.data(), shape40_1, a57.data(), shape40_3, shape40_4, shape40_5,
+                  support::Reduce::Sum, 1.0);
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape41_1 = {2, 32};
+  static const support::Shape shape41_3 = {2048, 64};
+  static const support::Shape shape41_4 = {64};
+  static const support::Shape shape41_5 = {1};
+  support::reduce(a59.data(), shape41_1, a60.data(), shape41_3, shape41_4, shape41_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 square
+  {
+    float *__restrict a61p = a61.data();
+    const float *__restrict a60p = a60.data();
+    const float *__restrict a59p = a59.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a60p[i0 * 64 + i1];
+        const float s1 = a59p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        a61p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape43_1 = {2, 32};
+  static const support::Shape shape43_3 = {2048, 64};
+  static const support::Shape shape43_4 = {64};
+  static const support::Shape shape43_5 = {1};
+  support::reduce(a62.data(), shape43_1, a61.data(), shape43_3, shape43_4, shape43_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 add
+  // layers.mesh:24:10 rsqrt
+  {
+    float *__restrict a63p = a63.data();
+    const float *__restrict a62p = a62.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a62p[i0];
+      const float s1 = 1e-05f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a63p[i0] = s3;
+    }
+  }
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:10 mul
+  {
+    float *__restrict a65p = a65.data();
+    float *__restrict a66p = a66.data();
+    const float *__restrict a53p = a53.data();
+    const float *__restrict a64p = a64.data();
+    const float *__restrict a56p = a56.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a53p[i0 * 64 + i1];
+        const float s1 = a64p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a56p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        a65p[i0 * 64 + i1] = s2;
+        a66p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape46_1 = {2, 32};
+  static const support::Shape shape46_3 = {2048, 64};
+  static const support::Shape shape46_4 = {64};
+  static const support::Shape shape46_5 = {1};
+  support::reduce(a67.data(), shape46_1, a66.data(), shape46_3, shape46_4, shape46_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mean
+  static const support::Shape shape47_1 = {2, 32};
+  static const support::Shape shape47_3 = {2048, 64};
+  static const support::Shape shape47_4 = {64};
+  static const support::Shape shape47_5 = {1};
+  support::reduce(a68.data(), shape47_1, a65.data(), shape47_3, shape47_4, shape47_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 sub
+  // layers.mesh:24:10 mul
+  // layers.mesh:24:10 add
+  {
+    float *__restrict a69p = a69.data();
+    const float *__restrict a56p = a56.data();
+    const float *__restrict a67p = a67.data();
+    const float *__restrict a65p = a65.data();
+    const float *__restrict a68p = a68.data();
+    const float *__restrict a63p = a63.data();
+    const float *__restrict a27p = a27.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a56p[i0 * 64 + i1];
+        const float s1 = a67p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a65p[i0 * 64 + i1];
+        const float s4 = a68p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = a63p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = a27p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        a69p[i0 * 64 + i1] = s10;
+      }
+    }
+  }
+}
+
+void LmTrain::repeated2(
+    support::ConstView a0, support::View a1, support::View a2, support::ConstView a3,
+    support::View a4, support::View a5, support::ConstView a6, support::View a7, support::View a8,
+    support::ConstView a9, support::View a10, support::View a11, support::ConstView a12,
+    support::View a13, support::View a14, support::View a15, support::ConstView a16,
+    support::View a17, support::View a18, support::View a19, support::ConstView a20,
+    support::View a21, support::View a22, support::ConstView a23, support::View a24,
+    support::View a25, support::ConstView a26, support::View a27, support::View a28,
+    support::ConstView a29, support::View a30, support::View a31, support::View a32,
+    support::ConstView a33, support::View a34, support::View a35, support::View a36,
+    support::ConstView a37, support::View a38, support::View a39, support::View a40) {
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = s0 * s0;
+      a1p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {64, 2, 16};
+  static const support::Shape shape1_5 = {32, 16, 1};
+  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a4p = a4.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a3p[i0];
+      const float s1 = s0 * s0;
+      a4p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {64, 2, 16};
+  static const support::Shape shape3_5 = {32, 16, 1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a6p[i0];
+      const float s1 = s0 * s0;
+      a7p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {64, 2, 16};
+  static const support::Shape shape5_5 = {32, 16, 1};
+  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a10p = a10.data();
+    const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a9p[i0];
+      const float s1 = s0 * s0;
+      a10p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 sum
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {2, 16, 64};
+  static const support::Shape shape7_5 = {1024, 64, 1};
+  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a12p[i0];
+      const float s1 = s0 * s0;
+      a13p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %369 for sum at 61:3)
+  static const support::Shape shape9_2 = {64};
+  support::sliceDim(a14, a13, shape9_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  static const support::Shape shape10_1 = {};
+  static const support::Shape shape10_3 = {};
+  static const support::Shape shape10_4 = {32};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(a15.data(), shape10_1, a14.data(), shape10_3, shape10_4, shape10_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a16p[i0];
+      const float s1 = s0 * s0;
+      a17p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %372 for sum at 61:3)
+  static const support::Shape shape12_2 = {64};
+  support::sliceDim(a18, a17, shape12_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {32};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(a19.data(), shape13_1, a18.data(), shape13_3, shape13_4, shape13_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a21p = a21.data();
+    const float *__restrict a20p = a20.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v95p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v186p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v986p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v987p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v95p[i0];
-      const float s31 = (s30 - s29);
-      v986p[i0] = s11;
-      v987p[i0] = s18;
-      v95p[i0] = s31;
+      const float s0 = a20p[i0];
+      const float s1 = s0 * s0;
+      a21p[i0] = s1;
     }
   }
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 sum
+  static const support::Shape shape15_1 = {};
+  static const support::Shape shape15_3 = {};
+  static const support::Shape shape15_4 = {64, 128};
+  static const support::Shape shape15_5 = {128, 1};
+  support::reduce(a22.data(), shape15_1, a21.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
   // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/b_in
-  support::View v96(param24_decoder_decoder_layer_1_ffn_b_in); // updated in place
-  support::View v184 = arena_.view(466944, 128);
-  support::View v1006(param77_decoder_decoder_layer_1_ffn_b_in_m); // updated in place
-  support::View v1007(param78_decoder_decoder_layer_1_ffn_b_in_v); // updated in place
   {
-    float *__restrict v1006p = v1006.data();
-    float *__restrict v1007p = v1007.data();
-    float *__restrict v96p = v96.data();
-    const float *__restrict v184p = v184.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a24p = a24.data();
+    const float *__restrict a23p = a23.data();
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-      const float s0 = v96p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v184p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1006p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1007p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v96p[i0];
-      const float s31 = (s30 - s29);
-      v1006p[i0] = s11;
-      v1007p[i0] = s18;
-      v96p[i0] = s31;
+      const float s0 = a23p[i0];
+      const float s1 = s0 * s0;
+      a24p[i0] = s1;
     }
   }
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
+  // transformer.mesh:61:3 sum
+  static const support::Shape shape17_1 = {};
+  static const support::Shape shape17_3 = {};
+  static const support::Shape shape17_4 = {128};
+  static const support::Shape shape17_5 = {1};
+  support::reduce(a25.data(), shape17_1, a24.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 1.0);
+
   // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/w_out
-  support::View v97(param25_decoder_decoder_layer_1_ffn_w_out); // updated in place
-  support::View v160 = arena_.view(163840, 8192);
-  support::View v1026(param79_decoder_decoder_layer_1_ffn_w_out_m); // updated in place
-  support::View v1027(param80_decoder_decoder_layer_1_ffn_w_out_v); // updated in place
   {
-    float *__restrict v1026p = v1026.data();
-    float *__restrict v1027p = v1027.data();
-    float *__restrict v97p = v97.data();
-    const float *__restrict v160p = v160.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a27p = a27.data();
+    const float *__restrict a26p = a26.data();
     for (int64_t i0 = 0; i0 < 8192; ++i0) {
-      const float s0 = v97p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v160p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1026p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1027p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v97p[i0];
-      const float s31 = (s30 - s29);
-      v1026p[i0] = s11;
-      v1027p[i0] = s18;
-      v97p[i0] = s31;
+      const float s0 = a26p[i0];
+      const float s1 = s0 * s0;
+      a27p[i0] = s1;
     }
   }
+
+  // transformer.mesh:61:3 sum
+  static const support::Shape shape19_1 = {};
+  static const support::Shape shape19_3 = {};
+  static const support::Shape shape19_4 = {128, 64};
+  static const support::Shape shape19_5 = {64, 1};
+  support::reduce(a28.data(), shape19_1, a27.data(), shape19_3, shape19_4, shape19_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a30p = a30.data();
+    const float *__restrict a29p = a29.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a29p[i0];
+      const float s1 = s0 * s0;
+      a30p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %384 for sum at 61:3)
+  static const support::Shape shape21_2 = {64};
+  support::sliceDim(a31, a30, shape21_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  static const support::Shape shape22_1 = {};
+  static const support::Shape shape22_3 = {};
+  static const support::Shape shape22_4 = {32};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(a32.data(), shape22_1, a31.data(), shape22_3, shape22_4, shape22_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a34p = a34.data();
+    const float *__restrict a33p = a33.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a33p[i0];
+      const float s1 = s0 * s0;
+      a34p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %387 for sum at 61:3)
+  static const support::Shape shape24_2 = {64};
+  support::sliceDim(a35, a34, shape24_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  static const support::Shape shape25_1 = {};
+  static const support::Shape shape25_3 = {};
+  static const support::Shape shape25_4 = {32};
+  static const support::Shape shape25_5 = {1};
+  support::reduce(a36.data(), shape25_1, a35.data(), shape25_3, shape25_4, shape25_5,
+                  support::Reduce::Sum, 1.0);
+
+  // transformer.mesh:61:3 square
+  {
+    float *__restrict a38p = a38.data();
+    const float *__restrict a37p = a37.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a37p[i0];
+      const float s1 = s0 * s0;
+      a38p[i0] = s1;
+    }
+  }
+
+  // transformer.mesh:61:3 local_slice (reshard %390 for sum at 61:3)
+  static const support::Shape shape27_2 = {64};
+  support::sliceDim(a39, a38, shape27_2, 0, support::blockIndex(world_, {"model"}), 2);
+
+  // transformer.mesh:61:3 sum ('d_model' sliced over model: partial over model as its partner)
+  static const support::Shape shape28_1 = {};
+  static const support::Shape shape28_3 = {};
+  static const support::Shape shape28_4 = {32};
+  static const support::Shape shape28_5 = {1};
+  support::reduce(a40.data(), shape28_1, a39.data(), shape28_3, shape28_4, shape28_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::View a2,
+                        support::View a3, support::ConstView a4, support::View a5,
+                        support::ConstView a6, support::View a7, support::ConstView a8,
+                        support::View a9, support::View a10, support::ConstView a11,
+                        support::ConstView a12, support::View a13, support::ConstView a14,
+                        support::View a15, support::ConstView a16, support::View a17,
+                        support::View a18, support::ConstView a19, support::View a20,
+                        support::ConstView a21, support::View a22, support::View a23,
+                        support::ConstView a24, support::ConstView a25, support::View a26,
+                        const char *t0) {
+
+  // layers.mesh:43:25 where
+  {
+    float *__restrict a2p = a2.data();
+    const float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 2; ++i1) {
+        for (int64_t i2 = 0; i2 < 1024; ++i2) {
+          const float s0 = a0p[i0 * 1024 + i2];
+          const float s1 = a1p[i0 * 2048 + i1 * 1024 + i2];
+          const float s2 = -1000000000.0f;
+          const float s3 = (s0 != 0 ? s1 : s2);
+          a2p[i0 * 2048 + i1 * 1024 + i2] = s3;
+        }
+      }
+    }
+  }
+
+  // layers.mesh:43:17 softmax -> weights
+  static const support::Shape shape1_2 = {2, 2, 32};
+  static const support::Shape shape1_3 = {2048, 1024, 32};
+  static const support::Shape shape1_4 = {2048, 1024, 32};
+  static const support::Shape shape1_5 = {32};
+  static const support::Shape shape1_6 = {1};
+  static const support::Shape shape1_7 = {1};
+  support::along(a3.data(), a2.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
+                 support::Along::Softmax, 1e-05, 32, nullptr);
+
+  // layers.mesh:44:17 einsum -> context
+  // dims: batch, heads, seq, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 2, 32, 32, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // layers.mesh:45:10 einsum
+  // dims: batch, seq, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan3.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // transformer.mesh:21:13 all_reduce_sum (resolve the partial sum of %43 over model for add at
+  // 21:13)
+  group_model.allReduce(a7.data(), a7.size(), meshrt::ReduceOp::Sum);
+
+  // transformer.mesh:21:13 add -> h
+  {
+    float *__restrict a9p = a9.data();
+    const float *__restrict a8p = a8.data();
+    const float *__restrict a7p = a7.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a8p[i0];
+      const float s1 = a7p[i0];
+      const float s2 = (s0 + s1);
+      a9p[i0] = s2;
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  static const support::Shape shape6_2 = {2, 32};
+  static const support::Shape shape6_3 = {2048, 64};
+  static const support::Shape shape6_4 = {2048, 64};
+  static const support::Shape shape6_5 = {64};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(a10.data(), a9.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+                 support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a10p = a10.data();
+    const float *__restrict a11p = a11.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a10p[i0 * 64 + i1];
+        const float s1 = a11p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a12p[i1];
+        const float s4 = (s2 + s3);
+        a13p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:54:16 einsum
+  // dims: batch, seq, d_model, d_ff
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 32, 64, 128}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan8.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
+
+  // layers.mesh:54:52 add
+  // layers.mesh:54:11 gelu -> h
+  // layers.mesh:55:17 dropout
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
+                              support::shardStart(world_, {"model"}, 128) * 1);
+    float *__restrict a17p = a17.data();
+    float *__restrict a18p = a18.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 128; ++i1) {
+        const float s0 = a15p[i0 * 128 + i1];
+        const float s1 = a16p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = support::fgelu(s2);
+        const float s4 = support::keepOrZero(
+            meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0 * 256 + i1), 838861u),
+            float(double(s3) * 1.1111111111111112));
+        a17p[i0 * 128 + i1] = s2;
+        a18p[i0 * 128 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:55:10 einsum
+  // dims: batch, seq, d_ff, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan10(
+      {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
+  einsumPlan10.run(a18.data(), a19.data(), a20.data(), 1.0f, 0.0f);
+
+  // layers.mesh:55:71 all_reduce_sum (resolve the partial sum of %58 over model for add at 55:71)
+  group_model.allReduce(a20.data(), a20.size(), meshrt::ReduceOp::Sum);
+
+  // layers.mesh:55:71 add
+  // transformer.mesh:22:12 add -> x
+  {
+    float *__restrict a22p = a22.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a20p[i0 * 64 + i1];
+        const float s1 = a21p[i1];
+        const float s2 = (s0 + s1);
+        const float s3 = a9p[i0 * 64 + i1];
+        const float s4 = (s3 + s2);
+        a22p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // layers.mesh:24:10 layer_norm
+  static const support::Shape shape13_2 = {2, 32};
+  static const support::Shape shape13_3 = {2048, 64};
+  static const support::Shape shape13_4 = {2048, 64};
+  static const support::Shape shape13_5 = {64};
+  static const support::Shape shape13_6 = {1};
+  static const support::Shape shape13_7 = {1};
+  support::along(a23.data(), a22.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
+
+  // layers.mesh:24:33 mul
+  // layers.mesh:24:40 add
+  {
+    float *__restrict a26p = a26.data();
+    const float *__restrict a23p = a23.data();
+    const float *__restrict a24p = a24.data();
+    const float *__restrict a25p = a25.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a23p[i0 * 64 + i1];
+        const float s1 = a24p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a25p[i1];
+        const float s4 = (s2 + s3);
+        a26p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+}
+
+void LmTrain::repeated4(support::View a0, support::ConstView a1, support::ConstView a2,
+                        support::View a3, support::View a4, support::ConstView a5,
+                        support::ConstView a6, support::ConstView a7) {
 
   // transformer.mesh:61:3 mul
   // transformer.mesh:61:3 mul
@@ -6621,196 +4575,84 @@ void LmTrain::runPart11(const Inputs &inputs) {
   // transformer.mesh:61:3 div
   // transformer.mesh:61:3 add
   // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[1]/ffn/b_out
-  support::View v98(param26_decoder_decoder_layer_1_ffn_b_out); // updated in place
-  support::View v158 = arena_.view(467968, 64);
-  support::View v1046(param81_decoder_decoder_layer_1_ffn_b_out_m); // updated in place
-  support::View v1047(param82_decoder_decoder_layer_1_ffn_b_out_v); // updated in place
+  // transformer.mesh:61:3 sub -> next/decoder/decoder_layer[0]/norm/gain
   {
-    float *__restrict v1046p = v1046.data();
-    float *__restrict v1047p = v1047.data();
-    float *__restrict v98p = v98.data();
-    const float *__restrict v158p = v158.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v98p[i0];
+      const float s0 = a0p[i0];
       const float s1 = 0.1f;
       const float s2 = (s0 * s1);
-      const float s3 = v158p[i0];
-      const float s4 = v488p[0];
+      const float s3 = a1p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v1046p[i0];
+      const float s8 = a3p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.050000012f;
       const float s14 = (s12 * s13);
-      const float s15 = v1047p[i0];
+      const float s15 = a4p[i0];
       const float s16 = 0.95f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v98p[i0];
+      const float s30 = a0p[i0];
       const float s31 = (s30 - s29);
-      v1046p[i0] = s11;
-      v1047p[i0] = s18;
-      v98p[i0] = s31;
+      a3p[i0] = s11;
+      a4p[i0] = s18;
+      a0p[i0] = s31;
     }
   }
+}
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/norm/gain
-  support::View v107(param27_decoder_norm_gain); // updated in place
-  support::View v143 = arena_.view(467712, 64);
-  support::View v1066(param83_decoder_norm_gain_m); // updated in place
-  support::View v1067(param84_decoder_norm_gain_v); // updated in place
-  {
-    float *__restrict v1066p = v1066.data();
-    float *__restrict v1067p = v1067.data();
-    float *__restrict v107p = v107.data();
-    const float *__restrict v143p = v143.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v107p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v143p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1066p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1067p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v107p[i0];
-      const float s31 = (s30 - s29);
-      v1066p[i0] = s11;
-      v1067p[i0] = s18;
-      v107p[i0] = s31;
-    }
-  }
+void LmTrain::repeated5(support::ConstView a0, support::ConstView a1, support::View a2,
+                        support::ConstView a3, support::View a4, support::ConstView a5,
+                        support::View a6, support::View a7) {
 
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 square
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 sqrt
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 div
-  // transformer.mesh:61:3 add
-  // transformer.mesh:61:3 mul
-  // transformer.mesh:61:3 sub -> next/decoder/norm/bias
-  support::View v108(param28_decoder_norm_bias); // updated in place
-  support::View v140 = arena_.view(467456, 64);
-  support::View v1086(param85_decoder_norm_bias_m); // updated in place
-  support::View v1087(param86_decoder_norm_bias_v); // updated in place
-  {
-    float *__restrict v1086p = v1086.data();
-    float *__restrict v1087p = v1087.data();
-    float *__restrict v108p = v108.data();
-    const float *__restrict v140p = v140.data();
-    const float *__restrict v488p = v488.data();
-    const float *__restrict v532p = v532.data();
-    const float *__restrict v534p = v534.data();
-    const float *__restrict v356p = v356.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v108p[i0];
-      const float s1 = 0.1f;
-      const float s2 = (s0 * s1);
-      const float s3 = v140p[i0];
-      const float s4 = v488p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1086p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.050000012f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1087p[i0];
-      const float s16 = 0.95f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v532p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v534p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v356p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v108p[i0];
-      const float s31 = (s30 - s29);
-      v1086p[i0] = s11;
-      v1087p[i0] = s18;
-      v108p[i0] = s31;
-    }
-  }
+  // layers.mesh:36:11 einsum -> q
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // layers.mesh:38:18 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan1(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
+
+  // layers.mesh:39:18 einsum
+  // dims: batch, seq, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 32, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
+
+  // layers.mesh:41:16 einsum
+  // layers.mesh:41:55 mul -> scores
+  // dims: batch, seq, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 32, 2, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan3.run(a2.data(), a4.data(), a7.data(), 0.25f, 0.0f);
 }
 
 LmTrain::Inputs LmTrain::synthesizeInputs(uint64_t seed) const {
@@ -7009,704 +4851,206 @@ bool LmTrain::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> LmTrain::paramShards() {
-  return {
-      {"decoder/token_embedding",
-       false,
-       "f32",
-       {96, 64},
-       {48, 64},
-       {"vocab", "d_model"},
-       {{"model"}, {}},
-       &param0_decoder_token_embedding},
-      {"decoder/position_embedding",
-       false,
-       "f32",
-       {32, 64},
-       {32, 64},
-       {"seq", "d_model"},
-       {{}, {}},
-       &param1_decoder_position_embedding},
-      {"decoder/unembed",
-       false,
-       "f32",
-       {64, 96},
-       {64, 48},
-       {"d_model", "vocab"},
-       {{}, {"model"}},
-       &param2_decoder_unembed},
-      {"decoder/decoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param3_decoder_decoder_layer_0_norm_gain},
-      {"decoder/decoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param4_decoder_decoder_layer_0_norm_bias},
-      {"decoder/decoder_layer[0]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param5_decoder_decoder_layer_0_attention_w_q},
-      {"decoder/decoder_layer[0]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param6_decoder_decoder_layer_0_attention_w_k},
-      {"decoder/decoder_layer[0]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param7_decoder_decoder_layer_0_attention_w_v},
-      {"decoder/decoder_layer[0]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param8_decoder_decoder_layer_0_attention_w_o},
-      {"decoder/decoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param9_decoder_decoder_layer_0_norm_1_gain},
-      {"decoder/decoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param10_decoder_decoder_layer_0_norm_1_bias},
-      {"decoder/decoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param11_decoder_decoder_layer_0_ffn_w_in},
-      {"decoder/decoder_layer[0]/ffn/b_in",
-       false,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param12_decoder_decoder_layer_0_ffn_b_in},
-      {"decoder/decoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param13_decoder_decoder_layer_0_ffn_w_out},
-      {"decoder/decoder_layer[0]/ffn/b_out",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param14_decoder_decoder_layer_0_ffn_b_out},
-      {"decoder/decoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param15_decoder_decoder_layer_1_norm_gain},
-      {"decoder/decoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param16_decoder_decoder_layer_1_norm_bias},
-      {"decoder/decoder_layer[1]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param17_decoder_decoder_layer_1_attention_w_q},
-      {"decoder/decoder_layer[1]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param18_decoder_decoder_layer_1_attention_w_k},
-      {"decoder/decoder_layer[1]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param19_decoder_decoder_layer_1_attention_w_v},
-      {"decoder/decoder_layer[1]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param20_decoder_decoder_layer_1_attention_w_o},
-      {"decoder/decoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param21_decoder_decoder_layer_1_norm_1_gain},
-      {"decoder/decoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param22_decoder_decoder_layer_1_norm_1_bias},
-      {"decoder/decoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param23_decoder_decoder_layer_1_ffn_w_in},
-      {"decoder/decoder_layer[1]/ffn/b_in",
-       false,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param24_decoder_decoder_layer_1_ffn_b_in},
-      {"decoder/decoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param25_decoder_decoder_layer_1_ffn_w_out},
-      {"decoder/decoder_layer[1]/ffn/b_out",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param26_decoder_decoder_layer_1_ffn_b_out},
-      {"decoder/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param27_decoder_norm_gain},
-      {"decoder/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param28_decoder_norm_bias},
-      {"decoder/token_embedding@m",
-       true,
-       "f32",
-       {96, 64},
-       {48, 64},
-       {"vocab", "d_model"},
-       {{"model"}, {}},
-       &param29_decoder_token_embedding_m},
-      {"decoder/token_embedding@v",
-       true,
-       "f32",
-       {96, 64},
-       {48, 64},
-       {"vocab", "d_model"},
-       {{"model"}, {}},
-       &param30_decoder_token_embedding_v},
-      {"decoder/position_embedding@m",
-       true,
-       "f32",
-       {32, 64},
-       {32, 64},
-       {"seq", "d_model"},
-       {{}, {}},
-       &param31_decoder_position_embedding_m},
-      {"decoder/position_embedding@v",
-       true,
-       "f32",
-       {32, 64},
-       {32, 64},
-       {"seq", "d_model"},
-       {{}, {}},
-       &param32_decoder_position_embedding_v},
-      {"decoder/unembed@m",
-       true,
-       "f32",
-       {64, 96},
-       {64, 48},
-       {"d_model", "vocab"},
-       {{}, {"model"}},
-       &param33_decoder_unembed_m},
-      {"decoder/unembed@v",
-       true,
-       "f32",
-       {64, 96},
-       {64, 48},
-       {"d_model", "vocab"},
-       {{}, {"model"}},
-       &param34_decoder_unembed_v},
-      {"decoder/decoder_layer[0]/norm/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param35_decoder_decoder_layer_0_norm_gain_m},
-      {"decoder/decoder_layer[0]/norm/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param36_decoder_decoder_layer_0_norm_gain_v},
-      {"decoder/decoder_layer[0]/norm/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param37_decoder_decoder_layer_0_norm_bias_m},
-      {"decoder/decoder_layer[0]/norm/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param38_decoder_decoder_layer_0_norm_bias_v},
-      {"decoder/decoder_layer[0]/attention/w_q@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param39_decoder_decoder_layer_0_attention_w_q_m},
-      {"decoder/decoder_layer[0]/attention/w_q@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param40_decoder_decoder_layer_0_attention_w_q_v},
-      {"decoder/decoder_layer[0]/attention/w_k@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param41_decoder_decoder_layer_0_attention_w_k_m},
-      {"decoder/decoder_layer[0]/attention/w_k@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param42_decoder_decoder_layer_0_attention_w_k_v},
-      {"decoder/decoder_layer[0]/attention/w_v@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param43_decoder_decoder_layer_0_attention_w_v_m},
-      {"decoder/decoder_layer[0]/attention/w_v@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param44_decoder_decoder_layer_0_attention_w_v_v},
-      {"decoder/decoder_layer[0]/attention/w_o@m",
-       true,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param45_decoder_decoder_layer_0_attention_w_o_m},
-      {"decoder/decoder_layer[0]/attention/w_o@v",
-       true,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param46_decoder_decoder_layer_0_attention_w_o_v},
-      {"decoder/decoder_layer[0]/norm#1/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param47_decoder_decoder_layer_0_norm_1_gain_m},
-      {"decoder/decoder_layer[0]/norm#1/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param48_decoder_decoder_layer_0_norm_1_gain_v},
-      {"decoder/decoder_layer[0]/norm#1/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param49_decoder_decoder_layer_0_norm_1_bias_m},
-      {"decoder/decoder_layer[0]/norm#1/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param50_decoder_decoder_layer_0_norm_1_bias_v},
-      {"decoder/decoder_layer[0]/ffn/w_in@m",
-       true,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param51_decoder_decoder_layer_0_ffn_w_in_m},
-      {"decoder/decoder_layer[0]/ffn/w_in@v",
-       true,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param52_decoder_decoder_layer_0_ffn_w_in_v},
-      {"decoder/decoder_layer[0]/ffn/b_in@m",
-       true,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param53_decoder_decoder_layer_0_ffn_b_in_m},
-      {"decoder/decoder_layer[0]/ffn/b_in@v",
-       true,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param54_decoder_decoder_layer_0_ffn_b_in_v},
-      {"decoder/decoder_layer[0]/ffn/w_out@m",
-       true,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param55_decoder_decoder_layer_0_ffn_w_out_m},
-      {"decoder/decoder_layer[0]/ffn/w_out@v",
-       true,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param56_decoder_decoder_layer_0_ffn_w_out_v},
-      {"decoder/decoder_layer[0]/ffn/b_out@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param57_decoder_decoder_layer_0_ffn_b_out_m},
-      {"decoder/decoder_layer[0]/ffn/b_out@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param58_decoder_decoder_layer_0_ffn_b_out_v},
-      {"decoder/decoder_layer[1]/norm/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param59_decoder_decoder_layer_1_norm_gain_m},
-      {"decoder/decoder_layer[1]/norm/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param60_decoder_decoder_layer_1_norm_gain_v},
-      {"decoder/decoder_layer[1]/norm/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param61_decoder_decoder_layer_1_norm_bias_m},
-      {"decoder/decoder_layer[1]/norm/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param62_decoder_decoder_layer_1_norm_bias_v},
-      {"decoder/decoder_layer[1]/attention/w_q@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param63_decoder_decoder_layer_1_attention_w_q_m},
-      {"decoder/decoder_layer[1]/attention/w_q@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param64_decoder_decoder_layer_1_attention_w_q_v},
-      {"decoder/decoder_layer[1]/attention/w_k@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param65_decoder_decoder_layer_1_attention_w_k_m},
-      {"decoder/decoder_layer[1]/attention/w_k@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param66_decoder_decoder_layer_1_attention_w_k_v},
-      {"decoder/decoder_layer[1]/attention/w_v@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param67_decoder_decoder_layer_1_attention_w_v_m},
-      {"decoder/decoder_layer[1]/attention/w_v@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param68_decoder_decoder_layer_1_attention_w_v_v},
-      {"decoder/decoder_layer[1]/attention/w_o@m",
-       true,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param69_decoder_decoder_layer_1_attention_w_o_m},
-      {"decoder/decoder_layer[1]/attention/w_o@v",
-       true,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param70_decoder_decoder_layer_1_attention_w_o_v},
-      {"decoder/decoder_layer[1]/norm#1/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param71_decoder_decoder_layer_1_norm_1_gain_m},
-      {"decoder/decoder_layer[1]/norm#1/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param72_decoder_decoder_layer_1_norm_1_gain_v},
-      {"decoder/decoder_layer[1]/norm#1/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param73_decoder_decoder_layer_1_norm_1_bias_m},
-      {"decoder/decoder_layer[1]/norm#1/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param74_decoder_decoder_layer_1_norm_1_bias_v},
-      {"decoder/decoder_layer[1]/ffn/w_in@m",
-       true,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param75_decoder_decoder_layer_1_ffn_w_in_m},
-      {"decoder/decoder_layer[1]/ffn/w_in@v",
-       true,
-       "f32",
-       {64, 256},
-       {64, 128},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param76_decoder_decoder_layer_1_ffn_w_in_v},
-      {"decoder/decoder_layer[1]/ffn/b_in@m",
-       true,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param77_decoder_decoder_layer_1_ffn_b_in_m},
-      {"decoder/decoder_layer[1]/ffn/b_in@v",
-       true,
-       "f32",
-       {256},
-       {128},
-       {"d_ff"},
-       {{"model"}},
-       &param78_decoder_decoder_layer_1_ffn_b_in_v},
-      {"decoder/decoder_layer[1]/ffn/w_out@m",
-       true,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param79_decoder_decoder_layer_1_ffn_w_out_m},
-      {"decoder/decoder_layer[1]/ffn/w_out@v",
-       true,
-       "f32",
-       {256, 64},
-       {128, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param80_decoder_decoder_layer_1_ffn_w_out_v},
-      {"decoder/decoder_layer[1]/ffn/b_out@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param81_decoder_decoder_layer_1_ffn_b_out_m},
-      {"decoder/decoder_layer[1]/ffn/b_out@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param82_decoder_decoder_layer_1_ffn_b_out_v},
-      {"decoder/norm/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param83_decoder_norm_gain_m},
-      {"decoder/norm/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param84_decoder_norm_gain_v},
-      {"decoder/norm/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param85_decoder_norm_bias_m},
-      {"decoder/norm/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param86_decoder_norm_bias_v},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"decoder/token_embedding", false, "f32", "vocab:96:48:model d_model:64:64:"},
+      {"decoder/position_embedding", false, "f32", "seq:32:32: d_model:64:64:"},
+      {"decoder/unembed", false, "f32", "d_model:64:64: vocab:96:48:model"},
+      {"decoder/decoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_o", false, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"decoder/decoder_layer[0]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
+      {"decoder/decoder_layer[0]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"decoder/decoder_layer[0]/ffn/b_out", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_o", false, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"decoder/decoder_layer[1]/ffn/b_in", false, "f32", "d_ff:256:128:model"},
+      {"decoder/decoder_layer[1]/ffn/w_out", false, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"decoder/decoder_layer[1]/ffn/b_out", false, "f32", "d_model:64:64:"},
+      {"decoder/norm/gain", false, "f32", "d_model:64:64:"},
+      {"decoder/norm/bias", false, "f32", "d_model:64:64:"},
+      {"decoder/token_embedding@m", true, "f32", "vocab:96:48:model d_model:64:64:"},
+      {"decoder/token_embedding@v", true, "f32", "vocab:96:48:model d_model:64:64:"},
+      {"decoder/position_embedding@m", true, "f32", "seq:32:32: d_model:64:64:"},
+      {"decoder/position_embedding@v", true, "f32", "seq:32:32: d_model:64:64:"},
+      {"decoder/unembed@m", true, "f32", "d_model:64:64: vocab:96:48:model"},
+      {"decoder/unembed@v", true, "f32", "d_model:64:64: vocab:96:48:model"},
+      {"decoder/decoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/attention/w_q@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_q@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_k@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_k@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_v@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_v@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[0]/attention/w_o@m", true, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"decoder/decoder_layer[0]/attention/w_o@v", true, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"decoder/decoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"decoder/decoder_layer[0]/ffn/b_in@m", true, "f32", "d_ff:256:128:model"},
+      {"decoder/decoder_layer[0]/ffn/b_in@v", true, "f32", "d_ff:256:128:model"},
+      {"decoder/decoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"decoder/decoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"decoder/decoder_layer[0]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[0]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/attention/w_q@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_q@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_k@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_k@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_v@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_v@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"decoder/decoder_layer[1]/attention/w_o@m", true, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"decoder/decoder_layer[1]/attention/w_o@v", true, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"decoder/decoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:256:128:model"},
+      {"decoder/decoder_layer[1]/ffn/b_in@m", true, "f32", "d_ff:256:128:model"},
+      {"decoder/decoder_layer[1]/ffn/b_in@v", true, "f32", "d_ff:256:128:model"},
+      {"decoder/decoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"decoder/decoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:256:128:model d_model:64:64:"},
+      {"decoder/decoder_layer[1]/ffn/b_out@m", true, "f32", "d_model:64:64:"},
+      {"decoder/decoder_layer[1]/ffn/b_out@v", true, "f32", "d_model:64:64:"},
+      {"decoder/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"decoder/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"decoder/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"decoder/norm/bias@v", true, "f32", "d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_decoder_token_embedding,
+                                   &param1_decoder_position_embedding,
+                                   &param2_decoder_unembed,
+                                   &param3_decoder_decoder_layer_0_norm_gain,
+                                   &param4_decoder_decoder_layer_0_norm_bias,
+                                   &param5_decoder_decoder_layer_0_attention_w_q,
+                                   &param6_decoder_decoder_layer_0_attention_w_k,
+                                   &param7_decoder_decoder_layer_0_attention_w_v,
+                                   &param8_decoder_decoder_layer_0_attention_w_o,
+                                   &param9_decoder_decoder_layer_0_norm_1_gain,
+                                   &param10_decoder_decoder_layer_0_norm_1_bias,
+                                   &param11_decoder_decoder_layer_0_ffn_w_in,
+                                   &param12_decoder_decoder_layer_0_ffn_b_in,
+                                   &param13_decoder_decoder_layer_0_ffn_w_out,
+                                   &param14_decoder_decoder_layer_0_ffn_b_out,
+                                   &param15_decoder_decoder_layer_1_norm_gain,
+                                   &param16_decoder_decoder_layer_1_norm_bias,
+                                   &param17_decoder_decoder_layer_1_attention_w_q,
+                                   &param18_decoder_decoder_layer_1_attention_w_k,
+                                   &param19_decoder_decoder_layer_1_attention_w_v,
+                                   &param20_decoder_decoder_layer_1_attention_w_o,
+                                   &param21_decoder_decoder_layer_1_norm_1_gain,
+                                   &param22_decoder_decoder_layer_1_norm_1_bias,
+                                   &param23_decoder_decoder_layer_1_ffn_w_in,
+                                   &param24_decoder_decoder_layer_1_ffn_b_in,
+                                   &param25_decoder_decoder_layer_1_ffn_w_out,
+                                   &param26_decoder_decoder_layer_1_ffn_b_out,
+                                   &param27_decoder_norm_gain,
+                                   &param28_decoder_norm_bias,
+                                   &param29_decoder_token_embedding_m,
+                                   &param30_decoder_token_embedding_v,
+                                   &param31_decoder_position_embedding_m,
+                                   &param32_decoder_position_embedding_v,
+                                   &param33_decoder_unembed_m,
+                                   &param34_decoder_unembed_v,
+                                   &param35_decoder_decoder_layer_0_norm_gain_m,
+                                   &param36_decoder_decoder_layer_0_norm_gain_v,
+                                   &param37_decoder_decoder_layer_0_norm_bias_m,
+                                   &param38_decoder_decoder_layer_0_norm_bias_v,
+                                   &param39_decoder_decoder_layer_0_attention_w_q_m,
+                                   &param40_decoder_decoder_layer_0_attention_w_q_v,
+                                   &param41_decoder_decoder_layer_0_attention_w_k_m,
+                                   &param42_decoder_decoder_layer_0_attention_w_k_v,
+                                   &param43_decoder_decoder_layer_0_attention_w_v_m,
+                                   &param44_decoder_decoder_layer_0_attention_w_v_v,
+                                   &param45_decoder_decoder_layer_0_attention_w_o_m,
+                                   &param46_decoder_decoder_layer_0_attention_w_o_v,
+                                   &param47_decoder_decoder_layer_0_norm_1_gain_m,
+                                   &param48_decoder_decoder_layer_0_norm_1_gain_v,
+                                   &param49_decoder_decoder_layer_0_norm_1_bias_m,
+                                   &param50_decoder_decoder_layer_0_norm_1_bias_v,
+                                   &param51_decoder_decoder_layer_0_ffn_w_in_m,
+                                   &param52_decoder_decoder_layer_0_ffn_w_in_v,
+                                   &param53_decoder_decoder_layer_0_ffn_b_in_m,
+                                   &param54_decoder_decoder_layer_0_ffn_b_in_v,
+                                   &param55_decoder_decoder_layer_0_ffn_w_out_m,
+                                   &param56_decoder_decoder_layer_0_ffn_w_out_v,
+                                   &param57_decoder_decoder_layer_0_ffn_b_out_m,
+                                   &param58_decoder_decoder_layer_0_ffn_b_out_v,
+                                   &param59_decoder_decoder_layer_1_norm_gain_m,
+                                   &param60_decoder_decoder_layer_1_norm_gain_v,
+                                   &param61_decoder_decoder_layer_1_norm_bias_m,
+                                   &param62_decoder_decoder_layer_1_norm_bias_v,
+                                   &param63_decoder_decoder_layer_1_attention_w_q_m,
+                                   &param64_decoder_decoder_layer_1_attention_w_q_v,
+                                   &param65_decoder_decoder_layer_1_attention_w_k_m,
+                                   &param66_decoder_decoder_layer_1_attention_w_k_v,
+                                   &param67_decoder_decoder_layer_1_attention_w_v_m,
+                                   &param68_decoder_decoder_layer_1_attention_w_v_v,
+                                   &param69_decoder_decoder_layer_1_attention_w_o_m,
+                                   &param70_decoder_decoder_layer_1_attention_w_o_v,
+                                   &param71_decoder_decoder_layer_1_norm_1_gain_m,
+                                   &param72_decoder_decoder_layer_1_norm_1_gain_v,
+                                   &param73_decoder_decoder_layer_1_norm_1_bias_m,
+                                   &param74_decoder_decoder_layer_1_norm_1_bias_v,
+                                   &param75_decoder_decoder_layer_1_ffn_w_in_m,
+                                   &param76_decoder_decoder_layer_1_ffn_w_in_v,
+                                   &param77_decoder_decoder_layer_1_ffn_b_in_m,
+                                   &param78_decoder_decoder_layer_1_ffn_b_in_v,
+                                   &param79_decoder_decoder_layer_1_ffn_w_out_m,
+                                   &param80_decoder_decoder_layer_1_ffn_w_out_v,
+                                   &param81_decoder_decoder_layer_1_ffn_b_out_m,
+                                   &param82_decoder_decoder_layer_1_ffn_b_out_v,
+                                   &param83_decoder_norm_gain_m,
+                                   &param84_decoder_norm_gain_v,
+                                   &param85_decoder_norm_bias_m,
+                                   &param86_decoder_norm_bias_v};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor LmTrain::getParam(const std::string &path) {

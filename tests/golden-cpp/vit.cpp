@@ -251,8 +251,6 @@ Classify::Outputs Classify::run(const Inputs &inputs) {
   // Arena: 43520 bytes for 428080 bytes of temporaries (placed by liveness).
   support::checkShape("input", "image", inputs.image, {2, 14, 14, 3});
   runPart0(inputs);
-  runPart1(inputs);
-  runPart2(inputs);
   support::View v119 = arena_.view(0, 20);
 
   Outputs outputs;
@@ -419,570 +417,81 @@ void Classify::runPart0(const Inputs &inputs) {
     }
   }
 
-  // vit.mesh:59:11 einsum -> q
+  // 25 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   const support::Buffer &v29 = param10_vit_encoder_layer_0_attention_w_q;
   support::View v33 = arena_.view(26112, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan13.run(v28.data(), v29.data(), v33.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:18 rename
-  support::View v34 = arena_.copy(0, v28);
-
-  // vit.mesh:60:11 einsum -> k
+  support::View v34 = arena_.view(0, 2176);
   const support::Buffer &v30 = param11_vit_encoder_layer_0_attention_w_k;
   support::View v35 = arena_.view(30464, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan15.run(v34.data(), v30.data(), v35.data(), 1.0f, 0.0f);
-
-  // vit.mesh:61:11 einsum -> v
   const support::Buffer &v31 = param12_vit_encoder_layer_0_attention_w_v;
   support::View v37 = arena_.view(34816, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan16.run(v28.data(), v31.data(), v37.data(), 1.0f, 0.0f);
-
-  // vit.mesh:62:25 einsum
-  // vit.mesh:62:67 mul
   support::View v38 = arena_.view(0, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan17.run(v33.data(), v35.data(), v38.data(), 0.25f, 0.0f);
-
-  // vit.mesh:62:17 softmax -> weights
   support::View v41 = arena_.view(17408, 1156);
-  static const support::Shape shape18_2 = {2, 2, 17};
-  static const support::Shape shape18_3 = {578, 289, 17};
-  static const support::Shape shape18_4 = {578, 289, 17};
-  static const support::Shape shape18_5 = {17};
-  static const support::Shape shape18_6 = {1};
-  static const support::Shape shape18_7 = {1};
-  support::along(v41.data(), v38.data(), shape18_2, shape18_3, shape18_4, shape18_5, shape18_6,
-                 shape18_7, support::Along::Softmax, 1e-05, 17, nullptr);
-
-  // vit.mesh:63:17 einsum
   support::View v42 = arena_.view(22080, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan19.run(v41.data(), v37.data(), v42.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:10 einsum
   const support::Buffer &v32 = param13_vit_encoder_layer_0_attention_w_o;
   support::View v43 = arena_.view(0, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan20.run(v42.data(), v32.data(), v43.data(), 1.0f, 0.0f);
-
-  // vit.mesh:80:55 mul
   const support::Buffer &v22 = param6_vit_encoder_layer_0_attention_scale;
   support::View v45 = arena_.view(17408, 2176);
-  {
-    float *__restrict v45p = v45.data();
-    const float *__restrict v43p = v43.data();
-    const float *__restrict v22p = v22.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v43p[i0 * 64 + i1];
-        const float s1 = v22p[i1];
-        const float s2 = (s0 * s1);
-        v45p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
-
-  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
-  group_model.allReduce(v45.data(), v45.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:80:13 add -> h
-  support::View v47 = arena_.view(26112, 2176);
-  {
-    float *__restrict v47p = v47.data();
-    const float *__restrict v21p = v21.data();
-    const float *__restrict v45p = v45.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v21p[i0];
-      const float s1 = v45p[i0];
-      const float s2 = (s0 + s1);
-      v47p[i0] = s2;
-    }
-  }
-}
-
-void Classify::runPart1(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:36:10 layer_norm
   support::View v47 = arena_.view(26112, 2176);
   support::View v50 = arena_.view(0, 2176);
-  static const support::Shape shape0_2 = {2, 17};
-  static const support::Shape shape0_3 = {1088, 64};
-  static const support::Shape shape0_4 = {1088, 64};
-  static const support::Shape shape0_5 = {64};
-  static const support::Shape shape0_6 = {1};
-  static const support::Shape shape0_7 = {1};
-  support::along(v50.data(), v47.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
-                 support::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  // vit.mesh:71:23 cast
   const support::Buffer &v48 = param14_vit_encoder_layer_0_norm_1_gain;
   const support::Buffer &v49 = param15_vit_encoder_layer_0_norm_1_bias;
   support::View v55 = arena_.view(16384, 2176);
-  {
-    float *__restrict v55p = v55.data();
-    const float *__restrict v50p = v50.data();
-    const float *__restrict v48p = v48.data();
-    const float *__restrict v49p = v49.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v50p[i0 * 64 + i1];
-        const float s1 = v48p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v49p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = support::roundValue(support::DType::BF16, double(s4));
-        v55p[i0 * 64 + i1] = s5;
-      }
-    }
-  }
-
-  // vit.mesh:71:38 cast
   const support::Buffer &v53 = param16_vit_encoder_layer_0_ffn_w_in;
   support::View v56 = arena_.view(0, 4096);
-  {
-    float *__restrict v56p = v56.data();
-    const float *__restrict v53p = v53.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v53p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v56p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:71:16 einsum
   support::View v57 = arena_.view(34816, 2176);
-  support::einsum2Double(v57.data(), v55.data(), v56.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:71:16 einsum
-  support::roundBufferBF16(v57);
-
-  // vit.mesh:71:11 gelu -> h
   support::View v58 = arena_.view(16384, 2176);
-  {
-    float *__restrict v58p = v58.data();
-    const float *__restrict v57p = v57.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v57p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
-      v58p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:72:25 cast
   const support::Buffer &v54 = param17_vit_encoder_layer_0_ffn_w_out;
   support::View v59 = arena_.view(0, 4096);
-  {
-    float *__restrict v59p = v59.data();
-    const float *__restrict v54p = v54.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v54p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v59p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:72:15 einsum
   support::View v60 = arena_.view(34816, 2176);
-  support::einsum2Double(v60.data(), v58.data(), v59.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:72:15 einsum
-  support::roundBufferBF16(v60);
-
-  // vit.mesh:72:10 cast
-  // vit.mesh:81:48 mul
   const support::Buffer &v23 = param7_vit_encoder_layer_0_ffn_scale;
   support::View v63 = arena_.view(0, 2176);
-  {
-    float *__restrict v63p = v63.data();
-    const float *__restrict v60p = v60.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v60p[i0 * 64 + i1];
-        const float s1 = s0;
-        const float s2 = v23p[i1];
-        const float s3 = (s1 * s2);
-        v63p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
-  group_model.allReduce(v63.data(), v63.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:81:12 add -> x
   support::View v65 = arena_.view(8704, 2176);
-  {
-    float *__restrict v65p = v65.data();
-    const float *__restrict v47p = v47.data();
-    const float *__restrict v63p = v63.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v47p[i0];
-      const float s1 = v63p[i0];
-      const float s2 = (s0 + s1);
-      v65p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:10 layer_norm
   support::View v70 = arena_.view(0, 2176);
-  static const support::Shape shape12_2 = {2, 17};
-  static const support::Shape shape12_3 = {1088, 64};
-  static const support::Shape shape12_4 = {1088, 64};
-  static const support::Shape shape12_5 = {64};
-  static const support::Shape shape12_6 = {1};
-  static const support::Shape shape12_7 = {1};
-  support::along(v70.data(), v65.data(), shape12_2, shape12_3, shape12_4, shape12_5, shape12_6,
-                 shape12_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
   const support::Buffer &v68 = param20_vit_encoder_layer_1_norm_gain;
   const support::Buffer &v69 = param21_vit_encoder_layer_1_norm_bias;
   support::View v72 = arena_.view(17408, 2176);
-  {
-    float *__restrict v72p = v72.data();
-    const float *__restrict v70p = v70.data();
-    const float *__restrict v68p = v68.data();
-    const float *__restrict v69p = v69.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v70p[i0 * 64 + i1];
-        const float s1 = v68p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v69p[i1];
-        const float s4 = (s2 + s3);
-        v72p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated0(v28, v29, v33, v34, v30, v35, v31, v37, v38, v41, v42, v32, v43, v22, v45, v21, v47,
+            v50, v48, v49, v55, v53, v56, v57, v58, v54, v59, v60, v23, v63, v65, v70, v68, v69,
+            v72);
 
-  // vit.mesh:59:11 einsum -> q
+  // 25 statements from vit.mesh:59:11 einsum -> q (2 of 2)
   const support::Buffer &v73 = param22_vit_encoder_layer_1_attention_w_q;
   support::View v77 = arena_.view(26112, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan14.run(v72.data(), v73.data(), v77.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:18 rename
-  support::View v78 = arena_.copy(0, v72);
-
-  // vit.mesh:60:11 einsum -> k
+  support::View v78 = arena_.view(0, 2176);
   const support::Buffer &v74 = param23_vit_encoder_layer_1_attention_w_k;
   support::View v79 = arena_.view(30464, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan16.run(v78.data(), v74.data(), v79.data(), 1.0f, 0.0f);
-
-  // vit.mesh:61:11 einsum -> v
   const support::Buffer &v75 = param24_vit_encoder_layer_1_attention_w_v;
   support::View v81 = arena_.view(34816, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan17.run(v72.data(), v75.data(), v81.data(), 1.0f, 0.0f);
-
-  // vit.mesh:62:25 einsum
-  // vit.mesh:62:67 mul
   support::View v82 = arena_.view(0, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan18.run(v77.data(), v79.data(), v82.data(), 0.25f, 0.0f);
-
-  // vit.mesh:62:17 softmax -> weights
   support::View v85 = arena_.view(17408, 1156);
-  static const support::Shape shape19_2 = {2, 2, 17};
-  static const support::Shape shape19_3 = {578, 289, 17};
-  static const support::Shape shape19_4 = {578, 289, 17};
-  static const support::Shape shape19_5 = {17};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v85.data(), v82.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::Softmax, 1e-05, 17, nullptr);
-
-  // vit.mesh:63:17 einsum
   support::View v86 = arena_.view(22080, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan20.run(v85.data(), v81.data(), v86.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:10 einsum
   const support::Buffer &v76 = param25_vit_encoder_layer_1_attention_w_o;
   support::View v87 = arena_.view(0, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan21.run(v86.data(), v76.data(), v87.data(), 1.0f, 0.0f);
-
-  // vit.mesh:80:55 mul
   const support::Buffer &v66 = param18_vit_encoder_layer_1_attention_scale;
   support::View v89 = arena_.view(17408, 2176);
-  {
-    float *__restrict v89p = v89.data();
-    const float *__restrict v87p = v87.data();
-    const float *__restrict v66p = v66.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v87p[i0 * 64 + i1];
-        const float s1 = v66p[i1];
-        const float s2 = (s0 * s1);
-        v89p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
-
-  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %87 over model for add at 80:13)
-  group_model.allReduce(v89.data(), v89.size(), meshrt::ReduceOp::Sum);
-}
-
-void Classify::runPart2(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:80:13 add -> h
-  support::View v65 = arena_.view(8704, 2176);
-  support::View v89 = arena_.view(17408, 2176);
   support::View v91 = arena_.view(26112, 2176);
-  {
-    float *__restrict v91p = v91.data();
-    const float *__restrict v65p = v65.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v65p[i0];
-      const float s1 = v89p[i0];
-      const float s2 = (s0 + s1);
-      v91p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:10 layer_norm
   support::View v94 = arena_.view(0, 2176);
-  static const support::Shape shape1_2 = {2, 17};
-  static const support::Shape shape1_3 = {1088, 64};
-  static const support::Shape shape1_4 = {1088, 64};
-  static const support::Shape shape1_5 = {64};
-  static const support::Shape shape1_6 = {1};
-  static const support::Shape shape1_7 = {1};
-  support::along(v94.data(), v91.data(), shape1_2, shape1_3, shape1_4, shape1_5, shape1_6, shape1_7,
-                 support::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  // vit.mesh:71:23 cast
   const support::Buffer &v92 = param26_vit_encoder_layer_1_norm_1_gain;
   const support::Buffer &v93 = param27_vit_encoder_layer_1_norm_1_bias;
   support::View v99 = arena_.view(16384, 2176);
-  {
-    float *__restrict v99p = v99.data();
-    const float *__restrict v94p = v94.data();
-    const float *__restrict v92p = v92.data();
-    const float *__restrict v93p = v93.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v94p[i0 * 64 + i1];
-        const float s1 = v92p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v93p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = support::roundValue(support::DType::BF16, double(s4));
-        v99p[i0 * 64 + i1] = s5;
-      }
-    }
-  }
-
-  // vit.mesh:71:38 cast
   const support::Buffer &v97 = param28_vit_encoder_layer_1_ffn_w_in;
   support::View v100 = arena_.view(0, 4096);
-  {
-    float *__restrict v100p = v100.data();
-    const float *__restrict v97p = v97.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v97p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v100p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:71:16 einsum
   support::View v101 = arena_.view(34816, 2176);
-  support::einsum2Double(v101.data(), v99.data(), v100.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:71:16 einsum
-  support::roundBufferBF16(v101);
-
-  // vit.mesh:71:11 gelu -> h
   support::View v102 = arena_.view(16384, 2176);
-  {
-    float *__restrict v102p = v102.data();
-    const float *__restrict v101p = v101.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v101p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
-      v102p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:72:25 cast
   const support::Buffer &v98 = param29_vit_encoder_layer_1_ffn_w_out;
   support::View v103 = arena_.view(0, 4096);
-  {
-    float *__restrict v103p = v103.data();
-    const float *__restrict v98p = v98.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v98p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v103p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:72:15 einsum
   support::View v104 = arena_.view(34816, 2176);
-  support::einsum2Double(v104.data(), v102.data(), v103.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:72:15 einsum
-  support::roundBufferBF16(v104);
-
-  // vit.mesh:72:10 cast
-  // vit.mesh:81:48 mul
   const support::Buffer &v67 = param19_vit_encoder_layer_1_ffn_scale;
   support::View v107 = arena_.view(0, 2176);
-  {
-    float *__restrict v107p = v107.data();
-    const float *__restrict v104p = v104.data();
-    const float *__restrict v67p = v67.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v104p[i0 * 64 + i1];
-        const float s1 = s0;
-        const float s2 = v67p[i1];
-        const float s3 = (s1 * s2);
-        v107p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %104 over model for add at 81:12)
-  group_model.allReduce(v107.data(), v107.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:81:12 add -> x
   support::View v109 = arena_.view(8704, 2176);
-  {
-    float *__restrict v109p = v109.data();
-    const float *__restrict v91p = v91.data();
-    const float *__restrict v107p = v107.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v91p[i0];
-      const float s1 = v107p[i0];
-      const float s2 = (s0 + s1);
-      v109p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:10 layer_norm
   support::View v112 = arena_.view(0, 2176);
-  static const support::Shape shape13_2 = {2, 17};
-  static const support::Shape shape13_3 = {1088, 64};
-  static const support::Shape shape13_4 = {1088, 64};
-  static const support::Shape shape13_5 = {64};
-  static const support::Shape shape13_6 = {1};
-  static const support::Shape shape13_7 = {1};
-  support::along(v112.data(), v109.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
-                 shape13_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
   const support::Buffer &v110 = param30_vit_norm_gain;
   const support::Buffer &v111 = param31_vit_norm_bias;
   support::View v114 = arena_.view(8704, 2176);
-  {
-    float *__restrict v114p = v114.data();
-    const float *__restrict v112p = v112.data();
-    const float *__restrict v110p = v110.data();
-    const float *__restrict v111p = v111.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v112p[i0 * 64 + i1];
-        const float s1 = v110p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v111p[i1];
-        const float s4 = (s2 + s3);
-        v114p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated0(v72, v73, v77, v78, v74, v79, v75, v81, v82, v85, v86, v76, v87, v66, v89, v65, v91,
+            v94, v92, v93, v99, v97, v100, v101, v102, v98, v103, v104, v67, v107, v109, v112, v110,
+            v111, v114);
 
   // vit.mesh:99:17 slice
   support::View v115 = arena_.slot(0, 128);
@@ -1036,6 +545,265 @@ void Classify::runPart2(const Inputs &inputs) {
   static const support::Shape shape19_7 = {1};
   support::along(v119.data(), v118.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
                  shape19_7, support::Along::Softmax, 1e-05, 10, nullptr);
+}
+
+void Classify::repeated0(support::ConstView a0, support::ConstView a1, support::View a2,
+                         support::View a3, support::ConstView a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::View a8,
+                         support::View a9, support::View a10, support::ConstView a11,
+                         support::View a12, support::ConstView a13, support::View a14,
+                         support::ConstView a15, support::View a16, support::View a17,
+                         support::ConstView a18, support::ConstView a19, support::View a20,
+                         support::ConstView a21, support::View a22, support::View a23,
+                         support::View a24, support::ConstView a25, support::View a26,
+                         support::View a27, support::ConstView a28, support::View a29,
+                         support::View a30, support::View a31, support::ConstView a32,
+                         support::ConstView a33, support::View a34) {
+
+  // vit.mesh:59:11 einsum -> q
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 rename
+  support::copyValues(a3, a0);
+
+  // vit.mesh:60:11 einsum -> k
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum -> v
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan3.run(a0.data(), a6.data(), a7.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:25 einsum
+  // vit.mesh:62:67 mul
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan4.run(a2.data(), a5.data(), a8.data(), 0.25f, 0.0f);
+
+  // vit.mesh:62:17 softmax -> weights
+  static const support::Shape shape5_2 = {2, 2, 17};
+  static const support::Shape shape5_3 = {578, 289, 17};
+  static const support::Shape shape5_4 = {578, 289, 17};
+  static const support::Shape shape5_5 = {17};
+  static const support::Shape shape5_6 = {1};
+  static const support::Shape shape5_7 = {1};
+  support::along(a9.data(), a8.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
+                 support::Along::Softmax, 1e-05, 17, nullptr);
+
+  // vit.mesh:63:17 einsum
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan6(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan6.run(a9.data(), a7.data(), a10.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan7.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
+
+  // vit.mesh:80:55 mul
+  {
+    float *__restrict a14p = a14.data();
+    const float *__restrict a12p = a12.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a12p[i0 * 64 + i1];
+        const float s1 = a13p[i1];
+        const float s2 = (s0 * s1);
+        a14p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:80:13 all_reduce_sum (resolve the partial sum of %45 over model for add at 80:13)
+  group_model.allReduce(a14.data(), a14.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:80:13 add -> h
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    const float *__restrict a14p = a14.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a15p[i0];
+      const float s1 = a14p[i0];
+      const float s2 = (s0 + s1);
+      a16p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  static const support::Shape shape11_2 = {2, 17};
+  static const support::Shape shape11_3 = {1088, 64};
+  static const support::Shape shape11_4 = {1088, 64};
+  static const support::Shape shape11_5 = {64};
+  static const support::Shape shape11_6 = {1};
+  static const support::Shape shape11_7 = {1};
+  support::along(a17.data(), a16.data(), shape11_2, shape11_3, shape11_4, shape11_5, shape11_6,
+                 shape11_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  // vit.mesh:71:23 cast
+  {
+    float *__restrict a20p = a20.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a19p = a19.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a17p[i0 * 64 + i1];
+        const float s1 = a18p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a19p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = support::roundValue(support::DType::BF16, double(s4));
+        a20p[i0 * 64 + i1] = s5;
+      }
+    }
+  }
+
+  // vit.mesh:71:38 cast
+  {
+    float *__restrict a22p = a22.data();
+    const float *__restrict a21p = a21.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a21p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      a22p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::einsum2Double(a23.data(), a20.data(), a22.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(a23);
+
+  // vit.mesh:71:11 gelu -> h
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a23p = a23.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a23p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
+      a24p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:25 cast
+  {
+    float *__restrict a26p = a26.data();
+    const float *__restrict a25p = a25.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a25p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      a26p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:15 einsum
+  support::einsum2Double(a27.data(), a24.data(), a26.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(a27);
+
+  // vit.mesh:72:10 cast
+  // vit.mesh:81:48 mul
+  {
+    float *__restrict a29p = a29.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a28p = a28.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a27p[i0 * 64 + i1];
+        const float s1 = s0;
+        const float s2 = a28p[i1];
+        const float s3 = (s1 * s2);
+        a29p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:81:12 all_reduce_sum (resolve the partial sum of %62 over model for add at 81:12)
+  group_model.allReduce(a29.data(), a29.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:81:12 add -> x
+  {
+    float *__restrict a30p = a30.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a29p = a29.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a16p[i0];
+      const float s1 = a29p[i0];
+      const float s2 = (s0 + s1);
+      a30p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  static const support::Shape shape23_2 = {2, 17};
+  static const support::Shape shape23_3 = {1088, 64};
+  static const support::Shape shape23_4 = {1088, 64};
+  static const support::Shape shape23_5 = {64};
+  static const support::Shape shape23_6 = {1};
+  static const support::Shape shape23_7 = {1};
+  support::along(a31.data(), a30.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
+                 shape23_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  {
+    float *__restrict a34p = a34.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a33p = a33.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a31p[i0 * 64 + i1];
+        const float s1 = a32p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a33p[i1];
+        const float s4 = (s2 + s3);
+        a34p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
 }
 
 Classify::Inputs Classify::synthesizeInputs(uint64_t seed) const {
@@ -1119,243 +887,81 @@ bool Classify::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> Classify::paramShards() {
-  return {
-      {"vit/class_token",
-       false,
-       "f32",
-       {1, 64},
-       {1, 64},
-       {"one", "d_model"},
-       {{}, {}},
-       &param0_vit_class_token},
-      {"vit/position_embedding",
-       false,
-       "f32",
-       {17, 64},
-       {17, 64},
-       {"tokens", "d_model"},
-       {{}, {}},
-       &param1_vit_position_embedding},
-      {"vit/w_head",
-       false,
-       "f32",
-       {64, 10},
-       {64, 10},
-       {"d_model", "classes"},
-       {{}, {}},
-       &param2_vit_w_head},
-      {"vit/b_head", false, "f32", {10}, {10}, {"classes"}, {{}}, &param3_vit_b_head},
-      {"vit/embed_patches/w_patch",
-       false,
-       "f32",
-       {4, 4, 3, 64},
-       {4, 4, 3, 64},
-       {"pixel_row", "pixel_col", "channels", "d_model"},
-       {{}, {}, {}, {}},
-       &param4_vit_embed_patches_w_patch},
-      {"vit/embed_patches/b_patch",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param5_vit_embed_patches_b_patch},
-      {"vit/encoder_layer[0]/attention_scale",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param6_vit_encoder_layer_0_attention_scale},
-      {"vit/encoder_layer[0]/ffn_scale",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param7_vit_encoder_layer_0_ffn_scale},
-      {"vit/encoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param8_vit_encoder_layer_0_norm_gain},
-      {"vit/encoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param9_vit_encoder_layer_0_norm_bias},
-      {"vit/encoder_layer[0]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param10_vit_encoder_layer_0_attention_w_q},
-      {"vit/encoder_layer[0]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param11_vit_encoder_layer_0_attention_w_k},
-      {"vit/encoder_layer[0]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param12_vit_encoder_layer_0_attention_w_v},
-      {"vit/encoder_layer[0]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param13_vit_encoder_layer_0_attention_w_o},
-      {"vit/encoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param14_vit_encoder_layer_0_norm_1_gain},
-      {"vit/encoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param15_vit_encoder_layer_0_norm_1_bias},
-      {"vit/encoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param16_vit_encoder_layer_0_ffn_w_in},
-      {"vit/encoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param17_vit_encoder_layer_0_ffn_w_out},
-      {"vit/encoder_layer[1]/attention_scale",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param18_vit_encoder_layer_1_attention_scale},
-      {"vit/encoder_layer[1]/ffn_scale",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param19_vit_encoder_layer_1_ffn_scale},
-      {"vit/encoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param20_vit_encoder_layer_1_norm_gain},
-      {"vit/encoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param21_vit_encoder_layer_1_norm_bias},
-      {"vit/encoder_layer[1]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param22_vit_encoder_layer_1_attention_w_q},
-      {"vit/encoder_layer[1]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param23_vit_encoder_layer_1_attention_w_k},
-      {"vit/encoder_layer[1]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param24_vit_encoder_layer_1_attention_w_v},
-      {"vit/encoder_layer[1]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param25_vit_encoder_layer_1_attention_w_o},
-      {"vit/encoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param26_vit_encoder_layer_1_norm_1_gain},
-      {"vit/encoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param27_vit_encoder_layer_1_norm_1_bias},
-      {"vit/encoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param28_vit_encoder_layer_1_ffn_w_in},
-      {"vit/encoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param29_vit_encoder_layer_1_ffn_w_out},
-      {"vit/norm/gain", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param30_vit_norm_gain},
-      {"vit/norm/bias", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param31_vit_norm_bias},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"vit/class_token", false, "f32", "one:1:1: d_model:64:64:"},
+      {"vit/position_embedding", false, "f32", "tokens:17:17: d_model:64:64:"},
+      {"vit/w_head", false, "f32", "d_model:64:64: classes:10:10:"},
+      {"vit/b_head", false, "f32", "classes:10:10:"},
+      {"vit/embed_patches/w_patch", false, "f32",
+       "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
+      {"vit/embed_patches/b_patch", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/attention_scale", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/ffn_scale", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_o", false, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"vit/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
+      {"vit/encoder_layer[1]/attention_scale", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/ffn_scale", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_o", false, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"vit/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
+      {"vit/norm/gain", false, "f32", "d_model:64:64:"},
+      {"vit/norm/bias", false, "f32", "d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_vit_class_token,
+                                   &param1_vit_position_embedding,
+                                   &param2_vit_w_head,
+                                   &param3_vit_b_head,
+                                   &param4_vit_embed_patches_w_patch,
+                                   &param5_vit_embed_patches_b_patch,
+                                   &param6_vit_encoder_layer_0_attention_scale,
+                                   &param7_vit_encoder_layer_0_ffn_scale,
+                                   &param8_vit_encoder_layer_0_norm_gain,
+                                   &param9_vit_encoder_layer_0_norm_bias,
+                                   &param10_vit_encoder_layer_0_attention_w_q,
+                                   &param11_vit_encoder_layer_0_attention_w_k,
+                                   &param12_vit_encoder_layer_0_attention_w_v,
+                                   &param13_vit_encoder_layer_0_attention_w_o,
+                                   &param14_vit_encoder_layer_0_norm_1_gain,
+                                   &param15_vit_encoder_layer_0_norm_1_bias,
+                                   &param16_vit_encoder_layer_0_ffn_w_in,
+                                   &param17_vit_encoder_layer_0_ffn_w_out,
+                                   &param18_vit_encoder_layer_1_attention_scale,
+                                   &param19_vit_encoder_layer_1_ffn_scale,
+                                   &param20_vit_encoder_layer_1_norm_gain,
+                                   &param21_vit_encoder_layer_1_norm_bias,
+                                   &param22_vit_encoder_layer_1_attention_w_q,
+                                   &param23_vit_encoder_layer_1_attention_w_k,
+                                   &param24_vit_encoder_layer_1_attention_w_v,
+                                   &param25_vit_encoder_layer_1_attention_w_o,
+                                   &param26_vit_encoder_layer_1_norm_1_gain,
+                                   &param27_vit_encoder_layer_1_norm_1_bias,
+                                   &param28_vit_encoder_layer_1_ffn_w_in,
+                                   &param29_vit_encoder_layer_1_ffn_w_out,
+                                   &param30_vit_norm_gain,
+                                   &param31_vit_norm_bias};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor Classify::getParam(const std::string &path) {
@@ -1800,15 +1406,6 @@ TrainVit::Outputs TrainVit::run(const Inputs &inputs) {
   runPart1(inputs);
   runPart2(inputs);
   runPart3(inputs);
-  runPart4(inputs);
-  runPart5(inputs);
-  runPart6(inputs);
-  runPart7(inputs);
-  runPart8(inputs);
-  runPart9(inputs);
-  runPart10(inputs);
-  runPart11(inputs);
-  runPart12(inputs);
   support::View v125 = arena_.view(379072, 1);
 
   // The step's updates.
@@ -1978,683 +1575,115 @@ void TrainVit::runPart0(const Inputs &inputs) {
     }
   }
 
-  // vit.mesh:59:11 einsum -> q
+  // 28 statements from vit.mesh:59:11 einsum -> q (1 of 2)
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
   support::View v34 = arena_.view(341120, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan13.run(v29.data(), v30.data(), v34.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:18 rename
-  support::View v35 = arena_.copy(108032, v29);
-
-  // vit.mesh:60:11 einsum -> k
+  support::View v35 = arena_.view(108032, 2176);
   support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
   support::View v36 = arena_.view(345472, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan15.run(v35.data(), v31.data(), v36.data(), 1.0f, 0.0f);
-
-  // vit.mesh:61:18 rename
-  support::View v37 = arena_.copy(116736, v29);
-
-  // vit.mesh:61:11 einsum -> v
+  support::View v37 = arena_.view(116736, 2176);
   support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
   support::View v38 = arena_.view(349824, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan17.run(v37.data(), v32.data(), v38.data(), 1.0f, 0.0f);
-
-  // vit.mesh:62:25 einsum
-  // vit.mesh:62:67 mul
   support::View v39 = arena_.view(0, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan18(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan18.run(v34.data(), v36.data(), v39.data(), 0.25f, 0.0f);
-
-  // vit.mesh:62:17 softmax -> weights
   support::View v42 = arena_.view(331776, 1156);
-  static const support::Shape shape19_2 = {2, 2, 17};
-  static const support::Shape shape19_3 = {578, 289, 17};
-  static const support::Shape shape19_4 = {578, 289, 17};
-  static const support::Shape shape19_5 = {17};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v42.data(), v39.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::Softmax, 1e-05, 17, nullptr);
-
-  // vit.mesh:63:17 einsum
   support::View v43 = arena_.view(354176, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan20.run(v42.data(), v38.data(), v43.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:10 einsum
   support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
   support::View v44 = arena_.view(0, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan21.run(v43.data(), v33.data(), v44.data(), 1.0f, 0.0f);
-
-  // vit.mesh:80:15 dropout
   support::View v45 = arena_.view(125440, 2176);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
-                                                   std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict v45p = v45.data();
-    const float *__restrict v44p = v44.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v44p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      v45p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:80:55 mul
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
   support::View v46 = arena_.view(0, 2176);
-  {
-    float *__restrict v46p = v46.data();
-    const float *__restrict v45p = v45.data();
-    const float *__restrict v23p = v23.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v45p[i0 * 64 + i1];
-        const float s1 = v23p[i1];
-        const float s2 = (s0 * s1);
-        v46p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
-}
-
-void TrainVit::runPart1(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%45, %46) over model resolved
-  // together, 17.0 KiB in one buffer)
-  support::View v45 = arena_.view(125440, 2176);
-  support::View v46 = arena_.view(0, 2176);
-  support::allReduceBucket(group_model, {v45, v46});
-
-  // vit.mesh:80:13 add -> h
-  support::View v22 = arena_.view(81920, 2176);
   support::View v48 = arena_.view(134144, 2176);
-  {
-    float *__restrict v48p = v48.data();
-    const float *__restrict v22p = v22.data();
-    const float *__restrict v46p = v46.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v22p[i0];
-      const float s1 = v46p[i0];
-      const float s2 = (s0 + s1);
-      v48p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:10 layer_norm
   support::View v51 = arena_.view(142848, 2176);
-  static const support::Shape shape2_2 = {2, 17};
-  static const support::Shape shape2_3 = {1088, 64};
-  static const support::Shape shape2_4 = {1088, 64};
-  static const support::Shape shape2_5 = {64};
-  static const support::Shape shape2_6 = {1};
-  static const support::Shape shape2_7 = {1};
-  support::along(v51.data(), v48.data(), shape2_2, shape2_3, shape2_4, shape2_5, shape2_6, shape2_7,
-                 support::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  // vit.mesh:71:23 cast
   support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
   support::View v50(param15_vit_encoder_layer_0_norm_1_bias); // updated in place
   support::View v56 = arena_.view(151552, 2176);
-  {
-    float *__restrict v56p = v56.data();
-    const float *__restrict v51p = v51.data();
-    const float *__restrict v49p = v49.data();
-    const float *__restrict v50p = v50.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v51p[i0 * 64 + i1];
-        const float s1 = v49p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v50p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = support::roundValue(support::DType::BF16, double(s4));
-        v56p[i0 * 64 + i1] = s5;
-      }
-    }
-  }
-
-  // vit.mesh:71:38 cast
   support::View v54(param16_vit_encoder_layer_0_ffn_w_in); // updated in place
   support::View v57 = arena_.view(0, 4096);
-  {
-    float *__restrict v57p = v57.data();
-    const float *__restrict v54p = v54.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v54p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v57p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:71:16 einsum
   support::View v58 = arena_.view(160256, 2176);
-  support::einsum2Double(v58.data(), v56.data(), v57.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:71:16 einsum
-  support::roundBufferBF16(v58);
-
-  // vit.mesh:71:11 gelu -> h
   support::View v59 = arena_.view(168960, 2176);
-  {
-    float *__restrict v59p = v59.data();
-    const float *__restrict v58p = v58.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v58p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
-      v59p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:72:25 cast
   support::View v55(param17_vit_encoder_layer_0_ffn_w_out); // updated in place
   support::View v60 = arena_.view(16384, 4096);
-  {
-    float *__restrict v60p = v60.data();
-    const float *__restrict v55p = v55.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v55p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v60p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:72:15 einsum
   support::View v61 = arena_.view(32768, 2176);
-  support::einsum2Double(v61.data(), v59.data(), v60.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:72:15 einsum
-  support::roundBufferBF16(v61);
-
-  // vit.mesh:72:10 cast
-  // vit.mesh:81:14 dropout
   support::View v63 = arena_.view(177664, 2176);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
-                                                   std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict v63p = v63.data();
-    const float *__restrict v61p = v61.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v61p[i0];
-      const float s1 = s0;
-      const float s2 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s1) * 1.1111111111111112));
-      v63p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:81:48 mul
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
   support::View v64 = arena_.view(32768, 2176);
-  {
-    float *__restrict v64p = v64.data();
-    const float *__restrict v63p = v63.data();
-    const float *__restrict v24p = v24.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v63p[i0 * 64 + i1];
-        const float s1 = v24p[i1];
-        const float s2 = (s0 * s1);
-        v64p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
-
-  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%62, %63) over model resolved
-  // together, 17.0 KiB in one buffer)
-  support::allReduceBucket(group_model, {v63, v64});
-
-  // vit.mesh:81:12 add -> x
   support::View v66 = arena_.view(186368, 2176);
-  {
-    float *__restrict v66p = v66.data();
-    const float *__restrict v48p = v48.data();
-    const float *__restrict v64p = v64.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v48p[i0];
-      const float s1 = v64p[i0];
-      const float s2 = (s0 + s1);
-      v66p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:10 layer_norm
   support::View v71 = arena_.view(195072, 2176);
-  static const support::Shape shape15_2 = {2, 17};
-  static const support::Shape shape15_3 = {1088, 64};
-  static const support::Shape shape15_4 = {1088, 64};
-  static const support::Shape shape15_5 = {64};
-  static const support::Shape shape15_6 = {1};
-  static const support::Shape shape15_7 = {1};
-  support::along(v71.data(), v66.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
-                 shape15_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
   support::View v70(param21_vit_encoder_layer_1_norm_bias); // updated in place
   support::View v73 = arena_.view(203776, 2176);
-  {
-    float *__restrict v73p = v73.data();
-    const float *__restrict v71p = v71.data();
-    const float *__restrict v69p = v69.data();
-    const float *__restrict v70p = v70.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v71p[i0 * 64 + i1];
-        const float s1 = v69p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v70p[i1];
-        const float s4 = (s2 + s3);
-        v73p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated2(v29, v30, v34, v35, v31, v36, v37, v32, v38, v39, v42, v43, v33, v44, v45, v23, v46,
+            v22, v48, v51, v49, v50, v56, v54, v57, v58, v59, v55, v60, v61, v63, v24, v64, v66,
+            v71, v69, v70, v73, "vit/encoder_layer[0]/dropout#0", "vit/encoder_layer[0]/dropout#1");
 
-  // vit.mesh:59:11 einsum -> q
+  // 28 statements from vit.mesh:59:11 einsum -> q (2 of 2)
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
   support::View v78 = arena_.view(358528, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan17.run(v73.data(), v74.data(), v78.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:18 rename
-  support::View v79 = arena_.copy(212480, v73);
-
-  // vit.mesh:60:11 einsum -> k
+  support::View v79 = arena_.view(212480, 2176);
   support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
   support::View v80 = arena_.view(362880, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan19(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan19.run(v79.data(), v75.data(), v80.data(), 1.0f, 0.0f);
-
-  // vit.mesh:61:18 rename
-  support::View v81 = arena_.copy(221184, v73);
-
-  // vit.mesh:61:11 einsum -> v
+  support::View v81 = arena_.view(221184, 2176);
   support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
   support::View v82 = arena_.view(367232, 1088);
-  // dims: batch, mem, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan21.run(v81.data(), v76.data(), v82.data(), 1.0f, 0.0f);
-
-  // vit.mesh:62:25 einsum
-  // vit.mesh:62:67 mul
   support::View v83 = arena_.view(32768, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan22.run(v78.data(), v80.data(), v83.data(), 0.25f, 0.0f);
-
-  // vit.mesh:62:17 softmax -> weights
   support::View v86 = arena_.view(336448, 1156);
-  static const support::Shape shape23_2 = {2, 2, 17};
-  static const support::Shape shape23_3 = {578, 289, 17};
-  static const support::Shape shape23_4 = {578, 289, 17};
-  static const support::Shape shape23_5 = {17};
-  static const support::Shape shape23_6 = {1};
-  static const support::Shape shape23_7 = {1};
-  support::along(v86.data(), v83.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
-                 shape23_7, support::Along::Softmax, 1e-05, 17, nullptr);
-}
-
-void TrainVit::runPart2(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:63:17 einsum
-  support::View v86 = arena_.view(336448, 1156);
-  support::View v82 = arena_.view(367232, 1088);
   support::View v87 = arena_.view(371584, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan0.run(v86.data(), v82.data(), v87.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:10 einsum
   support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
   support::View v88 = arena_.view(32768, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan1.run(v87.data(), v77.data(), v88.data(), 1.0f, 0.0f);
-
-  // vit.mesh:80:15 dropout
   support::View v89 = arena_.view(229888, 2176);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
-                                                   std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict v89p = v89.data();
-    const float *__restrict v88p = v88.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v88p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      v89p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:80:55 mul
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
   support::View v90 = arena_.view(32768, 2176);
-  {
-    float *__restrict v90p = v90.data();
-    const float *__restrict v89p = v89.data();
-    const float *__restrict v67p = v67.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v89p[i0 * 64 + i1];
-        const float s1 = v67p[i1];
-        const float s2 = (s0 * s1);
-        v90p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
-
-  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%87, %88) over model resolved
-  // together, 17.0 KiB in one buffer)
-  support::allReduceBucket(group_model, {v89, v90});
-
-  // vit.mesh:80:13 add -> h
-  support::View v66 = arena_.view(186368, 2176);
   support::View v92 = arena_.view(238592, 2176);
-  {
-    float *__restrict v92p = v92.data();
-    const float *__restrict v66p = v66.data();
-    const float *__restrict v90p = v90.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v66p[i0];
-      const float s1 = v90p[i0];
-      const float s2 = (s0 + s1);
-      v92p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:10 layer_norm
   support::View v95 = arena_.view(247296, 2176);
-  static const support::Shape shape6_2 = {2, 17};
-  static const support::Shape shape6_3 = {1088, 64};
-  static const support::Shape shape6_4 = {1088, 64};
-  static const support::Shape shape6_5 = {64};
-  static const support::Shape shape6_6 = {1};
-  static const support::Shape shape6_7 = {1};
-  support::along(v95.data(), v92.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
-                 support::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
-  // vit.mesh:71:23 cast
   support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
   support::View v94(param27_vit_encoder_layer_1_norm_1_bias); // updated in place
   support::View v100 = arena_.view(256000, 2176);
-  {
-    float *__restrict v100p = v100.data();
-    const float *__restrict v95p = v95.data();
-    const float *__restrict v93p = v93.data();
-    const float *__restrict v94p = v94.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v95p[i0 * 64 + i1];
-        const float s1 = v93p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v94p[i1];
-        const float s4 = (s2 + s3);
-        const float s5 = support::roundValue(support::DType::BF16, double(s4));
-        v100p[i0 * 64 + i1] = s5;
-      }
-    }
-  }
-
-  // vit.mesh:71:38 cast
   support::View v98(param28_vit_encoder_layer_1_ffn_w_in); // updated in place
   support::View v101 = arena_.view(32768, 4096);
-  {
-    float *__restrict v101p = v101.data();
-    const float *__restrict v98p = v98.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v98p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v101p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:71:16 einsum
   support::View v102 = arena_.view(264704, 2176);
-  support::einsum2Double(v102.data(), v100.data(), v101.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:71:16 einsum
-  support::roundBufferBF16(v102);
-
-  // vit.mesh:71:11 gelu -> h
   support::View v103 = arena_.view(65536, 2176);
-  {
-    float *__restrict v103p = v103.data();
-    const float *__restrict v102p = v102.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v102p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
-      v103p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:72:25 cast
   support::View v99(param29_vit_encoder_layer_1_ffn_w_out); // updated in place
   support::View v104 = arena_.view(49152, 4096);
-  {
-    float *__restrict v104p = v104.data();
-    const float *__restrict v99p = v99.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v99p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(s0));
-      v104p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:72:15 einsum
   support::View v105 = arena_.view(273408, 2176);
-  support::einsum2Double(v105.data(), v103.data(), v104.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:72:15 einsum
-  support::roundBufferBF16(v105);
-
-  // vit.mesh:72:10 cast
-  // vit.mesh:81:14 dropout
   support::View v107 = arena_.view(282112, 2176);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
-                                                   std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict v107p = v107.data();
-    const float *__restrict v105p = v105.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v105p[i0];
-      const float s1 = s0;
-      const float s2 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s1) * 1.1111111111111112));
-      v107p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:81:48 mul
   support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
   support::View v108 = arena_.view(273408, 2176);
-  {
-    float *__restrict v108p = v108.data();
-    const float *__restrict v107p = v107.data();
-    const float *__restrict v68p = v68.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v107p[i0 * 64 + i1];
-        const float s1 = v68p[i1];
-        const float s2 = (s0 * s1);
-        v108p[i0 * 64 + i1] = s2;
-      }
-    }
-  }
-
-  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%104, %105) over model resolved
-  // together, 17.0 KiB in one buffer)
-  support::allReduceBucket(group_model, {v107, v108});
-
-  // vit.mesh:81:12 add -> x
   support::View v110 = arena_.view(290816, 2176);
-  {
-    float *__restrict v110p = v110.data();
-    const float *__restrict v92p = v92.data();
-    const float *__restrict v108p = v108.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v92p[i0];
-      const float s1 = v108p[i0];
-      const float s2 = (s0 + s1);
-      v110p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:10 layer_norm
   support::View v113 = arena_.view(273408, 2176);
-  static const support::Shape shape19_2 = {2, 17};
-  static const support::Shape shape19_3 = {1088, 64};
-  static const support::Shape shape19_4 = {1088, 64};
-  static const support::Shape shape19_5 = {64};
-  static const support::Shape shape19_6 = {1};
-  static const support::Shape shape19_7 = {1};
-  support::along(v113.data(), v110.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
-                 shape19_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:52 add
   support::View v111(param30_vit_norm_gain); // updated in place
   support::View v112(param31_vit_norm_bias); // updated in place
   support::View v115 = arena_.view(299520, 2176);
-  {
-    float *__restrict v115p = v115.data();
-    const float *__restrict v113p = v113.data();
-    const float *__restrict v111p = v111.data();
-    const float *__restrict v112p = v112.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v113p[i0 * 64 + i1];
-        const float s1 = v111p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v112p[i1];
-        const float s4 = (s2 + s3);
-        v115p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
+  repeated2(v73, v74, v78, v79, v75, v80, v81, v76, v82, v83, v86, v87, v77, v88, v89, v67, v90,
+            v66, v92, v95, v93, v94, v100, v98, v101, v102, v103, v99, v104, v105, v107, v68, v108,
+            v110, v113, v111, v112, v115, "vit/encoder_layer[1]/dropout#0",
+            "vit/encoder_layer[1]/dropout#1");
 
   // vit.mesh:99:17 slice
   support::View v116 = arena_.slot(74240, 128);
-  static const support::Shape shape21_2 = {2, 64};
-  static const support::Shape shape21_3 = {64, 1};
-  static const support::Shape shape21_4 = {1088, 1};
-  support::copyWindow(v116.data(), v115.data(), shape21_2, shape21_3, shape21_4, 64, 64, 1, 17,
+  static const support::Shape shape15_2 = {2, 64};
+  static const support::Shape shape15_3 = {64, 1};
+  static const support::Shape shape15_4 = {1088, 1};
+  support::copyWindow(v116.data(), v115.data(), shape15_2, shape15_3, shape15_4, 64, 64, 1, 17,
                       int64_t(0));
 
   // vit.mesh:99:13 sum -> cls
   support::View v117 = arena_.view(74752, 128);
-  static const support::Shape shape22_1 = {2, 64};
-  static const support::Shape shape22_3 = {64, 1};
-  static const support::Shape shape22_4 = {1};
-  static const support::Shape shape22_5 = {64};
-  support::reduce(v117.data(), shape22_1, v116.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape16_1 = {2, 64};
+  static const support::Shape shape16_3 = {64, 1};
+  static const support::Shape shape16_4 = {1};
+  static const support::Shape shape16_5 = {64};
+  support::reduce(v117.data(), shape16_1, v116.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
   support::View v4(param2_vit_w_head); // updated in place
   support::View v118 = arena_.view(74240, 20);
   // dims: batch, d_model, classes
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
+  static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 64, 10}, {{{0, 1}, {}}, {{1, 2}, {}}}, {{0, 2}, {}}});
-  einsumPlan23.run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
-}
-
-void TrainVit::runPart3(const Inputs &inputs) {
-  (void)inputs;
+  einsumPlan17.run(v117.data(), v4.data(), v118.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:48 add -> logits
-  support::View v118 = arena_.view(74240, 20);
   support::View v5(param3_vit_b_head); // updated in place
   support::View v119 = arena_.view(74368, 20);
   {
@@ -2673,20 +1702,20 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:111:19 logsumexp
   support::View v120 = arena_.view(74624, 2);
-  static const support::Shape shape1_1 = {2};
-  static const support::Shape shape1_3 = {10};
-  static const support::Shape shape1_4 = {10};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v120.data(), shape1_1, v119.data(), shape1_3, shape1_4, shape1_5,
+  static const support::Shape shape19_1 = {2};
+  static const support::Shape shape19_3 = {10};
+  static const support::Shape shape19_4 = {10};
+  static const support::Shape shape19_5 = {1};
+  support::reduce(v120.data(), shape19_1, v119.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::LogSumExp, 1.0);
 
   // vit.mesh:111:61 one_hot
   const support::Buffer &v1 = inputs.labels.data;
   support::View v121 = arena_.view(74240, 20);
-  static const support::Shape shape2_1 = {2, 10};
-  static const support::Shape shape2_3 = {1, 0};
-  static const support::Shape shape2_4 = {0, 1};
-  support::oneHot(v121.data(), shape2_1, v1.data(), shape2_3, shape2_4, 0);
+  static const support::Shape shape20_1 = {2, 10};
+  static const support::Shape shape20_3 = {1, 0};
+  static const support::Shape shape20_4 = {0, 1};
+  support::oneHot(v121.data(), shape20_1, v1.data(), shape20_3, shape20_4, 0);
 
   // vit.mesh:111:59 mul
   support::View v122 = arena_.view(74496, 20);
@@ -2704,11 +1733,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:111:48 sum
   support::View v123 = arena_.view(74688, 2);
-  static const support::Shape shape4_1 = {2};
-  static const support::Shape shape4_3 = {10};
-  static const support::Shape shape4_4 = {10};
-  static const support::Shape shape4_5 = {1};
-  support::reduce(v123.data(), shape4_1, v122.data(), shape4_3, shape4_4, shape4_5,
+  static const support::Shape shape22_1 = {2};
+  static const support::Shape shape22_3 = {10};
+  static const support::Shape shape22_4 = {10};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v123.data(), shape22_1, v122.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:111:46 sub
@@ -2724,14 +1753,19 @@ void TrainVit::runPart3(const Inputs &inputs) {
       v124p[i0] = s2;
     }
   }
+}
+
+void TrainVit::runPart1(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:111:14 mean -> loss
+  support::View v124 = arena_.view(74496, 2);
   support::View v125 = arena_.view(379072, 1);
-  static const support::Shape shape6_1 = {};
-  static const support::Shape shape6_3 = {};
-  static const support::Shape shape6_4 = {2};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v125.data(), shape6_1, v124.data(), shape6_3, shape6_4, shape6_5,
+  static const support::Shape shape0_1 = {};
+  static const support::Shape shape0_3 = {};
+  static const support::Shape shape0_4 = {2};
+  static const support::Shape shape0_5 = {1};
+  support::reduce(v125.data(), shape0_1, v124.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Sum, 0.25);
 
   // vit.mesh:111:19 sub
@@ -2739,6 +1773,9 @@ void TrainVit::runPart3(const Inputs &inputs) {
   // vit.mesh:111:19 mul
   // vit.mesh:111:59 mul
   // vit.mesh:111:19 add
+  support::View v119 = arena_.view(74368, 20);
+  support::View v120 = arena_.view(74624, 2);
+  support::View v121 = arena_.view(74240, 20);
   support::View v137 = arena_.view(75264, 20);
   {
     float *__restrict v137p = v137.data();
@@ -2764,28 +1801,28 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:100:48 sum -> grad/vit/b_head
   support::View v138 = arena_.view(379008, 10);
-  static const support::Shape shape8_1 = {10};
-  static const support::Shape shape8_3 = {1};
-  static const support::Shape shape8_4 = {2};
-  static const support::Shape shape8_5 = {10};
-  support::reduce(v138.data(), shape8_1, v137.data(), shape8_3, shape8_4, shape8_5,
+  static const support::Shape shape2_1 = {10};
+  static const support::Shape shape2_3 = {1};
+  static const support::Shape shape2_4 = {2};
+  static const support::Shape shape2_5 = {10};
+  support::reduce(v138.data(), shape2_1, v137.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:100:10 einsum
   support::View v4(param2_vit_w_head); // updated in place
   support::View v139 = arena_.view(74240, 128);
   // dims: batch, classes, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan9(
+  static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 10, 64}, {{{0, 1}, {}}, {{2, 1}, {}}}, {{0, 2}, {}}});
-  einsumPlan9.run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
+  einsumPlan3.run(v137.data(), v4.data(), v139.data(), 1.0f, 0.0f);
 
   // vit.mesh:100:10 einsum -> grad/vit/w_head
   support::View v117 = arena_.view(74752, 128);
   support::View v140 = arena_.view(375936, 640);
   // dims: batch, classes, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan10(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 10, 64}, {{{0, 1}, {}}, {{0, 2}, {}}}, {{2, 1}, {}}});
-  einsumPlan10.run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v137.data(), v117.data(), v140.data(), 1.0f, 0.0f);
 
   // vit.mesh:99:13 broadcast
   support::View v141 = arena_.view(74752, 128);
@@ -2801,19 +1838,19 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:99:17 pad
   support::View v142 = arena_.slot(299520, 2176);
-  static const support::Shape shape12_2 = {2, 64};
-  static const support::Shape shape12_3 = {1088, 1};
-  static const support::Shape shape12_4 = {64, 1};
-  support::copyWindow(v142.data(), v141.data(), shape12_2, shape12_3, shape12_4, 64, 64, 17, 1,
+  static const support::Shape shape6_2 = {2, 64};
+  static const support::Shape shape6_3 = {1088, 1};
+  static const support::Shape shape6_4 = {64, 1};
+  support::copyWindow(v142.data(), v141.data(), shape6_2, shape6_3, shape6_4, 64, 64, 17, 1,
                       int64_t(0));
 
   // vit.mesh:36:52 sum -> grad/vit/norm/bias
   support::View v143 = arena_.view(378496, 64);
-  static const support::Shape shape13_1 = {64};
-  static const support::Shape shape13_3 = {1};
-  static const support::Shape shape13_4 = {2, 17};
-  static const support::Shape shape13_5 = {1088, 64};
-  support::reduce(v143.data(), shape13_1, v142.data(), shape13_3, shape13_4, shape13_5,
+  static const support::Shape shape7_1 = {64};
+  static const support::Shape shape7_3 = {1};
+  static const support::Shape shape7_4 = {2, 17};
+  static const support::Shape shape7_5 = {1088, 64};
+  support::reduce(v143.data(), shape7_1, v142.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:45 mul
@@ -2833,21 +1870,21 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:36:45 sum -> grad/vit/norm/gain
   support::View v146 = arena_.view(378752, 64);
-  static const support::Shape shape15_1 = {64};
-  static const support::Shape shape15_3 = {1};
-  static const support::Shape shape15_4 = {2, 17};
-  static const support::Shape shape15_5 = {1088, 64};
-  support::reduce(v146.data(), shape15_1, v145.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape9_1 = {64};
+  static const support::Shape shape9_3 = {1};
+  static const support::Shape shape9_4 = {2, 17};
+  static const support::Shape shape9_5 = {1088, 64};
+  support::reduce(v146.data(), shape9_1, v145.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:36:10 mean
   support::View v110 = arena_.view(290816, 2176);
   support::View v147 = arena_.view(74240, 34);
-  static const support::Shape shape16_1 = {2, 17};
-  static const support::Shape shape16_3 = {1088, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v147.data(), shape16_1, v110.data(), shape16_3, shape16_4, shape16_5,
+  static const support::Shape shape10_1 = {2, 17};
+  static const support::Shape shape10_3 = {1088, 64};
+  static const support::Shape shape10_4 = {64};
+  static const support::Shape shape10_5 = {1};
+  support::reduce(v147.data(), shape10_1, v110.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 sub
@@ -2870,11 +1907,11 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v150 = arena_.view(74240, 34);
-  static const support::Shape shape18_1 = {2, 17};
-  static const support::Shape shape18_3 = {1088, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v150.data(), shape18_1, v149.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape12_1 = {2, 17};
+  static const support::Shape shape12_3 = {1088, 64};
+  static const support::Shape shape12_4 = {64};
+  static const support::Shape shape12_5 = {1};
+  support::reduce(v150.data(), shape12_1, v149.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 add
@@ -2918,20 +1955,20 @@ void TrainVit::runPart3(const Inputs &inputs) {
 
   // vit.mesh:36:10 mean
   support::View v155 = arena_.view(74240, 34);
-  static const support::Shape shape21_1 = {2, 17};
-  static const support::Shape shape21_3 = {1088, 64};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v155.data(), shape21_1, v154.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape15_1 = {2, 17};
+  static const support::Shape shape15_3 = {1088, 64};
+  static const support::Shape shape15_4 = {64};
+  static const support::Shape shape15_5 = {1};
+  support::reduce(v155.data(), shape15_1, v154.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mean
   support::View v157 = arena_.view(74624, 34);
-  static const support::Shape shape22_1 = {2, 17};
-  static const support::Shape shape22_3 = {1088, 64};
-  static const support::Shape shape22_4 = {64};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v157.data(), shape22_1, v144.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape16_1 = {2, 17};
+  static const support::Shape shape16_3 = {1088, 64};
+  static const support::Shape shape16_4 = {64};
+  static const support::Shape shape16_5 = {1};
+  support::reduce(v157.data(), shape16_1, v144.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.015625);
 
   // vit.mesh:36:10 mul
@@ -2977,741 +2014,93 @@ void TrainVit::runPart3(const Inputs &inputs) {
       }
     }
   }
-}
 
-void TrainVit::runPart4(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
-  support::View v163 = arena_.view(316928, 2176);
-  support::View v164 = arena_.view(290816, 64);
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 17};
-  static const support::Shape shape0_5 = {1088, 64};
-  support::reduce(v164.data(), shape0_1, v163.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:81:14 dropout
-  // vit.mesh:72:10 cast
-  support::View v161 = arena_.view(308224, 2176);
+  // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (1 of 2)
   support::View v166 = arena_.view(273408, 2176);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#1") + "#" +
-                                                   std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict v166p = v166.data();
-    const float *__restrict v161p = v161.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v161p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      const float s2 = support::roundValue(support::DType::BF16, double(s1));
-      v166p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:72:15 einsum
   support::View v104 = arena_.view(49152, 4096);
   support::View v167 = arena_.view(282112, 2176);
-  support::einsum2Double(v167.data(), v166.data(), v104.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {1},
-                          .bN = {64},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:72:15 einsum
-  support::roundBufferBF16(v167);
-
-  // vit.mesh:72:15 einsum
   support::View v103 = arena_.view(65536, 2176);
   support::View v168 = arena_.view(49152, 4096);
-  support::einsum2Double(v168.data(), v166.data(), v103.data(),
-                         {.batch = {},
-                          .m = {64},
-                          .n = {64},
-                          .k = {2, 17},
-                          .aBatch = {},
-                          .aM = {1},
-                          .aK = {1088, 64},
-                          .bBatch = {},
-                          .bK = {1088, 64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1},
-                          .outN = {64}});
-
-  // vit.mesh:72:15 einsum
-  support::roundBufferBF16(v168);
-
-  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
-  support::View v169 = arena_.view(65536, 4096);
-  {
-    float *__restrict v169p = v169.data();
-    const float *__restrict v168p = v168.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v168p[i0];
-      const float s1 = s0;
-      v169p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:71:11 square
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 tanh
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 square
-  // vit.mesh:71:11 sub
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
   support::View v102 = arena_.view(264704, 2176);
   support::View v192 = arena_.view(49152, 2176);
-  {
-    float *__restrict v192p = v192.data();
-    const float *__restrict v102p = v102.data();
-    const float *__restrict v167p = v167.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v102p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(double(s0) * double(s0)));
-      const float s2 = v102p[i0];
-      const float s3 = support::roundValue(support::DType::BF16, double((double(s2) * double(s1))));
-      const float s4 = support::roundValue(support::DType::BF16, 0.044677734375);
-      const float s5 = support::roundValue(support::DType::BF16, double((double(s3) * double(s4))));
-      const float s6 = v102p[i0];
-      const float s7 = support::roundValue(support::DType::BF16, double((double(s6) + double(s5))));
-      const float s8 = support::roundValue(support::DType::BF16, 0.796875);
-      const float s9 = support::roundValue(support::DType::BF16, double((double(s7) * double(s8))));
-      const float s10 = support::roundValue(support::DType::BF16, double(std::tanh(double(s9))));
-      const float s11 = support::roundValue(support::DType::BF16, 1.0);
-      const float s12 =
-          support::roundValue(support::DType::BF16, double((double(s10) + double(s11))));
-      const float s13 = support::roundValue(support::DType::BF16, 0.5);
-      const float s14 =
-          support::roundValue(support::DType::BF16, double((double(s12) * double(s13))));
-      const float s15 = support::roundValue(support::DType::BF16, 0.1337890625);
-      const float s16 =
-          support::roundValue(support::DType::BF16, double((double(s1) * double(s15))));
-      const float s17 = support::roundValue(support::DType::BF16, 1.0);
-      const float s18 =
-          support::roundValue(support::DType::BF16, double((double(s16) + double(s17))));
-      const float s19 =
-          support::roundValue(support::DType::BF16, double(double(s10) * double(s10)));
-      const float s20 = support::roundValue(support::DType::BF16, 1.0);
-      const float s21 =
-          support::roundValue(support::DType::BF16, double((double(s20) - double(s19))));
-      const float s22 = v102p[i0];
-      const float s23 =
-          support::roundValue(support::DType::BF16, double((double(s22) * double(s21))));
-      const float s24 =
-          support::roundValue(support::DType::BF16, double((double(s23) * double(s18))));
-      const float s25 = support::roundValue(support::DType::BF16, 0.3984375);
-      const float s26 =
-          support::roundValue(support::DType::BF16, double((double(s24) * double(s25))));
-      const float s27 =
-          support::roundValue(support::DType::BF16, double((double(s14) + double(s26))));
-      const float s28 = v167p[i0];
-      const float s29 =
-          support::roundValue(support::DType::BF16, double((double(s28) * double(s27))));
-      v192p[i0] = s29;
-    }
-  }
-
-  // vit.mesh:71:16 einsum
   support::View v101 = arena_.view(32768, 4096);
   support::View v193 = arena_.view(264704, 2176);
-  support::einsum2Double(v193.data(), v192.data(), v101.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {1},
-                          .bN = {64},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:71:16 einsum
-  support::roundBufferBF16(v193);
-
-  // vit.mesh:71:16 einsum
   support::View v100 = arena_.view(256000, 2176);
   support::View v194 = arena_.view(32768, 4096);
-  support::einsum2Double(v194.data(), v192.data(), v100.data(),
-                         {.batch = {},
-                          .m = {64},
-                          .n = {64},
-                          .k = {2, 17},
-                          .aBatch = {},
-                          .aM = {1},
-                          .aK = {1088, 64},
-                          .bBatch = {},
-                          .bK = {1088, 64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1},
-                          .outN = {64}});
-
-  // vit.mesh:71:16 einsum
-  support::roundBufferBF16(v194);
-
-  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
-  support::View v195 = arena_.view(49152, 4096);
-  {
-    float *__restrict v195p = v195.data();
-    const float *__restrict v194p = v194.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v194p[i0];
-      const float s1 = s0;
-      v195p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:71:23 cast
   support::View v196 = arena_.view(32768, 2176);
-  {
-    float *__restrict v196p = v196.data();
-    const float *__restrict v193p = v193.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v193p[i0];
-      const float s1 = s0;
-      v196p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
-  group_model.allReduce(v196.data(), v196.size(), meshrt::ReduceOp::Sum);
-
-  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
-  support::View v198 = arena_.view(273408, 64);
-  static const support::Shape shape15_1 = {64};
-  static const support::Shape shape15_3 = {1};
-  static const support::Shape shape15_4 = {2, 17};
-  static const support::Shape shape15_5 = {1088, 64};
-  support::reduce(v198.data(), shape15_1, v196.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
   support::View v95 = arena_.view(247296, 2176);
   support::View v200 = arena_.view(256000, 2176);
-  {
-    float *__restrict v200p = v200.data();
-    const float *__restrict v196p = v196.data();
-    const float *__restrict v95p = v95.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v196p[i0];
-      const float s1 = v95p[i0];
-      const float s2 = (s0 * s1);
-      v200p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
-  support::View v201 = arena_.view(273664, 64);
-  static const support::Shape shape17_1 = {64};
-  static const support::Shape shape17_3 = {1};
-  static const support::Shape shape17_4 = {2, 17};
-  static const support::Shape shape17_5 = {1088, 64};
-  support::reduce(v201.data(), shape17_1, v200.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  support::View v92 = arena_.view(238592, 2176);
   support::View v202 = arena_.view(41472, 34);
-  static const support::Shape shape18_1 = {2, 17};
-  static const support::Shape shape18_3 = {1088, 64};
-  static const support::Shape shape18_4 = {64};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v202.data(), shape18_1, v92.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
+  support::View v92 = arena_.view(238592, 2176);
   support::View v204 = arena_.view(256000, 2176);
-  {
-    float *__restrict v204p = v204.data();
-    const float *__restrict v92p = v92.data();
-    const float *__restrict v202p = v202.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v92p[i0 * 64 + i1];
-        const float s1 = v202p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v204p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // vit.mesh:36:10 mean
   support::View v205 = arena_.view(41472, 34);
-  static const support::Shape shape20_1 = {2, 17};
-  static const support::Shape shape20_3 = {1088, 64};
-  static const support::Shape shape20_4 = {64};
-  static const support::Shape shape20_5 = {1};
-  support::reduce(v205.data(), shape20_1, v204.data(), shape20_3, shape20_4, shape20_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
   support::View v207 = arena_.view(41664, 34);
-  {
-    float *__restrict v207p = v207.data();
-    const float *__restrict v205p = v205.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      const float s0 = v205p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v207p[i0] = s3;
-    }
-  }
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:10 mul
   support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
   support::View v199 = arena_.view(238592, 2176);
   support::View v208 = arena_.view(256000, 2176);
-  {
-    float *__restrict v199p = v199.data();
-    float *__restrict v208p = v208.data();
-    const float *__restrict v196p = v196.data();
-    const float *__restrict v93p = v93.data();
-    const float *__restrict v95p = v95.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v196p[i0 * 64 + i1];
-        const float s1 = v93p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v95p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v199p[i0 * 64 + i1] = s2;
-        v208p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // vit.mesh:36:10 mean
   support::View v209 = arena_.view(41472, 34);
-  static const support::Shape shape23_1 = {2, 17};
-  static const support::Shape shape23_3 = {1088, 64};
-  static const support::Shape shape23_4 = {64};
-  static const support::Shape shape23_5 = {1};
-  support::reduce(v209.data(), shape23_1, v208.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 0.015625);
-}
-
-void TrainVit::runPart5(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:36:10 mean
-  support::View v199 = arena_.view(238592, 2176);
   support::View v211 = arena_.view(41856, 34);
-  static const support::Shape shape0_1 = {2, 17};
-  static const support::Shape shape0_3 = {1088, 64};
-  static const support::Shape shape0_4 = {64};
-  static const support::Shape shape0_5 = {1};
-  support::reduce(v211.data(), shape0_1, v199.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 add
-  // vit.mesh:80:55 mul
-  // vit.mesh:80:55 mul
-  support::View v95 = arena_.view(247296, 2176);
-  support::View v209 = arena_.view(41472, 34);
-  support::View v207 = arena_.view(41664, 34);
-  support::View v160 = arena_.view(299520, 2176);
   support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
   support::View v89 = arena_.view(229888, 2176);
-  support::View v215 = arena_.view(32768, 2176);
   support::View v216 = arena_.view(256000, 2176);
   support::View v218 = arena_.view(264704, 2176);
-  {
-    float *__restrict v215p = v215.data();
-    float *__restrict v216p = v216.data();
-    float *__restrict v218p = v218.data();
-    const float *__restrict v95p = v95.data();
-    const float *__restrict v209p = v209.data();
-    const float *__restrict v199p = v199.data();
-    const float *__restrict v211p = v211.data();
-    const float *__restrict v207p = v207.data();
-    const float *__restrict v160p = v160.data();
-    const float *__restrict v67p = v67.data();
-    const float *__restrict v89p = v89.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v95p[i0 * 64 + i1];
-        const float s1 = v209p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v199p[i0 * 64 + i1];
-        const float s4 = v211p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v207p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v160p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        const float s11 = v67p[i1];
-        const float s12 = (s10 * s11);
-        const float s13 = v89p[i0 * 64 + i1];
-        const float s14 = (s10 * s13);
-        v215p[i0 * 64 + i1] = s10;
-        v216p[i0 * 64 + i1] = s12;
-        v218p[i0 * 64 + i1] = s14;
-      }
-    }
-  }
-
-  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
-  support::View v219 = arena_.view(273920, 64);
-  static const support::Shape shape2_1 = {64};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 17};
-  static const support::Shape shape2_5 = {1088, 64};
-  support::reduce(v219.data(), shape2_1, v218.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:80:15 dropout
   support::View v220 = arena_.view(229888, 2176);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[1]/dropout#0") + "#" +
-                                                   std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict v220p = v220.data();
-    const float *__restrict v216p = v216.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v216p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      v220p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:63:10 einsum
   support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
   support::View v221 = arena_.view(238592, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan4(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan4.run(v220.data(), v77.data(), v221.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
   support::View v87 = arena_.view(371584, 1088);
-  support::View v222 = arena_.view(247296, 2048);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan5.run(v220.data(), v87.data(), v222.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:17 einsum
   support::View v82 = arena_.view(367232, 1088);
   support::View v223 = arena_.view(41472, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan6(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan6.run(v221.data(), v82.data(), v223.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:17 einsum
   support::View v86 = arena_.view(336448, 1156);
   support::View v224 = arena_.view(242944, 1088);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan7(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan7.run(v221.data(), v86.data(), v224.data(), 1.0f, 0.0f);
-
-  // vit.mesh:62:17 mul
   support::View v225 = arena_.view(229888, 1156);
-  {
-    float *__restrict v225p = v225.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v86p = v86.data();
-    for (int64_t i0 = 0; i0 < 1156; ++i0) {
-      const float s0 = v223p[i0];
-      const float s1 = v86p[i0];
-      const float s2 = (s0 * s1);
-      v225p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:62:17 sum
   support::View v226 = arena_.view(46144, 68);
-  static const support::Shape shape9_1 = {2, 2, 17};
-  static const support::Shape shape9_3 = {578, 289, 17};
-  static const support::Shape shape9_4 = {17};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v226.data(), shape9_1, v225.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:62:17 sub
-  // vit.mesh:62:17 mul
-  // vit.mesh:62:67 mul
   support::View v229 = arena_.view(229888, 1156);
-  {
-    float *__restrict v229p = v229.data();
-    const float *__restrict v223p = v223.data();
-    const float *__restrict v226p = v226.data();
-    const float *__restrict v86p = v86.data();
-    for (int64_t i0 = 0; i0 < 68; ++i0) {
-      for (int64_t i1 = 0; i1 < 17; ++i1) {
-        const float s0 = v223p[i0 * 17 + i1];
-        const float s1 = v226p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = v86p[i0 * 17 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = 0.25f;
-        const float s6 = (s4 * s5);
-        v229p[i0 * 17 + i1] = s6;
-      }
-    }
-  }
-
-  // vit.mesh:62:25 einsum
   support::View v80 = arena_.view(362880, 1088);
   support::View v230 = arena_.view(41472, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan11(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan11.run(v229.data(), v80.data(), v230.data(), 1.0f, 0.0f);
-
-  // vit.mesh:62:25 einsum
   support::View v78 = arena_.view(358528, 1088);
   support::View v231 = arena_.view(238592, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan12(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan12.run(v229.data(), v78.data(), v231.data(), 1.0f, 0.0f);
-
-  // vit.mesh:61:11 einsum
   support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
   support::View v232 = arena_.view(229888, 2176);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan13.run(v224.data(), v76.data(), v232.data(), 1.0f, 0.0f);
-
-  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
   support::View v81 = arena_.view(221184, 2176);
-  support::View v233 = arena_.view(255488, 2048);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan14.run(v224.data(), v81.data(), v233.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:11 einsum
   support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
   support::View v235 = arena_.view(221184, 2176);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan15.run(v231.data(), v75.data(), v235.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
   support::View v79 = arena_.view(212480, 2176);
-  support::View v236 = arena_.view(263680, 2048);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan16.run(v231.data(), v79.data(), v236.data(), 1.0f, 0.0f);
-
-  // vit.mesh:59:11 einsum
   support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
   support::View v239 = arena_.view(212480, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan17(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan17.run(v230.data(), v74.data(), v239.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:18 add
-  // vit.mesh:59:11 add
   support::View v240 = arena_.view(238592, 2176);
-  {
-    float *__restrict v240p = v240.data();
-    const float *__restrict v232p = v232.data();
-    const float *__restrict v235p = v235.data();
-    const float *__restrict v239p = v239.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v232p[i0];
-      const float s1 = v235p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v239p[i0];
-      const float s4 = (s2 + s3);
-      v240p[i0] = s4;
-    }
-  }
-
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
-  auto request0 = support::startAllReduce(group_model, {v240}, meshrt::ReduceOp::Sum);
-
-  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
   support::View v73 = arena_.view(203776, 2176);
-  support::View v241 = arena_.view(229888, 2048);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan20.run(v230.data(), v73.data(), v241.data(), 1.0f, 0.0f);
-
-  group_model.wait(request0);
-
-  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
-  support::View v243 = arena_.view(238080, 64);
-  static const support::Shape shape22_1 = {64};
-  static const support::Shape shape22_3 = {1};
-  static const support::Shape shape22_4 = {2, 17};
-  static const support::Shape shape22_5 = {1088, 64};
-  support::reduce(v243.data(), shape22_1, v240.data(), shape22_3, shape22_4, shape22_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
   support::View v71 = arena_.view(195072, 2176);
   support::View v245 = arena_.view(203776, 2176);
-  {
-    float *__restrict v245p = v245.data();
-    const float *__restrict v240p = v240.data();
-    const float *__restrict v71p = v71.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v240p[i0];
-      const float s1 = v71p[i0];
-      const float s2 = (s0 * s1);
-      v245p[i0] = s2;
-    }
-  }
-}
-
-void TrainVit::runPart6(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
-  support::View v245 = arena_.view(203776, 2176);
-  support::View v246 = arena_.view(238336, 64);
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 17};
-  static const support::Shape shape0_5 = {1088, 64};
-  support::reduce(v246.data(), shape0_1, v245.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  support::View v66 = arena_.view(186368, 2176);
   support::View v247 = arena_.view(41472, 34);
-  static const support::Shape shape1_1 = {2, 17};
-  static const support::Shape shape1_3 = {1088, 64};
-  static const support::Shape shape1_4 = {64};
-  static const support::Shape shape1_5 = {1};
-  support::reduce(v247.data(), shape1_1, v66.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
+  support::View v66 = arena_.view(186368, 2176);
   support::View v249 = arena_.view(203776, 2176);
-  {
-    float *__restrict v249p = v249.data();
-    const float *__restrict v66p = v66.data();
-    const float *__restrict v247p = v247.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v66p[i0 * 64 + i1];
-        const float s1 = v247p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v249p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // vit.mesh:36:10 mean
   support::View v250 = arena_.view(41472, 34);
-  static const support::Shape shape3_1 = {2, 17};
-  static const support::Shape shape3_3 = {1088, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v250.data(), shape3_1, v249.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  support::View v252 = arena_.view(41664, 34);
-  {
-    float *__restrict v252p = v252.data();
-    const float *__restrict v250p = v250.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      const float s0 = v250p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v252p[i0] = s3;
-    }
-  }
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:10 mul
-  support::View v240 = arena_.view(238592, 2176);
   support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
-  support::View v71 = arena_.view(195072, 2176);
   support::View v244 = arena_.view(186368, 2176);
   support::View v253 = arena_.view(203776, 2176);
-  {
-    float *__restrict v244p = v244.data();
-    float *__restrict v253p = v253.data();
-    const float *__restrict v240p = v240.data();
-    const float *__restrict v69p = v69.data();
-    const float *__restrict v71p = v71.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v240p[i0 * 64 + i1];
-        const float s1 = v69p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v71p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v244p[i0 * 64 + i1] = s2;
-        v253p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // vit.mesh:36:10 mean
+  support::View v164 = arena_.view(290816, 64);
+  support::View v169 = arena_.view(65536, 4096);
+  support::View v195 = arena_.view(49152, 4096);
+  support::View v198 = arena_.view(273408, 64);
+  support::View v201 = arena_.view(273664, 64);
+  support::View v215 = arena_.view(32768, 2176);
+  support::View v219 = arena_.view(273920, 64);
+  support::View v222 = arena_.view(247296, 2048);
+  support::View v233 = arena_.view(255488, 2048);
+  support::View v236 = arena_.view(263680, 2048);
+  support::View v241 = arena_.view(229888, 2048);
+  support::View v243 = arena_.view(238080, 64);
+  support::View v246 = arena_.view(238336, 64);
+  support::View v252 = arena_.view(41664, 34);
   support::View v254 = arena_.view(41472, 34);
-  static const support::Shape shape6_1 = {2, 17};
-  static const support::Shape shape6_3 = {1088, 64};
-  static const support::Shape shape6_4 = {64};
-  static const support::Shape shape6_5 = {1};
-  support::reduce(v254.data(), shape6_1, v253.data(), shape6_3, shape6_4, shape6_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mean
   support::View v256 = arena_.view(41856, 34);
-  static const support::Shape shape7_1 = {2, 17};
-  static const support::Shape shape7_3 = {1088, 64};
-  static const support::Shape shape7_4 = {64};
-  static const support::Shape shape7_5 = {1};
-  support::reduce(v256.data(), shape7_1, v244.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 0.015625);
+  repeated1(v164, v163, v161, v166, v104, v167, v103, v168, v169, v102, v192, v101, v193, v100,
+            v194, v195, v196, v198, v95, v200, v201, v202, v92, v204, v205, v207, v93, v199, v208,
+            v209, v211, v160, v67, v89, v215, v216, v218, v219, v220, v77, v221, v87, v222, v82,
+            v223, v86, v224, v225, v226, v229, v80, v230, v78, v231, v76, v232, v81, v233, v75,
+            v235, v79, v236, v74, v239, v240, v73, v241, v243, v71, v245, v246, v247, v66, v249,
+            v250, v252, v69, v244, v253, v254, v256, "vit/encoder_layer[1]/dropout#1",
+            "vit/encoder_layer[1]/dropout#0");
 
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 sub
@@ -3720,7 +2109,6 @@ void TrainVit::runPart6(const Inputs &inputs) {
   // vit.mesh:36:10 add
   // vit.mesh:81:48 mul
   // vit.mesh:81:48 mul
-  support::View v215 = arena_.view(32768, 2176);
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
   support::View v63 = arena_.view(177664, 2176);
   support::View v260 = arena_.view(203776, 2176);
@@ -3762,731 +2150,92 @@ void TrainVit::runPart6(const Inputs &inputs) {
     }
   }
 
-  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[0]/ffn_scale
-  support::View v264 = arena_.view(186368, 64);
-  static const support::Shape shape9_1 = {64};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 17};
-  static const support::Shape shape9_5 = {1088, 64};
-  support::reduce(v264.data(), shape9_1, v263.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:81:14 dropout
-  // vit.mesh:72:10 cast
+  // 56 statements from vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale (2 of 2)
   support::View v266 = arena_.view(32768, 2176);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#1") + "#" +
-                                                   std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict v266p = v266.data();
-    const float *__restrict v261p = v261.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v261p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      const float s2 = support::roundValue(support::DType::BF16, double(s1));
-      v266p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:72:15 einsum
   support::View v60 = arena_.view(16384, 4096);
   support::View v267 = arena_.view(177664, 2176);
-  support::einsum2Double(v267.data(), v266.data(), v60.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {1},
-                          .bN = {64},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:72:15 einsum
-  support::roundBufferBF16(v267);
-
-  // vit.mesh:72:15 einsum
   support::View v59 = arena_.view(168960, 2176);
   support::View v268 = arena_.view(16384, 4096);
-  support::einsum2Double(v268.data(), v266.data(), v59.data(),
-                         {.batch = {},
-                          .m = {64},
-                          .n = {64},
-                          .k = {2, 17},
-                          .aBatch = {},
-                          .aM = {1},
-                          .aK = {1088, 64},
-                          .bBatch = {},
-                          .bK = {1088, 64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1},
-                          .outN = {64}});
-
-  // vit.mesh:72:15 einsum
-  support::roundBufferBF16(v268);
-
-  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[0]/ffn/w_out
-  support::View v269 = arena_.view(32768, 4096);
-  {
-    float *__restrict v269p = v269.data();
-    const float *__restrict v268p = v268.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v268p[i0];
-      const float s1 = s0;
-      v269p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:71:11 square
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 tanh
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 square
-  // vit.mesh:71:11 sub
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 mul
-  // vit.mesh:71:11 add
-  // vit.mesh:71:11 mul
   support::View v58 = arena_.view(160256, 2176);
   support::View v286 = arena_.view(16384, 2176);
-  {
-    float *__restrict v286p = v286.data();
-    const float *__restrict v58p = v58.data();
-    const float *__restrict v267p = v267.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v58p[i0];
-      const float s1 = support::roundValue(support::DType::BF16, double(double(s0) * double(s0)));
-      const float s2 = v58p[i0];
-      const float s3 = support::roundValue(support::DType::BF16, double((double(s2) * double(s1))));
-      const float s4 = support::roundValue(support::DType::BF16, 0.044677734375);
-      const float s5 = support::roundValue(support::DType::BF16, double((double(s3) * double(s4))));
-      const float s6 = v58p[i0];
-      const float s7 = support::roundValue(support::DType::BF16, double((double(s6) + double(s5))));
-      const float s8 = support::roundValue(support::DType::BF16, 0.796875);
-      const float s9 = support::roundValue(support::DType::BF16, double((double(s7) * double(s8))));
-      const float s10 = support::roundValue(support::DType::BF16, double(std::tanh(double(s9))));
-      const float s11 = support::roundValue(support::DType::BF16, 1.0);
-      const float s12 =
-          support::roundValue(support::DType::BF16, double((double(s10) + double(s11))));
-      const float s13 = support::roundValue(support::DType::BF16, 0.5);
-      const float s14 =
-          support::roundValue(support::DType::BF16, double((double(s12) * double(s13))));
-      const float s15 = support::roundValue(support::DType::BF16, 0.1337890625);
-      const float s16 =
-          support::roundValue(support::DType::BF16, double((double(s1) * double(s15))));
-      const float s17 = support::roundValue(support::DType::BF16, 1.0);
-      const float s18 =
-          support::roundValue(support::DType::BF16, double((double(s16) + double(s17))));
-      const float s19 =
-          support::roundValue(support::DType::BF16, double(double(s10) * double(s10)));
-      const float s20 = support::roundValue(support::DType::BF16, 1.0);
-      const float s21 =
-          support::roundValue(support::DType::BF16, double((double(s20) - double(s19))));
-      const float s22 = v58p[i0];
-      const float s23 =
-          support::roundValue(support::DType::BF16, double((double(s22) * double(s21))));
-      const float s24 =
-          support::roundValue(support::DType::BF16, double((double(s23) * double(s18))));
-      const float s25 = support::roundValue(support::DType::BF16, 0.3984375);
-      const float s26 =
-          support::roundValue(support::DType::BF16, double((double(s24) * double(s25))));
-      const float s27 =
-          support::roundValue(support::DType::BF16, double((double(s14) + double(s26))));
-      const float s28 = v267p[i0];
-      const float s29 =
-          support::roundValue(support::DType::BF16, double((double(s28) * double(s27))));
-      v286p[i0] = s29;
-    }
-  }
-
-  // vit.mesh:71:16 einsum
   support::View v57 = arena_.view(0, 4096);
   support::View v287 = arena_.view(160256, 2176);
-  support::einsum2Double(v287.data(), v286.data(), v57.data(),
-                         {.batch = {},
-                          .m = {2, 17},
-                          .n = {64},
-                          .k = {64},
-                          .aBatch = {},
-                          .aM = {1088, 64},
-                          .aK = {1},
-                          .bBatch = {},
-                          .bK = {1},
-                          .bN = {64},
-                          .outBatch = {},
-                          .outM = {1088, 64},
-                          .outN = {1}});
-
-  // vit.mesh:71:16 einsum
-  support::roundBufferBF16(v287);
-
-  // vit.mesh:71:16 einsum
   support::View v56 = arena_.view(151552, 2176);
   support::View v288 = arena_.view(0, 4096);
-  support::einsum2Double(v288.data(), v286.data(), v56.data(),
-                         {.batch = {},
-                          .m = {64},
-                          .n = {64},
-                          .k = {2, 17},
-                          .aBatch = {},
-                          .aM = {1},
-                          .aK = {1088, 64},
-                          .bBatch = {},
-                          .bK = {1088, 64},
-                          .bN = {1},
-                          .outBatch = {},
-                          .outM = {1},
-                          .outN = {64}});
-
-  // vit.mesh:71:16 einsum
-  support::roundBufferBF16(v288);
-
-  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[0]/ffn/w_in
-  support::View v289 = arena_.view(16384, 4096);
-  {
-    float *__restrict v289p = v289.data();
-    const float *__restrict v288p = v288.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v288p[i0];
-      const float s1 = s0;
-      v289p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:71:23 cast
   support::View v290 = arena_.view(0, 2176);
-  {
-    float *__restrict v290p = v290.data();
-    const float *__restrict v287p = v287.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v287p[i0];
-      const float s1 = s0;
-      v290p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %281 over model for sum at 36:52)
-  group_model.allReduce(v290.data(), v290.size(), meshrt::ReduceOp::Sum);
-}
-
-void TrainVit::runPart7(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm#1/bias
-  support::View v290 = arena_.view(0, 2176);
-  support::View v292 = arena_.view(168960, 64);
-  static const support::Shape shape0_1 = {64};
-  static const support::Shape shape0_3 = {1};
-  static const support::Shape shape0_4 = {2, 17};
-  static const support::Shape shape0_5 = {1088, 64};
-  support::reduce(v292.data(), shape0_1, v290.data(), shape0_3, shape0_4, shape0_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
   support::View v51 = arena_.view(142848, 2176);
   support::View v294 = arena_.view(151552, 2176);
-  {
-    float *__restrict v294p = v294.data();
-    const float *__restrict v290p = v290.data();
-    const float *__restrict v51p = v51.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v290p[i0];
-      const float s1 = v51p[i0];
-      const float s2 = (s0 * s1);
-      v294p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm#1/gain
-  support::View v295 = arena_.view(169216, 64);
-  static const support::Shape shape2_1 = {64};
-  static const support::Shape shape2_3 = {1};
-  static const support::Shape shape2_4 = {2, 17};
-  static const support::Shape shape2_5 = {1088, 64};
-  support::reduce(v295.data(), shape2_1, v294.data(), shape2_3, shape2_4, shape2_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  support::View v48 = arena_.view(134144, 2176);
   support::View v296 = arena_.view(8704, 34);
-  static const support::Shape shape3_1 = {2, 17};
-  static const support::Shape shape3_3 = {1088, 64};
-  static const support::Shape shape3_4 = {64};
-  static const support::Shape shape3_5 = {1};
-  support::reduce(v296.data(), shape3_1, v48.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
+  support::View v48 = arena_.view(134144, 2176);
   support::View v298 = arena_.view(151552, 2176);
-  {
-    float *__restrict v298p = v298.data();
-    const float *__restrict v48p = v48.data();
-    const float *__restrict v296p = v296.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v48p[i0 * 64 + i1];
-        const float s1 = v296p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v298p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // vit.mesh:36:10 mean
   support::View v299 = arena_.view(8704, 34);
-  static const support::Shape shape5_1 = {2, 17};
-  static const support::Shape shape5_3 = {1088, 64};
-  static const support::Shape shape5_4 = {64};
-  static const support::Shape shape5_5 = {1};
-  support::reduce(v299.data(), shape5_1, v298.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
   support::View v301 = arena_.view(8896, 34);
-  {
-    float *__restrict v301p = v301.data();
-    const float *__restrict v299p = v299.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      const float s0 = v299p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v301p[i0] = s3;
-    }
-  }
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:10 mul
   support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
   support::View v293 = arena_.view(134144, 2176);
   support::View v302 = arena_.view(151552, 2176);
-  {
-    float *__restrict v293p = v293.data();
-    float *__restrict v302p = v302.data();
-    const float *__restrict v290p = v290.data();
-    const float *__restrict v49p = v49.data();
-    const float *__restrict v51p = v51.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v290p[i0 * 64 + i1];
-        const float s1 = v49p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v51p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v293p[i0 * 64 + i1] = s2;
-        v302p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // vit.mesh:36:10 mean
   support::View v303 = arena_.view(8704, 34);
-  static const support::Shape shape8_1 = {2, 17};
-  static const support::Shape shape8_3 = {1088, 64};
-  static const support::Shape shape8_4 = {64};
-  static const support::Shape shape8_5 = {1};
-  support::reduce(v303.data(), shape8_1, v302.data(), shape8_3, shape8_4, shape8_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mean
   support::View v305 = arena_.view(9088, 34);
-  static const support::Shape shape9_1 = {2, 17};
-  static const support::Shape shape9_3 = {1088, 64};
-  static const support::Shape shape9_4 = {64};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v305.data(), shape9_1, v293.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 mul
-  // vit.mesh:36:10 add
-  // vit.mesh:80:55 mul
-  // vit.mesh:80:55 mul
-  support::View v260 = arena_.view(203776, 2176);
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
   support::View v45 = arena_.view(125440, 2176);
-  support::View v309 = arena_.view(0, 2176);
   support::View v310 = arena_.view(151552, 2176);
   support::View v312 = arena_.view(160256, 2176);
-  {
-    float *__restrict v309p = v309.data();
-    float *__restrict v310p = v310.data();
-    float *__restrict v312p = v312.data();
-    const float *__restrict v51p = v51.data();
-    const float *__restrict v303p = v303.data();
-    const float *__restrict v293p = v293.data();
-    const float *__restrict v305p = v305.data();
-    const float *__restrict v301p = v301.data();
-    const float *__restrict v260p = v260.data();
-    const float *__restrict v23p = v23.data();
-    const float *__restrict v45p = v45.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v51p[i0 * 64 + i1];
-        const float s1 = v303p[i0];
-        const float s2 = (s0 * s1);
-        const float s3 = v293p[i0 * 64 + i1];
-        const float s4 = v305p[i0];
-        const float s5 = (s3 - s4);
-        const float s6 = (s5 - s2);
-        const float s7 = v301p[i0];
-        const float s8 = (s6 * s7);
-        const float s9 = v260p[i0 * 64 + i1];
-        const float s10 = (s9 + s8);
-        const float s11 = v23p[i1];
-        const float s12 = (s10 * s11);
-        const float s13 = v45p[i0 * 64 + i1];
-        const float s14 = (s10 * s13);
-        v309p[i0 * 64 + i1] = s10;
-        v310p[i0 * 64 + i1] = s12;
-        v312p[i0 * 64 + i1] = s14;
-      }
-    }
-  }
-
-  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[0]/attention_scale
-  support::View v313 = arena_.view(169472, 64);
-  static const support::Shape shape11_1 = {64};
-  static const support::Shape shape11_3 = {1};
-  static const support::Shape shape11_4 = {2, 17};
-  static const support::Shape shape11_5 = {1088, 64};
-  support::reduce(v313.data(), shape11_1, v312.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:80:15 dropout
   support::View v314 = arena_.view(125440, 2176);
-  {
-    const auto inv0 = meshrt::streamKey(seed_, std::string("vit/encoder_layer[0]/dropout#0") + "#" +
-                                                   std::to_string(step_));
-    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
-    float *__restrict v314p = v314.data();
-    const float *__restrict v310p = v310.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v310p[i0];
-      const float s1 =
-          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
-                              float(double(s0) * 1.1111111111111112));
-      v314p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:63:10 einsum
   support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
   support::View v315 = arena_.view(134144, 1088);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan13(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
-  einsumPlan13.run(v314.data(), v33.data(), v315.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[0]/attention/w_o
   support::View v43 = arena_.view(354176, 1088);
-  support::View v316 = arena_.view(142848, 2048);
-  // dims: batch, tokens, d_model, heads, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan14(
-      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
-  einsumPlan14.run(v314.data(), v43.data(), v316.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:17 einsum
   support::View v38 = arena_.view(349824, 1088);
   support::View v317 = arena_.view(8704, 1156);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan15(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan15.run(v315.data(), v38.data(), v317.data(), 1.0f, 0.0f);
-
-  // vit.mesh:63:17 einsum
   support::View v42 = arena_.view(331776, 1156);
   support::View v318 = arena_.view(138496, 1088);
-  // dims: batch, tokens, heads, d_head, mem
-  static const meshrt::kernels::EinsumPlan einsumPlan16(
-      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
-  einsumPlan16.run(v315.data(), v42.data(), v318.data(), 1.0f, 0.0f);
-
-  // vit.mesh:62:17 mul
   support::View v319 = arena_.view(125440, 1156);
-  {
-    float *__restrict v319p = v319.data();
-    const float *__restrict v317p = v317.data();
-    const float *__restrict v42p = v42.data();
-    for (int64_t i0 = 0; i0 < 1156; ++i0) {
-      const float s0 = v317p[i0];
-      const float s1 = v42p[i0];
-      const float s2 = (s0 * s1);
-      v319p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:62:17 sum
   support::View v320 = arena_.view(13376, 68);
-  static const support::Shape shape18_1 = {2, 2, 17};
-  static const support::Shape shape18_3 = {578, 289, 17};
-  static const support::Shape shape18_4 = {17};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v320.data(), shape18_1, v319.data(), shape18_3, shape18_4, shape18_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:62:17 sub
-  // vit.mesh:62:17 mul
-  // vit.mesh:62:67 mul
   support::View v323 = arena_.view(125440, 1156);
-  {
-    float *__restrict v323p = v323.data();
-    const float *__restrict v317p = v317.data();
-    const float *__restrict v320p = v320.data();
-    const float *__restrict v42p = v42.data();
-    for (int64_t i0 = 0; i0 < 68; ++i0) {
-      for (int64_t i1 = 0; i1 < 17; ++i1) {
-        const float s0 = v317p[i0 * 17 + i1];
-        const float s1 = v320p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = v42p[i0 * 17 + i1];
-        const float s4 = (s3 * s2);
-        const float s5 = 0.25f;
-        const float s6 = (s4 * s5);
-        v323p[i0 * 17 + i1] = s6;
-      }
-    }
-  }
-
-  // vit.mesh:62:25 einsum
   support::View v36 = arena_.view(345472, 1088);
   support::View v324 = arena_.view(8704, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan20(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
-  einsumPlan20.run(v323.data(), v36.data(), v324.data(), 1.0f, 0.0f);
-
-  // vit.mesh:62:25 einsum
   support::View v34 = arena_.view(341120, 1088);
   support::View v325 = arena_.view(134144, 1088);
-  // dims: batch, heads, tokens, mem, d_head
-  static const meshrt::kernels::EinsumPlan einsumPlan21(
-      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
-  einsumPlan21.run(v323.data(), v34.data(), v325.data(), 1.0f, 0.0f);
-
-  // vit.mesh:61:11 einsum
   support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
   support::View v326 = arena_.view(125440, 2176);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan22(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan22.run(v318.data(), v32.data(), v326.data(), 1.0f, 0.0f);
-
-  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[0]/attention/w_v
   support::View v37 = arena_.view(116736, 2176);
-  support::View v327 = arena_.view(151040, 2048);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan23(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan23.run(v318.data(), v37.data(), v327.data(), 1.0f, 0.0f);
-}
-
-void TrainVit::runPart8(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:60:11 einsum
-  support::View v325 = arena_.view(134144, 1088);
   support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
   support::View v329 = arena_.view(116736, 2176);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan0.run(v325.data(), v31.data(), v329.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[0]/attention/w_k
   support::View v35 = arena_.view(108032, 2176);
-  support::View v330 = arena_.view(159232, 2048);
-  // dims: batch, mem, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan1(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan1.run(v325.data(), v35.data(), v330.data(), 1.0f, 0.0f);
-
-  // vit.mesh:59:11 einsum
-  support::View v324 = arena_.view(8704, 1088);
   support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
   support::View v333 = arena_.view(108032, 2176);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan2(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
-  einsumPlan2.run(v324.data(), v30.data(), v333.data(), 1.0f, 0.0f);
-
-  // vit.mesh:60:18 add
-  // vit.mesh:59:11 add
-  support::View v326 = arena_.view(125440, 2176);
   support::View v334 = arena_.view(134144, 2176);
-  {
-    float *__restrict v334p = v334.data();
-    const float *__restrict v326p = v326.data();
-    const float *__restrict v329p = v329.data();
-    const float *__restrict v333p = v333.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v326p[i0];
-      const float s1 = v329p[i0];
-      const float s2 = (s0 + s1);
-      const float s3 = v333p[i0];
-      const float s4 = (s2 + s3);
-      v334p[i0] = s4;
-    }
-  }
-
-  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %323 over model for sum at 36:52)
-  auto request1 = support::startAllReduce(group_model, {v334}, meshrt::ReduceOp::Sum);
-
-  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[0]/attention/w_q
   support::View v29 = arena_.view(99328, 2176);
-  support::View v335 = arena_.view(108032, 2048);
-  // dims: batch, tokens, heads, d_head, d_model
-  static const meshrt::kernels::EinsumPlan einsumPlan5(
-      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
-  einsumPlan5.run(v324.data(), v29.data(), v335.data(), 1.0f, 0.0f);
-
-  group_model.wait(request1);
-
-  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[0]/norm/bias
-  support::View v337 = arena_.view(116224, 64);
-  static const support::Shape shape7_1 = {64};
-  static const support::Shape shape7_3 = {1};
-  static const support::Shape shape7_4 = {2, 17};
-  static const support::Shape shape7_5 = {1088, 64};
-  support::reduce(v337.data(), shape7_1, v334.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:45 mul
   support::View v27 = arena_.view(90624, 2176);
   support::View v339 = arena_.view(99328, 2176);
-  {
-    float *__restrict v339p = v339.data();
-    const float *__restrict v334p = v334.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 2176; ++i0) {
-      const float s0 = v334p[i0];
-      const float s1 = v27p[i0];
-      const float s2 = (s0 * s1);
-      v339p[i0] = s2;
-    }
-  }
-
-  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[0]/norm/gain
-  support::View v340 = arena_.view(116480, 64);
-  static const support::Shape shape9_1 = {64};
-  static const support::Shape shape9_3 = {1};
-  static const support::Shape shape9_4 = {2, 17};
-  static const support::Shape shape9_5 = {1088, 64};
-  support::reduce(v340.data(), shape9_1, v339.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:36:10 mean
-  support::View v22 = arena_.view(81920, 2176);
   support::View v341 = arena_.view(8704, 34);
-  static const support::Shape shape10_1 = {2, 17};
-  static const support::Shape shape10_3 = {1088, 64};
-  static const support::Shape shape10_4 = {64};
-  static const support::Shape shape10_5 = {1};
-  support::reduce(v341.data(), shape10_1, v22.data(), shape10_3, shape10_4, shape10_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 sub
-  // vit.mesh:36:10 square
+  support::View v22 = arena_.view(81920, 2176);
   support::View v343 = arena_.view(99328, 2176);
-  {
-    float *__restrict v343p = v343.data();
-    const float *__restrict v22p = v22.data();
-    const float *__restrict v341p = v341.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v22p[i0 * 64 + i1];
-        const float s1 = v341p[i0];
-        const float s2 = (s0 - s1);
-        const float s3 = s2 * s2;
-        v343p[i0 * 64 + i1] = s3;
-      }
-    }
-  }
-
-  // vit.mesh:36:10 mean
   support::View v344 = arena_.view(8704, 34);
-  static const support::Shape shape12_1 = {2, 17};
-  static const support::Shape shape12_3 = {1088, 64};
-  static const support::Shape shape12_4 = {64};
-  static const support::Shape shape12_5 = {1};
-  support::reduce(v344.data(), shape12_1, v343.data(), shape12_3, shape12_4, shape12_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 add
-  // vit.mesh:36:10 rsqrt
-  support::View v346 = arena_.view(8896, 34);
-  {
-    float *__restrict v346p = v346.data();
-    const float *__restrict v344p = v344.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      const float s0 = v344p[i0];
-      const float s1 = 1e-06f;
-      const float s2 = (s0 + s1);
-      const float s3 = 1.0f / support::fsqrt(s2);
-      v346p[i0] = s3;
-    }
-  }
-
-  // vit.mesh:36:45 mul
-  // vit.mesh:36:10 mul
   support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
   support::View v338 = arena_.view(81920, 2176);
   support::View v347 = arena_.view(99328, 2176);
-  {
-    float *__restrict v338p = v338.data();
-    float *__restrict v347p = v347.data();
-    const float *__restrict v334p = v334.data();
-    const float *__restrict v25p = v25.data();
-    const float *__restrict v27p = v27.data();
-    for (int64_t i0 = 0; i0 < 34; ++i0) {
-      for (int64_t i1 = 0; i1 < 64; ++i1) {
-        const float s0 = v334p[i0 * 64 + i1];
-        const float s1 = v25p[i1];
-        const float s2 = (s0 * s1);
-        const float s3 = v27p[i0 * 64 + i1];
-        const float s4 = (s2 * s3);
-        v338p[i0 * 64 + i1] = s2;
-        v347p[i0 * 64 + i1] = s4;
-      }
-    }
-  }
-
-  // vit.mesh:36:10 mean
+  support::View v264 = arena_.view(186368, 64);
+  support::View v269 = arena_.view(32768, 4096);
+  support::View v289 = arena_.view(16384, 4096);
+  support::View v292 = arena_.view(168960, 64);
+  support::View v295 = arena_.view(169216, 64);
+  support::View v309 = arena_.view(0, 2176);
+  support::View v313 = arena_.view(169472, 64);
+  support::View v316 = arena_.view(142848, 2048);
+  support::View v327 = arena_.view(151040, 2048);
+  support::View v330 = arena_.view(159232, 2048);
+  support::View v335 = arena_.view(108032, 2048);
+  support::View v337 = arena_.view(116224, 64);
+  support::View v340 = arena_.view(116480, 64);
+  support::View v346 = arena_.view(8896, 34);
   support::View v348 = arena_.view(8704, 34);
-  static const support::Shape shape15_1 = {2, 17};
-  static const support::Shape shape15_3 = {1088, 64};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v348.data(), shape15_1, v347.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 0.015625);
-
-  // vit.mesh:36:10 mean
   support::View v350 = arena_.view(9088, 34);
-  static const support::Shape shape16_1 = {2, 17};
-  static const support::Shape shape16_3 = {1088, 64};
-  static const support::Shape shape16_4 = {64};
-  static const support::Shape shape16_5 = {1};
-  support::reduce(v350.data(), shape16_1, v338.data(), shape16_3, shape16_4, shape16_5,
-                  support::Reduce::Sum, 0.015625);
+  repeated1(v264, v263, v261, v266, v60, v267, v59, v268, v269, v58, v286, v57, v287, v56, v288,
+            v289, v290, v292, v51, v294, v295, v296, v48, v298, v299, v301, v49, v293, v302, v303,
+            v305, v260, v23, v45, v309, v310, v312, v313, v314, v33, v315, v43, v316, v38, v317,
+            v42, v318, v319, v320, v323, v36, v324, v34, v325, v32, v326, v37, v327, v31, v329, v35,
+            v330, v30, v333, v334, v29, v335, v337, v27, v339, v340, v341, v22, v343, v344, v346,
+            v25, v338, v347, v348, v350, "vit/encoder_layer[0]/dropout#1",
+            "vit/encoder_layer[0]/dropout#0");
 
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 sub
@@ -4494,7 +2243,6 @@ void TrainVit::runPart8(const Inputs &inputs) {
   // vit.mesh:36:10 mul
   // vit.mesh:36:10 add
   // vit.mesh:93:40 transpose
-  support::View v309 = arena_.view(0, 2176);
   support::View v355 = arena_.view(99328, 2176);
   {
     float *__restrict v355p = v355.data();
@@ -4527,30 +2275,36 @@ void TrainVit::runPart8(const Inputs &inputs) {
 
   // vit.mesh:94:40 sum -> grad/vit/position_embedding
   support::View v356 = arena_.view(94208, 1088);
-  static const support::Shape shape18_1 = {17, 64};
-  static const support::Shape shape18_3 = {128, 2};
-  static const support::Shape shape18_4 = {2};
-  static const support::Shape shape18_5 = {1};
-  support::reduce(v356.data(), shape18_1, v355.data(), shape18_3, shape18_4, shape18_5,
+  static const support::Shape shape22_1 = {17, 64};
+  static const support::Shape shape22_3 = {128, 2};
+  static const support::Shape shape22_4 = {2};
+  static const support::Shape shape22_5 = {1};
+  support::reduce(v356.data(), shape22_1, v355.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:93:40 slice
   support::View v357 = arena_.slot(8192, 128);
-  static const support::Shape shape19_2 = {64, 2};
-  static const support::Shape shape19_3 = {2, 1};
-  static const support::Shape shape19_4 = {2, 1};
-  support::copyWindow(v357.data(), v355.data(), shape19_2, shape19_3, shape19_4, 128, 128, 1, 17,
+  static const support::Shape shape23_2 = {64, 2};
+  static const support::Shape shape23_3 = {2, 1};
+  static const support::Shape shape23_4 = {2, 1};
+  support::copyWindow(v357.data(), v355.data(), shape23_2, shape23_3, shape23_4, 128, 128, 1, 17,
                       int64_t(0));
+}
+
+void TrainVit::runPart2(const Inputs &inputs) {
+  (void)inputs;
 
   // vit.mesh:93:40 slice
+  support::View v355 = arena_.view(99328, 2176);
   support::View v358 = arena_.slot(0, 2048);
-  static const support::Shape shape20_2 = {2, 64};
-  static const support::Shape shape20_3 = {1024, 1};
-  static const support::Shape shape20_4 = {1, 2};
-  support::copyWindow(v358.data(), v355.data(), shape20_2, shape20_3, shape20_4, 64, 128, 16, 17,
+  static const support::Shape shape0_2 = {2, 64};
+  static const support::Shape shape0_3 = {1024, 1};
+  static const support::Shape shape0_4 = {1, 2};
+  support::copyWindow(v358.data(), v355.data(), shape0_2, shape0_3, shape0_4, 64, 128, 16, 17,
                       int64_t(-1));
 
   // vit.mesh:92:34 mul
+  support::View v357 = arena_.view(8192, 128);
   support::View v18 = persistent_.view(192, 2);
   support::View v359 = arena_.view(8704, 128);
   {
@@ -4569,34 +2323,29 @@ void TrainVit::runPart8(const Inputs &inputs) {
 
   // vit.mesh:92:34 sum -> grad/vit/class_token
   support::View v360 = arena_.view(98560, 64);
-  static const support::Shape shape22_1 = {1, 64};
-  static const support::Shape shape22_3 = {128, 2};
-  static const support::Shape shape22_4 = {2};
-  static const support::Shape shape22_5 = {1};
-  support::reduce(v360.data(), shape22_1, v359.data(), shape22_3, shape22_4, shape22_5,
+  static const support::Shape shape2_1 = {1, 64};
+  static const support::Shape shape2_3 = {128, 2};
+  static const support::Shape shape2_4 = {2};
+  static const support::Shape shape2_5 = {1};
+  support::reduce(v360.data(), shape2_1, v359.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:50:59 sum -> grad/vit/embed_patches/b_patch
   support::View v361 = arena_.view(98816, 64);
-  static const support::Shape shape23_1 = {64};
-  static const support::Shape shape23_3 = {1};
-  static const support::Shape shape23_4 = {2, 16};
-  static const support::Shape shape23_5 = {1024, 64};
-  support::reduce(v361.data(), shape23_1, v358.data(), shape23_3, shape23_4, shape23_5,
+  static const support::Shape shape3_1 = {64};
+  static const support::Shape shape3_3 = {1};
+  static const support::Shape shape3_4 = {2, 16};
+  static const support::Shape shape3_5 = {1024, 64};
+  support::reduce(v361.data(), shape3_1, v358.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 1.0);
-}
-
-void TrainVit::runPart9(const Inputs &inputs) {
-  (void)inputs;
 
   // vit.mesh:50:10 einsum -> grad/vit/embed_patches/w_patch
-  support::View v358 = arena_.view(0, 2048);
   support::View v12 = arena_.view(325632, 1536);
   support::View v362 = arena_.view(81920, 3072);
   // dims: batch, patches, d_model, pixel_row, pixel_col, channels
-  static const meshrt::kernels::EinsumPlan einsumPlan0(
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 64, 4, 4, 3}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4, 5}, {}}}, {{3, 4, 5, 2}, {}}});
-  einsumPlan0.run(v358.data(), v12.data(), v362.data(), 1.0f, 0.0f);
+  einsumPlan4.run(v358.data(), v12.data(), v362.data(), 1.0f, 0.0f);
 
   // vit.mesh:112:3 bucketed_all_reduce_sum -> loss (33 partial sums (loss, grad/vit/b_head,
   // grad/vit/w_head, ...) over data resolved together, 150.8 KiB in one buffer)
@@ -4630,8 +2379,6 @@ void TrainVit::runPart9(const Inputs &inputs) {
   support::View v337 = arena_.view(116224, 64);
   support::View v340 = arena_.view(116480, 64);
   support::View v356 = arena_.view(94208, 1088);
-  support::View v360 = arena_.view(98560, 64);
-  support::View v361 = arena_.view(98816, 64);
   support::allReduceBucket(group_data,
                            {v125, v138, v140, v143, v146, v164, v169, v195, v198, v201, v219,
                             v222, v233, v236, v241, v243, v246, v264, v269, v289, v292, v295,
@@ -4651,11 +2398,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v388 = arena_.view(99072, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {1, 64};
-  static const support::Shape shape3_5 = {64, 1};
-  support::reduce(v388.data(), shape3_1, v387.data(), shape3_3, shape3_4, shape3_5,
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {1, 64};
+  static const support::Shape shape7_5 = {64, 1};
+  support::reduce(v388.data(), shape7_1, v387.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4672,11 +2419,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v391 = arena_.view(99136, 1);
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {17, 64};
-  static const support::Shape shape5_5 = {64, 1};
-  support::reduce(v391.data(), shape5_1, v390.data(), shape5_3, shape5_4, shape5_5,
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {17, 64};
+  static const support::Shape shape9_5 = {64, 1};
+  support::reduce(v391.data(), shape9_1, v390.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4693,11 +2440,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v395 = arena_.view(99200, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {64, 10};
-  static const support::Shape shape7_5 = {10, 1};
-  support::reduce(v395.data(), shape7_1, v394.data(), shape7_3, shape7_4, shape7_5,
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {64, 10};
+  static const support::Shape shape11_5 = {10, 1};
+  support::reduce(v395.data(), shape11_1, v394.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4714,11 +2461,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v399 = arena_.view(99264, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {10};
-  static const support::Shape shape9_5 = {1};
-  support::reduce(v399.data(), shape9_1, v398.data(), shape9_3, shape9_4, shape9_5,
+  static const support::Shape shape13_1 = {};
+  static const support::Shape shape13_3 = {};
+  static const support::Shape shape13_4 = {10};
+  static const support::Shape shape13_5 = {1};
+  support::reduce(v399.data(), shape13_1, v398.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4735,75 +2482,21 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v403 = arena_.view(99328, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {4, 4, 3, 64};
-  static const support::Shape shape11_5 = {768, 192, 64, 1};
-  support::reduce(v403.data(), shape11_1, v402.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v406 = arena_.view(0, 64);
-  {
-    float *__restrict v406p = v406.data();
-    const float *__restrict v361p = v361.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v361p[i0];
-      const float s1 = s0 * s0;
-      v406p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v407 = arena_.view(99392, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {64};
-  static const support::Shape shape13_5 = {1};
-  support::reduce(v407.data(), shape13_1, v406.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v410 = arena_.view(0, 64);
-  {
-    float *__restrict v410p = v410.data();
-    const float *__restrict v313p = v313.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v313p[i0];
-      const float s1 = s0 * s0;
-      v410p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v411 = arena_.view(99456, 1);
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {64};
-  static const support::Shape shape15_5 = {1};
-  support::reduce(v411.data(), shape15_1, v410.data(), shape15_3, shape15_4, shape15_5,
+  static const support::Shape shape15_4 = {4, 4, 3, 64};
+  static const support::Shape shape15_5 = {768, 192, 64, 1};
+  support::reduce(v403.data(), shape15_1, v402.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
-  // vit.mesh:112:3 square
+  // 6 statements from vit.mesh:112:3 square (1 of 4)
+  support::View v406 = arena_.view(0, 64);
+  support::View v410 = arena_.view(0, 64);
   support::View v414 = arena_.view(0, 64);
-  {
-    float *__restrict v414p = v414.data();
-    const float *__restrict v264p = v264.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v264p[i0];
-      const float s1 = s0 * s0;
-      v414p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
+  support::View v407 = arena_.view(99392, 1);
+  support::View v411 = arena_.view(99456, 1);
   support::View v415 = arena_.view(99520, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {64};
-  static const support::Shape shape17_5 = {1};
-  support::reduce(v415.data(), shape17_1, v414.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 1.0);
+  repeated4(v361, v406, v407, v313, v410, v411, v264, v414, v415);
 
   // vit.mesh:112:3 square
   support::View v418 = arena_.view(0, 64);
@@ -4819,11 +2512,11 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v419 = arena_.view(99584, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {64};
-  static const support::Shape shape19_5 = {1};
-  support::reduce(v419.data(), shape19_1, v418.data(), shape19_3, shape19_4, shape19_5,
+  static const support::Shape shape18_1 = {};
+  static const support::Shape shape18_3 = {};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(v419.data(), shape18_1, v418.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
   // vit.mesh:112:3 square
@@ -4840,487 +2533,79 @@ void TrainVit::runPart9(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v423 = arena_.view(99648, 1);
-  static const support::Shape shape21_1 = {};
-  static const support::Shape shape21_3 = {};
-  static const support::Shape shape21_4 = {64};
-  static const support::Shape shape21_5 = {1};
-  support::reduce(v423.data(), shape21_1, v422.data(), shape21_3, shape21_4, shape21_5,
+  static const support::Shape shape20_1 = {};
+  static const support::Shape shape20_3 = {};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(v423.data(), shape20_1, v422.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 1.0);
 
-  // vit.mesh:112:3 square
+  // 12 statements from vit.mesh:112:3 square (1 of 2)
   support::View v426 = arena_.view(0, 2048);
-  {
-    float *__restrict v426p = v426.data();
-    const float *__restrict v335p = v335.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v335p[i0];
-      const float s1 = s0 * s0;
-      v426p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v427 = arena_.view(99712, 1);
-  static const support::Shape shape23_1 = {};
-  static const support::Shape shape23_3 = {};
-  static const support::Shape shape23_4 = {64, 2, 16};
-  static const support::Shape shape23_5 = {32, 16, 1};
-  support::reduce(v427.data(), shape23_1, v426.data(), shape23_3, shape23_4, shape23_5,
-                  support::Reduce::Sum, 1.0);
-}
-
-void TrainVit::runPart10(const Inputs &inputs) {
-  (void)inputs;
-
-  // vit.mesh:112:3 square
-  support::View v330 = arena_.view(159232, 2048);
   support::View v431 = arena_.view(0, 2048);
-  {
-    float *__restrict v431p = v431.data();
-    const float *__restrict v330p = v330.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v330p[i0];
-      const float s1 = s0 * s0;
-      v431p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v432 = arena_.view(99776, 1);
-  static const support::Shape shape1_1 = {};
-  static const support::Shape shape1_3 = {};
-  static const support::Shape shape1_4 = {64, 2, 16};
-  static const support::Shape shape1_5 = {32, 16, 1};
-  support::reduce(v432.data(), shape1_1, v431.data(), shape1_3, shape1_4, shape1_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v327 = arena_.view(151040, 2048);
   support::View v436 = arena_.view(0, 2048);
-  {
-    float *__restrict v436p = v436.data();
-    const float *__restrict v327p = v327.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v327p[i0];
-      const float s1 = s0 * s0;
-      v436p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v437 = arena_.view(99840, 1);
-  static const support::Shape shape3_1 = {};
-  static const support::Shape shape3_3 = {};
-  static const support::Shape shape3_4 = {64, 2, 16};
-  static const support::Shape shape3_5 = {32, 16, 1};
-  support::reduce(v437.data(), shape3_1, v436.data(), shape3_3, shape3_4, shape3_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v316 = arena_.view(142848, 2048);
   support::View v441 = arena_.view(0, 2048);
-  {
-    float *__restrict v441p = v441.data();
-    const float *__restrict v316p = v316.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v316p[i0];
-      const float s1 = s0 * s0;
-      v441p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v442 = arena_.view(99904, 1);
-  static const support::Shape shape5_1 = {};
-  static const support::Shape shape5_3 = {};
-  static const support::Shape shape5_4 = {2, 16, 64};
-  static const support::Shape shape5_5 = {1024, 64, 1};
-  support::reduce(v442.data(), shape5_1, v441.data(), shape5_3, shape5_4, shape5_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v289 = arena_.view(16384, 4096);
   support::View v454 = arena_.view(0, 4096);
-  {
-    float *__restrict v454p = v454.data();
-    const float *__restrict v289p = v289.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v289p[i0];
-      const float s1 = s0 * s0;
-      v454p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v455 = arena_.view(99968, 1);
-  static const support::Shape shape7_1 = {};
-  static const support::Shape shape7_3 = {};
-  static const support::Shape shape7_4 = {64, 64};
-  static const support::Shape shape7_5 = {64, 1};
-  support::reduce(v455.data(), shape7_1, v454.data(), shape7_3, shape7_4, shape7_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v269 = arena_.view(32768, 4096);
   support::View v459 = arena_.view(0, 4096);
-  {
-    float *__restrict v459p = v459.data();
-    const float *__restrict v269p = v269.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v269p[i0];
-      const float s1 = s0 * s0;
-      v459p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
+  support::View v427 = arena_.view(99712, 1);
+  support::View v432 = arena_.view(99776, 1);
+  support::View v437 = arena_.view(99840, 1);
+  support::View v442 = arena_.view(99904, 1);
+  support::View v455 = arena_.view(99968, 1);
   support::View v460 = arena_.view(100032, 1);
-  static const support::Shape shape9_1 = {};
-  static const support::Shape shape9_3 = {};
-  static const support::Shape shape9_4 = {64, 64};
-  static const support::Shape shape9_5 = {64, 1};
-  support::reduce(v460.data(), shape9_1, v459.data(), shape9_3, shape9_4, shape9_5,
-                  support::Reduce::Sum, 1.0);
+  repeated5(v335, v426, v427, v330, v431, v432, v327, v436, v437, v316, v441, v442, v289, v454,
+            v455, v269, v459, v460);
 
-  // vit.mesh:112:3 square
-  support::View v241 = arena_.view(229888, 2048);
+  // 12 statements from vit.mesh:112:3 square (2 of 2)
   support::View v480 = arena_.view(0, 2048);
-  {
-    float *__restrict v480p = v480.data();
-    const float *__restrict v241p = v241.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v241p[i0];
-      const float s1 = s0 * s0;
-      v480p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v481 = arena_.view(100096, 1);
-  static const support::Shape shape11_1 = {};
-  static const support::Shape shape11_3 = {};
-  static const support::Shape shape11_4 = {64, 2, 16};
-  static const support::Shape shape11_5 = {32, 16, 1};
-  support::reduce(v481.data(), shape11_1, v480.data(), shape11_3, shape11_4, shape11_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v236 = arena_.view(263680, 2048);
   support::View v485 = arena_.view(0, 2048);
-  {
-    float *__restrict v485p = v485.data();
-    const float *__restrict v236p = v236.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v236p[i0];
-      const float s1 = s0 * s0;
-      v485p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v486 = arena_.view(100160, 1);
-  static const support::Shape shape13_1 = {};
-  static const support::Shape shape13_3 = {};
-  static const support::Shape shape13_4 = {64, 2, 16};
-  static const support::Shape shape13_5 = {32, 16, 1};
-  support::reduce(v486.data(), shape13_1, v485.data(), shape13_3, shape13_4, shape13_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v233 = arena_.view(255488, 2048);
   support::View v490 = arena_.view(0, 2048);
-  {
-    float *__restrict v490p = v490.data();
-    const float *__restrict v233p = v233.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v233p[i0];
-      const float s1 = s0 * s0;
-      v490p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v491 = arena_.view(100224, 1);
-  static const support::Shape shape15_1 = {};
-  static const support::Shape shape15_3 = {};
-  static const support::Shape shape15_4 = {64, 2, 16};
-  static const support::Shape shape15_5 = {32, 16, 1};
-  support::reduce(v491.data(), shape15_1, v490.data(), shape15_3, shape15_4, shape15_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v222 = arena_.view(247296, 2048);
   support::View v495 = arena_.view(0, 2048);
-  {
-    float *__restrict v495p = v495.data();
-    const float *__restrict v222p = v222.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v222p[i0];
-      const float s1 = s0 * s0;
-      v495p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v496 = arena_.view(100288, 1);
-  static const support::Shape shape17_1 = {};
-  static const support::Shape shape17_3 = {};
-  static const support::Shape shape17_4 = {2, 16, 64};
-  static const support::Shape shape17_5 = {1024, 64, 1};
-  support::reduce(v496.data(), shape17_1, v495.data(), shape17_3, shape17_4, shape17_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v195 = arena_.view(49152, 4096);
   support::View v508 = arena_.view(0, 4096);
-  {
-    float *__restrict v508p = v508.data();
-    const float *__restrict v195p = v195.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v195p[i0];
-      const float s1 = s0 * s0;
-      v508p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v509 = arena_.view(100352, 1);
-  static const support::Shape shape19_1 = {};
-  static const support::Shape shape19_3 = {};
-  static const support::Shape shape19_4 = {64, 64};
-  static const support::Shape shape19_5 = {64, 1};
-  support::reduce(v509.data(), shape19_1, v508.data(), shape19_3, shape19_4, shape19_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v169 = arena_.view(65536, 4096);
   support::View v513 = arena_.view(0, 4096);
-  {
-    float *__restrict v513p = v513.data();
-    const float *__restrict v169p = v169.data();
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v169p[i0];
-      const float s1 = s0 * s0;
-      v513p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
+  support::View v481 = arena_.view(100096, 1);
+  support::View v486 = arena_.view(100160, 1);
+  support::View v491 = arena_.view(100224, 1);
+  support::View v496 = arena_.view(100288, 1);
+  support::View v509 = arena_.view(100352, 1);
   support::View v514 = arena_.view(100416, 1);
-  static const support::Shape shape21_1 = {};
-  static const support::Shape shape21_3 = {};
-  static const support::Shape shape21_4 = {64, 64};
-  static const support::Shape shape21_5 = {64, 1};
-  support::reduce(v514.data(), shape21_1, v513.data(), shape21_3, shape21_4, shape21_5,
-                  support::Reduce::Sum, 1.0);
+  repeated5(v241, v480, v481, v236, v485, v486, v233, v490, v491, v222, v495, v496, v195, v508,
+            v509, v169, v513, v514);
 
   // vit.mesh:112:3 bucketed_all_reduce_sum (resolve the partial sum of %404 over model for add at
   // 112:3; merged with 11 more partial sums over model (%433, %438, %443, ...): 48 B in one buffer)
-  support::View v427 = arena_.view(99712, 1);
   auto request2 = support::startAllReduce(
       group_model, {v427, v432, v437, v442, v455, v460, v481, v486, v491, v496, v509, v514},
       meshrt::ReduceOp::Sum);
 
-  // vit.mesh:112:3 square
-  support::View v295 = arena_.view(169216, 64);
+  // 6 statements from vit.mesh:112:3 square (2 of 4)
   support::View v446 = arena_.view(0, 64);
-  {
-    float *__restrict v446p = v446.data();
-    const float *__restrict v295p = v295.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v295p[i0];
-      const float s1 = s0 * s0;
-      v446p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v447 = arena_.view(256, 1);
-  static const support::Shape shape24_1 = {};
-  static const support::Shape shape24_3 = {};
-  static const support::Shape shape24_4 = {64};
-  static const support::Shape shape24_5 = {1};
-  support::reduce(v447.data(), shape24_1, v446.data(), shape24_3, shape24_4, shape24_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v292 = arena_.view(168960, 64);
   support::View v450 = arena_.view(0, 64);
-  {
-    float *__restrict v450p = v450.data();
-    const float *__restrict v292p = v292.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v292p[i0];
-      const float s1 = s0 * s0;
-      v450p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v451 = arena_.view(320, 1);
-  static const support::Shape shape26_1 = {};
-  static const support::Shape shape26_3 = {};
-  static const support::Shape shape26_4 = {64};
-  static const support::Shape shape26_5 = {1};
-  support::reduce(v451.data(), shape26_1, v450.data(), shape26_3, shape26_4, shape26_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v219 = arena_.view(273920, 64);
   support::View v464 = arena_.view(0, 64);
-  {
-    float *__restrict v464p = v464.data();
-    const float *__restrict v219p = v219.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v219p[i0];
-      const float s1 = s0 * s0;
-      v464p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
+  support::View v447 = arena_.view(256, 1);
+  support::View v451 = arena_.view(320, 1);
   support::View v465 = arena_.view(384, 1);
-  static const support::Shape shape28_1 = {};
-  static const support::Shape shape28_3 = {};
-  static const support::Shape shape28_4 = {64};
-  static const support::Shape shape28_5 = {1};
-  support::reduce(v465.data(), shape28_1, v464.data(), shape28_3, shape28_4, shape28_5,
-                  support::Reduce::Sum, 1.0);
+  repeated4(v295, v446, v447, v292, v450, v451, v219, v464, v465);
 
-  // vit.mesh:112:3 square
-  support::View v164 = arena_.view(290816, 64);
+  // 6 statements from vit.mesh:112:3 square (3 of 4)
   support::View v468 = arena_.view(0, 64);
-  {
-    float *__restrict v468p = v468.data();
-    const float *__restrict v164p = v164.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v164p[i0];
-      const float s1 = s0 * s0;
-      v468p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v469 = arena_.view(448, 1);
-  static const support::Shape shape30_1 = {};
-  static const support::Shape shape30_3 = {};
-  static const support::Shape shape30_4 = {64};
-  static const support::Shape shape30_5 = {1};
-  support::reduce(v469.data(), shape30_1, v468.data(), shape30_3, shape30_4, shape30_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v246 = arena_.view(238336, 64);
   support::View v472 = arena_.view(0, 64);
-  {
-    float *__restrict v472p = v472.data();
-    const float *__restrict v246p = v246.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v246p[i0];
-      const float s1 = s0 * s0;
-      v472p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v473 = arena_.view(512, 1);
-  static const support::Shape shape32_1 = {};
-  static const support::Shape shape32_3 = {};
-  static const support::Shape shape32_4 = {64};
-  static const support::Shape shape32_5 = {1};
-  support::reduce(v473.data(), shape32_1, v472.data(), shape32_3, shape32_4, shape32_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v243 = arena_.view(238080, 64);
   support::View v476 = arena_.view(0, 64);
-  {
-    float *__restrict v476p = v476.data();
-    const float *__restrict v243p = v243.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v243p[i0];
-      const float s1 = s0 * s0;
-      v476p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
+  support::View v469 = arena_.view(448, 1);
+  support::View v473 = arena_.view(512, 1);
   support::View v477 = arena_.view(576, 1);
-  static const support::Shape shape34_1 = {};
-  static const support::Shape shape34_3 = {};
-  static const support::Shape shape34_4 = {64};
-  static const support::Shape shape34_5 = {1};
-  support::reduce(v477.data(), shape34_1, v476.data(), shape34_3, shape34_4, shape34_5,
-                  support::Reduce::Sum, 1.0);
+  repeated4(v164, v468, v469, v246, v472, v473, v243, v476, v477);
 
-  // vit.mesh:112:3 square
-  support::View v201 = arena_.view(273664, 64);
+  // 6 statements from vit.mesh:112:3 square (4 of 4)
   support::View v500 = arena_.view(0, 64);
-  {
-    float *__restrict v500p = v500.data();
-    const float *__restrict v201p = v201.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v201p[i0];
-      const float s1 = s0 * s0;
-      v500p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v501 = arena_.view(640, 1);
-  static const support::Shape shape36_1 = {};
-  static const support::Shape shape36_3 = {};
-  static const support::Shape shape36_4 = {64};
-  static const support::Shape shape36_5 = {1};
-  support::reduce(v501.data(), shape36_1, v500.data(), shape36_3, shape36_4, shape36_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v198 = arena_.view(273408, 64);
   support::View v504 = arena_.view(0, 64);
-  {
-    float *__restrict v504p = v504.data();
-    const float *__restrict v198p = v198.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v198p[i0];
-      const float s1 = s0 * s0;
-      v504p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
-  support::View v505 = arena_.view(704, 1);
-  static const support::Shape shape38_1 = {};
-  static const support::Shape shape38_3 = {};
-  static const support::Shape shape38_4 = {64};
-  static const support::Shape shape38_5 = {1};
-  support::reduce(v505.data(), shape38_1, v504.data(), shape38_3, shape38_4, shape38_5,
-                  support::Reduce::Sum, 1.0);
-
-  // vit.mesh:112:3 square
-  support::View v146 = arena_.view(378752, 64);
   support::View v518 = arena_.view(0, 64);
-  {
-    float *__restrict v518p = v518.data();
-    const float *__restrict v146p = v146.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v146p[i0];
-      const float s1 = s0 * s0;
-      v518p[i0] = s1;
-    }
-  }
-
-  // vit.mesh:112:3 sum
+  support::View v501 = arena_.view(640, 1);
+  support::View v505 = arena_.view(704, 1);
   support::View v519 = arena_.view(768, 1);
-  static const support::Shape shape40_1 = {};
-  static const support::Shape shape40_3 = {};
-  static const support::Shape shape40_4 = {64};
-  static const support::Shape shape40_5 = {1};
-  support::reduce(v519.data(), shape40_1, v518.data(), shape40_3, shape40_4, shape40_5,
-                  support::Reduce::Sum, 1.0);
+  repeated4(v201, v500, v501, v198, v504, v505, v146, v518, v519);
 
   // vit.mesh:112:3 square
-  support::View v143 = arena_.view(378496, 64);
   support::View v522 = arena_.view(0, 64);
   {
     float *__restrict v522p = v522.data();
@@ -5334,17 +2619,17 @@ void TrainVit::runPart10(const Inputs &inputs) {
 
   // vit.mesh:112:3 sum
   support::View v523 = arena_.view(832, 1);
-  static const support::Shape shape42_1 = {};
-  static const support::Shape shape42_3 = {};
-  static const support::Shape shape42_4 = {64};
-  static const support::Shape shape42_5 = {1};
-  support::reduce(v523.data(), shape42_1, v522.data(), shape42_3, shape42_4, shape42_5,
+  static const support::Shape shape28_1 = {};
+  static const support::Shape shape28_3 = {};
+  static const support::Shape shape28_4 = {64};
+  static const support::Shape shape28_5 = {1};
+  support::reduce(v523.data(), shape28_1, v522.data(), shape28_3, shape28_4, shape28_5,
                   support::Reduce::Sum, 1.0);
 
   group_model.wait(request2);
 }
 
-void TrainVit::runPart11(const Inputs &inputs) {
+void TrainVit::runPart3(const Inputs &inputs) {
   (void)inputs;
 
   // vit.mesh:112:3 add
@@ -5929,212 +3214,150 @@ void TrainVit::runPart11(const Inputs &inputs) {
     }
   }
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
+  // 1 statements from vit.mesh:112:3 mul (1 of 3)
   support::View v7(param5_vit_embed_patches_b_patch); // updated in place
   support::View v361 = arena_.view(98816, 64);
   support::View v668(param42_vit_embed_patches_b_patch_m); // updated in place
   support::View v669(param43_vit_embed_patches_b_patch_v); // updated in place
-  {
-    float *__restrict v668p = v668.data();
-    float *__restrict v669p = v669.data();
-    float *__restrict v7p = v7.data();
-    const float *__restrict v361p = v361.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v7p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v361p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v668p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v669p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v7p[i0];
-      const float s31 = (s30 - s29);
-      v668p[i0] = s11;
-      v669p[i0] = s18;
-      v7p[i0] = s31;
-    }
-  }
+  repeated3(v7, v361, v527, v668, v669, v574, v576, v385);
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention_scale
+  // 1 statements from vit.mesh:112:3 mul (2 of 3)
   support::View v23(param6_vit_encoder_layer_0_attention_scale); // updated in place
   support::View v313 = arena_.view(169472, 64);
   support::View v688(param44_vit_encoder_layer_0_attention_scale_m); // updated in place
   support::View v689(param45_vit_encoder_layer_0_attention_scale_v); // updated in place
-  {
-    float *__restrict v688p = v688.data();
-    float *__restrict v689p = v689.data();
-    float *__restrict v23p = v23.data();
-    const float *__restrict v313p = v313.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v23p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v313p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v688p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v689p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v23p[i0];
-      const float s31 = (s30 - s29);
-      v688p[i0] = s11;
-      v689p[i0] = s18;
-      v23p[i0] = s31;
-    }
-  }
+  repeated3(v23, v313, v527, v688, v689, v574, v576, v385);
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn_scale
+  // 1 statements from vit.mesh:112:3 mul (3 of 3)
   support::View v24(param7_vit_encoder_layer_0_ffn_scale); // updated in place
   support::View v264 = arena_.view(186368, 64);
   support::View v708(param46_vit_encoder_layer_0_ffn_scale_m); // updated in place
   support::View v709(param47_vit_encoder_layer_0_ffn_scale_v); // updated in place
-  {
-    float *__restrict v708p = v708.data();
-    float *__restrict v709p = v709.data();
-    float *__restrict v24p = v24.data();
-    const float *__restrict v264p = v264.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v24p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v264p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v708p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v709p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v24p[i0];
-      const float s31 = (s30 - s29);
-      v708p[i0] = s11;
-      v709p[i0] = s18;
-      v24p[i0] = s31;
-    }
-  }
+  repeated3(v24, v264, v527, v708, v709, v574, v576, v385);
+
+  // 12 statements from vit.mesh:112:3 mul (1 of 2)
+  support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
+  support::View v340 = arena_.view(116480, 64);
+  support::View v728(param48_vit_encoder_layer_0_norm_gain_m); // updated in place
+  support::View v729(param49_vit_encoder_layer_0_norm_gain_v); // updated in place
+  support::View v26(param9_vit_encoder_layer_0_norm_bias);     // updated in place
+  support::View v337 = arena_.view(116224, 64);
+  support::View v748(param50_vit_encoder_layer_0_norm_bias_m);  // updated in place
+  support::View v749(param51_vit_encoder_layer_0_norm_bias_v);  // updated in place
+  support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
+  support::View v335 = arena_.view(108032, 2048);
+  support::View v768(param52_vit_encoder_layer_0_attention_w_q_m); // updated in place
+  support::View v769(param53_vit_encoder_layer_0_attention_w_q_v); // updated in place
+  support::View v31(param11_vit_encoder_layer_0_attention_w_k);    // updated in place
+  support::View v330 = arena_.view(159232, 2048);
+  support::View v788(param54_vit_encoder_layer_0_attention_w_k_m); // updated in place
+  support::View v789(param55_vit_encoder_layer_0_attention_w_k_v); // updated in place
+  support::View v32(param12_vit_encoder_layer_0_attention_w_v);    // updated in place
+  support::View v327 = arena_.view(151040, 2048);
+  support::View v808(param56_vit_encoder_layer_0_attention_w_v_m); // updated in place
+  support::View v809(param57_vit_encoder_layer_0_attention_w_v_v); // updated in place
+  support::View v33(param13_vit_encoder_layer_0_attention_w_o);    // updated in place
+  support::View v316 = arena_.view(142848, 2048);
+  support::View v828(param58_vit_encoder_layer_0_attention_w_o_m); // updated in place
+  support::View v829(param59_vit_encoder_layer_0_attention_w_o_v); // updated in place
+  support::View v49(param14_vit_encoder_layer_0_norm_1_gain);      // updated in place
+  support::View v295 = arena_.view(169216, 64);
+  support::View v848(param60_vit_encoder_layer_0_norm_1_gain_m); // updated in place
+  support::View v849(param61_vit_encoder_layer_0_norm_1_gain_v); // updated in place
+  support::View v50(param15_vit_encoder_layer_0_norm_1_bias);    // updated in place
+  support::View v292 = arena_.view(168960, 64);
+  support::View v868(param62_vit_encoder_layer_0_norm_1_bias_m); // updated in place
+  support::View v869(param63_vit_encoder_layer_0_norm_1_bias_v); // updated in place
+  support::View v54(param16_vit_encoder_layer_0_ffn_w_in);       // updated in place
+  support::View v289 = arena_.view(16384, 4096);
+  support::View v888(param64_vit_encoder_layer_0_ffn_w_in_m); // updated in place
+  support::View v889(param65_vit_encoder_layer_0_ffn_w_in_v); // updated in place
+  support::View v55(param17_vit_encoder_layer_0_ffn_w_out);   // updated in place
+  support::View v269 = arena_.view(32768, 4096);
+  support::View v908(param66_vit_encoder_layer_0_ffn_w_out_m);    // updated in place
+  support::View v909(param67_vit_encoder_layer_0_ffn_w_out_v);    // updated in place
+  support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
+  support::View v219 = arena_.view(273920, 64);
+  support::View v928(param68_vit_encoder_layer_1_attention_scale_m); // updated in place
+  support::View v929(param69_vit_encoder_layer_1_attention_scale_v); // updated in place
+  support::View v68(param19_vit_encoder_layer_1_ffn_scale);          // updated in place
+  support::View v164 = arena_.view(290816, 64);
+  support::View v948(param70_vit_encoder_layer_1_ffn_scale_m); // updated in place
+  support::View v949(param71_vit_encoder_layer_1_ffn_scale_v); // updated in place
+  repeated0(v25, v340, v527, v728, v729, v574, v576, v385, v26, v337, v748, v749, v30, v335, v768,
+            v769, v31, v330, v788, v789, v32, v327, v808, v809, v33, v316, v828, v829, v49, v295,
+            v848, v849, v50, v292, v868, v869, v54, v289, v888, v889, v55, v269, v908, v909, v67,
+            v219, v928, v929, v68, v164, v948, v949);
+
+  // 12 statements from vit.mesh:112:3 mul (2 of 2)
+  support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
+  support::View v246 = arena_.view(238336, 64);
+  support::View v968(param72_vit_encoder_layer_1_norm_gain_m); // updated in place
+  support::View v969(param73_vit_encoder_layer_1_norm_gain_v); // updated in place
+  support::View v70(param21_vit_encoder_layer_1_norm_bias);    // updated in place
+  support::View v243 = arena_.view(238080, 64);
+  support::View v988(param74_vit_encoder_layer_1_norm_bias_m);  // updated in place
+  support::View v989(param75_vit_encoder_layer_1_norm_bias_v);  // updated in place
+  support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
+  support::View v241 = arena_.view(229888, 2048);
+  support::View v1008(param76_vit_encoder_layer_1_attention_w_q_m); // updated in place
+  support::View v1009(param77_vit_encoder_layer_1_attention_w_q_v); // updated in place
+  support::View v75(param23_vit_encoder_layer_1_attention_w_k);     // updated in place
+  support::View v236 = arena_.view(263680, 2048);
+  support::View v1028(param78_vit_encoder_layer_1_attention_w_k_m); // updated in place
+  support::View v1029(param79_vit_encoder_layer_1_attention_w_k_v); // updated in place
+  support::View v76(param24_vit_encoder_layer_1_attention_w_v);     // updated in place
+  support::View v233 = arena_.view(255488, 2048);
+  support::View v1048(param80_vit_encoder_layer_1_attention_w_v_m); // updated in place
+  support::View v1049(param81_vit_encoder_layer_1_attention_w_v_v); // updated in place
+  support::View v77(param25_vit_encoder_layer_1_attention_w_o);     // updated in place
+  support::View v222 = arena_.view(247296, 2048);
+  support::View v1068(param82_vit_encoder_layer_1_attention_w_o_m); // updated in place
+  support::View v1069(param83_vit_encoder_layer_1_attention_w_o_v); // updated in place
+  support::View v93(param26_vit_encoder_layer_1_norm_1_gain);       // updated in place
+  support::View v201 = arena_.view(273664, 64);
+  support::View v1088(param84_vit_encoder_layer_1_norm_1_gain_m); // updated in place
+  support::View v1089(param85_vit_encoder_layer_1_norm_1_gain_v); // updated in place
+  support::View v94(param27_vit_encoder_layer_1_norm_1_bias);     // updated in place
+  support::View v198 = arena_.view(273408, 64);
+  support::View v1108(param86_vit_encoder_layer_1_norm_1_bias_m); // updated in place
+  support::View v1109(param87_vit_encoder_layer_1_norm_1_bias_v); // updated in place
+  support::View v98(param28_vit_encoder_layer_1_ffn_w_in);        // updated in place
+  support::View v195 = arena_.view(49152, 4096);
+  support::View v1128(param88_vit_encoder_layer_1_ffn_w_in_m); // updated in place
+  support::View v1129(param89_vit_encoder_layer_1_ffn_w_in_v); // updated in place
+  support::View v99(param29_vit_encoder_layer_1_ffn_w_out);    // updated in place
+  support::View v169 = arena_.view(65536, 4096);
+  support::View v1148(param90_vit_encoder_layer_1_ffn_w_out_m); // updated in place
+  support::View v1149(param91_vit_encoder_layer_1_ffn_w_out_v); // updated in place
+  support::View v111(param30_vit_norm_gain);                    // updated in place
+  support::View v146 = arena_.view(378752, 64);
+  support::View v1168(param92_vit_norm_gain_m); // updated in place
+  support::View v1169(param93_vit_norm_gain_v); // updated in place
+  support::View v112(param31_vit_norm_bias);    // updated in place
+  support::View v143 = arena_.view(378496, 64);
+  support::View v1188(param94_vit_norm_bias_m); // updated in place
+  support::View v1189(param95_vit_norm_bias_v); // updated in place
+  repeated0(v69, v246, v527, v968, v969, v574, v576, v385, v70, v243, v988, v989, v74, v241, v1008,
+            v1009, v75, v236, v1028, v1029, v76, v233, v1048, v1049, v77, v222, v1068, v1069, v93,
+            v201, v1088, v1089, v94, v198, v1108, v1109, v98, v195, v1128, v1129, v99, v169, v1148,
+            v1149, v111, v146, v1168, v1169, v112, v143, v1188, v1189);
+}
+
+void TrainVit::repeated0(
+    support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
+    support::View a4, support::ConstView a5, support::ConstView a6, support::ConstView a7,
+    support::View a8, support::ConstView a9, support::View a10, support::View a11,
+    support::View a12, support::ConstView a13, support::View a14, support::View a15,
+    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+    support::View a20, support::ConstView a21, support::View a22, support::View a23,
+    support::View a24, support::ConstView a25, support::View a26, support::View a27,
+    support::View a28, support::ConstView a29, support::View a30, support::View a31,
+    support::View a32, support::ConstView a33, support::View a34, support::View a35,
+    support::View a36, support::ConstView a37, support::View a38, support::View a39,
+    support::View a40, support::ConstView a41, support::View a42, support::View a43,
+    support::View a44, support::ConstView a45, support::View a46, support::View a47,
+    support::View a48, support::ConstView a49, support::View a50, support::View a51) {
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -6153,55 +3376,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/gain
-  support::View v25(param8_vit_encoder_layer_0_norm_gain); // updated in place
-  support::View v340 = arena_.view(116480, 64);
-  support::View v728(param48_vit_encoder_layer_0_norm_gain_m); // updated in place
-  support::View v729(param49_vit_encoder_layer_0_norm_gain_v); // updated in place
   {
-    float *__restrict v728p = v728.data();
-    float *__restrict v729p = v729.data();
-    float *__restrict v25p = v25.data();
-    const float *__restrict v340p = v340.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v25p[i0];
+      const float s0 = a0p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v340p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a1p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v728p[i0];
+      const float s8 = a3p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v729p[i0];
+      const float s15 = a4p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v25p[i0];
+      const float s30 = a0p[i0];
       const float s31 = (s30 - s29);
-      v728p[i0] = s11;
-      v729p[i0] = s18;
-      v25p[i0] = s31;
+      a3p[i0] = s11;
+      a4p[i0] = s18;
+      a0p[i0] = s31;
     }
   }
 
@@ -6222,55 +3441,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm/bias
-  support::View v26(param9_vit_encoder_layer_0_norm_bias); // updated in place
-  support::View v337 = arena_.view(116224, 64);
-  support::View v748(param50_vit_encoder_layer_0_norm_bias_m); // updated in place
-  support::View v749(param51_vit_encoder_layer_0_norm_bias_v); // updated in place
   {
-    float *__restrict v748p = v748.data();
-    float *__restrict v749p = v749.data();
-    float *__restrict v26p = v26.data();
-    const float *__restrict v337p = v337.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a10p = a10.data();
+    float *__restrict a11p = a11.data();
+    float *__restrict a8p = a8.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v26p[i0];
+      const float s0 = a8p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v337p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a9p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v748p[i0];
+      const float s8 = a10p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v749p[i0];
+      const float s15 = a11p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v26p[i0];
+      const float s30 = a8p[i0];
       const float s31 = (s30 - s29);
-      v748p[i0] = s11;
-      v749p[i0] = s18;
-      v26p[i0] = s31;
+      a10p[i0] = s11;
+      a11p[i0] = s18;
+      a8p[i0] = s31;
     }
   }
 
@@ -6291,55 +3506,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_q
-  support::View v30(param10_vit_encoder_layer_0_attention_w_q); // updated in place
-  support::View v335 = arena_.view(108032, 2048);
-  support::View v768(param52_vit_encoder_layer_0_attention_w_q_m); // updated in place
-  support::View v769(param53_vit_encoder_layer_0_attention_w_q_v); // updated in place
   {
-    float *__restrict v768p = v768.data();
-    float *__restrict v769p = v769.data();
-    float *__restrict v30p = v30.data();
-    const float *__restrict v335p = v335.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a14p = a14.data();
+    float *__restrict a15p = a15.data();
+    float *__restrict a12p = a12.data();
+    const float *__restrict a13p = a13.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v30p[i0];
+      const float s0 = a12p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v335p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a13p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v768p[i0];
+      const float s8 = a14p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v769p[i0];
+      const float s15 = a15p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v30p[i0];
+      const float s30 = a12p[i0];
       const float s31 = (s30 - s29);
-      v768p[i0] = s11;
-      v769p[i0] = s18;
-      v30p[i0] = s31;
+      a14p[i0] = s11;
+      a15p[i0] = s18;
+      a12p[i0] = s31;
     }
   }
 
@@ -6360,55 +3571,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_k
-  support::View v31(param11_vit_encoder_layer_0_attention_w_k); // updated in place
-  support::View v330 = arena_.view(159232, 2048);
-  support::View v788(param54_vit_encoder_layer_0_attention_w_k_m); // updated in place
-  support::View v789(param55_vit_encoder_layer_0_attention_w_k_v); // updated in place
   {
-    float *__restrict v788p = v788.data();
-    float *__restrict v789p = v789.data();
-    float *__restrict v31p = v31.data();
-    const float *__restrict v330p = v330.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a18p = a18.data();
+    float *__restrict a19p = a19.data();
+    float *__restrict a16p = a16.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v31p[i0];
+      const float s0 = a16p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v330p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a17p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v788p[i0];
+      const float s8 = a18p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v789p[i0];
+      const float s15 = a19p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v31p[i0];
+      const float s30 = a16p[i0];
       const float s31 = (s30 - s29);
-      v788p[i0] = s11;
-      v789p[i0] = s18;
-      v31p[i0] = s31;
+      a18p[i0] = s11;
+      a19p[i0] = s18;
+      a16p[i0] = s31;
     }
   }
 
@@ -6429,55 +3636,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_v
-  support::View v32(param12_vit_encoder_layer_0_attention_w_v); // updated in place
-  support::View v327 = arena_.view(151040, 2048);
-  support::View v808(param56_vit_encoder_layer_0_attention_w_v_m); // updated in place
-  support::View v809(param57_vit_encoder_layer_0_attention_w_v_v); // updated in place
   {
-    float *__restrict v808p = v808.data();
-    float *__restrict v809p = v809.data();
-    float *__restrict v32p = v32.data();
-    const float *__restrict v327p = v327.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a22p = a22.data();
+    float *__restrict a23p = a23.data();
+    float *__restrict a20p = a20.data();
+    const float *__restrict a21p = a21.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v32p[i0];
+      const float s0 = a20p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v327p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a21p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v808p[i0];
+      const float s8 = a22p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v809p[i0];
+      const float s15 = a23p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v32p[i0];
+      const float s30 = a20p[i0];
       const float s31 = (s30 - s29);
-      v808p[i0] = s11;
-      v809p[i0] = s18;
-      v32p[i0] = s31;
+      a22p[i0] = s11;
+      a23p[i0] = s18;
+      a20p[i0] = s31;
     }
   }
 
@@ -6498,55 +3701,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/attention/w_o
-  support::View v33(param13_vit_encoder_layer_0_attention_w_o); // updated in place
-  support::View v316 = arena_.view(142848, 2048);
-  support::View v828(param58_vit_encoder_layer_0_attention_w_o_m); // updated in place
-  support::View v829(param59_vit_encoder_layer_0_attention_w_o_v); // updated in place
   {
-    float *__restrict v828p = v828.data();
-    float *__restrict v829p = v829.data();
-    float *__restrict v33p = v33.data();
-    const float *__restrict v316p = v316.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a26p = a26.data();
+    float *__restrict a27p = a27.data();
+    float *__restrict a24p = a24.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v33p[i0];
+      const float s0 = a24p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v316p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a25p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v828p[i0];
+      const float s8 = a26p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v829p[i0];
+      const float s15 = a27p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v33p[i0];
+      const float s30 = a24p[i0];
       const float s31 = (s30 - s29);
-      v828p[i0] = s11;
-      v829p[i0] = s18;
-      v33p[i0] = s31;
+      a26p[i0] = s11;
+      a27p[i0] = s18;
+      a24p[i0] = s31;
     }
   }
 
@@ -6567,55 +3766,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/gain
-  support::View v49(param14_vit_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v295 = arena_.view(169216, 64);
-  support::View v848(param60_vit_encoder_layer_0_norm_1_gain_m); // updated in place
-  support::View v849(param61_vit_encoder_layer_0_norm_1_gain_v); // updated in place
   {
-    float *__restrict v848p = v848.data();
-    float *__restrict v849p = v849.data();
-    float *__restrict v49p = v49.data();
-    const float *__restrict v295p = v295.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a30p = a30.data();
+    float *__restrict a31p = a31.data();
+    float *__restrict a28p = a28.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v49p[i0];
+      const float s0 = a28p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v295p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a29p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v848p[i0];
+      const float s8 = a30p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v849p[i0];
+      const float s15 = a31p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v49p[i0];
+      const float s30 = a28p[i0];
       const float s31 = (s30 - s29);
-      v848p[i0] = s11;
-      v849p[i0] = s18;
-      v49p[i0] = s31;
+      a30p[i0] = s11;
+      a31p[i0] = s18;
+      a28p[i0] = s31;
     }
   }
 
@@ -6636,55 +3831,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/norm#1/bias
-  support::View v50(param15_vit_encoder_layer_0_norm_1_bias); // updated in place
-  support::View v292 = arena_.view(168960, 64);
-  support::View v868(param62_vit_encoder_layer_0_norm_1_bias_m); // updated in place
-  support::View v869(param63_vit_encoder_layer_0_norm_1_bias_v); // updated in place
   {
-    float *__restrict v868p = v868.data();
-    float *__restrict v869p = v869.data();
-    float *__restrict v50p = v50.data();
-    const float *__restrict v292p = v292.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a34p = a34.data();
+    float *__restrict a35p = a35.data();
+    float *__restrict a32p = a32.data();
+    const float *__restrict a33p = a33.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v50p[i0];
+      const float s0 = a32p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v292p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a33p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v868p[i0];
+      const float s8 = a34p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v869p[i0];
+      const float s15 = a35p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v50p[i0];
+      const float s30 = a32p[i0];
       const float s31 = (s30 - s29);
-      v868p[i0] = s11;
-      v869p[i0] = s18;
-      v50p[i0] = s31;
+      a34p[i0] = s11;
+      a35p[i0] = s18;
+      a32p[i0] = s31;
     }
   }
 
@@ -6705,55 +3896,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_in
-  support::View v54(param16_vit_encoder_layer_0_ffn_w_in); // updated in place
-  support::View v289 = arena_.view(16384, 4096);
-  support::View v888(param64_vit_encoder_layer_0_ffn_w_in_m); // updated in place
-  support::View v889(param65_vit_encoder_layer_0_ffn_w_in_v); // updated in place
   {
-    float *__restrict v888p = v888.data();
-    float *__restrict v889p = v889.data();
-    float *__restrict v54p = v54.data();
-    const float *__restrict v289p = v289.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a38p = a38.data();
+    float *__restrict a39p = a39.data();
+    float *__restrict a36p = a36.data();
+    const float *__restrict a37p = a37.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v54p[i0];
+      const float s0 = a36p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v289p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a37p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v888p[i0];
+      const float s8 = a38p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v889p[i0];
+      const float s15 = a39p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v54p[i0];
+      const float s30 = a36p[i0];
       const float s31 = (s30 - s29);
-      v888p[i0] = s11;
-      v889p[i0] = s18;
-      v54p[i0] = s31;
+      a38p[i0] = s11;
+      a39p[i0] = s18;
+      a36p[i0] = s31;
     }
   }
 
@@ -6774,55 +3961,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[0]/ffn/w_out
-  support::View v55(param17_vit_encoder_layer_0_ffn_w_out); // updated in place
-  support::View v269 = arena_.view(32768, 4096);
-  support::View v908(param66_vit_encoder_layer_0_ffn_w_out_m); // updated in place
-  support::View v909(param67_vit_encoder_layer_0_ffn_w_out_v); // updated in place
   {
-    float *__restrict v908p = v908.data();
-    float *__restrict v909p = v909.data();
-    float *__restrict v55p = v55.data();
-    const float *__restrict v269p = v269.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a42p = a42.data();
+    float *__restrict a43p = a43.data();
+    float *__restrict a40p = a40.data();
+    const float *__restrict a41p = a41.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v55p[i0];
+      const float s0 = a40p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v269p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a41p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v908p[i0];
+      const float s8 = a42p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v909p[i0];
+      const float s15 = a43p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v55p[i0];
+      const float s30 = a40p[i0];
       const float s31 = (s30 - s29);
-      v908p[i0] = s11;
-      v909p[i0] = s18;
-      v55p[i0] = s31;
+      a42p[i0] = s11;
+      a43p[i0] = s18;
+      a40p[i0] = s31;
     }
   }
 
@@ -6843,55 +4026,51 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention_scale
-  support::View v67(param18_vit_encoder_layer_1_attention_scale); // updated in place
-  support::View v219 = arena_.view(273920, 64);
-  support::View v928(param68_vit_encoder_layer_1_attention_scale_m); // updated in place
-  support::View v929(param69_vit_encoder_layer_1_attention_scale_v); // updated in place
   {
-    float *__restrict v928p = v928.data();
-    float *__restrict v929p = v929.data();
-    float *__restrict v67p = v67.data();
-    const float *__restrict v219p = v219.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a46p = a46.data();
+    float *__restrict a47p = a47.data();
+    float *__restrict a44p = a44.data();
+    const float *__restrict a45p = a45.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v67p[i0];
+      const float s0 = a44p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v219p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a45p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v928p[i0];
+      const float s8 = a46p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v929p[i0];
+      const float s15 = a47p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v67p[i0];
+      const float s30 = a44p[i0];
       const float s31 = (s30 - s29);
-      v928p[i0] = s11;
-      v929p[i0] = s18;
-      v67p[i0] = s31;
+      a46p[i0] = s11;
+      a47p[i0] = s18;
+      a44p[i0] = s31;
     }
   }
 
@@ -6912,755 +4091,1008 @@ void TrainVit::runPart11(const Inputs &inputs) {
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn_scale
-  support::View v68(param19_vit_encoder_layer_1_ffn_scale); // updated in place
-  support::View v164 = arena_.view(290816, 64);
-  support::View v948(param70_vit_encoder_layer_1_ffn_scale_m); // updated in place
-  support::View v949(param71_vit_encoder_layer_1_ffn_scale_v); // updated in place
   {
-    float *__restrict v948p = v948.data();
-    float *__restrict v949p = v949.data();
-    float *__restrict v68p = v68.data();
-    const float *__restrict v164p = v164.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a50p = a50.data();
+    float *__restrict a51p = a51.data();
+    float *__restrict a48p = a48.data();
+    const float *__restrict a49p = a49.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v68p[i0];
+      const float s0 = a48p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v164p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a49p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v948p[i0];
+      const float s8 = a50p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v949p[i0];
+      const float s15 = a51p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v68p[i0];
+      const float s30 = a48p[i0];
       const float s31 = (s30 - s29);
-      v948p[i0] = s11;
-      v949p[i0] = s18;
-      v68p[i0] = s31;
-    }
-  }
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm/gain
-  support::View v69(param20_vit_encoder_layer_1_norm_gain); // updated in place
-  support::View v246 = arena_.view(238336, 64);
-  support::View v968(param72_vit_encoder_layer_1_norm_gain_m); // updated in place
-  support::View v969(param73_vit_encoder_layer_1_norm_gain_v); // updated in place
-  {
-    float *__restrict v968p = v968.data();
-    float *__restrict v969p = v969.data();
-    float *__restrict v69p = v69.data();
-    const float *__restrict v246p = v246.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v69p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v246p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v968p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v969p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v69p[i0];
-      const float s31 = (s30 - s29);
-      v968p[i0] = s11;
-      v969p[i0] = s18;
-      v69p[i0] = s31;
-    }
-  }
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm/bias
-  support::View v70(param21_vit_encoder_layer_1_norm_bias); // updated in place
-  support::View v243 = arena_.view(238080, 64);
-  support::View v988(param74_vit_encoder_layer_1_norm_bias_m); // updated in place
-  support::View v989(param75_vit_encoder_layer_1_norm_bias_v); // updated in place
-  {
-    float *__restrict v988p = v988.data();
-    float *__restrict v989p = v989.data();
-    float *__restrict v70p = v70.data();
-    const float *__restrict v243p = v243.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v70p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v243p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v988p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v989p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v70p[i0];
-      const float s31 = (s30 - s29);
-      v988p[i0] = s11;
-      v989p[i0] = s18;
-      v70p[i0] = s31;
+      a50p[i0] = s11;
+      a51p[i0] = s18;
+      a48p[i0] = s31;
     }
   }
 }
 
-void TrainVit::runPart12(const Inputs &inputs) {
-  (void)inputs;
+void TrainVit::repeated1(
+    support::View a0, support::ConstView a1, support::ConstView a2, support::View a3,
+    support::ConstView a4, support::View a5, support::ConstView a6, support::View a7,
+    support::View a8, support::ConstView a9, support::View a10, support::ConstView a11,
+    support::View a12, support::ConstView a13, support::View a14, support::View a15,
+    support::View a16, support::View a17, support::ConstView a18, support::View a19,
+    support::View a20, support::View a21, support::ConstView a22, support::View a23,
+    support::View a24, support::View a25, support::ConstView a26, support::View a27,
+    support::View a28, support::View a29, support::View a30, support::ConstView a31,
+    support::ConstView a32, support::ConstView a33, support::View a34, support::View a35,
+    support::View a36, support::View a37, support::View a38, support::ConstView a39,
+    support::View a40, support::ConstView a41, support::View a42, support::ConstView a43,
+    support::View a44, support::ConstView a45, support::View a46, support::View a47,
+    support::View a48, support::View a49, support::ConstView a50, support::View a51,
+    support::ConstView a52, support::View a53, support::ConstView a54, support::View a55,
+    support::ConstView a56, support::View a57, support::ConstView a58, support::View a59,
+    support::ConstView a60, support::View a61, support::ConstView a62, support::View a63,
+    support::View a64, support::ConstView a65, support::View a66, support::View a67,
+    support::ConstView a68, support::View a69, support::View a70, support::View a71,
+    support::ConstView a72, support::View a73, support::View a74, support::View a75,
+    support::ConstView a76, support::View a77, support::View a78, support::View a79,
+    support::View a80, const char *t0, const char *t1) {
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_q
-  support::View v74(param22_vit_encoder_layer_1_attention_w_q); // updated in place
-  support::View v241 = arena_.view(229888, 2048);
-  support::View v527 = arena_.view(64, 1);
-  support::View v1008(param76_vit_encoder_layer_1_attention_w_q_m); // updated in place
-  support::View v1009(param77_vit_encoder_layer_1_attention_w_q_v); // updated in place
-  support::View v574 = arena_.view(128, 1);
-  support::View v576 = arena_.view(192, 1);
-  support::View v385 = arena_.view(0, 1);
+  // vit.mesh:81:48 sum -> grad/vit/encoder_layer[1]/ffn_scale
+  static const support::Shape shape0_1 = {64};
+  static const support::Shape shape0_3 = {1};
+  static const support::Shape shape0_4 = {2, 17};
+  static const support::Shape shape0_5 = {1088, 64};
+  support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:81:14 dropout
+  // vit.mesh:72:10 cast
   {
-    float *__restrict v1008p = v1008.data();
-    float *__restrict v1009p = v1009.data();
-    float *__restrict v74p = v74.data();
-    const float *__restrict v241p = v241.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v74p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v241p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1008p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1009p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v74p[i0];
-      const float s31 = (s30 - s29);
-      v1008p[i0] = s11;
-      v1009p[i0] = s18;
-      v74p[i0] = s31;
+    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict a3p = a3.data();
+    const float *__restrict a2p = a2.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a2p[i0];
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
+      const float s2 = support::roundValue(support::DType::BF16, double(s1));
+      a3p[i0] = s2;
     }
   }
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_k
-  support::View v75(param23_vit_encoder_layer_1_attention_w_k); // updated in place
-  support::View v236 = arena_.view(263680, 2048);
-  support::View v1028(param78_vit_encoder_layer_1_attention_w_k_m); // updated in place
-  support::View v1029(param79_vit_encoder_layer_1_attention_w_k_v); // updated in place
-  {
-    float *__restrict v1028p = v1028.data();
-    float *__restrict v1029p = v1029.data();
-    float *__restrict v75p = v75.data();
-    const float *__restrict v236p = v236.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v75p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v236p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1028p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1029p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v75p[i0];
-      const float s31 = (s30 - s29);
-      v1028p[i0] = s11;
-      v1029p[i0] = s18;
-      v75p[i0] = s31;
-    }
-  }
+  // vit.mesh:72:15 einsum
+  support::einsum2Double(a5.data(), a3.data(), a4.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {1},
+                          .bN = {64},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_v
-  support::View v76(param24_vit_encoder_layer_1_attention_w_v); // updated in place
-  support::View v233 = arena_.view(255488, 2048);
-  support::View v1048(param80_vit_encoder_layer_1_attention_w_v_m); // updated in place
-  support::View v1049(param81_vit_encoder_layer_1_attention_w_v_v); // updated in place
-  {
-    float *__restrict v1048p = v1048.data();
-    float *__restrict v1049p = v1049.data();
-    float *__restrict v76p = v76.data();
-    const float *__restrict v233p = v233.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v76p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v233p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1048p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1049p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v76p[i0];
-      const float s31 = (s30 - s29);
-      v1048p[i0] = s11;
-      v1049p[i0] = s18;
-      v76p[i0] = s31;
-    }
-  }
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(a5);
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/attention/w_o
-  support::View v77(param25_vit_encoder_layer_1_attention_w_o); // updated in place
-  support::View v222 = arena_.view(247296, 2048);
-  support::View v1068(param82_vit_encoder_layer_1_attention_w_o_m); // updated in place
-  support::View v1069(param83_vit_encoder_layer_1_attention_w_o_v); // updated in place
-  {
-    float *__restrict v1068p = v1068.data();
-    float *__restrict v1069p = v1069.data();
-    float *__restrict v77p = v77.data();
-    const float *__restrict v222p = v222.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-      const float s0 = v77p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v222p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1068p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1069p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v77p[i0];
-      const float s31 = (s30 - s29);
-      v1068p[i0] = s11;
-      v1069p[i0] = s18;
-      v77p[i0] = s31;
-    }
-  }
+  // vit.mesh:72:15 einsum
+  support::einsum2Double(a7.data(), a3.data(), a6.data(),
+                         {.batch = {},
+                          .m = {64},
+                          .n = {64},
+                          .k = {2, 17},
+                          .aBatch = {},
+                          .aM = {1},
+                          .aK = {1088, 64},
+                          .bBatch = {},
+                          .bK = {1088, 64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1},
+                          .outN = {64}});
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm#1/gain
-  support::View v93(param26_vit_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v201 = arena_.view(273664, 64);
-  support::View v1088(param84_vit_encoder_layer_1_norm_1_gain_m); // updated in place
-  support::View v1089(param85_vit_encoder_layer_1_norm_1_gain_v); // updated in place
-  {
-    float *__restrict v1088p = v1088.data();
-    float *__restrict v1089p = v1089.data();
-    float *__restrict v93p = v93.data();
-    const float *__restrict v201p = v201.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v93p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v201p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1088p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1089p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v93p[i0];
-      const float s31 = (s30 - s29);
-      v1088p[i0] = s11;
-      v1089p[i0] = s18;
-      v93p[i0] = s31;
-    }
-  }
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(a7);
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/norm#1/bias
-  support::View v94(param27_vit_encoder_layer_1_norm_1_bias); // updated in place
-  support::View v198 = arena_.view(273408, 64);
-  support::View v1108(param86_vit_encoder_layer_1_norm_1_bias_m); // updated in place
-  support::View v1109(param87_vit_encoder_layer_1_norm_1_bias_v); // updated in place
+  // vit.mesh:72:25 cast -> grad/vit/encoder_layer[1]/ffn/w_out
   {
-    float *__restrict v1108p = v1108.data();
-    float *__restrict v1109p = v1109.data();
-    float *__restrict v94p = v94.data();
-    const float *__restrict v198p = v198.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
-    for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v94p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v198p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1108p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1109p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v94p[i0];
-      const float s31 = (s30 - s29);
-      v1108p[i0] = s11;
-      v1109p[i0] = s18;
-      v94p[i0] = s31;
-    }
-  }
-
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn/w_in
-  support::View v98(param28_vit_encoder_layer_1_ffn_w_in); // updated in place
-  support::View v195 = arena_.view(49152, 4096);
-  support::View v1128(param88_vit_encoder_layer_1_ffn_w_in_m); // updated in place
-  support::View v1129(param89_vit_encoder_layer_1_ffn_w_in_v); // updated in place
-  {
-    float *__restrict v1128p = v1128.data();
-    float *__restrict v1129p = v1129.data();
-    float *__restrict v98p = v98.data();
-    const float *__restrict v195p = v195.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a8p = a8.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v98p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v195p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1128p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1129p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v98p[i0];
-      const float s31 = (s30 - s29);
-      v1128p[i0] = s11;
-      v1129p[i0] = s18;
-      v98p[i0] = s31;
+      const float s0 = a7p[i0];
+      const float s1 = s0;
+      a8p[i0] = s1;
     }
   }
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/encoder_layer[1]/ffn/w_out
-  support::View v99(param29_vit_encoder_layer_1_ffn_w_out); // updated in place
-  support::View v169 = arena_.view(65536, 4096);
-  support::View v1148(param90_vit_encoder_layer_1_ffn_w_out_m); // updated in place
-  support::View v1149(param91_vit_encoder_layer_1_ffn_w_out_v); // updated in place
+  // vit.mesh:71:11 square
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 tanh
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 square
+  // vit.mesh:71:11 sub
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 mul
+  // vit.mesh:71:11 add
+  // vit.mesh:71:11 mul
   {
-    float *__restrict v1148p = v1148.data();
-    float *__restrict v1149p = v1149.data();
-    float *__restrict v99p = v99.data();
-    const float *__restrict v169p = v169.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a10p = a10.data();
+    const float *__restrict a9p = a9.data();
+    const float *__restrict a5p = a5.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a9p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(double(s0) * double(s0)));
+      const float s2 = a9p[i0];
+      const float s3 = support::roundValue(support::DType::BF16, double((double(s2) * double(s1))));
+      const float s4 = support::roundValue(support::DType::BF16, 0.044677734375);
+      const float s5 = support::roundValue(support::DType::BF16, double((double(s3) * double(s4))));
+      const float s6 = a9p[i0];
+      const float s7 = support::roundValue(support::DType::BF16, double((double(s6) + double(s5))));
+      const float s8 = support::roundValue(support::DType::BF16, 0.796875);
+      const float s9 = support::roundValue(support::DType::BF16, double((double(s7) * double(s8))));
+      const float s10 = support::roundValue(support::DType::BF16, double(std::tanh(double(s9))));
+      const float s11 = support::roundValue(support::DType::BF16, 1.0);
+      const float s12 =
+          support::roundValue(support::DType::BF16, double((double(s10) + double(s11))));
+      const float s13 = support::roundValue(support::DType::BF16, 0.5);
+      const float s14 =
+          support::roundValue(support::DType::BF16, double((double(s12) * double(s13))));
+      const float s15 = support::roundValue(support::DType::BF16, 0.1337890625);
+      const float s16 =
+          support::roundValue(support::DType::BF16, double((double(s1) * double(s15))));
+      const float s17 = support::roundValue(support::DType::BF16, 1.0);
+      const float s18 =
+          support::roundValue(support::DType::BF16, double((double(s16) + double(s17))));
+      const float s19 =
+          support::roundValue(support::DType::BF16, double(double(s10) * double(s10)));
+      const float s20 = support::roundValue(support::DType::BF16, 1.0);
+      const float s21 =
+          support::roundValue(support::DType::BF16, double((double(s20) - double(s19))));
+      const float s22 = a9p[i0];
+      const float s23 =
+          support::roundValue(support::DType::BF16, double((double(s22) * double(s21))));
+      const float s24 =
+          support::roundValue(support::DType::BF16, double((double(s23) * double(s18))));
+      const float s25 = support::roundValue(support::DType::BF16, 0.3984375);
+      const float s26 =
+          support::roundValue(support::DType::BF16, double((double(s24) * double(s25))));
+      const float s27 =
+          support::roundValue(support::DType::BF16, double((double(s14) + double(s26))));
+      const float s28 = a5p[i0];
+      const float s29 =
+          support::roundValue(support::DType::BF16, double((double(s28) * double(s27))));
+      a10p[i0] = s29;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::einsum2Double(a12.data(), a10.data(), a11.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {1},
+                          .bN = {64},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(a12);
+
+  // vit.mesh:71:16 einsum
+  support::einsum2Double(a14.data(), a10.data(), a13.data(),
+                         {.batch = {},
+                          .m = {64},
+                          .n = {64},
+                          .k = {2, 17},
+                          .aBatch = {},
+                          .aM = {1},
+                          .aK = {1088, 64},
+                          .bBatch = {},
+                          .bK = {1088, 64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1},
+                          .outN = {64}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(a14);
+
+  // vit.mesh:71:38 cast -> grad/vit/encoder_layer[1]/ffn/w_in
+  {
+    float *__restrict a15p = a15.data();
+    const float *__restrict a14p = a14.data();
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-      const float s0 = v99p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v169p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1148p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1149p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v99p[i0];
-      const float s31 = (s30 - s29);
-      v1148p[i0] = s11;
-      v1149p[i0] = s18;
-      v99p[i0] = s31;
+      const float s0 = a14p[i0];
+      const float s1 = s0;
+      a15p[i0] = s1;
     }
   }
+
+  // vit.mesh:71:23 cast
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a12p[i0];
+      const float s1 = s0;
+      a16p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %191 over model for sum at 36:52)
+  group_model.allReduce(a16.data(), a16.size(), meshrt::ReduceOp::Sum);
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm#1/bias
+  static const support::Shape shape15_1 = {64};
+  static const support::Shape shape15_3 = {1};
+  static const support::Shape shape15_4 = {2, 17};
+  static const support::Shape shape15_5 = {1088, 64};
+  support::reduce(a17.data(), shape15_1, a16.data(), shape15_3, shape15_4, shape15_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  {
+    float *__restrict a19p = a19.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a16p[i0];
+      const float s1 = a18p[i0];
+      const float s2 = (s0 * s1);
+      a19p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm#1/gain
+  static const support::Shape shape17_1 = {64};
+  static const support::Shape shape17_3 = {1};
+  static const support::Shape shape17_4 = {2, 17};
+  static const support::Shape shape17_5 = {1088, 64};
+  support::reduce(a20.data(), shape17_1, a19.data(), shape17_3, shape17_4, shape17_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  static const support::Shape shape18_1 = {2, 17};
+  static const support::Shape shape18_3 = {1088, 64};
+  static const support::Shape shape18_4 = {64};
+  static const support::Shape shape18_5 = {1};
+  support::reduce(a21.data(), shape18_1, a22.data(), shape18_3, shape18_4, shape18_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  {
+    float *__restrict a23p = a23.data();
+    const float *__restrict a22p = a22.data();
+    const float *__restrict a21p = a21.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a22p[i0 * 64 + i1];
+        const float s1 = a21p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        a23p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  static const support::Shape shape20_1 = {2, 17};
+  static const support::Shape shape20_3 = {1088, 64};
+  static const support::Shape shape20_4 = {64};
+  static const support::Shape shape20_5 = {1};
+  support::reduce(a24.data(), shape20_1, a23.data(), shape20_3, shape20_4, shape20_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  {
+    float *__restrict a25p = a25.data();
+    const float *__restrict a24p = a24.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      const float s0 = a24p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a25p[i0] = s3;
+    }
+  }
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:10 mul
+  {
+    float *__restrict a27p = a27.data();
+    float *__restrict a28p = a28.data();
+    const float *__restrict a16p = a16.data();
+    const float *__restrict a26p = a26.data();
+    const float *__restrict a18p = a18.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a16p[i0 * 64 + i1];
+        const float s1 = a26p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a18p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        a27p[i0 * 64 + i1] = s2;
+        a28p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  static const support::Shape shape23_1 = {2, 17};
+  static const support::Shape shape23_3 = {1088, 64};
+  static const support::Shape shape23_4 = {64};
+  static const support::Shape shape23_5 = {1};
+  support::reduce(a29.data(), shape23_1, a28.data(), shape23_3, shape23_4, shape23_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mean
+  static const support::Shape shape24_1 = {2, 17};
+  static const support::Shape shape24_3 = {1088, 64};
+  static const support::Shape shape24_4 = {64};
+  static const support::Shape shape24_5 = {1};
+  support::reduce(a30.data(), shape24_1, a27.data(), shape24_3, shape24_4, shape24_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 mul
+  // vit.mesh:36:10 add
+  // vit.mesh:80:55 mul
+  // vit.mesh:80:55 mul
+  {
+    float *__restrict a34p = a34.data();
+    float *__restrict a35p = a35.data();
+    float *__restrict a36p = a36.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a29p = a29.data();
+    const float *__restrict a27p = a27.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a25p = a25.data();
+    const float *__restrict a31p = a31.data();
+    const float *__restrict a32p = a32.data();
+    const float *__restrict a33p = a33.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a18p[i0 * 64 + i1];
+        const float s1 = a29p[i0];
+        const float s2 = (s0 * s1);
+        const float s3 = a27p[i0 * 64 + i1];
+        const float s4 = a30p[i0];
+        const float s5 = (s3 - s4);
+        const float s6 = (s5 - s2);
+        const float s7 = a25p[i0];
+        const float s8 = (s6 * s7);
+        const float s9 = a31p[i0 * 64 + i1];
+        const float s10 = (s9 + s8);
+        const float s11 = a32p[i1];
+        const float s12 = (s10 * s11);
+        const float s13 = a33p[i0 * 64 + i1];
+        const float s14 = (s10 * s13);
+        a34p[i0 * 64 + i1] = s10;
+        a35p[i0 * 64 + i1] = s12;
+        a36p[i0 * 64 + i1] = s14;
+      }
+    }
+  }
+
+  // vit.mesh:80:55 sum -> grad/vit/encoder_layer[1]/attention_scale
+  static const support::Shape shape26_1 = {64};
+  static const support::Shape shape26_3 = {1};
+  static const support::Shape shape26_4 = {2, 17};
+  static const support::Shape shape26_5 = {1088, 64};
+  support::reduce(a37.data(), shape26_1, a36.data(), shape26_3, shape26_4, shape26_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:80:15 dropout
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string(t1) + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict a38p = a38.data();
+    const float *__restrict a35p = a35.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a35p[i0];
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
+      a38p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:63:10 einsum
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan28(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{3, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan28.run(a38.data(), a39.data(), a40.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum -> grad/vit/encoder_layer[1]/attention/w_o
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan29(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 4, 2}, {}}});
+  einsumPlan29.run(a38.data(), a41.data(), a42.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:17 einsum
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan30(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan30.run(a40.data(), a43.data(), a44.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:17 einsum
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan31(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 4, 2, 3}, {}}});
+  einsumPlan31.run(a40.data(), a45.data(), a46.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:17 mul
+  {
+    float *__restrict a47p = a47.data();
+    const float *__restrict a44p = a44.data();
+    const float *__restrict a45p = a45.data();
+    for (int64_t i0 = 0; i0 < 1156; ++i0) {
+      const float s0 = a44p[i0];
+      const float s1 = a45p[i0];
+      const float s2 = (s0 * s1);
+      a47p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:62:17 sum
+  static const support::Shape shape33_1 = {2, 2, 17};
+  static const support::Shape shape33_3 = {578, 289, 17};
+  static const support::Shape shape33_4 = {17};
+  static const support::Shape shape33_5 = {1};
+  support::reduce(a48.data(), shape33_1, a47.data(), shape33_3, shape33_4, shape33_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:62:17 sub
+  // vit.mesh:62:17 mul
+  // vit.mesh:62:67 mul
+  {
+    float *__restrict a49p = a49.data();
+    const float *__restrict a44p = a44.data();
+    const float *__restrict a48p = a48.data();
+    const float *__restrict a45p = a45.data();
+    for (int64_t i0 = 0; i0 < 68; ++i0) {
+      for (int64_t i1 = 0; i1 < 17; ++i1) {
+        const float s0 = a44p[i0 * 17 + i1];
+        const float s1 = a48p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = a45p[i0 * 17 + i1];
+        const float s4 = (s3 * s2);
+        const float s5 = 0.25f;
+        const float s6 = (s4 * s5);
+        a49p[i0 * 17 + i1] = s6;
+      }
+    }
+  }
+
+  // vit.mesh:62:25 einsum
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan35(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan35.run(a49.data(), a50.data(), a51.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:25 einsum
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan36(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
+  einsumPlan36.run(a49.data(), a52.data(), a53.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan37(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan37.run(a46.data(), a54.data(), a55.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:11 einsum -> grad/vit/encoder_layer[1]/attention/w_v
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan38(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan38.run(a46.data(), a56.data(), a57.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:11 einsum
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan39(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan39.run(a53.data(), a58.data(), a59.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:11 einsum -> grad/vit/encoder_layer[1]/attention/w_k
+  // dims: batch, mem, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan40(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan40.run(a53.data(), a60.data(), a61.data(), 1.0f, 0.0f);
+
+  // vit.mesh:59:11 einsum
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan41(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan41.run(a51.data(), a62.data(), a63.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 add
+  // vit.mesh:59:11 add
+  {
+    float *__restrict a64p = a64.data();
+    const float *__restrict a55p = a55.data();
+    const float *__restrict a59p = a59.data();
+    const float *__restrict a63p = a63.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a55p[i0];
+      const float s1 = a59p[i0];
+      const float s2 = (s0 + s1);
+      const float s3 = a63p[i0];
+      const float s4 = (s2 + s3);
+      a64p[i0] = s4;
+    }
+  }
+
+  // vit.mesh:36:52 all_reduce_sum (resolve the partial sum of %233 over model for sum at 36:52)
+  auto request0 = support::startAllReduce(group_model, {a64}, meshrt::ReduceOp::Sum);
+
+  // vit.mesh:59:11 einsum -> grad/vit/encoder_layer[1]/attention/w_q
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan44(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
+  einsumPlan44.run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
+
+  group_model.wait(request0);
+
+  // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias
+  static const support::Shape shape46_1 = {64};
+  static const support::Shape shape46_3 = {1};
+  static const support::Shape shape46_4 = {2, 17};
+  static const support::Shape shape46_5 = {1088, 64};
+  support::reduce(a67.data(), shape46_1, a64.data(), shape46_3, shape46_4, shape46_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:45 mul
+  {
+    float *__restrict a69p = a69.data();
+    const float *__restrict a64p = a64.data();
+    const float *__restrict a68p = a68.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a64p[i0];
+      const float s1 = a68p[i0];
+      const float s2 = (s0 * s1);
+      a69p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:45 sum -> grad/vit/encoder_layer[1]/norm/gain
+  static const support::Shape shape48_1 = {64};
+  static const support::Shape shape48_3 = {1};
+  static const support::Shape shape48_4 = {2, 17};
+  static const support::Shape shape48_5 = {1088, 64};
+  support::reduce(a70.data(), shape48_1, a69.data(), shape48_3, shape48_4, shape48_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:36:10 mean
+  static const support::Shape shape49_1 = {2, 17};
+  static const support::Shape shape49_3 = {1088, 64};
+  static const support::Shape shape49_4 = {64};
+  static const support::Shape shape49_5 = {1};
+  support::reduce(a71.data(), shape49_1, a72.data(), shape49_3, shape49_4, shape49_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 sub
+  // vit.mesh:36:10 square
+  {
+    float *__restrict a73p = a73.data();
+    const float *__restrict a72p = a72.data();
+    const float *__restrict a71p = a71.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a72p[i0 * 64 + i1];
+        const float s1 = a71p[i0];
+        const float s2 = (s0 - s1);
+        const float s3 = s2 * s2;
+        a73p[i0 * 64 + i1] = s3;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  static const support::Shape shape51_1 = {2, 17};
+  static const support::Shape shape51_3 = {1088, 64};
+  static const support::Shape shape51_4 = {64};
+  static const support::Shape shape51_5 = {1};
+  support::reduce(a74.data(), shape51_1, a73.data(), shape51_3, shape51_4, shape51_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 add
+  // vit.mesh:36:10 rsqrt
+  {
+    float *__restrict a75p = a75.data();
+    const float *__restrict a74p = a74.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      const float s0 = a74p[i0];
+      const float s1 = 1e-06f;
+      const float s2 = (s0 + s1);
+      const float s3 = 1.0f / support::fsqrt(s2);
+      a75p[i0] = s3;
+    }
+  }
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:10 mul
+  {
+    float *__restrict a77p = a77.data();
+    float *__restrict a78p = a78.data();
+    const float *__restrict a64p = a64.data();
+    const float *__restrict a76p = a76.data();
+    const float *__restrict a68p = a68.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a64p[i0 * 64 + i1];
+        const float s1 = a76p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a68p[i0 * 64 + i1];
+        const float s4 = (s2 * s3);
+        a77p[i0 * 64 + i1] = s2;
+        a78p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+
+  // vit.mesh:36:10 mean
+  static const support::Shape shape54_1 = {2, 17};
+  static const support::Shape shape54_3 = {1088, 64};
+  static const support::Shape shape54_4 = {64};
+  static const support::Shape shape54_5 = {1};
+  support::reduce(a79.data(), shape54_1, a78.data(), shape54_3, shape54_4, shape54_5,
+                  support::Reduce::Sum, 0.015625);
+
+  // vit.mesh:36:10 mean
+  static const support::Shape shape55_1 = {2, 17};
+  static const support::Shape shape55_3 = {1088, 64};
+  static const support::Shape shape55_4 = {64};
+  static const support::Shape shape55_5 = {1};
+  support::reduce(a80.data(), shape55_1, a77.data(), shape55_3, shape55_4, shape55_5,
+                  support::Reduce::Sum, 0.015625);
+}
+
+void TrainVit::repeated2(
+    support::ConstView a0, support::ConstView a1, support::View a2, support::View a3,
+    support::ConstView a4, support::View a5, support::View a6, support::ConstView a7,
+    support::View a8, support::View a9, support::View a10, support::View a11,
+    support::ConstView a12, support::View a13, support::View a14, support::ConstView a15,
+    support::View a16, support::ConstView a17, support::View a18, support::View a19,
+    support::ConstView a20, support::ConstView a21, support::View a22, support::ConstView a23,
+    support::View a24, support::View a25, support::View a26, support::ConstView a27,
+    support::View a28, support::View a29, support::View a30, support::ConstView a31,
+    support::View a32, support::View a33, support::View a34, support::ConstView a35,
+    support::ConstView a36, support::View a37, const char *t0, const char *t1) {
+
+  // vit.mesh:59:11 einsum -> q
+  // dims: batch, tokens, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan0(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
+
+  // vit.mesh:60:18 rename
+  support::copyValues(a3, a0);
+
+  // vit.mesh:60:11 einsum -> k
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan2(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
+
+  // vit.mesh:61:18 rename
+  support::copyValues(a6, a0);
+
+  // vit.mesh:61:11 einsum -> v
+  // dims: batch, mem, d_model, heads, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan4(
+      {{2, 17, 64, 2, 16}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
+  einsumPlan4.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
+
+  // vit.mesh:62:25 einsum
+  // vit.mesh:62:67 mul
+  // dims: batch, tokens, heads, d_head, mem
+  static const meshrt::kernels::EinsumPlan einsumPlan5(
+      {{2, 17, 2, 16, 17}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan5.run(a2.data(), a5.data(), a9.data(), 0.25f, 0.0f);
+
+  // vit.mesh:62:17 softmax -> weights
+  static const support::Shape shape6_2 = {2, 2, 17};
+  static const support::Shape shape6_3 = {578, 289, 17};
+  static const support::Shape shape6_4 = {578, 289, 17};
+  static const support::Shape shape6_5 = {17};
+  static const support::Shape shape6_6 = {1};
+  static const support::Shape shape6_7 = {1};
+  support::along(a10.data(), a9.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
+                 support::Along::Softmax, 1e-05, 17, nullptr);
+
+  // vit.mesh:63:17 einsum
+  // dims: batch, heads, tokens, mem, d_head
+  static const meshrt::kernels::EinsumPlan einsumPlan7(
+      {{2, 2, 17, 17, 16}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
+  einsumPlan7.run(a10.data(), a8.data(), a11.data(), 1.0f, 0.0f);
+
+  // vit.mesh:63:10 einsum
+  // dims: batch, tokens, heads, d_head, d_model
+  static const meshrt::kernels::EinsumPlan einsumPlan8(
+      {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
+  einsumPlan8.run(a11.data(), a12.data(), a13.data(), 1.0f, 0.0f);
+
+  // vit.mesh:80:15 dropout
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict a14p = a14.data();
+    const float *__restrict a13p = a13.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a13p[i0];
+      const float s1 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s0) * 1.1111111111111112));
+      a14p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:80:55 mul
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a14p = a14.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a14p[i0 * 64 + i1];
+        const float s1 = a15p[i1];
+        const float s2 = (s0 * s1);
+        a16p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:80:13 bucketed_all_reduce_sum (2 partial sums (%45, %46) over model resolved
+  // together, 17.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {a14, a16});
+
+  // vit.mesh:80:13 add -> h
+  {
+    float *__restrict a18p = a18.data();
+    const float *__restrict a17p = a17.data();
+    const float *__restrict a16p = a16.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a17p[i0];
+      const float s1 = a16p[i0];
+      const float s2 = (s0 + s1);
+      a18p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  static const support::Shape shape13_2 = {2, 17};
+  static const support::Shape shape13_3 = {1088, 64};
+  static const support::Shape shape13_4 = {1088, 64};
+  static const support::Shape shape13_5 = {64};
+  static const support::Shape shape13_6 = {1};
+  static const support::Shape shape13_7 = {1};
+  support::along(a19.data(), a18.data(), shape13_2, shape13_3, shape13_4, shape13_5, shape13_6,
+                 shape13_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  // vit.mesh:71:23 cast
+  {
+    float *__restrict a22p = a22.data();
+    const float *__restrict a19p = a19.data();
+    const float *__restrict a20p = a20.data();
+    const float *__restrict a21p = a21.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a19p[i0 * 64 + i1];
+        const float s1 = a20p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a21p[i1];
+        const float s4 = (s2 + s3);
+        const float s5 = support::roundValue(support::DType::BF16, double(s4));
+        a22p[i0 * 64 + i1] = s5;
+      }
+    }
+  }
+
+  // vit.mesh:71:38 cast
+  {
+    float *__restrict a24p = a24.data();
+    const float *__restrict a23p = a23.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a23p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      a24p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:71:16 einsum
+  support::einsum2Double(a25.data(), a22.data(), a24.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:71:16 einsum
+  support::roundBufferBF16(a25);
+
+  // vit.mesh:71:11 gelu -> h
+  {
+    float *__restrict a26p = a26.data();
+    const float *__restrict a25p = a25.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a25p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(support::gelu(s0)));
+      a26p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:25 cast
+  {
+    float *__restrict a28p = a28.data();
+    const float *__restrict a27p = a27.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a27p[i0];
+      const float s1 = support::roundValue(support::DType::BF16, double(s0));
+      a28p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:72:15 einsum
+  support::einsum2Double(a29.data(), a26.data(), a28.data(),
+                         {.batch = {},
+                          .m = {2, 17},
+                          .n = {64},
+                          .k = {64},
+                          .aBatch = {},
+                          .aM = {1088, 64},
+                          .aK = {1},
+                          .bBatch = {},
+                          .bK = {64},
+                          .bN = {1},
+                          .outBatch = {},
+                          .outM = {1088, 64},
+                          .outN = {1}});
+
+  // vit.mesh:72:15 einsum
+  support::roundBufferBF16(a29);
+
+  // vit.mesh:72:10 cast
+  // vit.mesh:81:14 dropout
+  {
+    const auto inv0 = meshrt::streamKey(seed_, std::string(t1) + "#" + std::to_string(step_));
+    const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
+    float *__restrict a30p = a30.data();
+    const float *__restrict a29p = a29.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a29p[i0];
+      const float s1 = s0;
+      const float s2 =
+          support::keepOrZero(meshrt::dropoutKeepMask(inv0, uint64_t(inv1 + i0), 838861u),
+                              float(double(s1) * 1.1111111111111112));
+      a30p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:81:48 mul
+  {
+    float *__restrict a32p = a32.data();
+    const float *__restrict a30p = a30.data();
+    const float *__restrict a31p = a31.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a30p[i0 * 64 + i1];
+        const float s1 = a31p[i1];
+        const float s2 = (s0 * s1);
+        a32p[i0 * 64 + i1] = s2;
+      }
+    }
+  }
+
+  // vit.mesh:81:12 bucketed_all_reduce_sum (2 partial sums (%62, %63) over model resolved
+  // together, 17.0 KiB in one buffer)
+  support::allReduceBucket(group_model, {a30, a32});
+
+  // vit.mesh:81:12 add -> x
+  {
+    float *__restrict a33p = a33.data();
+    const float *__restrict a18p = a18.data();
+    const float *__restrict a32p = a32.data();
+    for (int64_t i0 = 0; i0 < 2176; ++i0) {
+      const float s0 = a18p[i0];
+      const float s1 = a32p[i0];
+      const float s2 = (s0 + s1);
+      a33p[i0] = s2;
+    }
+  }
+
+  // vit.mesh:36:10 layer_norm
+  static const support::Shape shape26_2 = {2, 17};
+  static const support::Shape shape26_3 = {1088, 64};
+  static const support::Shape shape26_4 = {1088, 64};
+  static const support::Shape shape26_5 = {64};
+  static const support::Shape shape26_6 = {1};
+  static const support::Shape shape26_7 = {1};
+  support::along(a34.data(), a33.data(), shape26_2, shape26_3, shape26_4, shape26_5, shape26_6,
+                 shape26_7, support::Along::LayerNorm, 1e-06, 64, nullptr);
+
+  // vit.mesh:36:45 mul
+  // vit.mesh:36:52 add
+  {
+    float *__restrict a37p = a37.data();
+    const float *__restrict a34p = a34.data();
+    const float *__restrict a35p = a35.data();
+    const float *__restrict a36p = a36.data();
+    for (int64_t i0 = 0; i0 < 34; ++i0) {
+      for (int64_t i1 = 0; i1 < 64; ++i1) {
+        const float s0 = a34p[i0 * 64 + i1];
+        const float s1 = a35p[i1];
+        const float s2 = (s0 * s1);
+        const float s3 = a36p[i1];
+        const float s4 = (s2 + s3);
+        a37p[i0 * 64 + i1] = s4;
+      }
+    }
+  }
+}
+
+void TrainVit::repeated3(support::View a0, support::ConstView a1, support::ConstView a2,
+                         support::View a3, support::View a4, support::ConstView a5,
+                         support::ConstView a6, support::ConstView a7) {
 
   // vit.mesh:112:3 mul
   // vit.mesh:112:3 mul
@@ -7678,127 +5110,238 @@ void TrainVit::runPart12(const Inputs &inputs) {
   // vit.mesh:112:3 div
   // vit.mesh:112:3 add
   // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/norm/gain
-  support::View v111(param30_vit_norm_gain); // updated in place
-  support::View v146 = arena_.view(378752, 64);
-  support::View v1168(param92_vit_norm_gain_m); // updated in place
-  support::View v1169(param93_vit_norm_gain_v); // updated in place
+  // vit.mesh:112:3 sub -> next/vit/embed_patches/b_patch
   {
-    float *__restrict v1168p = v1168.data();
-    float *__restrict v1169p = v1169.data();
-    float *__restrict v111p = v111.data();
-    const float *__restrict v146p = v146.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a3p = a3.data();
+    float *__restrict a4p = a4.data();
+    float *__restrict a0p = a0.data();
+    const float *__restrict a1p = a1.data();
+    const float *__restrict a2p = a2.data();
+    const float *__restrict a5p = a5.data();
+    const float *__restrict a6p = a6.data();
+    const float *__restrict a7p = a7.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v111p[i0];
+      const float s0 = a0p[i0];
       const float s1 = 0.05f;
       const float s2 = (s0 * s1);
-      const float s3 = v146p[i0];
-      const float s4 = v527p[0];
+      const float s3 = a1p[i0];
+      const float s4 = a2p[0];
       const float s5 = (s3 * s4);
       const float s6 = 0.100000024f;
       const float s7 = (s5 * s6);
-      const float s8 = v1168p[i0];
+      const float s8 = a3p[i0];
       const float s9 = 0.9f;
       const float s10 = (s8 * s9);
       const float s11 = (s10 + s7);
       const float s12 = s5 * s5;
       const float s13 = 0.0009999871f;
       const float s14 = (s12 * s13);
-      const float s15 = v1169p[i0];
+      const float s15 = a4p[i0];
       const float s16 = 0.999f;
       const float s17 = (s15 * s16);
       const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
+      const float s19 = a5p[0];
       const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
+      const float s21 = a6p[0];
       const float s22 = (s18 / s21);
       const float s23 = support::fsqrt(s22);
       const float s24 = 1e-08f;
       const float s25 = (s23 + s24);
       const float s26 = (s20 / s25);
       const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
+      const float s28 = a7p[0];
       const float s29 = (s27 * s28);
-      const float s30 = v111p[i0];
+      const float s30 = a0p[i0];
       const float s31 = (s30 - s29);
-      v1168p[i0] = s11;
-      v1169p[i0] = s18;
-      v111p[i0] = s31;
+      a3p[i0] = s11;
+      a4p[i0] = s18;
+      a0p[i0] = s31;
+    }
+  }
+}
+
+void TrainVit::repeated4(support::ConstView a0, support::View a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::View a8) {
+
+  // vit.mesh:112:3 square
+  {
+    float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = s0 * s0;
+      a1p[i0] = s1;
     }
   }
 
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
+  // vit.mesh:112:3 sum
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {64};
+  static const support::Shape shape1_5 = {1};
+  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
+
   // vit.mesh:112:3 square
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 sqrt
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 div
-  // vit.mesh:112:3 add
-  // vit.mesh:112:3 mul
-  // vit.mesh:112:3 sub -> next/vit/norm/bias
-  support::View v112(param31_vit_norm_bias); // updated in place
-  support::View v143 = arena_.view(378496, 64);
-  support::View v1188(param94_vit_norm_bias_m); // updated in place
-  support::View v1189(param95_vit_norm_bias_v); // updated in place
   {
-    float *__restrict v1188p = v1188.data();
-    float *__restrict v1189p = v1189.data();
-    float *__restrict v112p = v112.data();
-    const float *__restrict v143p = v143.data();
-    const float *__restrict v527p = v527.data();
-    const float *__restrict v574p = v574.data();
-    const float *__restrict v576p = v576.data();
-    const float *__restrict v385p = v385.data();
+    float *__restrict a4p = a4.data();
+    const float *__restrict a3p = a3.data();
     for (int64_t i0 = 0; i0 < 64; ++i0) {
-      const float s0 = v112p[i0];
-      const float s1 = 0.05f;
-      const float s2 = (s0 * s1);
-      const float s3 = v143p[i0];
-      const float s4 = v527p[0];
-      const float s5 = (s3 * s4);
-      const float s6 = 0.100000024f;
-      const float s7 = (s5 * s6);
-      const float s8 = v1188p[i0];
-      const float s9 = 0.9f;
-      const float s10 = (s8 * s9);
-      const float s11 = (s10 + s7);
-      const float s12 = s5 * s5;
-      const float s13 = 0.0009999871f;
-      const float s14 = (s12 * s13);
-      const float s15 = v1189p[i0];
-      const float s16 = 0.999f;
-      const float s17 = (s15 * s16);
-      const float s18 = (s17 + s14);
-      const float s19 = v574p[0];
-      const float s20 = (s11 / s19);
-      const float s21 = v576p[0];
-      const float s22 = (s18 / s21);
-      const float s23 = support::fsqrt(s22);
-      const float s24 = 1e-08f;
-      const float s25 = (s23 + s24);
-      const float s26 = (s20 / s25);
-      const float s27 = (s26 + s2);
-      const float s28 = v385p[0];
-      const float s29 = (s27 * s28);
-      const float s30 = v112p[i0];
-      const float s31 = (s30 - s29);
-      v1188p[i0] = s11;
-      v1189p[i0] = s18;
-      v112p[i0] = s31;
+      const float s0 = a3p[i0];
+      const float s1 = s0 * s0;
+      a4p[i0] = s1;
     }
   }
+
+  // vit.mesh:112:3 sum
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {64};
+  static const support::Shape shape3_5 = {1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = a6p[i0];
+      const float s1 = s0 * s0;
+      a7p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {64};
+  static const support::Shape shape5_5 = {1};
+  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 1.0);
+}
+
+void TrainVit::repeated5(support::ConstView a0, support::View a1, support::View a2,
+                         support::ConstView a3, support::View a4, support::View a5,
+                         support::ConstView a6, support::View a7, support::View a8,
+                         support::ConstView a9, support::View a10, support::View a11,
+                         support::ConstView a12, support::View a13, support::View a14,
+                         support::ConstView a15, support::View a16, support::View a17) {
+
+  // vit.mesh:112:3 square
+  {
+    float *__restrict a1p = a1.data();
+    const float *__restrict a0p = a0.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a0p[i0];
+      const float s1 = s0 * s0;
+      a1p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  static const support::Shape shape1_1 = {};
+  static const support::Shape shape1_3 = {};
+  static const support::Shape shape1_4 = {64, 2, 16};
+  static const support::Shape shape1_5 = {32, 16, 1};
+  support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  {
+    float *__restrict a4p = a4.data();
+    const float *__restrict a3p = a3.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a3p[i0];
+      const float s1 = s0 * s0;
+      a4p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  static const support::Shape shape3_1 = {};
+  static const support::Shape shape3_3 = {};
+  static const support::Shape shape3_4 = {64, 2, 16};
+  static const support::Shape shape3_5 = {32, 16, 1};
+  support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  {
+    float *__restrict a7p = a7.data();
+    const float *__restrict a6p = a6.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a6p[i0];
+      const float s1 = s0 * s0;
+      a7p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  static const support::Shape shape5_1 = {};
+  static const support::Shape shape5_3 = {};
+  static const support::Shape shape5_4 = {64, 2, 16};
+  static const support::Shape shape5_5 = {32, 16, 1};
+  support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  {
+    float *__restrict a10p = a10.data();
+    const float *__restrict a9p = a9.data();
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+      const float s0 = a9p[i0];
+      const float s1 = s0 * s0;
+      a10p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  static const support::Shape shape7_1 = {};
+  static const support::Shape shape7_3 = {};
+  static const support::Shape shape7_4 = {2, 16, 64};
+  static const support::Shape shape7_5 = {1024, 64, 1};
+  support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  {
+    float *__restrict a13p = a13.data();
+    const float *__restrict a12p = a12.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a12p[i0];
+      const float s1 = s0 * s0;
+      a13p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  static const support::Shape shape9_1 = {};
+  static const support::Shape shape9_3 = {};
+  static const support::Shape shape9_4 = {64, 64};
+  static const support::Shape shape9_5 = {64, 1};
+  support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
+                  support::Reduce::Sum, 1.0);
+
+  // vit.mesh:112:3 square
+  {
+    float *__restrict a16p = a16.data();
+    const float *__restrict a15p = a15.data();
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+      const float s0 = a15p[i0];
+      const float s1 = s0 * s0;
+      a16p[i0] = s1;
+    }
+  }
+
+  // vit.mesh:112:3 sum
+  static const support::Shape shape11_1 = {};
+  static const support::Shape shape11_3 = {};
+  static const support::Shape shape11_4 = {64, 64};
+  static const support::Shape shape11_5 = {64, 1};
+  support::reduce(a17.data(), shape11_1, a16.data(), shape11_3, shape11_4, shape11_5,
+                  support::Reduce::Sum, 1.0);
 }
 
 TrainVit::Inputs TrainVit::synthesizeInputs(uint64_t seed) const {
@@ -8029,713 +5572,227 @@ bool TrainVit::isOptimizerState(const std::string &path) {
 }
 
 std::vector<support::ParamShard> TrainVit::paramShards() {
-  return {
-      {"vit/class_token",
-       false,
-       "f32",
-       {1, 64},
-       {1, 64},
-       {"one", "d_model"},
-       {{}, {}},
-       &param0_vit_class_token},
-      {"vit/position_embedding",
-       false,
-       "f32",
-       {17, 64},
-       {17, 64},
-       {"tokens", "d_model"},
-       {{}, {}},
-       &param1_vit_position_embedding},
-      {"vit/w_head",
-       false,
-       "f32",
-       {64, 10},
-       {64, 10},
-       {"d_model", "classes"},
-       {{}, {}},
-       &param2_vit_w_head},
-      {"vit/b_head", false, "f32", {10}, {10}, {"classes"}, {{}}, &param3_vit_b_head},
-      {"vit/embed_patches/w_patch",
-       false,
-       "f32",
-       {4, 4, 3, 64},
-       {4, 4, 3, 64},
-       {"pixel_row", "pixel_col", "channels", "d_model"},
-       {{}, {}, {}, {}},
-       &param4_vit_embed_patches_w_patch},
-      {"vit/embed_patches/b_patch",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param5_vit_embed_patches_b_patch},
-      {"vit/encoder_layer[0]/attention_scale",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param6_vit_encoder_layer_0_attention_scale},
-      {"vit/encoder_layer[0]/ffn_scale",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param7_vit_encoder_layer_0_ffn_scale},
-      {"vit/encoder_layer[0]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param8_vit_encoder_layer_0_norm_gain},
-      {"vit/encoder_layer[0]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param9_vit_encoder_layer_0_norm_bias},
-      {"vit/encoder_layer[0]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param10_vit_encoder_layer_0_attention_w_q},
-      {"vit/encoder_layer[0]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param11_vit_encoder_layer_0_attention_w_k},
-      {"vit/encoder_layer[0]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param12_vit_encoder_layer_0_attention_w_v},
-      {"vit/encoder_layer[0]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param13_vit_encoder_layer_0_attention_w_o},
-      {"vit/encoder_layer[0]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param14_vit_encoder_layer_0_norm_1_gain},
-      {"vit/encoder_layer[0]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param15_vit_encoder_layer_0_norm_1_bias},
-      {"vit/encoder_layer[0]/ffn/w_in",
-       false,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param16_vit_encoder_layer_0_ffn_w_in},
-      {"vit/encoder_layer[0]/ffn/w_out",
-       false,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param17_vit_encoder_layer_0_ffn_w_out},
-      {"vit/encoder_layer[1]/attention_scale",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param18_vit_encoder_layer_1_attention_scale},
-      {"vit/encoder_layer[1]/ffn_scale",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param19_vit_encoder_layer_1_ffn_scale},
-      {"vit/encoder_layer[1]/norm/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param20_vit_encoder_layer_1_norm_gain},
-      {"vit/encoder_layer[1]/norm/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param21_vit_encoder_layer_1_norm_bias},
-      {"vit/encoder_layer[1]/attention/w_q",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param22_vit_encoder_layer_1_attention_w_q},
-      {"vit/encoder_layer[1]/attention/w_k",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param23_vit_encoder_layer_1_attention_w_k},
-      {"vit/encoder_layer[1]/attention/w_v",
-       false,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param24_vit_encoder_layer_1_attention_w_v},
-      {"vit/encoder_layer[1]/attention/w_o",
-       false,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param25_vit_encoder_layer_1_attention_w_o},
-      {"vit/encoder_layer[1]/norm#1/gain",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param26_vit_encoder_layer_1_norm_1_gain},
-      {"vit/encoder_layer[1]/norm#1/bias",
-       false,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param27_vit_encoder_layer_1_norm_1_bias},
-      {"vit/encoder_layer[1]/ffn/w_in",
-       false,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param28_vit_encoder_layer_1_ffn_w_in},
-      {"vit/encoder_layer[1]/ffn/w_out",
-       false,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param29_vit_encoder_layer_1_ffn_w_out},
-      {"vit/norm/gain", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param30_vit_norm_gain},
-      {"vit/norm/bias", false, "f32", {64}, {64}, {"d_model"}, {{}}, &param31_vit_norm_bias},
-      {"vit/class_token@m",
-       true,
-       "f32",
-       {1, 64},
-       {1, 64},
-       {"one", "d_model"},
-       {{}, {}},
-       &param32_vit_class_token_m},
-      {"vit/class_token@v",
-       true,
-       "f32",
-       {1, 64},
-       {1, 64},
-       {"one", "d_model"},
-       {{}, {}},
-       &param33_vit_class_token_v},
-      {"vit/position_embedding@m",
-       true,
-       "f32",
-       {17, 64},
-       {17, 64},
-       {"tokens", "d_model"},
-       {{}, {}},
-       &param34_vit_position_embedding_m},
-      {"vit/position_embedding@v",
-       true,
-       "f32",
-       {17, 64},
-       {17, 64},
-       {"tokens", "d_model"},
-       {{}, {}},
-       &param35_vit_position_embedding_v},
-      {"vit/w_head@m",
-       true,
-       "f32",
-       {64, 10},
-       {64, 10},
-       {"d_model", "classes"},
-       {{}, {}},
-       &param36_vit_w_head_m},
-      {"vit/w_head@v",
-       true,
-       "f32",
-       {64, 10},
-       {64, 10},
-       {"d_model", "classes"},
-       {{}, {}},
-       &param37_vit_w_head_v},
-      {"vit/b_head@m", true, "f32", {10}, {10}, {"classes"}, {{}}, &param38_vit_b_head_m},
-      {"vit/b_head@v", true, "f32", {10}, {10}, {"classes"}, {{}}, &param39_vit_b_head_v},
-      {"vit/embed_patches/w_patch@m",
-       true,
-       "f32",
-       {4, 4, 3, 64},
-       {4, 4, 3, 64},
-       {"pixel_row", "pixel_col", "channels", "d_model"},
-       {{}, {}, {}, {}},
-       &param40_vit_embed_patches_w_patch_m},
-      {"vit/embed_patches/w_patch@v",
-       true,
-       "f32",
-       {4, 4, 3, 64},
-       {4, 4, 3, 64},
-       {"pixel_row", "pixel_col", "channels", "d_model"},
-       {{}, {}, {}, {}},
-       &param41_vit_embed_patches_w_patch_v},
-      {"vit/embed_patches/b_patch@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param42_vit_embed_patches_b_patch_m},
-      {"vit/embed_patches/b_patch@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param43_vit_embed_patches_b_patch_v},
-      {"vit/encoder_layer[0]/attention_scale@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param44_vit_encoder_layer_0_attention_scale_m},
-      {"vit/encoder_layer[0]/attention_scale@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param45_vit_encoder_layer_0_attention_scale_v},
-      {"vit/encoder_layer[0]/ffn_scale@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param46_vit_encoder_layer_0_ffn_scale_m},
-      {"vit/encoder_layer[0]/ffn_scale@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param47_vit_encoder_layer_0_ffn_scale_v},
-      {"vit/encoder_layer[0]/norm/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param48_vit_encoder_layer_0_norm_gain_m},
-      {"vit/encoder_layer[0]/norm/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param49_vit_encoder_layer_0_norm_gain_v},
-      {"vit/encoder_layer[0]/norm/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param50_vit_encoder_layer_0_norm_bias_m},
-      {"vit/encoder_layer[0]/norm/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param51_vit_encoder_layer_0_norm_bias_v},
-      {"vit/encoder_layer[0]/attention/w_q@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param52_vit_encoder_layer_0_attention_w_q_m},
-      {"vit/encoder_layer[0]/attention/w_q@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param53_vit_encoder_layer_0_attention_w_q_v},
-      {"vit/encoder_layer[0]/attention/w_k@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param54_vit_encoder_layer_0_attention_w_k_m},
-      {"vit/encoder_layer[0]/attention/w_k@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param55_vit_encoder_layer_0_attention_w_k_v},
-      {"vit/encoder_layer[0]/attention/w_v@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param56_vit_encoder_layer_0_attention_w_v_m},
-      {"vit/encoder_layer[0]/attention/w_v@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param57_vit_encoder_layer_0_attention_w_v_v},
-      {"vit/encoder_layer[0]/attention/w_o@m",
-       true,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param58_vit_encoder_layer_0_attention_w_o_m},
-      {"vit/encoder_layer[0]/attention/w_o@v",
-       true,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param59_vit_encoder_layer_0_attention_w_o_v},
-      {"vit/encoder_layer[0]/norm#1/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param60_vit_encoder_layer_0_norm_1_gain_m},
-      {"vit/encoder_layer[0]/norm#1/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param61_vit_encoder_layer_0_norm_1_gain_v},
-      {"vit/encoder_layer[0]/norm#1/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param62_vit_encoder_layer_0_norm_1_bias_m},
-      {"vit/encoder_layer[0]/norm#1/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param63_vit_encoder_layer_0_norm_1_bias_v},
-      {"vit/encoder_layer[0]/ffn/w_in@m",
-       true,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param64_vit_encoder_layer_0_ffn_w_in_m},
-      {"vit/encoder_layer[0]/ffn/w_in@v",
-       true,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param65_vit_encoder_layer_0_ffn_w_in_v},
-      {"vit/encoder_layer[0]/ffn/w_out@m",
-       true,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param66_vit_encoder_layer_0_ffn_w_out_m},
-      {"vit/encoder_layer[0]/ffn/w_out@v",
-       true,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param67_vit_encoder_layer_0_ffn_w_out_v},
-      {"vit/encoder_layer[1]/attention_scale@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param68_vit_encoder_layer_1_attention_scale_m},
-      {"vit/encoder_layer[1]/attention_scale@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param69_vit_encoder_layer_1_attention_scale_v},
-      {"vit/encoder_layer[1]/ffn_scale@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param70_vit_encoder_layer_1_ffn_scale_m},
-      {"vit/encoder_layer[1]/ffn_scale@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param71_vit_encoder_layer_1_ffn_scale_v},
-      {"vit/encoder_layer[1]/norm/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param72_vit_encoder_layer_1_norm_gain_m},
-      {"vit/encoder_layer[1]/norm/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param73_vit_encoder_layer_1_norm_gain_v},
-      {"vit/encoder_layer[1]/norm/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param74_vit_encoder_layer_1_norm_bias_m},
-      {"vit/encoder_layer[1]/norm/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param75_vit_encoder_layer_1_norm_bias_v},
-      {"vit/encoder_layer[1]/attention/w_q@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param76_vit_encoder_layer_1_attention_w_q_m},
-      {"vit/encoder_layer[1]/attention/w_q@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param77_vit_encoder_layer_1_attention_w_q_v},
-      {"vit/encoder_layer[1]/attention/w_k@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param78_vit_encoder_layer_1_attention_w_k_m},
-      {"vit/encoder_layer[1]/attention/w_k@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param79_vit_encoder_layer_1_attention_w_k_v},
-      {"vit/encoder_layer[1]/attention/w_v@m",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param80_vit_encoder_layer_1_attention_w_v_m},
-      {"vit/encoder_layer[1]/attention/w_v@v",
-       true,
-       "f32",
-       {64, 4, 16},
-       {64, 2, 16},
-       {"d_model", "heads", "d_head"},
-       {{}, {"model"}, {}},
-       &param81_vit_encoder_layer_1_attention_w_v_v},
-      {"vit/encoder_layer[1]/attention/w_o@m",
-       true,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param82_vit_encoder_layer_1_attention_w_o_m},
-      {"vit/encoder_layer[1]/attention/w_o@v",
-       true,
-       "f32",
-       {4, 16, 64},
-       {2, 16, 64},
-       {"heads", "d_head", "d_model"},
-       {{"model"}, {}, {}},
-       &param83_vit_encoder_layer_1_attention_w_o_v},
-      {"vit/encoder_layer[1]/norm#1/gain@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param84_vit_encoder_layer_1_norm_1_gain_m},
-      {"vit/encoder_layer[1]/norm#1/gain@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param85_vit_encoder_layer_1_norm_1_gain_v},
-      {"vit/encoder_layer[1]/norm#1/bias@m",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param86_vit_encoder_layer_1_norm_1_bias_m},
-      {"vit/encoder_layer[1]/norm#1/bias@v",
-       true,
-       "f32",
-       {64},
-       {64},
-       {"d_model"},
-       {{}},
-       &param87_vit_encoder_layer_1_norm_1_bias_v},
-      {"vit/encoder_layer[1]/ffn/w_in@m",
-       true,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param88_vit_encoder_layer_1_ffn_w_in_m},
-      {"vit/encoder_layer[1]/ffn/w_in@v",
-       true,
-       "f32",
-       {64, 128},
-       {64, 64},
-       {"d_model", "d_ff"},
-       {{}, {"model"}},
-       &param89_vit_encoder_layer_1_ffn_w_in_v},
-      {"vit/encoder_layer[1]/ffn/w_out@m",
-       true,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param90_vit_encoder_layer_1_ffn_w_out_m},
-      {"vit/encoder_layer[1]/ffn/w_out@v",
-       true,
-       "f32",
-       {128, 64},
-       {64, 64},
-       {"d_ff", "d_model"},
-       {{"model"}, {}},
-       &param91_vit_encoder_layer_1_ffn_w_out_v},
-      {"vit/norm/gain@m", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param92_vit_norm_gain_m},
-      {"vit/norm/gain@v", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param93_vit_norm_gain_v},
-      {"vit/norm/bias@m", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param94_vit_norm_bias_m},
-      {"vit/norm/bias@v", true, "f32", {64}, {64}, {"d_model"}, {{}}, &param95_vit_norm_bias_v},
-  };
+  static constexpr support::ParamSpec specs[] = {
+      {"vit/class_token", false, "f32", "one:1:1: d_model:64:64:"},
+      {"vit/position_embedding", false, "f32", "tokens:17:17: d_model:64:64:"},
+      {"vit/w_head", false, "f32", "d_model:64:64: classes:10:10:"},
+      {"vit/b_head", false, "f32", "classes:10:10:"},
+      {"vit/embed_patches/w_patch", false, "f32",
+       "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
+      {"vit/embed_patches/b_patch", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/attention_scale", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/ffn_scale", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_o", false, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"vit/encoder_layer[0]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
+      {"vit/encoder_layer[1]/attention_scale", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/ffn_scale", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm/gain", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm/bias", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/attention/w_q", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_k", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_v", false, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_o", false, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm#1/gain", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm#1/bias", false, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/ffn/w_in", false, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"vit/encoder_layer[1]/ffn/w_out", false, "f32", "d_ff:128:64:model d_model:64:64:"},
+      {"vit/norm/gain", false, "f32", "d_model:64:64:"},
+      {"vit/norm/bias", false, "f32", "d_model:64:64:"},
+      {"vit/class_token@m", true, "f32", "one:1:1: d_model:64:64:"},
+      {"vit/class_token@v", true, "f32", "one:1:1: d_model:64:64:"},
+      {"vit/position_embedding@m", true, "f32", "tokens:17:17: d_model:64:64:"},
+      {"vit/position_embedding@v", true, "f32", "tokens:17:17: d_model:64:64:"},
+      {"vit/w_head@m", true, "f32", "d_model:64:64: classes:10:10:"},
+      {"vit/w_head@v", true, "f32", "d_model:64:64: classes:10:10:"},
+      {"vit/b_head@m", true, "f32", "classes:10:10:"},
+      {"vit/b_head@v", true, "f32", "classes:10:10:"},
+      {"vit/embed_patches/w_patch@m", true, "f32",
+       "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
+      {"vit/embed_patches/w_patch@v", true, "f32",
+       "pixel_row:4:4: pixel_col:4:4: channels:3:3: d_model:64:64:"},
+      {"vit/embed_patches/b_patch@m", true, "f32", "d_model:64:64:"},
+      {"vit/embed_patches/b_patch@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/attention_scale@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/attention_scale@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/ffn_scale@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/ffn_scale@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm/bias@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/attention/w_q@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_q@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_k@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_k@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_v@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_v@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[0]/attention/w_o@m", true, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"vit/encoder_layer[0]/attention/w_o@v", true, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[0]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"vit/encoder_layer[0]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"vit/encoder_layer[0]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:64:64:"},
+      {"vit/encoder_layer[0]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:64:64:"},
+      {"vit/encoder_layer[1]/attention_scale@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/attention_scale@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/ffn_scale@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/ffn_scale@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm/bias@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/attention/w_q@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_q@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_k@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_k@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_v@m", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_v@v", true, "f32",
+       "d_model:64:64: heads:4:2:model d_head:16:16:"},
+      {"vit/encoder_layer[1]/attention/w_o@m", true, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"vit/encoder_layer[1]/attention/w_o@v", true, "f32",
+       "heads:4:2:model d_head:16:16: d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm#1/gain@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm#1/gain@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm#1/bias@m", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/norm#1/bias@v", true, "f32", "d_model:64:64:"},
+      {"vit/encoder_layer[1]/ffn/w_in@m", true, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"vit/encoder_layer[1]/ffn/w_in@v", true, "f32", "d_model:64:64: d_ff:128:64:model"},
+      {"vit/encoder_layer[1]/ffn/w_out@m", true, "f32", "d_ff:128:64:model d_model:64:64:"},
+      {"vit/encoder_layer[1]/ffn/w_out@v", true, "f32", "d_ff:128:64:model d_model:64:64:"},
+      {"vit/norm/gain@m", true, "f32", "d_model:64:64:"},
+      {"vit/norm/gain@v", true, "f32", "d_model:64:64:"},
+      {"vit/norm/bias@m", true, "f32", "d_model:64:64:"},
+      {"vit/norm/bias@v", true, "f32", "d_model:64:64:"}};
+  support::Buffer *const data[] = {&param0_vit_class_token,
+                                   &param1_vit_position_embedding,
+                                   &param2_vit_w_head,
+                                   &param3_vit_b_head,
+                                   &param4_vit_embed_patches_w_patch,
+                                   &param5_vit_embed_patches_b_patch,
+                                   &param6_vit_encoder_layer_0_attention_scale,
+                                   &param7_vit_encoder_layer_0_ffn_scale,
+                                   &param8_vit_encoder_layer_0_norm_gain,
+                                   &param9_vit_encoder_layer_0_norm_bias,
+                                   &param10_vit_encoder_layer_0_attention_w_q,
+                                   &param11_vit_encoder_layer_0_attention_w_k,
+                                   &param12_vit_encoder_layer_0_attention_w_v,
+                                   &param13_vit_encoder_layer_0_attention_w_o,
+                                   &param14_vit_encoder_layer_0_norm_1_gain,
+                                   &param15_vit_encoder_layer_0_norm_1_bias,
+                                   &param16_vit_encoder_layer_0_ffn_w_in,
+                                   &param17_vit_encoder_layer_0_ffn_w_out,
+                                   &param18_vit_encoder_layer_1_attention_scale,
+                                   &param19_vit_encoder_layer_1_ffn_scale,
+                                   &param20_vit_encoder_layer_1_norm_gain,
+                                   &param21_vit_encoder_layer_1_norm_bias,
+                                   &param22_vit_encoder_layer_1_attention_w_q,
+                                   &param23_vit_encoder_layer_1_attention_w_k,
+                                   &param24_vit_encoder_layer_1_attention_w_v,
+                                   &param25_vit_encoder_layer_1_attention_w_o,
+                                   &param26_vit_encoder_layer_1_norm_1_gain,
+                                   &param27_vit_encoder_layer_1_norm_1_bias,
+                                   &param28_vit_encoder_layer_1_ffn_w_in,
+                                   &param29_vit_encoder_layer_1_ffn_w_out,
+                                   &param30_vit_norm_gain,
+                                   &param31_vit_norm_bias,
+                                   &param32_vit_class_token_m,
+                                   &param33_vit_class_token_v,
+                                   &param34_vit_position_embedding_m,
+                                   &param35_vit_position_embedding_v,
+                                   &param36_vit_w_head_m,
+                                   &param37_vit_w_head_v,
+                                   &param38_vit_b_head_m,
+                                   &param39_vit_b_head_v,
+                                   &param40_vit_embed_patches_w_patch_m,
+                                   &param41_vit_embed_patches_w_patch_v,
+                                   &param42_vit_embed_patches_b_patch_m,
+                                   &param43_vit_embed_patches_b_patch_v,
+                                   &param44_vit_encoder_layer_0_attention_scale_m,
+                                   &param45_vit_encoder_layer_0_attention_scale_v,
+                                   &param46_vit_encoder_layer_0_ffn_scale_m,
+                                   &param47_vit_encoder_layer_0_ffn_scale_v,
+                                   &param48_vit_encoder_layer_0_norm_gain_m,
+                                   &param49_vit_encoder_layer_0_norm_gain_v,
+                                   &param50_vit_encoder_layer_0_norm_bias_m,
+                                   &param51_vit_encoder_layer_0_norm_bias_v,
+                                   &param52_vit_encoder_layer_0_attention_w_q_m,
+                                   &param53_vit_encoder_layer_0_attention_w_q_v,
+                                   &param54_vit_encoder_layer_0_attention_w_k_m,
+                                   &param55_vit_encoder_layer_0_attention_w_k_v,
+                                   &param56_vit_encoder_layer_0_attention_w_v_m,
+                                   &param57_vit_encoder_layer_0_attention_w_v_v,
+                                   &param58_vit_encoder_layer_0_attention_w_o_m,
+                                   &param59_vit_encoder_layer_0_attention_w_o_v,
+                                   &param60_vit_encoder_layer_0_norm_1_gain_m,
+                                   &param61_vit_encoder_layer_0_norm_1_gain_v,
+                                   &param62_vit_encoder_layer_0_norm_1_bias_m,
+                                   &param63_vit_encoder_layer_0_norm_1_bias_v,
+                                   &param64_vit_encoder_layer_0_ffn_w_in_m,
+                                   &param65_vit_encoder_layer_0_ffn_w_in_v,
+                                   &param66_vit_encoder_layer_0_ffn_w_out_m,
+                                   &param67_vit_encoder_layer_0_ffn_w_out_v,
+                                   &param68_vit_encoder_layer_1_attention_scale_m,
+                                   &param69_vit_encoder_layer_1_attention_scale_v,
+                                   &param70_vit_encoder_layer_1_ffn_scale_m,
+                                   &param71_vit_encoder_layer_1_ffn_scale_v,
+                                   &param72_vit_encoder_layer_1_norm_gain_m,
+                                   &param73_vit_encoder_layer_1_norm_gain_v,
+                                   &param74_vit_encoder_layer_1_norm_bias_m,
+                                   &param75_vit_encoder_layer_1_norm_bias_v,
+                                   &param76_vit_encoder_layer_1_attention_w_q_m,
+                                   &param77_vit_encoder_layer_1_attention_w_q_v,
+                                   &param78_vit_encoder_layer_1_attention_w_k_m,
+                                   &param79_vit_encoder_layer_1_attention_w_k_v,
+                                   &param80_vit_encoder_layer_1_attention_w_v_m,
+                                   &param81_vit_encoder_layer_1_attention_w_v_v,
+                                   &param82_vit_encoder_layer_1_attention_w_o_m,
+                                   &param83_vit_encoder_layer_1_attention_w_o_v,
+                                   &param84_vit_encoder_layer_1_norm_1_gain_m,
+                                   &param85_vit_encoder_layer_1_norm_1_gain_v,
+                                   &param86_vit_encoder_layer_1_norm_1_bias_m,
+                                   &param87_vit_encoder_layer_1_norm_1_bias_v,
+                                   &param88_vit_encoder_layer_1_ffn_w_in_m,
+                                   &param89_vit_encoder_layer_1_ffn_w_in_v,
+                                   &param90_vit_encoder_layer_1_ffn_w_out_m,
+                                   &param91_vit_encoder_layer_1_ffn_w_out_v,
+                                   &param92_vit_norm_gain_m,
+                                   &param93_vit_norm_gain_v,
+                                   &param94_vit_norm_bias_m,
+                                   &param95_vit_norm_bias_v};
+  return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
 support::Tensor TrainVit::getParam(const std::string &path) {

@@ -7,6 +7,7 @@
 #include "codegen/FuseLoops.h"
 #include "codegen/HoistInvariants.h"
 #include "codegen/Lower.h"
+#include "codegen/OutlineRepeatedCode.h"
 #include "codegen/PlanBuffers.h"
 #include "codegen/ScheduleCollectives.h"
 #include "codegen/VerifyKernels.h"
@@ -330,10 +331,156 @@ TEST_CASE("the verifier rejects malformed kernel IR") {
 
 TEST_CASE("every kernel pass has a name and a description, in one list") {
   const auto& passes = kernelPasses();
-  REQUIRE(passes.size() >= 8);
-  CHECK(std::string(passes.back().name) == "plan-buffers");
+  REQUIRE(passes.size() >= 9);
+  // Outlining runs on placed buffers (calls pass arena views), so it comes after planning.
+  CHECK(std::string(passes[passes.size() - 2].name) == "plan-buffers");
+  CHECK(std::string(passes.back().name) == "outline-repeated-code");
   for (const KernelPass& pass : passes) {
     CHECK(std::string(pass.name).find(' ') == std::string::npos);
     CHECK(std::string(pass.description).size() > 20);
   }
+}
+
+namespace {
+
+/// One "layer": y = w @ tanh(x + b), then z = y * y, over fresh buffers; a dropout loop keyed by
+/// `stream` when it is not empty. Returns the layer's output.
+BufferId layer(Builder& b, BufferId x, const std::string& stream = "") {
+  BufferId w = b.buffer(64, Storage::Param), bias = b.buffer(8, Storage::Param);
+  BufferId h = b.buffer(8), y = b.buffer(8), z = b.buffer(8);
+  b.loop(h, ir::OpKind::Add, {x, bias}, 8);
+  b.loop(h, ir::OpKind::Tanh, {h}, 8);
+  b.gemm(y, w, h, 8, 8, 1);
+  b.loop(z, ir::OpKind::Mul, {y, y}, 8);
+  if (!stream.empty()) {
+    Loop& dropout = std::get<Loop>(b.fn.body.back().node);
+    dropout.invariants = {Arg{.kind = Arg::Kind::StreamKey, .text = stream},
+                          Arg{.kind = Arg::Kind::GlobalBase}};
+    dropout.body.push_back(Scalar{.kind = Scalar::Kind::Dropout,
+                                  .args = {int(dropout.body.size() - 1)},
+                                  .read = 0,
+                                  .value = 0.1,
+                                  .strides = {1}});
+    dropout.stores.back().value = int(dropout.body.size() - 1);
+  }
+  return z;
+}
+
+/// The statements' nodes, for comparing what runs before and after outlining.
+std::vector<std::string> printed(const KernelFunction& fn, const std::vector<Stmt>& stmts) {
+  KernelFunction copy = fn;
+  copy.body = stmts;
+  copy.subroutines.clear();
+  std::string text = printKernels(copy);
+  return {text.substr(text.find("run:"))};
+}
+
+} // namespace
+
+TEST_CASE("outline-repeated-code calls one subroutine per repeated layer, same statements run") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input);
+  for (int k = 0; k < 3; ++k)
+    x = layer(b, x, "layer[" + std::to_string(k) + "]/dropout");
+  b.fn.outputs = {x};
+  planBuffers(b.fn);
+  KernelFunction before = b.fn;
+  outlineRepeatedCode(b.fn);
+  CHECK(verifyKernels(b.fn) == "");
+  REQUIRE(b.fn.subroutines.size() == 1);
+  const Subroutine& sub = b.fn.subroutines[0];
+  CHECK(sub.body.size() == 4);
+  CHECK(sub.textParameters == 1); // each layer's dropout draws from its own stream
+  REQUIRE(b.fn.body.size() == 3);
+  for (size_t k = 0; k < 3; ++k) {
+    const Invoke& call = std::get<Invoke>(b.fn.body[k].node);
+    CHECK(call.subroutine == 0);
+    CHECK(call.texts == std::vector<std::string>{"layer[" + std::to_string(k) + "]/dropout"});
+    CHECK(call.arguments.size() == sub.parameters.size());
+  }
+  // Inlined back, the calls are the original statements, buffer for buffer and stream for stream.
+  CHECK(printed(b.fn, b.fn.inlinedBody()) == printed(before, before.body));
+}
+
+TEST_CASE("outline-repeated-code renames buffers one-to-one over the whole stretch") {
+  // Two stretches whose statements agree one by one, but the second one's tanh reads the
+  // stretch's input where the first one's reads the sum: one subroutine cannot serve both.
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input);
+  std::vector<BufferId> outs;
+  for (int k = 0; k < 2; ++k) {
+    BufferId bias = b.buffer(8, Storage::Param), w = b.buffer(64, Storage::Param);
+    BufferId h = b.buffer(8), t = b.buffer(8), y = b.buffer(8);
+    b.loop(h, ir::OpKind::Add, {x, bias}, 8);
+    b.loop(t, ir::OpKind::Tanh, {k == 0 ? h : x}, 8);
+    b.gemm(y, w, t, 8, 8, 1);
+    for (int n = 0; n < 4; ++n) {
+      BufferId next = b.buffer(8);
+      b.loop(next, ir::OpKind::Mul, {y, h}, 8);
+      y = next;
+    }
+    outs.push_back(y);
+    x = y;
+  }
+  b.fn.outputs = outs;
+  planBuffers(b.fn);
+  KernelFunction before = b.fn;
+  outlineRepeatedCode(b.fn);
+  CHECK(verifyKernels(b.fn) == "");
+  CHECK(printed(b.fn, b.fn.inlinedBody()) == printed(before, before.body));
+  for (const Subroutine& sub : b.fn.subroutines) // only the tail after the tanh can be shared
+    CHECK(sub.body.size() < 7);
+}
+
+TEST_CASE("outline-repeated-code takes a collective's start and wait together or not at all") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input);
+  std::vector<BufferId> outs;
+  for (int k = 0; k < 2; ++k) {
+    x = layer(b, x);
+    BufferId sum = b.buffer(8);
+    b.loop(sum, ir::OpKind::Neg, {x}, 8);
+    b.allReduce({sum});
+    outs.push_back(sum);
+  }
+  b.fn.outputs = outs;
+  scheduleCollectives(b.fn);
+  planBuffers(b.fn);
+  outlineRepeatedCode(b.fn);
+  CHECK(verifyKernels(b.fn) == "");
+  for (const Subroutine& sub : b.fn.subroutines) {
+    int open = 0;
+    for (const Stmt& stmt : sub.body)
+      if (const Collective* c = std::get_if<Collective>(&stmt.node))
+        open += c->phase == Collective::Phase::Start  ? 1
+                : c->phase == Collective::Phase::Wait ? -1
+                                                      : 0;
+    CHECK(open == 0);
+  }
+  CHECK(!b.fn.subroutines.empty());
+}
+
+TEST_CASE("the verifier rejects malformed subroutines and calls") {
+  Builder b;
+  BufferId x = b.buffer(8, Storage::Input);
+  for (int k = 0; k < 2; ++k)
+    x = layer(b, x);
+  b.fn.outputs = {x};
+  planBuffers(b.fn);
+  outlineRepeatedCode(b.fn);
+  REQUIRE(verifyKernels(b.fn) == "");
+  REQUIRE(b.fn.subroutines.size() == 1);
+
+  KernelFunction wrongCount = b.fn;
+  std::get<Invoke>(wrongCount.body[0].node).arguments.pop_back();
+  CHECK(verifyKernels(wrongCount).find("arguments for the") != std::string::npos);
+
+  KernelFunction wrongSize = b.fn;
+  Invoke& call = std::get<Invoke>(wrongSize.body[0].node);
+  call.arguments[0] = wrongSize.addBuffer(Buffer{.name = "odd", .elements = 3});
+  CHECK(verifyKernels(wrongSize).find("does not match its parameter") != std::string::npos);
+
+  KernelFunction foreign = b.fn;
+  replaceBuffer(foreign.subroutines[0].body[0], foreign.subroutines[0].parameters[0], x);
+  CHECK(verifyKernels(foreign).find("not passed") != std::string::npos);
 }

@@ -48,6 +48,8 @@ using gen::DType;
 using gen::gatherShards; // host shards: the nccl backend stages host buffers
 using gen::GemmDims;
 using gen::globalBase;
+using gen::ParamSpec;
+using gen::paramShardsOf;
 using gen::product;
 using gen::Reduce;
 using gen::rowMajorStrides;
@@ -727,6 +729,11 @@ inline void copyValues(View to, ConstView from) {
     check(cudaMemcpyAsync(to.data(), from.data(), from.size() * sizeof(float),
                           cudaMemcpyDeviceToDevice, stream()),
           "cudaMemcpyAsync (update)");
+}
+
+/// Zeroes a subroutine's argument before a kernel that writes only part of it.
+inline void zero(View to) {
+  meshrt::cuda::fill(to.data(), to.size(), 0.0f);
 }
 
 /// The planner's bucketed_all_reduce_sum: the values packed into one device buffer, one NCCL

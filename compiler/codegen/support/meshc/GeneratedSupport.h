@@ -39,6 +39,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace meshc::gen {
@@ -438,6 +439,48 @@ struct ParamShard {
   Buffer* data = nullptr;                     // this rank's shard, row-major over localShape
 };
 
+/// One param as the generated paramShards() lists it: a table of constants, which compilers
+/// build in no time (the same list as ParamShard initializers took seconds per hundred params).
+struct ParamSpec {
+  const char* path;
+  bool optimizerState;
+  const char* dtype;
+  /// Per dim, `name:global:local:axis+axis` (no axes: nothing after the last colon), dims
+  /// separated by spaces: "vocab:96:48:model d_model:64:64:".
+  const char* dims;
+};
+
+/// The shards `specs` describe over the buffers `data` (one per spec), as ParamShard or the
+/// CUDA support's device ParamShard.
+template <class Shard, class Storage, size_t N>
+std::vector<Shard> paramShardsOf(const ParamSpec (&specs)[N], Storage* const (&data)[N]) {
+  auto split = [](std::string_view text, char separator) {
+    std::vector<std::string> parts;
+    while (!text.empty()) {
+      size_t end = std::min(text.find(separator), text.size());
+      parts.emplace_back(text.substr(0, end));
+      text.remove_prefix(std::min(end + 1, text.size()));
+    }
+    return parts;
+  };
+  std::vector<Shard> shards(N);
+  for (size_t k = 0; k < N; ++k) {
+    Shard& shard = shards[k];
+    shard.path = specs[k].path;
+    shard.optimizerState = specs[k].optimizerState;
+    shard.dtype = specs[k].dtype;
+    shard.data = data[k];
+    for (const std::string& dim : split(specs[k].dims, ' ')) {
+      size_t a = dim.find(':'), b = dim.find(':', a + 1), c = dim.find(':', b + 1);
+      shard.dims.push_back(dim.substr(0, a));
+      shard.globalShape.push_back(std::stoll(dim.substr(a + 1, b - a - 1)));
+      shard.localShape.push_back(std::stoll(dim.substr(b + 1, c - b - 1)));
+      shard.axes.push_back(split(std::string_view(dim).substr(c + 1), '+'));
+    }
+  }
+  return shards;
+}
+
 /// The global starts of `rank`'s shard of `shard`.
 inline Shape shardStartsOf(const meshrt::Mesh& mesh, int rank, const ParamShard& shard) {
   Shape starts;
@@ -497,6 +540,11 @@ inline void scatterParam(meshrt::Communicator& world, ParamShard& shard, const T
 /// A train step's update: the param's storage takes the step's new value.
 inline void copyValues(View to, ConstView from) {
   std::copy(from.begin(), from.end(), to.begin());
+}
+
+/// Zeroes a subroutine's argument before a kernel that writes only part of it.
+inline void zero(View to) {
+  std::fill(to.begin(), to.end(), 0.0f);
 }
 
 /// Resolves the partial sums of several values over one group with one all-reduce: packed into
