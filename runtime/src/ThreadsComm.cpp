@@ -343,6 +343,14 @@ private:
       futexWakeAll(group_.generation);
       return;
     }
+    // Published from the start of an entry barrier, so that a peer timing out elsewhere blames
+    // the ranks this one waits for rather than this one; withdrawn only after a failure is
+    // recorded.
+    std::optional<WaitingScope> waiting;
+    if (entry)
+      waiting.emplace(world_, worldRank_,
+                      Waiting{&group_, false,
+                              group_.slots[groupRank_].arrivals.load(std::memory_order_relaxed)});
     auto passed = [&] {
       return uint32_t(group_.barrier.load(std::memory_order_acquire) >> 32) != generation;
     };
@@ -356,13 +364,6 @@ private:
       sched_yield();
     }
     Clock::time_point deadline = Clock::now() + world_.timeout;
-    // Published while this rank can time out, so that a peer timing out elsewhere blames the
-    // ranks this one waits for rather than this one; withdrawn only after a failure is recorded.
-    std::optional<WaitingScope> waiting;
-    if (entry)
-      waiting.emplace(world_, worldRank_,
-                      Waiting{&group_, false,
-                              group_.slots[groupRank_].arrivals.load(std::memory_order_relaxed)});
     while (!passed()) {
       if (entry) {
         std::string cause = whyGiveUp(deadline);

@@ -126,7 +126,8 @@ class WorldState {
 public:
   WorldState(Mesh worldMesh, std::chrono::milliseconds waitLimit)
       : mesh(std::move(worldMesh)), timeout(waitLimit),
-        exited(std::make_unique<std::atomic<bool>[]>(mesh.size())), waiting_(size_t(mesh.size())) {
+        exited(std::make_unique<std::atomic<bool>[]>(mesh.size())),
+        waiting_(std::make_unique<WaitSlot[]>(size_t(mesh.size()))) {
     // With more ranks than cores, a spinning rank takes the core from the peer it waits for:
     // hand the core over almost at once instead (measured by bench/collectives.sh).
     bool oversubscribed = mesh.size() > usableCores();
@@ -199,12 +200,17 @@ public:
     }
   }
 
-  /// Records that `worldRank` waits as `where` says (see Waiting), or no longer waits.
+  /// Records that `worldRank` waits as `where` says (see Waiting), or no longer waits. Lock-free
+  /// (every entry barrier publishes it): the group last, so a reader that sees it sees the rest.
   void setWaiting(int worldRank, const Waiting& where) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    waiting_[size_t(worldRank)] = where;
+    WaitSlot& slot = waiting_[size_t(worldRank)];
+    slot.mark.store(where.mark, std::memory_order_relaxed);
+    slot.started.store(where.started, std::memory_order_relaxed);
+    slot.group.store(where.group, std::memory_order_release);
   }
-  void clearWaiting(int worldRank) { setWaiting(worldRank, Waiting{}); }
+  void clearWaiting(int worldRank) {
+    waiting_[size_t(worldRank)].group.store(nullptr, std::memory_order_release);
+  }
 
   /// The ranks that really hold up a wait for the world ranks `missing`: a missing rank that is
   /// itself waiting in another collective stands for the ranks it waits for, transitively, so
@@ -221,7 +227,10 @@ public:
       pending.pop_back();
       if (seen[size_t(rank)]) continue;
       seen[size_t(rank)] = true;
-      const Waiting& where = waiting_[size_t(rank)];
+      const WaitSlot& slot = waiting_[size_t(rank)];
+      Waiting where{slot.group.load(std::memory_order_acquire),
+                    slot.started.load(std::memory_order_relaxed),
+                    slot.mark.load(std::memory_order_relaxed)};
       if (!where.group) {
         found.push_back(rank);
         continue;
@@ -274,7 +283,12 @@ private:
   std::string cause_;
   int failedRank_ = -1;
   Clock::time_point failedAt_;
-  std::vector<Waiting> waiting_; // per world rank
+  struct alignas(kCacheLine) WaitSlot {
+    std::atomic<const GroupState*> group{nullptr};
+    std::atomic<bool> started{false};
+    std::atomic<uint64_t> mark{0};
+  };
+  std::unique_ptr<WaitSlot[]> waiting_; // per world rank
 };
 
 /// Publishes where a rank waits (WorldState::setWaiting) for as long as it lives. It is destroyed
