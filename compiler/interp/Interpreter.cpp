@@ -55,11 +55,13 @@ double wrapToI32(double x) {
   return double(int32_t(uint32_t(uint64_t(int64_t(x)))));
 }
 
-/// Casts to int32: truncation toward zero, saturating; NaN gives 0.
+/// The language's cast to int32 (docs/language.md; meshrt::kernels::castToI32 in generated
+/// code): truncation toward zero, saturating to [-2^31, 2^31 - 128]; NaN gives 0. The upper end
+/// is the largest integer below 2^31 that an f32 holds, since generated code holds i32 tensors
+/// as floats: so the result is the same in every target.
 double saturateToI32(double x) {
   if (std::isnan(x)) return 0;
-  return std::clamp(std::trunc(x), double(std::numeric_limits<int32_t>::min()),
-                    double(std::numeric_limits<int32_t>::max()));
+  return std::clamp(std::trunc(x), double(std::numeric_limits<int32_t>::min()), 2147483520.0);
 }
 
 double roundTo(DType dtype, double x) {

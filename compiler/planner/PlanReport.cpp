@@ -349,11 +349,13 @@ void printPlanJson(const PlannedFunction& plan, const Machine& machine, llvm::ra
         });
     });
     json.attributeArray("meshCandidates", [&] {
-      for (const auto& [mesh, seconds] : plan.meshCandidates)
+      // Not a structured binding: captured by the lambda below, which is C++20 only, and this
+      // file is compiled as C++17 under clang < 15 (compiler/CMakeLists.txt: llvm/Support/JSON.h).
+      for (const auto& candidate : plan.meshCandidates)
         json.object([&] {
-          json.attribute("mesh", meshString(mesh));
-          if (std::isfinite(seconds))
-            json.attribute("stepSeconds", seconds);
+          json.attribute("mesh", meshString(candidate.first));
+          if (std::isfinite(candidate.second))
+            json.attribute("stepSeconds", candidate.second);
           else
             json.attribute("stepSeconds", nullptr);
         });

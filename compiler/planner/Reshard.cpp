@@ -148,11 +148,15 @@ private:
     return factor > 0 && type_.dims[dim].size % factor == 0;
   }
 
-  auto meshOrder() const {
-    return [this](const std::string& a, const std::string& b) {
-      return mesh_.axisIndex(a) < mesh_.axisIndex(b);
-    };
-  }
+  /// Orders axis names as the mesh lists them. A named type, not `auto`: it is used above its
+  /// definition, which clang rejects for a deduced return type.
+  struct MeshOrder {
+    const Mesh* mesh;
+    bool operator()(const std::string& a, const std::string& b) const {
+      return mesh->axisIndex(a) < mesh->axisIndex(b);
+    }
+  };
+  MeshOrder meshOrder() const { return MeshOrder{&mesh_}; }
 
   AxisList inMeshOrder(const std::set<std::string>& axes) const {
     AxisList out(axes.begin(), axes.end());

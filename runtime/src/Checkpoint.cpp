@@ -16,6 +16,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -116,11 +117,13 @@ void syncDirectory(const fs::path& dir) {
   FileDescriptor(dir.string(), O_RDONLY | O_DIRECTORY).sync();
 }
 
-/// Writes `path` atomically: `write` fills `path.tmp`, which is fsynced and renamed over `path`,
-/// and the directory is fsynced. A crash leaves `path` as it was or whole and new.
-void writeAtomically(const fs::path& path, const std::function<void(FileDescriptor&)>& write) {
+/// Writes `path` atomically: `write` fills `path` + `suffix` + ".tmp", which is fsynced and
+/// renamed over `path`, and the directory is fsynced. A crash leaves `path` as it was or whole
+/// and new. Writers of one path at the same time need distinct suffixes.
+void writeAtomically(const fs::path& path, const std::function<void(FileDescriptor&)>& write,
+                     const std::string& suffix = "") {
   fs::path temporary = path;
-  temporary += ".tmp";
+  temporary += suffix + ".tmp";
   {
     FileDescriptor file(temporary.string(), O_WRONLY | O_CREAT | O_TRUNC);
     write(file);
@@ -131,8 +134,10 @@ void writeAtomically(const fs::path& path, const std::function<void(FileDescript
   syncDirectory(path.parent_path());
 }
 
-void writeTextAtomically(const fs::path& path, const std::string& text) {
-  writeAtomically(path, [&](FileDescriptor& file) { file.writeAll(text.data(), text.size()); });
+void writeTextAtomically(const fs::path& path, const std::string& text,
+                         const std::string& suffix = "") {
+  writeAtomically(
+      path, [&](FileDescriptor& file) { file.writeAll(text.data(), text.size()); }, suffix);
 }
 
 std::string readText(const fs::path& path) {
@@ -314,8 +319,11 @@ std::vector<int> sequencesIn(const fs::path& dir) {
   return sequences;
 }
 
-/// The checkpoint `latest` names if it is complete, else the newest complete one.
-int chooseCheckpoint(const fs::path& dir) {
+/// The checkpoint `latest` names. `latest` is replaced only after its checkpoint's manifest is
+/// durable, so one it names that does not verify (missing or truncated manifest) is corruption: an
+/// error naming the file, unless `fallBack` asks for the newest complete checkpoint instead.
+/// Without `latest` (a first save cut short before it), the newest complete one.
+int chooseCheckpoint(const fs::path& dir, bool fallBack) {
   std::error_code error;
   if (!fs::is_directory(dir, error))
     fail(fmt::format("no checkpoint directory '{}'", dir.string()));
@@ -323,8 +331,24 @@ int chooseCheckpoint(const fs::path& dir) {
     std::string latest = readText(dir / kLatest);
     while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back())))
       latest.pop_back();
-    if (int sequence = sequenceOf(latest); sequence >= 0 && completeManifest(dir, latest))
-      return sequence;
+    int sequence = sequenceOf(latest);
+    if (sequence >= 0 && completeManifest(dir, latest)) return sequence;
+    std::string problem =
+        sequence < 0
+            ? fmt::format("'{}' names '{}', which is not a checkpoint", (dir / kLatest).string(),
+                          latest)
+            : fmt::format("'{}' names {}, but its manifest '{}' is missing or does not parse",
+                          (dir / kLatest).string(), latest, (dir / latest / kManifest).string());
+    if (!fallBack)
+      fail(problem + " (MESHRT_CHECKPOINT_FALLBACK=1 loads the newest complete checkpoint "
+                     "instead)");
+    for (int older : sequencesIn(dir))
+      if (completeManifest(dir, checkpointName(older))) {
+        std::fprintf(stderr, "warning: meshrt: %s; loading %s instead\n", problem.c_str(),
+                     checkpointName(older).c_str());
+        return older;
+      }
+    fail(problem + ", and no other checkpoint in '" + dir.string() + "' is complete");
   }
   for (int sequence : sequencesIn(dir))
     if (completeManifest(dir, checkpointName(sequence))) return sequence;
@@ -332,6 +356,37 @@ int chooseCheckpoint(const fs::path& dir) {
 }
 
 //===--- Saving ---===//
+
+/// Creates the next checkpoint subdirectory of `root` and returns its sequence number. mkdir is
+/// exclusive: of two savers into one directory that pick the same number, the loser takes the
+/// next one, so no two saves ever share a checkpoint.
+int createNextCheckpoint(const fs::path& root) {
+  std::vector<int> existing = sequencesIn(root);
+  int sequence = existing.empty() ? 1 : existing.front() + 1;
+  for (int attempt = 0; attempt < 1000; ++attempt, ++sequence) {
+    fs::path path = root / checkpointName(sequence);
+    if (::mkdir(path.c_str(), 0755) == 0) {
+      syncDirectory(root);
+      return sequence;
+    }
+    if (errno != EEXIST) failErrno("cannot create", path.string());
+  }
+  fail(fmt::format("checkpoint save to '{}': 1000 concurrent saves took every number from {}",
+                   root.string(), sequence - 1000));
+}
+
+/// Removes what a failed save wrote (its whole checkpoint directory, the manifest first as in
+/// deleteOldCheckpoints), so that no temporary files stay behind and the next save reuses its
+/// number. Best effort: the save's own error is the one reported.
+void removeFailedSave(const fs::path& checkpoint) noexcept {
+  std::error_code ignored;
+  fs::remove(checkpoint / kManifest, ignored);
+  fs::remove_all(checkpoint, ignored);
+  try {
+    syncDirectory(checkpoint.parent_path());
+  } catch (const std::exception&) {
+  }
+}
 
 /// Writes this rank's file of checkpoint `path`; returns the manifest records of its shards.
 json writeRankFile(Communicator& world, const fs::path& path,
@@ -480,6 +535,14 @@ void loadTensor(Communicator& world, const fs::path& checkpoint, const json& sav
 
 } // namespace
 
+bool CheckpointLoadOptions::defaultFallBack() {
+  const char* text = std::getenv("MESHRT_CHECKPOINT_FALLBACK");
+  if (!text || !*text || std::strcmp(text, "0") == 0) return false;
+  if (std::strcmp(text, "1") == 0) return true;
+  throw std::invalid_argument(std::string("meshrt: MESHRT_CHECKPOINT_FALLBACK='") + text +
+                              "' is not 0 or 1");
+}
+
 uint32_t crc32(const void* bytes, size_t size, uint32_t crc) {
   // Slicing by 8 (eight bytes per step through eight tables), ~8x the bytewise loop: table k
   // advances a byte's contribution by k more zero bytes.
@@ -542,44 +605,55 @@ void saveCheckpoint(Communicator& world, const std::string& dir,
                     const std::vector<CheckpointTensor>& tensors, const CheckpointInfo& info,
                     const CheckpointSaveOptions& options) {
   fs::path root(dir);
+  std::string what = "checkpoint save to '" + dir + "'";
   std::vector<ShardBox> boxes;
-  int32_t sequence = 0;
-  // Rank 0 creates the new checkpoint's directory; no save ever writes into an existing one.
-  collectively(world, "checkpoint save to '" + dir + "'", [&] {
-    boxes = shardBoxes(world, tensors, "save");
-    if (world.rank() != 0) return;
-    fs::create_directories(root);
-    std::vector<int> existing = sequencesIn(root);
-    sequence = existing.empty() ? 1 : existing.front() + 1;
-    fs::create_directory(root / checkpointName(sequence));
-    syncDirectory(root);
-  });
-  world.broadcast(&sequence, 1, 0);
-  fs::path checkpoint = root / checkpointName(sequence);
+  int32_t sequence = 0;   // rank 0's from the moment it creates the directory
+  bool committed = false; // `latest` names the new checkpoint: never remove it then
+  try {
+    // Rank 0 creates the new checkpoint's directory; no save ever writes into an existing one.
+    collectively(world, what, [&] {
+      boxes = shardBoxes(world, tensors, "save");
+      if (world.rank() != 0) return;
+      fs::create_directories(root);
+      sequence = createNextCheckpoint(root);
+    });
+    world.broadcast(&sequence, 1, 0);
+    fs::path checkpoint = root / checkpointName(sequence);
 
-  // Every rank writes and fsyncs its shards; the gather below is the barrier after which all of
-  // them are durable.
-  std::string records;
-  collectively(world, "checkpoint save to '" + dir + "'",
-               [&] { records = writeRankFile(world, checkpoint, tensors, boxes).dump(); });
-  std::vector<std::string> allRecords = allGatherStrings(world, records);
+    // Every rank writes and fsyncs its shards; the gather below is the barrier after which all
+    // of them are durable.
+    std::string records;
+    collectively(world, what,
+                 [&] { records = writeRankFile(world, checkpoint, tensors, boxes).dump(); });
+    std::vector<std::string> allRecords = allGatherStrings(world, records);
 
-  // The manifest commits the checkpoint; `latest` then points at it.
-  collectively(world, "checkpoint save to '" + dir + "'", [&] {
-    if (world.rank() != 0) return;
-    json manifest = buildManifest(world.mesh(), tensors, info, allRecords);
-    writeTextAtomically(checkpoint / kManifest, manifest.dump(1));
-    writeTextAtomically(root / kLatest, checkpointName(sequence) + "\n");
-    deleteOldCheckpoints(root, options.keep);
-  });
+    // The manifest commits the checkpoint; `latest` then points at it.
+    collectively(world, what, [&] {
+      if (world.rank() != 0) return;
+      json manifest = buildManifest(world.mesh(), tensors, info, allRecords);
+      writeTextAtomically(checkpoint / kManifest, manifest.dump(1));
+      // Concurrent savers each replace `latest` from a temporary of their own.
+      writeTextAtomically(root / kLatest, checkpointName(sequence) + "\n",
+                          "." + checkpointName(sequence));
+      committed = true;
+      deleteOldCheckpoints(root, options.keep);
+    });
+  } catch (const CheckpointError&) {
+    // Every rank has finished its part (collectively() agrees on failures after all ran), so
+    // rank 0 removes the directory nobody writes any more.
+    if (world.rank() == 0 && sequence > 0 && !committed)
+      removeFailedSave(root / checkpointName(sequence));
+    throw;
+  }
 }
 
 CheckpointInfo loadCheckpoint(Communicator& world, const std::string& dir,
-                              const std::vector<CheckpointTensor>& tensors) {
+                              const std::vector<CheckpointTensor>& tensors,
+                              const CheckpointLoadOptions& options) {
   fs::path root(dir);
   int32_t sequence = 0;
   collectively(world, "checkpoint load from '" + dir + "'", [&] {
-    if (world.rank() == 0) sequence = chooseCheckpoint(root);
+    if (world.rank() == 0) sequence = chooseCheckpoint(root, options.fallBack);
   });
   world.broadcast(&sequence, 1, 0);
   fs::path checkpoint = root / checkpointName(sequence);

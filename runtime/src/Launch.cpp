@@ -7,6 +7,7 @@
 #include "meshrt/Mpi.h"
 #endif
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -65,7 +66,15 @@ bool launch(const Mesh& mesh, const LaunchOptions& options,
   if (options.backend == Backend::Threads) {
     ThreadsOptions threads;
     threads.timeout = options.timeout;
-    runThreads(mesh, program, threads);
+    try {
+      runThreads(mesh, program, threads);
+    } catch (const AbandonedRanksError& error) {
+      // Returning would run the caller's destructors under threads that still use its data.
+      std::fprintf(stderr, "error: %s\n", error.what());
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
     return true;
   }
 #ifdef MESHRT_HAVE_MPI

@@ -193,6 +193,14 @@ bool AsyncQueue::advance(Local& request, bool block) {
 void AsyncQueue::awaitArrival(Local& request) {
   uint64_t sequence = request.sequence;
   Clock::time_point deadline = Clock::now() + world_.timeout;
+  // As in ThreadsComm's entry barrier: peers that time out blame the ranks this one waits for.
+  int worldRank = group_.worldRanks[size_t(groupRank_)];
+  world_.setWaiting(worldRank, {&group_, true, sequence});
+  struct WaitRecord {
+    WorldState& world;
+    int rank;
+    ~WaitRecord() { world.clearWaiting(rank); }
+  } record{world_, worldRank};
   bool gaveUp = false;
   std::string cause;
   sleepUntil([&] { return allArrived(sequence); },
@@ -313,22 +321,21 @@ bool AsyncQueue::allArrived(uint64_t sequence) const {
 
 std::string AsyncQueue::whyGiveUp(uint64_t sequence, Clock::time_point deadline) const {
   if (world_.failed.load(std::memory_order_acquire)) return world_.failure();
-  std::string missing, exited;
+  std::vector<int> missing;
+  std::string exited;
   for (int q = 0; q < size(); ++q) {
     if (slot(q, sequence).published.load(std::memory_order_acquire) >= sequence) continue;
     int worldRank = group_.worldRanks[size_t(q)];
-    missing += (missing.empty() ? "" : ", ") + std::to_string(worldRank);
+    missing.push_back(worldRank);
     if (world_.exited[worldRank].load(std::memory_order_acquire))
       exited += (exited.empty() ? "" : ", ") + std::to_string(worldRank);
   }
   if (!exited.empty())
     return "world rank(s) " + exited + " finished the program without starting this collective";
   if (Clock::now() < deadline) return "";
-  std::ostringstream cause;
-  cause << "timed out after " << double(world_.timeout.count()) / 1000
-        << " s waiting for world rank(s) " << missing
-        << " to start it (MESHRT_TIMEOUT_S sets the limit)";
-  return cause.str();
+  std::string cause = timeoutCause(world_, missing);
+  if (cause.empty()) return world_.failure();
+  return cause + " to start it (MESHRT_TIMEOUT_S sets the limit)";
 }
 
 void AsyncQueue::notify() {

@@ -16,6 +16,7 @@
 #include "ThreadsState.h"
 
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 namespace meshrt {
@@ -342,6 +343,14 @@ private:
       futexWakeAll(group_.generation);
       return;
     }
+    // Published from the start of an entry barrier, so that a peer timing out elsewhere blames
+    // the ranks this one waits for rather than this one; withdrawn only after a failure is
+    // recorded.
+    std::optional<WaitingScope> waiting;
+    if (entry)
+      waiting.emplace(world_, worldRank_,
+                      Waiting{&group_, false,
+                              group_.slots[groupRank_].arrivals.load(std::memory_order_relaxed)});
     auto passed = [&] {
       return uint32_t(group_.barrier.load(std::memory_order_acquire) >> 32) != generation;
     };
@@ -373,21 +382,21 @@ private:
   std::string whyGiveUp(Clock::time_point deadline) const {
     if (world_.failed.load(std::memory_order_acquire)) return world_.failure();
     uint64_t arrival = group_.slots[groupRank_].arrivals.load(std::memory_order_relaxed);
-    std::string missing, exited;
+    std::vector<int> missing;
+    std::string exited;
     for (int q = 0; q < size(); ++q) {
       if (group_.slots[q].arrivals.load(std::memory_order_relaxed) >= arrival) continue;
       int worldRank = group_.worldRanks[q];
-      missing += (missing.empty() ? "" : ", ") + std::to_string(worldRank);
+      missing.push_back(worldRank);
       if (world_.exited[worldRank].load(std::memory_order_acquire))
         exited += (exited.empty() ? "" : ", ") + std::to_string(worldRank);
     }
     if (!exited.empty())
       return "world rank(s) " + exited + " finished the program without joining this collective";
     if (Clock::now() < deadline) return "";
-    std::ostringstream cause;
-    cause << "timed out after " << double(world_.timeout.count()) / 1000
-          << " s waiting for world rank(s) " << missing << " (MESHRT_TIMEOUT_S sets the limit)";
-    return cause.str();
+    std::string cause = timeoutCause(world_, missing);
+    if (cause.empty()) return world_.failure();
+    return cause + " (MESHRT_TIMEOUT_S sets the limit)";
   }
 
   /// Withdraws this rank's arrival at the barrier of `generation`; false if it has completed.
@@ -418,17 +427,27 @@ private:
 
 void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& program,
                 const ThreadsOptions& options) {
-  WorldState world(mesh, options.timeout);
+  // Owned jointly by the rank threads, so that a rank abandoned while stuck (below) never
+  // touches freed runtime state.
+  struct Run {
+    Run(const Mesh& mesh, std::chrono::milliseconds timeout,
+        const std::function<void(Communicator&)>& body)
+        : world(mesh, timeout), program(body) {}
+    WorldState world;
+    std::function<void(Communicator&)> program;
+  };
+  auto run = std::make_shared<Run>(mesh, options.timeout, program);
+  WorldState& world = run->world;
   std::vector<std::thread> threads;
   threads.reserve(mesh.size());
-  auto runRank = [&](int worldRank) {
+  auto runRank = [run](int worldRank) {
     try {
-      ThreadsComm comm(world, worldRank);
-      program(comm);
-      world.markExited(worldRank);
+      ThreadsComm comm(run->world, worldRank);
+      run->program(comm);
+      run->world.markExited(worldRank);
     } catch (...) {
-      world.fail(worldRank, std::current_exception());
-      world.markExited(worldRank);
+      run->world.fail(worldRank, std::current_exception());
+      run->world.markExited(worldRank);
     }
   };
   try {
@@ -436,10 +455,34 @@ void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& prog
       threads.emplace_back(runRank, worldRank);
   } catch (...) {
     world.fail(-1, std::current_exception());
+    for (int worldRank = int(threads.size()); worldRank < mesh.size(); ++worldRank)
+      world.markExited(worldRank);
   }
-  for (std::thread& thread : threads)
-    thread.join();
-  if (std::exception_ptr error = world.firstError()) std::rethrow_exception(error);
+  // Joining a rank that never gets back into meshrt (stuck in a loop or a wait of its own) would
+  // freeze the process: once the world has failed, a rank gets the timeout to return, then it is
+  // abandoned (its thread detached) and the caller gets an AbandonedRanksError.
+  std::vector<int> stuck = world.awaitExits();
+  for (size_t rank = 0; rank < threads.size(); ++rank) {
+    if (std::find(stuck.begin(), stuck.end(), int(rank)) != stuck.end())
+      threads[rank].detach();
+    else
+      threads[rank].join();
+  }
+  std::exception_ptr error = world.firstError();
+  if (stuck.empty()) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  std::string ranks;
+  for (int rank : stuck)
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+  std::ostringstream message;
+  message << "meshrt: world rank(s) " << ranks << " did not return within "
+          << double(world.timeout.count()) / 1000
+          << " s of the failure below (stuck outside meshrt: MESHRT_TIMEOUT_S sets the limit); "
+             "their threads are abandoned, so the process must end: "
+          << world.failure();
+  throw AbandonedRanksError(stuck, message.str());
 }
 
 } // namespace meshrt

@@ -7,11 +7,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -106,12 +111,23 @@ struct GroupState {
   std::atomic<uint32_t> asyncSleepers{0};
 };
 
+/// Where a rank waits for missing peers at the start of a collective (to find the rank that
+/// really holds everyone up when one times out): in `group`'s entry barrier for the peers whose
+/// arrivals are below `mark`, or (`started`) for the peers that have not published started
+/// collective number `mark`.
+struct Waiting {
+  const GroupState* group = nullptr;
+  bool started = false;
+  uint64_t mark = 0;
+};
+
 /// What all ranks share: the groups, and whether (and why) the world has failed.
 class WorldState {
 public:
   WorldState(Mesh worldMesh, std::chrono::milliseconds waitLimit)
       : mesh(std::move(worldMesh)), timeout(waitLimit),
-        exited(std::make_unique<std::atomic<bool>[]>(mesh.size())) {
+        exited(std::make_unique<std::atomic<bool>[]>(mesh.size())),
+        waiting_(std::make_unique<WaitSlot[]>(size_t(mesh.size()))) {
     // With more ranks than cores, a spinning rank takes the core from the peer it waits for:
     // hand the core over almost at once instead (measured by bench/collectives.sh).
     bool oversubscribed = mesh.size() > usableCores();
@@ -154,6 +170,7 @@ public:
         cause_ = "an exception that is not a std::exception";
       }
       failedRank_ = worldRank;
+      failedAt_ = Clock::now();
       failed.store(true, std::memory_order_release);
     }
     wakeAll();
@@ -161,6 +178,68 @@ public:
   void markExited(int worldRank) {
     exited[worldRank].store(true, std::memory_order_release);
     wakeAll();
+  }
+
+  /// Blocks until every rank has exited, or until the world has failed and `timeout` more has
+  /// passed; returns the ranks that have not exited (empty when all have). A rank that does not
+  /// get back into meshrt (where it would see the failure) within the timeout is stuck.
+  std::vector<int> awaitExits() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto notExited = [&] {
+      std::vector<int> ranks;
+      for (int rank = 0; rank < mesh.size(); ++rank)
+        if (!exited[rank].load(std::memory_order_acquire)) ranks.push_back(rank);
+      return ranks;
+    };
+    while (true) {
+      std::vector<int> ranks = notExited();
+      if (ranks.empty()) return ranks;
+      if (firstError_ && Clock::now() >= failedAt_ + timeout) return ranks;
+      // Woken by every exit and failure; the bounded wait covers the end of the grace period.
+      changed_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+  }
+
+  /// Records that `worldRank` waits as `where` says (see Waiting), or no longer waits. Lock-free
+  /// (every entry barrier publishes it): the group last, so a reader that sees it sees the rest.
+  void setWaiting(int worldRank, const Waiting& where) {
+    WaitSlot& slot = waiting_[size_t(worldRank)];
+    slot.mark.store(where.mark, std::memory_order_relaxed);
+    slot.started.store(where.started, std::memory_order_relaxed);
+    slot.group.store(where.group, std::memory_order_release);
+  }
+  void clearWaiting(int worldRank) {
+    waiting_[size_t(worldRank)].group.store(nullptr, std::memory_order_release);
+  }
+
+  /// The ranks that really hold up a wait for the world ranks `missing`: a missing rank that is
+  /// itself waiting in another collective stands for the ranks it waits for, transitively, so
+  /// the answer is the ranks outside every collective at the ends of these chains (empty if all
+  /// wait on each other: a deadlock). Nothing, if the world has failed meanwhile (a rank that
+  /// gives up records the failure before it stops counting as waiting).
+  std::optional<std::vector<int>> culprits(const std::vector<int>& missing) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed.load(std::memory_order_acquire)) return std::nullopt;
+    std::vector<bool> seen(size_t(mesh.size()));
+    std::vector<int> pending = missing, found;
+    while (!pending.empty()) {
+      int rank = pending.back();
+      pending.pop_back();
+      if (seen[size_t(rank)]) continue;
+      seen[size_t(rank)] = true;
+      const WaitSlot& slot = waiting_[size_t(rank)];
+      Waiting where{slot.group.load(std::memory_order_acquire),
+                    slot.started.load(std::memory_order_relaxed),
+                    slot.mark.load(std::memory_order_relaxed)};
+      if (!where.group) {
+        found.push_back(rank);
+        continue;
+      }
+      for (size_t q = 0; q < where.group->worldRanks.size(); ++q)
+        if (!hasArrived(*where.group, q, where)) pending.push_back(where.group->worldRanks[q]);
+    }
+    std::sort(found.begin(), found.end());
+    return found;
   }
   /// "world rank 3 failed: <what it threw>".
   std::string failure() {
@@ -180,8 +259,16 @@ public:
   int spins = 200, yields = 50;
 
 private:
+  static bool hasArrived(const GroupState& group, size_t q, const Waiting& where) {
+    if (where.started)
+      return group.asyncSlots[q * kRing + where.mark % kRing].published.load(
+                 std::memory_order_acquire) >= where.mark;
+    return group.slots[q].arrivals.load(std::memory_order_relaxed) >= where.mark;
+  }
+
   void wakeAll() {
     std::lock_guard<std::mutex> lock(mutex_);
+    changed_.notify_all();
     for (auto& [key, group] : groups_) {
       futexWakeAll(group->generation);
       group->asyncEvents.fetch_add(1);
@@ -191,10 +278,63 @@ private:
 
   std::mutex mutex_;
   std::map<std::pair<std::vector<int>, int>, std::unique_ptr<GroupState>> groups_;
+  std::condition_variable changed_; // an exit or a failure (awaitExits)
   std::exception_ptr firstError_;
   std::string cause_;
   int failedRank_ = -1;
+  Clock::time_point failedAt_;
+  struct alignas(kCacheLine) WaitSlot {
+    std::atomic<const GroupState*> group{nullptr};
+    std::atomic<bool> started{false};
+    std::atomic<uint64_t> mark{0};
+  };
+  std::unique_ptr<WaitSlot[]> waiting_; // per world rank
 };
+
+/// Publishes where a rank waits (WorldState::setWaiting) for as long as it lives. It is destroyed
+/// after a rank that gives up has recorded its failure, so peers never see it as outside.
+class WaitingScope {
+public:
+  WaitingScope(WorldState& world, int worldRank, const Waiting& where)
+      : world_(world), worldRank_(worldRank) {
+    world_.setWaiting(worldRank_, where);
+  }
+  ~WaitingScope() { world_.clearWaiting(worldRank_); }
+  WaitingScope(const WaitingScope&) = delete;
+  WaitingScope& operator=(const WaitingScope&) = delete;
+
+private:
+  WorldState& world_;
+  int worldRank_;
+};
+
+/// "timed out after 0.3 s waiting for world rank(s) 3" and, when some missing ranks only wait
+/// for others in other collectives, which; "" if the world failed meanwhile (see culprits()).
+inline std::string timeoutCause(WorldState& world, const std::vector<int>& missing) {
+  std::optional<std::vector<int>> culprits = world.culprits(missing);
+  if (!culprits) return "";
+  auto list = [](const std::vector<int>& ranks) {
+    std::string text;
+    for (int rank : ranks)
+      text += (text.empty() ? "" : ", ") + std::to_string(rank);
+    return text;
+  };
+  std::ostringstream cause;
+  cause << "timed out after " << double(world.timeout.count()) / 1000
+        << " s waiting for world rank(s) ";
+  if (culprits->empty()) {
+    cause << list(missing) << ", each waiting in another collective (a deadlock: the ranks call "
+          << "collectives in different orders)";
+    return cause.str();
+  }
+  cause << list(*culprits);
+  std::vector<int> waiters;
+  for (int rank : missing)
+    if (!std::binary_search(culprits->begin(), culprits->end(), rank)) waiters.push_back(rank);
+  if (!waiters.empty())
+    cause << " (world rank(s) " << list(waiters) << " wait for them in other collectives)";
+  return cause.str();
+}
 
 /// Group rank `rank`'s share [begin, end) of `count` elements split into `parts` chunks whose
 /// boundaries fall on cache lines (so that no two ranks write one line).

@@ -220,6 +220,7 @@ def run_data():
     """--data: inputs read from a file feed both the generated code and (--check) the
     interpreter (`--emit=run --inputs`); a mismatch between the two would fail the check."""
     import math
+    import struct
     with tempfile.TemporaryDirectory() as cache:
         data = os.path.join(cache, "inputs.bin")
         write_tensor(data, "mlp.x", [32, 64], [math.sin(0.37 * i) for i in range(2048)])
@@ -240,6 +241,23 @@ def run_data():
         bad = run_command(MLP, "--function", "mlp", "--no-plan", "--data", wrong, cache=cache)
         expect(bad.returncode != 0 and "not a tensor file" in bad.stderr,
                "a malformed data file is reported", bad)
+        # The runner checks dims, not only the count: a transposed [64, 32] x is refused, naming
+        # the file, the tensor and both shapes.
+        transposed = os.path.join(cache, "transposed.bin")
+        write_tensor(transposed, "mlp.x", [64, 32], [0.5] * 2048)
+        bad = run_command(MLP, "--function", "mlp", "--no-plan", "--data", transposed, cache=cache)
+        expect(bad.returncode != 0 and f"inputs file '{transposed}': tensor 'mlp.x' has shape "
+               "[64, 32], but the program's input is [32, 64]" in bad.stderr,
+               "a transposed input is refused with both shapes", bad)
+        # A header declaring 10^11 values is refused before anything is allocated (no bad_alloc).
+        huge = os.path.join(cache, "huge.bin")
+        with open(huge, "wb") as f:
+            f.write(b"tensor mlp.x f32 2 100000 1000000\n")
+            f.write(struct.pack("<3d", 1, 2, 3))
+        bad = run_command(MLP, "--function", "mlp", "--no-plan", "--data", huge, cache=cache)
+        expect(bad.returncode != 0 and f"inputs file '{huge}': tensor 'mlp.x' declares shape "
+               "[100000, 1000000] but only 3 values follow" in bad.stderr and
+               "bad_alloc" not in bad.stderr, "a huge tensor header is refused", bad)
         missing = run_command(MLP, "--data", os.path.join(cache, "none.bin"), cache=cache)
         expect(missing.returncode == 1 and "--data" in missing.stderr, "a missing data file",
                missing)

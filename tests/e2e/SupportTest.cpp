@@ -9,8 +9,14 @@
 #include "meshrt/Threads.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
 #include <random>
+
+#include <unistd.h>
 
 using meshc::gen::Buffer;
 using meshc::gen::Shape;
@@ -213,6 +219,86 @@ TEST_CASE("API checks name the tensor and both shapes", "[codegen][support]") {
                     "elements");
   tensor.data.resize(5);
   CHECK_THROWS_AS(meshc::gen::checkShape("input", "x", tensor, {2, 3}), std::invalid_argument);
+}
+
+namespace {
+
+/// Writes `text` (a header line) followed by `values` doubles to a fresh file; returns its path.
+std::string tensorFile(const std::string& name, const std::string& header,
+                       const std::vector<double>& values) {
+  std::string path = (std::filesystem::temp_directory_path() /
+                      ("meshc-support-" + std::to_string(::getpid()) + "-" + name))
+                         .string();
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  std::fwrite(header.data(), 1, header.size(), file);
+  std::fwrite(values.data(), sizeof(double), values.size(), file);
+  std::fclose(file);
+  return path;
+}
+
+} // namespace
+
+TEST_CASE("the inputs file is checked against the program's shape by dims", "[codegen][support]") {
+  // A transposed [64, 32] tensor has the right count for a [32, 64] input: still an error naming
+  // the file, the tensor and both shapes.
+  std::string path =
+      tensorFile("transposed", "tensor mlp.x f32 2 64 32\n", std::vector<double>(64 * 32, 1.0));
+  auto tensors = meshc::gen::readTensors(path);
+  CHECK_THROWS_WITH(meshc::gen::batchOfStep("mlp.x", tensors.at("mlp.x"), {32, 64}, 0),
+                    "inputs file '" + path +
+                        "': tensor 'mlp.x' has shape [64, 32], but the "
+                        "program's input is [32, 64] (or k of it stacked along the first dim)");
+  CHECK_THROWS_AS(meshc::gen::batchOfStep("mlp.x", tensors.at("mlp.x"), {64}, 0),
+                  std::invalid_argument);
+  // Two batches stacked along the first dim are fine; step 1 reads the second.
+  std::vector<double> two(2 * 32 * 64);
+  for (size_t i = 0; i < two.size(); ++i)
+    two[i] = double(i);
+  path = tensorFile("stacked", "tensor mlp.x f32 2 64 64\n", two);
+  tensors = meshc::gen::readTensors(path);
+  meshc::gen::Tensor second = meshc::gen::batchOfStep("mlp.x", tensors.at("mlp.x"), {32, 64}, 1);
+  CHECK(second.shape == meshc::gen::Shape{32, 64});
+  CHECK(second.data.front() == 32 * 64);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("a tensor header declaring more values than the file holds is an error, not bad_alloc",
+          "[codegen][support]") {
+  // 10^11 values: caught before any allocation, naming the file and the tensor.
+  std::string path = tensorFile("huge", "tensor mlp.x f32 2 100000 1000000\n", {1, 2, 3});
+  CHECK_THROWS_WITH(meshc::gen::readTensors(path),
+                    "inputs file '" + path +
+                        "': tensor 'mlp.x' declares shape [100000, "
+                        "1000000] but only 3 values follow in the file");
+  // Sizes whose product overflows 64 bits, and negative sizes.
+  path = tensorFile("overflow", "tensor t f32 3 4294967296 4294967296 16\n", {1});
+  CHECK_THROWS_WITH(meshc::gen::readTensors(path), Catch::Contains("tensor 't' declares shape"));
+  path = tensorFile("negative", "tensor t f32 1 -1\n", {1});
+  CHECK_THROWS_WITH(meshc::gen::readTensors(path), Catch::Contains("is not a tensor file"));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("the i32 cast holds the interpreter's value in both targets' support function",
+          "[codegen][support]") {
+  // The support function both targets call, against the interpreter's rule (docs/language.md):
+  // truncation toward zero, saturating to [-2^31, 2^31 - 128], nan to 0; the values held as
+  // floats are exact.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::pair<double, double>> cases = {{3e9, 2147483520.0},
+                                                  {-3e9, -2147483648.0},
+                                                  {inf, 2147483520.0},
+                                                  {-inf, -2147483648.0},
+                                                  {std::nan(""), 0.0},
+                                                  {2147483647.0, 2147483520.0},
+                                                  {2147483520.0, 2147483520.0},
+                                                  {-2147483648.0, -2147483648.0},
+                                                  {-2.7, -2.0},
+                                                  {2.7, 2.0}};
+  for (auto [x, expected] : cases) {
+    INFO(x);
+    CHECK(double(meshc::gen::castToI32(x)) == expected);
+    CHECK(double(meshc::gen::castToI32(double(float(x)))) == expected);
+  }
 }
 
 TEST_CASE("arena slots are aligned, zeroed, filled or copied, and bounds-checked",

@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 #include <zlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,8 +18,10 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -285,22 +289,55 @@ TEST_CASE("a save without its manifest is ignored: the previous checkpoint loads
   fs::path dir = freshDirectory("incomplete");
   save(kMesh2x2, kLayout2x2, dir, 10);
   save(kMesh2x2, kLayout2x2, dir, 20);
-  // A crash before the manifest: the shards are there, the manifest is not, and `latest` may
-  // already name it (it cannot: it is replaced after the manifest; this is the worst case).
-  fs::remove(dir / "ckpt-000002" / "manifest.json");
-  loadAndCheck(Mesh::parse("x=4"), {{"cols", {"x"}}}, dir, 10);
-  // A torn manifest (a temporary file never renamed) is ignored too.
-  std::ofstream(dir / "ckpt-000002" / "manifest.json.tmp") << "{\"format\": \"meshrt-chec";
-  loadAndCheck(kMesh2x2, kLayout2x2, dir, 10);
+  // A crash before the manifest of a third save: its shards are there, its manifest is not (a
+  // torn one, a temporary file never renamed, at most), and `latest` still names the second.
+  fs::create_directory(dir / "ckpt-000003");
+  fs::copy_file(dir / "ckpt-000002" / "rank-00000.bin", dir / "ckpt-000003" / "rank-00000.bin");
+  std::ofstream(dir / "ckpt-000003" / "manifest.json.tmp") << "{\"format\": \"meshrt-chec";
+  loadAndCheck(Mesh::parse("x=4"), {{"cols", {"x"}}}, dir, 20);
+  // Without `latest` (a first save cut short before it), the newest complete one loads.
+  fs::remove(dir / "latest");
+  loadAndCheck(kMesh2x2, kLayout2x2, dir, 20);
   // The next save does not reuse the incomplete directory.
   save(kMesh2x2, kLayout2x2, dir, 30);
-  CHECK(fs::exists(dir / "ckpt-000003" / "manifest.json"));
+  CHECK(fs::exists(dir / "ckpt-000004" / "manifest.json"));
   loadAndCheck(kMesh2x2, kLayout2x2, dir, 30);
   // keep = 1 deletes the older checkpoints after a save.
   save(kMesh2x2, kLayout2x2, dir, 40, kModel, {1});
   CHECK(!fs::exists(dir / "ckpt-000001"));
   CHECK(!fs::exists(dir / "ckpt-000003"));
+  CHECK(!fs::exists(dir / "ckpt-000004"));
   loadAndCheck(kMesh2x2, kLayout2x2, dir, 40);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a latest checkpoint whose manifest does not verify is an error naming the file",
+          "[checkpoint]") {
+  fs::path dir = freshDirectory("corrupt-latest");
+  save(kMesh2x2, kLayout2x2, dir, 2);
+  save(kMesh2x2, kLayout2x2, dir, 4);
+  // `latest` is written after the manifest is durable, so a truncated manifest it names is
+  // corruption: never a silent resume from step 2.
+  fs::path manifest = dir / "ckpt-000002" / "manifest.json";
+  fs::resize_file(manifest, fs::file_size(manifest) / 2);
+  CHECK_THAT(loadError(kMesh2x2, kLayout2x2, dir),
+             Catch::Contains("names ckpt-000002, but its manifest '" + manifest.string() +
+                             "' is missing or does not parse") &&
+                 Catch::Contains("MESHRT_CHECKPOINT_FALLBACK=1"));
+  fs::remove(manifest);
+  CHECK_THAT(loadError(kMesh2x2, kLayout2x2, dir), Catch::Contains(manifest.string()));
+  // Falling back to the previous complete checkpoint is asked for explicitly (the environment
+  // variable is how a generated runner's --load gets it).
+  ::setenv("MESHRT_CHECKPOINT_FALLBACK", "1", 1);
+  loadAndCheck(kMesh2x2, kLayout2x2, dir, 2);
+  ::setenv("MESHRT_CHECKPOINT_FALLBACK", "yes", 1);
+  CHECK_THROWS_WITH(loadError(kMesh2x2, kLayout2x2, dir),
+                    Catch::Contains("MESHRT_CHECKPOINT_FALLBACK='yes' is not 0 or 1"));
+  ::unsetenv("MESHRT_CHECKPOINT_FALLBACK");
+  // `latest` naming something that is not a checkpoint is an error too.
+  std::ofstream(dir / "latest") << "elsewhere\n";
+  CHECK_THAT(loadError(kMesh2x2, kLayout2x2, dir),
+             Catch::Contains("names 'elsewhere', which is not a checkpoint"));
   fs::remove_all(dir);
 }
 
@@ -471,5 +508,121 @@ TEST_CASE("a failed save is the same error on every rank and leaves the previous
                  Catch::Contains("sub"));
   fs::remove(blocked);
   loadAndCheck(kMesh2x2, kLayout2x2, dir, 1);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+/// Whether anything under `dir` is a checkpoint directory numbered `sequence`.
+bool hasCheckpoint(const fs::path& dir, int sequence) {
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%06d", sequence);
+  return fs::exists(dir / name);
+}
+
+} // namespace
+
+TEST_CASE("a save that fails writing removes what it wrote and frees its number", "[checkpoint]") {
+  fs::path dir = freshDirectory("disk-full");
+  save(kMesh2x2, kLayout2x2, dir, 1);
+  // A child whose files may not grow past 64 KiB (RLIMIT_FSIZE: writes fail with EFBIG as on a
+  // full disk; root cannot be stopped by file modes) saves the 6 MiB model.
+  pid_t child = ::fork();
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit{};
+    ::getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = 64 * 1024;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    std::string message;
+    try {
+      save(kMesh2x2, kLayout2x2, dir, 2, bigModel());
+    } catch (const CheckpointError& error) {
+      message = error.what();
+    }
+    ::_exit(message.find("cannot write") != std::string::npos &&
+                    message.find("File too large") != std::string::npos
+                ? 0
+                : 4);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0); // the save failed with the write error
+  CHECK(!hasCheckpoint(dir, 2));
+  CHECK(!anyTemporaryFile(dir));
+  loadAndCheck(kMesh2x2, kLayout2x2, dir, 1);
+  // The sequence goes on where it was.
+  save(kMesh2x2, kLayout2x2, dir, 3);
+  CHECK(fs::exists(dir / "ckpt-000002" / "manifest.json"));
+  loadAndCheck(kMesh2x2, kLayout2x2, dir, 3);
+  // A save failing on one rank before anything is written leaves no empty directory either.
+  CHECK_THAT(errorOf([&] {
+               runThreads(kMesh2x2, [&](Communicator& world) {
+                 RankState state = makeState(world.mesh(), world.rank(), kLayout2x2, kModel);
+                 if (world.rank() == 3) state.tensors[0].count = 0;
+                 saveCheckpoint(world, dir.string(), state.tensors, {4, {}});
+               });
+             }),
+             Catch::Contains("tensor 'layer/w' on rank 3 holds 0 elements"));
+  CHECK(!hasCheckpoint(dir, 3));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("concurrent savers into one directory never share a checkpoint", "[checkpoint]") {
+  // Savers with separate worlds (as separate processes would be) start together, round after
+  // round; each checkpoint must be one saver's, whole, with checksums that match.
+  fs::path dir = freshDirectory("concurrent");
+  constexpr int kSavers = 6, kRounds = 4;
+  std::vector<std::string> errors(kSavers);
+  for (int round = 0; round < kRounds; ++round) {
+    std::atomic<int> ready{0};
+    std::vector<std::thread> savers;
+    for (int saver = 0; saver < kSavers; ++saver)
+      savers.emplace_back([&, saver] {
+        int64_t step = 100 * (round + 1) + saver;
+        try {
+          runThreads(Mesh::parse("x=2"), [&](Communicator& world) {
+            RankState state = makeState(world.mesh(), world.rank(), {{"cols", {"x"}}}, kModel);
+            fill(state, step);
+            ready.fetch_add(1);
+            while (ready.load() < 2 * kSavers)
+              std::this_thread::yield();
+            saveCheckpoint(world, dir.string(), state.tensors, {step, {{"seed", "7"}}});
+          });
+        } catch (const std::exception& error) {
+          errors[size_t(saver)] = error.what();
+        }
+      });
+    for (std::thread& saver : savers)
+      saver.join();
+  }
+  for (const std::string& error : errors) {
+    INFO(error);
+    CHECK(error.empty());
+  }
+  // Every save has its own checkpoint; each loads (checksums verified) with its own step's values.
+  std::set<int64_t> steps;
+  for (int sequence = 1; sequence <= kSavers * kRounds; ++sequence) {
+    REQUIRE(hasCheckpoint(dir, sequence));
+    char name[32];
+    std::snprintf(name, sizeof name, "ckpt-%06d", sequence);
+    std::ofstream(dir / "latest") << name << "\n";
+    Failures failures;
+    runThreads(kMesh2x2, [&](Communicator& world) {
+      RankState state = makeState(world.mesh(), world.rank(), kLayout2x2, kModel);
+      try {
+        CheckpointInfo info = loadCheckpoint(world, dir.string(), state.tensors);
+        if (world.rank() == 0) steps.insert(info.step);
+        if (std::string error = mismatch(state, info.step); !error.empty())
+          failures.add(world.rank(), error);
+      } catch (const CheckpointError& error) {
+        failures.add(world.rank(), error.what());
+      }
+    });
+    failures.check();
+  }
+  CHECK(steps.size() == size_t(kSavers * kRounds));
+  CHECK(!hasCheckpoint(dir, kSavers * kRounds + 1));
   fs::remove_all(dir);
 }

@@ -234,10 +234,19 @@ TEST_CASE("casts round to the target dtype", "[interp]") {
     double smallest = std::ldexp(1.0, -24);
     checkData(out, {65504, 65504, std::numeric_limits<double>::infinity(), 0, smallest, 1.0}, 0.0);
   }
-  SECTION("to i32 truncates toward zero and saturates") {
-    Tensor x = tensor(n, {2.7, -2.7, 0.5, -0.5, 1e10, -1e10});
-    checkData(evalOp(OpKind::Cast, {x}, i32({{"n", 6}})), {2, -2, 0, 0, 2147483647, -2147483648.0},
-              0.0);
+  SECTION("to i32 truncates toward zero and saturates to what f32 storage holds; nan gives 0") {
+    double inf = std::numeric_limits<double>::infinity();
+    Tensor x = tensor(f32({{"n", 10}}), {2.7, -2.7, 0.5, -0.5, 1e10, -1e10, inf, -inf,
+                                         std::numeric_limits<double>::quiet_NaN(), 2147483520.0});
+    // Exactly (checkData's relative epsilon would accept 2^31 - 1 for 2^31 - 128).
+    std::vector<double> expected = {
+        2, -2, 0, 0, 2147483520.0, -2147483648.0, 2147483520.0, -2147483648.0, 0, 2147483520.0};
+    Tensor out = evalOp(OpKind::Cast, {x}, i32({{"n", 10}}));
+    REQUIRE(out.data.size() == expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      INFO("element " << i);
+      CHECK(out.data[i] == expected[i]);
+    }
   }
   SECTION("from i32 to f32 rounds to 24 bits") {
     Tensor x = tensor(i32({{"n", 2}}), {16777217, -5});

@@ -6,7 +6,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <sstream>
@@ -397,8 +400,21 @@ struct FailureRun {
   std::vector<double> rankSeconds;
 };
 
+/// CommErrors caught by runFailing's ranks so far (in its current run).
+std::atomic<int> rankFailures{0};
+
+/// A late rank: returns once another rank has failed (and at most 30 s later), so that it
+/// arrives after the others timed out but well within the timeout runThreads then gives it
+/// before abandoning it, however loaded the machine.
+void arriveAfterAFailure() {
+  auto limit = std::chrono::steady_clock::now() + 30s;
+  while (rankFailures.load() == 0 && std::chrono::steady_clock::now() < limit)
+    std::this_thread::sleep_for(1ms);
+}
+
 FailureRun runFailing(const Mesh& mesh, std::chrono::milliseconds timeout,
                       const std::function<void(Communicator&)>& program) {
+  rankFailures.store(0);
   FailureRun run;
   run.rankErrors.resize(mesh.size());
   run.rankSeconds.resize(mesh.size(), -1);
@@ -410,6 +426,7 @@ FailureRun runFailing(const Mesh& mesh, std::chrono::milliseconds timeout,
           try {
             program(world);
           } catch (const CommError& error) {
+            rankFailures.fetch_add(1);
             run.rankErrors[world.worldRank()] = error.what();
             run.rankSeconds[world.worldRank()] =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -430,7 +447,7 @@ FailureRun runFailing(const Mesh& mesh, std::chrono::milliseconds timeout,
 
 TEST_CASE("a rank that never arrives is a timeout error on the others", "[runtime]") {
   FailureRun run = runFailing(Mesh::parse("a=2,b=2"), 300ms, [](Communicator& world) {
-    if (world.worldRank() == 3) std::this_thread::sleep_for(1500ms);
+    if (world.worldRank() == 3) arriveAfterAFailure();
     std::vector<float> data(100, 1);
     world.allReduce(data.data(), data.size());
   });
@@ -443,7 +460,7 @@ TEST_CASE("a rank that never arrives is a timeout error on the others", "[runtim
     CHECK_THAT(run.rankErrors[rank],
                Catch::Contains("allReduce failed on world rank " + std::to_string(rank)));
     CHECK(run.rankSeconds[rank] >= 0.29);
-    CHECK(run.rankSeconds[rank] < 1.4); // well before the late rank wakes up
+    CHECK(run.rankSeconds[rank] < 1.4);
   }
   // The late rank arrives to a failed world and fails at once.
   CHECK_THAT(run.rankErrors[3],
@@ -453,7 +470,7 @@ TEST_CASE("a rank that never arrives is a timeout error on the others", "[runtim
 TEST_CASE("a timeout inside a subgroup names the missing rank", "[runtime]") {
   FailureRun run = runFailing(Mesh::parse("data=2,model=4"), 400ms, [](Communicator& world) {
     Communicator& model = world.subgroup({"model"});
-    if (world.worldRank() == 6) std::this_thread::sleep_for(1200ms);
+    if (world.worldRank() == 6) arriveAfterAFailure();
     model.barrier();
   });
   CHECK_THAT(run.thrown, Catch::Contains("barrier failed on world rank") &&
@@ -805,10 +822,13 @@ TEST_CASE("a started collective that the ranks disagree on is an error at every 
       else
         world.startAllReduce(&value, 1).wait();
     });
-    // They never meet: a timeout naming the other rank (whichever side times out first).
-    CHECK_THAT(blocking.thrown,
-               Catch::Contains("timed out after 0.3 s waiting for world rank(s) 1 (") ||
-                   Catch::Contains("timed out after 0.3 s waiting for world rank(s) 0 to start"));
+    // They never meet: a timeout naming the other rank (whichever side times out first), which
+    // waits in the other collective: a deadlock.
+    CHECK_THAT(
+        blocking.thrown,
+        (Catch::Contains("timed out after 0.3 s waiting for world rank(s) 1, each waiting") ||
+         Catch::Contains("timed out after 0.3 s waiting for world rank(s) 0, each waiting")) &&
+            Catch::Contains("in another collective (a deadlock"));
     FailureRun bucket = runFailing(Mesh::parse("x=2"), 30s, [](Communicator& world) {
       std::vector<float> a(8), b(8);
       size_t split = world.rank() == 0 ? 3 : 5;
@@ -822,7 +842,7 @@ TEST_CASE("a started collective that the ranks disagree on is an error at every 
 TEST_CASE("a rank that never starts a collective is a timeout at the waiters", "[runtime][async]") {
   std::vector<double> startSeconds(4, -1);
   FailureRun run = runFailing(Mesh::parse("a=2,b=2"), 300ms, [&](Communicator& world) {
-    if (world.worldRank() == 3) std::this_thread::sleep_for(1500ms);
+    if (world.worldRank() == 3) arriveAfterAFailure();
     std::vector<float> data(100, 1);
     auto begin = std::chrono::steady_clock::now();
     Request request = world.startAllReduce(data.data(), data.size());
@@ -861,4 +881,91 @@ TEST_CASE("a rank that throws with a request in flight still completes it", "[ru
   CHECK(run.thrown == "boom in backward");
   for (int rank : {0, 2, 3})
     CHECK_THAT(run.rankErrors[rank], Catch::Contains("world rank 1 failed: boom in backward"));
+}
+
+TEST_CASE("a rank stuck outside meshrt is abandoned after the timeout, never a frozen process",
+          "[runtime]") {
+  // Rank 2 never gets back into meshrt: the others time out, and runThreads returns one timeout
+  // later (instead of joining rank 2 forever), naming it and the first failure. The stuck rank
+  // touches only what it owns (runThreads keeps its copy of the program alive).
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  auto released = std::make_shared<std::atomic<bool>>(false);
+  std::string thrown;
+  std::vector<int> abandoned;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    runThreads(
+        Mesh::parse("x=4"),
+        [release, released](Communicator& world) {
+          if (world.rank() == 2) {
+            while (!release->load())
+              std::this_thread::sleep_for(1ms);
+            released->store(true);
+            return;
+          }
+          float value = 1;
+          world.allReduce(&value, 1);
+        },
+        ThreadsOptions{300ms});
+  } catch (const AbandonedRanksError& error) {
+    thrown = error.what();
+    abandoned = error.ranks();
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  release->store(true);
+  CHECK(abandoned == std::vector<int>{2});
+  CHECK_THAT(thrown, Catch::StartsWith("meshrt: world rank(s) 2 did not return within 0.3 s") &&
+                         Catch::Contains("abandoned") &&
+                         Catch::Contains("waiting for world rank(s) 2 (MESHRT_TIMEOUT_S"));
+  CHECK(seconds >= 0.59); // the timeout, then as long again for the stuck rank to return
+  // The abandoned thread ends on its own once released.
+  while (!released->load())
+    std::this_thread::sleep_for(1ms);
+}
+
+TEST_CASE("a timeout names the rank that is really missing, not a rank waiting for it",
+          "[runtime]") {
+  // Rank 3 never arrives. Rank 1 first waits for it in their 'a' subgroup, then would join the
+  // world barrier; ranks 0 and 2 wait at the world barrier from the start, so their deadlines
+  // pass first, while both 1 and 3 are missing there. The culprit is 3 alone, every time.
+  for (int repetition = 0; repetition < 6; ++repetition) {
+    FailureRun run = runFailing(Mesh::parse("a=2,b=2"), 300ms, [](Communicator& world) {
+      if (world.worldRank() == 3) arriveAfterAFailure();
+      if (world.worldRank() == 1) {
+        std::this_thread::sleep_for(50ms);
+        world.subgroup({"a"}).barrier();
+      }
+      world.barrier();
+    });
+    INFO("repetition " << repetition << ": " << run.thrown);
+    CHECK_THAT(
+        run.thrown,
+        Catch::Contains("waiting for world rank(s) 3 (world rank(s) 1 wait for them in other "
+                        "collectives)") ||
+            Catch::Contains("of group [a=2]): timed out after 0.3 s waiting for world "
+                            "rank(s) 3 ("));
+    for (const std::string& error : run.rankErrors)
+      CHECK_THAT(error, !Catch::Contains("waiting for world rank(s) 1"));
+  }
+}
+
+TEST_CASE("a started collective's timeout names the rank that never started it",
+          "[runtime][async]") {
+  // The same with started collectives: rank 1 waits for 3 in a started all-reduce on their 'a'
+  // subgroup, ranks 0 and 2 in a started world all-reduce.
+  for (int repetition = 0; repetition < 3; ++repetition) {
+    FailureRun run = runFailing(Mesh::parse("a=2,b=2"), 300ms, [](Communicator& world) {
+      float value = 1;
+      if (world.worldRank() == 3) arriveAfterAFailure();
+      if (world.worldRank() == 1) {
+        std::this_thread::sleep_for(50ms);
+        world.subgroup({"a"}).startAllReduce(&value, 1).wait();
+      }
+      world.startAllReduce(&value, 1).wait();
+    });
+    INFO("repetition " << repetition << ": " << run.thrown);
+    CHECK_THAT(run.thrown, Catch::Contains("waiting for world rank(s) 3 "));
+    for (const std::string& error : run.rankErrors)
+      CHECK_THAT(error, !Catch::Contains("waiting for world rank(s) 1"));
+  }
 }

@@ -59,6 +59,18 @@ struct CheckpointSaveOptions {
   int keep = 0;
 };
 
+struct CheckpointLoadOptions {
+  /// When `latest` names a checkpoint that does not verify (its manifest missing or truncated),
+  /// load the newest complete checkpoint instead (with a warning on stderr) rather than fail.
+  /// Off by default: `latest` is replaced only after its manifest is durable, so that is
+  /// corruption, and resuming silently from an older step would hide it. The default reads
+  /// MESHRT_CHECKPOINT_FALLBACK (0 or 1; std::invalid_argument otherwise), which is how a
+  /// generated runner's `--load` turns it on.
+  bool fallBack = defaultFallBack();
+
+  static bool defaultFallBack();
+};
+
 /// This rank's shard of a tensor with `dims` on `mesh`: per dim the global start and the size.
 struct ShardBox {
   std::vector<int64_t> start, shape;
@@ -72,13 +84,16 @@ ShardBox shardOf(const Mesh& mesh, int rank, const std::vector<CheckpointDim>& d
 /// Collective over `world`: every rank calls it with the same tensors (same names, dims and
 /// layouts). A replicated shard is written once, by the rank with coordinate 0 on the axes the
 /// tensor is not split over. Returns when the checkpoint is durable and `latest` names it; on
-/// any rank's failure every rank throws the same CheckpointError and the previous checkpoint
-/// stays the latest.
+/// any rank's failure every rank throws the same CheckpointError, the previous checkpoint stays
+/// the latest, and what the failed save wrote is removed (its number is free for the next save).
+/// Two savers into one directory never share a checkpoint: each creates its own exclusively.
 void saveCheckpoint(Communicator& world, const std::string& dir,
                     const std::vector<CheckpointTensor>& tensors, const CheckpointInfo& info,
                     const CheckpointSaveOptions& options = {});
 
-/// Loads the latest complete checkpoint under `dir` into `tensors` (this rank's shards of the
+/// Loads the checkpoint `latest` names under `dir` (or, without `latest`, the newest complete one;
+/// one `latest` names that does not verify is an error naming the file unless
+/// `options.fallBack`) into `tensors` (this rank's shards of the
 /// layout in `tensors`, which may differ from the saved one, on any mesh) and returns its step
 /// and metadata. Collective over `world`. The checkpoint must hold every tensor named, with the
 /// same dtype and global dims (names and sizes); tensors it holds beyond those are ignored. Every
@@ -86,7 +101,8 @@ void saveCheckpoint(Communicator& world, const std::string& dir,
 /// same CheckpointError (a missing tensor, a shape or dtype mismatch, a checksum mismatch naming
 /// tensor, rank and file, no complete checkpoint).
 CheckpointInfo loadCheckpoint(Communicator& world, const std::string& dir,
-                              const std::vector<CheckpointTensor>& tensors);
+                              const std::vector<CheckpointTensor>& tensors,
+                              const CheckpointLoadOptions& options = {});
 
 /// The CRC-32 (IEEE 802.3, the polynomial and bit order of zlib's crc32()) of `bytes`,
 /// continuing from `crc` (0 to start).

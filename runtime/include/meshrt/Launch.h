@@ -36,7 +36,9 @@ struct LaunchOptions {
 /// Runs `program` on every rank of `mesh` that this process holds, each with its world
 /// communicator, and returns when they have finished: on threads all ranks (runThreads), on MPI
 /// this process's rank, the MPI world's size having to equal mesh.size() (runMpi). Errors follow
-/// the backend: threads rethrow the first one here; MPI prints it and aborts the job (a world of
+/// the backend: threads rethrow the first one here (except ranks stuck outside meshrt after a
+/// failure, AbandonedRanksError: it prints "error: <message>" and ends the process with
+/// std::_Exit(1)); MPI prints it and aborts the job (a world of
 /// one process rethrows). Returns whether this process holds world rank 0, the rank that
 /// reports and writes the results.
 bool launch(const Mesh& mesh, const LaunchOptions& options,

@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace meshrt {
 
@@ -15,10 +17,28 @@ struct ThreadsOptions {
   std::chrono::milliseconds timeout = defaultTimeout();
 };
 
+/// What runThreads throws when ranks did not return within the timeout after the world failed
+/// (stuck outside meshrt, where they never see the failure). Their threads were detached and
+/// may still run the program, so the caller must end the process without returning into code
+/// or data they use: launch() prints the message and ends the process with std::_Exit(1).
+class AbandonedRanksError : public CommError {
+public:
+  AbandonedRanksError(std::vector<int> ranks, const std::string& message)
+      : CommError("", ranks.empty() ? -1 : ranks.front(), message), ranks_(std::move(ranks)) {}
+  /// The world ranks abandoned.
+  const std::vector<int>& ranks() const { return ranks_; }
+
+private:
+  std::vector<int> ranks_;
+};
+
 /// Runs `program` on mesh.size() threads, one per rank, each with its world communicator, and
 /// returns when all have finished. A rank that throws (or returns while others wait for it in a
 /// collective) fails the world: the other ranks' collectives throw CommError. After every thread
-/// has ended, the first exception raised (in time) is rethrown to the caller.
+/// has ended, the first exception raised (in time) is rethrown to the caller. A rank that has
+/// not ended `timeout` after the world failed is abandoned: AbandonedRanksError, naming it and
+/// the first failure, instead of a process that never exits. `program` is copied: an abandoned
+/// rank keeps its copy alive.
 void runThreads(const Mesh& mesh, const std::function<void(Communicator&)>& program,
                 const ThreadsOptions& options = {});
 

@@ -172,10 +172,9 @@ MESHRT_HD inline float wrapI32(double x) {
   return float(int32_t(uint32_t(uint64_t(int64_t(x)))));
 }
 
-/// Cast to i32: truncation toward zero, saturating; nan gives 0.
+/// Cast to i32 (both targets): meshrt::kernels::castToI32, held as the float it fits exactly.
 MESHRT_HD inline float castToI32(double x) {
-  if (std::isnan(x)) return 0;
-  return float(std::clamp(std::trunc(x), -2147483648.0, 2147483647.0));
+  return float(meshrt::kernels::castToI32(x));
 }
 
 // Computed in double and returned unrounded: the caller rounds once to the result dtype.
@@ -1255,27 +1254,51 @@ inline void writeTensor(std::FILE* file, const std::string& name, const char* dt
   std::fwrite(values.data(), sizeof(double), values.size(), file);
 }
 
+/// The inputs file readTensors read last ("" if none), so that errors about its tensors name it.
+inline std::string& inputsFilePath() {
+  static std::string path;
+  return path;
+}
+
 /// The global input of step `step` from a tensor read from a file: `data` holds k >= 1 batches
-/// of `shape` stacked along the first dim, and step s reads batch s mod k.
+/// of `shape` stacked along the first dim, and step s reads batch s mod k. Any other shape
+/// (a transposed one with the right count included) is an error naming the file, the tensor and
+/// both shapes.
 inline Tensor batchOfStep(const std::string& name, const Tensor& data, const Shape& shape,
                           int64_t step) {
+  bool fits = data.shape.size() == shape.size();
+  for (size_t d = 1; fits && d < shape.size(); ++d)
+    fits = data.shape[d] == shape[d];
+  if (fits && !shape.empty())
+    fits = shape[0] > 0 && data.shape[0] > 0 && data.shape[0] % shape[0] == 0;
+  if (!fits)
+    throw std::invalid_argument("inputs file '" + inputsFilePath() + "': tensor '" + name +
+                                "' has shape " + shapeString(data.shape) +
+                                ", but the program's input is " + shapeString(shape) +
+                                (shape.empty() ? "" : " (or k of it stacked along the first dim)"));
   size_t batch = 1;
   for (int64_t size : shape)
     batch *= size_t(size);
-  if (data.shape.size() != shape.size() || data.data.empty() || data.data.size() % batch != 0)
-    throw std::invalid_argument(
-        "inputs file: '" + name + "' has " + std::to_string(data.data.size()) + " values in " +
-        std::to_string(data.shape.size()) + " dims, not one or more batches of the input's shape");
   size_t first = size_t(step) % (data.data.size() / batch) * batch;
   return Tensor{shape, Buffer(data.data.begin() + ptrdiff_t(first),
                               data.data.begin() + ptrdiff_t(first + batch))};
 }
 
 /// Reads every tensor of a file in that format (e.g. the inputs given to `meshc run --data`),
-/// by name. Throws std::runtime_error when the file cannot be read or is malformed.
+/// by name. Throws std::runtime_error when the file cannot be read or is malformed; a header
+/// that declares more values than the rest of the file holds (a huge or corrupt header) is
+/// caught before anything is allocated for it, naming the file and the tensor.
 inline std::map<std::string, Tensor> readTensors(const std::string& path) {
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (!file) throw std::runtime_error("cannot open '" + path + "'");
+  inputsFilePath() = path;
+  std::fseek(file, 0, SEEK_END);
+  long fileBytes = std::ftell(file);
+  std::fseek(file, 0, SEEK_SET);
+  auto fail = [&](const std::string& message) {
+    std::fclose(file);
+    throw std::runtime_error(message);
+  };
   std::map<std::string, Tensor> tensors;
   std::string line;
   for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) {
@@ -1287,20 +1310,28 @@ inline std::map<std::string, Tensor> readTensors(const std::string& path) {
     std::string word, name, dtype;
     size_t rank = 0;
     header >> word >> name >> dtype >> rank;
+    if (word != "tensor" || !header || rank > 64)
+      fail("'" + path + "' is not a tensor file (at '" + line + "')");
     Tensor tensor;
-    size_t count = 1;
     for (size_t i = 0; i < rank; ++i) {
       int64_t size = -1;
       header >> size;
+      if (!header || size < 0) fail("'" + path + "' is not a tensor file (at '" + line + "')");
       tensor.shape.push_back(size);
-      count *= size_t(size < 0 ? 0 : size);
     }
+    // Checked in double: a product of sizes may overflow size_t.
+    double declared = 1;
+    for (int64_t size : tensor.shape)
+      declared *= double(size);
+    double available = double(fileBytes - std::ftell(file)) / sizeof(double);
+    if (declared > available)
+      fail("inputs file '" + path + "': tensor '" + name + "' declares shape " +
+           shapeString(tensor.shape) + " but only " + std::to_string(size_t(available)) +
+           " values follow in the file");
+    size_t count = size_t(declared);
     std::vector<double> values(count);
-    if (word != "tensor" || !header ||
-        std::fread(values.data(), sizeof(double), count, file) != count) {
-      std::fclose(file);
-      throw std::runtime_error("'" + path + "' is not a tensor file (at '" + line + "')");
-    }
+    if (std::fread(values.data(), sizeof(double), count, file) != count)
+      fail("'" + path + "' is not a tensor file (at '" + line + "')");
     tensor.data.assign(values.begin(), values.end());
     tensors[name] = std::move(tensor);
     line.clear();

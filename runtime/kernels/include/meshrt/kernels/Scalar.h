@@ -72,19 +72,22 @@ MESHRT_HD inline double roundToFormat(double x, int mantissaBits, int minExponen
   return rounded;
 }
 
-/// i32 cast: truncation toward zero, saturating; nan gives 0.
-MESHRT_HD inline int32_t castToI32(float x) {
+/// The largest value of an i32 cast: 2^31 - 128, the largest integer below 2^31 that a float
+/// holds. Generated code holds i32 tensors as floats, where 2^31 - 1 would become 2^31.
+constexpr int32_t kCastI32Max = 2147483520;
+
+/// The language's cast to i32 (the interpreter's saturateToI32, docs/language.md): truncation
+/// toward zero, saturating to [-2^31, kCastI32Max]; nan gives 0. Every float in that range
+/// truncates to an integer a float holds exactly, so the result is the same in every target.
+MESHRT_HD inline int32_t castToI32(double x) {
   if (x != x) return 0;
-  if (x >= 2147483648.0f) return 2147483647;
-  if (x <= -2147483648.0f) return -2147483647 - 1;
+  if (x >= double(kCastI32Max)) return kCastI32Max;
+  if (x <= -2147483648.0) return -2147483647 - 1;
   return int32_t(x);
 }
 
-MESHRT_HD inline int32_t castToI32(double x) {
-  if (x != x) return 0;
-  if (x >= 2147483647.0) return 2147483647;
-  if (x <= -2147483648.0) return -2147483647 - 1;
-  return int32_t(x);
+MESHRT_HD inline int32_t castToI32(float x) {
+  return castToI32(double(x));
 }
 
 /// Wraps an integer to int32 two's complement (the interpreter's wrapToI32 on integral values).
