@@ -1,20 +1,21 @@
-// `meshc run in.mesh`: prints the plan, compiles the program to C++ with its runner (this meshc,
-// as a child process, so the run sees exactly what `meshc --emit=cpp` writes), builds it with the
+// `meshc run in.mesh`: runs the pipeline once, in-process (Pipeline.h): prints the plan, writes the
+// program's C++ with its runner (what `meshc --emit=cpp --cpp-runner` writes), builds it with the
 // system C++ compiler against the runtime (Toolchain.h) into a cache directory keyed by the
 // generated code, runs it on the mesh's ranks (threads, or processes under mpirun), optionally
-// compares its outputs with the reference interpreter's (`meshc --emit=run`), and prints the
+// compares its outputs with the reference interpreter's on the same module, and prints the
 // timings of each step. With `--backend nccl` the program is compiled to CUDA (`--emit=cuda`)
 // and built with nvcc instead, and runs on one GPU per rank.
 #include "driver/Driver.h"
+#include "driver/Pipeline.h"
 #include "driver/Toolchain.h"
 #include "interp/Tolerance.h"
+#include "planner/PlanReport.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/SmallString.h>
 #include <llvm/ADT/StringExtras.h>
 #include <llvm/Support/CommandLine.h>
 #include <llvm/Support/FileSystem.h>
-#include <llvm/Support/JSON.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/Path.h>
 #include <llvm/Support/Program.h>
@@ -172,17 +173,27 @@ int execute(const std::vector<std::string>& args, const std::string& stdoutFile,
       redirects, 0, 0, &error);
 }
 
-/// The options every child meshc gets: the program and its overrides.
-std::vector<std::string> programArgs(const std::string& meshc) {
-  std::vector<std::string> args = {meshc, runInput};
-  if (runMesh.getNumOccurrences()) args.insert(args.end(), {"--mesh", runMesh});
-  if (runLayout.getNumOccurrences()) args.insert(args.end(), {"--layout", runLayout});
-  if (runMachine.getNumOccurrences()) args.insert(args.end(), {"--machine", runMachine});
-  for (const std::string& dim : runDims)
-    args.insert(args.end(), {"--dim", dim});
-  for (const std::string& function : runFunctions)
-    args.insert(args.end(), {"--function", function});
-  return args;
+/// The pipeline's options from meshc run's: the program and its overrides.
+PipelineOptions pipelineOptions() {
+  PipelineOptions options;
+  options.input = runInput;
+  options.mesh = runMesh;
+  options.layout = runLayout;
+  if (runMachine.getNumOccurrences()) options.machine = runMachine;
+  options.dims.assign(runDims.begin(), runDims.end());
+  options.functions.assign(runFunctions.begin(), runFunctions.end());
+  options.seed = runSeed;
+  options.steps = runSteps;
+  return options;
+}
+
+/// What the work directory is keyed by: the program and every option that changes its code.
+std::string workKey(const PipelineOptions& options) {
+  std::vector<std::string> parts = {options.mesh, options.layout, options.machine};
+  parts.insert(parts.end(), options.dims.begin(), options.dims.end());
+  parts.push_back("functions");
+  parts.insert(parts.end(), options.functions.begin(), options.functions.end());
+  return llvm::join(parts, "\n");
 }
 
 /// A tensor of the runner's / interpreter's output files: "tensor <name> <dtype> <rank>
@@ -225,22 +236,18 @@ bool readOutputs(const std::string& path, std::map<std::string, OutputTensor>& t
 }
 
 /// The narrowest float dtype the run computes in, whose rounding all outputs carry: bf16 or f16
-/// when the program's IR has values of that dtype, or when the CUDA einsums run in bf16 / tf32
-/// (tf32 keeps f16's 10 mantissa bits); empty for f32 throughout.
-std::string computeDtype(const std::string& meshc, const std::string& workDir) {
-  std::vector<std::string> args = programArgs(meshc);
-  args.push_back("--emit=ir");
-  std::string out = pathIn(workDir, "program.ir"), error;
-  std::string ir = execute(args, out, "", error) == 0 ? readFile(out) : std::string();
-  auto computes = [&](llvm::StringRef dtype) {
-    for (size_t at = ir.find((dtype + "[").str()); at != std::string::npos;
-         at = ir.find((dtype + "[").str(), at + 1))
-      if (at == 0 || !llvm::isAlnum(ir[at - 1])) return true;
+/// when the program has values of that dtype, or when the CUDA einsums run in bf16 / tf32 (tf32
+/// keeps f16's 10 mantissa bits); empty for f32 throughout.
+std::string computeDtype(const ir::Module& module) {
+  auto computes = [&](ir::DType dtype) {
+    for (const ir::Function& fn : module.functions)
+      for (const ir::Value& value : fn.values)
+        if (value.type.dtype == dtype) return true;
     return false;
   };
   bool onGpus = runBackend == Backend::Nccl;
-  if (computes("bf16") || (onGpus && runCudaMath == "bf16")) return "bf16";
-  if (computes("f16") || (onGpus && runCudaMath == "tf32")) return "f16";
+  if (computes(ir::DType::BF16) || (onGpus && runCudaMath == "bf16")) return "bf16";
+  if (computes(ir::DType::F16) || (onGpus && runCudaMath == "tf32")) return "f16";
   return "";
 }
 
@@ -284,26 +291,12 @@ bool compareOutputs(const std::string& actualPath, const std::string& expectedPa
   return ok;
 }
 
-/// The number of ranks of the (overridden) mesh, from `meshc --emit=plan-json`.
-std::optional<int64_t> rankCount(const std::string& meshc, const std::string& workDir) {
-  std::vector<std::string> args = programArgs(meshc);
-  args.push_back("--emit=plan-json");
-  std::string out = pathIn(workDir, "plan.json"), error;
-  if (execute(args, out, "", error) != 0) return std::nullopt;
-  llvm::Expected<llvm::json::Value> json = llvm::json::parse(readFile(out));
-  if (!json) {
-    llvm::consumeError(json.takeError());
-    return std::nullopt;
-  }
-  const llvm::json::Array* plans = json->getAsArray();
-  if (!plans || plans->empty()) return std::nullopt;
-  const llvm::json::Object* plan = plans->front().getAsObject();
-  const llvm::json::Array* mesh = plan ? plan->getArray("mesh") : nullptr;
-  if (!mesh) return std::nullopt;
+/// The number of ranks of the (overridden) mesh.
+int64_t rankCount(const PlannedModule& planned) {
   int64_t ranks = 1;
-  for (const llvm::json::Value& axis : *mesh)
-    if (const llvm::json::Object* object = axis.getAsObject())
-      ranks *= object->getInteger("size").getValueOr(1);
+  if (!planned.plans.empty())
+    for (const ir::MeshAxis& axis : planned.plans.front().spmd.mesh.axes)
+      ranks *= axis.size;
   return ranks;
 }
 
@@ -332,43 +325,47 @@ int runCommand(const char* argv0) {
   std::string dataPath = absoluteData.str().str();
 
   // One work directory per program and set of options; binaries are keyed by what they build.
+  PipelineOptions options = pipelineOptions();
   std::string stem = llvm::sys::path::stem(runInput).str();
   llvm::SmallString<256> absoluteInput(runInput);
   llvm::sys::fs::make_absolute(absoluteInput);
-  std::vector<std::string> overrides = programArgs(toolchain.meshc);
-  std::string workKey = absoluteInput.str().str() + "\n" + llvm::join(overrides, "\n");
+  std::string key = absoluteInput.str().str() + "\n" + workKey(options);
   std::string cacheDir =
       runCacheDir.getNumOccurrences() ? std::string(runCacheDir) : cacheDirectory();
   std::string workDir =
-      pathIn(pathIn(cacheDir, "run"), fmt::format("{}-{:016x}", stem, llvm::xxHash64(workKey)));
+      pathIn(pathIn(cacheDir, "run"), fmt::format("{}-{:016x}", stem, llvm::xxHash64(key)));
   if (std::error_code ec = llvm::sys::fs::create_directories(workDir))
     return fail(kExitInternalError, fmt::format("cannot create '{}': {}", workDir, ec.message()));
   std::string error;
-
-  if (!runNoPlan) {
-    std::vector<std::string> args = overrides;
-    args.push_back("--emit=plan");
-    int rc = execute(args, "", "", error);
-    if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
-  }
 
   bool onGpus = runBackend == Backend::Nccl;
   if (onGpus && !toolchain.cuda)
     return fail(kExitInputError, "the nccl backend is not available: this meshc was built "
                                  "without CUDA (MESHC_CUDA=OFF); use --backend threads or mpi");
 
-  // 1. compile: the generated classes and their runner (C++, or CUDA for the GPUs).
+  // 1. compile, in this process, once: the module, its plans (printed), the generated classes
+  // and their runner (C++, or CUDA for the GPUs). The interpreter's check runs on this module.
   stage(fmt::format("compiling {} to {}", std::string(runInput), onGpus ? "CUDA" : "C++"));
   auto start = Clock::now();
+  llvm::SourceMgr sources;
+  DiagEngine diag(sources);
+  std::vector<std::string> inputFiles;
+  std::optional<ir::Module> module = loadModule(options, diag, argv0, inputFiles);
+  if (!module || !lowerTraining(*module, diag)) return kExitInputError;
+  std::optional<PlannedModule> planned = planModule(*module, options, diag);
+  if (!planned) return kExitInputError;
+  if (!runNoPlan) {
+    for (size_t k = 0; k < planned->plans.size(); ++k) {
+      if (k > 0) llvm::outs() << "\n";
+      plan::printPlan(planned->plans[k], planned->machine, llvm::outs());
+    }
+    llvm::outs().flush();
+  }
   std::string base = pathIn(workDir, stem);
   std::string source = onGpus ? ".cu" : ".cpp";
-  {
-    std::vector<std::string> args = overrides;
-    args.insert(args.end(), {onGpus ? "--emit=cuda" : "--emit=cpp", "--cpp-runner", "-o", base});
-    if (onGpus) args.push_back("--cuda-math=" + runCudaMath);
-    int rc = execute(args, "", "", error);
-    if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
-  }
+  GenerateOptions generate{base, /*runner=*/true, onGpus, runCudaMath, {}};
+  if (int status = writeGeneratedCode(*module, *planned, generate, llvm::outs()); status != kExitOk)
+    return status;
   double compileSeconds = secondsSince(start);
 
   // 2. build, unless the cache has a binary of the same code, flags and user headers.
@@ -399,14 +396,14 @@ int runCommand(const char* argv0) {
   for (const std::string& dir : toolchain.includeDirs)
     build.insert(build.end(), {"-I", dir});
   std::string unity = base + ".unity" + source;
-  std::string key = llvm::join(build, " ") + llvm::join(libraries, " ");
+  std::string buildKey = llvm::join(build, " ") + llvm::join(libraries, " ");
   for (const std::string& suffix : {std::string(".h"), source, ".main" + source})
-    key += readFile(base + suffix);
+    buildKey += readFile(base + suffix);
   // The user headers the generated code includes are part of what it builds.
   for (llvm::StringRef line : llvm::split(readFile(base + source), '\n'))
     if (line.consume_front("#include \"") && line.consume_back("\""))
-      key += readFile(llvm::sys::path::is_absolute(line) ? line.str() : pathIn(mainDir, line));
-  std::string binary = fmt::format("{}-{:016x}.bin", base, llvm::xxHash64(key));
+      buildKey += readFile(llvm::sys::path::is_absolute(line) ? line.str() : pathIn(mainDir, line));
+  std::string binary = fmt::format("{}-{:016x}.bin", base, llvm::xxHash64(buildKey));
   bool cached = llvm::sys::fs::exists(binary);
   stage(cached ? std::string("building: the cache has this binary")
                : fmt::format("building the generated code ({})", build.front()));
@@ -453,9 +450,8 @@ int runCommand(const char* argv0) {
       return fail(kExitInputError,
                   "the MPI backend is not available in this meshc (its generated runner has no "
                   "MPI launcher); use --backend threads");
-    std::optional<int64_t> ranks = rankCount(toolchain.meshc, workDir);
-    if (!ranks) return fail(kExitInternalError, "cannot read the mesh size from the plan");
-    run.insert(run.begin(), {"mpirun", "--oversubscribe", "-np", std::to_string(*ranks)});
+    run.insert(run.begin(),
+               {"mpirun", "--oversubscribe", "-np", std::to_string(rankCount(*planned))});
     // OpenMPI refuses root unless told; containers (CI) run as root.
     if (::geteuid() == 0) run.insert(run.begin() + 1, "--allow-run-as-root");
     env.push_back("MESHRT_BACKEND=mpi");
@@ -478,16 +474,20 @@ int runCommand(const char* argv0) {
     stage("checking against the reference interpreter");
     start = Clock::now();
     std::string expected = base + ".expected", log = base + ".interp.log";
-    std::vector<std::string> args = overrides;
-    args.insert(args.end(),
-                {"--emit=run", "--seed", std::to_string(runSeed), "--dump-outputs", expected});
-    if (runSteps > 0) args.insert(args.end(), {"--steps", std::to_string(runSteps)});
-    if (runData.getNumOccurrences()) args.insert(args.end(), {"--inputs", dataPath});
-    rc = execute(args, log, "", error);
-    if (rc != 0) return rc < 0 ? fail(kExitInternalError, error) : rc;
+    PipelineOptions check = options;
+    check.dumpOutputsFile = expected;
+    if (runData.getNumOccurrences()) check.inputsFile = dataPath;
+    std::string summary; // the interpreter's summary goes to the log, as the outputs' values
+    llvm::raw_string_ostream summaryStream(summary);
+    bool interpreted = interpretModule(*module, check, summaryStream, argv0);
+    {
+      std::error_code ec;
+      llvm::raw_fd_ostream(log, ec) << summaryStream.str();
+    }
+    if (!interpreted) return kExitInputError;
     checkSeconds = secondsSince(start);
     llvm::outs() << "check against the reference interpreter:\n";
-    matches = compareOutputs(actual, expected, computeDtype(toolchain.meshc, workDir));
+    matches = compareOutputs(actual, expected, computeDtype(*module));
   }
   llvm::outs() << fmt::format("meshc run: compile {:.2f} s, build {:.2f} s{}, run {:.2f} s",
                               compileSeconds, buildSeconds, cached ? " (cached)" : "", runSeconds);

@@ -1,0 +1,429 @@
+// The compiler's pipeline, stage by stage (Pipeline.h).
+#include "driver/Pipeline.h"
+
+#include "codegen/CppEmitter.h"
+#include "codegen/CudaEmitter.h"
+#include "driver/Driver.h"
+#include "driver/Toolchain.h"
+#include "frontend/ASTPrinter.h"
+#include "frontend/SourceLoader.h"
+#include "interp/Interpreter.h"
+#include "interp/UserFunctions.h"
+#include "ir/IRParser.h"
+#include "ir/IRPrinter.h"
+#include "kernels/KernelCheck.h"
+#include "sema/Sema.h"
+#include "train/Optimizer.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/STLExtras.h>
+#include <llvm/ADT/StringSwitch.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/Path.h>
+#include <llvm/Support/ToolOutputFile.h>
+#include <llvm/Support/WithColor.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+namespace meshc {
+
+bool optionError(const std::string& message) {
+  llvm::WithColor::error(llvm::errs(), "meshc") << message << "\n";
+  return false;
+}
+
+namespace {
+
+/// "16GiB", "80 GB", "1.5e9", "1048576": bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary).
+bool parseByteSize(llvm::StringRef text, double& bytes) {
+  llvm::StringRef rest = text.trim();
+  size_t numberEnd = 0;
+  while (numberEnd < rest.size() &&
+         (llvm::isDigit(rest[numberEnd]) || rest[numberEnd] == '.' ||
+          ((rest[numberEnd] == 'e' || rest[numberEnd] == 'E') && numberEnd > 0 &&
+           numberEnd + 1 < rest.size() && llvm::isDigit(rest[numberEnd + 1]))))
+    ++numberEnd;
+  double number = 0;
+  if (numberEnd == 0 || rest.take_front(numberEnd).getAsDouble(number))
+    return optionError(fmt::format(
+        "--memory-budget '{}' is not a byte size (e.g. 16GiB, 80GB, 1048576)", text.str()));
+  std::string unit = rest.drop_front(numberEnd).trim().lower();
+  double scale = llvm::StringSwitch<double>(unit)
+                     .Cases("", "b", 1)
+                     .Cases("k", "kb", 1e3)
+                     .Cases("m", "mb", 1e6)
+                     .Cases("g", "gb", 1e9)
+                     .Cases("t", "tb", 1e12)
+                     .Case("kib", 0x1p10)
+                     .Case("mib", 0x1p20)
+                     .Case("gib", 0x1p30)
+                     .Case("tib", 0x1p40)
+                     .Default(0);
+  bytes = number * scale;
+  if (bytes > 0) return true;
+  return optionError(fmt::format("--memory-budget '{}' is not a positive byte size (e.g. 16GiB, "
+                                 "80GB, 1048576)",
+                                 text.str()));
+}
+
+/// "name=size": one entry of --mesh or --dim.
+bool parseNameSize(llvm::StringRef item, const char* option, std::string& name, int64_t& size) {
+  auto [left, right] = item.split('=');
+  left = left.trim();
+  right = right.trim();
+  bool identifier = !left.empty() && (llvm::isAlpha(left[0]) || left[0] == '_') &&
+                    llvm::all_of(left, [](char c) { return llvm::isAlnum(c) || c == '_'; });
+  if (!identifier || right.getAsInteger(10, size) || size <= 0)
+    return optionError(
+        fmt::format("{} '{}' is not of the form name=size (a positive size)", option, item.str()));
+  name = left.str();
+  return true;
+}
+
+/// The command-line overrides of the program's dims, mesh and layout, for sema to apply.
+bool semaOptions(const PipelineOptions& given, SemaOptions& options) {
+  for (const std::string& item : given.dims) {
+    std::string name;
+    int64_t size = 0;
+    if (!parseNameSize(item, "--dim", name, size)) return false;
+    options.dimSizes[name] = size;
+  }
+  if (!given.mesh.empty()) {
+    std::vector<ir::MeshAxis> axes;
+    llvm::SmallVector<llvm::StringRef, 4> items;
+    llvm::StringRef(given.mesh).split(items, ',', -1, /*KeepEmpty=*/false);
+    for (llvm::StringRef item : items) {
+      ir::MeshAxis axis;
+      if (!parseNameSize(item, "--mesh", axis.name, axis.size)) return false;
+      axes.push_back(axis);
+    }
+    if (axes.empty()) return optionError("--mesh needs at least one axis, e.g. \"data=2,model=4\"");
+    options.mesh = std::move(axes);
+  }
+  if (!given.layout.empty()) options.layout = given.layout;
+  return true;
+}
+
+} // namespace
+
+std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& diag,
+                                     const char* argv0, std::vector<std::string>& inputFiles,
+                                     llvm::raw_ostream* printAst) {
+  if (llvm::StringRef(given.input).endswith(".ir")) {
+    auto buffer = llvm::MemoryBuffer::getFile(given.input);
+    if (!buffer) {
+      diag.report(llvm::SMLoc(), Diag::ErrCannotOpen, given.input, buffer.getError().message());
+      return std::nullopt;
+    }
+    inputFiles = {given.input};
+    llvm::Expected<ir::Module> module = ir::parseModule((*buffer)->getBuffer(), given.input);
+    if (!module) {
+      llvm::WithColor::error(llvm::errs()) << llvm::toString(module.takeError()) << "\n";
+      return std::nullopt;
+    }
+    return std::move(*module);
+  }
+  std::optional<SourceSet> files = loadSources(given.input, diag);
+  if (!files) return std::nullopt;
+  for (const auto& file : files->files)
+    inputFiles.push_back(file->path);
+  if (printAst) {
+    printAST(files->mainFile(), diag.sources(), *printAst);
+    return ir::Module();
+  }
+  SemaOptions options;
+  if (!semaOptions(given, options)) return std::nullopt;
+  kernels::KernelCheckOptions kernelOptions;
+  kernelOptions.resourceDir = findToolchain(argv0).clangResourceDir;
+  options.checkExtern = [&](const ExternFunction& fn, DiagEngine& engine) {
+    inputFiles.push_back(fn.headerPath); // -MD lists the user's headers too
+    return kernels::checkExternFunction(fn, engine, kernelOptions);
+  };
+  return analyze(*files, diag, options);
+}
+
+bool lowerTraining(ir::Module& module, DiagEngine& diag) {
+  for (ir::Function& fn : module.functions)
+    if (!train::lowerTraining(fn, diag)) return false;
+  return true;
+}
+
+std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
+                                        DiagEngine& diag) {
+  plan::PlannerOptions options;
+  options.machine = given.machine;
+  if (!given.memoryBudget.empty() && !parseByteSize(given.memoryBudget, options.memoryBudgetBytes))
+    return std::nullopt;
+  options.functions = given.functions;
+  if (given.devices < 0) {
+    optionError("--devices must be a positive number of devices");
+    return std::nullopt;
+  }
+  options.devices = given.devices;
+  llvm::Expected<plan::Machine> machine = plan::loadMachine(given.machine);
+  if (!machine) {
+    optionError(llvm::toString(machine.takeError()));
+    return std::nullopt;
+  }
+  std::optional<std::vector<plan::PlannedFunction>> plans =
+      plan::planModule(module, *machine, options, diag);
+  if (!plans) return std::nullopt;
+  return PlannedModule{std::move(*machine), std::move(*plans)};
+}
+
+int writeGeneratedCode(const ir::Module& module, const PlannedModule& planned,
+                       const GenerateOptions& given, llvm::raw_ostream& os) {
+  const std::vector<plan::PlannedFunction>& plans = planned.plans;
+  codegen::CppOptions options;
+  std::string base = given.base == "-" ? std::string("generated") : given.base;
+  std::string stem = llvm::sys::path::filename(base).str();
+  options.headerInclude = stem + ".h";
+  options.runner = given.runner;
+  options.cppNamespace = "meshc_generated";
+  options.disabledPasses = given.disabledPasses;
+  bool cuda = given.cuda; // <o>.cu and <o>.main.cu, retargeted to the GPU
+  if (cuda && !codegen::isCudaMathMode(given.cudaMath))
+    return optionError("--cuda-math must be fp32, tf32 or bf16, not '" + given.cudaMath + "'"),
+           kExitInputError;
+  llvm::Expected<codegen::CppOutput> output =
+      cuda ? codegen::emitCuda(module, plans, codegen::CudaOptions{options, given.cudaMath})
+           : codegen::emitCpp(module, plans, options);
+  if (!output) {
+    llvm::WithColor::error(llvm::errs(), "meshc") << llvm::toString(output.takeError()) << "\n";
+    return kExitInputError;
+  }
+  std::vector<std::pair<std::string, const std::string*>> files = {
+      {base + ".h", &output->header}, {base + (cuda ? ".cu" : ".cpp"), &output->source}};
+  if (given.runner) files.push_back({base + (cuda ? ".main.cu" : ".main.cpp"), &output->runner});
+  if (given.base == "-") {
+    for (const auto& [path, text] : files)
+      os << "// ---- " << path << "\n" << *text;
+    return kExitOk;
+  }
+  std::vector<std::unique_ptr<llvm::ToolOutputFile>> outs;
+  for (const auto& [path, text] : files) {
+    std::error_code ec;
+    auto out = std::make_unique<llvm::ToolOutputFile>(path, ec, llvm::sys::fs::OF_Text);
+    if (ec) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << "cannot open '" << path << "': " << ec.message() << "\n";
+      return kExitInternalError;
+    }
+    out->os() << *text;
+    outs.push_back(std::move(out));
+  }
+  for (auto& out : outs)
+    out->keep();
+  return kExitOk;
+}
+
+namespace {
+
+/// One line per output: shape, mean, standard deviation, range and the first values. The
+/// statistics are in double so the summary is stable across runs.
+void summarizeTensor(const std::string& name, const interp::Tensor& t, llvm::raw_ostream& os) {
+  double sum = 0, sumSq = 0, lo = INFINITY, hi = -INFINITY;
+  for (double v : t.data) {
+    sum += v;
+    sumSq += v * v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  double n = std::max<double>(1, static_cast<double>(t.data.size()));
+  double mean = sum / n;
+  double stddev = std::sqrt(std::max(0.0, sumSq / n - mean * mean));
+  std::vector<std::string> head;
+  for (size_t i = 0; i < std::min<size_t>(4, t.data.size()); ++i)
+    head.push_back(fmt::format("{:.6g}", t.data[i]));
+  std::string type;
+  llvm::raw_string_ostream typeOs(type);
+  ir::printType(t.type, typeOs);
+  os << fmt::format("  {} : {}  mean {:.6g}  std {:.6g}  min {:.6g}  max {:.6g}  first [{}]\n",
+                    name, typeOs.str(), mean, stddev, lo, hi, fmt::join(head, ", "));
+}
+
+bool wanted(const PipelineOptions& options, const ir::Function& fn) {
+  return options.functions.empty() || llvm::is_contained(options.functions, fn.name);
+}
+
+/// Appends one tensor to the --dump-outputs buffer: "tensor <name> <dtype> <rank> <sizes>\n"
+/// followed by its values as float64s.
+void dumpTensor(const std::string& name, const interp::Tensor& tensor, std::string& dump) {
+  std::vector<std::string> sizes;
+  for (const ir::Dim& dim : tensor.type.dims)
+    sizes.push_back(std::to_string(dim.size));
+  dump += fmt::format("tensor {} {} {}{}{}\n", name, ir::dtypeName(tensor.type.dtype), sizes.size(),
+                      sizes.empty() ? "" : " ", fmt::join(sizes, " "));
+  dump.append(reinterpret_cast<const char*>(tensor.data.data()),
+              tensor.data.size() * sizeof(double));
+}
+
+/// The inputs of `fn` at train step `step` (0 outside training). An input given in --inputs as
+/// `<fn>.<input>` holds k >= 1 batches of the input's shape stacked along its first dim, and step
+/// s reads batch s mod k (as the generated runner does); the others are synthesized from
+/// seed + step. False, with a message, when a given tensor does not fit.
+bool inputsOfStep(const PipelineOptions& options, const ir::Function& fn,
+                  const std::map<std::string, interp::Tensor>& givenInputs, int64_t step,
+                  interp::TensorMap& inputs) {
+  for (const ir::InputInfo& input : fn.inputs) {
+    auto given = givenInputs.find(fn.name + "." + input.name);
+    if (given == givenInputs.end()) {
+      inputs[input.name] = interp::synthesizeInput(input, options.seed + uint64_t(step));
+      continue;
+    }
+    size_t batch = size_t(input.type.numElements()), count = given->second.data.size();
+    if (given->second.type.dims.size() != input.type.dims.size() || count == 0 ||
+        count % batch != 0) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << "--inputs: " << given->first << " has " << count << " values in "
+          << given->second.type.dims.size() << " dims, not one or more batches of the input's "
+          << "shape\n";
+      return false;
+    }
+    size_t first = size_t(step) % (count / batch) * batch;
+    interp::Tensor tensor{input.type,
+                          std::vector<double>(given->second.data.begin() + first,
+                                              given->second.data.begin() + first + batch)};
+    if (input.type.dtype == ir::DType::F32) // as the generated code holds them
+      for (double& v : tensor.data)
+        v = double(float(v));
+    inputs[input.name] = std::move(tensor);
+  }
+  return true;
+}
+
+/// --steps N on a train block: N interpreter train steps on the inputs of each step
+/// (inputsOfStep), one `step S loss L` line each. The dump gets the last loss (`<fn>.loss`) and
+/// every param's final value (`<fn>.param.<path>`, weights and optimizer state).
+bool trainFunction(const PipelineOptions& options, const ir::Function& fn, llvm::raw_ostream& os,
+                   std::string& dump, const interp::UserFunctions* userFunctions,
+                   const std::map<std::string, interp::Tensor>& givenInputs) {
+  interp::TensorMap state;
+  interp::Tensor loss{ir::TensorType{}, {0.0}};
+  os << fmt::format("train {}: {} steps in the interpreter\n", fn.name, options.steps);
+  for (int64_t step = 0; step < options.steps; ++step) {
+    interp::Options opts;
+    opts.seed = options.seed;
+    opts.step = uint64_t(step);
+    opts.userFunctions = userFunctions;
+    interp::TensorMap inputs;
+    if (!inputsOfStep(options, fn, givenInputs, step, inputs)) return false;
+    llvm::Expected<double> value = interp::trainStep(fn, inputs, opts, state);
+    if (!value) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << fn.name << ": step " << step << ": " << llvm::toString(value.takeError()) << "\n";
+      return false;
+    }
+    os << fmt::format("step {} loss {:.9g}\n", step, *value);
+    loss.data[0] = *value;
+  }
+  dumpTensor(fn.name + ".loss", loss, dump);
+  for (const ir::ParamInfo& param : fn.params)
+    dumpTensor(fn.name + ".param." + param.path, state.at(param.path), dump);
+  return true;
+}
+
+/// Reads a file in the runner's output format ("tensor <name> <dtype> <rank> <sizes...>\n" and
+/// float64 values); the dims of each tensor are named d0, d1, ...
+bool readTensorFile(const std::string& path, std::map<std::string, interp::Tensor>& tensors) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false);
+  if (!buffer)
+    return optionError(fmt::format("cannot open '{}': {}", path, buffer.getError().message()));
+  llvm::StringRef data = (*buffer)->getBuffer();
+  while (!data.empty()) {
+    auto [line, rest] = data.split('\n');
+    llvm::SmallVector<llvm::StringRef, 8> fields;
+    line.split(fields, ' ', -1, /*KeepEmpty=*/false);
+    size_t rank = 0;
+    if (fields.size() < 4 || fields[0] != "tensor" || fields[3].getAsInteger(10, rank) ||
+        fields.size() != 4 + rank)
+      return optionError(fmt::format("'{}' is not a tensor file (at '{}')", path, line.str()));
+    interp::Tensor tensor;
+    size_t count = 1;
+    for (size_t i = 0; i < rank; ++i) {
+      int64_t size = 0;
+      if (fields[4 + i].getAsInteger(10, size) || size < 0)
+        return optionError(fmt::format("'{}': bad size in '{}'", path, line.str()));
+      tensor.type.dims.push_back({"d" + std::to_string(i), size});
+      count *= size_t(size);
+    }
+    if (rest.size() < count * sizeof(double))
+      return optionError(fmt::format("'{}': '{}' is cut short", path, line.str()));
+    tensor.data.resize(count);
+    std::memcpy(tensor.data.data(), rest.data(), count * sizeof(double));
+    tensors[fields[1].str()] = std::move(tensor);
+    data = rest.drop_front(count * sizeof(double));
+  }
+  return true;
+}
+
+} // namespace
+
+bool interpretModule(const ir::Module& module, const PipelineOptions& options,
+                     llvm::raw_ostream& os, const char* argv0) {
+  // The user's C++ functions (extern def), compiled into a shared library of wrappers.
+  interp::UserFunctionBuild build;
+  build.cxx = findToolchain(argv0).cxx;
+  build.headerDir = llvm::sys::path::parent_path(options.input).str();
+  build.cacheDir = cacheDirectory();
+  llvm::Expected<interp::UserFunctions> userFunctions = interp::loadUserFunctions(module, build);
+  if (!userFunctions) {
+    llvm::WithColor::error(llvm::errs(), "meshc")
+        << llvm::toString(userFunctions.takeError()) << "\n";
+    return false;
+  }
+  // --inputs: tensors by "<function>.<input>"; their dims stay unnamed until matched.
+  std::map<std::string, interp::Tensor> givenInputs;
+  if (!options.inputsFile.empty() && !readTensorFile(options.inputsFile, givenInputs)) return false;
+  std::string dump; // --dump-outputs: "tensor <fn>.<name> <dtype> <rank> <sizes>\n" + float64s
+  for (const ir::Function& fn : module.functions) {
+    if (!wanted(options, fn)) continue;
+    if (fn.kind == ir::Function::Kind::Train && options.steps > 0) {
+      if (!trainFunction(options, fn, os, dump, &*userFunctions, givenInputs)) return false;
+      continue;
+    }
+    interp::Options opts;
+    opts.seed = options.seed;
+    opts.training = fn.kind == ir::Function::Kind::Train; // dropout is active in train blocks
+    opts.userFunctions = &*userFunctions;
+    interp::TensorMap inputs;
+    if (!inputsOfStep(options, fn, givenInputs, 0, inputs)) return false;
+    auto start = std::chrono::steady_clock::now();
+    llvm::Expected<interp::TensorMap> outputs = interp::run(fn, inputs, opts);
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (!outputs) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << fn.name << ": " << llvm::toString(outputs.takeError()) << "\n";
+      return false;
+    }
+    int64_t paramCount = 0;
+    for (const ir::ParamInfo& p : fn.params)
+      paramCount += p.type.numElements();
+    os << fmt::format("{} {}: {} ops, {} params ({} values), interpreted in {:.1f} ms\n",
+                      fn.kind == ir::Function::Kind::Train ? "train" : "program", fn.name,
+                      fn.ops.size(), fn.params.size(), paramCount, ms);
+    for (const ir::OutputInfo& out : fn.outputs) {
+      const interp::Tensor& tensor = outputs->at(out.name);
+      summarizeTensor(out.name, tensor, os);
+      dumpTensor(fn.name + "." + out.name, tensor, dump);
+    }
+  }
+  if (!options.dumpOutputsFile.empty()) {
+    std::error_code ec;
+    llvm::ToolOutputFile out(options.dumpOutputsFile, ec, llvm::sys::fs::OF_None);
+    if (ec) {
+      llvm::WithColor::error(llvm::errs(), "meshc")
+          << "cannot open '" << options.dumpOutputsFile << "': " << ec.message() << "\n";
+      return false;
+    }
+    out.os() << dump;
+    out.keep();
+  }
+  return true;
+}
+
+} // namespace meshc

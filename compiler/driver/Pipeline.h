@@ -1,0 +1,80 @@
+// The compiler's pipeline, stage by stage; the driver (Driver.cpp) and `meshc run`
+// (RunCommand.cpp) both run it in-process from here:
+//   1. loadModule: sources -> parse -> sema -> IR (or an .ir file read back)
+//   2. lowerTraining: train blocks -> autodiff, optimizer, param updates
+//   3. planModule: layouts, SPMD IR, collectives (planner/Planner.h)
+//   4. writeGeneratedCode: kernel IR -> kernel passes -> C++ or CUDA (codegen/Lower.h)
+//   5. interpretModule: the reference interpreter on every selected function
+// Each reports its own errors (located diagnostics, or `meshc: error:` lines).
+#pragma once
+
+#include "diag/Diagnostics.h"
+#include "ir/IR.h"
+#include "planner/Machine.h"
+#include "planner/Planner.h"
+
+#include <llvm/Support/raw_ostream.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshc {
+
+/// What one compilation is given: meshc's command line, or `meshc run`'s.
+struct PipelineOptions {
+  std::string input;             // a .mesh file, or an .ir file
+  std::vector<std::string> dims; // "name=size" overrides of declared dims
+  std::string mesh, layout;      // overrides ("": the program's own)
+  std::string machine = "cpu";   // a built-in machine or a JSON file
+  std::string memoryBudget;      // "": the machine's memory
+  int64_t devices = 0;           // > 0: also choose the mesh's axis sizes for this many devices
+  std::vector<std::string> functions; // only these programs and train blocks (empty: all)
+  // The interpreter (interpretModule):
+  uint64_t seed = 0;
+  int64_t steps = 0;           // > 0: train blocks take this many steps
+  std::string inputsFile;      // tensors named <function>.<input>; the rest synthesized
+  std::string dumpOutputsFile; // "": no dump
+};
+
+/// `meshc: error: <message>` for a bad option value; returns false.
+bool optionError(const std::string& message);
+
+/// 1. The sources loaded, parsed, checked and lowered to IR, or IR text read back (`.ir` files,
+/// as --emit=ir prints them). `inputFiles` gets every file read (for -MD). With `printAst`,
+/// prints the main file's syntax tree there instead and returns an empty module.
+std::optional<ir::Module> loadModule(const PipelineOptions& options, DiagEngine& diag,
+                                     const char* argv0, std::vector<std::string>& inputFiles,
+                                     llvm::raw_ostream* printAst = nullptr);
+
+/// 2. The training phase (autodiff, optimizer, param updates) on every train block.
+bool lowerTraining(ir::Module& module, DiagEngine& diag);
+
+/// 3. Every selected function planned for the machine.
+struct PlannedModule {
+  plan::Machine machine;
+  std::vector<plan::PlannedFunction> plans;
+};
+std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& options,
+                                        DiagEngine& diag);
+
+/// 4. The generated code: <base>.h and <base>.cpp or .cu (with the runner, <base>.main.cpp or
+/// .main.cu), each written only when all were generated; base "-": to `os`, one after another.
+struct GenerateOptions {
+  std::string base = "-";
+  bool runner = false;
+  bool cuda = false;
+  std::string cudaMath = "fp32";
+  std::vector<std::string> disabledPasses;
+};
+/// kExitOk; kExitInputError when the code generator refuses the program; kExitInternalError
+/// when a file cannot be written.
+int writeGeneratedCode(const ir::Module& module, const PlannedModule& planned,
+                       const GenerateOptions& options, llvm::raw_ostream& os);
+
+/// 5. Every selected function run by the reference interpreter on synthesized (or given) inputs
+/// and summarized on `os`; train blocks take `steps` steps when it is > 0.
+bool interpretModule(const ir::Module& module, const PipelineOptions& options,
+                     llvm::raw_ostream& os, const char* argv0);
+
+} // namespace meshc
