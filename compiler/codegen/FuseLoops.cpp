@@ -67,31 +67,44 @@ class Fuser {
 public:
   explicit Fuser(KernelFunction& fn) : fn(fn) {}
 
+  /// One pass over the consumers in order, each fused with its producers until none is left.
+  /// (No earlier consumer can gain a producer from a later fusion: a fused producer leaves the
+  /// readers of its inputs where they were, now at the consumer.) Statement positions stay put
+  /// during the pass, a fused producer only marked dead, so the def-use tables are updated in
+  /// place instead of rebuilt after every fusion.
   void run() {
-    while (fuseOnce()) {
-    }
-  }
-
-private:
-  /// Finds one producer/consumer pair and fuses it.
-  bool fuseOnce() {
     readers = readerLists(fn.body, fn.buffers.size());
     writers = fn.writerCounts();
     writerOf.assign(fn.buffers.size(), -1);
     for (size_t k = 0; k < fn.body.size(); ++k)
       for (BufferId id : writesOf(fn.body[k]))
         writerOf[size_t(id)] = int(k);
-    for (size_t c = 0; c < fn.body.size(); ++c) {
-      if (!std::holds_alternative<Loop>(fn.body[c].node)) continue;
-      const Loop& consumer = std::get<Loop>(fn.body[c].node);
-      for (const Access& read : consumer.reads) {
-        BufferId x = read.buffer;
-        if (fn.buffers[size_t(x)].storage != Storage::Arena || writers[size_t(x)] != 1) continue;
-        int p = writerOf[size_t(x)];
-        if (p < 0 || size_t(p) >= c || !std::holds_alternative<Loop>(fn.body[size_t(p)].node))
-          continue;
-        if (tryFuse(size_t(p), c, x)) return true;
+    dead.assign(fn.body.size(), false);
+    for (size_t c = 0; c < fn.body.size(); ++c)
+      while (fuseIntoConsumer(c)) {
       }
+    size_t kept = 0;
+    for (size_t k = 0; k < fn.body.size(); ++k) {
+      if (dead[k]) continue;
+      if (kept != k) fn.body[kept] = std::move(fn.body[k]);
+      ++kept;
+    }
+    fn.body.resize(kept);
+  }
+
+private:
+  /// Fuses one producer into the loop at `c`, if one may be.
+  bool fuseIntoConsumer(size_t c) {
+    if (!std::holds_alternative<Loop>(fn.body[c].node)) return false;
+    const Loop& consumer = std::get<Loop>(fn.body[c].node);
+    for (const Access& read : consumer.reads) {
+      BufferId x = read.buffer;
+      if (fn.buffers[size_t(x)].storage != Storage::Arena || writers[size_t(x)] != 1) continue;
+      int p = writerOf[size_t(x)];
+      if (p < 0 || size_t(p) >= c || dead[size_t(p)] ||
+          !std::holds_alternative<Loop>(fn.body[size_t(p)].node))
+        continue;
+      if (tryFuse(size_t(p), c, x)) return true;
     }
     return false;
   }
@@ -131,6 +144,7 @@ private:
     // Moving the producer down to the consumer: nothing in between may read what it stores or
     // write what it reads.
     for (size_t k = p + 1; k < c; ++k) {
+      if (dead[k]) continue;
       for (BufferId id : readsOf(fn.body[k]))
         for (const Store& s : producer.stores)
           if (s.at.buffer == id) return false;
@@ -196,14 +210,32 @@ private:
     Stmt fused{.node = std::move(merged)};
     fused.sources = fn.body[p].sources;
     fused.sources.insert(fused.sources.end(), fn.body[c].sources.begin(), fn.body[c].sources.end());
+    // The def-use tables: what p and c read is now read at c; p's dropped stores are gone.
+    std::vector<BufferId> touched = readsOf(fn.body[p]);
+    for (BufferId id : readsOf(fn.body[c]))
+      touched.push_back(id);
+    for (BufferId id : touched)
+      llvm::erase_if(readers[size_t(id)], [&](size_t k) { return k == p || k == c; });
+    for (size_t s = 0; s < producer.stores.size(); ++s) {
+      BufferId id = producer.stores[s].at.buffer;
+      if (keepStore[s])
+        writerOf[size_t(id)] = int(c);
+      else
+        --writers[size_t(id)];
+    }
     fn.body[c] = std::move(fused);
-    fn.body.erase(fn.body.begin() + std::ptrdiff_t(p));
+    dead[p] = true;
+    for (BufferId id : readsOf(fn.body[c])) {
+      std::vector<size_t>& list = readers[size_t(id)];
+      if (!llvm::is_contained(list, c)) list.insert(llvm::upper_bound(list, c), c);
+    }
     return true;
   }
 
   KernelFunction& fn;
   std::vector<std::vector<size_t>> readers;
   std::vector<int> writers, writerOf;
+  std::vector<bool> dead; // fused into a later statement (removed when the pass ends)
 };
 
 } // namespace
