@@ -33,6 +33,15 @@
 #else
 #define MESHRT_HD
 #endif
+#ifndef MESHRT_HD_INLINE
+// Always inlined on the host: generated loops call these per element, and a call (which GCC
+// chooses in large translation units) stops the loop's vectorization.
+#ifdef __CUDACC__
+#define MESHRT_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define MESHRT_HD_INLINE inline __attribute__((always_inline))
+#endif
+#endif
 
 namespace meshrt {
 
@@ -41,7 +50,7 @@ struct Philox4x32 {
 };
 
 /// Philox4x32-10 (Salmon et al., SC'11), as in Random123's philox4x32.
-MESHRT_HD inline Philox4x32 philox4x32(Philox4x32 counter, uint32_t key0, uint32_t key1) {
+MESHRT_HD_INLINE Philox4x32 philox4x32(Philox4x32 counter, uint32_t key0, uint32_t key1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
@@ -82,41 +91,41 @@ constexpr uint64_t streamKey(uint64_t seed, std::string_view name) {
 }
 
 /// The four 32-bit words of call `block` of a stream; `draw` numbers redraws.
-MESHRT_HD inline Philox4x32 randomBlock(uint64_t key, uint64_t block, uint32_t draw = 0) {
+MESHRT_HD_INLINE Philox4x32 randomBlock(uint64_t key, uint64_t block, uint32_t draw = 0) {
   return philox4x32(Philox4x32{{uint32_t(block), uint32_t(block >> 32), draw, 0u}}, uint32_t(key),
                     uint32_t(key >> 32));
 }
 
 /// The 32 random bits of element `index`: word index % 4 of call index / 4.
-MESHRT_HD inline uint32_t randomWord(uint64_t key, uint64_t index, uint32_t draw = 0) {
+MESHRT_HD_INLINE uint32_t randomWord(uint64_t key, uint64_t index, uint32_t draw = 0) {
   return randomBlock(key, index >> 2, draw).v[index & 3];
 }
 
 /// Maps 32 random bits to (0, 1): 23 bits plus a half step, exactly representable in float.
-MESHRT_HD inline double bitsToUnit(uint32_t bits) {
+MESHRT_HD_INLINE double bitsToUnit(uint32_t bits) {
   return (double(bits >> 9) + 0.5) * (1.0 / 8388608.0);
 }
 
 /// Box-Muller from a word pair: radius from the first word, angle from the second; the cosine
 /// branch is the even element's value, the sine branch the odd one's. The one formula of both
 /// the per-element and the run paths, so that they agree bit for bit.
-MESHRT_HD inline double boxMullerRadius(uint32_t bits) {
+MESHRT_HD_INLINE double boxMullerRadius(uint32_t bits) {
   return std::sqrt(-2.0 * std::log(bitsToUnit(bits)));
 }
-MESHRT_HD inline double boxMullerAngle(uint32_t bits) {
+MESHRT_HD_INLINE double boxMullerAngle(uint32_t bits) {
   return 6.283185307179586476925 * bitsToUnit(bits);
 }
-MESHRT_HD inline double boxMullerBranch(double radius, double angle, bool sine) {
+MESHRT_HD_INLINE double boxMullerBranch(double radius, double angle, bool sine) {
   return radius * (sine ? std::sin(angle) : std::cos(angle));
 }
 
-MESHRT_HD inline double uniform01(uint64_t key, uint64_t index, uint32_t draw = 0) {
+MESHRT_HD_INLINE double uniform01(uint64_t key, uint64_t index, uint32_t draw = 0) {
   return bitsToUnit(randomWord(key, index, draw));
 }
 
 /// A standard normal sample: element `index`'s branch of the Box-Muller pair it shares with its
 /// neighbour (index ^ 1).
-MESHRT_HD inline double normal(uint64_t key, uint64_t index, uint32_t draw = 0) {
+MESHRT_HD_INLINE double normal(uint64_t key, uint64_t index, uint32_t draw = 0) {
   Philox4x32 bits = randomBlock(key, index >> 2, draw);
   unsigned pair = unsigned(index & 2);
   return boxMullerBranch(boxMullerRadius(bits.v[pair]), boxMullerAngle(bits.v[pair + 1]),
@@ -124,7 +133,7 @@ MESHRT_HD inline double normal(uint64_t key, uint64_t index, uint32_t draw = 0) 
 }
 
 /// A uniform integer in [0, bound) for 0 < bound <= 2^32 (multiply-shift; bias < bound/2^32).
-MESHRT_HD inline uint32_t uniformIndex(uint64_t key, uint64_t index, uint64_t bound,
+MESHRT_HD_INLINE uint32_t uniformIndex(uint64_t key, uint64_t index, uint64_t bound,
                                        uint32_t draw = 0) {
   return uint32_t((uint64_t(randomWord(key, index, draw)) * bound) >> 32);
 }
@@ -136,7 +145,7 @@ constexpr uint32_t kMaxDraws = 1000;
 
 /// A standard normal conditioned on |z| <= 2: redraws element `index` alone with draw numbers
 /// 1, 2, ..., starting from its draw-0 value `first`.
-MESHRT_HD inline double truncateNormal(uint64_t key, uint64_t index, double first) {
+MESHRT_HD_INLINE double truncateNormal(uint64_t key, uint64_t index, double first) {
   double z = first;
   for (uint32_t draw = 1; !(std::fabs(z) <= kTruncation); ++draw) {
     if (draw == kMaxDraws) return 0;
@@ -145,18 +154,18 @@ MESHRT_HD inline double truncateNormal(uint64_t key, uint64_t index, double firs
   return z;
 }
 
-MESHRT_HD inline double truncatedNormal(uint64_t key, uint64_t index) {
+MESHRT_HD_INLINE double truncatedNormal(uint64_t key, uint64_t index) {
   return truncateNormal(key, index, normal(key, index));
 }
 
 /// Dropout's mask from an element's word: keep iff its uniform01 >= rate.
-MESHRT_HD inline bool dropoutKeepsWord(uint32_t word, double rate) {
+MESHRT_HD_INLINE bool dropoutKeepsWord(uint32_t word, double rate) {
   return bitsToUnit(word) >= rate;
 }
 
 /// randomWord's value with the word chosen by selects instead of an index, so that a loop over
 /// elements calling it vectorizes (generated code's fused dropout loops).
-MESHRT_HD inline uint32_t randomWordSelected(uint64_t key, uint64_t index) {
+MESHRT_HD_INLINE uint32_t randomWordSelected(uint64_t key, uint64_t index) {
   Philox4x32 bits = randomBlock(key, index >> 2);
   uint32_t odd = uint32_t(index & 1), upper = uint32_t(index & 2);
   uint32_t low = odd ? bits.v[1] : bits.v[0], high = odd ? bits.v[3] : bits.v[2];
@@ -165,24 +174,24 @@ MESHRT_HD inline uint32_t randomWordSelected(uint64_t key, uint64_t index) {
 
 /// dropoutKeep's test in integers: uniform01(word) >= rate exactly when (word >> 9) >= this
 /// threshold ((w + 0.5) 2^-23 >= rate <=> w >= rate 2^23 - 0.5, all exact in double).
-MESHRT_HD inline uint32_t dropoutThreshold(double rate) {
+MESHRT_HD_INLINE uint32_t dropoutThreshold(double rate) {
   double threshold = std::ceil(rate * 8388608.0 - 0.5);
   return threshold <= 0 ? 0u : threshold >= 8388608.0 ? 8388608u : uint32_t(threshold);
 }
 
 /// dropoutKeep with a threshold from dropoutThreshold(rate): the same mask, vectorizable.
-MESHRT_HD inline bool dropoutKeepBelow(uint64_t key, uint64_t index, uint32_t threshold) {
+MESHRT_HD_INLINE bool dropoutKeepBelow(uint64_t key, uint64_t index, uint32_t threshold) {
   return (randomWordSelected(key, index) >> 9) >= threshold;
 }
 
 /// The same as all ones (keep) or zero bits: a loop that ands a value with it vectorizes, where
 /// a bool stays a branch.
-MESHRT_HD inline uint32_t dropoutKeepMask(uint64_t key, uint64_t index, uint32_t threshold) {
+MESHRT_HD_INLINE uint32_t dropoutKeepMask(uint64_t key, uint64_t index, uint32_t threshold) {
   return (randomWordSelected(key, index) >> 9) >= threshold ? ~0u : 0u;
 }
 
 /// Whether dropout keeps element `index` (key: streamKey(seed, "<stream>#<step>")).
-MESHRT_HD inline bool dropoutKeep(uint64_t key, uint64_t index, double rate) {
+MESHRT_HD_INLINE bool dropoutKeep(uint64_t key, uint64_t index, double rate) {
   return dropoutKeepsWord(randomWord(key, index), rate);
 }
 

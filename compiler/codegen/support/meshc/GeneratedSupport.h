@@ -196,45 +196,45 @@ MESHRT_HD inline double gelu(double x) {
 
 // meshrt::kernels::f32: branch-free, vectorized by the C++ compiler inside the fused loops
 // (accuracy per function in tests/unit/MathF32Test.cpp, at most 4 ulp).
-MESHRT_HD inline float fexp(float x) {
+MESHRT_HD_INLINE float fexp(float x) {
   return meshrt::kernels::f32::exp(x);
 }
-MESHRT_HD inline float flog(float x) {
+MESHRT_HD_INLINE float flog(float x) {
   return meshrt::kernels::f32::log(x);
 }
-MESHRT_HD inline float ftanh(float x) {
+MESHRT_HD_INLINE float ftanh(float x) {
   return meshrt::kernels::f32::tanh(x);
 }
-MESHRT_HD inline float fsin(float x) {
+MESHRT_HD_INLINE float fsin(float x) {
   return meshrt::kernels::f32::sin(x);
 }
-MESHRT_HD inline float fcos(float x) {
+MESHRT_HD_INLINE float fcos(float x) {
   return meshrt::kernels::f32::cos(x);
 }
-MESHRT_HD inline float fpow(float x, float y) {
+MESHRT_HD_INLINE float fpow(float x, float y) {
   return meshrt::kernels::f32::pow(x, y);
 }
-MESHRT_HD inline float fsqrt(float x) {
+MESHRT_HD_INLINE float fsqrt(float x) {
   return std::sqrt(x);
 }
-MESHRT_HD inline float fsigmoid(float x) {
+MESHRT_HD_INLINE float fsigmoid(float x) {
   return meshrt::kernels::f32::sigmoid(x);
 }
-MESHRT_HD inline float fgelu(float x) {
+MESHRT_HD_INLINE float fgelu(float x) {
   return meshrt::kernels::f32::gelu(x);
 }
 
 /// `value` where `mask` (meshrt::dropoutKeepMask) keeps the element, else +0: bit operations,
 /// which vectorize where a float ternary or a bool would stay a branch.
-MESHRT_HD inline float keepOrZero(uint32_t mask, float value) {
+MESHRT_HD_INLINE float keepOrZero(uint32_t mask, float value) {
   using namespace meshrt::kernels::f32::detail;
   return fromBits(bits(value) & mask);
 }
 
-MESHRT_HD inline float maximum(float a, float b) {
+MESHRT_HD_INLINE float maximum(float a, float b) {
   return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
 }
-MESHRT_HD inline float minimum(float a, float b) {
+MESHRT_HD_INLINE float minimum(float a, float b) {
   return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
 }
 

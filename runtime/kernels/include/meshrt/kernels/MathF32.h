@@ -30,26 +30,35 @@
 #define MESHRT_HD
 #endif
 #endif
+#ifndef MESHRT_HD_INLINE
+// Always inlined on the host: generated loops call these per element, and a call (which GCC
+// chooses in large translation units) stops the loop's vectorization.
+#ifdef __CUDACC__
+#define MESHRT_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define MESHRT_HD_INLINE inline __attribute__((always_inline))
+#endif
+#endif
 
 namespace meshrt::kernels::f32 {
 namespace detail {
 
-MESHRT_HD inline uint32_t bits(float x) {
+MESHRT_HD_INLINE uint32_t bits(float x) {
   uint32_t b;
   std::memcpy(&b, &x, sizeof b);
   return b;
 }
-MESHRT_HD inline float fromBits(uint32_t b) {
+MESHRT_HD_INLINE float fromBits(uint32_t b) {
   float x;
   std::memcpy(&x, &b, sizeof x);
   return x;
 }
-MESHRT_HD inline uint64_t bits64(double x) {
+MESHRT_HD_INLINE uint64_t bits64(double x) {
   uint64_t b;
   std::memcpy(&b, &x, sizeof b);
   return b;
 }
-MESHRT_HD inline double fromBits64(uint64_t b) {
+MESHRT_HD_INLINE double fromBits64(uint64_t b) {
   double x;
   std::memcpy(&x, &b, sizeof x);
   return x;
@@ -57,11 +66,11 @@ MESHRT_HD inline double fromBits64(uint64_t b) {
 
 /// cond ? a : b as bit operations: a ternary on floats becomes a branch that GCC will not
 /// if-convert for plain SSE2 under -ftrapping-math (the default), as its float compares may trap.
-MESHRT_HD inline float select(bool cond, float a, float b) {
+MESHRT_HD_INLINE float select(bool cond, float a, float b) {
   uint32_t mask = 0u - uint32_t(cond);
   return fromBits((bits(a) & mask) | (bits(b) & ~mask));
 }
-MESHRT_HD inline double select(bool cond, double a, double b) {
+MESHRT_HD_INLINE double select(bool cond, double a, double b) {
   uint64_t mask = 0u - uint64_t(cond);
   return fromBits64((bits64(a) & mask) | (bits64(b) & ~mask));
 }
@@ -70,25 +79,25 @@ constexpr float kInf = __builtin_huge_valf();
 constexpr float kNaN = __builtin_nanf("");
 
 /// Round to nearest (ties to even) for |x| < 2^22: adding 1.5 * 2^23 pushes the fraction out.
-MESHRT_HD inline float roundToInt(float x) {
+MESHRT_HD_INLINE float roundToInt(float x) {
   constexpr float kShift = 0x1.8p23f;
   return (x + kShift) - kShift;
 }
 
-MESHRT_HD inline float absolute(float x) {
+MESHRT_HD_INLINE float absolute(float x) {
   return fromBits(bits(x) & 0x7fffffffu);
 }
-MESHRT_HD inline float copySign(float magnitude, float sign) {
+MESHRT_HD_INLINE float copySign(float magnitude, float sign) {
   return fromBits((bits(magnitude) & 0x7fffffffu) | (bits(sign) & 0x80000000u));
 }
 
 /// 2^n for integer-valued n in [-126, 127], built in the exponent field.
-MESHRT_HD inline float pow2(float n) {
+MESHRT_HD_INLINE float pow2(float n) {
   return fromBits(uint32_t(int32_t(n) + 127) << 23);
 }
 
 /// exp on the reduced range: x = n ln2 + r, |r| <= ln2/2; returns e^r and n.
-MESHRT_HD inline float expReduced(float x, float& n) {
+MESHRT_HD_INLINE float expReduced(float x, float& n) {
   constexpr float kLog2e = 1.44269504088896341f;
   // Cody-Waite: ln2 = kC1 + kC2 with kC1 exact in 9 bits, so n * kC1 is exact for |n| < 2^15.
   constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
@@ -107,7 +116,7 @@ MESHRT_HD inline float expReduced(float x, float& n) {
 
 /// e^x 2^k for x in expReduced's range and integer k with -150 <= n + k <= 250: 2^(n + k) as
 /// two factors so that each stays normal and a subnormal result rounds once, at the end.
-MESHRT_HD inline float expScaled(float x, float k) {
+MESHRT_HD_INLINE float expScaled(float x, float k) {
   float n;
   float p = expReduced(x, n);
   n = n + k;
@@ -117,7 +126,7 @@ MESHRT_HD inline float expScaled(float x, float k) {
 
 } // namespace detail
 
-MESHRT_HD inline float exp(float x) {
+MESHRT_HD_INLINE float exp(float x) {
   using namespace detail;
   constexpr float kMax = 88.7228240966796875f; // the largest float x with e^x < FLT_MAX
   constexpr float kMin = -104.0f;              // e^x rounds to 0 below
@@ -131,7 +140,7 @@ MESHRT_HD inline float exp(float x) {
   return select(nan, x, result);
 }
 
-MESHRT_HD inline float log(float x) {
+MESHRT_HD_INLINE float log(float x) {
   using namespace detail;
   // Subnormals: scaled by 2^23 into the normal range, the exponent corrected after.
   bool tiny = x < 0x1p-126f;
@@ -165,7 +174,7 @@ MESHRT_HD inline float log(float x) {
   return select(x != x, x, result);
 }
 
-MESHRT_HD inline float tanh(float x) {
+MESHRT_HD_INLINE float tanh(float x) {
   using namespace detail;
   float a = absolute(x);
   // |x| < 0.625: Cephes tanhf's odd minimax polynomial x + x^3 P(x^2).
@@ -182,7 +191,7 @@ MESHRT_HD inline float tanh(float x) {
   return detail::select(x != x, x, result);
 }
 
-MESHRT_HD inline float sigmoid(float x) {
+MESHRT_HD_INLINE float sigmoid(float x) {
   // e = e^{-|x|} never overflows; for x < 0, e / (1 + e) keeps the tail's relative precision.
   float e = exp(-detail::absolute(x));
   float inverse = 1.0f / (1.0f + e);
@@ -192,7 +201,7 @@ MESHRT_HD inline float sigmoid(float x) {
 
 /// GELU, tanh approximation as meshc defines it: 0.5 x (1 + tanh(0.7978845608 (x + 0.044715
 /// x^3))), computed as x / (1 + e^{-2u}) (the same function; no cancellation for x < 0).
-MESHRT_HD inline float gelu(float x) {
+MESHRT_HD_INLINE float gelu(float x) {
   // 2u in double, then split into its f32 rounding t and the rest: for x < 0 the result is
   // x e^{2u} / (1 + e^{2u}) with 2u ~ -0.14 x^3, whose f32 rounding alone would cost |2u| ulps.
   constexpr double kTwoSqrt2OverPi = 2.0 * 0.79788456080286535588;
@@ -221,7 +230,7 @@ namespace detail {
 /// to even, so r = |x| - j pi/4 lies in [-pi/4, pi/4]. The reduction is Cody-Waite in double
 /// (pi/4 in two parts, the first 26 bits long so that j * part is exact): Cephes' f32 split loses
 /// ~14 ulp near multiples of pi at |x| ~ 5000.
-MESHRT_HD inline void sinCosReduced(float a, float& r, uint32_t& j) {
+MESHRT_HD_INLINE void sinCosReduced(float a, float& r, uint32_t& j) {
   constexpr float kFourOverPi = 1.27323954473516f;
   constexpr double kPio4High = 0x1.921fb58000000p-1, kPio4Low = -0x1.dde973dcb3b3ap-28;
   // Clamped: beyond 2^24 the octant is meaningless (and the int conversion would overflow).
@@ -233,14 +242,14 @@ MESHRT_HD inline void sinCosReduced(float a, float& r, uint32_t& j) {
   double n = double(octant);
   r = float((double(clamped) - n * kPio4High) - n * kPio4Low);
 }
-MESHRT_HD inline float sinPoly(float r) {
+MESHRT_HD_INLINE float sinPoly(float r) {
   float z = r * r;
   float p = -1.9515295891e-4f;
   p = p * z + 8.3321608736e-3f;
   p = p * z - 1.6666654611e-1f;
   return p * z * r + r;
 }
-MESHRT_HD inline float cosPoly(float r) {
+MESHRT_HD_INLINE float cosPoly(float r) {
   float z = r * r;
   float p = 2.443315711809948e-5f;
   p = p * z - 1.388731625493765e-3f;
@@ -250,7 +259,7 @@ MESHRT_HD inline float cosPoly(float r) {
 
 } // namespace detail
 
-MESHRT_HD inline float sin(float x) {
+MESHRT_HD_INLINE float sin(float x) {
   using namespace detail;
   float a = absolute(x), r;
   uint32_t j;
@@ -262,7 +271,7 @@ MESHRT_HD inline float sin(float x) {
   return select(a == kInf, kNaN, select(x != x, x, y));
 }
 
-MESHRT_HD inline float cos(float x) {
+MESHRT_HD_INLINE float cos(float x) {
   using namespace detail;
   float a = absolute(x), r;
   uint32_t j;
@@ -276,7 +285,7 @@ MESHRT_HD inline float cos(float x) {
 /// x^y with std::pow's special cases for floats (C99 Annex F): pow(x, +-0) = 1 and pow(1, y) = 1
 /// even for nan; a negative x needs an integer y (an odd one keeps the sign); zeros and infs
 /// by the sign and parity of y.
-MESHRT_HD inline float pow(float x, float y) {
+MESHRT_HD_INLINE float pow(float x, float y) {
   using namespace detail;
   float a = absolute(x);
   // y's parity: |y| >= 2^24 is an even integer (whole = 0); below, the int conversion is exact.
