@@ -24,24 +24,12 @@
 // forEach* helpers below (host code); a lone element (a CUDA thread) computes its own call.
 #pragma once
 
+#include "meshrt/HostDevice.h"
+
 #include <cmath>
 #include <cstdint>
 #include <string_view>
 
-#ifdef __CUDACC__
-#define MESHRT_HD __host__ __device__
-#else
-#define MESHRT_HD
-#endif
-#ifndef MESHRT_HD_INLINE
-// Always inlined on the host: generated loops call these per element, and a call (which GCC
-// chooses in large translation units) stops the loop's vectorization.
-#ifdef __CUDACC__
-#define MESHRT_HD_INLINE __host__ __device__ __forceinline__
-#else
-#define MESHRT_HD_INLINE inline __attribute__((always_inline))
-#endif
-#endif
 
 namespace meshrt {
 

@@ -20,25 +20,11 @@
 // All vectorize at -O3 with -march=native (AVX-512) and all but pow with plain x86-64 (SSE2).
 #pragma once
 
+#include "meshrt/HostDevice.h"
+
 #include <cstdint>
 #include <cstring>
 
-#ifndef MESHRT_HD
-#ifdef __CUDACC__
-#define MESHRT_HD __host__ __device__
-#else
-#define MESHRT_HD
-#endif
-#endif
-#ifndef MESHRT_HD_INLINE
-// Always inlined on the host: generated loops call these per element, and a call (which GCC
-// chooses in large translation units) stops the loop's vectorization.
-#ifdef __CUDACC__
-#define MESHRT_HD_INLINE __host__ __device__ __forceinline__
-#else
-#define MESHRT_HD_INLINE inline __attribute__((always_inline))
-#endif
-#endif
 
 namespace meshrt::kernels::f32 {
 namespace detail {
