@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -188,6 +189,62 @@ TEST_CASE("ops along a split dim match the whole lane", "[codegen][support]") {
     });
     for (const Buffer& out : outs)
       requireClose(out, expected);
+  }
+}
+
+TEST_CASE("reduce sums any lane: dense runs, bias-gradient rows and strided lanes alike",
+          "[codegen][support]") {
+  // [4, 6, 5] row-major; each case sums one or two dims. The expected values are plain double
+  // sums over the points; every path must agree with them to f32 rounding.
+  const Shape sizes = {4, 6, 5};
+  Buffer x = randomBuffer(120, 11);
+  auto at = [&](int64_t i, int64_t j, int64_t k) { return double(x[size_t((i * 6 + j) * 5 + k)]); };
+  struct Case {
+    const char* what;
+    Shape outSizes, inOuter, lane, laneStrides;
+    std::function<double(int64_t)> expected; // per output, in row-major order
+  };
+  std::vector<Case> cases = {
+      {"last dim (a dense run per output)", {4, 6}, {30, 5}, {5}, {1},
+       [&](int64_t o) {
+         double sum = 0;
+         for (int64_t k = 0; k < 5; ++k)
+           sum += at(o / 6, o % 6, k);
+         return sum;
+       }},
+      {"two outer dims (bias gradient rows)", {5}, {1}, {4, 6}, {30, 5},
+       [&](int64_t o) {
+         double sum = 0;
+         for (int64_t i = 0; i < 4; ++i)
+           for (int64_t j = 0; j < 6; ++j)
+             sum += at(i, j, o);
+         return sum;
+       }},
+      {"the middle dim (strided)", {4, 5}, {30, 1}, {6}, {5},
+       [&](int64_t o) {
+         double sum = 0;
+         for (int64_t j = 0; j < 6; ++j)
+           sum += at(o / 5, j, o % 5);
+         return sum;
+       }},
+      {"everything", {}, {}, {4, 6, 5}, {30, 5, 1},
+       [&](int64_t) {
+         double sum = 0;
+         for (float v : x)
+           sum += v;
+         return sum;
+       }},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    int64_t outputs = meshc::gen::product(c.outSizes);
+    Buffer out(size_t(outputs), NAN);
+    Buffer want(size_t(outputs), 0.0f);
+    meshc::gen::reduce(out.data(), c.outSizes, x.data(), c.inOuter, c.lane, c.laneStrides,
+                       meshc::gen::Reduce::Sum, 0.5);
+    for (int64_t o = 0; o < outputs; ++o)
+      want[size_t(o)] = float(c.expected(o) * 0.5);
+    requireClose(out, want, 1e-6f);
   }
 }
 

@@ -775,8 +775,114 @@ enum class Reduce { Sum, Max, Min, LogSumExp };
 
 /// out[o] = reduce over the lane (sizes `lane`, strides `laneStrides` in `in`) at the operand
 /// offset `inOuter` of o; Sum is multiplied by `scale` (mean: 1 / global count).
+namespace detail {
+
+/// Whether `strides` walk `sizes` as one dense row-major run (dims of size 1 aside) whose
+/// elements are `unit` apart.
+inline bool denseRun(const Shape& sizes, const Shape& strides, int64_t unit) {
+  int64_t expected = unit;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
+}
+
+/// Sums `count` floats from `x` in double: eight independent accumulators, so that the compiler
+/// vectorizes the loop without reassociating one sum.
+inline double sumRun(const float* x, int64_t count) {
+  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int j = 0; j < 8; ++j)
+      partial[j] += double(x[i + j]);
+  for (; i < count; ++i)
+    partial[i % 8] += double(x[i]);
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+/// The sum of (x - mean)^2 over a run, in double (eight accumulators, as sumRun).
+inline double sumSquaredDeviations(const float* x, int64_t count, double mean) {
+  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      double centered = double(x[i + j]) - mean;
+      partial[j] += centered * centered;
+    }
+  for (; i < count; ++i) {
+    double centered = double(x[i]) - mean;
+    partial[i % 8] += centered * centered;
+  }
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+/// The sum of e^(x - max) over a run: f32 exponentials summed in double (as sumRun).
+inline double sumExpRun(const float* x, int64_t count, float max) {
+  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int j = 0; j < 8; ++j)
+      partial[j] += double(meshrt::kernels::f32::exp(x[i + j] - max));
+  for (; i < count; ++i)
+    partial[i % 8] += double(meshrt::kernels::f32::exp(x[i] - max));
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+/// The largest of a run, sixteen lanes at a time; NaNs are passed over, as std::max(max, x)
+/// passes them.
+inline float maxRun(const float* x, int64_t count) {
+  float partial[16];
+  std::fill(partial, partial + 16, -INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16)
+    for (int j = 0; j < 16; ++j)
+      partial[j] = x[i + j] > partial[j] ? x[i + j] : partial[j];
+  for (; i < count; ++i)
+    partial[0] = x[i] > partial[0] ? x[i] : partial[0];
+  float max = partial[0];
+  for (int j = 1; j < 16; ++j)
+    max = partial[j] > max ? partial[j] : max;
+  return max;
+}
+
+/// A scratch array of doubles kept per thread (each rank is a thread), so that a sum over the
+/// outer dims allocates only on its first call.
+inline double* scratchDoubles(size_t count) {
+  thread_local std::vector<double> scratch;
+  if (scratch.size() < count) scratch.resize(count);
+  return scratch.data();
+}
+
+} // namespace detail
+
 inline void reduce(float* out, const Shape& outSizes, const float* in, const Shape& inOuter,
                    const Shape& lane, const Shape& laneStrides, Reduce kind, double scale) {
+  // The common sums without index tables: a mean over the last dims (each output a dense run of
+  // the operand), and a bias gradient (the lane is the outer dims, the outputs one dense row).
+  int64_t laneCount = product(lane), outCount = product(outSizes);
+  if (kind == Reduce::Sum && detail::denseRun(lane, laneStrides, 1) &&
+      detail::denseRun(outSizes, inOuter, laneCount)) {
+    for (int64_t o = 0; o < outCount; ++o)
+      out[o] = float(detail::sumRun(in + o * laneCount, laneCount) * scale);
+    return;
+  }
+  if (kind == Reduce::Sum && detail::denseRun(outSizes, inOuter, 1) &&
+      detail::denseRun(lane, laneStrides, outCount)) {
+    double* sums = detail::scratchDoubles(size_t(outCount));
+    std::fill(sums, sums + outCount, 0.0);
+    for (int64_t row = 0; row < laneCount; ++row) {
+      const float* x = in + row * outCount;
+      for (int64_t o = 0; o < outCount; ++o)
+        sums[o] += double(x[o]);
+    }
+    for (int64_t o = 0; o < outCount; ++o)
+      out[o] = float(sums[o] * scale);
+    return;
+  }
   std::vector<int64_t> offsets = offsetsOf(lane, laneStrides);
   if (kind == Reduce::Sum) {
     // Sums in double, in memory order: when the lane is the inner run, each output sums its own
@@ -852,45 +958,40 @@ inline void combineLogSumExp(View local, meshrt::Communicator& group) {
 
 enum class Along { Softmax, LogSoftmax, LayerNorm, Cumsum, CumsumExclusive };
 
+/// The element offset of row r of a set of lanes: r * stride for rows one dense run apart (no
+/// table), else from the table of offsets.
+struct RowBase {
+  int64_t stride = 0;
+  const std::vector<int64_t>* table = nullptr;
+  int64_t operator()(int64_t r) const { return table ? (*table)[size_t(r)] : r * stride; }
+};
+
 /// along() over whole rows of `size` contiguous elements starting at each base: the same
 /// arithmetic as the general path (exp in f32, sums and moments in double), without offsets.
-inline void alongContiguous(float* out, const float* in, const std::vector<int64_t>& inBase,
-                            const std::vector<int64_t>& outBase, int64_t size, Along kind,
-                            double eps, int64_t globalLaneCount) {
-  for (size_t r = 0; r < inBase.size(); ++r) {
-    const float* x = in + inBase[r];
-    float* y = out + outBase[r];
+inline void alongContiguous(float* out, const float* in, int64_t rows, const RowBase& inBase,
+                            const RowBase& outBase, int64_t size, Along kind, double eps,
+                            int64_t globalLaneCount) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in + inBase(r);
+    float* y = out + outBase(r);
     if (kind == Along::LayerNorm) {
-      double mean = 0, variance = 0;
-      for (int64_t i = 0; i < size; ++i)
-        mean += x[i];
-      mean /= double(globalLaneCount);
-      for (int64_t i = 0; i < size; ++i) {
-        double centered = x[i] - mean;
-        variance += centered * centered;
-      }
-      variance /= double(globalLaneCount);
+      double mean = detail::sumRun(x, size) / double(globalLaneCount);
+      double variance = detail::sumSquaredDeviations(x, size, mean) / double(globalLaneCount);
       double scale = 1 / std::sqrt(variance + eps);
       for (int64_t i = 0; i < size; ++i)
         y[i] = float((x[i] - mean) * scale);
       continue;
     }
-    float max = -INFINITY;
-    for (int64_t i = 0; i < size; ++i)
-      max = std::max(max, x[i]);
+    float max = detail::maxRun(x, size);
     if (!std::isfinite(max)) max = 0.0f;
-    double sum = 0;
     if (kind == Along::Softmax) {
       for (int64_t i = 0; i < size; ++i)
         y[i] = meshrt::kernels::f32::exp(x[i] - max);
-      for (int64_t i = 0; i < size; ++i)
-        sum += y[i];
-      double inverse = 1 / sum;
+      double inverse = 1 / detail::sumRun(y, size);
       for (int64_t i = 0; i < size; ++i)
         y[i] = float(y[i] * inverse);
     } else {
-      for (int64_t i = 0; i < size; ++i)
-        sum += meshrt::kernels::f32::exp(x[i] - max);
+      double sum = detail::sumExpRun(x, size, max);
       double logSum = std::log(sum);
       for (int64_t i = 0; i < size; ++i)
         y[i] = float(double(x[i]) - max - logSum);
@@ -904,14 +1005,23 @@ inline void along(float* out, const float* in, const Shape& outer, const Shape& 
                   const Shape& outOuter, const Shape& lane, const Shape& inLane,
                   const Shape& outLane, Along kind, double eps, int64_t globalLaneCount,
                   meshrt::Communicator* group) {
-  std::vector<int64_t> inBase = offsetsOf(outer, inOuter), outBase = offsetsOf(outer, outOuter);
   // A whole unit-stride lane (the usual softmax and layer_norm over the innermost dim): rows
-  // of contiguous elements, walked directly so that the compiler vectorizes them.
+  // of contiguous elements, walked directly so that the compiler vectorizes them; rows one
+  // lane apart (the usual layout) need no table of their offsets.
   if (!group && lane.size() == 1 && inLane[0] == 1 && outLane[0] == 1 &&
       (kind == Along::Softmax || kind == Along::LogSoftmax || kind == Along::LayerNorm)) {
-    alongContiguous(out, in, inBase, outBase, lane[0], kind, eps, globalLaneCount);
+    int64_t rows = product(outer);
+    if (detail::denseRun(outer, inOuter, lane[0]) && detail::denseRun(outer, outOuter, lane[0])) {
+      alongContiguous(out, in, rows, RowBase{lane[0]}, RowBase{lane[0]}, lane[0], kind, eps,
+                      globalLaneCount);
+      return;
+    }
+    std::vector<int64_t> inBase = offsetsOf(outer, inOuter), outBase = offsetsOf(outer, outOuter);
+    alongContiguous(out, in, rows, RowBase{0, &inBase}, RowBase{0, &outBase}, lane[0], kind, eps,
+                    globalLaneCount);
     return;
   }
+  std::vector<int64_t> inBase = offsetsOf(outer, inOuter), outBase = offsetsOf(outer, outOuter);
   std::vector<int64_t> inOffsets = offsetsOf(lane, inLane), outOffsets = offsetsOf(lane, outLane);
   size_t rows = inBase.size(), size = inOffsets.size();
   if (kind == Along::Softmax || kind == Along::LogSoftmax) {
