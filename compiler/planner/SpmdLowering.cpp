@@ -814,6 +814,10 @@ struct EvalResult {
   std::vector<LayoutProblem> problems;
   PlanSummary summary;
   MemoryEstimate memory;
+  /// The latencies of the all-reduce-sums the reshards issue: at most what merging them saves.
+  double mergeableLatency = 0;
+  /// False when summary.stepSeconds is only a lower bound (the merge was not run).
+  bool exact = true;
 };
 
 } // namespace
@@ -879,14 +883,18 @@ struct PlanEvaluator::Impl {
 
   EvalResult run(const Layout& layout, SpmdFunction* out);
   /// run() without an SPMD function to keep: the summary after merging all-reduces, which needs
-  /// the ops (legal layouts only are lowered).
-  EvalResult evaluate(const Layout& layout);
+  /// the ops (legal layouts only are lowered). A layout whose step time, less every latency the
+  /// merge could save, is still above `cutoff` is not lowered: its result is that lower bound.
+  EvalResult evaluate(const Layout& layout, double cutoff);
+  /// evaluate() of the last layout asked for, again only when the cutoff now needs more.
+  const EvalResult& resultFor(const Layout& layout, double cutoff);
   /// Groups the candidates into buckets (same axes, all ready before any is needed, at most
   /// kBucketBytes); returns the seconds saved. With `out`: moves each all-reduce up to right
   /// after its operand's producer and replaces each bucket's members by one bucketed collective.
   double bucketGradientReductions(std::vector<BucketCandidate> candidates,
                                   const std::vector<size_t>& irOpEnd, SpmdFunction* out);
-  double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims);
+  double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims,
+                    double cutoff);
 
   const ir::Module& module_;
   const ir::Function& fn_;
@@ -1186,6 +1194,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
     if (!path) return -1;
     forwardCommunication += path->seconds;
+    for (const ReshardStep& step : path->steps)
+      result.mergeableLatency += mergeableLatencySeconds(machine_, mesh_, step.collective);
     double temporary = 0;
     SpmdValueId current = out ? spmdOf[value] : 0;
     uint32_t producer = fn_.values[value].definingOp;
@@ -1446,9 +1456,17 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   return result;
 }
 
-EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout) {
+EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff) {
   EvalResult result = run(layout, nullptr);
   if (!result.ok) return result;
+  // Lowering and merging cost far more than run() alone; a layout that loses even if the merge
+  // saved every latency is not worth them (most candidates of a search).
+  double bound = result.summary.stepSeconds - result.mergeableLatency;
+  if (bound > cutoff) {
+    result.summary.stepSeconds = bound;
+    result.exact = false;
+    return result;
+  }
   SpmdFunction scratch;
   scratch.mesh = mesh_;
   describe_ = false;
@@ -1458,6 +1476,16 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout) {
   mergeAllReduces(scratch, machine_);
   result.summary = scratch.summary;
   return result;
+}
+
+const EvalResult& PlanEvaluator::Impl::resultFor(const Layout& layout, double cutoff) {
+  bool reuse = lastLayout_ && *lastLayout_ == layout &&
+               (lastResult_.exact || !lastResult_.ok || lastResult_.summary.stepSeconds > cutoff);
+  if (!reuse) {
+    lastResult_ = evaluate(layout, cutoff);
+    lastLayout_ = layout;
+  }
+  return lastResult_;
 }
 
 double PlanEvaluator::Impl::bucketGradientReductions(std::vector<BucketCandidate> candidates,
@@ -1548,7 +1576,8 @@ double PlanEvaluator::Impl::bucketGradientReductions(std::vector<BucketCandidate
 }
 
 double PlanEvaluator::Impl::lowerBound(const Layout& partial,
-                                       const std::vector<std::string>& assignedDims) {
+                                       const std::vector<std::string>& assignedDims,
+                                       double cutoff) {
   // An op whose dims are all assigned and whose operands' layouts are known costs exactly what
   // the engine says (its plan depends on nothing else); so do the reshards between known
   // layouts (each distinct one counted once, as the engine does). Any other op costs at least
@@ -1561,11 +1590,8 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   if (std::all_of(relevantDims_.begin(), relevantDims_.end(), [&](const std::string& dim) {
         return std::find(assignedDims.begin(), assignedDims.end(), dim) != assignedDims.end();
       })) {
-    if (!lastLayout_ || !(*lastLayout_ == partial)) {
-      lastResult_ = evaluate(partial);
-      lastLayout_ = partial;
-    }
-    return lastResult_.ok ? lastResult_.summary.stepSeconds : kInfinity;
+    const EvalResult& result = resultFor(partial, cutoff);
+    return result.ok ? result.summary.stepSeconds : kInfinity;
   }
   std::vector<bool> assigned(dimNames_.size(), false);
   std::vector<int> dimAxesIds(dimNames_.size(), -1);
@@ -1830,25 +1856,20 @@ PlanEvaluator::PlanEvaluator(const ir::Module& module, const ir::Function& fn, c
 
 PlanEvaluator::~PlanEvaluator() = default;
 
-double PlanEvaluator::stepSeconds(const Layout& layout) {
-  if (!impl_->lastLayout_ || !(*impl_->lastLayout_ == layout)) {
-    impl_->lastResult_ = impl_->evaluate(layout);
-    impl_->lastLayout_ = layout;
-  }
-  return impl_->lastResult_.ok ? impl_->lastResult_.summary.stepSeconds : kInfinity;
+double PlanEvaluator::stepSeconds(const Layout& layout, double cutoff) {
+  const EvalResult& result = impl_->resultFor(layout, cutoff);
+  return result.ok ? result.summary.stepSeconds : kInfinity;
 }
 
 MemoryEstimate PlanEvaluator::memory(const Layout& layout) {
-  if (!impl_->lastLayout_ || !(*impl_->lastLayout_ == layout)) {
-    impl_->lastResult_ = impl_->evaluate(layout);
-    impl_->lastLayout_ = layout;
-  }
-  if (!impl_->lastResult_.ok) {
+  // The merge changes no memory: the cheapest evaluation of the layout serves.
+  const EvalResult& result = impl_->resultFor(layout, -kInfinity);
+  if (!result.ok) {
     MemoryEstimate infinite;
     infinite.paramBytes = kInfinity;
     return infinite;
   }
-  return impl_->lastResult_.memory;
+  return result.memory;
 }
 
 const std::vector<std::string>& PlanEvaluator::relevantDims() const {
@@ -1856,8 +1877,8 @@ const std::vector<std::string>& PlanEvaluator::relevantDims() const {
 }
 
 double PlanEvaluator::lowerBound(const Layout& partial,
-                                 const std::vector<std::string>& assignedDims) {
-  return impl_->lowerBound(partial, assignedDims);
+                                 const std::vector<std::string>& assignedDims, double cutoff) {
+  return impl_->lowerBound(partial, assignedDims, cutoff);
 }
 
 } // namespace meshc::plan
