@@ -1149,6 +1149,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   OpRules rules(fn_, mesh_, layout, machine_, oversubscription_);
 
   size_t numValues = fn_.values.size();
+  if (out) { // about one SPMD op per IR op, and a reshard for some
+    out->ops.reserve(out->ops.size() + 2 * fn_.ops.size());
+    out->values.reserve(out->values.size() + 2 * numValues);
+  }
   std::vector<int> stateOf(numValues, -1);
   std::vector<int64_t> bytesOf(numValues, 0);
   std::vector<SpmdValueId> spmdOf(numValues, 0);
@@ -1166,9 +1170,12 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
                       const std::string& name) {
     SpmdValue value;
     value.globalType = type;
-    value.localType = localType(type, state, mesh_);
+    // The merge reads only global types and layouts; shapes and names are for the reports.
+    if (describe_) {
+      value.localType = localType(type, state, mesh_);
+      value.name = name;
+    }
     value.layout = state;
-    value.name = name;
     out->values.push_back(std::move(value));
     return static_cast<SpmdValueId>(out->values.size() - 1);
   };
@@ -1288,27 +1295,27 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     spmdOp.computeKind = op.kind;
     spmdOp.operands = operandIds;
     spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
-    spmdOp.attrs = op.attrs;
+    if (describe_) spmdOp.attrs = op.attrs;
     spmdOp.loc = op.loc;
     spmdOp.sourceOp = i;
     spmdOp.flops = plan.flops;
     spmdOp.memoryBytes = plan.bytes;
     spmdOp.seconds = plan.computeSeconds;
-    spmdOp.note = plan.note;
+    if (describe_) spmdOp.note = plan.note;
     spmdOp.phase = phases_[i];
     spmdOf[op.result] = spmdOp.result;
-    out->ops.push_back(spmdOp);
+    out->ops.push_back(std::move(spmdOp));
     // Collectives inside the op work in place on its result (or on its row statistics).
     for (const PostCollective& post : plan.post) {
       SpmdOp collective;
       collective.kind = SpmdOp::Kind::Collective;
       collective.collective = post.collective;
-      collective.operands = {spmdOp.result};
-      collective.result = spmdOp.result;
+      collective.operands = {spmdOf[op.result]};
+      collective.result = spmdOf[op.result];
       collective.loc = op.loc;
       collective.sourceOp = i;
       collective.seconds = collectiveSeconds(machine_, mesh_, post.collective);
-      collective.note = post.note;
+      if (describe_) collective.note = post.note;
       collective.phase = phases_[i];
       out->ops.push_back(std::move(collective));
     }

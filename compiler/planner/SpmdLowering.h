@@ -36,8 +36,7 @@ public:
   /// Predicted step time; +infinity when the layout is illegal (uneven split, ...). When it is
   /// provably above `cutoff`, a lower bound above `cutoff` may be returned instead (the layout
   /// is then not lowered, which is most of an evaluation's cost).
-  double stepSeconds(const Layout& layout,
-                     double cutoff = std::numeric_limits<double>::infinity());
+  double stepSeconds(const Layout& layout, double cutoff = std::numeric_limits<double>::infinity());
   MemoryEstimate memory(const Layout& layout);
   /// The dims whose layout can change the cost (the search enumerates only these).
   const std::vector<std::string>& relevantDims() const;
