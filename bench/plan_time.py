@@ -54,12 +54,11 @@ def cases():
     return result
 
 
-def cpu_run(meshc, args, timeout):
-    """(CPU seconds, stdout, stderr, return code) of one meshc run."""
+def cpu_run(meshc, args, timeout=None):
+    """(CPU seconds, stdout, stderr, return code: None when it timed out) of one meshc run."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        proc = subprocess.run([meshc, *args, "--layout", "auto", "--emit=plan"],
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([meshc, *args], capture_output=True, text=True, timeout=timeout)
         out, err, code = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired:
         out, err, code = "", "timed out", None
@@ -102,7 +101,8 @@ def plan_time(new, old, rounds, slow, only, timeout):
             for name, meshc in contenders.items():
                 if name in done:
                     continue
-                seconds, out, err, code = cpu_run(meshc, args, timeout)
+                seconds, out, err, code = cpu_run(meshc, [*args, "--layout", "auto",
+                                                          "--emit=plan"], timeout)
                 problem = outcome(code, out, err)
                 if problem:
                     notes[name] = problem
@@ -133,8 +133,8 @@ def plan_time(new, old, rounds, slow, only, timeout):
 
 def mtf_simulation(meshc):
     path = os.path.join(ROOT, "bench", "mtf_lm.mesh")
-    seconds, out, err, code = cpu_run_plain(meshc, [path, "--emit=plan-json", "--machine",
-                                                    "tpuv2-pod"])
+    seconds, out, err, code = cpu_run(meshc, [path, "--emit=plan-json", "--machine",
+                                              "tpuv2-pod"])
     if code != 0:
         sys.exit(f"meshc {path} failed:\n{err}")
     plan = json.loads(out)[0]
@@ -158,14 +158,6 @@ def mtf_simulation(meshc):
           f"of {memory['budgetBytes'] / 2**30:.2f} GiB")
     print(f"  predicted utilization {100 * summary['utilization']:.1f}% (paper: ~50%)")
     print(f"  planned in           {seconds:.2f} CPU s")
-
-
-def cpu_run_plain(meshc, args):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([meshc, *args], capture_output=True, text=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return seconds, proc.stdout, proc.stderr, proc.returncode
 
 
 def main():
