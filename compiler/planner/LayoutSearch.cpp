@@ -218,16 +218,15 @@ private:
   /// bound (above the cutoff too), so that most layouts are never lowered. Any layout that may
   /// tie with or beat the incumbent is costed exactly, so the search takes the same path.
   std::pair<double, double> score(const std::vector<int>& choice, double cutoff = kInfinity) {
-    // Without an incumbent, any layout within budget becomes one: it needs its exact seconds.
-    cutoff = std::isfinite(bestSeconds_) ? std::max(cutoff, bestSeconds_ * (1 + kTieTolerance))
-                                         : kInfinity;
+    if (std::isfinite(bestSeconds_)) cutoff = std::max(cutoff, bestSeconds_ * (1 + kTieTolerance));
     // The descent and the branch and bound meet the same layouts again; each is costed once.
     auto [cached, inserted] = scores_.try_emplace(choice);
     Score& known = cached->second;
-    if (inserted || (!known.exact && known.seconds <= cutoff)) {
-      if (inserted) ++evaluated_;
-      known = evaluate(choice, cutoff);
-    }
+    if (inserted) ++evaluated_;
+    if (inserted || (!known.exact && known.seconds <= cutoff)) known = evaluate(choice, cutoff);
+    // Without an incumbent, a layout within budget becomes one: it needs its exact seconds.
+    if (!known.exact && known.excess == 0 && !std::isfinite(bestSeconds_))
+      known = evaluate(choice, kInfinity);
     return {known.excess, known.seconds};
   }
 
