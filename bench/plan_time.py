@@ -1,64 +1,142 @@
 #!/usr/bin/env python3
 """Planner benchmarks (not tests): run from the repository root as
-    python3 bench/plan_time.py [path/to/meshc]
+    python3 bench/plan_time.py [--new path/to/meshc] [--old path/to/baseline/meshc]
+                               [--rounds N] [--slow S] [--only SUBSTRING]
 
-1. Planning time of the transformer example's program (lm) and train block (lm_train: forward,
-   backward, AdamW) with `layout auto` at 1 and 48 layers (the `layers` dim is the repeat count),
-   on the example's [data=2, model=2] mesh and on [data=2, model=4], for the 8xh100 machine.
-   meshc's whole wall time with --emit=plan (front end and training phase included), best of 3
-   runs each. Goal: under 1 second at 48 layers.
+1. Planning time with `layout auto`: meshc's whole run with --emit=plan (front end, training
+   phase, search, lowering, report), as CPU seconds (user + system of the child: the machine is
+   shared, wall time is not), best of --rounds. With --old, the baseline binary runs the same
+   command in the same round, alternated with the new one, and the plans are compared: the
+   report must be the same apart from the search line (the candidates evaluated). A contender
+   that takes more than --slow seconds in a round runs no more rounds (the old planner takes
+   minutes on some of these).
+   Cases: the transformer example's program (lm) and train block (lm_train: forward, backward,
+   AdamW) at 1 and 48 layers on [data=2, model=2] and [data=2, model=4] (8xh100; goals: 48
+   layers under 0.3 s); the ViT example on its [2, 2] mesh and on [2, 4] (cpu; goal: a few
+   seconds at most); a 96-layer GPT-3-shaped model (the transformer with d_model 12288, 96 heads
+   of 128, d_ff 49152, vocab 51200, seq 2048, batch 64) on [data=8, model=8] (h100-cluster;
+   goal: under 2 s).
 2. The simulation of Mesh-TensorFlow's largest language model (bench/mtf_lm.mesh) on the
    tpuv2-pod machine: parameters, predicted step time and utilization (the paper: ~50%).
 """
+import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MESHC = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "compiler", "tools", "meshc")
 TRANSFORMER = os.path.join(ROOT, "dsl-examples", "transformer.mesh")
+VIT = os.path.join(ROOT, "dsl-examples", "vit.mesh")
+GPT3_DIMS = ["layers=96", "d_model=12288", "heads=96", "d_head=128", "d_ff=49152",
+             "vocab=51200", "seq=2048", "mem=2048", "batch=64"]
 
 
-def best_time(args, runs=3):
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        proc = subprocess.run([MESHC, *args], capture_output=True, text=True)
-        elapsed = time.perf_counter() - start
-        if proc.returncode != 0:
-            sys.exit(f"meshc {' '.join(args)} failed:\n{proc.stderr}")
-        best = min(best, elapsed)
-    return best, proc.stdout
-
-
-def plan_time():
-    print("planning time, transformer example, layout auto, machine 8xh100 (best of 3)")
-    print(f"{'function':<9} {'mesh':<15} {'layers':>6} {'meshc --emit=plan (s)':>22} "
-          f"{'candidates':>10}")
-    # The program (forward) and the train block (forward, backward and AdamW: three times the
-    # ops) are planned separately. The time is the whole meshc run (parse, sema, the training
-    # phase, planning, the report), so the goal is met with the front end included.
+def cases():
+    """(label, goal seconds or None, meshc arguments)."""
+    result = []
     for function in ["lm", "lm_train"]:
         for mesh in ["data=2,model=2", "data=2,model=4"]:
-            seconds = {}
             for layers in [1, 48]:
-                args = [TRANSFORMER, "--mesh", mesh, "--layout", "auto", "--dim",
-                        f"layers={layers}", "--machine", "8xh100", "--function", function,
-                        "--emit=plan"]
-                seconds[layers], text = best_time(args)
-                candidates = sum(int(n) for n in re.findall(r"(\d+) candidate layouts?", text))
-                print(f"{function:<9} {mesh:<15} {layers:>6} {seconds[layers]:>22.3f} "
-                      f"{candidates:>10}")
-            verdict = "under" if seconds[48] < 1 else "OVER"
-            print(f"{'':<25} 48 / 1 layers: x{seconds[48] / seconds[1]:.1f}; {verdict} the 1 s goal")
+                result.append((f"transformer {function} [{mesh}] layers={layers}",
+                               0.3 if layers == 48 else None,
+                               [TRANSFORMER, "--mesh", mesh, "--dim", f"layers={layers}",
+                                "--machine", "8xh100", "--function", function]))
+    for mesh in ["data=2,model=2", "data=2,model=4"]:
+        result.append((f"vit [{mesh}]", 3.0, [VIT, "--mesh", mesh]))
+    for function in ["lm", "lm_train"]:
+        dims = [arg for dim in GPT3_DIMS for arg in ("--dim", dim)]
+        result.append((f"gpt3-shaped {function} [data=8,model=8] layers=96", 2.0,
+                       [TRANSFORMER, "--mesh", "data=8,model=8", *dims, "--machine",
+                        "h100-cluster", "--function", function]))
+    return result
 
 
-def mtf_simulation():
+def cpu_run(meshc, args, timeout=None):
+    """(CPU seconds, stdout, stderr, return code: None when it timed out) of one meshc run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        proc = subprocess.run([meshc, *args], capture_output=True, text=True, timeout=timeout)
+        out, err, code = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired:
+        out, err, code = "", "timed out", None
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, out, err, code
+
+
+def without_search_line(plan):
+    return "\n".join(line for line in plan.splitlines() if "candidate layout" not in line)
+
+
+def candidates(plan):
+    return sum(int(n) for n in re.findall(r"(\d+) candidate layouts?", plan))
+
+
+def outcome(code, out, err):
+    if code is None:
+        return "timed out"
+    if code != 0:
+        first = err.strip().splitlines()[0] if err.strip() else f"exit {code}"
+        return "error: " + first
+    return None
+
+
+def plan_time(new, old, rounds, slow, only, timeout):
+    print("planning time with layout auto: meshc --emit=plan, CPU seconds, best of "
+          f"{rounds} rounds (old and new alternated)")
+    header = f"{'case':<52} {'new (s)':>8} {'cands':>6}"
+    if old:
+        header += f" {'old (s)':>8} {'cands':>6} {'old/new':>8}  plan"
+    print(header + "  goal")
+    for label, goal, args in cases():
+        if only and only not in label:
+            continue
+        contenders = {"new": new, **({"old": old} if old else {})}
+        best = {name: float("inf") for name in contenders}
+        plans, notes, done = {}, {}, set()
+        for _ in range(rounds):
+            for name, meshc in contenders.items():
+                if name in done:
+                    continue
+                seconds, out, err, code = cpu_run(meshc, [*args, "--layout", "auto",
+                                                          "--emit=plan"], timeout)
+                problem = outcome(code, out, err)
+                if problem:
+                    notes[name] = problem
+                    done.add(name)
+                    continue
+                best[name] = min(best[name], seconds)
+                plans[name] = out
+                if seconds > slow:
+                    done.add(name)
+        row = f"{label:<52} "
+        row += (f"{best['new']:>8.3f} {candidates(plans['new']):>6}" if "new" in plans
+                else f"{notes.get('new', '-'):>15}")
+        if old:
+            if "old" in plans:
+                row += f" {best['old']:>8.3f} {candidates(plans['old']):>6}"
+                if "new" in plans:
+                    same = without_search_line(plans["old"]) == without_search_line(plans["new"])
+                    row += f" {best['old'] / best['new']:>7.1f}x  {'same' if same else 'DIFFERS'}"
+            else:
+                row += f" {notes.get('old', '-'):>24}"
+        if goal is not None and "new" in plans:
+            row += f"  {'under' if best['new'] < goal else 'OVER'} {goal} s"
+        print(row, flush=True)
+        for name, note in notes.items():
+            if "new" == name or not old:
+                print(f"    {name}: {note}")
+
+
+def mtf_simulation(meshc):
     path = os.path.join(ROOT, "bench", "mtf_lm.mesh")
-    seconds, out = best_time([path, "--emit=plan-json", "--machine", "tpuv2-pod"], runs=1)
+    seconds, out, err, code = cpu_run(meshc, [path, "--emit=plan-json", "--machine",
+                                              "tpuv2-pod"])
+    if code != 0:
+        sys.exit(f"meshc {path} failed:\n{err}")
     plan = json.loads(out)[0]
     params = 0
     for tensor in plan["tensors"]:
@@ -79,9 +157,27 @@ def mtf_simulation():
     print(f"  memory per device    {memory['totalBytes'] / 2**30:.2f} GiB "
           f"of {memory['budgetBytes'] / 2**30:.2f} GiB")
     print(f"  predicted utilization {100 * summary['utilization']:.1f}% (paper: ~50%)")
-    print(f"  planned in           {seconds:.2f} s")
+    print(f"  planned in           {seconds:.2f} CPU s")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("meshc", nargs="?", help="same as --new")
+    parser.add_argument("--new", default=None)
+    parser.add_argument("--old", default=None, help="a baseline meshc to time side by side")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--slow", type=float, default=5.0,
+                        help="seconds beyond which a contender runs no more rounds")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--only", default=None, help="only the cases whose label contains this")
+    parser.add_argument("--no-mtf", action="store_true", help="skip the MTF simulation")
+    options = parser.parse_args()
+    new = options.new or options.meshc or os.path.join(ROOT, "build", "compiler", "tools",
+                                                       "meshc")
+    plan_time(new, options.old, options.rounds, options.slow, options.only, options.timeout)
+    if not options.no_mtf:
+        mtf_simulation(new)
 
 
 if __name__ == "__main__":
-    plan_time()
-    mtf_simulation()
+    main()

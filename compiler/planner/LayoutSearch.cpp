@@ -206,28 +206,43 @@ public:
   size_t evaluated() const { return evaluated_; }
 
 private:
-  /// Scores a full assignment: (memory over budget, seconds); records it if it is the best.
-  std::pair<double, double> score(const std::vector<int>& choice) {
+  /// What a layout scored: memory over budget and seconds, which are exact, or when the seconds
+  /// were above the cutoff asked for, possibly only a lower bound above it.
+  struct Score {
+    double excess = kInfinity, seconds = kInfinity;
+    bool exact = true;
+  };
+
+  /// Scores a full assignment: (memory over budget, seconds); records it if it is the best. The
+  /// caller needs the seconds only when they are at most `cutoff`; above it they may be a lower
+  /// bound (above the cutoff too), so that most layouts are never lowered. Any layout that may
+  /// tie with or beat the incumbent is costed exactly, so the search takes the same path.
+  std::pair<double, double> score(const std::vector<int>& choice, double cutoff = kInfinity) {
+    if (std::isfinite(bestSeconds_)) cutoff = std::max(cutoff, bestSeconds_ * (1 + kTieTolerance));
     // The descent and the branch and bound meet the same layouts again; each is costed once.
     auto [cached, inserted] = scores_.try_emplace(choice);
-    if (!inserted) return cached->second;
-    cached->second = evaluate(choice);
-    return cached->second;
+    Score& known = cached->second;
+    if (inserted) ++evaluated_;
+    if (inserted || (!known.exact && known.seconds <= cutoff)) known = evaluate(choice, cutoff);
+    // Without an incumbent, a layout within budget becomes one: it needs its exact seconds.
+    if (!known.exact && known.excess == 0 && !std::isfinite(bestSeconds_))
+      known = evaluate(choice, kInfinity);
+    return {known.excess, known.seconds};
   }
 
-  std::pair<double, double> evaluate(const std::vector<int>& choice) {
+  Score evaluate(const std::vector<int>& choice, double cutoff) {
     Layout layout = space_.layoutOf(choice);
-    ++evaluated_;
-    double seconds = eval_.stepSeconds(layout);
-    if (!std::isfinite(seconds)) return {kInfinity, kInfinity};
+    double seconds = eval_.stepSeconds(layout, cutoff);
+    if (!std::isfinite(seconds)) return {};
     double memory = eval_.memory(layout).total();
     smallestMemory_ = std::min(smallestMemory_, memory);
     double excess = std::max(0.0, memory - budget_);
-    if (excess == 0 && preferred(seconds, layout, bestSeconds_, best_)) {
+    bool exact = seconds <= cutoff;
+    if (exact && excess == 0 && preferred(seconds, layout, bestSeconds_, best_)) {
       bestSeconds_ = seconds;
       best_ = std::move(layout);
     }
-    return {excess, seconds};
+    return {excess, seconds, exact};
   }
 
   void branch(size_t i, std::vector<int>& choice) {
@@ -236,7 +251,7 @@ private:
       return;
     }
     if (i == space_.dims.size()) {
-      score(choice);
+      score(choice, -kInfinity); // only a layout that may beat the incumbent is costed exactly
       return;
     }
     for (size_t o = 0; o < space_.options[i].size(); ++o) {
@@ -248,7 +263,8 @@ private:
           assigned.push_back(space_.dims[j]);
         Layout partial = space_.layoutOf(choice);
         ++bounds_;
-        if (eval_.lowerBound(partial, assigned) > bestSeconds_ * (1 + kTieTolerance)) {
+        double cutoff = bestSeconds_ * (1 + kTieTolerance);
+        if (eval_.lowerBound(partial, assigned, cutoff) > cutoff) {
           choice[i] = -1;
           continue;
         }
@@ -303,7 +319,9 @@ private:
         for (size_t o = 0; o < space_.options[i].size(); ++o) {
           if (static_cast<int>(o) == keep || !space_.legal(i, o, choice)) continue;
           choice[i] = static_cast<int>(o);
-          std::pair<double, double> s = score(choice);
+          // Seconds above the current ones (less the tolerance) cannot be taken.
+          std::pair<double, double> s = score(choice, current.second * (1 - kTieTolerance));
+          if (s.first < current.first) s = score(choice); // taken: its seconds become current
           choice[i] = -1;
           if (s.first < current.first ||
               (s.first == current.first && s.second < current.second * (1 - kTieTolerance))) {
@@ -327,7 +345,7 @@ private:
   size_t evaluated_ = 0;
   size_t bounds_ = 0;
   bool aborted_ = false;
-  std::map<std::vector<int>, std::pair<double, double>> scores_;
+  std::map<std::vector<int>, Score> scores_;
 };
 
 double budgetFor(const SearchOptions& options, const Machine& machine) {

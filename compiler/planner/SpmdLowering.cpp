@@ -814,6 +814,10 @@ struct EvalResult {
   std::vector<LayoutProblem> problems;
   PlanSummary summary;
   MemoryEstimate memory;
+  /// The latencies of the all-reduce-sums the reshards issue: at most what merging them saves.
+  double mergeableLatency = 0;
+  /// False when summary.stepSeconds is only a lower bound (the merge was not run).
+  bool exact = true;
 };
 
 } // namespace
@@ -879,14 +883,18 @@ struct PlanEvaluator::Impl {
 
   EvalResult run(const Layout& layout, SpmdFunction* out);
   /// run() without an SPMD function to keep: the summary after merging all-reduces, which needs
-  /// the ops (legal layouts only are lowered).
-  EvalResult evaluate(const Layout& layout);
+  /// the ops (legal layouts only are lowered). A layout whose step time, less every latency the
+  /// merge could save, is still above `cutoff` is not lowered: its result is that lower bound.
+  EvalResult evaluate(const Layout& layout, double cutoff);
+  /// evaluate() of the last layout asked for, again only when the cutoff now needs more.
+  const EvalResult& resultFor(const Layout& layout, double cutoff);
   /// Groups the candidates into buckets (same axes, all ready before any is needed, at most
   /// kBucketBytes); returns the seconds saved. With `out`: moves each all-reduce up to right
   /// after its operand's producer and replaces each bucket's members by one bucketed collective.
   double bucketGradientReductions(std::vector<BucketCandidate> candidates,
                                   const std::vector<size_t>& irOpEnd, SpmdFunction* out);
-  double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims);
+  double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims,
+                    double cutoff);
 
   const ir::Module& module_;
   const ir::Function& fn_;
@@ -1141,6 +1149,10 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   OpRules rules(fn_, mesh_, layout, machine_, oversubscription_);
 
   size_t numValues = fn_.values.size();
+  if (out) { // about one SPMD op per IR op, and a reshard for some
+    out->ops.reserve(out->ops.size() + 2 * fn_.ops.size());
+    out->values.reserve(out->values.size() + 2 * numValues);
+  }
   std::vector<int> stateOf(numValues, -1);
   std::vector<int64_t> bytesOf(numValues, 0);
   std::vector<SpmdValueId> spmdOf(numValues, 0);
@@ -1158,9 +1170,12 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
                       const std::string& name) {
     SpmdValue value;
     value.globalType = type;
-    value.localType = localType(type, state, mesh_);
+    // The merge reads only global types and layouts; shapes and names are for the reports.
+    if (describe_) {
+      value.localType = localType(type, state, mesh_);
+      value.name = name;
+    }
     value.layout = state;
-    value.name = name;
     out->values.push_back(std::move(value));
     return static_cast<SpmdValueId>(out->values.size() - 1);
   };
@@ -1186,6 +1201,8 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     const std::optional<ReshardPath>& path = reshard(value, stateOf[value], want);
     if (!path) return -1;
     forwardCommunication += path->seconds;
+    for (const ReshardStep& step : path->steps)
+      result.mergeableLatency += mergeableLatencySeconds(machine_, mesh_, step.collective);
     double temporary = 0;
     SpmdValueId current = out ? spmdOf[value] : 0;
     uint32_t producer = fn_.values[value].definingOp;
@@ -1278,27 +1295,27 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
     spmdOp.computeKind = op.kind;
     spmdOp.operands = operandIds;
     spmdOp.result = newValue(fn_.typeOf(op.result), plan.result, fn_.values[op.result].name);
-    spmdOp.attrs = op.attrs;
+    if (describe_) spmdOp.attrs = op.attrs;
     spmdOp.loc = op.loc;
     spmdOp.sourceOp = i;
     spmdOp.flops = plan.flops;
     spmdOp.memoryBytes = plan.bytes;
     spmdOp.seconds = plan.computeSeconds;
-    spmdOp.note = plan.note;
+    if (describe_) spmdOp.note = plan.note;
     spmdOp.phase = phases_[i];
     spmdOf[op.result] = spmdOp.result;
-    out->ops.push_back(spmdOp);
+    out->ops.push_back(std::move(spmdOp));
     // Collectives inside the op work in place on its result (or on its row statistics).
     for (const PostCollective& post : plan.post) {
       SpmdOp collective;
       collective.kind = SpmdOp::Kind::Collective;
       collective.collective = post.collective;
-      collective.operands = {spmdOp.result};
-      collective.result = spmdOp.result;
+      collective.operands = {spmdOf[op.result]};
+      collective.result = spmdOf[op.result];
       collective.loc = op.loc;
       collective.sourceOp = i;
       collective.seconds = collectiveSeconds(machine_, mesh_, post.collective);
-      collective.note = post.note;
+      if (describe_) collective.note = post.note;
       collective.phase = phases_[i];
       out->ops.push_back(std::move(collective));
     }
@@ -1446,9 +1463,17 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
   return result;
 }
 
-EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout) {
+EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout, double cutoff) {
   EvalResult result = run(layout, nullptr);
   if (!result.ok) return result;
+  // Lowering and merging cost far more than run() alone; a layout that loses even if the merge
+  // saved every latency is not worth them (most candidates of a search).
+  double bound = result.summary.stepSeconds - result.mergeableLatency;
+  if (bound > cutoff) {
+    result.summary.stepSeconds = bound;
+    result.exact = false;
+    return result;
+  }
   SpmdFunction scratch;
   scratch.mesh = mesh_;
   describe_ = false;
@@ -1458,6 +1483,16 @@ EvalResult PlanEvaluator::Impl::evaluate(const Layout& layout) {
   mergeAllReduces(scratch, machine_);
   result.summary = scratch.summary;
   return result;
+}
+
+const EvalResult& PlanEvaluator::Impl::resultFor(const Layout& layout, double cutoff) {
+  bool reuse = lastLayout_ && *lastLayout_ == layout &&
+               (lastResult_.exact || !lastResult_.ok || lastResult_.summary.stepSeconds > cutoff);
+  if (!reuse) {
+    lastResult_ = evaluate(layout, cutoff);
+    lastLayout_ = layout;
+  }
+  return lastResult_;
 }
 
 double PlanEvaluator::Impl::bucketGradientReductions(std::vector<BucketCandidate> candidates,
@@ -1548,7 +1583,8 @@ double PlanEvaluator::Impl::bucketGradientReductions(std::vector<BucketCandidate
 }
 
 double PlanEvaluator::Impl::lowerBound(const Layout& partial,
-                                       const std::vector<std::string>& assignedDims) {
+                                       const std::vector<std::string>& assignedDims,
+                                       double cutoff) {
   // An op whose dims are all assigned and whose operands' layouts are known costs exactly what
   // the engine says (its plan depends on nothing else); so do the reshards between known
   // layouts (each distinct one counted once, as the engine does). Any other op costs at least
@@ -1561,11 +1597,8 @@ double PlanEvaluator::Impl::lowerBound(const Layout& partial,
   if (std::all_of(relevantDims_.begin(), relevantDims_.end(), [&](const std::string& dim) {
         return std::find(assignedDims.begin(), assignedDims.end(), dim) != assignedDims.end();
       })) {
-    if (!lastLayout_ || !(*lastLayout_ == partial)) {
-      lastResult_ = evaluate(partial);
-      lastLayout_ = partial;
-    }
-    return lastResult_.ok ? lastResult_.summary.stepSeconds : kInfinity;
+    const EvalResult& result = resultFor(partial, cutoff);
+    return result.ok ? result.summary.stepSeconds : kInfinity;
   }
   std::vector<bool> assigned(dimNames_.size(), false);
   std::vector<int> dimAxesIds(dimNames_.size(), -1);
@@ -1830,25 +1863,20 @@ PlanEvaluator::PlanEvaluator(const ir::Module& module, const ir::Function& fn, c
 
 PlanEvaluator::~PlanEvaluator() = default;
 
-double PlanEvaluator::stepSeconds(const Layout& layout) {
-  if (!impl_->lastLayout_ || !(*impl_->lastLayout_ == layout)) {
-    impl_->lastResult_ = impl_->evaluate(layout);
-    impl_->lastLayout_ = layout;
-  }
-  return impl_->lastResult_.ok ? impl_->lastResult_.summary.stepSeconds : kInfinity;
+double PlanEvaluator::stepSeconds(const Layout& layout, double cutoff) {
+  const EvalResult& result = impl_->resultFor(layout, cutoff);
+  return result.ok ? result.summary.stepSeconds : kInfinity;
 }
 
 MemoryEstimate PlanEvaluator::memory(const Layout& layout) {
-  if (!impl_->lastLayout_ || !(*impl_->lastLayout_ == layout)) {
-    impl_->lastResult_ = impl_->evaluate(layout);
-    impl_->lastLayout_ = layout;
-  }
-  if (!impl_->lastResult_.ok) {
+  // The merge changes no memory: the cheapest evaluation of the layout serves.
+  const EvalResult& result = impl_->resultFor(layout, -kInfinity);
+  if (!result.ok) {
     MemoryEstimate infinite;
     infinite.paramBytes = kInfinity;
     return infinite;
   }
-  return impl_->lastResult_.memory;
+  return result.memory;
 }
 
 const std::vector<std::string>& PlanEvaluator::relevantDims() const {
@@ -1856,8 +1884,8 @@ const std::vector<std::string>& PlanEvaluator::relevantDims() const {
 }
 
 double PlanEvaluator::lowerBound(const Layout& partial,
-                                 const std::vector<std::string>& assignedDims) {
-  return impl_->lowerBound(partial, assignedDims);
+                                 const std::vector<std::string>& assignedDims, double cutoff) {
+  return impl_->lowerBound(partial, assignedDims, cutoff);
 }
 
 } // namespace meshc::plan

@@ -9,6 +9,7 @@
 #include "diag/Diagnostics.h"
 #include "planner/SpmdIR.h"
 
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -32,14 +33,18 @@ public:
   PlanEvaluator(const PlanEvaluator&) = delete;
   PlanEvaluator& operator=(const PlanEvaluator&) = delete;
 
-  /// Predicted step time; +infinity when the layout is illegal (uneven split, ...).
-  double stepSeconds(const Layout& layout);
+  /// Predicted step time; +infinity when the layout is illegal (uneven split, ...). When it is
+  /// provably above `cutoff`, a lower bound above `cutoff` may be returned instead (the layout
+  /// is then not lowered, which is most of an evaluation's cost).
+  double stepSeconds(const Layout& layout, double cutoff = std::numeric_limits<double>::infinity());
   MemoryEstimate memory(const Layout& layout);
   /// The dims whose layout can change the cost (the search enumerates only these).
   const std::vector<std::string>& relevantDims() const;
   /// A lower bound of stepSeconds over all layouts that agree with `partial` on the dims it
-  /// assigns (for branch and bound); may be loose, never above the true minimum.
-  double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims);
+  /// assigns (for branch and bound); may be loose, never above the true minimum. With every
+  /// relevant dim assigned it is stepSeconds(partial, cutoff).
+  double lowerBound(const Layout& partial, const std::vector<std::string>& assignedDims,
+                    double cutoff = std::numeric_limits<double>::infinity());
 
   struct Impl;
 

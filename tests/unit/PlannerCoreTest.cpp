@@ -679,6 +679,31 @@ TEST_CASE("PlanEvaluator agrees with lowerToSpmd on every example", "[evaluator]
         // Evaluating again (memoized) and another layout and back gives the same numbers.
         CHECK(evaluator.stepSeconds(Layout{}) > 0);
         CHECK(evaluator.stepSeconds(layout) == Approx(spmd->summary.stepSeconds));
+        // With a cutoff the search does not need met, the answer is the exact time or a lower
+        // bound above the cutoff; one above the exact time is the exact time.
+        double exact = evaluator.stepSeconds(layout);
+        for (double cutoff : {0.0, 0.5 * exact, exact * (1 - 1e-9), 2 * exact}) {
+          PlanEvaluator fresh(*a.module, fn, mesh, m);
+          double seconds = fresh.stepSeconds(layout, cutoff);
+          CAPTURE(cutoff, seconds, exact);
+          CHECK((seconds == Approx(exact).epsilon(1e-12) ||
+                 (seconds > cutoff && seconds <= exact * (1 + 1e-12))));
+          if (cutoff >= exact) CHECK(seconds == Approx(exact).epsilon(1e-12));
+          // Asked again without a cutoff, the same evaluator gives the exact time.
+          CHECK(fresh.stepSeconds(layout) == Approx(exact).epsilon(1e-12));
+          CHECK(fresh.memory(layout).total() == Approx(spmd->memory.total()));
+        }
+        // A plan whose reshards issue all-reduce-sums is not lowered under a cutoff of zero:
+        // the bound leaves out the latencies the merge could save.
+        bool mergeable = std::any_of(spmd->ops.begin(), spmd->ops.end(), [](const SpmdOp& op) {
+          return op.kind == SpmdOp::Kind::Collective && op.operands.size() == 1 &&
+                 op.operands[0] != op.result &&
+                 (op.collective.kind == CollectiveKind::AllReduceSum ||
+                  op.collective.kind == CollectiveKind::BucketedAllReduceSum) &&
+                 op.collective.groupSize > 1;
+        });
+        PlanEvaluator fresh(*a.module, fn, mesh, m);
+        if (mergeable) CHECK(fresh.stepSeconds(layout, 0) < exact * (1 - 1e-9));
       }
     }
   }
