@@ -537,9 +537,11 @@ std::string StatementPrinter::argument(const kir::Arg& arg, size_t index, size_t
   case kir::Arg::Kind::StreamKey: {
     std::string text = arg.textParameter >= 0 ? fmt::format("t{}", arg.textParameter)
                                               : fmt::format("\"{}\"", arg.text);
-    if (arg.value != 0) text = fmt::format("std::string({}) + \"#\" + std::to_string(step_)", text);
-    if (arg.kind == kir::Arg::Kind::StreamKey)
-      return fmt::format("meshrt::streamKey(seed_, {})", text);
+    bool stepKeyed = arg.value != 0;
+    if (arg.kind == kir::Arg::Kind::StreamKey) // no string built per step
+      return stepKeyed ? fmt::format("meshrt::stepStreamKey(seed_, {}, uint64_t(step_))", text)
+                       : fmt::format("meshrt::streamKey(seed_, {})", text);
+    if (stepKeyed) text = fmt::format("std::string({}) + \"#\" + std::to_string(step_)", text);
     return text;
   }
   case kir::Arg::Kind::Enum:

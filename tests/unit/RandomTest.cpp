@@ -150,6 +150,10 @@ TEST_CASE("stream keys are deterministic and distinct", "[random]") {
   static_assert(fnv1a64("") == 0xCBF29CE484222325ull);
   static_assert(fnv1a64("a") == 0xAF63DC4C8601EC8Cull); // FNV-1a reference value
   static_assert(streamKey(1, "input/x") == streamKey(1, "input/x"));
+  // A train step's dropout stream, hashed without building "<name>#<step>".
+  for (uint64_t step : {0ull, 7ull, 10ull, 99ull, 1234567ull, ~0ull})
+    CHECK(stepStreamKey(3, "decoder/ffn/dropout#0", step) ==
+          streamKey(3, "decoder/ffn/dropout#0#" + std::to_string(step)));
   CHECK(streamKey(0, "input/x") != streamKey(1, "input/x"));
   CHECK(streamKey(0, "input/x") != streamKey(0, "input/y"));
   CHECK(streamKey(0, "param/w") != streamKey(0, "input/w"));

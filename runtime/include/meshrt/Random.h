@@ -30,7 +30,6 @@
 #include <cstdint>
 #include <string_view>
 
-
 namespace meshrt {
 
 struct Philox4x32 {
@@ -63,9 +62,8 @@ MESHRT_HD constexpr uint64_t mix64(uint64_t x) {
   return x;
 }
 
-/// 64-bit FNV-1a over bytes.
-constexpr uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t hash = 0xCBF29CE484222325ull;
+/// 64-bit FNV-1a over bytes, continuing from `hash` (the offset basis starts one).
+constexpr uint64_t fnv1a64(std::string_view bytes, uint64_t hash = 0xCBF29CE484222325ull) {
   for (char c : bytes) {
     hash ^= uint64_t(static_cast<unsigned char>(c));
     hash *= 0x100000001B3ull;
@@ -76,6 +74,21 @@ constexpr uint64_t fnv1a64(std::string_view bytes) {
 /// Key of the stream `name` ("input/x", "param/block[0]/w", a dropout stream "...#step").
 constexpr uint64_t streamKey(uint64_t seed, std::string_view name) {
   return mix64(fnv1a64(name) ^ mix64(seed + 0x9E3779B97F4A7C15ull));
+}
+
+/// streamKey(seed, "<name>#<step>") (a train step's dropout stream) without building the string:
+/// the hash goes on over '#' and the step's decimal digits.
+constexpr uint64_t stepStreamKey(uint64_t seed, std::string_view name, uint64_t step) {
+  char digits[20];
+  int count = 0;
+  do {
+    digits[count++] = char('0' + step % 10);
+    step /= 10;
+  } while (step > 0);
+  uint64_t hash = fnv1a64("#", fnv1a64(name));
+  for (int k = count; k-- > 0;)
+    hash = fnv1a64(std::string_view(&digits[k], 1), hash);
+  return mix64(hash ^ mix64(seed + 0x9E3779B97F4A7C15ull));
 }
 
 /// The four 32-bit words of call `block` of a stream; `draw` numbers redraws.
