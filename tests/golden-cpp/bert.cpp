@@ -3375,7 +3375,7 @@ void MlmTrain::repeated1(
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   {
-    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3976,7 +3976,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
   // layers.mesh:54:11 gelu -> h
   // layers.mesh:55:17 dropout
   {
-    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data", "model"}, 1) * 8192);
     float *__restrict a17p = a17.data();
     float *__restrict a18p = a18.data();

@@ -300,8 +300,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   support::View v8 = arena_.view(32768, 2048);
   support::View v10 = arena_.view(40960, 2048);
   {
-    const auto inv0 =
-        meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, "ffn/dropout#0", uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
                               support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v8p = v8.data();
@@ -402,8 +401,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
   // mlp.mesh:27:11 where
   support::View v29 = arena_.view(65536, 2048);
   {
-    const auto inv0 =
-        meshrt::streamKey(seed_, std::string("ffn/dropout#0") + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, "ffn/dropout#0", uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 16) * 256 +
                               support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict v29p = v29.data();

@@ -3601,7 +3601,7 @@ void LmTrain::repeated1(
   // layers.mesh:55:17 dropout
   // layers.mesh:54:11 mul
   {
-    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
                               support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict a7p = a7.data();
@@ -4475,7 +4475,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
   // layers.mesh:54:11 gelu -> h
   // layers.mesh:55:17 dropout
   {
-    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 8192 +
                               support::shardStart(world_, {"model"}, 128) * 1);
     float *__restrict a17p = a17.data();

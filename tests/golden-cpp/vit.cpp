@@ -4174,7 +4174,7 @@ void TrainVit::repeated1(
   // vit.mesh:81:14 dropout
   // vit.mesh:72:10 cast
   {
-    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a3p = a3.data();
     const float *__restrict a2p = a2.data();
@@ -4533,7 +4533,7 @@ void TrainVit::repeated1(
 
   // vit.mesh:80:15 dropout
   {
-    const auto inv0 = meshrt::streamKey(seed_, std::string(t1) + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, t1, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a38p = a38.data();
     const float *__restrict a35p = a35.data();
@@ -4864,7 +4864,7 @@ void TrainVit::repeated2(
 
   // vit.mesh:80:15 dropout
   {
-    const auto inv0 = meshrt::streamKey(seed_, std::string(t0) + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, t0, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -5014,7 +5014,7 @@ void TrainVit::repeated2(
   // vit.mesh:72:10 cast
   // vit.mesh:81:14 dropout
   {
-    const auto inv0 = meshrt::streamKey(seed_, std::string(t1) + "#" + std::to_string(step_));
+    const auto inv0 = meshrt::stepStreamKey(seed_, t1, uint64_t(step_));
     const auto inv1 = int64_t(support::shardStart(world_, {"data"}, 2) * 1088);
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
