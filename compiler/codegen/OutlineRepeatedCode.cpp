@@ -17,8 +17,10 @@ namespace {
 
 /// Below this a window saves too little source to be worth a call (a loop nest of ~20 scalars).
 constexpr int64_t kMinimumWeight = 24;
-/// The search stops after this many subroutines (each round is quadratic in the body's length).
+/// The search stops after this many subroutines, or this many candidates in a row that fail the
+/// full check (each round is quadratic in the body's length).
 constexpr size_t kMaxSubroutines = 64;
+constexpr size_t kMaxRejected = 32;
 
 /// Roughly how much source a statement prints to.
 int64_t weightOf(const Stmt& stmt) {
@@ -43,8 +45,8 @@ public:
 
   void run() {
     std::set<std::pair<size_t, size_t>> rejected; // pairs whose window failed the full check
-    while (fn.subroutines.size() < kMaxSubroutines) {
-      classify();
+    classify();
+    while (fn.subroutines.size() < kMaxSubroutines && rejected.size() < kMaxRejected) {
       Candidate best = bestCandidate(rejected);
       if (best.estimate < kMinimumWeight) return;
       size_t length =
@@ -56,6 +58,7 @@ public:
       }
       outline(places, length);
       rejected.clear(); // positions moved
+      classify();
     }
   }
 
