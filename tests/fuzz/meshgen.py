@@ -95,7 +95,13 @@ class Generator:
 
     # ---- expressions: each returns (text, dims, bound) for an f32 result
     def unary(self, v):
-        op = self.rng.choice(UNARY)
+        op = self.rng.choice(UNARY + ["neg", "pow2"])
+        if op == "neg":
+            self.feature("neg")
+            return f"-{v.name}", v.dims, v.bound
+        if op == "pow2":
+            self.feature("pow")
+            return f"tanh({v.name}) ** 2.0", v.dims, 1.0
         self.feature("unary")
         x = v.name
         if op == "exp":
@@ -148,16 +154,24 @@ class Generator:
 
     def einsum(self, v, scope):
         w = self.operand(scope, v.dims)
-        union = list(dict.fromkeys(v.dims + w.dims))
+        operands = [v, w]
+        if self.rng.random() < 0.2:
+            third = self.operand(scope, v.dims)
+            if self.size(list(dict.fromkeys(v.dims + w.dims + third.dims))) <= MAX_ELEMENTS * 4:
+                operands.append(third)
+                self.feature("einsum3")
+        union = list(dict.fromkeys(d for u in operands for d in u.dims))
         out = self.pick_dims(union, 1, min(4, len(union)))
         contracted = [d for d in union if d not in out]
         k = self.size(contracted) if contracted else 1
         self.feature("einsum")
         scale = 1.0 / math.sqrt(k)
-        text = f"einsum({v.name}, {w.name} -> {', '.join(out)})"
+        names = ", ".join(u.name for u in operands)
+        text = f"einsum({names} -> {', '.join(out)})"
         if k > 1:
             text += f" * {scale:.6g}"
-        return text, out, v.bound * w.bound * math.sqrt(k)
+        bound = math.prod(u.bound for u in operands) * math.sqrt(k)
+        return text, out, bound
 
     def reduce(self, v):
         if len(v.dims) < 2:
@@ -279,8 +293,9 @@ class Generator:
         if op == "cast":
             kind = self.rng.choice(["bf16", "i32cmp", "i32trunc"])
             if kind == "bf16" and self.bf16:
-                self.feature("bf16")
-                return f"cast(cast({v.name}, bf16) * 2.0, f32)", v.dims, v.bound * 2
+                low = self.rng.choice(["bf16", "f16"])
+                self.feature(low)
+                return f"cast(cast({v.name}, {low}) * 2.0, f32)", v.dims, v.bound * 2
             if kind == "i32trunc" and ids:
                 self.feature("cast_i32")
                 idv = self.rng.choice(ids)
@@ -362,12 +377,17 @@ class Generator:
         return f"mean({v.name}, {', '.join(extra)})"
 
     # ---- defs and repeat blocks
-    def layer_def(self, dims, base):
-        """A def f32[dims] -> f32[dims] with its own params: a residual block, repeatable."""
+    def layer_def(self, dims, base, extra=None):
+        """A def f32[dims] -> f32[dims] with its own params: a residual block, repeatable.
+        EXTRA, a value of the caller, becomes a second argument `m` (a mask, shared weights)."""
         self.def_count += 1
         name = f"layer{self.def_count}"
-        lines = [f"def {name}(x: {tensor_type('f32', dims)}) -> {tensor_type('f32', dims)} {{"]
+        args = f"x: {tensor_type('f32', dims)}"
         scope = [Value("x", "f32", dims)]
+        if extra is not None:
+            args += f", m: {tensor_type('f32', extra.dims)}"
+            scope.append(Value("m", "f32", extra.dims, extra.bound))
+        lines = [f"def {name}({args}) -> {tensor_type('f32', dims)} {{"]
         params = []
         inner = self.pick_dims(base, 1, 2)
         w = self.fresh("w")
@@ -396,12 +416,28 @@ class Generator:
 
     def repeat_block(self, v, scope, base):
         dims = v.dims
-        layer = self.layer_def(dims, base)
+        style = self.rng.choice(["plain", "two", "let", "nested", "dim", "arg", "indef"])
+        self.feature("repeat_" + style)
+        extra = None
+        if style == "arg":
+            extra = self.rng.choice([w for w in scope if w.dtype == "f32"])
+        layer = self.layer_def(dims, base, extra)
         count = self.rng.choice([1, 2, 3, 4, 6])
         h = self.fresh("h")
         lines = [f"  let {h} = {v.name}  // {tensor_type('f32', dims)}"]
-        style = self.rng.choice(["plain", "two", "let", "nested", "dim"])
-        self.feature("repeat_" + style)
+        if style == "indef":
+            # A def whose body is the repeat: layers outlined inside an inlined call.
+            self.def_count += 1
+            stack = f"stack{self.def_count}"
+            t = tensor_type("f32", dims)
+            self.defs.append("\n".join([f"def {stack}(x: {t}) -> {t} {{", "  let h = x",
+                                         f"  repeat {count} {{", f"    h = {layer}(h)", "  }",
+                                         "  return h", "}"]))
+            lines.append(f"  {h} = {stack}({h})")
+            if self.rng.random() < 0.5:
+                lines.append(f"  {h} = {stack}({h})")
+            scope.append(Value(h, "f32", dims, 1.0 + v.bound))
+            return lines
         if style == "dim":
             rd = self.new_dim(count, "r")
             lines.append(f"  repeat {rd} {{")
@@ -416,6 +452,8 @@ class Generator:
             lines += [f"    let {t} = {layer}({h}) * 0.5", f"    {h} = {h} * 0.5 + {t}"]
         elif style == "nested":
             lines += ["    repeat 2 {", f"      {h} = {layer}({h})", "    }"]
+        elif style == "arg":
+            lines.append(f"    {h} = {layer}({h}, {extra.name})")
         else:
             lines.append(f"    {h} = {layer}({h})")
         lines.append("  }")
@@ -436,6 +474,7 @@ class Generator:
             target = rng.choice(base)
             ids = Value("ids", "i32", self.pick_dims([d for d in base if d != target], 1, 2))
             ids.index_dim = target
+        self.inputs = inputs
         scope = list(inputs) + ([ids] if ids else [])
         body = []
         params = []
@@ -474,6 +513,13 @@ class Generator:
             for i, w in enumerate(chosen):
                 outs.append(f"y{i}: {tensor_type('f32', w.dims)}")
                 body.append(f"  y{i} = {w.name}")
+            if ids and rng.random() < 0.4:
+                # An i32 output: integer arithmetic, iota and a comparison, compared exactly.
+                d = rng.choice(base)
+                dims = ids.dims + ((d,) if d not in ids.dims else ())
+                self.feature("i32_output")
+                outs.append(f"yi: {tensor_type('i32', dims)}")
+                body.append(f"  yi = ids * 3 - iota({d}) + cast(ids >= 1, i32)")
             header = [f"program {name}(", *self.item_lines(sig_inputs), ") -> (",
                       *self.item_lines(outs), ") {"]
         # Params of the entry block's projections live in a def: programs may not declare
@@ -535,34 +581,53 @@ class Generator:
         rng = self.rng
         if rng.random() < 0.1 and not self.error_path:
             return "", ""
-        axes = []
-        total = 1
-        for i in range(rng.randint(1, 3)):
-            size = rng.choice([s for s in (2, 4, 8) if total * s <= 8] or [1])
-            if total * size > 8:
-                break
-            axes.append((f"a{i}", size))
-            total *= size
+        # The rank count first (up to 8), then its split into one to three axes; an axis of
+        # size 1 now and then (a degenerate split every layout must still handle).
+        total = rng.choice([2, 2, 4, 4, 4, 8, 8]) if not self.error_path else rng.choice([2, 4, 8])
+        sizes = []
+        left = total
+        while left > 1:
+            size = rng.choice([f for f in (2, 4, 8) if left % f == 0])
+            if len(sizes) == 2:
+                size = left
+            sizes.append(size)
+            left //= size
+        if rng.random() < 0.1 and not self.error_path:
+            sizes.insert(rng.randint(0, len(sizes)), 1)
+            self.feature("axis_of_size_1")
+        axes = [(f"a{i}", size) for i, size in enumerate(sizes)]
         self.case.ranks = total
         mesh = "mesh grid[" + ", ".join(f"{a} = {s}" for a, s in axes) + "]"
         self.feature(f"ranks{total}")
         style = rng.choice(["pinned", "pinned", "auto", "mixed", "none"])
         items = []
         used = set()
+        if self.error_path and rng.random() < 0.3:
+            # Two dims of one input on one axis: a located error naming the axis.
+            for w in self.inputs:
+                a, s = rng.choice(axes)
+                both = [d for d in w.dims if self.dims[d] % s == 0]
+                if len(both) >= 2:
+                    self.case.expect_error = f"'{a}'"
+                    self.feature("error_axis_twice")
+                    tail = ", auto" if rng.random() < 0.5 else ""
+                    return mesh, f"layout {both[0]}: {a}, {both[1]}: {a}{tail}"
         if self.error_path:
             # Pin a dim to an axis that does not divide it: the planner's located error.
-            for d in list(self.dims):
+            for d in rng.sample(list(self.dims), len(self.dims)):
                 bad = [(a, s) for a, s in axes if self.dims[d] % s]
                 if bad:
                     a, s = rng.choice(bad)
                     items.append(f"{d}: {a}")
-                    self.case.expect_error = d
+                    if rng.random() < 0.3:
+                        items.append("auto")
+                    self.case.expect_error = f"'{d}'"
                     self.feature("error_nondivisible")
                     return mesh, "layout " + ", ".join(items)
             # Every dim divides: add one that does not.
             a, s = axes[0]
             d = self.new_dim(s + 1, "bad")
-            self.case.expect_error = d
+            self.case.expect_error = f"'{d}'"
             self.feature("error_nondivisible")
             return mesh, f"layout {d}: {a}"
         if style == "none":
