@@ -8,7 +8,7 @@ import re
 import time
 
 TYPE_COMMENT = re.compile(r"^\s*let (\w+) = (.*?)\s*//\s*(\w+\[[^\]]*\])\s*$")
-DECLARED = re.compile(r"(?:^|[(,]\s*|param |const )(\w+): (\w+\[[^\]]*\])")
+DECLARED = re.compile(r"(?:^\s*|[(,]\s*|param |const )(\w+): (\w+\[[^\]]*\])")
 IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
@@ -82,6 +82,21 @@ class Reducer:
             chunk //= 2
         return progress
 
+    def delete_first_items(self):
+        """The first item of a signature list has no leading comma: delete it with the next
+        item's comma."""
+        progress = False
+        i = 0
+        while i + 1 < len(self.lines) and not self.out_of_time():
+            line, following = self.lines[i], self.lines[i + 1]
+            if re.match(r"^  \w+: ", line) and following.startswith("  , "):
+                candidate = self.lines[:i] + ["  " + following[4:]] + self.lines[i + 2:]
+                if self.attempt(candidate):
+                    progress = True
+                    continue
+            i += 1
+        return progress
+
     def types(self):
         known = {}
         for line in self.lines:
@@ -110,6 +125,21 @@ class Reducer:
                         if self.attempt(candidate):
                             progress = True
                             break
+            i += 1
+        return progress
+
+    def inline_aliases(self):
+        """`let a = b`: delete it and read b where a was read."""
+        progress = False
+        i = 0
+        while i < len(self.lines) and not self.out_of_time():
+            m = TYPE_COMMENT.match(self.lines[i])
+            if m and re.fullmatch(r"\w+", m.group(2)):
+                alias, source = m.group(1), m.group(2)
+                rest = [re.sub(rf"\b{alias}\b", source, line) for line in self.lines[i + 1:]]
+                if self.attempt(self.lines[:i] + rest):
+                    progress = True
+                    continue
             i += 1
         return progress
 
@@ -178,7 +208,9 @@ class Reducer:
             while self.delete_blocks():
                 pass
             self.delete_lines()
+            self.delete_first_items()
             self.substitute_operands()
+            self.inline_aliases()
             self.rewrite_numbers(r"^\s*repeat (\d+) \{", lambda n: [1, 2][: max(0, n - 1)])
             self.rewrite_numbers(r"^dim \w+ = (\d+)$",
                                  lambda n: sorted({s for s in (1, 2, n // 2) if s < n}))
