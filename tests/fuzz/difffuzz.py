@@ -10,6 +10,7 @@ Exit status 0 when no case failed."""
 import argparse
 import collections
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -26,7 +27,7 @@ LATE_FAILURES = {"mismatch", "build", "runtime", "timeout", "missed-error"}
 
 def regression_text(case, kind, detail, text):
     header = [f"// difffuzz regression: {kind} found by seed {case.seed}",
-              f"// difffuzz-args: {' '.join(case.run_args())}",
+              f"// difffuzz-args: {shlex.join(case.run_args())}",
               f"// difffuzz-expect: {('error ' + case.expect_error) if case.expect_error else 'pass'}"]
     if detail:
         header.append(f"// first seen as: {detail[:200]}")

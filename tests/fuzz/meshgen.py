@@ -354,8 +354,16 @@ class Generator:
         for _ in range(count):
             text, dims, bound = self.expression(scope)
             name = self.fresh()
+            if len(dims) >= 2 and self.rng.random() < 0.1:
+                # A stated type in another dim order: a transpose inserted by sema.
+                order = list(dims)
+                self.rng.shuffle(order)
+                self.feature("typed_let")
+                dims = tuple(order)
+                lines.append(f"{indent}let {name}: {tensor_type('f32', dims)} = {text}")
+            else:
+                lines.append(f"{indent}let {name} = {text}  // {tensor_type('f32', dims)}")
             scope.append(Value(name, "f32", dims, bound))
-            lines.append(f"{indent}let {name} = {text}  // {tensor_type('f32', dims)}")
         return lines
 
     def project(self, v, dims, scope_params, indent):
@@ -422,7 +430,7 @@ class Generator:
         if style == "arg":
             extra = self.rng.choice([w for w in scope if w.dtype == "f32"])
         layer = self.layer_def(dims, base, extra)
-        count = self.rng.choice([1, 2, 3, 4, 6])
+        count = self.rng.choice([1, 2, 3, 4, 6, 8])
         h = self.fresh("h")
         lines = [f"  let {h} = {v.name}  // {tensor_type('f32', dims)}"]
         if style == "indef":
@@ -513,6 +521,14 @@ class Generator:
             for i, w in enumerate(chosen):
                 outs.append(f"y{i}: {tensor_type('f32', w.dims)}")
                 body.append(f"  y{i} = {w.name}")
+            if rng.random() < 0.15:
+                # Two outputs of one value, and an input passed through: aliasing for codegen.
+                self.feature("aliased_outputs")
+                outs.append(f"ya: {tensor_type('f32', chosen[0].dims)}")
+                body.append(f"  ya = {chosen[0].name}")
+                x = rng.choice(inputs)
+                outs.append(f"yx: {tensor_type('f32', x.dims)}")
+                body.append(f"  yx = {x.name}")
             if ids and rng.random() < 0.4:
                 # An i32 output: integer arithmetic, iota and a comparison, compared exactly.
                 d = rng.choice(base)
@@ -538,7 +554,8 @@ class Generator:
         self.case.text = "\n".join(parts) + "\n"
         if self.case.ranks > 1 and rng.random() < 0.15:
             self.case.backend = "mpi"
-        self.case.opt = rng.choice(["-O1", "-O1", "-O2"])
+        # meshc run's own default (-O3 -march=native) now and then: vectorized loops.
+        self.case.opt = rng.choice(["-O1", "-O1", "-O1", "-O2", "-O3 -march=native"])
         return self.case
 
     def wrap_params(self, params, body):

@@ -12,6 +12,7 @@ Usage: replay.py --meshc M FILE [--workdir DIR]"""
 import argparse
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -35,7 +36,7 @@ def main():
     args = parser.parse_args()
     with open(args.file) as f:
         text = f.read()
-    run_args = header(text, "difffuzz-args").split()
+    run_args = shlex.split(header(text, "difffuzz-args"))
     expect = header(text, "difffuzz-expect").split()
     expect_error = expect[1] if expect[0] == "error" else ""
     workdir = tempfile.mkdtemp(prefix="replay-", dir=args.workdir)
