@@ -70,7 +70,7 @@ def main():
         case = meshgen.generate(seed)
         features.update(case.features)
         outcome = run_text(meshc, case.text, case.run_args(), case.expect_error, args.workdir,
-                           f"case{seed}", args.timeout)
+                           f"case{seed}", args.timeout, case.may_reject)
         fuzz_seconds += outcome.seconds
         counts[outcome.kind] += 1
         counts["mpi" if case.backend == "mpi" else "threads"] += 1
@@ -95,7 +95,7 @@ def main():
                                                        args.workdir):
                     return False
                 again = run_text(meshc, candidate, case.run_args(), case.expect_error,
-                                 args.workdir, "reduce", args.timeout)
+                                 args.workdir, "reduce", args.timeout, case.may_reject)
                 return again.kind == kind
             reducer = Reducer(case.text, still_fails, args.reduce_minutes * 60,
                               log=lambda m: print(m, flush=True))

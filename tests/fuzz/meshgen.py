@@ -18,12 +18,12 @@ import random
 import sys
 from dataclasses import dataclass, field
 
-SIZES = [2, 3, 4, 6, 8, 12, 16]
+SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 8, 12, 16, 16, 24, 32]
 UNARY = ["exp", "log", "sqrt", "rsqrt", "square", "abs", "tanh", "sigmoid", "relu", "gelu",
          "sin", "cos"]
 OPTIMIZERS = ["sgd", "sgd_momentum", "sgd_nesterov", "adamw", "adafactor"]
 SCHEDULES = ["constant", "linear", "cosine", "rsqrt"]
-MAX_ELEMENTS = 2048
+MAX_ELEMENTS = 4096
 
 
 @dataclass
@@ -35,6 +35,7 @@ class Case:
     backend: str = "threads"
     opt: str = "-O1"
     expect_error: str = ""  # a substring of the planner's located error, when one is expected
+    may_reject: str = ""  # a substring of a located error that is a fine outcome too
     ranks: int = 1
     features: list = field(default_factory=list)
 
@@ -668,6 +669,17 @@ class Generator:
             if self.dims[d] % s == 0:
                 items.append(f"{d}: {a}")
                 used.add(a)
+        if used and rng.random() < 0.2:
+            # Megatron-style: one more dim on an axis already used. Valid when no tensor holds
+            # both dims; otherwise the planner must say so with a located error naming the axis.
+            a = rng.choice(sorted(used))
+            s = dict(axes)[a]
+            pinned = {item.split(":")[0] for item in items}
+            spare = [d for d in self.dims if d not in pinned and self.dims[d] % s == 0]
+            if spare:
+                items.append(f"{rng.choice(spare)}: {a}")
+                self.case.may_reject = f"to mesh axis '{a}'"
+                self.feature("layout_shared_axis")
         if style == "mixed":
             items.append("auto")
             self.feature("layout_mixed_auto")
