@@ -37,12 +37,18 @@ class Case:
     expect_error: str = ""  # a substring of the planner's located error, when one is expected
     may_reject: str = ""  # a substring of a located error that is a fine outcome too
     ranks: int = 1
+    machine: str = "cpu"  # the machine the plan is costed for: it steers `auto` layouts
+    run_seed: int = 0
     features: list = field(default_factory=list)
 
     def run_args(self):
         args = ["--function", self.function, "--backend", self.backend, "--opt", self.opt]
         if self.steps:
             args += ["--steps", str(self.steps)]
+        if self.machine != "cpu":
+            args += ["--machine", self.machine]
+        if self.run_seed:
+            args += ["--seed", str(self.run_seed)]
         return args
 
 
@@ -555,6 +561,10 @@ class Generator:
         self.case.text = "\n".join(parts) + "\n"
         if self.case.ranks > 1 and rng.random() < 0.15:
             self.case.backend = "mpi"
+        if "auto" in layout and rng.random() < 0.5:
+            self.case.machine = rng.choice(["8xh100", "tpuv2-pod", "h100-cluster"])
+            self.feature("machine_" + self.case.machine)
+        self.case.run_seed = rng.choice([0, 0, 1, 7, 12345])
         # meshc run's own default (-O3 -march=native) now and then: vectorized loops.
         self.case.opt = rng.choice(["-O1", "-O1", "-O1", "-O2", "-O3 -march=native"])
         return self.case
