@@ -19,11 +19,11 @@ from runcase import classify  # noqa: E402
 MESHC = None
 
 
-def plan(text, function):
+def plan(text, function, args=()):
     with tempfile.NamedTemporaryFile("w", suffix=".mesh", delete=False) as f:
         f.write(text)
     try:
-        proc = subprocess.run([MESHC, f.name, "--emit=plan", "--function", function],
+        proc = subprocess.run([MESHC, f.name, "--emit=plan", "--function", function, *args],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     finally:
         os.unlink(f.name)
@@ -33,16 +33,16 @@ def plan(text, function):
 class GeneratorTest(unittest.TestCase):
     def test_programs_plan_or_fail_as_announced(self):
         errors = 0
-        for seed in range(40):
+        for seed in range(60):
             case = meshgen.generate(seed)
-            rc, output = plan(case.text, case.function)
+            rc, output = plan(case.text, case.function, case.extra_args)
             kind, detail = classify(rc, output, case.expect_error, case.may_reject)
             if case.expect_error:
                 errors += 1
                 self.assertEqual(kind, "rejected-ok", f"seed {seed}: {detail}\n{case.text}")
             else:
                 self.assertIn(kind, ("pass", "rejected-ok"), f"seed {seed}: {detail}\n{case.text}")
-        self.assertGreater(errors, 0, "no case of the 40 took the error path")
+        self.assertGreater(errors, 0, "no case of the 60 took the error path")
 
     def test_a_seed_gives_one_program(self):
         self.assertEqual(meshgen.generate(1234).text, meshgen.generate(1234).text)
