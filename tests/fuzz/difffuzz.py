@@ -91,8 +91,10 @@ def main():
         if not args.no_reduce:
             def still_fails(candidate, kind=outcome.kind, case=case):
                 # Most candidates no longer compile: the plan alone says so, without a build.
+                plan_args = case.extra_args + (["--machine", case.machine]
+                                               if case.machine != "cpu" else [])
                 if kind in LATE_FAILURES and not plans(meshc, candidate, case.function,
-                                                       args.workdir):
+                                                       args.workdir, plan_args):
                     return False
                 again = run_text(meshc, candidate, case.run_args(), case.expect_error,
                                  args.workdir, "reduce", args.timeout, case.may_reject)

@@ -98,7 +98,7 @@ def run_text(meshc, text, args, expect_error, workdir, name="case", timeout=300,
     return Outcome(kind, output, time.time() - start, detail)
 
 
-def plans(meshc, text, function, workdir):
+def plans(meshc, text, function, workdir, args=()):
     """Whether meshc accepts TEXT up to the plan (a fraction of a second): the reducer's filter
     for candidates that no longer compile, before the seconds of a C++ build."""
     os.makedirs(workdir, exist_ok=True)
@@ -106,7 +106,7 @@ def plans(meshc, text, function, workdir):
     with open(path, "w") as f:
         f.write(text)
     try:
-        proc = subprocess.run([meshc, path, "--emit=plan", "--function", function],
+        proc = subprocess.run([meshc, path, "--emit=plan", "--function", function, *args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
     except subprocess.TimeoutExpired:
         return False
