@@ -646,6 +646,31 @@ class Generator:
         self.case.expect_error = "is not divisible by"
         return mesh, layout
 
+    def random_layout(self, axes):
+        """Layout items drawn blindly (unknown dims and axes, an axis twice, empty lists,
+        `auto`): any located error is a fine outcome, and a layout the planner accepts must
+        run and match like any other."""
+        rng = self.rng
+        names = list(self.dims) + ["nodim"]
+        axis_names = [a for a, _ in axes] + ["noaxis"]
+        items = []
+        for _ in range(rng.randint(1, 4)):
+            d, k = rng.choice(names), rng.random()
+            if k < 0.5:
+                items.append(f"{d}: {rng.choice(axis_names)}")
+            elif k < 0.7:
+                chosen = rng.sample(axis_names, min(len(axis_names), rng.randint(0, 3)))
+                items.append(f"{d}: [{', '.join(chosen)}]")
+            elif k < 0.8:
+                items.append(f"{d}: auto")
+            elif k < 0.9:
+                items.append("auto")
+            else:
+                items.append(f"{d}: [{rng.choice(axis_names)}, {rng.choice(axis_names)}]")
+        self.case.may_reject = ": error: "
+        self.feature("layout_random")
+        return "layout " + ", ".join(items)
+
     def mesh_and_layout(self, base, style=None):
         rng = self.rng
         if rng.random() < 0.1 and not self.error_path:
@@ -671,6 +696,8 @@ class Generator:
         style = style or rng.choice(["pinned", "pinned", "auto", "mixed", "none"])
         items = []
         used = set()
+        if not self.error_path and style != "pinned" and rng.random() < 0.1:
+            return mesh, self.random_layout(axes)
         if self.error_path and rng.random() < 0.3:
             # Two dims of one input on one axis: a located error naming the axis.
             for w in self.inputs:
