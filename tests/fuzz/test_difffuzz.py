@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Tests of the differential fuzzer's parts that need no C++ build (ctest fuzz.tools): the
+generator's programs are valid (or, on the error path, rejected with the located error it
+announced) and reproducible from their seed, the outcome classification, and the reducer
+shrinking a program while a predicate keeps holding.
+
+Usage: test_difffuzz.py MESHC"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import meshgen  # noqa: E402
+from reduce import Reducer  # noqa: E402
+from runcase import classify  # noqa: E402
+
+MESHC = None
+
+
+def plan(text, function, args=()):
+    with tempfile.NamedTemporaryFile("w", suffix=".mesh", delete=False) as f:
+        f.write(text)
+    try:
+        proc = subprocess.run([MESHC, f.name, "--emit=plan", "--function", function, *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        os.unlink(f.name)
+    return proc.returncode, proc.stdout
+
+
+class GeneratorTest(unittest.TestCase):
+    def test_programs_plan_or_fail_as_announced(self):
+        errors = 0
+        for seed in range(60):
+            case = meshgen.generate(seed)
+            rc, output = plan(case.text, case.function, case.extra_args)
+            kind, detail = classify(rc, output, case.expect_error, case.may_reject)
+            if case.expect_error:
+                errors += 1
+                self.assertEqual(kind, "rejected-ok", f"seed {seed}: {detail}\n{case.text}")
+            else:
+                self.assertIn(kind, ("pass", "rejected-ok"), f"seed {seed}: {detail}\n{case.text}")
+        self.assertGreater(errors, 0, "no case of the 60 took the error path")
+
+    def test_a_seed_gives_one_program(self):
+        self.assertEqual(meshgen.generate(1234).text, meshgen.generate(1234).text)
+        self.assertNotEqual(meshgen.generate(1234).text, meshgen.generate(1235).text)
+
+
+class ClassifyTest(unittest.TestCase):
+    def test_outcomes(self):
+        located = "a.mesh:3:8: error: dim 'd0' of size 3 is not divisible by 2 (axes a0)\n"
+        self.assertEqual(classify(0, "", "")[0], "pass")
+        self.assertEqual(classify(1, located, "'d0'")[0], "rejected-ok")
+        self.assertEqual(classify(1, located, "'d1'")[0], "rejected")
+        self.assertEqual(classify(1, located, "")[0], "rejected")
+        self.assertEqual(classify(0, "", "'d0'")[0], "missed-error")
+        self.assertEqual(classify(1, "error: something\n", "")[0], "unlocated")
+        self.assertEqual(classify(-11, "", "")[0], "crash")
+        self.assertEqual(classify(None, "", "")[0], "timeout")
+        self.assertEqual(classify(2, "meshc run: error: the outputs differ from the reference "
+                                     "interpreter's\n", "")[0], "mismatch")
+        self.assertEqual(classify(2, "the C++ compiler failed on the generated code", "")[0],
+                         "build")
+        self.assertEqual(classify(2, "the generated program failed (exit status 1)", "")[0],
+                         "runtime")
+        self.assertEqual(classify(2, "error: cannot write 'x'", "")[0], "internal")
+        shared = "a.mesh:9:3: error: tensor f32[d0, d1] maps both 'd0' and 'd1' to mesh axis 'a0'"
+        self.assertEqual(classify(1, shared, "", "to mesh axis 'a0'")[0], "rejected-ok")
+
+
+class ReducerTest(unittest.TestCase):
+    def test_reduces_while_the_failure_holds(self):
+        # A stand-in failure: the program plans and still has a log_softmax.
+        case = next(c for c in map(meshgen.generate, range(100, 200))
+                    if "log_softmax(" in c.text and not c.expect_error)
+
+        def still_fails(text):
+            return "log_softmax(" in text and plan(text, case.function)[0] == 0
+
+        reduced = Reducer(case.text, still_fails, budget_s=120).run()
+        self.assertTrue(still_fails(reduced))
+        self.assertLess(len(reduced.splitlines()), len(case.text.splitlines()) // 2,
+                        f"from:\n{case.text}\nto:\n{reduced}")
+
+
+if __name__ == "__main__":
+    MESHC = sys.argv.pop(1)
+    unittest.main()
