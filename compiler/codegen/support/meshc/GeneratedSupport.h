@@ -788,48 +788,35 @@ inline bool denseRun(const Shape& sizes, const Shape& strides, int64_t unit) {
   return true;
 }
 
-/// Sums `count` floats from `x` in double: eight independent accumulators, so that the compiler
-/// vectorizes the loop without reassociating one sum.
+/// The sum of term(x[i]) over a run of `count` floats, in double: eight independent
+/// accumulators, so that the compiler vectorizes the loop without reassociating one sum.
+template <class Term> inline double sumRun(const float* x, int64_t count, Term term) {
+  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int j = 0; j < 8; ++j)
+      partial[j] += term(x[i + j]);
+  for (; i < count; ++i)
+    partial[i % 8] += term(x[i]);
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
 inline double sumRun(const float* x, int64_t count) {
-  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8)
-    for (int j = 0; j < 8; ++j)
-      partial[j] += double(x[i + j]);
-  for (; i < count; ++i)
-    partial[i % 8] += double(x[i]);
-  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+  return sumRun(x, count, [](float v) { return double(v); });
 }
 
-/// The sum of (x - mean)^2 over a run, in double (eight accumulators, as sumRun).
+/// The sum of (x - mean)^2 over a run.
 inline double sumSquaredDeviations(const float* x, int64_t count, double mean) {
-  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8)
-    for (int j = 0; j < 8; ++j) {
-      double centered = double(x[i + j]) - mean;
-      partial[j] += centered * centered;
-    }
-  for (; i < count; ++i) {
-    double centered = double(x[i]) - mean;
-    partial[i % 8] += centered * centered;
-  }
-  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+  return sumRun(x, count, [mean](float v) {
+    double centered = double(v) - mean;
+    return centered * centered;
+  });
 }
 
-/// The sum of e^(x - max) over a run: f32 exponentials summed in double (as sumRun).
+/// The sum of e^(x - max) over a run: f32 exponentials summed in double.
 inline double sumExpRun(const float* x, int64_t count, float max) {
-  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8)
-    for (int j = 0; j < 8; ++j)
-      partial[j] += double(meshrt::kernels::f32::exp(x[i + j] - max));
-  for (; i < count; ++i)
-    partial[i % 8] += double(meshrt::kernels::f32::exp(x[i] - max));
-  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+  return sumRun(x, count, [max](float v) { return double(meshrt::kernels::f32::exp(v - max)); });
 }
 
 /// The largest of a run, sixteen lanes at a time; NaNs are passed over, as std::max(max, x)
