@@ -12,6 +12,7 @@ import collections
 import os
 import shlex
 import shutil
+import signal
 import sys
 import time
 
@@ -60,7 +61,11 @@ def main():
     features = collections.Counter()
     failures = []
     index = 0
-    while True:
+    # SIGTERM or ^C: finish the case under way, then print the summary.
+    stop = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.append(True))
+    while not stop:
         if args.cases and index >= args.cases:
             break
         if args.minutes and time.time() - start >= args.minutes * 60:

@@ -71,6 +71,29 @@ class ClassifyTest(unittest.TestCase):
         self.assertEqual(classify(1, shared, "", "to mesh axis 'a0'")[0], "rejected-ok")
 
 
+class ReplayTest(unittest.TestCase):
+    def replay(self, expect):
+        text = ("// difffuzz-args: --function p --backend threads --opt -O1\n"
+                f"// difffuzz-expect: {expect}\n"
+                "mesh grid[a0 = 4]\ndim d0 = 6\nlayout d0: a0\n"
+                "program p(x: f32[d0]) -> (y: f32[d0]) {\n  y = x * 2.0\n}\n")
+        with tempfile.TemporaryDirectory() as workdir:
+            path = os.path.join(workdir, "case.mesh")
+            with open(path, "w") as f:
+                f.write(text)
+            # The planner rejects the layout before any build: no C++ compiler runs.
+            return subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                                 "replay.py"),
+                                   "--meshc", MESHC, "--workdir", workdir, path],
+                                  stdout=subprocess.DEVNULL).returncode
+
+    def test_expectations(self):
+        self.assertEqual(self.replay("error 'd0'"), 0)
+        self.assertEqual(self.replay("known-bug rejected"), 0)
+        self.assertEqual(self.replay("error 'd1'"), 1)
+        self.assertEqual(self.replay("pass"), 1)
+
+
 class ReducerTest(unittest.TestCase):
     def test_reduces_while_the_failure_holds(self):
         # A stand-in failure: the program plans and still has a log_softmax.
