@@ -95,44 +95,6 @@ std::vector<BufferId> writesOf(const Stmt& stmt) {
   return std::visit(Visitor{}, stmt.node);
 }
 
-void forEachBuffer(Stmt& stmt, const std::function<void(BufferId&)>& visit) {
-  struct Visitor {
-    const std::function<void(BufferId&)>& apply;
-    void operator()(Loop& loop) const {
-      for (Access& access : loop.reads)
-        apply(access.buffer);
-      for (Store& store : loop.stores)
-        apply(store.at.buffer);
-    }
-    void operator()(Gemm& gemm) const {
-      for (BufferId& id : gemm.operands)
-        apply(id);
-      apply(gemm.out);
-    }
-    void operator()(Call& call) const {
-      if (call.out != kNoBuffer) apply(call.out);
-      for (BufferId& id : call.reads)
-        apply(id);
-      for (Arg& arg : call.args)
-        if (arg.buffer != kNoBuffer) apply(arg.buffer);
-    }
-    void operator()(Collective& c) const {
-      for (BufferId& id : c.buffers)
-        apply(id);
-    }
-    void operator()(Copy& copy) const {
-      apply(copy.to);
-      apply(copy.from);
-    }
-    void operator()(Invoke& invoke) const {
-      for (std::vector<BufferId>* list : {&invoke.arguments, &invoke.reads, &invoke.writes})
-        for (BufferId& id : *list)
-          apply(id);
-    }
-  };
-  std::visit(Visitor{visit}, stmt.node);
-}
-
 void forEachStream(Stmt& stmt, const std::function<void(Arg&)>& visit) {
   std::vector<Arg>* args = nullptr;
   if (Loop* loop = std::get_if<Loop>(&stmt.node)) args = &loop->invariants;

@@ -224,8 +224,6 @@ struct Stmt {
 /// which read and write their buffers).
 std::vector<BufferId> readsOf(const Stmt& stmt);
 std::vector<BufferId> writesOf(const Stmt& stmt);
-/// Calls `visit` on every buffer reference of `stmt` (reads, writes and arguments), in order.
-void forEachBuffer(Stmt& stmt, const std::function<void(BufferId&)>& visit);
 /// Calls `visit` on every RNG stream argument (Stream, StreamKey) of `stmt`, in order.
 void forEachStream(Stmt& stmt, const std::function<void(Arg&)>& visit);
 /// Every buffer reference of `stmt` (reads, writes and arguments) that names `from` names `to`.
@@ -282,6 +280,46 @@ struct KernelFunction {
     return BufferId(buffers.size() - 1);
   }
 };
+
+/// Calls `visit(BufferId&)` on every buffer reference of `stmt` (reads, writes and arguments), in
+/// order. A template: renaming buffers (replaceBuffer) runs it over whole bodies.
+template <class Visit> void forEachBuffer(Stmt& stmt, Visit&& visit) {
+  struct Visitor {
+    Visit& apply;
+    void operator()(Loop& loop) const {
+      for (Access& access : loop.reads)
+        apply(access.buffer);
+      for (Store& store : loop.stores)
+        apply(store.at.buffer);
+    }
+    void operator()(Gemm& gemm) const {
+      for (BufferId& id : gemm.operands)
+        apply(id);
+      apply(gemm.out);
+    }
+    void operator()(Call& call) const {
+      if (call.out != kNoBuffer) apply(call.out);
+      for (BufferId& id : call.reads)
+        apply(id);
+      for (Arg& arg : call.args)
+        if (arg.buffer != kNoBuffer) apply(arg.buffer);
+    }
+    void operator()(Collective& c) const {
+      for (BufferId& id : c.buffers)
+        apply(id);
+    }
+    void operator()(Copy& copy) const {
+      apply(copy.to);
+      apply(copy.from);
+    }
+    void operator()(Invoke& invoke) const {
+      for (std::vector<BufferId>* list : {&invoke.arguments, &invoke.reads, &invoke.writes})
+        for (BufferId& id : *list)
+          apply(id);
+    }
+  };
+  std::visit(Visitor{visit}, stmt.node);
+}
 
 struct KernelModule {
   std::vector<KernelFunction> functions;

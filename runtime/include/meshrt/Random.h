@@ -71,9 +71,14 @@ constexpr uint64_t fnv1a64(std::string_view bytes, uint64_t hash = 0xCBF29CE4842
   return hash;
 }
 
+/// The key of a stream whose name hashes (fnv1a64) to `nameHash`.
+constexpr uint64_t streamKeyOfHash(uint64_t seed, uint64_t nameHash) {
+  return mix64(nameHash ^ mix64(seed + 0x9E3779B97F4A7C15ull));
+}
+
 /// Key of the stream `name` ("input/x", "param/block[0]/w", a dropout stream "...#step").
 constexpr uint64_t streamKey(uint64_t seed, std::string_view name) {
-  return mix64(fnv1a64(name) ^ mix64(seed + 0x9E3779B97F4A7C15ull));
+  return streamKeyOfHash(seed, fnv1a64(name));
 }
 
 /// streamKey(seed, "<name>#<step>") (a train step's dropout stream) without building the string:
@@ -88,7 +93,7 @@ constexpr uint64_t stepStreamKey(uint64_t seed, std::string_view name, uint64_t 
   uint64_t hash = fnv1a64("#", fnv1a64(name));
   for (int k = count; k-- > 0;)
     hash = fnv1a64(std::string_view(&digits[k], 1), hash);
-  return mix64(hash ^ mix64(seed + 0x9E3779B97F4A7C15ull));
+  return streamKeyOfHash(seed, hash);
 }
 
 /// The four 32-bit words of call `block` of a stream; `draw` numbers redraws.
