@@ -119,8 +119,9 @@ private:
     }
     case Decl::Kind::Def: {
       const auto& def = cast<DefDecl>(decl);
-      line(indent, "DefDecl", decl.loc)
-          << " " << def.name.name << " -> " << typeText(def.result) << "\n";
+      line(indent, "DefDecl", decl.loc) << " " << def.name.name;
+      if (!def.dimParams.empty()) os_ << "[" << names(def.dimParams) << "]";
+      os_ << " -> " << typeText(def.result) << "\n";
       printTypedNames("Arg", def.args, indent + 1);
       printBody(def.body, indent + 1);
       return;
@@ -195,6 +196,12 @@ private:
       printExpr(*minimize.optimizer, indent + 1);
       return;
     }
+    case Stmt::Kind::Dim: {
+      const auto& dim = cast<DimStmt>(stmt);
+      line(indent, "DimStmt", stmt.loc) << " " << dim.name.name << "\n";
+      printExpr(*dim.size, indent + 1);
+      return;
+    }
     }
   }
 
@@ -227,6 +234,7 @@ private:
     case Expr::Kind::Call: {
       const auto& call = cast<CallExpr>(expr);
       line(indent, "CallExpr", expr.loc) << " " << call.callee.name;
+      if (call.hasDimArgs) os_ << "[" << names(call.dimArgs) << "]";
       if (call.hasArrow)
         os_ << " -> [" << names(call.arrowDims) << "] (arrow at " << at(call.arrowLoc) << ")";
       os_ << "\n";
