@@ -136,8 +136,12 @@ std::optional<FrameDims> FunctionLowerer::bindDimParams(const ast::DefDecl& def,
     }
   }
   if (!ok) return std::nullopt;
+  // A poisoned argument (its error reported) may be the one that would have bound a parameter.
+  bool poisoned =
+      std::any_of(args.begin(), args.end(), [](const Operand& a) { return a.isPoison(); });
   for (const ast::Ident& param : def.dimParams)
     if (!out.names.count(param.name)) {
+      if (poisoned) return std::nullopt;
       error(call.callee.loc, Diag::ErrDimParamUnbound, param.name, def.name.name, def.name.name);
       return std::nullopt;
     }

@@ -571,3 +571,21 @@ TEST_CASE("generic defs: syntax errors", "[parser]") {
     CHECK(parsed.diag.errorCount() == 1);
   }
 }
+
+TEST_CASE("the AST printer shows dim parameters, local dims and dim arguments", "[parser]") {
+  Parsed parsed("def f[S](x: f32[S]) -> f32[S] {\n  dim h = size(S)\n  return g[S](x)\n}");
+  REQUIRE(parsed.errors.empty());
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  printAST(*parsed.file, parsed.sources, os);
+  os.flush();
+  CHECK(out == "File p.mesh\n"
+               "  DefDecl 1:1 f[S] -> f32[S]\n"
+               "    Arg 1:10 x: f32[S]\n"
+               "    DimStmt 2:3 h\n"
+               "      CallExpr 2:11 size\n"
+               "        NameExpr 2:16 S\n"
+               "    ReturnStmt 3:3\n"
+               "      CallExpr 3:10 g[S]\n"
+               "        NameExpr 3:15 x\n");
+}

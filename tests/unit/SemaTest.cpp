@@ -788,3 +788,44 @@ TEST_CASE("a generic encoder-decoder computes what its hand-duplicated twin comp
   }
   CHECK(largest > 0.1); // not a trivially zero output
 }
+
+TEST_CASE("sema passes dim bindings through nested generic calls and keeps local dims local") {
+  Analyzed a(generic(R"(
+def scale[S](x: f32[batch, S]) -> f32[batch, S] { return x * size(S) }
+def twice[L](x: f32[batch, L]) -> f32[batch, L] {
+  dim pair = 2
+  let h = x
+  repeat L { h = scale(h) }
+  let two = concat(x, x, along = [L, L] -> wide)
+  return h
+}
+dim wide = 16
+program p(x: f32[batch, enc]) -> (y: f32[batch, enc]) { y = twice(x) }
+)"));
+  INFO(a.errors);
+  const ir::Function& fn = a.fn("p");
+  size_t muls = std::count_if(fn.ops.begin(), fn.ops.end(),
+                              [](const ir::Op& op) { return op.kind == OpKind::Mul; });
+  CHECK(muls == 8); // repeat L: size(enc) = 8 inlined calls of scale, each scaling by 8
+  CHECK(firstOp(fn, OpKind::Concat).dims("from") == Strings{"enc", "enc"});
+  CHECK(a.module->dims.at("pair") == 2);
+
+  Analyzed b(generic(R"(
+def f[S, S](x: f32[S]) -> f32[S] { return x }
+def g[L](x: f32[L]) -> f32[L] {
+  dim half = size(L) / 2
+  return x
+}
+def h(x: f32[half]) -> f32[half] { return x }
+program p(x: f32[enc]) -> (y: f32[enc]) {
+  y = g(f(x))
+  let n = size(L)
+}
+)"));
+  INFO(b.errors);
+  CHECK(b.reported("redefinition of dim parameter 'S'"));
+  CHECK(b.reported("t.mesh:12:14: error: unknown dim 'half'"));
+  CHECK(b.reported("t.mesh:15:16: error: unknown dim 'L'"));
+  CHECK_FALSE(b.reported("not bound by the argument types")); // f(x) failed: no cascade
+  CHECK(b.diag.errorCount() == 4);
+}
