@@ -77,8 +77,9 @@ std::optional<double> FunctionLowerer::numberArg(const KwMap& kw, const std::str
   if (it == kw.end()) return fallback;
   const ast::KeywordArg& arg = *it->second;
   std::optional<Constant> literal =
-      arg.value ? constantValue(*arg.value, fmt::format("keyword argument '{}'", name))
-                : std::nullopt;
+      arg.value
+          ? constantValue(*arg.value, fmt::format("keyword argument '{}' of '{}'", name, callee))
+          : std::nullopt;
   if (!literal) return std::nullopt; // reported
   if ((integer && (!literal->isInteger || std::fabs(literal->value) > 1e15)) ||
       !std::isfinite(literal->value)) {
