@@ -30,12 +30,14 @@ std::string numberText(double value) {
 // ------------------------------------------------------------------------- dims in scope
 
 std::optional<std::string> FunctionLowerer::resolveDim(const std::string& name) const {
-  if (signatureDims_)
+  if (signatureDims_) {
+    // A def's signature sees its dim parameters and the global dims, not the caller's dims.
     if (auto it = signatureDims_->names.find(name); it != signatureDims_->names.end())
       return it->second;
-  if (!frames_.empty())
+  } else if (!frames_.empty()) {
     if (auto it = frames_.back().dims.names.find(name); it != frames_.back().dims.names.end())
       return it->second;
+  }
   auto global = globals_.dims.find(name);
   if (global == globals_.dims.end() || global->second.local) return std::nullopt;
   return name;

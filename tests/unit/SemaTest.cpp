@@ -821,12 +821,18 @@ def h(x: f32[half]) -> f32[half] { return x }
 program p(x: f32[enc]) -> (y: f32[enc]) {
   y = g(f(x))
   let n = size(L)
+  dim quarter = 2
+  let q = cast(iota(quarter), f32)
+  let r = k(q)
 }
+def k(x: f32[quarter]) -> f32[quarter] { return x }
 )"));
   INFO(b.errors);
   CHECK(b.reported("redefinition of dim parameter 'S'"));
   CHECK(b.reported("t.mesh:12:14: error: unknown dim 'half'"));
   CHECK(b.reported("t.mesh:15:16: error: unknown dim 'L'"));
   CHECK_FALSE(b.reported("not bound by the argument types")); // f(x) failed: no cascade
-  CHECK(b.diag.errorCount() == 4);
+  // The caller's local dim is not visible in the signature of the def it calls.
+  CHECK(b.reported("t.mesh:20:14: error: unknown dim 'quarter'"));
+  CHECK(b.diag.errorCount() == 6);
 }
