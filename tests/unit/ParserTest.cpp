@@ -259,6 +259,67 @@ def f(x: f32[a]) -> f32[a] {
   CHECK(isa<ReturnStmt>(*body[7]));
 }
 
+TEST_CASE("several results, shared repeats, tied params and metrics", "[parser]") {
+  Parsed parsed(R"(
+def heads(h: f32[a]) -> (mlm: f32[a, v], sop: f32[c]) {
+  param table: f32[v, a] = normal(stddev = 0.02) as "embedding"
+  let x, _ = split(h)
+  x, y = split(h)
+  repeat 3 shared { x = x }
+  repeat layers { x = x }
+  return x, y * 2
+}
+train t(x: f32[a]) -> (accuracy: f32[], recall: f32[]) { minimize x with sgd(lr = 1) }
+)");
+  INFO(parsed.errors);
+  REQUIRE(parsed.errors.empty());
+  const auto& def = parsed.decl<DefDecl>(0);
+  REQUIRE(def.hasSeveralResults());
+  REQUIRE(def.results.size() == 2);
+  CHECK(def.results[0].name.name == "mlm");
+  CHECK(def.results[1].type.dims[0].name == "c");
+  const auto& body = def.body;
+  REQUIRE(body.size() == 6);
+  const auto& param = cast<ParamStmt>(*body[0]);
+  REQUIRE(param.tiedPath);
+  CHECK(*param.tiedPath == "embedding");
+  CHECK(parsed.at(param.tiedPathLoc) == "3:57");
+  const auto& let = cast<BindResultsStmt>(*body[1]);
+  CHECK(let.isLet);
+  REQUIRE(let.names.size() == 2);
+  CHECK(let.names[1].name == "_");
+  CHECK(render(*let.value) == "split(h)");
+  const auto& assign = cast<BindResultsStmt>(*body[2]);
+  CHECK_FALSE(assign.isLet);
+  CHECK(parsed.at(assign.loc) == "5:3");
+  CHECK(cast<RepeatStmt>(*body[3]).shared);
+  CHECK_FALSE(cast<RepeatStmt>(*body[4]).shared);
+  const auto& ret = cast<ReturnStmt>(*body[5]);
+  REQUIRE(ret.rest.size() == 1);
+  CHECK(render(*ret.rest[0]) == "(y * 2)");
+  const auto& train = parsed.decl<TrainDecl>(1);
+  REQUIRE(train.metrics.size() == 2);
+  CHECK(train.metrics[1].name.name == "recall");
+  // `shared` and `as` stay ordinary names elsewhere.
+  Parsed names("program p(shared: f32[a]) -> (as: f32[a]) { as = shared }");
+  CHECK(names.errors.empty());
+}
+
+TEST_CASE("errors in the forms of several results and tied params", "[parser]") {
+  SECTION("'as' without a path string") {
+    Parsed parsed("def f() -> f32[] { param w: f32[] = ones() as w\n return w }");
+    CHECK(parsed.reported("p.mesh:1:47: error: expected a param path string after 'as'"));
+  }
+  SECTION("a bound name list without '='") {
+    Parsed parsed("def f() -> f32[] { let a, b + 1\n return a }");
+    CHECK(parsed.reported("p.mesh:1:28: error: expected ',' or '='"));
+  }
+  SECTION("an empty result list") {
+    Parsed parsed("def f() -> () { return 1 }");
+    CHECK(parsed.reported("p.mesh:1:13: error: expected a name"));
+  }
+}
+
 TEST_CASE("precedence and associativity", "[parser]") {
   CHECK(renderExpr("a + b * c") == "(a + (b * c))");
   CHECK(renderExpr("a - b - c") == "((a - b) - c)");
