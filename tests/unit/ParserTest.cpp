@@ -283,7 +283,7 @@ train t(x: f32[a]) -> (accuracy: f32[], recall: f32[]) { minimize x with sgd(lr 
   const auto& param = cast<ParamStmt>(*body[0]);
   REQUIRE(param.tiedPath);
   CHECK(*param.tiedPath == "embedding");
-  CHECK(parsed.at(param.tiedPathLoc) == "3:57");
+  CHECK(parsed.at(param.tiedPathLoc) == "3:53");
   const auto& let = cast<BindResultsStmt>(*body[1]);
   CHECK(let.isLet);
   REQUIRE(let.names.size() == 2);
@@ -312,7 +312,7 @@ TEST_CASE("errors in the forms of several results and tied params", "[parser]") 
   }
   SECTION("a bound name list without '='") {
     Parsed parsed("def f() -> f32[] { let a, b + 1\n return a }");
-    CHECK(parsed.reported("p.mesh:1:28: error: expected ',' or '='"));
+    CHECK(parsed.reported("p.mesh:1:29: error: expected ',' or '=' but found '+'"));
   }
   SECTION("an empty result list") {
     Parsed parsed("def f() -> () { return 1 }");
