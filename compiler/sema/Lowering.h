@@ -165,6 +165,10 @@ private:
                    const std::function<void(const std::string&)>& mismatch);
   void beginFunction(const std::string& name, llvm::SMLoc loc);
   void bindInputs(const std::vector<ast::TypedName>& inputs, Scope& scope);
+  /// Declares a program's outputs (or a train block's metrics) unset; collectOutputs then
+  /// appends each to fn_.outputs, reporting those never set.
+  void bindOutputs(const std::vector<ast::TypedName>& outputs, Scope& scope);
+  void collectOutputs(const std::vector<ast::TypedName>& outputs, Scope& scope);
   bool declare(Scope& scope, const ast::Ident& name, Binding binding);
   void lowerBlock(const std::vector<ast::StmtPtr>& body, Scope& scope, BlockKind kind,
                   llvm::SMLoc ownerLoc, const std::string& ownerName);

@@ -265,34 +265,22 @@ void FunctionLowerer::dropUnusedOps(size_t opStart, std::vector<Operand*> kept) 
 // ------------------------------------------------------------------------- metrics
 
 void FunctionLowerer::bindMetrics(const ast::TrainDecl& train, Scope& scope) {
+  bindOutputs(train.metrics, scope);
   for (const ast::TypedName& metric : train.metrics) {
-    Binding binding;
-    binding.kind = Binding::Kind::Output;
-    binding.isSet = false;
-    binding.type = convertType(metric.type);
-    if (binding.type && (binding.type->dtype != ir::DType::F32 || !binding.type->dims.empty())) {
-      error(metric.type.loc, Diag::ErrMetricType, metric.name.name, typeString(*binding.type));
-      binding.type.reset();
-    }
     if (metric.name.name == "loss") error(metric.name.loc, Diag::ErrMetricNamedLoss);
-    declare(scope, metric.name, std::move(binding));
+    auto it = scope.names.find(metric.name.name);
+    if (it == scope.names.end() || it->second.kind != Binding::Kind::Output) continue;
+    std::optional<ir::TensorType>& type = it->second.type;
+    if (type && (type->dtype != ir::DType::F32 || !type->dims.empty())) {
+      error(metric.type.loc, Diag::ErrMetricType, metric.name.name, typeString(*type));
+      type.reset(); // setting it then poisons it, quietly
+    }
   }
 }
 
 void FunctionLowerer::collectMetrics(const ast::TrainDecl& train, Scope& scope) {
-  for (const ast::TypedName& metric : train.metrics) {
-    auto it = scope.names.find(metric.name.name);
-    if (it == scope.names.end() || it->second.kind != Binding::Kind::Output ||
-        it->second.loc.getPointer() != metric.name.loc.getPointer())
-      continue; // a duplicate name, already reported
-    const Binding& binding = it->second;
-    if (!binding.isSet) {
-      if (!tooLarge_) error(metric.name.loc, Diag::ErrUnsetOutput, metric.name.name);
-      continue;
-    }
-    if (binding.value.isPoison() || !fn_.train) continue;
-    fn_.outputs.push_back({metric.name.name, binding.value.id, location(metric.name.loc)});
-  }
+  // After the loss, which lowerMinimize appended (without it, an error was reported).
+  collectOutputs(train.metrics, scope);
 }
 
 } // namespace sema

@@ -231,15 +231,24 @@ std::optional<ir::Function> FunctionLowerer::lowerProgram(const ast::ProgramDecl
   fn_.kind = ir::Function::Kind::Program;
   Scope scope;
   bindInputs(program.inputs, scope);
-  for (const ast::TypedName& output : program.outputs) {
+  bindOutputs(program.outputs, scope);
+  lowerBlock(program.body, scope, BlockKind::Program, program.name.loc, program.name.name);
+  collectOutputs(program.outputs, scope);
+  return std::move(fn_);
+}
+
+void FunctionLowerer::bindOutputs(const std::vector<ast::TypedName>& outputs, Scope& scope) {
+  for (const ast::TypedName& output : outputs) {
     Binding binding;
     binding.kind = Binding::Kind::Output;
     binding.isSet = false;
     binding.type = convertType(output.type);
     declare(scope, output.name, std::move(binding));
   }
-  lowerBlock(program.body, scope, BlockKind::Program, program.name.loc, program.name.name);
-  for (const ast::TypedName& output : program.outputs) {
+}
+
+void FunctionLowerer::collectOutputs(const std::vector<ast::TypedName>& outputs, Scope& scope) {
+  for (const ast::TypedName& output : outputs) {
     auto it = scope.names.find(output.name.name);
     if (it == scope.names.end() || it->second.kind != Binding::Kind::Output ||
         it->second.loc.getPointer() != output.name.loc.getPointer())
@@ -252,7 +261,6 @@ std::optional<ir::Function> FunctionLowerer::lowerProgram(const ast::ProgramDecl
     if (binding.value.isPoison()) continue;
     fn_.outputs.push_back({output.name.name, binding.value.id, location(output.name.loc)});
   }
-  return std::move(fn_);
 }
 
 std::optional<ir::Function> FunctionLowerer::lowerTrain(const ast::TrainDecl& train) {
