@@ -653,7 +653,10 @@ StmtPtr Parser::parseParamStmt() {
   }
   stmt->init = parseCall();
   if (!stmt->init) return nullptr;
-  if (is(Tok::Ident) && tok().text == "as" && !parseTiedPath(*stmt)) return nullptr;
+  // `as` starts the next statement when it is a name being assigned (`as = ...`, `as, b = ...`).
+  bool tied = is(Tok::Ident) && tok().text == "as" && peek(1).kind != Tok::Assign &&
+              peek(1).kind != Tok::Comma;
+  if (tied && !parseTiedPath(*stmt)) return nullptr;
   return stmt;
 }
 

@@ -300,9 +300,12 @@ train t(x: f32[a]) -> (accuracy: f32[], recall: f32[]) { minimize x with sgd(lr 
   const auto& train = parsed.decl<TrainDecl>(1);
   REQUIRE(train.metrics.size() == 2);
   CHECK(train.metrics[1].name.name == "recall");
-  // `shared` and `as` stay ordinary names elsewhere.
-  Parsed names("program p(shared: f32[a]) -> (as: f32[a]) { as = shared }");
+  // `shared` and `as` stay ordinary names elsewhere, even right after a param.
+  Parsed names("program p(shared: f32[a]) -> (as: f32[a]) {\n  param w: f32[a] = ones()\n"
+               "  as = shared * w\n}");
+  INFO(names.errors);
   CHECK(names.errors.empty());
+  CHECK(names.decl<ProgramDecl>(0).body.size() == 2);
 }
 
 TEST_CASE("errors in the forms of several results and tied params", "[parser]") {
