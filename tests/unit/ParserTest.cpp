@@ -513,6 +513,52 @@ TEST_CASE("the AST printer shows every node with line:col", "[parser]") {
                "        NumberExpr 3:12 2.5\n");
 }
 
+TEST_CASE("the AST printer shows results, bound names, shared repeats and tied paths",
+          "[parser]") {
+  Parsed parsed("def f(x: f32[a]) -> (u: f32[a], v: f32[]) {\n"
+                "  param w: f32[a] = ones() as \"t/w\"\n"
+                "  repeat 2 shared { x = x }\n"
+                "  return x, sum(w)\n}\n"
+                "train t(x: f32[a]) -> (m: f32[]) {\n"
+                "  let p, _ = f(x)\n"
+                "  m, q = f(p)\n"
+                "  minimize m with sgd(lr = 1)\n}");
+  REQUIRE(parsed.errors.empty());
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  printAST(*parsed.file, parsed.sources, os);
+  os.flush();
+  CHECK(out == "File p.mesh\n"
+               "  DefDecl 1:1 f\n"
+               "    Arg 1:7 x: f32[a]\n"
+               "    Result 1:22 u: f32[a]\n"
+               "    Result 1:33 v: f32[]\n"
+               "    ParamStmt 2:3 w: f32[a] as \"t/w\"\n"
+               "      CallExpr 2:21 ones\n"
+               "    RepeatStmt 3:3 shared\n"
+               "      NumberExpr 3:10 2\n"
+               "      AssignStmt 3:21 x\n"
+               "        NameExpr 3:25 x\n"
+               "    ReturnStmt 4:3\n"
+               "      NameExpr 4:10 x\n"
+               "      CallExpr 4:13 sum\n"
+               "        NameExpr 4:17 w\n"
+               "  TrainDecl 6:1 t\n"
+               "    Input 6:9 x: f32[a]\n"
+               "    Metric 6:24 m: f32[]\n"
+               "    BindResultsStmt 7:3 let p, _\n"
+               "      CallExpr 7:14 f\n"
+               "        NameExpr 7:16 x\n"
+               "    BindResultsStmt 8:3 m, q\n"
+               "      CallExpr 8:10 f\n"
+               "        NameExpr 8:12 p\n"
+               "    MinimizeStmt 9:3\n"
+               "      NameExpr 9:12 m\n"
+               "      CallExpr 9:19 sgd\n"
+               "        KeywordArg 9:23 lr\n"
+               "          NumberExpr 9:28 1\n");
+}
+
 TEST_CASE("loadSourcesFromBuffer parses the main buffer and its imports", "[parser]") {
   llvm::SourceMgr sources;
   std::string errors;
