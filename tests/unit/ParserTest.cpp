@@ -513,8 +513,7 @@ TEST_CASE("the AST printer shows every node with line:col", "[parser]") {
                "        NumberExpr 3:12 2.5\n");
 }
 
-TEST_CASE("the AST printer shows results, bound names, shared repeats and tied paths",
-          "[parser]") {
+TEST_CASE("the AST printer shows results, bound names, shared repeats and tied paths", "[parser]") {
   Parsed parsed("def f(x: f32[a]) -> (u: f32[a], v: f32[]) {\n"
                 "  param w: f32[a] = ones() as \"t/w\"\n"
                 "  repeat 2 shared { x = x }\n"
