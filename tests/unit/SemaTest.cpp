@@ -740,8 +740,9 @@ program p(x: f32[batch, enc]) -> (y: f32[batch, enc]) {
 }
 )"));
   CHECK(bad.reported("keyword argument 'by' of 'shift' must be an integer constant"));
-  CHECK(bad.reported("keyword argument 'eps' of 'layer_norm' must be a constant, and the call of 'sum' "
-                   "is not"));
+  CHECK(bad.reported(
+      "keyword argument 'eps' of 'layer_norm' must be a constant, and the call of 'sum' "
+      "is not"));
   CHECK(bad.reported("keyword argument 'eps' of 'layer_norm' must be a finite constant"));
   CHECK(bad.reported("unknown dim 'nope'"));
   CHECK(bad.diag.errorCount() == 4);
