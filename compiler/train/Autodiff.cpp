@@ -62,6 +62,9 @@ private:
 bool Differentiator::propagates(const Op& op, size_t k) {
   switch (op.kind) {
   case OpKind::StopGradient:
+  case OpKind::Floor: // piecewise constant: zero almost everywhere
+  case OpKind::Ceil:
+  case OpKind::Round:
   case OpKind::OneHot:
     return false;
   case OpKind::Gather:

@@ -50,6 +50,7 @@ using Shape = std::vector<int64_t>;
 // The RNG fills of run()'s random ops and of the params (the CUDA support header has its own,
 // which fill on the host and upload).
 using meshrt::kernels::fillParam;
+using meshrt::kernels::fillRandomInt;
 using meshrt::kernels::fillRandomNormal;
 using meshrt::kernels::fillRandomUniform;
 
@@ -223,6 +224,16 @@ MESHRT_HD_INLINE float fsigmoid(float x) {
 MESHRT_HD_INLINE float fgelu(float x) {
   return meshrt::kernels::f32::gelu(x);
 }
+MESHRT_HD_INLINE float ffloor(float x) {
+  return std::floor(x);
+}
+MESHRT_HD_INLINE float fceil(float x) {
+  return std::ceil(x);
+}
+/// Halves to even: the default rounding mode, as the interpreter's std::nearbyint.
+MESHRT_HD_INLINE float fround(float x) {
+  return std::nearbyint(x);
+}
 
 /// `value` where `mask` (meshrt::dropoutKeepMask) keeps the element, else +0: bit operations,
 /// which vectorize where a float ternary or a bool would stay a branch.
@@ -242,6 +253,41 @@ MESHRT_HD_INLINE float minimum(float a, float b) {
 MESHRT_HD inline float divI32(float a, float b) {
   int64_t x = int64_t(a), y = int64_t(b);
   return y == 0 ? 0.0f : wrapI32(double(x / y));
+}
+
+/// top_k's j-th position along a row of n elements `stride` apart, in the order NaN first,
+/// then descending, ties to the lower position (a strict total order, as the interpreter's
+/// stable sort): j + 1 selection passes, each the first element after the previous pick.
+MESHRT_HD inline int64_t topKPosition(const float* row, int64_t n, int64_t stride, int64_t j) {
+  auto before = [&](int64_t a, int64_t b) {
+    float u = row[a * stride], v = row[b * stride];
+    if (std::isnan(u) != std::isnan(v)) return std::isnan(u);
+    if (!std::isnan(u) && u != v) return u > v;
+    return a < b;
+  };
+  int64_t previous = -1;
+  for (int64_t pass = 0; pass <= j; ++pass) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; ++i)
+      if ((previous < 0 || before(previous, i)) && (best < 0 || before(i, best))) best = i;
+    previous = best;
+  }
+  return previous;
+}
+
+/// i32 floor division and modulo (Python's // and %, the modulo taking the divisor's sign);
+/// by zero: quotient 0 and modulo a, so that a == b * (a // b) + a % b always holds.
+MESHRT_HD inline int64_t floorQuotient(int64_t x, int64_t y) {
+  if (y == 0) return 0;
+  int64_t q = x / y;
+  return (x % y != 0 && (x < 0) != (y < 0)) ? q - 1 : q;
+}
+MESHRT_HD inline float floorDivI32(float a, float b) {
+  return wrapI32(double(floorQuotient(int64_t(a), int64_t(b))));
+}
+MESHRT_HD inline float modI32(float a, float b) {
+  int64_t x = int64_t(a), y = int64_t(b);
+  return wrapI32(double(x - y * floorQuotient(x, y)));
 }
 
 MESHRT_HD inline float powI32(float a, float b) {
@@ -1205,6 +1251,16 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
                double id = double(ids[at[2]]) - double(start);
                out[at[0]] =
                    id >= 0 && id < double(rows) ? table[at[1] + int64_t(id) * rowStride] : 0.0f;
+             });
+}
+
+/// top_k: out = the position of the row's (at[2])-th largest (the row whole on this rank; in
+/// strides 0 along the output's new dim).
+inline void topK(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
+                 const Shape& positionStrides, int64_t n, int64_t stride) {
+  forEach<3>(outSizes, {rowMajorStrides(outSizes), inStrides, positionStrides}, {0, 0, 0},
+             [&](const std::array<int64_t, 3>& at) {
+               out[at[0]] = float(topKPosition(in + at[1], n, stride, at[2]));
              });
 }
 
