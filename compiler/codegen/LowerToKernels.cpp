@@ -695,7 +695,7 @@ llvm::Error Lowerer::lowerOther(size_t index) {
     return llvm::Error::success();
   }
   case OpKind::TopK: {
-    std::string dim = stringAttr(op, "dim"), to = stringAttr(op, "to");
+    std::string dim = stringAttr(op, "from"), to = stringAttr(op, "to");
     SpmdValueId x = op.operands[0];
     const TensorType& in = local(x);
     int inAt = in.findDim(dim), outAt = result.findDim(to);

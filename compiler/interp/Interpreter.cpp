@@ -1358,7 +1358,7 @@ llvm::Error Interpreter::gather(const Op& op, Tensor& out) {
 /// descending, so that ties keep the lower position first.
 llvm::Error Interpreter::topK(const Op& op, Tensor& out) {
   const Tensor& in = operand(op, 0);
-  auto dim = string(op, "dim"), to = string(op, "to");
+  auto dim = string(op, "from"), to = string(op, "to");
   if (!dim) return dim.takeError();
   if (!to) return to.takeError();
   if (auto error = requireDim(op, in.type, *dim)) return error;

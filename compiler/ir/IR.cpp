@@ -34,12 +34,12 @@ int TensorType::findDim(const std::string& name) const {
 }
 
 static const char* const kOpSpellings[] = {
-#define OP(Name, Spelling, Description) Spelling,
+#define OP(Name, Spelling, Arity, Result, Linear, Gradient, Traits, Attrs, Description) Spelling,
 #include "ir/OpKinds.def"
 #undef OP
 };
 static const char* const kOpDescriptions[] = {
-#define OP(Name, Spelling, Description) Description,
+#define OP(Name, Spelling, Arity, Result, Linear, Gradient, Traits, Attrs, Description) Description,
 #include "ir/OpKinds.def"
 #undef OP
 };

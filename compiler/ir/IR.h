@@ -39,7 +39,7 @@ struct TensorType {
 };
 
 enum class OpKind {
-#define OP(Name, Spelling, Description) Name,
+#define OP(Name, Spelling, Arity, Result, Linear, Gradient, Traits, Attrs, Description) Name,
 #include "ir/OpKinds.def"
 #undef OP
 };

@@ -658,7 +658,7 @@ private:
   /// local top-k per shard merged over the group would move less for small k; not done yet.
   void planTopK(const ir::Op& op, OpPlan& out) {
     const ir::TensorType& resultType = fn_.typeOf(op.result);
-    std::string dim = op.string("dim"), to = op.string("to");
+    std::string dim = op.string("from"), to = op.string("to");
     out.result = desired(resultType, &out, "");
     if (int at = resultType.findDim(to); at >= 0 && !out.result.dimAxes[size_t(at)].empty()) {
       out.drops.push_back(

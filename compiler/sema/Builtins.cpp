@@ -985,7 +985,7 @@ Operand FunctionLowerer::lowerRandomPermutation(const ast::CallExpr& call, Scope
             {{"min", 0.0}, {"max", 1.0}, {"stream", randomStream("random_permutation")}});
   if (keys.isPoison()) return keys;
   return addOp(ir::OpKind::TopK, {keys.id}, ir::TensorType{ir::DType::I32, {dim(*d)}},
-               call.callee.loc, {{"dim", *d}, {"to", *d}});
+               call.callee.loc, {{"from", *d}, {"to", *d}});
 }
 
 Operand FunctionLowerer::lowerScatterAdd(const ast::CallExpr& call, Scope& scope) {
@@ -1048,7 +1048,7 @@ Operand FunctionLowerer::lowerTopK(bool values, const ast::CallExpr& call, Scope
   ir::TensorType positions{ir::DType::I32, type.dims};
   positions.dims[size_t(type.findDim(*d))] = dim(k);
   Operand indices =
-      addOp(ir::OpKind::TopK, {*x}, positions, call.callee.loc, {{"dim", *d}, {"to", k}});
+      addOp(ir::OpKind::TopK, {*x}, positions, call.callee.loc, {{"from", *d}, {"to", k}});
   if (!values || indices.isPoison()) return indices;
   // The values: x summed over d where one_hot(indices, d) picks it. `where` rather than a
   // product keeps an inf or NaN in x from spreading to the other picks; the gradient of the

@@ -256,18 +256,18 @@ TEST_CASE("top_k: positions in descending order, NaN first, ties to the lower po
   const double inf = std::numeric_limits<double>::infinity();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Tensor x = tensor(f32({{"a", 2}, {"b", 5}}), {3, 1, 3, nan, 2, -1, -1, -5, 0, inf});
-  checkData(evalOp(OpKind::TopK, {x}, i32({{"a", 2}, {"e", 3}}), {{"dim", "b"}, {"to", "e"}}),
+  checkData(evalOp(OpKind::TopK, {x}, i32({{"a", 2}, {"e", 3}}), {{"from", "b"}, {"to", "e"}}),
             {3, 0, 2, 4, 3, 0});
   // Along the major dim, into a dim placed where it was; i32 input.
   Tensor n = tensor(i32({{"b", 5}, {"a", 2}}), {4, 0, 9, 0, 4, 1, 9, -3, 8, 1});
-  checkData(evalOp(OpKind::TopK, {n}, i32({{"e", 3}, {"a", 2}}), {{"dim", "b"}, {"to", "e"}}),
+  checkData(evalOp(OpKind::TopK, {n}, i32({{"e", 3}, {"a", 2}}), {{"from", "b"}, {"to", "e"}}),
             {1, 2, 3, 4, 4, 0});
   CHECK(runError(
             [&] {
               Graph graph;
               ir::ValueId in = graph.input("x", x.type);
               graph.output("y", graph.op(OpKind::TopK, {in}, i32({{"a", 2}, {"f", 6}}),
-                                         {{"dim", "b"}, {"to", "f"}}));
+                                         {{"from", "b"}, {"to", "f"}}));
               return graph.fn;
             }(),
             {{"x", x}})

@@ -1,0 +1,39 @@
+#include "ir/OpTraits.h"
+
+namespace meshc::ir {
+
+const char* resultRuleName(ResultRule rule) {
+  switch (rule) {
+  case ResultRule::Source:
+    return "source";
+  case ResultRule::Same:
+    return "same as operand";
+  case ResultRule::Convert:
+    return "convert";
+  case ResultRule::Permute:
+    return "permute";
+  case ResultRule::Expand:
+    return "expand";
+  case ResultRule::Broadcast:
+    return "broadcast";
+  case ResultRule::Compare:
+    return "compare";
+  case ResultRule::Select:
+    return "select";
+  case ResultRule::External:
+    return "external";
+  case ResultRule::Contract:
+    return "contract";
+  case ResultRule::Reduce:
+    return "reduce";
+  case ResultRule::Remap:
+    return "remap";
+  case ResultRule::OneHot:
+    return "one_hot";
+  case ResultRule::Gather:
+    return "gather";
+  }
+  return "?";
+}
+
+} // namespace meshc::ir
