@@ -705,11 +705,9 @@ llvm::Error Lowerer::lowerOther(size_t index) {
       return unsupported(op, "top_k with its row split (the planner gathers it)");
     Shape inStrides = stridesOver(in, result.dims);
     inStrides[size_t(outAt)] = 0; // random_permutation selects along the dim it writes
-    Shape position(result.dims.size(), 0);
-    position[size_t(outAt)] = 1;
     BufferId written = allocate(op.result);
     call(Callee::TopK,
-         {data(op.result), ints(sizesOf(result.dims)), data(x), ints(inStrides), ints(position),
+         {data(op.result), ints(sizesOf(result.dims)), data(x), ints(inStrides), integer(outAt),
           integer(in.dims[size_t(inAt)].size), integer(rowMajorStrides(in)[size_t(inAt)])},
          written, {x});
     return llvm::Error::success();

@@ -411,11 +411,22 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
              });
 }
 
+/// top_k as meshc::gen::topK, one thread per row element: its rank in the row (how many
+/// elements come before it in gen::topKBefore's order), written at that rank when below k.
 inline void topK(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
-                 const Shape& positionStrides, int64_t n, int64_t stride) {
-  forEach<3>(outSizes, {rowMajorStrides(outSizes), inStrides, positionStrides}, {0, 0, 0},
+                 int64_t kAt, int64_t n, int64_t stride) {
+  Shape lanes = outSizes, outBase = rowMajorStrides(outSizes), inAt = inStrides;
+  Shape position(outSizes.size(), 0);
+  int64_t k = lanes[size_t(kAt)], outStride = outBase[size_t(kAt)];
+  lanes[size_t(kAt)] = n;
+  outBase[size_t(kAt)] = 0;
+  inAt[size_t(kAt)] = stride;
+  position[size_t(kAt)] = 1;
+  forEach<3>(lanes, {outBase, inAt, position}, {0, 0, 0},
              [=] __device__(const std::array<int64_t, 3>& at) {
-               out[at[0]] = float(gen::topKPosition(in + at[1], n, stride, at[2]));
+               int64_t i = at[2];
+               int64_t rank = gen::topKRank(in + at[1] - i * stride, stride, n, i);
+               if (rank < k) out[at[0] + rank * outStride] = float(i);
              });
 }
 

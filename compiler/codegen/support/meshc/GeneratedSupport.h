@@ -255,24 +255,23 @@ MESHRT_HD inline float divI32(float a, float b) {
   return y == 0 ? 0.0f : wrapI32(double(x / y));
 }
 
-/// top_k's j-th position along a row of n elements `stride` apart, in the order NaN first,
-/// then descending, ties to the lower position (a strict total order, as the interpreter's
-/// stable sort): j + 1 selection passes, each the first element after the previous pick.
-MESHRT_HD inline int64_t topKPosition(const float* row, int64_t n, int64_t stride, int64_t j) {
-  auto before = [&](int64_t a, int64_t b) {
-    float u = row[a * stride], v = row[b * stride];
-    if (std::isnan(u) != std::isnan(v)) return std::isnan(u);
-    if (!std::isnan(u) && u != v) return u > v;
-    return a < b;
-  };
-  int64_t previous = -1;
-  for (int64_t pass = 0; pass <= j; ++pass) {
-    int64_t best = -1;
-    for (int64_t i = 0; i < n; ++i)
-      if ((previous < 0 || before(previous, i)) && (best < 0 || before(i, best))) best = i;
-    previous = best;
-  }
-  return previous;
+/// Whether element a of a row (elements `stride` apart) comes before element b in top_k's
+/// order: NaN first, then descending, ties to the lower position. A strict total order, the
+/// interpreter's stable sort's, so that both targets select the same positions.
+MESHRT_HD inline bool topKBefore(const float* row, int64_t stride, int64_t a, int64_t b) {
+  float u = row[a * stride], v = row[b * stride];
+  if (std::isnan(u) != std::isnan(v)) return std::isnan(u);
+  if (!std::isnan(u) && u != v) return u > v;
+  return a < b;
+}
+
+/// Element i's place in a row of n in topKBefore's order (how many come before it): CUDA's
+/// top_k, one thread per element, writes i at this place when it is below k.
+MESHRT_HD inline int64_t topKRank(const float* row, int64_t stride, int64_t n, int64_t i) {
+  int64_t rank = 0;
+  for (int64_t t = 0; t < n; ++t)
+    rank += topKBefore(row, stride, t, i) ? 1 : 0;
+  return rank;
 }
 
 /// i32 floor division and modulo (Python's // and %, the modulo taking the divisor's sign);
@@ -1254,14 +1253,26 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
              });
 }
 
-/// top_k: out = the position of the row's (at[2])-th largest (the row whole on this rank; in
-/// strides 0 along the output's new dim).
+/// top_k: along out's dim kAt, the positions of each row's first size(kAt) elements in
+/// topKBefore's order (the row of n elements whole on this rank; inStrides 0 along kAt). A
+/// partial sort per row.
 inline void topK(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
-                 const Shape& positionStrides, int64_t n, int64_t stride) {
-  forEach<3>(outSizes, {rowMajorStrides(outSizes), inStrides, positionStrides}, {0, 0, 0},
-             [&](const std::array<int64_t, 3>& at) {
-               out[at[0]] = float(topKPosition(in + at[1], n, stride, at[2]));
-             });
+                 int64_t kAt, int64_t n, int64_t stride) {
+  Shape rows = outSizes;
+  int64_t k = rows[size_t(kAt)];
+  rows[size_t(kAt)] = 1;
+  Shape outStrides = rowMajorStrides(outSizes);
+  int64_t outStride = outStrides[size_t(kAt)];
+  std::vector<int64_t> order(size_t(n), 0);
+  forEach<2>(rows, {outStrides, inStrides}, {0, 0}, [&](const std::array<int64_t, 2>& at) {
+    const float* row = in + at[1];
+    for (int64_t i = 0; i < n; ++i)
+      order[size_t(i)] = i;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int64_t a, int64_t b) { return topKBefore(row, stride, a, b); });
+    for (int64_t j = 0; j < k; ++j)
+      out[at[0] + j * outStride] = float(order[size_t(j)]);
+  });
 }
 
 /// iota: the global position along the dim (position strides: 1 at the dim, else 0).
