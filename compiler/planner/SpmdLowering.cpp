@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <set>
@@ -773,13 +774,14 @@ private:
     case OpKind::Concat:
     case OpKind::Shift:
       break;             // data movement only
-    case OpKind::TopK: { // size(to) selection passes over each row
+    case OpKind::TopK: { // a partial sort of each row: 1 + log2(size(to)) per operand element
       const ir::TensorType& type = fn_.typeOf(op.operands[0]);
       int at = resultType.findDim(op.string("to"));
-      double passes = at >= 0 ? static_cast<double>(resultType.dims[size_t(at)].size) : 1.0;
-      out.globalFlops = passes * static_cast<double>(type.numElements());
-      out.flops = passes * static_cast<double>(localBytes(type, out.required[0], mesh_) /
-                                               dtypeBytes(type.dtype));
+      double perElement =
+          1 + (at >= 0 ? std::log2(static_cast<double>(resultType.dims[size_t(at)].size)) : 0);
+      out.globalFlops = perElement * static_cast<double>(type.numElements());
+      out.flops = perElement * static_cast<double>(localBytes(type, out.required[0], mesh_) /
+                                                   dtypeBytes(type.dtype));
       break;
     }
     case OpKind::Dropout:
