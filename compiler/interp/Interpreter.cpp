@@ -4,6 +4,7 @@
 #include "interp/Interpreter.h"
 
 #include "interp/UserFunctions.h"
+#include "ir/OpTraits.h"
 
 #include "meshrt/Random.h"
 
@@ -510,47 +511,9 @@ llvm::Error Interpreter::requireDim(const Op& op, const TensorType& type, const 
   return llvm::Error::success();
 }
 
-/// How many operands each op takes (-1: one or more).
-int expectedOperands(OpKind kind) {
-  switch (kind) {
-  case OpKind::Input:
-  case OpKind::Param:
-  case OpKind::Literal:
-  case OpKind::Iota:
-  case OpKind::RandomNormal:
-  case OpKind::RandomUniform:
-  case OpKind::TrainStep:
-    return 0;
-  case OpKind::Add:
-  case OpKind::Sub:
-  case OpKind::Mul:
-  case OpKind::Div:
-  case OpKind::Pow:
-  case OpKind::Maximum:
-  case OpKind::Minimum:
-  case OpKind::Lt:
-  case OpKind::Le:
-  case OpKind::Gt:
-  case OpKind::Ge:
-  case OpKind::Eq:
-  case OpKind::Ne:
-  case OpKind::Gather:
-    return 2;
-  case OpKind::Where:
-    return 3;
-  case OpKind::Einsum:
-  case OpKind::Concat:
-  case OpKind::Call:
-    return -1;
-  default:
-    return 1;
-  }
-}
-
 llvm::Error Interpreter::checkOperands(const Op& op) {
-  int expected = expectedOperands(op.kind);
   size_t count = op.operands.size();
-  if ((expected >= 0 && count != size_t(expected)) || (expected < 0 && count == 0))
+  if (!ir::opTraits(op.kind).acceptsOperandCount(count))
     return opError(op, "has {} operands", count);
   for (ir::ValueId id : op.operands)
     if (id >= values.size() || !computed[id])

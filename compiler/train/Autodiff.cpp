@@ -6,6 +6,8 @@
 
 #include "train/OpBuilder.h"
 
+#include "ir/OpTraits.h"
+
 #include <cmath>
 
 namespace meshc::train {
@@ -60,17 +62,10 @@ private:
 };
 
 bool Differentiator::propagates(const Op& op, size_t k) {
-  switch (op.kind) {
-  case OpKind::StopGradient:
-  case OpKind::OneHot:
-    return false;
-  case OpKind::Gather:
-    return k == 0; // the table; ids are integers
-  case OpKind::Where:
-    return k != 0; // the condition is an i32 mask
-  default:
-    return true;
-  }
+  // An op that rejects differentiation still propagates activity, so that the sweep can report
+  // it when the loss depends on it.
+  const ir::OpTraits& traits = ir::opTraits(op.kind);
+  return traits.hasGradientFor(k) || traits.rejectsGradient();
 }
 
 void Differentiator::findActiveValues() {
@@ -116,7 +111,7 @@ std::optional<Gradients> Differentiator::run() {
     return std::nullopt;
   }
   for (const Op& op : fn.ops)
-    if (op.kind == OpKind::Call && wants(op.result)) {
+    if (ir::opTraits(op.kind).rejectsGradient() && wants(op.result)) {
       diag.report(op.loc.loc, Diag::ErrNoGradient, "the user function", op.string("function"),
                   fn.params[sourceWeight[op.result]].path, fn.name);
       return std::nullopt;
@@ -143,13 +138,10 @@ std::optional<Gradients> Differentiator::run() {
 }
 
 void Differentiator::backward(const Op& op, ValueId ct) {
-  // IR read from text is not checked for arity: an op short of the operands its rule reads gets
-  // no gradient here (the interpreter and planner report it) rather than an out-of-range read.
-  size_t needs = op.kind == OpKind::Where                               ? 3
-                 : OpKind::Add <= op.kind && op.kind <= OpKind::Minimum ? 2
-                 : op.kind == OpKind::Gather                            ? 2
-                                                                        : 1;
-  if (op.operands.size() < needs) return;
+  // IR read from text is not checked for arity: an op with the wrong operand count gets no
+  // gradient here (the interpreter, planner and verifier report it) rather than an out-of-range
+  // read.
+  if (!ir::opTraits(op.kind).acceptsOperandCount(op.operands.size())) return;
   switch (op.kind) {
   case OpKind::Neg:
   case OpKind::Abs:
@@ -202,9 +194,23 @@ void Differentiator::backward(const Op& op, ValueId ct) {
     return gatherGrad(op, ct);
   case OpKind::Dropout:
     return dropoutGrad(op, ct);
-  default:
-    // Sources (param, input, literal, iota, random, step), stop_gradient, one_hot and
-    // comparisons: nothing flows to operands. `call` was rejected before the sweep.
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::StopGradient:
+  case OpKind::Lt:
+  case OpKind::Le:
+  case OpKind::Gt:
+  case OpKind::Ge:
+  case OpKind::Eq:
+  case OpKind::Ne:
+  case OpKind::OneHot:
+  case OpKind::Call: // rejected before the sweep
+    // No gradient rule (the table's gradient column is empty): nothing flows to operands.
     return;
   }
 }
