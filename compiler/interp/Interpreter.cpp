@@ -343,9 +343,55 @@ double applyUnary(OpKind kind, double x) {
     return std::sin(x);
   case OpKind::Cos:
     return std::cos(x);
-  default:
-    return x; // StopGradient, Transpose, Cast: the value itself
+  case OpKind::StopGradient:
+  case OpKind::Cast:
+  case OpKind::Transpose:
+  case OpKind::Broadcast:
+    return x; // the value itself
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::Add:
+  case OpKind::Sub:
+  case OpKind::Mul:
+  case OpKind::Div:
+  case OpKind::Pow:
+  case OpKind::Maximum:
+  case OpKind::Minimum:
+  case OpKind::Lt:
+  case OpKind::Le:
+  case OpKind::Gt:
+  case OpKind::Ge:
+  case OpKind::Eq:
+  case OpKind::Ne:
+  case OpKind::Where:
+  case OpKind::Call:
+  case OpKind::Einsum:
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Rename:
+  case OpKind::Reshape:
+  case OpKind::Slice:
+  case OpKind::Concat:
+  case OpKind::Pad:
+  case OpKind::Shift:
+  case OpKind::OneHot:
+  case OpKind::Gather:
+  case OpKind::Dropout:
+    return kNaN; // not unary: unary() and evaluateElementwise never ask
   }
+  return kNaN; // an OpKind out of range
 }
 
 /// Integer power with int32 wrap-around; negative exponents follow integer division.
@@ -373,7 +419,7 @@ double applyBinary(OpKind kind, double a, double b, bool integer) {
       return y == 0 ? 0.0 : double(x / y);
     case OpKind::Pow:
       return integerPow(x, y);
-    default:
+    default: // the rest compute as doubles below
       break;
     }
   }
@@ -404,9 +450,54 @@ double applyBinary(OpKind kind, double a, double b, bool integer) {
     return a == b;
   case OpKind::Ne:
     return a != b;
-  default:
-    return kNaN;
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::Neg:
+  case OpKind::Abs:
+  case OpKind::Exp:
+  case OpKind::Log:
+  case OpKind::Sqrt:
+  case OpKind::Rsqrt:
+  case OpKind::Square:
+  case OpKind::Tanh:
+  case OpKind::Sigmoid:
+  case OpKind::Relu:
+  case OpKind::Gelu:
+  case OpKind::Sin:
+  case OpKind::Cos:
+  case OpKind::StopGradient:
+  case OpKind::Cast:
+  case OpKind::Transpose:
+  case OpKind::Broadcast:
+  case OpKind::Where:
+  case OpKind::Call:
+  case OpKind::Einsum:
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Rename:
+  case OpKind::Reshape:
+  case OpKind::Slice:
+  case OpKind::Concat:
+  case OpKind::Pad:
+  case OpKind::Shift:
+  case OpKind::OneHot:
+  case OpKind::Gather:
+  case OpKind::Dropout:
+    return kNaN; // not binary: never asked
   }
+  return kNaN; // an OpKind out of range
 }
 
 //===------------------------------------------------------------------------------------------===//
@@ -570,7 +661,59 @@ llvm::Error checkDims(const ir::Function& fn, const Op& op) {
     }
     break;
   }
-  default:
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::Neg:
+  case OpKind::Abs:
+  case OpKind::Exp:
+  case OpKind::Log:
+  case OpKind::Sqrt:
+  case OpKind::Rsqrt:
+  case OpKind::Square:
+  case OpKind::Tanh:
+  case OpKind::Sigmoid:
+  case OpKind::Relu:
+  case OpKind::Gelu:
+  case OpKind::Sin:
+  case OpKind::Cos:
+  case OpKind::StopGradient:
+  case OpKind::Cast:
+  case OpKind::Transpose:
+  case OpKind::Broadcast:
+  case OpKind::Add:
+  case OpKind::Sub:
+  case OpKind::Mul:
+  case OpKind::Div:
+  case OpKind::Pow:
+  case OpKind::Maximum:
+  case OpKind::Minimum:
+  case OpKind::Lt:
+  case OpKind::Le:
+  case OpKind::Gt:
+  case OpKind::Ge:
+  case OpKind::Eq:
+  case OpKind::Ne:
+  case OpKind::Where:
+  case OpKind::Call:
+  case OpKind::Einsum:
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Shift:
+  case OpKind::OneHot:
+  case OpKind::Gather:
+  case OpKind::Dropout:
     break;
   }
   for (size_t k = 0; k < op.operands.size(); ++k) {
@@ -1008,7 +1151,59 @@ llvm::Error Interpreter::reduce(const Op& op, Tensor& out) {
                       }
                       break;
                     }
-                    default:
+                    case OpKind::Input:
+                    case OpKind::Param:
+                    case OpKind::Literal:
+                    case OpKind::Iota:
+                    case OpKind::RandomNormal:
+                    case OpKind::TrainStep:
+                    case OpKind::RandomUniform:
+                    case OpKind::Neg:
+                    case OpKind::Abs:
+                    case OpKind::Exp:
+                    case OpKind::Log:
+                    case OpKind::Sqrt:
+                    case OpKind::Rsqrt:
+                    case OpKind::Square:
+                    case OpKind::Tanh:
+                    case OpKind::Sigmoid:
+                    case OpKind::Relu:
+                    case OpKind::Gelu:
+                    case OpKind::Sin:
+                    case OpKind::Cos:
+                    case OpKind::StopGradient:
+                    case OpKind::Cast:
+                    case OpKind::Transpose:
+                    case OpKind::Broadcast:
+                    case OpKind::Add:
+                    case OpKind::Sub:
+                    case OpKind::Mul:
+                    case OpKind::Div:
+                    case OpKind::Pow:
+                    case OpKind::Maximum:
+                    case OpKind::Minimum:
+                    case OpKind::Lt:
+                    case OpKind::Le:
+                    case OpKind::Gt:
+                    case OpKind::Ge:
+                    case OpKind::Eq:
+                    case OpKind::Ne:
+                    case OpKind::Where:
+                    case OpKind::Call:
+                    case OpKind::Einsum:
+                    case OpKind::Softmax:
+                    case OpKind::LogSoftmax:
+                    case OpKind::LayerNorm:
+                    case OpKind::Cumsum:
+                    case OpKind::Rename:
+                    case OpKind::Reshape:
+                    case OpKind::Slice:
+                    case OpKind::Concat:
+                    case OpKind::Pad:
+                    case OpKind::Shift:
+                    case OpKind::OneHot:
+                    case OpKind::Gather:
+                    case OpKind::Dropout:
                       break;
                     }
                     out.data[at[0]] = result;
@@ -1102,7 +1297,59 @@ llvm::Error Interpreter::alongDims(const Op& op, Tensor& out) {
         y[outLane[i]] = from >= 0 && from < size ? x[inLane[from]] : 0.0;
       }
       break;
-    default:
+    case OpKind::Input:
+    case OpKind::Param:
+    case OpKind::Literal:
+    case OpKind::Iota:
+    case OpKind::RandomNormal:
+    case OpKind::TrainStep:
+    case OpKind::RandomUniform:
+    case OpKind::Neg:
+    case OpKind::Abs:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Rsqrt:
+    case OpKind::Square:
+    case OpKind::Tanh:
+    case OpKind::Sigmoid:
+    case OpKind::Relu:
+    case OpKind::Gelu:
+    case OpKind::Sin:
+    case OpKind::Cos:
+    case OpKind::StopGradient:
+    case OpKind::Cast:
+    case OpKind::Transpose:
+    case OpKind::Broadcast:
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div:
+    case OpKind::Pow:
+    case OpKind::Maximum:
+    case OpKind::Minimum:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge:
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Where:
+    case OpKind::Call:
+    case OpKind::Einsum:
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMean:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMin:
+    case OpKind::LogSumExp:
+    case OpKind::Rename:
+    case OpKind::Reshape:
+    case OpKind::Slice:
+    case OpKind::Concat:
+    case OpKind::Pad:
+    case OpKind::OneHot:
+    case OpKind::Gather:
+    case OpKind::Dropout:
       break;
     }
   });
@@ -1413,7 +1660,33 @@ std::optional<double> evaluateElementwise(OpKind kind, const std::vector<double>
     if (args.size() != 3) return std::nullopt;
     value = args[0] != 0 ? args[1] : args[2];
     break;
-  default: // not elementwise, or the user's function (not loaded at compile time)
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::Call:
+  case OpKind::Einsum:
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Rename:
+  case OpKind::Reshape:
+  case OpKind::Slice:
+  case OpKind::Concat:
+  case OpKind::Pad:
+  case OpKind::Shift:
+  case OpKind::OneHot:
+  case OpKind::Gather:
+  case OpKind::Dropout: // not elementwise, or the user's function (not loaded at compile time)
     return std::nullopt;
   }
   return roundTo(result, value);

@@ -75,6 +75,7 @@ public:
         fail(fmt::format("its result %{} names op #{} as its definition", op.result,
                          fn_.values[op.result].definingOp));
       defined[op.result] = true;
+      checkUniqueDims(type(op.result));
       if (checkArity(op) && operandsOk) {
         checkAttrs(op);
         checkResultType(op);
@@ -95,6 +96,15 @@ private:
   }
 
   const TensorType& type(ValueId id) const { return fn_.typeOf(id); }
+
+  /// The index arithmetic of every later phase matches dims by name.
+  void checkUniqueDims(const TensorType& result) {
+    std::set<std::string> names;
+    for (const Dim& dim : result.dims)
+      if (!names.insert(dim.name).second)
+        fail(
+            fmt::format("dim '{}' appears twice in its result {}", dim.name, describeType(result)));
+  }
 
   bool checkArity(const Op& op) {
     const OpTraits& traits = opTraits(op.kind);

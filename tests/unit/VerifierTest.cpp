@@ -187,6 +187,11 @@ TEST_CASE("The verifier rejects hand-broken IR", "[ir][verifier]") {
     requireError(fn, "= add: result dims");
     requireError(fn, "differ from the union of the operands'");
   }
+  SECTION("a dim twice in one type") {
+    size_t einsum = firstOp(fn, OpKind::Einsum);
+    fn.values[fn.ops[einsum].result].type.dims.push_back({"h", 6});
+    requireError(fn, "= einsum: dim 'h' appears twice in its result f32[batch=4, h=6, h=6]");
+  }
   SECTION("a reduction that keeps a reduced dim") {
     size_t sum = firstOp(fn, OpKind::ReduceMean);
     fn.ops[sum].setAttr("dims", std::vector<std::string>{"batch"});
