@@ -679,56 +679,9 @@ llvm::Error Lowerer::lowerOther(size_t index) {
          written, {table, ids});
     return llvm::Error::success();
   }
-  case OpKind::Input:
-  case OpKind::Param:
-  case OpKind::Literal:
-  case OpKind::TrainStep:
-  case OpKind::Neg:
-  case OpKind::Abs:
-  case OpKind::Exp:
-  case OpKind::Log:
-  case OpKind::Sqrt:
-  case OpKind::Rsqrt:
-  case OpKind::Square:
-  case OpKind::Tanh:
-  case OpKind::Sigmoid:
-  case OpKind::Relu:
-  case OpKind::Gelu:
-  case OpKind::Sin:
-  case OpKind::Cos:
-  case OpKind::StopGradient:
-  case OpKind::Cast:
-  case OpKind::Transpose:
-  case OpKind::Broadcast:
-  case OpKind::Add:
-  case OpKind::Sub:
-  case OpKind::Mul:
-  case OpKind::Div:
-  case OpKind::Pow:
-  case OpKind::Maximum:
-  case OpKind::Minimum:
-  case OpKind::Lt:
-  case OpKind::Le:
-  case OpKind::Gt:
-  case OpKind::Ge:
-  case OpKind::Eq:
-  case OpKind::Ne:
-  case OpKind::Where:
-  case OpKind::Call:
-  case OpKind::Einsum:
-  case OpKind::ReduceSum:
-  case OpKind::ReduceMean:
-  case OpKind::ReduceMax:
-  case OpKind::ReduceMin:
-  case OpKind::LogSumExp:
-  case OpKind::Softmax:
-  case OpKind::LogSoftmax:
-  case OpKind::LayerNorm:
-  case OpKind::Cumsum:
-  case OpKind::Shift:
-    break; // lowered by the other families (loweringOf)
+  default:
+    return unsupported(op, std::string("op '") + ir::opSpelling(op.computeKind) + "'");
   }
-  return unsupported(op, std::string("op '") + ir::opSpelling(op.computeKind) + "'");
 }
 
 llvm::Error Lowerer::lowerCollective(size_t index) {

@@ -661,59 +661,7 @@ llvm::Error checkDims(const ir::Function& fn, const Op& op) {
     }
     break;
   }
-  case OpKind::Input:
-  case OpKind::Param:
-  case OpKind::Literal:
-  case OpKind::Iota:
-  case OpKind::RandomNormal:
-  case OpKind::TrainStep:
-  case OpKind::RandomUniform:
-  case OpKind::Neg:
-  case OpKind::Abs:
-  case OpKind::Exp:
-  case OpKind::Log:
-  case OpKind::Sqrt:
-  case OpKind::Rsqrt:
-  case OpKind::Square:
-  case OpKind::Tanh:
-  case OpKind::Sigmoid:
-  case OpKind::Relu:
-  case OpKind::Gelu:
-  case OpKind::Sin:
-  case OpKind::Cos:
-  case OpKind::StopGradient:
-  case OpKind::Cast:
-  case OpKind::Transpose:
-  case OpKind::Broadcast:
-  case OpKind::Add:
-  case OpKind::Sub:
-  case OpKind::Mul:
-  case OpKind::Div:
-  case OpKind::Pow:
-  case OpKind::Maximum:
-  case OpKind::Minimum:
-  case OpKind::Lt:
-  case OpKind::Le:
-  case OpKind::Gt:
-  case OpKind::Ge:
-  case OpKind::Eq:
-  case OpKind::Ne:
-  case OpKind::Where:
-  case OpKind::Call:
-  case OpKind::Einsum:
-  case OpKind::ReduceSum:
-  case OpKind::ReduceMean:
-  case OpKind::ReduceMax:
-  case OpKind::ReduceMin:
-  case OpKind::LogSumExp:
-  case OpKind::Softmax:
-  case OpKind::LogSoftmax:
-  case OpKind::LayerNorm:
-  case OpKind::Cumsum:
-  case OpKind::Shift:
-  case OpKind::OneHot:
-  case OpKind::Gather:
-  case OpKind::Dropout:
+  default:
     break;
   }
   for (size_t k = 0; k < op.operands.size(); ++k) {
@@ -1151,59 +1099,7 @@ llvm::Error Interpreter::reduce(const Op& op, Tensor& out) {
                       }
                       break;
                     }
-                    case OpKind::Input:
-                    case OpKind::Param:
-                    case OpKind::Literal:
-                    case OpKind::Iota:
-                    case OpKind::RandomNormal:
-                    case OpKind::TrainStep:
-                    case OpKind::RandomUniform:
-                    case OpKind::Neg:
-                    case OpKind::Abs:
-                    case OpKind::Exp:
-                    case OpKind::Log:
-                    case OpKind::Sqrt:
-                    case OpKind::Rsqrt:
-                    case OpKind::Square:
-                    case OpKind::Tanh:
-                    case OpKind::Sigmoid:
-                    case OpKind::Relu:
-                    case OpKind::Gelu:
-                    case OpKind::Sin:
-                    case OpKind::Cos:
-                    case OpKind::StopGradient:
-                    case OpKind::Cast:
-                    case OpKind::Transpose:
-                    case OpKind::Broadcast:
-                    case OpKind::Add:
-                    case OpKind::Sub:
-                    case OpKind::Mul:
-                    case OpKind::Div:
-                    case OpKind::Pow:
-                    case OpKind::Maximum:
-                    case OpKind::Minimum:
-                    case OpKind::Lt:
-                    case OpKind::Le:
-                    case OpKind::Gt:
-                    case OpKind::Ge:
-                    case OpKind::Eq:
-                    case OpKind::Ne:
-                    case OpKind::Where:
-                    case OpKind::Call:
-                    case OpKind::Einsum:
-                    case OpKind::Softmax:
-                    case OpKind::LogSoftmax:
-                    case OpKind::LayerNorm:
-                    case OpKind::Cumsum:
-                    case OpKind::Rename:
-                    case OpKind::Reshape:
-                    case OpKind::Slice:
-                    case OpKind::Concat:
-                    case OpKind::Pad:
-                    case OpKind::Shift:
-                    case OpKind::OneHot:
-                    case OpKind::Gather:
-                    case OpKind::Dropout:
+                    default:
                       break;
                     }
                     out.data[at[0]] = result;
@@ -1297,59 +1193,7 @@ llvm::Error Interpreter::alongDims(const Op& op, Tensor& out) {
         y[outLane[i]] = from >= 0 && from < size ? x[inLane[from]] : 0.0;
       }
       break;
-    case OpKind::Input:
-    case OpKind::Param:
-    case OpKind::Literal:
-    case OpKind::Iota:
-    case OpKind::RandomNormal:
-    case OpKind::TrainStep:
-    case OpKind::RandomUniform:
-    case OpKind::Neg:
-    case OpKind::Abs:
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Sqrt:
-    case OpKind::Rsqrt:
-    case OpKind::Square:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Relu:
-    case OpKind::Gelu:
-    case OpKind::Sin:
-    case OpKind::Cos:
-    case OpKind::StopGradient:
-    case OpKind::Cast:
-    case OpKind::Transpose:
-    case OpKind::Broadcast:
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Pow:
-    case OpKind::Maximum:
-    case OpKind::Minimum:
-    case OpKind::Lt:
-    case OpKind::Le:
-    case OpKind::Gt:
-    case OpKind::Ge:
-    case OpKind::Eq:
-    case OpKind::Ne:
-    case OpKind::Where:
-    case OpKind::Call:
-    case OpKind::Einsum:
-    case OpKind::ReduceSum:
-    case OpKind::ReduceMean:
-    case OpKind::ReduceMax:
-    case OpKind::ReduceMin:
-    case OpKind::LogSumExp:
-    case OpKind::Rename:
-    case OpKind::Reshape:
-    case OpKind::Slice:
-    case OpKind::Concat:
-    case OpKind::Pad:
-    case OpKind::OneHot:
-    case OpKind::Gather:
-    case OpKind::Dropout:
+    default:
       break;
     }
   });

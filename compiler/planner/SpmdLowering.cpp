@@ -539,59 +539,7 @@ private:
       out.post.back().collective.offset = offset;
       break;
     }
-    case OpKind::Input:
-    case OpKind::Param:
-    case OpKind::Literal:
-    case OpKind::Iota:
-    case OpKind::RandomNormal:
-    case OpKind::TrainStep:
-    case OpKind::RandomUniform:
-    case OpKind::Neg:
-    case OpKind::Abs:
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Sqrt:
-    case OpKind::Rsqrt:
-    case OpKind::Square:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Relu:
-    case OpKind::Gelu:
-    case OpKind::Sin:
-    case OpKind::Cos:
-    case OpKind::StopGradient:
-    case OpKind::Cast:
-    case OpKind::Transpose:
-    case OpKind::Broadcast:
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Pow:
-    case OpKind::Maximum:
-    case OpKind::Minimum:
-    case OpKind::Lt:
-    case OpKind::Le:
-    case OpKind::Gt:
-    case OpKind::Ge:
-    case OpKind::Eq:
-    case OpKind::Ne:
-    case OpKind::Where:
-    case OpKind::Call:
-    case OpKind::Einsum:
-    case OpKind::ReduceSum:
-    case OpKind::ReduceMean:
-    case OpKind::ReduceMax:
-    case OpKind::ReduceMin:
-    case OpKind::LogSumExp:
-    case OpKind::Rename:
-    case OpKind::Reshape:
-    case OpKind::Slice:
-    case OpKind::Concat:
-    case OpKind::Pad:
-    case OpKind::OneHot:
-    case OpKind::Gather:
-    case OpKind::Dropout:
+    default:
       break;
     }
   }
@@ -755,52 +703,9 @@ private:
     case OpKind::Cos:
     case OpKind::Pow:
       return 4;
-    case OpKind::Input:
-    case OpKind::Param:
-    case OpKind::Literal:
-    case OpKind::Iota:
-    case OpKind::TrainStep:
-    case OpKind::Neg:
-    case OpKind::Abs:
-    case OpKind::Sqrt:
-    case OpKind::Rsqrt:
-    case OpKind::Square:
-    case OpKind::Relu:
-    case OpKind::StopGradient:
-    case OpKind::Cast:
-    case OpKind::Transpose:
-    case OpKind::Broadcast:
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Maximum:
-    case OpKind::Minimum:
-    case OpKind::Lt:
-    case OpKind::Le:
-    case OpKind::Gt:
-    case OpKind::Ge:
-    case OpKind::Eq:
-    case OpKind::Ne:
-    case OpKind::Where:
-    case OpKind::Call:
-    case OpKind::Einsum:
-    case OpKind::ReduceSum:
-    case OpKind::ReduceMean:
-    case OpKind::ReduceMax:
-    case OpKind::ReduceMin:
-    case OpKind::Cumsum:
-    case OpKind::Rename:
-    case OpKind::Reshape:
-    case OpKind::Slice:
-    case OpKind::Concat:
-    case OpKind::Pad:
-    case OpKind::Shift:
-    case OpKind::OneHot:
-    case OpKind::Gather:
+    default:
       return 1;
     }
-    return 1; // an OpKind out of range
   }
 
   void cost(const ir::Op& op, OpPlan& out) {
@@ -868,45 +773,7 @@ private:
     case OpKind::Dropout:
       if (fn_.kind == ir::Function::Kind::Program) return; // the identity outside training
       [[fallthrough]];
-    case OpKind::Iota:
-    case OpKind::RandomNormal:
-    case OpKind::RandomUniform:
-    case OpKind::Neg:
-    case OpKind::Abs:
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Sqrt:
-    case OpKind::Rsqrt:
-    case OpKind::Square:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Relu:
-    case OpKind::Gelu:
-    case OpKind::Sin:
-    case OpKind::Cos:
-    case OpKind::Cast:
-    case OpKind::Broadcast:
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Pow:
-    case OpKind::Maximum:
-    case OpKind::Minimum:
-    case OpKind::Lt:
-    case OpKind::Le:
-    case OpKind::Gt:
-    case OpKind::Ge:
-    case OpKind::Eq:
-    case OpKind::Ne:
-    case OpKind::Where:
-    case OpKind::Call:
-    case OpKind::Softmax:
-    case OpKind::LogSoftmax:
-    case OpKind::LayerNorm:
-    case OpKind::Cumsum:
-    case OpKind::OneHot:
-    case OpKind::Gather:
+    default:
       out.globalFlops = flopsPerElement(op.kind) * static_cast<double>(resultType.numElements());
       out.flops =
           flopsPerElement(op.kind) * static_cast<double>(localBytes(resultType, out.result, mesh_) /
