@@ -2,6 +2,7 @@
 #include "codegen/KernelPrinter.h"
 
 #include "codegen/Target.h"
+#include "ir/OpTraits.h"
 
 #include "meshrt/Random.h"
 
@@ -158,9 +159,10 @@ std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
   return a.empty() ? "0.0f" : a[0]; // an OpKind out of range
 }
 
+/// Compares and selects (the op table's result rules): computed on f32 values as they are.
 bool isComparison(OpKind kind) {
-  return kind == OpKind::Lt || kind == OpKind::Le || kind == OpKind::Gt || kind == OpKind::Ge ||
-         kind == OpKind::Eq || kind == OpKind::Ne || kind == OpKind::Where;
+  ir::ResultRule rule = ir::opTraits(kind).result;
+  return rule == ir::ResultRule::Compare || rule == ir::ResultRule::Select;
 }
 
 } // namespace
