@@ -142,6 +142,16 @@ private:
   /// into `s`.
   void emitCheckpointApi(std::string& h, std::string& s) const;
   bool hasUpdates() const { return !fn.updates.empty(); }
+  /// A train block's metrics: its outputs besides the loss (the first output).
+  std::vector<std::string> metricNames() const {
+    std::vector<std::string> names;
+    for (size_t k = 1; k < fn.outputs.size() && fn.kind == ir::Function::Kind::Train; ++k)
+      names.push_back(fn.outputs[k].first);
+    return names;
+  }
+  std::string stepDeclaration() const;
+  std::string stepDefinition() const;
+  std::string stepLoop() const;
 
   const ir::Function& irFn;
   const plan::SpmdFunction& fn;
@@ -273,11 +283,7 @@ llvm::Error FunctionEmitter::emit() {
       "static constexpr size_t kPersistentBytes = {};\n\n",
       kernels.arenaBytes, kernels.temporaryBytes, kernels.persistentBytes);
   if (fn.kind == ir::Function::Kind::Train) {
-    if (hasUpdates())
-      h += "/// One training step on this rank's shards (collective): forward, backward and the "
-           "optimizer's update, applied to the params; increments the step counter. Returns "
-           "the global loss (every rank gets it). run() is the same step, returning the "
-           "outputs.\nfloat step(const Inputs& inputs);\n";
+    if (hasUpdates()) h += stepDeclaration();
     h += "/// The number of steps taken: keys this step's random ops and dropout masks (and, "
          "with an optimizer, its learning-rate schedule).\n"
          "int64_t stepCount() const { return step_; }\n"
@@ -503,14 +509,7 @@ void FunctionEmitter::emitHelpers(std::string& s) {
 
 void FunctionEmitter::emitParamAccess(std::string& s) {
   if (hasUpdates()) {
-    // The loss output is a scalar, resolved (replicated): every rank holds the global value.
-    auto loss =
-        llvm::find_if(fn.outputs, [](const auto& output) { return output.first == "loss"; });
-    std::string lossField =
-        loss == fn.outputs.end() ? identifier(fn.outputs.front().first) : identifier(loss->first);
-    s += fmt::format("float {0}::step(const Inputs& inputs) {{\nreturn run(inputs).{1}.data.at(0);"
-                     "\n}}\n\n",
-                     name, lossField);
+    s += stepDefinition();
   }
   std::vector<std::string> paths, states;
   for (const ir::ParamInfo& param : irFn.params) {
@@ -597,6 +596,85 @@ std::string FunctionEmitter::inputsOfStep(const std::string& step) const {
   return s;
 }
 
+std::string FunctionEmitter::stepDeclaration() const {
+  std::string h =
+      "/// One training step on this rank's shards (collective): forward, backward and the "
+      "optimizer's update, applied to the params; increments the step counter. Returns "
+      "the global loss (every rank gets it)";
+  std::vector<std::string> metrics = metricNames();
+  if (metrics.empty())
+    return h +
+           ". run() is the same step, returning the outputs.\nfloat step(const Inputs& inputs);\n";
+  // With metrics, a struct that still converts to the loss, so `float loss = step(...)` works.
+  h += " and the metrics, computed from the params before the update. run() is the same step, "
+       "returning the outputs.\nstruct StepResult {\nfloat loss = 0;\n";
+  for (const std::string& metric : metrics)
+    h += fmt::format("float {} = 0;\n", identifier(metric));
+  return h +
+         "operator float() const { return loss; }\n};\nStepResult step(const Inputs& inputs);\n";
+}
+
+std::string FunctionEmitter::stepDefinition() const {
+  // The loss and the metrics are scalars, resolved (replicated): every rank holds the global value.
+  auto loss = llvm::find_if(fn.outputs, [](const auto& output) { return output.first == "loss"; });
+  std::string lossField =
+      loss == fn.outputs.end() ? identifier(fn.outputs.front().first) : identifier(loss->first);
+  std::vector<std::string> metrics = metricNames();
+  if (metrics.empty())
+    return fmt::format(
+        "float {0}::step(const Inputs& inputs) {{\nreturn run(inputs).{1}.data.at(0);"
+        "\n}}\n\n",
+        name, lossField);
+  std::string s =
+      fmt::format("{0}::StepResult {0}::step(const Inputs& inputs) {{\nauto outputs = "
+                  "run(inputs);\nStepResult result;\nresult.loss = outputs.{1}.data.at(0);\n",
+                  name, lossField);
+  for (const std::string& metric : metrics)
+    s += fmt::format("result.{0} = outputs.{0}.data.at(0);\n", identifier(metric));
+  return s + "return result;\n}\n\n";
+}
+
+std::string FunctionEmitter::stepLoop() const {
+  std::vector<std::string> metrics = metricNames();
+  if (metrics.empty())
+    return fmt::format(
+        "if (steps > 0) {{\nfloat loss = 0;\nfor (int64_t first = program.stepCount(), s = first; "
+        "s < "
+        "first + steps; ++s) {{\n{3}loss = program.step(inputs);\nif (world.rank() == 0) "
+        "std::printf(\"step %lld loss %.9g\\n\", (long long)s, double(loss));\n}}\n"
+        "if (world.rank() == 0) results.push_back({{{0}, \"f32\", {{}}, {{loss}}}});\n"
+        "for (const auto& shard : program.paramShards()) {{\n"
+        "auto global = program.getParam(shard.path);\nif (world.rank() == 0) "
+        "results.push_back({{{1} + shard.path, shard.dtype, std::move(global.shape), "
+        "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {2});\n"
+        "return;\n}}\n",
+        quote(fn.name + ".loss"), quote(fn.name + ".param."), quote("/" + fn.name),
+        inputsOfStep("s"));
+  // --steps N with metrics: each step's line also gives the metrics (as the interpreter prints
+  // them), and the results get the last step's metrics as <fn>.<metric>.
+  std::string format = "step %lld loss %.9g", args, last, keep;
+  for (const std::string& metric : metrics) {
+    format += fmt::format(" {} %.9g", metric);
+    args += fmt::format(", double(result.{})", identifier(metric));
+    keep += fmt::format(
+        "if (world.rank() == 0) results.push_back({{{}, \"f32\", {{}}, {{last.{}}}}});\n",
+        quote(fn.name + "." + metric), identifier(metric));
+  }
+  return fmt::format(
+      "if (steps > 0) {{\n{0}::StepResult last;\nfor (int64_t first = program.stepCount(), s = "
+      "first; "
+      "s < first + steps; ++s) {{\n{1}auto result = program.step(inputs);\nif (world.rank() == 0) "
+      "std::printf(\"{2}\\n\", (long long)s, double(result.loss){3});\nlast = result;\n}}\n"
+      "if (world.rank() == 0) results.push_back({{{4}, \"f32\", {{}}, {{last.loss}}}});\n{5}"
+      "for (const auto& shard : program.paramShards()) {{\n"
+      "auto global = program.getParam(shard.path);\nif (world.rank() == 0) "
+      "results.push_back({{{6} + shard.path, shard.dtype, std::move(global.shape), "
+      "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {7});\n"
+      "return;\n}}\n",
+      name, inputsOfStep("s"), format, args, quote(fn.name + ".loss"), keep,
+      quote(fn.name + ".param."), quote("/" + fn.name));
+}
+
 std::string FunctionEmitter::runnerBody() const {
   std::string s;
   std::string kindWord = fn.kind == ir::Function::Kind::Train ? "train" : "program";
@@ -616,18 +694,7 @@ std::string FunctionEmitter::runnerBody() const {
     // --steps N: N training steps on the inputs of steps 0..N-1 (inputsOfStep), the loss of each
     // printed as the interpreter prints it; then the last loss and every final param, named as
     // `meshc --emit=run --steps N --dump-outputs` names them (<fn>.loss, <fn>.param.<path>).
-    s += fmt::format(
-        "if (steps > 0) {{\nfloat loss = 0;\nfor (int64_t first = program.stepCount(), s = first; "
-        "s < "
-        "first + steps; ++s) {{\n{3}loss = program.step(inputs);\nif (world.rank() == 0) "
-        "std::printf(\"step %lld loss %.9g\\n\", (long long)s, double(loss));\n}}\n"
-        "if (world.rank() == 0) results.push_back({{{0}, \"f32\", {{}}, {{loss}}}});\n"
-        "for (const auto& shard : program.paramShards()) {{\n"
-        "auto global = program.getParam(shard.path);\nif (world.rank() == 0) "
-        "results.push_back({{{1} + shard.path, shard.dtype, std::move(global.shape), "
-        "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {2});\n"
-        "return;\n}}\n",
-        quote(fn.name + ".loss"), quote(fn.name + ".param."), checkpointDir, inputsOfStep("s"));
+    s += stepLoop();
   }
   // A train step's outputs are step 0's (the first run); later runs are timed only.
   s += inputsOfStep("0") + "auto outputs = program.run(inputs);\n";

@@ -316,13 +316,23 @@ bool inputsOfStep(const PipelineOptions& options, const ir::Function& fn,
   return true;
 }
 
+/// ` accuracy 0.5 ...`: a train step's metrics (its outputs after the loss), as the generated
+/// runner prints them.
+std::string metricsText(const ir::Function& fn, const interp::TensorMap& outputs) {
+  std::string text;
+  for (size_t k = 1; k < fn.outputs.size(); ++k)
+    text +=
+        fmt::format(" {} {:.9g}", fn.outputs[k].name, outputs.at(fn.outputs[k].name).data.at(0));
+  return text;
+}
+
 /// --steps N on a train block: N interpreter train steps on the inputs of each step
 /// (inputsOfStep), one `step S loss L` line each. The dump gets the last loss (`<fn>.loss`) and
 /// every param's final value (`<fn>.param.<path>`, weights and optimizer state).
 bool trainFunction(const PipelineOptions& options, const ir::Function& fn, llvm::raw_ostream& os,
                    std::string& dump, const interp::UserFunctions* userFunctions,
                    const std::map<std::string, interp::Tensor>& givenInputs) {
-  interp::TensorMap state;
+  interp::TensorMap state, lastOutputs;
   interp::Tensor loss{ir::TensorType{}, {0.0}};
   os << fmt::format("train {}: {} steps in the interpreter\n", fn.name, options.steps);
   for (int64_t step = 0; step < options.steps; ++step) {
@@ -332,16 +342,20 @@ bool trainFunction(const PipelineOptions& options, const ir::Function& fn, llvm:
     opts.userFunctions = userFunctions;
     interp::TensorMap inputs;
     if (!inputsOfStep(options, fn, givenInputs, step, inputs)) return false;
-    llvm::Expected<double> value = interp::trainStep(fn, inputs, opts, state);
+    interp::TensorMap outputs;
+    llvm::Expected<double> value = interp::trainStep(fn, inputs, opts, state, &outputs);
     if (!value) {
       llvm::WithColor::error(llvm::errs(), "meshc")
           << fn.name << ": step " << step << ": " << llvm::toString(value.takeError()) << "\n";
       return false;
     }
-    os << fmt::format("step {} loss {:.9g}\n", step, *value);
+    os << fmt::format("step {} loss {:.9g}{}\n", step, *value, metricsText(fn, outputs));
     loss.data[0] = *value;
+    lastOutputs = std::move(outputs);
   }
   dumpTensor(fn.name + ".loss", loss, dump);
+  for (size_t k = 1; k < fn.outputs.size() && options.steps > 0; ++k)
+    dumpTensor(fn.name + "." + fn.outputs[k].name, lastOutputs.at(fn.outputs[k].name), dump);
   for (const ir::ParamInfo& param : fn.params)
     dumpTensor(fn.name + ".param." + param.path, state.at(param.path), dump);
   return true;

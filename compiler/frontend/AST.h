@@ -115,7 +115,7 @@ struct TypeExpr : Expr {
 // ---------------------------------------------------------------- statements
 
 struct Stmt {
-  enum class Kind { Let, Assign, Param, Const, Return, Repeat, Minimize };
+  enum class Kind { Let, Assign, Param, Const, Return, Repeat, Minimize, BindResults };
   Stmt(Kind kind, Loc loc) : kind(kind), loc(loc) {}
   virtual ~Stmt() = default;
   const Kind kind;
@@ -146,21 +146,26 @@ struct ParamStmt : Stmt {
   Ident name;
   TypeSpec type;
   std::unique_ptr<CallExpr> init; // normal(stddev = 0.02), zeros(), ...
+  /// `... as "path"`: the param's absolute path, tying every declaration that names it.
+  std::optional<std::string> tiedPath;
+  Loc tiedPathLoc;
   bool trainable() const { return kind == Kind::Param; }
   static bool classof(const Stmt* s) { return s->kind == Kind::Param || s->kind == Kind::Const; }
 };
 
-/// `return expr`
+/// `return expr` or, in a def with several results, `return expr, expr, ...`
 struct ReturnStmt : Stmt {
   ReturnStmt(Loc loc) : Stmt(Kind::Return, loc) {}
   ExprPtr value;
+  std::vector<ExprPtr> rest; // the second and later results
   static bool classof(const Stmt* s) { return s->kind == Kind::Return; }
 };
 
 /// `repeat count { body }`: the body runs `count` times; each iteration owns its parameters.
 struct RepeatStmt : Stmt {
   RepeatStmt(Loc loc) : Stmt(Kind::Repeat, loc) {}
-  ExprPtr count; // integer literal or a dim name (its size)
+  ExprPtr count;       // integer literal or a dim name (its size)
+  bool shared = false; // `repeat N shared { ... }`: every iteration uses the same params
   std::vector<StmtPtr> body;
   static bool classof(const Stmt* s) { return s->kind == Kind::Repeat; }
 };
@@ -171,6 +176,16 @@ struct MinimizeStmt : Stmt {
   ExprPtr loss;
   std::unique_ptr<CallExpr> optimizer;
   static bool classof(const Stmt* s) { return s->kind == Kind::Minimize; }
+};
+
+/// `let a, b = f(...)` (fresh names) or `a, b = f(...)` (rebinding lets or setting outputs):
+/// binds the results of a def with several results; `_` discards one.
+struct BindResultsStmt : Stmt {
+  BindResultsStmt(Loc loc) : Stmt(Kind::BindResults, loc) {}
+  bool isLet = false;
+  std::vector<Ident> names;
+  ExprPtr value;
+  static bool classof(const Stmt* s) { return s->kind == Kind::BindResults; }
 };
 
 // ---------------------------------------------------------------- declarations
@@ -241,6 +256,9 @@ struct DefDecl : Decl {
   Ident name;
   std::vector<TypedName> args;
   TypeSpec result;
+  /// `-> (a: type, b: type)`: several named results (then `result` is unused).
+  std::vector<TypedName> results;
+  bool hasSeveralResults() const { return !results.empty(); }
   std::vector<StmtPtr> body;
   static bool classof(const Decl* d) { return d->kind == Kind::Def; }
 };
@@ -255,11 +273,12 @@ struct ProgramDecl : Decl {
   static bool classof(const Decl* d) { return d->kind == Kind::Program; }
 };
 
-/// `train name(inputs) { body; minimize loss with opt(...) }`
+/// `train name(inputs) [-> (metric: f32[], ...)] { body; minimize loss with opt(...) }`
 struct TrainDecl : Decl {
   TrainDecl(Loc loc) : Decl(Kind::Train, loc) {}
   Ident name;
   std::vector<TypedName> inputs;
+  std::vector<TypedName> metrics; // set in the body like a program's outputs
   std::vector<StmtPtr> body;
   static bool classof(const Decl* d) { return d->kind == Kind::Train; }
 };

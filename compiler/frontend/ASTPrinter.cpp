@@ -119,9 +119,11 @@ private:
     }
     case Decl::Kind::Def: {
       const auto& def = cast<DefDecl>(decl);
-      line(indent, "DefDecl", decl.loc)
-          << " " << def.name.name << " -> " << typeText(def.result) << "\n";
+      line(indent, "DefDecl", decl.loc) << " " << def.name.name;
+      if (!def.hasSeveralResults()) os_ << " -> " << typeText(def.result);
+      os_ << "\n";
       printTypedNames("Arg", def.args, indent + 1);
+      printTypedNames("Result", def.results, indent + 1);
       printBody(def.body, indent + 1);
       return;
     }
@@ -137,6 +139,7 @@ private:
       const auto& train = cast<TrainDecl>(decl);
       line(indent, "TrainDecl", decl.loc) << " " << train.name.name << "\n";
       printTypedNames("Input", train.inputs, indent + 1);
+      printTypedNames("Metric", train.metrics, indent + 1);
       printBody(train.body, indent + 1);
       return;
     }
@@ -173,19 +176,30 @@ private:
     case Stmt::Kind::Const: {
       const auto& param = cast<ParamStmt>(stmt);
       line(indent, param.trainable() ? "ParamStmt" : "ConstStmt", stmt.loc)
-          << " " << param.name.name << ": " << typeText(param.type) << "\n";
+          << " " << param.name.name << ": " << typeText(param.type);
+      if (param.tiedPath) os_ << " as \"" << *param.tiedPath << "\"";
+      os_ << "\n";
       printExpr(*param.init, indent + 1);
       return;
     }
     case Stmt::Kind::Return:
       line(indent, "ReturnStmt", stmt.loc) << "\n";
       printExpr(*cast<ReturnStmt>(stmt).value, indent + 1);
+      for (const ExprPtr& value : cast<ReturnStmt>(stmt).rest)
+        printExpr(*value, indent + 1);
       return;
     case Stmt::Kind::Repeat: {
       const auto& repeat = cast<RepeatStmt>(stmt);
-      line(indent, "RepeatStmt", stmt.loc) << "\n";
+      line(indent, "RepeatStmt", stmt.loc) << (repeat.shared ? " shared\n" : "\n");
       printExpr(*repeat.count, indent + 1);
       printBody(repeat.body, indent + 1);
+      return;
+    }
+    case Stmt::Kind::BindResults: {
+      const auto& bind = cast<BindResultsStmt>(stmt);
+      line(indent, "BindResultsStmt", stmt.loc)
+          << (bind.isLet ? " let " : " ") << names(bind.names) << "\n";
+      printExpr(*bind.value, indent + 1);
       return;
     }
     case Stmt::Kind::Minimize: {

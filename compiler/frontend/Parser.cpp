@@ -142,6 +142,8 @@ private:
   StmtPtr parseReturnStmt();
   StmtPtr parseRepeatStmt();
   StmtPtr parseMinimizeStmt();
+  StmtPtr parseBindResults(Loc loc, bool isLet, Ident first);
+  std::optional<std::string> parseTiedPath(ParamStmt& stmt);
   ExprPtr parseExpr();
   ExprPtr parseCompare();
   ExprPtr parseAdditive();
@@ -393,16 +395,22 @@ bool Parser::parseAxes(LayoutDecl::Entry& entry) {
   return expect(Tok::RBracket, "',' or ']'");
 }
 
-/// defDecl ::= 'def' IDENT '(' [ typedName { ',' typedName } ] ')' '->' tensorType block
+/// defDecl ::= 'def' IDENT '(' [ typedName { ',' typedName } ] ')' '->' defResults block
+/// defResults ::= tensorType | '(' typedName { ',' typedName } ')'
 DeclPtr Parser::parseDefDecl() {
   auto decl = std::make_unique<DefDecl>(consume().loc);
   std::optional<Ident> name = parseIdent("a def name");
   if (!name || !parseTypedNames(decl->args, /*allowEmpty=*/true) || !expect(Tok::Arrow))
     return nullptr;
   decl->name = std::move(*name);
-  std::optional<TypeSpec> result = parseTensorType();
-  if (!result) return nullptr;
-  decl->result = std::move(*result);
+  if (is(Tok::LParen)) {
+    if (!parseTypedNames(decl->results, /*allowEmpty=*/false)) return nullptr;
+    decl->result = decl->results.front().type;
+  } else {
+    std::optional<TypeSpec> result = parseTensorType();
+    if (!result) return nullptr;
+    decl->result = std::move(*result);
+  }
   if (!parseBlock(decl->body)) return nullptr;
   return decl;
 }
@@ -419,12 +427,15 @@ DeclPtr Parser::parseProgramDecl() {
   return decl;
 }
 
-/// trainDecl ::= 'train' IDENT '(' [ typedName { ',' typedName } ] ')' block
+/// trainDecl ::= 'train' IDENT '(' [ typedName { ',' typedName } ] ')'
+///                [ '->' '(' typedName { ',' typedName } ')' ] block
 DeclPtr Parser::parseTrainDecl() {
   auto decl = std::make_unique<TrainDecl>(consume().loc);
   std::optional<Ident> name = parseIdent("a train block name");
-  if (!name || !parseTypedNames(decl->inputs, /*allowEmpty=*/true) || !parseBlock(decl->body))
+  if (!name || !parseTypedNames(decl->inputs, /*allowEmpty=*/true)) return nullptr;
+  if (consumeIf(Tok::Arrow) && !parseTypedNames(decl->metrics, /*allowEmpty=*/false))
     return nullptr;
+  if (!parseBlock(decl->body)) return nullptr;
   decl->name = std::move(*name);
   return decl;
 }
@@ -597,11 +608,12 @@ StmtPtr Parser::parseStmt() {
   }
 }
 
-/// letStmt ::= 'let' IDENT [ ':' tensorType ] '=' expr
+/// letStmt ::= 'let' IDENT [ ':' tensorType ] '=' expr | 'let' bindResults
 StmtPtr Parser::parseLetStmt() {
   auto stmt = std::make_unique<LetStmt>(consume().loc);
   std::optional<Ident> name = parseIdent("a name");
   if (!name) return nullptr;
+  if (is(Tok::Comma)) return parseBindResults(stmt->loc, /*isLet=*/true, std::move(*name));
   stmt->name = std::move(*name);
   if (consumeIf(Tok::Colon)) {
     stmt->type = parseTensorType();
@@ -613,10 +625,11 @@ StmtPtr Parser::parseLetStmt() {
   return stmt;
 }
 
-/// assignStmt ::= IDENT '=' expr
+/// assignStmt ::= IDENT '=' expr | bindResults
 StmtPtr Parser::parseAssignStmt() {
   auto stmt = std::make_unique<AssignStmt>(tok().loc);
   stmt->name = identFrom(consume());
+  if (is(Tok::Comma)) return parseBindResults(stmt->loc, /*isLet=*/false, std::move(stmt->name));
   if (!expect(Tok::Assign)) return nullptr;
   stmt->value = parseExpr();
   if (!stmt->value) return nullptr;
@@ -640,18 +653,58 @@ StmtPtr Parser::parseParamStmt() {
   }
   stmt->init = parseCall();
   if (!stmt->init) return nullptr;
+  // `as` starts the next statement when it is a name being assigned (`as = ...`, `as, b = ...`).
+  bool tied = is(Tok::Ident) && tok().text == "as" && peek(1).kind != Tok::Assign &&
+              peek(1).kind != Tok::Comma;
+  if (tied && !parseTiedPath(*stmt)) return nullptr;
   return stmt;
 }
 
-/// returnStmt ::= 'return' expr
-StmtPtr Parser::parseReturnStmt() {
-  auto stmt = std::make_unique<ReturnStmt>(consume().loc);
+/// bindResults ::= IDENT ',' IDENT { ',' IDENT } '=' expr   (after the first IDENT)
+StmtPtr Parser::parseBindResults(Loc loc, bool isLet, Ident first) {
+  auto stmt = std::make_unique<BindResultsStmt>(loc);
+  stmt->isLet = isLet;
+  stmt->names.push_back(std::move(first));
+  while (consumeIf(Tok::Comma)) {
+    std::optional<Ident> name = parseIdent("a name (or '_')");
+    if (!name) return nullptr;
+    stmt->names.push_back(std::move(*name));
+  }
+  if (!expect(Tok::Assign, "',' or '='")) return nullptr;
   stmt->value = parseExpr();
   if (!stmt->value) return nullptr;
   return stmt;
 }
 
-/// repeatStmt ::= 'repeat' ( INTEGER | IDENT ) block
+/// tiedPath ::= 'as' STRING   (after a param's initializer; `as` is matched as an identifier)
+std::optional<std::string> Parser::parseTiedPath(ParamStmt& stmt) {
+  consume();
+  if (!is(Tok::String)) {
+    error("a param path string after 'as'");
+    return std::nullopt;
+  }
+  Token path = consume();
+  if (path.malformed) return std::nullopt; // reported by the lexer
+  stmt.tiedPath = path.string;
+  stmt.tiedPathLoc = path.loc;
+  return stmt.tiedPath;
+}
+
+/// returnStmt ::= 'return' expr { ',' expr }
+StmtPtr Parser::parseReturnStmt() {
+  auto stmt = std::make_unique<ReturnStmt>(consume().loc);
+  stmt->value = parseExpr();
+  if (!stmt->value) return nullptr;
+  while (consumeIf(Tok::Comma)) {
+    ExprPtr next = parseExpr();
+    if (!next) return nullptr;
+    stmt->rest.push_back(std::move(next));
+  }
+  return stmt;
+}
+
+/// repeatStmt ::= 'repeat' ( INTEGER | IDENT ) [ 'shared' ] block
+/// (`shared` is matched as an identifier, so it stays usable as a name elsewhere.)
 StmtPtr Parser::parseRepeatStmt() {
   auto stmt = std::make_unique<RepeatStmt>(consume().loc);
   if (is(Tok::Number) && tok().isInteger && !tok().malformed) {
@@ -663,6 +716,10 @@ StmtPtr Parser::parseRepeatStmt() {
   } else {
     if (!tok().malformed) error("a repeat count (an integer or a dim name)");
     return nullptr;
+  }
+  if (is(Tok::Ident) && tok().text == "shared") {
+    consume();
+    stmt->shared = true;
   }
   if (!parseBlock(stmt->body)) return nullptr;
   return stmt;

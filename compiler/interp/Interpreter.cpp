@@ -1420,7 +1420,7 @@ llvm::Expected<TensorMap> run(const ir::Function& fn, const TensorMap& inputs, c
 }
 
 llvm::Expected<double> trainStep(const ir::Function& fn, const TensorMap& inputs,
-                                 const Options& opts, TensorMap& state) {
+                                 const Options& opts, TensorMap& state, TensorMap* outputs) {
   if (fn.kind != ir::Function::Kind::Train || fn.outputs.empty())
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s' is not a train block",
                                    fn.name.c_str());
@@ -1447,6 +1447,9 @@ llvm::Expected<double> trainStep(const ir::Function& fn, const TensorMap& inputs
     const std::string& path = fn.params[update.param].path;
     state[path] = std::move(results->at("update " + path));
   }
+  if (outputs)
+    for (const ir::OutputInfo& output : fn.outputs)
+      (*outputs)[output.name] = results->at(output.name);
   const Tensor& loss = results->at(fn.outputs.front().name);
   if (loss.data.size() != 1)
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s': the loss is not a scalar",

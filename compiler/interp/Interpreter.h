@@ -55,9 +55,11 @@ llvm::Expected<TensorMap> run(const ir::Function& fn, const TensorMap& inputs, c
 /// every param read from `state` (by path; a param absent from `state` is first initialized
 /// from `opts.seed`, so an empty map starts training), then applies `fn.updates` to `state`
 /// together. Dropout is active; random ops and dropout key their streams by `opts.step`.
-/// Returns the step's loss (computed before the update).
+/// Returns the step's loss (computed before the update); `outputs`, when given, receives the loss
+/// and the train block's metrics by name.
 llvm::Expected<double> trainStep(const ir::Function& fn, const TensorMap& inputs,
-                                 const Options& opts, TensorMap& state);
+                                 const Options& opts, TensorMap& state,
+                                 TensorMap* outputs = nullptr);
 
 /// One point of the elementwise op `kind`: `args` (each already of its dtype `argTypes`), the
 /// result rounded to `result`, exactly as run() computes it. The code generator folds constants

@@ -145,7 +145,7 @@ struct Function {
   std::vector<Op> ops; // topological order
   std::vector<InputInfo> inputs;
   std::vector<ParamInfo> params;
-  std::vector<OutputInfo> outputs; // for train: a single output named "loss"
+  std::vector<OutputInfo> outputs; // for train: "loss", then the metrics (f32 scalars)
   std::optional<TrainInfo> train;
   /// Filled by the training phase (autodiff + optimizer): one per trainable weight and state slot.
   /// Empty for programs, and for train blocks that have not been through it (forward loss only).

@@ -7,6 +7,7 @@
 #include "frontend/AST.h"
 #include "ir/IR.h"
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -113,6 +114,12 @@ struct CallFrame {
   std::map<std::string, int> defCalls; // by def name + repeatSuffix
   std::map<std::string, int> randomCount; // by repeatSuffix
   std::optional<Operand> returned;
+  std::vector<Operand> returnedRest; // a def with several results: the second and later
+  // Params are named like `path` except inside `repeat N shared`, whose iterations share one
+  // set: there `paramPath`/`paramSuffix` leave out the iteration (`layer/w`, not `layer[2]/w`).
+  std::string paramPath;
+  std::string paramSuffix;
+  std::map<std::string, int> paramCalls; // by def name + paramSuffix
 };
 
 enum class BlockKind { Def, Program, Train, Repeat };
@@ -154,8 +161,14 @@ private:
   /// on mismatch calls `mismatch(got)` and returns poison.
   template <typename F>
   Operand coerce(const Operand& value, const ir::TensorType& want, llvm::SMLoc loc, F mismatch);
+  Operand coerceTo(const Operand& value, const ir::TensorType& want, llvm::SMLoc loc,
+                   const std::function<void(const std::string&)>& mismatch);
   void beginFunction(const std::string& name, llvm::SMLoc loc);
   void bindInputs(const std::vector<ast::TypedName>& inputs, Scope& scope);
+  /// Declares a program's outputs (or a train block's metrics) unset; collectOutputs then
+  /// appends each to fn_.outputs, reporting those never set.
+  void bindOutputs(const std::vector<ast::TypedName>& outputs, Scope& scope);
+  void collectOutputs(const std::vector<ast::TypedName>& outputs, Scope& scope);
   bool declare(Scope& scope, const ast::Ident& name, Binding binding);
   void lowerBlock(const std::vector<ast::StmtPtr>& body, Scope& scope, BlockKind kind,
                   llvm::SMLoc ownerLoc, const std::string& ownerName);
@@ -170,9 +183,37 @@ private:
   std::optional<std::pair<std::string, std::vector<std::pair<std::string, ir::AttrValue>>>>
   lowerOptimizer(const ast::CallExpr& call);
   Operand inlineDef(const ast::DefDecl& def, const ast::CallExpr& call, Scope& scope);
+  /// Inlines a call and returns every result (one for a def with one result); empty on errors.
+  std::vector<Operand> inlineDefResults(const ast::DefDecl& def, const ast::CallExpr& call,
+                                        Scope& scope);
   /// A call of an `extern def`: elementwise over f32 arguments broadcast by dim name.
   Operand lowerExternCall(const ExternInfo& ext, const ast::CallExpr& call, Scope& scope);
   std::string childPath(const std::string& segment) const;
+
+  // ---- ParamsAndResults.cpp: shared and tied params, defs with several results, metrics
+  /// The path of a param declared in the current frame (`as "path"` or its call path).
+  std::string paramPathOf(const ast::ParamStmt& param);
+  /// The param segment of a call of `def` from the current frame (`ffn#1`, `block[2]`); counts it.
+  std::string paramSegmentOfCall(const ast::DefDecl& def);
+  /// An earlier declaration of `path` in this function: its value (transposed to `type` if the
+  /// dims are in another order), or poison after reporting a conflict. nullopt: a new path.
+  std::optional<Operand> reuseParam(const std::string& path, const ir::TensorType& type,
+                                    const ir::Initializer& init, bool trainable, llvm::SMLoc loc);
+  bool checkTiedPath(const ast::ParamStmt& param);
+  void lowerSharedRepeatIteration(const ast::RepeatStmt& repeat, Scope& scope,
+                                  const std::map<std::string, int>& callsBefore);
+  void lowerReturn(const ast::ReturnStmt& ret, Scope& scope, BlockKind kind);
+  std::optional<std::vector<ir::TensorType>> resultTypes(const ast::DefDecl& def);
+  /// Checks the returned values of the def in the top frame against its result types.
+  std::vector<Operand> coerceResults(const ast::DefDecl& def, llvm::SMLoc callLoc);
+  void lowerBindResults(const ast::BindResultsStmt& bind, Scope& scope);
+  /// Sets a let or an output to `value` (the checks of `name = value`).
+  void assignValue(const ast::Ident& name, Operand value, llvm::SMLoc valueLoc, Scope& scope);
+  /// Removes the ops appended from `opStart` on that neither `kept` nor a param needs (the ops
+  /// of a discarded result), renumbering the values after them.
+  void dropUnusedOps(size_t opStart, std::vector<Operand*> kept);
+  void bindMetrics(const ast::TrainDecl& train, Scope& scope);
+  void collectMetrics(const ast::TrainDecl& train, Scope& scope);
 
   // ---- expressions
   Operand lowerExpr(const ast::Expr& expr, Scope& scope);
@@ -242,10 +283,17 @@ private:
   size_t totalWork_ = 0; // never reset
   std::set<const ast::DefDecl*> inlinedDefs_;
   bool tooLarge_ = false;
-  int depth_ = 0;                        // inlined defs and repeats
-  int exprDepth_ = 0;                    // nested expressions, across inlined defs
-  bool reportedDepth_ = false;           // the nesting limit is reported once
-  std::set<std::string> reportedCycles_; // recursive def cycles, across functions
+  int depth_ = 0;                            // inlined defs and repeats
+  int exprDepth_ = 0;                        // nested expressions, across inlined defs
+  bool reportedDepth_ = false;               // the nesting limit is reported once
+  std::set<std::string> reportedCycles_;     // recursive def cycles, across functions
+  std::map<std::string, size_t> paramIndex_; // path -> index in fn_.params
 };
+
+/// Reports params of one path declared differently by two functions (a program and a train
+/// block): they name one tensor in checkpoints, so type and initializer must agree.
+void checkParamsAcrossFunctions(const std::vector<ir::Function>& functions, Reporter& reporter);
+/// `f32[vocab, d_model] = normal(stddev = 0.02)` (a trainable param) or `const ...`.
+std::string describeParam(const ir::TensorType& type, const ir::Initializer& init, bool trainable);
 
 } // namespace meshc::sema

@@ -167,6 +167,11 @@ Operand FunctionLowerer::coerce(const Operand& value, const ir::TensorType& want
   return addOp(ir::OpKind::Transpose, {value.id}, want, loc);
 }
 
+Operand FunctionLowerer::coerceTo(const Operand& value, const ir::TensorType& want, SMLoc loc,
+                                  const std::function<void(const std::string&)>& mismatch) {
+  return coerce(value, want, loc, mismatch);
+}
+
 std::string FunctionLowerer::childPath(const std::string& segment) const {
   const std::string& parent = frames_.back().path;
   return parent.empty() ? segment : parent + "/" + segment;
@@ -184,6 +189,7 @@ void FunctionLowerer::beginFunction(const std::string& name, SMLoc loc) {
   tooLarge_ = false;
   depth_ = 0;
   exprDepth_ = 0;
+  paramIndex_.clear();
 }
 
 bool FunctionLowerer::declare(Scope& scope, const ast::Ident& name, Binding binding) {
@@ -225,15 +231,24 @@ std::optional<ir::Function> FunctionLowerer::lowerProgram(const ast::ProgramDecl
   fn_.kind = ir::Function::Kind::Program;
   Scope scope;
   bindInputs(program.inputs, scope);
-  for (const ast::TypedName& output : program.outputs) {
+  bindOutputs(program.outputs, scope);
+  lowerBlock(program.body, scope, BlockKind::Program, program.name.loc, program.name.name);
+  collectOutputs(program.outputs, scope);
+  return std::move(fn_);
+}
+
+void FunctionLowerer::bindOutputs(const std::vector<ast::TypedName>& outputs, Scope& scope) {
+  for (const ast::TypedName& output : outputs) {
     Binding binding;
     binding.kind = Binding::Kind::Output;
     binding.isSet = false;
     binding.type = convertType(output.type);
     declare(scope, output.name, std::move(binding));
   }
-  lowerBlock(program.body, scope, BlockKind::Program, program.name.loc, program.name.name);
-  for (const ast::TypedName& output : program.outputs) {
+}
+
+void FunctionLowerer::collectOutputs(const std::vector<ast::TypedName>& outputs, Scope& scope) {
+  for (const ast::TypedName& output : outputs) {
     auto it = scope.names.find(output.name.name);
     if (it == scope.names.end() || it->second.kind != Binding::Kind::Output ||
         it->second.loc.getPointer() != output.name.loc.getPointer())
@@ -246,7 +261,6 @@ std::optional<ir::Function> FunctionLowerer::lowerProgram(const ast::ProgramDecl
     if (binding.value.isPoison()) continue;
     fn_.outputs.push_back({output.name.name, binding.value.id, location(output.name.loc)});
   }
-  return std::move(fn_);
 }
 
 std::optional<ir::Function> FunctionLowerer::lowerTrain(const ast::TrainDecl& train) {
@@ -254,7 +268,9 @@ std::optional<ir::Function> FunctionLowerer::lowerTrain(const ast::TrainDecl& tr
   fn_.kind = ir::Function::Kind::Train;
   Scope scope;
   bindInputs(train.inputs, scope);
+  bindMetrics(train, scope);
   lowerBlock(train.body, scope, BlockKind::Train, train.name.loc, train.name.name);
+  collectMetrics(train, scope);
   return std::move(fn_);
 }
 
@@ -267,13 +283,7 @@ void FunctionLowerer::checkDef(const ast::DefDecl& def) {
   frames_.back().def = &def;
   inlineStack_.push_back(&def);
   lowerBlock(def.body, scope, BlockKind::Def, def.name.loc, def.name.name);
-  std::optional<ir::TensorType> result = convertType(def.result);
-  if (result && frames_.back().returned) {
-    const Operand& returned = *frames_.back().returned;
-    coerce(returned, *result, returned.loc, [&](const std::string& got) {
-      error(returned.loc, Diag::ErrReturnType, def.name.name, typeString(*result), got);
-    });
-  }
+  coerceResults(def, def.name.loc);
 }
 
 // ------------------------------------------------------------------------- statements
@@ -323,12 +333,12 @@ void FunctionLowerer::lowerStmt(const ast::Stmt& stmt, Scope& scope, BlockKind k
   case ast::Stmt::Kind::Repeat:
     lowerRepeat(static_cast<const ast::RepeatStmt&>(stmt), scope);
     break;
-  case ast::Stmt::Kind::Return: {
-    auto& ret = static_cast<const ast::ReturnStmt&>(stmt);
-    Operand value = ret.value ? lowerExpr(*ret.value, scope) : Operand::poison();
-    if (kind == BlockKind::Def && !frames_.back().returned) frames_.back().returned = value;
+  case ast::Stmt::Kind::Return:
+    lowerReturn(static_cast<const ast::ReturnStmt&>(stmt), scope, kind);
     break;
-  }
+  case ast::Stmt::Kind::BindResults:
+    lowerBindResults(static_cast<const ast::BindResultsStmt&>(stmt), scope);
+    break;
   case ast::Stmt::Kind::Minimize:
     lowerMinimize(static_cast<const ast::MinimizeStmt&>(stmt), scope);
     break;
@@ -363,20 +373,25 @@ void FunctionLowerer::lowerLet(const ast::LetStmt& let, Scope& scope) {
 void FunctionLowerer::lowerAssign(const ast::AssignStmt& assign, Scope& scope) {
   Operand value = assign.value ? lowerExpr(*assign.value, scope) : Operand::poison();
   SMLoc valueLoc = assign.value ? assign.value->loc : assign.loc;
-  Binding* binding = scope.find(assign.name.name);
+  assignValue(assign.name, value, valueLoc, scope);
+}
+
+void FunctionLowerer::assignValue(const ast::Ident& name, Operand value, SMLoc valueLoc,
+                                  Scope& scope) {
+  Binding* binding = scope.find(name.name);
   if (!binding) {
-    error(assign.name.loc, Diag::ErrAssignUndeclared, assign.name.name);
+    error(name.loc, Diag::ErrAssignUndeclared, name.name);
     return;
   }
   switch (binding->kind) {
   case Binding::Kind::Input:
-    error(assign.name.loc, Diag::ErrAssignReadOnly, "input", assign.name.name);
+    error(name.loc, Diag::ErrAssignReadOnly, "input", name.name);
     return;
   case Binding::Kind::Param:
-    error(assign.name.loc, Diag::ErrAssignReadOnly, "param", assign.name.name);
+    error(name.loc, Diag::ErrAssignReadOnly, "param", name.name);
     return;
   case Binding::Kind::Const:
-    error(assign.name.loc, Diag::ErrAssignReadOnly, "const", assign.name.name);
+    error(name.loc, Diag::ErrAssignReadOnly, "const", name.name);
     return;
   case Binding::Kind::Let:
   case Binding::Kind::Output:
@@ -398,12 +413,11 @@ void FunctionLowerer::lowerAssign(const ast::AssignStmt& assign, Scope& scope) {
   const ir::TensorType want = *binding->type;
   value = coerce(value, want, valueLoc, [&](const std::string& got) {
     if (isOutput)
-      error(valueLoc, Diag::ErrOutputType, assign.name.name, typeString(want), got);
+      error(valueLoc, Diag::ErrOutputType, name.name, typeString(want), got);
     else
-      error(valueLoc, Diag::ErrRebindType, assign.name.name, typeString(want), got);
+      error(valueLoc, Diag::ErrRebindType, name.name, typeString(want), got);
   });
-  if (!value.isPoison() && fn_.values[value.id].name.empty())
-    fn_.values[value.id].name = assign.name.name;
+  if (!value.isPoison() && fn_.values[value.id].name.empty()) fn_.values[value.id].name = name.name;
   binding->value = value;
 }
 
@@ -413,12 +427,16 @@ void FunctionLowerer::lowerParam(const ast::ParamStmt& param, Scope& scope) {
   std::optional<ir::TensorType> type = convertType(param.type);
   std::optional<ir::Initializer> init;
   if (type && param.init) init = lowerInitializer(*param.init, *type);
-  if (type && init) {
-    std::string path = childPath(param.name.name + frames_.back().repeatSuffix);
+  if (type && init && checkTiedPath(param)) {
+    std::string path = paramPathOf(param);
     binding.type = type;
-    binding.value =
-        addOp(ir::OpKind::Param, {}, *type, param.name.loc, {{"path", path}}, param.name.name);
-    if (!binding.value.isPoison()) {
+    std::optional<Operand> earlier =
+        reuseParam(path, *type, *init, param.trainable(), param.name.loc);
+    binding.value = earlier ? *earlier
+                            : addOp(ir::OpKind::Param, {}, *type, param.name.loc, {{"path", path}},
+                                    param.name.name);
+    if (!earlier && !binding.value.isPoison()) {
+      paramIndex_[path] = fn_.params.size();
       ir::ParamInfo info;
       info.path = path;
       info.type = *type;
@@ -459,14 +477,22 @@ void FunctionLowerer::lowerRepeat(const ast::RepeatStmt& repeat, Scope& scope) {
   ++depth_;
   CallFrame& frame = frames_.back();
   std::string outerSuffix = frame.repeatSuffix;
+  std::string outerParamSuffix = frame.paramSuffix;
+  std::map<std::string, int> callsBefore = frame.paramCalls;
   for (int64_t i = 0; i < count && !tooLarge_; ++i) {
     frames_.back().repeatSuffix = outerSuffix + fmt::format("[{}]", i);
+    if (repeat.shared) {
+      lowerSharedRepeatIteration(repeat, scope, callsBefore);
+      continue;
+    }
+    frames_.back().paramSuffix = outerParamSuffix + fmt::format("[{}]", i);
     Scope inner;
     inner.parent = &scope;
     lowerBlock(repeat.body, inner, BlockKind::Repeat, repeat.loc, "repeat");
     tick();
   }
   frames_.back().repeatSuffix = outerSuffix;
+  frames_.back().paramSuffix = outerParamSuffix;
   --depth_;
 }
 
@@ -498,22 +524,36 @@ void FunctionLowerer::lowerMinimize(const ast::MinimizeStmt& minimize, Scope& sc
 
 Operand FunctionLowerer::inlineDef(const ast::DefDecl& def, const ast::CallExpr& call,
                                    Scope& scope) {
+  if (def.hasSeveralResults()) {
+    std::vector<std::string> names;
+    for (const ast::TypedName& result : def.results)
+      names.push_back(result.name.name);
+    error(call.callee.loc, Diag::ErrSeveralResultsInExpr, def.name.name, def.results.size(),
+          joinNames(names), def.name.name);
+    return Operand::poison();
+  }
+  std::vector<Operand> results = inlineDefResults(def, call, scope);
+  return results.empty() ? Operand::poison() : results.front();
+}
+
+std::vector<Operand> FunctionLowerer::inlineDefResults(const ast::DefDecl& def,
+                                                       const ast::CallExpr& call, Scope& scope) {
   // Lower the arguments in the caller's scope first.
   std::vector<Operand> args;
   for (const ast::ExprPtr& arg : call.args)
     args.push_back(lowerExpr(*arg, scope));
   if (call.hasArrow) {
     error(call.arrowLoc, Diag::ErrUnexpectedArrow, def.name.name);
-    return Operand::poison();
+    return {};
   }
   if (!call.kwargs.empty()) {
     error(call.kwargs.front().name.loc, Diag::ErrUnknownKeyword, call.kwargs.front().name.name,
           def.name.name);
-    return Operand::poison();
+    return {};
   }
   if (args.size() != def.args.size()) {
     error(call.callee.loc, Diag::ErrArity, def.name.name, def.args.size(), args.size());
-    return Operand::poison();
+    return {};
   }
   auto onStack = std::find(inlineStack_.begin(), inlineStack_.end(), &def);
   if (onStack != inlineStack_.end()) {
@@ -524,17 +564,17 @@ Operand FunctionLowerer::inlineDef(const ast::DefDecl& def, const ast::CallExpr&
     // Report each cycle once, whichever def it was entered from.
     std::vector<std::string> members(chain.begin(), chain.end() - 1);
     std::sort(members.begin(), members.end());
-    if (!reportedCycles_.insert(joinNames(members)).second) return Operand::poison();
+    if (!reportedCycles_.insert(joinNames(members)).second) return {};
     error(call.callee.loc, Diag::ErrRecursiveDef, def.name.name, joinNames(chain, " -> "));
-    return Operand::poison();
+    return {};
   }
   if (depth_ >= kMaxDepth) {
     if (!reportedDepth_)
       error(call.callee.loc, Diag::ErrNestingTooDeepSema, "def calls and repeats", kMaxDepth);
     reportedDepth_ = true;
-    return Operand::poison();
+    return {};
   }
-  if (tooLarge_) return Operand::poison();
+  if (tooLarge_) return {};
 
   // Arguments take the declared types (transposed if needed).
   Scope defScope;
@@ -554,8 +594,7 @@ Operand FunctionLowerer::inlineDef(const ast::DefDecl& def, const ast::CallExpr&
     if (binding.value.isPoison()) ok = false;
     declare(defScope, formal.name, std::move(binding));
   }
-  std::optional<ir::TensorType> resultType = convertType(def.result);
-  if (!ok || !resultType) return Operand::poison();
+  if (!ok || !resultTypes(def)) return {};
 
   CallFrame& caller = frames_.back();
   int& calls = caller.defCalls[def.name.name + caller.repeatSuffix];
@@ -566,6 +605,11 @@ Operand FunctionLowerer::inlineDef(const ast::DefDecl& def, const ast::CallExpr&
   inlinedDefs_.insert(&def);
   CallFrame frame;
   frame.path = childPath(segment);
+  {
+    const std::string& parent = caller.paramPath;
+    std::string paramSegment = paramSegmentOfCall(def);
+    frame.paramPath = parent.empty() ? paramSegment : parent + "/" + paramSegment;
+  }
   frame.def = &def;
   frames_.push_back(std::move(frame));
   inlineStack_.push_back(&def);
@@ -573,15 +617,9 @@ Operand FunctionLowerer::inlineDef(const ast::DefDecl& def, const ast::CallExpr&
   lowerBlock(def.body, defScope, BlockKind::Def, def.name.loc, def.name.name);
   --depth_;
   inlineStack_.pop_back();
-  std::optional<Operand> returned = std::move(frames_.back().returned);
+  std::vector<Operand> results = coerceResults(def, call.callee.loc);
   frames_.pop_back();
-  if (!returned || returned->isPoison()) return Operand::poison();
-  SMLoc returnLoc = returned->loc;
-  Operand result = coerce(*returned, *resultType, returnLoc, [&](const std::string& got) {
-    error(returnLoc, Diag::ErrReturnType, def.name.name, typeString(*resultType), got);
-  });
-  if (!result.isPoison()) result.loc = call.callee.loc;
-  return result;
+  return results;
 }
 
 // ------------------------------------------------------------------------- expressions
@@ -1141,6 +1179,7 @@ std::optional<ir::Module> ModuleLowerer::run() {
       module_.functions.push_back(std::move(*fn));
     }
   }
+  checkParamsAcrossFunctions(module_.functions, reporter_);
   // Defs that no program or train block inlined are checked on their own (their arguments as
   // inputs), so that their errors are found too.
   for (const auto& file : sources_.files)

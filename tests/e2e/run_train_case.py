@@ -36,15 +36,31 @@ from compare_outputs import compare_files
 from tolerance import compare_values, compute_dtype_of
 
 
-def losses_of(text):
-    """The `step S loss L` lines of a run, as a list of floats in step order."""
-    losses = []
+def series_of(text):
+    """The `step S loss L [metric M ...]` lines of a run: each named value's floats in step
+    order ("loss", then the train block's metrics)."""
+    series = {}
+    steps = 0
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) == 4 and fields[0] == "step" and fields[2] == "loss":
-            assert int(fields[1]) == len(losses), f"step {fields[1]} out of order"
-            losses.append(float(fields[3]))
-    return losses
+        if len(fields) >= 4 and len(fields) % 2 == 0 and fields[0] == "step" and fields[2] == "loss":
+            assert int(fields[1]) == steps, f"step {fields[1]} out of order"
+            steps += 1
+            for name, value in zip(fields[2::2], fields[3::2]):
+                series.setdefault(name, []).append(float(value))
+    return series
+
+
+def compare_series(got, want, compute, both_approximate, what):
+    """Every per-step series (the loss and each metric) of two runs."""
+    if sorted(got) != sorted(want):
+        print(f"FAIL {what}: values {sorted(got)}, expected {sorted(want)}")
+        return False
+    ok = True
+    for name in want:
+        ok = compare_losses(got[name], want[name], compute, both_approximate,
+                            what if name == "loss" else f"{what} ({name})") and ok
+    return ok
 
 
 def compare(actual, expected, steps, compute, both_approximate, what):
@@ -108,31 +124,33 @@ def main():
         dump = base + f".steps{args.steps}"
         start = time.time()
         text = run([binary, dump, args.seed, "--steps", str(args.steps)])
-        losses = losses_of(text)
+        series = series_of(text)
+        losses = series.get("loss", [float("nan")])
         print(f"[{mesh}] ({layout} layout) built in {built:.1f} s, {args.steps} steps in "
               f"{time.time() - start:.2f} s: loss {losses[0]:.6g} -> {losses[-1]:.6g}")
-        runs.append((mesh, binary, overrides, losses, dump))
+        runs.append((mesh, binary, overrides, series, dump))
 
     ok = True
     compute = compute_dtype_of(args.meshc, args.example, runs[0][2])
     reference = runs[0]
-    if len(reference[3]) != args.steps:
-        print(f"FAIL: the reference printed {len(reference[3])} losses, expected {args.steps}")
+    if len(reference[3].get("loss", [])) != args.steps:
+        print(f"FAIL: the reference printed {len(reference[3].get('loss', []))} losses, "
+              f"expected {args.steps}")
         return 1
-    for mesh, _, _, losses, dump in runs[1:]:
+    for mesh, _, _, series, dump in runs[1:]:
         what = f"[{mesh}] vs [{reference[0]}]"
-        ok = compare_losses(losses, reference[3], compute, True, what) and ok
+        ok = compare_series(series, reference[3], compute, True, what) and ok
         ok = compare(dump, reference[4], args.steps, compute, True, what) and ok
 
     # The generated code against the interpreter, a few steps on the second mesh.
     mesh, binary, overrides, _, _ = runs[1] if len(runs) > 1 else runs[0]
     k = str(args.interp_steps)
     actual, expected = binary + f".steps{k}", binary + f".interp{k}"
-    generated = losses_of(run([binary, actual, args.seed, "--steps", k]))
-    interpreted = losses_of(run([args.meshc, args.example, "--emit=run", "--steps", k, "--seed",
+    generated = series_of(run([binary, actual, args.seed, "--steps", k]))
+    interpreted = series_of(run([args.meshc, args.example, "--emit=run", "--steps", k, "--seed",
                                  args.seed, "--dump-outputs", expected] + overrides))
     what = f"generated [{mesh}] vs the interpreter"
-    ok = compare_losses(generated, interpreted, compute, False, what) and ok
+    ok = compare_series(generated, interpreted, compute, False, what) and ok
     ok = compare(actual, expected, args.interp_steps, compute, False, what) and ok
     return 0 if ok else 1
 

@@ -25,7 +25,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
   param0_norm_0_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[0]/bias: zeros (moe.mesh:25)
   param1_norm_0_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[0]/w_gate: normal (moe.mesh:31)
+  // route[0]/w_gate: normal (moe.mesh:34)
   param2_route_0_w_gate.resize(64);
   support::fillParam(
       param2_route_0_w_gate.data(),
@@ -35,7 +35,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "route[0]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[0]/w_in: normal (moe.mesh:45)
+  // experts_ffn[0]/w_in: normal (moe.mesh:49)
   param3_experts_ffn_0_w_in.resize(4096);
   support::fillParam(
       param3_experts_ffn_0_w_in.data(),
@@ -45,7 +45,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[0]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[0]/w_out: normal (moe.mesh:46)
+  // experts_ffn[0]/w_out: normal (moe.mesh:50)
   param4_experts_ffn_0_w_out.resize(4096);
   support::fillParam(
       param4_experts_ffn_0_w_out.data(),
@@ -59,7 +59,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
   param5_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[1]/bias: zeros (moe.mesh:25)
   param6_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[1]/w_gate: normal (moe.mesh:31)
+  // route[1]/w_gate: normal (moe.mesh:34)
   param7_route_1_w_gate.resize(64);
   support::fillParam(
       param7_route_1_w_gate.data(),
@@ -69,7 +69,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "route[1]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[1]/w_in: normal (moe.mesh:45)
+  // experts_ffn[1]/w_in: normal (moe.mesh:49)
   param8_experts_ffn_1_w_in.resize(4096);
   support::fillParam(
       param8_experts_ffn_1_w_in.data(),
@@ -79,7 +79,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[1]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[1]/w_out: normal (moe.mesh:46)
+  // experts_ffn[1]/w_out: normal (moe.mesh:50)
   param9_experts_ffn_1_w_out.resize(4096);
   support::fillParam(
       param9_experts_ffn_1_w_out.data(),
@@ -234,13 +234,13 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:32:18 einsum
+  // moe.mesh:35:23 einsum
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
-  // moe.mesh:32:10 softmax
+  // moe.mesh:35:15 softmax -> gates
   static const support::Shape shape3_2 = {1, 64};
   static const support::Shape shape3_3 = {128, 2};
   static const support::Shape shape3_4 = {128, 2};
@@ -250,7 +250,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::along(a7.data(), a6.data(), shape3_2, shape3_3, shape3_4, shape3_5, shape3_6, shape3_7,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
-  // moe.mesh:38:24 max
+  // moe.mesh:42:24 max
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {2};
@@ -258,13 +258,13 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::reduce(a8.data(), shape4_1, a7.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Max, 1.0);
 
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask1
-  // moe.mesh:50:32 sub
-  // moe.mesh:50:25 mul -> remaining
+  // moe.mesh:42:21 ge
+  // moe.mesh:42:10 cast -> mask1
+  // moe.mesh:54:32 sub
+  // moe.mesh:54:25 mul -> remaining
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -286,7 +286,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:38:24 max
+  // moe.mesh:42:24 max
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {128, 2};
   static const support::Shape shape7_4 = {2};
@@ -294,10 +294,10 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Max, 1.0);
 
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:53:25 mul
+  // moe.mesh:57:25 mul
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a7p = a7.data();
@@ -310,7 +310,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:53:15 sum -> gate1
+  // moe.mesh:57:15 sum -> gate1
   static const support::Shape shape10_1 = {1, 64};
   static const support::Shape shape10_3 = {128, 2};
   static const support::Shape shape10_4 = {2};
@@ -318,9 +318,9 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::reduce(a13.data(), shape10_1, a12.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  // moe.mesh:54:29 mul
+  // moe.mesh:42:21 ge
+  // moe.mesh:42:10 cast -> mask2
+  // moe.mesh:58:29 mul
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -340,7 +340,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:54:15 sum -> gate2
+  // moe.mesh:58:15 sum -> gate2
   static const support::Shape shape12_1 = {1, 64};
   static const support::Shape shape12_3 = {128, 2};
   static const support::Shape shape12_4 = {2};
@@ -348,7 +348,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::reduce(a16.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:55:29 add
+  // moe.mesh:59:29 add
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a13p = a13.data();
@@ -361,10 +361,10 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %24 over model for maximum at 55:15)
+  // moe.mesh:59:15 all_reduce_sum (resolve the partial sum of %24 over model for maximum at 59:15)
   auto request0 = support::startAllReduce(group_model, {a17}, meshrt::ReduceOp::Sum);
 
-  // moe.mesh:60:19 cumsum -> position1
+  // moe.mesh:64:19 cumsum -> position1
   static const support::Shape shape15_2 = {1, 2};
   static const support::Shape shape15_3 = {128, 1};
   static const support::Shape shape15_4 = {128, 1};
@@ -374,7 +374,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::along(a18.data(), a9.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
                  shape15_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
-  // moe.mesh:63:27 cast
+  // moe.mesh:67:27 cast
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -385,13 +385,13 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:63:19 one_hot
+  // moe.mesh:67:19 one_hot
   static const support::Shape shape17_1 = {1, 64, 2, 40};
   static const support::Shape shape17_3 = {128, 2, 1, 0};
   static const support::Shape shape17_4 = {0, 0, 0, 1};
   support::oneHot(a20.data(), shape17_1, a19.data(), shape17_3, shape17_4, 0);
 
-  // moe.mesh:63:59 mul -> dispatch1
+  // moe.mesh:67:59 mul -> dispatch1
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -406,7 +406,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:64:15 sum -> kept1
+  // moe.mesh:68:15 sum -> kept1
   static const support::Shape shape19_1 = {1, 64, 2};
   static const support::Shape shape19_3 = {5120, 80, 40};
   static const support::Shape shape19_4 = {40};
@@ -414,7 +414,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::reduce(a22.data(), shape19_1, a21.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:65:19 cumsum
+  // moe.mesh:69:19 cumsum
   static const support::Shape shape20_2 = {1, 2};
   static const support::Shape shape20_3 = {128, 1};
   static const support::Shape shape20_4 = {128, 1};
@@ -424,7 +424,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::along(a23.data(), a14.data(), shape20_2, shape20_3, shape20_4, shape20_5, shape20_6,
                  shape20_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
-  // moe.mesh:65:58 sum
+  // moe.mesh:69:58 sum
   static const support::Shape shape21_1 = {1, 2};
   static const support::Shape shape21_3 = {128, 1};
   static const support::Shape shape21_4 = {64};
@@ -432,8 +432,8 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   support::reduce(a24.data(), shape21_1, a22.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:65:56 add -> position2
-  // moe.mesh:66:27 cast
+  // moe.mesh:69:56 add -> position2
+  // moe.mesh:70:27 cast
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a23p = a23.data();
@@ -449,7 +449,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:66:19 one_hot
+  // moe.mesh:70:19 one_hot
   static const support::Shape shape23_1 = {1, 64, 2, 40};
   static const support::Shape shape23_3 = {128, 2, 1, 0};
   static const support::Shape shape23_4 = {0, 0, 0, 1};
@@ -457,9 +457,9 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   group_model.wait(request0);
 
-  // moe.mesh:55:15 maximum -> total
-  // moe.mesh:69:36 div
-  // moe.mesh:69:66 div
+  // moe.mesh:59:15 maximum -> total
+  // moe.mesh:73:36 div
+  // moe.mesh:73:66 div
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -479,15 +479,15 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %39 over model for mul at
-  // 69:27; merged with 1 more partial sum over model (%44): 512 B in one buffer)
+  // moe.mesh:73:27 bucketed_all_reduce_sum (resolve the partial sum of %39 over model for mul at
+  // 73:27; merged with 1 more partial sum over model (%44): 512 B in one buffer)
   support::allReduceBucket(group_model, {a27, a28});
 
-  // moe.mesh:66:59 mul -> dispatch2
-  // moe.mesh:68:28 add -> dispatch
-  // moe.mesh:69:57 mul
-  // moe.mesh:69:27 mul
-  // moe.mesh:69:45 add -> combine
+  // moe.mesh:70:59 mul -> dispatch2
+  // moe.mesh:72:28 add -> dispatch
+  // moe.mesh:73:57 mul
+  // moe.mesh:73:27 mul
+  // moe.mesh:73:45 add -> combine
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -517,19 +517,19 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:74:19 einsum -> expert_in
+  // moe.mesh:78:19 einsum -> expert_in
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsumPlan28.run(a29.data(), a4.data(), a31.data(), 1.0f, 0.0f);
 
-  // moe.mesh:75:21 einsum
+  // moe.mesh:79:21 einsum
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan29.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
-  // moe.mesh:75:16 relu -> hidden
+  // moe.mesh:79:16 relu -> hidden
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a33p = a33.data();
@@ -540,22 +540,22 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
     }
   }
 
-  // moe.mesh:76:20 einsum -> expert_out
+  // moe.mesh:80:20 einsum -> expert_out
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan31.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
-  // moe.mesh:78:10 einsum
+  // moe.mesh:82:10 einsum
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan32(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan32.run(a30.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
-  // moe.mesh:98:11 all_reduce_sum (resolve the partial sum of %48 over model for add at 98:11)
+  // moe.mesh:103:11 all_reduce_sum (resolve the partial sum of %48 over model for add at 103:11)
   group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
 
-  // moe.mesh:98:11 add -> h
+  // moe.mesh:103:11 add -> h
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a1p = a1.data();
@@ -684,13 +684,13 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // zero: zeros (moe.mesh:108)
+  // zero: zeros (moe.mesh:113)
   param0_zero.assign(1, support::roundValue(support::DType::F32, 0.0));
   // norm[0]/gain: ones (moe.mesh:24)
   param1_norm_0_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[0]/bias: zeros (moe.mesh:25)
   param2_norm_0_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[0]/w_gate: normal (moe.mesh:31)
+  // route[0]/w_gate: normal (moe.mesh:34)
   param3_route_0_w_gate.resize(64);
   support::fillParam(
       param3_route_0_w_gate.data(),
@@ -700,7 +700,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "route[0]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[0]/w_in: normal (moe.mesh:45)
+  // experts_ffn[0]/w_in: normal (moe.mesh:49)
   param4_experts_ffn_0_w_in.resize(4096);
   support::fillParam(
       param4_experts_ffn_0_w_in.data(),
@@ -710,7 +710,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[0]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[0]/w_out: normal (moe.mesh:46)
+  // experts_ffn[0]/w_out: normal (moe.mesh:50)
   param5_experts_ffn_0_w_out.resize(4096);
   support::fillParam(
       param5_experts_ffn_0_w_out.data(),
@@ -724,7 +724,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
   param6_norm_1_gain.assign(32, support::roundValue(support::DType::F32, 1.0));
   // norm[1]/bias: zeros (moe.mesh:25)
   param7_norm_1_bias.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[1]/w_gate: normal (moe.mesh:31)
+  // route[1]/w_gate: normal (moe.mesh:34)
   param8_route_1_w_gate.resize(64);
   support::fillParam(
       param8_route_1_w_gate.data(),
@@ -734,7 +734,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "route[1]/w_gate",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[1]/w_in: normal (moe.mesh:45)
+  // experts_ffn[1]/w_in: normal (moe.mesh:49)
   param9_experts_ffn_1_w_in.resize(4096);
   support::fillParam(
       param9_experts_ffn_1_w_in.data(),
@@ -744,7 +744,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
       seed, "experts_ffn[1]/w_in",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.18}}),
       meshrt::kernels::ValueType::F32);
-  // experts_ffn[1]/w_out: normal (moe.mesh:46)
+  // experts_ffn[1]/w_out: normal (moe.mesh:50)
   param10_experts_ffn_1_w_out.resize(4096);
   support::fillParam(
       param10_experts_ffn_1_w_out.data(),
@@ -758,33 +758,33 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
   param11_norm_0_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
   // norm[0]/bias@v: zeros (moe.mesh:25)
   param12_norm_0_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[0]/w_gate@vr: zeros (moe.mesh:31)
+  // route[0]/w_gate@vr: zeros (moe.mesh:34)
   param13_route_0_w_gate_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[0]/w_gate@vc: zeros (moe.mesh:31)
+  // route[0]/w_gate@vc: zeros (moe.mesh:34)
   param14_route_0_w_gate_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_in@vr: zeros (moe.mesh:45)
+  // experts_ffn[0]/w_in@vr: zeros (moe.mesh:49)
   param15_experts_ffn_0_w_in_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_in@vc: zeros (moe.mesh:45)
+  // experts_ffn[0]/w_in@vc: zeros (moe.mesh:49)
   param16_experts_ffn_0_w_in_vc.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_out@vr: zeros (moe.mesh:46)
+  // experts_ffn[0]/w_out@vr: zeros (moe.mesh:50)
   param17_experts_ffn_0_w_out_vr.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[0]/w_out@vc: zeros (moe.mesh:46)
+  // experts_ffn[0]/w_out@vc: zeros (moe.mesh:50)
   param18_experts_ffn_0_w_out_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // norm[1]/gain@v: zeros (moe.mesh:24)
   param19_norm_1_gain_v.assign(32, support::roundValue(support::DType::F32, 0.0));
   // norm[1]/bias@v: zeros (moe.mesh:25)
   param20_norm_1_bias_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[1]/w_gate@vr: zeros (moe.mesh:31)
+  // route[1]/w_gate@vr: zeros (moe.mesh:34)
   param21_route_1_w_gate_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // route[1]/w_gate@vc: zeros (moe.mesh:31)
+  // route[1]/w_gate@vc: zeros (moe.mesh:34)
   param22_route_1_w_gate_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_in@vr: zeros (moe.mesh:45)
+  // experts_ffn[1]/w_in@vr: zeros (moe.mesh:49)
   param23_experts_ffn_1_w_in_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_in@vc: zeros (moe.mesh:45)
+  // experts_ffn[1]/w_in@vc: zeros (moe.mesh:49)
   param24_experts_ffn_1_w_in_vc.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_out@vr: zeros (moe.mesh:46)
+  // experts_ffn[1]/w_out@vr: zeros (moe.mesh:50)
   param25_experts_ffn_1_w_out_vr.assign(128, support::roundValue(support::DType::F32, 0.0));
-  // experts_ffn[1]/w_out@vc: zeros (moe.mesh:46)
+  // experts_ffn[1]/w_out@vc: zeros (moe.mesh:50)
   param26_experts_ffn_1_w_out_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
 }
 
@@ -828,11 +828,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated2(v5, v0, v8, v3, v4, v7, v9, v10, v11, v12, v13, v15, v16, v17, v18, v19, v21,
             "uniform[0]#0");
 
-  // moe.mesh:115:15 all_reduce_sum (resolve the partial sum of %21 over data, model for add at
-  // 115:15)
+  // moe.mesh:120:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
+  // for add at 120:15)
   auto request0 = support::startAllReduce(group_data_model, {v21}, meshrt::ReduceOp::Sum);
 
-  // 10 statements from moe.mesh:38:24 max (1 of 2)
+  // 10 statements from moe.mesh:42:24 max (1 of 2)
   support::View v26 = arena_.view(512, 64);
   support::View v28 = arena_.view(389632, 128);
   support::View v31 = arena_.view(0, 128);
@@ -846,7 +846,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v39 = arena_.view(393216, 64);
   repeated6(v26, v12, v28, v30, v31, v32, v35, v36, v34, v37, v38, v39);
 
-  // 6 statements from moe.mesh:119:3 square (1 of 2)
+  // 6 statements from moe.mesh:124:3 square (1 of 2)
   support::View v361 = arena_.view(0, 64);
   support::View v24(param4_experts_ffn_0_w_in); // updated in place
   support::View v397 = arena_.view(0, 4096);
@@ -857,7 +857,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v434 = arena_.view(395520, 1);
   repeated9(v10, v361, v362, v24, v397, v398, v25, v433, v434);
 
-  // 6 statements from moe.mesh:119:3 square (2 of 2)
+  // 6 statements from moe.mesh:124:3 square (2 of 2)
   support::View v76(param8_route_1_w_gate); // updated in place
   support::View v516 = arena_.view(0, 64);
   support::View v90(param9_experts_ffn_1_w_in); // updated in place
@@ -869,13 +869,13 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v589 = arena_.view(395712, 1);
   repeated9(v76, v516, v517, v90, v552, v553, v91, v588, v589);
 
-  // moe.mesh:55:15 bucketed_all_reduce_sum (resolve the partial sum of %38 over model for maximum
-  // at 55:15; merged with 6 more partial sums over model (%363, %399, %435, ...): 280 B in one
+  // moe.mesh:59:15 bucketed_all_reduce_sum (resolve the partial sum of %38 over model for maximum
+  // at 59:15; merged with 6 more partial sums over model (%363, %399, %435, ...): 280 B in one
   // buffer)
   auto request1 = support::startAllReduce(group_model, {v39, v362, v398, v434, v517, v553, v589},
                                           meshrt::ReduceOp::Sum);
 
-  // 9 statements from moe.mesh:60:19 cumsum -> position1 (1 of 2)
+  // 9 statements from moe.mesh:64:19 cumsum -> position1 (1 of 2)
   support::View v43 = arena_.view(0, 128);
   support::View v44 = arena_.view(20480, 128);
   support::View v45 = arena_.view(0, 5120);
@@ -889,7 +889,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   group_model.wait(request1);
 
-  // 9 statements from moe.mesh:55:15 maximum -> total (1 of 2)
+  // 9 statements from moe.mesh:59:15 maximum -> total (1 of 2)
   support::View v55 = arena_.view(393728, 64);
   support::View v58 = arena_.view(393984, 64);
   support::View v54 = arena_.view(61440, 5120);
@@ -904,7 +904,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated5(v39, v36, v38, v42, v55, v58, v52, v34, v46, v53, v54, v61, v7, v62, v24, v63, v64, v25,
             v65, v66);
 
-  // moe.mesh:116:11 add -> h
+  // moe.mesh:121:11 add -> h
   support::View v68 = arena_.view(348160, 2048);
   {
     float *__restrict v68p = v68.data();
@@ -937,11 +937,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated2(v71, v68, v74, v69, v70, v73, v75, v76, v77, v78, v79, v81, v82, v83, v84, v85, v87,
             "uniform[1]#0");
 
-  // moe.mesh:115:15 all_reduce_sum (resolve the partial sum of %82 over data, model for add at
-  // 115:15)
+  // moe.mesh:120:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
+  // for add at 120:15)
   auto request2 = support::startAllReduce(group_data_model, {v87}, meshrt::ReduceOp::Sum);
 
-  // 10 statements from moe.mesh:38:24 max (2 of 2)
+  // 10 statements from moe.mesh:42:24 max (2 of 2)
   support::View v92 = arena_.view(123392, 64);
   support::View v94 = arena_.view(391680, 128);
   support::View v97 = arena_.view(122880, 128);
@@ -955,10 +955,10 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v105 = arena_.view(394240, 64);
   repeated6(v92, v78, v94, v96, v97, v98, v101, v102, v100, v103, v104, v105);
 
-  // moe.mesh:55:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 55:15)
+  // moe.mesh:59:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 59:15)
   auto request3 = support::startAllReduce(group_model, {v105}, meshrt::ReduceOp::Sum);
 
-  // 9 statements from moe.mesh:60:19 cumsum -> position1 (2 of 2)
+  // 9 statements from moe.mesh:64:19 cumsum -> position1 (2 of 2)
   support::View v109 = arena_.view(122880, 128);
   support::View v110 = arena_.view(143360, 128);
   support::View v111 = arena_.view(122880, 5120);
@@ -972,7 +972,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   group_model.wait(request3);
 
-  // 9 statements from moe.mesh:55:15 maximum -> total (2 of 2)
+  // 9 statements from moe.mesh:59:15 maximum -> total (2 of 2)
   support::View v121 = arena_.view(394752, 64);
   support::View v124 = arena_.view(395008, 64);
   support::View v120 = arena_.view(184320, 5120);
@@ -987,9 +987,9 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated5(v105, v102, v104, v108, v121, v124, v118, v100, v112, v119, v120, v127, v73, v128, v90,
             v129, v130, v91, v131, v132);
 
-  // moe.mesh:116:11 add -> h
-  // moe.mesh:118:28 sub
-  // moe.mesh:118:19 square
+  // moe.mesh:121:11 add -> h
+  // moe.mesh:123:28 sub
+  // moe.mesh:123:19 square
   const support::Buffer &v1 = inputs.target.data;
   support::View v135 = arena_.view(253952, 2048);
   support::View v136 = arena_.view(313344, 2048);
@@ -1011,7 +1011,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
     }
   }
 
-  // moe.mesh:118:14 mean
+  // moe.mesh:123:14 mean
   support::View v137 = arena_.view(245760, 1);
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
@@ -1020,7 +1020,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::reduce(v137.data(), shape18_1, v136.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.000244140625);
 
-  // moe.mesh:118:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 118:39)
+  // moe.mesh:123:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 123:39)
   auto request4 = support::startAllReduce(group_data, {v137}, meshrt::ReduceOp::Sum);
 
   group_data_model.wait(request0);
@@ -1029,10 +1029,10 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   group_data.wait(request4);
 
-  // moe.mesh:115:15 add -> aux
-  // moe.mesh:115:15 add -> aux
-  // moe.mesh:118:46 mul
-  // moe.mesh:118:39 add -> loss
+  // moe.mesh:120:15 add -> aux
+  // moe.mesh:120:15 add -> aux
+  // moe.mesh:123:46 mul
+  // moe.mesh:123:39 add -> loss
   const support::Buffer &v2 = param0_zero;
   support::View v141 = arena_.view(395776, 1);
   {
@@ -1057,8 +1057,8 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 void MoeTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
 
-  // moe.mesh:118:19 mul
-  // moe.mesh:118:19 mul
+  // moe.mesh:123:19 mul
+  // moe.mesh:123:19 mul
   support::View v135 = arena_.view(253952, 2048);
   support::View v149 = arena_.view(380928, 2048);
   {
@@ -1074,7 +1074,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     }
   }
 
-  // 25 statements from moe.mesh:78:10 einsum (1 of 2)
+  // 25 statements from moe.mesh:82:10 einsum (1 of 2)
   support::View v131 = arena_.view(266240, 2560);
   support::View v150 = arena_.view(245760, 5120);
   support::View v127 = arena_.view(204800, 5120);
@@ -1253,7 +1253,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     }
   }
 
-  // 25 statements from moe.mesh:78:10 einsum (2 of 2)
+  // 25 statements from moe.mesh:82:10 einsum (2 of 2)
   support::View v65 = arena_.view(292864, 2560);
   support::View v223 = arena_.view(122880, 5120);
   support::View v61 = arena_.view(81920, 5120);
@@ -1305,33 +1305,33 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v231, v53, v232, v233, v46, v239, v240, v55, v42, v58, v39, v249, v250, v16, v34, v30,
             v28, v12, v263, v264, v265, v268, v10, v269, v9, v270, v8, v272, v274, v5, v275, v276);
 
-  // moe.mesh:119:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
+  // moe.mesh:124:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
   // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
   // resolved together, 65.0 KiB in one buffer)
   auto request5 = support::startAllReduce(
       group_data, {v153, v158, v200, v204, v207, v226, v230, v270, v274, v276},
       meshrt::ReduceOp::Sum);
 
-  // moe.mesh:119:3 step
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 pow
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
-  // moe.mesh:119:3 sub
+  // moe.mesh:124:3 step
+  // moe.mesh:124:3 add
+  // moe.mesh:124:3 pow
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
+  // moe.mesh:124:3 sub
   support::View v283 = arena_.view(98688, 1);
   support::View v289 = arena_.view(98752, 1);
   {
@@ -1353,7 +1353,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   group_data.wait(request5);
 
-  // 14 statements from moe.mesh:119:3 square (1 of 2)
+  // 14 statements from moe.mesh:124:3 square (1 of 2)
   support::View v288(param11_norm_0_gain_v); // updated in place
   support::View v294 = arena_.view(0, 32);
   support::View v295 = arena_.view(128, 32);
@@ -1375,7 +1375,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   repeated3(v276, v289, v288, v283, v294, v295, v296, v299, v3, v302, v303, v306, v274, v312, v318,
             v319, v320, v323, v4, v325, v326, v329);
 
-  // 20 statements from moe.mesh:119:3 square (1 of 2)
+  // 20 statements from moe.mesh:124:3 square (1 of 2)
   support::View v334 = arena_.view(98304, 64);
   support::View v371 = arena_.view(0, 4096);
   support::View v374 = arena_.view(16384, 64);
@@ -1404,7 +1404,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v389, v390, v391, v226, v407, v410, v408, v415, v420, v422, v409, v423, v425, v426,
             v427);
 
-  // 20 statements from moe.mesh:119:3 square (2 of 2)
+  // 20 statements from moe.mesh:124:3 square (2 of 2)
   support::View v489 = arena_.view(82432, 64);
   support::View v526 = arena_.view(32768, 4096);
   support::View v529 = arena_.view(49152, 64);
@@ -1433,11 +1433,11 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v544, v545, v546, v153, v562, v565, v563, v570, v575, v577, v564, v578, v580, v581,
             v582);
 
-  // moe.mesh:119:3 bucketed_all_reduce_sum (resolve the partial sum of %315 over model for mul at
-  // 119:3; merged with 5 more partial sums over model (%392, %428, %494, ...): 272 B in one buffer)
+  // moe.mesh:124:3 bucketed_all_reduce_sum (resolve the partial sum of %315 over model for mul at
+  // 124:3; merged with 5 more partial sums over model (%392, %428, %494, ...): 272 B in one buffer)
   support::allReduceBucket(group_model, {v337, v391, v427, v492, v546, v582});
 
-  // 7 statements from moe.mesh:119:3 mul (1 of 2)
+  // 7 statements from moe.mesh:124:3 mul (1 of 2)
   support::View v335(param13_route_0_w_gate_vr); // updated in place
   support::View v343 = arena_.view(65536, 2);
   support::View v348 = arena_.view(65600, 1);
@@ -1449,7 +1449,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v355 = arena_.view(66496, 1);
   repeated7(v337, v289, v335, v283, v343, v334, v348, v350, v336, v351, v270, v353, v354, v355);
 
-  // 7 statements from moe.mesh:119:3 mul (2 of 2)
+  // 7 statements from moe.mesh:124:3 mul (2 of 2)
   support::View v490(param21_route_1_w_gate_vr); // updated in place
   support::View v498 = arena_.view(65792, 2);
   support::View v503 = arena_.view(65856, 1);
@@ -1461,11 +1461,11 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   support::View v510 = arena_.view(66304, 1);
   repeated7(v492, v289, v490, v283, v498, v489, v503, v505, v491, v506, v200, v508, v509, v510);
 
-  // moe.mesh:119:3 bucketed_all_reduce_sum (resolve the partial sum of %332 over model for sqrt at
-  // 119:3; merged with 1 more partial sum over model (%511): 8 B in one buffer)
+  // moe.mesh:124:3 bucketed_all_reduce_sum (resolve the partial sum of %332 over model for sqrt at
+  // 124:3; merged with 1 more partial sum over model (%511): 8 B in one buffer)
   support::allReduceBucket(group_model, {v355, v510});
 
-  // 9 statements from moe.mesh:119:3 sqrt (1 of 2)
+  // 9 statements from moe.mesh:124:3 sqrt (1 of 2)
   support::View v359 = arena_.view(66048, 1);
   support::View v362 = arena_.view(395392, 1);
   support::View v366 = arena_.view(66112, 1);
@@ -1478,7 +1478,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   repeated4(v355, v359, v362, v366, v353, v10, v391, v395, v398, v402, v389, v24, v427, v431, v434,
             v438, v425, v25);
 
-  // 14 statements from moe.mesh:119:3 square (2 of 2)
+  // 14 statements from moe.mesh:124:3 square (2 of 2)
   support::View v444(param19_norm_1_gain_v); // updated in place
   support::View v450 = arena_.view(0, 32);
   support::View v451 = arena_.view(128, 32);
@@ -1499,7 +1499,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   repeated3(v207, v289, v444, v283, v450, v451, v452, v455, v69, v457, v458, v461, v204, v467, v473,
             v474, v475, v478, v70, v480, v481, v484);
 
-  // 9 statements from moe.mesh:119:3 sqrt (2 of 2)
+  // 9 statements from moe.mesh:124:3 sqrt (2 of 2)
   support::View v514 = arena_.view(0, 1);
   support::View v517 = arena_.view(395584, 1);
   support::View v521 = arena_.view(64, 1);
@@ -1527,32 +1527,32 @@ void MoeTrain::repeated0(
     support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
     support::View a44, support::ConstView a45, support::View a46, support::View a47) {
 
-  // moe.mesh:78:10 einsum
+  // moe.mesh:82:10 einsum
   // dims: groups, tokens, d_model, experts, capacity
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
-  // moe.mesh:78:10 einsum
+  // moe.mesh:82:10 einsum
   // dims: groups, tokens, d_model, experts, capacity
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
-  // moe.mesh:76:20 einsum
+  // moe.mesh:80:20 einsum
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
-  // moe.mesh:76:20 einsum -> grad/experts_ffn[1]/w_out
+  // moe.mesh:80:20 einsum -> grad/experts_ffn[1]/w_out
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
   einsumPlan3.run(a4.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
-  // moe.mesh:75:16 gt
-  // moe.mesh:75:16 where
+  // moe.mesh:79:16 gt
+  // moe.mesh:79:16 where
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -1568,25 +1568,25 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:75:21 einsum
+  // moe.mesh:79:21 einsum
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
-  // moe.mesh:75:21 einsum -> grad/experts_ffn[1]/w_in
+  // moe.mesh:79:21 einsum -> grad/experts_ffn[1]/w_in
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
   einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
-  // moe.mesh:74:19 einsum
+  // moe.mesh:78:19 einsum
   // dims: experts, groups, capacity, d_model, tokens
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
   einsumPlan7.run(a12.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
-  // moe.mesh:69:57 mul
+  // moe.mesh:73:57 mul
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a2p = a2.data();
@@ -1599,7 +1599,7 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:69:57 sum
+  // moe.mesh:73:57 sum
   static const support::Shape shape9_1 = {1, 64};
   static const support::Shape shape9_3 = {5120, 80};
   static const support::Shape shape9_4 = {2, 40};
@@ -1607,7 +1607,7 @@ void MoeTrain::repeated0(
   support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:69:27 mul
+  // moe.mesh:73:27 mul
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a2p = a2.data();
@@ -1620,7 +1620,7 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:69:27 sum
+  // moe.mesh:73:27 sum
   static const support::Shape shape11_1 = {1, 64};
   static const support::Shape shape11_3 = {5120, 80};
   static const support::Shape shape11_4 = {2, 40};
@@ -1628,23 +1628,23 @@ void MoeTrain::repeated0(
   support::reduce(a22.data(), shape11_1, a21.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:69:66 bucketed_all_reduce_sum (resolve the partial sum of %150 over model for div at
-  // 69:66; merged with 1 more partial sum over model (%169): 512 B in one buffer)
+  // moe.mesh:73:66 bucketed_all_reduce_sum (resolve the partial sum of %150 over model for div at
+  // 73:66; merged with 1 more partial sum over model (%169): 512 B in one buffer)
   support::allReduceBucket(group_model, {a19, a22});
 
-  // moe.mesh:69:36 div
-  // moe.mesh:69:36 mul
-  // moe.mesh:69:36 neg
-  // moe.mesh:69:66 div
-  // moe.mesh:69:66 mul
-  // moe.mesh:69:66 neg
-  // moe.mesh:69:36 add
-  // moe.mesh:55:15 ge
-  // moe.mesh:55:15 where
-  // moe.mesh:69:36 div
-  // moe.mesh:55:29 add
-  // moe.mesh:69:66 div
-  // moe.mesh:55:29 add
+  // moe.mesh:73:36 div
+  // moe.mesh:73:36 mul
+  // moe.mesh:73:36 neg
+  // moe.mesh:73:66 div
+  // moe.mesh:73:66 mul
+  // moe.mesh:73:66 neg
+  // moe.mesh:73:36 add
+  // moe.mesh:59:15 ge
+  // moe.mesh:59:15 where
+  // moe.mesh:73:36 div
+  // moe.mesh:59:29 add
+  // moe.mesh:73:66 div
+  // moe.mesh:59:29 add
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -1686,17 +1686,17 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:89:23 mul
-  // moe.mesh:88:23 mul
-  // moe.mesh:88:23 broadcast
-  // moe.mesh:54:15 broadcast
-  // moe.mesh:54:29 mul
-  // moe.mesh:50:25 mul
-  // moe.mesh:53:15 broadcast
-  // moe.mesh:53:25 mul
-  // moe.mesh:50:25 add
-  // moe.mesh:88:23 add
-  // moe.mesh:32:10 mul
+  // moe.mesh:93:23 mul
+  // moe.mesh:92:23 mul
+  // moe.mesh:92:23 broadcast
+  // moe.mesh:58:15 broadcast
+  // moe.mesh:58:29 mul
+  // moe.mesh:54:25 mul
+  // moe.mesh:57:15 broadcast
+  // moe.mesh:57:25 mul
+  // moe.mesh:54:25 add
+  // moe.mesh:92:23 add
+  // moe.mesh:35:15 mul
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -1735,7 +1735,7 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:32:10 sum
+  // moe.mesh:35:15 sum
   static const support::Shape shape15_1 = {1, 64};
   static const support::Shape shape15_3 = {128, 2};
   static const support::Shape shape15_4 = {2};
@@ -1743,11 +1743,11 @@ void MoeTrain::repeated0(
   support::reduce(a36.data(), shape15_1, a35.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:32:10 all_reduce_sum (resolve the partial sum of %182 over model for sub at 32:10)
+  // moe.mesh:35:15 all_reduce_sum (resolve the partial sum of %182 over model for sub at 35:15)
   group_model.allReduce(a36.data(), a36.size(), meshrt::ReduceOp::Sum);
 
-  // moe.mesh:32:10 sub
-  // moe.mesh:32:10 mul
+  // moe.mesh:35:15 sub
+  // moe.mesh:35:15 mul
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a34p = a34.data();
@@ -1765,20 +1765,20 @@ void MoeTrain::repeated0(
     }
   }
 
-  // moe.mesh:32:18 einsum
+  // moe.mesh:35:23 einsum
   // dims: groups, tokens, experts, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan18.run(a37.data(), a38.data(), a39.data(), 1.0f, 0.0f);
 
-  // moe.mesh:32:18 einsum -> grad/route[1]/w_gate
+  // moe.mesh:35:23 einsum -> grad/route[1]/w_gate
   // dims: groups, tokens, experts, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan19.run(a37.data(), a40.data(), a41.data(), 1.0f, 0.0f);
 
-  // moe.mesh:114:25 mul
-  // moe.mesh:114:25 add
+  // moe.mesh:119:34 mul
+  // moe.mesh:119:34 add
   {
     float *__restrict a43p = a43.data();
     const float *__restrict a39p = a39.data();
@@ -1837,8 +1837,8 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
                          support::View a24, support::View a25, support::View a26, support::View a27,
                          support::View a28) {
 
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
+  // moe.mesh:124:3 square
+  // moe.mesh:124:3 add
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -1851,7 +1851,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {2};
   static const support::Shape shape1_4 = {2};
@@ -1859,8 +1859,8 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.25);
 
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
+  // moe.mesh:124:3 square
+  // moe.mesh:124:3 add
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -1873,7 +1873,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape3_1 = {2, 32};
   static const support::Shape shape3_3 = {2048, 64};
   static const support::Shape shape3_4 = {64};
@@ -1881,9 +1881,9 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.015625);
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 add
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a5p = a5.data();
@@ -1901,7 +1901,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape5_1 = {2, 64};
   static const support::Shape shape5_3 = {2048, 1};
   static const support::Shape shape5_4 = {32};
@@ -1909,7 +1909,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   support::reduce(a9.data(), shape5_1, a4.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape6_1 = {2};
   static const support::Shape shape6_3 = {32};
   static const support::Shape shape6_4 = {32};
@@ -1917,8 +1917,8 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   support::reduce(a10.data(), shape6_1, a7.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
+  // moe.mesh:124:3 div
+  // moe.mesh:124:3 rsqrt
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -1934,10 +1934,10 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 add
+  // moe.mesh:124:3 rsqrt
   {
     float *__restrict a12p = a12.data();
     float *__restrict a13p = a13.data();
@@ -1958,9 +1958,9 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 square
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -1983,7 +1983,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape10_1 = {};
   static const support::Shape shape10_3 = {};
   static const support::Shape shape10_4 = {2, 32, 64};
@@ -1991,8 +1991,8 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   support::reduce(a16.data(), shape10_1, a15.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.0001220703125);
 
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
+  // moe.mesh:124:3 square
+  // moe.mesh:124:3 add
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -2005,7 +2005,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape12_1 = {2, 64};
   static const support::Shape shape12_3 = {2048, 32};
   static const support::Shape shape12_4 = {32};
@@ -2013,9 +2013,9 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   support::reduce(a19.data(), shape12_1, a18.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 add
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -2033,7 +2033,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape14_1 = {2, 32};
   static const support::Shape shape14_3 = {2048, 1};
   static const support::Shape shape14_4 = {64};
@@ -2041,7 +2041,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   support::reduce(a21.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.015625);
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape15_1 = {2};
   static const support::Shape shape15_3 = {64};
   static const support::Shape shape15_4 = {64};
@@ -2049,8 +2049,8 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   support::reduce(a22.data(), shape15_1, a20.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.015625);
 
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
+  // moe.mesh:124:3 div
+  // moe.mesh:124:3 rsqrt
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a20p = a20.data();
@@ -2066,10 +2066,10 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 add
+  // moe.mesh:124:3 rsqrt
   {
     float *__restrict a24p = a24.data();
     float *__restrict a25p = a25.data();
@@ -2090,9 +2090,9 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 square
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -2115,7 +2115,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {2, 64, 32};
@@ -2141,7 +2141,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
-  // moe.mesh:114:27 random_uniform
+  // moe.mesh:119:36 random_uniform
   support::fillRandomUniform(
       a2.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
@@ -2152,7 +2152,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
-  // moe.mesh:114:25 mul
+  // moe.mesh:119:34 mul
   {
     float *__restrict a5p = a5.data();
     float *__restrict a6p = a6.data();
@@ -2175,13 +2175,13 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:32:18 einsum
+  // moe.mesh:35:23 einsum
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
-  // moe.mesh:32:10 softmax -> gates
+  // moe.mesh:35:15 softmax -> gates
   static const support::Shape shape4_2 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {128, 2};
@@ -2191,7 +2191,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
-  // moe.mesh:38:24 max
+  // moe.mesh:42:24 max
   static const support::Shape shape5_1 = {1, 64};
   static const support::Shape shape5_3 = {128, 2};
   static const support::Shape shape5_4 = {2};
@@ -2199,11 +2199,11 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::reduce(a10.data(), shape5_1, a9.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Max, 1.0);
 
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast
+  // moe.mesh:42:21 ge
+  // moe.mesh:42:10 cast
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a9p = a9.data();
@@ -2219,7 +2219,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:87:17 mean -> density
+  // moe.mesh:91:17 mean -> density
   static const support::Shape shape8_1 = {1, 2};
   static const support::Shape shape8_3 = {128, 1};
   static const support::Shape shape8_4 = {64};
@@ -2227,7 +2227,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::reduce(a12.data(), shape8_1, a11.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.015625);
 
-  // moe.mesh:88:23 mean -> density_proxy
+  // moe.mesh:92:23 mean -> density_proxy
   static const support::Shape shape9_1 = {1, 2};
   static const support::Shape shape9_3 = {128, 1};
   static const support::Shape shape9_4 = {64};
@@ -2235,7 +2235,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::reduce(a13.data(), shape9_1, a9.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.015625);
 
-  // moe.mesh:89:23 mul
+  // moe.mesh:93:23 mul
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -2248,7 +2248,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:89:10 mean
+  // moe.mesh:93:10 mean
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {1, 2};
@@ -2256,7 +2256,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   support::reduce(a15.data(), shape11_1, a14.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.125);
 
-  // moe.mesh:89:40 mul
+  // moe.mesh:93:40 mul -> balance
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -2275,14 +2275,14 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
                          support::View a17, support::View a18, support::View a19, support::View a20,
                          support::View a21) {
 
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 square
+  // moe.mesh:124:3 add
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 add
+  // moe.mesh:124:3 rsqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 square
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -2311,7 +2311,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -2319,9 +2319,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 maximum
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2334,7 +2334,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     a7p[0] = s5;
   }
 
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 square
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2345,7 +2345,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -2353,9 +2353,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 maximum
+  // moe.mesh:124:3 mul
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -2368,9 +2368,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     a11p[0] = s5;
   }
 
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/norm[0]/gain
+  // moe.mesh:124:3 div
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 sub -> next/norm[0]/gain
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -2388,14 +2388,14 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 square
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 square
+  // moe.mesh:124:3 add
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 add
+  // moe.mesh:124:3 rsqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 square
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -2424,7 +2424,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32};
@@ -2432,9 +2432,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a16.data(), shape8_1, a15.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 maximum
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -2447,7 +2447,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     a17p[0] = s5;
   }
 
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 square
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -2458,7 +2458,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32};
@@ -2466,9 +2466,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a20.data(), shape11_1, a19.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 maximum
+  // moe.mesh:124:3 mul
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -2481,9 +2481,9 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
     a21p[0] = s5;
   }
 
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/norm[0]/bias
+  // moe.mesh:124:3 div
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 sub -> next/norm[0]/bias
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -2509,9 +2509,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
                          support::ConstView a12, support::View a13, support::ConstView a14,
                          support::View a15, support::ConstView a16, support::View a17) {
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 maximum
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -2524,9 +2524,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a1p[0] = s5;
   }
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 maximum
+  // moe.mesh:124:3 mul
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a2p = a2.data();
@@ -2539,9 +2539,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a3p[0] = s5;
   }
 
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/route[0]/w_gate
+  // moe.mesh:124:3 div
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 sub -> next/route[0]/w_gate
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -2559,9 +2559,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     }
   }
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 maximum
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2574,9 +2574,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a7p[0] = s5;
   }
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 maximum
+  // moe.mesh:124:3 mul
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2589,9 +2589,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a9p[0] = s5;
   }
 
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/experts_ffn[0]/w_in
+  // moe.mesh:124:3 div
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 sub -> next/experts_ffn[0]/w_in
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -2609,9 +2609,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     }
   }
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 maximum
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 maximum
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -2624,9 +2624,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a13p[0] = s5;
   }
 
-  // moe.mesh:119:3 sqrt
-  // moe.mesh:119:3 maximum
-  // moe.mesh:119:3 mul
+  // moe.mesh:124:3 sqrt
+  // moe.mesh:124:3 maximum
+  // moe.mesh:124:3 mul
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -2639,9 +2639,9 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
     a15p[0] = s5;
   }
 
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 sub -> next/experts_ffn[0]/w_out
+  // moe.mesh:124:3 div
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 sub -> next/experts_ffn[0]/w_out
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -2668,9 +2668,9 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
                          support::View a15, support::View a16, support::ConstView a17,
                          support::View a18, support::View a19) {
 
-  // moe.mesh:55:15 maximum -> total
-  // moe.mesh:69:36 div
-  // moe.mesh:69:66 div
+  // moe.mesh:59:15 maximum -> total
+  // moe.mesh:73:36 div
+  // moe.mesh:73:66 div
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -2692,15 +2692,15 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:69:27 bucketed_all_reduce_sum (resolve the partial sum of %53 over model for mul at
-  // 69:27; merged with 1 more partial sum over model (%59): 512 B in one buffer)
+  // moe.mesh:73:27 bucketed_all_reduce_sum (resolve the partial sum of %53 over model for mul at
+  // 73:27; merged with 1 more partial sum over model (%59): 512 B in one buffer)
   support::allReduceBucket(group_model, {a4, a5});
 
-  // moe.mesh:66:59 mul -> dispatch2
-  // moe.mesh:68:28 add -> dispatch
-  // moe.mesh:69:57 mul
-  // moe.mesh:69:27 mul
-  // moe.mesh:69:45 add -> combine
+  // moe.mesh:70:59 mul -> dispatch2
+  // moe.mesh:72:28 add -> dispatch
+  // moe.mesh:73:57 mul
+  // moe.mesh:73:27 mul
+  // moe.mesh:73:45 add -> combine
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -2732,19 +2732,19 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:74:19 einsum -> expert_in
+  // moe.mesh:78:19 einsum -> expert_in
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsumPlan3.run(a10.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
-  // moe.mesh:75:21 einsum
+  // moe.mesh:79:21 einsum
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan4.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
-  // moe.mesh:75:16 relu -> hidden
+  // moe.mesh:79:16 relu -> hidden
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -2755,19 +2755,19 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:76:20 einsum -> expert_out
+  // moe.mesh:80:20 einsum -> expert_out
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan6.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
-  // moe.mesh:78:10 einsum
+  // moe.mesh:82:10 einsum
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan7.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
-  // moe.mesh:116:11 all_reduce_sum (resolve the partial sum of %62 over model for add at 116:11)
+  // moe.mesh:121:11 all_reduce_sum (resolve the partial sum of %62 over model for add at 121:11)
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 }
 
@@ -2776,7 +2776,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
                          support::View a7, support::View a8, support::View a9, support::View a10,
                          support::View a11) {
 
-  // moe.mesh:38:24 max
+  // moe.mesh:42:24 max
   static const support::Shape shape0_1 = {1, 64};
   static const support::Shape shape0_3 = {128, 2};
   static const support::Shape shape0_4 = {2};
@@ -2784,13 +2784,13 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
   support::reduce(a0.data(), shape0_1, a1.data(), shape0_3, shape0_4, shape0_5,
                   support::Reduce::Max, 1.0);
 
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(a0.data(), a0.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask1
-  // moe.mesh:50:32 sub
-  // moe.mesh:50:25 mul -> remaining
+  // moe.mesh:42:21 ge
+  // moe.mesh:42:10 cast -> mask1
+  // moe.mesh:54:32 sub
+  // moe.mesh:54:25 mul -> remaining
   {
     float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
@@ -2814,7 +2814,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:38:24 max
+  // moe.mesh:42:24 max
   static const support::Shape shape3_1 = {1, 64};
   static const support::Shape shape3_3 = {128, 2};
   static const support::Shape shape3_4 = {2};
@@ -2822,10 +2822,10 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
   support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Max, 1.0);
 
-  // moe.mesh:38:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(a5.data(), a5.size(), meshrt::ReduceOp::Max);
 
-  // moe.mesh:53:25 mul
+  // moe.mesh:57:25 mul
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a1p = a1.data();
@@ -2838,7 +2838,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:53:15 sum -> gate1
+  // moe.mesh:57:15 sum -> gate1
   static const support::Shape shape6_1 = {1, 64};
   static const support::Shape shape6_3 = {128, 2};
   static const support::Shape shape6_4 = {2};
@@ -2846,9 +2846,9 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
   support::reduce(a7.data(), shape6_1, a6.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:38:21 ge
-  // moe.mesh:38:10 cast -> mask2
-  // moe.mesh:54:29 mul
+  // moe.mesh:42:21 ge
+  // moe.mesh:42:10 cast -> mask2
+  // moe.mesh:58:29 mul
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -2868,7 +2868,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:54:15 sum -> gate2
+  // moe.mesh:58:15 sum -> gate2
   static const support::Shape shape8_1 = {1, 64};
   static const support::Shape shape8_3 = {128, 2};
   static const support::Shape shape8_4 = {2};
@@ -2876,7 +2876,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
   support::reduce(a10.data(), shape8_1, a9.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:55:29 add
+  // moe.mesh:59:29 add
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -2896,9 +2896,9 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a10, support::View a11, support::View a12,
                          support::View a13) {
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 add
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -2916,7 +2916,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape1_1 = {2};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {32};
@@ -2924,7 +2924,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a4.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {32};
@@ -2932,8 +2932,8 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a6.data(), shape2_1, a2.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.03125);
 
-  // moe.mesh:119:3 div
-  // moe.mesh:119:3 rsqrt
+  // moe.mesh:124:3 div
+  // moe.mesh:124:3 rsqrt
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -2947,10 +2947,10 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 add
-  // moe.mesh:119:3 rsqrt
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 add
+  // moe.mesh:124:3 rsqrt
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -2971,9 +2971,9 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 mul
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 mul
+  // moe.mesh:124:3 square
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -2994,7 +2994,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {32, 2};
@@ -3008,7 +3008,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                          support::ConstView a7, support::View a8, support::View a9,
                          support::View a10) {
 
-  // moe.mesh:60:19 cumsum -> position1
+  // moe.mesh:64:19 cumsum -> position1
   static const support::Shape shape0_2 = {1, 2};
   static const support::Shape shape0_3 = {128, 1};
   static const support::Shape shape0_4 = {128, 1};
@@ -3018,7 +3018,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::along(a0.data(), a1.data(), shape0_2, shape0_3, shape0_4, shape0_5, shape0_6, shape0_7,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
-  // moe.mesh:63:27 cast
+  // moe.mesh:67:27 cast
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -3029,13 +3029,13 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:63:19 one_hot
+  // moe.mesh:67:19 one_hot
   static const support::Shape shape2_1 = {1, 64, 2, 40};
   static const support::Shape shape2_3 = {128, 2, 1, 0};
   static const support::Shape shape2_4 = {0, 0, 0, 1};
   support::oneHot(a3.data(), shape2_1, a2.data(), shape2_3, shape2_4, 0);
 
-  // moe.mesh:63:59 mul -> dispatch1
+  // moe.mesh:67:59 mul -> dispatch1
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3050,7 +3050,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:64:15 sum -> kept1
+  // moe.mesh:68:15 sum -> kept1
   static const support::Shape shape4_1 = {1, 64, 2};
   static const support::Shape shape4_3 = {5120, 80, 40};
   static const support::Shape shape4_4 = {40};
@@ -3058,7 +3058,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::reduce(a5.data(), shape4_1, a4.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:65:19 cumsum
+  // moe.mesh:69:19 cumsum
   static const support::Shape shape5_2 = {1, 2};
   static const support::Shape shape5_3 = {128, 1};
   static const support::Shape shape5_4 = {128, 1};
@@ -3068,7 +3068,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::along(a6.data(), a7.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
-  // moe.mesh:65:58 sum
+  // moe.mesh:69:58 sum
   static const support::Shape shape6_1 = {1, 2};
   static const support::Shape shape6_3 = {128, 1};
   static const support::Shape shape6_4 = {64};
@@ -3076,8 +3076,8 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   support::reduce(a8.data(), shape6_1, a5.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
-  // moe.mesh:65:56 add -> position2
-  // moe.mesh:66:27 cast
+  // moe.mesh:69:56 add -> position2
+  // moe.mesh:70:27 cast
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a6p = a6.data();
@@ -3093,7 +3093,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // moe.mesh:66:19 one_hot
+  // moe.mesh:70:19 one_hot
   static const support::Shape shape8_1 = {1, 64, 2, 40};
   static const support::Shape shape8_3 = {128, 2, 1, 0};
   static const support::Shape shape8_4 = {0, 0, 0, 1};
@@ -3104,7 +3104,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
 
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 square
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -3115,7 +3115,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2};
@@ -3123,7 +3123,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.0078125);
 
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 square
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3134,7 +3134,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {2, 32, 64};
@@ -3142,7 +3142,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.0001220703125);
 
-  // moe.mesh:119:3 square
+  // moe.mesh:124:3 square
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3153,7 +3153,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // moe.mesh:119:3 mean
+  // moe.mesh:124:3 mean
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {2, 64, 32};

@@ -264,6 +264,45 @@ train t(k: f32[b, a]) {
   checkAgainstFiniteDifferences(module->functions[0]);
 }
 
+TEST_CASE("A shared and a tied param's gradient is the sum over its uses", "[autodiff]") {
+  // `layer/w` is read by each of three shared iterations, and `table` by a gather and (tied,
+  // transposed) by an einsum: one param each, whose gradient must sum every use.
+  std::string source = std::string(kDims) + R"(
+def layer(x: f32[a, b]) -> f32[a, b] {
+  param w: f32[b] = normal(stddev = 0.5)
+  return tanh(x * w) + x
+}
+def embed(ids: i32[a]) -> f32[a, b] {
+  param table: f32[v, b] = normal(stddev = 1) as "table"
+  return gather(table, ids, v)
+}
+def unembed(h: f32[a, b]) -> f32[a, v] {
+  param table: f32[b, v] = normal(stddev = 1) as "table"
+  return einsum(h, table -> a, v)
+}
+train t(ids: i32[a], k: f32[a, v]) {
+  let h = embed(ids)
+  repeat 3 shared { h = layer(h) }
+  let loss = sum(unembed(h) * k)
+  minimize loss with sgd(lr = 0.1)
+}
+)";
+  Compiled compiled(source);
+  ir::Function fn = compiled.trainFunction();
+  std::vector<std::string> paths;
+  for (const ir::ParamInfo& param : fn.params)
+    paths.push_back(param.path);
+  CHECK(paths == std::vector<std::string>{"table", "layer/w"});
+  checkAgainstFiniteDifferences(fn);
+  // One update per param: the optimizer sees each shared or tied param once.
+  REQUIRE(train::lowerTraining(fn, compiled.diag));
+  std::vector<size_t> updated;
+  for (const ir::ParamUpdate& update : fn.updates)
+    updated.push_back(update.param);
+  CHECK(std::count(updated.begin(), updated.end(), size_t(0)) == 1);
+  CHECK(std::count(updated.begin(), updated.end(), size_t(1)) == 1);
+}
+
 TEST_CASE("stop_gradient blocks the gradient; a weight reaching the loss only through "
           "comparisons or ids gets none and is left unchanged",
           "[autodiff]") {

@@ -259,6 +259,70 @@ def f(x: f32[a]) -> f32[a] {
   CHECK(isa<ReturnStmt>(*body[7]));
 }
 
+TEST_CASE("several results, shared repeats, tied params and metrics", "[parser]") {
+  Parsed parsed(R"(
+def heads(h: f32[a]) -> (mlm: f32[a, v], sop: f32[c]) {
+  param table: f32[v, a] = normal(stddev = 0.02) as "embedding"
+  let x, _ = split(h)
+  x, y = split(h)
+  repeat 3 shared { x = x }
+  repeat layers { x = x }
+  return x, y * 2
+}
+train t(x: f32[a]) -> (accuracy: f32[], recall: f32[]) { minimize x with sgd(lr = 1) }
+)");
+  INFO(parsed.errors);
+  REQUIRE(parsed.errors.empty());
+  const auto& def = parsed.decl<DefDecl>(0);
+  REQUIRE(def.hasSeveralResults());
+  REQUIRE(def.results.size() == 2);
+  CHECK(def.results[0].name.name == "mlm");
+  CHECK(def.results[1].type.dims[0].name == "c");
+  const auto& body = def.body;
+  REQUIRE(body.size() == 6);
+  const auto& param = cast<ParamStmt>(*body[0]);
+  REQUIRE(param.tiedPath);
+  CHECK(*param.tiedPath == "embedding");
+  CHECK(parsed.at(param.tiedPathLoc) == "3:53");
+  const auto& let = cast<BindResultsStmt>(*body[1]);
+  CHECK(let.isLet);
+  REQUIRE(let.names.size() == 2);
+  CHECK(let.names[1].name == "_");
+  CHECK(render(*let.value) == "split(h)");
+  const auto& assign = cast<BindResultsStmt>(*body[2]);
+  CHECK_FALSE(assign.isLet);
+  CHECK(parsed.at(assign.loc) == "5:3");
+  CHECK(cast<RepeatStmt>(*body[3]).shared);
+  CHECK_FALSE(cast<RepeatStmt>(*body[4]).shared);
+  const auto& ret = cast<ReturnStmt>(*body[5]);
+  REQUIRE(ret.rest.size() == 1);
+  CHECK(render(*ret.rest[0]) == "(y * 2)");
+  const auto& train = parsed.decl<TrainDecl>(1);
+  REQUIRE(train.metrics.size() == 2);
+  CHECK(train.metrics[1].name.name == "recall");
+  // `shared` and `as` stay ordinary names elsewhere, even right after a param.
+  Parsed names("program p(shared: f32[a]) -> (as: f32[a]) {\n  param w: f32[a] = ones()\n"
+               "  as = shared * w\n}");
+  INFO(names.errors);
+  CHECK(names.errors.empty());
+  CHECK(names.decl<ProgramDecl>(0).body.size() == 2);
+}
+
+TEST_CASE("errors in the forms of several results and tied params", "[parser]") {
+  SECTION("'as' without a path string") {
+    Parsed parsed("def f() -> f32[] { param w: f32[] = ones() as w\n return w }");
+    CHECK(parsed.reported("p.mesh:1:47: error: expected a param path string after 'as'"));
+  }
+  SECTION("a bound name list without '='") {
+    Parsed parsed("def f() -> f32[] { let a, b + 1\n return a }");
+    CHECK(parsed.reported("p.mesh:1:29: error: expected ',' or '=' but found '+'"));
+  }
+  SECTION("an empty result list") {
+    Parsed parsed("def f() -> () { return 1 }");
+    CHECK(parsed.reported("p.mesh:1:13: error: expected a name"));
+  }
+}
+
 TEST_CASE("precedence and associativity", "[parser]") {
   CHECK(renderExpr("a + b * c") == "(a + (b * c))");
   CHECK(renderExpr("a - b - c") == "((a - b) - c)");
@@ -447,6 +511,51 @@ TEST_CASE("the AST printer shows every node with line:col", "[parser]") {
                "        UnaryExpr 3:7 -\n"
                "          NameExpr 3:8 x\n"
                "        NumberExpr 3:12 2.5\n");
+}
+
+TEST_CASE("the AST printer shows results, bound names, shared repeats and tied paths", "[parser]") {
+  Parsed parsed("def f(x: f32[a]) -> (u: f32[a], v: f32[]) {\n"
+                "  param w: f32[a] = ones() as \"t/w\"\n"
+                "  repeat 2 shared { x = x }\n"
+                "  return x, sum(w)\n}\n"
+                "train t(x: f32[a]) -> (m: f32[]) {\n"
+                "  let p, _ = f(x)\n"
+                "  m, q = f(p)\n"
+                "  minimize m with sgd(lr = 1)\n}");
+  REQUIRE(parsed.errors.empty());
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  printAST(*parsed.file, parsed.sources, os);
+  os.flush();
+  CHECK(out == "File p.mesh\n"
+               "  DefDecl 1:1 f\n"
+               "    Arg 1:7 x: f32[a]\n"
+               "    Result 1:22 u: f32[a]\n"
+               "    Result 1:33 v: f32[]\n"
+               "    ParamStmt 2:3 w: f32[a] as \"t/w\"\n"
+               "      CallExpr 2:21 ones\n"
+               "    RepeatStmt 3:3 shared\n"
+               "      NumberExpr 3:10 2\n"
+               "      AssignStmt 3:21 x\n"
+               "        NameExpr 3:25 x\n"
+               "    ReturnStmt 4:3\n"
+               "      NameExpr 4:10 x\n"
+               "      CallExpr 4:13 sum\n"
+               "        NameExpr 4:17 w\n"
+               "  TrainDecl 6:1 t\n"
+               "    Input 6:9 x: f32[a]\n"
+               "    Metric 6:24 m: f32[]\n"
+               "    BindResultsStmt 7:3 let p, _\n"
+               "      CallExpr 7:14 f\n"
+               "        NameExpr 7:16 x\n"
+               "    BindResultsStmt 8:3 m, q\n"
+               "      CallExpr 8:10 f\n"
+               "        NameExpr 8:12 p\n"
+               "    MinimizeStmt 9:3\n"
+               "      NameExpr 9:12 m\n"
+               "      CallExpr 9:19 sgd\n"
+               "        KeywordArg 9:23 lr\n"
+               "          NumberExpr 9:28 1\n");
 }
 
 TEST_CASE("loadSourcesFromBuffer parses the main buffer and its imports", "[parser]") {

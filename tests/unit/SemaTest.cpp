@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <set>
 
 using namespace meshc;
 using ir::OpKind;
@@ -547,4 +548,241 @@ TEST_CASE("sema reports bad command-line overrides") {
   autoOnly.layout = "auto";
   Analyzed c("dim d = 3 program p(x: f32[d]) -> (y: f32[d]) { y = x }", autoOnly);
   CHECK(c.module);
+}
+
+TEST_CASE("sema shares the params of a shared repeat across its iterations") {
+  Analyzed a(withHeader(R"(
+def layer(x: f32[batch, d_model]) -> f32[batch, d_model] {
+  param w: f32[d_model] = ones()
+  return dropout(x * w, rate = 0.5)
+}
+program p(x: f32[batch, d_model]) -> (y: f32[batch, d_model]) {
+  let h = layer(x)
+  repeat 3 shared {
+    h = layer(h)
+    param b: f32[d_model] = zeros()
+    h = h + b
+  }
+  repeat 2 shared { repeat 2 { h = layer(h) } }
+  y = layer(h)
+}
+)"));
+  INFO(a.errors);
+  const ir::Function& fn = a.fn("p");
+  // One param per call site: the shared repeat's iterations are one call site (`layer#1`); a
+  // repeat nested in a shared one still has per-iteration params, named as any repeat's.
+  CHECK(paramPaths(fn) ==
+        Strings{"layer/w", "layer#1/w", "b", "layer[0]/w", "layer[1]/w", "layer#2/w"});
+  size_t paramOps = 0;
+  for (const ir::Op& op : fn.ops)
+    paramOps += op.kind == OpKind::Param;
+  CHECK(paramOps == fn.params.size());
+  // Random streams still differ per iteration.
+  std::set<std::string> streams;
+  size_t dropouts = 0;
+  for (const ir::Op& op : fn.ops)
+    if (op.kind == OpKind::Dropout) {
+      streams.insert(op.string("stream"));
+      ++dropouts;
+    }
+  CHECK(dropouts == 1 + 3 + 4 + 1);
+  CHECK(streams.size() == dropouts);
+  // Every iteration reads the one param op.
+  const ir::ParamInfo& shared = fn.params[1];
+  size_t reads = 0;
+  for (const ir::Op& op : fn.ops)
+    reads += std::count(op.operands.begin(), op.operands.end(), shared.value);
+  CHECK(reads == 3);
+}
+
+TEST_CASE("sema ties params named by 'as' and reads a reordered declaration transposed") {
+  Analyzed a(withHeader(R"(
+def embed(ids: i32[batch, seq]) -> f32[batch, seq, d_model] {
+  param table: f32[vocab, d_model] = normal(stddev = 0.02) as "shared/embedding"
+  return gather(table, ids, vocab)
+}
+def unembed(h: f32[batch, seq, d_model]) -> f32[batch, seq, vocab] {
+  param table: f32[d_model, vocab] = normal(stddev = 0.02) as "shared/embedding"
+  return einsum(h, table -> batch, seq, vocab)
+}
+program p(ids: i32[batch, seq]) -> (y: f32[batch, seq, vocab]) { y = unembed(embed(ids)) }
+)"));
+  INFO(a.errors);
+  const ir::Function& fn = a.fn("p");
+  REQUIRE(paramPaths(fn) == Strings{"shared/embedding"});
+  CHECK(dimNames(fn.params[0].type) == Strings{"vocab", "d_model"});
+  const ir::Op* transpose = nullptr;
+  for (const ir::Op& op : fn.ops)
+    if (op.kind == OpKind::Transpose && op.operands == std::vector<ir::ValueId>{fn.params[0].value})
+      transpose = &op;
+  REQUIRE(transpose);
+  CHECK(dimNames(fn.typeOf(transpose->result)) == Strings{"d_model", "vocab"});
+}
+
+TEST_CASE("sema reports conflicting declarations of one param path at both places") {
+  SECTION("two tied declarations") {
+    Analyzed a(withHeader(R"(
+def f(x: f32[d_model]) -> f32[d_model] {
+  param w: f32[d_model] = ones() as "w"
+  return x * w
+}
+program p(x: f32[d_model]) -> (y: f32[d_model]) {
+  param v: f32[d_ff] = ones() as "w"
+  y = f(x) + sum(v)
+}
+)"));
+    CHECK_FALSE(a.module);
+    // The program's own declaration comes first; the def's, inlined after it, is the conflict.
+    CHECK(a.reported("t.mesh:12:9: error: param 'w' is declared as f32[d_model] = ones() here but "
+                     "as f32[d_ff] = ones() elsewhere"));
+    CHECK(a.reported("t.mesh:16:9: note: param 'w' is declared here as f32[d_ff] = ones()"));
+  }
+  SECTION("a program and a train block") {
+    Analyzed a(withHeader(R"(
+program p(x: f32[d_model]) -> (y: f32[d_model]) {
+  param w: f32[d_model] = normal(stddev = 0.1)
+  y = x * w
+}
+train t(x: f32[d_model]) {
+  param w: f32[d_model] = normal(stddev = 0.2)
+  minimize mean(x * w) with sgd(lr = 0.1)
+}
+)"));
+    CHECK_FALSE(a.module);
+    CHECK(a.reported("t.mesh:16:9: error: param 'w' is declared as f32[d_model] = normal(mean = "
+                     "0, stddev = 0.2) here but as f32[d_model] = normal(mean = 0, stddev = 0.1) "
+                     "elsewhere"));
+    CHECK(a.reported("t.mesh:12:9: note: param 'w' is declared here as"));
+  }
+  SECTION("the same param in another dim order across functions") {
+    Analyzed a(withHeader(R"(
+program p(x: f32[d_model, d_ff]) -> (y: f32[d_model, d_ff]) {
+  param w: f32[d_model, d_ff] = ones()
+  y = x * w
+}
+train t(x: f32[d_model, d_ff]) {
+  param w: f32[d_ff, d_model] = ones()
+  minimize mean(x * w) with sgd(lr = 0.1)
+}
+)"));
+    CHECK(a.reported("param 'w' is declared as f32[d_ff, d_model] = ones() here but as "
+                     "f32[d_model, d_ff] = ones() elsewhere"));
+  }
+  SECTION("agreeing declarations are one param") {
+    Analyzed a(withHeader(R"(
+program p(x: f32[d_model]) -> (y: f32[d_model]) {
+  param w: f32[d_model] = ones()
+  y = x * w
+}
+train t(x: f32[d_model]) {
+  param w: f32[d_model] = ones()
+  minimize mean(x * w) with sgd(lr = 0.1)
+}
+)"));
+    INFO(a.errors);
+    CHECK(a.module);
+  }
+}
+
+TEST_CASE("sema binds several results and drops the ops of discarded ones") {
+  const char* defs = R"(
+def two(x: f32[batch, d_model]) -> (a: f32[batch, d_model], b: f32[batch]) {
+  param w: f32[d_model] = ones()
+  let scaled = x * w
+  return tanh(scaled), sum(exp(scaled), d_model)
+}
+def one(x: f32[batch, d_model]) -> f32[batch, d_model] {
+  param w: f32[d_model] = ones()
+  let scaled = x * w
+  return tanh(scaled)
+}
+)";
+  Analyzed both(withHeader(std::string(defs) + R"(
+program p(x: f32[batch, d_model]) -> (y: f32[batch, d_model], s: f32[batch]) {
+  y, s = two(x)
+}
+)"));
+  INFO(both.errors);
+  const ir::Function& fn = both.fn("p");
+  REQUIRE(fn.outputs.size() == 2);
+  CHECK(fn.definingOp(fn.outputs[0].value).kind == OpKind::Tanh);
+  CHECK(fn.definingOp(fn.outputs[1].value).kind == OpKind::ReduceSum);
+
+  Analyzed discarded(withHeader(std::string(defs) + R"(
+program p(x: f32[batch, d_model]) -> (y: f32[batch, d_model]) {
+  let t, _ = two(x)
+  y = t
+}
+)"));
+  Analyzed single(withHeader(std::string(defs) + R"(
+program p(x: f32[batch, d_model]) -> (y: f32[batch, d_model]) {
+  let t = one(x)
+  y = t
+}
+)"));
+  INFO(discarded.errors);
+  const ir::Function& kept = discarded.fn("p");
+  CHECK(kinds(kept) == kinds(single.fn("p")));
+  CHECK(paramPaths(kept) == Strings{"two/w"});
+  CHECK(kept.params[0].value < kept.values.size());
+  CHECK(kept.definingOp(kept.params[0].value).kind == OpKind::Param);
+  for (size_t i = 0; i < kept.values.size(); ++i)
+    CHECK(kept.ops[kept.values[i].definingOp].result == i);
+}
+
+TEST_CASE("sema checks the count and types of several results") {
+  Analyzed a(withHeader(R"(
+def two(x: f32[batch]) -> (a: f32[batch], b: f32[]) {
+  return x, x
+}
+def short(x: f32[batch]) -> (a: f32[batch], b: f32[]) {
+  return x
+}
+program p(x: f32[batch]) -> (y: f32[batch]) {
+  let a, b, c = two(x)
+  let d = two(x) * 2.0
+  let e, f = short(x)
+  let g, h = exp(x)
+  let i, j = two(x)
+  y = x
+}
+)"));
+  CHECK(a.reported("t.mesh:12:13: error: def 'two' returns f32[] but the returned value has type "
+                   "f32[batch]"));
+  CHECK(a.reported("t.mesh:15:3: error: def 'short' has 2 results but 'return' gives 1"));
+  CHECK(a.reported("t.mesh:18:17: error: def 'two' returns 2 results but 3 names are bound"));
+  CHECK(a.reported("t.mesh:19:11: error: def 'two' returns 2 results: bind them with 'let a, b "
+                   "= two(...)'"));
+  CHECK(a.reported("t.mesh:21:14: error: 'exp' returns 1 value but 2 names are bound"));
+}
+
+TEST_CASE("sema returns a train block's metrics after the loss") {
+  Analyzed a(withHeader(R"(
+train t(x: f32[batch, d_model]) -> (accuracy: f32[], mean_x: f32[]) {
+  param w: f32[d_model] = ones()
+  accuracy = mean(cast(x * w > 0.0, f32))
+  mean_x = mean(x)
+  minimize mean(square(x * w)) with sgd(lr = 0.1)
+}
+)"));
+  INFO(a.errors);
+  const ir::Function& fn = a.fn("t");
+  REQUIRE(fn.outputs.size() == 3);
+  CHECK(fn.outputs[0].name == "loss");
+  CHECK(fn.outputs[1].name == "accuracy");
+  CHECK(fn.outputs[2].name == "mean_x");
+  CHECK(fn.definingOp(fn.outputs[2].value).kind == OpKind::ReduceMean);
+
+  Analyzed bad(withHeader(R"(
+train t(x: f32[batch, d_model]) -> (per_row: f32[batch], loss: f32[], unset: f32[]) {
+  param w: f32[d_model] = ones()
+  per_row = mean(x, d_model)
+  loss = mean(x)
+  minimize mean(square(x * w)) with sgd(lr = 0.1)
+}
+)"));
+  CHECK(bad.reported("t.mesh:11:46: error: metric 'per_row' must be an f32 scalar (f32[]), not "
+                     "f32[batch]"));
+  CHECK(bad.reported("t.mesh:11:58: error: a metric cannot be named 'loss'"));
+  CHECK(bad.reported("t.mesh:11:71: error: output 'unset' is never set"));
 }
