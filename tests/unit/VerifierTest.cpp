@@ -139,15 +139,19 @@ TEST_CASE("Every op has its traits filled consistently", "[ir][optable]") {
   CHECK(!ir::opTraits(OpKind::Add).acceptsOperandCount(3));
 }
 
-TEST_CASE("Every example verifies after sema, training and planning", "[ir][verifier]") {
+TEST_CASE("Every example and golden case verifies after sema, training and planning",
+          "[ir][verifier]") {
+  // The examples, and the golden IR cases (which cover sharing, tying and the rarer ops).
   std::vector<std::string> paths;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(MESHC_SOURCE_DIR) + "/dsl-examples"))
-    if (entry.path().extension() == ".mesh") paths.push_back(entry.path().string());
+  for (const char* dir : {"/dsl-examples", "/tests/golden"})
+    for (const auto& entry :
+         std::filesystem::directory_iterator(std::string(MESHC_SOURCE_DIR) + dir))
+      if (entry.path().extension() == ".mesh") paths.push_back(entry.path().string());
   std::sort(paths.begin(), paths.end());
-  REQUIRE(paths.size() >= 7);
+  REQUIRE(paths.size() >= 19);
   for (const std::string& path : paths) {
-    SECTION(std::filesystem::path(path).stem().string()) {
+    SECTION(std::filesystem::path(path).parent_path().filename().string() + "/" +
+            std::filesystem::path(path).stem().string()) {
       Compiled compiled(path);
       INFO(compiled.errors);
       REQUIRE(compiled.module);
