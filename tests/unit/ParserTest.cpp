@@ -574,7 +574,7 @@ TEST_CASE("the parser reads step state; 'state' and 'next' stay ordinary names",
                "  TrainDecl 1:1 t\n"
                "    Input 1:9 x: f32[a]\n"
                "    StateStmt 2:3 mem: f32[a] as \"m\"\n"
-               "      CallExpr 2:22 zeros\n"
+               "      CallExpr 2:23 zeros\n"
                "    LetStmt 3:3 state\n"
                "      NameExpr 3:15 x\n"
                "    LetStmt 4:3 next\n"

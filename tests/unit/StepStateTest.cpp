@@ -167,7 +167,7 @@ TEST_CASE("the IR of a step state prints and parses back", "[state]") {
   llvm::raw_string_ostream os(text);
   ir::printModule(*compiled.module, os);
   os.flush();
-  CHECK(text.find("step_state ema: f32[d] = constant(value = 2)") != std::string::npos);
+  CHECK(text.find("step_state ema: f32[d] = constant(value = 2.0)") != std::string::npos);
   CHECK(text.find("update count = %") != std::string::npos);
   llvm::Expected<ir::Module> parsed = ir::parseModule(text);
   REQUIRE(static_cast<bool>(parsed));
