@@ -374,6 +374,22 @@ llvm::Error FunctionEmitter::emit() {
                      quote(irFn.inputs[k].name), identifier(irFn.inputs[k].name),
                      list(sizesOf(local(fn.inputs[k]))));
   s += body;
+  std::string outputs = "\nOutputs outputs;\n";
+  // Outputs leave the arena: the caller keeps them past the next run().
+  for (size_t k = 0; k < fn.outputs.size(); ++k)
+    outputs +=
+        fmt::format("outputs.{0} = support::Tensor{{{1}, support::Buffer({2}.begin(), "
+                    "{2}.end())}};\n",
+                    identifier(fn.outputs[k].first), list(sizesOf(local(fn.outputs[k].second))),
+                    kernels.buffers[size_t(kernels.outputs[k])].name);
+  // An output that is a param's own storage (a metric reading a step state) is the value at the
+  // start of the step: copy it out before the updates overwrite that storage.
+  bool outputsFirst = false;
+  for (const kir::KernelFunction::Update& update : kernels.updates)
+    for (kir::BufferId output : kernels.outputs)
+      outputsFirst = outputsFirst || (update.value != kernels.params[update.param] &&
+                                      output == kernels.params[update.param]);
+  if (outputsFirst) s += outputs;
   if (hasUpdates()) {
     // Every update read the step's old values; the new ones replace them now (those computed
     // in their param's storage already did).
@@ -385,13 +401,7 @@ llvm::Error FunctionEmitter::emit() {
                          irFn.params[update.param].path);
     s += "++step_;\n";
   }
-  s += "\nOutputs outputs;\n";
-  // Outputs leave the arena: the caller keeps them past the next run().
-  for (size_t k = 0; k < fn.outputs.size(); ++k)
-    s += fmt::format("outputs.{0} = support::Tensor{{{1}, support::Buffer({2}.begin(), "
-                     "{2}.end())}};\n",
-                     identifier(fn.outputs[k].first), list(sizesOf(local(fn.outputs[k].second))),
-                     kernels.buffers[size_t(kernels.outputs[k])].name);
+  if (!outputsFirst) s += outputs;
   s += "return outputs;\n}\n\n";
   for (size_t k = 0; k < parts.size(); ++k)
     s += fmt::format("void {}::runPart{}(const Inputs& inputs) {{\n(void)inputs;\n{}}}\n\n", name,

@@ -118,7 +118,19 @@ struct TypeExpr : Expr {
 // ---------------------------------------------------------------- statements
 
 struct Stmt {
-  enum class Kind { Let, Assign, Param, Const, Return, Repeat, Minimize, BindResults, Dim };
+  enum class Kind {
+    Let,
+    Assign,
+    Param,
+    Const,
+    State,
+    Next,
+    Return,
+    Repeat,
+    Minimize,
+    BindResults,
+    Dim
+  };
   Stmt(Kind kind, Loc loc) : kind(kind), loc(loc) {}
   virtual ~Stmt() = default;
   const Kind kind;
@@ -143,7 +155,8 @@ struct AssignStmt : Stmt {
   static bool classof(const Stmt* s) { return s->kind == Kind::Assign; }
 };
 
-/// `param name: type = init(...)` (trainable) and `const name: type = init(...)` (not trained).
+/// `param name: type = init(...)` (trainable), `const name: type = init(...)` (not trained) and
+/// `state name: type = init(...)` (step state: not trained, written each step by `next`).
 struct ParamStmt : Stmt {
   ParamStmt(Kind kind, Loc loc) : Stmt(kind, loc) {}
   Ident name;
@@ -153,7 +166,18 @@ struct ParamStmt : Stmt {
   std::optional<std::string> tiedPath;
   Loc tiedPathLoc;
   bool trainable() const { return kind == Kind::Param; }
-  static bool classof(const Stmt* s) { return s->kind == Kind::Param || s->kind == Kind::Const; }
+  bool isState() const { return kind == Kind::State; }
+  static bool classof(const Stmt* s) {
+    return s->kind == Kind::Param || s->kind == Kind::Const || s->kind == Kind::State;
+  }
+};
+
+/// `next name = expr`: the value the step state `name` takes for the next step.
+struct NextStmt : Stmt {
+  NextStmt(Loc loc) : Stmt(Kind::Next, loc) {}
+  Ident name;
+  ExprPtr value;
+  static bool classof(const Stmt* s) { return s->kind == Kind::Next; }
 };
 
 /// `return expr` or, in a def with several results, `return expr, expr, ...`

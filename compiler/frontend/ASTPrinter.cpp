@@ -176,13 +176,22 @@ private:
       return;
     }
     case Stmt::Kind::Param:
-    case Stmt::Kind::Const: {
+    case Stmt::Kind::Const:
+    case Stmt::Kind::State: {
       const auto& param = cast<ParamStmt>(stmt);
-      line(indent, param.trainable() ? "ParamStmt" : "ConstStmt", stmt.loc)
-          << " " << param.name.name << ": " << typeText(param.type);
+      const char* label = param.trainable() ? "ParamStmt"
+                          : param.isState() ? "StateStmt"
+                                            : "ConstStmt";
+      line(indent, label, stmt.loc) << " " << param.name.name << ": " << typeText(param.type);
       if (param.tiedPath) os_ << " as \"" << *param.tiedPath << "\"";
       os_ << "\n";
       printExpr(*param.init, indent + 1);
+      return;
+    }
+    case Stmt::Kind::Next: {
+      const auto& next = cast<NextStmt>(stmt);
+      line(indent, "NextStmt", stmt.loc) << " " << next.name.name << "\n";
+      printExpr(*next.value, indent + 1);
       return;
     }
     case Stmt::Kind::Return:

@@ -144,6 +144,17 @@ private:
   StmtPtr parseMinimizeStmt();
   StmtPtr parseBindResults(Loc loc, bool isLet, Ident first);
   std::optional<std::string> parseTiedPath(ParamStmt& stmt);
+  /// `state name:` and `next name =` start step-state statements; `state` and `next` stay
+  /// ordinary names elsewhere (`state = x`, `let next = ...`).
+  bool atStateDecl() {
+    return is(Tok::Ident) && tok().text == "state" && peek(1).kind == Tok::Ident &&
+           peek(2).kind == Tok::Colon;
+  }
+  bool atNextStmt() {
+    return is(Tok::Ident) && tok().text == "next" && peek(1).kind == Tok::Ident &&
+           peek(2).kind == Tok::Assign;
+  }
+  StmtPtr parseNextStmt();
   StmtPtr parseDimStmt();
   bool parseDimParams(DefDecl& def);
   ExprPtr parseExpr();
@@ -604,7 +615,7 @@ bool Parser::parseBlock(std::vector<StmtPtr>& body) {
   return true;
 }
 
-/// stmt ::= letStmt | assignStmt | paramStmt | returnStmt | repeatStmt | minimizeStmt
+/// stmt ::= letStmt | assignStmt | paramStmt | nextStmt | returnStmt | repeatStmt | minimizeStmt
 ///        | dimStmt
 StmtPtr Parser::parseStmt() {
   switch (tok().kind) {
@@ -622,6 +633,8 @@ StmtPtr Parser::parseStmt() {
   case Tok::KwMinimize:
     return parseMinimizeStmt();
   case Tok::Ident:
+    if (atStateDecl()) return parseParamStmt();
+    if (atNextStmt()) return parseNextStmt();
     return parseAssignStmt();
   default:
     error("a statement (let, param, const, return, repeat, minimize, dim or 'name = ...')");
@@ -657,11 +670,13 @@ StmtPtr Parser::parseAssignStmt() {
   return stmt;
 }
 
-/// paramStmt ::= ( 'param' | 'const' ) IDENT ':' tensorType '=' call
+/// paramStmt ::= ( 'param' | 'const' | 'state' ) IDENT ':' tensorType '=' call
 StmtPtr Parser::parseParamStmt() {
   Token keyword = consume();
-  auto stmt = std::make_unique<ParamStmt>(
-      keyword.kind == Tok::KwParam ? Stmt::Kind::Param : Stmt::Kind::Const, keyword.loc);
+  Stmt::Kind kind = keyword.kind == Tok::KwParam   ? Stmt::Kind::Param
+                    : keyword.kind == Tok::KwConst ? Stmt::Kind::Const
+                                                   : Stmt::Kind::State; // `state` (an Ident)
+  auto stmt = std::make_unique<ParamStmt>(kind, keyword.loc);
   std::optional<Ident> name = parseIdent("a name");
   if (!name || !expect(Tok::Colon)) return nullptr;
   stmt->name = std::move(*name);
@@ -678,6 +693,16 @@ StmtPtr Parser::parseParamStmt() {
   bool tied = is(Tok::Ident) && tok().text == "as" && peek(1).kind != Tok::Assign &&
               peek(1).kind != Tok::Comma;
   if (tied && !parseTiedPath(*stmt)) return nullptr;
+  return stmt;
+}
+
+/// nextStmt ::= 'next' IDENT '=' expr   (`next` is matched as an identifier)
+StmtPtr Parser::parseNextStmt() {
+  auto stmt = std::make_unique<NextStmt>(consume().loc);
+  stmt->name = identFrom(consume());
+  consume(); // '='
+  stmt->value = parseExpr();
+  if (!stmt->value) return nullptr;
   return stmt;
 }
 

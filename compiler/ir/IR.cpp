@@ -110,6 +110,13 @@ ValueId Function::addOp(Op op, TensorType type, std::string valueName) {
   return id;
 }
 
+bool hasOptimizerUpdates(const Function& fn) {
+  for (const ParamUpdate& update : fn.updates)
+    if (update.param < fn.params.size() && fn.params[update.param].role != ParamRole::StepState)
+      return true;
+  return false;
+}
+
 const Function* Module::findFunction(const std::string& name) const {
   for (const Function& fn : functions)
     if (fn.name == name) return &fn;

@@ -92,8 +92,10 @@ struct Initializer {
 /// What a Param holds: a weight declared in the program, or a slot of optimizer state that the
 /// training phase adds for a weight. A state slot is zeros-initialized, not trainable, and named
 /// `<weight path>@<slot>` (`ffn/w_in@m`); its dims are a subset of its weight's, so the layout
-/// (a function of dim names) shards it like its weight.
-enum class ParamRole { Weight, OptimizerState };
+/// (a function of dim names) shards it like its weight. A step state (`state mem: ...` in a train
+/// block) is not trainable and gets no gradient; its update, added by sema, is the value the
+/// user wrote with `next mem = ...`: a forward value of the step.
+enum class ParamRole { Weight, OptimizerState, StepState };
 
 struct ParamInfo {
   std::string path; // call path: `ffn/w_in`, `block[3]/attn/w_q`
@@ -147,8 +149,9 @@ struct Function {
   std::vector<ParamInfo> params;
   std::vector<OutputInfo> outputs; // for train: "loss", then the metrics (f32 scalars)
   std::optional<TrainInfo> train;
-  /// Filled by the training phase (autodiff + optimizer): one per trainable weight and state slot.
-  /// Empty for programs, and for train blocks that have not been through it (forward loss only).
+  /// One per step state (from sema, the `next` writes), then, filled by the training phase
+  /// (autodiff + optimizer), one per trainable weight and optimizer-state slot. Empty for
+  /// programs; see hasOptimizerUpdates for whether the training phase has run.
   std::vector<ParamUpdate> updates;
 
   const Value& value(ValueId id) const { return values[id]; }
@@ -157,6 +160,10 @@ struct Function {
   /// Appends an op producing a fresh value of `type`; returns the new value.
   ValueId addOp(Op op, TensorType type, std::string valueName = {});
 };
+
+/// Whether the training phase has added its updates to `fn` (every train block it accepts has a
+/// trainable weight, so this is false before it and true after; step-state writes do not count).
+bool hasOptimizerUpdates(const Function& fn);
 
 struct MeshAxis {
   std::string name;

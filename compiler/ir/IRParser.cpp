@@ -277,6 +277,8 @@ private:
         readParam(module, fn, false);
       else if (acceptWord("state"))
         readParam(module, fn, false, ParamRole::OptimizerState);
+      else if (acceptWord("step_state"))
+        readParam(module, fn, false, ParamRole::StepState);
       else if (acceptWord("update"))
         readUpdate(fn);
       else if (acceptWord("minimize"))
@@ -289,8 +291,9 @@ private:
     fail("missing '}' at the end of the function");
   }
 
-  /// (param|const|state) PATH: type = kind(key = number, ...)  // loc
-  /// `state` declares an optimizer-state slot (`<weight path>@<slot>`), never trainable.
+  /// (param|const|state|step_state) PATH: type = kind(key = number, ...)  // loc
+  /// `state` declares an optimizer-state slot (`<weight path>@<slot>`), `step_state` a train
+  /// block's step state; neither is trainable.
   void readParam(const Module& module, Function& fn, bool trainable,
                  ParamRole role = ParamRole::Weight) {
     ParamInfo param;

@@ -60,6 +60,7 @@ void printFunction(const Function& fn, llvm::raw_ostream& os) {
     for (const auto& [key, value] : p.init.args)
       args.push_back(fmt::format("{} = {}", key, numberString(value)));
     const char* keyword = p.role == ParamRole::OptimizerState ? "state"
+                          : p.role == ParamRole::StepState    ? "step_state"
                           : p.trainable                       ? "param"
                                                               : "const";
     os << fmt::format("  {} {}: {} = {}({})  // {}\n", keyword, p.path, typeString(p.type),

@@ -89,11 +89,14 @@ bool isLinearUnary(const ir::Function& fn, const ir::Op& op) {
 /// new weight, a new moment); everything else computes gradients (backward).
 std::vector<Phase> opPhases(const ir::Function& fn) {
   std::vector<Phase> phases(fn.ops.size(), Phase::Forward);
-  if (fn.kind != ir::Function::Kind::Train || fn.updates.empty()) return phases;
+  if (fn.kind != ir::Function::Kind::Train || !ir::hasOptimizerUpdates(fn)) return phases;
   std::vector<bool> forward(fn.ops.size(), false);
   std::vector<ir::ValueId> work;
   for (const ir::OutputInfo& output : fn.outputs)
     work.push_back(output.value);
+  // A step state's next value is computed by the forward pass too.
+  for (const ir::ParamUpdate& update : fn.updates)
+    if (fn.params[update.param].role == ir::ParamRole::StepState) work.push_back(update.value);
   while (!work.empty()) {
     uint32_t index = fn.values[work.back()].definingOp;
     work.pop_back();
@@ -921,7 +924,7 @@ struct PlanEvaluator::Impl {
       lastUse_[output.value] = static_cast<int>(fn.ops.size());
     for (const ir::ParamUpdate& update : fn.updates)
       lastUse_[update.value] = static_cast<int>(fn.ops.size());
-    modelBackward_ = fn.kind == ir::Function::Kind::Train && fn.updates.empty();
+    modelBackward_ = fn.kind == ir::Function::Kind::Train && !ir::hasOptimizerUpdates(fn);
     readers_.assign(fn.values.size(), 0);
     for (const ir::Op& op : fn.ops) {
       std::set<ir::ValueId> distinct(op.operands.begin(), op.operands.end());
@@ -1241,7 +1244,7 @@ EvalResult PlanEvaluator::Impl::run(const Layout& layout, SpmdFunction* out) {
 
   // Small all-reduces of train steps (autodiff ran) that may move up to their operand's producer
   // and merge with others on the same axes (bucketGradientReductions).
-  bool bucketing = fn_.kind == ir::Function::Kind::Train && !fn_.updates.empty();
+  bool bucketing = fn_.kind == ir::Function::Kind::Train && ir::hasOptimizerUpdates(fn_);
   std::vector<BucketCandidate> candidates;
   // Brings `value` into layout `want` (an interned state) for the op `neededAt` (fn_.ops.size()
   // for outputs and updates); returns the temporary bytes made, or -1 when no path exists (an

@@ -92,12 +92,13 @@ struct Operand {
 
 /// A name bound in a block.
 struct Binding {
-  enum class Kind { Let, Input, Param, Const, Output };
+  enum class Kind { Let, Input, Param, Const, State, Output };
   Kind kind = Kind::Let;
   llvm::SMLoc loc;
   Operand value;                      // poison while an output is unset or after an error
   bool isSet = true;                  // outputs start unset
   std::optional<ir::TensorType> type; // the type every (re)binding must have; none after errors
+  std::string statePath;              // Kind::State: the state's param path, which `next` writes
 };
 
 struct Scope {
@@ -238,7 +239,8 @@ private:
   /// An earlier declaration of `path` in this function: its value (transposed to `type` if the
   /// dims are in another order), or poison after reporting a conflict. nullopt: a new path.
   std::optional<Operand> reuseParam(const std::string& path, const ir::TensorType& type,
-                                    const ir::Initializer& init, bool trainable, llvm::SMLoc loc);
+                                    const ir::Initializer& init, bool trainable, llvm::SMLoc loc,
+                                    ir::ParamRole role = ir::ParamRole::Weight);
   bool checkTiedPath(const ast::ParamStmt& param);
   void lowerSharedRepeatIteration(const ast::RepeatStmt& repeat, Scope& scope,
                                   const std::map<std::string, int>& callsBefore);
@@ -254,6 +256,14 @@ private:
   void dropUnusedOps(size_t opStart, std::vector<Operand*> kept);
   void bindMetrics(const ast::TrainDecl& train, Scope& scope);
   void collectMetrics(const ast::TrainDecl& train, Scope& scope);
+
+  // ---- StepState.cpp: `state name: type = init()` and `next name = expr`
+  /// Whether a `state` may be declared here (in a train block or a def it calls, or a def
+  /// checked alone); reports the error otherwise.
+  bool checkStateAllowed(const ast::ParamStmt& state);
+  void lowerNext(const ast::NextStmt& next, Scope& scope);
+  /// Reports the step states of fn_ that no `next` wrote.
+  void checkStatesWritten();
 
   // ---- expressions
   Operand lowerExpr(const ast::Expr& expr, Scope& scope);
@@ -339,6 +349,8 @@ private:
   bool reportedDepth_ = false;               // the nesting limit is reported once
   std::set<std::string> reportedCycles_;     // recursive def cycles, across functions
   std::map<std::string, size_t> paramIndex_; // path -> index in fn_.params
+  /// state path -> the `next` that wrote it in this function
+  std::map<std::string, llvm::SMLoc> stateWrites_;
   /// While a generic def's signature is converted: its dim parameters' bindings.
   const FrameDims* signatureDims_ = nullptr;
 };
@@ -347,6 +359,7 @@ private:
 /// block): they name one tensor in checkpoints, so type and initializer must agree.
 void checkParamsAcrossFunctions(const std::vector<ir::Function>& functions, Reporter& reporter);
 /// `f32[vocab, d_model] = normal(stddev = 0.02)` (a trainable param) or `const ...`.
-std::string describeParam(const ir::TensorType& type, const ir::Initializer& init, bool trainable);
+std::string describeParam(const ir::TensorType& type, const ir::Initializer& init, bool trainable,
+                          ir::ParamRole role = ir::ParamRole::Weight);
 
 } // namespace meshc::sema

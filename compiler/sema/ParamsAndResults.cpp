@@ -14,12 +14,13 @@ namespace sema {
 using llvm::dyn_cast;
 using llvm::SMLoc;
 
-std::string describeParam(const ir::TensorType& type, const ir::Initializer& init, bool trainable) {
+std::string describeParam(const ir::TensorType& type, const ir::Initializer& init, bool trainable,
+                          ir::ParamRole role) {
   std::vector<std::string> args;
   for (const auto& [key, value] : init.args)
     args.push_back(fmt::format("{} = {}", key, value));
-  return fmt::format("{}{} = {}({})", trainable ? "" : "const ", typeString(type), init.kind,
-                     joinNames(args));
+  const char* keyword = role == ir::ParamRole::StepState ? "state " : trainable ? "" : "const ";
+  return fmt::format("{}{} = {}({})", keyword, typeString(type), init.kind, joinNames(args));
 }
 
 static bool sameDims(const ir::TensorType& a, const ir::TensorType& b) {
@@ -36,17 +37,19 @@ void checkParamsAcrossFunctions(const std::vector<ir::Function>& functions, Repo
   std::map<std::string, const ir::ParamInfo*> first;
   for (const ir::Function& fn : functions)
     for (const ir::ParamInfo& param : fn.params) {
-      if (param.role != ir::ParamRole::Weight) continue;
+      if (param.role == ir::ParamRole::OptimizerState) continue;
       auto [it, inserted] = first.emplace(param.path, &param);
       if (inserted) continue;
       const ir::ParamInfo& earlier = *it->second;
       // One tensor in checkpoints: the storage order must agree too, not only the dim set.
       if (earlier.type == param.type && earlier.trainable == param.trainable &&
-          sameInit(earlier.init, param.init))
+          earlier.role == param.role && sameInit(earlier.init, param.init))
         continue;
-      std::string earlierText = describeParam(earlier.type, earlier.init, earlier.trainable);
+      std::string earlierText =
+          describeParam(earlier.type, earlier.init, earlier.trainable, earlier.role);
       if (reporter.report(param.loc.loc, Diag::ErrParamConflict, param.path,
-                          describeParam(param.type, param.init, param.trainable), earlierText))
+                          describeParam(param.type, param.init, param.trainable, param.role),
+                          earlierText))
         reporter.report(earlier.loc.loc, Diag::NoteParamDeclared, param.path, earlierText);
     }
 }
@@ -90,14 +93,16 @@ bool FunctionLowerer::checkTiedPath(const ast::ParamStmt& param) {
 std::optional<Operand> FunctionLowerer::reuseParam(const std::string& path,
                                                    const ir::TensorType& type,
                                                    const ir::Initializer& init, bool trainable,
-                                                   SMLoc loc) {
+                                                   SMLoc loc, ir::ParamRole role) {
   auto it = paramIndex_.find(path);
   if (it == paramIndex_.end()) return std::nullopt;
   const ir::ParamInfo& earlier = fn_.params[it->second];
-  if (!sameDims(earlier.type, type) || earlier.trainable != trainable ||
+  if (!sameDims(earlier.type, type) || earlier.trainable != trainable || earlier.role != role ||
       !sameInit(earlier.init, init)) {
-    std::string earlierText = describeParam(earlier.type, earlier.init, earlier.trainable);
-    if (error(loc, Diag::ErrParamConflict, path, describeParam(type, init, trainable), earlierText))
+    std::string earlierText =
+        describeParam(earlier.type, earlier.init, earlier.trainable, earlier.role);
+    if (error(loc, Diag::ErrParamConflict, path, describeParam(type, init, trainable, role),
+              earlierText))
       error(earlier.loc.loc, Diag::NoteParamDeclared, path, earlierText);
     return Operand::poison();
   }
@@ -234,6 +239,8 @@ void FunctionLowerer::dropUnusedOps(size_t opStart, std::vector<Operand*> kept) 
   };
   for (const Operand* operand : kept)
     if (!operand->isPoison()) mark(operand->id);
+  for (const ir::ParamUpdate& update : fn_.updates)
+    mark(update.value); // a step state's `next` value, written inside the call
   for (size_t i = 0; i < count; ++i)
     if (fn_.ops[opStart + i].kind == ir::OpKind::Param) live[i] = true; // state, even if unread
   for (size_t i = count; i-- > 0;)
@@ -260,6 +267,8 @@ void FunctionLowerer::dropUnusedOps(size_t opStart, std::vector<Operand*> kept) 
     if (!operand->isPoison() && operand->id >= valueStart) operand->id = renamed.at(operand->id);
   for (ir::ParamInfo& param : fn_.params)
     if (param.value >= valueStart) param.value = renamed.at(param.value);
+  for (ir::ParamUpdate& update : fn_.updates)
+    if (update.value >= valueStart) update.value = renamed.at(update.value);
 }
 
 // ------------------------------------------------------------------------- metrics

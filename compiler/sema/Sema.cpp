@@ -192,6 +192,7 @@ void FunctionLowerer::beginFunction(const std::string& name, SMLoc loc) {
   depth_ = 0;
   exprDepth_ = 0;
   paramIndex_.clear();
+  stateWrites_.clear();
 }
 
 bool FunctionLowerer::declare(Scope& scope, const ast::Ident& name, Binding binding) {
@@ -273,6 +274,7 @@ std::optional<ir::Function> FunctionLowerer::lowerTrain(const ast::TrainDecl& tr
   bindMetrics(train, scope);
   lowerBlock(train.body, scope, BlockKind::Train, train.name.loc, train.name.name);
   collectMetrics(train, scope);
+  checkStatesWritten();
   return std::move(fn_);
 }
 
@@ -288,6 +290,7 @@ void FunctionLowerer::checkDef(const ast::DefDecl& def) {
   inlineStack_.push_back(&def);
   lowerBlock(def.body, scope, BlockKind::Def, def.name.loc, def.name.name);
   coerceResults(def, def.name.loc);
+  checkStatesWritten();
 }
 
 // ------------------------------------------------------------------------- statements
@@ -332,7 +335,11 @@ void FunctionLowerer::lowerStmt(const ast::Stmt& stmt, Scope& scope, BlockKind k
     break;
   case ast::Stmt::Kind::Param:
   case ast::Stmt::Kind::Const:
+  case ast::Stmt::Kind::State:
     lowerParam(static_cast<const ast::ParamStmt&>(stmt), scope);
+    break;
+  case ast::Stmt::Kind::Next:
+    lowerNext(static_cast<const ast::NextStmt&>(stmt), scope);
     break;
   case ast::Stmt::Kind::Repeat:
     lowerRepeat(static_cast<const ast::RepeatStmt&>(stmt), scope);
@@ -400,6 +407,9 @@ void FunctionLowerer::assignValue(const ast::Ident& name, Operand value, SMLoc v
   case Binding::Kind::Const:
     error(name.loc, Diag::ErrAssignReadOnly, "const", name.name);
     return;
+  case Binding::Kind::State:
+    error(name.loc, Diag::ErrAssignState, name.name);
+    return;
   case Binding::Kind::Let:
   case Binding::Kind::Output:
     break;
@@ -430,15 +440,19 @@ void FunctionLowerer::assignValue(const ast::Ident& name, Operand value, SMLoc v
 
 void FunctionLowerer::lowerParam(const ast::ParamStmt& param, Scope& scope) {
   Binding binding;
-  binding.kind = param.trainable() ? Binding::Kind::Param : Binding::Kind::Const;
+  binding.kind = param.trainable() ? Binding::Kind::Param
+                 : param.isState() ? Binding::Kind::State
+                                   : Binding::Kind::Const;
+  ir::ParamRole role = param.isState() ? ir::ParamRole::StepState : ir::ParamRole::Weight;
   std::optional<ir::TensorType> type = convertType(param.type);
   std::optional<ir::Initializer> init;
   if (type && param.init) init = lowerInitializer(*param.init, *type);
-  if (type && init && checkTiedPath(param)) {
+  if (type && init && checkTiedPath(param) && (!param.isState() || checkStateAllowed(param))) {
     std::string path = paramPathOf(param);
     binding.type = type;
+    binding.statePath = param.isState() ? path : "";
     std::optional<Operand> earlier =
-        reuseParam(path, *type, *init, param.trainable(), param.name.loc);
+        reuseParam(path, *type, *init, param.trainable(), param.name.loc, role);
     binding.value = earlier ? *earlier
                             : addOp(ir::OpKind::Param, {}, *type, param.name.loc, {{"path", path}},
                                     param.name.name);
@@ -449,6 +463,7 @@ void FunctionLowerer::lowerParam(const ast::ParamStmt& param, Scope& scope) {
       info.type = *type;
       info.init = std::move(*init);
       info.trainable = param.trainable();
+      info.role = role;
       info.loc = location(param.name.loc);
       info.value = binding.value.id;
       fn_.params.push_back(std::move(info));

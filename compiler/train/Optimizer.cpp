@@ -249,7 +249,7 @@ void lowerOptimizer(ir::Function& fn, const Gradients& gradients) {
 }
 
 bool lowerTraining(ir::Function& fn, DiagEngine& diag) {
-  if (fn.kind != ir::Function::Kind::Train || !fn.train || !fn.updates.empty()) return true;
+  if (fn.kind != ir::Function::Kind::Train || !fn.train || ir::hasOptimizerUpdates(fn)) return true;
   std::optional<Gradients> gradients = differentiate(fn, diag);
   if (!gradients) return false;
   lowerOptimizer(fn, *gradients);

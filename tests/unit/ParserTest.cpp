@@ -572,6 +572,39 @@ TEST_CASE("the AST printer shows results, bound names, shared repeats and tied p
                "          NumberExpr 9:28 1\n");
 }
 
+TEST_CASE("the parser reads step state; 'state' and 'next' stay ordinary names", "[parser]") {
+  Parsed parsed("train t(x: f32[a]) {\n"
+                "  state mem: f32[a] = zeros() as \"m\"\n"
+                "  let state = x\n"
+                "  let next = mem\n"
+                "  next mem = next + state\n"
+                "  minimize sum(x) with sgd(lr = 1)\n}");
+  REQUIRE(parsed.errors.empty());
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  printAST(*parsed.file, parsed.sources, os);
+  os.flush();
+  CHECK(out == "File p.mesh\n"
+               "  TrainDecl 1:1 t\n"
+               "    Input 1:9 x: f32[a]\n"
+               "    StateStmt 2:3 mem: f32[a] as \"m\"\n"
+               "      CallExpr 2:23 zeros\n"
+               "    LetStmt 3:3 state\n"
+               "      NameExpr 3:15 x\n"
+               "    LetStmt 4:3 next\n"
+               "      NameExpr 4:14 mem\n"
+               "    NextStmt 5:3 mem\n"
+               "      BinaryExpr 5:14 + (op at 5:19)\n"
+               "        NameExpr 5:14 next\n"
+               "        NameExpr 5:21 state\n"
+               "    MinimizeStmt 6:3\n"
+               "      CallExpr 6:12 sum\n"
+               "        NameExpr 6:16 x\n"
+               "      CallExpr 6:24 sgd\n"
+               "        KeywordArg 6:28 lr\n"
+               "          NumberExpr 6:33 1\n");
+}
+
 TEST_CASE("loadSourcesFromBuffer parses the main buffer and its imports", "[parser]") {
   llvm::SourceMgr sources;
   std::string errors;

@@ -1075,3 +1075,125 @@ train t(x: f32[batch, d_model]) -> (per_row: f32[batch], loss: f32[], unset: f32
   CHECK(bad.reported("t.mesh:11:58: error: a metric cannot be named 'loss'"));
   CHECK(bad.reported("t.mesh:11:71: error: output 'unset' is never set"));
 }
+
+TEST_CASE("sema lowers step state: call-path names, old values on reads, one update per write") {
+  Analyzed a(withHeader(R"(
+def cell(x: f32[batch, d_model]) -> f32[batch, d_model] {
+  state memory: f32[batch, d_model] = zeros()
+  next memory = x
+  return x + memory
+}
+def probe(x: f32[batch, d_model]) -> (y: f32[batch, d_model], s: f32[]) {
+  state calls: f32[] = zeros()
+  next calls = calls + 1.0
+  return x, calls
+}
+train t(x: f32[batch, d_model]) {
+  param w: f32[d_model] = ones()
+  let h = x * w
+  repeat 2 {
+    h = cell(h)
+  }
+  let g, _ = probe(h)
+  minimize mean(square(g)) with sgd(lr = 0.1)
+}
+)"));
+  INFO(a.errors);
+  const ir::Function& fn = a.fn("t");
+  std::vector<std::string> states;
+  for (const ir::ParamInfo& param : fn.params)
+    if (param.role == ir::ParamRole::StepState) {
+      states.push_back(param.path);
+      CHECK_FALSE(param.trainable);
+    }
+  CHECK(states == std::vector<std::string>{"cell[0]/memory", "cell[1]/memory", "probe/calls"});
+  // Sema adds one update per write; each is the value written (the discarded result `s` does
+  // not drop the counter's write).
+  REQUIRE(fn.updates.size() == 3);
+  for (const ir::ParamUpdate& update : fn.updates) {
+    const ir::ParamInfo& param = fn.params[update.param];
+    CHECK(param.role == ir::ParamRole::StepState);
+    CHECK(fn.typeOf(update.value) == param.type);
+  }
+  // cell[1]'s memory is written with cell[0]'s result, which read cell[0]'s memory.
+  const ir::Op& written = fn.definingOp(fn.updates[1].value);
+  CHECK(written.kind == OpKind::Add);
+  CHECK(fn.definingOp(fn.updates[2].value).kind == OpKind::Add); // calls + 1.0
+  CHECK_FALSE(ir::hasOptimizerUpdates(fn));
+}
+
+TEST_CASE("sema reports misuse of step state") {
+  SECTION("in a program") {
+    Analyzed a(withHeader(R"(
+program p(x: f32[batch, d_model]) -> (y: f32[batch, d_model]) {
+  state cache: f32[batch, d_model] = zeros()
+  next cache = x
+  y = x + cache
+}
+)"));
+    CHECK_FALSE(a.module);
+    CHECK(a.reported("t.mesh:12:9: error: state 'cache' is declared outside a train block"));
+  }
+  SECTION("written twice, with a wrong type, never, or assigned") {
+    Analyzed a(withHeader(R"(
+train t(x: f32[batch, d_model]) {
+  param w: f32[d_model] = ones()
+  state a: f32[d_model] = zeros()
+  state b: f32[d_model] = zeros()
+  state c: f32[d_model] = zeros()
+  state e: f32[d_model] = zeros()
+  next a = w
+  next a = w * 2.0
+  next b = x
+  e = w
+  let z = w
+  next z = w
+  next e = e
+  minimize mean(x * w) with sgd(lr = 0.1)
+}
+)"));
+    CHECK_FALSE(a.module);
+    CHECK(a.reported("t.mesh:18:8: error: state 'a' is written twice in one step"));
+    CHECK(a.reported("t.mesh:17:8: note: state 'a' is first written here"));
+    CHECK(a.reported("t.mesh:19:12: error: the next value of state 'b' must have type "
+                     "f32[d_model] but has type f32[batch, d_model]"));
+    CHECK(a.reported("t.mesh:15:9: error: state 'c' is never written"));
+    CHECK(a.reported("t.mesh:20:3: error: cannot assign to state 'e'"));
+    CHECK(a.reported("t.mesh:22:8: error: 'next' sets a step state, but 'z' is a let"));
+  }
+  SECTION("a state and a param of one path") {
+    Analyzed a(withHeader(R"(
+def f(x: f32[d_model]) -> f32[d_model] {
+  param w: f32[d_model] = zeros() as "shared"
+  return x * w
+}
+train t(x: f32[d_model]) {
+  state s: f32[d_model] = zeros() as "shared"
+  next s = x
+  minimize mean(f(x) + s) with sgd(lr = 0.1)
+}
+)"));
+    CHECK_FALSE(a.module);
+    CHECK(a.reported("error: param 'shared' is declared as f32[d_model] = zeros() here but as "
+                     "state f32[d_model] = zeros() elsewhere"));
+  }
+  SECTION("a shared repeat has one state, so its iterations write it twice") {
+    Analyzed a(withHeader(R"(
+def cell(x: f32[d_model]) -> f32[d_model] {
+  state m: f32[d_model] = zeros()
+  next m = x
+  return x + m
+}
+train t(x: f32[d_model]) {
+  param w: f32[d_model] = ones()
+  let h = x * w
+  repeat 2 shared {
+    h = cell(h)
+  }
+  minimize mean(h) with sgd(lr = 0.1)
+}
+)"));
+    CHECK_FALSE(a.module);
+    CHECK(a.reported("t.mesh:13:8: error: state 'm' is written twice in one step"));
+  }
+}
