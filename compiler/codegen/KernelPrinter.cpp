@@ -89,6 +89,12 @@ std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
     return fn("fsin", "std::sin");
   case OpKind::Cos:
     return fn("fcos", "std::cos");
+  case OpKind::Floor:
+    return fn("ffloor", "std::floor");
+  case OpKind::Ceil:
+    return fn("fceil", "std::ceil");
+  case OpKind::Round: // halves to even, as the interpreter
+    return fn("fround", "std::nearbyint");
   case OpKind::Cast:
   case OpKind::StopGradient:
   case OpKind::Transpose:
@@ -103,6 +109,12 @@ std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
   case OpKind::Div:
     if (integer) return fmt::format("support::divI32({}, {})", a[0], a[1]);
     return fmt::format("({} / {})", d(0), d(1));
+  case OpKind::FloorDiv: // sema admits i32 alone; the float reading matches the interpreter's
+    if (integer) return fmt::format("support::floorDivI32({}, {})", a[0], a[1]);
+    return fmt::format("std::floor({} / {})", d(0), d(1));
+  case OpKind::Mod:
+    if (integer) return fmt::format("support::modI32({}, {})", a[0], a[1]);
+    return fmt::format("({0} - {1} * std::floor({0} / {1}))", d(0), d(1));
   case OpKind::Pow:
     if (integer) return fmt::format("support::powI32({}, {})", a[0], a[1]);
     return f32 ? fmt::format("support::fpow({}, {})", a[0], a[1])
@@ -163,6 +175,8 @@ std::string scalarExpression(const Scalar& s, const std::vector<std::string>& ar
       argTypes[0] == DType::I32 && argTypes[1] == DType::I32)
     return computeExpr(s, args, argTypes, false);
   if (s.op == OpKind::Pow && s.dtype == DType::I32) return computeExpr(s, args, argTypes, false);
+  if ((s.op == OpKind::FloorDiv || s.op == OpKind::Mod) && s.dtype == DType::I32)
+    return computeExpr(s, args, argTypes, false); // already wrapped to i32
   switch (s.dtype) {
   case DType::F32:
     if (s.op == OpKind::Call) return fmt::format("float({})", computeExpr(s, args, argTypes, true));

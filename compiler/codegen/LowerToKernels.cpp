@@ -103,6 +103,9 @@ Lowering loweringOf(OpKind kind) {
   case OpKind::Gelu:
   case OpKind::Sin:
   case OpKind::Cos:
+  case OpKind::Floor:
+  case OpKind::Ceil:
+  case OpKind::Round:
   case OpKind::StopGradient:
   case OpKind::Cast:
   case OpKind::Transpose:
@@ -111,6 +114,8 @@ Lowering loweringOf(OpKind kind) {
   case OpKind::Sub:
   case OpKind::Mul:
   case OpKind::Div:
+  case OpKind::FloorDiv:
+  case OpKind::Mod:
   case OpKind::Pow:
   case OpKind::Maximum:
   case OpKind::Minimum:
@@ -142,6 +147,7 @@ Lowering loweringOf(OpKind kind) {
   case OpKind::Iota:
   case OpKind::RandomNormal:
   case OpKind::RandomUniform:
+  case OpKind::RandomInt:
   case OpKind::Rename:
   case OpKind::Reshape:
   case OpKind::Slice:
@@ -149,6 +155,7 @@ Lowering loweringOf(OpKind kind) {
   case OpKind::Pad:
   case OpKind::OneHot:
   case OpKind::Gather:
+  case OpKind::TopK:
   case OpKind::Dropout:
     return Lowering::Other;
   }
@@ -504,6 +511,14 @@ llvm::Error Lowerer::lowerOther(size_t index) {
          written, {});
     return llvm::Error::success();
   }
+  case OpKind::RandomInt: {
+    BufferId written = allocate(op.result);
+    call(Callee::FillRandomInt,
+         {data(op.result), shard(op.result), text("seed_"), stream(op),
+          real(numberAttr(op, "max", 1))},
+         written, {});
+    return llvm::Error::success();
+  }
   case OpKind::Dropout: {
     SpmdValueId operand = op.operands[0];
     if (fn.kind == ir::Function::Kind::Train) {
@@ -677,6 +692,24 @@ llvm::Error Lowerer::lowerOther(size_t index) {
           ints(stridesOver(local(ids), result.dims)), integer(tableType.dims[size_t(at)].size),
           integer(rowMajorStrides(tableType)[size_t(at)]), shardStart(table, dim)},
          written, {table, ids});
+    return llvm::Error::success();
+  }
+  case OpKind::TopK: {
+    std::string dim = stringAttr(op, "from"), to = stringAttr(op, "to");
+    SpmdValueId x = op.operands[0];
+    const TensorType& in = local(x);
+    int inAt = in.findDim(dim), outAt = result.findDim(to);
+    if (inAt < 0 || outAt < 0) return unsupported(op, "top_k over a missing dim");
+    if (!layout(x).dimAxes[size_t(inAt)].empty() ||
+        !layout(op.result).dimAxes[size_t(outAt)].empty())
+      return unsupported(op, "top_k with its row split (the planner gathers it)");
+    Shape inStrides = stridesOver(in, result.dims);
+    inStrides[size_t(outAt)] = 0; // random_permutation selects along the dim it writes
+    BufferId written = allocate(op.result);
+    call(Callee::TopK,
+         {data(op.result), ints(sizesOf(result.dims)), data(x), ints(inStrides), integer(outAt),
+          integer(in.dims[size_t(inAt)].size), integer(rowMajorStrides(in)[size_t(inAt)])},
+         written, {x});
     return llvm::Error::success();
   }
   default:

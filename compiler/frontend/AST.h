@@ -60,7 +60,7 @@ struct UnaryExpr : Expr {
   static bool classof(const Expr* e) { return e->kind == Kind::Unary; }
 };
 
-enum class BinaryOp { Add, Sub, Mul, Div, Pow, Lt, Le, Gt, Ge, Eq, Ne };
+enum class BinaryOp { Add, Sub, Mul, Div, Pow, Lt, Le, Gt, Ge, Eq, Ne, Mod };
 
 struct BinaryExpr : Expr {
   BinaryExpr(Loc loc, BinaryOp op, ExprPtr lhs, ExprPtr rhs)

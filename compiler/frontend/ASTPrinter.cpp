@@ -35,6 +35,8 @@ const char* binaryOpName(BinaryOp op) {
     return "==";
   case BinaryOp::Ne:
     return "!=";
+  case BinaryOp::Mod:
+    return "%";
   }
   return "?";
 }

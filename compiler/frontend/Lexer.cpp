@@ -88,6 +88,8 @@ const char* tokName(Tok kind) {
     return "'*'";
   case Tok::Slash:
     return "'/'";
+  case Tok::Percent:
+    return "'%'";
   case Tok::StarStar:
     return "'**'";
   case Tok::Lt:
@@ -244,6 +246,8 @@ std::optional<Token> Lexer::lexToken() {
     return finish(Tok::Plus, 1);
   case '/':
     return finish(Tok::Slash, 1);
+  case '%':
+    return finish(Tok::Percent, 1);
   case '-':
     return c1 == '>' ? finish(Tok::Arrow, 2) : finish(Tok::Minus, 1);
   case '*':

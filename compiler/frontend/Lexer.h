@@ -53,6 +53,7 @@ enum class Tok {
   Minus,
   Star,
   Slash,
+  Percent,
   StarStar,
   Lt,
   Le,

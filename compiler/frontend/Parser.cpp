@@ -800,16 +800,19 @@ ExprPtr Parser::parseAdditive() {
   return lhs;
 }
 
-/// term ::= unary { ( '*' | '/' ) unary }
+/// term ::= unary { ( '*' | '/' | '%' ) unary }
 ExprPtr Parser::parseTerm() {
   ExprPtr lhs = parseUnary();
-  for (unsigned length = 1; lhs && (is(Tok::Star) || is(Tok::Slash)); ++length) {
+  for (unsigned length = 1; lhs && (is(Tok::Star) || is(Tok::Slash) || is(Tok::Percent));
+       ++length) {
     if (chainTooDeep(length)) return nullptr;
     Token op = consume();
     ExprPtr rhs = parseUnary();
     if (!rhs) return nullptr;
-    lhs = makeBinary(op.kind == Tok::Star ? BinaryOp::Mul : BinaryOp::Div, op.loc, std::move(lhs),
-                     std::move(rhs));
+    BinaryOp kind = op.kind == Tok::Star    ? BinaryOp::Mul
+                    : op.kind == Tok::Slash ? BinaryOp::Div
+                                            : BinaryOp::Mod;
+    lhs = makeBinary(kind, op.loc, std::move(lhs), std::move(rhs));
   }
   return lhs;
 }

@@ -15,6 +15,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 namespace meshc::interp {
 namespace {
@@ -342,9 +343,23 @@ double applyUnary(OpKind kind, double x) {
     return std::sin(x);
   case OpKind::Cos:
     return std::cos(x);
+  case OpKind::Floor:
+    return std::floor(x);
+  case OpKind::Ceil:
+    return std::ceil(x);
+  case OpKind::Round: // the default rounding mode: to nearest, halves to even
+    return std::nearbyint(x);
   default:
     return x; // StopGradient, Transpose, Cast: the value itself
   }
+}
+
+/// Division rounding toward -inf (Python's //); 0 on division by zero. Operands are i32 values,
+/// so the quotient fits in int64 (INT32_MIN // -1 wraps when the result is stored).
+int64_t floorDivI32(int64_t x, int64_t y) {
+  if (y == 0) return 0;
+  int64_t q = x / y;
+  return (x % y != 0 && (x < 0) != (y < 0)) ? q - 1 : q;
 }
 
 /// Integer power with int32 wrap-around; negative exponents follow integer division.
@@ -370,6 +385,10 @@ double applyBinary(OpKind kind, double a, double b, bool integer) {
       return double(int32_t(uint32_t(uint64_t(x) * uint64_t(y))));
     case OpKind::Div:
       return y == 0 ? 0.0 : double(x / y);
+    case OpKind::FloorDiv:
+      return double(floorDivI32(x, y));
+    case OpKind::Mod:
+      return double(x - y * floorDivI32(x, y));
     case OpKind::Pow:
       return integerPow(x, y);
     default:
@@ -385,6 +404,10 @@ double applyBinary(OpKind kind, double a, double b, bool integer) {
     return a * b;
   case OpKind::Div:
     return a / b;
+  case OpKind::FloorDiv: // defined on i32; the float reading keeps IR from text total
+    return std::floor(a / b);
+  case OpKind::Mod:
+    return a - b * std::floor(a / b);
   case OpKind::Pow:
     return std::pow(a, b);
   case OpKind::Maximum:
@@ -450,6 +473,7 @@ private:
   llvm::Error concat(const Op& op, Tensor& out);
   llvm::Error oneHot(const Op& op, Tensor& out);
   llvm::Error gather(const Op& op, Tensor& out);
+  llvm::Error topK(const Op& op, Tensor& out);
   llvm::Error dropout(const Op& op, Tensor& out);
 
   /// Copies `in` into `out` by dim name (out[j] = in[j - offset] along `outAxis`/`inAxis`,
@@ -519,12 +543,15 @@ int expectedOperands(OpKind kind) {
   case OpKind::Iota:
   case OpKind::RandomNormal:
   case OpKind::RandomUniform:
+  case OpKind::RandomInt:
   case OpKind::TrainStep:
     return 0;
   case OpKind::Add:
   case OpKind::Sub:
   case OpKind::Mul:
   case OpKind::Div:
+  case OpKind::FloorDiv:
+  case OpKind::Mod:
   case OpKind::Pow:
   case OpKind::Maximum:
   case OpKind::Minimum:
@@ -685,6 +712,7 @@ llvm::Error Interpreter::execute(const Op& op) {
     return iota(op, out);
   case OpKind::RandomNormal:
   case OpKind::RandomUniform:
+  case OpKind::RandomInt:
     return random(op, out);
   case OpKind::Neg:
   case OpKind::Abs:
@@ -699,6 +727,9 @@ llvm::Error Interpreter::execute(const Op& op) {
   case OpKind::Gelu:
   case OpKind::Sin:
   case OpKind::Cos:
+  case OpKind::Floor:
+  case OpKind::Ceil:
+  case OpKind::Round:
   case OpKind::StopGradient:
   case OpKind::Cast:
   case OpKind::Transpose:
@@ -709,6 +740,8 @@ llvm::Error Interpreter::execute(const Op& op) {
   case OpKind::Sub:
   case OpKind::Mul:
   case OpKind::Div:
+  case OpKind::FloorDiv:
+  case OpKind::Mod:
   case OpKind::Pow:
   case OpKind::Maximum:
   case OpKind::Minimum:
@@ -752,6 +785,8 @@ llvm::Error Interpreter::execute(const Op& op) {
     return oneHot(op, out);
   case OpKind::Gather:
     return gather(op, out);
+  case OpKind::TopK:
+    return topK(op, out);
   case OpKind::Dropout:
     return dropout(op, out);
   case OpKind::TrainStep:
@@ -833,6 +868,13 @@ llvm::Error Interpreter::random(const Op& op, Tensor& out) {
     if (!stddev) return stddev.takeError();
     meshrt::forEachNormal(key, 0, uint64_t(count),
                           [&](uint64_t i, double z) { out.data[i] = *mean + *stddev * z; });
+  } else if (op.kind == OpKind::RandomInt) {
+    auto bound = integer(op, "max");
+    if (!bound) return bound.takeError();
+    if (*bound < 1 || *bound > (int64_t(1) << 24))
+      return opError(op, "max {} is outside [1, 2^24]", *bound);
+    meshrt::forEachUniformIndex(key, 0, uint64_t(count), uint64_t(*bound),
+                                [&](uint64_t i, uint32_t value) { out.data[i] = value; });
   } else {
     auto low = number(op, "min"), high = number(op, "max");
     if (!low) return low.takeError();
@@ -1312,6 +1354,36 @@ llvm::Error Interpreter::gather(const Op& op, Tensor& out) {
   return llvm::Error::success();
 }
 
+/// Per point of the other dims: the positions of a stable sort of the row, NaN first and then
+/// descending, so that ties keep the lower position first.
+llvm::Error Interpreter::topK(const Op& op, Tensor& out) {
+  const Tensor& in = operand(op, 0);
+  auto dim = string(op, "from"), to = string(op, "to");
+  if (!dim) return dim.takeError();
+  if (!to) return to.takeError();
+  if (auto error = requireDim(op, in.type, *dim)) return error;
+  if (auto error = requireDim(op, out.type, *to)) return error;
+  int inAt = findDim(in.type, *dim), outAt = findDim(out.type, *to);
+  int64_t rowSize = in.type.dims[size_t(inAt)].size, count = out.type.dims[size_t(outAt)].size;
+  if (count > rowSize) return opError(op, "selects {} of {} elements", count, rowSize);
+  std::vector<Dim> outer = dimsExcept(out.type, {*to});
+  Strides inOuter = stridesOver(in.type, outer), outOuter = stridesOver(out.type, outer);
+  int64_t inStride = rowMajorStrides(in.type)[size_t(inAt)];
+  int64_t outStride = rowMajorStrides(out.type)[size_t(outAt)];
+  std::vector<int64_t> order(size_t(rowSize), 0);
+  forEachIndex<2>(outer, {&outOuter, &inOuter}, {0, 0}, [&](const std::array<int64_t, 2>& at) {
+    const double* x = in.data.data() + at[1];
+    std::iota(order.begin(), order.end(), int64_t(0));
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      double u = x[a * inStride], v = x[b * inStride];
+      return std::isnan(u) != std::isnan(v) ? std::isnan(u) : u > v;
+    });
+    for (int64_t j = 0; j < count; ++j)
+      out.data[size_t(at[0] + j * outStride)] = double(order[size_t(j)]);
+  });
+  return llvm::Error::success();
+}
+
 llvm::Error Interpreter::dropout(const Op& op, Tensor& out) {
   const Tensor& in = operand(op, 0);
   Strides inStrides = stridesOver(in.type, out.type.dims), outStrides = rowMajorStrides(out.type);
@@ -1420,6 +1492,9 @@ std::optional<double> evaluateElementwise(OpKind kind, const std::vector<double>
   case OpKind::Gelu:
   case OpKind::Sin:
   case OpKind::Cos:
+  case OpKind::Floor:
+  case OpKind::Ceil:
+  case OpKind::Round:
   case OpKind::StopGradient:
   case OpKind::Cast:
   case OpKind::Transpose:
@@ -1436,6 +1511,8 @@ std::optional<double> evaluateElementwise(OpKind kind, const std::vector<double>
   case OpKind::Sub:
   case OpKind::Mul:
   case OpKind::Div:
+  case OpKind::FloorDiv:
+  case OpKind::Mod:
   case OpKind::Pow:
   case OpKind::Maximum:
   case OpKind::Minimum:

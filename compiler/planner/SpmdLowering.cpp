@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <set>
@@ -183,6 +184,7 @@ public:
     case OpKind::Iota:
     case OpKind::RandomNormal:
     case OpKind::RandomUniform:
+    case OpKind::RandomInt:
     case OpKind::TrainStep:
       out.result = desired(resultType, &out, "");
       break;
@@ -219,6 +221,9 @@ public:
       break;
     case OpKind::Gather:
       planGather(op, operands, out);
+      break;
+    case OpKind::TopK:
+      planTopK(op, out);
       break;
     default:
       planElementwise(op, operands, out);
@@ -649,6 +654,24 @@ private:
       out.note = fmt::format("masked local gather: partial sum over {}", axesText(kept));
   }
 
+  /// top_k needs each row whole: the selected dim is replicated in the operand (the reshard
+  /// all-gathers it when split, and is costed as such) and the new dim in the result. A
+  /// local top-k per shard merged over the group would move less for small k; not done yet.
+  void planTopK(const ir::Op& op, OpPlan& out) {
+    const ir::TensorType& resultType = fn_.typeOf(op.result);
+    std::string dim = op.string("from"), to = op.string("to");
+    out.result = desired(resultType, &out, "");
+    if (int at = resultType.findDim(to); at >= 0 && !out.result.dimAxes[size_t(at)].empty()) {
+      out.drops.push_back(
+          {to, out.result.dimAxes[size_t(at)], "top_k selects along the whole row on every rank"});
+      out.result.dimAxes[size_t(at)].clear();
+    }
+    // The operand's dims as the result's; `dim`, absent from the result, is replicated.
+    out.required.push_back(alignTo(fn_.typeOf(op.operands[0]), resultType, out.result));
+    if (!axesOf(dim).empty())
+      out.note = fmt::format("top_k along split '{}': the rows are all-gathered first", dim);
+  }
+
   void addPost(OpPlan& out, CollectiveKind kind, const AxisList& axes, const std::string& dim,
                int64_t bytes, std::string note) {
     PostCollective post;
@@ -672,6 +695,7 @@ private:
       return 8;
     case OpKind::RandomNormal:
     case OpKind::RandomUniform:
+    case OpKind::RandomInt:
     case OpKind::Dropout:
       return 10; // counter-based RNG
     case OpKind::Gelu:
@@ -749,7 +773,17 @@ private:
     case OpKind::Pad:
     case OpKind::Concat:
     case OpKind::Shift:
-      break; // data movement only
+      break;             // data movement only
+    case OpKind::TopK: { // a partial sort of each row: 1 + log2(size(to)) per operand element
+      const ir::TensorType& type = fn_.typeOf(op.operands[0]);
+      int at = resultType.findDim(op.string("to"));
+      double perElement =
+          1 + (at >= 0 ? std::log2(static_cast<double>(resultType.dims[size_t(at)].size)) : 0);
+      out.globalFlops = perElement * static_cast<double>(type.numElements());
+      out.flops = perElement * static_cast<double>(localBytes(type, out.required[0], mesh_) /
+                                                   dtypeBytes(type.dtype));
+      break;
+    }
     case OpKind::Dropout:
       if (fn_.kind == ir::Function::Kind::Program) return; // the identity outside training
       [[fallthrough]];

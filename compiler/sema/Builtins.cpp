@@ -147,6 +147,16 @@ std::optional<ir::ValueId> FunctionLowerer::tensorArg(const ast::Expr& expr, Sco
   return value.id;
 }
 
+std::optional<ir::TensorType> FunctionLowerer::shapeArg(const ast::CallExpr& call,
+                                                        const char* example) {
+  auto* spec = dyn_cast<ast::TypeExpr>(call.args[0].get());
+  if (!spec || !spec->type.hasShape) {
+    error(call.args[0]->loc, Diag::ErrExpectedType, 1, call.callee.name, example);
+    return std::nullopt;
+  }
+  return convertType(spec->type);
+}
+
 bool FunctionLowerer::checkFloat(const std::string& callee, ir::ValueId value, SMLoc loc) {
   const ir::TensorType& type = fn_.typeOf(value);
   if (ir::isFloat(type.dtype)) return true;
@@ -206,12 +216,30 @@ Operand FunctionLowerer::lowerBuiltin(const ast::CallExpr& call, Scope& scope) {
     K kind;
   };
   static const Unary kUnary[] = {{"exp", K::Exp},     {"log", K::Log},         {"sqrt", K::Sqrt},
-                                 {"rsqrt", K::Rsqrt}, {"square", K::Square},   {"abs", K::Abs},
+                                 {"rsqrt", K::Rsqrt}, {"square", K::Square},   {"floor", K::Floor},
                                  {"tanh", K::Tanh},   {"sigmoid", K::Sigmoid}, {"relu", K::Relu},
-                                 {"gelu", K::Gelu},   {"sin", K::Sin},         {"cos", K::Cos}};
+                                 {"gelu", K::Gelu},   {"sin", K::Sin},         {"cos", K::Cos},
+                                 {"ceil", K::Ceil},   {"round", K::Round}};
   for (const Unary& unary : kUnary)
     if (name == unary.name) return lowerUnary(unary.kind, true, call, scope);
   if (name == "stop_gradient") return lowerUnary(K::StopGradient, false, call, scope);
+  if (name == "abs") return lowerUnary(K::Abs, false, call, scope); // i32 too
+  if (name == "clip") return lowerClip(call, scope);
+  if (name == "argmax" || name == "argmin") return lowerArgExtreme(name == "argmax", call, scope);
+  if (name == "scatter_add") return lowerScatterAdd(call, scope);
+  if (name == "random_int") return lowerRandomInt(call, scope);
+  if (name == "random_permutation") return lowerRandomPermutation(call, scope);
+  if (name == "top_k_indices" || name == "top_k_values")
+    return lowerTopK(name == "top_k_values", call, scope);
+  if (name == "mod" || name == "floordiv") {
+    std::vector<Operand> args;
+    for (const ast::ExprPtr& arg : call.args)
+      args.push_back(lowerExpr(*arg, scope));
+    if (!checkPositional(call, 2, 2) || !checkArrow(call, false) || !keywords(call, {}))
+      return Operand::poison();
+    return lowerIntegerBinary(name == "mod" ? K::Mod : K::FloorDiv, name.c_str(), args[0], args[1],
+                              call.callee.loc);
+  }
   if (name == "maximum" || name == "minimum" || name == "pow") {
     K kind = name == "maximum" ? K::Maximum : name == "minimum" ? K::Minimum : K::Pow;
     std::vector<Operand> args;
@@ -774,13 +802,7 @@ Operand FunctionLowerer::lowerRandom(ir::OpKind kind, const ast::CallExpr& call,
   std::optional<KwMap> kw =
       isNormal ? keywords(call, {"mean", "stddev"}) : keywords(call, {"min", "max"});
   if (!checkPositional(call, 1, 1) || !checkArrow(call, false) || !kw) return Operand::poison();
-  auto* spec = dyn_cast<ast::TypeExpr>(call.args[0].get());
-  if (!spec || !spec->type.hasShape) {
-    error(call.args[0]->loc, Diag::ErrExpectedType, 1, call.callee.name,
-          "a tensor type like f32[batch, d]");
-    return Operand::poison();
-  }
-  std::optional<ir::TensorType> type = convertType(spec->type);
+  std::optional<ir::TensorType> type = shapeArg(call, "a tensor type like f32[batch, d]");
   if (!type) return Operand::poison();
   if (!ir::isFloat(type->dtype)) {
     error(call.args[0]->loc, Diag::ErrFloatOnly, call.callee.name, typeString(*type));
@@ -839,6 +861,210 @@ Operand FunctionLowerer::lowerCast(const ast::CallExpr& call, Scope& scope) {
   ir::TensorType result = fn_.typeOf(*x);
   result.dtype = kDTypes[static_cast<int>(spec->type.dtype)];
   return addOp(ir::OpKind::Cast, {*x}, std::move(result), call.callee.loc);
+}
+
+// ------------------------------------------------------------------------- rounding, integers,
+// argmax
+
+Operand FunctionLowerer::lowerClip(const ast::CallExpr& call, Scope& scope) {
+  std::vector<Operand> args;
+  for (const ast::ExprPtr& arg : call.args)
+    args.push_back(lowerExpr(*arg, scope));
+  if (!checkPositional(call, 3, 3) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  const Operand &lo = args[1], &hi = args[2];
+  if (lo.kind == Operand::Kind::Literal && hi.kind == Operand::Kind::Literal &&
+      hi.number < lo.number) {
+    error(call.args[2]->loc, Diag::ErrArgRange, "'hi'", "clip", fmt::format(">= {}", lo.number),
+          hi.number);
+    return Operand::poison();
+  }
+  // minimum(maximum(x, lo), hi): both give a tie to x, so the gradient passes through on the
+  // closed interval [lo, hi] and is zero outside, with no op of its own to plan or generate.
+  Operand floored = lowerBinary(ir::OpKind::Maximum, "clip", args[0], lo, call.callee.loc);
+  return lowerBinary(ir::OpKind::Minimum, "clip", floored, hi, call.callee.loc);
+}
+
+Operand FunctionLowerer::lowerIntegerBinary(ir::OpKind kind, const char* spelling, Operand lhs,
+                                            Operand rhs, SMLoc loc) {
+  if (lhs.isPoison() || rhs.isPoison()) return Operand::poison();
+  for (const Operand* operand : {&lhs, &rhs}) {
+    if (operand->kind != Operand::Kind::Tensor) continue;
+    const ir::TensorType& type = typeOf(*operand);
+    if (type.dtype != ir::DType::I32) {
+      error(loc, Diag::ErrIntOnly, spelling, typeString(type));
+      return Operand::poison();
+    }
+  }
+  // Literals are i32 here: the ops are defined on i32 alone.
+  auto valueOf = [&](const Operand& x) -> std::optional<ir::ValueId> {
+    if (x.kind == Operand::Kind::Literal) return materializeLiteral(x, ir::DType::I32);
+    return x.id;
+  };
+  std::optional<ir::ValueId> a = valueOf(lhs), b = valueOf(rhs);
+  if (!a || !b) return Operand::poison();
+  return binaryValues(kind, spelling, *a, *b, loc);
+}
+
+Operand FunctionLowerer::lowerArgExtreme(bool isMax, const ast::CallExpr& call, Scope& scope) {
+  const std::string& name = call.callee.name;
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::string> d = dimArg(*call.args[1], name, 1);
+  if (!x || !d || !checkHasDim(fn_.typeOf(*x), *d, call.args[1]->loc)) return Operand::poison();
+  // The first position along d where x equals its extreme (NaN counts as the extreme, as in
+  // NumPy): min over d of where(x == extreme, iota(d), size(d)). Written with existing ops, a
+  // split d costs two all-reduces of the result (the extremes, then the positions), not an
+  // all-gather of x.
+  const SMLoc loc = call.callee.loc;
+  const ir::TensorType type = fn_.typeOf(*x); // a copy: addOp grows the value table
+  ir::TensorType reduced{type.dtype, {}};
+  for (const ir::Dim& each : type.dims)
+    if (each.name != *d) reduced.dims.push_back(each);
+  const std::vector<std::string> dims{*d};
+  Operand extreme = addOp(isMax ? ir::OpKind::ReduceMax : ir::OpKind::ReduceMin, {*x}, reduced, loc,
+                          {{"dims", dims}});
+  if (extreme.isPoison()) return extreme;
+  Operand hit = binaryValues(ir::OpKind::Eq, name.c_str(), *x, extreme.id, loc);
+  if (hit.isPoison()) return hit;
+  if (ir::isFloat(type.dtype)) {
+    Operand isNaN = binaryValues(ir::OpKind::Ne, name.c_str(), *x, *x, loc);
+    if (isNaN.isPoison()) return isNaN;
+    hit = binaryValues(ir::OpKind::Maximum, name.c_str(), hit.id, isNaN.id, loc);
+    if (hit.isPoison()) return hit;
+  }
+  Operand position =
+      addOp(ir::OpKind::Iota, {}, ir::TensorType{ir::DType::I32, {dim(*d)}}, loc, {{"dim", *d}});
+  Operand past = addOp(ir::OpKind::Literal, {}, ir::TensorType{ir::DType::I32, {}}, loc,
+                       {{"value", double(dim(*d).size)}});
+  if (position.isPoison() || past.isPoison()) return Operand::poison();
+  ir::TensorType candidates = fn_.typeOf(hit.id); // x's dims, in x's order
+  Operand candidate = addOp(ir::OpKind::Where, {hit.id, position.id, past.id}, candidates, loc);
+  if (candidate.isPoison()) return candidate;
+  reduced.dtype = ir::DType::I32;
+  return addOp(ir::OpKind::ReduceMin, {candidate.id}, std::move(reduced), loc, {{"dims", dims}});
+}
+
+Operand FunctionLowerer::lowerRandomInt(const ast::CallExpr& call, Scope& scope) {
+  std::optional<KwMap> kw = keywords(call, {"max"});
+  if (!checkPositional(call, 1, 1) || !checkArrow(call, false) || !kw) return Operand::poison();
+  std::optional<ir::TensorType> type = shapeArg(call, "a tensor type like i32[batch]");
+  if (!type) return Operand::poison();
+  if (type->dtype != ir::DType::I32) {
+    error(call.args[0]->loc, Diag::ErrIntOnly, "random_int", typeString(*type));
+    return Operand::poison();
+  }
+  if (!kw->count("max")) {
+    error(call.callee.loc, Diag::ErrMissingKeyword, "random_int", "max");
+    return Operand::poison();
+  }
+  std::optional<double> bound = numberArg(*kw, "max", 1, true, "random_int");
+  if (!bound) return Operand::poison();
+  // Generated code holds i32 values in f32, exact up to 2^24.
+  if (*bound < 1 || *bound > double(1 << 24)) {
+    error(kw->at("max")->value->loc, Diag::ErrArgRange, "'max'", "random_int", "in [1, 2^24]",
+          *bound);
+    return Operand::poison();
+  }
+  return addOp(ir::OpKind::RandomInt, {}, std::move(*type), call.callee.loc,
+               {{"max", static_cast<int64_t>(*bound)}, {"stream", randomStream("random_int")}});
+}
+
+Operand FunctionLowerer::lowerRandomPermutation(const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 1, 1) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<std::string> d = dimArg(*call.args[0], "random_permutation", 0);
+  if (!d) return Operand::poison();
+  // The positions of uniform keys (one per element of d, keyed by global index and, in train
+  // blocks, by step) in sorted order: top_k over the whole dim. Equal keys (23 random bits)
+  // keep their index order, so the result is always a permutation.
+  ir::TensorType keysType{ir::DType::F32, {dim(*d)}};
+  Operand keys =
+      addOp(ir::OpKind::RandomUniform, {}, keysType, call.callee.loc,
+            {{"min", 0.0}, {"max", 1.0}, {"stream", randomStream("random_permutation")}});
+  if (keys.isPoison()) return keys;
+  return addOp(ir::OpKind::TopK, {keys.id}, ir::TensorType{ir::DType::I32, {dim(*d)}},
+               call.callee.loc, {{"from", *d}, {"to", *d}});
+}
+
+Operand FunctionLowerer::lowerScatterAdd(const ast::CallExpr& call, Scope& scope) {
+  if (!checkPositional(call, 3, 3) || !checkArrow(call, false) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> updates = tensorArg(*call.args[0], scope);
+  std::optional<ir::ValueId> ids = tensorArg(*call.args[1], scope);
+  std::optional<std::string> d = dimArg(*call.args[2], "scatter_add", 2);
+  if (!updates || !ids || !d || !checkFloat("scatter_add", *updates, call.args[0]->loc))
+    return Operand::poison();
+  const ir::TensorType updatesType = fn_.typeOf(*updates); // copies: addOp grows the table
+  const ir::TensorType idsType = fn_.typeOf(*ids);
+  if (idsType.dtype != ir::DType::I32) {
+    error(call.args[1]->loc, Diag::ErrIndexDType, "scatter_add", typeString(idsType));
+    return Operand::poison();
+  }
+  if (updatesType.hasDim(*d)) {
+    error(call.args[2]->loc, Diag::ErrDimAlreadyPresent, *d, typeString(updatesType));
+    return Operand::poison();
+  }
+  for (const ir::Dim& each : idsType.dims)
+    if (!checkHasDim(updatesType, each.name, call.args[1]->loc)) return Operand::poison();
+  // The transpose of gather, written as gather's gradient is: einsum(one_hot(ids, d), updates)
+  // onto d and the updates' other dims, summing over the ids' dims. Ids out of range add
+  // nothing; the gradient (einsum's) gathers the cotangent at ids.
+  ir::TensorType hotType{updatesType.dtype, idsType.dims};
+  hotType.dims.push_back(dim(*d));
+  noteIndexUse(*ids, dim(*d).size);
+  Operand hot = addOp(ir::OpKind::OneHot, {*ids}, hotType, call.callee.loc, {{"dim", *d}});
+  if (hot.isPoison()) return hot;
+  ir::TensorType result{updatesType.dtype, {dim(*d)}};
+  for (const ir::Dim& each : updatesType.dims)
+    if (!idsType.hasDim(each.name)) result.dims.push_back(each);
+  return addOp(ir::OpKind::Einsum, {hot.id, *updates}, std::move(result), call.callee.loc);
+}
+
+Operand FunctionLowerer::lowerTopK(bool values, const ast::CallExpr& call, Scope& scope) {
+  const std::string& name = call.callee.name;
+  if (!checkPositional(call, 2, 2) || !checkArrow(call, true) || !keywords(call, {}))
+    return Operand::poison();
+  std::optional<ir::ValueId> x = tensorArg(*call.args[0], scope);
+  std::optional<std::string> d = dimArg(*call.args[1], name, 1);
+  std::optional<std::vector<std::string>> to = arrowDims(call);
+  if (!x || !d || !to || !checkHasDim(fn_.typeOf(*x), *d, call.args[1]->loc))
+    return Operand::poison();
+  const ir::TensorType type = fn_.typeOf(*x); // a copy: addOp grows the value table
+  if (to->size() != 1) {
+    error(call.arrowLoc, Diag::ErrDimCountMismatch, name, 1, to->size());
+    return Operand::poison();
+  }
+  const std::string& k = to->front();
+  if (type.hasDim(k)) {
+    error(call.arrowDims[0].loc, Diag::ErrDimAlreadyPresent, k, typeString(type));
+    return Operand::poison();
+  }
+  if (dim(k).size > dim(*d).size) {
+    error(call.arrowDims[0].loc, Diag::ErrTopKSize, name, k, dim(k).size, *d, dim(*d).size);
+    return Operand::poison();
+  }
+  ir::TensorType positions{ir::DType::I32, type.dims};
+  positions.dims[size_t(type.findDim(*d))] = dim(k);
+  Operand indices =
+      addOp(ir::OpKind::TopK, {*x}, positions, call.callee.loc, {{"from", *d}, {"to", k}});
+  if (!values || indices.isPoison()) return indices;
+  // The values: x summed over d where one_hot(indices, d) picks it. `where` rather than a
+  // product keeps an inf or NaN in x from spreading to the other picks; the gradient of the
+  // `where` and the sum scatters into the selected positions.
+  ir::TensorType hotType{ir::DType::I32, positions.dims};
+  hotType.dims.push_back(dim(*d));
+  Operand hot = addOp(ir::OpKind::OneHot, {indices.id}, hotType, call.callee.loc, {{"dim", *d}});
+  Operand zero = addOp(ir::OpKind::Literal, {}, ir::TensorType{type.dtype, {}}, call.callee.loc,
+                       {{"value", 0.0}});
+  if (hot.isPoison() || zero.isPoison()) return Operand::poison();
+  ir::TensorType pickedType{type.dtype, hotType.dims};
+  Operand picked = addOp(ir::OpKind::Where, {hot.id, *x, zero.id}, pickedType, call.callee.loc);
+  if (picked.isPoison()) return picked;
+  ir::TensorType valueType{type.dtype, positions.dims};
+  return addOp(ir::OpKind::ReduceSum, {picked.id}, std::move(valueType), call.callee.loc,
+               {{"dims", std::vector<std::string>{*d}}});
 }
 
 // ------------------------------------------------------------------------- initializers

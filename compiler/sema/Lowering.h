@@ -237,6 +237,8 @@ private:
   std::optional<std::string> declaredDim(const ast::Ident& ident);
   std::optional<std::vector<std::string>> arrowDims(const ast::CallExpr& call);
   std::optional<ir::ValueId> tensorArg(const ast::Expr& expr, Scope& scope);
+  /// The first argument as a tensor type (`f32[batch, d]`) for the random builtins.
+  std::optional<ir::TensorType> shapeArg(const ast::CallExpr& call, const char* example);
   bool checkFloat(const std::string& callee, ir::ValueId value, llvm::SMLoc loc);
   bool checkHasDim(const ir::TensorType& type, const std::string& dim, llvm::SMLoc loc);
   ir::Dim dim(const std::string& name) const;
@@ -272,6 +274,15 @@ private:
   Operand lowerRandom(ir::OpKind kind, const ast::CallExpr& call, Scope& scope);
   Operand lowerDropout(const ast::CallExpr& call, Scope& scope);
   Operand lowerCast(const ast::CallExpr& call, Scope& scope);
+  Operand lowerClip(const ast::CallExpr& call, Scope& scope);
+  /// mod, floordiv and '%': i32 operands (a literal is taken as i32).
+  Operand lowerIntegerBinary(ir::OpKind kind, const char* spelling, Operand lhs, Operand rhs,
+                             llvm::SMLoc loc);
+  Operand lowerArgExtreme(bool isMax, const ast::CallExpr& call, Scope& scope);
+  Operand lowerTopK(bool values, const ast::CallExpr& call, Scope& scope);
+  Operand lowerScatterAdd(const ast::CallExpr& call, Scope& scope);
+  Operand lowerRandomInt(const ast::CallExpr& call, Scope& scope);
+  Operand lowerRandomPermutation(const ast::CallExpr& call, Scope& scope);
 
   Globals& globals_;
   Reporter& reporter_;

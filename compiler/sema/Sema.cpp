@@ -738,8 +738,9 @@ Operand FunctionLowerer::lowerExprInner(const ast::Expr& expr, Scope& scope) {
         {ir::OpKind::Add, "+"}, {ir::OpKind::Sub, "-"},  {ir::OpKind::Mul, "*"},
         {ir::OpKind::Div, "/"}, {ir::OpKind::Pow, "**"}, {ir::OpKind::Lt, "<"},
         {ir::OpKind::Le, "<="}, {ir::OpKind::Gt, ">"},   {ir::OpKind::Ge, ">="},
-        {ir::OpKind::Eq, "=="}, {ir::OpKind::Ne, "!="}};
+        {ir::OpKind::Eq, "=="}, {ir::OpKind::Ne, "!="},  {ir::OpKind::Mod, "%"}};
     auto [kind, spelling] = kOps[static_cast<int>(binary.op)];
+    if (kind == ir::OpKind::Mod) return lowerIntegerBinary(kind, spelling, lhs, rhs, loc);
     return lowerBinary(kind, spelling, lhs, rhs, loc);
   }
   case ast::Expr::Kind::Call: {

@@ -62,6 +62,9 @@ private:
 bool Differentiator::propagates(const Op& op, size_t k) {
   switch (op.kind) {
   case OpKind::StopGradient:
+  case OpKind::Floor: // piecewise constant: zero almost everywhere
+  case OpKind::Ceil:
+  case OpKind::Round:
   case OpKind::OneHot:
     return false;
   case OpKind::Gather:
@@ -115,12 +118,21 @@ std::optional<Gradients> Differentiator::run() {
     diag.report(fn.train->loc.loc, Diag::ErrNothingToTrain, fn.name);
     return std::nullopt;
   }
-  for (const Op& op : fn.ops)
+  for (const Op& op : fn.ops) {
     if (op.kind == OpKind::Call && wants(op.result)) {
       diag.report(op.loc.loc, Diag::ErrNoGradient, "the user function", op.string("function"),
                   fn.params[sourceWeight[op.result]].path, fn.name);
       return std::nullopt;
     }
+    // The gradient's one_hot(ids, d) would have d twice.
+    if (op.kind == OpKind::Gather && op.operands.size() == 2 && wants(op.result) &&
+        wants(op.operands[0]) && fn.typeOf(op.operands[1]).hasDim(op.string("dim"))) {
+      const std::string dim = op.string("dim");
+      diag.report(op.loc.loc, Diag::ErrGatherGradientDims, dim,
+                  fn.params[sourceWeight[op.result]].path, fn.name, dim);
+      return std::nullopt;
+    }
+  }
   adjoint.assign(fn.values.size(), std::nullopt);
   size_t forwardOps = fn.ops.size();
   b.setLocation(fn.train->loc);

@@ -59,6 +59,30 @@ void requireClose(float actual, float expected, float tolerance) {
 
 } // namespace
 
+TEST_CASE("top_k: each element's rank (the CUDA kernel's) places it where the CPU's sort does",
+          "[cuda][rowmath]") {
+  // [rows=6, lane=10] stored transposed, with ties (rounded values) and a NaN in row 2.
+  Buffer x = randomBuffer(size_t(kRows * kLane), 7);
+  for (float& v : x)
+    v = std::round(v);
+  x[size_t(4 * kRows + 2)] = NAN;
+  for (int64_t k : {int64_t(1), int64_t(4), kLane}) {
+    INFO("k = " << k);
+    Buffer cpu(size_t(kRows * k), -1.0f);
+    meshc::gen::topK(cpu.data(), {kRows, k}, x.data(), {1, 0}, 1, kLane, kRows);
+    for (int64_t r = 0; r < kRows; ++r) {
+      std::vector<float> placed(size_t(k), -1.0f);
+      for (int64_t i = 0; i < kLane; ++i) {
+        int64_t rank = meshc::gen::topKRank(x.data() + r, kRows, kLane, i);
+        if (rank < k) placed[size_t(rank)] = float(i);
+      }
+      for (int64_t j = 0; j < k; ++j)
+        CHECK(placed[size_t(j)] == cpu[size_t(r * k + j)]);
+    }
+  }
+  CHECK(meshc::gen::topKRank(x.data() + 2, kRows, kLane, 4) == 0); // the NaN comes first
+}
+
 TEST_CASE("reduceLane computes what the CPU reduce computes", "[cuda][rowmath]") {
   Buffer in = randomBuffer(size_t(kRows * kLane), 1);
   in[7] = -INFINITY;                // row 1: a -inf does not disturb max or logsumexp

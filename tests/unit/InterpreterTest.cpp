@@ -213,6 +213,67 @@ TEST_CASE("i32 arithmetic truncates, wraps and divides by zero as 0", "[interp]"
   checkData(evalOp(OpKind::Pow, {base, exponent}, n4), {1024, 1, -8, 0});
 }
 
+TEST_CASE("floor, ceil and round (halves to even)", "[interp]") {
+  Tensor x = tensor(f32({{"n", 8}}), {-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 2.7, -2.7});
+  checkData(evalOp(OpKind::Floor, {x}, x.type), {-3, -2, -1, 0, 1, 2, 2, -3});
+  checkData(evalOp(OpKind::Ceil, {x}, x.type), {-2, -1, 0, 1, 2, 3, 3, -2});
+  checkData(evalOp(OpKind::Round, {x}, x.type), {-2, -2, 0, 0, 2, 2, 3, -3});
+  CHECK(std::signbit(evalOp(OpKind::Round, {x}, x.type).data[2])); // -0.5 rounds to -0
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor special = tensor(f32({{"n", 3}}), {inf, -inf, nan});
+  checkData(evalOp(OpKind::Floor, {special}, special.type), {inf, -inf, nan});
+}
+
+TEST_CASE("i32 floordiv and mod round toward -inf; mod takes the divisor's sign", "[interp]") {
+  ir::TensorType n8 = i32({{"n", 8}});
+  Tensor a = tensor(n8, {7, -7, 7, -7, 0, 5, -2147483648.0, -2147483648.0});
+  Tensor b = tensor(n8, {2, 2, -2, -2, 3, 0, -1, 2});
+  // INT32_MIN // -1 = 2^31 wraps to INT32_MIN; by zero: quotient 0, modulo a.
+  checkData(evalOp(OpKind::FloorDiv, {a, b}, n8), {3, -4, -4, 3, 0, 0, -2147483648.0, -1073741824});
+  checkData(evalOp(OpKind::Mod, {a, b}, n8), {1, 1, -1, -1, 0, 5, 0, 0});
+  // a == b * (a // b) + a % b with |a % b| < |b| and the sign of b, over a small grid.
+  std::vector<double> as, bs;
+  for (int x = -9; x <= 9; ++x)
+    for (int y = -4; y <= 4; ++y)
+      if (y != 0) {
+        as.push_back(x);
+        bs.push_back(y);
+      }
+  ir::TensorType grid = i32({{"n", int64_t(as.size())}});
+  Tensor q = evalOp(OpKind::FloorDiv, {tensor(grid, as), tensor(grid, bs)}, grid);
+  Tensor r = evalOp(OpKind::Mod, {tensor(grid, as), tensor(grid, bs)}, grid);
+  for (size_t i = 0; i < as.size(); ++i) {
+    INFO(as[i] << " and " << bs[i]);
+    CHECK(bs[i] * q.data[i] + r.data[i] == as[i]);
+    CHECK(std::fabs(r.data[i]) < std::fabs(bs[i]));
+    CHECK((r.data[i] == 0 || (r.data[i] > 0) == (bs[i] > 0)));
+  }
+}
+
+TEST_CASE("top_k: positions in descending order, NaN first, ties to the lower position",
+          "[interp]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor x = tensor(f32({{"a", 2}, {"b", 5}}), {3, 1, 3, nan, 2, -1, -1, -5, 0, inf});
+  checkData(evalOp(OpKind::TopK, {x}, i32({{"a", 2}, {"e", 3}}), {{"from", "b"}, {"to", "e"}}),
+            {3, 0, 2, 4, 3, 0});
+  // Along the major dim, into a dim placed where it was; i32 input.
+  Tensor n = tensor(i32({{"b", 5}, {"a", 2}}), {4, 0, 9, 0, 4, 1, 9, -3, 8, 1});
+  checkData(evalOp(OpKind::TopK, {n}, i32({{"e", 3}, {"a", 2}}), {{"from", "b"}, {"to", "e"}}),
+            {1, 2, 3, 4, 4, 0});
+  CHECK(runError(
+            [&] {
+              Graph graph;
+              ir::ValueId in = graph.input("x", x.type);
+              graph.output("y", graph.op(OpKind::TopK, {in}, i32({{"a", 2}, {"f", 6}}),
+                                         {{"from", "b"}, {"to", "f"}}));
+              return graph.fn;
+            }(),
+            {{"x", x}})
+            .find("selects 6 of 5 elements") != std::string::npos);
+}
+
 TEST_CASE("casts round to the target dtype", "[interp]") {
   ir::TensorType n = f32({{"n", 6}});
   SECTION("bf16 rounds to nearest even on 8 significant bits") {
@@ -510,6 +571,38 @@ TEST_CASE("literal, iota and random sources", "[interp]") {
   CHECK(maximum <= 3.0);
   CHECK(minimum < -0.99);
   CHECK(maximum > 2.99);
+}
+
+TEST_CASE("random_int: uniform in [0, max) keyed by global index, by step in train blocks",
+          "[interp]") {
+  ir::TensorType ints = i32({{"r", 50}, {"c", 40}});
+  Attrs attrs = {{"max", int64_t(7)}, {"stream", std::string("k")}};
+  Options opts;
+  opts.seed = 11;
+  Tensor out = evalOp(OpKind::RandomInt, {}, ints, attrs, opts);
+  uint64_t key = meshrt::streamKey(11, "k");
+  std::vector<int> histogram(7, 0);
+  for (size_t i = 0; i < out.data.size(); ++i) {
+    CHECK(out.data[i] == double(meshrt::uniformIndex(key, i, 7)));
+    REQUIRE(out.data[i] >= 0);
+    REQUIRE(out.data[i] < 7);
+    ++histogram[size_t(out.data[i])];
+  }
+  for (int count : histogram) // 2000 draws: about 286 each
+    CHECK(std::abs(count - 286) < 80);
+  // In a train block the stream is keyed by step too.
+  Graph graph;
+  graph.fn.kind = ir::Function::Kind::Train;
+  graph.output("n", graph.op(OpKind::RandomInt, {}, ints, attrs));
+  opts.step = 3;
+  Tensor trained = runOk(graph.fn, {}, opts).at("n");
+  uint64_t stepKey = meshrt::streamKey(11, "k#3");
+  for (uint64_t i : {0, 5, 1999})
+    CHECK(trained.data[i] == double(meshrt::uniformIndex(stepKey, i, 7)));
+  Graph bad;
+  bad.output("n", bad.op(OpKind::RandomInt, {}, ints,
+                         {{"max", int64_t(0)}, {"stream", std::string("k")}}));
+  CHECK(runError(bad.fn, {}).find("max 0 is outside [1, 2^24]") != std::string::npos);
 }
 
 TEST_CASE("dropout is the identity unless training", "[interp]") {

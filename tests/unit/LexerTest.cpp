@@ -131,6 +131,11 @@ TEST_CASE("a lone '/' is division, not a comment", "[lexer]") {
   CHECK(lexed.kinds() == std::vector<Tok>{Tok::Ident, Tok::Slash, Tok::Ident, Tok::Eof});
 }
 
+TEST_CASE("'%' is the modulo operator", "[lexer]") {
+  Lexed lexed("a%b");
+  CHECK(lexed.kinds() == std::vector<Tok>{Tok::Ident, Tok::Percent, Tok::Ident, Tok::Eof});
+}
+
 TEST_CASE("bad characters are reported with line:col and skipped", "[lexer]") {
   Lexed lexed("a $ b\n  @!c");
   CHECK(lexed.kinds() == std::vector<Tok>{Tok::Ident, Tok::Ident, Tok::Ident, Tok::Eof});

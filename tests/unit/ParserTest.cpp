@@ -67,7 +67,7 @@ std::string render(const Expr& expr) {
     return "(-" + render(*cast<UnaryExpr>(expr).operand) + ")";
   case Expr::Kind::Binary: {
     const auto& binary = cast<BinaryExpr>(expr);
-    static const char* ops[] = {"+", "-", "*", "/", "**", "<", "<=", ">", ">=", "==", "!="};
+    static const char* ops[] = {"+", "-", "*", "/", "**", "<", "<=", ">", ">=", "==", "!=", "%"};
     return "(" + render(*binary.lhs) + " " + ops[static_cast<int>(binary.op)] + " " +
            render(*binary.rhs) + ")";
   }
@@ -340,6 +340,8 @@ TEST_CASE("precedence and associativity", "[parser]") {
   CHECK(renderExpr("(a + b) * c") == "((a + b) * c)");
   CHECK(renderExpr("- - a") == "(-(-a))");
   CHECK(renderExpr("a * -b") == "(a * (-b))");
+  CHECK(renderExpr("a + b % c * d") == "(a + ((b % c) * d))");
+  CHECK(renderExpr("-a % b") == "((-a) % b)");
 }
 
 TEST_CASE("primary expressions", "[parser]") {

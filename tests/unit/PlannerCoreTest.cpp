@@ -498,6 +498,93 @@ program p(x: f32[batch, seq, d_model]) -> (a: f32[batch, seq, d_model], b: f32[b
   CHECK(comm.size() == 6);
 }
 
+TEST_CASE("lowering: argmax over a split dim is two all-reduces of the result, not an "
+          "all-gather; rounding, clip and i32 math need no communication",
+          "[lowering]") {
+  Layout layout;
+  layout.axes["seq"] = {"model"};
+  layout.axes["batch"] = {"data"};
+  Lowered l(R"(
+program p(x: f32[batch, seq, d_model], n: i32[batch, seq])
+    -> (i: i32[batch, d_model], j: i32[batch, d_model], y: f32[batch, seq, d_model],
+        r: i32[batch, seq]) {
+  i = argmax(x, seq)
+  j = argmin(x, seq)
+  y = clip(round(x), -1.0, 1.0) + floor(x) * ceil(x)
+  r = n % 3 + floordiv(n, 2)
+})",
+            "p", meshOf({{"data", 2}, {"model", 4}}), layout);
+  REQUIRE(l.spmd);
+  std::vector<const SpmdOp*> comm = collectives(*l.spmd);
+  // Each: the extremes (max or min) over the shards, then the first position holding one (min).
+  CHECK(count(comm, CollectiveKind::AllReduceMax) == 1);
+  CHECK(count(comm, CollectiveKind::AllReduceMin) == 3);
+  CHECK(comm.size() == 4);
+  for (const SpmdOp* op : comm) {
+    CHECK(op->collective.axes == AxisList{"model"});
+    CHECK(op->collective.bytes == 4 * 32 * 4); // [batch/2, d_model] of f32 or i32
+    CHECK((op->loc.line == 13 || op->loc.line == 14));
+  }
+}
+
+TEST_CASE("lowering: top_k along a split dim all-gathers the rows first", "[lowering]") {
+  Layout layout;
+  layout.axes["seq"] = {"model"};
+  layout.axes["batch"] = {"data"};
+  Lowered l(R"(
+dim best = 4
+program p(x: f32[batch, seq, d_model]) -> (i: i32[batch, best, d_model], v: f32[batch, seq, best]) {
+  i = top_k_indices(x, seq -> best)
+  v = top_k_values(x, d_model -> best)
+})",
+            "p", meshOf({{"data", 2}, {"model", 4}}), layout);
+  REQUIRE(l.spmd);
+  std::vector<const SpmdOp*> comm = collectives(*l.spmd);
+  // Along seq (split): x's rows gathered over model. Along d_model (whole): nothing.
+  REQUIRE(comm.size() == 1);
+  CHECK(comm[0]->collective.kind == CollectiveKind::AllGather);
+  CHECK(comm[0]->collective.axes == AxisList{"model"});
+  CHECK(comm[0]->collective.dim == "seq");
+}
+
+TEST_CASE("lowering: random_permutation of a split dim sorts whole keys on every rank",
+          "[lowering]") {
+  Layout layout;
+  layout.axes["seq"] = {"model"};
+  Lowered l(R"(
+program p() -> (perm: i32[seq]) {
+  perm = random_permutation(seq)
+})",
+            "p", meshOf({{"data", 2}, {"model", 4}}), layout);
+  REQUIRE(l.spmd);
+  int selections = 0;
+  for (const SpmdOp& op : l.spmd->ops)
+    if (op.kind == SpmdOp::Kind::Compute && op.computeKind == ir::OpKind::TopK) {
+      ++selections;
+      CHECK(l.spmd->values[op.operands[0]].layout.dimAxes == std::vector<AxisList>{{}});
+      CHECK(l.spmd->values[op.result].layout.dimAxes == std::vector<AxisList>{{}});
+    }
+  CHECK(selections == 1);
+}
+
+TEST_CASE("lowering: scatter_add into a split vocab is local, then one lazy all-reduce",
+          "[lowering]") {
+  Layout layout;
+  layout.axes["vocab"] = {"model"};
+  layout.axes["batch"] = {"data"};
+  Lowered l(R"(
+program p(g: f32[batch, seq, d_model], ids: i32[batch, seq]) -> (t: f32[vocab, d_model]) {
+  t = scatter_add(g, ids, vocab)
+})",
+            "p", meshOf({{"data", 2}, {"model", 4}}), layout);
+  REQUIRE(l.spmd);
+  std::vector<const SpmdOp*> comm = collectives(*l.spmd);
+  // Each rank adds its batch rows into its vocab block: partial over data, resolved once.
+  REQUIRE(comm.size() == 1);
+  CHECK(comm[0]->collective.kind == CollectiveKind::AllReduceSum);
+  CHECK(comm[0]->collective.axes == AxisList{"data"});
+}
+
 TEST_CASE("lowering: forced replications are reported with their location", "[lowering]") {
   Analyzed a(examplePath("transformer.mesh"), true);
   REQUIRE(a.module);

@@ -228,6 +228,16 @@ void fillRandomUniform(float* out, const Shard& shard, uint64_t seed, std::strin
   fillUniform(out, shard, type, streamKey(seed, stream), min, max);
 }
 
+void fillRandomInt(float* out, const Shard& shard, uint64_t seed, std::string_view stream,
+                   double max) {
+  uint64_t key = streamKey(seed, stream), bound = uint64_t(max);
+  forEachGlobalRun(shard, [&](int64_t local, int64_t global, int64_t count) {
+    float* run = out + local;
+    forEachUniformIndex(key, uint64_t(global), uint64_t(count), bound,
+                        [&](uint64_t k, uint32_t value) { run[k] = float(value); });
+  });
+}
+
 uint64_t dropoutKey(uint64_t seed, std::string_view stream, uint64_t step) {
   std::string name(stream);
   name.push_back('#');

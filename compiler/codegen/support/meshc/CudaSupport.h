@@ -64,11 +64,15 @@ using gen::writeTensor;
 // The scalar functions of the fused expressions (MESHRT_HD in GeneratedSupport.h).
 using gen::castToI32;
 using gen::divI32;
+using gen::fceil;
 using gen::fcos;
 using gen::fexp;
+using gen::ffloor;
 using gen::fgelu;
 using gen::flog;
+using gen::floorDivI32;
 using gen::fpow;
+using gen::fround;
 using gen::fsigmoid;
 using gen::fsin;
 using gen::fsqrt;
@@ -77,6 +81,7 @@ using gen::gelu;
 using gen::keepOrZero;
 using gen::maximum;
 using gen::minimum;
+using gen::modI32;
 using gen::powI32;
 using gen::roundValue;
 using gen::sigmoid;
@@ -406,6 +411,25 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
              });
 }
 
+/// top_k as meshc::gen::topK, one thread per row element: its rank in the row (how many
+/// elements come before it in gen::topKBefore's order), written at that rank when below k.
+inline void topK(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
+                 int64_t kAt, int64_t n, int64_t stride) {
+  Shape lanes = outSizes, outBase = rowMajorStrides(outSizes), inAt = inStrides;
+  Shape position(outSizes.size(), 0);
+  int64_t k = lanes[size_t(kAt)], outStride = outBase[size_t(kAt)];
+  lanes[size_t(kAt)] = n;
+  outBase[size_t(kAt)] = 0;
+  inAt[size_t(kAt)] = stride;
+  position[size_t(kAt)] = 1;
+  forEach<3>(lanes, {outBase, inAt, position}, {0, 0, 0},
+             [=] __device__(const std::array<int64_t, 3>& at) {
+               int64_t i = at[2];
+               int64_t rank = gen::topKRank(in + at[1] - i * stride, stride, n, i);
+               if (rank < k) out[at[0] + rank * outStride] = float(i);
+             });
+}
+
 inline void iota(float* out, const Shape& outSizes, const Shape& positionStrides, int64_t start) {
   forEach<2>(outSizes, {rowMajorStrides(outSizes), positionStrides}, {0, start},
              [=] __device__(const std::array<int64_t, 2>& at) { out[at[0]] = float(at[1]); });
@@ -504,6 +528,13 @@ inline void fillRandomUniform(float* device, const meshrt::kernels::Shard& shard
                               meshrt::kernels::ValueType type = meshrt::kernels::ValueType::F32) {
   std::vector<float> host(elementsOf(shard));
   meshrt::kernels::fillRandomUniform(host.data(), shard, seed, streamName, min, max, type);
+  meshrt::cuda::copyToDevice(device, host.data(), host.size() * sizeof(float));
+}
+
+inline void fillRandomInt(float* device, const meshrt::kernels::Shard& shard, uint64_t seed,
+                          std::string_view streamName, double max) {
+  std::vector<float> host(elementsOf(shard));
+  meshrt::kernels::fillRandomInt(host.data(), shard, seed, streamName, max);
   meshrt::cuda::copyToDevice(device, host.data(), host.size() * sizeof(float));
 }
 

@@ -50,6 +50,7 @@ using Shape = std::vector<int64_t>;
 // The RNG fills of run()'s random ops and of the params (the CUDA support header has its own,
 // which fill on the host and upload).
 using meshrt::kernels::fillParam;
+using meshrt::kernels::fillRandomInt;
 using meshrt::kernels::fillRandomNormal;
 using meshrt::kernels::fillRandomUniform;
 
@@ -223,6 +224,16 @@ MESHRT_HD_INLINE float fsigmoid(float x) {
 MESHRT_HD_INLINE float fgelu(float x) {
   return meshrt::kernels::f32::gelu(x);
 }
+MESHRT_HD_INLINE float ffloor(float x) {
+  return std::floor(x);
+}
+MESHRT_HD_INLINE float fceil(float x) {
+  return std::ceil(x);
+}
+/// Halves to even: the default rounding mode, as the interpreter's std::nearbyint.
+MESHRT_HD_INLINE float fround(float x) {
+  return std::nearbyint(x);
+}
 
 /// `value` where `mask` (meshrt::dropoutKeepMask) keeps the element, else +0: bit operations,
 /// which vectorize where a float ternary or a bool would stay a branch.
@@ -242,6 +253,40 @@ MESHRT_HD_INLINE float minimum(float a, float b) {
 MESHRT_HD inline float divI32(float a, float b) {
   int64_t x = int64_t(a), y = int64_t(b);
   return y == 0 ? 0.0f : wrapI32(double(x / y));
+}
+
+/// Whether element a of a row (elements `stride` apart) comes before element b in top_k's
+/// order: NaN first, then descending, ties to the lower position. A strict total order, the
+/// interpreter's stable sort's, so that both targets select the same positions.
+MESHRT_HD inline bool topKBefore(const float* row, int64_t stride, int64_t a, int64_t b) {
+  float u = row[a * stride], v = row[b * stride];
+  if (std::isnan(u) != std::isnan(v)) return std::isnan(u);
+  if (!std::isnan(u) && u != v) return u > v;
+  return a < b;
+}
+
+/// Element i's place in a row of n in topKBefore's order (how many come before it): CUDA's
+/// top_k, one thread per element, writes i at this place when it is below k.
+MESHRT_HD inline int64_t topKRank(const float* row, int64_t stride, int64_t n, int64_t i) {
+  int64_t rank = 0;
+  for (int64_t t = 0; t < n; ++t)
+    rank += topKBefore(row, stride, t, i) ? 1 : 0;
+  return rank;
+}
+
+/// i32 floor division and modulo (Python's // and %, the modulo taking the divisor's sign);
+/// by zero: quotient 0 and modulo a, so that a == b * (a // b) + a % b always holds.
+MESHRT_HD inline int64_t floorQuotient(int64_t x, int64_t y) {
+  if (y == 0) return 0;
+  int64_t q = x / y;
+  return (x % y != 0 && (x < 0) != (y < 0)) ? q - 1 : q;
+}
+MESHRT_HD inline float floorDivI32(float a, float b) {
+  return wrapI32(double(floorQuotient(int64_t(a), int64_t(b))));
+}
+MESHRT_HD inline float modI32(float a, float b) {
+  int64_t x = int64_t(a), y = int64_t(b);
+  return wrapI32(double(x - y * floorQuotient(x, y)));
 }
 
 MESHRT_HD inline float powI32(float a, float b) {
@@ -1206,6 +1251,28 @@ inline void gather(float* out, const Shape& outSizes, const float* table, const 
                out[at[0]] =
                    id >= 0 && id < double(rows) ? table[at[1] + int64_t(id) * rowStride] : 0.0f;
              });
+}
+
+/// top_k: along out's dim kAt, the positions of each row's first size(kAt) elements in
+/// topKBefore's order (the row of n elements whole on this rank; inStrides 0 along kAt). A
+/// partial sort per row.
+inline void topK(float* out, const Shape& outSizes, const float* in, const Shape& inStrides,
+                 int64_t kAt, int64_t n, int64_t stride) {
+  Shape rows = outSizes;
+  int64_t k = rows[size_t(kAt)];
+  rows[size_t(kAt)] = 1;
+  Shape outStrides = rowMajorStrides(outSizes);
+  int64_t outStride = outStrides[size_t(kAt)];
+  std::vector<int64_t> order(size_t(n), 0);
+  forEach<2>(rows, {outStrides, inStrides}, {0, 0}, [&](const std::array<int64_t, 2>& at) {
+    const float* row = in + at[1];
+    for (int64_t i = 0; i < n; ++i)
+      order[size_t(i)] = i;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int64_t a, int64_t b) { return topKBefore(row, stride, a, b); });
+    for (int64_t j = 0; j < k; ++j)
+      out[at[0] + j * outStride] = float(order[size_t(j)]);
+  });
 }
 
 /// iota: the global position along the dim (position strides: 1 at the dim, else 0).

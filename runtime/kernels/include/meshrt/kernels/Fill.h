@@ -76,6 +76,9 @@ void fillRandomNormal(float* out, const Shard& shard, uint64_t seed, std::string
                       double mean, double stddev, ValueType type = ValueType::F32);
 void fillRandomUniform(float* out, const Shard& shard, uint64_t seed, std::string_view stream,
                        double min, double max, ValueType type = ValueType::F32);
+/// The random_int op: i32 values uniform in [0, max) (max <= 2^24, exact in f32 storage).
+void fillRandomInt(float* out, const Shard& shard, uint64_t seed, std::string_view stream,
+                   double max);
 
 /// The key of a dropout op's mask at `step`: streamKey(seed, "<stream>#<step>").
 uint64_t dropoutKey(uint64_t seed, std::string_view stream, uint64_t step);
