@@ -1242,15 +1242,15 @@ MlmTrain::Outputs MlmTrain::run(const Inputs &inputs) {
   support::checkShape("input", "tokens", inputs.tokens, {2, 16});
   runPart0(inputs);
   runPart1(inputs);
-  support::View v134 = arena_.view(139456, 1);
-  support::View v127 = arena_.view(139520, 1);
+  support::View v133 = arena_.view(139456, 1);
+  support::View v126 = arena_.view(139520, 1);
 
   // The step's updates.
   ++step_;
 
   Outputs outputs;
-  outputs.loss = support::Tensor{{}, support::Buffer(v134.begin(), v134.end())};
-  outputs.chosen_fraction = support::Tensor{{}, support::Buffer(v127.begin(), v127.end())};
+  outputs.loss = support::Tensor{{}, support::Buffer(v133.begin(), v133.end())};
+  outputs.chosen_fraction = support::Tensor{{}, support::Buffer(v126.begin(), v126.end())};
   return outputs;
 }
 
@@ -1277,531 +1277,528 @@ void MlmTrain::runPart0(const Inputs &inputs) {
       seed_, std::string("uniform#1") + "#" + std::to_string(step_), 0.0, 1.0,
       meshrt::kernels::ValueType::F32);
 
-  // roberta.mesh:62:27 random_uniform
+  // roberta.mesh:61:22 random_int -> random_token
   support::View v5 = arena_.view(256, 32);
-  support::fillRandomUniform(
+  support::fillRandomInt(
       v5.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{4, 16},
                              meshrt::kernels::Dims{support::shardStart(world_, {"data"}, 2), 0},
                              meshrt::kernels::Dims{2, 16}},
-      seed_, std::string("uniform#2") + "#" + std::to_string(step_), 0.0, 64.0,
-      meshrt::kernels::ValueType::F32);
+      seed_, std::string("random_int#2") + "#" + std::to_string(step_), 64.0);
 
-  // roberta.mesh:64:57 mul
-  // roberta.mesh:64:61 add
-  // roberta.mesh:62:22 cast -> random_token
-  // roberta.mesh:65:48 lt
-  // roberta.mesh:64:42 lt
+  // roberta.mesh:63:57 mul
+  // roberta.mesh:63:61 add
+  // roberta.mesh:64:48 lt
+  // roberta.mesh:63:42 lt
   // roberta.mesh:59:44 lt -> chosen
-  // roberta.mesh:64:32 mul
-  // roberta.mesh:65:38 mul
-  // roberta.mesh:65:25 where
-  // roberta.mesh:64:19 where -> corrupted
-  // roberta.mesh:66:16 cast -> weight
+  // roberta.mesh:63:32 mul
+  // roberta.mesh:64:38 mul
+  // roberta.mesh:64:25 where
+  // roberta.mesh:63:19 where -> corrupted
+  // roberta.mesh:65:16 cast -> weight
   const support::Buffer &v0 = inputs.tokens.data;
-  support::View v18 = arena_.view(4096, 32);
-  support::View v19 = arena_.view(139264, 32);
+  support::View v17 = arena_.view(4096, 32);
+  support::View v18 = arena_.view(139264, 32);
   {
+    float *__restrict v17p = v17.data();
     float *__restrict v18p = v18.data();
-    float *__restrict v19p = v19.data();
     const float *__restrict v0p = v0.data();
-    const float *__restrict v5p = v5.data();
     const float *__restrict v4p = v4.data();
     const float *__restrict v1p = v1.data();
+    const float *__restrict v5p = v5.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v0p[i0];
       const float s1 = support::wrapI32(0.0);
       const float s2 = support::wrapI32(double((double(s0) * double(s1))));
       const float s3 = support::wrapI32(3.0);
       const float s4 = support::wrapI32(double((double(s2) + double(s3))));
-      const float s5 = v5p[i0];
-      const float s6 = support::castToI32(s5);
-      const float s7 = v4p[i0];
-      const float s8 = 0.9f;
-      const float s9 = (s7 < s8 ? 1.0f : 0.0f);
-      const float s10 = v4p[i0];
-      const float s11 = 0.8f;
-      const float s12 = (s10 < s11 ? 1.0f : 0.0f);
-      const float s13 = v1p[i0];
-      const float s14 = 0.15f;
-      const float s15 = (s13 < s14 ? 1.0f : 0.0f);
-      const float s16 = support::wrapI32(double((double(s15) * double(s12))));
-      const float s17 = support::wrapI32(double((double(s15) * double(s9))));
-      const float s18 = v0p[i0];
-      const float s19 = (s17 != 0 ? s6 : s18);
-      const float s20 = (s16 != 0 ? s4 : s19);
-      const float s21 = s15;
+      const float s5 = v4p[i0];
+      const float s6 = 0.9f;
+      const float s7 = (s5 < s6 ? 1.0f : 0.0f);
+      const float s8 = v4p[i0];
+      const float s9 = 0.8f;
+      const float s10 = (s8 < s9 ? 1.0f : 0.0f);
+      const float s11 = v1p[i0];
+      const float s12 = 0.15f;
+      const float s13 = (s11 < s12 ? 1.0f : 0.0f);
+      const float s14 = support::wrapI32(double((double(s13) * double(s10))));
+      const float s15 = support::wrapI32(double((double(s13) * double(s7))));
+      const float s16 = v5p[i0];
+      const float s17 = v0p[i0];
+      const float s18 = (s15 != 0 ? s16 : s17);
+      const float s19 = (s14 != 0 ? s4 : s18);
+      const float s20 = s13;
+      v17p[i0] = s19;
       v18p[i0] = s20;
-      v19p[i0] = s21;
     }
   }
 
   // roberta.mesh:31:47 one_hot
-  support::View v22 = arena_.view(0, 1024);
+  support::View v21 = arena_.view(0, 1024);
   static const support::Shape shape4_1 = {2, 16, 32};
   static const support::Shape shape4_3 = {16, 1, 0};
   static const support::Shape shape4_4 = {0, 0, 1};
-  support::oneHot(v22.data(), shape4_1, v18.data(), shape4_3, shape4_4,
+  support::oneHot(v21.data(), shape4_1, v17.data(), shape4_3, shape4_4,
                   support::shardStart(world_, {"model"}, 32));
 
   // roberta.mesh:31:40 einsum
-  support::View v20(param0_embedding); // updated in place
-  support::View v23 = arena_.view(4096, 1024);
+  support::View v19(param0_embedding); // updated in place
+  support::View v22 = arena_.view(4096, 1024);
   // dims: batch, length, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan5.run(v22.data(), v20.data(), v23.data(), 1.0f, 0.0f);
+  einsumPlan5.run(v21.data(), v19.data(), v22.data(), 1.0f, 0.0f);
 
-  // roberta.mesh:32:40 all_reduce_sum (resolve the partial sum of %23 over model for add at 32:40)
-  group_model.allReduce(v23.data(), v23.size(), meshrt::ReduceOp::Sum);
+  // roberta.mesh:32:40 all_reduce_sum (resolve the partial sum of %22 over model for add at 32:40)
+  group_model.allReduce(v22.data(), v22.size(), meshrt::ReduceOp::Sum);
 
   // roberta.mesh:32:40 add -> x
-  support::View v21(param1_roberta_positions); // updated in place
-  support::View v25 = arena_.view(8192, 1024);
+  support::View v20(param1_roberta_positions); // updated in place
+  support::View v24 = arena_.view(8192, 1024);
   {
-    float *__restrict v25p = v25.data();
-    const float *__restrict v23p = v23.data();
-    const float *__restrict v21p = v21.data();
+    float *__restrict v24p = v24.data();
+    const float *__restrict v22p = v22.data();
+    const float *__restrict v20p = v20.data();
     for (int64_t i0 = 0; i0 < 2; ++i0) {
       for (int64_t i1 = 0; i1 < 512; ++i1) {
-        const float s0 = v23p[i0 * 512 + i1];
-        const float s1 = v21p[i1];
+        const float s0 = v22p[i0 * 512 + i1];
+        const float s1 = v20p[i1];
         const float s2 = (s0 + s1);
-        v25p[i0 * 512 + i1] = s2;
+        v24p[i0 * 512 + i1] = s2;
       }
     }
   }
 
   // encoder_layers.mesh:19:10 layer_norm
-  support::View v28 = arena_.view(4096, 1024);
+  support::View v27 = arena_.view(4096, 1024);
   static const support::Shape shape8_2 = {2, 16};
   static const support::Shape shape8_3 = {512, 32};
   static const support::Shape shape8_4 = {512, 32};
   static const support::Shape shape8_5 = {32};
   static const support::Shape shape8_6 = {1};
   static const support::Shape shape8_7 = {1};
-  support::along(v28.data(), v25.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6, shape8_7,
+  support::along(v27.data(), v24.data(), shape8_2, shape8_3, shape8_4, shape8_5, shape8_6, shape8_7,
                  support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add -> x
-  support::View v26(param2_roberta_norm_gain); // updated in place
-  support::View v27(param3_roberta_norm_bias); // updated in place
-  support::View v30 = arena_.view(12288, 1024);
+  support::View v25(param2_roberta_norm_gain); // updated in place
+  support::View v26(param3_roberta_norm_bias); // updated in place
+  support::View v29 = arena_.view(12288, 1024);
   {
-    float *__restrict v30p = v30.data();
-    const float *__restrict v28p = v28.data();
-    const float *__restrict v26p = v26.data();
+    float *__restrict v29p = v29.data();
     const float *__restrict v27p = v27.data();
+    const float *__restrict v25p = v25.data();
+    const float *__restrict v26p = v26.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v28p[i0 * 32 + i1];
-        const float s1 = v26p[i1];
+        const float s0 = v27p[i0 * 32 + i1];
+        const float s1 = v25p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v27p[i1];
+        const float s3 = v26p[i1];
         const float s4 = (s2 + s3);
-        v30p[i0 * 32 + i1] = s4;
+        v29p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (1 of 2)
-  support::View v31(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
-  support::View v35 = arena_.view(122880, 512);
-  support::View v32(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
-  support::View v36 = arena_.view(124928, 512);
-  support::View v33(param6_roberta_encoder_layer_0_self_attention_v); // updated in place
-  support::View v38 = arena_.view(126976, 512);
-  support::View v40 = arena_.view(16384, 1024);
-  support::View v43 = arena_.view(20480, 1024);
-  support::View v44 = arena_.view(129024, 512);
-  support::View v34(param7_roberta_encoder_layer_0_self_attention_o); // updated in place
-  support::View v45 = arena_.view(16384, 1024);
-  support::View v47 = arena_.view(24576, 1024);
-  support::View v50 = arena_.view(16384, 1024);
-  support::View v48(param8_roberta_encoder_layer_0_norm_gain); // updated in place
-  support::View v49(param9_roberta_encoder_layer_0_norm_bias); // updated in place
-  support::View v52 = arena_.view(28672, 1024);
-  support::View v53(param10_roberta_encoder_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v57 = arena_.view(32768, 1024);
-  support::View v54(param11_roberta_encoder_layer_0_dense_relu_dense_bi); // updated in place
-  support::View v59 = arena_.view(40960, 1024);
-  support::View v55(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v60 = arena_.view(32768, 1024);
-  support::View v56(param13_roberta_encoder_layer_0_dense_relu_dense_bo); // updated in place
-  support::View v63 = arena_.view(45056, 1024);
-  support::View v66 = arena_.view(32768, 1024);
-  support::View v64(param14_roberta_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v65(param15_roberta_encoder_layer_0_norm_1_bias); // updated in place
-  support::View v58 = arena_.view(36864, 1024);
-  support::View v68 = arena_.view(49152, 1024);
-  repeated2(v30, v31, v35, v32, v36, v33, v38, v40, v43, v44, v34, v45, v47, v50, v48, v49, v52,
-            v53, v57, v54, v58, v59, v55, v60, v56, v63, v66, v64, v65, v68);
+  support::View v30(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
+  support::View v34 = arena_.view(122880, 512);
+  support::View v31(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
+  support::View v35 = arena_.view(124928, 512);
+  support::View v32(param6_roberta_encoder_layer_0_self_attention_v); // updated in place
+  support::View v37 = arena_.view(126976, 512);
+  support::View v39 = arena_.view(16384, 1024);
+  support::View v42 = arena_.view(20480, 1024);
+  support::View v43 = arena_.view(129024, 512);
+  support::View v33(param7_roberta_encoder_layer_0_self_attention_o); // updated in place
+  support::View v44 = arena_.view(16384, 1024);
+  support::View v46 = arena_.view(24576, 1024);
+  support::View v49 = arena_.view(16384, 1024);
+  support::View v47(param8_roberta_encoder_layer_0_norm_gain); // updated in place
+  support::View v48(param9_roberta_encoder_layer_0_norm_bias); // updated in place
+  support::View v51 = arena_.view(28672, 1024);
+  support::View v52(param10_roberta_encoder_layer_0_dense_relu_dense_wi); // updated in place
+  support::View v56 = arena_.view(32768, 1024);
+  support::View v53(param11_roberta_encoder_layer_0_dense_relu_dense_bi); // updated in place
+  support::View v58 = arena_.view(40960, 1024);
+  support::View v54(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
+  support::View v59 = arena_.view(32768, 1024);
+  support::View v55(param13_roberta_encoder_layer_0_dense_relu_dense_bo); // updated in place
+  support::View v62 = arena_.view(45056, 1024);
+  support::View v65 = arena_.view(32768, 1024);
+  support::View v63(param14_roberta_encoder_layer_0_norm_1_gain); // updated in place
+  support::View v64(param15_roberta_encoder_layer_0_norm_1_bias); // updated in place
+  support::View v57 = arena_.view(36864, 1024);
+  support::View v67 = arena_.view(49152, 1024);
+  repeated2(v29, v30, v34, v31, v35, v32, v37, v39, v42, v43, v33, v44, v46, v49, v47, v48, v51,
+            v52, v56, v53, v57, v58, v54, v59, v55, v62, v65, v63, v64, v67);
 
   // 18 statements from encoder_layers.mesh:28:17 einsum -> queries (2 of 2)
-  support::View v69(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
-  support::View v73 = arena_.view(131072, 512);
-  support::View v70(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
-  support::View v74 = arena_.view(133120, 512);
-  support::View v71(param18_roberta_encoder_layer_1_self_attention_v); // updated in place
-  support::View v76 = arena_.view(135168, 512);
-  support::View v78 = arena_.view(53248, 1024);
-  support::View v81 = arena_.view(57344, 1024);
-  support::View v82 = arena_.view(137216, 512);
-  support::View v72(param19_roberta_encoder_layer_1_self_attention_o); // updated in place
-  support::View v83 = arena_.view(53248, 1024);
-  support::View v85 = arena_.view(61440, 1024);
-  support::View v88 = arena_.view(53248, 1024);
-  support::View v86(param20_roberta_encoder_layer_1_norm_gain); // updated in place
-  support::View v87(param21_roberta_encoder_layer_1_norm_bias); // updated in place
-  support::View v90 = arena_.view(65536, 1024);
-  support::View v91(param22_roberta_encoder_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v95 = arena_.view(69632, 1024);
-  support::View v92(param23_roberta_encoder_layer_1_dense_relu_dense_bi); // updated in place
-  support::View v97 = arena_.view(77824, 1024);
-  support::View v93(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v98 = arena_.view(69632, 1024);
-  support::View v94(param25_roberta_encoder_layer_1_dense_relu_dense_bo); // updated in place
-  support::View v101 = arena_.view(81920, 1024);
-  support::View v104 = arena_.view(69632, 1024);
-  support::View v102(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v103(param27_roberta_encoder_layer_1_norm_1_bias); // updated in place
-  support::View v96 = arena_.view(73728, 1024);
-  support::View v106 = arena_.view(86016, 1024);
-  repeated2(v68, v69, v73, v70, v74, v71, v76, v78, v81, v82, v72, v83, v85, v88, v86, v87, v90,
-            v91, v95, v92, v96, v97, v93, v98, v94, v101, v104, v102, v103, v106);
+  support::View v68(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
+  support::View v72 = arena_.view(131072, 512);
+  support::View v69(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
+  support::View v73 = arena_.view(133120, 512);
+  support::View v70(param18_roberta_encoder_layer_1_self_attention_v); // updated in place
+  support::View v75 = arena_.view(135168, 512);
+  support::View v77 = arena_.view(53248, 1024);
+  support::View v80 = arena_.view(57344, 1024);
+  support::View v81 = arena_.view(137216, 512);
+  support::View v71(param19_roberta_encoder_layer_1_self_attention_o); // updated in place
+  support::View v82 = arena_.view(53248, 1024);
+  support::View v84 = arena_.view(61440, 1024);
+  support::View v87 = arena_.view(53248, 1024);
+  support::View v85(param20_roberta_encoder_layer_1_norm_gain); // updated in place
+  support::View v86(param21_roberta_encoder_layer_1_norm_bias); // updated in place
+  support::View v89 = arena_.view(65536, 1024);
+  support::View v90(param22_roberta_encoder_layer_1_dense_relu_dense_wi); // updated in place
+  support::View v94 = arena_.view(69632, 1024);
+  support::View v91(param23_roberta_encoder_layer_1_dense_relu_dense_bi); // updated in place
+  support::View v96 = arena_.view(77824, 1024);
+  support::View v92(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
+  support::View v97 = arena_.view(69632, 1024);
+  support::View v93(param25_roberta_encoder_layer_1_dense_relu_dense_bo); // updated in place
+  support::View v100 = arena_.view(81920, 1024);
+  support::View v103 = arena_.view(69632, 1024);
+  support::View v101(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v102(param27_roberta_encoder_layer_1_norm_1_bias); // updated in place
+  support::View v95 = arena_.view(73728, 1024);
+  support::View v105 = arena_.view(86016, 1024);
+  repeated2(v67, v68, v72, v69, v73, v70, v75, v77, v80, v81, v71, v82, v84, v87, v85, v86, v89,
+            v90, v94, v91, v95, v96, v92, v97, v93, v100, v103, v101, v102, v105);
 
   // roberta.mesh:43:9 transpose
-  support::View v109 = arena_.view(90112, 1024);
+  support::View v108 = arena_.view(90112, 1024);
   {
-    float *__restrict v109p = v109.data();
-    const float *__restrict v20p = v20.data();
+    float *__restrict v108p = v108.data();
+    const float *__restrict v19p = v19.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v20p[i0 + i1 * 32];
+        const float s0 = v19p[i0 + i1 * 32];
         const float s1 = s0;
-        v109p[i0 * 32 + i1] = s1;
+        v108p[i0 * 32 + i1] = s1;
       }
     }
   }
 
   // roberta.mesh:46:23 einsum
-  support::View v107(param28_roberta_lm_head_dense); // updated in place
-  support::View v111 = arena_.view(94208, 1024);
+  support::View v106(param28_roberta_lm_head_dense); // updated in place
+  support::View v110 = arena_.view(94208, 1024);
   // dims: batch, length, d_model, d_out
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan13.run(v106.data(), v107.data(), v111.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v105.data(), v106.data(), v110.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:64 add
   // roberta.mesh:46:18 gelu
-  support::View v108(param29_roberta_lm_head_dense_bias); // updated in place
-  support::View v112 = arena_.view(98304, 1024);
-  support::View v113 = arena_.view(102400, 1024);
+  support::View v107(param29_roberta_lm_head_dense_bias); // updated in place
+  support::View v111 = arena_.view(98304, 1024);
+  support::View v112 = arena_.view(102400, 1024);
   {
+    float *__restrict v111p = v111.data();
     float *__restrict v112p = v112.data();
-    float *__restrict v113p = v113.data();
-    const float *__restrict v111p = v111.data();
-    const float *__restrict v108p = v108.data();
+    const float *__restrict v110p = v110.data();
+    const float *__restrict v107p = v107.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v111p[i0 * 32 + i1];
-        const float s1 = v108p[i1];
+        const float s0 = v110p[i0 * 32 + i1];
+        const float s1 = v107p[i1];
         const float s2 = (s0 + s1);
         const float s3 = support::fgelu(s2);
-        v112p[i0 * 32 + i1] = s2;
-        v113p[i0 * 32 + i1] = s3;
+        v111p[i0 * 32 + i1] = s2;
+        v112p[i0 * 32 + i1] = s3;
       }
     }
   }
 
   // encoder_layers.mesh:19:10 layer_norm
-  support::View v117 = arena_.view(94208, 1024);
+  support::View v116 = arena_.view(94208, 1024);
   static const support::Shape shape15_2 = {2, 16};
   static const support::Shape shape15_3 = {512, 32};
   static const support::Shape shape15_4 = {512, 32};
   static const support::Shape shape15_5 = {32};
   static const support::Shape shape15_6 = {1};
   static const support::Shape shape15_7 = {1};
-  support::along(v117.data(), v113.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
+  support::along(v116.data(), v112.data(), shape15_2, shape15_3, shape15_4, shape15_5, shape15_6,
                  shape15_7, support::Along::LayerNorm, 1e-12, 32, nullptr);
 
   // encoder_layers.mesh:19:46 mul
   // encoder_layers.mesh:19:53 add
-  support::View v115(param31_roberta_lm_head_norm_gain); // updated in place
-  support::View v116(param32_roberta_lm_head_norm_bias); // updated in place
-  support::View v119 = arena_.view(106496, 1024);
+  support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
+  support::View v115(param32_roberta_lm_head_norm_bias); // updated in place
+  support::View v118 = arena_.view(106496, 1024);
   {
-    float *__restrict v119p = v119.data();
-    const float *__restrict v117p = v117.data();
-    const float *__restrict v115p = v115.data();
+    float *__restrict v118p = v118.data();
     const float *__restrict v116p = v116.data();
+    const float *__restrict v114p = v114.data();
+    const float *__restrict v115p = v115.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v117p[i0 * 32 + i1];
-        const float s1 = v115p[i1];
+        const float s0 = v116p[i0 * 32 + i1];
+        const float s1 = v114p[i1];
         const float s2 = (s0 * s1);
-        const float s3 = v116p[i1];
+        const float s3 = v115p[i1];
         const float s4 = (s2 + s3);
-        v119p[i0 * 32 + i1] = s4;
+        v118p[i0 * 32 + i1] = s4;
       }
     }
   }
 
   // roberta.mesh:47:10 einsum
-  support::View v120 = arena_.view(110592, 1024);
+  support::View v119 = arena_.view(110592, 1024);
   // dims: batch, length, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan17.run(v119.data(), v109.data(), v120.data(), 1.0f, 0.0f);
+  einsumPlan17.run(v118.data(), v108.data(), v119.data(), 1.0f, 0.0f);
 
   // roberta.mesh:47:57 add
-  support::View v110(param30_roberta_lm_head_output_bias); // updated in place
-  support::View v121 = arena_.view(114688, 1024);
+  support::View v109(param30_roberta_lm_head_output_bias); // updated in place
+  support::View v120 = arena_.view(114688, 1024);
   {
-    float *__restrict v121p = v121.data();
-    const float *__restrict v120p = v120.data();
-    const float *__restrict v110p = v110.data();
+    float *__restrict v120p = v120.data();
+    const float *__restrict v119p = v119.data();
+    const float *__restrict v109p = v109.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v120p[i0 * 32 + i1];
-        const float s1 = v110p[i1];
+        const float s0 = v119p[i0 * 32 + i1];
+        const float s1 = v109p[i1];
         const float s2 = (s0 + s1);
-        v121p[i0 * 32 + i1] = s2;
+        v120p[i0 * 32 + i1] = s2;
       }
     }
   }
 
-  // roberta.mesh:67:14 log_softmax -> logp
-  support::View v122 = arena_.view(110592, 1024);
+  // roberta.mesh:66:14 log_softmax -> logp
+  support::View v121 = arena_.view(110592, 1024);
   static const support::Shape shape19_2 = {2, 16};
   static const support::Shape shape19_3 = {512, 32};
   static const support::Shape shape19_4 = {512, 32};
   static const support::Shape shape19_5 = {32};
   static const support::Shape shape19_6 = {1};
   static const support::Shape shape19_7 = {1};
-  support::along(v122.data(), v121.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
+  support::along(v121.data(), v120.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
                  shape19_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
-  // roberta.mesh:68:32 one_hot
-  support::View v123 = arena_.view(114688, 1024);
+  // roberta.mesh:67:32 one_hot
+  support::View v122 = arena_.view(114688, 1024);
   static const support::Shape shape20_1 = {2, 16, 32};
   static const support::Shape shape20_3 = {16, 1, 0};
   static const support::Shape shape20_4 = {0, 0, 1};
-  support::oneHot(v123.data(), shape20_1, v0.data(), shape20_3, shape20_4,
+  support::oneHot(v122.data(), shape20_1, v0.data(), shape20_3, shape20_4,
                   support::shardStart(world_, {"model"}, 32));
 
-  // roberta.mesh:68:30 mul
-  support::View v124 = arena_.view(118784, 1024);
+  // roberta.mesh:67:30 mul
+  support::View v123 = arena_.view(118784, 1024);
   {
-    float *__restrict v124p = v124.data();
+    float *__restrict v123p = v123.data();
+    const float *__restrict v121p = v121.data();
     const float *__restrict v122p = v122.data();
-    const float *__restrict v123p = v123.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v122p[i0];
-      const float s1 = v123p[i0];
+      const float s0 = v121p[i0];
+      const float s1 = v122p[i0];
       const float s2 = (s0 * s1);
-      v124p[i0] = s2;
+      v123p[i0] = s2;
     }
   }
 
-  // roberta.mesh:68:21 sum
-  support::View v125 = arena_.view(139392, 32);
+  // roberta.mesh:67:21 sum
+  support::View v124 = arena_.view(139392, 32);
   static const support::Shape shape22_1 = {2, 16};
   static const support::Shape shape22_3 = {512, 32};
   static const support::Shape shape22_4 = {32};
   static const support::Shape shape22_5 = {1};
-  support::reduce(v125.data(), shape22_1, v124.data(), shape22_3, shape22_4, shape22_5,
+  support::reduce(v124.data(), shape22_1, v123.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Sum, 1.0);
 
-  // roberta.mesh:69:21 mean -> chosen_fraction
-  support::View v127 = arena_.view(139520, 1);
+  // roberta.mesh:68:21 mean -> chosen_fraction
+  support::View v126 = arena_.view(139520, 1);
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 16};
   static const support::Shape shape23_5 = {16, 1};
-  support::reduce(v127.data(), shape23_1, v19.data(), shape23_3, shape23_4, shape23_5,
+  support::reduce(v126.data(), shape23_1, v18.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.015625);
 }
 
 void MlmTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
 
-  // roberta.mesh:68:20 neg -> token_loss
-  // roberta.mesh:71:29 mul
-  support::View v125 = arena_.view(139392, 32);
-  support::View v19 = arena_.view(139264, 32);
-  support::View v128 = arena_.view(118784, 32);
+  // roberta.mesh:67:20 neg -> token_loss
+  // roberta.mesh:70:29 mul
+  support::View v124 = arena_.view(139392, 32);
+  support::View v18 = arena_.view(139264, 32);
+  support::View v127 = arena_.view(118784, 32);
   {
-    float *__restrict v128p = v128.data();
-    const float *__restrict v125p = v125.data();
-    const float *__restrict v19p = v19.data();
+    float *__restrict v127p = v127.data();
+    const float *__restrict v124p = v124.data();
+    const float *__restrict v18p = v18.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v125p[i0];
+      const float s0 = v124p[i0];
       const float s1 = -s0;
-      const float s2 = v19p[i0];
+      const float s2 = v18p[i0];
       const float s3 = (s1 * s2);
-      v128p[i0] = s3;
+      v127p[i0] = s3;
     }
   }
 
-  // roberta.mesh:71:14 sum
-  support::View v129 = arena_.view(118912, 1);
+  // roberta.mesh:70:14 sum
+  support::View v128 = arena_.view(118912, 1);
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {2, 16};
   static const support::Shape shape1_5 = {16, 1};
-  support::reduce(v129.data(), shape1_1, v128.data(), shape1_3, shape1_4, shape1_5,
+  support::reduce(v128.data(), shape1_1, v127.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 1.0);
 
-  // roberta.mesh:71:42 sum
-  support::View v130 = arena_.view(118784, 1);
+  // roberta.mesh:70:42 sum
+  support::View v129 = arena_.view(118784, 1);
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {2, 16};
   static const support::Shape shape2_5 = {16, 1};
-  support::reduce(v130.data(), shape2_1, v19.data(), shape2_3, shape2_4, shape2_5,
+  support::reduce(v129.data(), shape2_1, v18.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 1.0);
 
-  // roberta.mesh:71:54 bucketed_all_reduce_sum -> chosen_fraction (2 partial sums (chosen_fraction,
-  // %125) over data resolved together, 8 B in one buffer)
-  support::View v127 = arena_.view(139520, 1);
-  support::allReduceBucket(group_data, {v127, v130});
+  // roberta.mesh:70:54 bucketed_all_reduce_sum -> chosen_fraction (2 partial sums (chosen_fraction,
+  // %124) over data resolved together, 8 B in one buffer)
+  support::View v126 = arena_.view(139520, 1);
+  support::allReduceBucket(group_data, {v126, v129});
 
-  // roberta.mesh:71:54 add
-  // roberta.mesh:71:39 div -> loss
-  support::View v133 = arena_.view(139392, 1);
-  support::View v134 = arena_.view(139456, 1);
+  // roberta.mesh:70:54 add
+  // roberta.mesh:70:39 div -> loss
+  support::View v132 = arena_.view(139392, 1);
+  support::View v133 = arena_.view(139456, 1);
   {
+    float *__restrict v132p = v132.data();
     float *__restrict v133p = v133.data();
-    float *__restrict v134p = v134.data();
-    const float *__restrict v130p = v130.data();
     const float *__restrict v129p = v129.data();
-    const float s0 = v130p[0];
+    const float *__restrict v128p = v128.data();
+    const float s0 = v129p[0];
     const float s1 = 1e-06f;
     const float s2 = (s0 + s1);
-    const float s3 = v129p[0];
+    const float s3 = v128p[0];
     const float s4 = (s3 / s2);
-    v133p[0] = s2;
-    v134p[0] = s4;
+    v132p[0] = s2;
+    v133p[0] = s4;
   }
 
-  // roberta.mesh:72:3 all_reduce_sum -> loss (resolve output 'loss')
-  auto request0 = support::startAllReduce(group_data_model, {v134}, meshrt::ReduceOp::Sum);
+  // roberta.mesh:71:3 all_reduce_sum -> loss (resolve output 'loss')
+  auto request0 = support::startAllReduce(group_data_model, {v133}, meshrt::ReduceOp::Sum);
 
-  // roberta.mesh:71:39 div
-  // roberta.mesh:71:14 broadcast
-  // roberta.mesh:71:29 mul
-  // roberta.mesh:68:20 neg
-  // roberta.mesh:68:21 broadcast
-  // roberta.mesh:68:30 mul
-  support::View v123 = arena_.view(114688, 1024);
-  support::View v141 = arena_.view(118784, 1024);
+  // roberta.mesh:70:39 div
+  // roberta.mesh:70:14 broadcast
+  // roberta.mesh:70:29 mul
+  // roberta.mesh:67:20 neg
+  // roberta.mesh:67:21 broadcast
+  // roberta.mesh:67:30 mul
+  support::View v122 = arena_.view(114688, 1024);
+  support::View v140 = arena_.view(118784, 1024);
   {
-    float *__restrict v141p = v141.data();
-    const float *__restrict v133p = v133.data();
-    const float *__restrict v19p = v19.data();
-    const float *__restrict v123p = v123.data();
+    float *__restrict v140p = v140.data();
+    const float *__restrict v132p = v132.data();
+    const float *__restrict v18p = v18.data();
+    const float *__restrict v122p = v122.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
         const float s0 = 1.0f;
-        const float s1 = v133p[0];
+        const float s1 = v132p[0];
         const float s2 = (s0 / s1);
         const float s3 = s2;
-        const float s4 = v19p[i0];
+        const float s4 = v18p[i0];
         const float s5 = (s3 * s4);
         const float s6 = -s5;
         const float s7 = s6;
-        const float s8 = v123p[i0 * 32 + i1];
+        const float s8 = v122p[i0 * 32 + i1];
         const float s9 = (s7 * s8);
-        v141p[i0 * 32 + i1] = s9;
+        v140p[i0 * 32 + i1] = s9;
       }
     }
   }
 
-  // roberta.mesh:67:14 sum
-  support::View v142 = arena_.view(139264, 32);
+  // roberta.mesh:66:14 sum
+  support::View v141 = arena_.view(139264, 32);
   static const support::Shape shape7_1 = {2, 16};
   static const support::Shape shape7_3 = {512, 32};
   static const support::Shape shape7_4 = {32};
   static const support::Shape shape7_5 = {1};
-  support::reduce(v142.data(), shape7_1, v141.data(), shape7_3, shape7_4, shape7_5,
+  support::reduce(v141.data(), shape7_1, v140.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 1.0);
 
-  // roberta.mesh:67:14 all_reduce_sum (resolve the partial sum of %136 over model for mul at 67:14)
-  group_model.allReduce(v142.data(), v142.size(), meshrt::ReduceOp::Sum);
+  // roberta.mesh:66:14 all_reduce_sum (resolve the partial sum of %135 over model for mul at 66:14)
+  group_model.allReduce(v141.data(), v141.size(), meshrt::ReduceOp::Sum);
 
-  // roberta.mesh:67:14 exp
-  // roberta.mesh:67:14 mul
-  // roberta.mesh:67:14 sub
-  support::View v122 = arena_.view(110592, 1024);
-  support::View v146 = arena_.view(114688, 1024);
+  // roberta.mesh:66:14 exp
+  // roberta.mesh:66:14 mul
+  // roberta.mesh:66:14 sub
+  support::View v121 = arena_.view(110592, 1024);
+  support::View v145 = arena_.view(114688, 1024);
   {
-    float *__restrict v146p = v146.data();
-    const float *__restrict v122p = v122.data();
-    const float *__restrict v142p = v142.data();
+    float *__restrict v145p = v145.data();
+    const float *__restrict v121p = v121.data();
     const float *__restrict v141p = v141.data();
+    const float *__restrict v140p = v140.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v122p[i0 * 32 + i1];
+        const float s0 = v121p[i0 * 32 + i1];
         const float s1 = support::fexp(s0);
-        const float s2 = v142p[i0];
+        const float s2 = v141p[i0];
         const float s3 = (s1 * s2);
-        const float s4 = v141p[i0 * 32 + i1];
+        const float s4 = v140p[i0 * 32 + i1];
         const float s5 = (s4 - s3);
-        v146p[i0 * 32 + i1] = s5;
+        v145p[i0 * 32 + i1] = s5;
       }
     }
   }
 
   // roberta.mesh:47:57 sum -> grad/roberta/lm_head/output_bias
-  support::View v147 = arena_.view(118784, 32);
+  support::View v146 = arena_.view(118784, 32);
   static const support::Shape shape10_1 = {32};
   static const support::Shape shape10_3 = {1};
   static const support::Shape shape10_4 = {2, 16};
   static const support::Shape shape10_5 = {512, 32};
-  support::reduce(v147.data(), shape10_1, v146.data(), shape10_3, shape10_4, shape10_5,
+  support::reduce(v146.data(), shape10_1, v145.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:47:10 einsum
-  support::View v109 = arena_.view(90112, 1024);
-  support::View v148 = arena_.view(110592, 1024);
+  support::View v108 = arena_.view(90112, 1024);
+  support::View v147 = arena_.view(110592, 1024);
   // dims: batch, length, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan11(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan11.run(v146.data(), v109.data(), v148.data(), 1.0f, 0.0f);
+  einsumPlan11.run(v145.data(), v108.data(), v147.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:19:53 all_reduce_sum (resolve the partial sum of %141 over model for sum at
+  // encoder_layers.mesh:19:53 all_reduce_sum (resolve the partial sum of %140 over model for sum at
   // 19:53)
-  auto request1 = support::startAllReduce(group_model, {v148}, meshrt::ReduceOp::Sum);
+  auto request1 = support::startAllReduce(group_model, {v147}, meshrt::ReduceOp::Sum);
 
   // roberta.mesh:47:10 einsum
-  support::View v119 = arena_.view(106496, 1024);
-  support::View v149 = arena_.view(90112, 1024);
+  support::View v118 = arena_.view(106496, 1024);
+  support::View v148 = arena_.view(90112, 1024);
   // dims: batch, length, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan13.run(v146.data(), v119.data(), v149.data(), 1.0f, 0.0f);
+  einsumPlan13.run(v145.data(), v118.data(), v148.data(), 1.0f, 0.0f);
 
   group_model.wait(request1);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (1 of 2)
-  support::View v117 = arena_.view(94208, 1024);
-  support::View v153 = arena_.view(106496, 1024);
-  support::View v155 = arena_.view(114944, 32);
-  support::View v113 = arena_.view(102400, 1024);
-  support::View v157 = arena_.view(106496, 1024);
-  support::View v158 = arena_.view(102400, 32);
-  support::View v115(param31_roberta_lm_head_norm_gain); // updated in place
-  support::View v152 = arena_.view(102400, 1024);
-  support::View v162 = arena_.view(106496, 1024);
-  support::View v151 = arena_.view(114688, 32);
-  support::View v154 = arena_.view(114816, 32);
-  support::View v161 = arena_.view(114944, 32);
-  support::View v163 = arena_.view(110592, 32);
-  support::View v165 = arena_.view(110720, 32);
-  repeated4(v151, v148, v117, v153, v154, v155, v113, v157, v158, v161, v115, v152, v162, v163,
-            v165);
+  support::View v116 = arena_.view(94208, 1024);
+  support::View v152 = arena_.view(106496, 1024);
+  support::View v154 = arena_.view(114944, 32);
+  support::View v112 = arena_.view(102400, 1024);
+  support::View v156 = arena_.view(106496, 1024);
+  support::View v157 = arena_.view(102400, 32);
+  support::View v114(param31_roberta_lm_head_norm_gain); // updated in place
+  support::View v151 = arena_.view(102400, 1024);
+  support::View v161 = arena_.view(106496, 1024);
+  support::View v150 = arena_.view(114688, 32);
+  support::View v153 = arena_.view(114816, 32);
+  support::View v160 = arena_.view(114944, 32);
+  support::View v162 = arena_.view(110592, 32);
+  support::View v164 = arena_.view(110720, 32);
+  repeated4(v150, v147, v116, v152, v153, v154, v112, v156, v157, v160, v114, v151, v161, v162,
+            v164);
 
   // roberta.mesh:46:18 square
   // roberta.mesh:46:18 mul
@@ -1824,25 +1821,25 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
   // roberta.mesh:46:18 mul
-  support::View v112 = arena_.view(98304, 1024);
-  support::View v191 = arena_.view(106496, 1024);
+  support::View v111 = arena_.view(98304, 1024);
+  support::View v190 = arena_.view(106496, 1024);
   {
-    float *__restrict v191p = v191.data();
-    const float *__restrict v112p = v112.data();
-    const float *__restrict v117p = v117.data();
-    const float *__restrict v163p = v163.data();
-    const float *__restrict v152p = v152.data();
-    const float *__restrict v165p = v165.data();
-    const float *__restrict v161p = v161.data();
+    float *__restrict v190p = v190.data();
+    const float *__restrict v111p = v111.data();
+    const float *__restrict v116p = v116.data();
+    const float *__restrict v162p = v162.data();
+    const float *__restrict v151p = v151.data();
+    const float *__restrict v164p = v164.data();
+    const float *__restrict v160p = v160.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v112p[i0 * 32 + i1];
+        const float s0 = v111p[i0 * 32 + i1];
         const float s1 = s0 * s0;
-        const float s2 = v112p[i0 * 32 + i1];
+        const float s2 = v111p[i0 * 32 + i1];
         const float s3 = (s2 * s1);
         const float s4 = 0.044715f;
         const float s5 = (s3 * s4);
-        const float s6 = v112p[i0 * 32 + i1];
+        const float s6 = v111p[i0 * 32 + i1];
         const float s7 = (s6 + s5);
         const float s8 = 0.7978846f;
         const float s9 = (s7 * s8);
@@ -1858,320 +1855,320 @@ void MlmTrain::runPart1(const Inputs &inputs) {
         const float s19 = s10 * s10;
         const float s20 = 1.0f;
         const float s21 = (s20 - s19);
-        const float s22 = v112p[i0 * 32 + i1];
+        const float s22 = v111p[i0 * 32 + i1];
         const float s23 = (s22 * s21);
         const float s24 = (s23 * s18);
         const float s25 = 0.3989423f;
         const float s26 = (s24 * s25);
         const float s27 = (s14 + s26);
-        const float s28 = v117p[i0 * 32 + i1];
-        const float s29 = v163p[i0];
+        const float s28 = v116p[i0 * 32 + i1];
+        const float s29 = v162p[i0];
         const float s30 = (s28 * s29);
-        const float s31 = v152p[i0 * 32 + i1];
-        const float s32 = v165p[i0];
+        const float s31 = v151p[i0 * 32 + i1];
+        const float s32 = v164p[i0];
         const float s33 = (s31 - s32);
         const float s34 = (s33 - s30);
-        const float s35 = v161p[i0];
+        const float s35 = v160p[i0];
         const float s36 = (s34 * s35);
         const float s37 = (s36 * s27);
-        v191p[i0 * 32 + i1] = s37;
+        v190p[i0 * 32 + i1] = s37;
       }
     }
   }
 
   // roberta.mesh:46:64 sum -> grad/roberta/lm_head/dense_bias
-  support::View v192 = arena_.view(102400, 32);
+  support::View v191 = arena_.view(102400, 32);
   static const support::Shape shape17_1 = {32};
   static const support::Shape shape17_3 = {1};
   static const support::Shape shape17_4 = {2, 16};
   static const support::Shape shape17_5 = {512, 32};
-  support::reduce(v192.data(), shape17_1, v191.data(), shape17_3, shape17_4, shape17_5,
+  support::reduce(v191.data(), shape17_1, v190.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:46:23 einsum
-  support::View v107(param28_roberta_lm_head_dense); // updated in place
-  support::View v193 = arena_.view(94208, 1024);
+  support::View v106(param28_roberta_lm_head_dense); // updated in place
+  support::View v192 = arena_.view(94208, 1024);
   // dims: batch, length, d_out, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
-  einsumPlan18.run(v191.data(), v107.data(), v193.data(), 1.0f, 0.0f);
+  einsumPlan18.run(v190.data(), v106.data(), v192.data(), 1.0f, 0.0f);
 
   // roberta.mesh:46:23 einsum -> grad/roberta/lm_head/dense
-  support::View v106 = arena_.view(86016, 1024);
-  support::View v194 = arena_.view(98304, 1024);
+  support::View v105 = arena_.view(86016, 1024);
+  support::View v193 = arena_.view(98304, 1024);
   // dims: batch, length, d_out, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan19.run(v191.data(), v106.data(), v194.data(), 1.0f, 0.0f);
+  einsumPlan19.run(v190.data(), v105.data(), v193.data(), 1.0f, 0.0f);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (2 of 2)
-  support::View v104 = arena_.view(69632, 1024);
-  support::View v198 = arena_.view(86016, 1024);
-  support::View v200 = arena_.view(102784, 32);
-  support::View v101 = arena_.view(81920, 1024);
-  support::View v202 = arena_.view(86016, 1024);
-  support::View v203 = arena_.view(81920, 32);
-  support::View v102(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
-  support::View v197 = arena_.view(81920, 1024);
-  support::View v206 = arena_.view(86016, 1024);
-  support::View v196 = arena_.view(102528, 32);
-  support::View v199 = arena_.view(102656, 32);
-  support::View v205 = arena_.view(102784, 32);
-  support::View v207 = arena_.view(94208, 32);
-  support::View v209 = arena_.view(94336, 32);
-  repeated4(v196, v193, v104, v198, v199, v200, v101, v202, v203, v205, v102, v197, v206, v207,
-            v209);
+  support::View v103 = arena_.view(69632, 1024);
+  support::View v197 = arena_.view(86016, 1024);
+  support::View v199 = arena_.view(102784, 32);
+  support::View v100 = arena_.view(81920, 1024);
+  support::View v201 = arena_.view(86016, 1024);
+  support::View v202 = arena_.view(81920, 32);
+  support::View v101(param26_roberta_encoder_layer_1_norm_1_gain); // updated in place
+  support::View v196 = arena_.view(81920, 1024);
+  support::View v205 = arena_.view(86016, 1024);
+  support::View v195 = arena_.view(102528, 32);
+  support::View v198 = arena_.view(102656, 32);
+  support::View v204 = arena_.view(102784, 32);
+  support::View v206 = arena_.view(94208, 32);
+  support::View v208 = arena_.view(94336, 32);
+  repeated4(v195, v192, v103, v197, v198, v199, v100, v201, v202, v204, v101, v196, v205, v206,
+            v208);
 
   // encoder_layers.mesh:19:10 mul
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 sub
   // encoder_layers.mesh:19:10 mul
-  support::View v212 = arena_.view(86016, 1024);
+  support::View v211 = arena_.view(86016, 1024);
   {
-    float *__restrict v212p = v212.data();
-    const float *__restrict v104p = v104.data();
-    const float *__restrict v207p = v207.data();
-    const float *__restrict v197p = v197.data();
-    const float *__restrict v209p = v209.data();
-    const float *__restrict v205p = v205.data();
+    float *__restrict v211p = v211.data();
+    const float *__restrict v103p = v103.data();
+    const float *__restrict v206p = v206.data();
+    const float *__restrict v196p = v196.data();
+    const float *__restrict v208p = v208.data();
+    const float *__restrict v204p = v204.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v104p[i0 * 32 + i1];
-        const float s1 = v207p[i0];
+        const float s0 = v103p[i0 * 32 + i1];
+        const float s1 = v206p[i0];
         const float s2 = (s0 * s1);
-        const float s3 = v197p[i0 * 32 + i1];
-        const float s4 = v209p[i0];
+        const float s3 = v196p[i0 * 32 + i1];
+        const float s4 = v208p[i0];
         const float s5 = (s3 - s4);
         const float s6 = (s5 - s2);
-        const float s7 = v205p[i0];
+        const float s7 = v204p[i0];
         const float s8 = (s6 * s7);
-        v212p[i0 * 32 + i1] = s8;
+        v211p[i0 * 32 + i1] = s8;
       }
     }
   }
 
   // 49 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (1 of 2)
-  support::View v93(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
-  support::View v214 = arena_.view(69632, 1024);
-  support::View v97 = arena_.view(77824, 1024);
-  support::View v96 = arena_.view(73728, 1024);
-  support::View v232 = arena_.view(77824, 1024);
-  support::View v91(param22_roberta_encoder_layer_1_dense_relu_dense_wi); // updated in place
-  support::View v234 = arena_.view(69632, 1024);
-  support::View v236 = arena_.view(73728, 1024);
-  support::View v90 = arena_.view(65536, 1024);
-  support::View v88 = arena_.view(53248, 1024);
-  support::View v240 = arena_.view(65536, 1024);
-  support::View v242 = arena_.view(77824, 32);
-  support::View v85 = arena_.view(61440, 1024);
-  support::View v244 = arena_.view(65536, 1024);
-  support::View v245 = arena_.view(61440, 32);
-  support::View v247 = arena_.view(77824, 32);
-  support::View v86(param20_roberta_encoder_layer_1_norm_gain); // updated in place
-  support::View v239 = arena_.view(61440, 1024);
-  support::View v248 = arena_.view(65536, 1024);
-  support::View v249 = arena_.view(73728, 32);
-  support::View v251 = arena_.view(73856, 32);
-  support::View v254 = arena_.view(65536, 1024);
-  support::View v72(param19_roberta_encoder_layer_1_self_attention_o); // updated in place
-  support::View v255 = arena_.view(61440, 512);
-  support::View v82 = arena_.view(137216, 512);
-  support::View v76 = arena_.view(135168, 512);
-  support::View v257 = arena_.view(53248, 1024);
-  support::View v81 = arena_.view(57344, 1024);
-  support::View v258 = arena_.view(73728, 512);
-  support::View v259 = arena_.view(61440, 1024);
-  support::View v260 = arena_.view(75776, 64);
-  support::View v263 = arena_.view(61440, 1024);
-  support::View v74 = arena_.view(133120, 512);
-  support::View v264 = arena_.view(79872, 512);
-  support::View v73 = arena_.view(131072, 512);
-  support::View v265 = arena_.view(75776, 512);
-  support::View v71(param18_roberta_encoder_layer_1_self_attention_v); // updated in place
-  support::View v267 = arena_.view(53248, 1024);
-  support::View v70(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
-  support::View v272 = arena_.view(57344, 1024);
-  support::View v69(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
-  support::View v276 = arena_.view(61440, 1024);
-  support::View v68 = arena_.view(49152, 1024);
-  support::View v278 = arena_.view(73728, 1024);
-  support::View v66 = arena_.view(32768, 1024);
-  support::View v282 = arena_.view(49152, 1024);
-  support::View v284 = arena_.view(55552, 32);
-  support::View v63 = arena_.view(45056, 1024);
-  support::View v286 = arena_.view(49152, 1024);
-  support::View v287 = arena_.view(45056, 32);
-  support::View v289 = arena_.view(55552, 32);
-  support::View v64(param14_roberta_encoder_layer_0_norm_1_gain); // updated in place
-  support::View v281 = arena_.view(45056, 1024);
-  support::View v290 = arena_.view(49152, 1024);
-  support::View v291 = arena_.view(55680, 32);
-  support::View v293 = arena_.view(55808, 32);
-  support::View v213 = arena_.view(94208, 32);
-  support::View v215 = arena_.view(81920, 1024);
-  support::View v233 = arena_.view(94336, 32);
-  support::View v237 = arena_.view(69632, 1024);
-  support::View v238 = arena_.view(94464, 32);
-  support::View v241 = arena_.view(94592, 32);
-  support::View v256 = arena_.view(77824, 512);
-  support::View v270 = arena_.view(86016, 512);
-  support::View v275 = arena_.view(88064, 512);
-  support::View v279 = arena_.view(53248, 512);
-  support::View v280 = arena_.view(55296, 32);
-  support::View v283 = arena_.view(55424, 32);
-  support::View v296 = arena_.view(49152, 1024);
-  repeated1(v213, v212, v93, v214, v97, v215, v96, v232, v233, v91, v234, v236, v90, v237, v238,
-            v88, v240, v241, v242, v85, v244, v245, v247, v86, v239, v248, v249, v251, v254, v72,
-            v255, v82, v256, v76, v257, v81, v258, v259, v260, v263, v74, v264, v73, v265, v71,
-            v267, v70, v272, v69, v276, v68, v270, v275, v278, v279, v280, v66, v282, v283, v284,
-            v63, v286, v287, v289, v64, v281, v290, v291, v293, v296);
+  support::View v92(param24_roberta_encoder_layer_1_dense_relu_dense_wo); // updated in place
+  support::View v213 = arena_.view(69632, 1024);
+  support::View v96 = arena_.view(77824, 1024);
+  support::View v95 = arena_.view(73728, 1024);
+  support::View v231 = arena_.view(77824, 1024);
+  support::View v90(param22_roberta_encoder_layer_1_dense_relu_dense_wi); // updated in place
+  support::View v233 = arena_.view(69632, 1024);
+  support::View v235 = arena_.view(73728, 1024);
+  support::View v89 = arena_.view(65536, 1024);
+  support::View v87 = arena_.view(53248, 1024);
+  support::View v239 = arena_.view(65536, 1024);
+  support::View v241 = arena_.view(77824, 32);
+  support::View v84 = arena_.view(61440, 1024);
+  support::View v243 = arena_.view(65536, 1024);
+  support::View v244 = arena_.view(61440, 32);
+  support::View v246 = arena_.view(77824, 32);
+  support::View v85(param20_roberta_encoder_layer_1_norm_gain); // updated in place
+  support::View v238 = arena_.view(61440, 1024);
+  support::View v247 = arena_.view(65536, 1024);
+  support::View v248 = arena_.view(73728, 32);
+  support::View v250 = arena_.view(73856, 32);
+  support::View v253 = arena_.view(65536, 1024);
+  support::View v71(param19_roberta_encoder_layer_1_self_attention_o); // updated in place
+  support::View v254 = arena_.view(61440, 512);
+  support::View v81 = arena_.view(137216, 512);
+  support::View v75 = arena_.view(135168, 512);
+  support::View v256 = arena_.view(53248, 1024);
+  support::View v80 = arena_.view(57344, 1024);
+  support::View v257 = arena_.view(73728, 512);
+  support::View v258 = arena_.view(61440, 1024);
+  support::View v259 = arena_.view(75776, 64);
+  support::View v262 = arena_.view(61440, 1024);
+  support::View v73 = arena_.view(133120, 512);
+  support::View v263 = arena_.view(79872, 512);
+  support::View v72 = arena_.view(131072, 512);
+  support::View v264 = arena_.view(75776, 512);
+  support::View v70(param18_roberta_encoder_layer_1_self_attention_v); // updated in place
+  support::View v266 = arena_.view(53248, 1024);
+  support::View v69(param17_roberta_encoder_layer_1_self_attention_k); // updated in place
+  support::View v271 = arena_.view(57344, 1024);
+  support::View v68(param16_roberta_encoder_layer_1_self_attention_q); // updated in place
+  support::View v275 = arena_.view(61440, 1024);
+  support::View v67 = arena_.view(49152, 1024);
+  support::View v277 = arena_.view(73728, 1024);
+  support::View v65 = arena_.view(32768, 1024);
+  support::View v281 = arena_.view(49152, 1024);
+  support::View v283 = arena_.view(55552, 32);
+  support::View v62 = arena_.view(45056, 1024);
+  support::View v285 = arena_.view(49152, 1024);
+  support::View v286 = arena_.view(45056, 32);
+  support::View v288 = arena_.view(55552, 32);
+  support::View v63(param14_roberta_encoder_layer_0_norm_1_gain); // updated in place
+  support::View v280 = arena_.view(45056, 1024);
+  support::View v289 = arena_.view(49152, 1024);
+  support::View v290 = arena_.view(55680, 32);
+  support::View v292 = arena_.view(55808, 32);
+  support::View v212 = arena_.view(94208, 32);
+  support::View v214 = arena_.view(81920, 1024);
+  support::View v232 = arena_.view(94336, 32);
+  support::View v236 = arena_.view(69632, 1024);
+  support::View v237 = arena_.view(94464, 32);
+  support::View v240 = arena_.view(94592, 32);
+  support::View v255 = arena_.view(77824, 512);
+  support::View v269 = arena_.view(86016, 512);
+  support::View v274 = arena_.view(88064, 512);
+  support::View v278 = arena_.view(53248, 512);
+  support::View v279 = arena_.view(55296, 32);
+  support::View v282 = arena_.view(55424, 32);
+  support::View v295 = arena_.view(49152, 1024);
+  repeated1(v212, v211, v92, v213, v96, v214, v95, v231, v232, v90, v233, v235, v89, v236, v237,
+            v87, v239, v240, v241, v84, v243, v244, v246, v85, v238, v247, v248, v250, v253, v71,
+            v254, v81, v255, v75, v256, v80, v257, v258, v259, v262, v73, v263, v72, v264, v70,
+            v266, v69, v271, v68, v275, v67, v269, v274, v277, v278, v279, v65, v281, v282, v283,
+            v62, v285, v286, v288, v63, v280, v289, v290, v292, v295);
 
   // 49 statements from encoder_layers.mesh:46:50 sum ->
   // grad/roberta/encoder_layer[1]/dense_relu_dense/bo (2 of 2)
-  support::View v55(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
-  support::View v298 = arena_.view(32768, 1024);
-  support::View v59 = arena_.view(40960, 1024);
-  support::View v58 = arena_.view(36864, 1024);
-  support::View v316 = arena_.view(40960, 1024);
-  support::View v53(param10_roberta_encoder_layer_0_dense_relu_dense_wi); // updated in place
-  support::View v318 = arena_.view(32768, 1024);
-  support::View v320 = arena_.view(36864, 1024);
-  support::View v52 = arena_.view(28672, 1024);
-  support::View v50 = arena_.view(16384, 1024);
-  support::View v324 = arena_.view(28672, 1024);
-  support::View v326 = arena_.view(40960, 32);
-  support::View v47 = arena_.view(24576, 1024);
-  support::View v328 = arena_.view(28672, 1024);
-  support::View v329 = arena_.view(24576, 32);
-  support::View v331 = arena_.view(40960, 32);
-  support::View v48(param8_roberta_encoder_layer_0_norm_gain); // updated in place
-  support::View v323 = arena_.view(24576, 1024);
-  support::View v332 = arena_.view(28672, 1024);
-  support::View v333 = arena_.view(36864, 32);
-  support::View v335 = arena_.view(36992, 32);
-  support::View v338 = arena_.view(28672, 1024);
-  support::View v34(param7_roberta_encoder_layer_0_self_attention_o); // updated in place
-  support::View v339 = arena_.view(24576, 512);
-  support::View v44 = arena_.view(129024, 512);
-  support::View v38 = arena_.view(126976, 512);
-  support::View v341 = arena_.view(16384, 1024);
-  support::View v43 = arena_.view(20480, 1024);
-  support::View v342 = arena_.view(36864, 512);
-  support::View v343 = arena_.view(24576, 1024);
-  support::View v344 = arena_.view(38912, 64);
-  support::View v347 = arena_.view(24576, 1024);
-  support::View v36 = arena_.view(124928, 512);
-  support::View v348 = arena_.view(43008, 512);
-  support::View v35 = arena_.view(122880, 512);
-  support::View v349 = arena_.view(38912, 512);
-  support::View v33(param6_roberta_encoder_layer_0_self_attention_v); // updated in place
-  support::View v351 = arena_.view(16384, 1024);
-  support::View v32(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
-  support::View v356 = arena_.view(20480, 1024);
-  support::View v31(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
-  support::View v360 = arena_.view(24576, 1024);
-  support::View v30 = arena_.view(12288, 1024);
-  support::View v362 = arena_.view(36864, 1024);
-  support::View v28 = arena_.view(4096, 1024);
-  support::View v366 = arena_.view(12288, 1024);
-  support::View v368 = arena_.view(18688, 32);
-  support::View v25 = arena_.view(8192, 1024);
-  support::View v370 = arena_.view(12288, 1024);
-  support::View v371 = arena_.view(8192, 32);
-  support::View v373 = arena_.view(18688, 32);
-  support::View v26(param2_roberta_norm_gain); // updated in place
-  support::View v365 = arena_.view(8192, 1024);
-  support::View v374 = arena_.view(12288, 1024);
-  support::View v375 = arena_.view(18816, 32);
-  support::View v377 = arena_.view(18944, 32);
-  support::View v297 = arena_.view(55552, 32);
-  support::View v299 = arena_.view(45056, 1024);
-  support::View v317 = arena_.view(55680, 32);
-  support::View v321 = arena_.view(32768, 1024);
-  support::View v322 = arena_.view(55808, 32);
-  support::View v325 = arena_.view(55936, 32);
-  support::View v340 = arena_.view(40960, 512);
-  support::View v354 = arena_.view(49152, 512);
-  support::View v359 = arena_.view(51200, 512);
-  support::View v363 = arena_.view(16384, 512);
-  support::View v364 = arena_.view(18432, 32);
-  support::View v367 = arena_.view(18560, 32);
-  support::View v380 = arena_.view(12288, 1024);
-  repeated1(v297, v296, v55, v298, v59, v299, v58, v316, v317, v53, v318, v320, v52, v321, v322,
-            v50, v324, v325, v326, v47, v328, v329, v331, v48, v323, v332, v333, v335, v338, v34,
-            v339, v44, v340, v38, v341, v43, v342, v343, v344, v347, v36, v348, v35, v349, v33,
-            v351, v32, v356, v31, v360, v30, v354, v359, v362, v363, v364, v28, v366, v367, v368,
-            v25, v370, v371, v373, v26, v365, v374, v375, v377, v380);
+  support::View v54(param12_roberta_encoder_layer_0_dense_relu_dense_wo); // updated in place
+  support::View v297 = arena_.view(32768, 1024);
+  support::View v58 = arena_.view(40960, 1024);
+  support::View v57 = arena_.view(36864, 1024);
+  support::View v315 = arena_.view(40960, 1024);
+  support::View v52(param10_roberta_encoder_layer_0_dense_relu_dense_wi); // updated in place
+  support::View v317 = arena_.view(32768, 1024);
+  support::View v319 = arena_.view(36864, 1024);
+  support::View v51 = arena_.view(28672, 1024);
+  support::View v49 = arena_.view(16384, 1024);
+  support::View v323 = arena_.view(28672, 1024);
+  support::View v325 = arena_.view(40960, 32);
+  support::View v46 = arena_.view(24576, 1024);
+  support::View v327 = arena_.view(28672, 1024);
+  support::View v328 = arena_.view(24576, 32);
+  support::View v330 = arena_.view(40960, 32);
+  support::View v47(param8_roberta_encoder_layer_0_norm_gain); // updated in place
+  support::View v322 = arena_.view(24576, 1024);
+  support::View v331 = arena_.view(28672, 1024);
+  support::View v332 = arena_.view(36864, 32);
+  support::View v334 = arena_.view(36992, 32);
+  support::View v337 = arena_.view(28672, 1024);
+  support::View v33(param7_roberta_encoder_layer_0_self_attention_o); // updated in place
+  support::View v338 = arena_.view(24576, 512);
+  support::View v43 = arena_.view(129024, 512);
+  support::View v37 = arena_.view(126976, 512);
+  support::View v340 = arena_.view(16384, 1024);
+  support::View v42 = arena_.view(20480, 1024);
+  support::View v341 = arena_.view(36864, 512);
+  support::View v342 = arena_.view(24576, 1024);
+  support::View v343 = arena_.view(38912, 64);
+  support::View v346 = arena_.view(24576, 1024);
+  support::View v35 = arena_.view(124928, 512);
+  support::View v347 = arena_.view(43008, 512);
+  support::View v34 = arena_.view(122880, 512);
+  support::View v348 = arena_.view(38912, 512);
+  support::View v32(param6_roberta_encoder_layer_0_self_attention_v); // updated in place
+  support::View v350 = arena_.view(16384, 1024);
+  support::View v31(param5_roberta_encoder_layer_0_self_attention_k); // updated in place
+  support::View v355 = arena_.view(20480, 1024);
+  support::View v30(param4_roberta_encoder_layer_0_self_attention_q); // updated in place
+  support::View v359 = arena_.view(24576, 1024);
+  support::View v29 = arena_.view(12288, 1024);
+  support::View v361 = arena_.view(36864, 1024);
+  support::View v27 = arena_.view(4096, 1024);
+  support::View v365 = arena_.view(12288, 1024);
+  support::View v367 = arena_.view(18688, 32);
+  support::View v24 = arena_.view(8192, 1024);
+  support::View v369 = arena_.view(12288, 1024);
+  support::View v370 = arena_.view(8192, 32);
+  support::View v372 = arena_.view(18688, 32);
+  support::View v25(param2_roberta_norm_gain); // updated in place
+  support::View v364 = arena_.view(8192, 1024);
+  support::View v373 = arena_.view(12288, 1024);
+  support::View v374 = arena_.view(18816, 32);
+  support::View v376 = arena_.view(18944, 32);
+  support::View v296 = arena_.view(55552, 32);
+  support::View v298 = arena_.view(45056, 1024);
+  support::View v316 = arena_.view(55680, 32);
+  support::View v320 = arena_.view(32768, 1024);
+  support::View v321 = arena_.view(55808, 32);
+  support::View v324 = arena_.view(55936, 32);
+  support::View v339 = arena_.view(40960, 512);
+  support::View v353 = arena_.view(49152, 512);
+  support::View v358 = arena_.view(51200, 512);
+  support::View v362 = arena_.view(16384, 512);
+  support::View v363 = arena_.view(18432, 32);
+  support::View v366 = arena_.view(18560, 32);
+  support::View v379 = arena_.view(12288, 1024);
+  repeated1(v296, v295, v54, v297, v58, v298, v57, v315, v316, v52, v317, v319, v51, v320, v321,
+            v49, v323, v324, v325, v46, v327, v328, v330, v47, v322, v331, v332, v334, v337, v33,
+            v338, v43, v339, v37, v340, v42, v341, v342, v343, v346, v35, v347, v34, v348, v32,
+            v350, v31, v355, v30, v359, v29, v353, v358, v361, v362, v363, v27, v365, v366, v367,
+            v24, v369, v370, v372, v25, v364, v373, v374, v376, v379);
 
   // roberta.mesh:32:40 sum -> grad/roberta/positions
-  support::View v381 = arena_.view(8192, 512);
+  support::View v380 = arena_.view(8192, 512);
   static const support::Shape shape24_1 = {16, 32};
   static const support::Shape shape24_3 = {32, 1};
   static const support::Shape shape24_4 = {2};
   static const support::Shape shape24_5 = {512};
-  support::reduce(v381.data(), shape24_1, v380.data(), shape24_3, shape24_4, shape24_5,
+  support::reduce(v380.data(), shape24_1, v379.data(), shape24_3, shape24_4, shape24_5,
                   support::Reduce::Sum, 1.0);
 
   // roberta.mesh:31:40 einsum
-  support::View v22 = arena_.view(0, 1024);
-  support::View v382 = arena_.view(4096, 1024);
+  support::View v21 = arena_.view(0, 1024);
+  support::View v381 = arena_.view(4096, 1024);
   // dims: batch, length, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan25(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
-  einsumPlan25.run(v380.data(), v22.data(), v382.data(), 1.0f, 0.0f);
+  einsumPlan25.run(v379.data(), v21.data(), v381.data(), 1.0f, 0.0f);
 
   // roberta.mesh:43:9 transpose
   // roberta.mesh:31:40 add -> grad/embedding
-  support::View v383 = arena_.view(0, 1024);
+  support::View v382 = arena_.view(0, 1024);
   {
-    float *__restrict v383p = v383.data();
-    const float *__restrict v149p = v149.data();
-    const float *__restrict v382p = v382.data();
+    float *__restrict v382p = v382.data();
+    const float *__restrict v148p = v148.data();
+    const float *__restrict v381p = v381.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
       for (int64_t i1 = 0; i1 < 32; ++i1) {
-        const float s0 = v149p[i0 + i1 * 32];
+        const float s0 = v148p[i0 + i1 * 32];
         const float s1 = s0;
-        const float s2 = v382p[i0 * 32 + i1];
+        const float s2 = v381p[i0 * 32 + i1];
         const float s3 = (s1 + s2);
-        v383p[i0 * 32 + i1] = s3;
+        v382p[i0 * 32 + i1] = s3;
       }
     }
   }
 
-  // roberta.mesh:72:3 bucketed_all_reduce_sum -> grad/roberta/lm_head/output_bias (33 partial sums
+  // roberta.mesh:71:3 bucketed_all_reduce_sum -> grad/roberta/lm_head/output_bias (33 partial sums
   // (grad/roberta/lm_head/output_bias, grad/roberta/lm_head/norm/bias,
   // grad/roberta/lm_head/norm/gain, ...) over data resolved together, 44.2 KiB in one buffer)
   auto request4 = support::startAllReduce(
-      group_data, {v147, v151, v154, v192, v194, v196, v199, v213, v215, v233, v237,
-                   v238, v241, v256, v270, v275, v279, v280, v283, v297, v299, v317,
-                   v321, v322, v325, v340, v354, v359, v363, v364, v367, v381, v383},
+      group_data, {v146, v150, v153, v191, v193, v195, v198, v212, v214, v232, v236,
+                   v237, v240, v255, v269, v274, v278, v279, v282, v296, v298, v316,
+                   v320, v321, v324, v339, v353, v358, v362, v363, v366, v380, v382},
       meshrt::ReduceOp::Sum);
 
-  // roberta.mesh:72:3 step
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 minimum
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 maximum
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 minimum
-  // roberta.mesh:72:3 sub
-  // roberta.mesh:72:3 mul -> learning_rate
-  // roberta.mesh:72:3 pow
-  // roberta.mesh:72:3 sub
-  // roberta.mesh:72:3 pow
-  // roberta.mesh:72:3 sub
-  support::View v400 = arena_.view(4096, 1);
-  support::View v416 = arena_.view(4160, 1);
-  support::View v418 = arena_.view(4224, 1);
+  // roberta.mesh:71:3 step
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 minimum
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 maximum
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 minimum
+  // roberta.mesh:71:3 sub
+  // roberta.mesh:71:3 mul -> learning_rate
+  // roberta.mesh:71:3 pow
+  // roberta.mesh:71:3 sub
+  // roberta.mesh:71:3 pow
+  // roberta.mesh:71:3 sub
+  support::View v399 = arena_.view(4096, 1);
+  support::View v415 = arena_.view(4160, 1);
+  support::View v417 = arena_.view(4224, 1);
   {
     const float stepValue = float(step_);
-    float *__restrict v400p = v400.data();
-    float *__restrict v416p = v416.data();
-    float *__restrict v418p = v418.data();
+    float *__restrict v399p = v399.data();
+    float *__restrict v415p = v415.data();
+    float *__restrict v417p = v417.data();
     const float s0 = stepValue;
     const float s1 = 1.0f;
     const float s2 = (s0 + s1);
@@ -2200,420 +2197,420 @@ void MlmTrain::runPart1(const Inputs &inputs) {
     const float s25 = support::fpow(s24, s2);
     const float s26 = 1.0f;
     const float s27 = (s26 - s25);
-    v400p[0] = s19;
-    v416p[0] = s23;
-    v418p[0] = s27;
+    v399p[0] = s19;
+    v415p[0] = s23;
+    v417p[0] = s27;
   }
 
   group_data.wait(request4);
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/embedding
-  support::View v20(param0_embedding);     // updated in place
-  support::View v402(param34_embedding_v); // updated in place
-  support::View v401(param33_embedding_m); // updated in place
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/embedding
+  support::View v19(param0_embedding);     // updated in place
+  support::View v401(param34_embedding_v); // updated in place
+  support::View v400(param33_embedding_m); // updated in place
   {
-    float *__restrict v402p = v402.data();
     float *__restrict v401p = v401.data();
-    float *__restrict v20p = v20.data();
-    const float *__restrict v383p = v383.data();
-    const float *__restrict v418p = v418.data();
-    const float *__restrict v416p = v416.data();
-    const float *__restrict v400p = v400.data();
+    float *__restrict v400p = v400.data();
+    float *__restrict v19p = v19.data();
+    const float *__restrict v382p = v382.data();
+    const float *__restrict v417p = v417.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v399p = v399.data();
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-      const float s0 = v20p[i0];
+      const float s0 = v19p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v383p[i0];
+      const float s3 = v382p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v402p[i0];
+      const float s7 = v401p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v418p[0];
+      const float s11 = v417p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v383p[i0];
+      const float s16 = v382p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v401p[i0];
+      const float s19 = v400p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v416p[0];
+      const float s23 = v415p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v400p[0];
+      const float s27 = v399p[0];
+      const float s28 = (s26 * s27);
+      const float s29 = v19p[i0];
+      const float s30 = (s29 - s28);
+      v401p[i0] = s10;
+      v400p[i0] = s22;
+      v19p[i0] = s30;
+    }
+  }
+
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/positions
+  support::View v20(param1_roberta_positions);     // updated in place
+  support::View v430(param36_roberta_positions_v); // updated in place
+  support::View v429(param35_roberta_positions_m); // updated in place
+  {
+    float *__restrict v430p = v430.data();
+    float *__restrict v429p = v429.data();
+    float *__restrict v20p = v20.data();
+    const float *__restrict v380p = v380.data();
+    const float *__restrict v417p = v417.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v399p = v399.data();
+    for (int64_t i0 = 0; i0 < 512; ++i0) {
+      const float s0 = v20p[i0];
+      const float s1 = 0.01f;
+      const float s2 = (s0 * s1);
+      const float s3 = v380p[i0];
+      const float s4 = s3 * s3;
+      const float s5 = 0.01999998f;
+      const float s6 = (s4 * s5);
+      const float s7 = v430p[i0];
+      const float s8 = 0.98f;
+      const float s9 = (s7 * s8);
+      const float s10 = (s9 + s6);
+      const float s11 = v417p[0];
+      const float s12 = (s10 / s11);
+      const float s13 = support::fsqrt(s12);
+      const float s14 = 1e-06f;
+      const float s15 = (s13 + s14);
+      const float s16 = v380p[i0];
+      const float s17 = 0.100000024f;
+      const float s18 = (s16 * s17);
+      const float s19 = v429p[i0];
+      const float s20 = 0.9f;
+      const float s21 = (s19 * s20);
+      const float s22 = (s21 + s18);
+      const float s23 = v415p[0];
+      const float s24 = (s22 / s23);
+      const float s25 = (s24 / s15);
+      const float s26 = (s25 + s2);
+      const float s27 = v399p[0];
       const float s28 = (s26 * s27);
       const float s29 = v20p[i0];
       const float s30 = (s29 - s28);
-      v402p[i0] = s10;
-      v401p[i0] = s22;
+      v430p[i0] = s10;
+      v429p[i0] = s22;
       v20p[i0] = s30;
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/positions
-  support::View v21(param1_roberta_positions);     // updated in place
-  support::View v431(param36_roberta_positions_v); // updated in place
-  support::View v430(param35_roberta_positions_m); // updated in place
+  // 2 statements from roberta.mesh:71:3 mul (1 of 2)
+  support::View v451(param38_roberta_norm_gain_v); // updated in place
+  support::View v450(param37_roberta_norm_gain_m); // updated in place
+  support::View v26(param3_roberta_norm_bias);     // updated in place
+  support::View v472(param40_roberta_norm_bias_v); // updated in place
+  support::View v471(param39_roberta_norm_bias_m); // updated in place
+  repeated3(v25, v366, v451, v417, v450, v415, v399, v26, v363, v472, v471);
+
+  // 12 statements from roberta.mesh:71:3 mul (1 of 2)
+  support::View v493(param42_roberta_encoder_layer_0_self_attention_q_v);    // updated in place
+  support::View v492(param41_roberta_encoder_layer_0_self_attention_q_m);    // updated in place
+  support::View v514(param44_roberta_encoder_layer_0_self_attention_k_v);    // updated in place
+  support::View v513(param43_roberta_encoder_layer_0_self_attention_k_m);    // updated in place
+  support::View v535(param46_roberta_encoder_layer_0_self_attention_v_v);    // updated in place
+  support::View v534(param45_roberta_encoder_layer_0_self_attention_v_m);    // updated in place
+  support::View v556(param48_roberta_encoder_layer_0_self_attention_o_v);    // updated in place
+  support::View v555(param47_roberta_encoder_layer_0_self_attention_o_m);    // updated in place
+  support::View v577(param50_roberta_encoder_layer_0_norm_gain_v);           // updated in place
+  support::View v576(param49_roberta_encoder_layer_0_norm_gain_m);           // updated in place
+  support::View v48(param9_roberta_encoder_layer_0_norm_bias);               // updated in place
+  support::View v598(param52_roberta_encoder_layer_0_norm_bias_v);           // updated in place
+  support::View v597(param51_roberta_encoder_layer_0_norm_bias_m);           // updated in place
+  support::View v619(param54_roberta_encoder_layer_0_dense_relu_dense_wi_v); // updated in place
+  support::View v618(param53_roberta_encoder_layer_0_dense_relu_dense_wi_m); // updated in place
+  support::View v53(param11_roberta_encoder_layer_0_dense_relu_dense_bi);    // updated in place
+  support::View v640(param56_roberta_encoder_layer_0_dense_relu_dense_bi_v); // updated in place
+  support::View v639(param55_roberta_encoder_layer_0_dense_relu_dense_bi_m); // updated in place
+  support::View v661(param58_roberta_encoder_layer_0_dense_relu_dense_wo_v); // updated in place
+  support::View v660(param57_roberta_encoder_layer_0_dense_relu_dense_wo_m); // updated in place
+  support::View v55(param13_roberta_encoder_layer_0_dense_relu_dense_bo);    // updated in place
+  support::View v682(param60_roberta_encoder_layer_0_dense_relu_dense_bo_v); // updated in place
+  support::View v681(param59_roberta_encoder_layer_0_dense_relu_dense_bo_m); // updated in place
+  support::View v703(param62_roberta_encoder_layer_0_norm_1_gain_v);         // updated in place
+  support::View v702(param61_roberta_encoder_layer_0_norm_1_gain_m);         // updated in place
+  support::View v64(param15_roberta_encoder_layer_0_norm_1_bias);            // updated in place
+  support::View v724(param64_roberta_encoder_layer_0_norm_1_bias_v);         // updated in place
+  support::View v723(param63_roberta_encoder_layer_0_norm_1_bias_m);         // updated in place
+  repeated0(v30, v362, v493, v417, v492, v415, v399, v31, v358, v514, v513, v32, v353, v535, v534,
+            v33, v339, v556, v555, v47, v324, v577, v576, v48, v321, v598, v597, v52, v320, v619,
+            v618, v53, v316, v640, v639, v54, v298, v661, v660, v55, v296, v682, v681, v63, v282,
+            v703, v702, v64, v279, v724, v723);
+
+  // 12 statements from roberta.mesh:71:3 mul (2 of 2)
+  support::View v745(param66_roberta_encoder_layer_1_self_attention_q_v);    // updated in place
+  support::View v744(param65_roberta_encoder_layer_1_self_attention_q_m);    // updated in place
+  support::View v766(param68_roberta_encoder_layer_1_self_attention_k_v);    // updated in place
+  support::View v765(param67_roberta_encoder_layer_1_self_attention_k_m);    // updated in place
+  support::View v787(param70_roberta_encoder_layer_1_self_attention_v_v);    // updated in place
+  support::View v786(param69_roberta_encoder_layer_1_self_attention_v_m);    // updated in place
+  support::View v808(param72_roberta_encoder_layer_1_self_attention_o_v);    // updated in place
+  support::View v807(param71_roberta_encoder_layer_1_self_attention_o_m);    // updated in place
+  support::View v829(param74_roberta_encoder_layer_1_norm_gain_v);           // updated in place
+  support::View v828(param73_roberta_encoder_layer_1_norm_gain_m);           // updated in place
+  support::View v86(param21_roberta_encoder_layer_1_norm_bias);              // updated in place
+  support::View v850(param76_roberta_encoder_layer_1_norm_bias_v);           // updated in place
+  support::View v849(param75_roberta_encoder_layer_1_norm_bias_m);           // updated in place
+  support::View v871(param78_roberta_encoder_layer_1_dense_relu_dense_wi_v); // updated in place
+  support::View v870(param77_roberta_encoder_layer_1_dense_relu_dense_wi_m); // updated in place
+  support::View v91(param23_roberta_encoder_layer_1_dense_relu_dense_bi);    // updated in place
+  support::View v892(param80_roberta_encoder_layer_1_dense_relu_dense_bi_v); // updated in place
+  support::View v891(param79_roberta_encoder_layer_1_dense_relu_dense_bi_m); // updated in place
+  support::View v913(param82_roberta_encoder_layer_1_dense_relu_dense_wo_v); // updated in place
+  support::View v912(param81_roberta_encoder_layer_1_dense_relu_dense_wo_m); // updated in place
+  support::View v93(param25_roberta_encoder_layer_1_dense_relu_dense_bo);    // updated in place
+  support::View v934(param84_roberta_encoder_layer_1_dense_relu_dense_bo_v); // updated in place
+  support::View v933(param83_roberta_encoder_layer_1_dense_relu_dense_bo_m); // updated in place
+  support::View v955(param86_roberta_encoder_layer_1_norm_1_gain_v);         // updated in place
+  support::View v954(param85_roberta_encoder_layer_1_norm_1_gain_m);         // updated in place
+  support::View v102(param27_roberta_encoder_layer_1_norm_1_bias);           // updated in place
+  support::View v976(param88_roberta_encoder_layer_1_norm_1_bias_v);         // updated in place
+  support::View v975(param87_roberta_encoder_layer_1_norm_1_bias_m);         // updated in place
+  repeated0(v68, v278, v745, v417, v744, v415, v399, v69, v274, v766, v765, v70, v269, v787, v786,
+            v71, v255, v808, v807, v85, v240, v829, v828, v86, v237, v850, v849, v90, v236, v871,
+            v870, v91, v232, v892, v891, v92, v214, v913, v912, v93, v212, v934, v933, v101, v198,
+            v955, v954, v102, v195, v976, v975);
+
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/lm_head/dense
+  support::View v997(param90_roberta_lm_head_dense_v); // updated in place
+  support::View v996(param89_roberta_lm_head_dense_m); // updated in place
   {
-    float *__restrict v431p = v431.data();
-    float *__restrict v430p = v430.data();
-    float *__restrict v21p = v21.data();
-    const float *__restrict v381p = v381.data();
-    const float *__restrict v418p = v418.data();
-    const float *__restrict v416p = v416.data();
-    const float *__restrict v400p = v400.data();
-    for (int64_t i0 = 0; i0 < 512; ++i0) {
-      const float s0 = v21p[i0];
+    float *__restrict v997p = v997.data();
+    float *__restrict v996p = v996.data();
+    float *__restrict v106p = v106.data();
+    const float *__restrict v193p = v193.data();
+    const float *__restrict v417p = v417.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v399p = v399.data();
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+      const float s0 = v106p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v381p[i0];
+      const float s3 = v193p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v431p[i0];
+      const float s7 = v997p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v418p[0];
+      const float s11 = v417p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v381p[i0];
+      const float s16 = v193p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v430p[i0];
+      const float s19 = v996p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v416p[0];
+      const float s23 = v415p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v400p[0];
+      const float s27 = v399p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v21p[i0];
+      const float s29 = v106p[i0];
       const float s30 = (s29 - s28);
-      v431p[i0] = s10;
-      v430p[i0] = s22;
-      v21p[i0] = s30;
+      v997p[i0] = s10;
+      v996p[i0] = s22;
+      v106p[i0] = s30;
     }
   }
 
-  // 2 statements from roberta.mesh:72:3 mul (1 of 2)
-  support::View v452(param38_roberta_norm_gain_v); // updated in place
-  support::View v451(param37_roberta_norm_gain_m); // updated in place
-  support::View v27(param3_roberta_norm_bias);     // updated in place
-  support::View v473(param40_roberta_norm_bias_v); // updated in place
-  support::View v472(param39_roberta_norm_bias_m); // updated in place
-  repeated3(v26, v367, v452, v418, v451, v416, v400, v27, v364, v473, v472);
-
-  // 12 statements from roberta.mesh:72:3 mul (1 of 2)
-  support::View v494(param42_roberta_encoder_layer_0_self_attention_q_v);    // updated in place
-  support::View v493(param41_roberta_encoder_layer_0_self_attention_q_m);    // updated in place
-  support::View v515(param44_roberta_encoder_layer_0_self_attention_k_v);    // updated in place
-  support::View v514(param43_roberta_encoder_layer_0_self_attention_k_m);    // updated in place
-  support::View v536(param46_roberta_encoder_layer_0_self_attention_v_v);    // updated in place
-  support::View v535(param45_roberta_encoder_layer_0_self_attention_v_m);    // updated in place
-  support::View v557(param48_roberta_encoder_layer_0_self_attention_o_v);    // updated in place
-  support::View v556(param47_roberta_encoder_layer_0_self_attention_o_m);    // updated in place
-  support::View v578(param50_roberta_encoder_layer_0_norm_gain_v);           // updated in place
-  support::View v577(param49_roberta_encoder_layer_0_norm_gain_m);           // updated in place
-  support::View v49(param9_roberta_encoder_layer_0_norm_bias);               // updated in place
-  support::View v599(param52_roberta_encoder_layer_0_norm_bias_v);           // updated in place
-  support::View v598(param51_roberta_encoder_layer_0_norm_bias_m);           // updated in place
-  support::View v620(param54_roberta_encoder_layer_0_dense_relu_dense_wi_v); // updated in place
-  support::View v619(param53_roberta_encoder_layer_0_dense_relu_dense_wi_m); // updated in place
-  support::View v54(param11_roberta_encoder_layer_0_dense_relu_dense_bi);    // updated in place
-  support::View v641(param56_roberta_encoder_layer_0_dense_relu_dense_bi_v); // updated in place
-  support::View v640(param55_roberta_encoder_layer_0_dense_relu_dense_bi_m); // updated in place
-  support::View v662(param58_roberta_encoder_layer_0_dense_relu_dense_wo_v); // updated in place
-  support::View v661(param57_roberta_encoder_layer_0_dense_relu_dense_wo_m); // updated in place
-  support::View v56(param13_roberta_encoder_layer_0_dense_relu_dense_bo);    // updated in place
-  support::View v683(param60_roberta_encoder_layer_0_dense_relu_dense_bo_v); // updated in place
-  support::View v682(param59_roberta_encoder_layer_0_dense_relu_dense_bo_m); // updated in place
-  support::View v704(param62_roberta_encoder_layer_0_norm_1_gain_v);         // updated in place
-  support::View v703(param61_roberta_encoder_layer_0_norm_1_gain_m);         // updated in place
-  support::View v65(param15_roberta_encoder_layer_0_norm_1_bias);            // updated in place
-  support::View v725(param64_roberta_encoder_layer_0_norm_1_bias_v);         // updated in place
-  support::View v724(param63_roberta_encoder_layer_0_norm_1_bias_m);         // updated in place
-  repeated0(v31, v363, v494, v418, v493, v416, v400, v32, v359, v515, v514, v33, v354, v536, v535,
-            v34, v340, v557, v556, v48, v325, v578, v577, v49, v322, v599, v598, v53, v321, v620,
-            v619, v54, v317, v641, v640, v55, v299, v662, v661, v56, v297, v683, v682, v64, v283,
-            v704, v703, v65, v280, v725, v724);
-
-  // 12 statements from roberta.mesh:72:3 mul (2 of 2)
-  support::View v746(param66_roberta_encoder_layer_1_self_attention_q_v);    // updated in place
-  support::View v745(param65_roberta_encoder_layer_1_self_attention_q_m);    // updated in place
-  support::View v767(param68_roberta_encoder_layer_1_self_attention_k_v);    // updated in place
-  support::View v766(param67_roberta_encoder_layer_1_self_attention_k_m);    // updated in place
-  support::View v788(param70_roberta_encoder_layer_1_self_attention_v_v);    // updated in place
-  support::View v787(param69_roberta_encoder_layer_1_self_attention_v_m);    // updated in place
-  support::View v809(param72_roberta_encoder_layer_1_self_attention_o_v);    // updated in place
-  support::View v808(param71_roberta_encoder_layer_1_self_attention_o_m);    // updated in place
-  support::View v830(param74_roberta_encoder_layer_1_norm_gain_v);           // updated in place
-  support::View v829(param73_roberta_encoder_layer_1_norm_gain_m);           // updated in place
-  support::View v87(param21_roberta_encoder_layer_1_norm_bias);              // updated in place
-  support::View v851(param76_roberta_encoder_layer_1_norm_bias_v);           // updated in place
-  support::View v850(param75_roberta_encoder_layer_1_norm_bias_m);           // updated in place
-  support::View v872(param78_roberta_encoder_layer_1_dense_relu_dense_wi_v); // updated in place
-  support::View v871(param77_roberta_encoder_layer_1_dense_relu_dense_wi_m); // updated in place
-  support::View v92(param23_roberta_encoder_layer_1_dense_relu_dense_bi);    // updated in place
-  support::View v893(param80_roberta_encoder_layer_1_dense_relu_dense_bi_v); // updated in place
-  support::View v892(param79_roberta_encoder_layer_1_dense_relu_dense_bi_m); // updated in place
-  support::View v914(param82_roberta_encoder_layer_1_dense_relu_dense_wo_v); // updated in place
-  support::View v913(param81_roberta_encoder_layer_1_dense_relu_dense_wo_m); // updated in place
-  support::View v94(param25_roberta_encoder_layer_1_dense_relu_dense_bo);    // updated in place
-  support::View v935(param84_roberta_encoder_layer_1_dense_relu_dense_bo_v); // updated in place
-  support::View v934(param83_roberta_encoder_layer_1_dense_relu_dense_bo_m); // updated in place
-  support::View v956(param86_roberta_encoder_layer_1_norm_1_gain_v);         // updated in place
-  support::View v955(param85_roberta_encoder_layer_1_norm_1_gain_m);         // updated in place
-  support::View v103(param27_roberta_encoder_layer_1_norm_1_bias);           // updated in place
-  support::View v977(param88_roberta_encoder_layer_1_norm_1_bias_v);         // updated in place
-  support::View v976(param87_roberta_encoder_layer_1_norm_1_bias_m);         // updated in place
-  repeated0(v69, v279, v746, v418, v745, v416, v400, v70, v275, v767, v766, v71, v270, v788, v787,
-            v72, v256, v809, v808, v86, v241, v830, v829, v87, v238, v851, v850, v91, v237, v872,
-            v871, v92, v233, v893, v892, v93, v215, v914, v913, v94, v213, v935, v934, v102, v199,
-            v956, v955, v103, v196, v977, v976);
-
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/lm_head/dense
-  support::View v998(param90_roberta_lm_head_dense_v); // updated in place
-  support::View v997(param89_roberta_lm_head_dense_m); // updated in place
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/lm_head/dense_bias
+  support::View v107(param29_roberta_lm_head_dense_bias);    // updated in place
+  support::View v1018(param92_roberta_lm_head_dense_bias_v); // updated in place
+  support::View v1017(param91_roberta_lm_head_dense_bias_m); // updated in place
   {
-    float *__restrict v998p = v998.data();
-    float *__restrict v997p = v997.data();
+    float *__restrict v1018p = v1018.data();
+    float *__restrict v1017p = v1017.data();
     float *__restrict v107p = v107.data();
-    const float *__restrict v194p = v194.data();
-    const float *__restrict v418p = v418.data();
-    const float *__restrict v416p = v416.data();
-    const float *__restrict v400p = v400.data();
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+    const float *__restrict v191p = v191.data();
+    const float *__restrict v417p = v417.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v399p = v399.data();
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
       const float s0 = v107p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v194p[i0];
+      const float s3 = v191p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v998p[i0];
+      const float s7 = v1018p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v418p[0];
+      const float s11 = v417p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v194p[i0];
+      const float s16 = v191p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v997p[i0];
+      const float s19 = v1017p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v416p[0];
+      const float s23 = v415p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v400p[0];
+      const float s27 = v399p[0];
       const float s28 = (s26 * s27);
       const float s29 = v107p[i0];
       const float s30 = (s29 - s28);
-      v998p[i0] = s10;
-      v997p[i0] = s22;
+      v1018p[i0] = s10;
+      v1017p[i0] = s22;
       v107p[i0] = s30;
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/lm_head/dense_bias
-  support::View v108(param29_roberta_lm_head_dense_bias);    // updated in place
-  support::View v1019(param92_roberta_lm_head_dense_bias_v); // updated in place
-  support::View v1018(param91_roberta_lm_head_dense_bias_m); // updated in place
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/lm_head/output_bias
+  support::View v109(param30_roberta_lm_head_output_bias);    // updated in place
+  support::View v1039(param94_roberta_lm_head_output_bias_v); // updated in place
+  support::View v1038(param93_roberta_lm_head_output_bias_m); // updated in place
   {
-    float *__restrict v1019p = v1019.data();
-    float *__restrict v1018p = v1018.data();
-    float *__restrict v108p = v108.data();
-    const float *__restrict v192p = v192.data();
-    const float *__restrict v418p = v418.data();
-    const float *__restrict v416p = v416.data();
-    const float *__restrict v400p = v400.data();
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v108p[i0];
-      const float s1 = 0.01f;
-      const float s2 = (s0 * s1);
-      const float s3 = v192p[i0];
-      const float s4 = s3 * s3;
-      const float s5 = 0.01999998f;
-      const float s6 = (s4 * s5);
-      const float s7 = v1019p[i0];
-      const float s8 = 0.98f;
-      const float s9 = (s7 * s8);
-      const float s10 = (s9 + s6);
-      const float s11 = v418p[0];
-      const float s12 = (s10 / s11);
-      const float s13 = support::fsqrt(s12);
-      const float s14 = 1e-06f;
-      const float s15 = (s13 + s14);
-      const float s16 = v192p[i0];
-      const float s17 = 0.100000024f;
-      const float s18 = (s16 * s17);
-      const float s19 = v1018p[i0];
-      const float s20 = 0.9f;
-      const float s21 = (s19 * s20);
-      const float s22 = (s21 + s18);
-      const float s23 = v416p[0];
-      const float s24 = (s22 / s23);
-      const float s25 = (s24 / s15);
-      const float s26 = (s25 + s2);
-      const float s27 = v400p[0];
-      const float s28 = (s26 * s27);
-      const float s29 = v108p[i0];
-      const float s30 = (s29 - s28);
-      v1019p[i0] = s10;
-      v1018p[i0] = s22;
-      v108p[i0] = s30;
-    }
-  }
-
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/lm_head/output_bias
-  support::View v110(param30_roberta_lm_head_output_bias);    // updated in place
-  support::View v1040(param94_roberta_lm_head_output_bias_v); // updated in place
-  support::View v1039(param93_roberta_lm_head_output_bias_m); // updated in place
-  {
-    float *__restrict v1040p = v1040.data();
     float *__restrict v1039p = v1039.data();
-    float *__restrict v110p = v110.data();
-    const float *__restrict v147p = v147.data();
-    const float *__restrict v418p = v418.data();
-    const float *__restrict v416p = v416.data();
-    const float *__restrict v400p = v400.data();
+    float *__restrict v1038p = v1038.data();
+    float *__restrict v109p = v109.data();
+    const float *__restrict v146p = v146.data();
+    const float *__restrict v417p = v417.data();
+    const float *__restrict v415p = v415.data();
+    const float *__restrict v399p = v399.data();
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-      const float s0 = v110p[i0];
+      const float s0 = v109p[i0];
       const float s1 = 0.01f;
       const float s2 = (s0 * s1);
-      const float s3 = v147p[i0];
+      const float s3 = v146p[i0];
       const float s4 = s3 * s3;
       const float s5 = 0.01999998f;
       const float s6 = (s4 * s5);
-      const float s7 = v1040p[i0];
+      const float s7 = v1039p[i0];
       const float s8 = 0.98f;
       const float s9 = (s7 * s8);
       const float s10 = (s9 + s6);
-      const float s11 = v418p[0];
+      const float s11 = v417p[0];
       const float s12 = (s10 / s11);
       const float s13 = support::fsqrt(s12);
       const float s14 = 1e-06f;
       const float s15 = (s13 + s14);
-      const float s16 = v147p[i0];
+      const float s16 = v146p[i0];
       const float s17 = 0.100000024f;
       const float s18 = (s16 * s17);
-      const float s19 = v1039p[i0];
+      const float s19 = v1038p[i0];
       const float s20 = 0.9f;
       const float s21 = (s19 * s20);
       const float s22 = (s21 + s18);
-      const float s23 = v416p[0];
+      const float s23 = v415p[0];
       const float s24 = (s22 / s23);
       const float s25 = (s24 / s15);
       const float s26 = (s25 + s2);
-      const float s27 = v400p[0];
+      const float s27 = v399p[0];
       const float s28 = (s26 * s27);
-      const float s29 = v110p[i0];
+      const float s29 = v109p[i0];
       const float s30 = (s29 - s28);
-      v1040p[i0] = s10;
-      v1039p[i0] = s22;
-      v110p[i0] = s30;
+      v1039p[i0] = s10;
+      v1038p[i0] = s22;
+      v109p[i0] = s30;
     }
   }
 
-  // 2 statements from roberta.mesh:72:3 mul (2 of 2)
-  support::View v1061(param96_roberta_lm_head_norm_gain_v); // updated in place
-  support::View v1060(param95_roberta_lm_head_norm_gain_m); // updated in place
-  support::View v116(param32_roberta_lm_head_norm_bias);    // updated in place
-  support::View v1082(param98_roberta_lm_head_norm_bias_v); // updated in place
-  support::View v1081(param97_roberta_lm_head_norm_bias_m); // updated in place
-  repeated3(v115, v154, v1061, v418, v1060, v416, v400, v116, v151, v1082, v1081);
+  // 2 statements from roberta.mesh:71:3 mul (2 of 2)
+  support::View v1060(param96_roberta_lm_head_norm_gain_v); // updated in place
+  support::View v1059(param95_roberta_lm_head_norm_gain_m); // updated in place
+  support::View v115(param32_roberta_lm_head_norm_bias);    // updated in place
+  support::View v1081(param98_roberta_lm_head_norm_bias_v); // updated in place
+  support::View v1080(param97_roberta_lm_head_norm_bias_m); // updated in place
+  repeated3(v114, v153, v1060, v417, v1059, v415, v399, v115, v150, v1081, v1080);
 
   group_data_model.wait(request0);
 }
@@ -2633,22 +2630,22 @@ void MlmTrain::repeated0(
     support::ConstView a44, support::View a45, support::View a46, support::View a47,
     support::ConstView a48, support::View a49, support::View a50) {
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/self_attention/q
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/q
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -2695,22 +2692,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/self_attention/k
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/k
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -2757,22 +2754,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/self_attention/v
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/v
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -2819,22 +2816,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/self_attention/o
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/self_attention/o
   {
     float *__restrict a17p = a17.data();
     float *__restrict a18p = a18.data();
@@ -2881,22 +2878,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/norm/gain
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/gain
   {
     float *__restrict a21p = a21.data();
     float *__restrict a22p = a22.data();
@@ -2943,22 +2940,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/norm/bias
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm/bias
   {
     float *__restrict a25p = a25.data();
     float *__restrict a26p = a26.data();
@@ -3005,22 +3002,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wi
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wi
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -3067,22 +3064,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bi
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bi
   {
     float *__restrict a33p = a33.data();
     float *__restrict a34p = a34.data();
@@ -3129,22 +3126,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wo
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/wo
   {
     float *__restrict a37p = a37.data();
     float *__restrict a38p = a38.data();
@@ -3191,22 +3188,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bo
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/dense_relu_dense/bo
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -3253,22 +3250,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/norm#1/gain
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/gain
   {
     float *__restrict a45p = a45.data();
     float *__restrict a46p = a46.data();
@@ -3315,22 +3312,22 @@ void MlmTrain::repeated0(
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/encoder_layer[0]/norm#1/bias
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -3487,7 +3484,7 @@ void MlmTrain::repeated1(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan5.run(a7.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %226 over model for add at
+  // encoder_layers.mesh:45:16 all_reduce_sum (resolve the partial sum of %225 over model for add at
   // 45:16)
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Sum);
 
@@ -3747,8 +3744,8 @@ void MlmTrain::repeated1(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan31.run(a41.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %258 over model
-  // for add at 30:23; merged with 2 more partial sums over model (%273, %277): 12.0 KiB in one
+  // encoder_layers.mesh:30:23 bucketed_all_reduce_sum (resolve the partial sum of %257 over model
+  // for add at 30:23; merged with 2 more partial sums over model (%272, %276): 12.0 KiB in one
   // buffer)
   auto request2 = support::startAllReduce(group_model, {a45, a47, a49}, meshrt::ReduceOp::Sum);
 
@@ -3992,7 +3989,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan6.run(a9.data(), a10.data(), a11.data(), 1.0f, 0.0f);
 
-  // roberta.mesh:22:18 all_reduce_sum (resolve the partial sum of %44 over model for add at 22:18)
+  // roberta.mesh:22:18 all_reduce_sum (resolve the partial sum of %43 over model for add at 22:18)
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Sum);
 
   // roberta.mesh:22:18 add
@@ -4068,7 +4065,7 @@ void MlmTrain::repeated2(support::ConstView a0, support::ConstView a1, support::
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan13.run(a21.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
-  // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %58 over model for add at
+  // encoder_layers.mesh:46:50 all_reduce_sum (resolve the partial sum of %57 over model for add at
   // 46:50)
   group_model.allReduce(a23.data(), a23.size(), meshrt::ReduceOp::Sum);
 
@@ -4126,22 +4123,22 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
                          support::ConstView a6, support::View a7, support::ConstView a8,
                          support::View a9, support::View a10) {
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/norm/gain
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/norm/gain
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -4188,22 +4185,22 @@ void MlmTrain::repeated3(support::View a0, support::ConstView a1, support::View 
     }
   }
 
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 square
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 sqrt
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 div
-  // roberta.mesh:72:3 add
-  // roberta.mesh:72:3 mul
-  // roberta.mesh:72:3 sub -> next/roberta/norm/bias
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 square
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 sqrt
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 div
+  // roberta.mesh:71:3 add
+  // roberta.mesh:71:3 mul
+  // roberta.mesh:71:3 sub -> next/roberta/norm/bias
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
