@@ -77,12 +77,15 @@ struct KeywordArg {
   ExprPtr value;
 };
 
-/// `callee(pos, pos, ... [-> out, out, ...] [, key = value, ...])`.
+/// `callee[dim, ...](pos, pos, ... [-> out, out, ...] [, key = value, ...])`.
 /// Builtins and defs share this form; sema decides what the positional arguments mean
-/// (tensors, dim names, dtypes) and what the arrow list names (output dims).
+/// (tensors, dim names, dtypes) and what the arrow list names (output dims). The bracketed
+/// dims bind a generic def's dim parameters explicitly.
 struct CallExpr : Expr {
   CallExpr(Loc loc, Ident callee) : Expr(Kind::Call, loc), callee(std::move(callee)) {}
   Ident callee;
+  bool hasDimArgs = false;
+  std::vector<Ident> dimArgs;
   std::vector<ExprPtr> args;
   bool hasArrow = false;
   Loc arrowLoc;
@@ -115,7 +118,7 @@ struct TypeExpr : Expr {
 // ---------------------------------------------------------------- statements
 
 struct Stmt {
-  enum class Kind { Let, Assign, Param, Const, Return, Repeat, Minimize, BindResults };
+  enum class Kind { Let, Assign, Param, Const, Return, Repeat, Minimize, BindResults, Dim };
   Stmt(Kind kind, Loc loc) : kind(kind), loc(loc) {}
   virtual ~Stmt() = default;
   const Kind kind;
@@ -188,6 +191,15 @@ struct BindResultsStmt : Stmt {
   static bool classof(const Stmt* s) { return s->kind == Kind::BindResults; }
 };
 
+/// `dim name = expr`: a dim local to a def (or program, train) body whose size is a constant
+/// expression over `size(...)` of the dims in scope and numbers.
+struct DimStmt : Stmt {
+  DimStmt(Loc loc) : Stmt(Kind::Dim, loc) {}
+  Ident name;
+  ExprPtr size;
+  static bool classof(const Stmt* s) { return s->kind == Kind::Dim; }
+};
+
 // ---------------------------------------------------------------- declarations
 
 /// `name: type` in a signature.
@@ -250,10 +262,12 @@ struct LayoutDecl : Decl {
   static bool classof(const Decl* d) { return d->kind == Kind::Layout; }
 };
 
-/// `def name(args) -> type { body }`: a reusable block; each call site owns its params.
+/// `def name[dims](args) -> type { body }`: a reusable block; each call site owns its params.
+/// `dimParams` (possibly none) are bound at each call to the caller's dims.
 struct DefDecl : Decl {
   DefDecl(Loc loc) : Decl(Kind::Def, loc) {}
   Ident name;
+  std::vector<Ident> dimParams;
   std::vector<TypedName> args;
   TypeSpec result;
   /// `-> (a: type, b: type)`: several named results (then `result` is unused).

@@ -122,6 +122,7 @@ private:
     case Decl::Kind::Def: {
       const auto& def = cast<DefDecl>(decl);
       line(indent, "DefDecl", decl.loc) << " " << def.name.name;
+      if (!def.dimParams.empty()) os_ << "[" << names(def.dimParams) << "]";
       if (!def.hasSeveralResults()) os_ << " -> " << typeText(def.result);
       os_ << "\n";
       printTypedNames("Arg", def.args, indent + 1);
@@ -211,6 +212,12 @@ private:
       printExpr(*minimize.optimizer, indent + 1);
       return;
     }
+    case Stmt::Kind::Dim: {
+      const auto& dim = cast<DimStmt>(stmt);
+      line(indent, "DimStmt", stmt.loc) << " " << dim.name.name << "\n";
+      printExpr(*dim.size, indent + 1);
+      return;
+    }
     }
   }
 
@@ -243,6 +250,7 @@ private:
     case Expr::Kind::Call: {
       const auto& call = cast<CallExpr>(expr);
       line(indent, "CallExpr", expr.loc) << " " << call.callee.name;
+      if (call.hasDimArgs) os_ << "[" << names(call.dimArgs) << "]";
       if (call.hasArrow)
         os_ << " -> [" << names(call.arrowDims) << "] (arrow at " << at(call.arrowLoc) << ")";
       os_ << "\n";

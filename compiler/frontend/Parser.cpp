@@ -144,6 +144,8 @@ private:
   StmtPtr parseMinimizeStmt();
   StmtPtr parseBindResults(Loc loc, bool isLet, Ident first);
   std::optional<std::string> parseTiedPath(ParamStmt& stmt);
+  StmtPtr parseDimStmt();
+  bool parseDimParams(DefDecl& def);
   ExprPtr parseExpr();
   ExprPtr parseCompare();
   ExprPtr parseAdditive();
@@ -219,6 +221,7 @@ void Parser::syncStmt(size_t startConsumed) {
     case Tok::KwReturn:
     case Tok::KwRepeat:
     case Tok::KwMinimize:
+    case Tok::KwDim:
       return;
     case Tok::Semicolon:
       consume();
@@ -395,12 +398,14 @@ bool Parser::parseAxes(LayoutDecl::Entry& entry) {
   return expect(Tok::RBracket, "',' or ']'");
 }
 
-/// defDecl ::= 'def' IDENT '(' [ typedName { ',' typedName } ] ')' '->' defResults block
+/// defDecl ::= 'def' IDENT [ dimParams ] '(' [ typedName { ',' typedName } ] ')' '->' defResults
+///             block
 /// defResults ::= tensorType | '(' typedName { ',' typedName } ')'
 DeclPtr Parser::parseDefDecl() {
   auto decl = std::make_unique<DefDecl>(consume().loc);
   std::optional<Ident> name = parseIdent("a def name");
-  if (!name || !parseTypedNames(decl->args, /*allowEmpty=*/true) || !expect(Tok::Arrow))
+  if (!name || (is(Tok::LBracket) && !parseDimParams(*decl)) ||
+      !parseTypedNames(decl->args, /*allowEmpty=*/true) || !expect(Tok::Arrow))
     return nullptr;
   decl->name = std::move(*name);
   if (is(Tok::LParen)) {
@@ -413,6 +418,18 @@ DeclPtr Parser::parseDefDecl() {
   }
   if (!parseBlock(decl->body)) return nullptr;
   return decl;
+}
+
+/// dimParams ::= '[' IDENT { ',' IDENT } ']'
+/// The dims a generic def is written over; each call binds them to dims of the caller.
+bool Parser::parseDimParams(DefDecl& def) {
+  consume(); // '['
+  do {
+    std::optional<Ident> dim = parseIdent("a dim parameter name");
+    if (!dim) return false;
+    def.dimParams.push_back(std::move(*dim));
+  } while (consumeIf(Tok::Comma));
+  return expect(Tok::RBracket, "',' or ']'");
 }
 
 /// programDecl ::= 'program' IDENT '(' [ typedName { ',' typedName } ] ')'
@@ -562,13 +579,14 @@ std::optional<DType> Parser::parseDType() {
 
 /// block ::= '{' { stmt [ ';' ] } '}'
 /// A bad statement is skipped (syncStmt) and the block goes on; returns false only when the
-/// block itself is malformed (no '{', no '}' or nested too deeply).
+/// block itself is malformed (no '{', no '}' or nested too deeply). `dim` starts a statement
+/// inside a block (a local dim), every other top-level keyword ends the block.
 bool Parser::parseBlock(std::vector<StmtPtr>& body) {
   NestingGuard guard(*this, blockDepth_, Diag::ErrBlocksTooDeep);
   if (!guard.ok || !expect(Tok::LBrace)) return false;
   bool recovering = false;
   while (!is(Tok::RBrace)) {
-    if (is(Tok::Eof) || isTopLevelKeyword(tok().kind)) {
+    if (is(Tok::Eof) || (isTopLevelKeyword(tok().kind) && !is(Tok::KwDim))) {
       // After a bad statement the missing '}' is most likely a consequence: stay quiet.
       return recovering ? false : error("'}'");
     }
@@ -587,8 +605,11 @@ bool Parser::parseBlock(std::vector<StmtPtr>& body) {
 }
 
 /// stmt ::= letStmt | assignStmt | paramStmt | returnStmt | repeatStmt | minimizeStmt
+///        | dimStmt
 StmtPtr Parser::parseStmt() {
   switch (tok().kind) {
+  case Tok::KwDim:
+    return parseDimStmt();
   case Tok::KwLet:
     return parseLetStmt();
   case Tok::KwParam:
@@ -603,7 +624,7 @@ StmtPtr Parser::parseStmt() {
   case Tok::Ident:
     return parseAssignStmt();
   default:
-    error("a statement (let, param, const, return, repeat, minimize or 'name = ...')");
+    error("a statement (let, param, const, return, repeat, minimize, dim or 'name = ...')");
     return nullptr;
   }
 }
@@ -739,6 +760,18 @@ StmtPtr Parser::parseMinimizeStmt() {
   return stmt;
 }
 
+/// dimStmt ::= 'dim' IDENT '=' expr
+/// A local dim; sema evaluates the expression as a constant (numbers, size(dim), arithmetic).
+StmtPtr Parser::parseDimStmt() {
+  auto stmt = std::make_unique<DimStmt>(consume().loc);
+  std::optional<Ident> name = parseIdent("a dim name");
+  if (!name || !expect(Tok::Assign)) return nullptr;
+  stmt->name = std::move(*name);
+  stmt->size = parseExpr();
+  if (!stmt->size) return nullptr;
+  return stmt;
+}
+
 // ---------------------------------------------------------------- expressions
 
 /// expr ::= compare
@@ -849,7 +882,7 @@ ExprPtr Parser::parsePrimary() {
     return std::make_unique<NumberExpr>(number.loc, number.number, number.isInteger);
   }
   case Tok::Ident: {
-    if (peek(1).kind == Tok::LParen) return parseCall();
+    if (peek(1).kind == Tok::LParen || peek(1).kind == Tok::LBracket) return parseCall();
     Token name = consume();
     return std::make_unique<NameExpr>(name.loc, name.text.str());
   }
@@ -887,10 +920,15 @@ ExprPtr Parser::parsePrimary() {
   }
 }
 
-/// call ::= IDENT '(' [ callArgs ] ')'
+/// call ::= IDENT [ '[' [ IDENT { ',' IDENT } ] ']' ] '(' [ callArgs ] ')'
+/// The bracketed dims bind a generic def's dim parameters explicitly (`attention[dec, enc](x, m)`).
 std::unique_ptr<CallExpr> Parser::parseCall() {
   auto call = std::make_unique<CallExpr>(tok().loc, identFrom(tok()));
   consume();
+  if (is(Tok::LBracket)) {
+    call->hasDimArgs = true;
+    if (!parseDimList(call->dimArgs)) return nullptr;
+  }
   if (!expect(Tok::LParen)) return nullptr;
   if (consumeIf(Tok::RParen)) return call;
   if (!parseCallArgs(*call) || !expect(Tok::RParen, "',' or ')'")) return nullptr;

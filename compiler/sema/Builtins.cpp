@@ -16,21 +16,6 @@ using llvm::SMLoc;
 
 namespace {
 
-/// A number literal, possibly negated: keyword arguments take these.
-struct Literal {
-  double value = 0;
-  bool isInteger = false;
-};
-
-std::optional<Literal> literalOf(const ast::Expr& expr) {
-  if (auto* number = dyn_cast<ast::NumberExpr>(&expr))
-    return Literal{number->value, number->isInteger};
-  if (auto* unary = dyn_cast<ast::UnaryExpr>(&expr))
-    if (unary->operand)
-      if (auto inner = literalOf(*unary->operand)) return Literal{-inner->value, inner->isInteger};
-  return std::nullopt;
-}
-
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
@@ -91,22 +76,24 @@ std::optional<double> FunctionLowerer::numberArg(const KwMap& kw, const std::str
   auto it = kw.find(name);
   if (it == kw.end()) return fallback;
   const ast::KeywordArg& arg = *it->second;
-  std::optional<Literal> literal = arg.value ? literalOf(*arg.value) : std::nullopt;
-  if (!literal || (integer && (!literal->isInteger || std::fabs(literal->value) > 1e15)) ||
+  std::optional<Constant> literal =
+      arg.value
+          ? constantValue(*arg.value, fmt::format("keyword argument '{}' of '{}'", name, callee))
+          : std::nullopt;
+  if (!literal) return std::nullopt; // reported
+  if ((integer && (!literal->isInteger || std::fabs(literal->value) > 1e15)) ||
       !std::isfinite(literal->value)) {
     error(arg.value ? arg.value->loc : arg.name.loc, Diag::ErrExpectedLiteral, name, callee,
-          integer ? "an integer" : "a number");
+          integer ? "an integer" : "a finite");
     return std::nullopt;
   }
   return literal->value;
 }
 
 std::optional<std::string> FunctionLowerer::declaredDim(const ast::Ident& ident) {
-  if (!globals_.dims.count(ident.name)) {
-    error(ident.loc, Diag::ErrUnknownDim, ident.name);
-    return std::nullopt;
-  }
-  return ident.name;
+  std::optional<std::string> dim = resolveDim(ident.name); // a dim parameter's binding, ...
+  if (!dim) unknownDim(ident.loc, ident.name);
+  return dim;
 }
 
 std::optional<std::string> FunctionLowerer::dimArg(const ast::Expr& expr, const std::string& callee,
@@ -1179,12 +1166,9 @@ FunctionLowerer::lowerOptimizer(const ast::CallExpr& call) {
   std::optional<double> lr;
   SMLoc lrLoc = call.callee.loc;
   if (!call.args.empty()) {
-    std::optional<Literal> literal = literalOf(*call.args[0]);
     lrLoc = call.args[0]->loc;
-    if (!literal) {
-      error(lrLoc, Diag::ErrExpectedLiteral, "lr", name, "a number");
-      return std::nullopt;
-    }
+    std::optional<Constant> literal = constantValue(*call.args[0], "the learning rate");
+    if (!literal) return std::nullopt;
     lr = literal->value;
   } else if (kw.count("lr")) {
     lrLoc = kw.at("lr")->value ? kw.at("lr")->value->loc : kw.at("lr")->name.loc;

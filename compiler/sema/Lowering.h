@@ -39,6 +39,10 @@ private:
 struct DimInfo {
   int64_t size = 0;
   llvm::SMLoc loc;
+  /// A dim declared in a def body (`dim half = size(S) / 2`): only its own body names it, by
+  /// `sourceName`; the map's key is its IR name (see FunctionLowerer::localDimName).
+  bool local = false;
+  std::string sourceName;
 };
 
 struct LayoutInfo {
@@ -106,10 +110,25 @@ struct Scope {
   }
 };
 
+/// A compile-time constant: keyword arguments, local dim sizes, `size(d)`.
+struct Constant {
+  double value = 0;
+  bool isInteger = false;
+};
+
+/// The dims a call frame names beyond the global ones: a generic def's dim parameters and the
+/// local dims of its body, each mapped to the IR dim it stands for in this call.
+struct FrameDims {
+  std::map<std::string, std::string> names; // as written -> IR dim name
+  std::map<std::string, llvm::SMLoc> locs;  // where each was declared
+  std::set<std::string> failed;             // local dims whose declaration was an error
+};
+
 /// One inlined call site (or the function body itself): names its params and random streams.
 struct CallFrame {
   std::string path; // "" for the function body, else `block[2]/attn`
   const ast::DefDecl* def = nullptr;
+  FrameDims dims;
   std::string repeatSuffix;            // `[i]` per enclosing repeat of this frame, outermost first
   std::map<std::string, int> defCalls; // by def name + repeatSuffix
   std::map<std::string, int> randomCount; // by repeatSuffix
@@ -190,6 +209,27 @@ private:
   Operand lowerExternCall(const ExternInfo& ext, const ast::CallExpr& call, Scope& scope);
   std::string childPath(const std::string& segment) const;
 
+  // ---- Generic.cpp: dim parameters, local dims, constants
+  /// The IR dim that `name` stands for here (a dim parameter, a local dim or a global dim).
+  std::optional<std::string> resolveDim(const std::string& name) const;
+  /// Reports an unknown dim, unless it names a local dim whose declaration failed.
+  void unknownDim(llvm::SMLoc loc, const std::string& name);
+  /// Binds the dim parameters of a generic def at one call: explicitly from `callee[dims]`,
+  /// then from the argument types. nullopt after an error (reported).
+  std::optional<FrameDims> bindDimParams(const ast::DefDecl& def, const ast::CallExpr& call,
+                                         const std::vector<Operand>& args);
+  void lowerDimStmt(const ast::DimStmt& stmt, BlockKind kind);
+  /// The IR name of a local dim of this size: its own name unless another size took it.
+  std::string localDimName(const ast::Ident& name, int64_t size);
+  /// Evaluates a constant expression; reports `what` must be constant when it is not.
+  std::optional<Constant> constantValue(const ast::Expr& expr, const std::string& what);
+  /// The same without reporting: tensor expressions fold their constant parts with it.
+  std::optional<Constant> foldConstant(const ast::Expr& expr);
+  std::optional<Constant> evalConstant(const ast::Expr& expr, const std::string* what);
+  /// `size(d)` in a tensor expression: an integer literal.
+  Operand lowerSize(const ast::CallExpr& call);
+  /// A constant (sub)expression of a tensor expression as a literal, else poison.
+  Operand foldedLiteral(const ast::Expr& expr);
   // ---- ParamsAndResults.cpp: shared and tied params, defs with several results, metrics
   /// The path of a param declared in the current frame (`as "path"` or its call path).
   std::string paramPathOf(const ast::ParamStmt& param);
@@ -299,6 +339,8 @@ private:
   bool reportedDepth_ = false;               // the nesting limit is reported once
   std::set<std::string> reportedCycles_;     // recursive def cycles, across functions
   std::map<std::string, size_t> paramIndex_; // path -> index in fn_.params
+  /// While a generic def's signature is converted: its dim parameters' bindings.
+  const FrameDims* signatureDims_ = nullptr;
 };
 
 /// Reports params of one path declared differently by two functions (a program and a train

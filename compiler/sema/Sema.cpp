@@ -80,18 +80,20 @@ std::optional<ir::TensorType> FunctionLowerer::convertType(const ast::TypeSpec& 
   type.dtype = convertDType(spec.dtype);
   bool ok = true;
   for (const ast::Ident& d : spec.dims) {
-    auto it = globals_.dims.find(d.name);
-    if (it == globals_.dims.end()) {
-      error(d.loc, Diag::ErrUnknownDim, d.name);
+    std::optional<std::string> name = resolveDim(d.name); // a dim parameter's binding, ...
+    if (!name) {
+      unknownDim(d.loc, d.name);
       ok = false;
       continue;
     }
-    if (type.hasDim(d.name)) {
-      error(d.loc, Diag::ErrDimListedTwice, d.name, "a type");
+    if (type.hasDim(*name)) {
+      error(d.loc, Diag::ErrDimListedTwice, *name,
+            *name == d.name ? std::string("a type")
+                            : fmt::format("a type (as the binding of '{}')", d.name));
       ok = false;
       continue;
     }
-    type.dims.push_back({d.name, it->second.size});
+    type.dims.push_back({*name, globals_.dims.at(*name).size});
   }
   if (!ok) return std::nullopt;
   if (!elementCount(type)) {
@@ -275,6 +277,8 @@ std::optional<ir::Function> FunctionLowerer::lowerTrain(const ast::TrainDecl& tr
 }
 
 void FunctionLowerer::checkDef(const ast::DefDecl& def) {
+  // A generic def's types need its dim parameters' bindings: it is checked where it is called.
+  if (!def.dimParams.empty()) return;
   beginFunction(def.name.name, def.name.loc);
   Scope scope;
   bindInputs(def.args, scope);
@@ -341,6 +345,9 @@ void FunctionLowerer::lowerStmt(const ast::Stmt& stmt, Scope& scope, BlockKind k
     break;
   case ast::Stmt::Kind::Minimize:
     lowerMinimize(static_cast<const ast::MinimizeStmt&>(stmt), scope);
+    break;
+  case ast::Stmt::Kind::Dim:
+    lowerDimStmt(static_cast<const ast::DimStmt&>(stmt), kind);
     break;
   }
 }
@@ -457,12 +464,12 @@ void FunctionLowerer::lowerRepeat(const ast::RepeatStmt& repeat, Scope& scope) {
     if (number->isInteger && number->value >= 1 && number->value <= 1e15)
       count = static_cast<int64_t>(number->value);
   } else if (auto* name = countExpr ? dyn_cast<ast::NameExpr>(countExpr) : nullptr) {
-    auto it = globals_.dims.find(name->name);
-    if (it == globals_.dims.end()) {
-      error(name->loc, Diag::ErrUnknownDim, name->name);
+    std::optional<std::string> dim = resolveDim(name->name);
+    if (!dim) {
+      unknownDim(name->loc, name->name);
       return;
     }
-    count = it->second.size;
+    count = globals_.dims.at(*dim).size;
   }
   if (count < 1) {
     error(countExpr ? countExpr->loc : repeat.loc, Diag::ErrRepeatCount);
@@ -576,6 +583,10 @@ std::vector<Operand> FunctionLowerer::inlineDefResults(const ast::DefDecl& def,
   }
   if (tooLarge_) return {};
 
+  // A generic def's dim parameters are bound first: its signature's types are read with them.
+  std::optional<FrameDims> dims = bindDimParams(def, call, args);
+  if (!dims) return {};
+  signatureDims_ = &*dims;
   // Arguments take the declared types (transposed if needed).
   Scope defScope;
   bool ok = true;
@@ -594,7 +605,9 @@ std::vector<Operand> FunctionLowerer::inlineDefResults(const ast::DefDecl& def,
     if (binding.value.isPoison()) ok = false;
     declare(defScope, formal.name, std::move(binding));
   }
-  if (!ok || !resultTypes(def)) return {};
+  bool signatureOk = ok && resultTypes(def);
+  signatureDims_ = nullptr;
+  if (!signatureOk) return {};
 
   CallFrame& caller = frames_.back();
   int& calls = caller.defCalls[def.name.name + caller.repeatSuffix];
@@ -611,6 +624,7 @@ std::vector<Operand> FunctionLowerer::inlineDefResults(const ast::DefDecl& def,
     frame.paramPath = parent.empty() ? paramSegment : parent + "/" + paramSegment;
   }
   frame.def = &def;
+  frame.dims = std::move(*dims);
   frames_.push_back(std::move(frame));
   inlineStack_.push_back(&def);
   ++depth_;
@@ -634,7 +648,7 @@ Operand FunctionLowerer::lowerName(const ast::NameExpr& name, Scope& scope) {
     value.loc = name.loc;
     return value;
   }
-  if (globals_.dims.count(name.name)) {
+  if (resolveDim(name.name)) {
     error(name.loc, Diag::ErrNotAValue, fmt::format("dim '{}'", name.name));
     return Operand::poison();
   }
@@ -719,6 +733,7 @@ Operand FunctionLowerer::lowerExprInner(const ast::Expr& expr, Scope& scope) {
   case ast::Expr::Kind::Name:
     return lowerName(static_cast<const ast::NameExpr&>(expr), scope);
   case ast::Expr::Kind::Unary: {
+    if (Operand folded = foldedLiteral(expr); !folded.isPoison()) return folded;
     auto& unary = static_cast<const ast::UnaryExpr&>(expr);
     Operand operand = unary.operand ? lowerExpr(*unary.operand, scope) : Operand::poison();
     if (operand.kind == Operand::Kind::Literal) {
@@ -730,6 +745,7 @@ Operand FunctionLowerer::lowerExprInner(const ast::Expr& expr, Scope& scope) {
     return addOp(ir::OpKind::Neg, {operand.id}, typeOf(operand), unary.loc);
   }
   case ast::Expr::Kind::Binary: {
+    if (Operand folded = foldedLiteral(expr); !folded.isPoison()) return folded;
     auto& binary = static_cast<const ast::BinaryExpr&>(expr);
     Operand lhs = binary.lhs ? lowerExpr(*binary.lhs, scope) : Operand::poison();
     Operand rhs = binary.rhs ? lowerExpr(*binary.rhs, scope) : Operand::poison();
@@ -747,8 +763,14 @@ Operand FunctionLowerer::lowerExprInner(const ast::Expr& expr, Scope& scope) {
     auto& call = static_cast<const ast::CallExpr&>(expr);
     auto def = globals_.defs.find(call.callee.name);
     if (def != globals_.defs.end()) return inlineDef(*def->second, call, scope);
+    if (call.hasDimArgs) {
+      error(call.callee.loc, Diag::ErrDimArgCount, call.callee.name, 0, call.dimArgs.size());
+      return Operand::poison();
+    }
     auto ext = globals_.externs.find(call.callee.name);
     if (ext != globals_.externs.end()) return lowerExternCall(ext->second, call, scope);
+    if (Operand folded = foldedLiteral(expr); !folded.isPoison()) return folded;
+    if (call.callee.name == "size") return lowerSize(call);
     return lowerBuiltin(call, scope);
   }
   case ast::Expr::Kind::List:
@@ -1180,6 +1202,10 @@ std::optional<ir::Module> ModuleLowerer::run() {
       module_.functions.push_back(std::move(*fn));
     }
   }
+  // Local dims of the inlined defs join the module's dims (not those of the defs checked
+  // alone below: no function of the module uses them).
+  for (const auto& [name, info] : globals_.dims)
+    if (info.local) module_.dims[name] = info.size;
   checkParamsAcrossFunctions(module_.functions, reporter_);
   // Defs that no program or train block inlined are checked on their own (their arguments as
   // inputs), so that their errors are found too.

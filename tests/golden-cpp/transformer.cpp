@@ -314,7 +314,7 @@ void Lm::runPart0(const Inputs &inputs) {
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
+  // layers.mesh:24:40 add -> n
   const support::Buffer &v16 = param3_decoder_decoder_layer_0_norm_gain;
   const support::Buffer &v17 = param4_decoder_decoder_layer_0_norm_bias;
   support::View v20 = arena_.view(32768, 4096);
@@ -601,7 +601,7 @@ void Lm::repeated0(support::ConstView a0, support::ConstView a1, support::View a
                  shape13_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
+  // layers.mesh:24:40 add -> n
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a22p = a22.data();
@@ -1335,7 +1335,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
                  support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
+  // layers.mesh:24:40 add -> n
   support::View v21(param3_decoder_decoder_layer_0_norm_gain); // updated in place
   support::View v22(param4_decoder_decoder_layer_0_norm_bias); // updated in place
   support::View v25 = arena_.view(229376, 4096);
@@ -4536,7 +4536,7 @@ void LmTrain::repeated3(support::ConstView a0, support::ConstView a1, support::V
                  shape13_7, support::Along::LayerNorm, 1e-05, 64, nullptr);
 
   // layers.mesh:24:33 mul
-  // layers.mesh:24:40 add
+  // layers.mesh:24:40 add -> n
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();

@@ -73,7 +73,14 @@ std::string render(const Expr& expr) {
   }
   case Expr::Kind::Call: {
     const auto& call = cast<CallExpr>(expr);
-    std::string text = call.callee.name + "(";
+    std::string text = call.callee.name;
+    if (call.hasDimArgs) {
+      text += "[";
+      for (size_t i = 0; i < call.dimArgs.size(); ++i)
+        text += (i ? "," : "") + call.dimArgs[i].name;
+      text += "]";
+    }
+    text += "(";
     const char* sep = "";
     for (const ExprPtr& arg : call.args) {
       text += sep + render(*arg);
@@ -424,8 +431,13 @@ TEST_CASE("syntax errors: message and location", "[parser]") {
     CHECK(parsed.file->decls.size() == 2);
   }
   SECTION("missing '}' before the next declaration") {
+    Parsed parsed("def f() -> f32[] { return 1\nprogram p() -> (y: f32[]) { y = 1 }");
+    CHECK(parsed.reported("p.mesh:2:1: error: expected '}' but found 'program'"));
+    CHECK(parsed.diag.errorCount() == 1);
+  }
+  SECTION("'dim' inside a block is a local dim, so a missing '}' shows at the end") {
     Parsed parsed("def f() -> f32[] { return 1\ndim a = 1");
-    CHECK(parsed.reported("p.mesh:2:1: error: expected '}' but found 'dim'"));
+    CHECK(parsed.reported("p.mesh:2:10: error: expected '}' but found end of file"));
     CHECK(parsed.diag.errorCount() == 1);
   }
 }
@@ -609,4 +621,82 @@ TEST_CASE("loadSourcesFromBuffer parses the main buffer and its imports", "[pars
     CHECK(llvm::StringRef(set->files[2]->path).endswith("diamond_c.mesh"));
     CHECK(llvm::StringRef(set->files[3]->path).endswith("main.mesh"));
   }
+}
+
+TEST_CASE("generic defs: dim parameters, local dims and explicit dim arguments", "[parser]") {
+  Parsed parsed(R"(
+def attention[S, M](x: f32[batch, S, d], m: f32[batch, M, d]) -> f32[batch, S, d] {
+  dim half = size(S) / 2
+  let y = attention[M, S](m, x)
+  return x * size(d) + f[](x)
+}
+def plain() -> f32[] { return 1 }
+)");
+  INFO(parsed.errors);
+  REQUIRE(parsed.errors.empty());
+  const auto& def = parsed.decl<DefDecl>(0);
+  REQUIRE(def.dimParams.size() == 2);
+  CHECK(def.dimParams[0].name == "S");
+  CHECK(def.dimParams[1].name == "M");
+  CHECK(parsed.at(def.dimParams[1].loc) == "2:18");
+  REQUIRE(def.args.size() == 2);
+  CHECK(def.args[1].type.dims[1].name == "M");
+  REQUIRE(def.body.size() == 3);
+  const auto& dim = cast<DimStmt>(*def.body[0]);
+  CHECK(dim.kind == Stmt::Kind::Dim);
+  CHECK(dim.name.name == "half");
+  CHECK(parsed.at(dim.loc) == "3:3");
+  CHECK(render(*dim.size) == "(size(S) / 2)");
+  const auto& call = cast<CallExpr>(*cast<LetStmt>(*def.body[1]).value);
+  CHECK(call.hasDimArgs);
+  CHECK(render(call) == "attention[M,S](m, x)");
+  CHECK(render(*cast<ReturnStmt>(*def.body[2]).value) == "((x * size(d)) + f[](x))");
+  CHECK(parsed.decl<DefDecl>(1).dimParams.empty());
+  const auto& sum = cast<BinaryExpr>(*cast<ReturnStmt>(*def.body[2]).value);
+  const auto& noDims = cast<CallExpr>(*sum.rhs);
+  CHECK(noDims.hasDimArgs);
+  CHECK(noDims.dimArgs.empty());
+  CHECK_FALSE(cast<CallExpr>(*cast<BinaryExpr>(*sum.lhs).rhs).hasDimArgs);
+}
+
+TEST_CASE("generic defs: syntax errors", "[parser]") {
+  SECTION("empty dim parameter list") {
+    Parsed parsed("def f[](x: f32[a]) -> f32[a] { return x }");
+    CHECK(parsed.reported("p.mesh:1:7: error: expected a dim parameter name but found ']'"));
+  }
+  SECTION("unclosed dim parameter list") {
+    Parsed parsed("def f[S(x: f32[S]) -> f32[S] { return x }");
+    CHECK(parsed.reported("p.mesh:1:8: error: expected ',' or ']' but found '('"));
+  }
+  SECTION("dim arguments must be names") {
+    Parsed parsed("def g() -> f32[] { return f[2](x) }");
+    CHECK(parsed.reported("p.mesh:1:29: error: expected a dim name but found number '2'"));
+  }
+  SECTION("dim arguments without a call") {
+    Parsed parsed("def g() -> f32[] { return f[a] }");
+    CHECK(parsed.reported("p.mesh:1:32: error: expected '(' but found '}'"));
+  }
+  SECTION("local dim without '='") {
+    Parsed parsed("def g() -> f32[] {\n  dim h 4\n  return 1\n}");
+    CHECK(parsed.reported("p.mesh:2:9: error: expected '=' but found number '4'"));
+    CHECK(parsed.diag.errorCount() == 1);
+  }
+}
+
+TEST_CASE("the AST printer shows dim parameters, local dims and dim arguments", "[parser]") {
+  Parsed parsed("def f[S](x: f32[S]) -> f32[S] {\n  dim h = size(S)\n  return g[S](x)\n}");
+  REQUIRE(parsed.errors.empty());
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  printAST(*parsed.file, parsed.sources, os);
+  os.flush();
+  CHECK(out == "File p.mesh\n"
+               "  DefDecl 1:1 f[S] -> f32[S]\n"
+               "    Arg 1:10 x: f32[S]\n"
+               "    DimStmt 2:3 h\n"
+               "      CallExpr 2:11 size\n"
+               "        NameExpr 2:16 S\n"
+               "    ReturnStmt 3:3\n"
+               "      CallExpr 3:10 g[S]\n"
+               "        NameExpr 3:15 x\n");
 }
