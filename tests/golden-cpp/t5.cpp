@@ -23,17 +23,17 @@ support::Shape Translate::inputShape(const std::string &name) {
 Translate::Translate(meshrt::Communicator &world, uint64_t seed)
     : world_(support::checkedWorld(world, mesh(), "translate")), seed_(seed),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // encoder/encoder_bias/relative_bias/table: normal (t5.mesh:55)
-  param0_encoder_encoder_bias_relative_bias_table.resize(16);
+  // encoder/relative_bias/table: normal (t5.mesh:55)
+  param0_encoder_relative_bias_table.resize(16);
   support::fillParam(
-      param0_encoder_encoder_bias_relative_bias_table.data(),
+      param0_encoder_relative_bias_table.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{8, 4},
                              meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
                              meshrt::kernels::Dims{8, 2}},
-      seed, "encoder/encoder_bias/relative_bias/table",
+      seed, "encoder/relative_bias/table",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
       meshrt::kernels::ValueType::F32);
-  // shared/embedding: normal (t5.mesh:96)
+  // shared/embedding: normal (t5.mesh:95)
   param1_shared_embedding.resize(1024);
   support::fillParam(
       param1_shared_embedding.data(),
@@ -45,7 +45,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm[0]/scale: ones (t5.mesh:39)
   param2_encoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/attention[0]/q: normal (t5.mesh:77)
+  // encoder/attention[0]/q: normal (t5.mesh:76)
   param3_encoder_attention_0_q.resize(512);
   support::fillParam(
       param3_encoder_attention_0_q.data(),
@@ -55,7 +55,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[0]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[0]/k: normal (t5.mesh:78)
+  // encoder/attention[0]/k: normal (t5.mesh:77)
   param4_encoder_attention_0_k.resize(512);
   support::fillParam(
       param4_encoder_attention_0_k.data(),
@@ -65,7 +65,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[0]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[0]/v: normal (t5.mesh:79)
+  // encoder/attention[0]/v: normal (t5.mesh:78)
   param5_encoder_attention_0_v.resize(512);
   support::fillParam(
       param5_encoder_attention_0_v.data(),
@@ -75,7 +75,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[0]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[0]/o: normal (t5.mesh:80)
+  // encoder/attention[0]/o: normal (t5.mesh:79)
   param6_encoder_attention_0_o.resize(512);
   support::fillParam(
       param6_encoder_attention_0_o.data(),
@@ -87,7 +87,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
   param7_encoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/dense_relu_dense[0]/wi: normal (t5.mesh:90)
+  // encoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
   param8_encoder_dense_relu_dense_0_wi.resize(1024);
   support::fillParam(
       param8_encoder_dense_relu_dense_0_wi.data(),
@@ -97,7 +97,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/dense_relu_dense[0]/wi",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/dense_relu_dense[0]/wo: normal (t5.mesh:91)
+  // encoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
   param9_encoder_dense_relu_dense_0_wo.resize(1024);
   support::fillParam(
       param9_encoder_dense_relu_dense_0_wo.data(),
@@ -109,7 +109,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm[1]/scale: ones (t5.mesh:39)
   param10_encoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/attention[1]/q: normal (t5.mesh:77)
+  // encoder/attention[1]/q: normal (t5.mesh:76)
   param11_encoder_attention_1_q.resize(512);
   support::fillParam(
       param11_encoder_attention_1_q.data(),
@@ -119,7 +119,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[1]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[1]/k: normal (t5.mesh:78)
+  // encoder/attention[1]/k: normal (t5.mesh:77)
   param12_encoder_attention_1_k.resize(512);
   support::fillParam(
       param12_encoder_attention_1_k.data(),
@@ -129,7 +129,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[1]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[1]/v: normal (t5.mesh:79)
+  // encoder/attention[1]/v: normal (t5.mesh:78)
   param13_encoder_attention_1_v.resize(512);
   support::fillParam(
       param13_encoder_attention_1_v.data(),
@@ -139,7 +139,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[1]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[1]/o: normal (t5.mesh:80)
+  // encoder/attention[1]/o: normal (t5.mesh:79)
   param14_encoder_attention_1_o.resize(512);
   support::fillParam(
       param14_encoder_attention_1_o.data(),
@@ -151,7 +151,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
   param15_encoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/dense_relu_dense[1]/wi: normal (t5.mesh:90)
+  // encoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
   param16_encoder_dense_relu_dense_1_wi.resize(1024);
   support::fillParam(
       param16_encoder_dense_relu_dense_1_wi.data(),
@@ -161,7 +161,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/dense_relu_dense[1]/wi",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/dense_relu_dense[1]/wo: normal (t5.mesh:91)
+  // encoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
   param17_encoder_dense_relu_dense_1_wo.resize(1024);
   support::fillParam(
       param17_encoder_dense_relu_dense_1_wo.data(),
@@ -173,19 +173,19 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm/scale: ones (t5.mesh:39)
   param18_encoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_bias/relative_bias/table: normal (t5.mesh:55)
-  param19_decoder_decoder_bias_relative_bias_table.resize(16);
+  // decoder/relative_bias/table: normal (t5.mesh:55)
+  param19_decoder_relative_bias_table.resize(16);
   support::fillParam(
-      param19_decoder_decoder_bias_relative_bias_table.data(),
+      param19_decoder_relative_bias_table.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{8, 4},
                              meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
                              meshrt::kernels::Dims{8, 2}},
-      seed, "decoder/decoder_bias/relative_bias/table",
+      seed, "decoder/relative_bias/table",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm[0]/scale: ones (t5.mesh:39)
   param20_decoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention[0]/q: normal (t5.mesh:77)
+  // decoder/attention[0]/q: normal (t5.mesh:76)
   param21_decoder_attention_0_q.resize(512);
   support::fillParam(
       param21_decoder_attention_0_q.data(),
@@ -195,7 +195,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[0]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[0]/k: normal (t5.mesh:78)
+  // decoder/attention[0]/k: normal (t5.mesh:77)
   param22_decoder_attention_0_k.resize(512);
   support::fillParam(
       param22_decoder_attention_0_k.data(),
@@ -205,7 +205,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[0]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[0]/v: normal (t5.mesh:79)
+  // decoder/attention[0]/v: normal (t5.mesh:78)
   param23_decoder_attention_0_v.resize(512);
   support::fillParam(
       param23_decoder_attention_0_v.data(),
@@ -215,7 +215,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[0]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[0]/o: normal (t5.mesh:80)
+  // decoder/attention[0]/o: normal (t5.mesh:79)
   param24_decoder_attention_0_o.resize(512);
   support::fillParam(
       param24_decoder_attention_0_o.data(),
@@ -227,7 +227,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
   param25_decoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention#1[0]/q: normal (t5.mesh:77)
+  // decoder/attention#1[0]/q: normal (t5.mesh:76)
   param26_decoder_attention_1_0_q.resize(512);
   support::fillParam(
       param26_decoder_attention_1_0_q.data(),
@@ -237,7 +237,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[0]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[0]/k: normal (t5.mesh:78)
+  // decoder/attention#1[0]/k: normal (t5.mesh:77)
   param27_decoder_attention_1_0_k.resize(512);
   support::fillParam(
       param27_decoder_attention_1_0_k.data(),
@@ -247,7 +247,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[0]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[0]/v: normal (t5.mesh:79)
+  // decoder/attention#1[0]/v: normal (t5.mesh:78)
   param28_decoder_attention_1_0_v.resize(512);
   support::fillParam(
       param28_decoder_attention_1_0_v.data(),
@@ -257,7 +257,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[0]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[0]/o: normal (t5.mesh:80)
+  // decoder/attention#1[0]/o: normal (t5.mesh:79)
   param29_decoder_attention_1_0_o.resize(512);
   support::fillParam(
       param29_decoder_attention_1_0_o.data(),
@@ -269,7 +269,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm#2[0]/scale: ones (t5.mesh:39)
   param30_decoder_rms_norm_2_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/dense_relu_dense[0]/wi: normal (t5.mesh:90)
+  // decoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
   param31_decoder_dense_relu_dense_0_wi.resize(1024);
   support::fillParam(
       param31_decoder_dense_relu_dense_0_wi.data(),
@@ -279,7 +279,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/dense_relu_dense[0]/wi",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/dense_relu_dense[0]/wo: normal (t5.mesh:91)
+  // decoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
   param32_decoder_dense_relu_dense_0_wo.resize(1024);
   support::fillParam(
       param32_decoder_dense_relu_dense_0_wo.data(),
@@ -291,7 +291,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm[1]/scale: ones (t5.mesh:39)
   param33_decoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention[1]/q: normal (t5.mesh:77)
+  // decoder/attention[1]/q: normal (t5.mesh:76)
   param34_decoder_attention_1_q.resize(512);
   support::fillParam(
       param34_decoder_attention_1_q.data(),
@@ -301,7 +301,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[1]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[1]/k: normal (t5.mesh:78)
+  // decoder/attention[1]/k: normal (t5.mesh:77)
   param35_decoder_attention_1_k.resize(512);
   support::fillParam(
       param35_decoder_attention_1_k.data(),
@@ -311,7 +311,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[1]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[1]/v: normal (t5.mesh:79)
+  // decoder/attention[1]/v: normal (t5.mesh:78)
   param36_decoder_attention_1_v.resize(512);
   support::fillParam(
       param36_decoder_attention_1_v.data(),
@@ -321,7 +321,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[1]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[1]/o: normal (t5.mesh:80)
+  // decoder/attention[1]/o: normal (t5.mesh:79)
   param37_decoder_attention_1_o.resize(512);
   support::fillParam(
       param37_decoder_attention_1_o.data(),
@@ -333,7 +333,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
   param38_decoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention#1[1]/q: normal (t5.mesh:77)
+  // decoder/attention#1[1]/q: normal (t5.mesh:76)
   param39_decoder_attention_1_1_q.resize(512);
   support::fillParam(
       param39_decoder_attention_1_1_q.data(),
@@ -343,7 +343,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[1]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[1]/k: normal (t5.mesh:78)
+  // decoder/attention#1[1]/k: normal (t5.mesh:77)
   param40_decoder_attention_1_1_k.resize(512);
   support::fillParam(
       param40_decoder_attention_1_1_k.data(),
@@ -353,7 +353,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[1]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[1]/v: normal (t5.mesh:79)
+  // decoder/attention#1[1]/v: normal (t5.mesh:78)
   param41_decoder_attention_1_1_v.resize(512);
   support::fillParam(
       param41_decoder_attention_1_1_v.data(),
@@ -363,7 +363,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[1]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[1]/o: normal (t5.mesh:80)
+  // decoder/attention#1[1]/o: normal (t5.mesh:79)
   param42_decoder_attention_1_1_o.resize(512);
   support::fillParam(
       param42_decoder_attention_1_1_o.data(),
@@ -375,7 +375,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm#2[1]/scale: ones (t5.mesh:39)
   param43_decoder_rms_norm_2_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/dense_relu_dense[1]/wi: normal (t5.mesh:90)
+  // decoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
   param44_decoder_dense_relu_dense_1_wi.resize(1024);
   support::fillParam(
       param44_decoder_dense_relu_dense_1_wi.data(),
@@ -385,7 +385,7 @@ Translate::Translate(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/dense_relu_dense[1]/wi",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/dense_relu_dense[1]/wo: normal (t5.mesh:91)
+  // decoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
   param45_decoder_dense_relu_dense_1_wo.resize(1024);
   support::fillParam(
       param45_decoder_dense_relu_dense_1_wo.data(),
@@ -404,7 +404,7 @@ void Translate::computeInvariants() {
 
   // t5.mesh:62:11 iota
   // t5.mesh:62:26 iota
-  // t5.mesh:118:52 iota
+  // t5.mesh:117:52 iota
   support::View v2 = persistent_.view(0, 16);
   static const support::Shape shape0_1 = {16};
   static const support::Shape shape0_2 = {1};
@@ -425,7 +425,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:63:27 lt
+  // t5.mesh:63:13 lt
   support::View v6 = persistent_.view(1152, 256);
   {
     float *__restrict v6p = v6.data();
@@ -438,7 +438,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:63:32 mul
+  // t5.mesh:63:18 mul
   support::View v8 = persistent_.view(2240, 256);
   {
     float *__restrict v8p = v8.data();
@@ -451,7 +451,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:63:90 abs
+  // t5.mesh:63:76 abs
   support::View v9 = persistent_.view(3264, 256);
   {
     float *__restrict v9p = v9.data();
@@ -631,7 +631,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:63:45 add
+  // t5.mesh:63:31 add
   support::View v31 = persistent_.view(17856, 256);
   {
     float *__restrict v31p = v31.data();
@@ -645,17 +645,17 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:115:21 iota
-  // t5.mesh:115:38 iota
-  // t5.mesh:68:11 iota
-  // t5.mesh:68:27 iota
-  // t5.mesh:118:36 iota
+  // t5.mesh:114:21 iota
+  // t5.mesh:114:38 iota
+  // t5.mesh:68:66 iota
+  // t5.mesh:68:82 iota
+  // t5.mesh:117:36 iota
   support::View v128 = persistent_.view(18944, 8);
   static const support::Shape shape19_1 = {8};
   static const support::Shape shape19_2 = {1};
   support::iota(v128.data(), shape19_1, shape19_2, 0);
 
-  // t5.mesh:115:35 ge
+  // t5.mesh:114:35 ge
   support::View v130 = persistent_.view(19008, 64);
   {
     float *__restrict v130p = v130.data();
@@ -670,7 +670,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:115:16 cast -> causal
+  // t5.mesh:114:16 cast -> causal
   support::View v131 = persistent_.view(19264, 64);
   {
     float *__restrict v131p = v131.data();
@@ -682,7 +682,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:68:25 sub -> n
+  // t5.mesh:68:80 sub
   support::View v134 = persistent_.view(19520, 64);
   {
     float *__restrict v134p = v134.data();
@@ -697,7 +697,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:69:72 maximum
+  // t5.mesh:68:58 maximum
   support::View v136 = persistent_.view(19776, 64);
   {
     float *__restrict v136p = v136.data();
@@ -878,7 +878,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:116:44 sub
+  // t5.mesh:115:62 sub
   support::View v162 = persistent_.view(23616, 64);
   {
     float *__restrict v162p = v162.data();
@@ -891,7 +891,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:116:51 mul
+  // t5.mesh:115:69 mul
   support::View v164 = persistent_.view(23936, 64);
   {
     float *__restrict v164p = v164.data();
@@ -904,13 +904,13 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:118:22 iota
+  // t5.mesh:117:22 iota
   support::View v166 = persistent_.view(24192, 2);
   static const support::Shape shape39_1 = {2};
   static const support::Shape shape39_2 = {1};
   support::iota(v166.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
 
-  // t5.mesh:118:34 add
+  // t5.mesh:117:34 add
   support::View v168 = persistent_.view(24256, 16);
   {
     float *__restrict v168p = v168.data();
@@ -926,7 +926,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:118:50 add
+  // t5.mesh:117:50 add
   support::View v170 = persistent_.view(24320, 256);
   {
     float *__restrict v170p = v170.data();
@@ -942,7 +942,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:118:17 cast
+  // t5.mesh:117:17 cast
   support::View v171 = persistent_.view(25344, 256);
   {
     float *__restrict v171p = v171.data();
@@ -954,7 +954,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:118:71 mul -> no_bias
+  // t5.mesh:117:71 mul -> no_bias
   support::View v173 = persistent_.view(26432, 256);
   {
     float *__restrict v173p = v173.data();
@@ -967,7 +967,7 @@ void Translate::computeInvariants() {
     }
   }
 
-  // t5.mesh:134:17 iota
+  // t5.mesh:133:17 iota
   support::View v323 = persistent_.view(27520, 32);
   static const support::Shape shape44_1 = {32};
   static const support::Shape shape44_2 = {1};
@@ -993,7 +993,7 @@ void Translate::runPart0(const Inputs &inputs) {
   (void)inputs;
 
   // t5.mesh:56:10 gather
-  const support::Buffer &v32 = param0_encoder_encoder_bias_relative_bias_table;
+  const support::Buffer &v32 = param0_encoder_relative_bias_table;
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
   static const support::Shape shape0_1 = {16, 16, 2};
@@ -1015,7 +1015,7 @@ void Translate::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:97:17 one_hot
+  // t5.mesh:96:17 one_hot
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v36 = arena_.view(0, 1024);
   static const support::Shape shape2_1 = {2, 16, 32};
@@ -1024,7 +1024,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::oneHot(v36.data(), shape2_1, v0.data(), shape2_3, shape2_4,
                   support::shardStart(world_, {"model"}, 32));
 
-  // t5.mesh:97:10 einsum -> x
+  // t5.mesh:96:10 einsum -> x
   const support::Buffer &v35 = param1_shared_embedding;
   support::View v37 = arena_.view(4096, 1024);
   // dims: batch, inputs, vocab, d_model
@@ -1032,13 +1032,13 @@ void Translate::runPart0(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
 
-  // t5.mesh:119:17 shift
+  // t5.mesh:118:17 shift
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v174 = arena_.view(2048, 16);
   static const support::Shape shape4_2 = {2, 8};
   support::shift(v174, v1, shape4_2, 1, 1, nullptr);
 
-  // t5.mesh:97:17 one_hot
+  // t5.mesh:96:17 one_hot
   support::View v175 = arena_.view(0, 512);
   static const support::Shape shape5_1 = {2, 8, 32};
   static const support::Shape shape5_3 = {8, 1, 0};
@@ -1046,7 +1046,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::oneHot(v175.data(), shape5_1, v174.data(), shape5_3, shape5_4,
                   support::shardStart(world_, {"model"}, 32));
 
-  // t5.mesh:97:10 einsum -> x
+  // t5.mesh:96:10 einsum -> x
   support::View v176 = arena_.view(14336, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
@@ -1070,7 +1070,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v185 = arena_.view(16384, 512);
   repeated1(v39, v37, v178, v176, v40, v41, v44, v38, v46, v179, v180, v183, v177, v185);
 
-  // 8 statements from t5.mesh:81:17 einsum -> queries (1 of 2)
+  // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   const support::Buffer &v47 = param3_encoder_attention_0_q;
   support::View v52 = arena_.view(8192, 512);
   const support::Buffer &v48 = param4_encoder_attention_0_k;
@@ -1086,7 +1086,7 @@ void Translate::runPart0(const Inputs &inputs) {
   repeated4(v46, v47, v52, v48, v53, v49, v55, v57, v34, v58, v59, v50, v60, v37, v61);
 
   // t5.mesh:56:10 gather
-  const support::Buffer &v158 = param19_decoder_decoder_bias_relative_bias_table;
+  const support::Buffer &v158 = param19_decoder_relative_bias_table;
   support::View v157 = persistent_.view(23296, 64);
   support::View v159 = arena_.view(4096, 128);
   static const support::Shape shape9_1 = {8, 8, 2};
@@ -1095,7 +1095,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::gather(v159.data(), shape9_1, v158.data(), shape9_3, v157.data(), shape9_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose
-  // t5.mesh:116:34 add -> self_bias
+  // t5.mesh:115:52 add -> self_bias
   support::View v164 = persistent_.view(23936, 64);
   support::View v165 = arena_.view(20480, 128);
   {
@@ -1113,7 +1113,7 @@ void Translate::runPart0(const Inputs &inputs) {
     }
   }
 
-  // 8 statements from t5.mesh:81:17 einsum -> queries (1 of 2)
+  // 8 statements from t5.mesh:80:17 einsum -> queries (1 of 2)
   const support::Buffer &v186 = param21_decoder_attention_0_q;
   support::View v191 = arena_.view(4096, 256);
   const support::Buffer &v187 = param22_decoder_attention_0_k;
@@ -1146,7 +1146,7 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v209 = arena_.view(14336, 512);
   repeated1(v63, v61, v202, v200, v64, v65, v68, v62, v70, v203, v204, v207, v201, v209);
 
-  // 10 statements from t5.mesh:92:22 einsum (1 of 2)
+  // 10 statements from t5.mesh:91:22 einsum (1 of 2)
   const support::Buffer &v71 = param8_encoder_dense_relu_dense_0_wi;
   support::View v74 = arena_.view(8192, 1024);
   support::View v75 = arena_.view(4096, 1024);
@@ -1161,10 +1161,10 @@ void Translate::runPart0(const Inputs &inputs) {
   support::View v86 = arena_.view(0, 1024);
   repeated2(v70, v71, v74, v75, v72, v76, v61, v77, v79, v80, v81, v84, v78, v86);
 
-  // t5.mesh:81:17 all_reduce_sum -> n (resolve the partial sum of n over model for einsum at 81:17)
+  // t5.mesh:80:17 all_reduce_sum -> n (resolve the partial sum of n over model for einsum at 80:17)
   group_model.allReduce(v86.data(), v86.size(), meshrt::ReduceOp::Sum);
 
-  // 8 statements from t5.mesh:81:17 einsum -> queries (2 of 2)
+  // 8 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
   const support::Buffer &v87 = param11_encoder_attention_1_q;
   support::View v92 = arena_.view(8192, 512);
   const support::Buffer &v88 = param12_encoder_attention_1_k;
@@ -1242,10 +1242,10 @@ void Translate::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:92:22 all_reduce_sum (resolve the partial sum of %103 over model for einsum at 92:22)
+  // t5.mesh:91:22 all_reduce_sum (resolve the partial sum of %103 over model for einsum at 91:22)
   group_model.allReduce(v110.data(), v110.size(), meshrt::ReduceOp::Sum);
 
-  // 10 statements from t5.mesh:92:22 einsum (2 of 2)
+  // 10 statements from t5.mesh:91:22 einsum (2 of 2)
   const support::Buffer &v111 = param16_encoder_dense_relu_dense_1_wi;
   support::View v114 = arena_.view(8192, 1024);
   support::View v115 = arena_.view(4096, 1024);
@@ -1264,7 +1264,7 @@ void Translate::runPart0(const Inputs &inputs) {
 void Translate::runPart1(const Inputs &inputs) {
   (void)inputs;
 
-  // t5.mesh:114:9 transpose
+  // t5.mesh:113:9 transpose
   const support::Buffer &v35 = param1_shared_embedding;
   support::View v127 = arena_.view(4096, 1024);
   {
@@ -1279,7 +1279,7 @@ void Translate::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:81:17 einsum -> queries
+  // t5.mesh:80:17 einsum -> queries
   support::View v209 = arena_.view(14336, 512);
   const support::Buffer &v210 = param26_decoder_attention_1_0_q;
   support::View v215 = arena_.view(18432, 256);
@@ -1288,11 +1288,11 @@ void Translate::runPart1(const Inputs &inputs) {
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(v209.data(), v210.data(), v215.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 all_reduce_sum (resolve the partial sum of %117 over model for einsum at 82:21)
+  // t5.mesh:81:21 all_reduce_sum (resolve the partial sum of %117 over model for einsum at 81:21)
   support::View v126 = arena_.view(0, 1024);
   group_model.allReduce(v126.data(), v126.size(), meshrt::ReduceOp::Sum);
 
-  // 23 statements from t5.mesh:82:21 einsum (1 of 2)
+  // 23 statements from t5.mesh:81:21 einsum (1 of 2)
   const support::Buffer &v211 = param27_decoder_attention_1_0_k;
   support::View v217 = arena_.view(8192, 512);
   const support::Buffer &v212 = param28_decoder_attention_1_0_v;
@@ -1346,10 +1346,10 @@ void Translate::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:81:17 all_reduce_sum -> n (resolve the partial sum of n over model for einsum at 81:17)
+  // t5.mesh:80:17 all_reduce_sum -> n (resolve the partial sum of n over model for einsum at 80:17)
   group_model.allReduce(v250.data(), v250.size(), meshrt::ReduceOp::Sum);
 
-  // 8 statements from t5.mesh:81:17 einsum -> queries (2 of 2)
+  // 8 statements from t5.mesh:80:17 einsum -> queries (2 of 2)
   const support::Buffer &v251 = param34_decoder_attention_1_q;
   support::View v256 = arena_.view(12288, 256);
   const support::Buffer &v252 = param35_decoder_attention_1_k;
@@ -1429,10 +1429,10 @@ void Translate::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:81:17 all_reduce_sum (resolve the partial sum of %255 over model for einsum at 81:17)
+  // t5.mesh:80:17 all_reduce_sum (resolve the partial sum of %255 over model for einsum at 80:17)
   group_model.allReduce(v274.data(), v274.size(), meshrt::ReduceOp::Sum);
 
-  // t5.mesh:81:17 einsum -> queries
+  // t5.mesh:80:17 einsum -> queries
   const support::Buffer &v275 = param39_decoder_attention_1_1_q;
   support::View v280 = arena_.view(14336, 256);
   // dims: batch, targets, d_model, heads, d_kv
@@ -1440,7 +1440,7 @@ void Translate::runPart1(const Inputs &inputs) {
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan14.run(v274.data(), v275.data(), v280.data(), 1.0f, 0.0f);
 
-  // 23 statements from t5.mesh:82:21 einsum (2 of 2)
+  // 23 statements from t5.mesh:81:21 einsum (2 of 2)
   const support::Buffer &v276 = param40_decoder_attention_1_1_k;
   support::View v281 = arena_.view(8192, 512);
   const support::Buffer &v277 = param41_decoder_attention_1_1_v;
@@ -1473,7 +1473,7 @@ void Translate::runPart1(const Inputs &inputs) {
 
   // t5.mesh:40:12 mul
   // t5.mesh:40:53 mul
-  // t5.mesh:126:29 mul
+  // t5.mesh:125:29 mul
   const support::Buffer &v306 = param46_decoder_rms_norm_scale;
   support::View v316 = arena_.view(0, 512);
   {
@@ -1495,17 +1495,17 @@ void Translate::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:126:10 all_reduce_sum (resolve the partial sum of %293 over model for einsum at 126:10)
+  // t5.mesh:125:10 all_reduce_sum (resolve the partial sum of %293 over model for einsum at 125:10)
   group_model.allReduce(v316.data(), v316.size(), meshrt::ReduceOp::Sum);
 
-  // t5.mesh:126:10 einsum -> logits
+  // t5.mesh:125:10 einsum -> logits
   support::View v318 = arena_.view(2048, 512);
   // dims: batch, targets, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan18.run(v316.data(), v127.data(), v318.data(), 1.0f, 0.0f);
 
-  // t5.mesh:134:17 max
+  // t5.mesh:133:17 max
   support::View v319 = arena_.view(4096, 16);
   static const support::Shape shape19_1 = {2, 8};
   static const support::Shape shape19_3 = {256, 32};
@@ -1514,13 +1514,13 @@ void Translate::runPart1(const Inputs &inputs) {
   support::reduce(v319.data(), shape19_1, v318.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Max, 1.0);
 
-  // t5.mesh:134:17 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  // t5.mesh:133:17 all_reduce_max (max over split dims: all-reduce of the local maxima)
   group_model.allReduce(v319.data(), v319.size(), meshrt::ReduceOp::Max);
 
-  // t5.mesh:134:17 ne
-  // t5.mesh:134:17 eq
-  // t5.mesh:134:17 maximum
-  // t5.mesh:134:17 where
+  // t5.mesh:133:17 ne
+  // t5.mesh:133:17 eq
+  // t5.mesh:133:17 maximum
+  // t5.mesh:133:17 where
   support::View v323 = persistent_.view(27520, 32);
   support::View v325 = arena_.view(0, 512);
   {
@@ -1545,7 +1545,7 @@ void Translate::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:134:17 min -> predictions
+  // t5.mesh:133:17 min -> predictions
   support::View v326 = arena_.view(4096, 16);
   static const support::Shape shape22_1 = {2, 8};
   static const support::Shape shape22_3 = {256, 32};
@@ -1554,7 +1554,7 @@ void Translate::runPart1(const Inputs &inputs) {
   support::reduce(v326.data(), shape22_1, v325.data(), shape22_3, shape22_4, shape22_5,
                   support::Reduce::Min, 1.0);
 
-  // t5.mesh:134:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
+  // t5.mesh:133:17 all_reduce_min -> predictions (min over split dims: all-reduce of the local
   // minima)
   group_model.allReduce(v326.data(), v326.size(), meshrt::ReduceOp::Min);
 }
@@ -1570,25 +1570,25 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
                           support::View a24, support::View a25, support::View a26,
                           support::View a27, support::View a28, support::View a29) {
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, targets, heads, d_kv, inputs
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan2.run(a5.data(), a2.data(), a6.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:60 add -> logits
+  // t5.mesh:83:60 add -> logits
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -1603,7 +1603,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
     }
   }
 
-  // t5.mesh:85:17 softmax -> weights
+  // t5.mesh:84:17 softmax -> weights
   static const support::Shape shape4_2 = {2, 2, 8};
   static const support::Shape shape4_3 = {256, 128, 16};
   static const support::Shape shape4_4 = {256, 128, 16};
@@ -1613,7 +1613,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   support::along(a9.data(), a8.data(), shape4_2, shape4_3, shape4_4, shape4_5, shape4_6, shape4_7,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, heads, targets, inputs, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 2, 8, 16, 8, 32},
@@ -1622,7 +1622,7 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
   const float *einsumPlan5Operands[] = {a9.data(), a4.data(), a10.data()};
   einsumPlan5.run(einsumPlan5Operands, a11.data(), 1.0f, 0.0f);
 
-  // t5.mesh:123:11 add -> x
+  // t5.mesh:122:11 add -> x
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -1693,16 +1693,16 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
     }
   }
 
-  // t5.mesh:92:22 all_reduce_sum (resolve the partial sum of %219 over model for einsum at 92:22)
+  // t5.mesh:91:22 all_reduce_sum (resolve the partial sum of %219 over model for einsum at 91:22)
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 
-  // t5.mesh:92:22 einsum
+  // t5.mesh:91:22 einsum
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan14.run(a19.data(), a20.data(), a21.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:17 relu
+  // t5.mesh:91:17 relu
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -1713,13 +1713,13 @@ void Translate::repeated0(support::ConstView a0, support::ConstView a1, support:
     }
   }
 
-  // t5.mesh:92:10 einsum
+  // t5.mesh:91:10 einsum
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan16.run(a22.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
-  // t5.mesh:124:11 add -> x
+  // t5.mesh:123:11 add -> x
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a13p = a13.data();
@@ -1894,8 +1894,8 @@ void Translate::repeated1(support::View a0, support::ConstView a1, support::View
     }
   }
 
-  // t5.mesh:81:17 bucketed_all_reduce_sum -> n (resolve the partial sum of n over model for einsum
-  // at 81:17; merged with 1 more partial sum over model (n): 6.0 KiB in one buffer)
+  // t5.mesh:80:17 bucketed_all_reduce_sum -> n (resolve the partial sum of n over model for einsum
+  // at 80:17; merged with 1 more partial sum over model (n): 6.0 KiB in one buffer)
   support::allReduceBucket(group_model, {a8, a13});
 }
 
@@ -1905,13 +1905,13 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
                           support::View a9, support::View a10, support::View a11,
                           support::ConstView a12, support::View a13) {
 
-  // t5.mesh:92:22 einsum
+  // t5.mesh:91:22 einsum
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:17 relu
+  // t5.mesh:91:17 relu
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a2p = a2.data();
@@ -1922,13 +1922,13 @@ void Translate::repeated2(support::ConstView a0, support::ConstView a1, support:
     }
   }
 
-  // t5.mesh:92:10 einsum
+  // t5.mesh:91:10 einsum
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a3.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
-  // t5.mesh:106:11 add -> x
+  // t5.mesh:105:11 add -> x
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2006,31 +2006,31 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
                           support::View a9, support::View a10, support::ConstView a11,
                           support::View a12, support::ConstView a13, support::View a14) {
 
-  // t5.mesh:81:17 einsum -> queries
+  // t5.mesh:80:17 einsum -> queries
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, targets, heads, d_kv, targets_keys
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:60 add -> logits
+  // t5.mesh:83:60 add -> logits
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a7p = a7.data();
@@ -2045,7 +2045,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
     }
   }
 
-  // t5.mesh:85:17 softmax -> weights
+  // t5.mesh:84:17 softmax -> weights
   static const support::Shape shape5_2 = {2, 2, 8};
   static const support::Shape shape5_3 = {128, 64, 8};
   static const support::Shape shape5_4 = {128, 64, 8};
@@ -2055,7 +2055,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
   support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
                  support::Along::Softmax, 1e-05, 8, nullptr);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, heads, targets, targets_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 8, 8, 8, 32},
@@ -2064,7 +2064,7 @@ void Translate::repeated3(support::ConstView a0, support::ConstView a1, support:
   const float *einsumPlan6Operands[] = {a10.data(), a6.data(), a11.data()};
   einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
 
-  // t5.mesh:122:11 add -> x
+  // t5.mesh:121:11 add -> x
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -2084,31 +2084,31 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
                           support::View a9, support::View a10, support::ConstView a11,
                           support::View a12, support::ConstView a13, support::View a14) {
 
-  // t5.mesh:81:17 einsum -> queries
+  // t5.mesh:80:17 einsum -> queries
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a0.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, inputs, heads, d_kv, inputs_keys
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan3.run(a2.data(), a4.data(), a7.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:60 add -> logits
+  // t5.mesh:83:60 add -> logits
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a7p = a7.data();
@@ -2123,7 +2123,7 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
     }
   }
 
-  // t5.mesh:85:17 softmax -> weights
+  // t5.mesh:84:17 softmax -> weights
   static const support::Shape shape5_2 = {2, 2, 16};
   static const support::Shape shape5_3 = {512, 256, 16};
   static const support::Shape shape5_4 = {512, 256, 16};
@@ -2133,7 +2133,7 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
   support::along(a10.data(), a9.data(), shape5_2, shape5_3, shape5_4, shape5_5, shape5_6, shape5_7,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 2, 16, 16, 8, 32},
@@ -2142,7 +2142,7 @@ void Translate::repeated4(support::ConstView a0, support::ConstView a1, support:
   const float *einsumPlan6Operands[] = {a10.data(), a6.data(), a11.data()};
   einsumPlan6.run(einsumPlan6Operands, a12.data(), 1.0f, 0.0f);
 
-  // t5.mesh:105:11 add -> x
+  // t5.mesh:104:11 add -> x
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -2227,52 +2227,29 @@ support::Tensor Translate::gatherOutput(meshrt::Communicator &world, const std::
 }
 
 std::vector<std::string> Translate::paramNames() {
-  return {"encoder/encoder_bias/relative_bias/table",
-          "shared/embedding",
-          "encoder/rms_norm[0]/scale",
-          "encoder/attention[0]/q",
-          "encoder/attention[0]/k",
-          "encoder/attention[0]/v",
-          "encoder/attention[0]/o",
-          "encoder/rms_norm#1[0]/scale",
-          "encoder/dense_relu_dense[0]/wi",
-          "encoder/dense_relu_dense[0]/wo",
-          "encoder/rms_norm[1]/scale",
-          "encoder/attention[1]/q",
-          "encoder/attention[1]/k",
-          "encoder/attention[1]/v",
-          "encoder/attention[1]/o",
-          "encoder/rms_norm#1[1]/scale",
-          "encoder/dense_relu_dense[1]/wi",
-          "encoder/dense_relu_dense[1]/wo",
-          "encoder/rms_norm/scale",
-          "decoder/decoder_bias/relative_bias/table",
-          "decoder/rms_norm[0]/scale",
-          "decoder/attention[0]/q",
-          "decoder/attention[0]/k",
-          "decoder/attention[0]/v",
-          "decoder/attention[0]/o",
-          "decoder/rms_norm#1[0]/scale",
-          "decoder/attention#1[0]/q",
-          "decoder/attention#1[0]/k",
-          "decoder/attention#1[0]/v",
-          "decoder/attention#1[0]/o",
-          "decoder/rms_norm#2[0]/scale",
-          "decoder/dense_relu_dense[0]/wi",
-          "decoder/dense_relu_dense[0]/wo",
-          "decoder/rms_norm[1]/scale",
-          "decoder/attention[1]/q",
-          "decoder/attention[1]/k",
-          "decoder/attention[1]/v",
-          "decoder/attention[1]/o",
-          "decoder/rms_norm#1[1]/scale",
-          "decoder/attention#1[1]/q",
-          "decoder/attention#1[1]/k",
-          "decoder/attention#1[1]/v",
-          "decoder/attention#1[1]/o",
-          "decoder/rms_norm#2[1]/scale",
-          "decoder/dense_relu_dense[1]/wi",
-          "decoder/dense_relu_dense[1]/wo",
+  return {"encoder/relative_bias/table",    "shared/embedding",
+          "encoder/rms_norm[0]/scale",      "encoder/attention[0]/q",
+          "encoder/attention[0]/k",         "encoder/attention[0]/v",
+          "encoder/attention[0]/o",         "encoder/rms_norm#1[0]/scale",
+          "encoder/dense_relu_dense[0]/wi", "encoder/dense_relu_dense[0]/wo",
+          "encoder/rms_norm[1]/scale",      "encoder/attention[1]/q",
+          "encoder/attention[1]/k",         "encoder/attention[1]/v",
+          "encoder/attention[1]/o",         "encoder/rms_norm#1[1]/scale",
+          "encoder/dense_relu_dense[1]/wi", "encoder/dense_relu_dense[1]/wo",
+          "encoder/rms_norm/scale",         "decoder/relative_bias/table",
+          "decoder/rms_norm[0]/scale",      "decoder/attention[0]/q",
+          "decoder/attention[0]/k",         "decoder/attention[0]/v",
+          "decoder/attention[0]/o",         "decoder/rms_norm#1[0]/scale",
+          "decoder/attention#1[0]/q",       "decoder/attention#1[0]/k",
+          "decoder/attention#1[0]/v",       "decoder/attention#1[0]/o",
+          "decoder/rms_norm#2[0]/scale",    "decoder/dense_relu_dense[0]/wi",
+          "decoder/dense_relu_dense[0]/wo", "decoder/rms_norm[1]/scale",
+          "decoder/attention[1]/q",         "decoder/attention[1]/k",
+          "decoder/attention[1]/v",         "decoder/attention[1]/o",
+          "decoder/rms_norm#1[1]/scale",    "decoder/attention#1[1]/q",
+          "decoder/attention#1[1]/k",       "decoder/attention#1[1]/v",
+          "decoder/attention#1[1]/o",       "decoder/rms_norm#2[1]/scale",
+          "decoder/dense_relu_dense[1]/wi", "decoder/dense_relu_dense[1]/wo",
           "decoder/rms_norm/scale"};
 }
 
@@ -2283,7 +2260,7 @@ bool Translate::isOptimizerState(const std::string &path) {
 
 std::vector<support::ParamShard> Translate::paramShards() {
   static constexpr support::ParamSpec specs[] = {
-      {"encoder/encoder_bias/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
+      {"encoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
       {"shared/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
       {"encoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
       {"encoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
@@ -2302,7 +2279,7 @@ std::vector<support::ParamShard> Translate::paramShards() {
       {"encoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
       {"encoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
       {"encoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/decoder_bias/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
+      {"decoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
       {"decoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
       {"decoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
       {"decoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
@@ -2330,53 +2307,31 @@ std::vector<support::ParamShard> Translate::paramShards() {
       {"decoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
       {"decoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
       {"decoder/rms_norm/scale", false, "f32", "d_model:32:32:"}};
-  support::Buffer *const data[] = {&param0_encoder_encoder_bias_relative_bias_table,
-                                   &param1_shared_embedding,
-                                   &param2_encoder_rms_norm_0_scale,
-                                   &param3_encoder_attention_0_q,
-                                   &param4_encoder_attention_0_k,
-                                   &param5_encoder_attention_0_v,
-                                   &param6_encoder_attention_0_o,
-                                   &param7_encoder_rms_norm_1_0_scale,
-                                   &param8_encoder_dense_relu_dense_0_wi,
-                                   &param9_encoder_dense_relu_dense_0_wo,
-                                   &param10_encoder_rms_norm_1_scale,
-                                   &param11_encoder_attention_1_q,
-                                   &param12_encoder_attention_1_k,
-                                   &param13_encoder_attention_1_v,
-                                   &param14_encoder_attention_1_o,
-                                   &param15_encoder_rms_norm_1_1_scale,
-                                   &param16_encoder_dense_relu_dense_1_wi,
-                                   &param17_encoder_dense_relu_dense_1_wo,
-                                   &param18_encoder_rms_norm_scale,
-                                   &param19_decoder_decoder_bias_relative_bias_table,
-                                   &param20_decoder_rms_norm_0_scale,
-                                   &param21_decoder_attention_0_q,
-                                   &param22_decoder_attention_0_k,
-                                   &param23_decoder_attention_0_v,
-                                   &param24_decoder_attention_0_o,
-                                   &param25_decoder_rms_norm_1_0_scale,
-                                   &param26_decoder_attention_1_0_q,
-                                   &param27_decoder_attention_1_0_k,
-                                   &param28_decoder_attention_1_0_v,
-                                   &param29_decoder_attention_1_0_o,
-                                   &param30_decoder_rms_norm_2_0_scale,
-                                   &param31_decoder_dense_relu_dense_0_wi,
-                                   &param32_decoder_dense_relu_dense_0_wo,
-                                   &param33_decoder_rms_norm_1_scale,
-                                   &param34_decoder_attention_1_q,
-                                   &param35_decoder_attention_1_k,
-                                   &param36_decoder_attention_1_v,
-                                   &param37_decoder_attention_1_o,
-                                   &param38_decoder_rms_norm_1_1_scale,
-                                   &param39_decoder_attention_1_1_q,
-                                   &param40_decoder_attention_1_1_k,
-                                   &param41_decoder_attention_1_1_v,
-                                   &param42_decoder_attention_1_1_o,
-                                   &param43_decoder_rms_norm_2_1_scale,
-                                   &param44_decoder_dense_relu_dense_1_wi,
-                                   &param45_decoder_dense_relu_dense_1_wo,
-                                   &param46_decoder_rms_norm_scale};
+  support::Buffer *const data[] = {
+      &param0_encoder_relative_bias_table,    &param1_shared_embedding,
+      &param2_encoder_rms_norm_0_scale,       &param3_encoder_attention_0_q,
+      &param4_encoder_attention_0_k,          &param5_encoder_attention_0_v,
+      &param6_encoder_attention_0_o,          &param7_encoder_rms_norm_1_0_scale,
+      &param8_encoder_dense_relu_dense_0_wi,  &param9_encoder_dense_relu_dense_0_wo,
+      &param10_encoder_rms_norm_1_scale,      &param11_encoder_attention_1_q,
+      &param12_encoder_attention_1_k,         &param13_encoder_attention_1_v,
+      &param14_encoder_attention_1_o,         &param15_encoder_rms_norm_1_1_scale,
+      &param16_encoder_dense_relu_dense_1_wi, &param17_encoder_dense_relu_dense_1_wo,
+      &param18_encoder_rms_norm_scale,        &param19_decoder_relative_bias_table,
+      &param20_decoder_rms_norm_0_scale,      &param21_decoder_attention_0_q,
+      &param22_decoder_attention_0_k,         &param23_decoder_attention_0_v,
+      &param24_decoder_attention_0_o,         &param25_decoder_rms_norm_1_0_scale,
+      &param26_decoder_attention_1_0_q,       &param27_decoder_attention_1_0_k,
+      &param28_decoder_attention_1_0_v,       &param29_decoder_attention_1_0_o,
+      &param30_decoder_rms_norm_2_0_scale,    &param31_decoder_dense_relu_dense_0_wi,
+      &param32_decoder_dense_relu_dense_0_wo, &param33_decoder_rms_norm_1_scale,
+      &param34_decoder_attention_1_q,         &param35_decoder_attention_1_k,
+      &param36_decoder_attention_1_v,         &param37_decoder_attention_1_o,
+      &param38_decoder_rms_norm_1_1_scale,    &param39_decoder_attention_1_1_q,
+      &param40_decoder_attention_1_1_k,       &param41_decoder_attention_1_1_v,
+      &param42_decoder_attention_1_1_o,       &param43_decoder_rms_norm_2_1_scale,
+      &param44_decoder_dense_relu_dense_1_wi, &param45_decoder_dense_relu_dense_1_wo,
+      &param46_decoder_rms_norm_scale};
   return support::paramShardsOf<support::ParamShard>(specs, data);
 }
 
@@ -2405,6 +2360,545 @@ void Translate::load(const std::string &dir) {
     seed_ = std::stoull(seed->second);
 }
 
+//===--- program `position_buckets` ---===//
+
+meshrt::Mesh PositionBuckets::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
+
+std::vector<std::string> PositionBuckets::inputNames() { return {}; }
+std::vector<std::string> PositionBuckets::outputNames() { return {"encoder", "decoder"}; }
+
+support::Shape PositionBuckets::inputShape(const std::string &name) {
+  throw std::invalid_argument("position_buckets: no input named '" + name + "'");
+}
+
+PositionBuckets::PositionBuckets(meshrt::Communicator &world, uint64_t seed)
+    : world_(support::checkedWorld(world, mesh(), "position_buckets")), seed_(seed) {
+  computeInvariants();
+}
+
+void PositionBuckets::computeInvariants() {
+
+  // t5.mesh:62:11 iota
+  // t5.mesh:62:26 iota
+  support::View v0 = persistent_.view(0, 16);
+  static const support::Shape shape0_1 = {16};
+  static const support::Shape shape0_2 = {1};
+  support::iota(v0.data(), shape0_1, shape0_2, 0);
+
+  // t5.mesh:62:24 sub -> n
+  support::View v2 = persistent_.view(64, 256);
+  {
+    float *__restrict v2p = v2.data();
+    const float *__restrict v0p = v0.data();
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+      for (int64_t i1 = 0; i1 < 16; ++i1) {
+        const float s0 = v0p[i0];
+        const float s1 = v0p[i1];
+        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
+        v2p[i0 * 16 + i1] = s2;
+      }
+    }
+  }
+
+  // t5.mesh:63:13 lt
+  support::View v4 = persistent_.view(1152, 256);
+  {
+    float *__restrict v4p = v4.data();
+    const float *__restrict v2p = v2.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v2p[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      v4p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:63:18 mul
+  support::View v6 = persistent_.view(2240, 256);
+  {
+    float *__restrict v6p = v6.data();
+    const float *__restrict v4p = v4.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v4p[i0];
+      const float s1 = support::wrapI32(4.0);
+      const float s2 = support::wrapI32(double((double(s0) * double(s1))));
+      v6p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:63:76 abs
+  support::View v7 = persistent_.view(3264, 256);
+  {
+    float *__restrict v7p = v7.data();
+    const float *__restrict v2p = v2.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v2p[i0];
+      const float s1 = support::wrapI32(double(std::fabs(s0)));
+      v7p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:47:18 maximum
+  support::View v9 = persistent_.view(4352, 256);
+  {
+    float *__restrict v9p = v9.data();
+    const float *__restrict v7p = v7.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v7p[i0];
+      const float s1 = support::wrapI32(2.0);
+      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      v9p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:47:13 cast
+  support::View v10 = persistent_.view(5376, 256);
+  {
+    float *__restrict v10p = v10.data();
+    const float *__restrict v9p = v9.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v9p[i0];
+      const float s1 = s0;
+      v10p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:47:48 div -> far
+  support::View v12 = persistent_.view(6464, 256);
+  {
+    float *__restrict v12p = v12.data();
+    const float *__restrict v10p = v10.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v10p[i0];
+      const float s1 = 2.0f;
+      const float s2 = (s0 / s1);
+      v12p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:48:22 log
+  support::View v13 = persistent_.view(7488, 256);
+  {
+    float *__restrict v13p = v13.data();
+    const float *__restrict v12p = v12.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v12p[i0];
+      const float s1 = support::flog(s0);
+      v13p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:48:31 div
+  support::View v15 = persistent_.view(8576, 256);
+  {
+    float *__restrict v15p = v15.data();
+    const float *__restrict v13p = v13.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v13p[i0];
+      const float s1 = 2.7725887f;
+      const float s2 = (s0 / s1);
+      v15p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:48:57 mul
+  support::View v17 = persistent_.view(9600, 256);
+  {
+    float *__restrict v17p = v17.data();
+    const float *__restrict v15p = v15.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v15p[i0];
+      const float s1 = 2.0f;
+      const float s2 = (s0 * s1);
+      v17p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:48:16 floor -> spread
+  support::View v18 = persistent_.view(10624, 256);
+  {
+    float *__restrict v18p = v18.data();
+    const float *__restrict v17p = v17.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v17p[i0];
+      const float s1 = support::ffloor(s0);
+      v18p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:49:25 cast
+  support::View v19 = persistent_.view(11648, 256);
+  {
+    float *__restrict v19p = v19.data();
+    const float *__restrict v18p = v18.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v18p[i0];
+      const float s1 = support::castToI32(s0);
+      v19p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:49:43 add
+  support::View v21 = persistent_.view(12672, 256);
+  {
+    float *__restrict v21p = v21.data();
+    const float *__restrict v19p = v19.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v19p[i0];
+      const float s1 = support::wrapI32(2.0);
+      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+      v21p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:49:20 maximum
+  support::View v23 = persistent_.view(13696, 256);
+  {
+    float *__restrict v23p = v23.data();
+    const float *__restrict v21p = v21.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v21p[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      v23p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:49:20 minimum -> log_spaced
+  support::View v25 = persistent_.view(14784, 256);
+  {
+    float *__restrict v25p = v25.data();
+    const float *__restrict v23p = v23.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v23p[i0];
+      const float s1 = support::wrapI32(3.0);
+      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
+      v25p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:50:18 lt
+  support::View v27 = persistent_.view(15808, 256);
+  {
+    float *__restrict v27p = v27.data();
+    const float *__restrict v7p = v7.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v7p[i0];
+      const float s1 = support::wrapI32(2.0);
+      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      v27p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:50:10 where
+  support::View v28 = persistent_.view(16832, 256);
+  {
+    float *__restrict v28p = v28.data();
+    const float *__restrict v27p = v27.data();
+    const float *__restrict v7p = v7.data();
+    const float *__restrict v25p = v25.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v27p[i0];
+      const float s1 = v7p[i0];
+      const float s2 = v25p[i0];
+      const float s3 = (s0 != 0 ? s1 : s2);
+      v28p[i0] = s3;
+    }
+  }
+
+  // t5.mesh:63:31 add -> encoder
+  support::View v29 = persistent_.view(17856, 256);
+  {
+    float *__restrict v29p = v29.data();
+    const float *__restrict v6p = v6.data();
+    const float *__restrict v28p = v28.data();
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+      const float s0 = v6p[i0];
+      const float s1 = v28p[i0];
+      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+      v29p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:68:66 iota
+  // t5.mesh:68:82 iota
+  support::View v30 = persistent_.view(18880, 8);
+  static const support::Shape shape19_1 = {8};
+  static const support::Shape shape19_2 = {1};
+  support::iota(v30.data(), shape19_1, shape19_2, 0);
+
+  // t5.mesh:68:80 sub
+  support::View v32 = persistent_.view(18944, 64);
+  {
+    float *__restrict v32p = v32.data();
+    const float *__restrict v30p = v30.data();
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+      for (int64_t i1 = 0; i1 < 8; ++i1) {
+        const float s0 = v30p[i0];
+        const float s1 = v30p[i1];
+        const float s2 = support::wrapI32(double((double(s0) - double(s1))));
+        v32p[i0 * 8 + i1] = s2;
+      }
+    }
+  }
+
+  // t5.mesh:68:58 maximum
+  support::View v34 = persistent_.view(19200, 64);
+  {
+    float *__restrict v34p = v34.data();
+    const float *__restrict v32p = v32.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v32p[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      v34p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:47:18 maximum
+  support::View v36 = persistent_.view(19456, 64);
+  {
+    float *__restrict v36p = v36.data();
+    const float *__restrict v34p = v34.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v34p[i0];
+      const float s1 = support::wrapI32(4.0);
+      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      v36p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:47:13 cast
+  support::View v37 = persistent_.view(19712, 64);
+  {
+    float *__restrict v37p = v37.data();
+    const float *__restrict v36p = v36.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v36p[i0];
+      const float s1 = s0;
+      v37p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:47:48 div -> far
+  support::View v39 = persistent_.view(20032, 64);
+  {
+    float *__restrict v39p = v39.data();
+    const float *__restrict v37p = v37.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v37p[i0];
+      const float s1 = 4.0f;
+      const float s2 = (s0 / s1);
+      v39p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:48:22 log
+  support::View v40 = persistent_.view(20288, 64);
+  {
+    float *__restrict v40p = v40.data();
+    const float *__restrict v39p = v39.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v39p[i0];
+      const float s1 = support::flog(s0);
+      v40p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:48:31 div
+  support::View v42 = persistent_.view(20608, 64);
+  {
+    float *__restrict v42p = v42.data();
+    const float *__restrict v40p = v40.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v40p[i0];
+      const float s1 = 2.0794415f;
+      const float s2 = (s0 / s1);
+      v42p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:48:57 mul
+  support::View v44 = persistent_.view(20864, 64);
+  {
+    float *__restrict v44p = v44.data();
+    const float *__restrict v42p = v42.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v42p[i0];
+      const float s1 = 4.0f;
+      const float s2 = (s0 * s1);
+      v44p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:48:16 floor -> spread
+  support::View v45 = persistent_.view(21120, 64);
+  {
+    float *__restrict v45p = v45.data();
+    const float *__restrict v44p = v44.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v44p[i0];
+      const float s1 = support::ffloor(s0);
+      v45p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:49:25 cast
+  support::View v46 = persistent_.view(21376, 64);
+  {
+    float *__restrict v46p = v46.data();
+    const float *__restrict v45p = v45.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v45p[i0];
+      const float s1 = support::castToI32(s0);
+      v46p[i0] = s1;
+    }
+  }
+
+  // t5.mesh:49:43 add
+  support::View v48 = persistent_.view(21632, 64);
+  {
+    float *__restrict v48p = v48.data();
+    const float *__restrict v46p = v46.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v46p[i0];
+      const float s1 = support::wrapI32(4.0);
+      const float s2 = support::wrapI32(double((double(s0) + double(s1))));
+      v48p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:49:20 maximum
+  support::View v50 = persistent_.view(21888, 64);
+  {
+    float *__restrict v50p = v50.data();
+    const float *__restrict v48p = v48.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v48p[i0];
+      const float s1 = support::wrapI32(0.0);
+      const float s2 = support::wrapI32(double(support::maximum(s0, s1)));
+      v50p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:49:20 minimum -> log_spaced
+  support::View v52 = persistent_.view(22208, 64);
+  {
+    float *__restrict v52p = v52.data();
+    const float *__restrict v50p = v50.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v50p[i0];
+      const float s1 = support::wrapI32(7.0);
+      const float s2 = support::wrapI32(double(support::minimum(s0, s1)));
+      v52p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:50:18 lt
+  support::View v54 = persistent_.view(22464, 64);
+  {
+    float *__restrict v54p = v54.data();
+    const float *__restrict v34p = v34.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v34p[i0];
+      const float s1 = support::wrapI32(4.0);
+      const float s2 = (s0 < s1 ? 1.0f : 0.0f);
+      v54p[i0] = s2;
+    }
+  }
+
+  // t5.mesh:50:10 where -> decoder
+  support::View v55 = persistent_.view(22720, 64);
+  {
+    float *__restrict v55p = v55.data();
+    const float *__restrict v54p = v54.data();
+    const float *__restrict v34p = v34.data();
+    const float *__restrict v52p = v52.data();
+    for (int64_t i0 = 0; i0 < 64; ++i0) {
+      const float s0 = v54p[i0];
+      const float s1 = v34p[i0];
+      const float s2 = v52p[i0];
+      const float s3 = (s0 != 0 ? s1 : s2);
+      v55p[i0] = s3;
+    }
+  }
+}
+
+PositionBuckets::Outputs PositionBuckets::run(const Inputs &inputs) {
+  // Arena: 0 bytes for 0 bytes of temporaries (placed by liveness).
+  support::View v29 = persistent_.view(17856, 256);
+  support::View v55 = persistent_.view(22720, 64);
+
+  Outputs outputs;
+  outputs.encoder = support::Tensor{{16, 16}, support::Buffer(v29.begin(), v29.end())};
+  outputs.decoder = support::Tensor{{8, 8}, support::Buffer(v55.begin(), v55.end())};
+  return outputs;
+}
+
+PositionBuckets::Inputs PositionBuckets::synthesizeInputs(uint64_t seed) const {
+  Inputs inputs;
+  return inputs;
+}
+
+support::Tensor PositionBuckets::scatterInput(meshrt::Communicator &world, const std::string &name,
+                                              const support::Tensor &global) {
+  throw std::invalid_argument("position_buckets: no input named '" + name + "'");
+}
+
+support::Tensor PositionBuckets::gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                              const support::Tensor &local) {
+  if (name == "encoder") {
+    support::checkShape("local output", name, local, {16, 16});
+    return support::Tensor{
+        {16, 16}, support::gatherShards(world, local.data, {16, 16}, {16, 16}, [&](int rank) {
+          return support::Shape{0, 0};
+        })};
+  }
+  if (name == "decoder") {
+    support::checkShape("local output", name, local, {8, 8});
+    return support::Tensor{{8, 8},
+                           support::gatherShards(world, local.data, {8, 8}, {8, 8}, [&](int rank) {
+                             return support::Shape{0, 0};
+                           })};
+  }
+  throw std::invalid_argument("position_buckets: no output named '" + name + "'");
+}
+
+std::vector<std::string> PositionBuckets::paramNames() { return {}; }
+
+bool PositionBuckets::isOptimizerState(const std::string &path) {
+  (void)path;
+  return false;
+}
+
+std::vector<support::ParamShard> PositionBuckets::paramShards() { return {}; }
+
+support::Tensor PositionBuckets::getParam(const std::string &path) {
+  auto shards = paramShards();
+  return support::gatherParam(world_, support::findParamShard(shards, path, "position_buckets"));
+}
+
+void PositionBuckets::setParam(const std::string &path, const support::Tensor &global) {
+  auto shards = paramShards();
+  support::scatterParam(world_, support::findParamShard(shards, path, "position_buckets"), global);
+}
+
+void PositionBuckets::save(const std::string &dir) {
+  auto shards = paramShards();
+  support::saveParams(
+      world_, dir, shards,
+      {0,
+       {{"program", "position_buckets"}, {"seed", std::to_string(seed_)}, {"mesh", mesh().str()}}});
+}
+
+void PositionBuckets::load(const std::string &dir) {
+  auto shards = paramShards();
+  meshrt::CheckpointInfo info = support::loadParams(world_, dir, shards);
+  (void)info.step; // a program keeps no step count
+  if (auto seed = info.metadata.find("seed"); seed != info.metadata.end())
+    seed_ = std::stoull(seed->second);
+}
+
 //===--- train block `t5_train` ---===//
 
 meshrt::Mesh T5Train::mesh() { return meshrt::Mesh({{"data", 2}, {"model", 2}}); }
@@ -2425,17 +2919,17 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       group_data(world_.subgroup(std::vector<std::string>{"data"})),
       group_data_model(world_.subgroup(std::vector<std::string>{"data", "model"})),
       group_model(world_.subgroup(std::vector<std::string>{"model"})) {
-  // encoder/encoder_bias/relative_bias/table: normal (t5.mesh:55)
-  param0_encoder_encoder_bias_relative_bias_table.resize(16);
+  // encoder/relative_bias/table: normal (t5.mesh:55)
+  param0_encoder_relative_bias_table.resize(16);
   support::fillParam(
-      param0_encoder_encoder_bias_relative_bias_table.data(),
+      param0_encoder_relative_bias_table.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{8, 4},
                              meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
                              meshrt::kernels::Dims{8, 2}},
-      seed, "encoder/encoder_bias/relative_bias/table",
+      seed, "encoder/relative_bias/table",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
       meshrt::kernels::ValueType::F32);
-  // shared/embedding: normal (t5.mesh:96)
+  // shared/embedding: normal (t5.mesh:95)
   param1_shared_embedding.resize(1024);
   support::fillParam(
       param1_shared_embedding.data(),
@@ -2447,7 +2941,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm[0]/scale: ones (t5.mesh:39)
   param2_encoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/attention[0]/q: normal (t5.mesh:77)
+  // encoder/attention[0]/q: normal (t5.mesh:76)
   param3_encoder_attention_0_q.resize(512);
   support::fillParam(
       param3_encoder_attention_0_q.data(),
@@ -2457,7 +2951,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[0]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[0]/k: normal (t5.mesh:78)
+  // encoder/attention[0]/k: normal (t5.mesh:77)
   param4_encoder_attention_0_k.resize(512);
   support::fillParam(
       param4_encoder_attention_0_k.data(),
@@ -2467,7 +2961,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[0]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[0]/v: normal (t5.mesh:79)
+  // encoder/attention[0]/v: normal (t5.mesh:78)
   param5_encoder_attention_0_v.resize(512);
   support::fillParam(
       param5_encoder_attention_0_v.data(),
@@ -2477,7 +2971,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[0]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[0]/o: normal (t5.mesh:80)
+  // encoder/attention[0]/o: normal (t5.mesh:79)
   param6_encoder_attention_0_o.resize(512);
   support::fillParam(
       param6_encoder_attention_0_o.data(),
@@ -2489,7 +2983,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
   param7_encoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/dense_relu_dense[0]/wi: normal (t5.mesh:90)
+  // encoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
   param8_encoder_dense_relu_dense_0_wi.resize(1024);
   support::fillParam(
       param8_encoder_dense_relu_dense_0_wi.data(),
@@ -2499,7 +2993,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/dense_relu_dense[0]/wi",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/dense_relu_dense[0]/wo: normal (t5.mesh:91)
+  // encoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
   param9_encoder_dense_relu_dense_0_wo.resize(1024);
   support::fillParam(
       param9_encoder_dense_relu_dense_0_wo.data(),
@@ -2511,7 +3005,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm[1]/scale: ones (t5.mesh:39)
   param10_encoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/attention[1]/q: normal (t5.mesh:77)
+  // encoder/attention[1]/q: normal (t5.mesh:76)
   param11_encoder_attention_1_q.resize(512);
   support::fillParam(
       param11_encoder_attention_1_q.data(),
@@ -2521,7 +3015,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[1]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[1]/k: normal (t5.mesh:78)
+  // encoder/attention[1]/k: normal (t5.mesh:77)
   param12_encoder_attention_1_k.resize(512);
   support::fillParam(
       param12_encoder_attention_1_k.data(),
@@ -2531,7 +3025,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[1]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[1]/v: normal (t5.mesh:79)
+  // encoder/attention[1]/v: normal (t5.mesh:78)
   param13_encoder_attention_1_v.resize(512);
   support::fillParam(
       param13_encoder_attention_1_v.data(),
@@ -2541,7 +3035,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/attention[1]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/attention[1]/o: normal (t5.mesh:80)
+  // encoder/attention[1]/o: normal (t5.mesh:79)
   param14_encoder_attention_1_o.resize(512);
   support::fillParam(
       param14_encoder_attention_1_o.data(),
@@ -2553,7 +3047,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
   param15_encoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/dense_relu_dense[1]/wi: normal (t5.mesh:90)
+  // encoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
   param16_encoder_dense_relu_dense_1_wi.resize(1024);
   support::fillParam(
       param16_encoder_dense_relu_dense_1_wi.data(),
@@ -2563,7 +3057,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "encoder/dense_relu_dense[1]/wi",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // encoder/dense_relu_dense[1]/wo: normal (t5.mesh:91)
+  // encoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
   param17_encoder_dense_relu_dense_1_wo.resize(1024);
   support::fillParam(
       param17_encoder_dense_relu_dense_1_wo.data(),
@@ -2575,19 +3069,19 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // encoder/rms_norm/scale: ones (t5.mesh:39)
   param18_encoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/decoder_bias/relative_bias/table: normal (t5.mesh:55)
-  param19_decoder_decoder_bias_relative_bias_table.resize(16);
+  // decoder/relative_bias/table: normal (t5.mesh:55)
+  param19_decoder_relative_bias_table.resize(16);
   support::fillParam(
-      param19_decoder_decoder_bias_relative_bias_table.data(),
+      param19_decoder_relative_bias_table.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{8, 4},
                              meshrt::kernels::Dims{0, support::shardStart(world_, {"model"}, 2)},
                              meshrt::kernels::Dims{8, 2}},
-      seed, "decoder/decoder_bias/relative_bias/table",
+      seed, "decoder/relative_bias/table",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.1}}),
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm[0]/scale: ones (t5.mesh:39)
   param20_decoder_rms_norm_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention[0]/q: normal (t5.mesh:77)
+  // decoder/attention[0]/q: normal (t5.mesh:76)
   param21_decoder_attention_0_q.resize(512);
   support::fillParam(
       param21_decoder_attention_0_q.data(),
@@ -2597,7 +3091,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[0]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[0]/k: normal (t5.mesh:78)
+  // decoder/attention[0]/k: normal (t5.mesh:77)
   param22_decoder_attention_0_k.resize(512);
   support::fillParam(
       param22_decoder_attention_0_k.data(),
@@ -2607,7 +3101,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[0]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[0]/v: normal (t5.mesh:79)
+  // decoder/attention[0]/v: normal (t5.mesh:78)
   param23_decoder_attention_0_v.resize(512);
   support::fillParam(
       param23_decoder_attention_0_v.data(),
@@ -2617,7 +3111,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[0]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[0]/o: normal (t5.mesh:80)
+  // decoder/attention[0]/o: normal (t5.mesh:79)
   param24_decoder_attention_0_o.resize(512);
   support::fillParam(
       param24_decoder_attention_0_o.data(),
@@ -2629,7 +3123,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm#1[0]/scale: ones (t5.mesh:39)
   param25_decoder_rms_norm_1_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention#1[0]/q: normal (t5.mesh:77)
+  // decoder/attention#1[0]/q: normal (t5.mesh:76)
   param26_decoder_attention_1_0_q.resize(512);
   support::fillParam(
       param26_decoder_attention_1_0_q.data(),
@@ -2639,7 +3133,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[0]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[0]/k: normal (t5.mesh:78)
+  // decoder/attention#1[0]/k: normal (t5.mesh:77)
   param27_decoder_attention_1_0_k.resize(512);
   support::fillParam(
       param27_decoder_attention_1_0_k.data(),
@@ -2649,7 +3143,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[0]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[0]/v: normal (t5.mesh:79)
+  // decoder/attention#1[0]/v: normal (t5.mesh:78)
   param28_decoder_attention_1_0_v.resize(512);
   support::fillParam(
       param28_decoder_attention_1_0_v.data(),
@@ -2659,7 +3153,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[0]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[0]/o: normal (t5.mesh:80)
+  // decoder/attention#1[0]/o: normal (t5.mesh:79)
   param29_decoder_attention_1_0_o.resize(512);
   support::fillParam(
       param29_decoder_attention_1_0_o.data(),
@@ -2671,7 +3165,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm#2[0]/scale: ones (t5.mesh:39)
   param30_decoder_rms_norm_2_0_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/dense_relu_dense[0]/wi: normal (t5.mesh:90)
+  // decoder/dense_relu_dense[0]/wi: normal (t5.mesh:89)
   param31_decoder_dense_relu_dense_0_wi.resize(1024);
   support::fillParam(
       param31_decoder_dense_relu_dense_0_wi.data(),
@@ -2681,7 +3175,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/dense_relu_dense[0]/wi",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/dense_relu_dense[0]/wo: normal (t5.mesh:91)
+  // decoder/dense_relu_dense[0]/wo: normal (t5.mesh:90)
   param32_decoder_dense_relu_dense_0_wo.resize(1024);
   support::fillParam(
       param32_decoder_dense_relu_dense_0_wo.data(),
@@ -2693,7 +3187,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm[1]/scale: ones (t5.mesh:39)
   param33_decoder_rms_norm_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention[1]/q: normal (t5.mesh:77)
+  // decoder/attention[1]/q: normal (t5.mesh:76)
   param34_decoder_attention_1_q.resize(512);
   support::fillParam(
       param34_decoder_attention_1_q.data(),
@@ -2703,7 +3197,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[1]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[1]/k: normal (t5.mesh:78)
+  // decoder/attention[1]/k: normal (t5.mesh:77)
   param35_decoder_attention_1_k.resize(512);
   support::fillParam(
       param35_decoder_attention_1_k.data(),
@@ -2713,7 +3207,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[1]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[1]/v: normal (t5.mesh:79)
+  // decoder/attention[1]/v: normal (t5.mesh:78)
   param36_decoder_attention_1_v.resize(512);
   support::fillParam(
       param36_decoder_attention_1_v.data(),
@@ -2723,7 +3217,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention[1]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention[1]/o: normal (t5.mesh:80)
+  // decoder/attention[1]/o: normal (t5.mesh:79)
   param37_decoder_attention_1_o.resize(512);
   support::fillParam(
       param37_decoder_attention_1_o.data(),
@@ -2735,7 +3229,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm#1[1]/scale: ones (t5.mesh:39)
   param38_decoder_rms_norm_1_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/attention#1[1]/q: normal (t5.mesh:77)
+  // decoder/attention#1[1]/q: normal (t5.mesh:76)
   param39_decoder_attention_1_1_q.resize(512);
   support::fillParam(
       param39_decoder_attention_1_1_q.data(),
@@ -2745,7 +3239,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[1]/q",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.0625}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[1]/k: normal (t5.mesh:78)
+  // decoder/attention#1[1]/k: normal (t5.mesh:77)
   param40_decoder_attention_1_1_k.resize(512);
   support::fillParam(
       param40_decoder_attention_1_1_k.data(),
@@ -2755,7 +3249,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[1]/k",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[1]/v: normal (t5.mesh:79)
+  // decoder/attention#1[1]/v: normal (t5.mesh:78)
   param41_decoder_attention_1_1_v.resize(512);
   support::fillParam(
       param41_decoder_attention_1_1_v.data(),
@@ -2765,7 +3259,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/attention#1[1]/v",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/attention#1[1]/o: normal (t5.mesh:80)
+  // decoder/attention#1[1]/o: normal (t5.mesh:79)
   param42_decoder_attention_1_1_o.resize(512);
   support::fillParam(
       param42_decoder_attention_1_1_o.data(),
@@ -2777,7 +3271,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm#2[1]/scale: ones (t5.mesh:39)
   param43_decoder_rms_norm_2_1_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // decoder/dense_relu_dense[1]/wi: normal (t5.mesh:90)
+  // decoder/dense_relu_dense[1]/wi: normal (t5.mesh:89)
   param44_decoder_dense_relu_dense_1_wi.resize(1024);
   support::fillParam(
       param44_decoder_dense_relu_dense_1_wi.data(),
@@ -2787,7 +3281,7 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       seed, "decoder/dense_relu_dense[1]/wi",
       meshrt::kernels::makeInit("normal", {{"mean", 0.0}, {"stddev", 0.17677669529663687}}),
       meshrt::kernels::ValueType::F32);
-  // decoder/dense_relu_dense[1]/wo: normal (t5.mesh:91)
+  // decoder/dense_relu_dense[1]/wo: normal (t5.mesh:90)
   param45_decoder_dense_relu_dense_1_wo.resize(1024);
   support::fillParam(
       param45_decoder_dense_relu_dense_1_wo.data(),
@@ -2799,186 +3293,182 @@ T5Train::T5Train(meshrt::Communicator &world, uint64_t seed)
       meshrt::kernels::ValueType::F32);
   // decoder/rms_norm/scale: ones (t5.mesh:39)
   param46_decoder_rms_norm_scale.assign(32, support::roundValue(support::DType::F32, 1.0));
-  // encoder/encoder_bias/relative_bias/table@vr: zeros (t5.mesh:55)
-  param47_encoder_encoder_bias_relative_bias_table_vr.assign(
-      8, support::roundValue(support::DType::F32, 0.0));
-  // encoder/encoder_bias/relative_bias/table@vc: zeros (t5.mesh:55)
-  param48_encoder_encoder_bias_relative_bias_table_vc.assign(
-      2, support::roundValue(support::DType::F32, 0.0));
-  // shared/embedding@vr: zeros (t5.mesh:96)
+  // encoder/relative_bias/table@vr: zeros (t5.mesh:55)
+  param47_encoder_relative_bias_table_vr.assign(8, support::roundValue(support::DType::F32, 0.0));
+  // encoder/relative_bias/table@vc: zeros (t5.mesh:55)
+  param48_encoder_relative_bias_table_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
+  // shared/embedding@vr: zeros (t5.mesh:95)
   param49_shared_embedding_vr.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // shared/embedding@vc: zeros (t5.mesh:96)
+  // shared/embedding@vc: zeros (t5.mesh:95)
   param50_shared_embedding_vc.assign(32, support::roundValue(support::DType::F32, 0.0));
   // encoder/rms_norm[0]/scale@v: zeros (t5.mesh:39)
   param51_encoder_rms_norm_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/q@vr: zeros (t5.mesh:77)
+  // encoder/attention[0]/q@vr: zeros (t5.mesh:76)
   param52_encoder_attention_0_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/q@vc: zeros (t5.mesh:77)
+  // encoder/attention[0]/q@vc: zeros (t5.mesh:76)
   param53_encoder_attention_0_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/k@vr: zeros (t5.mesh:78)
+  // encoder/attention[0]/k@vr: zeros (t5.mesh:77)
   param54_encoder_attention_0_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/k@vc: zeros (t5.mesh:78)
+  // encoder/attention[0]/k@vc: zeros (t5.mesh:77)
   param55_encoder_attention_0_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/v@vr: zeros (t5.mesh:79)
+  // encoder/attention[0]/v@vr: zeros (t5.mesh:78)
   param56_encoder_attention_0_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/v@vc: zeros (t5.mesh:79)
+  // encoder/attention[0]/v@vc: zeros (t5.mesh:78)
   param57_encoder_attention_0_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/o@vr: zeros (t5.mesh:80)
+  // encoder/attention[0]/o@vr: zeros (t5.mesh:79)
   param58_encoder_attention_0_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[0]/o@vc: zeros (t5.mesh:80)
+  // encoder/attention[0]/o@vc: zeros (t5.mesh:79)
   param59_encoder_attention_0_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // encoder/rms_norm#1[0]/scale@v: zeros (t5.mesh:39)
   param60_encoder_rms_norm_1_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[0]/wi@vr: zeros (t5.mesh:90)
+  // encoder/dense_relu_dense[0]/wi@vr: zeros (t5.mesh:89)
   param61_encoder_dense_relu_dense_0_wi_vr.assign(32,
                                                   support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[0]/wi@vc: zeros (t5.mesh:90)
+  // encoder/dense_relu_dense[0]/wi@vc: zeros (t5.mesh:89)
   param62_encoder_dense_relu_dense_0_wi_vc.assign(32,
                                                   support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[0]/wo@vr: zeros (t5.mesh:91)
+  // encoder/dense_relu_dense[0]/wo@vr: zeros (t5.mesh:90)
   param63_encoder_dense_relu_dense_0_wo_vr.assign(32,
                                                   support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[0]/wo@vc: zeros (t5.mesh:91)
+  // encoder/dense_relu_dense[0]/wo@vc: zeros (t5.mesh:90)
   param64_encoder_dense_relu_dense_0_wo_vc.assign(32,
                                                   support::roundValue(support::DType::F32, 0.0));
   // encoder/rms_norm[1]/scale@v: zeros (t5.mesh:39)
   param65_encoder_rms_norm_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/q@vr: zeros (t5.mesh:77)
+  // encoder/attention[1]/q@vr: zeros (t5.mesh:76)
   param66_encoder_attention_1_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/q@vc: zeros (t5.mesh:77)
+  // encoder/attention[1]/q@vc: zeros (t5.mesh:76)
   param67_encoder_attention_1_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/k@vr: zeros (t5.mesh:78)
+  // encoder/attention[1]/k@vr: zeros (t5.mesh:77)
   param68_encoder_attention_1_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/k@vc: zeros (t5.mesh:78)
+  // encoder/attention[1]/k@vc: zeros (t5.mesh:77)
   param69_encoder_attention_1_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/v@vr: zeros (t5.mesh:79)
+  // encoder/attention[1]/v@vr: zeros (t5.mesh:78)
   param70_encoder_attention_1_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/v@vc: zeros (t5.mesh:79)
+  // encoder/attention[1]/v@vc: zeros (t5.mesh:78)
   param71_encoder_attention_1_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/o@vr: zeros (t5.mesh:80)
+  // encoder/attention[1]/o@vr: zeros (t5.mesh:79)
   param72_encoder_attention_1_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // encoder/attention[1]/o@vc: zeros (t5.mesh:80)
+  // encoder/attention[1]/o@vc: zeros (t5.mesh:79)
   param73_encoder_attention_1_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // encoder/rms_norm#1[1]/scale@v: zeros (t5.mesh:39)
   param74_encoder_rms_norm_1_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[1]/wi@vr: zeros (t5.mesh:90)
+  // encoder/dense_relu_dense[1]/wi@vr: zeros (t5.mesh:89)
   param75_encoder_dense_relu_dense_1_wi_vr.assign(32,
                                                   support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[1]/wi@vc: zeros (t5.mesh:90)
+  // encoder/dense_relu_dense[1]/wi@vc: zeros (t5.mesh:89)
   param76_encoder_dense_relu_dense_1_wi_vc.assign(32,
                                                   support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[1]/wo@vr: zeros (t5.mesh:91)
+  // encoder/dense_relu_dense[1]/wo@vr: zeros (t5.mesh:90)
   param77_encoder_dense_relu_dense_1_wo_vr.assign(32,
                                                   support::roundValue(support::DType::F32, 0.0));
-  // encoder/dense_relu_dense[1]/wo@vc: zeros (t5.mesh:91)
+  // encoder/dense_relu_dense[1]/wo@vc: zeros (t5.mesh:90)
   param78_encoder_dense_relu_dense_1_wo_vc.assign(32,
                                                   support::roundValue(support::DType::F32, 0.0));
   // encoder/rms_norm/scale@v: zeros (t5.mesh:39)
   param79_encoder_rms_norm_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_bias/relative_bias/table@vr: zeros (t5.mesh:55)
-  param80_decoder_decoder_bias_relative_bias_table_vr.assign(
-      8, support::roundValue(support::DType::F32, 0.0));
-  // decoder/decoder_bias/relative_bias/table@vc: zeros (t5.mesh:55)
-  param81_decoder_decoder_bias_relative_bias_table_vc.assign(
-      2, support::roundValue(support::DType::F32, 0.0));
+  // decoder/relative_bias/table@vr: zeros (t5.mesh:55)
+  param80_decoder_relative_bias_table_vr.assign(8, support::roundValue(support::DType::F32, 0.0));
+  // decoder/relative_bias/table@vc: zeros (t5.mesh:55)
+  param81_decoder_relative_bias_table_vc.assign(2, support::roundValue(support::DType::F32, 0.0));
   // decoder/rms_norm[0]/scale@v: zeros (t5.mesh:39)
   param82_decoder_rms_norm_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/q@vr: zeros (t5.mesh:77)
+  // decoder/attention[0]/q@vr: zeros (t5.mesh:76)
   param83_decoder_attention_0_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/q@vc: zeros (t5.mesh:77)
+  // decoder/attention[0]/q@vc: zeros (t5.mesh:76)
   param84_decoder_attention_0_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/k@vr: zeros (t5.mesh:78)
+  // decoder/attention[0]/k@vr: zeros (t5.mesh:77)
   param85_decoder_attention_0_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/k@vc: zeros (t5.mesh:78)
+  // decoder/attention[0]/k@vc: zeros (t5.mesh:77)
   param86_decoder_attention_0_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/v@vr: zeros (t5.mesh:79)
+  // decoder/attention[0]/v@vr: zeros (t5.mesh:78)
   param87_decoder_attention_0_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/v@vc: zeros (t5.mesh:79)
+  // decoder/attention[0]/v@vc: zeros (t5.mesh:78)
   param88_decoder_attention_0_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/o@vr: zeros (t5.mesh:80)
+  // decoder/attention[0]/o@vr: zeros (t5.mesh:79)
   param89_decoder_attention_0_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[0]/o@vc: zeros (t5.mesh:80)
+  // decoder/attention[0]/o@vc: zeros (t5.mesh:79)
   param90_decoder_attention_0_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/rms_norm#1[0]/scale@v: zeros (t5.mesh:39)
   param91_decoder_rms_norm_1_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/q@vr: zeros (t5.mesh:77)
+  // decoder/attention#1[0]/q@vr: zeros (t5.mesh:76)
   param92_decoder_attention_1_0_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/q@vc: zeros (t5.mesh:77)
+  // decoder/attention#1[0]/q@vc: zeros (t5.mesh:76)
   param93_decoder_attention_1_0_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/k@vr: zeros (t5.mesh:78)
+  // decoder/attention#1[0]/k@vr: zeros (t5.mesh:77)
   param94_decoder_attention_1_0_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/k@vc: zeros (t5.mesh:78)
+  // decoder/attention#1[0]/k@vc: zeros (t5.mesh:77)
   param95_decoder_attention_1_0_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/v@vr: zeros (t5.mesh:79)
+  // decoder/attention#1[0]/v@vr: zeros (t5.mesh:78)
   param96_decoder_attention_1_0_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/v@vc: zeros (t5.mesh:79)
+  // decoder/attention#1[0]/v@vc: zeros (t5.mesh:78)
   param97_decoder_attention_1_0_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/o@vr: zeros (t5.mesh:80)
+  // decoder/attention#1[0]/o@vr: zeros (t5.mesh:79)
   param98_decoder_attention_1_0_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[0]/o@vc: zeros (t5.mesh:80)
+  // decoder/attention#1[0]/o@vc: zeros (t5.mesh:79)
   param99_decoder_attention_1_0_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/rms_norm#2[0]/scale@v: zeros (t5.mesh:39)
   param100_decoder_rms_norm_2_0_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[0]/wi@vr: zeros (t5.mesh:90)
+  // decoder/dense_relu_dense[0]/wi@vr: zeros (t5.mesh:89)
   param101_decoder_dense_relu_dense_0_wi_vr.assign(32,
                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[0]/wi@vc: zeros (t5.mesh:90)
+  // decoder/dense_relu_dense[0]/wi@vc: zeros (t5.mesh:89)
   param102_decoder_dense_relu_dense_0_wi_vc.assign(32,
                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[0]/wo@vr: zeros (t5.mesh:91)
+  // decoder/dense_relu_dense[0]/wo@vr: zeros (t5.mesh:90)
   param103_decoder_dense_relu_dense_0_wo_vr.assign(32,
                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[0]/wo@vc: zeros (t5.mesh:91)
+  // decoder/dense_relu_dense[0]/wo@vc: zeros (t5.mesh:90)
   param104_decoder_dense_relu_dense_0_wo_vc.assign(32,
                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/rms_norm[1]/scale@v: zeros (t5.mesh:39)
   param105_decoder_rms_norm_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/q@vr: zeros (t5.mesh:77)
+  // decoder/attention[1]/q@vr: zeros (t5.mesh:76)
   param106_decoder_attention_1_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/q@vc: zeros (t5.mesh:77)
+  // decoder/attention[1]/q@vc: zeros (t5.mesh:76)
   param107_decoder_attention_1_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/k@vr: zeros (t5.mesh:78)
+  // decoder/attention[1]/k@vr: zeros (t5.mesh:77)
   param108_decoder_attention_1_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/k@vc: zeros (t5.mesh:78)
+  // decoder/attention[1]/k@vc: zeros (t5.mesh:77)
   param109_decoder_attention_1_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/v@vr: zeros (t5.mesh:79)
+  // decoder/attention[1]/v@vr: zeros (t5.mesh:78)
   param110_decoder_attention_1_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/v@vc: zeros (t5.mesh:79)
+  // decoder/attention[1]/v@vc: zeros (t5.mesh:78)
   param111_decoder_attention_1_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/o@vr: zeros (t5.mesh:80)
+  // decoder/attention[1]/o@vr: zeros (t5.mesh:79)
   param112_decoder_attention_1_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention[1]/o@vc: zeros (t5.mesh:80)
+  // decoder/attention[1]/o@vc: zeros (t5.mesh:79)
   param113_decoder_attention_1_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/rms_norm#1[1]/scale@v: zeros (t5.mesh:39)
   param114_decoder_rms_norm_1_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/q@vr: zeros (t5.mesh:77)
+  // decoder/attention#1[1]/q@vr: zeros (t5.mesh:76)
   param115_decoder_attention_1_1_q_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/q@vc: zeros (t5.mesh:77)
+  // decoder/attention#1[1]/q@vc: zeros (t5.mesh:76)
   param116_decoder_attention_1_1_q_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/k@vr: zeros (t5.mesh:78)
+  // decoder/attention#1[1]/k@vr: zeros (t5.mesh:77)
   param117_decoder_attention_1_1_k_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/k@vc: zeros (t5.mesh:78)
+  // decoder/attention#1[1]/k@vc: zeros (t5.mesh:77)
   param118_decoder_attention_1_1_k_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/v@vr: zeros (t5.mesh:79)
+  // decoder/attention#1[1]/v@vr: zeros (t5.mesh:78)
   param119_decoder_attention_1_1_v_vr.assign(64, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/v@vc: zeros (t5.mesh:79)
+  // decoder/attention#1[1]/v@vc: zeros (t5.mesh:78)
   param120_decoder_attention_1_1_v_vc.assign(256, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/o@vr: zeros (t5.mesh:80)
+  // decoder/attention#1[1]/o@vr: zeros (t5.mesh:79)
   param121_decoder_attention_1_1_o_vr.assign(16, support::roundValue(support::DType::F32, 0.0));
-  // decoder/attention#1[1]/o@vc: zeros (t5.mesh:80)
+  // decoder/attention#1[1]/o@vc: zeros (t5.mesh:79)
   param122_decoder_attention_1_1_o_vc.assign(64, support::roundValue(support::DType::F32, 0.0));
   // decoder/rms_norm#2[1]/scale@v: zeros (t5.mesh:39)
   param123_decoder_rms_norm_2_1_scale_v.assign(32, support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[1]/wi@vr: zeros (t5.mesh:90)
+  // decoder/dense_relu_dense[1]/wi@vr: zeros (t5.mesh:89)
   param124_decoder_dense_relu_dense_1_wi_vr.assign(32,
                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[1]/wi@vc: zeros (t5.mesh:90)
+  // decoder/dense_relu_dense[1]/wi@vc: zeros (t5.mesh:89)
   param125_decoder_dense_relu_dense_1_wi_vc.assign(32,
                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[1]/wo@vr: zeros (t5.mesh:91)
+  // decoder/dense_relu_dense[1]/wo@vr: zeros (t5.mesh:90)
   param126_decoder_dense_relu_dense_1_wo_vr.assign(32,
                                                    support::roundValue(support::DType::F32, 0.0));
-  // decoder/dense_relu_dense[1]/wo@vc: zeros (t5.mesh:91)
+  // decoder/dense_relu_dense[1]/wo@vc: zeros (t5.mesh:90)
   param127_decoder_dense_relu_dense_1_wo_vc.assign(32,
                                                    support::roundValue(support::DType::F32, 0.0));
   // decoder/rms_norm/scale@v: zeros (t5.mesh:39)
@@ -2990,7 +3480,7 @@ void T5Train::computeInvariants() {
 
   // t5.mesh:62:11 iota
   // t5.mesh:62:26 iota
-  // t5.mesh:118:52 iota
+  // t5.mesh:117:52 iota
   support::View v2 = persistent_.view(0, 16);
   static const support::Shape shape0_1 = {16};
   static const support::Shape shape0_2 = {1};
@@ -3011,7 +3501,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:63:27 lt
+  // t5.mesh:63:13 lt
   support::View v6 = persistent_.view(1152, 256);
   {
     float *__restrict v6p = v6.data();
@@ -3024,7 +3514,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:63:32 mul
+  // t5.mesh:63:18 mul
   support::View v8 = persistent_.view(2240, 256);
   {
     float *__restrict v8p = v8.data();
@@ -3037,7 +3527,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:63:90 abs
+  // t5.mesh:63:76 abs
   support::View v9 = persistent_.view(3264, 256);
   {
     float *__restrict v9p = v9.data();
@@ -3217,7 +3707,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:63:45 add
+  // t5.mesh:63:31 add
   support::View v31 = persistent_.view(17856, 256);
   {
     float *__restrict v31p = v31.data();
@@ -3231,17 +3721,17 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:115:21 iota
-  // t5.mesh:115:38 iota
-  // t5.mesh:68:11 iota
-  // t5.mesh:68:27 iota
-  // t5.mesh:118:36 iota
+  // t5.mesh:114:21 iota
+  // t5.mesh:114:38 iota
+  // t5.mesh:68:66 iota
+  // t5.mesh:68:82 iota
+  // t5.mesh:117:36 iota
   support::View v128 = persistent_.view(21312, 8);
   static const support::Shape shape19_1 = {8};
   static const support::Shape shape19_2 = {1};
   support::iota(v128.data(), shape19_1, shape19_2, 0);
 
-  // t5.mesh:115:35 ge
+  // t5.mesh:114:35 ge
   support::View v130 = persistent_.view(21376, 64);
   {
     float *__restrict v130p = v130.data();
@@ -3256,7 +3746,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:115:16 cast -> causal
+  // t5.mesh:114:16 cast -> causal
   support::View v131 = persistent_.view(21632, 64);
   {
     float *__restrict v131p = v131.data();
@@ -3268,7 +3758,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:68:25 sub -> n
+  // t5.mesh:68:80 sub
   support::View v134 = persistent_.view(21888, 64);
   {
     float *__restrict v134p = v134.data();
@@ -3283,7 +3773,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:69:72 maximum
+  // t5.mesh:68:58 maximum
   support::View v136 = persistent_.view(22144, 64);
   {
     float *__restrict v136p = v136.data();
@@ -3464,7 +3954,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:116:44 sub
+  // t5.mesh:115:62 sub
   support::View v162 = persistent_.view(25920, 64);
   {
     float *__restrict v162p = v162.data();
@@ -3477,7 +3967,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:116:51 mul
+  // t5.mesh:115:69 mul
   support::View v164 = persistent_.view(26240, 64);
   {
     float *__restrict v164p = v164.data();
@@ -3490,13 +3980,13 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:118:22 iota
+  // t5.mesh:117:22 iota
   support::View v166 = persistent_.view(26496, 2);
   static const support::Shape shape39_1 = {2};
   static const support::Shape shape39_2 = {1};
   support::iota(v166.data(), shape39_1, shape39_2, support::shardStart(world_, {"model"}, 2));
 
-  // t5.mesh:118:34 add
+  // t5.mesh:117:34 add
   support::View v168 = persistent_.view(26560, 16);
   {
     float *__restrict v168p = v168.data();
@@ -3512,7 +4002,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:118:50 add
+  // t5.mesh:117:50 add
   support::View v170 = persistent_.view(26624, 256);
   {
     float *__restrict v170p = v170.data();
@@ -3528,7 +4018,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:118:17 cast
+  // t5.mesh:117:17 cast
   support::View v171 = persistent_.view(27648, 256);
   {
     float *__restrict v171p = v171.data();
@@ -3540,7 +4030,7 @@ void T5Train::computeInvariants() {
     }
   }
 
-  // t5.mesh:118:71 mul -> no_bias
+  // t5.mesh:117:71 mul -> no_bias
   support::View v173 = persistent_.view(28736, 256);
   {
     float *__restrict v173p = v173.data();
@@ -3591,7 +4081,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   (void)inputs;
 
   // t5.mesh:56:10 gather
-  support::View v32(param0_encoder_encoder_bias_relative_bias_table); // updated in place
+  support::View v32(param0_encoder_relative_bias_table); // updated in place
   support::View v31 = persistent_.view(17856, 256);
   support::View v33 = arena_.view(0, 512);
   static const support::Shape shape0_1 = {16, 16, 2};
@@ -3613,7 +4103,7 @@ void T5Train::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:97:17 one_hot
+  // t5.mesh:96:17 one_hot
   const support::Buffer &v0 = inputs.input_ids.data;
   support::View v36 = arena_.view(0, 1024);
   static const support::Shape shape2_1 = {2, 16, 32};
@@ -3622,7 +4112,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::oneHot(v36.data(), shape2_1, v0.data(), shape2_3, shape2_4,
                   support::shardStart(world_, {"model"}, 32));
 
-  // t5.mesh:97:10 einsum -> x
+  // t5.mesh:96:10 einsum -> x
   support::View v35(param1_shared_embedding); // updated in place
   support::View v37 = arena_.view(4096, 1024);
   // dims: batch, inputs, vocab, d_model
@@ -3630,7 +4120,7 @@ void T5Train::runPart0(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan3.run(v36.data(), v35.data(), v37.data(), 1.0f, 0.0f);
 
-  // t5.mesh:143:53 one_hot
+  // t5.mesh:149:53 one_hot
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v320 = arena_.view(94208, 512);
   static const support::Shape shape4_1 = {2, 8, 32};
@@ -3639,7 +4129,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::oneHot(v320.data(), shape4_1, v1.data(), shape4_3, shape4_4,
                   support::shardStart(world_, {"model"}, 32));
 
-  // t5.mesh:143:51 mul
+  // t5.mesh:149:51 mul
   support::View v334 = arena_.view(96256, 512);
   {
     float *__restrict v334p = v334.data();
@@ -3652,7 +4142,7 @@ void T5Train::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:143:24 sum
+  // t5.mesh:149:24 sum
   support::View v335 = arena_.view(190464, 16);
   static const support::Shape shape6_1 = {2, 8};
   static const support::Shape shape6_3 = {256, 32};
@@ -3661,7 +4151,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::reduce(v335.data(), shape6_1, v334.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 1.0);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   support::View v764 = arena_.view(8192, 16);
   {
     float *__restrict v764p = v764.data();
@@ -3673,7 +4163,7 @@ void T5Train::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v765 = arena_.view(192256, 1);
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
@@ -3682,7 +4172,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::reduce(v765.data(), shape8_1, v764.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   support::View v802 = arena_.view(8192, 1024);
   {
     float *__restrict v802p = v802.data();
@@ -3694,7 +4184,7 @@ void T5Train::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v803 = arena_.view(192320, 1);
   static const support::Shape shape10_1 = {};
   static const support::Shape shape10_3 = {};
@@ -3703,7 +4193,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::reduce(v803.data(), shape10_1, v802.data(), shape10_3, shape10_4, shape10_5,
                   support::Reduce::Sum, 0.00048828125);
 
-  // 12 statements from t5.mesh:146:3 square (1 of 2)
+  // 12 statements from t5.mesh:152:3 square (1 of 2)
   support::View v47(param3_encoder_attention_0_q); // updated in place
   support::View v863 = arena_.view(8192, 512);
   support::View v48(param4_encoder_attention_0_k); // updated in place
@@ -3725,7 +4215,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   repeated14(v47, v863, v864, v48, v901, v902, v49, v939, v940, v50, v975, v976, v71, v1035, v1036,
              v72, v1073, v1074);
 
-  // 12 statements from t5.mesh:146:3 square (2 of 2)
+  // 12 statements from t5.mesh:152:3 square (2 of 2)
   support::View v87(param11_encoder_attention_1_q); // updated in place
   support::View v1134 = arena_.view(8192, 512);
   support::View v88(param12_encoder_attention_1_k); // updated in place
@@ -3747,8 +4237,8 @@ void T5Train::runPart0(const Inputs &inputs) {
   repeated14(v87, v1134, v1135, v88, v1172, v1173, v89, v1210, v1211, v90, v1246, v1247, v111,
              v1306, v1307, v112, v1344, v1345);
 
-  // t5.mesh:146:3 square
-  support::View v158(param19_decoder_decoder_bias_relative_bias_table); // updated in place
+  // t5.mesh:152:3 square
+  support::View v158(param19_decoder_relative_bias_table); // updated in place
   support::View v1404 = arena_.view(8192, 16);
   {
     float *__restrict v1404p = v1404.data();
@@ -3760,7 +4250,7 @@ void T5Train::runPart0(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v1405 = arena_.view(193152, 1);
   static const support::Shape shape14_1 = {};
   static const support::Shape shape14_3 = {};
@@ -3769,7 +4259,7 @@ void T5Train::runPart0(const Inputs &inputs) {
   support::reduce(v1405.data(), shape14_1, v1404.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
-  // 20 statements from t5.mesh:146:3 square (1 of 2)
+  // 20 statements from t5.mesh:152:3 square (1 of 2)
   support::View v186(param21_decoder_attention_0_q); // updated in place
   support::View v1465 = arena_.view(8192, 512);
   support::View v187(param22_decoder_attention_0_k); // updated in place
@@ -3804,7 +4294,7 @@ void T5Train::runPart0(const Inputs &inputs) {
              v1638, v1639, v211, v1676, v1677, v212, v1714, v1715, v213, v1750, v1751, v235, v1810,
              v1811, v236, v1848, v1849);
 
-  // 20 statements from t5.mesh:146:3 square (2 of 2)
+  // 20 statements from t5.mesh:152:3 square (2 of 2)
   support::View v251(param34_decoder_attention_1_q); // updated in place
   support::View v1909 = arena_.view(8192, 512);
   support::View v252(param35_decoder_attention_1_k); // updated in place
@@ -3926,7 +4416,7 @@ void T5Train::runPart0(const Inputs &inputs) {
 void T5Train::runPart1(const Inputs &inputs) {
   (void)inputs;
 
-  // 28 statements from t5.mesh:81:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model
+  // 28 statements from t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model
   // resolved together, 8.0 KiB in one buffer) (1 of 2)
   support::View v45 = arena_.view(12288, 1024);
   support::View v46 = arena_.view(16384, 1024);
@@ -3968,7 +4458,7 @@ void T5Train::runPart1(const Inputs &inputs) {
             v64, v65, v68, v69, v62, v70, v71, v74, v75, v72, v76, v77, v79, v80, v81, v84, v85,
             v78, v86);
 
-  // 28 statements from t5.mesh:81:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model
+  // 28 statements from t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model
   // resolved together, 8.0 KiB in one buffer) (2 of 2)
   support::View v87(param11_encoder_attention_1_q); // updated in place
   support::View v92 = arena_.view(137216, 512);
@@ -4006,7 +4496,7 @@ void T5Train::runPart1(const Inputs &inputs) {
             v104, v105, v108, v109, v102, v110, v111, v114, v115, v112, v116, v117, v119, v120,
             v121, v124, v125, v118, v126);
 
-  // t5.mesh:114:9 transpose
+  // t5.mesh:113:9 transpose
   support::View v35(param1_shared_embedding); // updated in place
   support::View v127 = arena_.view(90112, 1024);
   {
@@ -4022,7 +4512,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   }
 
   // t5.mesh:56:10 gather
-  support::View v158(param19_decoder_decoder_bias_relative_bias_table); // updated in place
+  support::View v158(param19_decoder_relative_bias_table); // updated in place
   support::View v157 = persistent_.view(25664, 64);
   support::View v159 = arena_.view(98304, 128);
   static const support::Shape shape3_1 = {8, 8, 2};
@@ -4031,7 +4521,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::gather(v159.data(), shape3_1, v158.data(), shape3_3, v157.data(), shape3_5, 8, 2, 0);
 
   // t5.mesh:56:10 transpose
-  // t5.mesh:116:34 add -> self_bias
+  // t5.mesh:115:52 add -> self_bias
   support::View v164 = persistent_.view(26240, 64);
   support::View v165 = arena_.view(104448, 128);
   {
@@ -4049,13 +4539,13 @@ void T5Train::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:119:17 shift
+  // t5.mesh:118:17 shift
   const support::Buffer &v1 = inputs.target_ids.data;
   support::View v174 = arena_.view(98304, 16);
   static const support::Shape shape5_2 = {2, 8};
   support::shift(v174, v1, shape5_2, 1, 1, nullptr);
 
-  // t5.mesh:97:17 one_hot
+  // t5.mesh:96:17 one_hot
   support::View v175 = arena_.view(143360, 512);
   static const support::Shape shape6_1 = {2, 8, 32};
   static const support::Shape shape6_3 = {8, 1, 0};
@@ -4063,7 +4553,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::oneHot(v175.data(), shape6_1, v174.data(), shape6_3, shape6_4,
                   support::shardStart(world_, {"model"}, 32));
 
-  // t5.mesh:97:10 einsum -> x
+  // t5.mesh:96:10 einsum -> x
   support::View v176 = arena_.view(98304, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
@@ -4246,7 +4736,7 @@ void T5Train::runPart1(const Inputs &inputs) {
             v297, v290, v298, v299, v302, v303, v300, v304, v305, v307, v308, v309, v312, v313);
 
   // t5.mesh:40:53 mul
-  // t5.mesh:126:29 mul
+  // t5.mesh:125:29 mul
   support::View v306(param46_decoder_rms_norm_scale); // updated in place
   support::View v316 = arena_.view(174080, 512);
   {
@@ -4265,18 +4755,18 @@ void T5Train::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:126:10 bucketed_all_reduce_sum (2 partial sums (%290, %293) over model resolved
+  // t5.mesh:125:10 bucketed_all_reduce_sum (2 partial sums (%290, %293) over model resolved
   // together, 4.0 KiB in one buffer)
   support::allReduceBucket(group_model, {v313, v316});
 
-  // t5.mesh:126:10 einsum -> logits
+  // t5.mesh:125:10 einsum -> logits
   support::View v318 = arena_.view(176128, 512);
   // dims: batch, targets, d_model, vocab
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan18.run(v316.data(), v127.data(), v318.data(), 1.0f, 0.0f);
 
-  // t5.mesh:143:24 log_softmax
+  // t5.mesh:149:24 log_softmax
   support::View v319 = arena_.view(178176, 512);
   static const support::Shape shape19_2 = {2, 8};
   static const support::Shape shape19_3 = {256, 32};
@@ -4287,7 +4777,7 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::along(v319.data(), v318.data(), shape19_2, shape19_3, shape19_4, shape19_5, shape19_6,
                  shape19_7, support::Along::LogSoftmax, 1e-05, 64, &group_model);
 
-  // t5.mesh:143:51 mul
+  // t5.mesh:149:51 mul
   support::View v320 = arena_.view(94208, 512);
   support::View v321 = arena_.view(176128, 512);
   {
@@ -4302,7 +4792,7 @@ void T5Train::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:143:20 sum -> token_logp
+  // t5.mesh:149:20 sum -> token_logp
   support::View v322 = arena_.view(190720, 16);
   static const support::Shape shape21_1 = {2, 8};
   static const support::Shape shape21_3 = {256, 32};
@@ -4311,9 +4801,9 @@ void T5Train::runPart1(const Inputs &inputs) {
   support::reduce(v322.data(), shape21_1, v321.data(), shape21_3, shape21_4, shape21_5,
                   support::Reduce::Sum, 1.0);
 
-  // t5.mesh:143:24 exp
-  // t5.mesh:143:24 mul
-  // t5.mesh:143:24 sub
+  // t5.mesh:149:24 exp
+  // t5.mesh:149:24 mul
+  // t5.mesh:149:24 sub
   support::View v335 = arena_.view(190464, 16);
   support::View v334 = arena_.view(96256, 512);
   support::View v339 = arena_.view(94208, 512);
@@ -4335,8 +4825,8 @@ void T5Train::runPart1(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:126:10 einsum
-  // t5.mesh:126:29 mul
+  // t5.mesh:125:10 einsum
+  // t5.mesh:125:29 mul
   support::View v340 = arena_.view(96256, 512);
   // dims: batch, targets, vocab, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
@@ -4357,7 +4847,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::View v340 = arena_.view(96256, 512);
   support::allReduceBucket(group_model, {v340, v323});
 
-  // t5.mesh:144:29 exp
+  // t5.mesh:150:29 exp
   support::View v324 = arena_.view(90176, 16);
   {
     float *__restrict v324p = v324.data();
@@ -4369,7 +4859,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:144:24 mean -> target_probability
+  // t5.mesh:150:24 mean -> target_probability
   support::View v325 = arena_.view(194496, 1);
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
@@ -4378,7 +4868,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v325.data(), shape3_1, v324.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:145:15 mean
+  // t5.mesh:151:15 mean
   support::View v326 = arena_.view(90112, 1);
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
@@ -4387,7 +4877,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v326.data(), shape4_1, v322.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:145:14 neg -> loss
+  // t5.mesh:151:14 neg -> loss
   support::View v327 = arena_.view(194560, 1);
   {
     float *__restrict v327p = v327.data();
@@ -4397,10 +4887,10 @@ void T5Train::runPart2(const Inputs &inputs) {
     v327p[0] = s1;
   }
 
-  // t5.mesh:146:3 all_reduce_sum -> loss (resolve output 'loss')
+  // t5.mesh:152:3 all_reduce_sum -> loss (resolve output 'loss')
   auto request0 = support::startAllReduce(group_data_model, {v327}, meshrt::ReduceOp::Sum);
 
-  // t5.mesh:126:10 einsum
+  // t5.mesh:125:10 einsum
   support::View v339 = arena_.view(94208, 512);
   support::View v316 = arena_.view(174080, 512);
   support::View v341 = arena_.view(90112, 1024);
@@ -4510,14 +5000,14 @@ void T5Train::runPart2(const Inputs &inputs) {
             v387, v287, v388, v389, v390, v391, v393, v281, v394, v280, v395, v277, v397, v126,
             v398, v276, v400);
 
-  // t5.mesh:82:21 einsum -> grad/decoder/attention#1[1]/k
+  // t5.mesh:81:21 einsum -> grad/decoder/attention#1[1]/k
   support::View v402 = arena_.view(165888, 512);
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan12.run(v395.data(), v126.data(), v402.data(), 1.0f, 0.0f);
 
-  // t5.mesh:81:17 einsum
+  // t5.mesh:80:17 einsum
   support::View v275(param39_decoder_attention_1_1_q); // updated in place
   support::View v403 = arena_.view(172032, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -4528,7 +5018,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %373 over model for mul at 40:53)
   auto request2 = support::startAllReduce(group_model, {v403}, meshrt::ReduceOp::Sum);
 
-  // t5.mesh:81:17 einsum -> grad/decoder/attention#1[1]/q
+  // t5.mesh:80:17 einsum -> grad/decoder/attention#1[1]/q
   support::View v274 = arena_.view(163840, 512);
   support::View v404 = arena_.view(176128, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -4580,7 +5070,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %409 over model for mul at 40:53)
   auto request3 = support::startAllReduce(group_model, {v441}, meshrt::ReduceOp::Sum);
 
-  // t5.mesh:81:17 einsum -> grad/decoder/attention[1]/q
+  // t5.mesh:80:17 einsum -> grad/decoder/attention[1]/q
   support::View v442 = arena_.view(161792, 512);
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
@@ -4646,9 +5136,9 @@ void T5Train::runPart2(const Inputs &inputs) {
             v485, v223, v486, v487, v488, v489, v491, v217, v492, v215, v493, v212, v495, v126,
             v497, v211, v499);
 
-  // t5.mesh:82:21 add
-  // t5.mesh:83:23 add
-  // t5.mesh:82:21 add
+  // t5.mesh:81:21 add
+  // t5.mesh:82:23 add
+  // t5.mesh:81:21 add
   support::View v500 = arena_.view(126976, 1024);
   {
     float *__restrict v500p = v500.data();
@@ -4668,14 +5158,14 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:82:21 einsum -> grad/decoder/attention#1[0]/k
+  // t5.mesh:81:21 einsum -> grad/decoder/attention#1[0]/k
   support::View v501 = arena_.view(118784, 512);
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan24.run(v493.data(), v126.data(), v501.data(), 1.0f, 0.0f);
 
-  // t5.mesh:81:17 einsum
+  // t5.mesh:80:17 einsum
   support::View v210(param26_decoder_attention_1_0_q); // updated in place
   support::View v502 = arena_.view(86016, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -4687,7 +5177,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // together, 6.0 KiB in one buffer)
   auto request5 = support::startAllReduce(group_model, {v500, v502}, meshrt::ReduceOp::Sum);
 
-  // t5.mesh:81:17 einsum -> grad/decoder/attention#1[0]/q
+  // t5.mesh:80:17 einsum -> grad/decoder/attention#1[0]/q
   support::View v209 = arena_.view(155648, 512);
   support::View v503 = arena_.view(120832, 512);
   // dims: batch, targets, heads, d_kv, d_model
@@ -4736,7 +5226,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v522, v198, v523, v524, v525, v526, v528, v529, v192, v531, v191, v532, v188, v534,
             v185, v535, v187, v537, v539, v186, v540, v541);
 
-  // t5.mesh:81:17 einsum -> grad/decoder/attention[0]/q
+  // t5.mesh:80:17 einsum -> grad/decoder/attention[0]/q
   support::View v542 = arena_.view(153600, 512);
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan30(
@@ -4822,7 +5312,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:92:10 einsum
+  // t5.mesh:91:10 einsum
   support::View v112(param17_encoder_dense_relu_dense_1_wo); // updated in place
   support::View v584 = arena_.view(65536, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -4830,8 +5320,8 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan34.run(v583.data(), v112.data(), v584.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:17 gt
-  // t5.mesh:92:17 where
+  // t5.mesh:91:17 gt
+  // t5.mesh:91:17 where
   support::View v114 = arena_.view(73728, 1024);
   support::View v587 = arena_.view(86016, 1024);
   {
@@ -4849,7 +5339,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:92:22 einsum
+  // t5.mesh:91:22 einsum
   support::View v111(param16_encoder_dense_relu_dense_1_wi); // updated in place
   support::View v588 = arena_.view(65536, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -4921,7 +5411,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:97:10 einsum
+  // t5.mesh:96:10 einsum
   support::View v175 = arena_.view(143360, 512);
   support::View v561 = arena_.view(73728, 1024);
   // dims: batch, targets, d_model, vocab
@@ -4929,7 +5419,7 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan41.run(v560.data(), v175.data(), v561.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:60 add
+  // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   support::View v562 = arena_.view(106496, 128);
   {
@@ -4947,7 +5437,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:56:10 einsum -> grad/decoder/decoder_bias/relative_bias/table
+  // t5.mesh:56:10 einsum -> grad/decoder/relative_bias/table
   support::View v563 = persistent_.view(29888, 512);
   support::View v564 = arena_.view(143360, 16);
   // dims: targets, targets_keys, buckets, heads
@@ -4979,7 +5469,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v571.data(), shape45_1, v570.data(), shape45_3, shape45_4, shape45_5,
                   support::Reduce::Sum, 1.0);
 
-  // t5.mesh:92:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
+  // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[1]/wo
   support::View v115 = arena_.view(77824, 1024);
   support::View v585 = arena_.view(81920, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -4987,7 +5477,7 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan46.run(v583.data(), v115.data(), v585.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
+  // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[1]/wi
   support::View v110 = arena_.view(69632, 1024);
   support::View v589 = arena_.view(77824, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5046,7 +5536,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v88, v622, v624, v87, v625, v626, v627, v85, v631, v632, v78, v84, v79, v634, v635,
             v636, v645);
 
-  // t5.mesh:92:10 einsum
+  // t5.mesh:91:10 einsum
   support::View v72(param9_encoder_dense_relu_dense_0_wo); // updated in place
   support::View v646 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5054,7 +5544,7 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan49.run(v645.data(), v72.data(), v646.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
+  // t5.mesh:91:10 einsum -> grad/encoder/dense_relu_dense[0]/wo
   support::View v75 = arena_.view(40960, 1024);
   support::View v647 = arena_.view(45056, 1024);
   // dims: batch, inputs, d_model, d_ff
@@ -5062,8 +5552,8 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan50.run(v645.data(), v75.data(), v647.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:17 gt
-  // t5.mesh:92:17 where
+  // t5.mesh:91:17 gt
+  // t5.mesh:91:17 where
   support::View v74 = arena_.view(36864, 1024);
   support::View v649 = arena_.view(40960, 1024);
   {
@@ -5081,7 +5571,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:92:22 einsum
+  // t5.mesh:91:22 einsum
   support::View v71(param8_encoder_dense_relu_dense_0_wi); // updated in place
   support::View v650 = arena_.view(28672, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5092,7 +5582,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %604 over model for mul at 40:53)
   auto request7 = support::startAllReduce(group_model, {v650}, meshrt::ReduceOp::Sum);
 
-  // t5.mesh:92:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
+  // t5.mesh:91:22 einsum -> grad/encoder/dense_relu_dense[0]/wi
   support::View v70 = arena_.view(32768, 1024);
   support::View v651 = arena_.view(36864, 1024);
   // dims: batch, inputs, d_ff, d_model
@@ -5153,7 +5643,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v685, v687, v47, v688, v689, v690, v45, v694, v695, v38, v44, v39, v697, v698, v699,
             v708);
 
-  // t5.mesh:97:10 einsum
+  // t5.mesh:96:10 einsum
   support::View v36 = arena_.view(0, 1024);
   support::View v709 = arena_.view(4096, 1024);
   // dims: batch, inputs, d_model, vocab
@@ -5161,9 +5651,9 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan57.run(v708.data(), v36.data(), v709.data(), 1.0f, 0.0f);
 
-  // t5.mesh:114:9 transpose
-  // t5.mesh:114:9 add
-  // t5.mesh:97:10 add -> grad/shared/embedding
+  // t5.mesh:113:9 transpose
+  // t5.mesh:113:9 add
+  // t5.mesh:96:10 add -> grad/shared/embedding
   support::View v710 = arena_.view(0, 1024);
   {
     float *__restrict v710p = v710.data();
@@ -5183,7 +5673,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:84:60 add
+  // t5.mesh:83:60 add
   // t5.mesh:56:10 transpose
   support::View v711 = arena_.view(4096, 512);
   {
@@ -5201,7 +5691,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:56:10 einsum -> grad/encoder/encoder_bias/relative_bias/table
+  // t5.mesh:56:10 einsum -> grad/encoder/relative_bias/table
   support::View v712 = persistent_.view(31936, 2048);
   support::View v713 = arena_.view(24832, 16);
   // dims: inputs, inputs_keys, buckets, heads
@@ -5209,7 +5699,7 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{16, 16, 8, 2}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
   einsumPlan60.run(v712.data(), v711.data(), v713.data(), 1.0f, 0.0f);
 
-  // t5.mesh:146:3 bucketed_all_reduce_sum -> target_probability (48 partial sums
+  // t5.mesh:152:3 bucketed_all_reduce_sum -> target_probability (48 partial sums
   // (target_probability, grad/decoder/rms_norm/scale, grad/decoder/dense_relu_dense[1]/wo, ...)
   // over data resolved together, 85.6 KiB in one buffer)
   support::allReduceBucket(group_data, {v325, v347, v363, v368, v373, v389, v398, v402, v404, v409,
@@ -5218,8 +5708,8 @@ void T5Train::runPart2(const Inputs &inputs) {
                                         v585, v589, v594, v610, v620, v624, v627, v632, v647, v651,
                                         v656, v672, v683, v687, v690, v695, v710, v713});
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   support::View v736 = arena_.view(24896, 16);
   {
     float *__restrict v736p = v736.data();
@@ -5233,7 +5723,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v739 = arena_.view(24960, 8);
   static const support::Shape shape63_1 = {8};
   static const support::Shape shape63_3 = {2};
@@ -5242,101 +5732,101 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v739.data(), shape63_1, v736.data(), shape63_3, shape63_4, shape63_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 step
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 minimum
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 rsqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul -> learning_rate
-  // t5.mesh:146:3 pow
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
-  // t5.mesh:146:3 sub
+  // t5.mesh:152:3 step
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 minimum
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul -> learning_rate
+  // t5.mesh:152:3 pow
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
+  // t5.mesh:152:3 sub
   support::View v729 = arena_.view(93568, 1);
   support::View v732 = arena_.view(93632, 1);
   support::View v740 = arena_.view(93696, 1);
@@ -5371,8 +5861,8 @@ void T5Train::runPart2(const Inputs &inputs) {
     v740p[0] = s20;
   }
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   support::View v774 = arena_.view(4096, 1024);
   {
     float *__restrict v774p = v774.data();
@@ -5386,7 +5876,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v782 = arena_.view(24576, 32);
   static const support::Shape shape66_1 = {32};
   static const support::Shape shape66_3 = {1};
@@ -5395,7 +5885,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v782.data(), shape66_1, v774.data(), shape66_3, shape66_4, shape66_5,
                   support::Reduce::Sum, 0.015625);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v777 = arena_.view(8192, 32);
   static const support::Shape shape67_1 = {32};
   static const support::Shape shape67_3 = {32};
@@ -5404,9 +5894,9 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v777.data(), shape67_1, v774.data(), shape67_3, shape67_4, shape67_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   support::View v775(param49_shared_embedding_vr); // updated in place
   {
     float *__restrict v775p = v775.data();
@@ -5425,7 +5915,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v788 = arena_.view(25024, 1);
   static const support::Shape shape69_1 = {};
   static const support::Shape shape69_3 = {};
@@ -5434,7 +5924,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v788.data(), shape69_1, v775.data(), shape69_3, shape69_4, shape69_5,
                   support::Reduce::Sum, 0.015625);
 
-  // 31 statements from t5.mesh:146:3 square (1 of 2)
+  // 31 statements from t5.mesh:152:3 square (1 of 2)
   support::View v835 = arena_.view(4096, 512);
   support::View v838 = arena_.view(6144, 64);
   support::View v836(param52_encoder_attention_0_q_vr); // updated in place
@@ -5472,7 +5962,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v683, v911, v919, v914, v912, v925, v672, v949, v952, v950, v957, v962, v964, v951,
             v965, v967, v968, v969, v651, v1008, v1011, v647, v1045, v1053, v1048, v1046, v1059);
 
-  // 31 statements from t5.mesh:146:3 square (2 of 2)
+  // 31 statements from t5.mesh:152:3 square (2 of 2)
   support::View v1106 = arena_.view(8192, 512);
   support::View v1109 = arena_.view(10240, 64);
   support::View v1107(param66_encoder_attention_1_q_vr); // updated in place
@@ -5511,8 +6001,8 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1235, v1222, v1236, v1238, v1239, v1240, v589, v1279, v1282, v585, v1316, v1324, v1319,
             v1317, v1330);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   support::View v1377 = arena_.view(68992, 16);
   {
     float *__restrict v1377p = v1377.data();
@@ -5526,7 +6016,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v1380 = arena_.view(69056, 8);
   static const support::Shape shape73_1 = {8};
   static const support::Shape shape73_3 = {2};
@@ -5535,7 +6025,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v1380.data(), shape73_1, v1377.data(), shape73_3, shape73_4, shape73_5,
                   support::Reduce::Sum, 0.25);
 
-  // 55 statements from t5.mesh:146:3 square (1 of 2)
+  // 55 statements from t5.mesh:152:3 square (1 of 2)
   support::View v1437 = arena_.view(12288, 512);
   support::View v1440 = arena_.view(14336, 64);
   support::View v1438(param83_decoder_attention_0_q_vr); // updated in place
@@ -5602,7 +6092,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1727, v1725, v1732, v1737, v1739, v1726, v1740, v1742, v1743, v1744, v466, v1783,
             v1786, v462, v1820, v1828, v1823, v1821, v1834);
 
-  // 55 statements from t5.mesh:146:3 square (2 of 2)
+  // 55 statements from t5.mesh:152:3 square (2 of 2)
   support::View v1881 = arena_.view(16384, 512);
   support::View v1884 = arena_.view(18432, 64);
   support::View v1882(param106_decoder_attention_1_q_vr); // updated in place
@@ -5669,8 +6159,8 @@ void T5Train::runPart2(const Inputs &inputs) {
             v2171, v2169, v2176, v2181, v2183, v2170, v2184, v2186, v2187, v2188, v368, v2227,
             v2230, v363, v2264, v2272, v2267, v2265, v2278);
 
-  // t5.mesh:146:3 bucketed_all_reduce_sum (resolve the partial sum of %782 over model for mul at
-  // 146:3; merged with 57 more partial sums over model (%741, %784, %789, ...): 21.5 KiB in one
+  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %782 over model for mul at
+  // 152:3; merged with 57 more partial sums over model (%741, %784, %789, ...): 21.5 KiB in one
   // buffer)
   support::allReduceBucket(group_model,
                            {v843,  v739,  v782,  v788,  v849,  v881,  v887,  v919,  v925,  v969,
@@ -5680,20 +6170,20 @@ void T5Train::runPart2(const Inputs &inputs) {
                             v1834, v1889, v1895, v1927, v1933, v1965, v1971, v2015, v2062, v2068,
                             v2100, v2106, v2138, v2144, v2188, v2230, v2272, v2278});
 
-  // 7 statements from t5.mesh:146:3 mul (1 of 2)
-  support::View v737(param47_encoder_encoder_bias_relative_bias_table_vr); // updated in place
+  // 7 statements from t5.mesh:152:3 mul (1 of 2)
+  support::View v737(param47_encoder_relative_bias_table_vr); // updated in place
   support::View v745 = arena_.view(20480, 2);
   support::View v750 = arena_.view(20608, 1);
   support::View v752 = arena_.view(20544, 8);
-  support::View v738(param48_encoder_encoder_bias_relative_bias_table_vc); // updated in place
+  support::View v738(param48_encoder_relative_bias_table_vc); // updated in place
   support::View v753 = arena_.view(20608, 2);
   support::View v756 = arena_.view(20480, 16);
   support::View v755 = arena_.view(93440, 16);
   support::View v757 = arena_.view(102848, 1);
   repeated15(v739, v740, v737, v732, v745, v736, v750, v752, v738, v753, v713, v755, v756, v757);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   support::View v791 = arena_.view(65664, 32);
   {
     float *__restrict v791p = v791.data();
@@ -5708,10 +6198,10 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   support::View v776(param50_shared_embedding_vc); // updated in place
   support::View v792 = arena_.view(65792, 32);
   {
@@ -5734,9 +6224,9 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   support::View v794 = arena_.view(20480, 1024);
   support::View v795 = arena_.view(24576, 1024);
   {
@@ -5759,7 +6249,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   support::View v796 = arena_.view(102912, 1);
   static const support::Shape shape81_1 = {};
   static const support::Shape shape81_3 = {};
@@ -5768,7 +6258,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   support::reduce(v796.data(), shape81_1, v795.data(), shape81_3, shape81_4, shape81_5,
                   support::Reduce::Sum, 0.00048828125);
 
-  // 23 statements from t5.mesh:146:3 div (1 of 2)
+  // 23 statements from t5.mesh:152:3 div (1 of 2)
   support::View v852 = arena_.view(3072, 64);
   support::View v837(param53_encoder_attention_0_q_vc); // updated in place
   support::View v853 = arena_.view(2048, 256);
@@ -5808,7 +6298,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1027, v1028, v1029, v1046, v1059, v1062, v1053, v1047, v1063, v647, v1065, v1066,
             v1067);
 
-  // 23 statements from t5.mesh:146:3 div (2 of 2)
+  // 23 statements from t5.mesh:152:3 div (2 of 2)
   support::View v1123 = arena_.view(27648, 64);
   support::View v1108(param67_encoder_attention_1_q_vc); // updated in place
   support::View v1124 = arena_.view(26624, 256);
@@ -5848,12 +6338,12 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1295, v1281, v1296, v589, v1298, v1299, v1300, v1317, v1330, v1333, v1324, v1318,
             v1334, v585, v1336, v1337, v1338);
 
-  // 7 statements from t5.mesh:146:3 mul (2 of 2)
-  support::View v1378(param80_decoder_decoder_bias_relative_bias_table_vr); // updated in place
+  // 7 statements from t5.mesh:152:3 mul (2 of 2)
+  support::View v1378(param80_decoder_relative_bias_table_vr); // updated in place
   support::View v1386 = arena_.view(28672, 2);
   support::View v1391 = arena_.view(28800, 1);
   support::View v1393 = arena_.view(28736, 8);
-  support::View v1379(param81_decoder_decoder_bias_relative_bias_table_vc); // updated in place
+  support::View v1379(param81_decoder_relative_bias_table_vc); // updated in place
   support::View v1394 = arena_.view(28800, 2);
   support::View v1397 = arena_.view(28672, 16);
   support::View v1396 = arena_.view(93504, 16);
@@ -5861,7 +6351,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated15(v1380, v740, v1378, v732, v1386, v1377, v1391, v1393, v1379, v1394, v564, v1396, v1397,
              v1398);
 
-  // 35 statements from t5.mesh:146:3 div (1 of 2)
+  // 35 statements from t5.mesh:152:3 div (1 of 2)
   support::View v1454 = arena_.view(31744, 64);
   support::View v1439(param84_decoder_attention_0_q_vc); // updated in place
   support::View v1455 = arena_.view(30720, 256);
@@ -5921,7 +6411,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1786, v1784, v1792, v1783, v1797, v1799, v1785, v1800, v466, v1802, v1803, v1804,
             v1821, v1834, v1837, v1828, v1822, v1838, v462, v1840, v1841, v1842);
 
-  // 35 statements from t5.mesh:146:3 div (2 of 2)
+  // 35 statements from t5.mesh:152:3 div (2 of 2)
   support::View v1898 = arena_.view(35840, 64);
   support::View v1883(param107_decoder_attention_1_q_vc); // updated in place
   support::View v1899 = arena_.view(34816, 256);
@@ -5981,24 +6471,24 @@ void T5Train::runPart2(const Inputs &inputs) {
             v2230, v2228, v2236, v2227, v2241, v2243, v2229, v2244, v368, v2246, v2247, v2248,
             v2265, v2278, v2281, v2272, v2266, v2282, v363, v2284, v2285, v2286);
 
-  // t5.mesh:146:3 bucketed_all_reduce_sum (resolve the partial sum of %705 over model for sqrt at
-  // 146:3; merged with 28 more partial sums over model (%797, %858, %896, ...): 116 B in one
+  // t5.mesh:152:3 bucketed_all_reduce_sum (resolve the partial sum of %705 over model for sqrt at
+  // 152:3; merged with 28 more partial sums over model (%797, %858, %896, ...): 116 B in one
   // buffer)
   support::allReduceBucket(group_model,
                            {v757,  v796,  v857,  v895,  v933,  v1029, v1067, v1128, v1166, v1204,
                             v1300, v1338, v1398, v1459, v1497, v1535, v1632, v1670, v1708, v1804,
                             v1842, v1903, v1941, v1979, v2076, v2114, v2152, v2248, v2286});
 
-  // 3 statements from t5.mesh:146:3 sqrt (1 of 2)
+  // 3 statements from t5.mesh:152:3 sqrt (1 of 2)
   support::View v761 = arena_.view(36864, 1);
   support::View v765 = arena_.view(192256, 1);
   support::View v769 = arena_.view(36928, 1);
-  support::View v32(param0_encoder_encoder_bias_relative_bias_table); // updated in place
+  support::View v32(param0_encoder_relative_bias_table); // updated in place
   repeated16(v757, v761, v765, v729, v769, v755, v32);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   support::View v800 = arena_.view(36864, 1);
   {
     float *__restrict v800p = v800.data();
@@ -6012,9 +6502,9 @@ void T5Train::runPart2(const Inputs &inputs) {
     v800p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   support::View v803 = arena_.view(192320, 1);
   support::View v807 = arena_.view(36928, 1);
   {
@@ -6030,9 +6520,9 @@ void T5Train::runPart2(const Inputs &inputs) {
     v807p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/shared/embedding
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/shared/embedding
   support::View v35(param1_shared_embedding); // updated in place
   {
     float *__restrict v35p = v35.data();
@@ -6051,7 +6541,7 @@ void T5Train::runPart2(const Inputs &inputs) {
     }
   }
 
-  // 60 statements from t5.mesh:146:3 square (1 of 2)
+  // 60 statements from t5.mesh:152:3 square (1 of 2)
   support::View v813(param51_encoder_rms_norm_0_scale_v); // updated in place
   support::View v819 = arena_.view(20480, 32);
   support::View v820 = arena_.view(20608, 32);
@@ -6126,7 +6616,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v1215, v1202, v89, v1240, v1244, v1247, v1251, v1238, v90, v594, v1257, v1263, v1264,
             v1265, v1268, v102, v1270, v1271, v1274, v1300, v1304, v1307, v1311);
 
-  // 11 statements from t5.mesh:146:3 div (1 of 2)
+  // 11 statements from t5.mesh:152:3 div (1 of 2)
   support::View v1342 = arena_.view(0, 1);
   support::View v1345 = arena_.view(193088, 1);
   support::View v1349 = arena_.view(64, 1);
@@ -6141,14 +6631,14 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated10(v1298, v1304, v1311, v111, v1338, v1342, v1345, v729, v1349, v1336, v112, v571, v740,
              v1355, v732, v1361, v1362, v1363, v1366, v118, v1368, v1369, v1372);
 
-  // 3 statements from t5.mesh:146:3 sqrt (2 of 2)
+  // 3 statements from t5.mesh:152:3 sqrt (2 of 2)
   support::View v1402 = arena_.view(0, 1);
   support::View v1405 = arena_.view(193152, 1);
   support::View v1409 = arena_.view(64, 1);
-  support::View v158(param19_decoder_decoder_bias_relative_bias_table); // updated in place
+  support::View v158(param19_decoder_relative_bias_table); // updated in place
   repeated16(v1398, v1402, v1405, v729, v1409, v1396, v158);
 
-  // 9 statements from t5.mesh:146:3 square (1 of 2)
+  // 9 statements from t5.mesh:152:3 square (1 of 2)
   support::View v1415(param82_decoder_rms_norm_0_scale_v); // updated in place
   support::View v1421 = arena_.view(0, 32);
   support::View v1422 = arena_.view(128, 32);
@@ -6163,7 +6653,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated13(v547, v740, v1415, v732, v1421, v1422, v1423, v1426, v177, v1428, v1429, v729, v1432,
              v1459, v1463, v1466, v1470);
 
-  // 10 statements from t5.mesh:146:3 div (1 of 2)
+  // 10 statements from t5.mesh:152:3 div (1 of 2)
   support::View v1501 = arena_.view(0, 1);
   support::View v1504 = arena_.view(193280, 1);
   support::View v1508 = arena_.view(64, 1);
@@ -6176,7 +6666,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated11(v1457, v1463, v1470, v186, v1497, v1501, v1504, v729, v1508, v1495, v187, v1535, v1539,
              v1542, v1546, v1533, v188, v1571, v1575, v1578, v1582, v1569, v189);
 
-  // 60 statements from t5.mesh:146:3 square (2 of 2)
+  // 60 statements from t5.mesh:152:3 square (2 of 2)
   support::View v1588(param91_decoder_rms_norm_1_0_scale_v); // updated in place
   support::View v1594 = arena_.view(0, 32);
   support::View v1595 = arena_.view(128, 32);
@@ -6252,7 +6742,7 @@ void T5Train::runPart2(const Inputs &inputs) {
             v2026, v2013, v254, v409, v2032, v2038, v2039, v2040, v2043, v266, v2045, v2046, v2049,
             v2076, v2080, v2083, v2087);
 
-  // 10 statements from t5.mesh:146:3 div (2 of 2)
+  // 10 statements from t5.mesh:152:3 div (2 of 2)
   support::View v2118 = arena_.view(0, 1);
   support::View v2121 = arena_.view(194176, 1);
   support::View v2125 = arena_.view(64, 1);
@@ -6265,7 +6755,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated11(v2074, v2080, v2087, v275, v2114, v2118, v2121, v729, v2125, v2112, v276, v2152, v2156,
              v2159, v2163, v2150, v277, v2188, v2192, v2195, v2199, v2186, v278);
 
-  // 9 statements from t5.mesh:146:3 square (2 of 2)
+  // 9 statements from t5.mesh:152:3 square (2 of 2)
   support::View v2205(param123_decoder_rms_norm_2_1_scale_v); // updated in place
   support::View v2211 = arena_.view(0, 32);
   support::View v2212 = arena_.view(128, 32);
@@ -6280,7 +6770,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated13(v373, v740, v2205, v732, v2211, v2212, v2213, v2216, v290, v2218, v2219, v729, v2222,
              v2248, v2252, v2255, v2259);
 
-  // 11 statements from t5.mesh:146:3 div (2 of 2)
+  // 11 statements from t5.mesh:152:3 div (2 of 2)
   support::View v2290 = arena_.view(0, 1);
   support::View v2293 = arena_.view(194432, 1);
   support::View v2297 = arena_.view(64, 1);
@@ -6326,14 +6816,14 @@ void T5Train::repeated0(
     support::View a100, support::View a101, support::View a102, support::ConstView a103,
     support::View a104, support::ConstView a105, support::View a106) {
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -6362,7 +6852,7 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -6370,9 +6860,9 @@ void T5Train::repeated0(
   support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -6385,7 +6875,7 @@ void T5Train::repeated0(
     a7p[0] = s5;
   }
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -6396,7 +6886,7 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -6404,9 +6894,9 @@ void T5Train::repeated0(
   support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -6420,9 +6910,9 @@ void T5Train::repeated0(
     a12p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/rms_norm[0]/scale
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/rms_norm[0]/scale
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -6440,9 +6930,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -6455,9 +6945,9 @@ void T5Train::repeated0(
     a14p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -6471,9 +6961,9 @@ void T5Train::repeated0(
     a16p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/attention[0]/q
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[0]/q
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -6491,9 +6981,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -6506,9 +6996,9 @@ void T5Train::repeated0(
     a20p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -6522,9 +7012,9 @@ void T5Train::repeated0(
     a22p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/attention[0]/k
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[0]/k
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a23p = a23.data();
@@ -6542,9 +7032,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a25p = a25.data();
@@ -6557,9 +7047,9 @@ void T5Train::repeated0(
     a26p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -6573,9 +7063,9 @@ void T5Train::repeated0(
     a28p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/attention[0]/v
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[0]/v
   {
     float *__restrict a30p = a30.data();
     const float *__restrict a29p = a29.data();
@@ -6593,9 +7083,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a31p = a31.data();
@@ -6608,9 +7098,9 @@ void T5Train::repeated0(
     a32p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a33p = a33.data();
@@ -6624,9 +7114,9 @@ void T5Train::repeated0(
     a34p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/attention[0]/o
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[0]/o
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -6644,14 +7134,14 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -6680,7 +7170,7 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape20_1 = {};
   static const support::Shape shape20_3 = {};
   static const support::Shape shape20_4 = {32};
@@ -6688,9 +7178,9 @@ void T5Train::repeated0(
   support::reduce(a41.data(), shape20_1, a40.data(), shape20_3, shape20_4, shape20_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a41p = a41.data();
@@ -6703,7 +7193,7 @@ void T5Train::repeated0(
     a42p[0] = s5;
   }
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a43p = a43.data();
@@ -6714,7 +7204,7 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32};
@@ -6722,9 +7212,9 @@ void T5Train::repeated0(
   support::reduce(a45.data(), shape23_1, a44.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a45p = a45.data();
@@ -6738,9 +7228,9 @@ void T5Train::repeated0(
     a46p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/rms_norm#1[0]/scale
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[0]/scale
   {
     float *__restrict a43p = a43.data();
     const float *__restrict a39p = a39.data();
@@ -6758,9 +7248,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a47p = a47.data();
@@ -6773,9 +7263,9 @@ void T5Train::repeated0(
     a48p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a50p = a50.data();
     const float *__restrict a49p = a49.data();
@@ -6789,9 +7279,9 @@ void T5Train::repeated0(
     a50p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/dense_relu_dense[0]/wi
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wi
   {
     float *__restrict a52p = a52.data();
     const float *__restrict a51p = a51.data();
@@ -6809,9 +7299,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a53p = a53.data();
@@ -6824,9 +7314,9 @@ void T5Train::repeated0(
     a54p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a56p = a56.data();
     const float *__restrict a55p = a55.data();
@@ -6840,9 +7330,9 @@ void T5Train::repeated0(
     a56p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/dense_relu_dense[0]/wo
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[0]/wo
   {
     float *__restrict a58p = a58.data();
     const float *__restrict a57p = a57.data();
@@ -6860,14 +7350,14 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a60p = a60.data();
     float *__restrict a61p = a61.data();
@@ -6896,7 +7386,7 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape33_1 = {};
   static const support::Shape shape33_3 = {};
   static const support::Shape shape33_4 = {32};
@@ -6904,9 +7394,9 @@ void T5Train::repeated0(
   support::reduce(a63.data(), shape33_1, a62.data(), shape33_3, shape33_4, shape33_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a64p = a64.data();
     const float *__restrict a63p = a63.data();
@@ -6919,7 +7409,7 @@ void T5Train::repeated0(
     a64p[0] = s5;
   }
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a66p = a66.data();
     const float *__restrict a65p = a65.data();
@@ -6930,7 +7420,7 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape36_1 = {};
   static const support::Shape shape36_3 = {};
   static const support::Shape shape36_4 = {32};
@@ -6938,9 +7428,9 @@ void T5Train::repeated0(
   support::reduce(a67.data(), shape36_1, a66.data(), shape36_3, shape36_4, shape36_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a68p = a68.data();
     const float *__restrict a67p = a67.data();
@@ -6954,9 +7444,9 @@ void T5Train::repeated0(
     a68p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/rms_norm[1]/scale
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/rms_norm[1]/scale
   {
     float *__restrict a65p = a65.data();
     const float *__restrict a61p = a61.data();
@@ -6974,9 +7464,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a70p = a70.data();
     const float *__restrict a69p = a69.data();
@@ -6989,9 +7479,9 @@ void T5Train::repeated0(
     a70p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a72p = a72.data();
     const float *__restrict a71p = a71.data();
@@ -7005,9 +7495,9 @@ void T5Train::repeated0(
     a72p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/attention[1]/q
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[1]/q
   {
     float *__restrict a74p = a74.data();
     const float *__restrict a73p = a73.data();
@@ -7025,9 +7515,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a76p = a76.data();
     const float *__restrict a75p = a75.data();
@@ -7040,9 +7530,9 @@ void T5Train::repeated0(
     a76p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a78p = a78.data();
     const float *__restrict a77p = a77.data();
@@ -7056,9 +7546,9 @@ void T5Train::repeated0(
     a78p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/attention[1]/k
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[1]/k
   {
     float *__restrict a80p = a80.data();
     const float *__restrict a79p = a79.data();
@@ -7076,9 +7566,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a82p = a82.data();
     const float *__restrict a81p = a81.data();
@@ -7091,9 +7581,9 @@ void T5Train::repeated0(
     a82p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a84p = a84.data();
     const float *__restrict a83p = a83.data();
@@ -7107,9 +7597,9 @@ void T5Train::repeated0(
     a84p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/attention[1]/v
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[1]/v
   {
     float *__restrict a86p = a86.data();
     const float *__restrict a85p = a85.data();
@@ -7127,9 +7617,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a88p = a88.data();
     const float *__restrict a87p = a87.data();
@@ -7142,9 +7632,9 @@ void T5Train::repeated0(
     a88p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a90p = a90.data();
     const float *__restrict a89p = a89.data();
@@ -7158,9 +7648,9 @@ void T5Train::repeated0(
     a90p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/attention[1]/o
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/attention[1]/o
   {
     float *__restrict a92p = a92.data();
     const float *__restrict a91p = a91.data();
@@ -7178,14 +7668,14 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a94p = a94.data();
     float *__restrict a95p = a95.data();
@@ -7214,7 +7704,7 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape52_1 = {};
   static const support::Shape shape52_3 = {};
   static const support::Shape shape52_4 = {32};
@@ -7222,9 +7712,9 @@ void T5Train::repeated0(
   support::reduce(a97.data(), shape52_1, a96.data(), shape52_3, shape52_4, shape52_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a98p = a98.data();
     const float *__restrict a97p = a97.data();
@@ -7237,7 +7727,7 @@ void T5Train::repeated0(
     a98p[0] = s5;
   }
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a100p = a100.data();
     const float *__restrict a99p = a99.data();
@@ -7248,7 +7738,7 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape55_1 = {};
   static const support::Shape shape55_3 = {};
   static const support::Shape shape55_4 = {32};
@@ -7256,9 +7746,9 @@ void T5Train::repeated0(
   support::reduce(a101.data(), shape55_1, a100.data(), shape55_3, shape55_4, shape55_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a102p = a102.data();
     const float *__restrict a101p = a101.data();
@@ -7272,9 +7762,9 @@ void T5Train::repeated0(
     a102p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/rms_norm#1[1]/scale
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/rms_norm#1[1]/scale
   {
     float *__restrict a99p = a99.data();
     const float *__restrict a95p = a95.data();
@@ -7292,9 +7782,9 @@ void T5Train::repeated0(
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a104p = a104.data();
     const float *__restrict a103p = a103.data();
@@ -7307,9 +7797,9 @@ void T5Train::repeated0(
     a104p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a106p = a106.data();
     const float *__restrict a105p = a105.data();
@@ -7343,8 +7833,8 @@ void T5Train::repeated1(
     support::View a63, support::View a64, support::ConstView a65, support::View a66,
     support::View a67, support::View a68, support::View a69, support::View a70) {
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -7357,7 +7847,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape1_1 = {32, 8};
   static const support::Shape shape1_3 = {16, 1};
   static const support::Shape shape1_4 = {2};
@@ -7365,7 +7855,7 @@ void T5Train::repeated1(
   support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape2_1 = {32, 2};
   static const support::Shape shape2_3 = {16, 8};
   static const support::Shape shape2_4 = {8};
@@ -7373,9 +7863,9 @@ void T5Train::repeated1(
   support::reduce(a3.data(), shape2_1, a1.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a3p = a3.data();
@@ -7393,7 +7883,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {2};
   static const support::Shape shape4_4 = {2};
@@ -7401,8 +7891,8 @@ void T5Train::repeated1(
   support::reduce(a7.data(), shape4_1, a5.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -7415,7 +7905,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
@@ -7423,7 +7913,7 @@ void T5Train::repeated1(
   support::reduce(a10.data(), shape6_1, a9.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape7_1 = {32, 2};
   static const support::Shape shape7_3 = {16, 8};
   static const support::Shape shape7_4 = {8};
@@ -7431,9 +7921,9 @@ void T5Train::repeated1(
   support::reduce(a11.data(), shape7_1, a9.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -7451,7 +7941,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {2};
   static const support::Shape shape9_4 = {2};
@@ -7459,8 +7949,8 @@ void T5Train::repeated1(
   support::reduce(a13.data(), shape9_1, a12.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -7473,7 +7963,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape11_1 = {32, 8};
   static const support::Shape shape11_3 = {16, 1};
   static const support::Shape shape11_4 = {2};
@@ -7481,7 +7971,7 @@ void T5Train::repeated1(
   support::reduce(a16.data(), shape11_1, a15.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape12_1 = {32, 2};
   static const support::Shape shape12_3 = {16, 8};
   static const support::Shape shape12_4 = {8};
@@ -7489,9 +7979,9 @@ void T5Train::repeated1(
   support::reduce(a17.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -7509,7 +7999,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {2};
   static const support::Shape shape14_4 = {2};
@@ -7517,8 +8007,8 @@ void T5Train::repeated1(
   support::reduce(a19.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -7531,7 +8021,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {32};
@@ -7539,9 +8029,9 @@ void T5Train::repeated1(
   support::reduce(a22.data(), shape16_1, a21.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -7559,7 +8049,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {256, 1};
   static const support::Shape shape18_4 = {8};
@@ -7567,7 +8057,7 @@ void T5Train::repeated1(
   support::reduce(a24.data(), shape18_1, a21.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {8};
   static const support::Shape shape19_4 = {8};
@@ -7575,8 +8065,8 @@ void T5Train::repeated1(
   support::reduce(a25.data(), shape19_1, a23.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -7592,10 +8082,10 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -7616,9 +8106,9 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -7641,7 +8131,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8, 32};
@@ -7649,8 +8139,8 @@ void T5Train::repeated1(
   support::reduce(a31.data(), shape23_1, a30.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -7663,7 +8153,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape25_1 = {32, 8};
   static const support::Shape shape25_3 = {16, 1};
   static const support::Shape shape25_4 = {2};
@@ -7671,7 +8161,7 @@ void T5Train::repeated1(
   support::reduce(a34.data(), shape25_1, a33.data(), shape25_3, shape25_4, shape25_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape26_1 = {32, 2};
   static const support::Shape shape26_3 = {16, 8};
   static const support::Shape shape26_4 = {8};
@@ -7679,9 +8169,9 @@ void T5Train::repeated1(
   support::reduce(a35.data(), shape26_1, a33.data(), shape26_3, shape26_4, shape26_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -7699,7 +8189,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape28_1 = {32};
   static const support::Shape shape28_3 = {2};
   static const support::Shape shape28_4 = {2};
@@ -7707,8 +8197,8 @@ void T5Train::repeated1(
   support::reduce(a37.data(), shape28_1, a36.data(), shape28_3, shape28_4, shape28_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -7721,7 +8211,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape30_1 = {32, 8};
   static const support::Shape shape30_3 = {16, 1};
   static const support::Shape shape30_4 = {2};
@@ -7729,7 +8219,7 @@ void T5Train::repeated1(
   support::reduce(a40.data(), shape30_1, a39.data(), shape30_3, shape30_4, shape30_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape31_1 = {32, 2};
   static const support::Shape shape31_3 = {16, 8};
   static const support::Shape shape31_4 = {8};
@@ -7737,9 +8227,9 @@ void T5Train::repeated1(
   support::reduce(a41.data(), shape31_1, a39.data(), shape31_3, shape31_4, shape31_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a42p = a42.data();
     const float *__restrict a41p = a41.data();
@@ -7757,7 +8247,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape33_1 = {32};
   static const support::Shape shape33_3 = {2};
   static const support::Shape shape33_4 = {2};
@@ -7765,8 +8255,8 @@ void T5Train::repeated1(
   support::reduce(a43.data(), shape33_1, a42.data(), shape33_3, shape33_4, shape33_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a45p = a45.data();
     const float *__restrict a44p = a44.data();
@@ -7779,7 +8269,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape35_1 = {32, 8};
   static const support::Shape shape35_3 = {16, 1};
   static const support::Shape shape35_4 = {2};
@@ -7787,7 +8277,7 @@ void T5Train::repeated1(
   support::reduce(a46.data(), shape35_1, a45.data(), shape35_3, shape35_4, shape35_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape36_1 = {32, 2};
   static const support::Shape shape36_3 = {16, 8};
   static const support::Shape shape36_4 = {8};
@@ -7795,9 +8285,9 @@ void T5Train::repeated1(
   support::reduce(a47.data(), shape36_1, a45.data(), shape36_3, shape36_4, shape36_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a48p = a48.data();
     const float *__restrict a47p = a47.data();
@@ -7815,7 +8305,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape38_1 = {32};
   static const support::Shape shape38_3 = {2};
   static const support::Shape shape38_4 = {2};
@@ -7823,8 +8313,8 @@ void T5Train::repeated1(
   support::reduce(a49.data(), shape38_1, a48.data(), shape38_3, shape38_4, shape38_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a51p = a51.data();
     const float *__restrict a50p = a50.data();
@@ -7837,7 +8327,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape40_1 = {2, 8};
   static const support::Shape shape40_3 = {256, 32};
   static const support::Shape shape40_4 = {32};
@@ -7845,9 +8335,9 @@ void T5Train::repeated1(
   support::reduce(a52.data(), shape40_1, a51.data(), shape40_3, shape40_4, shape40_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a53p = a53.data();
     const float *__restrict a52p = a52.data();
@@ -7865,7 +8355,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape42_1 = {2, 32};
   static const support::Shape shape42_3 = {256, 1};
   static const support::Shape shape42_4 = {8};
@@ -7873,7 +8363,7 @@ void T5Train::repeated1(
   support::reduce(a54.data(), shape42_1, a51.data(), shape42_3, shape42_4, shape42_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape43_1 = {2};
   static const support::Shape shape43_3 = {8};
   static const support::Shape shape43_4 = {8};
@@ -7881,8 +8371,8 @@ void T5Train::repeated1(
   support::reduce(a55.data(), shape43_1, a53.data(), shape43_3, shape43_4, shape43_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a56p = a56.data();
     const float *__restrict a53p = a53.data();
@@ -7898,10 +8388,10 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a57p = a57.data();
     float *__restrict a58p = a58.data();
@@ -7922,9 +8412,9 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a59p = a59.data();
     float *__restrict a60p = a60.data();
@@ -7947,7 +8437,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape47_1 = {};
   static const support::Shape shape47_3 = {};
   static const support::Shape shape47_4 = {2, 8, 32};
@@ -7955,8 +8445,8 @@ void T5Train::repeated1(
   support::reduce(a61.data(), shape47_1, a60.data(), shape47_3, shape47_4, shape47_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -7969,7 +8459,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape49_1 = {32};
   static const support::Shape shape49_3 = {32};
   static const support::Shape shape49_4 = {32};
@@ -7977,8 +8467,8 @@ void T5Train::repeated1(
   support::reduce(a64.data(), shape49_1, a63.data(), shape49_3, shape49_4, shape49_5,
                   support::Reduce::Sum, 0.015625);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a66p = a66.data();
     const float *__restrict a65p = a65.data();
@@ -7991,7 +8481,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape51_1 = {32};
   static const support::Shape shape51_3 = {1};
   static const support::Shape shape51_4 = {32};
@@ -7999,7 +8489,7 @@ void T5Train::repeated1(
   support::reduce(a67.data(), shape51_1, a66.data(), shape51_3, shape51_4, shape51_5,
                   support::Reduce::Sum, 0.015625);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape52_1 = {32};
   static const support::Shape shape52_3 = {32};
   static const support::Shape shape52_4 = {32};
@@ -8007,9 +8497,9 @@ void T5Train::repeated1(
   support::reduce(a68.data(), shape52_1, a66.data(), shape52_3, shape52_4, shape52_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a69p = a69.data();
     const float *__restrict a68p = a68.data();
@@ -8027,7 +8517,7 @@ void T5Train::repeated1(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape54_1 = {};
   static const support::Shape shape54_3 = {};
   static const support::Shape shape54_4 = {32};
@@ -8059,8 +8549,8 @@ void T5Train::repeated2(
     support::View a76, support::ConstView a77, support::View a78, support::View a79,
     support::ConstView a80, support::View a81, support::View a82, support::View a83) {
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -8076,10 +8566,10 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a5p = a5.data();
     float *__restrict a7p = a7.data();
@@ -8100,9 +8590,9 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -8125,7 +8615,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -8133,8 +8623,8 @@ void T5Train::repeated2(
   support::reduce(a11.data(), shape3_1, a10.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -8150,10 +8640,10 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
@@ -8174,9 +8664,9 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -8199,7 +8689,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -8207,8 +8697,8 @@ void T5Train::repeated2(
   support::reduce(a21.data(), shape7_1, a20.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -8224,10 +8714,10 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -8248,9 +8738,9 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -8273,7 +8763,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -8281,8 +8771,8 @@ void T5Train::repeated2(
   support::reduce(a31.data(), shape11_1, a30.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a32p = a32.data();
@@ -8298,10 +8788,10 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a36p = a36.data();
     float *__restrict a37p = a37.data();
@@ -8322,9 +8812,9 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a39p = a39.data();
     float *__restrict a40p = a40.data();
@@ -8347,7 +8837,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {32, 2, 8};
@@ -8355,8 +8845,8 @@ void T5Train::repeated2(
   support::reduce(a41.data(), shape15_1, a40.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a44p = a44.data();
     const float *__restrict a42p = a42.data();
@@ -8372,10 +8862,10 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a46p = a46.data();
     float *__restrict a47p = a47.data();
@@ -8396,9 +8886,9 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a49p = a49.data();
     float *__restrict a50p = a50.data();
@@ -8421,7 +8911,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {32, 2, 8};
@@ -8429,8 +8919,8 @@ void T5Train::repeated2(
   support::reduce(a51.data(), shape19_1, a50.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a54p = a54.data();
     const float *__restrict a52p = a52.data();
@@ -8446,10 +8936,10 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a56p = a56.data();
     float *__restrict a57p = a57.data();
@@ -8470,9 +8960,9 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a59p = a59.data();
     float *__restrict a60p = a60.data();
@@ -8495,7 +8985,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {32, 2, 8};
@@ -8503,9 +8993,9 @@ void T5Train::repeated2(
   support::reduce(a61.data(), shape23_1, a60.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a63p = a63.data();
     const float *__restrict a62p = a62.data();
@@ -8523,7 +9013,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape25_1 = {32};
   static const support::Shape shape25_3 = {1};
   static const support::Shape shape25_4 = {32};
@@ -8531,7 +9021,7 @@ void T5Train::repeated2(
   support::reduce(a64.data(), shape25_1, a65.data(), shape25_3, shape25_4, shape25_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape26_1 = {};
   static const support::Shape shape26_3 = {};
   static const support::Shape shape26_4 = {32};
@@ -8539,8 +9029,8 @@ void T5Train::repeated2(
   support::reduce(a66.data(), shape26_1, a63.data(), shape26_3, shape26_4, shape26_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a67p = a67.data();
     const float *__restrict a63p = a63.data();
@@ -8554,10 +9044,10 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a68p = a68.data();
     float *__restrict a69p = a69.data();
@@ -8578,9 +9068,9 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a71p = a71.data();
     float *__restrict a72p = a72.data();
@@ -8601,7 +9091,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape30_1 = {};
   static const support::Shape shape30_3 = {};
   static const support::Shape shape30_4 = {32, 32};
@@ -8609,8 +9099,8 @@ void T5Train::repeated2(
   support::reduce(a73.data(), shape30_1, a72.data(), shape30_3, shape30_4, shape30_5,
                   support::Reduce::Sum, 0.00048828125);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a76p = a76.data();
     const float *__restrict a74p = a74.data();
@@ -8624,10 +9114,10 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a78p = a78.data();
     float *__restrict a79p = a79.data();
@@ -8648,9 +9138,9 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a81p = a81.data();
     float *__restrict a82p = a82.data();
@@ -8671,7 +9161,7 @@ void T5Train::repeated2(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape34_1 = {};
   static const support::Shape shape34_3 = {};
   static const support::Shape shape34_4 = {32, 32};
@@ -8711,35 +9201,35 @@ void T5Train::repeated3(
     }
   }
 
-  // t5.mesh:81:17 bucketed_all_reduce_sum (2 partial sums (%174, n) over model resolved
+  // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%174, n) over model resolved
   // together, 4.0 KiB in one buffer)
   support::allReduceBucket(group_model, {a0, a2});
 
-  // t5.mesh:81:17 einsum -> queries
+  // t5.mesh:80:17 einsum -> queries
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a2.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a2.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan4.run(a2.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, targets, heads, d_kv, targets_keys
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 2, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan5.run(a4.data(), a6.data(), a9.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:60 add -> logits
+  // t5.mesh:83:60 add -> logits
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a9p = a9.data();
@@ -8754,7 +9244,7 @@ void T5Train::repeated3(
     }
   }
 
-  // t5.mesh:85:17 softmax -> weights
+  // t5.mesh:84:17 softmax -> weights
   static const support::Shape shape7_2 = {2, 2, 8};
   static const support::Shape shape7_3 = {128, 64, 8};
   static const support::Shape shape7_4 = {128, 64, 8};
@@ -8764,7 +9254,7 @@ void T5Train::repeated3(
   support::along(a12.data(), a11.data(), shape7_2, shape7_3, shape7_4, shape7_5, shape7_6, shape7_7,
                  support::Along::Softmax, 1e-05, 8, nullptr);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, heads, targets, targets_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan8(
       {{2, 2, 8, 8, 8, 32},
@@ -8773,7 +9263,7 @@ void T5Train::repeated3(
   const float *einsumPlan8Operands[] = {a12.data(), a8.data(), a13.data()};
   einsumPlan8.run(einsumPlan8Operands, a14.data(), 1.0f, 0.0f);
 
-  // t5.mesh:122:11 add -> x
+  // t5.mesh:121:11 add -> x
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -8855,35 +9345,35 @@ void T5Train::repeated3(
     }
   }
 
-  // t5.mesh:81:17 bucketed_all_reduce_sum (2 partial sums (%196, %197) over model resolved
+  // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%196, %197) over model resolved
   // together, 4.0 KiB in one buffer)
   support::allReduceBucket(group_model, {a21, a23});
 
-  // t5.mesh:81:17 einsum -> queries
+  // t5.mesh:80:17 einsum -> queries
   // dims: batch, targets, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan18.run(a23.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan19.run(a26.data(), a27.data(), a28.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan20.run(a26.data(), a29.data(), a30.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, targets, heads, d_kv, inputs
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 8, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan21.run(a25.data(), a28.data(), a31.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:60 add -> logits
+  // t5.mesh:83:60 add -> logits
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a31p = a31.data();
@@ -8898,7 +9388,7 @@ void T5Train::repeated3(
     }
   }
 
-  // t5.mesh:85:17 softmax -> weights
+  // t5.mesh:84:17 softmax -> weights
   static const support::Shape shape23_2 = {2, 2, 8};
   static const support::Shape shape23_3 = {256, 128, 16};
   static const support::Shape shape23_4 = {256, 128, 16};
@@ -8908,7 +9398,7 @@ void T5Train::repeated3(
   support::along(a34.data(), a33.data(), shape23_2, shape23_3, shape23_4, shape23_5, shape23_6,
                  shape23_7, support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, heads, targets, inputs, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 2, 8, 16, 8, 32},
@@ -8917,7 +9407,7 @@ void T5Train::repeated3(
   const float *einsumPlan24Operands[] = {a34.data(), a30.data(), a35.data()};
   einsumPlan24.run(einsumPlan24Operands, a36.data(), 1.0f, 0.0f);
 
-  // t5.mesh:123:11 add -> x
+  // t5.mesh:122:11 add -> x
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a16p = a16.data();
@@ -8999,17 +9489,17 @@ void T5Train::repeated3(
     }
   }
 
-  // t5.mesh:92:22 bucketed_all_reduce_sum (2 partial sums (%218, %219) over model resolved
+  // t5.mesh:91:22 bucketed_all_reduce_sum (2 partial sums (%218, %219) over model resolved
   // together, 4.0 KiB in one buffer)
   support::allReduceBucket(group_model, {a42, a44});
 
-  // t5.mesh:92:22 einsum
+  // t5.mesh:91:22 einsum
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan34(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan34.run(a44.data(), a45.data(), a46.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:17 relu
+  // t5.mesh:91:17 relu
   {
     float *__restrict a47p = a47.data();
     const float *__restrict a46p = a46.data();
@@ -9020,13 +9510,13 @@ void T5Train::repeated3(
     }
   }
 
-  // t5.mesh:92:10 einsum
+  // t5.mesh:91:10 einsum
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan36(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan36.run(a47.data(), a48.data(), a49.data(), 1.0f, 0.0f);
 
-  // t5.mesh:124:11 add -> x
+  // t5.mesh:123:11 add -> x
   {
     float *__restrict a50p = a50.data();
     const float *__restrict a37p = a37.data();
@@ -9205,7 +9695,7 @@ void T5Train::repeated4(
     }
   }
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, inputs, d_model, inputs_keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 16, 32, 16, 2, 8},
@@ -9214,7 +9704,7 @@ void T5Train::repeated4(
   const float *einsumPlan5Operands[] = {a11.data(), a12.data(), a13.data()};
   einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 16, 32, 2, 16, 8},
@@ -9223,7 +9713,7 @@ void T5Train::repeated4(
   const float *einsumPlan6Operands[] = {a11.data(), a15.data(), a13.data()};
   einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
 
-  // t5.mesh:86:10 einsum -> grad/encoder/attention[1]/o
+  // t5.mesh:85:10 einsum -> grad/encoder/attention[1]/o
   // dims: batch, inputs, d_model, heads, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 16, 32, 2, 16, 8},
@@ -9232,7 +9722,7 @@ void T5Train::repeated4(
   const float *einsumPlan7Operands[] = {a11.data(), a15.data(), a12.data()};
   einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
 
-  // t5.mesh:85:17 mul
+  // t5.mesh:84:17 mul
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -9245,7 +9735,7 @@ void T5Train::repeated4(
     }
   }
 
-  // t5.mesh:85:17 sum
+  // t5.mesh:84:17 sum
   static const support::Shape shape9_1 = {2, 2, 16};
   static const support::Shape shape9_3 = {512, 256, 16};
   static const support::Shape shape9_4 = {16};
@@ -9253,8 +9743,8 @@ void T5Train::repeated4(
   support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
-  // t5.mesh:85:17 sub
-  // t5.mesh:85:17 mul
+  // t5.mesh:84:17 sub
+  // t5.mesh:84:17 mul
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a14p = a14.data();
@@ -9272,7 +9762,7 @@ void T5Train::repeated4(
     }
   }
 
-  // t5.mesh:84:60 sum
+  // t5.mesh:83:60 sum
   static const support::Shape shape11_1 = {2, 16, 16};
   static const support::Shape shape11_3 = {256, 16, 1};
   static const support::Shape shape11_4 = {2};
@@ -9280,50 +9770,50 @@ void T5Train::repeated4(
   support::reduce(a21.data(), shape11_1, a20.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, heads, inputs, inputs_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 16, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum -> grad/encoder/attention[1]/v
+  // t5.mesh:82:23 einsum -> grad/encoder/attention[1]/v
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum -> grad/encoder/attention[1]/k
+  // t5.mesh:81:21 einsum -> grad/encoder/attention[1]/k
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
 
-  // t5.mesh:81:17 einsum
+  // t5.mesh:80:17 einsum
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan18.run(a23.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 add
-  // t5.mesh:81:17 add
+  // t5.mesh:81:21 add
+  // t5.mesh:80:17 add
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a27p = a27.data();
@@ -9342,7 +9832,7 @@ void T5Train::repeated4(
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %582 over model for mul at 40:53)
   auto request6 = support::startAllReduce(group_model, {a35}, meshrt::ReduceOp::Sum);
 
-  // t5.mesh:81:17 einsum -> grad/encoder/attention[1]/q
+  // t5.mesh:80:17 einsum -> grad/encoder/attention[1]/q
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
@@ -9511,20 +10001,20 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
     }
   }
 
-  // t5.mesh:92:10 einsum
+  // t5.mesh:91:10 einsum
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a5.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
+  // t5.mesh:91:10 einsum -> grad/decoder/dense_relu_dense[1]/wo
   // dims: batch, targets, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan3.run(a5.data(), a8.data(), a9.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:17 gt
-  // t5.mesh:92:17 where
+  // t5.mesh:91:17 gt
+  // t5.mesh:91:17 where
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -9540,7 +10030,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
     }
   }
 
-  // t5.mesh:92:22 einsum
+  // t5.mesh:91:22 einsum
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
@@ -9549,7 +10039,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   // t5.mesh:40:53 all_reduce_sum (resolve the partial sum of %339 over model for mul at 40:53)
   auto request1 = support::startAllReduce(group_model, {a13}, meshrt::ReduceOp::Sum);
 
-  // t5.mesh:92:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
+  // t5.mesh:91:22 einsum -> grad/decoder/dense_relu_dense[1]/wi
   // dims: batch, targets, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -9654,7 +10144,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
     }
   }
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, targets, d_model, inputs, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 32, 16, 2, 8},
@@ -9663,7 +10153,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   const float *einsumPlan14Operands[] = {a25.data(), a26.data(), a27.data()};
   einsumPlan14.run(einsumPlan14Operands, a28.data(), 1.0f, 0.0f);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, targets, d_model, heads, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 32, 2, 16, 8},
@@ -9672,7 +10162,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   const float *einsumPlan15Operands[] = {a25.data(), a29.data(), a27.data()};
   einsumPlan15.run(einsumPlan15Operands, a30.data(), 1.0f, 0.0f);
 
-  // t5.mesh:86:10 einsum -> grad/decoder/attention#1[1]/o
+  // t5.mesh:85:10 einsum -> grad/decoder/attention#1[1]/o
   // dims: batch, targets, d_model, heads, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 32, 2, 16, 8},
@@ -9681,7 +10171,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   const float *einsumPlan16Operands[] = {a25.data(), a29.data(), a26.data()};
   einsumPlan16.run(einsumPlan16Operands, a31.data(), 1.0f, 0.0f);
 
-  // t5.mesh:85:17 mul
+  // t5.mesh:84:17 mul
   {
     float *__restrict a32p = a32.data();
     const float *__restrict a28p = a28.data();
@@ -9694,7 +10184,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
     }
   }
 
-  // t5.mesh:85:17 sum
+  // t5.mesh:84:17 sum
   static const support::Shape shape18_1 = {2, 2, 8};
   static const support::Shape shape18_3 = {256, 128, 16};
   static const support::Shape shape18_4 = {16};
@@ -9702,8 +10192,8 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
   support::reduce(a33.data(), shape18_1, a32.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 1.0);
 
-  // t5.mesh:85:17 sub
-  // t5.mesh:85:17 mul
+  // t5.mesh:84:17 sub
+  // t5.mesh:84:17 mul
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a28p = a28.data();
@@ -9721,31 +10211,31 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
     }
   }
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan20(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan20.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, heads, targets, inputs, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan21(
       {{2, 2, 8, 16, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan21.run(a34.data(), a37.data(), a38.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan22(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan22.run(a30.data(), a39.data(), a40.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum -> grad/decoder/attention#1[1]/v
+  // t5.mesh:82:23 einsum -> grad/decoder/attention#1[1]/v
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan23(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan23.run(a30.data(), a41.data(), a42.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, inputs, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan24(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
@@ -9766,8 +10256,8 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
                         support::View a37, support::View a38, support::View a39,
                         support::View a40) {
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -9780,7 +10270,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape1_1 = {32, 8};
   static const support::Shape shape1_3 = {16, 1};
   static const support::Shape shape1_4 = {2};
@@ -9788,7 +10278,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape2_1 = {32, 2};
   static const support::Shape shape2_3 = {16, 8};
   static const support::Shape shape2_4 = {8};
@@ -9796,9 +10286,9 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a3.data(), shape2_1, a1.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a3p = a3.data();
@@ -9816,7 +10306,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape4_1 = {32};
   static const support::Shape shape4_3 = {2};
   static const support::Shape shape4_4 = {2};
@@ -9824,8 +10314,8 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a7.data(), shape4_1, a5.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -9838,7 +10328,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape6_1 = {32, 8};
   static const support::Shape shape6_3 = {16, 1};
   static const support::Shape shape6_4 = {2};
@@ -9846,7 +10336,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a10.data(), shape6_1, a9.data(), shape6_3, shape6_4, shape6_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape7_1 = {32, 2};
   static const support::Shape shape7_3 = {16, 8};
   static const support::Shape shape7_4 = {8};
@@ -9854,9 +10344,9 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a11.data(), shape7_1, a9.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -9874,7 +10364,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape9_1 = {32};
   static const support::Shape shape9_3 = {2};
   static const support::Shape shape9_4 = {2};
@@ -9882,8 +10372,8 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a13.data(), shape9_1, a12.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -9896,7 +10386,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape11_1 = {32, 8};
   static const support::Shape shape11_3 = {16, 1};
   static const support::Shape shape11_4 = {2};
@@ -9904,7 +10394,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a16.data(), shape11_1, a15.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape12_1 = {32, 2};
   static const support::Shape shape12_3 = {16, 8};
   static const support::Shape shape12_4 = {8};
@@ -9912,9 +10402,9 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a17.data(), shape12_1, a15.data(), shape12_3, shape12_4, shape12_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -9932,7 +10422,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape14_1 = {32};
   static const support::Shape shape14_3 = {2};
   static const support::Shape shape14_4 = {2};
@@ -9940,8 +10430,8 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a19.data(), shape14_1, a18.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.25);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -9954,7 +10444,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape16_1 = {2, 8};
   static const support::Shape shape16_3 = {256, 32};
   static const support::Shape shape16_4 = {32};
@@ -9962,9 +10452,9 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a22.data(), shape16_1, a21.data(), shape16_3, shape16_4, shape16_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a22p = a22.data();
@@ -9982,7 +10472,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape18_1 = {2, 32};
   static const support::Shape shape18_3 = {256, 1};
   static const support::Shape shape18_4 = {8};
@@ -9990,7 +10480,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a24.data(), shape18_1, a21.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape19_1 = {2};
   static const support::Shape shape19_3 = {8};
   static const support::Shape shape19_4 = {8};
@@ -9998,8 +10488,8 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a25.data(), shape19_1, a23.data(), shape19_3, shape19_4, shape19_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a26p = a26.data();
     const float *__restrict a23p = a23.data();
@@ -10015,10 +10505,10 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -10039,9 +10529,9 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -10064,7 +10554,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape23_1 = {};
   static const support::Shape shape23_3 = {};
   static const support::Shape shape23_4 = {2, 8, 32};
@@ -10072,8 +10562,8 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a31.data(), shape23_1, a30.data(), shape23_3, shape23_4, shape23_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -10086,7 +10576,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape25_1 = {32};
   static const support::Shape shape25_3 = {32};
   static const support::Shape shape25_4 = {32};
@@ -10094,8 +10584,8 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a34.data(), shape25_1, a33.data(), shape25_3, shape25_4, shape25_5,
                   support::Reduce::Sum, 0.015625);
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
   {
     float *__restrict a36p = a36.data();
     const float *__restrict a35p = a35.data();
@@ -10108,7 +10598,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape27_1 = {32};
   static const support::Shape shape27_3 = {1};
   static const support::Shape shape27_4 = {32};
@@ -10116,7 +10606,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a37.data(), shape27_1, a36.data(), shape27_3, shape27_4, shape27_5,
                   support::Reduce::Sum, 0.015625);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape28_1 = {32};
   static const support::Shape shape28_3 = {32};
   static const support::Shape shape28_4 = {32};
@@ -10124,9 +10614,9 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
   support::reduce(a38.data(), shape28_1, a36.data(), shape28_3, shape28_4, shape28_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a39p = a39.data();
     const float *__restrict a38p = a38.data();
@@ -10144,7 +10634,7 @@ void T5Train::repeated6(support::ConstView a0, support::View a1, support::View a
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape30_1 = {};
   static const support::Shape shape30_3 = {};
   static const support::Shape shape30_4 = {32};
@@ -10169,8 +10659,8 @@ void T5Train::repeated7(
     support::View a48, support::View a49, support::ConstView a50, support::View a51,
     support::View a52, support::View a53) {
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -10186,10 +10676,10 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a5p = a5.data();
     float *__restrict a7p = a7.data();
@@ -10210,9 +10700,9 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -10235,7 +10725,7 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -10243,8 +10733,8 @@ void T5Train::repeated7(
   support::reduce(a11.data(), shape3_1, a10.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -10260,10 +10750,10 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a16p = a16.data();
     float *__restrict a17p = a17.data();
@@ -10284,9 +10774,9 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a19p = a19.data();
     float *__restrict a20p = a20.data();
@@ -10309,7 +10799,7 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {32, 2, 8};
@@ -10317,8 +10807,8 @@ void T5Train::repeated7(
   support::reduce(a21.data(), shape7_1, a20.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a24p = a24.data();
     const float *__restrict a22p = a22.data();
@@ -10334,10 +10824,10 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -10358,9 +10848,9 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -10383,7 +10873,7 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -10391,9 +10881,9 @@ void T5Train::repeated7(
   support::reduce(a31.data(), shape11_1, a30.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a33p = a33.data();
     const float *__restrict a32p = a32.data();
@@ -10411,7 +10901,7 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape13_1 = {32};
   static const support::Shape shape13_3 = {1};
   static const support::Shape shape13_4 = {32};
@@ -10419,7 +10909,7 @@ void T5Train::repeated7(
   support::reduce(a34.data(), shape13_1, a35.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape14_1 = {};
   static const support::Shape shape14_3 = {};
   static const support::Shape shape14_4 = {32};
@@ -10427,8 +10917,8 @@ void T5Train::repeated7(
   support::reduce(a36.data(), shape14_1, a33.data(), shape14_3, shape14_4, shape14_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a33p = a33.data();
@@ -10442,10 +10932,10 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -10466,9 +10956,9 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a41p = a41.data();
     float *__restrict a42p = a42.data();
@@ -10489,7 +10979,7 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
   static const support::Shape shape18_4 = {32, 32};
@@ -10497,8 +10987,8 @@ void T5Train::repeated7(
   support::reduce(a43.data(), shape18_1, a42.data(), shape18_3, shape18_4, shape18_5,
                   support::Reduce::Sum, 0.00048828125);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a44p = a44.data();
@@ -10512,10 +11002,10 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a48p = a48.data();
     float *__restrict a49p = a49.data();
@@ -10536,9 +11026,9 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a51p = a51.data();
     float *__restrict a52p = a52.data();
@@ -10559,7 +11049,7 @@ void T5Train::repeated7(
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape22_1 = {};
   static const support::Shape shape22_3 = {};
   static const support::Shape shape22_4 = {32, 32};
@@ -10580,35 +11070,35 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
                         support::View a29, support::View a30, support::View a31, support::View a32,
                         support::View a33, support::ConstView a34, support::View a35) {
 
-  // t5.mesh:81:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model resolved
+  // t5.mesh:80:17 bucketed_all_reduce_sum (2 partial sums (%44, n) over model resolved
   // together, 8.0 KiB in one buffer)
   support::allReduceBucket(group_model, {a0, a1});
 
-  // t5.mesh:81:17 einsum -> queries
+  // t5.mesh:80:17 einsum -> queries
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan1.run(a1.data(), a2.data(), a3.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan2.run(a1.data(), a4.data(), a5.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, inputs, d_model, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 16, 32, 2, 8}, {{{0, 1, 2}, {}}, {{2, 3, 4}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan3.run(a1.data(), a6.data(), a7.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, inputs, heads, d_kv, inputs_keys
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 16, 2, 8, 16}, {{{0, 1, 2, 3}, {}}, {{0, 4, 2, 3}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan4.run(a3.data(), a5.data(), a8.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:60 add -> logits
+  // t5.mesh:83:60 add -> logits
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a8p = a8.data();
@@ -10623,7 +11113,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
     }
   }
 
-  // t5.mesh:85:17 softmax -> weights
+  // t5.mesh:84:17 softmax -> weights
   static const support::Shape shape6_2 = {2, 2, 16};
   static const support::Shape shape6_3 = {512, 256, 16};
   static const support::Shape shape6_4 = {512, 256, 16};
@@ -10633,7 +11123,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   support::along(a11.data(), a10.data(), shape6_2, shape6_3, shape6_4, shape6_5, shape6_6, shape6_7,
                  support::Along::Softmax, 1e-05, 16, nullptr);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, heads, inputs, inputs_keys, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 2, 16, 16, 8, 32},
@@ -10642,7 +11132,7 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
   const float *einsumPlan7Operands[] = {a11.data(), a7.data(), a12.data()};
   einsumPlan7.run(einsumPlan7Operands, a13.data(), 1.0f, 0.0f);
 
-  // t5.mesh:105:11 add -> x
+  // t5.mesh:104:11 add -> x
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -10724,17 +11214,17 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
     }
   }
 
-  // t5.mesh:92:22 bucketed_all_reduce_sum (2 partial sums (%66, %67) over model resolved
+  // t5.mesh:91:22 bucketed_all_reduce_sum (2 partial sums (%66, %67) over model resolved
   // together, 8.0 KiB in one buffer)
   support::allReduceBucket(group_model, {a20, a22});
 
-  // t5.mesh:92:22 einsum
+  // t5.mesh:91:22 einsum
   // dims: batch, inputs, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan17.run(a22.data(), a23.data(), a24.data(), 1.0f, 0.0f);
 
-  // t5.mesh:92:17 relu
+  // t5.mesh:91:17 relu
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -10745,13 +11235,13 @@ void T5Train::repeated8(support::View a0, support::View a1, support::ConstView a
     }
   }
 
-  // t5.mesh:92:10 einsum
+  // t5.mesh:91:10 einsum
   // dims: batch, inputs, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan19.run(a25.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
-  // t5.mesh:106:11 add -> x
+  // t5.mesh:105:11 add -> x
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a15p = a15.data();
@@ -10944,7 +11434,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
     }
   }
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, targets, d_model, targets_keys, heads, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 8, 32, 8, 2, 8},
@@ -10953,7 +11443,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   const float *einsumPlan5Operands[] = {a11.data(), a12.data(), a13.data()};
   einsumPlan5.run(einsumPlan5Operands, a14.data(), 1.0f, 0.0f);
 
-  // t5.mesh:86:10 einsum
+  // t5.mesh:85:10 einsum
   // dims: batch, targets, d_model, heads, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 8, 32, 2, 8, 8},
@@ -10962,7 +11452,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   const float *einsumPlan6Operands[] = {a11.data(), a15.data(), a13.data()};
   einsumPlan6.run(einsumPlan6Operands, a16.data(), 1.0f, 0.0f);
 
-  // t5.mesh:86:10 einsum -> grad/decoder/attention[1]/o
+  // t5.mesh:85:10 einsum -> grad/decoder/attention[1]/o
   // dims: batch, targets, d_model, heads, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 8, 32, 2, 8, 8},
@@ -10971,7 +11461,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   const float *einsumPlan7Operands[] = {a11.data(), a15.data(), a12.data()};
   einsumPlan7.run(einsumPlan7Operands, a17.data(), 1.0f, 0.0f);
 
-  // t5.mesh:85:17 mul
+  // t5.mesh:84:17 mul
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -10984,7 +11474,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
     }
   }
 
-  // t5.mesh:85:17 sum
+  // t5.mesh:84:17 sum
   static const support::Shape shape9_1 = {2, 2, 8};
   static const support::Shape shape9_3 = {128, 64, 8};
   static const support::Shape shape9_4 = {8};
@@ -10992,8 +11482,8 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   support::reduce(a19.data(), shape9_1, a18.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 1.0);
 
-  // t5.mesh:85:17 sub
-  // t5.mesh:85:17 mul
+  // t5.mesh:84:17 sub
+  // t5.mesh:84:17 mul
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a14p = a14.data();
@@ -11011,7 +11501,7 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
     }
   }
 
-  // t5.mesh:84:60 sum
+  // t5.mesh:83:60 sum
   static const support::Shape shape11_1 = {2, 8, 8};
   static const support::Shape shape11_3 = {64, 8, 1};
   static const support::Shape shape11_4 = {2};
@@ -11019,50 +11509,50 @@ void T5Train::repeated9(support::ConstView a0, support::ConstView a1, support::V
   support::reduce(a21.data(), shape11_1, a20.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 1.0);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan12(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 3, 1, 4}, {}}}, {{0, 2, 1, 4}, {}}});
   einsumPlan12.run(a20.data(), a22.data(), a23.data(), 1.0f, 0.0f);
 
-  // t5.mesh:84:16 einsum
+  // t5.mesh:83:16 einsum
   // dims: batch, heads, targets, targets_keys, d_kv
   static const meshrt::kernels::EinsumPlan einsumPlan13(
       {{2, 2, 8, 8, 8}, {{{0, 1, 2, 3}, {}}, {{0, 2, 1, 4}, {}}}, {{0, 3, 1, 4}, {}}});
   einsumPlan13.run(a20.data(), a24.data(), a25.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum
+  // t5.mesh:82:23 einsum
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan14(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan14.run(a16.data(), a26.data(), a27.data(), 1.0f, 0.0f);
 
-  // t5.mesh:83:23 einsum -> grad/decoder/attention[1]/v
+  // t5.mesh:82:23 einsum -> grad/decoder/attention[1]/v
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan15(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(a16.data(), a28.data(), a29.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum
+  // t5.mesh:81:21 einsum
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan16(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan16.run(a25.data(), a30.data(), a31.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 einsum -> grad/decoder/attention[1]/k
+  // t5.mesh:81:21 einsum -> grad/decoder/attention[1]/k
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan17(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan17.run(a25.data(), a28.data(), a32.data(), 1.0f, 0.0f);
 
-  // t5.mesh:81:17 einsum
+  // t5.mesh:80:17 einsum
   // dims: batch, targets, heads, d_kv, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{4, 2, 3}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan18.run(a23.data(), a33.data(), a34.data(), 1.0f, 0.0f);
 
-  // t5.mesh:82:21 add
-  // t5.mesh:81:17 add
+  // t5.mesh:81:21 add
+  // t5.mesh:80:17 add
   {
     float *__restrict a35p = a35.data();
     const float *__restrict a27p = a27.data();
@@ -11088,9 +11578,9 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
                          support::View a19, support::View a20, support::View a21,
                          support::View a22) {
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/dense_relu_dense[1]/wi
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wi
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -11108,9 +11598,9 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -11123,9 +11613,9 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
     a5p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -11139,9 +11629,9 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
     a8p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/dense_relu_dense[1]/wo
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/dense_relu_dense[1]/wo
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11159,14 +11649,14 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a13p = a13.data();
     float *__restrict a15p = a15.data();
@@ -11195,7 +11685,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32};
@@ -11203,9 +11693,9 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a17.data(), shape5_1, a16.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -11218,7 +11708,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
     a18p[0] = s5;
   }
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -11229,7 +11719,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32};
@@ -11237,9 +11727,9 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a21.data(), shape8_1, a20.data(), shape8_3, shape8_4, shape8_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -11253,9 +11743,9 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
     a22p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/rms_norm/scale
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/rms_norm/scale
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a15p = a15.data();
@@ -11283,9 +11773,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
                          support::View a18, support::ConstView a19, support::View a20,
                          support::ConstView a21, support::View a22) {
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/decoder/attention[0]/q
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/attention[0]/q
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a0p = a0.data();
@@ -11303,9 +11793,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -11318,9 +11808,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     a5p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a6p = a6.data();
@@ -11334,9 +11824,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     a8p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/decoder/attention[0]/k
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/attention[0]/k
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11354,9 +11844,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a11p = a11.data();
@@ -11369,9 +11859,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     a12p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -11385,9 +11875,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     a14p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/decoder/attention[0]/v
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/attention[0]/v
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -11405,9 +11895,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -11420,9 +11910,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     a18p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -11436,9 +11926,9 @@ void T5Train::repeated11(support::ConstView a0, support::ConstView a1, support::
     a20p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/decoder/attention[0]/o
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/attention[0]/o
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -11468,7 +11958,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a24, support::View a25, support::View a26,
                          support::ConstView a27, support::View a28, support::View a29) {
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -11479,7 +11969,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -11487,7 +11977,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -11498,7 +11988,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -11506,7 +11996,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -11517,7 +12007,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -11525,7 +12015,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11536,7 +12026,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 8, 32};
@@ -11544,7 +12034,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -11555,7 +12045,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {32, 2, 8};
@@ -11563,7 +12053,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -11574,7 +12064,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 2, 8};
@@ -11582,7 +12072,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a17.data(), shape11_1, a16.data(), shape11_3, shape11_4, shape11_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -11593,7 +12083,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape13_1 = {};
   static const support::Shape shape13_3 = {};
   static const support::Shape shape13_4 = {32, 2, 8};
@@ -11601,7 +12091,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a20.data(), shape13_1, a19.data(), shape13_3, shape13_4, shape13_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a22p = a22.data();
     const float *__restrict a21p = a21.data();
@@ -11612,7 +12102,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape15_1 = {};
   static const support::Shape shape15_3 = {};
   static const support::Shape shape15_4 = {2, 8, 32};
@@ -11620,7 +12110,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a23.data(), shape15_1, a22.data(), shape15_3, shape15_4, shape15_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a24p = a24.data();
@@ -11631,7 +12121,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape17_1 = {};
   static const support::Shape shape17_3 = {};
   static const support::Shape shape17_4 = {32, 32};
@@ -11639,7 +12129,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
   support::reduce(a26.data(), shape17_1, a25.data(), shape17_3, shape17_4, shape17_5,
                   support::Reduce::Sum, 0.00048828125);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a28p = a28.data();
     const float *__restrict a27p = a27.data();
@@ -11650,7 +12140,7 @@ void T5Train::repeated12(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {32, 32};
@@ -11666,14 +12156,14 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a13, support::View a14, support::ConstView a15,
                          support::View a16) {
 
-  // t5.mesh:146:3 square
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -11702,7 +12192,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -11710,9 +12200,9 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a6.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -11725,7 +12215,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
     a7p[0] = s5;
   }
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -11736,7 +12226,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -11744,9 +12234,9 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a10.data(), shape4_1, a9.data(), shape4_3, shape4_4, shape4_5,
                   support::Reduce::Sum, 0.03125);
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a10p = a10.data();
@@ -11760,9 +12250,9 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
     a12p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/decoder/rms_norm[0]/scale
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/decoder/rms_norm[0]/scale
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -11780,9 +12270,9 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a13p = a13.data();
@@ -11795,9 +12285,9 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
     a14p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -11819,7 +12309,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
                          support::ConstView a12, support::View a13, support::View a14,
                          support::ConstView a15, support::View a16, support::View a17) {
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -11830,7 +12320,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2, 8};
@@ -11838,7 +12328,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   support::reduce(a2.data(), shape1_1, a1.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -11849,7 +12339,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {32, 2, 8};
@@ -11857,7 +12347,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   support::reduce(a5.data(), shape3_1, a4.data(), shape3_3, shape3_4, shape3_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -11868,7 +12358,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {32, 2, 8};
@@ -11876,7 +12366,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   support::reduce(a8.data(), shape5_1, a7.data(), shape5_3, shape5_4, shape5_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -11887,7 +12377,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape7_1 = {};
   static const support::Shape shape7_3 = {};
   static const support::Shape shape7_4 = {2, 8, 32};
@@ -11895,7 +12385,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   support::reduce(a11.data(), shape7_1, a10.data(), shape7_3, shape7_4, shape7_5,
                   support::Reduce::Sum, 0.0009765625);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -11906,7 +12396,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape9_1 = {};
   static const support::Shape shape9_3 = {};
   static const support::Shape shape9_4 = {32, 32};
@@ -11914,7 +12404,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
   support::reduce(a14.data(), shape9_1, a13.data(), shape9_3, shape9_4, shape9_5,
                   support::Reduce::Sum, 0.00048828125);
 
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 square
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -11925,7 +12415,7 @@ void T5Train::repeated14(support::ConstView a0, support::View a1, support::View 
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32, 32};
@@ -11940,9 +12430,9 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a10, support::View a11, support::View a12,
                          support::View a13) {
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -11960,7 +12450,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape1_1 = {2};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {8};
@@ -11968,7 +12458,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a4.data(), shape1_1, a5.data(), shape1_3, shape1_4, shape1_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {8};
@@ -11976,8 +12466,8 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
   support::reduce(a6.data(), shape2_1, a2.data(), shape2_3, shape2_4, shape2_5,
                   support::Reduce::Sum, 0.125);
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -11991,10 +12481,10 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 add
-  // t5.mesh:146:3 rsqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 add
+  // t5.mesh:152:3 rsqrt
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -12015,9 +12505,9 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 square
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 square
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -12038,7 +12528,7 @@ void T5Train::repeated15(support::ConstView a0, support::ConstView a1, support::
     }
   }
 
-  // t5.mesh:146:3 mean
+  // t5.mesh:152:3 mean
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {8, 2};
@@ -12051,9 +12541,9 @@ void T5Train::repeated16(support::ConstView a0, support::View a1, support::Const
                          support::ConstView a3, support::View a4, support::ConstView a5,
                          support::View a6) {
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 maximum
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 maximum
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -12066,9 +12556,9 @@ void T5Train::repeated16(support::ConstView a0, support::View a1, support::Const
     a1p[0] = s5;
   }
 
-  // t5.mesh:146:3 sqrt
-  // t5.mesh:146:3 maximum
-  // t5.mesh:146:3 mul
+  // t5.mesh:152:3 sqrt
+  // t5.mesh:152:3 maximum
+  // t5.mesh:152:3 mul
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a2p = a2.data();
@@ -12082,9 +12572,9 @@ void T5Train::repeated16(support::ConstView a0, support::View a1, support::Const
     a4p[0] = s5;
   }
 
-  // t5.mesh:146:3 div
-  // t5.mesh:146:3 mul
-  // t5.mesh:146:3 sub -> next/encoder/encoder_bias/relative_bias/table
+  // t5.mesh:152:3 div
+  // t5.mesh:152:3 mul
+  // t5.mesh:152:3 sub -> next/encoder/relative_bias/table
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a5p = a5.data();
@@ -12235,7 +12725,7 @@ T5Train::StepResult T5Train::step(const Inputs &inputs) {
 }
 
 std::vector<std::string> T5Train::paramNames() {
-  return {"encoder/encoder_bias/relative_bias/table",
+  return {"encoder/relative_bias/table",
           "shared/embedding",
           "encoder/rms_norm[0]/scale",
           "encoder/attention[0]/q",
@@ -12254,7 +12744,7 @@ std::vector<std::string> T5Train::paramNames() {
           "encoder/dense_relu_dense[1]/wi",
           "encoder/dense_relu_dense[1]/wo",
           "encoder/rms_norm/scale",
-          "decoder/decoder_bias/relative_bias/table",
+          "decoder/relative_bias/table",
           "decoder/rms_norm[0]/scale",
           "decoder/attention[0]/q",
           "decoder/attention[0]/k",
@@ -12282,8 +12772,8 @@ std::vector<std::string> T5Train::paramNames() {
           "decoder/dense_relu_dense[1]/wi",
           "decoder/dense_relu_dense[1]/wo",
           "decoder/rms_norm/scale",
-          "encoder/encoder_bias/relative_bias/table@vr",
-          "encoder/encoder_bias/relative_bias/table@vc",
+          "encoder/relative_bias/table@vr",
+          "encoder/relative_bias/table@vc",
           "shared/embedding@vr",
           "shared/embedding@vc",
           "encoder/rms_norm[0]/scale@v",
@@ -12315,8 +12805,8 @@ std::vector<std::string> T5Train::paramNames() {
           "encoder/dense_relu_dense[1]/wo@vr",
           "encoder/dense_relu_dense[1]/wo@vc",
           "encoder/rms_norm/scale@v",
-          "decoder/decoder_bias/relative_bias/table@vr",
-          "decoder/decoder_bias/relative_bias/table@vc",
+          "decoder/relative_bias/table@vr",
+          "decoder/relative_bias/table@vc",
           "decoder/rms_norm[0]/scale@v",
           "decoder/attention[0]/q@vr",
           "decoder/attention[0]/q@vc",
@@ -12367,8 +12857,8 @@ std::vector<std::string> T5Train::paramNames() {
 }
 
 bool T5Train::isOptimizerState(const std::string &path) {
-  static const std::vector<std::string> states = {"encoder/encoder_bias/relative_bias/table@vr",
-                                                  "encoder/encoder_bias/relative_bias/table@vc",
+  static const std::vector<std::string> states = {"encoder/relative_bias/table@vr",
+                                                  "encoder/relative_bias/table@vc",
                                                   "shared/embedding@vr",
                                                   "shared/embedding@vc",
                                                   "encoder/rms_norm[0]/scale@v",
@@ -12400,8 +12890,8 @@ bool T5Train::isOptimizerState(const std::string &path) {
                                                   "encoder/dense_relu_dense[1]/wo@vr",
                                                   "encoder/dense_relu_dense[1]/wo@vc",
                                                   "encoder/rms_norm/scale@v",
-                                                  "decoder/decoder_bias/relative_bias/table@vr",
-                                                  "decoder/decoder_bias/relative_bias/table@vc",
+                                                  "decoder/relative_bias/table@vr",
+                                                  "decoder/relative_bias/table@vc",
                                                   "decoder/rms_norm[0]/scale@v",
                                                   "decoder/attention[0]/q@vr",
                                                   "decoder/attention[0]/q@vc",
@@ -12454,7 +12944,7 @@ bool T5Train::isOptimizerState(const std::string &path) {
 
 std::vector<support::ParamShard> T5Train::paramShards() {
   static constexpr support::ParamSpec specs[] = {
-      {"encoder/encoder_bias/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
+      {"encoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
       {"shared/embedding", false, "f32", "vocab:64:32:model d_model:32:32:"},
       {"encoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
       {"encoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
@@ -12473,7 +12963,7 @@ std::vector<support::ParamShard> T5Train::paramShards() {
       {"encoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
       {"encoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
       {"encoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
-      {"decoder/decoder_bias/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
+      {"decoder/relative_bias/table", false, "f32", "buckets:8:8: heads:4:2:model"},
       {"decoder/rms_norm[0]/scale", false, "f32", "d_model:32:32:"},
       {"decoder/attention[0]/q", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
       {"decoder/attention[0]/k", false, "f32", "d_model:32:32: heads:4:2:model d_kv:8:8:"},
@@ -12501,8 +12991,8 @@ std::vector<support::ParamShard> T5Train::paramShards() {
       {"decoder/dense_relu_dense[1]/wi", false, "f32", "d_model:32:32: d_ff:64:32:model"},
       {"decoder/dense_relu_dense[1]/wo", false, "f32", "d_ff:64:32:model d_model:32:32:"},
       {"decoder/rms_norm/scale", false, "f32", "d_model:32:32:"},
-      {"encoder/encoder_bias/relative_bias/table@vr", true, "f32", "buckets:8:8:"},
-      {"encoder/encoder_bias/relative_bias/table@vc", true, "f32", "heads:4:2:model"},
+      {"encoder/relative_bias/table@vr", true, "f32", "buckets:8:8:"},
+      {"encoder/relative_bias/table@vc", true, "f32", "heads:4:2:model"},
       {"shared/embedding@vr", true, "f32", "vocab:64:32:model"},
       {"shared/embedding@vc", true, "f32", "d_model:32:32:"},
       {"encoder/rms_norm[0]/scale@v", true, "f32", "d_model:32:32:"},
@@ -12534,8 +13024,8 @@ std::vector<support::ParamShard> T5Train::paramShards() {
       {"encoder/dense_relu_dense[1]/wo@vr", true, "f32", "d_ff:64:32:model"},
       {"encoder/dense_relu_dense[1]/wo@vc", true, "f32", "d_model:32:32:"},
       {"encoder/rms_norm/scale@v", true, "f32", "d_model:32:32:"},
-      {"decoder/decoder_bias/relative_bias/table@vr", true, "f32", "buckets:8:8:"},
-      {"decoder/decoder_bias/relative_bias/table@vc", true, "f32", "heads:4:2:model"},
+      {"decoder/relative_bias/table@vr", true, "f32", "buckets:8:8:"},
+      {"decoder/relative_bias/table@vc", true, "f32", "heads:4:2:model"},
       {"decoder/rms_norm[0]/scale@v", true, "f32", "d_model:32:32:"},
       {"decoder/attention[0]/q@vr", true, "f32", "d_model:32:32: heads:4:2:model"},
       {"decoder/attention[0]/q@vc", true, "f32", "d_model:32:32: d_kv:8:8:"},
@@ -12583,7 +13073,7 @@ std::vector<support::ParamShard> T5Train::paramShards() {
       {"decoder/dense_relu_dense[1]/wo@vr", true, "f32", "d_ff:64:32:model"},
       {"decoder/dense_relu_dense[1]/wo@vc", true, "f32", "d_model:32:32:"},
       {"decoder/rms_norm/scale@v", true, "f32", "d_model:32:32:"}};
-  support::Buffer *const data[] = {&param0_encoder_encoder_bias_relative_bias_table,
+  support::Buffer *const data[] = {&param0_encoder_relative_bias_table,
                                    &param1_shared_embedding,
                                    &param2_encoder_rms_norm_0_scale,
                                    &param3_encoder_attention_0_q,
@@ -12602,7 +13092,7 @@ std::vector<support::ParamShard> T5Train::paramShards() {
                                    &param16_encoder_dense_relu_dense_1_wi,
                                    &param17_encoder_dense_relu_dense_1_wo,
                                    &param18_encoder_rms_norm_scale,
-                                   &param19_decoder_decoder_bias_relative_bias_table,
+                                   &param19_decoder_relative_bias_table,
                                    &param20_decoder_rms_norm_0_scale,
                                    &param21_decoder_attention_0_q,
                                    &param22_decoder_attention_0_k,
@@ -12630,8 +13120,8 @@ std::vector<support::ParamShard> T5Train::paramShards() {
                                    &param44_decoder_dense_relu_dense_1_wi,
                                    &param45_decoder_dense_relu_dense_1_wo,
                                    &param46_decoder_rms_norm_scale,
-                                   &param47_encoder_encoder_bias_relative_bias_table_vr,
-                                   &param48_encoder_encoder_bias_relative_bias_table_vc,
+                                   &param47_encoder_relative_bias_table_vr,
+                                   &param48_encoder_relative_bias_table_vc,
                                    &param49_shared_embedding_vr,
                                    &param50_shared_embedding_vc,
                                    &param51_encoder_rms_norm_0_scale_v,
@@ -12663,8 +13153,8 @@ std::vector<support::ParamShard> T5Train::paramShards() {
                                    &param77_encoder_dense_relu_dense_1_wo_vr,
                                    &param78_encoder_dense_relu_dense_1_wo_vc,
                                    &param79_encoder_rms_norm_scale_v,
-                                   &param80_decoder_decoder_bias_relative_bias_table_vr,
-                                   &param81_decoder_decoder_bias_relative_bias_table_vc,
+                                   &param80_decoder_relative_bias_table_vr,
+                                   &param81_decoder_relative_bias_table_vc,
                                    &param82_decoder_rms_norm_0_scale_v,
                                    &param83_decoder_attention_0_q_vr,
                                    &param84_decoder_attention_0_q_vc,

@@ -121,10 +121,9 @@ public:
 private:
   meshrt::Communicator &world_;
   uint64_t seed_;
-  meshrt::Communicator &group_model; // the ranks along model
-  support::Buffer
-      param0_encoder_encoder_bias_relative_bias_table; // encoder/encoder_bias/relative_bias/table:
-                                                       // [buckets, heads:[model]] local {8, 2}
+  meshrt::Communicator &group_model;                  // the ranks along model
+  support::Buffer param0_encoder_relative_bias_table; // encoder/relative_bias/table: [buckets,
+                                                      // heads:[model]] local {8, 2}
   support::Buffer
       param1_shared_embedding; // shared/embedding: [vocab:[model], d_model] local {32, 32}
   support::Buffer
@@ -160,9 +159,8 @@ private:
   support::Buffer param17_encoder_dense_relu_dense_1_wo; // encoder/dense_relu_dense[1]/wo:
                                                          // [d_ff:[model], d_model] local {32, 32}
   support::Buffer param18_encoder_rms_norm_scale; // encoder/rms_norm/scale: [d_model] local {32}
-  support::Buffer
-      param19_decoder_decoder_bias_relative_bias_table; // decoder/decoder_bias/relative_bias/table:
-                                                        // [buckets, heads:[model]] local {8, 2}
+  support::Buffer param19_decoder_relative_bias_table; // decoder/relative_bias/table: [buckets,
+                                                       // heads:[model]] local {8, 2}
   support::Buffer
       param20_decoder_rms_norm_0_scale;          // decoder/rms_norm[0]/scale: [d_model] local {32}
   support::Buffer param21_decoder_attention_0_q; // decoder/attention[0]/q: [d_model, heads:[model],
@@ -218,6 +216,87 @@ private:
   support::Buffer param46_decoder_rms_norm_scale; // decoder/rms_norm/scale: [d_model] local {32}
   support::Arena arena_{kArenaBytes};             // run()'s temporaries
   support::Arena persistent_{kPersistentBytes};   // computed in the constructor
+};
+
+/// The program `position_buckets` of t5.mesh, planned for the mesh [data=2, model=2] with layout
+/// batch: [data], d_ff: [model], heads: [model], vocab: [model].
+class PositionBuckets {
+public:
+  /// This rank's local shards of the inputs (row-major over the local shape).
+  struct Inputs {};
+  /// This rank's local shards of the outputs.
+  struct Outputs {
+    support::Tensor encoder; // [inputs, inputs_keys] local {16, 16}
+    support::Tensor decoder; // [targets, targets_keys] local {8, 8}
+  };
+
+  /// The mesh the plan was made for; the communicator must be over it.
+  static meshrt::Mesh mesh();
+  /// The names of the inputs and outputs, in declaration order.
+  static std::vector<std::string> inputNames();
+  static std::vector<std::string> outputNames();
+  /// The global shape of the input `name` (what scatterInput takes).
+  static support::Shape inputShape(const std::string &name);
+
+  /// Creates the subgroups this program uses and initializes this rank's parameter shards from
+  /// `seed` (the same global values on every mesh).
+  explicit PositionBuckets(meshrt::Communicator &world, uint64_t seed = 0);
+
+  /// Runs on this rank's shards (a collective call: every rank of the mesh calls it).
+  /// Throws std::invalid_argument when an input's local shape is wrong.
+  Outputs run(const Inputs &inputs);
+
+  /// The bytes of this object's arena: run()'s temporaries share it, placed by liveness.
+  static constexpr size_t kArenaBytes = 0;
+  /// The bytes of all of run()'s temporaries together (one buffer each).
+  static constexpr size_t kTemporaryBytes = 0;
+  /// The bytes of the values computed once, in the constructor (constants, masks).
+  static constexpr size_t kPersistentBytes = 22976;
+
+  /// Every param's path: weights, consts and optimizer state (`<weight>@<slot>`), in declaration
+  /// order.
+  static std::vector<std::string> paramNames();
+  /// Whether `path` is a slot of optimizer state (not a weight of the model).
+  static bool isOptimizerState(const std::string &path);
+  /// This rank's param shards with their global shapes and layouts (for checkpoints).
+  std::vector<support::ParamShard> paramShards();
+  /// The global value of param `path` (collective: every rank calls it and gets the whole tensor).
+  support::Tensor getParam(const std::string &path);
+  /// Sets param `path` from its global value (no communication: each rank keeps its shard). Throws
+  /// std::invalid_argument on an unknown path or a wrong shape.
+  void setParam(const std::string &path, const support::Tensor &global);
+
+  /// This rank's local shards of the inputs the reference interpreter synthesizes for `seed` (keyed
+  /// by global element index).
+  Inputs synthesizeInputs(uint64_t seed) const;
+
+  /// This rank's shard of the global input `name` (no communication).
+  static support::Tensor scatterInput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &global);
+  /// The global output `name` from every rank's shard (collective: every rank calls it and gets the
+  /// whole tensor).
+  static support::Tensor gatherOutput(meshrt::Communicator &world, const std::string &name,
+                                      const support::Tensor &local);
+
+  /// Saves every param (optimizer state included), the step count and the seed as a new checkpoint
+  /// under `dir` (collective: every rank calls it). Atomic: a crash during the save leaves the
+  /// previous checkpoint the one that loads.
+  void save(const std::string &dir);
+  /// Loads the latest complete checkpoint under `dir` into the params, the step count and the seed
+  /// (collective). It may have been saved on any mesh and layout: each rank reads what covers its
+  /// shards. Throws meshrt::CheckpointError on a missing param, a shape or dtype mismatch or a
+  /// checksum error.
+  void load(const std::string &dir);
+
+  /// run()'s statements, in parts (run() calls them in order).
+  /// Computes the values run() reads that never change (the constructor calls it).
+  void computeInvariants();
+
+private:
+  meshrt::Communicator &world_;
+  uint64_t seed_;
+  support::Arena arena_{kArenaBytes};           // run()'s temporaries
+  support::Arena persistent_{kPersistentBytes}; // computed in the constructor
 };
 
 /// The train block `t5_train` of t5.mesh, planned for the mesh [data=2, model=2] with layout batch:
@@ -523,12 +602,11 @@ private:
   meshrt::Communicator &world_;
   uint64_t seed_;
   int64_t step_ = 0;
-  meshrt::Communicator &group_data;       // the ranks along data
-  meshrt::Communicator &group_data_model; // the ranks along data, model
-  meshrt::Communicator &group_model;      // the ranks along model
-  support::Buffer
-      param0_encoder_encoder_bias_relative_bias_table; // encoder/encoder_bias/relative_bias/table:
-                                                       // [buckets, heads:[model]] local {8, 2}
+  meshrt::Communicator &group_data;                   // the ranks along data
+  meshrt::Communicator &group_data_model;             // the ranks along data, model
+  meshrt::Communicator &group_model;                  // the ranks along model
+  support::Buffer param0_encoder_relative_bias_table; // encoder/relative_bias/table: [buckets,
+                                                      // heads:[model]] local {8, 2}
   support::Buffer
       param1_shared_embedding; // shared/embedding: [vocab:[model], d_model] local {32, 32}
   support::Buffer
@@ -564,9 +642,8 @@ private:
   support::Buffer param17_encoder_dense_relu_dense_1_wo; // encoder/dense_relu_dense[1]/wo:
                                                          // [d_ff:[model], d_model] local {32, 32}
   support::Buffer param18_encoder_rms_norm_scale; // encoder/rms_norm/scale: [d_model] local {32}
-  support::Buffer
-      param19_decoder_decoder_bias_relative_bias_table; // decoder/decoder_bias/relative_bias/table:
-                                                        // [buckets, heads:[model]] local {8, 2}
+  support::Buffer param19_decoder_relative_bias_table; // decoder/relative_bias/table: [buckets,
+                                                       // heads:[model]] local {8, 2}
   support::Buffer
       param20_decoder_rms_norm_0_scale;          // decoder/rms_norm[0]/scale: [d_model] local {32}
   support::Buffer param21_decoder_attention_0_q; // decoder/attention[0]/q: [d_model, heads:[model],
@@ -620,10 +697,10 @@ private:
   support::Buffer param45_decoder_dense_relu_dense_1_wo; // decoder/dense_relu_dense[1]/wo:
                                                          // [d_ff:[model], d_model] local {32, 32}
   support::Buffer param46_decoder_rms_norm_scale; // decoder/rms_norm/scale: [d_model] local {32}
-  support::Buffer param47_encoder_encoder_bias_relative_bias_table_vr; // encoder/encoder_bias/relative_bias/table@vr:
-                                                                       // [buckets] local {8}
-  support::Buffer param48_encoder_encoder_bias_relative_bias_table_vc; // encoder/encoder_bias/relative_bias/table@vc:
-                                                                       // [heads:[model]] local {2}
+  support::Buffer
+      param47_encoder_relative_bias_table_vr; // encoder/relative_bias/table@vr: [buckets] local {8}
+  support::Buffer param48_encoder_relative_bias_table_vc; // encoder/relative_bias/table@vc:
+                                                          // [heads:[model]] local {2}
   support::Buffer param49_shared_embedding_vr; // shared/embedding@vr: [vocab:[model]] local {32}
   support::Buffer param50_shared_embedding_vc; // shared/embedding@vc: [d_model] local {32}
   support::Buffer
@@ -684,10 +761,10 @@ private:
                                                             // [d_model] local {32}
   support::Buffer
       param79_encoder_rms_norm_scale_v; // encoder/rms_norm/scale@v: [d_model] local {32}
-  support::Buffer param80_decoder_decoder_bias_relative_bias_table_vr; // decoder/decoder_bias/relative_bias/table@vr:
-                                                                       // [buckets] local {8}
-  support::Buffer param81_decoder_decoder_bias_relative_bias_table_vc; // decoder/decoder_bias/relative_bias/table@vc:
-                                                                       // [heads:[model]] local {2}
+  support::Buffer
+      param80_decoder_relative_bias_table_vr; // decoder/relative_bias/table@vr: [buckets] local {8}
+  support::Buffer param81_decoder_relative_bias_table_vc; // decoder/relative_bias/table@vc:
+                                                          // [heads:[model]] local {2}
   support::Buffer
       param82_decoder_rms_norm_0_scale_v; // decoder/rms_norm[0]/scale@v: [d_model] local {32}
   support::Buffer param83_decoder_attention_0_q_vr; // decoder/attention[0]/q@vr: [d_model,

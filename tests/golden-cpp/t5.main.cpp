@@ -116,6 +116,49 @@ int main(int argc, char **argv) {
         report("program translate", Translate::mesh().size(), backend, milliseconds);
     }
     {
+      // program position_buckets
+      std::vector<double> milliseconds;
+      const char *backend = "";
+      lead =
+          meshrt::launch(PositionBuckets::mesh(), launchOptions, [&](meshrt::Communicator &world) {
+            PositionBuckets program(world, seed);
+            if (!loadDir.empty())
+              program.load(loadDir + "/position_buckets");
+            auto inputs = program.synthesizeInputs(seed + uint64_t(0));
+            auto outputs = program.run(inputs);
+            std::vector<double> runs(kTimedRuns);
+            for (int i = 0; i < kTimedRuns; ++i) {
+              world.barrier();
+              auto start = std::chrono::steady_clock::now();
+              outputs = program.run(inputs);
+              runs[size_t(i)] = std::chrono::duration<double, std::milli>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count();
+            }
+            world.allReduce(runs.data(), runs.size(), meshrt::ReduceOp::Max);
+            if (world.rank() == 0) {
+              milliseconds = runs;
+              backend = world.backend();
+            }
+            auto gathered_encoder =
+                PositionBuckets::gatherOutput(world, "encoder", outputs.encoder);
+            if (world.rank() == 0)
+              results.push_back({"position_buckets.encoder", "i32",
+                                 std::move(gathered_encoder.shape),
+                                 std::move(gathered_encoder.data)});
+            auto gathered_decoder =
+                PositionBuckets::gatherOutput(world, "decoder", outputs.decoder);
+            if (world.rank() == 0)
+              results.push_back({"position_buckets.decoder", "i32",
+                                 std::move(gathered_decoder.shape),
+                                 std::move(gathered_decoder.data)});
+            if (!saveDir.empty())
+              program.save(saveDir + "/position_buckets");
+          });
+      if (lead)
+        report("program position_buckets", PositionBuckets::mesh().size(), backend, milliseconds);
+    }
+    {
       // train t5_train
       std::vector<double> milliseconds;
       const char *backend = "";
