@@ -29,8 +29,9 @@ def main():
                                timeout=600)
         if first.returncode != 0:
             sys.exit(f"FAIL: meshc exited {first.returncode}\n{first.stderr}")
-        losses = [float(m.group(2)) for m in re.finditer(r"^step (\d+) loss (\S+)$", first.stdout,
-                                                         re.MULTILINE)]
+        # A train block with metrics prints them after the loss: `step S loss L name M ...`.
+        losses = [float(m.group(2)) for m in re.finditer(r"^step (\d+) loss (\S+)(?: \S+ \S+)*$",
+                                                         first.stdout, re.MULTILINE)]
         if len(losses) != steps:
             sys.exit(f"FAIL: {len(losses)} step lines for {steps} steps\n{first.stdout}")
         if not all(math.isfinite(loss) for loss in losses):
