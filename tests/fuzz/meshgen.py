@@ -19,6 +19,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from meshgen_features import FeatureMixin
+
 SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 8, 12, 16, 16, 24, 32]
 UNARY = ["exp", "log", "sqrt", "rsqrt", "square", "abs", "tanh", "sigmoid", "relu", "gelu",
          "sin", "cos"]
@@ -67,7 +69,7 @@ def tensor_type(dtype, dims):
     return f"{dtype}[{', '.join(dims)}]"
 
 
-class Generator:
+class Generator(FeatureMixin):
     def __init__(self, seed, train=None, error_path=None):
         self.rng = random.Random(seed)
         self.case = Case(seed=seed)
@@ -76,9 +78,12 @@ class Generator:
         self.counter = 0
         self.train = self.rng.random() < 0.4 if train is None else train
         self.error_path = self.rng.random() < 0.08 if error_path is None else error_path
-        self.bf16 = self.rng.random() < 0.08
+        self.bf16 = self.rng.random() < 0.2
         self.def_count = 0
         self.constrained = set()  # dims whose sizes others follow
+
+    def value(self, name, dtype, dims, bound=1.0):
+        return Value(name, dtype, tuple(dims), bound)
 
     # ---- names and dims
     def fresh(self, prefix="v"):
@@ -301,7 +306,16 @@ class Generator:
         return f"transpose({v.name} -> {', '.join(dims)})", tuple(dims), v.bound
 
     def misc(self, v, scope):
-        op = self.rng.choice(["one_hot", "gather", "cast", "iota", "random", "dropout", "stop"])
+        if self.bf16 and self.rng.random() < 0.3:
+            low = self.rng.choice(["bf16", "f16"])
+            self.feature(low)
+            return f"cast(cast({v.name}, {low}) * 2.0, f32)", v.dims, v.bound * 2
+        if self.rng.random() < 0.4:
+            made = self.new_builtin(v, scope)
+            if made:
+                return made
+        op = self.rng.choice(["one_hot", "gather", "one_hot", "gather", "cast", "iota",
+                              "random", "dropout", "stop"])
         ids = [w for w in scope if w.dtype == "i32"]
         if op in ("one_hot", "gather") and ids:
             idv = self.rng.choice(ids)
@@ -320,7 +334,7 @@ class Generator:
                     self.feature("gather")
                     return f"gather({v.name}, {idv.name}, {target})", out, v.bound
         if op == "cast":
-            kind = self.rng.choice(["bf16", "i32cmp", "i32trunc"])
+            kind = self.rng.choice(["bf16", "bf16", "i32cmp", "i32trunc"])
             if kind == "bf16" and self.bf16:
                 low = self.rng.choice(["bf16", "f16"])
                 self.feature(low)
@@ -356,7 +370,7 @@ class Generator:
         v = self.rng.choice(f32[-4:] if self.rng.random() < 0.7 else f32)
         kind = self.rng.choices(
             ["unary", "binary", "einsum", "reduce", "normalize", "movement", "misc"],
-            weights=[2, 3, 3, 2, 2, 3, 2])[0]
+            weights=[2, 3, 3, 2, 2, 3, 4])[0]
         if kind == "unary":
             text, dims, bound = self.unary(v)
         elif kind == "binary":
@@ -446,7 +460,7 @@ class Generator:
         # random body computed), so a train block always has something to minimize.
         s = self.fresh("s")
         params.append(f"  param {s}: {tensor_type('f32', dims[-1:])} = "
-                      "normal(mean = 1, stddev = 0.1)")
+                      "normal(mean = 1, stddev = 0.1)" + self.tied_path(dims))
         squashed = f"tanh({self.arg(result, scope[-1].bound)})"
         lines += params + body + [f"  return x + {squashed} * {s} * {gate}", "}"]
         self.defs.append("\n".join(lines))
@@ -455,7 +469,7 @@ class Generator:
 
     def repeat_block(self, v, scope, base):
         dims = v.dims
-        style = self.rng.choice(["plain", "two", "let", "nested", "dim", "arg", "indef"])
+        style = self.rng.choice(["plain", "two", "let", "nested", "dim", "arg", "indef", "shared"])
         self.feature("repeat_" + style)
         extra = None
         if style == "arg":
@@ -480,6 +494,8 @@ class Generator:
         if style == "dim":
             rd = self.new_dim(count, "r")
             lines.append(f"  repeat {rd} {{")
+        elif style == "shared":
+            lines.append(f"  repeat {count} shared {{")
         else:
             lines.append(f"  repeat {count} {{")
         if style == "two":
@@ -510,7 +526,7 @@ class Generator:
             # normal(0, 1) inputs: |x| < 3 but for one value in 370.
             inputs.append(Value(f"x{i}", "f32", self.pick_dims(base, 1, 3), 3.0))
         ids = None
-        if rng.random() < 0.4:
+        if rng.random() < 0.6:
             target = rng.choice(base)
             ids = Value("ids", "i32", self.pick_dims([d for d in base if d != target], 1, 2))
             ids.index_dim = target
@@ -523,6 +539,12 @@ class Generator:
             if rng.random() < 0.25:
                 v = rng.choice([w for w in scope if w.dtype == "f32"][-3:])
                 body += self.repeat_block(v, scope, base)
+            elif rng.random() < 0.12:
+                v = rng.choice([w for w in scope if w.dtype == "f32"][-3:])
+                body += self.generic_def(v, scope)
+            elif rng.random() < 0.1:
+                v = rng.choice([w for w in scope if w.dtype == "f32"][-3:])
+                body += self.multi_result_def(v, scope)
             else:
                 body += self.statements(scope, 1)
         # A train block ends with a repeat of layers, whose params the loss then depends on.
@@ -541,9 +563,22 @@ class Generator:
             sig_inputs.append(f"target: {tensor_type('f32', tdims)}")
             loss = rng.choice(["mean(square(pred - target))", "mean(abs(pred - target) + square(pred))",
                                "mean(square(pred - target)) + mean(square(pred)) * 0.1"])
+            metrics = []
+            if rng.random() < 0.3:
+                # Train-block metrics: forward values of the step's params before the update.
+                self.feature("train_metrics")
+                metrics.append("m0: f32[]")
+                body.append("  m0 = mean(abs(pred))")
+                if rng.random() < 0.5:
+                    metrics.append("m1: f32[]")
+                    body.append(f"  m1 = max(square(pred - target))")
             body.append(f"  let loss = {loss}  // f32[]")
             body.append(f"  minimize loss with {self.optimizer()}")
-            header = [f"train {name}(", *self.item_lines(sig_inputs), ") {"]
+            if metrics:
+                header = [f"train {name}(", *self.item_lines(sig_inputs), ") -> (",
+                          *self.item_lines(metrics), ") {"]
+            else:
+                header = [f"train {name}(", *self.item_lines(sig_inputs), ") {"]
             self.case.steps = rng.randint(1, 3)
         else:
             outs = []
@@ -567,7 +602,30 @@ class Generator:
                 dims = ids.dims + ((d,) if d not in ids.dims else ())
                 self.feature("i32_output")
                 outs.append(f"yi: {tensor_type('i32', dims)}")
-                body.append(f"  yi = ids * 3 - iota({d}) + cast(ids >= 1, i32)")
+                yi = rng.choice([f"ids * 3 - iota({d}) + cast(ids >= 1, i32)",
+                                 f"(ids * 3 - iota({d})) % {rng.choice([4, -3, 7])}",
+                                 f"floordiv(ids - iota({d}) * 2, {rng.choice([2, -3, 5])})",
+                                 f"mod(iota({d}) - ids, 3) + clip(ids, 1, 2)"])
+                body.append(f"  yi = {yi}")
+            if rng.random() < 0.25:
+                # i32 positions of an exact source: compared exactly.
+                d = rng.choice(base)
+                dims = self.pick_dims(base, 1, 3)
+                dims = dims + ((d,) if d not in dims else ())
+                src = self.exact_source(dims, scope)
+                if rng.random() < 0.5:
+                    op = rng.choice(["argmax", "argmin"])
+                    self.feature(op)
+                    rest = tuple(x for x in dims if x != d)
+                    if rest:
+                        outs.append(f"yk: {tensor_type('i32', rest)}")
+                        body.append(f"  yk = {op}({src}, {d})")
+                else:
+                    self.feature("top_k_indices")
+                    k = self.new_dim(rng.randint(1, self.dims[d]), "k")
+                    out = tuple(k if x == d else x for x in dims)
+                    outs.append(f"yk: {tensor_type('i32', out)}")
+                    body.append(f"  yk = top_k_indices({src}, {d} -> {k})")
             header = [f"program {name}(", *self.item_lines(sig_inputs), ") -> (",
                       *self.item_lines(outs), ") {"]
         # Params of the entry block's projections live in a def: programs may not declare
