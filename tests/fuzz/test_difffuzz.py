@@ -6,6 +6,7 @@ shrinking a program while a predicate keeps holding.
 
 Usage: test_difffuzz.py MESHC"""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -112,6 +113,24 @@ class NewConstructsTest(unittest.TestCase):
                     self.assertNotRegex(inner, r"\b(x\d|v\d|h\d|g\d|p\d|q\d|w\d)",
                                         f"seed {seed}: {argument}")
         self.assertGreater(seen, 20)
+
+
+class BatchSeedTest(unittest.TestCase):
+    def test_the_ctest_batch_covers_the_language(self):
+        # fuzz.difffuzz_batch runs 20 cases of one seed: a change to the generator changes
+        # them, and the seed in tests/CMakeLists.txt must still reach what the batch is for.
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                               "CMakeLists.txt")) as f:
+            seed = int(re.search(r"--cases 20 --seed (\d+)", f.read()).group(1))
+        cases = [meshgen.generate(seed * 100000 + i) for i in range(20)]
+        features = {f for c in cases for f in c.features}
+        self.assertEqual({f for f in features if f.startswith("opt_")},
+                         {"opt_" + o for o in meshgen.OPTIMIZERS})
+        self.assertTrue(any(c.backend == "mpi" for c in cases))
+        self.assertTrue(any("-O3" in c.opt for c in cases))
+        self.assertTrue(any(c.expect_error for c in cases))
+        missing = set(NEW_CONSTRUCTS) - features
+        self.assertLessEqual(len(missing), 2, f"seed {seed} misses {sorted(missing)}")
 
 
 class ClassifyTest(unittest.TestCase):
