@@ -307,9 +307,7 @@ class Generator(FeatureMixin):
 
     def misc(self, v, scope):
         if self.bf16 and self.rng.random() < 0.3:
-            low = self.rng.choice(["bf16", "f16"])
-            self.feature(low)
-            return f"cast(cast({v.name}, {low}) * 2.0, f32)", v.dims, v.bound * 2
+            return self.low_precision(v)
         if self.rng.random() < 0.4:
             made = self.new_builtin(v, scope)
             if made:
@@ -336,9 +334,7 @@ class Generator(FeatureMixin):
         if op == "cast":
             kind = self.rng.choice(["bf16", "bf16", "i32cmp", "i32trunc"])
             if kind == "bf16" and self.bf16:
-                low = self.rng.choice(["bf16", "f16"])
-                self.feature(low)
-                return f"cast(cast({v.name}, {low}) * 2.0, f32)", v.dims, v.bound * 2
+                return self.low_precision(v)
             if kind == "i32trunc" and ids:
                 self.feature("cast_i32")
                 idv = self.rng.choice(ids)
@@ -364,6 +360,11 @@ class Generator(FeatureMixin):
             return f"dropout({v.name}, rate = {rate})", v.dims, v.bound / (1 - rate)
         self.feature("stop_gradient")
         return f"{v.name} + stop_gradient({v.name}) * 0.5", v.dims, v.bound * 1.5
+
+    def low_precision(self, v):
+        low = self.rng.choice(["bf16", "f16"])
+        self.feature(low)
+        return f"cast(cast({v.name}, {low}) * 2.0, f32)", v.dims, v.bound * 2
 
     def expression(self, scope):
         f32 = [w for w in scope if w.dtype == "f32"]
