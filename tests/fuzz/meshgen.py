@@ -27,6 +27,8 @@ UNARY = ["exp", "log", "sqrt", "rsqrt", "square", "abs", "tanh", "sigmoid", "rel
 OPTIMIZERS = ["sgd", "sgd_momentum", "sgd_nesterov", "adamw", "adafactor"]
 SCHEDULES = ["constant", "linear", "cosine", "rsqrt"]
 MAX_ELEMENTS = 4096
+# Step state (`state` / `next` in train blocks) once the compiler has it.
+STEP_STATE = False
 
 
 @dataclass
@@ -558,6 +560,9 @@ class Generator(FeatureMixin, LayoutMixin):
             sig_inputs.append(f"ids: {tensor_type('i32', ids.dims)}")
         if self.train:
             last = scope[-1]
+            if STEP_STATE and rng.random() < 0.3:
+                body += self.step_state(last, scope)
+                last = scope[-1]
             tdims = self.pick_dims(base, 1, 3)
             body.append(f"  let pred = {self.project(last, tdims, params, '  ')}"
                         f"  // {tensor_type('f32', tdims)}")

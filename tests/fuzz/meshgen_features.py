@@ -188,3 +188,22 @@ class FeatureMixin:
             self.feature("tied_param")
             return f' as "tied/scale_{dims[-1]}"'
         return ""
+
+    def step_state(self, v, scope):
+        """A step state over v's dims in a train block: read (its value at the start of the
+        step) into the loss's path and written with a bounded value for the next step."""
+        self.feature("step_state")
+        st, h = self.fresh("st"), self.fresh("hs")
+        t = f"f32[{', '.join(v.dims)}]"
+        init = self.rng.choice(["zeros()", "constant(value = 0.5)", "normal(stddev = 0.5)"])
+        lines = [f"  state {st}: {t} = {init}",
+                 f"  let {h} = {v.name} + {st} * 0.5  // {t}"]
+        if len(v.dims) >= 2 and self.rng.random() < 0.3:
+            # Written in another dim order: a transpose inserted by sema.
+            order = list(reversed(v.dims))
+            lines.append(f"  next {st} = transpose(tanh({self.arg(h, v.bound + 0.5)}) -> "
+                         f"{', '.join(order)})")
+        else:
+            lines.append(f"  next {st} = tanh({self.arg(h, v.bound + 0.5)})")
+        scope.append(self.value(h, "f32", v.dims, v.bound + 0.5))
+        return lines
