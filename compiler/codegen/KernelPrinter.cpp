@@ -2,6 +2,7 @@
 #include "codegen/KernelPrinter.h"
 
 #include "codegen/Target.h"
+#include "ir/OpTraits.h"
 
 #include "meshrt/Random.h"
 
@@ -139,14 +140,43 @@ std::string computeExpr(const Scalar& s, const std::vector<std::string>& a,
     return fmt::format("({} != 0 ? {} : {})", a[0], a[1], a[2]);
   case OpKind::Call: // the user's function (its header is included by the source)
     return fmt::format("::{}({})", s.function, fmt::join(a, ", "));
-  default: // not elementwise: lowerToKernels never puts it in a loop
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::RandomInt:
+  case OpKind::Einsum:
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Rename:
+  case OpKind::Reshape:
+  case OpKind::Slice:
+  case OpKind::Concat:
+  case OpKind::Pad:
+  case OpKind::Shift:
+  case OpKind::OneHot:
+  case OpKind::Gather:
+  case OpKind::TopK:
+  case OpKind::Dropout: // not elementwise: lowerToKernels never puts it in a loop
     return a.empty() ? "0.0f" : a[0];
   }
+  return a.empty() ? "0.0f" : a[0]; // an OpKind out of range
 }
 
+/// Compares and selects (the op table's result rules): computed on f32 values as they are.
 bool isComparison(OpKind kind) {
-  return kind == OpKind::Lt || kind == OpKind::Le || kind == OpKind::Gt || kind == OpKind::Ge ||
-         kind == OpKind::Eq || kind == OpKind::Ne || kind == OpKind::Where;
+  ir::ResultRule rule = ir::opTraits(kind).result;
+  return rule == ir::ResultRule::Compare || rule == ir::ResultRule::Select;
 }
 
 } // namespace

@@ -53,6 +53,11 @@ llvm::cl::opt<Emit> emitStage(
                    "SPMD CUDA over meshrt_cuda and NCCL: <o>.h and <o>.cu (sm_90; see "
                    "docs/cuda.md)")),
     llvm::cl::cat(meshcCategory));
+llvm::cl::opt<bool> verifyEach(
+    "verify-each",
+    llvm::cl::desc("Run the IR verifier after sema, after the training phase and after planning; "
+                   "a failure is an internal compiler error"),
+    llvm::cl::cat(meshcCategory));
 llvm::cl::list<std::string> disabledPasses(
     "disable-kernel-pass",
     llvm::cl::desc("Skip the named kernel pass (--emit=kernels, cpp, cuda; see --list-passes); "
@@ -153,6 +158,7 @@ PipelineOptions pipelineOptions() {
   options.steps = trainSteps;
   options.inputsFile = givenInputsPath;
   options.dumpOutputsFile = dumpOutputs;
+  options.verifyEach = verifyEach;
   return options;
 }
 
@@ -275,7 +281,8 @@ int runMeshc(int argc, char** argv) {
       loadModule(options, diag, argv[0], inputFiles, emitStage == Emit::AST ? &os : nullptr);
   if (!module) return kExitInputError;
   // The training phase (autodiff, optimizer) on train blocks, for every stage after the IR.
-  if (emitStage != Emit::AST && emitStage != Emit::IR && !lowerTraining(*module, diag))
+  if (emitStage != Emit::AST && emitStage != Emit::IR &&
+      !lowerTraining(*module, diag, options.verifyEach))
     return kExitInputError;
   if (emitStage == Emit::IR || emitStage == Emit::TrainIR)
     ir::printModule(*module, os);

@@ -12,6 +12,7 @@
 #include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
 #include "kernels/KernelCheck.h"
+#include "planner/VerifySpmd.h"
 #include "sema/Sema.h"
 #include "train/Optimizer.h"
 
@@ -107,6 +108,15 @@ bool semaOptions(const PipelineOptions& given, SemaOptions& options) {
   return true;
 }
 
+/// --verify-each: the IR verifier's findings after `phase` as internal errors (a phase broke an
+/// invariant of the IR); false when there are any.
+bool reportVerifierErrors(const std::vector<ir::VerifierError>& errors, const char* phase) {
+  for (const ir::VerifierError& error : errors)
+    llvm::WithColor::error(llvm::errs(), "meshc")
+        << "internal compiler error: IR verifier after " << phase << ": " << error.format() << "\n";
+  return errors.empty();
+}
+
 } // namespace
 
 std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& diag,
@@ -124,6 +134,8 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
       llvm::WithColor::error(llvm::errs()) << llvm::toString(module.takeError()) << "\n";
       return std::nullopt;
     }
+    if (given.verifyEach && !reportVerifierErrors(ir::verifyModule(*module), "reading IR"))
+      return std::nullopt;
     return std::move(*module);
   }
   std::optional<SourceSet> files = loadSources(given.input, diag);
@@ -142,13 +154,16 @@ std::optional<ir::Module> loadModule(const PipelineOptions& given, DiagEngine& d
     inputFiles.push_back(fn.headerPath); // -MD lists the user's headers too
     return kernels::checkExternFunction(fn, engine, kernelOptions);
   };
-  return analyze(*files, diag, options);
+  std::optional<ir::Module> module = analyze(*files, diag, options);
+  if (module && given.verifyEach && !reportVerifierErrors(ir::verifyModule(*module), "sema"))
+    return std::nullopt;
+  return module;
 }
 
-bool lowerTraining(ir::Module& module, DiagEngine& diag) {
+bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify) {
   for (ir::Function& fn : module.functions)
     if (!train::lowerTraining(fn, diag)) return false;
-  return true;
+  return !verify || reportVerifierErrors(ir::verifyModule(module), "the training phase");
 }
 
 std::optional<PlannedModule> planModule(const ir::Module& module, const PipelineOptions& given,
@@ -171,6 +186,12 @@ std::optional<PlannedModule> planModule(const ir::Module& module, const Pipeline
   std::optional<std::vector<plan::PlannedFunction>> plans =
       plan::planModule(module, *machine, options, diag);
   if (!plans) return std::nullopt;
+  if (given.verifyEach) {
+    bool ok = true;
+    for (const plan::PlannedFunction& planned : *plans)
+      ok = reportVerifierErrors(plan::verifySpmdFunction(planned.spmd), "planning") && ok;
+    if (!ok) return std::nullopt;
+  }
   return PlannedModule{std::move(*machine), std::move(*plans)};
 }
 

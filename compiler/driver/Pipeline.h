@@ -30,6 +30,7 @@ struct PipelineOptions {
   std::string memoryBudget;      // "": the machine's memory
   int64_t devices = 0;           // > 0: also choose the mesh's axis sizes for this many devices
   std::vector<std::string> functions; // only these programs and train blocks (empty: all)
+  bool verifyEach = false;            // run the IR verifier after sema, training and planning
   // The interpreter (interpretModule):
   uint64_t seed = 0;
   int64_t steps = 0;           // > 0: train blocks take this many steps
@@ -47,8 +48,9 @@ std::optional<ir::Module> loadModule(const PipelineOptions& options, DiagEngine&
                                      const char* argv0, std::vector<std::string>& inputFiles,
                                      llvm::raw_ostream* printAst = nullptr);
 
-/// 2. The training phase (autodiff, optimizer, param updates) on every train block.
-bool lowerTraining(ir::Module& module, DiagEngine& diag);
+/// 2. The training phase (autodiff, optimizer, param updates) on every train block; with
+/// `verify`, the IR verifier after it.
+bool lowerTraining(ir::Module& module, DiagEngine& diag, bool verify = false);
 
 /// 3. Every selected function planned for the machine.
 struct PlannedModule {

@@ -4,6 +4,7 @@
 #include "interp/Interpreter.h"
 
 #include "interp/UserFunctions.h"
+#include "ir/OpTraits.h"
 
 #include "meshrt/Random.h"
 
@@ -349,9 +350,59 @@ double applyUnary(OpKind kind, double x) {
     return std::ceil(x);
   case OpKind::Round: // the default rounding mode: to nearest, halves to even
     return std::nearbyint(x);
-  default:
-    return x; // StopGradient, Transpose, Cast: the value itself
+  case OpKind::StopGradient:
+  case OpKind::Cast:
+  case OpKind::Transpose:
+  case OpKind::Broadcast:
+    return x; // the value itself
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::RandomInt:
+  case OpKind::Add:
+  case OpKind::Sub:
+  case OpKind::Mul:
+  case OpKind::Div:
+  case OpKind::FloorDiv:
+  case OpKind::Mod:
+  case OpKind::Pow:
+  case OpKind::Maximum:
+  case OpKind::Minimum:
+  case OpKind::Lt:
+  case OpKind::Le:
+  case OpKind::Gt:
+  case OpKind::Ge:
+  case OpKind::Eq:
+  case OpKind::Ne:
+  case OpKind::Where:
+  case OpKind::Call:
+  case OpKind::Einsum:
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Rename:
+  case OpKind::Reshape:
+  case OpKind::Slice:
+  case OpKind::Concat:
+  case OpKind::Pad:
+  case OpKind::Shift:
+  case OpKind::OneHot:
+  case OpKind::Gather:
+  case OpKind::Dropout:
+  case OpKind::TopK:
+    return kNaN; // not unary: unary() and evaluateElementwise never ask
   }
+  return kNaN; // an OpKind out of range
 }
 
 /// Division rounding toward -inf (Python's //); 0 on division by zero. Operands are i32 values,
@@ -391,7 +442,7 @@ double applyBinary(OpKind kind, double a, double b, bool integer) {
       return double(x - y * floorDivI32(x, y));
     case OpKind::Pow:
       return integerPow(x, y);
-    default:
+    default: // the rest compute as doubles below
       break;
     }
   }
@@ -426,9 +477,59 @@ double applyBinary(OpKind kind, double a, double b, bool integer) {
     return a == b;
   case OpKind::Ne:
     return a != b;
-  default:
-    return kNaN;
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::RandomInt:
+  case OpKind::Neg:
+  case OpKind::Abs:
+  case OpKind::Exp:
+  case OpKind::Log:
+  case OpKind::Sqrt:
+  case OpKind::Rsqrt:
+  case OpKind::Square:
+  case OpKind::Tanh:
+  case OpKind::Sigmoid:
+  case OpKind::Relu:
+  case OpKind::Gelu:
+  case OpKind::Sin:
+  case OpKind::Cos:
+  case OpKind::Floor:
+  case OpKind::Ceil:
+  case OpKind::Round:
+  case OpKind::StopGradient:
+  case OpKind::Cast:
+  case OpKind::Transpose:
+  case OpKind::Broadcast:
+  case OpKind::Where:
+  case OpKind::Call:
+  case OpKind::Einsum:
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Rename:
+  case OpKind::Reshape:
+  case OpKind::Slice:
+  case OpKind::Concat:
+  case OpKind::Pad:
+  case OpKind::Shift:
+  case OpKind::OneHot:
+  case OpKind::Gather:
+  case OpKind::TopK:
+  case OpKind::Dropout:
+    return kNaN; // not binary: never asked
   }
+  return kNaN; // an OpKind out of range
 }
 
 //===------------------------------------------------------------------------------------------===//
@@ -534,50 +635,9 @@ llvm::Error Interpreter::requireDim(const Op& op, const TensorType& type, const 
   return llvm::Error::success();
 }
 
-/// How many operands each op takes (-1: one or more).
-int expectedOperands(OpKind kind) {
-  switch (kind) {
-  case OpKind::Input:
-  case OpKind::Param:
-  case OpKind::Literal:
-  case OpKind::Iota:
-  case OpKind::RandomNormal:
-  case OpKind::RandomUniform:
-  case OpKind::RandomInt:
-  case OpKind::TrainStep:
-    return 0;
-  case OpKind::Add:
-  case OpKind::Sub:
-  case OpKind::Mul:
-  case OpKind::Div:
-  case OpKind::FloorDiv:
-  case OpKind::Mod:
-  case OpKind::Pow:
-  case OpKind::Maximum:
-  case OpKind::Minimum:
-  case OpKind::Lt:
-  case OpKind::Le:
-  case OpKind::Gt:
-  case OpKind::Ge:
-  case OpKind::Eq:
-  case OpKind::Ne:
-  case OpKind::Gather:
-    return 2;
-  case OpKind::Where:
-    return 3;
-  case OpKind::Einsum:
-  case OpKind::Concat:
-  case OpKind::Call:
-    return -1;
-  default:
-    return 1;
-  }
-}
-
 llvm::Error Interpreter::checkOperands(const Op& op) {
-  int expected = expectedOperands(op.kind);
   size_t count = op.operands.size();
-  if ((expected >= 0 && count != size_t(expected)) || (expected < 0 && count == 0))
+  if (!ir::opTraits(op.kind).acceptsOperandCount(count))
     return opError(op, "has {} operands", count);
   for (ir::ValueId id : op.operands)
     if (id >= values.size() || !computed[id])
@@ -1530,7 +1590,35 @@ std::optional<double> evaluateElementwise(OpKind kind, const std::vector<double>
     if (args.size() != 3) return std::nullopt;
     value = args[0] != 0 ? args[1] : args[2];
     break;
-  default: // not elementwise, or the user's function (not loaded at compile time)
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::RandomInt:
+  case OpKind::Call:
+  case OpKind::Einsum:
+  case OpKind::ReduceSum:
+  case OpKind::ReduceMean:
+  case OpKind::ReduceMax:
+  case OpKind::ReduceMin:
+  case OpKind::LogSumExp:
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::LayerNorm:
+  case OpKind::Cumsum:
+  case OpKind::Rename:
+  case OpKind::Reshape:
+  case OpKind::Slice:
+  case OpKind::Concat:
+  case OpKind::Pad:
+  case OpKind::Shift:
+  case OpKind::OneHot:
+  case OpKind::Gather:
+  case OpKind::TopK:
+  case OpKind::Dropout: // not elementwise, or the user's function (not loaded at compile time)
     return std::nullopt;
   }
   return roundTo(result, value);

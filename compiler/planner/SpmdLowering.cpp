@@ -11,6 +11,8 @@
 #include "planner/PlanReport.h"
 #include "planner/Reshard.h"
 
+#include "ir/OpTraits.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -72,24 +74,13 @@ std::string axesText(const AxisList& axes) {
   return fmt::format("{}", fmt::join(axes, ", "));
 }
 
+/// A one-operand op the result is linear in (the op table's linear column). A cast is linear
+/// only between float types: rounding to or from i32 is not.
 bool isLinearUnary(const ir::Function& fn, const ir::Op& op) {
-  switch (op.kind) {
-  case OpKind::Neg:
-  case OpKind::StopGradient:
-  case OpKind::Dropout:
-  case OpKind::Transpose:
-  case OpKind::Broadcast:
-  case OpKind::Rename:
-  case OpKind::Reshape:
-  case OpKind::Slice:
-  case OpKind::Pad:
-  case OpKind::Shift:
-    return true;
-  case OpKind::Cast:
+  if (op.operands.size() != 1 || !ir::opTraits(op.kind).isLinearIn(0)) return false;
+  if (op.kind == OpKind::Cast)
     return ir::isFloat(fn.typeOf(op.operands[0]).dtype) && ir::isFloat(fn.typeOf(op.result).dtype);
-  default:
-    return false;
-  }
+  return true;
 }
 
 /// The phase of every op of a train step (docs/planner.md): forward is what the outputs (the
@@ -216,16 +207,51 @@ public:
     case OpKind::Concat:
       planWindow(op, operands, out);
       break;
-    case OpKind::OneHot:
-      planElementwise(op, operands, out);
-      break;
     case OpKind::Gather:
       planGather(op, operands, out);
       break;
     case OpKind::TopK:
       planTopK(op, out);
       break;
-    default:
+    case OpKind::Neg:
+    case OpKind::Abs:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Rsqrt:
+    case OpKind::Square:
+    case OpKind::Tanh:
+    case OpKind::Sigmoid:
+    case OpKind::Relu:
+    case OpKind::Gelu:
+    case OpKind::Sin:
+    case OpKind::Cos:
+    case OpKind::Floor:
+    case OpKind::Ceil:
+    case OpKind::Round:
+    case OpKind::StopGradient:
+    case OpKind::Cast:
+    case OpKind::Transpose:
+    case OpKind::Broadcast:
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div:
+    case OpKind::FloorDiv:
+    case OpKind::Mod:
+    case OpKind::Pow:
+    case OpKind::Maximum:
+    case OpKind::Minimum:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge:
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Where:
+    case OpKind::Call:
+    case OpKind::OneHot:  // the ids' dims plus [dim]: aligned as elementwise
+    case OpKind::Dropout: // elementwise with a mask keyed by the global element index
       planElementwise(op, operands, out);
       break;
     }
@@ -487,8 +513,7 @@ private:
       split.insert(split.end(), axes.begin(), axes.end());
       along *= type.dims[index].size / splitFactor(mesh_, axes);
     }
-    if (op.kind == OpKind::Shift || op.kind == OpKind::Cumsum) // linear
-      passPartial(*operands[0], out.required[0], out.result);
+    if (ir::opTraits(op.kind).isLinearIn(0)) passPartial(*operands[0], out.required[0], out.result);
     if (split.empty()) return;
     int64_t bytes = localBytes(type, out.result, mesh_);
     int64_t rowBytes = bytes / std::max<int64_t>(along, 1);

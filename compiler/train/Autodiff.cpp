@@ -1,10 +1,12 @@
-// Reverse-mode autodiff: one backward sweep over the forward ops in reverse order. Each op family
-// has one gradient function below (the table of rules is the switch in `backward`); every rule is
+// Reverse-mode autodiff: one backward sweep over the forward ops in reverse order. The table of
+// rules is the switch in `backward`, one case per op (no default: a new op must say); every rule is
 // composed from existing IR ops, with `broadcast`, `sum` and `transpose` (OpBuilder::fitTo)
 // matching a contribution's dims to its operand's by name.
 #include "train/Autodiff.h"
 
 #include "train/OpBuilder.h"
+
+#include "ir/OpTraits.h"
 
 #include <cmath>
 
@@ -33,14 +35,15 @@ private:
   void accumulate(ValueId v, ValueId contribution);
   void backward(const Op& op, ValueId ct);
 
-  // ---- gradient rules, one function per op family
-  void unaryGrad(const Op& op, ValueId ct);
-  void binaryGrad(const Op& op, ValueId ct);
+  // ---- gradient rules: the switch in `backward`, with these for the longer ones
+  /// Adds rule(x) to operand k's cotangent when it wants one (the rule builds ops lazily).
+  template <typename Rule> void toOperand(const Op& op, size_t k, Rule rule) {
+    if (wants(op.operands[k])) accumulate(op.operands[k], rule(op.operands[k]));
+  }
+  void extremumGrad(const Op& op, ValueId ct);
   void whereGrad(const Op& op, ValueId ct);
   void einsumGrad(const Op& op, ValueId ct);
-  void reduceGrad(const Op& op, ValueId ct);
-  void alongDimsGrad(const Op& op, ValueId ct);
-  void dimsGrad(const Op& op, ValueId ct);
+  void concatGrad(const Op& op, ValueId ct);
   void gatherGrad(const Op& op, ValueId ct);
   void dropoutGrad(const Op& op, ValueId ct);
 
@@ -60,20 +63,10 @@ private:
 };
 
 bool Differentiator::propagates(const Op& op, size_t k) {
-  switch (op.kind) {
-  case OpKind::StopGradient:
-  case OpKind::Floor: // piecewise constant: zero almost everywhere
-  case OpKind::Ceil:
-  case OpKind::Round:
-  case OpKind::OneHot:
-    return false;
-  case OpKind::Gather:
-    return k == 0; // the table; ids are integers
-  case OpKind::Where:
-    return k != 0; // the condition is an i32 mask
-  default:
-    return true;
-  }
+  // An op that rejects differentiation still propagates activity, so that the sweep can report
+  // it when the loss depends on it.
+  const ir::OpTraits& traits = ir::opTraits(op.kind);
+  return traits.hasGradientFor(k) || traits.rejectsGradient();
 }
 
 void Differentiator::findActiveValues() {
@@ -119,7 +112,7 @@ std::optional<Gradients> Differentiator::run() {
     return std::nullopt;
   }
   for (const Op& op : fn.ops) {
-    if (op.kind == OpKind::Call && wants(op.result)) {
+    if (ir::opTraits(op.kind).rejectsGradient() && wants(op.result)) {
       diag.report(op.loc.loc, Diag::ErrNoGradient, "the user function", op.string("function"),
                   fn.params[sourceWeight[op.result]].path, fn.name);
       return std::nullopt;
@@ -154,179 +147,237 @@ std::optional<Gradients> Differentiator::run() {
   return gradients;
 }
 
+/// The gradient rules, one case per op: each adds the cotangent `ct` of `op`'s result, pulled
+/// back through the op, to the operands that want it. Rules are composed from existing IR ops;
+/// accumulate's fitTo sums a contribution over the dims its operand lacks (broadcasting by name)
+/// and casts or transposes it back.
 void Differentiator::backward(const Op& op, ValueId ct) {
-  // IR read from text is not checked for arity: an op short of the operands its rule reads gets
-  // no gradient here (the interpreter and planner report it) rather than an out-of-range read.
-  size_t needs = op.kind == OpKind::Where                               ? 3
-                 : OpKind::Add <= op.kind && op.kind <= OpKind::Minimum ? 2
-                 : op.kind == OpKind::Gather                            ? 2
-                                                                        : 1;
-  if (op.operands.size() < needs) return;
+  // IR read from text is not checked for arity: an op with the wrong operand count gets no
+  // gradient here (the interpreter, planner and verifier report it) rather than an out-of-range
+  // read.
+  if (!ir::opTraits(op.kind).acceptsOperandCount(op.operands.size())) return;
+  const ValueId y = op.result;
+  const std::string dim = op.string("dim");
+  auto same = [&](ValueId) { return ct; };
   switch (op.kind) {
+  // ---- elementwise unary: dx = ct * f'(x), with f' written in terms of x or y
   case OpKind::Neg:
-  case OpKind::Abs:
+    return toOperand(op, 0, [&](ValueId) { return b.neg(ct); });
+  case OpKind::Abs: // sign(x) * ct; 0 at x = 0
+    return toOperand(op, 0, [&](ValueId x) {
+      return b.where(
+          b.binary(OpKind::Gt, x, zeroLike(x)), ct,
+          b.where(b.binary(OpKind::Lt, x, zeroLike(x)), b.neg(ct), zeroLike(ct), b.type(ct)),
+          b.type(ct));
+    });
   case OpKind::Exp:
+    return toOperand(op, 0, [&](ValueId) { return b.mul(ct, y); });
   case OpKind::Log:
+    return toOperand(op, 0, [&](ValueId x) { return b.div(ct, x); });
   case OpKind::Sqrt:
-  case OpKind::Rsqrt:
+    return toOperand(op, 0, [&](ValueId) { return b.div(ct, b.mul(y, 2.0)); });
+  case OpKind::Rsqrt: // -x^-3/2 / 2 = -y^3 / 2
+    return toOperand(op, 0, [&](ValueId) {
+      return b.mul(ct, b.mul(b.mul(y, b.unary(OpKind::Square, y)), -0.5));
+    });
   case OpKind::Square:
+    return toOperand(op, 0, [&](ValueId x) { return b.mul(ct, b.mul(x, 2.0)); });
   case OpKind::Tanh:
+    return toOperand(op, 0,
+                     [&](ValueId) { return b.mul(ct, rsub(1, b.unary(OpKind::Square, y))); });
   case OpKind::Sigmoid:
-  case OpKind::Relu:
+    return toOperand(op, 0, [&](ValueId) { return b.mul(ct, b.mul(y, rsub(1, y))); });
+  case OpKind::Relu: // 0 at x = 0
+    return toOperand(op, 0, [&](ValueId x) {
+      return b.where(b.binary(OpKind::Gt, x, zeroLike(x)), ct, zeroLike(ct), b.type(ct));
+    });
   case OpKind::Gelu:
+    return toOperand(op, 0, [&](ValueId x) {
+      // y = x/2 (1 + tanh(u)), u = k (x + c x^3):
+      // y' = (1 + t)/2 + x/2 (1 - t^2) k (1 + 3 c x^2), t = tanh(u).
+      constexpr double k = 0.79788456080286535588, c = 0.044715;
+      ValueId x2 = b.unary(OpKind::Square, x);
+      ValueId u = b.mul(b.add(x, b.mul(b.mul(x, x2), c)), k);
+      ValueId t = b.unary(OpKind::Tanh, u);
+      ValueId left = b.mul(b.add(t, 1.0), 0.5);
+      ValueId right =
+          b.mul(b.mul(b.mul(x, rsub(1, b.unary(OpKind::Square, t))), b.add(b.mul(x2, 3 * c), 1.0)),
+                0.5 * k);
+      return b.mul(ct, b.add(left, right));
+    });
   case OpKind::Sin:
+    return toOperand(op, 0, [&](ValueId x) { return b.mul(ct, b.unary(OpKind::Cos, x)); });
   case OpKind::Cos:
-    return unaryGrad(op, ct);
+    return toOperand(op, 0, [&](ValueId x) { return b.neg(b.mul(ct, b.unary(OpKind::Sin, x))); });
+
+  // ---- elementwise binary y = a (op) c, broadcasting by name
   case OpKind::Add:
+    toOperand(op, 0, same);
+    return toOperand(op, 1, same);
   case OpKind::Sub:
+    toOperand(op, 0, same);
+    return toOperand(op, 1, [&](ValueId) { return b.neg(ct); });
   case OpKind::Mul:
-  case OpKind::Div:
-  case OpKind::Pow:
+    toOperand(op, 0, [&](ValueId) { return b.mul(ct, op.operands[1]); });
+    return toOperand(op, 1, [&](ValueId) { return b.mul(ct, op.operands[0]); });
+  case OpKind::Div: // d/dc (a/c) = -y/c
+    toOperand(op, 0, [&](ValueId) { return b.div(ct, op.operands[1]); });
+    return toOperand(op, 1, [&](ValueId c) { return b.neg(b.mul(ct, b.div(y, c))); });
+  case OpKind::Pow: // d/da a^c = c a^(c-1); d/dc a^c = y log a
+    toOperand(op, 0, [&](ValueId a) {
+      ValueId c = op.operands[1];
+      return b.mul(ct, b.mul(c, b.binary(OpKind::Pow, a, b.add(c, -1.0))));
+    });
+    return toOperand(
+        op, 1, [&](ValueId) { return b.mul(ct, b.mul(y, b.unary(OpKind::Log, op.operands[0]))); });
   case OpKind::Maximum:
   case OpKind::Minimum:
-    return binaryGrad(op, ct);
+    return extremumGrad(op, ct);
   case OpKind::Where:
     return whereGrad(op, ct);
+
+  // ---- contractions and reductions
   case OpKind::Einsum:
     return einsumGrad(op, ct);
-  case OpKind::ReduceSum:
-  case OpKind::ReduceMean:
-  case OpKind::ReduceMax:
+  case OpKind::ReduceSum: // the cotangent broadcast back
+    return toOperand(op, 0, same);
+  case OpKind::ReduceMean: // ... divided by the count
+    return toOperand(op, 0, [&](ValueId x) {
+      const TensorType xType = b.type(x);
+      double count = 1;
+      for (const std::string& reduced : op.dims("dims"))
+        if (int d = xType.findDim(reduced); d >= 0) count *= double(xType.dims[d].size);
+      return b.mul(ct, 1.0 / count);
+    });
+  case OpKind::ReduceMax: // every element equal to the extreme gets the whole cotangent
   case OpKind::ReduceMin:
-  case OpKind::LogSumExp:
-    return reduceGrad(op, ct);
-  case OpKind::Softmax:
-  case OpKind::LogSoftmax:
+    return toOperand(op, 0, [&](ValueId x) {
+      const TensorType xType = b.type(x);
+      ValueId extreme = b.binary(OpKind::Eq, x, y);
+      return b.where(extreme, b.broadcastTo(ct, xType), zeroLike(ct), xType);
+    });
+  case OpKind::LogSumExp: // ct * exp(x - y), the softmax
+    return toOperand(op, 0, [&](ValueId x) {
+      return b.mul(b.broadcastTo(ct, b.type(x)), b.unary(OpKind::Exp, b.sub(x, y)));
+    });
+  case OpKind::Softmax: // y (ct - sum_d(ct y))
+    return toOperand(op, 0, [&](ValueId) {
+      return b.mul(y, b.sub(ct, b.reduce(OpKind::ReduceSum, b.mul(ct, y), {dim})));
+    });
+  case OpKind::LogSoftmax: // ct - exp(y) sum_d(ct)
+    return toOperand(op, 0, [&](ValueId) {
+      return b.sub(ct, b.mul(b.unary(OpKind::Exp, y), b.reduce(OpKind::ReduceSum, ct, {dim})));
+    });
   case OpKind::LayerNorm:
+    return toOperand(op, 0, [&](ValueId x) {
+      // y = (x - mean) r, r = (var + eps)^-1/2:  dx = r (ct - mean(ct) - y mean(ct y)).
+      std::vector<std::string> dims = op.dims("dims");
+      ValueId centered = b.sub(x, b.reduce(OpKind::ReduceMean, x, dims));
+      ValueId variance = b.reduce(OpKind::ReduceMean, b.unary(OpKind::Square, centered), dims);
+      ValueId r = b.unary(OpKind::Rsqrt, b.add(variance, op.number("eps", 1e-5)));
+      ValueId inner = b.sub(b.sub(ct, b.reduce(OpKind::ReduceMean, ct, dims)),
+                            b.mul(y, b.reduce(OpKind::ReduceMean, b.mul(ct, y), dims)));
+      return b.mul(inner, r);
+    });
   case OpKind::Cumsum:
-  case OpKind::Shift:
-    return alongDimsGrad(op, ct);
+    return toOperand(op, 0, [&](ValueId) {
+      // Inclusive: dx_j = sum_{i >= j} ct_i = total - exclusive_cumsum(ct)_j; exclusive: total
+      // minus the inclusive cumsum.
+      bool exclusive = op.number("exclusive", 0) != 0;
+      ValueId total = b.broadcastTo(b.reduce(OpKind::ReduceSum, ct, {dim}), b.type(ct));
+      ValueId partial = b.op(OpKind::Cumsum, {ct}, b.type(ct),
+                             {{"dim", dim}, {"exclusive", int64_t(exclusive ? 0 : 1)}});
+      return b.sub(total, partial);
+    });
+
+  // ---- ops that only move elements: the cotangent moves back. cast, transpose and broadcast
+  // need only accumulate's fitTo (cast back, transpose back, sum over the broadcast dims).
   case OpKind::Cast:
   case OpKind::Transpose:
   case OpKind::Broadcast:
+    return toOperand(op, 0, same);
+  case OpKind::Shift:
+    return toOperand(op, 0, [&](ValueId) {
+      return b.op(OpKind::Shift, {ct}, b.type(ct),
+                  {{"dim", dim}, {"offset", -op.integer("offset")}});
+    });
   case OpKind::Rename:
+    return toOperand(op, 0, [&](ValueId x) {
+      std::vector<std::string> from = op.dims("from"), to = op.dims("to");
+      TensorType back = b.type(ct); // ct's dims renamed `to` -> `from`, with x's sizes
+      for (ir::Dim& d : back.dims)
+        for (size_t i = 0; i < from.size() && i < to.size(); ++i)
+          if (d.name == to[i]) {
+            d.name = from[i];
+            if (int at = b.type(x).findDim(from[i]); at >= 0) d.size = b.type(x).dims[at].size;
+            break;
+          }
+      return b.op(OpKind::Rename, {ct}, back, {{"from", to}, {"to", from}});
+    });
   case OpKind::Reshape:
-  case OpKind::Slice:
-  case OpKind::Pad:
+    return toOperand(op, 0, [&](ValueId x) {
+      return b.op(OpKind::Reshape, {ct}, b.type(x),
+                  {{"from", op.dims("to")}, {"to", op.dims("from")}});
+    });
+  case OpKind::Slice: // zero-pad back into the window
+    return toOperand(op, 0, [&](ValueId x) {
+      return b.op(
+          OpKind::Pad, {ct}, b.type(x),
+          {{"from", op.string("to")}, {"to", op.string("from")}, {"before", op.integer("start")}});
+    });
+  case OpKind::Pad: // the window that holds x
+    return toOperand(op, 0, [&](ValueId x) {
+      return b.op(
+          OpKind::Slice, {ct}, b.type(x),
+          {{"from", op.string("to")}, {"to", op.string("from")}, {"start", op.integer("before")}});
+    });
   case OpKind::Concat:
-    return dimsGrad(op, ct);
+    return concatGrad(op, ct);
   case OpKind::Gather:
     return gatherGrad(op, ct);
   case OpKind::Dropout:
     return dropoutGrad(op, ct);
-  default:
-    // Sources (param, input, literal, iota, random, step), stop_gradient, one_hot and
-    // comparisons: nothing flows to operands. `call` was rejected before the sweep.
+
+  // No gradient rule (the table's gradient column is empty): nothing flows to operands.
+  case OpKind::Input:
+  case OpKind::Param:
+  case OpKind::Literal:
+  case OpKind::Iota:
+  case OpKind::RandomNormal:
+  case OpKind::TrainStep:
+  case OpKind::RandomUniform:
+  case OpKind::RandomInt:
+  case OpKind::StopGradient:
+  case OpKind::Floor: // piecewise constant: zero almost everywhere
+  case OpKind::Ceil:
+  case OpKind::Round:
+  case OpKind::FloorDiv: // i32
+  case OpKind::Mod:
+  case OpKind::TopK: // i32 indices; top_k_values differentiates through its one_hot pick
+  case OpKind::Lt:
+  case OpKind::Le:
+  case OpKind::Gt:
+  case OpKind::Ge:
+  case OpKind::Eq:
+  case OpKind::Ne:
+  case OpKind::OneHot:
+  case OpKind::Call: // rejected before the sweep
     return;
   }
 }
 
-/// y = f(x): dx = ct * f'(x), with f' written in terms of x or y.
-void Differentiator::unaryGrad(const Op& op, ValueId ct) {
-  ValueId x = op.operands[0], y = op.result;
-  if (!wants(x)) return;
-  ValueId dx = 0;
-  switch (op.kind) {
-  case OpKind::Neg:
-    dx = b.neg(ct);
-    break;
-  case OpKind::Abs: // sign(x) * ct; 0 at x = 0
-    dx = b.where(b.binary(OpKind::Gt, x, zeroLike(x)), ct,
-                 b.where(b.binary(OpKind::Lt, x, zeroLike(x)), b.neg(ct), zeroLike(ct), b.type(ct)),
-                 b.type(ct));
-    break;
-  case OpKind::Exp:
-    dx = b.mul(ct, y);
-    break;
-  case OpKind::Log:
-    dx = b.div(ct, x);
-    break;
-  case OpKind::Sqrt:
-    dx = b.div(ct, b.mul(y, 2.0));
-    break;
-  case OpKind::Rsqrt: // -x^-3/2 / 2 = -y^3 / 2
-    dx = b.mul(ct, b.mul(b.mul(y, b.unary(OpKind::Square, y)), -0.5));
-    break;
-  case OpKind::Square:
-    dx = b.mul(ct, b.mul(x, 2.0));
-    break;
-  case OpKind::Tanh:
-    dx = b.mul(ct, rsub(1, b.unary(OpKind::Square, y)));
-    break;
-  case OpKind::Sigmoid:
-    dx = b.mul(ct, b.mul(y, rsub(1, y)));
-    break;
-  case OpKind::Relu: // 0 at x = 0
-    dx = b.where(b.binary(OpKind::Gt, x, zeroLike(x)), ct, zeroLike(ct), b.type(ct));
-    break;
-  case OpKind::Gelu: {
-    // y = x/2 (1 + tanh(u)), u = k (x + c x^3):
-    // y' = (1 + t)/2 + x/2 (1 - t^2) k (1 + 3 c x^2), t = tanh(u).
-    constexpr double k = 0.79788456080286535588, c = 0.044715;
-    ValueId x2 = b.unary(OpKind::Square, x);
-    ValueId u = b.mul(b.add(x, b.mul(b.mul(x, x2), c)), k);
-    ValueId t = b.unary(OpKind::Tanh, u);
-    ValueId left = b.mul(b.add(t, 1.0), 0.5);
-    ValueId right =
-        b.mul(b.mul(b.mul(x, rsub(1, b.unary(OpKind::Square, t))), b.add(b.mul(x2, 3 * c), 1.0)),
-              0.5 * k);
-    dx = b.mul(ct, b.add(left, right));
-    break;
-  }
-  case OpKind::Sin:
-    dx = b.mul(ct, b.unary(OpKind::Cos, x));
-    break;
-  case OpKind::Cos:
-    dx = b.neg(b.mul(ct, b.unary(OpKind::Sin, x)));
-    break;
-  default:
-    return;
-  }
-  accumulate(x, dx);
-}
-
-/// y = a (op) b, broadcasting by name; each contribution is summed back over the dims its
-/// operand lacks (accumulate's fitTo). maximum/minimum give a tie to `a`.
-void Differentiator::binaryGrad(const Op& op, ValueId ct) {
-  ValueId a = op.operands[0], c = op.operands[1], y = op.result;
-  bool wantA = wants(a), wantB = wants(c);
-  switch (op.kind) {
-  case OpKind::Add:
-    if (wantA) accumulate(a, ct);
-    if (wantB) accumulate(c, ct);
-    break;
-  case OpKind::Sub:
-    if (wantA) accumulate(a, ct);
-    if (wantB) accumulate(c, b.neg(ct));
-    break;
-  case OpKind::Mul:
-    if (wantA) accumulate(a, b.mul(ct, c));
-    if (wantB) accumulate(c, b.mul(ct, a));
-    break;
-  case OpKind::Div: // d/db (a/b) = -y/b
-    if (wantA) accumulate(a, b.div(ct, c));
-    if (wantB) accumulate(c, b.neg(b.mul(ct, b.div(y, c))));
-    break;
-  case OpKind::Pow: // d/da a^b = b a^(b-1); d/db a^b = y log a
-    if (wantA) accumulate(a, b.mul(ct, b.mul(c, b.binary(OpKind::Pow, a, b.add(c, -1.0)))));
-    if (wantB) accumulate(c, b.mul(ct, b.mul(y, b.unary(OpKind::Log, a))));
-    break;
-  case OpKind::Maximum:
-  case OpKind::Minimum: {
-    ValueId aWins = b.binary(op.kind == OpKind::Maximum ? OpKind::Ge : OpKind::Le, a, c);
-    if (wantA) accumulate(a, b.where(aWins, ct, zeroLike(ct), b.type(ct)));
-    if (wantB) accumulate(c, b.where(aWins, zeroLike(ct), ct, b.type(ct)));
-    break;
-  }
-  default:
-    break;
-  }
+/// maximum/minimum give a tie to `a`.
+void Differentiator::extremumGrad(const Op& op, ValueId ct) {
+  ValueId a = op.operands[0], c = op.operands[1];
+  ValueId aWins = b.binary(op.kind == OpKind::Maximum ? OpKind::Ge : OpKind::Le, a, c);
+  toOperand(op, 0, [&](ValueId) { return b.where(aWins, ct, zeroLike(ct), b.type(ct)); });
+  toOperand(op, 1, [&](ValueId) { return b.where(aWins, zeroLike(ct), ct, b.type(ct)); });
 }
 
 void Differentiator::whereGrad(const Op& op, ValueId ct) {
-  ValueId cond = op.operands[0], a = op.operands[1], c = op.operands[2];
-  if (wants(a)) accumulate(a, b.where(cond, ct, zeroLike(ct), b.type(ct)));
-  if (wants(c)) accumulate(c, b.where(cond, zeroLike(ct), ct, b.type(ct)));
+  ValueId cond = op.operands[0];
+  toOperand(op, 1, [&](ValueId) { return b.where(cond, ct, zeroLike(ct), b.type(ct)); });
+  toOperand(op, 2, [&](ValueId) { return b.where(cond, zeroLike(ct), ct, b.type(ct)); });
 }
 
 /// The gradient of operand k is the einsum of the cotangent with the other operands onto k's
@@ -349,145 +400,19 @@ void Differentiator::einsumGrad(const Op& op, ValueId ct) {
   }
 }
 
-/// sum/mean: the cotangent broadcast back (divided by the count for mean). max/min: every
-/// element equal to the extreme gets the whole cotangent (ties are not split). logsumexp:
-/// ct * exp(x - y), the softmax.
-void Differentiator::reduceGrad(const Op& op, ValueId ct) {
-  ValueId x = op.operands[0], y = op.result;
-  if (!wants(x)) return;
-  const TensorType xType = b.type(x);
-  switch (op.kind) {
-  case OpKind::ReduceSum:
-    accumulate(x, ct);
-    break;
-  case OpKind::ReduceMean: {
-    double count = 1;
-    for (const std::string& dim : op.dims("dims"))
-      if (int d = xType.findDim(dim); d >= 0) count *= double(xType.dims[d].size);
-    accumulate(x, b.mul(ct, 1.0 / count));
-    break;
-  }
-  case OpKind::ReduceMax:
-  case OpKind::ReduceMin: {
-    ValueId extreme = b.binary(OpKind::Eq, x, y);
-    accumulate(x, b.where(extreme, b.broadcastTo(ct, xType), zeroLike(ct), xType));
-    break;
-  }
-  case OpKind::LogSumExp:
-    accumulate(x, b.mul(b.broadcastTo(ct, xType), b.unary(OpKind::Exp, b.sub(x, y))));
-    break;
-  default:
-    break;
-  }
-}
-
-void Differentiator::alongDimsGrad(const Op& op, ValueId ct) {
-  ValueId x = op.operands[0], y = op.result;
-  if (!wants(x)) return;
-  std::string dim = op.string("dim");
-  switch (op.kind) {
-  case OpKind::Softmax: // y (ct - sum_d(ct y))
-    accumulate(x, b.mul(y, b.sub(ct, b.reduce(OpKind::ReduceSum, b.mul(ct, y), {dim}))));
-    break;
-  case OpKind::LogSoftmax: // ct - exp(y) sum_d(ct)
-    accumulate(x,
-               b.sub(ct, b.mul(b.unary(OpKind::Exp, y), b.reduce(OpKind::ReduceSum, ct, {dim}))));
-    break;
-  case OpKind::LayerNorm: {
-    // y = (x - mean) r, r = (var + eps)^-1/2:  dx = r (ct - mean(ct) - y mean(ct y)).
-    std::vector<std::string> dims = op.dims("dims");
-    ValueId centered = b.sub(x, b.reduce(OpKind::ReduceMean, x, dims));
-    ValueId variance = b.reduce(OpKind::ReduceMean, b.unary(OpKind::Square, centered), dims);
-    ValueId r = b.unary(OpKind::Rsqrt, b.add(variance, op.number("eps", 1e-5)));
-    ValueId inner = b.sub(b.sub(ct, b.reduce(OpKind::ReduceMean, ct, dims)),
-                          b.mul(y, b.reduce(OpKind::ReduceMean, b.mul(ct, y), dims)));
-    accumulate(x, b.mul(inner, r));
-    break;
-  }
-  case OpKind::Cumsum: {
-    // Inclusive: dx_j = sum_{i >= j} ct_i = total - exclusive_cumsum(ct)_j; exclusive: total
-    // minus the inclusive cumsum.
-    bool exclusive = op.number("exclusive", 0) != 0;
-    ValueId total = b.broadcastTo(b.reduce(OpKind::ReduceSum, ct, {dim}), b.type(ct));
-    ValueId partial = b.op(OpKind::Cumsum, {ct}, b.type(ct),
-                           {{"dim", dim}, {"exclusive", int64_t(exclusive ? 0 : 1)}});
-    accumulate(x, b.sub(total, partial));
-    break;
-  }
-  case OpKind::Shift:
-    accumulate(x, b.op(OpKind::Shift, {ct}, b.type(ct),
-                       {{"dim", dim}, {"offset", -op.integer("offset")}}));
-    break;
-  default:
-    break;
-  }
-}
-
-/// Ops that only move elements: the cotangent moves back. cast, transpose and broadcast need
-/// only accumulate's fitTo (cast back, transpose back, sum over the broadcast dims).
-void Differentiator::dimsGrad(const Op& op, ValueId ct) {
-  auto renamed = [](const TensorType& type, const std::vector<std::string>& from,
-                    const std::vector<std::string>& to, const TensorType& sizes) {
-    TensorType result = type;
-    for (ir::Dim& dim : result.dims)
-      for (size_t i = 0; i < from.size() && i < to.size(); ++i)
-        if (dim.name == from[i]) {
-          dim.name = to[i];
-          if (int d = sizes.findDim(to[i]); d >= 0) dim.size = sizes.dims[d].size;
-          break;
-        }
-    return result;
-  };
-  ValueId x = op.operands[0];
-  switch (op.kind) {
-  case OpKind::Cast:
-  case OpKind::Transpose:
-  case OpKind::Broadcast:
-    if (wants(x)) accumulate(x, ct);
-    break;
-  case OpKind::Rename:
-    if (wants(x)) {
-      std::vector<std::string> from = op.dims("from"), to = op.dims("to");
-      TensorType back = renamed(b.type(ct), to, from, b.type(x));
-      accumulate(x, b.op(OpKind::Rename, {ct}, back, {{"from", to}, {"to", from}}));
-    }
-    break;
-  case OpKind::Reshape:
-    if (wants(x))
-      accumulate(x, b.op(OpKind::Reshape, {ct}, b.type(x),
-                         {{"from", op.dims("to")}, {"to", op.dims("from")}}));
-    break;
-  case OpKind::Slice: // zero-pad back into the window
-    if (wants(x))
-      accumulate(x, b.op(OpKind::Pad, {ct}, b.type(x),
-                         {{"from", op.string("to")},
-                          {"to", op.string("from")},
-                          {"before", op.integer("start")}}));
-    break;
-  case OpKind::Pad: // the window that holds x
-    if (wants(x))
-      accumulate(x, b.op(OpKind::Slice, {ct}, b.type(x),
-                         {{"from", op.string("to")},
-                          {"to", op.string("from")},
-                          {"start", op.integer("before")}}));
-    break;
-  case OpKind::Concat: {
-    std::vector<std::string> from = op.dims("from");
-    std::string to = op.string("to");
-    int64_t offset = 0;
-    for (size_t k = 0; k < op.operands.size() && k < from.size(); ++k) {
-      ValueId part = op.operands[k];
-      const TensorType partType = b.type(part);
-      int d = partType.findDim(from[k]);
-      if (wants(part))
-        accumulate(part, b.op(OpKind::Slice, {ct}, partType,
-                              {{"from", to}, {"to", from[k]}, {"start", offset}}));
-      offset += d >= 0 ? partType.dims[d].size : 0;
-    }
-    break;
-  }
-  default:
-    break;
+/// Each part's window of the cotangent.
+void Differentiator::concatGrad(const Op& op, ValueId ct) {
+  std::vector<std::string> from = op.dims("from");
+  std::string to = op.string("to");
+  int64_t offset = 0;
+  for (size_t k = 0; k < op.operands.size() && k < from.size(); ++k) {
+    ValueId part = op.operands[k];
+    const TensorType partType = b.type(part);
+    int d = partType.findDim(from[k]);
+    if (wants(part))
+      accumulate(part, b.op(OpKind::Slice, {ct}, partType,
+                            {{"from", to}, {"to", from[k]}, {"start", offset}}));
+    offset += d >= 0 ? partType.dims[d].size : 0;
   }
 }
 

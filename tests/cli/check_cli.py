@@ -151,6 +151,32 @@ def every_option():
             expect(proc.returncode == 0 and proc.stdout, f"--emit={emit}", proc)
 
 
+def verify_each():
+    """--verify-each: the IR verifier after sema, training and planning; a clean program's
+    output is unchanged, and IR that breaks a rule is an internal error naming the op."""
+    expect("--verify-each" in meshc("--help").stdout, "--help lists --verify-each")
+    for emit in ["train-ir", "spmd"]:
+        plain = meshc(MLP, f"--emit={emit}")
+        checked = meshc(MLP, f"--emit={emit}", "--verify-each")
+        expect(checked.returncode == 0 and checked.stdout == plain.stdout and
+               checked.stderr == "", f"--verify-each --emit={emit} on a valid program", checked)
+    with tempfile.TemporaryDirectory() as tmp:
+        good = os.path.join(tmp, "mlp.ir")
+        expect(meshc(MLP, "-o", good).returncode == 0, "writes IR")
+        text = open(good).read()
+        broken_line = "%5 = add %4, %2 : f32[batch, d_ff]"
+        expect(broken_line in text, "the IR has the add to break")
+        bad = os.path.join(tmp, "bad.ir")
+        with open(bad, "w") as f:
+            f.write(text.replace(broken_line, "%5 = add %4, %2 : f32[batch]", 1))
+        proc = meshc(bad, "--verify-each")
+        expect(proc.returncode != 0 and proc.stdout == "" and
+               "internal compiler error: IR verifier after reading IR: mlp.mesh:27:47: in 'mlp', "
+               "op %5 = add: result dims [batch=32] differ from the union of the operands' "
+               "[batch=32, d_ff=256]" in proc.stderr, "--verify-each rejects a wrong result type",
+               proc)
+
+
 def emit_cpp_unwritable():
     proc = meshc(MLP, "--emit=cpp", "-o", "/nonexistent-meshc-dir/gen")
     expect(proc.returncode == 2 and "cannot open" in proc.stderr,
@@ -356,7 +382,7 @@ CASES = {f.__name__: f for f in [version, help_only_meshc_options, exit_codes,
                                  output_file_and_no_partial_output, depfile,
                                  ir_input_and_stages, every_option, emit_cpp_unwritable,
                                  depfile_user_headers, run_check, run_user_kernels, run_data,
-                                 run_train_data, run_errors, run_nccl, run_help]}
+                                 run_train_data, run_errors, run_nccl, run_help, verify_each]}
 
 if __name__ == "__main__":
     MESHC = sys.argv[1]
