@@ -15,9 +15,11 @@ same type.
 Usage: meshgen.py SEED  (prints the program and, on stderr, how to run it)"""
 import math
 import random
-import re
 import sys
 from dataclasses import dataclass, field
+
+from meshgen_features import FeatureMixin
+from meshgen_layout import LayoutMixin
 
 SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 8, 12, 16, 16, 24, 32]
 UNARY = ["exp", "log", "sqrt", "rsqrt", "square", "abs", "tanh", "sigmoid", "relu", "gelu",
@@ -25,6 +27,8 @@ UNARY = ["exp", "log", "sqrt", "rsqrt", "square", "abs", "tanh", "sigmoid", "rel
 OPTIMIZERS = ["sgd", "sgd_momentum", "sgd_nesterov", "adamw", "adafactor"]
 SCHEDULES = ["constant", "linear", "cosine", "rsqrt"]
 MAX_ELEMENTS = 4096
+# Step state (`state` / `next` in train blocks) once the compiler has it.
+STEP_STATE = False
 
 
 @dataclass
@@ -67,7 +71,7 @@ def tensor_type(dtype, dims):
     return f"{dtype}[{', '.join(dims)}]"
 
 
-class Generator:
+class Generator(FeatureMixin, LayoutMixin):
     def __init__(self, seed, train=None, error_path=None):
         self.rng = random.Random(seed)
         self.case = Case(seed=seed)
@@ -76,9 +80,12 @@ class Generator:
         self.counter = 0
         self.train = self.rng.random() < 0.4 if train is None else train
         self.error_path = self.rng.random() < 0.08 if error_path is None else error_path
-        self.bf16 = self.rng.random() < 0.08
+        self.bf16 = self.rng.random() < 0.2
         self.def_count = 0
         self.constrained = set()  # dims whose sizes others follow
+
+    def value(self, name, dtype, dims, bound=1.0):
+        return Value(name, dtype, tuple(dims), bound)
 
     # ---- names and dims
     def fresh(self, prefix="v"):
@@ -301,7 +308,14 @@ class Generator:
         return f"transpose({v.name} -> {', '.join(dims)})", tuple(dims), v.bound
 
     def misc(self, v, scope):
-        op = self.rng.choice(["one_hot", "gather", "cast", "iota", "random", "dropout", "stop"])
+        if self.bf16 and self.rng.random() < 0.3:
+            return self.low_precision(v)
+        if self.rng.random() < 0.4:
+            made = self.new_builtin(v, scope)
+            if made:
+                return made
+        op = self.rng.choice(["one_hot", "gather", "one_hot", "gather", "cast", "iota",
+                              "random", "dropout", "stop"])
         ids = [w for w in scope if w.dtype == "i32"]
         if op in ("one_hot", "gather") and ids:
             idv = self.rng.choice(ids)
@@ -320,11 +334,9 @@ class Generator:
                     self.feature("gather")
                     return f"gather({v.name}, {idv.name}, {target})", out, v.bound
         if op == "cast":
-            kind = self.rng.choice(["bf16", "i32cmp", "i32trunc"])
+            kind = self.rng.choice(["bf16", "bf16", "i32cmp", "i32trunc"])
             if kind == "bf16" and self.bf16:
-                low = self.rng.choice(["bf16", "f16"])
-                self.feature(low)
-                return f"cast(cast({v.name}, {low}) * 2.0, f32)", v.dims, v.bound * 2
+                return self.low_precision(v)
             if kind == "i32trunc" and ids:
                 self.feature("cast_i32")
                 idv = self.rng.choice(ids)
@@ -351,12 +363,17 @@ class Generator:
         self.feature("stop_gradient")
         return f"{v.name} + stop_gradient({v.name}) * 0.5", v.dims, v.bound * 1.5
 
+    def low_precision(self, v):
+        low = self.rng.choice(["bf16", "f16"])
+        self.feature(low)
+        return f"cast(cast({v.name}, {low}) * 2.0, f32)", v.dims, v.bound * 2
+
     def expression(self, scope):
         f32 = [w for w in scope if w.dtype == "f32"]
         v = self.rng.choice(f32[-4:] if self.rng.random() < 0.7 else f32)
         kind = self.rng.choices(
             ["unary", "binary", "einsum", "reduce", "normalize", "movement", "misc"],
-            weights=[2, 3, 3, 2, 2, 3, 2])[0]
+            weights=[2, 3, 3, 2, 2, 3, 4])[0]
         if kind == "unary":
             text, dims, bound = self.unary(v)
         elif kind == "binary":
@@ -446,7 +463,7 @@ class Generator:
         # random body computed), so a train block always has something to minimize.
         s = self.fresh("s")
         params.append(f"  param {s}: {tensor_type('f32', dims[-1:])} = "
-                      "normal(mean = 1, stddev = 0.1)")
+                      "normal(mean = 1, stddev = 0.1)" + self.tied_path(dims))
         squashed = f"tanh({self.arg(result, scope[-1].bound)})"
         lines += params + body + [f"  return x + {squashed} * {s} * {gate}", "}"]
         self.defs.append("\n".join(lines))
@@ -455,7 +472,7 @@ class Generator:
 
     def repeat_block(self, v, scope, base):
         dims = v.dims
-        style = self.rng.choice(["plain", "two", "let", "nested", "dim", "arg", "indef"])
+        style = self.rng.choice(["plain", "two", "let", "nested", "dim", "arg", "indef", "shared"])
         self.feature("repeat_" + style)
         extra = None
         if style == "arg":
@@ -480,6 +497,8 @@ class Generator:
         if style == "dim":
             rd = self.new_dim(count, "r")
             lines.append(f"  repeat {rd} {{")
+        elif style == "shared":
+            lines.append(f"  repeat {count} shared {{")
         else:
             lines.append(f"  repeat {count} {{")
         if style == "two":
@@ -510,7 +529,7 @@ class Generator:
             # normal(0, 1) inputs: |x| < 3 but for one value in 370.
             inputs.append(Value(f"x{i}", "f32", self.pick_dims(base, 1, 3), 3.0))
         ids = None
-        if rng.random() < 0.4:
+        if rng.random() < 0.6:
             target = rng.choice(base)
             ids = Value("ids", "i32", self.pick_dims([d for d in base if d != target], 1, 2))
             ids.index_dim = target
@@ -523,6 +542,12 @@ class Generator:
             if rng.random() < 0.25:
                 v = rng.choice([w for w in scope if w.dtype == "f32"][-3:])
                 body += self.repeat_block(v, scope, base)
+            elif rng.random() < 0.12:
+                v = rng.choice([w for w in scope if w.dtype == "f32"][-3:])
+                body += self.generic_def(v, scope)
+            elif rng.random() < 0.1:
+                v = rng.choice([w for w in scope if w.dtype == "f32"][-3:])
+                body += self.multi_result_def(v, scope)
             else:
                 body += self.statements(scope, 1)
         # A train block ends with a repeat of layers, whose params the loss then depends on.
@@ -535,15 +560,31 @@ class Generator:
             sig_inputs.append(f"ids: {tensor_type('i32', ids.dims)}")
         if self.train:
             last = scope[-1]
+            if STEP_STATE and rng.random() < 0.3:
+                body += self.step_state(last, scope)
+                last = scope[-1]
             tdims = self.pick_dims(base, 1, 3)
             body.append(f"  let pred = {self.project(last, tdims, params, '  ')}"
                         f"  // {tensor_type('f32', tdims)}")
             sig_inputs.append(f"target: {tensor_type('f32', tdims)}")
             loss = rng.choice(["mean(square(pred - target))", "mean(abs(pred - target) + square(pred))",
                                "mean(square(pred - target)) + mean(square(pred)) * 0.1"])
+            metrics = []
+            if rng.random() < 0.3:
+                # Train-block metrics: forward values of the step's params before the update.
+                self.feature("train_metrics")
+                metrics.append("m0: f32[]")
+                body.append("  m0 = mean(abs(pred))")
+                if rng.random() < 0.5:
+                    metrics.append("m1: f32[]")
+                    body.append(f"  m1 = max(square(pred - target))")
             body.append(f"  let loss = {loss}  // f32[]")
             body.append(f"  minimize loss with {self.optimizer()}")
-            header = [f"train {name}(", *self.item_lines(sig_inputs), ") {"]
+            if metrics:
+                header = [f"train {name}(", *self.item_lines(sig_inputs), ") -> (",
+                          *self.item_lines(metrics), ") {"]
+            else:
+                header = [f"train {name}(", *self.item_lines(sig_inputs), ") {"]
             self.case.steps = rng.randint(1, 3)
         else:
             outs = []
@@ -567,7 +608,30 @@ class Generator:
                 dims = ids.dims + ((d,) if d not in ids.dims else ())
                 self.feature("i32_output")
                 outs.append(f"yi: {tensor_type('i32', dims)}")
-                body.append(f"  yi = ids * 3 - iota({d}) + cast(ids >= 1, i32)")
+                yi = rng.choice([f"ids * 3 - iota({d}) + cast(ids >= 1, i32)",
+                                 f"(ids * 3 - iota({d})) % {rng.choice([4, -3, 7])}",
+                                 f"floordiv(ids - iota({d}) * 2, {rng.choice([2, -3, 5])})",
+                                 f"mod(iota({d}) - ids, 3) + clip(ids, 1, 2)"])
+                body.append(f"  yi = {yi}")
+            if rng.random() < 0.25:
+                # i32 positions of an exact source: compared exactly.
+                d = rng.choice(base)
+                dims = self.pick_dims(base, 1, 3)
+                dims = dims + ((d,) if d not in dims else ())
+                src = self.exact_source(dims, scope)
+                if rng.random() < 0.5:
+                    op = rng.choice(["argmax", "argmin"])
+                    self.feature(op)
+                    rest = tuple(x for x in dims if x != d)
+                    if rest:
+                        outs.append(f"yk: {tensor_type('i32', rest)}")
+                        body.append(f"  yk = {op}({src}, {d})")
+                else:
+                    self.feature("top_k_indices")
+                    k = self.new_dim(rng.randint(1, self.dims[d]), "k")
+                    out = tuple(k if x == d else x for x in dims)
+                    outs.append(f"yk: {tensor_type('i32', out)}")
+                    body.append(f"  yk = top_k_indices({src}, {d} -> {k})")
             header = [f"program {name}(", *self.item_lines(sig_inputs), ") -> (",
                       *self.item_lines(outs), ") {"]
         # Params of the entry block's projections live in a def: programs may not declare
@@ -629,159 +693,6 @@ class Generator:
             self.feature("clip_norm")
             args.append(f"clip_norm = {rng.choice([0.5, 1, 10])}")
         return f"{kind}({', '.join(args)})"
-
-    def layout_with_override(self, base):
-        """The mesh and layout lines; on the error path, now and then a valid pinned layout that
-        a command-line `--dim` or `--mesh` override makes non-divisible: the error must still be
-        located at the layout line of the file."""
-        if not self.error_path or self.rng.random() < 0.7:
-            return self.mesh_and_layout(base)
-        self.error_path = False
-        mesh, layout = self.mesh_and_layout(base, style="pinned")
-        self.error_path = True
-        axis_sizes = dict(re.findall(r"(\w+) = (\d+)", mesh))
-        # A dim whose size other dims follow (slice, pad, concat, reshape) would fail sema
-        # first, with another error.
-        single = [item.split(": ") for item in layout[len("layout "):].split(", ")
-                  if re.fullmatch(r"\w+: \w+", item)] if layout else []
-        single = [(d, a) for d, a in single
-                  if int(axis_sizes[a]) > 1 and d not in self.constrained]
-        if not single:
-            self.case.extra_args = []
-            return self.mesh_and_layout(base)
-        d, a = self.rng.choice(single)
-        if self.rng.random() < 0.5:
-            size = self.dims[d] + 1
-            self.case.extra_args = ["--dim", f"{d}={size}"]
-            self.feature("error_dim_override")
-        else:
-            sizes = axis_sizes
-            k = next(k for k in (3, 5, 7, 9, 11) if self.dims[d] % k)
-            sizes[a] = str(k)
-            self.case.extra_args = ["--mesh", ",".join(f"{x}={n}" for x, n in sizes.items())]
-            self.feature("error_mesh_override")
-        self.case.expect_error = "is not divisible by"
-        return mesh, layout
-
-    def random_layout(self, axes):
-        """Layout items drawn blindly (unknown dims and axes, an axis twice, empty lists,
-        `auto`): any located error is a fine outcome, and a layout the planner accepts must
-        run and match like any other."""
-        rng = self.rng
-        names = list(self.dims) + ["nodim"]
-        axis_names = [a for a, _ in axes] + ["noaxis"]
-        items = []
-        for _ in range(rng.randint(1, 4)):
-            d, k = rng.choice(names), rng.random()
-            if k < 0.5:
-                items.append(f"{d}: {rng.choice(axis_names)}")
-            elif k < 0.7:
-                chosen = rng.sample(axis_names, min(len(axis_names), rng.randint(0, 3)))
-                items.append(f"{d}: [{', '.join(chosen)}]")
-            elif k < 0.8:
-                items.append(f"{d}: auto")
-            elif k < 0.9:
-                items.append("auto")
-            else:
-                items.append(f"{d}: [{rng.choice(axis_names)}, {rng.choice(axis_names)}]")
-        self.case.may_reject = ": error: "
-        self.feature("layout_random")
-        return "layout " + ", ".join(items)
-
-    def mesh_and_layout(self, base, style=None):
-        rng = self.rng
-        if rng.random() < 0.1 and not self.error_path:
-            return "", ""
-        # The rank count first (up to 8), then its split into one to three axes; an axis of
-        # size 1 now and then (a degenerate split every layout must still handle).
-        total = rng.choice([2, 2, 4, 4, 4, 8, 8]) if not self.error_path else rng.choice([2, 4, 8])
-        sizes = []
-        left = total
-        while left > 1:
-            size = rng.choice([f for f in (2, 4, 8) if left % f == 0])
-            if len(sizes) == 2:
-                size = left
-            sizes.append(size)
-            left //= size
-        if rng.random() < 0.1 and not self.error_path:
-            sizes.insert(rng.randint(0, len(sizes)), 1)
-            self.feature("axis_of_size_1")
-        axes = [(f"a{i}", size) for i, size in enumerate(sizes)]
-        self.case.ranks = total
-        mesh = "mesh grid[" + ", ".join(f"{a} = {s}" for a, s in axes) + "]"
-        self.feature(f"ranks{total}")
-        style = style or rng.choice(["pinned", "pinned", "auto", "mixed", "none"])
-        items = []
-        used = set()
-        if not self.error_path and style != "pinned" and rng.random() < 0.1:
-            return mesh, self.random_layout(axes)
-        if self.error_path and rng.random() < 0.3:
-            # Two dims of one input on one axis: a located error naming the axis.
-            for w in self.inputs:
-                a, s = rng.choice(axes)
-                both = [d for d in w.dims if self.dims[d] % s == 0]
-                if len(both) >= 2:
-                    self.case.expect_error = f"'{a}'"
-                    self.feature("error_axis_twice")
-                    tail = ", auto" if rng.random() < 0.5 else ""
-                    return mesh, f"layout {both[0]}: {a}, {both[1]}: {a}{tail}"
-        if self.error_path:
-            # Pin a dim to an axis that does not divide it: the planner's located error.
-            for d in rng.sample(list(self.dims), len(self.dims)):
-                bad = [(a, s) for a, s in axes if self.dims[d] % s]
-                if bad:
-                    a, s = rng.choice(bad)
-                    items.append(f"{d}: {a}")
-                    if rng.random() < 0.3:
-                        items.append("auto")
-                    self.case.expect_error = f"'{d}'"
-                    self.feature("error_nondivisible")
-                    return mesh, "layout " + ", ".join(items)
-            # Every dim divides: add one that does not.
-            a, s = axes[0]
-            d = self.new_dim(s + 1, "bad")
-            self.case.expect_error = f"'{d}'"
-            self.feature("error_nondivisible")
-            return mesh, f"layout {d}: {a}"
-        if style == "none":
-            return mesh, ""
-        if style == "auto":
-            self.feature("layout_auto")
-            return mesh, "layout auto"
-        # One axis per dim at most, each axis for one dim: no tensor can hold an axis twice.
-        for d in rng.sample(list(self.dims), len(self.dims)):
-            free = [(a, s) for a, s in axes if a not in used]
-            if not free or rng.random() < 0.4:
-                continue
-            if len(free) >= 2 and rng.random() < 0.2:
-                (a, s), (b, t) = rng.sample(free, 2)
-                if self.dims[d] % (s * t) == 0:
-                    items.append(f"{d}: [{a}, {b}]")
-                    used |= {a, b}
-                    self.feature("layout_two_axes")
-                    continue
-            a, s = rng.choice(free)
-            if self.dims[d] % s == 0:
-                items.append(f"{d}: {a}")
-                used.add(a)
-        if used and rng.random() < 0.2:
-            # Megatron-style: one more dim on an axis already used. Valid when no tensor holds
-            # both dims; otherwise the planner must say so with a located error naming the axis.
-            a = rng.choice(sorted(used))
-            s = dict(axes)[a]
-            pinned = {item.split(":")[0] for item in items}
-            spare = [d for d in self.dims if d not in pinned and self.dims[d] % s == 0]
-            if spare:
-                items.append(f"{rng.choice(spare)}: {a}")
-                self.case.may_reject = f"to mesh axis '{a}'"
-                self.feature("layout_shared_axis")
-        if style == "mixed":
-            items.append("auto")
-            self.feature("layout_mixed_auto")
-        if not items:
-            return mesh, ""
-        self.feature("layout_pinned")
-        return mesh, "layout " + ", ".join(items)
 
 
 def generate(seed, **kwargs):

@@ -6,6 +6,7 @@ shrinking a program while a predicate keeps holding.
 
 Usage: test_difffuzz.py MESHC"""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,89 @@ class GeneratorTest(unittest.TestCase):
     def test_a_seed_gives_one_program(self):
         self.assertEqual(meshgen.generate(1234).text, meshgen.generate(1234).text)
         self.assertNotEqual(meshgen.generate(1234).text, meshgen.generate(1235).text)
+
+
+# The issue-13 constructs, by the feature name the generator records and a text they show.
+NEW_CONSTRUCTS = {
+    "generic_def": "](x: ", "local_dim": "  dim half", "generic_explicit": "[",
+    "multi_result": "-> (a: ", "multi_result_discard": "_", "repeat_shared": " shared {",
+    "tied_param": ' as "tied/', "train_metrics": "m0 = ", "floor": "floor(", "ceil": "ceil(",
+    "round": "round(", "clip": "clip(", "i32_mod": "%", "i32_floordiv": "floordiv(",
+    "argmax": "argmax(", "argmin": "argmin(", "top_k_values": "top_k_values(",
+    "top_k_indices": "top_k_indices(", "scatter_add": "scatter_add(", "random_int": "random_int(",
+    "random_permutation": "random_permutation(", "gather": "gather(", "one_hot": "one_hot(",
+    "bf16": "bf16",
+}
+DISCONTINUOUS = ("floor(", "ceil(", "round(", "argmax(", "argmin(", "top_k_values(",
+                 "top_k_indices(")
+
+
+def first_argument(text, start):
+    """The first argument of the call whose `(` is at text[start - 1]."""
+    depth, i = 0, start
+    while i < len(text):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")" or (text[i] == "," and depth == 0):
+            if depth == 0:
+                return text[start:i]
+            if text[i] == ")":
+                depth -= 1
+        i += 1
+    return text[start:]
+
+
+class NewConstructsTest(unittest.TestCase):
+    SEEDS = range(300)
+
+    def test_each_construct_is_generated_and_plans(self):
+        cases = [meshgen.generate(seed) for seed in self.SEEDS]
+        for feature, shown in NEW_CONSTRUCTS.items():
+            with_it = [c for c in cases if feature in c.features]
+            self.assertGreaterEqual(len(with_it), 4, f"{feature}: {len(with_it)} of 300")
+            for case in with_it[:3]:
+                self.assertIn(shown, case.text, f"{feature}, seed {case.seed}")
+                rc, output = plan(case.text, case.function, case.extra_args)
+                kind, detail = classify(rc, output, case.expect_error, case.may_reject)
+                self.assertIn(kind, ("pass", "rejected-ok"),
+                              f"{feature}, seed {case.seed}: {detail}\n{case.text}")
+
+    def test_discontinuous_ops_take_exact_inputs(self):
+        # floor/round/argmax/top_k of a computed float could flip on a rounding difference
+        # between f32 and f64: their inputs must be integers cast to f32 (from iota, ids,
+        # random_int), possibly scaled by a literal, never a float value of the program.
+        seen = 0
+        for seed in self.SEEDS:
+            text = meshgen.generate(seed).text
+            for op in DISCONTINUOUS:
+                for at in [i for i in range(len(text)) if text.startswith(op, i)]:
+                    if at > 0 and (text[at - 1].isalnum() or text[at - 1] == "_"):
+                        continue
+                    argument = first_argument(text, at + len(op))
+                    seen += 1
+                    self.assertTrue(argument.startswith("cast("), f"seed {seed}: {argument}")
+                    inner = first_argument(argument, len("cast("))
+                    self.assertNotRegex(inner, r"\b(x\d|v\d|h\d|g\d|p\d|q\d|w\d)",
+                                        f"seed {seed}: {argument}")
+        self.assertGreater(seen, 20)
+
+
+class BatchSeedTest(unittest.TestCase):
+    def test_the_ctest_batch_covers_the_language(self):
+        # fuzz.difffuzz_batch runs 20 cases of one seed: a change to the generator changes
+        # them, and the seed in tests/CMakeLists.txt must still reach what the batch is for.
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                               "CMakeLists.txt")) as f:
+            seed = int(re.search(r"--cases 20 --seed (\d+)", f.read()).group(1))
+        cases = [meshgen.generate(seed * 100000 + i) for i in range(20)]
+        features = {f for c in cases for f in c.features}
+        self.assertEqual({f for f in features if f.startswith("opt_")},
+                         {"opt_" + o for o in meshgen.OPTIMIZERS})
+        self.assertTrue(any(c.backend == "mpi" for c in cases))
+        self.assertTrue(any("-O3" in c.opt for c in cases))
+        self.assertTrue(any(c.expect_error for c in cases))
+        missing = set(NEW_CONSTRUCTS) - features
+        self.assertLessEqual(len(missing), 2, f"seed {seed} misses {sorted(missing)}")
 
 
 class ClassifyTest(unittest.TestCase):
