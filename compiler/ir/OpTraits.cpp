@@ -28,6 +28,8 @@ const char* resultRuleName(ResultRule rule) {
     return "reduce";
   case ResultRule::Remap:
     return "remap";
+  case ResultRule::Positions:
+    return "positions";
   case ResultRule::OneHot:
     return "one_hot";
   case ResultRule::Gather:

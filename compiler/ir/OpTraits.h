@@ -25,6 +25,7 @@ enum class ResultRule : uint8_t {
   Contract,  // the operands' common dtype; a subset of the union of their dims
   Reduce,    // operand 0's dtype and dims less [dims]
   Remap,     // each operand's dims with [from] replaced by [to]; operand 0's dtype
+  Positions, // operand 0's dims with [from] replaced by [to]; i32 (positions along [from])
   OneHot,    // the ids' dims plus [dim]; a float dtype
   Gather,    // the table's dtype; the ids' dims plus the table's dims other than [dim]
 };

@@ -213,7 +213,9 @@ private:
       return expectDims(want, "its operand's less [dims]");
     }
     case ResultRule::Remap:
-      return checkRemap(op);
+      return checkRemap(op, std::nullopt);
+    case ResultRule::Positions:
+      return checkRemap(op, DType::I32);
     case ResultRule::OneHot: {
       if (type(op.operands[0]).dtype != DType::I32)
         fail(fmt::format("ids have dtype {}, not i32", dtypeName(type(op.operands[0]).dtype)));
@@ -277,8 +279,9 @@ private:
   }
 
   /// rename, reshape, slice, pad, concat: each operand's dims with [from] (for concat, its own
-  /// entry of [from]) replaced by [to] are the result's dims, by name.
-  void checkRemap(const Op& op) {
+  /// entry of [from]) replaced by [to] are the result's dims, by name; the result's dtype is
+  /// `dtype` if given, else the operands'.
+  void checkRemap(const Op& op, std::optional<DType> dtype) {
     const TensorType& result = type(op.result);
     std::vector<std::string> from = op.dims("from"), to = op.dims("to");
     bool perOperand = opTraits(op.kind).isVariadic();
@@ -289,7 +292,9 @@ private:
     std::set<std::string> toNames(to.begin(), to.end());
     for (size_t k = 0; k < op.operands.size(); ++k) {
       const TensorType& operand = type(op.operands[k]);
-      if (operand.dtype != result.dtype)
+      if (dtype && result.dtype != *dtype)
+        fail(fmt::format("result dtype {} is not {}", dtypeName(result.dtype), dtypeName(*dtype)));
+      else if (!dtype && operand.dtype != result.dtype)
         fail(fmt::format("result dtype {} differs from operand %{}'s {}", dtypeName(result.dtype),
                          op.operands[k], dtypeName(operand.dtype)));
       std::set<std::string> removed;
