@@ -3,6 +3,7 @@
 // (loss = sum(op(...) * k) with k a fixed random input), and the loss of every example's train
 // block at a few random elements of a few params. Plus what autodiff must refuse or skip.
 #include "train/Autodiff.h"
+#include "CompiledSource.h"
 #include "train/Optimizer.h"
 
 #include "interp/Interpreter.h"
@@ -18,23 +19,8 @@ using namespace meshc;
 
 namespace {
 
-struct Compiled {
-  llvm::SourceMgr sources;
-  std::string errors;
-  llvm::raw_string_ostream errorStream{errors};
-  DiagEngine diag{sources, errorStream};
-  std::optional<ir::Module> module;
-
-  Compiled(llvm::StringRef text, const SemaOptions& options = {}) {
-    std::optional<SourceSet> set = loadSourcesFromBuffer(text, "t.mesh", diag);
-    if (set) module = analyze(*set, diag, options);
-    errorStream.flush();
-  }
-  Compiled(const std::string& path, const SemaOptions& options) {
-    std::optional<SourceSet> set = loadSources(path, diag);
-    if (set) module = analyze(*set, diag, options);
-    errorStream.flush();
-  }
+struct Compiled : testing::CompiledSource {
+  using CompiledSource::CompiledSource;
   ir::Function trainFunction() {
     INFO(errors);
     REQUIRE(module);

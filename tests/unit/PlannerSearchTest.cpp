@@ -2,6 +2,7 @@
 // brute force on generated programs, Megatron-LM's layout rediscovered on the transformer
 // example, pure data parallelism where it pays, Mesh-TensorFlow's layout's collectives, the
 // memory budget diagnostic and the report formats.
+#include "CompiledSource.h"
 #include "planner/LayoutSearch.h"
 #include "planner/Planner.h"
 #include "sema/Sema.h"
@@ -23,23 +24,10 @@ using namespace meshc::plan;
 namespace {
 
 /// One compilation: sources, diagnostics captured as text, and the module.
-struct Compiled {
-  llvm::SourceMgr sources;
-  std::string errors;
-  llvm::raw_string_ostream errorStream{errors};
-  DiagEngine diag{sources, errorStream};
-  std::optional<ir::Module> module;
-
-  Compiled(llvm::StringRef text, const SemaOptions& options = {}) {
-    std::optional<SourceSet> set = loadSourcesFromBuffer(text, "gen.mesh", diag);
-    if (set) module = analyze(*set, diag, options);
-    errorStream.flush();
-  }
-  Compiled(const std::string& path, const SemaOptions& options) {
-    std::optional<SourceSet> set = loadSources(path, diag);
-    if (set) module = analyze(*set, diag, options);
-    errorStream.flush();
-  }
+struct Compiled : testing::CompiledSource {
+  Compiled(llvm::StringRef text, const SemaOptions& options = {})
+      : CompiledSource(text, options, "gen.mesh") {}
+  Compiled(const std::string& path, const SemaOptions& options) : CompiledSource(path, options) {}
   const ir::Function& fn(const std::string& name) const {
     REQUIRE(module);
     const ir::Function* f = module->findFunction(name);

@@ -2,6 +2,7 @@
 // the interpreter's steps against values computed by hand, autodiff (no gradient into or through
 // a state), the training phase (the state's update is the user's write, not the optimizer's) and
 // the planner (a state is sharded by its dims like a param; its update lands in its layout).
+#include "CompiledSource.h"
 #include "interp/Interpreter.h"
 #include "ir/IRParser.h"
 #include "ir/IRPrinter.h"
@@ -19,18 +20,8 @@ using namespace meshc;
 
 namespace {
 
-struct Compiled {
-  llvm::SourceMgr sources;
-  std::string errors;
-  llvm::raw_string_ostream errorStream{errors};
-  DiagEngine diag{sources, errorStream};
-  std::optional<ir::Module> module;
-
-  explicit Compiled(llvm::StringRef text) {
-    std::optional<SourceSet> set = loadSourcesFromBuffer(text, "t.mesh", diag);
-    if (set) module = analyze(*set, diag, {});
-    errorStream.flush();
-  }
+struct Compiled : testing::CompiledSource {
+  using CompiledSource::CompiledSource;
   ir::Function& train() {
     INFO(errors);
     REQUIRE(module);

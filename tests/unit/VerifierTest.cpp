@@ -2,6 +2,7 @@
 // after sema, after the training phase and after planning; hand-broken IR is rejected with a
 // message naming what is wrong.
 #include "ir/Verifier.h"
+#include "CompiledSource.h"
 #include "frontend/SourceLoader.h"
 #include "ir/OpTraits.h"
 #include "planner/Planner.h"
@@ -30,23 +31,7 @@ std::string joined(const std::vector<ir::VerifierError>& errors) {
   return text;
 }
 
-struct Compiled {
-  llvm::SourceMgr sources;
-  std::string errors;
-  llvm::raw_string_ostream errorStream{errors};
-  DiagEngine diag{sources, errorStream};
-  std::optional<ir::Module> module;
-
-  explicit Compiled(const std::string& path) {
-    if (std::optional<SourceSet> set = loadSources(path, diag)) module = analyze(*set, diag, {});
-    errorStream.flush();
-  }
-  Compiled(llvm::StringRef text, const char* name) {
-    if (std::optional<SourceSet> set = loadSourcesFromBuffer(text, name, diag))
-      module = analyze(*set, diag, {});
-    errorStream.flush();
-  }
-};
+using Compiled = testing::CompiledSource;
 
 const char* const kSmallTrain = R"(
 dim batch = 4
@@ -62,7 +47,7 @@ train small(x: f32[batch, d]) {
 
 /// The small train block after sema and the training phase: verified clean.
 ir::Function trainedSmall() {
-  Compiled compiled(kSmallTrain, "small.mesh");
+  Compiled compiled(kSmallTrain, {}, "small.mesh");
   INFO(compiled.errors);
   REQUIRE(compiled.module);
   ir::Function fn = compiled.module->functions.at(0);
@@ -152,7 +137,7 @@ TEST_CASE("Every example and golden case verifies after sema, training and plann
   for (const std::string& path : paths) {
     SECTION(std::filesystem::path(path).parent_path().filename().string() + "/" +
             std::filesystem::path(path).stem().string()) {
-      Compiled compiled(path);
+      Compiled compiled(path, {});
       INFO(compiled.errors);
       REQUIRE(compiled.module);
       CHECK(joined(ir::verifyModule(*compiled.module)) == "");
@@ -244,7 +229,7 @@ TEST_CASE("The verifier rejects hand-broken IR", "[ir][verifier]") {
 }
 
 TEST_CASE("The SPMD verifier checks the planner's output", "[planner][verifier]") {
-  Compiled compiled(kSmallTrain, "small.mesh");
+  Compiled compiled(kSmallTrain, {}, "small.mesh");
   REQUIRE(compiled.module);
   REQUIRE(train::lowerTraining(compiled.module->functions.at(0), compiled.diag));
   auto plans = plan::planModule(*compiled.module, plan::PlannerOptions{}, compiled.diag);
