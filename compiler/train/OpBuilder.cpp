@@ -1,4 +1,5 @@
 #include "train/OpBuilder.h"
+#include "ir/OpTraits.h"
 
 #include <algorithm>
 
@@ -28,16 +29,11 @@ ValueId OpBuilder::unary(OpKind kind, ValueId x) {
   return op(kind, {x}, type(x));
 }
 
-static bool isComparison(OpKind kind) {
-  return kind == OpKind::Lt || kind == OpKind::Le || kind == OpKind::Gt || kind == OpKind::Ge ||
-         kind == OpKind::Eq || kind == OpKind::Ne;
-}
-
 ValueId OpBuilder::binary(OpKind kind, ValueId a, ValueId b) {
   TensorType result = type(a);
   for (const ir::Dim& dim : type(b).dims)
     if (!result.hasDim(dim.name)) result.dims.push_back(dim);
-  if (isComparison(kind)) result.dtype = ir::DType::I32;
+  if (ir::opTraits(kind).result == ir::ResultRule::Compare) result.dtype = ir::DType::I32;
   return op(kind, {a, b}, result);
 }
 
