@@ -645,24 +645,12 @@ std::string FunctionEmitter::stepDefinition() const {
 }
 
 std::string FunctionEmitter::stepLoop() const {
+  // Each step's line gives the loss and the metrics (as the interpreter prints them); the results
+  // get the last step's loss and metrics as <fn>.loss and <fn>.<metric>. step() returns a float
+  // without metrics and a StepResult that converts to it with them.
   std::vector<std::string> metrics = metricNames();
-  if (metrics.empty())
-    return fmt::format(
-        "if (steps > 0) {{\nfloat loss = 0;\nfor (int64_t first = program.stepCount(), s = first; "
-        "s < "
-        "first + steps; ++s) {{\n{3}loss = program.step(inputs);\nif (world.rank() == 0) "
-        "std::printf(\"step %lld loss %.9g\\n\", (long long)s, double(loss));\n}}\n"
-        "if (world.rank() == 0) results.push_back({{{0}, \"f32\", {{}}, {{loss}}}});\n"
-        "for (const auto& shard : program.paramShards()) {{\n"
-        "auto global = program.getParam(shard.path);\nif (world.rank() == 0) "
-        "results.push_back({{{1} + shard.path, shard.dtype, std::move(global.shape), "
-        "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {2});\n"
-        "return;\n}}\n",
-        quote(fn.name + ".loss"), quote(fn.name + ".param."), quote("/" + fn.name),
-        inputsOfStep("s"));
-  // --steps N with metrics: each step's line also gives the metrics (as the interpreter prints
-  // them), and the results get the last step's metrics as <fn>.<metric>.
-  std::string format = "step %lld loss %.9g", args, last, keep;
+  std::string result = metrics.empty() ? "float" : name + "::StepResult";
+  std::string format = "step %lld loss %.9g", args, keep;
   for (const std::string& metric : metrics) {
     format += fmt::format(" {} %.9g", metric);
     args += fmt::format(", double(result.{})", identifier(metric));
@@ -671,17 +659,16 @@ std::string FunctionEmitter::stepLoop() const {
         quote(fn.name + "." + metric), identifier(metric));
   }
   return fmt::format(
-      "if (steps > 0) {{\n{0}::StepResult last;\nfor (int64_t first = program.stepCount(), s = "
-      "first; "
+      "if (steps > 0) {{\n{0} last{{}};\nfor (int64_t first = program.stepCount(), s = first; "
       "s < first + steps; ++s) {{\n{1}auto result = program.step(inputs);\nif (world.rank() == 0) "
-      "std::printf(\"{2}\\n\", (long long)s, double(result.loss){3});\nlast = result;\n}}\n"
-      "if (world.rank() == 0) results.push_back({{{4}, \"f32\", {{}}, {{last.loss}}}});\n{5}"
+      "std::printf(\"{2}\\n\", (long long)s, double(float(result)){3});\nlast = result;\n}}\n"
+      "if (world.rank() == 0) results.push_back({{{4}, \"f32\", {{}}, {{float(last)}}}});\n{5}"
       "for (const auto& shard : program.paramShards()) {{\n"
       "auto global = program.getParam(shard.path);\nif (world.rank() == 0) "
       "results.push_back({{{6} + shard.path, shard.dtype, std::move(global.shape), "
       "std::move(global.data)}});\n}}\nif (!saveDir.empty()) program.save(saveDir + {7});\n"
       "return;\n}}\n",
-      name, inputsOfStep("s"), format, args, quote(fn.name + ".loss"), keep,
+      result, inputsOfStep("s"), format, args, quote(fn.name + ".loss"), keep,
       quote(fn.name + ".param."), quote("/" + fn.name));
 }
 

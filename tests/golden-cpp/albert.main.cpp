@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
         if (!loadDir.empty())
           program.load(loadDir + "/albert_train");
         if (steps > 0) {
-          AlbertTrain::StepResult last;
+          AlbertTrain::StepResult last{};
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
             auto inputs = program.synthesizeInputs(seed + uint64_t(s));
             if (auto given = givenInputs.find("albert_train.tokens"); given != givenInputs.end())
@@ -155,12 +155,12 @@ int main(int argc, char **argv) {
             auto result = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g mlm_loss %.9g sop_loss %.9g sop_accuracy %.9g\n",
-                          (long long)s, double(result.loss), double(result.mlm_loss),
+                          (long long)s, double(float(result)), double(result.mlm_loss),
                           double(result.sop_loss), double(result.sop_accuracy));
             last = result;
           }
           if (world.rank() == 0)
-            results.push_back({"albert_train.loss", "f32", {}, {last.loss}});
+            results.push_back({"albert_train.loss", "f32", {}, {float(last)}});
           if (world.rank() == 0)
             results.push_back({"albert_train.mlm_loss", "f32", {}, {last.mlm_loss}});
           if (world.rank() == 0)

@@ -112,7 +112,7 @@ int main(int argc, char **argv) {
         if (!loadDir.empty())
           program.load(loadDir + "/moe_train");
         if (steps > 0) {
-          float loss = 0;
+          float last{};
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
             auto inputs = program.synthesizeInputs(seed + uint64_t(s));
             if (auto given = givenInputs.find("moe_train.x"); given != givenInputs.end())
@@ -125,12 +125,13 @@ int main(int argc, char **argv) {
                   world, "target",
                   meshc::gen::batchOfStep("moe_train.target", given->second,
                                           MoeTrain::inputShape("target"), s));
-            loss = program.step(inputs);
+            auto result = program.step(inputs);
             if (world.rank() == 0)
-              std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
+              std::printf("step %lld loss %.9g\n", (long long)s, double(float(result)));
+            last = result;
           }
           if (world.rank() == 0)
-            results.push_back({"moe_train.loss", "f32", {}, {loss}});
+            results.push_back({"moe_train.loss", "f32", {}, {float(last)}});
           for (const auto &shard : program.paramShards()) {
             auto global = program.getParam(shard.path);
             if (world.rank() == 0)

@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
         if (!loadDir.empty())
           program.load(loadDir + "/mlm_train");
         if (steps > 0) {
-          MlmTrain::StepResult last;
+          MlmTrain::StepResult last{};
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
             auto inputs = program.synthesizeInputs(seed + uint64_t(s));
             if (auto given = givenInputs.find("mlm_train.tokens"); given != givenInputs.end())
@@ -124,11 +124,11 @@ int main(int argc, char **argv) {
             auto result = program.step(inputs);
             if (world.rank() == 0)
               std::printf("step %lld loss %.9g chosen_fraction %.9g\n", (long long)s,
-                          double(result.loss), double(result.chosen_fraction));
+                          double(float(result)), double(result.chosen_fraction));
             last = result;
           }
           if (world.rank() == 0)
-            results.push_back({"mlm_train.loss", "f32", {}, {last.loss}});
+            results.push_back({"mlm_train.loss", "f32", {}, {float(last)}});
           if (world.rank() == 0)
             results.push_back({"mlm_train.chosen_fraction", "f32", {}, {last.chosen_fraction}});
           for (const auto &shard : program.paramShards()) {

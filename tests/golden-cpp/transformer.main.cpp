@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
         if (!loadDir.empty())
           program.load(loadDir + "/lm_train");
         if (steps > 0) {
-          float loss = 0;
+          float last{};
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
             auto inputs = program.synthesizeInputs(seed + uint64_t(s));
             if (auto given = givenInputs.find("lm_train.tokens"); given != givenInputs.end())
@@ -121,12 +121,13 @@ int main(int argc, char **argv) {
                   LmTrain::scatterInput(world, "tokens",
                                         meshc::gen::batchOfStep("lm_train.tokens", given->second,
                                                                 LmTrain::inputShape("tokens"), s));
-            loss = program.step(inputs);
+            auto result = program.step(inputs);
             if (world.rank() == 0)
-              std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
+              std::printf("step %lld loss %.9g\n", (long long)s, double(float(result)));
+            last = result;
           }
           if (world.rank() == 0)
-            results.push_back({"lm_train.loss", "f32", {}, {loss}});
+            results.push_back({"lm_train.loss", "f32", {}, {float(last)}});
           for (const auto &shard : program.paramShards()) {
             auto global = program.getParam(shard.path);
             if (world.rank() == 0)

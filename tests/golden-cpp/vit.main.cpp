@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
         if (!loadDir.empty())
           program.load(loadDir + "/train_vit");
         if (steps > 0) {
-          float loss = 0;
+          float last{};
           for (int64_t first = program.stepCount(), s = first; s < first + steps; ++s) {
             auto inputs = program.synthesizeInputs(seed + uint64_t(s));
             if (auto given = givenInputs.find("train_vit.image"); given != givenInputs.end())
@@ -127,12 +127,13 @@ int main(int argc, char **argv) {
                   world, "labels",
                   meshc::gen::batchOfStep("train_vit.labels", given->second,
                                           TrainVit::inputShape("labels"), s));
-            loss = program.step(inputs);
+            auto result = program.step(inputs);
             if (world.rank() == 0)
-              std::printf("step %lld loss %.9g\n", (long long)s, double(loss));
+              std::printf("step %lld loss %.9g\n", (long long)s, double(float(result)));
+            last = result;
           }
           if (world.rank() == 0)
-            results.push_back({"train_vit.loss", "f32", {}, {loss}});
+            results.push_back({"train_vit.loss", "f32", {}, {float(last)}});
           for (const auto &shard : program.paramShards()) {
             auto global = program.getParam(shard.path);
             if (world.rank() == 0)
