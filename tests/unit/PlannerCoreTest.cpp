@@ -805,27 +805,29 @@ TEST_CASE("AllReduceChains: dependent all-reduces on one group pay their latency
     path.steps.push_back(step);
     return path;
   };
-  double model = mergeableLatencySeconds(m, mesh, allReduce({"model"}).steps[0].collective);
-  double data = mergeableLatencySeconds(m, mesh, allReduce({"data"}).steps[0].collective);
+  // The paths outlive the chains, as the planner's memoized ones do.
+  ReshardPath overModel = allReduce({"model"}), overData = allReduce({"data"});
+  double model = mergeableLatencySeconds(m, mesh, overModel.steps[0].collective);
+  double data = mergeableLatencySeconds(m, mesh, overData.steps[0].collective);
   REQUIRE(model > 0);
   REQUIRE(data > 0);
   // Values 0..5: %1 = op(%0 resolved over model); %2 = op(%1 resolved over model, %0 resolved
   // over data); %3 = op(%0 resolved over model) is independent of %1: it may merge with it.
   AllReduceChains chains(m, mesh, 6);
   chains.write(0);
-  chains.read(0, chains.groupsOf(allReduce({"model"})));
+  chains.read(0, chains.groupsOf(overModel));
   chains.write(1);
-  chains.read(1, chains.groupsOf(allReduce({"model"})));
-  chains.read(0, chains.groupsOf(allReduce({"data"})));
+  chains.read(1, chains.groupsOf(overModel));
+  chains.read(0, chains.groupsOf(overData));
   chains.write(2);
   CHECK(chains.latencySeconds() == Approx(2 * model + data));
-  chains.read(0, chains.groupsOf(allReduce({"model"})));
+  chains.read(0, chains.groupsOf(overModel));
   chains.write(3);
   CHECK(chains.latencySeconds() == Approx(2 * model + data));
   // Through an op that communicates nothing, the chain goes on: a third link.
   chains.read(2, 0);
   chains.write(4);
-  chains.read(4, chains.groupsOf(allReduce({"model"})));
+  chains.read(4, chains.groupsOf(overModel));
   chains.write(5);
   CHECK(chains.latencySeconds() == Approx(3 * model + data));
   chains.reset();
