@@ -166,7 +166,8 @@ TEST_CASE("layouts: per-value layouts drop an axis used twice, local shapes divi
 
 TEST_CASE("machines: the built-ins load and have the brief's figures", "[machine]") {
   std::vector<std::string> names = builtinMachineNames();
-  for (const char* name : {"cpu", "8xh100", "8xh200", "h100-cluster", "tpuv2-pod"}) {
+  for (const char* name :
+       {"cpu", "8xh100", "8xh200", "h100-cluster", "a100-cluster", "tpuv2-pod"}) {
     CAPTURE(name);
     CHECK(std::find(names.begin(), names.end(), name) != names.end());
     Machine m = machine(name);
@@ -177,6 +178,13 @@ TEST_CASE("machines: the built-ins load and have the brief's figures", "[machine
   CHECK(machine("cpu").peakFlops == Approx(84e9));
   CHECK(machine("tpuv2-pod").numDevices == 512);
   CHECK(machine("h100-cluster").inter.bandwidthBytesPerS == Approx(50e9));
+  // A100 80GB: 312 TFLOP/s bf16, NVLink 600 GB/s both ways, 200 Gb/s per GPU between hosts.
+  Machine a100 = machine("a100-cluster");
+  CHECK(a100.peakFlopsBf16 == Approx(312e12));
+  CHECK(a100.devicesPerNode == 8);
+  CHECK(a100.intra.bandwidthBytesPerS == Approx(300e9));
+  CHECK(a100.inter.bandwidthBytesPerS == Approx(25e9));
+  CHECK(a100.memoryBytes == Approx(80e9));
 
   // 8xH200: a 1 MiB all-reduce over 8 GPUs gives ~53 GB/s of bus bandwidth (the fitted alpha),
   // an 8 GiB one ~480 GB/s.
