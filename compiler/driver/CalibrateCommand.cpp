@@ -69,6 +69,9 @@ int execute(const std::vector<std::string>& args, const std::string& log, std::s
   std::vector<llvm::StringRef> argv(args.begin(), args.end());
   llvm::Optional<llvm::StringRef> redirects[] = {llvm::None, llvm::StringRef(log),
                                                  llvm::StringRef(log + ".err")};
+  // The redirections do not truncate: a longer report of an earlier run would remain.
+  llvm::sys::fs::remove(log);
+  llvm::sys::fs::remove(log + ".err");
   auto program = llvm::sys::findProgramByName(args.front());
   if (!program) {
     error = fmt::format("cannot find '{}'", args.front());
@@ -173,18 +176,9 @@ int calibrateCommand(const char* argv0) {
 
   // 2. measure.
   std::vector<std::string> probe;
-  if (calibrateBackend == "mpi")
-    probe = {"mpirun",
-             "--oversubscribe",
-             "-np",
-             std::to_string(calibrateRanks),
-             base + ".bin",
-             "--backend",
-             "mpi",
-             "--ranks",
-             std::to_string(calibrateRanks)};
-  else
-    probe = {base + ".bin", "--backend", "threads", "--ranks", std::to_string(calibrateRanks)};
+  if (calibrateBackend == "mpi") probe = mpirunCommand(calibrateRanks);
+  probe.insert(probe.end(), {base + ".bin", "--backend", std::string(calibrateBackend), "--ranks",
+                             std::to_string(calibrateRanks)});
   if (calibrateQuick) probe.push_back("--quick");
   stage(fmt::format("measuring GEMM, bandwidth and collectives on {} ranks ({} backend)",
                     int(calibrateRanks), std::string(calibrateBackend)));
