@@ -91,7 +91,16 @@ struct SavedDirectory {
 
 } // namespace
 
+namespace {
+bool lastRejected = false;
+} // namespace
+
+extern "C" bool meshcFuzzLastInputRejected() {
+  return lastRejected;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  lastRejected = false;
   static const SavedDirectory saved;
   const fs::path& checkpoint = saved.checkpoint;
   std::string_view text(reinterpret_cast<const char*>(data), size);
@@ -104,6 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } catch (const CheckpointError&) {
     // The clean rejection: anything else escaping (or a crash) is a bug.
+    lastRejected = true;
   }
   return 0;
 }

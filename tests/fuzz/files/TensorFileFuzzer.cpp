@@ -8,13 +8,23 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace {
+bool lastRejected = false;
+} // namespace
+
+extern "C" bool meshcFuzzLastInputRejected() {
+  return lastRejected;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  lastRejected = false;
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
   std::vector<meshc::gen::TensorFileEntry> entries;
   try {
     entries = meshc::gen::parseTensorFile(bytes, "fuzz-inputs.bin");
   } catch (const std::runtime_error&) {
-    return 0; // the clean rejection
+    lastRejected = true; // the clean rejection
+    return 0;
   }
   // The program's input shapes the tensors are checked against: a scalar, a vector, a matrix.
   static const std::vector<meshc::gen::Shape> programShapes = {{}, {4}, {2, 3}};
