@@ -63,15 +63,16 @@ void stage(const std::string& text) {
   llvm::errs() << "meshc calibrate: " << text << "\n";
 }
 
-/// Runs `args` with stdout (and stderr) into `log`; returns the exit status (negative: could
-/// not run, with `error`).
+/// Runs `args` with stdout into `log` and stderr into `log`.err; returns the exit status (negative:
+/// could not run, with `error`).
 int execute(const std::vector<std::string>& args, const std::string& log, std::string& error) {
   std::vector<llvm::StringRef> argv(args.begin(), args.end());
+  std::string errors = log + ".err"; // outlives the call: the redirections are references
   llvm::Optional<llvm::StringRef> redirects[] = {llvm::None, llvm::StringRef(log),
-                                                 llvm::StringRef(log + ".err")};
+                                                 llvm::StringRef(errors)};
   // The redirections do not truncate: a longer report of an earlier run would remain.
   llvm::sys::fs::remove(log);
-  llvm::sys::fs::remove(log + ".err");
+  llvm::sys::fs::remove(errors);
   auto program = llvm::sys::findProgramByName(args.front());
   if (!program) {
     error = fmt::format("cannot find '{}'", args.front());
