@@ -209,6 +209,7 @@ private:
 
     Stmt fused{.node = std::move(merged)};
     fused.sources = fn.body[p].sources;
+    fused.phase = fn.body[p].phase;
     fused.sources.insert(fused.sources.end(), fn.body[c].sources.begin(), fn.body[c].sources.end());
     // The def-use tables: what p and c read is now read at c; p's dropped stores are gone.
     std::vector<BufferId> touched = readsOf(fn.body[p]);

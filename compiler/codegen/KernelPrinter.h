@@ -79,6 +79,9 @@ public:
 
   /// The subgroups the printed statements use.
   std::set<std::vector<std::string>> groups;
+  /// Print a trace probe before each statement (meshrt/Trace.h): in run()'s parts and the
+  /// subroutines, which declare the Span `trace_`; not in the constructor.
+  bool traced = false;
 
 private:
   std::string statement(const kir::Stmt& stmt, size_t index);
@@ -86,6 +89,8 @@ private:
   std::string argument(const kir::Arg& arg, size_t index, size_t position);
   std::string collective(const kir::Collective& c);
   std::string copy(const kir::Copy& copy);
+  /// The trace probe of `stmt`: one line naming its kind, source location and phase.
+  std::string traceProbe(const kir::Stmt& stmt) const;
   /// Declares `id` when it is not yet (arena slots zeroed when `zero`).
   std::string declare(kir::BufferId id, bool zero);
   std::string name(kir::BufferId id) const { return fn.buffers[size_t(id)].name; }
