@@ -13,6 +13,7 @@
 #include <llvm/Support/MemoryBuffer.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <set>
@@ -54,15 +55,15 @@ bool loadEvents(const std::string& path, std::vector<Event>& events, std::string
   if (!readTrace(path, trace, error)) return false;
   for (const llvm::json::Value& value : *trace.getAsObject()->getArray("traceEvents")) {
     const llvm::json::Object* object = value.getAsObject();
-    if (!object || object->getString("ph").value_or("") != "X") continue;
+    if (!object || object->getString("ph").getValueOr("") != "X") continue;
     Event event;
     const llvm::json::Object* args = object->getObject("args");
-    event.kind = args ? args->getString("kind").value_or("").str() : "";
-    event.where = args ? args->getString("where").value_or("").str() : "";
-    event.category = object->getString("cat").value_or("").str();
-    event.rank = object->getInteger("pid").value_or(0);
-    event.start = object->getNumber("ts").value_or(0) * 1e-6;
-    event.duration = object->getNumber("dur").value_or(0) * 1e-6;
+    event.kind = args ? args->getString("kind").getValueOr("").str() : "";
+    event.where = args ? args->getString("where").getValueOr("").str() : "";
+    event.category = object->getString("cat").getValueOr("").str();
+    event.rank = object->getInteger("pid").getValueOr(0);
+    event.start = object->getNumber("ts").getValueOr(0) * 1e-6;
+    event.duration = object->getNumber("dur").getValueOr(0) * 1e-6;
     event.self = event.duration;
     events.push_back(std::move(event));
   }
@@ -240,20 +241,18 @@ void printFunction(const plan::PlannedFunction& plan, const std::vector<Event>& 
   }
   os << "  totals by phase:\n";
   const char* names[4] = {"forward", "backward", "update", "communication"};
-  double predictedSum = 0, measuredSum = 0;
+  double measuredSum = 0;
   for (int p = 0; p < 4; ++p) {
     if (phasePredicted[p] == 0 && phaseMeasured[p] == 0) continue;
-    predictedSum += phasePredicted[p];
     measuredSum += phaseMeasured[p];
     os << fmt::format("    {:<14} predicted {:>11}  measured {:>11}  ratio {}\n", names[p],
                       seconds(phasePredicted[p]), seconds(phaseMeasured[p]),
                       ratio(phaseMeasured[p], phasePredicted[p]));
   }
-  os << fmt::format("    {:<14} predicted {:>11}  measured {:>11}  ratio {} (the whole run, "
-                    "measured: {})\n",
+  os << fmt::format("    {:<14} predicted {:>11}  measured {:>11}  ratio {} (a run's wall "
+                    "time; the phases above sum to {})\n",
                     "total", seconds(fn.summary.stepSeconds), seconds(runSeconds * perRun),
                     ratio(runSeconds * perRun, fn.summary.stepSeconds), seconds(measuredSum));
-  (void)predictedSum;
 }
 
 } // namespace

@@ -111,7 +111,7 @@ def main():
     known, _ = parser.parse_known_args()
     os.makedirs(known.workdir, exist_ok=True)
     trace_path = os.path.join(known.workdir, "trace.json")
-    for stale in [trace_path] + glob.glob(trace_path + ".rank*"):
+    for stale in glob.glob(trace_path) + glob.glob(trace_path + ".rank*"):
         os.remove(stale)
     print(run([sys.executable, os.path.join(HERE, "run_case.py")] + sys.argv[1:]
               + ["--trace", trace_path]), end="")

@@ -92,6 +92,7 @@ Moe::Moe(meshrt::Communicator &world, uint64_t seed)
 }
 
 Moe::Outputs Moe::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "moe");
   // Arena: 99328 bytes for 409104 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   runPart0(inputs);
@@ -104,8 +105,10 @@ Moe::Outputs Moe::run(const Inputs &inputs) {
 
 void Moe::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 35 statements from moe.mesh:26:10 layer_norm (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:26:10");
   support::View v3 = arena_.view(0, 2048);
   const support::Buffer &v0 = inputs.x.data;
   const support::Buffer &v1 = param0_norm_0_gain;
@@ -150,6 +153,7 @@ void Moe::runPart0(const Inputs &inputs) {
             v51, v53);
 
   // 35 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:26:10");
   support::View v56 = arena_.view(0, 2048);
   const support::Buffer &v54 = param5_norm_1_gain;
   const support::Buffer &v55 = param6_norm_1_bias;
@@ -204,8 +208,10 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                     support::View a30, support::View a31, support::ConstView a32, support::View a33,
                     support::View a34, support::ConstView a35, support::View a36, support::View a37,
                     support::View a38) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
   static const support::Shape shape0_2 = {1, 64};
   static const support::Shape shape0_3 = {2048, 32};
   static const support::Shape shape0_4 = {2048, 32};
@@ -217,6 +223,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a0p = a0.data();
@@ -235,12 +242,14 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:35:23 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
+  MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
   static const support::Shape shape3_2 = {1, 64};
   static const support::Shape shape3_3 = {128, 2};
   static const support::Shape shape3_4 = {128, 2};
@@ -251,6 +260,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:42:24 max
+  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {2};
@@ -259,12 +269,14 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:42:24");
   group_model.allReduce(a8.data(), a8.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:42:21 ge
   // moe.mesh:42:10 cast -> mask1
   // moe.mesh:54:32 sub
   // moe.mesh:54:25 mul -> remaining
+  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -287,6 +299,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:42:24 max
+  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {128, 2};
   static const support::Shape shape7_4 = {2};
@@ -295,9 +308,11 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:42:24");
   group_model.allReduce(a11.data(), a11.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:57:25 mul
+  MESHRT_TRACE("loop", "moe.mesh:57:25", "forward");
   {
     float *__restrict a12p = a12.data();
     const float *__restrict a7p = a7.data();
@@ -311,6 +326,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:57:15 sum -> gate1
+  MESHRT_TRACE("sum", "moe.mesh:57:15", "forward");
   static const support::Shape shape10_1 = {1, 64};
   static const support::Shape shape10_3 = {128, 2};
   static const support::Shape shape10_4 = {2};
@@ -321,6 +337,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:42:21 ge
   // moe.mesh:42:10 cast -> mask2
   // moe.mesh:58:29 mul
+  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -341,6 +358,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:58:15 sum -> gate2
+  MESHRT_TRACE("sum", "moe.mesh:58:15", "forward");
   static const support::Shape shape12_1 = {1, 64};
   static const support::Shape shape12_3 = {128, 2};
   static const support::Shape shape12_4 = {2};
@@ -349,6 +367,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:59:29 add
+  MESHRT_TRACE("loop", "moe.mesh:59:29", "forward");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a13p = a13.data();
@@ -362,9 +381,11 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:59:15 all_reduce_sum (resolve the partial sum of %24 over model for maximum at 59:15)
+  MESHRT_TRACE_SITE("moe.mesh:59:15");
   auto request0 = support::startAllReduce(group_model, {a17}, meshrt::ReduceOp::Sum);
 
   // moe.mesh:64:19 cumsum -> position1
+  MESHRT_TRACE("cumsum", "moe.mesh:64:19", "forward");
   static const support::Shape shape15_2 = {1, 2};
   static const support::Shape shape15_3 = {128, 1};
   static const support::Shape shape15_4 = {128, 1};
@@ -375,6 +396,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                  shape15_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:67:27 cast
+  MESHRT_TRACE("loop", "moe.mesh:67:27", "forward");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -386,12 +408,14 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:67:19 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:67:19", "forward");
   static const support::Shape shape17_1 = {1, 64, 2, 40};
   static const support::Shape shape17_3 = {128, 2, 1, 0};
   static const support::Shape shape17_4 = {0, 0, 0, 1};
   support::oneHot(a20.data(), shape17_1, a19.data(), shape17_3, shape17_4, 0);
 
   // moe.mesh:67:59 mul -> dispatch1
+  MESHRT_TRACE("loop", "moe.mesh:67:59", "forward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -407,6 +431,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:68:15 sum -> kept1
+  MESHRT_TRACE("sum", "moe.mesh:68:15", "forward");
   static const support::Shape shape19_1 = {1, 64, 2};
   static const support::Shape shape19_3 = {5120, 80, 40};
   static const support::Shape shape19_4 = {40};
@@ -415,6 +440,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:69:19 cumsum
+  MESHRT_TRACE("cumsum", "moe.mesh:69:19", "forward");
   static const support::Shape shape20_2 = {1, 2};
   static const support::Shape shape20_3 = {128, 1};
   static const support::Shape shape20_4 = {128, 1};
@@ -425,6 +451,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
                  shape20_7, support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:69:58 sum
+  MESHRT_TRACE("sum", "moe.mesh:69:58", "forward");
   static const support::Shape shape21_1 = {1, 2};
   static const support::Shape shape21_3 = {128, 1};
   static const support::Shape shape21_4 = {64};
@@ -434,6 +461,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:69:56 add -> position2
   // moe.mesh:70:27 cast
+  MESHRT_TRACE("loop", "moe.mesh:69:56", "forward");
   {
     float *__restrict a25p = a25.data();
     const float *__restrict a23p = a23.data();
@@ -450,16 +478,19 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:70:19 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:70:19", "forward");
   static const support::Shape shape23_1 = {1, 64, 2, 40};
   static const support::Shape shape23_3 = {128, 2, 1, 0};
   static const support::Shape shape23_4 = {0, 0, 0, 1};
   support::oneHot(a26.data(), shape23_1, a25.data(), shape23_3, shape23_4, 0);
 
+  MESHRT_TRACE_SITE("");
   group_model.wait(request0);
 
   // moe.mesh:59:15 maximum -> total
   // moe.mesh:73:36 div
   // moe.mesh:73:66 div
+  MESHRT_TRACE("loop", "moe.mesh:59:15", "forward");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -481,6 +512,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
 
   // moe.mesh:73:27 bucketed_all_reduce_sum (resolve the partial sum of %39 over model for mul at
   // 73:27; merged with 1 more partial sum over model (%44): 512 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:73:27");
   support::allReduceBucket(group_model, {a27, a28});
 
   // moe.mesh:70:59 mul -> dispatch2
@@ -488,6 +520,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   // moe.mesh:73:57 mul
   // moe.mesh:73:27 mul
   // moe.mesh:73:45 add -> combine
+  MESHRT_TRACE("loop", "moe.mesh:70:59", "forward");
   {
     float *__restrict a29p = a29.data();
     float *__restrict a30p = a30.data();
@@ -518,18 +551,21 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:78:19 einsum -> expert_in
+  MESHRT_TRACE("gemm", "moe.mesh:78:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan28(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsumPlan28.run(a29.data(), a4.data(), a31.data(), 1.0f, 0.0f);
 
   // moe.mesh:79:21 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:79:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan29(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan29.run(a31.data(), a32.data(), a33.data(), 1.0f, 0.0f);
 
   // moe.mesh:79:16 relu -> hidden
+  MESHRT_TRACE("loop", "moe.mesh:79:16", "forward");
   {
     float *__restrict a34p = a34.data();
     const float *__restrict a33p = a33.data();
@@ -541,21 +577,25 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   }
 
   // moe.mesh:80:20 einsum -> expert_out
+  MESHRT_TRACE("gemm", "moe.mesh:80:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan31(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan31.run(a34.data(), a35.data(), a36.data(), 1.0f, 0.0f);
 
   // moe.mesh:82:10 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:82:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan32(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan32.run(a30.data(), a36.data(), a37.data(), 1.0f, 0.0f);
 
   // moe.mesh:103:11 all_reduce_sum (resolve the partial sum of %48 over model for add at 103:11)
+  MESHRT_TRACE_SITE("moe.mesh:103:11");
   group_model.allReduce(a37.data(), a37.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:103:11 add -> h
+  MESHRT_TRACE("loop", "moe.mesh:103:11", "forward");
   {
     float *__restrict a38p = a38.data();
     const float *__restrict a1p = a1.data();
@@ -789,6 +829,7 @@ MoeTrain::MoeTrain(meshrt::Communicator &world, uint64_t seed)
 }
 
 MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
+  MESHRT_TRACE_RUN(world_, "moe_train");
   // Arena: 395840 bytes for 1192520 bytes of temporaries (placed by liveness).
   support::checkShape("input", "x", inputs.x, {1, 64, 32});
   support::checkShape("input", "target", inputs.target, {1, 64, 32});
@@ -806,8 +847,10 @@ MoeTrain::Outputs MoeTrain::run(const Inputs &inputs) {
 
 void MoeTrain::runPart0(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // 13 statements from moe.mesh:26:10 layer_norm (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:26:10");
   support::View v5 = arena_.view(323584, 2048);
   const support::Buffer &v0 = inputs.x.data;
   support::View v8 = arena_.view(331776, 2048);
@@ -830,9 +873,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   // moe.mesh:120:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
   // for add at 120:15)
+  MESHRT_TRACE_SITE("moe.mesh:120:15");
   auto request0 = support::startAllReduce(group_data_model, {v21}, meshrt::ReduceOp::Sum);
 
   // 10 statements from moe.mesh:42:24 max (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:42:24");
   support::View v26 = arena_.view(512, 64);
   support::View v28 = arena_.view(389632, 128);
   support::View v31 = arena_.view(0, 128);
@@ -847,6 +892,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated6(v26, v12, v28, v30, v31, v32, v35, v36, v34, v37, v38, v39);
 
   // 6 statements from moe.mesh:124:3 square (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v361 = arena_.view(0, 64);
   support::View v24(param4_experts_ffn_0_w_in); // updated in place
   support::View v397 = arena_.view(0, 4096);
@@ -858,6 +904,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated9(v10, v361, v362, v24, v397, v398, v25, v433, v434);
 
   // 6 statements from moe.mesh:124:3 square (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v76(param8_route_1_w_gate); // updated in place
   support::View v516 = arena_.view(0, 64);
   support::View v90(param9_experts_ffn_1_w_in); // updated in place
@@ -872,10 +919,12 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:59:15 bucketed_all_reduce_sum (resolve the partial sum of %38 over model for maximum
   // at 59:15; merged with 6 more partial sums over model (%363, %399, %435, ...): 280 B in one
   // buffer)
+  MESHRT_TRACE_SITE("moe.mesh:59:15");
   auto request1 = support::startAllReduce(group_model, {v39, v362, v398, v434, v517, v553, v589},
                                           meshrt::ReduceOp::Sum);
 
   // 9 statements from moe.mesh:64:19 cumsum -> position1 (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:64:19");
   support::View v43 = arena_.view(0, 128);
   support::View v44 = arena_.view(20480, 128);
   support::View v45 = arena_.view(0, 5120);
@@ -887,9 +936,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v52 = arena_.view(0, 5120);
   repeated8(v43, v28, v44, v45, v46, v47, v48, v34, v49, v51, v52);
 
+  MESHRT_TRACE_SITE("");
   group_model.wait(request1);
 
   // 9 statements from moe.mesh:59:15 maximum -> total (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:59:15");
   support::View v55 = arena_.view(393728, 64);
   support::View v58 = arena_.view(393984, 64);
   support::View v54 = arena_.view(61440, 5120);
@@ -905,6 +956,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
             v65, v66);
 
   // moe.mesh:121:11 add -> h
+  MESHRT_TRACE("loop", "moe.mesh:121:11", "forward");
   support::View v68 = arena_.view(348160, 2048);
   {
     float *__restrict v68p = v68.data();
@@ -919,6 +971,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   }
 
   // 13 statements from moe.mesh:26:10 layer_norm (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:26:10");
   support::View v71 = arena_.view(356352, 2048);
   support::View v74 = arena_.view(364544, 2048);
   support::View v69(param6_norm_1_gain); // updated in place
@@ -939,9 +992,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
   // moe.mesh:120:15 all_reduce_sum -> balance (resolve the partial sum of balance over data, model
   // for add at 120:15)
+  MESHRT_TRACE_SITE("moe.mesh:120:15");
   auto request2 = support::startAllReduce(group_data_model, {v87}, meshrt::ReduceOp::Sum);
 
   // 10 statements from moe.mesh:42:24 max (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:42:24");
   support::View v92 = arena_.view(123392, 64);
   support::View v94 = arena_.view(391680, 128);
   support::View v97 = arena_.view(122880, 128);
@@ -956,9 +1011,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   repeated6(v92, v78, v94, v96, v97, v98, v101, v102, v100, v103, v104, v105);
 
   // moe.mesh:59:15 all_reduce_sum (resolve the partial sum of %99 over model for maximum at 59:15)
+  MESHRT_TRACE_SITE("moe.mesh:59:15");
   auto request3 = support::startAllReduce(group_model, {v105}, meshrt::ReduceOp::Sum);
 
   // 9 statements from moe.mesh:64:19 cumsum -> position1 (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:64:19");
   support::View v109 = arena_.view(122880, 128);
   support::View v110 = arena_.view(143360, 128);
   support::View v111 = arena_.view(122880, 5120);
@@ -970,9 +1027,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v118 = arena_.view(122880, 5120);
   repeated8(v109, v94, v110, v111, v112, v113, v114, v100, v115, v117, v118);
 
+  MESHRT_TRACE_SITE("");
   group_model.wait(request3);
 
   // 9 statements from moe.mesh:59:15 maximum -> total (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:59:15");
   support::View v121 = arena_.view(394752, 64);
   support::View v124 = arena_.view(395008, 64);
   support::View v120 = arena_.view(184320, 5120);
@@ -990,6 +1049,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   // moe.mesh:121:11 add -> h
   // moe.mesh:123:28 sub
   // moe.mesh:123:19 square
+  MESHRT_TRACE("loop", "moe.mesh:121:11", "forward");
   const support::Buffer &v1 = inputs.target.data;
   support::View v135 = arena_.view(253952, 2048);
   support::View v136 = arena_.view(313344, 2048);
@@ -1012,6 +1072,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   }
 
   // moe.mesh:123:14 mean
+  MESHRT_TRACE("mean", "moe.mesh:123:14", "forward");
   support::View v137 = arena_.view(245760, 1);
   static const support::Shape shape18_1 = {};
   static const support::Shape shape18_3 = {};
@@ -1021,18 +1082,23 @@ void MoeTrain::runPart0(const Inputs &inputs) {
                   support::Reduce::Sum, 0.000244140625);
 
   // moe.mesh:123:39 all_reduce_sum (resolve the partial sum of %127 over data for add at 123:39)
+  MESHRT_TRACE_SITE("moe.mesh:123:39");
   auto request4 = support::startAllReduce(group_data, {v137}, meshrt::ReduceOp::Sum);
 
+  MESHRT_TRACE_SITE("");
   group_data_model.wait(request0);
 
+  MESHRT_TRACE_SITE("");
   group_data_model.wait(request2);
 
+  MESHRT_TRACE_SITE("");
   group_data.wait(request4);
 
   // moe.mesh:120:15 add -> aux
   // moe.mesh:120:15 add -> aux
   // moe.mesh:123:46 mul
   // moe.mesh:123:39 add -> loss
+  MESHRT_TRACE("loop", "moe.mesh:120:15", "forward");
   const support::Buffer &v2 = param0_zero;
   support::View v141 = arena_.view(395776, 1);
   {
@@ -1056,9 +1122,11 @@ void MoeTrain::runPart0(const Inputs &inputs) {
 
 void MoeTrain::runPart1(const Inputs &inputs) {
   (void)inputs;
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:123:19 mul
   // moe.mesh:123:19 mul
+  MESHRT_TRACE("loop", "moe.mesh:123:19", "backward");
   support::View v135 = arena_.view(253952, 2048);
   support::View v149 = arena_.view(380928, 2048);
   {
@@ -1075,6 +1143,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   }
 
   // 25 statements from moe.mesh:82:10 einsum (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:82:10");
   support::View v131 = arena_.view(266240, 2560);
   support::View v150 = arena_.view(245760, 5120);
   support::View v127 = arena_.view(204800, 5120);
@@ -1128,6 +1197,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v206, v207);
 
   // moe.mesh:26:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v68 = arena_.view(348160, 2048);
   support::View v208 = arena_.view(139264, 64);
   static const support::Shape shape2_1 = {1, 64};
@@ -1139,6 +1209,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 square
+  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v210 = arena_.view(122880, 2048);
   {
     float *__restrict v210p = v210.data();
@@ -1156,6 +1227,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   }
 
   // moe.mesh:26:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v211 = arena_.view(139264, 64);
   static const support::Shape shape4_1 = {1, 64};
   static const support::Shape shape4_3 = {2048, 32};
@@ -1166,6 +1238,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:26:10 add
   // moe.mesh:26:10 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v214 = arena_.view(151552, 64);
   {
     float *__restrict v214p = v214.data();
@@ -1181,6 +1254,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:26:33 mul
   // moe.mesh:26:10 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
   support::View v69(param6_norm_1_gain); // updated in place
   support::View v205 = arena_.view(122880, 2048);
   support::View v215 = arena_.view(139264, 2048);
@@ -1204,6 +1278,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   }
 
   // moe.mesh:26:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v216 = arena_.view(131072, 64);
   static const support::Shape shape7_1 = {1, 64};
   static const support::Shape shape7_3 = {2048, 32};
@@ -1213,6 +1288,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:26:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:26:10", "backward");
   support::View v218 = arena_.view(131328, 64);
   static const support::Shape shape8_1 = {1, 64};
   static const support::Shape shape8_3 = {2048, 32};
@@ -1226,6 +1302,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:26:10 sub
   // moe.mesh:26:10 mul
   // moe.mesh:26:10 add
+  MESHRT_TRACE("loop", "moe.mesh:26:10", "backward");
   support::View v222 = arena_.view(143360, 2048);
   {
     float *__restrict v222p = v222.data();
@@ -1254,6 +1331,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   }
 
   // 25 statements from moe.mesh:82:10 einsum (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:82:10");
   support::View v65 = arena_.view(292864, 2560);
   support::View v223 = arena_.view(122880, 5120);
   support::View v61 = arena_.view(81920, 5120);
@@ -1308,6 +1386,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:124:3 bucketed_all_reduce_sum -> grad/experts_ffn[1]/w_out (10 partial sums
   // (grad/experts_ffn[1]/w_out, grad/experts_ffn[1]/w_in, grad/route[1]/w_gate, ...) over data
   // resolved together, 65.0 KiB in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   auto request5 = support::startAllReduce(
       group_data, {v153, v158, v200, v204, v207, v226, v230, v270, v274, v276},
       meshrt::ReduceOp::Sum);
@@ -1332,6 +1411,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   // moe.mesh:124:3 sub
   // moe.mesh:124:3 sub
   // moe.mesh:124:3 sub
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   support::View v283 = arena_.view(98688, 1);
   support::View v289 = arena_.view(98752, 1);
   {
@@ -1351,9 +1431,11 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     v289p[0] = s8;
   }
 
+  MESHRT_TRACE_SITE("");
   group_data.wait(request5);
 
   // 14 statements from moe.mesh:124:3 square (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v288(param11_norm_0_gain_v); // updated in place
   support::View v294 = arena_.view(0, 32);
   support::View v295 = arena_.view(128, 32);
@@ -1376,6 +1458,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v319, v320, v323, v4, v325, v326, v329);
 
   // 20 statements from moe.mesh:124:3 square (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v334 = arena_.view(98304, 64);
   support::View v371 = arena_.view(0, 4096);
   support::View v374 = arena_.view(16384, 64);
@@ -1405,6 +1488,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v427);
 
   // 20 statements from moe.mesh:124:3 square (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v489 = arena_.view(82432, 64);
   support::View v526 = arena_.view(32768, 4096);
   support::View v529 = arena_.view(49152, 64);
@@ -1435,9 +1519,11 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:124:3 bucketed_all_reduce_sum (resolve the partial sum of %315 over model for mul at
   // 124:3; merged with 5 more partial sums over model (%392, %428, %494, ...): 272 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::allReduceBucket(group_model, {v337, v391, v427, v492, v546, v582});
 
   // 7 statements from moe.mesh:124:3 mul (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v335(param13_route_0_w_gate_vr); // updated in place
   support::View v343 = arena_.view(65536, 2);
   support::View v348 = arena_.view(65600, 1);
@@ -1450,6 +1536,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
   repeated7(v337, v289, v335, v283, v343, v334, v348, v350, v336, v351, v270, v353, v354, v355);
 
   // 7 statements from moe.mesh:124:3 mul (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v490(param21_route_1_w_gate_vr); // updated in place
   support::View v498 = arena_.view(65792, 2);
   support::View v503 = arena_.view(65856, 1);
@@ -1463,9 +1550,11 @@ void MoeTrain::runPart1(const Inputs &inputs) {
 
   // moe.mesh:124:3 bucketed_all_reduce_sum (resolve the partial sum of %332 over model for sqrt at
   // 124:3; merged with 1 more partial sum over model (%511): 8 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::allReduceBucket(group_model, {v355, v510});
 
   // 9 statements from moe.mesh:124:3 sqrt (1 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v359 = arena_.view(66048, 1);
   support::View v362 = arena_.view(395392, 1);
   support::View v366 = arena_.view(66112, 1);
@@ -1479,6 +1568,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v438, v425, v25);
 
   // 14 statements from moe.mesh:124:3 square (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v444(param19_norm_1_gain_v); // updated in place
   support::View v450 = arena_.view(0, 32);
   support::View v451 = arena_.view(128, 32);
@@ -1500,6 +1590,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
             v474, v475, v478, v70, v480, v481, v484);
 
   // 9 statements from moe.mesh:124:3 sqrt (2 of 2)
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   support::View v514 = arena_.view(0, 1);
   support::View v517 = arena_.view(395584, 1);
   support::View v521 = arena_.view(64, 1);
@@ -1526,26 +1617,31 @@ void MoeTrain::repeated0(
     support::View a36, support::View a37, support::ConstView a38, support::View a39,
     support::ConstView a40, support::View a41, support::ConstView a42, support::View a43,
     support::View a44, support::ConstView a45, support::View a46, support::View a47) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:82:10 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:82:10", "backward");
   // dims: groups, tokens, d_model, experts, capacity
   static const meshrt::kernels::EinsumPlan einsumPlan0(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{3, 0, 4, 2}, {}}}, {{0, 1, 3, 4}, {}}});
   einsumPlan0.run(a0.data(), a1.data(), a2.data(), 1.0f, 0.0f);
 
   // moe.mesh:82:10 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:82:10", "backward");
   // dims: groups, tokens, d_model, experts, capacity
   static const meshrt::kernels::EinsumPlan einsumPlan1(
       {{1, 64, 32, 2, 40}, {{{0, 1, 2}, {}}, {{0, 1, 3, 4}, {}}}, {{3, 0, 4, 2}, {}}});
   einsumPlan1.run(a0.data(), a3.data(), a4.data(), 1.0f, 0.0f);
 
   // moe.mesh:80:20 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:80:20", "backward");
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan2(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan2.run(a4.data(), a5.data(), a6.data(), 1.0f, 0.0f);
 
   // moe.mesh:80:20 einsum -> grad/experts_ffn[1]/w_out
+  MESHRT_TRACE("gemm", "moe.mesh:80:20", "backward");
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
@@ -1553,6 +1649,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:79:16 gt
   // moe.mesh:79:16 where
+  MESHRT_TRACE("loop", "moe.mesh:79:16", "backward");
   {
     float *__restrict a10p = a10.data();
     const float *__restrict a9p = a9.data();
@@ -1569,24 +1666,28 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:79:21 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:79:21", "backward");
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan5(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 4, 3}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan5.run(a10.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
   // moe.mesh:79:21 einsum -> grad/experts_ffn[1]/w_in
+  MESHRT_TRACE("gemm", "moe.mesh:79:21", "backward");
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 2, 4}, {}}}, {{0, 4, 3}, {}}});
   einsumPlan6.run(a10.data(), a13.data(), a14.data(), 1.0f, 0.0f);
 
   // moe.mesh:78:19 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:78:19", "backward");
   // dims: experts, groups, capacity, d_model, tokens
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{1, 4, 0, 2}, {}}}, {{1, 4, 3}, {}}});
   einsumPlan7.run(a12.data(), a15.data(), a16.data(), 1.0f, 0.0f);
 
   // moe.mesh:73:57 mul
+  MESHRT_TRACE("loop", "moe.mesh:73:57", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a2p = a2.data();
@@ -1600,6 +1701,7 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:73:57 sum
+  MESHRT_TRACE("sum", "moe.mesh:73:57", "backward");
   static const support::Shape shape9_1 = {1, 64};
   static const support::Shape shape9_3 = {5120, 80};
   static const support::Shape shape9_4 = {2, 40};
@@ -1608,6 +1710,7 @@ void MoeTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:73:27 mul
+  MESHRT_TRACE("loop", "moe.mesh:73:27", "backward");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a2p = a2.data();
@@ -1621,6 +1724,7 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:73:27 sum
+  MESHRT_TRACE("sum", "moe.mesh:73:27", "backward");
   static const support::Shape shape11_1 = {1, 64};
   static const support::Shape shape11_3 = {5120, 80};
   static const support::Shape shape11_4 = {2, 40};
@@ -1630,6 +1734,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:73:66 bucketed_all_reduce_sum (resolve the partial sum of %150 over model for div at
   // 73:66; merged with 1 more partial sum over model (%169): 512 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:73:66");
   support::allReduceBucket(group_model, {a19, a22});
 
   // moe.mesh:73:36 div
@@ -1645,6 +1750,7 @@ void MoeTrain::repeated0(
   // moe.mesh:59:29 add
   // moe.mesh:73:66 div
   // moe.mesh:59:29 add
+  MESHRT_TRACE("loop", "moe.mesh:73:36", "backward");
   {
     float *__restrict a27p = a27.data();
     float *__restrict a28p = a28.data();
@@ -1697,6 +1803,7 @@ void MoeTrain::repeated0(
   // moe.mesh:54:25 add
   // moe.mesh:92:23 add
   // moe.mesh:35:15 mul
+  MESHRT_TRACE("loop", "moe.mesh:93:23", "backward");
   {
     float *__restrict a34p = a34.data();
     float *__restrict a35p = a35.data();
@@ -1736,6 +1843,7 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:35:15 sum
+  MESHRT_TRACE("sum", "moe.mesh:35:15", "backward");
   static const support::Shape shape15_1 = {1, 64};
   static const support::Shape shape15_3 = {128, 2};
   static const support::Shape shape15_4 = {2};
@@ -1744,10 +1852,12 @@ void MoeTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:35:15 all_reduce_sum (resolve the partial sum of %182 over model for sub at 35:15)
+  MESHRT_TRACE_SITE("moe.mesh:35:15");
   group_model.allReduce(a36.data(), a36.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:35:15 sub
   // moe.mesh:35:15 mul
+  MESHRT_TRACE("loop", "moe.mesh:35:15", "backward");
   {
     float *__restrict a37p = a37.data();
     const float *__restrict a34p = a34.data();
@@ -1766,12 +1876,14 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:35:23 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
   // dims: groups, tokens, experts, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan18(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{3, 2}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan18.run(a37.data(), a38.data(), a39.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:23 einsum -> grad/route[1]/w_gate
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "backward");
   // dims: groups, tokens, experts, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan19(
       {{1, 64, 2, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
@@ -1779,6 +1891,7 @@ void MoeTrain::repeated0(
 
   // moe.mesh:119:34 mul
   // moe.mesh:119:34 add
+  MESHRT_TRACE("loop", "moe.mesh:119:34", "backward");
   {
     float *__restrict a43p = a43.data();
     const float *__restrict a39p = a39.data();
@@ -1795,9 +1908,11 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:26:40 all_reduce_sum (resolve the partial sum of %188 over model for sum at 26:40)
+  MESHRT_TRACE_SITE("moe.mesh:26:40");
   group_model.allReduce(a43.data(), a43.size(), meshrt::ReduceOp::Sum);
 
   // moe.mesh:26:40 sum -> grad/norm[1]/bias
+  MESHRT_TRACE("sum", "moe.mesh:26:40", "backward");
   static const support::Shape shape22_1 = {32};
   static const support::Shape shape22_3 = {1};
   static const support::Shape shape22_4 = {1, 64};
@@ -1806,6 +1921,7 @@ void MoeTrain::repeated0(
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:26:33 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "backward");
   {
     float *__restrict a46p = a46.data();
     const float *__restrict a43p = a43.data();
@@ -1819,6 +1935,7 @@ void MoeTrain::repeated0(
   }
 
   // moe.mesh:26:33 sum -> grad/norm[1]/gain
+  MESHRT_TRACE("sum", "moe.mesh:26:33", "backward");
   static const support::Shape shape24_1 = {32};
   static const support::Shape shape24_3 = {1};
   static const support::Shape shape24_4 = {1, 64};
@@ -1836,9 +1953,11 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
                          support::View a20, support::View a21, support::View a22, support::View a23,
                          support::View a24, support::View a25, support::View a26, support::View a27,
                          support::View a28) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:124:3 square
   // moe.mesh:124:3 add
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -1852,6 +1971,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
   static const support::Shape shape1_1 = {32};
   static const support::Shape shape1_3 = {2};
   static const support::Shape shape1_4 = {2};
@@ -1861,6 +1981,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:124:3 square
   // moe.mesh:124:3 add
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -1874,6 +1995,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
   static const support::Shape shape3_1 = {2, 32};
   static const support::Shape shape3_3 = {2048, 64};
   static const support::Shape shape3_4 = {64};
@@ -1884,6 +2006,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 add
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a5p = a5.data();
@@ -1902,6 +2025,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
   static const support::Shape shape5_1 = {2, 64};
   static const support::Shape shape5_3 = {2048, 1};
   static const support::Shape shape5_4 = {32};
@@ -1910,6 +2034,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape6_1 = {2};
   static const support::Shape shape6_3 = {32};
   static const support::Shape shape6_4 = {32};
@@ -1919,6 +2044,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:124:3 div
   // moe.mesh:124:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -1938,6 +2064,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 add
   // moe.mesh:124:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a12p = a12.data();
     float *__restrict a13p = a13.data();
@@ -1961,6 +2088,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a14p = a14.data();
     float *__restrict a15p = a15.data();
@@ -1984,6 +2112,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape10_1 = {};
   static const support::Shape shape10_3 = {};
   static const support::Shape shape10_4 = {2, 32, 64};
@@ -1993,6 +2122,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:124:3 square
   // moe.mesh:124:3 add
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a17p = a17.data();
@@ -2006,6 +2136,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
   static const support::Shape shape12_1 = {2, 64};
   static const support::Shape shape12_3 = {2048, 32};
   static const support::Shape shape12_4 = {32};
@@ -2016,6 +2147,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 add
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a20p = a20.data();
     const float *__restrict a19p = a19.data();
@@ -2034,6 +2166,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
   static const support::Shape shape14_1 = {2, 32};
   static const support::Shape shape14_3 = {2048, 1};
   static const support::Shape shape14_4 = {64};
@@ -2042,6 +2175,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape15_1 = {2};
   static const support::Shape shape15_3 = {64};
   static const support::Shape shape15_4 = {64};
@@ -2051,6 +2185,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
 
   // moe.mesh:124:3 div
   // moe.mesh:124:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a23p = a23.data();
     const float *__restrict a20p = a20.data();
@@ -2070,6 +2205,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 add
   // moe.mesh:124:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a24p = a24.data();
     float *__restrict a25p = a25.data();
@@ -2093,6 +2229,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a26p = a26.data();
     float *__restrict a27p = a27.data();
@@ -2116,6 +2253,7 @@ void MoeTrain::repeated1(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape19_1 = {};
   static const support::Shape shape19_3 = {};
   static const support::Shape shape19_4 = {2, 64, 32};
@@ -2130,8 +2268,10 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
                          support::View a9, support::View a10, support::View a11, support::View a12,
                          support::View a13, support::View a14, support::View a15, support::View a16,
                          const char *t0) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:26:10 layer_norm
+  MESHRT_TRACE("layer_norm", "moe.mesh:26:10", "forward");
   static const support::Shape shape0_2 = {1, 64};
   static const support::Shape shape0_3 = {2048, 32};
   static const support::Shape shape0_4 = {2048, 32};
@@ -2142,6 +2282,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
                  support::Along::LayerNorm, 1e-05, 32, nullptr);
 
   // moe.mesh:119:36 random_uniform
+  MESHRT_TRACE("random_uniform", "moe.mesh:119:36", "forward");
   support::fillRandomUniform(
       a2.data(),
       meshrt::kernels::Shard{meshrt::kernels::Dims{2, 64, 32},
@@ -2153,6 +2294,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:26:33 mul
   // moe.mesh:26:40 add -> n
   // moe.mesh:119:34 mul
+  MESHRT_TRACE("loop", "moe.mesh:26:33", "forward");
   {
     float *__restrict a5p = a5.data();
     float *__restrict a6p = a6.data();
@@ -2176,12 +2318,14 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:35:23 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:35:23", "forward");
   // dims: groups, tokens, d_model, experts
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 32, 2}, {{{0, 1, 2}, {}}, {{2, 3}, {}}}, {{0, 1, 3}, {}}});
   einsumPlan3.run(a6.data(), a7.data(), a8.data(), 1.0f, 0.0f);
 
   // moe.mesh:35:15 softmax -> gates
+  MESHRT_TRACE("softmax", "moe.mesh:35:15", "forward");
   static const support::Shape shape4_2 = {1, 64};
   static const support::Shape shape4_3 = {128, 2};
   static const support::Shape shape4_4 = {128, 2};
@@ -2192,6 +2336,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
                  support::Along::Softmax, 1e-05, 4, &group_model);
 
   // moe.mesh:42:24 max
+  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
   static const support::Shape shape5_1 = {1, 64};
   static const support::Shape shape5_3 = {128, 2};
   static const support::Shape shape5_4 = {2};
@@ -2200,10 +2345,12 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:42:24");
   group_model.allReduce(a10.data(), a10.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:42:21 ge
   // moe.mesh:42:10 cast
+  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a9p = a9.data();
@@ -2220,6 +2367,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:91:17 mean -> density
+  MESHRT_TRACE("mean", "moe.mesh:91:17", "forward");
   static const support::Shape shape8_1 = {1, 2};
   static const support::Shape shape8_3 = {128, 1};
   static const support::Shape shape8_4 = {64};
@@ -2228,6 +2376,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:92:23 mean -> density_proxy
+  MESHRT_TRACE("mean", "moe.mesh:92:23", "forward");
   static const support::Shape shape9_1 = {1, 2};
   static const support::Shape shape9_3 = {128, 1};
   static const support::Shape shape9_4 = {64};
@@ -2236,6 +2385,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 0.015625);
 
   // moe.mesh:93:23 mul
+  MESHRT_TRACE("loop", "moe.mesh:93:23", "forward");
   {
     float *__restrict a14p = a14.data();
     const float *__restrict a12p = a12.data();
@@ -2249,6 +2399,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:93:10 mean
+  MESHRT_TRACE("mean", "moe.mesh:93:10", "forward");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {1, 2};
@@ -2257,6 +2408,7 @@ void MoeTrain::repeated2(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 0.125);
 
   // moe.mesh:93:40 mul -> balance
+  MESHRT_TRACE("loop", "moe.mesh:93:40", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -2274,6 +2426,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
                          support::View a13, support::View a14, support::View a15, support::View a16,
                          support::View a17, support::View a18, support::View a19, support::View a20,
                          support::View a21) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:124:3 square
   // moe.mesh:124:3 add
@@ -2283,6 +2436,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 rsqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -2312,6 +2466,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32};
@@ -2322,6 +2477,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2335,6 +2491,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2346,6 +2503,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape4_1 = {};
   static const support::Shape shape4_3 = {};
   static const support::Shape shape4_4 = {32};
@@ -2356,6 +2514,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 maximum
   // moe.mesh:124:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -2371,6 +2530,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 div
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 sub -> next/norm[0]/gain
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a8p = a8.data();
     const float *__restrict a4p = a4.data();
@@ -2396,6 +2556,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 rsqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();
@@ -2425,6 +2586,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape8_1 = {};
   static const support::Shape shape8_3 = {};
   static const support::Shape shape8_4 = {32};
@@ -2435,6 +2597,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -2448,6 +2611,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a19p = a19.data();
     const float *__restrict a18p = a18.data();
@@ -2459,6 +2623,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape11_1 = {};
   static const support::Shape shape11_3 = {};
   static const support::Shape shape11_4 = {32};
@@ -2469,6 +2634,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 maximum
   // moe.mesh:124:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a21p = a21.data();
     const float *__restrict a20p = a20.data();
@@ -2484,6 +2650,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 div
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 sub -> next/norm[0]/bias
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a18p = a18.data();
     const float *__restrict a14p = a14.data();
@@ -2508,10 +2675,12 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
                          support::View a9, support::ConstView a10, support::View a11,
                          support::ConstView a12, support::View a13, support::ConstView a14,
                          support::View a15, support::ConstView a16, support::View a17) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -2527,6 +2696,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 maximum
   // moe.mesh:124:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a3p = a3.data();
     const float *__restrict a2p = a2.data();
@@ -2542,6 +2712,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:124:3 div
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 sub -> next/route[0]/w_gate
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a5p = a5.data();
     const float *__restrict a4p = a4.data();
@@ -2562,6 +2733,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -2577,6 +2749,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 maximum
   // moe.mesh:124:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a8p = a8.data();
@@ -2592,6 +2765,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:124:3 div
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 sub -> next/experts_ffn[0]/w_in
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a10p = a10.data();
@@ -2612,6 +2786,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 maximum
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a13p = a13.data();
     const float *__restrict a12p = a12.data();
@@ -2627,6 +2802,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:124:3 sqrt
   // moe.mesh:124:3 maximum
   // moe.mesh:124:3 mul
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a15p = a15.data();
     const float *__restrict a14p = a14.data();
@@ -2642,6 +2818,7 @@ void MoeTrain::repeated4(support::ConstView a0, support::View a1, support::Const
   // moe.mesh:124:3 div
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 sub -> next/experts_ffn[0]/w_out
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a17p = a17.data();
     const float *__restrict a16p = a16.data();
@@ -2667,10 +2844,12 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
                          support::ConstView a12, support::View a13, support::ConstView a14,
                          support::View a15, support::View a16, support::ConstView a17,
                          support::View a18, support::View a19) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:59:15 maximum -> total
   // moe.mesh:73:36 div
   // moe.mesh:73:66 div
+  MESHRT_TRACE("loop", "moe.mesh:59:15", "forward");
   {
     float *__restrict a3p = a3.data();
     float *__restrict a4p = a4.data();
@@ -2694,6 +2873,7 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:73:27 bucketed_all_reduce_sum (resolve the partial sum of %53 over model for mul at
   // 73:27; merged with 1 more partial sum over model (%59): 512 B in one buffer)
+  MESHRT_TRACE_SITE("moe.mesh:73:27");
   support::allReduceBucket(group_model, {a4, a5});
 
   // moe.mesh:70:59 mul -> dispatch2
@@ -2701,6 +2881,7 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:73:57 mul
   // moe.mesh:73:27 mul
   // moe.mesh:73:45 add -> combine
+  MESHRT_TRACE("loop", "moe.mesh:70:59", "forward");
   {
     float *__restrict a9p = a9.data();
     float *__restrict a10p = a10.data();
@@ -2733,18 +2914,21 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:78:19 einsum -> expert_in
+  MESHRT_TRACE("gemm", "moe.mesh:78:19", "forward");
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan3(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{2, 0, 3, 4}, {}}});
   einsumPlan3.run(a10.data(), a12.data(), a13.data(), 1.0f, 0.0f);
 
   // moe.mesh:79:21 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:79:21", "forward");
   // dims: experts, groups, capacity, d_model, d_ff
   static const meshrt::kernels::EinsumPlan einsumPlan4(
       {{2, 1, 40, 32, 64}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan4.run(a13.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
   // moe.mesh:79:16 relu -> hidden
+  MESHRT_TRACE("loop", "moe.mesh:79:16", "forward");
   {
     float *__restrict a16p = a16.data();
     const float *__restrict a15p = a15.data();
@@ -2756,18 +2940,21 @@ void MoeTrain::repeated5(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:80:20 einsum -> expert_out
+  MESHRT_TRACE("gemm", "moe.mesh:80:20", "forward");
   // dims: experts, groups, capacity, d_ff, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan6(
       {{2, 1, 40, 64, 32}, {{{0, 1, 2, 3}, {}}, {{0, 3, 4}, {}}}, {{0, 1, 2, 4}, {}}});
   einsumPlan6.run(a16.data(), a17.data(), a18.data(), 1.0f, 0.0f);
 
   // moe.mesh:82:10 einsum
+  MESHRT_TRACE("gemm", "moe.mesh:82:10", "forward");
   // dims: groups, tokens, experts, capacity, d_model
   static const meshrt::kernels::EinsumPlan einsumPlan7(
       {{1, 64, 2, 40, 32}, {{{0, 1, 2, 3}, {}}, {{2, 0, 3, 4}, {}}}, {{0, 1, 4}, {}}});
   einsumPlan7.run(a11.data(), a18.data(), a19.data(), 1.0f, 0.0f);
 
   // moe.mesh:121:11 all_reduce_sum (resolve the partial sum of %62 over model for add at 121:11)
+  MESHRT_TRACE_SITE("moe.mesh:121:11");
   group_model.allReduce(a19.data(), a19.size(), meshrt::ReduceOp::Sum);
 }
 
@@ -2775,8 +2962,10 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
                          support::View a3, support::View a4, support::View a5, support::View a6,
                          support::View a7, support::View a8, support::View a9, support::View a10,
                          support::View a11) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:42:24 max
+  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
   static const support::Shape shape0_1 = {1, 64};
   static const support::Shape shape0_3 = {128, 2};
   static const support::Shape shape0_4 = {2};
@@ -2785,12 +2974,14 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:42:24");
   group_model.allReduce(a0.data(), a0.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:42:21 ge
   // moe.mesh:42:10 cast -> mask1
   // moe.mesh:54:32 sub
   // moe.mesh:54:25 mul -> remaining
+  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a3p = a3.data();
@@ -2815,6 +3006,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:42:24 max
+  MESHRT_TRACE("max", "moe.mesh:42:24", "forward");
   static const support::Shape shape3_1 = {1, 64};
   static const support::Shape shape3_3 = {128, 2};
   static const support::Shape shape3_4 = {2};
@@ -2823,9 +3015,11 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Max, 1.0);
 
   // moe.mesh:42:24 all_reduce_max (max over split dims: all-reduce of the local maxima)
+  MESHRT_TRACE_SITE("moe.mesh:42:24");
   group_model.allReduce(a5.data(), a5.size(), meshrt::ReduceOp::Max);
 
   // moe.mesh:57:25 mul
+  MESHRT_TRACE("loop", "moe.mesh:57:25", "forward");
   {
     float *__restrict a6p = a6.data();
     const float *__restrict a1p = a1.data();
@@ -2839,6 +3033,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:57:15 sum -> gate1
+  MESHRT_TRACE("sum", "moe.mesh:57:15", "forward");
   static const support::Shape shape6_1 = {1, 64};
   static const support::Shape shape6_3 = {128, 2};
   static const support::Shape shape6_4 = {2};
@@ -2849,6 +3044,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
   // moe.mesh:42:21 ge
   // moe.mesh:42:10 cast -> mask2
   // moe.mesh:58:29 mul
+  MESHRT_TRACE("loop", "moe.mesh:42:21", "forward");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -2869,6 +3065,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:58:15 sum -> gate2
+  MESHRT_TRACE("sum", "moe.mesh:58:15", "forward");
   static const support::Shape shape8_1 = {1, 64};
   static const support::Shape shape8_3 = {128, 2};
   static const support::Shape shape8_4 = {2};
@@ -2877,6 +3074,7 @@ void MoeTrain::repeated6(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:59:29 add
+  MESHRT_TRACE("loop", "moe.mesh:59:29", "forward");
   {
     float *__restrict a11p = a11.data();
     const float *__restrict a7p = a7.data();
@@ -2895,10 +3093,12 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
                          support::View a6, support::View a7, support::View a8, support::View a9,
                          support::ConstView a10, support::View a11, support::View a12,
                          support::View a13) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 add
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -2917,6 +3117,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "backward");
   static const support::Shape shape1_1 = {2};
   static const support::Shape shape1_3 = {1};
   static const support::Shape shape1_4 = {32};
@@ -2925,6 +3126,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
                   support::Reduce::Sum, 0.03125);
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape2_1 = {};
   static const support::Shape shape2_3 = {};
   static const support::Shape shape2_4 = {32};
@@ -2934,6 +3136,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
 
   // moe.mesh:124:3 div
   // moe.mesh:124:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a2p = a2.data();
@@ -2951,6 +3154,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 add
   // moe.mesh:124:3 rsqrt
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a8p = a8.data();
     float *__restrict a9p = a9.data();
@@ -2974,6 +3178,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a11p = a11.data();
     float *__restrict a12p = a12.data();
@@ -2995,6 +3200,7 @@ void MoeTrain::repeated7(support::ConstView a0, support::ConstView a1, support::
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape6_1 = {};
   static const support::Shape shape6_3 = {};
   static const support::Shape shape6_4 = {32, 2};
@@ -3007,8 +3213,10 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                          support::View a3, support::View a4, support::View a5, support::View a6,
                          support::ConstView a7, support::View a8, support::View a9,
                          support::View a10) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:64:19 cumsum -> position1
+  MESHRT_TRACE("cumsum", "moe.mesh:64:19", "forward");
   static const support::Shape shape0_2 = {1, 2};
   static const support::Shape shape0_3 = {128, 1};
   static const support::Shape shape0_4 = {128, 1};
@@ -3019,6 +3227,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:67:27 cast
+  MESHRT_TRACE("loop", "moe.mesh:67:27", "forward");
   {
     float *__restrict a2p = a2.data();
     const float *__restrict a0p = a0.data();
@@ -3030,12 +3239,14 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:67:19 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:67:19", "forward");
   static const support::Shape shape2_1 = {1, 64, 2, 40};
   static const support::Shape shape2_3 = {128, 2, 1, 0};
   static const support::Shape shape2_4 = {0, 0, 0, 1};
   support::oneHot(a3.data(), shape2_1, a2.data(), shape2_3, shape2_4, 0);
 
   // moe.mesh:67:59 mul -> dispatch1
+  MESHRT_TRACE("loop", "moe.mesh:67:59", "forward");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3051,6 +3262,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:68:15 sum -> kept1
+  MESHRT_TRACE("sum", "moe.mesh:68:15", "forward");
   static const support::Shape shape4_1 = {1, 64, 2};
   static const support::Shape shape4_3 = {5120, 80, 40};
   static const support::Shape shape4_4 = {40};
@@ -3059,6 +3271,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                   support::Reduce::Sum, 1.0);
 
   // moe.mesh:69:19 cumsum
+  MESHRT_TRACE("cumsum", "moe.mesh:69:19", "forward");
   static const support::Shape shape5_2 = {1, 2};
   static const support::Shape shape5_3 = {128, 1};
   static const support::Shape shape5_4 = {128, 1};
@@ -3069,6 +3282,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
                  support::Along::CumsumExclusive, 1e-05, 64, nullptr);
 
   // moe.mesh:69:58 sum
+  MESHRT_TRACE("sum", "moe.mesh:69:58", "forward");
   static const support::Shape shape6_1 = {1, 2};
   static const support::Shape shape6_3 = {128, 1};
   static const support::Shape shape6_4 = {64};
@@ -3078,6 +3292,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
 
   // moe.mesh:69:56 add -> position2
   // moe.mesh:70:27 cast
+  MESHRT_TRACE("loop", "moe.mesh:69:56", "forward");
   {
     float *__restrict a9p = a9.data();
     const float *__restrict a6p = a6.data();
@@ -3094,6 +3309,7 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
   }
 
   // moe.mesh:70:19 one_hot
+  MESHRT_TRACE("one_hot", "moe.mesh:70:19", "forward");
   static const support::Shape shape8_1 = {1, 64, 2, 40};
   static const support::Shape shape8_3 = {128, 2, 1, 0};
   static const support::Shape shape8_4 = {0, 0, 0, 1};
@@ -3103,8 +3319,10 @@ void MoeTrain::repeated8(support::View a0, support::ConstView a1, support::View 
 void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View a2,
                          support::ConstView a3, support::View a4, support::View a5,
                          support::ConstView a6, support::View a7, support::View a8) {
+  MESHRT_TRACE_SPAN(world_);
 
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a1p = a1.data();
     const float *__restrict a0p = a0.data();
@@ -3116,6 +3334,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape1_1 = {};
   static const support::Shape shape1_3 = {};
   static const support::Shape shape1_4 = {32, 2};
@@ -3124,6 +3343,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0078125);
 
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a4p = a4.data();
     const float *__restrict a3p = a3.data();
@@ -3135,6 +3355,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape3_1 = {};
   static const support::Shape shape3_3 = {};
   static const support::Shape shape3_4 = {2, 32, 64};
@@ -3143,6 +3364,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
                   support::Reduce::Sum, 0.0001220703125);
 
   // moe.mesh:124:3 square
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a7p = a7.data();
     const float *__restrict a6p = a6.data();
@@ -3154,6 +3376,7 @@ void MoeTrain::repeated9(support::ConstView a0, support::View a1, support::View 
   }
 
   // moe.mesh:124:3 mean
+  MESHRT_TRACE("mean", "moe.mesh:124:3", "update");
   static const support::Shape shape5_1 = {};
   static const support::Shape shape5_3 = {};
   static const support::Shape shape5_4 = {2, 64, 32};
