@@ -526,7 +526,7 @@ std::pair<std::string, std::string> locationAndOp(const std::string& source) {
 
 } // namespace
 
-std::string StatementPrinter::traceProbe(const kir::Stmt& stmt) const {
+std::string StatementPrinter::traceProbe(const kir::Stmt& stmt) {
   const kir::Stmt* first = &stmt;
   if (const auto* invoke = std::get_if<kir::Invoke>(&stmt.node)) {
     const kir::Subroutine& sub = fn.subroutines.at(size_t(invoke->subroutine));
@@ -534,8 +534,13 @@ std::string StatementPrinter::traceProbe(const kir::Stmt& stmt) const {
   }
   auto [where, op] = first->sources.empty() ? std::pair<std::string, std::string>()
                                             : locationAndOp(first->sources.front());
-  // Collectives are recorded by meshrt, named by this site; a subroutine's statements by its
-  // own probes.
+  // Collectives are recorded by meshrt, named by this site (a wait by its start's); a
+  // subroutine's statements by its own probes.
+  if (const auto* c = std::get_if<kir::Collective>(&stmt.node)) {
+    if (c->phase == kir::Collective::Phase::Start) startLocations[c->request] = where;
+    if (c->phase == kir::Collective::Phase::Wait && where.empty())
+      where = startLocations[c->request];
+  }
   if (std::holds_alternative<kir::Collective>(stmt.node) ||
       std::holds_alternative<kir::Invoke>(stmt.node))
     return fmt::format("MESHRT_TRACE_SITE(\"{}\");\n", where);

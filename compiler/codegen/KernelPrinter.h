@@ -7,6 +7,7 @@
 #include "codegen/KernelIR.h"
 
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -90,7 +91,7 @@ private:
   std::string collective(const kir::Collective& c);
   std::string copy(const kir::Copy& copy);
   /// The trace probe of `stmt`: one line naming its kind, source location and phase.
-  std::string traceProbe(const kir::Stmt& stmt) const;
+  std::string traceProbe(const kir::Stmt& stmt);
   /// Declares `id` when it is not yet (arena slots zeroed when `zero`).
   std::string declare(kir::BufferId id, bool zero);
   std::string name(kir::BufferId id) const { return fn.buffers[size_t(id)].name; }
@@ -100,6 +101,8 @@ private:
   std::vector<std::string> paramMembers, inputFields;
   std::vector<bool> declared;
   std::vector<int> writers;
+  /// Per started collective's request: its location, which names its wait's probe too.
+  std::map<int, std::string> startLocations;
 };
 
 } // namespace meshc::codegen

@@ -29,6 +29,7 @@ struct Event {
   double start = 0, duration = 0;
   double self = 0;      // duration less that of the events directly inside it
   std::string function; // the planned function whose run encloses it ("": none)
+  int64_t run = -1;     // the index of that run's event
 };
 
 bool readTrace(const std::string& path, llvm::json::Value& trace, std::string& error) {
@@ -84,7 +85,9 @@ bool loadEvents(const std::string& path, std::vector<Event>& events, std::string
     if (!open.empty()) {
       Event& parent = events[open.back()];
       parent.self -= events[k].duration;
-      events[k].function = parent.kind == "run" ? parent.where : parent.function;
+      bool parentIsRun = parent.kind == "run";
+      events[k].function = parentIsRun ? parent.where : parent.function;
+      events[k].run = parentIsRun ? int64_t(open.back()) : parent.run;
     }
     open.push_back(k);
   }
@@ -115,8 +118,11 @@ std::string familyOfPlanned(plan::CollectiveKind kind) {
 }
 
 std::string familyOfCall(llvm::StringRef call) {
-  call.consume_front("start");
   std::string out;
+  if (call.consume_front("start") && !call.empty()) {
+    out += char(std::tolower(static_cast<unsigned char>(call.front())));
+    call = call.drop_front();
+  }
   for (char c : call) {
     if (std::isupper(static_cast<unsigned char>(c))) {
       out += '_';
@@ -125,7 +131,7 @@ std::string familyOfCall(llvm::StringRef call) {
       out += char(std::tolower(static_cast<unsigned char>(c)));
     }
   }
-  return out; // allReduce -> all_reduce, AllGather -> all_gather
+  return out; // allReduce -> all_reduce, startAllGather -> all_gather
 }
 
 struct Row {
@@ -150,16 +156,26 @@ std::string ratio(double measured, double predicted) {
 void printFunction(const plan::PlannedFunction& plan, const std::vector<Event>& events,
                    llvm::raw_ostream& os) {
   const plan::SpmdFunction& fn = plan.spmd;
-  std::set<int64_t> ranks;
-  int64_t runs = 0;
-  double runSeconds = 0;
-  for (const Event& event : events)
-    if (event.kind == "run" && event.where == fn.name) {
-      ranks.insert(event.rank);
-      ++runs;
-      runSeconds += event.duration;
-    }
+  // Each rank's runs of `fn`; the first is a warm-up (first touches, the GEMM library's
+  // kernels made) and is left out when there are more.
+  std::map<int64_t, std::vector<int64_t>> runsOfRank;
+  for (size_t k = 0; k < events.size(); ++k)
+    if (events[k].kind == "run" && events[k].where == fn.name)
+      runsOfRank[events[k].rank].push_back(int64_t(k)); // in time order
+  std::set<int64_t> counted;
+  bool warmUpLeftOut = false;
+  for (const auto& [rank, runList] : runsOfRank) {
+    warmUpLeftOut = runList.size() > 1;
+    counted.insert(runList.begin() + (warmUpLeftOut ? 1 : 0), runList.end());
+  }
+  int64_t runs = int64_t(counted.size());
   if (runs == 0) return;
+  std::set<int64_t> ranks;
+  double runSeconds = 0;
+  for (int64_t k : counted) {
+    ranks.insert(events[size_t(k)].rank);
+    runSeconds += events[size_t(k)].duration;
+  }
   double perRun = 1.0 / double(runs); // means over runs and ranks alike
 
   std::map<std::string, Row> rows;
@@ -192,7 +208,7 @@ void printFunction(const plan::PlannedFunction& plan, const std::vector<Event>& 
     if (event.function == fn.name && event.category == "collective" && event.kind != "wait")
       familyOfSite[event.where] = familyOfCall(event.kind);
   for (const Event& event : events) {
-    if (event.function != fn.name) continue;
+    if (event.function != fn.name || !counted.count(event.run)) continue;
     if (event.category == "collective") {
       std::string family =
           event.kind == "wait" ? familyOfSite[event.where] : familyOfCall(event.kind);
@@ -221,11 +237,12 @@ void printFunction(const plan::PlannedFunction& plan, const std::vector<Event>& 
   });
 
   bool train = fn.kind == ir::Function::Kind::Train;
-  os << fmt::format("profile of {} {}: {} rank(s), {} run(s) per rank; times are means per run "
-                    "and rank, predicted for the machine '{}'\n",
+  os << fmt::format("profile of {} {}: {} rank(s), {} run(s) per rank{}; times are means per "
+                    "run and rank, predicted for the machine '{}'\n",
                     train ? "train block" : "program", fn.name, ranks.size(),
-                    runs / int64_t(ranks.size()), fn.machineName);
-  os << fmt::format("  {:<11} {:<28} {:<17} {:>9} {:>11} {:>11} {:>7} {:>11}\n", "what", "where",
+                    runs / int64_t(ranks.size()), warmUpLeftOut ? " after a warm-up run" : "",
+                    fn.machineName);
+  os << fmt::format("  {:<18} {:<24} {:<16} {:>7} {:>11} {:>11} {:>7} {:>11}\n", "what", "where",
                     "phase", "count", "predicted", "measured", "ratio", "error");
   for (const Row* row : sorted) {
     std::string what = row->collective ? row->kind : llvm::join(row->kinds, ",");
@@ -234,7 +251,7 @@ void printFunction(const plan::PlannedFunction& plan, const std::vector<Event>& 
     std::string count = row->collective ? fmt::format("{}/{:g}", std::max<int64_t>(row->planned, 0),
                                                       double(row->ran) * perRun)
                                         : "";
-    os << fmt::format("  {:<11} {:<28} {:<17} {:>9} {:>11} {:>11} {:>7} {:>11}\n", what, row->where,
+    os << fmt::format("  {:<18} {:<24} {:<16} {:>7} {:>11} {:>11} {:>7} {:>11}\n", what, row->where,
                       llvm::join(row->phases, ","), count, seconds(row->predicted),
                       seconds(row->measured), ratio(row->measured, row->predicted),
                       seconds(row->measured - row->predicted));

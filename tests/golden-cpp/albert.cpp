@@ -230,7 +230,7 @@ void Albert::runPart0(const Inputs &inputs) {
   static const support::Shape shape3_5 = {16, 1, 0};
   support::gather(v12.data(), shape3_1, v4.data(), shape3_3, v1.data(), shape3_5, 2, 16, 0);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
 
   // albert.mesh:49:40 add
@@ -1330,7 +1330,7 @@ void AlbertTrain::runPart0(const Inputs &inputs) {
   static const support::Shape shape3_5 = {16, 1, 0};
   support::gather(v15.data(), shape3_1, v7.data(), shape3_3, v1.data(), shape3_5, 2, 16, 0);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("albert.mesh:49:40");
   group_model.wait(request0);
 
   // albert.mesh:49:40 add
@@ -2147,7 +2147,7 @@ void AlbertTrain::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 16}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan15.run(v183.data(), v125.data(), v196.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("albert.mesh:77:50");
   group_model.wait(request1);
 
   // 10 statements from albert.mesh:77:50 sum -> grad/heads/bias (1 of 2)
@@ -2933,7 +2933,7 @@ void AlbertTrain::runPart4(const Inputs &inputs) {
     }
   }
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request4);
 
   // encoder_layers.mesh:30:23 add
@@ -3208,7 +3208,7 @@ void AlbertTrain::runPart5(const Inputs &inputs) {
     v577p[0] = s27;
   }
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("albert.mesh:109:3");
   group_data.wait(request5);
 
   // albert.mesh:109:3 mul
@@ -4739,7 +4739,7 @@ void AlbertTrain::repeated0(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan44.run(a57.data(), a64.data(), a66.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
 
   // encoder_layers.mesh:30:23 add

@@ -1687,7 +1687,7 @@ void MlmTrain::runPart0(const Inputs &inputs) {
   // bert.mesh:64:54 add
   // bert.mesh:64:39 div -> loss
   // bert.mesh:64:39 div
-  MESHRT_TRACE("loop", "bert.mesh:64:54", "forward");
+  MESHRT_TRACE("loop", "bert.mesh:64:54", "backward");
   support::View v123 = arena_.view(541184, 1);
   support::View v125 = arena_.view(139264, 1);
   {
@@ -2287,7 +2287,7 @@ void MlmTrain::runPart2(const Inputs &inputs) {
     v367p[0] = s27;
   }
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("bert.mesh:65:3");
   group_data_model.wait(request0);
 
   // bert.mesh:65:3 mul

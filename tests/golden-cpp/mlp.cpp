@@ -507,7 +507,7 @@ void MlpTrain::runPart0(const Inputs &inputs) {
     v49p[0] = s19;
   }
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("mlp.mesh:42:3");
   group_data.wait(request0);
 
   // mlp.mesh:42:3 square
@@ -630,7 +630,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 sub -> next/ffn/w_in
-  MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "update");
   support::View v31 = arena_.view(32768, 8192);
   support::View v68(param3_ffn_w_in_momentum); // updated in place
   support::View v49 = arena_.view(98880, 1);
@@ -668,7 +668,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 sub -> next/ffn/b_in
-  MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "update");
   support::View v30 = arena_.view(98304, 128);
   support::View v76(param4_ffn_b_in_momentum); // updated in place
   support::View v5(param1_ffn_b_in);           // updated in place
@@ -705,7 +705,7 @@ void MlpTrain::runPart1(const Inputs &inputs) {
   // mlp.mesh:42:3 add
   // mlp.mesh:42:3 mul
   // mlp.mesh:42:3 sub -> next/ffn/w_out
-  MESHRT_TRACE("loop", "mlp.mesh:42:3", "backward");
+  MESHRT_TRACE("loop", "mlp.mesh:42:3", "update");
   support::View v25 = arena_.view(0, 8192);
   support::View v83(param5_ffn_w_out_momentum); // updated in place
   support::View v6(param2_ffn_w_out);           // updated in place

@@ -484,7 +484,7 @@ void Moe::repeated0(support::View a0, support::ConstView a1, support::ConstView 
   static const support::Shape shape23_4 = {0, 0, 0, 1};
   support::oneHot(a26.data(), shape23_1, a25.data(), shape23_3, shape23_4, 0);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("moe.mesh:59:15");
   group_model.wait(request0);
 
   // moe.mesh:59:15 maximum -> total
@@ -936,7 +936,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v52 = arena_.view(0, 5120);
   repeated8(v43, v28, v44, v45, v46, v47, v48, v34, v49, v51, v52);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("moe.mesh:59:15");
   group_model.wait(request1);
 
   // 9 statements from moe.mesh:59:15 maximum -> total (1 of 2)
@@ -1027,7 +1027,7 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   support::View v118 = arena_.view(122880, 5120);
   repeated8(v109, v94, v110, v111, v112, v113, v114, v100, v115, v117, v118);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("moe.mesh:59:15");
   group_model.wait(request3);
 
   // 9 statements from moe.mesh:59:15 maximum -> total (2 of 2)
@@ -1085,13 +1085,13 @@ void MoeTrain::runPart0(const Inputs &inputs) {
   MESHRT_TRACE_SITE("moe.mesh:123:39");
   auto request4 = support::startAllReduce(group_data, {v137}, meshrt::ReduceOp::Sum);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("moe.mesh:120:15");
   group_data_model.wait(request0);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("moe.mesh:120:15");
   group_data_model.wait(request2);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("moe.mesh:123:39");
   group_data.wait(request4);
 
   // moe.mesh:120:15 add -> aux
@@ -1431,7 +1431,7 @@ void MoeTrain::runPart1(const Inputs &inputs) {
     v289p[0] = s8;
   }
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("moe.mesh:124:3");
   group_data.wait(request5);
 
   // 14 statements from moe.mesh:124:3 square (1 of 2)
@@ -2436,7 +2436,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 rsqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -2556,7 +2556,7 @@ void MoeTrain::repeated3(support::ConstView a0, support::ConstView a1, support::
   // moe.mesh:124:3 rsqrt
   // moe.mesh:124:3 mul
   // moe.mesh:124:3 square
-  MESHRT_TRACE("loop", "moe.mesh:124:3", "backward");
+  MESHRT_TRACE("loop", "moe.mesh:124:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a14p = a14.data();

@@ -2629,7 +2629,7 @@ void LmTrain::runPart0(const Inputs &inputs) {
   support::copyWindow(v21.data(), v20.data(), shape8_2, shape8_3, shape8_4, 1, 1, 32, 16,
                       int64_t(16));
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("performer.mesh:133:70");
   group_model.wait(request0);
 
   // performer.mesh:133:70 add -> h
@@ -3000,7 +3000,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
       {{1, 128, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan8.run(v177.data(), v152.data(), v179.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   group_model.wait(request1);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/norm/bias
@@ -3477,7 +3477,7 @@ void LmTrain::runPart2(const Inputs &inputs) {
     v464p[0] = s22;
   }
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("performer.mesh:151:3");
   group_data.wait(request6);
 
   // performer.mesh:151:3 mul
@@ -3815,7 +3815,7 @@ void LmTrain::repeated0(
       {{1, 128, 64, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan5.run(a6.data(), a9.data(), a10.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   group_model.wait(request2);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm#1/bias
@@ -4351,7 +4351,7 @@ void LmTrain::repeated0(
       {{1, 128, 1, 16, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan49.run(a71.data(), a52.data(), a75.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("performer.mesh:29:40");
   group_model.wait(request3);
 
   // performer.mesh:29:40 sum -> grad/causal_lm/decoder_layer[1]/norm/bias

@@ -1857,7 +1857,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan13.run(v145.data(), v118.data(), v148.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("encoder_layers.mesh:19:53");
   group_model.wait(request1);
 
   // 10 statements from encoder_layers.mesh:19:53 sum -> grad/roberta/lm_head/norm/bias (1 of 2)
@@ -2294,7 +2294,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
     v417p[0] = s27;
   }
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   group_data.wait(request4);
 
   // roberta.mesh:71:3 mul
@@ -2714,7 +2714,7 @@ void MlmTrain::runPart1(const Inputs &inputs) {
   support::View v1080(param97_roberta_lm_head_norm_bias_m); // updated in place
   repeated3(v114, v153, v1060, v417, v1059, v415, v399, v115, v150, v1081, v1080);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("roberta.mesh:71:3");
   group_data_model.wait(request0);
 }
 
@@ -3913,7 +3913,7 @@ void MlmTrain::repeated1(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan34.run(a43.data(), a50.data(), a52.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("encoder_layers.mesh:30:23");
   group_model.wait(request2);
 
   // encoder_layers.mesh:30:23 add

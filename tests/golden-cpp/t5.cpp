@@ -5212,7 +5212,7 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan15.run(v394.data(), v274.data(), v404.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request2);
 
   // 20 statements from t5.mesh:40:53 mul (1 of 2)
@@ -5267,7 +5267,7 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan19.run(v431.data(), v250.data(), v442.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request3);
 
   // 3 statements from t5.mesh:40:53 mul (1 of 2)
@@ -5383,7 +5383,7 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan27.run(v492.data(), v209.data(), v503.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request5);
 
   // 20 statements from t5.mesh:40:53 mul (2 of 2)
@@ -5815,7 +5815,7 @@ void T5Train::runPart2(const Inputs &inputs) {
       {{2, 16, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan54.run(v649.data(), v70.data(), v651.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request7);
 
   // 28 statements from t5.mesh:40:53 mul (2 of 2)
@@ -7056,7 +7056,7 @@ void T5Train::runPart2(const Inputs &inputs) {
   repeated10(v2246, v2252, v2259, v299, v2286, v2290, v2293, v729, v2297, v2284, v300, v347, v740,
              v2303, v732, v2309, v2310, v2311, v2314, v306, v2316, v2317, v2320);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("t5.mesh:152:3");
   group_data_model.wait(request0);
 }
 
@@ -7097,7 +7097,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();
@@ -7434,7 +7434,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a38p = a38.data();
     float *__restrict a39p = a39.data();
@@ -7663,7 +7663,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a60p = a60.data();
     float *__restrict a61p = a61.data();
@@ -8000,7 +8000,7 @@ void T5Train::repeated0(
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a94p = a94.data();
     float *__restrict a95p = a95.data();
@@ -10331,7 +10331,7 @@ void T5Train::repeated4(
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan21.run(a23.data(), a28.data(), a36.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request6);
 
   // t5.mesh:40:53 mul
@@ -10553,7 +10553,7 @@ void T5Train::repeated5(support::View a0, support::ConstView a1, support::ConstV
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(a11.data(), a14.data(), a15.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("t5.mesh:40:53");
   group_model.wait(request1);
 
   // t5.mesh:40:53 mul
@@ -12293,7 +12293,7 @@ void T5Train::repeated10(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a13p = a13.data();
     float *__restrict a15p = a15.data();
@@ -12840,7 +12840,7 @@ void T5Train::repeated13(support::ConstView a0, support::ConstView a1, support::
   // t5.mesh:152:3 rsqrt
   // t5.mesh:152:3 mul
   // t5.mesh:152:3 square
-  MESHRT_TRACE("loop", "t5.mesh:152:3", "backward");
+  MESHRT_TRACE("loop", "t5.mesh:152:3", "update");
   {
     float *__restrict a2p = a2.data();
     float *__restrict a4p = a4.data();

@@ -1722,7 +1722,7 @@ void LmTrain::runPart1(const Inputs &inputs) {
       {{2, 32, 48, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(v136.data(), v111.data(), v138.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request0);
 
   // layers.mesh:24:40 sum -> grad/decoder/norm/bias
@@ -3807,7 +3807,7 @@ void LmTrain::repeated1(
       {{2, 32, 128, 64}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{3, 2}, {}}});
   einsumPlan7.run(a7.data(), a11.data(), a12.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request1);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm#1/bias
@@ -4126,7 +4126,7 @@ void LmTrain::repeated1(
       {{2, 32, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan36.run(a41.data(), a46.data(), a54.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("layers.mesh:24:40");
   group_model.wait(request2);
 
   // layers.mesh:24:40 sum -> grad/decoder/decoder_layer[1]/norm/bias

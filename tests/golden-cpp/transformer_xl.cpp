@@ -632,7 +632,7 @@ void XlTrain::runPart0(const Inputs &inputs) {
   support::copyWindow(v34.data(), v24.data(), shape10_2, shape10_3, shape10_4, 32, 32, 16, 8,
                       int64_t(0));
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("transformer_xl.mesh:78:9");
   group_model.wait(request0);
 
   // 12 statements from transformer_xl.mesh:55:17 concat -> keys_in (1 of 2)
@@ -998,7 +998,7 @@ void XlTrain::runPart1(const Inputs &inputs) {
       {{2, 8, 32, 32}, {{{0, 1, 2}, {}}, {{0, 1, 3}, {}}}, {{2, 3}, {}}});
   einsumPlan16.run(v147.data(), v122.data(), v149.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("transformer_xl.mesh:32:40");
   group_model.wait(request1);
 
   // 54 statements from transformer_xl.mesh:32:40 sum -> grad/decoder/xl_layer[1]/norm#1/bias (1 of
@@ -3196,7 +3196,7 @@ void XlTrain::repeated1(
       {{2, 8, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan51.run(a61.data(), a76.data(), a77.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("transformer_xl.mesh:56:17");
   group_model.wait(request2);
 
   // transformer_xl.mesh:56:17 add

@@ -2755,7 +2755,7 @@ void TrainVit::runPart2(const Inputs &inputs) {
   support::reduce(v523.data(), shape28_1, v522.data(), shape28_3, shape28_4, shape28_5,
                   support::Reduce::Sum, 1.0);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("vit.mesh:112:3");
   group_model.wait(request2);
 }
 
@@ -4883,7 +4883,7 @@ void TrainVit::repeated1(
       {{2, 17, 2, 16, 64}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan44.run(a51.data(), a65.data(), a66.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("vit.mesh:36:52");
   group_model.wait(request0);
 
   // vit.mesh:36:52 sum -> grad/vit/encoder_layer[1]/norm/bias

@@ -3752,7 +3752,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
       {{2, 16, 2, 8, 32}, {{{0, 1, 2, 3}, {}}, {{0, 1, 4}, {}}}, {{4, 2, 3}, {}}});
   einsumPlan77.run(v453.data(), v42.data(), v500.data(), 1.0f, 0.0f);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("xlnet.mesh:63:19");
   group_model.wait(request1);
 
   // xlnet.mesh:62:19 add
@@ -3910,7 +3910,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
     v544p[0] = s27;
   }
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
   group_data.wait(request2);
 
   // xlnet.mesh:133:3 mul
@@ -4213,7 +4213,7 @@ void XlnetTrain::runPart2(const Inputs &inputs) {
             v1103, v1102, v169, v270, v1124, v1123, v170, v247, v1145, v1144, v171, v245, v1166,
             v1165, v186, v230, v1187, v1186, v187, v227, v1208, v1207);
 
-  MESHRT_TRACE_SITE("");
+  MESHRT_TRACE_SITE("xlnet.mesh:133:3");
   group_data_model.wait(request0);
 }
 
