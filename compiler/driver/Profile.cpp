@@ -231,7 +231,8 @@ void printFunction(const plan::PlannedFunction& plan, const std::vector<Event>& 
 
   std::vector<Row*> sorted;
   for (auto& [key, row] : rows)
-    sorted.push_back(&row);
+    if (row.collective || row.predicted > 0 || row.measured > 0) // not params' declarations
+      sorted.push_back(&row);
   std::stable_sort(sorted.begin(), sorted.end(), [](const Row* a, const Row* b) {
     return std::fabs(a->measured - a->predicted) > std::fabs(b->measured - b->predicted);
   });
@@ -242,7 +243,7 @@ void printFunction(const plan::PlannedFunction& plan, const std::vector<Event>& 
                     train ? "train block" : "program", fn.name, ranks.size(),
                     runs / int64_t(ranks.size()), warmUpLeftOut ? " after a warm-up run" : "",
                     fn.machineName);
-  os << fmt::format("  {:<18} {:<24} {:<16} {:>7} {:>11} {:>11} {:>7} {:>11}\n", "what", "where",
+  os << fmt::format("  {:<20} {:<24} {:<16} {:>7} {:>11} {:>11} {:>7} {:>11}\n", "what", "where",
                     "phase", "count", "predicted", "measured", "ratio", "error");
   for (const Row* row : sorted) {
     std::string what = row->collective ? row->kind : llvm::join(row->kinds, ",");
@@ -251,7 +252,7 @@ void printFunction(const plan::PlannedFunction& plan, const std::vector<Event>& 
     std::string count = row->collective ? fmt::format("{}/{:g}", std::max<int64_t>(row->planned, 0),
                                                       double(row->ran) * perRun)
                                         : "";
-    os << fmt::format("  {:<18} {:<24} {:<16} {:>7} {:>11} {:>11} {:>7} {:>11}\n", what, row->where,
+    os << fmt::format("  {:<20} {:<24} {:<16} {:>7} {:>11} {:>11} {:>7} {:>11}\n", what, row->where,
                       llvm::join(row->phases, ","), count, seconds(row->predicted),
                       seconds(row->measured), ratio(row->measured, row->predicted),
                       seconds(row->measured - row->predicted));

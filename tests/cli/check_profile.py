@@ -94,7 +94,7 @@ def run_trace():
     with tempfile.TemporaryDirectory() as cache:
         path = os.path.join(cache, "out", "..", "mlp.trace.json")
         os.makedirs(os.path.join(cache, "out"))
-        proc = meshc("run", MLP, "--function", "mlp", "--mesh", "data=2", "--trace", path,
+        proc = meshc("run", MLP, "--function", "mlp", "--mesh", "data=2", "--layout", "batch:data", "--trace", path,
                      "--no-plan", "--cache-dir", cache, "--opt=-O1")
         expect(proc.returncode == 0 and "profile of" not in proc.stdout,
                "meshc run --trace runs without printing a profile", proc)
