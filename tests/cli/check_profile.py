@@ -7,24 +7,16 @@ import collections
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
+
+import check_cli
+from check_cli import expect
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MLP = os.path.join(ROOT, "dsl-examples", "mlp.mesh")
 FAMILY = {"all_reduce_sum": "all_reduce", "all_reduce_max": "all_reduce",
           "all_reduce_min": "all_reduce", "bucketed_all_reduce_sum": "all_reduce"}
-
-
-def meshc(*args):
-    return subprocess.run([MESHC, *args], capture_output=True, text=True, timeout=900)
-
-
-def expect(condition, message, proc=None):
-    if not condition:
-        detail = f"\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}" if proc else ""
-        sys.exit(f"FAIL: {message}{detail}")
 
 
 def planned_collectives(function, mesh):
@@ -106,7 +98,11 @@ def run_trace():
 
 CASES = {f.__name__: f for f in [run_profile, run_trace]}
 
+def meshc(*args):
+    return check_cli.meshc(*args)
+
+
 if __name__ == "__main__":
-    MESHC = sys.argv[1]
+    check_cli.MESHC = sys.argv[1]
     CASES[sys.argv[2]]()
     print("ok")
