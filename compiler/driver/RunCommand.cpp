@@ -115,8 +115,7 @@ cl::opt<std::string> runCacheDir("cache-dir",
 cl::opt<std::string> runTrace("trace",
                               cl::desc("Write a Chrome trace (Perfetto, chrome://tracing) of "
                                        "every rank's op groups and collectives to <file>"),
-                              cl::value_desc("file"), cl::sub(runSubcommand),
-                              cl::cat(runCategory));
+                              cl::value_desc("file"), cl::sub(runSubcommand), cl::cat(runCategory));
 cl::opt<bool> runProfile("profile",
                          cl::desc("Trace the run and print the predicted and measured time per "
                                   "source line and collective, and by phase (docs/tool.md)"),

@@ -32,6 +32,7 @@ extern Recorder* gRecorder;
 inline bool enabled() noexcept {
   return gRecorder != nullptr;
 }
+/// enable() and finish() are called while no rank runs (before a launch, after it returns).
 /// Starts recording into `path` (replacing MESHRT_TRACE's file, if any): a process holding every
 /// rank of the world writes `path`, one holding some ranks (MPI) `path.rank<R>` (R its first).
 void enable(const std::string& path);

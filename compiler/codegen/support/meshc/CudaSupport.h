@@ -112,7 +112,9 @@ inline meshrt::cuda::Context contextOf(meshrt::Communicator& world, MathMode mat
 
 /// A trace's probes wait for the device first, so that host timestamps bracket device work
 /// (tracing serializes the streams; off, nothing waits).
-inline void synchronizeForTrace() { cudaDeviceSynchronize(); }
+inline void synchronizeForTrace() {
+  cudaDeviceSynchronize();
+}
 
 /// Makes `world`'s device context current for a generated constructor or run().
 class Scope {
