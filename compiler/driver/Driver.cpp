@@ -101,8 +101,9 @@ llvm::cl::opt<std::string> dumpOutputs(
 
 llvm::cl::opt<std::string> machineName(
     "machine",
-    llvm::cl::desc("The machine to plan for: a built-in (cpu, 8xh100, 8xh200, h100-cluster, "
-                   "tpuv2-pod) or a JSON file (default: cpu)"),
+    llvm::cl::desc(
+        "The machine to plan for: a built-in (cpu, 8xh100, 8xh200, h100-cluster, a100-cluster, "
+        "tpuv2-pod) or a JSON file (default: cpu)"),
     llvm::cl::value_desc("name|file"), llvm::cl::init("cpu"), llvm::cl::cat(meshcCategory));
 llvm::cl::opt<std::string>
     memoryBudget("memory-budget",
