@@ -246,10 +246,12 @@ void printVersion(llvm::raw_ostream& os) {
 int runMeshc(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(meshcCategory);
   hideUnrelatedRunOptions();
+  hideUnrelatedCalibrateOptions();
   llvm::cl::SetVersionPrinter(printVersion);
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "meshc: a compiler for named-dim tensor programs on meshes\n");
   if (runCommandChosen()) return runCommand(argv[0]);
+  if (calibrateCommandChosen()) return calibrateCommand(argv[0]);
   if (writeDepfile && outputPath == "-" && !depfilePath.getNumOccurrences()) {
     llvm::WithColor::error(llvm::errs(), "meshc") << "-MD needs -o <output> or -MF <depfile>\n";
     return kExitInputError;
